@@ -1,0 +1,291 @@
+"""Typed configuration: one dataclass per concern, registered with Hydra and validated once.
+
+YAML files in configs/ hold values; these dataclasses are the schema. A field whose value is
+MISSING must be given (in a YAML file or on the command line). `to_object` turns a composed
+DictConfig into these dataclasses, which runs every `__post_init__` check exactly once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
+from nmt.errors import ConfigError
+
+
+def _check(ok: bool, key: str, why: str) -> None:
+    """Raise a ConfigError naming `key` when `ok` is false."""
+    if not ok:
+        raise ConfigError(f"{key}: {why}")
+
+
+def _check_prob(value: float, key: str) -> None:
+    """A probability in [0, 1)."""
+    _check(0.0 <= value < 1.0, key, f"must be in [0, 1), got {value}")
+
+
+# ----------------------------------------------------------------------------- model
+@dataclass
+class ModelConfig:
+    """The Transformer's architecture (Vaswani et al. 2017, Table 3)."""
+
+    N: int = MISSING  # identical layers in the encoder and in the decoder
+    d_model: int = MISSING  # width of every sub-layer output and embedding
+    d_ff: int = MISSING  # inner width of the position-wise feed-forward network
+    h: int = MISSING  # attention heads; d_k = d_v = d_model / h
+    dropout: float = MISSING  # P_drop on sub-layer outputs and on embedding + position sums
+    attention_dropout: float = 0.0  # dropout on the attention weights
+    norm: str = "post"  # "post": LayerNorm(x + Sublayer(x)) as in the paper; "pre": x + Sublayer(LN(x))
+    share_embeddings: bool = True  # tie target embedding and output projection (and source: joint vocab)
+    max_positions: int = 1024  # longest sequence the sinusoidal table covers
+
+    def __post_init__(self) -> None:
+        _check(self.N >= 1, "model.N", f"must be >= 1, got {self.N}")
+        _check(self.d_model >= 1, "model.d_model", f"must be >= 1, got {self.d_model}")
+        _check(self.d_ff >= 1, "model.d_ff", f"must be >= 1, got {self.d_ff}")
+        _check(self.h >= 1 and self.d_model % self.h == 0, "model.h",
+               f"d_model ({self.d_model}) must be divisible by h ({self.h})")
+        _check(self.d_model % 2 == 0, "model.d_model", "must be even (sinusoidal encoding)")
+        _check_prob(self.dropout, "model.dropout")
+        _check_prob(self.attention_dropout, "model.attention_dropout")
+        _check(self.norm in ("post", "pre"), "model.norm", f"must be 'post' or 'pre', got {self.norm!r}")
+        _check(self.max_positions >= 2, "model.max_positions", "must be >= 2")
+
+
+# ----------------------------------------------------------------------------- optimisation
+@dataclass
+class OptimConfig:
+    """Adam with the Noam schedule and label smoothing (the paper's section 5.3 and 5.4)."""
+
+    lr_factor: float = MISSING  # lr = lr_factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
+    warmup: int = MISSING  # warmup_steps of the Noam schedule
+    beta1: float = MISSING  # Adam beta_1
+    beta2: float = MISSING  # Adam beta_2
+    eps: float = MISSING  # Adam epsilon
+    label_smoothing: float = MISSING  # epsilon_ls
+    weight_decay: float = 0.0  # decoupled weight decay (AdamW); 0 is the paper's Adam
+    clip_norm: float = 0.0  # clip the gradient's global L2 norm to this; 0 turns clipping off
+
+    def __post_init__(self) -> None:
+        _check(self.lr_factor > 0, "optim.lr_factor", "must be > 0")
+        _check(self.warmup >= 1, "optim.warmup", "must be >= 1")
+        _check_prob(self.beta1, "optim.beta1")
+        _check_prob(self.beta2, "optim.beta2")
+        _check(self.eps > 0, "optim.eps", "must be > 0")
+        _check_prob(self.label_smoothing, "optim.label_smoothing")
+        _check(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
+        _check(self.clip_norm >= 0, "optim.clip_norm", "must be >= 0")
+
+
+# ----------------------------------------------------------------------------- decoding
+@dataclass
+class SearchConfig:
+    """Greedy (beam_size=1) or beam search."""
+
+    beam_size: int = 4  # hypotheses kept per sentence; 1 is greedy search
+    alpha: float = 0.6  # GNMT length penalty ((5 + |Y|) / 6)^alpha; 0 turns it off
+    max_len_a: float = 1.0  # maximum output length = max_len_a * source length + max_len_b
+    max_len_b: int = 50  # see max_len_a
+    min_len: int = 1  # EOS is forbidden before this many output tokens
+    nbest: int = 1  # hypotheses written per input line (with their scores when > 1)
+    max_tokens: int = 4096  # source tokens per batch (padding included)
+
+    def __post_init__(self) -> None:
+        _check(self.beam_size >= 1, "search.beam_size", "must be >= 1")
+        _check(self.alpha >= 0, "search.alpha", "must be >= 0")
+        _check(self.max_len_a >= 0 and self.max_len_b >= 0, "search.max_len_a",
+               "max_len_a and max_len_b must be >= 0")
+        _check(self.min_len >= 0, "search.min_len", "must be >= 0")
+        _check(1 <= self.nbest <= self.beam_size, "search.nbest",
+               f"must be between 1 and beam_size ({self.beam_size})")
+        _check(self.max_tokens >= 1, "search.max_tokens", "must be >= 1")
+
+
+# ----------------------------------------------------------------------------- preprocess
+@dataclass
+class BpeConfig:
+    """The SentencePiece BPE model."""
+
+    vocab_size: int = 8000  # subword vocabulary size (per language when joint=false)
+    joint: bool = True  # one vocabulary for both languages (needed for three-way tying)
+    character_coverage: float = 1.0  # share of characters covered; the rest map to <unk>
+    input_sentence_size: int = 2_000_000  # sentences sampled to train SentencePiece (0: all)
+    model: str = ""  # reuse this existing SentencePiece model instead of training one
+
+    def __post_init__(self) -> None:
+        _check(self.vocab_size >= 8, "bpe.vocab_size", "must be >= 8")
+        _check(0 < self.character_coverage <= 1, "bpe.character_coverage", "must be in (0, 1]")
+        _check(self.input_sentence_size >= 0, "bpe.input_sentence_size", "must be >= 0")
+
+
+@dataclass
+class CleanConfig:
+    """Filters applied to the training split, each counted and reported."""
+
+    max_tokens: int = 250  # drop pairs with a side longer than this many subword tokens
+    max_ratio: float = 9.0  # drop pairs whose subword length ratio exceeds this (Moses: 9)
+    dedup: bool = False  # drop exact duplicate pairs
+    normalize: str = ""  # Unicode normalisation applied first: "", "NFC" or "NFKC"
+    invalid_utf8: str = "error"  # "error": stop at the first bad line; "skip": drop and count it
+
+    def __post_init__(self) -> None:
+        _check(self.max_tokens >= 1, "clean.max_tokens", "must be >= 1")
+        _check(self.max_ratio >= 1, "clean.max_ratio", "must be >= 1")
+        _check(self.normalize in ("", "NFC", "NFKC", "NFD", "NFKD"), "clean.normalize",
+               f"must be '', NFC, NFKC, NFD or NFKD, got {self.normalize!r}")
+        _check(self.invalid_utf8 in ("error", "skip"), "clean.invalid_utf8",
+               "must be 'error' or 'skip'")
+
+
+@dataclass
+class PreprocessConfig:
+    """nmt-preprocess: raw parallel text in, a binarized data directory out."""
+
+    src_lang: str = MISSING  # source language suffix, e.g. en
+    tgt_lang: str = MISSING  # target language suffix, e.g. de
+    train: str = MISSING  # PFX (PFX.src, PFX.tgt), a .tsv file, or hf:PATH[:SPLIT] (load_from_disk)
+    valid: str = ""  # same forms as train; "" for none
+    test: str = ""  # same forms as train; "" for none
+    out_dir: str = MISSING  # the data directory to write
+    force: bool = False  # replace an existing out_dir
+    workers: int = 0  # encoding processes; 0 uses every core
+    hf_name: str = ""  # with train=hf: a hub dataset name for datasets.load_dataset (needs internet)
+    hf_config: str = ""  # the hub dataset's configuration, e.g. de-en for wmt14
+    bpe: BpeConfig = field(default_factory=BpeConfig)
+    clean: CleanConfig = field(default_factory=CleanConfig)
+
+    def __post_init__(self) -> None:
+        _check(self.src_lang != self.tgt_lang, "tgt_lang", "must differ from src_lang")
+        _check(self.workers >= 0, "workers", "must be >= 0")
+
+
+# ----------------------------------------------------------------------------- train
+@dataclass
+class TrainLoopConfig:
+    """Batching, stopping, checkpointing, validation and logging of nmt-train."""
+
+    max_tokens: int = 4096  # per-device batch budget: max(B * S_max, B * T_max), padding counted
+    global_tokens: int = 0  # target tokens wanted per update over all devices; sets update_freq
+    update_freq: int = 1  # batches accumulated per update (ignored when global_tokens > 0)
+    max_updates: int = 0  # stop after this many updates (0: no limit)
+    max_epochs: int = 0  # stop after this many epochs (0: no limit)
+    max_minutes: float = 0.0  # stop after this much wall-clock time (0: no limit)
+    save_interval_updates: int = 1000  # write checkpoint_<update>.pt this often
+    keep_last: int = 5  # keep this many numbered checkpoints (0: all)
+    valid_interval_updates: int = 1000  # validate this often (and at the end)
+    valid_bleu: bool = False  # also translate the valid set greedily and score BLEU and chrF
+    best_metric: str = "loss"  # checkpoint_best.pt by: loss, ppl, bleu or chrf
+    patience: int = 0  # stop after this many validations without improvement (0: never)
+    seed: int = 1  # seeds python, numpy and torch; batch order uses seed + epoch
+    amp: str = "none"  # "none", "bf16" or "fp16" (fp16 with loss scaling; CUDA)
+    device: str = "auto"  # "auto", "cpu" or "cuda"
+    log_interval: int = 50  # updates between log lines
+    max_nonfinite: int = 10  # stop after this many consecutive non-finite losses
+
+    def __post_init__(self) -> None:
+        _check(self.max_tokens >= 1, "train.max_tokens", "must be >= 1")
+        _check(self.update_freq >= 1, "train.update_freq", "must be >= 1")
+        _check(self.best_metric in ("loss", "ppl", "bleu", "chrf"), "train.best_metric",
+               f"must be loss, ppl, bleu or chrf, got {self.best_metric!r}")
+        _check(self.best_metric in ("loss", "ppl") or self.valid_bleu, "train.best_metric",
+               f"{self.best_metric} needs train.valid_bleu=true")
+        _check(self.amp in ("none", "bf16", "fp16"), "train.amp", "must be none, bf16 or fp16")
+        _check(self.device in ("auto", "cpu", "cuda"), "train.device", "must be auto, cpu or cuda")
+        for key in ("save_interval_updates", "valid_interval_updates", "log_interval"):
+            _check(getattr(self, key) >= 1, f"train.{key}", "must be >= 1")
+
+
+@dataclass
+class TrainConfig:
+    """nmt-train: a data directory in, a run directory of checkpoints and logs out."""
+
+    data_dir: str = MISSING  # written by nmt-preprocess
+    run_dir: str = MISSING  # checkpoints, metrics.jsonl and config.yaml go here; resumes if present
+    model: ModelConfig = MISSING  # chosen with +model=small|base|big
+    optim: OptimConfig = MISSING  # set by the same +model=... file (the paper's training row)
+    train: TrainLoopConfig = field(default_factory=TrainLoopConfig)
+    search: SearchConfig = field(default_factory=lambda: SearchConfig(beam_size=1))  # valid BLEU
+
+
+# ----------------------------------------------------------------------------- translate
+@dataclass
+class TranslateConfig:
+    """nmt-translate: a checkpoint and raw text in, detokenized translations out."""
+
+    checkpoint: str = MISSING  # a checkpoint written by nmt-train or nmt-average
+    input: str = "-"  # raw source text, one sentence a line; "-" is standard input
+    output: str = "-"  # translations, one a line, in input order; "-" is standard output
+    ref: str = ""  # reference translations: print sacreBLEU BLEU and chrF
+    max_input_tokens: int = 1000  # longer inputs are truncated with a warning
+    device: str = "auto"  # "auto", "cpu" or "cuda"
+    attention_plot: str = ""  # write attention heatmaps (PNG) for one input line to this directory
+    attention_line: int = 1  # which input line (1-based) attention_plot draws
+    search: SearchConfig = field(default_factory=SearchConfig)
+
+    def __post_init__(self) -> None:
+        _check(self.max_input_tokens >= 1, "max_input_tokens", "must be >= 1")
+        _check(self.attention_line >= 1, "attention_line", "must be >= 1")
+        _check(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
+
+
+# ----------------------------------------------------------------------------- average
+@dataclass
+class AverageConfig:
+    """nmt-average: several checkpoints in, one model-only checkpoint out."""
+
+    output: str = MISSING  # the averaged checkpoint to write
+    run_dir: str = ""  # pick the last `last` numbered checkpoints of this run, by update number
+    last: int = 5  # how many checkpoints to average from run_dir
+    inputs: list[str] = field(default_factory=list)  # or average exactly these files
+
+    def __post_init__(self) -> None:
+        _check(bool(self.run_dir) != bool(self.inputs), "run_dir",
+               "give either run_dir=... (with last=N) or inputs=[...], not both or neither")
+        _check(self.last >= 1, "last", "must be >= 1")
+
+
+# ----------------------------------------------------------------------------- Hydra glue
+SCHEMAS = {
+    "preprocess_schema": PreprocessConfig,
+    "train_schema": TrainConfig,
+    "translate_schema": TranslateConfig,
+    "average_schema": AverageConfig,
+}
+
+
+def register_configs() -> None:
+    """Store the schemas in Hydra's ConfigStore so that the YAML files are checked against them."""
+    cs = ConfigStore.instance()
+    for name, node in SCHEMAS.items():
+        cs.store(name=name, node=node)
+
+
+def to_object(cfg: DictConfig, schema: type):
+    """Convert a composed config to its dataclass, running every validation once."""
+    if isinstance(cfg, schema):
+        return cfg
+    if not isinstance(cfg, DictConfig):
+        cfg = OmegaConf.create(cfg)
+    if "model" in cfg and OmegaConf.is_missing(cfg, "model"):
+        raise ConfigError("no model chosen: add +model=small (or +model=base, +model=big)")
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), cfg)
+        return OmegaConf.to_object(merged)
+    except MissingMandatoryValue as e:
+        raise ConfigError(f"{e.full_key}: a value is required (add {e.full_key}=...)") from None
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "config"
+        raise ConfigError(f"{key}: {str(e).splitlines()[0]}") from None
+
+
+def compose(name: str, overrides: list[str] | None = None) -> DictConfig:
+    """Compose configs/<name>.yaml with command-line style overrides, as the CLI would."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+
+    register_configs()
+    with initialize_config_module("nmt.configs", version_base="1.3"):
+        return hydra_compose(config_name=name, overrides=list(overrides or []))

@@ -1,0 +1,298 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), in one file.
+
+One small class per box of the paper's Figure 1, named with the paper's symbols (N, d_model,
+d_ff, h, d_k). Read it top to bottom: attention, feed-forward, residual sub-layer, embeddings
+and positions, encoder and decoder layers, then the whole encoder-decoder with its
+incremental (key/value-cached) decoding API.
+
+Shapes: B batch, S source length, T target length, V vocabulary, h heads, d_k = d_model / h.
+Masks are boolean with True where attention is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nmt.config import ModelConfig
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O (section 3.2.2)."""
+
+    def __init__(self, d_model: int, h: int, attention_dropout: float = 0.0):
+        super().__init__()
+        self.h, self.d_k, self.p = h, d_model // h, attention_dropout
+        self.W_qkv = nn.Linear(d_model, 3 * d_model)  # W^Q, W^K, W^V of all heads, stacked
+        self.W_o = nn.Linear(d_model, d_model)
+        self.keep_weights = False  # set by Transformer.keep_attention for visualisation
+        self.weights: Tensor | None = None  # (B, h, T_q, T_k) when keep_weights
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        """(B, T, d_model) -> (B, h, T, d_k)."""
+        B, T, _ = x.shape
+        return x.view(B, T, self.h, self.d_k).transpose(1, 2)  # (B, h, T, d_k)
+
+    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of the encoder output for encoder-decoder attention, computed once."""
+        d = self.W_o.in_features
+        kv = F.linear(memory, self.W_qkv.weight[d:], self.W_qkv.bias[d:])  # (B, S, 2 d_model)
+        k, v = kv.chunk(2, dim=-1)
+        return self.split_heads(k), self.split_heads(v)  # (B, h, S, d_k) each
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False,
+                kv: tuple[Tensor, Tensor] | None = None, cache: dict | None = None) -> Tensor:
+        """Self-attention over x, or attention from x to precomputed `kv` (encoder-decoder).
+
+        cache: a dict that accumulates this layer's past keys and values (incremental decoding).
+        """
+        B, T, d_model = x.shape
+        if kv is None:  # self-attention: one fused projection for Q, K, V
+            qkv = self.W_qkv(x).view(B, T, 3, self.h, self.d_k)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4)  # 3 x (B, h, T, d_k)
+            if cache is not None:
+                if "k" in cache:
+                    k = torch.cat([cache["k"], k], dim=2)  # (B, h, T_past + T, d_k)
+                    v = torch.cat([cache["v"], v], dim=2)
+                cache["k"], cache["v"] = k, v
+        else:
+            q = self.split_heads(F.linear(x, self.W_qkv.weight[:d_model],
+                                          self.W_qkv.bias[:d_model]))  # (B, h, T, d_k)
+            k, v = kv
+        if causal and k.size(2) != T:  # new queries after cached keys: see all past, no future
+            mask = causal_mask(T, k.size(2), x.device) if T > 1 else None
+            causal = False
+        out = self.attention(q, k, v, mask, causal)  # (B, h, T, d_k)
+        out = out.transpose(1, 2).reshape(B, T, d_model)  # (B, T, h * d_k)
+        return self.W_o(out)
+
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+                  causal: bool) -> Tensor:
+        """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, fused unless weights are kept."""
+        p = self.p if self.training else 0.0
+        if not self.keep_weights:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
+                                                  is_causal=causal)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)  # (B, h, T_q, T_k)
+        if causal:
+            mask = causal_mask(q.size(2), k.size(2), q.device)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        self.weights = scores.softmax(dim=-1)
+        return F.dropout(self.weights, p, self.training) @ v
+
+
+def causal_mask(T_q: int, T_k: int, device: torch.device) -> Tensor:
+    """(T_q, T_k) mask letting query i (the last T_q of T_k positions) see keys 0..T_k-T_q+i."""
+    return torch.ones(T_q, T_k, dtype=torch.bool, device=device).tril(diagonal=T_k - T_q)
+
+
+class PositionwiseFeedForward(nn.Module):
+    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (section 3.3)."""
+
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.W_1 = nn.Linear(d_model, d_ff)
+        self.W_2 = nn.Linear(d_ff, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, T, d_model) -> (B, T, d_model)."""
+        return self.W_2(F.relu(self.W_1(x)))
+
+
+class SublayerConnection(nn.Module):
+    """A residual connection around a sub-layer with dropout, then LayerNorm (post) or before (pre)."""
+
+    def __init__(self, d_model: int, dropout: float, pre_norm: bool):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.pre_norm = pre_norm
+
+    def forward(self, x: Tensor, sublayer) -> Tensor:
+        """LayerNorm(x + Dropout(Sublayer(x))), or x + Dropout(Sublayer(LayerNorm(x)))."""
+        if self.pre_norm:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+class Embeddings(nn.Module):
+    """Learned token embeddings multiplied by sqrt(d_model) (section 3.4)."""
+
+    def __init__(self, vocab: int, d_model: int):
+        super().__init__()
+        self.lut = nn.Embedding(vocab, d_model)
+        self.scale = math.sqrt(d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, T) token ids -> (B, T, d_model)."""
+        return self.lut(x) * self.scale
+
+
+class PositionalEncoding(nn.Module):
+    """Adds PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(...), then dropout."""
+
+    def __init__(self, d_model: int, dropout: float, max_len: int):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        pos = torch.arange(max_len, dtype=torch.float).unsqueeze(1)  # (max_len, 1)
+        div = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float)
+                        * (-math.log(10000.0) / d_model))  # (d_model / 2,)
+        pe = torch.zeros(max_len, d_model)
+        pe[:, 0::2] = torch.sin(pos * div)
+        pe[:, 1::2] = torch.cos(pos * div)
+        self.register_buffer("pe", pe, persistent=False)  # (max_len, d_model)
+
+    def forward(self, x: Tensor, start: int = 0) -> Tensor:
+        """(B, T, d_model) embeddings of positions start..start+T-1 -> the same shape."""
+        T = x.size(1)
+        if start + T > self.pe.size(0):
+            raise ValueError(f"sequence of {start + T} positions exceeds model.max_positions "
+                             f"({self.pe.size(0)})")
+        return self.dropout(x + self.pe[start:start + T].to(x.dtype))
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention, then feed-forward, each in a residual sub-layer (Figure 1, left)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        pre = cfg.norm == "pre"
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.h, cfg.attention_dropout)
+        self.feed_forward = PositionwiseFeedForward(cfg.d_model, cfg.d_ff)
+        self.sublayer = nn.ModuleList(SublayerConnection(cfg.d_model, cfg.dropout, pre)
+                                      for _ in range(2))
+
+    def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
+        """(B, S, d_model) -> (B, S, d_model)."""
+        x = self.sublayer[0](x, lambda x: self.self_attn(x, mask=src_mask))
+        return self.sublayer[1](x, self.feed_forward)
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, encoder-decoder attention, feed-forward (Figure 1, right)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        pre = cfg.norm == "pre"
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.h, cfg.attention_dropout)
+        self.src_attn = MultiHeadAttention(cfg.d_model, cfg.h, cfg.attention_dropout)
+        self.feed_forward = PositionwiseFeedForward(cfg.d_model, cfg.d_ff)
+        self.sublayer = nn.ModuleList(SublayerConnection(cfg.d_model, cfg.dropout, pre)
+                                      for _ in range(3))
+
+    def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], src_mask: Tensor,
+                cache: dict | None = None) -> Tensor:
+        """(B, T, d_model) -> (B, T, d_model); memory_kv from src_attn.project_kv."""
+        x = self.sublayer[0](x, lambda x: self.self_attn(x, causal=True, cache=cache))
+        x = self.sublayer[1](x, lambda x: self.src_attn(x, mask=src_mask, kv=memory_kv))
+        return self.sublayer[2](x, self.feed_forward)
+
+
+class DecoderState:
+    """What incremental decoding carries between steps: per-layer keys/values and the position."""
+
+    def __init__(self, memory_kv: list[tuple[Tensor, Tensor]], src_mask: Tensor):
+        self.memory_kv = memory_kv  # per layer: encoder-output keys and values, (B, h, S, d_k)
+        self.src_mask = src_mask  # (B, 1, 1, S)
+        self.self_kv: list[dict] = [{} for _ in memory_kv]  # per layer: past "k", "v"
+        self.step = 0  # target positions decoded so far
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep rows `index` of the batch (beam search reordering or dropping finished rows)."""
+        self.memory_kv = [(k.index_select(0, index), v.index_select(0, index))
+                          for k, v in self.memory_kv]
+        self.src_mask = self.src_mask.index_select(0, index)
+        for kv in self.self_kv:
+            for name in kv:
+                kv[name] = kv[name].index_select(0, index)
+
+
+class Transformer(nn.Module):
+    """The encoder-decoder Transformer with tied embeddings and an output projection."""
+
+    def __init__(self, cfg: ModelConfig, src_vocab: int, tgt_vocab: int, pad_id: int = 0,
+                 joint_vocab: bool | None = None):
+        super().__init__()
+        self.cfg, self.pad_id = cfg, pad_id
+        joint = (src_vocab == tgt_vocab) if joint_vocab is None else joint_vocab
+        self.src_embed = Embeddings(src_vocab, cfg.d_model)
+        self.tgt_embed = Embeddings(tgt_vocab, cfg.d_model)
+        self.positions = PositionalEncoding(cfg.d_model, cfg.dropout, cfg.max_positions)
+        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.N))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.N))
+        # Pre-norm stacks end with a LayerNorm; post-norm layers already end with one.
+        pre = cfg.norm == "pre"
+        self.encoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
+        self.generator = nn.Linear(cfg.d_model, tgt_vocab, bias=False)  # pre-softmax projection
+        for p in self.parameters():
+            if p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+        if cfg.share_embeddings:  # section 3.4: one weight matrix for embeddings and projection
+            self.tgt_embed.lut.weight = self.generator.weight
+            if joint:
+                self.src_embed.lut.weight = self.generator.weight
+
+    # -- encoder ---------------------------------------------------------------------------
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, S) source ids -> memory (B, S, d_model) and src_mask (B, 1, 1, S)."""
+        src_mask = (src != self.pad_id)[:, None, None, :]  # (B, 1, 1, S)
+        x = self.positions(self.src_embed(src))
+        for layer in self.encoder:
+            x = layer(x, src_mask)
+        return self.encoder_norm(x), src_mask
+
+    # -- decoder ---------------------------------------------------------------------------
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+        """Teacher-forced decoding: (B, T) shifted target ids -> logits (B, T, V)."""
+        x = self.positions(self.tgt_embed(tgt_in))
+        for layer in self.decoder:
+            x = layer(x, layer.src_attn.project_kv(memory), src_mask)
+        return self.generator(self.decoder_norm(x))
+
+    def start_decoding(self, memory: Tensor, src_mask: Tensor) -> DecoderState:
+        """Project the encoder output once per layer; returns the state for decode_step."""
+        return DecoderState([layer.src_attn.project_kv(memory) for layer in self.decoder],
+                            src_mask)
+
+    def decode_step(self, tgt_new: Tensor, state: DecoderState) -> Tensor:
+        """Incremental decoding: (B, T_new) next ids -> logits (B, T_new, V); updates `state`."""
+        x = self.positions(self.tgt_embed(tgt_new), start=state.step)
+        for layer, memory_kv, cache in zip(self.decoder, state.memory_kv, state.self_kv,
+                                           strict=True):
+            x = layer(x, memory_kv, state.src_mask, cache=cache)
+        state.step += tgt_new.size(1)
+        return self.generator(self.decoder_norm(x))
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """(B, S) source ids and (B, T) shifted target ids -> logits (B, T, V)."""
+        memory, src_mask = self.encode(src)
+        return self.decode(tgt_in, memory, src_mask)
+
+    # -- inspection ------------------------------------------------------------------------
+    def keep_attention(self, on: bool = True) -> None:
+        """Make every attention layer keep its weights (slower: no fused kernel)."""
+        for m in self.modules():
+            if isinstance(m, MultiHeadAttention):
+                m.keep_weights, m.weights = on, None
+
+    def attention_maps(self) -> dict[str, list[Tensor]]:
+        """The weights kept by the last forward pass: per kind, one (B, h, T_q, T_k) per layer."""
+        return {"encoder_self": [layer.self_attn.weights for layer in self.encoder],
+                "decoder_self": [layer.self_attn.weights for layer in self.decoder],
+                "encoder_decoder": [layer.src_attn.weights for layer in self.decoder]}
+
+
+def build_model(cfg: ModelConfig, src_vocab: int, tgt_vocab: int, pad_id: int = 0,
+                joint_vocab: bool | None = None) -> Transformer:
+    """The one place a model is built from its config and vocabulary sizes."""
+    return Transformer(cfg, src_vocab, tgt_vocab, pad_id, joint_vocab)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Trainable parameters, each shared tensor counted once."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
