@@ -269,7 +269,7 @@ def to_object(cfg: DictConfig, schema: type):
         return cfg
     if not isinstance(cfg, DictConfig):
         cfg = OmegaConf.create(cfg)
-    if "model" in cfg and OmegaConf.is_missing(cfg, "model"):
+    if "model" in cfg.keys() and OmegaConf.is_missing(cfg, "model"):
         raise ConfigError("no model chosen: add +model=small (or +model=base, +model=big)")
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), cfg)

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from omegaconf import DictConfig
-
-from nmt.config import to_object
 from nmt.errors import NmtError
 
 
-def run_cli(prog: str, fn: Callable, cfg: DictConfig, schema: type):
-    """Validate `cfg` against `schema` and call `fn`; an NmtError becomes one line and exit 1."""
+@contextmanager
+def cli_errors(prog: str) -> Iterator[None]:
+    """Turn an NmtError into one line on stderr and exit status 1 (no traceback)."""
     try:
-        return fn(to_object(cfg, schema))
+        yield
     except NmtError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         sys.exit(1)

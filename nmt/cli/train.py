@@ -3,15 +3,17 @@
 import hydra
 from omegaconf import DictConfig
 
-from nmt.cli import run_cli
-from nmt.config import TrainConfig, register_configs
+from nmt.cli import cli_errors
+from nmt.config import TrainConfig, register_configs, to_object
 
 register_configs()
 
 
 @hydra.main(version_base="1.3", config_path="pkg://nmt.configs", config_name="train")
 def main(cfg: DictConfig) -> None:
-    """Run nmt.train.train on the composed config."""
-    from nmt.train import train
+    """Validate the composed config, then run nmt.train.train."""
+    with cli_errors("nmt-train"):
+        config = to_object(cfg, TrainConfig)
+        from nmt.train import train
 
-    run_cli("nmt-train", train, cfg, TrainConfig)
+        train(config)

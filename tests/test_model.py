@@ -1,0 +1,151 @@
+"""The Transformer: shapes, incremental decoding, tying, parameter counts (Table 3), attention maps."""
+
+import pytest
+import torch
+
+from nmt.config import ModelConfig
+from nmt.model import build_model, causal_mask, count_parameters
+
+
+def tiny_cfg(**kw) -> ModelConfig:
+    """A 2-layer model small enough for unit tests."""
+    base = dict(N=2, d_model=32, d_ff=64, h=4, dropout=0.1)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def batch(V=50, B=3, S=7, T=6, pad=0, seed=0):
+    """Random source (with padding in row 0) and target-input ids."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, V, (B, S), generator=g)
+    src[0, S - 2:] = pad
+    tgt = torch.randint(4, V, (B, T), generator=g)
+    return src, tgt
+
+
+def test_forward_shapes():
+    model = build_model(tiny_cfg(), 50, 60)
+    src, tgt = batch()
+    assert model(src, tgt).shape == (3, 6, 60)
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_incremental_decoding_equals_full_forward(norm):
+    torch.manual_seed(0)
+    model = build_model(tiny_cfg(norm=norm), 50, 50).eval()
+    src, tgt = batch()
+    with torch.no_grad():
+        full = model(src, tgt)
+        memory, src_mask = model.encode(src)
+        state = model.start_decoding(memory, src_mask)
+        steps = [model.decode_step(tgt[:, t:t + 1], state) for t in range(tgt.size(1))]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_incremental_decoding_with_a_multi_token_prefix():
+    torch.manual_seed(0)
+    model = build_model(tiny_cfg(), 50, 50).eval()
+    src, tgt = batch()
+    with torch.no_grad():
+        full = model(src, tgt)
+        state = model.start_decoding(*model.encode(src))
+        first = model.decode_step(tgt[:, :4], state)
+        rest = model.decode_step(tgt[:, 4:], state)
+    torch.testing.assert_close(torch.cat([first, rest], dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_reorder_keeps_selected_rows():
+    torch.manual_seed(0)
+    model = build_model(tiny_cfg(), 50, 50).eval()
+    src, tgt = batch()
+    with torch.no_grad():
+        full = model(src, tgt)
+        state = model.start_decoding(*model.encode(src))
+        model.decode_step(tgt[:, :3], state)
+        state.reorder(torch.tensor([2, 0]))
+        out = model.decode_step(tgt[[2, 0], 3:], state)
+    torch.testing.assert_close(out, full[[2, 0], 3:], atol=1e-5, rtol=1e-5)
+
+
+def test_padding_does_not_change_the_output():
+    torch.manual_seed(0)
+    model = build_model(tiny_cfg(), 50, 50).eval()
+    src, tgt = batch()
+    padded = torch.cat([src, torch.zeros(3, 4, dtype=torch.long)], dim=1)
+    with torch.no_grad():
+        torch.testing.assert_close(model(padded, tgt), model(src, tgt), atol=1e-5, rtol=1e-5)
+
+
+def test_decoder_is_causal():
+    torch.manual_seed(0)
+    model = build_model(tiny_cfg(), 50, 50).eval()
+    src, tgt = batch()
+    changed = tgt.clone()
+    changed[:, -1] = 5
+    with torch.no_grad():
+        a, b = model(src, tgt), model(src, changed)
+    torch.testing.assert_close(a[:, :-1], b[:, :-1])
+    assert not torch.allclose(a[:, -1], b[:, -1])
+
+
+def test_three_way_tying_with_a_joint_vocabulary():
+    model = build_model(tiny_cfg(), 50, 50)
+    assert model.src_embed.lut.weight is model.generator.weight
+    assert model.tgt_embed.lut.weight is model.generator.weight
+    separate = build_model(tiny_cfg(), 40, 50)
+    assert separate.tgt_embed.lut.weight is separate.generator.weight
+    assert separate.src_embed.lut.weight is not separate.generator.weight
+    untied = build_model(tiny_cfg(share_embeddings=False), 50, 50)
+    assert untied.tgt_embed.lut.weight is not untied.generator.weight
+
+
+def test_xavier_uniform_init_bounds():
+    model = build_model(tiny_cfg(), 50, 50)
+    w = model.encoder[0].feed_forward.W_1.weight  # (d_ff, d_model)
+    bound = (6 / (64 + 32)) ** 0.5
+    assert w.abs().max() <= bound and w.abs().max() > 0.8 * bound
+
+
+@pytest.mark.parametrize("row,expected_millions", [("base", 63.1), ("big", 214.2)])
+def test_parameter_counts_match_table_3(row, expected_millions):
+    """Table 3 reports 65M (base) and 213M (big); fully tied 37k joint vocab gives ~63M / ~214M."""
+    from nmt.config import TrainConfig, compose, to_object
+
+    cfg = to_object(compose("train", [f"+model={row}", "data_dir=d", "run_dir=r"]), TrainConfig)
+    with torch.device("meta"):
+        model = build_model(cfg.model, 37000, 37000)
+    n = count_parameters(model) / 1e6
+    paper = {"base": 65, "big": 213}[row]
+    assert abs(n - paper) / paper < 0.05
+    assert abs(n - expected_millions) < 0.5
+
+
+def test_attention_maps_are_distributions():
+    torch.manual_seed(0)
+    model = build_model(tiny_cfg(), 50, 50).eval()
+    src, tgt = batch()
+    model.keep_attention(True)
+    with torch.no_grad():
+        kept = model(src, tgt)
+    maps = model.attention_maps()
+    model.keep_attention(False)
+    with torch.no_grad():
+        fused = model(src, tgt)
+    torch.testing.assert_close(kept, fused, atol=1e-5, rtol=1e-5)
+    assert [len(v) for v in maps.values()] == [2, 2, 2]
+    enc, dec, cross = maps["encoder_self"][0], maps["decoder_self"][0], maps["encoder_decoder"][0]
+    assert enc.shape == (3, 4, 7, 7) and dec.shape == (3, 4, 6, 6) and cross.shape == (3, 4, 6, 7)
+    torch.testing.assert_close(cross.sum(-1), torch.ones(3, 4, 6))
+    assert cross[0, :, :, -2:].abs().max() == 0  # padded source positions get no attention
+    assert dec[0, 0].triu(diagonal=1).abs().max() == 0  # no attention to the future
+
+
+def test_causal_mask_with_past_keys():
+    m = causal_mask(2, 4, torch.device("cpu"))
+    assert m.tolist() == [[True, True, True, False], [True, True, True, True]]
+
+
+def test_too_long_input_is_a_clear_error():
+    model = build_model(tiny_cfg(max_positions=8), 50, 50)
+    with pytest.raises(ValueError, match="max_positions"):
+        model(torch.ones(1, 9, dtype=torch.long), torch.ones(1, 3, dtype=torch.long))
