@@ -38,8 +38,8 @@ class ModelConfig:
     h: int = MISSING  # attention heads; d_k = d_v = d_model / h
     dropout: float = MISSING  # P_drop on sub-layer outputs and on embedding + position sums
     attention_dropout: float = 0.0  # dropout on the attention weights
-    norm: str = "post"  # "post": LayerNorm(x + Sublayer(x)) as in the paper; "pre": x + Sublayer(LN(x))
-    share_embeddings: bool = True  # tie target embedding and output projection (and source: joint vocab)
+    norm: str = "post"  # "post": LN(x + Sublayer(x)) as in the paper; "pre": x + Sublayer(LN(x))
+    share_embeddings: bool = True  # tie target embedding, output projection (+ source if joint)
     max_positions: int = 1024  # longest sequence the sinusoidal table covers
 
     def __post_init__(self) -> None:
@@ -51,7 +51,8 @@ class ModelConfig:
         _check(self.d_model % 2 == 0, "model.d_model", "must be even (sinusoidal encoding)")
         _check_prob(self.dropout, "model.dropout")
         _check_prob(self.attention_dropout, "model.attention_dropout")
-        _check(self.norm in ("post", "pre"), "model.norm", f"must be 'post' or 'pre', got {self.norm!r}")
+        _check(self.norm in ("post", "pre"), "model.norm",
+               f"must be 'post' or 'pre', got {self.norm!r}")
         _check(self.max_positions >= 2, "model.max_positions", "must be >= 2")
 
 
@@ -152,7 +153,7 @@ class PreprocessConfig:
     out_dir: str = MISSING  # the data directory to write
     force: bool = False  # replace an existing out_dir
     workers: int = 0  # encoding processes; 0 uses every core
-    hf_name: str = ""  # with train=hf: a hub dataset name for datasets.load_dataset (needs internet)
+    hf_name: str = ""  # with train=hf: a hub dataset for datasets.load_dataset (needs internet)
     hf_config: str = ""  # the hub dataset's configuration, e.g. de-en for wmt14
     bpe: BpeConfig = field(default_factory=BpeConfig)
     clean: CleanConfig = field(default_factory=CleanConfig)

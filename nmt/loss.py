@@ -22,7 +22,7 @@ def label_smoothed_nll_loss(lprobs: Tensor, target: Tensor, epsilon: float,
     if epsilon == 0.0:
         nll_sum = nll.sum()
         return nll_sum, nll_sum.detach(), int(target.numel())
-    others = -(lprobs.sum(dim=1) - lprobs[:, ignore_index]) - nll  # -sum of log p, non-gold, non-pad
+    others = -(lprobs.sum(dim=1) - lprobs[:, ignore_index]) - nll  # -sum log p: not gold, not pad
     loss = (1.0 - epsilon) * nll + epsilon / (V - 2) * others
     return loss.sum(), nll.sum().detach(), int(target.numel())
 

@@ -104,7 +104,7 @@ class PositionwiseFeedForward(nn.Module):
 
 
 class SublayerConnection(nn.Module):
-    """A residual connection around a sub-layer with dropout, then LayerNorm (post) or before (pre)."""
+    """x + Dropout(Sublayer(x)) with LayerNorm after it (post) or before the sub-layer (pre)."""
 
     def __init__(self, d_model: int, dropout: float, pre_norm: bool):
         super().__init__()

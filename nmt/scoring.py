@@ -1,4 +1,4 @@
-"""Corpus BLEU and chrF with sacreBLEU: the one scorer for validation, nmt-translate and benchmarks."""
+"""Corpus BLEU and chrF with sacreBLEU: one scorer for validation, nmt-translate, benchmarks."""
 
 from __future__ import annotations
 
@@ -13,5 +13,6 @@ def score(hypotheses: list[str], references: list[str]) -> dict:
     b = bleu.corpus_score(hypotheses, [references])
     c = chrf.corpus_score(hypotheses, [references])
     return {"bleu": b.score, "chrf": c.score,
-            "bleu_signature": str(bleu.get_signature()), "chrf_signature": str(chrf.get_signature()),
+            "bleu_signature": str(bleu.get_signature()),
+            "chrf_signature": str(chrf.get_signature()),
             "bleu_line": str(b), "chrf_line": str(c)}

@@ -28,7 +28,7 @@ def test_closed_form_on_a_uniform_distribution():
 
 
 def test_closed_form_on_a_hand_computed_example():
-    V, eps = 4, 0.2
+    eps = 0.2
     p = torch.tensor([[0.1, 0.6, 0.2, 0.1]])  # gold is 1; pad is 0; others: 2 and 3
     loss, _, _ = label_smoothed_nll_loss(p.log(), torch.tensor([1]), eps, PAD)
     expected = -(1 - eps) * math.log(0.6) - eps / 2 * (math.log(0.2) + math.log(0.1))

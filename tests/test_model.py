@@ -1,4 +1,4 @@
-"""The Transformer: shapes, incremental decoding, tying, parameter counts (Table 3), attention maps."""
+"""The Transformer: shapes, incremental decoding, tying, Table 3 parameter counts, attention."""
 
 import pytest
 import torch

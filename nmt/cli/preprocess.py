@@ -1,4 +1,4 @@
-"""nmt-preprocess: the command-line entry point (configs/preprocess.yaml, schema PreprocessConfig)."""
+"""nmt-preprocess: the command-line entry point (configs/preprocess.yaml, PreprocessConfig)."""
 
 import hydra
 from omegaconf import DictConfig
