@@ -53,3 +53,73 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if not isinstance(state, dict) or not {"model", "model_cfg", "vocab"} <= state.keys():
         raise NmtError(f"{path}: not an nmt checkpoint (model, model_cfg or vocab missing)")
     return state
+
+
+# ----------------------------------------------------------------------------- averaging
+def numbered_checkpoints(run_dir: str | Path) -> list[Path]:
+    """checkpoint_<update>.pt files of a run, ordered by update number (not by file time)."""
+    found = []
+    for p in Path(run_dir).glob("checkpoint_*.pt"):
+        number = p.stem.removeprefix("checkpoint_")
+        if number.isdigit():
+            found.append((int(number), p))
+    return [p for _, p in sorted(found)]
+
+
+def last_checkpoints(run_dir: str | Path, n: int) -> list[Path]:
+    """The last n numbered checkpoints of a run; fewer is an NmtError."""
+    if not Path(run_dir).is_dir():
+        raise NmtError(f"{run_dir}: run directory not found")
+    paths = numbered_checkpoints(run_dir)
+    if len(paths) < n:
+        raise NmtError(f"{run_dir}: last={n} asked but only {len(paths)} numbered "
+                       f"checkpoint(s) found")
+    return paths[-n:]
+
+
+def _same_model(first: dict, other: dict, path: Path, first_path: Path) -> None:
+    """Raise unless two checkpoints share architecture, vocabulary and parameter shapes."""
+    if other["model_cfg"] != first["model_cfg"]:
+        raise NmtError(f"{path}: model config differs from {first_path}")
+    if other["vocab"].get("sha256") != first["vocab"].get("sha256"):
+        raise NmtError(f"{path}: vocabulary differs from {first_path}")
+    shapes = {k: tuple(v.shape) for k, v in other["model"].items()}
+    if shapes != {k: tuple(v.shape) for k, v in first["model"].items()}:
+        raise NmtError(f"{path}: parameter names or shapes differ from {first_path}")
+
+
+def average_checkpoints(paths: list[str | Path]) -> dict:
+    """A model-only checkpoint whose floating-point weights are the mean of `paths`' weights.
+
+    Sums are accumulated in float64 whatever the stored precision (so averaging copies of one
+    checkpoint is exact) and cast back to the stored dtype; integer
+    buffers (counters) are not averaged: they are taken from the last checkpoint.
+    """
+    if not paths:
+        raise NmtError("no checkpoints to average")
+    paths = [Path(p) for p in paths]
+    first = load_checkpoint(paths[0])
+    sums = {k: v.double() if v.is_floating_point() else v
+            for k, v in first["model"].items()}
+    last = first
+    for path in paths[1:]:
+        last = load_checkpoint(path)
+        _same_model(first, last, path, paths[0])
+        for k, v in last["model"].items():
+            sums[k] = sums[k] + v.double() if v.is_floating_point() else v
+    dtypes = {k: v.dtype for k, v in first["model"].items()}
+    model = {k: (v / len(paths)).to(dtypes[k]) if v.is_floating_point() else v
+             for k, v in sums.items()}
+    return {"model": model, "model_cfg": last["model_cfg"], "vocab": last["vocab"],
+            "config": last.get("config", {}), "update": last.get("update", 0),
+            "epoch": last.get("epoch", 0), "averaged_from": [p.name for p in paths]}
+
+
+def average(cfg) -> Path:
+    """nmt-average: average cfg.inputs, or the last cfg.last checkpoints of cfg.run_dir."""
+    paths = list(cfg.inputs) if cfg.inputs else last_checkpoints(cfg.run_dir, cfg.last)
+    state = average_checkpoints(paths)
+    save_checkpoint(state, cfg.output)
+    print(f"nmt-average: averaged {len(paths)} checkpoints "
+          f"({', '.join(Path(p).name for p in paths)}) -> {cfg.output}")
+    return Path(cfg.output)
