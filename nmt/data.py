@@ -23,19 +23,48 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 2 ** 16 else np.dtype(np.int32)
 
 
-def write_token_array(prefix: Path, sentences, dtype: np.dtype) -> int:
-    """Write an iterable of id sequences to prefix.bin / prefix.idx; returns the token count.
+class TokenArrayWriter:
+    """Append sentences to prefix.bin; `close()` writes prefix.idx (use it as a context manager).
 
-    Streams to disk: memory does not grow with the number of sentences beyond the offsets.
+    Streams to disk: memory grows only by the int64 lengths, 8 bytes a sentence.
     """
-    offsets = [0]
-    with open(f"{prefix}.bin", "wb") as f:
+
+    def __init__(self, prefix: Path, dtype: np.dtype):
+        self.prefix, self.dtype = prefix, np.dtype(dtype)
+        self.file = open(f"{prefix}.bin", "wb")  # closed by close()
+        self.lengths: list[np.ndarray] = []  # one (n,) int64 array per add_chunk call
+        self.tokens = 0
+
+    def add_chunk(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
+        """Append sentences given as their concatenated ids (sum(lengths),) and lengths (n,)."""
+        self.file.write(np.asarray(tokens, dtype=self.dtype).tobytes())
+        self.lengths.append(np.asarray(lengths, dtype=np.int64))
+        self.tokens += int(self.lengths[-1].sum())
+
+    def add(self, ids) -> None:
+        """Append one sentence (a sequence of ids)."""
+        self.add_chunk(np.asarray(ids, dtype=self.dtype), np.asarray([len(ids)]))
+
+    def close(self) -> None:
+        """Finish prefix.bin and write the offsets prefix.idx (one more than sentences)."""
+        self.file.close()
+        offsets = np.zeros(1 + sum(map(len, self.lengths)), dtype=np.int64)
+        np.cumsum(np.concatenate([np.zeros(0, np.int64), *self.lengths]), out=offsets[1:])
+        offsets.tofile(f"{self.prefix}.idx")
+
+    def __enter__(self) -> TokenArrayWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def write_token_array(prefix: Path, sentences, dtype: np.dtype) -> int:
+    """Write an iterable of id sequences to prefix.bin / prefix.idx; returns the token count."""
+    with TokenArrayWriter(prefix, dtype) as writer:
         for ids in sentences:
-            arr = np.asarray(ids, dtype=dtype)
-            f.write(arr.tobytes())
-            offsets.append(offsets[-1] + len(arr))
-    np.asarray(offsets, dtype=np.int64).tofile(f"{prefix}.idx")
-    return offsets[-1]
+            writer.add(ids)
+    return writer.tokens
 
 
 class TokenArray:
