@@ -6,6 +6,8 @@ Ids are fixed and recorded: pad 0, unk 1, bos 2, eos 3.
 from __future__ import annotations
 
 import hashlib
+import io
+import re
 from pathlib import Path
 
 import sentencepiece as spm
@@ -47,9 +49,9 @@ class Tokenizer:
         """Checksum of the serialized model: identifies the vocabulary."""
         return hashlib.sha256(self.proto).hexdigest()
 
-    def encode(self, lines: list[str]) -> list[list[int]]:
-        """Raw text lines -> subword ids (no BOS/EOS)."""
-        return self.sp.encode(lines, out_type=int)
+    def encode(self, lines: list[str], num_threads: int = -1) -> list[list[int]]:
+        """Raw text lines -> subword ids (no BOS/EOS); num_threads=-1 lets SentencePiece choose."""
+        return self.sp.encode(lines, out_type=int, num_threads=num_threads)
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         """Subword ids -> detokenized text; specials are dropped."""
@@ -58,3 +60,45 @@ class Tokenizer:
     def pieces(self, ids: list[int]) -> list[str]:
         """Subword ids -> their pieces, for display."""
         return [self.sp.id_to_piece(i) for i in ids]
+
+    def vocab_text(self) -> str:
+        """The vocabulary as SentencePiece's .vocab file has it: `piece<TAB>score` a line."""
+        return "".join(f"{self.sp.id_to_piece(i)}\t{self.sp.get_score(i):g}\n"
+                       for i in range(self.vocab_size))
+
+
+def _training_error(message: str, vocab_size: int) -> NmtError:
+    """SentencePiece's multi-line trainer failure as one line naming the config key."""
+    if m := re.search(r"Vocabulary size too high \((\d+)\).*<= (\d+)", message):
+        return NmtError(f"bpe.vocab_size={vocab_size} is larger than the training data allows "
+                        f"(at most {m.group(2)}); lower bpe.vocab_size")
+    if m := re.search(r"smaller than required_chars\. (\d+) vs (\d+)", message):
+        return NmtError(f"bpe.vocab_size={vocab_size} is smaller than the {m.group(2)} pieces "
+                        "the characters and specials need; raise bpe.vocab_size or lower "
+                        "bpe.character_coverage")
+    if "sentences_.empty()" in message:
+        return NmtError("SentencePiece got no training sentences")
+    return NmtError(f"SentencePiece training failed: {message.splitlines()[0] if message else '?'}")
+
+
+def train_bpe(inputs: list[str | Path], vocab_size: int, character_coverage: float = 1.0,
+              split_digits: bool = True, byte_fallback: bool = False,
+              normalization: str = "nmt_nfkc", num_threads: int = 1, seed: int = 1) -> Tokenizer:
+    """Train a SentencePiece BPE model on text files (all of their lines) with our fixed ids.
+
+    Pass a sample for big corpora: SentencePiece holds every input sentence in memory.
+    """
+    spm.set_random_generator_seed(seed)
+    proto = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            input=[str(p) for p in inputs], model_writer=proto, model_type="bpe",
+            vocab_size=vocab_size, character_coverage=character_coverage,
+            split_digits=split_digits, byte_fallback=byte_fallback,
+            normalization_rule_name=normalization, input_sentence_size=0,
+            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+            pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>",
+            num_threads=num_threads, minloglevel=2)
+    except RuntimeError as e:
+        raise _training_error(str(e), vocab_size) from None
+    return Tokenizer(proto.getvalue(), "<trained>")

@@ -1,0 +1,426 @@
+"""nmt-preprocess: raw parallel text in, a binarized data directory out.
+
+The stages, each streaming (memory does not grow with the corpus beyond SentencePiece's
+training sample, 8 bytes a sentence of offsets and, with clean.dedup, 8 bytes a unique pair):
+
+1. open     check every input before anything is written: files exist, line counts agree, not empty
+2. clean    read each split once: UTF-8, Unicode normalisation, stripped whitespace, empty pairs
+            (and duplicate training pairs) dropped; the cleaned text goes to a temporary
+            directory in chunks of CHUNK pairs. valid/test keep it as {split}.raw.{lang}.
+3. subwords train SentencePiece BPE on a seeded sample of the cleaned training text (or reuse)
+4. encode   a pool of processes encodes the chunks; the main process writes them in order to
+            {split}.{lang}.bin/.idx. Training pairs too long or too unequal in length are dropped.
+5. commit   manifest.json (counts, config, checksums); the temporary directory becomes out_dir.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import multiprocessing as mp
+import os
+import re
+import shutil
+import tempfile
+import time
+import unicodedata
+from collections import deque
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from tqdm import tqdm
+
+from nmt import __version__
+from nmt.corpus import Corpus, open_corpus
+from nmt.errors import NmtError
+from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_bpe
+
+if TYPE_CHECKING:
+    from nmt.config import BpeConfig, CleanConfig, PreprocessConfig
+
+# nmt.data (which imports torch) is imported inside the main-process functions only, so that the
+# encoding workers start quickly and small.
+
+log = logging.getLogger(__name__)
+
+CHUNK = 10_000  # pairs per encoding task
+COUNTS = ("read", "invalid_utf8", "empty", "duplicate", "too_long", "ratio", "kept")
+_LINE_BREAKS = re.compile("[\r\n\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")  # what splitlines() splits
+
+
+# ----------------------------------------------------------------------------- 2. clean
+@dataclass
+class CleanText:
+    """One split's cleaned text: two files of `pairs` lines, cut into chunks for the workers."""
+
+    src: Path
+    tgt: Path
+    pairs: int
+    chunks: list[tuple[int, int, int, int]]  # byte ranges (src_start, src_end, tgt_start, tgt_end)
+
+
+def normalize(text: str, form: str) -> str:
+    """Strip the ends, turn line breaks inside into spaces, apply Unicode normalisation `form`."""
+    text = text.strip()
+    if not text.isprintable():
+        text = _LINE_BREAKS.sub(" ", text)
+    return unicodedata.normalize(form, text) if form else text
+
+
+def clean_split(corpus: Corpus, clean: CleanConfig, src_out: Path, tgt_out: Path,
+                counts: dict) -> CleanText:
+    """Stream `corpus` through the text filters into src_out / tgt_out, counting each drop."""
+    dedup = clean.dedup and corpus.role == "train"
+    seen: set[int] = set()
+    chunks, src_buf, tgt_buf = [], [], []
+    read = invalid = empty = duplicate = 0
+    with open(src_out, "wb") as fs, open(tgt_out, "wb") as ft:
+        def flush() -> None:
+            s0, t0 = fs.tell(), ft.tell()
+            fs.write(("\n".join(src_buf) + "\n").encode())
+            ft.write(("\n".join(tgt_buf) + "\n").encode())
+            chunks.append((s0, fs.tell(), t0, ft.tell()))
+            src_buf.clear()
+            tgt_buf.clear()
+
+        pairs = corpus.pairs(skip_invalid=clean.invalid_utf8 == "skip")
+        for src, tgt in tqdm(pairs, total=corpus.size, desc=f"clean {corpus.role}",
+                             unit=" pairs", unit_scale=True, disable=None):
+            read += 1
+            if src is None:
+                invalid += 1
+                continue
+            src, tgt = normalize(src, clean.normalize), normalize(tgt, clean.normalize)
+            if not src or not tgt:
+                empty += 1
+                continue
+            if dedup:
+                key = hash((src, tgt))
+                if key in seen:
+                    duplicate += 1
+                    continue
+                seen.add(key)
+            src_buf.append(src)
+            tgt_buf.append(tgt)
+            if len(src_buf) == CHUNK:
+                flush()
+        if src_buf:
+            flush()
+    kept = read - invalid - empty - duplicate
+    counts.update(read=read, invalid_utf8=invalid, empty=empty, kept=kept,
+                  duplicate=duplicate if dedup else None)
+    return CleanText(src_out, tgt_out, kept, chunks)
+
+
+# ----------------------------------------------------------------------------- 3. subwords
+def sample_pairs(text: CleanText, k: int, seed: int, src_out: Path, tgt_out: Path) -> None:
+    """Write k pairs of `text`, drawn uniformly without replacement (seeded), in corpus order."""
+    keep = np.zeros(text.pairs, dtype=bool)
+    keep[np.random.default_rng(seed).choice(text.pairs, size=k, replace=False)] = True
+    with (open(text.src, "rb") as fs, open(text.tgt, "rb") as ft,
+          open(src_out, "wb") as out_s, open(tgt_out, "wb") as out_t):
+        for a, b in itertools.compress(zip(fs, ft, strict=True), keep):
+            out_s.write(a)
+            out_t.write(b)
+
+
+def train_subwords(train: CleanText, bpe: BpeConfig, tmp: Path, threads: int
+                   ) -> tuple[Tokenizer, Tokenizer, dict]:
+    """Train the joint (or one per language) BPE model on the cleaned training text or a sample."""
+    per_pair = 2 if bpe.joint else 1  # sentences a pair gives each model
+    pairs = train.pairs
+    if bpe.input_sentence_size:
+        pairs = min(pairs, max(1, bpe.input_sentence_size // per_pair))
+    src, tgt = train.src, train.tgt
+    if pairs < train.pairs:
+        src, tgt = tmp / "spm.sample.src", tmp / "spm.sample.tgt"
+        sample_pairs(train, pairs, bpe.seed, src, tgt)
+    options = dict(vocab_size=bpe.vocab_size, character_coverage=bpe.character_coverage,
+                   split_digits=bpe.split_digits, byte_fallback=bpe.byte_fallback,
+                   normalization=bpe.normalization, num_threads=threads, seed=bpe.seed)
+    kind = "joint" if bpe.joint else "separate"
+    log.info(f"training {kind} SentencePiece BPE ({bpe.vocab_size} pieces) on "
+             f"{pairs * per_pair:,} sentences")
+    if bpe.joint:
+        src_tok = tgt_tok = train_bpe([src, tgt], **options)
+    else:
+        src_tok, tgt_tok = train_bpe([src], **options), train_bpe([tgt], **options)
+    for path in (tmp / "spm.sample.src", tmp / "spm.sample.tgt"):
+        path.unlink(missing_ok=True)
+    info = {"sentences": pairs * per_pair, "sampled": pairs < train.pairs, "reused": ""}
+    return src_tok, tgt_tok, info
+
+
+def load_subwords(path: str) -> tuple[Tokenizer, Tokenizer, dict]:
+    """Reuse a .model file (joint) or the model(s) of a data directory written by nmt-preprocess."""
+    from nmt.data import read_manifest
+
+    p = Path(path)
+    if p.is_dir():
+        manifest = read_manifest(p)
+        src = Tokenizer.from_file(p / manifest["spm"]["src"])
+        tgt = src if manifest["joint"] else Tokenizer.from_file(p / manifest["spm"]["tgt"])
+    else:
+        if not p.exists():
+            raise NmtError(f"bpe.model={path}: no such file or data directory")
+        src = tgt = Tokenizer.from_file(p)
+    return src, tgt, {"sentences": 0, "sampled": False, "reused": str(p.resolve())}
+
+
+def write_subwords(src: Tokenizer, tgt: Tokenizer, tmp: Path, src_lang: str, tgt_lang: str
+                   ) -> dict[str, str]:
+    """Write the model(s) and their .vocab listing into tmp; returns the manifest's "spm"."""
+    names = ({"src": "spm.model", "tgt": "spm.model"} if src is tgt else
+             {"src": f"spm.{src_lang}.model", "tgt": f"spm.{tgt_lang}.model"})
+    for side, tok in (("src", src), ("tgt", tgt)):
+        (tmp / names[side]).write_bytes(tok.proto)
+        (tmp / names[side]).with_suffix(".vocab").write_text(tok.vocab_text(), encoding="utf-8")
+    return names
+
+
+# ----------------------------------------------------------------------------- 4. encode
+_WORKER: tuple[Tokenizer, Tokenizer] | None = None  # each process's (source, target) tokenizers
+
+
+def _init_worker(src_proto: bytes, tgt_proto: bytes) -> None:
+    """Load the SentencePiece model(s) once per worker process."""
+    global _WORKER
+    src = Tokenizer(src_proto)
+    _WORKER = (src, src if tgt_proto == src_proto else Tokenizer(tgt_proto))
+
+
+def _read_lines(path: str, start: int, end: int) -> list[str]:
+    """The lines in bytes [start, end) of a cleaned text file (each ends with a newline)."""
+    with open(path, "rb") as f:
+        f.seek(start)
+        return f.read(end - start).decode("utf-8").split("\n")[:-1]
+
+
+def _concat(ids: list[list[int]], lengths: np.ndarray, keep: np.ndarray, dtype: str) -> np.ndarray:
+    """The kept sentences' ids, concatenated into one array (sum of kept lengths,)."""
+    kept = itertools.chain.from_iterable(itertools.compress(ids, keep))
+    return np.fromiter(kept, dtype=dtype, count=int(lengths[keep].sum()))
+
+
+def encode_chunk(task: tuple) -> tuple:
+    """Encode one chunk of pairs, drop those over the limits; returns arrays and counts."""
+    src_path, tgt_path, (s0, s1, t0, t1), limits, dtype = task
+    src_tok, tgt_tok = _WORKER
+    src_ids = src_tok.encode(_read_lines(src_path, s0, s1), num_threads=1)
+    tgt_ids = tgt_tok.encode(_read_lines(tgt_path, t0, t1), num_threads=1)
+    ls = np.fromiter(map(len, src_ids), dtype=np.int64, count=len(src_ids))  # (n,)
+    lt = np.fromiter(map(len, tgt_ids), dtype=np.int64, count=len(tgt_ids))  # (n,)
+    counts = {"empty": 0, "too_long": 0, "ratio": 0}
+    keep = np.ones(len(ls), dtype=bool)
+    if limits is not None:  # training split: Moses clean-corpus-n on subword lengths
+        max_tokens, max_ratio = limits
+        empty = (ls == 0) | (lt == 0)  # text that SentencePiece normalises away
+        too_long = ~empty & ((ls > max_tokens) | (lt > max_tokens))
+        ratio = ~empty & ~too_long & (np.maximum(ls, lt) > max_ratio * np.minimum(ls, lt))
+        keep = ~(empty | too_long | ratio)
+        counts = {"empty": int(empty.sum()), "too_long": int(too_long.sum()),
+                  "ratio": int(ratio.sum())}
+    return (_concat(src_ids, ls, keep, dtype), ls[keep], _concat(tgt_ids, lt, keep, dtype),
+            lt[keep], counts)
+
+
+class OrderedPool:
+    """Map a function over tasks on worker processes; results come back in task order.
+
+    At most 2 tasks per worker are in flight, so a long task list never piles up in memory.
+    With one worker everything runs in this process.
+    """
+
+    def __init__(self, workers: int, initializer, initargs: tuple):
+        self.workers = workers
+        self.pool = None
+        if workers > 1:  # spawn: no fork of a process that may hold threads (tqdm, Arrow)
+            self.pool = mp.get_context("spawn").Pool(workers, initializer, initargs)
+        else:
+            initializer(*initargs)
+
+    def imap(self, fn, tasks):
+        """Yield fn(task) for each task, in order."""
+        if self.pool is None:
+            yield from map(fn, tasks)
+            return
+        pending = deque()
+        for task in tasks:
+            pending.append(self.pool.apply_async(fn, (task,)))
+            if len(pending) >= 2 * self.workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+    def __enter__(self) -> OrderedPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+
+
+def encode_split(pool: OrderedPool, text: CleanText, role: str, prefix: dict[str, Path],
+                 limits: tuple[int, float] | None, dtype: np.dtype, counts: dict) -> dict:
+    """Encode a cleaned split into prefix[side].bin/.idx; returns the manifest's split entry."""
+    from nmt.data import TokenArrayWriter
+
+    tasks = [(str(text.src), str(text.tgt), chunk, limits, dtype.str) for chunk in text.chunks]
+    dropped = {"empty": 0, "too_long": 0, "ratio": 0}
+    pairs = 0
+    with (TokenArrayWriter(prefix["src"], dtype) as src_out,
+          TokenArrayWriter(prefix["tgt"], dtype) as tgt_out,
+          tqdm(total=text.pairs, desc=f"encode {role}", unit=" pairs", unit_scale=True,
+               disable=None) as bar):
+        for src, src_len, tgt, tgt_len, chunk_counts in pool.imap(encode_chunk, tasks):
+            src_out.add_chunk(src, src_len)
+            tgt_out.add_chunk(tgt, tgt_len)
+            pairs += len(src_len)
+            for key, n in chunk_counts.items():
+                dropped[key] += n
+            bar.update(sum(chunk_counts.values()) + len(src_len))
+    counts["empty"] += dropped["empty"]
+    counts["kept"] = pairs
+    if limits is not None:
+        counts.update(too_long=dropped["too_long"], ratio=dropped["ratio"])
+    return {"pairs": pairs, "src_tokens": src_out.tokens, "tgt_tokens": tgt_out.tokens}
+
+
+# ----------------------------------------------------------------------------- 5. commit
+def sha256_file(path: Path) -> str:
+    """The sha256 of a file, read in 16 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            h.update(block)
+    return h.hexdigest()
+
+
+def check_out_dir(out: Path, force: bool) -> None:
+    """Refuse an existing out_dir unless force=true, and never replace a non-data directory."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if not force:
+        raise NmtError(f"{out}: already exists (add force=true to replace it)")
+    if out.is_dir() and any(out.iterdir()) and not (out / "manifest.json").exists():
+        raise NmtError(f"{out}: exists and is not a data directory (no manifest.json); "
+                       "not replacing it even with force=true")
+    if not out.is_dir():
+        raise NmtError(f"{out}: exists and is not a directory")
+
+
+def replace_dir(tmp: Path, out: Path) -> None:
+    """Rename tmp to out; an existing out is moved aside first and deleted after."""
+    if out.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        os.replace(out, old)  # renames over the fresh empty directory mkdtemp made
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+
+
+def report(manifest: dict, out: Path, seconds: float) -> str:
+    """The counts as a small table, and one line on the vocabulary."""
+    header = ("split", *COUNTS, "src_tokens", "tgt_tokens")
+    rows = [header]
+    for split, counts in manifest["counts"].items():
+        info = manifest["splits"][split]
+        cells = [counts.get(key) for key in COUNTS] + [info["src_tokens"], info["tgt_tokens"]]
+        rows.append((split, *("-" if c is None else f"{c:,}" for c in cells)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
+                       enumerate(zip(row, widths, strict=True))) for row in rows]
+    vocab = (f"joint {manifest['src_vocab_size']:,}" if manifest["joint"] else
+             f"{manifest['src_vocab_size']:,} + {manifest['tgt_vocab_size']:,}")
+    lines.append(f"vocabulary: {vocab} ({', '.join(sorted(set(manifest['spm'].values())))}), "
+                 f"ids {manifest['dtype']}; wrote {out} in {seconds:.1f} s")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- the command
+def build(cfg: PreprocessConfig, corpora: dict[str, Corpus], reused: tuple | None,
+          tmp: Path) -> dict:
+    """Stages 2-4 into the temporary directory tmp; returns the manifest (without checksums)."""
+    from nmt.data import token_dtype
+
+    langs = {"src": cfg.src_lang, "tgt": cfg.tgt_lang}
+    workers = cfg.workers or len(os.sched_getaffinity(0))
+    counts, texts, seconds = {}, {}, {}
+    t = time.time()
+    for role, corpus in corpora.items():
+        stem = "clean" if role == "train" else "raw"  # valid/test keep their cleaned raw text
+        paths = [tmp / f"{role}.{stem}.{langs[side]}" for side in ("src", "tgt")]
+        counts[role] = dict.fromkeys(COUNTS)
+        texts[role] = clean_split(corpus, cfg.clean, *paths, counts[role])
+        if texts[role].pairs == 0:
+            raise NmtError(f"{role}: no pairs left after cleaning {corpus.name} "
+                           f"({_summary(counts[role])})")
+    seconds["clean"], t = time.time() - t, time.time()
+    src_tok, tgt_tok, spm_info = reused or train_subwords(texts["train"], cfg.bpe, tmp, workers)
+    spm_names = write_subwords(src_tok, tgt_tok, tmp, cfg.src_lang, cfg.tgt_lang)
+    seconds["subwords"], t = time.time() - t, time.time()
+    dtype = token_dtype(max(src_tok.vocab_size, tgt_tok.vocab_size))
+    limits = (cfg.clean.max_tokens, cfg.clean.max_ratio)
+    splits = {}
+    workers = min(workers, max(len(text.chunks) for text in texts.values()))
+    with OrderedPool(workers, _init_worker, (src_tok.proto, tgt_tok.proto)) as pool:
+        for role, text in texts.items():
+            prefix = {side: tmp / f"{role}.{lang}" for side, lang in langs.items()}
+            splits[role] = encode_split(pool, text, role, prefix,
+                                        limits if role == "train" else None, dtype, counts[role])
+    seconds["encode"] = time.time() - t
+    if splits["train"]["pairs"] == 0:
+        raise NmtError(f"train: no pairs left after cleaning ({_summary(counts['train'])})")
+    texts["train"].src.unlink()  # the cleaned training text is not kept
+    texts["train"].tgt.unlink()
+    return {
+        "format": 1, "src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang,
+        "joint": src_tok is tgt_tok, "spm": spm_names,
+        "src_vocab_size": src_tok.vocab_size, "tgt_vocab_size": tgt_tok.vocab_size,
+        "pad_id": PAD_ID, "unk_id": UNK_ID, "bos_id": BOS_ID, "eos_id": EOS_ID,
+        "dtype": dtype.name,
+        "vocab_sha256": hashlib.sha256(src_tok.proto + tgt_tok.proto).hexdigest(),
+        "splits": splits, "counts": counts,
+        "raw": {role: {side: f"{role}.raw.{lang}" for side, lang in langs.items()}
+                for role in texts if role != "train"},
+        "spm_training": spm_info, "config": asdict(cfg), "nmt_version": __version__,
+        "seconds": {k: round(v, 2) for k, v in seconds.items()},
+    }
+
+
+def _summary(counts: dict) -> str:
+    """Non-zero counts as `key n` pairs, for an error message."""
+    return ", ".join(f"{k} {v:,}" for k, v in counts.items() if v and k != "kept")
+
+
+def preprocess(cfg: PreprocessConfig) -> dict:
+    """Check the inputs, clean, train subwords, encode, commit; returns the manifest."""
+    start = time.time()
+    out = Path(cfg.out_dir)
+    corpora = {role: open_corpus(spec, role, cfg.src_lang, cfg.tgt_lang, cfg.hf_name,
+                                 cfg.hf_config)
+               for role, spec in (("train", cfg.train), ("valid", cfg.valid), ("test", cfg.test))
+               if spec}
+    reused = load_subwords(cfg.bpe.model) if cfg.bpe.model else None
+    check_out_dir(out, cfg.force)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 -> what mkdir would have made
+    try:
+        manifest = build(cfg, corpora, reused, tmp)
+        manifest["checksums"] = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+        check_out_dir(out, cfg.force)
+        replace_dir(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(report(manifest, out, time.time() - start), flush=True)
+    return manifest

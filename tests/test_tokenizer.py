@@ -1,0 +1,94 @@
+"""SentencePiece BPE training and the Tokenizer: fixed ids, round trips, one-line errors."""
+
+import io
+import random
+
+import pytest
+import sentencepiece as spm
+
+from nmt.errors import NmtError
+from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_bpe
+
+WORDS = ("open save file edit view help close print copy paste find replace undo redo select "
+         "window tab menu tool option setting error warning user name password folder").split()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A text file of 400 random sentences of the words above, with some numbers."""
+    rng = random.Random(0)
+    lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 10))) for _ in range(400)]
+    lines += [f"version {rng.randint(0, 9999)}" for _ in range(20)]
+    path = tmp_path_factory.mktemp("tok") / "text.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path, lines
+
+
+@pytest.fixture(scope="module")
+def tok(corpus):
+    """A 120-piece BPE model trained on the corpus."""
+    return train_bpe([corpus[0]], vocab_size=120)
+
+
+def test_trained_model_has_fixed_ids_and_size(tok):
+    assert tok.vocab_size == 120
+    assert tok.pieces([PAD_ID, UNK_ID, BOS_ID, EOS_ID]) == ["<pad>", "<unk>", "<s>", "</s>"]
+    assert (tok.sp.pad_id(), tok.sp.unk_id(), tok.sp.bos_id(), tok.sp.eos_id()) == (0, 1, 2, 3)
+
+
+def test_encode_decode_round_trip_without_specials(tok, corpus):
+    lines = corpus[1][:50]
+    ids = tok.encode(lines)
+    assert all(ids) and all(i > EOS_ID for seq in ids for i in seq)  # no BOS/EOS added
+    assert tok.decode(ids) == lines
+    assert tok.encode(lines, num_threads=1) == ids
+
+
+def test_split_digits_gives_one_piece_per_digit(tok):
+    digits = [p for p in tok.pieces(tok.encode(["version 4711"])[0]) if p.strip("▁").isdigit()]
+    assert "".join(p.strip("▁") for p in digits) == "4711" and all(
+        len(p.strip("▁")) == 1 for p in digits)
+
+
+def test_training_is_deterministic(corpus, tok):
+    assert train_bpe([corpus[0]], vocab_size=120).sha256 == tok.sha256
+
+
+def test_proto_round_trips_and_vocab_text(tok, tmp_path):
+    path = tmp_path / "spm.model"
+    path.write_bytes(tok.proto)
+    again = Tokenizer.from_file(path)
+    assert again.sha256 == tok.sha256
+    lines = again.vocab_text().splitlines()
+    assert len(lines) == 120 and lines[0].split("\t")[0] == "<pad>"
+
+
+def test_vocab_larger_than_the_data_allows_is_one_line(corpus):
+    with pytest.raises(NmtError, match=r"bpe.vocab_size=5000 is larger .* \(at most \d+\)") as e:
+        train_bpe([corpus[0]], vocab_size=5000)
+    assert "\n" not in str(e.value)
+
+
+def test_vocab_smaller_than_the_characters_is_one_line(corpus):
+    with pytest.raises(NmtError, match="character_coverage") as e:
+        train_bpe([corpus[0]], vocab_size=10)
+    assert "\n" not in str(e.value)
+
+
+def test_no_sentences(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    with pytest.raises(NmtError, match="no training sentences"):
+        train_bpe([empty], vocab_size=50)
+
+
+def test_rejects_garbage_and_other_ids(corpus, tmp_path):
+    with pytest.raises(NmtError, match="not a SentencePiece model"):
+        Tokenizer(b"definitely not a model")
+    proto = io.BytesIO()  # SentencePiece's default ids: unk 0, bos 1, eos 2, no pad
+    spm.SentencePieceTrainer.train(input=str(corpus[0]), model_writer=proto, vocab_size=60,
+                                   model_type="bpe", minloglevel=2)
+    with pytest.raises(NmtError, match="pad=0 unk=1 bos=2 eos=3"):
+        Tokenizer(proto.getvalue())
+    with pytest.raises(NmtError, match="cannot read"):
+        Tokenizer.from_file(tmp_path / "missing.model")
