@@ -108,28 +108,37 @@ class SearchConfig:
 # ----------------------------------------------------------------------------- preprocess
 @dataclass
 class BpeConfig:
-    """The SentencePiece BPE model."""
+    """The SentencePiece BPE model, trained on the (cleaned) training split only."""
 
-    vocab_size: int = 8000  # subword vocabulary size (per language when joint=false)
+    vocab_size: int = 8000  # subword vocabulary size, specials included (per language if not joint)
     joint: bool = True  # one vocabulary for both languages (needed for three-way tying)
     character_coverage: float = 1.0  # share of characters covered; the rest map to <unk>
     input_sentence_size: int = 2_000_000  # sentences sampled to train SentencePiece (0: all)
-    model: str = ""  # reuse this existing SentencePiece model instead of training one
+    split_digits: bool = True  # every digit its own piece (version numbers, counts)
+    byte_fallback: bool = False  # spell unknown characters as UTF-8 byte pieces instead of <unk>
+    normalization: str = "nmt_nfkc"  # SentencePiece rule: nmt_nfkc, nfkc, *_cf, or identity
+    seed: int = 1  # seeds the training sample and SentencePiece
+    model: str = ""  # reuse a .model file (joint) or a data directory's model(s); no training
 
     def __post_init__(self) -> None:
         _check(self.vocab_size >= 8, "bpe.vocab_size", "must be >= 8")
         _check(0 < self.character_coverage <= 1, "bpe.character_coverage", "must be in (0, 1]")
         _check(self.input_sentence_size >= 0, "bpe.input_sentence_size", "must be >= 0")
+        rules = ("nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf", "identity")
+        _check(self.normalization in rules, "bpe.normalization",
+               f"must be one of {', '.join(rules)}, got {self.normalization!r}")
 
 
 @dataclass
 class CleanConfig:
-    """Filters applied to the training split, each counted and reported."""
+    """Cleaning, each step counted and reported. Every split: invalid UTF-8, Unicode
+    normalisation, whitespace stripped, empty pairs dropped. Training split only: duplicates,
+    length and ratio (valid/test keep every non-empty pair, so scores stay comparable)."""
 
-    max_tokens: int = 250  # drop pairs with a side longer than this many subword tokens
-    max_ratio: float = 9.0  # drop pairs whose subword length ratio exceeds this (Moses: 9)
-    dedup: bool = False  # drop exact duplicate pairs
-    normalize: str = ""  # Unicode normalisation applied first: "", "NFC" or "NFKC"
+    max_tokens: int = 250  # drop training pairs with a side longer than this many subword tokens
+    max_ratio: float = 9.0  # drop training pairs whose subword length ratio exceeds this (Moses)
+    dedup: bool = False  # drop exact duplicate training pairs (keeps 8 bytes a unique pair)
+    normalize: str = ""  # Unicode normalisation applied first: "", "NFC", "NFKC", "NFD", "NFKD"
     invalid_utf8: str = "error"  # "error": stop at the first bad line; "skip": drop and count it
 
     def __post_init__(self) -> None:
@@ -147,13 +156,17 @@ class PreprocessConfig:
 
     src_lang: str = MISSING  # source language suffix, e.g. en
     tgt_lang: str = MISSING  # target language suffix, e.g. de
-    train: str = MISSING  # PFX (PFX.src, PFX.tgt), a .tsv file, or hf:PATH[:SPLIT] (load_from_disk)
-    valid: str = ""  # same forms as train; "" for none
-    test: str = ""  # same forms as train; "" for none
-    out_dir: str = MISSING  # the data directory to write
-    force: bool = False  # replace an existing out_dir
+    # Inputs: PFX (files PFX.{src_lang} and PFX.{tgt_lang}, aligned by line), FILE.tsv
+    # (source<TAB>target lines), hf:PATH (Dataset/DatasetDict.save_to_disk; a DatasetDict gives
+    # the split train/validation/test after the role), hf:PATH:SPLIT, or with hf_name set
+    # hf:SPLIT (datasets.load_dataset(hf_name, hf_config, split=SPLIT); "hf:" = role's split).
+    train: str = MISSING  # the training split (SentencePiece is trained on it alone)
+    valid: str = ""  # the validation split, same forms as train; "" for none
+    test: str = ""  # the test split, same forms as train; "" for none
+    out_dir: str = MISSING  # the data directory to write (atomically: temp dir, then rename)
+    force: bool = False  # replace an existing out_dir (only a data directory, or an empty one)
     workers: int = 0  # encoding processes; 0 uses every core
-    hf_name: str = ""  # with train=hf: a hub dataset for datasets.load_dataset (needs internet)
+    hf_name: str = ""  # a hub dataset name for datasets.load_dataset (needs internet), e.g. wmt14
     hf_config: str = ""  # the hub dataset's configuration, e.g. de-en for wmt14
     bpe: BpeConfig = field(default_factory=BpeConfig)
     clean: CleanConfig = field(default_factory=CleanConfig)
