@@ -27,6 +27,7 @@ import tempfile
 import time
 import unicodedata
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -117,42 +118,39 @@ def clean_split(corpus: Corpus, clean: CleanConfig, src_out: Path, tgt_out: Path
 
 
 # ----------------------------------------------------------------------------- 3. subwords
-def sample_pairs(text: CleanText, k: int, seed: int, src_out: Path, tgt_out: Path) -> None:
-    """Write k pairs of `text`, drawn uniformly without replacement (seeded), in corpus order."""
-    keep = np.zeros(text.pairs, dtype=bool)
-    keep[np.random.default_rng(seed).choice(text.pairs, size=k, replace=False)] = True
-    with (open(text.src, "rb") as fs, open(text.tgt, "rb") as ft,
-          open(src_out, "wb") as out_s, open(tgt_out, "wb") as out_t):
-        for a, b in itertools.compress(zip(fs, ft, strict=True), keep):
-            out_s.write(a)
-            out_t.write(b)
+def training_sentences(text: CleanText, pairs: int, seed: int, joint: bool, side: str = "src"
+                       ) -> Iterator[bytes]:
+    """The cleaned training lines for SentencePiece: every pair, or `pairs` drawn uniformly
+    without replacement (seeded); with joint, the source lines, then the target lines."""
+    keep = None
+    if pairs < text.pairs:
+        keep = np.zeros(text.pairs, dtype=bool)
+        keep[np.random.default_rng(seed).choice(text.pairs, size=pairs, replace=False)] = True
+    for path in (text.src, text.tgt) if joint else (getattr(text, side),):
+        with open(path, "rb") as f:
+            lines = (line[:-1] for line in f)
+            yield from lines if keep is None else itertools.compress(lines, keep)
 
 
-def train_subwords(train: CleanText, bpe: BpeConfig, tmp: Path, threads: int
-                   ) -> tuple[Tokenizer, Tokenizer, dict]:
+def train_subwords(train: CleanText, bpe: BpeConfig) -> tuple[Tokenizer, Tokenizer, dict]:
     """Train the joint (or one per language) BPE model on the cleaned training text or a sample."""
     per_pair = 2 if bpe.joint else 1  # sentences a pair gives each model
     pairs = train.pairs
     if bpe.input_sentence_size:
         pairs = min(pairs, max(1, bpe.input_sentence_size // per_pair))
-    src, tgt = train.src, train.tgt
-    if pairs < train.pairs:
-        src, tgt = tmp / "spm.sample.src", tmp / "spm.sample.tgt"
-        sample_pairs(train, pairs, bpe.seed, src, tgt)
     options = dict(vocab_size=bpe.vocab_size, character_coverage=bpe.character_coverage,
                    split_digits=bpe.split_digits, byte_fallback=bpe.byte_fallback,
-                   normalization=bpe.normalization, num_threads=threads, seed=bpe.seed)
+                   normalization=bpe.normalization, seed=bpe.seed)
     kind = "joint" if bpe.joint else "separate"
     log.info(f"training {kind} SentencePiece BPE ({bpe.vocab_size} pieces) on "
              f"{pairs * per_pair:,} sentences")
     if bpe.joint:
-        src_tok = tgt_tok = train_bpe([src, tgt], **options)
+        src = tgt = train_bpe(training_sentences(train, pairs, bpe.seed, joint=True), **options)
     else:
-        src_tok, tgt_tok = train_bpe([src], **options), train_bpe([tgt], **options)
-    for path in (tmp / "spm.sample.src", tmp / "spm.sample.tgt"):
-        path.unlink(missing_ok=True)
+        src, tgt = (train_bpe(training_sentences(train, pairs, bpe.seed, False, side), **options)
+                    for side in ("src", "tgt"))
     info = {"sentences": pairs * per_pair, "sampled": pairs < train.pairs, "reused": ""}
-    return src_tok, tgt_tok, info
+    return src, tgt, info
 
 
 def load_subwords(path: str) -> tuple[Tokenizer, Tokenizer, dict]:
@@ -362,7 +360,7 @@ def build(cfg: PreprocessConfig, corpora: dict[str, Corpus], reused: tuple | Non
             raise NmtError(f"{role}: no pairs left after cleaning {corpus.name} "
                            f"({_summary(counts[role])})")
     seconds["clean"], t = time.time() - t, time.time()
-    src_tok, tgt_tok, spm_info = reused or train_subwords(texts["train"], cfg.bpe, tmp, workers)
+    src_tok, tgt_tok, spm_info = reused or train_subwords(texts["train"], cfg.bpe)
     spm_names = write_subwords(src_tok, tgt_tok, tmp, cfg.src_lang, cfg.tgt_lang)
     seconds["subwords"], t = time.time() - t, time.time()
     dtype = token_dtype(max(src_tok.vocab_size, tgt_tok.vocab_size))

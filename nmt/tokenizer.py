@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import io
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 import sentencepiece as spm
@@ -81,24 +82,26 @@ def _training_error(message: str, vocab_size: int) -> NmtError:
     return NmtError(f"SentencePiece training failed: {message.splitlines()[0] if message else '?'}")
 
 
-def train_bpe(inputs: list[str | Path], vocab_size: int, character_coverage: float = 1.0,
+def train_bpe(sentences: Iterable[str | bytes], vocab_size: int, character_coverage: float = 1.0,
               split_digits: bool = True, byte_fallback: bool = False,
-              normalization: str = "nmt_nfkc", num_threads: int = 1, seed: int = 1) -> Tokenizer:
-    """Train a SentencePiece BPE model on text files (all of their lines) with our fixed ids.
+              normalization: str = "nmt_nfkc", seed: int = 1) -> Tokenizer:
+    """Train a SentencePiece BPE model on `sentences` (all of them) with our fixed ids.
 
-    Pass a sample for big corpora: SentencePiece holds every input sentence in memory.
+    Pass a sample for big corpora: SentencePiece holds every sentence in memory. Sentences come
+    from an iterator, not files, so that the model bytes (and vocab_sha256) do not depend on
+    file names; one thread, as the thread count is recorded in the model too.
     """
     spm.set_random_generator_seed(seed)
     proto = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            input=[str(p) for p in inputs], model_writer=proto, model_type="bpe",
+            sentence_iterator=iter(sentences), model_writer=proto, model_type="bpe",
             vocab_size=vocab_size, character_coverage=character_coverage,
             split_digits=split_digits, byte_fallback=byte_fallback,
             normalization_rule_name=normalization, input_sentence_size=0,
             pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
             pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>",
-            num_threads=num_threads, minloglevel=2)
+            num_threads=1, minloglevel=2)
     except RuntimeError as e:
         raise _training_error(str(e), vocab_size) from None
     return Tokenizer(proto.getvalue(), "<trained>")
