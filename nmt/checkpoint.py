@@ -123,3 +123,88 @@ def average(cfg) -> Path:
     print(f"nmt-average: averaged {len(paths)} checkpoints "
           f"({', '.join(Path(p).name for p in paths)}) -> {cfg.output}")
     return Path(cfg.output)
+
+
+# ----------------------------------------------------------------------------- training
+def rng_state() -> dict:
+    """Python, numpy and torch RNG states as plain values (loadable with weights_only=True)."""
+    import random
+
+    import numpy as np
+
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": [version, list(internal), gauss],
+             "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore what rng_state() returned."""
+    import random
+
+    import numpy as np
+
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """Make dst a hard link to src (a copy where links are not supported), atomically."""
+    tmp = dst.with_name(f".{dst.name}.link.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        import shutil
+
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+
+
+def save_training_checkpoint(state: dict, run_dir: str | Path, keep_last: int = 0) -> Path:
+    """Write RUN/checkpoint_<update>.pt and point checkpoint_last.pt at it; keep the last
+    `keep_last` numbered checkpoints (0: all). Returns the numbered path."""
+    run_dir = Path(run_dir)
+    path = run_dir / f"checkpoint_{state['update']}.pt"
+    save_checkpoint(state, path)
+    _link_or_copy(path, run_dir / "checkpoint_last.pt")
+    if keep_last > 0:
+        for old in numbered_checkpoints(run_dir)[:-keep_last]:
+            old.unlink(missing_ok=True)
+    return path
+
+
+def save_best_checkpoint(run_dir: str | Path, numbered: Path | None, state: dict) -> None:
+    """RUN/checkpoint_best.pt: a link to the numbered checkpoint just written, or a new file."""
+    best = Path(run_dir) / "checkpoint_best.pt"
+    if numbered is not None and numbered.is_file():
+        _link_or_copy(numbered, best)
+    else:
+        save_checkpoint(state, best)
+
+
+MODEL_SHAPE_KEYS = ("N", "d_model", "d_ff", "h", "norm", "share_embeddings")  # fix the weights
+
+
+def check_resumable(state: dict, path: Path, model_cfg: dict, vocab_sha256: str) -> None:
+    """Raise a one-line NmtError unless `state` was trained with this model shape and vocabulary."""
+    if state["vocab"].get("sha256") != vocab_sha256:
+        raise NmtError(f"{path}: vocabulary differs from the data directory's (vocab_sha256 "
+                       f"{str(state['vocab'].get('sha256'))[:12]} != {vocab_sha256[:12]}); "
+                       f"use a new run_dir")
+    diff = [f"{k}={state['model_cfg'].get(k)!r} != {model_cfg[k]!r}" for k in MODEL_SHAPE_KEYS
+            if state["model_cfg"].get(k) != model_cfg[k]]
+    if diff:
+        raise NmtError(f"{path}: model differs from the checkpoint's ({', '.join(diff)}); "
+                       f"use a new run_dir")
+    if "optimizer" not in state or "iterator" not in state:
+        raise NmtError(f"{path}: not a training checkpoint (no optimizer state); cannot resume")

@@ -198,10 +198,17 @@ class TrainLoopConfig:
     device: str = "auto"  # "auto", "cpu" or "cuda"
     log_interval: int = 50  # updates between log lines
     max_nonfinite: int = 10  # stop after this many consecutive non-finite losses
+    threads: int = 0  # CPU threads for torch (0: torch's default)
+    valid_bleu_max_sentences: int = 0  # translate only the first N valid sentences (0: all)
+    tensorboard: bool = True  # also log to RUN/tensorboard when tensorboard is installed
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= 1, "train.max_tokens", "must be >= 1")
         _check(self.update_freq >= 1, "train.update_freq", "must be >= 1")
+        for key in ("global_tokens", "max_updates", "max_epochs", "max_minutes", "keep_last",
+                    "patience", "threads", "valid_bleu_max_sentences"):
+            _check(getattr(self, key) >= 0, f"train.{key}", "must be >= 0")
+        _check(self.max_nonfinite >= 1, "train.max_nonfinite", "must be >= 1")
         _check(self.best_metric in ("loss", "ppl", "bleu", "chrf"), "train.best_metric",
                f"must be loss, ppl, bleu or chrf, got {self.best_metric!r}")
         _check(self.best_metric in ("loss", "ppl") or self.valid_bleu, "train.best_metric",

@@ -9,9 +9,11 @@ stored without BOS/EOS; `ParallelData` adds them.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from nmt.errors import NmtError
 
@@ -125,3 +127,144 @@ class ParallelData:
     def tgt_lengths(self) -> np.ndarray:
         """Target lengths with the BOS (input side) or EOS (output side) that is added."""
         return self.tgt.lengths + 1
+
+
+# ----------------------------------------------------------------------------- batching
+# Token-bucket batching (fairseq's batch_by_size, the Annotated Transformer's batch_size_fn):
+# sentences sorted by length are cut into batches whose padded size max(B * S_max, B * T_max)
+# stays within a token budget; each epoch re-sorts with random tie-breaking, shuffles the order
+# of the batches seeded by (seed, epoch) and deals them out to the ranks in lockstep.
+
+
+@dataclass
+class Batch:
+    """One padded batch: source with EOS, target input with BOS, target output with EOS."""
+
+    src: torch.Tensor  # (B, S) int64, right-padded with pad_id
+    tgt_in: torch.Tensor  # (B, T) BOS y_1 .. y_n
+    tgt_out: torch.Tensor  # (B, T) y_1 .. y_n EOS
+    ids: np.ndarray  # (B,) sentence indices in the split
+    src_tokens: int  # non-padding source tokens
+    tgt_tokens: int  # non-padding target tokens (what the loss is normalised by)
+
+    @property
+    def padded_tokens(self) -> int:
+        """Source and target positions including padding: B * S + B * T."""
+        return self.src.numel() + self.tgt_in.numel()
+
+    def to(self, device: torch.device) -> Batch:
+        """The same batch with its tensors on `device`."""
+        return Batch(self.src.to(device, non_blocking=True),
+                     self.tgt_in.to(device, non_blocking=True),
+                     self.tgt_out.to(device, non_blocking=True),
+                     self.ids, self.src_tokens, self.tgt_tokens)
+
+
+def collate(data: ParallelData, ids: np.ndarray, pad_id: int) -> Batch:
+    """Read sentences `ids` of `data` and pad them into a Batch."""
+    src = [data.src[i] for i in ids]
+    tgt = [data.tgt[i] for i in ids]
+    B, S, T = len(ids), max(len(s) for s in src) + 1, max(len(t) for t in tgt) + 1
+    src_t = np.full((B, S), pad_id, dtype=np.int64)
+    tgt_in = np.full((B, T), pad_id, dtype=np.int64)
+    tgt_out = np.full((B, T), pad_id, dtype=np.int64)
+    for b, (s, t) in enumerate(zip(src, tgt, strict=True)):
+        src_t[b, :len(s)], src_t[b, len(s)] = s, data.eos
+        tgt_in[b, 0], tgt_in[b, 1:len(t) + 1] = data.bos, t
+        tgt_out[b, :len(t)], tgt_out[b, len(t)] = t, data.eos
+    n_src = int(sum(len(s) for s in src)) + B
+    n_tgt = int(sum(len(t) for t in tgt)) + B
+    return Batch(torch.from_numpy(src_t), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out),
+                 np.asarray(ids), n_src, n_tgt)
+
+
+def batch_by_tokens(order: np.ndarray, src_lengths: np.ndarray, tgt_lengths: np.ndarray,
+                    max_tokens: int) -> list[np.ndarray]:
+    """Cut `order` (sentence indices, sorted by length) into consecutive batches whose padded
+    size max(B * S_max, B * T_max) is at most max_tokens (both sides' padding counted)."""
+    src_len, tgt_len = src_lengths[order].tolist(), tgt_lengths[order].tolist()
+    batches, start, s_max, t_max = [], 0, 0, 0
+    for i, (s, t) in enumerate(zip(src_len, tgt_len, strict=True)):
+        s_new, t_new = max(s_max, s), max(t_max, t)
+        if i > start and (i - start + 1) * max(s_new, t_new) > max_tokens:
+            batches.append(order[start:i])
+            start, s_new, t_new = i, s, t
+        s_max, t_max = s_new, t_new
+    if start < len(order):
+        batches.append(order[start:])
+    return batches
+
+
+class EpochBatchIterator:
+    """Token-bucket batches of one split, reshuffled every epoch, sharded across ranks.
+
+    Epoch e (1-based) sorts the kept sentences by (target, source) length with ties broken at
+    random, cuts batches of at most max_tokens padded tokens, shuffles the batch order with
+    (seed, e), drops the last len % world_size batches so that every rank takes the same
+    number of steps (lockstep), and gives rank r the batches r, r + world_size, ... Its
+    position (epoch, batches consumed) is saved in checkpoints; the same settings replay the
+    same batches. Sentences longer than max_tokens or max_positions are skipped (counted).
+    """
+
+    def __init__(self, data: ParallelData, max_tokens: int, seed: int, pad_id: int,
+                 rank: int = 0, world_size: int = 1, max_positions: int = 0,
+                 shuffle: bool = True, lockstep: bool = True):
+        self.data, self.max_tokens, self.seed, self.pad_id = data, max_tokens, seed, pad_id
+        self.rank, self.world_size = rank, world_size
+        self.shuffle, self.lockstep = shuffle, lockstep  # validation: neither
+        self.src_len, self.tgt_len = data.src_lengths(), data.tgt_lengths()
+        too_long = np.maximum(self.src_len, self.tgt_len) > max_tokens
+        if max_positions:
+            too_long |= np.maximum(self.src_len, self.tgt_len) > max_positions
+        self.kept = np.flatnonzero(~too_long)  # sentences that fit in a batch and in the model
+        self.skipped = int(too_long.sum())
+        self.epoch, self.consumed = 1, 0  # the epoch in progress and its local batches done
+        self._cache: tuple[int, list[np.ndarray]] | None = None
+
+    def global_batches(self, epoch: int) -> list[np.ndarray]:
+        """All ranks' batches of `epoch`, in the order they are dealt out."""
+        rng = np.random.default_rng([self.seed, epoch])
+        kept = rng.permutation(self.kept) if self.shuffle else self.kept
+        order = kept[np.lexsort((self.src_len[kept], self.tgt_len[kept]))]  # stable sort
+        batches = batch_by_tokens(order, self.src_len, self.tgt_len, self.max_tokens)
+        if self.shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        if self.lockstep:  # every rank takes the same number of steps
+            batches = batches[:len(batches) - len(batches) % self.world_size]
+        return batches
+
+    def local_batches(self, epoch: int) -> list[np.ndarray]:
+        """This rank's batches of `epoch` (index arrays), computed once per epoch."""
+        if self._cache is None or self._cache[0] != epoch:
+            self._cache = (epoch, self.global_batches(epoch)[self.rank::self.world_size])
+        return self._cache[1]
+
+    def __len__(self) -> int:
+        """Steps this rank takes in the epoch in progress."""
+        return len(self.local_batches(self.epoch))
+
+    def global_index(self, local_index: int) -> int:
+        """Position in the epoch's global batch order of this rank's batch `local_index`."""
+        return local_index * self.world_size + self.rank
+
+    def __iter__(self):
+        """Yield (local index, Batch) for the rest of the epoch in progress, then advance it."""
+        batches = self.local_batches(self.epoch)
+        while self.consumed < len(batches):
+            i = self.consumed
+            self.consumed += 1
+            yield i, collate(self.data, batches[i], self.pad_id)
+        self.epoch, self.consumed = self.epoch + 1, 0
+
+    def state_dict(self) -> dict:
+        """Position and settings, enough to replay the same batches after a restart."""
+        return {"epoch": self.epoch, "consumed": self.consumed, "seed": self.seed,
+                "max_tokens": self.max_tokens, "world_size": self.world_size}
+
+    def load_state_dict(self, state: dict) -> bool:
+        """Resume at a saved position; False (epoch restarted) when the batching changed."""
+        self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
+        same = all(state.get(k) == getattr(self, k) for k in ("seed", "max_tokens", "world_size"))
+        if not same:
+            self.consumed = 0
+        return same

@@ -1,0 +1,78 @@
+"""Shared fixtures: a tiny data directory laid out as nmt-preprocess writes it.
+
+`make_data_dir` builds a toy word-for-word translation task (a fixed dictionary, random
+sentences of 1-12 words), trains a joint SentencePiece BPE model on it in memory and writes
+{split}.{lang}.bin/.idx, spm.model, valid/test raw text and manifest.json per the contract.
+It takes about a second; the session fixture `tiny_data_dir` builds it once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+
+from nmt.data import write_token_array
+
+SRC_WORDS = ("open save file edit view help close print copy paste find replace undo redo "
+             "select all none new window tab menu tool option setting error warning user "
+             "name password folder disk network update package install remove list show "
+             "hide start stop").split()
+
+
+def _translate_word(w: str) -> str:
+    """The toy target language: every word reversed, capitalised, with a suffix."""
+    return w[::-1].capitalize() + "en"
+
+
+def _sentences(n: int, rng: random.Random, max_words: int = 12) -> list[str]:
+    """n random source sentences of 1..max_words dictionary words."""
+    return [" ".join(rng.choice(SRC_WORDS) for _ in range(rng.randint(1, max_words)))
+            for _ in range(n)]
+
+
+def make_data_dir(out: Path, n_train: int = 600, n_valid: int = 40, n_test: int = 40,
+                  vocab_size: int = 120, seed: int = 0) -> Path:
+    """Write a complete toy data directory (joint vocabulary, en -> de) to `out`."""
+    rng = random.Random(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    splits = {"train": _sentences(n_train, rng), "valid": _sentences(n_valid, rng),
+              "test": _sentences(n_test, rng)}
+    pairs = {k: (v, [" ".join(_translate_word(w) for w in s.split()) for s in v])
+             for k, v in splits.items()}
+    proto = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(pairs["train"][0] + pairs["train"][1]), model_writer=proto,
+        model_type="bpe", vocab_size=vocab_size, character_coverage=1.0, pad_id=0, unk_id=1,
+        bos_id=2, eos_id=3, minloglevel=2, num_threads=1)
+    proto = proto.getvalue()
+    (out / "spm.model").write_bytes(proto)
+    sp = spm.SentencePieceProcessor(model_proto=proto)
+    stats = {}
+    for split, (src, tgt) in pairs.items():
+        n_src = write_token_array(out / f"{split}.en", sp.encode(src), np.uint16)
+        n_tgt = write_token_array(out / f"{split}.de", sp.encode(tgt), np.uint16)
+        stats[split] = {"pairs": len(src), "src_tokens": n_src, "tgt_tokens": n_tgt}
+        if split != "train":
+            (out / f"{split}.raw.en").write_text("\n".join(src) + "\n", encoding="utf-8")
+            (out / f"{split}.raw.de").write_text("\n".join(tgt) + "\n", encoding="utf-8")
+    manifest = {"format": 1, "src_lang": "en", "tgt_lang": "de", "joint": True,
+                "spm": {"src": "spm.model", "tgt": "spm.model"},
+                "src_vocab_size": vocab_size, "tgt_vocab_size": vocab_size, "pad_id": 0,
+                "unk_id": 1, "bos_id": 2, "eos_id": 3, "dtype": "uint16",
+                "vocab_sha256": hashlib.sha256(proto + proto).hexdigest(), "splits": stats,
+                "counts": {}, "config": {"toy": True}, "checksums": {}}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_data_dir(tmp_path_factory) -> Path:
+    """A toy data directory shared by the tests of one session (do not modify it)."""
+    return make_data_dir(tmp_path_factory.mktemp("data") / "toy")

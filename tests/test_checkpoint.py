@@ -1,0 +1,92 @@
+"""Training checkpoints: atomic writes, keep-last, RNG states via weights_only, resume checks."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from nmt.checkpoint import (
+    check_resumable,
+    load_checkpoint,
+    numbered_checkpoints,
+    rng_state,
+    save_best_checkpoint,
+    save_checkpoint,
+    save_training_checkpoint,
+    set_rng_state,
+)
+from nmt.errors import NmtError
+
+MODEL_CFG = {"N": 1, "d_model": 8, "d_ff": 16, "h": 2, "dropout": 0.1, "attention_dropout": 0.0,
+             "norm": "post", "share_embeddings": True, "max_positions": 64}
+
+
+def state(update: int, **extra) -> dict:
+    """A minimal training checkpoint."""
+    return {"model": {"w": torch.full((2,), float(update))}, "model_cfg": dict(MODEL_CFG),
+            "vocab": {"sha256": "abc", "src_spm": b"\x00\x01", "tgt_spm": b"\x00\x01"},
+            "update": update, "epoch": 1, "optimizer": {}, "iterator": {"epoch": 1},
+            **extra}
+
+
+def test_rng_states_survive_weights_only_loading(tmp_path):
+    random.seed(3)
+    np.random.seed(3)
+    torch.manual_seed(3)
+    save_checkpoint(state(1, rng=rng_state()), tmp_path / "c.pt")
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    random.seed(99)
+    np.random.seed(99)
+    torch.manual_seed(99)
+    set_rng_state(load_checkpoint(tmp_path / "c.pt")["rng"])  # weights_only=True inside
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+
+
+def test_keep_last_and_last_link(tmp_path):
+    for u in (10, 20, 30, 40):
+        path = save_training_checkpoint(state(u), tmp_path, keep_last=2)
+        assert path.name == f"checkpoint_{u}.pt"
+    assert [p.name for p in numbered_checkpoints(tmp_path)] == ["checkpoint_30.pt",
+                                                                 "checkpoint_40.pt"]
+    assert load_checkpoint(tmp_path / "checkpoint_last.pt")["update"] == 40
+    assert not list(tmp_path.glob(".*tmp"))  # nothing half-written left behind
+
+
+def test_best_survives_pruning(tmp_path):
+    path = save_training_checkpoint(state(10), tmp_path, keep_last=1)
+    save_best_checkpoint(tmp_path, path, state(10))
+    save_training_checkpoint(state(20), tmp_path, keep_last=1)
+    assert not (tmp_path / "checkpoint_10.pt").exists()
+    assert load_checkpoint(tmp_path / "checkpoint_best.pt")["update"] == 10
+    save_best_checkpoint(tmp_path, None, state(25))  # between save intervals: a new file
+    assert load_checkpoint(tmp_path / "checkpoint_best.pt")["update"] == 25
+    assert load_checkpoint(tmp_path / "checkpoint_last.pt")["update"] == 20
+
+
+def test_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
+    save_checkpoint(state(1), tmp_path / "c.pt")
+
+    def boom(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", boom)
+    with pytest.raises(OSError):
+        save_checkpoint(state(2), tmp_path / "c.pt")
+    assert load_checkpoint(tmp_path / "c.pt")["update"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]
+
+
+def test_check_resumable_names_the_difference(tmp_path):
+    path = tmp_path / "checkpoint_last.pt"
+    check_resumable(state(1), path, MODEL_CFG, "abc")
+    check_resumable(state(1), path, {**MODEL_CFG, "dropout": 0.3}, "abc")  # not a shape
+    with pytest.raises(NmtError, match=r"d_model=8 != 16") as e:
+        check_resumable(state(1), path, {**MODEL_CFG, "d_model": 16}, "abc")
+    assert "\n" not in str(e.value)
+    with pytest.raises(NmtError, match="vocabulary differs") as e:
+        check_resumable(state(1), path, MODEL_CFG, "def")
+    assert "\n" not in str(e.value)
+    model_only = {k: v for k, v in state(1).items() if k not in ("optimizer", "iterator")}
+    with pytest.raises(NmtError, match="not a training checkpoint"):
+        check_resumable(model_only, path, MODEL_CFG, "abc")

@@ -1,0 +1,54 @@
+"""Data parallelism: 2 gloo processes under torchrun equal one process over the same batches."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from conftest import make_data_dir
+
+from nmt import distributed
+from nmt.checkpoint import load_checkpoint
+from nmt.config import TrainConfig, compose, to_object
+from nmt.train import train
+
+BIN = Path(sys.executable).parent
+TINY = ["+model=small", "model.N=1", "model.d_model=32", "model.d_ff=64", "model.h=4",
+        "model.dropout=0.1", "train.max_tokens=256", "train.save_interval_updates=3",
+        "train.valid_interval_updates=3", "train.log_interval=1"]
+
+
+def test_single_process_helpers_are_no_ops():
+    env = distributed.init("cpu")
+    assert (env.rank, env.world_size, env.is_main, env.device.type) == (0, 1, True, "cpu")
+    t = torch.tensor([1.0, 2.0])
+    assert distributed.all_reduce_sum(t) is t and t.tolist() == [1.0, 2.0]
+    assert distributed.all_gather_objects({"a": 1}) == [{"a": 1}]
+    assert distributed.broadcast_object(5) == 5
+
+
+def test_two_processes_equal_one_process_with_update_freq_2(tmp_path):
+    data = make_data_dir(tmp_path / "data", n_train=150)  # odd batch counts: uneven epoch ends
+    ddp_run, single_run = tmp_path / "ddp", tmp_path / "single"
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+           "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "--no-python",
+         "nmt-train", f"data_dir={data}", f"run_dir={ddp_run}", "train.max_updates=12", *TINY],
+        capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ddp_state = load_checkpoint(ddp_run / "checkpoint_3.pt")
+    assert load_checkpoint(ddp_run / "checkpoint_last.pt")["epoch"] >= 2  # epochs ended: no hang
+    records = [json.loads(x) for x in (ddp_run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in records if r["kind"] == "train"] == list(range(1, 13))  # rank 0
+
+    cfg = to_object(compose("train", [f"data_dir={data}", f"run_dir={single_run}",
+                                      "train.max_updates=3", "train.update_freq=2",
+                                      "train.threads=1", *TINY]), TrainConfig)
+    train(cfg)
+    single_state = load_checkpoint(single_run / "checkpoint_3.pt")
+    for name, p in single_state["model"].items():
+        torch.testing.assert_close(ddp_state["model"][name], p, rtol=0, atol=1e-5, msg=name)
+    assert ddp_state["iterator"]["consumed"] == 3 and single_state["iterator"]["consumed"] == 6

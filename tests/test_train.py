@@ -1,0 +1,200 @@
+"""nmt-train: the contract commands, bitwise resume, stopping rules, outputs and checkpoints."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_data_dir
+from omegaconf import OmegaConf
+
+import nmt.train
+from nmt.checkpoint import load_checkpoint
+from nmt.config import TrainConfig, compose, to_object
+from nmt.errors import NmtError
+from nmt.model import build_model
+from nmt.tokenizer import Tokenizer
+from nmt.train import Trainer, greedy_decode, train
+
+TINY = ["model.N=1", "model.d_model=32", "model.d_ff=64", "model.h=4", "train.threads=1",
+        "train.max_tokens=256", "train.log_interval=2"]
+BIN = Path(sys.executable).parent
+
+
+def config(data_dir, run_dir, *overrides) -> TrainConfig:
+    """A tiny training config composed exactly as the command line would."""
+    return to_object(compose("train", ["+model=small", f"data_dir={data_dir}",
+                                       f"run_dir={run_dir}", *TINY, *overrides]), TrainConfig)
+
+
+def nmt_train(*args) -> subprocess.CompletedProcess:
+    """Run the nmt-train command."""
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.run([str(BIN / "nmt-train"), *args], capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+def same_tensors(a: dict, b: dict) -> bool:
+    """Bitwise equality of two state dicts (nested dicts and lists of tensors allowed)."""
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_tensors(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(same_tensors(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def test_contract_commands_train_then_resume(tiny_data_dir, tmp_path):
+    run = tmp_path / "run"
+    common = ["+model=small", f"data_dir={tiny_data_dir}", f"run_dir={run}",
+              "train.max_tokens=512"]
+    first = nmt_train(*common, "train.max_updates=4", "train.save_interval_updates=2")
+    assert first.returncode == 0, first.stderr
+    assert {p.name for p in run.glob("checkpoint_*.pt")} == {
+        "checkpoint_2.pt", "checkpoint_4.pt", "checkpoint_last.pt", "checkpoint_best.pt"}
+    assert (run / "config.yaml").is_file() and (run / "metrics.jsonl").is_file()
+    second = nmt_train(*common, "train.max_updates=6", "train.save_interval_updates=2")
+    assert second.returncode == 0, second.stderr
+    assert "resumed from" in second.stdout + second.stderr
+    state = load_checkpoint(run / "checkpoint_last.pt")
+    assert state["update"] == 6 and (run / "checkpoint_6.pt").is_file()
+    wrong = nmt_train(*common, "train.max_updates=8", "model.d_ff=512")
+    assert wrong.returncode == 1
+    assert wrong.stderr.strip().count("\n") == 0 and "nmt-train: error:" in wrong.stderr
+    assert "d_ff=1024 != 512" in wrong.stderr
+
+
+def test_resume_is_bitwise_identical(tmp_path):
+    data = make_data_dir(tmp_path / "data", n_train=150)  # a few batches: epochs roll over
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    opts = ["train.update_freq=2", "train.save_interval_updates=5", "model.dropout=0.1"]
+    train(config(data, straight, "train.max_updates=12", *opts))
+    train(config(data, interrupted, "train.max_updates=5", *opts))
+    assert load_checkpoint(interrupted / "checkpoint_last.pt")["update"] == 5
+    summary = train(config(data, interrupted, "train.max_updates=12", *opts))
+    assert summary["epoch"] >= 2  # the resumed part crossed an epoch boundary
+    a = load_checkpoint(straight / "checkpoint_last.pt")
+    b = load_checkpoint(interrupted / "checkpoint_last.pt")
+    assert a["update"] == b["update"] == 12
+    assert same_tensors(a["model"], b["model"])
+    assert same_tensors(a["optimizer"], b["optimizer"])
+    assert a["iterator"] == b["iterator"] and a["scheduler"] == b["scheduler"]
+
+
+def test_resume_with_another_vocabulary_is_an_error(tiny_data_dir, tmp_path):
+    run = tmp_path / "run"
+    train(config(tiny_data_dir, run, "train.max_updates=2"))
+    other = make_data_dir(tmp_path / "other", vocab_size=100)
+    with pytest.raises(NmtError, match="vocabulary differs") as e:
+        train(config(other, run, "train.max_updates=4"))
+    assert "\n" not in str(e.value)
+
+
+def test_nonfinite_losses_are_skipped_then_stop_the_run(tiny_data_dir, tmp_path, monkeypatch):
+    real, calls = nmt.train.batch_loss, []
+
+    def flaky(*args, **kwargs):
+        loss, nll = real(*args, **kwargs)
+        calls.append(1)
+        return (loss * float("nan"), nll) if len(calls) in (2, 3) else (loss, nll)
+
+    monkeypatch.setattr(nmt.train, "batch_loss", flaky)
+    out = train(config(tiny_data_dir, tmp_path / "a", "train.max_updates=5",
+                       "train.valid_interval_updates=100"))
+    assert out["update"] == 5 and out["nonfinite"] == 2
+    monkeypatch.setattr(nmt.train, "batch_loss", lambda *a, **k: (real(*a, **k)[0] * np.inf,
+                                                                 real(*a, **k)[1]))
+    with pytest.raises(NmtError, match="3 consecutive non-finite losses"):
+        train(config(tiny_data_dir, tmp_path / "b", "train.max_updates=5",
+                     "train.max_nonfinite=3"))
+
+
+def test_early_stopping_with_patience(tiny_data_dir, tmp_path, monkeypatch):
+    losses = iter([3.0, 2.0, 2.5, 2.1, 1.0, 0.5])
+    monkeypatch.setattr(Trainer, "validate",
+                        lambda self: {"loss": next(losses), "nll": 1.0, "ppl": 2.7})
+    out = train(config(tiny_data_dir, tmp_path / "run", "train.max_updates=100",
+                       "train.valid_interval_updates=1", "train.patience=2"))
+    assert out["update"] == 4 and "early stopping" in out["reason"]
+    assert out["best"] == 2.0
+    records = [json.loads(x) for x in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    assert [r["loss"] for r in records if r["kind"] == "valid"] == [3.0, 2.0, 2.5, 2.1]
+    assert load_checkpoint(tmp_path / "run/checkpoint_best.pt")["update"] == 2
+
+
+def test_max_epochs_stops_after_the_epoch(tiny_data_dir, tmp_path):
+    cfg = config(tiny_data_dir, tmp_path / "run", "train.max_epochs=1", "train.max_tokens=2048")
+    out = train(cfg)
+    assert out["epoch"] == 2 and "max_epochs" in out["reason"]
+    state = load_checkpoint(tmp_path / "run/checkpoint_last.pt")
+    assert state["iterator"]["epoch"] == 2 and state["iterator"]["consumed"] == 0
+
+
+def test_outputs_and_a_self_contained_checkpoint(tiny_data_dir, tmp_path):
+    run = tmp_path / "run"
+    out = train(config(tiny_data_dir, run, "train.max_updates=4", "train.valid_bleu=true",
+                       "train.best_metric=bleu", "train.valid_interval_updates=2"))
+    assert {"bleu", "chrf", "loss", "ppl"} <= out["valid"].keys()
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    train_rec = [r for r in records if r["kind"] == "train"]
+    assert len(train_rec) == 2 and {"loss", "lr", "tokens_per_s", "padding"} <= train_rec[0].keys()
+    assert 0.0 <= train_rec[0]["padding"] < 1.0
+    assert len([r for r in records if r["kind"] == "valid"]) == 2
+    saved = to_object(OmegaConf.load(run / "config.yaml"), TrainConfig)  # the resolved config
+    assert saved.train.valid_bleu and saved.train.max_updates == 4 and saved.model.N == 1
+    state = load_checkpoint(run / "checkpoint_best.pt")  # weights_only=True
+    vocab = state["vocab"]
+    tok = Tokenizer(vocab["tgt_spm"])
+    assert tok.vocab_size == vocab["tgt_size"]
+    manifest = json.loads((tiny_data_dir / "manifest.json").read_text())
+    assert vocab["sha256"] == manifest["vocab_sha256"]
+    from nmt.config import ModelConfig
+
+    model = build_model(ModelConfig(**state["model_cfg"]), vocab["src_size"], vocab["tgt_size"],
+                        vocab["pad_id"], vocab["joint"])
+    model.load_state_dict(state["model"])  # strict: every weight is there
+    assert {"optimizer", "scheduler", "iterator", "rng", "config"} <= state.keys()
+
+
+def test_global_tokens_sets_update_freq(tiny_data_dir, tmp_path):
+    cfg = config(tiny_data_dir, tmp_path / "run", "train.global_tokens=1000")
+    trainer = Trainer(cfg, nmt.distributed.init("cpu"))
+    trainer.close_outputs()
+    assert trainer.update_freq == 4  # ceil(1000 / (256 x 1 rank))
+
+
+def test_fp16_on_cpu_is_a_clear_error(tiny_data_dir, tmp_path):
+    with pytest.raises(NmtError, match="fp16 needs CUDA"):
+        train(config(tiny_data_dir, tmp_path / "run", "train.amp=fp16", "train.device=cpu"))
+
+
+def test_bf16_autocast_trains(tiny_data_dir, tmp_path):
+    out = train(config(tiny_data_dir, tmp_path / "run", "train.amp=bf16",
+                       "train.max_updates=3"))
+    assert out["update"] == 3 and np.isfinite(out["valid"]["loss"])
+
+
+@torch.no_grad()
+def test_greedy_decode_matches_full_recomputation():
+    from nmt.config import ModelConfig
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(N=2, d_model=32, d_ff=64, h=4, dropout=0.0), 20, 20).eval()
+    src = torch.randint(4, 20, (5, 7))
+    src[1, 4:] = 0
+    out = greedy_decode(model, src, 2, 3, [6] * 5)
+    memory, mask = model.encode(src)
+    for b in range(5):
+        ys = [2]
+        for _ in range(6):
+            nxt = model.decode(torch.tensor([ys]), memory[b:b + 1], mask[b:b + 1])[0, -1]
+            ys.append(int(nxt.argmax()))
+            if ys[-1] == 3:
+                break
+        expected = ys[1:-1] if ys[-1] == 3 else ys[1:]
+        assert out[b] == expected
