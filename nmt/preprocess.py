@@ -1,7 +1,7 @@
 """nmt-preprocess: raw parallel text in, a binarized data directory out.
 
 The stages, each streaming (memory does not grow with the corpus beyond SentencePiece's
-training sample, 8 bytes a sentence of offsets and, with clean.dedup, 8 bytes a unique pair):
+training sample, 8 bytes a sentence of offsets and, with clean.dedup, a hash a unique pair):
 
 1. open     check every input before anything is written: files exist, line counts agree, not empty
 2. clean    read each split once: UTF-8, Unicode normalisation, stripped whitespace, empty pairs
