@@ -39,7 +39,7 @@ step() {  # step NAME COMMAND...: run it, or in a dry run validate and print its
 
 step preprocess nmt-preprocess src_lang=en tgt_lang=de \
   hf_name=wmt14 hf_config=de-en train=hf:train valid=hf:validation test=hf:test \
-  out_dir="$DATA" bpe.vocab_size=37000 bpe.joint=true bpe.input_sentence_size=10000000 \
+  out_dir="$DATA" bpe.vocab_size=37000 bpe.joint=true bpe.input_sentence_size=4000000 \
   clean.max_tokens=250 clean.max_ratio=1.5
 
 TRAIN=(nmt-train "+model=$ROW" data_dir="$DATA" run_dir="$RUN"
