@@ -38,7 +38,6 @@ from nmt.checkpoint import (
 from nmt.config import TrainConfig
 from nmt.data import Batch, EpochBatchIterator, ParallelData, batch_by_tokens, read_manifest
 from nmt.errors import NmtError
-from nmt.loss import label_smoothed_nll_loss
 from nmt.model import Transformer, build_model, count_parameters
 from nmt.schedule import build_optimizer
 from nmt.tokenizer import Tokenizer
@@ -79,14 +78,46 @@ def load_vocab(data_dir: str, manifest: dict) -> dict:
 
 
 # ----------------------------------------------------------------------------- loss
+class LabelSmoothedLoss(torch.autograd.Function):
+    """nmt.loss.label_smoothed_nll_loss on (n, V) logits of non-padding targets, summed, with
+    its gradient written out: softmax - q (q: 1 - epsilon on the gold token, 0 on padding,
+    epsilon / (V - 2) elsewhere), two passes over (n, V) instead of autograd's chain of
+    (n, V) temporaries (boolean indexing, gather and log_softmax backward)."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, target: Tensor, epsilon: float, pad_id: int):
+        """Summed smoothed loss and summed NLL of logits (n, V) against target (n,)."""
+        dtype = torch.promote_types(logits.dtype, torch.float32)  # bf16/fp16 -> fp32
+        lprobs = torch.log_softmax(logits.to(dtype), dim=-1)  # (n, V)
+        nll = -lprobs.gather(1, target.unsqueeze(1)).squeeze(1)  # (n,)
+        V = lprobs.size(1)
+        others = -(lprobs.sum(1) - lprobs[:, pad_id]) - nll  # -sum log p: not gold, not pad
+        loss = (1.0 - epsilon) * nll + epsilon / (V - 2) * others
+        ctx.save_for_backward(lprobs, target)
+        ctx.epsilon, ctx.pad_id, ctx.dtype = epsilon, pad_id, logits.dtype
+        nll_sum = nll.sum()
+        ctx.mark_non_differentiable(nll_sum)
+        return loss.sum(), nll_sum
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
+        """d loss / d logits = grad_loss * (softmax(logits) - q)."""
+        lprobs, target = ctx.saved_tensors
+        c = ctx.epsilon / (lprobs.size(1) - 2)
+        grad = lprobs.exp_().sub_(c)  # softmax - c, in place (lprobs is not needed again)
+        grad[:, ctx.pad_id] += c  # q is 0 on padding
+        grad.scatter_add_(1, target.unsqueeze(1),
+                          grad.new_full((len(target), 1), c - (1.0 - ctx.epsilon)))
+        return grad.mul_(grad_loss).to(ctx.dtype), None, None, None
+
+
 def batch_loss(model: nn.Module, batch: Batch, epsilon: float, pad_id: int,
                autocast) -> tuple[Tensor, Tensor]:
     """Summed label-smoothed loss and summed NLL of a batch's target tokens (not normalised)."""
+    keep = batch.tgt_out != pad_id  # (B, T): padding is neither projected nor scored
     with autocast:
-        logits = model(batch.src, batch.tgt_in)  # (B, T, V)
-    lprobs = torch.log_softmax(logits.float(), dim=-1)
-    loss, nll, _ = label_smoothed_nll_loss(lprobs, batch.tgt_out, epsilon, pad_id)
-    return loss, nll
+        logits = model(batch.src, batch.tgt_in, keep)  # (n, V)
+    return LabelSmoothedLoss.apply(logits, batch.tgt_out[keep], epsilon, pad_id)
 
 
 def micro_batch_seed(seed: int, epoch: int, global_index: int) -> int:

@@ -198,3 +198,23 @@ def test_greedy_decode_matches_full_recomputation():
                 break
         expected = ys[1:-1] if ys[-1] == 3 else ys[1:]
         assert out[b] == expected
+
+
+def test_fused_loss_matches_nmt_loss_and_its_gradient():
+    from nmt.loss import label_smoothed_nll_loss
+    from nmt.train import LabelSmoothedLoss
+
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 11, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(4, 11, (2, 5))
+    target[1, 3:] = 0
+    keep = target != 0
+    loss, nll, _ = label_smoothed_nll_loss(logits.log_softmax(-1), target, 0.1, 0)
+    (2.0 * loss).backward()
+    expected = logits.grad.clone()
+    logits.grad = None
+    fused, fused_nll = LabelSmoothedLoss.apply(logits[keep], target[keep], 0.1, 0)
+    (2.0 * fused).backward()
+    torch.testing.assert_close(fused, loss)
+    torch.testing.assert_close(fused_nll, nll)
+    torch.testing.assert_close(logits.grad, expected)
