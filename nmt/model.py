@@ -44,20 +44,19 @@ class MultiHeadAttention(nn.Module):
         return self.split_heads(k), self.split_heads(v)  # (B, h, S, d_k) each
 
     def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False,
-                kv: tuple[Tensor, Tensor] | None = None, cache: dict | None = None) -> Tensor:
+                kv: tuple[Tensor, Tensor] | None = None, cache: KVCache | None = None) -> Tensor:
         """Self-attention over x, or attention from x to precomputed `kv` (encoder-decoder).
 
-        cache: a dict that accumulates this layer's past keys and values (incremental decoding).
+        cache: this layer's KVCache of past keys and values (incremental decoding).
+        With `kv` of B' = B / g rows, each of them serves g consecutive rows of x (the beams of
+        one sentence): their queries attend together, and the keys are never copied.
         """
         B, T, d_model = x.shape
         if kv is None:  # self-attention: one fused projection for Q, K, V
             qkv = self.W_qkv(x).view(B, T, 3, self.h, self.d_k)
             q, k, v = qkv.permute(2, 0, 3, 1, 4)  # 3 x (B, h, T, d_k)
             if cache is not None:
-                if "k" in cache:
-                    k = torch.cat([cache["k"], k], dim=2)  # (B, h, T_past + T, d_k)
-                    v = torch.cat([cache["v"], v], dim=2)
-                cache["k"], cache["v"] = k, v
+                k, v = cache.append(qkv[:, :, 1:])  # (B, h, T_past + T, d_k) each
         else:
             q = self.split_heads(F.linear(x, self.W_qkv.weight[:d_model],
                                           self.W_qkv.bias[:d_model]))  # (B, h, T, d_k)
@@ -65,7 +64,12 @@ class MultiHeadAttention(nn.Module):
         if causal and k.size(2) != T:  # new queries after cached keys: see all past, no future
             mask = causal_mask(T, k.size(2), x.device) if T > 1 else None
             causal = False
-        out = self.attention(q, k, v, mask, causal)  # (B, h, T, d_k)
+        g = B // k.size(0)  # rows of x per row of keys: 1, or the beam size
+        if g > 1:
+            q = q.unflatten(0, (-1, g)).transpose(1, 2).flatten(2, 3)  # (B', h, g T, d_k)
+        out = self.attention(q, k, v, mask, causal)  # (B', h, g T, d_k)
+        if g > 1:
+            out = out.unflatten(2, (g, T)).transpose(1, 2).flatten(0, 1)  # (B, h, T, d_k)
         out = out.transpose(1, 2).reshape(B, T, d_model)  # (B, T, h * d_k)
         return self.W_o(out)
 
@@ -213,30 +217,88 @@ class DecoderLayer(nn.Module):
                                       for _ in range(3))
 
     def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], src_mask: Tensor,
-                cache: dict | None = None) -> Tensor:
+                cache: KVCache | None = None) -> Tensor:
         """(B, T, d_model) -> (B, T, d_model); memory_kv from src_attn.project_kv."""
         x = self.sublayer[0](x, lambda x: self.self_attn(x, causal=True, cache=cache))
         x = self.sublayer[1](x, lambda x: self.src_attn(x, mask=src_mask, kv=memory_kv))
         return self.sublayer[2](x, self.feed_forward)
 
 
-class DecoderState:
-    """What incremental decoding carries between steps: per-layer keys/values and the position."""
+class KVCache:
+    """One self-attention layer's past keys and values, written in place into a growing buffer.
 
-    def __init__(self, memory_kv: list[tuple[Tensor, Tensor]], src_mask: Tensor):
+    Layout (B, capacity, 2, h, d_k): the positions a row has stored form one contiguous block,
+    so `reorder` gathers just those into a spare buffer and swaps the two (no allocation and
+    no concatenation per step).
+    """
+
+    chunk = 16  # positions added whenever the buffer is full
+
+    def __init__(self):
+        self.buf: Tensor | None = None  # (B, capacity, 2, h, d_k)
+        self.spare: Tensor | None = None  # (>= B, capacity, 2, h, d_k): where reorder writes
+        self.length = 0  # positions stored
+
+    def append(self, kv: Tensor) -> tuple[Tensor, Tensor]:
+        """Store (B, T, 2, h, d_k) new keys and values; return all keys and values so far."""
+        B, T, _, h, d_k = kv.shape
+        end = self.length + T
+        if self.buf is None or end > self.buf.size(1):
+            new = kv.new_empty(B, -(-end // self.chunk) * self.chunk, 2, h, d_k)
+            if self.buf is not None:
+                new[:, :self.length] = self.buf[:, :self.length]
+            self.buf, self.spare = new, None
+        self.buf[:, self.length:end] = kv
+        self.length = end
+        past = self.buf[:, :end]  # (B, length, 2, h, d_k)
+        return past[:, :, 0].transpose(1, 2), past[:, :, 1].transpose(1, 2)  # (B, h, length, d_k)
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep rows `index` (gathering only the stored positions)."""
+        if self.buf is None:
+            return
+        n, B = len(index), self.buf.size(0)
+        if self.spare is None or self.spare.size(0) < n:
+            self.spare = self.buf.new_empty(n, *self.buf.shape[1:])
+        out = self.spare[:n]
+        stored = self.length * self.buf[0, 0].numel()  # floats per row in use
+        torch.index_select(self.buf.view(B, -1)[:, :stored], 0, index,
+                           out=out.view(n, -1)[:, :stored])
+        self.buf, self.spare = out, self.buf
+
+
+def _gather_rows(x: Tensor, index: Tensor) -> Tensor:
+    """x[index] along dim 0, as a 2-D gather (much faster on CPU than on a 4-D tensor)."""
+    return x.reshape(x.size(0), -1).index_select(0, index).view(len(index), *x.shape[1:])
+
+
+class DecoderState:
+    """What incremental decoding carries between steps: per-layer keys/values and the position.
+
+    With beam > 1, the batch has `beam` consecutive rows per sentence that share one copy of
+    the encoder memory; `reorder` must then keep each sentence's rows together (as beam
+    search does: rows i*beam .. i*beam+beam-1 all come from one earlier sentence).
+    """
+
+    def __init__(self, memory_kv: list[tuple[Tensor, Tensor]], src_mask: Tensor,
+                 beam: int = 1):
         self.memory_kv = memory_kv  # per layer: encoder-output keys and values, (B, h, S, d_k)
         self.src_mask = src_mask  # (B, 1, 1, S)
-        self.self_kv: list[dict] = [{} for _ in memory_kv]  # per layer: past "k", "v"
+        self.beam = beam  # decoder rows per sentence
+        self.self_kv = [KVCache() for _ in memory_kv]  # per layer: past keys and values
         self.step = 0  # target positions decoded so far
 
     def reorder(self, index: Tensor) -> None:
         """Keep rows `index` of the batch (beam search reordering or dropping finished rows)."""
-        self.memory_kv = [(k.index_select(0, index), v.index_select(0, index))
+        for cache in self.self_kv:
+            cache.reorder(index)
+        sentences = index[::self.beam] // self.beam  # the memory row each group of rows uses
+        if len(sentences) == self.src_mask.size(0) and torch.equal(
+                sentences, torch.arange(len(sentences), device=index.device)):
+            return  # beams moved within their sentences: the memory stays as it is
+        self.memory_kv = [(_gather_rows(k, sentences), _gather_rows(v, sentences))
                           for k, v in self.memory_kv]
-        self.src_mask = self.src_mask.index_select(0, index)
-        for kv in self.self_kv:
-            for name in kv:
-                kv[name] = kv[name].index_select(0, index)
+        self.src_mask = self.src_mask.index_select(0, sentences)
 
 
 class Transformer(nn.Module):
@@ -290,10 +352,13 @@ class Transformer(nn.Module):
             x = x[keep]  # (n, d_model)
         return self.generator(x)
 
-    def start_decoding(self, memory: Tensor, src_mask: Tensor) -> DecoderState:
-        """Project the encoder output once per layer; returns the state for decode_step."""
+    def start_decoding(self, memory: Tensor, src_mask: Tensor, beam: int = 1) -> DecoderState:
+        """Project the encoder output once per layer; returns the state for decode_step.
+
+        beam > 1: decode_step takes `beam` consecutive rows per sentence (B * beam rows).
+        """
         return DecoderState([layer.src_attn.project_kv(memory) for layer in self.decoder],
-                            src_mask)
+                            src_mask, beam)
 
     def decode_step(self, tgt_new: Tensor, state: DecoderState) -> Tensor:
         """Incremental decoding: (B, T_new) next ids -> logits (B, T_new, V); updates `state`."""
