@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import sys
 import time
 
 import numpy as np
@@ -49,8 +50,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=4096)
     p.add_argument("--vocab", type=int, default=8000, help="vocabulary of synthetic data")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per run")
-    p.add_argument("--steps", type=int, default=0,
-                   help="steps per model per round (0: the number of batches)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--profile", action="store_true",
                    help="print torch.profiler's top operators for nmt's model instead")
@@ -207,31 +206,40 @@ def matmul_peak(dtype: torch.dtype, seconds: float = 2.0) -> float:
     return best
 
 
-def run(name: str, amp: str, batches: list[Batch], vocab: int, args, peaks: dict) -> None:
-    """Time nmt's model and the reference, interleaved, and print one line."""
+def run(name: str, amp: str, batches: list[Batch], vocab: int, args) -> dict:
+    """Time nmt's model and the reference, alternating step by step."""
     cfg = CONFIGS[name]
     torch.manual_seed(0)
     ours = Runner(build_model(cfg, vocab, vocab, PAD), batch_loss, cfg, amp)
     torch.manual_seed(0)
     ref = Runner(Reference(cfg, vocab), reference_loss, cfg, amp)
-    steps = args.steps or len(batches)
-    for runner in (ours, ref):  # warm-up: one step per batch shape
-        for b in batches[:2]:
-            runner.step(b, timed=False)
-    k = 0
-    for _ in range(args.rounds):
-        for runner in (ours, ref):
-            for j in range(steps):
-                runner.step(batches[(k + j) % len(batches)])
-        k += steps
-    flops = sum(train_flops(cfg, batches[i % len(batches)], vocab)
-                for i in range(args.rounds * steps))
-    peak = peaks["bf16" if amp == "bf16" else "fp32"]
-    share = {r: flops / r.seconds / peak for r in (ours, ref)}
-    print(f"{name:5s} {amp} | nmt {ours.tokens_per_s:8,.0f} tok/s ({share[ours]:4.0%} of "
-          f"peak) | torch.nn.Transformer {ref.tokens_per_s:8,.0f} tok/s ({share[ref]:4.0%}) | "
-          f"ratio {ours.tokens_per_s / ref.tokens_per_s:.2f}x | {ours.steps} steps each",
-          flush=True)
+    for b in batches[:2]:  # warm-up
+        ours.step(b, timed=False)
+        ref.step(b, timed=False)
+    ratios, flops = [], 0.0
+    for r in range(args.rounds):
+        for b in batches:
+            first, second = (ours, ref) if r % 2 == 0 else (ref, ours)  # alternate the order
+            t = {}
+            for runner in (first, second):
+                before = runner.seconds
+                runner.step(b)
+                t[runner] = runner.seconds - before
+            ratios.append(t[ref] / t[ours])
+            flops += train_flops(cfg, b, vocab)
+    return {"run": f"{name:5s} {amp}", "peak": "bf16" if amp == "bf16" else "fp32",
+            "ours": ours.tokens_per_s, "ref": ref.tokens_per_s, "steps": ours.steps,
+            "ours_flops": flops / ours.seconds, "ref_flops": flops / ref.seconds,
+            "median": float(np.median(ratios))}
+
+
+def report(res: dict, peaks: dict) -> str:
+    """One line: both throughputs, their shares of the matmul peak and the ratio."""
+    peak = peaks[res["peak"]]
+    return (f"{res['run']} | nmt {res['ours']:7,.0f} tok/s ({res['ours_flops'] / peak:4.0%} of "
+            f"peak) | torch.nn.Transformer {res['ref']:7,.0f} tok/s "
+            f"({res['ref_flops'] / peak:4.0%}) | ratio {res['ours'] / res['ref']:.2f}x "
+            f"(median of pairs {res['median']:.2f}x) | {res['steps']} steps each")
 
 
 def profile(batches: list[Batch], vocab: int, name: str, amp: str) -> None:
@@ -262,12 +270,18 @@ def main() -> None:
             profile(batches, vocab, name, amp)
         return
     peaks = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
+    results = []
+    for name, amp in runs:
+        results.append(run(name, amp, batches, vocab, args))
+        print(report(results[-1], peaks), file=sys.stderr, flush=True)
+    peaks = {"fp32": max(peaks["fp32"], matmul_peak(torch.float32)),  # the best of two tries:
+             "bf16": max(peaks["bf16"], matmul_peak(torch.bfloat16))}  # others may be running
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads | matmul peak: fp32 "
           f"{peaks['fp32'] / 1e9:.0f} GFLOP/s, bf16 {peaks['bf16'] / 1e9:.0f} GFLOP/s | "
           f"{len(batches)} batches of {tgt:,.0f} target tokens on average, padding {pad:.1%}, "
-          f"vocabulary {vocab:,}", flush=True)
-    for name, amp in runs:
-        run(name, amp, batches, vocab, args, peaks)
+          f"vocabulary {vocab:,}")
+    for res in results:
+        print(report(res, peaks))
 
 
 if __name__ == "__main__":
