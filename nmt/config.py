@@ -93,6 +93,7 @@ class SearchConfig:
     min_len: int = 1  # EOS is forbidden before this many output tokens
     nbest: int = 1  # hypotheses written per input line (with their scores when > 1)
     max_tokens: int = 4096  # source tokens per batch (padding included)
+    max_sentences: int = 0  # sentences per batch at most (0: only max_tokens limits)
 
     def __post_init__(self) -> None:
         _check(self.beam_size >= 1, "search.beam_size", "must be >= 1")
@@ -103,6 +104,7 @@ class SearchConfig:
         _check(1 <= self.nbest <= self.beam_size, "search.nbest",
                f"must be between 1 and beam_size ({self.beam_size})")
         _check(self.max_tokens >= 1, "search.max_tokens", "must be >= 1")
+        _check(self.max_sentences >= 0, "search.max_sentences", "must be >= 0")
 
 
 # ----------------------------------------------------------------------------- preprocess
@@ -242,14 +244,18 @@ class TranslateConfig:
     ref: str = ""  # reference translations: print sacreBLEU BLEU and chrF
     max_input_tokens: int = 1000  # longer inputs are truncated with a warning
     device: str = "auto"  # "auto", "cpu" or "cuda"
+    threads: int = 0  # CPU threads for PyTorch (0: its default, one per core)
     attention_plot: str = ""  # write attention heatmaps (PNG) for one input line to this directory
     attention_line: int = 1  # which input line (1-based) attention_plot draws
+    vocab_check: str = ""  # data dir, its manifest.json or a .model: the checkpoint must match it
+    quiet: bool = False  # no progress bar, summary or truncation warnings on stderr
     search: SearchConfig = field(default_factory=SearchConfig)
 
     def __post_init__(self) -> None:
         _check(self.max_input_tokens >= 1, "max_input_tokens", "must be >= 1")
         _check(self.attention_line >= 1, "attention_line", "must be >= 1")
         _check(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
+        _check(self.threads >= 0, "threads", "must be >= 0")
 
 
 # ----------------------------------------------------------------------------- average

@@ -1,0 +1,102 @@
+"""Attention heatmaps of one translated sentence, one PNG per kind (layers x heads), like the
+attention visualisation of the Annotated Transformer. Needs matplotlib (the "plot" extra).
+
+Rows of a decoder map are labelled with the token that position produces, columns with the
+tokens it attends to (source pieces + </s>, or <s> + the produced pieces).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from nmt.errors import NmtError
+
+TITLES = {"encoder_self": "Encoder self-attention",
+          "decoder_self": "Decoder self-attention (masked)",
+          "encoder_decoder": "Encoder-decoder attention"}
+
+
+@torch.inference_mode()
+def attention_weights(model, src_ids: list[int], out_ids: list[int], bos_id: int,
+                      eos_id: int) -> dict[str, Tensor]:
+    """Teacher-force `out_ids` on `src_ids`; per kind a (N, h, T_q, T_k) tensor of weights."""
+    device = next(model.parameters()).device
+    src = torch.tensor([list(src_ids) + [eos_id]], device=device)  # (1, S)
+    tgt_in = torch.tensor([[bos_id] + list(out_ids)], device=device)  # (1, T)
+    was_training = model.training
+    model.eval()
+    model.keep_attention(True)
+    try:
+        model(src, tgt_in)
+        maps = model.attention_maps()
+    finally:
+        model.keep_attention(False)
+        model.train(was_training)
+    return {kind: torch.stack([w[0] for w in layers]).float().cpu()  # (N, h, T_q, T_k)
+            for kind, layers in maps.items()}
+
+
+def draw(weights: Tensor, rows: list[str], cols: list[str], title: str, path: Path) -> None:
+    """One figure: a grid of heatmaps, a row of heads per layer; written atomically to path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    N, h = weights.shape[:2]
+    cell = max(2.2, 0.16 * max(len(rows), len(cols)) + 0.8)  # inches per heatmap
+    fig, axes = plt.subplots(N, h, figsize=(cell * h, cell * N + 0.6), squeeze=False)
+    font = max(4.0, min(8.0, 120 / max(len(rows), len(cols))))
+    for layer in range(N):
+        for head in range(h):
+            ax = axes[layer][head]
+            ax.imshow(weights[layer, head].numpy(), cmap="viridis", vmin=0.0, vmax=1.0,
+                      aspect="auto")
+            ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=9)
+            ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=font)
+            ax.set_yticks(range(len(rows)), rows, fontsize=font)
+    fig.suptitle(title)
+    fig.tight_layout()
+    from nmt.translate import temporary_beside
+
+    tmp = temporary_beside(path)
+    try:
+        with warnings.catch_warnings():  # glyphs missing from the font are drawn as boxes
+            warnings.simplefilter("ignore")
+            fig.savefig(tmp, dpi=110, format="png")
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        Path(tmp).unlink(missing_ok=True)
+
+
+def plot_attention(translator, src_ids: list[int], out_ids: list[int],
+                   out_dir: str | Path) -> list[Path]:
+    """Write encoder_self.png, decoder_self.png and encoder_decoder.png into out_dir."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise NmtError("attention_plot needs matplotlib: pip install 'nmt[plot]'") from None
+    out_dir = Path(out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise NmtError(f"{out_dir}: cannot create directory ({e.strerror})") from None
+    v = translator.vocab
+    weights = attention_weights(translator.model, src_ids, out_ids, v["bos_id"], v["eos_id"])
+    src = translator.src_tok.pieces(list(src_ids)) + ["</s>"]
+    produced = translator.tgt_tok.pieces(list(out_ids)) + ["</s>"]
+    fed = ["<s>"] + produced[:-1]
+    labels = {"encoder_self": (src, src), "decoder_self": (produced, fed),
+              "encoder_decoder": (produced, src)}
+    paths = []
+    for kind, (rows, cols) in labels.items():
+        path = out_dir / f"{kind}.png"
+        draw(weights[kind], rows, cols, TITLES[kind], path)
+        paths.append(path)
+    return paths

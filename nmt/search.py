@@ -1,0 +1,279 @@
+"""Greedy and beam search with the Transformer's key/value-cached decoder, and batched translation.
+
+Read top to bottom: the GNMT length penalty and output lengths, a small adapter that gives
+next-token logits with or without the cache, greedy search, beam search (fairseq's step:
+top-2k of the k x V continuations, EOS candidates in the top k are finished, the first k
+others go on), then `translate_nbest` / `translate_ids`, which batch sentences by a token
+budget after sorting them by length and restore the input order.
+
+Conventions. Source id lists carry no BOS/EOS (as in the data directory); EOS is appended here.
+Outputs are id lists without BOS/EOS. |Y| counts the EOS; an output cut at the maximum
+length has |Y| = max length and no EOS score. PAD and BOS are never generated; EOS is
+forbidden before `min_len` tokens. A hypothesis' score is log P(Y|X) / lp(|Y|).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from nmt.config import SearchConfig
+
+
+@dataclass
+class Hypothesis:
+    """A finished output: ids without BOS/EOS, its length-normalised score and its log P(Y|X)."""
+
+    tokens: list[int]
+    score: float
+    logprob: float
+
+
+def length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
+    """GNMT lp(Y) = ((5 + |Y|) / 6)^alpha (Wu et al. 2016, eq. 14)."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def max_output_lengths(src_lengths: Tensor, search: SearchConfig, max_positions: int) -> Tensor:
+    """Per sentence: floor(max_len_a * source length + max_len_b), at least 1, within positions."""
+    lengths = (search.max_len_a * src_lengths.double() + search.max_len_b).floor().long()
+    return lengths.clamp(min=1, max=max_positions)
+
+
+class Decoder:
+    """Next-token logits for a batch of prefixes, with the model's key/value cache or without."""
+
+    def __init__(self, model, src: Tensor, use_cache: bool = True, beam: int = 1):
+        """Encode (B, S) sources for B * beam rows: `beam` consecutive rows per sentence."""
+        self.model, self.use_cache = model, use_cache
+        memory, src_mask = model.encode(src)  # (B, S, d_model), (B, 1, 1, S)
+        if use_cache:
+            self.state = model.start_decoding(memory, src_mask, beam)
+        else:
+            rows = torch.arange(src.size(0), device=src.device).repeat_interleave(beam)
+            self.memory, self.src_mask = memory[rows], src_mask[rows]  # (B beam, ...)
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep (and repeat) rows `index` of the batch."""
+        if self.use_cache:
+            self.state.reorder(index)
+        else:
+            self.memory = self.memory.index_select(0, index)
+            self.src_mask = self.src_mask.index_select(0, index)
+
+    def logits(self, prefix: Tensor) -> Tensor:
+        """(R, t) BOS and the tokens so far -> (R, V) float logits of the next token."""
+        if self.use_cache:  # only the newest token goes in; the past is in the cache
+            out = self.model.decode_step(prefix[:, -1:], self.state)  # (R, 1, V)
+        else:  # the whole prefix again: the reference the cache must reproduce
+            out = self.model.decode(prefix, self.memory, self.src_mask)[:, -1:]  # (R, 1, V)
+        return out[:, 0].float()
+
+
+def _forbid(scores: Tensor, t: int, search: SearchConfig, bos_id: int, eos_id: int,
+            pad_id: int) -> None:
+    """In place: PAD and BOS are never generated, EOS not before min_len tokens."""
+    scores[:, pad_id] = -torch.inf
+    scores[:, bos_id] = -torch.inf
+    if t < search.min_len:
+        scores[:, eos_id] = -torch.inf
+
+
+def _source_lengths(src: Tensor, pad_id: int) -> Tensor:
+    """(B, S) padded sources ending with EOS -> (B,) token counts without the EOS."""
+    return (src != pad_id).sum(dim=1) - 1
+
+
+# ----------------------------------------------------------------------------- greedy
+@torch.inference_mode()
+def greedy_search(model, src: Tensor, search: SearchConfig, bos_id: int, eos_id: int,
+                  pad_id: int, use_cache: bool = True) -> list[list[Hypothesis]]:
+    """Pick the most probable token at every step; (B, S) sources -> one hypothesis each."""
+    B = src.size(0)
+    max_len = max_output_lengths(_source_lengths(src, pad_id), search, model.cfg.max_positions)
+    decoder = Decoder(model, src, use_cache)
+    tokens = src.new_full((B, int(max_len.max()) + 1), pad_id)  # (B, 1 + T_max): BOS first
+    tokens[:, 0] = bos_id
+    logprob = torch.zeros(B, device=src.device)
+    rows = torch.arange(B, device=src.device)  # the sentence of each active row
+    results: list[list[Hypothesis]] = [[] for _ in range(B)]
+    for t in range(tokens.size(1) - 1):
+        logits = decoder.logits(tokens[:, :t + 1])  # (R, V)
+        log_z = logits.logsumexp(dim=-1)  # (R,) normaliser before forbidding (as log_softmax)
+        _forbid(logits, t, search, bos_id, eos_id, pad_id)
+        best, token = logits.max(dim=-1)  # (R,)
+        tokens[:, t + 1] = token
+        logprob += best - log_z
+        ended = token == eos_id
+        done = ended | (max_len <= t + 1)
+        if not done.any():
+            continue
+        for r in done.nonzero()[:, 0].tolist():
+            n = t + (0 if ended[r] else 1)  # output tokens without the EOS
+            lp = length_penalty(t + 1, search.alpha)
+            results[rows[r]] = [Hypothesis(tokens[r, 1:n + 1].tolist(), logprob[r].item() / lp,
+                                           logprob[r].item())]
+        keep = (~done).nonzero()[:, 0]
+        if keep.numel() == 0:
+            break
+        tokens, logprob, rows, max_len = tokens[keep], logprob[keep], rows[keep], max_len[keep]
+        decoder.reorder(keep)
+    return results
+
+
+# ----------------------------------------------------------------------------- beam
+class _Finished:
+    """Per sentence of a beam search: finished hypotheses and the score an active one must beat."""
+
+    def __init__(self, B: int, nbest: int, device: torch.device):
+        self.hyps: list[list[Hypothesis]] = [[] for _ in range(B)]
+        self.nbest = nbest
+        self.count = torch.zeros(B, dtype=torch.long, device=device)  # (B,) finished so far
+        self.threshold = torch.full((B,), -torch.inf, device=device)  # (B,) nbest-th best score
+
+    def add(self, b: int, tokens: list[int], logprob: float, length: int, alpha: float) -> None:
+        """Record a hypothesis of sentence b (original index) with |Y| = length."""
+        hyps = self.hyps[b]
+        hyps.append(Hypothesis(tokens, logprob / length_penalty(length, alpha), logprob))
+        self.count[b] += 1
+        if len(hyps) >= self.nbest:
+            hyps.sort(key=lambda h: -h.score)
+            self.threshold[b] = hyps[self.nbest - 1].score
+
+    def best(self, b: int) -> list[Hypothesis]:
+        """The nbest hypotheses of sentence b, best first."""
+        return sorted(self.hyps[b], key=lambda h: -h.score)[:self.nbest]
+
+
+@torch.inference_mode()
+def beam_search(model, src: Tensor, search: SearchConfig, bos_id: int, eos_id: int,
+                pad_id: int, use_cache: bool = True) -> list[list[Hypothesis]]:
+    """Beam search over (B x k) flat rows; (B, S) sources -> search.nbest hypotheses each.
+
+    A sentence retires when it has k finished hypotheses (fairseq's rule, which makes k=1
+    greedy), when it reaches its maximum length, or as soon as no active hypothesis can beat
+    its nbest-th finished one even if every further token had probability 1 (the exact bound
+    for the GNMT penalty: log P / lp(max length)). Retired sentences leave the batch.
+    """
+    B, k, dev = src.size(0), search.beam_size, src.device
+    max_len = max_output_lengths(_source_lengths(src, pad_id), search, model.cfg.max_positions)
+    decoder = Decoder(model, src, use_cache, beam=k)  # (B k) rows
+    tokens = src.new_full((B * k, int(max_len.max()) + 1), pad_id)  # (B k, 1 + T_max)
+    tokens[:, 0] = bos_id
+    scores = torch.full((B, k), -torch.inf, device=dev)  # (b, k) log P of the active prefixes
+    scores[:, 0] = 0.0  # one live beam at the start, so that the k first tokens differ
+    sent = torch.arange(B, device=dev)  # original sentence of each active batch entry
+    fin = _Finished(B, search.nbest, dev)
+    lp_max = length_penalty(max_len.double(), search.alpha).float()  # (b,)
+    for t in range(tokens.size(1) - 1):
+        b = scores.size(0)
+        lprobs = decoder.logits(tokens[:, :t + 1]).log_softmax(dim=-1)  # (b k, V)
+        _forbid(lprobs, t, search, bos_id, eos_id, pad_id)
+        V = lprobs.size(1)
+        cand = lprobs.add_(scores.view(-1, 1)).view(b, k * V)  # (b, k V): log P of each prefix
+        cand_scores, cand_idx = cand.topk(2 * k, dim=1)  # (b, 2k), best first
+        cand_beam, cand_tok = cand_idx // V, cand_idx % V  # (b, 2k) each
+        is_eos = cand_tok == eos_id
+        _finish_eos(fin, is_eos[:, :k] & (cand_scores[:, :k] > -torch.inf), cand_scores,
+                    cand_beam, tokens, sent, t, k, search.alpha)
+        # The k best candidates that do not end go on: sort positions with EOS pushed last.
+        pos = (is_eos.long() * 2 * k + torch.arange(2 * k, device=dev)).topk(
+            k, dim=1, largest=False).indices  # (b, k)
+        scores = cand_scores.gather(1, pos)  # (b, k), still best first
+        rows = (torch.arange(b, device=dev) * k).unsqueeze(1) + cand_beam.gather(1, pos)
+        tokens = tokens.index_select(0, rows.view(-1))  # (b k, 1 + T_max)
+        tokens[:, t + 1] = cand_tok.gather(1, pos).view(-1)
+        reached = max_len <= t + 1
+        for i in reached.nonzero()[:, 0].tolist():  # out of length: the k active ones finish
+            for j in range(k):
+                if scores[i, j] > -torch.inf:
+                    fin.add(int(sent[i]), tokens[i * k + j, 1:t + 2].tolist(),
+                            scores[i, j].item(), t + 1, search.alpha)
+        beaten = fin.threshold[sent] >= scores[:, 0] / lp_max  # nothing active can win
+        done = reached | (fin.count[sent] >= k) | beaten
+        if done.any():
+            keep = (~done).nonzero()[:, 0]  # (b',)
+            if keep.numel() == 0:
+                break
+            keep_rows = (keep.unsqueeze(1) * k + torch.arange(k, device=dev)).view(-1)  # (b' k,)
+            rows, tokens = rows.view(-1)[keep_rows], tokens[keep_rows]
+            scores, sent, max_len, lp_max = scores[keep], sent[keep], max_len[keep], lp_max[keep]
+        decoder.reorder(rows.view(-1))
+    return [fin.best(i) for i in range(B)]
+
+
+def _finish_eos(fin: _Finished, eos: Tensor, cand_scores: Tensor, cand_beam: Tensor,
+                tokens: Tensor, sent: Tensor, t: int, k: int, alpha: float) -> None:
+    """Record the EOS candidates among the top k (b, k) as finished hypotheses of length t+1."""
+    if not eos.any():
+        return
+    for i, c in eos.nonzero().tolist():
+        row = i * k + int(cand_beam[i, c])
+        fin.add(int(sent[i]), tokens[row, 1:t + 1].tolist(), cand_scores[i, c].item(), t + 1,
+                alpha)
+
+
+# ----------------------------------------------------------------------------- batching
+def search_batch(model, src: Tensor, search: SearchConfig, bos_id: int, eos_id: int,
+                 pad_id: int, use_cache: bool = True) -> list[list[Hypothesis]]:
+    """Greedy search when beam_size is 1, else beam search."""
+    fn = greedy_search if search.beam_size == 1 else beam_search
+    return fn(model, src, search, bos_id, eos_id, pad_id, use_cache)
+
+
+def make_batches(lengths: list[int], max_tokens: int, max_sentences: int = 0) -> list[list[int]]:
+    """Indices sorted longest first, cut into batches of at most max_tokens padded tokens."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    for i in order:  # longest first: a batch's first sentence sets its padded width
+        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= max_tokens and (
+                not max_sentences or len(batches[-1]) < max_sentences):
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def pad_batch(seqs: list[list[int]], pad_id: int, device: torch.device | str) -> Tensor:
+    """Id lists -> a (B, S_max) tensor padded on the right."""
+    out = torch.full((len(seqs), max(map(len, seqs))), pad_id, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        out[i, :len(s)] = torch.tensor(s, dtype=torch.long)
+    return out.to(device)
+
+
+def translate_nbest(model, src_ids: list[list[int]], search: SearchConfig, bos_id: int,
+                    eos_id: int, pad_id: int, device: torch.device | str = "cpu",
+                    use_cache: bool = True, progress=None) -> list[list[Hypothesis]]:
+    """Translate id lists (no BOS/EOS) in length-sorted token-budget batches, in input order.
+
+    An empty source gives one empty hypothesis with score 0. The model is put in eval mode
+    for the search and returned to its previous mode. progress: called with each batch size.
+    """
+    results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
+    todo = [i for i, s in enumerate(src_ids) if len(s) > 0]
+    batches = make_batches([len(src_ids[i]) + 1 for i in todo], search.max_tokens,
+                           search.max_sentences)
+    was_training = model.training
+    model.eval()
+    try:
+        for batch in batches:
+            idx = [todo[j] for j in batch]
+            src = pad_batch([list(src_ids[i]) + [eos_id] for i in idx], pad_id, device)
+            for i, hyps in zip(idx, search_batch(model, src, search, bos_id, eos_id, pad_id,
+                                                 use_cache), strict=True):
+                results[i] = hyps
+            if progress is not None:
+                progress(len(idx))
+    finally:
+        model.train(was_training)
+    return results
+
+
+def translate_ids(model, src_ids: list[list[int]], search: SearchConfig, bos_id: int,
+                  eos_id: int, pad_id: int, device: torch.device | str = "cpu") -> list[list[int]]:
+    """The best output ids (no BOS/EOS) for each source id list (no BOS/EOS), in input order."""
+    return [hyps[0].tokens for hyps in
+            translate_nbest(model, src_ids, search, bos_id, eos_id, pad_id, device)]

@@ -1,0 +1,101 @@
+"""Decoding speed: sentences/s and generated tokens/s of greedy and beam search.
+
+The setting every system is measured on: the small model (3+3 layers, d_model 256, d_ff 1024,
+4 heads, vocabulary 8,000), 500 source sentences of 25 tokens, batches of 64 sentences, output
+forced to exactly 40 tokens (EOS suppressed: min_len = max length = 40) so that every system
+does the same work. Reported with and without the key/value cache, batched and one sentence at
+a time. Weights are random unless --checkpoint is given (the work done is the same).
+
+    flock /tmp/nmt-cpu.lock .venv/bin/python scripts/bench_translate.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+
+from nmt.config import ModelConfig, SearchConfig
+from nmt.model import build_model
+from nmt.search import translate_nbest
+
+
+def parse_args() -> argparse.Namespace:
+    """Command-line options."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", default="", help="use this checkpoint's model (default: random)")
+    p.add_argument("--sentences", type=int, default=500)
+    p.add_argument("--src-len", type=int, default=25)
+    p.add_argument("--out-len", type=int, default=40)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--vocab", type=int, default=8000)
+    p.add_argument("--slow-sentences", type=int, default=64,
+                   help="sentences for the slow rows (no cache, or one sentence at a time)")
+    p.add_argument("--only", default="",
+                   help="run the rows whose label contains every comma-separated word, "
+                        "e.g. greedy,batch=64")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="time each row this many times and report the fastest")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    return p.parse_args()
+
+
+def load_model(args: argparse.Namespace):
+    """The model to time: the small configuration with random weights, or a checkpoint."""
+    if args.checkpoint:
+        from nmt.checkpoint import load_checkpoint
+
+        state = load_checkpoint(args.checkpoint)
+        cfg, vocab = ModelConfig(**state["model_cfg"]), state["vocab"]
+        model = build_model(cfg, vocab["src_size"], vocab["tgt_size"], vocab["pad_id"],
+                            vocab["joint"])
+        model.load_state_dict(state["model"])
+        return model.eval(), vocab["tgt_size"]
+    torch.manual_seed(0)
+    cfg = ModelConfig(N=3, d_model=256, d_ff=1024, h=4, dropout=0.1)
+    return build_model(cfg, args.vocab, args.vocab).eval(), args.vocab
+
+
+def run(model, src_ids, beam: int, batch: int, out_len: int, use_cache: bool) -> float:
+    """Seconds to translate src_ids with the forced output length."""
+    search = SearchConfig(beam_size=beam, nbest=1, alpha=0.6, max_len_a=0.0, max_len_b=out_len,
+                          min_len=out_len, max_tokens=10 ** 9, max_sentences=batch)
+    start = time.perf_counter()
+    out = translate_nbest(model, src_ids, search, bos_id=2, eos_id=3, pad_id=0,
+                          use_cache=use_cache)
+    seconds = time.perf_counter() - start
+    assert all(len(h[0].tokens) == out_len for h in out), "output length was not forced"
+    return seconds
+
+
+def main() -> None:
+    """Time every row and print one line each."""
+    args = parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, V = load_model(args)
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(4, V, (args.sentences, args.src_len), generator=g).tolist()
+    rows = [("greedy", 1, args.batch, True), ("beam4", 4, args.batch, True),
+            ("greedy", 1, args.batch, False), ("beam4", 4, args.batch, False),
+            ("greedy", 1, 1, True), ("beam4", 4, 1, True)]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.sentences} "
+          f"sentences x {args.src_len} tokens -> {args.out_len} tokens, vocabulary {V}; "
+          f"load average {os.getloadavg()[0]:.2f}")
+    run(model, src[:8], 4, 8, 5, True)  # warm-up
+    for name, beam, batch, cache in rows:
+        label = f"{name:7s} batch={batch:<3d} cache={'on ' if cache else 'off'}"
+        if not all(word in label for word in args.only.split(",") if word):
+            continue
+        slow = not cache or batch == 1
+        n = min(args.slow_sentences, args.sentences) if slow else args.sentences
+        seconds = min(run(model, src[:n], beam, batch, args.out_len, cache)
+                      for _ in range(args.repeat))
+        print(f"{label} {n:4d} sentences {seconds:7.2f} s {n / seconds:8.1f} sentences/s "
+              f"{n * args.out_len / seconds:9.0f} tokens/s", flush=True)
+    print(f"load average {os.getloadavg()[0]:.2f}")
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""Builders for the search and translate tests: tiny random Transformers and checkpoints.
+
+Random weights are enough to test search (every property checked holds for any model); the
+checkpoint follows the contract of nmt/checkpoint.py with the toy SentencePiece model of
+conftest.py's `tiny_data_dir`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from nmt.checkpoint import save_checkpoint
+from nmt.config import ModelConfig, TrainConfig, compose, to_object
+from nmt.model import Transformer, build_model
+from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+
+
+@cache
+def tiny_model_cfg(N: int = 1, d_model: int = 32, d_ff: int = 64, h: int = 4) -> ModelConfig:
+    """The small model's config with tiny sizes, composed as the CLI would."""
+    cfg = compose("train", ["+model=small", "data_dir=x", "run_dir=y", f"model.N={N}",
+                            f"model.d_model={d_model}", f"model.d_ff={d_ff}", f"model.h={h}"])
+    return to_object(cfg, TrainConfig).model
+
+
+def tiny_model(vocab_size: int, seed: int = 0, eos_like: int | None = None,
+               **sizes) -> Transformer:
+    """A random tiny Transformer with a joint vocabulary, in eval mode.
+
+    eos_like: make EOS's output row a noisy copy of this token's, so that EOS competes with
+    it (a random model otherwise almost never stops before the maximum length).
+    """
+    torch.manual_seed(seed)
+    model = build_model(tiny_model_cfg(**sizes), vocab_size, vocab_size, PAD_ID, True).eval()
+    if eos_like is not None:
+        w = model.generator.weight
+        with torch.no_grad():
+            g = torch.Generator().manual_seed(seed)
+            w[EOS_ID] = w[eos_like] + 1.5 * w[eos_like].std() * torch.randn(w.size(1), generator=g)
+    return model
+
+
+def random_sources(n: int, vocab_size: int, max_len: int = 9, seed: int = 0) -> list[list[int]]:
+    """n id lists of 1..max_len ordinary tokens (no specials)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, max_len + 1, (n,), generator=g).tolist()
+    return [torch.randint(4, vocab_size, (L,), generator=g).tolist() for L in lengths]
+
+
+def save_tiny_checkpoint(path: Path, spm_proto: bytes, seed: int = 0, **sizes) -> Path:
+    """A checkpoint per the contract: random tiny model, joint vocabulary `spm_proto`."""
+    tok = Tokenizer(spm_proto)
+    model = tiny_model(tok.vocab_size, seed, **sizes)
+    vocab = {"src_size": tok.vocab_size, "tgt_size": tok.vocab_size, "joint": True,
+             "pad_id": PAD_ID, "unk_id": UNK_ID, "bos_id": BOS_ID, "eos_id": EOS_ID,
+             "sha256": hashlib.sha256(spm_proto + spm_proto).hexdigest(),
+             "src_spm": spm_proto, "tgt_spm": spm_proto}
+    save_checkpoint({"model": model.state_dict(), "model_cfg": asdict(model.cfg),
+                     "vocab": vocab, "update": 0, "epoch": 0}, path)
+    return path
+
+
+class TableModel(torch.nn.Module):
+    """A stand-in for the Transformer in search tests: next-token logits from a fixed random
+    table indexed by (position, previous token); the source is ignored.
+
+    Peaked random tables make EOS likely at some steps and not others, so that the order in
+    which hypotheses finish, and the length penalty, really matter.
+    """
+
+    def __init__(self, vocab_size: int, positions: int = 16, seed: int = 0, scale: float = 3.0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.table = scale * torch.randn(positions, vocab_size, vocab_size, generator=g)
+        self.cfg = ModelConfig(N=1, d_model=2, d_ff=1, h=1, dropout=0.0, max_positions=positions)
+        self.generator = torch.nn.Linear(1, vocab_size, bias=False)  # only its size is used
+
+    def encode(self, src: torch.Tensor):
+        """The 'memory' is the source itself."""
+        return src, (src != PAD_ID)[:, None, None, :]
+
+    def start_decoding(self, memory, src_mask, beam: int = 1):
+        """A state that only counts steps (reorder has nothing to move)."""
+        return _TableState()
+
+    def decode_step(self, tgt_new: torch.Tensor, state) -> torch.Tensor:
+        """(R, 1) previous tokens -> (R, 1, V) logits."""
+        logits = self.table[state.step, tgt_new[:, -1]]  # (R, V)
+        state.step += 1
+        return logits.unsqueeze(1)
+
+    def decode(self, tgt_in: torch.Tensor, memory, src_mask) -> torch.Tensor:
+        """(R, T) shifted targets -> (R, T, V) logits."""
+        T = tgt_in.size(1)
+        return self.table[torch.arange(T), tgt_in]  # (R, T, V)
+
+    def forward(self, src, tgt_in):
+        return self.decode(tgt_in, None, None)
+
+
+class _TableState:
+    """DecoderState of TableModel."""
+
+    def __init__(self):
+        self.step = 0
+
+    def reorder(self, index) -> None:
+        """Nothing depends on the rows' history but the previous token, which search feeds."""
