@@ -50,18 +50,19 @@ def draw(weights: Tensor, rows: list[str], cols: list[str], title: str, path: Pa
 
     N, h = weights.shape[:2]
     cell = max(2.2, 0.16 * max(len(rows), len(cols)) + 0.8)  # inches per heatmap
-    fig, axes = plt.subplots(N, h, figsize=(cell * h, cell * N + 0.6), squeeze=False)
+    fig, axes = plt.subplots(N, h, figsize=(cell * h + 0.8, cell * N + 0.6), squeeze=False,
+                             layout="constrained")
     font = max(4.0, min(8.0, 120 / max(len(rows), len(cols))))
     for layer in range(N):
         for head in range(h):
             ax = axes[layer][head]
-            ax.imshow(weights[layer, head].numpy(), cmap="viridis", vmin=0.0, vmax=1.0,
-                      aspect="auto")
+            image = ax.imshow(weights[layer, head].numpy(), cmap="viridis", vmin=0.0, vmax=1.0,
+                              aspect="auto")
             ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=9)
             ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=font)
             ax.set_yticks(range(len(rows)), rows, fontsize=font)
+    fig.colorbar(image, ax=axes, shrink=min(1.0, 3.0 / N + 0.2), label="attention weight")
     fig.suptitle(title)
-    fig.tight_layout()
     from nmt.translate import temporary_beside
 
     tmp = temporary_beside(path)

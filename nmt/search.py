@@ -110,11 +110,11 @@ def greedy_search(model, src: Tensor, search: SearchConfig, bos_id: int, eos_id:
         done = ended | (max_len <= t + 1)
         if not done.any():
             continue
-        for r in done.nonzero()[:, 0].tolist():
-            n = t + (0 if ended[r] else 1)  # output tokens without the EOS
-            lp = length_penalty(t + 1, search.alpha)
-            results[rows[r]] = [Hypothesis(tokens[r, 1:n + 1].tolist(), logprob[r].item() / lp,
-                                           logprob[r].item())]
+        lp = length_penalty(t + 1, search.alpha)
+        r = done.nonzero()[:, 0]
+        for b, ids, end, logp in zip(rows[r].tolist(), tokens[r, 1:t + 2].tolist(),
+                                     ended[r].tolist(), logprob[r].tolist(), strict=True):
+            results[b] = [Hypothesis(ids[:-1] if end else ids, logp / lp, logp)]
         keep = (~done).nonzero()[:, 0]
         if keep.numel() == 0:
             break
@@ -127,24 +127,33 @@ def greedy_search(model, src: Tensor, search: SearchConfig, bos_id: int, eos_id:
 class _Finished:
     """Per sentence of a beam search: finished hypotheses and the score an active one must beat."""
 
-    def __init__(self, B: int, nbest: int, device: torch.device):
+    def __init__(self, B: int, nbest: int, alpha: float, device: torch.device):
         self.hyps: list[list[Hypothesis]] = [[] for _ in range(B)]
-        self.nbest = nbest
+        self.nbest, self.alpha = nbest, alpha
         self.count = torch.zeros(B, dtype=torch.long, device=device)  # (B,) finished so far
         self.threshold = torch.full((B,), -torch.inf, device=device)  # (B,) nbest-th best score
 
-    def add(self, b: int, tokens: list[int], logprob: float, length: int, alpha: float) -> None:
-        """Record a hypothesis of sentence b (original index) with |Y| = length."""
-        hyps = self.hyps[b]
-        hyps.append(Hypothesis(tokens, logprob / length_penalty(length, alpha), logprob))
-        self.count[b] += 1
-        if len(hyps) >= self.nbest:
-            hyps.sort(key=lambda h: -h.score)
-            self.threshold[b] = hyps[self.nbest - 1].score
+    def add(self, sentences: Tensor, tokens: Tensor, logprobs: Tensor, length: int) -> None:
+        """Record n hypotheses with |Y| = length: (n,) original sentence indices, (n, L) ids
+        without BOS/EOS, (n,) log P. Dead ones (log P = -inf) are skipped."""
+        lp = length_penalty(length, self.alpha)
+        touched = set()
+        for b, ids, logp in zip(sentences.tolist(), tokens.tolist(), logprobs.tolist(),
+                                strict=True):
+            if logp > -torch.inf:
+                self.hyps[b].append(Hypothesis(ids, logp / lp, logp))
+                touched.add(b)
+        for b in touched:
+            hyps = self.hyps[b]
+            self.count[b] = len(hyps)
+            if len(hyps) >= self.nbest:
+                hyps.sort(key=lambda h: -h.score)
+                self.threshold[b] = hyps[self.nbest - 1].score
 
     def best(self, b: int) -> list[Hypothesis]:
-        """The nbest hypotheses of sentence b, best first."""
-        return sorted(self.hyps[b], key=lambda h: -h.score)[:self.nbest]
+        """The nbest hypotheses of sentence b, best first (never empty)."""
+        best = sorted(self.hyps[b], key=lambda h: -h.score)[:self.nbest]
+        return best or [Hypothesis([], -torch.inf, -torch.inf)]
 
 
 @torch.inference_mode()
@@ -165,7 +174,7 @@ def beam_search(model, src: Tensor, search: SearchConfig, bos_id: int, eos_id: i
     scores = torch.full((B, k), -torch.inf, device=dev)  # (b, k) log P of the active prefixes
     scores[:, 0] = 0.0  # one live beam at the start, so that the k first tokens differ
     sent = torch.arange(B, device=dev)  # original sentence of each active batch entry
-    fin = _Finished(B, search.nbest, dev)
+    fin = _Finished(B, search.nbest, search.alpha, dev)
     lp_max = length_penalty(max_len.double(), search.alpha).float()  # (b,)
     for t in range(tokens.size(1) - 1):
         b = scores.size(0)
@@ -176,8 +185,9 @@ def beam_search(model, src: Tensor, search: SearchConfig, bos_id: int, eos_id: i
         cand_scores, cand_idx = cand.topk(2 * k, dim=1)  # (b, 2k), best first
         cand_beam, cand_tok = cand_idx // V, cand_idx % V  # (b, 2k) each
         is_eos = cand_tok == eos_id
-        _finish_eos(fin, is_eos[:, :k] & (cand_scores[:, :k] > -torch.inf), cand_scores,
-                    cand_beam, tokens, sent, t, k, search.alpha)
+        if is_eos[:, :k].any():  # EOS candidates among the k best finish, with |Y| = t + 1
+            i, c = is_eos[:, :k].nonzero(as_tuple=True)
+            fin.add(sent[i], tokens[i * k + cand_beam[i, c], 1:t + 1], cand_scores[i, c], t + 1)
         # The k best candidates that do not end go on: sort positions with EOS pushed last.
         pos = (is_eos.long() * 2 * k + torch.arange(2 * k, device=dev)).topk(
             k, dim=1, largest=False).indices  # (b, k)
@@ -186,11 +196,9 @@ def beam_search(model, src: Tensor, search: SearchConfig, bos_id: int, eos_id: i
         tokens = tokens.index_select(0, rows.view(-1))  # (b k, 1 + T_max)
         tokens[:, t + 1] = cand_tok.gather(1, pos).view(-1)
         reached = max_len <= t + 1
-        for i in reached.nonzero()[:, 0].tolist():  # out of length: the k active ones finish
-            for j in range(k):
-                if scores[i, j] > -torch.inf:
-                    fin.add(int(sent[i]), tokens[i * k + j, 1:t + 2].tolist(),
-                            scores[i, j].item(), t + 1, search.alpha)
+        if reached.any():  # out of length: the k active hypotheses finish as they are
+            out = (reached.nonzero() * k + torch.arange(k, device=dev)).view(-1)  # rows
+            fin.add(sent[out // k], tokens[out, 1:t + 2], scores.view(-1)[out], t + 1)
         beaten = fin.threshold[sent] >= scores[:, 0] / lp_max  # nothing active can win
         done = reached | (fin.count[sent] >= k) | beaten
         if done.any():
@@ -202,17 +210,6 @@ def beam_search(model, src: Tensor, search: SearchConfig, bos_id: int, eos_id: i
             scores, sent, max_len, lp_max = scores[keep], sent[keep], max_len[keep], lp_max[keep]
         decoder.reorder(rows.view(-1))
     return [fin.best(i) for i in range(B)]
-
-
-def _finish_eos(fin: _Finished, eos: Tensor, cand_scores: Tensor, cand_beam: Tensor,
-                tokens: Tensor, sent: Tensor, t: int, k: int, alpha: float) -> None:
-    """Record the EOS candidates among the top k (b, k) as finished hypotheses of length t+1."""
-    if not eos.any():
-        return
-    for i, c in eos.nonzero().tolist():
-        row = i * k + int(cand_beam[i, c])
-        fin.add(int(sent[i]), tokens[row, 1:t + 1].tolist(), cand_scores[i, c].item(), t + 1,
-                alpha)
 
 
 # ----------------------------------------------------------------------------- batching

@@ -215,21 +215,10 @@ def translate(cfg: TranslateConfig) -> dict:
     nbest = run_search(translator, src_ids, cfg)
     seconds = time.perf_counter() - start
     texts = [translator.tgt_tok.decode([h.tokens for h in hyps]) for hyps in nbest]
-    out = [line for i, (hyps, t) in enumerate(zip(nbest, texts, strict=True))
-           for line in format_output(i, hyps, t, cfg.search.nbest)]
-    write_lines(cfg.output, out)
-    if not cfg.quiet:
-        n_tok = sum(len(hyps[0].tokens) for hyps in nbest)
-        log(f"translated {len(lines)} lines in {seconds:.1f} s "
-            f"({len(lines) / max(seconds, 1e-9):.1f} sentences/s, "
-            f"{n_tok / max(seconds, 1e-9):.0f} tokens/s; beam {cfg.search.beam_size})")
+    write_lines(cfg.output, [line for i, (hyps, t) in enumerate(zip(nbest, texts, strict=True))
+                             for line in format_output(i, hyps, t, cfg.search.nbest)])
     result = {"hypotheses": [t[0] for t in texts], "nbest": nbest, "seconds": seconds}
-    if refs is not None:
-        result["scores"] = scores = score(result["hypotheses"], refs)
-        log(scores["bleu_line"])
-        log(f"BLEU signature: {scores['bleu_signature']}")
-        log(scores["chrf_line"])
-        log(f"chrF signature: {scores['chrf_signature']}")
+    report(result, refs, cfg)
     if cfg.attention_plot:
         from nmt.plot import plot_attention
 
@@ -237,6 +226,23 @@ def translate(cfg: TranslateConfig) -> dict:
         paths = plot_attention(translator, src_ids[i], nbest[i][0].tokens, cfg.attention_plot)
         log(f"attention of line {cfg.attention_line} drawn in {', '.join(map(str, paths))}")
     return result
+
+
+def report(result: dict, refs: list[str] | None, cfg: TranslateConfig) -> None:
+    """The speed summary, and BLEU and chrF with their signatures when there are references."""
+    n, seconds = len(result["nbest"]), max(result["seconds"], 1e-9)
+    if not cfg.quiet:
+        n_tok = sum(len(hyps[0].tokens) for hyps in result["nbest"])
+        log(f"translated {n} lines in {seconds:.1f} s ({n / seconds:.1f} sentences/s, "
+            f"{n_tok / seconds:.0f} tokens/s; beam {cfg.search.beam_size})")
+    if refs is not None and not refs:
+        log(f"{cfg.ref}: no lines, nothing to score")
+    elif refs is not None:
+        result["scores"] = scores = score(result["hypotheses"], refs)
+        log(scores["bleu_line"])
+        log(f"BLEU signature: {scores['bleu_signature']}")
+        log(scores["chrf_line"])
+        log(f"chrF signature: {scores['chrf_signature']}")
 
 
 def run_search(translator: Translator, src_ids: list[list[int]], cfg: TranslateConfig):
