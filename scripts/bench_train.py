@@ -30,7 +30,7 @@ from nmt.config import ModelConfig, OptimConfig
 from nmt.data import Batch, EpochBatchIterator, ParallelData, collate
 from nmt.model import build_model
 from nmt.schedule import build_optimizer
-from nmt.train import batch_loss
+from nmt.train import batch_loss, keep_freed_memory
 
 CONFIGS = {"small": ModelConfig(N=3, d_model=256, d_ff=1024, h=4, dropout=0.1),
            "base": ModelConfig(N=6, d_model=512, d_ff=2048, h=8, dropout=0.1)}
@@ -51,6 +51,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--vocab", type=int, default=8000, help="vocabulary of synthetic data")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per run")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--malloc", choices=("keep", "default"), default="keep",
+                   help="keep: glibc keeps freed memory, as nmt-train sets it (both models)")
     p.add_argument("--profile", action="store_true",
                    help="print torch.profiler's top operators for nmt's model instead")
     return p.parse_args()
@@ -260,6 +262,8 @@ def main() -> None:
     args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.malloc == "keep":
+        keep_freed_memory()
     batches, vocab = load_batches(args)
     tgt = np.mean([b.tgt_tokens for b in batches])
     pad = 1 - sum(b.src_tokens + b.tgt_tokens for b in batches) / sum(
