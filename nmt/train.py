@@ -64,17 +64,21 @@ def train(cfg: TrainConfig) -> dict:
 # ----------------------------------------------------------------------------- vocabulary
 def load_vocab(data_dir: str, manifest: dict) -> dict:
     """The checkpoint's "vocab" entry: sizes, special ids, checksum and the SentencePiece protos."""
-    src = Tokenizer.from_file(Path(data_dir) / manifest["spm"]["src"])
-    tgt = Tokenizer.from_file(Path(data_dir) / manifest["spm"]["tgt"])
-    sha = hashlib.sha256(src.proto + tgt.proto).hexdigest()
-    if sha != manifest["vocab_sha256"]:
-        raise NmtError(f"{data_dir}/manifest.json: vocab_sha256 does not match the "
-                       f"SentencePiece model files (data directory modified?)")
-    return {"src_size": manifest["src_vocab_size"], "tgt_size": manifest["tgt_vocab_size"],
-            "joint": manifest["joint"], "pad_id": manifest["pad_id"],
-            "unk_id": manifest["unk_id"], "bos_id": manifest["bos_id"],
-            "eos_id": manifest["eos_id"], "sha256": sha, "src_spm": src.proto,
-            "tgt_spm": tgt.proto}
+    try:
+        src = Tokenizer.from_file(Path(data_dir) / manifest["spm"]["src"])
+        tgt = Tokenizer.from_file(Path(data_dir) / manifest["spm"]["tgt"])
+        sha = hashlib.sha256(src.proto + tgt.proto).hexdigest()
+        if sha != manifest["vocab_sha256"]:
+            raise NmtError(f"{data_dir}/manifest.json: vocab_sha256 does not match the "
+                           f"SentencePiece model files (data directory modified?)")
+        return {"src_size": manifest["src_vocab_size"], "tgt_size": manifest["tgt_vocab_size"],
+                "joint": manifest["joint"], "pad_id": manifest["pad_id"],
+                "unk_id": manifest["unk_id"], "bos_id": manifest["bos_id"],
+                "eos_id": manifest["eos_id"], "sha256": sha, "src_spm": src.proto,
+                "tgt_spm": tgt.proto}
+    except KeyError as e:
+        raise NmtError(f"{data_dir}/manifest.json: missing key {e} (not written by "
+                       f"nmt-preprocess?)") from None
 
 
 # ----------------------------------------------------------------------------- loss

@@ -218,3 +218,15 @@ def test_fused_loss_matches_nmt_loss_and_its_gradient():
     torch.testing.assert_close(fused, loss)
     torch.testing.assert_close(fused_nll, nll)
     torch.testing.assert_close(logits.grad, expected)
+
+
+def test_a_manifest_without_a_key_is_a_one_line_error(tiny_data_dir, tmp_path):
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data_dir, data)
+    manifest = json.loads((data / "manifest.json").read_text())
+    del manifest["vocab_sha256"]
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(NmtError, match="missing key 'vocab_sha256'"):
+        train(config(data, tmp_path / "run"))
