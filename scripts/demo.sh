@@ -40,7 +40,8 @@ python - "$CORPUS/test.en" "$WORK/test.hyp.de" "$CORPUS/test.de" <<'PY'
 import sys
 
 src, hyp, ref = (open(p, encoding="utf-8").read().splitlines() for p in sys.argv[1:4])
-short = [i for i, s in enumerate(src) if 3 <= len(s.split()) <= 6 and s[0].isalpha()]
-for i in short[:8]:
+plain = [i for i, s in enumerate(src)  # short plain strings: 3-6 words, letters only
+         if 3 <= len(s.split()) <= 6 and all(w.isalpha() for w in s.split())]
+for i in plain[:8]:
     print(f"  source     {src[i]}\n  nmt        {hyp[i]}\n  reference  {ref[i]}\n")
 PY
