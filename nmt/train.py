@@ -36,10 +36,12 @@ from nmt.checkpoint import (
     set_rng_state,
 )
 from nmt.config import TrainConfig
-from nmt.data import Batch, EpochBatchIterator, ParallelData, batch_by_tokens, read_manifest
+from nmt.data import Batch, EpochBatchIterator, ParallelData, read_manifest
 from nmt.errors import NmtError
-from nmt.model import Transformer, build_model, count_parameters
+from nmt.loss import LabelSmoothedLoss
+from nmt.model import build_model, count_parameters
 from nmt.schedule import build_optimizer
+from nmt.search import translate_ids
 from nmt.tokenizer import Tokenizer
 
 log = logging.getLogger("nmt.train")
@@ -82,42 +84,6 @@ def load_vocab(data_dir: str, manifest: dict) -> dict:
 
 
 # ----------------------------------------------------------------------------- loss
-class LabelSmoothedLoss(torch.autograd.Function):
-    """nmt.loss.label_smoothed_nll_loss on (n, V) logits of non-padding targets, summed, with
-    its gradient written out: softmax - q (q: 1 - epsilon on the gold token, 0 on padding,
-    epsilon / (V - 2) elsewhere). The forward keeps the softmax, so that the backward is one
-    pass without exponentials (autograd would chain several (n, V) temporaries)."""
-
-    @staticmethod
-    def forward(ctx, logits: Tensor, target: Tensor, epsilon: float, pad_id: int):
-        """Summed smoothed loss and summed NLL of logits (n, V) against target (n,)."""
-        z = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16/fp16 -> fp32
-        V = z.size(1)
-        p = torch.softmax(z, dim=-1)  # (n, V)
-        z_max, argmax = z.max(dim=-1)  # (n,): p there is >= 1/V, so its log is exact
-        log_z = z_max - p.gather(1, argmax.unsqueeze(1)).squeeze(1).log()  # log-sum-exp (n,)
-        z_gold = z.gather(1, target.unsqueeze(1)).squeeze(1)  # (n,)
-        nll = log_z - z_gold  # -log p(gold)
-        others = (V - 2) * log_z - (z.sum(1) - z[:, pad_id] - z_gold)  # -sum log p: not gold/pad
-        loss = (1.0 - epsilon) * nll + epsilon / (V - 2) * others
-        ctx.save_for_backward(p, target)
-        ctx.epsilon, ctx.pad_id, ctx.dtype = epsilon, pad_id, logits.dtype
-        nll_sum = nll.sum()
-        ctx.mark_non_differentiable(nll_sum)
-        return loss.sum(), nll_sum
-
-    @staticmethod
-    def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
-        """d loss / d logits = grad_loss * (softmax(logits) - q)."""
-        p, target = ctx.saved_tensors
-        c = ctx.epsilon / (p.size(1) - 2)
-        grad = torch.addcmul(-c * grad_loss, p, grad_loss)  # (p - c) * grad_loss, one pass
-        grad[:, ctx.pad_id] += c * grad_loss  # q is 0 on padding
-        grad.scatter_add_(1, target.unsqueeze(1),
-                          (c - (1.0 - ctx.epsilon)) * grad_loss.expand(len(target), 1))
-        return grad.to(ctx.dtype), None, None, None
-
-
 def batch_loss(model: nn.Module, batch: Batch, epsilon: float, pad_id: int,
                autocast) -> tuple[Tensor, Tensor]:
     """Summed label-smoothed loss and summed NLL of a batch's target tokens (not normalised)."""
@@ -148,61 +114,6 @@ def micro_batch_seed(seed: int, epoch: int, global_index: int) -> int:
     """Dropout seed of one batch: a function of its place in the data, not of the rank count,
     so that N ranks x update_freq F draw the masks of one rank x N * F, and resumes replay."""
     return (seed * 1_000_003 + epoch) * 1_000_000_007 + global_index
-
-
-# ----------------------------------------------------------------------------- greedy decoding
-@torch.no_grad()
-def greedy_decode(model: Transformer, src: Tensor, bos: int, eos: int,
-                  max_len: list[int]) -> list[list[int]]:
-    """Batched greedy search with the key/value cache; (B, S) sources -> B id lists."""
-    B = src.size(0)
-    state = model.start_decoding(*model.encode(src))
-    y = torch.full((B, 1), bos, dtype=torch.long, device=src.device)
-    alive = list(range(B))  # rows of the original batch still decoding
-    out: list[list[int]] = [[] for _ in range(B)]
-    for step in range(max(max_len)):
-        next_ids = model.decode_step(y, state)[:, -1].argmax(-1)  # (B_alive,)
-        keep = []
-        for r, (row, tok) in enumerate(zip(alive, next_ids.tolist(), strict=True)):
-            if tok != eos:
-                out[row].append(tok)
-            if tok != eos and len(out[row]) < max_len[row] and step + 1 < max_len[row]:
-                keep.append(r)
-        if not keep:
-            break
-        if len(keep) < len(alive):
-            index = torch.tensor(keep, device=src.device)
-            state.reorder(index)
-            next_ids, alive = next_ids[index], [alive[r] for r in keep]
-        y = next_ids.unsqueeze(1)  # (B_alive, 1)
-    return out
-
-
-def translate_greedy(model: Transformer, src_ids: list[list[int]], search, bos_id: int,
-                     eos_id: int, pad_id: int, device: torch.device) -> list[list[int]]:
-    """Greedy outputs (no BOS/EOS) of source id lists (no EOS), in input order."""
-    lengths = np.array([len(s) + 1 for s in src_ids])
-    order = np.argsort(lengths, kind="stable")
-    out: list[list[int]] = [[] for _ in src_ids]
-    for ids in batch_by_tokens(order, lengths, lengths, search.max_tokens):
-        src = torch.full((len(ids), int(lengths[ids].max())), pad_id, dtype=torch.long)
-        for b, i in enumerate(ids):
-            src[b, :lengths[i]] = torch.tensor([*src_ids[i], eos_id])
-        max_len = [min(int(search.max_len_a * lengths[i] + search.max_len_b),
-                       model.cfg.max_positions - 1) for i in ids]
-        for i, hyp in zip(ids, greedy_decode(model, src.to(device), bos_id, eos_id, max_len),
-                          strict=True):
-            out[i] = hyp
-    return out
-
-
-def _translate_function():
-    """nmt-translate's batched search (nmt.search.translate_ids) when present, else ours."""
-    try:
-        from nmt.search import translate_ids
-    except ImportError:
-        return translate_greedy
-    return translate_ids
 
 
 def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
@@ -433,7 +344,7 @@ class Trainer:
         mine = list(range(env.rank, n, env.world_size))  # each rank translates a share
         src_ids = [valid.src[i][:limit].tolist() for i in mine]
         search = dataclasses.replace(self.cfg.search, beam_size=1, nbest=1)
-        out = _translate_function()(self.model, src_ids, search, self.bos, self.eos, self.pad,
+        out = translate_ids(self.model, src_ids, search, self.bos, self.eos, self.pad,
                                     self.device)
         hyps: dict[int, list[int]] = {}
         for part in distributed.all_gather_objects(dict(zip(mine, out, strict=True))):

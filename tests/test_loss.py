@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from nmt.loss import label_smoothed_cross_entropy, label_smoothed_nll_loss
+from nmt.loss import LabelSmoothedLoss, label_smoothed_cross_entropy, label_smoothed_nll_loss
 
 PAD = 0
 
@@ -63,3 +63,20 @@ def test_loss_is_normalised_by_target_tokens():
     total, _, n = label_smoothed_nll_loss(torch.log_softmax(logits, -1), target, 0.1, PAD)
     torch.testing.assert_close(label_smoothed_cross_entropy(logits, target, 0.1, PAD), total / 3)
     assert n == 3
+
+
+def test_fused_loss_matches_nmt_loss_and_its_gradient():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 11, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(4, 11, (2, 5))
+    target[1, 3:] = 0
+    keep = target != 0
+    loss, nll, _ = label_smoothed_nll_loss(logits.log_softmax(-1), target, 0.1, 0)
+    (2.0 * loss).backward()
+    expected = logits.grad.clone()
+    logits.grad = None
+    fused, fused_nll = LabelSmoothedLoss.apply(logits[keep], target[keep], 0.1, 0)
+    (2.0 * fused).backward()
+    torch.testing.assert_close(fused, loss)
+    torch.testing.assert_close(fused_nll, nll)
+    torch.testing.assert_close(logits.grad, expected)
