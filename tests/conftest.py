@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import sentencepiece as spm
+import torch
 
 from nmt.data import write_token_array
 
@@ -76,3 +77,12 @@ def make_data_dir(out: Path, n_train: int = 600, n_valid: int = 40, n_test: int 
 def tiny_data_dir(tmp_path_factory) -> Path:
     """A toy data directory shared by the tests of one session (do not modify it)."""
     return make_data_dir(tmp_path_factory.mktemp("data") / "toy")
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny tensors: one thread is fastest, and immune to other processes on a shared CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -17,6 +17,8 @@ from nmt.search import (
     translate_nbest,
 )
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 PAD, BOS, EOS = 0, 2, 3
 V = 24
 
@@ -36,15 +38,6 @@ def run(model, sources, cfg, **kw):
 def tokens(results):
     """The token lists of every hypothesis."""
     return [[h.tokens for h in hyps] for hyps in results]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: one thread is fastest, and immune to other processes on a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

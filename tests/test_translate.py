@@ -16,16 +16,9 @@ from nmt.scoring import score
 from nmt.search import translate_ids
 from nmt.translate import load_translator, translate
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 CLI = str(Path(sys.executable).parent / "nmt-translate")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: one thread is fastest, and immune to other processes on a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
