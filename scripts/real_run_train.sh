@@ -45,7 +45,7 @@ from nmt.config import ModelConfig, SearchConfig
 from nmt.model import build_model
 from nmt.scoring import score
 from nmt.tokenizer import Tokenizer
-from nmt.train import _translate_function
+from nmt.search import translate_ids
 
 ckpt, data = sys.argv[1], Path(sys.argv[2])
 state = load_checkpoint(ckpt)
@@ -59,8 +59,8 @@ src = (data / "test.raw.en").read_text(encoding="utf-8").split("\n")[:-1]
 ref = (data / "test.raw.de").read_text(encoding="utf-8").split("\n")[:-1]
 ids = [s[:model.cfg.max_positions - 1] for s in src_tok.encode(src)]
 with torch.no_grad():
-    out = _translate_function()(model, ids, SearchConfig(beam_size=1), v["bos_id"], v["eos_id"],
-                                v["pad_id"], torch.device("cpu"))
+    out = translate_ids(model, ids, SearchConfig(beam_size=1), v["bos_id"], v["eos_id"],
+                        v["pad_id"], torch.device("cpu"))
 hyps = tgt_tok.decode(out)
 s = score(hyps, ref)
 print(f"test ({len(src)} sentences), greedy, {ckpt} (update {state['update']}):")
