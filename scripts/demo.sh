@@ -25,10 +25,10 @@ echo "== 2/5 train: small Transformer for $MINUTES minutes"
 nmt-train +model=small data_dir="$WORK/data" run_dir="$WORK/run" \
   train.max_minutes="$MINUTES" train.amp=bf16 train.max_tokens=1536 \
   model.norm=pre optim.lr_factor=0.5 optim.warmup=200 \
-  train.save_interval_updates=150 train.keep_last=5 train.valid_interval_updates=600 \
+  train.save_interval_updates=50 train.keep_last=5 train.valid_interval_updates=600 \
   train.log_interval=100
 
-echo "== 3/5 average the last 5 checkpoints"
+echo "== 3/5 average the last 5 checkpoints (the final 200 updates)"
 nmt-average run_dir="$WORK/run" last=5 output="$WORK/run/averaged.pt"
 
 echo "== 4/5 translate the test set (beam 4) and score"
