@@ -293,11 +293,17 @@ class DecoderState:
         self.self_kv = [KVCache() for _ in memory_kv]  # per layer: past keys and values
         self.step = 0  # target positions decoded so far
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep rows `index` of the batch (beam search reordering or dropping finished rows)."""
+    def reorder(self, index: Tensor, beam: int | None = None) -> None:
+        """Keep rows `index` of the batch (beam search reordering or dropping finished rows).
+
+        beam: rows per sentence from now on (default: unchanged); e.g. k to turn one row per
+        sentence into k beams that share the sentence's memory.
+        """
         for cache in self.self_kv:
             cache.reorder(index)
-        sentences = index[::self.beam] // self.beam  # the memory row each group of rows uses
+        beam = beam or self.beam
+        sentences = index[::beam] // self.beam  # the memory row each group of rows uses
+        self.beam = beam
         if len(sentences) == self.src_mask.size(0) and torch.equal(
                 sentences, torch.arange(len(sentences), device=index.device)):
             return  # beams moved within their sentences: the memory stays as it is
