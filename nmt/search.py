@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.config import SearchConfig
@@ -45,20 +46,19 @@ def max_output_lengths(src_lengths: Tensor, search: SearchConfig, max_positions:
 class Decoder:
     """Next-token logits for a batch of prefixes, with the model's key/value cache or without."""
 
-    def __init__(self, model, src: Tensor, use_cache: bool = True, beam: int = 1):
-        """Encode (B, S) sources for B * beam rows: `beam` consecutive rows per sentence."""
+    def __init__(self, model, src: Tensor, use_cache: bool = True):
+        """Encode (B, S) sources: one row per sentence until `reorder` says otherwise."""
         self.model, self.use_cache = model, use_cache
         memory, src_mask = model.encode(src)  # (B, S, d_model), (B, 1, 1, S)
         if use_cache:
-            self.state = model.start_decoding(memory, src_mask, beam)
+            self.state = model.start_decoding(memory, src_mask)
         else:
-            rows = torch.arange(src.size(0), device=src.device).repeat_interleave(beam)
-            self.memory, self.src_mask = memory[rows], src_mask[rows]  # (B beam, ...)
+            self.memory, self.src_mask = memory, src_mask
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep (and repeat) rows `index` of the batch."""
+    def reorder(self, index: Tensor, beam: int | None = None) -> None:
+        """Keep (and repeat) rows `index` of the batch; beam: rows per sentence from now on."""
         if self.use_cache:
-            self.state.reorder(index)
+            self.state.reorder(index, beam)
         else:
             self.memory = self.memory.index_select(0, index)
             self.src_mask = self.src_mask.index_select(0, index)
@@ -69,7 +69,7 @@ class Decoder:
             out = self.model.decode_step(prefix[:, -1:], self.state)  # (R, 1, V)
         else:  # the whole prefix again: the reference the cache must reproduce
             out = self.model.decode(prefix, self.memory, self.src_mask)[:, -1:]  # (R, 1, V)
-        return out[:, 0].float()
+        return out[:, 0].float().contiguous()
 
 
 def _forbid(scores: Tensor, t: int, search: SearchConfig, bos_id: int, eos_id: int,
@@ -168,31 +168,34 @@ def beam_search(model, src: Tensor, search: SearchConfig, bos_id: int, eos_id: i
     """
     B, k, dev = src.size(0), search.beam_size, src.device
     max_len = max_output_lengths(_source_lengths(src, pad_id), search, model.cfg.max_positions)
-    decoder = Decoder(model, src, use_cache, beam=k)  # (B k) rows
-    tokens = src.new_full((B * k, int(max_len.max()) + 1), pad_id)  # (B k, 1 + T_max)
+    decoder = Decoder(model, src, use_cache)  # one row per sentence until the first step
+    tokens = src.new_full((B, int(max_len.max()) + 1), pad_id)  # (b width, 1 + T_max)
     tokens[:, 0] = bos_id
-    scores = torch.full((B, k), -torch.inf, device=dev)  # (b, k) log P of the active prefixes
-    scores[:, 0] = 0.0  # one live beam at the start, so that the k first tokens differ
+    scores = torch.zeros(B, 1, device=dev)  # (b, width) log P of the active prefixes
     sent = torch.arange(B, device=dev)  # original sentence of each active batch entry
     fin = _Finished(B, search.nbest, search.alpha, dev)
     lp_max = length_penalty(max_len.double(), search.alpha).float()  # (b,)
     for t in range(tokens.size(1) - 1):
-        b = scores.size(0)
-        lprobs = decoder.logits(tokens[:, :t + 1]).log_softmax(dim=-1)  # (b k, V)
+        b, width = scores.shape  # width: 1 at the first step, then k
+        logits = decoder.logits(tokens[:, :t + 1])  # (b width, V)
+        lprobs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: no new 4 B/logit
         _forbid(lprobs, t, search, bos_id, eos_id, pad_id)
         V = lprobs.size(1)
-        cand = lprobs.add_(scores.view(-1, 1)).view(b, k * V)  # (b, k V): log P of each prefix
+        cand = lprobs.add_(scores.view(-1, 1)).view(b, width * V)  # (b, width V): log P
+        if width * V < 2 * k:  # a tiny vocabulary: pad with impossible candidates
+            cand = F.pad(cand, (0, 2 * k - width * V), value=-torch.inf)
         cand_scores, cand_idx = cand.topk(2 * k, dim=1)  # (b, 2k), best first
-        cand_beam, cand_tok = cand_idx // V, cand_idx % V  # (b, 2k) each
+        cand_beam, cand_tok = (cand_idx // V).clamp_(max=width - 1), cand_idx % V  # (b, 2k)
         is_eos = cand_tok == eos_id
         if is_eos[:, :k].any():  # EOS candidates among the k best finish, with |Y| = t + 1
             i, c = is_eos[:, :k].nonzero(as_tuple=True)
-            fin.add(sent[i], tokens[i * k + cand_beam[i, c], 1:t + 1], cand_scores[i, c], t + 1)
+            fin.add(sent[i], tokens[i * width + cand_beam[i, c], 1:t + 1], cand_scores[i, c],
+                    t + 1)
         # The k best candidates that do not end go on: sort positions with EOS pushed last.
         pos = (is_eos.long() * 2 * k + torch.arange(2 * k, device=dev)).topk(
             k, dim=1, largest=False).indices  # (b, k)
         scores = cand_scores.gather(1, pos)  # (b, k), still best first
-        rows = (torch.arange(b, device=dev) * k).unsqueeze(1) + cand_beam.gather(1, pos)
+        rows = (torch.arange(b, device=dev) * width).unsqueeze(1) + cand_beam.gather(1, pos)
         tokens = tokens.index_select(0, rows.view(-1))  # (b k, 1 + T_max)
         tokens[:, t + 1] = cand_tok.gather(1, pos).view(-1)
         reached = max_len <= t + 1
@@ -208,7 +211,7 @@ def beam_search(model, src: Tensor, search: SearchConfig, bos_id: int, eos_id: i
             keep_rows = (keep.unsqueeze(1) * k + torch.arange(k, device=dev)).view(-1)  # (b' k,)
             rows, tokens = rows.view(-1)[keep_rows], tokens[keep_rows]
             scores, sent, max_len, lp_max = scores[keep], sent[keep], max_len[keep], lp_max[keep]
-        decoder.reorder(rows.view(-1))
+        decoder.reorder(rows.view(-1), beam=k)
     return [fin.best(i) for i in range(B)]
 
 

@@ -198,7 +198,12 @@ def translate(cfg: TranslateConfig) -> dict:
     """nmt-translate: translate cfg.input into cfg.output; returns hypotheses and scores."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    translator = load_translator(cfg.checkpoint, resolve_device(cfg.device))
+    device = resolve_device(cfg.device)
+    if device.type == "cpu":
+        from nmt.train import keep_freed_memory
+
+        keep_freed_memory()  # reuse freed memory: large per-step tensors cost no page faults
+    translator = load_translator(cfg.checkpoint, device)
     if cfg.vocab_check:
         check_vocab(translator, cfg.vocab_check, cfg.checkpoint)
     name = "<stdin>" if cfg.input == "-" else cfg.input

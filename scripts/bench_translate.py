@@ -39,6 +39,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=1,
                    help="time each row this many times and report the fastest")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--malloc-default", action="store_true",
+                   help="leave glibc malloc as it is (nmt-translate makes it keep freed memory)")
     return p.parse_args()
 
 
@@ -58,16 +60,18 @@ def load_model(args: argparse.Namespace):
     return build_model(cfg, args.vocab, args.vocab).eval(), args.vocab
 
 
-def run(model, src_ids, beam: int, batch: int, out_len: int, use_cache: bool) -> float:
-    """Seconds to translate src_ids with the forced output length."""
+def run(model, src_ids, beam: int, batch: int, out_len: int,
+        use_cache: bool) -> tuple[float, float]:
+    """Wall-clock seconds to translate src_ids with the forced output length, and the CPU
+    seconds used meanwhile (CPU / wall below the thread count: other processes competed)."""
     search = SearchConfig(beam_size=beam, nbest=1, alpha=0.6, max_len_a=0.0, max_len_b=out_len,
                           min_len=out_len, max_tokens=10 ** 9, max_sentences=batch)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     out = translate_nbest(model, src_ids, search, bos_id=2, eos_id=3, pad_id=0,
                           use_cache=use_cache)
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     assert all(len(h[0].tokens) == out_len for h in out), "output length was not forced"
-    return seconds
+    return seconds, cpu
 
 
 def main() -> None:
@@ -75,12 +79,16 @@ def main() -> None:
     args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if not args.malloc_default:
+        from nmt.train import keep_freed_memory
+
+        keep_freed_memory()
     model, V = load_model(args)
     g = torch.Generator().manual_seed(1)
     src = torch.randint(4, V, (args.sentences, args.src_len), generator=g).tolist()
-    rows = [("greedy", 1, args.batch, True), ("beam4", 4, args.batch, True),
-            ("greedy", 1, args.batch, False), ("beam4", 4, args.batch, False),
-            ("greedy", 1, 1, True), ("beam4", 4, 1, True)]
+    rows = [(name, beam, batch, cache) for batch, cache in
+            ((args.batch, True), (args.batch, False), (1, True), (1, False))
+            for name, beam in (("greedy", 1), ("beam4", 4))]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.sentences} "
           f"sentences x {args.src_len} tokens -> {args.out_len} tokens, vocabulary {V}; "
           f"load average {os.getloadavg()[0]:.2f}")
@@ -91,10 +99,11 @@ def main() -> None:
             continue
         slow = not cache or batch == 1
         n = min(args.slow_sentences, args.sentences) if slow else args.sentences
-        seconds = min(run(model, src[:n], beam, batch, args.out_len, cache)
-                      for _ in range(args.repeat))
+        seconds, cpu = min(run(model, src[:n], beam, batch, args.out_len, cache)
+                           for _ in range(args.repeat))
         print(f"{label} {n:4d} sentences {seconds:7.2f} s {n / seconds:8.1f} sentences/s "
-              f"{n * args.out_len / seconds:9.0f} tokens/s", flush=True)
+              f"{n * args.out_len / seconds:9.0f} tokens/s  (cpu/wall {cpu / seconds:.2f})",
+              flush=True)
     print(f"load average {os.getloadavg()[0]:.2f}")
 
 if __name__ == "__main__":

@@ -109,5 +109,5 @@ class _TableState:
     def __init__(self):
         self.step = 0
 
-    def reorder(self, index) -> None:
+    def reorder(self, index, beam=None) -> None:
         """Nothing depends on the rows' history but the previous token, which search feeds."""
