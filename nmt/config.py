@@ -244,7 +244,8 @@ class TranslateConfig:
     ref: str = ""  # reference translations: print sacreBLEU BLEU and chrF
     max_input_tokens: int = 1000  # longer inputs are truncated with a warning
     device: str = "auto"  # "auto", "cpu" or "cuda"
-    threads: int = 0  # CPU threads for PyTorch (0: its default, one per core)
+    workers: int = 0  # CPU processes translating batches side by side (0: one per core)
+    threads: int = 0  # PyTorch threads per worker (0: the cores shared out among the workers)
     attention_plot: str = ""  # write attention heatmaps (PNG) for one input line to this directory
     attention_line: int = 1  # which input line (1-based) attention_plot draws
     vocab_check: str = ""  # data dir, its manifest.json or a .model: the checkpoint must match it
@@ -256,6 +257,7 @@ class TranslateConfig:
         _check(self.attention_line >= 1, "attention_line", "must be >= 1")
         _check(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
         _check(self.threads >= 0, "threads", "must be >= 0")
+        _check(self.workers >= 0, "workers", "must be >= 0")
 
 
 # ----------------------------------------------------------------------------- average

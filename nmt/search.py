@@ -14,6 +14,7 @@ forbidden before `min_len` tokens. A hypothesis' score is log P(Y|X) / lp(|Y|).
 
 from __future__ import annotations
 
+import multiprocessing as mp
 from dataclasses import dataclass
 
 import torch
@@ -246,30 +247,83 @@ def pad_batch(seqs: list[list[int]], pad_id: int, device: torch.device | str) ->
 
 def translate_nbest(model, src_ids: list[list[int]], search: SearchConfig, bos_id: int,
                     eos_id: int, pad_id: int, device: torch.device | str = "cpu",
-                    use_cache: bool = True, progress=None) -> list[list[Hypothesis]]:
+                    use_cache: bool = True, progress=None, workers: int = 1,
+                    threads: int = 0) -> list[list[Hypothesis]]:
     """Translate id lists (no BOS/EOS) in length-sorted token-budget batches, in input order.
 
     An empty source gives one empty hypothesis with score 0. The model is put in eval mode
     for the search and returned to its previous mode. progress: called with each batch size.
+    workers > 1 (CPU only): forked processes translate whole batches side by side (data
+    parallelism, like Marian's --cpu-threads: no per-operation thread synchronisation, which
+    small decoding steps pay dearly for), each with `threads` threads (0: the current
+    get_num_threads() shared out among them).
     """
     results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
     todo = [i for i, s in enumerate(src_ids) if len(s) > 0]
-    batches = make_batches([len(src_ids[i]) + 1 for i in todo], search.max_tokens,
-                           search.max_sentences)
+    batches = [[todo[j] for j in batch] for batch in make_batches(
+        [len(src_ids[i]) + 1 for i in todo], search.max_tokens, search.max_sentences)]
+    job = BatchJob(model, search, bos_id, eos_id, pad_id, torch.device(device), use_cache)
     was_training = model.training
     model.eval()
     try:
-        for batch in batches:
-            idx = [todo[j] for j in batch]
-            src = pad_batch([list(src_ids[i]) + [eos_id] for i in idx], pad_id, device)
-            for i, hyps in zip(idx, search_batch(model, src, search, bos_id, eos_id, pad_id,
-                                                 use_cache), strict=True):
-                results[i] = hyps
+        for idx, hyps in _run_batches(job, batches, src_ids, workers, threads):
+            for i, h in zip(idx, hyps, strict=True):
+                results[i] = h
             if progress is not None:
                 progress(len(idx))
     finally:
         model.train(was_training)
     return results
+
+
+@dataclass
+class BatchJob:
+    """Everything needed to translate one batch of id lists (what a worker process holds)."""
+
+    model: torch.nn.Module
+    search: SearchConfig
+    bos_id: int
+    eos_id: int
+    pad_id: int
+    device: torch.device
+    use_cache: bool
+
+    def __call__(self, seqs: list[list[int]]) -> list[list[Hypothesis]]:
+        """Id lists (no BOS/EOS) -> hypotheses, in the same order."""
+        src = pad_batch([list(s) + [self.eos_id] for s in seqs], self.pad_id, self.device)
+        return search_batch(self.model, src, self.search, self.bos_id, self.eos_id,
+                            self.pad_id, self.use_cache)
+
+
+def _run_batches(job: BatchJob, batches: list[list[int]], src_ids, workers: int, threads: int):
+    """Yield (indices, hypotheses) per batch, computed here or by forked worker processes."""
+    seqs = ([src_ids[i] for i in idx] for idx in batches)
+    if (workers <= 1 or len(batches) <= 1 or job.device.type != "cpu"
+            or "fork" not in mp.get_all_start_methods()):
+        for idx, batch in zip(batches, seqs, strict=True):
+            yield idx, job(batch)
+        return
+    threads = threads or max(1, torch.get_num_threads() // workers)
+    with mp.get_context("fork").Pool(min(workers, len(batches)), _start_worker,
+                                     (job, threads)) as pool:
+        for n, hyps in pool.imap_unordered(_work, enumerate(seqs)):
+            yield batches[n], hyps
+
+
+_JOB: BatchJob | None = None  # in a worker process: the job it inherited when forked
+
+
+def _start_worker(job: BatchJob, threads: int) -> None:
+    """Worker process set-up: keep the (inherited, unpickled) job; use `threads` threads."""
+    global _JOB
+    _JOB = job
+    torch.set_num_threads(threads)
+
+
+def _work(task: tuple[int, list[list[int]]]) -> tuple[int, list[list[Hypothesis]]]:
+    """Worker process: translate batch number n."""
+    n, seqs = task
+    return n, _JOB(seqs)
 
 
 def translate_ids(model, src_ids: list[list[int]], search: SearchConfig, bos_id: int,

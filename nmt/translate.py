@@ -196,9 +196,10 @@ def temporary_beside(target: Path) -> str:
 # ----------------------------------------------------------------------------- the command
 def translate(cfg: TranslateConfig) -> dict:
     """nmt-translate: translate cfg.input into cfg.output; returns hypotheses and scores."""
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    workers = (cfg.workers or cores) if device.type == "cpu" else 1
+    torch.set_num_threads(cfg.threads or max(1, cores // workers))  # per worker
     if device.type == "cpu":
         from nmt.train import keep_freed_memory
 
@@ -217,7 +218,7 @@ def translate(cfg: TranslateConfig) -> dict:
     src_ids = encode_lines(translator.src_tok, lines, limit, name, cfg.quiet)
 
     start = time.perf_counter()
-    nbest = run_search(translator, src_ids, cfg)
+    nbest = run_search(translator, src_ids, cfg, workers)
     seconds = time.perf_counter() - start
     texts = [translator.tgt_tok.decode([h.tokens for h in hyps]) for hyps in nbest]
     write_lines(cfg.output, [line for i, (hyps, t) in enumerate(zip(nbest, texts, strict=True))
@@ -250,7 +251,8 @@ def report(result: dict, refs: list[str] | None, cfg: TranslateConfig) -> None:
         log(f"chrF signature: {scores['chrf_signature']}")
 
 
-def run_search(translator: Translator, src_ids: list[list[int]], cfg: TranslateConfig):
+def run_search(translator: Translator, src_ids: list[list[int]], cfg: TranslateConfig,
+               workers: int):
     """translate_nbest with a progress bar on an interactive stderr."""
     v = translator.vocab
     bar = None
@@ -261,7 +263,8 @@ def run_search(translator: Translator, src_ids: list[list[int]], cfg: TranslateC
     try:
         return translate_nbest(translator.model, src_ids, cfg.search, v["bos_id"], v["eos_id"],
                                v["pad_id"], translator.device,
-                               progress=bar.update if bar else None)
+                               progress=bar.update if bar else None, workers=workers,
+                               threads=torch.get_num_threads())
     finally:
         if bar is not None:
             bar.close()

@@ -230,3 +230,12 @@ def test_beam_rows_share_the_encoder_memory(model):
         copied.reorder(torch.tensor([3, 4, 5]))
         torch.testing.assert_close(model.decode_step(tgt[3:, :1], shared),
                                    model.decode_step(tgt[3:, :1], copied), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_worker_processes_give_the_same_outputs(model, sources, beam):
+    cfg = search(beam_size=beam, nbest=2 if beam > 1 else 1, max_tokens=20)
+    here = run(model, sources, cfg)
+    forked = run(model, sources, cfg, workers=3)
+    assert tokens(forked) == tokens(here)
+    assert [h[0].score for h in forked] == [h[0].score for h in here]
