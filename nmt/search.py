@@ -260,8 +260,12 @@ def translate_nbest(model, src_ids: list[list[int]], search: SearchConfig, bos_i
     """
     results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
     todo = [i for i, s in enumerate(src_ids) if len(s) > 0]
+    per_batch = search.max_sentences
+    if workers > 1:  # at least one batch per worker
+        share = -(-len(todo) // workers)
+        per_batch = min(per_batch or share, share)
     batches = [[todo[j] for j in batch] for batch in make_batches(
-        [len(src_ids[i]) + 1 for i in todo], search.max_tokens, search.max_sentences)]
+        [len(src_ids[i]) + 1 for i in todo], search.max_tokens, per_batch)]
     job = BatchJob(model, search, bos_id, eos_id, pad_id, torch.device(device), use_cache)
     was_training = model.training
     model.eval()
