@@ -102,11 +102,11 @@ def greedy_search(model, src: Tensor, search: SearchConfig, bos_id: int, eos_id:
     results: list[list[Hypothesis]] = [[] for _ in range(B)]
     for t in range(tokens.size(1) - 1):
         logits = decoder.logits(tokens[:, :t + 1])  # (R, V)
-        log_z = logits.logsumexp(dim=-1)  # (R,) normaliser before forbidding (as log_softmax)
-        _forbid(logits, t, search, bos_id, eos_id, pad_id)
-        best, token = logits.max(dim=-1)  # (R,)
+        lprobs = torch.log_softmax(logits, dim=-1, out=logits)  # in place
+        _forbid(lprobs, t, search, bos_id, eos_id, pad_id)
+        best, token = lprobs.max(dim=-1)  # (R,)
         tokens[:, t + 1] = token
-        logprob += best - log_z
+        logprob += best
         ended = token == eos_id
         done = ended | (max_len <= t + 1)
         if not done.any():
