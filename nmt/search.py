@@ -14,7 +14,9 @@ forbidden before `min_len` tokens. A hypothesis' score is log P(Y|X) / lp(|Y|).
 
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -248,7 +250,7 @@ def pad_batch(seqs: list[list[int]], pad_id: int, device: torch.device | str) ->
 def translate_nbest(model, src_ids: list[list[int]], search: SearchConfig, bos_id: int,
                     eos_id: int, pad_id: int, device: torch.device | str = "cpu",
                     use_cache: bool = True, progress=None, workers: int = 1,
-                    threads: int = 0) -> list[list[Hypothesis]]:
+                    threads: int = 0, onednn: bool = True) -> list[list[Hypothesis]]:
     """Translate id lists (no BOS/EOS) in length-sorted token-budget batches, in input order.
 
     An empty source gives one empty hypothesis with score 0. The model is put in eval mode
@@ -256,7 +258,8 @@ def translate_nbest(model, src_ids: list[list[int]], search: SearchConfig, bos_i
     workers > 1 (CPU only): forked processes translate whole batches side by side (data
     parallelism, like Marian's --cpu-threads: no per-operation thread synchronisation, which
     small decoding steps pay dearly for), each with `threads` threads (0: the current
-    get_num_threads() shared out among them).
+    get_num_threads() shared out among them). onednn: pre-pack the Linear weights for oneDNN
+    on the CPU (see onednn_linears).
     """
     results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
     todo = [i for i, s in enumerate(src_ids) if len(s) > 0]
@@ -270,14 +273,56 @@ def translate_nbest(model, src_ids: list[list[int]], search: SearchConfig, bos_i
     was_training = model.training
     model.eval()
     try:
-        for idx, hyps in _run_batches(job, batches, src_ids, workers, threads):
-            for i, h in zip(idx, hyps, strict=True):
-                results[i] = h
-            if progress is not None:
-                progress(len(idx))
+        with onednn_linears(model, enabled=onednn and job.device.type == "cpu",
+                            rows=64 * search.beam_size):
+            for idx, hyps in _run_batches(job, batches, src_ids, workers, threads):
+                for i, h in zip(idx, hyps, strict=True):
+                    results[i] = h
+                if progress is not None:
+                    progress(len(idx))
     finally:
         model.train(was_training)
     return results
+
+
+@contextmanager
+def onednn_linears(model: torch.nn.Module, enabled: bool = True, rows: int = 256):
+    """Within the block, every float32 nn.Linear of `model` on the CPU multiplies with oneDNN
+    and a weight packed once on entry (what torch.compile's freezing does; 10-25% faster than
+    re-packing inside every MKL call at decoding sizes). Inference only: the packed copies do
+    not follow weight updates. Where PyTorch lacks these ops, nothing changes."""
+    packed = _pack_linears(model, rows) if enabled else []
+    try:
+        for module, weight in packed:  # an instance attribute shadows Linear.forward
+            module.forward = functools.partial(_packed_linear, weight, module.bias)
+        yield
+    finally:
+        for module, _ in packed:
+            del module.forward
+
+
+def _packed_linear(weight: Tensor, bias: Tensor | None, x: Tensor) -> Tensor:
+    """x W^T + b with a weight packed by torch.ops.mkldnn._reorder_linear_weight."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def _pack_linears(model: torch.nn.Module, rows: int) -> list[tuple[torch.nn.Module, Tensor]]:
+    """(module, packed weight) for each float32 CPU Linear; [] if oneDNN cannot do it."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)
+               and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
+    if not (linears and torch.backends.mkldnn.is_available()):
+        return []
+    try:
+        packed = [(m, torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), rows))
+                  for m in linears]
+        m, weight = packed[0]
+        x = torch.linspace(-1.0, 1.0, 3 * m.in_features).view(3, -1)  # no RNG draws
+        if not torch.allclose(_packed_linear(weight, m.bias, x), F.linear(x, m.weight, m.bias),
+                              rtol=1e-3, atol=1e-3):
+            return []
+    except (AttributeError, RuntimeError):  # ops missing or refusing these shapes
+        return []
+    return packed
 
 
 @dataclass

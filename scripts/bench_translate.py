@@ -42,6 +42,8 @@ def parse_args() -> argparse.Namespace:
                    help="processes translating batches side by side (nmt-translate's workers)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch threads per worker (0: torch's default shared out among them)")
+    p.add_argument("--no-onednn", action="store_true",
+                   help="leave nn.Linear to MKL (no weights pre-packed for oneDNN)")
     p.add_argument("--malloc-default", action="store_true",
                    help="leave glibc malloc as it is (nmt-translate makes it keep freed memory)")
     return p.parse_args()
@@ -70,14 +72,14 @@ def cpu_seconds() -> float:
 
 
 def run(model, src_ids, beam: int, batch: int, out_len: int, use_cache: bool,
-        workers: int = 1) -> tuple[float, float]:
+        workers: int = 1, onednn: bool = True) -> tuple[float, float]:
     """Wall-clock seconds to translate src_ids with the forced output length, and the CPU
     seconds used meanwhile (CPU / wall below the thread count: other processes competed)."""
     search = SearchConfig(beam_size=beam, nbest=1, alpha=0.6, max_len_a=0.0, max_len_b=out_len,
                           min_len=out_len, max_tokens=10 ** 9, max_sentences=batch)
     start, cpu = time.perf_counter(), cpu_seconds()
     out = translate_nbest(model, src_ids, search, bos_id=2, eos_id=3, pad_id=0,
-                          use_cache=use_cache, workers=workers)
+                          use_cache=use_cache, workers=workers, onednn=onednn)
     seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu
     assert all(len(h[0].tokens) == out_len for h in out), "output length was not forced"
     return seconds, cpu
@@ -98,7 +100,8 @@ def main() -> None:
     rows = [(name, beam, batch, cache) for batch, cache in
             ((args.batch, True), (args.batch, False), (1, True), (1, False))
             for name, beam in (("greedy", 1), ("beam4", 4))]
-    print(f"torch {torch.__version__}, {args.workers} worker(s) x {args.threads} thread(s); "
+    print(f"torch {torch.__version__}, {args.workers} worker(s) x {args.threads} thread(s), "
+          f"{'MKL' if args.no_onednn else 'oneDNN packed'} matmuls; "
           f"{args.sentences} "
           f"sentences x {args.src_len} tokens -> {args.out_len} tokens, vocabulary {V}; "
           f"load average {os.getloadavg()[0]:.2f}")
@@ -109,8 +112,8 @@ def main() -> None:
             continue
         slow = not cache or batch == 1
         n = min(args.slow_sentences, args.sentences) if slow else args.sentences
-        seconds, cpu = min(run(model, src[:n], beam, batch, args.out_len, cache, args.workers)
-                           for _ in range(args.repeat))
+        seconds, cpu = min(run(model, src[:n], beam, batch, args.out_len, cache, args.workers,
+                               not args.no_onednn) for _ in range(args.repeat))
         print(f"{label} {n:4d} sentences {seconds:7.2f} s {n / seconds:8.1f} sentences/s "
               f"{n * args.out_len / seconds:9.0f} tokens/s  (cpu/wall {cpu / seconds:.2f})",
               flush=True)

@@ -12,6 +12,7 @@ from nmt.search import (
     greedy_search,
     length_penalty,
     make_batches,
+    onednn_linears,
     pad_batch,
     translate_ids,
     translate_nbest,
@@ -239,3 +240,23 @@ def test_worker_processes_give_the_same_outputs(model, sources, beam):
     forked = run(model, sources, cfg, workers=3)
     assert tokens(forked) == tokens(here)
     assert [h[0].score for h in forked] == [h[0].score for h in here]
+
+
+def test_onednn_linears_match_and_are_undone(model, sources):
+    linear = model.generator
+    x = torch.randn(5, linear.in_features)
+    with torch.no_grad():
+        plain = linear(x)
+        with onednn_linears(model):
+            packed = linear(x)
+        assert "forward" not in vars(linear)
+        torch.testing.assert_close(packed, plain, atol=1e-4, rtol=1e-4)
+    on = run(model, sources, search(), onednn=True)
+    assert tokens(on) == tokens(run(model, sources, search(), onednn=False))
+
+
+def test_translating_draws_no_random_numbers(model, sources):
+    """The trainer translates for validation BLEU: its random number stream must not move."""
+    state = torch.get_rng_state()
+    run(model, sources[:4], search())
+    assert torch.equal(torch.get_rng_state(), state)
