@@ -244,8 +244,8 @@ class TranslateConfig:
     ref: str = ""  # reference translations: print sacreBLEU BLEU and chrF
     max_input_tokens: int = 1000  # longer inputs are truncated with a warning
     device: str = "auto"  # "auto", "cpu" or "cuda"
-    workers: int = 0  # CPU processes translating batches side by side (0: one per core)
-    threads: int = 0  # PyTorch threads per worker (0: the cores shared out among the workers)
+    workers: int = 0  # one-thread CPU processes translating batches in parallel (0: one per core)
+    threads: int = 0  # PyTorch threads when workers=1 (0: PyTorch's default)
     attention_plot: str = ""  # write attention heatmaps (PNG) for one input line to this directory
     attention_line: int = 1  # which input line (1-based) attention_plot draws
     vocab_check: str = ""  # data dir, its manifest.json or a .model: the checkpoint must match it

@@ -250,16 +250,16 @@ def pad_batch(seqs: list[list[int]], pad_id: int, device: torch.device | str) ->
 def translate_nbest(model, src_ids: list[list[int]], search: SearchConfig, bos_id: int,
                     eos_id: int, pad_id: int, device: torch.device | str = "cpu",
                     use_cache: bool = True, progress=None, workers: int = 1,
-                    threads: int = 0, onednn: bool = True) -> list[list[Hypothesis]]:
+                    onednn: bool = True) -> list[list[Hypothesis]]:
     """Translate id lists (no BOS/EOS) in length-sorted token-budget batches, in input order.
 
     An empty source gives one empty hypothesis with score 0. The model is put in eval mode
     for the search and returned to its previous mode. progress: called with each batch size.
-    workers > 1 (CPU only): forked processes translate whole batches side by side (data
-    parallelism, like Marian's --cpu-threads: no per-operation thread synchronisation, which
-    small decoding steps pay dearly for), each with `threads` threads (0: the current
-    get_num_threads() shared out among them). onednn: pre-pack the Linear weights for oneDNN
-    on the CPU (see onednn_linears).
+    workers > 1 (CPU only): forked single-threaded processes translate whole batches side by
+    side (data parallelism, like Marian's --cpu-threads: no per-operation thread
+    synchronisation, which small decoding steps pay dearly for; one thread each, as GNU
+    OpenMP cannot start a thread team in a process forked from one that had one).
+    onednn: pre-pack the Linear weights for oneDNN on the CPU (see onednn_linears).
     """
     results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
     todo = [i for i, s in enumerate(src_ids) if len(s) > 0]
@@ -275,7 +275,7 @@ def translate_nbest(model, src_ids: list[list[int]], search: SearchConfig, bos_i
     try:
         with onednn_linears(model, enabled=onednn and job.device.type == "cpu",
                             rows=64 * search.beam_size):
-            for idx, hyps in _run_batches(job, batches, src_ids, workers, threads):
+            for idx, hyps in _run_batches(job, batches, src_ids, workers):
                 for i, h in zip(idx, hyps, strict=True):
                     results[i] = h
                 if progress is not None:
@@ -344,7 +344,7 @@ class BatchJob:
                             self.pad_id, self.use_cache)
 
 
-def _run_batches(job: BatchJob, batches: list[list[int]], src_ids, workers: int, threads: int):
+def _run_batches(job: BatchJob, batches: list[list[int]], src_ids, workers: int):
     """Yield (indices, hypotheses) per batch, computed here or by forked worker processes."""
     seqs = ([src_ids[i] for i in idx] for idx in batches)
     if (workers <= 1 or len(batches) <= 1 or job.device.type != "cpu"
@@ -352,9 +352,8 @@ def _run_batches(job: BatchJob, batches: list[list[int]], src_ids, workers: int,
         for idx, batch in zip(batches, seqs, strict=True):
             yield idx, job(batch)
         return
-    threads = threads or max(1, torch.get_num_threads() // workers)
     with mp.get_context("fork").Pool(min(workers, len(batches)), _start_worker,
-                                     (job, threads)) as pool:
+                                     (job,)) as pool:
         for n, hyps in pool.imap_unordered(_work, enumerate(seqs)):
             yield batches[n], hyps
 
@@ -362,11 +361,11 @@ def _run_batches(job: BatchJob, batches: list[list[int]], src_ids, workers: int,
 _JOB: BatchJob | None = None  # in a worker process: the job it inherited when forked
 
 
-def _start_worker(job: BatchJob, threads: int) -> None:
-    """Worker process set-up: keep the (inherited, unpickled) job; use `threads` threads."""
+def _start_worker(job: BatchJob) -> None:
+    """Worker process set-up: keep the (inherited, unpickled) job; run one thread."""
     global _JOB
     _JOB = job
-    torch.set_num_threads(threads)
+    torch.set_num_threads(1)
 
 
 def _work(task: tuple[int, list[list[int]]]) -> tuple[int, list[list[Hypothesis]]]:

@@ -199,7 +199,8 @@ def translate(cfg: TranslateConfig) -> dict:
     device = resolve_device(cfg.device)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     workers = (cfg.workers or cores) if device.type == "cpu" else 1
-    torch.set_num_threads(cfg.threads or max(1, cores // workers))  # per worker
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     if device.type == "cpu":
         from nmt.train import keep_freed_memory
 
@@ -263,8 +264,7 @@ def run_search(translator: Translator, src_ids: list[list[int]], cfg: TranslateC
     try:
         return translate_nbest(translator.model, src_ids, cfg.search, v["bos_id"], v["eos_id"],
                                v["pad_id"], translator.device,
-                               progress=bar.update if bar else None, workers=workers,
-                               threads=torch.get_num_threads())
+                               progress=bar.update if bar else None, workers=workers)
     finally:
         if bar is not None:
             bar.close()

@@ -39,9 +39,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=1,
                    help="time each row this many times and report the fastest")
     p.add_argument("--workers", type=int, default=1,
-                   help="processes translating batches side by side (nmt-translate's workers)")
+                   help="single-threaded processes translating batches side by side "
+                        "(nmt-translate's workers)")
     p.add_argument("--threads", type=int, default=0,
-                   help="torch threads per worker (0: torch's default shared out among them)")
+                   help="torch threads with --workers 1 (0: torch's default)")
     p.add_argument("--no-onednn", action="store_true",
                    help="leave nn.Linear to MKL (no weights pre-packed for oneDNN)")
     p.add_argument("--malloc-default", action="store_true",
@@ -88,8 +89,9 @@ def run(model, src_ids, beam: int, batch: int, out_len: int, use_cache: bool,
 def main() -> None:
     """Time every row and print one line each."""
     args = parse_args()
-    args.threads = args.threads or max(1, torch.get_num_threads() // args.workers)
-    torch.set_num_threads(args.threads)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.threads = 1 if args.workers > 1 else torch.get_num_threads()
     if not args.malloc_default:
         from nmt.train import keep_freed_memory
 
