@@ -43,7 +43,7 @@ def lines_of(path: Path) -> list[str]:
 
 
 def cli(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
-    return subprocess.run([CLI, *args, "threads=1", "search.max_len_b=8"], input=stdin,
+    return subprocess.run([CLI, *args, "search.max_len_b=8"], input=stdin,
                           capture_output=True, timeout=300)
 
 
