@@ -273,8 +273,9 @@ def translate_nbest(model, src_ids: list[list[int]], search: SearchConfig, bos_i
     was_training = model.training
     model.eval()
     try:
-        with onednn_linears(model, enabled=onednn and job.device.type == "cpu",
-                            rows=64 * search.beam_size):
+        packing = (onednn and job.device.type == "cpu"
+                   and not torch.is_autocast_enabled("cpu"))  # fp32 kernels only
+        with onednn_linears(model, enabled=packing, rows=64 * search.beam_size):
             for idx, hyps in _run_batches(job, batches, src_ids, workers):
                 for i, h in zip(idx, hyps, strict=True):
                     results[i] = h

@@ -260,3 +260,9 @@ def test_translating_draws_no_random_numbers(model, sources):
     state = torch.get_rng_state()
     run(model, sources[:4], search())
     assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_translating_under_bf16_autocast_works(model, sources):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = run(model, sources[:4], search())
+    assert len(out) == 4 and all(h[0].logprob <= 0 for h in out)
