@@ -23,13 +23,24 @@ import torch
 from nmt.errors import NmtError
 
 
+def temporary_beside(target: Path) -> str:
+    """A new empty file next to target (same file system, so os.replace is atomic), with the
+    permissions a plain open() would give (mkstemp's are owner-only)."""
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
+    return tmp
+
+
 def save_checkpoint(state: dict, path: str | Path) -> None:
     """torch.save to a temporary file in the same directory, then rename it into place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = temporary_beside(path)
     try:
-        with os.fdopen(fd, "wb") as f:
+        with open(tmp, "wb") as f:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())

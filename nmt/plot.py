@@ -63,7 +63,7 @@ def draw(weights: Tensor, rows: list[str], cols: list[str], title: str, path: Pa
             ax.set_yticks(range(len(rows)), rows, fontsize=font)
     fig.colorbar(image, ax=axes, shrink=min(1.0, 3.0 / N + 0.2), label="attention weight")
     fig.suptitle(title)
-    from nmt.translate import temporary_beside
+    from nmt.checkpoint import temporary_beside
 
     tmp = temporary_beside(path)
     try:

@@ -12,14 +12,13 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from nmt.checkpoint import load_checkpoint
+from nmt.checkpoint import load_checkpoint, temporary_beside
 from nmt.config import ModelConfig, TranslateConfig
 from nmt.errors import ConfigError, NmtError
 from nmt.model import Transformer, build_model
@@ -180,17 +179,6 @@ def write_lines(path: str, lines: list[str]) -> None:
             Path(tmp).unlink(missing_ok=True)
     except OSError as e:
         raise NmtError(f"{path}: cannot write output ({e.strerror})") from None
-
-
-def temporary_beside(target: Path) -> str:
-    """A new empty file next to target (same file system, so os.replace is atomic), with the
-    permissions a plain open() would give (mkstemp's are owner-only)."""
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    return tmp
 
 
 # ----------------------------------------------------------------------------- the command

@@ -1,5 +1,6 @@
 """Training checkpoints: atomic writes, keep-last, RNG states via weights_only, resume checks."""
 
+import os
 import random
 
 import numpy as np
@@ -75,6 +76,15 @@ def test_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
         save_checkpoint(state(2), tmp_path / "c.pt")
     assert load_checkpoint(tmp_path / "c.pt")["update"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]
+
+
+def test_checkpoints_get_the_permissions_of_a_plain_open(tmp_path):
+    umask = os.umask(0o022)
+    try:
+        save_checkpoint(state(1), tmp_path / "c.pt")
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "c.pt").stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600
 
 
 def test_check_resumable_names_the_difference(tmp_path):
