@@ -1,0 +1,1 @@
+"""Model rows (+model=small|base|big): YAML only; a package so that the wheel ships it."""
