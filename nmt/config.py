@@ -299,7 +299,8 @@ def to_object(cfg: DictConfig, schema: type):
     if not isinstance(cfg, DictConfig):
         cfg = OmegaConf.create(cfg)
     if "model" in cfg.keys() and OmegaConf.is_missing(cfg, "model"):
-        raise ConfigError("no model chosen: add +model=small (or +model=base, +model=big)")
+        raise ConfigError(
+            "no model chosen: add +model=small (or +model=tiny, +model=base, +model=big)")
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), cfg)
         return OmegaConf.to_object(merged)

@@ -21,10 +21,9 @@ echo "== 1/5 preprocess: joint SentencePiece BPE (4k), clean, binarize"
 nmt-preprocess src_lang=en tgt_lang=de train=$CORPUS/train valid=$CORPUS/valid \
   test=$CORPUS/test out_dir="$WORK/data" bpe.vocab_size=4000 force=true
 
-echo "== 2/5 train: a 1+1-layer Transformer (d_model 256, pre-norm) for $MINUTES minutes"
-nmt-train +model=small model.N=1 data_dir="$WORK/data" run_dir="$WORK/run" \
+echo "== 2/5 train: the tiny Transformer (1+1 layers, d_model 256) for $MINUTES minutes"
+nmt-train +model=tiny data_dir="$WORK/data" run_dir="$WORK/run" \
   train.max_minutes="$MINUTES" train.amp=bf16 train.max_tokens=1536 \
-  optim.lr_factor=0.3 optim.warmup=200 \
   train.save_interval_updates=50 train.keep_last=5 train.valid_interval_updates=600 \
   train.log_interval=100
 

@@ -42,6 +42,12 @@ def test_small_model_and_overrides():
     assert cfg.train.max_updates == 7
 
 
+def test_tiny_model_is_one_layer_each_side_at_a_lower_rate():
+    tiny, small = train_cfg("+model=tiny"), train_cfg("+model=small")
+    assert (tiny.model.N, tiny.model.d_model, tiny.model.norm) == (1, 256, "pre")
+    assert tiny.optim.lr_factor < small.optim.lr_factor and tiny.optim.warmup == 200
+
+
 def test_missing_model_names_what_to_add():
     with pytest.raises(ConfigError, match=r"add \+model=small"):
         train_cfg()
@@ -85,5 +91,6 @@ def test_cli_without_model_is_one_line_and_non_zero(tmp_path):
     out = run("nmt-train", f"data_dir={tmp_path}", f"run_dir={tmp_path / 'run'}")
     assert out.returncode != 0
     assert out.stderr.strip().splitlines() == [
-        "nmt-train: error: no model chosen: add +model=small (or +model=base, +model=big)"]
+        "nmt-train: error: no model chosen: "
+        "add +model=small (or +model=tiny, +model=base, +model=big)"]
     assert not (tmp_path / "run").exists()
