@@ -93,36 +93,39 @@ def batch_loss(model: nn.Module, batch: Batch, epsilon: float, pad_id: int,
     return LabelSmoothedLoss.apply(logits, batch.tgt_out[keep], epsilon, pad_id)
 
 
+def _glibc():
+    """The C library through ctypes if it is glibc, else None."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
 def keep_freed_memory() -> bool:
     """Make glibc's malloc keep freed memory for reuse (no mmap, no trimming): otherwise every
     step maps its large activations afresh and pays a page fault per 4 KiB (5-10% of a CPU
     step; the effect of preloading tcmalloc). Skipped when another allocator is preloaded."""
-    import ctypes
     import os
 
-    if any(a in os.environ.get("LD_PRELOAD", "") for a in ("tcmalloc", "jemalloc", "mimalloc")):
+    libc = _glibc()
+    if libc is None or any(a in os.environ.get("LD_PRELOAD", "")
+                           for a in ("tcmalloc", "jemalloc", "mimalloc")):
         return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # from malloc.h
-        return bool(libc.mallopt(M_MMAP_MAX, 0) and libc.mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1))
-    except (OSError, AttributeError):  # not glibc
-        return False
+    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # from malloc.h
+    return bool(libc.mallopt(M_MMAP_MAX, 0) and libc.mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1))
 
 
-TRIM_INTERVAL_UPDATES = 1000  # on the CPU: malloc_trim this often (every 100 cost ~8% of speed)
+TRIM_INTERVAL_UPDATES = 1000  # after keep_freed_memory: malloc_trim this often (every 100: -8%)
 
 
 def release_freed_memory() -> None:
     """Give free heap pages back to the kernel (glibc malloc_trim). With keep_freed_memory the
     heap keeps every page it ever touched and grows with fragmentation (5 GB after 25 minutes
     of the small model); an occasional trim bounds it for one round of page faults."""
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
+    _glibc().malloc_trim(0)
 
 
 def micro_batch_seed(seed: int, epoch: int, global_index: int) -> int:
@@ -153,8 +156,7 @@ class Trainer:
         self.device = env.device
         if tc.threads:
             torch.set_num_threads(tc.threads)
-        if self.device.type == "cpu":
-            keep_freed_memory()
+        self.trim_heap = self.device.type == "cpu" and keep_freed_memory()  # then trim it
         if tc.amp == "fp16" and self.device.type != "cuda":
             raise NmtError("train.amp: fp16 needs CUDA (use amp=bf16 on CPU)")
         random.seed(tc.seed)
@@ -432,7 +434,7 @@ class Trainer:
                 bar.update(1)
                 if self.update % tc.log_interval == 0:
                     self.log_train(window, bar)
-                if self.device.type == "cpu" and self.update % TRIM_INTERVAL_UPDATES == 0:
+                if self.trim_heap and self.update % TRIM_INTERVAL_UPDATES == 0:
                     release_freed_memory()
                 improved = False
                 if (self.valid is not None and self.update % tc.valid_interval_updates == 0
