@@ -330,13 +330,34 @@ class Transformer(nn.Module):
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
         self.generator = nn.Linear(cfg.d_model, tgt_vocab, bias=False)  # pre-softmax projection
-        for p in self.parameters():
-            if p.dim() > 1:
-                nn.init.xavier_uniform_(p)
         if cfg.share_embeddings:  # section 3.4: one weight matrix for embeddings and projection
             self.tgt_embed.lut.weight = self.generator.weight
             if joint:
                 self.src_embed.lut.weight = self.generator.weight
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Initialise as the paper's reference code (tensor2tensor) and fairseq do.
+
+        Embedding matrices (the tied one included): N(0, d_model^-0.5), padding row zero. Times
+        sqrt(d_model), a token embedding then has RMS 1, on the scale of the sinusoids (RMS
+        0.71) it is added to; Xavier on a (V x d_model) matrix would give RMS ~0.25 and let the
+        positions drown the tokens (it halved the learning per update on debian-po, README.md
+        "Initialisation"). The tied projection's logits start with standard deviation ~1.
+        Other linear maps: Xavier-uniform, biases zero. W_qkv is one (3 d_model x d_model)
+        matrix, so its bound is that of fairseq's per-projection Xavier with gain 1/sqrt(2).
+        """
+        embeddings = {id(m.weight): m.weight for m in (self.src_embed.lut, self.tgt_embed.lut,
+                                                        self.generator)}
+        for module in self.modules():
+            if isinstance(module, nn.Linear) and id(module.weight) not in embeddings:
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        with torch.no_grad():
+            for weight in embeddings.values():
+                nn.init.normal_(weight, mean=0.0, std=self.cfg.d_model ** -0.5)
+                weight[self.pad_id].zero_()
 
     # -- encoder ---------------------------------------------------------------------------
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:

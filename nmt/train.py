@@ -128,6 +128,17 @@ def release_freed_memory() -> None:
     _glibc().malloc_trim(0)
 
 
+def normalise_gradients(grads: list[Tensor], tokens: float, clip_norm: float) -> Tensor:
+    """Divide summed gradients by the update's target tokens and clip their global L2 norm to
+    clip_norm (0: no clipping), in one multiplication; returns the norm before clipping."""
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) / tokens
+    scale = torch.full_like(norm, 1.0 / tokens)
+    if clip_norm:
+        scale *= (clip_norm / (norm + 1e-6)).clamp(max=1.0)
+    torch._foreach_mul_(grads, scale)
+    return norm
+
+
 def micro_batch_seed(seed: int, epoch: int, global_index: int) -> int:
     """Dropout seed of one batch: a function of its place in the data, not of the rank count,
     so that N ranks x update_freq F draw the masks of one rank x N * F, and resumes replay."""
@@ -297,10 +308,8 @@ class Trainer:
         stats = distributed.all_reduce_sum(stats).cpu()  # the one collective besides DDP's
         self.scaler.unscale_(self.optimizer)
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        torch._foreach_mul_(grads, 1.0 / max(stats[2].item(), 1.0))  # mean per target token
-        grad_norm = nn.utils.get_total_norm(grads)
-        if self.cfg.optim.clip_norm:
-            nn.utils.clip_grads_with_norm_(grads, self.cfg.optim.clip_norm, grad_norm)
+        grad_norm = normalise_gradients(grads, max(stats[2].item(), 1.0),
+                                        self.cfg.optim.clip_norm)
         if math.isfinite(stats[0].item()) and math.isfinite(grad_norm.item()):
             self.scaler.step(self.optimizer)
             self.scaler.update()

@@ -99,11 +99,40 @@ def test_three_way_tying_with_a_joint_vocabulary():
     assert untied.tgt_embed.lut.weight is not untied.generator.weight
 
 
-def test_xavier_uniform_init_bounds():
-    model = build_model(tiny_cfg(), 50, 50)
-    w = model.encoder[0].feed_forward.W_1.weight  # (d_ff, d_model)
-    bound = (6 / (64 + 32)) ** 0.5
-    assert w.abs().max() <= bound and w.abs().max() > 0.8 * bound
+@pytest.mark.parametrize("row", ["small", "base", "big"])
+def test_initialisation_follows_the_reference_scheme(row):
+    """Embeddings N(0, d^-0.5) with a zero padding row (tokens of RMS 1 after the sqrt(d)
+    scale), Xavier-uniform linear maps (W_qkv as one 3d x d matrix), zero biases."""
+    from nmt.config import TrainConfig, compose, to_object
+
+    cfg = to_object(compose("train", [f"+model={row}", "data_dir=d", "run_dir=r"]), TrainConfig)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, 8000, 8000)
+    d, d_ff = cfg.model.d_model, cfg.model.d_ff
+    E = model.generator.weight  # tied: source and target embeddings and the projection
+    assert model.src_embed.lut.weight is E and model.tgt_embed.lut.weight is E
+    assert E[0].abs().max() == 0  # the padding row
+    assert abs(E[1:].std().item() - d ** -0.5) < 0.01 * d ** -0.5
+    assert abs(E[1:].mean().item()) < 0.01 * d ** -0.5
+    tokens = model.tgt_embed(torch.arange(1, 8000))  # (V - 1, d): RMS 1 after the scale
+    assert abs(tokens.pow(2).mean().sqrt().item() - 1.0) < 0.01
+    for name, bound in [("encoder.0.self_attn.W_qkv.weight", (6 / (4 * d)) ** 0.5),
+                        ("decoder.0.src_attn.W_o.weight", (6 / (2 * d)) ** 0.5),
+                        ("encoder.0.feed_forward.W_1.weight", (6 / (d + d_ff)) ** 0.5),
+                        ("decoder.0.feed_forward.W_2.weight", (6 / (d + d_ff)) ** 0.5)]:
+        w = model.get_parameter(name)
+        assert w.abs().max() <= bound and w.abs().max() > 0.99 * bound, name
+        assert abs(w.std().item() - bound / 3 ** 0.5) < 0.02 * bound, name  # uniform's std
+    biases = [p for n, p in model.named_parameters() if n.endswith("bias") and "norm" not in n]
+    assert biases and all(b.abs().max() == 0 for b in biases)
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]
+    assert all(m.weight.eq(1).all() and m.bias.eq(0).all() for m in norms)
+
+
+def test_untied_embeddings_get_the_same_scheme():
+    model = build_model(tiny_cfg(share_embeddings=False, d_model=64), 3000, 3000)
+    for w in (model.src_embed.lut.weight, model.tgt_embed.lut.weight, model.generator.weight):
+        assert w[0].abs().max() == 0 and abs(w[1:].std().item() - 64 ** -0.5) < 0.003
 
 
 @pytest.mark.parametrize("row,expected_millions", [("base", 63.1), ("big", 214.2)])

@@ -43,7 +43,7 @@ def tokens(results):
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_model(V, seed=0, eos_like=16, N=2)
+    return tiny_model(V, seed=0, eos_like=20, N=2)
 
 
 @pytest.fixture(scope="module")

@@ -189,3 +189,50 @@ def test_a_manifest_without_a_key_is_a_one_line_error(tiny_data_dir, tmp_path):
     (data / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(NmtError, match="missing key 'vocab_sha256'"):
         train(config(data, tmp_path / "run"))
+
+
+def test_normalise_gradients_divides_then_clips():
+    from nmt.train import normalise_gradients
+
+    g = [torch.full((3,), 4.0), torch.full((4,), 3.0)]  # norm sqrt(48 + 36) = sqrt(84)
+    norm = normalise_gradients(g, 2.0, clip_norm=0.0)
+    assert norm.item() == pytest.approx(84 ** 0.5 / 2)
+    assert g[0].tolist() == [2.0] * 3 and g[1].tolist() == [1.5] * 4
+    g = [torch.full((3,), 4.0), torch.full((4,), 3.0)]
+    norm = normalise_gradients(g, 2.0, clip_norm=1.0)
+    assert norm.item() == pytest.approx(84 ** 0.5 / 2)  # the norm before clipping is logged
+    assert torch.linalg.vector_norm(torch.cat(g)).item() == pytest.approx(1.0, rel=1e-5)
+    assert (g[0] / g[1][:3]).tolist() == pytest.approx([4 / 3] * 3)  # direction kept
+    g = [torch.full((3,), 4.0)]
+    normalise_gradients(g, 2.0, clip_norm=100.0)  # below the threshold: only divided
+    assert g[0].tolist() == [2.0] * 3
+
+
+def applied_gradient_norms(monkeypatch, cfg) -> list[float]:
+    """Train cfg; the global norm of the gradients that each Adam step applied."""
+    norms, real_step = [], torch.optim.Adam.step
+
+    def step(self, *args, **kwargs):
+        grads = [p.grad.flatten() for group in self.param_groups for p in group["params"]
+                 if p.grad is not None]
+        norms.append(torch.linalg.vector_norm(torch.cat(grads)).item())
+        return real_step(self, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(torch.optim.Adam, "step", step)
+        train(cfg)
+    return norms
+
+
+@pytest.mark.parametrize("clip_norm", [0.05, 1e6])
+def test_clip_norm_bounds_the_applied_gradients(tiny_data_dir, tmp_path, monkeypatch,
+                                                clip_norm):
+    free = applied_gradient_norms(monkeypatch, config(tiny_data_dir, tmp_path / "free",
+                                                      "train.max_updates=3"))
+    clipped = applied_gradient_norms(monkeypatch, config(
+        tiny_data_dir, tmp_path / "clip", "train.max_updates=3", f"optim.clip_norm={clip_norm}"))
+    assert len(clipped) == len(free) == 3 and min(free) > 0.05
+    if clip_norm < 1:  # every update's gradient was longer than clip_norm: cut to it
+        assert clipped == pytest.approx([clip_norm] * 3, rel=1e-4)
+    else:  # never reached: the same gradients as without clipping
+        assert clipped == pytest.approx(free, rel=1e-6)
