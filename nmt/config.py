@@ -8,6 +8,7 @@ DictConfig into these dataclasses, which runs every `__post_init__` check exactl
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -84,16 +85,23 @@ class OptimConfig:
 # ----------------------------------------------------------------------------- decoding
 @dataclass
 class SearchConfig:
-    """Greedy (beam_size=1) or beam search."""
+    """Greedy (beam_size=1) or beam search, or sampling; constraints; the decoding dtype."""
 
     beam_size: int = 4  # hypotheses kept per sentence; 1 is greedy search
     alpha: float = 0.6  # GNMT length penalty ((5 + |Y|) / 6)^alpha; 0 turns it off
     max_len_a: float = 1.0  # maximum output length = max_len_a * source length + max_len_b
     max_len_b: int = 50  # see max_len_a
     min_len: int = 1  # EOS is forbidden before this many output tokens
-    nbest: int = 1  # hypotheses written per input line (with their scores when > 1)
+    nbest: int = 1  # hypotheses (or samples) written per input line, with scores when > 1
     max_tokens: int = 4096  # source tokens per batch (padding included)
     max_sentences: int = 0  # sentences per batch at most (0: only max_tokens limits)
+    sampling: bool = False  # draw nbest random samples per line instead (beam_size unused)
+    temperature: float = 1.0  # sampling: softmax(log-probabilities / temperature)
+    top_k: int = 0  # sampling: only from the top_k most probable tokens (0: all)
+    top_p: float = 1.0  # sampling: only from the fewest best tokens of probability >= top_p
+    seed: int = 1  # sampling: a line's samples depend on this seed and its line number only
+    no_repeat_ngram_size: int = 0  # no n-gram of this many tokens twice in an output (0: off)
+    dtype: str = "fp32"  # fp32, bf16, int8 (CPU: linear maps quantized), fp16 (CUDA)
 
     def __post_init__(self) -> None:
         _check(self.beam_size >= 1, "search.beam_size", "must be >= 1")
@@ -101,10 +109,16 @@ class SearchConfig:
         _check(self.max_len_a >= 0 and self.max_len_b >= 0, "search.max_len_a",
                "max_len_a and max_len_b must be >= 0")
         _check(self.min_len >= 0, "search.min_len", "must be >= 0")
-        _check(1 <= self.nbest <= self.beam_size, "search.nbest",
-               f"must be between 1 and beam_size ({self.beam_size})")
+        _check(self.nbest >= 1 and (self.sampling or self.nbest <= self.beam_size),
+               "search.nbest", f"must be between 1 and beam_size ({self.beam_size})")
         _check(self.max_tokens >= 1, "search.max_tokens", "must be >= 1")
         _check(self.max_sentences >= 0, "search.max_sentences", "must be >= 0")
+        _check(self.temperature > 0, "search.temperature", "must be > 0")
+        _check(self.top_k >= 0, "search.top_k", "must be >= 0")
+        _check(0 < self.top_p <= 1, "search.top_p", "must be in (0, 1]")
+        _check(self.no_repeat_ngram_size >= 0, "search.no_repeat_ngram_size", "must be >= 0")
+        _check(self.dtype in ("fp32", "bf16", "fp16", "int8"), "search.dtype",
+               f"must be fp32, bf16, fp16 or int8, got {self.dtype!r}")
 
 
 # ----------------------------------------------------------------------------- preprocess
@@ -238,7 +252,7 @@ class TrainConfig:
 class TranslateConfig:
     """nmt-translate: a checkpoint and raw text in, detokenized translations out."""
 
-    checkpoint: str = MISSING  # a checkpoint written by nmt-train or nmt-average
+    checkpoint: Any = MISSING  # nmt-train's or nmt-average's; [A.pt,B.pt,...]: an ensemble
     input: str = "-"  # raw source text, one sentence a line; "-" is standard input
     output: str = "-"  # translations, one a line, in input order; "-" is standard output
     ref: str = ""  # reference translations: print sacreBLEU BLEU and chrF
@@ -250,9 +264,22 @@ class TranslateConfig:
     attention_line: int = 1  # which input line (1-based) attention_plot draws
     vocab_check: str = ""  # data dir, its manifest.json or a .model: the checkpoint must match it
     quiet: bool = False  # no progress bar, summary or truncation warnings on stderr
+    prefix: bool = False  # input lines are source<TAB>prefix; translations start with the prefix
+    score_reference: bool = False  # score given targets (ref=FILE or source<TAB>target lines)
     search: SearchConfig = field(default_factory=SearchConfig)
 
+    @property
+    def checkpoints(self) -> list[str]:
+        """The checkpoint paths: one, or an ensemble's."""
+        return [self.checkpoint] if isinstance(self.checkpoint, str) else list(self.checkpoint)
+
     def __post_init__(self) -> None:
+        ok = isinstance(self.checkpoint, str) or (
+            isinstance(self.checkpoint, list | tuple) and len(self.checkpoint) > 0
+            and all(isinstance(c, str) for c in self.checkpoint))
+        _check(ok, "checkpoint", "must be a path or a list of paths: checkpoint=[A.pt,B.pt]")
+        _check(not (self.prefix and self.score_reference), "prefix",
+               "prefix=true and score_reference=true do not go together")
         _check(self.max_input_tokens >= 1, "max_input_tokens", "must be >= 1")
         _check(self.attention_line >= 1, "attention_line", "must be >= 1")
         _check(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")

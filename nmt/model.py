@@ -11,13 +11,11 @@ Masks are boolean with True where attention is allowed.
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from nmt.config import ModelConfig
 
@@ -50,8 +48,6 @@ class MultiHeadAttention(nn.Module):
         """Self-attention over x, or attention from x to precomputed `kv` (encoder-decoder).
 
         cache: this layer's KVCache of past keys and values (incremental decoding).
-        With `kv` of B' = B / g rows, each of them serves g consecutive rows of x (the beams of
-        one sentence): their queries attend together, and the keys are never copied.
         """
         B, T, d_model = x.shape
         if kv is None:  # self-attention: one fused projection for Q, K, V
@@ -66,12 +62,7 @@ class MultiHeadAttention(nn.Module):
         if causal and k.size(2) != T:  # new queries after cached keys: see all past, no future
             mask = causal_mask(T, k.size(2), x.device) if T > 1 else None
             causal = False
-        g = B // k.size(0)  # rows of x per row of keys: 1, or the beam size
-        if g > 1:
-            q = q.unflatten(0, (-1, g)).transpose(1, 2).flatten(2, 3)  # (B', h, g T, d_k)
-        out = self.attention(q, k, v, mask, causal)  # (B', h, g T, d_k)
-        if g > 1:
-            out = out.unflatten(2, (g, T)).transpose(1, 2).flatten(0, 1)  # (B, h, T, d_k)
+        out = self.attention(q, k, v, mask, causal)  # (B, h, T, d_k)
         out = out.transpose(1, 2).reshape(B, T, d_model)  # (B, T, h * d_k)
         return self.W_o(out)
 
@@ -80,11 +71,8 @@ class MultiHeadAttention(nn.Module):
         """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, fused unless weights are kept."""
         p = self.p if self.training else 0.0
         if not self.keep_weights:
-            # On CPU the flash kernel is 2-4x slower than plain matmul + softmax in bf16/fp16.
-            slow_flash = q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
-            with sdpa_kernel(SDPBackend.MATH) if slow_flash else contextlib.nullcontext():
-                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
-                                                      is_causal=causal)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
+                                                  is_causal=causal)
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)  # (B, h, T_q, T_k)
         if causal:
             mask = causal_mask(q.size(2), k.size(2), q.device)
@@ -112,41 +100,13 @@ class PositionwiseFeedForward(nn.Module):
         return self.W_2(F.relu(self.W_1(x)))
 
 
-class Dropout(nn.Module):
-    """Dropout whose mask costs less on CPU: 16 random bits per element, four per 64-bit draw.
-
-    torch's CPU dropout draws one random number per element (~10% of a training step). Here an
-    element is dropped when its 16 uniform bits fall below round(p * 2^16): probability p up to
-    2^-16, survivors scaled by 1 / (1 - p). On GPUs, whose random numbers are cheap, F.dropout.
-    """
-
-    def __init__(self, p: float):
-        super().__init__()
-        self.p = p
-        self.threshold = -2 ** 15 + round(p * 2 ** 16)  # int16 draws below it are dropped
-
-    def forward(self, x: Tensor) -> Tensor:
-        """x with a random share p of its elements zeroed and the rest scaled (training only)."""
-        if not self.training or self.p == 0.0:
-            return x
-        if x.device.type != "cpu":
-            return F.dropout(x, self.p, training=True)
-        words = torch.empty((x.numel() + 3) // 4, dtype=torch.int64).random_(-2 ** 63, None)
-        bits = words.view(torch.int16)[:x.numel()].view(x.shape)  # uniform in [-2^15, 2^15)
-        scale = (bits >= self.threshold).to(x.dtype).mul_(1.0 / (1.0 - self.p))
-        return x * scale
-
-    def extra_repr(self) -> str:
-        return f"p={self.p}"
-
-
 class SublayerConnection(nn.Module):
     """x + Dropout(Sublayer(x)) with LayerNorm after it (post) or before the sub-layer (pre)."""
 
     def __init__(self, d_model: int, dropout: float, pre_norm: bool):
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         self.pre_norm = pre_norm
 
     def forward(self, x: Tensor, sublayer) -> Tensor:
@@ -174,7 +134,7 @@ class PositionalEncoding(nn.Module):
 
     def __init__(self, d_model: int, dropout: float, max_len: int):
         super().__init__()
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         pos = torch.arange(max_len, dtype=torch.float).unsqueeze(1)  # (max_len, 1)
         div = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float)
                         * (-math.log(10000.0) / d_model))  # (d_model / 2,)
@@ -272,44 +232,22 @@ class KVCache:
         self.buf, self.spare = out, self.buf
 
 
-def _gather_rows(x: Tensor, index: Tensor) -> Tensor:
-    """x[index] along dim 0, as a 2-D gather (much faster on CPU than on a 4-D tensor)."""
-    return x.reshape(x.size(0), -1).index_select(0, index).view(len(index), *x.shape[1:])
-
-
 class DecoderState:
-    """What incremental decoding carries between steps: per-layer keys/values and the position.
+    """What incremental decoding carries between steps: per-layer keys/values and the position."""
 
-    With beam > 1, the batch has `beam` consecutive rows per sentence that share one copy of
-    the encoder memory; `reorder` must then keep each sentence's rows together (as beam
-    search does: rows i*beam .. i*beam+beam-1 all come from one earlier sentence).
-    """
-
-    def __init__(self, memory_kv: list[tuple[Tensor, Tensor]], src_mask: Tensor,
-                 beam: int = 1):
+    def __init__(self, memory_kv: list[tuple[Tensor, Tensor]], src_mask: Tensor):
         self.memory_kv = memory_kv  # per layer: encoder-output keys and values, (B, h, S, d_k)
         self.src_mask = src_mask  # (B, 1, 1, S)
-        self.beam = beam  # decoder rows per sentence
         self.self_kv = [KVCache() for _ in memory_kv]  # per layer: past keys and values
         self.step = 0  # target positions decoded so far
 
-    def reorder(self, index: Tensor, beam: int | None = None) -> None:
-        """Keep rows `index` of the batch (beam search reordering or dropping finished rows).
-
-        beam: rows per sentence from now on (default: unchanged); e.g. k to turn one row per
-        sentence into k beams that share the sentence's memory.
-        """
+    def reorder(self, index: Tensor) -> None:
+        """Keep (and repeat) rows `index` of the batch: beam search reordering, finished rows."""
         for cache in self.self_kv:
             cache.reorder(index)
-        beam = beam or self.beam
-        sentences = index[::beam] // self.beam  # the memory row each group of rows uses
-        self.beam = beam
-        if len(sentences) == self.src_mask.size(0) and torch.equal(
-                sentences, torch.arange(len(sentences), device=index.device)):
-            return  # beams moved within their sentences: the memory stays as it is
-        self.memory_kv = [(_gather_rows(k, sentences), _gather_rows(v, sentences))
+        self.memory_kv = [(k.index_select(0, index), v.index_select(0, index))
                           for k, v in self.memory_kv]
-        self.src_mask = self.src_mask.index_select(0, sentences)
+        self.src_mask = self.src_mask.index_select(0, index)
 
 
 class Transformer(nn.Module):
@@ -384,13 +322,10 @@ class Transformer(nn.Module):
             x = x[keep]  # (n, d_model)
         return self.generator(x)
 
-    def start_decoding(self, memory: Tensor, src_mask: Tensor, beam: int = 1) -> DecoderState:
-        """Project the encoder output once per layer; returns the state for decode_step.
-
-        beam > 1: decode_step takes `beam` consecutive rows per sentence (B * beam rows).
-        """
+    def start_decoding(self, memory: Tensor, src_mask: Tensor) -> DecoderState:
+        """Project the encoder output once per layer; returns the state for decode_step."""
         return DecoderState([layer.src_attn.project_kv(memory) for layer in self.decoder],
-                            src_mask, beam)
+                            src_mask)
 
     def decode_step(self, tgt_new: Tensor, state: DecoderState) -> Tensor:
         """Incremental decoding: (B, T_new) next ids -> logits (B, T_new, V); updates `state`."""
@@ -422,8 +357,11 @@ class Transformer(nn.Module):
 
 def build_model(cfg: ModelConfig, src_vocab: int, tgt_vocab: int, pad_id: int = 0,
                 joint_vocab: bool | None = None) -> Transformer:
-    """The one place a model is built from its config and vocabulary sizes."""
-    return Transformer(cfg, src_vocab, tgt_vocab, pad_id, joint_vocab)
+    """The one place a model is built from its config and vocabulary sizes, with the CPU
+    training speed paths of nmt.fast (cheaper dropout masks, plain attention in bf16/fp16)."""
+    from nmt.fast import speed_up_training
+
+    return speed_up_training(Transformer(cfg, src_vocab, tgt_vocab, pad_id, joint_vocab))
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -1,22 +1,24 @@
-"""Greedy and beam search with the Transformer's key/value-cached decoder, and batched translation.
+"""Greedy search, beam search, sampling and pair scoring with the Transformer's cached decoder.
 
-Read top to bottom: the GNMT length penalty and output lengths, a small adapter that gives
-next-token logits with or without the cache, greedy search, beam search (fairseq's step:
+Read top to bottom: the GNMT length penalty and output lengths; a small adapter that gives the
+next token's log-probabilities for a batch of prefixes (averaged over an ensemble's models,
+with or without the key/value cache); the constraints every step respects (specials, forced
+prefixes, no repeated n-grams); greedy search and sampling; beam search (fairseq's step:
 top-2k of the k x V continuations, EOS candidates in the top k are finished, the first k
-others go on), then `translate_nbest` / `translate_ids`, which batch sentences by a token
-budget after sorting them by length and restore the input order.
+others go on); teacher-forced scoring of given targets; then `translate_nbest` /
+`score_pairs`, which batch sentences by a token budget after sorting them by length and
+restore the input order. Models are the reference Transformer of nmt/model.py or, by default,
+its weights prepared by nmt.fast.FastModel (faster; the tests compare the two).
 
 Conventions. Source id lists carry no BOS/EOS (as in the data directory); EOS is appended here.
 Outputs are id lists without BOS/EOS. |Y| counts the EOS; an output cut at the maximum
 length has |Y| = max length and no EOS score. PAD and BOS are never generated; EOS is
-forbidden before `min_len` tokens. A hypothesis' score is log P(Y|X) / lp(|Y|).
+forbidden before `min_len` tokens. A hypothesis' score is log P(Y|X) / lp(|Y|); with an
+ensemble, log P is the sum over steps of the models' average log-probability.
 """
 
 from __future__ import annotations
 
-import functools
-import multiprocessing as mp
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +26,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.config import SearchConfig
+from nmt.fast import FastModel, parallel_batches
+from nmt.model import Transformer
 
 
 @dataclass
@@ -47,41 +51,98 @@ def max_output_lengths(src_lengths: Tensor, search: SearchConfig, max_positions:
 
 
 class Decoder:
-    """Next-token logits for a batch of prefixes, with the model's key/value cache or without."""
+    """Next-token log-probabilities for a batch of prefixes: the average of the models'
+    (one model, or an ensemble), each with its key/value cache or without."""
 
-    def __init__(self, model, src: Tensor, use_cache: bool = True):
-        """Encode (B, S) sources: one row per sentence until `reorder` says otherwise."""
-        self.model, self.use_cache = model, use_cache
-        memory, src_mask = model.encode(src)  # (B, S, d_model), (B, 1, 1, S)
-        if use_cache:
-            self.state = model.start_decoding(memory, src_mask)
-        else:
-            self.memory, self.src_mask = memory, src_mask
+    def __init__(self, models: list, src: Tensor, use_cache: bool = True):
+        """Encode (B, S) sources with every model: one row per sentence until `reorder`."""
+        self.models, self.use_cache = models, use_cache
+        self.states = []  # per model: its decoding state, or [memory, src_mask] without cache
+        for model in models:
+            memory, src_mask = model.encode(src)  # (B, S, d_model), (B, 1, 1, S)
+            self.states.append(model.start_decoding(memory, src_mask) if use_cache
+                               else [memory, src_mask])
 
-    def reorder(self, index: Tensor, beam: int | None = None) -> None:
-        """Keep (and repeat) rows `index` of the batch; beam: rows per sentence from now on."""
-        if self.use_cache:
-            self.state.reorder(index, beam)
-        else:
-            self.memory = self.memory.index_select(0, index)
-            self.src_mask = self.src_mask.index_select(0, index)
+    def reorder(self, index: Tensor) -> None:
+        """Keep (and repeat) rows `index` of the batch."""
+        for i, state in enumerate(self.states):
+            if self.use_cache:
+                state.reorder(index)
+            else:
+                self.states[i] = [t.index_select(0, index) for t in state]
 
-    def logits(self, prefix: Tensor) -> Tensor:
-        """(R, t) BOS and the tokens so far -> (R, V) float logits of the next token."""
-        if self.use_cache:  # only the newest token goes in; the past is in the cache
-            out = self.model.decode_step(prefix[:, -1:], self.state)  # (R, 1, V)
-        else:  # the whole prefix again: the reference the cache must reproduce
-            out = self.model.decode(prefix, self.memory, self.src_mask)[:, -1:]  # (R, 1, V)
-        return out[:, 0].float().contiguous()
+    def log_probs(self, prefix: Tensor) -> Tensor:
+        """(R, t) BOS and the tokens so far -> (R, V) float log-probabilities of the next token."""
+        total = None
+        for model, state in zip(self.models, self.states, strict=True):
+            if self.use_cache:  # only the newest token goes in; the past is in the cache
+                logits = model.decode_step(prefix[:, -1:], state)[:, 0]  # (R, V)
+            else:  # the whole prefix again: the reference the cache must reproduce
+                logits = model.decode(prefix, *state)[:, -1]  # (R, V)
+            logits = logits.float().contiguous()
+            lprobs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: no new 4 B/logit
+            total = lprobs if total is None else total.add_(lprobs)
+        return total if len(self.models) == 1 else total.div_(len(self.models))
+
+    def target_log_probs(self, tgt: Tensor, pad_id: int, bos_id: int) -> Tensor:
+        """Teacher forcing: (B, T) targets (EOS, then PAD) -> (B, T) log P of each (0 at PAD)."""
+        tgt_in = torch.cat([torch.full_like(tgt[:, :1], bos_id), tgt[:, :-1]], dim=1)
+        total = torch.zeros(tgt.shape, device=tgt.device)
+        for model, (memory, src_mask) in zip(self.models, self.states, strict=True):
+            lprobs = torch.log_softmax(model.decode(tgt_in, memory, src_mask).float(), dim=-1)
+            total += lprobs.gather(2, tgt.unsqueeze(2)).squeeze(2)  # (B, T)
+        return (total / len(self.models)).masked_fill_(tgt == pad_id, 0.0)
 
 
-def _forbid(scores: Tensor, t: int, search: SearchConfig, bos_id: int, eos_id: int,
-            pad_id: int) -> None:
-    """In place: PAD and BOS are never generated, EOS not before min_len tokens."""
-    scores[:, pad_id] = -torch.inf
-    scores[:, bos_id] = -torch.inf
-    if t < search.min_len:
-        scores[:, eos_id] = -torch.inf
+# ----------------------------------------------------------------------------- constraints
+class Constraints:
+    """What every step respects, applied in place to (R, V) log-probabilities: PAD and BOS are
+    never generated, EOS not before min_len tokens, no n-gram of no_repeat_ngram_size tokens
+    twice in one output (fairseq's rule), and each sentence's forced prefix (which wins)."""
+
+    def __init__(self, search: SearchConfig, bos_id: int, eos_id: int, pad_id: int,
+                 prefixes: list[list[int]] | None, device: torch.device):
+        self.search, self.bos_id, self.eos_id, self.pad_id = search, bos_id, eos_id, pad_id
+        self.prefix = self.prefix_len = None
+        if prefixes and any(prefixes):
+            self.prefix = pad_batch([p + [pad_id] for p in prefixes], pad_id, device)  # (B, P)
+            self.prefix_len = torch.tensor([len(p) for p in prefixes], device=device)  # (B,)
+
+    def max_lengths(self, max_len: Tensor, max_positions: int) -> Tensor:
+        """Maximum output lengths (B,), raised where needed to hold the prefix and one more."""
+        if self.prefix_len is None:
+            return max_len
+        return torch.maximum(max_len, (self.prefix_len + 1).clamp(max=max_positions))
+
+    def apply(self, lprobs: Tensor, tokens: Tensor, t: int, sentences: Tensor) -> None:
+        """lprobs (R, V) of output position t (0-based); tokens (R, >t) BOS and the output so
+        far; sentences (R,) the batch sentence of each row."""
+        forced = None
+        if self.prefix is not None:
+            rows = (self.prefix_len[sentences] > t).nonzero()[:, 0]  # rows still in the prefix
+            if len(rows):
+                token = self.prefix[sentences[rows], t]  # (n,)
+                forced = rows, token, lprobs[rows, token]  # their log P, before any ban
+        lprobs[:, self.pad_id] = -torch.inf
+        lprobs[:, self.bos_id] = -torch.inf
+        if t < self.search.min_len:
+            lprobs[:, self.eos_id] = -torch.inf
+        n = self.search.no_repeat_ngram_size
+        if n and t >= n:
+            _ban_repeated_ngrams(lprobs, tokens[:, 1:t + 1], n)
+        if forced is not None:
+            rows, token, keep = forced
+            lprobs[rows] = -torch.inf
+            lprobs[rows, token] = keep
+
+
+def _ban_repeated_ngrams(lprobs: Tensor, out: Tensor, n: int) -> None:
+    """Forbid every token that would complete an n-gram already in `out` (R, t), t >= n."""
+    windows = out.unfold(1, n, 1)  # (R, t - n + 1, n): every n-gram so far
+    last = out[:, out.size(1) - n + 1:]  # (R, n - 1): what the next token continues
+    match = (windows[:, :, :-1] == last.unsqueeze(1)).all(dim=2)  # (R, t - n + 1)
+    r, w = match.nonzero(as_tuple=True)
+    lprobs[r, windows[r, w, -1]] = -torch.inf
 
 
 def _source_lengths(src: Tensor, pad_id: int) -> Tensor:
@@ -89,24 +150,77 @@ def _source_lengths(src: Tensor, pad_id: int) -> Tensor:
     return (src != pad_id).sum(dim=1) - 1
 
 
-# ----------------------------------------------------------------------------- greedy
+def _max_positions(models: list) -> int:
+    """The longest output every model can decode."""
+    return min(model.cfg.max_positions for model in models)
+
+
+# ----------------------------------------------------------------------------- greedy, sampling
+def sample(lprobs: Tensor, u: Tensor, search: SearchConfig) -> Tensor:
+    """(R, V) log-probabilities, (R,) uniforms in [0, 1) -> (R,) tokens drawn by inverse CDF
+    from softmax(lprobs / temperature), cut to the top_k tokens and the top_p nucleus."""
+    scores = lprobs / search.temperature
+    ids = None
+    if search.top_k or search.top_p < 1.0:
+        k = min(search.top_k or scores.size(1), scores.size(1))
+        scores, ids = scores.topk(k, dim=1)  # (R, k), sorted best first
+    probs = scores.softmax(dim=1)
+    if search.top_p < 1.0:  # the smallest set of best tokens whose probability reaches top_p
+        probs = probs.masked_fill(probs.cumsum(dim=1) - probs >= search.top_p, 0.0)
+    cdf = probs.cumsum(dim=1)  # (R, k or V)
+    pick = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True)  # (R, 1)
+    pick = pick.clamp_(max=cdf.size(1) - 1)
+    return (pick if ids is None else ids.gather(1, pick)).squeeze(1)
+
+
+def sample_uniforms(lines: list[int], n: int, steps: int, seed: int) -> Tensor:
+    """(len(lines) n, steps) uniforms: row i n + j drives sample j of input line lines[i], drawn
+    from its own generator, so that a line's samples depend on the seed and the line alone
+    (not on batching, worker processes or ranks)."""
+    rows = []
+    for line in lines:
+        for j in range(n):
+            g = torch.Generator().manual_seed(((seed * 1_000_003 + line) * 1_009 + j) % 2 ** 63)
+            rows.append(torch.rand(steps, generator=g))
+    return torch.stack(rows)
+
+
 @torch.inference_mode()
 def greedy_search(model, src: Tensor, search: SearchConfig, bos_id: int, eos_id: int,
-                  pad_id: int, use_cache: bool = True) -> list[list[Hypothesis]]:
-    """Pick the most probable token at every step; (B, S) sources -> one hypothesis each."""
-    B = src.size(0)
-    max_len = max_output_lengths(_source_lengths(src, pad_id), search, model.cfg.max_positions)
-    decoder = Decoder(model, src, use_cache)
-    tokens = src.new_full((B, int(max_len.max()) + 1), pad_id)  # (B, 1 + T_max): BOS first
+                  pad_id: int, use_cache: bool = True, prefixes: list[list[int]] | None = None,
+                  lines: list[int] | None = None) -> list[list[Hypothesis]]:
+    """Pick the most probable token at every step: (B, S) sources -> one hypothesis each.
+
+    search.sampling: draw search.nbest samples per sentence instead (best first); lines: the
+    input line number of each sentence, which seeds its samples (default 0..B-1).
+    model: a model or a list of them (an ensemble); prefixes: forced output prefixes.
+    """
+    models = model if isinstance(model, list) else [model]
+    B, dev = src.size(0), src.device
+    n = search.nbest if search.sampling else 1  # rows per sentence
+    cons = Constraints(search, bos_id, eos_id, pad_id, prefixes, dev)
+    max_len = cons.max_lengths(max_output_lengths(_source_lengths(src, pad_id), search,
+                                                  _max_positions(models)), _max_positions(models))
+    decoder = Decoder(models, src, use_cache)
+    sent = torch.arange(B, device=dev).repeat_interleave(n)  # (B n,) sentence of each row
+    if n > 1:
+        decoder.reorder(sent)  # n consecutive rows per sentence
+    max_len = max_len[sent]
+    tokens = src.new_full((B * n, int(max_len.max()) + 1), pad_id)  # (R, 1 + T_max): BOS first
     tokens[:, 0] = bos_id
-    logprob = torch.zeros(B, device=src.device)
-    rows = torch.arange(B, device=src.device)  # the sentence of each active row
+    if search.sampling:
+        u = sample_uniforms(lines or list(range(B)), n, tokens.size(1), search.seed).to(dev)
+    logprob = torch.zeros(B * n, device=dev)
+    rows = torch.arange(B * n, device=dev)  # the original row of each active row
     results: list[list[Hypothesis]] = [[] for _ in range(B)]
     for t in range(tokens.size(1) - 1):
-        logits = decoder.logits(tokens[:, :t + 1])  # (R, V)
-        lprobs = torch.log_softmax(logits, dim=-1, out=logits)  # in place
-        _forbid(lprobs, t, search, bos_id, eos_id, pad_id)
-        best, token = lprobs.max(dim=-1)  # (R,)
+        lprobs = decoder.log_probs(tokens[:, :t + 1])  # (R, V)
+        cons.apply(lprobs, tokens, t, sent)
+        if search.sampling:
+            token = sample(lprobs, u[rows, t], search)
+            best = lprobs.gather(1, token.unsqueeze(1)).squeeze(1)
+        else:
+            best, token = lprobs.max(dim=-1)  # (R,)
         tokens[:, t + 1] = token
         logprob += best
         ended = token == eos_id
@@ -115,15 +229,16 @@ def greedy_search(model, src: Tensor, search: SearchConfig, bos_id: int, eos_id:
             continue
         lp = length_penalty(t + 1, search.alpha)
         r = done.nonzero()[:, 0]
-        for b, ids, end, logp in zip(rows[r].tolist(), tokens[r, 1:t + 2].tolist(),
+        for b, ids, end, logp in zip(sent[r].tolist(), tokens[r, 1:t + 2].tolist(),
                                      ended[r].tolist(), logprob[r].tolist(), strict=True):
-            results[b] = [Hypothesis(ids[:-1] if end else ids, logp / lp, logp)]
+            results[b].append(Hypothesis(ids[:-1] if end else ids, logp / lp, logp))
         keep = (~done).nonzero()[:, 0]
         if keep.numel() == 0:
             break
-        tokens, logprob, rows, max_len = tokens[keep], logprob[keep], rows[keep], max_len[keep]
+        tokens, logprob, rows = tokens[keep], logprob[keep], rows[keep]
+        sent, max_len = sent[keep], max_len[keep]
         decoder.reorder(keep)
-    return results
+    return [sorted(hyps, key=lambda h: -h.score) for hyps in results]
 
 
 # ----------------------------------------------------------------------------- beam
@@ -161,49 +276,57 @@ class _Finished:
 
 @torch.inference_mode()
 def beam_search(model, src: Tensor, search: SearchConfig, bos_id: int, eos_id: int,
-                pad_id: int, use_cache: bool = True) -> list[list[Hypothesis]]:
+                pad_id: int, use_cache: bool = True, prefixes: list[list[int]] | None = None,
+                lines: list[int] | None = None) -> list[list[Hypothesis]]:
     """Beam search over (B x k) flat rows; (B, S) sources -> search.nbest hypotheses each.
 
-    A sentence retires when it has k finished hypotheses (fairseq's rule, which makes k=1
-    greedy), when it reaches its maximum length, or as soon as no active hypothesis can beat
-    its nbest-th finished one even if every further token had probability 1 (the exact bound
-    for the GNMT penalty: log P / lp(max length)). Retired sentences leave the batch.
+    Every sentence has k rows from the start, all but the first dead (log P = -inf) until
+    the first step fills them. A sentence retires when it has k finished hypotheses
+    (fairseq's rule, which makes k=1 greedy), when it reaches its maximum length, or as soon
+    as no active hypothesis can beat its nbest-th finished one even if every further token
+    had probability 1 (the exact bound for the GNMT penalty: log P / lp(max length)).
+    Retired sentences leave the batch. model, prefixes: as for greedy_search.
     """
+    models = model if isinstance(model, list) else [model]
     B, k, dev = src.size(0), search.beam_size, src.device
-    max_len = max_output_lengths(_source_lengths(src, pad_id), search, model.cfg.max_positions)
-    decoder = Decoder(model, src, use_cache)  # one row per sentence until the first step
-    tokens = src.new_full((B, int(max_len.max()) + 1), pad_id)  # (b width, 1 + T_max)
+    cons = Constraints(search, bos_id, eos_id, pad_id, prefixes, dev)
+    max_len = cons.max_lengths(max_output_lengths(_source_lengths(src, pad_id), search,
+                                                  _max_positions(models)), _max_positions(models))
+    decoder = Decoder(models, src, use_cache)
+    beams = torch.arange(k, device=dev)
+    if k > 1:
+        decoder.reorder(torch.arange(B, device=dev).repeat_interleave(k))  # k rows a sentence
+    tokens = src.new_full((B * k, int(max_len.max()) + 1), pad_id)  # (b k, 1 + T_max)
     tokens[:, 0] = bos_id
-    scores = torch.zeros(B, 1, device=dev)  # (b, width) log P of the active prefixes
+    scores = torch.full((B, k), -torch.inf, device=dev)  # (b, k) log P of the active prefixes
+    scores[:, 0] = 0.0
     sent = torch.arange(B, device=dev)  # original sentence of each active batch entry
     fin = _Finished(B, search.nbest, search.alpha, dev)
     lp_max = length_penalty(max_len.double(), search.alpha).float()  # (b,)
     for t in range(tokens.size(1) - 1):
-        b, width = scores.shape  # width: 1 at the first step, then k
-        logits = decoder.logits(tokens[:, :t + 1])  # (b width, V)
-        lprobs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: no new 4 B/logit
-        _forbid(lprobs, t, search, bos_id, eos_id, pad_id)
+        b = scores.size(0)
+        lprobs = decoder.log_probs(tokens[:, :t + 1])  # (b k, V)
+        cons.apply(lprobs, tokens, t, sent.repeat_interleave(k))
         V = lprobs.size(1)
-        cand = lprobs.add_(scores.view(-1, 1)).view(b, width * V)  # (b, width V): log P
-        if width * V < 2 * k:  # a tiny vocabulary: pad with impossible candidates
-            cand = F.pad(cand, (0, 2 * k - width * V), value=-torch.inf)
+        cand = lprobs.add_(scores.view(-1, 1)).view(b, k * V)  # (b, k V): log P
+        if k * V < 2 * k:  # a vocabulary of one token: pad with impossible candidates
+            cand = F.pad(cand, (0, 2 * k - k * V), value=-torch.inf)
         cand_scores, cand_idx = cand.topk(2 * k, dim=1)  # (b, 2k), best first
-        cand_beam, cand_tok = (cand_idx // V).clamp_(max=width - 1), cand_idx % V  # (b, 2k)
+        cand_beam, cand_tok = (cand_idx // V).clamp_(max=k - 1), cand_idx % V  # (b, 2k)
         is_eos = cand_tok == eos_id
         if is_eos[:, :k].any():  # EOS candidates among the k best finish, with |Y| = t + 1
             i, c = is_eos[:, :k].nonzero(as_tuple=True)
-            fin.add(sent[i], tokens[i * width + cand_beam[i, c], 1:t + 1], cand_scores[i, c],
-                    t + 1)
+            fin.add(sent[i], tokens[i * k + cand_beam[i, c], 1:t + 1], cand_scores[i, c], t + 1)
         # The k best candidates that do not end go on: sort positions with EOS pushed last.
         pos = (is_eos.long() * 2 * k + torch.arange(2 * k, device=dev)).topk(
             k, dim=1, largest=False).indices  # (b, k)
         scores = cand_scores.gather(1, pos)  # (b, k), still best first
-        rows = (torch.arange(b, device=dev) * width).unsqueeze(1) + cand_beam.gather(1, pos)
+        rows = (torch.arange(b, device=dev) * k).unsqueeze(1) + cand_beam.gather(1, pos)
         tokens = tokens.index_select(0, rows.view(-1))  # (b k, 1 + T_max)
         tokens[:, t + 1] = cand_tok.gather(1, pos).view(-1)
         reached = max_len <= t + 1
         if reached.any():  # out of length: the k active hypotheses finish as they are
-            out = (reached.nonzero() * k + torch.arange(k, device=dev)).view(-1)  # rows
+            out = (reached.nonzero() * k + beams).view(-1)  # rows
             fin.add(sent[out // k], tokens[out, 1:t + 2], scores.view(-1)[out], t + 1)
         beaten = fin.threshold[sent] >= scores[:, 0] / lp_max  # nothing active can win
         done = reached | (fin.count[sent] >= k) | beaten
@@ -211,19 +334,38 @@ def beam_search(model, src: Tensor, search: SearchConfig, bos_id: int, eos_id: i
             keep = (~done).nonzero()[:, 0]  # (b',)
             if keep.numel() == 0:
                 break
-            keep_rows = (keep.unsqueeze(1) * k + torch.arange(k, device=dev)).view(-1)  # (b' k,)
+            keep_rows = (keep.unsqueeze(1) * k + beams).view(-1)  # (b' k,)
             rows, tokens = rows.view(-1)[keep_rows], tokens[keep_rows]
             scores, sent, max_len, lp_max = scores[keep], sent[keep], max_len[keep], lp_max[keep]
-        decoder.reorder(rows.view(-1), beam=k)
+        decoder.reorder(rows.view(-1))
     return [fin.best(i) for i in range(B)]
+
+
+# ----------------------------------------------------------------------------- scoring
+@torch.inference_mode()
+def score_batch(model, src: Tensor, tgt: Tensor, search: SearchConfig, bos_id: int,
+                pad_id: int) -> list[Hypothesis]:
+    """log P(Y|X) of given targets by teacher forcing (fairseq's --score-reference).
+
+    (B, S) sources and (B, T) targets, each ending with EOS, then PAD -> per pair a
+    Hypothesis of the target ids (no EOS), log P / lp(|Y|) and log P, |Y| counting the EOS.
+    """
+    models = model if isinstance(model, list) else [model]
+    token_lp = Decoder(models, src, use_cache=False).target_log_probs(tgt, pad_id, bos_id)
+    lengths = (tgt != pad_id).sum(dim=1)  # (B,) |Y|
+    logprob = token_lp.sum(dim=1)  # (B,)
+    score = logprob / length_penalty(lengths.double(), search.alpha).float()
+    return [Hypothesis(ids[:n - 1], s, lp) for ids, n, s, lp in zip(
+        tgt.tolist(), lengths.tolist(), score.tolist(), logprob.tolist(), strict=True)]
 
 
 # ----------------------------------------------------------------------------- batching
 def search_batch(model, src: Tensor, search: SearchConfig, bos_id: int, eos_id: int,
-                 pad_id: int, use_cache: bool = True) -> list[list[Hypothesis]]:
-    """Greedy search when beam_size is 1, else beam search."""
-    fn = greedy_search if search.beam_size == 1 else beam_search
-    return fn(model, src, search, bos_id, eos_id, pad_id, use_cache)
+                 pad_id: int, use_cache: bool = True, prefixes: list[list[int]] | None = None,
+                 lines: list[int] | None = None) -> list[list[Hypothesis]]:
+    """Greedy search (or sampling) when beam_size is 1 or sampling is on, else beam search."""
+    fn = greedy_search if search.beam_size == 1 or search.sampling else beam_search
+    return fn(model, src, search, bos_id, eos_id, pad_id, use_cache, prefixes, lines)
 
 
 def make_batches(lengths: list[int], max_tokens: int, max_sentences: int = 0) -> list[list[int]]:
@@ -247,132 +389,111 @@ def pad_batch(seqs: list[list[int]], pad_id: int, device: torch.device | str) ->
     return out.to(device)
 
 
-def translate_nbest(model, src_ids: list[list[int]], search: SearchConfig, bos_id: int,
-                    eos_id: int, pad_id: int, device: torch.device | str = "cpu",
-                    use_cache: bool = True, progress=None, workers: int = 1,
-                    onednn: bool = True) -> list[list[Hypothesis]]:
-    """Translate id lists (no BOS/EOS) in length-sorted token-budget batches, in input order.
-
-    An empty source gives one empty hypothesis with score 0. The model is put in eval mode
-    for the search and returned to its previous mode. progress: called with each batch size.
-    workers > 1 (CPU only): forked single-threaded processes translate whole batches side by
-    side (data parallelism, like Marian's --cpu-threads: no per-operation thread
-    synchronisation, which small decoding steps pay dearly for; one thread each, as GNU
-    OpenMP cannot start a thread team in a process forked from one that had one).
-    onednn: pre-pack the Linear weights for oneDNN on the CPU (see onednn_linears).
-    """
-    results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
-    todo = [i for i, s in enumerate(src_ids) if len(s) > 0]
-    per_batch = search.max_sentences
-    if workers > 1:  # at least one batch per worker
-        share = -(-len(todo) // workers)
-        per_batch = min(per_batch or share, share)
-    batches = [[todo[j] for j in batch] for batch in make_batches(
-        [len(src_ids[i]) + 1 for i in todo], search.max_tokens, per_batch)]
-    job = BatchJob(model, search, bos_id, eos_id, pad_id, torch.device(device), use_cache)
-    was_training = model.training
-    model.eval()
-    try:
-        packing = (onednn and job.device.type == "cpu"
-                   and not torch.is_autocast_enabled("cpu"))  # fp32 kernels only
-        with onednn_linears(model, enabled=packing, rows=64 * search.beam_size):
-            for idx, hyps in _run_batches(job, batches, src_ids, workers):
-                for i, h in zip(idx, hyps, strict=True):
-                    results[i] = h
-                if progress is not None:
-                    progress(len(idx))
-    finally:
-        model.train(was_training)
-    return results
-
-
-@contextmanager
-def onednn_linears(model: torch.nn.Module, enabled: bool = True, rows: int = 256):
-    """Within the block, every float32 nn.Linear of `model` on the CPU multiplies with oneDNN
-    and a weight packed once on entry (what torch.compile's freezing does; 10-25% faster than
-    re-packing inside every MKL call at decoding sizes). Inference only: the packed copies do
-    not follow weight updates. Where PyTorch lacks these ops, nothing changes."""
-    packed = _pack_linears(model, rows) if enabled else []
-    try:
-        for module, weight in packed:  # an instance attribute shadows Linear.forward
-            module.forward = functools.partial(_packed_linear, weight, module.bias)
-        yield
-    finally:
-        for module, _ in packed:
-            del module.forward
-
-
-def _packed_linear(weight: Tensor, bias: Tensor | None, x: Tensor) -> Tensor:
-    """x W^T + b with a weight packed by torch.ops.mkldnn._reorder_linear_weight."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-
-
-def _pack_linears(model: torch.nn.Module, rows: int) -> list[tuple[torch.nn.Module, Tensor]]:
-    """(module, packed weight) for each float32 CPU Linear; [] if oneDNN cannot do it."""
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)
-               and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
-    if not (linears and torch.backends.mkldnn.is_available()):
-        return []
-    try:
-        packed = [(m, torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), rows))
-                  for m in linears]
-        m, weight = packed[0]
-        x = torch.linspace(-1.0, 1.0, 3 * m.in_features).view(3, -1)  # no RNG draws
-        if not torch.allclose(_packed_linear(weight, m.bias, x), F.linear(x, m.weight, m.bias),
-                              rtol=1e-3, atol=1e-3):
-            return []
-    except (AttributeError, RuntimeError):  # ops missing or refusing these shapes
-        return []
-    return packed
-
-
 @dataclass
 class BatchJob:
-    """Everything needed to translate one batch of id lists (what a worker process holds)."""
+    """Everything needed to translate or score one batch (what a worker process holds)."""
 
-    model: torch.nn.Module
+    models: list
     search: SearchConfig
     bos_id: int
     eos_id: int
     pad_id: int
     device: torch.device
-    use_cache: bool
+    use_cache: bool = True
+    score: bool = False  # score the given targets instead of searching
 
-    def __call__(self, seqs: list[list[int]]) -> list[list[Hypothesis]]:
-        """Id lists (no BOS/EOS) -> hypotheses, in the same order."""
-        src = pad_batch([list(s) + [self.eos_id] for s in seqs], self.pad_id, self.device)
-        return search_batch(self.model, src, self.search, self.bos_id, self.eos_id,
-                            self.pad_id, self.use_cache)
-
-
-def _run_batches(job: BatchJob, batches: list[list[int]], src_ids, workers: int):
-    """Yield (indices, hypotheses) per batch, computed here or by forked worker processes."""
-    seqs = ([src_ids[i] for i in idx] for idx in batches)
-    if (workers <= 1 or len(batches) <= 1 or job.device.type != "cpu"
-            or "fork" not in mp.get_all_start_methods()):
-        for idx, batch in zip(batches, seqs, strict=True):
-            yield idx, job(batch)
-        return
-    with mp.get_context("fork").Pool(min(workers, len(batches)), _start_worker,
-                                     (job,)) as pool:
-        for n, hyps in pool.imap_unordered(_work, enumerate(seqs)):
-            yield batches[n], hyps
+    def __call__(self, items: list[tuple[int, list[int], list[int]]]) -> list[list[Hypothesis]]:
+        """(line number, source ids, prefix or target ids) triples -> hypotheses, in order."""
+        src = pad_batch([s + [self.eos_id] for _, s, _ in items], self.pad_id, self.device)
+        if self.score:
+            tgt = pad_batch([y + [self.eos_id] for _, _, y in items], self.pad_id, self.device)
+            return [[h] for h in score_batch(self.models, src, tgt, self.search, self.bos_id,
+                                             self.pad_id)]
+        return search_batch(self.models, src, self.search, self.bos_id, self.eos_id,
+                            self.pad_id, self.use_cache, [y for _, _, y in items],
+                            [i for i, _, _ in items])
 
 
-_JOB: BatchJob | None = None  # in a worker process: the job it inherited when forked
+def decoding_models(model, search: SearchConfig, fast: bool = True) -> list:
+    """The models to decode with: each Transformer prepared as a FastModel in search.dtype
+    (unless fast=False: the reference model itself, in fp32 only); others as they are."""
+    models = list(model) if isinstance(model, list | tuple) else [model]
+    if not fast:
+        if search.dtype != "fp32":
+            raise ValueError(f"search.dtype={search.dtype} needs the fast path")
+        return models
+    for m in models:
+        if isinstance(m, FastModel) and m.dtype != search.dtype:
+            raise ValueError(f"a FastModel in {m.dtype} but search.dtype={search.dtype}")
+    return [FastModel(m, search.dtype, rows=64 * search.beam_size)
+            if isinstance(m, Transformer) else m for m in models]
 
 
-def _start_worker(job: BatchJob) -> None:
-    """Worker process set-up: keep the (inherited, unpickled) job; run one thread."""
-    global _JOB
-    _JOB = job
-    torch.set_num_threads(1)
+def run_jobs(job: BatchJob, items: list[tuple[int, list[int], list[int]]], workers: int = 1,
+             progress=None) -> list[list[Hypothesis]]:
+    """Run `job` on length-sorted token-budget batches of items; results in input order.
+
+    workers > 1 (CPU only): forked worker processes (nmt.fast.parallel_batches), with at
+    least one batch each. Reference models are put in eval mode and back meanwhile.
+    """
+    per_batch = job.search.max_sentences
+    if workers > 1:  # at least one batch per worker
+        share = -(-len(items) // workers)
+        per_batch = min(per_batch or share, share)
+    lengths = [max(len(s), len(y) if job.score else 0) + 1 for _, s, y in items]
+    batches = make_batches(lengths, job.search.max_tokens, per_batch)
+    results: list[list[Hypothesis]] = [[] for _ in items]
+    modes = [(m, m.training) for m in job.models if isinstance(m, torch.nn.Module)]
+    try:
+        for m, _ in modes:
+            m.eval()
+        seqs = ([items[i] for i in batch] for batch in batches)
+        for n, hyps in parallel_batches(job, batches, seqs, workers):
+            for i, h in zip(batches[n], hyps, strict=True):
+                results[i] = h
+            if progress is not None:
+                progress(len(batches[n]))
+    finally:
+        for m, training in modes:
+            m.train(training)
+    return results
 
 
-def _work(task: tuple[int, list[list[int]]]) -> tuple[int, list[list[Hypothesis]]]:
-    """Worker process: translate batch number n."""
-    n, seqs = task
-    return n, _JOB(seqs)
+def translate_nbest(model, src_ids: list[list[int]], search: SearchConfig, bos_id: int,
+                    eos_id: int, pad_id: int, device: torch.device | str = "cpu",
+                    use_cache: bool = True, progress=None, workers: int = 1, fast: bool = True,
+                    prefixes: list[list[int]] | None = None,
+                    lines: list[int] | None = None) -> list[list[Hypothesis]]:
+    """Translate id lists (no BOS/EOS) in length-sorted token-budget batches, in input order.
+
+    model: a Transformer, a FastModel, or a list of them (an ensemble). fast: decode with
+    nmt.fast.FastModel in search.dtype (False: the reference model, as the tests compare).
+    An empty source without a prefix gives one empty hypothesis with score 0. progress:
+    called with each batch size. workers > 1 (CPU only): forked single-threaded processes
+    translate whole batches side by side. prefixes: per source, output ids every hypothesis
+    starts with. lines: per source, its input line number (seeds sampling; default 0..n-1).
+    """
+    models = decoding_models(model, search, fast and use_cache)
+    job = BatchJob(models, search, bos_id, eos_id, pad_id, torch.device(device), use_cache)
+    prefixes = prefixes or [[] for _ in src_ids]
+    lines = lines or list(range(len(src_ids)))
+    todo = [i for i, s in enumerate(src_ids) if s or prefixes[i]]
+    results = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
+    out = run_jobs(job, [(lines[i], src_ids[i], prefixes[i]) for i in todo], workers, progress)
+    for i, hyps in zip(todo, out, strict=True):
+        results[i] = hyps
+    return results
+
+
+def score_pairs(model, src_ids: list[list[int]], tgt_ids: list[list[int]], search: SearchConfig,
+                bos_id: int, eos_id: int, pad_id: int, device: torch.device | str = "cpu",
+                progress=None, workers: int = 1, fast: bool = True) -> list[Hypothesis]:
+    """log P(Y|X) and the length-normalised score of each (source, target) pair of id lists
+    (no BOS/EOS), batched like translate_nbest, in input order."""
+    models = decoding_models(model, search, fast)
+    job = BatchJob(models, search, bos_id, eos_id, pad_id, torch.device(device), score=True)
+    items = [(i, s, y) for i, (s, y) in enumerate(zip(src_ids, tgt_ids, strict=True))]
+    return [hyps[0] for hyps in run_jobs(job, items, workers, progress)]
 
 
 def translate_ids(model, src_ids: list[list[int]], search: SearchConfig, bos_id: int,

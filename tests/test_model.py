@@ -178,22 +178,3 @@ def test_too_long_input_is_a_clear_error():
     model = build_model(tiny_cfg(max_positions=8), 50, 50)
     with pytest.raises(ValueError, match="max_positions"):
         model(torch.ones(1, 9, dtype=torch.long), torch.ones(1, 3, dtype=torch.long))
-
-
-def test_cpu_dropout_drops_p_and_keeps_the_expectation():
-    from nmt.model import Dropout
-
-    torch.manual_seed(0)
-    drop = Dropout(0.1)
-    x = torch.ones(1000, 1001, requires_grad=True)  # an odd size: not a multiple of 4
-    y = drop(x)
-    dropped = (y == 0).float().mean().item()
-    assert abs(dropped - 0.1) < 0.003
-    assert torch.allclose(y[y != 0], torch.tensor(1 / 0.9))
-    y.sum().backward()
-    assert torch.equal(x.grad, y.detach())  # d(x * scale)/dx = scale
-    assert torch.equal(drop.eval()(x), x)
-    torch.manual_seed(1)
-    a = Dropout(0.1)(x)
-    torch.manual_seed(1)
-    assert torch.equal(a, Dropout(0.1)(x))  # seeded like every torch random draw

@@ -12,7 +12,6 @@ from nmt.search import (
     greedy_search,
     length_penalty,
     make_batches,
-    onednn_linears,
     pad_batch,
     translate_ids,
     translate_nbest,
@@ -209,30 +208,6 @@ def test_make_batches_respects_the_budget_and_sorts_by_length():
     assert all(len(b) <= 2 for b in make_batches(lengths, max_tokens=10 ** 6, max_sentences=2))
 
 
-def test_beam_rows_share_the_encoder_memory(model):
-    """start_decoding(beam=k) with k rows per sentence equals k explicit copies of each."""
-    src = pad_batch([[5, 6, 7], [8, 9]], PAD, "cpu")
-    k, steps = 3, 4
-    g = torch.Generator().manual_seed(0)
-    tgt = torch.randint(4, V, (2 * k, steps), generator=g)
-    reorder = torch.tensor([2, 2, 0, 4, 3, 3])  # beams move within their sentence
-    with torch.no_grad():
-        memory, mask = model.encode(src)
-        shared = model.start_decoding(memory, mask, beam=k)
-        rows = torch.arange(2).repeat_interleave(k)
-        copied = model.start_decoding(memory[rows], mask[rows])
-        for t in range(steps):
-            a = model.decode_step(tgt[:, t:t + 1], shared)
-            b = model.decode_step(tgt[:, t:t + 1], copied)
-            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-            shared.reorder(reorder)
-            copied.reorder(reorder)
-        shared.reorder(torch.tensor([3, 4, 5]))  # the first sentence retires
-        copied.reorder(torch.tensor([3, 4, 5]))
-        torch.testing.assert_close(model.decode_step(tgt[3:, :1], shared),
-                                   model.decode_step(tgt[3:, :1], copied), atol=1e-5, rtol=1e-5)
-
-
 @pytest.mark.parametrize("beam", [1, 4])
 def test_worker_processes_give_the_same_outputs(model, sources, beam):
     cfg = search(beam_size=beam, nbest=2 if beam > 1 else 1, max_tokens=20)
@@ -240,19 +215,6 @@ def test_worker_processes_give_the_same_outputs(model, sources, beam):
     forked = run(model, sources, cfg, workers=3)
     assert tokens(forked) == tokens(here)
     assert [h[0].score for h in forked] == [h[0].score for h in here]
-
-
-def test_onednn_linears_match_and_are_undone(model, sources):
-    linear = model.generator
-    x = torch.randn(5, linear.in_features)
-    with torch.no_grad():
-        plain = linear(x)
-        with onednn_linears(model):
-            packed = linear(x)
-        assert "forward" not in vars(linear)
-        torch.testing.assert_close(packed, plain, atol=1e-4, rtol=1e-4)
-    on = run(model, sources, search(), onednn=True)
-    assert tokens(on) == tokens(run(model, sources, search(), onednn=False))
 
 
 def test_translating_draws_no_random_numbers(model, sources):

@@ -1,0 +1,190 @@
+"""nmt.fast: the speed paths give the reference model's results (tokens, logits, dropout)."""
+
+import dataclasses
+
+import pytest
+import torch
+from translate_helpers import random_sources, tiny_model, tiny_model_cfg
+
+from nmt.config import SearchConfig
+from nmt.fast import CpuDropout, FastModel, PackedLinear, pack_linears
+from nmt.model import build_model
+from nmt.search import pad_batch, translate_nbest
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PAD, BOS, EOS = 0, 2, 3
+V = 24
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(V, seed=0, eos_like=20, N=2)
+
+
+@pytest.fixture(scope="module")
+def sources():
+    return random_sources(24, V, seed=1)
+
+
+def search(**kw) -> SearchConfig:
+    base = dict(beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=6, min_len=1)
+    base.update(kw)
+    return SearchConfig(**base)
+
+
+def run(model, sources, cfg, **kw):
+    return translate_nbest(model, sources, cfg, BOS, EOS, PAD, **kw)
+
+
+def tokens(results):
+    return [[h.tokens for h in hyps] for hyps in results]
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_fast_logits_equal_the_reference(norm):
+    """Encoder output, teacher-forced logits and cached steps of FastModel (fp32) match."""
+    torch.manual_seed(2)
+    model = build_model(dataclasses.replace(tiny_model_cfg(N=2), norm=norm), V, V).eval()
+    fast = FastModel(model)
+    src = pad_batch([[5, 6, 7, 8], [9, 10]], PAD, "cpu")
+    tgt = torch.tensor([[BOS, 4, 5, 6], [BOS, 7, 8, 9]])
+    with torch.inference_mode():
+        memory, mask = model.encode(src)
+        fast_memory, fast_mask = fast.encode(src)
+        torch.testing.assert_close(fast_memory, memory, atol=1e-4, rtol=1e-4)
+        full = model.decode(tgt, memory, mask)
+        torch.testing.assert_close(fast.decode(tgt, fast_memory, fast_mask), full,
+                                   atol=1e-4, rtol=1e-4)
+        state = fast.start_decoding(fast_memory, fast_mask)
+        for t in range(tgt.size(1)):
+            torch.testing.assert_close(fast.decode_step(tgt[:, t:t + 1], state)[:, 0],
+                                       full[:, t], atol=1e-4, rtol=1e-4)
+
+
+def test_beam_rows_share_the_encoder_memory(model):
+    """k consecutive rows per sentence share one memory row and give what k copies give."""
+    src = pad_batch([[5, 6, 7], [8, 9]], PAD, "cpu")
+    k, steps = 3, 4
+    g = torch.Generator().manual_seed(0)
+    tgt = torch.randint(4, V, (2 * k, steps), generator=g)
+    fast = FastModel(model)
+    with torch.inference_mode():
+        memory, mask = fast.encode(src)
+        shared = fast.start_decoding(memory, mask)
+        shared.reorder(torch.arange(2).repeat_interleave(k))
+        assert shared.g == k and shared.memory_kv[0][0].size(0) == 2  # not copied
+        ref_memory, ref_mask = model.encode(src)
+        copied = model.start_decoding(ref_memory, ref_mask)
+        copied.reorder(torch.arange(2).repeat_interleave(k))
+        reorder = torch.tensor([2, 2, 0, 4, 3, 3])  # beams move within their sentence
+        for t in range(steps):
+            a = fast.decode_step(tgt[:, t:t + 1], shared)
+            b = model.decode_step(tgt[:, t:t + 1], copied)
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+            shared.reorder(reorder)
+            copied.reorder(reorder)
+        shared.reorder(torch.tensor([3, 4, 5]))  # the first sentence retires
+        copied.reorder(torch.tensor([3, 4, 5]))
+        assert shared.g == k and shared.memory_kv[0][0].size(0) == 1
+        torch.testing.assert_close(fast.decode_step(tgt[3:, :1], shared),
+                                   model.decode_step(tgt[3:, :1], copied), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kw", [dict(beam_size=1), dict(beam_size=4, nbest=3),
+                                dict(sampling=True, nbest=3, top_k=5),
+                                dict(beam_size=4, no_repeat_ngram_size=2)])
+def test_the_fast_path_gives_the_reference_tokens(model, sources, kw):
+    cfg = search(**kw)
+    fast = run(model, sources, cfg)
+    reference = run(model, sources, cfg, fast=False)
+    assert tokens(fast) == tokens(reference)
+    for f, r in zip(fast, reference, strict=True):
+        assert [h.score for h in f] == pytest.approx([h.score for h in r], abs=1e-4)
+
+
+def test_packed_linears_compute_the_same_maps():
+    torch.manual_seed(0)
+    layers = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 8, bias=False))
+    x = torch.randn(5, 16)
+    with torch.inference_mode():
+        plain = layers(x)
+        if not pack_linears(layers, rows=5):
+            pytest.skip("this PyTorch has no oneDNN linear packing")
+        assert all(isinstance(m, PackedLinear) for m in layers)
+        torch.testing.assert_close(layers(x), plain, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "int8"])
+def test_bf16_and_int8_stay_close_to_fp32(dtype):
+    """Logits within a few percent; on a peaked model the same greedy and beam outputs."""
+    model = tiny_model(V, seed=4, N=2)
+    with torch.no_grad():
+        model.generator.weight.mul_(6.0)  # a confident model, as trained ones are
+    src = pad_batch([[5, 6, 7, 8], [9, 10]], PAD, "cpu")
+    tgt = torch.tensor([[BOS, 4, 5, 6], [BOS, 7, 8, 9]])
+    with torch.inference_mode():
+        ref = model.decode(tgt, *model.encode(src))
+        low = FastModel(model, dtype)
+        out = low.decode(tgt, *low.encode(src)).float()
+    assert (out - ref).abs().max() < 0.05 * ref.abs().max()
+    sources = random_sources(16, V, seed=5)
+    for beam in (1, 4):
+        cfg = search(beam_size=beam)
+        same = [a == b for a, b in zip(tokens(run(model, sources, SearchConfig(**{
+            **vars(cfg), "dtype": dtype}))), tokens(run(model, sources, cfg)), strict=True)]
+        assert sum(same) >= 0.8 * len(same)
+
+
+def test_fast_model_leaves_the_model_unchanged(model):
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for dtype in ("fp32", "bf16", "int8"):
+        FastModel(model, dtype)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) and before[k].dtype == after[k].dtype
+               for k in before)
+
+
+def test_int8_and_fp16_say_where_they_run(model):
+    with pytest.raises(ValueError, match="fp16 needs CUDA"):
+        FastModel(model, "fp16")
+
+
+# ----------------------------------------------------------------------------- training
+def test_cpu_dropout_drops_p_and_keeps_the_expectation():
+    torch.manual_seed(0)
+    drop = CpuDropout(0.1)
+    x = torch.ones(1000, 1001, requires_grad=True)  # an odd size: not a multiple of 4
+    y = drop(x)
+    dropped = (y == 0).float().mean().item()
+    assert abs(dropped - 0.1) < 0.003
+    assert torch.allclose(y[y != 0], torch.tensor(1 / 0.9))
+    y.sum().backward()
+    assert torch.equal(x.grad, y.detach())  # d(x * scale)/dx = scale
+    assert torch.equal(drop.eval()(x), x)
+    torch.manual_seed(1)
+    a = CpuDropout(0.1)(x)
+    torch.manual_seed(1)
+    assert torch.equal(a, CpuDropout(0.1)(x))  # seeded like every torch random draw
+
+
+def test_build_model_trains_with_the_cpu_speed_paths():
+    """Every dropout is a CpuDropout; bf16 forward passes use plain attention and give the
+    fused kernel's result; the kernel choice is undone afterwards."""
+    model = build_model(tiny_model(V).cfg, V, V)
+    drops = [m for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+    assert drops and all(isinstance(m, CpuDropout) for m in drops)
+    model.eval()
+    src = pad_batch([[5, 6, 7, 8], [9, 10]], PAD, "cpu")
+    tgt = torch.tensor([[BOS, 4, 5, 6], [BOS, 7, 8, 9]])
+    fused = []  # per forward pass: was the fused kernel allowed inside it?
+    model.encoder[0].register_forward_hook(
+        lambda *_: fused.append(torch.backends.cuda.flash_sdp_enabled()))
+    with torch.no_grad():
+        model(src, tgt)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            hooked = model(src, tgt)
+            plain = model.decode(tgt, *model.encode(src))  # no hooks: the default kernel
+    assert fused == [True, False, True]
+    assert torch.backends.cuda.flash_sdp_enabled()  # undone
+    torch.testing.assert_close(hooked.float(), plain.float(), atol=0.1, rtol=0.05)
