@@ -1,32 +1,41 @@
-"""nmt-translate: a checkpoint and raw text in, detokenized translations out.
+"""nmt-translate: checkpoints and raw text in, detokenized translations (or scores) out.
 
 Reads raw lines (a file or standard input), encodes them with the SentencePiece model stored in
-the checkpoint, translates them in length-sorted token-budget batches (nmt.search), and writes
-one detokenized line per input line, in input order (or `i ||| hypothesis ||| score` lines when
-search.nbest > 1). With ref=..., prints sacreBLEU BLEU and chrF with their signatures (the
-scorer of validation, nmt.scoring) to stderr; stdout carries only translations.
+the checkpoint, translates them in length-sorted token-budget batches (nmt.search) with one
+model or an ensemble, and writes one detokenized line per input line, in input order (or
+`i ||| hypothesis ||| score` lines when search.nbest > 1). With ref=..., prints sacreBLEU BLEU
+and chrF with their signatures (the scorer of validation, nmt.scoring) to stderr; stdout
+carries only translations. score_reference=true writes `log P<TAB>score<TAB>|Y|` per given
+pair instead. From a pipe or a terminal, lines are translated as they arrive; under torchrun
+the ranks share the lines and rank 0 writes them all.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import queue
+import stat
 import sys
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from nmt import distributed
 from nmt.checkpoint import load_checkpoint, temporary_beside
 from nmt.config import ModelConfig, TranslateConfig
 from nmt.errors import ConfigError, NmtError
 from nmt.model import Transformer, build_model
 from nmt.scoring import score
-from nmt.search import Hypothesis, translate_nbest
+from nmt.search import Hypothesis, decoding_models, score_pairs, translate_nbest
 from nmt.tokenizer import Tokenizer
 
 PROG = "nmt-translate"
+CHUNK_LINES = 1000  # interactive input: lines translated together at most
+PARALLEL_LINES = 32  # interactive input: fewer lines per worker than this use one process
 VOCAB_KEYS = ("src_size", "tgt_size", "joint", "pad_id", "bos_id", "eos_id", "sha256",
               "src_spm", "tgt_spm")
 
@@ -129,24 +138,63 @@ def read_lines(path: str, what: str = "input") -> list[str]:
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()  # the final line end
-    out = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            out.append(line.decode("utf-8").removesuffix("\r"))
-        except UnicodeDecodeError as e:
-            raise NmtError(f"{name}: line {number} is not valid UTF-8 "
-                           f"(byte 0x{line[e.start]:02x} at offset {e.start})") from None
-    return out
+    return [decode_line(line, number, name) for number, line in enumerate(lines, start=1)]
+
+
+def decode_line(line: bytes, number: int, name: str) -> str:
+    """One line's bytes (line end optional) as text; invalid UTF-8 is an error naming it."""
+    try:
+        return line.decode("utf-8").removesuffix("\n").removesuffix("\r")
+    except UnicodeDecodeError as e:
+        raise NmtError(f"{name}: line {number} is not valid UTF-8 "
+                       f"(byte 0x{line[e.start]:02x} at offset {e.start})") from None
+
+
+def is_interactive(path: str) -> bool:
+    """Is `path` standard input coming from a pipe, a socket or a terminal (not a file)?"""
+    if path != "-":
+        return False
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):  # no real stdin (e.g. captured by pytest)
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or sys.stdin.isatty()
+
+
+def arriving_chunks(stream, limit: int = CHUNK_LINES):
+    """Yield lists of the lines (bytes) of `stream` as they arrive: wait for one, then take
+    those already there, up to `limit` (a reader thread feeds a queue)."""
+    lines: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        for line in stream:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    while (first := lines.get()) is not None:
+        chunk = [first]
+        while len(chunk) < limit:
+            try:
+                line = lines.get_nowait()
+            except queue.Empty:
+                break
+            if line is None:
+                yield chunk
+                return
+            chunk.append(line)
+        yield chunk
 
 
 def encode_lines(tok: Tokenizer, lines: list[str], max_tokens: int, name: str,
-                 quiet: bool = False) -> list[list[int]]:
-    """Subword ids of each line, cut to max_tokens with a warning (the first few named)."""
+                 quiet: bool = False, first: int = 0) -> list[list[int]]:
+    """Subword ids of each line, cut to max_tokens with a warning (the first few named);
+    first: the number of lines before these in the input (for the line numbers)."""
     ids = tok.encode(lines)
     long = [i for i, seq in enumerate(ids) if len(seq) > max_tokens]
     for shown, i in enumerate(long):
         if not quiet and shown < 5:
-            log(f"warning: {name}: line {i + 1} has {len(ids[i])} tokens; truncated to "
+            log(f"warning: {name}: line {first + i + 1} has {len(ids[i])} tokens; truncated to "
                 f"{max_tokens}")
         ids[i] = ids[i][:max_tokens]
     if len(long) > 5 and not quiet:
@@ -154,11 +202,27 @@ def encode_lines(tok: Tokenizer, lines: list[str], max_tokens: int, name: str,
     return ids
 
 
+def split_tsv(lines: list[str], first: int, name: str, second: str) -> tuple[list[str], list[str]]:
+    """`source<TAB>second` lines -> the sources and the second column; anything else is an
+    error naming the line."""
+    pairs = [line.split("\t") for line in lines]
+    for number, pair in enumerate(pairs, start=first + 1):
+        if len(pair) != 2:
+            raise NmtError(f"{name}: line {number} is not source<TAB>{second} "
+                           f"({len(pair) - 1} TABs)")
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
 def format_output(index: int, hyps: list[Hypothesis], texts: list[str], nbest: int) -> list[str]:
     """The output lines of one input: its best translation, or nbest `i ||| text ||| score`."""
     if nbest == 1:
         return [texts[0]]
     return [f"{index} ||| {text} ||| {h.score:.4f}" for h, text in zip(hyps, texts, strict=True)]
+
+
+def format_score(h: Hypothesis) -> str:
+    """The output line of a scored pair: log P(Y|X), log P / lp(|Y|), |Y| (EOS counted)."""
+    return f"{h.logprob:.4f}\t{h.score:.4f}\t{len(h.tokens) + 1}"
 
 
 def write_lines(path: str, lines: list[str]) -> None:
@@ -182,54 +246,199 @@ def write_lines(path: str, lines: list[str]) -> None:
 
 
 # ----------------------------------------------------------------------------- the command
+@dataclass
+class Session:
+    """What translating or scoring any chunk of the input needs."""
+
+    cfg: TranslateConfig
+    translators: list[Translator]  # one, or an ensemble's
+    models: list  # their models prepared for decoding (nmt.fast.FastModel in search.dtype)
+    env: distributed.DistInfo  # this rank under torchrun
+    workers: int  # CPU worker processes of this rank
+    limit: int  # tokens kept of a source, prefix or target
+    name: str  # the input's name in messages
+    refs: list[str] | None  # ref=...: references to score BLEU, or targets (score_reference)
+
+
+@dataclass
+class Chunk:
+    """The results for a chunk of input lines."""
+
+    lines: list[str]  # output lines
+    nbest: list[list[Hypothesis]]  # per input line
+    texts: list[list[str]] = field(default_factory=list)  # detokenized hypotheses (translating)
+    src_ids: list[list[int]] = field(default_factory=list)
+
+
 def translate(cfg: TranslateConfig) -> dict:
-    """nmt-translate: translate cfg.input into cfg.output; returns hypotheses and scores."""
-    device = resolve_device(cfg.device)
+    """nmt-translate: translate (or score) cfg.input into cfg.output; returns the results."""
+    session = open_session(cfg)
+    try:
+        if (is_interactive(cfg.input) and session.env.world_size == 1
+                and not cfg.attention_plot):
+            return run_interactive(session)
+        return run_all(session)
+    finally:
+        if session.env.world_size > 1:
+            distributed.shutdown()
+
+
+def open_session(cfg: TranslateConfig) -> Session:
+    """Devices, ranks and processes; the checkpoints loaded, checked and prepared."""
+    env = distributed.init(resolve_device(cfg.device).type)
+    device = env.device
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    workers = (cfg.workers or cores) if device.type == "cpu" else 1
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    share = max(1, cores // env.world_size)  # the cores of this rank
+    workers = (cfg.workers or share) if device.type == "cpu" else 1
+    if cfg.threads or env.world_size > 1:
+        torch.set_num_threads(cfg.threads or share)
     if device.type == "cpu":
         from nmt.train import keep_freed_memory
 
         keep_freed_memory()  # reuse freed memory: large per-step tensors cost no page faults
-    translator = load_translator(cfg.checkpoint, device)
+    translators = [load_translator(path, device) for path in cfg.checkpoints]
+    check_ensemble(translators, cfg.checkpoints)
     if cfg.vocab_check:
-        check_vocab(translator, cfg.vocab_check, cfg.checkpoint)
-    name = "<stdin>" if cfg.input == "-" else cfg.input
-    lines = read_lines(cfg.input)
+        check_vocab(translators[0], cfg.vocab_check, cfg.checkpoints[0])
+    try:
+        models = decoding_models([t.model for t in translators], cfg.search)
+    except ValueError as e:
+        raise NmtError(f"search.dtype: {e}") from None
+    limit = min(cfg.max_input_tokens, *(t.model.cfg.max_positions - 1 for t in translators))
     refs = read_lines(cfg.ref, "references") if cfg.ref else None
-    if refs is not None and len(refs) != len(lines):
-        raise NmtError(f"{cfg.ref}: {len(refs)} reference lines but {len(lines)} input lines")
-    if cfg.attention_plot and cfg.attention_line > len(lines):
-        raise NmtError(f"attention_line={cfg.attention_line}: {name} has {len(lines)} lines")
-    limit = min(cfg.max_input_tokens, translator.model.cfg.max_positions - 1)
-    src_ids = encode_lines(translator.src_tok, lines, limit, name, cfg.quiet)
+    name = "<stdin>" if cfg.input == "-" else cfg.input
+    return Session(cfg, translators, models, env, workers, limit, name, refs)
 
+
+def check_ensemble(translators: list[Translator], paths: list[str]) -> None:
+    """The models of an ensemble must share their vocabularies and special ids."""
+    first = translators[0].vocab
+    for tr, path in zip(translators[1:], paths[1:], strict=True):
+        for key in ("sha256", "src_size", "tgt_size", "pad_id", "bos_id", "eos_id"):
+            if tr.vocab[key] != first[key]:
+                raise NmtError(f"{path}: vocabulary differs from {paths[0]}'s ({key} "
+                               f"{str(tr.vocab[key])[:12]} against {str(first[key])[:12]}); "
+                               "an ensemble needs one vocabulary")
+
+
+def read_input(s: Session) -> list[str]:
+    """The input lines; under torchrun, standard input is read by rank 0 and sent to all."""
+    if s.cfg.input != "-" or s.env.world_size == 1:
+        return read_lines(s.cfg.input)
+    return distributed.broadcast_object(read_lines("-") if s.env.is_main else None)
+
+
+def run_all(s: Session) -> dict:
+    """Read the whole input, translate or score it, write the output, report."""
+    cfg = s.cfg
+    lines = read_input(s)
+    if s.refs is not None and len(s.refs) != len(lines):
+        raise NmtError(f"{cfg.ref}: {len(s.refs)} reference lines but {len(lines)} input lines")
+    if cfg.attention_plot and cfg.attention_line > len(lines):
+        raise NmtError(f"attention_line={cfg.attention_line}: {s.name} has {len(lines)} lines")
     start = time.perf_counter()
-    nbest = run_search(translator, src_ids, cfg, workers)
+    chunk = process(s, lines, 0)
     seconds = time.perf_counter() - start
-    texts = [translator.tgt_tok.decode([h.tokens for h in hyps]) for hyps in nbest]
-    write_lines(cfg.output, [line for i, (hyps, t) in enumerate(zip(nbest, texts, strict=True))
-                             for line in format_output(i, hyps, t, cfg.search.nbest)])
-    result = {"hypotheses": [t[0] for t in texts], "nbest": nbest, "seconds": seconds}
-    report(result, refs, cfg)
-    if cfg.attention_plot:
+    result = finish(s, chunk.nbest, chunk.texts, seconds)
+    if s.env.is_main:
+        write_lines(cfg.output, chunk.lines)
+        report(result, s.refs, cfg)
+    if cfg.attention_plot and s.env.is_main:
         from nmt.plot import plot_attention
 
         i = cfg.attention_line - 1
-        paths = plot_attention(translator, src_ids[i], nbest[i][0].tokens, cfg.attention_plot)
+        paths = plot_attention(s.translators[0], chunk.src_ids[i], chunk.nbest[i][0].tokens,
+                               cfg.attention_plot)
         log(f"attention of line {cfg.attention_line} drawn in {', '.join(map(str, paths))}")
     return result
 
 
+def run_interactive(s: Session) -> dict:
+    """Translate (or score) standard input chunk by chunk as lines arrive, writing each
+    chunk's output at once when it goes to standard output."""
+    out, nbest, texts, first = [], [], [], 0
+    start = time.perf_counter()
+    for raw in arriving_chunks(sys.stdin.buffer):
+        lines = [decode_line(line, first + i + 1, s.name) for i, line in enumerate(raw)]
+        chunk = process(s, lines, first, interactive=True)
+        if s.cfg.output == "-":
+            write_lines("-", chunk.lines)
+        else:
+            out += chunk.lines
+        nbest, texts, first = nbest + chunk.nbest, texts + chunk.texts, first + len(lines)
+    if s.cfg.output != "-":
+        write_lines(s.cfg.output, out)
+    result = finish(s, nbest, texts, time.perf_counter() - start)
+    report(result, s.refs, s.cfg)
+    return result
+
+
+def finish(s: Session, nbest: list[list[Hypothesis]], texts: list[list[str]],
+           seconds: float) -> dict:
+    """The result of a run: hypotheses (or scored pairs) and the time taken."""
+    if s.cfg.score_reference:
+        return {"pairs": [hyps[0] for hyps in nbest], "seconds": seconds}
+    if s.refs is not None and len(s.refs) != len(nbest):
+        raise NmtError(f"{s.cfg.ref}: {len(s.refs)} reference lines but {len(nbest)} input "
+                       "lines")
+    return {"hypotheses": [t[0] for t in texts], "nbest": nbest, "seconds": seconds}
+
+
+def process(s: Session, lines: list[str], first: int, interactive: bool = False) -> Chunk:
+    """Translate or score input lines first+1.., this rank's share of them under torchrun."""
+    cfg, tr = s.cfg, s.translators[0]
+    sources, second = lines, None
+    if cfg.prefix or (cfg.score_reference and s.refs is None):
+        sources, second = split_tsv(lines, first, s.name,
+                                    "prefix" if cfg.prefix else "target")
+    elif cfg.score_reference:
+        second = s.refs[first:first + len(lines)]
+        if len(second) != len(lines):
+            raise NmtError(f"{cfg.ref}: {len(s.refs)} target lines but {s.name} has more")
+    src_ids = encode_lines(tr.src_tok, sources, s.limit, s.name, cfg.quiet, first)
+    tgt_ids = (encode_lines(tr.tgt_tok, second, s.limit, cfg.ref or s.name, cfg.quiet, first)
+               if second is not None else None)
+    mine = list(range(s.env.rank, len(lines), s.env.world_size))  # this rank's lines
+    workers = s.workers
+    if interactive and len(mine) < PARALLEL_LINES * workers:
+        workers = 1  # a few lines: forking worker processes would cost more than it saves
+    hyps = gather(s, mine, run_search(s, [src_ids[i] for i in mine],
+                                      tgt_ids and [tgt_ids[i] for i in mine],
+                                      [first + i for i in mine], workers, interactive),
+                  len(lines))
+    if cfg.score_reference:
+        return Chunk([format_score(h[0]) for h in hyps], hyps, src_ids=src_ids)
+    texts = [tr.tgt_tok.decode([h.tokens for h in hs]) for hs in hyps]
+    out = [line for i, (hs, t) in enumerate(zip(hyps, texts, strict=True))
+           for line in format_output(first + i, hs, t, cfg.search.nbest)]
+    return Chunk(out, hyps, texts, src_ids)
+
+
+def gather(s: Session, mine: list[int], hyps: list, n: int) -> list:
+    """Every rank's results for lines 0..n-1 of a chunk, in order (torchrun: from all)."""
+    if s.env.world_size == 1:
+        return hyps
+    out = [None] * n
+    for part in distributed.all_gather_objects(list(zip(mine, hyps, strict=True))):
+        for i, h in part:
+            out[i] = h
+    return out
+
+
 def report(result: dict, refs: list[str] | None, cfg: TranslateConfig) -> None:
     """The speed summary, and BLEU and chrF with their signatures when there are references."""
-    n, seconds = len(result["nbest"]), max(result["seconds"], 1e-9)
+    seconds = max(result["seconds"], 1e-9)
+    if cfg.score_reference:
+        if not cfg.quiet:
+            n = len(result["pairs"])
+            log(f"scored {n} pairs in {seconds:.1f} s ({n / seconds:.1f} pairs/s)")
+        return
+    n = len(result["nbest"])
     if not cfg.quiet:
         n_tok = sum(len(hyps[0].tokens) for hyps in result["nbest"])
+        how = "sampling" if cfg.search.sampling else f"beam {cfg.search.beam_size}"
         log(f"translated {n} lines in {seconds:.1f} s ({n / seconds:.1f} sentences/s, "
-            f"{n_tok / seconds:.0f} tokens/s; beam {cfg.search.beam_size})")
+            f"{n_tok / seconds:.0f} tokens/s; {how}, {cfg.search.dtype})")
     if refs is not None and not refs:
         log(f"{cfg.ref}: no lines, nothing to score")
     elif refs is not None:
@@ -240,19 +449,24 @@ def report(result: dict, refs: list[str] | None, cfg: TranslateConfig) -> None:
         log(f"chrF signature: {scores['chrf_signature']}")
 
 
-def run_search(translator: Translator, src_ids: list[list[int]], cfg: TranslateConfig,
-               workers: int):
-    """translate_nbest with a progress bar on an interactive stderr."""
-    v = translator.vocab
+def run_search(s: Session, src_ids: list[list[int]], tgt_ids: list[list[int]] | None,
+               lines: list[int], workers: int, interactive: bool = False) -> list:
+    """translate_nbest (or score_pairs), with a progress bar on an interactive stderr."""
+    cfg, v = s.cfg, s.translators[0].vocab
     bar = None
-    if not cfg.quiet and sys.stderr.isatty():
+    if not cfg.quiet and not interactive and s.env.is_main and sys.stderr.isatty():
         from tqdm import tqdm
 
         bar = tqdm(total=len(src_ids), unit="sent", desc=PROG, leave=False)
+    progress = bar.update if bar else None
     try:
-        return translate_nbest(translator.model, src_ids, cfg.search, v["bos_id"], v["eos_id"],
-                               v["pad_id"], translator.device,
-                               progress=bar.update if bar else None, workers=workers)
+        if cfg.score_reference:
+            return [[h] for h in score_pairs(s.models, src_ids, tgt_ids, cfg.search, v["bos_id"],
+                                             v["eos_id"], v["pad_id"], s.env.device, progress,
+                                             workers)]
+        return translate_nbest(s.models, src_ids, cfg.search, v["bos_id"], v["eos_id"],
+                               v["pad_id"], s.env.device, progress=progress, workers=workers,
+                               prefixes=tgt_ids, lines=lines)
     finally:
         if bar is not None:
             bar.close()
