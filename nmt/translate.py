@@ -303,7 +303,7 @@ def open_session(cfg: TranslateConfig) -> Session:
     try:
         models = decoding_models([t.model for t in translators], cfg.search)
     except ValueError as e:
-        raise NmtError(f"search.dtype: {e}") from None
+        raise NmtError(str(e)) from None
     limit = min(cfg.max_input_tokens, *(t.model.cfg.max_positions - 1 for t in translators))
     refs = read_lines(cfg.ref, "references") if cfg.ref else None
     name = "<stdin>" if cfg.input == "-" else cfg.input

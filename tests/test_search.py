@@ -13,6 +13,7 @@ from nmt.search import (
     length_penalty,
     make_batches,
     pad_batch,
+    score_pairs,
     translate_ids,
     translate_nbest,
 )
@@ -228,3 +229,133 @@ def test_translating_under_bf16_autocast_works(model, sources):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = run(model, sources[:4], search())
     assert len(out) == 4 and all(h[0].logprob <= 0 for h in out)
+
+
+# ----------------------------------------------------------------------------- sampling
+def test_sample_draws_from_the_tempered_truncated_distribution():
+    """Inverse-CDF draws over 20,000 uniforms match softmax(lprobs / T), top-k and top-p."""
+    from nmt.search import sample
+
+    lprobs = torch.log_softmax(torch.tensor([[2.0, 1.0, 0.5, -1.0, -torch.inf]]), dim=-1)
+    u = (torch.arange(20000) + 0.5) / 20000  # evenly spread: frequencies are exact up to 1e-4
+
+    def freq(**kw):
+        cfg = SearchConfig(sampling=True, **kw)
+        drawn = torch.cat([sample(lprobs, u[i:i + 1], cfg) for i in range(0, 20000, 7)])
+        return torch.bincount(drawn, minlength=5).float() / len(drawn)
+
+    for T in (0.5, 1.0, 2.0):
+        expected = torch.softmax(lprobs[0] / T, dim=-1)
+        torch.testing.assert_close(freq(temperature=T), expected, atol=2e-3, rtol=0)
+    top2 = torch.softmax(lprobs[0, :2], dim=-1)
+    torch.testing.assert_close(freq(top_k=2)[:2], top2, atol=2e-3, rtol=0)
+    p = torch.softmax(lprobs[0], dim=-1)  # 0.63, 0.23, 0.14, 0.03: top_p 0.8 keeps 2 tokens
+    torch.testing.assert_close(freq(top_p=0.8)[:2], top2, atol=2e-3, rtol=0)
+    assert freq(top_p=0.8)[2:].sum() == 0 and p[:2].sum() >= 0.8 > p[0]
+    assert freq()[4] == 0  # a forbidden token is never drawn
+
+
+def test_sampling_is_seeded_per_line_and_independent_of_batching(model, sources):
+    cfg = search(sampling=True, nbest=3, seed=7)
+    batched = run(model, sources, cfg)
+    assert tokens(batched) == tokens(run(model, sources, search(sampling=True, nbest=3, seed=7,
+                                                                max_tokens=1)))
+    assert tokens(batched) == tokens(run(model, sources, cfg, workers=2))
+    assert tokens(batched) != tokens(run(model, sources, search(sampling=True, nbest=3, seed=8)))
+    assert all(len(h) == 3 for h in batched)
+    assert len({tuple(h.tokens) for hyps in batched for h in hyps}) > len(sources)  # diverse
+    for hyps in batched:
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+    # the line number seeds a line's samples: line 5 alone, numbered 5, gives the same samples
+    alone = run(model, [sources[5]], cfg, lines=[5])
+    assert tokens(alone) == tokens(batched[5:6])
+
+
+def test_sampling_from_the_top_token_is_greedy(model, sources):
+    greedy = run(model, sources, search(beam_size=1))
+    for kw in (dict(top_k=1), dict(top_p=1e-6), dict(temperature=1e-4)):
+        sampled = run(model, sources, search(sampling=True, **kw))
+        assert tokens(sampled) == tokens(greedy)
+        assert [h[0].score for h in sampled] == pytest.approx([h[0].score for h in greedy],
+                                                              abs=1e-4)
+
+
+# ----------------------------------------------------------------------------- constraints
+@pytest.mark.parametrize("kw", [dict(beam_size=1), dict(beam_size=4, nbest=3),
+                                dict(sampling=True, nbest=2)])
+def test_every_output_starts_with_its_prefix(model, sources, kw):
+    prefixes = [[], [7], [7, 7, 7], [20, 21], [5] * 12] + [[9, 10]] * (len(sources) - 5)
+    out = run(model, sources, search(**kw), prefixes=prefixes)
+    for hyps, p, s in zip(out, prefixes, sources, strict=True):
+        for h in hyps:
+            assert h.tokens[:len(p)] == p
+            assert len(h.tokens) <= max(len(s) + 6, len(p) + 1)
+    free = run(model, sources, search(**kw))
+    assert tokens(out)[0] == tokens(free)[0]  # no prefix: as without
+    # a forced output's log P is that of its tokens: scoring it again gives the same
+    cfg = search(**kw)
+    ended = [(i, h) for i, hyps in enumerate(out) for h in hyps
+             if len(h.tokens) < len(sources[i]) + 6]  # ended with EOS
+    assert ended
+    scored = score_pairs(model, [sources[i] for i, _ in ended], [h.tokens for _, h in ended],
+                         cfg, BOS, EOS, PAD)
+    for (_, h), s in zip(ended, scored, strict=True):
+        assert s.logprob == pytest.approx(h.logprob, abs=1e-4)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_no_repeat_ngram_size(model, sources, beam, n):
+    def ngrams(ids):
+        return [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
+
+    free = run(model, sources, search(beam_size=beam, max_len_b=12))
+    assert any(len(set(ngrams(h[0].tokens))) < len(ngrams(h[0].tokens)) for h in free)
+    out = run(model, sources, search(beam_size=beam, max_len_b=12, no_repeat_ngram_size=n))
+    for hyps in out:
+        assert len(set(ngrams(hyps[0].tokens))) == len(ngrams(hyps[0].tokens))
+    assert tokens(out) == tokens(run(model, sources, search(
+        beam_size=beam, max_len_b=12, no_repeat_ngram_size=n), fast=False))
+
+
+# ----------------------------------------------------------------------------- ensembles
+def test_an_ensemble_of_one_model_twice_is_that_model(model, sources):
+    for beam in (1, 4):
+        one = run(model, sources, search(beam_size=beam))
+        two = run([model, model], sources, search(beam_size=beam))
+        assert tokens(one) == tokens(two)
+        assert [h[0].score for h in one] == pytest.approx([h[0].score for h in two], abs=1e-4)
+
+
+def test_an_ensemble_averages_the_log_probabilities(sources):
+    a, b = tiny_model(V, seed=0, eos_like=20, N=2), tiny_model(V, seed=5, eos_like=20, N=2)
+    targets = [t[0] for t in tokens(run(a, sources, search(beam_size=1)))]
+    pa, pb, pab = (score_pairs(m, sources, targets, search(), BOS, EOS, PAD)
+                   for m in (a, b, [a, b]))
+    for x, y, xy in zip(pa, pb, pab, strict=True):
+        assert xy.logprob == pytest.approx((x.logprob + y.logprob) / 2, abs=1e-4)
+    for beam in (1, 4):  # the fast path against the reference, on a real ensemble
+        cfg = search(beam_size=beam)
+        assert tokens(run([a, b], sources, cfg)) == tokens(run([a, b], sources, cfg, fast=False))
+    assert tokens(run([a, b], sources, search(beam_size=1))) != targets  # b has a say
+
+
+# ----------------------------------------------------------------------------- scoring
+def test_scoring_a_greedy_output_gives_its_log_probability(model, sources):
+    cfg = search(beam_size=1)
+    out = run(model, sources, cfg)
+    targets = [h[0].tokens for h in out]
+    scored = score_pairs(model, sources, targets, cfg, BOS, EOS, PAD)
+    one_by_one = [score_pairs(model, [s], [t], search(beam_size=1, max_tokens=1), BOS, EOS,
+                              PAD)[0] for s, t in zip(sources, targets, strict=True)]
+    reference = score_pairs(model, sources, targets, cfg, BOS, EOS, PAD, fast=False)
+    ended = 0
+    for s, h, src, alone, ref in zip(scored, out, sources, one_by_one, reference, strict=True):
+        assert s.tokens == h[0].tokens
+        assert s.logprob == pytest.approx(alone.logprob, abs=1e-4)
+        assert s.logprob == pytest.approx(ref.logprob, abs=1e-4)
+        assert s.score == pytest.approx(s.logprob / length_penalty(len(s.tokens) + 1, 0.6))
+        if len(h[0].tokens) < len(src) + 6:  # ended with EOS, which scoring also counts
+            ended += 1
+            assert s.logprob == pytest.approx(h[0].logprob, abs=1e-4)
+    assert ended >= 3
