@@ -3,7 +3,8 @@
 One small class per box of the paper's Figure 1, named with the paper's symbols (N, d_model,
 d_ff, h, d_k). Read it top to bottom: attention, feed-forward, residual sub-layer, embeddings
 and positions, encoder and decoder layers, then the whole encoder-decoder with its
-incremental (key/value-cached) decoding API.
+incremental (key/value-cached) decoding API. The speed paths (a cheaper CPU dropout mask for
+training, a decoding engine for fp32/bf16/int8) live beside it in nmt/fast.py.
 
 Shapes: B batch, S source length, T target length, V vocabulary, h heads, d_k = d_model / h.
 Masks are boolean with True where attention is allowed.

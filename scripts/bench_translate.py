@@ -26,7 +26,7 @@ import torch
 
 from nmt.config import ModelConfig, SearchConfig
 from nmt.model import build_model
-from nmt.search import translate_nbest
+from nmt.search import decoding_models, translate_nbest
 
 
 def parse_args() -> argparse.Namespace:
@@ -50,8 +50,10 @@ def parse_args() -> argparse.Namespace:
                         "(nmt-translate's workers)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch threads with --workers 1 (0: torch's default)")
-    p.add_argument("--no-onednn", action="store_true",
-                   help="leave nn.Linear to MKL (no weights pre-packed for oneDNN)")
+    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "int8"),
+                   help="search.dtype: the decoding precision (int8: quantized linear maps)")
+    p.add_argument("--reference", action="store_true",
+                   help="decode with the reference model of nmt/model.py, not nmt.fast")
     p.add_argument("--malloc-default", action="store_true",
                    help="leave glibc malloc as it is (nmt-translate makes it keep freed memory)")
     return p.parse_args()
@@ -80,14 +82,16 @@ def cpu_seconds() -> float:
 
 
 def run(model, src_ids, beam: int, batch: int, out_len: int, use_cache: bool,
-        workers: int = 1, onednn: bool = True) -> tuple[float, float]:
+        workers: int = 1, dtype: str = "fp32", fast: bool = True) -> tuple[float, float]:
     """Wall-clock seconds to translate src_ids with the forced output length, and the CPU
     seconds used meanwhile (CPU / wall below the thread count: other processes competed)."""
     search = SearchConfig(beam_size=beam, nbest=1, alpha=0.6, max_len_a=0.0, max_len_b=out_len,
-                          min_len=out_len, max_tokens=10 ** 9, max_sentences=batch)
+                          min_len=out_len, max_tokens=10 ** 9, max_sentences=batch,
+                          dtype=dtype)
+    model = decoding_models(model, search, fast and use_cache)  # prepared before timing
     start, cpu = time.perf_counter(), cpu_seconds()
     out = translate_nbest(model, src_ids, search, bos_id=2, eos_id=3, pad_id=0,
-                          use_cache=use_cache, workers=workers, onednn=onednn)
+                          use_cache=use_cache, workers=workers, fast=fast)
     seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu
     assert all(len(h[0].tokens) == out_len for h in out), "output length was not forced"
     return seconds, cpu
@@ -110,11 +114,11 @@ def main() -> None:
             ((args.batch, True), (args.batch, False), (1, True), (1, False))
             for name, beam in (("greedy", 1), ("beam4", 4))]
     print(f"torch {torch.__version__}, {args.workers} worker(s) x {args.threads} thread(s), "
-          f"{'MKL' if args.no_onednn else 'oneDNN packed'} matmuls; "
+          f"{'reference model' if args.reference else 'nmt.fast'} {args.dtype}; "
           f"{args.sentences} "
           f"sentences x {args.src_len} tokens -> {args.out_len} tokens, vocabulary {V}; "
           f"load average {os.getloadavg()[0]:.2f}")
-    run(model, src[:8], 4, 8, 5, True)  # warm-up
+    run(model, src[:8], 4, 8, 5, True, 1, args.dtype, not args.reference)  # warm-up
     for name, beam, batch, cache in rows:
         label = f"{name:7s} batch={batch:<3d} cache={'on ' if cache else 'off'}"
         if not all(word in label for word in args.only.split(",") if word):
@@ -122,7 +126,7 @@ def main() -> None:
         slow = not cache or batch == 1
         n = min(args.slow_sentences, args.sentences) if slow else args.sentences
         seconds, cpu = min(run(model, src[:n], beam, batch, args.out_len, cache, args.workers,
-                               not args.no_onednn) for _ in range(args.repeat))
+                               args.dtype, not args.reference) for _ in range(args.repeat))
         print(f"{label} {n:4d} sentences {seconds:7.2f} s {n / seconds:8.1f} sentences/s "
               f"{n * args.out_len / seconds:9.0f} tokens/s  (cpu/wall {cpu / seconds:.2f})",
               flush=True)
