@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from nmt.model import KVCache, Transformer, causal_mask
+from nmt.model import Transformer, causal_mask
 
 HALF = (torch.bfloat16, torch.float16)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
@@ -153,14 +153,14 @@ class FastLayer(nn.Module):
         self.W_1, self.W_2 = _linear(ff.W_1.weight, ff.W_1.bias), _linear(ff.W_2.weight,
                                                                            ff.W_2.bias)
 
-    def self_attention(self, x: Tensor, mask: Tensor | None, cache: KVCache | None,
+    def self_attention(self, x: Tensor, mask: Tensor | None, cache: FastKVCache | None,
                        plain: bool) -> Tensor:
         """(B, T, d_model) -> (B, T, d_model); with a cache, after its past positions."""
         B, T, d = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.h, d // self.h)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # 3 x (B, h, T, d_k)
         if cache is not None:
-            k, v = cache.append(qkv[:, :, 1:])  # (B, h, L, d_k): L = past + T
+            k, v = cache.append(k, v)  # (B, h, L, d_k): L = past + T
         causal = mask is None and T > 1  # decoder: no future positions
         if causal and k.size(2) != T:
             mask, causal = causal_mask(T, k.size(2), x.device), False
@@ -187,8 +187,9 @@ class FastLayer(nn.Module):
     def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """(M, S, d_model) encoder output -> keys and values (M, h, S, d_k) each."""
         M, S, d = memory.shape
-        kv = self.kv(memory).view(M, S, 2, self.h, d // self.h)
-        return kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
+        kv = self.kv(memory).view(M, S, 2, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+        k, v = kv.contiguous()  # contiguous: matmul reads them at every step without a copy
+        return k, v
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
@@ -204,14 +205,48 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
     return scores.softmax(dim=-1) @ v
 
 
+class FastKVCache:
+    """One self-attention layer's past keys and values in (B, h, capacity, d_k) buffers: the
+    first L positions are a strided view that matmul reads without a copy (nmt.model.KVCache
+    keeps the layout the fused kernel prefers)."""
+
+    chunk = 8  # positions added whenever the buffers are full
+
+    def __init__(self):
+        self.k: Tensor | None = None  # (B, h, capacity, d_k)
+        self.v: Tensor | None = None
+        self.length = 0  # positions stored
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store (B, h, T, d_k) new keys and values; return all so far, (B, h, L, d_k) each."""
+        B, h, T, d_k = k.shape
+        end = self.length + T
+        if self.k is None or end > self.k.size(2):
+            capacity = -(-end // self.chunk) * self.chunk
+            new_k, new_v = k.new_empty(B, h, capacity, d_k), v.new_empty(B, h, capacity, d_k)
+            if self.k is not None:
+                new_k[:, :, :self.length] = self.k[:, :, :self.length]
+                new_v[:, :, :self.length] = self.v[:, :, :self.length]
+            self.k, self.v = new_k, new_v
+        self.k[:, :, self.length:end] = k
+        self.v[:, :, self.length:end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep (and repeat) rows `index`."""
+        if self.k is not None:
+            self.k, self.v = _gather_rows(self.k, index), _gather_rows(self.v, index)
+
+
 class FastState:
-    """FastModel's decoding state: the model's per-layer KVCaches, and encoder keys and values
+    """FastModel's decoding state: per-layer FastKVCaches, and encoder keys and values
     with one row per sentence that the g consecutive rows of the sentence share."""
 
     def __init__(self, memory_kv: list[tuple[Tensor, Tensor]], src_mask: Tensor):
         self.memory_kv = memory_kv  # per layer: (M, h, S, d_k) keys and values
         self.src_mask = src_mask  # (M, 1, 1, S)
-        self.self_kv = [KVCache() for _ in memory_kv]
+        self.self_kv = [FastKVCache() for _ in memory_kv]
         self.step = 0  # target positions decoded so far
         self.g = 1  # decoder rows per memory row
 
@@ -275,7 +310,9 @@ class FastModel(nn.Module):
             self.to(DTYPES[dtype])
         if device.type == "cpu" and dtype != "int8" and not torch.is_autocast_enabled("cpu"):
             self.packed = pack_linears(self, rows)
-        self.plain_attention = device.type == "cpu" and DTYPES[dtype] in HALF
+        # On the CPU, matmul + softmax beats the fused kernel at decoding sizes (2x for one
+        # query per row), and by more in bf16.
+        self.plain_attention = device.type == "cpu"
 
     def _embed(self, lut: Tensor, ids: Tensor, start: int) -> Tensor:
         """(B, T) ids at positions start.. -> (B, T, d_model) scaled embeddings + positions."""
