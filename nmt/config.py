@@ -253,7 +253,7 @@ class TranslateConfig:
     """nmt-translate: a checkpoint and raw text in, detokenized translations out."""
 
     checkpoint: Any = MISSING  # nmt-train's or nmt-average's; [A.pt,B.pt,...]: an ensemble
-    input: str = "-"  # raw source text, one sentence a line; "-" is standard input
+    input: str = "-"  # raw source text, a sentence a line; "-": stdin (a pipe: line by line)
     output: str = "-"  # translations, one a line, in input order; "-" is standard output
     ref: str = ""  # reference translations: print sacreBLEU BLEU and chrF
     max_input_tokens: int = 1000  # longer inputs are truncated with a warning

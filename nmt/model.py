@@ -191,46 +191,24 @@ class DecoderLayer(nn.Module):
 
 
 class KVCache:
-    """One self-attention layer's past keys and values, written in place into a growing buffer.
-
-    Layout (B, capacity, 2, h, d_k): the positions a row has stored form one contiguous block,
-    so `reorder` gathers just those into a spare buffer and swaps the two (no allocation and
-    no concatenation per step).
-    """
-
-    chunk = 16  # positions added whenever the buffer is full
+    """One self-attention layer's past keys and values, (B, h, T_past, d_k) each."""
 
     def __init__(self):
-        self.buf: Tensor | None = None  # (B, capacity, 2, h, d_k)
-        self.spare: Tensor | None = None  # (>= B, capacity, 2, h, d_k): where reorder writes
-        self.length = 0  # positions stored
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
 
     def append(self, kv: Tensor) -> tuple[Tensor, Tensor]:
         """Store (B, T, 2, h, d_k) new keys and values; return all keys and values so far."""
-        B, T, _, h, d_k = kv.shape
-        end = self.length + T
-        if self.buf is None or end > self.buf.size(1):
-            new = kv.new_empty(B, -(-end // self.chunk) * self.chunk, 2, h, d_k)
-            if self.buf is not None:
-                new[:, :self.length] = self.buf[:, :self.length]
-            self.buf, self.spare = new, None
-        self.buf[:, self.length:end] = kv
-        self.length = end
-        past = self.buf[:, :end]  # (B, length, 2, h, d_k)
-        return past[:, :, 0].transpose(1, 2), past[:, :, 1].transpose(1, 2)  # (B, h, length, d_k)
+        k, v = kv.permute(2, 0, 3, 1, 4)  # 2 x (B, h, T, d_k)
+        if self.k is not None:
+            k, v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
+        self.k, self.v = k, v
+        return k, v
 
     def reorder(self, index: Tensor) -> None:
-        """Keep rows `index` (gathering only the stored positions)."""
-        if self.buf is None:
-            return
-        n, B = len(index), self.buf.size(0)
-        if self.spare is None or self.spare.size(0) < n:
-            self.spare = self.buf.new_empty(n, *self.buf.shape[1:])
-        out = self.spare[:n]
-        stored = self.length * self.buf[0, 0].numel()  # floats per row in use
-        torch.index_select(self.buf.view(B, -1)[:, :stored], 0, index,
-                           out=out.view(n, -1)[:, :stored])
-        self.buf, self.spare = out, self.buf
+        """Keep (and repeat) rows `index`."""
+        if self.k is not None:
+            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
 
 
 class DecoderState:
