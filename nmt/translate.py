@@ -3,8 +3,8 @@
 Reads raw lines (a file or standard input), encodes them with the SentencePiece model stored in
 the checkpoint, translates them in length-sorted token-budget batches (nmt.search), and writes
 one detokenized line per input line, in input order (or `i ||| hypothesis ||| score` lines when
-search.nbest > 1). With ref=..., prints sacreBLEU BLEU and chrF with their signatures (the
-scorer of validation, nmt.scoring) to stderr; stdout carries only translations.
+search.nbest > 1). With ref=... (and refs=[...]), prints sacreBLEU BLEU and chrF with their
+signatures (the scorer of validation, nmt.scoring) to stderr; stdout carries only translations.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ import torch
 from nmt.checkpoint import load_checkpoint, temporary_beside
 from nmt.config import ModelConfig, TranslateConfig
 from nmt.errors import ConfigError, NmtError
+from nmt.files import check_output, read_lines
 from nmt.model import Transformer, build_model
-from nmt.scoring import score
+from nmt.scoring import read_references, score
 from nmt.search import Hypothesis, translate_nbest
 from nmt.tokenizer import Tokenizer
 
@@ -119,26 +120,6 @@ def check_vocab(translator: Translator, against: str, checkpoint: str) -> None:
 
 
 # ----------------------------------------------------------------------------- text in and out
-def read_lines(path: str, what: str = "input") -> list[str]:
-    """Lines of a UTF-8 file ("-": standard input), without their line ends."""
-    name = "<stdin>" if path == "-" else path
-    try:
-        data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
-    except OSError as e:
-        raise NmtError(f"{name}: cannot read {what} ({e.strerror})") from None
-    lines = data.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()  # the final line end
-    out = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            out.append(line.decode("utf-8").removesuffix("\r"))
-        except UnicodeDecodeError as e:
-            raise NmtError(f"{name}: line {number} is not valid UTF-8 "
-                           f"(byte 0x{line[e.start]:02x} at offset {e.start})") from None
-    return out
-
-
 def encode_lines(tok: Tokenizer, lines: list[str], max_tokens: int, name: str,
                  quiet: bool = False) -> list[list[int]]:
     """Subword ids of each line, cut to max_tokens with a warning (the first few named)."""
@@ -184,6 +165,10 @@ def write_lines(path: str, lines: list[str]) -> None:
 # ----------------------------------------------------------------------------- the command
 def translate(cfg: TranslateConfig) -> dict:
     """nmt-translate: translate cfg.input into cfg.output; returns hypotheses and scores."""
+    if cfg.output != "-":
+        check_output(cfg.output, "output")
+    if cfg.attention_plot:
+        check_output(cfg.attention_plot, "attention_plot", directory=True)
     device = resolve_device(cfg.device)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     workers = (cfg.workers or cores) if device.type == "cpu" else 1
@@ -198,9 +183,8 @@ def translate(cfg: TranslateConfig) -> dict:
         check_vocab(translator, cfg.vocab_check, cfg.checkpoint)
     name = "<stdin>" if cfg.input == "-" else cfg.input
     lines = read_lines(cfg.input)
-    refs = read_lines(cfg.ref, "references") if cfg.ref else None
-    if refs is not None and len(refs) != len(lines):
-        raise NmtError(f"{cfg.ref}: {len(refs)} reference lines but {len(lines)} input lines")
+    ref_files = [cfg.ref] * bool(cfg.ref) + list(cfg.refs)
+    refs = read_references(ref_files, len(lines), "input lines") if ref_files else None
     if cfg.attention_plot and cfg.attention_line > len(lines):
         raise NmtError(f"attention_line={cfg.attention_line}: {name} has {len(lines)} lines")
     limit = min(cfg.max_input_tokens, translator.model.cfg.max_positions - 1)
@@ -223,17 +207,17 @@ def translate(cfg: TranslateConfig) -> dict:
     return result
 
 
-def report(result: dict, refs: list[str] | None, cfg: TranslateConfig) -> None:
+def report(result: dict, refs: list[list[str]] | None, cfg: TranslateConfig) -> None:
     """The speed summary, and BLEU and chrF with their signatures when there are references."""
     n, seconds = len(result["nbest"]), max(result["seconds"], 1e-9)
     if not cfg.quiet:
         n_tok = sum(len(hyps[0].tokens) for hyps in result["nbest"])
         log(f"translated {n} lines in {seconds:.1f} s ({n / seconds:.1f} sentences/s, "
             f"{n_tok / seconds:.0f} tokens/s; beam {cfg.search.beam_size})")
-    if refs is not None and not refs:
-        log(f"{cfg.ref}: no lines, nothing to score")
+    if refs is not None and not n:
+        log("no lines, nothing to score")
     elif refs is not None:
-        result["scores"] = scores = score(result["hypotheses"], refs)
+        result["scores"] = scores = score(result["hypotheses"], refs, cfg.bleu_tokenize)
         log(scores["bleu_line"])
         log(f"BLEU signature: {scores['bleu_signature']}")
         log(scores["chrf_line"])
