@@ -48,19 +48,30 @@ def hydra_error(error: Exception, schema: type) -> str | None:
     if isinstance(error, OmegaConfBaseException):
         return explain(error, schema)
     if not isinstance(error, HydraException):
-        return None
+        return str(error).strip().splitlines()[0] if raised_in_hydra(error) else None
     if isinstance(cause, OmegaConfBaseException):
         return explain(cause, schema)
     if isinstance(error, OverrideParseException):
         why = (error.message.strip().splitlines() or ["bad syntax"])[0]
         return f"cannot parse {error.override!r}: {why} (the grammar: key=value, +key=value, " \
                "key=[a,b], key=a,b with -m)"
+    missing = getattr(error, "missing_cfg_file", None) or ""
+    if isinstance(error, MissingConfigException) and "submitit" in missing:
+        return "hydra/launcher=slurm needs hydra-submitit-launcher: pip install 'nmt[slurm]'"
     if isinstance(error, MissingConfigException) and error.options:
-        group, _, name = (error.missing_cfg_file or "").rpartition("/")
+        group, _, name = missing.rpartition("/")
         near = difflib.get_close_matches(name, error.options, n=1)
         hint = f"; did you mean {group}={near[0]}?" if near else ""
         return f"{group}: no config {name!r}{hint} (options: {', '.join(error.options)})"
     return " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+
+
+def raised_in_hydra(error: Exception) -> bool:
+    """True when Hydra itself raised `error` (e.g. its ValueError for --cfg together with -m)."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_globals.get("__name__", "").startswith("hydra.")
 
 
 def hydra_app(prog: str, config_name: str, schema: type) -> Callable:
