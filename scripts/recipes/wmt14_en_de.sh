@@ -17,7 +17,7 @@
 #                             RDZV_ENDPOINT=host:port of one of them (torchrun's c10d
 #                             rendezvous; RDZV_ID names the job); the machines share WORK_DIR
 #                             (a shared file system), only the first rank writes to it:
-#       NNODES=2 RDZV_ENDPOINT=node1:29400 scripts/recipes/wmt14_en_de.sh big /shared/wmt14
+#       NNODES=2 RDZV_ENDPOINT=node1:29400 scripts/recipes/wmt14_en_de.sh big ~/wmt14
 #   LAUNCHER=slurm            one SLURM job of NNODES nodes x GPUS tasks, submitted through
 #                             Hydra's submitit launcher (pip install 'nmt[slurm]';
 #                             configs/hydra/launcher/slurm.yaml); the script waits for it.
