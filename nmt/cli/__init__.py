@@ -53,8 +53,8 @@ def hydra_error(error: Exception, schema: type) -> str | None:
         return explain(cause, schema)
     if isinstance(error, OverrideParseException):
         why = (error.message.strip().splitlines() or ["bad syntax"])[0]
-        return f"cannot parse {error.override!r}: {why} (the grammar: key=value, +key=value, " \
-               "key=[a,b], key=a,b with -m)"
+        return (f"cannot parse {error.override!r}: {why} (the grammar: key=value, "
+                "+key=value, key=[a,b], key=a,b with -m)")
     missing = getattr(error, "missing_cfg_file", None) or ""
     if isinstance(error, MissingConfigException) and "submitit" in missing:
         return "hydra/launcher=slurm needs hydra-submitit-launcher: pip install 'nmt[slurm]'"
