@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from nmt.errors import NmtError
+from nmt.files import check_output
 
 
 def temporary_beside(target: Path) -> str:
@@ -128,6 +129,7 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
 
 def average(cfg) -> Path:
     """nmt-average: average cfg.inputs, or the last cfg.last checkpoints of cfg.run_dir."""
+    check_output(cfg.output, "output")
     paths = list(cfg.inputs) if cfg.inputs else last_checkpoints(cfg.run_dir, cfg.last)
     state = average_checkpoints(paths)
     save_checkpoint(state, cfg.output)

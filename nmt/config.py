@@ -7,12 +7,21 @@ DictConfig into these dataclasses, which runs every `__post_init__` check exactl
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+    ValidationError,
+)
 
 from nmt.errors import ConfigError
 
@@ -26,6 +35,21 @@ def _check(ok: bool, key: str, why: str) -> None:
 def _check_prob(value: float, key: str) -> None:
     """A probability in [0, 1)."""
     _check(0.0 <= value < 1.0, key, f"must be in [0, 1), got {value}")
+
+
+def _check_min(node: object, prefix: str, low: float, *names: str) -> None:
+    """Each field `names` of `node` is at least `low`; the error names the key and the value."""
+    for name in names:
+        value = getattr(node, name)
+        _check(value >= low, prefix + name, f"must be >= {low}, got {value}")
+
+
+def _check_bleu_tokenize(value: str, key: str) -> None:
+    """A sacreBLEU tokenizer that exists and can run here (e.g. ja-mecab needs sacrebleu[ja])."""
+    from nmt.scoring import bleu_tokenize_error
+
+    why = bleu_tokenize_error(value)
+    _check(why is None, key, why or "")
 
 
 # ----------------------------------------------------------------------------- model
@@ -44,9 +68,7 @@ class ModelConfig:
     max_positions: int = 1024  # longest sequence the sinusoidal table covers
 
     def __post_init__(self) -> None:
-        _check(self.N >= 1, "model.N", f"must be >= 1, got {self.N}")
-        _check(self.d_model >= 1, "model.d_model", f"must be >= 1, got {self.d_model}")
-        _check(self.d_ff >= 1, "model.d_ff", f"must be >= 1, got {self.d_ff}")
+        _check_min(self, "model.", 1, "N", "d_model", "d_ff")
         _check(self.h >= 1 and self.d_model % self.h == 0, "model.h",
                f"d_model ({self.d_model}) must be divisible by h ({self.h})")
         _check(self.d_model % 2 == 0, "model.d_model", "must be even (sinusoidal encoding)")
@@ -54,7 +76,7 @@ class ModelConfig:
         _check_prob(self.attention_dropout, "model.attention_dropout")
         _check(self.norm in ("post", "pre"), "model.norm",
                f"must be 'post' or 'pre', got {self.norm!r}")
-        _check(self.max_positions >= 2, "model.max_positions", "must be >= 2")
+        _check_min(self, "model.", 2, "max_positions")
 
 
 # ----------------------------------------------------------------------------- optimisation
@@ -72,14 +94,13 @@ class OptimConfig:
     clip_norm: float = 0.0  # clip the gradient's global L2 norm to this; 0 turns clipping off
 
     def __post_init__(self) -> None:
-        _check(self.lr_factor > 0, "optim.lr_factor", "must be > 0")
-        _check(self.warmup >= 1, "optim.warmup", "must be >= 1")
+        _check(self.lr_factor > 0, "optim.lr_factor", f"must be > 0, got {self.lr_factor}")
+        _check_min(self, "optim.", 1, "warmup")
         _check_prob(self.beta1, "optim.beta1")
         _check_prob(self.beta2, "optim.beta2")
-        _check(self.eps > 0, "optim.eps", "must be > 0")
+        _check(self.eps > 0, "optim.eps", f"must be > 0, got {self.eps}")
         _check_prob(self.label_smoothing, "optim.label_smoothing")
-        _check(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
-        _check(self.clip_norm >= 0, "optim.clip_norm", "must be >= 0")
+        _check_min(self, "optim.", 0, "weight_decay", "clip_norm")
 
 
 # ----------------------------------------------------------------------------- decoding
@@ -104,19 +125,13 @@ class SearchConfig:
     dtype: str = "fp32"  # fp32, bf16, int8 (CPU: linear maps quantized), fp16 (CUDA)
 
     def __post_init__(self) -> None:
-        _check(self.beam_size >= 1, "search.beam_size", "must be >= 1")
-        _check(self.alpha >= 0, "search.alpha", "must be >= 0")
-        _check(self.max_len_a >= 0 and self.max_len_b >= 0, "search.max_len_a",
-               "max_len_a and max_len_b must be >= 0")
-        _check(self.min_len >= 0, "search.min_len", "must be >= 0")
-        _check(self.nbest >= 1 and (self.sampling or self.nbest <= self.beam_size),
-               "search.nbest", f"must be between 1 and beam_size ({self.beam_size})")
-        _check(self.max_tokens >= 1, "search.max_tokens", "must be >= 1")
-        _check(self.max_sentences >= 0, "search.max_sentences", "must be >= 0")
-        _check(self.temperature > 0, "search.temperature", "must be > 0")
-        _check(self.top_k >= 0, "search.top_k", "must be >= 0")
-        _check(0 < self.top_p <= 1, "search.top_p", "must be in (0, 1]")
-        _check(self.no_repeat_ngram_size >= 0, "search.no_repeat_ngram_size", "must be >= 0")
+        _check_min(self, "search.", 1, "beam_size", "max_tokens", "nbest")
+        _check_min(self, "search.", 0, "alpha", "max_len_a", "max_len_b", "min_len",
+                   "max_sentences", "top_k", "no_repeat_ngram_size")
+        _check(self.sampling or self.nbest <= self.beam_size, "search.nbest",
+               f"must be between 1 and beam_size ({self.beam_size}), got {self.nbest}")
+        _check(self.temperature > 0, "search.temperature", f"must be > 0, got {self.temperature}")
+        _check(0 < self.top_p <= 1, "search.top_p", f"must be in (0, 1], got {self.top_p}")
         _check(self.dtype in ("fp32", "bf16", "fp16", "int8"), "search.dtype",
                f"must be fp32, bf16, fp16 or int8, got {self.dtype!r}")
 
@@ -137,9 +152,10 @@ class BpeConfig:
     model: str = ""  # reuse a .model file (joint) or a data directory's model(s); no training
 
     def __post_init__(self) -> None:
-        _check(self.vocab_size >= 8, "bpe.vocab_size", "must be >= 8")
-        _check(0 < self.character_coverage <= 1, "bpe.character_coverage", "must be in (0, 1]")
-        _check(self.input_sentence_size >= 0, "bpe.input_sentence_size", "must be >= 0")
+        _check_min(self, "bpe.", 8, "vocab_size")
+        _check(0 < self.character_coverage <= 1, "bpe.character_coverage",
+               f"must be in (0, 1], got {self.character_coverage}")
+        _check_min(self, "bpe.", 0, "input_sentence_size")
         rules = ("nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf", "identity")
         _check(self.normalization in rules, "bpe.normalization",
                f"must be one of {', '.join(rules)}, got {self.normalization!r}")
@@ -158,12 +174,11 @@ class CleanConfig:
     invalid_utf8: str = "error"  # "error": stop at the first bad line; "skip": drop and count it
 
     def __post_init__(self) -> None:
-        _check(self.max_tokens >= 1, "clean.max_tokens", "must be >= 1")
-        _check(self.max_ratio >= 1, "clean.max_ratio", "must be >= 1")
+        _check_min(self, "clean.", 1, "max_tokens", "max_ratio")
         _check(self.normalize in ("", "NFC", "NFKC", "NFD", "NFKD"), "clean.normalize",
                f"must be '', NFC, NFKC, NFD or NFKD, got {self.normalize!r}")
         _check(self.invalid_utf8 in ("error", "skip"), "clean.invalid_utf8",
-               "must be 'error' or 'skip'")
+               f"must be 'error' or 'skip', got {self.invalid_utf8!r}")
 
 
 @dataclass
@@ -189,7 +204,7 @@ class PreprocessConfig:
 
     def __post_init__(self) -> None:
         _check(self.src_lang != self.tgt_lang, "tgt_lang", "must differ from src_lang")
-        _check(self.workers >= 0, "workers", "must be >= 0")
+        _check_min(self, "", 0, "workers")
 
 
 # ----------------------------------------------------------------------------- train
@@ -216,23 +231,26 @@ class TrainLoopConfig:
     max_nonfinite: int = 10  # stop after this many consecutive non-finite losses
     threads: int = 0  # CPU threads for torch (0: torch's default)
     valid_bleu_max_sentences: int = 0  # translate only the first N valid sentences (0: all)
+    valid_refs: list[str] = field(default_factory=list)  # more valid references, line-aligned
+    bleu_tokenize: str = "13a"  # sacreBLEU tokenizer of valid BLEU: 13a, intl, zh, ja-mecab, none
     tensorboard: bool = True  # also log to RUN/tensorboard when tensorboard is installed
 
     def __post_init__(self) -> None:
-        _check(self.max_tokens >= 1, "train.max_tokens", "must be >= 1")
-        _check(self.update_freq >= 1, "train.update_freq", "must be >= 1")
-        for key in ("global_tokens", "max_updates", "max_epochs", "max_minutes", "keep_last",
-                    "patience", "threads", "valid_bleu_max_sentences"):
-            _check(getattr(self, key) >= 0, f"train.{key}", "must be >= 0")
-        _check(self.max_nonfinite >= 1, "train.max_nonfinite", "must be >= 1")
+        _check_min(self, "train.", 1, "max_tokens", "update_freq", "max_nonfinite",
+                   "save_interval_updates", "valid_interval_updates", "log_interval")
+        _check_min(self, "train.", 0, "global_tokens", "max_updates", "max_epochs",
+                   "max_minutes", "keep_last", "patience", "threads", "valid_bleu_max_sentences")
         _check(self.best_metric in ("loss", "ppl", "bleu", "chrf"), "train.best_metric",
                f"must be loss, ppl, bleu or chrf, got {self.best_metric!r}")
         _check(self.best_metric in ("loss", "ppl") or self.valid_bleu, "train.best_metric",
                f"{self.best_metric} needs train.valid_bleu=true")
-        _check(self.amp in ("none", "bf16", "fp16"), "train.amp", "must be none, bf16 or fp16")
-        _check(self.device in ("auto", "cpu", "cuda"), "train.device", "must be auto, cpu or cuda")
-        for key in ("save_interval_updates", "valid_interval_updates", "log_interval"):
-            _check(getattr(self, key) >= 1, f"train.{key}", "must be >= 1")
+        _check(self.amp in ("none", "bf16", "fp16"), "train.amp",
+               f"must be none, bf16 or fp16, got {self.amp!r}")
+        _check(self.device in ("auto", "cpu", "cuda"), "train.device",
+               f"must be auto, cpu or cuda, got {self.device!r}")
+        _check_bleu_tokenize(self.bleu_tokenize, "train.bleu_tokenize")
+        _check(not self.valid_refs or self.valid_bleu, "train.valid_refs",
+               "needs train.valid_bleu=true")
 
 
 @dataclass
@@ -256,6 +274,8 @@ class TranslateConfig:
     input: str = "-"  # raw source text, a sentence a line; "-": stdin (a pipe: line by line)
     output: str = "-"  # translations, one a line, in input order; "-" is standard output
     ref: str = ""  # reference translations: print sacreBLEU BLEU and chrF
+    refs: list[str] = field(default_factory=list)  # more reference files (adds to ref)
+    bleu_tokenize: str = "13a"  # sacreBLEU's BLEU tokenizer: 13a, intl, zh, ja-mecab, none, char
     max_input_tokens: int = 1000  # longer inputs are truncated with a warning
     device: str = "auto"  # "auto", "cpu" or "cuda"
     workers: int = 0  # one-thread CPU processes translating batches in parallel (0: one per core)
@@ -280,11 +300,11 @@ class TranslateConfig:
         _check(ok, "checkpoint", "must be a path or a list of paths: checkpoint=[A.pt,B.pt]")
         _check(not (self.prefix and self.score_reference), "prefix",
                "prefix=true and score_reference=true do not go together")
-        _check(self.max_input_tokens >= 1, "max_input_tokens", "must be >= 1")
-        _check(self.attention_line >= 1, "attention_line", "must be >= 1")
-        _check(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
-        _check(self.threads >= 0, "threads", "must be >= 0")
-        _check(self.workers >= 0, "workers", "must be >= 0")
+        _check_min(self, "", 1, "max_input_tokens", "attention_line")
+        _check_min(self, "", 0, "threads", "workers")
+        _check(self.device in ("auto", "cpu", "cuda"), "device",
+               f"must be auto, cpu or cuda, got {self.device!r}")
+        _check_bleu_tokenize(self.bleu_tokenize, "bleu_tokenize")
 
 
 # ----------------------------------------------------------------------------- average
@@ -300,7 +320,7 @@ class AverageConfig:
     def __post_init__(self) -> None:
         _check(bool(self.run_dir) != bool(self.inputs), "run_dir",
                "give either run_dir=... (with last=N) or inputs=[...], not both or neither")
-        _check(self.last >= 1, "last", "must be >= 1")
+        _check_min(self, "", 1, "last")
 
 
 # ----------------------------------------------------------------------------- Hydra glue
@@ -328,14 +348,109 @@ def to_object(cfg: DictConfig, schema: type):
     if "model" in cfg.keys() and OmegaConf.is_missing(cfg, "model"):
         raise ConfigError(
             "no model chosen: add +model=small (or +model=tiny, +model=base, +model=big)")
+    extra = extra_keys(cfg, schema)
+    if extra:  # added with +key=... or ++key=..., which Hydra allows
+        raise ConfigError(unknown_key(extra[0], schema))
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), cfg)
         return OmegaConf.to_object(merged)
-    except MissingMandatoryValue as e:
-        raise ConfigError(f"{e.full_key}: a value is required (add {e.full_key}=...)") from None
     except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", None) or "config"
-        raise ConfigError(f"{key}: {str(e).splitlines()[0]}") from None
+        raise ConfigError(explain(e, schema)) from None
+
+
+# ----------------------------------------------------------------------------- one-line errors
+_KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def schema_fields(node: type) -> dict[str, object]:
+    """The fields of a schema dataclass and their types, in declaration order."""
+    hints = typing.get_type_hints(node)
+    return {f.name: hints[f.name] for f in dataclasses.fields(node)}
+
+
+def schema_keys(schema: type, prefix: str = "") -> list[str]:
+    """Every dotted key of a schema, groups included: search, search.beam_size, ..."""
+    keys = []
+    for name, kind in schema_fields(schema).items():
+        keys.append(prefix + name)
+        if dataclasses.is_dataclass(kind):
+            keys += schema_keys(kind, f"{prefix}{name}.")
+    return keys
+
+
+def schema_node(schema: type, key: str) -> object | None:
+    """The type of dotted `key` in the schema ("" is the schema itself); None if no such key."""
+    node: object = schema
+    for part in filter(None, key.split(".")):
+        if not dataclasses.is_dataclass(node) or part not in schema_fields(node):
+            return None
+        node = schema_fields(node)[part]
+    return node
+
+
+def extra_keys(cfg: DictConfig, schema: type, prefix: str = "") -> list[str]:
+    """The dotted keys of `cfg` that `schema` does not have."""
+    fields, extra = schema_fields(schema), []
+    for key in cfg.keys():
+        if key not in fields:
+            extra.append(f"{prefix}{key}")
+        elif dataclasses.is_dataclass(fields[key]) and isinstance(cfg._get_node(key), DictConfig):
+            extra += extra_keys(cfg[key], fields[key], f"{prefix}{key}.")
+    return extra
+
+
+def closest_keys(key: str, schema: type) -> list[str]:
+    """The schema keys a mistyped `key` most likely meant: the same name in another group
+    (max_tokens -> train.max_tokens), else the nearest spelling (search.beam -> beam_size)."""
+    keys = [k for k in schema_keys(schema) if not key.startswith(k + ".")]  # not its own group
+    leaf = key.rpartition(".")[2]
+    same = [k for k in keys if k.rpartition(".")[2] == leaf and k != key]
+    if same:
+        return same[:3]
+    near = difflib.get_close_matches(key, keys, n=1, cutoff=0.7)
+    if near:
+        return near
+    leaves = {k.rpartition(".")[2]: k for k in reversed(keys)}
+    return [leaves[m] for m in difflib.get_close_matches(leaf, list(leaves), n=1, cutoff=0.7)]
+
+
+def describe_kind(kind: object, key: str) -> str:
+    """What a value of schema type `kind` looks like, for an error message."""
+    if dataclasses.is_dataclass(kind):
+        return f"a group of keys ({key}.{next(iter(schema_fields(kind)))}=... and so on)"
+    if typing.get_origin(kind) is list:
+        return "a list, e.g. [a,b]"
+    return _KINDS.get(kind, getattr(kind, "__name__", str(kind)))
+
+
+def unknown_key(key: str, schema: type) -> str:
+    """One line for a key the schema lacks: the closest keys, and the keys of its group."""
+    group = key.rpartition(".")[0]
+    node = schema_node(schema, group)
+    near = closest_keys(key, schema)
+    hint = f"; did you mean {' or '.join(near)}?" if near else ""
+    if key.startswith("hydra."):
+        return f"{key}: unknown key{hint} (Hydra's own settings: --hydra-help, --cfg hydra)"
+    if not dataclasses.is_dataclass(node):
+        return f"{key}: unknown key{hint}"
+    where = f" of {group}" if group else ""
+    return f"{key}: unknown key{hint} (keys{where}: {', '.join(schema_fields(node))})"
+
+
+def explain(error: OmegaConfBaseException, schema: type) -> str:
+    """One line for an OmegaConf error about `schema`: the key, what was wrong, what is allowed."""
+    key = error.full_key or "config"
+    if isinstance(error, MissingMandatoryValue):
+        return f"{key}: a value is required (add {key}=...)"
+    if isinstance(error, ConfigKeyError | ConfigAttributeError) and error.full_key:
+        return unknown_key(key, schema)
+    kind = schema_node(schema, key) if error.full_key else None
+    if isinstance(error, ValidationError) and kind is not None:
+        value = error.value if error.value is not None else "this value"
+        shown = repr(value) if isinstance(value, str) else str(value)
+        return f"{key}: {shown} is not {describe_kind(kind, key)}"
+    first = (error.msg or str(error)).strip().splitlines()[0]
+    return f"{key}: {first}"
 
 
 def compose(name: str, overrides: list[str] | None = None) -> DictConfig:

@@ -17,6 +17,7 @@ A Hugging Face dataset holds a `translation` column of {src_lang: ..., tgt_lang:
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,6 +140,8 @@ def _load_hf(spec: str, role: str, hf_name: str, hf_config: str):
     """Load the dataset an hf: spec names; returns (name for messages, datasets.Dataset)."""
     import datasets
 
+    if not sys.stderr.isatty():
+        datasets.disable_progress_bars()  # bars for a terminal, not for logs and pipes
     rest = spec[len("hf:"):]
     if hf_name:  # hf:SPLIT of a hub dataset
         split = rest or HF_SPLIT[role]

@@ -1,7 +1,9 @@
 """Data-parallel training across processes started by torchrun (NCCL on GPUs, gloo on CPUs).
 
-torchrun sets RANK, WORLD_SIZE and LOCAL_RANK; without them training runs in one process and
-every helper here is a no-op. Only rank 0 writes files.
+torchrun sets RANK, WORLD_SIZE and LOCAL_RANK (on one machine, or on several through its c10d
+rendezvous); a SLURM job that Hydra's submitit launcher started (hydra/launcher=slurm) gets them
+from submitit, one task per rank. Without them training runs in one process and every helper
+here is a no-op. Only rank 0 writes files.
 """
 
 from __future__ import annotations
@@ -39,8 +41,24 @@ def pick_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
+def export_submitit_ranks() -> None:
+    """In a task that submitit started (SLURM, or its local executor), set the variables torchrun
+    would: MASTER_ADDR (the job's first node), MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK.
+    Variables already set win (e.g. MASTER_PORT chosen by the user)."""
+    if "WORLD_SIZE" in os.environ or not os.environ.get("SUBMITIT_EXECUTOR"):
+        return
+    from submitit.helpers import TorchDistributedEnvironment
+
+    env = TorchDistributedEnvironment()
+    for key, value in (("MASTER_ADDR", env.master_addr), ("MASTER_PORT", env.master_port),
+                       ("RANK", env.rank), ("WORLD_SIZE", env.world_size),
+                       ("LOCAL_RANK", env.local_rank)):
+        os.environ.setdefault(key, str(value))
+
+
 def init(device: str = "auto") -> DistInfo:
-    """Join the process group that torchrun describes in the environment, if any."""
+    """Join the process group that torchrun (or submitit) describes in the environment, if any."""
+    export_submitit_ranks()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     dev = pick_device(device, local_rank)

@@ -38,6 +38,7 @@ from tqdm import tqdm
 from nmt import __version__
 from nmt.corpus import Corpus, open_corpus
 from nmt.errors import NmtError
+from nmt.files import check_output
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_bpe
 
 if TYPE_CHECKING:
@@ -401,6 +402,7 @@ def preprocess(cfg: PreprocessConfig) -> dict:
     """Check the inputs, clean, train subwords, encode, commit; returns the manifest."""
     start = time.time()
     out = Path(cfg.out_dir)
+    check_output(out, "out_dir", directory=True)
     corpora = {role: open_corpus(spec, role, cfg.src_lang, cfg.tgt_lang, cfg.hf_name,
                                  cfg.hf_config)
                for role, spec in (("train", cfg.train), ("valid", cfg.valid), ("test", cfg.test))

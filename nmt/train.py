@@ -41,6 +41,7 @@ from nmt.errors import NmtError
 from nmt.loss import LabelSmoothedLoss
 from nmt.model import build_model, count_parameters
 from nmt.schedule import build_optimizer
+from nmt.scoring import read_references
 from nmt.search import translate_ids
 from nmt.tokenizer import Tokenizer
 
@@ -187,6 +188,8 @@ class Trainer:
                            f"{env.world_size} rank(s) (too few sentences, or all too long)")
         self.valid = (ParallelData(cfg.data_dir, "valid", self.manifest)
                       if "valid" in self.manifest["splits"] else None)
+        if tc.valid_refs:  # checked now, not at the first validation
+            read_references(tc.valid_refs, len(self.valid or ()), "valid pairs")
         per_update = tc.max_tokens * env.world_size
         self.update_freq = (math.ceil(tc.global_tokens / per_update) if tc.global_tokens
                             else tc.update_freq)
@@ -377,17 +380,20 @@ class Trainer:
             hyps.update(part)
         tgt = Tokenizer(self.vocab["tgt_spm"], "tgt spm")
         hyp_text = tgt.decode([hyps[i] for i in range(n)])
-        scores = score(hyp_text, self.valid_references(tgt, n))
+        scores = score(hyp_text, self.valid_references(tgt, n), tc.bleu_tokenize)
         return {"bleu": scores["bleu"], "chrf": scores["chrf"], "bleu_sentences": n}
 
-    def valid_references(self, tgt: Tokenizer, n: int) -> list[str]:
-        """The raw valid targets (valid.raw.<tgt_lang>), or the decoded ids when absent."""
+    def valid_references(self, tgt: Tokenizer, n: int) -> list[list[str]]:
+        """The raw valid targets (valid.raw.<tgt_lang>, or the decoded ids when absent), then
+        each file of train.valid_refs: the first n lines of each."""
         raw = Path(self.cfg.data_dir) / f"valid.raw.{self.manifest['tgt_lang']}"
         if raw.is_file():
-            lines = raw.read_text(encoding="utf-8").split("\n")
-            return lines[:n]
-        log.warning("%s not found: scoring against decoded references", raw)
-        return tgt.decode([self.valid.tgt[i].tolist() for i in range(n)])
+            first = raw.read_text(encoding="utf-8").split("\n")[:n]
+        else:
+            log.warning("%s not found: scoring against decoded references", raw)
+            first = tgt.decode([self.valid.tgt[i].tolist() for i in range(n)])
+        extra = read_references(self.cfg.train.valid_refs, len(self.valid), "valid pairs")
+        return [first, *(stream[:n] for stream in extra)]
 
     def better(self, value: float) -> bool:
         """Is `value` of train.best_metric better than the best so far?"""

@@ -28,6 +28,7 @@ from nmt import distributed
 from nmt.checkpoint import load_checkpoint, temporary_beside
 from nmt.config import ModelConfig, TranslateConfig
 from nmt.errors import ConfigError, NmtError
+from nmt.files import check_output, decode_line, read_lines
 from nmt.model import Transformer, build_model
 from nmt.scoring import score
 from nmt.search import Hypothesis, decoding_models, score_pairs, translate_nbest
@@ -128,28 +129,6 @@ def check_vocab(translator: Translator, against: str, checkpoint: str) -> None:
 
 
 # ----------------------------------------------------------------------------- text in and out
-def read_lines(path: str, what: str = "input") -> list[str]:
-    """Lines of a UTF-8 file ("-": standard input), without their line ends."""
-    name = "<stdin>" if path == "-" else path
-    try:
-        data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
-    except OSError as e:
-        raise NmtError(f"{name}: cannot read {what} ({e.strerror})") from None
-    lines = data.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()  # the final line end
-    return [decode_line(line, number, name) for number, line in enumerate(lines, start=1)]
-
-
-def decode_line(line: bytes, number: int, name: str) -> str:
-    """One line's bytes (line end optional) as text; invalid UTF-8 is an error naming it."""
-    try:
-        return line.decode("utf-8").removesuffix("\n").removesuffix("\r")
-    except UnicodeDecodeError as e:
-        raise NmtError(f"{name}: line {number} is not valid UTF-8 "
-                       f"(byte 0x{line[e.start]:02x} at offset {e.start})") from None
-
-
 def is_interactive(path: str) -> bool:
     """Is `path` standard input coming from a pipe, a socket or a terminal (not a file)?"""
     if path != "-":
@@ -257,7 +236,7 @@ class Session:
     workers: int  # CPU worker processes of this rank
     limit: int  # tokens kept of a source, prefix or target
     name: str  # the input's name in messages
-    refs: list[str] | None  # ref=...: references to score BLEU, or targets (score_reference)
+    refs: list[list[str]] | None  # ref=, refs=: reference streams (BLEU), or ref= targets
 
 
 @dataclass
@@ -285,6 +264,10 @@ def translate(cfg: TranslateConfig) -> dict:
 
 def open_session(cfg: TranslateConfig) -> Session:
     """Devices, ranks and processes; the checkpoints loaded, checked and prepared."""
+    if cfg.output != "-":
+        check_output(cfg.output, "output")
+    if cfg.attention_plot:
+        check_output(cfg.attention_plot, "attention_plot", directory=True)
     env = distributed.init(resolve_device(cfg.device).type)
     device = env.device
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -305,7 +288,8 @@ def open_session(cfg: TranslateConfig) -> Session:
     except ValueError as e:
         raise NmtError(str(e)) from None
     limit = min(cfg.max_input_tokens, *(t.model.cfg.max_positions - 1 for t in translators))
-    refs = read_lines(cfg.ref, "references") if cfg.ref else None
+    ref_files = [cfg.ref] * bool(cfg.ref) + list(cfg.refs)
+    refs = [read_lines(path, "references") for path in ref_files] or None
     name = "<stdin>" if cfg.input == "-" else cfg.input
     return Session(cfg, translators, models, env, workers, limit, name, refs)
 
@@ -332,8 +316,7 @@ def run_all(s: Session) -> dict:
     """Read the whole input, translate or score it, write the output, report."""
     cfg = s.cfg
     lines = read_input(s)
-    if s.refs is not None and len(s.refs) != len(lines):
-        raise NmtError(f"{cfg.ref}: {len(s.refs)} reference lines but {len(lines)} input lines")
+    check_references(s, len(lines))
     if cfg.attention_plot and cfg.attention_line > len(lines):
         raise NmtError(f"attention_line={cfg.attention_line}: {s.name} has {len(lines)} lines")
     start = time.perf_counter()
@@ -378,9 +361,7 @@ def finish(s: Session, nbest: list[list[Hypothesis]], texts: list[list[str]],
     """The result of a run: hypotheses (or scored pairs) and the time taken."""
     if s.cfg.score_reference:
         return {"pairs": [hyps[0] for hyps in nbest], "seconds": seconds}
-    if s.refs is not None and len(s.refs) != len(nbest):
-        raise NmtError(f"{s.cfg.ref}: {len(s.refs)} reference lines but {len(nbest)} input "
-                       "lines")
+    check_references(s, len(nbest))
     return {"hypotheses": [t[0] for t in texts], "nbest": nbest, "seconds": seconds}
 
 
@@ -392,9 +373,9 @@ def process(s: Session, lines: list[str], first: int, interactive: bool = False)
         sources, second = split_tsv(lines, first, s.name,
                                     "prefix" if cfg.prefix else "target")
     elif cfg.score_reference:
-        second = s.refs[first:first + len(lines)]
+        second = s.refs[0][first:first + len(lines)]
         if len(second) != len(lines):
-            raise NmtError(f"{cfg.ref}: {len(s.refs)} target lines but {s.name} has more")
+            raise NmtError(f"{cfg.ref}: {len(s.refs[0])} target lines but {s.name} has more")
     src_ids = encode_lines(tr.src_tok, sources, s.limit, s.name, cfg.quiet, first)
     tgt_ids = (encode_lines(tr.tgt_tok, second, s.limit, cfg.ref or s.name, cfg.quiet, first)
                if second is not None else None)
@@ -425,7 +406,15 @@ def gather(s: Session, mine: list[int], hyps: list, n: int) -> list:
     return out
 
 
-def report(result: dict, refs: list[str] | None, cfg: TranslateConfig) -> None:
+def check_references(s: Session, lines: int) -> None:
+    """Every reference file has one line per input line."""
+    paths = [s.cfg.ref] * bool(s.cfg.ref) + list(s.cfg.refs)
+    for path, stream in zip(paths, s.refs or [], strict=True):
+        if len(stream) != lines:
+            raise NmtError(f"{path}: {len(stream)} reference lines but {lines} input lines")
+
+
+def report(result: dict, refs: list[list[str]] | None, cfg: TranslateConfig) -> None:
     """The speed summary, and BLEU and chrF with their signatures when there are references."""
     seconds = max(result["seconds"], 1e-9)
     if cfg.score_reference:
@@ -439,10 +428,10 @@ def report(result: dict, refs: list[str] | None, cfg: TranslateConfig) -> None:
         how = "sampling" if cfg.search.sampling else f"beam {cfg.search.beam_size}"
         log(f"translated {n} lines in {seconds:.1f} s ({n / seconds:.1f} sentences/s, "
             f"{n_tok / seconds:.0f} tokens/s; {how}, {cfg.search.dtype})")
-    if refs is not None and not refs:
-        log(f"{cfg.ref}: no lines, nothing to score")
+    if refs is not None and not n:
+        log("no lines, nothing to score")
     elif refs is not None:
-        result["scores"] = scores = score(result["hypotheses"], refs)
+        result["scores"] = scores = score(result["hypotheses"], refs, cfg.bleu_tokenize)
         log(scores["bleu_line"])
         log(f"BLEU signature: {scores['bleu_signature']}")
         log(scores["chrf_line"])

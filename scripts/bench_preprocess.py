@@ -22,7 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-SHARED = Path(__file__).resolve().parents[2] / "shared/data/debian-po/en-de"
+ROOT = Path(__file__).resolve().parents[1]  # the repository
+SHARED = ROOT.parent / "shared/data/debian-po/en-de"  # the shared corpus beside it
 NMT_PREPROCESS = str(Path(sys.executable).with_name("nmt-preprocess"))
 
 
@@ -75,7 +76,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, nargs="+", default=[1_000_000])
     ap.add_argument("--source", type=Path, default=SHARED, help="directory with train.en/.de")
-    ap.add_argument("--work", type=Path, default=Path("/tmp/nmt-bench-preprocess"))
+    ap.add_argument("--work", type=Path, default=ROOT / "work/bench-preprocess",
+                    help="scratch directory for the corpora and data directories")
     ap.add_argument("overrides", nargs="*", default=["bpe.vocab_size=8000"],
                     help="nmt-preprocess overrides (default: bpe.vocab_size=8000)")
     args = ap.parse_args()

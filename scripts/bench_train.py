@@ -20,6 +20,7 @@ import contextlib
 import math
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -37,12 +38,13 @@ CONFIGS = {"small": ModelConfig(N=3, d_model=256, d_ff=1024, h=4, dropout=0.1),
 OPTIM = OptimConfig(lr_factor=1.0, warmup=4000, beta1=0.9, beta2=0.98, eps=1e-9,
                     label_smoothing=0.1)
 PAD = 0
+ROOT = Path(__file__).resolve().parents[1]  # the repository
 
 
 def parse_args() -> argparse.Namespace:
     """Command-line options."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", default="/work/data/ende8k",
+    p.add_argument("--data", default=str(ROOT / "work/data/ende8k"),
                    help="data directory whose train batches are used (synthetic if missing)")
     p.add_argument("--runs", default="small:fp32,small:bf16,base:fp32",
                    help="comma-separated model:precision pairs (precision fp32 or bf16)")

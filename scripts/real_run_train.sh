@@ -4,15 +4,18 @@
 # BLEU/chrF on the test set with sacreBLEU. Holds /tmp/nmt-cpu.lock so timed runs don't overlap.
 #
 #   scripts/real_run_train.sh [MINUTES] [RUN_DIR] [DATA_DIR]
-#   e.g. scripts/real_run_train.sh 30 /work/runs/small-ende /work/data/ende8k
+#   e.g. scripts/real_run_train.sh 30 work/runs/small-ende work/data/ende8k   (the defaults)
+#
+# Paths are relative to the repository; the raw corpus is RAW (default: the shared debian-po
+# en-de corpus beside the repository, ../shared/data/debian-po/en-de).
 #
 # Extra nmt-train overrides can be passed in NMT_TRAIN_ARGS, e.g. NMT_TRAIN_ARGS="train.amp=none".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MINUTES=${1:-30}
-RUN=${2:-/work/runs/small-ende}
-DATA=${3:-/work/data/ende8k}
-RAW=${RAW:-/work/shared/data/debian-po/en-de}
+RUN=${2:-work/runs/small-ende}
+DATA=${3:-work/data/ende8k}
+RAW=${RAW:-../shared/data/debian-po/en-de}
 BIN=.venv/bin
 LOCK=/tmp/nmt-cpu.lock
 

@@ -38,9 +38,44 @@ def test_wmt14_recipe_dry_run(tmp_path, row, d_model, updates, last):
     steps = dry_run(row, tmp_path)
     pre, train, avg, tr = (steps[k] for k in SCHEMAS)
     assert (pre.hf_name, pre.hf_config, pre.bpe.vocab_size, pre.bpe.joint) == (
-        "wmt14", "de-en", 37000, True)
+        "wmt/wmt14", "de-en", 37000, True)
     assert train.model.d_model == d_model and train.train.max_updates == updates
     assert train.train.global_tokens == 25000 and train.optim.warmup == 4000
     assert avg.last == last
     assert (tr.search.beam_size, tr.search.alpha, tr.search.max_len_a, tr.search.max_len_b) == (
         4, 0.6, 1.0, 50)
+
+
+def recipe(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    """A dry run of the base recipe with extra environment variables."""
+    env = {**os.environ, "NMT_DRY_RUN": "1", **env,
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.run(["bash", str(ROOT / "scripts/recipes/wmt14_en_de.sh"), "base",
+                           str(tmp_path / "work")], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+def test_wmt14_recipe_on_several_machines(tmp_path):
+    out = recipe(tmp_path, NNODES="2", RDZV_ENDPOINT="node1:29400", GPUS="4")
+    assert out.returncode == 0, out.stderr
+    (launch,) = [line for line in out.stderr.splitlines() if line.startswith("launch: ")]
+    assert launch.startswith(
+        "launch: torchrun --nnodes 2 --rdzv-backend c10d --rdzv-endpoint node1:29400 "
+        "--rdzv-id nmt-wmt14-base --nproc_per_node 4 --no-python nmt-train +model=base ")
+    missing = recipe(tmp_path, NNODES="2")
+    assert missing.returncode != 0 and "needs RDZV_ENDPOINT=host:port" in missing.stderr
+
+
+def test_wmt14_recipe_through_slurm(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    out = recipe(tmp_path, LAUNCHER="slurm", NNODES="2", SLURM_PARTITION="gpu")
+    assert out.returncode == 0, out.stderr
+    blocks = dict(block.split("\n", 1) for block in out.stdout.split("### ")[1:])
+    assert list(blocks) == ["preprocess", "train", "launcher", "average", "translate"]
+    to_object(OmegaConf.create(blocks["train"]), TrainConfig)
+    launcher = OmegaConf.create(blocks["launcher"])
+    assert launcher._target_.endswith("SlurmLauncher")
+    assert (launcher.nodes, launcher.tasks_per_node, launcher.gpus_per_node,
+            launcher.partition) == (2, 8, 8, "gpu")
+    assert "launch: nmt-train +model=base" in out.stderr
+    assert " -m hydra/launcher=slurm hydra.launcher.nodes=2 " in out.stderr

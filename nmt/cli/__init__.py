@@ -1,12 +1,27 @@
-"""Thin Hydra entry points: each converts its config and calls one plain library function."""
+"""Thin Hydra entry points: each converts its config and calls one plain library function.
+
+`hydra_app(prog, config_name, schema)` makes a console script of `run(config)`: Hydra composes
+configs/<config_name>.yaml with the command line (`--cfg job`, `--help` and `-m` work as in
+any Hydra app), `to_object` validates the result against `schema`, and every bad key or value,
+whether Hydra or nmt finds it, ends in one line on stderr and exit status 1:
+
+    nmt-average: error: lats: unknown key; did you mean last? (keys: output, run_dir, ...)
+    nmt-average: error: last: 'abc' is not an integer
+"""
 
 from __future__ import annotations
 
+import difflib
+import functools
+import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from nmt.errors import NmtError
+
+FULL_ERROR = "HYDRA_FULL_ERROR"  # Hydra raises instead of printing its own report when set
 
 
 @contextmanager
@@ -20,3 +35,80 @@ def cli_errors(prog: str) -> Iterator[None]:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         sys.exit(130)
+
+
+def hydra_error(error: Exception, schema: type) -> str | None:
+    """One line for an error Hydra raised while composing the config; None if it is not one."""
+    from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from nmt.config import explain
+
+    cause = error.__cause__
+    if isinstance(error, OmegaConfBaseException):
+        return explain(error, schema)
+    if not isinstance(error, HydraException):
+        return str(error).strip().splitlines()[0] if raised_in_hydra(error) else None
+    if isinstance(cause, OmegaConfBaseException):
+        return explain(cause, schema)
+    if isinstance(error, OverrideParseException):
+        why = (error.message.strip().splitlines() or ["bad syntax"])[0]
+        return (f"cannot parse {error.override!r}: {why} (the grammar: key=value, "
+                "+key=value, key=[a,b], key=a,b with -m)")
+    missing = getattr(error, "missing_cfg_file", None) or ""
+    if isinstance(error, MissingConfigException) and "submitit" in missing:
+        return "hydra/launcher=slurm needs hydra-submitit-launcher: pip install 'nmt[slurm]'"
+    if isinstance(error, MissingConfigException) and error.options:
+        group, _, name = missing.rpartition("/")
+        near = difflib.get_close_matches(name, error.options, n=1)
+        hint = f"; did you mean {group}={near[0]}?" if near else ""
+        return f"{group}: no config {name!r}{hint} (options: {', '.join(error.options)})"
+    return " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+
+
+def raised_in_hydra(error: Exception) -> bool:
+    """True when Hydra itself raised `error` (e.g. its ValueError for --cfg together with -m)."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_globals.get("__name__", "").startswith("hydra.")
+
+
+def hydra_app(prog: str, config_name: str, schema: type) -> Callable:
+    """Decorate `run(config: schema)` into a Hydra console script `main()` over
+    configs/<config_name>.yaml whose config errors are one line each (see the module doc).
+    `main(cfg)` with a composed DictConfig runs it without reading the command line."""
+    import hydra
+
+    from nmt.config import register_configs, to_object
+
+    register_configs()
+
+    def decorate(run: Callable[[Any], None]) -> Callable[..., None]:
+        def task(cfg) -> None:
+            with cli_errors(prog):
+                run(to_object(cfg, schema))
+
+        task.__module__ = run.__module__  # Hydra names the job after it: nmt.cli.train -> train
+        task = hydra.main(version_base="1.3", config_path="pkg://nmt.configs",
+                          config_name=config_name)(task)
+
+        @functools.wraps(run)
+        def main(cfg=None) -> None:
+            if cfg is not None or os.environ.get(FULL_ERROR) == "1":
+                return task(cfg)  # a passed config, or the user asked for Hydra's full report
+            os.environ[FULL_ERROR] = "1"  # Hydra raises its composition errors to us
+            try:
+                task()
+            except Exception as e:
+                line = hydra_error(e, schema)
+                if line is None:
+                    raise  # a bug, not bad input: the full traceback
+                print(f"{prog}: error: {line}", file=sys.stderr)
+                sys.exit(1)
+            finally:
+                os.environ.pop(FULL_ERROR, None)
+
+        return main
+
+    return decorate

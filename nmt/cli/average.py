@@ -1,19 +1,12 @@
 """nmt-average: the command-line entry point (configs/average.yaml, schema AverageConfig)."""
 
-import hydra
-from omegaconf import DictConfig
-
-from nmt.cli import cli_errors
-from nmt.config import AverageConfig, register_configs, to_object
-
-register_configs()
+from nmt.cli import hydra_app
+from nmt.config import AverageConfig
 
 
-@hydra.main(version_base="1.3", config_path="pkg://nmt.configs", config_name="average")
-def main(cfg: DictConfig) -> None:
-    """Validate the composed config, then run nmt.checkpoint.average."""
-    with cli_errors("nmt-average"):
-        config = to_object(cfg, AverageConfig)
-        from nmt.checkpoint import average
+@hydra_app("nmt-average", "average", AverageConfig)
+def main(config: AverageConfig) -> None:
+    """Run nmt.checkpoint.average on the validated config."""
+    from nmt.checkpoint import average
 
-        average(config)
+    average(config)

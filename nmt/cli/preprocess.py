@@ -1,19 +1,12 @@
 """nmt-preprocess: the command-line entry point (configs/preprocess.yaml, PreprocessConfig)."""
 
-import hydra
-from omegaconf import DictConfig
-
-from nmt.cli import cli_errors
-from nmt.config import PreprocessConfig, register_configs, to_object
-
-register_configs()
+from nmt.cli import hydra_app
+from nmt.config import PreprocessConfig
 
 
-@hydra.main(version_base="1.3", config_path="pkg://nmt.configs", config_name="preprocess")
-def main(cfg: DictConfig) -> None:
-    """Validate the composed config, then run nmt.preprocess.preprocess."""
-    with cli_errors("nmt-preprocess"):
-        config = to_object(cfg, PreprocessConfig)
-        from nmt.preprocess import preprocess
+@hydra_app("nmt-preprocess", "preprocess", PreprocessConfig)
+def main(config: PreprocessConfig) -> None:
+    """Run nmt.preprocess.preprocess on the validated config."""
+    from nmt.preprocess import preprocess
 
-        preprocess(config)
+    preprocess(config)

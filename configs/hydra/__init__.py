@@ -1,0 +1,1 @@
+"""Hydra config groups of nmt (hydra/launcher=slurm); YAML only, a package for the wheel."""

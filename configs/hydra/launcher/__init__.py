@@ -1,0 +1,1 @@
+"""hydra/launcher=slurm: SLURM through hydra-submitit-launcher (the slurm extra)."""
