@@ -9,6 +9,8 @@ stored without BOS/EOS; `ParallelData` adds them.
 from __future__ import annotations
 
 import json
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -153,11 +155,16 @@ class Batch:
         return self.src.numel() + self.tgt_in.numel()
 
     def to(self, device: torch.device) -> Batch:
-        """The same batch with its tensors on `device`."""
+        """The same batch with its tensors on `device` (asynchronous from pinned memory)."""
         return Batch(self.src.to(device, non_blocking=True),
                      self.tgt_in.to(device, non_blocking=True),
                      self.tgt_out.to(device, non_blocking=True),
                      self.ids, self.src_tokens, self.tgt_tokens)
+
+    def pin_memory(self) -> Batch:
+        """The same batch in page-locked memory, which a GPU copies from without waiting."""
+        return Batch(self.src.pin_memory(), self.tgt_in.pin_memory(),
+                     self.tgt_out.pin_memory(), self.ids, self.src_tokens, self.tgt_tokens)
 
 
 def collate(data: ParallelData, ids: np.ndarray, pad_id: int) -> Batch:
@@ -268,3 +275,53 @@ class EpochBatchIterator:
         if not same:
             self.consumed = 0
         return same
+
+
+class Prefetcher:
+    """An EpochBatchIterator's batches from its position on, collated `depth` batches ahead in
+    a background thread (into pinned memory when `pin`, so that copies to a GPU overlap the
+    computation). The iterator's position (epoch, consumed) moves only as batches are taken:
+    a checkpoint resumes after the last batch trained on, not the last one collated."""
+
+    def __init__(self, itr: EpochBatchIterator, pin: bool = False, depth: int = 4):
+        self.itr, self.pin, self.depth = itr, pin, depth
+        if itr.consumed >= len(itr):  # saved right after an epoch's last batch
+            itr.epoch, itr.consumed = itr.epoch + 1, 0
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="nmt-collate")
+        self.ahead: deque[tuple[int, int, bool, Future]] = deque()  # epoch, index, last, batch
+        self.cursor = (itr.epoch, itr.consumed)  # the next batch to collate
+        self.fill()
+
+    def fill(self) -> None:
+        """Queue batches until `depth` are collated or being collated."""
+        while len(self.ahead) < self.depth:
+            epoch, i = self.cursor
+            batches = self.itr.local_batches(epoch)
+            if not batches:
+                raise NmtError(f"epoch {epoch} has no batch for rank {self.itr.rank}")
+            self.ahead.append((epoch, i, i == len(batches) - 1,
+                               self.pool.submit(self.collate, batches[i])))
+            self.cursor = (epoch, i + 1) if i + 1 < len(batches) else (epoch + 1, 0)
+
+    def collate(self, ids: np.ndarray) -> Batch:
+        """One batch, pinned if asked (runs in the background thread)."""
+        batch = collate(self.itr.data, ids, self.itr.pad_id)
+        return batch.pin_memory() if self.pin else batch
+
+    def take(self, n: int) -> tuple[int, list[tuple[int, Batch]]]:
+        """The epoch in progress and its next n batches (fewer at its end, after which the
+        position moves to the next epoch), each with its index in the epoch's global order."""
+        epoch, group = self.itr.epoch, []
+        while len(group) < n:
+            batch_epoch, i, last, future = self.ahead.popleft()
+            assert batch_epoch == epoch, "prefetched batches out of step with the iterator"
+            group.append((self.itr.global_index(i), future.result()))
+            self.itr.epoch, self.itr.consumed = (epoch + 1, 0) if last else (epoch, i + 1)
+            self.fill()
+            if last:
+                break
+        return epoch, group
+
+    def close(self) -> None:
+        """Stop the background thread."""
+        self.pool.shutdown(wait=True, cancel_futures=True)

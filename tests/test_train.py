@@ -18,7 +18,7 @@ from nmt.config import TrainConfig, compose, to_object
 from nmt.errors import NmtError
 from nmt.model import build_model
 from nmt.tokenizer import Tokenizer
-from nmt.train import Trainer, train
+from nmt.train import train
 
 TINY = ["model.N=1", "model.d_model=32", "model.d_ff=64", "model.h=4", "train.threads=1",
         "train.max_tokens=256", "train.log_interval=2"]
@@ -116,8 +116,8 @@ def test_nonfinite_losses_are_skipped_then_stop_the_run(tiny_data_dir, tmp_path,
 
 def test_early_stopping_with_patience(tiny_data_dir, tmp_path, monkeypatch):
     losses = iter([3.0, 2.0, 2.5, 2.1, 1.0, 0.5])
-    monkeypatch.setattr(Trainer, "validate",
-                        lambda self: {"loss": next(losses), "nll": 1.0, "ppl": 2.7})
+    monkeypatch.setattr(nmt.train, "validate",
+                        lambda run: {"loss": next(losses), "nll": 1.0, "ppl": 2.7})
     out = train(config(tiny_data_dir, tmp_path / "run", "train.max_updates=100",
                        "train.valid_interval_updates=1", "train.patience=2"))
     assert out["update"] == 4 and "early stopping" in out["reason"]
@@ -158,14 +158,22 @@ def test_outputs_and_a_self_contained_checkpoint(tiny_data_dir, tmp_path):
     model = build_model(ModelConfig(**state["model_cfg"]), vocab["src_size"], vocab["tgt_size"],
                         vocab["pad_id"], vocab["joint"])
     model.load_state_dict(state["model"])  # strict: every weight is there
-    assert {"optimizer", "scheduler", "iterator", "rng", "config"} <= state.keys()
+    assert {"optimizer", "scheduler", "scaler", "iterator", "config", "best"} <= state.keys()
 
 
-def test_global_tokens_sets_update_freq(tiny_data_dir, tmp_path):
+def test_global_tokens_delivers_at_least_the_tokens_it_promises(tiny_data_dir, tmp_path):
+    from nmt.data import EpochBatchIterator, ParallelData
+    from nmt.train import update_frequency
+
     cfg = config(tiny_data_dir, tmp_path / "run", "train.global_tokens=1000")
-    trainer = Trainer(cfg, nmt.distributed.init("cpu"))
-    trainer.close_outputs()
-    assert trainer.update_freq == 4  # ceil(1000 / (256 x 1 rank))
+    itr = EpochBatchIterator(ParallelData(tiny_data_dir, "train"), 256, 1, 0)
+    freq = update_frequency(cfg.train, itr, world_size=1)
+    batches = itr.global_batches(1)
+    per_update = [sum(int(itr.tgt_len[b].sum()) for b in batches[i:i + freq])
+                  for i in range(0, len(batches) - freq + 1, freq)]  # the full updates
+    assert freq > 4  # more than ceil(1000 / 256): a batch holds fewer target tokens than 256
+    assert np.mean(per_update) >= 1000
+    assert update_frequency(cfg.train, itr, world_size=2) == -(-freq // 2) or freq % 2
 
 
 def test_fp16_on_cpu_is_a_clear_error(tiny_data_dir, tmp_path):
