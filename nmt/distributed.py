@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -88,13 +89,21 @@ def _first_line(e: BaseException) -> str:
     return (text.splitlines()[0] if text else type(e).__name__)[:200]
 
 
+# What gloo and NCCL errors say (DDP's reducer raises them as plain RuntimeErrors).
+_COLLECTIVE_FAILURE = re.compile(r"gloo|nccl|ProcessGroup|connection (closed|reset)|timed? ?out",
+                                 re.IGNORECASE)
+
+
 @contextlib.contextmanager
 def collective_errors(rank: int) -> Iterator[None]:
     """Turn a failed or timed-out collective into a one-line NmtError (another rank died,
     raised or ran out of memory: its own error says why)."""
     try:
         yield
-    except dist.DistError as e:
+    except RuntimeError as e:  # dist.DistError is one
+        if not (isinstance(e, dist.DistError) or (dist.is_initialized()
+                                                   and _COLLECTIVE_FAILURE.search(str(e)))):
+            raise
         raise NmtError(f"rank {rank}: a collective operation failed ({_first_line(e)}); "
                        f"another rank probably stopped first (see its error), or "
                        f"train.collective_timeout passed") from None
