@@ -8,6 +8,7 @@ stored without BOS/EOS; `ParallelData` adds them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -148,23 +149,28 @@ class Batch:
     ids: np.ndarray  # (B,) sentence indices in the split
     src_tokens: int  # non-padding source tokens
     tgt_tokens: int  # non-padding target tokens (what the loss is normalised by)
+    # (rows, columns) of the non-padding target positions, row by row: indexing with them
+    # picks what a boolean mask would, without the device-to-host copy a mask's size needs
+    targets: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def padded_tokens(self) -> int:
         """Source and target positions including padding: B * S + B * T."""
         return self.src.numel() + self.tgt_in.numel()
 
+    def apply(self, fn) -> Batch:
+        """The same batch with fn applied to each of its tensors."""
+        return dataclasses.replace(
+            self, src=fn(self.src), tgt_in=fn(self.tgt_in), tgt_out=fn(self.tgt_out),
+            targets=None if self.targets is None else tuple(fn(t) for t in self.targets))
+
     def to(self, device: torch.device) -> Batch:
         """The same batch with its tensors on `device` (asynchronous from pinned memory)."""
-        return Batch(self.src.to(device, non_blocking=True),
-                     self.tgt_in.to(device, non_blocking=True),
-                     self.tgt_out.to(device, non_blocking=True),
-                     self.ids, self.src_tokens, self.tgt_tokens)
+        return self.apply(lambda t: t.to(device, non_blocking=True))
 
     def pin_memory(self) -> Batch:
         """The same batch in page-locked memory, which a GPU copies from without waiting."""
-        return Batch(self.src.pin_memory(), self.tgt_in.pin_memory(),
-                     self.tgt_out.pin_memory(), self.ids, self.src_tokens, self.tgt_tokens)
+        return self.apply(torch.Tensor.pin_memory)
 
 
 def collate(data: ParallelData, ids: np.ndarray, pad_id: int) -> Batch:
@@ -181,8 +187,9 @@ def collate(data: ParallelData, ids: np.ndarray, pad_id: int) -> Batch:
         tgt_out[b, :len(t)], tgt_out[b, len(t)] = t, data.eos
     n_src = int(sum(len(s) for s in src)) + B
     n_tgt = int(sum(len(t) for t in tgt)) + B
+    rows, cols = np.nonzero(tgt_out != pad_id)  # (n_tgt,) each, row by row
     return Batch(torch.from_numpy(src_t), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out),
-                 np.asarray(ids), n_src, n_tgt)
+                 np.asarray(ids), n_src, n_tgt, (torch.from_numpy(rows), torch.from_numpy(cols)))
 
 
 def batch_by_tokens(order: np.ndarray, src_lengths: np.ndarray, tgt_lengths: np.ndarray,

@@ -82,6 +82,8 @@ class MultiHeadAttention(nn.Module):
         if not self.keep_weights:
             # On CPU the flash kernel is 2-4x slower than plain matmul + softmax in bf16/fp16.
             slow_flash = q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
+            if mask is not None and q.device.type != "cpu":
+                mask = additive_mask(mask, q.dtype)  # what CUDA's fused kernels take
             with sdpa_kernel(SDPBackend.MATH) if slow_flash else contextlib.nullcontext():
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
                                                       is_causal=causal)
@@ -92,6 +94,15 @@ class MultiHeadAttention(nn.Module):
             scores = scores.masked_fill(~mask, float("-inf"))
         self.weights = scores.softmax(dim=-1)
         return F.dropout(self.weights, p, self.training) @ v
+
+
+def additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """A boolean mask (True: attend) as 0 / -inf scores to add, in the queries' dtype: the form
+    in which CUDA's memory-efficient and cuDNN kernels take a mask, broadcast from (B, 1, 1, S),
+    so that padded batches run fused (tests/test_gpu.py forbids the unfused kernel). The flash
+    kernel takes no mask: the decoder's self-attention passes is_causal and runs there."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+        ~mask, float("-inf"))
 
 
 def causal_mask(T_q: int, T_k: int, device: torch.device) -> Tensor:
@@ -373,8 +384,9 @@ class Transformer(nn.Module):
                keep: Tensor | None = None) -> Tensor:
         """Teacher-forced decoding: (B, T) shifted target ids -> logits (B, T, V).
 
-        keep: (B, T) bool; if given, only those positions are projected: logits (n, V), n =
-        keep.sum() (training passes the non-padding targets and skips padding's projection).
+        keep: (B, T) bool, or the (rows, columns) index tensors of its True positions; if
+        given, only those n positions are projected: logits (n, V) (training passes the
+        non-padding targets and skips padding's projection).
         """
         x = self.positions(self.tgt_embed(tgt_in))
         for layer in self.decoder:

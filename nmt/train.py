@@ -402,7 +402,9 @@ class StepStats:
 def batch_loss(model: nn.Module, batch: Batch, epsilon: float, pad_id: int,
                autocast) -> tuple[Tensor, Tensor]:
     """Summed label-smoothed loss and summed NLL of a batch's target tokens (not normalised)."""
-    keep = batch.tgt_out != pad_id  # (B, T): padding is neither projected nor scored
+    # The non-padding target positions (padding is neither projected nor scored): the batch's
+    # (rows, columns) when collate gave them (no host synchronisation), else a (B, T) mask.
+    keep = batch.targets if batch.targets is not None else batch.tgt_out != pad_id
     with autocast:
         logits = model(batch.src, batch.tgt_in, keep)  # (n, V)
     return LabelSmoothedLoss.apply(logits, batch.tgt_out[keep], epsilon, pad_id)
@@ -431,8 +433,11 @@ def train_step(run: Run, epoch: int, group: list[tuple[int, Batch]], stop: bool)
             counts[:4] += (batch.tgt_tokens, batch.src_tokens, batch.padded_tokens,
                            batch.src.size(0))
     counts[4] = stop
+    counts = torch.from_numpy(counts)
+    if env.device.type == "cuda":
+        counts = counts.pin_memory()  # copied without waiting for the device
     sums = distributed.all_reduce_sum(torch.cat([
-        losses.double(), torch.from_numpy(counts).to(env.device, non_blocking=True)]))
+        losses.double(), counts.to(env.device, non_blocking=True)]))
     loss, nll, tgt, src, padded, sentences, stop_any = sums.unbind()
     run.scaler.unscale_(run.optimizer)
     grads = [p.grad for p in run.model.parameters() if p.grad is not None]

@@ -197,3 +197,21 @@ def test_cpu_dropout_drops_p_and_keeps_the_expectation():
     a = Dropout(0.1)(x)
     torch.manual_seed(1)
     assert torch.equal(a, Dropout(0.1)(x))  # seeded like every torch random draw
+
+
+def test_the_additive_mask_of_gpus_attends_like_the_boolean_mask():
+    import torch.nn.functional as F
+
+    from nmt.model import additive_mask
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(3, 2, 5, 8) for _ in range(3))  # (B, h, T, d_k)
+    lengths = torch.tensor([5, 3, 1])
+    mask = (torch.arange(5) < lengths[:, None])[:, None, None, :]  # (B, 1, 1, S)
+    bias = additive_mask(mask, q.dtype)
+    assert bias.shape == mask.shape and bias.dtype == q.dtype
+    assert torch.equal(bias == 0, mask) and torch.isinf(bias[~mask]).all()
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v, attn_mask=bias), expected)
+    scores = (q @ k.transpose(-2, -1) / 8 ** 0.5).masked_fill(~mask, float("-inf"))
+    torch.testing.assert_close(scores.softmax(-1) @ v, expected)  # the formula itself
