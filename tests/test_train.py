@@ -428,3 +428,18 @@ def test_init_from_fine_tunes_a_checkpoint_on_new_data(tiny_data_dir, tmp_path):
         train(config(domain, tmp_path / "y", f"train.init_from={base}", "model.d_ff=128"))
     with pytest.raises(NmtError, match="nothing.pt: checkpoint not found"):
         train(config(domain, tmp_path / "z", f"train.init_from={tmp_path / 'nothing.pt'}"))
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_optimizer_step_is_skipped_on_the_device_or_the_host(fused):
+    from nmt.train import optimizer_step
+
+    w = torch.nn.Parameter(torch.ones(3))
+    adam = torch.optim.Adam([w], lr=0.1, fused=fused)  # fused: GPUs (and CPUs since torch 2.4)
+    for skip, changed in ((True, False), (False, True), (True, False)):
+        before = w.detach().clone()
+        w.grad = torch.full((3,), 0.5)
+        optimizer_step(adam, torch.tensor(skip))
+        assert (not torch.equal(w.detach(), before)) == changed
+        assert not hasattr(adam, "found_inf")
+    assert adam.state[w]["step"].item() == 1  # skipped steps do not count
