@@ -60,7 +60,8 @@ def init(device: str = "auto", timeout_s: float = 600.0) -> DistInfo:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     dev = pick_device(device, local_rank)
-    if "WORLD_SIZE" in os.environ and not dist.is_initialized():
+    launched = world_size > 1 or "TORCHELASTIC_RUN_ID" in os.environ  # torchrun, even of 1
+    if launched and not dist.is_initialized():
         timeout = timedelta(seconds=timeout_s)
         try:
             if dev.type == "cuda":

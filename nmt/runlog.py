@@ -82,12 +82,13 @@ class RunLog:
         self.records.append(record)
         if self.tb is not None:
             for key, value in values.items():
-                if isinstance(value, int | float) and value is not None:
+                if isinstance(value, int | float):
                     self.tb.add_scalar(f"{kind}/{key}", value, update)
-            self.tb.flush()
 
     def draw(self) -> None:
-        """Redraw RUN/curves.png from every record so far."""
+        """Redraw RUN/curves.png from every record so far (and flush TensorBoard's file)."""
+        if self.tb is not None:
+            self.tb.flush()
         if self.plot:
             from nmt.plot import plot_learning_curves
 
