@@ -1,6 +1,7 @@
 """nmt-train: the contract commands, bitwise resume, stopping rules, outputs and checkpoints."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -175,7 +176,9 @@ def test_global_tokens_delivers_at_least_the_tokens_it_promises(tiny_data_dir, t
                   for i in range(0, len(batches) - freq + 1, freq)]  # the full updates
     assert freq > 4  # more than ceil(1000 / 256): a batch holds fewer target tokens than 256
     assert np.mean(per_update) >= 1000
-    assert update_frequency(cfg.train, itr, world_size=2) == -(-freq // 2) or freq % 2
+    per_batch = sum(int(itr.tgt_len[b].sum()) for b in batches) / len(batches)
+    assert freq == math.ceil(1000 / per_batch)  # the formula of the config doc
+    assert update_frequency(cfg.train, itr, world_size=2) == math.ceil(1000 / (2 * per_batch))
 
 
 def test_fp16_on_cpu_is_a_clear_error(tiny_data_dir, tmp_path):
