@@ -1,4 +1,4 @@
-# nmt: make install | test | lint | demo
+# nmt: make install | test | test-gpu | lint | demo
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 TORCH_PIN ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-slow lint demo clean
+.PHONY: install test test-slow test-gpu lint demo clean
 
 install: $(STAMP)
 
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH_PIN)"
-	$(BIN)/python -m pip install -q -e ".[dev,plot,slurm]"
+	$(BIN)/python -m pip install -q -e ".[dev,plot,slurm,tensorboard]"
 	touch $(STAMP)
 
 test: install
@@ -22,6 +22,11 @@ test: install
 
 test-slow: install
 	$(BIN)/python -m pytest -m slow
+
+# The GPU suite (tests/test_gpu.py): NCCL, bf16/fp16, resume, averaging, translation, torchrun
+# over every GPU present. Install a CUDA build of torch into .venv first.
+test-gpu: install
+	$(BIN)/python -m pytest -m gpu -v
 
 lint: install
 	$(BIN)/ruff check nmt tests scripts

@@ -7,7 +7,10 @@ A checkpoint is a plain dict of tensors, numbers, strings, bytes, lists and dict
                   "sha256": checksum of the SentencePiece model(s),
                   "src_spm": bytes, "tgt_spm": bytes}  (so a checkpoint translates on its own)
     update       updates done; epoch: the epoch in progress
-and, for training checkpoints only: optimizer, scheduler, scaler, iterator, rng, config, best.
+    ema          (training with train.ema_decay > 0) the exponential moving average of the
+                 weights: a state_dict with the keys of "model"
+and, for training checkpoints only: optimizer, scheduler, scaler, iterator, config, best,
+nonfinite. There is no RNG state: every micro-batch reseeds dropout from its place in the data.
 """
 
 from __future__ import annotations
@@ -49,6 +52,27 @@ def save_checkpoint(state: dict, path: str | Path) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    fsync_directory(path.parent)
+
+
+def fsync_directory(path: Path) -> None:
+    """Make the renames and links in a directory durable (a crash cannot undo them)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # a platform without directory handles
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems refuse to fsync a directory
+    finally:
+        os.close(fd)
+
+
+def remove_temporaries(run_dir: Path) -> None:
+    """Delete the temporary files that a killed checkpoint write left in run_dir."""
+    for tmp in run_dir.glob(".*.tmp"):
+        tmp.unlink(missing_ok=True)
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
@@ -139,37 +163,6 @@ def average(cfg) -> Path:
 
 
 # ----------------------------------------------------------------------------- training
-def rng_state() -> dict:
-    """Python, numpy and torch RNG states as plain values (loadable with weights_only=True)."""
-    import random
-
-    import numpy as np
-
-    version, internal, gauss = random.getstate()
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {"python": [version, list(internal), gauss],
-             "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
-             "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    """Restore what rng_state() returned."""
-    import random
-
-    import numpy as np
-
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 def _link_or_copy(src: Path, dst: Path) -> None:
     """Make dst a hard link to src (a copy where links are not supported), atomically."""
     tmp = dst.with_name(f".{dst.name}.link.tmp")
@@ -183,13 +176,19 @@ def _link_or_copy(src: Path, dst: Path) -> None:
     os.replace(tmp, dst)
 
 
-def save_training_checkpoint(state: dict, run_dir: str | Path, keep_last: int = 0) -> Path:
-    """Write RUN/checkpoint_<update>.pt and point checkpoint_last.pt at it; keep the last
-    `keep_last` numbered checkpoints (0: all). Returns the numbered path."""
+def save_training_checkpoint(state: dict, run_dir: str | Path, keep_last: int = 0,
+                             best: bool = False) -> Path:
+    """Write RUN/checkpoint_<update>.pt, point checkpoint_best.pt (if `best`) and then
+    checkpoint_last.pt at it, and keep the last `keep_last` numbered checkpoints (0: all).
+    Killed at any moment, checkpoint_last.pt is a complete checkpoint: the previous one or
+    this one. Returns the numbered path."""
     run_dir = Path(run_dir)
     path = run_dir / f"checkpoint_{state['update']}.pt"
     save_checkpoint(state, path)
+    if best:
+        _link_or_copy(path, run_dir / "checkpoint_best.pt")
     _link_or_copy(path, run_dir / "checkpoint_last.pt")
+    fsync_directory(run_dir)
     if keep_last > 0:
         for old in numbered_checkpoints(run_dir)[:-keep_last]:
             old.unlink(missing_ok=True)
@@ -201,6 +200,7 @@ def save_best_checkpoint(run_dir: str | Path, numbered: Path | None, state: dict
     best = Path(run_dir) / "checkpoint_best.pt"
     if numbered is not None and numbered.is_file():
         _link_or_copy(numbered, best)
+        fsync_directory(best.parent)
     else:
         save_checkpoint(state, best)
 
@@ -208,16 +208,24 @@ def save_best_checkpoint(run_dir: str | Path, numbered: Path | None, state: dict
 MODEL_SHAPE_KEYS = ("N", "d_model", "d_ff", "h", "norm", "share_embeddings")  # fix the weights
 
 
-def check_resumable(state: dict, path: Path, model_cfg: dict, vocab_sha256: str) -> None:
-    """Raise a one-line NmtError unless `state` was trained with this model shape and vocabulary."""
+def check_same_model(state: dict, path: Path, model_cfg: dict, vocab_sha256: str,
+                     hint: str) -> None:
+    """Raise a one-line NmtError (ending in `hint`) unless `state` holds weights of this model
+    shape trained with this vocabulary."""
     if state["vocab"].get("sha256") != vocab_sha256:
         raise NmtError(f"{path}: vocabulary differs from the data directory's (vocab_sha256 "
                        f"{str(state['vocab'].get('sha256'))[:12]} != {vocab_sha256[:12]}); "
-                       f"use a new run_dir")
+                       f"{hint}")
     diff = [f"{k}={state['model_cfg'].get(k)!r} != {model_cfg[k]!r}" for k in MODEL_SHAPE_KEYS
             if state["model_cfg"].get(k) != model_cfg[k]]
     if diff:
         raise NmtError(f"{path}: model differs from the checkpoint's ({', '.join(diff)}); "
-                       f"use a new run_dir")
+                       f"{hint}")
+
+
+def check_resumable(state: dict, path: Path, model_cfg: dict, vocab_sha256: str) -> None:
+    """Raise a one-line NmtError unless `state` is a training checkpoint of this model shape
+    and vocabulary."""
+    check_same_model(state, path, model_cfg, vocab_sha256, "use a new run_dir")
     if "optimizer" not in state or "iterator" not in state:
         raise NmtError(f"{path}: not a training checkpoint (no optimizer state); cannot resume")

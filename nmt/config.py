@@ -210,9 +210,12 @@ class PreprocessConfig:
 # ----------------------------------------------------------------------------- train
 @dataclass
 class TrainLoopConfig:
-    """Batching, stopping, checkpointing, validation and logging of nmt-train."""
+    """Batching, stopping, checkpointing, validation, logging and hardware of nmt-train."""
 
     max_tokens: int = 4096  # per-device batch budget: max(B * S_max, B * T_max), padding counted
+    # global_tokens > 0: update_freq = ceil(global_tokens / (world_size * t)), t = the mean
+    # target tokens (EOS included, padding not) of epoch 1's batches; so every update brings
+    # at least global_tokens target tokens on average (an epoch's last update may bring fewer).
     global_tokens: int = 0  # target tokens wanted per update over all devices; sets update_freq
     update_freq: int = 1  # batches accumulated per update (ignored when global_tokens > 0)
     max_updates: int = 0  # stop after this many updates (0: no limit)
@@ -224,28 +227,38 @@ class TrainLoopConfig:
     valid_bleu: bool = False  # also translate the valid set greedily and score BLEU and chrF
     best_metric: str = "loss"  # checkpoint_best.pt by: loss, ppl, bleu or chrf
     patience: int = 0  # stop after this many validations without improvement (0: never)
-    seed: int = 1  # seeds python, numpy and torch; batch order uses seed + epoch
-    amp: str = "none"  # "none", "bf16" or "fp16" (fp16 with loss scaling; CUDA)
+    seed: int = 1  # 0 <= seed < 2^63: model init, batch order (seed, epoch), dropout masks
+    init_from: str = ""  # a new run starts from this checkpoint's weights (fresh optimizer/data)
+    ema_decay: float = 0.0  # keep an exponential moving average of the weights (0: off)
+    amp: str = "auto"  # auto (bf16 on GPUs with it, else fp16; none on CPUs), bf16, fp16, none
+    tf32: bool = True  # TensorFloat-32 matmuls for fp32 work on Ampere and later GPUs
+    compile: bool = False  # torch.compile the model (for GPUs; graphs break on CPU dropout)
     device: str = "auto"  # "auto", "cpu" or "cuda"
-    log_interval: int = 50  # updates between log lines
+    collective_timeout: float = 600.0  # seconds a rank waits for the others before failing
+    log_interval: int = 50  # updates between log lines (GPU statistics are read only then)
     max_nonfinite: int = 10  # stop after this many consecutive non-finite losses
     threads: int = 0  # CPU threads for torch (0: torch's default)
     valid_bleu_max_sentences: int = 0  # translate only the first N valid sentences (0: all)
     valid_refs: list[str] = field(default_factory=list)  # more valid references, line-aligned
     bleu_tokenize: str = "13a"  # sacreBLEU tokenizer of valid BLEU: 13a, intl, zh, ja-mecab, none
     tensorboard: bool = True  # also log to RUN/tensorboard when tensorboard is installed
+    plot: bool = True  # draw RUN/curves.png at every validation when matplotlib is installed
 
     def __post_init__(self) -> None:
         _check_min(self, "train.", 1, "max_tokens", "update_freq", "max_nonfinite",
                    "save_interval_updates", "valid_interval_updates", "log_interval")
         _check_min(self, "train.", 0, "global_tokens", "max_updates", "max_epochs",
                    "max_minutes", "keep_last", "patience", "threads", "valid_bleu_max_sentences")
+        _check(0 <= self.seed < 2 ** 63, "train.seed", f"must be in [0, 2^63), got {self.seed}")
+        _check_prob(self.ema_decay, "train.ema_decay")
+        _check(self.collective_timeout > 0, "train.collective_timeout",
+               f"must be > 0, got {self.collective_timeout}")
         _check(self.best_metric in ("loss", "ppl", "bleu", "chrf"), "train.best_metric",
                f"must be loss, ppl, bleu or chrf, got {self.best_metric!r}")
         _check(self.best_metric in ("loss", "ppl") or self.valid_bleu, "train.best_metric",
                f"{self.best_metric} needs train.valid_bleu=true")
-        _check(self.amp in ("none", "bf16", "fp16"), "train.amp",
-               f"must be none, bf16 or fp16, got {self.amp!r}")
+        _check(self.amp in ("auto", "none", "bf16", "fp16"), "train.amp",
+               f"must be auto, none, bf16 or fp16, got {self.amp!r}")
         _check(self.device in ("auto", "cpu", "cuda"), "train.device",
                f"must be auto, cpu or cuda, got {self.device!r}")
         _check_bleu_tokenize(self.bleu_tokenize, "train.bleu_tokenize")
@@ -283,6 +296,7 @@ class TranslateConfig:
     attention_plot: str = ""  # write attention heatmaps (PNG) for one input line to this directory
     attention_line: int = 1  # which input line (1-based) attention_plot draws
     vocab_check: str = ""  # data dir, its manifest.json or a .model: the checkpoint must match it
+    weights: str = "auto"  # "model", "ema" (train.ema_decay's average) or "auto" (ema if saved)
     quiet: bool = False  # no progress bar, summary or truncation warnings on stderr
     prefix: bool = False  # input lines are source<TAB>prefix; translations start with the prefix
     score_reference: bool = False  # score given targets (ref=FILE or source<TAB>target lines)
@@ -305,6 +319,8 @@ class TranslateConfig:
         _check(self.device in ("auto", "cpu", "cuda"), "device",
                f"must be auto, cpu or cuda, got {self.device!r}")
         _check_bleu_tokenize(self.bleu_tokenize, "bleu_tokenize")
+        _check(self.weights in ("auto", "model", "ema"), "weights",
+               f"must be auto, model or ema, got {self.weights!r}")
 
 
 # ----------------------------------------------------------------------------- average

@@ -8,7 +8,10 @@ stored without BOS/EOS; `ParallelData` adds them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,18 +149,28 @@ class Batch:
     ids: np.ndarray  # (B,) sentence indices in the split
     src_tokens: int  # non-padding source tokens
     tgt_tokens: int  # non-padding target tokens (what the loss is normalised by)
+    # (rows, columns) of the non-padding target positions, row by row: indexing with them
+    # picks what a boolean mask would, without the device-to-host copy a mask's size needs
+    targets: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def padded_tokens(self) -> int:
         """Source and target positions including padding: B * S + B * T."""
         return self.src.numel() + self.tgt_in.numel()
 
+    def apply(self, fn) -> Batch:
+        """The same batch with fn applied to each of its tensors."""
+        return dataclasses.replace(
+            self, src=fn(self.src), tgt_in=fn(self.tgt_in), tgt_out=fn(self.tgt_out),
+            targets=None if self.targets is None else tuple(fn(t) for t in self.targets))
+
     def to(self, device: torch.device) -> Batch:
-        """The same batch with its tensors on `device`."""
-        return Batch(self.src.to(device, non_blocking=True),
-                     self.tgt_in.to(device, non_blocking=True),
-                     self.tgt_out.to(device, non_blocking=True),
-                     self.ids, self.src_tokens, self.tgt_tokens)
+        """The same batch with its tensors on `device` (asynchronous from pinned memory)."""
+        return self.apply(lambda t: t.to(device, non_blocking=True))
+
+    def pin_memory(self) -> Batch:
+        """The same batch in page-locked memory, which a GPU copies from without waiting."""
+        return self.apply(torch.Tensor.pin_memory)
 
 
 def collate(data: ParallelData, ids: np.ndarray, pad_id: int) -> Batch:
@@ -174,8 +187,9 @@ def collate(data: ParallelData, ids: np.ndarray, pad_id: int) -> Batch:
         tgt_out[b, :len(t)], tgt_out[b, len(t)] = t, data.eos
     n_src = int(sum(len(s) for s in src)) + B
     n_tgt = int(sum(len(t) for t in tgt)) + B
+    rows, cols = np.nonzero(tgt_out != pad_id)  # (n_tgt,) each, row by row
     return Batch(torch.from_numpy(src_t), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out),
-                 np.asarray(ids), n_src, n_tgt)
+                 np.asarray(ids), n_src, n_tgt, (torch.from_numpy(rows), torch.from_numpy(cols)))
 
 
 def batch_by_tokens(order: np.ndarray, src_lengths: np.ndarray, tgt_lengths: np.ndarray,
@@ -268,3 +282,53 @@ class EpochBatchIterator:
         if not same:
             self.consumed = 0
         return same
+
+
+class Prefetcher:
+    """An EpochBatchIterator's batches from its position on, collated `depth` batches ahead in
+    a background thread (into pinned memory when `pin`, so that copies to a GPU overlap the
+    computation). The iterator's position (epoch, consumed) moves only as batches are taken:
+    a checkpoint resumes after the last batch trained on, not the last one collated."""
+
+    def __init__(self, itr: EpochBatchIterator, pin: bool = False, depth: int = 4):
+        self.itr, self.pin, self.depth = itr, pin, depth
+        if itr.consumed >= len(itr):  # saved right after an epoch's last batch
+            itr.epoch, itr.consumed = itr.epoch + 1, 0
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="nmt-collate")
+        self.ahead: deque[tuple[int, int, bool, Future]] = deque()  # epoch, index, last, batch
+        self.cursor = (itr.epoch, itr.consumed)  # the next batch to collate
+        self.fill()
+
+    def fill(self) -> None:
+        """Queue batches until `depth` are collated or being collated."""
+        while len(self.ahead) < self.depth:
+            epoch, i = self.cursor
+            batches = self.itr.local_batches(epoch)
+            if not batches:
+                raise NmtError(f"epoch {epoch} has no batch for rank {self.itr.rank}")
+            self.ahead.append((epoch, i, i == len(batches) - 1,
+                               self.pool.submit(self.collate, batches[i])))
+            self.cursor = (epoch, i + 1) if i + 1 < len(batches) else (epoch + 1, 0)
+
+    def collate(self, ids: np.ndarray) -> Batch:
+        """One batch, pinned if asked (runs in the background thread)."""
+        batch = collate(self.itr.data, ids, self.itr.pad_id)
+        return batch.pin_memory() if self.pin else batch
+
+    def take(self, n: int) -> tuple[int, list[tuple[int, Batch]]]:
+        """The epoch in progress and its next n batches (fewer at its end, after which the
+        position moves to the next epoch), each with its index in the epoch's global order."""
+        epoch, group = self.itr.epoch, []
+        while len(group) < n:
+            batch_epoch, i, last, future = self.ahead.popleft()
+            assert batch_epoch == epoch, "prefetched batches out of step with the iterator"
+            group.append((self.itr.global_index(i), future.result()))
+            self.itr.epoch, self.itr.consumed = (epoch + 1, 0) if last else (epoch, i + 1)
+            self.fill()
+            if last:
+                break
+        return epoch, group
+
+    def close(self) -> None:
+        """Stop the background thread."""
+        self.pool.shutdown(wait=True, cancel_futures=True)

@@ -72,6 +72,8 @@ class MultiHeadAttention(nn.Module):
         """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, fused unless weights are kept."""
         p = self.p if self.training else 0.0
         if not self.keep_weights:
+            if mask is not None and q.device.type != "cpu":
+                mask = additive_mask(mask, q.dtype)  # what CUDA's fused kernels take
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
                                                   is_causal=causal)
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)  # (B, h, T_q, T_k)
@@ -81,6 +83,15 @@ class MultiHeadAttention(nn.Module):
             scores = scores.masked_fill(~mask, float("-inf"))
         self.weights = scores.softmax(dim=-1)
         return F.dropout(self.weights, p, self.training) @ v
+
+
+def additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """A boolean mask (True: attend) as 0 / -inf scores to add, in the queries' dtype: the form
+    in which CUDA's memory-efficient and cuDNN kernels take a mask, broadcast from (B, 1, 1, S),
+    so that padded batches run fused (tests/test_gpu.py forbids the unfused kernel). The flash
+    kernel takes no mask: the decoder's self-attention passes is_causal and runs there."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+        ~mask, float("-inf"))
 
 
 def causal_mask(T_q: int, T_k: int, device: torch.device) -> Tensor:
@@ -290,8 +301,9 @@ class Transformer(nn.Module):
                keep: Tensor | None = None) -> Tensor:
         """Teacher-forced decoding: (B, T) shifted target ids -> logits (B, T, V).
 
-        keep: (B, T) bool; if given, only those positions are projected: logits (n, V), n =
-        keep.sum() (training passes the non-padding targets and skips padding's projection).
+        keep: (B, T) bool, or the (rows, columns) index tensors of its True positions; if
+        given, only those n positions are projected: logits (n, V) (training passes the
+        non-padding targets and skips padding's projection).
         """
         x = self.positions(self.tgt_embed(tgt_in))
         for layer in self.decoder:

@@ -1,5 +1,6 @@
-"""Attention heatmaps of one translated sentence, one PNG per kind (layers x heads), like the
-attention visualisation of the Annotated Transformer. Needs matplotlib (the "plot" extra).
+"""Pictures, drawn with matplotlib (the "plot" extra): a run's learning curves, and the
+attention heatmaps of one translated sentence, one PNG per kind (layers x heads), like the
+attention visualisation of the Annotated Transformer.
 
 Rows of a decoder map are labelled with the token that position produces, columns with the
 tokens it attends to (source pieces + </s>, or <s> + the produced pieces).
@@ -63,6 +64,13 @@ def draw(weights: Tensor, rows: list[str], cols: list[str], title: str, path: Pa
             ax.set_yticks(range(len(rows)), rows, fontsize=font)
     fig.colorbar(image, ax=axes, shrink=min(1.0, 3.0 / N + 0.2), label="attention weight")
     fig.suptitle(title)
+    save_figure(fig, path)
+
+
+def save_figure(fig, path: Path) -> None:
+    """Write a figure as PNG atomically (temporary file, then rename) and close it."""
+    import matplotlib.pyplot as plt
+
     from nmt.checkpoint import temporary_beside
 
     tmp = temporary_beside(path)
@@ -74,6 +82,37 @@ def draw(weights: Tensor, rows: list[str], cols: list[str], title: str, path: Pa
     finally:
         plt.close(fig)
         Path(tmp).unlink(missing_ok=True)
+
+
+def plot_learning_curves(records: list[dict], path: Path) -> None:
+    """Training and validation loss (and validation BLEU when scored) against updates, from
+    metrics.jsonl records, as one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train = [(r["update"], r["loss"]) for r in records if r.get("kind") == "train"]
+    valid = [r for r in records if r.get("kind") == "valid"]
+    bleu = [(r["update"], r["bleu"]) for r in valid if "bleu" in r]
+    fig, axes = plt.subplots(2 if bleu else 1, 1, sharex=True, squeeze=False,
+                             figsize=(7, 6 if bleu else 4), layout="constrained")
+    ax = axes[0][0]
+    if train:
+        ax.plot(*zip(*train, strict=True), label="train loss", linewidth=1)
+    if valid:
+        ax.plot([r["update"] for r in valid], [r["loss"] for r in valid], marker="o",
+                label="valid loss")
+    ax.set_ylabel("label-smoothed loss (nats/token)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    if bleu:
+        axes[1][0].plot(*zip(*bleu, strict=True), marker="o", color="tab:green")
+        axes[1][0].set_ylabel("valid BLEU (greedy)")
+        axes[1][0].grid(alpha=0.3)
+    axes[-1][0].set_xlabel("update")
+    fig.suptitle(path.parent.name)
+    save_figure(fig, path)
 
 
 def plot_attention(translator, src_ids: list[int], out_ids: list[int],

@@ -1,27 +1,34 @@
 """nmt-train: the training loop, read top to bottom.
 
-train(cfg) sets up (processes, data, model, optimizer, a resumed state), then repeats one
+train(cfg) sets up the process, the data, the model and its optimizer, starts from the run
+directory's last checkpoint (or train.init_from's weights, or from scratch), then repeats one
 update: update_freq token-bucket batches per rank, each forward + backward on the summed
-label-smoothed loss (DDP synchronises only the last one), gradients divided by the global
-number of target tokens of the update, clipping, an Adam step on the Noam schedule. Between
-updates it logs, validates, checkpoints and decides to stop, the same way on every rank.
+label-smoothed loss (DDP synchronises only the last one), gradients divided by the update's
+global number of target tokens and clipped, one Adam step on the Noam schedule (skipped when
+the loss or the gradient is not finite). Between updates it logs, validates, checkpoints and
+decides to stop, the same way on every rank.
+
+Made for GPUs without losing the CPU: batches are collated ahead in a background thread
+(into pinned memory on CUDA); an update's statistics and its skip decision stay on the
+device, and the host reads them once per check (every update on a CPU, where reading costs
+nothing; every log_interval updates on a GPU, where it would stall the queue); every
+collective goes through nmt.distributed with tensors on the training device.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import hashlib
-import json
 import logging
 import math
-import random
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 from torch import Tensor, nn
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
@@ -29,69 +36,119 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from nmt import distributed
 from nmt.checkpoint import (
     check_resumable,
+    check_same_model,
     load_checkpoint,
-    rng_state,
     save_best_checkpoint,
     save_training_checkpoint,
-    set_rng_state,
 )
-from nmt.config import TrainConfig
-from nmt.data import Batch, EpochBatchIterator, ParallelData, read_manifest
+from nmt.config import TrainConfig, TrainLoopConfig
+from nmt.data import Batch, EpochBatchIterator, ParallelData, Prefetcher, read_manifest
 from nmt.errors import NmtError
 from nmt.loss import LabelSmoothedLoss
 from nmt.model import build_model, count_parameters
+from nmt.runlog import RunLog, prepare_run_dir
 from nmt.schedule import build_optimizer
-from nmt.scoring import read_references
+from nmt.scoring import read_references, score
 from nmt.search import translate_ids
 from nmt.tokenizer import Tokenizer
 
 log = logging.getLogger("nmt.train")
 
-# Sums all-reduced after every update (one collective): what logging and stopping need.
-STATS = ("loss", "nll", "tgt_tokens", "src_tokens", "padded", "sentences", "stop")
+TRIM_INTERVAL_UPDATES = 1000  # after keep_freed_memory: malloc_trim this often (every 100: -8%)
 
 
+# ----------------------------------------------------------------------------- the loop
 def train(cfg: TrainConfig) -> dict:
     """Train cfg.model on cfg.data_dir into cfg.run_dir, resuming from its last checkpoint."""
+    tc = cfg.train
     owns_group = not torch.distributed.is_initialized()
-    env = distributed.init(cfg.train.device)
+    env = distributed.init(tc.device, tc.collective_timeout)
     if not env.is_main:  # one rank speaks; the others only warn
         log.setLevel(logging.WARNING)
-    try:
-        return Trainer(cfg, env).run()
-    finally:
-        if owns_group:
-            distributed.shutdown()
+    batches = logs = None
+    with distributed.collective_errors(env.rank), logging_redirect_tqdm():
+        try:
+            trim_heap = tune_process(tc, env.device)
+            run = build_run(cfg, env, load_data(cfg, env))
+            start(run, distributed.from_main(lambda: starting_state(cfg, run.vocab["sha256"]),
+                                             env.device))
+            logs = RunLog(cfg, run.update) if env.is_main else None
+            batches = Prefetcher(run.data.train, pin=env.device.type == "cuda")
+            describe(run)
+            bar = tqdm(total=tc.max_updates or None, initial=run.update, unit="upd",
+                       disable=True if not env.is_main else None, dynamic_ncols=True)
+            deadline = time.monotonic() + 60 * tc.max_minutes if tc.max_minutes else math.inf
+            out_of_time = False
+            while (reason := stop_reason(run, out_of_time)) is None:
+                epoch, group = batches.take(run.update_freq)
+                stats = train_step(run, epoch, group, stop=time.monotonic() >= deadline)
+                run.monitor.add(stats)
+                run.update += 1
+                bar.update(1)
+                if run.update % run.check_every == 0:  # the host reads the device
+                    out_of_time = run.monitor.check(tc.max_nonfinite, run.update)
+                if run.update % tc.log_interval == 0:
+                    log_train(run, logs, bar)
+                if trim_heap and run.update % TRIM_INTERVAL_UPDATES == 0:
+                    release_freed_memory()
+                improved = (run.data.valid is not None
+                            and run.update % tc.valid_interval_updates == 0
+                            and validate_and_track(run, logs))
+                if run.update % tc.save_interval_updates == 0:
+                    save(run, improved)
+                elif improved:
+                    save_best(run)
+            bar.close()
+            summary = finish(run, logs, reason)
+        finally:
+            for resource in (batches, logs):
+                if resource is not None:
+                    resource.close()
+    if owns_group:  # after an error the process exits instead: no rank waits on it
+        distributed.shutdown()
+    return summary
 
 
-# ----------------------------------------------------------------------------- vocabulary
-def load_vocab(data_dir: str, manifest: dict) -> dict:
-    """The checkpoint's "vocab" entry: sizes, special ids, checksum and the SentencePiece protos."""
-    try:
-        src = Tokenizer.from_file(Path(data_dir) / manifest["spm"]["src"])
-        tgt = Tokenizer.from_file(Path(data_dir) / manifest["spm"]["tgt"])
-        sha = hashlib.sha256(src.proto + tgt.proto).hexdigest()
-        if sha != manifest["vocab_sha256"]:
-            raise NmtError(f"{data_dir}/manifest.json: vocab_sha256 does not match the "
-                           f"SentencePiece model files (data directory modified?)")
-        return {"src_size": manifest["src_vocab_size"], "tgt_size": manifest["tgt_vocab_size"],
-                "joint": manifest["joint"], "pad_id": manifest["pad_id"],
-                "unk_id": manifest["unk_id"], "bos_id": manifest["bos_id"],
-                "eos_id": manifest["eos_id"], "sha256": sha, "src_spm": src.proto,
-                "tgt_spm": tgt.proto}
-    except KeyError as e:
-        raise NmtError(f"{data_dir}/manifest.json: missing key {e} (not written by "
-                       f"nmt-preprocess?)") from None
+def stop_reason(run: Run, out_of_time: bool) -> str | None:
+    """Why training stops before the next update, or None; the same on every rank."""
+    tc = run.cfg.train
+    if tc.max_updates and run.update >= tc.max_updates:
+        return f"max_updates={tc.max_updates} reached"
+    if tc.max_epochs and run.data.train.epoch > tc.max_epochs:
+        return f"max_epochs={tc.max_epochs} reached"
+    if out_of_time:
+        return f"max_minutes={tc.max_minutes} reached"
+    if tc.patience and run.bad_validations >= tc.patience:
+        return f"early stopping: {tc.best_metric} did not improve for {tc.patience} validations"
+    return None
 
 
-# ----------------------------------------------------------------------------- loss
-def batch_loss(model: nn.Module, batch: Batch, epsilon: float, pad_id: int,
-               autocast) -> tuple[Tensor, Tensor]:
-    """Summed label-smoothed loss and summed NLL of a batch's target tokens (not normalised)."""
-    keep = batch.tgt_out != pad_id  # (B, T): padding is neither projected nor scored
-    with autocast:
-        logits = model(batch.src, batch.tgt_in, keep)  # (n, V)
-    return LabelSmoothedLoss.apply(logits, batch.tgt_out[keep], epsilon, pad_id)
+def finish(run: Run, logs: RunLog | None, reason: str) -> dict:
+    """Validate and checkpoint the last update unless done already; the run's summary."""
+    improved = False
+    if run.data.valid is not None and run.update != run.validated_at:
+        improved = validate_and_track(run, logs)
+    if run.update != run.saved_at:
+        save(run, improved)
+    elif improved:
+        save_best(run)
+    log.info("stopped at update %d, epoch %d: %s", run.update, run.data.train.epoch, reason)
+    distributed.barrier()
+    return {"update": run.update, "epoch": run.data.train.epoch, "reason": reason,
+            "valid": run.last_valid, "best": run.best,
+            "nonfinite": int(run.monitor.nonfinite.item())}
+
+
+# ----------------------------------------------------------------------------- the process
+def tune_process(tc: TrainLoopConfig, device: torch.device) -> bool:
+    """Process-wide settings, made once: torch's CPU threads, TF32 matmuls on GPUs, glibc's
+    malloc keeping freed memory on CPUs. Returns whether to trim the heap now and then."""
+    if tc.threads:
+        torch.set_num_threads(tc.threads)
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high" if tc.tf32 else "highest")
+        return False
+    return keep_freed_memory()
 
 
 def _glibc():
@@ -119,9 +176,6 @@ def keep_freed_memory() -> bool:
     return bool(libc.mallopt(M_MMAP_MAX, 0) and libc.mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1))
 
 
-TRIM_INTERVAL_UPDATES = 1000  # after keep_freed_memory: malloc_trim this often (every 100: -8%)
-
-
 def release_freed_memory() -> None:
     """Give free heap pages back to the kernel (glibc malloc_trim). With keep_freed_memory the
     heap keeps every page it ever touched and grows with fragmentation (5 GB after 25 minutes
@@ -129,21 +183,132 @@ def release_freed_memory() -> None:
     _glibc().malloc_trim(0)
 
 
-def normalise_gradients(grads: list[Tensor], tokens: float, clip_norm: float) -> Tensor:
-    """Divide summed gradients by the update's target tokens and clip their global L2 norm to
-    clip_norm (0: no clipping), in one multiplication; returns the norm before clipping."""
-    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) / tokens
-    scale = torch.full_like(norm, 1.0 / tokens)
-    if clip_norm:
-        scale *= (clip_norm / (norm + 1e-6)).clamp(max=1.0)
-    torch._foreach_mul_(grads, scale)
-    return norm
+def resolve_amp(amp: str, device: torch.device) -> str:
+    """train.amp on this device: "auto" is bf16 on GPUs that have it (Ampere and later),
+    fp16 with loss scaling on older GPUs, and none on CPUs (where bf16's speed depends on
+    the processor: ask for it with amp=bf16)."""
+    if device.type == "cuda":
+        bf16 = torch.cuda.get_device_capability(device)[0] >= 8
+        if amp == "bf16" and not bf16:
+            raise NmtError(f"train.amp=bf16: {torch.cuda.get_device_name(device)} has no "
+                           f"bfloat16 support; use amp=fp16 or amp=auto")
+        return ("bf16" if bf16 else "fp16") if amp == "auto" else amp
+    if amp == "fp16":
+        raise NmtError("train.amp=fp16: fp16 needs CUDA (use amp=bf16 on CPU)")
+    return "none" if amp == "auto" else amp
 
 
-def micro_batch_seed(seed: int, epoch: int, global_index: int) -> int:
-    """Dropout seed of one batch: a function of its place in the data, not of the rank count,
-    so that N ranks x update_freq F draw the masks of one rank x N * F, and resumes replay."""
-    return (seed * 1_000_003 + epoch) * 1_000_000_007 + global_index
+# ----------------------------------------------------------------------------- set-up
+@dataclasses.dataclass
+class Data:
+    """What a run reads: the manifest, the vocabulary entry of checkpoints, the splits."""
+
+    manifest: dict
+    vocab: dict
+    train: EpochBatchIterator
+    valid: ParallelData | None
+
+
+def load_data(cfg: TrainConfig, env: distributed.DistInfo) -> Data:
+    """The data directory's vocabulary, the training batches of this rank and the valid split."""
+    manifest = read_manifest(cfg.data_dir)
+    vocab = load_vocab(cfg.data_dir, manifest)
+    itr = EpochBatchIterator(ParallelData(cfg.data_dir, "train", manifest), cfg.train.max_tokens,
+                             cfg.train.seed, vocab["pad_id"], env.rank, env.world_size,
+                             cfg.model.max_positions)
+    if not itr.global_batches(1):
+        raise NmtError(f"{cfg.data_dir}: the train split gives no batch for "
+                       f"{env.world_size} rank(s) (too few sentences, or all too long)")
+    valid = (ParallelData(cfg.data_dir, "valid", manifest)
+             if "valid" in manifest["splits"] else None)
+    if cfg.train.valid_refs:  # checked now, not at the first validation
+        read_references(cfg.train.valid_refs, len(valid or ()), "valid pairs")
+    return Data(manifest, vocab, itr, valid)
+
+
+def load_vocab(data_dir: str, manifest: dict) -> dict:
+    """The checkpoint's "vocab" entry: sizes, special ids, checksum and the SentencePiece protos."""
+    try:
+        src = Tokenizer.from_file(Path(data_dir) / manifest["spm"]["src"])
+        tgt = Tokenizer.from_file(Path(data_dir) / manifest["spm"]["tgt"])
+        sha = hashlib.sha256(src.proto + tgt.proto).hexdigest()
+        if sha != manifest["vocab_sha256"]:
+            raise NmtError(f"{data_dir}/manifest.json: vocab_sha256 does not match the "
+                           f"SentencePiece model files (data directory modified?)")
+        return {"src_size": manifest["src_vocab_size"], "tgt_size": manifest["tgt_vocab_size"],
+                "joint": manifest["joint"], "pad_id": manifest["pad_id"],
+                "unk_id": manifest["unk_id"], "bos_id": manifest["bos_id"],
+                "eos_id": manifest["eos_id"], "sha256": sha, "src_spm": src.proto,
+                "tgt_spm": tgt.proto}
+    except KeyError as e:
+        raise NmtError(f"{data_dir}/manifest.json: missing key {e} (not written by "
+                       f"nmt-preprocess?)") from None
+
+
+def update_frequency(tc: TrainLoopConfig, itr: EpochBatchIterator, world_size: int) -> int:
+    """Batches per rank and update: train.update_freq, or with train.global_tokens
+    ceil(global_tokens / (world_size x the mean target tokens of epoch 1's batches))."""
+    if not tc.global_tokens:
+        return tc.update_freq
+    batches = itr.global_batches(1)
+    per_batch = itr.tgt_len[np.concatenate(batches)].sum() / len(batches)
+    return max(1, math.ceil(tc.global_tokens / (world_size * per_batch)))
+
+
+@dataclasses.dataclass
+class Run:
+    """One training run: the model and its optimisation, and the counters a checkpoint keeps."""
+
+    cfg: TrainConfig
+    env: distributed.DistInfo
+    data: Data
+    model: nn.Module  # the Transformer, whose weights are saved
+    forward: nn.Module  # what train_step calls: the model, in DDP and/or compiled
+    ddp: nn.parallel.DistributedDataParallel | None
+    ema: nn.Module | None  # the exponential moving average of the weights (train.ema_decay)
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler  # enabled for fp16 only
+    amp: str  # "none", "bf16" or "fp16"
+    autocast: contextlib.AbstractContextManager
+    update_freq: int
+    check_every: int  # updates between host reads of the device's statistics
+    monitor: Monitor
+    update: int = 0
+    best: float | None = None  # best validation value of train.best_metric
+    bad_validations: int = 0  # validations since the best one
+    validated_at: int = 0
+    saved_at: int = 0
+    last_valid: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def vocab(self) -> dict:
+        return self.data.vocab
+
+    @property
+    def pad_id(self) -> int:
+        return self.data.vocab["pad_id"]
+
+
+def build_run(cfg: TrainConfig, env: distributed.DistInfo, data: Data) -> Run:
+    """The model (initialised from train.seed), its EMA, the optimizer, schedule, scaler."""
+    tc, vocab = cfg.train, data.vocab
+    amp = resolve_amp(tc.amp, env.device)
+    torch.manual_seed(tc.seed)
+    model = build_model(cfg.model, vocab["src_size"], vocab["tgt_size"], vocab["pad_id"],
+                        vocab["joint"]).to(env.device)
+    ema = copy.deepcopy(model).requires_grad_(False) if tc.ema_decay else None
+    optimizer, scheduler = build_optimizer(model, cfg.optim, cfg.model.d_model)
+    scaler = torch.amp.GradScaler(env.device.type, init_scale=2.0 ** 7, enabled=amp == "fp16")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
+    autocast = (torch.autocast(env.device.type, dtype=dtype) if dtype
+                else contextlib.nullcontext())
+    ddp = wrap_ddp(model, env.device) if env.world_size > 1 else None
+    forward = torch.compile(ddp or model, dynamic=True) if tc.compile else (ddp or model)
+    check_every = 1 if env.device.type == "cpu" else tc.log_interval
+    return Run(cfg, env, data, model, forward, ddp, ema, optimizer, scheduler, scaler, amp,
+               autocast, update_frequency(tc, data.train, env.world_size), check_every,
+               Monitor(env.device))
 
 
 def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
@@ -158,410 +323,409 @@ def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
                **no_buffer_sync)
 
 
-# ----------------------------------------------------------------------------- the trainer
-class Trainer:
-    """The state of one training run; `run()` is the loop."""
+# ----------------------------------------------------------------------------- the start
+def starting_state(cfg: TrainConfig, vocab_sha256: str) -> dict | None:
+    """Run on rank 0: check run_dir up front, then load what the run starts from: all of
+    RUN/checkpoint_last.pt (a resume), or train.init_from's weights, or None (scratch)."""
+    run_dir = prepare_run_dir(cfg.run_dir)
+    last, model_cfg = run_dir / "checkpoint_last.pt", dataclasses.asdict(cfg.model)
+    if last.is_file():
+        state = load_checkpoint(last)
+        check_resumable(state, last, model_cfg, vocab_sha256)
+        return {**state, "resumed_from": str(last)}
+    if cfg.train.init_from:
+        path = Path(cfg.train.init_from)
+        state = load_checkpoint(path)
+        check_same_model(state, path, model_cfg, vocab_sha256,
+                         "fine-tuning needs its vocabulary (nmt-preprocess bpe.model=...) "
+                         "and model shape")
+        return {"model": state["model"], "init_from": str(path)}
+    return None
 
-    def __init__(self, cfg: TrainConfig, env: distributed.DistInfo):
-        self.cfg, self.env, tc = cfg, env, cfg.train
-        self.run_dir = Path(cfg.run_dir)
-        self.device = env.device
-        if tc.threads:
-            torch.set_num_threads(tc.threads)
-        self.trim_heap = self.device.type == "cpu" and keep_freed_memory()  # then trim it
-        if tc.amp == "fp16" and self.device.type != "cuda":
-            raise NmtError("train.amp: fp16 needs CUDA (use amp=bf16 on CPU)")
-        random.seed(tc.seed)
-        np.random.seed(tc.seed)
-        torch.manual_seed(tc.seed)
 
-        # -- data
-        self.manifest = read_manifest(cfg.data_dir)
-        self.vocab = load_vocab(cfg.data_dir, self.manifest)
-        self.pad, self.bos, self.eos = (self.vocab["pad_id"], self.vocab["bos_id"],
-                                        self.vocab["eos_id"])
-        train_data = ParallelData(cfg.data_dir, "train", self.manifest)
-        self.itr = EpochBatchIterator(train_data, tc.max_tokens, tc.seed, self.pad, env.rank,
-                                      env.world_size, cfg.model.max_positions)
-        if not self.itr.global_batches(1):
-            raise NmtError(f"{cfg.data_dir}: the train split gives no batch for "
-                           f"{env.world_size} rank(s) (too few sentences, or all too long)")
-        self.valid = (ParallelData(cfg.data_dir, "valid", self.manifest)
-                      if "valid" in self.manifest["splits"] else None)
-        if tc.valid_refs:  # checked now, not at the first validation
-            read_references(tc.valid_refs, len(self.valid or ()), "valid pairs")
-        per_update = tc.max_tokens * env.world_size
-        self.update_freq = (math.ceil(tc.global_tokens / per_update) if tc.global_tokens
-                            else tc.update_freq)
+def start(run: Run, state: dict | None) -> None:
+    """Load the starting state on every rank: a whole training checkpoint (a resume), or
+    only the weights (train.init_from: new optimizer, schedule and data position)."""
+    if state is None:
+        return
+    run.model.load_state_dict(state["model"])
+    if "init_from" in state:
+        if run.ema is not None:
+            run.ema.load_state_dict(state["model"])
+        log.info("initialised from %s (new optimizer, schedule and data position)",
+                 state["init_from"])
+        return
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.scheduler.load_state_dict(state["scheduler"])
+    if state["scaler"] and run.scaler.is_enabled():
+        run.scaler.load_state_dict(state["scaler"])
+    if run.ema is not None:  # an EMA switched on at a resume starts from the weights
+        run.ema.load_state_dict(state.get("ema", state["model"]))
+    if not run.data.train.load_state_dict(state["iterator"]):
+        log.warning("batching settings changed since the checkpoint: epoch %d restarts",
+                    run.data.train.epoch)
+    run.update = run.validated_at = run.saved_at = int(state["update"])
+    best = state.get("best", {})
+    if best.get("metric") == run.cfg.train.best_metric:
+        run.best, run.bad_validations = best.get("value"), best.get("bad_validations", 0)
+    run.monitor.nonfinite.fill_(float(state.get("nonfinite", 0)))
+    log.info("resumed from %s at update %d, epoch %d (batch %d)", state["resumed_from"],
+             run.update, run.data.train.epoch, run.data.train.consumed)
 
-        # -- model and optimisation
-        self.model = build_model(cfg.model, self.vocab["src_size"], self.vocab["tgt_size"],
-                                 self.pad, self.vocab["joint"]).to(self.device)
-        self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optim,
-                                                         cfg.model.d_model)
-        self.scaler = torch.amp.GradScaler(self.device.type, init_scale=2.0 ** 7,
-                                           enabled=tc.amp == "fp16")
-        amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tc.amp)
-        self.autocast = (torch.autocast(self.device.type, dtype=amp_dtype) if amp_dtype
-                         else contextlib.nullcontext())
 
-        # -- counters (restored on resume)
-        self.update = 0
-        self.best: float | None = None  # best validation value of train.best_metric
-        self.bad_validations = 0  # validations since the best one
-        self.nonfinite_total, self.nonfinite_run = 0, 0
-        self.resumed_from = self.resume()
-        self.ddp = wrap_ddp(self.model, self.device) if env.world_size > 1 else None
+def describe(run: Run) -> None:
+    """Log the setup once: model size, devices, precision, batching."""
+    tc, env = run.cfg.train, run.env
+    log.info("model: %s parameters, %s | device %s x %d | amp %s | threads %d",
+             f"{count_parameters(run.model):,}", run.cfg.model, env.device, env.world_size,
+             run.amp, torch.get_num_threads())
+    log.info("batches: max_tokens %d x %d rank(s) x update_freq %d = %d padded tokens per "
+             "update | %d train sentences skipped (longer than max_tokens or max_positions)",
+             tc.max_tokens, env.world_size, run.update_freq,
+             tc.max_tokens * env.world_size * run.update_freq, run.data.train.skipped)
 
-        # -- outputs (rank 0 only)
-        self.metrics_file = None
-        self.tb = None
-        if env.is_main:
-            self.open_outputs()
 
-    # -- resume ---------------------------------------------------------------------------
-    def resume(self) -> Path | None:
-        """Load RUN/checkpoint_last.pt if it exists: weights, optimizer, counters, position."""
-        path = self.run_dir / "checkpoint_last.pt"
-        if not path.is_file():
-            return None
-        state = load_checkpoint(path, map_location="cpu")
-        check_resumable(state, path, dataclasses.asdict(self.cfg.model), self.vocab["sha256"])
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
-        if not self.itr.load_state_dict(state["iterator"]):
-            log.warning("batching settings changed since the checkpoint: epoch %d restarts",
-                        self.itr.epoch)
-        set_rng_state(state["rng"])
-        self.update = int(state["update"])
-        best = state.get("best", {})
-        if best.get("metric") == self.cfg.train.best_metric:
-            self.best, self.bad_validations = best.get("value"), best.get("bad_validations", 0)
-        self.nonfinite_total = int(state.get("nonfinite", 0))
-        return path
+# ----------------------------------------------------------------------------- one update
+@dataclasses.dataclass
+class StepStats:
+    """One update's statistics, summed over ranks: 0-dim tensors left on the device."""
 
-    def state_dict(self) -> dict:
-        """The training checkpoint (nmt/checkpoint.py describes every key)."""
-        return {"model": self.model.state_dict(), "model_cfg": dataclasses.asdict(self.cfg.model),
-                "vocab": self.vocab, "update": self.update, "epoch": self.itr.epoch,
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
-                "iterator": self.itr.state_dict(), "rng": rng_state(),
-                "config": dataclasses.asdict(self.cfg), "nonfinite": self.nonfinite_total,
-                "best": {"metric": self.cfg.train.best_metric, "value": self.best,
-                         "bad_validations": self.bad_validations}}
+    loss: Tensor  # summed label-smoothed loss
+    nll: Tensor  # summed negative log-likelihood
+    tgt_tokens: Tensor  # non-padding target tokens (what gradients are divided by)
+    src_tokens: Tensor  # non-padding source tokens
+    padded: Tensor  # source and target positions, padding included
+    sentences: Tensor
+    grad_norm: Tensor  # global L2 norm of the per-token gradient, before clipping
+    skipped: Tensor  # True: the loss or the gradient was not finite, no parameter changed
+    overflow: Tensor  # True: an fp16 loss-scale overflow (skipped, but not a divergence)
+    stop: Tensor  # > 0: a rank's time budget ran out
 
-    # -- outputs --------------------------------------------------------------------------
-    def open_outputs(self) -> None:
-        """config.yaml (the resolved config), metrics.jsonl (appended) and TensorBoard."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.run_dir / ".config.yaml.tmp"
-        tmp.write_text(OmegaConf.to_yaml(OmegaConf.structured(self.cfg)), encoding="utf-8")
-        tmp.replace(self.run_dir / "config.yaml")
-        self.metrics_file = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8",
-                                 buffering=1)
-        import importlib.util
 
-        if self.cfg.train.tensorboard and importlib.util.find_spec("tensorboard"):
-            from torch.utils.tensorboard import SummaryWriter
+def batch_loss(model: nn.Module, batch: Batch, epsilon: float, pad_id: int,
+               autocast) -> tuple[Tensor, Tensor]:
+    """Summed label-smoothed loss and summed NLL of a batch's target tokens (not normalised)."""
+    # The non-padding target positions (padding is neither projected nor scored): the batch's
+    # (rows, columns) when collate gave them (no host synchronisation), else a (B, T) mask.
+    keep = batch.targets if batch.targets is not None else batch.tgt_out != pad_id
+    with autocast:
+        logits = model(batch.src, batch.tgt_in, keep)  # (n, V)
+    return LabelSmoothedLoss.apply(logits, batch.tgt_out[keep], epsilon, pad_id)
 
-            self.tb = SummaryWriter(str(self.run_dir / "tensorboard"))
 
-    def write_metrics(self, kind: str, values: dict) -> None:
-        """One JSON line in RUN/metrics.jsonl (and TensorBoard scalars)."""
-        if self.metrics_file is None:
-            return
-        record = {"kind": kind, "update": self.update, "epoch": self.itr.epoch, **values}
-        self.metrics_file.write(json.dumps(record) + "\n")
-        if self.tb is not None:
-            for k, v in values.items():
-                if isinstance(v, int | float):
-                    self.tb.add_scalar(f"{kind}/{k}", v, self.update)
-
-    def close_outputs(self) -> None:
-        """Flush and close the log files."""
-        if self.metrics_file is not None:
-            self.metrics_file.close()
-        if self.tb is not None:
-            self.tb.close()
-
-    # -- one update -----------------------------------------------------------------------
-    def train_step(self, group: list[tuple[int, Batch]], stop_wanted: bool) -> Tensor:
-        """Forward/backward update_freq batches, then one optimizer step; returns STATS sums."""
-        tc, model = self.cfg.train, self.ddp or self.model
-        model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        losses = torch.zeros(2, device=self.device)  # summed loss and NLL of the update
-        counts = np.zeros(4)  # target tokens, source tokens, padded positions, sentences
-        for k, (i, batch) in enumerate(group):
-            torch.manual_seed(micro_batch_seed(tc.seed, self.itr.epoch, self.itr.global_index(i)))
-            batch = batch.to(self.device)
-            sync = self.ddp is None or k == len(group) - 1  # all-reduce on the last batch only
-            with contextlib.nullcontext() if sync else self.ddp.no_sync():
-                loss, nll = batch_loss(model, batch, self.cfg.optim.label_smoothing, self.pad,
-                                       self.autocast)
+def train_step(run: Run, epoch: int, group: list[tuple[int, Batch]], stop: bool) -> StepStats:
+    """One update on a group of (index in the epoch, Batch): forward and backward on each,
+    gradients divided by the update's target tokens and clipped, one optimizer step unless
+    the loss or the gradient is not finite (decided on the device), the EMA after it."""
+    tc, env = run.cfg.train, run.env
+    run.forward.train()
+    run.optimizer.zero_grad(set_to_none=True)
+    losses = torch.zeros(2, device=env.device)  # this rank's summed loss and NLL
+    counts = np.zeros(5)  # target tokens, source tokens, padded positions, sentences, stop
+    with fatal_out_of_memory(run, group):
+        for k, (index, batch) in enumerate(group):
+            torch.manual_seed(micro_batch_seed(tc.seed, epoch, index))
+            batch = batch.to(env.device)
+            last = k == len(group) - 1  # DDP all-reduces gradients after the last batch only
+            with run.ddp.no_sync() if run.ddp and not last else contextlib.nullcontext():
+                loss, nll = batch_loss(run.forward, batch, run.cfg.optim.label_smoothing,
+                                       run.pad_id, run.autocast)
                 # DDP averages gradients over ranks: scale by world_size to get their sum.
-                self.scaler.scale(loss * self.env.world_size).backward()
+                run.scaler.scale(loss * env.world_size).backward()
             losses += torch.stack([loss.detach(), nll])
-            counts += (batch.tgt_tokens, batch.src_tokens, batch.padded_tokens, batch.src.size(0))
-        stats = torch.tensor([*losses.tolist(), *counts, float(stop_wanted)],
-                             dtype=torch.float64, device=self.device)
-        stats = distributed.all_reduce_sum(stats).cpu()  # the one collective besides DDP's
-        self.scaler.unscale_(self.optimizer)
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        grad_norm = normalise_gradients(grads, max(stats[2].item(), 1.0),
-                                        self.cfg.optim.clip_norm)
-        if math.isfinite(stats[0].item()) and math.isfinite(grad_norm.item()):
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            self.scheduler.step()
-            self.update += 1
-            self.nonfinite_run = 0
-        else:
-            self.skip_nonfinite()
-        self.last_grad_norm = grad_norm.item()
-        return stats
-
-    def skip_nonfinite(self) -> None:
-        """Drop this update's gradients; too many non-finite updates in a row stop the run."""
-        if self.scaler.is_enabled():
-            self.scaler.update()  # lowers the loss scale
-        self.optimizer.zero_grad(set_to_none=True)
-        self.nonfinite_total += 1
-        self.nonfinite_run += 1
-        log.warning("non-finite loss or gradient at update %d: update skipped (%d so far)",
-                    self.update + 1, self.nonfinite_total)
-        if self.nonfinite_run >= self.cfg.train.max_nonfinite:
-            raise NmtError(f"{self.nonfinite_run} consecutive non-finite losses at update "
-                           f"{self.update}: training diverged (lower optim.lr_factor, raise "
-                           f"optim.warmup, set optim.clip_norm, or use amp=bf16/none)")
-
-    # -- validation -----------------------------------------------------------------------
-    @torch.no_grad()
-    def validate(self) -> dict:
-        """Valid loss, NLL and perplexity (and BLEU/chrF when train.valid_bleu), on all ranks."""
-        tc, env = self.cfg.train, self.env
-        self.model.eval()
-        itr = EpochBatchIterator(self.valid, tc.max_tokens, tc.seed, self.pad, env.rank,
-                                 env.world_size, self.cfg.model.max_positions, shuffle=False,
-                                 lockstep=False)
-        sums = torch.zeros(3, dtype=torch.float64)
-        for _, batch in itr:
-            batch = batch.to(self.device)
-            loss, nll = batch_loss(self.model, batch, self.cfg.optim.label_smoothing, self.pad,
-                                   self.autocast)
-            sums += torch.tensor([loss.item(), nll.item(), batch.tgt_tokens],
-                                 dtype=torch.float64)
-        loss, nll, n = distributed.all_reduce_sum(sums).tolist()
-        out = {"loss": loss / max(n, 1), "nll": nll / max(n, 1),
-               "ppl": math.exp(min(nll / max(n, 1), 100.0)), "tokens": int(n),
-               "skipped": itr.skipped}
-        if tc.valid_bleu:
-            out.update(self.valid_bleu())
-        self.model.train()
-        return out
-
-    def valid_bleu(self) -> dict:
-        """Greedy translations of the valid sources, detokenized and scored with sacreBLEU."""
-        from nmt.scoring import score
-
-        tc, env, valid = self.cfg.train, self.env, self.valid
-        n = min(len(valid), tc.valid_bleu_max_sentences or len(valid))
-        limit = self.cfg.model.max_positions - 1  # room for the EOS
-        mine = list(range(env.rank, n, env.world_size))  # each rank translates a share
-        src_ids = [valid.src[i][:limit].tolist() for i in mine]
-        search = dataclasses.replace(self.cfg.search, beam_size=1, nbest=1)
-        out = translate_ids(self.model, src_ids, search, self.bos, self.eos, self.pad,
-                                    self.device)
-        hyps: dict[int, list[int]] = {}
-        for part in distributed.all_gather_objects(dict(zip(mine, out, strict=True))):
-            hyps.update(part)
-        tgt = Tokenizer(self.vocab["tgt_spm"], "tgt spm")
-        hyp_text = tgt.decode([hyps[i] for i in range(n)])
-        scores = score(hyp_text, self.valid_references(tgt, n), tc.bleu_tokenize)
-        return {"bleu": scores["bleu"], "chrf": scores["chrf"], "bleu_sentences": n}
-
-    def valid_references(self, tgt: Tokenizer, n: int) -> list[list[str]]:
-        """The raw valid targets (valid.raw.<tgt_lang>, or the decoded ids when absent), then
-        each file of train.valid_refs: the first n lines of each."""
-        raw = Path(self.cfg.data_dir) / f"valid.raw.{self.manifest['tgt_lang']}"
-        if raw.is_file():
-            first = raw.read_text(encoding="utf-8").split("\n")[:n]
-        else:
-            log.warning("%s not found: scoring against decoded references", raw)
-            first = tgt.decode([self.valid.tgt[i].tolist() for i in range(n)])
-        extra = read_references(self.cfg.train.valid_refs, len(self.valid), "valid pairs")
-        return [first, *(stream[:n] for stream in extra)]
-
-    def better(self, value: float) -> bool:
-        """Is `value` of train.best_metric better than the best so far?"""
-        if self.best is None:
-            return True
-        higher = self.cfg.train.best_metric in ("bleu", "chrf")
-        return value > self.best if higher else value < self.best
-
-    # -- checkpoints ----------------------------------------------------------------------
-    def save(self, improved: bool = False) -> None:
-        """checkpoint_<update>.pt + checkpoint_last.pt (+ checkpoint_best.pt), rank 0 only."""
-        if self.env.is_main:
-            state = self.state_dict()
-            path = save_training_checkpoint(state, self.run_dir, self.cfg.train.keep_last)
-            if improved:
-                save_best_checkpoint(self.run_dir, path, state)
-        self.saved_at = self.update
-
-    # -- the loop -------------------------------------------------------------------------
-    def run(self) -> dict:
-        """Train until max_updates, max_epochs, max_minutes or early stopping; returns a summary."""
-        self.describe()
-        self.saved_at, self.validated_at, self.last_valid = self.update, self.update, {}
-        bar = tqdm(total=self.cfg.train.max_updates or None, initial=self.update, unit="upd",
-                   disable=True if not self.env.is_main else None, dynamic_ncols=True)
-        with logging_redirect_tqdm():
-            reason = self.loop(bar)
-            bar.close()
-            if self.valid is not None and self.update != self.validated_at:
-                improved = self.run_validation()
-                if self.update != self.saved_at:
-                    self.save(improved)
-                elif improved:
-                    self.save_best_only()
-            elif self.update != self.saved_at:
-                self.save()
-            log.info("stopped at update %d, epoch %d: %s", self.update, self.itr.epoch, reason)
-        self.close_outputs()
-        distributed.barrier()
-        return {"update": self.update, "epoch": self.itr.epoch, "reason": reason,
-                "valid": self.last_valid, "best": self.best, "nonfinite": self.nonfinite_total}
-
-    def loop(self, bar: tqdm) -> str:
-        """Updates, each followed by logging, validation and checkpoints when due."""
-        tc = self.cfg.train
-        start, window = time.monotonic(), _Window()
-        reason = self.finished()
-        while reason is None:
-            for group in _grouped(self.itr, self.update_freq):
-                out_of_time = tc.max_minutes and time.monotonic() - start >= 60 * tc.max_minutes
-                stats = self.train_step(group, bool(out_of_time))
-                window.add(stats)
-                bar.update(1)
-                if self.update % tc.log_interval == 0:
-                    self.log_train(window, bar)
-                if self.trim_heap and self.update % TRIM_INTERVAL_UPDATES == 0:
-                    release_freed_memory()
-                improved = False
-                if (self.valid is not None and self.update % tc.valid_interval_updates == 0
-                        and self.update != self.validated_at):
-                    improved = self.run_validation()
-                if self.update % tc.save_interval_updates == 0 and self.update != self.saved_at:
-                    self.save(improved)
-                elif improved:
-                    self.save_best_only()
-                reason = self.finished(stats[-1].item() > 0)  # any rank out of time
-                if reason:
-                    break
-            else:  # the epoch ended
-                reason = self.finished()
-        return reason
-
-    def finished(self, stop_wanted: bool = False) -> str | None:
-        """Why training stops now, or None; the same on every rank."""
-        tc = self.cfg.train
-        if tc.max_updates and self.update >= tc.max_updates:
-            return f"max_updates={tc.max_updates} reached"
-        if tc.max_epochs and self.itr.epoch > tc.max_epochs:
-            return f"max_epochs={tc.max_epochs} reached"
-        if stop_wanted:
-            return f"max_minutes={tc.max_minutes} reached"
-        if tc.patience and self.bad_validations >= tc.patience:
-            return f"early stopping: {tc.best_metric} did not improve for {tc.patience} validations"
-        return None
-
-    def run_validation(self) -> bool:
-        """Validate, log, and update the best value and the patience counter; True if best."""
-        valid = self.validate()
-        self.last_valid, self.validated_at = valid, self.update
-        value = valid[self.cfg.train.best_metric]
-        improved = self.better(value)
-        if improved:
-            self.best, self.bad_validations = value, 0
-        else:
-            self.bad_validations += 1
-        valid["best"] = self.best
-        self.write_metrics("valid", valid)
-        extra = "".join(f" {k} {valid[k]:.2f}" for k in ("bleu", "chrf") if k in valid)
-        log.info("valid | update %d | loss %.3f | nll %.3f | ppl %.2f%s | best %s %.3f%s",
-                 self.update, valid["loss"], valid["nll"], valid["ppl"], extra,
-                 self.cfg.train.best_metric, self.best, " (new best)" if improved else "")
-        return improved
-
-    def save_best_only(self) -> None:
-        """checkpoint_best.pt after an improvement between save intervals."""
-        if self.env.is_main:
-            save_best_checkpoint(self.run_dir, None, self.state_dict())
-
-    def log_train(self, window: _Window, bar: tqdm) -> None:
-        """A log line, a metrics.jsonl record and the progress bar's figures."""
-        values = window.summary()
-        values["lr"] = self.scheduler.get_last_lr()[0]
-        values["grad_norm"] = self.last_grad_norm
-        bar.set_postfix(loss=f"{values['loss']:.3f}", lr=f"{values['lr']:.2e}",
-                        tok_s=f"{values['tokens_per_s']:.0f}", pad=f"{values['padding']:.2f}",
-                        refresh=False)
-        self.write_metrics("train", values)
-        log.info("train | epoch %d | update %d | loss %.3f | nll %.3f | ppl %.2f | lr %.3e | "
-                 "gnorm %.3f | tok/s %.0f | pad %.3f", self.itr.epoch, self.update,
-                 values["loss"], values["nll"], values["ppl"], values["lr"],
-                 values["grad_norm"], values["tokens_per_s"], values["padding"])
-
-    def describe(self) -> None:
-        """Log the setup once: model size, batching, where training starts."""
-        tc, env = self.cfg.train, self.env
-        log.info("model: %s parameters, %s | device %s x %d | threads %d",
-                 f"{count_parameters(self.model):,}", self.cfg.model, self.device,
-                 env.world_size, torch.get_num_threads())
-        log.info("batches: max_tokens %d x %d rank(s) x update_freq %d = %d padded tokens per "
-                 "update | %d train sentences skipped (longer than max_tokens or max_positions)",
-                 tc.max_tokens, env.world_size, self.update_freq,
-                 tc.max_tokens * env.world_size * self.update_freq, self.itr.skipped)
-        if self.resumed_from:
-            log.info("resumed from %s at update %d, epoch %d (batch %d)", self.resumed_from,
-                     self.update, self.itr.epoch, self.itr.consumed)
+            counts[:4] += (batch.tgt_tokens, batch.src_tokens, batch.padded_tokens,
+                           batch.src.size(0))
+    counts[4] = stop
+    counts = torch.from_numpy(counts)
+    if env.device.type == "cuda":
+        counts = counts.pin_memory()  # copied without waiting for the device
+    sums = distributed.all_reduce_sum(torch.cat([
+        losses.double(), counts.to(env.device, non_blocking=True)]))
+    loss, nll, tgt, src, padded, sentences, stop_any = sums.unbind()
+    run.scaler.unscale_(run.optimizer)
+    grads = [p.grad for p in run.model.parameters() if p.grad is not None]
+    grad_norm = normalise_gradients(grads, tgt.clamp(min=1.0), run.cfg.optim.clip_norm)
+    skip = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
+    optimizer_step(run.optimizer, skip)
+    run.scaler.update()  # fp16: a skipped update lowers the loss scale
+    with warnings.catch_warnings():  # a skipped first update is no misuse of the schedule
+        warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step", UserWarning)
+        run.scheduler.step()
+    if run.ema is not None:
+        update_ema(run.ema, run.model, ema_decay(tc.ema_decay, run.update + 1), skip)
+    overflow = skip & torch.isfinite(loss) if run.scaler.is_enabled() else torch.zeros_like(skip)
+    return StepStats(loss, nll, tgt, src, padded, sentences, grad_norm, skip, overflow, stop_any)
 
 
-def _grouped(itr: EpochBatchIterator, update_freq: int):
-    """The rest of the epoch as lists of update_freq (index, Batch) pairs (the last shorter)."""
-    group, n = [], len(itr)
-    for i, batch in itr:
-        group.append((i, batch))
-        if len(group) == update_freq or i == n - 1:
-            yield group
-            group = []
+@contextlib.contextmanager
+def fatal_out_of_memory(run: Run, group: list[tuple[int, Batch]]):
+    """An out-of-memory error becomes a one-line error naming the rank, update and batches
+    (the other ranks then fail in their next collective, or torchrun stops them)."""
+    try:
+        yield
+    except torch.cuda.OutOfMemoryError:
+        shapes = ", ".join(f"{b.src.size(0)}x{b.src.size(1)}/{b.tgt_in.size(1)}"
+                           for _, b in group)
+        raise NmtError(f"rank {run.env.rank}: out of memory in update {run.update + 1} "
+                       f"(batches of B x S/T tokens: {shapes}); lower train.max_tokens and "
+                       f"raise train.update_freq to keep the update's size") from None
 
 
-class _Window:
-    """STATS summed since the last log line, and the time they took."""
+def micro_batch_seed(seed: int, epoch: int, global_index: int) -> int:
+    """Dropout seed of one batch: a function of its place in the data, not of the rank count,
+    so that N ranks x update_freq F draw the masks of one rank x N * F, and resumes replay.
+    Taken modulo 2^64 (what torch.manual_seed accepts): distinct for every batch of every
+    epoch while an epoch has fewer than 10^9 batches."""
+    return ((seed * 1_000_003 + epoch) * 1_000_000_007 + global_index) % 2 ** 64
 
-    def __init__(self):
-        self.sums, self.updates = torch.zeros(len(STATS), dtype=torch.float64), 0
-        self.t0 = time.monotonic()
 
-    def add(self, stats: Tensor) -> None:
-        """Add one update's sums."""
-        self.sums += stats
+def normalise_gradients(grads: list[Tensor], tokens: Tensor | float, clip_norm: float) -> Tensor:
+    """Divide summed gradients by the update's target tokens and clip their global L2 norm to
+    clip_norm (0: no clipping), in one multiplication; returns the norm before clipping.
+    Nothing is read back to the host: `tokens` may be a tensor on the device."""
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    tokens = torch.as_tensor(tokens, dtype=norm.dtype, device=norm.device)
+    norm = norm / tokens
+    scale = 1.0 / tokens
+    if clip_norm:
+        scale = scale * (clip_norm / (norm + 1e-6)).clamp(max=1.0)
+    torch._foreach_mul_(grads, scale)
+    return norm
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, skip: Tensor) -> None:
+    """optimizer.step() unless `skip` (a 0-dim bool tensor). A fused optimizer (CUDA) decides
+    on the device through the found_inf attribute of GradScaler's contract, so the host never
+    waits; others decide on the host, which costs nothing on a CPU."""
+    if getattr(optimizer, "_step_supports_amp_scaling", False):
+        optimizer.grad_scale, optimizer.found_inf = None, skip.float()
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.grad_scale, optimizer.found_inf
+    elif not skip.item():
+        optimizer.step()
+
+
+def ema_decay(decay: float, update: int) -> float:
+    """The EMA's decay at update u (from 1): min(decay, (1 + u) / (10 + u)), so that the
+    average forgets the random initial weights within the first updates (the num_updates
+    rule of TensorFlow's ExponentialMovingAverage)."""
+    return min(decay, (1 + update) / (10 + update))
+
+
+@torch.no_grad()
+def update_ema(ema: nn.Module, model: nn.Module, decay: float, skip: Tensor) -> None:
+    """ema += (1 - decay) (model - ema) for every parameter; unchanged when `skip`."""
+    averages, weights = list(ema.parameters()), list(model.parameters())
+    delta = torch._foreach_sub(weights, averages)
+    torch._foreach_mul_(delta, torch.where(skip, 0.0, 1.0 - decay).to(weights[0].dtype))
+    torch._foreach_add_(averages, delta)
+
+
+class Monitor:
+    """Update statistics accumulated on the device: sums since the last log line, and what
+    stops a run (consecutive non-finite updates, a rank out of time), read at checks."""
+
+    FIELDS = ("loss", "nll", "scored_tokens", "tgt_tokens", "src_tokens", "padded",
+              "sentences", "grad_norm", "skipped", "overflows")
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.nonfinite = torch.zeros((), dtype=torch.float64, device=device)  # run total
+        self.streak = torch.zeros((), dtype=torch.float64, device=device)  # consecutive ones
+        self.worst = torch.zeros((), dtype=torch.float64, device=device)  # since last check
+        self.stop = torch.zeros((), dtype=torch.float64, device=device)
+        self.restart()
+
+    def restart(self) -> None:
+        """Start a new log window."""
+        self.sums = torch.zeros(len(self.FIELDS), dtype=torch.float64, device=self.device)
+        self.updates, self.t0 = 0, time.monotonic()
+
+    def add(self, s: StepStats) -> None:
+        """Add one update (no host synchronisation)."""
+        ok = ~s.skipped
+        diverged = (s.skipped & ~s.overflow).double()  # an fp16 overflow is routine
+        self.sums += torch.stack([
+            torch.where(ok, s.loss, 0.0), torch.where(ok, s.nll, 0.0), s.tgt_tokens * ok,
+            s.tgt_tokens, s.src_tokens, s.padded, s.sentences,
+            torch.where(ok, s.grad_norm.double(), 0.0), s.skipped.double(),
+            s.overflow.double()])
         self.updates += 1
+        self.nonfinite += diverged
+        self.streak = (self.streak + 1) * diverged
+        self.worst = torch.maximum(self.worst, self.streak)
+        self.stop = torch.maximum(self.stop, s.stop)
+
+    def check(self, max_nonfinite: int, update: int) -> bool:
+        """Raise when max_nonfinite updates in a row were not finite; True once a rank is out
+        of time. Reads the device (a host synchronisation)."""
+        worst, stop = torch.stack([self.worst, self.stop]).tolist()
+        self.worst = self.streak.clone()
+        if worst >= max_nonfinite:
+            raise NmtError(f"{max_nonfinite} consecutive non-finite losses by update {update}: "
+                           f"training diverged (lower optim.lr_factor, raise optim.warmup, set "
+                           f"optim.clip_norm, or use amp=bf16/none)")
+        return stop > 0
 
     def summary(self) -> dict:
-        """Per-token loss, NLL, perplexity, throughput and padding share; then restart."""
-        loss, nll, tgt, src, padded, sentences, _ = self.sums.tolist()
+        """Per-token loss, NLL, perplexity, gradient norm, throughput, padding share, skipped
+        updates of the window; then a new window starts."""
+        s = dict(zip(self.FIELDS, self.sums.tolist(), strict=True))
         seconds = max(time.monotonic() - self.t0, 1e-9)
-        out = {"loss": loss / max(tgt, 1), "nll": nll / max(tgt, 1),
-               "ppl": math.exp(min(nll / max(tgt, 1), 100.0)),
-               "tokens_per_s": tgt / seconds, "src_tokens_per_s": src / seconds,
-               "padding": 1.0 - (src + tgt) / max(padded, 1),
-               "tgt_tokens_per_update": tgt / max(self.updates, 1),
-               "sentences_per_update": sentences / max(self.updates, 1)}
-        self.__init__()
+        scored, n = max(s["scored_tokens"], 1.0), max(self.updates, 1)
+        out = {"loss": s["loss"] / scored, "nll": s["nll"] / scored,
+               "ppl": math.exp(min(s["nll"] / scored, 100.0)),
+               "grad_norm": s["grad_norm"] / max(self.updates - s["skipped"], 1.0),
+               "tokens_per_s": s["tgt_tokens"] / seconds,
+               "src_tokens_per_s": s["src_tokens"] / seconds,
+               "padding": 1.0 - (s["src_tokens"] + s["tgt_tokens"]) / max(s["padded"], 1.0),
+               "tgt_tokens_per_update": s["tgt_tokens"] / n,
+               "sentences_per_update": s["sentences"] / n,
+               "skipped": int(s["skipped"]), "overflows": int(s["overflows"])}
+        self.restart()
         return out
+
+
+def log_train(run: Run, logs: RunLog | None, bar: tqdm) -> None:
+    """A log line, a metrics.jsonl record and the progress bar's figures (all ranks read the
+    device here; rank 0 writes)."""
+    values = run.monitor.summary()
+    values["lr"] = run.scheduler.get_last_lr()[0]
+    if run.scaler.is_enabled():
+        values["loss_scale"] = run.scaler.get_scale()
+        if values["overflows"]:
+            log.info("fp16: %d of the last %d updates overflowed and were skipped; loss scale "
+                     "now %g", values["overflows"], run.cfg.train.log_interval,
+                     values["loss_scale"])
+    bar.set_postfix(loss=f"{values['loss']:.3f}", lr=f"{values['lr']:.2e}",
+                    tok_s=f"{values['tokens_per_s']:.0f}", pad=f"{values['padding']:.2f}",
+                    refresh=False)
+    if logs is not None:
+        logs.write("train", run.update, run.data.train.epoch, values)
+    log.info("train | epoch %d | update %d | loss %.3f | nll %.3f | ppl %.2f | lr %.3e | "
+             "gnorm %.3f | tok/s %.0f | pad %.3f", run.data.train.epoch, run.update,
+             values["loss"], values["nll"], values["ppl"], values["lr"],
+             values["grad_norm"], values["tokens_per_s"], values["padding"])
+
+
+# ----------------------------------------------------------------------------- validation
+def validate_and_track(run: Run, logs: RunLog | None) -> bool:
+    """Validate, log, and update the best value and the patience counter; True if best."""
+    tc = run.cfg.train
+    valid = validate(run)
+    run.last_valid, run.validated_at = valid, run.update
+    value = valid[tc.best_metric]
+    higher = tc.best_metric in ("bleu", "chrf")
+    improved = run.best is None or (value > run.best if higher else value < run.best)
+    if improved:
+        run.best, run.bad_validations = value, 0
+    else:
+        run.bad_validations += 1
+    valid["best"] = run.best
+    if logs is not None:
+        logs.write("valid", run.update, run.data.train.epoch, valid)
+        logs.draw()
+    extra = "".join(f" {k} {valid[k]:.2f}" for k in ("bleu", "chrf") if k in valid)
+    if "ema_loss" in valid:
+        extra += f" | ema loss {valid['ema_loss']:.3f}"
+    log.info("valid | update %d | loss %.3f | nll %.3f | ppl %.2f%s | best %s %.3f%s",
+             run.update, valid["loss"], valid["nll"], valid["ppl"], extra, tc.best_metric,
+             run.best, " (new best)" if improved else "")
+    return improved
+
+
+def validate(run: Run) -> dict:
+    """Valid loss, NLL and perplexity (the EMA's too, and BLEU/chrF when train.valid_bleu)."""
+    out = valid_loss(run, run.model)
+    if run.ema is not None:
+        out.update({f"ema_{k}": v for k, v in valid_loss(run, run.ema).items()
+                    if k in ("loss", "nll", "ppl")})
+    if run.cfg.train.valid_bleu:
+        out.update(valid_bleu(run))
+    return out
+
+
+@torch.no_grad()
+def valid_loss(run: Run, model: nn.Module) -> dict:
+    """Per-token loss, NLL and perplexity of `model` on the valid split, shared out over ranks."""
+    tc, env = run.cfg.train, run.env
+    itr = EpochBatchIterator(run.data.valid, tc.max_tokens, tc.seed, run.pad_id, env.rank,
+                             env.world_size, run.cfg.model.max_positions, shuffle=False,
+                             lockstep=False)
+    model.eval()
+    sums, tokens = torch.zeros(2, dtype=torch.float64, device=env.device), 0
+    for _, batch in itr:
+        loss, nll = batch_loss(model, batch.to(env.device), run.cfg.optim.label_smoothing,
+                               run.pad_id, run.autocast)
+        sums += torch.stack([loss, nll]).double()
+        tokens += batch.tgt_tokens
+    count = torch.tensor([float(tokens)], dtype=torch.float64).to(env.device)
+    loss, nll, n = distributed.all_reduce_sum(torch.cat([sums, count])).tolist()
+    model.train()
+    n = max(n, 1.0)
+    return {"loss": loss / n, "nll": nll / n, "ppl": math.exp(min(nll / n, 100.0)),
+            "tokens": int(n), "skipped": itr.skipped}
+
+
+def valid_bleu(run: Run) -> dict:
+    """Greedy translations of the valid sources, detokenized and scored with sacreBLEU."""
+    tc, env, valid, vocab = run.cfg.train, run.env, run.data.valid, run.vocab
+    n = min(len(valid), tc.valid_bleu_max_sentences or len(valid))
+    limit = run.cfg.model.max_positions - 1  # room for the EOS
+    mine = list(range(env.rank, n, env.world_size))  # each rank translates a share
+    src_ids = [valid.src[i][:limit].tolist() for i in mine]
+    search = dataclasses.replace(run.cfg.search, beam_size=1, nbest=1)
+    out = translate_ids(run.model, src_ids, search, vocab["bos_id"], vocab["eos_id"],
+                        vocab["pad_id"], env.device)
+    hyps: dict[int, list[int]] = {}
+    for part in distributed.all_gather_objects(dict(zip(mine, out, strict=True))):
+        hyps.update(part)
+    tgt = Tokenizer(vocab["tgt_spm"], "tgt spm")
+    hyp_text = tgt.decode([hyps[i] for i in range(n)])
+    scores = score(hyp_text, valid_references(run, tgt, n), tc.bleu_tokenize)
+    return {"bleu": scores["bleu"], "chrf": scores["chrf"], "bleu_sentences": n}
+
+
+def valid_references(run: Run, tgt: Tokenizer, n: int) -> list[list[str]]:
+    """The raw valid targets (valid.raw.<tgt_lang>, or the decoded ids when absent), then
+    each file of train.valid_refs: the first n lines of each."""
+    raw = Path(run.cfg.data_dir) / f"valid.raw.{run.data.manifest['tgt_lang']}"
+    if raw.is_file():
+        first = raw.read_text(encoding="utf-8").split("\n")[:n]
+    else:
+        log.warning("%s not found: scoring against decoded references", raw)
+        first = tgt.decode([run.data.valid.tgt[i].tolist() for i in range(n)])
+    extra = read_references(run.cfg.train.valid_refs, len(run.data.valid), "valid pairs")
+    return [first, *(stream[:n] for stream in extra)]
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def training_state(run: Run) -> dict:
+    """The training checkpoint (nmt/checkpoint.py describes every key)."""
+    cfg = run.cfg
+    state = {"model": run.model.state_dict(), "model_cfg": dataclasses.asdict(cfg.model),
+             "vocab": run.vocab, "update": run.update, "epoch": run.data.train.epoch,
+             "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
+             "scaler": run.scaler.state_dict(), "iterator": run.data.train.state_dict(),
+             "config": dataclasses.asdict(cfg), "nonfinite": int(run.monitor.nonfinite.item()),
+             "best": {"metric": cfg.train.best_metric, "value": run.best,
+                      "bad_validations": run.bad_validations}}
+    if run.ema is not None:
+        state["ema"] = run.ema.state_dict()
+    return state
+
+
+def save(run: Run, improved: bool) -> None:
+    """checkpoint_<update>.pt and checkpoint_last.pt (and checkpoint_best.pt), on rank 0."""
+    if run.env.is_main:
+        save_training_checkpoint(training_state(run), run.cfg.run_dir, run.cfg.train.keep_last,
+                                 best=improved)
+    run.saved_at = run.update
+
+
+def save_best(run: Run) -> None:
+    """checkpoint_best.pt after an improvement between save intervals, on rank 0."""
+    if run.env.is_main:
+        save_best_checkpoint(run.cfg.run_dir, None, training_state(run))

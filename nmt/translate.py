@@ -67,9 +67,15 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def load_translator(path: str | Path, device: torch.device | str = "cpu") -> Translator:
-    """Build the model of a checkpoint and check that its vocabularies fit it."""
+def load_translator(path: str | Path, device: torch.device | str = "cpu",
+                    weights: str = "auto") -> Translator:
+    """Build the model of a checkpoint and check that its vocabularies fit it. weights: "model",
+    "ema" (the moving average that train.ema_decay keeps) or "auto" (ema when saved)."""
     state = load_checkpoint(path)
+    if weights == "ema" and "ema" not in state:
+        raise NmtError(f"{path}: weights=ema but the checkpoint has no EMA weights (train with "
+                       f"train.ema_decay > 0, or use weights=model)")
+    use_ema = weights == "ema" or (weights == "auto" and "ema" in state)
     vocab = state["vocab"]
     missing = [key for key in VOCAB_KEYS if key not in vocab]
     if missing:
@@ -82,7 +88,7 @@ def load_translator(path: str | Path, device: torch.device | str = "cpu") -> Tra
     except (TypeError, ConfigError) as e:
         raise NmtError(f"{path}: bad model_cfg ({e})") from None
     weights = {k.removeprefix("_orig_mod.").removeprefix("module."): v
-               for k, v in state["model"].items()}
+               for k, v in state["ema" if use_ema else "model"].items()}
     for key, size in (("src_embed.lut.weight", vocab["src_size"]),
                       ("generator.weight", vocab["tgt_size"])):
         if key in weights and weights[key].size(0) != size:
@@ -279,7 +285,7 @@ def open_session(cfg: TranslateConfig) -> Session:
         from nmt.train import keep_freed_memory
 
         keep_freed_memory()  # reuse freed memory: large per-step tensors cost no page faults
-    translators = [load_translator(path, device) for path in cfg.checkpoints]
+    translators = [load_translator(path, device, cfg.weights) for path in cfg.checkpoints]
     check_ensemble(translators, cfg.checkpoints)
     if cfg.vocab_check:
         check_vocab(translators[0], cfg.vocab_check, cfg.checkpoints[0])

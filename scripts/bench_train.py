@@ -2,15 +2,18 @@
 
 Both models have the same dimensions, dropout 0.1, tied embeddings, Adam + Noam and a
 label-smoothed loss (0.1) normalised per target token; one step is forward, backward and
-optimizer step. They get identical token-bucket batches: a fixed sample of the batches
-nmt-train cuts from a data directory's train split (budget 4,096 padded tokens, about 3,500
-target tokens each), or synthetic ones when there is no data directory. They are timed
-interleaved in one process (ours, then the reference, a few steps each, several rounds), in
-fp32 and with bf16 autocast. Reported: tokens/s, the ratio, and the share of the machine's
-matmul peak (analytic matmul FLOPs of the padded batches / time / peak measured here).
+optimizer step (nmt's as nmt-train takes it: its loss, gradient normalisation, fused Adam on
+GPUs). They get identical token-bucket batches: a fixed sample of the batches nmt-train cuts
+from a data directory's train split (--data), or synthetic ones of WMT-like lengths. They are
+timed interleaved in one process (ours, then the reference, several rounds), in fp32 and with
+bf16 autocast, on the CPU or a GPU (--device). Reported: tokens/s, the ratio, and the share
+of the device's matmul peak (analytic matmul FLOPs of the padded batches / time / the peak
+measured here; on a GPU also the share of its datasheet dense bf16 peak when known).
 
-    flock /tmp/nmt-cpu.lock .venv/bin/python scripts/bench_train.py
+    flock /tmp/nmt-cpu.lock .venv/bin/python scripts/bench_train.py --data work/data
     .venv/bin/python scripts/bench_train.py --runs small:fp32 --profile   # where time goes
+    .venv/bin/python scripts/bench_train.py --device cuda --runs base:bf16,big:bf16 \
+        --vocab 37000 --max-tokens 16384 --batches 8 --rounds 5      # the GPU figures
 """
 
 from __future__ import annotations
@@ -31,10 +34,14 @@ from nmt.config import ModelConfig, OptimConfig
 from nmt.data import Batch, EpochBatchIterator, ParallelData, collate
 from nmt.model import build_model
 from nmt.schedule import build_optimizer
-from nmt.train import batch_loss, keep_freed_memory
+from nmt.train import batch_loss, keep_freed_memory, normalise_gradients
 
 CONFIGS = {"small": ModelConfig(N=3, d_model=256, d_ff=1024, h=4, dropout=0.1),
-           "base": ModelConfig(N=6, d_model=512, d_ff=2048, h=8, dropout=0.1)}
+           "base": ModelConfig(N=6, d_model=512, d_ff=2048, h=8, dropout=0.1),
+           "big": ModelConfig(N=6, d_model=1024, d_ff=4096, h=16, dropout=0.3)}
+# Dense bf16 tensor-core peaks of datasheets (FLOP/s), by a word of the device's name.
+DATASHEET_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12,
+                  "A10": 125e12, "RTX 4090": 165e12, "B200": 2250e12}
 OPTIM = OptimConfig(lr_factor=1.0, warmup=4000, beta1=0.9, beta2=0.98, eps=1e-9,
                     label_smoothing=0.1)
 PAD = 0
@@ -44,8 +51,12 @@ ROOT = Path(__file__).resolve().parents[1]  # the repository
 def parse_args() -> argparse.Namespace:
     """Command-line options."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", default=str(ROOT / "work/data/ende8k"),
-                   help="data directory whose train batches are used (synthetic if missing)")
+    p.add_argument("--data", default="",
+                   help="data directory whose train batches are used (default: synthetic)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--no-reference", action="store_true",
+                   help="time nmt's model only (e.g. big, where both may not fit at once)")
     p.add_argument("--runs", default="small:fp32,small:bf16,base:fp32",
                    help="comma-separated model:precision pairs (precision fp32 or bf16)")
     p.add_argument("--batches", type=int, default=6, help="distinct batches, cycled")
@@ -63,12 +74,11 @@ def parse_args() -> argparse.Namespace:
 # ----------------------------------------------------------------------------- batches
 def load_batches(args: argparse.Namespace) -> tuple[list[Batch], int]:
     """A fixed sample of token-bucket batches, and the vocabulary size."""
-    try:
-        data = ParallelData(args.data, "train")
+    if args.data:
         from nmt.data import read_manifest
 
-        vocab = read_manifest(args.data)["tgt_vocab_size"]
-    except Exception:  # no data directory: synthetic sentences of WMT-like lengths
+        data, vocab = ParallelData(args.data, "train"), read_manifest(args.data)["tgt_vocab_size"]
+    else:  # synthetic sentences of WMT-like lengths
         data, vocab = _synthetic(args.vocab), args.vocab
     itr = EpochBatchIterator(data, args.max_tokens, seed=1, pad_id=PAD, max_positions=1024)
     batches = itr.global_batches(1)
@@ -165,21 +175,29 @@ def reference_loss(model: nn.Module, batch: Batch, epsilon: float, pad_id: int, 
 class Runner:
     """One model with its optimizer; step() is one training update on one batch."""
 
-    def __init__(self, model: nn.Module, loss_fn, cfg: ModelConfig, amp: str):
-        self.model, self.loss_fn = model.train(), loss_fn
-        self.optimizer, self.scheduler = build_optimizer(model, OPTIM, cfg.d_model)
-        self.autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if amp == "bf16"
+    def __init__(self, model: nn.Module, loss_fn, cfg: ModelConfig, amp: str,
+                 device: torch.device):
+        self.model, self.loss_fn, self.device = model.to(device).train(), loss_fn, device
+        self.ours = loss_fn is batch_loss  # nmt's step: gradients normalised as nmt-train does
+        self.optimizer, self.scheduler = build_optimizer(self.model, OPTIM, cfg.d_model)
+        self.autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if amp == "bf16"
                          else contextlib.nullcontext())
         self.seconds, self.tokens, self.steps = 0.0, 0, 0
 
     def step(self, batch: Batch, timed: bool = True) -> None:
-        """Forward, backward (loss per target token), Adam step; timed."""
+        """Forward, backward (loss per target token), Adam step; timed to the device's end."""
         t0 = time.perf_counter()
         loss, _ = self.loss_fn(self.model, batch, OPTIM.label_smoothing, PAD, self.autocast)
-        (loss / batch.tgt_tokens).backward()
+        if self.ours:
+            loss.backward()
+            normalise_gradients([p.grad for p in self.model.parameters()], batch.tgt_tokens, 0)
+        else:
+            (loss / batch.tgt_tokens).backward()
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         if timed:
             self.seconds += time.perf_counter() - t0
             self.tokens += batch.tgt_tokens
@@ -199,95 +217,124 @@ def train_flops(cfg: ModelConfig, batch: Batch, vocab: int) -> float:
     return 3.0 * (enc + dec + 2 * B * T * d * vocab)
 
 
-def matmul_peak(dtype: torch.dtype, seconds: float = 2.0) -> float:
-    """Best FLOP/s of a 2048 x 2048 matrix product on this machine."""
-    a, b = torch.randn(2048, 2048).to(dtype), torch.randn(2048, 2048).to(dtype)
+def matmul_peak(dtype: torch.dtype, device: torch.device, seconds: float = 2.0) -> float:
+    """Best FLOP/s of a square matrix product on this device (2048 on a CPU, 8192 on a GPU)."""
+    n = 8192 if device.type == "cuda" else 2048
+    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
     best, end = 0.0, time.perf_counter() + seconds
     while time.perf_counter() < end:
         t0 = time.perf_counter()
         a @ b
-        best = max(best, 2 * 2048 ** 3 / (time.perf_counter() - t0))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = max(best, 2 * n ** 3 / (time.perf_counter() - t0))
     return best
+
+
+def datasheet_peak(device: torch.device) -> float | None:
+    """The dense bf16 peak of the GPU's datasheet, if its name is in DATASHEET_BF16."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for word, peak in DATASHEET_BF16.items() if word in name), None)
 
 
 def run(name: str, amp: str, batches: list[Batch], vocab: int, args) -> dict:
     """Time nmt's model and the reference, alternating step by step."""
-    cfg = CONFIGS[name]
+    cfg, device = CONFIGS[name], torch.device(args.device)
     torch.manual_seed(0)
-    ours = Runner(build_model(cfg, vocab, vocab, PAD), batch_loss, cfg, amp)
-    torch.manual_seed(0)
-    ref = Runner(Reference(cfg, vocab), reference_loss, cfg, amp)
+    ours = Runner(build_model(cfg, vocab, vocab, PAD), batch_loss, cfg, amp, device)
+    runners = [ours]
+    if not args.no_reference:
+        torch.manual_seed(0)
+        runners.append(Runner(Reference(cfg, vocab), reference_loss, cfg, amp, device))
     for b in batches[:2]:  # warm-up
-        ours.step(b, timed=False)
-        ref.step(b, timed=False)
+        for runner in runners:
+            runner.step(b, timed=False)
     ratios, flops = [], 0.0
     for r in range(args.rounds):
         for b in batches:
-            first, second = (ours, ref) if r % 2 == 0 else (ref, ours)  # alternate the order
             t = {}
-            for runner in (first, second):
+            for runner in runners if r % 2 == 0 else runners[::-1]:  # alternate the order
                 before = runner.seconds
                 runner.step(b)
                 t[runner] = runner.seconds - before
-            ratios.append(t[ref] / t[ours])
+            ratios.append(t[runners[-1]] / t[ours])
             flops += train_flops(cfg, b, vocab)
+    ref = runners[-1] if len(runners) > 1 else None
     return {"run": f"{name:5s} {amp}", "peak": "bf16" if amp == "bf16" else "fp32",
-            "ours": ours.tokens_per_s, "ref": ref.tokens_per_s, "steps": ours.steps,
-            "ours_flops": flops / ours.seconds, "ref_flops": flops / ref.seconds,
+            "ours": ours.tokens_per_s, "ref": ref and ref.tokens_per_s, "steps": ours.steps,
+            "ours_flops": flops / ours.seconds, "ref_flops": ref and flops / ref.seconds,
             "median": float(np.median(ratios))}
 
 
-def report(res: dict, peaks: dict) -> str:
+def report(res: dict, peaks: dict, sheet: float | None) -> str:
     """One line: both throughputs, their shares of the matmul peak and the ratio."""
     peak = peaks[res["peak"]]
-    return (f"{res['run']} | nmt {res['ours']:7,.0f} tok/s ({res['ours_flops'] / peak:4.0%} of "
-            f"peak) | torch.nn.Transformer {res['ref']:7,.0f} tok/s "
-            f"({res['ref_flops'] / peak:4.0%}) | ratio {res['ours'] / res['ref']:.2f}x "
-            f"(median of pairs {res['median']:.2f}x) | {res['steps']} steps each")
+    line = (f"{res['run']} | nmt {res['ours']:9,.0f} tok/s ({res['ours_flops'] / peak:4.0%} of "
+            f"measured peak")
+    if sheet and res["peak"] == "bf16":
+        line += f", {res['ours_flops'] / sheet:4.0%} of datasheet bf16"
+    line += ")"
+    if res["ref"]:
+        line += (f" | torch.nn.Transformer {res['ref']:9,.0f} tok/s "
+                 f"({res['ref_flops'] / peak:4.0%}) | ratio {res['ours'] / res['ref']:.2f}x "
+                 f"(median of pairs {res['median']:.2f}x)")
+    return line + f" | {res['steps']} steps each"
 
 
-def profile(batches: list[Batch], vocab: int, name: str, amp: str) -> None:
+def profile(batches: list[Batch], vocab: int, name: str, amp: str, device: torch.device) -> None:
     """torch.profiler's table of nmt's training step."""
     cfg = CONFIGS[name]
-    runner = Runner(build_model(cfg, vocab, vocab, PAD), batch_loss, cfg, amp)
+    runner = Runner(build_model(cfg, vocab, vocab, PAD), batch_loss, cfg, amp, device)
     for b in batches[:2]:
         runner.step(b, timed=False)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
         for b in batches:
             runner.step(b)
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=30))
     print(f"{runner.tokens_per_s:,.0f} tok/s under the profiler")
 
 
 def main() -> None:
     """Measure the peaks, then every requested run."""
     args = parse_args()
+    device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.malloc == "keep":
+    if args.malloc == "keep" and device.type == "cpu":
         keep_freed_memory()
     batches, vocab = load_batches(args)
     tgt = np.mean([b.tgt_tokens for b in batches])
     pad = 1 - sum(b.src_tokens + b.tgt_tokens for b in batches) / sum(
         b.padded_tokens for b in batches)
+    batches = [b.to(device) for b in batches]
     runs = [r.split(":") for r in args.runs.split(",")]
     if args.profile:
         for name, amp in runs:
-            profile(batches, vocab, name, amp)
+            profile(batches, vocab, name, amp, device)
         return
-    peaks = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
-    results = []
+    peaks = {"fp32": matmul_peak(torch.float32, device),
+             "bf16": matmul_peak(torch.bfloat16, device)}
+    sheet, results = datasheet_peak(device), []
     for name, amp in runs:
         results.append(run(name, amp, batches, vocab, args))
-        print(report(results[-1], peaks), file=sys.stderr, flush=True)
-    peaks = {"fp32": max(peaks["fp32"], matmul_peak(torch.float32)),  # the best of two tries:
-             "bf16": max(peaks["bf16"], matmul_peak(torch.bfloat16))}  # others may be running
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads | matmul peak: fp32 "
-          f"{peaks['fp32'] / 1e9:.0f} GFLOP/s, bf16 {peaks['bf16'] / 1e9:.0f} GFLOP/s | "
-          f"{len(batches)} batches of {tgt:,.0f} target tokens on average, padding {pad:.1%}, "
-          f"vocabulary {vocab:,}")
+        print(report(results[-1], peaks, sheet), file=sys.stderr, flush=True)
+    peaks = {"fp32": max(peaks["fp32"], matmul_peak(torch.float32, device)),  # the best of
+             "bf16": max(peaks["bf16"], matmul_peak(torch.bfloat16, device))}  # two tries
+    where = (torch.cuda.get_device_name(device) if device.type == "cuda"
+             else f"{torch.get_num_threads()} threads")
+    print(f"torch {torch.__version__}, {where} | matmul peak: fp32 {peaks['fp32'] / 1e9:,.0f} "
+          f"GFLOP/s, bf16 {peaks['bf16'] / 1e9:,.0f} GFLOP/s"
+          f"{f' (datasheet {sheet / 1e12:,.0f} TFLOP/s)' if sheet else ''} | {len(batches)} "
+          f"batches of {tgt:,.0f} target tokens on average, padding {pad:.1%}, vocabulary "
+          f"{vocab:,}")
     for res in results:
-        print(report(res, peaks))
+        print(report(res, peaks, sheet))
 
 
 if __name__ == "__main__":

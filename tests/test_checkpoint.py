@@ -1,9 +1,7 @@
-"""Training checkpoints: atomic writes, keep-last, RNG states via weights_only, resume checks."""
+"""Training checkpoints: atomic writes, keep-last, resume checks."""
 
 import os
-import random
 
-import numpy as np
 import pytest
 import torch
 
@@ -11,11 +9,9 @@ from nmt.checkpoint import (
     check_resumable,
     load_checkpoint,
     numbered_checkpoints,
-    rng_state,
     save_best_checkpoint,
     save_checkpoint,
     save_training_checkpoint,
-    set_rng_state,
 )
 from nmt.errors import NmtError
 
@@ -29,19 +25,6 @@ def state(update: int, **extra) -> dict:
             "vocab": {"sha256": "abc", "src_spm": b"\x00\x01", "tgt_spm": b"\x00\x01"},
             "update": update, "epoch": 1, "optimizer": {}, "iterator": {"epoch": 1},
             **extra}
-
-
-def test_rng_states_survive_weights_only_loading(tmp_path):
-    random.seed(3)
-    np.random.seed(3)
-    torch.manual_seed(3)
-    save_checkpoint(state(1, rng=rng_state()), tmp_path / "c.pt")
-    expected = (random.random(), np.random.rand(), torch.rand(1).item())
-    random.seed(99)
-    np.random.seed(99)
-    torch.manual_seed(99)
-    set_rng_state(load_checkpoint(tmp_path / "c.pt")["rng"])  # weights_only=True inside
-    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
 
 
 def test_keep_last_and_last_link(tmp_path):

@@ -153,3 +153,40 @@ def test_changed_batching_restarts_the_epoch(tiny_data_dir):
 def test_missing_manifest_is_an_error(tmp_path):
     with pytest.raises(NmtError, match="nmt-preprocess"):
         read_manifest(tmp_path)
+
+
+def test_prefetcher_gives_the_iterators_batches_and_moves_only_when_taken(tiny_data_dir):
+    from nmt.data import Prefetcher
+
+    data = ParallelData(tiny_data_dir, "train")
+    reference = EpochBatchIterator(data, 256, seed=1, pad_id=0, rank=1, world_size=2)
+    expected = [(e, reference.global_index(i), b.ids.tolist())
+                for e in (1, 2) for i, b in reference]  # two epochs, rank 1 of 2
+    itr = EpochBatchIterator(data, 256, seed=1, pad_id=0, rank=1, world_size=2)
+    loader = Prefetcher(itr, depth=3)
+    got = []
+    try:
+        while itr.epoch <= 2:
+            position = (itr.epoch, itr.consumed)
+            epoch, group = loader.take(3)
+            assert epoch == position[0] and 1 <= len(group) <= 3
+            assert (itr.epoch, itr.consumed) in ((epoch, position[1] + len(group)),
+                                                 (epoch + 1, 0))  # the epoch's last group
+            got += [(epoch, index, batch.ids.tolist()) for index, batch in group]
+    finally:
+        loader.close()
+    assert got == expected
+
+
+def test_prefetcher_starts_at_a_saved_position(tiny_data_dir):
+    from nmt.data import Prefetcher
+
+    data = ParallelData(tiny_data_dir, "train")
+    itr = EpochBatchIterator(data, 256, seed=1, pad_id=0)
+    n = len(itr)
+    itr.load_state_dict({**itr.state_dict(), "consumed": n})  # after an epoch's last batch
+    loader = Prefetcher(itr)
+    assert (itr.epoch, itr.consumed) == (2, 0)
+    epoch, group = loader.take(1)
+    loader.close()
+    assert epoch == 2 and group[0][1].ids.tolist() == itr.global_batches(2)[0].tolist()

@@ -178,3 +178,21 @@ def test_too_long_input_is_a_clear_error():
     model = build_model(tiny_cfg(max_positions=8), 50, 50)
     with pytest.raises(ValueError, match="max_positions"):
         model(torch.ones(1, 9, dtype=torch.long), torch.ones(1, 3, dtype=torch.long))
+
+
+def test_the_additive_mask_of_gpus_attends_like_the_boolean_mask():
+    import torch.nn.functional as F
+
+    from nmt.model import additive_mask
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(3, 2, 5, 8) for _ in range(3))  # (B, h, T, d_k)
+    lengths = torch.tensor([5, 3, 1])
+    mask = (torch.arange(5) < lengths[:, None])[:, None, None, :]  # (B, 1, 1, S)
+    bias = additive_mask(mask, q.dtype)
+    assert bias.shape == mask.shape and bias.dtype == q.dtype
+    assert torch.equal(bias == 0, mask) and torch.isinf(bias[~mask]).all()
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v, attn_mask=bias), expected)
+    scores = (q @ k.transpose(-2, -1) / 8 ** 0.5).masked_fill(~mask, float("-inf"))
+    torch.testing.assert_close(scores.softmax(-1) @ v, expected)  # the formula itself

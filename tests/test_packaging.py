@@ -41,3 +41,30 @@ def test_the_all_extra_pulls_every_optional_extra():
     named = set(rest.rstrip("]").split(","))
     assert set(extras) - {"dev", "all"} <= named  # every extra defined here
     assert {"plot", "tensorboard", "export", "serve", "slurm"} <= named
+
+
+def test_the_torch_calls_nmt_relies_on_exist():
+    """pyproject's torch floor (2.4) is the oldest release that has all of these (the version
+    each arrived in beside it); a newer call needs a fallback or a higher floor."""
+    import inspect
+
+    import torch
+    import torch.distributed as dist
+
+    from nmt.train import normalise_gradients
+
+    assert "device_id" in inspect.signature(dist.init_process_group).parameters  # 2.3
+    assert issubclass(dist.DistError, RuntimeError)  # 2.2
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # 2.3
+
+    assert sdpa_kernel and SDPBackend.MATH
+    assert not torch.amp.GradScaler("cpu", enabled=False).is_enabled()  # torch.amp: 2.3
+    assert issubclass(torch.cuda.OutOfMemoryError, RuntimeError)  # 1.13
+    torch.optim.Adam([torch.nn.Parameter(torch.ones(1))], fused=True)  # fused on CPU: 2.4
+    assert "dynamic" in inspect.signature(torch.compile).parameters  # 2.0
+    g = [torch.ones(2)]
+    normalise_gradients(g, torch.tensor(2.0), 1.0)  # _foreach_norm, _foreach_mul_(Tensor): 2.1
+    assert g[0].tolist() == [0.5, 0.5]
+    requirement = next(line for line in (ROOT / "pyproject.toml").read_text().splitlines()
+                       if '"torch' in line)
+    assert '"torch>=2.4"' in requirement

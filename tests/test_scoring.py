@@ -8,11 +8,11 @@ import pytest
 from translate_helpers import save_tiny_checkpoint
 
 import nmt.distributed
-import nmt.scoring
+import nmt.train
 from nmt.config import TrainConfig, TranslateConfig, compose, to_object
 from nmt.errors import ConfigError, NmtError
 from nmt.scoring import bleu_tokenize_error, score
-from nmt.train import Trainer
+from nmt.train import build_run, load_data, valid_bleu
 from nmt.translate import translate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -118,12 +118,9 @@ def test_validation_scores_every_reference_with_the_tokenizer(tiny_data_dir, tmp
         calls.append((hypotheses, references, tokenize))
         return {"bleu": 1.0, "chrf": 2.0}
 
-    monkeypatch.setattr(nmt.scoring, "score", spy)
-    trainer = Trainer(cfg, nmt.distributed.init("cpu"))
-    try:
-        result = trainer.valid_bleu()
-    finally:
-        trainer.close_outputs()
+    monkeypatch.setattr(nmt.train, "score", spy)
+    env = nmt.distributed.init("cpu")
+    result = valid_bleu(build_run(cfg, env, load_data(cfg, env)))
     hyps, refs, tokenize = calls[0]
     raw = (tiny_data_dir / "valid.raw.de").read_text(encoding="utf-8").splitlines()
     assert tokenize == "char" and len(hyps) == 5
@@ -137,6 +134,6 @@ def test_a_short_valid_reference_fails_before_training(tiny_data_dir, tmp_path):
     cfg = train_cfg(tiny_data_dir, tmp_path / "run", "train.valid_bleu=true",
                     f"train.valid_refs=[{short}]")
     with pytest.raises(NmtError, match=f"^{short}: 1 reference lines but 40 valid pairs$"):
-        Trainer(cfg, nmt.distributed.init("cpu"))
+        load_data(cfg, nmt.distributed.init("cpu"))
     with pytest.raises(ConfigError, match="train.valid_refs: needs train.valid_bleu=true"):
         train_cfg(tiny_data_dir, tmp_path / "run", f"train.valid_refs=[{short}]")

@@ -1,6 +1,7 @@
 """nmt-train: the contract commands, bitwise resume, stopping rules, outputs and checkpoints."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from nmt.config import TrainConfig, compose, to_object
 from nmt.errors import NmtError
 from nmt.model import build_model
 from nmt.tokenizer import Tokenizer
-from nmt.train import Trainer, train
+from nmt.train import train
 
 TINY = ["model.N=1", "model.d_model=32", "model.d_ff=64", "model.h=4", "train.threads=1",
         "train.max_tokens=256", "train.log_interval=2"]
@@ -72,7 +73,8 @@ def test_contract_commands_train_then_resume(tiny_data_dir, tmp_path):
 def test_resume_is_bitwise_identical(tmp_path):
     data = make_data_dir(tmp_path / "data", n_train=150)  # a few batches: epochs roll over
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
-    opts = ["train.update_freq=2", "train.save_interval_updates=5", "model.dropout=0.1"]
+    opts = ["train.update_freq=2", "train.save_interval_updates=5", "model.dropout=0.1",
+            "train.ema_decay=0.99"]
     train(config(data, straight, "train.max_updates=12", *opts))
     train(config(data, interrupted, "train.max_updates=5", *opts))
     assert load_checkpoint(interrupted / "checkpoint_last.pt")["update"] == 5
@@ -83,6 +85,7 @@ def test_resume_is_bitwise_identical(tmp_path):
     assert a["update"] == b["update"] == 12
     assert same_tensors(a["model"], b["model"])
     assert same_tensors(a["optimizer"], b["optimizer"])
+    assert same_tensors(a["ema"], b["ema"]) and not same_tensors(a["ema"], a["model"])
     assert a["iterator"] == b["iterator"] and a["scheduler"] == b["scheduler"]
 
 
@@ -116,8 +119,8 @@ def test_nonfinite_losses_are_skipped_then_stop_the_run(tiny_data_dir, tmp_path,
 
 def test_early_stopping_with_patience(tiny_data_dir, tmp_path, monkeypatch):
     losses = iter([3.0, 2.0, 2.5, 2.1, 1.0, 0.5])
-    monkeypatch.setattr(Trainer, "validate",
-                        lambda self: {"loss": next(losses), "nll": 1.0, "ppl": 2.7})
+    monkeypatch.setattr(nmt.train, "validate",
+                        lambda run: {"loss": next(losses), "nll": 1.0, "ppl": 2.7})
     out = train(config(tiny_data_dir, tmp_path / "run", "train.max_updates=100",
                        "train.valid_interval_updates=1", "train.patience=2"))
     assert out["update"] == 4 and "early stopping" in out["reason"]
@@ -158,14 +161,24 @@ def test_outputs_and_a_self_contained_checkpoint(tiny_data_dir, tmp_path):
     model = build_model(ModelConfig(**state["model_cfg"]), vocab["src_size"], vocab["tgt_size"],
                         vocab["pad_id"], vocab["joint"])
     model.load_state_dict(state["model"])  # strict: every weight is there
-    assert {"optimizer", "scheduler", "iterator", "rng", "config"} <= state.keys()
+    assert {"optimizer", "scheduler", "scaler", "iterator", "config", "best"} <= state.keys()
 
 
-def test_global_tokens_sets_update_freq(tiny_data_dir, tmp_path):
+def test_global_tokens_delivers_at_least_the_tokens_it_promises(tiny_data_dir, tmp_path):
+    from nmt.data import EpochBatchIterator, ParallelData
+    from nmt.train import update_frequency
+
     cfg = config(tiny_data_dir, tmp_path / "run", "train.global_tokens=1000")
-    trainer = Trainer(cfg, nmt.distributed.init("cpu"))
-    trainer.close_outputs()
-    assert trainer.update_freq == 4  # ceil(1000 / (256 x 1 rank))
+    itr = EpochBatchIterator(ParallelData(tiny_data_dir, "train"), 256, 1, 0)
+    freq = update_frequency(cfg.train, itr, world_size=1)
+    batches = itr.global_batches(1)
+    per_update = [sum(int(itr.tgt_len[b].sum()) for b in batches[i:i + freq])
+                  for i in range(0, len(batches) - freq + 1, freq)]  # the full updates
+    assert freq > 4  # more than ceil(1000 / 256): a batch holds fewer target tokens than 256
+    assert np.mean(per_update) >= 1000
+    per_batch = sum(int(itr.tgt_len[b].sum()) for b in batches) / len(batches)
+    assert freq == math.ceil(1000 / per_batch)  # the formula of the config doc
+    assert update_frequency(cfg.train, itr, world_size=2) == math.ceil(1000 / (2 * per_batch))
 
 
 def test_fp16_on_cpu_is_a_clear_error(tiny_data_dir, tmp_path):
@@ -236,3 +249,200 @@ def test_clip_norm_bounds_the_applied_gradients(tiny_data_dir, tmp_path, monkeyp
         assert clipped == pytest.approx([clip_norm] * 3, rel=1e-4)
     else:  # never reached: the same gradients as without clipping
         assert clipped == pytest.approx(free, rel=1e-6)
+
+
+# ----------------------------------------------------------------------------- outputs
+def test_learning_curves_and_tensorboard_scalars(tiny_data_dir, tmp_path):
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = tmp_path / "run"
+    train(config(tiny_data_dir, run, "train.max_updates=4", "train.log_interval=1",
+                 "train.valid_interval_updates=2", "train.valid_bleu=true",
+                 "train.valid_bleu_max_sentences=8"))
+    assert (run / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3, 4]
+    assert [e.step for e in events.Scalars("valid/bleu")] == [2, 4]
+
+
+def test_no_matplotlib_no_curves_and_one_info_line(tiny_data_dir, tmp_path, monkeypatch, caplog):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    with caplog.at_level("INFO", logger="nmt.train"):
+        train(config(tiny_data_dir, tmp_path / "run", "train.max_updates=2"))
+    assert not (tmp_path / "run/curves.png").exists()
+    assert [r.message for r in caplog.records].count(
+        "no learning-curve plot: matplotlib is not installed (pip install 'nmt[plot]')") == 1
+
+
+def test_an_unwritable_run_dir_is_a_one_line_error_up_front(tiny_data_dir, tmp_path):
+    (tmp_path / "file").write_text("")
+    for run_dir in ("/proc/nmt-run", tmp_path / "file" / "run"):
+        with pytest.raises(NmtError, match=f"run_dir={run_dir}: cannot create or write") as e:
+            train(config(tiny_data_dir, run_dir, "train.max_updates=1"))
+        assert "\n" not in str(e.value)
+
+
+# ----------------------------------------------------------------------------- seeds, amp
+def test_seeds_up_to_2_63_work_and_negative_ones_are_config_errors(tiny_data_dir, tmp_path):
+    from nmt.errors import ConfigError
+    from nmt.train import micro_batch_seed
+
+    assert 0 <= micro_batch_seed(2 ** 63 - 1, 10 ** 6, 10 ** 8) < 2 ** 64
+    seeds = {micro_batch_seed(18447, e, i) for e in (1, 2, 3) for i in range(1000)}
+    assert len(seeds) == 3000  # every batch its own masks
+    out = train(config(tiny_data_dir, tmp_path / "run", f"train.seed={2 ** 63 - 1}",
+                       "train.max_updates=2"))
+    assert out["update"] == 2 and np.isfinite(out["valid"]["loss"])
+    with pytest.raises(ConfigError, match=r"train.seed: must be in \[0, 2\^63\), got -1"):
+        config(tiny_data_dir, tmp_path / "neg", "train.seed=-1")
+
+
+def test_amp_auto_is_fp32_on_cpu():
+    from nmt.train import resolve_amp
+
+    cpu = torch.device("cpu")
+    assert [resolve_amp(a, cpu) for a in ("auto", "none", "bf16")] == ["none", "none", "bf16"]
+    with pytest.raises(NmtError, match="fp16 needs CUDA"):
+        resolve_amp("fp16", cpu)
+
+
+def test_compile_trains_like_eager(tiny_data_dir, tmp_path, monkeypatch):
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile",  # inductor's C++ build takes minutes on 2 cores
+                        lambda model, **kw: real(model, backend="aot_eager", **kw))
+    opts = ["train.max_updates=3", "model.dropout=0", "train.valid_interval_updates=100"]
+    train(config(tiny_data_dir, tmp_path / "eager", *opts))
+    out = train(config(tiny_data_dir, tmp_path / "compiled", *opts, "train.compile=true"))
+    torch._dynamo.reset()
+    assert out["update"] == 3
+    a = load_checkpoint(tmp_path / "eager/checkpoint_last.pt")["model"]
+    b = load_checkpoint(tmp_path / "compiled/checkpoint_last.pt")["model"]
+    assert a.keys() == b.keys()  # the saved names are the model's, not the wrapper's
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+# ----------------------------------------------------------------------------- EMA
+def test_ema_decay_forgets_the_initial_weights_first():
+    from nmt.train import ema_decay
+
+    assert ema_decay(0.9999, 1) == pytest.approx(2 / 11)
+    assert ema_decay(0.9999, 90) == pytest.approx(91 / 100)
+    assert ema_decay(0.5, 100) == 0.5
+
+
+def test_ema_is_the_moving_average_of_the_weights(tiny_data_dir, tmp_path):
+    from nmt.config import ModelConfig
+
+    cfg = config(tiny_data_dir, tmp_path / "run", "train.max_updates=2", "train.ema_decay=0.5")
+    train(cfg)
+    state = load_checkpoint(tmp_path / "run/checkpoint_2.pt")
+    assert state["ema"].keys() == state["model"].keys()
+    torch.manual_seed(cfg.train.seed)  # the initial weights, as train() drew them
+    v = state["vocab"]
+    w0 = build_model(ModelConfig(**state["model_cfg"]), v["src_size"], v["tgt_size"],
+                     v["pad_id"], v["joint"]).state_dict()
+    cfg1 = config(tiny_data_dir, tmp_path / "one", "train.max_updates=1", "train.ema_decay=0.5")
+    train(cfg1)
+    w1 = load_checkpoint(tmp_path / "one/checkpoint_1.pt")["model"]
+    w2 = state["model"]
+    d1, d2 = 2 / 11, 3 / 12  # min(0.5, (1 + u) / (10 + u)) for updates 1 and 2
+    for k in w2:
+        ema1 = d1 * w0[k] + (1 - d1) * w1[k]
+        torch.testing.assert_close(state["ema"][k], d2 * ema1 + (1 - d2) * w2[k], msg=k)
+
+
+def test_translate_uses_the_ema_weights_when_asked(tiny_data_dir, tmp_path):
+    from nmt.config import TranslateConfig
+    from nmt.translate import load_translator, translate
+
+    train(config(tiny_data_dir, tmp_path / "ema", "train.max_updates=2", "train.ema_decay=0.9"))
+    train(config(tiny_data_dir, tmp_path / "plain", "train.max_updates=2"))
+    path = tmp_path / "ema/checkpoint_last.pt"
+    state = load_checkpoint(path)
+    for weights, key in (("ema", "ema"), ("auto", "ema"), ("model", "model")):
+        model = load_translator(path, weights=weights).model
+        assert same_tensors(model.state_dict(), state[key]), weights
+    assert not same_tensors(state["ema"], state["model"])
+    plain = tmp_path / "plain/checkpoint_last.pt"
+    assert same_tensors(load_translator(plain).model.state_dict(),
+                        load_checkpoint(plain)["model"])  # auto: no EMA saved, the model's
+    (tmp_path / "in.txt").write_text("open file\n")
+    with pytest.raises(NmtError, match="weights=ema but the checkpoint has no EMA") as e:
+        translate(TranslateConfig(checkpoint=str(plain), input=str(tmp_path / "in.txt"),
+                                  weights="ema", workers=1))
+    assert "\n" not in str(e.value)
+
+
+# ----------------------------------------------------------------------------- fine-tuning
+def same_vocabulary_data(tmp_path: Path, like: Path) -> Path:
+    """Another toy corpus preprocessed with `like`'s SentencePiece model (bpe.model=...)."""
+    import random
+
+    from conftest import _sentences, _translate_word
+
+    from nmt.config import PreprocessConfig
+    from nmt.preprocess import preprocess
+
+    rng = random.Random(7)
+    for split, n in (("train", 200), ("valid", 20)):
+        src = _sentences(n, rng, max_words=6)
+        (tmp_path / f"{split}.en").write_text("\n".join(src) + "\n")
+        (tmp_path / f"{split}.de").write_text(
+            "\n".join(" ".join(map(_translate_word, s.split())) for s in src) + "\n")
+    out = tmp_path / "domain"
+    preprocess(to_object(compose("preprocess", [
+        "src_lang=en", "tgt_lang=de", f"train={tmp_path}/train", f"valid={tmp_path}/valid",
+        f"out_dir={out}", f"bpe.model={like}", "workers=1"]), PreprocessConfig))
+    return out
+
+
+def test_init_from_fine_tunes_a_checkpoint_on_new_data(tiny_data_dir, tmp_path):
+    train(config(tiny_data_dir, tmp_path / "base", "train.max_updates=3"))
+    base = tmp_path / "base/checkpoint_last.pt"
+    domain = same_vocabulary_data(tmp_path, tiny_data_dir)
+    tuned = tmp_path / "tuned"
+    out = train(config(domain, tuned, f"train.init_from={base}", "train.max_updates=2",
+                       "model.dropout=0.3", "optim.lr_factor=1e-9", "train.ema_decay=0.9"))
+    assert out["update"] == 2
+    state = load_checkpoint(tuned / "checkpoint_last.pt")
+    assert state["iterator"]["epoch"] == 1 and state["iterator"]["consumed"] == 2
+    assert state["scheduler"]["last_epoch"] == 2  # a fresh schedule
+    assert all(s["step"].item() == 2 for s in state["optimizer"]["state"].values())
+    start = load_checkpoint(base)["model"]
+    for name, w in state["model"].items():  # learning rate ~0: still the base weights
+        torch.testing.assert_close(w, start[name], rtol=0, atol=1e-6, msg=name)
+    again = train(config(domain, tuned, f"train.init_from={base}", "train.max_updates=3"))
+    assert again["update"] == 3  # a restart resumes the fine-tuning run, not init_from
+
+    other = make_data_dir(tmp_path / "other", vocab_size=100)
+    with pytest.raises(NmtError, match="vocabulary differs.*bpe.model=") as e:
+        train(config(other, tmp_path / "x", f"train.init_from={base}"))
+    assert "\n" not in str(e.value)
+    with pytest.raises(NmtError, match=r"model differs from the checkpoint.s \(d_ff=64 != 1"):
+        train(config(domain, tmp_path / "y", f"train.init_from={base}", "model.d_ff=128"))
+    with pytest.raises(NmtError, match="nothing.pt: checkpoint not found"):
+        train(config(domain, tmp_path / "z", f"train.init_from={tmp_path / 'nothing.pt'}"))
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_optimizer_step_is_skipped_on_the_device_or_the_host(fused):
+    from nmt.train import optimizer_step
+
+    w = torch.nn.Parameter(torch.ones(3))
+    adam = torch.optim.Adam([w], lr=0.1, fused=fused)  # fused: GPUs (and CPUs since torch 2.4)
+    for skip, changed in ((True, False), (False, True), (True, False)):
+        before = w.detach().clone()
+        w.grad = torch.full((3,), 0.5)
+        optimizer_step(adam, torch.tensor(skip))
+        assert (not torch.equal(w.detach(), before)) == changed
+        assert not hasattr(adam, "found_inf")
+    assert adam.state[w]["step"].item() == 1  # skipped steps do not count

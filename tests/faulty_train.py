@@ -1,0 +1,65 @@
+"""nmt-train with a fault injected, for tests/test_faults.py (run as a script, also under
+torchrun). The fault is chosen by environment variables:
+
+NMT_TEST_OOM_AT=RANK:UPDATE  that rank's forward pass of that update raises
+                             torch.OutOfMemoryError (as CUDA's allocator would)
+NMT_TEST_SLOW_SAVE_AT=UPDATE the write of checkpoint_<UPDATE>.pt stops halfway: the first half
+                             is written and synced, NMT_TEST_MARKER is created, then it waits
+                             (for the test to kill it); only while NMT_TEST_MARKER is absent
+"""
+
+import io
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import nmt.train
+
+
+def inject_out_of_memory(rank: int, update: int) -> None:
+    """Make batch_loss raise on `rank` in update `update` (update_freq=1, no validation)."""
+    real, calls = nmt.train.batch_loss, []
+
+    def batch_loss(*args, **kwargs):
+        calls.append(1)
+        if int(os.environ.get("RANK", "0")) == rank and len(calls) == update:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB "
+                                         "(injected by tests/faulty_train.py)")
+        return real(*args, **kwargs)
+
+    nmt.train.batch_loss = batch_loss
+
+
+def inject_slow_save(update: int, marker: Path) -> None:
+    """Make the write of checkpoint_<update>.pt stop halfway and wait."""
+    real = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        if isinstance(obj, dict) and obj.get("update") == update and not marker.exists():
+            buffer = io.BytesIO()
+            real(obj, buffer, *args, **kwargs)
+            data = buffer.getvalue()
+            f.write(data[:len(data) // 2])
+            f.flush()
+            os.fsync(f.fileno())
+            marker.write_text("saving\n")
+            time.sleep(120)
+        return real(obj, f, *args, **kwargs)
+
+    torch.save = save
+
+
+if __name__ == "__main__":
+    if "NMT_TEST_OOM_AT" in os.environ:
+        rank, update = os.environ["NMT_TEST_OOM_AT"].split(":")
+        inject_out_of_memory(int(rank), int(update))
+    if "NMT_TEST_SLOW_SAVE_AT" in os.environ:
+        inject_slow_save(int(os.environ["NMT_TEST_SLOW_SAVE_AT"]),
+                         Path(os.environ["NMT_TEST_MARKER"]))
+    from nmt.cli.train import main
+
+    sys.argv[0] = "nmt-train"
+    main()
