@@ -8,8 +8,9 @@ format=ctranslate2 writes a CTranslate2 TransformerSpec straight from the weight
 fused W_qkv is CTranslate2's fused self-attention projection as it is; encoder-decoder
 attention takes W_qkv's Q rows and its K, V rows as two matrices; the position table is
 nmt's own; post-norm, or pre-norm with a final LayerNorm per stack; LayerNorm epsilon 1e-5.
-Its vocabularies are the SentencePiece pieces: translate `sp.encode(text, out_type=str)`;
-the model appends EOS to the source and starts decoding from <s>.
+Its vocabularies are the SentencePiece pieces, and source.spm / target.spm lie beside
+model.bin: translate `sp.encode(text, out_type=str)`; the model appends EOS to the source and
+starts decoding from <s>.
 
 format=transformers writes MarianMTModel (post-norm) or, for pre-norm models,
 PegasusForConditionalGeneration (MarianMT has no pre-norm option; Pegasus is the same network
@@ -35,8 +36,9 @@ from torch import Tensor
 
 from nmt.config import ExportConfig
 from nmt.errors import NmtError
+from nmt.model import Transformer
 from nmt.preprocess import check_out_dir, replace_dir, temporary_dir
-from nmt.tokenizer import Tokenizer
+from nmt.tokenizer import UNK_ID, Tokenizer
 from nmt.translate import Translator, load_translator
 
 PROG = "nmt-export"
@@ -75,9 +77,9 @@ def _require(package: str):
                        "pip install 'nmt[export]'") from None
 
 
-def _weights(translator: Translator) -> dict[str, Tensor]:
+def _weights(model: Transformer) -> dict[str, Tensor]:
     """The model's float32 weights by nmt's names (tied matrices appear under each name)."""
-    return {k: v.detach().float().cpu() for k, v in translator.model.state_dict().items()}
+    return {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
 
 
 def pieces(tok: Tokenizer) -> list[str]:
@@ -93,19 +95,22 @@ def describe(translator: Translator) -> str:
 
 
 # ----------------------------------------------------------------------------- CTranslate2
-def ctranslate2_spec(translator: Translator):
-    """A ctranslate2.specs.TransformerSpec holding the model's weights and vocabularies."""
+def ctranslate2_spec(model: Transformer, src_vocab: list[str], tgt_vocab: list[str],
+                     bos_id: int, eos_id: int):
+    """A ctranslate2.specs.TransformerSpec holding the model's weights and its vocabularies
+    (the token of each id)."""
     from ctranslate2.specs import TransformerSpec, common_spec
 
-    cfg, v = translator.model.cfg, translator.vocab
-    w = {k: t.numpy() for k, t in _weights(translator).items()}
+    cfg = model.cfg
+    w = {k: t.numpy() for k, t in _weights(model).items()}
     pre = cfg.norm == "pre"
     spec = TransformerSpec.from_config(cfg.N, cfg.h, pre_norm=pre,
                                        activation=common_spec.Activation.RELU)
     spec.config.layer_norm_epsilon = LAYER_NORM_EPS
     spec.config.add_source_eos = True  # nmt's sources end with EOS
-    spec.config.decoder_start_token = translator.tgt_tok.sp.id_to_piece(v["bos_id"])
-    positions = translator.model.positions.pe.numpy()  # (max_positions, d_model)
+    spec.config.eos_token, spec.config.unk_token = tgt_vocab[eos_id], tgt_vocab[UNK_ID]
+    spec.config.decoder_start_token = tgt_vocab[bos_id]
+    positions = model.positions.pe.numpy()  # (max_positions, d_model)
     enc, dec = spec.encoder, spec.decoder
     enc.embeddings[0].weight = w["src_embed.lut.weight"]
     dec.embeddings.weight = w["tgt_embed.lut.weight"]
@@ -131,8 +136,8 @@ def ctranslate2_spec(translator: Translator):
         _norm(enc.layer_norm, w, "encoder_norm")
         _norm(dec.layer_norm, w, "decoder_norm")
     dec.projection.weight = w["generator.weight"]  # no bias
-    spec.register_source_vocabulary(pieces(translator.src_tok))
-    spec.register_target_vocabulary(pieces(translator.tgt_tok))
+    spec.register_source_vocabulary(src_vocab)
+    spec.register_target_vocabulary(tgt_vocab)
     return spec
 
 
@@ -157,10 +162,14 @@ def _ffn(spec, w: dict, name: str, norm: str) -> None:
 
 def write_ctranslate2(translator: Translator, out: Path, quantization: str = "") -> str:
     """Write a CTranslate2 model directory into the existing empty directory `out`."""
-    spec = ctranslate2_spec(translator)
+    v = translator.vocab
+    spec = ctranslate2_spec(translator.model, pieces(translator.src_tok),
+                            pieces(translator.tgt_tok), v["bos_id"], v["eos_id"])
     spec.validate()
     spec.optimize(quantization=quantization or None)
     spec.save(str(out))
+    (out / "source.spm").write_bytes(translator.src_tok.proto)  # to tokenize as nmt does
+    (out / "target.spm").write_bytes(translator.tgt_tok.proto)
     return f"CTranslate2, {describe(translator)}, weights {quantization or 'float32'}"
 
 
@@ -175,7 +184,7 @@ def transformers_weights(translator: Translator, pegasus: bool) -> dict[str, Ten
     """The weights by transformers' names (MarianMTModel's, or Pegasus' with pre-norm), with
     the d_model features permuted by feature_permutation."""
     cfg = translator.model.cfg
-    w, P, d = _weights(translator), feature_permutation(cfg.d_model), cfg.d_model
+    w, P, d = _weights(translator.model), feature_permutation(cfg.d_model), cfg.d_model
     out = {"model.encoder.embed_tokens.weight": w["src_embed.lut.weight"][:, P],
            "model.decoder.embed_tokens.weight": w["tgt_embed.lut.weight"][:, P],
            "lm_head.weight": w["generator.weight"][:, P]}
