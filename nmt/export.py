@@ -278,10 +278,26 @@ def _load(model, weights: dict[str, Tensor]) -> None:
         raise NmtError(f"internal: weight names do not match transformers "
                        f"{model.__class__.__name__} (unused {sorted(unused)[:3]}, "
                        f"uncovered {sorted(uncovered)[:3]})")
+    for name, value in weights.items():
+        if state[name].shape != value.shape:
+            raise NmtError(_shape_error(model, name, state[name].shape, value.shape))
     with torch.no_grad():
         for name, value in weights.items():
             state[name].copy_(value)  # state_dict tensors share storage with the parameters
         state["final_logits_bias"].zero_()
+
+
+def _shape_error(model, name: str, theirs: torch.Size, ours: torch.Size) -> str:
+    """One line on a weight transformers shaped otherwise than nmt's."""
+    import transformers
+
+    cls = model.__class__.__name__
+    if int(transformers.__version__.split(".")[0]) < 5 and "decoder.embed_tokens" in name:
+        # transformers 4.x built MarianMT's separate decoder embeddings with vocab_size rows
+        return (f"format=transformers: {cls} with separate source and target vocabularies "
+                f"needs transformers >= 5 (this is {transformers.__version__})")
+    return (f"internal: {cls}'s {name} has shape {tuple(theirs)}, nmt's weight "
+            f"{tuple(ours)}")
 
 
 def write_tokenizer(translator: Translator, out: Path) -> None:

@@ -198,8 +198,12 @@ def test_transformers_greedy_is_nmt_greedy(norm, cls, spm, sentences, tmp_path):
 
 
 def test_transformers_marian_with_separate_vocabularies(spm, sentences, tmp_path):
-    pytest.importorskip("transformers")
+    transformers = pytest.importorskip("transformers")
     ckpt = varied_checkpoint(tmp_path / "c.pt", spm["en"], spm["de"], "post")
+    if int(transformers.__version__.split(".")[0]) < 5:  # its MarianMT cannot hold them
+        with pytest.raises(NmtError, match="vocabularies needs transformers >= 5"):
+            run_export(ckpt, tmp_path / "hf", "transformers")
+        return
     out = run_export(ckpt, tmp_path / "hf", "transformers")
     assert (out / "target_vocab.json").is_file()
     ids, tokenizer, _ = transformers_greedy(out, sentences)
