@@ -44,6 +44,7 @@ from nmt.translate import Translator, load_translator
 PROG = "nmt-export"
 MARKER = "config.json"  # every model directory written here has one
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which nmt's model uses
+MAX_LENGTH = 256  # transformers' default output limit, as CTranslate2's (nmt: source + 50)
 
 
 def export(cfg: ExportConfig) -> Path:
@@ -235,7 +236,7 @@ def _shared_embeddings(translator: Translator) -> bool:
 
 def transformers_model(translator: Translator):
     """A MarianMTModel (post-norm) or PegasusForConditionalGeneration (pre-norm) holding the
-    model, with a generation config that decodes as nmt-translate does (beam 4)."""
+    model, with a generation config that starts and forbids tokens as nmt does (beam 4)."""
     import transformers
 
     cfg, v = translator.model.cfg, translator.vocab
@@ -263,7 +264,7 @@ def transformers_model(translator: Translator):
     model.generation_config = transformers.GenerationConfig(
         decoder_start_token_id=v["bos_id"], bos_token_id=v["bos_id"], eos_token_id=v["eos_id"],
         pad_token_id=v["pad_id"], suppress_tokens=[v["pad_id"], v["bos_id"]], min_new_tokens=1,
-        num_beams=4, max_length=cfg.max_positions)
+        num_beams=4, max_length=min(MAX_LENGTH, cfg.max_positions))
     return model.eval()
 
 
