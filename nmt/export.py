@@ -26,6 +26,7 @@ transformers computes line up with nmt's.
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 import warnings
@@ -67,12 +68,10 @@ def export(cfg: ExportConfig) -> Path:
     return out
 
 
-def _require(package: str):
-    """Import an optional package, or say in one line how to install it."""
-    import importlib
-
+def _require(package: str) -> None:
+    """Check that an optional package imports, or say in one line how to install it."""
     try:
-        return importlib.import_module(package)
+        importlib.import_module(package)
     except ImportError:
         raise NmtError(f"format={package} needs the {package} package: "
                        "pip install 'nmt[export]'") from None
