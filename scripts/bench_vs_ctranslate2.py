@@ -113,6 +113,9 @@ def nmt_rows(model, src_ids: list[list[int]], args: argparse.Namespace) -> list[
                                       max_tokens=10 ** 9, max_sentences=args.batch, **extra)
 
                 def run(search=search, workers=workers):
+                    # CTranslate2's intra_threads=1 sets the OpenMP thread count that torch
+                    # shares (a process of 2 threads then ran 1): set it back every time.
+                    torch.set_num_threads(args.threads)
                     out = translate_nbest(model, src_ids, search, BOS_ID, EOS_ID, PAD_ID,
                                           workers=workers)
                     return [hyps[0].tokens for hyps in out]
