@@ -339,12 +339,38 @@ class AverageConfig:
         _check_min(self, "", 1, "last")
 
 
+# ----------------------------------------------------------------------------- export
+CT2_QUANTIZATIONS = ("", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
+                     "float16", "bfloat16", "float32")
+
+
+@dataclass
+class ExportConfig:
+    """nmt-export: a checkpoint in, a CTranslate2 or Hugging Face transformers model out."""
+
+    checkpoint: str = MISSING  # a checkpoint written by nmt-train or nmt-average
+    output: str = MISSING  # the model directory to write (atomically: temp dir, then rename)
+    format: str = "ctranslate2"  # "ctranslate2" or "transformers" (MarianMT; Pegasus if pre-norm)
+    quantization: str = ""  # ctranslate2 only: stored weight type, e.g. int8 ("": float32)
+    force: bool = False  # replace an existing output (only a model directory, or an empty one)
+
+    def __post_init__(self) -> None:
+        _check(self.format in ("ctranslate2", "transformers"), "format",
+               f"must be ctranslate2 or transformers, got {self.format!r}")
+        _check(self.quantization in CT2_QUANTIZATIONS, "quantization",
+               f"must be one of {', '.join(q for q in CT2_QUANTIZATIONS if q)}, "
+               f"got {self.quantization!r}")
+        _check(not self.quantization or self.format == "ctranslate2", "quantization",
+               "applies to format=ctranslate2 only")
+
+
 # ----------------------------------------------------------------------------- Hydra glue
 SCHEMAS = {
     "preprocess_schema": PreprocessConfig,
     "train_schema": TrainConfig,
     "translate_schema": TranslateConfig,
     "average_schema": AverageConfig,
+    "export_schema": ExportConfig,
 }
 
 

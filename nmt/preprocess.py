@@ -300,17 +300,30 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def check_out_dir(out: Path, force: bool) -> None:
-    """Refuse an existing out_dir unless force=true, and never replace a non-data directory."""
+def check_out_dir(out: Path, force: bool, marker: str = "manifest.json",
+                  kind: str = "data directory") -> None:
+    """Refuse an existing out_dir unless force=true, and never replace a non-empty directory
+    that lacks `marker` (a file every `kind` written by nmt has)."""
     if not out.exists() and not out.is_symlink():
         return
     if not force:
         raise NmtError(f"{out}: already exists (add force=true to replace it)")
-    if out.is_dir() and any(out.iterdir()) and not (out / "manifest.json").exists():
-        raise NmtError(f"{out}: exists and is not a data directory (no manifest.json); "
+    if out.is_dir() and any(out.iterdir()) and not (out / marker).exists():
+        raise NmtError(f"{out}: exists and is not a {kind} (no {marker}); "
                        "not replacing it even with force=true")
     if not out.is_dir():
         raise NmtError(f"{out}: exists and is not a directory")
+
+
+def temporary_dir(out: Path) -> Path:
+    """A new empty directory beside out (same file system, so the final rename is atomic),
+    with the permissions mkdir would give (mkdtemp's are owner-only)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)
+    return tmp
 
 
 def replace_dir(tmp: Path, out: Path) -> None:
@@ -409,11 +422,7 @@ def preprocess(cfg: PreprocessConfig) -> dict:
                if spec}
     reused = load_subwords(cfg.bpe.model) if cfg.bpe.model else None
     check_out_dir(out, cfg.force)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 -> what mkdir would have made
+    tmp = temporary_dir(out)
     try:
         manifest = build(cfg, corpora, reused, tmp)
         manifest["checksums"] = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}

@@ -1,0 +1,12 @@
+"""nmt-export: the command-line entry point (configs/export.yaml, schema ExportConfig)."""
+
+from nmt.cli import hydra_app
+from nmt.config import ExportConfig
+
+
+@hydra_app("nmt-export", "export", ExportConfig)
+def main(config: ExportConfig) -> None:
+    """Run nmt.export.export on the validated config."""
+    from nmt.export import export
+
+    export(config)

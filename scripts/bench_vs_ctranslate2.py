@@ -1,0 +1,214 @@
+"""nmt against CTranslate2: one model, the same inputs, one run, rows interleaved.
+
+The model is random-init unless --checkpoint is given: the small configuration (3+3 layers,
+d_model 256, d_ff 1024, 4 heads, vocabulary 8,000), exported to CTranslate2 with nmt-export's
+own converter (nmt.export.ctranslate2_spec). 500 source sentences of 25 random tokens, batches
+of 64 sentences, every output forced to exactly 40 tokens (nmt: min_len = max length = 40;
+CTranslate2: min_decoding_length = max_decoding_length = 40), so both do the same work.
+
+Rows, each timed --rounds times in turn (round 1 runs every row, then round 2, ...) and the
+fastest kept: nmt fp32 with one process of 2 threads and with --workers single-threaded
+processes (nmt-translate's default on the CPU); nmt bf16 and int8 the same way when
+SearchConfig has a `dtype` field (search.dtype); CTranslate2 with compute_type float32 and
+int8, given the threads that suit these 2 cores (inter_threads=2, intra_threads=1: two batches
+decoded side by side, about twice as fast here as 1 x 2). Each row prints sentences/s and
+its ratio to CTranslate2's float32 and int8 rows of the same search; cpu/wall below the
+thread count means other processes competed for the cores. The fp32 greedy outputs of nmt
+and CTranslate2 are compared token for token (a check that both run the same model).
+
+    flock /tmp/nmt-cpu.lock .venv/bin/python scripts/bench_vs_ctranslate2.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import tempfile
+import time
+from collections.abc import Callable
+
+import torch
+
+from nmt.config import ModelConfig, SearchConfig
+from nmt.export import ctranslate2_spec
+from nmt.model import build_model
+from nmt.search import translate_nbest
+from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+SEARCHES = {"greedy": 1, "beam4": 4}
+
+
+def parse_args() -> argparse.Namespace:
+    """Command-line options."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", default="", help="use this checkpoint's model (default: random)")
+    p.add_argument("--sentences", type=int, default=500)
+    p.add_argument("--src-len", type=int, default=25)
+    p.add_argument("--out-len", type=int, default=40)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--vocab", type=int, default=8000)
+    p.add_argument("--rounds", type=int, default=3, help="times each row is run (fastest kept)")
+    p.add_argument("--workers", type=int, default=2, help="nmt's worker processes in the "
+                   "workers rows (the other rows run one process of --threads threads)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--inter-threads", type=int, default=2, help="CTranslate2 inter_threads")
+    p.add_argument("--intra-threads", type=int, default=1, help="CTranslate2 intra_threads")
+    p.add_argument("--only", default="", help="run the rows whose label contains every "
+                   "comma-separated word, e.g. greedy,fp32")
+    return p.parse_args()
+
+
+def load_model(args: argparse.Namespace):
+    """The model to time: the small configuration with random weights, or a checkpoint."""
+    if args.checkpoint:
+        from nmt.translate import load_translator
+
+        tr = load_translator(args.checkpoint)
+        return tr.model, tr.vocab["tgt_size"]
+    torch.manual_seed(0)
+    cfg = ModelConfig(N=3, d_model=256, d_ff=1024, h=4, dropout=0.1)
+    return build_model(cfg, args.vocab, args.vocab).eval(), args.vocab
+
+
+def token_names(V: int) -> list[str]:
+    """A vocabulary of V token strings for CTranslate2: the specials at nmt's ids, then w4..."""
+    names = [f"w{i}" for i in range(V)]
+    names[PAD_ID], names[BOS_ID], names[EOS_ID], names[1] = "<pad>", "<s>", "</s>", "<unk>"
+    return names
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process (CTranslate2's threads included) and its finished children."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+@dataclasses.dataclass
+class Row:
+    """One configuration to time: run() translates every sentence; best: fastest timing."""
+
+    label: str
+    search: str
+    system: str  # "nmt" or the CTranslate2 compute type
+    run: Callable[[], list[list[int]]]
+    seconds: float = float("inf")
+    cpu: float = 0.0
+    outputs: list[list[int]] | None = None
+
+
+def nmt_rows(model, src_ids: list[list[int]], args: argparse.Namespace) -> list[Row]:
+    """nmt: fp32 (and bf16, int8 where search.dtype exists), one process and workers."""
+    has_dtype = "dtype" in {f.name for f in dataclasses.fields(SearchConfig)}
+    dtypes = ("fp32", "bf16", "int8") if has_dtype else ("fp32",)
+    if not has_dtype:
+        print("nmt bf16 and int8 rows skipped: SearchConfig has no dtype field (search.dtype)")
+    rows = []
+    for name, beam in SEARCHES.items():
+        for dtype in dtypes:
+            for workers in sorted({1, args.workers}):
+                extra = {"dtype": dtype} if has_dtype else {}
+                search = SearchConfig(beam_size=beam, nbest=1, max_len_a=0.0,
+                                      max_len_b=args.out_len, min_len=args.out_len,
+                                      max_tokens=10 ** 9, max_sentences=args.batch, **extra)
+
+                def run(search=search, workers=workers):
+                    # CTranslate2's intra_threads=1 sets the OpenMP thread count that torch
+                    # shares (a process of 2 threads then ran 1): set it back every time.
+                    torch.set_num_threads(args.threads)
+                    out = translate_nbest(model, src_ids, search, BOS_ID, EOS_ID, PAD_ID,
+                                          workers=workers)
+                    return [hyps[0].tokens for hyps in out]
+
+                procs = f"{workers} x 1" if workers > 1 else f"1 x {args.threads}"
+                rows.append(Row(f"nmt {dtype} {procs} thr", name, "nmt", run))
+    return rows
+
+
+def ct2_rows(model_dir: str, src_tokens: list[list[str]], names: list[str],
+             args: argparse.Namespace) -> list[Row]:
+    """CTranslate2 float32 and int8 with inter_threads x intra_threads."""
+    import ctranslate2
+
+    ids = {name: i for i, name in enumerate(names)}
+    rows = []
+    for compute_type in ("float32", "int8"):
+        translator = ctranslate2.Translator(model_dir, device="cpu", compute_type=compute_type,
+                                            inter_threads=args.inter_threads,
+                                            intra_threads=args.intra_threads)
+        for name, beam in SEARCHES.items():
+            def run(translator=translator, beam=beam):
+                results = translator.translate_batch(
+                    src_tokens, max_batch_size=args.batch, beam_size=beam,
+                    min_decoding_length=args.out_len, max_decoding_length=args.out_len)
+                return [[ids[t] for t in r.hypotheses[0]] for r in results]
+
+            label = f"ct2 {compute_type} {args.inter_threads} x {args.intra_threads} thr"
+            rows.append(Row(label, name, compute_type, run))
+    return rows
+
+
+def time_row(row: Row, n: int, out_len: int) -> None:
+    """Run the row once; keep its fastest time and check that every output has out_len tokens."""
+    start, cpu = time.perf_counter(), cpu_seconds()
+    outputs = row.run()
+    seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu
+    assert len(outputs) == n and all(len(o) == out_len for o in outputs), \
+        f"{row.label}: output length was not forced"
+    if seconds < row.seconds:
+        row.seconds, row.cpu, row.outputs = seconds, cpu, outputs
+
+
+def report(rows: list[Row], n: int) -> None:
+    """One line per row: speed and its ratio to CTranslate2's float32 and int8 rows."""
+    ref = {(r.search, r.system): n / r.seconds for r in rows if r.system != "nmt"}
+    for r in sorted(rows, key=lambda r: list(SEARCHES).index(r.search)):  # stable: nmt first
+        speed = n / r.seconds
+        ratios = "  ".join(f"{speed / ref[r.search, ct]:5.2f}x ct2 {ct}"
+                           for ct in ("float32", "int8") if (r.search, ct) in ref)
+        print(f"{r.search:6s} {r.label:24s} {speed:8.1f} sentences/s  {ratios}  "
+              f"(cpu/wall {r.cpu / r.seconds:.2f})", flush=True)
+
+
+def main() -> None:
+    """Export the model, time every row in interleaved rounds, print speeds and ratios."""
+    args = parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.threads = torch.get_num_threads()
+    from nmt.train import keep_freed_memory
+
+    keep_freed_memory()  # as nmt-translate does
+    import ctranslate2
+
+    model, V = load_model(args)
+    names = token_names(V)
+    g = torch.Generator().manual_seed(1)
+    src_ids = torch.randint(4, V, (args.sentences, args.src_len), generator=g).tolist()
+    src_tokens = [[names[i] for i in seq] for seq in src_ids]
+    print(f"torch {torch.__version__}, ctranslate2 {ctranslate2.__version__}; {args.sentences} "
+          f"sentences x {args.src_len} tokens -> {args.out_len} tokens, batch {args.batch}, "
+          f"vocabulary {V}; best of {args.rounds} interleaved rounds; "
+          f"load average {os.getloadavg()[0]:.2f}", flush=True)
+    with tempfile.TemporaryDirectory() as model_dir:
+        spec = ctranslate2_spec(model, names, names, BOS_ID, EOS_ID)
+        spec.validate()
+        spec.optimize()
+        spec.save(model_dir)
+        rows = nmt_rows(model, src_ids, args) + ct2_rows(model_dir, src_tokens, names, args)
+        rows = [r for r in rows if all(w in f"{r.search} {r.label}"
+                                       for w in args.only.split(",") if w)]
+        for _ in range(args.rounds):
+            for r in rows:
+                time_row(r, args.sentences, args.out_len)
+    report(rows, args.sentences)
+    fp32 = {r.system: r.outputs for r in rows if r.search == "greedy" and
+            r.label.startswith(("nmt fp32 1 x", "ct2 float32"))}
+    if len(fp32) == 2:
+        same = sum(a == b for a, b in zip(fp32["nmt"], fp32["float32"], strict=True))
+        print(f"fp32 greedy outputs identical in nmt and CTranslate2: {same}/{args.sentences}")
+    print(f"load average {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
