@@ -153,17 +153,44 @@ class QueueFull(Exception):
     """The batcher holds max_queued sentences already."""
 
 
-@dataclass
-class BatchStats:
-    """Counters of the batcher, as GET /stats shows them."""
+class BatchStats(BaseModel):
+    """Counters of the batcher (GET /stats)."""
 
-    batches: int = 0  # batches decoded
-    sentences: int = 0  # sentences decoded in them
-    largest_batch: int = 0  # most sentences one batch held
-    decode_seconds: float = 0.0  # summed wall time of the batches' decoding
-    rejected: int = 0  # requests refused because the queue was full
-    timed_out: int = 0  # requests answered 504
-    failed: int = 0  # batches whose decoding raised
+    batches: int = Field(0, description="Batches decoded.")
+    sentences: int = Field(0, description="Sentences decoded in them.")
+    largest_batch: int = Field(0, description="The most sentences one batch held.")
+    decode_seconds: float = Field(0.0, description="Summed wall time of the batches' decoding.")
+    rejected: int = Field(0, description="Requests refused (503) because the queue was full.")
+    timed_out: int = Field(0, description="Requests answered 504 (timeout_s).")
+    failed: int = Field(0, description="Batches whose decoding raised an error.")
+
+
+class StatsResponse(BatchStats):
+    """GET /stats: the batcher's counters since the start, and its state now."""
+
+    requests: int = Field(description="Requests answered with translations.")
+    mean_batch: float = Field(description=(
+        "Sentences per batch on average: above 1 when concurrent requests share batches."))
+    queued: int = Field(description="Sentences waiting for a batch now.")
+    busy_workers: int = Field(description="Decoding workers busy with a batch now.")
+
+
+class HealthResponse(BaseModel):
+    """GET /health: whether the server can translate, and with what."""
+
+    status: str = Field(description='"ok", or "error" (then the answer is a 503).')
+    model_loaded: bool = Field(description="The checkpoint is loaded (it is loaded once, "
+                                           "before the server accepts connections).")
+    error: str | None = Field(description="Why the server cannot translate, if it cannot.")
+    checkpoint: str = Field(description="The checkpoint being served.")
+    device: str = Field(description="Where the model runs: cpu or cuda.")
+    workers: int = Field(description="Batches decoded at once (processes or a thread).")
+    limits: dict[str, float] = Field(description=(
+        "The server's limits: max_sentences, max_chars, max_queued, max_input_tokens, "
+        "timeout_s, max_beam_size, max_len_b, max_wait_ms."))
+    search: dict = Field(description=(
+        "The default search settings a request may override; max_tokens and max_sentences "
+        "bound every shared batch."))
 
 
 @dataclass
@@ -466,24 +493,25 @@ class Service:
         return Translation(text=scored[0].text, score=scored[0].score, truncated=truncated,
                            nbest=scored if nbest > 1 else None)
 
-    def health(self) -> dict:
+    def health(self) -> HealthResponse:
         """GET /health: the model, the workers, the limits and the default search settings."""
         cfg = self.cfg
-        return {"status": "error" if self.broken else "ok", "model_loaded": True,
-                "error": self.broken or None, "checkpoint": cfg.checkpoint,
-                "device": str(self.translator.device), "workers": self.workers,
-                "limits": {k: getattr(cfg, k) for k in (
-                    "max_sentences", "max_chars", "max_queued", "max_input_tokens",
-                    "timeout_s", "max_beam_size", "max_len_b", "max_wait_ms")},
-                "search": asdict(cfg.search)}
+        return HealthResponse(
+            status="error" if self.broken else "ok", model_loaded=True,
+            error=self.broken or None, checkpoint=cfg.checkpoint,
+            device=str(self.translator.device), workers=self.workers,
+            limits={k: getattr(cfg, k) for k in (
+                "max_sentences", "max_chars", "max_queued", "max_input_tokens", "timeout_s",
+                "max_beam_size", "max_len_b", "max_wait_ms")},
+            search=asdict(cfg.search))
 
-    def stats(self) -> dict:
+    def stats(self) -> StatsResponse:
         """GET /stats: requests, sentences and batches so far, and what is queued now."""
         s = self.batcher.stats
-        return {"requests": self.requests, **asdict(s),
-                "mean_batch": s.sentences / s.batches if s.batches else 0.0,
-                "queued": len(self.batcher.queue),
-                "busy_workers": self.workers - self.batcher.idle}
+        return StatsResponse(**s.model_dump(), requests=self.requests,
+                             mean_batch=s.sentences / s.batches if s.batches else 0.0,
+                             queued=len(self.batcher.queue),
+                             busy_workers=self.workers - self.batcher.idle)
 
 
 # ----------------------------------------------------------------------------- the HTTP app
@@ -591,14 +619,16 @@ def create_app(service: Service) -> FastAPI:
         """Translate `text`; the translations come back in the same order, with scores."""
         return await service.translate(req)
 
-    @app.get("/health", summary="Is the model loaded and the server able to translate?")
+    @app.get("/health", response_model=HealthResponse, responses={503: {
+        "model": HealthResponse, "description": "The server cannot translate."}},
+             summary="Is the model loaded and the server able to translate?")
     async def health() -> JSONResponse:
         """200 with the model, the limits and the default search settings; 503 if broken."""
-        body = service.health()
-        return JSONResponse(body, 503 if service.broken else 200)
+        return JSONResponse(service.health().model_dump(), 503 if service.broken else 200)
 
-    @app.get("/stats", summary="Requests, sentences and batches so far")
-    async def stats() -> dict:
+    @app.get("/stats", response_model=StatsResponse,
+             summary="Requests, sentences and batches so far")
+    async def stats() -> StatsResponse:
         """Counters: mean_batch > 1 shows concurrent requests sharing batches."""
         return service.stats()
 
