@@ -318,24 +318,26 @@ class Batcher:
         return False
 
     def _take(self, key: tuple) -> list[_Queued]:
-        """Remove a batch from the queue: sentences with this key, oldest first, within the token
-        budget (padded width x sentences) and this worker's even share of them."""
-        n_key = sum(q.job.key == key for q in self.queue)
-        cap = math.ceil(n_key / self.idle)
+        """Remove a batch from the queue: sentences with this key within the token budget
+        (padded width x sentences) and this worker's even share of them. Oldest first, or
+        longest first while other workers are idle too: this round sends every queued
+        sentence, and sentences of like length decode faster together (no long tail)."""
+        mine = [q for q in self.queue if q.job.key == key]
+        cap = math.ceil(len(mine) / self.idle)
         if self.max_sentences:
             cap = min(cap, self.max_sentences)
+        if self.idle > 1:
+            mine.sort(key=lambda q: -len(q.ids))
         batch: list[_Queued] = []
-        rest: deque[_Queued] = deque()
         width = 0
-        for q in self.queue:
+        for q in mine:
             L = len(q.ids) + 1  # with EOS
-            if q.job.key == key and len(batch) < cap and (
-                    not batch or (len(batch) + 1) * max(width, L) <= self.max_tokens):
+            if len(batch) < cap and (not batch or (len(batch) + 1) * max(width, L)
+                                     <= self.max_tokens):
                 batch.append(q)
                 width = max(width, L)
-            else:
-                rest.append(q)
-        self.queue = rest
+        taken = {id(q) for q in batch}
+        self.queue = deque(q for q in self.queue if id(q) not in taken)
         return batch
 
     async def _decode(self, batch: list[_Queued]) -> None:

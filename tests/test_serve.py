@@ -75,8 +75,10 @@ def test_batcher_keeps_the_token_budget_and_splits_over_idle_workers():
     assert [len(b[1]) for b in batches] == [4, 4, 2]  # 4 x (9 + EOS) = 40 tokens
     batches.clear()
     batcher = Batcher(recording_submit(batches), 2, 4096, 0, 0.05, 100)
-    asyncio.run(run_batcher(batcher, [([[7] * 3], SearchConfig()) for _ in range(8)]))
-    assert [len(b[1]) for b in batches] == [4, 4]  # both workers busy, not 8 + 0
+    lengths = [3, 8, 1, 6, 2, 7, 5, 4]
+    asyncio.run(run_batcher(batcher, [([[7] * n], SearchConfig()) for n in lengths]))
+    # both workers busy (not 8 + 0), and like lengths together: the longest 4, then the rest
+    assert [sorted(b[1]) for b in batches] == [[5, 6, 7, 8], [1, 2, 3, 4]]
 
 
 def test_batcher_refuses_beyond_max_queued_and_drops_timed_out_sentences():
