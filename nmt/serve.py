@@ -667,6 +667,10 @@ def serve(cfg: ServeConfig) -> None:
     if cfg.vocab_check:
         check_vocab(translator, cfg.vocab_check, cfg.checkpoint)
     executor, submit = start_workers(translator, workers, cfg.threads)  # before any socket
+    # uvicorn stops gracefully on SIGTERM, then raises it again to end the process: a handler
+    # that only notes it (until the workers are stopped too) makes that end with status 0.
+    stop = []
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     try:
         with open_socket(cfg.host, cfg.port) as sock:
             service = Service(translator, cfg, submit, workers)
@@ -675,12 +679,14 @@ def serve(cfg: ServeConfig) -> None:
             log(f"{cfg.checkpoint} on {device} ({workers} decoding "
                 f"{'processes' if workers > 1 else 'thread'}); listening on {url} "
                 f"(API: {url}/docs)")
-            run_until_stopped(create_app(service), sock, cfg)
+            if not stop:
+                run_until_stopped(create_app(service), sock, cfg)
         s = service.batcher.stats
         log(f"stopped: {service.requests} requests, {s.sentences} sentences in {s.batches} "
             f"batches")
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run_until_stopped(app: FastAPI, sock: socket.socket, cfg: ServeConfig) -> None:
@@ -691,10 +697,4 @@ def run_until_stopped(app: FastAPI, sock: socket.socket, cfg: ServeConfig) -> No
     server = uvicorn.Server(uvicorn.Config(
         app, log_level=cfg.log_level, access_log=cfg.access_log,
         timeout_graceful_shutdown=int(cfg.timeout_s) + 5))
-    # uvicorn stops gracefully on SIGTERM, then raises it again to end the process: a handler
-    # that does nothing makes a graceful stop end with exit status 0 instead.
-    previous = signal.signal(signal.SIGTERM, lambda *_: None)
-    try:
-        server.run(sockets=[sock])
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    server.run(sockets=[sock])
