@@ -6,11 +6,12 @@ translations in input order and their scores; GET /health says whether the model
 /docs is the OpenAPI page.
 
 How a request travels. The handler, on the event loop, checks the request against the
-server's limits, encodes its sentences (the checkpoint's SentencePiece model) and queues them in the
-Batcher. The Batcher fills a batch with the oldest queued sentence and the sentences with the
-same search settings behind it, within the token budget search.max_tokens (padding counted);
-it sends the batch when the budget is full or when the oldest sentence has waited max_wait_ms,
-splitting what is queued evenly over the idle workers. Decoding (nmt.search.translate_nbest)
+server's limits, encodes its sentences with the checkpoint's SentencePiece model and queues
+them in the Batcher. The Batcher fills a batch with the oldest queued sentence and the
+sentences with the same search settings behind it, within the token budget search.max_tokens
+(padding counted); it sends the batch when the budget is full or when the oldest sentence has
+waited max_wait_ms, splitting what is queued evenly over the idle workers (longest first, so
+that like lengths share a batch). Decoding (nmt.search.translate_nbest, as in nmt-translate)
 runs off the event loop: in forked one-thread processes, one per core, on the CPU (what
 nmt-translate does), or in one thread (workers=1, or CUDA).
 
