@@ -249,6 +249,8 @@ class Batcher:
         self.stats = BatchStats()
         self.running: set[asyncio.Task] = set()
         self.changed = asyncio.Event()  # a sentence arrived or a worker became idle
+        self.freed_at = 0.0  # when a batch last finished (time.monotonic)
+        self.running_sentences = 0  # in the batches being decoded now
 
     async def translate(self, seqs: list[list[int]], search: SearchConfig,
                         timeout: float) -> list[list[Hypothesis]]:
@@ -284,12 +286,15 @@ class Batcher:
             if not (self.idle and self.queue):
                 await self._wait(None)
                 continue
+            # Wait max_wait_s from the oldest sentence's arrival or the last batch's end,
+            # whichever is later: answered clients' next requests join the next batch.
             head = self.queue[0]
-            wait = head.arrived + self.max_wait_s - time.monotonic()
+            wait = max(head.arrived, self.freed_at) + self.max_wait_s - time.monotonic()
             if wait > 0 and not self._budget_full(head.job.key):
                 await self._wait(wait)
                 continue
             batch = self._take(head.job.key)
+            self.running_sentences += len(batch)
             self.idle -= 1
             task = asyncio.create_task(self._decode(batch))
             self.running.add(task)
@@ -324,7 +329,7 @@ class Batcher:
         longest first while other workers are idle too: this round sends every queued
         sentence, and sentences of like length decode faster together (no long tail)."""
         mine = [q for q in self.queue if q.job.key == key]
-        cap = math.ceil(len(mine) / self.idle)
+        cap = math.ceil((len(mine) + self.running_sentences) / self.workers)
         if self.max_sentences:
             cap = min(cap, self.max_sentences)
         if self.idle > 1:
@@ -360,6 +365,8 @@ class Batcher:
             s.decode_seconds += time.perf_counter() - start
         finally:
             self.idle += 1
+            self.running_sentences -= len(batch)
+            self.freed_at = time.monotonic()
             self.changed.set()
 
 

@@ -81,6 +81,35 @@ def test_batcher_keeps_the_token_budget_and_splits_over_idle_workers():
     assert [sorted(b[1]) for b in batches] == [[5, 6, 7, 8], [1, 2, 3, 4]]
 
 
+def test_batcher_gives_a_freed_worker_its_share_of_all_sentences_in_flight():
+    held: list[tuple[Future, list]] = []
+
+    def submit(search, seqs):  # batches finish when the test says so
+        held.append((Future(), seqs))
+        return held[-1][0]
+
+    async def scenario():
+        batcher = Batcher(submit, 2, 4096, 0, 0.01, 100)
+        loop = asyncio.create_task(batcher.run())
+        first = asyncio.create_task(batcher.translate([[5]], SearchConfig(), 5.0))
+        await asyncio.sleep(0.1)  # one worker busy with 1 sentence
+        rest = asyncio.create_task(batcher.translate([[5]] * 9, SearchConfig(), 5.0))
+        await asyncio.sleep(0.1)
+        sizes = [len(seqs) for _, seqs in held]
+        for future, seqs in held:
+            future.set_result([[Hypothesis(s, 0.0, 0.0)] for s in seqs])
+        await asyncio.sleep(0.1)
+        for future, seqs in held[len(sizes):]:
+            future.set_result([[Hypothesis(s, 0.0, 0.0)] for s in seqs])
+        await asyncio.gather(first, rest)
+        loop.cancel()
+        return sizes, [len(seqs) for _, seqs in held]
+
+    sizes, all_sizes = asyncio.run(scenario())
+    assert sizes == [1, 5]  # (9 queued + 1 running) / 2 workers, not all 9 at once
+    assert all_sizes == [1, 5, 2, 2]  # then both idle: the 4 left split in two
+
+
 def test_batcher_refuses_beyond_max_queued_and_drops_timed_out_sentences():
     batches = []
     batcher = Batcher(recording_submit(batches), 1, 4096, 0, 10.0, 3)
