@@ -10,9 +10,11 @@ server's limits, encodes its sentences with the checkpoint's SentencePiece model
 them in the Batcher. The Batcher fills a batch with the oldest queued sentence and the
 sentences with the same search settings behind it, within the token budget search.max_tokens
 (padding counted); it sends the batch when the budget is full or when the oldest sentence has
-waited max_wait_ms, splitting what is queued evenly over the idle workers (longest first, so
-that like lengths share a batch). Decoding (nmt.search.translate_nbest, as in nmt-translate)
-runs off the event loop: in forked one-thread processes, one per core, on the CPU (what
+waited max_wait_ms (counted from the last batch's end if that is later, so that the answered
+clients' next requests join in), and a batch takes at most its worker's share of all sentences
+in flight, so that the workers' batches stay balanced (longest first while several workers
+are idle, so that like lengths share a batch). Decoding (nmt.search.translate_nbest) runs
+off the event loop: in forked one-thread processes, one per core, on the CPU (what
 nmt-translate does), or in one thread (workers=1, or CUDA).
 
 Limits: max_sentences and max_chars per request (413), max_queued sentences waiting (503 with
@@ -325,9 +327,11 @@ class Batcher:
 
     def _take(self, key: tuple) -> list[_Queued]:
         """Remove a batch from the queue: sentences with this key within the token budget
-        (padded width x sentences) and this worker's even share of them. Oldest first, or
-        longest first while other workers are idle too: this round sends every queued
-        sentence, and sentences of like length decode faster together (no long tail)."""
+        (padded width x sentences) and this worker's share of the sentences in flight (queued
+        or being decoded; a worker that takes all it finds while the others hold a few would
+        leave them batches of one or two ever after). Oldest first, or longest first while
+        other workers are idle too: this round sends every queued sentence, and sentences of
+        like length decode faster together (no long tail)."""
         mine = [q for q in self.queue if q.job.key == key]
         cap = math.ceil((len(mine) + self.running_sentences) / self.workers)
         if self.max_sentences:
