@@ -20,7 +20,9 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import re
+import resource
 import signal
 import statistics
 import subprocess
@@ -48,8 +50,10 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def run_translate(args, lines: list[str]) -> tuple[float, list[str]]:
-    """nmt-translate on the lines: its sentences/s (search time) and translations."""
+def run_translate(args, lines: list[str]) -> tuple[float, float, list[str]]:
+    """nmt-translate on the lines: its sentences/s (search time), the CPU seconds of the whole
+    command (its worker processes and model loading included) and its translations."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with tempfile.TemporaryDirectory() as tmp:
         src, out = Path(tmp) / "src.txt", Path(tmp) / "hyp.txt"
         src.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
@@ -58,7 +62,9 @@ def run_translate(args, lines: list[str]) -> tuple[float, list[str]]:
                               capture_output=True, text=True, check=True)
         found = re.search(r"translated (\d+) lines in [\d.]+ s \(([\d.]+) sentences/s",
                           done.stderr)
-        return float(found.group(2)), out.read_text(encoding="utf-8").splitlines()
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+        return float(found.group(2)), cpu, out.read_text(encoding="utf-8").splitlines()
 
 
 def start_server(args) -> tuple[subprocess.Popen, int]:
@@ -129,6 +135,19 @@ class Load:
         return time.perf_counter() - start
 
 
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """CPU seconds (user + system) of a process and of its live children (Linux /proc)."""
+    def of(p: int) -> float:
+        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        return of(pid), sum(of(int(c)) for c in children)
+    except OSError:
+        return 0.0, 0.0
+
+
 def get(port: int, path: str) -> dict:
     """GET a JSON document from the server."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -148,14 +167,18 @@ def main() -> None:
     lines = [line for line in lines if line.strip()][:args.lines or None]
     reference = None
     if not args.skip_translate:
-        rate, reference = run_translate(args, lines)
-        print(f"nmt-translate: {len(lines)} sentences, {rate:.1f} sentences/s "
+        rate, translate_cpu, reference = run_translate(args, lines)
+        translate_cpu -= run_translate(args, lines[:1])[1]  # less start-up and model loading
+        print(f"nmt-translate: {len(lines)} sentences, {rate:.1f} sentences/s, "
+              f"{len(lines) / translate_cpu:.1f} sentences per CPU second "
               f"({' '.join(args.search) or 'default search'})", flush=True)
     proc, port = start_server(args)
     try:
         get(port, "/health")
         load = Load(port, lines, args.clients, args.seconds)
+        cpu_before, client_before = cpu_seconds(proc.pid), time.process_time()
         seconds = load.run()
+        cpu_after, client = cpu_seconds(proc.pid), time.process_time() - client_before
         stats = get(port, "/stats")
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -173,6 +196,14 @@ def main() -> None:
         line += (f"; {100 * done / seconds / rate:.0f}% of nmt-translate, {differ} translations "
                  f"differ")
     print(line, flush=True)
+    main_cpu, worker_cpu = (after - before for after, before in zip(cpu_after, cpu_before,
+                                                                     strict=True))
+    per_cpu = done / (main_cpu + worker_cpu) if main_cpu + worker_cpu else 0.0
+    print(f"  CPU seconds during the load: server (HTTP, batcher) {main_cpu:.1f}, decoding "
+          f"workers {worker_cpu:.1f}, load client {client:.1f}; wall {seconds:.1f}; "
+          f"{per_cpu:.1f} sentences per server CPU second"
+          + (f" ({100 * per_cpu * translate_cpu / len(lines):.0f}% of nmt-translate's)"
+             if reference is not None else ""))
     for error in load.errors[:5]:
         print(f"  error: {error}")
 
