@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH_PIN)"
-	$(BIN)/python -m pip install -q -e ".[dev,plot,slurm,tensorboard,export]"
+	$(BIN)/python -m pip install -q -e ".[dev,plot,slurm,tensorboard,export,serve]"
 	touch $(STAMP)
 
 test: install

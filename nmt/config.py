@@ -364,6 +364,50 @@ class ExportConfig:
                "applies to format=ctranslate2 only")
 
 
+# ----------------------------------------------------------------------------- serve
+@dataclass
+class ServeConfig:
+    """nmt-serve: a checkpoint behind an HTTP endpoint that batches concurrent requests."""
+
+    checkpoint: str = MISSING  # a checkpoint written by nmt-train or nmt-average
+    host: str = "127.0.0.1"  # address to listen on (0.0.0.0: every interface)
+    port: int = 8000  # TCP port to listen on (0: any free port, printed at start)
+    device: str = "auto"  # "auto", "cpu" or "cuda"
+    workers: int = 0  # CPU: one-thread decoding processes (0: one per core; 1: a thread here)
+    threads: int = 0  # PyTorch threads of the decoding thread when workers=1 (0: the default)
+    vocab_check: str = ""  # data dir, its manifest.json or a .model: the checkpoint must match it
+    max_wait_ms: float = 5.0  # a sentence waits at most this long for others to share its batch
+    max_input_tokens: int = 1000  # longer inputs are truncated (flagged in the response)
+    max_sentences: int = 64  # sentences per request at most (413 beyond)
+    max_chars: int = 20000  # characters per request at most, all sentences together (413 beyond)
+    max_queued: int = 1024  # sentences waiting for a batch at most (503 + Retry-After beyond)
+    timeout_s: float = 60.0  # a request not answered within this many seconds gets a 504
+    max_beam_size: int = 16  # the largest beam_size (and nbest) a request may ask for
+    max_len_b: int = 256  # the largest max_len_b and min_len a request may ask for
+    access_log: bool = True  # log one line per HTTP request (uvicorn's access log)
+    log_level: str = "info"  # uvicorn's log level: debug, info, warning or error
+    search: SearchConfig = field(default_factory=SearchConfig)  # defaults; batch token budget
+
+    def __post_init__(self) -> None:
+        _check(0 <= self.port <= 65535, "port", f"must be in [0, 65535], got {self.port}")
+        _check(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
+        for key in ("workers", "threads", "max_wait_ms"):
+            _check(getattr(self, key) >= 0, key, "must be >= 0")
+        for key in ("max_input_tokens", "max_sentences", "max_chars", "max_queued",
+                    "max_beam_size"):
+            _check(getattr(self, key) >= 1, key, "must be >= 1")
+        _check(self.max_len_b >= 0, "max_len_b", "must be >= 0")
+        _check(self.timeout_s > 0, "timeout_s", "must be > 0")
+        _check(self.max_queued >= self.max_sentences, "max_queued",
+               f"must be >= max_sentences ({self.max_sentences}): a full request must fit")
+        _check(self.search.beam_size <= self.max_beam_size, "search.beam_size",
+               f"must be <= max_beam_size ({self.max_beam_size})")
+        _check(self.search.max_len_b <= self.max_len_b, "search.max_len_b",
+               f"must be <= max_len_b ({self.max_len_b})")
+        _check(self.log_level in ("debug", "info", "warning", "error"), "log_level",
+               f"must be debug, info, warning or error, got {self.log_level!r}")
+
+
 # ----------------------------------------------------------------------------- Hydra glue
 SCHEMAS = {
     "preprocess_schema": PreprocessConfig,
@@ -371,6 +415,7 @@ SCHEMAS = {
     "translate_schema": TranslateConfig,
     "average_schema": AverageConfig,
     "export_schema": ExportConfig,
+    "serve_schema": ServeConfig,
 }
 
 

@@ -1,0 +1,712 @@
+"""nmt-serve: a checkpoint behind an HTTP endpoint; concurrent requests share decoding batches.
+
+POST /translate takes {"text": [...]} with optional search settings and answers with the
+translations in input order and their scores; GET /health says whether the model is loaded
+(and the server's limits and defaults); GET /stats counts requests, sentences and batches;
+/docs is the OpenAPI page.
+
+How a request travels. The handler, on the event loop, checks the request against the
+server's limits, encodes its sentences with the checkpoint's SentencePiece model and queues
+them in the Batcher. The Batcher fills a batch with the oldest queued sentence and the
+sentences with the same search settings behind it, within the token budget search.max_tokens
+(padding counted); it sends the batch when the budget is full or when the oldest sentence has
+waited max_wait_ms (counted from the last batch's end if that is later, so that the answered
+clients' next requests join in), and a batch takes at most its worker's share of all sentences
+in flight, so that the workers' batches stay balanced (longest first while several workers
+are idle, so that like lengths share a batch). Decoding (nmt.search.translate_nbest) runs
+off the event loop: in forked one-thread processes, one per core, on the CPU (what
+nmt-translate does), or in one thread (workers=1, or CUDA).
+
+Limits: max_sentences and max_chars per request (413), max_queued sentences waiting (503 with
+Retry-After), timeout_s per request (504). Bad JSON, wrong types, empty or non-Unicode text
+get a 4xx JSON error naming the field. SIGTERM stops accepting connections, answers the
+requests in flight, then exits with status 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import multiprocessing as mp
+import os
+import signal
+import socket
+import sys
+import time
+from collections import deque
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass, replace
+from typing import Annotated
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
+
+from nmt.config import SearchConfig, ServeConfig
+from nmt.errors import ConfigError, NmtError
+from nmt.search import Hypothesis, translate_nbest
+from nmt.translate import Translator, check_vocab, load_translator, resolve_device
+
+PROG = "nmt-serve"
+SEARCH_FIELDS = ("beam_size", "nbest", "alpha", "max_len_a", "max_len_b", "min_len")
+
+
+def log(message: str) -> None:
+    """One line on stderr."""
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- the API
+def _check_sentence(text: str) -> str:
+    """A sentence must hold something to translate and be valid Unicode (no lone surrogates)."""
+    if not text.strip():
+        raise ValueError("must not be empty or only whitespace")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"is not valid Unicode (lone surrogate at character {e.start})") from None
+    return text
+
+
+Sentence = Annotated[str, AfterValidator(_check_sentence)]
+
+
+class TranslateRequest(BaseModel):
+    """Sentences to translate, and search settings that override the server's defaults."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={
+        "examples": [{"text": ["Open the file.", "Show hidden files"], "beam_size": 4}]})
+
+    text: list[Sentence] = Field(min_length=1, description=(
+        "Raw source sentences, one per item, in the order the translations come back; at most "
+        "the server's max_sentences items and max_chars characters in all (GET /health)."))
+    beam_size: int | None = Field(None, ge=1, description=(
+        "Hypotheses kept per sentence; 1 is greedy search. At most the server's max_beam_size."))
+    nbest: int | None = Field(None, ge=1, description=(
+        "Hypotheses returned per sentence, best first (1 <= nbest <= beam_size)."))
+    alpha: float | None = Field(None, ge=0, le=10, description=(
+        "GNMT length penalty exponent: scores are log P(Y|X) / ((5 + |Y|) / 6)^alpha."))
+    max_len_a: float | None = Field(None, ge=0, le=10, description=(
+        "Maximum output length = max_len_a * source tokens + max_len_b."))
+    max_len_b: int | None = Field(None, ge=0, description=(
+        "See max_len_a; at most the server's max_len_b."))
+    min_len: int | None = Field(None, ge=0, description=(
+        "End of sentence is forbidden before this many output tokens; at most max_len_b."))
+
+
+class Scored(BaseModel):
+    """One hypothesis of an n-best list."""
+
+    text: str = Field(description="The detokenized hypothesis.")
+    score: float | None = Field(description=(
+        "log P(Y|X) / ((5 + |Y|) / 6)^alpha; null if the search found no hypothesis."))
+
+
+class Translation(BaseModel):
+    """The translation of one input sentence."""
+
+    text: str = Field(description="The best translation, detokenized.")
+    score: float | None = Field(description=(
+        "Its log P(Y|X) / ((5 + |Y|) / 6)^alpha (higher is better); null if none was found."))
+    truncated: bool = Field(description=(
+        "The source had more subword tokens than the server's max_input_tokens and was cut."))
+    nbest: list[Scored] | None = Field(None, description=(
+        "When nbest > 1: the nbest hypotheses, best first (the first is text and score)."))
+
+
+class TranslateResponse(BaseModel):
+    """Translations in the order of the request's text."""
+
+    translations: list[Translation]
+
+
+class ErrorResponse(BaseModel):
+    """What every error answer carries."""
+
+    error: str = Field(description="One line: the field, then what is wrong with it.")
+    field: str | None = Field(description=(
+        'The offending field, e.g. "text[2]", "beam_size", "body"; null when the request is '
+        'fine but the server cannot take it now (503, 504).'))
+
+
+class ApiError(Exception):
+    """An error answer: HTTP status, the field it is about, one line of text."""
+
+    def __init__(self, status: int, field: str | None, message: str,
+                 headers: dict | None = None):
+        super().__init__(f"{field}: {message}" if field else message)
+        self.status, self.field, self.headers = status, field, headers
+
+
+ERRORS = {code: {"model": ErrorResponse, "description": what} for code, what in (
+    (400, "The body is not JSON or not UTF-8."),
+    (413, "Too many sentences or characters, or too large a body."),
+    (422, "A field has the wrong type or value."),
+    (503, "The queue is full (see Retry-After) or the decoding workers are gone."),
+    (504, "The request took longer than the server's timeout_s."))}
+
+
+# ----------------------------------------------------------------------------- the batcher
+class QueueFull(Exception):
+    """The batcher holds max_queued sentences already."""
+
+
+class BatchStats(BaseModel):
+    """Counters of the batcher (GET /stats)."""
+
+    batches: int = Field(0, description="Batches decoded.")
+    sentences: int = Field(0, description="Sentences decoded in them.")
+    largest_batch: int = Field(0, description="The most sentences one batch held.")
+    decode_seconds: float = Field(0.0, description="Summed wall time of the batches' decoding.")
+    rejected: int = Field(0, description="Requests refused (503) because the queue was full.")
+    timed_out: int = Field(0, description="Requests answered 504 (timeout_s).")
+    failed: int = Field(0, description="Batches whose decoding raised an error.")
+
+
+class StatsResponse(BatchStats):
+    """GET /stats: the batcher's counters since the start, and its state now."""
+
+    requests: int = Field(description="Requests answered with translations.")
+    mean_batch: float = Field(description=(
+        "Sentences per batch on average: above 1 when concurrent requests share batches."))
+    queued: int = Field(description="Sentences waiting for a batch now.")
+    busy_workers: int = Field(description="Decoding workers busy with a batch now.")
+
+
+class HealthResponse(BaseModel):
+    """GET /health: whether the server can translate, and with what."""
+
+    status: str = Field(description='"ok", or "error" (then the answer is a 503).')
+    model_loaded: bool = Field(description="The checkpoint is loaded (it is loaded once, "
+                                           "before the server accepts connections).")
+    error: str | None = Field(description="Why the server cannot translate, if it cannot.")
+    checkpoint: str = Field(description="The checkpoint being served.")
+    device: str = Field(description="Where the model runs: cpu or cuda.")
+    workers: int = Field(description="Batches decoded at once (processes or a thread).")
+    limits: dict[str, float] = Field(description=(
+        "The server's limits: max_sentences, max_chars, max_queued, max_input_tokens, "
+        "timeout_s, max_beam_size, max_len_b, max_wait_ms."))
+    search: dict = Field(description=(
+        "The default search settings a request may override; max_tokens and max_sentences "
+        "bound every shared batch."))
+
+
+@dataclass
+class _Job:
+    """One request's sentences on their way through the batcher."""
+
+    search: SearchConfig
+    key: tuple  # requests with equal keys may share a batch
+    results: list
+    left: int
+    done: asyncio.Future
+    cancelled: bool = False
+
+    def deliver(self, index: int, hyps: list[Hypothesis]) -> None:
+        """Store one sentence's hypotheses; the job is done when every sentence has them."""
+        self.results[index] = hyps
+        self.left -= 1
+        if self.left == 0 and not self.done.done():
+            self.done.set_result(self.results)
+
+    def fail(self, error: BaseException) -> None:
+        """The job cannot be finished."""
+        if not self.done.done():
+            self.done.set_exception(error)
+
+
+@dataclass
+class _Queued:
+    """A sentence waiting for a batch."""
+
+    ids: list[int]
+    job: _Job
+    index: int
+    arrived: float
+
+
+def search_key(search: SearchConfig) -> tuple:
+    """What two sentences must share to be decoded in one batch: every search setting."""
+    return tuple(sorted(asdict(search).items()))
+
+
+class Batcher:
+    """Queues sentences of concurrent requests and decodes them together in token-budget batches.
+
+    submit(search, seqs) starts decoding a batch off the event loop and returns a
+    concurrent.futures.Future of its hypotheses; `workers` batches may run at once.
+    """
+
+    def __init__(self, submit, workers: int, max_tokens: int, max_sentences: int,
+                 max_wait_s: float, max_queued: int):
+        self.submit, self.idle = submit, workers
+        self.workers, self.max_tokens, self.max_sentences = workers, max_tokens, max_sentences
+        self.max_wait_s, self.max_queued = max_wait_s, max_queued
+        self.queue: deque[_Queued] = deque()
+        self.stats = BatchStats()
+        self.running: set[asyncio.Task] = set()
+        self.changed = asyncio.Event()  # a sentence arrived or a worker became idle
+        self.freed_at = 0.0  # when a batch last finished (time.monotonic)
+        self.running_sentences = 0  # in the batches being decoded now
+
+    async def translate(self, seqs: list[list[int]], search: SearchConfig,
+                        timeout: float) -> list[list[Hypothesis]]:
+        """Hypotheses of each id list (no BOS/EOS), decoded along with other requests' ones."""
+        self._drop_cancelled()
+        if len(self.queue) + len(seqs) > self.max_queued:
+            self.stats.rejected += 1
+            raise QueueFull
+        loop = asyncio.get_running_loop()
+        job = _Job(search, search_key(search), [None] * len(seqs), len(seqs),
+                   loop.create_future())
+        now = time.monotonic()
+        self.queue.extend(_Queued(ids, job, i, now) for i, ids in enumerate(seqs))
+        self.changed.set()
+        try:
+            return await asyncio.wait_for(asyncio.shield(job.done), timeout)
+        except TimeoutError:
+            job.cancelled = True  # its queued sentences are dropped, running ones ignored
+            self._drop_cancelled()
+            self.stats.timed_out += 1
+            raise
+
+    def retry_after(self) -> int:
+        """Seconds until the queue has likely drained: queued sentences over the decoding rate."""
+        s = self.stats
+        per_sentence = s.decode_seconds / s.sentences / self.workers if s.sentences else 0.0
+        return max(1, math.ceil(len(self.queue) * per_sentence))
+
+    async def run(self) -> None:
+        """The dispatch loop: forms batches while there are idle workers and queued sentences."""
+        while True:
+            self._drop_cancelled()
+            if not (self.idle and self.queue):
+                await self._wait(None)
+                continue
+            # Wait max_wait_s from the oldest sentence's arrival or the last batch's end,
+            # whichever is later: answered clients' next requests join the next batch.
+            head = self.queue[0]
+            wait = max(head.arrived, self.freed_at) + self.max_wait_s - time.monotonic()
+            if wait > 0 and not self._budget_full(head.job.key):
+                await self._wait(wait)
+                continue
+            batch = self._take(head.job.key)
+            self.running_sentences += len(batch)
+            self.idle -= 1
+            task = asyncio.create_task(self._decode(batch))
+            self.running.add(task)
+            task.add_done_callback(self.running.discard)
+
+    async def _wait(self, timeout: float | None) -> None:
+        """Until a sentence arrives or a worker becomes idle, at most `timeout` seconds."""
+        try:
+            await asyncio.wait_for(self.changed.wait(), timeout)
+        except TimeoutError:
+            pass
+        self.changed.clear()
+
+    def _drop_cancelled(self) -> None:
+        """Forget queued sentences of requests that timed out."""
+        if any(q.job.cancelled for q in self.queue):
+            self.queue = deque(q for q in self.queue if not q.job.cancelled)
+
+    def _budget_full(self, key: tuple) -> bool:
+        """Do the queued sentences with this key fill a batch already?"""
+        n = width = 0
+        for q in self.queue:
+            if q.job.key == key:
+                n, width = n + 1, max(width, len(q.ids) + 1)
+                if n * width >= self.max_tokens or n == self.max_sentences:
+                    return True
+        return False
+
+    def _take(self, key: tuple) -> list[_Queued]:
+        """Remove a batch from the queue: sentences with this key within the token budget
+        (padded width x sentences) and this worker's share of the sentences in flight (queued
+        or being decoded; a worker that takes all it finds while the others hold a few would
+        leave them batches of one or two ever after). Oldest first, or longest first while
+        other workers are idle too: this round sends every queued sentence, and sentences of
+        like length decode faster together (no long tail)."""
+        mine = [q for q in self.queue if q.job.key == key]
+        cap = math.ceil((len(mine) + self.running_sentences) / self.workers)
+        if self.max_sentences:
+            cap = min(cap, self.max_sentences)
+        if self.idle > 1:
+            mine.sort(key=lambda q: -len(q.ids))
+        batch: list[_Queued] = []
+        width = 0
+        for q in mine:
+            L = len(q.ids) + 1  # with EOS
+            if len(batch) < cap and (not batch or (len(batch) + 1) * max(width, L)
+                                     <= self.max_tokens):
+                batch.append(q)
+                width = max(width, L)
+        taken = {id(q) for q in batch}
+        self.queue = deque(q for q in self.queue if id(q) not in taken)
+        return batch
+
+    async def _decode(self, batch: list[_Queued]) -> None:
+        """Decode one batch off the event loop and hand each sentence its hypotheses."""
+        start = time.perf_counter()
+        try:
+            future = self.submit(batch[0].job.search, [q.ids for q in batch])
+            hyps = await asyncio.wrap_future(future)
+        except Exception as e:  # a broken worker, or an error inside the search
+            self.stats.failed += 1
+            for q in batch:
+                q.job.fail(e)
+        else:
+            for q, h in zip(batch, hyps, strict=True):
+                q.job.deliver(q.index, h)
+            s = self.stats
+            s.batches, s.sentences = s.batches + 1, s.sentences + len(batch)
+            s.largest_batch = max(s.largest_batch, len(batch))
+            s.decode_seconds += time.perf_counter() - start
+        finally:
+            self.idle += 1
+            self.running_sentences -= len(batch)
+            self.freed_at = time.monotonic()
+            self.changed.set()
+
+
+# ----------------------------------------------------------------------------- decoding workers
+def decode_batch(translator: Translator, search: SearchConfig,
+                 seqs: list[list[int]]) -> list[list[Hypothesis]]:
+    """Hypotheses of each id list (no BOS/EOS), in order: nmt-translate's search on one batch."""
+    v = translator.vocab
+    return translate_nbest(translator.model, seqs, search, v["bos_id"], v["eos_id"],
+                           v["pad_id"], translator.device)
+
+
+_WORKER: Translator | None = None  # in a decoding process: the translator it inherited at fork
+
+
+def _start_worker(translator: Translator) -> None:
+    """Decoding process set-up: keep the inherited translator, one thread, leave signals to the
+    server (Ctrl-C reaches the whole process group; the server stops its workers itself)."""
+    global _WORKER
+    _WORKER = translator
+    torch.set_num_threads(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _decode_in_worker(search: SearchConfig, seqs: list[list[int]]) -> list[list[Hypothesis]]:
+    """Decoding process: one batch."""
+    return decode_batch(_WORKER, search, seqs)
+
+
+def _start_thread(threads: int) -> None:
+    """Decoding thread set-up: its PyTorch threads."""
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def start_workers(translator: Translator, workers: int, threads: int):
+    """An executor decoding batches off the event loop, and its submit(search, seqs) function.
+
+    workers > 1 (CPU): forked one-thread processes, each with the model (copy-on-write), as
+    nmt-translate translates; they are started and tried here, before any server thread
+    exists. Otherwise one thread in this process with `threads` PyTorch threads.
+    """
+    if workers > 1:
+        executor: Executor = ProcessPoolExecutor(workers, mp.get_context("fork"),
+                                                 initializer=_start_worker,
+                                                 initargs=(translator,))
+
+        def submit(search, seqs):
+            return executor.submit(_decode_in_worker, search, seqs)
+    else:
+        executor = ThreadPoolExecutor(1, "nmt-decode", initializer=_start_thread,
+                                      initargs=(threads,))
+
+        def submit(search, seqs):
+            return executor.submit(decode_batch, translator, search, seqs)
+    warm = SearchConfig(beam_size=1, max_len_b=1)
+    try:
+        for future in [submit(warm, [[4]]) for _ in range(workers)]:
+            future.result()
+    except BrokenProcessPool:
+        executor.shutdown(cancel_futures=True)
+        raise NmtError("a decoding process died while starting") from None
+    return executor, submit
+
+
+# ----------------------------------------------------------------------------- the service
+class Service:
+    """The model, the limits and the batcher: what the HTTP handlers call."""
+
+    def __init__(self, translator: Translator, cfg: ServeConfig, submit, workers: int):
+        self.translator, self.cfg, self.workers = translator, cfg, workers
+        self.batcher = Batcher(submit, workers, cfg.search.max_tokens, cfg.search.max_sentences,
+                               cfg.max_wait_ms / 1000, cfg.max_queued)
+        self.requests = 0  # requests answered with translations
+        self.broken = ""  # why decoding is impossible, once it is
+        self.max_input = min(cfg.max_input_tokens, translator.model.cfg.max_positions - 1)
+
+    def search_of(self, req: TranslateRequest) -> SearchConfig:
+        """The server's search settings with the request's overrides, within the limits."""
+        asked = {k: getattr(req, k) for k in SEARCH_FIELDS if getattr(req, k) is not None}
+        limits = {"beam_size": self.cfg.max_beam_size, "max_len_b": self.cfg.max_len_b,
+                  "min_len": self.cfg.max_len_b}
+        for key, limit in limits.items():
+            if asked.get(key, 0) > limit:
+                raise ApiError(422, key, f"must be <= {limit} (this server's limit), "
+                                         f"got {asked[key]}")
+        try:
+            return replace(self.cfg.search, **asked)
+        except ConfigError as e:  # e.g. nbest > beam_size
+            key = str(e).split(":")[0].removeprefix("search.")
+            raise ApiError(422, key, str(e).split(": ", 1)[1]) from None
+
+    def check_size(self, req: TranslateRequest) -> None:
+        """max_sentences and max_chars per request."""
+        if len(req.text) > self.cfg.max_sentences:
+            raise ApiError(413, "text", f"{len(req.text)} sentences; this server takes at most "
+                                        f"{self.cfg.max_sentences} per request")
+        chars = sum(map(len, req.text))
+        if chars > self.cfg.max_chars:
+            raise ApiError(413, "text", f"{chars} characters; this server takes at most "
+                                        f"{self.cfg.max_chars} per request")
+
+    async def translate(self, req: TranslateRequest) -> TranslateResponse:
+        """POST /translate: check, encode, decode in shared batches, detokenize."""
+        self.check_size(req)
+        search = self.search_of(req)
+        if self.broken:
+            raise ApiError(503, None, self.broken)
+        full = self.translator.src_tok.encode(req.text)
+        ids = [seq[:self.max_input] for seq in full]  # nmt-translate's truncation
+        try:
+            nbest = await self.batcher.translate(ids, search, self.cfg.timeout_s)
+        except QueueFull:
+            raise ApiError(503, None, f"busy: {len(self.batcher.queue)} sentences queued",
+                           {"Retry-After": str(self.batcher.retry_after())}) from None
+        except TimeoutError:
+            raise ApiError(504, None, f"not translated within timeout_s="
+                                          f"{self.cfg.timeout_s:g} seconds") from None
+        except BrokenProcessPool:
+            self.broken = "the decoding processes died; restart the server"
+            log(f"error: {self.broken}")
+            raise ApiError(503, None, self.broken) from None
+        self.requests += 1
+        return TranslateResponse(translations=[
+            self._translation(hyps, len(f) > self.max_input, search.nbest)
+            for hyps, f in zip(nbest, full, strict=True)])
+
+    def _translation(self, hyps: list[Hypothesis], truncated: bool, nbest: int) -> Translation:
+        """One sentence's answer from its hypotheses."""
+        texts = self.translator.tgt_tok.decode([h.tokens for h in hyps])
+        scored = [Scored(text=t, score=h.score if math.isfinite(h.score) else None)
+                  for h, t in zip(hyps, texts, strict=True)]
+        return Translation(text=scored[0].text, score=scored[0].score, truncated=truncated,
+                           nbest=scored if nbest > 1 else None)
+
+    def health(self) -> HealthResponse:
+        """GET /health: the model, the workers, the limits and the default search settings."""
+        cfg = self.cfg
+        return HealthResponse(
+            status="error" if self.broken else "ok", model_loaded=True,
+            error=self.broken or None, checkpoint=cfg.checkpoint,
+            device=str(self.translator.device), workers=self.workers,
+            limits={k: getattr(cfg, k) for k in (
+                "max_sentences", "max_chars", "max_queued", "max_input_tokens", "timeout_s",
+                "max_beam_size", "max_len_b", "max_wait_ms")},
+            search=asdict(cfg.search))
+
+    def stats(self) -> StatsResponse:
+        """GET /stats: requests, sentences and batches so far, and what is queued now."""
+        s = self.batcher.stats
+        return StatsResponse(**s.model_dump(), requests=self.requests,
+                             mean_batch=s.sentences / s.batches if s.batches else 0.0,
+                             queued=len(self.batcher.queue),
+                             busy_workers=self.workers - self.batcher.idle)
+
+
+# ----------------------------------------------------------------------------- the HTTP app
+class BodyLimit:
+    """ASGI middleware: a request body over max_bytes gets a 413 (by its Content-Length at once,
+    or as soon as a streamed body passes the limit) and is not read further."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length", b"0")
+        if not declared.isdigit() or int(declared) > self.max_bytes:
+            return await self._refuse(scope, receive, send)
+        seen, refused = 0, False
+
+        async def limited_receive():
+            nonlocal seen, refused
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes and not refused:
+                    refused = True
+                    await self._refuse(scope, receive, send)
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def send_unless_refused(message):
+            if not refused:
+                await send(message)
+
+        await self.app(scope, limited_receive, send_unless_refused)
+
+    async def _refuse(self, scope, receive, send) -> None:
+        """Answer 413 naming the body."""
+        await _error_response(ApiError(413, "body", f"larger than {self.max_bytes} bytes"))(
+            scope, receive, send)
+
+
+def _error_response(error: ApiError) -> JSONResponse:
+    """The JSON answer of an ApiError."""
+    return JSONResponse({"error": str(error), "field": error.field}, error.status,
+                        headers=error.headers)
+
+
+def _field_name(loc: tuple) -> str:
+    """A pydantic error location, ("body", "text", 2) -> "text[2]"; the body itself -> "body"."""
+    name = ""
+    for part in loc[1:] if loc and loc[0] == "body" else loc:
+        name += f"[{part}]" if isinstance(part, int) else f".{part}" if name else str(part)
+    return name or "body"
+
+
+async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """422 (400 for malformed JSON) naming the first offending field."""
+    first = exc.errors()[0]
+    if first.get("type") == "json_invalid":
+        why = first.get("ctx", {}).get("error", "malformed")
+        return _error_response(ApiError(400, "body", f"not valid JSON ({why} at character "
+                                                     f"{first['loc'][-1]})"))
+    field = _field_name(tuple(first.get("loc", ())))
+    message = first.get("msg", "invalid").removeprefix("Value error, ")
+    if first.get("type") == "extra_forbidden":
+        message = f"unknown field (known: text, {', '.join(SEARCH_FIELDS)})"
+    elif field == "body":
+        message = ('must be a JSON object like {"text": ["..."]}, sent with Content-Type: '
+                   'application/json')
+    return _error_response(ApiError(422, field, message[0].lower() + message[1:]))
+
+
+async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    """Starlette's own errors (404, 405, a body that cannot be read) in the same JSON form."""
+    cause = exc.__cause__
+    if isinstance(cause, UnicodeDecodeError):
+        return _error_response(ApiError(400, "body", f"not valid UTF-8 (byte "
+                                                     f"0x{cause.object[cause.start]:02x} at "
+                                                     f"offset {cause.start})"))
+    field = "body" if exc.status_code == 400 else "path"
+    return _error_response(ApiError(exc.status_code, field, str(exc.detail)))
+
+
+def create_app(service: Service) -> FastAPI:
+    """The FastAPI application over a Service; the lifespan runs the batcher."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        task = asyncio.create_task(service.batcher.run())
+        yield
+        task.cancel()
+
+    app = FastAPI(title="nmt-serve", version="1", lifespan=lifespan, description=(
+        "Neural machine translation with a Transformer checkpoint. Sentences of concurrent "
+        "requests are decoded together in shared batches."))
+    app.add_exception_handler(RequestValidationError, _invalid_request)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(ApiError, lambda request, exc: _error_response(exc))
+    limit = 4 * service.cfg.max_chars + 100 * service.cfg.max_sentences + 4096
+    app.add_middleware(BodyLimit, max_bytes=limit)
+
+    @app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True,
+              responses=ERRORS, summary="Translate sentences")
+    async def translate(req: TranslateRequest) -> TranslateResponse:
+        """Translate `text`; the translations come back in the same order, with scores."""
+        return await service.translate(req)
+
+    @app.get("/health", response_model=HealthResponse, responses={503: {
+        "model": HealthResponse, "description": "The server cannot translate."}},
+             summary="Is the model loaded and the server able to translate?")
+    async def health() -> JSONResponse:
+        """200 with the model, the limits and the default search settings; 503 if broken."""
+        return JSONResponse(service.health().model_dump(), 503 if service.broken else 200)
+
+    @app.get("/stats", response_model=StatsResponse,
+             summary="Requests, sentences and batches so far")
+    async def stats() -> StatsResponse:
+        """Counters: mean_batch > 1 shows concurrent requests sharing batches."""
+        return service.stats()
+
+    return app
+
+
+# ----------------------------------------------------------------------------- the command
+def open_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket; a taken port or an unknown host is a one-line error."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        family, _, _, _, address = infos[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as e:
+        raise NmtError(f"host={host} port={port}: cannot listen "
+                       f"({e.strerror or e})") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(cfg: ServeConfig) -> None:
+    """nmt-serve: load the checkpoint once, start the decoding workers, serve until SIGTERM."""
+    device = resolve_device(cfg.device)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    workers = (cfg.workers or cores) if device.type == "cpu" else 1
+    if device.type == "cpu":
+        from nmt.train import keep_freed_memory
+
+        keep_freed_memory()
+    translator = load_translator(cfg.checkpoint, device)
+    if cfg.vocab_check:
+        check_vocab(translator, cfg.vocab_check, cfg.checkpoint)
+    executor, submit = start_workers(translator, workers, cfg.threads)  # before any socket
+    # uvicorn stops gracefully on SIGTERM, then raises it again to end the process: a handler
+    # that only notes it (until the workers are stopped too) makes that end with status 0.
+    stop = []
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    try:
+        with open_socket(cfg.host, cfg.port) as sock:
+            service = Service(translator, cfg, submit, workers)
+            host, port = sock.getsockname()[:2]
+            url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+            log(f"{cfg.checkpoint} on {device} ({workers} decoding "
+                f"{'processes' if workers > 1 else 'thread'}); listening on {url} "
+                f"(API: {url}/docs)")
+            if not stop:
+                run_until_stopped(create_app(service), sock, cfg)
+        s = service.batcher.stats
+        log(f"stopped: {service.requests} requests, {s.sentences} sentences in {s.batches} "
+            f"batches")
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_until_stopped(app: FastAPI, sock: socket.socket, cfg: ServeConfig) -> None:
+    """uvicorn on a listening socket until SIGTERM or Ctrl-C; in-flight requests are answered
+    first (for at most timeout_s + 5 seconds)."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(
+        app, log_level=cfg.log_level, access_log=cfg.access_log,
+        timeout_graceful_shutdown=int(cfg.timeout_s) + 5))
+    server.run(sockets=[sock])

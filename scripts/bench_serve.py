@@ -1,0 +1,212 @@
+"""Load test of nmt-serve: N concurrent loopback clients against nmt-translate on the same input.
+
+1. nmt-translate translates the input file (its own timing: the search, model loading excluded).
+2. nmt-serve starts on a free loopback port with the same search settings; N client threads,
+   each on its own keep-alive connection, send one sentence per request (the input's lines
+   in order, each once) until every line is done or --seconds have passed.
+3. Reported: sentences/s, p50/p95/p99 latency, the error count, the server's mean batch size,
+   the throughput relative to nmt-translate's, and how many translations differ from
+   nmt-translate's (0 expected: the same search on other batch mates).
+
+    flock /tmp/nmt-cpu.lock .venv/bin/python scripts/bench_serve.py \\
+        --checkpoint work/demo/run/averaged.pt --input scripts/data/debian-po/en-de/test.en
+
+Extra nmt-serve settings go after --serve (e.g. --serve workers=1 threads=2); search settings
+given with --search apply to both programs (e.g. --search search.beam_size=1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+
+def parse_args() -> argparse.Namespace:
+    """Command-line options."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--input", required=True, help="raw source sentences, one a line")
+    p.add_argument("--clients", type=int, default=32, help="concurrent connections")
+    p.add_argument("--seconds", type=float, default=120.0, help="stop the load after this long")
+    p.add_argument("--lines", type=int, default=0, help="use the first N lines (0: all)")
+    p.add_argument("--search", nargs="*", default=[],
+                   help="search.* overrides given to both nmt-translate and nmt-serve")
+    p.add_argument("--serve", nargs="*", default=[], help="further nmt-serve overrides")
+    p.add_argument("--skip-translate", action="store_true", help="only the server's figures")
+    return p.parse_args()
+
+
+def run_translate(args, lines: list[str]) -> tuple[float, float, list[str]]:
+    """nmt-translate on the lines: its sentences/s (search time), the CPU seconds of the whole
+    command (its worker processes and model loading included) and its translations."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with tempfile.TemporaryDirectory() as tmp:
+        src, out = Path(tmp) / "src.txt", Path(tmp) / "hyp.txt"
+        src.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        done = subprocess.run([str(BIN / "nmt-translate"), f"checkpoint={args.checkpoint}",
+                               f"input={src}", f"output={out}", *args.search],
+                              capture_output=True, text=True, check=True)
+        found = re.search(r"translated (\d+) lines in [\d.]+ s \(([\d.]+) sentences/s",
+                          done.stderr)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+        return float(found.group(2)), cpu, out.read_text(encoding="utf-8").splitlines()
+
+
+def start_server(args) -> tuple[subprocess.Popen, int]:
+    """nmt-serve on a free loopback port; returns the process and the port once it answers."""
+    proc = subprocess.Popen([str(BIN / "nmt-serve"), f"checkpoint={args.checkpoint}", "port=0",
+                             "access_log=false", *args.search, *args.serve],
+                            stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:
+        print(line, end="", file=sys.stderr)
+        if "listening on http://127.0.0.1:" in line:
+            port = int(line.split("127.0.0.1:")[1].split()[0])
+            threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+            return proc, port
+    raise SystemExit("nmt-serve did not start")
+
+
+class Load:
+    """N client threads sending the lines one per request until done or out of time."""
+
+    def __init__(self, port: int, lines: list[str], clients: int, seconds: float):
+        self.port, self.lines, self.clients, self.seconds = port, lines, clients, seconds
+        self.next = 0
+        self.lock = threading.Lock()
+        self.latencies: list[float] = []
+        self.errors: list[str] = []
+        self.results: dict[int, str] = {}
+
+    def take(self) -> int | None:
+        """The next line's index, or None when done or out of time."""
+        with self.lock:
+            if self.next >= len(self.lines) or time.perf_counter() > self.deadline:
+                return None
+            self.next += 1
+            return self.next - 1
+
+    def client(self) -> None:
+        """One connection, one sentence per request."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        while (i := self.take()) is not None:
+            body = json.dumps({"text": [self.lines[i]]}).encode()
+            start = time.perf_counter()
+            try:
+                conn.request("POST", "/translate", body, {"Content-Type": "application/json"})
+                response = conn.getresponse()
+                data = response.read()
+            except (OSError, http.client.HTTPException) as e:
+                self.errors.append(f"line {i + 1}: {e!r}")
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+                continue
+            if response.status != 200:
+                self.errors.append(f"line {i + 1}: {response.status} {data[:200]!r}")
+                continue
+            with self.lock:
+                self.latencies.append(time.perf_counter() - start)
+                self.results[i] = json.loads(data)["translations"][0]["text"]
+        conn.close()
+
+    def run(self) -> float:
+        """Run the clients; the seconds they took."""
+        start = time.perf_counter()
+        self.deadline = start + self.seconds
+        threads = [threading.Thread(target=self.client) for _ in range(self.clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return time.perf_counter() - start
+
+
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """CPU seconds (user + system) of a process and of its live children (Linux /proc)."""
+    def of(p: int) -> float:
+        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        return of(pid), sum(of(int(c)) for c in children)
+    except OSError:
+        return 0.0, 0.0
+
+
+def get(port: int, path: str) -> dict:
+    """GET a JSON document from the server."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("GET", path)
+    return json.loads(conn.getresponse().read())
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0-100) of values, in milliseconds."""
+    return 1000 * statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+def main() -> None:
+    """Measure nmt-translate, then nmt-serve under load, and print one summary line each."""
+    args = parse_args()
+    lines = Path(args.input).read_text(encoding="utf-8").splitlines()
+    lines = [line for line in lines if line.strip()][:args.lines or None]
+    reference = None
+    if not args.skip_translate:
+        rate, translate_cpu, reference = run_translate(args, lines)
+        translate_cpu -= run_translate(args, lines[:1])[1]  # less start-up and model loading
+        print(f"nmt-translate: {len(lines)} sentences, {rate:.1f} sentences/s, "
+              f"{len(lines) / translate_cpu:.1f} sentences per CPU second "
+              f"({' '.join(args.search) or 'default search'})", flush=True)
+    proc, port = start_server(args)
+    try:
+        get(port, "/health")
+        load = Load(port, lines, args.clients, args.seconds)
+        cpu_before, client_before = cpu_seconds(proc.pid), time.process_time()
+        seconds = load.run()
+        cpu_after, client = cpu_seconds(proc.pid), time.process_time() - client_before
+        stats = get(port, "/stats")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        status = proc.wait(timeout=120)
+    done = len(load.latencies)
+    if not done:
+        raise SystemExit(f"no sentence translated; errors: {load.errors[:5]}")
+    line = (f"nmt-serve: {args.clients} clients, {done} sentences in {seconds:.1f} s: "
+            f"{done / seconds:.1f} sentences/s, latency p50 {percentile(load.latencies, 50):.0f} "
+            f"p95 {percentile(load.latencies, 95):.0f} p99 {percentile(load.latencies, 99):.0f} "
+            f"ms, {len(load.errors)} errors, mean batch {stats['mean_batch']:.1f} sentences "
+            f"({stats['batches']} batches), exit status {status}")
+    if reference is not None:
+        differ = sum(load.results[i] != reference[i] for i in load.results)
+        line += (f"; {100 * done / seconds / rate:.0f}% of nmt-translate, {differ} translations "
+                 f"differ")
+    print(line, flush=True)
+    main_cpu, worker_cpu = (after - before for after, before in zip(cpu_after, cpu_before,
+                                                                     strict=True))
+    per_cpu = done / (main_cpu + worker_cpu) if main_cpu + worker_cpu else 0.0
+    print(f"  CPU seconds during the load: server (HTTP, batcher) {main_cpu:.1f}, decoding "
+          f"workers {worker_cpu:.1f}, load client {client:.1f}; wall {seconds:.1f}; "
+          f"{per_cpu:.1f} sentences per server CPU second"
+          + (f" ({100 * per_cpu * translate_cpu / len(lines):.0f}% of nmt-translate's)"
+             if reference is not None else ""))
+    for error in load.errors[:5]:
+        print(f"  error: {error}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,368 @@
+"""nmt-serve: the batcher on its own, then the real server process over HTTP on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from conftest import make_data_dir
+from translate_helpers import save_tiny_checkpoint
+
+from nmt.config import SearchConfig, ServeConfig, TranslateConfig, compose, to_object
+from nmt.errors import ConfigError, NmtError
+from nmt.search import Hypothesis
+from nmt.translate import translate
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+from nmt.serve import Batcher, QueueFull, open_socket, serve  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+CLI = str(Path(sys.executable).parent / "nmt-serve")
+
+
+# ----------------------------------------------------------------------------- the batcher
+def recording_submit(batches: list, fail: bool = False):
+    """A submit(search, seqs) that records (beam_size, source lengths) and echoes the sources."""
+    def submit(search, seqs):
+        batches.append((search.beam_size, [len(s) for s in seqs]))
+        future = Future()
+        if fail:
+            future.set_exception(RuntimeError("out of memory"))
+        else:
+            future.set_result([[Hypothesis(list(s), 0.0, 0.0)] for s in seqs])
+        return future
+    return submit
+
+
+async def run_batcher(batcher: Batcher, requests, timeout: float = 5.0):
+    """Queue every (seqs, search) request at once; their results or exceptions, in order."""
+    loop = asyncio.create_task(batcher.run())
+    try:
+        return await asyncio.gather(*(batcher.translate(seqs, search, timeout)
+                                      for seqs, search in requests), return_exceptions=True)
+    finally:
+        loop.cancel()
+
+
+def test_batcher_shares_batches_between_compatible_requests_only():
+    batches = []
+    greedy, beam = SearchConfig(beam_size=1), SearchConfig(beam_size=2)
+    requests = [([[5] * 4], greedy if i % 4 else beam) for i in range(8)]
+    batcher = Batcher(recording_submit(batches), 1, 40, 0, 0.05, 100)
+    results = asyncio.run(run_batcher(batcher, requests))
+    assert batches == [(2, [4, 4]), (1, [4] * 6)]  # the oldest sentence's settings go first
+    assert [r[0][0].tokens for r in results] == [[5] * 4] * 8
+    assert batcher.stats.batches == 2 and batcher.stats.largest_batch == 6
+
+
+def test_batcher_keeps_the_token_budget_and_splits_over_idle_workers():
+    batches = []
+    batcher = Batcher(recording_submit(batches), 1, 40, 0, 0.05, 100)
+    asyncio.run(run_batcher(batcher, [([[7] * 9] * 10, SearchConfig())]))
+    assert [len(b[1]) for b in batches] == [4, 4, 2]  # 4 x (9 + EOS) = 40 tokens
+    batches.clear()
+    batcher = Batcher(recording_submit(batches), 2, 4096, 0, 0.05, 100)
+    lengths = [3, 8, 1, 6, 2, 7, 5, 4]
+    asyncio.run(run_batcher(batcher, [([[7] * n], SearchConfig()) for n in lengths]))
+    # both workers busy (not 8 + 0), and like lengths together: the longest 4, then the rest
+    assert [sorted(b[1]) for b in batches] == [[5, 6, 7, 8], [1, 2, 3, 4]]
+
+
+def test_batcher_gives_a_freed_worker_its_share_of_all_sentences_in_flight():
+    held: list[tuple[Future, list]] = []
+
+    def submit(search, seqs):  # batches finish when the test says so
+        held.append((Future(), seqs))
+        return held[-1][0]
+
+    async def scenario():
+        batcher = Batcher(submit, 2, 4096, 0, 0.01, 100)
+        loop = asyncio.create_task(batcher.run())
+        first = asyncio.create_task(batcher.translate([[5]], SearchConfig(), 5.0))
+        await asyncio.sleep(0.1)  # one worker busy with 1 sentence
+        rest = asyncio.create_task(batcher.translate([[5]] * 9, SearchConfig(), 5.0))
+        await asyncio.sleep(0.1)
+        sizes = [len(seqs) for _, seqs in held]
+        for future, seqs in held:
+            future.set_result([[Hypothesis(s, 0.0, 0.0)] for s in seqs])
+        await asyncio.sleep(0.1)
+        for future, seqs in held[len(sizes):]:
+            future.set_result([[Hypothesis(s, 0.0, 0.0)] for s in seqs])
+        await asyncio.gather(first, rest)
+        loop.cancel()
+        return sizes, [len(seqs) for _, seqs in held]
+
+    sizes, all_sizes = asyncio.run(scenario())
+    assert sizes == [1, 5]  # (9 queued + 1 running) / 2 workers, not all 9 at once
+    assert all_sizes == [1, 5, 2, 2]  # then both idle: the 4 left split in two
+
+
+def test_batcher_refuses_beyond_max_queued_and_drops_timed_out_sentences():
+    batches = []
+    batcher = Batcher(recording_submit(batches), 1, 4096, 0, 10.0, 3)
+    results = asyncio.run(run_batcher(batcher, [([[5], [6]], SearchConfig()),
+                                                ([[5], [6]], SearchConfig())], timeout=0.2))
+    assert isinstance(results[0], TimeoutError) and isinstance(results[1], QueueFull)
+    assert (batcher.stats.timed_out, batcher.stats.rejected) == (1, 1)
+    batcher._drop_cancelled()
+    assert not batcher.queue and not batches
+
+
+def test_batcher_passes_a_decoding_error_to_every_request_of_the_batch():
+    batcher = Batcher(recording_submit([], fail=True), 1, 4096, 0, 0.01, 100)
+    results = asyncio.run(run_batcher(batcher, [([[5]], SearchConfig())] * 2))
+    assert all(isinstance(r, RuntimeError) for r in results)
+    assert batcher.stats.failed == 1
+
+
+# ----------------------------------------------------------------------------- config, start-up
+def test_serve_config_is_validated_naming_the_key():
+    def make(*overrides):
+        return to_object(compose("serve", ["checkpoint=x", *overrides]), ServeConfig)
+
+    assert make().port == 8000
+    for bad, key in (("max_queued=4", "max_queued"), ("timeout_s=0", "timeout_s"),
+                     ("search.beam_size=32", "search.beam_size"), ("port=70000", "port"),
+                     ("log_level=loud", "log_level")):
+        with pytest.raises(ConfigError, match=f"^{key}:"):
+            make(bad)
+
+
+def test_a_missing_checkpoint_is_one_line_and_exit_status_1(tmp_path):
+    done = subprocess.run([CLI, f"checkpoint={tmp_path / 'nope.pt'}"], capture_output=True,
+                          timeout=120)
+    assert done.returncode == 1
+    lines = done.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("nmt-serve: error: ") and "nope.pt" in lines[0]
+
+
+def test_another_vocabulary_and_a_taken_port_are_refused(ckpt, tmp_path):
+    other = make_data_dir(tmp_path / "other", vocab_size=100, seed=1)
+    cfg = to_object(compose("serve", [f"checkpoint={ckpt}", f"vocab_check={other}"]),
+                    ServeConfig)
+    with pytest.raises(NmtError, match="vocabulary .* does not match"):
+        serve(cfg)
+    with open_socket("127.0.0.1", 0) as taken:
+        with pytest.raises(NmtError, match=f"port={taken.getsockname()[1]}: cannot listen"):
+            open_socket("127.0.0.1", taken.getsockname()[1])
+
+
+# ----------------------------------------------------------------------------- the server
+class Server:
+    """A real nmt-serve process on a free loopback port (port=0; the log line names it)."""
+
+    def __init__(self, ckpt: Path, *overrides: str):
+        self.proc = subprocess.Popen(
+            [CLI, f"checkpoint={ckpt}", "port=0", "search.max_len_b=8", "access_log=false",
+             *overrides], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            start_new_session=True)
+        self.log: list[str] = []
+        for line in self.proc.stderr:
+            self.log.append(line)
+            if "listening on http://127.0.0.1:" in line:
+                self.port = int(line.split("127.0.0.1:")[1].split()[0])
+                break
+        else:
+            raise AssertionError("nmt-serve did not start:\n" + "".join(self.log))
+        threading.Thread(target=lambda: self.log.extend(self.proc.stderr), daemon=True).start()
+
+    def call(self, method: str, path: str, body=None, headers=None, chunked: bool = False):
+        """One request on a new connection: (status, headers, decoded JSON or text)."""
+        if body is not None and not isinstance(body, bytes):
+            body = json.dumps(body).encode()
+        headers = {"Content-Type": "application/json", **(headers or {})}
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        try:
+            conn.request(method, path, body=iter([body]) if chunked else body, headers=headers,
+                         encode_chunked=chunked)
+            response = conn.getresponse()
+            data = response.read().decode()
+        finally:
+            conn.close()
+        kind = response.getheader("content-type", "")
+        return response.status, response, json.loads(data) if "json" in kind else data
+
+    def translate(self, text, **search):
+        """POST /translate that must succeed: its translations."""
+        status, _, body = self.call("POST", "/translate", {"text": text, **search})
+        assert status == 200, body
+        return body["translations"]
+
+    def stop(self, signalled: bool = False) -> int:
+        """SIGTERM (unless sent already), and the exit status (the process group is killed if
+        it hangs)."""
+        if not signalled and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            raise
+
+
+@pytest.fixture(scope="module")
+def ckpt(tiny_data_dir, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("run") / "checkpoint_last.pt"
+    return save_tiny_checkpoint(path, (tiny_data_dir / "spm.model").read_bytes(), seed=0)
+
+
+@pytest.fixture(scope="module")
+def lines(tiny_data_dir) -> list[str]:
+    return (tiny_data_dir / "test.raw.en").read_text(encoding="utf-8").splitlines()[:12]
+
+
+@pytest.fixture(scope="module")
+def server(ckpt):
+    """Two decoding processes; sentences wait up to 250 ms for company."""
+    srv = Server(ckpt, "workers=2", "max_wait_ms=250", "max_sentences=16", "max_chars=1000",
+                 "max_beam_size=4")
+    yield srv
+    assert srv.stop() == 0
+
+
+def nmt_translate(ckpt, tiny_data_dir, **search) -> dict:
+    """nmt-translate's result on the same lines with the same settings."""
+    args = [f"checkpoint={ckpt}", f"input={tiny_data_dir / 'test.raw.en'}", "quiet=true",
+            "workers=1", "search.max_len_b=8", "output=/dev/null"]
+    return translate(to_object(compose("translate", args + [f"search.{k}={v}"
+                                                            for k, v in search.items()]),
+                               TranslateConfig))
+
+
+def test_health_says_the_model_is_loaded(server, ckpt):
+    status, _, body = server.call("GET", "/health")
+    assert status == 200
+    assert body["model_loaded"] is True and body["status"] == "ok"
+    assert body["workers"] == 2 and body["checkpoint"] == str(ckpt)
+    assert body["limits"]["max_sentences"] == 16 and body["search"]["beam_size"] == 4
+
+
+@pytest.mark.parametrize("search", [{"beam_size": 4}, {"beam_size": 1},
+                                    {"beam_size": 3, "nbest": 2, "alpha": 1.0}])
+def test_translations_equal_nmt_translate(server, ckpt, tiny_data_dir, lines, search):
+    got = server.translate(lines, **search)
+    want = nmt_translate(ckpt, tiny_data_dir, **search)
+    n = len(lines)
+    assert [t["text"] for t in got] == want["hypotheses"][:n]
+    assert [t["score"] for t in got] == pytest.approx(
+        [hyps[0].score for hyps in want["nbest"][:n]], abs=1e-4)
+    if search.get("nbest", 1) > 1:
+        assert [len(t["nbest"]) for t in got] == [2] * n
+        assert [t["nbest"][0]["text"] for t in got] == want["hypotheses"][:n]
+    else:
+        assert all("nbest" not in t for t in got)
+
+
+def test_concurrent_requests_share_batches(server, lines):
+    alone = [server.translate([line])[0]["text"] for line in lines[:8]]
+    before = server.call("GET", "/stats")[2]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda line: server.translate([line])[0]["text"], lines[:8]))
+    after = server.call("GET", "/stats")[2]
+    assert together == alone
+    assert after["sentences"] - before["sentences"] == 8
+    assert after["batches"] - before["batches"] <= 4  # 8 requests; 2 x 4 when all arrive at once
+    assert after["largest_batch"] >= 2
+
+
+BAD = [  # body, extra headers, status, field
+    (b'{"text": ["open file"', {}, 400, "body"),
+    (b'{"text": ["open \xff file"]}', {}, 400, "body"),
+    (b'{"text": ["open \\ud800 file"]}', {}, 422, "text[0]"),
+    (b'{"text": []}', {}, 422, "text"),
+    (b'{"text": ["open", " "]}', {}, 422, "text[1]"),
+    (b'{"text": ["open", 3]}', {}, 422, "text[1]"),
+    (b'{"text": "open file"}', {}, 422, "text"),
+    (b'{"text": ["open"], "beam_size": "4"}', {}, 422, "beam_size"),
+    (b'{"text": ["open"], "beam_size": 8}', {}, 422, "beam_size"),
+    (b'{"text": ["open"], "beam_size": 2, "nbest": 3}', {}, 422, "nbest"),
+    (b'{"text": ["open"], "alpha": -1}', {}, 422, "alpha"),
+    (b'{"text": ["open"], "beam": 2}', {}, 422, "beam"),
+    (b'["open"]', {}, 422, "body"),
+    (b'{"text": ["open"]}', {"Content-Type": "text/plain"}, 422, "body"),
+    (json.dumps({"text": ["open"] * 17}).encode(), {}, 413, "text"),
+    (json.dumps({"text": ["open file " * 30] * 4}).encode(), {}, 413, "text"),
+    (b" " * 100_000, {}, 413, "body"),
+]
+
+
+@pytest.mark.parametrize(("body", "headers", "status", "field"), BAD)
+def test_bad_input_gets_a_json_error_naming_the_field(server, body, headers, status, field):
+    got, _, answer = server.call("POST", "/translate", body, headers)
+    assert (got, answer["field"]) == (status, field), answer
+    assert answer["error"].startswith(f"{field}: ")
+
+
+def test_a_streamed_oversized_body_and_garbage_bytes_do_not_hurt_the_server(server):
+    status, _, answer = server.call("POST", "/translate", b"[" * 100_000, chunked=True)
+    assert (status, answer["field"]) == (413, "body")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw:
+        raw.sendall(b"\x00\xff\xfe NOT HTTP\r\n\r\n")
+        raw.recv(1000)
+    assert server.call("GET", "/health")[0] == 200
+    assert server.translate(["open file"])[0]["text"]
+
+
+def test_the_openapi_page_documents_the_api(server):
+    status, _, spec = server.call("GET", "/openapi.json")
+    assert status == 200
+    assert {"/translate", "/health", "/stats"} <= set(spec["paths"])
+    request = spec["components"]["schemas"]["TranslateRequest"]["properties"]
+    assert {"text", "beam_size", "nbest", "alpha", "max_len_a", "max_len_b", "min_len"} == set(
+        request)
+    assert all(p.get("description") for p in request.values())
+    assert set(spec["paths"]["/translate"]["post"]["responses"]) >= {"200", "413", "422", "503"}
+    assert server.call("GET", "/docs")[0] == 200
+
+
+def test_a_full_queue_is_503_with_retry_after_and_a_slow_request_504(ckpt, lines):
+    srv = Server(ckpt, "workers=1", "max_wait_ms=3000", "timeout_s=1", "max_queued=4",
+                 "max_sentences=4", "search.max_sentences=4")
+    try:
+        # the thread path translates as nmt-translate does (4 sentences fill a batch at once)
+        assert len(srv.translate(lines[:4], beam_size=1)) == 4
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(srv.call, "POST", "/translate", {"text": lines[:3]})
+            while srv.call("GET", "/stats")[2]["queued"] < 3:
+                time.sleep(0.02)
+            status, response, answer = srv.call("POST", "/translate", {"text": lines[:2]})
+            assert status == 503 and answer["field"] is None
+            assert int(response.getheader("Retry-After")) >= 1
+            status, _, answer = waiting.result()
+            assert status == 504 and "timeout_s=1" in answer["error"]
+        stats = srv.call("GET", "/stats")[2]
+        assert (stats["rejected"], stats["timed_out"], stats["queued"]) == (1, 1, 0)
+    finally:
+        assert srv.stop() == 0
+
+
+def test_sigterm_finishes_the_requests_in_flight_then_exits(ckpt, lines):
+    srv = Server(ckpt, "workers=2", "max_wait_ms=2000")
+    with ThreadPoolExecutor(4) as pool:
+        pending = [pool.submit(srv.call, "POST", "/translate", {"text": [line]})
+                   for line in lines[:4]]
+        while srv.call("GET", "/stats")[2]["queued"] < 4:
+            time.sleep(0.02)
+        srv.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        with pytest.raises(ConnectionRefusedError):  # no new connections
+            socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+        assert not any(p.done() for p in pending)
+        answers = [p.result() for p in pending]
+    assert [a[0] for a in answers] == [200] * 4
+    assert all(a[2]["translations"][0]["text"] for a in answers)
+    assert srv.stop(signalled=True) == 0, "".join(srv.log)
+    assert any("stopped: 4 requests" in line for line in srv.log)
