@@ -15,64 +15,19 @@ nonfinite. There is no RNG state: every micro-batch reseeds dropout from its pla
 
 from __future__ import annotations
 
-import os
 import pickle
-import tempfile
 import zipfile
 from pathlib import Path
 
 import torch
 
 from nmt.errors import NmtError
-from nmt.files import check_output
-
-
-def temporary_beside(target: Path) -> str:
-    """A new empty file next to target (same file system, so os.replace is atomic), with the
-    permissions a plain open() would give (mkstemp's are owner-only)."""
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    return tmp
+from nmt.files import check_output, fsync_directory, link_atomically, write_atomically
 
 
 def save_checkpoint(state: dict, path: str | Path) -> None:
-    """torch.save to a temporary file in the same directory, then rename it into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_beside(path)
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_directory(path.parent)
-
-
-def fsync_directory(path: Path) -> None:
-    """Make the renames and links in a directory durable (a crash cannot undo them)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return  # a platform without directory handles
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some file systems refuse to fsync a directory
-    finally:
-        os.close(fd)
-
-
-def remove_temporaries(run_dir: Path) -> None:
-    """Delete the temporary files that a killed checkpoint write left in run_dir."""
-    for tmp in run_dir.glob(".*.tmp"):
-        tmp.unlink(missing_ok=True)
+    """torch.save to a temporary file in the same directory, synced, then renamed into place."""
+    write_atomically(path, lambda f: torch.save(state, f), durable=True)
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
@@ -163,19 +118,6 @@ def average(cfg) -> Path:
 
 
 # ----------------------------------------------------------------------------- training
-def _link_or_copy(src: Path, dst: Path) -> None:
-    """Make dst a hard link to src (a copy where links are not supported), atomically."""
-    tmp = dst.with_name(f".{dst.name}.link.tmp")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(src, tmp)
-    except OSError:
-        import shutil
-
-        shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)
-
-
 def save_training_checkpoint(state: dict, run_dir: str | Path, keep_last: int = 0,
                              best: bool = False) -> Path:
     """Write RUN/checkpoint_<update>.pt, point checkpoint_best.pt (if `best`) and then
@@ -186,8 +128,8 @@ def save_training_checkpoint(state: dict, run_dir: str | Path, keep_last: int = 
     path = run_dir / f"checkpoint_{state['update']}.pt"
     save_checkpoint(state, path)
     if best:
-        _link_or_copy(path, run_dir / "checkpoint_best.pt")
-    _link_or_copy(path, run_dir / "checkpoint_last.pt")
+        link_atomically(path, run_dir / "checkpoint_best.pt")
+    link_atomically(path, run_dir / "checkpoint_last.pt")
     fsync_directory(run_dir)
     if keep_last > 0:
         for old in numbered_checkpoints(run_dir)[:-keep_last]:
@@ -199,7 +141,7 @@ def save_best_checkpoint(run_dir: str | Path, numbered: Path | None, state: dict
     """RUN/checkpoint_best.pt: a link to the numbered checkpoint just written, or a new file."""
     best = Path(run_dir) / "checkpoint_best.pt"
     if numbered is not None and numbered.is_file():
-        _link_or_copy(numbered, best)
+        link_atomically(numbered, best)
         fsync_directory(best.parent)
     else:
         save_checkpoint(state, best)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import shutil
 import warnings
 from pathlib import Path
 
@@ -37,9 +36,8 @@ from torch import Tensor
 
 from nmt.config import ExportConfig
 from nmt.errors import NmtError
-from nmt.files import check_output
+from nmt.files import check_out_dir, check_output, new_directory
 from nmt.model import Transformer
-from nmt.preprocess import check_out_dir, replace_dir, temporary_dir
 from nmt.tokenizer import UNK_ID, Tokenizer
 from nmt.translate import Translator, load_translator
 
@@ -56,16 +54,11 @@ def export(cfg: ExportConfig) -> Path:
     check_out_dir(out, cfg.force, MARKER, "model directory")
     _require("ctranslate2" if cfg.format == "ctranslate2" else "transformers")
     translator = load_translator(cfg.checkpoint)
-    tmp = temporary_dir(out)
-    try:
+    with new_directory(out, cfg.force, MARKER, "model directory") as tmp:
         if cfg.format == "ctranslate2":
             what = write_ctranslate2(translator, tmp, cfg.quantization)
         else:
             what = write_transformers(translator, tmp)
-        check_out_dir(out, cfg.force, MARKER, "model directory")
-        replace_dir(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     print(f"{PROG}: {cfg.checkpoint} -> {out} ({what})", flush=True)
     return out
 

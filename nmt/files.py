@@ -1,11 +1,19 @@
-"""Text files in, outputs checked before any work starts (a bad location fails in one line)."""
+"""Files in and out: text read with errors naming the line, outputs checked before any work
+starts (a bad location fails in one line), and every file or directory nmt writes written
+atomically (a temporary beside it, then a rename): a reader, or a run killed at any moment,
+sees the old one or the new one, never a part.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 from nmt.errors import ConfigError, NmtError
 
@@ -47,9 +55,119 @@ def check_output(path: str | Path, key: str, directory: bool = False) -> None:
     if not folder.is_dir():
         raise ConfigError(f"{key}: cannot create {path}: {folder} is not a directory")
     try:
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=".nmt-probe-")
+        Path(temporary_beside(folder / "nmt-probe")).unlink()
     except OSError as e:
         raise ConfigError(f"{key}: cannot create {path}: {folder} takes no new files "
                           f"({e.strerror})") from None
+
+
+# ----------------------------------------------------------------------------- atomic writes
+def _umask() -> int:
+    """The process's umask (reading it means setting it: set it straight back)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+def temporary_beside(target: Path) -> str:
+    """A new empty file .<name>.*.tmp next to target (same file system, so os.replace is
+    atomic), with the permissions a plain open() would give (mkstemp's are owner-only)."""
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     os.close(fd)
-    os.unlink(probe)
+    os.chmod(tmp, 0o666 & ~_umask())
+    return tmp
+
+
+def write_atomically(path: str | Path, content: bytes | str | Callable[[BinaryIO], object],
+                     durable: bool = False) -> None:
+    """Write a file (its folders made as needed) through a temporary file beside it, renamed
+    over it at the end; the temporary file is removed if writing fails. content: bytes, text
+    (UTF-8), or a function writing to the open binary file. durable: fsync the file before
+    the rename and the directory after it (a crash loses neither), as checkpoints need."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_beside(path)
+    try:
+        with open(tmp, "wb") as f:
+            if callable(content):
+                content(f)
+            else:
+                f.write(content.encode("utf-8") if isinstance(content, str) else content)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    if durable:
+        fsync_directory(path.parent)
+
+
+def link_atomically(src: Path, dst: Path) -> None:
+    """Make dst a hard link to src (a copy where links are not supported), atomically."""
+    tmp = dst.with_name(f".{dst.name}.link.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+
+
+def fsync_directory(path: Path) -> None:
+    """Make the renames and links in a directory durable (a crash cannot undo them)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # a platform without directory handles
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems refuse to fsync a directory
+    finally:
+        os.close(fd)
+
+
+def remove_temporaries(folder: Path) -> None:
+    """Delete the temporary files (.*.tmp) that killed atomic writes left in folder."""
+    for tmp in folder.glob(".*.tmp"):
+        tmp.unlink(missing_ok=True)
+
+
+def check_out_dir(out: Path, force: bool, marker: str, kind: str) -> None:
+    """Refuse an existing directory `out` unless force=true, and never replace a non-empty
+    directory that lacks `marker` (a file every `kind` written by nmt has)."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if not force:
+        raise NmtError(f"{out}: already exists (add force=true to replace it)")
+    if out.is_dir() and any(out.iterdir()) and not (out / marker).exists():
+        raise NmtError(f"{out}: exists and is not a {kind} (no {marker}); "
+                       "not replacing it even with force=true")
+    if not out.is_dir():
+        raise NmtError(f"{out}: exists and is not a directory")
+
+
+@contextmanager
+def new_directory(out: Path, force: bool, marker: str, kind: str) -> Iterator[Path]:
+    """Write a directory atomically: yields an empty temporary directory beside `out` (with
+    the permissions mkdir would give) to fill; at the end of the block it replaces `out`
+    (check_out_dir decides, before and again after, whether an existing one may go); an
+    error inside the block deletes it and leaves `out` as it was."""
+    check_out_dir(out, force, marker, kind)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        tmp.chmod(0o777 & ~_umask())
+        yield tmp
+        check_out_dir(out, force, marker, kind)
+        if out.exists():  # moved aside first (renamed over the empty directory mkdtemp made)
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

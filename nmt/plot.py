@@ -8,7 +8,6 @@ tokens it attends to (source pieces + </s>, or <s> + the produced pieces).
 
 from __future__ import annotations
 
-import os
 import warnings
 from pathlib import Path
 
@@ -71,17 +70,14 @@ def save_figure(fig, path: Path) -> None:
     """Write a figure as PNG atomically (temporary file, then rename) and close it."""
     import matplotlib.pyplot as plt
 
-    from nmt.checkpoint import temporary_beside
+    from nmt.files import write_atomically
 
-    tmp = temporary_beside(path)
     try:
         with warnings.catch_warnings():  # glyphs missing from the font are drawn as boxes
             warnings.simplefilter("ignore")
-            fig.savefig(tmp, dpi=110, format="png")
-        os.replace(tmp, path)
+            write_atomically(path, lambda f: fig.savefig(f, dpi=110, format="png"))
     finally:
         plt.close(fig)
-        Path(tmp).unlink(missing_ok=True)
 
 
 def plot_learning_curves(records: list[dict], path: Path) -> None:

@@ -22,8 +22,6 @@ import logging
 import multiprocessing as mp
 import os
 import re
-import shutil
-import tempfile
 import time
 import unicodedata
 from collections import deque
@@ -38,7 +36,7 @@ from tqdm import tqdm
 from nmt import __version__
 from nmt.corpus import Corpus, open_corpus
 from nmt.errors import NmtError
-from nmt.files import check_output
+from nmt.files import check_output, new_directory
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_bpe
 
 if TYPE_CHECKING:
@@ -300,43 +298,6 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def check_out_dir(out: Path, force: bool, marker: str = "manifest.json",
-                  kind: str = "data directory") -> None:
-    """Refuse an existing out_dir unless force=true, and never replace a non-empty directory
-    that lacks `marker` (a file every `kind` written by nmt has)."""
-    if not out.exists() and not out.is_symlink():
-        return
-    if not force:
-        raise NmtError(f"{out}: already exists (add force=true to replace it)")
-    if out.is_dir() and any(out.iterdir()) and not (out / marker).exists():
-        raise NmtError(f"{out}: exists and is not a {kind} (no {marker}); "
-                       "not replacing it even with force=true")
-    if not out.is_dir():
-        raise NmtError(f"{out}: exists and is not a directory")
-
-
-def temporary_dir(out: Path) -> Path:
-    """A new empty directory beside out (same file system, so the final rename is atomic),
-    with the permissions mkdir would give (mkdtemp's are owner-only)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)
-    return tmp
-
-
-def replace_dir(tmp: Path, out: Path) -> None:
-    """Rename tmp to out; an existing out is moved aside first and deleted after."""
-    if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-        os.replace(out, old)  # renames over the fresh empty directory mkdtemp made
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
-
-
 def report(manifest: dict, out: Path, seconds: float) -> str:
     """The counts as a small table, and one line on the vocabulary."""
     header = ("split", *COUNTS, "src_tokens", "tgt_tokens")
@@ -421,15 +382,9 @@ def preprocess(cfg: PreprocessConfig) -> dict:
                for role, spec in (("train", cfg.train), ("valid", cfg.valid), ("test", cfg.test))
                if spec}
     reused = load_subwords(cfg.bpe.model) if cfg.bpe.model else None
-    check_out_dir(out, cfg.force)
-    tmp = temporary_dir(out)
-    try:
+    with new_directory(out, cfg.force, "manifest.json", "data directory") as tmp:
         manifest = build(cfg, corpora, reused, tmp)
         manifest["checksums"] = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
-        check_out_dir(out, cfg.force)
-        replace_dir(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     print(report(manifest, out, time.time() - start), flush=True)
     return manifest

@@ -8,14 +8,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-import os
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from nmt.checkpoint import remove_temporaries, temporary_beside
 from nmt.config import TrainConfig
 from nmt.errors import NmtError
+from nmt.files import remove_temporaries, temporary_beside, write_atomically
 
 log = logging.getLogger("nmt.train")
 
@@ -49,9 +48,7 @@ def records_until(path: Path, update: int) -> list[dict]:
         if isinstance(record, dict) and record.get("update", update + 1) <= update:
             kept.append(record)
     if len(kept) != len(lines):
-        tmp = temporary_beside(path)
-        Path(tmp).write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
-        os.replace(tmp, path)
+        write_atomically(path, "".join(json.dumps(r) + "\n" for r in kept))
     return kept
 
 
@@ -60,9 +57,8 @@ class RunLog:
 
     def __init__(self, cfg: TrainConfig, update: int):
         self.run_dir = Path(cfg.run_dir)
-        tmp = temporary_beside(self.run_dir / "config.yaml")
-        Path(tmp).write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)), encoding="utf-8")
-        os.replace(tmp, self.run_dir / "config.yaml")
+        write_atomically(self.run_dir / "config.yaml",
+                         OmegaConf.to_yaml(OmegaConf.structured(cfg)))
         self.records = records_until(self.run_dir / "metrics.jsonl", update)
         self.file = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8", buffering=1)
         self.tb = None

@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 
 from nmt import distributed
-from nmt.checkpoint import load_checkpoint, temporary_beside
+from nmt.checkpoint import load_checkpoint
 from nmt.config import ModelConfig, TranslateConfig
 from nmt.errors import ConfigError, NmtError
-from nmt.files import check_output, decode_line, read_lines
+from nmt.files import check_output, decode_line, read_lines, write_atomically
 from nmt.model import Transformer, build_model
 from nmt.scoring import score
 from nmt.search import Hypothesis, decoding_models, score_pairs, translate_nbest
@@ -217,15 +217,8 @@ def write_lines(path: str, lines: list[str]) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
-    target = Path(path)
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = temporary_beside(target)
-        try:
-            Path(tmp).write_text(text, encoding="utf-8")
-            os.replace(tmp, target)
-        finally:
-            Path(tmp).unlink(missing_ok=True)
+        write_atomically(path, text)
     except OSError as e:
         raise NmtError(f"{path}: cannot write output ({e.strerror})") from None
 

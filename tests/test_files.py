@@ -1,0 +1,100 @@
+"""Atomic writes (nmt.files): every file and directory nmt writes appears whole or not at all,
+with the permissions a plain open() or mkdir would give."""
+
+import os
+
+import pytest
+
+from nmt.errors import NmtError
+from nmt.files import (
+    link_atomically,
+    new_directory,
+    remove_temporaries,
+    temporary_beside,
+    write_atomically,
+)
+
+
+@pytest.fixture
+def umask_022():
+    umask = os.umask(0o022)
+    yield
+    os.umask(umask)
+
+
+@pytest.mark.parametrize("durable", [False, True])
+def test_write_atomically_takes_bytes_text_or_a_writer(tmp_path, durable, umask_022):
+    write_atomically(tmp_path / "a" / "b.bin", b"\x00\x01", durable)  # folders made
+    write_atomically(tmp_path / "t.txt", "grüße\n", durable)
+    write_atomically(tmp_path / "w.bin", lambda f: f.write(b"xyz"), durable)
+    assert (tmp_path / "a" / "b.bin").read_bytes() == b"\x00\x01"
+    assert (tmp_path / "t.txt").read_text(encoding="utf-8") == "grüße\n"
+    assert (tmp_path / "w.bin").read_bytes() == b"xyz"
+    assert (tmp_path / "t.txt").stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "t.txt", "w.bin"]
+
+
+def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "out.txt"
+    write_atomically(path, "old\n")
+
+    def half_then_fail(f):
+        f.write(b"new, but only ha")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        write_atomically(path, half_then_fail)
+    assert path.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+
+
+def test_remove_temporaries_deletes_what_killed_writes_left(tmp_path):
+    (tmp_path / "keep.pt").write_bytes(b"")
+    temporary_beside(tmp_path / "checkpoint_8.pt")  # a write killed before its rename
+    (tmp_path / ".checkpoint_last.pt.link.tmp").write_bytes(b"")  # a link killed likewise
+    remove_temporaries(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.pt"]
+
+
+def test_link_atomically_replaces_the_target(tmp_path):
+    (tmp_path / "a").write_text("a")
+    (tmp_path / "b").write_text("b")
+    (tmp_path / "last").write_text("old")
+    link_atomically(tmp_path / "a", tmp_path / "last")
+    link_atomically(tmp_path / "b", tmp_path / "last")
+    assert (tmp_path / "last").read_text() == "b"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "last"]
+
+
+def test_new_directory_appears_whole_or_not_at_all(tmp_path, umask_022):
+    out = tmp_path / "deep" / "out"
+    with new_directory(out, False, "marker", "thing") as tmp:
+        assert not out.exists() and tmp.parent == out.parent
+        (tmp / "marker").write_text("1")
+    assert out.stat().st_mode & 0o777 == 0o755  # not mkdtemp's 0700
+    with pytest.raises(NmtError, match="already exists .*force=true"):
+        with new_directory(out, False, "marker", "thing"):
+            pass
+    with pytest.raises(RuntimeError), new_directory(out, True, "marker", "thing") as tmp:
+        (tmp / "marker").write_text("2")
+        raise RuntimeError("failed halfway")
+    assert (out / "marker").read_text() == "1"  # the old one stays
+    with new_directory(out, True, "marker", "thing") as tmp:
+        (tmp / "marker").write_text("3")
+    assert (out / "marker").read_text() == "3"
+    assert [p.name for p in out.parent.iterdir()] == ["out"]  # no temporary, no old copy
+
+
+def test_new_directory_never_replaces_a_foreign_directory(tmp_path):
+    other = tmp_path / "home"
+    other.mkdir()
+    (other / "thesis.tex").write_text("years of work")
+    with pytest.raises(NmtError, match="not a thing .no marker.; not replacing it"):
+        with new_directory(other, True, "marker", "thing"):
+            pass
+    (tmp_path / "file").write_text("")
+    with pytest.raises(NmtError, match="exists and is not a directory"):
+        with new_directory(tmp_path / "file", True, "marker", "thing"):
+            pass
+    assert (other / "thesis.tex").read_text() == "years of work"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "home"]
