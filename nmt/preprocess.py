@@ -37,7 +37,7 @@ from nmt import __version__
 from nmt.corpus import Corpus, open_corpus
 from nmt.errors import NmtError
 from nmt.files import check_output, new_directory
-from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_bpe
+from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_bpe, vocab_sha256
 
 if TYPE_CHECKING:
     from nmt.config import BpeConfig, CleanConfig, PreprocessConfig
@@ -358,7 +358,7 @@ def build(cfg: PreprocessConfig, corpora: dict[str, Corpus], reused: tuple | Non
         "src_vocab_size": src_tok.vocab_size, "tgt_vocab_size": tgt_tok.vocab_size,
         "pad_id": PAD_ID, "unk_id": UNK_ID, "bos_id": BOS_ID, "eos_id": EOS_ID,
         "dtype": dtype.name,
-        "vocab_sha256": hashlib.sha256(src_tok.proto + tgt_tok.proto).hexdigest(),
+        "vocab_sha256": vocab_sha256(src_tok.proto, tgt_tok.proto),
         "splits": splits, "counts": counts,
         "raw": {role: {side: f"{role}.raw.{lang}" for side, lang in langs.items()}
                 for role in texts if role != "train"},

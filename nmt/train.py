@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import hashlib
 import logging
 import math
 import time
@@ -50,7 +49,7 @@ from nmt.runlog import RunLog, prepare_run_dir
 from nmt.schedule import build_optimizer
 from nmt.scoring import read_references, score
 from nmt.search import translate_ids
-from nmt.tokenizer import Tokenizer
+from nmt.tokenizer import Tokenizer, vocab_sha256
 
 log = logging.getLogger("nmt.train")
 
@@ -231,7 +230,7 @@ def load_vocab(data_dir: str, manifest: dict) -> dict:
     try:
         src = Tokenizer.from_file(Path(data_dir) / manifest["spm"]["src"])
         tgt = Tokenizer.from_file(Path(data_dir) / manifest["spm"]["tgt"])
-        sha = hashlib.sha256(src.proto + tgt.proto).hexdigest()
+        sha = vocab_sha256(src.proto, tgt.proto)
         if sha != manifest["vocab_sha256"]:
             raise NmtError(f"{data_dir}/manifest.json: vocab_sha256 does not match the "
                            f"SentencePiece model files (data directory modified?)")

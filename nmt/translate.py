@@ -12,7 +12,6 @@ the ranks share the lines and rank 0 writes them all.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import queue
 import stat
@@ -32,7 +31,7 @@ from nmt.files import check_output, decode_line, read_lines, write_atomically
 from nmt.model import Transformer, build_model
 from nmt.scoring import score
 from nmt.search import Hypothesis, decoding_models, score_pairs, translate_nbest
-from nmt.tokenizer import Tokenizer
+from nmt.tokenizer import Tokenizer, vocab_sha256
 
 PROG = "nmt-translate"
 CHUNK_LINES = 1000  # interactive input: lines translated together at most
@@ -111,8 +110,7 @@ def _check_vocab_consistency(path, vocab: dict, src_tok: Tokenizer, tgt_tok: Tok
         if tok.vocab_size != vocab[f"{side}_size"]:
             raise NmtError(f"{path}: {side} SentencePiece model has {tok.vocab_size} pieces but "
                            f"{side}_size is {vocab[f'{side}_size']} (vocabulary does not match)")
-    sums = {hashlib.sha256(src_tok.proto + tgt_tok.proto).hexdigest(), src_tok.sha256}
-    if vocab["sha256"] not in sums:
+    if vocab["sha256"] != vocab_sha256(src_tok.proto, tgt_tok.proto):
         raise NmtError(f"{path}: SentencePiece models do not match the stored vocabulary sha256")
 
 

@@ -8,7 +8,6 @@ It takes about a second; the session fixture `tiny_data_dir` builds it once.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import random
@@ -20,6 +19,7 @@ import sentencepiece as spm
 import torch
 
 from nmt.data import write_token_array
+from nmt.tokenizer import vocab_sha256
 
 SRC_WORDS = ("open save file edit view help close print copy paste find replace undo redo "
              "select all none new window tab menu tool option setting error warning user "
@@ -67,7 +67,7 @@ def make_data_dir(out: Path, n_train: int = 600, n_valid: int = 40, n_test: int 
                 "spm": {"src": "spm.model", "tgt": "spm.model"},
                 "src_vocab_size": vocab_size, "tgt_vocab_size": vocab_size, "pad_id": 0,
                 "unk_id": 1, "bos_id": 2, "eos_id": 3, "dtype": "uint16",
-                "vocab_sha256": hashlib.sha256(proto + proto).hexdigest(), "splits": stats,
+                "vocab_sha256": vocab_sha256(proto, proto), "splits": stats,
                 "counts": {}, "config": {"toy": True}, "checksums": {}}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
     return out

@@ -7,7 +7,6 @@ sentences of its test.en. Each export is compared token for token with nmt's gre
 """
 
 import dataclasses
-import hashlib
 import subprocess
 import sys
 import warnings
@@ -25,7 +24,7 @@ from nmt.errors import ConfigError, NmtError
 from nmt.export import export, feature_permutation
 from nmt.model import build_model
 from nmt.search import translate_ids
-from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_bpe
+from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_bpe, vocab_sha256
 from nmt.translate import load_translator
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -82,7 +81,7 @@ def varied_checkpoint(path: Path, src_spm: bytes, tgt_spm: bytes, norm: str,
         w[EOS_ID] = w[top] + 0.5 * w[top].std() * torch.randn(w.size(1), generator=g)
     vocab = {"src_size": src.vocab_size, "tgt_size": tgt.vocab_size, "joint": joint,
              "pad_id": PAD_ID, "unk_id": UNK_ID, "bos_id": BOS_ID, "eos_id": EOS_ID,
-             "sha256": hashlib.sha256(src_spm + tgt_spm).hexdigest(),
+             "sha256": vocab_sha256(src_spm, tgt_spm),
              "src_spm": src_spm, "tgt_spm": tgt_spm}
     save_checkpoint({"model": model.state_dict(), "model_cfg": asdict(cfg), "vocab": vocab,
                      "update": 0, "epoch": 0}, path)

@@ -13,7 +13,7 @@ from nmt import preprocess as pp
 from nmt.config import PreprocessConfig, compose, to_object
 from nmt.data import ParallelData, read_manifest
 from nmt.errors import NmtError
-from nmt.tokenizer import Tokenizer
+from nmt.tokenizer import Tokenizer, vocab_sha256
 
 LEXICON = {"open": "öffnen", "save": "speichern", "file": "Datei", "edit": "bearbeiten",
            "view": "Ansicht", "help": "Hilfe", "close": "schließen", "print": "drucken",
@@ -83,7 +83,7 @@ def test_text_input_writes_the_data_directory_contract(corpus, tmp_path, capsys)
     assert (m["pad_id"], m["unk_id"], m["bos_id"], m["eos_id"]) == (0, 1, 2, 3)
     assert m["src_vocab_size"] == m["tgt_vocab_size"] == 100 and m["dtype"] == "uint16"
     proto = (out / "spm.model").read_bytes()
-    assert m["vocab_sha256"] == hashlib.sha256(proto + proto).hexdigest()
+    assert m["vocab_sha256"] == vocab_sha256(proto, proto)
     assert m["config"]["bpe"]["vocab_size"] == 100 and m["config"]["train"] == corpus["train"]
     for name, digest in m["checksums"].items():
         assert hashlib.sha256((out / name).read_bytes()).hexdigest() == digest
@@ -214,7 +214,7 @@ def test_separate_vocabularies_and_reuse(corpus, tmp_path):
     sep = run(tmp_path / "sep", "bpe.joint=false", "bpe.vocab_size=60", **corpus)
     assert not sep["joint"] and sep["spm"] == {"src": "spm.en.model", "tgt": "spm.de.model"}
     src, tgt = ((tmp_path / "sep" / sep["spm"][s]).read_bytes() for s in ("src", "tgt"))
-    assert src != tgt and sep["vocab_sha256"] == hashlib.sha256(src + tgt).hexdigest()
+    assert src != tgt and sep["vocab_sha256"] == vocab_sha256(src, tgt)
     assert decoded(tmp_path / "sep", "test", "tgt") == [p[1] for p in toy_pairs(20, 2)]
     reused = run(tmp_path / "re", f"bpe.model={tmp_path / 'sep'}", train=corpus["valid"])
     assert reused["vocab_sha256"] == sep["vocab_sha256"] and not reused["joint"]

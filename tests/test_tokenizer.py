@@ -1,5 +1,6 @@
 """SentencePiece BPE training and the Tokenizer: fixed ids, round trips, one-line errors."""
 
+import hashlib
 import io
 import random
 
@@ -7,7 +8,7 @@ import pytest
 import sentencepiece as spm
 
 from nmt.errors import NmtError
-from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_bpe
+from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_bpe, vocab_sha256
 
 WORDS = ("open save file edit view help close print copy paste find replace undo redo select "
          "window tab menu tool option setting error warning user name password folder").split()
@@ -52,6 +53,13 @@ def test_split_digits_gives_one_piece_per_digit(tok):
 
 def test_training_is_deterministic(corpus, tok):
     assert train_bpe(corpus[1], vocab_size=120).sha256 == tok.sha256
+
+
+def test_the_vocabulary_checksum_is_the_contracts(tok):
+    """Checkpoints and data directories in the wild carry it: sha256(source + target model)."""
+    other = b"another model"
+    assert vocab_sha256(tok.proto, other) == hashlib.sha256(tok.proto + other).hexdigest()
+    assert vocab_sha256(tok.proto, other) != vocab_sha256(other, tok.proto)
 
 
 def test_proto_round_trips_and_vocab_text(tok, tmp_path):

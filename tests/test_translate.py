@@ -14,6 +14,7 @@ from nmt.config import TranslateConfig, compose, to_object
 from nmt.errors import NmtError
 from nmt.scoring import score
 from nmt.search import translate_ids
+from nmt.tokenizer import vocab_sha256
 from nmt.translate import load_translator, translate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -181,6 +182,11 @@ def test_a_vocabulary_that_does_not_match_is_an_error(ckpt, tiny_data_dir, test_
     save_checkpoint(state, tmp_path / "swapped.pt")
     assert "vocabulary does not match" in error_of(checkpoint=tmp_path / "swapped.pt",
                                                    input=test_en)
+    state = load_checkpoint(ckpt)  # the right models, the checksum of other ones
+    state["vocab"]["sha256"] = vocab_sha256(state["vocab"]["src_spm"], b"")
+    save_checkpoint(state, tmp_path / "resummed.pt")
+    assert "do not match the stored vocabulary sha256" in error_of(
+        checkpoint=tmp_path / "resummed.pt", input=test_en)
 
 
 def test_input_that_is_not_utf8_is_an_error(ckpt, tmp_path):

@@ -7,7 +7,6 @@ conftest.py's `tiny_data_dir`.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import asdict
 from functools import cache
 from pathlib import Path
@@ -17,7 +16,7 @@ import torch
 from nmt.checkpoint import save_checkpoint
 from nmt.config import ModelConfig, TrainConfig, compose, to_object
 from nmt.model import Transformer, build_model
-from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, vocab_sha256
 
 
 @cache
@@ -58,7 +57,7 @@ def save_tiny_checkpoint(path: Path, spm_proto: bytes, seed: int = 0, **sizes) -
     model = tiny_model(tok.vocab_size, seed, **sizes)
     vocab = {"src_size": tok.vocab_size, "tgt_size": tok.vocab_size, "joint": True,
              "pad_id": PAD_ID, "unk_id": UNK_ID, "bos_id": BOS_ID, "eos_id": EOS_ID,
-             "sha256": hashlib.sha256(spm_proto + spm_proto).hexdigest(),
+             "sha256": vocab_sha256(spm_proto, spm_proto),
              "src_spm": spm_proto, "tgt_spm": spm_proto}
     save_checkpoint({"model": model.state_dict(), "model_cfg": asdict(model.cfg),
                      "vocab": vocab, "update": 0, "epoch": 0}, path)
