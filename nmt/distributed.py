@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from nmt.errors import NmtError
+from nmt.runtime import pick_device
 
 _objects_group = None  # gloo group for Python objects (None: the default group is gloo)
 
@@ -43,15 +44,6 @@ class DistInfo:
         return self.rank == 0
 
 
-def pick_device(name: str, local_rank: int = 0) -> torch.device:
-    """"auto" -> cuda:<local_rank> when CUDA is available, else cpu."""
-    if name == "cuda" and not torch.cuda.is_available():
-        raise NmtError("train.device: cuda requested but torch.cuda.is_available() is false")
-    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    return torch.device("cuda", local_rank)
-
-
 def export_submitit_ranks() -> None:
     """In a task that submitit started (SLURM, or its local executor), set the variables torchrun
     would: MASTER_ADDR (the job's first node), MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK.
@@ -67,8 +59,9 @@ def export_submitit_ranks() -> None:
         os.environ.setdefault(key, str(value))
 
 
-def init(device: str = "auto", timeout_s: float = 600.0) -> DistInfo:
-    """Join the process group that torchrun (or submitit) describes, if any.
+def init(device: str = "auto", timeout_s: float = 600.0, key: str = "device") -> DistInfo:
+    """Join the process group that torchrun (or submitit) describes, if any, on the device
+    that config key `key` names (auto, cpu or cuda: runtime.pick_device).
 
     Under NCCL the group is bound to this rank's GPU (device_id) and a gloo group is made
     for Python objects. A collective that waits longer than timeout_s raises on every rank.
@@ -77,7 +70,7 @@ def init(device: str = "auto", timeout_s: float = 600.0) -> DistInfo:
     export_submitit_ranks()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    dev = pick_device(device, local_rank)
+    dev = pick_device(device, local_rank, key)
     launched = world_size > 1 or "TORCHELASTIC_RUN_ID" in os.environ  # torchrun, even of 1
     if launched and not dist.is_initialized():
         timeout = timedelta(seconds=timeout_s)

@@ -20,7 +20,6 @@ import itertools
 import json
 import logging
 import multiprocessing as mp
-import os
 import re
 import time
 import unicodedata
@@ -321,9 +320,10 @@ def build(cfg: PreprocessConfig, corpora: dict[str, Corpus], reused: tuple | Non
           tmp: Path) -> dict:
     """Stages 2-4 into the temporary directory tmp; returns the manifest (without checksums)."""
     from nmt.data import token_dtype
+    from nmt.runtime import usable_cores
 
     langs = {"src": cfg.src_lang, "tgt": cfg.tgt_lang}
-    workers = cfg.workers or len(os.sched_getaffinity(0))
+    workers = cfg.workers or usable_cores()
     counts, texts, seconds = {}, {}, {}
     t = time.time()
     for role, corpus in corpora.items():

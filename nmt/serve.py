@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import math
 import multiprocessing as mp
-import os
 import signal
 import socket
 import sys
@@ -49,8 +48,9 @@ from starlette.exceptions import HTTPException
 
 from nmt.config import SearchConfig, ServeConfig
 from nmt.errors import ConfigError, NmtError
+from nmt.runtime import keep_freed_memory, pick_device, usable_cores
 from nmt.search import Hypothesis, translate_nbest
-from nmt.translate import Translator, check_vocab, load_translator, resolve_device
+from nmt.translate import Translator, check_vocab, load_translator
 
 PROG = "nmt-serve"
 SEARCH_FIELDS = ("beam_size", "nbest", "alpha", "max_len_a", "max_len_b", "min_len")
@@ -668,12 +668,9 @@ def open_socket(host: str, port: int) -> socket.socket:
 
 def serve(cfg: ServeConfig) -> None:
     """nmt-serve: load the checkpoint once, start the decoding workers, serve until SIGTERM."""
-    device = resolve_device(cfg.device)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    workers = (cfg.workers or cores) if device.type == "cpu" else 1
+    device = pick_device(cfg.device)
+    workers = (cfg.workers or usable_cores()) if device.type == "cpu" else 1
     if device.type == "cpu":
-        from nmt.train import keep_freed_memory
-
         keep_freed_memory()
     translator = load_translator(cfg.checkpoint, device)
     if cfg.vocab_check:

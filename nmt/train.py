@@ -46,6 +46,7 @@ from nmt.errors import NmtError
 from nmt.loss import LabelSmoothedLoss
 from nmt.model import build_model, count_parameters
 from nmt.runlog import RunLog, prepare_run_dir
+from nmt.runtime import keep_freed_memory, release_freed_memory
 from nmt.schedule import build_optimizer
 from nmt.scoring import read_references, score
 from nmt.search import translate_ids
@@ -61,7 +62,7 @@ def train(cfg: TrainConfig) -> dict:
     """Train cfg.model on cfg.data_dir into cfg.run_dir, resuming from its last checkpoint."""
     tc = cfg.train
     owns_group = not torch.distributed.is_initialized()
-    env = distributed.init(tc.device, tc.collective_timeout)
+    env = distributed.init(tc.device, tc.collective_timeout, key="train.device")
     if not env.is_main:  # one rank speaks; the others only warn
         log.setLevel(logging.WARNING)
     batches = logs = None
@@ -148,38 +149,6 @@ def tune_process(tc: TrainLoopConfig, device: torch.device) -> bool:
         torch.set_float32_matmul_precision("high" if tc.tf32 else "highest")
         return False
     return keep_freed_memory()
-
-
-def _glibc():
-    """The C library through ctypes if it is glibc, else None."""
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
-    except OSError:
-        return None
-
-
-def keep_freed_memory() -> bool:
-    """Make glibc's malloc keep freed memory for reuse (no mmap, no trimming): otherwise every
-    step maps its large activations afresh and pays a page fault per 4 KiB (5-10% of a CPU
-    step; the effect of preloading tcmalloc). Skipped when another allocator is preloaded."""
-    import os
-
-    libc = _glibc()
-    if libc is None or any(a in os.environ.get("LD_PRELOAD", "")
-                           for a in ("tcmalloc", "jemalloc", "mimalloc")):
-        return False
-    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # from malloc.h
-    return bool(libc.mallopt(M_MMAP_MAX, 0) and libc.mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1))
-
-
-def release_freed_memory() -> None:
-    """Give free heap pages back to the kernel (glibc malloc_trim). With keep_freed_memory the
-    heap keeps every page it ever touched and grows with fragmentation (5 GB after 25 minutes
-    of the small model); an occasional trim bounds it for one round of page faults."""
-    _glibc().malloc_trim(0)
 
 
 def resolve_amp(amp: str, device: torch.device) -> str:

@@ -29,6 +29,7 @@ from nmt.config import ModelConfig, TranslateConfig
 from nmt.errors import ConfigError, NmtError
 from nmt.files import check_output, decode_line, read_lines, write_atomically
 from nmt.model import Transformer, build_model
+from nmt.runtime import keep_freed_memory, usable_cores
 from nmt.scoring import score
 from nmt.search import Hypothesis, decoding_models, score_pairs, translate_nbest
 from nmt.tokenizer import Tokenizer, vocab_sha256
@@ -55,15 +56,6 @@ class Translator:
     tgt_tok: Tokenizer
     vocab: dict  # the checkpoint's vocab entry
     device: torch.device
-
-
-def resolve_device(name: str) -> torch.device:
-    """"auto" is CUDA when available, else the CPU; asking for a missing CUDA is an error."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise NmtError("device=cuda: no CUDA device is available")
-    return torch.device(name)
 
 
 def load_translator(path: str | Path, device: torch.device | str = "cpu",
@@ -265,16 +257,13 @@ def open_session(cfg: TranslateConfig) -> Session:
         check_output(cfg.output, "output")
     if cfg.attention_plot:
         check_output(cfg.attention_plot, "attention_plot", directory=True)
-    env = distributed.init(resolve_device(cfg.device).type)
+    env = distributed.init(cfg.device)
     device = env.device
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    share = max(1, cores // env.world_size)  # the cores of this rank
+    share = max(1, usable_cores() // env.world_size)  # the cores of this rank
     workers = (cfg.workers or share) if device.type == "cpu" else 1
     if cfg.threads or env.world_size > 1:
         torch.set_num_threads(cfg.threads or share)
     if device.type == "cpu":
-        from nmt.train import keep_freed_memory
-
         keep_freed_memory()  # reuse freed memory: large per-step tensors cost no page faults
     translators = [load_translator(path, device, cfg.weights) for path in cfg.checkpoints]
     check_ensemble(translators, cfg.checkpoints)

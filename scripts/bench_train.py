@@ -33,8 +33,9 @@ from torch import nn
 from nmt.config import ModelConfig, OptimConfig
 from nmt.data import Batch, EpochBatchIterator, ParallelData, collate
 from nmt.model import build_model
+from nmt.runtime import keep_freed_memory
 from nmt.schedule import build_optimizer
-from nmt.train import batch_loss, keep_freed_memory, normalise_gradients
+from nmt.train import batch_loss, normalise_gradients
 
 CONFIGS = {"small": ModelConfig(N=3, d_model=256, d_ff=1024, h=4, dropout=0.1),
            "base": ModelConfig(N=6, d_model=512, d_ff=2048, h=8, dropout=0.1),

@@ -104,7 +104,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     args.threads = 1 if args.workers > 1 else torch.get_num_threads()
     if not args.malloc_default:
-        from nmt.train import keep_freed_memory
+        from nmt.runtime import keep_freed_memory
 
         keep_freed_memory()
     model, V = load_model(args)

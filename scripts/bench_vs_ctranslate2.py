@@ -176,7 +176,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     args.threads = torch.get_num_threads()
-    from nmt.train import keep_freed_memory
+    from nmt.runtime import keep_freed_memory
 
     keep_freed_memory()  # as nmt-translate does
     import ctranslate2
