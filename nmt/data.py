@@ -24,7 +24,8 @@ MANIFEST = "manifest.json"
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
-    """The smallest unsigned dtype that holds every id of the vocabulary."""
+    """The dtype of the ids in .bin files: uint16 where every id fits (vocabularies of up to
+    65,536 entries, half the bytes), else int32 (signed: 2^31 ids are plenty)."""
     return np.dtype(np.uint16) if vocab_size <= 2 ** 16 else np.dtype(np.int32)
 
 
@@ -46,10 +47,6 @@ class TokenArrayWriter:
         self.lengths.append(np.asarray(lengths, dtype=np.int64))
         self.tokens += int(self.lengths[-1].sum())
 
-    def add(self, ids) -> None:
-        """Append one sentence (a sequence of ids)."""
-        self.add_chunk(np.asarray(ids, dtype=self.dtype), np.asarray([len(ids)]))
-
     def close(self) -> None:
         """Finish prefix.bin and write the offsets prefix.idx (one more than sentences)."""
         self.file.close()
@@ -62,14 +59,6 @@ class TokenArrayWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def write_token_array(prefix: Path, sentences, dtype: np.dtype) -> int:
-    """Write an iterable of id sequences to prefix.bin / prefix.idx; returns the token count."""
-    with TokenArrayWriter(prefix, dtype) as writer:
-        for ids in sentences:
-            writer.add(ids)
-    return writer.tokens
 
 
 class TokenArray:
@@ -193,14 +182,18 @@ def collate(data: ParallelData, ids: np.ndarray, pad_id: int) -> Batch:
 
 
 def batch_by_tokens(order: np.ndarray, src_lengths: np.ndarray, tgt_lengths: np.ndarray,
-                    max_tokens: int) -> list[np.ndarray]:
+                    max_tokens: int, max_sentences: int = 0) -> list[np.ndarray]:
     """Cut `order` (sentence indices, sorted by length) into consecutive batches whose padded
-    size max(B * S_max, B * T_max) is at most max_tokens (both sides' padding counted)."""
+    size max(B * S_max, B * T_max) is at most max_tokens (both sides' padding counted) and,
+    with max_sentences, of at most that many sentences; a sentence over the budget is a batch
+    of its own. Training sorts by (target, source) length; translation sorts longest first
+    and gives the lengths it pads to as both sides."""
     src_len, tgt_len = src_lengths[order].tolist(), tgt_lengths[order].tolist()
     batches, start, s_max, t_max = [], 0, 0, 0
     for i, (s, t) in enumerate(zip(src_len, tgt_len, strict=True)):
         s_new, t_new = max(s_max, s), max(t_max, t)
-        if i > start and (i - start + 1) * max(s_new, t_new) > max_tokens:
+        if i > start and ((i - start + 1) * max(s_new, t_new) > max_tokens
+                          or i - start == max_sentences):
             batches.append(order[start:i])
             start, s_new, t_new = i, s, t
         s_max, t_max = s_new, t_new

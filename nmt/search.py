@@ -21,11 +21,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.config import SearchConfig
+from nmt.data import batch_by_tokens
 from nmt.fast import FastModel, parallel_batches
 from nmt.model import Transformer
 
@@ -368,19 +370,6 @@ def search_batch(model, src: Tensor, search: SearchConfig, bos_id: int, eos_id: 
     return fn(model, src, search, bos_id, eos_id, pad_id, use_cache, prefixes, lines)
 
 
-def make_batches(lengths: list[int], max_tokens: int, max_sentences: int = 0) -> list[list[int]]:
-    """Indices sorted longest first, cut into batches of at most max_tokens padded tokens."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    batches: list[list[int]] = []
-    for i in order:  # longest first: a batch's first sentence sets its padded width
-        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= max_tokens and (
-                not max_sentences or len(batches[-1]) < max_sentences):
-            batches[-1].append(i)
-        else:
-            batches.append([i])
-    return batches
-
-
 def pad_batch(seqs: list[list[int]], pad_id: int, device: torch.device | str) -> Tensor:
     """Id lists -> a (B, S_max) tensor padded on the right."""
     out = torch.full((len(seqs), max(map(len, seqs))), pad_id, dtype=torch.long)
@@ -440,8 +429,10 @@ def run_jobs(job: BatchJob, items: list[tuple[int, list[int], list[int]]], worke
     if workers > 1:  # at least one batch per worker
         share = -(-len(items) // workers)
         per_batch = min(per_batch or share, share)
-    lengths = [max(len(s), len(y) if job.score else 0) + 1 for _, s, y in items]
-    batches = make_batches(lengths, job.search.max_tokens, per_batch)
+    lengths = np.array([max(len(s), len(y) if job.score else 0) + 1 for _, s, y in items],
+                       dtype=np.int64)
+    order = np.argsort(-lengths, kind="stable")  # longest first: a batch's first sets its width
+    batches = batch_by_tokens(order, lengths, lengths, job.search.max_tokens, per_batch)
     results: list[list[Hypothesis]] = [[] for _ in items]
     modes = [(m, m.training) for m in job.models if isinstance(m, torch.nn.Module)]
     try:

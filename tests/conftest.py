@@ -18,7 +18,7 @@ import pytest
 import sentencepiece as spm
 import torch
 
-from nmt.data import write_token_array
+from nmt.data import TokenArrayWriter
 from nmt.tokenizer import vocab_sha256
 
 SRC_WORDS = ("open save file edit view help close print copy paste find replace undo redo "
@@ -36,6 +36,14 @@ def _sentences(n: int, rng: random.Random, max_words: int = 12) -> list[str]:
     """n random source sentences of 1..max_words dictionary words."""
     return [" ".join(rng.choice(SRC_WORDS) for _ in range(rng.randint(1, max_words)))
             for _ in range(n)]
+
+
+def write_token_array(prefix: Path, sentences, dtype: np.dtype) -> int:
+    """Write id lists to prefix.bin / prefix.idx as nmt-preprocess does; returns the token count."""
+    with TokenArrayWriter(prefix, dtype) as writer:
+        for ids in sentences:
+            writer.add_chunk(np.asarray(ids, dtype=dtype), np.asarray([len(ids)]))
+    return writer.tokens
 
 
 def make_data_dir(out: Path, n_train: int = 600, n_valid: int = 40, n_test: int = 40,

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from conftest import write_token_array
 
 from nmt.data import (
     EpochBatchIterator,
@@ -10,7 +11,7 @@ from nmt.data import (
     batch_by_tokens,
     collate,
     read_manifest,
-    write_token_array,
+    token_dtype,
 )
 from nmt.errors import NmtError
 
@@ -27,6 +28,13 @@ def test_token_array_round_trip(tmp_path):
     assert write_token_array(tmp_path / "x", sents, np.uint16) == 3 + 0 + 1 + 296
     arr = TokenArray(tmp_path / "x", np.uint16)
     assert len(arr) == 4 and [arr[i].tolist() for i in range(4)] == sents
+
+
+def test_token_dtype_is_uint16_while_every_id_fits_then_int32(tmp_path):
+    assert token_dtype(2 ** 16) == np.uint16 and token_dtype(2 ** 16 + 1) == np.int32
+    for vocab in (2 ** 16, 2 ** 20):
+        write_token_array(tmp_path / "x", [[4, vocab - 1]], token_dtype(vocab))
+        assert TokenArray(tmp_path / "x", token_dtype(vocab))[0].tolist() == [4, vocab - 1]
 
 
 def test_corrupt_index_is_an_error(tmp_path):
@@ -48,6 +56,18 @@ def test_batch_by_tokens_respects_budget_and_order():
     for b, nxt in zip(batches, batches[1:], strict=False):
         c = np.append(b, nxt[0])
         assert len(c) * max(src[c].max(), tgt[c].max()) > 200
+
+
+def test_batch_by_tokens_as_translation_uses_it_longest_first():
+    lengths = np.array([3, 9, 1, 7, 7, 2, 12, 5, 5, 25])
+    order = np.argsort(-lengths, kind="stable")
+    batches = batch_by_tokens(order, lengths, lengths, 20)
+    assert np.array_equal(np.concatenate(batches), order)
+    assert [b.tolist() for b in batches[:2]] == [[9], [6]]  # over the budget: alone
+    for b in batches:
+        assert len(b) == 1 or len(b) * lengths[b[0]] <= 20  # the first sets the width
+    limited = batch_by_tokens(order, lengths, lengths, 10 ** 6, max_sentences=3)
+    assert [len(b) for b in limited] == [3, 3, 3, 1]
 
 
 def test_collate_adds_specials_and_counts_tokens(tiny_data_dir):

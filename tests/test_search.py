@@ -11,7 +11,6 @@ from nmt.search import (
     beam_search,
     greedy_search,
     length_penalty,
-    make_batches,
     pad_batch,
     score_pairs,
     translate_ids,
@@ -196,17 +195,6 @@ def test_translate_ids_puts_back_training_mode(model, sources):
     finally:
         model.eval()
     assert ids == translate_ids(model, sources[:5], search(), BOS, EOS, PAD)
-
-
-def test_make_batches_respects_the_budget_and_sorts_by_length():
-    lengths = [3, 9, 1, 7, 7, 2, 12, 5, 5, 5]
-    batches = make_batches(lengths, max_tokens=20)
-    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
-    for b in batches:
-        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 20
-    flat = [lengths[i] for b in batches for i in b]
-    assert flat == sorted(lengths, reverse=True)
-    assert all(len(b) <= 2 for b in make_batches(lengths, max_tokens=10 ** 6, max_sentences=2))
 
 
 @pytest.mark.parametrize("beam", [1, 4])
