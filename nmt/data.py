@@ -83,6 +83,13 @@ class TokenArray:
         return self.tokens[self.offsets[i]:self.offsets[i + 1]]
 
 
+def clean_text_path(data_dir: str | Path, split: str, lang: str) -> Path:
+    """The cleaned text of a valid or test split that nmt-preprocess keeps: {split}.clean.{lang}
+    ({split}.raw.{lang} in data directories written before nmt named it so)."""
+    path, old = Path(data_dir) / f"{split}.clean.{lang}", Path(data_dir) / f"{split}.raw.{lang}"
+    return old if old.is_file() and not path.exists() else path
+
+
 def read_manifest(data_dir: str | Path) -> dict:
     """The manifest of a data directory written by nmt-preprocess."""
     path = Path(data_dir) / MANIFEST

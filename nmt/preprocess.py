@@ -6,7 +6,7 @@ training sample, 8 bytes a sentence of offsets and, with clean.dedup, a hash a u
 1. open     check every input before anything is written: files exist, line counts agree, not empty
 2. clean    read each split once: UTF-8, Unicode normalisation, stripped whitespace, empty pairs
             (and duplicate training pairs) dropped; the cleaned text goes to a temporary
-            directory in chunks of CHUNK pairs. valid/test keep it as {split}.raw.{lang}.
+            directory in chunks of CHUNK pairs. valid/test keep it as {split}.clean.{lang}.
 3. subwords train SentencePiece BPE on a seeded sample of the cleaned training text (or reuse)
 4. encode   a pool of processes encodes the chunks; the main process writes them in order to
             {split}.{lang}.bin/.idx. Training pairs too long or too unequal in length are dropped.
@@ -327,8 +327,7 @@ def build(cfg: PreprocessConfig, corpora: dict[str, Corpus], reused: tuple | Non
     counts, texts, seconds = {}, {}, {}
     t = time.time()
     for role, corpus in corpora.items():
-        stem = "clean" if role == "train" else "raw"  # valid/test keep their cleaned raw text
-        paths = [tmp / f"{role}.{stem}.{langs[side]}" for side in ("src", "tgt")]
+        paths = [tmp / f"{role}.clean.{langs[side]}" for side in ("src", "tgt")]
         counts[role] = dict.fromkeys(COUNTS)
         texts[role] = clean_split(corpus, cfg.clean, *paths, counts[role])
         if texts[role].pairs == 0:
@@ -360,8 +359,8 @@ def build(cfg: PreprocessConfig, corpora: dict[str, Corpus], reused: tuple | Non
         "dtype": dtype.name,
         "vocab_sha256": vocab_sha256(src_tok.proto, tgt_tok.proto),
         "splits": splits, "counts": counts,
-        "raw": {role: {side: f"{role}.raw.{lang}" for side, lang in langs.items()}
-                for role in texts if role != "train"},
+        "clean": {role: {side: f"{role}.clean.{lang}" for side, lang in langs.items()}
+                  for role in texts if role != "train"},
         "spm_training": spm_info, "config": asdict(cfg), "nmt_version": __version__,
         "seconds": {k: round(v, 2) for k, v in seconds.items()},
     }

@@ -41,7 +41,14 @@ from nmt.checkpoint import (
     save_training_checkpoint,
 )
 from nmt.config import TrainConfig, TrainLoopConfig
-from nmt.data import Batch, EpochBatchIterator, ParallelData, Prefetcher, read_manifest
+from nmt.data import (
+    Batch,
+    EpochBatchIterator,
+    ParallelData,
+    Prefetcher,
+    clean_text_path,
+    read_manifest,
+)
 from nmt.errors import NmtError
 from nmt.loss import LabelSmoothedLoss
 from nmt.model import build_model, count_parameters
@@ -657,13 +664,13 @@ def valid_bleu(run: Run) -> dict:
 
 
 def valid_references(run: Run, tgt: Tokenizer, n: int) -> list[list[str]]:
-    """The raw valid targets (valid.raw.<tgt_lang>, or the decoded ids when absent), then
+    """The cleaned valid targets (valid.clean.<tgt_lang>, or the decoded ids when absent), then
     each file of train.valid_refs: the first n lines of each."""
-    raw = Path(run.cfg.data_dir) / f"valid.raw.{run.data.manifest['tgt_lang']}"
-    if raw.is_file():
-        first = raw.read_text(encoding="utf-8").split("\n")[:n]
+    text = clean_text_path(run.cfg.data_dir, "valid", run.data.manifest["tgt_lang"])
+    if text.is_file():
+        first = text.read_text(encoding="utf-8").split("\n")[:n]
     else:
-        log.warning("%s not found: scoring against decoded references", raw)
+        log.warning("%s not found: scoring against decoded references", text)
         first = tgt.decode([run.data.valid.tgt[i].tolist() for i in range(n)])
     extra = read_references(run.cfg.train.valid_refs, len(run.data.valid), "valid pairs")
     return [first, *(stream[:n] for stream in extra)]

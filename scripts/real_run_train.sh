@@ -58,8 +58,8 @@ model = build_model(ModelConfig(**state["model_cfg"]), v["src_size"], v["tgt_siz
 model.load_state_dict(state["model"])
 model.eval()
 src_tok, tgt_tok = Tokenizer(v["src_spm"]), Tokenizer(v["tgt_spm"])
-src = (data / "test.raw.en").read_text(encoding="utf-8").split("\n")[:-1]
-ref = (data / "test.raw.de").read_text(encoding="utf-8").split("\n")[:-1]
+src = (data / "test.clean.en").read_text(encoding="utf-8").split("\n")[:-1]
+ref = (data / "test.clean.de").read_text(encoding="utf-8").split("\n")[:-1]
 ids = [s[:model.cfg.max_positions - 1] for s in src_tok.encode(src)]
 with torch.no_grad():
     out = translate_ids(model, ids, SearchConfig(beam_size=1), v["bos_id"], v["eos_id"],
@@ -73,6 +73,6 @@ EOF
 
 if "$BIN/python" -c "import nmt.translate" 2>/dev/null; then
   flock "$LOCK" "$BIN/nmt-translate" checkpoint="$RUN/checkpoint_best.pt" \
-    input="$DATA/test.raw.en" output="$RUN/test.beam4.de" ref="$DATA/test.raw.de" \
+    input="$DATA/test.clean.en" output="$RUN/test.beam4.de" ref="$DATA/test.clean.de" \
     search.beam_size=4 || true
 fi

@@ -69,8 +69,8 @@ def make_data_dir(out: Path, n_train: int = 600, n_valid: int = 40, n_test: int 
         n_tgt = write_token_array(out / f"{split}.de", sp.encode(tgt), np.uint16)
         stats[split] = {"pairs": len(src), "src_tokens": n_src, "tgt_tokens": n_tgt}
         if split != "train":
-            (out / f"{split}.raw.en").write_text("\n".join(src) + "\n", encoding="utf-8")
-            (out / f"{split}.raw.de").write_text("\n".join(tgt) + "\n", encoding="utf-8")
+            (out / f"{split}.clean.en").write_text("\n".join(src) + "\n", encoding="utf-8")
+            (out / f"{split}.clean.de").write_text("\n".join(tgt) + "\n", encoding="utf-8")
     manifest = {"format": 1, "src_lang": "en", "tgt_lang": "de", "joint": True,
                 "spm": {"src": "spm.model", "tgt": "spm.model"},
                 "src_vocab_size": vocab_size, "tgt_vocab_size": vocab_size, "pad_id": 0,

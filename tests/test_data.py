@@ -9,6 +9,7 @@ from nmt.data import (
     ParallelData,
     TokenArray,
     batch_by_tokens,
+    clean_text_path,
     collate,
     read_manifest,
     token_dtype,
@@ -68,6 +69,14 @@ def test_batch_by_tokens_as_translation_uses_it_longest_first():
         assert len(b) == 1 or len(b) * lengths[b[0]] <= 20  # the first sets the width
     limited = batch_by_tokens(order, lengths, lengths, 10 ** 6, max_sentences=3)
     assert [len(b) for b in limited] == [3, 3, 3, 1]
+
+
+def test_clean_text_is_found_under_its_old_name_too(tmp_path):
+    assert clean_text_path(tmp_path, "valid", "de") == tmp_path / "valid.clean.de"
+    (tmp_path / "valid.raw.de").write_text("from before the rename\n")
+    assert clean_text_path(tmp_path, "valid", "de") == tmp_path / "valid.raw.de"
+    (tmp_path / "valid.clean.de").write_text("new\n")
+    assert clean_text_path(tmp_path, "valid", "de") == tmp_path / "valid.clean.de"
 
 
 def test_collate_adds_specials_and_counts_tokens(tiny_data_dir):

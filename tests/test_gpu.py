@@ -98,8 +98,8 @@ def test_average_and_translate_on_the_gpu(tiny_data_dir, tmp_path):
     cli("nmt-average", f"run_dir={run}", "last=3", f"output={run}/averaged.pt")
     hyp = tmp_path / "hyp.de"
     out = cli("nmt-translate", f"checkpoint={run}/averaged.pt", "device=cuda",
-              f"input={tiny_data_dir}/test.raw.en", f"output={hyp}", "search.beam_size=4",
-              f"ref={tiny_data_dir}/test.raw.de")
+              f"input={tiny_data_dir}/test.clean.en", f"output={hyp}", "search.beam_size=4",
+              f"ref={tiny_data_dir}/test.clean.de")
     assert len(hyp.read_text(encoding="utf-8").splitlines()) == 40
     assert "BLEU" in out.stderr
 

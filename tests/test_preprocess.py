@@ -95,7 +95,9 @@ def test_text_input_writes_the_data_directory_contract(corpus, tmp_path, capsys)
     pairs = toy_pairs(300, 0)
     assert decoded(out, "train", "src") == [p[0] for p in pairs]
     assert decoded(out, "train", "tgt") == [p[1] for p in pairs]
-    assert (out / "valid.raw.de").read_text("utf-8") == Path(corpus["valid"] + ".de").read_text()
+    assert (out / "valid.clean.de").read_text("utf-8") == Path(corpus["valid"] + ".de").read_text()
+    assert m["clean"] == {split: {"src": f"{split}.clean.en", "tgt": f"{split}.clean.de"}
+                          for split in ("valid", "test")}
     assert not (out / "train.clean.en").exists() and leftovers(tmp_path) == []
     table = capsys.readouterr().out
     assert "train" in table and "too_long" in table and "300" in table
@@ -197,7 +199,7 @@ def test_unicode_normalisation_and_line_breaks(tmp_path):
     ds.save_to_disk(str(saved))
     valid = write_text(tmp_path / "valid", [("the ﬁle", "die Datei"), ("copy", "kopieren")])
     run(tmp_path / "data", "clean.normalize=NFKC", train=f"hf:{saved}", valid=valid)
-    assert (tmp_path / "data" / "valid.raw.en").read_text("utf-8") == "the file\ncopy\n"
+    assert (tmp_path / "data" / "valid.clean.en").read_text("utf-8") == "the file\ncopy\n"
     assert decoded(tmp_path / "data", "train", "src")[:2] == ["the file", "new window"]
     assert decoded(tmp_path / "data", "train", "tgt")[1] == "neue Fenster"
 

@@ -71,7 +71,7 @@ def translate_cfg(**kw) -> TranslateConfig:
 
 
 def test_translate_with_two_references_and_a_tokenizer(ckpt, tiny_data_dir, tmp_path):
-    src, ref = tiny_data_dir / "test.raw.en", tiny_data_dir / "test.raw.de"
+    src, ref = tiny_data_dir / "test.clean.en", tiny_data_dir / "test.clean.de"
     hyp = tmp_path / "hyp.de"
     first = translate(translate_cfg(checkpoint=ckpt, input=src, output=hyp))
     mirror = tmp_path / "mirror.de"  # a second reference equal to the output: BLEU 100
@@ -91,8 +91,8 @@ def test_a_short_extra_reference_is_a_one_line_error(ckpt, tiny_data_dir, tmp_pa
     short = tmp_path / "short.de"
     short.write_text("eins\n", encoding="utf-8")
     with pytest.raises(NmtError, match=f"^{short}: 1 reference lines but 40 input lines$"):
-        translate(translate_cfg(checkpoint=ckpt, input=tiny_data_dir / "test.raw.en",
-                                output=tmp_path / "h.de", ref=tiny_data_dir / "test.raw.de",
+        translate(translate_cfg(checkpoint=ckpt, input=tiny_data_dir / "test.clean.en",
+                                output=tmp_path / "h.de", ref=tiny_data_dir / "test.clean.de",
                                 refs=f"[{short}]"))
     assert not (tmp_path / "h.de").exists()
 
@@ -122,7 +122,7 @@ def test_validation_scores_every_reference_with_the_tokenizer(tiny_data_dir, tmp
     env = nmt.distributed.init("cpu")
     result = valid_bleu(build_run(cfg, env, load_data(cfg, env)))
     hyps, refs, tokenize = calls[0]
-    raw = (tiny_data_dir / "valid.raw.de").read_text(encoding="utf-8").splitlines()
+    raw = (tiny_data_dir / "valid.clean.de").read_text(encoding="utf-8").splitlines()
     assert tokenize == "char" and len(hyps) == 5
     assert refs == [raw[:5], [f"reference {i}" for i in range(5)]]
     assert result["bleu"] == 1.0 and result["bleu_sentences"] == 5

@@ -221,7 +221,7 @@ def ckpt(tiny_data_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def lines(tiny_data_dir) -> list[str]:
-    return (tiny_data_dir / "test.raw.en").read_text(encoding="utf-8").splitlines()[:12]
+    return (tiny_data_dir / "test.clean.en").read_text(encoding="utf-8").splitlines()[:12]
 
 
 @pytest.fixture(scope="module")
@@ -235,7 +235,7 @@ def server(ckpt):
 
 def nmt_translate(ckpt, tiny_data_dir, **search) -> dict:
     """nmt-translate's result on the same lines with the same settings."""
-    args = [f"checkpoint={ckpt}", f"input={tiny_data_dir / 'test.raw.en'}", "quiet=true",
+    args = [f"checkpoint={ckpt}", f"input={tiny_data_dir / 'test.clean.en'}", "quiet=true",
             "workers=1", "search.max_len_b=8", "output=/dev/null"]
     return translate(to_object(compose("translate", args + [f"search.{k}={v}"
                                                             for k, v in search.items()]),

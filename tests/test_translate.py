@@ -30,7 +30,7 @@ def ckpt(tiny_data_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def test_en(tiny_data_dir) -> Path:
-    return tiny_data_dir / "test.raw.en"
+    return tiny_data_dir / "test.clean.en"
 
 
 def config(**kw) -> TranslateConfig:
@@ -52,7 +52,7 @@ def cli(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
 def test_contract_file_to_file_with_ref_prints_bleu_and_chrf(ckpt, tiny_data_dir, test_en,
                                                              tmp_path):
     hyp = tmp_path / "hyp.de"
-    ref = tiny_data_dir / "test.raw.de"
+    ref = tiny_data_dir / "test.clean.de"
     done = cli(f"checkpoint={ckpt}", f"input={test_en}", f"output={hyp}",
                "search.beam_size=4", f"ref={ref}")
     assert done.returncode == 0, done.stderr.decode()

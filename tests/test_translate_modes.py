@@ -31,7 +31,7 @@ def ckpts(tiny_data_dir, tmp_path_factory) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def test_en(tiny_data_dir) -> Path:
-    return tiny_data_dir / "test.raw.en"
+    return tiny_data_dir / "test.clean.en"
 
 
 def config(**kw) -> TranslateConfig:
@@ -119,7 +119,7 @@ def test_no_repeat_ngram_size_on_the_command_line(ckpts, test_en, tmp_path):
 
 # ----------------------------------------------------------------------------- scoring pairs
 def test_score_reference_with_ref_or_tsv(ckpts, test_en, tiny_data_dir, tmp_path):
-    ref = tiny_data_dir / "test.raw.de"
+    ref = tiny_data_dir / "test.clean.de"
     out = tmp_path / "scores"
     result = translate(config(checkpoint=ckpts[0], input=test_en, ref=ref, output=out,
                               score_reference="true", **{"search.max_tokens": 50}))

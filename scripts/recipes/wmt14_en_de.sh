@@ -97,5 +97,5 @@ fi
 step average nmt-average run_dir="$RUN" last=$LAST output="$RUN/averaged.pt"
 
 step translate nmt-translate checkpoint="$RUN/averaged.pt" \
-  input="$DATA/test.raw.en" output="$WORK/newstest2014.hyp.de" ref="$DATA/test.raw.de" \
+  input="$DATA/test.clean.en" output="$WORK/newstest2014.hyp.de" ref="$DATA/test.clean.de" \
   search.beam_size=4 search.alpha=0.6 search.max_len_a=1 search.max_len_b=50
