@@ -87,6 +87,12 @@ def tiny_data_dir(tmp_path_factory) -> Path:
     return make_data_dir(tmp_path_factory.mktemp("data") / "toy")
 
 
+@pytest.fixture(scope="session")
+def test_en(tiny_data_dir) -> Path:
+    """The toy data directory's cleaned English test text (translation input)."""
+    return tiny_data_dir / "test.clean.en"
+
+
 @pytest.fixture
 def one_thread():
     """Tiny tensors: one thread is fastest, and immune to other processes on a shared CPU."""

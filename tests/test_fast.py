@@ -4,12 +4,12 @@ import dataclasses
 
 import pytest
 import torch
-from translate_helpers import random_sources, tiny_model, tiny_model_cfg
+from translate_helpers import random_sources, run, search, tiny_model, tiny_model_cfg, tokens
 
 from nmt.config import SearchConfig
 from nmt.fast import CpuDropout, FastModel, PackedLinear, pack_linears
 from nmt.model import build_model
-from nmt.search import pad_batch, translate_nbest
+from nmt.search import pad_batch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -25,20 +25,6 @@ def model():
 @pytest.fixture(scope="module")
 def sources():
     return random_sources(24, V, seed=1)
-
-
-def search(**kw) -> SearchConfig:
-    base = dict(beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=6, min_len=1)
-    base.update(kw)
-    return SearchConfig(**base)
-
-
-def run(model, sources, cfg, **kw):
-    return translate_nbest(model, sources, cfg, BOS, EOS, PAD, **kw)
-
-
-def tokens(results):
-    return [[h.tokens for h in hyps] for hyps in results]
 
 
 @pytest.mark.parametrize("norm", ["post", "pre"])

@@ -5,7 +5,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from translate_helpers import save_tiny_checkpoint
+from translate_helpers import save_tiny_checkpoint, translate_config
 
 import nmt.distributed
 import nmt.train
@@ -65,9 +65,8 @@ def ckpt(tiny_data_dir, tmp_path_factory) -> Path:
 
 
 def translate_cfg(**kw) -> TranslateConfig:
-    args = [f"{k}={v}" for k, v in kw.items()] + ["search.max_len_b=8", "quiet=true",
-                                                   "search.beam_size=1", "workers=1"]
-    return to_object(compose("translate", args), TranslateConfig)
+    """Greedy, in this process."""
+    return translate_config(**{"search.beam_size": 1, "workers": 1, **kw})
 
 
 def test_translate_with_two_references_and_a_tokenizer(ckpt, tiny_data_dir, tmp_path):

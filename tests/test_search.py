@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 import torch
-from translate_helpers import TableModel, random_sources, tiny_model
+from translate_helpers import TableModel, random_sources, run, search, tiny_model, tokens
 
 from nmt.config import SearchConfig
 from nmt.search import (
@@ -21,23 +21,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 PAD, BOS, EOS = 0, 2, 3
 V = 24
-
-
-def search(**kw) -> SearchConfig:
-    """A SearchConfig with short outputs so that tests stay fast."""
-    base = dict(beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=6, min_len=1)
-    base.update(kw)
-    return SearchConfig(**base)
-
-
-def run(model, sources, cfg, **kw):
-    """translate_nbest with this test file's special ids."""
-    return translate_nbest(model, sources, cfg, BOS, EOS, PAD, **kw)
-
-
-def tokens(results):
-    """The token lists of every hypothesis."""
-    return [[h.tokens for h in hyps] for hyps in results]
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import make_data_dir
-from translate_helpers import save_tiny_checkpoint
+from translate_helpers import lines_of, save_tiny_checkpoint
+from translate_helpers import translate_config as config
 
 from nmt.checkpoint import load_checkpoint, save_checkpoint
-from nmt.config import TranslateConfig, compose, to_object
 from nmt.errors import NmtError
 from nmt.scoring import score
 from nmt.search import translate_ids
@@ -26,21 +26,6 @@ CLI = str(Path(sys.executable).parent / "nmt-translate")
 def ckpt(tiny_data_dir, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("run") / "checkpoint_last.pt"
     return save_tiny_checkpoint(path, (tiny_data_dir / "spm.model").read_bytes(), seed=0)
-
-
-@pytest.fixture(scope="module")
-def test_en(tiny_data_dir) -> Path:
-    return tiny_data_dir / "test.clean.en"
-
-
-def config(**kw) -> TranslateConfig:
-    """A TranslateConfig composed like the CLI, with short outputs for speed."""
-    args = [f"{k}={v}" for k, v in kw.items()] + ["search.max_len_b=8", "quiet=true"]
-    return to_object(compose("translate", args), TranslateConfig)
-
-
-def lines_of(path: Path) -> list[str]:
-    return path.read_text(encoding="utf-8").split("\n")[:-1]
 
 
 def cli(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:

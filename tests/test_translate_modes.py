@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 from conftest import make_data_dir
-from translate_helpers import save_tiny_checkpoint
+from translate_helpers import lines_of, save_tiny_checkpoint
+from translate_helpers import translate_config as config
 
-from nmt.config import ConfigError, TranslateConfig, compose, to_object
+from nmt.config import ConfigError
 from nmt.errors import NmtError
 from nmt.search import length_penalty
 from nmt.translate import translate
@@ -27,20 +28,6 @@ def ckpts(tiny_data_dir, tmp_path_factory) -> tuple[Path, Path]:
     spm = (tiny_data_dir / "spm.model").read_bytes()
     return (save_tiny_checkpoint(d / "a.pt", spm, seed=0),
             save_tiny_checkpoint(d / "b.pt", spm, seed=1))
-
-
-@pytest.fixture(scope="module")
-def test_en(tiny_data_dir) -> Path:
-    return tiny_data_dir / "test.clean.en"
-
-
-def config(**kw) -> TranslateConfig:
-    args = [f"{k}={v}" for k, v in kw.items()] + ["search.max_len_b=8", "quiet=true"]
-    return to_object(compose("translate", args), TranslateConfig)
-
-
-def lines_of(path: Path) -> list[str]:
-    return path.read_text(encoding="utf-8").split("\n")[:-1]
 
 
 def write(path: Path, lines: list[str]) -> Path:

@@ -14,8 +14,9 @@ from pathlib import Path
 import torch
 
 from nmt.checkpoint import save_checkpoint
-from nmt.config import ModelConfig, TrainConfig, compose, to_object
+from nmt.config import ModelConfig, SearchConfig, TrainConfig, TranslateConfig, compose, to_object
 from nmt.model import Transformer, build_model
+from nmt.search import translate_nbest
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, vocab_sha256
 
 
@@ -49,6 +50,36 @@ def random_sources(n: int, vocab_size: int, max_len: int = 9, seed: int = 0) -> 
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(1, max_len + 1, (n,), generator=g).tolist()
     return [torch.randint(4, vocab_size, (L,), generator=g).tolist() for L in lengths]
+
+
+def search(**kw) -> SearchConfig:
+    """A SearchConfig (beam 4 unless kw says otherwise) with short outputs so that tests stay
+    fast."""
+    base = dict(beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=6, min_len=1)
+    base.update(kw)
+    return SearchConfig(**base)
+
+
+def run(model, sources, cfg, **kw):
+    """translate_nbest with the tokenizer's special ids."""
+    return translate_nbest(model, sources, cfg, BOS_ID, EOS_ID, PAD_ID, **kw)
+
+
+def tokens(results):
+    """The token lists of every hypothesis."""
+    return [[h.tokens for h in hyps] for hyps in results]
+
+
+def translate_config(**kw) -> TranslateConfig:
+    """A TranslateConfig composed like the CLI from key=value pairs, with short outputs for
+    speed (max_len_b=8) and no speed report."""
+    args = [f"{k}={v}" for k, v in kw.items()] + ["search.max_len_b=8", "quiet=true"]
+    return to_object(compose("translate", args), TranslateConfig)
+
+
+def lines_of(path: Path) -> list[str]:
+    """The lines of a UTF-8 file that ends each line with a newline."""
+    return path.read_text(encoding="utf-8").split("\n")[:-1]
 
 
 def save_tiny_checkpoint(path: Path, spm_proto: bytes, seed: int = 0, **sizes) -> Path:
