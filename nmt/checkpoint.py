@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from nmt.errors import NmtError
+from nmt.errors import NmtError, first_line
 from nmt.files import check_output, fsync_directory, link_atomically, write_atomically
 
 
@@ -39,8 +39,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         state = torch.load(path, map_location=map_location, weights_only=True)
     except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, OSError,
             ValueError, AttributeError, TypeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise NmtError(f"{path}: not a readable nmt checkpoint ({first[:120]})") from None
+        raise NmtError(f"{path}: not a readable nmt checkpoint ({first_line(e, 120)})") from None
     if not isinstance(state, dict) or not {"model", "model_cfg", "vocab"} <= state.keys():
         raise NmtError(f"{path}: not an nmt checkpoint (model, model_cfg or vocab missing)")
     return state

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from nmt.errors import NmtError
+from nmt.errors import NmtError, first_line
 from nmt.runtime import pick_device
 
 _objects_group = None  # gloo group for Python objects (None: the default group is gloo)
@@ -83,7 +83,7 @@ def init(device: str = "auto", timeout_s: float = 600.0, key: str = "device") ->
                 dist.init_process_group("gloo", timeout=timeout)
         except (RuntimeError, ValueError) as e:
             raise NmtError(f"rank {rank}: cannot join the process group "
-                           f"({_first_line(e)})") from None
+                           f"({first_line(e)})") from None
     return DistInfo(rank, world_size, local_rank, dev)
 
 
@@ -93,12 +93,6 @@ def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
     _objects_group = None
-
-
-def _first_line(e: BaseException) -> str:
-    """The first line of an exception's message (collective errors span many lines)."""
-    text = str(e).strip()
-    return (text.splitlines()[0] if text else type(e).__name__)[:200]
 
 
 # What gloo and NCCL errors say (DDP's reducer raises them as plain RuntimeErrors).
@@ -116,7 +110,7 @@ def collective_errors(rank: int) -> Iterator[None]:
         if not (isinstance(e, dist.DistError) or (dist.is_initialized()
                                                    and _COLLECTIVE_FAILURE.search(str(e)))):
             raise
-        raise NmtError(f"rank {rank}: a collective operation failed ({_first_line(e)}); "
+        raise NmtError(f"rank {rank}: a collective operation failed ({first_line(e)}); "
                        f"another rank probably stopped first (see its error), or "
                        f"train.collective_timeout passed") from None
 

@@ -22,7 +22,7 @@ from nmt.config import (
     compose,
     to_object,
 )
-from nmt.errors import ConfigError
+from nmt.errors import ConfigError, first_line
 from nmt.files import check_output
 
 BIN = Path(sys.executable).parent
@@ -212,3 +212,10 @@ def test_outputs_are_checked_before_any_work(tmp_path, command, args, key):
     assert len(lines) == 1, out.stderr
     assert lines[0].startswith(f"nmt-{command}: error: {key}: cannot create /proc/nmt-test/")
     assert "takes no new files" in lines[0]
+
+
+def test_first_line_quotes_one_line_of_a_library_error():
+    assert first_line(RuntimeError("  gloo: connection reset\n  at frame 1\n")) == (
+        "gloo: connection reset")
+    assert first_line(EOFError()) == "EOFError"
+    assert first_line(ValueError("x" * 500), 120) == "x" * 120
