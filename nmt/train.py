@@ -50,6 +50,7 @@ from nmt.data import (
     read_manifest,
 )
 from nmt.errors import NmtError
+from nmt.files import read_lines
 from nmt.loss import LabelSmoothedLoss
 from nmt.model import build_model, count_parameters
 from nmt.runlog import RunLog, prepare_run_dir
@@ -668,7 +669,7 @@ def valid_references(run: Run, tgt: Tokenizer, n: int) -> list[list[str]]:
     each file of train.valid_refs: the first n lines of each."""
     text = clean_text_path(run.cfg.data_dir, "valid", run.data.manifest["tgt_lang"])
     if text.is_file():
-        first = text.read_text(encoding="utf-8").split("\n")[:n]
+        first = read_lines(str(text), "valid references")[:n]
     else:
         log.warning("%s not found: scoring against decoded references", text)
         first = tgt.decode([run.data.valid.tgt[i].tolist() for i in range(n)])
