@@ -49,7 +49,7 @@ from starlette.exceptions import HTTPException
 from nmt.config import SearchConfig, ServeConfig
 from nmt.errors import ConfigError, NmtError
 from nmt.runtime import keep_freed_memory, pick_device, usable_cores
-from nmt.search import Hypothesis, translate_nbest
+from nmt.search import Hypothesis, decoding_models, translate_nbest
 from nmt.translate import Translator, check_vocab, load_translator
 
 PROG = "nmt-serve"
@@ -379,8 +379,21 @@ def decode_batch(translator: Translator, search: SearchConfig,
                  seqs: list[list[int]]) -> list[list[Hypothesis]]:
     """Hypotheses of each id list (no BOS/EOS), in order: nmt-translate's search on one batch."""
     v = translator.vocab
-    return translate_nbest(translator.model, seqs, search, v["bos_id"], v["eos_id"],
-                           v["pad_id"], translator.device)
+    return translate_nbest(prepared_models(translator, search.dtype), seqs, search,
+                           v["bos_id"], v["eos_id"], v["pad_id"], translator.device)
+
+
+_PREPARED: dict[tuple[int, str], tuple] = {}  # (id of a model, dtype) -> (model, prepared)
+
+
+def prepared_models(translator: Translator, dtype: str) -> list:
+    """The translator's model prepared for decoding in `dtype` (nmt.fast.FastModel), once per
+    process: preparing packs, casts or quantises every weight, too slow to redo per batch."""
+    key = (id(translator.model), dtype)
+    if key not in _PREPARED or _PREPARED[key][0] is not translator.model:
+        _PREPARED[key] = (translator.model,
+                          decoding_models(translator.model, SearchConfig(dtype=dtype)))
+    return _PREPARED[key][1]
 
 
 _WORKER: Translator | None = None  # in a decoding process: the translator it inherited at fork

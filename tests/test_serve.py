@@ -160,6 +160,27 @@ def test_another_vocabulary_and_a_taken_port_are_refused(ckpt, tmp_path):
             open_socket("127.0.0.1", taken.getsockname()[1])
 
 
+def test_the_model_is_prepared_for_decoding_once_per_dtype(ckpt, monkeypatch):
+    import nmt.serve
+    from nmt.fast import FastModel
+    from nmt.translate import load_translator
+
+    built = []
+
+    class Counted(FastModel):
+        def __init__(self, *args, **kwargs):
+            built.append(args)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(nmt.search, "FastModel", Counted)
+    translator, search = load_translator(ckpt), SearchConfig(beam_size=2, max_len_b=4)
+    first = nmt.serve.decode_batch(translator, search, [[4, 5, 6]])
+    assert nmt.serve.decode_batch(translator, search, [[4, 5, 6]]) == first
+    assert len(built) == 1
+    nmt.serve.decode_batch(translator, SearchConfig(dtype="bf16", max_len_b=4), [[4, 5]])
+    assert len(built) == 2
+
+
 # ----------------------------------------------------------------------------- the server
 class Server:
     """A real nmt-serve process on a free loopback port (port=0; the log line names it)."""
