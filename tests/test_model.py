@@ -102,7 +102,8 @@ def test_three_way_tying_with_a_joint_vocabulary():
 @pytest.mark.parametrize("row", ["small", "base", "big"])
 def test_initialisation_follows_the_reference_scheme(row):
     """Embeddings N(0, d^-0.5) with a zero padding row (tokens of RMS 1 after the sqrt(d)
-    scale), Xavier-uniform linear maps (W_qkv as one 3d x d matrix), zero biases."""
+    scale), Xavier-uniform linear maps (W_qkv as one 3d x d matrix), W^O and W_2 then scaled
+    by 1/sqrt(2N), zero biases."""
     from nmt.config import TrainConfig, compose, to_object
 
     cfg = to_object(compose("train", [f"+model={row}", "data_dir=d", "run_dir=r"]), TrainConfig)
@@ -116,10 +117,12 @@ def test_initialisation_follows_the_reference_scheme(row):
     assert abs(E[1:].mean().item()) < 0.01 * d ** -0.5
     tokens = model.tgt_embed(torch.arange(1, 8000))  # (V - 1, d): RMS 1 after the scale
     assert abs(tokens.pow(2).mean().sqrt().item() - 1.0) < 0.01
+    residual = (2 * cfg.model.N) ** -0.5  # W^O and W_2 write into the residual stream
     for name, bound in [("encoder.0.self_attn.W_qkv.weight", (6 / (4 * d)) ** 0.5),
-                        ("decoder.0.src_attn.W_o.weight", (6 / (2 * d)) ** 0.5),
+                        ("decoder.0.self_attn.W_o.weight", residual * (6 / (2 * d)) ** 0.5),
+                        ("decoder.0.src_attn.W_o.weight", residual * (6 / (2 * d)) ** 0.5),
                         ("encoder.0.feed_forward.W_1.weight", (6 / (d + d_ff)) ** 0.5),
-                        ("decoder.0.feed_forward.W_2.weight", (6 / (d + d_ff)) ** 0.5)]:
+                        ("decoder.0.feed_forward.W_2.weight", residual * (6 / (d + d_ff)) ** 0.5)]:
         w = model.get_parameter(name)
         assert w.abs().max() <= bound and w.abs().max() > 0.99 * bound, name
         assert abs(w.std().item() - bound / 3 ** 0.5) < 0.02 * bound, name  # uniform's std
