@@ -4,10 +4,11 @@ import dataclasses
 
 import pytest
 import torch
+import torch.nn.functional as F
 from translate_helpers import random_sources, run, search, tiny_model, tiny_model_cfg, tokens
 
 from nmt.config import SearchConfig
-from nmt.fast import CpuDropout, FastModel, PackedLinear, pack_linears
+from nmt.fast import Affine, CpuDropout, FastModel, Int8Affine, PackedAffine, packing_works
 from nmt.model import build_model
 from nmt.search import pad_batch
 
@@ -89,16 +90,20 @@ def test_the_fast_path_gives_the_reference_tokens(model, sources, kw):
         assert [h.score for h in f] == pytest.approx([h.score for h in r], abs=1e-4)
 
 
-def test_packed_linears_compute_the_same_maps():
+@pytest.mark.parametrize("relu", [False, True])
+def test_affine_forms_compute_the_same_maps(relu):
+    """F.linear, oneDNN with packed weights and int8: x W^T + b, ReLU or + residual."""
     torch.manual_seed(0)
-    layers = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 8, bias=False))
-    x = torch.randn(5, 16)
-    with torch.inference_mode():
-        plain = layers(x)
-        if not pack_linears(layers, rows=5):
-            pytest.skip("this PyTorch has no oneDNN linear packing")
-        assert all(isinstance(m, PackedLinear) for m in layers)
-        torch.testing.assert_close(layers(x), plain, atol=1e-5, rtol=1e-5)
+    x, w, b, r = torch.randn(5, 1, 16), torch.randn(32, 16), torch.randn(32), torch.randn(5, 1, 32)
+    want = F.linear(x, w, b)
+    want = want.relu() if relu else want + r
+    forms = [(Affine(w, b, relu), 1e-5), (Int8Affine(w, b, relu), 0.1)]
+    if packing_works(torch.float32):
+        forms.append((PackedAffine(w, b, relu, rows=5), 1e-5))
+    for affine, tol in forms:
+        got = affine(x) if relu else affine(x, r)
+        torch.testing.assert_close(got, want, atol=tol * want.abs().max(), rtol=0)
+    assert packing_works(torch.float32) or not torch.backends.mkldnn.is_available()
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "int8"])
