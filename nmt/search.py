@@ -28,7 +28,7 @@ from torch import Tensor
 
 from nmt.config import SearchConfig
 from nmt.data import batch_by_tokens
-from nmt.fast import FastModel, parallel_batches
+from nmt.fast import FastModel, parallel_batches, row_argmax, top_k
 from nmt.model import Transformer
 
 
@@ -220,9 +220,9 @@ def greedy_search(model, src: Tensor, search: SearchConfig, bos_id: int, eos_id:
         cons.apply(lprobs, tokens, t, sent)
         if search.sampling:
             token = sample(lprobs, u[rows, t], search)
-            best = lprobs.gather(1, token.unsqueeze(1)).squeeze(1)
         else:
-            best, token = lprobs.max(dim=-1)  # (R,)
+            token = row_argmax(lprobs)  # (R,): lprobs.argmax(dim=1), faster
+        best = lprobs.gather(1, token.unsqueeze(1)).squeeze(1)  # (R,)
         tokens[:, t + 1] = token
         logprob += best
         ended = token == eos_id
@@ -313,7 +313,7 @@ def beam_search(model, src: Tensor, search: SearchConfig, bos_id: int, eos_id: i
         cand = lprobs.add_(scores.view(-1, 1)).view(b, k * V)  # (b, k V): log P
         if k * V < 2 * k:  # a vocabulary of one token: pad with impossible candidates
             cand = F.pad(cand, (0, 2 * k - k * V), value=-torch.inf)
-        cand_scores, cand_idx = cand.topk(2 * k, dim=1)  # (b, 2k), best first
+        cand_scores, cand_idx = top_k(cand, 2 * k)  # (b, 2k), best first: cand.topk, faster
         cand_beam, cand_tok = (cand_idx // V).clamp_(max=k - 1), cand_idx % V  # (b, 2k)
         is_eos = cand_tok == eos_id
         if is_eos[:, :k].any():  # EOS candidates among the k best finish, with |Y| = t + 1

@@ -8,7 +8,16 @@ import torch.nn.functional as F
 from translate_helpers import random_sources, run, search, tiny_model, tiny_model_cfg, tokens
 
 from nmt.config import SearchConfig
-from nmt.fast import Affine, CpuDropout, FastModel, Int8Affine, PackedAffine, packing_works
+from nmt.fast import (
+    Affine,
+    CpuDropout,
+    FastModel,
+    Int8Affine,
+    PackedAffine,
+    packing_works,
+    row_argmax,
+    top_k,
+)
 from nmt.model import build_model
 from nmt.search import pad_batch
 
@@ -154,6 +163,28 @@ def test_fast_model_leaves_the_model_unchanged(model):
 def test_int8_and_fp16_say_where_they_run(model):
     with pytest.raises(ValueError, match="fp16 needs CUDA"):
         FastModel(model, "fp16")
+
+
+# ----------------------------------------------------------------------------- search helpers
+@pytest.mark.parametrize("V", [24, 8000, 8001, 4 * 1000 + 7])
+def test_row_argmax_and_top_k_equal_torch(V):
+    """Both give torch's answer: random rows, rows with -inf, and tied maxima."""
+    g = torch.Generator().manual_seed(V)
+    x = torch.randn(6, V, generator=g)
+    x[1, V // 3:] = -torch.inf  # a dead beam's candidates
+    x[2, :] = -torch.inf
+    x[2, [V - 1, 5]] = 0.0  # fewer finite values than asked for, tied
+    x[3, [V // 2, V // 5, V - 1]] = 9.0  # a tied maximum: the first one counts
+    assert torch.equal(row_argmax(x), x.argmax(dim=1))
+    assert row_argmax(x)[3] == V // 5
+    for n in (1, 8):
+        values, cols = top_k(x, n)
+        want, _ = x.topk(n, dim=1)
+        assert torch.equal(values, want)
+        assert torch.equal(x.gather(1, cols), values)  # the columns hold those values
+        finite = values.isfinite()
+        assert all(len(set(c[f].tolist())) == int(f.sum()) for c, f in zip(cols, finite,
+                                                                              strict=True))
 
 
 # ----------------------------------------------------------------------------- training
