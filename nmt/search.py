@@ -282,11 +282,11 @@ def beam_search(model, src: Tensor, search: SearchConfig, bos_id: int, eos_id: i
                 lines: list[int] | None = None) -> list[list[Hypothesis]]:
     """Beam search over (B x k) flat rows; (B, S) sources -> search.nbest hypotheses each.
 
-    Every sentence has k rows from the start, all but the first dead (log P = -inf) until
-    the first step fills them. A sentence retires when it has k finished hypotheses
-    (fairseq's rule, which makes k=1 greedy), when it reaches its maximum length, or as soon
-    as no active hypothesis can beat its nbest-th finished one even if every further token
-    had probability 1 (the exact bound for the GNMT penalty: log P / lp(max length)).
+    The first step decodes one row per sentence (all its beams would start alike); its 2k
+    best continuations fill the sentence's k rows. A sentence retires when it has k finished
+    hypotheses (fairseq's rule, which makes k=1 greedy), when it reaches its maximum length,
+    or as soon as no active hypothesis can beat its nbest-th finished one even if every
+    further token had probability 1 (the exact bound for the GNMT penalty: log P / lp(max length)).
     Retired sentences leave the batch. model, prefixes: as for greedy_search.
     """
     models = model if isinstance(model, list) else [model]
@@ -296,35 +296,32 @@ def beam_search(model, src: Tensor, search: SearchConfig, bos_id: int, eos_id: i
                                                   _max_positions(models)), _max_positions(models))
     decoder = Decoder(models, src, use_cache)
     beams = torch.arange(k, device=dev)
-    if k > 1:
-        decoder.reorder(torch.arange(B, device=dev).repeat_interleave(k))  # k rows a sentence
-    tokens = src.new_full((B * k, int(max_len.max()) + 1), pad_id)  # (b k, 1 + T_max)
+    tokens = src.new_full((B, int(max_len.max()) + 1), pad_id)  # (b kb, 1 + T_max)
     tokens[:, 0] = bos_id
-    scores = torch.full((B, k), -torch.inf, device=dev)  # (b, k) log P of the active prefixes
-    scores[:, 0] = 0.0
+    scores = torch.zeros(B, 1, device=dev)  # (b, kb) log P of the active prefixes
     sent = torch.arange(B, device=dev)  # original sentence of each active batch entry
     fin = _Finished(B, search.nbest, search.alpha, dev)
     lp_max = length_penalty(max_len.double(), search.alpha).float()  # (b,)
     for t in range(tokens.size(1) - 1):
-        b = scores.size(0)
-        lprobs = decoder.log_probs(tokens[:, :t + 1])  # (b k, V)
-        cons.apply(lprobs, tokens, t, sent.repeat_interleave(k))
+        b, kb = scores.shape  # kb rows a sentence: 1 at the first step, then k
+        lprobs = decoder.log_probs(tokens[:, :t + 1])  # (b kb, V)
+        cons.apply(lprobs, tokens, t, sent.repeat_interleave(kb))
         V = lprobs.size(1)
-        cand = lprobs.add_(scores.view(-1, 1)).view(b, k * V)  # (b, k V): log P
-        if k * V < 2 * k:  # a vocabulary of one token: pad with impossible candidates
-            cand = F.pad(cand, (0, 2 * k - k * V), value=-torch.inf)
+        cand = lprobs.add_(scores.view(-1, 1)).view(b, kb * V)  # (b, kb V): log P
+        if kb * V < 2 * k:  # a tiny vocabulary: pad with impossible candidates
+            cand = F.pad(cand, (0, 2 * k - kb * V), value=-torch.inf)
         cand_scores, cand_idx = top_k(cand, 2 * k)  # (b, 2k), best first: cand.topk, faster
-        cand_beam, cand_tok = (cand_idx // V).clamp_(max=k - 1), cand_idx % V  # (b, 2k)
+        cand_beam, cand_tok = (cand_idx // V).clamp_(max=kb - 1), cand_idx % V  # (b, 2k)
         is_eos = cand_tok == eos_id
         if is_eos[:, :k].any():  # EOS candidates among the k best finish, with |Y| = t + 1
             i, c = is_eos[:, :k].nonzero(as_tuple=True)
-            fin.add(sent[i], tokens[i * k + cand_beam[i, c], 1:t + 1], cand_scores[i, c], t + 1)
+            fin.add(sent[i], tokens[i * kb + cand_beam[i, c], 1:t + 1], cand_scores[i, c], t + 1)
         # The k best candidates that do not end go on: sort positions with EOS pushed last.
         pos = (is_eos.long() * 2 * k + torch.arange(2 * k, device=dev)).topk(
             k, dim=1, largest=False).indices  # (b, k)
         scores = cand_scores.gather(1, pos)  # (b, k), still best first
-        rows = (torch.arange(b, device=dev) * k).unsqueeze(1) + cand_beam.gather(1, pos)
-        tokens = tokens.index_select(0, rows.view(-1))  # (b k, 1 + T_max)
+        rows = (torch.arange(b, device=dev) * kb).unsqueeze(1) + cand_beam.gather(1, pos)
+        tokens = tokens.index_select(0, rows.view(-1))  # (b k, 1 + T_max): k rows a sentence
         tokens[:, t + 1] = cand_tok.gather(1, pos).view(-1)
         reached = max_len <= t + 1
         if reached.any():  # out of length: the k active hypotheses finish as they are
