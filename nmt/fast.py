@@ -4,11 +4,14 @@ Training on the CPU (build_model installs it): a dropout whose random mask costs
 plain matmul attention in bf16/fp16, where the CPU's fused attention kernel is slower.
 
 Decoding: `FastModel` runs a trained Transformer's weights for inference only, through the
-model's decoding interface (encode, start_decoding, decode_step, decode): in fp32 (the linear
-maps' weights packed once for oneDNN on the CPU), bf16, fp16 (CUDA) or int8 (the linear maps
-quantized by torch.ao.quantization.quantize_dynamic), with the beams or samples of one
-sentence sharing one copy of its encoder memory. `parallel_batches` translates whole batches
-in forked single-threaded worker processes side by side.
+model's decoding interface (encode, start_decoding, decode_step, decode): in fp32 or bf16
+(on the CPU the linear maps' weights packed once for oneDNN, with the ReLU or the residual
+addition fused into the product), fp16 (CUDA) or int8 (weights and activations rounded to
+int8, as torch.ao's dynamic quantization does), with 1/sqrt(d_k) folded into W^Q, additive
+masks only where there is padding, and the beams or samples of one sentence sharing one copy
+of its encoder memory. `row_argmax` and `top_k` pick greedy and beam search candidates over
+the vocabulary; `parallel_batches` translates whole batches in forked single-threaded worker
+processes side by side.
 
 Shapes: B decoder rows, M = B / g sentences (g rows per sentence), S source length, T target
 length, V vocabulary, h heads, d_k = d_model / h.
@@ -90,10 +93,6 @@ def _plain_attention_off(model: Transformer, args: tuple, output) -> None:
 
 
 # ----------------------------------------------------------------------------- decoding
-LINEAR = torch.ops.mkldnn._linear_pointwise.default  # oneDNN x W^T + b (+ ReLU), W packed
-LINEAR_ADD = torch.ops.mkldnn._linear_pointwise.binary  # oneDNN x W^T + b + residual
-
-
 class Affine:
     """x W^T + b, then ReLU (relu=True) or plus a residual input, for inference: F.linear.
     The forms below compute the same map faster on the CPU."""
@@ -122,12 +121,14 @@ class PackedAffine(Affine):
     def __init__(self, weight: Tensor, bias: Tensor | None, relu: bool = False, rows: int = 64):
         super().__init__(torch.ops.mkldnn._reorder_linear_weight(weight, rows), bias, relu)
         self.attr = "relu" if relu else "none"
+        ops = torch.ops.mkldnn._linear_pointwise  # looked up here: absent without oneDNN
+        self.unary, self.binary = ops.default, ops.binary  # x W^T + b (+ ReLU); + residual
 
     def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         """(..., in_features) -> (..., out_features), + residual (same shape) if given."""
         if residual is not None:
-            return LINEAR_ADD(x, residual, self.weight, self.bias, "add")
-        return LINEAR(x, self.weight, self.bias, self.attr, [], "")
+            return self.binary(x, residual, self.weight, self.bias, "add")
+        return self.unary(x, self.weight, self.bias, self.attr, [], "")
 
 
 class Int8Affine(Affine):
