@@ -4,7 +4,8 @@ The model is random-init unless --checkpoint is given: the small configuration (
 d_model 256, d_ff 1024, 4 heads, vocabulary 8,000), exported to CTranslate2 with nmt-export's
 own converter (nmt.export.ctranslate2_spec). 500 source sentences of 25 random tokens, batches
 of 64 sentences, every output forced to exactly 40 tokens (nmt: min_len = max length = 40;
-CTranslate2: min_decoding_length = max_decoding_length = 40), so both do the same work.
+CTranslate2: min_decoding_length = max_decoding_length = 40), so both do the same work; PAD
+and BOS suppressed in CTranslate2 (suppress_sequences) as nmt never generates them.
 
 Rows, each timed --rounds times in turn (round 1 runs every row, then round 2, ...) and the
 fastest kept: nmt fp32 with one process of 2 threads and with --workers single-threaded
@@ -140,7 +141,8 @@ def ct2_rows(model_dir: str, src_tokens: list[list[str]], names: list[str],
             def run(translator=translator, beam=beam):
                 results = translator.translate_batch(
                     src_tokens, max_batch_size=args.batch, beam_size=beam,
-                    min_decoding_length=args.out_len, max_decoding_length=args.out_len)
+                    min_decoding_length=args.out_len, max_decoding_length=args.out_len,
+                    suppress_sequences=[[names[PAD_ID]], [names[BOS_ID]]])
                 return [[ids[t] for t in r.hypotheses[0]] for r in results]
 
             label = f"ct2 {compute_type} {args.inter_threads} x {args.intra_threads} thr"
