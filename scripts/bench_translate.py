@@ -29,15 +29,21 @@ from nmt.model import build_model
 from nmt.search import decoding_models, translate_nbest
 
 
-def parse_args() -> argparse.Namespace:
-    """Command-line options."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_workload_options(p: argparse.ArgumentParser) -> None:
+    """The options of the setting every system is measured on (shared with
+    bench_vs_ctranslate2.py)."""
     p.add_argument("--checkpoint", default="", help="use this checkpoint's model (default: random)")
     p.add_argument("--sentences", type=int, default=500)
     p.add_argument("--src-len", type=int, default=25)
     p.add_argument("--out-len", type=int, default=40)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--vocab", type=int, default=8000)
+
+
+def parse_args() -> argparse.Namespace:
+    """Command-line options."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_workload_options(p)
     p.add_argument("--slow-sentences", type=int, default=64,
                    help="sentences for the slow rows (no cache, or one sentence at a time)")
     p.add_argument("--only", default="",
@@ -62,21 +68,24 @@ def parse_args() -> argparse.Namespace:
 def load_model(args: argparse.Namespace):
     """The model to time: the small configuration with random weights, or a checkpoint."""
     if args.checkpoint:
-        from nmt.checkpoint import load_checkpoint
+        from nmt.translate import load_translator
 
-        state = load_checkpoint(args.checkpoint)
-        cfg, vocab = ModelConfig(**state["model_cfg"]), state["vocab"]
-        model = build_model(cfg, vocab["src_size"], vocab["tgt_size"], vocab["pad_id"],
-                            vocab["joint"])
-        model.load_state_dict(state["model"])
-        return model.eval(), vocab["tgt_size"]
+        translator = load_translator(args.checkpoint)
+        return translator.model, translator.vocab["tgt_size"]
     torch.manual_seed(0)
     cfg = ModelConfig(N=3, d_model=256, d_ff=1024, h=4, dropout=0.1)
     return build_model(cfg, args.vocab, args.vocab).eval(), args.vocab
 
 
+def random_sources(args: argparse.Namespace, V: int) -> list[list[int]]:
+    """args.sentences sources of args.src_len random non-special token ids (seeded)."""
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(4, V, (args.sentences, args.src_len), generator=g).tolist()
+
+
 def cpu_seconds() -> float:
-    """CPU time of this process and of its finished children (the worker processes)."""
+    """CPU time of this process (library threads included) and of its finished children
+    (the worker processes)."""
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
 
@@ -108,8 +117,7 @@ def main() -> None:
 
         keep_freed_memory()
     model, V = load_model(args)
-    g = torch.Generator().manual_seed(1)
-    src = torch.randint(4, V, (args.sentences, args.src_len), generator=g).tolist()
+    src = random_sources(args, V)
     rows = [(name, beam, batch, cache) for batch, cache in
             ((args.batch, True), (args.batch, False), (1, True), (1, False))
             for name, beam in (("greedy", 1), ("beam4", 4))]

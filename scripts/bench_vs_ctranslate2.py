@@ -8,9 +8,9 @@ CTranslate2: min_decoding_length = max_decoding_length = 40), so both do the sam
 and BOS suppressed in CTranslate2 (suppress_sequences) as nmt never generates them.
 
 Rows, each timed --rounds times in turn (round 1 runs every row, then round 2, ...) and the
-fastest kept: nmt fp32 with one process of 2 threads and with --workers single-threaded
-processes (nmt-translate's default on the CPU); nmt bf16 and int8 the same way when
-SearchConfig has a `dtype` field (search.dtype); CTranslate2 with compute_type float32 and
+fastest kept: nmt fp32, bf16 and int8 (search.dtype, the model prepared for it before timing,
+as nmt-translate does once) with one process of 2 threads and with --workers single-threaded
+processes (nmt-translate's default on the CPU); CTranslate2 with compute_type float32 and
 int8, given the threads that suit these 2 cores (inter_threads=2, intra_threads=1: two batches
 decoded side by side, about twice as fast here as 1 x 2). Each row prints sentences/s and
 its ratio to CTranslate2's float32 and int8 rows of the same search; cpu/wall below the
@@ -30,11 +30,11 @@ import time
 from collections.abc import Callable
 
 import torch
+from bench_translate import add_workload_options, cpu_seconds, load_model, random_sources
 
-from nmt.config import ModelConfig, SearchConfig
+from nmt.config import SearchConfig
 from nmt.export import ctranslate2_spec
-from nmt.model import build_model
-from nmt.search import translate_nbest
+from nmt.search import decoding_models, translate_nbest
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 SEARCHES = {"greedy": 1, "beam4": 4}
@@ -43,12 +43,7 @@ SEARCHES = {"greedy": 1, "beam4": 4}
 def parse_args() -> argparse.Namespace:
     """Command-line options."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--checkpoint", default="", help="use this checkpoint's model (default: random)")
-    p.add_argument("--sentences", type=int, default=500)
-    p.add_argument("--src-len", type=int, default=25)
-    p.add_argument("--out-len", type=int, default=40)
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--vocab", type=int, default=8000)
+    add_workload_options(p)
     p.add_argument("--rounds", type=int, default=3, help="times each row is run (fastest kept)")
     p.add_argument("--workers", type=int, default=2, help="nmt's worker processes in the "
                    "workers rows (the other rows run one process of --threads threads)")
@@ -60,29 +55,11 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def load_model(args: argparse.Namespace):
-    """The model to time: the small configuration with random weights, or a checkpoint."""
-    if args.checkpoint:
-        from nmt.translate import load_translator
-
-        tr = load_translator(args.checkpoint)
-        return tr.model, tr.vocab["tgt_size"]
-    torch.manual_seed(0)
-    cfg = ModelConfig(N=3, d_model=256, d_ff=1024, h=4, dropout=0.1)
-    return build_model(cfg, args.vocab, args.vocab).eval(), args.vocab
-
-
 def token_names(V: int) -> list[str]:
     """A vocabulary of V token strings for CTranslate2: the specials at nmt's ids, then w4..."""
     names = [f"w{i}" for i in range(V)]
     names[PAD_ID], names[BOS_ID], names[EOS_ID], names[1] = "<pad>", "<s>", "</s>", "<unk>"
     return names
-
-
-def cpu_seconds() -> float:
-    """CPU time of this process (CTranslate2's threads included) and its finished children."""
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
 
 
 @dataclasses.dataclass
@@ -99,25 +76,22 @@ class Row:
 
 
 def nmt_rows(model, src_ids: list[list[int]], args: argparse.Namespace) -> list[Row]:
-    """nmt: fp32 (and bf16, int8 where search.dtype exists), one process and workers."""
-    has_dtype = "dtype" in {f.name for f in dataclasses.fields(SearchConfig)}
-    dtypes = ("fp32", "bf16", "int8") if has_dtype else ("fp32",)
-    if not has_dtype:
-        print("nmt bf16 and int8 rows skipped: SearchConfig has no dtype field (search.dtype)")
+    """nmt: fp32, bf16 and int8, one process and workers."""
     rows = []
-    for name, beam in SEARCHES.items():
-        for dtype in dtypes:
+    for dtype in ("fp32", "bf16", "int8"):
+        prepared = decoding_models(model, SearchConfig(dtype=dtype))  # once, not per run
+        for name, beam in SEARCHES.items():
             for workers in sorted({1, args.workers}):
-                extra = {"dtype": dtype} if has_dtype else {}
                 search = SearchConfig(beam_size=beam, nbest=1, max_len_a=0.0,
                                       max_len_b=args.out_len, min_len=args.out_len,
-                                      max_tokens=10 ** 9, max_sentences=args.batch, **extra)
+                                      max_tokens=10 ** 9, max_sentences=args.batch,
+                                      dtype=dtype)
 
-                def run(search=search, workers=workers):
+                def run(search=search, workers=workers, prepared=prepared):
                     # CTranslate2's intra_threads=1 sets the OpenMP thread count that torch
                     # shares (a process of 2 threads then ran 1): set it back every time.
                     torch.set_num_threads(args.threads)
-                    out = translate_nbest(model, src_ids, search, BOS_ID, EOS_ID, PAD_ID,
+                    out = translate_nbest(prepared, src_ids, search, BOS_ID, EOS_ID, PAD_ID,
                                           workers=workers)
                     return [hyps[0].tokens for hyps in out]
 
@@ -185,8 +159,7 @@ def main() -> None:
 
     model, V = load_model(args)
     names = token_names(V)
-    g = torch.Generator().manual_seed(1)
-    src_ids = torch.randint(4, V, (args.sentences, args.src_len), generator=g).tolist()
+    src_ids = random_sources(args, V)
     src_tokens = [[names[i] for i in seq] for seq in src_ids]
     print(f"torch {torch.__version__}, ctranslate2 {ctranslate2.__version__}; {args.sentences} "
           f"sentences x {args.src_len} tokens -> {args.out_len} tokens, batch {args.batch}, "
