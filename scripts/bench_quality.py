@@ -6,7 +6,7 @@ perplexity and the test BLEU / chrF. Two uses:
 
   # the peers' recipe (issue "learn per update"), for 20 minutes as fairseq was run
   python scripts/bench_quality.py --recipe peer --minutes 20
-  # equal-update ablations of the initialisation (README.md, "Learning per update")
+  # equal-update ablations of the initialisation (docs/results.md, "Learning per update")
   python scripts/bench_quality.py --recipe peer --updates 500 --init xavier
   # the best 20-minute recipe (configs/recipe/cpu20.yaml)
   python scripts/bench_quality.py --recipe cpu20 --minutes 20 --average 3 --alpha 1.5

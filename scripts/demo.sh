@@ -6,8 +6,8 @@
 #   make demo                     # ~13 minutes on 2 CPU cores (11 of them training)
 #   DEMO_MINUTES=3 make demo      # a shorter run
 #
-# Every choice below is there to make a few CPU minutes count; README.md ("The demo") says
-# what each buys.
+# Every choice below is there to make a few CPU minutes count; docs/results.md, "What the
+# demo's choices buy", says what each buys.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
