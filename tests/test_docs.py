@@ -1,0 +1,103 @@
+"""The documentation holds together: a short README, links that resolve, code citing docs/.
+
+README.md stays a front page (under 200 lines, the two commands a newcomer needs); the rest
+lives in docs/. Every relative link in README.md, docs/*.md and scripts/**/*.md must name an
+existing file, and a #fragment an existing heading of that Markdown file (GitHub's anchors); a
+citation of docs/<file>.md in the code, configs, scripts or tests must name an existing file
+and, where it quotes a section (docs/results.md, "Learning per update"), one of its headings.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+         *sorted((ROOT / "scripts").rglob("*.md"))]
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")  # [text](target "title")
+REFERENCE = re.compile(r"^\s*\[[^\]]+\]:\s*(\S+)", re.M)  # [label]: target
+CITATION = re.compile(r"docs/([\w.-]+\.md)(?:#([\w-]+)|,\s*\"([^\"]+)\")?")
+
+
+def prose(text: str) -> str:
+    """Markdown without its fenced code blocks and inline code spans (links there are text)."""
+    text = re.sub(r"^(```|~~~).*?^\1[^\n]*$", "", text, flags=re.M | re.S)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def headings(page: Path) -> list[str]:
+    """The page's headings, as written (fenced code skipped; a heading may hold `code`)."""
+    text = re.sub(r"^(```|~~~).*?^\1[^\n]*$", "", page.read_text(), flags=re.M | re.S)
+    return [m.group(1).strip() for m in re.finditer(r"^#{1,6}\s+(.+?)\s*#*\s*$", text, re.M)]
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: link markup and punctuation dropped, lower case, spaces
+    to hyphens (letters, digits, '_' and '-' kept)."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # [text](url) -> text
+    return re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """Every anchor of a page, duplicates numbered as GitHub numbers them (-1, -2, ...)."""
+    seen: dict[str, int] = {}
+    found = set()
+    for heading in headings(page):
+        slug = anchor(heading)
+        found.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+        seen[slug] = seen.get(slug, 0) + 1
+    return found
+
+
+def test_anchor_follows_github():
+    assert anchor("nmt against CTranslate2") == "nmt-against-ctranslate2"
+    assert anchor("cpu20: the best 20 minutes on 2 CPU cores") == \
+        "cpu20-the-best-20-minutes-on-2-cpu-cores"
+    assert anchor("The paper's post-norm learns") == "the-papers-post-norm-learns"
+    assert anchor("nmt-train (`TrainConfig`)") == "nmt-train-trainconfig"
+
+
+def test_readme_is_a_front_page():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) < 200
+    assert "make demo" in text and "make test" in text
+    assert "docs/results.md" in text  # where the measured results live
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(page):
+    text = prose(page.read_text())
+    broken = []
+    for target in LINK.findall(text) + REFERENCE.findall(text):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto:, ...
+            continue
+        path, _, fragment = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists():
+            broken.append(f"{target}: no such file")
+        elif fragment and (file.suffix != ".md" or fragment not in anchors(file)):
+            broken.append(f"{target}: no heading #{fragment} in {file.name}")
+    assert not broken, f"{page.relative_to(ROOT)}: " + "; ".join(broken)
+
+
+def test_code_cites_existing_docs():
+    broken = []
+    files = [p for d in ("nmt", "configs", "scripts", "tests") for p in (ROOT / d).rglob("*")
+             if p.suffix in (".py", ".sh", ".yaml") and p != Path(__file__).resolve()]
+    for file in files:
+        text = " ".join(file.read_text(encoding="utf-8").split())  # citations across lines
+        text = text.replace(" # ", " ")  # comments continued on the next line
+        for name, fragment, section in CITATION.findall(text):
+            doc = ROOT / "docs" / name
+            where = f"{file.relative_to(ROOT)}: docs/{name}"
+            if not doc.exists():
+                broken.append(f"{where}: no such file")
+            elif fragment and fragment not in anchors(doc):
+                broken.append(f"{where}#{fragment}: no such heading")
+            elif section and not any(h.lower().startswith(section.lower())
+                                     for h in headings(doc)):
+                broken.append(f"{where}, \"{section}\": no such heading")
+    assert not broken, "; ".join(broken)
