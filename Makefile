@@ -1,12 +1,20 @@
-# nmt: make install | test | test-gpu | lint | demo
+# nmt: make install | test | test-quick | test-slow | test-gpu | test-floor | lint | demo
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 # The CPU wheel that lies on this kind of machine; GPU users install their own torch into .venv first.
 TORCH_PIN ?= torch==2.13.0
+# The extras .venv (and .venv-floor) get: every optional feature the tests exercise.
+EXTRAS := dev,plot,slurm,tensorboard,export,serve
+# The oldest torch the suite has passed on, pyproject's floor (tests/test_packaging.py checks they agree).
+TORCH_FLOOR ?= 2.6.0
+# Where test-floor gets torch from: PyPI by default (its Linux wheels pull the CUDA libraries,
+# ~3 GB); e.g. FLOOR_INDEX="--index-url https://download.pytorch.org/whl/cpu" where reachable.
+FLOOR_INDEX ?=
+FLOOR  := .venv-floor
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-slow test-gpu lint demo clean
+.PHONY: install test test-quick test-slow test-gpu test-floor lint demo clean
 
 install: $(STAMP)
 
@@ -14,11 +22,17 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH_PIN)"
-	$(BIN)/python -m pip install -q -e ".[dev,plot,slurm,tensorboard,export,serve]"
+	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
+# Every test (GPU tests skip themselves without one). test-quick leaves out the ones marked slow
+# (subprocesses, servers, torchrun, the wheel build, training to convergence) for the edit-test
+# loop; test-slow runs only those.
 test: install
 	$(BIN)/python -m pytest
+
+test-quick: install
+	$(BIN)/python -m pytest -m "not slow"
 
 test-slow: install
 	$(BIN)/python -m pytest -m slow
@@ -28,6 +42,15 @@ test-slow: install
 test-gpu: install
 	$(BIN)/python -m pytest -m gpu -v
 
+# The whole suite on the floor torch, in its own venv (outside `make test`: a large download).
+test-floor:
+	test -x $(FLOOR)/bin/python || $(PYTHON) -m venv $(FLOOR)
+	$(FLOOR)/bin/python -m pip install -q --upgrade pip
+	$(FLOOR)/bin/python -m pip install -q $(FLOOR_INDEX) "torch==$(TORCH_FLOOR)"
+	$(FLOOR)/bin/python -m pip install -q "torch==$(TORCH_FLOOR)" -e ".[$(EXTRAS)]"
+	$(FLOOR)/bin/python -c "import torch; assert torch.__version__.split('+')[0] == '$(TORCH_FLOOR)', torch.__version__"
+	$(FLOOR)/bin/python -m pytest -p no:cacheprovider
+
 lint: install
 	$(BIN)/ruff check nmt tests scripts
 
@@ -35,4 +58,4 @@ demo: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/demo.sh
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(FLOOR) build *.egg-info .pytest_cache .ruff_cache

@@ -90,6 +90,7 @@ def run_average(*args: str) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
+@pytest.mark.slow
 def test_cli_contract_commands(tmp_path):
     for update in (100, 200, 300):
         make_checkpoint(tmp_path / f"checkpoint_{update}.pt", seed=update, update=update)
@@ -105,6 +106,7 @@ def test_cli_contract_commands(tmp_path):
 
 @pytest.mark.parametrize("case", ["missing", "corrupt", "too_few", "architecture", "vocab",
                                   "pickle"])
+@pytest.mark.slow
 def test_cli_bad_input_is_one_line_and_writes_nothing(tmp_path, case):
     good = tmp_path / "checkpoint_1.pt"
     make_checkpoint(good, seed=0, update=1)

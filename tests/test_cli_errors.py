@@ -151,6 +151,7 @@ def test_closest_keys():
 
 
 # ----------------------------------------------------------------------------- still working
+@pytest.mark.slow
 def test_cfg_job_help_and_multirun_keep_working(tmp_path):
     job = run_cli("nmt-average", "last=3", "--cfg", "job")
     assert job.returncode == 0 and "last: 3" in job.stdout, job.stderr
@@ -204,6 +205,7 @@ def test_read_only_directory(tmp_path):
     ("translate", ["checkpoint=missing.pt", "output=/proc/nmt-test/hyp.de"], "output"),
     ("average", ["inputs=[missing.pt]", "output=/proc/nmt-test/avg.pt"], "output"),
 ])
+@pytest.mark.slow
 def test_outputs_are_checked_before_any_work(tmp_path, command, args, key):
     """The output error comes first, though the input (missing) would fail too."""
     out = run_cli(f"nmt-{command}", *args, cwd=tmp_path)

@@ -1,5 +1,6 @@
 """The Annotated Transformer's copy task: learn to reproduce random sequences over 11 symbols."""
 
+import pytest
 import torch
 
 from nmt.config import ModelConfig, OptimConfig
@@ -34,6 +35,7 @@ def greedy(model: Transformer, src: torch.Tensor, max_len: int) -> torch.Tensor:
     return torch.cat(out, 1)
 
 
+@pytest.mark.slow
 def test_copy_task_reproduces_unseen_inputs():
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import make_data_dir
 
@@ -31,6 +32,7 @@ def test_single_process_helpers_are_no_ops():
     assert distributed.from_main(lambda: state, env.device) is state
 
 
+@pytest.mark.slow
 def test_two_processes_resume_what_rank_0_read_and_equal_one_process(tmp_path):
     """2 ranks x 1 batch = 1 rank x update_freq 2, through a resume that rank 0 alone reads
     (its state reaches rank 1 by broadcast)."""

@@ -47,6 +47,7 @@ def run(corpus, tmp_path_factory) -> Path:
     return work
 
 
+@pytest.mark.slow
 def test_training_writes_numbered_checkpoints(run):
     names = sorted(p.name for p in (run / "run").glob("checkpoint_*.pt"))
     assert {"checkpoint_2.pt", "checkpoint_4.pt", "checkpoint_6.pt", "checkpoint_last.pt"} <= set(
@@ -55,6 +56,7 @@ def test_training_writes_numbered_checkpoints(run):
     assert (run / "run/metrics.jsonl").is_file() and (run / "run/config.yaml").is_file()
 
 
+@pytest.mark.slow
 def test_average_then_translate_with_beam_and_score(run, corpus):
     avg = run / "run/averaged.pt"
     cli("nmt-average", f"run_dir={run}/run", "last=3", f"output={avg}")
@@ -65,6 +67,7 @@ def test_average_then_translate_with_beam_and_score(run, corpus):
     assert "BLEU" in out.stderr and "chrF" in out.stderr and "nrefs:1" in out.stderr
 
 
+@pytest.mark.slow
 def test_translate_from_stdin_greedy(run, corpus):
     lines = (corpus / "test.en").read_text(encoding="utf-8").splitlines()[:5]
     text = "\n".join(lines[:2] + [""] + lines[2:]) + "\n"
@@ -74,6 +77,7 @@ def test_translate_from_stdin_greedy(run, corpus):
     assert len(hyps) == 6 and hyps[2] == ""
 
 
+@pytest.mark.slow
 def test_hydra_multirun_trains_one_run_per_job(run):
     sweep = run / "sweep"
     cli("nmt-train", "-m", *TINY, f"data_dir={run}/data", "model.N=1,2",

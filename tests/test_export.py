@@ -140,6 +140,7 @@ def transformers_greedy(model_dir: Path, lines: list[str]):
 
 
 # ----------------------------------------------------------------------------- CTranslate2
+@pytest.mark.slow
 @pytest.mark.parametrize("norm", ["post", "pre"])
 def test_ctranslate2_greedy_is_nmt_greedy(norm, spm, sentences, tmp_path):
     pytest.importorskip("ctranslate2")
@@ -172,6 +173,7 @@ def test_ctranslate2_int8_export_translates(spm, sentences, tmp_path):
 # ----------------------------------------------------------------------------- transformers
 @pytest.mark.parametrize("norm,cls", [("post", "MarianMTModel"),
                                       ("pre", "PegasusForConditionalGeneration")])
+@pytest.mark.slow
 def test_transformers_greedy_is_nmt_greedy(norm, cls, spm, sentences, tmp_path):
     pytest.importorskip("transformers")
     ckpt = varied_checkpoint(tmp_path / "c.pt", spm["joint"], spm["joint"], norm)
@@ -196,6 +198,7 @@ def test_transformers_greedy_is_nmt_greedy(norm, cls, spm, sentences, tmp_path):
     torch.testing.assert_close(theirs, ours, atol=1e-3, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_transformers_marian_with_separate_vocabularies(spm, sentences, tmp_path):
     transformers = pytest.importorskip("transformers")
     ckpt = varied_checkpoint(tmp_path / "c.pt", spm["en"], spm["de"], "post")
@@ -263,6 +266,7 @@ def test_a_failed_export_leaves_nothing_behind(spm, tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.pt", "out"]  # no temp dirs
 
 
+@pytest.mark.slow
 def test_cli_exports_and_gives_one_line_errors(spm, tmp_path):
     pytest.importorskip("ctranslate2")
     ckpt = varied_checkpoint(tmp_path / "c.pt", spm["joint"], spm["joint"], "post")

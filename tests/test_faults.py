@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import make_data_dir
 from test_train import config, same_tensors
 
@@ -63,6 +64,7 @@ def test_records_until_drops_later_and_cut_lines(tmp_path):
     assert path.read_text(encoding="utf-8").splitlines() == lines[:2]
 
 
+@pytest.mark.slow
 def test_kill_9_at_any_moment_then_restart_equals_an_uninterrupted_run(tmp_path):
     data = make_data_dir(tmp_path / "data", n_train=150)  # a few batches: epochs roll over
     opts = ["train.max_updates=30", "train.update_freq=2", "train.save_interval_updates=4",
@@ -122,6 +124,7 @@ def rank_pid(parent: int, rank: int) -> int:
     raise AssertionError(f"no rank {rank} under {parent}")
 
 
+@pytest.mark.slow
 def test_a_rank_killed_mid_training_ends_the_job_within_60_s(tiny_data_dir, tmp_path):
     run = tmp_path / "run"
     proc = torchrun("--no-python", "nmt-train", f"data_dir={tiny_data_dir}", f"run_dir={run}",
@@ -138,6 +141,7 @@ def test_a_rank_killed_mid_training_ends_the_job_within_60_s(tiny_data_dir, tmp_
         proc.wait()
 
 
+@pytest.mark.slow
 def test_out_of_memory_on_one_rank_ends_the_job_with_one_line(tiny_data_dir, tmp_path):
     proc = torchrun(str(FAULTY), f"data_dir={tiny_data_dir}", f"run_dir={tmp_path / 'run'}",
                     *TINY, "train.max_updates=100000", "train.valid_interval_updates=100000",
@@ -156,6 +160,7 @@ def test_out_of_memory_on_one_rank_ends_the_job_with_one_line(tiny_data_dir, tmp
     assert not re.search(r'File ".*/nmt/', stderr), stderr[-3000:]  # no traceback of ours
 
 
+@pytest.mark.slow
 def test_an_unreadable_checkpoint_is_one_line_on_every_rank(tiny_data_dir, tmp_path):
     run = tmp_path / "run"
     run.mkdir()

@@ -55,6 +55,7 @@ def nmt_preprocess(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
                           cwd=tmp_path, timeout=300)
 
 
+@pytest.mark.slow
 def test_hf_name_loads_through_load_dataset_like_text_input(tmp_path):
     hub = make_hub_dataset(tmp_path / "wmt14")
     done = nmt_preprocess(tmp_path, f"hf_name={hub}", "hf_config=de-en", "train=hf:train",
@@ -68,6 +69,7 @@ def test_hf_name_loads_through_load_dataset_like_text_input(tmp_path):
     assert hub_manifest["splits"]["valid"]["pairs"] == 20
 
 
+@pytest.mark.slow
 def test_hf_name_errors_are_one_line(tmp_path):
     hub = make_hub_dataset(tmp_path / "wmt14")
     for args, message in [

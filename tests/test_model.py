@@ -99,6 +99,7 @@ def test_three_way_tying_with_a_joint_vocabulary():
     assert untied.tgt_embed.lut.weight is not untied.generator.weight
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("row", ["small", "base", "big"])
 def test_initialisation_follows_the_reference_scheme(row):
     """Embeddings N(0, d^-0.5) with a zero padding row (tokens of RMS 1 after the sqrt(d)

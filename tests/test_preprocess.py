@@ -277,6 +277,7 @@ def test_invalid_utf8_skip_policy_counts_what_it_skipped(tmp_path):
 NMT_PREPROCESS = str(Path(sys.executable).with_name("nmt-preprocess"))
 
 
+@pytest.mark.slow
 def test_cli_contract_then_refuses_to_overwrite(corpus, tmp_path):
     args = [NMT_PREPROCESS, "src_lang=en", "tgt_lang=de", f"train={corpus['train']}",
             f"valid={corpus['valid']}", f"test={corpus['test']}", "out_dir=DATA",
@@ -292,6 +293,7 @@ def test_cli_contract_then_refuses_to_overwrite(corpus, tmp_path):
                            "(add force=true to replace it)\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["line counts", "vocab too large"])
 def test_cli_bad_input_gives_one_stderr_line(case, tmp_path):
     overrides, message = bad_input_cases(tmp_path)[case]

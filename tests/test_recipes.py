@@ -34,6 +34,7 @@ def dry_run(row: str, tmp_path: Path) -> dict:
 
 @pytest.mark.parametrize("row,d_model,updates,last", [("base", 512, 100_000, 5),
                                                        ("big", 1024, 300_000, 20)])
+@pytest.mark.slow
 def test_wmt14_recipe_dry_run(tmp_path, row, d_model, updates, last):
     steps = dry_run(row, tmp_path)
     pre, train, avg, tr = (steps[k] for k in SCHEMAS)
@@ -55,6 +56,7 @@ def recipe(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
+@pytest.mark.slow
 def test_wmt14_recipe_on_several_machines(tmp_path):
     out = recipe(tmp_path, NNODES="2", RDZV_ENDPOINT="node1:29400", GPUS="4")
     assert out.returncode == 0, out.stderr
@@ -66,6 +68,7 @@ def test_wmt14_recipe_on_several_machines(tmp_path):
     assert missing.returncode != 0 and "needs RDZV_ENDPOINT=host:port" in missing.stderr
 
 
+@pytest.mark.slow
 def test_wmt14_recipe_through_slurm(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     out = recipe(tmp_path, LAUNCHER="slurm", NNODES="2", SLURM_PARTITION="gpu")

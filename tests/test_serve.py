@@ -141,6 +141,7 @@ def test_serve_config_is_validated_naming_the_key():
             make(bad)
 
 
+@pytest.mark.slow
 def test_a_missing_checkpoint_is_one_line_and_exit_status_1(tmp_path):
     done = subprocess.run([CLI, f"checkpoint={tmp_path / 'nope.pt'}"], capture_output=True,
                           timeout=120)
@@ -263,6 +264,7 @@ def nmt_translate(ckpt, tiny_data_dir, **search) -> dict:
                                TranslateConfig))
 
 
+@pytest.mark.slow
 def test_health_says_the_model_is_loaded(server, ckpt):
     status, _, body = server.call("GET", "/health")
     assert status == 200
@@ -273,6 +275,7 @@ def test_health_says_the_model_is_loaded(server, ckpt):
 
 @pytest.mark.parametrize("search", [{"beam_size": 4}, {"beam_size": 1},
                                     {"beam_size": 3, "nbest": 2, "alpha": 1.0}])
+@pytest.mark.slow
 def test_translations_equal_nmt_translate(server, ckpt, tiny_data_dir, lines, search):
     got = server.translate(lines, **search)
     want = nmt_translate(ckpt, tiny_data_dir, **search)
@@ -287,6 +290,7 @@ def test_translations_equal_nmt_translate(server, ckpt, tiny_data_dir, lines, se
         assert all("nbest" not in t for t in got)
 
 
+@pytest.mark.slow
 def test_concurrent_requests_share_batches(server, lines):
     alone = [server.translate([line])[0]["text"] for line in lines[:8]]
     before = server.call("GET", "/stats")[2]
@@ -320,6 +324,7 @@ BAD = [  # body, extra headers, status, field
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("body", "headers", "status", "field"), BAD)
 def test_bad_input_gets_a_json_error_naming_the_field(server, body, headers, status, field):
     got, _, answer = server.call("POST", "/translate", body, headers)
@@ -327,6 +332,7 @@ def test_bad_input_gets_a_json_error_naming_the_field(server, body, headers, sta
     assert answer["error"].startswith(f"{field}: ")
 
 
+@pytest.mark.slow
 def test_a_streamed_oversized_body_and_garbage_bytes_do_not_hurt_the_server(server):
     status, _, answer = server.call("POST", "/translate", b"[" * 100_000, chunked=True)
     assert (status, answer["field"]) == (413, "body")
@@ -337,6 +343,7 @@ def test_a_streamed_oversized_body_and_garbage_bytes_do_not_hurt_the_server(serv
     assert server.translate(["open file"])[0]["text"]
 
 
+@pytest.mark.slow
 def test_the_openapi_page_documents_the_api(server):
     status, _, spec = server.call("GET", "/openapi.json")
     assert status == 200
@@ -349,6 +356,7 @@ def test_the_openapi_page_documents_the_api(server):
     assert server.call("GET", "/docs")[0] == 200
 
 
+@pytest.mark.slow
 def test_a_full_queue_is_503_with_retry_after_and_a_slow_request_504(ckpt, lines):
     srv = Server(ckpt, "workers=1", "max_wait_ms=3000", "timeout_s=1", "max_queued=4",
                  "max_sentences=4", "search.max_sentences=4")
@@ -370,6 +378,7 @@ def test_a_full_queue_is_503_with_retry_after_and_a_slow_request_504(ckpt, lines
         assert srv.stop() == 0
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_the_requests_in_flight_then_exits(ckpt, lines):
     srv = Server(ckpt, "workers=2", "max_wait_ms=2000")
     with ThreadPoolExecutor(4) as pool:

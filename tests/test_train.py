@@ -50,6 +50,7 @@ def same_tensors(a: dict, b: dict) -> bool:
     return a == b
 
 
+@pytest.mark.slow
 def test_contract_commands_train_then_resume(tiny_data_dir, tmp_path):
     run = tmp_path / "run"
     common = ["+model=small", f"data_dir={tiny_data_dir}", f"run_dir={run}",
@@ -315,6 +316,7 @@ def test_amp_auto_is_fp32_on_cpu():
         resolve_amp("fp16", cpu)
 
 
+@pytest.mark.slow
 def test_compile_trains_like_eager(tiny_data_dir, tmp_path, monkeypatch):
     real = torch.compile
     monkeypatch.setattr(torch, "compile",  # inductor's C++ build takes minutes on 2 cores
@@ -406,6 +408,7 @@ def same_vocabulary_data(tmp_path: Path, like: Path) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_init_from_fine_tunes_a_checkpoint_on_new_data(tiny_data_dir, tmp_path):
     train(config(tiny_data_dir, tmp_path / "base", "train.max_updates=3"))
     base = tmp_path / "base/checkpoint_last.pt"

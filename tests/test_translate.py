@@ -34,6 +34,7 @@ def cli(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
 
 
 # ----------------------------------------------------------------------------- the contract
+@pytest.mark.slow
 def test_contract_file_to_file_with_ref_prints_bleu_and_chrf(ckpt, tiny_data_dir, test_en,
                                                              tmp_path):
     hyp = tmp_path / "hyp.de"
@@ -51,6 +52,7 @@ def test_contract_file_to_file_with_ref_prints_bleu_and_chrf(ckpt, tiny_data_dir
     assert not list(tmp_path.glob(".*tmp"))  # written atomically
 
 
+@pytest.mark.slow
 def test_contract_stdin_to_stdout_carries_only_translations(ckpt, test_en, tmp_path):
     done = cli(f"checkpoint={ckpt}", "search.beam_size=1", stdin=test_en.read_bytes())
     assert done.returncode == 0, done.stderr.decode()
@@ -60,6 +62,7 @@ def test_contract_stdin_to_stdout_carries_only_translations(ckpt, test_en, tmp_p
     assert out == result["hypotheses"]
 
 
+@pytest.mark.slow
 def test_a_missing_checkpoint_is_one_line_and_exit_status_1(tmp_path):
     done = cli(f"checkpoint={tmp_path / 'nope.pt'}", stdin=b"hello\n")
     assert done.returncode == 1
@@ -112,6 +115,7 @@ def test_nbest_lines_are_index_hypothesis_score(ckpt, test_en, tmp_path):
         assert scores == sorted(scores, reverse=True)
 
 
+@pytest.mark.slow
 def test_attention_pictures_are_written(ckpt, test_en, tmp_path):
     image = pytest.importorskip("matplotlib.image")
     pictures = tmp_path / "attention"
@@ -153,6 +157,7 @@ def test_embeddings_that_do_not_fit_the_vocabulary_are_an_error(ckpt, test_en, t
         checkpoint=bad, input=test_en)
 
 
+@pytest.mark.slow
 def test_a_vocabulary_that_does_not_match_is_an_error(ckpt, tiny_data_dir, test_en, tmp_path):
     other = make_data_dir(tmp_path / "other", vocab_size=100, seed=1)
     message = error_of(checkpoint=ckpt, input=test_en, vocab_check=other)

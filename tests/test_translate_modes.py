@@ -43,6 +43,7 @@ def error_of(**kw) -> str:
 
 
 # ----------------------------------------------------------------------------- ensembles
+@pytest.mark.slow
 def test_an_ensemble_on_the_command_line(ckpts, test_en, tmp_path):
     a, b = ckpts
     one = translate(config(checkpoint=a, input=test_en, output=tmp_path / "a"))
@@ -105,6 +106,7 @@ def test_no_repeat_ngram_size_on_the_command_line(ckpts, test_en, tmp_path):
 
 
 # ----------------------------------------------------------------------------- scoring pairs
+@pytest.mark.slow
 def test_score_reference_with_ref_or_tsv(ckpts, test_en, tiny_data_dir, tmp_path):
     ref = tiny_data_dir / "test.clean.de"
     out = tmp_path / "scores"
@@ -135,6 +137,7 @@ def test_score_reference_with_ref_or_tsv(ckpts, test_en, tiny_data_dir, tmp_path
 
 
 # ----------------------------------------------------------------------------- interactive
+@pytest.mark.slow
 def test_interactive_stdin_answers_each_line_before_the_next(ckpts, test_en, tmp_path):
     sources = lines_of(test_en)[:4]
     expected = translate(config(checkpoint=ckpts[0], input=write(tmp_path / "in", sources),
@@ -155,6 +158,7 @@ def test_interactive_stdin_answers_each_line_before_the_next(ckpts, test_en, tmp
 
 
 # ----------------------------------------------------------------------------- dtypes
+@pytest.mark.slow
 def test_int8_and_bf16_translate_and_fp16_needs_cuda(ckpts, test_en, tmp_path):
     for dtype in ("bf16", "int8"):
         out = translate(config(checkpoint=ckpts[0], input=test_en, output=tmp_path / dtype,
@@ -165,6 +169,7 @@ def test_int8_and_bf16_translate_and_fp16_needs_cuda(ckpts, test_en, tmp_path):
 
 
 # ----------------------------------------------------------------------------- torchrun
+@pytest.mark.slow
 def test_two_processes_under_torchrun_write_one_output_in_order(ckpts, test_en, tmp_path):
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
            "OMP_NUM_THREADS": "1"}
