@@ -151,6 +151,7 @@ def test_ctranslate2_greedy_is_nmt_greedy(norm, spm, sentences, tmp_path):
     assert ctranslate2_greedy(out, sentences) == nmt_greedy(ckpt, sentences)
 
 
+@pytest.mark.slow
 def test_ctranslate2_separate_vocabularies_and_untied_output(spm, sentences, tmp_path):
     pytest.importorskip("ctranslate2")
     ckpt = varied_checkpoint(tmp_path / "c.pt", spm["en"], spm["de"], "post",
@@ -160,6 +161,7 @@ def test_ctranslate2_separate_vocabularies_and_untied_output(spm, sentences, tmp
     assert ctranslate2_greedy(out, sentences) == nmt_greedy(ckpt, sentences)
 
 
+@pytest.mark.slow
 def test_ctranslate2_int8_export_translates(spm, sentences, tmp_path):
     pytest.importorskip("ctranslate2")
     ckpt = varied_checkpoint(tmp_path / "c.pt", spm["joint"], spm["joint"], "post")
@@ -288,6 +290,7 @@ def test_cli_exports_and_gives_one_line_errors(spm, tmp_path):
         assert done.stderr.strip().splitlines() == [f"nmt-export: error: {message}"]
 
 
+@pytest.mark.slow
 def test_force_replaces_a_model_directory_only(spm, tmp_path):
     pytest.importorskip("ctranslate2")
     ckpt = varied_checkpoint(tmp_path / "c.pt", spm["joint"], spm["joint"], "post")

@@ -65,6 +65,7 @@ def test_an_ensemble_with_another_vocabulary_is_one_line_error(ckpts, test_en, t
 
 
 # ----------------------------------------------------------------------------- sampling
+@pytest.mark.slow
 def test_sampling_writes_n_samples_per_line_reproducibly(ckpts, test_en, tmp_path):
     kw = {"checkpoint": ckpts[0], "input": test_en, "search.sampling": "true",
           "search.nbest": 3, "search.top_p": 0.9, "search.seed": 3}
@@ -80,6 +81,7 @@ def test_sampling_writes_n_samples_per_line_reproducibly(ckpts, test_en, tmp_pat
 
 
 # ----------------------------------------------------------------------------- prefixes
+@pytest.mark.slow
 def test_prefixes_from_a_tsv_column(ckpts, test_en, tmp_path):
     sources = lines_of(test_en)[:6]
     prefixes = ["Nepo", "", "Evas Elif", "Nepo", "Esolc", "Pleh Weiv"]
