@@ -1,6 +1,7 @@
 """Checkpoints: written atomically, read with weights_only=True (a checkpoint cannot run code).
 
 A checkpoint is a plain dict of tensors, numbers, strings, bytes, lists and dicts:
+    format       the layout version (FORMAT); older layouts are converted when loaded
     model        the model's state_dict
     model_cfg    dataclasses.asdict(ModelConfig)
     vocab        {"src_size", "tgt_size", "joint", "pad_id", "unk_id", "bos_id", "eos_id",
@@ -24,9 +25,13 @@ import torch
 from nmt.errors import NmtError, first_line
 from nmt.files import check_output, fsync_directory, link_atomically, write_atomically
 
+FORMAT = 2  # 2: the encoder-decoder attention has W_q and W_kv (1: one fused W_qkv)
+
 
 def save_checkpoint(state: dict, path: str | Path) -> None:
-    """torch.save to a temporary file in the same directory, synced, then renamed into place."""
+    """torch.save to a temporary file in the same directory, synced, then renamed into place,
+    marked with this version's checkpoint FORMAT."""
+    state = {**state, "format": FORMAT}
     write_atomically(path, lambda f: torch.save(state, f), durable=True)
 
 
@@ -42,7 +47,33 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise NmtError(f"{path}: not a readable nmt checkpoint ({first_line(e, 120)})") from None
     if not isinstance(state, dict) or not {"model", "model_cfg", "vocab"} <= state.keys():
         raise NmtError(f"{path}: not an nmt checkpoint (model, model_cfg or vocab missing)")
-    return state
+    version = state.get("format", 1)
+    if version > FORMAT:
+        raise NmtError(f"{path}: checkpoint format {version} is newer than this nmt reads "
+                       f"({FORMAT}); upgrade nmt")
+    return upgrade_format_1(state) if version == 1 else state
+
+
+def upgrade_format_1(state: dict) -> dict:
+    """A format-1 checkpoint in today's layout: each decoder layer's fused encoder-decoder
+    projection src_attn.W_qkv (3 d_model rows: W^Q, W^K, W^V) split into W_q and W_kv, in
+    the weights and their EMA. Its optimizer state keeps the old parameter list, so the
+    result can be translated, averaged, exported and fine-tuned from, but not resumed
+    (check_resumable says so)."""
+    d = state["model_cfg"]["d_model"]
+    for key in ("model", "ema"):
+        if key not in state:
+            continue
+        weights = {}
+        for name, value in state[key].items():
+            if ".src_attn.W_qkv." in name:
+                prefix, kind = name.split(".src_attn.W_qkv.")
+                weights[f"{prefix}.src_attn.W_q.{kind}"] = value[:d]  # W^Q rows
+                weights[f"{prefix}.src_attn.W_kv.{kind}"] = value[d:]  # W^K, W^V rows
+            else:
+                weights[name] = value
+        state[key] = weights
+    return {**state, "format": FORMAT, "upgraded_from": 1}
 
 
 # ----------------------------------------------------------------------------- averaging
@@ -170,3 +201,8 @@ def check_resumable(state: dict, path: Path, model_cfg: dict, vocab_sha256: str)
     check_same_model(state, path, model_cfg, vocab_sha256, "use a new run_dir")
     if "optimizer" not in state or "iterator" not in state:
         raise NmtError(f"{path}: not a training checkpoint (no optimizer state); cannot resume")
+    if "upgraded_from" in state:
+        raise NmtError(f"{path}: written by an older nmt (checkpoint format "
+                       f"{state['upgraded_from']}), whose optimizer state does not fit this "
+                       f"version's parameters: resume it with that nmt, or start a new run_dir "
+                       f"with train.init_from={path}")

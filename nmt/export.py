@@ -5,8 +5,8 @@ nmt-translate (tests/test_export.py). The checkpoint is read (and checked) as nm
 reads it; the model directory is built in a temporary directory, then renamed into place.
 
 format=ctranslate2 writes a CTranslate2 TransformerSpec straight from the weights: nmt's
-fused W_qkv is CTranslate2's fused self-attention projection as it is; encoder-decoder
-attention takes W_qkv's Q rows and its K, V rows as two matrices; the position table is
+fused self-attention W_qkv is CTranslate2's fused self-attention projection as it is, and
+the encoder-decoder attention's W_q and W_kv are its two attention inputs; the position table is
 nmt's own; post-norm, or pre-norm with a final LayerNorm per stack; LayerNorm epsilon 1e-5.
 Its vocabularies are the SentencePiece pieces, and source.spm / target.spm lie beside
 model.bin: translate `sp.encode(text, out_type=str)`; the model appends EOS to the source and
@@ -116,14 +116,13 @@ def ctranslate2_spec(model: Transformer, src_vocab: list[str], tgt_vocab: list[s
         _linear(layer.self_attention.linear[1], w, p + "self_attn.W_o")
         _norm(layer.self_attention.layer_norm, w, p + "sublayer.0.norm")
         _ffn(layer.ffn, w, p + "feed_forward", p + "sublayer.1.norm")
-    d = cfg.d_model
     for i, layer in enumerate(dec.layer):
         p = f"decoder.{i}."
         _linear(layer.self_attention.linear[0], w, p + "self_attn.W_qkv")
         _linear(layer.self_attention.linear[1], w, p + "self_attn.W_o")
         _norm(layer.self_attention.layer_norm, w, p + "sublayer.0.norm")
-        _linear(layer.attention.linear[0], w, p + "src_attn.W_qkv", slice(0, d))  # W^Q
-        _linear(layer.attention.linear[1], w, p + "src_attn.W_qkv", slice(d, 3 * d))  # W^K, W^V
+        _linear(layer.attention.linear[0], w, p + "src_attn.W_q")  # W^Q
+        _linear(layer.attention.linear[1], w, p + "src_attn.W_kv")  # W^K, W^V
         _linear(layer.attention.linear[2], w, p + "src_attn.W_o")
         _norm(layer.attention.layer_norm, w, p + "sublayer.1.norm")
         _ffn(layer.ffn, w, p + "feed_forward", p + "sublayer.2.norm")
@@ -136,11 +135,11 @@ def ctranslate2_spec(model: Transformer, src_vocab: list[str], tgt_vocab: list[s
     return spec
 
 
-def _linear(spec, w: dict, name: str, rows: slice = slice(None)) -> None:
-    """Set a LinearSpec from nmt's `name`.weight and .bias (optionally some output rows)."""
-    spec.weight = w[f"{name}.weight"][rows].copy()
+def _linear(spec, w: dict, name: str) -> None:
+    """Set a LinearSpec from nmt's `name`.weight and .bias."""
+    spec.weight = w[f"{name}.weight"].copy()
     if f"{name}.bias" in w:
-        spec.bias = w[f"{name}.bias"][rows].copy()
+        spec.bias = w[f"{name}.bias"].copy()
 
 
 def _norm(spec, w: dict, name: str) -> None:
@@ -187,7 +186,11 @@ def transformers_weights(translator: Translator, pegasus: bool) -> dict[str, Ten
         out["model.shared.weight"] = out["model.encoder.embed_tokens.weight"]
 
     def attention(hf: str, nmt: str) -> None:  # inputs from the residual stream, output to it
-        qkv, b = w[f"{nmt}.W_qkv.weight"], w[f"{nmt}.W_qkv.bias"]
+        if f"{nmt}.W_qkv.weight" in w:  # self-attention: one fused projection
+            qkv, b = w[f"{nmt}.W_qkv.weight"], w[f"{nmt}.W_qkv.bias"]
+        else:  # encoder-decoder attention: W_q, then W_kv
+            qkv = torch.cat([w[f"{nmt}.W_q.weight"], w[f"{nmt}.W_kv.weight"]])
+            b = torch.cat([w[f"{nmt}.W_q.bias"], w[f"{nmt}.W_kv.bias"]])
         for j, name in enumerate(("q_proj", "k_proj", "v_proj")):
             out[f"{hf}.{name}.weight"] = qkv[j * d:(j + 1) * d][:, P]
             out[f"{hf}.{name}.bias"] = b[j * d:(j + 1) * d]

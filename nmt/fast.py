@@ -1,9 +1,7 @@
-"""Speed paths beside the reference model of nmt/model.py; tests check that they agree with it.
+"""Decoding, faster: a speed path beside the reference model of nmt/model.py; tests check
+that they agree (tests/test_fast.py). Training's CPU speed paths are in nmt/cpu_training.py.
 
-Training on the CPU (build_model installs it): a dropout whose random mask costs less, and
-plain matmul attention in bf16/fp16, where the CPU's fused attention kernel is slower.
-
-Decoding: `FastModel` runs a trained Transformer's weights for inference only, through the
+`FastModel` runs a trained Transformer's weights for inference only, through the
 model's decoding interface (encode, start_decoding, decode_step, decode): in fp32 or bf16
 (on the CPU the linear maps' weights packed once for oneDNN, with the ReLU or the residual
 addition fused into the product), fp16 (CUDA) or int8 (weights and activations rounded to
@@ -28,68 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.ao.quantization.observer import PerChannelMinMaxObserver
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from nmt.model import Transformer, additive_mask, causal_mask
 
-HALF = (torch.bfloat16, torch.float16)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
           "int8": torch.float32}  # int8: int8 weights and matmuls, float32 everything else
-
-
-# ----------------------------------------------------------------------------- training
-class CpuDropout(nn.Dropout):
-    """Dropout whose mask costs less on CPU: 16 random bits per element, four per 64-bit draw.
-
-    torch's CPU dropout draws one random number per element (~10% of a training step). Here an
-    element is dropped when its 16 uniform bits fall below round(p * 2^16): probability p up to
-    2^-16, survivors scaled by 1 / (1 - p). On GPUs, whose random numbers are cheap, F.dropout.
-    """
-
-    def __init__(self, p: float):
-        super().__init__(p)
-        self.threshold = -2 ** 15 + round(p * 2 ** 16)  # int16 draws below it are dropped
-
-    def forward(self, x: Tensor) -> Tensor:
-        """x with a random share p of its elements zeroed and the rest scaled (training only)."""
-        if not self.training or self.p == 0.0:
-            return x
-        if x.device.type != "cpu":
-            return F.dropout(x, self.p, training=True)
-        words = torch.empty((x.numel() + 3) // 4, dtype=torch.int64).random_(-2 ** 63, None)
-        bits = words.view(torch.int16)[:x.numel()].view(x.shape)  # uniform in [-2^15, 2^15)
-        scale = (bits >= self.threshold).to(x.dtype).mul_(1.0 / (1.0 - self.p))
-        return x * scale
-
-
-def speed_up_training(model: Transformer) -> Transformer:
-    """Install the CPU training speed paths in `model` (in place; returns it): every
-    nn.Dropout becomes a CpuDropout, and forward passes on the CPU in bf16/fp16 (autocast or
-    half weights) attend with matmul + softmax (the fused CPU kernel is 2-4x slower there and
-    its bf16 backward took 23% of a training step)."""
-    for module in list(model.modules()):
-        for name, child in module.named_children():
-            if type(child) is nn.Dropout:
-                setattr(module, name, CpuDropout(child.p))
-    model.register_forward_pre_hook(_plain_attention_on)
-    model.register_forward_hook(_plain_attention_off, always_call=True)
-    return model
-
-
-def _plain_attention_on(model: Transformer, args: tuple) -> None:
-    """Forward pre-hook: on the CPU in half precision, select SDPBackend.MATH until the end."""
-    half = ((torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") in HALF)
-            or model.generator.weight.dtype in HALF)
-    if args and args[0].device.type == "cpu" and half:
-        model._attention_kernel = sdpa_kernel(SDPBackend.MATH)
-        model._attention_kernel.__enter__()
-
-
-def _plain_attention_off(model: Transformer, args: tuple, output) -> None:
-    """Forward hook (also after an exception): leave the backend selection of the pre-hook."""
-    kernel = model.__dict__.pop("_attention_kernel", None)
-    if kernel is not None:
-        kernel.__exit__(None, None, None)
 
 
 # ----------------------------------------------------------------------------- decoding
@@ -214,10 +155,10 @@ class FastLayer:
         self.qkv = affine(attn.W_qkv.weight * scale, attn.W_qkv.bias * scale[:, 0])
         self.o = affine(attn.W_o.weight, attn.W_o.bias)
         if hasattr(layer, "src_attn"):
-            W, b = layer.src_attn.W_qkv.weight, layer.src_attn.W_qkv.bias
-            self.q = affine(W[:d] * scale[:d], b[:d] * scale[:d, 0])
-            self.kv = affine(W[d:], b[d:])
-            self.o2 = affine(layer.src_attn.W_o.weight, layer.src_attn.W_o.bias)
+            src = layer.src_attn
+            self.q = affine(src.W_q.weight * scale[:d], src.W_q.bias * scale[:d, 0])
+            self.kv = affine(src.W_kv.weight, src.W_kv.bias)
+            self.o2 = affine(src.W_o.weight, src.W_o.bias)
         self.W_1 = affine(ff.W_1.weight, ff.W_1.bias, relu=True)
         self.W_2 = affine(ff.W_2.weight, ff.W_2.bias)
 

@@ -3,11 +3,12 @@
 One small class per box of the paper's Figure 1, named with the paper's symbols (N, d_model,
 d_ff, h, d_k). Read it top to bottom: attention, feed-forward, residual sub-layer, embeddings
 and positions, encoder and decoder layers, then the whole encoder-decoder with its
-incremental (key/value-cached) decoding API. The speed paths (a cheaper CPU dropout mask for
-training, a decoding engine for fp32/bf16/int8) live beside it in nmt/fast.py.
+incremental (key/value-cached) decoding API. `make_model` returns exactly this model: plain
+torch.nn modules, no hooks. Speed paths live beside it and are opted into by the caller that
+knows the device: nmt/cpu_training.py (training on CPUs), nmt/fast.py (decoding).
 
 Shapes: B batch, S source length, T target length, V vocabulary, h heads, d_k = d_model / h.
-Masks are boolean with True where attention is allowed.
+Masks are boolean with True where attention is allowed, or additive (0 / -inf) on GPUs.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ from nmt.config import ModelConfig
 
 
 class MultiHeadAttention(nn.Module):
-    """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O (section 3.2.2)."""
+    """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q,
+    K W_i^K, V W_i^V) (section 3.2.2). Subclasses say where Q, K and V come from."""
 
     def __init__(self, d_model: int, h: int, attention_dropout: float = 0.0):
         super().__init__()
         self.h, self.d_k, self.p = h, d_model // h, attention_dropout
-        self.W_qkv = nn.Linear(d_model, 3 * d_model)  # W^Q, W^K, W^V of all heads, stacked
         self.W_o = nn.Linear(d_model, d_model)
         self.keep_weights = False  # set by Transformer.keep_attention for visualisation
         self.weights: Tensor | None = None  # (B, h, T_q, T_k) when keep_weights
@@ -37,59 +38,83 @@ class MultiHeadAttention(nn.Module):
         B, T, _ = x.shape
         return x.view(B, T, self.h, self.d_k).transpose(1, 2)  # (B, h, T, d_k)
 
-    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys and values of the encoder output for encoder-decoder attention, computed once."""
-        d = self.W_o.in_features
-        kv = F.linear(memory, self.W_qkv.weight[d:], self.W_qkv.bias[d:])  # (B, S, 2 d_model)
-        k, v = kv.chunk(2, dim=-1)
-        return self.split_heads(k), self.split_heads(v)  # (B, h, S, d_k) each
-
-    def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False,
-                kv: tuple[Tensor, Tensor] | None = None, cache: KVCache | None = None) -> Tensor:
-        """Self-attention over x, or attention from x to precomputed `kv` (encoder-decoder).
-
-        cache: this layer's KVCache of past keys and values (incremental decoding).
-        """
-        B, T, d_model = x.shape
-        if kv is None:  # self-attention: one fused projection for Q, K, V
-            qkv = self.W_qkv(x).view(B, T, 3, self.h, self.d_k)
-            q, k, v = qkv.permute(2, 0, 3, 1, 4)  # 3 x (B, h, T, d_k)
-            if cache is not None:
-                k, v = cache.append(qkv[:, :, 1:])  # (B, h, T_past + T, d_k) each
-        else:
-            q = self.split_heads(F.linear(x, self.W_qkv.weight[:d_model],
-                                          self.W_qkv.bias[:d_model]))  # (B, h, T, d_k)
-            k, v = kv
-        if causal and k.size(2) != T:  # new queries after cached keys: see all past, no future
-            mask = causal_mask(T, k.size(2), x.device) if T > 1 else None
-            causal = False
-        out = self.attention(q, k, v, mask, causal)  # (B, h, T, d_k)
-        out = out.transpose(1, 2).reshape(B, T, d_model)  # (B, T, h * d_k)
-        return self.W_o(out)
+    def combine_heads(self, x: Tensor) -> Tensor:
+        """(B, h, T, d_k) -> Concat(head_1, ..., head_h) W^O, (B, T, d_model)."""
+        B, h, T, d_k = x.shape
+        return self.W_o(x.transpose(1, 2).reshape(B, T, h * d_k))  # (B, T, d_model)
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
-                  causal: bool) -> Tensor:
+                  causal: bool = False) -> Tensor:
         """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, fused unless weights are kept."""
         p = self.p if self.training else 0.0
         if not self.keep_weights:
-            if mask is not None and q.device.type != "cpu":
-                mask = additive_mask(mask, q.dtype)  # what CUDA's fused kernels take
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
                                                   is_causal=causal)
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)  # (B, h, T_q, T_k)
         if causal:
             mask = causal_mask(q.size(2), k.size(2), q.device)
-        if mask is not None:
+        if mask is not None and mask.dtype == torch.bool:
             scores = scores.masked_fill(~mask, float("-inf"))
+        elif mask is not None:
+            scores = scores + mask
         self.weights = scores.softmax(dim=-1)
         return F.dropout(self.weights, p, self.training) @ v
 
 
+class SelfAttention(MultiHeadAttention):
+    """Self-attention: Q, K and V are all projections of x, through one fused W^Q|W^K|W^V."""
+
+    def __init__(self, d_model: int, h: int, attention_dropout: float = 0.0):
+        super().__init__(d_model, h, attention_dropout)
+        self.W_qkv = nn.Linear(d_model, 3 * d_model)  # W^Q, W^K, W^V of all heads, stacked
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False,
+                cache: KVCache | None = None) -> Tensor:
+        """(B, T, d_model) -> (B, T, d_model). causal: position i attends to positions <= i;
+        cache: this layer's past keys and values (incremental decoding), extended by x's."""
+        B, T, _ = x.shape
+        qkv = self.W_qkv(x).view(B, T, 3, self.h, self.d_k)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # 3 x (B, h, T, d_k)
+        if cache is not None:
+            k, v = cache.append(qkv[:, :, 1:])  # (B, h, T_past + T, d_k) each
+        if causal and k.size(2) != T:  # new queries after cached keys: see all past, no future
+            mask, causal = (causal_mask(T, k.size(2), x.device) if T > 1 else None), False
+        return self.combine_heads(self.attention(q, k, v, mask, causal))
+
+
+class SourceAttention(MultiHeadAttention):
+    """Encoder-decoder attention: Q from the decoder (W^Q), K and V from the encoder output
+    (W^K and W^V, stacked as W_kv: the memory's keys and values are computed once)."""
+
+    def __init__(self, d_model: int, h: int, attention_dropout: float = 0.0):
+        super().__init__(d_model, h, attention_dropout)
+        self.W_q = nn.Linear(d_model, d_model)
+        self.W_kv = nn.Linear(d_model, 2 * d_model)  # W^K, W^V of all heads, stacked
+
+    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, S, d_model) encoder output -> keys and values, (B, h, S, d_k) each."""
+        B, S, _ = memory.shape
+        kv = self.W_kv(memory).view(B, S, 2, self.h, self.d_k)
+        k, v = kv.permute(2, 0, 3, 1, 4)  # 2 x (B, h, S, d_k)
+        return k, v
+
+    def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], mask: Tensor) -> Tensor:
+        """(B, T, d_model) decoder states attending to memory_kv (project_kv) -> (B, T, d_model)."""
+        k, v = memory_kv
+        return self.combine_heads(self.attention(self.split_heads(self.W_q(x)), k, v, mask))
+
+
+def padding_mask(ids: Tensor, pad_id: int, dtype: torch.dtype) -> Tensor:
+    """(B, S) ids -> the (B, 1, 1, S) mask of the keys that are not padding, in the form the
+    attention kernels take on this device, built once per forward pass: boolean (True:
+    attend) on the CPU; additive (0 / -inf, in `dtype`) on GPUs, the form in which CUDA's
+    memory-efficient and cuDNN kernels run fused with padding (tests/test_gpu.py)."""
+    mask = (ids != pad_id)[:, None, None, :]  # (B, 1, 1, S)
+    return mask if ids.device.type == "cpu" else additive_mask(mask, dtype)
+
+
 def additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
-    """A boolean mask (True: attend) as 0 / -inf scores to add, in the queries' dtype: the form
-    in which CUDA's memory-efficient and cuDNN kernels take a mask, broadcast from (B, 1, 1, S),
-    so that padded batches run fused (tests/test_gpu.py forbids the unfused kernel). The flash
-    kernel takes no mask: the decoder's self-attention passes is_causal and runs there."""
+    """A boolean mask (True: attend) as 0 / -inf scores to add, in `dtype`."""
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
         ~mask, float("-inf"))
 
@@ -170,7 +195,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         pre = cfg.norm == "pre"
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.h, cfg.attention_dropout)
+        self.self_attn = SelfAttention(cfg.d_model, cfg.h, cfg.attention_dropout)
         self.feed_forward = PositionwiseFeedForward(cfg.d_model, cfg.d_ff)
         self.sublayer = nn.ModuleList(SublayerConnection(cfg.d_model, cfg.dropout, pre)
                                       for _ in range(2))
@@ -187,8 +212,8 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         pre = cfg.norm == "pre"
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.h, cfg.attention_dropout)
-        self.src_attn = MultiHeadAttention(cfg.d_model, cfg.h, cfg.attention_dropout)
+        self.self_attn = SelfAttention(cfg.d_model, cfg.h, cfg.attention_dropout)
+        self.src_attn = SourceAttention(cfg.d_model, cfg.h, cfg.attention_dropout)
         self.feed_forward = PositionwiseFeedForward(cfg.d_model, cfg.d_ff)
         self.sublayer = nn.ModuleList(SublayerConnection(cfg.d_model, cfg.dropout, pre)
                                       for _ in range(3))
@@ -197,7 +222,7 @@ class DecoderLayer(nn.Module):
                 cache: KVCache | None = None) -> Tensor:
         """(B, T, d_model) -> (B, T, d_model); memory_kv from src_attn.project_kv."""
         x = self.sublayer[0](x, lambda x: self.self_attn(x, causal=True, cache=cache))
-        x = self.sublayer[1](x, lambda x: self.src_attn(x, mask=src_mask, kv=memory_kv))
+        x = self.sublayer[1](x, lambda x: self.src_attn(x, memory_kv, src_mask))
         return self.sublayer[2](x, self.feed_forward)
 
 
@@ -243,11 +268,10 @@ class DecoderState:
 class Transformer(nn.Module):
     """The encoder-decoder Transformer with tied embeddings and an output projection."""
 
-    def __init__(self, cfg: ModelConfig, src_vocab: int, tgt_vocab: int, pad_id: int = 0,
-                 joint_vocab: bool | None = None):
+    def __init__(self, cfg: ModelConfig, src_vocab: int, tgt_vocab: int, pad_id: int,
+                 joint_vocab: bool):
         super().__init__()
         self.cfg, self.pad_id = cfg, pad_id
-        joint = (src_vocab == tgt_vocab) if joint_vocab is None else joint_vocab
         self.src_embed = Embeddings(src_vocab, cfg.d_model)
         self.tgt_embed = Embeddings(tgt_vocab, cfg.d_model)
         self.positions = PositionalEncoding(cfg.d_model, cfg.dropout, cfg.max_positions)
@@ -260,46 +284,52 @@ class Transformer(nn.Module):
         self.generator = nn.Linear(cfg.d_model, tgt_vocab, bias=False)  # pre-softmax projection
         if cfg.share_embeddings:  # section 3.4: one weight matrix for embeddings and projection
             self.tgt_embed.lut.weight = self.generator.weight
-            if joint:
+            if joint_vocab:  # one id space for both languages: the source embedding too
                 self.src_embed.lut.weight = self.generator.weight
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Initialise as the paper's reference code (tensor2tensor) and fairseq do.
+        """fairseq's initialisation, plus GPT-2's residual scaling (why: docs/design.md,
+        "Initialisation"; the ablation: docs/results.md, "Learning per update").
 
-        Embedding matrices (the tied one included): N(0, d_model^-0.5), padding row zero. Times
-        sqrt(d_model), a token embedding then has RMS 1, on the scale of the sinusoids (RMS
-        0.71) it is added to; Xavier on a (V x d_model) matrix would give RMS ~0.25 and let the
-        positions drown the tokens (it halved the learning per update on debian-po, README.md
-        "Initialisation"). The tied projection's logits start with standard deviation ~1.
-        Other linear maps: Xavier-uniform, biases zero. W_qkv is one (3 d_model x d_model)
-        matrix, so its bound is that of fairseq's per-projection Xavier with gain 1/sqrt(2).
-        W^O and W_2, the maps that add into the residual stream, are then scaled by 1/sqrt(2N)
-        (GPT-2's rule): a stack's 2N sub-layers start as small corrections of the identity.
-        Each of these choices won its ablation at equal updates (README.md, "Learning per
-        update"): against fairseq's init the residual scaling alone took the valid NLL at
-        update 500 from 4.86 to 4.71 nats.
+        Embeddings (the tied matrix included): N(0, d_model^-1/2), the padding row zero, so
+        that sqrt(d_model) x embedding has RMS 1 like the sinusoids it is added to. W^Q, W^K,
+        W^V: Xavier-uniform per (d_model x d_model) block with gain 1/sqrt(2); other linear
+        maps Xavier-uniform; biases zero. W^O and W_2, which add into the residual stream, are
+        then scaled by 1/sqrt(2N).
         """
         embeddings = {id(m.weight): m.weight for m in (self.src_embed.lut, self.tgt_embed.lut,
                                                         self.generator)}
-        for module in self.modules():
-            if isinstance(module, nn.Linear) and id(module.weight) not in embeddings:
-                nn.init.xavier_uniform_(module.weight)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
+        projections = set()  # W^Q, W^K, W^V maps, stacked or not
+        for m in self.modules():
+            if isinstance(m, SelfAttention):
+                projections.add(id(m.W_qkv.weight))
+            elif isinstance(m, SourceAttention):
+                projections |= {id(m.W_q.weight), id(m.W_kv.weight)}
+        d = self.cfg.d_model
         with torch.no_grad():
+            for module in self.modules():
+                if isinstance(module, nn.Linear) and id(module.weight) not in embeddings:
+                    if id(module.weight) in projections:
+                        for block in module.weight.split(d):  # W^Q, W^K or W^V: (d, d) each
+                            nn.init.xavier_uniform_(block, gain=2 ** -0.5)
+                    else:
+                        nn.init.xavier_uniform_(module.weight)
+                    if module.bias is not None:
+                        nn.init.zeros_(module.bias)
             for module in self.modules():
                 if isinstance(module, MultiHeadAttention | PositionwiseFeedForward):
                     out = module.W_o if isinstance(module, MultiHeadAttention) else module.W_2
                     out.weight.mul_((2 * self.cfg.N) ** -0.5)
             for weight in embeddings.values():
-                nn.init.normal_(weight, mean=0.0, std=self.cfg.d_model ** -0.5)
+                nn.init.normal_(weight, mean=0.0, std=d ** -0.5)
                 weight[self.pad_id].zero_()
 
     # -- encoder ---------------------------------------------------------------------------
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
-        """(B, S) source ids -> memory (B, S, d_model) and src_mask (B, 1, 1, S)."""
-        src_mask = (src != self.pad_id)[:, None, None, :]  # (B, 1, 1, S)
+        """(B, S) source ids -> memory (B, S, d_model) and src_mask (B, 1, 1, S), the padding
+        mask in the form this device's attention takes (padding_mask), for decode."""
+        src_mask = padding_mask(src, self.pad_id, self.activation_dtype(src.device))
         x = self.positions(self.src_embed(src))
         for layer in self.encoder:
             x = layer(x, src_mask)
@@ -321,6 +351,12 @@ class Transformer(nn.Module):
         if keep is not None:
             x = x[keep]  # (n, d_model)
         return self.generator(x)
+
+    def activation_dtype(self, device: torch.device) -> torch.dtype:
+        """The dtype the attention scores will have: autocast's, else the weights'."""
+        if torch.is_autocast_enabled(device.type):
+            return torch.get_autocast_dtype(device.type)
+        return self.generator.weight.dtype
 
     def start_decoding(self, memory: Tensor, src_mask: Tensor) -> DecoderState:
         """Project the encoder output once per layer; returns the state for decode_step."""
@@ -355,13 +391,12 @@ class Transformer(nn.Module):
                 "encoder_decoder": [layer.src_attn.weights for layer in self.decoder]}
 
 
-def build_model(cfg: ModelConfig, src_vocab: int, tgt_vocab: int, pad_id: int = 0,
-                joint_vocab: bool | None = None) -> Transformer:
-    """The one place a model is built from its config and vocabulary sizes, with the CPU
-    training speed paths of nmt.fast (cheaper dropout masks, plain attention in bf16/fp16)."""
-    from nmt.fast import speed_up_training
-
-    return speed_up_training(Transformer(cfg, src_vocab, tgt_vocab, pad_id, joint_vocab))
+def make_model(cfg: ModelConfig, src_vocab: int, tgt_vocab: int, pad_id: int,
+               joint_vocab: bool) -> Transformer:
+    """The paper's model for this config and these vocabularies. joint_vocab: the source and
+    target share one id space (one joint BPE), so that with cfg.share_embeddings the source
+    embedding is tied too (section 3.4); two vocabularies of one size are not joint."""
+    return Transformer(cfg, src_vocab, tgt_vocab, pad_id, joint_vocab)
 
 
 def count_parameters(model: nn.Module) -> int:

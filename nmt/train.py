@@ -20,10 +20,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import logging
 import math
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +43,7 @@ from nmt.checkpoint import (
     save_training_checkpoint,
 )
 from nmt.config import TrainConfig, TrainLoopConfig
+from nmt.cpu_training import attention_kernels, use_cpu_dropout
 from nmt.data import (
     Batch,
     EpochBatchIterator,
@@ -52,7 +55,7 @@ from nmt.data import (
 from nmt.errors import NmtError
 from nmt.files import read_lines
 from nmt.loss import LabelSmoothedLoss
-from nmt.model import build_model, count_parameters
+from nmt.model import count_parameters, make_model
 from nmt.runlog import RunLog, prepare_run_dir
 from nmt.runtime import keep_freed_memory, release_freed_memory
 from nmt.schedule import build_optimizer
@@ -246,7 +249,7 @@ class Run:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler  # enabled for fp16 only
     amp: str  # "none", "bf16" or "fp16"
-    autocast: contextlib.AbstractContextManager
+    precision: Callable[[], contextlib.AbstractContextManager]  # a forward pass's numerics
     update_freq: int
     check_every: int  # updates between host reads of the device's statistics
     monitor: Monitor
@@ -271,19 +274,20 @@ def build_run(cfg: TrainConfig, env: distributed.DistInfo, data: Data) -> Run:
     tc, vocab = cfg.train, data.vocab
     amp = resolve_amp(tc.amp, env.device)
     torch.manual_seed(tc.seed)
-    model = build_model(cfg.model, vocab["src_size"], vocab["tgt_size"], vocab["pad_id"],
-                        vocab["joint"]).to(env.device)
+    model = make_model(cfg.model, vocab["src_size"], vocab["tgt_size"], vocab["pad_id"],
+                       vocab["joint"]).to(env.device)
+    if env.device.type == "cpu":  # the CPU speed path (nmt/cpu_training.py)
+        use_cpu_dropout(model)
     ema = copy.deepcopy(model).requires_grad_(False) if tc.ema_decay else None
     optimizer, scheduler = build_optimizer(model, cfg.optim, cfg.model.d_model)
     scaler = torch.amp.GradScaler(env.device.type, init_scale=2.0 ** 7, enabled=amp == "fp16")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
-    autocast = (torch.autocast(env.device.type, dtype=dtype) if dtype
-                else contextlib.nullcontext())
     ddp = wrap_ddp(model, env.device) if env.world_size > 1 else None
     forward = torch.compile(ddp or model, dynamic=True) if tc.compile else (ddp or model)
     check_every = 1 if env.device.type == "cpu" else tc.log_interval
+    precision = functools.partial(training_precision, env.device, dtype)
     return Run(cfg, env, data, model, forward, ddp, ema, optimizer, scheduler, scaler, amp,
-               autocast, update_frequency(tc, data.train, env.world_size), check_every,
+               precision, update_frequency(tc, data.train, env.world_size), check_every,
                Monitor(env.device))
 
 
@@ -378,13 +382,24 @@ class StepStats:
     stop: Tensor  # > 0: a rank's time budget ran out
 
 
+@contextlib.contextmanager
+def training_precision(device: torch.device, dtype: torch.dtype | None):
+    """The numerics of a training forward pass (and its backward): autocast to `dtype` (None:
+    fp32), with the attention kernels nmt/cpu_training.py chooses for it on the CPU."""
+    amp = torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+    with amp, attention_kernels(device, dtype):
+        yield
+
+
 def batch_loss(model: nn.Module, batch: Batch, epsilon: float, pad_id: int,
-               autocast) -> tuple[Tensor, Tensor]:
-    """Summed label-smoothed loss and summed NLL of a batch's target tokens (not normalised)."""
+               precision: Callable[[], contextlib.AbstractContextManager]
+               ) -> tuple[Tensor, Tensor]:
+    """Summed label-smoothed loss and summed NLL of a batch's target tokens (not normalised);
+    the forward pass runs in the context precision() makes (e.g. training_precision)."""
     # The non-padding target positions (padding is neither projected nor scored): the batch's
     # (rows, columns) when collate gave them (no host synchronisation), else a (B, T) mask.
     keep = batch.targets if batch.targets is not None else batch.tgt_out != pad_id
-    with autocast:
+    with precision():
         logits = model(batch.src, batch.tgt_in, keep)  # (n, V)
     return LabelSmoothedLoss.apply(logits, batch.tgt_out[keep], epsilon, pad_id)
 
@@ -405,7 +420,7 @@ def train_step(run: Run, epoch: int, group: list[tuple[int, Batch]], stop: bool)
             last = k == len(group) - 1  # DDP all-reduces gradients after the last batch only
             with run.ddp.no_sync() if run.ddp and not last else contextlib.nullcontext():
                 loss, nll = batch_loss(run.forward, batch, run.cfg.optim.label_smoothing,
-                                       run.pad_id, run.autocast)
+                                       run.pad_id, run.precision)
                 # DDP averages gradients over ranks: scale by world_size to get their sum.
                 run.scaler.scale(loss * env.world_size).backward()
             losses += torch.stack([loss.detach(), nll])
@@ -634,7 +649,7 @@ def valid_loss(run: Run, model: nn.Module) -> dict:
     sums, tokens = torch.zeros(2, dtype=torch.float64, device=env.device), 0
     for _, batch in itr:
         loss, nll = batch_loss(model, batch.to(env.device), run.cfg.optim.label_smoothing,
-                               run.pad_id, run.autocast)
+                               run.pad_id, run.precision)
         sums += torch.stack([loss, nll]).double()
         tokens += batch.tgt_tokens
     count = torch.tensor([float(tokens)], dtype=torch.float64).to(env.device)

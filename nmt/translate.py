@@ -28,7 +28,7 @@ from nmt.checkpoint import load_checkpoint
 from nmt.config import ModelConfig, TranslateConfig
 from nmt.errors import ConfigError, NmtError
 from nmt.files import check_output, decode_line, read_lines, write_atomically
-from nmt.model import Transformer, build_model
+from nmt.model import Transformer, make_model
 from nmt.runtime import keep_freed_memory, usable_cores
 from nmt.scoring import score
 from nmt.search import Hypothesis, decoding_models, score_pairs, translate_nbest
@@ -85,7 +85,7 @@ def load_translator(path: str | Path, device: torch.device | str = "cpu",
         if key in weights and weights[key].size(0) != size:
             raise NmtError(f"{path}: {key} has {weights[key].size(0)} rows but the vocabulary "
                            f"has {size} entries")
-    model = build_model(cfg, vocab["src_size"], vocab["tgt_size"], vocab["pad_id"],
+    model = make_model(cfg, vocab["src_size"], vocab["tgt_size"], vocab["pad_id"],
                         vocab["joint"])
     try:
         model.load_state_dict(weights)

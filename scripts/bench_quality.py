@@ -117,9 +117,10 @@ def qkv_per_projection(model) -> None:
     """fairseq's init with W^Q, W^K, W^V each Xavier over (d x d): sqrt(2) wider than nmt's
     fused (3d x d) draw (fairseq itself uses gain 1/sqrt(2) per projection: nmt's bound)."""
     fairseq(model)
-    for m in model.modules():
-        if isinstance(m, nmt_model.MultiHeadAttention):
-            for block in m.W_qkv.weight.chunk(3, dim=0):
+    d = model.cfg.d_model
+    for name, w in model.named_parameters():
+        if name.endswith(("W_qkv.weight", "W_q.weight", "W_kv.weight")):
+            for block in w.split(d):
                 nn.init.xavier_uniform_(block)
 
 

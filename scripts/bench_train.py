@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import math
 import sys
 import time
@@ -31,11 +32,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from nmt.config import ModelConfig, OptimConfig
+from nmt.cpu_training import use_cpu_dropout
 from nmt.data import Batch, EpochBatchIterator, ParallelData, collate
-from nmt.model import build_model
+from nmt.model import make_model
 from nmt.runtime import keep_freed_memory
 from nmt.schedule import build_optimizer
-from nmt.train import batch_loss, normalise_gradients
+from nmt.train import batch_loss, normalise_gradients, training_precision
 
 CONFIGS = {"small": ModelConfig(N=3, d_model=256, d_ff=1024, h=4, dropout=0.1),
            "base": ModelConfig(N=6, d_model=512, d_ff=2048, h=8, dropout=0.1),
@@ -163,9 +165,9 @@ class Reference(nn.Module):
         return self.generator(out)
 
 
-def reference_loss(model: nn.Module, batch: Batch, epsilon: float, pad_id: int, autocast):
+def reference_loss(model: nn.Module, batch: Batch, epsilon: float, pad_id: int, precision):
     """The idiomatic loss: F.cross_entropy with label_smoothing, summed over target tokens."""
-    with autocast:
+    with precision():
         logits = model(batch.src, batch.tgt_in)  # (B, T, V)
     loss = F.cross_entropy(logits.float().flatten(0, 1), batch.tgt_out.flatten(),
                            ignore_index=pad_id, label_smoothing=epsilon, reduction="sum")
@@ -181,14 +183,20 @@ class Runner:
         self.model, self.loss_fn, self.device = model.to(device).train(), loss_fn, device
         self.ours = loss_fn is batch_loss  # nmt's step: gradients normalised as nmt-train does
         self.optimizer, self.scheduler = build_optimizer(self.model, OPTIM, cfg.d_model)
-        self.autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if amp == "bf16"
-                         else contextlib.nullcontext())
+        dtype = torch.bfloat16 if amp == "bf16" else None
+        if self.ours:  # as nmt-train runs it: with its CPU speed paths (nmt/cpu_training.py)
+            self.precision = functools.partial(training_precision, device, dtype)
+            if device.type == "cpu":
+                use_cpu_dropout(self.model)
+        else:  # the idiomatic model under plain autocast
+            self.precision = lambda: (torch.autocast(device.type, dtype=dtype) if dtype
+                                      else contextlib.nullcontext())
         self.seconds, self.tokens, self.steps = 0.0, 0, 0
 
     def step(self, batch: Batch, timed: bool = True) -> None:
         """Forward, backward (loss per target token), Adam step; timed to the device's end."""
         t0 = time.perf_counter()
-        loss, _ = self.loss_fn(self.model, batch, OPTIM.label_smoothing, PAD, self.autocast)
+        loss, _ = self.loss_fn(self.model, batch, OPTIM.label_smoothing, PAD, self.precision)
         if self.ours:
             loss.backward()
             normalise_gradients([p.grad for p in self.model.parameters()], batch.tgt_tokens, 0)
@@ -244,7 +252,7 @@ def run(name: str, amp: str, batches: list[Batch], vocab: int, args) -> dict:
     """Time nmt's model and the reference, alternating step by step."""
     cfg, device = CONFIGS[name], torch.device(args.device)
     torch.manual_seed(0)
-    ours = Runner(build_model(cfg, vocab, vocab, PAD), batch_loss, cfg, amp, device)
+    ours = Runner(make_model(cfg, vocab, vocab, PAD, True), batch_loss, cfg, amp, device)
     runners = [ours]
     if not args.no_reference:
         torch.manual_seed(0)
@@ -287,7 +295,7 @@ def report(res: dict, peaks: dict, sheet: float | None) -> str:
 def profile(batches: list[Batch], vocab: int, name: str, amp: str, device: torch.device) -> None:
     """torch.profiler's table of nmt's training step."""
     cfg = CONFIGS[name]
-    runner = Runner(build_model(cfg, vocab, vocab, PAD), batch_loss, cfg, amp, device)
+    runner = Runner(make_model(cfg, vocab, vocab, PAD, True), batch_loss, cfg, amp, device)
     for b in batches[:2]:
         runner.step(b, timed=False)
     activities = [torch.profiler.ProfilerActivity.CPU]

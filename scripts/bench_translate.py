@@ -25,7 +25,7 @@ import time
 import torch
 
 from nmt.config import ModelConfig, SearchConfig
-from nmt.model import build_model
+from nmt.model import make_model
 from nmt.search import decoding_models, translate_nbest
 
 
@@ -74,7 +74,7 @@ def load_model(args: argparse.Namespace):
         return translator.model, translator.vocab["tgt_size"]
     torch.manual_seed(0)
     cfg = ModelConfig(N=3, d_model=256, d_ff=1024, h=4, dropout=0.1)
-    return build_model(cfg, args.vocab, args.vocab).eval(), args.vocab
+    return make_model(cfg, args.vocab, args.vocab, 0, True).eval(), args.vocab
 
 
 def random_sources(args: argparse.Namespace, V: int) -> list[list[int]]:

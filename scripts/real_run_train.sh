@@ -45,7 +45,7 @@ import torch
 
 from nmt.checkpoint import load_checkpoint
 from nmt.config import ModelConfig, SearchConfig
-from nmt.model import build_model
+from nmt.model import make_model
 from nmt.scoring import score
 from nmt.tokenizer import Tokenizer
 from nmt.search import translate_ids
@@ -53,7 +53,7 @@ from nmt.search import translate_ids
 ckpt, data = sys.argv[1], Path(sys.argv[2])
 state = load_checkpoint(ckpt)
 v = state["vocab"]
-model = build_model(ModelConfig(**state["model_cfg"]), v["src_size"], v["tgt_size"], v["pad_id"],
+model = make_model(ModelConfig(**state["model_cfg"]), v["src_size"], v["tgt_size"], v["pad_id"],
                     v["joint"])
 model.load_state_dict(state["model"])
 model.eval()

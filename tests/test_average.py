@@ -16,7 +16,7 @@ from nmt.checkpoint import (
 )
 from nmt.config import ModelConfig
 from nmt.errors import NmtError
-from nmt.model import build_model
+from nmt.model import make_model
 
 BIN = Path(sys.executable).parent
 
@@ -26,7 +26,7 @@ def make_checkpoint(path: Path, seed: int, update: int, d_model: int = 16, vocab
     """A small model checkpoint in the trainer's format."""
     torch.manual_seed(seed)
     cfg = ModelConfig(N=1, d_model=d_model, d_ff=32, h=2, dropout=0.1)
-    model = build_model(cfg, 20, 20).to(dtype)
+    model = make_model(cfg, 20, 20, 0, True).to(dtype)
     state = {"model": model.state_dict(), "model_cfg": asdict(cfg),
              "vocab": {"src_size": 20, "tgt_size": 20, "joint": True, "sha256": vocab_sha},
              "update": update, "epoch": 1}

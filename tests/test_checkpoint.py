@@ -83,3 +83,38 @@ def test_check_resumable_names_the_difference(tmp_path):
     model_only = {k: v for k, v in state(1).items() if k not in ("optimizer", "iterator")}
     with pytest.raises(NmtError, match="not a training checkpoint"):
         check_resumable(model_only, path, MODEL_CFG, "abc")
+
+
+def test_a_format_1_checkpoint_is_converted_and_a_newer_one_refused(tmp_path):
+    """Format 1 fused the encoder-decoder projections into src_attn.W_qkv: loading splits it
+    into W_q and W_kv (weights and EMA), the model loads it and computes the same function;
+    resuming it is refused in one line; an unknown newer format is refused in one line."""
+    from nmt.config import ModelConfig
+    from nmt.model import make_model
+
+    cfg = ModelConfig(**MODEL_CFG)
+    torch.manual_seed(0)
+    model = make_model(cfg, 20, 20, 0, True).eval()
+    old = {}
+    for name, value in model.state_dict().items():  # the format-1 layout of these weights
+        if ".src_attn.W_q." in name:
+            kind = name.rsplit(".", 1)[1]
+            kv = model.state_dict()[name.replace(".W_q.", ".W_kv.")]
+            old[name.replace(".W_q.", ".W_qkv.")] = torch.cat([value, kv])
+        elif ".src_attn.W_kv." not in name:
+            old[name] = value
+    assert any(".src_attn.W_qkv." in k for k in old) and kind in ("weight", "bias")
+    path = tmp_path / "old.pt"
+    torch.save(state(7, model=old, ema=old, model_cfg=dict(MODEL_CFG)), path)  # no "format"
+    loaded = load_checkpoint(path)
+    assert loaded["format"] == 2 and loaded["upgraded_from"] == 1
+    for key in ("model", "ema"):
+        assert loaded[key].keys() == model.state_dict().keys()
+        assert all(torch.equal(loaded[key][k], v) for k, v in model.state_dict().items())
+    with pytest.raises(NmtError, match="format 1.*train.init_from"):
+        check_resumable(loaded, path, dict(MODEL_CFG), "abc")
+    save_checkpoint(loaded, tmp_path / "resaved.pt")  # written in today's format
+    assert load_checkpoint(tmp_path / "resaved.pt")["format"] == 2
+    torch.save(state(7, format=99), tmp_path / "future.pt")
+    with pytest.raises(NmtError, match=r"future\.pt: checkpoint format 99 is newer"):
+        load_checkpoint(tmp_path / "future.pt")

@@ -5,7 +5,7 @@ import torch
 
 from nmt.config import ModelConfig, OptimConfig
 from nmt.loss import LabelSmoothedLoss
-from nmt.model import Transformer, build_model
+from nmt.model import Transformer, make_model
 from nmt.schedule import build_optimizer
 
 V, PAD, BOS, EOS, LENGTH = 11, 0, 2, 3, 10
@@ -40,7 +40,7 @@ def test_copy_task_reproduces_unseen_inputs():
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
     cfg = ModelConfig(N=2, d_model=64, d_ff=256, h=4, dropout=0.0)
-    model = build_model(cfg, V, V, pad_id=PAD)
+    model = make_model(cfg, V, V, PAD, True)
     optim = OptimConfig(lr_factor=1.0, warmup=200, beta1=0.9, beta2=0.98, eps=1e-9,
                         label_smoothing=0.1)
     optimizer, scheduler = build_optimizer(model, optim, cfg.d_model)

@@ -22,7 +22,7 @@ from nmt.checkpoint import save_checkpoint
 from nmt.config import ExportConfig, SearchConfig, compose, to_object
 from nmt.errors import ConfigError, NmtError
 from nmt.export import export, feature_permutation
-from nmt.model import build_model
+from nmt.model import make_model
 from nmt.search import translate_ids
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_bpe, vocab_sha256
 from nmt.translate import load_translator
@@ -66,7 +66,7 @@ def varied_checkpoint(path: Path, src_spm: bytes, tgt_spm: bytes, norm: str,
     cfg = dataclasses.replace(tiny_model_cfg(N=2, d_model=64, d_ff=128, h=4), norm=norm,
                               share_embeddings=share_embeddings)
     torch.manual_seed(seed)
-    model = build_model(cfg, src.vocab_size, tgt.vocab_size, PAD_ID, joint).eval()
+    model = make_model(cfg, src.vocab_size, tgt.vocab_size, PAD_ID, joint).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lut" in name or "generator" in name:

@@ -1,4 +1,4 @@
-"""nmt.fast: the speed paths give the reference model's results (tokens, logits, dropout)."""
+"""nmt.fast: the decoding speed path gives the reference model's results (tokens, logits)."""
 
 import dataclasses
 
@@ -10,7 +10,6 @@ from translate_helpers import random_sources, run, search, tiny_model, tiny_mode
 from nmt.config import SearchConfig
 from nmt.fast import (
     Affine,
-    CpuDropout,
     FastModel,
     Int8Affine,
     PackedAffine,
@@ -18,7 +17,7 @@ from nmt.fast import (
     row_argmax,
     top_k,
 )
-from nmt.model import build_model
+from nmt.model import make_model
 from nmt.search import pad_batch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -29,7 +28,7 @@ V = 24
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_model(V, seed=0, eos_like=20, N=2)
+    return tiny_model(V, seed=1, stops=True, N=2)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +40,7 @@ def sources():
 def test_fast_logits_equal_the_reference(norm):
     """Encoder output, teacher-forced logits and cached steps of FastModel (fp32) match."""
     torch.manual_seed(2)
-    model = build_model(dataclasses.replace(tiny_model_cfg(N=2), norm=norm), V, V).eval()
+    model = make_model(dataclasses.replace(tiny_model_cfg(N=2), norm=norm), V, V, PAD, True).eval()
     fast = FastModel(model)
     src = pad_batch([[5, 6, 7, 8], [9, 10]], PAD, "cpu")
     tgt = torch.tensor([[BOS, 4, 5, 6], [BOS, 7, 8, 9]])
@@ -185,43 +184,3 @@ def test_row_argmax_and_top_k_equal_torch(V):
         finite = values.isfinite()
         assert all(len(set(c[f].tolist())) == int(f.sum()) for c, f in zip(cols, finite,
                                                                               strict=True))
-
-
-# ----------------------------------------------------------------------------- training
-def test_cpu_dropout_drops_p_and_keeps_the_expectation():
-    torch.manual_seed(0)
-    drop = CpuDropout(0.1)
-    x = torch.ones(1000, 1001, requires_grad=True)  # an odd size: not a multiple of 4
-    y = drop(x)
-    dropped = (y == 0).float().mean().item()
-    assert abs(dropped - 0.1) < 0.003
-    assert torch.allclose(y[y != 0], torch.tensor(1 / 0.9))
-    y.sum().backward()
-    assert torch.equal(x.grad, y.detach())  # d(x * scale)/dx = scale
-    assert torch.equal(drop.eval()(x), x)
-    torch.manual_seed(1)
-    a = CpuDropout(0.1)(x)
-    torch.manual_seed(1)
-    assert torch.equal(a, CpuDropout(0.1)(x))  # seeded like every torch random draw
-
-
-def test_build_model_trains_with_the_cpu_speed_paths():
-    """Every dropout is a CpuDropout; bf16 forward passes use plain attention and give the
-    fused kernel's result; the kernel choice is undone afterwards."""
-    model = build_model(tiny_model(V).cfg, V, V)
-    drops = [m for m in model.modules() if isinstance(m, torch.nn.Dropout)]
-    assert drops and all(isinstance(m, CpuDropout) for m in drops)
-    model.eval()
-    src = pad_batch([[5, 6, 7, 8], [9, 10]], PAD, "cpu")
-    tgt = torch.tensor([[BOS, 4, 5, 6], [BOS, 7, 8, 9]])
-    fused = []  # per forward pass: was the fused kernel allowed inside it?
-    model.encoder[0].register_forward_hook(
-        lambda *_: fused.append(torch.backends.cuda.flash_sdp_enabled()))
-    with torch.no_grad():
-        model(src, tgt)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            hooked = model(src, tgt)
-            plain = model.decode(tgt, *model.encode(src))  # no hooks: the default kernel
-    assert fused == [True, False, True]
-    assert torch.backends.cuda.flash_sdp_enabled()  # undone
-    torch.testing.assert_close(hooked.float(), plain.float(), atol=0.1, rtol=0.05)

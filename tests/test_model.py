@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from nmt.config import ModelConfig
-from nmt.model import build_model, causal_mask, count_parameters
+from nmt.model import causal_mask, count_parameters, make_model
 
 
 def tiny_cfg(**kw) -> ModelConfig:
@@ -24,7 +24,7 @@ def batch(V=50, B=3, S=7, T=6, pad=0, seed=0):
 
 
 def test_forward_shapes():
-    model = build_model(tiny_cfg(), 50, 60)
+    model = make_model(tiny_cfg(), 50, 60, 0, False)
     src, tgt = batch()
     assert model(src, tgt).shape == (3, 6, 60)
 
@@ -32,7 +32,7 @@ def test_forward_shapes():
 @pytest.mark.parametrize("norm", ["post", "pre"])
 def test_incremental_decoding_equals_full_forward(norm):
     torch.manual_seed(0)
-    model = build_model(tiny_cfg(norm=norm), 50, 50).eval()
+    model = make_model(tiny_cfg(norm=norm), 50, 50, 0, True).eval()
     src, tgt = batch()
     with torch.no_grad():
         full = model(src, tgt)
@@ -44,7 +44,7 @@ def test_incremental_decoding_equals_full_forward(norm):
 
 def test_incremental_decoding_with_a_multi_token_prefix():
     torch.manual_seed(0)
-    model = build_model(tiny_cfg(), 50, 50).eval()
+    model = make_model(tiny_cfg(), 50, 50, 0, True).eval()
     src, tgt = batch()
     with torch.no_grad():
         full = model(src, tgt)
@@ -56,7 +56,7 @@ def test_incremental_decoding_with_a_multi_token_prefix():
 
 def test_reorder_keeps_selected_rows():
     torch.manual_seed(0)
-    model = build_model(tiny_cfg(), 50, 50).eval()
+    model = make_model(tiny_cfg(), 50, 50, 0, True).eval()
     src, tgt = batch()
     with torch.no_grad():
         full = model(src, tgt)
@@ -69,7 +69,7 @@ def test_reorder_keeps_selected_rows():
 
 def test_padding_does_not_change_the_output():
     torch.manual_seed(0)
-    model = build_model(tiny_cfg(), 50, 50).eval()
+    model = make_model(tiny_cfg(), 50, 50, 0, True).eval()
     src, tgt = batch()
     padded = torch.cat([src, torch.zeros(3, 4, dtype=torch.long)], dim=1)
     with torch.no_grad():
@@ -78,7 +78,7 @@ def test_padding_does_not_change_the_output():
 
 def test_decoder_is_causal():
     torch.manual_seed(0)
-    model = build_model(tiny_cfg(), 50, 50).eval()
+    model = make_model(tiny_cfg(), 50, 50, 0, True).eval()
     src, tgt = batch()
     changed = tgt.clone()
     changed[:, -1] = 5
@@ -89,27 +89,60 @@ def test_decoder_is_causal():
 
 
 def test_three_way_tying_with_a_joint_vocabulary():
-    model = build_model(tiny_cfg(), 50, 50)
+    model = make_model(tiny_cfg(), 50, 50, 0, True)
     assert model.src_embed.lut.weight is model.generator.weight
     assert model.tgt_embed.lut.weight is model.generator.weight
-    separate = build_model(tiny_cfg(), 40, 50)
+    separate = make_model(tiny_cfg(), 40, 50, 0, False)
     assert separate.tgt_embed.lut.weight is separate.generator.weight
     assert separate.src_embed.lut.weight is not separate.generator.weight
-    untied = build_model(tiny_cfg(share_embeddings=False), 50, 50)
+    untied = make_model(tiny_cfg(share_embeddings=False), 50, 50, 0, True)
     assert untied.tgt_embed.lut.weight is not untied.generator.weight
+
+
+def test_two_vocabularies_of_one_size_are_not_tied():
+    """Joint means one id space, not equal sizes: the flag decides, never the sizes."""
+    model = make_model(tiny_cfg(), 50, 50, 0, False)
+    assert model.tgt_embed.lut.weight is model.generator.weight
+    assert model.src_embed.lut.weight is not model.generator.weight
+    with pytest.raises(TypeError):
+        make_model(tiny_cfg(), 50, 50)  # the flag (and the padding id) must be given
+
+
+def test_the_reference_model_is_plain_torch_nn_without_hooks():
+    """model.py imports nothing of nmt but its config, and make_model's model is made of
+    torch.nn and model.py classes only, with no hooks (the speed paths are opted into by the
+    caller: nmt/cpu_training.py, nmt/fast.py)."""
+    import ast
+    import inspect
+
+    import nmt.model
+
+    tree = ast.parse(inspect.getsource(nmt.model))
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imported |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                 for a in node.names}
+    assert {m for m in imported if m and m.startswith("nmt")} == {"nmt.config"}
+    model = make_model(tiny_cfg(), 50, 50, 0, True)
+    for module in model.modules():
+        assert type(module).__module__ in ("nmt.model",) or \
+            type(module).__module__.startswith("torch.nn."), type(module)
+        assert not (module._forward_hooks or module._forward_pre_hooks
+                    or module._backward_hooks), type(module)
+    assert {type(m) for m in model.modules() if isinstance(m, torch.nn.Dropout)} == \
+        {torch.nn.Dropout}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("row", ["small", "base", "big"])
 def test_initialisation_follows_the_reference_scheme(row):
     """Embeddings N(0, d^-0.5) with a zero padding row (tokens of RMS 1 after the sqrt(d)
-    scale), Xavier-uniform linear maps (W_qkv as one 3d x d matrix), W^O and W_2 then scaled
-    by 1/sqrt(2N), zero biases."""
+    scale), W^Q, W^K, W^V Xavier-uniform per (d x d) block with gain 1/sqrt(2) (fused or not),
+    other linear maps Xavier-uniform, W^O and W_2 then scaled by 1/sqrt(2N), zero biases."""
     from nmt.config import TrainConfig, compose, to_object
 
     cfg = to_object(compose("train", [f"+model={row}", "data_dir=d", "run_dir=r"]), TrainConfig)
     torch.manual_seed(0)
-    model = build_model(cfg.model, 8000, 8000)
+    model = make_model(cfg.model, 8000, 8000, 0, True)
     d, d_ff = cfg.model.d_model, cfg.model.d_ff
     E = model.generator.weight  # tied: source and target embeddings and the projection
     assert model.src_embed.lut.weight is E and model.tgt_embed.lut.weight is E
@@ -120,6 +153,8 @@ def test_initialisation_follows_the_reference_scheme(row):
     assert abs(tokens.pow(2).mean().sqrt().item() - 1.0) < 0.01
     residual = (2 * cfg.model.N) ** -0.5  # W^O and W_2 write into the residual stream
     for name, bound in [("encoder.0.self_attn.W_qkv.weight", (6 / (4 * d)) ** 0.5),
+                        ("decoder.0.src_attn.W_q.weight", (6 / (4 * d)) ** 0.5),
+                        ("decoder.0.src_attn.W_kv.weight", (6 / (4 * d)) ** 0.5),
                         ("decoder.0.self_attn.W_o.weight", residual * (6 / (2 * d)) ** 0.5),
                         ("decoder.0.src_attn.W_o.weight", residual * (6 / (2 * d)) ** 0.5),
                         ("encoder.0.feed_forward.W_1.weight", (6 / (d + d_ff)) ** 0.5),
@@ -134,7 +169,7 @@ def test_initialisation_follows_the_reference_scheme(row):
 
 
 def test_untied_embeddings_get_the_same_scheme():
-    model = build_model(tiny_cfg(share_embeddings=False, d_model=64), 3000, 3000)
+    model = make_model(tiny_cfg(share_embeddings=False, d_model=64), 3000, 3000, 0, True)
     for w in (model.src_embed.lut.weight, model.tgt_embed.lut.weight, model.generator.weight):
         assert w[0].abs().max() == 0 and abs(w[1:].std().item() - 64 ** -0.5) < 0.003
 
@@ -146,7 +181,7 @@ def test_parameter_counts_match_table_3(row, expected_millions):
 
     cfg = to_object(compose("train", [f"+model={row}", "data_dir=d", "run_dir=r"]), TrainConfig)
     with torch.device("meta"):
-        model = build_model(cfg.model, 37000, 37000)
+        model = make_model(cfg.model, 37000, 37000, 0, True)
     n = count_parameters(model) / 1e6
     paper = {"base": 65, "big": 213}[row]
     assert abs(n - paper) / paper < 0.05
@@ -155,7 +190,7 @@ def test_parameter_counts_match_table_3(row, expected_millions):
 
 def test_attention_maps_are_distributions():
     torch.manual_seed(0)
-    model = build_model(tiny_cfg(), 50, 50).eval()
+    model = make_model(tiny_cfg(), 50, 50, 0, True).eval()
     src, tgt = batch()
     model.keep_attention(True)
     with torch.no_grad():
@@ -179,7 +214,7 @@ def test_causal_mask_with_past_keys():
 
 
 def test_too_long_input_is_a_clear_error():
-    model = build_model(tiny_cfg(max_positions=8), 50, 50)
+    model = make_model(tiny_cfg(max_positions=8), 50, 50, 0, True)
     with pytest.raises(ValueError, match="max_positions"):
         model(torch.ones(1, 9, dtype=torch.long), torch.ones(1, 3, dtype=torch.long))
 

@@ -25,7 +25,7 @@ V = 24
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_model(V, seed=0, eos_like=20, N=2)
+    return tiny_model(V, seed=1, stops=True, N=2)
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def test_exhaustive_search_confirms_the_wide_beams_best(alpha):
     The sentence still retires early when nothing active can beat its finished best; alpha = 6
     favours long outputs so much that a bound ignoring the length would stop too soon.
     """
-    small = tiny_model(7, seed=3, eos_like=5)
+    small = tiny_model(7, seed=3, stops=True)
     max_len, min_len = 4, 1
     for source in ([4, 5, 6], [6, 6], [5]):
         truth = exhaustive(small, source, max_len, min_len, alpha)
@@ -299,7 +299,7 @@ def test_an_ensemble_of_one_model_twice_is_that_model(model, sources):
 
 
 def test_an_ensemble_averages_the_log_probabilities(sources):
-    a, b = tiny_model(V, seed=0, eos_like=20, N=2), tiny_model(V, seed=5, eos_like=20, N=2)
+    a, b = tiny_model(V, seed=1, stops=True, N=2), tiny_model(V, seed=5, stops=True, N=2)
     targets = [t[0] for t in tokens(run(a, sources, search(beam_size=1)))]
     pa, pb, pab = (score_pairs(m, sources, targets, search(), BOS, EOS, PAD)
                    for m in (a, b, [a, b]))

@@ -17,7 +17,7 @@ import nmt.train
 from nmt.checkpoint import load_checkpoint
 from nmt.config import TrainConfig, compose, to_object
 from nmt.errors import NmtError
-from nmt.model import build_model
+from nmt.model import make_model
 from nmt.tokenizer import Tokenizer
 from nmt.train import train
 
@@ -160,7 +160,7 @@ def test_outputs_and_a_self_contained_checkpoint(tiny_data_dir, tmp_path):
     assert vocab["sha256"] == manifest["vocab_sha256"]
     from nmt.config import ModelConfig
 
-    model = build_model(ModelConfig(**state["model_cfg"]), vocab["src_size"], vocab["tgt_size"],
+    model = make_model(ModelConfig(**state["model_cfg"]), vocab["src_size"], vocab["tgt_size"],
                         vocab["pad_id"], vocab["joint"])
     model.load_state_dict(state["model"])  # strict: every weight is there
     assert {"optimizer", "scheduler", "scaler", "iterator", "config", "best"} <= state.keys()
@@ -351,7 +351,7 @@ def test_ema_is_the_moving_average_of_the_weights(tiny_data_dir, tmp_path):
     assert state["ema"].keys() == state["model"].keys()
     torch.manual_seed(cfg.train.seed)  # the initial weights, as train() drew them
     v = state["vocab"]
-    w0 = build_model(ModelConfig(**state["model_cfg"]), v["src_size"], v["tgt_size"],
+    w0 = make_model(ModelConfig(**state["model_cfg"]), v["src_size"], v["tgt_size"],
                      v["pad_id"], v["joint"]).state_dict()
     cfg1 = config(tiny_data_dir, tmp_path / "one", "train.max_updates=1", "train.ema_decay=0.5")
     train(cfg1)

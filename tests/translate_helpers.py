@@ -15,7 +15,7 @@ import torch
 
 from nmt.checkpoint import save_checkpoint
 from nmt.config import ModelConfig, SearchConfig, TrainConfig, TranslateConfig, compose, to_object
-from nmt.model import Transformer, build_model
+from nmt.model import Transformer, make_model
 from nmt.search import translate_nbest
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, vocab_sha256
 
@@ -28,20 +28,26 @@ def tiny_model_cfg(N: int = 1, d_model: int = 32, d_ff: int = 64, h: int = 4) ->
     return to_object(cfg, TrainConfig).model
 
 
-def tiny_model(vocab_size: int, seed: int = 0, eos_like: int | None = None,
-               **sizes) -> Transformer:
+def tiny_model(vocab_size: int, seed: int = 0, stops: bool = False, **sizes) -> Transformer:
     """A random tiny Transformer with a joint vocabulary, in eval mode.
 
-    eos_like: make EOS's output row a noisy copy of this token's, so that EOS competes with
-    it (a random model otherwise almost never stops before the maximum length).
+    stops: move EOS's output row along the mean decoder state so that EOS wins at about 20%
+    of the positions of random inputs (a random model otherwise almost never stops, or always
+    stops at once), so that searches end some outputs early and others at the maximum length.
     """
     torch.manual_seed(seed)
-    model = build_model(tiny_model_cfg(**sizes), vocab_size, vocab_size, PAD_ID, True).eval()
-    if eos_like is not None:
-        w = model.generator.weight
+    model = make_model(tiny_model_cfg(**sizes), vocab_size, vocab_size, PAD_ID, True).eval()
+    if stops:
+        g = torch.Generator().manual_seed(seed)
+        states = []
+        hook = model.generator.register_forward_hook(lambda m, args, out: states.append(args[0]))
         with torch.no_grad():
-            g = torch.Generator().manual_seed(seed)
-            w[EOS_ID] = w[eos_like] + 1.5 * w[eos_like].std() * torch.randn(w.size(1), generator=g)
+            src, tgt = (torch.randint(4, vocab_size, (16, 8), generator=g) for _ in range(2))
+            logits = model(src, tgt).flatten(0, 1)  # (16 * 8, V)
+            hook.remove()
+            x = states[0].flatten(0, 1).mean(0)  # (d_model,): the mean decoder state
+            margin = logits[:, EOS_ID] - logits[:, 4:].max(-1).values  # EOS over the best token
+            model.generator.weight[EOS_ID] -= margin.quantile(0.8) * x / x.dot(x)
     return model
 
 
