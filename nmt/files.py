@@ -105,13 +105,17 @@ def write_atomically(path: str | Path, content: bytes | str | Callable[[BinaryIO
 
 
 def link_atomically(src: Path, dst: Path) -> None:
-    """Make dst a hard link to src (a copy where links are not supported), atomically."""
+    """Make dst a hard link to src, atomically; where links are not supported, a copy synced
+    to disk before it is renamed into place (as durable as the link: fsync the directory
+    after, as for any rename)."""
     tmp = dst.with_name(f".{dst.name}.link.tmp")
     tmp.unlink(missing_ok=True)
     try:
         os.link(src, tmp)
     except OSError:
         shutil.copyfile(src, tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
     os.replace(tmp, dst)
 
 

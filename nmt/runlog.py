@@ -5,9 +5,12 @@ that training restarts from are dropped, since those updates are trained again."
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import importlib.util
 import json
 import logging
+import os
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -19,9 +22,10 @@ from nmt.files import remove_temporaries, temporary_beside, write_atomically
 log = logging.getLogger("nmt.train")
 
 
-def prepare_run_dir(run_dir: str) -> Path:
+def prepare_run_dir(run_dir: str, lock: RunDirLock) -> Path:
     """Create run_dir and check that files can be written in it (a one-line error naming it
-    otherwise); delete the temporary files of a checkpoint write that was killed."""
+    otherwise), take its lock (another trainer on it is a one-line error), then delete the
+    temporary files of a checkpoint write that was killed."""
     path = Path(run_dir)
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -29,8 +33,48 @@ def prepare_run_dir(run_dir: str) -> Path:
     except OSError as e:
         raise NmtError(f"run_dir={run_dir}: cannot create or write files there "
                        f"({e.strerror or e})") from None
+    lock.acquire()
     remove_temporaries(path)
     return path
+
+
+class RunDirLock:
+    """RUN/.lock, locked with fcntl.flock for a whole run by the process that writes the run
+    directory (rank 0), so that a second nmt-train on it stops before touching anything.
+    The kernel drops the lock when its process dies, however it dies: a restart after a crash
+    or kill -9 is never blocked. On a file system without flock (ENOLCK, EOPNOTSUPP: some NFS
+    setups) the run goes on unlocked, with a warning: refusing would stop every run there."""
+
+    def __init__(self, run_dir: str):
+        self.path = Path(run_dir) / ".lock"
+        self.file = None
+
+    def acquire(self) -> None:
+        """Take the lock; a one-line NmtError naming the directory if another process has it."""
+        self.file = open(self.path, "a+")  # held open, and locked, for the run
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.file.seek(0)
+            holder = self.file.read().strip() or "?"
+            self.close()
+            raise NmtError(f"run_dir={self.path.parent}: in use by another nmt-train (pid "
+                           f"{holder}); wait for it to end, or use another run_dir") from None
+        except OSError as e:
+            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+            log.warning("run_dir=%s: this file system cannot lock files (%s): nothing stops a "
+                        "second nmt-train on the same run_dir", self.path.parent, e.strerror)
+            return
+        self.file.truncate(0)
+        self.file.write(f"{os.getpid()}\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        """Release the lock (closing the file releases it)."""
+        if self.file is not None:
+            self.file.close()
+            self.file = None
 
 
 def records_until(path: Path, update: int) -> list[dict]:

@@ -55,8 +55,11 @@ class Tokenizer:
         return self.sp.encode(lines, out_type=int, num_threads=num_threads)
 
     def decode(self, ids: list[list[int]]) -> list[str]:
-        """Subword ids -> detokenized text; specials are dropped."""
-        return self.sp.decode([[i for i in seq if i > EOS_ID] for seq in ids])
+        """Subword ids -> detokenized text. PAD, BOS and EOS are dropped; an <unk> stays
+        visible, as SentencePiece writes it (" \u2047 "), so that an unknown word in an output
+        is seen, not silently lost (nmt-translate, valid BLEU and nmt-serve all decode here)."""
+        return self.sp.decode([[i for i in seq if i not in (PAD_ID, BOS_ID, EOS_ID)]
+                               for seq in ids])
 
     def pieces(self, ids: list[int]) -> list[str]:
         """Subword ids -> their pieces, for display."""

@@ -56,7 +56,7 @@ from nmt.errors import NmtError
 from nmt.files import read_lines
 from nmt.loss import LabelSmoothedLoss
 from nmt.model import count_parameters, make_model
-from nmt.runlog import RunLog, prepare_run_dir
+from nmt.runlog import RunDirLock, RunLog, prepare_run_dir
 from nmt.runtime import keep_freed_memory, release_freed_memory
 from nmt.schedule import build_optimizer
 from nmt.scoring import read_references, score
@@ -77,12 +77,13 @@ def train(cfg: TrainConfig) -> dict:
     if not env.is_main:  # one rank speaks; the others only warn
         log.setLevel(logging.WARNING)
     batches = logs = None
+    run_lock = RunDirLock(cfg.run_dir)  # taken by rank 0 in starting_state, held to the end
     with distributed.collective_errors(env.rank), logging_redirect_tqdm():
         try:
             trim_heap = tune_process(tc, env.device)
             run = build_run(cfg, env, load_data(cfg, env))
-            start(run, distributed.from_main(lambda: starting_state(cfg, run.vocab["sha256"]),
-                                             env.device))
+            start(run, distributed.from_main(
+                lambda: starting_state(cfg, run.vocab["sha256"], run_lock), env.device))
             logs = RunLog(cfg, run.update) if env.is_main else None
             batches = Prefetcher(run.data.train, pin=env.device.type == "cuda")
             describe(run)
@@ -112,7 +113,7 @@ def train(cfg: TrainConfig) -> dict:
             bar.close()
             summary = finish(run, logs, reason)
         finally:
-            for resource in (batches, logs):
+            for resource in (batches, logs, run_lock):
                 if resource is not None:
                     resource.close()
     if owns_group:  # after an error the process exits instead: no rank waits on it
@@ -304,10 +305,10 @@ def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
 
 
 # ----------------------------------------------------------------------------- the start
-def starting_state(cfg: TrainConfig, vocab_sha256: str) -> dict | None:
-    """Run on rank 0: check run_dir up front, then load what the run starts from: all of
+def starting_state(cfg: TrainConfig, vocab_sha256: str, lock: RunDirLock) -> dict | None:
+    """Run on rank 0: check and lock run_dir up front, then load what the run starts from: all of
     RUN/checkpoint_last.pt (a resume), or train.init_from's weights, or None (scratch)."""
-    run_dir = prepare_run_dir(cfg.run_dir)
+    run_dir = prepare_run_dir(cfg.run_dir, lock)
     last, model_cfg = run_dir / "checkpoint_last.pt", dataclasses.asdict(cfg.model)
     if last.is_file():
         state = load_checkpoint(last)

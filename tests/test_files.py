@@ -1,6 +1,7 @@
 """Atomic writes (nmt.files): every file and directory nmt writes appears whole or not at all,
 with the permissions a plain open() or mkdir would give."""
 
+import errno
 import os
 
 import pytest
@@ -98,3 +99,26 @@ def test_new_directory_never_replaces_a_foreign_directory(tmp_path):
             pass
     assert (other / "thesis.tex").read_text() == "years of work"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "home"]
+
+
+def test_the_copy_that_replaces_a_link_is_synced_before_its_rename(tmp_path, monkeypatch):
+    """Without hard links, link_atomically copies: the copy is fsynced before it is renamed
+    over the target, as durable as the link (the caller then fsyncs the directory)."""
+    src, dst = tmp_path / "checkpoint_7.pt", tmp_path / "checkpoint_last.pt"
+    src.write_bytes(b"weights")
+    dst.write_bytes(b"old")
+    events = []
+
+    def no_link(a, b):
+        raise OSError(errno.EPERM, "links not supported")
+
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "link", no_link)
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append(
+        ("fsync", os.readlink(f"/proc/self/fd/{fd}"))) or real_fsync(fd))
+    monkeypatch.setattr(os, "replace", lambda a, b: events.append(("replace", str(a))) or
+                        real_replace(a, b))
+    link_atomically(src, dst)
+    tmp = str(tmp_path / ".checkpoint_last.pt.link.tmp")
+    assert events == [("fsync", tmp), ("replace", tmp)]
+    assert dst.read_bytes() == b"weights" and not os.path.samefile(src, dst)

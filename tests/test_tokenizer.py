@@ -98,3 +98,26 @@ def test_rejects_garbage_and_other_ids(corpus, tmp_path):
         Tokenizer(proto.getvalue())
     with pytest.raises(NmtError, match="cannot read"):
         Tokenizer.from_file(tmp_path / "missing.model")
+
+
+def test_an_unk_in_an_output_stays_visible(tok):
+    """A generated <unk> is not silently dropped: it decodes as SentencePiece's " \u2047 "
+    (PAD, BOS and EOS are dropped), so an output that lost a word shows it."""
+    ids = tok.encode(["open file"])[0]
+    text = tok.decode([[BOS_ID, ids[0], UNK_ID, *ids[1:], EOS_ID, PAD_ID]])[0]
+    assert "\u2047" in text
+    assert text.replace("\u2047", "").split() == ["open", "file"]
+    assert tok.decode([[BOS_ID, *ids, EOS_ID, PAD_ID]]) == ["open file"]
+
+
+def test_ids_become_text_only_through_tokenizer_decode():
+    """nmt-translate, valid BLEU and nmt-serve turn ids into text with Tokenizer.decode: no
+    other module calls SentencePiece's decoder (so the <unk> rule above holds everywhere)."""
+    from pathlib import Path
+
+    import nmt
+
+    users = [p.name for p in Path(nmt.__file__).parent.rglob("*.py")
+             if ".sp.decode(" in p.read_text(encoding="utf-8")
+             or "decode_ids(" in p.read_text(encoding="utf-8")]
+    assert users == ["tokenizer.py"]

@@ -450,3 +450,43 @@ def test_optimizer_step_is_skipped_on_the_device_or_the_host(fused):
         assert (not torch.equal(w.detach(), before)) == changed
         assert not hasattr(adam, "found_inf")
     assert adam.state[w]["step"].item() == 1  # skipped steps do not count
+
+
+def test_a_second_trainer_on_a_run_directory_stops_and_touches_nothing(tiny_data_dir, tmp_path):
+    """While one trainer holds RUN/.lock, another nmt-train on RUN is a one-line error naming
+    the directory, and the first one's temporary files (a checkpoint being written) survive."""
+    from nmt.runlog import RunDirLock
+
+    run = tmp_path / "run"
+    run.mkdir()
+    first = RunDirLock(str(run))  # another open file description: another holder for flock
+    first.acquire()
+    writing = run / ".checkpoint_4.pt.abc.tmp"
+    writing.write_bytes(b"half a checkpoint")
+    with pytest.raises(NmtError, match=rf"run_dir={run}: in use by another nmt-train \(pid "
+                                       rf"{os.getpid()}\)"):
+        train(config(tiny_data_dir, run, "train.max_updates=1"))
+    assert writing.read_bytes() == b"half a checkpoint"
+    assert not list(run.glob("checkpoint_*.pt"))
+    first.close()
+    train(config(tiny_data_dir, run, "train.max_updates=1"))  # free again: it trains
+    assert (run / "checkpoint_last.pt").is_file() and not writing.exists()
+
+
+def test_the_lock_of_a_killed_trainer_does_not_block(tmp_path):
+    """The kernel drops a flock lock when its holder dies (kill -9 included)."""
+    from nmt.runlog import RunDirLock
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a+'); "
+         "fcntl.flock(f, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(60)",
+         str(tmp_path / ".lock")], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "locked\n"
+    with pytest.raises(NmtError, match="in use by another nmt-train"):
+        RunDirLock(str(tmp_path)).acquire()
+    holder.kill()
+    holder.wait()
+    lock = RunDirLock(str(tmp_path))
+    lock.acquire()
+    assert (tmp_path / ".lock").read_text() == f"{os.getpid()}\n"
+    lock.close()
