@@ -2,8 +2,14 @@
 
 The smoothed target distribution q puts 1 - epsilon on the gold token and epsilon / (V - 2) on
 every other token but padding (the Annotated Transformer's LabelSmoothing), so the loss
--sum_v q_v log p_v equals KL(q || p) + H(q). tests/test_loss.py holds the plain autograd
-formulation that this one is checked against, value and gradient.
+-sum_v q_v log p_v equals KL(q || p) + H(q).
+
+Two forms of the same function: `label_smoothed_nll_loss`, the formula written plainly with
+its gradient left to autograd (the reference, fairseq's function of that name with nmt's q),
+and `LabelSmoothedLoss`, what training runs: the same value with its gradient written out,
+computed a chunk of rows at a time so that no float32 copy of all the logits exists (at 25k
+target tokens and a 37k vocabulary each would be 3.4 GiB). tests/test_loss.py checks one
+against the other, value and gradient, and both against closed forms.
 """
 
 from __future__ import annotations
@@ -11,38 +17,82 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+CHUNK_ELEMENTS = 2 ** 25  # logits per chunk (128 MiB in float32): rows = CHUNK_ELEMENTS // V
+
+
+def label_smoothed_nll_loss(logits: Tensor, target: Tensor, epsilon: float,
+                            pad_id: int) -> tuple[Tensor, Tensor]:
+    """The summed label-smoothed loss and the summed NLL of (..., V) logits against (...)
+    targets, positions whose target is pad_id left out; plain autograd (the reference)."""
+    V = logits.size(-1)
+    float32_at_least = torch.promote_types(logits.dtype, torch.float32)  # bf16/fp16 -> fp32
+    lprobs = logits.to(float32_at_least).log_softmax(-1).reshape(-1, V)  # (N, V)
+    target = target.reshape(-1)  # (N,)
+    keep = target != pad_id
+    lprobs, target = lprobs[keep], target[keep]  # (n, V), (n,)
+    nll = -lprobs.gather(1, target.unsqueeze(1)).squeeze(1)  # (n,): -log p(gold)
+    others = -(lprobs.sum(1) - lprobs[:, pad_id]) - nll  # (n,): -sum log p, not gold, not pad
+    loss = (1.0 - epsilon) * nll + epsilon / (V - 2) * others
+    return loss.sum(), nll.sum().detach()
+
+
+def _rows(V: int) -> int:
+    """Rows of (n, V) logits per chunk."""
+    return max(1, CHUNK_ELEMENTS // V)
+
 
 class LabelSmoothedLoss(torch.autograd.Function):
-    """The summed label-smoothed loss (and the summed NLL) of (n, V) logits of non-padding
-    targets, with its gradient written out: softmax - q. The forward keeps the softmax, so
-    that the backward is one pass without exponentials (autograd would chain several (n, V)
-    temporaries)."""
+    """label_smoothed_nll_loss of (n, V) logits of non-padding targets, with the gradient
+    softmax - q written out. Chunk by chunk of rows, in float32: the forward keeps only the
+    logits (which autograd keeps anyway, in their own dtype), the backward computes the
+    softmax again and writes the gradient in the logits' dtype. No (n, V) float32 tensor
+    is ever whole."""
 
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor, epsilon: float, pad_id: int):
         """Summed smoothed loss and summed NLL of logits (n, V) against target (n,)."""
-        z = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16/fp16 -> fp32
-        V = z.size(1)
-        p = torch.softmax(z, dim=-1)  # (n, V)
-        z_max, argmax = z.max(dim=-1)  # (n,): p there is >= 1/V, so its log is exact
-        log_z = z_max - p.gather(1, argmax.unsqueeze(1)).squeeze(1).log()  # log-sum-exp (n,)
-        z_gold = z.gather(1, target.unsqueeze(1)).squeeze(1)  # (n,)
-        nll = log_z - z_gold  # -log p(gold)
-        others = (V - 2) * log_z - (z.sum(1) - z[:, pad_id] - z_gold)  # -sum log p: not gold/pad
-        loss = (1.0 - epsilon) * nll + epsilon / (V - 2) * others
-        ctx.save_for_backward(p, target)
-        ctx.epsilon, ctx.pad_id, ctx.dtype = epsilon, pad_id, logits.dtype
-        nll_sum = nll.sum()
-        ctx.mark_non_differentiable(nll_sum)
-        return loss.sum(), nll_sum
+        (n, V), step = logits.shape, _rows(logits.size(1))
+        dtype = torch.promote_types(logits.dtype, torch.float32)  # bf16/fp16 -> fp32
+        nll, rest = logits.new_empty((2, n), dtype=dtype)  # per row: -log p(gold), -sum log p
+        for i in range(0, n, step):
+            rows = slice(i, i + step)
+            lprobs = torch.log_softmax(logits[rows], dim=1, dtype=dtype)  # (c, V)
+            torch.gather(lprobs, 1, target[rows].unsqueeze(1), out=nll[rows].unsqueeze(1))
+            torch.sum(lprobs, dim=1, out=rest[rows]).sub_(lprobs[:, pad_id])  # all but pad
+        nll.neg_()
+        others = rest.neg_().sub_(nll)  # (n,): -sum log p over the tokens neither gold nor pad
+        loss = ((1.0 - epsilon) * nll + epsilon / (V - 2) * others).sum()
+        ctx.save_for_backward(logits, target)
+        ctx.epsilon, ctx.pad_id = epsilon, pad_id
+        nll = nll.sum()
+        ctx.mark_non_differentiable(nll)
+        return loss, nll
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
-        """d loss / d logits = grad_loss * (softmax(logits) - q)."""
-        p, target = ctx.saved_tensors
-        c = ctx.epsilon / (p.size(1) - 2)
-        grad = torch.addcmul(-c * grad_loss, p, grad_loss)  # (p - c) * grad_loss, one pass
-        grad[:, ctx.pad_id] += c * grad_loss  # q is 0 on padding
-        grad.scatter_add_(1, target.unsqueeze(1),
-                          (c - (1.0 - ctx.epsilon)) * grad_loss.expand(len(target), 1))
-        return grad.to(ctx.dtype), None, None, None
+        """d loss / d logits = grad_loss * (softmax(logits) - q), chunk by chunk."""
+        logits, target = ctx.saved_tensors
+        (n, V), step = logits.shape, _rows(logits.size(1))
+        c = ctx.epsilon / (V - 2)  # q off the gold token and padding
+        g = grad_loss.float()
+        terms = (g, torch.stack([-c * g, c * g, (c - (1.0 - ctx.epsilon)) * g]))
+        if n <= step:  # one chunk
+            grad = _gradient(logits, target, terms, ctx.pad_id).to(logits.dtype)
+            return grad, None, None, None
+        grad = torch.empty_like(logits)  # (n, V) in the logits' dtype
+        for i in range(0, n, step):
+            rows = slice(i, i + step)
+            grad[rows] = _gradient(logits[rows], target[rows], terms, ctx.pad_id)
+        return grad, None, None, None
+
+
+def _gradient(logits: Tensor, target: Tensor, terms: tuple, pad_id: int) -> Tensor:
+    """g (softmax - q) of (c, V) logits, in float32 (or float64); terms: g, and g times
+    -c (every token), +c (padding, where q is 0) and c - (1 - epsilon) (the gold token)."""
+    g, (off, pad, gold) = terms
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    p = torch.softmax(logits, dim=1, dtype=dtype)  # (c, V)
+    p = torch.addcmul(off.to(dtype), p, g.to(dtype), out=p)  # g p - g c, in place
+    p[:, pad_id].add_(pad)
+    p.scatter_add_(1, target.unsqueeze(1), gold.to(dtype).expand(len(p), 1))
+    return p

@@ -1,11 +1,13 @@
 """The fused label-smoothed loss against closed forms, the Annotated Transformer's KL form, and
-the plain autograd formulation (value and gradient)."""
+the readable formulation of nmt/loss.py (value and gradient, one chunk or many, bf16)."""
 
 import math
 
+import pytest
 import torch
 
-from nmt.loss import LabelSmoothedLoss
+import nmt.loss
+from nmt.loss import LabelSmoothedLoss, label_smoothed_nll_loss
 
 PAD = 0
 
@@ -15,21 +17,6 @@ def fused(logits, target, eps, pad=PAD):
     keep = target != pad
     loss, nll = LabelSmoothedLoss.apply(logits[keep], target[keep], eps, pad)
     return loss, nll, int(keep.sum())
-
-
-def reference_loss(logits, target, eps, pad=PAD):
-    """The loss written plainly, its gradient left to autograd: -sum_v q_v log p_v summed over
-    the non-padding targets, q putting 1 - eps on the gold token, 0 on padding and
-    eps / (V - 2) elsewhere; and the summed NLL."""
-    V = logits.size(-1)
-    lprobs = logits.log_softmax(-1).reshape(-1, V)  # (N, V)
-    target = target.reshape(-1)  # (N,)
-    keep = target != pad
-    lprobs, target = lprobs[keep], target[keep]  # (n, V), (n,)
-    nll = -lprobs.gather(1, target.unsqueeze(1)).squeeze(1)  # (n,)
-    others = -(lprobs.sum(dim=1) - lprobs[:, pad]) - nll  # -sum log p: not gold, not pad
-    loss = (1.0 - eps) * nll + eps / (V - 2) * others
-    return loss.sum(), nll.sum().detach()
 
 
 def test_no_smoothing_is_plain_cross_entropy_ignoring_padding():
@@ -43,19 +30,20 @@ def test_no_smoothing_is_plain_cross_entropy_ignoring_padding():
     torch.testing.assert_close(nll, ref)
 
 
-def test_closed_form_on_a_uniform_distribution():
+@pytest.mark.parametrize("form", [fused, label_smoothed_nll_loss])
+def test_closed_form_on_a_uniform_distribution(form):
     """With p uniform over V, every log p is -log V, so the loss is log V for any epsilon."""
     V, eps = 10, 0.1
-    loss, nll, n = fused(torch.zeros(3, V), torch.tensor([1, 2, 3]), eps)
-    assert n == 3
+    loss, nll, *_ = form(torch.zeros(3, V), torch.tensor([1, 2, 3]), eps, PAD)
     assert math.isclose(loss.item(), 3 * math.log(V), rel_tol=1e-6)
     assert math.isclose(nll.item(), 3 * math.log(V), rel_tol=1e-6)
 
 
-def test_closed_form_on_a_hand_computed_example():
+@pytest.mark.parametrize("form", [fused, label_smoothed_nll_loss])
+def test_closed_form_on_a_hand_computed_example(form):
     eps = 0.2
     p = torch.tensor([[0.1, 0.6, 0.2, 0.1]])  # gold is 1; pad is 0; others: 2 and 3
-    loss, nll, _ = fused(p.log(), torch.tensor([1]), eps)
+    loss, nll, *_ = form(p.log(), torch.tensor([1]), eps, PAD)
     expected = -(1 - eps) * math.log(0.6) - eps / 2 * (math.log(0.2) + math.log(0.1))
     assert math.isclose(loss.item(), expected, rel_tol=1e-6)
     assert math.isclose(nll.item(), -math.log(0.6), rel_tol=1e-6)
@@ -83,12 +71,15 @@ def test_equals_the_kl_formulation_up_to_its_constant():
     torch.testing.assert_close(ours, kl + entropy)
 
 
-def test_fused_loss_matches_the_reference_and_its_gradient():
+@pytest.mark.parametrize("chunk_rows", [0, 1, 3])  # 0: one chunk
+def test_fused_loss_matches_the_reference_and_its_gradient(monkeypatch, chunk_rows):
+    if chunk_rows:  # the fused loss works chunk_rows rows at a time: 10 rows, 4 or 10 chunks
+        monkeypatch.setattr(nmt.loss, "CHUNK_ELEMENTS", chunk_rows * 11)
     torch.manual_seed(0)
     logits = torch.randn(2, 5, 11, dtype=torch.float64, requires_grad=True)
     target = torch.randint(4, 11, (2, 5))
     target[1, 3:] = 0
-    loss, nll = reference_loss(logits, target, 0.1)
+    loss, nll = label_smoothed_nll_loss(logits, target, 0.1, PAD)
     (2.0 * loss).backward()
     expected = logits.grad.clone()
     logits.grad = None
@@ -99,14 +90,27 @@ def test_fused_loss_matches_the_reference_and_its_gradient():
     torch.testing.assert_close(logits.grad, expected)
 
 
-def test_half_precision_logits_are_scored_in_float32():
-    logits = torch.randn(4, 13, generator=torch.Generator().manual_seed(3))
-    target = torch.tensor([5, 6, 7, 8])
+@pytest.mark.parametrize("chunk_rows", [0, 3])
+def test_half_precision_logits_are_scored_in_float32(monkeypatch, chunk_rows):
+    if chunk_rows:
+        monkeypatch.setattr(nmt.loss, "CHUNK_ELEMENTS", chunk_rows * 13)
+    logits = torch.randn(8, 13, generator=torch.Generator().manual_seed(3))
+    target = torch.tensor([5, 6, 7, 8, 9, 10, 11, 12])
     half = logits.bfloat16().requires_grad_()
     loss, nll, _ = fused(half, target, 0.1)
-    ref, ref_nll = reference_loss(half.detach().float(), target, 0.1)
+    ref = half.detach().float().requires_grad_()
+    ref_loss, ref_nll = label_smoothed_nll_loss(ref, target, 0.1, PAD)
     assert loss.dtype == torch.float32
-    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(loss, ref_loss)
     torch.testing.assert_close(nll, ref_nll)
     loss.backward()
+    ref_loss.backward()
     assert half.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(half.grad, ref.grad.bfloat16())  # within bf16's rounding
+
+
+def test_no_target_gives_zero_and_no_gradient():
+    logits = torch.randn(0, 9, requires_grad=True)
+    loss, nll = LabelSmoothedLoss.apply(logits, torch.zeros(0, dtype=torch.long), 0.1, PAD)
+    loss.backward()
+    assert loss.item() == 0.0 and nll.item() == 0.0 and logits.grad.shape == (0, 9)
