@@ -28,7 +28,7 @@ from torch import Tensor
 
 from nmt.config import SearchConfig
 from nmt.data import batch_by_tokens
-from nmt.fast import FastModel, parallel_batches, row_argmax, top_k
+from nmt.fast import FastModel, FastState, parallel_batches, row_argmax, top_k
 from nmt.model import Transformer
 
 
@@ -65,10 +65,14 @@ class Decoder:
             self.states.append(model.start_decoding(memory, src_mask) if use_cache
                                else [memory, src_mask])
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep (and repeat) rows `index` of the batch."""
+    def reorder(self, index: Tensor, group: int | None = None,
+                sentences: Tensor | None = None) -> None:
+        """Keep (and repeat) rows `index` of the batch. group, sentences: what the caller knows
+        of the new rows (FastState.reorder), which FastModel's states then need not read."""
         for i, state in enumerate(self.states):
-            if self.use_cache:
+            if isinstance(state, FastState):
+                state.reorder(index, group, sentences)
+            elif self.use_cache:
                 state.reorder(index)
             else:
                 self.states[i] = [t.index_select(0, index) for t in state]
@@ -206,9 +210,13 @@ def greedy_search(model, src: Tensor, search: SearchConfig, bos_id: int, eos_id:
     decoder = Decoder(models, src, use_cache)
     sent = torch.arange(B, device=dev).repeat_interleave(n)  # (B n,) sentence of each row
     if n > 1:
-        decoder.reorder(sent)  # n consecutive rows per sentence
-    max_len = max_len[sent]
-    tokens = src.new_full((B * n, int(max_len.max()) + 1), pad_id)  # (R, 1 + T_max): BOS first
+        decoder.reorder(sent, group=n)  # n consecutive rows per sentence
+    # On the host, per row: its sentence, maximum length and output so far (one read here).
+    sent_h, max_len_h = list(range(B)), max_len.tolist()
+    sent_h, max_len_h = [b for b in sent_h for _ in range(n)], [m for m in max_len_h
+                                                               for _ in range(n)]
+    outputs: list[list[int]] = [[] for _ in sent_h]
+    tokens = src.new_full((B * n, max(max_len_h) + 1), pad_id)  # (R, 1 + T_max): BOS first
     tokens[:, 0] = bos_id
     if search.sampling:
         u = sample_uniforms(lines or list(range(B)), n, tokens.size(1), search.seed).to(dev)
@@ -222,45 +230,50 @@ def greedy_search(model, src: Tensor, search: SearchConfig, bos_id: int, eos_id:
             token = sample(lprobs, u[rows, t], search)
         else:
             token = row_argmax(lprobs)  # (R,): lprobs.argmax(dim=1), faster
-        best = lprobs.gather(1, token.unsqueeze(1)).squeeze(1)  # (R,)
         tokens[:, t + 1] = token
-        logprob += best
-        ended = token == eos_id
-        done = ended | (max_len <= t + 1)
-        if not done.any():
+        logprob += lprobs.gather(1, token.unsqueeze(1)).squeeze(1)  # (R,)
+        ids, logps = torch.stack([token.double(), logprob.double()]).tolist()  # the step's read
+        done = [r for r, (i, m) in enumerate(zip(ids, max_len_h, strict=True))
+                if i == eos_id or m <= t + 1]
+        for out, i in zip(outputs, ids, strict=True):
+            out.append(int(i))
+        if not done:
             continue
         lp = length_penalty(t + 1, search.alpha)
-        r = done.nonzero()[:, 0]
-        for b, ids, end, logp in zip(sent[r].tolist(), tokens[r, 1:t + 2].tolist(),
-                                     ended[r].tolist(), logprob[r].tolist(), strict=True):
-            results[b].append(Hypothesis(ids[:-1] if end else ids, logp / lp, logp))
-        keep = (~done).nonzero()[:, 0]
-        if keep.numel() == 0:
+        for r in done:
+            out = outputs[r][:-1] if ids[r] == eos_id else outputs[r]
+            results[sent_h[r]].append(Hypothesis(out, logps[r] / lp, logps[r]))
+        keep_h = sorted(set(range(len(ids))) - set(done))
+        if not keep_h:
             break
-        tokens, logprob, rows = tokens[keep], logprob[keep], rows[keep]
-        sent, max_len = sent[keep], max_len[keep]
-        decoder.reorder(keep)
+        keep = torch.tensor(keep_h, device=dev)
+        tokens, logprob, rows, sent = tokens[keep], logprob[keep], rows[keep], sent[keep]
+        sent_h, max_len_h, outputs = ([x[r] for r in keep_h]
+                                     for x in (sent_h, max_len_h, outputs))
+        decoder.reorder(keep, *(1, keep) if n == 1 else ())  # sampling: rows of a sentence vary
     return [sorted(hyps, key=lambda h: -h.score) for hyps in results]
 
 
 # ----------------------------------------------------------------------------- beam
 class _Finished:
-    """Per sentence of a beam search: finished hypotheses and the score an active one must beat."""
+    """Per sentence of a beam search, on the host: finished hypotheses and the score an active
+    one must beat."""
 
-    def __init__(self, B: int, nbest: int, alpha: float, device: torch.device):
+    def __init__(self, B: int, nbest: int, alpha: float):
         self.hyps: list[list[Hypothesis]] = [[] for _ in range(B)]
         self.nbest, self.alpha = nbest, alpha
-        self.count = torch.zeros(B, dtype=torch.long, device=device)  # (B,) finished so far
-        self.threshold = torch.full((B,), -torch.inf, device=device)  # (B,) nbest-th best score
+        self.count = np.zeros(B, dtype=np.int64)  # (B,) finished so far
+        self.threshold = np.full(B, -np.inf, dtype=np.float32)  # (B,) nbest-th best score
 
-    def add(self, sentences: Tensor, tokens: Tensor, logprobs: Tensor, length: int) -> None:
+    def add(self, sentences: np.ndarray, tokens: np.ndarray, logprobs: np.ndarray,
+            length: int) -> None:
         """Record n hypotheses with |Y| = length: (n,) original sentence indices, (n, L) ids
         without BOS/EOS, (n,) log P. Dead ones (log P = -inf) are skipped."""
         lp = length_penalty(length, self.alpha)
         touched = set()
         for b, ids, logp in zip(sentences.tolist(), tokens.tolist(), logprobs.tolist(),
                                 strict=True):
-            if logp > -torch.inf:
+            if logp > -np.inf:
                 self.hyps[b].append(Hypothesis(ids, logp / lp, logp))
                 touched.add(b)
         for b in touched:
@@ -287,7 +300,9 @@ def beam_search(model, src: Tensor, search: SearchConfig, bos_id: int, eos_id: i
     hypotheses (fairseq's rule, which makes k=1 greedy), when it reaches its maximum length,
     or as soon as no active hypothesis can beat its nbest-th finished one even if every
     further token had probability 1 (the exact bound for the GNMT penalty: log P / lp(max length)).
-    Retired sentences leave the batch. model, prefixes: as for greedy_search.
+    Retired sentences leave the batch. The device picks the candidates; the host reads them
+    once a step (a GPU's queue drains only there), keeps the outputs and decides which
+    sentences retire. model, prefixes: as for greedy_search.
     """
     models = model if isinstance(model, list) else [model]
     B, k, dev = src.size(0), search.beam_size, src.device
@@ -295,49 +310,91 @@ def beam_search(model, src: Tensor, search: SearchConfig, bos_id: int, eos_id: i
     max_len = cons.max_lengths(max_output_lengths(_source_lengths(src, pad_id), search,
                                                   _max_positions(models)), _max_positions(models))
     decoder = Decoder(models, src, use_cache)
+    lp_max = length_penalty(max_len.double(), search.alpha).float()  # (B,)
+    host = np.array(torch.stack([max_len.double(), lp_max.double()]).tolist())  # one read
     beams = torch.arange(k, device=dev)
-    tokens = src.new_full((B, int(max_len.max()) + 1), pad_id)  # (b kb, 1 + T_max)
+    tokens = src.new_full((B, int(host[0].max()) + 1), pad_id)  # (b kb, 1 + T_max)
     tokens[:, 0] = bos_id
     scores = torch.zeros(B, 1, device=dev)  # (b, kb) log P of the active prefixes
     sent = torch.arange(B, device=dev)  # original sentence of each active batch entry
-    fin = _Finished(B, search.nbest, search.alpha, dev)
-    lp_max = length_penalty(max_len.double(), search.alpha).float()  # (b,)
+    beam = _HostBeam(np.arange(B), host[0].astype(np.int64), host[1].astype(np.float32),
+                     tokens.size(1), bos_id, pad_id)
+    fin = _Finished(B, search.nbest, search.alpha)
     for t in range(tokens.size(1) - 1):
         b, kb = scores.shape  # kb rows a sentence: 1 at the first step, then k
         lprobs = decoder.log_probs(tokens[:, :t + 1])  # (b kb, V)
-        cons.apply(lprobs, tokens, t, sent.repeat_interleave(kb))
+        cons.apply(lprobs, tokens, t, sent.unsqueeze(1).expand(b, kb).reshape(-1))  # (b kb,)
         V = lprobs.size(1)
         cand = lprobs.add_(scores.view(-1, 1)).view(b, kb * V)  # (b, kb V): log P
         if kb * V < 2 * k:  # a tiny vocabulary: pad with impossible candidates
             cand = F.pad(cand, (0, 2 * k - kb * V), value=-torch.inf)
         cand_scores, cand_idx = top_k(cand, 2 * k)  # (b, 2k), best first: cand.topk, faster
         cand_beam, cand_tok = (cand_idx // V).clamp_(max=kb - 1), cand_idx % V  # (b, 2k)
-        is_eos = cand_tok == eos_id
-        if is_eos[:, :k].any():  # EOS candidates among the k best finish, with |Y| = t + 1
-            i, c = is_eos[:, :k].nonzero(as_tuple=True)
-            fin.add(sent[i], tokens[i * kb + cand_beam[i, c], 1:t + 1], cand_scores[i, c], t + 1)
         # The k best candidates that do not end go on: sort positions with EOS pushed last.
-        pos = (is_eos.long() * 2 * k + torch.arange(2 * k, device=dev)).topk(
+        pos = ((cand_tok == eos_id).long() * 2 * k + torch.arange(2 * k, device=dev)).topk(
             k, dim=1, largest=False).indices  # (b, k)
         scores = cand_scores.gather(1, pos)  # (b, k), still best first
-        rows = (torch.arange(b, device=dev) * kb).unsqueeze(1) + cand_beam.gather(1, pos)
+        parent = cand_beam.gather(1, pos)  # (b, k)
+        rows = (torch.arange(b, device=dev) * kb).unsqueeze(1) + parent
         tokens = tokens.index_select(0, rows.view(-1))  # (b k, 1 + T_max): k rows a sentence
         tokens[:, t + 1] = cand_tok.gather(1, pos).view(-1)
-        reached = max_len <= t + 1
-        if reached.any():  # out of length: the k active hypotheses finish as they are
-            out = (reached.nonzero() * k + beams).view(-1)  # rows
-            fin.add(sent[out // k], tokens[out, 1:t + 2], scores.view(-1)[out], t + 1)
-        beaten = fin.threshold[sent] >= scores[:, 0] / lp_max  # nothing active can win
-        done = reached | (fin.count[sent] >= k) | beaten
-        if done.any():
-            keep = (~done).nonzero()[:, 0]  # (b',)
-            if keep.numel() == 0:
-                break
+        step = torch.cat([cand_scores[:, :k].double(), cand_beam[:, :k].double(),
+                          cand_tok[:, :k].double(), scores.double(), parent.double(),
+                          tokens[:, t + 1].view(b, k).double()], dim=1)
+        keep = beam.step(np.array(step.tolist()).reshape(b, 6, k), kb, t, eos_id, fin)
+        if keep is None:  # every sentence retired
+            break
+        if len(keep) < b:  # some retired: their rows leave
+            keep = torch.from_numpy(keep).to(dev)
             keep_rows = (keep.unsqueeze(1) * k + beams).view(-1)  # (b' k,)
             rows, tokens = rows.view(-1)[keep_rows], tokens[keep_rows]
-            scores, sent, max_len, lp_max = scores[keep], sent[keep], max_len[keep], lp_max[keep]
-        decoder.reorder(rows.view(-1))
+            scores, sent = scores[keep], sent[keep]
+            decoder.reorder(rows, group=k, sentences=keep)
+        else:
+            decoder.reorder(rows.view(-1), group=k)
     return [fin.best(i) for i in range(B)]
+
+
+class _HostBeam:
+    """The host's side of a beam search: per active sentence its number, maximum length and
+    the length penalty there; per row the output so far (what the device's tokens hold)."""
+
+    def __init__(self, sentences: np.ndarray, max_len: np.ndarray, lp_max: np.ndarray,
+                 width: int, bos_id: int, pad_id: int):
+        self.sent, self.max_len, self.lp_max = sentences, max_len, lp_max  # (b,) each
+        self.tokens = np.full((len(sentences), width), pad_id, dtype=np.int64)  # (b kb, width)
+        self.tokens[:, 0] = bos_id
+
+    def step(self, read: np.ndarray, kb: int, t: int, eos_id: int,
+             fin: _Finished) -> np.ndarray | None:
+        """Follow step t given its read (b, 6, k): the k best candidates' scores, beams and
+        tokens, then the k kept ones' scores, beams and tokens. Finishes hypotheses; returns
+        the indices of the sentences that stay active (None: none does)."""
+        b, _, k = read.shape
+        cand_scores, kept_scores = read[:, 0], read[:, 3]  # (b, k) each
+        cand_beam, cand_tok, parent, token = (read[:, i].astype(np.int64) for i in (1, 2, 4, 5))
+        i, c = np.nonzero(cand_tok == eos_id)  # EOS among the k best: finished, |Y| = t + 1
+        if len(i):
+            fin.add(self.sent[i], self.tokens[i * kb + cand_beam[i, c], 1:t + 1],
+                    cand_scores[i, c], t + 1)
+        self.tokens = self.tokens[(np.arange(b)[:, None] * kb + parent).ravel()]  # (b k, width)
+        self.tokens[:, t + 1] = token.ravel()
+        reached = self.max_len <= t + 1
+        if reached.any():  # out of length: the k active hypotheses finish as they are
+            out = (np.flatnonzero(reached)[:, None] * k + np.arange(k)).ravel()  # rows
+            fin.add(self.sent[out // k], self.tokens[out, 1:t + 2], kept_scores.ravel()[out],
+                    t + 1)
+        # nothing active can win: the bound in float32, as the scores are
+        beaten = fin.threshold[self.sent] >= kept_scores[:, 0].astype(np.float32) / self.lp_max
+        done = reached | (fin.count[self.sent] >= k) | beaten
+        keep = np.flatnonzero(~done)
+        if len(keep) == 0:
+            return None
+        if len(keep) < b:
+            self.tokens = self.tokens[(keep[:, None] * k + np.arange(k)).ravel()]
+            self.sent, self.max_len, self.lp_max = (x[keep] for x in (self.sent, self.max_len,
+                                                                      self.lp_max))
+        return keep
 
 
 # ----------------------------------------------------------------------------- scoring
