@@ -27,6 +27,10 @@ from nmt.errors import NmtError, first_line
 from nmt.runtime import pick_device
 
 _objects_group = None  # gloo group for Python objects (None: the default group is gloo)
+# A failed or timed-out NCCL collective ends the process from the watchdog thread, without
+# waiting on the communicators (which can hang): PyTorch's default, made explicit here because
+# torchrun sets 1 (abort the communicators first) when the variable is unset, submitit nothing.
+NCCL_ERROR_HANDLING = "3"
 
 
 @dataclass
@@ -64,7 +68,11 @@ def init(device: str = "auto", timeout_s: float = 600.0, key: str = "device") ->
     that config key `key` names (auto, cpu or cuda: runtime.pick_device).
 
     Under NCCL the group is bound to this rank's GPU (device_id) and a gloo group is made
-    for Python objects. A collective that waits longer than timeout_s raises on every rank.
+    for Python objects. A collective that waits longer than timeout_s fails on every rank:
+    under gloo it raises (collective_errors makes it one line); under NCCL the watchdog thread
+    ends the process instead, with PyTorch's "Watchdog caught collective operation timeout"
+    on stderr (TORCH_NCCL_ASYNC_ERROR_HANDLING, set here to NCCL_ERROR_HANDLING unless the
+    environment sets it; docs/gpu.md lists the NCCL variables).
     """
     global _objects_group
     export_submitit_ranks()
@@ -76,6 +84,7 @@ def init(device: str = "auto", timeout_s: float = 600.0, key: str = "device") ->
         timeout = timedelta(seconds=timeout_s)
         try:
             if dev.type == "cuda":
+                os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", NCCL_ERROR_HANDLING)
                 torch.cuda.set_device(dev)
                 dist.init_process_group("nccl", timeout=timeout, device_id=dev)
                 _objects_group = dist.new_group(backend="gloo", timeout=timeout)
@@ -103,7 +112,9 @@ _COLLECTIVE_FAILURE = re.compile(r"gloo|nccl|ProcessGroup|connection (closed|res
 @contextlib.contextmanager
 def collective_errors(rank: int) -> Iterator[None]:
     """Turn a failed or timed-out collective into a one-line NmtError (another rank died,
-    raised or ran out of memory: its own error says why)."""
+    raised or ran out of memory: its own error says why): every error of gloo, and those of
+    NCCL that reach Python (a group that cannot be made, a communicator already aborted);
+    NCCL's timeouts end the process from its watchdog instead (see init)."""
     try:
         yield
     except RuntimeError as e:  # dist.DistError is one

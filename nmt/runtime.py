@@ -13,14 +13,25 @@ from nmt.errors import NmtError
 
 def pick_device(name: str, local_rank: int = 0, key: str = "device") -> torch.device:
     """The device that config key `key` names: "auto" is CUDA when available, else the CPU;
-    "cuda" (a one-line error without CUDA) is this process's GPU, cuda:<local_rank>."""
+    "cuda" (a one-line error without CUDA) is this process's GPU: cuda:<local_rank> when all
+    the machine's GPUs are visible (torchrun), cuda:0 when the process sees exactly one (SLURM
+    binding one GPU per task, CUDA_VISIBLE_DEVICES set per rank); anything else is an error
+    naming the numbers, not an "invalid device ordinal" at the first collective."""
     cuda = torch.cuda.is_available()
     if name == "cuda" and not cuda:
         raise NmtError(f"{key}=cuda: no CUDA device is available "
                        f"(torch.cuda.is_available() is false)")
     if name == "cpu" or (name == "auto" and not cuda):
         return torch.device("cpu")
-    return torch.device("cuda", local_rank)
+    visible = torch.cuda.device_count()
+    if local_rank < visible:
+        return torch.device("cuda", local_rank)
+    if visible == 1:
+        return torch.device("cuda", 0)
+    shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+    raise NmtError(f"{key}={name}: LOCAL_RANK={local_rank} but this process sees {visible} "
+                   f"GPUs (CUDA_VISIBLE_DEVICES={shown if shown is not None else 'unset'}): "
+                   f"give each process all the node's GPUs or exactly one")
 
 
 def usable_cores() -> int:

@@ -1,5 +1,8 @@
 """nmt.runtime: the one device picker of every command, the usable cores, glibc malloc tuning."""
 
+import os
+from unittest import mock
+
 import pytest
 import torch
 
@@ -20,9 +23,32 @@ def test_pick_device_without_cuda(monkeypatch):
 
 def test_pick_device_with_cuda_takes_this_ranks_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     assert pick_device("auto", local_rank=3) == torch.device("cuda", 3)
     assert pick_device("cuda") == torch.device("cuda", 0)
     assert pick_device("cpu", local_rank=3) == torch.device("cpu")
+
+
+def test_a_rank_bound_to_one_gpu_takes_it(monkeypatch):
+    """SLURM with one GPU per task: every rank sees its own GPU as cuda:0."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert pick_device("cuda", local_rank=5) == torch.device("cuda", 0)
+    assert pick_device("auto", local_rank=7) == torch.device("cuda", 0)
+
+
+def test_a_rank_without_a_gpu_of_its_own_is_a_one_line_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    with pytest.raises(NmtError, match=r"^train\.device=cuda: LOCAL_RANK=3 but this process "
+                                       r"sees 2 GPUs \(CUDA_VISIBLE_DEVICES=0,1\)") as e:
+        pick_device("cuda", local_rank=3, key="train.device")
+    assert "\n" not in str(e.value)
+    monkeypatch.setenv("LOCAL_RANK", "3")  # the same through the process group's set-up
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(NmtError, match="LOCAL_RANK=3 but this process sees 2 GPUs"):
+        distributed.init("cuda", key="train.device")
 
 
 def test_usable_cores_follow_the_affinity_mask(monkeypatch):
@@ -38,3 +64,23 @@ def test_keep_freed_memory_defers_to_a_preloaded_allocator(monkeypatch):
     monkeypatch.delenv("LD_PRELOAD")
     assert keep_freed_memory() is False
     release_freed_memory()  # a no-op there, not an error
+
+
+def test_nccl_error_handling_is_set_unless_the_environment_sets_it(monkeypatch):
+    """Under NCCL a failed collective must end the process (not hang): nmt sets
+    TORCH_NCCL_ASYNC_ERROR_HANDLING before making the group, keeping a value already set."""
+    seen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(distributed.dist, "new_group", lambda **kwargs: None)
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda backend, **kwargs:
+                        seen.append((backend, os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING"))))
+    ranks = {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}
+    with mock.patch.dict(os.environ, ranks):
+        os.environ.pop("TORCH_NCCL_ASYNC_ERROR_HANDLING", None)
+        assert distributed.init("cuda").device == torch.device("cuda", 1)
+    with mock.patch.dict(os.environ, {**ranks, "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}):
+        distributed.init("cuda")
+    assert seen == [("nccl", distributed.NCCL_ERROR_HANDLING), ("nccl", "1")]
