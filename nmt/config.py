@@ -52,6 +52,16 @@ def _check_bleu_tokenize(value: str, key: str) -> None:
     _check(why is None, key, why or "")
 
 
+def check_search_device(dtype: str, device: str, key: str = "search.dtype") -> None:
+    """search.dtype against the device type that decodes ("cpu" or "cuda"; "auto" passes
+    until the command has picked its device and calls this again): int8 runs on CPUs only,
+    fp16 on GPUs only."""
+    _check(not (dtype == "int8" and device == "cuda"), key,
+           "int8 runs on the CPU only; use bf16 or fp16 on a GPU (or device=cpu)")
+    _check(not (dtype == "fp16" and device == "cpu"), key,
+           "fp16 needs a GPU; use bf16 on the CPU (or device=cuda)")
+
+
 # ----------------------------------------------------------------------------- model
 @dataclass
 class ModelConfig:
@@ -277,6 +287,10 @@ class TrainConfig:
     train: TrainLoopConfig = field(default_factory=TrainLoopConfig)
     search: SearchConfig = field(default_factory=lambda: SearchConfig(beam_size=1))  # valid BLEU
 
+    def __post_init__(self) -> None:
+        if self.train.valid_bleu:
+            check_search_device(self.search.dtype, self.train.device)
+
 
 # ----------------------------------------------------------------------------- translate
 @dataclass
@@ -321,6 +335,7 @@ class TranslateConfig:
         _check_bleu_tokenize(self.bleu_tokenize, "bleu_tokenize")
         _check(self.weights in ("auto", "model", "ema"), "weights",
                f"must be auto, model or ema, got {self.weights!r}")
+        check_search_device(self.search.dtype, self.device)
 
 
 # ----------------------------------------------------------------------------- average
@@ -406,6 +421,7 @@ class ServeConfig:
                f"must be <= max_len_b ({self.max_len_b})")
         _check(self.log_level in ("debug", "info", "warning", "error"), "log_level",
                f"must be debug, info, warning or error, got {self.log_level!r}")
+        check_search_device(self.search.dtype, self.device)
 
 
 # ----------------------------------------------------------------------------- Hydra glue

@@ -46,7 +46,7 @@ from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
-from nmt.config import SearchConfig, ServeConfig
+from nmt.config import SearchConfig, ServeConfig, check_search_device
 from nmt.errors import ConfigError, NmtError
 from nmt.runtime import keep_freed_memory, pick_device, usable_cores
 from nmt.search import Hypothesis, decoding_models, translate_nbest
@@ -682,6 +682,7 @@ def open_socket(host: str, port: int) -> socket.socket:
 def serve(cfg: ServeConfig) -> None:
     """nmt-serve: load the checkpoint once, start the decoding workers, serve until SIGTERM."""
     device = pick_device(cfg.device)
+    check_search_device(cfg.search.dtype, device.type)  # device=auto: now known
     workers = (cfg.workers or usable_cores()) if device.type == "cpu" else 1
     if device.type == "cpu":
         keep_freed_memory()

@@ -42,7 +42,7 @@ from nmt.checkpoint import (
     save_best_checkpoint,
     save_training_checkpoint,
 )
-from nmt.config import TrainConfig, TrainLoopConfig
+from nmt.config import TrainConfig, TrainLoopConfig, check_search_device
 from nmt.cpu_training import attention_kernels, use_cpu_dropout
 from nmt.data import (
     Batch,
@@ -74,6 +74,8 @@ def train(cfg: TrainConfig) -> dict:
     tc = cfg.train
     owns_group = not torch.distributed.is_initialized()
     env = distributed.init(tc.device, tc.collective_timeout, key="train.device")
+    if tc.valid_bleu:  # train.device=auto: now known
+        check_search_device(cfg.search.dtype, env.device.type)
     if not env.is_main:  # one rank speaks; the others only warn
         log.setLevel(logging.WARNING)
     batches = logs = None
@@ -93,7 +95,8 @@ def train(cfg: TrainConfig) -> dict:
             out_of_time = False
             while (reason := stop_reason(run, out_of_time)) is None:
                 epoch, group = batches.take(run.update_freq)
-                stats = train_step(run, epoch, group, stop=time.monotonic() >= deadline)
+                with fatal_out_of_memory(run, [batch for _, batch in group]):
+                    stats = train_step(run, epoch, group, stop=time.monotonic() >= deadline)
                 run.monitor.add(stats)
                 run.update += 1
                 bar.update(1)
@@ -414,19 +417,18 @@ def train_step(run: Run, epoch: int, group: list[tuple[int, Batch]], stop: bool)
     run.optimizer.zero_grad(set_to_none=True)
     losses = torch.zeros(2, device=env.device)  # this rank's summed loss and NLL
     counts = np.zeros(5)  # target tokens, source tokens, padded positions, sentences, stop
-    with fatal_out_of_memory(run, group):
-        for k, (index, batch) in enumerate(group):
-            torch.manual_seed(micro_batch_seed(tc.seed, epoch, index))
-            batch = batch.to(env.device)
-            last = k == len(group) - 1  # DDP all-reduces gradients after the last batch only
-            with run.ddp.no_sync() if run.ddp and not last else contextlib.nullcontext():
-                loss, nll = batch_loss(run.forward, batch, run.cfg.optim.label_smoothing,
-                                       run.pad_id, run.precision)
-                # DDP averages gradients over ranks: scale by world_size to get their sum.
-                run.scaler.scale(loss * env.world_size).backward()
-            losses += torch.stack([loss.detach(), nll])
-            counts[:4] += (batch.tgt_tokens, batch.src_tokens, batch.padded_tokens,
-                           batch.src.size(0))
+    for k, (index, batch) in enumerate(group):
+        torch.manual_seed(micro_batch_seed(tc.seed, epoch, index))
+        batch = batch.to(env.device)
+        last = k == len(group) - 1  # DDP all-reduces gradients after the last batch only
+        with run.ddp.no_sync() if run.ddp and not last else contextlib.nullcontext():
+            loss, nll = batch_loss(run.forward, batch, run.cfg.optim.label_smoothing,
+                                   run.pad_id, run.precision)
+            # DDP averages gradients over ranks: scale by world_size to get their sum.
+            run.scaler.scale(loss * env.world_size).backward()
+        losses += torch.stack([loss.detach(), nll])
+        counts[:4] += (batch.tgt_tokens, batch.src_tokens, batch.padded_tokens,
+                       batch.src.size(0))
     counts[4] = stop
     counts = torch.from_numpy(counts)
     if env.device.type == "cuda":
@@ -450,17 +452,23 @@ def train_step(run: Run, epoch: int, group: list[tuple[int, Batch]], stop: bool)
 
 
 @contextlib.contextmanager
-def fatal_out_of_memory(run: Run, group: list[tuple[int, Batch]]):
-    """An out-of-memory error becomes a one-line error naming the rank, update and batches
-    (the other ranks then fail in their next collective, or torchrun stops them)."""
+def fatal_out_of_memory(run: Run, batches: list[Batch] | str, during: str = "update"):
+    """An out-of-memory error becomes a one-line error naming the rank, the update (or the
+    validation after it) and the batches' shapes, or `batches` when it says what ran: anywhere
+    in an update (forward, backward, the all-reduce, Adam's first step, which allocates its
+    state, the EMA) or a validation. The other ranks then fail in their next collective, or
+    torchrun stops them."""
     try:
         yield
     except torch.cuda.OutOfMemoryError:
-        shapes = ", ".join(f"{b.src.size(0)}x{b.src.size(1)}/{b.tgt_in.size(1)}"
-                           for _, b in group)
-        raise NmtError(f"rank {run.env.rank}: out of memory in update {run.update + 1} "
-                       f"(batches of B x S/T tokens: {shapes}); lower train.max_tokens and "
-                       f"raise train.update_freq to keep the update's size") from None
+        what = batches if isinstance(batches, str) else "batches of B x S/T tokens: " + ", ".join(
+            f"{b.src.size(0)}x{b.src.size(1)}/{b.tgt_in.size(1)}" for b in batches)
+        when = (f"update {run.update + 1}" if during == "update"
+                else f"the {during} after update {run.update}")
+        raise NmtError(f"rank {run.env.rank}: out of memory in {when} ({what}); lower "
+                       f"train.max_tokens and raise train.update_freq to keep the update's "
+                       f"size (fragmentation: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+                       f")") from None
 
 
 def micro_batch_seed(seed: int, epoch: int, global_index: int) -> int:
@@ -649,8 +657,9 @@ def valid_loss(run: Run, model: nn.Module) -> dict:
     model.eval()
     sums, tokens = torch.zeros(2, dtype=torch.float64, device=env.device), 0
     for _, batch in itr:
-        loss, nll = batch_loss(model, batch.to(env.device), run.cfg.optim.label_smoothing,
-                               run.pad_id, run.precision)
+        with fatal_out_of_memory(run, [batch], "validation"):
+            loss, nll = batch_loss(model, batch.to(env.device), run.cfg.optim.label_smoothing,
+                                   run.pad_id, run.precision)
         sums += torch.stack([loss, nll]).double()
         tokens += batch.tgt_tokens
     count = torch.tensor([float(tokens)], dtype=torch.float64).to(env.device)
@@ -669,8 +678,10 @@ def valid_bleu(run: Run) -> dict:
     mine = list(range(env.rank, n, env.world_size))  # each rank translates a share
     src_ids = [valid.src[i][:limit].tolist() for i in mine]
     search = dataclasses.replace(run.cfg.search, beam_size=1, nbest=1)
-    out = translate_ids(run.model, src_ids, search, vocab["bos_id"], vocab["eos_id"],
-                        vocab["pad_id"], env.device)
+    with fatal_out_of_memory(run, f"greedy search of {len(src_ids)} sentences in batches of "
+                                  f"search.max_tokens={search.max_tokens}", "validation"):
+        out = translate_ids(run.model, src_ids, search, vocab["bos_id"], vocab["eos_id"],
+                            vocab["pad_id"], env.device)
     hyps: dict[int, list[int]] = {}
     for part in distributed.all_gather_objects(dict(zip(mine, out, strict=True))):
         hyps.update(part)

@@ -25,7 +25,7 @@ import torch
 
 from nmt import distributed
 from nmt.checkpoint import load_checkpoint
-from nmt.config import ModelConfig, TranslateConfig
+from nmt.config import ModelConfig, TranslateConfig, check_search_device
 from nmt.errors import ConfigError, NmtError
 from nmt.files import check_output, decode_line, read_lines, write_atomically
 from nmt.model import Transformer, make_model
@@ -259,6 +259,7 @@ def open_session(cfg: TranslateConfig) -> Session:
         check_output(cfg.attention_plot, "attention_plot", directory=True)
     env = distributed.init(cfg.device)
     device = env.device
+    check_search_device(cfg.search.dtype, device.type)  # device=auto: now known
     share = max(1, usable_cores() // env.world_size)  # the cores of this rank
     workers = (cfg.workers or share) if device.type == "cpu" else 1
     if cfg.threads or env.world_size > 1:

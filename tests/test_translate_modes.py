@@ -167,7 +167,7 @@ def test_int8_and_bf16_translate_and_fp16_needs_cuda(ckpts, test_en, tmp_path):
                                **{"search.dtype": dtype}))
         assert len(out["hypotheses"]) == len(lines_of(test_en))
     assert error_of(checkpoint=ckpts[0], input=test_en, device="cpu",
-                    **{"search.dtype": "fp16"}).startswith("search.dtype=fp16 needs CUDA")
+                    **{"search.dtype": "fp16"}).startswith("search.dtype: fp16 needs a GPU")
 
 
 # ----------------------------------------------------------------------------- torchrun
