@@ -301,8 +301,11 @@ def _gather_rows(x: Tensor, index: Tensor) -> Tensor:
 
 
 def _source_mask(src_mask: Tensor, dtype: torch.dtype) -> Tensor | None:
-    """The (B, 1, 1, S) boolean source mask as an additive one; None where nothing is masked."""
-    return None if bool(src_mask.all()) else additive_mask(src_mask, dtype)
+    """The (B, 1, 1, S) boolean source mask as an additive one; on the CPU None where nothing
+    is masked (finding out reads the mask, which a GPU would wait for)."""
+    if src_mask.device.type == "cpu" and bool(src_mask.all()):
+        return None
+    return additive_mask(src_mask, dtype)
 
 
 class FastModel(nn.Module):

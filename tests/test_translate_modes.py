@@ -174,7 +174,7 @@ def test_int8_and_bf16_translate_and_fp16_needs_cuda(ckpts, test_en, tmp_path):
 @pytest.mark.slow
 def test_two_processes_under_torchrun_write_one_output_in_order(ckpts, test_en, tmp_path):
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
-           "OMP_NUM_THREADS": "1"}
+           "OMP_NUM_THREADS": "1", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}  # a lone collective fails
     for kw in (["search.beam_size=4"], ["search.sampling=true", "search.nbest=2"]):
         single = subprocess.run([CLI, f"checkpoint={ckpts[0]}", f"input={test_en}",
                                  f"output={tmp_path / 'one'}", "search.max_len_b=8", *kw],
