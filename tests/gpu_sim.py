@@ -389,19 +389,21 @@ def _bytes(tensors) -> int:
 
 
 class DeviceProfile(TorchDispatchMode):
-    """Operators launched on the device, by phase ("forward" before a backward, "backward"
-    inside one, "optimizer" after the last: the all-reduce, clipping, Adam and the EMA),
-    views and allocations excepted; their matrix-product FLOPs and the bytes the other
-    operators move; and live device memory (bytes of the storages alive) with its peak. Put
-    it inside simulated_cuda, through `profiled`, which sets the phases around backward."""
+    """Per phase of an update ("forward" before a backward, "backward" inside one,
+    "optimizer" after the last: the all-reduce, clipping, Adam and the EMA): the operators
+    launched on the device (views and allocations excepted; a fused or foreach operator
+    launches several kernels), their matrix-product FLOPs and the bytes the other operators
+    read and write. And live device memory (the storages alive) with its peak. Use it inside
+    simulated_cuda through `profiled`, which tells it where backward passes begin and end."""
+
+    PHASES = ("forward", "backward", "optimizer")
 
     def __init__(self):
         super().__init__()
-        self.ops = {"forward": 0, "backward": 0, "optimizer": 0}
+        self.totals = {p: {"ops": 0, "flops": 0, "bytes": 0} for p in self.PHASES}
+        self.pending = {"ops": 0, "flops": 0, "bytes": 0}  # since the last backward
         self.by_name: dict[str, int] = {}
-        self.flops = self.bytes = 0  # matrix products; the other operators' traffic
-        self.phase = "forward"
-        self.pending = 0  # operators since the last backward: forward or optimizer
+        self.in_backward = False
         self.live, self.peak = 0, 0
         self._storages: dict[int, weakref.ref] = {}
 
@@ -431,32 +433,37 @@ class DeviceProfile(TorchDispatchMode):
         tensors = tree_leaves((args, kwargs, out))
         if space == "aten" and not (func.is_view or name in _NO_KERNEL):
             self.by_name[name] = self.by_name.get(name, 0) + 1
-            if self.phase == "backward":
-                self.ops["backward"] += 1
-            else:
-                self.pending += 1
+            into = self.totals["backward"] if self.in_backward else self.pending
             flops = _flops(name, args)
-            self.flops += flops
-            if not flops:
-                self.bytes += _bytes(tensors)
+            into["ops"] += 1
+            into["flops"] += flops
+            into["bytes"] += 0 if flops else _bytes(tensors)
         self.track(tensors)
         return out
 
+    def _close(self, phase: str) -> None:
+        for key, value in self.pending.items():
+            self.totals[phase][key] += value
+            self.pending[key] = 0
+
     def backward_begins(self) -> None:
         """The operators since the last backward were a forward pass."""
-        self.ops["forward"] += self.pending
-        self.pending, self.phase = 0, "backward"
+        self._close("forward")
+        self.in_backward = True
 
     def backward_ends(self) -> None:
         """Operators from here on are a forward pass or the optimizer's (told at the next
         backward, or at finish)."""
-        self.phase = "after backward"
+        self.in_backward = False
 
     def finish(self) -> dict:
-        """The operators after the last backward go to the optimizer; the figures."""
-        self.ops["optimizer"] += self.pending
-        self.pending = 0
-        return {**self.ops, "peak_bytes": self.peak, "flops": self.flops, "bytes": self.bytes}
+        """The operators after the last backward go to the optimizer; the figures: per phase
+        its operators, and in all the FLOPs, the bytes and the peak of live memory."""
+        self._close("optimizer")
+        return {**{p: self.totals[p]["ops"] for p in self.PHASES},
+                "flops": sum(t["flops"] for t in self.totals.values()),
+                "bytes": {p: self.totals[p]["bytes"] for p in self.PHASES},
+                "peak_bytes": self.peak}
 
 
 @contextlib.contextmanager
@@ -610,10 +617,10 @@ def update_cost(model: str, vocab: int, sentences: int, length: int, amp: str = 
 
 def loss_memory(tokens: int, vocab: int, dtype: torch.dtype = torch.bfloat16,
                 loss=None) -> dict:
-    """Device memory of the training loss alone (nmt.loss.LabelSmoothedLoss unless `loss`)
-    on (tokens, vocab) logits of `dtype`, forward and backward: the logits' bytes, what the
-    forward keeps beyond them for backward, and the peak beyond them (their gradient
-    included)."""
+    """The training loss alone (nmt.loss.LabelSmoothedLoss unless `loss`) on (tokens, vocab)
+    logits of `dtype`, forward and backward, on the simulated GPU: the logits' bytes, what the
+    forward keeps beyond them for backward, the peak beyond them (their gradient included),
+    the operators of each pass and the bytes they move."""
     from nmt.loss import LabelSmoothedLoss
 
     loss = loss or LabelSmoothedLoss
@@ -630,7 +637,7 @@ def loss_memory(tokens: int, vocab: int, dtype: torch.dtype = torch.bfloat16,
         out = profile.finish()
         return {"logits_bytes": logits.numel() * logits.element_size(), "kept_bytes": kept,
                 "peak_extra_bytes": profile.peak - base, "forward": out["forward"],
-                "backward": out["backward"]}
+                "backward": out["backward"], "bytes": sum(out["bytes"].values())}
 
 
 def decoding_reads(models, sources: list[list[int]], search, bos_id: int = 2, eos_id: int = 3,
