@@ -251,7 +251,7 @@ def test_decoding_reads_the_host_once_a_step(beam, fast):
     """Greedy and beam search (unconstrained) read the device once per step: the step's
     chosen tokens and scores, which the host needs to finish hypotheses (counted on real
     CPU tensors, as a GPU would wait)."""
-    model = tiny_model(50, seed=3, eos_like=40, N=2)
+    model = tiny_model(50, seed=1, stops=True, N=2)
     sources = random_sources(12, 50, seed=4)
     reads = decoding_reads(decoding_models(model, search(), fast), sources,
                            search(beam_size=beam, max_len_b=8))
