@@ -243,6 +243,7 @@ class TrainLoopConfig:
     amp: str = "auto"  # auto (bf16 on GPUs with it, else fp16; none on CPUs), bf16, fp16, none
     tf32: bool = True  # TensorFloat-32 matmuls for fp32 work on Ampere and later GPUs
     compile: bool = False  # torch.compile the model (for GPUs; graphs break on CPU dropout)
+    checkpoint_activations: bool = False  # recompute layers' activations in backward: less memory
     device: str = "auto"  # "auto", "cpu" or "cuda"
     collective_timeout: float = 600.0  # seconds a rank waits for the others before failing
     log_interval: int = 50  # updates between log lines (GPU statistics are read only then)

@@ -35,6 +35,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from nmt import distributed
+from nmt.activation_checkpointing import checkpoint_layers
 from nmt.checkpoint import (
     check_resumable,
     check_same_model,
@@ -283,6 +284,8 @@ def build_run(cfg: TrainConfig, env: distributed.DistInfo, data: Data) -> Run:
     if env.device.type == "cpu":  # the CPU speed path (nmt/cpu_training.py)
         use_cpu_dropout(model)
     ema = copy.deepcopy(model).requires_grad_(False) if tc.ema_decay else None
+    if tc.checkpoint_activations:  # after the EMA's copy (nmt/activation_checkpointing.py)
+        checkpoint_layers(model)
     optimizer, scheduler = build_optimizer(model, cfg.optim, cfg.model.d_model)
     scaler = torch.amp.GradScaler(env.device.type, init_scale=2.0 ** 7, enabled=amp == "fp16")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)

@@ -9,6 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from nmt.config import AverageConfig, PreprocessConfig, TrainConfig, TranslateConfig, to_object
+from nmt.schedule import noam_lr
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMAS = {"preprocess": PreprocessConfig, "train": TrainConfig, "average": AverageConfig,
@@ -47,11 +48,46 @@ def test_wmt14_recipe_dry_run(tmp_path, row, d_model, updates, last):
         4, 0.6, 1.0, 50)
 
 
-def recipe(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
-    """A dry run of the base recipe with extra environment variables."""
+@pytest.mark.parametrize("row,env,max_tokens,global_tokens,updates,lr_factor", [
+    ("base", {}, 3456, 25_000, 100_000, 1.0),  # 8 GPUs, the paper's ~3k tokens each
+    ("big", {"GPUS": "1"}, 28544, 25_000, 300_000, 1.0),  # the whole update in one batch
+    ("base", {"VARIANT": "large-batch"}, 57088, 400_000, 6250, 1.43),
+    ("base", {"VARIANT": "large-batch", "GPUS": "1"}, 131072, 400_000, 6250, 1.43),  # capped
+    ("big", {"VARIANT": "large-batch", "GPUS": "1"}, 65536, 400_000, 18750, 2.02)])
+@pytest.mark.slow
+def test_wmt14_recipe_sizes_the_batch_for_the_gpus(tmp_path, row, env, max_tokens,
+                                                   global_tokens, updates, lr_factor):
+    """Per-GPU batches from the update's size and the GPUs, capped by the memory model; the
+    large-batch variant's peak learning rate is 1e-3 (Ott et al. 2018)."""
+    out = recipe(tmp_path, row, **env)
+    assert out.returncode == 0, out.stderr
+    train = next(to_object(OmegaConf.create(block.split("\n", 1)[1]), TrainConfig)
+                 for block in out.stdout.split("### ")[1:] if block.startswith("train"))
+    tc = train.train
+    assert (tc.max_tokens, tc.global_tokens, tc.max_updates) == (max_tokens, global_tokens,
+                                                                 updates)
+    assert train.optim.lr_factor == lr_factor
+    peak = noam_lr(train.optim.warmup, train.model.d_model, train.optim.warmup, lr_factor)
+    assert abs(peak - 1e-3) < 1e-5 if env.get("VARIANT") else peak < 1e-3
+    assert not tc.compile and not tc.checkpoint_activations
+
+
+@pytest.mark.slow
+def test_wmt14_recipe_variants_and_too_many_gpus(tmp_path):
+    out = recipe(tmp_path, "big", COMPILE="1", CHECKPOINT_ACTIVATIONS="1")
+    assert out.returncode == 0, out.stderr
+    assert "train.compile=true train.checkpoint_activations=true" in out.stderr
+    small = recipe(tmp_path, "base", GPUS="16")
+    assert small.returncode == 2
+    assert "over 16 GPUs leave 1664 tokens a batch" in small.stderr
+    assert "VARIANT=large-batch or at most 13 GPUs" in small.stderr
+
+
+def recipe(tmp_path: Path, row: str = "base", **env: str) -> subprocess.CompletedProcess:
+    """A dry run of the recipe's `row` with extra environment variables."""
     env = {**os.environ, "NMT_DRY_RUN": "1", **env,
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    return subprocess.run(["bash", str(ROOT / "scripts/recipes/wmt14_en_de.sh"), "base",
+    return subprocess.run(["bash", str(ROOT / "scripts/recipes/wmt14_en_de.sh"), row,
                            str(tmp_path / "work")], capture_output=True, text=True, env=env,
                           timeout=300)
 
@@ -64,14 +100,14 @@ def test_wmt14_recipe_on_several_machines(tmp_path):
     assert launch.startswith(
         "launch: torchrun --nnodes 2 --rdzv-backend c10d --rdzv-endpoint node1:29400 "
         "--rdzv-id nmt-wmt14-base --nproc_per_node 4 --no-python nmt-train +model=base ")
-    missing = recipe(tmp_path, NNODES="2")
+    missing = recipe(tmp_path, NNODES="2", GPUS="4")
     assert missing.returncode != 0 and "needs RDZV_ENDPOINT=host:port" in missing.stderr
 
 
 @pytest.mark.slow
 def test_wmt14_recipe_through_slurm(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
-    out = recipe(tmp_path, LAUNCHER="slurm", NNODES="2", SLURM_PARTITION="gpu")
+    out = recipe(tmp_path, LAUNCHER="slurm", NNODES="2", GPUS="4", SLURM_PARTITION="gpu")
     assert out.returncode == 0, out.stderr
     blocks = dict(block.split("\n", 1) for block in out.stdout.split("### ")[1:])
     assert list(blocks) == ["preprocess", "train", "launcher", "average", "translate"]
@@ -79,6 +115,6 @@ def test_wmt14_recipe_through_slurm(tmp_path):
     launcher = OmegaConf.create(blocks["launcher"])
     assert launcher._target_.endswith("SlurmLauncher")
     assert (launcher.nodes, launcher.tasks_per_node, launcher.gpus_per_node,
-            launcher.partition) == (2, 8, 8, "gpu")
+            launcher.partition) == (2, 4, 4, "gpu")
     assert "launch: nmt-train +model=base" in out.stderr
     assert " -m hydra/launcher=slurm hydra.launcher.nodes=2 " in out.stderr
