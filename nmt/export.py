@@ -39,7 +39,7 @@ from nmt.errors import NmtError
 from nmt.files import check_out_dir, check_output, new_directory
 from nmt.model import Transformer
 from nmt.tokenizer import UNK_ID, Tokenizer
-from nmt.translate import Translator, load_translator
+from nmt.translator import Translator
 
 PROG = "nmt-export"
 MARKER = "config.json"  # every model directory written here has one
@@ -53,7 +53,7 @@ def export(cfg: ExportConfig) -> Path:
     check_output(out, "output", directory=True)
     check_out_dir(out, cfg.force, MARKER, "model directory")
     _require("ctranslate2" if cfg.format == "ctranslate2" else "transformers")
-    translator = load_translator(cfg.checkpoint)
+    translator = Translator.load(cfg.checkpoint, dtype=None)
     with new_directory(out, cfg.force, MARKER, "model directory") as tmp:
         if cfg.format == "ctranslate2":
             what = write_ctranslate2(translator, tmp, cfg.quantization)

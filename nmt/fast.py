@@ -8,8 +8,7 @@ addition fused into the product), fp16 (CUDA) or int8 (weights and activations r
 int8, as torch.ao's dynamic quantization does), with 1/sqrt(d_k) folded into W^Q, additive
 masks only where there is padding, and the beams or samples of one sentence sharing one copy
 of its encoder memory. `row_argmax` and `top_k` pick greedy and beam search candidates over
-the vocabulary; `parallel_batches` translates whole batches in forked single-threaded worker
-processes side by side.
+the vocabulary. nmt.translator.Translator prepares FastModels and runs them on its workers.
 
 Shapes: B decoder rows, M = B / g sentences (g rows per sentence), S source length, T target
 length, V vocabulary, h heads, d_k = d_model / h.
@@ -19,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import multiprocessing as mp
 import warnings
 
 import torch
@@ -444,39 +442,3 @@ def top_k(x: Tensor, n: int) -> tuple[Tensor, Tensor]:
         cols = torch.cat([cols, tail], dim=1)
     values, i = x.gather(1, cols).topk(n, dim=1)  # (R, n) each
     return values, cols.gather(1, i)
-
-
-# ----------------------------------------------------------------------------- worker processes
-def parallel_batches(job, batches: list[list[int]], seqs, workers: int):
-    """Yield (batch number, job(seqs of the batch)) for every batch, in completion order.
-
-    workers > 1 on the CPU: forked single-threaded processes translate whole batches side by
-    side (data parallelism, like Marian's --cpu-threads: no per-operation thread
-    synchronisation, which small decoding steps pay dearly for; one thread each, as GNU
-    OpenMP cannot start a thread team in a process forked from one that had one).
-    seqs: an iterable of each batch's inputs, in batch order.
-    """
-    if (workers <= 1 or len(batches) <= 1 or job.device.type != "cpu"
-            or "fork" not in mp.get_all_start_methods()):
-        for n, batch in enumerate(seqs):
-            yield n, job(batch)
-        return
-    with mp.get_context("fork").Pool(min(workers, len(batches)), _start_worker,
-                                     (job,)) as pool:
-        yield from pool.imap_unordered(_work, enumerate(seqs))
-
-
-_JOB = None  # in a worker process: the job it inherited when forked
-
-
-def _start_worker(job) -> None:
-    """Worker process set-up: keep the (inherited, unpickled) job; run one thread."""
-    global _JOB
-    _JOB = job
-    torch.set_num_threads(1)
-
-
-def _work(task: tuple[int, list]) -> tuple[int, list]:
-    """Worker process: run the job on batch number n."""
-    n, seqs = task
-    return n, _JOB(seqs)

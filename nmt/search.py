@@ -28,7 +28,7 @@ from torch import Tensor
 
 from nmt.config import SearchConfig
 from nmt.data import batch_by_tokens
-from nmt.fast import FastModel, FastState, parallel_batches, row_argmax, top_k
+from nmt.fast import FastModel, FastState, row_argmax, top_k
 from nmt.model import Transformer
 
 
@@ -472,32 +472,36 @@ def decoding_models(model, search: SearchConfig, fast: bool = True) -> list:
             if isinstance(m, Transformer) else m for m in models]
 
 
-def run_jobs(job: BatchJob, items: list[tuple[int, list[int], list[int]]], workers: int = 1,
-             progress=None) -> list[list[Hypothesis]]:
-    """Run `job` on length-sorted token-budget batches of items; results in input order.
-
-    workers > 1 (CPU only): forked worker processes (nmt.fast.parallel_batches), with at
-    least one batch each. Reference models are put in eval mode and back meanwhile.
-    """
-    per_batch = job.search.max_sentences
-    if workers > 1:  # at least one batch per worker
+def plan_batches(items: list[tuple[int, list[int], list[int]]], search: SearchConfig,
+                 score: bool = False, workers: int = 1) -> list[list[int]]:
+    """Length-sorted token-budget batches of items (lists of their indices): longest first, so
+    that a batch's first item sets its width. workers > 1: at least one batch per worker."""
+    per_batch = search.max_sentences
+    if workers > 1:
         share = -(-len(items) // workers)
         per_batch = min(per_batch or share, share)
-    lengths = np.array([max(len(s), len(y) if job.score else 0) + 1 for _, s, y in items],
+    lengths = np.array([max(len(s), len(y) if score else 0) + 1 for _, s, y in items],
                        dtype=np.int64)
-    order = np.argsort(-lengths, kind="stable")  # longest first: a batch's first sets its width
-    batches = batch_by_tokens(order, lengths, lengths, job.search.max_tokens, per_batch)
+    order = np.argsort(-lengths, kind="stable")
+    return [b.tolist() for b in batch_by_tokens(order, lengths, lengths, search.max_tokens,
+                                                per_batch)]
+
+
+def run_jobs(job: BatchJob, items: list[tuple[int, list[int], list[int]]],
+             progress=None) -> list[list[Hypothesis]]:
+    """Run `job` on length-sorted token-budget batches of items, in this process; results
+    in input order. Reference models are put in eval mode and back meanwhile (worker
+    processes: nmt.translator.Translator)."""
     results: list[list[Hypothesis]] = [[] for _ in items]
     modes = [(m, m.training) for m in job.models if isinstance(m, torch.nn.Module)]
     try:
         for m, _ in modes:
             m.eval()
-        seqs = ([items[i] for i in batch] for batch in batches)
-        for n, hyps in parallel_batches(job, batches, seqs, workers):
-            for i, h in zip(batches[n], hyps, strict=True):
+        for batch in plan_batches(items, job.search, job.score):
+            for i, h in zip(batch, job([items[i] for i in batch]), strict=True):
                 results[i] = h
             if progress is not None:
-                progress(len(batches[n]))
+                progress(len(batch))
     finally:
         for m, training in modes:
             m.train(training)
@@ -506,17 +510,17 @@ def run_jobs(job: BatchJob, items: list[tuple[int, list[int], list[int]]], worke
 
 def translate_nbest(model, src_ids: list[list[int]], search: SearchConfig, bos_id: int,
                     eos_id: int, pad_id: int, device: torch.device | str = "cpu",
-                    use_cache: bool = True, progress=None, workers: int = 1, fast: bool = True,
-                    prefixes: list[list[int]] | None = None,
-                    lines: list[int] | None = None) -> list[list[Hypothesis]]:
+                    use_cache: bool = True, progress=None, fast: bool = True,
+                    prefixes: list[list[int]] | None = None, lines: list[int] | None = None,
+                    run=run_jobs) -> list[list[Hypothesis]]:
     """Translate id lists (no BOS/EOS) in length-sorted token-budget batches, in input order.
 
     model: a Transformer, a FastModel, or a list of them (an ensemble). fast: decode with
     nmt.fast.FastModel in search.dtype (False: the reference model, as the tests compare).
     An empty source without a prefix gives one empty hypothesis with score 0. progress:
-    called with each batch size. workers > 1 (CPU only): forked single-threaded processes
-    translate whole batches side by side. prefixes: per source, output ids every hypothesis
-    starts with. lines: per source, its input line number (seeds sampling; default 0..n-1).
+    called with each batch size. prefixes: per source, output ids every hypothesis starts
+    with. lines: per source, its input line number (seeds sampling; default 0..n-1). run:
+    how the batches run (run_jobs: in this process; nmt.translator.Translator: on its workers).
     """
     models = decoding_models(model, search, fast and use_cache)
     job = BatchJob(models, search, bos_id, eos_id, pad_id, torch.device(device), use_cache)
@@ -524,7 +528,7 @@ def translate_nbest(model, src_ids: list[list[int]], search: SearchConfig, bos_i
     lines = lines or list(range(len(src_ids)))
     todo = [i for i, s in enumerate(src_ids) if s or prefixes[i]]
     results = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
-    out = run_jobs(job, [(lines[i], src_ids[i], prefixes[i]) for i in todo], workers, progress)
+    out = run(job, [(lines[i], src_ids[i], prefixes[i]) for i in todo], progress)
     for i, hyps in zip(todo, out, strict=True):
         results[i] = hyps
     return results
@@ -532,13 +536,13 @@ def translate_nbest(model, src_ids: list[list[int]], search: SearchConfig, bos_i
 
 def score_pairs(model, src_ids: list[list[int]], tgt_ids: list[list[int]], search: SearchConfig,
                 bos_id: int, eos_id: int, pad_id: int, device: torch.device | str = "cpu",
-                progress=None, workers: int = 1, fast: bool = True) -> list[Hypothesis]:
+                progress=None, fast: bool = True, run=run_jobs) -> list[Hypothesis]:
     """log P(Y|X) and the length-normalised score of each (source, target) pair of id lists
     (no BOS/EOS), batched like translate_nbest, in input order."""
     models = decoding_models(model, search, fast)
     job = BatchJob(models, search, bos_id, eos_id, pad_id, torch.device(device), score=True)
     items = [(i, s, y) for i, (s, y) in enumerate(zip(src_ids, tgt_ids, strict=True))]
-    return [hyps[0] for hyps in run_jobs(job, items, workers, progress)]
+    return [hyps[0] for hyps in run(job, items, progress)]
 
 
 def translate_ids(model, src_ids: list[list[int]], search: SearchConfig, bos_id: int,

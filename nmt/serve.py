@@ -27,19 +27,16 @@ from __future__ import annotations
 
 import asyncio
 import math
-import multiprocessing as mp
 import signal
 import socket
 import sys
 import time
 from collections import deque
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, replace
 from typing import Annotated
 
-import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -49,8 +46,9 @@ from starlette.exceptions import HTTPException
 from nmt.config import SearchConfig, ServeConfig, check_search_device
 from nmt.errors import ConfigError, NmtError
 from nmt.runtime import keep_freed_memory, pick_device, usable_cores
-from nmt.search import Hypothesis, decoding_models, translate_nbest
-from nmt.translate import Translator, check_vocab, load_translator
+from nmt.search import Hypothesis
+from nmt.translate import check_vocab
+from nmt.translator import Translator
 
 PROG = "nmt-serve"
 SEARCH_FIELDS = ("beam_size", "nbest", "alpha", "max_len_a", "max_len_b", "min_len")
@@ -374,90 +372,14 @@ class Batcher:
             self.changed.set()
 
 
-# ----------------------------------------------------------------------------- decoding workers
-def decode_batch(translator: Translator, search: SearchConfig,
-                 seqs: list[list[int]]) -> list[list[Hypothesis]]:
-    """Hypotheses of each id list (no BOS/EOS), in order: nmt-translate's search on one batch."""
-    v = translator.vocab
-    return translate_nbest(prepared_models(translator, search.dtype), seqs, search,
-                           v["bos_id"], v["eos_id"], v["pad_id"], translator.device)
-
-
-_PREPARED: dict[tuple[int, str], tuple] = {}  # (id of a model, dtype) -> (model, prepared)
-
-
-def prepared_models(translator: Translator, dtype: str) -> list:
-    """The translator's model prepared for decoding in `dtype` (nmt.fast.FastModel), once per
-    process: preparing packs, casts or quantises every weight, too slow to redo per batch."""
-    key = (id(translator.model), dtype)
-    if key not in _PREPARED or _PREPARED[key][0] is not translator.model:
-        _PREPARED[key] = (translator.model,
-                          decoding_models(translator.model, SearchConfig(dtype=dtype)))
-    return _PREPARED[key][1]
-
-
-_WORKER: Translator | None = None  # in a decoding process: the translator it inherited at fork
-
-
-def _start_worker(translator: Translator) -> None:
-    """Decoding process set-up: keep the inherited translator, one thread, leave signals to the
-    server (Ctrl-C reaches the whole process group; the server stops its workers itself)."""
-    global _WORKER
-    _WORKER = translator
-    torch.set_num_threads(1)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-
-
-def _decode_in_worker(search: SearchConfig, seqs: list[list[int]]) -> list[list[Hypothesis]]:
-    """Decoding process: one batch."""
-    return decode_batch(_WORKER, search, seqs)
-
-
-def _start_thread(threads: int) -> None:
-    """Decoding thread set-up: its PyTorch threads."""
-    if threads:
-        torch.set_num_threads(threads)
-
-
-def start_workers(translator: Translator, workers: int, threads: int):
-    """An executor decoding batches off the event loop, and its submit(search, seqs) function.
-
-    workers > 1 (CPU): forked one-thread processes, each with the model (copy-on-write), as
-    nmt-translate translates; they are started and tried here, before any server thread
-    exists. Otherwise one thread in this process with `threads` PyTorch threads.
-    """
-    if workers > 1:
-        executor: Executor = ProcessPoolExecutor(workers, mp.get_context("fork"),
-                                                 initializer=_start_worker,
-                                                 initargs=(translator,))
-
-        def submit(search, seqs):
-            return executor.submit(_decode_in_worker, search, seqs)
-    else:
-        executor = ThreadPoolExecutor(1, "nmt-decode", initializer=_start_thread,
-                                      initargs=(threads,))
-
-        def submit(search, seqs):
-            return executor.submit(decode_batch, translator, search, seqs)
-    warm = SearchConfig(beam_size=1, max_len_b=1)
-    try:
-        for future in [submit(warm, [[4]]) for _ in range(workers)]:
-            future.result()
-    except BrokenProcessPool:
-        executor.shutdown(cancel_futures=True)
-        raise NmtError("a decoding process died while starting") from None
-    return executor, submit
-
-
 # ----------------------------------------------------------------------------- the service
 class Service:
     """The model, the limits and the batcher: what the HTTP handlers call."""
 
-    def __init__(self, translator: Translator, cfg: ServeConfig, submit, workers: int):
-        self.translator, self.cfg, self.workers = translator, cfg, workers
-        self.batcher = Batcher(submit, workers, cfg.search.max_tokens, cfg.search.max_sentences,
-                               cfg.max_wait_ms / 1000, cfg.max_queued)
+    def __init__(self, translator: Translator, cfg: ServeConfig):
+        self.translator, self.cfg, self.workers = translator, cfg, translator.workers
+        self.batcher = Batcher(translator.submit, translator.workers, cfg.search.max_tokens,
+                               cfg.search.max_sentences, cfg.max_wait_ms / 1000, cfg.max_queued)
         self.requests = 0  # requests answered with translations
         self.broken = ""  # why decoding is impossible, once it is
         self.max_input = min(cfg.max_input_tokens, translator.model.cfg.max_positions - 1)
@@ -686,17 +608,23 @@ def serve(cfg: ServeConfig) -> None:
     workers = (cfg.workers or usable_cores()) if device.type == "cpu" else 1
     if device.type == "cpu":
         keep_freed_memory()
-    translator = load_translator(cfg.checkpoint, device)
-    if cfg.vocab_check:
-        check_vocab(translator, cfg.vocab_check, cfg.checkpoint)
-    executor, submit = start_workers(translator, workers, cfg.threads)  # before any socket
+    # Prepared for search.dtype here, then the workers forked: before any socket or thread.
+    translator = Translator.load(cfg.checkpoint, device, dtype=cfg.search.dtype,
+                                 workers=workers, threads=cfg.threads)
+    try:
+        if cfg.vocab_check:
+            check_vocab(translator, cfg.vocab_check, cfg.checkpoint)
+        warm_up(translator, cfg.search.dtype)
+    except NmtError:
+        translator.close()
+        raise
     # uvicorn stops gracefully on SIGTERM, then raises it again to end the process: a handler
     # that only notes it (until the workers are stopped too) makes that end with status 0.
     stop = []
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     try:
         with open_socket(cfg.host, cfg.port) as sock:
-            service = Service(translator, cfg, submit, workers)
+            service = Service(translator, cfg)
             host, port = sock.getsockname()[:2]
             url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
             log(f"{cfg.checkpoint} on {device} ({workers} decoding "
@@ -708,8 +636,18 @@ def serve(cfg: ServeConfig) -> None:
         log(f"stopped: {service.requests} requests, {s.sentences} sentences in {s.batches} "
             f"batches")
     finally:
-        executor.shutdown(wait=True, cancel_futures=True)
+        translator.close()
         signal.signal(signal.SIGTERM, previous)
+
+
+def warm_up(translator: Translator, dtype: str) -> None:
+    """Decode one short batch on every worker (the first batch of a process is slower)."""
+    warm = SearchConfig(beam_size=1, max_len_b=1, dtype=dtype)
+    try:
+        for future in [translator.submit(warm, [[4]]) for _ in range(translator.workers)]:
+            future.result()
+    except BrokenProcessPool:
+        raise NmtError("a decoding process died while starting") from None
 
 
 def run_until_stopped(app: FastAPI, sock: socket.socket, cfg: ServeConfig) -> None:

@@ -24,21 +24,18 @@ from pathlib import Path
 import torch
 
 from nmt import distributed
-from nmt.checkpoint import load_checkpoint
-from nmt.config import ModelConfig, TranslateConfig, check_search_device
-from nmt.errors import ConfigError, NmtError
+from nmt.config import TranslateConfig, check_search_device
+from nmt.errors import NmtError
 from nmt.files import check_output, decode_line, read_lines, write_atomically
-from nmt.model import Transformer, make_model
 from nmt.runtime import keep_freed_memory, usable_cores
 from nmt.scoring import score
-from nmt.search import Hypothesis, decoding_models, score_pairs, translate_nbest
-from nmt.tokenizer import Tokenizer, vocab_sha256
+from nmt.search import Hypothesis
+from nmt.tokenizer import Tokenizer
+from nmt.translator import Translator
 
 PROG = "nmt-translate"
 CHUNK_LINES = 1000  # interactive input: lines translated together at most
 PARALLEL_LINES = 32  # interactive input: fewer lines per worker than this use one process
-VOCAB_KEYS = ("src_size", "tgt_size", "joint", "pad_id", "bos_id", "eos_id", "sha256",
-              "src_spm", "tgt_spm")
 
 
 def log(message: str) -> None:
@@ -47,65 +44,6 @@ def log(message: str) -> None:
 
 
 # ----------------------------------------------------------------------------- the model
-@dataclass
-class Translator:
-    """A model ready to translate, with its vocabularies."""
-
-    model: Transformer
-    src_tok: Tokenizer
-    tgt_tok: Tokenizer
-    vocab: dict  # the checkpoint's vocab entry
-    device: torch.device
-
-
-def load_translator(path: str | Path, device: torch.device | str = "cpu",
-                    weights: str = "auto") -> Translator:
-    """Build the model of a checkpoint and check that its vocabularies fit it. weights: "model",
-    "ema" (the moving average that train.ema_decay keeps) or "auto" (ema when saved)."""
-    state = load_checkpoint(path)
-    if weights == "ema" and "ema" not in state:
-        raise NmtError(f"{path}: weights=ema but the checkpoint has no EMA weights (train with "
-                       f"train.ema_decay > 0, or use weights=model)")
-    use_ema = weights == "ema" or (weights == "auto" and "ema" in state)
-    vocab = state["vocab"]
-    missing = [key for key in VOCAB_KEYS if key not in vocab]
-    if missing:
-        raise NmtError(f"{path}: checkpoint vocab lacks {', '.join(missing)}")
-    src_tok = Tokenizer(vocab["src_spm"], f"{path}: source vocabulary")
-    tgt_tok = Tokenizer(vocab["tgt_spm"], f"{path}: target vocabulary")
-    _check_vocab_consistency(path, vocab, src_tok, tgt_tok)
-    try:
-        cfg = ModelConfig(**state["model_cfg"])
-    except (TypeError, ConfigError) as e:
-        raise NmtError(f"{path}: bad model_cfg ({e})") from None
-    weights = {k.removeprefix("_orig_mod.").removeprefix("module."): v
-               for k, v in state["ema" if use_ema else "model"].items()}
-    for key, size in (("src_embed.lut.weight", vocab["src_size"]),
-                      ("generator.weight", vocab["tgt_size"])):
-        if key in weights and weights[key].size(0) != size:
-            raise NmtError(f"{path}: {key} has {weights[key].size(0)} rows but the vocabulary "
-                           f"has {size} entries")
-    model = make_model(cfg, vocab["src_size"], vocab["tgt_size"], vocab["pad_id"],
-                        vocab["joint"])
-    try:
-        model.load_state_dict(weights)
-    except RuntimeError as e:
-        last = str(e).strip().splitlines()[-1].strip()[:150]
-        raise NmtError(f"{path}: weights do not fit model_cfg ({last})") from None
-    device = torch.device(device)
-    return Translator(model.to(device).eval(), src_tok, tgt_tok, vocab, device)
-
-
-def _check_vocab_consistency(path, vocab: dict, src_tok: Tokenizer, tgt_tok: Tokenizer) -> None:
-    """The stored SentencePiece models must have the stored sizes and checksum."""
-    for side, tok in (("src", src_tok), ("tgt", tgt_tok)):
-        if tok.vocab_size != vocab[f"{side}_size"]:
-            raise NmtError(f"{path}: {side} SentencePiece model has {tok.vocab_size} pieces but "
-                           f"{side}_size is {vocab[f'{side}_size']} (vocabulary does not match)")
-    if vocab["sha256"] != vocab_sha256(src_tok.proto, tgt_tok.proto):
-        raise NmtError(f"{path}: SentencePiece models do not match the stored vocabulary sha256")
-
-
 def check_vocab(translator: Translator, against: str, checkpoint: str) -> None:
     """vocab_check=...: a data directory, its manifest.json or a .model file must match."""
     path = Path(against)
@@ -219,10 +157,8 @@ class Session:
     """What translating or scoring any chunk of the input needs."""
 
     cfg: TranslateConfig
-    translators: list[Translator]  # one, or an ensemble's
-    models: list  # their models prepared for decoding (nmt.fast.FastModel in search.dtype)
+    translator: Translator  # the model, or an ensemble's, prepared, with its workers
     env: distributed.DistInfo  # this rank under torchrun
-    workers: int  # CPU worker processes of this rank
     limit: int  # tokens kept of a source, prefix or target
     name: str  # the input's name in messages
     refs: list[list[str]] | None  # ref=, refs=: reference streams (BLEU), or ref= targets
@@ -247,6 +183,7 @@ def translate(cfg: TranslateConfig) -> dict:
             return run_interactive(session)
         return run_all(session)
     finally:
+        session.translator.close()
         if session.env.world_size > 1:
             distributed.shutdown()
 
@@ -266,30 +203,19 @@ def open_session(cfg: TranslateConfig) -> Session:
         torch.set_num_threads(cfg.threads or share)
     if device.type == "cpu":
         keep_freed_memory()  # reuse freed memory: large per-step tensors cost no page faults
-    translators = [load_translator(path, device, cfg.weights) for path in cfg.checkpoints]
-    check_ensemble(translators, cfg.checkpoints)
-    if cfg.vocab_check:
-        check_vocab(translators[0], cfg.vocab_check, cfg.checkpoints[0])
-    try:
-        models = decoding_models([t.model for t in translators], cfg.search)
-    except ValueError as e:
-        raise NmtError(str(e)) from None
-    limit = min(cfg.max_input_tokens, *(t.model.cfg.max_positions - 1 for t in translators))
     ref_files = [cfg.ref] * bool(cfg.ref) + list(cfg.refs)
     refs = [read_lines(path, "references") for path in ref_files] or None
+    translator = Translator.load(cfg.checkpoints, device, cfg.weights, dtype=cfg.search.dtype,
+                                 workers=workers)
+    try:
+        if cfg.vocab_check:
+            check_vocab(translator, cfg.vocab_check, cfg.checkpoints[0])
+    except NmtError:
+        translator.close()
+        raise
+    limit = min(cfg.max_input_tokens, translator.max_input_tokens)
     name = "<stdin>" if cfg.input == "-" else cfg.input
-    return Session(cfg, translators, models, env, workers, limit, name, refs)
-
-
-def check_ensemble(translators: list[Translator], paths: list[str]) -> None:
-    """The models of an ensemble must share their vocabularies and special ids."""
-    first = translators[0].vocab
-    for tr, path in zip(translators[1:], paths[1:], strict=True):
-        for key in ("sha256", "src_size", "tgt_size", "pad_id", "bos_id", "eos_id"):
-            if tr.vocab[key] != first[key]:
-                raise NmtError(f"{path}: vocabulary differs from {paths[0]}'s ({key} "
-                               f"{str(tr.vocab[key])[:12]} against {str(first[key])[:12]}); "
-                               "an ensemble needs one vocabulary")
+    return Session(cfg, translator, env, limit, name, refs)
 
 
 def read_input(s: Session) -> list[str]:
@@ -317,7 +243,7 @@ def run_all(s: Session) -> dict:
         from nmt.plot import plot_attention
 
         i = cfg.attention_line - 1
-        paths = plot_attention(s.translators[0], chunk.src_ids[i], chunk.nbest[i][0].tokens,
+        paths = plot_attention(s.translator, chunk.src_ids[i], chunk.nbest[i][0].tokens,
                                cfg.attention_plot)
         log(f"attention of line {cfg.attention_line} drawn in {', '.join(map(str, paths))}")
     return result
@@ -354,7 +280,7 @@ def finish(s: Session, nbest: list[list[Hypothesis]], texts: list[list[str]],
 
 def process(s: Session, lines: list[str], first: int, interactive: bool = False) -> Chunk:
     """Translate or score input lines first+1.., this rank's share of them under torchrun."""
-    cfg, tr = s.cfg, s.translators[0]
+    cfg, tr = s.cfg, s.translator
     sources, second = lines, None
     if cfg.prefix or (cfg.score_reference and s.refs is None):
         sources, second = split_tsv(lines, first, s.name,
@@ -367,12 +293,11 @@ def process(s: Session, lines: list[str], first: int, interactive: bool = False)
     tgt_ids = (encode_lines(tr.tgt_tok, second, s.limit, cfg.ref or s.name, cfg.quiet, first)
                if second is not None else None)
     mine = list(range(s.env.rank, len(lines), s.env.world_size))  # this rank's lines
-    workers = s.workers
-    if interactive and len(mine) < PARALLEL_LINES * workers:
-        workers = 1  # a few lines: forking worker processes would cost more than it saves
+    # A few arriving lines decode here: the workers' round trip would cost more than it saves.
+    parallel = not interactive or len(mine) >= PARALLEL_LINES * tr.workers
     hyps = gather(s, mine, run_search(s, [src_ids[i] for i in mine],
                                       tgt_ids and [tgt_ids[i] for i in mine],
-                                      [first + i for i in mine], workers, interactive),
+                                      [first + i for i in mine], parallel, interactive),
                   len(lines))
     if cfg.score_reference:
         return Chunk([format_score(h[0]) for h in hyps], hyps, src_ids=src_ids)
@@ -426,9 +351,9 @@ def report(result: dict, refs: list[list[str]] | None, cfg: TranslateConfig) -> 
 
 
 def run_search(s: Session, src_ids: list[list[int]], tgt_ids: list[list[int]] | None,
-               lines: list[int], workers: int, interactive: bool = False) -> list:
-    """translate_nbest (or score_pairs), with a progress bar on an interactive stderr."""
-    cfg, v = s.cfg, s.translators[0].vocab
+               lines: list[int], parallel: bool, interactive: bool = False) -> list:
+    """The translator's search (or scoring), with a progress bar on an interactive stderr."""
+    cfg = s.cfg
     bar = None
     if not cfg.quiet and not interactive and s.env.is_main and sys.stderr.isatty():
         from tqdm import tqdm
@@ -437,12 +362,10 @@ def run_search(s: Session, src_ids: list[list[int]], tgt_ids: list[list[int]] | 
     progress = bar.update if bar else None
     try:
         if cfg.score_reference:
-            return [[h] for h in score_pairs(s.models, src_ids, tgt_ids, cfg.search, v["bos_id"],
-                                             v["eos_id"], v["pad_id"], s.env.device, progress,
-                                             workers)]
-        return translate_nbest(s.models, src_ids, cfg.search, v["bos_id"], v["eos_id"],
-                               v["pad_id"], s.env.device, progress=progress, workers=workers,
-                               prefixes=tgt_ids, lines=lines)
+            return [[h] for h in s.translator.score_ids(src_ids, tgt_ids, cfg.search, progress,
+                                                        parallel)]
+        return s.translator.translate_ids(src_ids, cfg.search, tgt_ids, lines, progress,
+                                          parallel)
     finally:
         if bar is not None:
             bar.close()

@@ -27,6 +27,7 @@ import torch
 from nmt.config import ModelConfig, SearchConfig
 from nmt.model import make_model
 from nmt.search import decoding_models, translate_nbest
+from nmt.translator import Translator
 
 
 def add_workload_options(p: argparse.ArgumentParser) -> None:
@@ -68,9 +69,9 @@ def parse_args() -> argparse.Namespace:
 def load_model(args: argparse.Namespace):
     """The model to time: the small configuration with random weights, or a checkpoint."""
     if args.checkpoint:
-        from nmt.translate import load_translator
+        from nmt.translator import Translator
 
-        translator = load_translator(args.checkpoint)
+        translator = Translator.load(args.checkpoint, dtype=None)
         return translator.model, translator.vocab["tgt_size"]
     torch.manual_seed(0)
     cfg = ModelConfig(N=3, d_model=256, d_ff=1024, h=4, dropout=0.1)
@@ -97,11 +98,18 @@ def run(model, src_ids, beam: int, batch: int, out_len: int, use_cache: bool,
     search = SearchConfig(beam_size=beam, nbest=1, alpha=0.6, max_len_a=0.0, max_len_b=out_len,
                           min_len=out_len, max_tokens=10 ** 9, max_sentences=batch,
                           dtype=dtype)
-    model = decoding_models(model, search, fast and use_cache)  # prepared before timing
-    start, cpu = time.perf_counter(), cpu_seconds()
-    out = translate_nbest(model, src_ids, search, bos_id=2, eos_id=3, pad_id=0,
-                          use_cache=use_cache, workers=workers, fast=fast)
-    seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu
+    if workers > 1:  # prepared and forked before timing
+        with Translator([model], {"bos_id": 2, "eos_id": 3, "pad_id": 0}, dtype=dtype,
+                        workers=workers) as translator:
+            start, cpu = time.perf_counter(), cpu_seconds()
+            out = translator.translate_ids(src_ids, search)
+            seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu
+    else:
+        model = decoding_models(model, search, fast and use_cache)  # prepared before timing
+        start, cpu = time.perf_counter(), cpu_seconds()
+        out = translate_nbest(model, src_ids, search, bos_id=2, eos_id=3, pad_id=0,
+                              use_cache=use_cache, fast=fast)
+        seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu
     assert all(len(h[0].tokens) == out_len for h in out), "output length was not forced"
     return seconds, cpu
 

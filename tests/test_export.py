@@ -25,7 +25,7 @@ from nmt.export import export, feature_permutation
 from nmt.model import make_model
 from nmt.search import translate_ids
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_bpe, vocab_sha256
-from nmt.translate import load_translator
+from nmt.translator import Translator
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -95,7 +95,7 @@ def _search() -> SearchConfig:
 
 def nmt_greedy(checkpoint: Path, lines: list[str]) -> list[list[int]]:
     """nmt's greedy output ids (no BOS/EOS), with a check that the test means something."""
-    tr = load_translator(checkpoint)
+    tr = Translator.load(checkpoint, dtype=None)
     out = translate_ids(tr.model, tr.src_tok.encode(lines), _search(), BOS_ID, EOS_ID, PAD_ID)
     ended = sum(len(seq) < MAX_LEN for seq in out)
     assert 0 < ended < len(out), "want outputs that end with EOS and outputs that are cut"
@@ -183,7 +183,7 @@ def test_transformers_greedy_is_nmt_greedy(norm, cls, spm, sentences, tmp_path):
     assert {"source.spm", "target.spm", "vocab.json"} <= {p.name for p in out.iterdir()}
     ids, tokenizer, model = transformers_greedy(out, sentences)
     assert type(model).__name__ == cls and type(tokenizer).__name__ == "MarianTokenizer"
-    tr = load_translator(ckpt)
+    tr = Translator.load(ckpt, dtype=None)
     expected = nmt_greedy(ckpt, sentences)
     assert ids == expected
     # transformers' skip_special_tokens drops <unk> too; nmt keeps it visible as ⁇.
@@ -215,7 +215,7 @@ def test_transformers_marian_with_separate_vocabularies(spm, sentences, tmp_path
     ids, tokenizer, _ = transformers_greedy(out, sentences)
     assert ids == nmt_greedy(ckpt, sentences)
     texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
-    assert texts == load_translator(ckpt).tgt_tok.decode(ids)
+    assert texts == Translator.load(ckpt, dtype=None).tgt_tok.decode(ids)
 
 
 def test_pre_norm_with_separate_vocabularies_is_refused_for_transformers(spm, tmp_path):

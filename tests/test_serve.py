@@ -161,10 +161,24 @@ def test_another_vocabulary_and_a_taken_port_are_refused(ckpt, tmp_path):
             open_socket("127.0.0.1", taken.getsockname()[1])
 
 
-def test_the_model_is_prepared_for_decoding_once_per_dtype(ckpt, monkeypatch):
-    import nmt.serve
+def preparations(translator, rendezvous: str, workers: int) -> tuple[int, int]:
+    """In a worker: its pid and how many times its translator prepared a model, once every
+    worker has reached here (so that each of `workers` tasks runs on its own worker)."""
+    Path(rendezvous, str(os.getpid())).touch()
+    for _ in range(6000):
+        if len(os.listdir(rendezvous)) >= workers:
+            break
+        time.sleep(0.01)
+    return os.getpid(), translator.preparations
+
+
+def test_the_model_is_prepared_once_before_the_workers_fork(ckpt, monkeypatch, tmp_path):
+    """nmt-serve's Translator prepares search.dtype's model once, in this process, then forks
+    its 2 workers, which decode with that copy (none prepares again); another dtype is
+    prepared once more where it is used."""
+    import nmt.search
     from nmt.fast import FastModel
-    from nmt.translate import load_translator
+    from nmt.translator import Translator
 
     built = []
 
@@ -174,12 +188,19 @@ def test_the_model_is_prepared_for_decoding_once_per_dtype(ckpt, monkeypatch):
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(nmt.search, "FastModel", Counted)
-    translator, search = load_translator(ckpt), SearchConfig(beam_size=2, max_len_b=4)
-    first = nmt.serve.decode_batch(translator, search, [[4, 5, 6]])
-    assert nmt.serve.decode_batch(translator, search, [[4, 5, 6]]) == first
-    assert len(built) == 1
-    nmt.serve.decode_batch(translator, SearchConfig(dtype="bf16", max_len_b=4), [[4, 5]])
-    assert len(built) == 2
+    search = SearchConfig(beam_size=2, max_len_b=4)
+    with Translator.load(ckpt, dtype="fp32", workers=2) as translator:
+        assert len(built) == 1 and translator.preparations == 1
+        first = [translator.submit(search, [[4, 5, 6]]).result() for _ in range(4)]
+        assert all(out == first[0] for out in first)
+        futures = [translator.pool.submit(preparations, str(tmp_path), 2) for _ in range(2)]
+        seen = dict(future.result() for future in futures)
+        assert len(seen) == 2 and set(seen.values()) == {1}  # each worker: the parent's one
+        assert translator.translate_ids([[4, 5, 6]], search, parallel=False) == first[0]
+        assert len(built) == 1
+        translator.translate_ids([[4, 5]], SearchConfig(dtype="bf16", max_len_b=4),
+                                 parallel=False)
+        assert len(built) == 2 and translator.preparations == 2
 
 
 # ----------------------------------------------------------------------------- the server

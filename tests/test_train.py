@@ -365,18 +365,19 @@ def test_ema_is_the_moving_average_of_the_weights(tiny_data_dir, tmp_path):
 
 def test_translate_uses_the_ema_weights_when_asked(tiny_data_dir, tmp_path):
     from nmt.config import TranslateConfig
-    from nmt.translate import load_translator, translate
+    from nmt.translate import translate
+    from nmt.translator import Translator
 
     train(config(tiny_data_dir, tmp_path / "ema", "train.max_updates=2", "train.ema_decay=0.9"))
     train(config(tiny_data_dir, tmp_path / "plain", "train.max_updates=2"))
     path = tmp_path / "ema/checkpoint_last.pt"
     state = load_checkpoint(path)
     for weights, key in (("ema", "ema"), ("auto", "ema"), ("model", "model")):
-        model = load_translator(path, weights=weights).model
+        model = Translator.load(path, weights=weights, dtype=None).model
         assert same_tensors(model.state_dict(), state[key]), weights
     assert not same_tensors(state["ema"], state["model"])
     plain = tmp_path / "plain/checkpoint_last.pt"
-    assert same_tensors(load_translator(plain).model.state_dict(),
+    assert same_tensors(Translator.load(plain, dtype=None).model.state_dict(),
                         load_checkpoint(plain)["model"])  # auto: no EMA saved, the model's
     (tmp_path / "in.txt").write_text("open file\n")
     with pytest.raises(NmtError, match="weights=ema but the checkpoint has no EMA") as e:

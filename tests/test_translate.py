@@ -15,7 +15,8 @@ from nmt.errors import NmtError
 from nmt.scoring import score
 from nmt.search import translate_ids
 from nmt.tokenizer import vocab_sha256
-from nmt.translate import load_translator, translate
+from nmt.translate import translate
+from nmt.translator import Translator
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -73,7 +74,7 @@ def test_a_missing_checkpoint_is_one_line_and_exit_status_1(tmp_path):
 # ----------------------------------------------------------------------------- I/O rules
 def test_translations_match_the_search_and_keep_input_order(ckpt, test_en, tmp_path):
     result = translate(config(checkpoint=ckpt, input=test_en, output=tmp_path / "h"))
-    tr = load_translator(ckpt)
+    tr = Translator.load(ckpt, dtype=None)
     src = tr.src_tok.encode(lines_of(test_en))
     ids = translate_ids(tr.model, src, config(checkpoint=ckpt).search, 2, 3, 0)
     assert result["hypotheses"] == tr.tgt_tok.decode(ids) == lines_of(tmp_path / "h")
