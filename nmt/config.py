@@ -492,14 +492,16 @@ def schema_node(schema: type, key: str) -> object | None:
     return node
 
 
-def extra_keys(cfg: DictConfig, schema: type, prefix: str = "") -> list[str]:
-    """The dotted keys of `cfg` that `schema` does not have."""
+def extra_keys(cfg: DictConfig | dict, schema: type, prefix: str = "") -> list[str]:
+    """The dotted keys of `cfg` that `schema` does not have (interpolations left unresolved)."""
+    if isinstance(cfg, DictConfig):
+        cfg = OmegaConf.to_container(cfg, resolve=False)
     fields, extra = schema_fields(schema), []
-    for key in cfg.keys():
+    for key, value in cfg.items():
         if key not in fields:
             extra.append(f"{prefix}{key}")
-        elif dataclasses.is_dataclass(fields[key]) and isinstance(cfg._get_node(key), DictConfig):
-            extra += extra_keys(cfg[key], fields[key], f"{prefix}{key}.")
+        elif dataclasses.is_dataclass(fields[key]) and isinstance(value, dict):
+            extra += extra_keys(value, fields[key], f"{prefix}{key}.")
     return extra
 
 

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.ao.quantization.observer import PerChannelMinMaxObserver
 
+from nmt import private_ops
 from nmt.model import Transformer, additive_mask, causal_mask
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
@@ -55,19 +56,17 @@ class PackedAffine(Affine):
     """fp32 or bf16 on the CPU through oneDNN: W packed once for `rows`-row inputs (what
     torch.compile's freezing does), the ReLU or the residual addition fused into the product.
     2x the speed of F.linear at decoding sizes on AVX-512 processors where MKL takes its AVX2
-    path. PyTorch offers this only as torch.ops.mkldnn ops; `packing_works` checks them."""
+    path. PyTorch offers this only as private operators (nmt.private_ops); `packing_works`
+    checks that they compute the same map."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None, relu: bool = False, rows: int = 64):
-        super().__init__(torch.ops.mkldnn._reorder_linear_weight(weight, rows), bias, relu)
-        self.attr = "relu" if relu else "none"
-        ops = torch.ops.mkldnn._linear_pointwise  # looked up here: absent without oneDNN
-        self.unary, self.binary = ops.default, ops.binary  # x W^T + b (+ ReLU); + residual
+        super().__init__(private_ops.pack_linear_weight(weight, rows), bias, relu)
 
     def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         """(..., in_features) -> (..., out_features), + residual (same shape) if given."""
         if residual is not None:
-            return self.binary(x, residual, self.weight, self.bias, "add")
-        return self.unary(x, self.weight, self.bias, self.attr, [], "")
+            return private_ops.packed_linear_add(x, residual, self.weight, self.bias)
+        return private_ops.packed_linear(x, self.weight, self.bias, self.relu)
 
 
 class Int8Affine(Affine):
@@ -88,11 +87,11 @@ class Int8Affine(Affine):
         with warnings.catch_warnings(), _quantized_engine(engine):
             warnings.simplefilter("ignore")  # quantized tensors are deprecated for torchao's
             q = torch.quantize_per_channel(weight, scale.double(), zero_point, 0, torch.qint8)
-            self.packed = torch.ops.quantized.linear_prepack(q, bias)
+            self.packed = private_ops.quantized_linear_prepack(q, bias)
 
     def linear(self, x: Tensor) -> Tensor:
         """x W^T + b with W and x rounded to int8."""
-        return torch.ops.quantized.linear_dynamic(x, self.packed, self.reduce_range)
+        return private_ops.quantized_linear(x, self.packed, self.reduce_range)
 
 
 @contextlib.contextmanager
@@ -111,7 +110,7 @@ def packing_works(dtype: torch.dtype) -> bool:
     """Whether this PyTorch has the oneDNN ops of PackedAffine for `dtype` and they compute
     x W^T + b (+ ReLU, + residual) to within rounding."""
     if not torch.backends.mkldnn.is_available() or (
-            dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+            dtype == torch.bfloat16 and not private_ops.mkldnn_bf16_supported()):
         return False
     x = torch.linspace(-1.0, 1.0, 24).view(3, 8)  # no random draws
     w, b, r = x[:2].repeat(2, 1), torch.linspace(-0.5, 0.5, 4), torch.ones(3, 4)

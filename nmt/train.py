@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from nmt import distributed
+from nmt import distributed, private_ops
 from nmt.activation_checkpointing import checkpoint_layers
 from nmt.checkpoint import (
     check_resumable,
@@ -61,8 +61,8 @@ from nmt.runlog import RunDirLock, RunLog, prepare_run_dir
 from nmt.runtime import keep_freed_memory, release_freed_memory
 from nmt.schedule import build_optimizer
 from nmt.scoring import read_references, score
-from nmt.search import translate_ids
 from nmt.tokenizer import Tokenizer, vocab_sha256
+from nmt.translator import Translator
 
 log = logging.getLogger("nmt.train")
 
@@ -440,8 +440,8 @@ def train_step(run: Run, epoch: int, group: list[tuple[int, Batch]], stop: bool)
         losses.double(), counts.to(env.device, non_blocking=True)]))
     loss, nll, tgt, src, padded, sentences, stop_any = sums.unbind()
     run.scaler.unscale_(run.optimizer)
-    grads = [p.grad for p in run.model.parameters() if p.grad is not None]
-    grad_norm = normalise_gradients(grads, tgt.clamp(min=1.0), run.cfg.optim.clip_norm)
+    params = [p for p in run.model.parameters() if p.grad is not None]
+    grad_norm = normalise_gradients(params, tgt.clamp(min=1.0), run.cfg.optim.clip_norm)
     skip = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
     optimizer_step(run.optimizer, skip)
     run.scaler.update()  # fp16: a skipped update lowers the loss scale
@@ -482,30 +482,28 @@ def micro_batch_seed(seed: int, epoch: int, global_index: int) -> int:
     return ((seed * 1_000_003 + epoch) * 1_000_000_007 + global_index) % 2 ** 64
 
 
-def normalise_gradients(grads: list[Tensor], tokens: Tensor | float, clip_norm: float) -> Tensor:
-    """Divide summed gradients by the update's target tokens and clip their global L2 norm to
-    clip_norm (0: no clipping), in one multiplication; returns the norm before clipping.
-    Nothing is read back to the host: `tokens` may be a tensor on the device."""
-    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-    tokens = torch.as_tensor(tokens, dtype=norm.dtype, device=norm.device)
-    norm = norm / tokens
-    scale = 1.0 / tokens
-    if clip_norm:
-        scale = scale * (clip_norm / (norm + 1e-6)).clamp(max=1.0)
-    torch._foreach_mul_(grads, scale)
-    return norm
+def normalise_gradients(params: list[Tensor], tokens: Tensor | float,
+                        clip_norm: float) -> Tensor:
+    """Divide the summed gradients of `params` by the update's target tokens and clip their
+    global L2 norm to clip_norm (0: no clipping), in one multiplication; returns the norm
+    before clipping. Nothing is read back to the host: `tokens` may be a tensor on the device.
+
+    The mean gradient g / tokens clipped to c is g x min(1 / tokens, c / |g|) = g / limit,
+    limit = max(tokens, |g| / c): clip_grads_with_norm_ with max_norm 1 and total_norm limit
+    multiplies by min(1, 1 / (limit + 1e-6)), which is that (tokens >= 1)."""
+    total = nn.utils.get_total_norm([p.grad for p in params])  # |g|
+    tokens = torch.as_tensor(tokens, dtype=total.dtype, device=total.device)
+    limit = torch.maximum(tokens, total / clip_norm) if clip_norm else tokens
+    nn.utils.clip_grads_with_norm_(params, 1.0, limit)
+    return total / tokens
 
 
 def optimizer_step(optimizer: torch.optim.Optimizer, skip: Tensor) -> None:
     """optimizer.step() unless `skip` (a 0-dim bool tensor). A fused optimizer (CUDA) decides
-    on the device through the found_inf attribute of GradScaler's contract, so the host never
-    waits; others decide on the host, which costs nothing on a CPU."""
+    on the device (nmt.private_ops.step_unless), so the host never waits; others decide on
+    the host, which costs nothing on a CPU."""
     if getattr(optimizer, "_step_supports_amp_scaling", False):
-        optimizer.grad_scale, optimizer.found_inf = None, skip.float()
-        try:
-            optimizer.step()
-        finally:
-            del optimizer.grad_scale, optimizer.found_inf
+        private_ops.step_unless(optimizer, skip)
     elif not skip.item():
         optimizer.step()
 
@@ -519,11 +517,10 @@ def ema_decay(decay: float, update: int) -> float:
 
 @torch.no_grad()
 def update_ema(ema: nn.Module, model: nn.Module, decay: float, skip: Tensor) -> None:
-    """ema += (1 - decay) (model - ema) for every parameter; unchanged when `skip`."""
-    averages, weights = list(ema.parameters()), list(model.parameters())
-    delta = torch._foreach_sub(weights, averages)
-    torch._foreach_mul_(delta, torch.where(skip, 0.0, 1.0 - decay).to(weights[0].dtype))
-    torch._foreach_add_(averages, delta)
+    """ema += (1 - decay) (model - ema) for every parameter; unchanged when `skip`, decided
+    on the device (nmt.private_ops.lerp_unless_)."""
+    private_ops.lerp_unless_(list(ema.parameters()), list(model.parameters()), 1.0 - decay,
+                             skip)
 
 
 class Monitor:
@@ -683,12 +680,12 @@ def valid_bleu(run: Run) -> dict:
     search = dataclasses.replace(run.cfg.search, beam_size=1, nbest=1)
     with fatal_out_of_memory(run, f"greedy search of {len(src_ids)} sentences in batches of "
                                   f"search.max_tokens={search.max_tokens}", "validation"):
-        out = translate_ids(run.model, src_ids, search, vocab["bos_id"], vocab["eos_id"],
-                            vocab["pad_id"], env.device)
+        translator = Translator([run.model], vocab, env.device, search.dtype)  # these weights
+        out = [h[0].tokens for h in translator.translate_ids(src_ids, search)]
     hyps: dict[int, list[int]] = {}
     for part in distributed.all_gather_objects(dict(zip(mine, out, strict=True))):
         hyps.update(part)
-    tgt = Tokenizer(vocab["tgt_spm"], "tgt spm")
+    tgt = translator.tgt_tok
     hyp_text = tgt.decode([hyps[i] for i in range(n)])
     scores = score(hyp_text, valid_references(run, tgt, n), tc.bleu_tokenize)
     return {"bleu": scores["bleu"], "chrf": scores["chrf"], "bleu_sentences": n}

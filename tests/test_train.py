@@ -206,21 +206,31 @@ def test_a_manifest_without_a_key_is_a_one_line_error(tiny_data_dir, tmp_path):
         train(config(data, tmp_path / "run"))
 
 
+def with_grads(*grads: torch.Tensor) -> list[torch.Tensor]:
+    """Parameters holding these gradients."""
+    params = [torch.zeros_like(g, requires_grad=True) for g in grads]
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g.clone()
+    return params
+
+
 def test_normalise_gradients_divides_then_clips():
     from nmt.train import normalise_gradients
 
-    g = [torch.full((3,), 4.0), torch.full((4,), 3.0)]  # norm sqrt(48 + 36) = sqrt(84)
-    norm = normalise_gradients(g, 2.0, clip_norm=0.0)
+    p = with_grads(torch.full((3,), 4.0), torch.full((4,), 3.0))  # |g| = sqrt(48 + 36)
+    norm = normalise_gradients(p, 2.0, clip_norm=0.0)
     assert norm.item() == pytest.approx(84 ** 0.5 / 2)
-    assert g[0].tolist() == [2.0] * 3 and g[1].tolist() == [1.5] * 4
-    g = [torch.full((3,), 4.0), torch.full((4,), 3.0)]
-    norm = normalise_gradients(g, 2.0, clip_norm=1.0)
+    assert p[0].grad.tolist() == pytest.approx([2.0] * 3, rel=1e-6)
+    assert p[1].grad.tolist() == pytest.approx([1.5] * 4, rel=1e-6)
+    p = with_grads(torch.full((3,), 4.0), torch.full((4,), 3.0))
+    norm = normalise_gradients(p, 2.0, clip_norm=1.0)
     assert norm.item() == pytest.approx(84 ** 0.5 / 2)  # the norm before clipping is logged
-    assert torch.linalg.vector_norm(torch.cat(g)).item() == pytest.approx(1.0, rel=1e-5)
-    assert (g[0] / g[1][:3]).tolist() == pytest.approx([4 / 3] * 3)  # direction kept
-    g = [torch.full((3,), 4.0)]
-    normalise_gradients(g, 2.0, clip_norm=100.0)  # below the threshold: only divided
-    assert g[0].tolist() == [2.0] * 3
+    g = torch.cat([p[0].grad, p[1].grad])
+    assert torch.linalg.vector_norm(g).item() == pytest.approx(1.0, rel=1e-5)
+    assert (p[0].grad / p[1].grad[:3]).tolist() == pytest.approx([4 / 3] * 3)  # direction
+    p = with_grads(torch.full((3,), 4.0))
+    normalise_gradients(p, 2.0, clip_norm=100.0)  # below the threshold: only divided
+    assert p[0].grad.tolist() == pytest.approx([2.0] * 3, rel=1e-6)
 
 
 def applied_gradient_norms(monkeypatch, cfg) -> list[float]:

@@ -1,0 +1,33 @@
+"""nmt.private_ops: the private PyTorch operators nmt keeps are all there (a torch upgrade
+that drops one fails here, instead of decoding silently slower), and no other module of nmt
+calls a private operator."""
+
+import re
+from pathlib import Path
+
+import torch
+
+from nmt import private_ops
+from nmt.fast import packing_works
+
+NMT = Path(__file__).resolve().parents[1] / "nmt"
+PRIVATE = re.compile(r"torch\.ops\.|torch\._[a-z]|\._get_node\(")
+
+
+def test_every_private_operator_nmt_keeps_is_present():
+    assert private_ops.missing() == []
+    if torch.backends.mkldnn.is_available():  # the CPU wheels: the packed path must work
+        assert packing_works(torch.float32)
+
+
+def test_the_probe_names_a_missing_operator(monkeypatch):
+    monkeypatch.setattr(private_ops, "OPERATORS", (*private_ops.OPERATORS, "mkldnn._gone"))
+    assert private_ops.missing() == ["mkldnn._gone"]
+
+
+def test_no_module_but_private_ops_calls_a_private_operator():
+    offenders = [f"{path.name}:{n}" for path in NMT.rglob("*.py")
+                 if path.name != "private_ops.py"
+                 for n, line in enumerate(path.read_text().splitlines(), 1)
+                 if PRIVATE.search(line.split("#")[0])]
+    assert offenders == []
