@@ -110,7 +110,9 @@ def _same_model(first: dict, other: dict, path: Path, first_path: Path) -> None:
 
 
 def average_checkpoints(paths: list[str | Path]) -> dict:
-    """A model-only checkpoint whose floating-point weights are the mean of `paths`' weights.
+    """A model-only checkpoint whose floating-point weights are the mean of `paths'` weights,
+    and whose EMA (train.ema_decay) is the mean of their EMAs when every one has an EMA (the
+    weights nmt-translate's weights=auto then uses); without, the EMA is left out.
 
     Sums are accumulated in float64 whatever the stored precision (so averaging copies of one
     checkpoint is exact) and cast back to the stored dtype; integer
@@ -120,20 +122,27 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
         raise NmtError("no checkpoints to average")
     paths = [Path(p) for p in paths]
     first = load_checkpoint(paths[0])
-    sums = {k: v.double() if v.is_floating_point() else v
-            for k, v in first["model"].items()}
+    keys = ["model"] + ["ema"] * ("ema" in first)
+    sums = {key: _as_sums(first[key]) for key in keys}
     last = first
     for path in paths[1:]:
         last = load_checkpoint(path)
         _same_model(first, last, path, paths[0])
-        for k, v in last["model"].items():
-            sums[k] = sums[k] + v.double() if v.is_floating_point() else v
-    dtypes = {k: v.dtype for k, v in first["model"].items()}
-    model = {k: (v / len(paths)).to(dtypes[k]) if v.is_floating_point() else v
-             for k, v in sums.items()}
-    return {"model": model, "model_cfg": last["model_cfg"], "vocab": last["vocab"],
+        if "ema" not in last:
+            sums.pop("ema", None)
+        for key, total in sums.items():
+            for k, v in last[key].items():
+                total[k] = total[k] + v.double() if v.is_floating_point() else v
+    out = {key: {k: (v / len(paths)).to(first[key][k].dtype) if v.is_floating_point() else v
+                 for k, v in total.items()} for key, total in sums.items()}
+    return {**out, "model_cfg": last["model_cfg"], "vocab": last["vocab"],
             "config": last.get("config", {}), "update": last.get("update", 0),
             "epoch": last.get("epoch", 0), "averaged_from": [p.name for p in paths]}
+
+
+def _as_sums(weights: dict) -> dict:
+    """A state dict's floating-point tensors in float64 (others as they are), to add to."""
+    return {k: v.double() if v.is_floating_point() else v for k, v in weights.items()}
 
 
 def average(cfg) -> Path:
@@ -142,8 +151,9 @@ def average(cfg) -> Path:
     paths = list(cfg.inputs) if cfg.inputs else last_checkpoints(cfg.run_dir, cfg.last)
     state = average_checkpoints(paths)
     save_checkpoint(state, cfg.output)
+    ema = "their EMAs too" if "ema" in state else "no EMA (not in every checkpoint)"
     print(f"nmt-average: averaged {len(paths)} checkpoints "
-          f"({', '.join(Path(p).name for p in paths)}) -> {cfg.output}")
+          f"({', '.join(Path(p).name for p in paths)}), {ema} -> {cfg.output}")
     return Path(cfg.output)
 
 

@@ -628,22 +628,26 @@ def validate_and_track(run: Run, logs: RunLog | None) -> bool:
         logs.write("valid", run.update, run.data.train.epoch, valid)
         logs.draw()
     extra = "".join(f" {k} {valid[k]:.2f}" for k in ("bleu", "chrf") if k in valid)
-    if "ema_loss" in valid:
-        extra += f" | ema loss {valid['ema_loss']:.3f}"
-    log.info("valid | update %d | loss %.3f | nll %.3f | ppl %.2f%s | best %s %.3f%s",
-             run.update, valid["loss"], valid["nll"], valid["ppl"], extra, tc.best_metric,
-             run.best, " (new best)" if improved else "")
+    if "model_loss" in valid:
+        extra += f" | trained weights' loss {valid['model_loss']:.3f}"
+    log.info("valid%s | update %d | loss %.3f | nll %.3f | ppl %.2f%s | best %s %.3f%s",
+             " (ema)" if run.ema is not None else "", run.update, valid["loss"], valid["nll"],
+             valid["ppl"], extra, tc.best_metric, run.best, " (new best)" if improved else "")
     return improved
 
 
 def validate(run: Run) -> dict:
-    """Valid loss, NLL and perplexity (the EMA's too, and BLEU/chrF when train.valid_bleu)."""
-    out = valid_loss(run, run.model)
+    """Valid loss, NLL and perplexity (and BLEU/chrF when train.valid_bleu) of the weights a
+    checkpoint is translated with: the EMA when train.ema_decay keeps one (nmt-translate's
+    weights=auto), whose numbers then also choose the best checkpoint and count patience;
+    the trained weights' loss, NLL and perplexity are logged beside them as model_*."""
+    used = run.model if run.ema is None else run.ema
+    out = valid_loss(run, used)
     if run.ema is not None:
-        out.update({f"ema_{k}": v for k, v in valid_loss(run, run.ema).items()
+        out.update({f"model_{k}": v for k, v in valid_loss(run, run.model).items()
                     if k in ("loss", "nll", "ppl")})
     if run.cfg.train.valid_bleu:
-        out.update(valid_bleu(run))
+        out.update(valid_bleu(run, used))
     return out
 
 
@@ -654,6 +658,7 @@ def valid_loss(run: Run, model: nn.Module) -> dict:
     itr = EpochBatchIterator(run.data.valid, tc.max_tokens, tc.seed, run.pad_id, env.rank,
                              env.world_size, run.cfg.model.max_positions, shuffle=False,
                              lockstep=False)
+    training = model.training
     model.eval()
     sums, tokens = torch.zeros(2, dtype=torch.float64, device=env.device), 0
     for _, batch in itr:
@@ -664,14 +669,15 @@ def valid_loss(run: Run, model: nn.Module) -> dict:
         tokens += batch.tgt_tokens
     count = torch.tensor([float(tokens)], dtype=torch.float64).to(env.device)
     loss, nll, n = distributed.all_reduce_sum(torch.cat([sums, count])).tolist()
-    model.train()
+    model.train(training)
     n = max(n, 1.0)
     return {"loss": loss / n, "nll": nll / n, "ppl": math.exp(min(nll / n, 100.0)),
             "tokens": int(n), "skipped": itr.skipped}
 
 
-def valid_bleu(run: Run) -> dict:
-    """Greedy translations of the valid sources, detokenized and scored with sacreBLEU."""
+def valid_bleu(run: Run, model: nn.Module) -> dict:
+    """Greedy translations of the valid sources by `model`, detokenized and scored with
+    sacreBLEU."""
     tc, env, valid, vocab = run.cfg.train, run.env, run.data.valid, run.vocab
     n = min(len(valid), tc.valid_bleu_max_sentences or len(valid))
     limit = run.cfg.model.max_positions - 1  # room for the EOS
@@ -680,7 +686,7 @@ def valid_bleu(run: Run) -> dict:
     search = dataclasses.replace(run.cfg.search, beam_size=1, nbest=1)
     with fatal_out_of_memory(run, f"greedy search of {len(src_ids)} sentences in batches of "
                                   f"search.max_tokens={search.max_tokens}", "validation"):
-        translator = Translator([run.model], vocab, env.device, search.dtype)  # these weights
+        translator = Translator([model], vocab, env.device, search.dtype)  # these weights
         out = [h[0].tokens for h in translator.translate_ids(src_ids, search)]
     hyps: dict[int, list[int]] = {}
     for part in distributed.all_gather_objects(dict(zip(mine, out, strict=True))):

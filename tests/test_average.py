@@ -22,14 +22,16 @@ BIN = Path(sys.executable).parent
 
 
 def make_checkpoint(path: Path, seed: int, update: int, d_model: int = 16, vocab_sha="abc",
-                    dtype=torch.float32) -> dict:
-    """A small model checkpoint in the trainer's format."""
+                    dtype=torch.float32, ema: bool = False) -> dict:
+    """A small model checkpoint in the trainer's format (with an EMA of other weights)."""
     torch.manual_seed(seed)
     cfg = ModelConfig(N=1, d_model=d_model, d_ff=32, h=2, dropout=0.1)
     model = make_model(cfg, 20, 20, 0, True).to(dtype)
     state = {"model": model.state_dict(), "model_cfg": asdict(cfg),
              "vocab": {"src_size": 20, "tgt_size": 20, "joint": True, "sha256": vocab_sha},
              "update": update, "epoch": 1}
+    if ema:
+        state["ema"] = make_model(cfg, 20, 20, 0, True).to(dtype).state_dict()
     save_checkpoint(state, path)
     return state
 
@@ -53,6 +55,20 @@ def test_two_checkpoints_average_to_their_mean(tmp_path, dtype):
     assert avg["update"] == 20 and avg["vocab"]["sha256"] == "abc"
     assert avg["averaged_from"] == ["a.pt", "b.pt"]
     assert "optimizer" not in avg
+
+
+def test_the_emas_are_averaged_when_every_checkpoint_has_one(tmp_path):
+    a = make_checkpoint(tmp_path / "a.pt", seed=0, update=10, ema=True)
+    b = make_checkpoint(tmp_path / "b.pt", seed=1, update=20, ema=True)
+    make_checkpoint(tmp_path / "c.pt", seed=2, update=30)
+    avg = average_checkpoints([tmp_path / "a.pt", tmp_path / "b.pt"])
+    for k in a["ema"]:
+        mean = ((a["ema"][k].double() + b["ema"][k].double()) / 2).float()
+        assert torch.equal(avg["ema"][k], mean), k
+        assert torch.equal(avg["model"][k], ((a["model"][k] + b["model"][k]) / 2)), k
+    assert not torch.equal(avg["ema"]["generator.weight"], avg["model"]["generator.weight"])
+    for order in (["a", "b", "c"], ["c", "a", "b"]):  # one without an EMA: none in the mean
+        assert "ema" not in average_checkpoints([tmp_path / f"{n}.pt" for n in order])
 
 
 def test_integer_buffers_are_taken_not_averaged(tmp_path):

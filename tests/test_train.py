@@ -132,6 +132,29 @@ def test_early_stopping_with_patience(tiny_data_dir, tmp_path, monkeypatch):
     assert load_checkpoint(tmp_path / "run/checkpoint_best.pt")["update"] == 2
 
 
+def test_with_an_ema_validation_and_the_best_checkpoint_judge_the_ema(tiny_data_dir, tmp_path,
+                                                                    monkeypatch):
+    """train.ema_decay: `loss` (best, patience) is the EMA's, the weights nmt-translate uses
+    by default; the trained weights' loss is logged as model_loss."""
+    scripted = {"ema": iter([3.0, 1.0, 2.0]), "model": iter([1.0, 3.0, 0.5])}
+    seen = []
+
+    def valid_loss(run, model):
+        which = "ema" if model is run.ema else "model"
+        seen.append(which)
+        return {"loss": next(scripted[which]), "nll": 1.0, "ppl": 2.7, "tokens": 1,
+                "skipped": 0}
+
+    monkeypatch.setattr(nmt.train, "valid_loss", valid_loss)
+    out = train(config(tiny_data_dir, tmp_path / "run", "train.max_updates=3",
+                       "train.valid_interval_updates=1", "train.ema_decay=0.9"))
+    assert seen == ["ema", "model"] * 3 and out["best"] == 1.0
+    records = [json.loads(x) for x in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    valid = [r for r in records if r["kind"] == "valid"]
+    assert [(r["loss"], r["model_loss"]) for r in valid] == [(3.0, 1.0), (1.0, 3.0), (2.0, 0.5)]
+    assert load_checkpoint(tmp_path / "run/checkpoint_best.pt")["update"] == 2
+
+
 def test_max_epochs_stops_after_the_epoch(tiny_data_dir, tmp_path):
     cfg = config(tiny_data_dir, tmp_path / "run", "train.max_epochs=1", "train.max_tokens=2048")
     out = train(cfg)
