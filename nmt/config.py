@@ -228,7 +228,13 @@ class TrainLoopConfig:
     # at least global_tokens target tokens on average (an epoch's last update may bring fewer).
     global_tokens: int = 0  # target tokens wanted per update over all devices; sets update_freq
     update_freq: int = 1  # batches accumulated per update (ignored when global_tokens > 0)
-    max_updates: int = 0  # stop after this many updates (0: no limit)
+    # A skipped update (a non-finite loss or gradient, an fp16 overflow) still counts: it
+    # advances `update`, max_updates and the learning-rate schedule (Adam's own step and the
+    # EMA do not move), as PyTorch's GradScaler recipe does; fairseq does not advance on an
+    # overflow. Not advancing would need the step count on the device (a host read per
+    # update otherwise); k skipped updates put the schedule k steps ahead: lr x (1 - k/2u)
+    # after warmup at update u, a warmup k steps shorter at worst (docs/training.md).
+    max_updates: int = 0  # stop after this many updates, skipped ones included (0: no limit)
     max_epochs: int = 0  # stop after this many epochs (0: no limit)
     max_minutes: float = 0.0  # stop after this much wall-clock time (0: no limit)
     save_interval_updates: int = 1000  # write checkpoint_<update>.pt this often

@@ -119,6 +119,33 @@ def test_nonfinite_losses_are_skipped_then_stop_the_run(tiny_data_dir, tmp_path,
                      "train.max_nonfinite=3"))
 
 
+def test_a_skipped_update_advances_the_schedule_and_nothing_else(tiny_data_dir, tmp_path,
+                                                                   monkeypatch):
+    """A non-finite update counts (update, max_updates, the learning-rate schedule, as
+    train.max_updates' doc says) but leaves the weights, Adam's state and the EMA as they
+    were; the next update applies normally."""
+    real, calls = nmt.train.batch_loss, []
+
+    def nan_in_update_3(*args, **kwargs):
+        loss, nll = real(*args, **kwargs)
+        calls.append(1)
+        return (loss * float("nan"), nll) if len(calls) == 3 else (loss, nll)
+
+    opts = ("train.valid_interval_updates=100", "train.ema_decay=0.9",
+            "train.save_interval_updates=1", "train.keep_last=0")
+    monkeypatch.setattr(nmt.train, "batch_loss", nan_in_update_3)
+    out = train(config(tiny_data_dir, tmp_path / "run", "train.max_updates=4", *opts))
+    assert out["update"] == 4 and out["nonfinite"] == 1
+    two, three, four = (load_checkpoint(tmp_path / f"run/checkpoint_{u}.pt") for u in (2, 3, 4))
+    for key in ("model", "ema"):
+        assert all(torch.equal(two[key][k], three[key][k]) for k in two[key])
+        assert not all(torch.equal(three[key][k], four[key][k]) for k in three[key])
+    steps = [[s["step"].item() for s in c["optimizer"]["state"].values()][0]
+             for c in (two, three, four)]
+    assert steps == [2, 2, 3]  # Adam's own step (bias correction) skips
+    assert [c["scheduler"]["last_epoch"] for c in (two, three, four)] == [2, 3, 4]
+
+
 def test_early_stopping_with_patience(tiny_data_dir, tmp_path, monkeypatch):
     losses = iter([3.0, 2.0, 2.5, 2.1, 1.0, 0.5])
     monkeypatch.setattr(nmt.train, "validate",
