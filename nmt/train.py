@@ -57,6 +57,7 @@ from nmt.errors import NmtError
 from nmt.files import read_lines
 from nmt.loss import LabelSmoothedLoss
 from nmt.model import count_parameters, make_model
+from nmt.preemption import Preemption
 from nmt.runlog import RunDirLock, RunLog, prepare_run_dir
 from nmt.runtime import keep_freed_memory, release_freed_memory
 from nmt.schedule import build_optimizer
@@ -81,7 +82,8 @@ def train(cfg: TrainConfig) -> dict:
         log.setLevel(logging.WARNING)
     batches = logs = None
     run_lock = RunDirLock(cfg.run_dir)  # taken by rank 0 in starting_state, held to the end
-    with distributed.collective_errors(env.rank), logging_redirect_tqdm():
+    preempt = Preemption()  # SIGTERM / SIGUSR2: stop after the update, checkpoint, hand on
+    with distributed.collective_errors(env.rank), logging_redirect_tqdm(), preempt:
         try:
             trim_heap = tune_process(tc, env.device)
             run = build_run(cfg, env, load_data(cfg, env))
@@ -93,16 +95,17 @@ def train(cfg: TrainConfig) -> dict:
             bar = tqdm(total=tc.max_updates or None, initial=run.update, unit="upd",
                        disable=True if not env.is_main else None, dynamic_ncols=True)
             deadline = time.monotonic() + 60 * tc.max_minutes if tc.max_minutes else math.inf
-            out_of_time = False
-            while (reason := stop_reason(run, out_of_time)) is None:
+            asked = None  # "time" or "signal" once a rank is out of time or signalled
+            while (reason := stop_reason(run, asked, preempt)) is None:
                 epoch, group = batches.take(run.update_freq)
                 with fatal_out_of_memory(run, [batch for _, batch in group]):
-                    stats = train_step(run, epoch, group, stop=time.monotonic() >= deadline)
+                    stats = train_step(run, epoch, group, time.monotonic() >= deadline,
+                                       preempt.received is not None)
                 run.monitor.add(stats)
                 run.update += 1
                 bar.update(1)
                 if run.update % run.check_every == 0:  # the host reads the device
-                    out_of_time = run.monitor.check(tc.max_nonfinite, run.update)
+                    asked = run.monitor.check(tc.max_nonfinite, run.update)
                 if run.update % tc.log_interval == 0:
                     log_train(run, logs, bar)
                 if trim_heap and run.update % TRIM_INTERVAL_UPDATES == 0:
@@ -115,34 +118,40 @@ def train(cfg: TrainConfig) -> dict:
                 elif improved:
                     save_best(run)
             bar.close()
-            summary = finish(run, logs, reason)
+            summary = finish(run, logs, reason, validate=asked != "signal")
         finally:
             for resource in (batches, logs, run_lock):
                 if resource is not None:
                     resource.close()
     if owns_group:  # after an error the process exits instead: no rank waits on it
         distributed.shutdown()
+    if preempt.received is not None:
+        preempt.finish(run.update)  # submitit's handler (requeue), or a one-line error
     return summary
 
 
-def stop_reason(run: Run, out_of_time: bool) -> str | None:
-    """Why training stops before the next update, or None; the same on every rank."""
+def stop_reason(run: Run, asked: str | None, preempt: Preemption) -> str | None:
+    """Why training stops before the next update, or None; the same on every rank (the words
+    may differ: a rank that was signalled names the signal). asked: Monitor.check's."""
     tc = run.cfg.train
     if tc.max_updates and run.update >= tc.max_updates:
         return f"max_updates={tc.max_updates} reached"
     if tc.max_epochs and run.data.train.epoch > tc.max_epochs:
         return f"max_epochs={tc.max_epochs} reached"
-    if out_of_time:
+    if asked == "signal":
+        return f"{preempt.name} received" if preempt.received else "another rank was signalled"
+    if asked == "time":
         return f"max_minutes={tc.max_minutes} reached"
     if tc.patience and run.bad_validations >= tc.patience:
         return f"early stopping: {tc.best_metric} did not improve for {tc.patience} validations"
     return None
 
 
-def finish(run: Run, logs: RunLog | None, reason: str) -> dict:
-    """Validate and checkpoint the last update unless done already; the run's summary."""
+def finish(run: Run, logs: RunLog | None, reason: str, validate: bool = True) -> dict:
+    """Validate (unless validate=False: preempted, the checkpoint comes first) and checkpoint
+    the last update unless done already; the run's summary."""
     improved = False
-    if run.data.valid is not None and run.update != run.validated_at:
+    if validate and run.data.valid is not None and run.update != run.validated_at:
         improved = validate_and_track(run, logs)
     if run.update != run.saved_at:
         save(run, improved)
@@ -387,6 +396,7 @@ class StepStats:
     skipped: Tensor  # True: the loss or the gradient was not finite, no parameter changed
     overflow: Tensor  # True: an fp16 loss-scale overflow (skipped, but not a divergence)
     stop: Tensor  # > 0: a rank's time budget ran out
+    signalled: Tensor  # > 0: a rank got SIGTERM or SIGUSR2 (nmt.preemption)
 
 
 @contextlib.contextmanager
@@ -411,7 +421,8 @@ def batch_loss(model: nn.Module, batch: Batch, epsilon: float, pad_id: int,
     return LabelSmoothedLoss.apply(logits, batch.tgt_out[keep], epsilon, pad_id)
 
 
-def train_step(run: Run, epoch: int, group: list[tuple[int, Batch]], stop: bool) -> StepStats:
+def train_step(run: Run, epoch: int, group: list[tuple[int, Batch]], stop: bool,
+               signalled: bool = False) -> StepStats:
     """One update on a group of (index in the epoch, Batch): forward and backward on each,
     gradients divided by the update's target tokens and clipped, one optimizer step unless
     the loss or the gradient is not finite (decided on the device), the EMA after it."""
@@ -419,7 +430,7 @@ def train_step(run: Run, epoch: int, group: list[tuple[int, Batch]], stop: bool)
     run.forward.train()
     run.optimizer.zero_grad(set_to_none=True)
     losses = torch.zeros(2, device=env.device)  # this rank's summed loss and NLL
-    counts = np.zeros(5)  # target tokens, source tokens, padded positions, sentences, stop
+    counts = np.zeros(6)  # target, source tokens, padded positions, sentences, stop, signalled
     for k, (index, batch) in enumerate(group):
         torch.manual_seed(micro_batch_seed(tc.seed, epoch, index))
         batch = batch.to(env.device)
@@ -432,13 +443,13 @@ def train_step(run: Run, epoch: int, group: list[tuple[int, Batch]], stop: bool)
         losses += torch.stack([loss.detach(), nll])
         counts[:4] += (batch.tgt_tokens, batch.src_tokens, batch.padded_tokens,
                        batch.src.size(0))
-    counts[4] = stop
+    counts[4:] = stop, signalled
     counts = torch.from_numpy(counts)
     if env.device.type == "cuda":
         counts = counts.pin_memory()  # copied without waiting for the device
     sums = distributed.all_reduce_sum(torch.cat([
         losses.double(), counts.to(env.device, non_blocking=True)]))
-    loss, nll, tgt, src, padded, sentences, stop_any = sums.unbind()
+    loss, nll, tgt, src, padded, sentences, stop_any, signalled_any = sums.unbind()
     run.scaler.unscale_(run.optimizer)
     params = [p for p in run.model.parameters() if p.grad is not None]
     grad_norm = normalise_gradients(params, tgt.clamp(min=1.0), run.cfg.optim.clip_norm)
@@ -451,7 +462,8 @@ def train_step(run: Run, epoch: int, group: list[tuple[int, Batch]], stop: bool)
     if run.ema is not None:
         update_ema(run.ema, run.model, ema_decay(tc.ema_decay, run.update + 1), skip)
     overflow = skip & torch.isfinite(loss) if run.scaler.is_enabled() else torch.zeros_like(skip)
-    return StepStats(loss, nll, tgt, src, padded, sentences, grad_norm, skip, overflow, stop_any)
+    return StepStats(loss, nll, tgt, src, padded, sentences, grad_norm, skip, overflow, stop_any,
+                     signalled_any)
 
 
 @contextlib.contextmanager
@@ -536,6 +548,7 @@ class Monitor:
         self.streak = torch.zeros((), dtype=torch.float64, device=device)  # consecutive ones
         self.worst = torch.zeros((), dtype=torch.float64, device=device)  # since last check
         self.stop = torch.zeros((), dtype=torch.float64, device=device)
+        self.signalled = torch.zeros((), dtype=torch.float64, device=device)
         self.restart()
 
     def restart(self) -> None:
@@ -557,17 +570,19 @@ class Monitor:
         self.streak = (self.streak + 1) * diverged
         self.worst = torch.maximum(self.worst, self.streak)
         self.stop = torch.maximum(self.stop, s.stop)
+        self.signalled = torch.maximum(self.signalled, s.signalled)
 
-    def check(self, max_nonfinite: int, update: int) -> bool:
-        """Raise when max_nonfinite updates in a row were not finite; True once a rank is out
-        of time. Reads the device (a host synchronisation)."""
-        worst, stop = torch.stack([self.worst, self.stop]).tolist()
+    def check(self, max_nonfinite: int, update: int) -> str | None:
+        """Raise when max_nonfinite updates in a row were not finite; "signal" once a rank was
+        signalled, "time" once one is out of time, else None. Reads the device (a host
+        synchronisation)."""
+        worst, stop, signalled = torch.stack([self.worst, self.stop, self.signalled]).tolist()
         self.worst = self.streak.clone()
         if worst >= max_nonfinite:
             raise NmtError(f"{max_nonfinite} consecutive non-finite losses by update {update}: "
                            f"training diverged (lower optim.lr_factor, raise optim.warmup, set "
                            f"optim.clip_norm, or use amp=bf16/none)")
-        return stop > 0
+        return "signal" if signalled > 0 else "time" if stop > 0 else None
 
     def summary(self) -> dict:
         """Per-token loss, NLL, perplexity, gradient norm, throughput, padding share, skipped

@@ -3,6 +3,8 @@ torchrun). The fault is chosen by environment variables:
 
 NMT_TEST_OOM_AT=RANK:UPDATE  that rank's forward pass of that update raises
                              torch.OutOfMemoryError (as CUDA's allocator would)
+NMT_TEST_SIGNAL_AT=RANK:UPDATE:SIG  that rank sends itself signal SIG (TERM, USR2) during the
+                             forward pass of that update, as SLURM would at any moment
 NMT_TEST_SLOW_SAVE_AT=UPDATE the write of checkpoint_<UPDATE>.pt stops halfway: the first half
                              is written and synced, NMT_TEST_MARKER is created, then it waits
                              (for the test to kill it); only while NMT_TEST_MARKER is absent
@@ -10,6 +12,7 @@ NMT_TEST_SLOW_SAVE_AT=UPDATE the write of checkpoint_<UPDATE>.pt stops halfway: 
 
 import io
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -28,6 +31,19 @@ def inject_out_of_memory(rank: int, update: int) -> None:
         if int(os.environ.get("RANK", "0")) == rank and len(calls) == update:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB "
                                          "(injected by tests/faulty_train.py)")
+        return real(*args, **kwargs)
+
+    nmt.train.batch_loss = batch_loss
+
+
+def inject_signal(rank: int, update: int, sig: signal.Signals) -> None:
+    """Make `rank` send itself `sig` during update `update` (update_freq=1)."""
+    real, calls = nmt.train.batch_loss, []
+
+    def batch_loss(*args, **kwargs):
+        calls.append(1)
+        if int(os.environ.get("RANK", "0")) == rank and len(calls) == update:
+            os.kill(os.getpid(), sig)
         return real(*args, **kwargs)
 
     nmt.train.batch_loss = batch_loss
@@ -56,6 +72,9 @@ if __name__ == "__main__":
     if "NMT_TEST_OOM_AT" in os.environ:
         rank, update = os.environ["NMT_TEST_OOM_AT"].split(":")
         inject_out_of_memory(int(rank), int(update))
+    if "NMT_TEST_SIGNAL_AT" in os.environ:
+        rank, update, sig = os.environ["NMT_TEST_SIGNAL_AT"].split(":")
+        inject_signal(int(rank), int(update), signal.Signals[f"SIG{sig}"])
     if "NMT_TEST_SLOW_SAVE_AT" in os.environ:
         inject_slow_save(int(os.environ["NMT_TEST_SLOW_SAVE_AT"]),
                          Path(os.environ["NMT_TEST_MARKER"]))

@@ -124,9 +124,9 @@ def test_ranks_of_8_make_the_same_collectives_and_read_their_own_shards(tiny_dat
     world, taken = World(8), {}
     real_step = nmt.train.train_step
 
-    def train_step(run, epoch, group, stop):
+    def train_step(run, epoch, group, *stops):
         taken.setdefault(run.env.rank, []).extend(index for index, _ in group)
-        return real_step(run, epoch, group, stop)
+        return real_step(run, epoch, group, *stops)
 
     monkeypatch.setattr(nmt.train, "train_step", train_step)
     for rank in (0, 3, 7):  # rank 0 first: the others receive what it broadcasts
