@@ -22,6 +22,7 @@ import argparse
 import json
 import logging
 import math
+import re
 import time
 from pathlib import Path
 
@@ -152,88 +153,229 @@ def use_init(name: str) -> None:
 
 
 # ----------------------------------------------------------------------------- the steps
-def preprocess(data: Path, vocab_size: int) -> None:
-    """nmt-preprocess of the full en-de corpus (skipped when `data` already holds one)."""
-    if (data / "manifest.json").is_file():
-        return
+def preprocess(data: Path, vocab_size: int) -> float | None:
+    """nmt-preprocess of the full en-de corpus into `data` with a `vocab_size` joint BPE; its
+    wall-clock seconds, or None when `data` already holds one (of that size, else an error)."""
+    manifest = data / "manifest.json"
+    if manifest.is_file():
+        size = json.loads(manifest.read_text(encoding="utf-8"))["src_vocab_size"]
+        if size != vocab_size:
+            raise SystemExit(f"{data} has a {size} vocabulary, not --vocab {vocab_size}")
+        return None
     from nmt.preprocess import preprocess as run
 
+    t0 = time.monotonic()
     run(to_object(compose("preprocess", [
         "src_lang=en", "tgt_lang=de", f"train={CORPUS}/train", f"valid={CORPUS}/valid",
         f"test={CORPUS}/test", f"out_dir={data}", f"bpe.vocab_size={vocab_size}"]),
         PreprocessConfig))
+    return time.monotonic() - t0
 
 
-def curve(run: Path) -> list[dict]:
-    """The validation records of a run's metrics.jsonl."""
+def curve(run: Path, key: str = "nll") -> list[tuple[int, float]]:
+    """(update, value) of the validation records of a run's metrics.jsonl that hold `key`."""
     lines = (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-    return [r for r in map(json.loads, lines) if r["kind"] == "valid"]
+    return [(r["update"], r[key]) for r in map(json.loads, lines)
+            if r["kind"] == "valid" and key in r]
 
 
-def main() -> None:
-    """Parse the arguments, run the steps, print the figures."""
+def clock_training() -> dict:
+    """Note the wall and process CPU seconds at the first update and at every validation
+    (before it runs) of the next nmt.train.train call; returns the dict they go in."""
+    import nmt.train
+
+    times: dict = {"start": None, "valid": {}}
+    step, track = nmt.train.train_step, nmt.train.validate_and_track
+
+    def train_step(run, *args, **kwargs):
+        if times["start"] is None:
+            times["start"] = (time.perf_counter(), time.process_time())
+        return step(run, *args, **kwargs)
+
+    def validate_and_track(run, logs):
+        wall, cpu = times["start"]
+        times["valid"][run.update] = (time.perf_counter() - wall, time.process_time() - cpu)
+        return track(run, logs)
+
+    nmt.train.train_step, nmt.train.validate_and_track = train_step, validate_and_track
+    return times
+
+
+def train_run(args, run: Path, name: str) -> dict:
+    """Train the recipe into `run`; the figures of the training (also RUN/bench.json)."""
+    import resource
+
+    from nmt.train import train
+
+    use_init(args.init)
+    times = clock_training()
+    overrides = [*RECIPES[args.recipe], f"data_dir={args.data}", f"run_dir={run}",
+                 f"train.max_minutes={args.minutes}", f"train.max_updates={args.updates}",
+                 *args.overrides]
+    wall, cpu = time.perf_counter(), time.process_time()
+    summary = train(to_object(compose("train", overrides), TrainConfig))
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    start = times["start"][0] - (time.perf_counter() - wall) if times["start"] else 0.0
+    info = {
+        "name": name, "recipe": args.recipe, "init": args.init, "overrides": args.overrides,
+        "vocab": args.vocab, "clock": "cpu" if args.cpu_minutes else "wall",
+        "budget_minutes": args.minutes, "budget_updates": args.updates,
+        "updates": summary["update"], "epoch": summary["epoch"],
+        "train_wall_s": round(wall, 1), "train_cpu_s": round(cpu, 1),
+        "startup_s": round(start, 1),
+        "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+        "valid_nll": curve(run), "ema_nll": curve(run, "ema_nll"),
+        "valid_times": {u: [round(w, 1), round(c, 1)] for u, (w, c) in times["valid"].items()},
+        "date": time.strftime("%Y-%m-%d %H:%M"), "commit": commit(),
+    }
+    (run / "bench.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+    return info
+
+
+def commit() -> str:
+    """The short commit of this checkout (with + when it has uncommitted changes)."""
+    import subprocess
+
+    def git(*cmd: str) -> str:
+        return subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True).stdout
+
+    return git("rev-parse", "--short", "HEAD").strip() + ("+" if git("status", "--porcelain",
+                                                                      "--", "nmt") else "")
+
+
+def weights_to_score(args, run: Path) -> list[tuple[str, Path, str]]:
+    """(label, checkpoint, weights) of each model to translate: the average of the last N
+    checkpoints for each --average N (0: --checkpoint), and the EMA weights with --ema."""
+    from nmt.checkpoint import average
+
+    chosen = []
+    for n in args.average or [0]:
+        if n == 0:
+            chosen.append((args.checkpoint.removesuffix(".pt"), run / args.checkpoint, "model"))
+            continue
+        path = run / f"averaged{n}.pt"
+        if not path.exists():
+            average(to_object(compose("average", [f"run_dir={run}", f"last={n}",
+                                                  f"output={path}"]), AverageConfig))
+        chosen.append((f"avg{n}", path, "model"))
+    if args.ema:
+        chosen.append(("ema", run / "checkpoint_last.pt", "ema"))
+    return chosen
+
+
+def score_run(args, run: Path) -> list[dict]:
+    """Translate args.split with each model, beam size and length penalty asked for; scored."""
+    from nmt.translate import translate
+
+    scores = []
+    for label, checkpoint, weights in weights_to_score(args, run):
+        for beam in args.beam:
+            for alpha in args.alpha:
+                t0 = time.perf_counter()
+                result = translate(to_object(compose("translate", [
+                    f"checkpoint={checkpoint}", f"input={CORPUS}/{args.split}.en",
+                    f"output={run}/{args.split}.{label}.b{beam}.a{alpha:g}.hyp.de",
+                    f"ref={CORPUS}/{args.split}.de", f"search.beam_size={beam}",
+                    f"search.alpha={alpha}", f"weights={weights}", "quiet=true"]),
+                    TranslateConfig))
+                s = result["scores"]
+                scores.append({"split": args.split, "model": label, "beam": beam,
+                               "alpha": alpha, "bleu": round(s["bleu"], 2),
+                               "chrf": round(s["chrf"], 2), "bp": brevity_penalty(s["bleu_line"]),
+                               "seconds": round(time.perf_counter() - t0, 1)})
+    return scores
+
+
+def brevity_penalty(bleu_line: str) -> float:
+    """BP of a sacreBLEU score line ("BLEU = 25.59 53.6/... (BP = 0.975 ratio = ...")."""
+    return float(re.search(r"BP = ([0-9.]+)", bleu_line).group(1))
+
+
+def report(info: dict, scores: list[dict]) -> None:
+    """Print a run's training figures and scores."""
+    name, points = info["name"], " ".join(f"{u}:{v:.2f}" for u, v in info["valid_nll"])
+    minutes = info["train_wall_s"] / 60
+    print(f"\n{name} | {info['updates']} updates in {minutes:.1f} min "
+          f"(cpu {info['train_cpu_s'] / 60:.1f} min, {info['clock']} clock) | "
+          f"valid nll (update:nats) {points}")
+    if info["ema_nll"]:
+        print(f"{name} | ema valid nll {info['ema_nll'][-1][1]:.3f}")
+    if info["valid_nll"]:
+        print(f"{name} | final valid ppl {math.exp(info['valid_nll'][-1][1]):.1f} | "
+              f"max rss {info['max_rss_mb']} MB")
+    for s in scores:
+        print(f"{name} | {s['split']} beam {s['beam']} alpha {s['alpha']:g} ({s['model']}) "
+              f"BLEU {s['bleu']:.2f} chrF {s['chrf']:.2f} BP {s['bp']:.3f}")
+
+
+def parse_args() -> argparse.Namespace:
+    """The command line."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--recipe", choices=sorted(RECIPES), default="peer")
     ap.add_argument("--minutes", type=float, default=0, help="training budget (wall clock)")
     ap.add_argument("--updates", type=int, default=0, help="training budget (updates)")
     ap.add_argument("--cpu-minutes", type=float, default=0,
-                    help="training budget in CPU time of this process (stands in for the clock)")
+                    help="training budget in CPU time of this process, all its threads together "
+                         "(stands in for the clock)")
     ap.add_argument("--init", choices=sorted(INITS), default="default")
-    ap.add_argument("--data", type=Path, default=ROOT / "work" / "quality" / "data8k")
+    ap.add_argument("--vocab", type=int, default=8000, help="joint BPE vocabulary size")
+    ap.add_argument("--data", type=Path,
+                    help="data directory, built once per vocabulary (default: work/quality/"
+                         "data<vocab>; give a directory outside the checkout to share it)")
     ap.add_argument("--run", type=Path, help="run directory (default: work/quality/<name>)")
-    ap.add_argument("--beam", type=int, default=4)
-    ap.add_argument("--alpha", type=float, default=0.6, help="search.alpha (length penalty)")
-    ap.add_argument("--vocab", type=int, default=8000)
+    ap.add_argument("--name", help="the run's label (default: recipe-init-budget)")
+    ap.add_argument("--stage", choices=("all", "train", "score"), default="all",
+                    help="train: only train (the timed part); score: only translate a trained run")
+    ap.add_argument("--split", choices=("valid", "test"), default="valid",
+                    help="what to translate and score (choose with valid; test once, at the end)")
+    ap.add_argument("--beam", type=int, nargs="+", default=[4])
+    ap.add_argument("--alpha", type=float, nargs="+", default=[0.6],
+                    help="search.alpha (length penalty); several: each is scored")
     ap.add_argument("--checkpoint", default="checkpoint_last.pt",
                     help="what to translate: a file of the run (ignored with --average)")
-    ap.add_argument("--average", type=int, default=0,
-                    help="translate the average of the run's last N checkpoints")
+    ap.add_argument("--average", type=int, nargs="+", default=[],
+                    help="translate the average of the run's last N checkpoints (0: --checkpoint)")
+    ap.add_argument("--ema", action="store_true",
+                    help="also translate the EMA weights of checkpoint_last.pt (train.ema_decay)")
+    ap.add_argument("--results", type=Path, help="append the run's figures here as a JSON line")
     ap.add_argument("overrides", nargs="*", help="nmt-train overrides (after --)")
     args = ap.parse_args()
     if args.cpu_minutes:
-        import nmt.train
-
-        class _CpuClock:
-            monotonic = staticmethod(time.process_time)
-
-        nmt.train.time = _CpuClock  # max_minutes and tokens/s count CPU time
         args.minutes = args.cpu_minutes
-    if not (args.minutes or args.updates):
-        ap.error("give --minutes or --updates")
+    if args.stage != "score" and not (args.minutes or args.updates):
+        ap.error("give --minutes, --cpu-minutes or --updates")
+    args.data = args.data or ROOT / "work" / "quality" / f"data{args.vocab}"
+    return args
+
+
+def main() -> None:
+    """Parse the arguments, run the stages, print the figures."""
+    args = parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    name = f"{args.recipe}-{args.init}-" + (f"{args.minutes:g}min" if args.minutes
-                                             else f"{args.updates}upd")
+    name = args.name or f"{args.recipe}-{args.init}-" + (
+        f"{args.minutes:g}min" if args.minutes else f"{args.updates}upd")
     run = args.run or ROOT / "work" / "quality" / name
-    if (run / "checkpoint_last.pt").exists():
-        ap.error(f"{run} holds a run already: remove it or give --run")
-    preprocess(args.data, args.vocab)
-    use_init(args.init)
-    from nmt.train import train
+    if args.stage != "score":
+        if (run / "checkpoint_last.pt").exists():
+            raise SystemExit(f"{run} holds a run already: remove it or give --run")
+        seconds = preprocess(args.data, args.vocab)
+        if seconds is not None:
+            print(f"preprocess {args.data} (vocab {args.vocab}): {seconds:.0f} s")
+        if args.cpu_minutes:
+            import nmt.train
 
-    overrides = [*RECIPES[args.recipe], f"data_dir={args.data}", f"run_dir={run}",
-                 f"train.max_minutes={args.minutes}", f"train.max_updates={args.updates}",
-                 *args.overrides]
-    t0 = time.monotonic()
-    summary = train(to_object(compose("train", overrides), TrainConfig))
-    minutes = (time.monotonic() - t0) / 60
-    checkpoint = run / args.checkpoint
-    if args.average:
-        from nmt.checkpoint import average
+            class _CpuClock:
+                monotonic = staticmethod(time.process_time)
 
-        checkpoint = run / "averaged.pt"
-        average(to_object(compose("average", [f"run_dir={run}", f"last={args.average}",
-                                              f"output={checkpoint}"]), AverageConfig))
-    from nmt.translate import translate
-
-    result = translate(to_object(compose("translate", [
-        f"checkpoint={checkpoint}", f"input={CORPUS}/test.en", f"output={run}/test.hyp.de",
-        f"ref={CORPUS}/test.de", f"search.beam_size={args.beam}", f"search.alpha={args.alpha}",
-        "quiet=true"]), TranslateConfig))
-    points = " ".join(f"{r['update']}:{r['nll']:.2f}" for r in curve(run))
-    print(f"\n{name} | {summary['update']} updates in {minutes:.1f} min | valid nll (update:nats) "
-          f"{points}\n{name} | final valid ppl {math.exp(curve(run)[-1]['nll']):.1f} | "
-          f"test beam {args.beam} alpha {args.alpha:g} ({checkpoint.name}) "
-          f"BLEU {result['scores']['bleu']:.2f} chrF {result['scores']['chrf']:.2f}")
+            nmt.train.time = _CpuClock  # max_minutes counts CPU time of all threads
+        info = train_run(args, run, name)
+    else:
+        info = json.loads((run / "bench.json").read_text(encoding="utf-8"))
+    scores = score_run(args, run) if args.stage != "train" else []
+    report(info, scores)
+    if args.results:
+        with open(args.results, "a", encoding="utf-8") as f:
+            f.write(json.dumps({**info, "scores": scores}) + "\n")
 
 
 if __name__ == "__main__":
