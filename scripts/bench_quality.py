@@ -153,7 +153,7 @@ def use_init(name: str) -> None:
 
 
 # ----------------------------------------------------------------------------- the steps
-def preprocess(data: Path, vocab_size: int) -> float | None:
+def preprocess(corpus: Path, data: Path, vocab_size: int) -> float | None:
     """nmt-preprocess of the full en-de corpus into `data` with a `vocab_size` joint BPE; its
     wall-clock seconds, or None when `data` already holds one (of that size, else an error)."""
     manifest = data / "manifest.json"
@@ -166,8 +166,8 @@ def preprocess(data: Path, vocab_size: int) -> float | None:
 
     t0 = time.monotonic()
     run(to_object(compose("preprocess", [
-        "src_lang=en", "tgt_lang=de", f"train={CORPUS}/train", f"valid={CORPUS}/valid",
-        f"test={CORPUS}/test", f"out_dir={data}", f"bpe.vocab_size={vocab_size}"]),
+        "src_lang=en", "tgt_lang=de", f"train={corpus}/train", f"valid={corpus}/valid",
+        f"test={corpus}/test", f"out_dir={data}", f"bpe.vocab_size={vocab_size}"]),
         PreprocessConfig))
     return time.monotonic() - t0
 
@@ -273,9 +273,9 @@ def score_run(args, run: Path) -> list[dict]:
             for alpha in args.alpha:
                 t0 = time.perf_counter()
                 result = translate(to_object(compose("translate", [
-                    f"checkpoint={checkpoint}", f"input={CORPUS}/{args.split}.en",
+                    f"checkpoint={checkpoint}", f"input={args.corpus}/{args.split}.en",
                     f"output={run}/{args.split}.{label}.b{beam}.a{alpha:g}.hyp.de",
-                    f"ref={CORPUS}/{args.split}.de", f"search.beam_size={beam}",
+                    f"ref={args.corpus}/{args.split}.de", f"search.beam_size={beam}",
                     f"search.alpha={alpha}", f"weights={weights}", "quiet=true"]),
                     TranslateConfig))
                 s = result["scores"]
@@ -318,6 +318,9 @@ def parse_args() -> argparse.Namespace:
                     help="training budget in CPU time of this process, all its threads together "
                          "(stands in for the clock)")
     ap.add_argument("--init", choices=sorted(INITS), default="default")
+    ap.add_argument("--corpus", type=Path, default=CORPUS,
+                    help="the en-de corpus: {train,valid,test}.{en,de} (default: the shared one "
+                         "beside the checkout)")
     ap.add_argument("--vocab", type=int, default=8000, help="joint BPE vocabulary size")
     ap.add_argument("--data", type=Path,
                     help="data directory, built once per vocabulary (default: work/quality/"
@@ -358,7 +361,7 @@ def main() -> None:
     if args.stage != "score":
         if (run / "checkpoint_last.pt").exists():
             raise SystemExit(f"{run} holds a run already: remove it or give --run")
-        seconds = preprocess(args.data, args.vocab)
+        seconds = preprocess(args.corpus, args.data, args.vocab)
         if seconds is not None:
             print(f"preprocess {args.data} (vocab {args.vocab}): {seconds:.0f} s")
         if args.cpu_minutes:
