@@ -224,7 +224,7 @@ def train_run(args, run: Path, name: str) -> dict:
         "train_wall_s": round(wall, 1), "train_cpu_s": round(cpu, 1),
         "startup_s": round(start, 1),
         "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
-        "valid_nll": curve(run), "ema_nll": curve(run, "ema_nll"),
+        "valid_nll": curve(run), "model_nll": curve(run, "model_nll"),
         "valid_times": {u: [round(w, 1), round(c, 1)] for u, (w, c) in times["valid"].items()},
         "date": time.strftime("%Y-%m-%d %H:%M"), "commit": commit(),
     }
@@ -298,8 +298,9 @@ def report(info: dict, scores: list[dict]) -> None:
     print(f"\n{name} | {info['updates']} updates in {minutes:.1f} min "
           f"(cpu {info['train_cpu_s'] / 60:.1f} min, {info['clock']} clock) | "
           f"valid nll (update:nats) {points}")
-    if info["ema_nll"]:
-        print(f"{name} | ema valid nll {info['ema_nll'][-1][1]:.3f}")
+    if info["model_nll"]:
+        print(f"{name} | trained weights (not the EMA) valid nll "
+              f"{info['model_nll'][-1][1]:.3f}")
     if info["valid_nll"]:
         print(f"{name} | final valid ppl {math.exp(info['valid_nll'][-1][1]):.1f} | "
               f"max rss {info['max_rss_mb']} MB")
