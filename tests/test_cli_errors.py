@@ -18,10 +18,10 @@ from nmt.config import (
     PreprocessConfig,
     TrainConfig,
     TranslateConfig,
-    closest_keys,
     compose,
     to_object,
 )
+from nmt.config_errors import closest_keys
 from nmt.errors import ConfigError, first_line
 from nmt.files import check_output
 

@@ -42,7 +42,7 @@ def hydra_error(error: Exception, schema: type) -> str | None:
     from hydra.errors import HydraException, MissingConfigException, OverrideParseException
     from omegaconf.errors import OmegaConfBaseException
 
-    from nmt.config import explain
+    from nmt.config_errors import explain
 
     cause = error.__cause__
     if isinstance(error, OmegaConfBaseException):
