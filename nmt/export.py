@@ -37,9 +37,9 @@ from torch import Tensor
 from nmt.config import ExportConfig
 from nmt.errors import NmtError
 from nmt.files import check_out_dir, check_output, new_directory
+from nmt.inference.translator import Translator
 from nmt.model import Transformer
 from nmt.tokenizer import UNK_ID, Tokenizer
-from nmt.translator import Translator
 
 PROG = "nmt-export"
 MARKER = "config.json"  # every model directory written here has one

@@ -5,7 +5,7 @@ d_ff, h, d_k). Read it top to bottom: attention, feed-forward, residual sub-laye
 and positions, encoder and decoder layers, then the whole encoder-decoder with its
 incremental (key/value-cached) decoding API. `make_model` returns exactly this model: plain
 torch.nn modules, no hooks. Speed paths live beside it and are opted into by the caller that
-knows the device: nmt/cpu_training.py (training on CPUs), nmt/fast.py (decoding).
+knows the device: nmt/cpu_training.py (training on CPUs), nmt/inference/fast.py (decoding).
 
 Shapes: B batch, S source length, T target length, V vocabulary, h heads, d_k = d_model / h.
 Masks are boolean with True where attention is allowed, or additive (0 / -inf) on GPUs.

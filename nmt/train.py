@@ -55,6 +55,7 @@ from nmt.data import (
 )
 from nmt.errors import NmtError
 from nmt.files import read_lines
+from nmt.inference.translator import Translator
 from nmt.loss import LabelSmoothedLoss
 from nmt.model import count_parameters, make_model
 from nmt.preemption import Preemption
@@ -63,7 +64,6 @@ from nmt.runtime import keep_freed_memory, release_freed_memory
 from nmt.schedule import build_optimizer
 from nmt.scoring import read_references, score
 from nmt.tokenizer import Tokenizer, vocab_sha256
-from nmt.translator import Translator
 
 log = logging.getLogger("nmt.train")
 

@@ -1,8 +1,8 @@
 """nmt-translate: checkpoints and raw text in, detokenized translations (or scores) out.
 
 Reads raw lines (a file or standard input), encodes them with the SentencePiece model stored in
-the checkpoint, translates them in length-sorted token-budget batches (nmt.search) with one
-model or an ensemble, and writes one detokenized line per input line, in input order (or
+the checkpoint, translates them in length-sorted token-budget batches (nmt.inference) with
+one model or an ensemble, and writes one detokenized line per input line, in input order (or
 `i ||| hypothesis ||| score` lines when search.nbest > 1). With ref=..., prints sacreBLEU BLEU
 and chrF with their signatures (the scorer of validation, nmt.scoring) to stderr; stdout
 carries only translations. score_reference=true writes `log P<TAB>score<TAB>|Y|` per given
@@ -27,11 +27,11 @@ from nmt import distributed
 from nmt.config import TranslateConfig, check_search_device
 from nmt.errors import NmtError
 from nmt.files import check_output, decode_line, read_lines, write_atomically
+from nmt.inference.search import Hypothesis
+from nmt.inference.translator import Translator
 from nmt.runtime import keep_freed_memory, usable_cores
 from nmt.scoring import score
-from nmt.search import Hypothesis
 from nmt.tokenizer import Tokenizer
-from nmt.translator import Translator
 
 PROG = "nmt-translate"
 CHUNK_LINES = 1000  # interactive input: lines translated together at most

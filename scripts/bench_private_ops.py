@@ -15,23 +15,23 @@ import time
 
 import torch
 
-import nmt.fast
+import nmt.inference.fast
 from nmt.config import ModelConfig, SearchConfig
+from nmt.inference.search import decoding_models, translate_nbest
 from nmt.model import make_model
-from nmt.search import decoding_models, translate_nbest
 
 
 def seconds(model, src_ids: list[list[int]], beam: int, dtype: str, packed: bool) -> float:
     """Wall-clock seconds of one decoding run, the model prepared before timing."""
     search = SearchConfig(beam_size=beam, alpha=0.6, max_len_a=0.0, max_len_b=40, min_len=40,
                           max_tokens=10 ** 9, max_sentences=64, dtype=dtype)
-    works = nmt.fast.packing_works
-    nmt.fast.packing_works = works if packed else (lambda dtype: False)
+    works = nmt.inference.fast.packing_works
+    nmt.inference.fast.packing_works = works if packed else (lambda dtype: False)
     try:
         prepared = decoding_models(model, search)
     finally:
-        nmt.fast.packing_works = works
-    assert any(isinstance(a, nmt.fast.PackedAffine) for a in [prepared[0].generator]) == packed
+        nmt.inference.fast.packing_works = works
+    assert isinstance(prepared[0].generator, nmt.inference.fast.PackedAffine) == packed
     start = time.perf_counter()
     translate_nbest(prepared, src_ids, search, 2, 3, 0)
     return time.perf_counter() - start
@@ -49,7 +49,7 @@ def main() -> None:
     model = make_model(cfg, 8000, 8000, 0, True).eval()
     g = torch.Generator().manual_seed(1)
     src_ids = torch.randint(4, 8000, (args.sentences, 25), generator=g).tolist()
-    dtypes = ["fp32"] + ["bf16"] * nmt.fast.packing_works(torch.bfloat16)
+    dtypes = ["fp32"] + ["bf16"] * nmt.inference.fast.packing_works(torch.bfloat16)
     for dtype in dtypes:
         for beam in (1, 4):
             best = {False: float("inf"), True: float("inf")}

@@ -25,9 +25,9 @@ import time
 import torch
 
 from nmt.config import ModelConfig, SearchConfig
+from nmt.inference.search import decoding_models, translate_nbest
+from nmt.inference.translator import Translator
 from nmt.model import make_model
-from nmt.search import decoding_models, translate_nbest
-from nmt.translator import Translator
 
 
 def add_workload_options(p: argparse.ArgumentParser) -> None:
@@ -60,7 +60,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "int8"),
                    help="search.dtype: the decoding precision (int8: quantized linear maps)")
     p.add_argument("--reference", action="store_true",
-                   help="decode with the reference model of nmt/model.py, not nmt.fast")
+                   help="decode with the reference model of nmt/model.py, not nmt.inference.fast")
     p.add_argument("--malloc-default", action="store_true",
                    help="leave glibc malloc as it is (nmt-translate makes it keep freed memory)")
     return p.parse_args()
@@ -69,7 +69,7 @@ def parse_args() -> argparse.Namespace:
 def load_model(args: argparse.Namespace):
     """The model to time: the small configuration with random weights, or a checkpoint."""
     if args.checkpoint:
-        from nmt.translator import Translator
+        from nmt.inference.translator import Translator
 
         translator = Translator.load(args.checkpoint, dtype=None)
         return translator.model, translator.vocab["tgt_size"]
@@ -130,7 +130,7 @@ def main() -> None:
             ((args.batch, True), (args.batch, False), (1, True), (1, False))
             for name, beam in (("greedy", 1), ("beam4", 4))]
     print(f"torch {torch.__version__}, {args.workers} worker(s) x {args.threads} thread(s), "
-          f"{'reference model' if args.reference else 'nmt.fast'} {args.dtype}; "
+          f"{'reference model' if args.reference else 'nmt.inference.fast'} {args.dtype}; "
           f"{args.sentences} "
           f"sentences x {args.src_len} tokens -> {args.out_len} tokens, vocabulary {V}; "
           f"load average {os.getloadavg()[0]:.2f}")

@@ -34,7 +34,7 @@ from bench_translate import add_workload_options, cpu_seconds, load_model, rando
 
 from nmt.config import SearchConfig
 from nmt.export import ctranslate2_spec
-from nmt.search import decoding_models, translate_nbest
+from nmt.inference.search import decoding_models, translate_nbest
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 SEARCHES = {"greedy": 1, "beam4": 4}

@@ -48,7 +48,7 @@ from nmt.config import ModelConfig, SearchConfig
 from nmt.model import make_model
 from nmt.scoring import score
 from nmt.tokenizer import Tokenizer
-from nmt.search import translate_ids
+from nmt.inference.search import translate_ids
 
 ckpt, data = sys.argv[1], Path(sys.argv[2])
 state = load_checkpoint(ckpt)

@@ -5,8 +5,8 @@ import torch
 from translate_helpers import tiny_model_cfg
 
 from nmt.cpu_training import CpuDropout, attention_kernels, use_cpu_dropout
+from nmt.inference.search import pad_batch
 from nmt.model import make_model
-from nmt.search import pad_batch
 from nmt.train import training_precision
 
 PAD, BOS = 0, 2

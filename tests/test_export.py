@@ -22,10 +22,10 @@ from nmt.checkpoint import save_checkpoint
 from nmt.config import ExportConfig, SearchConfig, compose, to_object
 from nmt.errors import ConfigError, NmtError
 from nmt.export import export, feature_permutation
+from nmt.inference.search import translate_ids
+from nmt.inference.translator import Translator
 from nmt.model import make_model
-from nmt.search import translate_ids
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_bpe, vocab_sha256
-from nmt.translator import Translator
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

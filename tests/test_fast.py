@@ -1,4 +1,5 @@
-"""nmt.fast: the decoding speed path gives the reference model's results (tokens, logits)."""
+"""nmt.inference.fast: the decoding speed path gives the reference model's results (tokens,
+logits)."""
 
 import dataclasses
 
@@ -8,7 +9,7 @@ import torch.nn.functional as F
 from translate_helpers import random_sources, run, search, tiny_model, tiny_model_cfg, tokens
 
 from nmt.config import SearchConfig
-from nmt.fast import (
+from nmt.inference.fast import (
     Affine,
     FastModel,
     Int8Affine,
@@ -17,8 +18,8 @@ from nmt.fast import (
     row_argmax,
     top_k,
 )
+from nmt.inference.search import pad_batch
 from nmt.model import make_model
-from nmt.search import pad_batch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

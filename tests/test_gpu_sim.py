@@ -28,8 +28,8 @@ from nmt.config import (
     to_object,
 )
 from nmt.errors import ConfigError, NmtError
-from nmt.fast import FastModel, PackedAffine
-from nmt.search import Decoder, decoding_models
+from nmt.inference.fast import FastModel, PackedAffine
+from nmt.inference.search import Decoder, decoding_models
 from nmt.train import train
 
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
@@ -282,7 +282,7 @@ def test_int8_decoding_with_a_cuda_device_is_a_config_error():
 def test_int8_with_device_auto_on_a_gpu_stops_before_loading(tiny_data_dir, tmp_path,
                                                              monkeypatch):
     """device=auto resolves to the GPU: the same error, before any checkpoint or batch."""
-    from nmt.serve import serve
+    from nmt.serve.app import serve
     from nmt.translate import translate
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from nmt import private_ops
-from nmt.fast import packing_works
+from nmt.inference.fast import packing_works
 
 NMT = Path(__file__).resolve().parents[1] / "nmt"
 PRIVATE = re.compile(r"torch\.ops\.|torch\._[a-z]|\._get_node\(")

@@ -21,12 +21,13 @@ from translate_helpers import save_tiny_checkpoint
 
 from nmt.config import SearchConfig, ServeConfig, TranslateConfig, compose, to_object
 from nmt.errors import ConfigError, NmtError
-from nmt.search import Hypothesis
+from nmt.inference.search import Hypothesis
 from nmt.translate import translate
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
-from nmt.serve import Batcher, QueueFull, open_socket, serve  # noqa: E402
+from nmt.serve.app import open_socket, serve  # noqa: E402
+from nmt.serve.batcher import Batcher, QueueFull  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -176,9 +177,9 @@ def test_the_model_is_prepared_once_before_the_workers_fork(ckpt, monkeypatch, t
     """nmt-serve's Translator prepares search.dtype's model once, in this process, then forks
     its 2 workers, which decode with that copy (none prepares again); another dtype is
     prepared once more where it is used."""
-    import nmt.search
-    from nmt.fast import FastModel
-    from nmt.translator import Translator
+    import nmt.inference.search
+    from nmt.inference.fast import FastModel
+    from nmt.inference.translator import Translator
 
     built = []
 
@@ -187,7 +188,7 @@ def test_the_model_is_prepared_once_before_the_workers_fork(ckpt, monkeypatch, t
             built.append(args)
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(nmt.search, "FastModel", Counted)
+    monkeypatch.setattr(nmt.inference.search, "FastModel", Counted)
     search = SearchConfig(beam_size=2, max_len_b=4)
     with Translator.load(ckpt, dtype="fp32", workers=2) as translator:
         assert len(built) == 1 and translator.preparations == 1

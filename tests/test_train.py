@@ -425,8 +425,8 @@ def test_ema_is_the_moving_average_of_the_weights(tiny_data_dir, tmp_path):
 
 def test_translate_uses_the_ema_weights_when_asked(tiny_data_dir, tmp_path):
     from nmt.config import TranslateConfig
+    from nmt.inference.translator import Translator
     from nmt.translate import translate
-    from nmt.translator import Translator
 
     train(config(tiny_data_dir, tmp_path / "ema", "train.max_updates=2", "train.ema_decay=0.9"))
     train(config(tiny_data_dir, tmp_path / "plain", "train.max_updates=2"))

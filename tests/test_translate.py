@@ -12,11 +12,11 @@ from translate_helpers import translate_config as config
 
 from nmt.checkpoint import load_checkpoint, save_checkpoint
 from nmt.errors import NmtError
+from nmt.inference.search import translate_ids
+from nmt.inference.translator import Translator
 from nmt.scoring import score
-from nmt.search import translate_ids
 from nmt.tokenizer import vocab_sha256
 from nmt.translate import translate
-from nmt.translator import Translator
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

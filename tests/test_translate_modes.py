@@ -13,7 +13,7 @@ from translate_helpers import translate_config as config
 
 from nmt.config import ConfigError
 from nmt.errors import NmtError
-from nmt.search import length_penalty
+from nmt.inference.search import length_penalty
 from nmt.translate import translate
 
 pytestmark = pytest.mark.usefixtures("one_thread")

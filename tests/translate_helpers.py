@@ -15,10 +15,10 @@ import torch
 
 from nmt.checkpoint import save_checkpoint
 from nmt.config import ModelConfig, SearchConfig, TrainConfig, TranslateConfig, compose, to_object
+from nmt.inference.search import translate_nbest
+from nmt.inference.translator import Translator
 from nmt.model import Transformer, make_model
-from nmt.search import translate_nbest
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, vocab_sha256
-from nmt.translator import Translator
 
 
 @cache

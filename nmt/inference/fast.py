@@ -8,7 +8,8 @@ addition fused into the product), fp16 (CUDA) or int8 (weights and activations r
 int8, as torch.ao's dynamic quantization does), with 1/sqrt(d_k) folded into W^Q, additive
 masks only where there is padding, and the beams or samples of one sentence sharing one copy
 of its encoder memory. `row_argmax` and `top_k` pick greedy and beam search candidates over
-the vocabulary. nmt.translator.Translator prepares FastModels and runs them on its workers.
+the vocabulary. nmt.inference.translator.Translator prepares FastModels and runs them on
+its workers.
 
 Shapes: B decoder rows, M = B / g sentences (g rows per sentence), S source length, T target
 length, V vocabulary, h heads, d_k = d_model / h.

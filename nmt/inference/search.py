@@ -8,7 +8,7 @@ top-2k of the k x V continuations, EOS candidates in the top k are finished, the
 others go on); teacher-forced scoring of given targets; then `translate_nbest` /
 `score_pairs`, which batch sentences by a token budget after sorting them by length and
 restore the input order. Models are the reference Transformer of nmt/model.py or, by default,
-its weights prepared by nmt.fast.FastModel (faster; the tests compare the two).
+its weights prepared by nmt.inference.fast.FastModel (faster; the tests compare the two).
 
 Conventions. Source id lists carry no BOS/EOS (as in the data directory); EOS is appended here.
 Outputs are id lists without BOS/EOS. |Y| counts the EOS; an output cut at the maximum
@@ -28,7 +28,7 @@ from torch import Tensor
 
 from nmt.config import SearchConfig
 from nmt.data import batch_by_tokens
-from nmt.fast import FastModel, FastState, row_argmax, top_k
+from nmt.inference.fast import FastModel, FastState, row_argmax, top_k
 from nmt.model import Transformer
 
 
@@ -491,7 +491,7 @@ def run_jobs(job: BatchJob, items: list[tuple[int, list[int], list[int]]],
              progress=None) -> list[list[Hypothesis]]:
     """Run `job` on length-sorted token-budget batches of items, in this process; results
     in input order. Reference models are put in eval mode and back meanwhile (worker
-    processes: nmt.translator.Translator)."""
+    processes: nmt.inference.translator.Translator)."""
     results: list[list[Hypothesis]] = [[] for _ in items]
     modes = [(m, m.training) for m in job.models if isinstance(m, torch.nn.Module)]
     try:
@@ -516,11 +516,11 @@ def translate_nbest(model, src_ids: list[list[int]], search: SearchConfig, bos_i
     """Translate id lists (no BOS/EOS) in length-sorted token-budget batches, in input order.
 
     model: a Transformer, a FastModel, or a list of them (an ensemble). fast: decode with
-    nmt.fast.FastModel in search.dtype (False: the reference model, as the tests compare).
+    nmt.inference.fast.FastModel in search.dtype (False: the reference model, as the tests compare).
     An empty source without a prefix gives one empty hypothesis with score 0. progress:
     called with each batch size. prefixes: per source, output ids every hypothesis starts
     with. lines: per source, its input line number (seeds sampling; default 0..n-1). run:
-    how the batches run (run_jobs: in this process; nmt.translator.Translator: on its workers).
+    how the batches run (run_jobs: in this process; the Translator's: on its workers).
     """
     models = decoding_models(model, search, fast and use_cache)
     job = BatchJob(models, search, bos_id, eos_id, pad_id, torch.device(device), use_cache)

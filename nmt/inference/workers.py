@@ -2,12 +2,11 @@
 
 nmt decodes on the CPU with one-thread processes side by side, each translating whole batches
 (data parallelism, like Marian's --cpu-threads: no per-operation thread synchronisation, which
-small decoding steps pay dearly for), and nmt-preprocess encodes text the same way. A
-WorkerPool starts its processes at once and checks that they started; forked ones share the
-parent's objects copy-on-write (nmt.translator.Translator prepares its model before it forks,
-so that the weights exist once), spawned ones start afresh (preprocess: no fork of a process
-that may hold threads). Each process keeps one object, its `state`: a task is a module-level
-function called as fn(state, *args).
+small decoding steps pay dearly for). A WorkerPool starts its processes at once and checks
+that they started; forked, they share the parent's objects copy-on-write (the Translator
+prepares its model before it forks, so that the weights exist once). Each process keeps one
+object, its `state`: a task is a module-level function called as fn(state, *args).
+(nmt-preprocess keeps its own pool of spawned processes: docs/design.md says why.)
 """
 
 from __future__ import annotations

@@ -2,11 +2,12 @@
 decoding and owns the processes that decode, as CTranslate2's Translator does.
 
 nmt-translate, nmt-serve, nmt-train's validation BLEU and the benchmarks all decode through
-it. Preparing a model (nmt.fast.FastModel: weights packed, cast or quantised for
+it. Preparing a model (nmt.inference.fast.FastModel: weights packed, cast or quantised for
 search.dtype) is done once per dtype, in this process, before any worker is forked, so the
-prepared weights exist once and are shared copy-on-write by the workers (nmt.workers). On the
-CPU, `workers` one-thread processes translate whole batches side by side; otherwise batches
-run in this process (in a thread of its own when submitted one by one, as nmt-serve does).
+prepared weights exist once and are shared copy-on-write by the workers
+(nmt.inference.workers). On the CPU, `workers` one-thread processes translate whole batches
+side by side; otherwise batches run in this process (in a thread of its own when submitted
+one by one, as nmt-serve does).
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ import torch
 from nmt.checkpoint import load_checkpoint
 from nmt.config import ModelConfig, SearchConfig
 from nmt.errors import ConfigError, NmtError
-from nmt.model import Transformer, make_model
-from nmt.search import (
+from nmt.inference.search import (
     BatchJob,
     Hypothesis,
     decoding_models,
@@ -30,8 +30,9 @@ from nmt.search import (
     score_pairs,
     translate_nbest,
 )
+from nmt.inference.workers import WorkerPool, can_fork
+from nmt.model import Transformer, make_model
 from nmt.tokenizer import Tokenizer, vocab_sha256
-from nmt.workers import WorkerPool, can_fork
 
 VOCAB_KEYS = ("src_size", "tgt_size", "joint", "pad_id", "bos_id", "eos_id", "sha256",
               "src_spm", "tgt_spm")
@@ -101,7 +102,7 @@ class Translator:
                       prefixes: list[list[int]] | None = None, lines: list[int] | None = None,
                       progress=None, parallel: bool = True) -> list[list[Hypothesis]]:
         """search.nbest hypotheses of each id list (no BOS/EOS), in input order, on the workers
-        unless parallel=False. prefixes, lines, progress: as nmt.search.translate_nbest."""
+        unless parallel=False. prefixes, lines, progress: as search.translate_nbest."""
         v = self.vocab
         return translate_nbest(self.prepared(search.dtype), src_ids, search, v["bos_id"],
                                v["eos_id"], v["pad_id"], self.device, progress=progress,
@@ -148,7 +149,7 @@ class Translator:
         self.close()
 
     def _run(self, job: BatchJob, items: list, progress=None) -> list[list[Hypothesis]]:
-        """nmt.search.run_jobs on the workers: at least one batch each, results in input
+        """nmt.inference.search.run_jobs on the workers: at least one batch each, results in input
         order; each worker decodes with its inherited prepared models."""
         if self.pool is None or len(items) < 2:
             return run_jobs(job, items, progress)

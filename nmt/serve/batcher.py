@@ -1,0 +1,222 @@
+"""The batcher of nmt-serve: concurrent requests' sentences decoded together.
+
+It queues the sentences of every request and fills a batch with the oldest queued sentence
+and the sentences with the same search settings behind it, within the token budget
+(max_tokens, padding counted); it sends the batch when the budget is full or when the oldest
+sentence has waited max_wait_s (counted from the last batch's end if that is later, so that
+the answered clients' next requests join in), and a batch takes at most its worker's share of
+all sentences in flight, so that the workers' batches stay balanced. Decoding runs off the
+event loop through `submit` (nmt.inference.translator.Translator.submit). It needs neither
+FastAPI nor torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+from nmt.config import SearchConfig
+
+if TYPE_CHECKING:
+    from nmt.inference.search import Hypothesis
+
+
+class QueueFull(Exception):
+    """The batcher holds max_queued sentences already."""
+
+
+@dataclass
+class BatchStats:
+    """Counters of the batcher (GET /stats); each field's `doc` is its API description."""
+
+    batches: int = field(default=0, metadata={"doc": "Batches decoded."})
+    sentences: int = field(default=0, metadata={"doc": "Sentences decoded in them."})
+    largest_batch: int = field(default=0, metadata={"doc": "The most sentences one batch held."})
+    decode_seconds: float = field(default=0.0, metadata={
+        "doc": "Summed wall time of the batches' decoding."})
+    rejected: int = field(default=0, metadata={
+        "doc": "Requests refused (503) because the queue was full."})
+    timed_out: int = field(default=0, metadata={"doc": "Requests answered 504 (timeout_s)."})
+    failed: int = field(default=0, metadata={"doc": "Batches whose decoding raised an error."})
+
+
+@dataclass
+class _Job:
+    """One request's sentences on their way through the batcher."""
+
+    search: SearchConfig
+    key: tuple  # requests with equal keys may share a batch
+    results: list
+    left: int
+    done: asyncio.Future
+    cancelled: bool = False
+
+    def deliver(self, index: int, hyps: list[Hypothesis]) -> None:
+        """Store one sentence's hypotheses; the job is done when every sentence has them."""
+        self.results[index] = hyps
+        self.left -= 1
+        if self.left == 0 and not self.done.done():
+            self.done.set_result(self.results)
+
+    def fail(self, error: BaseException) -> None:
+        """The job cannot be finished."""
+        if not self.done.done():
+            self.done.set_exception(error)
+
+
+@dataclass
+class _Queued:
+    """A sentence waiting for a batch."""
+
+    ids: list[int]
+    job: _Job
+    index: int
+    arrived: float
+
+
+def search_key(search: SearchConfig) -> tuple:
+    """What two sentences must share to be decoded in one batch: every search setting."""
+    return tuple(sorted(asdict(search).items()))
+
+
+class Batcher:
+    """Queues sentences of concurrent requests and decodes them together in token-budget batches.
+
+    submit(search, seqs) starts decoding a batch off the event loop and returns a
+    concurrent.futures.Future of its hypotheses; `workers` batches may run at once.
+    """
+
+    def __init__(self, submit, workers: int, max_tokens: int, max_sentences: int,
+                 max_wait_s: float, max_queued: int):
+        self.submit, self.idle = submit, workers
+        self.workers, self.max_tokens, self.max_sentences = workers, max_tokens, max_sentences
+        self.max_wait_s, self.max_queued = max_wait_s, max_queued
+        self.queue: deque[_Queued] = deque()
+        self.stats = BatchStats()
+        self.running: set[asyncio.Task] = set()
+        self.changed = asyncio.Event()  # a sentence arrived or a worker became idle
+        self.freed_at = 0.0  # when a batch last finished (time.monotonic)
+        self.running_sentences = 0  # in the batches being decoded now
+
+    async def translate(self, seqs: list[list[int]], search: SearchConfig,
+                        timeout: float) -> list[list[Hypothesis]]:
+        """Hypotheses of each id list (no BOS/EOS), decoded along with other requests' ones."""
+        self._drop_cancelled()
+        if len(self.queue) + len(seqs) > self.max_queued:
+            self.stats.rejected += 1
+            raise QueueFull
+        loop = asyncio.get_running_loop()
+        job = _Job(search, search_key(search), [None] * len(seqs), len(seqs),
+                   loop.create_future())
+        now = time.monotonic()
+        self.queue.extend(_Queued(ids, job, i, now) for i, ids in enumerate(seqs))
+        self.changed.set()
+        try:
+            return await asyncio.wait_for(asyncio.shield(job.done), timeout)
+        except TimeoutError:
+            job.cancelled = True  # its queued sentences are dropped, running ones ignored
+            self._drop_cancelled()
+            self.stats.timed_out += 1
+            raise
+
+    def retry_after(self) -> int:
+        """Seconds until the queue has likely drained: queued sentences over the decoding rate."""
+        s = self.stats
+        per_sentence = s.decode_seconds / s.sentences / self.workers if s.sentences else 0.0
+        return max(1, math.ceil(len(self.queue) * per_sentence))
+
+    async def run(self) -> None:
+        """The dispatch loop: forms batches while there are idle workers and queued sentences."""
+        while True:
+            self._drop_cancelled()
+            if not (self.idle and self.queue):
+                await self._wait(None)
+                continue
+            # Wait max_wait_s from the oldest sentence's arrival or the last batch's end,
+            # whichever is later: answered clients' next requests join the next batch.
+            head = self.queue[0]
+            wait = max(head.arrived, self.freed_at) + self.max_wait_s - time.monotonic()
+            if wait > 0 and not self._budget_full(head.job.key):
+                await self._wait(wait)
+                continue
+            batch = self._take(head.job.key)
+            self.running_sentences += len(batch)
+            self.idle -= 1
+            task = asyncio.create_task(self._decode(batch))
+            self.running.add(task)
+            task.add_done_callback(self.running.discard)
+
+    async def _wait(self, timeout: float | None) -> None:
+        """Until a sentence arrives or a worker becomes idle, at most `timeout` seconds."""
+        try:
+            await asyncio.wait_for(self.changed.wait(), timeout)
+        except TimeoutError:
+            pass
+        self.changed.clear()
+
+    def _drop_cancelled(self) -> None:
+        """Forget queued sentences of requests that timed out."""
+        if any(q.job.cancelled for q in self.queue):
+            self.queue = deque(q for q in self.queue if not q.job.cancelled)
+
+    def _budget_full(self, key: tuple) -> bool:
+        """Do the queued sentences with this key fill a batch already?"""
+        n = width = 0
+        for q in self.queue:
+            if q.job.key == key:
+                n, width = n + 1, max(width, len(q.ids) + 1)
+                if n * width >= self.max_tokens or n == self.max_sentences:
+                    return True
+        return False
+
+    def _take(self, key: tuple) -> list[_Queued]:
+        """Remove a batch from the queue: sentences with this key within the token budget
+        (padded width x sentences) and this worker's share of the sentences in flight (queued
+        or being decoded; a worker that takes all it finds while the others hold a few would
+        leave them batches of one or two ever after). Oldest first, or longest first while
+        other workers are idle too: this round sends every queued sentence, and sentences of
+        like length decode faster together (no long tail)."""
+        mine = [q for q in self.queue if q.job.key == key]
+        cap = math.ceil((len(mine) + self.running_sentences) / self.workers)
+        if self.max_sentences:
+            cap = min(cap, self.max_sentences)
+        if self.idle > 1:
+            mine.sort(key=lambda q: -len(q.ids))
+        batch: list[_Queued] = []
+        width = 0
+        for q in mine:
+            L = len(q.ids) + 1  # with EOS
+            if len(batch) < cap and (not batch or (len(batch) + 1) * max(width, L)
+                                     <= self.max_tokens):
+                batch.append(q)
+                width = max(width, L)
+        taken = {id(q) for q in batch}
+        self.queue = deque(q for q in self.queue if id(q) not in taken)
+        return batch
+
+    async def _decode(self, batch: list[_Queued]) -> None:
+        """Decode one batch off the event loop and hand each sentence its hypotheses."""
+        start = time.perf_counter()
+        try:
+            future = self.submit(batch[0].job.search, [q.ids for q in batch])
+            hyps = await asyncio.wrap_future(future)
+        except Exception as e:  # a broken worker, or an error inside the search
+            self.stats.failed += 1
+            for q in batch:
+                q.job.fail(e)
+        else:
+            for q, h in zip(batch, hyps, strict=True):
+                q.job.deliver(q.index, h)
+            s = self.stats
+            s.batches, s.sentences = s.batches + 1, s.sentences + len(batch)
+            s.largest_batch = max(s.largest_batch, len(batch))
+            s.decode_seconds += time.perf_counter() - start
+        finally:
+            self.idle += 1
+            self.running_sentences -= len(batch)
+            self.freed_at = time.monotonic()
+            self.changed.set()
