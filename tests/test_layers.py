@@ -58,7 +58,7 @@ def test_every_module_has_a_layer_and_imports_none_above_it():
 
 
 def test_no_import_circle():
-    g, seen, done = graph(), set(), set()
+    g, done = graph(), set()
 
     def visit(m: str, path: list[str]) -> None:
         assert m not in path, " -> ".join(path + [m])
