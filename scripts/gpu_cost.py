@@ -133,7 +133,7 @@ def decoding_table(models: list[str], vocab: int) -> tuple[str, dict]:
         cfg = ModelConfig(**compose("train", [f"+model={model}", "data_dir=-",
                                               "run_dir=-"]).model)
         torch.manual_seed(0)
-        prepared = decoding_models(Transformer(cfg, vocab, vocab).eval(), SearchConfig())
+        prepared = decoding_models(Transformer(cfg, vocab, vocab, 0, True).eval(), SearchConfig())
         for beam in (1, 4):
             r = decoding_reads(prepared, sources, SearchConfig(beam_size=beam, max_len_b=10))
             name = "greedy" if beam == 1 else f"beam {beam}"
