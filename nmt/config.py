@@ -87,6 +87,8 @@ class OptimConfig:
     """Adam with the Noam schedule and label smoothing (the paper's section 5.3 and 5.4)."""
 
     lr_factor: float = MISSING  # lr = lr_factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
+    # The schedule's step counts applied updates: a skipped one (non-finite, fp16 overflow)
+    # leaves the rate where it was (counted on the device: nmt.schedule.NoamSchedule).
     warmup: int = MISSING  # warmup_steps of the Noam schedule
     beta1: float = MISSING  # Adam beta_1
     beta2: float = MISSING  # Adam beta_2
@@ -220,12 +222,9 @@ class TrainLoopConfig:
     # at least global_tokens target tokens on average (an epoch's last update may bring fewer).
     global_tokens: int = 0  # target tokens wanted per update over all devices; sets update_freq
     update_freq: int = 1  # batches accumulated per update (ignored when global_tokens > 0)
-    # A skipped update (a non-finite loss or gradient, an fp16 overflow) still counts: it
-    # advances `update`, max_updates and the learning-rate schedule (Adam's own step and the
-    # EMA do not move), as PyTorch's GradScaler recipe does; fairseq does not advance on an
-    # overflow. Not advancing would need the step count on the device (a host read per
-    # update otherwise); k skipped updates put the schedule k steps ahead: lr x (1 - k/2u)
-    # after warmup at update u, a warmup k steps shorter at worst (docs/training.md).
+    # An update skipped on the device (non-finite loss or gradient, fp16 overflow) still counts
+    # for max_updates, the intervals and checkpoint names (the host knows it without reading
+    # the device); the learning-rate schedule and Adam count applied updates only.
     max_updates: int = 0  # stop after this many updates, skipped ones included (0: no limit)
     max_epochs: int = 0  # stop after this many epochs (0: no limit)
     max_minutes: float = 0.0  # stop after this much wall-clock time (0: no limit)

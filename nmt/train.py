@@ -5,8 +5,9 @@ directory's last checkpoint (or train.init_from's weights, or from scratch), the
 update: update_freq token-bucket batches per rank, each forward + backward on the summed
 label-smoothed loss (DDP synchronises only the last one), gradients divided by the update's
 global number of target tokens and clipped, one Adam step on the Noam schedule (skipped when
-the loss or the gradient is not finite). Between updates it logs, validates, checkpoints and
-decides to stop, the same way on every rank.
+the loss or the gradient is not finite: the schedule then stays where it was, while the update
+still counts for run.update, the intervals and max_updates). Between updates it logs,
+validates, checkpoints and decides to stop, the same way on every rank.
 
 Made for GPUs without losing the CPU: batches are collated ahead in a background thread
 (into pinned memory on CUDA); an update's statistics and its skip decision stay on the
@@ -24,7 +25,6 @@ import functools
 import logging
 import math
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -61,7 +61,7 @@ from nmt.model import count_parameters, make_model
 from nmt.preemption import Preemption
 from nmt.runlog import RunDirLock, RunLog, prepare_run_dir
 from nmt.runtime import keep_freed_memory, release_freed_memory
-from nmt.schedule import build_optimizer
+from nmt.schedule import NoamSchedule, build_optimizer
 from nmt.scoring import read_references, score
 from nmt.tokenizer import Tokenizer, vocab_sha256
 
@@ -260,7 +260,7 @@ class Run:
     ddp: nn.parallel.DistributedDataParallel | None
     ema: nn.Module | None  # the exponential moving average of the weights (train.ema_decay)
     optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scheduler: NoamSchedule  # counts applied updates only, on the device
     scaler: torch.amp.GradScaler  # enabled for fp16 only
     amp: str  # "none", "bf16" or "fp16"
     precision: Callable[[], contextlib.AbstractContextManager]  # a forward pass's numerics
@@ -456,9 +456,7 @@ def train_step(run: Run, epoch: int, group: list[tuple[int, Batch]], stop: bool,
     skip = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
     optimizer_step(run.optimizer, skip)
     run.scaler.update()  # fp16: a skipped update lowers the loss scale
-    with warnings.catch_warnings():  # a skipped first update is no misuse of the schedule
-        warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step", UserWarning)
-        run.scheduler.step()
+    run.scheduler.step(skip)  # a skipped update leaves the learning rate where it was
     if run.ema is not None:
         update_ema(run.ema, run.model, ema_decay(tc.ema_decay, run.update + 1), skip)
     overflow = skip & torch.isfinite(loss) if run.scaler.is_enabled() else torch.zeros_like(skip)

@@ -86,6 +86,34 @@ if MISSING is None:
 
 
 # ----------------------------------------------------------------------------- simulated CUDA
+_FUSED_ADAM_TENSOR_LR = ("_fused_adam_.tensor_lr", "_fused_adamw_.tensor_lr")
+
+
+def _fused_adam_tensor_lr_meta(params, grads, *args, lr: Tensor, **kwargs) -> None:
+    """Fused Adam(W) with a tensor learning rate (nmt's NoamSchedule on GPUs), for fake
+    tensors: torch registers a Meta kernel for the float-lr overload only. Checks what the
+    CUDA kernel needs of the rate (float32, a single value on the parameters' device; it
+    reads it there) and writes nothing, as torch's float-lr Meta kernel."""
+    torch._check(lr.dtype == torch.float32 and lr.numel() == 1,
+                 lambda: f"fused Adam reads a tensor lr as float32, got {lr.dtype}")
+    torch._check(lr.device == params[0].device,
+                 lambda: f"tensor lr on {lr.device}, parameters on {params[0].device}")
+
+
+def _register_fused_adam_tensor_lr() -> list:
+    """The Meta kernels above, for the overloads this torch lacks one for (kept registered)."""
+    libraries = []
+    for op in _FUSED_ADAM_TENSOR_LR:
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{op}", "Meta"):
+            lib = torch.library.Library("aten", "IMPL")
+            lib.impl(op, _fused_adam_tensor_lr_meta, "Meta")
+            libraries.append(lib)
+    return libraries
+
+
+_META_LIBRARIES = _register_fused_adam_tensor_lr() if MISSING is None else []
+
+
 def _guard_registry():
     """c10's device guard registry: one pointer per device type."""
     base = ctypes.c_void_p.in_dll(ctypes.CDLL(str(_C10)), _GUARDS)

@@ -90,6 +90,9 @@ def test_an_update_on_a_gpu_reads_nothing_from_it(tiny_data_dir, amp, logits):
     assert stats.loss.dtype == torch.float64 and stats.skipped.dtype == torch.bool
     assert all(p.grad.device == CUDA for p in run.model.parameters())
     assert all(p.device == CUDA for p in run.ema.parameters())
+    schedule = run.scheduler  # the rate and the applied updates it follows: on the device
+    assert run.optimizer.param_groups[0]["lr"] is schedule.lr and schedule.lr.device == CUDA
+    assert schedule.lr.dtype == torch.float32 and schedule.applied.device == CUDA
     with simulated_cuda(), pytest.raises(HOST_READ):
         run.monitor.check(10, 2)  # the documented read, once per check_every updates
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nmt.config import OptimConfig
-from nmt.schedule import build_optimizer, noam_lr
+from nmt.schedule import NoamSchedule, build_optimizer, noam_lr, noam_lr_tensor
 
 
 @pytest.mark.parametrize("step", [1, 10, 3999, 4000, 4001, 100_000])
@@ -38,3 +38,48 @@ def test_optimizer_follows_the_schedule():
         assert math.isclose(opt.param_groups[0]["lr"], noam_lr(update, 16, 10))
         opt.step()
         sched.step()
+
+
+@pytest.mark.parametrize("step", [0, 1, 10, 3999, 4000, 4001, 100_000])
+def test_the_tensor_schedule_is_the_closed_form(step):
+    rate = noam_lr_tensor(torch.tensor(float(step), dtype=torch.float64), 512, 4000, 2.0)
+    assert rate.dtype == torch.float64
+    assert math.isclose(rate.item(), noam_lr(step, 512, 4000, 2.0), rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_skipped_update_leaves_the_rate_where_it_was(fused):
+    """Updates skipped on the device (fused: Adam told through found_inf, as on a GPU) are not
+    counted: the rate of the next update is noam_lr(applied + 1), as Adam's step count."""
+    from nmt.train import optimizer_step
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, fused=fused)
+    schedule = NoamSchedule(optimizer, 16, 10, 1.0)
+    assert schedule.lr.dtype == (torch.float32 if fused else torch.float64)
+    applied = 0
+    for skip in (False, True, True, False, True, False):
+        assert optimizer.param_groups[0]["lr"] is schedule.lr
+        assert math.isclose(schedule.get_last_lr()[0], noam_lr(applied + 1, 16, 10),
+                            rel_tol=1e-6 if fused else 1e-12)
+        before = model.weight.detach().clone()
+        model(torch.ones(1, 2)).sum().backward()
+        optimizer_step(optimizer, torch.tensor(skip))
+        schedule.step(torch.tensor(skip))
+        assert torch.equal(model.weight.detach(), before) == skip
+        applied += not skip
+    assert schedule.state_dict() == {"applied": 3}
+    assert all(s["step"].item() == 3 for s in optimizer.state.values())
+
+
+def test_the_schedule_resumes_from_its_state_and_from_an_older_lambdalr_state():
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0)
+    schedule = NoamSchedule(optimizer, 16, 10, 1.0)
+    saved = optimizer.state_dict()
+    for state, applied in (({"applied": 4}, 4), ({"last_epoch": 7, "base_lrs": [1.0]}, 7)):
+        optimizer.load_state_dict(saved)  # replaces the groups' lr
+        schedule.load_state_dict(state)
+        assert optimizer.param_groups[0]["lr"] is schedule.lr
+        assert math.isclose(schedule.get_last_lr()[0], noam_lr(applied + 1, 16, 10))
+        assert schedule.state_dict() == {"applied": applied}

@@ -119,11 +119,10 @@ def test_nonfinite_losses_are_skipped_then_stop_the_run(tiny_data_dir, tmp_path,
                      "train.max_nonfinite=3"))
 
 
-def test_a_skipped_update_advances_the_schedule_and_nothing_else(tiny_data_dir, tmp_path,
-                                                                   monkeypatch):
-    """A non-finite update counts (update, max_updates, the learning-rate schedule, as
-    train.max_updates' doc says) but leaves the weights, Adam's state and the EMA as they
-    were; the next update applies normally."""
+def test_a_skipped_update_moves_nothing(tiny_data_dir, tmp_path, monkeypatch):
+    """A non-finite update counts for update and max_updates, as train.max_updates' doc
+    says, but leaves the weights, Adam's state, the EMA and the learning-rate schedule as
+    they were; the next update applies normally."""
     real, calls = nmt.train.batch_loss, []
 
     def nan_in_update_3(*args, **kwargs):
@@ -143,7 +142,51 @@ def test_a_skipped_update_advances_the_schedule_and_nothing_else(tiny_data_dir, 
     steps = [[s["step"].item() for s in c["optimizer"]["state"].values()][0]
              for c in (two, three, four)]
     assert steps == [2, 2, 3]  # Adam's own step (bias correction) skips
-    assert [c["scheduler"]["last_epoch"] for c in (two, three, four)] == [2, 3, 4]
+    assert [c["scheduler"]["applied"] for c in (two, three, four)] == [2, 2, 3]
+
+
+def skip_update(monkeypatch, skipped: set[int]) -> None:
+    """Inject inf gradients (the loss stays finite, as in an fp16 overflow) into the updates
+    numbered in `skipped`, whatever run, resumed or not, makes them."""
+    real_step, real_norm = nmt.train.train_step, nmt.train.normalise_gradients
+
+    def inf_gradients(params, *args, **kwargs):
+        params[0].grad.fill_(math.inf)
+        return real_norm(params, *args, **kwargs)
+
+    def train_step(run, *args, **kwargs):
+        with monkeypatch.context() as m:
+            if run.update + 1 in skipped:
+                m.setattr(nmt.train, "normalise_gradients", inf_gradients)
+            return real_step(run, *args, **kwargs)
+
+    monkeypatch.setattr(nmt.train, "train_step", train_step)
+
+
+def test_a_skipped_update_leaves_the_schedule_and_resumes_bitwise(tiny_data_dir, tmp_path,
+                                                                   monkeypatch):
+    """Update 2's inf gradients skip it: it counts for max_updates (6 done) but not for the
+    learning rate, which after 6 updates is noam_lr(6) (5 applied), as Adam's step count.
+    Interrupted after the skip and resumed, the run ends bitwise as the straight one."""
+    from nmt.schedule import noam_lr
+
+    skip_update(monkeypatch, {2})
+    opts = ["train.save_interval_updates=3", "train.valid_interval_updates=100",
+            "train.ema_decay=0.9"]
+    out = train(config(tiny_data_dir, tmp_path / "straight", "train.max_updates=6", *opts))
+    assert out["update"] == 6 and out["nonfinite"] == 1
+    train(config(tiny_data_dir, tmp_path / "resumed", "train.max_updates=3", *opts))
+    train(config(tiny_data_dir, tmp_path / "resumed", "train.max_updates=6", *opts))
+    a = load_checkpoint(tmp_path / "straight/checkpoint_last.pt")
+    b = load_checkpoint(tmp_path / "resumed/checkpoint_last.pt")
+    assert a["update"] == 6 and a["scheduler"] == {"applied": 5}
+    assert all(s["step"].item() == 5 for s in a["optimizer"]["state"].values())
+    cfg = config(tiny_data_dir, tmp_path, "train.max_updates=6").optim
+    lr = a["optimizer"]["param_groups"][0]["lr"]
+    assert math.isclose(lr.item(), noam_lr(6, 32, cfg.warmup, cfg.lr_factor), rel_tol=1e-12)
+    assert a["scheduler"] == b["scheduler"] and a["iterator"] == b["iterator"]
+    for key in ("model", "optimizer", "ema"):
+        assert same_tensors(a[key], b[key]), key
 
 
 def test_early_stopping_with_patience(tiny_data_dir, tmp_path, monkeypatch):
@@ -480,7 +523,7 @@ def test_init_from_fine_tunes_a_checkpoint_on_new_data(tiny_data_dir, tmp_path):
     assert out["update"] == 2
     state = load_checkpoint(tuned / "checkpoint_last.pt")
     assert state["iterator"]["epoch"] == 1 and state["iterator"]["consumed"] == 2
-    assert state["scheduler"]["last_epoch"] == 2  # a fresh schedule
+    assert state["scheduler"]["applied"] == 2  # a fresh schedule
     assert all(s["step"].item() == 2 for s in state["optimizer"]["state"].values())
     start = load_checkpoint(base)["model"]
     for name, w in state["model"].items():  # learning rate ~0: still the base weights
