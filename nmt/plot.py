@@ -97,8 +97,9 @@ def plot_learning_curves(records: list[dict], path: Path) -> None:
     if train:
         ax.plot(*zip(*train, strict=True), label="train loss", linewidth=1)
     if valid:
+        ema = valid[-1].get("weights") == "ema"
         ax.plot([r["update"] for r in valid], [r["loss"] for r in valid], marker="o",
-                label="valid loss")
+                label="valid loss (EMA)" if ema else "valid loss")
     ax.set_ylabel("label-smoothed loss (nats/token)")
     ax.legend()
     ax.grid(alpha=0.3)

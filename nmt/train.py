@@ -653,9 +653,10 @@ def validate(run: Run) -> dict:
     """Valid loss, NLL and perplexity (and BLEU/chrF when train.valid_bleu) of the weights a
     checkpoint is translated with: the EMA when train.ema_decay keeps one (nmt-translate's
     weights=auto), whose numbers then also choose the best checkpoint and count patience;
-    the trained weights' loss, NLL and perplexity are logged beside them as model_*."""
+    the trained weights' loss, NLL and perplexity are logged beside them as model_*, and
+    "weights" names the judged ones ("ema" or "model")."""
     used = run.model if run.ema is None else run.ema
-    out = valid_loss(run, used)
+    out = {"weights": "model" if run.ema is None else "ema", **valid_loss(run, used)}
     if run.ema is not None:
         out.update({f"model_{k}": v for k, v in valid_loss(run, run.model).items()
                     if k in ("loss", "nll", "ppl")})

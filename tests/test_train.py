@@ -225,6 +225,62 @@ def test_with_an_ema_validation_and_the_best_checkpoint_judge_the_ema(tiny_data_
     assert load_checkpoint(tmp_path / "run/checkpoint_best.pt")["update"] == 2
 
 
+def direct_valid_loss(data_dir: Path, path: Path, weights: str, smoothing: float) -> float:
+    """The per-token label-smoothed valid loss of a checkpoint's `weights` ("model" or "ema"),
+    computed here: the model's forward pass and the loss over every valid batch."""
+    import contextlib
+
+    from nmt.data import EpochBatchIterator, ParallelData
+    from nmt.inference.translator import Translator
+
+    model = Translator.load(path, weights=weights, dtype=None).model.eval()
+    pad = load_checkpoint(path)["vocab"]["pad_id"]
+    total, tokens = 0.0, 0
+    with torch.no_grad():
+        for _, batch in EpochBatchIterator(ParallelData(data_dir, "valid"), 10_000, 1, pad,
+                                           shuffle=False, lockstep=False):
+            total += nmt.train.batch_loss(model, batch, smoothing, pad,
+                                          contextlib.nullcontext)[0].item()
+            tokens += batch.tgt_tokens
+    return total / tokens
+
+
+def test_the_valid_loss_is_the_ema_checkpoints_loss(tiny_data_dir, tmp_path):
+    """With an EMA, the valid loss (and best, and checkpoint_best.pt) is the EMA's loss
+    computed directly from the checkpoint; model_loss the trained weights'."""
+    run = tmp_path / "run"
+    out = train(config(tiny_data_dir, run, "train.max_updates=3", "train.ema_decay=0.5",
+                       "train.valid_interval_updates=1", "train.save_interval_updates=1",
+                       "train.keep_last=0"))
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    valid = {r["update"]: r for r in records if r["kind"] == "valid"}
+    assert sorted(valid) == [1, 2, 3]
+    for update, record in valid.items():
+        path = run / f"checkpoint_{update}.pt"
+        assert record["weights"] == "ema"
+        assert record["loss"] == pytest.approx(direct_valid_loss(tiny_data_dir, path, "ema",
+                                                                 0.1), rel=1e-5)
+        assert record["model_loss"] == pytest.approx(
+            direct_valid_loss(tiny_data_dir, path, "model", 0.1), rel=1e-5)
+        assert record["loss"] != pytest.approx(record["model_loss"], rel=1e-5)
+    best = min(valid, key=lambda u: valid[u]["loss"])
+    assert out["best"] == valid[best]["loss"]
+    assert load_checkpoint(run / "checkpoint_best.pt")["update"] == best
+
+
+def test_valid_bleu_is_the_emas(tiny_data_dir, tmp_path, monkeypatch):
+    scored = []
+
+    def valid_bleu(run, model):
+        scored.append(model is run.ema)
+        return {"bleu": 1.0, "chrf": 1.0, "bleu_sentences": 1}
+
+    monkeypatch.setattr(nmt.train, "valid_bleu", valid_bleu)
+    train(config(tiny_data_dir, tmp_path / "run", "train.max_updates=2", "train.ema_decay=0.9",
+                 "train.valid_interval_updates=1", "train.valid_bleu=true"))
+    assert scored == [True, True]
+
+
 def test_max_epochs_stops_after_the_epoch(tiny_data_dir, tmp_path):
     cfg = config(tiny_data_dir, tmp_path / "run", "train.max_epochs=1", "train.max_tokens=2048")
     out = train(cfg)
