@@ -119,7 +119,8 @@ def test_validation_scores_every_reference_with_the_tokenizer(tiny_data_dir, tmp
 
     monkeypatch.setattr(nmt.train, "score", spy)
     env = nmt.distributed.init("cpu")
-    result = valid_bleu(build_run(cfg, env, load_data(cfg, env)))
+    run = build_run(cfg, env, load_data(cfg, env))
+    result = valid_bleu(run, run.model)
     hyps, refs, tokenize = calls[0]
     raw = (tiny_data_dir / "valid.clean.de").read_text(encoding="utf-8").splitlines()
     assert tokenize == "char" and len(hyps) == 5
