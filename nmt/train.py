@@ -501,10 +501,11 @@ def normalise_gradients(params: list[Tensor], tokens: Tensor | float,
     The mean gradient g / tokens clipped to c is g x min(1 / tokens, c / |g|) = g / limit,
     limit = max(tokens, |g| / c): clip_grads_with_norm_ with max_norm 1 and total_norm limit
     multiplies by min(1, 1 / (limit + 1e-6)), which is that (tokens >= 1)."""
-    total = nn.utils.get_total_norm([p.grad for p in params])  # |g|
+    # foreach=True: one kernel per group of gradients, also for tensor subclasses
+    total = nn.utils.get_total_norm([p.grad for p in params], foreach=True)  # |g|
     tokens = torch.as_tensor(tokens, dtype=total.dtype, device=total.device)
     limit = torch.maximum(tokens, total / clip_norm) if clip_norm else tokens
-    nn.utils.clip_grads_with_norm_(params, 1.0, limit)
+    nn.utils.clip_grads_with_norm_(params, 1.0, limit, foreach=True)
     return total / tokens
 
 

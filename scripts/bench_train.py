@@ -199,7 +199,7 @@ class Runner:
         loss, _ = self.loss_fn(self.model, batch, OPTIM.label_smoothing, PAD, self.precision)
         if self.ours:
             loss.backward()
-            normalise_gradients([p.grad for p in self.model.parameters()], batch.tgt_tokens, 0)
+            normalise_gradients(list(self.model.parameters()), batch.tgt_tokens, 0)
         else:
             (loss / batch.tgt_tokens).backward()
         self.optimizer.step()

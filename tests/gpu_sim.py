@@ -672,7 +672,7 @@ def decoding_reads(models, sources: list[list[int]], search, bos_id: int = 2, eo
                    pad_id: int = 0) -> dict:
     """Host reads of one greedy or beam search (search.beam_size) over `sources` as one
     batch, on the CPU's real tensors: before the first step, per step (mean and most)."""
-    from nmt import search as nmt_search
+    from nmt.inference import search as nmt_search
 
     src = nmt_search.pad_batch([s + [eos_id] for s in sources], pad_id, "cpu")
     counter, real = HostReads(), nmt_search.Decoder.log_probs
