@@ -24,6 +24,7 @@ import torch
 
 from nmt.errors import NmtError, first_line
 from nmt.files import check_output, fsync_directory, link_atomically, write_atomically
+from nmt.tokenizer import check_same_vocabulary
 
 FORMAT = 2  # 2: the encoder-decoder attention has W_q and W_kv (1: one fused W_qkv)
 
@@ -102,8 +103,8 @@ def _same_model(first: dict, other: dict, path: Path, first_path: Path) -> None:
     """Raise unless two checkpoints share architecture, vocabulary and parameter shapes."""
     if other["model_cfg"] != first["model_cfg"]:
         raise NmtError(f"{path}: model config differs from {first_path}")
-    if other["vocab"].get("sha256") != first["vocab"].get("sha256"):
-        raise NmtError(f"{path}: vocabulary differs from {first_path}")
+    check_same_vocabulary(other["vocab"].get("sha256"), first["vocab"].get("sha256"), str(path),
+                          str(first_path), "average checkpoints of one vocabulary")
     shapes = {k: tuple(v.shape) for k, v in other["model"].items()}
     if shapes != {k: tuple(v.shape) for k, v in first["model"].items()}:
         raise NmtError(f"{path}: parameter names or shapes differ from {first_path}")
@@ -194,10 +195,8 @@ def check_same_model(state: dict, path: Path, model_cfg: dict, vocab_sha256: str
                      hint: str) -> None:
     """Raise a one-line NmtError (ending in `hint`) unless `state` holds weights of this model
     shape trained with this vocabulary."""
-    if state["vocab"].get("sha256") != vocab_sha256:
-        raise NmtError(f"{path}: vocabulary differs from the data directory's (vocab_sha256 "
-                       f"{str(state['vocab'].get('sha256'))[:12]} != {vocab_sha256[:12]}); "
-                       f"{hint}")
+    check_same_vocabulary(state["vocab"].get("sha256"), vocab_sha256, str(path),
+                          "the data directory", hint)
     diff = [f"{k}={state['model_cfg'].get(k)!r} != {model_cfg[k]!r}" for k in MODEL_SHAPE_KEYS
             if state["model_cfg"].get(k) != model_cfg[k]]
     if diff:

@@ -39,7 +39,6 @@ class DistInfo:
 
     rank: int = 0
     world_size: int = 1
-    local_rank: int = 0
     device: torch.device = torch.device("cpu")
 
     @property
@@ -93,7 +92,7 @@ def init(device: str = "auto", timeout_s: float = 600.0, key: str = "device") ->
         except (RuntimeError, ValueError) as e:
             raise NmtError(f"rank {rank}: cannot join the process group "
                            f"({first_line(e)})") from None
-    return DistInfo(rank, world_size, local_rank, dev)
+    return DistInfo(rank, world_size, dev)
 
 
 def shutdown() -> None:

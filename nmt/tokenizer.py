@@ -114,3 +114,13 @@ def train_bpe(sentences: Iterable[str | bytes], vocab_size: int, character_cover
     except RuntimeError as e:
         raise _training_error(str(e), vocab_size) from None
     return Tokenizer(proto.getvalue(), "<trained>")
+
+
+def check_same_vocabulary(ours: str, theirs: str, what: str, against: str,
+                          hint: str = "") -> None:
+    """The one vocabulary check: raise a one-line NmtError naming `what` (a checkpoint) unless
+    its vocabulary checksum `ours` (vocab_sha256) equals `theirs`, that of `against` (another
+    checkpoint, a data directory, a SentencePiece model), with `hint` saying what to do."""
+    if ours != theirs:
+        raise NmtError(f"{what}: vocabulary differs from {against}'s (sha256 {str(ours)[:12]} "
+                       f"!= {str(theirs)[:12]})" + (f"; {hint}" if hint else ""))

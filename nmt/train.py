@@ -382,6 +382,10 @@ def describe(run: Run) -> None:
 
 
 # ----------------------------------------------------------------------------- one update
+# What an update counts on the host, per rank, all-reduced with its losses (StepStats' names).
+HOST_COUNTS = ("tgt_tokens", "src_tokens", "padded", "sentences", "stop", "signalled")
+
+
 @dataclasses.dataclass
 class StepStats:
     """One update's statistics, summed over ranks: 0-dim tensors left on the device."""
@@ -430,7 +434,7 @@ def train_step(run: Run, epoch: int, group: list[tuple[int, Batch]], stop: bool,
     run.forward.train()
     run.optimizer.zero_grad(set_to_none=True)
     losses = torch.zeros(2, device=env.device)  # this rank's summed loss and NLL
-    counts = np.zeros(6)  # target, source tokens, padded positions, sentences, stop, signalled
+    counts = dict.fromkeys(HOST_COUNTS, 0)  # this rank's, counted on the host
     for k, (index, batch) in enumerate(group):
         torch.manual_seed(micro_batch_seed(tc.seed, epoch, index))
         batch = batch.to(env.device)
@@ -441,27 +445,29 @@ def train_step(run: Run, epoch: int, group: list[tuple[int, Batch]], stop: bool,
             # DDP averages gradients over ranks: scale by world_size to get their sum.
             run.scaler.scale(loss * env.world_size).backward()
         losses += torch.stack([loss.detach(), nll])
-        counts[:4] += (batch.tgt_tokens, batch.src_tokens, batch.padded_tokens,
-                       batch.src.size(0))
-    counts[4:] = stop, signalled
-    counts = torch.from_numpy(counts)
+        for key, n in (("tgt_tokens", batch.tgt_tokens), ("src_tokens", batch.src_tokens),
+                       ("padded", batch.padded_tokens), ("sentences", batch.src.size(0))):
+            counts[key] += n
+    counts["stop"], counts["signalled"] = stop, signalled
+    host = torch.tensor([counts[key] for key in HOST_COUNTS], dtype=torch.float64)
     if env.device.type == "cuda":
-        counts = counts.pin_memory()  # copied without waiting for the device
+        host = host.pin_memory()  # copied without waiting for the device
     sums = distributed.all_reduce_sum(torch.cat([
-        losses.double(), counts.to(env.device, non_blocking=True)]))
-    loss, nll, tgt, src, padded, sentences, stop_any, signalled_any = sums.unbind()
+        losses.double(), host.to(env.device, non_blocking=True)]))  # one collective
+    total = dict(zip(("loss", "nll", *HOST_COUNTS), sums.unbind(), strict=True))
     run.scaler.unscale_(run.optimizer)
     params = [p for p in run.model.parameters() if p.grad is not None]
-    grad_norm = normalise_gradients(params, tgt.clamp(min=1.0), run.cfg.optim.clip_norm)
-    skip = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
+    grad_norm = normalise_gradients(params, total["tgt_tokens"].clamp(min=1.0),
+                                    run.cfg.optim.clip_norm)
+    skip = ~(torch.isfinite(total["loss"]) & torch.isfinite(grad_norm))
     optimizer_step(run.optimizer, skip)
     run.scaler.update()  # fp16: a skipped update lowers the loss scale
     run.scheduler.step(skip)  # a skipped update leaves the learning rate where it was
     if run.ema is not None:
         update_ema(run.ema, run.model, ema_decay(tc.ema_decay, run.update + 1), skip)
-    overflow = skip & torch.isfinite(loss) if run.scaler.is_enabled() else torch.zeros_like(skip)
-    return StepStats(loss, nll, tgt, src, padded, sentences, grad_norm, skip, overflow, stop_any,
-                     signalled_any)
+    overflow = (skip & torch.isfinite(total["loss"]) if run.scaler.is_enabled()
+                else torch.zeros_like(skip))
+    return StepStats(**total, grad_norm=grad_norm, skipped=skip, overflow=overflow)
 
 
 @contextlib.contextmanager
@@ -538,6 +544,7 @@ class Monitor:
     """Update statistics accumulated on the device: sums since the last log line, and what
     stops a run (consecutive non-finite updates, a rank out of time), read at checks."""
 
+    # The sums kept (one tensor, in this order; add() fills them by name).
     FIELDS = ("loss", "nll", "scored_tokens", "tgt_tokens", "src_tokens", "padded",
               "sentences", "grad_norm", "skipped", "overflows")
 
@@ -559,11 +566,12 @@ class Monitor:
         """Add one update (no host synchronisation)."""
         ok = ~s.skipped
         diverged = (s.skipped & ~s.overflow).double()  # an fp16 overflow is routine
-        self.sums += torch.stack([
-            torch.where(ok, s.loss, 0.0), torch.where(ok, s.nll, 0.0), s.tgt_tokens * ok,
-            s.tgt_tokens, s.src_tokens, s.padded, s.sentences,
-            torch.where(ok, s.grad_norm.double(), 0.0), s.skipped.double(),
-            s.overflow.double()])
+        values = {"loss": torch.where(ok, s.loss, 0.0), "nll": torch.where(ok, s.nll, 0.0),
+                  "scored_tokens": s.tgt_tokens * ok, "tgt_tokens": s.tgt_tokens,
+                  "src_tokens": s.src_tokens, "padded": s.padded, "sentences": s.sentences,
+                  "grad_norm": torch.where(ok, s.grad_norm.double(), 0.0),
+                  "skipped": s.skipped.double(), "overflows": s.overflow.double()}
+        self.sums += torch.stack([values[name] for name in self.FIELDS])
         self.updates += 1
         self.nonfinite += diverged
         self.streak = (self.streak + 1) * diverged

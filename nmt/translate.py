@@ -31,7 +31,7 @@ from nmt.inference.search import Hypothesis
 from nmt.inference.translator import Translator
 from nmt.runtime import keep_freed_memory, usable_cores
 from nmt.scoring import score
-from nmt.tokenizer import Tokenizer
+from nmt.tokenizer import Tokenizer, check_same_vocabulary
 
 PROG = "nmt-translate"
 CHUNK_LINES = 1000  # interactive input: lines translated together at most
@@ -48,8 +48,7 @@ def check_vocab(translator: Translator, against: str, checkpoint: str) -> None:
     """vocab_check=...: a data directory, its manifest.json or a .model file must match."""
     path = Path(against)
     if path.suffix == ".model":
-        theirs = Tokenizer.from_file(path).sha256
-        ours = translator.src_tok.sha256
+        theirs, ours = Tokenizer.from_file(path).sha256, translator.src_tok.sha256
     else:
         from nmt.data import MANIFEST, read_manifest
 
@@ -57,9 +56,7 @@ def check_vocab(translator: Translator, against: str, checkpoint: str) -> None:
         if "vocab_sha256" not in manifest:
             raise NmtError(f"{path}: manifest has no vocab_sha256")
         theirs, ours = manifest["vocab_sha256"], translator.vocab["sha256"]
-    if theirs != ours:
-        raise NmtError(f"{checkpoint}: vocabulary (sha256 {ours[:12]}) does not match "
-                       f"{path} (sha256 {theirs[:12]})")
+    check_same_vocabulary(ours, theirs, checkpoint, str(path))
 
 
 # ----------------------------------------------------------------------------- text in and out

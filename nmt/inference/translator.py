@@ -32,7 +32,7 @@ from nmt.inference.search import (
 )
 from nmt.inference.workers import WorkerPool, can_fork
 from nmt.model import Transformer, make_model
-from nmt.tokenizer import Tokenizer, vocab_sha256
+from nmt.tokenizer import Tokenizer, check_same_vocabulary, vocab_sha256
 
 VOCAB_KEYS = ("src_size", "tgt_size", "joint", "pad_id", "bos_id", "eos_id", "sha256",
               "src_spm", "tgt_spm")
@@ -231,11 +231,8 @@ def check_vocab_consistency(path, vocab: dict) -> None:
 
 
 def check_ensemble(vocabs: list[dict], paths: list[str]) -> None:
-    """The models of an ensemble must share their vocabularies and special ids."""
-    first = vocabs[0]
+    """The models of an ensemble must share their vocabulary (its checksum covers both
+    SentencePiece models, so the sizes and special ids too)."""
     for vocab, path in zip(vocabs[1:], paths[1:], strict=True):
-        for key in ("sha256", "src_size", "tgt_size", "pad_id", "bos_id", "eos_id"):
-            if vocab[key] != first[key]:
-                raise NmtError(f"{path}: vocabulary differs from {paths[0]}'s ({key} "
-                               f"{str(vocab[key])[:12]} against {str(first[key])[:12]}); "
-                               "an ensemble needs one vocabulary")
+        check_same_vocabulary(vocab["sha256"], vocabs[0]["sha256"], path, paths[0],
+                              "an ensemble needs one vocabulary")
