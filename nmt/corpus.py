@@ -12,7 +12,8 @@ without reading the corpus whole into memory. The spec forms (see PreprocessConf
     hf:SPLIT       with hf_name set: that split of datasets.load_dataset(hf_name, hf_config)
 
 A Hugging Face dataset holds a `translation` column of {src_lang: ..., tgt_lang: ...} dicts
-(as WMT14 has it), or one column per language.
+(as WMT14 has it), or one column per language. Text files may be compressed: FILE.tsv.gz, and
+PFX.{lang}.gz where PFX.{lang} does not exist (likewise .bz2 and .xz; nmt.files.open_input).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nmt.errors import NmtError
+from nmt.files import DECOMPRESS, open_input
 
 HF_SPLIT = {"train": "train", "valid": "validation", "test": "test"}  # role -> default split
 _BLOCK = 1 << 24  # bytes read at a time when counting lines
@@ -31,7 +33,7 @@ _BLOCK = 1 << 24  # bytes read at a time when counting lines
 def count_lines(path: Path) -> int:
     """Lines in a file (a last line without a newline counts), read in blocks."""
     n, last = 0, b"\n"
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         while block := f.read(_BLOCK):
             n += block.count(b"\n")
             last = block[-1:]
@@ -77,7 +79,7 @@ class TextCorpus(Corpus):
 
     def pairs(self, skip_invalid: bool) -> Iterator[tuple[str | None, str | None]]:
         """Zip the two files line by line."""
-        with open(self.src_path, "rb") as fs, open(self.tgt_path, "rb") as ft:
+        with open_input(self.src_path) as fs, open_input(self.tgt_path) as ft:
             for lineno, (a, b) in enumerate(zip(fs, ft, strict=True), start=1):
                 src = _decode(a, self.src_path, lineno, skip_invalid)
                 tgt = _decode(b, self.tgt_path, lineno, skip_invalid)
@@ -92,7 +94,7 @@ class TsvCorpus(Corpus):
 
     def pairs(self, skip_invalid: bool) -> Iterator[tuple[str | None, str | None]]:
         """Split each line at its one tab."""
-        with open(self.path, "rb") as f:
+        with open_input(self.path) as f:
             for lineno, line in enumerate(f, start=1):
                 text = _decode(line, self.path, lineno, skip_invalid)
                 if text is None:
@@ -181,17 +183,34 @@ def _hf_corpus(spec: str, role: str, src_lang: str, tgt_lang: str, hf_name: str,
     return HfCorpus(role, name, ds.num_rows, dataset=ds, src_lang=src_lang, tgt_lang=tgt_lang)
 
 
+def text_file(name: str) -> Path:
+    """The file `name`, or where it does not exist the first of name.gz, .bz2, .xz that does."""
+    path = Path(name)
+    if not path.exists():
+        path = next((p for p in map(Path, (f"{name}{s}" for s in DECOMPRESS)) if p.exists()),
+                    path)
+    return path
+
+
+def is_tsv(spec: str) -> bool:
+    """Whether an input spec names a TSV file: FILE.tsv, or FILE.tsv.gz (.bz2, .xz)."""
+    suffixes = Path(spec).suffixes
+    if suffixes and suffixes[-1] in DECOMPRESS:
+        suffixes.pop()
+    return bool(suffixes) and suffixes[-1] == ".tsv"
+
+
 def open_corpus(spec: str, role: str, src_lang: str, tgt_lang: str, hf_name: str = "",
                 hf_config: str = "") -> Corpus:
     """Check the input `spec` for split `role` and return its Corpus (one-line NmtError if bad)."""
     if spec.startswith("hf:"):
         corpus = _hf_corpus(spec, role, src_lang, tgt_lang, hf_name, hf_config)
-    elif spec.endswith(".tsv"):
+    elif is_tsv(spec):
         path = Path(spec)
         _must_exist(path)
         corpus = TsvCorpus(role, str(path), count_lines(path), path=path)
     else:
-        src, tgt = Path(f"{spec}.{src_lang}"), Path(f"{spec}.{tgt_lang}")
+        src, tgt = text_file(f"{spec}.{src_lang}"), text_file(f"{spec}.{tgt_lang}")
         _must_exist(src)
         _must_exist(tgt)
         n_src, n_tgt = count_lines(src), count_lines(tgt)

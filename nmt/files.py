@@ -1,30 +1,54 @@
-"""Files in and out: text read with errors naming the line, outputs checked before any work
-starts (a bad location fails in one line), and every file or directory nmt writes written
-atomically (a temporary beside it, then a rename): a reader, or a run killed at any moment,
-sees the old one or the new one, never a part.
+"""Files in and out: text read with errors naming the line (compressed or not), outputs
+checked before any work starts (a bad location fails in one line), and every file or
+directory nmt writes written atomically (a temporary beside it, then a rename): a reader, or
+a run killed at any moment, sees the old one or the new one, never a part.
 """
 
 from __future__ import annotations
 
+import bz2
+import gzip
+import hashlib
+import lzma
 import os
 import shutil
 import sys
 import tempfile
+import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-from nmt.errors import ConfigError, NmtError
+from nmt.errors import ConfigError, NmtError, first_line
+
+# Inputs whose name ends so are decompressed on the fly (the standard library's readers).
+DECOMPRESS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+# What reading a missing, unreadable or damaged (compressed) file raises.
+_READ_ERRORS = (OSError, EOFError, lzma.LZMAError, zlib.error)
+
+
+@contextmanager
+def open_input(path: str | Path, what: str = "input") -> Iterator[BinaryIO]:
+    """The one way nmt opens a text input: the file's bytes, decompressed on the fly when its
+    name ends in .gz, .bz2 or .xz. Reading it inside the block fails with a one-line NmtError
+    naming the file (missing, unreadable, or damaged compressed data)."""
+    try:
+        with DECOMPRESS.get(Path(path).suffix, open)(path, "rb") as f:
+            yield f
+    except _READ_ERRORS as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else first_line(e)
+        raise NmtError(f"{path}: cannot read {what} ({why})") from None
 
 
 def read_lines(path: str, what: str = "input") -> list[str]:
-    """Lines of a UTF-8 file ("-": standard input), without their line ends."""
+    """Lines of a UTF-8 file, compressed or not ("-": standard input), without their ends."""
     name = "<stdin>" if path == "-" else path
-    try:
-        data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
-    except OSError as e:
-        raise NmtError(f"{name}: cannot read {what} ({e.strerror})") from None
+    if path == "-":
+        data = sys.stdin.buffer.read()
+    else:
+        with open_input(path, what) as f:
+            data = f.read()
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()  # the final line end
@@ -38,6 +62,15 @@ def decode_line(line: bytes, number: int, name: str) -> str:
     except UnicodeDecodeError as e:
         raise NmtError(f"{name}: line {number} is not valid UTF-8 "
                        f"(byte 0x{line[e.start]:02x} at offset {e.start})") from None
+
+
+def sha256_file(path: str | Path) -> str:
+    """The sha256 of a file, read in 16 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            h.update(block)
+    return h.hexdigest()
 
 
 def check_output(path: str | Path, key: str, directory: bool = False) -> None:

@@ -192,3 +192,23 @@ def test_missing_files_and_reference_count_are_errors(ckpt, test_en, tiny_data_d
     short = tmp_path / "short.de"
     short.write_text("eins\n", encoding="utf-8")
     assert "1 reference lines but" in error_of(checkpoint=ckpt, input=test_en, ref=short)
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".xz", ".bz2"])
+def test_compressed_input_and_references_are_read_transparently(ckpt, test_en, tiny_data_dir,
+                                                                 tmp_path, suffix):
+    from nmt.files import DECOMPRESS
+
+    plain = translate(config(checkpoint=ckpt, input=test_en, output=tmp_path / "plain",
+                             ref=tiny_data_dir / "test.clean.de"))
+    packed = tmp_path / f"test.en{suffix}"
+    ref = tmp_path / f"test.de{suffix}"
+    with DECOMPRESS[suffix](packed, "wb") as f:
+        f.write(test_en.read_bytes())
+    with DECOMPRESS[suffix](ref, "wb") as f:
+        f.write((tiny_data_dir / "test.clean.de").read_bytes())
+    result = translate(config(checkpoint=ckpt, input=packed, output=tmp_path / "out", ref=ref))
+    assert result["hypotheses"] == plain["hypotheses"]
+    assert lines_of(tmp_path / "out") == lines_of(tmp_path / "plain")
+    packed.write_bytes(packed.read_bytes()[:30])  # cut short
+    assert error_of(checkpoint=ckpt, input=packed).startswith(f"{packed}: cannot read input (")
