@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import io
+import random
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import sentencepiece as spm
@@ -16,6 +17,7 @@ import sentencepiece as spm
 from nmt.errors import NmtError
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+SPACE = "\u2581"  # SentencePiece's mark of a space, which starts a word's first piece
 
 
 class Tokenizer:
@@ -23,6 +25,7 @@ class Tokenizer:
 
     def __init__(self, proto: bytes, name: str = "<bytes>"):
         self.proto = bytes(proto)
+        self._merges: dict[str, tuple[int, float]] | None = None  # for sample(), when used
         self.sp = spm.SentencePieceProcessor()
         try:
             self.sp.LoadFromSerializedProto(self.proto)
@@ -53,6 +56,56 @@ class Tokenizer:
     def encode(self, lines: list[str], num_threads: int = -1) -> list[list[int]]:
         """Raw text lines -> subword ids (no BOS/EOS); num_threads=-1 lets SentencePiece choose."""
         return self.sp.encode(lines, out_type=int, num_threads=num_threads)
+
+    def sample(self, lines: Sequence[str], alpha: float, seed: int) -> list[list[int]]:
+        """Raw text lines -> subword ids segmented at random by BPE-dropout (Provilkov et al.
+        2020), the same for the same (lines, alpha, seed) in any process. SentencePiece's own
+        sampling cannot be: 0.2.x salts its seeded generator per process. So the lines are
+        encoded deterministically (SentencePiece normalises them), and each word (from a
+        piece starting with the space mark) is merged again from its characters: at every
+        step each possible merge is dropped with probability alpha and the best-scoring one
+        left is applied (leftmost on ties), until none is left. alpha 0 gives SentencePiece's
+        own segmentation; a word with a character that is not a piece keeps it."""
+        if self._merges is None:  # piece -> (id, score) of the pieces merges may make
+            self._merges = {self.sp.id_to_piece(i): (i, self.sp.get_score(i))
+                            for i in range(self.vocab_size)
+                            if not (self.sp.is_control(i) or self.sp.is_unknown(i)
+                                    or self.sp.is_byte(i) or self.sp.is_unused(i))}
+        rng, out = random.Random(seed), []
+        for ids in self.encode(list(lines), num_threads=1):
+            drawn, word = [], []
+            for i in ids:
+                piece = self.sp.id_to_piece(i)
+                if piece.startswith(SPACE) and word:
+                    drawn += self._dropout(word, alpha, rng)
+                    word = []
+                word.append(i)
+            out.append(drawn + self._dropout(word, alpha, rng) if word else drawn)
+        return out
+
+    def _dropout(self, word: list[int], alpha: float, rng: random.Random) -> list[int]:
+        """One word's ids (its deterministic segmentation) merged again from its characters
+        with BPE-dropout (see sample)."""
+        symbols = list("".join(self.sp.id_to_piece(i) for i in word))
+        merges = self._merges
+        if not all(c in merges for c in symbols):
+            return word
+        while len(symbols) > 1:
+            best, at = 0.0, -1
+            for k in range(len(symbols) - 1):
+                merged = merges.get(symbols[k] + symbols[k + 1])
+                if merged is not None and (at < 0 or merged[1] > best) \
+                        and rng.random() >= alpha:  # this merge is not dropped
+                    best, at = merged[1], k
+            if at < 0:
+                break
+            symbols[at:at + 2] = [symbols[at] + symbols[at + 1]]
+        return [merges[s][0] for s in symbols]
+
+    def piece_id(self, piece: str) -> int | None:
+        """The id of a piece of the vocabulary, or None when it has no such piece."""
+        i = self.sp.piece_to_id(piece)
+        return None if i == UNK_ID and piece != self.sp.id_to_piece(UNK_ID) else i
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         """Subword ids -> detokenized text. PAD, BOS and EOS are dropped; an <unk> stays
@@ -93,8 +146,10 @@ def _training_error(message: str, vocab_size: int) -> NmtError:
 
 def train_bpe(sentences: Iterable[str | bytes], vocab_size: int, character_coverage: float = 1.0,
               split_digits: bool = True, byte_fallback: bool = False,
-              normalization: str = "nmt_nfkc", seed: int = 1) -> Tokenizer:
-    """Train a SentencePiece BPE model on `sentences` (all of them) with our fixed ids.
+              normalization: str = "nmt_nfkc", seed: int = 1,
+              user_defined_symbols: Sequence[str] = ()) -> Tokenizer:
+    """Train a SentencePiece BPE model on `sentences` (all of them) with our fixed ids, and
+    each of user_defined_symbols one piece (corpus tags such as <BT>).
 
     Pass a sample for big corpora: SentencePiece holds every sentence in memory. Sentences come
     from an iterator, not files, so that the model bytes (and vocab_sha256) do not depend on
@@ -108,6 +163,7 @@ def train_bpe(sentences: Iterable[str | bytes], vocab_size: int, character_cover
             vocab_size=vocab_size, character_coverage=character_coverage,
             split_digits=split_digits, byte_fallback=byte_fallback,
             normalization_rule_name=normalization, input_sentence_size=0,
+            user_defined_symbols=list(user_defined_symbols),
             pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
             pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>",
             num_threads=1, minloglevel=2)

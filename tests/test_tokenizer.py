@@ -121,3 +121,37 @@ def test_ids_become_text_only_through_tokenizer_decode():
              if ".sp.decode(" in p.read_text(encoding="utf-8")
              or "decode_ids(" in p.read_text(encoding="utf-8")]
     assert users == ["tokenizer.py"]
+
+
+# ----------------------------------------------------------------------------- BPE-dropout
+def test_bpe_dropout_at_0_is_sentencepieces_segmentation(tok, corpus):
+    lines = corpus[1] + ["  two  spaces ", "ünknown çharacters 42", ""]
+    assert tok.sample(lines, 0.0, seed=1) == tok.encode(lines)
+
+
+def test_bpe_dropout_keeps_the_text_and_follows_its_seed(tok, corpus):
+    lines = corpus[1][:200] + ["ünknown çharacters"]
+    drawn = tok.sample(lines, 0.1, seed=7)
+    assert tok.decode(drawn) == tok.decode(tok.encode(lines))  # the same text, other pieces
+    assert drawn != tok.encode(lines) and drawn == tok.sample(lines, 0.1, seed=7)
+    assert drawn != tok.sample(lines, 0.1, seed=8)
+    longer = sum(map(len, tok.sample(lines, 0.3, seed=7)))
+    assert sum(map(len, tok.encode(lines))) < sum(map(len, drawn)) < longer
+    every_merge_dropped = tok.sample(["open file"], 1.0, seed=1)[0]
+    assert tok.pieces(every_merge_dropped) == list("▁open▁file")  # characters
+
+
+def test_bpe_dropout_is_the_same_in_another_process(tok, tmp_path):
+    """SentencePiece's own sampling is salted per process (0.2.x); Tokenizer.sample is not."""
+    import subprocess
+    import sys
+
+    (tmp_path / "spm.model").write_bytes(tok.proto)
+    code = ("import sys; from nmt.tokenizer import Tokenizer; "
+            "t = Tokenizer.from_file(sys.argv[1]); "
+            "print(t.sample(['open the file', 'save the window as'] * 20, 0.2, 123))")
+    runs = [subprocess.run([sys.executable, "-c", code, str(tmp_path / "spm.model")],
+                           capture_output=True, text=True, check=True).stdout
+            for _ in range(2)]
+    here = str(tok.sample(["open the file", "save the window as"] * 20, 0.2, 123))
+    assert runs[0].strip() == runs[1].strip() == here
