@@ -186,6 +186,59 @@ class CleanConfig:
 
 
 @dataclass
+class TrainCorpus:
+    """One training corpus of nmt-preprocess: an entry of PreprocessConfig.train."""
+
+    path: str  # the input, in any form train takes (PFX, FILE.tsv, hf:...)
+    weight: float = 1.0  # nmt-train's default sampling weight: >1 upsamples, <1 downsamples
+    tag: str = ""  # a piece put first on every source sentence, e.g. <BT>; "": none
+    name: str = ""  # what the report and the manifest call it ("": its file name's stem)
+
+
+SPECIAL_PIECES = ("<pad>", "<unk>", "<s>", "</s>")
+
+
+def train_corpora(value: object) -> list[TrainCorpus]:
+    """PreprocessConfig.train as a list of TrainCorpus, checked: an input spec, or a list of
+    specs and {path, weight, tag, name} mappings. Names default to the file name's stem
+    (made unique with #position)."""
+    entries = value if isinstance(value, list | tuple) else [value]
+    _check(len(entries) > 0, "train", "the list of training corpora is empty")
+    corpora = []
+    for i, entry in enumerate(entries):
+        key = f"train[{i}]" if isinstance(value, list | tuple) else "train"
+        if isinstance(entry, str):
+            entry = {"path": entry}
+        _check(isinstance(entry, dict), key, f"must be an input or {{path: ..., weight: ..., "
+               f"tag: ...}}, got {entry!r}")
+        extra = sorted(set(entry) - {f.name for f in dataclasses.fields(TrainCorpus)})
+        _check(not extra, f"{key}.{extra[0] if extra else ''}",
+               "unknown key (keys: path, weight, tag, name)")
+        _check(isinstance(entry.get("path"), str) and entry["path"] != "", f"{key}.path",
+               "a value is required (the corpus's input)")
+        corpus = TrainCorpus(**entry)
+        _check(isinstance(corpus.weight, int | float) and corpus.weight >= 0, f"{key}.weight",
+               f"must be a number >= 0, got {corpus.weight!r}")
+        _check(corpus.tag == "" or (corpus.tag.isprintable() and not any(
+            c.isspace() for c in corpus.tag) and corpus.tag not in SPECIAL_PIECES), f"{key}.tag",
+               f"must be one piece without spaces and not {'/'.join(SPECIAL_PIECES)}, "
+               f"got {corpus.tag!r}")
+        corpora.append(corpus)
+    stems = [c.name or _stem(c.path) for c in corpora]
+    for i, corpus in enumerate(corpora):
+        corpus.name = stems[i] if stems.count(stems[i]) == 1 else f"{stems[i]}#{i + 1}"
+    return corpora
+
+
+def _stem(spec: str) -> str:
+    """A corpus's default name: its file name without .tsv and compression suffixes."""
+    name = spec.rstrip("/").rpartition("/")[2] or spec
+    for suffix in (".gz", ".bz2", ".xz", ".tsv"):
+        name = name.removesuffix(suffix)
+    return name
+
+
+@dataclass
 class PreprocessConfig:
     """nmt-preprocess: raw parallel text in, a binarized data directory out."""
 
@@ -195,12 +248,16 @@ class PreprocessConfig:
     # (source<TAB>target lines), hf:PATH (Dataset/DatasetDict.save_to_disk; a DatasetDict gives
     # the split train/validation/test after the role), hf:PATH:SPLIT, or with hf_name set
     # hf:SPLIT (datasets.load_dataset(hf_name, hf_config, split=SPLIT); "hf:" = role's split).
-    train: str = MISSING  # the training split (SentencePiece is trained on it alone)
+    # Text files may be compressed: PFX.{lang}.gz (or .bz2, .xz), FILE.tsv.gz.
+    # train may also list several corpora, each an input or {path: INPUT, weight: W, tag: T,
+    # name: N} (TrainCorpus): train=[PFX/real,{path:PFX/bt,tag:'<BT>',weight:0.5}]
+    train: Any = MISSING  # the training split (SentencePiece is trained on it alone)
     valid: str = ""  # the validation split, same forms as train; "" for none
     test: str = ""  # the test split, same forms as train; "" for none
     out_dir: str = MISSING  # the data directory to write (atomically: temp dir, then rename)
     force: bool = False  # replace an existing out_dir (only a data directory, or an empty one)
     workers: int = 0  # encoding processes; 0 uses every core
+    keep_text: bool = False  # keep the cleaned training text too (train.subword_sampling needs it)
     hf_name: str = ""  # a hub dataset name for datasets.load_dataset (needs internet), e.g. wmt14
     hf_config: str = ""  # the hub dataset's configuration, e.g. de-en for wmt14
     bpe: BpeConfig = field(default_factory=BpeConfig)
@@ -209,6 +266,12 @@ class PreprocessConfig:
     def __post_init__(self) -> None:
         _check(self.src_lang != self.tgt_lang, "tgt_lang", "must differ from src_lang")
         _check_min(self, "", 0, "workers")
+        train_corpora(self.train)  # checked once, here
+
+    @property
+    def train_corpora(self) -> list[TrainCorpus]:
+        """The training corpora, checked (train_corpora)."""
+        return train_corpora(self.train)
 
 
 # ----------------------------------------------------------------------------- train
@@ -217,11 +280,23 @@ class TrainLoopConfig:
     """Batching, stopping, checkpointing, validation, logging and hardware of nmt-train."""
 
     max_tokens: int = 4096  # per-device batch budget: max(B * S_max, B * T_max), padding counted
-    # global_tokens > 0: update_freq = ceil(global_tokens / (world_size * t)), t = the mean
-    # target tokens (EOS included, padding not) of epoch 1's batches; so every update brings
-    # at least global_tokens target tokens on average (an epoch's last update may bring fewer).
+    # global_tokens > 0: each rank accumulates x = global_tokens / (world_size * t) batches per
+    # update on average, t the mean target tokens (EOS included, padding not) of epoch 1's
+    # batches: update u takes floor(u x) - floor((u - 1) x) of them, so fractional x is kept
+    # on average. x < 1/1.1 (one batch per rank is more than 10% too many) is an error.
     global_tokens: int = 0  # target tokens wanted per update over all devices; sets update_freq
     update_freq: int = 1  # batches accumulated per update (ignored when global_tokens > 0)
+    # Several training corpora (nmt-preprocess train=[...]): an epoch takes floor(w) copies
+    # of each of a corpus's sentences and a random fraction w - floor(w) of them once more
+    # (drawn anew each epoch), w its weight; so an epoch holds sum(w_i * n_i) sentences.
+    corpus_weights: list[float] = field(default_factory=list)  # per corpus ([]: preprocess's)
+    # BPE-dropout (Provilkov et al. 2020) on the fly: every batch's sentences are segmented
+    # afresh, each merge skipped with this probability, seeded by the batch's place in the data
+    # (resumes and rank counts see the same draws). Needs nmt-preprocess keep_text=true.
+    # Batches are cut for max_tokens / (1 + 3 alpha) stored tokens, and a sampled side that
+    # would push a batch past max_tokens keeps its stored segmentation.
+    subword_sampling: float = 0.0  # BPE-dropout probability alpha at training time; 0: off
+    check_data: bool = False  # verify the data's checksums and ids at every start, not once
     # An update skipped on the device (non-finite loss or gradient, fp16 overflow) still counts
     # for max_updates, the intervals and checkpoint names (the host knows it without reading
     # the device); the learning-rate schedule and Adam count applied updates only.
@@ -259,6 +334,9 @@ class TrainLoopConfig:
                    "max_minutes", "keep_last", "patience", "threads", "valid_bleu_max_sentences")
         _check(0 <= self.seed < 2 ** 63, "train.seed", f"must be in [0, 2^63), got {self.seed}")
         _check_prob(self.ema_decay, "train.ema_decay")
+        _check_prob(self.subword_sampling, "train.subword_sampling")
+        for i, weight in enumerate(self.corpus_weights):
+            _check(weight >= 0, f"train.corpus_weights[{i}]", f"must be >= 0, got {weight}")
         _check(self.collective_timeout > 0, "train.collective_timeout",
                f"must be > 0, got {self.collective_timeout}")
         _check(self.best_metric in ("loss", "ppl", "bleu", "chrf"), "train.best_metric",

@@ -4,18 +4,22 @@ The stages, each streaming (memory does not grow with the corpus beyond Sentence
 training sample, 8 bytes a sentence of offsets and, with clean.dedup, a hash a unique pair):
 
 1. open     check every input before anything is written: files exist, line counts agree, not empty
-2. clean    read each split once: UTF-8, Unicode normalisation, stripped whitespace, empty pairs
-            (and duplicate training pairs) dropped; the cleaned text goes to a temporary
-            directory in chunks of CHUNK pairs. valid/test keep it as {split}.clean.{lang}.
-3. subwords train SentencePiece BPE on a seeded sample of the cleaned training text (or reuse)
+2. clean    read each split once (the training corpora one after the other, as one split):
+            UTF-8, Unicode normalisation, stripped whitespace, empty pairs (and duplicate
+            training pairs) dropped; the cleaned text goes to a temporary directory in chunks
+            of CHUNK pairs of one corpus. valid/test keep it as {split}.clean.{lang}.
+3. subwords train SentencePiece BPE on a seeded sample of the cleaned training text, the
+            corpora's tags one piece each (or reuse a model, which must have the tags)
 4. encode   a pool of processes encodes the chunks; the main process writes them in order to
-            {split}.{lang}.bin/.idx. Training pairs too long or too unequal in length are dropped.
-5. commit   manifest.json (counts, config, checksums); the temporary directory becomes out_dir.
+            {split}.{lang}.bin/.idx. Training pairs too long or too unequal in length are
+            dropped; a corpus's tag goes first on its source sentences. With keep_text, the
+            kept training text goes to train.clean.{lang}.bin/.idx.
+5. commit   manifest.json (counts, corpora, config, checksums: nmt/data.py documents it); the
+            temporary directory becomes out_dir.
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import logging
@@ -35,11 +39,11 @@ from tqdm import tqdm
 from nmt import __version__
 from nmt.corpus import Corpus, open_corpus
 from nmt.errors import NmtError
-from nmt.files import check_output, new_directory
+from nmt.files import check_output, new_directory, sha256_file
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_bpe, vocab_sha256
 
 if TYPE_CHECKING:
-    from nmt.config import BpeConfig, CleanConfig, PreprocessConfig
+    from nmt.config import BpeConfig, CleanConfig, PreprocessConfig, TrainCorpus
 
 # nmt.data (which imports torch) is imported inside the main-process functions only, so that the
 # encoding workers start quickly and small.
@@ -60,6 +64,7 @@ class CleanText:
     tgt: Path
     pairs: int
     chunks: list[tuple[int, int, int, int]]  # byte ranges (src_start, src_end, tgt_start, tgt_end)
+    owners: list[int]  # the corpus of each chunk (a chunk holds one corpus's pairs)
 
 
 def normalize(text: str, form: str) -> str:
@@ -70,49 +75,56 @@ def normalize(text: str, form: str) -> str:
     return unicodedata.normalize(form, text) if form else text
 
 
-def clean_split(corpus: Corpus, clean: CleanConfig, src_out: Path, tgt_out: Path,
-                counts: dict) -> CleanText:
-    """Stream `corpus` through the text filters into src_out / tgt_out, counting each drop."""
-    dedup = clean.dedup and corpus.role == "train"
+def clean_split(corpora: list[Corpus], clean: CleanConfig, src_out: Path, tgt_out: Path,
+                counts: list[dict]) -> CleanText:
+    """Stream the corpora of one split, one after the other, through the text filters into
+    src_out / tgt_out, counting each corpus's drops in its dict of `counts` (duplicates are
+    looked for across the corpora)."""
+    dedup = clean.dedup and corpora[0].role == "train"
     seen: set[int] = set()
-    chunks, src_buf, tgt_buf = [], [], []
-    read = invalid = empty = duplicate = 0
+    chunks, owners, src_buf, tgt_buf = [], [], [], []
     with open(src_out, "wb") as fs, open(tgt_out, "wb") as ft:
-        def flush() -> None:
+        def flush(owner: int) -> None:
             s0, t0 = fs.tell(), ft.tell()
             fs.write(("\n".join(src_buf) + "\n").encode())
             ft.write(("\n".join(tgt_buf) + "\n").encode())
             chunks.append((s0, fs.tell(), t0, ft.tell()))
+            owners.append(owner)
             src_buf.clear()
             tgt_buf.clear()
 
-        pairs = corpus.pairs(skip_invalid=clean.invalid_utf8 == "skip")
-        for src, tgt in tqdm(pairs, total=corpus.size, desc=f"clean {corpus.role}",
-                             unit=" pairs", unit_scale=True, disable=None):
-            read += 1
-            if src is None:
-                invalid += 1
-                continue
-            src, tgt = normalize(src, clean.normalize), normalize(tgt, clean.normalize)
-            if not src or not tgt:
-                empty += 1
-                continue
-            if dedup:
-                key = hash((src, tgt))
-                if key in seen:
-                    duplicate += 1
+        for k, corpus in enumerate(corpora):
+            read = invalid = empty = duplicate = 0
+            pairs = corpus.pairs(skip_invalid=clean.invalid_utf8 == "skip")
+            for src, tgt in tqdm(pairs, total=corpus.size, desc=f"clean {corpus.role}",
+                                 unit=" pairs", unit_scale=True, disable=None):
+                read += 1
+                if src is None:
+                    invalid += 1
                     continue
-                seen.add(key)
-            src_buf.append(src)
-            tgt_buf.append(tgt)
-            if len(src_buf) == CHUNK:
-                flush()
-        if src_buf:
-            flush()
-    kept = read - invalid - empty - duplicate
-    counts.update(read=read, invalid_utf8=invalid, empty=empty, kept=kept,
-                  duplicate=duplicate if dedup else None)
-    return CleanText(src_out, tgt_out, kept, chunks)
+                src, tgt = normalize(src, clean.normalize), normalize(tgt, clean.normalize)
+                if not src or not tgt:
+                    empty += 1
+                    continue
+                if dedup:
+                    key = hash((src, tgt))
+                    if key in seen:
+                        duplicate += 1
+                        continue
+                    seen.add(key)
+                src_buf.append(src)
+                tgt_buf.append(tgt)
+                if len(src_buf) == CHUNK:
+                    flush(k)
+            if src_buf:
+                flush(k)
+            kept = read - invalid - empty - duplicate
+            counts[k].update(read=read, invalid_utf8=invalid, empty=empty, kept=kept,
+                             duplicate=duplicate if dedup else None)
+            if kept == 0:
+                raise NmtError(f"{corpus.role}: no pairs left after cleaning {corpus.name} "
+                               f"({_summary(counts[k])})")
+    return CleanText(src_out, tgt_out, sum(c["kept"] for c in counts), chunks, owners)
 
 
 # ----------------------------------------------------------------------------- 3. subwords
@@ -130,8 +142,10 @@ def training_sentences(text: CleanText, pairs: int, seed: int, joint: bool, side
             yield from lines if keep is None else itertools.compress(lines, keep)
 
 
-def train_subwords(train: CleanText, bpe: BpeConfig) -> tuple[Tokenizer, Tokenizer, dict]:
-    """Train the joint (or one per language) BPE model on the cleaned training text or a sample."""
+def train_subwords(train: CleanText, bpe: BpeConfig, tags: list[str]
+                   ) -> tuple[Tokenizer, Tokenizer, dict]:
+    """Train the joint (or one per language) BPE model on the cleaned training text or a
+    sample; the source model has each of `tags` as a piece of its own."""
     per_pair = 2 if bpe.joint else 1  # sentences a pair gives each model
     pairs = train.pairs
     if bpe.input_sentence_size:
@@ -143,9 +157,11 @@ def train_subwords(train: CleanText, bpe: BpeConfig) -> tuple[Tokenizer, Tokeniz
     log.info(f"training {kind} SentencePiece BPE ({bpe.vocab_size} pieces) on "
              f"{pairs * per_pair:,} sentences")
     if bpe.joint:
-        src = tgt = train_bpe(training_sentences(train, pairs, bpe.seed, joint=True), **options)
+        src = tgt = train_bpe(training_sentences(train, pairs, bpe.seed, joint=True), **options,
+                              user_defined_symbols=tags)
     else:
-        src, tgt = (train_bpe(training_sentences(train, pairs, bpe.seed, False, side), **options)
+        src, tgt = (train_bpe(training_sentences(train, pairs, bpe.seed, False, side), **options,
+                              user_defined_symbols=tags if side == "src" else ())
                     for side in ("src", "tgt"))
     info = {"sentences": pairs * per_pair, "sampled": pairs < train.pairs, "reused": ""}
     return src, tgt, info
@@ -165,6 +181,20 @@ def load_subwords(path: str) -> tuple[Tokenizer, Tokenizer, dict]:
             raise NmtError(f"bpe.model={path}: no such file or data directory")
         src = tgt = Tokenizer.from_file(p)
     return src, tgt, {"sentences": 0, "sampled": False, "reused": str(p.resolve())}
+
+
+def tag_ids(corpora: list[TrainCorpus], src: Tokenizer, reused: str) -> list[int | None]:
+    """Each corpus's tag as an id of the source vocabulary (None: no tag). A reused model
+    (bpe.model) must have the tag as a piece: a one-line error otherwise."""
+    ids = []
+    for i, corpus in enumerate(corpora):
+        piece = src.piece_id(corpus.tag) if corpus.tag else None
+        if corpus.tag and piece is None:
+            raise NmtError(f"train[{i}].tag={corpus.tag}: the reused SentencePiece model "
+                           f"({reused}) has no such piece; give no bpe.model (a new model "
+                           f"gets the tag as a piece) or a tag the model has")
+        ids.append(piece)
+    return ids
 
 
 def write_subwords(src: Tokenizer, tgt: Tokenizer, tmp: Path, src_lang: str, tgt_lang: str
@@ -202,12 +232,22 @@ def _concat(ids: list[list[int]], lengths: np.ndarray, keep: np.ndarray, dtype: 
     return np.fromiter(kept, dtype=dtype, count=int(lengths[keep].sum()))
 
 
+def _text_bytes(lines: list[str], keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The kept lines' UTF-8 bytes, concatenated (uint8), and their byte lengths (n kept,)."""
+    data = [line.encode("utf-8") for line in itertools.compress(lines, keep)]
+    return (np.frombuffer(b"".join(data), dtype=np.uint8),
+            np.fromiter(map(len, data), dtype=np.int64, count=len(data)))
+
+
 def encode_chunk(task: tuple) -> tuple:
-    """Encode one chunk of pairs, drop those over the limits; returns arrays and counts."""
-    src_path, tgt_path, (s0, s1, t0, t1), limits, dtype = task
+    """Encode one chunk of pairs, drop those over the limits, put the corpus's tag (an id, or
+    None) first on the source side; returns arrays, counts and, with keep_text, the kept
+    lines' bytes (source and target)."""
+    src_path, tgt_path, (s0, s1, t0, t1), limits, dtype, tag, keep_text = task
     src_tok, tgt_tok = _WORKER
-    src_ids = src_tok.encode(_read_lines(src_path, s0, s1), num_threads=1)
-    tgt_ids = tgt_tok.encode(_read_lines(tgt_path, t0, t1), num_threads=1)
+    src_lines, tgt_lines = _read_lines(src_path, s0, s1), _read_lines(tgt_path, t0, t1)
+    src_ids = src_tok.encode(src_lines, num_threads=1)
+    tgt_ids = tgt_tok.encode(tgt_lines, num_threads=1)
     ls = np.fromiter(map(len, src_ids), dtype=np.int64, count=len(src_ids))  # (n,)
     lt = np.fromiter(map(len, tgt_ids), dtype=np.int64, count=len(tgt_ids))  # (n,)
     counts = {"empty": 0, "too_long": 0, "ratio": 0}
@@ -220,8 +260,12 @@ def encode_chunk(task: tuple) -> tuple:
         keep = ~(empty | too_long | ratio)
         counts = {"empty": int(empty.sum()), "too_long": int(too_long.sum()),
                   "ratio": int(ratio.sum())}
+    if tag is not None:  # after the filters: a tag changes no pair's fate
+        src_ids, ls = [[tag, *ids] for ids in src_ids], ls + 1
+    text = ((*_text_bytes(src_lines, keep), *_text_bytes(tgt_lines, keep)) if keep_text
+            else None)
     return (_concat(src_ids, ls, keep, dtype), ls[keep], _concat(tgt_ids, lt, keep, dtype),
-            lt[keep], counts)
+            lt[keep], counts, text)
 
 
 class OrderedPool:
@@ -262,49 +306,73 @@ class OrderedPool:
 
 
 def encode_split(pool: OrderedPool, text: CleanText, role: str, prefix: dict[str, Path],
-                 limits: tuple[int, float] | None, dtype: np.dtype, counts: dict) -> dict:
-    """Encode a cleaned split into prefix[side].bin/.idx; returns the manifest's split entry."""
+                 limits: tuple[int, float] | None, dtype: np.dtype, counts: list[dict],
+                 tags: list[int | None], text_prefix: dict[str, Path] | None) -> list[dict]:
+    """Encode a cleaned split into prefix[side].bin/.idx (and its kept text into
+    text_prefix[side].bin/.idx); completes each corpus's `counts` and returns each corpus's
+    {"pairs", "src_tokens", "tgt_tokens"}."""
+    from contextlib import ExitStack
+
     from nmt.data import TokenArrayWriter
 
-    tasks = [(str(text.src), str(text.tgt), chunk, limits, dtype.str) for chunk in text.chunks]
-    dropped = {"empty": 0, "too_long": 0, "ratio": 0}
-    pairs = 0
-    with (TokenArrayWriter(prefix["src"], dtype) as src_out,
-          TokenArrayWriter(prefix["tgt"], dtype) as tgt_out,
-          tqdm(total=text.pairs, desc=f"encode {role}", unit=" pairs", unit_scale=True,
-               disable=None) as bar):
-        for src, src_len, tgt, tgt_len, chunk_counts in pool.imap(encode_chunk, tasks):
-            src_out.add_chunk(src, src_len)
-            tgt_out.add_chunk(tgt, tgt_len)
-            pairs += len(src_len)
+    tasks = [(str(text.src), str(text.tgt), chunk, limits, dtype.str, tags[owner],
+              text_prefix is not None) for chunk, owner in zip(text.chunks, text.owners,
+                                                               strict=True)]
+    sizes = [{"pairs": 0, "src_tokens": 0, "tgt_tokens": 0} for _ in counts]
+    dropped = [{"empty": 0, "too_long": 0, "ratio": 0} for _ in counts]
+    with ExitStack() as stack:
+        out = {side: stack.enter_context(TokenArrayWriter(prefix[side], dtype))
+               for side in ("src", "tgt")}
+        kept_text = {side: stack.enter_context(TokenArrayWriter(text_prefix[side], np.uint8))
+                     for side in ("src", "tgt")} if text_prefix else {}
+        bar = stack.enter_context(tqdm(total=text.pairs, desc=f"encode {role}", unit=" pairs",
+                                       unit_scale=True, disable=None))
+        results = pool.imap(encode_chunk, tasks)
+        for owner, (src, src_len, tgt, tgt_len, chunk_counts, lines) in zip(
+                text.owners, results, strict=True):
+            out["src"].add_chunk(src, src_len)
+            out["tgt"].add_chunk(tgt, tgt_len)
+            if kept_text:
+                kept_text["src"].add_chunk(*lines[:2])
+                kept_text["tgt"].add_chunk(*lines[2:])
+            sizes[owner]["pairs"] += len(src_len)
+            sizes[owner]["src_tokens"] += int(src_len.sum())
+            sizes[owner]["tgt_tokens"] += int(tgt_len.sum())
             for key, n in chunk_counts.items():
-                dropped[key] += n
+                dropped[owner][key] += n
             bar.update(sum(chunk_counts.values()) + len(src_len))
-    counts["empty"] += dropped["empty"]
-    counts["kept"] = pairs
-    if limits is not None:
-        counts.update(too_long=dropped["too_long"], ratio=dropped["ratio"])
-    return {"pairs": pairs, "src_tokens": src_out.tokens, "tgt_tokens": tgt_out.tokens}
+    for corpus_counts, size, drops in zip(counts, sizes, dropped, strict=True):
+        corpus_counts["empty"] += drops["empty"]
+        corpus_counts["kept"] = size["pairs"]
+        if limits is not None:
+            corpus_counts.update(too_long=drops["too_long"], ratio=drops["ratio"])
+    return sizes
+
+
+def total(parts: list[dict]) -> dict:
+    """Per-corpus counts (or sizes) summed key by key; a count that does not apply (None)
+    stays None."""
+    return {key: None if parts[0][key] is None else sum(p[key] for p in parts)
+            for key in parts[0]}
 
 
 # ----------------------------------------------------------------------------- 5. commit
-def sha256_file(path: Path) -> str:
-    """The sha256 of a file, read in 16 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 24):
-            h.update(block)
-    return h.hexdigest()
-
-
 def report(manifest: dict, out: Path, seconds: float) -> str:
-    """The counts as a small table, and one line on the vocabulary."""
+    """The counts as a small table (a row per training corpus too, when there are several),
+    and one line on the vocabulary."""
     header = ("split", *COUNTS, "src_tokens", "tgt_tokens")
     rows = [header]
-    for split, counts in manifest["counts"].items():
-        info = manifest["splits"][split]
+
+    def row(name: str, counts: dict, info: dict) -> tuple:
         cells = [counts.get(key) for key in COUNTS] + [info["src_tokens"], info["tgt_tokens"]]
-        rows.append((split, *("-" if c is None else f"{c:,}" for c in cells)))
+        return (name, *("-" if c is None else f"{c:,}" for c in cells))
+
+    for split, counts in manifest["counts"].items():
+        rows.append(row(split, counts, manifest["splits"][split]))
+        if split == "train" and len(manifest["corpora"]) > 1:
+            rows += [row(f"  {c['name']} (weight {c['weight']:g}"
+                         f"{', tag ' + c['tag'] if c['tag'] else ''})", c["counts"], c)
+                     for c in manifest["corpora"]]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
                        enumerate(zip(row, widths, strict=True))) for row in rows]
@@ -316,54 +384,74 @@ def report(manifest: dict, out: Path, seconds: float) -> str:
 
 
 # ----------------------------------------------------------------------------- the command
-def build(cfg: PreprocessConfig, corpora: dict[str, Corpus], reused: tuple | None,
+def build(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], reused: tuple | None,
           tmp: Path) -> dict:
     """Stages 2-4 into the temporary directory tmp; returns the manifest (without checksums)."""
-    from nmt.data import token_dtype
+    from nmt.data import FORMAT, token_dtype
     from nmt.runtime import usable_cores
 
     langs = {"src": cfg.src_lang, "tgt": cfg.tgt_lang}
     workers = cfg.workers or usable_cores()
+    specs = cfg.train_corpora
     counts, texts, seconds = {}, {}, {}
     t = time.time()
-    for role, corpus in corpora.items():
+    for role, inputs in corpora.items():
         paths = [tmp / f"{role}.clean.{langs[side]}" for side in ("src", "tgt")]
-        counts[role] = dict.fromkeys(COUNTS)
-        texts[role] = clean_split(corpus, cfg.clean, *paths, counts[role])
-        if texts[role].pairs == 0:
-            raise NmtError(f"{role}: no pairs left after cleaning {corpus.name} "
-                           f"({_summary(counts[role])})")
+        counts[role] = [dict.fromkeys(COUNTS) for _ in inputs]
+        texts[role] = clean_split(inputs, cfg.clean, *paths, counts[role])
     seconds["clean"], t = time.time() - t, time.time()
-    src_tok, tgt_tok, spm_info = reused or train_subwords(texts["train"], cfg.bpe)
+    src_tok, tgt_tok, spm_info = reused or train_subwords(
+        texts["train"], cfg.bpe, sorted({c.tag for c in specs if c.tag}))
+    tags = tag_ids(specs, src_tok, cfg.bpe.model)
     spm_names = write_subwords(src_tok, tgt_tok, tmp, cfg.src_lang, cfg.tgt_lang)
     seconds["subwords"], t = time.time() - t, time.time()
     dtype = token_dtype(max(src_tok.vocab_size, tgt_tok.vocab_size))
     limits = (cfg.clean.max_tokens, cfg.clean.max_ratio)
-    splits = {}
+    text_prefix = ({side: tmp / f"train.clean.{lang}" for side, lang in langs.items()}
+                   if cfg.keep_text else None)
+    sizes = {}
     workers = min(workers, max(len(text.chunks) for text in texts.values()))
     with OrderedPool(workers, _init_worker, (src_tok.proto, tgt_tok.proto)) as pool:
         for role, text in texts.items():
             prefix = {side: tmp / f"{role}.{lang}" for side, lang in langs.items()}
-            splits[role] = encode_split(pool, text, role, prefix,
-                                        limits if role == "train" else None, dtype, counts[role])
+            train = role == "train"
+            sizes[role] = encode_split(pool, text, role, prefix, limits if train else None,
+                                       dtype, counts[role], tags if train else [None],
+                                       text_prefix if train else None)
     seconds["encode"] = time.time() - t
-    if splits["train"]["pairs"] == 0:
-        raise NmtError(f"train: no pairs left after cleaning ({_summary(counts['train'])})")
-    texts["train"].src.unlink()  # the cleaned training text is not kept
+    for corpus, size, corpus_counts in zip(corpora["train"], sizes["train"], counts["train"],
+                                           strict=True):
+        if size["pairs"] == 0:
+            raise NmtError(f"train: no pairs left after cleaning {corpus.name} "
+                           f"({_summary(corpus_counts)})")
+    texts["train"].src.unlink()  # the cleaned training text is not kept as text
     texts["train"].tgt.unlink()
-    return {
-        "format": 1, "src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang,
+    first = np.cumsum([0] + [size["pairs"] for size in sizes["train"]])[:-1]
+    manifest = {
+        "format": FORMAT, "src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang,
         "joint": src_tok is tgt_tok, "spm": spm_names,
         "src_vocab_size": src_tok.vocab_size, "tgt_vocab_size": tgt_tok.vocab_size,
         "pad_id": PAD_ID, "unk_id": UNK_ID, "bos_id": BOS_ID, "eos_id": EOS_ID,
         "dtype": dtype.name,
         "vocab_sha256": vocab_sha256(src_tok.proto, tgt_tok.proto),
-        "splits": splits, "counts": counts,
+        "splits": {role: total(parts) for role, parts in sizes.items()},
+        "counts": {role: total(parts) for role, parts in counts.items()},
+        "corpora": [{"name": spec.name, "input": spec.path, "weight": spec.weight,
+                     "tag": spec.tag, "tag_id": tag, "first": int(start), **size,
+                     "counts": corpus_counts}
+                    for spec, tag, start, size, corpus_counts in zip(
+                        specs, tags, first, sizes["train"], counts["train"], strict=True)],
         "clean": {role: {side: f"{role}.clean.{lang}" for side, lang in langs.items()}
                   for role in texts if role != "train"},
         "spm_training": spm_info, "config": asdict(cfg), "nmt_version": __version__,
         "seconds": {k: round(v, 2) for k, v in seconds.items()},
     }
+    if text_prefix:
+        manifest["train_text"] = {
+            **{side: path.name for side, path in text_prefix.items()},
+            **{f"{side}_bytes": (tmp / f"{path.name}.bin").stat().st_size
+               for side, path in text_prefix.items()}}
+    return manifest
 
 
 def _summary(counts: dict) -> str:
@@ -376,11 +464,14 @@ def preprocess(cfg: PreprocessConfig) -> dict:
     start = time.time()
     out = Path(cfg.out_dir)
     check_output(out, "out_dir", directory=True)
-    corpora = {role: open_corpus(spec, role, cfg.src_lang, cfg.tgt_lang, cfg.hf_name,
-                                 cfg.hf_config)
-               for role, spec in (("train", cfg.train), ("valid", cfg.valid), ("test", cfg.test))
-               if spec}
+    inputs = {"train": [c.path for c in cfg.train_corpora], "valid": [cfg.valid],
+              "test": [cfg.test]}
+    corpora = {role: [open_corpus(spec, role, cfg.src_lang, cfg.tgt_lang, cfg.hf_name,
+                                  cfg.hf_config) for spec in specs]
+               for role, specs in inputs.items() if all(specs)}
     reused = load_subwords(cfg.bpe.model) if cfg.bpe.model else None
+    if reused:  # checked before any work
+        tag_ids(cfg.train_corpora, reused[0], cfg.bpe.model)
     with new_directory(out, cfg.force, "manifest.json", "data directory") as tmp:
         manifest = build(cfg, corpora, reused, tmp)
         manifest["checksums"] = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}

@@ -26,6 +26,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -50,8 +51,11 @@ from nmt.data import (
     EpochBatchIterator,
     ParallelData,
     Prefetcher,
+    SubwordSampler,
     clean_text_path,
     read_manifest,
+    training_corpora,
+    verify_data_dir,
 )
 from nmt.errors import NmtError
 from nmt.files import read_lines
@@ -97,7 +101,7 @@ def train(cfg: TrainConfig) -> dict:
             deadline = time.monotonic() + 60 * tc.max_minutes if tc.max_minutes else math.inf
             asked = None  # "time" or "signal" once a rank is out of time or signalled
             while (reason := stop_reason(run, asked, preempt)) is None:
-                epoch, group = batches.take(run.update_freq)
+                epoch, group = batches.take(batches_in_update(run.update_freq, run.update))
                 with fatal_out_of_memory(run, [batch for _, batch in group]):
                     stats = train_step(run, epoch, group, time.monotonic() >= deadline,
                                        preempt.received is not None)
@@ -203,19 +207,37 @@ class Data:
 
 
 def load_data(cfg: TrainConfig, env: distributed.DistInfo) -> Data:
-    """The data directory's vocabulary, the training batches of this rank and the valid split."""
+    """The data directory's vocabulary, the training batches of this rank (each corpus drawn
+    by its weight; subword sampling if asked) and the valid split. Every file's size is
+    checked on every rank; rank 0 checks the checksums and ids once (data.verify_data_dir)."""
+    tc = cfg.train
     manifest = read_manifest(cfg.data_dir)
     vocab = load_vocab(cfg.data_dir, manifest)
-    itr = EpochBatchIterator(ParallelData(cfg.data_dir, "train", manifest), cfg.train.max_tokens,
-                             cfg.train.seed, vocab["pad_id"], env.rank, env.world_size,
-                             cfg.model.max_positions)
+    train = ParallelData(cfg.data_dir, "train", manifest)
+    valid = (ParallelData(cfg.data_dir, "valid", manifest)
+             if "valid" in manifest["splits"] else None)
+    checked = distributed.from_main(
+        lambda: {"log": verify_data_dir(cfg.data_dir, manifest, tc.check_data)}, env.device)
+    log.info(checked["log"])
+    corpora = training_corpora(manifest)
+    weights = [float(w) for w in tc.corpus_weights] or [c["weight"] for c in corpora]
+    if len(weights) != len(corpora):
+        raise NmtError(f"train.corpus_weights: {len(weights)} weight(s) for the "
+                       f"{len(corpora)} corpora of {cfg.data_dir} "
+                       f"({', '.join(c['name'] for c in corpora)})")
+    sampler = (SubwordSampler(cfg.data_dir, manifest, tc.subword_sampling)
+               if tc.subword_sampling else None)
+    itr = EpochBatchIterator(train, tc.max_tokens, tc.seed, vocab["pad_id"], env.rank,
+                             env.world_size, cfg.model.max_positions, corpora=corpora,
+                             weights=weights, sampler=sampler)
     if not itr.global_batches(1):
         raise NmtError(f"{cfg.data_dir}: the train split gives no batch for "
                        f"{env.world_size} rank(s) (too few sentences, or all too long)")
-    valid = (ParallelData(cfg.data_dir, "valid", manifest)
-             if "valid" in manifest["splits"] else None)
-    if cfg.train.valid_refs:  # checked now, not at the first validation
-        read_references(cfg.train.valid_refs, len(valid or ()), "valid pairs")
+    for c, kept, weight in zip(corpora, itr.kept_by_corpus, weights, strict=True):
+        log.info("corpus %s: %d pairs x weight %g = %d per epoch%s", c["name"], len(kept),
+                 weight, round(weight * len(kept)), f", tag {c['tag']}" if c["tag"] else "")
+    if tc.valid_refs:  # checked now, not at the first validation
+        read_references(tc.valid_refs, len(valid or ()), "valid pairs")
     return Data(manifest, vocab, itr, valid)
 
 
@@ -238,14 +260,32 @@ def load_vocab(data_dir: str, manifest: dict) -> dict:
                        f"nmt-preprocess?)") from None
 
 
-def update_frequency(tc: TrainLoopConfig, itr: EpochBatchIterator, world_size: int) -> int:
-    """Batches per rank and update: train.update_freq, or with train.global_tokens
-    ceil(global_tokens / (world_size x the mean target tokens of epoch 1's batches))."""
+def update_frequency(tc: TrainLoopConfig, itr: EpochBatchIterator, world_size: int
+                     ) -> Fraction:
+    """Batches per rank and update, on average: train.update_freq, or with train.global_tokens
+    x = global_tokens / (world_size x t), t the mean target tokens of epoch 1's batches, as an
+    exact fraction (batches_in_update takes the whole number each update gets). x below 1
+    is taken as 1 (one batch per rank) when that brings at most 10% more target tokens than
+    asked; beyond, a one-line error says what to change."""
     if not tc.global_tokens:
-        return tc.update_freq
+        return Fraction(tc.update_freq)
     batches = itr.global_batches(1)
-    per_batch = itr.tgt_len[np.concatenate(batches)].sum() / len(batches)
-    return max(1, math.ceil(tc.global_tokens / (world_size * per_batch)))
+    tokens = int(itr.tgt_len[np.concatenate(batches)].sum())  # t = tokens / len(batches)
+    x = Fraction(tc.global_tokens * len(batches), world_size * tokens)
+    if x < Fraction(10, 11):
+        per_batch, least = tokens / len(batches), world_size * tokens / len(batches)
+        raise NmtError(
+            f"train.global_tokens={tc.global_tokens}: {world_size} rank(s) x 1 batch of "
+            f"{per_batch:,.0f} target tokens on average bring {least:,.0f} per update "
+            f"({least / tc.global_tokens - 1:+.0%}); lower train.max_tokens to about "
+            f"{math.floor(tc.max_tokens * x):,} or raise train.global_tokens to {least:,.0f}")
+    return max(x, Fraction(1))
+
+
+def batches_in_update(update_freq: Fraction, update: int) -> int:
+    """Batches per rank in the update after `update` updates: floor((u + 1) f) - floor(u f),
+    so that every update takes a whole number and n updates take n x f, rounded down."""
+    return math.floor((update + 1) * update_freq) - math.floor(update * update_freq)
 
 
 @dataclasses.dataclass
@@ -264,7 +304,7 @@ class Run:
     scaler: torch.amp.GradScaler  # enabled for fp16 only
     amp: str  # "none", "bf16" or "fp16"
     precision: Callable[[], contextlib.AbstractContextManager]  # a forward pass's numerics
-    update_freq: int
+    update_freq: Fraction  # batches per rank and update, on average (batches_in_update)
     check_every: int  # updates between host reads of the device's statistics
     monitor: Monitor
     update: int = 0
@@ -375,9 +415,9 @@ def describe(run: Run) -> None:
     log.info("model: %s parameters, %s | device %s x %d | amp %s | threads %d",
              f"{count_parameters(run.model):,}", run.cfg.model, env.device, env.world_size,
              run.amp, torch.get_num_threads())
-    log.info("batches: max_tokens %d x %d rank(s) x update_freq %d = %d padded tokens per "
+    log.info("batches: max_tokens %d x %d rank(s) x update_freq %s = %d padded tokens per "
              "update | %d train sentences skipped (longer than max_tokens or max_positions)",
-             tc.max_tokens, env.world_size, run.update_freq,
+             tc.max_tokens, env.world_size, f"{float(run.update_freq):g}",
              tc.max_tokens * env.world_size * run.update_freq, run.data.train.skipped)
 
 
@@ -721,13 +761,14 @@ def valid_bleu(run: Run, model: nn.Module) -> dict:
 
 
 def valid_references(run: Run, tgt: Tokenizer, n: int) -> list[list[str]]:
-    """The cleaned valid targets (valid.clean.<tgt_lang>, or the decoded ids when absent), then
-    each file of train.valid_refs: the first n lines of each."""
-    text = clean_text_path(run.cfg.data_dir, "valid", run.data.manifest["tgt_lang"])
-    if text.is_file():
+    """The cleaned valid targets (the file the manifest names, valid.clean.<tgt_lang>, or the
+    decoded ids when absent), then each file of train.valid_refs: the first n lines of each."""
+    text = clean_text_path(run.cfg.data_dir, run.data.manifest, "valid", "tgt")
+    if text is not None and text.is_file():
         first = read_lines(str(text), "valid references")[:n]
     else:
-        log.warning("%s not found: scoring against decoded references", text)
+        log.warning("%s: no cleaned valid text: scoring against decoded references",
+                    run.cfg.data_dir)
         first = tgt.decode([run.data.valid.tgt[i].tolist() for i in range(n)])
     extra = read_references(run.cfg.train.valid_refs, len(run.data.valid), "valid pairs")
     return [first, *(stream[:n] for stream in extra)]

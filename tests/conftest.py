@@ -2,12 +2,15 @@
 
 `make_data_dir` builds a toy word-for-word translation task (a fixed dictionary, random
 sentences of 1-12 words), trains a joint SentencePiece BPE model on it in memory and writes
-{split}.{lang}.bin/.idx, spm.model, valid/test raw text and manifest.json per the contract.
-It takes about a second; the session fixture `tiny_data_dir` builds it once.
+{split}.{lang}.bin/.idx, spm.model, valid/test raw text and manifest.json per the contract
+(format 1: one training corpus, no training text). It takes about a second; the session
+fixture `tiny_data_dir` builds it once. `make_corpora_dir` runs nmt-preprocess on two toy
+corpora, the second tagged and weighted, keeping the training text (subword sampling).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import random
@@ -18,6 +21,7 @@ import pytest
 import sentencepiece as spm
 import torch
 
+from nmt.config import BpeConfig
 from nmt.data import TokenArrayWriter
 from nmt.tokenizer import vocab_sha256
 
@@ -81,10 +85,36 @@ def make_data_dir(out: Path, n_train: int = 600, n_valid: int = 40, n_test: int 
     return out
 
 
+def make_corpora_dir(out: Path, n_real: int = 100, n_bt: int = 60, seed: int = 0) -> Path:
+    """nmt-preprocess of two toy corpora: "real" (weight 1) and "bt" (tag <BT>, weight 2),
+    and a valid split, with keep_text=true."""
+    from nmt.config import PreprocessConfig, TrainCorpus
+    from nmt.preprocess import preprocess
+
+    rng, raw = random.Random(seed), out.parent / f"{out.name}-raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for name, n in (("real", n_real), ("bt", n_bt), ("valid", 20)):
+        src = _sentences(n, rng, max_words=8)
+        (raw / f"{name}.en").write_text("\n".join(src) + "\n", encoding="utf-8")
+        (raw / f"{name}.de").write_text("\n".join(" ".join(map(_translate_word, s.split()))
+                                                  for s in src) + "\n", encoding="utf-8")
+    preprocess(PreprocessConfig(
+        src_lang="en", tgt_lang="de", out_dir=str(out), valid=str(raw / "valid"),
+        train=[str(raw / "real"), dataclasses.asdict(TrainCorpus(str(raw / "bt"), 2.0, "<BT>"))],
+        keep_text=True, workers=1, bpe=BpeConfig(vocab_size=120)))
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny_data_dir(tmp_path_factory) -> Path:
     """A toy data directory shared by the tests of one session (do not modify it)."""
     return make_data_dir(tmp_path_factory.mktemp("data") / "toy")
+
+
+@pytest.fixture(scope="session")
+def corpora_dir(tmp_path_factory) -> Path:
+    """make_corpora_dir's directory, shared by the tests of one session (do not modify it)."""
+    return make_corpora_dir(tmp_path_factory.mktemp("corpora") / "toy")
 
 
 @pytest.fixture(scope="session")

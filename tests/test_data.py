@@ -1,18 +1,24 @@
-"""Token arrays and token-bucket batching: budgets, coverage, shuffling, lockstep sharding."""
+"""Token arrays and token-bucket batching: budgets, coverage, shuffling, lockstep sharding;
+damaged data directories; weighted corpora; subword sampling."""
+
+from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import write_token_array
 
 from nmt.data import (
+    VERIFIED,
     EpochBatchIterator,
     ParallelData,
+    SubwordSampler,
     TokenArray,
     batch_by_tokens,
-    clean_text_path,
     collate,
     read_manifest,
     token_dtype,
+    training_corpora,
+    verify_data_dir,
 )
 from nmt.errors import NmtError
 
@@ -69,14 +75,6 @@ def test_batch_by_tokens_as_translation_uses_it_longest_first():
         assert len(b) == 1 or len(b) * lengths[b[0]] <= 20  # the first sets the width
     limited = batch_by_tokens(order, lengths, lengths, 10 ** 6, max_sentences=3)
     assert [len(b) for b in limited] == [3, 3, 3, 1]
-
-
-def test_clean_text_is_found_under_its_old_name_too(tmp_path):
-    assert clean_text_path(tmp_path, "valid", "de") == tmp_path / "valid.clean.de"
-    (tmp_path / "valid.raw.de").write_text("from before the rename\n")
-    assert clean_text_path(tmp_path, "valid", "de") == tmp_path / "valid.raw.de"
-    (tmp_path / "valid.clean.de").write_text("new\n")
-    assert clean_text_path(tmp_path, "valid", "de") == tmp_path / "valid.clean.de"
 
 
 def test_collate_adds_specials_and_counts_tokens(tiny_data_dir):
@@ -150,23 +148,28 @@ def test_too_long_sentences_are_skipped(tiny_data_dir):
     assert by_positions.skipped == itr.skipped
 
 
+def contents(batch) -> list[list[int]]:
+    """What a batch holds: its padded source rows, then its target rows."""
+    return batch.src.tolist() + batch.tgt_out.tolist()
+
+
 def test_iterator_state_resumes_at_the_same_batch(tiny_data_dir):
     data = ParallelData(tiny_data_dir, "train")
     itr = EpochBatchIterator(data, 300, 7, PAD)
     n = len(itr)
-    full = [b.ids.tolist() for _, b in itr] + [b.ids.tolist() for _, b in itr]  # 2 epochs
+    full = [contents(b) for _, b in itr] + [contents(b) for _, b in itr]  # 2 epochs
     itr = EpochBatchIterator(data, 300, 7, PAD)
     part = []
     for _, b in itr:
-        part.append(b.ids.tolist())
+        part.append(contents(b))
         if len(part) == n - 2:
             break
     state = itr.state_dict()
     resumed = EpochBatchIterator(data, 300, 7, PAD)
     assert resumed.load_state_dict(state)
-    part += [b.ids.tolist() for _, b in resumed]
+    part += [contents(b) for _, b in resumed]
     assert resumed.epoch == 2
-    part += [b.ids.tolist() for _, b in resumed]
+    part += [contents(b) for _, b in resumed]
     assert part == full
 
 
@@ -189,7 +192,7 @@ def test_prefetcher_gives_the_iterators_batches_and_moves_only_when_taken(tiny_d
 
     data = ParallelData(tiny_data_dir, "train")
     reference = EpochBatchIterator(data, 256, seed=1, pad_id=0, rank=1, world_size=2)
-    expected = [(e, reference.global_index(i), b.ids.tolist())
+    expected = [(e, reference.global_index(i), contents(b))
                 for e in (1, 2) for i, b in reference]  # two epochs, rank 1 of 2
     itr = EpochBatchIterator(data, 256, seed=1, pad_id=0, rank=1, world_size=2)
     loader = Prefetcher(itr, depth=3)
@@ -201,7 +204,7 @@ def test_prefetcher_gives_the_iterators_batches_and_moves_only_when_taken(tiny_d
             assert epoch == position[0] and 1 <= len(group) <= 3
             assert (itr.epoch, itr.consumed) in ((epoch, position[1] + len(group)),
                                                  (epoch + 1, 0))  # the epoch's last group
-            got += [(epoch, index, batch.ids.tolist()) for index, batch in group]
+            got += [(epoch, index, contents(batch)) for index, batch in group]
     finally:
         loader.close()
     assert got == expected
@@ -218,4 +221,223 @@ def test_prefetcher_starts_at_a_saved_position(tiny_data_dir):
     assert (itr.epoch, itr.consumed) == (2, 0)
     epoch, group = loader.take(1)
     loader.close()
-    assert epoch == 2 and group[0][1].ids.tolist() == itr.global_batches(2)[0].tolist()
+    first = collate(data, itr.global_batches(2)[0], 0)
+    assert epoch == 2 and contents(group[0][1]) == contents(first)
+
+
+# ----------------------------------------------------------------------------- damaged data
+def copy_of(data_dir, tmp_path):
+    """A copy of a data directory that a test may damage."""
+    import shutil
+
+    return Path(shutil.copytree(data_dir, tmp_path / "data"))
+
+
+def open_and_verify(data_dir):
+    """What nmt-train does on opening a data directory: sizes, then checksums and ids."""
+    manifest = read_manifest(data_dir)
+    for split in manifest["splits"]:
+        ParallelData(data_dir, split, manifest)
+    return verify_data_dir(data_dir, manifest)
+
+
+@pytest.mark.parametrize("damage, error", [
+    ("odd size", r"train.en.bin: 5,213 bytes where manifest.json's 2,607 tokens x 2 bytes "
+                 r"give 5,214: truncated or damaged"),
+    ("cut on a token", r"train.en.bin: 5,200 bytes where manifest.json's 2,607 tokens x 2 "
+                       r"bytes give 5,214: truncated or damaged"),
+    ("short index", r"train.en.idx: 800 bytes where manifest.json's 160 sentences \(\+1\) x 8 "
+                    r"bytes give 1,288"),
+    ("flipped byte", r"train.en.bin: sha256 differs from manifest.json's: the file changed"),
+    ("id out of range", r"train.en.bin: token 7 is id 65535, not below the vocabulary size 120"),
+    ("missing", r"train.en.bin: cannot read \(No such file or directory\)"),
+])
+def test_a_damaged_data_directory_is_a_one_line_error_naming_the_file(
+        corpora_dir, tmp_path, damage, error):
+    import json
+
+    data = copy_of(corpora_dir, tmp_path)
+    assert "verified (checksums and ids)" in open_and_verify(data)
+    assert "verified before" in open_and_verify(data)  # remembered: not read again
+    path = data / "train.en.bin"
+    content = bytearray(path.read_bytes())
+    if damage == "odd size":
+        path.write_bytes(content[:-1])
+    elif damage == "cut on a token":
+        path.write_bytes(content[:5200])
+    elif damage == "short index":
+        (data / "train.en.idx").write_bytes((data / "train.en.idx").read_bytes()[:800])
+    elif damage == "flipped byte":
+        content[100] ^= 0x01  # still an id below the vocabulary size
+        path.write_bytes(content)
+    elif damage == "id out of range":
+        content[14:16] = b"\xff\xff"
+        path.write_bytes(content)
+        manifest = json.loads((data / "manifest.json").read_text())
+        del manifest["checksums"]["train.en.bin"]  # format 1 directories of the tests have none
+        (data / "manifest.json").write_text(json.dumps(manifest))
+    else:
+        path.unlink()
+    with pytest.raises(NmtError, match=error) as e:
+        open_and_verify(data)
+    assert "\n" not in str(e.value) and str(data) in str(e.value)
+
+
+def test_verification_is_remembered_per_directory_unless_asked(corpora_dir, tmp_path,
+                                                               monkeypatch):
+    import nmt.data
+
+    data = copy_of(corpora_dir, tmp_path)
+    reads = []
+    real = nmt.data.sha256_file
+    monkeypatch.setattr(nmt.data, "sha256_file", lambda p: reads.append(p) or real(p))
+    manifest = read_manifest(data)
+    verify_data_dir(data, manifest)
+    n = len(reads)
+    assert n == len(manifest["checksums"])
+    verify_data_dir(data, manifest)
+    assert len(reads) == n  # a stamp keyed by size and modification time
+    verify_data_dir(data, manifest, always=True)  # train.check_data=true
+    assert len(reads) == 2 * n
+    (data / "valid.clean.de").write_text("changed\n")
+    with pytest.raises(NmtError, match="valid.clean.de: sha256 differs"):
+        verify_data_dir(data, manifest)
+
+
+def test_a_read_only_data_directory_is_verified_every_time(corpora_dir, tmp_path, monkeypatch):
+    import nmt.data
+
+    def refuse(path, content, durable=False):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(nmt.data, "write_atomically", refuse)
+    data = copy_of(corpora_dir, tmp_path)
+    for _ in range(2):
+        assert "read-only: it will be checked again" in verify_data_dir(data, read_manifest(data))
+    assert not (data / VERIFIED).exists()
+
+
+def test_a_newer_manifest_format_is_a_one_line_error(tmp_path):
+    import json
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": 3}))
+    with pytest.raises(NmtError, match="format 3 is newer than this nmt reads"):
+        read_manifest(tmp_path)
+
+
+def test_a_format_1_directory_reads_as_one_corpus(tiny_data_dir):
+    manifest = read_manifest(tiny_data_dir)
+    assert manifest["format"] == 1 and "corpora" not in manifest
+    [corpus] = training_corpora(manifest)
+    assert (corpus["first"], corpus["pairs"], corpus["weight"], corpus["tag_id"]) == (
+        0, 600, 1.0, None)
+    assert "verified" in verify_data_dir(tiny_data_dir, manifest)  # no checksums: ids only
+
+
+# ----------------------------------------------------------------------------- corpora
+def two_corpora(data, weights):
+    """EpochBatchIterator arguments for a split cut into corpora of 200 and 400 sentences."""
+    return {"corpora": [{"first": 0, "pairs": 200, "weight": 1.0},
+                        {"first": 200, "pairs": len(data) - 200, "weight": 1.0}],
+            "weights": weights}
+
+
+def drawn(batches) -> np.ndarray:
+    """How often each sentence is in these batches, by sentence index."""
+    return np.bincount(np.concatenate(batches), minlength=600)
+
+
+@pytest.mark.parametrize("weights", [[2.0, 0.5], [1.5, 1.0], [0.0, 1.0]])
+def test_an_epoch_draws_each_corpus_by_its_weight(tiny_data_dir, weights):
+    data = ParallelData(tiny_data_dir, "train")
+    itr = EpochBatchIterator(data, 300, 1, PAD, **two_corpora(data, weights))
+    seen = [drawn(itr.global_batches(e)) for e in (1, 2)]
+    for counts in seen:
+        a, b = counts[:200], counts[200:]
+        assert a.sum() == round(weights[0] * 200) and b.sum() == round(weights[1] * 400)
+        for corpus, w in ((a, weights[0]), (b, weights[1])):
+            assert set(corpus.tolist()) <= {int(w), int(w) + 1}  # whole copies, then a part
+    if weights[1] == 0.5:  # another half each epoch
+        assert not np.array_equal(seen[0][200:], seen[1][200:])
+    assert all(padded_size(data, b) <= 300 for b in itr.global_batches(1))
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 8])
+def test_weighted_epochs_are_shared_out_in_proportion(tiny_data_dir, world_size):
+    data = ParallelData(tiny_data_dir, "train")
+    args = two_corpora(data, [2.0, 0.5])
+    single = EpochBatchIterator(data, 300, 1, PAD, **args).global_batches(1)
+    ranks = [EpochBatchIterator(data, 300, 1, PAD, rank=r, world_size=world_size, **args)
+             for r in range(world_size)]
+    local = [itr.local_batches(1) for itr in ranks]
+    for r, batches in enumerate(local):
+        assert all(np.array_equal(b, single[ranks[r].global_index(i)])
+                   for i, b in enumerate(batches))
+    counts = drawn([b for batches in local for b in batches])
+    share = counts[:200].sum() / counts.sum()
+    assert share == pytest.approx(400 / 600, abs=0.03)  # 2 x 200 of 2 x 200 + 0.5 x 400
+
+
+def test_changed_weights_restart_the_epoch(tiny_data_dir):
+    data = ParallelData(tiny_data_dir, "train")
+    itr = EpochBatchIterator(data, 300, 7, PAD, **two_corpora(data, [2.0, 0.5]))
+    state = {**itr.state_dict(), "consumed": 3}
+    assert EpochBatchIterator(data, 300, 7, PAD, **two_corpora(data, [2.0, 0.5])
+                              ).load_state_dict(state)
+    assert not EpochBatchIterator(data, 300, 7, PAD, **two_corpora(data, [1.0, 0.5])
+                                  ).load_state_dict(state)
+    old = {k: v for k, v in EpochBatchIterator(data, 300, 7, PAD).state_dict().items()
+           if k not in ("weights", "budget")}  # a checkpoint from before they were saved
+    assert EpochBatchIterator(data, 300, 7, PAD).load_state_dict(old)
+
+
+# ----------------------------------------------------------------------------- subword sampling
+def sampling_iterator(data_dir, alpha=0.1, **kwargs):
+    """The training iterator of a data directory with subword sampling."""
+    manifest = read_manifest(data_dir)
+    return EpochBatchIterator(ParallelData(data_dir, "train", manifest), kwargs.pop(
+        "max_tokens", 200), 1, PAD, corpora=training_corpora(manifest),
+        sampler=SubwordSampler(data_dir, manifest, alpha), **kwargs)
+
+
+def test_subword_sampling_draws_by_the_batch_within_max_tokens(corpora_dir):
+    from nmt.tokenizer import Tokenizer
+
+    itr = sampling_iterator(corpora_dir, max_tokens=200)
+    plain = EpochBatchIterator(itr.data, 200, 1, PAD)
+    assert itr.budget == int(200 / 1.3) and plain.budget == 200  # room for longer rows
+    tok = Tokenizer.from_file(corpora_dir / "spm.model")
+    tag = training_corpora(read_manifest(corpora_dir))[1]["tag_id"]
+    changed = rows = tagged = 0
+    for i, ids in enumerate(itr.local_batches(1)):
+        batch, again = itr.collate(ids, 1, i), itr.collate(ids, 1, i)
+        stored = collate(itr.data, ids, PAD)
+        assert contents(batch) == contents(again)  # seeded by the batch's place
+        assert max(batch.src.numel(), batch.tgt_in.numel()) <= 200
+        for side in ("src", "tgt_out"):
+            for row, ref in zip(getattr(batch, side).tolist(), getattr(stored, side).tolist(),
+                                strict=True):
+                assert tok.decode([row]) == tok.decode([ref])  # the same text
+                if side == "src" and ref[0] == tag:
+                    assert row[0] == tag  # the tag stays first, one piece
+                    tagged += 1
+                changed += row != ref
+                rows += 1
+    assert 0.3 * rows < changed < rows and tagged > 0
+    other = itr.collate(itr.local_batches(1)[0], 2, 0)  # another place: another draw
+    assert contents(other) != contents(itr.collate(itr.local_batches(1)[0], 1, 0))
+
+
+def test_subword_sampling_gives_ranks_the_draws_of_one_process(corpora_dir):
+    single = sampling_iterator(corpora_dir)
+    for r in range(2):
+        rank = sampling_iterator(corpora_dir, rank=r, world_size=2)
+        for i, ids in enumerate(rank.local_batches(1)):
+            j = rank.global_index(i)
+            assert contents(rank.collate(ids, 1, i)) == contents(
+                single.collate(single.local_batches(1)[j], 1, j))
+
+
+def test_subword_sampling_needs_the_training_text(tiny_data_dir):
+    with pytest.raises(NmtError, match="has no training text .*keep_text=true"):
+        SubwordSampler(tiny_data_dir, read_manifest(tiny_data_dir), 0.1)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_data_dir
+from conftest import make_corpora_dir
 
 from nmt import distributed
 from nmt.checkpoint import load_checkpoint
@@ -18,7 +18,7 @@ from nmt.train import train
 BIN = Path(sys.executable).parent
 TINY = ["+model=small", "model.N=1", "model.d_model=32", "model.d_ff=64", "model.h=4",
         "model.dropout=0.1", "train.max_tokens=256", "train.save_interval_updates=3",
-        "train.valid_interval_updates=3", "train.log_interval=1"]
+        "train.valid_interval_updates=3", "train.log_interval=1", "train.subword_sampling=0.2"]
 
 
 def test_single_process_helpers_are_no_ops():
@@ -35,10 +35,9 @@ def test_single_process_helpers_are_no_ops():
 @pytest.mark.slow
 def test_two_processes_resume_what_rank_0_read_and_equal_one_process(tmp_path):
     """2 ranks x 1 batch = 1 rank x update_freq 2, through a resume that rank 0 alone reads
-    (its state reaches rank 1 by broadcast)."""
-
-
-    data = make_data_dir(tmp_path / "data", n_train=150)  # odd batch counts: uneven epoch ends
+    (its state reaches rank 1 by broadcast), on two weighted corpora with subword sampling
+    (each batch's draw follows its place in the data, not the rank that collates it)."""
+    data = make_corpora_dir(tmp_path / "data", n_real=50, n_bt=30)  # uneven epoch ends
     ddp_run, single_run = tmp_path / "ddp", tmp_path / "single"
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
            "OMP_NUM_THREADS": "1"}

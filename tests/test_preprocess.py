@@ -78,7 +78,7 @@ def leftovers(parent: Path) -> list[str]:
 def test_text_input_writes_the_data_directory_contract(corpus, tmp_path, capsys):
     out = tmp_path / "data"
     m = run(out, **corpus)
-    assert m["format"] == 1 and (m["src_lang"], m["tgt_lang"]) == ("en", "de")
+    assert m["format"] == 2 and (m["src_lang"], m["tgt_lang"]) == ("en", "de")
     assert m["joint"] and m["spm"] == {"src": "spm.model", "tgt": "spm.model"}
     assert (m["pad_id"], m["unk_id"], m["bos_id"], m["eos_id"]) == (0, 1, 2, 3)
     assert m["src_vocab_size"] == m["tgt_vocab_size"] == 100 and m["dtype"] == "uint16"
@@ -98,7 +98,11 @@ def test_text_input_writes_the_data_directory_contract(corpus, tmp_path, capsys)
     assert (out / "valid.clean.de").read_text("utf-8") == Path(corpus["valid"] + ".de").read_text()
     assert m["clean"] == {split: {"src": f"{split}.clean.en", "tgt": f"{split}.clean.de"}
                           for split in ("valid", "test")}
-    assert not (out / "train.clean.en").exists() and leftovers(tmp_path) == []
+    assert m["corpora"] == [{"name": "train", "input": corpus["train"], "weight": 1.0, "tag": "",
+                             "tag_id": None, "first": 0, **m["splits"]["train"],
+                             "counts": m["counts"]["train"]}]
+    assert "train_text" not in m and not list(out.glob("train.clean.*"))  # keep_text=false
+    assert leftovers(tmp_path) == []
     table = capsys.readouterr().out
     assert "train" in table and "too_long" in table and "300" in table
 
@@ -133,6 +137,32 @@ def test_tsv_input_matches_text_input(corpus, tmp_path):
     text = run(tmp_path / "text", train=corpus["train"])
     from_tsv = run(tmp_path / "tsv", train=str(tsv))
     assert from_tsv["checksums"] == text["checksums"]
+
+
+def test_compressed_inputs_give_the_same_data_directory(corpus, tmp_path):
+    from nmt.files import DECOMPRESS
+
+    def pack(path: str, suffix: str) -> None:
+        with DECOMPRESS[suffix](path + suffix, "wb") as f:
+            f.write(Path(path).read_bytes())
+        Path(path).unlink()
+
+    text = run(tmp_path / "text", **corpus)
+    for lang, suffix in (("en", ".gz"), ("de", ".xz")):
+        pack(f"{corpus['train']}.{lang}", suffix)
+    for lang in ("en", "de"):
+        pack(f"{corpus['valid']}.{lang}", ".bz2")
+    packed = run(tmp_path / "packed", **corpus)
+    assert packed["checksums"] == text["checksums"]
+    tsv = tmp_path / "train.tsv"
+    tsv.write_text("".join(f"{s}\t{t}\n" for s, t in toy_pairs(300, 0)), "utf-8")
+    pack(str(tsv), ".gz")
+    from_tsv = run(tmp_path / "tsv", train=f"{tsv}.gz")
+    assert from_tsv["splits"]["train"] == text["splits"]["train"]
+    Path(f"{corpus['train']}.en.gz").write_bytes(b"\x1f\x8b but not gzip")
+    with pytest.raises(NmtError, match=r"train.en.gz: cannot read input \(") as e:
+        run(tmp_path / "bad", **corpus)
+    assert "\n" not in str(e.value) and leftovers(tmp_path) == []
 
 
 def test_tsv_line_without_a_tab_is_an_error(tmp_path):
@@ -225,6 +255,62 @@ def test_separate_vocabularies_and_reuse(corpus, tmp_path):
     from_file = run(tmp_path / "re2", f"bpe.model={tmp_path / 'joint' / 'spm.model'}",
                     "bpe.vocab_size=5000", train=corpus["valid"])  # vocab_size is ignored
     assert from_file["vocab_sha256"] == joint["vocab_sha256"] and from_file["joint"]
+
+
+# ----------------------------------------------------------------------------- corpora
+def test_several_corpora_with_weights_and_a_tag(corpus, tmp_path, capsys):
+    bt_pairs = toy_pairs(40, 5) + toy_pairs(300, 0)[:10]
+    bt = write_text(tmp_path / "raw" / "bt", bt_pairs)
+    both = f"train=[{corpus['train']},{{path:'{bt}',weight:0.5,tag:'<BT>'}}]"
+    m = run(tmp_path / "data", f"valid={corpus['valid']}", both)
+    real, tagged = m["corpora"]
+    assert (real["name"], real["first"], real["pairs"], real["weight"], real["tag_id"]) == (
+        "train", 0, 300, 1.0, None)
+    assert (tagged["name"], tagged["first"], tagged["pairs"], tagged["weight"],
+            tagged["tag"]) == ("bt", 300, 50, 0.5, "<BT>")
+    assert m["counts"]["train"]["kept"] == m["splits"]["train"]["pairs"] == 350
+    assert m["splits"]["train"]["src_tokens"] == real["src_tokens"] + tagged["src_tokens"]
+    tok = Tokenizer.from_file(tmp_path / "data" / "spm.model")
+    assert tok.piece_id("<BT>") == tagged["tag_id"]
+    data = ParallelData(tmp_path / "data", "train")
+    assert all(data.src[i][0] == tagged["tag_id"] for i in range(300, 350))  # one piece, first
+    assert not any(tagged["tag_id"] in data.src[i] for i in range(300))
+    assert all(tagged["tag_id"] not in data.tgt[i] for i in range(350))
+    assert decoded(tmp_path / "data", "train", "src")[300] == "<BT> " + toy_pairs(40, 5)[0][0]
+    table = capsys.readouterr().out
+    assert "  bt (weight 0.5, tag <BT>)" in table and "  train (weight 1)" in table
+    seen, repeated = set(toy_pairs(300, 0)), 0  # clean.dedup looks across the corpora
+    for pair in bt_pairs:
+        repeated += pair in seen
+        seen.add(pair)
+    deduped = run(tmp_path / "dedup", "clean.dedup=true", both)["corpora"][1]["counts"]
+    assert deduped["duplicate"] == repeated >= 10
+
+
+def test_a_reused_vocabulary_must_have_the_tags(corpus, corpora_dir, tmp_path):
+    tagged = f"train=[{corpus['train']},{{path:'{corpus['valid']}',tag:'<BT>'}}]"
+    run(tmp_path / "plain", **corpus)
+    with pytest.raises(NmtError, match=r"train\[1\].tag=<BT>: the reused SentencePiece model "
+                                       r".* has no such piece; give no bpe.model") as e:
+        run(tmp_path / "b", f"bpe.model={tmp_path / 'plain'}", tagged)
+    assert "\n" not in str(e.value) and leftovers(tmp_path) == []
+    m = run(tmp_path / "c", f"bpe.model={corpora_dir}", tagged)  # a model that has it
+    assert m["corpora"][1]["tag_id"] == read_manifest(corpora_dir)["corpora"][1]["tag_id"]
+
+
+def test_keep_text_keeps_the_kept_training_text(corpus, tmp_path):
+    from nmt.data import TokenArray
+
+    long_pair = ("open " * 300, "öffnen " * 300)  # dropped: too long
+    train = write_text(tmp_path / "raw" / "long", toy_pairs(300, 0)[:5] + [long_pair])
+    m = run(tmp_path / "data", "keep_text=true", train=train)
+    assert m["train_text"] == {"src": "train.clean.en", "tgt": "train.clean.de",
+                               "src_bytes": m["train_text"]["src_bytes"],
+                               "tgt_bytes": m["train_text"]["tgt_bytes"]}
+    text = TokenArray(tmp_path / "data" / "train.clean.de", "uint8")
+    assert [text[i].tobytes().decode() for i in range(len(text))] == [
+        p[1] for p in toy_pairs(300, 0)[:5]]  # aligned with train.de.bin
+    assert m["checksums"]["train.clean.de.bin"]
 
 
 # ----------------------------------------------------------------------------- bad input

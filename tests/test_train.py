@@ -1,7 +1,6 @@
 """nmt-train: the contract commands, bitwise resume, stopping rules, outputs and checkpoints."""
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -10,16 +9,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import make_data_dir
+from conftest import make_corpora_dir, make_data_dir
 from omegaconf import OmegaConf
 
 import nmt.train
+from nmt import distributed
 from nmt.checkpoint import load_checkpoint
 from nmt.config import TrainConfig, compose, to_object
 from nmt.errors import NmtError
 from nmt.model import make_model
 from nmt.tokenizer import Tokenizer
-from nmt.train import train
+from nmt.train import load_data, train
 
 TINY = ["model.N=1", "model.d_model=32", "model.d_ff=64", "model.h=4", "train.threads=1",
         "train.max_tokens=256", "train.log_interval=2"]
@@ -71,11 +71,16 @@ def test_contract_commands_train_then_resume(tiny_data_dir, tmp_path):
     assert "d_ff=1024 != 512" in wrong.stderr
 
 
-def test_resume_is_bitwise_identical(tmp_path):
-    data = make_data_dir(tmp_path / "data", n_train=150)  # a few batches: epochs roll over
+@pytest.mark.parametrize("data", ["one corpus", "weighted corpora, subword sampling"])
+def test_resume_is_bitwise_identical(tmp_path, data):
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
     opts = ["train.update_freq=2", "train.save_interval_updates=5", "model.dropout=0.1",
             "train.ema_decay=0.99"]
+    if data == "one corpus":
+        data = make_data_dir(tmp_path / "data", n_train=150)  # a few batches: epochs roll over
+    else:  # 50 + 2 x 30 pairs an epoch; batches mix the corpora, before and after the resume
+        data = make_corpora_dir(tmp_path / "data", n_real=50, n_bt=30)
+        opts += ["train.subword_sampling=0.2"]
     train(config(data, straight, "train.max_updates=12", *opts))
     train(config(data, interrupted, "train.max_updates=5", *opts))
     assert load_checkpoint(interrupted / "checkpoint_last.pt")["update"] == 5
@@ -89,6 +94,13 @@ def test_resume_is_bitwise_identical(tmp_path):
     assert same_tensors(a["ema"], b["ema"]) and not same_tensors(a["ema"], a["model"])
     assert a["iterator"] == b["iterator"] and a["scheduler"] == b["scheduler"]
     assert not [k for k in a if "rng" in k.lower()]  # exact without RNG state: see micro_batch_seed
+    if "train.subword_sampling=0.2" in opts:  # both corpora before and after the resume
+        itr = load_data(config(data, tmp_path / "x", *opts), distributed.init("cpu")).train
+        epoch = itr.global_batches(1)
+        assert len(epoch) > 14  # updates 1-5 are its first 10 batches, 6-7 the next 4
+        for part in (epoch[:10], epoch[10:14]):
+            corpus = np.concatenate(part) >= 50  # the tagged corpus follows 50 pairs
+            assert corpus.any() and not corpus.all()
 
 
 def test_resume_with_another_vocabulary_is_an_error(tiny_data_dir, tmp_path):
@@ -315,21 +327,78 @@ def test_outputs_and_a_self_contained_checkpoint(tiny_data_dir, tmp_path):
     assert {"optimizer", "scheduler", "scaler", "iterator", "config", "best"} <= state.keys()
 
 
-def test_global_tokens_delivers_at_least_the_tokens_it_promises(tiny_data_dir, tmp_path):
-    from nmt.data import EpochBatchIterator, ParallelData
+def lengths_data(tmp_path: Path, n: int = 30_000):
+    """A train split (ParallelData) of n random pairs of 1-60 tokens (ids do not matter for
+    batching)."""
+    from nmt.data import ParallelData, TokenArrayWriter
+
+    rng = np.random.default_rng(0)
+    counts = {"pairs": n}
+    for side, lang in (("src", "en"), ("tgt", "de")):
+        lengths = rng.integers(1, 61, n)
+        with TokenArrayWriter(tmp_path / f"train.{lang}", np.uint16) as out:
+            out.add_chunk(np.full(int(lengths.sum()), 5), lengths)
+        counts[f"{side}_tokens"] = int(lengths.sum())
+    manifest = {"src_lang": "en", "tgt_lang": "de", "dtype": "uint16", "bos_id": 2,
+                "eos_id": 3, "splits": {"train": counts}}
+    return ParallelData(tmp_path, "train", manifest)
+
+
+def tokens_per_update(data, global_tokens: int, world_size: int) -> list[int]:
+    """Target tokens of each full update of epoch 1, every rank's share summed, as train()
+    takes them: each rank's own iterator, batches_in_update batches per rank and update."""
+    from nmt.config import TrainLoopConfig
+    from nmt.data import EpochBatchIterator
+    from nmt.train import batches_in_update, update_frequency
+
+    ranks = [EpochBatchIterator(data, 512, 1, 0, rank=r, world_size=world_size)
+             for r in range(world_size)]
+    tc = TrainLoopConfig(global_tokens=global_tokens)
+    freq = update_frequency(tc, ranks[0], world_size)
+    assert all(update_frequency(tc, itr, world_size) == freq for itr in ranks)
+    local = [itr.local_batches(1) for itr in ranks]
+    tokens, done, update = [], 0, 0
+    while done + (k := batches_in_update(freq, update)) <= len(local[0]):
+        tokens.append(sum(int(itr.tgt_len[batches[i]].sum()) for itr, batches in
+                          zip(ranks, local, strict=True) for i in range(done, done + k)))
+        done, update = done + k, update + 1
+    return tokens
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 8, 16])
+def test_global_tokens_is_within_10_percent_on_any_number_of_ranks(tmp_path, world_size):
+    data = lengths_data(tmp_path)
+    for global_tokens in (16_000, 9_000):  # 16 ranks x 1 batch: ~7,000 target tokens
+        tokens = tokens_per_update(data, global_tokens, world_size)
+        assert len(tokens) >= 40  # an epoch of many updates
+        assert abs(np.mean(tokens) / global_tokens - 1) < 0.1, (world_size, np.mean(tokens))
+
+
+def test_global_tokens_that_one_batch_per_rank_overshoots_is_a_one_line_error(tmp_path):
+    from nmt.config import TrainLoopConfig
+    from nmt.data import EpochBatchIterator
     from nmt.train import update_frequency
 
-    cfg = config(tiny_data_dir, tmp_path / "run", "train.global_tokens=1000")
-    itr = EpochBatchIterator(ParallelData(tiny_data_dir, "train"), 256, 1, 0)
-    freq = update_frequency(cfg.train, itr, world_size=1)
-    batches = itr.global_batches(1)
-    per_update = [sum(int(itr.tgt_len[b].sum()) for b in batches[i:i + freq])
-                  for i in range(0, len(batches) - freq + 1, freq)]  # the full updates
-    assert freq > 4  # more than ceil(1000 / 256): a batch holds fewer target tokens than 256
-    assert np.mean(per_update) >= 1000
-    per_batch = sum(int(itr.tgt_len[b].sum()) for b in batches) / len(batches)
-    assert freq == math.ceil(1000 / per_batch)  # the formula of the config doc
-    assert update_frequency(cfg.train, itr, world_size=2) == math.ceil(1000 / (2 * per_batch))
+    itr = EpochBatchIterator(lengths_data(tmp_path), 512, 1, 0, rank=0, world_size=16)
+    per_batch = itr.tgt_len[np.concatenate(itr.global_batches(1))].sum() / len(
+        itr.global_batches(1))
+    assert 16 * per_batch > 1.1 * 5000  # where ceil() used to give +44%
+    with pytest.raises(NmtError, match=r"train.global_tokens=5000: 16 rank\(s\) x 1 batch of "
+                       r"[\d,]+ target tokens on average bring [\d,]+ per update \(\+\d+%\); "
+                       r"lower train.max_tokens to about [\d,]+ or raise") as e:
+        update_frequency(TrainLoopConfig(max_tokens=512, global_tokens=5000), itr, 16)
+    assert "\n" not in str(e.value)
+    assert update_frequency(TrainLoopConfig(update_freq=3), itr, 16) == 3  # as given
+
+
+def test_batches_in_update_takes_a_fraction_on_average():
+    from fractions import Fraction
+
+    from nmt.train import batches_in_update
+
+    assert [batches_in_update(Fraction(3), u) for u in range(4)] == [3, 3, 3, 3]
+    taken = [batches_in_update(Fraction(7, 3), u) for u in range(9)]
+    assert set(taken) == {2, 3} and sum(taken) == 21
 
 
 def test_fp16_on_cpu_is_a_clear_error(tiny_data_dir, tmp_path):
@@ -361,6 +430,43 @@ def with_grads(*grads: torch.Tensor) -> list[torch.Tensor]:
     for p, g in zip(params, grads, strict=True):
         p.grad = g.clone()
     return params
+
+
+def test_data_settings_that_do_not_fit_the_directory_are_one_line_errors(
+        tiny_data_dir, corpora_dir, tmp_path):
+    import shutil
+
+    from nmt.data import read_manifest, verify_data_dir
+
+    cases = [(corpora_dir, "train.corpus_weights=[1]",
+              r"train.corpus_weights: 1 weight\(s\) for the 2 corpora of .* \(real, bt\)"),
+             (tiny_data_dir, "train.subword_sampling=0.1",
+              r"has no training text \(preprocess it again with keep_text=true\)")]
+    data = shutil.copytree(tiny_data_dir, tmp_path / "data")
+    (data / "valid.de.bin").write_bytes((data / "valid.de.bin").read_bytes()[:-3])
+    cases.append((data, "train.max_updates=1", r"valid.de.bin: [\d,]+ bytes where manifest"))
+    rotten = shutil.copytree(corpora_dir, tmp_path / "rotten")
+    assert "verified (" in verify_data_dir(rotten, read_manifest(rotten))
+    path, stat = rotten / "train.de.bin", (rotten / "train.de.bin").stat()
+    content = bytearray(path.read_bytes())
+    content[10] ^= 1
+    path.write_bytes(content)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # bit rot: same size and time
+    assert "verified before" in verify_data_dir(rotten, read_manifest(rotten))
+    cases.append((rotten, "train.check_data=true", r"train.de.bin: sha256 differs"))
+    for data_dir, override, error in cases:
+        with pytest.raises(NmtError, match=error) as e:
+            train(config(data_dir, tmp_path / "run", override, "train.max_updates=1"))
+        assert "\n" not in str(e.value)
+
+
+def test_corpus_weights_override_the_manifests(corpora_dir, tmp_path):
+    cfg = config(corpora_dir, tmp_path / "run", "train.corpus_weights=[1,0]")
+    itr = load_data(cfg, distributed.init("cpu")).train
+    drawn = np.concatenate(itr.global_batches(1))
+    assert sorted(drawn.tolist()) == list(range(100))  # the bt corpus (weight 0) is left out
+    assert train(config(corpora_dir, tmp_path / "run", "train.max_updates=2",
+                        "train.subword_sampling=0.1"))["update"] == 2
 
 
 def test_normalise_gradients_divides_then_clips():
