@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import random
 import re
 from collections.abc import Iterable, Sequence
@@ -26,6 +27,7 @@ class Tokenizer:
     def __init__(self, proto: bytes, name: str = "<bytes>"):
         self.proto = bytes(proto)
         self._merges: dict[str, tuple[int, float]] | None = None  # for sample(), when used
+        self._pieces: list[str] = []  # id -> piece, for sample()
         self.sp = spm.SentencePieceProcessor()
         try:
             self.sp.LoadFromSerializedProto(self.proto)
@@ -67,7 +69,8 @@ class Tokenizer:
         left is applied (leftmost on ties), until none is left. alpha 0 gives SentencePiece's
         own segmentation; a word with a character that is not a piece keeps it."""
         if self._merges is None:  # piece -> (id, score) of the pieces merges may make
-            self._merges = {self.sp.id_to_piece(i): (i, self.sp.get_score(i))
+            self._pieces = [self.sp.id_to_piece(i) for i in range(self.vocab_size)]
+            self._merges = {self._pieces[i]: (i, self.sp.get_score(i))
                             for i in range(self.vocab_size)
                             if not (self.sp.is_control(i) or self.sp.is_unknown(i)
                                     or self.sp.is_byte(i) or self.sp.is_unused(i))}
@@ -75,8 +78,7 @@ class Tokenizer:
         for ids in self.encode(list(lines), num_threads=1):
             drawn, word = [], []
             for i in ids:
-                piece = self.sp.id_to_piece(i)
-                if piece.startswith(SPACE) and word:
+                if word and self._pieces[i].startswith(SPACE):
                     drawn += self._dropout(word, alpha, rng)
                     word = []
                 word.append(i)
@@ -86,21 +88,25 @@ class Tokenizer:
     def _dropout(self, word: list[int], alpha: float, rng: random.Random) -> list[int]:
         """One word's ids (its deterministic segmentation) merged again from its characters
         with BPE-dropout (see sample)."""
-        symbols = list("".join(self.sp.id_to_piece(i) for i in word))
         merges = self._merges
-        if not all(c in merges for c in symbols):
+        symbols = list("".join(self._pieces[i] for i in word))
+        if len(symbols) == 1 or not all(c in merges for c in symbols):
             return word
-        while len(symbols) > 1:
+        pairs = [merges.get(a + b) for a, b in itertools.pairwise(symbols)]  # (id, score)|None
+        while True:
             best, at = 0.0, -1
-            for k in range(len(symbols) - 1):
-                merged = merges.get(symbols[k] + symbols[k + 1])
+            for k, merged in enumerate(pairs):
                 if merged is not None and (at < 0 or merged[1] > best) \
                         and rng.random() >= alpha:  # this merge is not dropped
                     best, at = merged[1], k
             if at < 0:
-                break
+                return [merges[s][0] for s in symbols]
             symbols[at:at + 2] = [symbols[at] + symbols[at + 1]]
-        return [merges[s][0] for s in symbols]
+            del pairs[at]  # pairs[k] is (symbols[k], symbols[k + 1]): renew the merged one's
+            if at > 0:
+                pairs[at - 1] = merges.get(symbols[at - 1] + symbols[at])
+            if at < len(pairs):
+                pairs[at] = merges.get(symbols[at] + symbols[at + 1])
 
     def piece_id(self, piece: str) -> int | None:
         """The id of a piece of the vocabulary, or None when it has no such piece."""
