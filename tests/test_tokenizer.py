@@ -141,6 +141,7 @@ def test_bpe_dropout_keeps_the_text_and_follows_its_seed(tok, corpus):
     assert tok.pieces(every_merge_dropped) == list("▁open▁file")  # characters
 
 
+@pytest.mark.slow
 def test_bpe_dropout_is_the_same_in_another_process(tok, tmp_path):
     """SentencePiece's own sampling is salted per process (0.2.x); Tokenizer.sample is not."""
     import subprocess
