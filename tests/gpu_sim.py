@@ -600,7 +600,7 @@ def synthetic_batch(sentences: int, length: int, vocab: int):
     rows = torch.arange(sentences).repeat_interleave(length)  # (B L,) the non-padding targets
     cols = torch.arange(length).repeat(sentences)
     n = sentences * length
-    return Batch(ids, ids, ids, torch.arange(sentences).numpy(), n, n, (rows, cols))
+    return Batch(ids, ids, ids, n, n, (rows, cols))
 
 
 def simulated_run(model: str, vocab: int, *overrides: str):
