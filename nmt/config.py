@@ -7,6 +7,7 @@ DictConfig into these dataclasses, which runs every `__post_init__` check exactl
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 

@@ -1,6 +1,7 @@
 """nmt-train: the contract commands, bitwise resume, stopping rules, outputs and checkpoints."""
 
 import json
+import math
 import os
 import subprocess
 import sys
