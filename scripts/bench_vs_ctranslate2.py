@@ -34,7 +34,7 @@ from bench_translate import add_workload_options, cpu_seconds, load_model, rando
 
 from nmt.config import SearchConfig
 from nmt.export import ctranslate2_spec
-from nmt.inference.search import decoding_models, translate_nbest
+from nmt.inference.translator import Translator
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 SEARCHES = {"greedy": 1, "beam4": 4}
@@ -78,8 +78,11 @@ class Row:
 def nmt_rows(model, src_ids: list[list[int]], args: argparse.Namespace) -> list[Row]:
     """nmt: fp32, bf16 and int8, one process and workers."""
     rows = []
+    ids = {"bos_id": BOS_ID, "eos_id": EOS_ID, "pad_id": PAD_ID}
     for dtype in ("fp32", "bf16", "int8"):
-        prepared = decoding_models(model, SearchConfig(dtype=dtype))  # once, not per run
+        # Prepared once and its workers forked before timing, as nmt-translate does (and as
+        # CTranslate2's Translator keeps its inter_threads workers).
+        translator = Translator([model], ids, dtype=dtype, workers=args.workers)
         for name, beam in SEARCHES.items():
             for workers in sorted({1, args.workers}):
                 search = SearchConfig(beam_size=beam, nbest=1, max_len_a=0.0,
@@ -87,12 +90,11 @@ def nmt_rows(model, src_ids: list[list[int]], args: argparse.Namespace) -> list[
                                       max_tokens=10 ** 9, max_sentences=args.batch,
                                       dtype=dtype)
 
-                def run(search=search, workers=workers, prepared=prepared):
+                def run(search=search, workers=workers, translator=translator):
                     # CTranslate2's intra_threads=1 sets the OpenMP thread count that torch
                     # shares (a process of 2 threads then ran 1): set it back every time.
                     torch.set_num_threads(args.threads)
-                    out = translate_nbest(prepared, src_ids, search, BOS_ID, EOS_ID, PAD_ID,
-                                          workers=workers)
+                    out = translator.translate_ids(src_ids, search, parallel=workers > 1)
                     return [hyps[0].tokens for hyps in out]
 
                 procs = f"{workers} x 1" if workers > 1 else f"1 x {args.threads}"
