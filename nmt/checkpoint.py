@@ -188,7 +188,8 @@ def save_best_checkpoint(run_dir: str | Path, numbered: Path | None, state: dict
         save_checkpoint(state, best)
 
 
-MODEL_SHAPE_KEYS = ("N", "d_model", "d_ff", "h", "norm", "share_embeddings")  # fix the weights
+# What fixes the weights' shapes (N_dec 0, the default, where older checkpoints lack it)
+MODEL_SHAPE_KEYS = ("N", "N_dec", "d_model", "d_ff", "h", "norm", "share_embeddings")
 
 
 def check_same_model(state: dict, path: Path, model_cfg: dict, vocab_sha256: str,
@@ -197,8 +198,9 @@ def check_same_model(state: dict, path: Path, model_cfg: dict, vocab_sha256: str
     shape trained with this vocabulary."""
     check_same_vocabulary(state["vocab"].get("sha256"), vocab_sha256, str(path),
                           "the data directory", hint)
-    diff = [f"{k}={state['model_cfg'].get(k)!r} != {model_cfg[k]!r}" for k in MODEL_SHAPE_KEYS
-            if state["model_cfg"].get(k) != model_cfg[k]]
+    theirs = {"N_dec": 0, **state["model_cfg"]}
+    diff = [f"{k}={theirs.get(k)!r} != {model_cfg[k]!r}" for k in MODEL_SHAPE_KEYS
+            if theirs.get(k) != model_cfg.get(k, 0 if k == "N_dec" else None)]
     if diff:
         raise NmtError(f"{path}: model differs from the checkpoint's ({', '.join(diff)}); "
                        f"{hint}")

@@ -60,7 +60,8 @@ def check_search_device(dtype: str, device: str, key: str = "search.dtype") -> N
 class ModelConfig:
     """The Transformer's architecture (Vaswani et al. 2017, Table 3)."""
 
-    N: int = MISSING  # identical layers in the encoder and in the decoder
+    N: int = MISSING  # identical layers in the encoder (and in the decoder unless N_dec)
+    N_dec: int = 0  # decoder layers (0: N, the paper's); a deep encoder, 1-layer decoder is faster
     d_model: int = MISSING  # width of every sub-layer output and embedding
     d_ff: int = MISSING  # inner width of the position-wise feed-forward network
     h: int = MISSING  # attention heads; d_k = d_v = d_model / h
@@ -72,6 +73,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _check_min(self, "model.", 1, "N", "d_model", "d_ff")
+        _check_min(self, "model.", 0, "N_dec")
         _check(self.h >= 1 and self.d_model % self.h == 0, "model.h",
                f"d_model ({self.d_model}) must be divisible by h ({self.h})")
         _check(self.d_model % 2 == 0, "model.d_model", "must be even (sinusoidal encoding)")
@@ -80,6 +82,11 @@ class ModelConfig:
         _check(self.norm in ("post", "pre"), "model.norm",
                f"must be 'post' or 'pre', got {self.norm!r}")
         _check_min(self, "model.", 2, "max_positions")
+
+    @property
+    def decoder_layers(self) -> int:
+        """N_dec, or N when N_dec is 0."""
+        return self.N_dec or self.N
 
 
 # ----------------------------------------------------------------------------- optimisation
@@ -315,7 +322,7 @@ class TrainLoopConfig:
     ema_decay: float = 0.0  # keep an exponential moving average of the weights (0: off)
     amp: str = "auto"  # auto (bf16 on GPUs with it, else fp16; none on CPUs), bf16, fp16, none
     tf32: bool = True  # TensorFloat-32 matmuls for fp32 work on Ampere and later GPUs
-    compile: bool = False  # torch.compile the model (for GPUs; graphs break on CPU dropout)
+    compile: bool = False  # torch.compile the model (GPUs); batch lengths padded to multiples of 8
     checkpoint_activations: bool = False  # recompute layers' activations in backward: less memory
     device: str = "auto"  # "auto", "cpu" or "cuda"
     collective_timeout: float = 600.0  # seconds a rank waits for the others before failing

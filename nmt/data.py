@@ -352,12 +352,23 @@ class Batch:
         return self.apply(torch.Tensor.pin_memory)
 
 
+def padded_length(n: int, multiple: int, limit: int = 0) -> int:
+    """n rounded up to a multiple of `multiple`, but not past `limit` (0: none) where n fits
+    in it (the positions a model has)."""
+    up = -(-n // multiple) * multiple
+    return min(up, max(n, limit)) if limit else up
+
+
 def collate(data: ParallelData, ids: np.ndarray, pad_id: int,
-            rows: tuple[list[np.ndarray], list[np.ndarray]] | None = None) -> Batch:
+            rows: tuple[list[np.ndarray], list[np.ndarray]] | None = None,
+            pad_to: int = 1, limit: int = 0) -> Batch:
     """Pad sentences `ids` of `data` into a Batch: their stored ids, or `rows` (their
-    (source, target) ids as subword sampling drew them)."""
+    (source, target) ids as subword sampling drew them). pad_to: both lengths rounded up to
+    a multiple of it (within `limit` positions), so that a compiled model meets few shapes."""
     src, tgt = rows or ([data.src[i] for i in ids], [data.tgt[i] for i in ids])
-    B, S, T = len(ids), max(len(s) for s in src) + 1, max(len(t) for t in tgt) + 1
+    B = len(ids)
+    S = padded_length(max(len(s) for s in src) + 1, pad_to, limit)
+    T = padded_length(max(len(t) for t in tgt) + 1, pad_to, limit)
     src_t = np.full((B, S), pad_id, dtype=np.int64)
     tgt_in = np.full((B, T), pad_id, dtype=np.int64)
     tgt_out = np.full((B, T), pad_id, dtype=np.int64)
@@ -428,8 +439,9 @@ class EpochBatchIterator:
                  rank: int = 0, world_size: int = 1, max_positions: int = 0,
                  shuffle: bool = True, lockstep: bool = True,
                  corpora: list[dict] | None = None, weights: list[float] | None = None,
-                 sampler: SubwordSampler | None = None):
+                 sampler: SubwordSampler | None = None, pad_to: int = 1):
         self.data, self.max_tokens, self.seed, self.pad_id = data, max_tokens, seed, pad_id
+        self.pad_to = pad_to  # lengths rounded up to a multiple of it (train.compile: 8)
         self.rank, self.world_size, self.max_positions = rank, world_size, max_positions
         self.shuffle, self.lockstep = shuffle, lockstep  # validation: neither
         self.sampler = sampler
@@ -487,7 +499,7 @@ class EpochBatchIterator:
             rows = self.sampler.segment(self.data, ids, [self.seed, epoch,
                                                          self.global_index(local_index)],
                                         limit - 1)  # room for EOS (and BOS)
-        return collate(self.data, ids, self.pad_id, rows)
+        return collate(self.data, ids, self.pad_id, rows, self.pad_to, self.max_positions)
 
     def __iter__(self):
         """Yield (local index, Batch) for the rest of the epoch in progress, then advance it."""

@@ -85,8 +85,8 @@ def pieces(tok: Tokenizer) -> list[str]:
 def describe(translator: Translator) -> str:
     """One phrase on the exported model: its norm, layers and vocabularies."""
     cfg, v = translator.model.cfg, translator.vocab
-    return (f"{cfg.norm}-norm, {cfg.N}+{cfg.N} layers, d_model {cfg.d_model}, vocabulary "
-            f"{v['src_size']}/{v['tgt_size']}")
+    return (f"{cfg.norm}-norm, {cfg.N}+{cfg.decoder_layers} layers, d_model {cfg.d_model}, "
+            f"vocabulary {v['src_size']}/{v['tgt_size']}")
 
 
 # ----------------------------------------------------------------------------- CTranslate2
@@ -99,7 +99,7 @@ def ctranslate2_spec(model: Transformer, src_vocab: list[str], tgt_vocab: list[s
     cfg = model.cfg
     w = {k: t.numpy() for k, t in _weights(model).items()}
     pre = cfg.norm == "pre"
-    spec = TransformerSpec.from_config(cfg.N, cfg.h, pre_norm=pre,
+    spec = TransformerSpec.from_config((cfg.N, cfg.decoder_layers), cfg.h, pre_norm=pre,
                                        activation=common_spec.Activation.RELU)
     spec.config.layer_norm_epsilon = LAYER_NORM_EPS
     spec.config.add_source_eos = True  # nmt's sources end with EOS
@@ -212,6 +212,7 @@ def transformers_weights(translator: Translator, pegasus: bool) -> dict[str, Ten
         norm(f"{hf}.self_attn_layer_norm", f"{nmt}.sublayer.0.norm")
         ffn(hf, f"{nmt}.feed_forward")
         norm(f"{hf}.final_layer_norm", f"{nmt}.sublayer.1.norm")
+    for i in range(cfg.decoder_layers):
         hf, nmt = f"model.decoder.layers.{i}", f"decoder.{i}"
         attention(f"{hf}.self_attn", f"{nmt}.self_attn")
         norm(f"{hf}.self_attn_layer_norm", f"{nmt}.sublayer.0.norm")
@@ -243,7 +244,7 @@ def transformers_model(translator: Translator):
         raise NmtError("format=transformers: a pre-norm model is exported as Pegasus, which "
                        "needs one embedding matrix for source, target and output "
                        "(a joint vocabulary and model.share_embeddings=true)")
-    sizes = dict(d_model=cfg.d_model, encoder_layers=cfg.N, decoder_layers=cfg.N,
+    sizes = dict(d_model=cfg.d_model, encoder_layers=cfg.N, decoder_layers=cfg.decoder_layers,
                  encoder_attention_heads=cfg.h, decoder_attention_heads=cfg.h,
                  encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function="relu",
                  dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,

@@ -276,7 +276,7 @@ class Transformer(nn.Module):
         self.tgt_embed = Embeddings(tgt_vocab, cfg.d_model)
         self.positions = PositionalEncoding(cfg.d_model, cfg.dropout, cfg.max_positions)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.N))
-        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.N))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         # Pre-norm stacks end with a LayerNorm; post-norm layers already end with one.
         pre = cfg.norm == "pre"
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
@@ -317,10 +317,11 @@ class Transformer(nn.Module):
                         nn.init.xavier_uniform_(module.weight)
                     if module.bias is not None:
                         nn.init.zeros_(module.bias)
-            for module in self.modules():
-                if isinstance(module, MultiHeadAttention | PositionwiseFeedForward):
-                    out = module.W_o if isinstance(module, MultiHeadAttention) else module.W_2
-                    out.weight.mul_((2 * self.cfg.N) ** -0.5)
+            for stack, N in ((self.encoder, self.cfg.N), (self.decoder, self.cfg.decoder_layers)):
+                for module in stack.modules():  # each stack by its own depth
+                    if isinstance(module, MultiHeadAttention | PositionwiseFeedForward):
+                        out = module.W_o if isinstance(module, MultiHeadAttention) else module.W_2
+                        out.weight.mul_((2 * N) ** -0.5)
             for weight in embeddings.values():
                 nn.init.normal_(weight, mean=0.0, std=d ** -0.5)
                 weight[self.pad_id].zero_()

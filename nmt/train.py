@@ -229,7 +229,8 @@ def load_data(cfg: TrainConfig, env: distributed.DistInfo) -> Data:
                if tc.subword_sampling else None)
     itr = EpochBatchIterator(train, tc.max_tokens, tc.seed, vocab["pad_id"], env.rank,
                              env.world_size, cfg.model.max_positions, corpora=corpora,
-                             weights=weights, sampler=sampler)
+                             weights=weights, sampler=sampler,
+                             pad_to=8 if tc.compile else 1)  # compiled: shapes that recur
     if not itr.global_batches(1):
         raise NmtError(f"{cfg.data_dir}: the train split gives no batch for "
                        f"{env.world_size} rank(s) (too few sentences, or all too long)")

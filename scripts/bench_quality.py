@@ -80,9 +80,10 @@ def _residual_maps(model) -> list[torch.Tensor]:
 
 
 def fairseq(model) -> None:
-    """fairseq's init: nmt's without the 1/sqrt(2N) scaling of W^O and W_2."""
-    for w in _residual_maps(model):
-        w.mul_((2 * model.cfg.N) ** 0.5)
+    """fairseq's init: nmt's without the 1/sqrt(2N) scaling of W^O and W_2 (N: each stack's)."""
+    for stack, N in ((model.encoder, model.cfg.N), (model.decoder, model.cfg.decoder_layers)):
+        for w in _residual_maps(stack):
+            w.mul_((2 * N) ** 0.5)
 
 
 def xavier(model) -> None:

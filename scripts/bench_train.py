@@ -137,7 +137,7 @@ class Reference(nn.Module):
         self.d_model = cfg.d_model
         self.embed = nn.Embedding(vocab, cfg.d_model)
         self.dropout = nn.Dropout(cfg.dropout)
-        self.transformer = nn.Transformer(cfg.d_model, cfg.h, cfg.N, cfg.N, cfg.d_ff,
+        self.transformer = nn.Transformer(cfg.d_model, cfg.h, cfg.N, cfg.decoder_layers, cfg.d_ff,
                                           cfg.dropout, batch_first=True)
         self.generator = nn.Linear(cfg.d_model, vocab, bias=False)
         self.generator.weight = self.embed.weight

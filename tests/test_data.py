@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from conftest import write_token_array
 
 from nmt.data import (
@@ -15,6 +16,7 @@ from nmt.data import (
     TokenArray,
     batch_by_tokens,
     collate,
+    padded_length,
     read_manifest,
     token_dtype,
     training_corpora,
@@ -91,6 +93,24 @@ def test_collate_adds_specials_and_counts_tokens(tiny_data_dir):
     assert batch.tgt_tokens == int((batch.tgt_out != PAD).sum())
     assert batch.src_tokens == int((batch.src != PAD).sum())
     assert batch.padded_tokens == batch.src.numel() + batch.tgt_in.numel()
+
+
+def test_lengths_padded_to_a_multiple_for_compiled_models(tiny_data_dir):
+    """train.compile: both lengths a multiple of 8 (within the model's positions), the same
+    tokens and targets otherwise."""
+    data = ParallelData(tiny_data_dir, "valid")
+    ids = np.array([0, 3, 5])
+    plain, padded = collate(data, ids, PAD), collate(data, ids, PAD, pad_to=8)
+    assert padded.src.size(1) % 8 == 0 and padded.tgt_in.size(1) % 8 == 0
+    S, T = plain.src.size(1), plain.tgt_in.size(1)
+    assert torch.equal(padded.src[:, :S], plain.src) and (padded.src[:, S:] == PAD).all()
+    assert torch.equal(padded.tgt_out[:, :T], plain.tgt_out)
+    assert (padded.tgt_in[:, T:] == PAD).all() and (padded.tgt_out[:, T:] == PAD).all()
+    assert (padded.tgt_tokens, padded.src_tokens) == (plain.tgt_tokens, plain.src_tokens)
+    assert all(torch.equal(a, b) for a, b in zip(padded.targets, plain.targets, strict=True))
+    assert collate(data, ids, PAD, pad_to=8, limit=S).src.size(1) == S  # no position past it
+    assert padded_length(9, 8) == 16 and padded_length(9, 8, limit=12) == 12
+    assert padded_length(13, 8, limit=12) == 13  # longer than the limit: left as it is
 
 
 def test_epoch_covers_every_sentence_once_within_budget(tiny_data_dir):

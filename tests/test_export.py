@@ -57,14 +57,14 @@ def sentences() -> list[str]:
 
 
 def varied_checkpoint(path: Path, src_spm: bytes, tgt_spm: bytes, norm: str,
-                      share_embeddings: bool = True, seed: int = 0) -> Path:
+                      share_embeddings: bool = True, seed: int = 0, N_dec: int = 0) -> Path:
     """A random 2+2 checkpoint whose greedy outputs vary with the source and often end with EOS:
     linear maps 2.5x Xavier-like, embeddings 2x the usual scale, EOS's output row a noisy copy
     of the most frequent output token's."""
     src, tgt = Tokenizer(src_spm), Tokenizer(tgt_spm)
     joint = src_spm == tgt_spm
     cfg = dataclasses.replace(tiny_model_cfg(N=2, d_model=64, d_ff=128, h=4), norm=norm,
-                              share_embeddings=share_embeddings)
+                              share_embeddings=share_embeddings, N_dec=N_dec)
     torch.manual_seed(seed)
     model = make_model(cfg, src.vocab_size, tgt.vocab_size, PAD_ID, joint).eval()
     with torch.no_grad():
@@ -159,6 +159,22 @@ def test_ctranslate2_separate_vocabularies_and_untied_output(spm, sentences, tmp
     out = run_export(ckpt, tmp_path / "ct2", "ctranslate2")
     assert {"source_vocabulary.json", "target_vocabulary.json"} <= {p.name for p in out.iterdir()}
     assert ctranslate2_greedy(out, sentences) == nmt_greedy(ckpt, sentences)
+
+
+@pytest.mark.slow
+def test_a_deeper_encoder_than_decoder_exports_to_both(spm, sentences, tmp_path):
+    """model.N_dec: 2 encoder layers, 1 decoder layer, through CTranslate2 and transformers."""
+    pytest.importorskip("ctranslate2")
+    pytest.importorskip("transformers")
+    ckpt = varied_checkpoint(tmp_path / "c.pt", spm["joint"], spm["joint"], "post", N_dec=1)
+    assert len(Translator.load(ckpt, dtype=None).model.decoder) == 1
+    expected = nmt_greedy(ckpt, sentences)
+    assert ctranslate2_greedy(run_export(ckpt, tmp_path / "ct2", "ctranslate2"),
+                              sentences) == expected
+    ids, _, model = transformers_greedy(run_export(ckpt, tmp_path / "hf", "transformers"),
+                                        sentences)
+    assert model.config.encoder_layers == 2 and model.config.decoder_layers == 1
+    assert ids == expected
 
 
 @pytest.mark.slow

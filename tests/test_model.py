@@ -54,6 +54,27 @@ def test_incremental_decoding_with_a_multi_token_prefix():
     torch.testing.assert_close(torch.cat([first, rest], dim=1), full, atol=1e-5, rtol=1e-5)
 
 
+def test_a_decoder_shallower_than_the_encoder():
+    """model.N_dec: its own number of decoder layers, each stack's residual maps scaled by
+    its own depth; incremental decoding still equals the full forward pass."""
+    torch.manual_seed(0)
+    model = make_model(tiny_cfg(N=3, N_dec=1, dropout=0.0), 50, 50, 0, True).eval()
+    assert (len(model.encoder), len(model.decoder)) == (3, 1)
+    d = 32
+    for name, depth in (("encoder.0.self_attn.W_o.weight", 3),
+                        ("decoder.0.self_attn.W_o.weight", 1)):
+        bound = (2 * depth) ** -0.5 * (6 / (2 * d)) ** 0.5
+        assert 0.99 * bound < model.get_parameter(name).abs().max() <= bound, name
+    src, tgt = batch()
+    with torch.no_grad():
+        full = model(src, tgt)
+        memory, src_mask = model.encode(src)
+        state = model.start_decoding(memory, src_mask)
+        steps = [model.decode_step(tgt[:, t:t + 1], state) for t in range(tgt.size(1))]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    assert ModelConfig(N=2, d_model=32, d_ff=64, h=4, dropout=0.1).decoder_layers == 2
+
+
 def test_reorder_keeps_selected_rows():
     torch.manual_seed(0)
     model = make_model(tiny_cfg(), 50, 50, 0, True).eval()
