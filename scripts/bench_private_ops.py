@@ -25,12 +25,12 @@ def seconds(model, src_ids: list[list[int]], beam: int, dtype: str, packed: bool
     """Wall-clock seconds of one decoding run, the model prepared before timing."""
     search = SearchConfig(beam_size=beam, alpha=0.6, max_len_a=0.0, max_len_b=40, min_len=40,
                           max_tokens=10 ** 9, max_sentences=64, dtype=dtype)
-    works = nmt.inference.fast.packing_works
-    nmt.inference.fast.packing_works = works if packed else (lambda dtype: False)
+    kept = nmt.inference.fast.PACKED_DTYPES
+    nmt.inference.fast.PACKED_DTYPES = (dtype,) if packed else ()
     try:
         prepared = decoding_models(model, search)
     finally:
-        nmt.inference.fast.packing_works = works
+        nmt.inference.fast.PACKED_DTYPES = kept
     assert isinstance(prepared[0].generator, nmt.inference.fast.PackedAffine) == packed
     start = time.perf_counter()
     translate_nbest(prepared, src_ids, search, 2, 3, 0)

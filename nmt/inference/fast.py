@@ -29,6 +29,10 @@ from torch.ao.quantization.observer import PerChannelMinMaxObserver
 from nmt import private_ops
 from nmt.model import Transformer, additive_mask, causal_mask
 
+# Where oneDNN's packed linear maps (private operators) buy the 1.2x that keeps them:
+# fp32 greedy 1.24-1.28x, beam 4 1.09-1.16x; bf16 only 1.01-1.14x, so bf16 takes F.linear
+# (scripts/bench_private_ops.py; docs/design.md, "Private PyTorch operators").
+PACKED_DTYPES = ("fp32",)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
           "int8": torch.float32}  # int8: int8 weights and matmuls, float32 everything else
 
@@ -342,8 +346,8 @@ class FastModel(nn.Module):
         dtype = DTYPES[self.dtype]
         if self.dtype == "int8":
             kind = Int8Affine
-        elif (device.type == "cpu" and not torch.is_autocast_enabled("cpu")
-              and packing_works(dtype)):
+        elif (device.type == "cpu" and self.dtype in PACKED_DTYPES
+              and not torch.is_autocast_enabled("cpu") and packing_works(dtype)):
             kind = functools.partial(PackedAffine, rows=rows)
         else:
             kind = Affine
