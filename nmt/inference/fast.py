@@ -29,10 +29,11 @@ from torch.ao.quantization.observer import PerChannelMinMaxObserver
 from nmt import private_ops
 from nmt.model import Transformer, additive_mask, causal_mask
 
-# Where oneDNN's packed linear maps (private operators) buy the 1.2x that keeps them:
-# fp32 greedy 1.24-1.28x, beam 4 1.09-1.16x; bf16 only 1.01-1.14x, so bf16 takes F.linear
-# (scripts/bench_private_ops.py; docs/design.md, "Private PyTorch operators").
-PACKED_DTYPES = ("fp32",)
+# Where oneDNN's packed linear maps (private operators) buy the 1.2x that keeps them, in
+# greedy search: fp32 1.24-1.28x; bf16 1.21-1.32x in bench_vs_ctranslate2's rows (1.12-1.14x
+# in bench_private_ops' one-thread rows); beam 4 gains less (docs/results.md, "Private
+# operators").
+PACKED_DTYPES = ("fp32", "bf16")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
           "int8": torch.float32}  # int8: int8 weights and matmuls, float32 everything else
 
