@@ -322,7 +322,10 @@ class TrainLoopConfig:
     ema_decay: float = 0.0  # keep an exponential moving average of the weights (0: off)
     amp: str = "auto"  # auto (bf16 on GPUs with it, else fp16; none on CPUs), bf16, fp16, none
     tf32: bool = True  # TensorFloat-32 matmuls for fp32 work on Ampere and later GPUs
-    compile: bool = False  # torch.compile the model (GPUs); batch lengths padded to multiples of 8
+    compile: bool = False  # torch.compile the model (for GPUs; graphs break on CPU dropout)
+    # Batch lengths padded to a multiple of this, so that a compiled model meets few shapes
+    # (fairseq's --required-seq-len-multiple); 0: 8 with train.compile, else none.
+    pad_to_multiple: int = 0  # round source and target lengths up to a multiple of this
     checkpoint_activations: bool = False  # recompute layers' activations in backward: less memory
     device: str = "auto"  # "auto", "cpu" or "cuda"
     collective_timeout: float = 600.0  # seconds a rank waits for the others before failing
@@ -338,8 +341,9 @@ class TrainLoopConfig:
     def __post_init__(self) -> None:
         _check_min(self, "train.", 1, "max_tokens", "update_freq", "max_nonfinite",
                    "save_interval_updates", "valid_interval_updates", "log_interval")
-        _check_min(self, "train.", 0, "global_tokens", "max_updates", "max_epochs",
-                   "max_minutes", "keep_last", "patience", "threads", "valid_bleu_max_sentences")
+        _check_min(self, "train.", 0, "pad_to_multiple", "global_tokens", "max_updates",
+                   "max_epochs", "max_minutes", "keep_last", "patience", "threads",
+                   "valid_bleu_max_sentences")
         _check(0 <= self.seed < 2 ** 63, "train.seed", f"must be in [0, 2^63), got {self.seed}")
         _check_prob(self.ema_decay, "train.ema_decay")
         _check_prob(self.subword_sampling, "train.subword_sampling")

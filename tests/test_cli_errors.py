@@ -50,7 +50,7 @@ COMPOSE_CASES = [
     ("average", ["bogus=1"], "bogus: unknown key (keys: output, run_dir, last, inputs)"),
     ("average", ["lats=3"], "lats: unknown key; did you mean last? (keys: output, run_dir,"),
     ("train", ["+model=small", "model.Nn=3"],
-     "model.Nn: unknown key; did you mean model.N? (keys of model: N, d_model,"),
+     "model.Nn: unknown key; did you mean model.N? (keys of model: N, N_dec, d_model,"),
     ("train", ["max_tokens=3"],
      "max_tokens: unknown key; did you mean train.max_tokens or search.max_tokens?"),
     ("translate", ["beam_size=5"], "beam_size: unknown key; did you mean search.beam_size?"),

@@ -588,7 +588,8 @@ def test_compile_trains_like_eager(tiny_data_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "compile",  # inductor's C++ build takes minutes on 2 cores
                         lambda model, **kw: real(model, backend="aot_eager", **kw))
     opts = ["train.max_updates=3", "model.dropout=0", "train.valid_interval_updates=100"]
-    train(config(tiny_data_dir, tmp_path / "eager", *opts))
+    # eager with the lengths compiled runs pad to (train.compile: multiples of 8)
+    train(config(tiny_data_dir, tmp_path / "eager", *opts, "train.pad_to_multiple=8"))
     out = train(config(tiny_data_dir, tmp_path / "compiled", *opts, "train.compile=true"))
     torch._dynamo.reset()
     assert out["update"] == 3
