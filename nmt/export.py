@@ -39,7 +39,7 @@ from nmt.errors import NmtError
 from nmt.files import check_out_dir, check_output, new_directory
 from nmt.inference.translator import Translator
 from nmt.model import Transformer
-from nmt.tokenizer import UNK_ID, Tokenizer
+from nmt.tokenizer import UNK_ID, Specials, Tokenizer
 
 PROG = "nmt-export"
 MARKER = "config.json"  # every model directory written here has one
@@ -91,7 +91,7 @@ def describe(translator: Translator) -> str:
 
 # ----------------------------------------------------------------------------- CTranslate2
 def ctranslate2_spec(model: Transformer, src_vocab: list[str], tgt_vocab: list[str],
-                     bos_id: int, eos_id: int):
+                     specials: Specials):
     """A ctranslate2.specs.TransformerSpec holding the model's weights and its vocabularies
     (the token of each id)."""
     from ctranslate2.specs import TransformerSpec, common_spec
@@ -103,8 +103,8 @@ def ctranslate2_spec(model: Transformer, src_vocab: list[str], tgt_vocab: list[s
                                        activation=common_spec.Activation.RELU)
     spec.config.layer_norm_epsilon = LAYER_NORM_EPS
     spec.config.add_source_eos = True  # nmt's sources end with EOS
-    spec.config.eos_token, spec.config.unk_token = tgt_vocab[eos_id], tgt_vocab[UNK_ID]
-    spec.config.decoder_start_token = tgt_vocab[bos_id]
+    spec.config.eos_token, spec.config.unk_token = tgt_vocab[specials.eos], tgt_vocab[UNK_ID]
+    spec.config.decoder_start_token = tgt_vocab[specials.bos]
     positions = model.positions.pe.numpy()  # (max_positions, d_model)
     enc, dec = spec.encoder, spec.decoder
     enc.embeddings[0].weight = w["src_embed.lut.weight"]
@@ -156,9 +156,8 @@ def _ffn(spec, w: dict, name: str, norm: str) -> None:
 
 def write_ctranslate2(translator: Translator, out: Path, quantization: str = "") -> str:
     """Write a CTranslate2 model directory into the existing empty directory `out`."""
-    v = translator.vocab
     spec = ctranslate2_spec(translator.model, pieces(translator.src_tok),
-                            pieces(translator.tgt_tok), v["bos_id"], v["eos_id"])
+                            pieces(translator.tgt_tok), translator.specials)
     spec.validate()
     spec.optimize(quantization=quantization or None)
     spec.save(str(out))

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from nmt.errors import NmtError
+from nmt.tokenizer import Specials
 
 TITLES = {"encoder_self": "Encoder self-attention",
           "decoder_self": "Decoder self-attention (masked)",
@@ -22,12 +23,12 @@ TITLES = {"encoder_self": "Encoder self-attention",
 
 
 @torch.inference_mode()
-def attention_weights(model, src_ids: list[int], out_ids: list[int], bos_id: int,
-                      eos_id: int) -> dict[str, Tensor]:
+def attention_weights(model, src_ids: list[int], out_ids: list[int],
+                      specials: Specials) -> dict[str, Tensor]:
     """Teacher-force `out_ids` on `src_ids`; per kind a (N, h, T_q, T_k) tensor of weights."""
     device = next(model.parameters()).device
-    src = torch.tensor([list(src_ids) + [eos_id]], device=device)  # (1, S)
-    tgt_in = torch.tensor([[bos_id] + list(out_ids)], device=device)  # (1, T)
+    src = torch.tensor([list(src_ids) + [specials.eos]], device=device)  # (1, S)
+    tgt_in = torch.tensor([[specials.bos] + list(out_ids)], device=device)  # (1, T)
     was_training = model.training
     model.eval()
     model.keep_attention(True)
@@ -124,8 +125,7 @@ def plot_attention(translator, src_ids: list[int], out_ids: list[int],
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise NmtError(f"{out_dir}: cannot create directory ({e.strerror})") from None
-    v = translator.vocab
-    weights = attention_weights(translator.model, src_ids, out_ids, v["bos_id"], v["eos_id"])
+    weights = attention_weights(translator.model, src_ids, out_ids, translator.specials)
     src = translator.src_tok.pieces(list(src_ids)) + ["</s>"]
     produced = translator.tgt_tok.pieces(list(out_ids)) + ["</s>"]
     fed = ["<s>"] + produced[:-1]

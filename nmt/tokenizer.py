@@ -12,12 +12,24 @@ import random
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import sentencepiece as spm
 
 from nmt.errors import NmtError
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+
+class Specials(NamedTuple):
+    """The special ids a search needs: BOS starts an output, EOS ends a sentence, PAD fills."""
+
+    bos: int
+    eos: int
+    pad: int
+
+
+SPECIALS = Specials(BOS_ID, EOS_ID, PAD_ID)  # those of the SentencePiece models nmt trains
 SPACE = "\u2581"  # SentencePiece's mark of a space, which starts a word's first piece
 
 
@@ -44,6 +56,11 @@ class Tokenizer:
             return cls(Path(path).read_bytes(), str(path))
         except OSError as e:
             raise NmtError(f"{path}: cannot read SentencePiece model ({e.strerror})") from None
+
+    @property
+    def specials(self) -> Specials:
+        """This model's BOS, EOS and PAD ids, as a search takes them."""
+        return Specials(self.sp.bos_id(), self.sp.eos_id(), self.sp.pad_id())
 
     @property
     def vocab_size(self) -> int:

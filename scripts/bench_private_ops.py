@@ -19,6 +19,7 @@ import nmt.inference.fast
 from nmt.config import ModelConfig, SearchConfig
 from nmt.inference.search import decoding_models, translate_nbest
 from nmt.model import make_model
+from nmt.tokenizer import SPECIALS
 
 
 def seconds(model, src_ids: list[list[int]], beam: int, dtype: str, packed: bool) -> float:
@@ -33,7 +34,7 @@ def seconds(model, src_ids: list[list[int]], beam: int, dtype: str, packed: bool
         nmt.inference.fast.PACKED_DTYPES = kept
     assert isinstance(prepared[0].generator, nmt.inference.fast.PackedAffine) == packed
     start = time.perf_counter()
-    translate_nbest(prepared, src_ids, search, 2, 3, 0)
+    translate_nbest(prepared, src_ids, search, SPECIALS)
     return time.perf_counter() - start
 
 

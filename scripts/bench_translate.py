@@ -28,6 +28,7 @@ from nmt.config import ModelConfig, SearchConfig
 from nmt.inference.search import decoding_models, translate_nbest
 from nmt.inference.translator import Translator
 from nmt.model import make_model
+from nmt.tokenizer import SPECIALS
 
 
 def add_workload_options(p: argparse.ArgumentParser) -> None:
@@ -107,7 +108,7 @@ def run(model, src_ids, beam: int, batch: int, out_len: int, use_cache: bool,
     else:
         model = decoding_models(model, search, fast and use_cache)  # prepared before timing
         start, cpu = time.perf_counter(), cpu_seconds()
-        out = translate_nbest(model, src_ids, search, bos_id=2, eos_id=3, pad_id=0,
+        out = translate_nbest(model, src_ids, search, SPECIALS,
                               use_cache=use_cache, fast=fast)
         seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu
     assert all(len(h[0].tokens) == out_len for h in out), "output length was not forced"

@@ -35,7 +35,7 @@ from bench_translate import add_workload_options, cpu_seconds, load_model, rando
 from nmt.config import SearchConfig
 from nmt.export import ctranslate2_spec
 from nmt.inference.translator import Translator
-from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIALS
 
 SEARCHES = {"greedy": 1, "beam4": 4}
 
@@ -168,7 +168,7 @@ def main() -> None:
           f"vocabulary {V}; best of {args.rounds} interleaved rounds; "
           f"load average {os.getloadavg()[0]:.2f}", flush=True)
     with tempfile.TemporaryDirectory() as model_dir:
-        spec = ctranslate2_spec(model, names, names, BOS_ID, EOS_ID)
+        spec = ctranslate2_spec(model, names, names, SPECIALS)
         spec.validate()
         spec.optimize()
         spec.save(model_dir)

@@ -668,13 +668,13 @@ def loss_memory(tokens: int, vocab: int, dtype: torch.dtype = torch.bfloat16,
                 "backward": out["backward"], "bytes": sum(out["bytes"].values())}
 
 
-def decoding_reads(models, sources: list[list[int]], search, bos_id: int = 2, eos_id: int = 3,
-                   pad_id: int = 0) -> dict:
+def decoding_reads(models, sources: list[list[int]], search) -> dict:
     """Host reads of one greedy or beam search (search.beam_size) over `sources` as one
     batch, on the CPU's real tensors: before the first step, per step (mean and most)."""
     from nmt.inference import search as nmt_search
+    from nmt.tokenizer import SPECIALS
 
-    src = nmt_search.pad_batch([s + [eos_id] for s in sources], pad_id, "cpu")
+    src = nmt_search.pad_batch([s + [SPECIALS.eos] for s in sources], SPECIALS.pad, "cpu")
     counter, real = HostReads(), nmt_search.Decoder.log_probs
 
     def log_probs(self, prefix):
@@ -682,7 +682,7 @@ def decoding_reads(models, sources: list[list[int]], search, bos_id: int = 2, eo
         return real(self, prefix)
 
     with mock.patch.object(nmt_search.Decoder, "log_probs", log_probs), counter:
-        nmt_search.search_batch(models, src, search, bos_id, eos_id, pad_id)
+        nmt_search.search_batch(models, src, search, SPECIALS)
     return {"before": counter.before, "steps": counter.steps,
             "per_step": sum(counter.per_step) / max(counter.steps, 1),
             "most_in_a_step": max(counter.per_step, default=0)}

@@ -25,7 +25,16 @@ from nmt.export import export, feature_permutation
 from nmt.inference.search import translate_ids
 from nmt.inference.translator import Translator
 from nmt.model import make_model
-from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_bpe, vocab_sha256
+from nmt.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    SPECIALS,
+    UNK_ID,
+    Tokenizer,
+    train_bpe,
+    vocab_sha256,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -74,7 +83,7 @@ def varied_checkpoint(path: Path, src_spm: bytes, tgt_spm: bytes, norm: str,
             elif p.dim() == 2:
                 p.normal_(0.0, 2.5 / p.size(1) ** 0.5)
         src_ids = src.encode(list(bundled_sentences()))
-        ids = translate_ids(model, src_ids, _search(), BOS_ID, EOS_ID, PAD_ID)
+        ids = translate_ids(model, src_ids, _search(), SPECIALS)
         top = torch.tensor([t for seq in ids for t in seq]).mode().values
         w = model.generator.weight
         g = torch.Generator().manual_seed(seed)
@@ -96,7 +105,7 @@ def _search() -> SearchConfig:
 def nmt_greedy(checkpoint: Path, lines: list[str]) -> list[list[int]]:
     """nmt's greedy output ids (no BOS/EOS), with a check that the test means something."""
     tr = Translator.load(checkpoint, dtype=None)
-    out = translate_ids(tr.model, tr.src_tok.encode(lines), _search(), BOS_ID, EOS_ID, PAD_ID)
+    out = translate_ids(tr.model, tr.src_tok.encode(lines), _search(), tr.specials)
     ended = sum(len(seq) < MAX_LEN for seq in out)
     assert 0 < ended < len(out), "want outputs that end with EOS and outputs that are cut"
     assert len(set(map(tuple, out))) > len(out) // 4, "outputs barely depend on the source"

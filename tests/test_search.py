@@ -16,10 +16,12 @@ from nmt.inference.search import (
     translate_ids,
     translate_nbest,
 )
+from nmt.tokenizer import Specials
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 PAD, BOS, EOS = 0, 2, 3
+SPECIALS = Specials(BOS, EOS, PAD)
 V = 24
 
 
@@ -46,8 +48,8 @@ def test_outputs_mix_early_eos_and_maximum_length(model, sources):
 def test_beam_size_one_equals_greedy(model, sources, alpha, min_len):
     src = pad_batch([s + [EOS] for s in sources], PAD, "cpu")
     cfg = search(beam_size=1, alpha=alpha, min_len=min_len)
-    greedy = greedy_search(model, src, cfg, BOS, EOS, PAD)
-    beam = beam_search(model, src, cfg, BOS, EOS, PAD)
+    greedy = greedy_search(model, src, cfg, SPECIALS)
+    beam = beam_search(model, src, cfg, SPECIALS)
     assert tokens(greedy) == tokens(beam)
     for g, b in zip(greedy, beam, strict=True):
         assert g[0].score == pytest.approx(b[0].score, abs=1e-4)
@@ -109,7 +111,7 @@ def test_exhaustive_search_confirms_the_wide_beams_best(alpha):
         truth = exhaustive(small, source, max_len, min_len, alpha)
         cfg = SearchConfig(beam_size=400, nbest=5, alpha=alpha, max_len_a=0.0,
                            max_len_b=max_len, min_len=min_len)
-        hyps = translate_nbest(small, [source], cfg, BOS, EOS, PAD)[0]
+        hyps = translate_nbest(small, [source], cfg, SPECIALS)[0]
         assert [h.tokens for h in hyps] == [y for _, y in truth[:5]]
         assert [h.score for h in hyps] == pytest.approx([s for s, _ in truth[:5]], abs=1e-4)
 
@@ -128,7 +130,7 @@ def test_exhaustive_search_confirms_the_beam_on_peaked_distributions(alpha, nbes
         truth = exhaustive(table, [4], max_len, 1, alpha)
         cfg = SearchConfig(beam_size=700, nbest=nbest, alpha=alpha, max_len_a=0.0,
                            max_len_b=max_len, min_len=1)
-        hyps = translate_nbest(table, [[4]], cfg, BOS, EOS, PAD)[0]
+        hyps = translate_nbest(table, [[4]], cfg, SPECIALS)[0]
         assert [h.tokens for h in hyps] == [y for _, y in truth[:nbest]]
         assert [h.score for h in hyps] == pytest.approx([s for s, _ in truth[:nbest]], abs=1e-4)
 
@@ -164,20 +166,20 @@ def test_forced_length_suppresses_eos(model, sources, beam):
 
 def test_empty_sources_give_empty_outputs_and_order_is_kept(model, sources):
     mixed = [[], sources[0], [], sources[1], sources[2], []]
-    out = translate_ids(model, mixed, search(), BOS, EOS, PAD)
+    out = translate_ids(model, mixed, search(), SPECIALS)
     assert out[0] == out[2] == out[5] == []
-    alone = [translate_ids(model, [s], search(), BOS, EOS, PAD)[0] for s in mixed]
+    alone = [translate_ids(model, [s], search(), SPECIALS)[0] for s in mixed]
     assert out == alone
 
 
 def test_translate_ids_puts_back_training_mode(model, sources):
     model.train()
     try:
-        ids = translate_ids(model, sources[:5], search(), BOS, EOS, PAD)
+        ids = translate_ids(model, sources[:5], search(), SPECIALS)
         assert model.training
     finally:
         model.eval()
-    assert ids == translate_ids(model, sources[:5], search(), BOS, EOS, PAD)
+    assert ids == translate_ids(model, sources[:5], search(), SPECIALS)
 
 
 @pytest.mark.parametrize("beam", [1, 4])
@@ -269,7 +271,7 @@ def test_every_output_starts_with_its_prefix(model, sources, kw):
              if len(h.tokens) < len(sources[i]) + 6]  # ended with EOS
     assert ended
     scored = score_pairs(model, [sources[i] for i, _ in ended], [h.tokens for _, h in ended],
-                         cfg, BOS, EOS, PAD)
+                         cfg, SPECIALS)
     for (_, h), s in zip(ended, scored, strict=True):
         assert s.logprob == pytest.approx(h.logprob, abs=1e-4)
 
@@ -301,7 +303,7 @@ def test_an_ensemble_of_one_model_twice_is_that_model(model, sources):
 def test_an_ensemble_averages_the_log_probabilities(sources):
     a, b = tiny_model(V, seed=1, stops=True, N=2), tiny_model(V, seed=5, stops=True, N=2)
     targets = [t[0] for t in tokens(run(a, sources, search(beam_size=1)))]
-    pa, pb, pab = (score_pairs(m, sources, targets, search(), BOS, EOS, PAD)
+    pa, pb, pab = (score_pairs(m, sources, targets, search(), SPECIALS)
                    for m in (a, b, [a, b]))
     for x, y, xy in zip(pa, pb, pab, strict=True):
         assert xy.logprob == pytest.approx((x.logprob + y.logprob) / 2, abs=1e-4)
@@ -316,10 +318,10 @@ def test_scoring_a_greedy_output_gives_its_log_probability(model, sources):
     cfg = search(beam_size=1)
     out = run(model, sources, cfg)
     targets = [h[0].tokens for h in out]
-    scored = score_pairs(model, sources, targets, cfg, BOS, EOS, PAD)
-    one_by_one = [score_pairs(model, [s], [t], search(beam_size=1, max_tokens=1), BOS, EOS,
-                              PAD)[0] for s, t in zip(sources, targets, strict=True)]
-    reference = score_pairs(model, sources, targets, cfg, BOS, EOS, PAD, fast=False)
+    scored = score_pairs(model, sources, targets, cfg, SPECIALS)
+    one_by_one = [score_pairs(model, [s], [t], search(beam_size=1, max_tokens=1), SPECIALS)[0]
+                  for s, t in zip(sources, targets, strict=True)]
+    reference = score_pairs(model, sources, targets, cfg, SPECIALS, fast=False)
     ended = 0
     for s, h, src, alone, ref in zip(scored, out, sources, one_by_one, reference, strict=True):
         assert s.tokens == h[0].tokens

@@ -8,7 +8,16 @@ import pytest
 import sentencepiece as spm
 
 from nmt.errors import NmtError
-from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_bpe, vocab_sha256
+from nmt.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    SPECIALS,
+    UNK_ID,
+    Tokenizer,
+    train_bpe,
+    vocab_sha256,
+)
 
 WORDS = ("open save file edit view help close print copy paste find replace undo redo select "
          "window tab menu tool option setting error warning user name password folder").split()
@@ -86,6 +95,14 @@ def test_vocab_smaller_than_the_characters_is_one_line(corpus):
 def test_no_sentences():
     with pytest.raises(NmtError, match="no training sentences"):
         train_bpe([], vocab_size=50)
+
+
+def test_the_special_ids_come_from_the_model(tok):
+    """Searches take BOS, EOS and PAD from the tokenizer object (Tokenizer.specials), not
+    from constants threaded through their signatures."""
+    assert tok.specials == SPECIALS == (BOS_ID, EOS_ID, PAD_ID)
+    assert (tok.specials.bos, tok.specials.eos, tok.specials.pad) == (
+        tok.sp.bos_id(), tok.sp.eos_id(), tok.sp.pad_id())
 
 
 def test_rejects_garbage_and_other_ids(corpus, tmp_path):

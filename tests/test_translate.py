@@ -76,7 +76,7 @@ def test_translations_match_the_search_and_keep_input_order(ckpt, test_en, tmp_p
     result = translate(config(checkpoint=ckpt, input=test_en, output=tmp_path / "h"))
     tr = Translator.load(ckpt, dtype=None)
     src = tr.src_tok.encode(lines_of(test_en))
-    ids = translate_ids(tr.model, src, config(checkpoint=ckpt).search, 2, 3, 0)
+    ids = translate_ids(tr.model, src, config(checkpoint=ckpt).search, tr.specials)
     assert result["hypotheses"] == tr.tgt_tok.decode(ids) == lines_of(tmp_path / "h")
 
 

@@ -18,7 +18,7 @@ from nmt.config import ModelConfig, SearchConfig, TrainConfig, TranslateConfig, 
 from nmt.inference.search import translate_nbest
 from nmt.inference.translator import Translator
 from nmt.model import Transformer, make_model
-from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, vocab_sha256
+from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIALS, UNK_ID, Tokenizer, vocab_sha256
 
 
 @cache
@@ -71,7 +71,7 @@ def run(model, sources, cfg, workers: int = 1, **kw):
     """translate_nbest with the tokenizer's special ids; workers > 1: on a Translator's
     worker processes."""
     if workers == 1:
-        return translate_nbest(model, sources, cfg, BOS_ID, EOS_ID, PAD_ID, **kw)
+        return translate_nbest(model, sources, cfg, SPECIALS, **kw)
     ids = {"bos_id": BOS_ID, "eos_id": EOS_ID, "pad_id": PAD_ID}
     with Translator([model], ids, dtype=cfg.dtype, workers=workers) as translator:
         return translator.translate_ids(sources, cfg, **kw)

@@ -30,6 +30,7 @@ from nmt.config import SearchConfig
 from nmt.data import batch_by_tokens
 from nmt.inference.fast import FastModel, FastState, row_argmax, top_k
 from nmt.model import Transformer
+from nmt.tokenizer import Specials
 
 
 @dataclass
@@ -106,9 +107,10 @@ class Constraints:
     never generated, EOS not before min_len tokens, no n-gram of no_repeat_ngram_size tokens
     twice in one output (fairseq's rule), and each sentence's forced prefix (which wins)."""
 
-    def __init__(self, search: SearchConfig, bos_id: int, eos_id: int, pad_id: int,
+    def __init__(self, search: SearchConfig, specials: Specials,
                  prefixes: list[list[int]] | None, device: torch.device):
-        self.search, self.bos_id, self.eos_id, self.pad_id = search, bos_id, eos_id, pad_id
+        self.search = search
+        self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id = specials
         self.prefix = self.prefix_len = None
         if prefixes and any(prefixes):
             self.prefix = pad_batch([p + [pad_id] for p in prefixes], pad_id, device)  # (B, P)
@@ -192,8 +194,8 @@ def sample_uniforms(lines: list[int], n: int, steps: int, seed: int) -> Tensor:
 
 
 @torch.inference_mode()
-def greedy_search(model, src: Tensor, search: SearchConfig, bos_id: int, eos_id: int,
-                  pad_id: int, use_cache: bool = True, prefixes: list[list[int]] | None = None,
+def greedy_search(model, src: Tensor, search: SearchConfig, specials: Specials,
+                  use_cache: bool = True, prefixes: list[list[int]] | None = None,
                   lines: list[int] | None = None) -> list[list[Hypothesis]]:
     """Pick the most probable token at every step: (B, S) sources -> one hypothesis each.
 
@@ -202,9 +204,10 @@ def greedy_search(model, src: Tensor, search: SearchConfig, bos_id: int, eos_id:
     model: a model or a list of them (an ensemble); prefixes: forced output prefixes.
     """
     models = model if isinstance(model, list) else [model]
+    bos_id, eos_id, pad_id = specials
     B, dev = src.size(0), src.device
     n = search.nbest if search.sampling else 1  # rows per sentence
-    cons = Constraints(search, bos_id, eos_id, pad_id, prefixes, dev)
+    cons = Constraints(search, specials, prefixes, dev)
     max_len = cons.max_lengths(max_output_lengths(_source_lengths(src, pad_id), search,
                                                   _max_positions(models)), _max_positions(models))
     decoder = Decoder(models, src, use_cache)
@@ -290,8 +293,8 @@ class _Finished:
 
 
 @torch.inference_mode()
-def beam_search(model, src: Tensor, search: SearchConfig, bos_id: int, eos_id: int,
-                pad_id: int, use_cache: bool = True, prefixes: list[list[int]] | None = None,
+def beam_search(model, src: Tensor, search: SearchConfig, specials: Specials,
+                use_cache: bool = True, prefixes: list[list[int]] | None = None,
                 lines: list[int] | None = None) -> list[list[Hypothesis]]:
     """Beam search over (B x k) flat rows; (B, S) sources -> search.nbest hypotheses each.
 
@@ -305,8 +308,9 @@ def beam_search(model, src: Tensor, search: SearchConfig, bos_id: int, eos_id: i
     sentences retire. model, prefixes: as for greedy_search.
     """
     models = model if isinstance(model, list) else [model]
+    bos_id, eos_id, pad_id = specials
     B, k, dev = src.size(0), search.beam_size, src.device
-    cons = Constraints(search, bos_id, eos_id, pad_id, prefixes, dev)
+    cons = Constraints(search, specials, prefixes, dev)
     max_len = cons.max_lengths(max_output_lengths(_source_lengths(src, pad_id), search,
                                                   _max_positions(models)), _max_positions(models))
     decoder = Decoder(models, src, use_cache)
@@ -399,16 +403,17 @@ class _HostBeam:
 
 # ----------------------------------------------------------------------------- scoring
 @torch.inference_mode()
-def score_batch(model, src: Tensor, tgt: Tensor, search: SearchConfig, bos_id: int,
-                pad_id: int) -> list[Hypothesis]:
+def score_batch(model, src: Tensor, tgt: Tensor, search: SearchConfig,
+                specials: Specials) -> list[Hypothesis]:
     """log P(Y|X) of given targets by teacher forcing (fairseq's --score-reference).
 
     (B, S) sources and (B, T) targets, each ending with EOS, then PAD -> per pair a
     Hypothesis of the target ids (no EOS), log P / lp(|Y|) and log P, |Y| counting the EOS.
     """
     models = model if isinstance(model, list) else [model]
-    token_lp = Decoder(models, src, use_cache=False).target_log_probs(tgt, pad_id, bos_id)
-    lengths = (tgt != pad_id).sum(dim=1)  # (B,) |Y|
+    token_lp = Decoder(models, src, use_cache=False).target_log_probs(tgt, specials.pad,
+                                                                      specials.bos)
+    lengths = (tgt != specials.pad).sum(dim=1)  # (B,) |Y|
     logprob = token_lp.sum(dim=1)  # (B,)
     score = logprob / length_penalty(lengths.double(), search.alpha).float()
     return [Hypothesis(ids[:n - 1], s, lp) for ids, n, s, lp in zip(
@@ -416,12 +421,12 @@ def score_batch(model, src: Tensor, tgt: Tensor, search: SearchConfig, bos_id: i
 
 
 # ----------------------------------------------------------------------------- batching
-def search_batch(model, src: Tensor, search: SearchConfig, bos_id: int, eos_id: int,
-                 pad_id: int, use_cache: bool = True, prefixes: list[list[int]] | None = None,
+def search_batch(model, src: Tensor, search: SearchConfig, specials: Specials,
+                 use_cache: bool = True, prefixes: list[list[int]] | None = None,
                  lines: list[int] | None = None) -> list[list[Hypothesis]]:
     """Greedy search (or sampling) when beam_size is 1 or sampling is on, else beam search."""
     fn = greedy_search if search.beam_size == 1 or search.sampling else beam_search
-    return fn(model, src, search, bos_id, eos_id, pad_id, use_cache, prefixes, lines)
+    return fn(model, src, search, specials, use_cache, prefixes, lines)
 
 
 def pad_batch(seqs: list[list[int]], pad_id: int, device: torch.device | str) -> Tensor:
@@ -438,23 +443,20 @@ class BatchJob:
 
     models: list
     search: SearchConfig
-    bos_id: int
-    eos_id: int
-    pad_id: int
+    specials: Specials
     device: torch.device
     use_cache: bool = True
     score: bool = False  # score the given targets instead of searching
 
     def __call__(self, items: list[tuple[int, list[int], list[int]]]) -> list[list[Hypothesis]]:
         """(line number, source ids, prefix or target ids) triples -> hypotheses, in order."""
-        src = pad_batch([s + [self.eos_id] for _, s, _ in items], self.pad_id, self.device)
+        eos, pad = self.specials.eos, self.specials.pad
+        src = pad_batch([s + [eos] for _, s, _ in items], pad, self.device)
         if self.score:
-            tgt = pad_batch([y + [self.eos_id] for _, _, y in items], self.pad_id, self.device)
-            return [[h] for h in score_batch(self.models, src, tgt, self.search, self.bos_id,
-                                             self.pad_id)]
-        return search_batch(self.models, src, self.search, self.bos_id, self.eos_id,
-                            self.pad_id, self.use_cache, [y for _, _, y in items],
-                            [i for i, _, _ in items])
+            tgt = pad_batch([y + [eos] for _, _, y in items], pad, self.device)
+            return [[h] for h in score_batch(self.models, src, tgt, self.search, self.specials)]
+        return search_batch(self.models, src, self.search, self.specials, self.use_cache,
+                            [y for _, _, y in items], [i for i, _, _ in items])
 
 
 def decoding_models(model, search: SearchConfig, fast: bool = True) -> list:
@@ -508,22 +510,23 @@ def run_jobs(job: BatchJob, items: list[tuple[int, list[int], list[int]]],
     return results
 
 
-def translate_nbest(model, src_ids: list[list[int]], search: SearchConfig, bos_id: int,
-                    eos_id: int, pad_id: int, device: torch.device | str = "cpu",
+def translate_nbest(model, src_ids: list[list[int]], search: SearchConfig,
+                    specials: Specials, device: torch.device | str = "cpu",
                     use_cache: bool = True, progress=None, fast: bool = True,
                     prefixes: list[list[int]] | None = None, lines: list[int] | None = None,
                     run=run_jobs) -> list[list[Hypothesis]]:
     """Translate id lists (no BOS/EOS) in length-sorted token-budget batches, in input order.
 
-    model: a Transformer, a FastModel, or a list of them (an ensemble). fast: decode with
-    nmt.inference.fast.FastModel in search.dtype (False: the reference model, as the tests compare).
+    model: a Transformer, a FastModel, or a list of them (an ensemble); specials: the BOS, EOS
+    and PAD ids of its target tokenizer (Tokenizer.specials). fast: decode with FastModel in
+    search.dtype (False: the reference model, as the tests compare).
     An empty source without a prefix gives one empty hypothesis with score 0. progress:
     called with each batch size. prefixes: per source, output ids every hypothesis starts
     with. lines: per source, its input line number (seeds sampling; default 0..n-1). run:
     how the batches run (run_jobs: in this process; the Translator's: on its workers).
     """
     models = decoding_models(model, search, fast and use_cache)
-    job = BatchJob(models, search, bos_id, eos_id, pad_id, torch.device(device), use_cache)
+    job = BatchJob(models, search, specials, torch.device(device), use_cache)
     prefixes = prefixes or [[] for _ in src_ids]
     lines = lines or list(range(len(src_ids)))
     todo = [i for i, s in enumerate(src_ids) if s or prefixes[i]]
@@ -535,18 +538,18 @@ def translate_nbest(model, src_ids: list[list[int]], search: SearchConfig, bos_i
 
 
 def score_pairs(model, src_ids: list[list[int]], tgt_ids: list[list[int]], search: SearchConfig,
-                bos_id: int, eos_id: int, pad_id: int, device: torch.device | str = "cpu",
+                specials: Specials, device: torch.device | str = "cpu",
                 progress=None, fast: bool = True, run=run_jobs) -> list[Hypothesis]:
     """log P(Y|X) and the length-normalised score of each (source, target) pair of id lists
     (no BOS/EOS), batched like translate_nbest, in input order."""
     models = decoding_models(model, search, fast)
-    job = BatchJob(models, search, bos_id, eos_id, pad_id, torch.device(device), score=True)
+    job = BatchJob(models, search, specials, torch.device(device), score=True)
     items = [(i, s, y) for i, (s, y) in enumerate(zip(src_ids, tgt_ids, strict=True))]
     return [hyps[0] for hyps in run(job, items, progress)]
 
 
-def translate_ids(model, src_ids: list[list[int]], search: SearchConfig, bos_id: int,
-                  eos_id: int, pad_id: int, device: torch.device | str = "cpu") -> list[list[int]]:
+def translate_ids(model, src_ids: list[list[int]], search: SearchConfig, specials: Specials,
+                  device: torch.device | str = "cpu") -> list[list[int]]:
     """The best output ids (no BOS/EOS) for each source id list (no BOS/EOS), in input order."""
     return [hyps[0].tokens for hyps in
-            translate_nbest(model, src_ids, search, bos_id, eos_id, pad_id, device)]
+            translate_nbest(model, src_ids, search, specials, device)]

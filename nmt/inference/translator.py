@@ -32,7 +32,7 @@ from nmt.inference.search import (
 )
 from nmt.inference.workers import WorkerPool, can_fork
 from nmt.model import Transformer, make_model
-from nmt.tokenizer import Tokenizer, check_same_vocabulary, vocab_sha256
+from nmt.tokenizer import Specials, Tokenizer, check_same_vocabulary, vocab_sha256
 
 VOCAB_KEYS = ("src_size", "tgt_size", "joint", "pad_id", "bos_id", "eos_id", "sha256",
               "src_spm", "tgt_spm")
@@ -55,6 +55,8 @@ class Translator:
         self.models, self.vocab, self.device = models, vocab, torch.device(device)
         self.src_tok = Tokenizer(vocab["src_spm"]) if "src_spm" in vocab else None
         self.tgt_tok = Tokenizer(vocab["tgt_spm"]) if "tgt_spm" in vocab else None
+        self.specials = (self.tgt_tok.specials if self.tgt_tok is not None  # stand-ins: ids
+                         else Specials(vocab["bos_id"], vocab["eos_id"], vocab["pad_id"]))
         self.threads, self.preparations = threads, 0
         self._prepared: dict[str, list] = {}
         self._thread: ThreadPoolExecutor | None = None
@@ -103,9 +105,8 @@ class Translator:
                       progress=None, parallel: bool = True) -> list[list[Hypothesis]]:
         """search.nbest hypotheses of each id list (no BOS/EOS), in input order, on the workers
         unless parallel=False. prefixes, lines, progress: as search.translate_nbest."""
-        v = self.vocab
-        return translate_nbest(self.prepared(search.dtype), src_ids, search, v["bos_id"],
-                               v["eos_id"], v["pad_id"], self.device, progress=progress,
+        return translate_nbest(self.prepared(search.dtype), src_ids, search, self.specials,
+                               self.device, progress=progress,
                                prefixes=prefixes, lines=lines,
                                run=self._run if parallel else run_jobs)
 
@@ -113,9 +114,8 @@ class Translator:
                   search: SearchConfig, progress=None, parallel: bool = True
                   ) -> list[Hypothesis]:
         """log P(Y|X) and the search's score of each (source, target) pair of id lists."""
-        v = self.vocab
-        return score_pairs(self.prepared(search.dtype), src_ids, tgt_ids, search, v["bos_id"],
-                           v["eos_id"], v["pad_id"], self.device, progress,
+        return score_pairs(self.prepared(search.dtype), src_ids, tgt_ids, search, self.specials,
+                           self.device, progress,
                            run=self._run if parallel else run_jobs)
 
     def translate(self, lines: list[str], search: SearchConfig) -> list[str]:
