@@ -189,7 +189,9 @@ def save_best_checkpoint(run_dir: str | Path, numbered: Path | None, state: dict
 
 
 # What fixes the weights' shapes (N_dec 0, the default, where older checkpoints lack it)
-MODEL_SHAPE_KEYS = ("N", "N_dec", "d_model", "d_ff", "h", "norm", "share_embeddings")
+MODEL_SHAPE_KEYS = ("N", "N_dec", "d_model", "d_ff", "h", "norm", "share_embeddings",
+                    "activation", "output_bias")
+SHAPE_DEFAULTS = {"N_dec": 0, "activation": "relu", "output_bias": False}  # older checkpoints
 
 
 def check_same_model(state: dict, path: Path, model_cfg: dict, vocab_sha256: str,
@@ -198,9 +200,9 @@ def check_same_model(state: dict, path: Path, model_cfg: dict, vocab_sha256: str
     shape trained with this vocabulary."""
     check_same_vocabulary(state["vocab"].get("sha256"), vocab_sha256, str(path),
                           "the data directory", hint)
-    theirs = {"N_dec": 0, **state["model_cfg"]}
-    diff = [f"{k}={theirs.get(k)!r} != {model_cfg[k]!r}" for k in MODEL_SHAPE_KEYS
-            if theirs.get(k) != model_cfg.get(k, 0 if k == "N_dec" else None)]
+    theirs, ours = {**SHAPE_DEFAULTS, **state["model_cfg"]}, {**SHAPE_DEFAULTS, **model_cfg}
+    diff = [f"{k}={theirs.get(k)!r} != {ours.get(k)!r}" for k in MODEL_SHAPE_KEYS
+            if theirs.get(k) != ours.get(k)]
     if diff:
         raise NmtError(f"{path}: model differs from the checkpoint's ({', '.join(diff)}); "
                        f"{hint}")

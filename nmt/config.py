@@ -70,6 +70,8 @@ class ModelConfig:
     norm: str = "post"  # "post": LN(x + Sublayer(x)) as in the paper; "pre": x + Sublayer(LN(x))
     share_embeddings: bool = True  # tie target embedding, output projection (+ source if joint)
     max_positions: int = 1024  # longest sequence the sinusoidal table covers
+    activation: str = "relu"  # the FFN's: relu (the paper's), gelu, or swish (x sigmoid(x))
+    output_bias: bool = False  # a bias on the output projection (MarianMT's final_logits_bias)
 
     def __post_init__(self) -> None:
         _check_min(self, "model.", 1, "N", "d_model", "d_ff")
@@ -82,6 +84,8 @@ class ModelConfig:
         _check(self.norm in ("post", "pre"), "model.norm",
                f"must be 'post' or 'pre', got {self.norm!r}")
         _check_min(self, "model.", 2, "max_positions")
+        _check(self.activation in ("relu", "gelu", "swish"), "model.activation",
+               f"must be relu, gelu or swish, got {self.activation!r}")
 
     @property
     def decoder_layers(self) -> int:
@@ -467,6 +471,16 @@ class ExportConfig:
                "applies to format=ctranslate2 only")
 
 
+# ----------------------------------------------------------------------------- import
+@dataclass
+class ImportConfig:
+    """nmt-import: a Hugging Face MarianMT model directory in, an nmt checkpoint out."""
+
+    input: str = MISSING  # the MarianMT directory (config.json, weights, *.spm, vocab.json)
+    output: str = MISSING  # the checkpoint to write (atomically)
+    force: bool = False  # replace an existing output
+
+
 # ----------------------------------------------------------------------------- serve
 @dataclass
 class ServeConfig:
@@ -519,6 +533,7 @@ SCHEMAS = {
     "translate_schema": TranslateConfig,
     "average_schema": AverageConfig,
     "export_schema": ExportConfig,
+    "import_schema": ImportConfig,
     "serve_schema": ServeConfig,
 }
 

@@ -99,8 +99,10 @@ def ctranslate2_spec(model: Transformer, src_vocab: list[str], tgt_vocab: list[s
     cfg = model.cfg
     w = {k: t.numpy() for k, t in _weights(model).items()}
     pre = cfg.norm == "pre"
+    activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU,
+                  "swish": common_spec.Activation.SWISH}[cfg.activation]
     spec = TransformerSpec.from_config((cfg.N, cfg.decoder_layers), cfg.h, pre_norm=pre,
-                                       activation=common_spec.Activation.RELU)
+                                       activation=activation)
     spec.config.layer_norm_epsilon = LAYER_NORM_EPS
     spec.config.add_source_eos = True  # nmt's sources end with EOS
     spec.config.eos_token, spec.config.unk_token = tgt_vocab[specials.eos], tgt_vocab[UNK_ID]
@@ -129,7 +131,7 @@ def ctranslate2_spec(model: Transformer, src_vocab: list[str], tgt_vocab: list[s
     if pre:
         _norm(enc.layer_norm, w, "encoder_norm")
         _norm(dec.layer_norm, w, "decoder_norm")
-    dec.projection.weight = w["generator.weight"]  # no bias
+    _linear(dec.projection, w, "generator")  # a bias only with model.output_bias
     spec.register_source_vocabulary(src_vocab)
     spec.register_target_vocabulary(tgt_vocab)
     return spec
@@ -181,6 +183,8 @@ def transformers_weights(translator: Translator, pegasus: bool) -> dict[str, Ten
     out = {"model.encoder.embed_tokens.weight": w["src_embed.lut.weight"][:, P],
            "model.decoder.embed_tokens.weight": w["tgt_embed.lut.weight"][:, P],
            "lm_head.weight": w["generator.weight"][:, P]}
+    if "generator.bias" in w:  # model.output_bias: MarianMT's final_logits_bias, (1, V)
+        out["final_logits_bias"] = w["generator.bias"][None]
     if _shared_embeddings(translator):
         out["model.shared.weight"] = out["model.encoder.embed_tokens.weight"]
 
@@ -245,7 +249,8 @@ def transformers_model(translator: Translator):
                        "(a joint vocabulary and model.share_embeddings=true)")
     sizes = dict(d_model=cfg.d_model, encoder_layers=cfg.N, decoder_layers=cfg.decoder_layers,
                  encoder_attention_heads=cfg.h, decoder_attention_heads=cfg.h,
-                 encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function="relu",
+                 encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff,
+                 activation_function=cfg.activation,
                  dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
                  activation_dropout=0.0, max_position_embeddings=cfg.max_positions,
                  scale_embedding=True, pad_token_id=v["pad_id"], eos_token_id=v["eos_id"],
@@ -282,7 +287,8 @@ def _load(model, weights: dict[str, Tensor]) -> None:
     with torch.no_grad():
         for name, value in weights.items():
             state[name].copy_(value)  # state_dict tensors share storage with the parameters
-        state["final_logits_bias"].zero_()
+        if "final_logits_bias" not in weights:  # a model without an output bias
+            state["final_logits_bias"].zero_()
 
 
 def _shape_error(model, name: str, theirs: torch.Size, ours: torch.Size) -> str:

@@ -124,17 +124,22 @@ def causal_mask(T_q: int, T_k: int, device: torch.device) -> Tensor:
     return torch.ones(T_q, T_k, dtype=torch.bool, device=device).tril(diagonal=T_k - T_q)
 
 
-class PositionwiseFeedForward(nn.Module):
-    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (section 3.3)."""
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}  # model.activation's choices
 
-    def __init__(self, d_model: int, d_ff: int):
+
+class PositionwiseFeedForward(nn.Module):
+    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (section 3.3); model.activation may replace
+    max(0, .) by GELU or swish (x sigmoid(x), as MarianMT models have it)."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: str = "relu"):
         super().__init__()
         self.W_1 = nn.Linear(d_model, d_ff)
         self.W_2 = nn.Linear(d_ff, d_model)
+        self.activation = activation
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, T, d_model) -> (B, T, d_model)."""
-        return self.W_2(F.relu(self.W_1(x)))
+        return self.W_2(ACTIVATIONS[self.activation](self.W_1(x)))
 
 
 class SublayerConnection(nn.Module):
@@ -196,7 +201,7 @@ class EncoderLayer(nn.Module):
         super().__init__()
         pre = cfg.norm == "pre"
         self.self_attn = SelfAttention(cfg.d_model, cfg.h, cfg.attention_dropout)
-        self.feed_forward = PositionwiseFeedForward(cfg.d_model, cfg.d_ff)
+        self.feed_forward = PositionwiseFeedForward(cfg.d_model, cfg.d_ff, cfg.activation)
         self.sublayer = nn.ModuleList(SublayerConnection(cfg.d_model, cfg.dropout, pre)
                                       for _ in range(2))
 
@@ -214,7 +219,7 @@ class DecoderLayer(nn.Module):
         pre = cfg.norm == "pre"
         self.self_attn = SelfAttention(cfg.d_model, cfg.h, cfg.attention_dropout)
         self.src_attn = SourceAttention(cfg.d_model, cfg.h, cfg.attention_dropout)
-        self.feed_forward = PositionwiseFeedForward(cfg.d_model, cfg.d_ff)
+        self.feed_forward = PositionwiseFeedForward(cfg.d_model, cfg.d_ff, cfg.activation)
         self.sublayer = nn.ModuleList(SublayerConnection(cfg.d_model, cfg.dropout, pre)
                                       for _ in range(3))
 
@@ -281,7 +286,8 @@ class Transformer(nn.Module):
         pre = cfg.norm == "pre"
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
-        self.generator = nn.Linear(cfg.d_model, tgt_vocab, bias=False)  # pre-softmax projection
+        # The pre-softmax projection, without a bias unless model.output_bias.
+        self.generator = nn.Linear(cfg.d_model, tgt_vocab, bias=cfg.output_bias)
         if cfg.share_embeddings:  # section 3.4: one weight matrix for embeddings and projection
             self.tgt_embed.lut.weight = self.generator.weight
             if joint_vocab:  # one id space for both languages: the source embedding too
@@ -325,6 +331,8 @@ class Transformer(nn.Module):
             for weight in embeddings.values():
                 nn.init.normal_(weight, mean=0.0, std=d ** -0.5)
                 weight[self.pad_id].zero_()
+            if self.generator.bias is not None:
+                nn.init.zeros_(self.generator.bias)
 
     # -- encoder ---------------------------------------------------------------------------
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:

@@ -40,7 +40,7 @@ from nmt import __version__
 from nmt.corpus import Corpus, open_corpus
 from nmt.errors import NmtError
 from nmt.files import check_output, new_directory, sha256_file
-from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_bpe, vocab_sha256
+from nmt.tokenizer import Tokenizer, train_bpe, vocab_sha256
 
 if TYPE_CHECKING:
     from nmt.config import BpeConfig, CleanConfig, PreprocessConfig, TrainCorpus
@@ -168,18 +168,25 @@ def train_subwords(train: CleanText, bpe: BpeConfig, tags: list[str]
 
 
 def load_subwords(path: str) -> tuple[Tokenizer, Tokenizer, dict]:
-    """Reuse a .model file (joint) or the model(s) of a data directory written by nmt-preprocess."""
+    """Reuse a .model file (joint), the model(s) of a data directory written by nmt-preprocess,
+    or a checkpoint's (nmt-train's, nmt-import's: fine-tuning data gets the model's ids)."""
+    from nmt.checkpoint import load_checkpoint
     from nmt.data import read_manifest
 
     p = Path(path)
     if p.is_dir():
         manifest = read_manifest(p)
         src = Tokenizer.from_file(p / manifest["spm"]["src"])
-        tgt = src if manifest["joint"] else Tokenizer.from_file(p / manifest["spm"]["tgt"])
+        tgt = Tokenizer.from_file(p / manifest["spm"]["tgt"])
+    elif not p.exists():
+        raise NmtError(f"bpe.model={path}: no such file, data directory or checkpoint")
+    elif p.read_bytes()[:2] == b"PK":  # a zip: a torch checkpoint
+        vocab = load_checkpoint(p)["vocab"]
+        src, tgt = Tokenizer(vocab["src_spm"], str(p)), Tokenizer(vocab["tgt_spm"], str(p))
     else:
-        if not p.exists():
-            raise NmtError(f"bpe.model={path}: no such file or data directory")
         src = tgt = Tokenizer.from_file(p)
+    if src.proto == tgt.proto:
+        tgt = src
     return src, tgt, {"sentences": 0, "sampled": False, "reused": str(p.resolve())}
 
 
@@ -429,9 +436,10 @@ def build(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], reused: tuple
     first = np.cumsum([0] + [size["pairs"] for size in sizes["train"]])[:-1]
     manifest = {
         "format": FORMAT, "src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang,
-        "joint": src_tok is tgt_tok, "spm": spm_names,
+        "joint": src_tok.same_ids(tgt_tok), "spm": spm_names,
         "src_vocab_size": src_tok.vocab_size, "tgt_vocab_size": tgt_tok.vocab_size,
-        "pad_id": PAD_ID, "unk_id": UNK_ID, "bos_id": BOS_ID, "eos_id": EOS_ID,
+        "pad_id": tgt_tok.specials.pad, "unk_id": tgt_tok.sp.unk_id(),
+        "bos_id": tgt_tok.specials.bos, "eos_id": tgt_tok.specials.eos,
         "dtype": dtype.name,
         "vocab_sha256": vocab_sha256(src_tok.proto, tgt_tok.proto),
         "splits": {role: total(parts) for role, parts in sizes.items()},

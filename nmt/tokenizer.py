@@ -1,6 +1,8 @@
 """SentencePiece subwords: the only module that imports sentencepiece.
 
-Ids are fixed and recorded: pad 0, unk 1, bos 2, eos 3.
+The models nmt trains have fixed ids: pad 0, unk 1, bos 2, eos 3. Imported models keep
+their own (nmt.marian: MarianMT's </s> 0, <unk> 1, <pad> last and no <s>), so every user
+asks the Tokenizer object (Tokenizer.specials) rather than assuming these.
 """
 
 from __future__ import annotations
@@ -45,9 +47,9 @@ class Tokenizer:
             self.sp.LoadFromSerializedProto(self.proto)
         except Exception:  # sentencepiece raises plain RuntimeError/OSError on bad input
             raise NmtError(f"{name}: not a SentencePiece model") from None
-        if (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id()) != (
-                PAD_ID, UNK_ID, BOS_ID, EOS_ID):
-            raise NmtError(f"{name}: SentencePiece model must use pad=0 unk=1 bos=2 eos=3")
+        if min(self.sp.pad_id(), self.sp.unk_id(), self.sp.eos_id()) < 0:
+            raise NmtError(f"{name}: SentencePiece model must define pad, unk and eos ids "
+                           f"(nmt's: pad=0 unk=1 bos=2 eos=3)")
 
     @classmethod
     def from_file(cls, path: str | Path) -> Tokenizer:
@@ -59,8 +61,11 @@ class Tokenizer:
 
     @property
     def specials(self) -> Specials:
-        """This model's BOS, EOS and PAD ids, as a search takes them."""
-        return Specials(self.sp.bos_id(), self.sp.eos_id(), self.sp.pad_id())
+        """This model's BOS, EOS and PAD ids, as a search takes them; without a BOS (MarianMT's
+        vocabularies) outputs start from PAD, as MarianMT's decoder_start_token_id does."""
+        bos = self.sp.bos_id()
+        return Specials(bos if bos >= 0 else self.sp.pad_id(), self.sp.eos_id(),
+                        self.sp.pad_id())
 
     @property
     def vocab_size(self) -> int:
@@ -125,17 +130,25 @@ class Tokenizer:
             if at < len(pairs):
                 pairs[at] = merges.get(symbols[at] + symbols[at + 1])
 
+    def same_ids(self, other: Tokenizer) -> bool:
+        """Whether both models give each id the same piece: one id space (a joint vocabulary,
+        or an imported MarianMT model's two SentencePiece models over one vocab.json)."""
+        return self is other or self.proto == other.proto or (
+            self.vocab_size == other.vocab_size
+            and all(self.sp.id_to_piece(i) == other.sp.id_to_piece(i)
+                    for i in range(self.vocab_size)))
+
     def piece_id(self, piece: str) -> int | None:
         """The id of a piece of the vocabulary, or None when it has no such piece."""
-        i = self.sp.piece_to_id(piece)
-        return None if i == UNK_ID and piece != self.sp.id_to_piece(UNK_ID) else i
+        i, unk = self.sp.piece_to_id(piece), self.sp.unk_id()
+        return None if i == unk and piece != self.sp.id_to_piece(unk) else i
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         """Subword ids -> detokenized text. PAD, BOS and EOS are dropped; an <unk> stays
         visible, as SentencePiece writes it (" \u2047 "), so that an unknown word in an output
         is seen, not silently lost (nmt-translate, valid BLEU and nmt-serve all decode here)."""
-        return self.sp.decode([[i for i in seq if i not in (PAD_ID, BOS_ID, EOS_ID)]
-                               for seq in ids])
+        drop = set(self.specials)
+        return self.sp.decode([[i for i in seq if i not in drop] for seq in ids])
 
     def pieces(self, ids: list[int]) -> list[str]:
         """Subword ids -> their pieces, for display."""

@@ -13,8 +13,8 @@ LAYERS = [
      "nmt.activation_checkpointing", "nmt.preemption", "nmt.runlog", "nmt.corpus", "nmt.plot"},
     {"nmt.inference.fast", "nmt.inference.search", "nmt.inference.workers",
      "nmt.inference.translator", "nmt.data"},
-    {"nmt.translate", "nmt.train", "nmt.preprocess", "nmt.export", "nmt.serve.batcher",
-     "nmt.serve.app"},
+    {"nmt.translate", "nmt.train", "nmt.preprocess", "nmt.export", "nmt.marian",
+     "nmt.serve.batcher", "nmt.serve.app"},
     {"nmt.cli"},
 ]
 

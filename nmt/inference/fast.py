@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from torch.ao.quantization.observer import PerChannelMinMaxObserver
 
 from nmt import private_ops
-from nmt.model import Transformer, additive_mask, causal_mask
+from nmt.model import ACTIVATIONS, Transformer, additive_mask, causal_mask
 
 # Where oneDNN's packed linear maps (private operators) buy the 1.2x that keeps them, in
 # greedy search: fp32 1.24-1.28x; bf16 1.21-1.32x in bench_vs_ctranslate2's rows (1.12-1.14x
@@ -162,7 +162,9 @@ class FastLayer:
             self.q = affine(src.W_q.weight * scale[:d], src.W_q.bias * scale[:d, 0])
             self.kv = affine(src.W_kv.weight, src.W_kv.bias)
             self.o2 = affine(src.W_o.weight, src.W_o.bias)
-        self.W_1 = affine(ff.W_1.weight, ff.W_1.bias, relu=True)
+        relu = ff.activation == "relu"  # fused into W_1; another is applied after it
+        self.W_1 = affine(ff.W_1.weight, ff.W_1.bias, relu=relu)
+        self.activation = None if relu else ACTIVATIONS[ff.activation]
         self.W_2 = affine(ff.W_2.weight, ff.W_2.bias)
 
     def self_attention(self, x: Tensor, residual: Tensor, mask: Tensor | None,
@@ -192,8 +194,11 @@ class FastLayer:
         return self.o2(out.transpose(1, 2).reshape(B, T, d), residual)
 
     def feed_forward(self, x: Tensor, residual: Tensor) -> Tensor:
-        """residual + FFN(x), FFN(x) = max(0, x W_1 + b_1) W_2 + b_2."""
-        return self.W_2(self.W_1(x), residual)
+        """residual + FFN(x), FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (or model.activation's)."""
+        hidden = self.W_1(x)
+        if self.activation is not None:
+            hidden = self.activation(hidden)
+        return self.W_2(hidden, residual)
 
     def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """(M, S, d_model) encoder output -> keys and values (M, h, S, d_k) each."""
@@ -337,7 +342,7 @@ class FastModel(nn.Module):
         self.decoder = [FastLayer(layer, affine, float_dtype) for layer in model.decoder]
         self.encoder_norm = _norm_weights(model.encoder_norm, float_dtype)
         self.decoder_norm = _norm_weights(model.decoder_norm, float_dtype)
-        self.generator = affine(model.generator.weight, None)
+        self.generator = affine(model.generator.weight, model.generator.bias)
         # On the CPU, matmul + softmax beats the fused kernel at decoding sizes (2x for one
         # query per row), and by more in bf16.
         self.plain_attention = device.type == "cpu"

@@ -1,0 +1,274 @@
+"""nmt-import: a MarianMT (OPUS-MT layout) directory built in the test becomes an nmt checkpoint
+that tokenizes as MarianTokenizer does, decodes greedily to transformers' exact tokens,
+fine-tunes on data preprocessed with its vocabulary, and exports back to transformers.
+
+The MarianMT model is random (2+1 layers, d_model 32, swish, weights drawn wide so that outputs
+depend on the source, a random non-zero final_logits_bias); its two SentencePiece models are
+unigram models trained here with OPUS-MT's ids (<unk> 0, <s> 1, </s> 2), and its vocab.json
+follows Marian's (</s> 0, <unk> 1, <pad> last) in a shuffled order, so that the ids of
+vocab.json and of the .spm models differ as they do in real OPUS-MT models.
+"""
+
+import io
+import json
+import random
+import re
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt.checkpoint import load_checkpoint
+from nmt.config import (
+    ExportConfig,
+    ImportConfig,
+    ModelConfig,
+    PreprocessConfig,
+    SearchConfig,
+    TrainConfig,
+    compose,
+    to_object,
+)
+from nmt.errors import NmtError
+from nmt.export import export
+from nmt.inference.search import translate_ids
+from nmt.inference.translator import Translator
+from nmt.marian import import_marian, model_overrides
+
+transformers = pytest.importorskip("transformers")
+sentencepiece = pytest.importorskip("sentencepiece")
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+DATA = Path(__file__).resolve().parents[1] / "scripts" / "data" / "debian-po" / "en-de"
+BIN = Path(sys.executable).parent
+MAX_LEN = 12  # output tokens at most, EOS included
+
+
+def lines(name: str, start: int, n: int) -> list[str]:
+    """Lines start..start+n of a bundled sample file."""
+    return DATA.joinpath(name).read_text(encoding="utf-8").splitlines()[start:start + n]
+
+
+def opus_spm(text: list[str], size: int) -> bytes:
+    """A unigram SentencePiece model with OPUS-MT's ids: <unk> 0, <s> 1, </s> 2, no <pad>."""
+    proto = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(text), model_writer=proto, model_type="unigram",
+        vocab_size=size, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, num_threads=1,
+        minloglevel=2, input_sentence_size=0)
+    return proto.getvalue()
+
+
+def widen(model, seed: int) -> None:
+    """Draw the weights wide enough that greedy outputs depend on the source."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "embed_positions" in name:  # the static sinusoids
+                continue
+            if "shared" in name or "embed_tokens" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 2.0 / p.size(1) ** 0.5)
+            elif p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=g) * 2.5 / p.size(1) ** 0.5)
+            elif "layer_norm" not in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+        model.final_logits_bias.copy_(torch.randn(model.final_logits_bias.shape, generator=g))
+
+
+def hf_greedy(model, tokenizer, text: list[str]) -> list[list[int]]:
+    """generate(num_beams=1) ids without the start token, the padding and the final EOS."""
+    batch = tokenizer(text, return_tensors="pt", padding=True)
+    pad, eos = model.config.pad_token_id, model.config.eos_token_id
+    with torch.no_grad():
+        out = model.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=MAX_LEN,
+                             min_new_tokens=1, bad_words_ids=[[pad]], forced_eos_token_id=None)
+    ids = [[t for t in row[1:] if t != pad] for row in out.tolist()]
+    return [row[:-1] if row and row[-1] == eos else row for row in ids]
+
+
+@pytest.fixture(scope="module")
+def marian_dir(tmp_path_factory) -> Path:
+    """A MarianMT model directory as an OPUS-MT model ships it."""
+    from transformers import MarianConfig, MarianMTModel, MarianTokenizer
+
+    d = tmp_path_factory.mktemp("opus-mt-en-de")
+    work = tmp_path_factory.mktemp("spm")
+    src_spm, tgt_spm = opus_spm(lines("train.en", 0, 2000), 150), opus_spm(
+        lines("train.de", 0, 2000), 170)
+    (work / "source.spm").write_bytes(src_spm)
+    (work / "target.spm").write_bytes(tgt_spm)
+    pieces = set()
+    for proto in (src_spm, tgt_spm):
+        sp = sentencepiece.SentencePieceProcessor(model_proto=proto)
+        pieces |= {sp.id_to_piece(i) for i in range(sp.get_piece_size())}
+    pieces = sorted(pieces - {"<unk>", "<s>", "</s>"})
+    random.Random(0).shuffle(pieces)  # vocab.json's ids are not the .spm models'
+    vocab = {"</s>": 0, "<unk>": 1, **{p: i + 2 for i, p in enumerate(pieces)}}
+    vocab["<pad>"] = V = len(vocab)
+    V += 1
+    (work / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # sacremoses
+        tokenizer = MarianTokenizer(str(work / "source.spm"), str(work / "target.spm"),
+                                    str(work / "vocab.json"))
+    config = MarianConfig(
+        vocab_size=V, decoder_vocab_size=V, d_model=32, encoder_layers=2, decoder_layers=1,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+        decoder_ffn_dim=64, activation_function="swish", max_position_embeddings=256,
+        pad_token_id=V - 1, eos_token_id=0, decoder_start_token_id=V - 1,
+        forced_eos_token_id=None, scale_embedding=True, share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = MarianMTModel(config).eval()
+    widen(model, seed=0)
+    # EOS's output row a noisy copy of the most frequent output token's: some outputs end.
+    out = hf_greedy(model, tokenizer, lines("test.en", 0, 48))
+    top = torch.tensor([t for seq in out for t in seq]).mode().values
+    with torch.no_grad():
+        w = model.get_output_embeddings().weight
+        w[0] = w[top] + 0.3 * w[top].std() * torch.randn(w.size(1))
+        model.final_logits_bias[0, 0] = model.final_logits_bias[0, top]
+    model.save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def imported(marian_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("nmt") / "opus.pt"
+    import_marian(ImportConfig(input=str(marian_dir), output=str(out)))
+    return out
+
+
+def hf_model(directory: Path):
+    """transformers' model and tokenizer of a directory."""
+    from transformers import AutoTokenizer, MarianMTModel
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+    return MarianMTModel.from_pretrained(directory).eval(), tokenizer
+
+
+def nmt_greedy(checkpoint: Path, text: list[str]) -> list[list[int]]:
+    """nmt's greedy ids, at most MAX_LEN tokens with the EOS, as generate() is run."""
+    tr = Translator.load(checkpoint, dtype=None)
+    search = SearchConfig(beam_size=1, max_len_a=0.0, max_len_b=MAX_LEN)
+    return translate_ids(tr.model, tr.src_tok.encode(text), search, tr.specials)
+
+
+def test_tokenizer_ids_are_marian_tokenizers(marian_dir, imported):
+    _, tokenizer = hf_model(marian_dir)
+    tr = Translator.load(imported, dtype=None)
+    text = lines("test.en", 0, 200) + ["snow ☃ ₪ and 1234 digits"]  # unknown to both sides
+    ours = [ids + [tr.specials.eos] for ids in tr.src_tok.encode(text)]
+    assert ours == tokenizer(text)["input_ids"]
+    assert tr.specials.bos == tr.specials.pad == tokenizer.pad_token_id  # MarianMT starts at pad
+    de = lines("test.de", 0, 200)
+    target = tokenizer(text_target=de)  # target.spm's pieces, vocab.json's ids
+    theirs = target["labels"] if "labels" in target else target["input_ids"]
+    assert [ids + [tr.specials.eos] for ids in tr.tgt_tok.encode(de)] == theirs
+    assert tr.tgt_tok.decode(tr.tgt_tok.encode(de)) == tokenizer.batch_decode(
+        [ids[:-1] for ids in theirs], skip_special_tokens=True)
+
+
+def test_greedy_output_is_transformers_generate(marian_dir, imported):
+    model, tokenizer = hf_model(marian_dir)
+    assert model.final_logits_bias.abs().sum() > 0
+    text = lines("test.en", 0, 48)
+    expected = hf_greedy(model, tokenizer, text)
+    ended = sum(len(seq) < MAX_LEN for seq in expected)
+    assert 0 < ended < len(expected), "want outputs that end with EOS and outputs that are cut"
+    assert len(set(map(tuple, expected))) > len(expected) // 4, "outputs ignore the source"
+    assert nmt_greedy(imported, text) == expected
+    fast = Translator.load(imported)  # the prepared fast path too (swish, output bias)
+    search = SearchConfig(beam_size=1, max_len_a=0.0, max_len_b=MAX_LEN)
+    assert [h[0].tokens for h in fast.translate_ids(fast.src_tok.encode(text), search)] == expected
+    state = load_checkpoint(imported)
+    assert state["model_cfg"]["activation"] == "swish" and state["model_cfg"]["output_bias"]
+    assert state["model_cfg"]["N"] == 2 and state["model_cfg"]["N_dec"] == 1
+
+
+def test_export_of_an_imported_model_is_the_same_model_in_transformers(marian_dir, imported,
+                                                                       tmp_path):
+    out = export(ExportConfig(checkpoint=str(imported), output=str(tmp_path / "hf"),
+                              format="transformers"))
+    again, tokenizer = hf_model(out)
+    original, _ = hf_model(marian_dir)
+    torch.testing.assert_close(again.final_logits_bias, original.final_logits_bias)
+    text = lines("test.en", 0, 48)
+    assert hf_greedy(again, tokenizer, text) == hf_greedy(original, tokenizer, text)
+
+
+def test_fine_tuning_on_data_preprocessed_with_its_vocabulary_lowers_the_loss(imported,
+                                                                             tmp_path):
+    from nmt.preprocess import preprocess
+    from nmt.train import train
+
+    for split, start, n in (("train", 3000, 300), ("valid", 3300, 20)):
+        for lang in ("en", "de"):
+            (tmp_path / f"{split}.{lang}").write_text(
+                "\n".join(lines(f"train.{lang}", start, n)) + "\n", encoding="utf-8")
+    data = tmp_path / "domain"
+    preprocess(to_object(compose("preprocess", [
+        "src_lang=en", "tgt_lang=de", f"train={tmp_path}/train", f"valid={tmp_path}/valid",
+        f"out_dir={data}", f"bpe.model={imported}", "workers=1"]), PreprocessConfig))
+    manifest = json.loads((data / "manifest.json").read_text())
+    vocab = load_checkpoint(imported)["vocab"]
+    assert manifest["vocab_sha256"] == vocab["sha256"] and manifest["joint"]
+    assert (manifest["pad_id"], manifest["bos_id"], manifest["eos_id"]) == (
+        vocab["pad_id"], vocab["pad_id"], 0)
+
+    overrides = model_overrides(ModelConfig(**load_checkpoint(imported)["model_cfg"]))
+    run = tmp_path / "run"
+    result = train(to_object(compose("train", [
+        "+model=small", f"data_dir={data}", f"run_dir={run}", *overrides,
+        f"train.init_from={imported}", "train.max_updates=20", "train.max_tokens=400",
+        "train.threads=1", "optim.warmup=1", "optim.lr_factor=0.02", "model.dropout=0.0"]),
+        TrainConfig))
+    assert result["update"] == 20
+
+    src, tgt = lines("train.en", 3000, 300), lines("train.de", 3000, 300)
+    search = SearchConfig(beam_size=1, alpha=0.0)
+
+    def mean_nll(path: Path) -> float:
+        tr = Translator.load(path, dtype=None)
+        hyps = tr.score_ids(tr.src_tok.encode(src), tr.tgt_tok.encode(tgt), search)
+        return -sum(h.logprob for h in hyps) / sum(len(t) + 1 for t in tr.tgt_tok.encode(tgt))
+
+    before, after = mean_nll(imported), mean_nll(run / "checkpoint_last.pt")
+    assert after < before - 0.5, (before, after)
+
+
+def test_the_command_imports_and_bad_input_is_one_line(marian_dir, tmp_path):
+    def cli(*args):
+        return subprocess.run([str(BIN / "nmt-import"), *args], capture_output=True, text=True,
+                              timeout=120)
+
+    ok = cli(f"input={marian_dir}", f"output={tmp_path / 'm.pt'}")
+    assert ok.returncode == 0, ok.stderr
+    assert "fine-tune it with: nmt-train" in ok.stdout and "model.activation=swish" in ok.stdout
+    again = cli(f"input={marian_dir}", f"output={tmp_path / 'm.pt'}")
+    assert again.returncode != 0 and "exists; give force=true" in again.stderr
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for name in ("source.spm", "target.spm", "vocab.json", "model.safetensors"):
+        (broken / name).write_bytes((marian_dir / name).read_bytes())
+    config = json.loads((marian_dir / "config.json").read_text())
+    cases = [({**config, "activation_function": "tanh"}, "activation_function='tanh'"),
+             ({**config, "model_type": "bart"}, "model_type='bart': only MarianMT"),
+             ({k: v for k, v in config.items() if k != "d_model"}, "missing key 'd_model'"),
+             ({**config, "d_model": 64}, "weights do not fit config.json")]
+    for bad, message in cases:
+        (broken / "config.json").write_text(json.dumps(bad))
+        with pytest.raises(NmtError, match=re.escape(message)) as e:
+            import_marian(ImportConfig(input=str(broken), output=str(tmp_path / "x.pt")))
+        assert "\n" not in str(e.value) and not (tmp_path / "x.pt").exists()
+    r = cli(f"input={tmp_path / 'nowhere'}", f"output={tmp_path / 'x.pt'}")
+    assert r.returncode != 0 and "config.json: not found" in r.stderr
+
