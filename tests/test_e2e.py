@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from nmt.checkpoint import load_checkpoint
+from nmt.files import read_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "scripts/data/debian-po/en-de"
@@ -26,11 +27,11 @@ def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    """The first lines of the bundled sample: 3,000 training pairs, 40 valid, 40 test."""
+    """The first lines of the bundled corpus: 3,000 training pairs, 40 valid, 40 test."""
     d = tmp_path_factory.mktemp("corpus")
     for split, n in (("train", 3000), ("valid", 40), ("test", 40)):
         for lang in ("en", "de"):
-            lines = (CORPUS / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
+            lines = read_lines(str(CORPUS / f"{split}.{lang}.xz"))[:n]
             (d / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return d
 

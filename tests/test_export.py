@@ -2,7 +2,7 @@
 
 The models are random (2+2 layers, d_model 64) with weights scaled up so that outputs depend
 on the source and some end with EOS before the length limit; the vocabulary is a real
-SentencePiece BPE model trained on the bundled debian-po sample, and the inputs are the first
+SentencePiece BPE model trained on the bundled debian-po corpus, and the inputs are the first
 sentences of its test.en. Each export is compared token for token with nmt's greedy search.
 """
 
@@ -22,6 +22,7 @@ from nmt.checkpoint import save_checkpoint
 from nmt.config import ExportConfig, SearchConfig, compose, to_object
 from nmt.errors import ConfigError, NmtError
 from nmt.export import export, feature_permutation
+from nmt.files import read_lines
 from nmt.inference.search import translate_ids
 from nmt.inference.translator import Translator
 from nmt.model import make_model
@@ -46,9 +47,9 @@ SENTENCES = 64
 
 @pytest.fixture(scope="module")
 def spm(tmp_path_factory) -> dict[str, bytes]:
-    """SentencePiece BPE models trained on the sample: joint, English-only, German-only."""
-    en = DATA.joinpath("train.en").read_text(encoding="utf-8").splitlines()[:2000]
-    de = DATA.joinpath("train.de").read_text(encoding="utf-8").splitlines()[:2000]
+    """SentencePiece BPE models trained on its first lines: joint, English-only, German-only."""
+    en = read_lines(str(DATA / "train.en.xz"))[:2000]
+    de = read_lines(str(DATA / "train.de.xz"))[:2000]
     return {"joint": train_bpe(en + de, 500).proto, "en": train_bpe(en, 300).proto,
             "de": train_bpe(de, 400).proto}
 
@@ -56,7 +57,7 @@ def spm(tmp_path_factory) -> dict[str, bytes]:
 @cache
 def bundled_sentences() -> tuple[str, ...]:
     """The first SENTENCES lines of the bundled test.en."""
-    lines = DATA.joinpath("test.en").read_text(encoding="utf-8").splitlines()
+    lines = read_lines(str(DATA / "test.en.xz"))
     return tuple(lines[:SENTENCES])
 
 
