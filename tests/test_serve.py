@@ -27,7 +27,7 @@ from nmt.translate import translate
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 from nmt.serve.app import open_socket, serve  # noqa: E402
-from nmt.serve.batcher import Batcher, QueueFull  # noqa: E402
+from nmt.serve.batcher import Batcher, BatcherStopped, QueueFull  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -35,6 +35,41 @@ CLI = str(Path(sys.executable).parent / "nmt-serve")
 
 
 # ----------------------------------------------------------------------------- the batcher
+class FakeClock:
+    """The batcher's time, moved only by the test (advance): no wall-clock waits or races."""
+
+    def __init__(self):
+        self.t, self.sleepers = 0.0, []  # (when to wake, future)
+
+    def now(self) -> float:
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        wake = asyncio.get_running_loop().create_future()
+        self.sleepers.append((self.t + seconds, wake))
+        await wake
+
+    async def advance(self, seconds: float) -> None:
+        """Move time on by `seconds`, waking each sleeper at its own time, and let every task
+        that can run run before the next wakes."""
+        end = self.t + seconds
+        await settle()
+        while due := [s for s in self.sleepers if s[0] <= end and not s[1].done()]:
+            self.t, wake = min(due, key=lambda s: s[0])
+            wake.set_result(None)
+            await settle()
+        self.sleepers = [s for s in self.sleepers if not s[1].done()]
+        self.t = end
+        await settle()
+
+
+async def settle() -> None:
+    """Let the event loop run every task that is ready (the batcher's futures settle within a
+    few turns: no thread is involved)."""
+    for _ in range(50):
+        await asyncio.sleep(0)
+
+
 def recording_submit(batches: list, fail: bool = False):
     """A submit(search, seqs) that records (beam_size, source lengths) and echoes the sources."""
     def submit(search, seqs):
@@ -48,12 +83,23 @@ def recording_submit(batches: list, fail: bool = False):
     return submit
 
 
+def answer(future: Future, seqs: list) -> None:
+    """Finish a held batch: each source echoed as its hypothesis."""
+    future.set_result([[Hypothesis(s, 0.0, 0.0)] for s in seqs])
+
+
 async def run_batcher(batcher: Batcher, requests, timeout: float = 5.0):
-    """Queue every (seqs, search) request at once; their results or exceptions, in order."""
+    """Queue every (seqs, search) request at once, then move the batcher's fake clock on in
+    10 ms steps until all are answered; their results or exceptions, in order."""
     loop = asyncio.create_task(batcher.run())
+    tasks = [asyncio.create_task(batcher.translate(seqs, search, timeout))
+             for seqs, search in requests]
     try:
-        return await asyncio.gather(*(batcher.translate(seqs, search, timeout)
-                                      for seqs, search in requests), return_exceptions=True)
+        for _ in range(10_000):
+            await batcher.clock.advance(0.01)
+            if all(t.done() for t in tasks):
+                break
+        return await asyncio.gather(*tasks, return_exceptions=True)
     finally:
         loop.cancel()
 
@@ -62,7 +108,7 @@ def test_batcher_shares_batches_between_compatible_requests_only():
     batches = []
     greedy, beam = SearchConfig(beam_size=1), SearchConfig(beam_size=2)
     requests = [([[5] * 4], greedy if i % 4 else beam) for i in range(8)]
-    batcher = Batcher(recording_submit(batches), 1, 40, 0, 0.05, 100)
+    batcher = Batcher(recording_submit(batches), 1, 40, 0, 0.05, 100, FakeClock())
     results = asyncio.run(run_batcher(batcher, requests))
     assert batches == [(2, [4, 4]), (1, [4] * 6)]  # the oldest sentence's settings go first
     assert [r[0][0].tokens for r in results] == [[5] * 4] * 8
@@ -71,11 +117,11 @@ def test_batcher_shares_batches_between_compatible_requests_only():
 
 def test_batcher_keeps_the_token_budget_and_splits_over_idle_workers():
     batches = []
-    batcher = Batcher(recording_submit(batches), 1, 40, 0, 0.05, 100)
+    batcher = Batcher(recording_submit(batches), 1, 40, 0, 0.05, 100, FakeClock())
     asyncio.run(run_batcher(batcher, [([[7] * 9] * 10, SearchConfig())]))
     assert [len(b[1]) for b in batches] == [4, 4, 2]  # 4 x (9 + EOS) = 40 tokens
     batches.clear()
-    batcher = Batcher(recording_submit(batches), 2, 4096, 0, 0.05, 100)
+    batcher = Batcher(recording_submit(batches), 2, 4096, 0, 0.05, 100, FakeClock())
     lengths = [3, 8, 1, 6, 2, 7, 5, 4]
     asyncio.run(run_batcher(batcher, [([[7] * n], SearchConfig()) for n in lengths]))
     # both workers busy (not 8 + 0), and like lengths together: the longest 4, then the rest
@@ -90,18 +136,19 @@ def test_batcher_gives_a_freed_worker_its_share_of_all_sentences_in_flight():
         return held[-1][0]
 
     async def scenario():
-        batcher = Batcher(submit, 2, 4096, 0, 0.01, 100)
+        clock = FakeClock()
+        batcher = Batcher(submit, 2, 4096, 0, 0.01, 100, clock)
         loop = asyncio.create_task(batcher.run())
         first = asyncio.create_task(batcher.translate([[5]], SearchConfig(), 5.0))
-        await asyncio.sleep(0.1)  # one worker busy with 1 sentence
+        await clock.advance(0.01)  # one worker busy with 1 sentence
         rest = asyncio.create_task(batcher.translate([[5]] * 9, SearchConfig(), 5.0))
-        await asyncio.sleep(0.1)
+        await clock.advance(0.01)
         sizes = [len(seqs) for _, seqs in held]
         for future, seqs in held:
-            future.set_result([[Hypothesis(s, 0.0, 0.0)] for s in seqs])
-        await asyncio.sleep(0.1)
+            answer(future, seqs)
+        await settle()
         for future, seqs in held[len(sizes):]:
-            future.set_result([[Hypothesis(s, 0.0, 0.0)] for s in seqs])
+            answer(future, seqs)
         await asyncio.gather(first, rest)
         loop.cancel()
         return sizes, [len(seqs) for _, seqs in held]
@@ -111,9 +158,72 @@ def test_batcher_gives_a_freed_worker_its_share_of_all_sentences_in_flight():
     assert all_sizes == [1, 5, 2, 2]  # then both idle: the 4 left split in two
 
 
+def test_a_sentence_waits_max_wait_from_its_own_arrival_not_from_the_last_batch():
+    clock = FakeClock()
+    held: list[tuple[Future, list]] = []
+    sent: list[float] = []  # when each batch went to the (one) worker
+
+    def submit(search, seqs):
+        sent.append(clock.now())
+        held.append((Future(), seqs))
+        return held[-1][0]
+
+    async def scenario():
+        batcher = Batcher(submit, 1, 4096, 0, 0.05, 100, clock)
+        loop = asyncio.create_task(batcher.run())
+        tasks = [asyncio.create_task(batcher.translate([[1]], SearchConfig(), 60))]
+        await clock.advance(0.06)  # sent at 0.05; the worker is busy until 0.20
+        tasks.append(asyncio.create_task(batcher.translate([[2]], SearchConfig(), 60)))
+        await clock.advance(0.14)  # [2] arrived at 0.06: overdue when the worker frees
+        answer(*held[0])
+        await clock.advance(0.01)
+        tasks.append(asyncio.create_task(batcher.translate([[3]], SearchConfig(), 60)))
+        await clock.advance(0.02)  # [3] arrived at 0.21: due at 0.26, the worker free at 0.23
+        answer(*held[1])
+        await clock.advance(0.1)
+        answer(*held[2])
+        await asyncio.gather(*tasks)
+        loop.cancel()
+
+    asyncio.run(scenario())
+    # from the arrival: 0.20 (at once) and 0.26; from the last batch's end: 0.25 and 0.28
+    assert sent == pytest.approx([0.05, 0.20, 0.26])
+
+
+def test_the_batcher_waits_and_times_out_on_its_clock_only():
+    clock = FakeClock()
+    held: list[tuple[Future, list]] = []
+
+    def submit(search, seqs):
+        held.append((Future(), seqs))
+        return held[-1][0]
+
+    async def scenario():
+        batcher = Batcher(submit, 1, 4096, 0, 10.0, 100, clock)  # 10 s, 30 s: no wall clock
+        loop = asyncio.create_task(batcher.run())
+        first = asyncio.create_task(batcher.translate([[1]], SearchConfig(), 30))
+        await clock.advance(9.5)  # times in binary fractions: exact sums
+        assert not held
+        await clock.advance(0.5)
+        assert len(held) == 1
+        await clock.advance(5.0)
+        answer(*held[0])
+        await settle()
+        assert first.done() and batcher.stats.decode_seconds == 5.0
+        second = asyncio.create_task(batcher.translate([[2]], SearchConfig(), 30))
+        await clock.advance(29.5)  # sent at 25, held by the worker
+        assert len(held) == 2 and not second.done()
+        await clock.advance(0.5)
+        assert isinstance(second.exception(), TimeoutError)
+        loop.cancel()
+        return batcher.stats
+
+    assert asyncio.run(scenario()).timed_out == 1
+
+
 def test_batcher_refuses_beyond_max_queued_and_drops_timed_out_sentences():
     batches = []
-    batcher = Batcher(recording_submit(batches), 1, 4096, 0, 10.0, 3)
+    batcher = Batcher(recording_submit(batches), 1, 4096, 0, 10.0, 3, FakeClock())
     results = asyncio.run(run_batcher(batcher, [([[5], [6]], SearchConfig()),
                                                 ([[5], [6]], SearchConfig())], timeout=0.2))
     assert isinstance(results[0], TimeoutError) and isinstance(results[1], QueueFull)
@@ -123,10 +233,32 @@ def test_batcher_refuses_beyond_max_queued_and_drops_timed_out_sentences():
 
 
 def test_batcher_passes_a_decoding_error_to_every_request_of_the_batch():
-    batcher = Batcher(recording_submit([], fail=True), 1, 4096, 0, 0.01, 100)
+    batcher = Batcher(recording_submit([], fail=True), 1, 4096, 0, 0.01, 100, FakeClock())
     results = asyncio.run(run_batcher(batcher, [([[5]], SearchConfig())] * 2))
     assert all(isinstance(r, RuntimeError) for r in results)
     assert batcher.stats.failed == 1
+
+
+def test_a_failed_batching_loop_fails_the_queued_and_later_requests_at_once():
+    batcher = Batcher(recording_submit([]), 1, 4096, 0, 0.05, 100, FakeClock())
+
+    def broken(key):
+        raise RuntimeError("a bug in _take")
+
+    batcher._take = broken
+
+    async def scenario():
+        loop = asyncio.create_task(batcher.run())
+        queued = asyncio.create_task(batcher.translate([[5]], SearchConfig(), 60))
+        await batcher.clock.advance(0.05)  # not 60 s: it fails as the loop fails
+        assert loop.done() and isinstance(loop.exception(), RuntimeError)
+        with pytest.raises(BatcherStopped, match=r"RuntimeError: a bug in _take"):
+            queued.result()
+        with pytest.raises(BatcherStopped):
+            await batcher.translate([[6]], SearchConfig(), 60)
+
+    asyncio.run(scenario())
+    assert "a bug in _take" in batcher.error and not batcher.queue
 
 
 # ----------------------------------------------------------------------------- config, start-up
