@@ -6,6 +6,7 @@ import asyncio
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -22,11 +23,12 @@ from translate_helpers import save_tiny_checkpoint
 from nmt.config import SearchConfig, ServeConfig, TranslateConfig, compose, to_object
 from nmt.errors import ConfigError, NmtError
 from nmt.inference.search import Hypothesis
+from nmt.inference.translator import Translator
 from nmt.translate import translate
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
-from nmt.serve.app import open_socket, serve  # noqa: E402
+from nmt.serve.app import Service, create_app, open_socket, serve  # noqa: E402
 from nmt.serve.batcher import Batcher, BatcherStopped, QueueFull  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -409,6 +411,118 @@ def server(ckpt):
     assert srv.stop() == 0
 
 
+class InProcess(Server):
+    """nmt-serve's app in this process (uvicorn in a thread, decoding in one thread), so that a
+    test can reach into its Service; `call` and `translate` as Server's."""
+
+    def __init__(self, ckpt: Path, *overrides: str):
+        import uvicorn
+
+        cfg = to_object(compose("serve", [f"checkpoint={ckpt}", "workers=1", "search.max_len_b=8",
+                                          *overrides]), ServeConfig)
+        self.translator = Translator.load(ckpt, dtype="fp32", workers=1)
+        self.service = Service(self.translator, cfg)
+        sock = open_socket("127.0.0.1", 0)
+        self.port = sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(create_app(self.service), loop="asyncio",
+                                                    log_level="warning", access_log=False))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
+                                       daemon=True)
+        self.thread.start()
+        for _ in range(3000):
+            if self.server.started:
+                break
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        """Stop uvicorn and the decoding thread."""
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.translator.close()
+
+
+@pytest.fixture
+def in_process(ckpt):
+    """A fresh in-process server per test (tests may break it)."""
+    srv = InProcess(ckpt, "timeout_s=30")
+    yield srv
+    srv.stop()
+
+
+def test_a_dead_batcher_makes_health_fail_and_requests_fail_fast_with_503(in_process):
+    def broken(key):
+        raise RuntimeError("a bug in _take")
+
+    in_process.service.batcher._take = broken
+    for _ in range(2):  # the request that meets the failure, then one after it
+        status, _, body = in_process.call("POST", "/translate", {"text": ["open file"]})
+        assert (status, body["field"]) == (503, None)  # not 504 after timeout_s=30
+        assert "batching loop failed (RuntimeError: a bug in _take)" in body["error"]
+    status, _, health = in_process.call("GET", "/health")
+    assert (status, health["status"]) == (503, "error")
+    assert "a bug in _take" in health["error"]
+
+
+def test_every_error_is_json_in_the_error_schema(in_process, monkeypatch):
+    def failing(search, seqs):
+        future = Future()
+        future.set_exception(RuntimeError("CUDA out of memory"))
+        return future
+
+    monkeypatch.setattr(in_process.service.batcher, "submit", failing)
+    status, response, body = in_process.call("POST", "/translate", {"text": ["open file"]})
+    assert status == 500 and response.getheader("content-type") == "application/json"
+    assert body == {"error": "decoding failed (RuntimeError: CUDA out of memory)",
+                    "field": None}
+    assert in_process.call("GET", "/health")[0] == 200  # one failed batch: still serving
+
+    def bug(req):
+        raise KeyError("beam_size")
+
+    monkeypatch.setattr(in_process.service, "search_of", bug)
+    status, response, body = in_process.call("POST", "/translate", {"text": ["open file"]})
+    assert status == 500 and body == {"error": "internal error (KeyError: 'beam_size')",
+                                      "field": None}
+    for path in ("/nope", "/translate"):  # 404 and 405 (GET)
+        status, _, body = in_process.call("GET", path)
+        assert status in (404, 405) and set(body) == {"error", "field"}
+
+
+@pytest.fixture(scope="module")
+def page_server(ckpt):
+    """One in-process server for the tests that leave it as it is."""
+    srv = InProcess(ckpt)
+    yield srv
+    srv.stop()
+
+
+def test_the_page_is_self_contained_html(page_server):
+    status, response, page = page_server.call("GET", "/")
+    assert status == 200 and response.getheader("content-type").startswith("text/html")
+    assert "<textarea" in page and "<script>" in page and "<svg" in page
+    for external in ("http://", "https://", "//cdn", "<link", "@import", "url("):
+        assert external not in page, external
+    assert not re.search(r"\bsrc\s*=", page)  # no script, image or frame from elsewhere
+    assert "default-src 'none'" in response.getheader("content-security-policy")
+    assert 'fetch("translate"' in page and 'fetch("health"' in page  # the API below
+
+
+def test_attention_comes_back_for_each_sentence_when_asked(page_server):
+    text = ["open the file", "show hidden files and folders"]
+    plain = page_server.translate(text, nbest=4)
+    got = page_server.translate(text, nbest=4, attention=True)  # what the page asks for
+    assert [t["nbest"] for t in got] == [t["nbest"] for t in plain]  # same translations
+    tokenizer = page_server.translator.src_tok
+    for line, t in zip(text, got, strict=True):
+        a = t["attention"]
+        assert a["source"] == tokenizer.pieces(tokenizer.encode([line])[0]) + ["</s>"]
+        assert "".join(a["target"][:-1]).replace("\u2581", " ").strip() == t["text"]
+        assert len(a["weights"]) == len(a["target"])
+        for row in a["weights"]:
+            assert len(row) == len(a["source"]) and sum(row) == pytest.approx(1, abs=1e-3)
+    assert all("attention" not in t for t in plain)
+
+
 def nmt_translate(ckpt, tiny_data_dir, **search) -> dict:
     """nmt-translate's result on the same lines with the same settings."""
     args = [f"checkpoint={ckpt}", f"input={tiny_data_dir / 'test.clean.en'}", "quiet=true",
@@ -503,10 +617,11 @@ def test_the_openapi_page_documents_the_api(server):
     assert status == 200
     assert {"/translate", "/health", "/stats"} <= set(spec["paths"])
     request = spec["components"]["schemas"]["TranslateRequest"]["properties"]
-    assert {"text", "beam_size", "nbest", "alpha", "max_len_a", "max_len_b", "min_len"} == set(
-        request)
+    assert {"text", "beam_size", "nbest", "alpha", "max_len_a", "max_len_b", "min_len",
+            "attention"} == set(request)
     assert all(p.get("description") for p in request.values())
-    assert set(spec["paths"]["/translate"]["post"]["responses"]) >= {"200", "413", "422", "503"}
+    assert set(spec["paths"]["/translate"]["post"]["responses"]) >= {"200", "413", "422", "500",
+                                                                     "503"}
     assert server.call("GET", "/docs")[0] == 200
 
 
