@@ -1,4 +1,4 @@
-# nmt: make install | test | test-quick | test-slow | test-gpu | test-floor | lint | demo
+# nmt: make install | test | test-quick | test-slow | test-gpu | test-browser | test-floor | lint | demo
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -14,7 +14,7 @@ FLOOR_INDEX ?=
 FLOOR  := .venv-floor
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-quick test-slow test-gpu test-floor lint demo clean
+.PHONY: install test test-quick test-slow test-gpu test-browser test-floor lint demo clean
 
 install: $(STAMP)
 
@@ -25,22 +25,29 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
-# Every test (GPU tests skip themselves without one). test-quick leaves out the ones marked slow
-# (subprocesses, servers, torchrun, the wheel build, training to convergence) for the edit-test
-# loop; test-slow runs only those.
+# Every test (GPU tests skip themselves without one) but the browser's (test-browser).
+# test-quick leaves out the ones marked slow (subprocesses, servers, torchrun, the wheel build,
+# training to convergence) for the edit-test loop; test-slow runs only those.
 test: install
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not browser"
 
 test-quick: install
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -m "not slow and not browser"
 
 test-slow: install
-	$(BIN)/python -m pytest -m slow
+	$(BIN)/python -m pytest -m "slow and not browser"
 
 # The GPU suite (tests/test_gpu.py): NCCL, bf16/fp16, resume, averaging, translation, torchrun
 # over every GPU present. Install a CUDA build of torch into .venv first.
 test-gpu: install
 	$(BIN)/python -m pytest -m gpu -v
+
+# nmt-serve's page (GET /) in headless chromium over the DevTools protocol
+# (tests/test_browser.py): Debian's chromium is installed first if missing (apt-get, as root);
+# the screenshot is build/serve-page.png.
+test-browser: install
+	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
+	$(BIN)/python -m pytest -m browser -v
 
 # The whole suite on the floor torch, in its own venv (outside `make test`: a large download).
 test-floor:
@@ -49,7 +56,7 @@ test-floor:
 	$(FLOOR)/bin/python -m pip install -q $(FLOOR_INDEX) "torch==$(TORCH_FLOOR)"
 	$(FLOOR)/bin/python -m pip install -q "torch==$(TORCH_FLOOR)" -e ".[$(EXTRAS)]"
 	$(FLOOR)/bin/python -c "import torch; assert torch.__version__.split('+')[0] == '$(TORCH_FLOOR)', torch.__version__"
-	$(FLOOR)/bin/python -m pytest -p no:cacheprovider
+	$(FLOOR)/bin/python -m pytest -p no:cacheprovider -m "not browser"
 
 lint: install
 	$(BIN)/ruff check nmt tests scripts

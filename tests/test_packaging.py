@@ -25,6 +25,7 @@ def test_wheel_ships_the_configs_and_composes_from_them(tmp_path):
     for yaml in ("train.yaml", "model/base.yaml", "model/big.yaml", "model/small.yaml",
                  "hydra/launcher/slurm.yaml"):
         assert f"nmt/configs/{yaml}" in names
+    assert "nmt/serve/page.html" in names  # nmt-serve's GET /
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     code = ("import nmt, sys; from nmt.config import compose;"

@@ -6,6 +6,7 @@ import asyncio
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -22,12 +23,13 @@ from translate_helpers import save_tiny_checkpoint
 from nmt.config import SearchConfig, ServeConfig, TranslateConfig, compose, to_object
 from nmt.errors import ConfigError, NmtError
 from nmt.inference.search import Hypothesis
+from nmt.inference.translator import Translator
 from nmt.translate import translate
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
-from nmt.serve.app import open_socket, serve  # noqa: E402
-from nmt.serve.batcher import Batcher, QueueFull  # noqa: E402
+from nmt.serve.app import Service, create_app, open_socket, serve  # noqa: E402
+from nmt.serve.batcher import Batcher, BatcherStopped, QueueFull  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -35,6 +37,41 @@ CLI = str(Path(sys.executable).parent / "nmt-serve")
 
 
 # ----------------------------------------------------------------------------- the batcher
+class FakeClock:
+    """The batcher's time, moved only by the test (advance): no wall-clock waits or races."""
+
+    def __init__(self):
+        self.t, self.sleepers = 0.0, []  # (when to wake, future)
+
+    def now(self) -> float:
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        wake = asyncio.get_running_loop().create_future()
+        self.sleepers.append((self.t + seconds, wake))
+        await wake
+
+    async def advance(self, seconds: float) -> None:
+        """Move time on by `seconds`, waking each sleeper at its own time, and let every task
+        that can run run before the next wakes."""
+        end = self.t + seconds
+        await settle()
+        while due := [s for s in self.sleepers if s[0] <= end and not s[1].done()]:
+            self.t, wake = min(due, key=lambda s: s[0])
+            wake.set_result(None)
+            await settle()
+        self.sleepers = [s for s in self.sleepers if not s[1].done()]
+        self.t = end
+        await settle()
+
+
+async def settle() -> None:
+    """Let the event loop run every task that is ready (the batcher's futures settle within a
+    few turns: no thread is involved)."""
+    for _ in range(50):
+        await asyncio.sleep(0)
+
+
 def recording_submit(batches: list, fail: bool = False):
     """A submit(search, seqs) that records (beam_size, source lengths) and echoes the sources."""
     def submit(search, seqs):
@@ -48,12 +85,23 @@ def recording_submit(batches: list, fail: bool = False):
     return submit
 
 
+def answer(future: Future, seqs: list) -> None:
+    """Finish a held batch: each source echoed as its hypothesis."""
+    future.set_result([[Hypothesis(s, 0.0, 0.0)] for s in seqs])
+
+
 async def run_batcher(batcher: Batcher, requests, timeout: float = 5.0):
-    """Queue every (seqs, search) request at once; their results or exceptions, in order."""
+    """Queue every (seqs, search) request at once, then move the batcher's fake clock on in
+    10 ms steps until all are answered; their results or exceptions, in order."""
     loop = asyncio.create_task(batcher.run())
+    tasks = [asyncio.create_task(batcher.translate(seqs, search, timeout))
+             for seqs, search in requests]
     try:
-        return await asyncio.gather(*(batcher.translate(seqs, search, timeout)
-                                      for seqs, search in requests), return_exceptions=True)
+        for _ in range(10_000):
+            await batcher.clock.advance(0.01)
+            if all(t.done() for t in tasks):
+                break
+        return await asyncio.gather(*tasks, return_exceptions=True)
     finally:
         loop.cancel()
 
@@ -62,7 +110,7 @@ def test_batcher_shares_batches_between_compatible_requests_only():
     batches = []
     greedy, beam = SearchConfig(beam_size=1), SearchConfig(beam_size=2)
     requests = [([[5] * 4], greedy if i % 4 else beam) for i in range(8)]
-    batcher = Batcher(recording_submit(batches), 1, 40, 0, 0.05, 100)
+    batcher = Batcher(recording_submit(batches), 1, 40, 0, 0.05, 100, FakeClock())
     results = asyncio.run(run_batcher(batcher, requests))
     assert batches == [(2, [4, 4]), (1, [4] * 6)]  # the oldest sentence's settings go first
     assert [r[0][0].tokens for r in results] == [[5] * 4] * 8
@@ -71,11 +119,11 @@ def test_batcher_shares_batches_between_compatible_requests_only():
 
 def test_batcher_keeps_the_token_budget_and_splits_over_idle_workers():
     batches = []
-    batcher = Batcher(recording_submit(batches), 1, 40, 0, 0.05, 100)
+    batcher = Batcher(recording_submit(batches), 1, 40, 0, 0.05, 100, FakeClock())
     asyncio.run(run_batcher(batcher, [([[7] * 9] * 10, SearchConfig())]))
     assert [len(b[1]) for b in batches] == [4, 4, 2]  # 4 x (9 + EOS) = 40 tokens
     batches.clear()
-    batcher = Batcher(recording_submit(batches), 2, 4096, 0, 0.05, 100)
+    batcher = Batcher(recording_submit(batches), 2, 4096, 0, 0.05, 100, FakeClock())
     lengths = [3, 8, 1, 6, 2, 7, 5, 4]
     asyncio.run(run_batcher(batcher, [([[7] * n], SearchConfig()) for n in lengths]))
     # both workers busy (not 8 + 0), and like lengths together: the longest 4, then the rest
@@ -90,18 +138,19 @@ def test_batcher_gives_a_freed_worker_its_share_of_all_sentences_in_flight():
         return held[-1][0]
 
     async def scenario():
-        batcher = Batcher(submit, 2, 4096, 0, 0.01, 100)
+        clock = FakeClock()
+        batcher = Batcher(submit, 2, 4096, 0, 0.01, 100, clock)
         loop = asyncio.create_task(batcher.run())
         first = asyncio.create_task(batcher.translate([[5]], SearchConfig(), 5.0))
-        await asyncio.sleep(0.1)  # one worker busy with 1 sentence
+        await clock.advance(0.01)  # one worker busy with 1 sentence
         rest = asyncio.create_task(batcher.translate([[5]] * 9, SearchConfig(), 5.0))
-        await asyncio.sleep(0.1)
+        await clock.advance(0.01)
         sizes = [len(seqs) for _, seqs in held]
         for future, seqs in held:
-            future.set_result([[Hypothesis(s, 0.0, 0.0)] for s in seqs])
-        await asyncio.sleep(0.1)
+            answer(future, seqs)
+        await settle()
         for future, seqs in held[len(sizes):]:
-            future.set_result([[Hypothesis(s, 0.0, 0.0)] for s in seqs])
+            answer(future, seqs)
         await asyncio.gather(first, rest)
         loop.cancel()
         return sizes, [len(seqs) for _, seqs in held]
@@ -111,9 +160,72 @@ def test_batcher_gives_a_freed_worker_its_share_of_all_sentences_in_flight():
     assert all_sizes == [1, 5, 2, 2]  # then both idle: the 4 left split in two
 
 
+def test_a_sentence_waits_max_wait_from_its_own_arrival_not_from_the_last_batch():
+    clock = FakeClock()
+    held: list[tuple[Future, list]] = []
+    sent: list[float] = []  # when each batch went to the (one) worker
+
+    def submit(search, seqs):
+        sent.append(clock.now())
+        held.append((Future(), seqs))
+        return held[-1][0]
+
+    async def scenario():
+        batcher = Batcher(submit, 1, 4096, 0, 0.05, 100, clock)
+        loop = asyncio.create_task(batcher.run())
+        tasks = [asyncio.create_task(batcher.translate([[1]], SearchConfig(), 60))]
+        await clock.advance(0.06)  # sent at 0.05; the worker is busy until 0.20
+        tasks.append(asyncio.create_task(batcher.translate([[2]], SearchConfig(), 60)))
+        await clock.advance(0.14)  # [2] arrived at 0.06: overdue when the worker frees
+        answer(*held[0])
+        await clock.advance(0.01)
+        tasks.append(asyncio.create_task(batcher.translate([[3]], SearchConfig(), 60)))
+        await clock.advance(0.02)  # [3] arrived at 0.21: due at 0.26, the worker free at 0.23
+        answer(*held[1])
+        await clock.advance(0.1)
+        answer(*held[2])
+        await asyncio.gather(*tasks)
+        loop.cancel()
+
+    asyncio.run(scenario())
+    # from the arrival: 0.20 (at once) and 0.26; from the last batch's end: 0.25 and 0.28
+    assert sent == pytest.approx([0.05, 0.20, 0.26])
+
+
+def test_the_batcher_waits_and_times_out_on_its_clock_only():
+    clock = FakeClock()
+    held: list[tuple[Future, list]] = []
+
+    def submit(search, seqs):
+        held.append((Future(), seqs))
+        return held[-1][0]
+
+    async def scenario():
+        batcher = Batcher(submit, 1, 4096, 0, 10.0, 100, clock)  # 10 s, 30 s: no wall clock
+        loop = asyncio.create_task(batcher.run())
+        first = asyncio.create_task(batcher.translate([[1]], SearchConfig(), 30))
+        await clock.advance(9.5)  # times in binary fractions: exact sums
+        assert not held
+        await clock.advance(0.5)
+        assert len(held) == 1
+        await clock.advance(5.0)
+        answer(*held[0])
+        await settle()
+        assert first.done() and batcher.stats.decode_seconds == 5.0
+        second = asyncio.create_task(batcher.translate([[2]], SearchConfig(), 30))
+        await clock.advance(29.5)  # sent at 25, held by the worker
+        assert len(held) == 2 and not second.done()
+        await clock.advance(0.5)
+        assert isinstance(second.exception(), TimeoutError)
+        loop.cancel()
+        return batcher.stats
+
+    assert asyncio.run(scenario()).timed_out == 1
+
+
 def test_batcher_refuses_beyond_max_queued_and_drops_timed_out_sentences():
     batches = []
-    batcher = Batcher(recording_submit(batches), 1, 4096, 0, 10.0, 3)
+    batcher = Batcher(recording_submit(batches), 1, 4096, 0, 10.0, 3, FakeClock())
     results = asyncio.run(run_batcher(batcher, [([[5], [6]], SearchConfig()),
                                                 ([[5], [6]], SearchConfig())], timeout=0.2))
     assert isinstance(results[0], TimeoutError) and isinstance(results[1], QueueFull)
@@ -123,10 +235,32 @@ def test_batcher_refuses_beyond_max_queued_and_drops_timed_out_sentences():
 
 
 def test_batcher_passes_a_decoding_error_to_every_request_of_the_batch():
-    batcher = Batcher(recording_submit([], fail=True), 1, 4096, 0, 0.01, 100)
+    batcher = Batcher(recording_submit([], fail=True), 1, 4096, 0, 0.01, 100, FakeClock())
     results = asyncio.run(run_batcher(batcher, [([[5]], SearchConfig())] * 2))
     assert all(isinstance(r, RuntimeError) for r in results)
     assert batcher.stats.failed == 1
+
+
+def test_a_failed_batching_loop_fails_the_queued_and_later_requests_at_once():
+    batcher = Batcher(recording_submit([]), 1, 4096, 0, 0.05, 100, FakeClock())
+
+    def broken(key):
+        raise RuntimeError("a bug in _take")
+
+    batcher._take = broken
+
+    async def scenario():
+        loop = asyncio.create_task(batcher.run())
+        queued = asyncio.create_task(batcher.translate([[5]], SearchConfig(), 60))
+        await batcher.clock.advance(0.05)  # not 60 s: it fails as the loop fails
+        assert loop.done() and isinstance(loop.exception(), RuntimeError)
+        with pytest.raises(BatcherStopped, match=r"RuntimeError: a bug in _take"):
+            queued.result()
+        with pytest.raises(BatcherStopped):
+            await batcher.translate([[6]], SearchConfig(), 60)
+
+    asyncio.run(scenario())
+    assert "a bug in _take" in batcher.error and not batcher.queue
 
 
 # ----------------------------------------------------------------------------- config, start-up
@@ -277,6 +411,118 @@ def server(ckpt):
     assert srv.stop() == 0
 
 
+class InProcess(Server):
+    """nmt-serve's app in this process (uvicorn in a thread, decoding in one thread), so that a
+    test can reach into its Service; `call` and `translate` as Server's."""
+
+    def __init__(self, ckpt: Path, *overrides: str):
+        import uvicorn
+
+        cfg = to_object(compose("serve", [f"checkpoint={ckpt}", "workers=1", "search.max_len_b=8",
+                                          *overrides]), ServeConfig)
+        self.translator = Translator.load(ckpt, dtype="fp32", workers=1)
+        self.service = Service(self.translator, cfg)
+        sock = open_socket("127.0.0.1", 0)
+        self.port = sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(create_app(self.service), loop="asyncio",
+                                                    log_level="warning", access_log=False))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
+                                       daemon=True)
+        self.thread.start()
+        for _ in range(3000):
+            if self.server.started:
+                break
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        """Stop uvicorn and the decoding thread."""
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.translator.close()
+
+
+@pytest.fixture
+def in_process(ckpt):
+    """A fresh in-process server per test (tests may break it)."""
+    srv = InProcess(ckpt, "timeout_s=30")
+    yield srv
+    srv.stop()
+
+
+def test_a_dead_batcher_makes_health_fail_and_requests_fail_fast_with_503(in_process):
+    def broken(key):
+        raise RuntimeError("a bug in _take")
+
+    in_process.service.batcher._take = broken
+    for _ in range(2):  # the request that meets the failure, then one after it
+        status, _, body = in_process.call("POST", "/translate", {"text": ["open file"]})
+        assert (status, body["field"]) == (503, None)  # not 504 after timeout_s=30
+        assert "batching loop failed (RuntimeError: a bug in _take)" in body["error"]
+    status, _, health = in_process.call("GET", "/health")
+    assert (status, health["status"]) == (503, "error")
+    assert "a bug in _take" in health["error"]
+
+
+def test_every_error_is_json_in_the_error_schema(in_process, monkeypatch):
+    def failing(search, seqs):
+        future = Future()
+        future.set_exception(RuntimeError("CUDA out of memory"))
+        return future
+
+    monkeypatch.setattr(in_process.service.batcher, "submit", failing)
+    status, response, body = in_process.call("POST", "/translate", {"text": ["open file"]})
+    assert status == 500 and response.getheader("content-type") == "application/json"
+    assert body == {"error": "decoding failed (RuntimeError: CUDA out of memory)",
+                    "field": None}
+    assert in_process.call("GET", "/health")[0] == 200  # one failed batch: still serving
+
+    def bug(req):
+        raise KeyError("beam_size")
+
+    monkeypatch.setattr(in_process.service, "search_of", bug)
+    status, response, body = in_process.call("POST", "/translate", {"text": ["open file"]})
+    assert status == 500 and body == {"error": "internal error (KeyError: 'beam_size')",
+                                      "field": None}
+    for path in ("/nope", "/translate"):  # 404 and 405 (GET)
+        status, _, body = in_process.call("GET", path)
+        assert status in (404, 405) and set(body) == {"error", "field"}
+
+
+@pytest.fixture(scope="module")
+def page_server(ckpt):
+    """One in-process server for the tests that leave it as it is."""
+    srv = InProcess(ckpt)
+    yield srv
+    srv.stop()
+
+
+def test_the_page_is_self_contained_html(page_server):
+    status, response, page = page_server.call("GET", "/")
+    assert status == 200 and response.getheader("content-type").startswith("text/html")
+    assert "<textarea" in page and "<script>" in page and "<svg" in page
+    for external in ("http://", "https://", "//cdn", "<link", "@import", "url("):
+        assert external not in page, external
+    assert not re.search(r"\bsrc\s*=", page)  # no script, image or frame from elsewhere
+    assert "default-src 'none'" in response.getheader("content-security-policy")
+    assert 'fetch("translate"' in page and 'fetch("health"' in page  # the API below
+
+
+def test_attention_comes_back_for_each_sentence_when_asked(page_server):
+    text = ["open the file", "show hidden files and folders"]
+    plain = page_server.translate(text, nbest=4)
+    got = page_server.translate(text, nbest=4, attention=True)  # what the page asks for
+    assert [t["nbest"] for t in got] == [t["nbest"] for t in plain]  # same translations
+    tokenizer = page_server.translator.src_tok
+    for line, t in zip(text, got, strict=True):
+        a = t["attention"]
+        assert a["source"] == tokenizer.pieces(tokenizer.encode([line])[0]) + ["</s>"]
+        assert "".join(a["target"][:-1]).replace("\u2581", " ").strip() == t["text"]
+        assert len(a["weights"]) == len(a["target"])
+        for row in a["weights"]:
+            assert len(row) == len(a["source"]) and sum(row) == pytest.approx(1, abs=1e-3)
+    assert all("attention" not in t for t in plain)
+
+
 def nmt_translate(ckpt, tiny_data_dir, **search) -> dict:
     """nmt-translate's result on the same lines with the same settings."""
     args = [f"checkpoint={ckpt}", f"input={tiny_data_dir / 'test.clean.en'}", "quiet=true",
@@ -371,10 +617,11 @@ def test_the_openapi_page_documents_the_api(server):
     assert status == 200
     assert {"/translate", "/health", "/stats"} <= set(spec["paths"])
     request = spec["components"]["schemas"]["TranslateRequest"]["properties"]
-    assert {"text", "beam_size", "nbest", "alpha", "max_len_a", "max_len_b", "min_len"} == set(
-        request)
+    assert {"text", "beam_size", "nbest", "alpha", "max_len_a", "max_len_b", "min_len",
+            "attention"} == set(request)
     assert all(p.get("description") for p in request.values())
-    assert set(spec["paths"]["/translate"]["post"]["responses"]) >= {"200", "413", "422", "503"}
+    assert set(spec["paths"]["/translate"]["post"]["responses"]) >= {"200", "413", "422", "500",
+                                                                     "503"}
     assert server.call("GET", "/docs")[0] == 200
 
 

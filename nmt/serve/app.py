@@ -1,26 +1,28 @@
 """nmt-serve: a checkpoint behind an HTTP endpoint; concurrent requests share decoding batches.
 
 POST /translate takes {"text": [...]} with optional search settings and answers with the
-translations in input order and their scores; GET /health says whether the model is loaded
-(and the server's limits and defaults); GET /stats counts requests, sentences and batches;
-/docs is the OpenAPI page.
+translations in input order and their scores (and, with "attention": true, where each looked
+in its source); GET /health says whether the server can translate (and its limits and
+defaults); GET /stats counts requests, sentences and batches; /docs is the OpenAPI page; GET /
+is a page to try it in a browser (nmt/serve/page.html, self-contained).
 
 How a request travels. The handler, on the event loop, checks the request against the
 server's limits, encodes its sentences with the checkpoint's SentencePiece model and queues
 them in the Batcher. The Batcher fills a batch with the oldest queued sentence and the
 sentences with the same search settings behind it, within the token budget search.max_tokens
 (padding counted); it sends the batch when the budget is full or when the oldest sentence has
-waited max_wait_ms (counted from the last batch's end if that is later, so that the answered
-clients' next requests join in), and a batch takes at most its worker's share of all sentences
-in flight, so that the workers' batches stay balanced (longest first while several workers
-are idle, so that like lengths share a batch). Decoding (nmt.inference.search.translate_nbest) runs
-off the event loop: in forked one-thread processes, one per core, on the CPU (what
-nmt-translate does), or in one thread (workers=1, or CUDA).
+waited max_wait_ms since it arrived, and a batch takes at most its worker's share of all
+sentences in flight, so that the workers' batches stay balanced (longest first while several
+workers are idle, so that like lengths share a batch). Decoding
+(nmt.inference.search.translate_nbest) runs off the event loop: in forked one-thread
+processes, one per core, on the CPU (what nmt-translate does), or in one thread (workers=1,
+or CUDA).
 
 Limits: max_sentences and max_chars per request (413), max_queued sentences waiting (503 with
 Retry-After), timeout_s per request (504). Bad JSON, wrong types, empty or non-Unicode text
-get a 4xx JSON error naming the field. SIGTERM stops accepting connections, answers the
-requests in flight, then exits with status 0.
+get a 4xx JSON error naming the field; every error, a failed decoding (500) or a dead batcher
+(503, and GET /health says why) included, is JSON in the ErrorResponse schema. SIGTERM
+stops accepting connections, answers the requests in flight, then exits with status 0.
 """
 
 from __future__ import annotations
@@ -31,15 +33,17 @@ import math
 import signal
 import socket
 import sys
+import threading
 import typing
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import asynccontextmanager
 from dataclasses import asdict, replace
+from importlib.resources import files
 from typing import Annotated
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 from starlette.exceptions import HTTPException
 
@@ -47,12 +51,16 @@ from nmt.config import SearchConfig, ServeConfig, check_search_device
 from nmt.errors import ConfigError, NmtError
 from nmt.inference.search import Hypothesis
 from nmt.inference.translator import Translator
+from nmt.plot import attention_weights
 from nmt.runtime import keep_freed_memory, pick_device, usable_cores
-from nmt.serve.batcher import Batcher, BatchStats, QueueFull
+from nmt.serve.batcher import Batcher, BatcherStopped, BatchStats, QueueFull
 from nmt.translate import check_vocab
 
 PROG = "nmt-serve"
 SEARCH_FIELDS = ("beam_size", "nbest", "alpha", "max_len_a", "max_len_b", "min_len")
+# GET /'s page may run its own inline script and style and call this server, nothing else.
+CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+       "connect-src 'self'; img-src 'self' data:")
 
 
 def log(message: str) -> None:
@@ -96,6 +104,8 @@ class TranslateRequest(BaseModel):
         "See max_len_a; at most the server's max_len_b."))
     min_len: int | None = Field(None, ge=0, description=(
         "End of sentence is forbidden before this many output tokens; at most max_len_b."))
+    attention: bool = Field(False, description=(
+        "Also return each best translation's encoder-decoder attention over its source."))
 
 
 class Scored(BaseModel):
@@ -104,6 +114,19 @@ class Scored(BaseModel):
     text: str = Field(description="The detokenized hypothesis.")
     score: float | None = Field(description=(
         "log P(Y|X) / ((5 + |Y|) / 6)^alpha; null if the search found no hypothesis."))
+
+
+class Attention(BaseModel):
+    """Where a translation looked in its source: the model's encoder-decoder attention with the
+    translation teacher-forced, averaged over the heads of the last decoder layer."""
+
+    source: list[str] = Field(description="The source's subword pieces, then </s>: the columns.")
+    target: list[str] = Field(description=(
+        "The translation's subword pieces, then </s>: the rows (each the piece its decoder "
+        "position produced)."))
+    weights: list[list[float]] = Field(description=(
+        "One row per target piece: its attention weights over the source pieces (summing "
+        "to 1), rounded to 4 digits."))
 
 
 class Translation(BaseModel):
@@ -116,6 +139,7 @@ class Translation(BaseModel):
         "The source had more subword tokens than the server's max_input_tokens and was cut."))
     nbest: list[Scored] | None = Field(None, description=(
         "When nbest > 1: the nbest hypotheses, best first (the first is text and score)."))
+    attention: Attention | None = Field(None, description="When the request asked for it.")
 
 
 class TranslateResponse(BaseModel):
@@ -130,7 +154,7 @@ class ErrorResponse(BaseModel):
     error: str = Field(description="One line: the field, then what is wrong with it.")
     field: str | None = Field(description=(
         'The offending field, e.g. "text[2]", "beam_size", "body"; null when the request is '
-        'fine but the server cannot take it now (503, 504).'))
+        'fine but the server cannot answer it (500, 503, 504).'))
 
 
 class ApiError(Exception):
@@ -146,7 +170,9 @@ ERRORS = {code: {"model": ErrorResponse, "description": what} for code, what in 
     (400, "The body is not JSON or not UTF-8."),
     (413, "Too many sentences or characters, or too large a body."),
     (422, "A field has the wrong type or value."),
-    (503, "The queue is full (see Retry-After) or the decoding workers are gone."),
+    (500, "Decoding failed, or another error inside the server."),
+    (503, "The queue is full (see Retry-After), or the server cannot translate any more "
+          "(the decoding workers or the batching loop are gone; GET /health says why)."),
     (504, "The request took longer than the server's timeout_s."))}
 
 
@@ -195,8 +221,16 @@ class Service:
         self.batcher = Batcher(translator.submit, translator.workers, cfg.search.max_tokens,
                                cfg.search.max_sentences, cfg.max_wait_ms / 1000, cfg.max_queued)
         self.requests = 0  # requests answered with translations
-        self.broken = ""  # why decoding is impossible, once it is
+        self.pool_error = ""  # why the decoding processes cannot decode, once they cannot
         self.max_input = min(cfg.max_input_tokens, translator.model.cfg.max_positions - 1)
+        self.model_lock = threading.Lock()  # one attention_weights at a time (it sets flags)
+
+    @property
+    def broken(self) -> str:
+        """Why the server cannot translate any more; "" while it can."""
+        if self.batcher.error:
+            return f"{self.batcher.error}; restart the server"
+        return self.pool_error
 
     def search_of(self, req: TranslateRequest) -> SearchConfig:
         """The server's search settings with the request's overrides, within the limits."""
@@ -240,28 +274,49 @@ class Service:
             raise ApiError(504, None, f"not translated within timeout_s="
                                           f"{self.cfg.timeout_s:g} seconds") from None
         except BrokenProcessPool:
-            self.broken = "the decoding processes died; restart the server"
-            log(f"error: {self.broken}")
+            self.pool_error = "the decoding processes died; restart the server"
+            log(f"error: {self.pool_error}")
+            raise ApiError(503, None, self.pool_error) from None
+        except BatcherStopped:
             raise ApiError(503, None, self.broken) from None
+        except Exception as e:  # an error inside the search: this request fails, not the server
+            log(f"error: decoding failed ({type(e).__name__}: {e})")
+            raise ApiError(500, None, f"decoding failed ({type(e).__name__}: {e})") from None
+        maps = [None] * len(ids)
+        if req.attention:
+            maps = await asyncio.to_thread(lambda: [self.attention(src, hyps[0].tokens)
+                                                    for src, hyps in zip(ids, nbest, strict=True)])
         self.requests += 1
         return TranslateResponse(translations=[
-            self._translation(hyps, len(f) > self.max_input, search.nbest)
-            for hyps, f in zip(nbest, full, strict=True)])
+            self._translation(hyps, len(f) > self.max_input, search.nbest, a)
+            for hyps, f, a in zip(nbest, full, maps, strict=True)])
 
-    def _translation(self, hyps: list[Hypothesis], truncated: bool, nbest: int) -> Translation:
+    def attention(self, src_ids: list[int], out_ids: list[int]) -> Attention:
+        """The (first) model's encoder-decoder attention of one pair, last decoder layer, heads
+        averaged: out_ids teacher-forced on src_ids (as nmt-translate's attention_plot)."""
+        t = self.translator
+        with self.model_lock:
+            kinds = attention_weights(t.model, src_ids, out_ids, t.specials)
+        rows = kinds["encoder_decoder"][-1].mean(0)  # (N, h, T, S) -> (T, S)
+        return Attention(source=t.src_tok.pieces(src_ids) + ["</s>"],
+                         target=t.tgt_tok.pieces(out_ids) + ["</s>"],
+                         weights=[[round(w, 4) for w in row] for row in rows.tolist()])
+
+    def _translation(self, hyps: list[Hypothesis], truncated: bool, nbest: int,
+                     attention: Attention | None) -> Translation:
         """One sentence's answer from its hypotheses."""
         texts = self.translator.tgt_tok.decode([h.tokens for h in hyps])
         scored = [Scored(text=t, score=h.score if math.isfinite(h.score) else None)
                   for h, t in zip(hyps, texts, strict=True)]
         return Translation(text=scored[0].text, score=scored[0].score, truncated=truncated,
-                           nbest=scored if nbest > 1 else None)
+                           nbest=scored if nbest > 1 else None, attention=attention)
 
     def health(self) -> HealthResponse:
         """GET /health: the model, the workers, the limits and the default search settings."""
-        cfg = self.cfg
+        cfg, broken = self.cfg, self.broken
         return HealthResponse(
-            status="error" if self.broken else "ok", model_loaded=True,
-            error=self.broken or None, checkpoint=cfg.checkpoint,
+            status="error" if broken else "ok", model_loaded=True,
+            error=broken or None, checkpoint=cfg.checkpoint,
             device=str(self.translator.device), workers=self.workers,
             limits={k: getattr(cfg, k) for k in (
                 "max_sentences", "max_chars", "max_queued", "max_input_tokens", "timeout_s",
@@ -340,7 +395,7 @@ async def _invalid_request(request: Request, exc: RequestValidationError) -> JSO
     field = _field_name(tuple(first.get("loc", ())))
     message = first.get("msg", "invalid").removeprefix("Value error, ")
     if first.get("type") == "extra_forbidden":
-        message = f"unknown field (known: text, {', '.join(SEARCH_FIELDS)})"
+        message = f"unknown field (known: text, {', '.join(SEARCH_FIELDS)}, attention)"
     elif field == "body":
         message = ('must be a JSON object like {"text": ["..."]}, sent with Content-Type: '
                    'application/json')
@@ -358,12 +413,26 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     return _error_response(ApiError(exc.status_code, field, str(exc.detail)))
 
 
+async def _server_error(request: Request, exc: Exception) -> JSONResponse:
+    """Any other exception: a 500 in the same JSON form (the traceback goes to the log)."""
+    return _error_response(ApiError(500, None, f"internal error ({type(exc).__name__}: {exc})"))
+
+
+def _log_if_failed(task: asyncio.Task) -> None:
+    """The batcher task's end: a failure goes to the log (GET /health reports it too)."""
+    if not task.cancelled() and task.exception() is not None:
+        log(f"error: {task.exception()!r}: requests get 503 from now on")
+
+
 def create_app(service: Service) -> FastAPI:
     """The FastAPI application over a Service; the lifespan runs the batcher."""
+
+    page = files("nmt.serve").joinpath("page.html").read_text(encoding="utf-8")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         task = asyncio.create_task(service.batcher.run())
+        task.add_done_callback(_log_if_failed)
         yield
         task.cancel()
 
@@ -373,6 +442,7 @@ def create_app(service: Service) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(ApiError, lambda request, exc: _error_response(exc))
+    app.add_exception_handler(Exception, _server_error)
     limit = 4 * service.cfg.max_chars + 100 * service.cfg.max_sentences + 4096
     app.add_middleware(BodyLimit, max_bytes=limit)
 
@@ -388,6 +458,12 @@ def create_app(service: Service) -> FastAPI:
     async def health() -> JSONResponse:
         """200 with the model, the limits and the default search settings; 503 if broken."""
         return JSONResponse(service.health().model_dump(), 503 if service.broken else 200)
+
+    @app.get("/", response_class=HTMLResponse, summary="A page to try the server in a browser")
+    async def index() -> HTMLResponse:
+        """One self-contained HTML page (nothing is fetched from elsewhere): a text box, the
+        translations as you type, the n-best list and the first sentence's attention."""
+        return HTMLResponse(page, headers={"Content-Security-Policy": CSP})
 
     @app.get("/stats", response_model=StatsResponse,
              summary="Requests, sentences and batches so far")

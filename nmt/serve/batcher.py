@@ -3,10 +3,11 @@
 It queues the sentences of every request and fills a batch with the oldest queued sentence
 and the sentences with the same search settings behind it, within the token budget
 (max_tokens, padding counted); it sends the batch when the budget is full or when the oldest
-sentence has waited max_wait_s (counted from the last batch's end if that is later, so that
-the answered clients' next requests join in), and a batch takes at most its worker's share of
-all sentences in flight, so that the workers' batches stay balanced. Decoding runs off the
-event loop through `submit` (nmt.inference.translator.Translator.submit). It needs neither
+sentence has waited max_wait_s since it arrived, and a batch takes at most its worker's share
+of all sentences in flight, so that the workers' batches stay balanced. Decoding runs off the
+event loop through `submit` (nmt.inference.translator.Translator.submit). Time is read and
+slept through a Clock (tests pass one they move by hand). If the dispatch loop itself fails,
+the queued requests and every later one fail at once with BatcherStopped. It needs neither
 FastAPI nor torch.
 """
 
@@ -27,6 +28,22 @@ if TYPE_CHECKING:
 
 class QueueFull(Exception):
     """The batcher holds max_queued sentences already."""
+
+
+class BatcherStopped(Exception):
+    """The dispatch loop has ended on an error: no sentence will be decoded any more."""
+
+
+class Clock:
+    """Real time, as the batcher reads it (now) and waits on it (sleep); tests pass a fake."""
+
+    def now(self) -> float:
+        """Seconds on a monotonic clock."""
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        """Return after `seconds`."""
+        await asyncio.sleep(seconds)
 
 
 @dataclass
@@ -91,20 +108,23 @@ class Batcher:
     """
 
     def __init__(self, submit, workers: int, max_tokens: int, max_sentences: int,
-                 max_wait_s: float, max_queued: int):
+                 max_wait_s: float, max_queued: int, clock: Clock | None = None):
         self.submit, self.idle = submit, workers
         self.workers, self.max_tokens, self.max_sentences = workers, max_tokens, max_sentences
         self.max_wait_s, self.max_queued = max_wait_s, max_queued
+        self.clock = clock or Clock()
         self.queue: deque[_Queued] = deque()
         self.stats = BatchStats()
         self.running: set[asyncio.Task] = set()
         self.changed = asyncio.Event()  # a sentence arrived or a worker became idle
-        self.freed_at = 0.0  # when a batch last finished (time.monotonic)
         self.running_sentences = 0  # in the batches being decoded now
+        self.error = ""  # why the dispatch loop stopped, once it has
 
     async def translate(self, seqs: list[list[int]], search: SearchConfig,
                         timeout: float) -> list[list[Hypothesis]]:
         """Hypotheses of each id list (no BOS/EOS), decoded along with other requests' ones."""
+        if self.error:
+            raise BatcherStopped(self.error)
         self._drop_cancelled()
         if len(self.queue) + len(seqs) > self.max_queued:
             self.stats.rejected += 1
@@ -112,16 +132,15 @@ class Batcher:
         loop = asyncio.get_running_loop()
         job = _Job(search, search_key(search), [None] * len(seqs), len(seqs),
                    loop.create_future())
-        now = time.monotonic()
+        now = self.clock.now()
         self.queue.extend(_Queued(ids, job, i, now) for i, ids in enumerate(seqs))
         self.changed.set()
-        try:
-            return await asyncio.wait_for(asyncio.shield(job.done), timeout)
-        except TimeoutError:
+        if not await self._within(job.done, timeout):
             job.cancelled = True  # its queued sentences are dropped, running ones ignored
             self._drop_cancelled()
             self.stats.timed_out += 1
-            raise
+            raise TimeoutError
+        return job.done.result()
 
     def retry_after(self) -> int:
         """Seconds until the queue has likely drained: queued sentences over the decoding rate."""
@@ -130,16 +149,26 @@ class Batcher:
         return max(1, math.ceil(len(self.queue) * per_sentence))
 
     async def run(self) -> None:
-        """The dispatch loop: forms batches while there are idle workers and queued sentences."""
+        """The dispatch loop; if it fails, every queued request and every later one fails with
+        BatcherStopped (the error is kept in self.error and raised again)."""
+        try:
+            await self._dispatch()
+        except Exception as e:
+            self.error = f"the batching loop failed ({type(e).__name__}: {e})"
+            for q in self.queue:
+                q.job.fail(BatcherStopped(self.error))
+            self.queue.clear()
+            raise
+
+    async def _dispatch(self) -> None:
+        """Forms batches while there are idle workers and queued sentences."""
         while True:
             self._drop_cancelled()
             if not (self.idle and self.queue):
                 await self._wait(None)
                 continue
-            # Wait max_wait_s from the oldest sentence's arrival or the last batch's end,
-            # whichever is later: answered clients' next requests join the next batch.
-            head = self.queue[0]
-            wait = max(head.arrived, self.freed_at) + self.max_wait_s - time.monotonic()
+            head = self.queue[0]  # the oldest sentence: it waits max_wait_s from its arrival
+            wait = head.arrived + self.max_wait_s - self.clock.now()
             if wait > 0 and not self._budget_full(head.job.key):
                 await self._wait(wait)
                 continue
@@ -150,12 +179,25 @@ class Batcher:
             self.running.add(task)
             task.add_done_callback(self.running.discard)
 
+    async def _within(self, awaitable, timeout: float) -> bool:
+        """Wait for `awaitable` at most `timeout` seconds of the clock (it is not cancelled);
+        whether it finished."""
+        future = asyncio.ensure_future(awaitable)
+        timer = asyncio.ensure_future(self.clock.sleep(timeout))
+        try:
+            await asyncio.wait([future, timer], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+        return future.done()
+
     async def _wait(self, timeout: float | None) -> None:
         """Until a sentence arrives or a worker becomes idle, at most `timeout` seconds."""
-        try:
-            await asyncio.wait_for(self.changed.wait(), timeout)
-        except TimeoutError:
-            pass
+        if timeout is None:
+            await self.changed.wait()
+        else:
+            waiting = asyncio.ensure_future(self.changed.wait())
+            if not await self._within(waiting, timeout):
+                waiting.cancel()
         self.changed.clear()
 
     def _drop_cancelled(self) -> None:
@@ -200,7 +242,7 @@ class Batcher:
 
     async def _decode(self, batch: list[_Queued]) -> None:
         """Decode one batch off the event loop and hand each sentence its hypotheses."""
-        start = time.perf_counter()
+        start = self.clock.now()
         try:
             future = self.submit(batch[0].job.search, [q.ids for q in batch])
             hyps = await asyncio.wrap_future(future)
@@ -214,9 +256,8 @@ class Batcher:
             s = self.stats
             s.batches, s.sentences = s.batches + 1, s.sentences + len(batch)
             s.largest_batch = max(s.largest_batch, len(batch))
-            s.decode_seconds += time.perf_counter() - start
+            s.decode_seconds += self.clock.now() - start
         finally:
             self.idle += 1
             self.running_sentences -= len(batch)
-            self.freed_at = time.monotonic()
             self.changed.set()

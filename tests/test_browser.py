@@ -1,0 +1,155 @@
+"""nmt-serve's page (GET /) in a real headless browser: Debian's chromium, driven over the
+DevTools protocol on a pipe (--remote-debugging-pipe: NUL-terminated JSON messages, commands
+on the browser's fd 3, answers and events on its fd 4). `make test-browser` installs chromium
+and runs this; `make test` leaves it out (marker `browser`). The screenshot goes to
+build/serve-page.png (or $NMT_SCREENSHOT)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import select
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from translate_helpers import save_tiny_checkpoint
+
+pytest.importorskip("fastapi")
+from test_serve import Server  # noqa: E402
+
+pytestmark = pytest.mark.browser
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Browser:
+    """Headless chromium with one page, spoken to over the DevTools protocol."""
+
+    def __init__(self, profile: Path):
+        commands, self.to_browser = os.pipe()
+        self.from_browser, answers = os.pipe()
+        flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                 "--remote-debugging-pipe", f"--user-data-dir={profile}",
+                 "--window-size=1100,1000", "about:blank"]
+        # the browser reads fd 3 and writes fd 4: the pipes' ends moved there by bash
+        self.proc = subprocess.Popen(
+            ["bash", "-c", f'exec "$0" "$@" 3<&{commands} 4>&{answers}', CHROMIUM, *flags],
+            pass_fds=(commands, answers), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+        os.close(commands)
+        os.close(answers)
+        self.buffer, self.events, self.next_id = b"", [], 0
+        target = self.send("Target.createTarget", url="about:blank")["targetId"]
+        self.session = self.send("Target.attachToTarget", targetId=target,
+                                 flatten=True)["sessionId"]
+        for domain in ("Page", "Runtime", "Network"):
+            self.send(f"{domain}.enable", session=True)
+
+    def send(self, method: str, session: bool = False, **params) -> dict:
+        """One command (to the page's session if `session`); its result."""
+        self.next_id += 1
+        message = {"id": self.next_id, "method": method, "params": params}
+        if session:
+            message["sessionId"] = self.session
+        os.write(self.to_browser, json.dumps(message).encode() + b"\0")
+        while True:
+            got = self.receive(30)
+            if got.get("id") == self.next_id:
+                assert "error" not in got, got
+                return got["result"]
+            self.events.append(got)
+
+    def receive(self, timeout: float) -> dict:
+        """The next message from the browser (waiting at most `timeout` seconds)."""
+        deadline = time.monotonic() + timeout
+        while b"\0" not in self.buffer:
+            ready, _, _ = select.select([self.from_browser], [], [],
+                                        max(0.0, deadline - time.monotonic()))
+            chunk = os.read(self.from_browser, 1 << 20) if ready else b""
+            assert chunk, "chromium did not answer"
+            self.buffer += chunk
+        message, self.buffer = self.buffer.split(b"\0", 1)
+        return json.loads(message)
+
+    def run(self, script: str):
+        """The value of a JavaScript expression in the page (awaited if a promise)."""
+        result = self.send("Runtime.evaluate", session=True, expression=script,
+                           awaitPromise=True, returnByValue=True)
+        assert "exceptionDetails" not in result, result
+        return result["result"].get("value")
+
+    def wait_for(self, script: str, timeout: float = 30.0):
+        """Poll a JavaScript expression until it is truthy; its value."""
+        deadline = time.monotonic() + timeout
+        while not (value := self.run(script)):
+            assert time.monotonic() < deadline, f"timed out waiting for {script}"
+            time.sleep(0.05)
+        return value
+
+    def close(self) -> None:
+        """Close the browser (killed if it does not go)."""
+        try:
+            self.send("Browser.close")
+        except (AssertionError, OSError):
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, 9)
+        os.close(self.to_browser)
+        os.close(self.from_browser)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (make test-browser installs it)")
+def test_the_page_translates_as_you_type_in_a_real_browser(tiny_data_dir, tmp_path):
+    ckpt = save_tiny_checkpoint(tmp_path / "checkpoint.pt",
+                                (tiny_data_dir / "spm.model").read_bytes(), seed=0)
+    server = Server(ckpt, "workers=1")
+    browser = Browser(tmp_path / "profile")
+    try:
+        url = f"http://127.0.0.1:{server.port}/"
+        browser.send("Page.navigate", session=True, url=url)
+        browser.wait_for("document.readyState === 'complete' && "
+                         "document.getElementById('info').textContent.includes('beam size')")
+        # typing: the text arrives as input events, and the page translates after a pause
+        browser.run("document.getElementById('source').focus()")
+        sentence = "open the file in a new window"
+        browser.send("Input.insertText", session=True, text=sentence)
+        shown = browser.wait_for("document.querySelector('#translations .translation')"
+                                 "?.textContent")
+        want = server.translate([sentence], nbest=4, attention=True)[0]
+        assert shown == want["text"]
+        nbest = browser.run("[...document.querySelectorAll('#nbest tr')].map(r => "
+                            "r.children[1].textContent)")
+        assert nbest == [h["text"] for h in want["nbest"]]
+        cells = browser.run("document.querySelectorAll('#attention svg rect').length")
+        assert cells == len(want["attention"]["source"]) * len(want["attention"]["target"])
+        # submitting: two lines, two translations
+        browser.run("document.getElementById('source').value = 'show hidden files\\n"
+                    "close the window'; document.getElementById('go').click()")
+        browser.wait_for("document.querySelectorAll('#translations li').length === 2")
+        texts = browser.run("[...document.querySelectorAll('#translations .translation')]"
+                            ".map(e => e.textContent)")
+        assert texts == [t["text"] for t in server.translate(
+            ["show hidden files", "close the window"], nbest=4, attention=True)]
+        assert browser.run("document.getElementById('error').hidden") is True
+        # nothing came from anywhere but this server, and no script failed
+        requested = [e["params"]["request"]["url"] for e in browser.events
+                     if e.get("method") == "Network.requestWillBeSent"]
+        assert requested and all(u.startswith(url) for u in requested), requested
+        assert not [e for e in browser.events if e.get("method") == "Runtime.exceptionThrown"]
+        size = browser.send("Page.getLayoutMetrics", session=True)["cssContentSize"]
+        shot = browser.send("Page.captureScreenshot", session=True, format="png",
+                            captureBeyondViewport=True, clip={
+                                "x": 0, "y": 0, "width": size["width"],
+                                "height": size["height"], "scale": 1})  # the whole page
+        path = Path(os.environ.get("NMT_SCREENSHOT", ROOT / "build" / "serve-page.png"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(base64.b64decode(shot["data"]))
+    finally:
+        browser.close()
+        assert server.stop() == 0
