@@ -151,5 +151,7 @@ def test_the_page_translates_as_you_type_in_a_real_browser(tiny_data_dir, tmp_pa
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(base64.b64decode(shot["data"]))
     finally:
-        browser.close()
-        assert server.stop() == 0
+        try:
+            browser.close()
+        finally:  # the server stops even when the browser will not close
+            assert server.stop() == 0
