@@ -25,17 +25,17 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
-# Every test (GPU tests skip themselves without one) but the browser's (test-browser).
+# Every test (GPU tests skip themselves without one; the browser's runs only under test-browser).
 # test-quick leaves out the ones marked slow (subprocesses, servers, torchrun, the wheel build,
 # training to convergence) for the edit-test loop; test-slow runs only those.
 test: install
-	$(BIN)/python -m pytest -m "not browser"
+	$(BIN)/python -m pytest
 
 test-quick: install
-	$(BIN)/python -m pytest -m "not slow and not browser"
+	$(BIN)/python -m pytest -m "not slow"
 
 test-slow: install
-	$(BIN)/python -m pytest -m "slow and not browser"
+	$(BIN)/python -m pytest -m "slow"
 
 # The GPU suite (tests/test_gpu.py): NCCL, bf16/fp16, resume, averaging, translation, torchrun
 # over every GPU present. Install a CUDA build of torch into .venv first.
@@ -47,7 +47,7 @@ test-gpu: install
 # the screenshot is build/serve-page.png.
 test-browser: install
 	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
-	$(BIN)/python -m pytest -m browser -v
+	NMT_BROWSER=1 $(BIN)/python -m pytest -m browser -v
 
 # The whole suite on the floor torch, in its own venv (outside `make test`: a large download).
 test-floor:
@@ -56,7 +56,7 @@ test-floor:
 	$(FLOOR)/bin/python -m pip install -q $(FLOOR_INDEX) "torch==$(TORCH_FLOOR)"
 	$(FLOOR)/bin/python -m pip install -q "torch==$(TORCH_FLOOR)" -e ".[$(EXTRAS)]"
 	$(FLOOR)/bin/python -c "import torch; assert torch.__version__.split('+')[0] == '$(TORCH_FLOOR)', torch.__version__"
-	$(FLOOR)/bin/python -m pytest -p no:cacheprovider -m "not browser"
+	$(FLOOR)/bin/python -m pytest -p no:cacheprovider
 
 lint: install
 	$(BIN)/ruff check nmt tests scripts

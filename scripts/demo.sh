@@ -18,9 +18,9 @@ MINUTES=${DEMO_MINUTES:-11}
 mkdir -p "$WORK"
 rm -rf "$WORK/run"  # the demo always trains from scratch
 
-echo "== 1/5 preprocess: read the .xz files, clean, joint SentencePiece BPE (VOCAB), binarize"
+echo "== 1/5 preprocess: read the .xz files, clean, joint SentencePiece BPE (4,000 pieces), binarize"
 nmt-preprocess src_lang=en tgt_lang=de train=$CORPUS/train valid=$CORPUS/valid \
-  test=$CORPUS/test out_dir="$WORK/data" bpe.vocab_size=VOCAB force=true
+  test=$CORPUS/test out_dir="$WORK/data" bpe.vocab_size=4000 force=true
 
 echo "== 2/5 train: +recipe=cpu20 (the tiny Transformer, 1+1 layers) for $MINUTES minutes"
 nmt-train +recipe=cpu20 data_dir="$WORK/data" run_dir="$WORK/run" \
