@@ -102,13 +102,15 @@ class Translator:
 
     def translate_ids(self, src_ids: list[list[int]], search: SearchConfig,
                       prefixes: list[list[int]] | None = None, lines: list[int] | None = None,
-                      progress=None, parallel: bool = True) -> list[list[Hypothesis]]:
+                      progress=None, parallel: bool = True,
+                      constraints: list[list[list[int]]] | None = None) -> list[list[Hypothesis]]:
         """search.nbest hypotheses of each id list (no BOS/EOS), in input order, on the workers
-        unless parallel=False. prefixes, lines, progress: as search.translate_nbest."""
+        unless parallel=False. prefixes, lines, progress, constraints: as
+        search.translate_nbest."""
         return translate_nbest(self.prepared(search.dtype), src_ids, search, self.specials,
                                self.device, progress=progress,
                                prefixes=prefixes, lines=lines,
-                               run=self._run if parallel else run_jobs)
+                               run=self._run if parallel else run_jobs, constraints=constraints)
 
     def score_ids(self, src_ids: list[list[int]], tgt_ids: list[list[int]],
                   search: SearchConfig, progress=None, parallel: bool = True
