@@ -17,8 +17,10 @@ first k finish, the first k others go on. Hypotheses that have met more constrai
 share of the beam although their scores are lower, and the fullest bank grows by at least one
 token a step until some hypothesis has met them all.
 
-A phrase broken off (by a token that does not continue it) counts as not met again, and that
-token may begin a phrase afresh. Matching is greedy, as Sockeye's: a phrase that overlaps
+Given the ids of the pieces that go on with a word (Tokenizer.word_continuations), none may
+follow a phrase's last piece: `Objekt` must not come out as `Objektgröße`. A phrase broken
+off (by a token that does not continue it) counts as not met again, and that token may begin
+a phrase afresh. Matching is greedy, as Sockeye's: a phrase that overlaps
 itself or another (`a a b` in `a a a b`) can go unseen where it was generated, which costs
 the search that output, never a false claim.
 """
@@ -37,8 +39,11 @@ class PhraseConstraints:
     that met nothing).
     """
 
-    def __init__(self, phrases: list[list[list[int]]], device: torch.device):
-        """phrases: per sentence, its phrases (non-empty id lists; none: unconstrained)."""
+    def __init__(self, phrases: list[list[list[int]]], device: torch.device,
+                 continuations: list[int] | None = None):
+        """phrases: per sentence, its phrases (non-empty id lists; none: unconstrained);
+        continuations: the ids of the pieces that go on with a word (None: any may follow a
+        phrase)."""
         B, C = len(phrases), max(1, max(sum(map(len, ps)) for ps in phrases))
         self.token = torch.full((B, C), -1, dtype=torch.long)  # (B, C) -1 past the end
         self.phrase = torch.full((B, C), -1, dtype=torch.long)  # (B, C) each slot's phrase
@@ -55,6 +60,8 @@ class PhraseConstraints:
         self.token, self.phrase, self.first, self.follows = (
             x.to(device) for x in (self.token, self.phrase, self.first, self.follows))
         self.count = (self.token >= 0).sum(dim=1)  # (B,) constraint tokens per sentence
+        self.continuations = (None if not continuations
+                              else torch.tensor(continuations, device=device))
         self.met = torch.zeros(B, C, dtype=torch.bool, device=device)  # (R, C) per row
         self.last = torch.full((B,), -1, dtype=torch.long, device=device)  # (R,)
 
@@ -62,9 +69,15 @@ class PhraseConstraints:
         """Maximum output lengths (B,), raised where needed to hold every constraint token."""
         return torch.maximum(max_len, (self.count + 1).clamp(max=max_positions))
 
-    def ban_eos(self, lprobs: Tensor, sentences: Tensor, eos_id: int) -> None:
-        """No EOS in (R, V) lprobs for rows that have not met every phrase; sentences (R,)."""
+    def apply(self, lprobs: Tensor, sentences: Tensor, eos_id: int) -> None:
+        """In (R, V) lprobs, no EOS for rows that have not met every phrase, and no piece that
+        goes on with a word right after a phrase's last piece; sentences (R,)."""
         lprobs[:, eos_id].masked_fill_(self.met.sum(dim=1) < self.count[sentences], -torch.inf)
+        if self.continuations is not None:
+            at = self.last.clamp(min=0).unsqueeze(1)  # (R, 1)
+            ended = (self.last >= 0) & ~self.follows[sentences].gather(1, at).squeeze(1)
+            rows = ended.nonzero()[:, 0]  # the rows whose last token ended a phrase
+            lprobs[rows.unsqueeze(1), self.continuations] = -torch.inf
 
     def candidates(self, cand: Tensor, top_idx: Tensor, sentences: Tensor, kb: int,
                    V: int) -> tuple[Tensor, Tensor]:

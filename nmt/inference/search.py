@@ -305,8 +305,8 @@ class _Finished:
 @torch.inference_mode()
 def beam_search(model, src: Tensor, search: SearchConfig, specials: Specials,
                 use_cache: bool = True, prefixes: list[list[int]] | None = None,
-                lines: list[int] | None = None,
-                constraints: list[list[list[int]]] | None = None) -> list[list[Hypothesis]]:
+                lines: list[int] | None = None, constraints: list[list[list[int]]] | None = None,
+                continuations: list[int] | None = None) -> list[list[Hypothesis]]:
     """Beam search over (B x k) flat rows; (B, S) sources -> search.nbest hypotheses each.
 
     The first step decodes one row per sentence (all its beams would start alike); its 2k
@@ -320,7 +320,8 @@ def beam_search(model, src: Tensor, search: SearchConfig, specials: Specials,
 
     constraints: per sentence, phrases (id lists) every output must contain: dynamic beam
     allocation (nmt.inference.constrained) orders the candidates by the constraint tokens met
-    instead of by log P alone, and EOS waits until all are met.
+    instead of by log P alone, and EOS waits until all are met. continuations: the ids of the
+    pieces that go on with a word, which may not follow a phrase (None: any may).
     """
     models = model if isinstance(model, list) else [model]
     bos_id, eos_id, pad_id = specials
@@ -328,7 +329,8 @@ def beam_search(model, src: Tensor, search: SearchConfig, specials: Specials,
     cons = Constraints(search, specials, prefixes, dev)
     max_len = cons.max_lengths(max_output_lengths(_source_lengths(src, pad_id), search,
                                                   _max_positions(models)), _max_positions(models))
-    dba = PhraseConstraints(constraints, dev) if constraints and any(constraints) else None
+    dba = (PhraseConstraints(constraints, dev, continuations) if constraints and any(constraints)
+           else None)
     if dba is not None:
         max_len = dba.max_lengths(max_len, _max_positions(models))
     decoder = Decoder(models, src, use_cache)
@@ -348,7 +350,7 @@ def beam_search(model, src: Tensor, search: SearchConfig, specials: Specials,
         row_sent = sent.unsqueeze(1).expand(b, kb).reshape(-1)  # (b kb,)
         cons.apply(lprobs, tokens, t, row_sent)
         if dba is not None:
-            dba.ban_eos(lprobs, row_sent, eos_id)
+            dba.apply(lprobs, row_sent, eos_id)
         V = lprobs.size(1)
         cand = lprobs.add_(scores.view(-1, 1)).view(b, kb * V)  # (b, kb V): log P
         if kb * V < 2 * k:  # a tiny vocabulary: pad with impossible candidates
@@ -450,14 +452,15 @@ def score_batch(model, src: Tensor, tgt: Tensor, search: SearchConfig,
 # ----------------------------------------------------------------------------- batching
 def search_batch(model, src: Tensor, search: SearchConfig, specials: Specials,
                  use_cache: bool = True, prefixes: list[list[int]] | None = None,
-                 lines: list[int] | None = None,
-                 constraints: list[list[list[int]]] | None = None) -> list[list[Hypothesis]]:
+                 lines: list[int] | None = None, constraints: list[list[list[int]]] | None = None,
+                 continuations: list[int] | None = None) -> list[list[Hypothesis]]:
     """Greedy search (or sampling) when beam_size is 1 or sampling is on, else beam search;
     with constraints, beam search at any beam_size (1 too), never sampling."""
     if constraints and any(constraints):
         if search.sampling:
             raise ValueError("constraints need beam search, not sampling")
-        return beam_search(model, src, search, specials, use_cache, prefixes, lines, constraints)
+        return beam_search(model, src, search, specials, use_cache, prefixes, lines, constraints,
+                           continuations)
     fn = greedy_search if search.beam_size == 1 or search.sampling else beam_search
     return fn(model, src, search, specials, use_cache, prefixes, lines)
 
@@ -483,6 +486,7 @@ class BatchJob:
     device: torch.device
     use_cache: bool = True
     score: bool = False  # score the given targets instead of searching
+    continuations: list[int] | None = None  # constraints: pieces that may not follow a phrase
 
     def __call__(self, items: list[Item]) -> list[list[Hypothesis]]:
         """Items (line number, source ids, prefix or target ids, constraints) -> hypotheses,
@@ -494,7 +498,7 @@ class BatchJob:
             return [[h] for h in score_batch(self.models, src, tgt, self.search, self.specials)]
         return search_batch(self.models, src, self.search, self.specials, self.use_cache,
                             [y for _, _, y, _ in items], [i for i, _, _, _ in items],
-                            [c for _, _, _, c in items])
+                            [c for _, _, _, c in items], self.continuations)
 
 
 def decoding_models(model, search: SearchConfig, fast: bool = True) -> list:
@@ -552,8 +556,8 @@ def translate_nbest(model, src_ids: list[list[int]], search: SearchConfig,
                     specials: Specials, device: torch.device | str = "cpu",
                     use_cache: bool = True, progress=None, fast: bool = True,
                     prefixes: list[list[int]] | None = None, lines: list[int] | None = None,
-                    run=run_jobs, constraints: list[list[list[int]]] | None = None
-                    ) -> list[list[Hypothesis]]:
+                    run=run_jobs, constraints: list[list[list[int]]] | None = None,
+                    continuations: list[int] | None = None) -> list[list[Hypothesis]]:
     """Translate id lists (no BOS/EOS) in length-sorted token-budget batches, in input order.
 
     model: a Transformer, a FastModel, or a list of them (an ensemble); specials: the BOS, EOS
@@ -564,10 +568,13 @@ def translate_nbest(model, src_ids: list[list[int]], search: SearchConfig,
     with. lines: per source, its input line number (seeds sampling; default 0..n-1). run:
     how the batches run (run_jobs: in this process; the Translator's: on its workers).
     constraints: per source, phrases (id lists) every hypothesis must contain (beam search,
-    beam_search's constraints; a hypothesis cut at the maximum length may lack some).
+    beam_search's constraints; a hypothesis cut at the maximum length may lack some);
+    continuations: the ids of the pieces that go on with a word, none of which may follow a
+    phrase (Tokenizer.word_continuations; None: any may).
     """
     models = decoding_models(model, search, fast and use_cache)
-    job = BatchJob(models, search, specials, torch.device(device), use_cache)
+    job = BatchJob(models, search, specials, torch.device(device), use_cache,
+                   continuations=continuations)
     prefixes = prefixes or [[] for _ in src_ids]
     lines = lines or list(range(len(src_ids)))
     phrases = [[p for p in ps if p] for ps in constraints or [[] for _ in src_ids]]
