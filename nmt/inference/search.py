@@ -5,7 +5,8 @@ next token's log-probabilities for a batch of prefixes (averaged over an ensembl
 with or without the key/value cache); the constraints every step respects (specials, forced
 prefixes, no repeated n-grams); greedy search and sampling; beam search (fairseq's step:
 top-2k of the k x V continuations, EOS candidates in the top k are finished, the first k
-others go on); teacher-forced scoring of given targets; then `translate_nbest` /
+others go on; with lexical constraints, the candidates in nmt.inference.constrained's
+order); teacher-forced scoring of given targets; then `translate_nbest` /
 `score_pairs`, which batch sentences by a token budget after sorting them by length and
 restore the input order. Models are the reference Transformer of nmt/model.py or, by default,
 its weights prepared by nmt.inference.fast.FastModel (faster; the tests compare the two).
