@@ -405,6 +405,7 @@ class TranslateConfig:
     weights: str = "auto"  # "model", "ema" (train.ema_decay's average) or "auto" (ema if saved)
     quiet: bool = False  # no progress bar, summary or truncation warnings on stderr
     prefix: bool = False  # input lines are source<TAB>prefix; translations start with the prefix
+    constraints: str = ""  # FILE: per input line, TAB-separated phrases its translation must hold
     score_reference: bool = False  # score given targets (ref=FILE or source<TAB>target lines)
     search: SearchConfig = field(default_factory=SearchConfig)
 
@@ -420,6 +421,10 @@ class TranslateConfig:
         _check(ok, "checkpoint", "must be a path or a list of paths: checkpoint=[A.pt,B.pt]")
         _check(not (self.prefix and self.score_reference), "prefix",
                "prefix=true and score_reference=true do not go together")
+        _check(not (self.constraints and self.score_reference), "constraints",
+               "constraints=... and score_reference=true do not go together")
+        _check(not (self.constraints and self.search.sampling), "constraints",
+               "need beam search, not search.sampling=true")
         _check_min(self, "", 1, "max_input_tokens", "attention_line")
         _check_min(self, "", 0, "threads", "workers")
         _check(self.device in ("auto", "cpu", "cuda"), "device",

@@ -77,6 +77,14 @@ class Tokenizer:
         """Checksum of the serialized model: identifies the vocabulary."""
         return hashlib.sha256(self.proto).hexdigest()
 
+    def word_continuations(self) -> list[int]:
+        """The ids of the pieces that go on with a word: no space mark, a letter or digit first
+        (constrained decoding ends a constraint's word with them banned)."""
+        sp = self.sp
+        return [i for i in range(self.vocab_size)
+                if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_byte(i))
+                and sp.id_to_piece(i)[:1].isalnum()]
+
     def encode(self, lines: list[str], num_threads: int = -1) -> list[list[int]]:
         """Raw text lines -> subword ids (no BOS/EOS); num_threads=-1 lets SentencePiece choose."""
         return self.sp.encode(lines, out_type=int, num_threads=num_threads)

@@ -6,8 +6,10 @@ one model or an ensemble, and writes one detokenized line per input line, in inp
 `i ||| hypothesis ||| score` lines when search.nbest > 1). With ref=..., prints sacreBLEU BLEU
 and chrF with their signatures (the scorer of validation, nmt.scoring) to stderr; stdout
 carries only translations. score_reference=true writes `log P<TAB>score<TAB>|Y|` per given
-pair instead. From a pipe or a terminal, lines are translated as they arrive; under torchrun
-the ranks share the lines and rank 0 writes them all.
+pair instead. constraints=FILE gives each input line target phrases its translation must
+contain (lexically constrained beam search, nmt.inference.constrained). From a pipe or a
+terminal, lines are translated as they arrive; under torchrun the ranks share the lines and
+rank 0 writes them all.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from nmt import distributed
 from nmt.config import TranslateConfig, check_search_device
 from nmt.errors import NmtError
 from nmt.files import check_output, decode_line, read_lines, write_atomically
+from nmt.inference.constrained import missing_phrases
 from nmt.inference.search import Hypothesis
 from nmt.inference.translator import Translator
 from nmt.runtime import keep_freed_memory, usable_cores
@@ -159,6 +162,7 @@ class Session:
     limit: int  # tokens kept of a source, prefix or target
     name: str  # the input's name in messages
     refs: list[list[str]] | None  # ref=, refs=: reference streams (BLEU), or ref= targets
+    phrases: list[list[str]] | None  # constraints=: per input line, its phrases
 
 
 @dataclass
@@ -202,6 +206,7 @@ def open_session(cfg: TranslateConfig) -> Session:
         keep_freed_memory()  # reuse freed memory: large per-step tensors cost no page faults
     ref_files = [cfg.ref] * bool(cfg.ref) + list(cfg.refs)
     refs = [read_lines(path, "references") for path in ref_files] or None
+    phrases = read_constraints(cfg.constraints) if cfg.constraints else None
     translator = Translator.load(cfg.checkpoints, device, cfg.weights, dtype=cfg.search.dtype,
                                  workers=workers)
     try:
@@ -212,7 +217,7 @@ def open_session(cfg: TranslateConfig) -> Session:
         raise
     limit = min(cfg.max_input_tokens, translator.max_input_tokens)
     name = "<stdin>" if cfg.input == "-" else cfg.input
-    return Session(cfg, translator, env, limit, name, refs)
+    return Session(cfg, translator, env, limit, name, refs, phrases)
 
 
 def read_input(s: Session) -> list[str]:
@@ -227,6 +232,7 @@ def run_all(s: Session) -> dict:
     cfg = s.cfg
     lines = read_input(s)
     check_references(s, len(lines))
+    check_constraint_lines(s, len(lines))
     if cfg.attention_plot and cfg.attention_line > len(lines):
         raise NmtError(f"attention_line={cfg.attention_line}: {s.name} has {len(lines)} lines")
     start = time.perf_counter()
@@ -272,6 +278,7 @@ def finish(s: Session, nbest: list[list[Hypothesis]], texts: list[list[str]],
     if s.cfg.score_reference:
         return {"pairs": [hyps[0] for hyps in nbest], "seconds": seconds}
     check_references(s, len(nbest))
+    check_constraint_lines(s, len(nbest))
     return {"hypotheses": [t[0] for t in texts], "nbest": nbest, "seconds": seconds}
 
 
@@ -289,15 +296,19 @@ def process(s: Session, lines: list[str], first: int, interactive: bool = False)
     src_ids = encode_lines(tr.src_tok, sources, s.limit, s.name, cfg.quiet, first)
     tgt_ids = (encode_lines(tr.tgt_tok, second, s.limit, cfg.ref or s.name, cfg.quiet, first)
                if second is not None else None)
+    phrases = constraint_ids(s, first, len(lines))
     mine = list(range(s.env.rank, len(lines), s.env.world_size))  # this rank's lines
     # A few arriving lines decode here: the workers' round trip would cost more than it saves.
     parallel = not interactive or len(mine) >= PARALLEL_LINES * tr.workers
     hyps = gather(s, mine, run_search(s, [src_ids[i] for i in mine],
                                       tgt_ids and [tgt_ids[i] for i in mine],
-                                      [first + i for i in mine], parallel, interactive),
+                                      [first + i for i in mine], parallel, interactive,
+                                      phrases and [phrases[i] for i in mine]),
                   len(lines))
     if cfg.score_reference:
         return Chunk([format_score(h[0]) for h in hyps], hyps, src_ids=src_ids)
+    if phrases and not cfg.quiet and s.env.is_main:
+        warn_missing(s, hyps, phrases, first)
     texts = [tr.tgt_tok.decode([h.tokens for h in hs]) for hs in hyps]
     out = [line for i, (hs, t) in enumerate(zip(hyps, texts, strict=True))
            for line in format_output(first + i, hs, t, cfg.search.nbest)]
@@ -313,6 +324,50 @@ def gather(s: Session, mine: list[int], hyps: list, n: int) -> list:
         for i, h in part:
             out[i] = h
     return out
+
+
+def read_constraints(path: str) -> list[list[str]]:
+    """constraints=FILE: per line, its TAB-separated phrases (blank ones dropped)."""
+    return [[p for p in line.split("\t") if p.strip()]
+            for line in read_lines(path, "constraints")]
+
+
+def check_constraint_lines(s: Session, lines: int, complete: bool = True) -> None:
+    """The constraints file has a line for each of the first `lines` input lines, and
+    (complete: the input has ended) no more."""
+    if s.phrases is None:
+        return
+    n = len(s.phrases)
+    if n < lines:
+        raise NmtError(f"{s.cfg.constraints}: no line {n + 1} for input line {n + 1} (one line "
+                       f"of TAB-separated phrases per line of {s.name})")
+    if complete and n > lines:
+        raise NmtError(f"{s.cfg.constraints}: line {lines + 1} has no input line ({s.name} has "
+                       f"{lines} lines)")
+
+
+def constraint_ids(s: Session, first: int, lines: int) -> list[list[list[int]]] | None:
+    """The phrases of input lines first+1..first+lines, encoded with the target tokenizer."""
+    if s.phrases is None:
+        return None
+    check_constraint_lines(s, first + lines, complete=False)
+    chunk = s.phrases[first:first + lines]
+    ids = iter(s.translator.tgt_tok.encode([p for ps in chunk for p in ps]))
+    return [[next(ids) for _ in ps] for ps in chunk]
+
+
+def warn_missing(s: Session, hyps: list[list[Hypothesis]], phrases: list[list[list[int]]],
+                 first: int) -> None:
+    """Warn of translations that lack a constraint (cut at the maximum length), the first
+    few named."""
+    lacking = [(i, j) for i, (hs, ps) in enumerate(zip(hyps, phrases, strict=True))
+               for j in missing_phrases(hs[0].tokens, ps)]
+    for i, j in lacking[:5]:
+        text = s.translator.tgt_tok.decode([phrases[i][j]])[0]
+        log(f"warning: {s.name}: line {first + i + 1}: the translation lacks constraint "
+            f"{text!r} (cut at the maximum length)")
+    if len(lacking) > 5:
+        log(f"warning: {len(lacking)} constraints missing in all")
 
 
 def check_references(s: Session, lines: int) -> None:
@@ -348,8 +403,10 @@ def report(result: dict, refs: list[list[str]] | None, cfg: TranslateConfig) -> 
 
 
 def run_search(s: Session, src_ids: list[list[int]], tgt_ids: list[list[int]] | None,
-               lines: list[int], parallel: bool, interactive: bool = False) -> list:
-    """The translator's search (or scoring), with a progress bar on an interactive stderr."""
+               lines: list[int], parallel: bool, interactive: bool = False,
+               phrases: list[list[list[int]]] | None = None) -> list:
+    """The translator's search (or scoring), with a progress bar on an interactive stderr;
+    phrases: per line, its constraints."""
     cfg = s.cfg
     bar = None
     if not cfg.quiet and not interactive and s.env.is_main and sys.stderr.isatty():
@@ -362,7 +419,7 @@ def run_search(s: Session, src_ids: list[list[int]], tgt_ids: list[list[int]] | 
             return [[h] for h in s.translator.score_ids(src_ids, tgt_ids, cfg.search, progress,
                                                         parallel)]
         return s.translator.translate_ids(src_ids, cfg.search, tgt_ids, lines, progress,
-                                          parallel)
+                                          parallel, phrases)
     finally:
         if bar is not None:
             bar.close()

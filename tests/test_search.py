@@ -1,10 +1,16 @@
 """Search: greedy == beam 1, batch == one at a time, cache == no cache, exhaustive == beam."""
 
-import itertools
-
 import pytest
 import torch
-from translate_helpers import TableModel, random_sources, run, search, tiny_model, tokens
+from translate_helpers import (
+    TableModel,
+    exhaustive,
+    random_sources,
+    run,
+    search,
+    tiny_model,
+    tokens,
+)
 
 from nmt.config import SearchConfig
 from nmt.inference.search import (
@@ -74,28 +80,6 @@ def test_decoding_with_the_cache_equals_decoding_without_it(model, sources, beam
     assert tokens(cached) == tokens(uncached)
     for c, u in zip(cached, uncached, strict=True):
         assert [h.score for h in c] == pytest.approx([h.score for h in u], abs=1e-4)
-
-
-def exhaustive(model, source, max_len, min_len, alpha):
-    """Every output of at most max_len tokens, scored with full (uncached) forward passes."""
-    allowed = [t for t in range(model.generator.out_features) if t not in (PAD, BOS, EOS)]
-    scored = []
-    for n in range(min_len, max_len + 1):
-        bodies = torch.tensor(list(itertools.product(allowed, repeat=n)),
-                              dtype=torch.long).view(-1, n)  # (M, n)
-        M = bodies.size(0)
-        y = bodies if n == max_len else torch.cat(  # at max_len the output stops without EOS
-            [bodies, torch.full((M, 1), EOS)], dim=1)  # (M, |Y|)
-        tgt_in = torch.cat([torch.full((M, 1), BOS), y[:, :-1]], dim=1)
-        with torch.no_grad():
-            lprobs = model(torch.tensor([source + [EOS]]).expand(M, -1), tgt_in)
-        lprobs = lprobs.float().log_softmax(-1)  # (M, |Y|, V)
-        lprobs[:, :, [PAD, BOS]] = -torch.inf
-        lprobs[:, :min_len, EOS] = -torch.inf
-        logp = lprobs.gather(2, y.unsqueeze(2)).squeeze(2).sum(1)  # (M,)
-        lp = length_penalty(y.size(1), alpha)
-        scored += [(s / lp, b) for s, b in zip(logp.tolist(), bodies.tolist(), strict=True)]
-    return sorted(scored, key=lambda x: -x[0])
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 6.0])

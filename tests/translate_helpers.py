@@ -7,6 +7,7 @@ conftest.py's `tiny_data_dir`.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import asdict
 from functools import cache
 from pathlib import Path
@@ -15,7 +16,7 @@ import torch
 
 from nmt.checkpoint import save_checkpoint
 from nmt.config import ModelConfig, SearchConfig, TrainConfig, TranslateConfig, compose, to_object
-from nmt.inference.search import translate_nbest
+from nmt.inference.search import length_penalty, translate_nbest
 from nmt.inference.translator import Translator
 from nmt.model import Transformer, make_model
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIALS, UNK_ID, Tokenizer, vocab_sha256
@@ -80,6 +81,30 @@ def run(model, sources, cfg, workers: int = 1, **kw):
 def tokens(results):
     """The token lists of every hypothesis."""
     return [[h.tokens for h in hyps] for hyps in results]
+
+
+def exhaustive(model, source, max_len, min_len, alpha):
+    """Every output of at most max_len tokens, scored with full (uncached) forward passes:
+    (score, ids) pairs, best first."""
+    specials = (PAD_ID, BOS_ID, EOS_ID)
+    allowed = [t for t in range(model.generator.out_features) if t not in specials]
+    scored = []
+    for n in range(min_len, max_len + 1):
+        bodies = torch.tensor(list(itertools.product(allowed, repeat=n)),
+                              dtype=torch.long).view(-1, n)  # (M, n)
+        M = bodies.size(0)
+        y = bodies if n == max_len else torch.cat(  # at max_len the output stops without EOS
+            [bodies, torch.full((M, 1), EOS_ID)], dim=1)  # (M, |Y|)
+        tgt_in = torch.cat([torch.full((M, 1), BOS_ID), y[:, :-1]], dim=1)
+        with torch.no_grad():
+            lprobs = model(torch.tensor([source + [EOS_ID]]).expand(M, -1), tgt_in)
+        lprobs = lprobs.float().log_softmax(-1)  # (M, |Y|, V)
+        lprobs[:, :, [PAD_ID, BOS_ID]] = -torch.inf
+        lprobs[:, :min_len, EOS_ID] = -torch.inf
+        logp = lprobs.gather(2, y.unsqueeze(2)).squeeze(2).sum(1)  # (M,)
+        lp = length_penalty(y.size(1), alpha)
+        scored += [(s / lp, b) for s, b in zip(logp.tolist(), bodies.tolist(), strict=True)]
+    return sorted(scored, key=lambda x: -x[0])
 
 
 def translate_config(**kw) -> TranslateConfig:

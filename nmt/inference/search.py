@@ -5,7 +5,8 @@ next token's log-probabilities for a batch of prefixes (averaged over an ensembl
 with or without the key/value cache); the constraints every step respects (specials, forced
 prefixes, no repeated n-grams); greedy search and sampling; beam search (fairseq's step:
 top-2k of the k x V continuations, EOS candidates in the top k are finished, the first k
-others go on); teacher-forced scoring of given targets; then `translate_nbest` /
+others go on; with lexical constraints, the candidates in nmt.inference.constrained's
+order); teacher-forced scoring of given targets; then `translate_nbest` /
 `score_pairs`, which batch sentences by a token budget after sorting them by length and
 restore the input order. Models are the reference Transformer of nmt/model.py or, by default,
 its weights prepared by nmt.inference.fast.FastModel (faster; the tests compare the two).
@@ -28,6 +29,7 @@ from torch import Tensor
 
 from nmt.config import SearchConfig
 from nmt.data import batch_by_tokens
+from nmt.inference.constrained import PhraseConstraints, missing_phrases
 from nmt.inference.fast import FastModel, FastState, row_argmax, top_k
 from nmt.model import Transformer
 from nmt.tokenizer import Specials
@@ -260,11 +262,15 @@ def greedy_search(model, src: Tensor, search: SearchConfig, specials: Specials,
 # ----------------------------------------------------------------------------- beam
 class _Finished:
     """Per sentence of a beam search, on the host: finished hypotheses and the score an active
-    one must beat."""
+    one must beat. phrases: per sentence, the phrases every output must contain (None: no
+    constraints); an output lacking one (cut at the maximum length) ranks after all others and
+    neither counts nor sets the score to beat."""
 
-    def __init__(self, B: int, nbest: int, alpha: float):
+    def __init__(self, B: int, nbest: int, alpha: float,
+                 phrases: list[list[list[int]]] | None = None):
         self.hyps: list[list[Hypothesis]] = [[] for _ in range(B)]
-        self.nbest, self.alpha = nbest, alpha
+        self.lacking: list[list[Hypothesis]] = [[] for _ in range(B)]  # some phrase missing
+        self.nbest, self.alpha, self.phrases = nbest, alpha, phrases
         self.count = np.zeros(B, dtype=np.int64)  # (B,) finished so far
         self.threshold = np.full(B, -np.inf, dtype=np.float32)  # (B,) nbest-th best score
 
@@ -276,7 +282,11 @@ class _Finished:
         touched = set()
         for b, ids, logp in zip(sentences.tolist(), tokens.tolist(), logprobs.tolist(),
                                 strict=True):
-            if logp > -np.inf:
+            if logp == -np.inf:
+                continue
+            if self.phrases and missing_phrases(ids, self.phrases[b]):
+                self.lacking[b].append(Hypothesis(ids, logp / lp, logp))
+            else:
                 self.hyps[b].append(Hypothesis(ids, logp / lp, logp))
                 touched.add(b)
         for b in touched:
@@ -289,13 +299,15 @@ class _Finished:
     def best(self, b: int) -> list[Hypothesis]:
         """The nbest hypotheses of sentence b, best first (never empty)."""
         best = sorted(self.hyps[b], key=lambda h: -h.score)[:self.nbest]
+        best += sorted(self.lacking[b], key=lambda h: -h.score)[:self.nbest - len(best)]
         return best or [Hypothesis([], -torch.inf, -torch.inf)]
 
 
 @torch.inference_mode()
 def beam_search(model, src: Tensor, search: SearchConfig, specials: Specials,
                 use_cache: bool = True, prefixes: list[list[int]] | None = None,
-                lines: list[int] | None = None) -> list[list[Hypothesis]]:
+                lines: list[int] | None = None, constraints: list[list[list[int]]] | None = None,
+                continuations: list[int] | None = None) -> list[list[Hypothesis]]:
     """Beam search over (B x k) flat rows; (B, S) sources -> search.nbest hypotheses each.
 
     The first step decodes one row per sentence (all its beams would start alike); its 2k
@@ -306,6 +318,11 @@ def beam_search(model, src: Tensor, search: SearchConfig, specials: Specials,
     Retired sentences leave the batch. The device picks the candidates; the host reads them
     once a step (a GPU's queue drains only there), keeps the outputs and decides which
     sentences retire. model, prefixes: as for greedy_search.
+
+    constraints: per sentence, phrases (id lists) every output must contain: dynamic beam
+    allocation (nmt.inference.constrained) orders the candidates by the constraint tokens met
+    instead of by log P alone, and EOS waits until all are met. continuations: the ids of the
+    pieces that go on with a word, which may not follow a phrase (None: any may).
     """
     models = model if isinstance(model, list) else [model]
     bos_id, eos_id, pad_id = specials
@@ -313,6 +330,10 @@ def beam_search(model, src: Tensor, search: SearchConfig, specials: Specials,
     cons = Constraints(search, specials, prefixes, dev)
     max_len = cons.max_lengths(max_output_lengths(_source_lengths(src, pad_id), search,
                                                   _max_positions(models)), _max_positions(models))
+    dba = (PhraseConstraints(constraints, dev, continuations) if constraints and any(constraints)
+           else None)
+    if dba is not None:
+        max_len = dba.max_lengths(max_len, _max_positions(models))
     decoder = Decoder(models, src, use_cache)
     lp_max = length_penalty(max_len.double(), search.alpha).float()  # (B,)
     host = np.array(torch.stack([max_len.double(), lp_max.double()]).tolist())  # one read
@@ -323,21 +344,27 @@ def beam_search(model, src: Tensor, search: SearchConfig, specials: Specials,
     sent = torch.arange(B, device=dev)  # original sentence of each active batch entry
     beam = _HostBeam(np.arange(B), host[0].astype(np.int64), host[1].astype(np.float32),
                      tokens.size(1), bos_id, pad_id)
-    fin = _Finished(B, search.nbest, search.alpha)
+    fin = _Finished(B, search.nbest, search.alpha, constraints if dba else None)
     for t in range(tokens.size(1) - 1):
         b, kb = scores.shape  # kb rows a sentence: 1 at the first step, then k
         lprobs = decoder.log_probs(tokens[:, :t + 1])  # (b kb, V)
-        cons.apply(lprobs, tokens, t, sent.unsqueeze(1).expand(b, kb).reshape(-1))  # (b kb,)
+        row_sent = sent.unsqueeze(1).expand(b, kb).reshape(-1)  # (b kb,)
+        cons.apply(lprobs, tokens, t, row_sent)
+        if dba is not None:
+            dba.apply(lprobs, row_sent, eos_id)
         V = lprobs.size(1)
         cand = lprobs.add_(scores.view(-1, 1)).view(b, kb * V)  # (b, kb V): log P
         if kb * V < 2 * k:  # a tiny vocabulary: pad with impossible candidates
             cand = F.pad(cand, (0, 2 * k - kb * V), value=-torch.inf)
         cand_scores, cand_idx = top_k(cand, 2 * k)  # (b, 2k), best first: cand.topk, faster
-        cand_beam, cand_tok = (cand_idx // V).clamp_(max=kb - 1), cand_idx % V  # (b, 2k)
-        # The k best candidates that do not end go on: sort positions with EOS pushed last.
-        pos = ((cand_tok == eos_id).long() * 2 * k + torch.arange(2 * k, device=dev)).topk(
+        if dba is not None:  # (b, W >= 2k) in striped bank order instead
+            cand_scores, cand_idx = dba.candidates(cand, cand_idx, sent, kb, V)
+        cand_beam, cand_tok = (cand_idx // V).clamp_(max=kb - 1), cand_idx % V  # (b, W)
+        # The first k candidates that do not end go on: sort positions with EOS pushed last.
+        W = cand_idx.size(1)
+        pos = ((cand_tok == eos_id).long() * W + torch.arange(W, device=dev)).topk(
             k, dim=1, largest=False).indices  # (b, k)
-        scores = cand_scores.gather(1, pos)  # (b, k), still best first
+        scores = cand_scores.gather(1, pos)  # (b, k), still in order
         parent = cand_beam.gather(1, pos)  # (b, k)
         rows = (torch.arange(b, device=dev) * kb).unsqueeze(1) + parent
         tokens = tokens.index_select(0, rows.view(-1))  # (b k, 1 + T_max): k rows a sentence
@@ -356,6 +383,8 @@ def beam_search(model, src: Tensor, search: SearchConfig, specials: Specials,
             decoder.reorder(rows, group=k, sentences=keep)
         else:
             decoder.reorder(rows.view(-1), group=k)
+        if dba is not None:
+            dba.advance(rows.view(-1), tokens[:, t + 1], sent)
     return [fin.best(i) for i in range(B)]
 
 
@@ -371,13 +400,13 @@ class _HostBeam:
 
     def step(self, read: np.ndarray, kb: int, t: int, eos_id: int,
              fin: _Finished) -> np.ndarray | None:
-        """Follow step t given its read (b, 6, k): the k best candidates' scores, beams and
+        """Follow step t given its read (b, 6, k): the first k candidates' scores, beams and
         tokens, then the k kept ones' scores, beams and tokens. Finishes hypotheses; returns
         the indices of the sentences that stay active (None: none does)."""
         b, _, k = read.shape
         cand_scores, kept_scores = read[:, 0], read[:, 3]  # (b, k) each
         cand_beam, cand_tok, parent, token = (read[:, i].astype(np.int64) for i in (1, 2, 4, 5))
-        i, c = np.nonzero(cand_tok == eos_id)  # EOS among the k best: finished, |Y| = t + 1
+        i, c = np.nonzero(cand_tok == eos_id)  # EOS among the first k: finished, |Y| = t + 1
         if len(i):
             fin.add(self.sent[i], self.tokens[i * kb + cand_beam[i, c], 1:t + 1],
                     cand_scores[i, c], t + 1)
@@ -389,7 +418,8 @@ class _HostBeam:
             fin.add(self.sent[out // k], self.tokens[out, 1:t + 2], kept_scores.ravel()[out],
                     t + 1)
         # nothing active can win: the bound in float32, as the scores are
-        beaten = fin.threshold[self.sent] >= kept_scores[:, 0].astype(np.float32) / self.lp_max
+        best = kept_scores.max(axis=1).astype(np.float32)  # the first without constraints
+        beaten = fin.threshold[self.sent] >= best / self.lp_max
         done = reached | (fin.count[self.sent] >= k) | beaten
         keep = np.flatnonzero(~done)
         if len(keep) == 0:
@@ -423,8 +453,15 @@ def score_batch(model, src: Tensor, tgt: Tensor, search: SearchConfig,
 # ----------------------------------------------------------------------------- batching
 def search_batch(model, src: Tensor, search: SearchConfig, specials: Specials,
                  use_cache: bool = True, prefixes: list[list[int]] | None = None,
-                 lines: list[int] | None = None) -> list[list[Hypothesis]]:
-    """Greedy search (or sampling) when beam_size is 1 or sampling is on, else beam search."""
+                 lines: list[int] | None = None, constraints: list[list[list[int]]] | None = None,
+                 continuations: list[int] | None = None) -> list[list[Hypothesis]]:
+    """Greedy search (or sampling) when beam_size is 1 or sampling is on, else beam search;
+    with constraints, beam search at any beam_size (1 too), never sampling."""
+    if constraints and any(constraints):
+        if search.sampling:
+            raise ValueError("constraints need beam search, not sampling")
+        return beam_search(model, src, search, specials, use_cache, prefixes, lines, constraints,
+                           continuations)
     fn = greedy_search if search.beam_size == 1 or search.sampling else beam_search
     return fn(model, src, search, specials, use_cache, prefixes, lines)
 
@@ -437,6 +474,9 @@ def pad_batch(seqs: list[list[int]], pad_id: int, device: torch.device | str) ->
     return out.to(device)
 
 
+Item = tuple[int, list[int], list[int], list[list[int]]]  # line, source, prefix/target, phrases
+
+
 @dataclass
 class BatchJob:
     """Everything needed to translate or score one batch (what a worker process holds)."""
@@ -447,16 +487,19 @@ class BatchJob:
     device: torch.device
     use_cache: bool = True
     score: bool = False  # score the given targets instead of searching
+    continuations: list[int] | None = None  # constraints: pieces that may not follow a phrase
 
-    def __call__(self, items: list[tuple[int, list[int], list[int]]]) -> list[list[Hypothesis]]:
-        """(line number, source ids, prefix or target ids) triples -> hypotheses, in order."""
+    def __call__(self, items: list[Item]) -> list[list[Hypothesis]]:
+        """Items (line number, source ids, prefix or target ids, constraints) -> hypotheses,
+        in order."""
         eos, pad = self.specials.eos, self.specials.pad
-        src = pad_batch([s + [eos] for _, s, _ in items], pad, self.device)
+        src = pad_batch([s + [eos] for _, s, _, _ in items], pad, self.device)
         if self.score:
-            tgt = pad_batch([y + [eos] for _, _, y in items], pad, self.device)
+            tgt = pad_batch([y + [eos] for _, _, y, _ in items], pad, self.device)
             return [[h] for h in score_batch(self.models, src, tgt, self.search, self.specials)]
         return search_batch(self.models, src, self.search, self.specials, self.use_cache,
-                            [y for _, _, y in items], [i for i, _, _ in items])
+                            [y for _, _, y, _ in items], [i for i, _, _, _ in items],
+                            [c for _, _, _, c in items], self.continuations)
 
 
 def decoding_models(model, search: SearchConfig, fast: bool = True) -> list:
@@ -474,7 +517,7 @@ def decoding_models(model, search: SearchConfig, fast: bool = True) -> list:
             if isinstance(m, Transformer) else m for m in models]
 
 
-def plan_batches(items: list[tuple[int, list[int], list[int]]], search: SearchConfig,
+def plan_batches(items: list[Item], search: SearchConfig,
                  score: bool = False, workers: int = 1) -> list[list[int]]:
     """Length-sorted token-budget batches of items (lists of their indices): longest first, so
     that a batch's first item sets its width. workers > 1: at least one batch per worker."""
@@ -482,14 +525,14 @@ def plan_batches(items: list[tuple[int, list[int], list[int]]], search: SearchCo
     if workers > 1:
         share = -(-len(items) // workers)
         per_batch = min(per_batch or share, share)
-    lengths = np.array([max(len(s), len(y) if score else 0) + 1 for _, s, y in items],
+    lengths = np.array([max(len(s), len(y) if score else 0) + 1 for _, s, y, _ in items],
                        dtype=np.int64)
     order = np.argsort(-lengths, kind="stable")
     return [b.tolist() for b in batch_by_tokens(order, lengths, lengths, search.max_tokens,
                                                 per_batch)]
 
 
-def run_jobs(job: BatchJob, items: list[tuple[int, list[int], list[int]]],
+def run_jobs(job: BatchJob, items: list[Item],
              progress=None) -> list[list[Hypothesis]]:
     """Run `job` on length-sorted token-budget batches of items, in this process; results
     in input order. Reference models are put in eval mode and back meanwhile (worker
@@ -514,24 +557,31 @@ def translate_nbest(model, src_ids: list[list[int]], search: SearchConfig,
                     specials: Specials, device: torch.device | str = "cpu",
                     use_cache: bool = True, progress=None, fast: bool = True,
                     prefixes: list[list[int]] | None = None, lines: list[int] | None = None,
-                    run=run_jobs) -> list[list[Hypothesis]]:
+                    run=run_jobs, constraints: list[list[list[int]]] | None = None,
+                    continuations: list[int] | None = None) -> list[list[Hypothesis]]:
     """Translate id lists (no BOS/EOS) in length-sorted token-budget batches, in input order.
 
     model: a Transformer, a FastModel, or a list of them (an ensemble); specials: the BOS, EOS
     and PAD ids of its target tokenizer (Tokenizer.specials). fast: decode with FastModel in
     search.dtype (False: the reference model, as the tests compare).
-    An empty source without a prefix gives one empty hypothesis with score 0. progress:
+    An empty source without a prefix or constraints gives one empty hypothesis, score 0. progress:
     called with each batch size. prefixes: per source, output ids every hypothesis starts
     with. lines: per source, its input line number (seeds sampling; default 0..n-1). run:
     how the batches run (run_jobs: in this process; the Translator's: on its workers).
+    constraints: per source, phrases (id lists) every hypothesis must contain (beam search,
+    beam_search's constraints; a hypothesis cut at the maximum length may lack some);
+    continuations: the ids of the pieces that go on with a word, none of which may follow a
+    phrase (Tokenizer.word_continuations; None: any may).
     """
     models = decoding_models(model, search, fast and use_cache)
-    job = BatchJob(models, search, specials, torch.device(device), use_cache)
+    job = BatchJob(models, search, specials, torch.device(device), use_cache,
+                   continuations=continuations)
     prefixes = prefixes or [[] for _ in src_ids]
     lines = lines or list(range(len(src_ids)))
-    todo = [i for i, s in enumerate(src_ids) if s or prefixes[i]]
+    phrases = [[p for p in ps if p] for ps in constraints or [[] for _ in src_ids]]
+    todo = [i for i, s in enumerate(src_ids) if s or prefixes[i] or phrases[i]]
     results = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
-    out = run(job, [(lines[i], src_ids[i], prefixes[i]) for i in todo], progress)
+    out = run(job, [(lines[i], src_ids[i], prefixes[i], phrases[i]) for i in todo], progress)
     for i, hyps in zip(todo, out, strict=True):
         results[i] = hyps
     return results
@@ -544,7 +594,7 @@ def score_pairs(model, src_ids: list[list[int]], tgt_ids: list[list[int]], searc
     (no BOS/EOS), batched like translate_nbest, in input order."""
     models = decoding_models(model, search, fast)
     job = BatchJob(models, search, specials, torch.device(device), score=True)
-    items = [(i, s, y) for i, (s, y) in enumerate(zip(src_ids, tgt_ids, strict=True))]
+    items = [(i, s, y, []) for i, (s, y) in enumerate(zip(src_ids, tgt_ids, strict=True))]
     return [hyps[0] for hyps in run(job, items, progress)]
 
 

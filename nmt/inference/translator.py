@@ -57,6 +57,7 @@ class Translator:
         self.tgt_tok = Tokenizer(vocab["tgt_spm"]) if "tgt_spm" in vocab else None
         self.specials = (self.tgt_tok.specials if self.tgt_tok is not None  # stand-ins: ids
                          else Specials(vocab["bos_id"], vocab["eos_id"], vocab["pad_id"]))
+        self.continuations = self.tgt_tok.word_continuations() if self.tgt_tok else None
         self.threads, self.preparations = threads, 0
         self._prepared: dict[str, list] = {}
         self._thread: ThreadPoolExecutor | None = None
@@ -102,13 +103,17 @@ class Translator:
 
     def translate_ids(self, src_ids: list[list[int]], search: SearchConfig,
                       prefixes: list[list[int]] | None = None, lines: list[int] | None = None,
-                      progress=None, parallel: bool = True) -> list[list[Hypothesis]]:
+                      progress=None, parallel: bool = True,
+                      constraints: list[list[list[int]]] | None = None) -> list[list[Hypothesis]]:
         """search.nbest hypotheses of each id list (no BOS/EOS), in input order, on the workers
-        unless parallel=False. prefixes, lines, progress: as search.translate_nbest."""
+        unless parallel=False. prefixes, lines, progress, constraints: as
+        search.translate_nbest; a constraint's last word ends where it ends (no piece of the
+        target tokenizer that goes on with a word follows it)."""
         return translate_nbest(self.prepared(search.dtype), src_ids, search, self.specials,
                                self.device, progress=progress,
                                prefixes=prefixes, lines=lines,
-                               run=self._run if parallel else run_jobs)
+                               run=self._run if parallel else run_jobs, constraints=constraints,
+                               continuations=self.continuations if constraints else None)
 
     def score_ids(self, src_ids: list[list[int]], tgt_ids: list[list[int]],
                   search: SearchConfig, progress=None, parallel: bool = True

@@ -1,0 +1,173 @@
+"""Lexically constrained decoding: dynamic beam allocation (DBA; Post and Vilar 2018, as in
+Hu et al. 2019, Sockeye and fairseq's --constraints).
+
+Every output of a sentence must contain given target phrases: id lists, as the target
+tokenizer splits them, matched on its piece boundaries. beam_search keeps, per hypothesis
+(row), which constraint tokens it has met and where it stands in a phrase it has begun
+(Sockeye's ConstrainedHypothesis, held here as one row of tensors per hypothesis); a
+hypothesis may only end (EOS) once it has met every phrase.
+
+Each step the candidates are beam search's usual top 2k, each hypothesis' best token, and every
+token that would meet a constraint (the next token of the phrase begun, else the first token
+of any phrase not yet met). They fall into banks by the number of constraint tokens met and
+are ordered by striping across the banks: the best of the fullest bank, the best of the next,
+..., then the second best of each, ... (fairseq's LexicallyConstrainedBeamSearch). beam_search
+treats that order as it treats the score order without constraints: EOS candidates among the
+first k finish, the first k others go on. Hypotheses that have met more constraints so keep a
+share of the beam although their scores are lower, and the fullest bank grows by at least one
+token a step until some hypothesis has met them all.
+
+Given the ids of the pieces that go on with a word (Tokenizer.word_continuations), none may
+follow a phrase's last piece: `Objekt` must not come out as `Objektgröße`. A phrase broken
+off (by a token that does not continue it) counts as not met again, and that token may begin
+a phrase afresh. Matching is greedy, as Sockeye's: a phrase that overlaps
+itself or another (`a a b` in `a a a b`) can go unseen where it was generated, which costs
+the search that output, never a false claim.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class PhraseConstraints:
+    """The constraints of a batch and each hypothesis' progress through them.
+
+    Per sentence, its phrases flattened into C token slots (C: the most of any sentence); per
+    row (hypothesis), the slots it has met and the slot it met last (-1: none since a token
+    that met nothing).
+    """
+
+    def __init__(self, phrases: list[list[list[int]]], device: torch.device,
+                 continuations: list[int] | None = None):
+        """phrases: per sentence, its phrases (non-empty id lists; none: unconstrained);
+        continuations: the ids of the pieces that go on with a word (None: any may follow a
+        phrase)."""
+        B, C = len(phrases), max(1, max(sum(map(len, ps)) for ps in phrases))
+        self.token = torch.full((B, C), -1, dtype=torch.long)  # (B, C) -1 past the end
+        self.phrase = torch.full((B, C), -1, dtype=torch.long)  # (B, C) each slot's phrase
+        self.first = torch.zeros(B, C, dtype=torch.bool)  # (B, C) a phrase begins here
+        self.follows = torch.zeros(B, C, dtype=torch.bool)  # (B, C) slot c + 1 continues it
+        for b, ps in enumerate(phrases):
+            c = 0
+            for i, p in enumerate(ps):
+                self.token[b, c:c + len(p)] = torch.tensor(p)
+                self.phrase[b, c:c + len(p)] = i
+                self.first[b, c] = True
+                self.follows[b, c:c + len(p) - 1] = True
+                c += len(p)
+        self.token, self.phrase, self.first, self.follows = (
+            x.to(device) for x in (self.token, self.phrase, self.first, self.follows))
+        self.count = (self.token >= 0).sum(dim=1)  # (B,) constraint tokens per sentence
+        self.continuations = (None if not continuations
+                              else torch.tensor(continuations, device=device))
+        self.met = torch.zeros(B, C, dtype=torch.bool, device=device)  # (R, C) per row
+        self.last = torch.full((B,), -1, dtype=torch.long, device=device)  # (R,)
+
+    def max_lengths(self, max_len: Tensor, max_positions: int) -> Tensor:
+        """Maximum output lengths (B,), raised where needed to hold every constraint token."""
+        return torch.maximum(max_len, (self.count + 1).clamp(max=max_positions))
+
+    def apply(self, lprobs: Tensor, sentences: Tensor, eos_id: int) -> None:
+        """In (R, V) lprobs, no EOS for rows that have not met every phrase, and no piece that
+        goes on with a word right after a phrase's last piece; sentences (R,)."""
+        lprobs[:, eos_id].masked_fill_(self.met.sum(dim=1) < self.count[sentences], -torch.inf)
+        if self.continuations is not None:
+            at = self.last.clamp(min=0).unsqueeze(1)  # (R, 1)
+            ended = (self.last >= 0) & ~self.follows[sentences].gather(1, at).squeeze(1)
+            rows = ended.nonzero()[:, 0]  # the rows whose last token ended a phrase
+            lprobs[rows.unsqueeze(1), self.continuations] = -torch.inf
+
+    def candidates(self, cand: Tensor, top_idx: Tensor, sentences: Tensor, kb: int,
+                   V: int) -> tuple[Tensor, Tensor]:
+        """A step's candidates in striped bank order: (b, W) log P and flat indices beam V +
+        token, W >= 2k, dead ones (log P = -inf) last. cand (b, >= kb V): log P of every
+        continuation of the kb rows of each sentence; top_idx (b, 2k): the best by log P;
+        sentences (b,): the sentence of each batch entry."""
+        b, width = cand.shape
+        offset = torch.arange(kb, device=cand.device) * V  # (kb,) each row's first index
+        best = cand[:, :kb * V].view(b, kb, V).argmax(dim=2) + offset  # (b, kb)
+        useful, token = self._useful(sentences.repeat_interleave(kb))  # (b kb, C) each
+        meets = (token.view(b, kb, -1) + offset[:, None]).view(b, -1)  # (b, kb C)
+        idx = torch.cat([top_idx, best, meets.masked_fill(~useful.view(b, -1), width)], dim=1)
+        idx = idx.sort(dim=1).values  # (b, W): duplicates side by side, unused ones last
+        dead = idx == width
+        dead[:, 1:] |= idx[:, 1:] == idx[:, :-1]
+        score = cand.gather(1, idx.clamp(max=width - 1)).masked_fill_(dead, -torch.inf)
+        rows = (torch.arange(b, device=cand.device) * kb).unsqueeze(1) + (idx // V).clamp(
+            max=kb - 1)  # (b, W): the row each candidate continues
+        met, _ = self._advance(self.met[rows], self.last[rows], idx % V,
+                               sentences.unsqueeze(1).expand_as(idx))  # (b, W, C)
+        order = stripe(score, met.sum(dim=2), self.token.size(1))
+        return score.gather(1, order), idx.gather(1, order)
+
+    def advance(self, rows: Tensor, token: Tensor, sentences: Tensor) -> None:
+        """The rows (R',) of the last step go on with token (R',); sentences (b,), k rows
+        each."""
+        k = len(rows) // len(sentences)
+        self.met, self.last = self._advance(self.met[rows], self.last[rows], token,
+                                            sentences.repeat_interleave(k))
+
+    def _useful(self, sentences: Tensor) -> tuple[Tensor, Tensor]:
+        """Per row of sentences (R,): which of its slots' tokens (R, C) would meet a
+        constraint next: the next slot of a phrase begun, else the first slot of any phrase
+        not met."""
+        token, first, follows = self.token[sentences], self.first[sentences], self.follows[
+            sentences]  # (R, C) each
+        at = self.last.clamp(min=0).unsqueeze(1)  # (R, 1)
+        inside = (self.last >= 0) & follows.gather(1, at).squeeze(1)  # (R,) in a phrase
+        slots = torch.arange(token.size(1), device=token.device)
+        useful = torch.where(inside.unsqueeze(1), slots == at + 1, first & ~self.met)
+        return useful, token.clamp(min=0)
+
+    def _advance(self, met: Tensor, last: Tensor, token: Tensor,
+                 sentences: Tensor) -> tuple[Tensor, Tensor]:
+        """The progress after one more token: met (..., C), last (...), token (...) and
+        sentences (...) -> met, last."""
+        slot_token, phrase, first, follows = (
+            x[sentences] for x in (self.token, self.phrase, self.first, self.follows))
+        C = slot_token.size(-1)
+        at = last.clamp(min=0).unsqueeze(-1)  # (..., 1)
+        nxt = (at + 1).clamp(max=C - 1)
+        inside = (last >= 0) & follows.gather(-1, at).squeeze(-1)  # a phrase begun, not done
+        goes_on = inside & (slot_token.gather(-1, nxt).squeeze(-1) == token)
+        broken = (inside & ~goes_on).unsqueeze(-1) & (phrase == phrase.gather(-1, at))
+        met = met & ~broken  # a broken-off phrase is not met
+        begins = first & ~met & (slot_token == token.unsqueeze(-1)) & ~goes_on.unsqueeze(-1)
+        last = torch.where(goes_on, nxt.squeeze(-1),
+                           torch.where(begins.any(dim=-1), begins.long().argmax(dim=-1), -1))
+        slots = torch.arange(C, device=met.device)
+        return met | (slots == last.unsqueeze(-1)), last
+
+
+def stripe(score: Tensor, bank: Tensor, C: int) -> Tensor:
+    """The order of (b, W) candidates given their scores and banks (0..C): the best of the
+    fullest bank, the best of the next, ..., then the second best of each, ...; dead ones
+    (score -inf) last. Returns (b, W) indices."""
+    order = score.argsort(dim=1, descending=True, stable=True)
+    order = order.gather(1, bank.gather(1, order).argsort(dim=1, descending=True, stable=True))
+    bank = bank.gather(1, order)  # (b, W): by bank, then by score
+    pos = torch.arange(bank.size(1), device=bank.device).expand_as(bank)
+    starts = torch.ones_like(bank, dtype=torch.bool)
+    starts[:, 1:] = bank[:, 1:] != bank[:, :-1]
+    rank = pos - torch.where(starts, pos, 0).cummax(dim=1).values  # (b, W) within its bank
+    key = (rank * (C + 1) + C - bank).masked_fill_(score.gather(1, order) == -torch.inf,
+                                                   bank.size(1) * (C + 1))
+    return order.gather(1, key.argsort(dim=1, stable=True))
+
+
+def missing_phrases(ids: list[int], phrases: list[list[int]]) -> list[int]:
+    """The indices of the phrases that `ids` lacks: a phrase given n times needs n
+    occurrences that do not overlap."""
+    missing = []
+    for i, p in enumerate(phrases):
+        need, found, j = phrases[:i + 1].count(p), 0, 0
+        while found < need and j + len(p) <= len(ids):
+            if ids[j:j + len(p)] == p:
+                found, j = found + 1, j + len(p)
+            else:
+                j += 1
+        if found < need:
+            missing.append(i)
+    return missing
