@@ -407,6 +407,8 @@ class TranslateConfig:
     prefix: bool = False  # input lines are source<TAB>prefix; translations start with the prefix
     constraints: str = ""  # FILE: per input line, TAB-separated phrases its translation must hold
     score_reference: bool = False  # score given targets (ref=FILE or source<TAB>target lines)
+    alignment: bool = False  # add a column of source-target piece links (Pharaoh: 0-0 1-2 ...)
+    alignment_layer: int = -1  # decoder layer whose heads' mean attention aligns (-1: the last)
     search: SearchConfig = field(default_factory=SearchConfig)
 
     @property

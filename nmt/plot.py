@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from nmt.errors import NmtError
+from nmt.inference.search import pad_batch
 from nmt.tokenizer import Specials
 
 TITLES = {"encoder_self": "Encoder self-attention",
@@ -22,13 +23,22 @@ TITLES = {"encoder_self": "Encoder self-attention",
           "encoder_decoder": "Encoder-decoder attention"}
 
 
-@torch.inference_mode()
 def attention_weights(model, src_ids: list[int], out_ids: list[int],
                       specials: Specials) -> dict[str, Tensor]:
     """Teacher-force `out_ids` on `src_ids`; per kind a (N, h, T_q, T_k) tensor of weights."""
+    return {kind: w[0] for kind, w in
+            batch_attention_weights(model, [src_ids], [out_ids], specials).items()}
+
+
+@torch.inference_mode()
+def batch_attention_weights(model, src_ids: list[list[int]], out_ids: list[list[int]],
+                            specials: Specials) -> dict[str, Tensor]:
+    """Teacher-force each `out_ids` on its `src_ids`, padded into one batch; per kind a
+    (B, N, h, T_q, T_k) tensor of weights (rows and columns past a pair's own length are
+    padding's: keys of padding get weight 0)."""
     device = next(model.parameters()).device
-    src = torch.tensor([list(src_ids) + [specials.eos]], device=device)  # (1, S)
-    tgt_in = torch.tensor([[specials.bos] + list(out_ids)], device=device)  # (1, T)
+    src = pad_batch([list(s) + [specials.eos] for s in src_ids], specials.pad, device)  # (B, S)
+    tgt_in = pad_batch([[specials.bos] + list(y) for y in out_ids], specials.pad, device)
     was_training = model.training
     model.eval()
     model.keep_attention(True)
@@ -38,7 +48,7 @@ def attention_weights(model, src_ids: list[int], out_ids: list[int],
     finally:
         model.keep_attention(False)
         model.train(was_training)
-    return {kind: torch.stack([w[0] for w in layers]).float().cpu()  # (N, h, T_q, T_k)
+    return {kind: torch.stack(layers, 1).float().cpu()  # (B, N, h, T_q, T_k)
             for kind, layers in maps.items()}
 
 

@@ -9,7 +9,9 @@ carries only translations. score_reference=true writes `log P<TAB>score<TAB>|Y|`
 pair instead. constraints=FILE gives each input line target phrases its translation must
 contain (lexically constrained beam search, nmt.inference.constrained). From a pipe or a
 terminal, lines are translated as they arrive; under torchrun the ranks share the lines and
-rank 0 writes them all.
+rank 0 writes them all. alignment=true adds to each output line the source-target links of its
+translation (nmt.align): a TAB-separated column after a translation or a scored pair, a fourth
+` ||| ` field of an n-best line.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 import torch
 
 from nmt import distributed
+from nmt.align import align, check_layer, pharaoh
 from nmt.config import TranslateConfig, check_search_device
 from nmt.errors import NmtError
 from nmt.files import check_output, decode_line, read_lines, write_atomically
@@ -126,16 +129,23 @@ def split_tsv(lines: list[str], first: int, name: str, second: str) -> tuple[lis
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def format_output(index: int, hyps: list[Hypothesis], texts: list[str], nbest: int) -> list[str]:
-    """The output lines of one input: its best translation, or nbest `i ||| text ||| score`."""
+def format_output(index: int, hyps: list[Hypothesis], texts: list[str], nbest: int,
+                  links: list[str] | None = None) -> list[str]:
+    """The output lines of one input: its best translation, or nbest `i ||| text ||| score`;
+    with links (alignment=true), each hypothesis's after a TAB, or as a fourth ` ||| ` field."""
     if nbest == 1:
-        return [texts[0]]
-    return [f"{index} ||| {text} ||| {h.score:.4f}" for h, text in zip(hyps, texts, strict=True)]
+        return [texts[0] if links is None else f"{texts[0]}\t{links[0]}"]
+    lines = [f"{index} ||| {text} ||| {h.score:.4f}" for h, text in zip(hyps, texts, strict=True)]
+    if links is None:
+        return lines
+    return [f"{line} ||| {link}" for line, link in zip(lines, links, strict=True)]
 
 
-def format_score(h: Hypothesis) -> str:
-    """The output line of a scored pair: log P(Y|X), log P / lp(|Y|), |Y| (EOS counted)."""
-    return f"{h.logprob:.4f}\t{h.score:.4f}\t{len(h.tokens) + 1}"
+def format_score(h: Hypothesis, links: list[str] | None = None) -> str:
+    """The output line of a scored pair: log P(Y|X), log P / lp(|Y|), |Y| (EOS counted), and
+    the pair's links (alignment=true)."""
+    line = f"{h.logprob:.4f}\t{h.score:.4f}\t{len(h.tokens) + 1}"
+    return line if links is None else f"{line}\t{links[0]}"
 
 
 def write_lines(path: str, lines: list[str]) -> None:
@@ -212,6 +222,8 @@ def open_session(cfg: TranslateConfig) -> Session:
     try:
         if cfg.vocab_check:
             check_vocab(translator, cfg.vocab_check, cfg.checkpoints[0])
+        if cfg.alignment:
+            check_layer(translator.model, cfg.alignment_layer)
     except NmtError:
         translator.close()
         raise
@@ -305,14 +317,29 @@ def process(s: Session, lines: list[str], first: int, interactive: bool = False)
                                       [first + i for i in mine], parallel, interactive,
                                       phrases and [phrases[i] for i in mine]),
                   len(lines))
+    # Only rank 0 writes: the other ranks' output lines go unused and need no links.
+    links = (alignments(s, src_ids, hyps) if cfg.alignment and s.env.is_main
+             else [None] * len(hyps))
     if cfg.score_reference:
-        return Chunk([format_score(h[0]) for h in hyps], hyps, src_ids=src_ids)
+        return Chunk([format_score(h[0], a) for h, a in zip(hyps, links, strict=True)], hyps,
+                     src_ids=src_ids)
     if phrases and not cfg.quiet and s.env.is_main:
         warn_missing(s, hyps, phrases, first)
     texts = [tr.tgt_tok.decode([h.tokens for h in hs]) for hs in hyps]
-    out = [line for i, (hs, t) in enumerate(zip(hyps, texts, strict=True))
-           for line in format_output(first + i, hs, t, cfg.search.nbest)]
+    out = [line for i, (hs, t, a) in enumerate(zip(hyps, texts, links, strict=True))
+           for line in format_output(first + i, hs, t, cfg.search.nbest, a)]
     return Chunk(out, hyps, texts, src_ids)
+
+
+def alignments(s: Session, src_ids: list[list[int]],
+               nbest: list[list[Hypothesis]]) -> list[list[str]]:
+    """Per input line, the Pharaoh links of each of its hypotheses (the first model's
+    attention, for an ensemble), aligned in batches of search.max_tokens."""
+    pairs = [(src, h.tokens) for src, hyps in zip(src_ids, nbest, strict=True) for h in hyps]
+    links = iter(map(pharaoh, align(s.translator.model, [p[0] for p in pairs],
+                                    [p[1] for p in pairs], s.translator.specials,
+                                    s.cfg.alignment_layer, s.cfg.search.max_tokens)))
+    return [[next(links) for _ in hyps] for hyps in nbest]
 
 
 def gather(s: Session, mine: list[int], hyps: list, n: int) -> list:

@@ -1,4 +1,5 @@
-"""The WMT14 recipes compose and validate every command's config (a dry run, no training)."""
+"""The recipes (WMT14, back-translation) compose and validate every command's config (a dry run,
+no training)."""
 
 import os
 import subprocess
@@ -118,3 +119,70 @@ def test_wmt14_recipe_through_slurm(tmp_path):
             launcher.partition) == (2, 4, 4, "gpu")
     assert "launch: nmt-train +model=base" in out.stderr
     assert " -m hydra/launcher=slurm hydra.launcher.nodes=2 " in out.stderr
+
+
+# ----------------------------------------------------------------------------- back-translation
+BT_STEPS = {"preprocess_reverse": PreprocessConfig, "train_reverse": TrainConfig,
+            "average_reverse": AverageConfig, "backtranslate": TranslateConfig,
+            "preprocess": PreprocessConfig, "train_bt": TrainConfig, "average_bt": AverageConfig,
+            "translate_bt": TranslateConfig, "train_baseline": TrainConfig,
+            "average_baseline": AverageConfig, "translate_baseline": TranslateConfig}
+
+
+def backtranslation(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """The back-translation recipe with these arguments and extra environment variables."""
+    env = {**os.environ, **env,
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.run(["bash", str(ROOT / "scripts/recipes/backtranslation.sh"), *args,
+                           str(tmp_path / "work")], capture_output=True, text=True, env=env,
+                          timeout=300, cwd=ROOT)
+
+
+@pytest.mark.slow
+def test_backtranslation_dry_run_prints_and_validates_every_step(tmp_path):
+    out = backtranslation(tmp_path, "--dry-run", HOLD_PAIRS="1000", REAL_PAIRS="5000")
+    assert out.returncode == 0, out.stderr
+    assert not (tmp_path / "work").exists()  # nothing ran
+    blocks = [block.split("\n", 1) for block in out.stdout.split("### ")[1:]]
+    assert [name for name, _ in blocks] == list(BT_STEPS)
+    steps = {name: to_object(OmegaConf.create(yaml), BT_STEPS[name]) for name, yaml in blocks}
+    work, corpus = tmp_path / "work", "scripts/data/debian-po/en-de"
+    commands = [line[2:] for line in out.stderr.splitlines() if line.startswith("+ ")]
+    assert commands[:3] == [f"head -n 5000 {corpus}/train.en > {work}/real.en",
+                            f"head -n 5000 {corpus}/train.de > {work}/real.de",
+                            f"tail -n 1000 {corpus}/train.de > {work}/mono.de"]
+    assert len(commands) == 3 + 1 + len(BT_STEPS)  # and the copy of the German side
+    reverse, final = steps["preprocess_reverse"], steps["preprocess"]
+    assert (reverse.src_lang, reverse.tgt_lang, reverse.train) == ("de", "en", f"{work}/real")
+    bt = steps["backtranslate"]
+    assert (bt.checkpoint, bt.input, bt.output) == (
+        f"{work}/reverse/averaged.pt", f"{work}/mono.de", f"{work}/synthetic.en")
+    assert not bt.search.sampling and bt.search.beam_size == 4
+    real, synthetic = final.train_corpora
+    assert (real.path, real.tag, synthetic.path, synthetic.tag, synthetic.weight) == (
+        f"{work}/real", "", f"{work}/synthetic", "<BT>", 1.0)
+    assert steps["train_bt"].train.corpus_weights == []
+    assert steps["train_baseline"].train.corpus_weights == [1.0, 0.0]
+    for name in ("train_reverse", "train_bt", "train_baseline"):
+        assert steps[name].train.max_minutes == 4 and steps[name].model.N == 1
+    assert steps["translate_bt"].ref == f"{corpus}/test.de"
+
+
+@pytest.mark.slow
+def test_backtranslation_sampling_monolingual_text_and_bad_settings(tmp_path):
+    mono = tmp_path / "news.de"
+    out = backtranslation(tmp_path, "--dry-run", MONO=str(mono), BT_SEARCH="sampling",
+                          BT_WEIGHT="0.5", BASELINE="0")
+    assert out.returncode == 0, out.stderr
+    names = [block.split("\n", 1)[0] for block in out.stdout.split("### ")[1:]]
+    assert names == [name for name in BT_STEPS if not name.endswith("_baseline")]
+    assert f"cp {mono} {tmp_path / 'work'}/mono.de" in out.stderr
+    assert "head -n 120000 " in out.stderr  # every real pair kept
+    assert "tag:'<BT>',weight:0.5}]" in out.stderr
+    sampled = next(to_object(OmegaConf.create(block.split("\n", 1)[1]), TranslateConfig)
+                   for block in out.stdout.split("### ")[1:] if block.startswith("backtrans"))
+    assert sampled.search.sampling and sampled.search.top_k == 0
+    wrong = backtranslation(tmp_path, "--dry-run", BT_SEARCH="greedy")
+    assert wrong.returncode == 2 and "unknown BT_SEARCH 'greedy'" in wrong.stderr
+    too_many = backtranslation(tmp_path, "--dry-run", HOLD_PAIRS="200000")
+    assert too_many.returncode == 2 and "leaves no real pairs" in too_many.stderr
