@@ -10,7 +10,8 @@ the encoder-decoder attention's W_q and W_kv are its two attention inputs; the p
 nmt's own; post-norm, or pre-norm with a final LayerNorm per stack; LayerNorm epsilon 1e-5.
 Its vocabularies are the SentencePiece pieces, and source.spm / target.spm lie beside
 model.bin: translate `sp.encode(text, out_type=str)`; the model appends EOS to the source and
-starts decoding from <s>.
+starts decoding from <s>. nmt.json holds what engine=ctranslate2 reads beside them
+(nmt.inference.ct2_engine): the checkpoint's sha256, its vocab entry, max_positions.
 
 format=transformers writes MarianMTModel (post-norm) or, for pre-norm models,
 PegasusForConditionalGeneration (MarianMT has no pre-norm option; Pegasus is the same network
