@@ -18,6 +18,8 @@ from omegaconf.errors import OmegaConfBaseException
 from nmt.config_errors import explain, extra_keys, unknown_key
 from nmt.errors import ConfigError
 
+CT2_ONLY_DTYPES = ("int8_float16", "int8_bfloat16")  # search.dtype with engine=ctranslate2 only
+
 
 def _check(ok: bool, key: str, why: str) -> None:
     """Raise a ConfigError naming `key` when `ok` is false."""
@@ -45,14 +47,43 @@ def _check_bleu_tokenize(value: str, key: str) -> None:
     _check(why is None, key, why or "")
 
 
-def check_search_device(dtype: str, device: str, key: str = "search.dtype") -> None:
+def check_search_device(dtype: str, device: str, key: str = "search.dtype",
+                        engine: str = "nmt") -> None:
     """search.dtype against the device type that decodes ("cpu" or "cuda"; "auto" passes
-    until the command has picked its device and calls this again): int8 runs on CPUs only,
-    fp16 on GPUs only."""
-    _check(not (dtype == "int8" and device == "cuda"), key,
+    until the command has picked its device and calls this again) and the engine: nmt runs
+    int8 on CPUs only, fp16 on GPUs only; int8_float16 and int8_bfloat16 are CTranslate2's,
+    for GPUs (engine=ctranslate2 checks the rest when it loads)."""
+    if dtype in CT2_ONLY_DTYPES:
+        _check(engine == "ctranslate2", key, f"{dtype} is a CTranslate2 compute type "
+               "(engine=ctranslate2); nmt runs fp32, bf16, fp16 or int8")
+        _check(device != "cpu", key, f"{dtype} needs a GPU; use int8 on the CPU")
+    _check(not (dtype == "int8" and device == "cuda" and engine == "nmt"), key,
            "int8 runs on the CPU only; use bf16 or fp16 on a GPU (or device=cpu)")
     _check(not (dtype == "fp16" and device == "cpu"), key,
            "fp16 needs a GPU; use bf16 on the CPU (or device=cuda)")
+
+
+def _check_engine(cfg: object, checkpoints: int) -> None:
+    """engine and ct2_model of nmt-translate and nmt-serve: CTranslate2 runs one model."""
+    _check(cfg.engine in ("nmt", "ctranslate2"), "engine",
+           f"must be nmt or ctranslate2, got {cfg.engine!r}")
+    _check(not cfg.ct2_model or cfg.engine == "ctranslate2", "ct2_model",
+           "needs engine=ctranslate2")
+    _check(checkpoints == 1 or cfg.engine == "nmt", "checkpoint",
+           "engine=ctranslate2 translates with one model, not an ensemble (use engine=nmt)")
+    check_search_device(cfg.search.dtype, cfg.device, engine=cfg.engine)
+    for key in ("constraints", "alignment"):
+        _check(not getattr(cfg, key, None) or cfg.engine == "nmt", key, "needs engine=nmt")
+    if cfg.engine == "ctranslate2":
+        check_ct2_search(cfg.search)
+
+
+def check_ct2_search(search: SearchConfig) -> None:
+    """What engine=ctranslate2 cannot run: GNMT's length penalty in beam search (CTranslate2
+    divides log P by |Y|^p; greedy search and sampling keep alpha, in the scores only)."""
+    _check(not search.alpha or search.beam_size == 1 or search.sampling, "search.alpha",
+           "engine=ctranslate2 has no GNMT length penalty in beam search; use search.alpha=0 "
+           "(or search.beam_size=1)")
 
 
 # ----------------------------------------------------------------------------- model
@@ -138,7 +169,7 @@ class SearchConfig:
     top_p: float = 1.0  # sampling: only from the fewest best tokens of probability >= top_p
     seed: int = 1  # sampling: a line's samples depend on this seed and its line number only
     no_repeat_ngram_size: int = 0  # no n-gram of this many tokens twice in an output (0: off)
-    dtype: str = "fp32"  # fp32, bf16, int8 (CPU: linear maps quantized), fp16 (CUDA)
+    dtype: str = "fp32"  # fp32, bf16, int8 (CPU), fp16 (CUDA); int8_float16/_bfloat16: CTranslate2
 
     def __post_init__(self) -> None:
         _check_min(self, "search.", 1, "beam_size", "max_tokens", "nbest")
@@ -148,8 +179,9 @@ class SearchConfig:
                f"must be between 1 and beam_size ({self.beam_size}), got {self.nbest}")
         _check(self.temperature > 0, "search.temperature", f"must be > 0, got {self.temperature}")
         _check(0 < self.top_p <= 1, "search.top_p", f"must be in (0, 1], got {self.top_p}")
-        _check(self.dtype in ("fp32", "bf16", "fp16", "int8"), "search.dtype",
-               f"must be fp32, bf16, fp16 or int8, got {self.dtype!r}")
+        _check(self.dtype in ("fp32", "bf16", "fp16", "int8", *CT2_ONLY_DTYPES), "search.dtype",
+               f"must be fp32, bf16, fp16, int8, int8_float16 or int8_bfloat16, "
+               f"got {self.dtype!r}")
 
 
 # ----------------------------------------------------------------------------- preprocess
@@ -399,6 +431,7 @@ class TranslateConfig:
     device: str = "auto"  # "auto", "cpu" or "cuda"
     workers: int = 0  # one-thread CPU processes translating batches in parallel (0: one per core)
     threads: int = 0  # PyTorch threads when workers=1 (0: PyTorch's default)
+    # engine=ctranslate2: workers and threads are its inter_threads and intra_threads
     attention_plot: str = ""  # write attention heatmaps (PNG) for one input line to this directory
     attention_line: int = 1  # which input line (1-based) attention_plot draws
     vocab_check: str = ""  # data dir, its manifest.json or a .model: the checkpoint must match it
@@ -409,6 +442,8 @@ class TranslateConfig:
     score_reference: bool = False  # score given targets (ref=FILE or source<TAB>target lines)
     alignment: bool = False  # add a column of source-target piece links (Pharaoh: 0-0 1-2 ...)
     alignment_layer: int = -1  # decoder layer whose heads' mean attention aligns (-1: the last)
+    engine: str = "nmt"  # decode with "nmt" or "ctranslate2" (the checkpoint's export, cached)
+    ct2_model: str = ""  # engine=ctranslate2: the export's folder ("": CHECKPOINT.ct2/ beside it)
     search: SearchConfig = field(default_factory=SearchConfig)
 
     @property
@@ -434,7 +469,9 @@ class TranslateConfig:
         _check_bleu_tokenize(self.bleu_tokenize, "bleu_tokenize")
         _check(self.weights in ("auto", "model", "ema"), "weights",
                f"must be auto, model or ema, got {self.weights!r}")
-        check_search_device(self.search.dtype, self.device)
+        _check_engine(self, len(self.checkpoints))
+        _check(not self.attention_plot or self.engine == "nmt", "attention_plot",
+               "needs engine=nmt")
 
 
 # ----------------------------------------------------------------------------- average
@@ -499,6 +536,7 @@ class ServeConfig:
     device: str = "auto"  # "auto", "cpu" or "cuda"
     workers: int = 0  # CPU: one-thread decoding processes (0: one per core; 1: a thread here)
     threads: int = 0  # PyTorch threads of the decoding thread when workers=1 (0: the default)
+    # engine=ctranslate2: workers and threads are its inter_threads and intra_threads
     vocab_check: str = ""  # data dir, its manifest.json or a .model: the checkpoint must match it
     max_wait_ms: float = 5.0  # a sentence waits at most this long for others to share its batch
     max_input_tokens: int = 1000  # longer inputs are truncated (flagged in the response)
@@ -510,6 +548,8 @@ class ServeConfig:
     max_len_b: int = 256  # the largest max_len_b and min_len a request may ask for
     access_log: bool = True  # log one line per HTTP request (uvicorn's access log)
     log_level: str = "info"  # uvicorn's log level: debug, info, warning or error
+    engine: str = "nmt"  # decode with "nmt" or "ctranslate2" (the checkpoint's export, cached)
+    ct2_model: str = ""  # engine=ctranslate2: the export's folder ("": CHECKPOINT.ct2/ beside it)
     search: SearchConfig = field(default_factory=SearchConfig)  # defaults; batch token budget
 
     def __post_init__(self) -> None:
@@ -530,7 +570,7 @@ class ServeConfig:
                f"must be <= max_len_b ({self.max_len_b})")
         _check(self.log_level in ("debug", "info", "warning", "error"), "log_level",
                f"must be debug, info, warning or error, got {self.log_level!r}")
-        check_search_device(self.search.dtype, self.device)
+        _check_engine(self, 1)
 
 
 # ----------------------------------------------------------------------------- Hydra glue

@@ -10,7 +10,8 @@ the encoder-decoder attention's W_q and W_kv are its two attention inputs; the p
 nmt's own; post-norm, or pre-norm with a final LayerNorm per stack; LayerNorm epsilon 1e-5.
 Its vocabularies are the SentencePiece pieces, and source.spm / target.spm lie beside
 model.bin: translate `sp.encode(text, out_type=str)`; the model appends EOS to the source and
-starts decoding from <s>.
+starts decoding from <s>. nmt.json holds what engine=ctranslate2 reads beside them
+(nmt.inference.ct2_engine): the checkpoint's sha256, its vocab entry, max_positions.
 
 format=transformers writes MarianMTModel (post-norm) or, for pre-norm models,
 PegasusForConditionalGeneration (MarianMT has no pre-norm option; Pegasus is the same network
@@ -36,7 +37,7 @@ from torch import Tensor
 
 from nmt.config import ExportConfig
 from nmt.errors import NmtError
-from nmt.files import check_out_dir, check_output, new_directory
+from nmt.files import check_out_dir, check_output, new_directory, sha256_file
 from nmt.inference.translator import Translator
 from nmt.model import Transformer
 from nmt.tokenizer import UNK_ID, Specials, Tokenizer
@@ -56,7 +57,9 @@ def export(cfg: ExportConfig) -> Path:
     translator = Translator.load(cfg.checkpoint, dtype=None)
     with new_directory(out, cfg.force, MARKER, "model directory") as tmp:
         if cfg.format == "ctranslate2":
-            what = write_ctranslate2(translator, tmp, cfg.quantization)
+            key = {"checkpoint_sha256": sha256_file(cfg.checkpoint), "weights": "auto",
+                   "compute_type": cfg.quantization or "float32"}  # nmt.inference.ct2_engine
+            what = write_ctranslate2(translator, tmp, cfg.quantization, key)
         else:
             what = write_transformers(translator, tmp)
     print(f"{PROG}: {cfg.checkpoint} -> {out} ({what})", flush=True)
@@ -156,8 +159,11 @@ def _ffn(spec, w: dict, name: str, norm: str) -> None:
     _norm(spec.layer_norm, w, norm)
 
 
-def write_ctranslate2(translator: Translator, out: Path, quantization: str = "") -> str:
-    """Write a CTranslate2 model directory into the existing empty directory `out`."""
+def write_ctranslate2(translator: Translator, out: Path, quantization: str = "",
+                      key: dict | None = None) -> str:
+    """Write a CTranslate2 model directory into the existing empty directory `out`, with
+    nmt.json: `key` (what engine=ctranslate2 matches: the checkpoint's sha256, weights,
+    compute type), the vocab entry without its SentencePiece models, max_positions."""
     spec = ctranslate2_spec(translator.model, pieces(translator.src_tok),
                             pieces(translator.tgt_tok), translator.specials)
     spec.validate()
@@ -165,6 +171,9 @@ def write_ctranslate2(translator: Translator, out: Path, quantization: str = "")
     spec.save(str(out))
     (out / "source.spm").write_bytes(translator.src_tok.proto)  # to tokenize as nmt does
     (out / "target.spm").write_bytes(translator.tgt_tok.proto)
+    vocab = {k: v for k, v in translator.vocab.items() if not isinstance(v, bytes)}
+    info = {**(key or {}), "vocab": vocab, "max_positions": translator.model.cfg.max_positions}
+    (out / "nmt.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
     return f"CTranslate2, {describe(translator)}, weights {quantization or 'float32'}"
 
 

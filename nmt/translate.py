@@ -29,10 +29,11 @@ import torch
 
 from nmt import distributed
 from nmt.align import align, check_layer, pharaoh
-from nmt.config import TranslateConfig, check_search_device
+from nmt.config import TranslateConfig
 from nmt.errors import NmtError
 from nmt.files import check_output, decode_line, read_lines, write_atomically
 from nmt.inference.constrained import missing_phrases
+from nmt.inference.ct2_engine import CT2Translator, open_translator
 from nmt.inference.search import Hypothesis
 from nmt.inference.translator import Translator
 from nmt.runtime import keep_freed_memory, usable_cores
@@ -50,7 +51,7 @@ def log(message: str) -> None:
 
 
 # ----------------------------------------------------------------------------- the model
-def check_vocab(translator: Translator, against: str, checkpoint: str) -> None:
+def check_vocab(translator: Translator | CT2Translator, against: str, checkpoint: str) -> None:
     """vocab_check=...: a data directory, its manifest.json or a .model file must match."""
     path = Path(against)
     if path.suffix == ".model":
@@ -167,7 +168,7 @@ class Session:
     """What translating or scoring any chunk of the input needs."""
 
     cfg: TranslateConfig
-    translator: Translator  # the model, or an ensemble's, prepared, with its workers
+    translator: Translator | CT2Translator  # the model(s), prepared, with its workers
     env: distributed.DistInfo  # this rank under torchrun
     limit: int  # tokens kept of a source, prefix or target
     name: str  # the input's name in messages
@@ -207,7 +208,6 @@ def open_session(cfg: TranslateConfig) -> Session:
         check_output(cfg.attention_plot, "attention_plot", directory=True)
     env = distributed.init(cfg.device)
     device = env.device
-    check_search_device(cfg.search.dtype, device.type)  # device=auto: now known
     share = max(1, usable_cores() // env.world_size)  # the cores of this rank
     workers = (cfg.workers or share) if device.type == "cpu" else 1
     if cfg.threads or env.world_size > 1:
@@ -217,8 +217,8 @@ def open_session(cfg: TranslateConfig) -> Session:
     ref_files = [cfg.ref] * bool(cfg.ref) + list(cfg.refs)
     refs = [read_lines(path, "references") for path in ref_files] or None
     phrases = read_constraints(cfg.constraints) if cfg.constraints else None
-    translator = Translator.load(cfg.checkpoints, device, cfg.weights, dtype=cfg.search.dtype,
-                                 workers=workers)
+    translator = open_translator(cfg.engine, cfg.checkpoints, device, cfg.weights,
+                                 cfg.search.dtype, workers, cfg.threads, cfg.ct2_model)
     try:
         if cfg.vocab_check:
             check_vocab(translator, cfg.vocab_check, cfg.checkpoints[0])

@@ -101,6 +101,9 @@ class Translator:
             self.preparations += 1
         return self._prepared[dtype]
 
+    def check_search(self, search: SearchConfig) -> None:
+        """Every SearchConfig runs here (nmt.inference.ct2_engine.CT2Translator refuses some)."""
+
     def translate_ids(self, src_ids: list[list[int]], search: SearchConfig,
                       prefixes: list[list[int]] | None = None, lines: list[int] | None = None,
                       progress=None, parallel: bool = True,

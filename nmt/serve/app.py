@@ -47,8 +47,9 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 from starlette.exceptions import HTTPException
 
-from nmt.config import SearchConfig, ServeConfig, check_search_device
+from nmt.config import SearchConfig, ServeConfig
 from nmt.errors import ConfigError, NmtError
+from nmt.inference.ct2_engine import open_translator
 from nmt.inference.search import Hypothesis
 from nmt.inference.translator import Translator
 from nmt.plot import attention_weights
@@ -222,7 +223,7 @@ class Service:
                                cfg.search.max_sentences, cfg.max_wait_ms / 1000, cfg.max_queued)
         self.requests = 0  # requests answered with translations
         self.pool_error = ""  # why the decoding processes cannot decode, once they cannot
-        self.max_input = min(cfg.max_input_tokens, translator.model.cfg.max_positions - 1)
+        self.max_input = min(cfg.max_input_tokens, translator.max_input_tokens)
         self.model_lock = threading.Lock()  # one attention_weights at a time (it sets flags)
 
     @property
@@ -242,13 +243,18 @@ class Service:
                 raise ApiError(422, key, f"must be <= {limit} (this server's limit), "
                                          f"got {asked[key]}")
         try:
-            return replace(self.cfg.search, **asked)
+            search = replace(self.cfg.search, **asked)
+            self.translator.check_search(search)  # what the engine cannot run
+            return search
         except ConfigError as e:  # e.g. nbest > beam_size
             key = str(e).split(":")[0].removeprefix("search.")
             raise ApiError(422, key, str(e).split(": ", 1)[1]) from None
 
     def check_size(self, req: TranslateRequest) -> None:
-        """max_sentences and max_chars per request."""
+        """max_sentences and max_chars per request; attention needs nmt's own engine."""
+        if req.attention and self.cfg.engine != "nmt":
+            raise ApiError(422, "attention", "needs the server's engine=nmt (CTranslate2 "
+                                             "does not return attention)")
         if len(req.text) > self.cfg.max_sentences:
             raise ApiError(413, "text", f"{len(req.text)} sentences; this server takes at most "
                                         f"{self.cfg.max_sentences} per request")
@@ -494,13 +500,12 @@ def open_socket(host: str, port: int) -> socket.socket:
 def serve(cfg: ServeConfig) -> None:
     """nmt-serve: load the checkpoint once, start the decoding workers, serve until SIGTERM."""
     device = pick_device(cfg.device)
-    check_search_device(cfg.search.dtype, device.type)  # device=auto: now known
     workers = (cfg.workers or usable_cores()) if device.type == "cpu" else 1
     if device.type == "cpu":
         keep_freed_memory()
     # Prepared for search.dtype here, then the workers forked: before any socket or thread.
-    translator = Translator.load(cfg.checkpoint, device, dtype=cfg.search.dtype,
-                                 workers=workers, threads=cfg.threads)
+    translator = open_translator(cfg.engine, [cfg.checkpoint], device, dtype=cfg.search.dtype,
+                                 workers=workers, threads=cfg.threads, ct2_model=cfg.ct2_model)
     try:
         if cfg.vocab_check:
             check_vocab(translator, cfg.vocab_check, cfg.checkpoint)

@@ -1,0 +1,174 @@
+"""engine=ctranslate2: CTranslate2 decodes the checkpoint's cached export as nmt does.
+
+The model and sentences are tests/test_export.py's (a random 2+2 model whose greedy outputs
+vary with the source and often end early, a real BPE vocabulary, the bundled test.en).
+"""
+
+import sys
+from pathlib import Path
+
+import pytest
+from test_export import DATA, MAX_LEN, bundled_sentences, varied_checkpoint
+from test_serve import Server
+
+import nmt.inference.ct2_engine as engine
+from nmt.config import SearchConfig, TranslateConfig, compose, to_object
+from nmt.errors import ConfigError, NmtError
+from nmt.inference.ct2_engine import CT2Translator, cached_export, read_info
+from nmt.inference.translator import Translator
+from nmt.tokenizer import train_bpe
+from nmt.translate import translate
+
+pytest.importorskip("ctranslate2")
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def joint() -> bytes:
+    """test_export's joint SentencePiece BPE model (500 pieces) of the bundled sample."""
+    en = DATA.joinpath("train.en").read_text(encoding="utf-8").splitlines()[:2000]
+    de = DATA.joinpath("train.de").read_text(encoding="utf-8").splitlines()[:2000]
+    return train_bpe(en + de, 500).proto
+
+
+@pytest.fixture(scope="module")
+def ckpt(joint, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("run") / "checkpoint_last.pt"
+    return varied_checkpoint(path, joint, joint, "post")
+
+
+@pytest.fixture(scope="module")
+def engines(ckpt):
+    """nmt's Translator and the CT2Translator of the same checkpoint, and the source ids."""
+    tr = Translator.load(ckpt, dtype="fp32")
+    with CT2Translator.load(ckpt, threads=1) as ct:
+        yield tr, ct, tr.src_tok.encode(list(bundled_sentences()))
+
+
+def tokens(results) -> list[list[list[int]]]:
+    return [[h.tokens for h in hyps] for hyps in results]
+
+
+@pytest.mark.parametrize("max_len_a,max_len_b", [(0.0, MAX_LEN), (1.0, 4)])
+def test_greedy_is_nmt_greedy_with_its_scores(engines, max_len_a, max_len_b):
+    """Token for token, also with a maximum length per sentence (max_len_a=1: sentences are
+    grouped by it); scores are log P / lp(|Y|) with log P renormalized over allowed tokens."""
+    tr, ct, src = engines
+    search = SearchConfig(beam_size=1, alpha=0.6, max_len_a=max_len_a, max_len_b=max_len_b)
+    ours, theirs = tr.translate_ids(src, search), ct.translate_ids(src, search)
+    assert tokens(theirs) == tokens(ours)
+    assert any(len(h[0].tokens) < max_len_b for h in ours)  # some end early
+    for a, b in zip(ours, theirs, strict=True):
+        h, g = a[0], b[0]
+        assert g.logprob >= h.logprob - 1e-4  # CTranslate2 leaves out the forbidden tokens
+        assert g.score / g.logprob == pytest.approx(h.score / h.logprob)  # 1 / lp(|Y|)
+
+
+def test_beam_search_and_nbest_are_nmts_but_for_near_ties(engines):
+    tr, ct, src = engines
+    search = SearchConfig(beam_size=4, nbest=4, alpha=0.0, max_len_a=0.0, max_len_b=MAX_LEN)
+    ours, theirs = tokens(tr.translate_ids(src, search)), tokens(ct.translate_ids(src, search))
+    assert [h[0] for h in theirs] == [h[0] for h in ours]  # the best one: always
+    assert all(len(h) == 4 for h in theirs)
+    same = sum(a == b for a, b in zip(ours, theirs, strict=True))
+    assert same >= 0.9 * len(src)  # 62/64: scores renormalized over allowed tokens
+
+
+def test_unsupported_settings_are_one_line_config_errors(ckpt, engines, tmp_path, monkeypatch):
+    _, ct, src = engines
+    with pytest.raises(ConfigError, match="^search.alpha: engine=ctranslate2 has no GNMT"):
+        ct.translate_ids(src[:2], SearchConfig(beam_size=4, alpha=0.6))
+    base = [f"checkpoint={ckpt}", "engine=ctranslate2", "search.alpha=0"]
+    for args, key in ((["checkpoint=[a.pt,b.pt]"], "checkpoint"),
+                      (["search.alpha=1", "search.beam_size=2"], "search.alpha"),
+                      (["attention_plot=att"], "attention_plot"),
+                      (["constraints=c.tsv"], "constraints"),
+                      (["alignment=true"], "alignment"),
+                      (["engine=onnx"], "engine"),
+                      (["engine=nmt", "ct2_model=d"], "ct2_model"),
+                      (["device=cpu", "search.dtype=int8_float16"], "search.dtype"),
+                      (["engine=nmt", "search.dtype=int8_bfloat16"], "search.dtype")):
+        with pytest.raises(ConfigError, match=f"^{key}: "):
+            to_object(compose("translate", base + args), TranslateConfig)
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import fails
+    with pytest.raises(NmtError, match=r"^engine=ctranslate2 needs the ctranslate2 package: "
+                                       r"pip install 'nmt\[ctranslate2\]'$"):
+        CT2Translator.load(ckpt, ct2_model=str(tmp_path / "m"))
+    assert not (tmp_path / "m").exists()
+
+
+def test_the_export_is_cached_by_checksum_and_compute_type(joint, tmp_path, monkeypatch):
+    ckpt = varied_checkpoint(tmp_path / "checkpoint_last.pt", joint, joint, "post")
+    exports = []
+    real = engine._export
+    monkeypatch.setattr(engine, "_export", lambda *a: exports.append(a) or real(*a))
+    first = cached_export(ckpt, "auto", "float32")
+    assert first.parent == tmp_path / "checkpoint_last.pt.ct2" and len(exports) == 1
+    assert cached_export(ckpt, "auto", "float32") == first and len(exports) == 1  # reused
+    int8 = cached_export(ckpt, "auto", "int8")
+    assert int8 != first and len(exports) == 2
+    varied_checkpoint(ckpt, joint, joint, "post", seed=1)  # a new checkpoint_last
+    second = cached_export(ckpt, "auto", "float32")
+    assert second != first and len(exports) == 3
+    assert not first.exists() and int8.exists()  # the stale float32 export is gone
+    assert read_info(second)["checkpoint_sha256"] != read_info(int8)["checkpoint_sha256"]
+    assert not [p for p in first.parent.iterdir() if p.name.startswith(".")]  # no temp dirs
+    # ct2_model=DIR: exported there, and exported again once the checkpoint changes
+    assert cached_export(ckpt, "auto", "float32", str(tmp_path / "m")) == tmp_path / "m"
+    assert cached_export(ckpt, "auto", "float32", str(tmp_path / "m")) == tmp_path / "m"
+    assert len(exports) == 4
+
+
+def test_an_nmt_export_directory_is_used_as_it_is(ckpt, tmp_path, monkeypatch):
+    from nmt.config import ExportConfig
+    from nmt.export import export
+
+    export(ExportConfig(checkpoint=str(ckpt), output=str(tmp_path / "m"), quantization="int8"))
+    monkeypatch.setattr(engine, "_export", lambda *a: pytest.fail("exported again"))
+    with CT2Translator.load(ckpt, dtype="int8", ct2_model=str(tmp_path / "m"), threads=1) as ct:
+        out = ct.translate_ids([[5, 6, 7]], SearchConfig(beam_size=1, max_len_a=0, max_len_b=4))
+    assert len(out[0][0].tokens) <= 4
+
+
+def test_nmt_translate_with_a_prefix_and_scoring(ckpt, tmp_path):
+    """prefix=true and score_reference=true through nmt-translate: greedy outputs start with
+    their prefix and are nmt's; scores of given pairs are nmt's (the full distribution)."""
+    lines = list(bundled_sentences())[:16]
+    prefixes = ["", "ang", "Datei", "ang ang"] * 4  # an empty one too
+    pairs = zip(lines, prefixes, strict=True)
+    (tmp_path / "in.tsv").write_text("".join(f"{s}\t{p}\n" for s, p in pairs))
+
+    def run(engine_name: str, *args: str) -> dict:
+        return translate(to_object(compose("translate", [
+            f"checkpoint={ckpt}", f"input={tmp_path / 'in.tsv'}", f"engine={engine_name}",
+            "workers=1", "quiet=true", "search.beam_size=1", "search.max_len_a=0",
+            f"search.max_len_b={MAX_LEN}", f"output={tmp_path / engine_name}", *args]),
+            TranslateConfig))
+
+    ct2, ours = run("ctranslate2", "prefix=true"), run("nmt", "prefix=true")
+    assert all(h.startswith(p) for h, p in zip(ct2["hypotheses"], prefixes, strict=True))
+    assert ct2["hypotheses"] == ours["hypotheses"]
+    ct2, ours = run("ctranslate2", "score_reference=true"), run("nmt", "score_reference=true")
+    assert [p.logprob for p in ct2["pairs"]] == pytest.approx(
+        [p.logprob for p in ours["pairs"]], abs=1e-3)
+    assert [p.score for p in ct2["pairs"]] == pytest.approx(
+        [p.score for p in ours["pairs"]], abs=1e-3)
+
+
+@pytest.mark.slow
+def test_nmt_serve_with_ctranslate2_answers(ckpt):
+    lines = list(bundled_sentences())[:6]
+    srv = Server(ckpt, "engine=ctranslate2", "search.alpha=0", "workers=1", "threads=1")
+    try:
+        status, _, health = srv.call("GET", "/health")
+        assert status == 200 and health["status"] == "ok"
+        got = srv.translate(lines, beam_size=1)
+        status, _, body = srv.call("POST", "/translate", {"text": lines, "alpha": 0.6})
+        assert status == 422 and body["field"] == "alpha"
+        status, _, body = srv.call("POST", "/translate", {"text": lines, "attention": True})
+        assert status == 422 and body["field"] == "attention"
+    finally:
+        assert srv.stop() == 0
+    tr = Translator.load(ckpt, dtype=None)
+    want = tr.translate_ids(tr.src_tok.encode(lines), SearchConfig(beam_size=1, max_len_b=8))
+    assert [t["text"] for t in got] == tr.tgt_tok.decode([h[0].tokens for h in want])
