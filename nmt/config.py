@@ -493,7 +493,8 @@ class ServeConfig:
     workers: int = 0  # CPU: one-thread decoding processes (0: one per core; 1: a thread here)
     threads: int = 0  # PyTorch threads of the decoding thread when workers=1 (0: the default)
     vocab_check: str = ""  # data dir, its manifest.json or a .model: the checkpoint must match it
-    max_wait_ms: float = 5.0  # a sentence waits at most this long for others to share its batch
+    continuous: bool = True  # sentences join running batches at any decoding step (else batches)
+    max_wait_ms: float = 5.0  # continuous=false: a sentence waits this long at most for batch mates
     max_input_tokens: int = 1000  # longer inputs are truncated (flagged in the response)
     max_sentences: int = 64  # sentences per request at most (413 beyond)
     max_chars: int = 20000  # characters per request at most, all sentences together (413 beyond)
@@ -524,6 +525,10 @@ class ServeConfig:
         _check(self.log_level in ("debug", "info", "warning", "error"), "log_level",
                f"must be debug, info, warning or error, got {self.log_level!r}")
         check_search_device(self.search.dtype, self.device)
+        _check(not self.continuous or not (self.search.sampling
+                                           or self.search.no_repeat_ngram_size),
+               "continuous", "needs search.sampling=false and search.no_repeat_ngram_size=0 "
+                             "(or set continuous=false)")
 
 
 # ----------------------------------------------------------------------------- Hydra glue

@@ -20,12 +20,20 @@ no_repeat_ngram_size.
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import pickle
+import queue
+import signal
+import threading
+from dataclasses import asdict
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.config import SearchConfig
+from nmt.errors import NmtError
 from nmt.inference.fast import FastModel, FastState, _source_mask, row_argmax
 from nmt.inference.search import (
     Decoder,
@@ -39,6 +47,7 @@ from nmt.inference.search import (
     max_output_lengths,
     pad_batch,
 )
+from nmt.inference.workers import can_fork
 from nmt.model import additive_mask
 from nmt.tokenizer import Specials
 
@@ -306,3 +315,128 @@ def _join_beams(a: _HostBeam, b: _HostBeam, pad: int) -> _HostBeam:
     a.sent, a.max_len, a.lp_max = (np.concatenate([getattr(a, f), getattr(b, f)])
                                    for f in ("sent", "max_len", "lp_max"))
     return a
+
+
+# ----------------------------------------------------------------------------- the workers
+STOP = None  # put in a worker's inbox: the loop ends
+
+
+def step_loop(translator, inbox, outbox, worker: int) -> None:
+    """A decoding worker's loop (nmt-serve): take lists of (tag, search, ids) from `inbox` (as
+    many as are there; waiting only while no sentence is live), add them to the StepDecoder
+    of their search settings, step every decoder once, and put ("done", worker, [(tag,
+    hypotheses), ...]) in `outbox` for the sentences that ended; a decoder that fails puts
+    ("error", worker, [tag, ...], exception) for its sentences and is dropped. Ends on STOP."""
+    decoders: dict[tuple, StepDecoder] = {}
+    while True:
+        live = any(d.sentences or d.ready for d in decoders.values())
+        messages = [] if live else [inbox.get()]  # idle: wait for sentences
+        while True:  # and take whatever else is there
+            try:
+                messages.append(inbox.get_nowait())
+            except queue.Empty:
+                break
+        for items in messages:
+            if items is STOP:
+                return
+            _admit(translator, decoders, items, outbox, worker)
+        for key, dec in list(decoders.items()):
+            try:
+                finished = dec.step()
+            except Exception as e:  # this setting's sentences fail; the worker goes on
+                outbox.put(("error", worker, dec.tags, _portable(e)))
+                del decoders[key]
+                continue
+            if finished:
+                outbox.put(("done", worker, finished))
+            if not (dec.sentences or dec.ready):
+                del decoders[key]
+
+
+def _admit(translator, decoders: dict, items: list, outbox, worker: int) -> None:
+    """Add (tag, search, ids) items to the decoders of their search settings."""
+    groups: dict[tuple, list] = {}
+    for tag, search, ids in items:
+        groups.setdefault(tuple(sorted(asdict(search).items())), []).append((tag, search, ids))
+    for key, group in groups.items():
+        search = group[0][1]
+        try:
+            if key not in decoders:
+                decoders[key] = StepDecoder(translator.prepared(search.dtype), search,
+                                            translator.specials, translator.device)
+            decoders[key].add([tag for tag, _, _ in group], [ids for _, _, ids in group])
+        except Exception as e:
+            outbox.put(("error", worker, [tag for tag, _, _ in group], _portable(e)))
+
+
+def _portable(error: Exception) -> Exception:
+    """The error itself if it can go through a process queue (pickled), else its text."""
+    try:
+        pickle.dumps(error)
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
+    return error
+
+
+class StepWorkers:
+    """Decoding workers for continuous batching, each running step_loop with its own inbox
+    and one outbox for all: on the CPU `workers` forked one-thread processes (forked after the
+    translator prepared its models: they share the weights), else one thread here.
+    send(worker, items) queues sentences for a worker; read() waits for the next message."""
+
+    def __init__(self, translator, workers: int = 1):
+        processes = workers > 1 and translator.device.type == "cpu" and can_fork()
+        self.workers = workers if processes else 1
+        ctx = mp.get_context("fork") if processes else None
+        make = ctx.Queue if processes else queue.Queue
+        self.inboxes, self.outbox = [make() for _ in range(self.workers)], make()
+        start = ctx.Process if processes else threading.Thread
+        self.runners = [start(target=_worker_main if processes else step_loop,
+                              args=(translator, inbox, self.outbox, i), daemon=True,
+                              name=f"nmt-step-{i}")
+                        for i, inbox in enumerate(self.inboxes)]
+        for runner in self.runners:
+            runner.start()
+
+    def warm_up(self, dtype: str) -> None:
+        """Decode one short sentence on every worker (a process's first steps are slower);
+        NmtError if a worker fails or does not answer within a minute."""
+        warm = SearchConfig(beam_size=1, max_len_b=1, dtype=dtype)
+        for w in range(self.workers):
+            self.send(w, [(("warm", w), warm, [4])])
+        for _ in range(self.workers):
+            try:
+                message = self.read(timeout=60)
+            except queue.Empty:
+                raise NmtError("a decoding worker did not start within a minute") from None
+            if message[0] == "error":
+                raise NmtError(f"a decoding worker failed while starting ({message[3]!r})")
+
+    def send(self, worker: int, items: list) -> None:
+        """Sentences, (tag, search, ids) each, to join worker's batch at its next step."""
+        self.inboxes[worker].put(items)
+
+    def read(self, timeout: float | None = None):
+        """The next message of any worker (step_loop); queue.Empty after `timeout` seconds."""
+        return self.outbox.get(timeout=timeout)
+
+    def dead(self) -> str:
+        """Why some worker cannot decode any more; "" while all can."""
+        if all(r.is_alive() for r in self.runners):
+            return ""
+        return "a decoding worker died; restart the server"
+
+    def close(self) -> None:
+        """Stop the workers."""
+        for inbox in self.inboxes:
+            inbox.put(STOP)
+        for runner in self.runners:
+            runner.join(timeout=5)
+
+
+def _worker_main(translator, inbox, outbox, worker: int) -> None:
+    """A worker process: one PyTorch thread, signals left to the parent, then step_loop."""
+    torch.set_num_threads(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    step_loop(translator, inbox, outbox, worker)
