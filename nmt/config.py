@@ -493,7 +493,7 @@ class ServeConfig:
     workers: int = 0  # CPU: one-thread decoding processes (0: one per core; 1: a thread here)
     threads: int = 0  # PyTorch threads of the decoding thread when workers=1 (0: the default)
     vocab_check: str = ""  # data dir, its manifest.json or a .model: the checkpoint must match it
-    continuous: bool = True  # sentences join running batches at any decoding step (else batches)
+    continuous: bool = False  # sentences join running batches at any decoding step (else batches)
     max_wait_ms: float = 5.0  # continuous=false: a sentence waits this long at most for batch mates
     max_input_tokens: int = 1000  # longer inputs are truncated (flagged in the response)
     max_sentences: int = 64  # sentences per request at most (413 beyond)

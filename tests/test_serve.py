@@ -438,9 +438,9 @@ def lines(tiny_data_dir) -> list[str]:
 
 @pytest.fixture(scope="module")
 def server(ckpt):
-    """Two decoding processes; sentences wait up to 250 ms for company."""
-    srv = Server(ckpt, "workers=2", "max_wait_ms=250", "max_sentences=16", "max_chars=1000",
-                 "max_beam_size=4")
+    """Two decoding processes, continuous batching (the dynamic batcher: dynamic_server)."""
+    srv = Server(ckpt, "continuous=true", "workers=2", "max_wait_ms=250", "max_sentences=16",
+                 "max_chars=1000", "max_beam_size=4")
     yield srv
     assert srv.stop() == 0
 

@@ -319,6 +319,7 @@ def _join_beams(a: _HostBeam, b: _HostBeam, pad: int) -> _HostBeam:
 
 # ----------------------------------------------------------------------------- the workers
 STOP = None  # put in a worker's inbox: the loop ends
+ADMIT_GROUP, ADMIT_STEPS = 8, 4  # step_loop admits 8 newcomers together, or waits 4 steps
 
 
 def step_loop(translator, inbox, outbox, worker: int) -> None:
@@ -328,18 +329,26 @@ def step_loop(translator, inbox, outbox, worker: int) -> None:
     hypotheses), ...]) in `outbox` for the sentences that ended; a decoder that fails puts
     ("error", worker, [tag, ...], exception) for its sentences and is dropped. Ends on STOP."""
     decoders: dict[tuple, StepDecoder] = {}
+    pending, waited = [], 0  # sentences not yet admitted, and the steps they waited
     while True:
-        live = any(d.sentences or d.ready for d in decoders.values())
+        live = pending or any(d.sentences or d.ready for d in decoders.values())
         messages = [] if live else [inbox.get()]  # idle: wait for sentences
         while True:  # and take whatever else is there
             try:
                 messages.append(inbox.get_nowait())
             except queue.Empty:
                 break
-        for items in messages:
-            if items is STOP:
-                return
-            _admit(translator, decoders, items, outbox, worker)
+        if STOP in messages:
+            return
+        pending += [item for items in messages for item in items]
+        waited = waited + 1 if pending else 0
+        rows = sum(d.sentences for d in decoders.values())
+        # newcomers join in groups (a step that admits encodes them and copies the caches):
+        # at once while few rows are live, else when ADMIT_GROUP wait or after ADMIT_STEPS
+        if pending and (rows < ADMIT_GROUP or len(pending) >= ADMIT_GROUP
+                        or waited >= ADMIT_STEPS):
+            _admit(translator, decoders, pending, outbox, worker)
+            pending, waited = [], 0
         for key, dec in list(decoders.items()):
             try:
                 finished = dec.step()
