@@ -538,7 +538,8 @@ class ServeConfig:
     threads: int = 0  # PyTorch threads of the decoding thread when workers=1 (0: the default)
     # engine=ctranslate2: workers and threads are its inter_threads and intra_threads
     vocab_check: str = ""  # data dir, its manifest.json or a .model: the checkpoint must match it
-    max_wait_ms: float = 5.0  # a sentence waits at most this long for others to share its batch
+    continuous: bool = False  # sentences join running batches at any decoding step (else batches)
+    max_wait_ms: float = 5.0  # continuous=false: a sentence waits this long at most for batch mates
     max_input_tokens: int = 1000  # longer inputs are truncated (flagged in the response)
     max_sentences: int = 64  # sentences per request at most (413 beyond)
     max_chars: int = 20000  # characters per request at most, all sentences together (413 beyond)
@@ -571,6 +572,12 @@ class ServeConfig:
         _check(self.log_level in ("debug", "info", "warning", "error"), "log_level",
                f"must be debug, info, warning or error, got {self.log_level!r}")
         _check_engine(self, 1)
+        _check(not self.continuous or self.engine == "nmt", "continuous",
+               "needs engine=nmt (or set continuous=false)")
+        _check(not self.continuous or not (self.search.sampling
+                                           or self.search.no_repeat_ngram_size),
+               "continuous", "needs search.sampling=false and search.no_repeat_ngram_size=0 "
+                             "(or set continuous=false)")
 
 
 # ----------------------------------------------------------------------------- Hydra glue

@@ -29,7 +29,12 @@ from nmt.translate import translate
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 from nmt.serve.app import Service, create_app, open_socket, serve  # noqa: E402
-from nmt.serve.batcher import Batcher, BatcherStopped, QueueFull  # noqa: E402
+from nmt.serve.batcher import (  # noqa: E402
+    Batcher,
+    BatcherStopped,
+    ContinuousBatcher,
+    QueueFull,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -263,6 +268,35 @@ def test_a_failed_batching_loop_fails_the_queued_and_later_requests_at_once():
     assert "a bug in _take" in batcher.error and not batcher.queue
 
 
+def test_continuous_batcher_sends_at_once_within_the_budget_and_refills_as_sentences_end():
+    sent: list[tuple[int, list]] = []  # (worker, [(tag, search, ids)])
+    batcher = ContinuousBatcher(lambda w, items: sent.append((w, items)), None, 2, 20, 0, 100,
+                                FakeClock())
+
+    async def scenario():
+        loop = asyncio.create_task(batcher.run())
+        requests = [asyncio.create_task(batcher.translate([[i] * 9], SearchConfig(), 60))
+                    for i in range(6)]
+        await settle()  # no clock moved: nobody waits for batch mates
+        # 10 tokens each (with EOS): two per worker fill the budget of 20, alternately
+        got = {w: [ids[0] for _, _, ids in items] for w, items in sent}
+        assert got == {0: [0, 2], 1: [1, 3]}
+        assert len(batcher.queue) == 2 and batcher.idle == 0
+        tag, _, ids = sent[0][1][1]  # worker 0's second sentence ends: the next one joins it
+        batcher.receive(("done", 0, [(tag, [Hypothesis(ids, 0.0, 0.0)])]))
+        await settle()
+        assert requests[2].done() and not requests[0].done()
+        assert sent[-1][0] == 0 and sent[-1][1][0][2] == [4] * 9 and len(batcher.queue) == 1
+        batcher.receive(("error", 1, [sent[1][1][0][0]], RuntimeError("out of memory")))
+        await settle()
+        with pytest.raises(RuntimeError, match="out of memory"):
+            requests[1].result()
+        assert sent[-1][0] == 1 and not batcher.queue and batcher.stats.failed == 1
+        loop.cancel()
+
+    asyncio.run(scenario())
+
+
 # ----------------------------------------------------------------------------- config, start-up
 def test_serve_config_is_validated_naming_the_key():
     def make(*overrides):
@@ -404,9 +438,9 @@ def lines(tiny_data_dir) -> list[str]:
 
 @pytest.fixture(scope="module")
 def server(ckpt):
-    """Two decoding processes; sentences wait up to 250 ms for company."""
-    srv = Server(ckpt, "workers=2", "max_wait_ms=250", "max_sentences=16", "max_chars=1000",
-                 "max_beam_size=4")
+    """Two decoding processes, continuous batching (the dynamic batcher: dynamic_server)."""
+    srv = Server(ckpt, "continuous=true", "workers=2", "max_wait_ms=250", "max_sentences=16",
+                 "max_chars=1000", "max_beam_size=4")
     yield srv
     assert srv.stop() == 0
 
@@ -453,7 +487,8 @@ def test_a_dead_batcher_makes_health_fail_and_requests_fail_fast_with_503(in_pro
     def broken(key):
         raise RuntimeError("a bug in _take")
 
-    in_process.service.batcher._take = broken
+    # the dynamic batcher's batch forming, the continuous one's choice of worker
+    in_process.service.batcher._take = in_process.service.batcher._room = broken
     for _ in range(2):  # the request that meets the failure, then one after it
         status, _, body = in_process.call("POST", "/translate", {"text": ["open file"]})
         assert (status, body["field"]) == (503, None)  # not 504 after timeout_s=30
@@ -469,7 +504,13 @@ def test_every_error_is_json_in_the_error_schema(in_process, monkeypatch):
         future.set_exception(RuntimeError("CUDA out of memory"))
         return future
 
-    monkeypatch.setattr(in_process.service.batcher, "submit", failing)
+    def failing_send(worker, items):  # the continuous batcher's workers
+        batcher.receive(("error", worker, [tag for tag, _, _ in items],
+                         RuntimeError("CUDA out of memory")))
+
+    batcher = in_process.service.batcher
+    monkeypatch.setattr(batcher, "submit", failing)
+    monkeypatch.setattr(batcher, "send", failing_send, raising=False)
     status, response, body = in_process.call("POST", "/translate", {"text": ["open file"]})
     assert status == 500 and response.getheader("content-type") == "application/json"
     assert body == {"error": "decoding failed (RuntimeError: CUDA out of memory)",
@@ -558,17 +599,30 @@ def test_translations_equal_nmt_translate(server, ckpt, tiny_data_dir, lines, se
         assert all("nbest" not in t for t in got)
 
 
+@pytest.fixture(scope="module")
+def dynamic_server(ckpt):
+    """As `server`, with the dynamic batcher (continuous=false)."""
+    srv = Server(ckpt, "workers=2", "max_wait_ms=250", "max_sentences=16", "continuous=false")
+    yield srv
+    assert srv.stop() == 0
+
+
 @pytest.mark.slow
-def test_concurrent_requests_share_batches(server, lines):
-    alone = [server.translate([line])[0]["text"] for line in lines[:8]]
-    before = server.call("GET", "/stats")[2]
+@pytest.mark.parametrize("continuous", [True, False])
+def test_concurrent_requests_share_batches(server, dynamic_server, lines, continuous):
+    """Continuous batching too: its batches count the groups sent to the workers (see
+    test_stepping and the ContinuousBatcher tests for the sharing itself)."""
+    srv = server if continuous else dynamic_server
+    alone = [srv.translate([line])[0]["text"] for line in lines[:8]]
+    before = srv.call("GET", "/stats")[2]
     with ThreadPoolExecutor(8) as pool:
-        together = list(pool.map(lambda line: server.translate([line])[0]["text"], lines[:8]))
-    after = server.call("GET", "/stats")[2]
+        together = list(pool.map(lambda line: srv.translate([line])[0]["text"], lines[:8]))
+    after = srv.call("GET", "/stats")[2]
     assert together == alone
     assert after["sentences"] - before["sentences"] == 8
-    assert after["batches"] - before["batches"] <= 4  # 8 requests; 2 x 4 when all arrive at once
-    assert after["largest_batch"] >= 2
+    if not continuous:  # 8 requests; 2 x 4 when all arrive at once
+        assert after["batches"] - before["batches"] <= 4
+        assert after["largest_batch"] >= 2
 
 
 BAD = [  # body, extra headers, status, field
@@ -627,8 +681,8 @@ def test_the_openapi_page_documents_the_api(server):
 
 @pytest.mark.slow
 def test_a_full_queue_is_503_with_retry_after_and_a_slow_request_504(ckpt, lines):
-    srv = Server(ckpt, "workers=1", "max_wait_ms=3000", "timeout_s=1", "max_queued=4",
-                 "max_sentences=4", "search.max_sentences=4")
+    srv = Server(ckpt, "continuous=false", "workers=1", "max_wait_ms=3000", "timeout_s=1",
+                 "max_queued=4", "max_sentences=4", "search.max_sentences=4")
     try:
         # the thread path translates as nmt-translate does (4 sentences fill a batch at once)
         assert len(srv.translate(lines[:4], beam_size=1)) == 4

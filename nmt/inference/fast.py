@@ -394,12 +394,19 @@ class FastModel(nn.Module):
         return FastState([layer.memory_kv(memory) for layer in self.decoder],
                          _source_mask(src_mask, self.float_dtype))
 
-    def decode_step(self, tgt_new: Tensor, state: FastState) -> Tensor:
-        """(B, T_new) next ids -> logits (B, T_new, V); updates `state`."""
+    def decode_step(self, tgt_new: Tensor, state: FastState, positions: Tensor | None = None,
+                    self_mask: Tensor | None = None) -> Tensor:
+        """(B, T_new) next ids -> logits (B, T_new, V); updates `state`. Rows that started at
+        different steps (continuous batching, nmt.inference.stepping) give one new id each,
+        its (B,) positions, and an additive self-attention mask over the cache (B, 1, 1, L)
+        that hides the cache positions before each row's start (None: none to hide)."""
         T, L = tgt_new.size(1), state.step + tgt_new.size(1)
-        x = self._embed(self.tgt_lut, tgt_new, state.step)
+        if positions is None:
+            x = self._embed(self.tgt_lut, tgt_new, state.step)
+        else:  # (B, 1) ids at their own positions
+            x = F.embedding(tgt_new, self.tgt_lut) + self.pe[positions].unsqueeze(1)
         plain = self.plain_attention
-        causal = None  # one new position sees every earlier one
+        causal = self_mask  # one new position sees every earlier one
         if T > 1:  # no future positions
             causal = additive_mask(causal_mask(T, L, x.device), self.float_dtype)
         for layer, memory_kv, cache in zip(self.decoder, state.memory_kv, state.self_kv,

@@ -80,12 +80,14 @@ class Decoder:
             else:
                 self.states[i] = [t.index_select(0, index) for t in state]
 
-    def log_probs(self, prefix: Tensor) -> Tensor:
-        """(R, t) BOS and the tokens so far -> (R, V) float log-probabilities of the next token."""
+    def log_probs(self, prefix: Tensor, **step) -> Tensor:
+        """(R, t) BOS and the tokens so far -> (R, V) float log-probabilities of the next token.
+        step: further arguments of the models' decode_step (per-row positions, nmt.inference.
+        stepping)."""
         total = None
         for model, state in zip(self.models, self.states, strict=True):
             if self.use_cache:  # only the newest token goes in; the past is in the cache
-                logits = model.decode_step(prefix[:, -1:], state)[:, 0]  # (R, V)
+                logits = model.decode_step(prefix[:, -1:], state, **step)[:, 0]  # (R, V)
             else:  # the whole prefix again: the reference the cache must reproduce
                 logits = model.decode(prefix, *state)[:, -1]  # (R, V)
             logits = logits.float().contiguous()
@@ -275,19 +277,21 @@ class _Finished:
         self.threshold = np.full(B, -np.inf, dtype=np.float32)  # (B,) nbest-th best score
 
     def add(self, sentences: np.ndarray, tokens: np.ndarray, logprobs: np.ndarray,
-            length: int) -> None:
-        """Record n hypotheses with |Y| = length: (n,) original sentence indices, (n, L) ids
-        without BOS/EOS, (n,) log P. Dead ones (log P = -inf) are skipped."""
-        lp = length_penalty(length, self.alpha)
+            lengths: np.ndarray, kept: np.ndarray) -> None:
+        """Record n hypotheses: (n,) original sentence indices, (n, W) ids after BOS of which
+        the first `kept` (n,) are the output, (n,) log P, (n,) |Y|. Dead ones (log P = -inf)
+        are skipped."""
         touched = set()
-        for b, ids, logp in zip(sentences.tolist(), tokens.tolist(), logprobs.tolist(),
-                                strict=True):
+        for b, ids, logp, length, n in zip(sentences.tolist(), tokens.tolist(),
+                                           logprobs.tolist(), lengths.tolist(), kept.tolist(),
+                                           strict=True):
             if logp == -np.inf:
                 continue
-            if self.phrases and missing_phrases(ids, self.phrases[b]):
-                self.lacking[b].append(Hypothesis(ids, logp / lp, logp))
+            hyp = Hypothesis(ids[:n], logp / length_penalty(length, self.alpha), logp)
+            if self.phrases and missing_phrases(hyp.tokens, self.phrases[b]):
+                self.lacking[b].append(hyp)
             else:
-                self.hyps[b].append(Hypothesis(ids, logp / lp, logp))
+                self.hyps[b].append(hyp)
                 touched.add(b)
         for b in touched:
             hyps = self.hyps[b]
@@ -301,6 +305,19 @@ class _Finished:
         best = sorted(self.hyps[b], key=lambda h: -h.score)[:self.nbest]
         best += sorted(self.lacking[b], key=lambda h: -h.score)[:self.nbest - len(best)]
         return best or [Hypothesis([], -torch.inf, -torch.inf)]
+
+    def reuse(self, slots: list[int]) -> None:
+        """Empty these sentence slots for new sentences, adding slots as needed (continuous
+        batching, nmt.inference.stepping)."""
+        grow = max(slots, default=-1) + 1 - len(self.hyps)
+        if grow > 0:
+            self.hyps += [[] for _ in range(grow)]
+            self.lacking += [[] for _ in range(grow)]
+            self.count = np.concatenate([self.count, np.zeros(grow, dtype=np.int64)])
+            self.threshold = np.concatenate([self.threshold,
+                                             np.full(grow, -np.inf, dtype=np.float32)])
+        for b in slots:
+            self.hyps[b], self.lacking[b], self.count[b], self.threshold[b] = [], [], 0, -np.inf
 
 
 @torch.inference_mode()
@@ -350,29 +367,15 @@ def beam_search(model, src: Tensor, search: SearchConfig, specials: Specials,
         lprobs = decoder.log_probs(tokens[:, :t + 1])  # (b kb, V)
         row_sent = sent.unsqueeze(1).expand(b, kb).reshape(-1)  # (b kb,)
         cons.apply(lprobs, tokens, t, row_sent)
-        if dba is not None:
+        reorder = None
+        if dba is not None:  # candidates in striped bank order instead of by log P
             dba.apply(lprobs, row_sent, eos_id)
-        V = lprobs.size(1)
-        cand = lprobs.add_(scores.view(-1, 1)).view(b, kb * V)  # (b, kb V): log P
-        if kb * V < 2 * k:  # a tiny vocabulary: pad with impossible candidates
-            cand = F.pad(cand, (0, 2 * k - kb * V), value=-torch.inf)
-        cand_scores, cand_idx = top_k(cand, 2 * k)  # (b, 2k), best first: cand.topk, faster
-        if dba is not None:  # (b, W >= 2k) in striped bank order instead
-            cand_scores, cand_idx = dba.candidates(cand, cand_idx, sent, kb, V)
-        cand_beam, cand_tok = (cand_idx // V).clamp_(max=kb - 1), cand_idx % V  # (b, W)
-        # The first k candidates that do not end go on: sort positions with EOS pushed last.
-        W = cand_idx.size(1)
-        pos = ((cand_tok == eos_id).long() * W + torch.arange(W, device=dev)).topk(
-            k, dim=1, largest=False).indices  # (b, k)
-        scores = cand_scores.gather(1, pos)  # (b, k), still in order
-        parent = cand_beam.gather(1, pos)  # (b, k)
-        rows = (torch.arange(b, device=dev) * kb).unsqueeze(1) + parent
+            V = lprobs.size(1)
+            reorder = lambda cand, idx: dba.candidates(cand, idx, sent, kb, V)  # noqa: E731
+        scores, rows, token, read = beam_candidates(lprobs, scores, k, eos_id, reorder)
         tokens = tokens.index_select(0, rows.view(-1))  # (b k, 1 + T_max): k rows a sentence
-        tokens[:, t + 1] = cand_tok.gather(1, pos).view(-1)
-        step = torch.cat([cand_scores[:, :k].double(), cand_beam[:, :k].double(),
-                          cand_tok[:, :k].double(), scores.double(), parent.double(),
-                          tokens[:, t + 1].view(b, k).double()], dim=1)
-        keep = beam.step(np.array(step.tolist()).reshape(b, 6, k), kb, t, eos_id, fin)
+        tokens[:, t + 1] = token
+        keep = beam.step(read, kb, np.full(b, t), eos_id, fin)
         if keep is None:  # every sentence retired
             break
         if len(keep) < b:  # some retired: their rows leave
@@ -388,6 +391,37 @@ def beam_search(model, src: Tensor, search: SearchConfig, specials: Specials,
     return [fin.best(i) for i in range(B)]
 
 
+def beam_candidates(lprobs: Tensor, scores: Tensor, k: int, eos_id: int, reorder=None
+                    ) -> tuple[Tensor, Tensor, Tensor, np.ndarray]:
+    """One beam search step on the device: (b kb, V) log-probabilities of the next token (kb
+    rows a sentence) and (b, kb) log P of the prefixes -> the k kept prefixes' log P (b, k),
+    the rows they continue (b, k), their new tokens (b k,), and the host's read (b, 6, k) for
+    _HostBeam.step. lprobs is overwritten. reorder: (cand (b, kb V), its top 2k's indices) ->
+    the candidates' log P and indices (b, W >= 2k) in the order to keep them (constrained
+    search's banks); None: best first."""
+    b, kb = scores.shape
+    V, dev = lprobs.size(1), lprobs.device
+    cand = lprobs.add_(scores.view(-1, 1)).view(b, kb * V)  # (b, kb V): log P
+    if kb * V < 2 * k:  # a tiny vocabulary: pad with impossible candidates
+        cand = F.pad(cand, (0, 2 * k - kb * V), value=-torch.inf)
+    cand_scores, cand_idx = top_k(cand, 2 * k)  # (b, 2k), best first: cand.topk, faster
+    if reorder is not None:
+        cand_scores, cand_idx = reorder(cand, cand_idx)  # (b, W)
+    cand_beam, cand_tok = (cand_idx // V).clamp_(max=kb - 1), cand_idx % V  # (b, W)
+    # The first k candidates that do not end go on: sort positions with EOS pushed last.
+    W = cand_idx.size(1)
+    pos = ((cand_tok == eos_id).long() * W + torch.arange(W, device=dev)).topk(
+        k, dim=1, largest=False).indices  # (b, k)
+    kept = cand_scores.gather(1, pos)  # (b, k), still in order
+    parent = cand_beam.gather(1, pos)  # (b, k)
+    rows = (torch.arange(b, device=dev) * kb).unsqueeze(1) + parent  # (b, k)
+    token = cand_tok.gather(1, pos)  # (b, k)
+    read = torch.cat([cand_scores[:, :k].double(), cand_beam[:, :k].double(),
+                      cand_tok[:, :k].double(), kept.double(), parent.double(),
+                      token.double()], dim=1)
+    return kept, rows, token.view(-1), np.array(read.tolist()).reshape(b, 6, k)
+
+
 class _HostBeam:
     """The host's side of a beam search: per active sentence its number, maximum length and
     the length penalty there; per row the output so far (what the device's tokens hold)."""
@@ -398,25 +432,26 @@ class _HostBeam:
         self.tokens = np.full((len(sentences), width), pad_id, dtype=np.int64)  # (b kb, width)
         self.tokens[:, 0] = bos_id
 
-    def step(self, read: np.ndarray, kb: int, t: int, eos_id: int,
+    def step(self, read: np.ndarray, kb: int, t: np.ndarray, eos_id: int,
              fin: _Finished) -> np.ndarray | None:
-        """Follow step t given its read (b, 6, k): the first k candidates' scores, beams and
-        tokens, then the k kept ones' scores, beams and tokens. Finishes hypotheses; returns
-        the indices of the sentences that stay active (None: none does)."""
+        """Follow step t (b,) of each sentence (all equal, except in continuous batching) given
+        its read (b, 6, k): the k best candidates' scores, beams and tokens, then the k kept
+        ones' scores, beams and tokens. Finishes hypotheses; returns the indices of the
+        sentences that stay active (None: none does)."""
         b, _, k = read.shape
         cand_scores, kept_scores = read[:, 0], read[:, 3]  # (b, k) each
         cand_beam, cand_tok, parent, token = (read[:, i].astype(np.int64) for i in (1, 2, 4, 5))
         i, c = np.nonzero(cand_tok == eos_id)  # EOS among the first k: finished, |Y| = t + 1
         if len(i):
-            fin.add(self.sent[i], self.tokens[i * kb + cand_beam[i, c], 1:t + 1],
-                    cand_scores[i, c], t + 1)
+            fin.add(self.sent[i], self.tokens[i * kb + cand_beam[i, c], 1:], cand_scores[i, c],
+                    t[i] + 1, t[i])
         self.tokens = self.tokens[(np.arange(b)[:, None] * kb + parent).ravel()]  # (b k, width)
-        self.tokens[:, t + 1] = token.ravel()
+        self.tokens[np.arange(b * k), np.repeat(t + 1, k)] = token.ravel()
         reached = self.max_len <= t + 1
         if reached.any():  # out of length: the k active hypotheses finish as they are
             out = (np.flatnonzero(reached)[:, None] * k + np.arange(k)).ravel()  # rows
-            fin.add(self.sent[out // k], self.tokens[out, 1:t + 2], kept_scores.ravel()[out],
-                    t + 1)
+            fin.add(self.sent[out // k], self.tokens[out, 1:], kept_scores.ravel()[out],
+                    t[out // k] + 1, t[out // k] + 1)
         # nothing active can win: the bound in float32, as the scores are
         best = kept_scores.max(axis=1).astype(np.float32)  # the first without constraints
         beaten = fin.threshold[self.sent] >= best / self.lp_max

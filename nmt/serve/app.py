@@ -51,10 +51,11 @@ from nmt.config import SearchConfig, ServeConfig
 from nmt.errors import ConfigError, NmtError
 from nmt.inference.ct2_engine import open_translator
 from nmt.inference.search import Hypothesis
+from nmt.inference.stepping import StepWorkers
 from nmt.inference.translator import Translator
 from nmt.plot import attention_weights
 from nmt.runtime import keep_freed_memory, pick_device, usable_cores
-from nmt.serve.batcher import Batcher, BatcherStopped, BatchStats, QueueFull
+from nmt.serve.batcher import Batcher, BatcherStopped, BatchStats, ContinuousBatcher, QueueFull
 from nmt.translate import check_vocab
 
 PROG = "nmt-serve"
@@ -217,10 +218,21 @@ class HealthResponse(BaseModel):
 class Service:
     """The model, the limits and the batcher: what the HTTP handlers call."""
 
-    def __init__(self, translator: Translator, cfg: ServeConfig):
+    def __init__(self, translator: Translator, cfg: ServeConfig,
+                 stepper: StepWorkers | None = None):
+        """stepper: the workers of continuous batching (cfg.continuous; default: one thread)."""
         self.translator, self.cfg, self.workers = translator, cfg, translator.workers
-        self.batcher = Batcher(translator.submit, translator.workers, cfg.search.max_tokens,
-                               cfg.search.max_sentences, cfg.max_wait_ms / 1000, cfg.max_queued)
+        self.stepper = None
+        search = cfg.search
+        if cfg.continuous:
+            self.stepper = stepper or StepWorkers(translator)
+            self.workers = self.stepper.workers
+            self.batcher = ContinuousBatcher(self.stepper.send, self.stepper.read, self.workers,
+                                             search.max_tokens, search.max_sentences,
+                                             cfg.max_queued)
+        else:
+            self.batcher = Batcher(translator.submit, translator.workers, search.max_tokens,
+                                   search.max_sentences, cfg.max_wait_ms / 1000, cfg.max_queued)
         self.requests = 0  # requests answered with translations
         self.pool_error = ""  # why the decoding processes cannot decode, once they cannot
         self.max_input = min(cfg.max_input_tokens, translator.max_input_tokens)
@@ -231,7 +243,7 @@ class Service:
         """Why the server cannot translate any more; "" while it can."""
         if self.batcher.error:
             return f"{self.batcher.error}; restart the server"
-        return self.pool_error
+        return self.pool_error or (self.stepper.dead() if self.stepper else "")
 
     def search_of(self, req: TranslateRequest) -> SearchConfig:
         """The server's search settings with the request's overrides, within the limits."""
@@ -505,13 +517,20 @@ def serve(cfg: ServeConfig) -> None:
         keep_freed_memory()
     # Prepared for search.dtype here, then the workers forked: before any socket or thread.
     translator = open_translator(cfg.engine, [cfg.checkpoint], device, dtype=cfg.search.dtype,
-                                 workers=workers, threads=cfg.threads, ct2_model=cfg.ct2_model)
+                                 workers=1 if cfg.continuous else workers,
+                                 threads=cfg.threads, ct2_model=cfg.ct2_model)
+    stepper = StepWorkers(translator, workers) if cfg.continuous else None
     try:
         if cfg.vocab_check:
             check_vocab(translator, cfg.vocab_check, cfg.checkpoint)
-        warm_up(translator, cfg.search.dtype)
+        if stepper:
+            stepper.warm_up(cfg.search.dtype)
+        else:
+            warm_up(translator, cfg.search.dtype)
     except NmtError:
         translator.close()
+        if stepper:
+            stepper.close()
         raise
     # uvicorn stops gracefully on SIGTERM, then raises it again to end the process: a handler
     # that only notes it (until the workers are stopped too) makes that end with status 0.
@@ -519,11 +538,13 @@ def serve(cfg: ServeConfig) -> None:
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     try:
         with open_socket(cfg.host, cfg.port) as sock:
-            service = Service(translator, cfg)
+            service = Service(translator, cfg, stepper)
             host, port = sock.getsockname()[:2]
             url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-            log(f"{cfg.checkpoint} on {device} ({workers} decoding "
-                f"{'processes' if workers > 1 else 'thread'}); listening on {url} "
+            n = service.workers
+            log(f"{cfg.checkpoint} on {device} ({n} decoding "
+                f"{'processes' if n > 1 else 'thread'}, "
+                f"{'continuous' if cfg.continuous else 'dynamic'} batching); listening on {url} "
                 f"(API: {url}/docs)")
             if not stop:
                 run_until_stopped(create_app(service), sock, cfg)
@@ -532,6 +553,8 @@ def serve(cfg: ServeConfig) -> None:
             f"batches")
     finally:
         translator.close()
+        if stepper:
+            stepper.close()
         signal.signal(signal.SIGTERM, previous)
 
 

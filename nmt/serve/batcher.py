@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
@@ -261,3 +262,99 @@ class Batcher:
             self.idle += 1
             self.running_sentences -= len(batch)
             self.changed.set()
+
+
+class ContinuousBatcher(Batcher):
+    """Continuous (step-level) batching: a queued sentence goes at once to the decoding worker
+    with the fewest source tokens in flight that has room (max_tokens source tokens with EOS,
+    max_sentences sentences; an empty worker takes any sentence), joins its batch at the next
+    decoding step and comes back when it ends (nmt.inference.stepping.step_loop). Sentences of
+    any search settings share a worker (each setting is its own batch there).
+
+    send(worker, [(tag, search, ids), ...]) hands sentences to a worker; the worker's messages,
+    ("done", worker, [(tag, hypotheses), ...]) or ("error", worker, [tag, ...], exception), come to
+    `receive` on the event loop (from a thread that calls read() unless read is None: then the
+    caller passes them on).
+    """
+
+    def __init__(self, send, read, workers: int, max_tokens: int, max_sentences: int,
+                 max_queued: int, clock: Clock | None = None):
+        super().__init__(None, workers, max_tokens, max_sentences, 0.0, max_queued, clock)
+        self.send, self.read = send, read
+        self.flying: list[dict[int, _Queued]] = [{} for _ in range(workers)]  # tag -> sentence
+        self.tokens = [0] * workers  # source tokens in flight per worker
+        self.busy_since = [0.0] * workers
+        self.tags = 0  # the last tag given
+
+    async def run(self) -> None:
+        """The reader of the workers' messages (a thread), then the dispatch loop."""
+        if self.read is not None:
+            loop = asyncio.get_running_loop()
+            threading.Thread(target=self._read, args=(loop,), daemon=True,
+                             name="nmt-serve-read").start()
+        await super().run()
+
+    def _read(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Pass each message of the workers to `receive` on the event loop."""
+        while True:
+            message = self.read()
+            try:
+                loop.call_soon_threadsafe(self.receive, message)
+            except RuntimeError:  # the loop has closed
+                return
+
+    async def _dispatch(self) -> None:
+        """Send queued sentences, oldest first, to the least loaded workers with room."""
+        while True:
+            self._drop_cancelled()
+            sends: dict[int, list] = {}
+            while self.queue and (w := self._room(len(self.queue[0].ids) + 1)) is not None:
+                q = self.queue.popleft()
+                self.tags += 1
+                if not self.flying[w]:
+                    self.busy_since[w] = self.clock.now()
+                    self.idle -= 1
+                self.flying[w][self.tags] = q
+                self.tokens[w] += len(q.ids) + 1
+                sends.setdefault(w, []).append((self.tags, q.job.search, q.ids))
+            for w, items in sends.items():
+                self.send(w, items)
+                self.stats.batches += 1
+                self.stats.largest_batch = max(self.stats.largest_batch, len(self.flying[w]))
+            self.running_sentences = sum(map(len, self.flying))
+            await self._wait(None)
+
+    def _room(self, tokens: int) -> int | None:
+        """The worker with the fewest tokens in flight if it can take `tokens` more."""
+        w = min(range(self.workers), key=self.tokens.__getitem__)
+        n = len(self.flying[w])
+        if n and (self.tokens[w] + tokens > self.max_tokens
+                  or self.max_sentences and n >= self.max_sentences):
+            return None
+        return w
+
+    def receive(self, message: tuple) -> None:
+        """A worker's message: hand each ended sentence its hypotheses (or its error)."""
+        kind, w = message[:2]
+        if kind == "done":
+            ended = message[2]
+        else:
+            self.stats.failed += 1
+            ended = [(tag, message[3]) for tag in message[2]]
+        popped = False
+        for tag, hyps in ended:
+            q = self.flying[w].pop(tag, None)
+            if q is None:  # not sent by this batcher (a warm-up) or failed already
+                continue
+            popped = True
+            self.tokens[w] -= len(q.ids) + 1
+            if isinstance(hyps, Exception):
+                q.job.fail(hyps)
+            else:
+                q.job.deliver(q.index, hyps)
+                self.stats.sentences += 1
+        if popped and not self.flying[w]:
+            self.idle += 1
+            self.stats.decode_seconds += self.clock.now() - self.busy_since[w]
+        self.running_sentences = sum(map(len, self.flying))
+        self.changed.set()
