@@ -21,9 +21,9 @@ from translate_helpers import save_tiny_checkpoint
 pytest.importorskip("fastapi")
 from test_serve import Server  # noqa: E402
 
-# Only `make test-browser` (NMT_BROWSER=1) drives the browser: `make test` covers the page over HTTP.
-pytestmark = [pytest.mark.browser,
-              pytest.mark.skipif(os.environ.get("NMT_BROWSER") != "1", reason="make test-browser runs it")]
+# Only `make test-browser` (NMT_BROWSER=1) drives the browser; make test covers the page over HTTP.
+pytestmark = [pytest.mark.browser, pytest.mark.skipif(os.environ.get("NMT_BROWSER") != "1",
+                                                      reason="make test-browser runs it")]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -21,6 +21,7 @@ ensemble, log P is the sum over steps of the models' average log-probability.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -370,8 +371,7 @@ def beam_search(model, src: Tensor, search: SearchConfig, specials: Specials,
         reorder = None
         if dba is not None:  # candidates in striped bank order instead of by log P
             dba.apply(lprobs, row_sent, eos_id)
-            V = lprobs.size(1)
-            reorder = lambda cand, idx: dba.candidates(cand, idx, sent, kb, V)  # noqa: E731
+            reorder = partial(dba.candidates, sentences=sent)
         scores, rows, token, read = beam_candidates(lprobs, scores, k, eos_id, reorder)
         tokens = tokens.index_select(0, rows.view(-1))  # (b k, 1 + T_max): k rows a sentence
         tokens[:, t + 1] = token
@@ -396,8 +396,8 @@ def beam_candidates(lprobs: Tensor, scores: Tensor, k: int, eos_id: int, reorder
     """One beam search step on the device: (b kb, V) log-probabilities of the next token (kb
     rows a sentence) and (b, kb) log P of the prefixes -> the k kept prefixes' log P (b, k),
     the rows they continue (b, k), their new tokens (b k,), and the host's read (b, 6, k) for
-    _HostBeam.step. lprobs is overwritten. reorder: (cand (b, kb V), its top 2k's indices) ->
-    the candidates' log P and indices (b, W >= 2k) in the order to keep them (constrained
+    _HostBeam.step. lprobs is overwritten. reorder: (cand (b, kb V), its top 2k's indices, kb=,
+    V=) -> the candidates' log P and indices (b, W >= 2k) in the order to keep them (constrained
     search's banks); None: best first."""
     b, kb = scores.shape
     V, dev = lprobs.size(1), lprobs.device
@@ -406,7 +406,7 @@ def beam_candidates(lprobs: Tensor, scores: Tensor, k: int, eos_id: int, reorder
         cand = F.pad(cand, (0, 2 * k - kb * V), value=-torch.inf)
     cand_scores, cand_idx = top_k(cand, 2 * k)  # (b, 2k), best first: cand.topk, faster
     if reorder is not None:
-        cand_scores, cand_idx = reorder(cand, cand_idx)  # (b, W)
+        cand_scores, cand_idx = reorder(cand, cand_idx, kb=kb, V=V)  # (b, W)
     cand_beam, cand_tok = (cand_idx // V).clamp_(max=kb - 1), cand_idx % V  # (b, W)
     # The first k candidates that do not end go on: sort positions with EOS pushed last.
     W = cand_idx.size(1)
