@@ -32,16 +32,16 @@ def align(model, src_ids: list[list[int]], out_ids: list[list[int]], specials: S
     order, teacher-forced in length-sorted batches of at most max_tokens tokens (padding
     included). layer: which decoder layer's attention (-1: the last, fairseq's choice)."""
     layer = check_layer(model, layer)
-    items = [(i, s, y) for i, (s, y) in enumerate(zip(src_ids, out_ids, strict=True))
+    items = [(i, s, y, []) for i, (s, y) in enumerate(zip(src_ids, out_ids, strict=True))
              if s and y]  # nothing to link without a source or an output piece
     links: list[list[tuple[int, int]]] = [[] for _ in src_ids]
     search = SearchConfig(max_tokens=max_tokens)
     for batch in plan_batches(items, search, score=True):
         pairs = [items[b] for b in batch]
-        weights = batch_attention_weights(model, [s for _, s, _ in pairs],
-                                          [y for _, _, y in pairs], specials)["encoder_decoder"]
+        weights = batch_attention_weights(model, [p[1] for p in pairs],
+                                          [p[2] for p in pairs], specials)["encoder_decoder"]
         heads = weights[:, layer].mean(1)  # (B, T_q, T_k): the layer's heads averaged
-        for row, (i, s, y) in zip(heads, pairs, strict=True):
+        for row, (i, s, y, _) in zip(heads, pairs, strict=True):
             best = row[:len(y), :len(s)].argmax(-1)  # (|y|,): neither EOS nor padding
             links[i] = [(j, t) for t, j in enumerate(best.tolist())]
     return links

@@ -148,9 +148,9 @@ def test_backtranslation_dry_run_prints_and_validates_every_step(tmp_path):
     steps = {name: to_object(OmegaConf.create(yaml), BT_STEPS[name]) for name, yaml in blocks}
     work, corpus = tmp_path / "work", "scripts/data/debian-po/en-de"
     commands = [line[2:] for line in out.stderr.splitlines() if line.startswith("+ ")]
-    assert commands[:3] == [f"head -n 5000 {corpus}/train.en > {work}/real.en",
-                            f"head -n 5000 {corpus}/train.de > {work}/real.de",
-                            f"tail -n 1000 {corpus}/train.de > {work}/mono.de"]
+    assert commands[:3] == [f"xz -dc {corpus}/train.en.xz | head -n 5000 > {work}/real.en",
+                            f"xz -dc {corpus}/train.de.xz | head -n 5000 > {work}/real.de",
+                            f"xz -dc {corpus}/train.de.xz | tail -n 1000 > {work}/mono.de"]
     assert len(commands) == 3 + 1 + len(BT_STEPS)  # and the copy of the German side
     reverse, final = steps["preprocess_reverse"], steps["preprocess"]
     assert (reverse.src_lang, reverse.tgt_lang, reverse.train) == ("de", "en", f"{work}/real")
@@ -165,7 +165,7 @@ def test_backtranslation_dry_run_prints_and_validates_every_step(tmp_path):
     assert steps["train_baseline"].train.corpus_weights == [1.0, 0.0]
     for name in ("train_reverse", "train_bt", "train_baseline"):
         assert steps[name].train.max_minutes == 4 and steps[name].model.N == 1
-    assert steps["translate_bt"].ref == f"{corpus}/test.de"
+    assert steps["translate_bt"].ref == f"{corpus}/test.de.xz"
 
 
 @pytest.mark.slow
@@ -177,12 +177,12 @@ def test_backtranslation_sampling_monolingual_text_and_bad_settings(tmp_path):
     names = [block.split("\n", 1)[0] for block in out.stdout.split("### ")[1:]]
     assert names == [name for name in BT_STEPS if not name.endswith("_baseline")]
     assert f"cp {mono} {tmp_path / 'work'}/mono.de" in out.stderr
-    assert "head -n 120000 " in out.stderr  # every real pair kept
+    assert "head -n 362019 " in out.stderr  # every real pair kept
     assert "tag:'<BT>',weight:0.5}]" in out.stderr
     sampled = next(to_object(OmegaConf.create(block.split("\n", 1)[1]), TranslateConfig)
                    for block in out.stdout.split("### ")[1:] if block.startswith("backtrans"))
     assert sampled.search.sampling and sampled.search.top_k == 0
     wrong = backtranslation(tmp_path, "--dry-run", BT_SEARCH="greedy")
     assert wrong.returncode == 2 and "unknown BT_SEARCH 'greedy'" in wrong.stderr
-    too_many = backtranslation(tmp_path, "--dry-run", HOLD_PAIRS="200000")
+    too_many = backtranslation(tmp_path, "--dry-run", HOLD_PAIRS="400000")
     assert too_many.returncode == 2 and "leaves no real pairs" in too_many.stderr

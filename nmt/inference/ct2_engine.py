@@ -192,10 +192,14 @@ class CT2Translator:
 
     def translate_ids(self, src_ids: list[list[int]], search: SearchConfig,
                       prefixes: list[list[int]] | None = None, lines: list[int] | None = None,
-                      progress=None, parallel: bool = True) -> list[list[Hypothesis]]:
+                      progress=None, parallel: bool = True,
+                      constraints: list[list[list[int]]] | None = None) -> list[list[Hypothesis]]:
         """search.nbest hypotheses of each id list (no BOS/EOS), in input order; prefixes:
         forced output starts. lines and parallel are the Translator's (CTranslate2 seeds per
-        call, and runs its inter_threads side by side anyway)."""
+        call, and runs its inter_threads side by side anyway); constraints: none (engine=nmt
+        only, refused by the config)."""
+        if constraints and any(constraints):
+            raise NmtError("constraints need engine=nmt")
         self.check_search(search)
         prefixes = prefixes or [[] for _ in src_ids]
         results = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]  # an empty source: nmt's

@@ -51,17 +51,38 @@ case "$BT_SEARCH" in
   *) echo "backtranslation.sh: error: unknown BT_SEARCH '$BT_SEARCH' (beam or sampling)" >&2
     exit 2 ;;
 esac
+corpus_file() {  # corpus_file PATH: PATH, or PATH.xz / .gz / .bz2 (the bundled corpus is xz)
+  local ext
+  for ext in "" .xz .gz .bz2; do
+    [ -f "$1$ext" ] && { echo "$1$ext"; return; }
+  done
+  echo "$1"
+}
+
+text() {  # text PATH: the command that prints a (compressed) corpus file
+  case "$1" in
+    *.xz) echo "xz -dc $(q "$1")" ;; *.gz) echo "gzip -dc $(q "$1")" ;;
+    *.bz2) echo "bzip2 -dc $(q "$1")" ;; *) echo "cat $(q "$1")" ;;
+  esac
+}
+
+q() {  # q PATH: quoted for a shell command line
+  printf %q "$1"
+}
+
 for side in "$SRC" "$TGT"; do
-  if [ ! -f "$CORPUS/train.$side" ]; then
+  if [ ! -f "$(corpus_file "$CORPUS/train.$side")" ]; then
     echo "backtranslation.sh: error: $CORPUS/train.$side: no such file (CORPUS=PFX of" \
-      "PFX/train.$SRC and PFX/train.$TGT)" >&2
+      "PFX/train.$SRC and PFX/train.$TGT, or their .xz, .gz or .bz2)" >&2
     exit 2
   fi
 done
+TRAIN_SRC=$(corpus_file "$CORPUS/train.$SRC")
+TRAIN_TGT=$(corpus_file "$CORPUS/train.$TGT")
 if [ -n "$MONO" ]; then
-  KEEP=$(wc -l < "$CORPUS/train.$SRC")
+  KEEP=$(bash -c "$(text "$TRAIN_SRC")" | wc -l)
 else
-  KEEP=$(( $(wc -l < "$CORPUS/train.$SRC") - HOLD_PAIRS ))
+  KEEP=$(( $(bash -c "$(text "$TRAIN_SRC")" | wc -l) - HOLD_PAIRS ))
 fi
 [ "$REAL_PAIRS" -gt 0 ] && [ "$REAL_PAIRS" -lt "$KEEP" ] && KEEP=$REAL_PAIRS
 if [ "$KEEP" -le 0 ]; then
@@ -91,10 +112,6 @@ step() {  # step NAME COMMAND...: run it, or in a dry run print it and validate 
   fi
 }
 
-q() {  # q PATH: quoted for a shell command line
-  printf %q "$1"
-}
-
 shell() {  # shell COMMAND: a shell command line, run unless this is a dry run
   echo "+ $1" >&2
   [ -n "$DRY" ] || bash -c "$1"
@@ -107,13 +124,12 @@ DATA=$WORK/data
 
 [ -n "$DRY" ] || mkdir -p "$WORK"
 # 1: the real pairs and the monolingual text
-for side in "$SRC" "$TGT"; do
-  shell "head -n $KEEP $(q "$CORPUS/train.$side") > $(q "$WORK/real.$side")"
-done
+shell "$(text "$TRAIN_SRC") | head -n $KEEP > $(q "$WORK/real.$SRC")"
+shell "$(text "$TRAIN_TGT") | head -n $KEEP > $(q "$WORK/real.$TGT")"
 if [ -n "$MONO" ]; then
   shell "cp $(q "$MONO") $(q "$WORK/mono.$TGT")"
 else
-  shell "tail -n $HOLD_PAIRS $(q "$CORPUS/train.$TGT") > $(q "$WORK/mono.$TGT")"
+  shell "$(text "$TRAIN_TGT") | tail -n $HOLD_PAIRS > $(q "$WORK/mono.$TGT")"
 fi
 
 # 2: the back-translation model, TGT -> SRC
@@ -138,7 +154,8 @@ final() {  # final NAME OPTIONS...: train, average, translate and score the test
   step "train_$name" nmt-train data_dir="$DATA" run_dir="$WORK/$name" "${TRAIN[@]}" "$@"
   step "average_$name" nmt-average run_dir="$WORK/$name" last=5 output="$WORK/$name/averaged.pt"
   step "translate_$name" nmt-translate checkpoint="$WORK/$name/averaged.pt" \
-    input="$CORPUS/test.$SRC" output="$WORK/$name/test.hyp.$TGT" ref="$CORPUS/test.$TGT" \
+    input="$(corpus_file "$CORPUS/test.$SRC")" output="$WORK/$name/test.hyp.$TGT" \
+    ref="$(corpus_file "$CORPUS/test.$TGT")" \
     search.beam_size=4
 }
 final bt
