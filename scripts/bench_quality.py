@@ -323,7 +323,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--corpus", type=Path, default=CORPUS,
                     help="the en-de corpus: {train,valid,test}.{en,de} (default: the shared one "
                          "beside the checkout)")
-    ap.add_argument("--vocab", type=int, default=8000, help="joint BPE vocabulary size")
+    ap.add_argument("--vocab", type=int, default=4000,
+                    help="joint BPE vocabulary size (cpu20 is tuned for 4000)")
     ap.add_argument("--data", type=Path,
                     help="data directory, built once per vocabulary (default: work/quality/"
                          "data<vocab>; give a directory outside the checkout to share it)")
