@@ -87,6 +87,12 @@ def check_ct2_search(search: SearchConfig) -> None:
 
 
 # ----------------------------------------------------------------------------- model
+# model.residual_init: the factor on W^O and W_2 (they write into the residual stream) after
+# Xavier, for a stack of N layers
+RESIDUAL_INIT = {"gpt2": lambda N: (2 * N) ** -0.5, "depth": lambda N: 1 / (2 * N),
+                 "zero": lambda N: 0.0, "xavier": lambda N: 1.0}
+
+
 @dataclass
 class ModelConfig:
     """The Transformer's architecture (Vaswani et al. 2017, Table 3)."""
@@ -103,6 +109,7 @@ class ModelConfig:
     max_positions: int = 1024  # longest sequence the sinusoidal table covers
     activation: str = "relu"  # the FFN's: relu (the paper's), gelu, or swish (x sigmoid(x))
     output_bias: bool = False  # a bias on the output projection (MarianMT's final_logits_bias)
+    residual_init: str = "gpt2"  # W^O, W_2 times gpt2 1/sqrt(2N), depth 1/(2N), zero 0, xavier 1
 
     def __post_init__(self) -> None:
         _check_min(self, "model.", 1, "N", "d_model", "d_ff")
@@ -117,6 +124,8 @@ class ModelConfig:
         _check_min(self, "model.", 2, "max_positions")
         _check(self.activation in ("relu", "gelu", "swish"), "model.activation",
                f"must be relu, gelu or swish, got {self.activation!r}")
+        _check(self.residual_init in RESIDUAL_INIT, "model.residual_init",
+               f"must be one of {', '.join(RESIDUAL_INIT)}, got {self.residual_init!r}")
 
     @property
     def decoder_layers(self) -> int:

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.config import ModelConfig
+from nmt.config import RESIDUAL_INIT, ModelConfig
 
 
 class MultiHeadAttention(nn.Module):
@@ -302,7 +302,7 @@ class Transformer(nn.Module):
         that sqrt(d_model) x embedding has RMS 1 like the sinusoids it is added to. W^Q, W^K,
         W^V: Xavier-uniform per (d_model x d_model) block with gain 1/sqrt(2); other linear
         maps Xavier-uniform; biases zero. W^O and W_2, which add into the residual stream, are
-        then scaled by 1/sqrt(2N).
+        then scaled by 1/sqrt(2N) (model.residual_init: gpt2; or 1/(2N), 0, 1).
         """
         embeddings = {id(m.weight): m.weight for m in (self.src_embed.lut, self.tgt_embed.lut,
                                                         self.generator)}
@@ -327,7 +327,7 @@ class Transformer(nn.Module):
                 for module in stack.modules():  # each stack by its own depth
                     if isinstance(module, MultiHeadAttention | PositionwiseFeedForward):
                         out = module.W_o if isinstance(module, MultiHeadAttention) else module.W_2
-                        out.weight.mul_((2 * N) ** -0.5)
+                        out.weight.mul_(RESIDUAL_INIT[self.cfg.residual_init](N))
             for weight in embeddings.values():
                 nn.init.normal_(weight, mean=0.0, std=d ** -0.5)
                 weight[self.pad_id].zero_()

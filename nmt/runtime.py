@@ -65,6 +65,18 @@ def keep_freed_memory() -> bool:
     return bool(libc.mallopt(M_MMAP_MAX, 0) and libc.mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1))
 
 
+ONEDNN_CACHE_CAPACITY = 16  # oneDNN primitives kept (its default: 1,024)
+
+
+def cap_onednn_cache(capacity: int = ONEDNN_CACHE_CAPACITY) -> None:
+    """Keep at most `capacity` oneDNN primitives (unless ONEDNN_PRIMITIVE_CACHE_CAPACITY is
+    set). Token-bucket batches come in hundreds of shapes, and oneDNN keeps a compiled matmul
+    with its buffers for each: its default 1,024 grew training's resident memory by 0.9 GB in
+    1,000 updates of the tiny model, with no speed to show for it (docs/results.md, "Memory").
+    oneDNN reads the variable when it first builds a primitive: call this before any op."""
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(capacity))
+
+
 def release_freed_memory() -> None:
     """Give free heap pages back to the kernel (glibc malloc_trim). With keep_freed_memory the
     heap keeps every page it ever touched and grows with fragmentation (5 GB after 25 minutes

@@ -64,7 +64,7 @@ from nmt.loss import LabelSmoothedLoss
 from nmt.model import count_parameters, make_model
 from nmt.preemption import Preemption
 from nmt.runlog import RunDirLock, RunLog, prepare_run_dir
-from nmt.runtime import keep_freed_memory, release_freed_memory
+from nmt.runtime import cap_onednn_cache, keep_freed_memory, release_freed_memory
 from nmt.schedule import NoamSchedule, build_optimizer
 from nmt.scoring import read_references, score
 from nmt.tokenizer import Tokenizer, vocab_sha256
@@ -171,12 +171,14 @@ def finish(run: Run, logs: RunLog | None, reason: str, validate: bool = True) ->
 # ----------------------------------------------------------------------------- the process
 def tune_process(tc: TrainLoopConfig, device: torch.device) -> bool:
     """Process-wide settings, made once: torch's CPU threads, TF32 matmuls on GPUs, glibc's
-    malloc keeping freed memory on CPUs. Returns whether to trim the heap now and then."""
+    malloc keeping freed memory and a small oneDNN cache on CPUs. Returns whether to trim the
+    heap now and then."""
     if tc.threads:
         torch.set_num_threads(tc.threads)
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high" if tc.tf32 else "highest")
         return False
+    cap_onednn_cache()
     return keep_freed_memory()
 
 

@@ -323,8 +323,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--corpus", type=Path, default=CORPUS,
                     help="the en-de corpus: {train,valid,test}.{en,de} (default: the shared one "
                          "beside the checkout)")
-    ap.add_argument("--vocab", type=int, default=4000,
-                    help="joint BPE vocabulary size (cpu20 is tuned for 4000)")
+    ap.add_argument("--vocab", type=int, default=0,
+                    help="joint BPE vocabulary size (default: 4000 for cpu20, which is tuned "
+                         "for it; 8000 for the others, the peers' runs)")
     ap.add_argument("--data", type=Path,
                     help="data directory, built once per vocabulary (default: work/quality/"
                          "data<vocab>; give a directory outside the checkout to share it)")
@@ -350,6 +351,7 @@ def parse_args() -> argparse.Namespace:
         args.minutes = args.cpu_minutes
     if args.stage != "score" and not (args.minutes or args.updates):
         ap.error("give --minutes, --cpu-minutes or --updates")
+    args.vocab = args.vocab or (4000 if args.recipe == "cpu20" else 8000)
     args.data = args.data or ROOT / "work" / "quality" / f"data{args.vocab}"
     return args
 

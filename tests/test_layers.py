@@ -14,8 +14,8 @@ LAYERS = [
     {"nmt.inference.fast", "nmt.inference.search", "nmt.inference.workers",
      "nmt.inference.translator", "nmt.inference.constrained", "nmt.inference.stepping",
      "nmt.plot", "nmt.runlog", "nmt.align", "nmt.data"},
-    {"nmt.inference.ct2_engine", "nmt.translate", "nmt.train", "nmt.preprocess", "nmt.export", "nmt.marian",
-     "nmt.serve.batcher", "nmt.serve.app"},
+    {"nmt.inference.ct2_engine", "nmt.translate", "nmt.train", "nmt.preprocess", "nmt.export",
+     "nmt.marian", "nmt.serve.batcher", "nmt.serve.app"},
     {"nmt.cli"},
 ]
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from nmt.config import ModelConfig
+from nmt.errors import ConfigError
 from nmt.model import causal_mask, count_parameters, make_model
 
 
@@ -73,6 +74,22 @@ def test_a_decoder_shallower_than_the_encoder():
         steps = [model.decode_step(tgt[:, t:t + 1], state) for t in range(tgt.size(1))]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
     assert ModelConfig(N=2, d_model=32, d_ff=64, h=4, dropout=0.1).decoder_layers == 2
+
+
+@pytest.mark.parametrize("choice, factor", [("gpt2", 6 ** -0.5), ("depth", 1 / 6),
+                                            ("xavier", 1.0), ("zero", 0.0)])
+def test_residual_init_scales_the_maps_into_the_residual_stream(choice, factor):
+    """model.residual_init: W^O and W_2 are Xavier times 1/sqrt(2N), 1/(2N), 1 or 0 (N = 3);
+    every other weight is drawn the same whatever the choice."""
+    torch.manual_seed(0)
+    model = make_model(tiny_cfg(N=3, dropout=0.0, residual_init=choice), 50, 50, 0, True)
+    torch.manual_seed(0)
+    xavier = make_model(tiny_cfg(N=3, dropout=0.0, residual_init="xavier"), 50, 50, 0, True)
+    for (name, w), ref in zip(model.named_parameters(), xavier.parameters(), strict=True):
+        scaled = name.endswith(("W_o.weight", "W_2.weight"))
+        torch.testing.assert_close(w, ref * factor if scaled else ref, msg=name)
+    with pytest.raises(ConfigError, match="^model.residual_init: must be one of gpt2"):
+        tiny_cfg(residual_init="fixup")
 
 
 def test_reorder_keeps_selected_rows():

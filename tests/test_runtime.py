@@ -8,7 +8,14 @@ import torch
 
 from nmt import distributed, runtime
 from nmt.errors import NmtError
-from nmt.runtime import keep_freed_memory, pick_device, release_freed_memory, usable_cores
+from nmt.runtime import (
+    ONEDNN_CACHE_CAPACITY,
+    cap_onednn_cache,
+    keep_freed_memory,
+    pick_device,
+    release_freed_memory,
+    usable_cores,
+)
 
 
 def test_pick_device_without_cuda(monkeypatch):
@@ -64,6 +71,15 @@ def test_keep_freed_memory_defers_to_a_preloaded_allocator(monkeypatch):
     monkeypatch.delenv("LD_PRELOAD")
     assert keep_freed_memory() is False
     release_freed_memory()  # a no-op there, not an error
+
+
+def test_the_onednn_cache_is_capped_unless_the_environment_sets_it(monkeypatch):
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    cap_onednn_cache()
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(ONEDNN_CACHE_CAPACITY)
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "1024")
+    cap_onednn_cache()
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "1024"
 
 
 def test_nccl_error_handling_is_set_unless_the_environment_sets_it(monkeypatch):
