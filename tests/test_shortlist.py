@@ -131,6 +131,19 @@ def test_a_shortlist_of_another_vocabulary_is_one_line_error(model, sources, tmp
         load_shortlist(tmp_path / "junk.pt")
 
 
+def test_what_cannot_take_a_shortlist_is_refused_by_its_key():
+    from nmt.config import ExportConfig, ServeConfig, compose, to_object
+    from nmt.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="^continuous: needs search.shortlist=''"):
+        to_object(compose("serve", ["checkpoint=c.pt", "continuous=true",
+                                    "search.shortlist=s.pt"]), ServeConfig)
+    with pytest.raises(ConfigError, match="^shortlist: applies to format=ctranslate2 only"):
+        ExportConfig(checkpoint="c.pt", output="o", format="transformers", shortlist="s.pt")
+    with pytest.raises(ConfigError, match="^shortlist.score: must be dice or prob"):
+        ShortlistConfig(k=3, score="ibm1")
+
+
 def test_preprocess_writes_the_shortlist_of_its_training_pairs(tmp_path, tiny_data_dir):
     raw = tmp_path / "raw"
     raw.mkdir()
