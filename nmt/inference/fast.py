@@ -7,9 +7,10 @@ model's decoding interface (encode, start_decoding, decode_step, decode): in fp3
 addition fused into the product), fp16 (CUDA) or int8 (weights and activations rounded to
 int8, as torch.ao's dynamic quantization does), with 1/sqrt(d_k) folded into W^Q, additive
 masks only where there is padding, and the beams or samples of one sentence sharing one copy
-of its encoder memory. `row_argmax` and `top_k` pick greedy and beam search candidates over
-the vocabulary. nmt.inference.translator.Translator prepares FastModels and runs them on
-its workers.
+of its encoder memory, and with a lexical shortlist only the output projection's rows of a
+batch's candidate pieces (start_decoding's vocab). `row_argmax` and `top_k` pick greedy and
+beam search candidates over the vocabulary. nmt.inference.translator.Translator prepares
+FastModels and runs them on its workers.
 
 Shapes: B decoder rows, M = B / g sentences (g rows per sentence), S source length, T target
 length, V vocabulary, h heads, d_k = d_model / h.

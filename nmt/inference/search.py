@@ -10,6 +10,8 @@ order); teacher-forced scoring of given targets; then `translate_nbest` /
 `score_pairs`, which batch sentences by a token budget after sorting them by length and
 restore the input order. Models are the reference Transformer of nmt/model.py or, by default,
 its weights prepared by nmt.inference.fast.FastModel (faster; the tests compare the two).
+With a lexical shortlist (search.shortlist, nmt.shortlist), each batch's log-probabilities are
+over its candidate pieces alone (FastModel computes only their logits); the others are -inf.
 
 Conventions. Source id lists carry no BOS/EOS (as in the data directory); EOS is appended here.
 Outputs are id lists without BOS/EOS. |Y| counts the EOS; an output cut at the maximum
