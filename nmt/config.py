@@ -179,6 +179,7 @@ class SearchConfig:
     seed: int = 1  # sampling: a line's samples depend on this seed and its line number only
     no_repeat_ngram_size: int = 0  # no n-gram of this many tokens twice in an output (0: off)
     dtype: str = "fp32"  # fp32, bf16, int8 (CPU), fp16 (CUDA); int8_float16/_bfloat16: CTranslate2
+    shortlist: str = ""  # FILE (nmt-preprocess shortlist.k=K): outputs cut to a batch's candidates
 
     def __post_init__(self) -> None:
         _check_min(self, "search.", 1, "beam_size", "max_tokens", "nbest")
@@ -236,6 +237,22 @@ class CleanConfig:
                f"must be '', NFC, NFKC, NFD or NFKD, got {self.normalize!r}")
         _check(self.invalid_utf8 in ("error", "skip"), "clean.invalid_utf8",
                f"must be 'error' or 'skip', got {self.invalid_utf8!r}")
+
+
+@dataclass
+class ShortlistConfig:
+    """nmt-preprocess's lexical shortlist, DATA/shortlist.pt (search.shortlist; nmt.shortlist):
+    per source piece its k best target pieces by sentence-level co-occurrence, plus the most
+    frequent target pieces."""
+
+    k: int = 0  # target pieces kept per source piece; 0 writes no shortlist
+    frequent: int = 100  # the target pieces in the most training pairs, candidates always
+    score: str = "dice"  # rank by dice, 2 c(s,t) / (c(s) + c(t)), or prob, c(s,t) / c(s)
+
+    def __post_init__(self) -> None:
+        _check_min(self, "shortlist.", 0, "k", "frequent")
+        _check(self.score in ("dice", "prob"), "shortlist.score",
+               f"must be dice or prob, got {self.score!r}")
 
 
 @dataclass
@@ -315,6 +332,7 @@ class PreprocessConfig:
     hf_config: str = ""  # the hub dataset's configuration, e.g. de-en for wmt14
     bpe: BpeConfig = field(default_factory=BpeConfig)
     clean: CleanConfig = field(default_factory=CleanConfig)
+    shortlist: ShortlistConfig = field(default_factory=ShortlistConfig)
 
     def __post_init__(self) -> None:
         _check(self.src_lang != self.tgt_lang, "tgt_lang", "must differ from src_lang")
@@ -513,8 +531,11 @@ class ExportConfig:
     format: str = "ctranslate2"  # "ctranslate2" or "transformers" (MarianMT; Pegasus if pre-norm)
     quantization: str = ""  # ctranslate2 only: stored weight type, e.g. int8 ("": float32)
     force: bool = False  # replace an existing output (only a model directory, or an empty one)
+    shortlist: str = ""  # ctranslate2: a shortlist FILE, written as vmap.txt (for use_vmap)
 
     def __post_init__(self) -> None:
+        _check(not self.shortlist or self.format == "ctranslate2", "shortlist",
+               "applies to format=ctranslate2 only")
         _check(self.format in ("ctranslate2", "transformers"), "format",
                f"must be ctranslate2 or transformers, got {self.format!r}")
         _check(self.quantization in CT2_QUANTIZATIONS, "quantization",
@@ -583,6 +604,8 @@ class ServeConfig:
         _check_engine(self, 1)
         _check(not self.continuous or self.engine == "nmt", "continuous",
                "needs engine=nmt (or set continuous=false)")
+        _check(not self.continuous or not self.search.shortlist, "continuous",
+               "needs search.shortlist='' (or set continuous=false)")
         _check(not self.continuous or not (self.search.sampling
                                            or self.search.no_repeat_ngram_size),
                "continuous", "needs search.sampling=false and search.no_repeat_ngram_size=0 "

@@ -29,6 +29,7 @@ manifest.json, format 2 (format 1, written before it, is still read: it lacks `c
     clean               {split: {"src": FILE, "tgt": FILE}}: the cleaned valid/test text
     train_text          with keep_text=true: {"src": PREFIX, "tgt": PREFIX, "src_bytes",
                         "tgt_bytes"}: the cleaned training text's byte arrays
+    shortlist           with shortlist.k > 0: "shortlist.pt", the lexical shortlist (nmt.shortlist)
     checksums           {file: sha256} of every other file of the directory
     spm_training, config, nmt_version, seconds: how it was made
 

@@ -11,7 +11,8 @@ nmt's own; post-norm, or pre-norm with a final LayerNorm per stack; LayerNorm ep
 Its vocabularies are the SentencePiece pieces, and source.spm / target.spm lie beside
 model.bin: translate `sp.encode(text, out_type=str)`; the model appends EOS to the source and
 starts decoding from <s>. nmt.json holds what engine=ctranslate2 reads beside them
-(nmt.inference.ct2_engine): the checkpoint's sha256, its vocab entry, max_positions.
+(nmt.inference.ct2_engine): the checkpoint's sha256, its vocab entry, max_positions. With
+shortlist=FILE (nmt.shortlist), vmap.txt holds its lists as CTranslate2's vocabulary map.
 
 format=transformers writes MarianMTModel (post-norm) or, for pre-norm models,
 PegasusForConditionalGeneration (MarianMT has no pre-norm option; Pegasus is the same network
@@ -40,11 +41,13 @@ from nmt.errors import NmtError
 from nmt.files import check_out_dir, check_output, new_directory, sha256_file
 from nmt.inference.translator import Translator
 from nmt.model import Transformer
+from nmt.shortlist import load_shortlist, vmap_text
 from nmt.tokenizer import UNK_ID, Specials, Tokenizer
 
 PROG = "nmt-export"
 MARKER = "config.json"  # every model directory written here has one
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which nmt's model uses
+VMAP = "vmap.txt"  # CTranslate2's vocabulary map in its model directory
 MAX_LENGTH = 256  # transformers' default output limit, as CTranslate2's (nmt: source + 50)
 
 
@@ -59,7 +62,9 @@ def export(cfg: ExportConfig) -> Path:
         if cfg.format == "ctranslate2":
             key = {"checkpoint_sha256": sha256_file(cfg.checkpoint), "weights": "auto",
                    "compute_type": cfg.quantization or "float32"}  # nmt.inference.ct2_engine
-            what = write_ctranslate2(translator, tmp, cfg.quantization, key)
+            if cfg.shortlist:
+                key["shortlist_sha256"] = sha256_file(cfg.shortlist)
+            what = write_ctranslate2(translator, tmp, cfg.quantization, key, cfg.shortlist)
         else:
             what = write_transformers(translator, tmp)
     print(f"{PROG}: {cfg.checkpoint} -> {out} ({what})", flush=True)
@@ -160,21 +165,28 @@ def _ffn(spec, w: dict, name: str, norm: str) -> None:
 
 
 def write_ctranslate2(translator: Translator, out: Path, quantization: str = "",
-                      key: dict | None = None) -> str:
+                      key: dict | None = None, shortlist: str = "") -> str:
     """Write a CTranslate2 model directory into the existing empty directory `out`, with
     nmt.json: `key` (what engine=ctranslate2 matches: the checkpoint's sha256, weights,
-    compute type), the vocab entry without its SentencePiece models, max_positions."""
-    spec = ctranslate2_spec(translator.model, pieces(translator.src_tok),
-                            pieces(translator.tgt_tok), translator.specials)
+    compute type), the vocab entry without its SentencePiece models, max_positions. shortlist:
+    a shortlist file (nmt.shortlist) of the checkpoint's vocabulary, written as CTranslate2's
+    vocabulary map vmap.txt (what the converters' vocab_mapping does; use_vmap=True)."""
+    src_pieces, tgt_pieces = pieces(translator.src_tok), pieces(translator.tgt_tok)
+    spec = ctranslate2_spec(translator.model, src_pieces, tgt_pieces, translator.specials)
     spec.validate()
     spec.optimize(quantization=quantization or None)
     spec.save(str(out))
+    if shortlist:
+        table = load_shortlist(shortlist)
+        table.check(translator.vocab["sha256"], translator.vocab["tgt_size"], "the checkpoint")
+        (out / VMAP).write_text(vmap_text(table, src_pieces, tgt_pieces), encoding="utf-8")
     (out / "source.spm").write_bytes(translator.src_tok.proto)  # to tokenize as nmt does
     (out / "target.spm").write_bytes(translator.tgt_tok.proto)
     vocab = {k: v for k, v in translator.vocab.items() if not isinstance(v, bytes)}
     info = {**(key or {}), "vocab": vocab, "max_positions": translator.model.cfg.max_positions}
     (out / "nmt.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
-    return f"CTranslate2, {describe(translator)}, weights {quantization or 'float32'}"
+    return (f"CTranslate2, {describe(translator)}, weights {quantization or 'float32'}"
+            + (f", vocabulary map of {shortlist}" if shortlist else ""))
 
 
 # ----------------------------------------------------------------------------- transformers

@@ -14,6 +14,7 @@ training sample, 8 bytes a sentence of offsets and, with clean.dedup, a hash a u
             {split}.{lang}.bin/.idx. Training pairs too long or too unequal in length are
             dropped; a corpus's tag goes first on its source sentences. With keep_text, the
             kept training text goes to train.clean.{lang}.bin/.idx.
+   shortlist with shortlist.k > 0: shortlist.pt from the encoded training pairs (nmt.shortlist)
 5. commit   manifest.json (counts, corpora, config, checksums: nmt/data.py documents it); the
             temporary directory becomes out_dir.
 """
@@ -45,8 +46,8 @@ from nmt.tokenizer import Tokenizer, train_bpe, vocab_sha256
 if TYPE_CHECKING:
     from nmt.config import BpeConfig, CleanConfig, PreprocessConfig, TrainCorpus
 
-# nmt.data (which imports torch) is imported inside the main-process functions only, so that the
-# encoding workers start quickly and small.
+# nmt.data and nmt.shortlist (which import torch) are imported inside the main-process
+# functions only, so that the encoding workers start quickly and small.
 
 log = logging.getLogger(__name__)
 
@@ -394,8 +395,10 @@ def report(manifest: dict, out: Path, seconds: float) -> str:
 def build(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], reused: tuple | None,
           tmp: Path) -> dict:
     """Stages 2-4 into the temporary directory tmp; returns the manifest (without checksums)."""
-    from nmt.data import FORMAT, token_dtype
+    from nmt.data import FORMAT, TokenArray, token_dtype
     from nmt.runtime import usable_cores
+    from nmt.shortlist import FILE as SHORTLIST
+    from nmt.shortlist import build_shortlist
 
     langs = {"src": cfg.src_lang, "tgt": cfg.tgt_lang}
     workers = cfg.workers or usable_cores()
@@ -454,6 +457,12 @@ def build(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], reused: tuple
         "spm_training": spm_info, "config": asdict(cfg), "nmt_version": __version__,
         "seconds": {k: round(v, 2) for k, v in seconds.items()},
     }
+    if cfg.shortlist.k:  # from the training arrays just written
+        t = time.time()
+        src, tgt = (TokenArray(tmp / f"train.{lang}", dtype) for lang in langs.values())
+        build_shortlist(src, tgt, manifest, cfg.shortlist).save(tmp / SHORTLIST)
+        manifest["shortlist"] = SHORTLIST
+        manifest["seconds"]["shortlist"] = round(time.time() - t, 2)
     if text_prefix:
         manifest["train_text"] = {
             **{side: path.name for side, path in text_prefix.items()},

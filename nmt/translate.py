@@ -218,7 +218,8 @@ def open_session(cfg: TranslateConfig) -> Session:
     refs = [read_lines(path, "references") for path in ref_files] or None
     phrases = read_constraints(cfg.constraints) if cfg.constraints else None
     translator = open_translator(cfg.engine, cfg.checkpoints, device, cfg.weights,
-                                 cfg.search.dtype, workers, cfg.threads, cfg.ct2_model)
+                                 cfg.search.dtype, workers, cfg.threads, cfg.ct2_model,
+                                 cfg.search.shortlist)
     try:
         if cfg.vocab_check:
             check_vocab(translator, cfg.vocab_check, cfg.checkpoints[0])

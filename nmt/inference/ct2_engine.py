@@ -22,6 +22,8 @@ How the search settings map (SearchConfig -> translate_batch):
     max_tokens, max_sentences    max_batch_size in tokens; groups cut to max_sentences
     dtype                        compute_type: fp32 float32, bf16 bfloat16, fp16 float16,
                                  int8 int8, int8_float16 / int8_bfloat16 (GPUs) as they are
+    shortlist                    use_vmap: the export holds the shortlist as vmap.txt (an
+                                 export per shortlist file, cached like the others)
     alpha                        greedy and sampling: scores log P / ((5 + |Y|) / 6)^alpha as
                                  nmt's; beam search needs alpha=0 (CTranslate2 divides by
                                  |Y|^p, not GNMT's penalty: refused in one line)
@@ -47,7 +49,7 @@ from pathlib import Path
 import torch
 
 from nmt.config import SearchConfig, check_ct2_search, check_search_device
-from nmt.errors import NmtError
+from nmt.errors import ConfigError, NmtError
 from nmt.files import new_directory, sha256_file
 from nmt.inference.search import Hypothesis, length_penalty, max_output_lengths
 from nmt.inference.translator import Translator
@@ -62,15 +64,16 @@ COMPUTE_TYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8
 
 def open_translator(engine: str, checkpoints: list[str], device: torch.device,
                     weights: str = "auto", dtype: str = "fp32", workers: int = 1,
-                    threads: int = 0, ct2_model: str = ""):
+                    threads: int = 0, ct2_model: str = "", shortlist: str = ""):
     """The Translator of engine=nmt, or the CT2Translator of engine=ctranslate2 (one
-    checkpoint; search.dtype checked against the device for the engine first)."""
+    checkpoint; search.dtype checked against the device for the engine first; shortlist:
+    search.shortlist, which CTranslate2's export must hold)."""
     check_search_device(dtype, device.type, engine=engine)
     if engine == "nmt":
         return Translator.load(checkpoints, device, weights, dtype=dtype, workers=workers,
                                threads=threads)
     return CT2Translator.load(checkpoints[0], device, weights, dtype, workers, threads,
-                              ct2_model)
+                              ct2_model, shortlist)
 
 
 def _ctranslate2():
@@ -83,11 +86,15 @@ def _ctranslate2():
 
 
 # ----------------------------------------------------------------------------- the cache
-def export_key(checkpoint: str | Path, weights: str, compute_type: str) -> dict:
+def export_key(checkpoint: str | Path, weights: str, compute_type: str,
+               shortlist: str = "") -> dict:
     """What an export must match to stand for the checkpoint: its file's sha256, the weights
-    taken and the compute type."""
-    return {"checkpoint_sha256": sha256_file(checkpoint), "weights": weights,
-            "compute_type": compute_type}
+    taken and the compute type (and the shortlist file's sha256, if one)."""
+    key = {"checkpoint_sha256": sha256_file(checkpoint), "weights": weights,
+           "compute_type": compute_type}
+    if shortlist:
+        key["shortlist_sha256"] = sha256_file(shortlist)
+    return key
 
 
 def read_info(model_dir: Path) -> dict | None:
@@ -100,41 +107,44 @@ def read_info(model_dir: Path) -> dict | None:
 
 
 def cached_export(checkpoint: str | Path, weights: str, compute_type: str,
-                  ct2_model: str = "") -> Path:
+                  ct2_model: str = "", shortlist: str = "") -> Path:
     """The directory of the checkpoint's CTranslate2 export for this key, exported now if no
-    export there matches it."""
+    export there matches it (with a shortlist: CHECKPOINT.ct2/TYPE-WEIGHTS-SHA-vmapSHA)."""
     checkpoint = Path(checkpoint)
     if not checkpoint.is_file():
         raise NmtError(f"{checkpoint}: checkpoint not found")
-    key = export_key(checkpoint, weights, compute_type)
+    key = export_key(checkpoint, weights, compute_type, shortlist)
     if ct2_model:
         out = Path(ct2_model)
     else:
+        vmap = f"-vmap{key['shortlist_sha256'][:8]}" if shortlist else ""
         out = checkpoint.with_name(checkpoint.name + ".ct2") / (
-            f"{compute_type}-{weights}-{key['checkpoint_sha256'][:16]}")
+            f"{compute_type}-{weights}-{key['checkpoint_sha256'][:16]}{vmap}")
     info = read_info(out)
-    if info is not None and all(info.get(k) == v for k, v in key.items()):
+    if info is not None and all(info.get(k) == v for k, v in key.items()) and (
+            "shortlist_sha256" in info) == bool(shortlist):
         return out
     try:
-        _export(checkpoint, out, key)
+        _export(checkpoint, out, key, shortlist)
     except OSError as e:
         raise NmtError(f"{out}: cannot write the CTranslate2 export ({e.strerror or e}); "
                        f"give ct2_model=DIR in a writable place") from None
     if not ct2_model:  # earlier checkpoints' exports of this type and weights
         for old in out.parent.glob(f"{compute_type}-{weights}-*"):
-            if old != out:
+            if not old.name.startswith(f"{compute_type}-{weights}-"
+                                       f"{key['checkpoint_sha256'][:16]}"):
                 shutil.rmtree(old, ignore_errors=True)
     return out
 
 
-def _export(checkpoint: Path, out: Path, key: dict) -> None:
+def _export(checkpoint: Path, out: Path, key: dict, shortlist: str = "") -> None:
     """Export the checkpoint into `out` atomically (an earlier export there is replaced)."""
     from nmt.export import write_ctranslate2
 
     translator = Translator.load(checkpoint, weights=key["weights"], dtype=None)
     quantization = "" if key["compute_type"] == "float32" else key["compute_type"]
     with new_directory(out, True, MARKER, "CTranslate2 model directory") as tmp:
-        write_ctranslate2(translator, tmp, quantization, key)
+        write_ctranslate2(translator, tmp, quantization, key, shortlist)
 
 
 # ----------------------------------------------------------------------------- the engine
@@ -143,7 +153,9 @@ class CT2Translator:
     Hypothesis lists out (see the module's docstring for how the search settings map)."""
 
     def __init__(self, model_dir: str | Path, device: torch.device | str = "cpu",
-                 compute_type: str = "float32", workers: int = 1, threads: int = 0):
+                 compute_type: str = "float32", workers: int = 1, threads: int = 0,
+                 shortlist: str = ""):
+        """shortlist: the search.shortlist file the export's vmap.txt holds ("": none)."""
         ct2 = _ctranslate2()
         model_dir, self.device = Path(model_dir), torch.device(device)
         info = read_info(model_dir)
@@ -155,6 +167,10 @@ class CT2Translator:
             raise NmtError(f"search.dtype: CTranslate2 has no {compute_type} on this "
                            f"{self.device.type} (it has {', '.join(sorted(supported))})")
         self.vocab, self.max_positions = info["vocab"], info["max_positions"]
+        if shortlist and not (model_dir / "vmap.txt").is_file():
+            raise NmtError(f"{model_dir}: no vmap.txt for search.shortlist={shortlist} "
+                           f"(nmt-export shortlist=FILE writes it)")
+        self.shortlist = shortlist
         self.src_tok = Tokenizer((model_dir / "source.spm").read_bytes())
         self.tgt_tok = Tokenizer((model_dir / "target.spm").read_bytes())
         self.specials, self.workers = self.tgt_tok.specials, workers
@@ -170,16 +186,17 @@ class CT2Translator:
     @classmethod
     def load(cls, checkpoint: str | Path, device: torch.device | str = "cpu",
              weights: str = "auto", dtype: str = "fp32", workers: int = 1, threads: int = 0,
-             ct2_model: str = "") -> CT2Translator:
+             ct2_model: str = "", shortlist: str = "") -> CT2Translator:
         """The checkpoint's export (cached, or made now) for search.dtype `dtype`; workers:
-        inter_threads; threads: intra_threads (0: the cores shared among the workers)."""
+        inter_threads; threads: intra_threads (0: the cores shared among the workers);
+        shortlist: search.shortlist, which the export then holds as vmap.txt."""
         _ctranslate2()
         compute_type = COMPUTE_TYPES[dtype]
-        model_dir = cached_export(checkpoint, weights, compute_type, ct2_model)
+        model_dir = cached_export(checkpoint, weights, compute_type, ct2_model, shortlist)
         device = torch.device(device)
         if device.type == "cpu":
             threads = threads or max(1, usable_cores() // workers)
-        return cls(model_dir, device, compute_type, workers, threads)
+        return cls(model_dir, device, compute_type, workers, threads, shortlist)
 
     @property
     def max_input_tokens(self) -> int:
@@ -187,8 +204,12 @@ class CT2Translator:
         return self.max_positions - 1
 
     def check_search(self, search: SearchConfig) -> None:
-        """A ConfigError naming the key for the settings CTranslate2 cannot run."""
+        """A ConfigError naming the key for the settings CTranslate2 cannot run (a shortlist
+        other than the export's too)."""
         check_ct2_search(search)
+        if search.shortlist and search.shortlist != self.shortlist:
+            raise ConfigError(f"search.shortlist: engine=ctranslate2 loaded "
+                              f"{self.shortlist or 'no shortlist'}, not {search.shortlist}")
 
     def translate_ids(self, src_ids: list[list[int]], search: SearchConfig,
                       prefixes: list[list[int]] | None = None, lines: list[int] | None = None,
@@ -242,6 +263,7 @@ class CT2Translator:
             beam_size=1 if sampling else search.beam_size, num_hypotheses=search.nbest,
             length_penalty=0.0, no_repeat_ngram_size=search.no_repeat_ngram_size,
             suppress_sequences=[[pad], [bos]], return_end_token=True, return_scores=True,
+            use_vmap=bool(search.shortlist),
             max_input_length=0, max_decoding_length=limit, min_decoding_length=search.min_len,
             sampling_topk=(search.top_k if sampling else 1),
             sampling_topp=search.top_p if sampling else 1.0,

@@ -7,9 +7,10 @@ model's decoding interface (encode, start_decoding, decode_step, decode): in fp3
 addition fused into the product), fp16 (CUDA) or int8 (weights and activations rounded to
 int8, as torch.ao's dynamic quantization does), with 1/sqrt(d_k) folded into W^Q, additive
 masks only where there is padding, and the beams or samples of one sentence sharing one copy
-of its encoder memory. `row_argmax` and `top_k` pick greedy and beam search candidates over
-the vocabulary. nmt.inference.translator.Translator prepares FastModels and runs them on
-its workers.
+of its encoder memory, and with a lexical shortlist only the output projection's rows of a
+batch's candidate pieces (start_decoding's vocab). `row_argmax` and `top_k` pick greedy and
+beam search candidates over the vocabulary. nmt.inference.translator.Translator prepares
+FastModels and runs them on its workers.
 
 Shapes: B decoder rows, M = B / g sentences (g rows per sentence), S source length, T target
 length, V vocabulary, h heads, d_k = d_model / h.
@@ -269,6 +270,7 @@ class FastState:
         self.self_kv = [FastKVCache() for _ in memory_kv]
         self.step = 0  # target positions decoded so far
         self.g = 1  # decoder rows per memory row
+        self.generator: Affine | None = None  # the output projection's shortlist rows, if cut
 
     def reorder(self, index: Tensor, group: int | None = None,
                 sentences: Tensor | None = None) -> None:
@@ -343,6 +345,9 @@ class FastModel(nn.Module):
         self.encoder_norm = _norm_weights(model.encoder_norm, float_dtype)
         self.decoder_norm = _norm_weights(model.decoder_norm, float_dtype)
         self.generator = affine(model.generator.weight, model.generator.bias)
+        self.vocab_size = model.generator.weight.size(0)  # V
+        self._affine, self._generator_weights = affine, (model.generator.weight,
+                                                          model.generator.bias)
         # On the CPU, matmul + softmax beats the fused kernel at decoding sizes (2x for one
         # query per row), and by more in bf16.
         self.plain_attention = device.type == "cpu"
@@ -389,14 +394,23 @@ class FastModel(nn.Module):
             x = self._residual(x, layer.norms[1], layer.feed_forward)
         return _norm(x, self.encoder_norm), src_mask
 
-    def start_decoding(self, memory: Tensor, src_mask: Tensor) -> FastState:
-        """The encoder-decoder keys and values of every layer, once; the state to decode."""
-        return FastState([layer.memory_kv(memory) for layer in self.decoder],
-                         _source_mask(src_mask, self.float_dtype))
+    def start_decoding(self, memory: Tensor, src_mask: Tensor,
+                       vocab: Tensor | None = None) -> FastState:
+        """The encoder-decoder keys and values of every layer, once; the state to decode.
+        vocab: (V',) target ids (a lexical shortlist, nmt.shortlist) whose logits alone
+        decode_step computes, in this order; None: all V."""
+        state = FastState([layer.memory_kv(memory) for layer in self.decoder],
+                          _source_mask(src_mask, self.float_dtype))
+        if vocab is not None:  # those rows of W and b, in this dtype's form
+            weight, bias = self._generator_weights
+            state.generator = self._affine(weight.index_select(0, vocab),
+                                           None if bias is None else bias.index_select(0, vocab))
+        return state
 
     def decode_step(self, tgt_new: Tensor, state: FastState, positions: Tensor | None = None,
                     self_mask: Tensor | None = None) -> Tensor:
-        """(B, T_new) next ids -> logits (B, T_new, V); updates `state`. Rows that started at
+        """(B, T_new) next ids -> logits (B, T_new, V) (V': the state's shortlist); updates
+        `state`. Rows that started at
         different steps (continuous batching, nmt.inference.stepping) give one new id each,
         its (B,) positions, and an additive self-attention mask over the cache (B, 1, 1, L)
         that hides the cache positions before each row's start (None: none to hide)."""
@@ -416,7 +430,8 @@ class FastModel(nn.Module):
                                state.mask, plain)
             x = self._residual(x, layer.norms[2], layer.feed_forward)
         state.step = L
-        return self.generator(_norm(x, self.decoder_norm))
+        generator = self.generator if state.generator is None else state.generator
+        return generator(_norm(x, self.decoder_norm))
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
         """Teacher-forced decoding: (B, T) shifted target ids -> logits (B, T, V)."""

@@ -10,6 +10,8 @@ order); teacher-forced scoring of given targets; then `translate_nbest` /
 `score_pairs`, which batch sentences by a token budget after sorting them by length and
 restore the input order. Models are the reference Transformer of nmt/model.py or, by default,
 its weights prepared by nmt.inference.fast.FastModel (faster; the tests compare the two).
+With a lexical shortlist (search.shortlist, nmt.shortlist), each batch's log-probabilities are
+over its candidate pieces alone (FastModel computes only their logits); the others are -inf.
 
 Conventions. Source id lists carry no BOS/EOS (as in the data directory); EOS is appended here.
 Outputs are id lists without BOS/EOS. |Y| counts the EOS; an output cut at the maximum
@@ -33,6 +35,7 @@ from nmt.data import batch_by_tokens
 from nmt.inference.constrained import PhraseConstraints, missing_phrases
 from nmt.inference.fast import FastModel, FastState, row_argmax, top_k
 from nmt.model import Transformer
+from nmt.shortlist import Candidates, load_shortlist
 from nmt.tokenizer import Specials
 
 
@@ -60,14 +63,23 @@ class Decoder:
     """Next-token log-probabilities for a batch of prefixes: the average of the models'
     (one model, or an ensemble), each with its key/value cache or without."""
 
-    def __init__(self, models: list, src: Tensor, use_cache: bool = True):
-        """Encode (B, S) sources with every model: one row per sentence until `reorder`."""
-        self.models, self.use_cache = models, use_cache
+    def __init__(self, models: list, src: Tensor, use_cache: bool = True,
+                 candidates: Candidates | None = None):
+        """Encode (B, S) sources with every model: one row per sentence until `reorder`.
+        candidates: a lexical shortlist (nmt.shortlist): log-softmax over its ids alone,
+        every other id at -inf (FastModels compute those logits alone; others all, then cut)."""
+        self.models, self.use_cache, self.candidates = models, use_cache, candidates
         self.states = []  # per model: its decoding state, or [memory, src_mask] without cache
+        self.cut = []  # per model: whether decode_step gives the shortlist's logits alone
         for model in models:
             memory, src_mask = model.encode(src)  # (B, S, d_model), (B, 1, 1, S)
-            self.states.append(model.start_decoding(memory, src_mask) if use_cache
-                               else [memory, src_mask])
+            cut = candidates is not None and use_cache and isinstance(model, FastModel)
+            self.cut.append(cut)
+            if not use_cache:
+                self.states.append([memory, src_mask])
+            else:
+                self.states.append(model.start_decoding(memory, src_mask, candidates.ids) if cut
+                                   else model.start_decoding(memory, src_mask))
 
     def reorder(self, index: Tensor, group: int | None = None,
                 sentences: Tensor | None = None) -> None:
@@ -86,15 +98,22 @@ class Decoder:
         step: further arguments of the models' decode_step (per-row positions, nmt.inference.
         stepping)."""
         total = None
-        for model, state in zip(self.models, self.states, strict=True):
+        for model, state, cut in zip(self.models, self.states, self.cut, strict=True):
             if self.use_cache:  # only the newest token goes in; the past is in the cache
                 logits = model.decode_step(prefix[:, -1:], state, **step)[:, 0]  # (R, V)
             else:  # the whole prefix again: the reference the cache must reproduce
                 logits = model.decode(prefix, *state)[:, -1]  # (R, V)
+            if self.candidates is not None and not cut:
+                logits = logits.index_select(1, self.candidates.ids)  # (R, V')
             logits = logits.float().contiguous()
             lprobs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: no new 4 B/logit
             total = lprobs if total is None else total.add_(lprobs)
-        return total if len(self.models) == 1 else total.div_(len(self.models))
+        if len(self.models) > 1:
+            total.div_(len(self.models))
+        if self.candidates is None:
+            return total
+        ids, V = self.candidates  # the shortlist's log-probabilities in their columns of V
+        return total.new_full((total.size(0), V), -torch.inf).index_copy_(1, ids, total)
 
     def target_log_probs(self, tgt: Tensor, pad_id: int, bos_id: int) -> Tensor:
         """Teacher forcing: (B, T) targets (EOS, then PAD) -> (B, T) log P of each (0 at PAD)."""
@@ -163,6 +182,11 @@ def _source_lengths(src: Tensor, pad_id: int) -> Tensor:
     return (src != pad_id).sum(dim=1) - 1
 
 
+def _vocab_size(model) -> int:
+    """V, the target vocabulary's size (a Transformer's or a FastModel's)."""
+    return model.vocab_size if isinstance(model, FastModel) else model.generator.out_features
+
+
 def _max_positions(models: list) -> int:
     """The longest output every model can decode."""
     return min(model.cfg.max_positions for model in models)
@@ -201,12 +225,14 @@ def sample_uniforms(lines: list[int], n: int, steps: int, seed: int) -> Tensor:
 @torch.inference_mode()
 def greedy_search(model, src: Tensor, search: SearchConfig, specials: Specials,
                   use_cache: bool = True, prefixes: list[list[int]] | None = None,
-                  lines: list[int] | None = None) -> list[list[Hypothesis]]:
+                  lines: list[int] | None = None, candidates: Candidates | None = None
+                  ) -> list[list[Hypothesis]]:
     """Pick the most probable token at every step: (B, S) sources -> one hypothesis each.
 
     search.sampling: draw search.nbest samples per sentence instead (best first); lines: the
     input line number of each sentence, which seeds its samples (default 0..B-1).
-    model: a model or a list of them (an ensemble); prefixes: forced output prefixes.
+    model: a model or a list of them (an ensemble); prefixes: forced output prefixes;
+    candidates: the batch's lexical shortlist (nmt.shortlist), which must hold the prefixes.
     """
     models = model if isinstance(model, list) else [model]
     bos_id, eos_id, pad_id = specials
@@ -215,7 +241,7 @@ def greedy_search(model, src: Tensor, search: SearchConfig, specials: Specials,
     cons = Constraints(search, specials, prefixes, dev)
     max_len = cons.max_lengths(max_output_lengths(_source_lengths(src, pad_id), search,
                                                   _max_positions(models)), _max_positions(models))
-    decoder = Decoder(models, src, use_cache)
+    decoder = Decoder(models, src, use_cache, candidates)
     sent = torch.arange(B, device=dev).repeat_interleave(n)  # (B n,) sentence of each row
     if n > 1:
         decoder.reorder(sent, group=n)  # n consecutive rows per sentence
@@ -325,7 +351,8 @@ class _Finished:
 def beam_search(model, src: Tensor, search: SearchConfig, specials: Specials,
                 use_cache: bool = True, prefixes: list[list[int]] | None = None,
                 lines: list[int] | None = None, constraints: list[list[list[int]]] | None = None,
-                continuations: list[int] | None = None) -> list[list[Hypothesis]]:
+                continuations: list[int] | None = None, candidates: Candidates | None = None
+                ) -> list[list[Hypothesis]]:
     """Beam search over (B x k) flat rows; (B, S) sources -> search.nbest hypotheses each.
 
     The first step decodes one row per sentence (all its beams would start alike); its 2k
@@ -335,7 +362,8 @@ def beam_search(model, src: Tensor, search: SearchConfig, specials: Specials,
     further token had probability 1 (the exact bound for the GNMT penalty: log P / lp(max length)).
     Retired sentences leave the batch. The device picks the candidates; the host reads them
     once a step (a GPU's queue drains only there), keeps the outputs and decides which
-    sentences retire. model, prefixes: as for greedy_search.
+    sentences retire. model, prefixes, candidates: as for greedy_search (the shortlist must
+    hold the constraints' pieces too).
 
     constraints: per sentence, phrases (id lists) every output must contain: dynamic beam
     allocation (nmt.inference.constrained) orders the candidates by the constraint tokens met
@@ -352,7 +380,7 @@ def beam_search(model, src: Tensor, search: SearchConfig, specials: Specials,
            else None)
     if dba is not None:
         max_len = dba.max_lengths(max_len, _max_positions(models))
-    decoder = Decoder(models, src, use_cache)
+    decoder = Decoder(models, src, use_cache, candidates)
     lp_max = length_penalty(max_len.double(), search.alpha).float()  # (B,)
     host = np.array(torch.stack([max_len.double(), lp_max.double()]).tolist())  # one read
     beams = torch.arange(k, device=dev)
@@ -489,16 +517,20 @@ def score_batch(model, src: Tensor, tgt: Tensor, search: SearchConfig,
 def search_batch(model, src: Tensor, search: SearchConfig, specials: Specials,
                  use_cache: bool = True, prefixes: list[list[int]] | None = None,
                  lines: list[int] | None = None, constraints: list[list[list[int]]] | None = None,
-                 continuations: list[int] | None = None) -> list[list[Hypothesis]]:
+                 continuations: list[int] | None = None, candidates: Candidates | None = None
+                 ) -> list[list[Hypothesis]]:
     """Greedy search (or sampling) when beam_size is 1 or sampling is on, else beam search;
     with constraints, beam search at any beam_size (1 too), never sampling."""
     if constraints and any(constraints):
         if search.sampling:
             raise ValueError("constraints need beam search, not sampling")
         return beam_search(model, src, search, specials, use_cache, prefixes, lines, constraints,
-                           continuations)
-    fn = greedy_search if search.beam_size == 1 or search.sampling else beam_search
-    return fn(model, src, search, specials, use_cache, prefixes, lines)
+                           continuations, candidates)
+    if search.beam_size == 1 or search.sampling:
+        return greedy_search(model, src, search, specials, use_cache, prefixes, lines,
+                             candidates)
+    return beam_search(model, src, search, specials, use_cache, prefixes, lines,
+                       candidates=candidates)
 
 
 def pad_batch(seqs: list[list[int]], pad_id: int, device: torch.device | str) -> Tensor:
@@ -534,7 +566,18 @@ class BatchJob:
             return [[h] for h in score_batch(self.models, src, tgt, self.search, self.specials)]
         return search_batch(self.models, src, self.search, self.specials, self.use_cache,
                             [y for _, _, y, _ in items], [i for i, _, _, _ in items],
-                            [c for _, _, _, c in items], self.continuations)
+                            [c for _, _, _, c in items], self.continuations,
+                            self.candidates(items))
+
+    def candidates(self, items: list[Item]) -> Candidates | None:
+        """search.shortlist's candidates for the batch: its sources' lists, the fixed ones,
+        and the pieces of its forced prefixes and constraints (None: no shortlist)."""
+        if not self.search.shortlist:
+            return None
+        forced = [t for _, _, y, phrases in items for t in y + [t for p in phrases for t in p]]
+        ids, V = load_shortlist(self.search.shortlist).candidates([s for _, s, _, _ in items],
+                                                                  forced)
+        return Candidates(ids.to(self.device), V)
 
 
 def decoding_models(model, search: SearchConfig, fast: bool = True) -> list:
@@ -609,6 +652,10 @@ def translate_nbest(model, src_ids: list[list[int]], search: SearchConfig,
     phrase (Tokenizer.word_continuations; None: any may).
     """
     models = decoding_models(model, search, fast and use_cache)
+    if search.shortlist:
+        shortlist = load_shortlist(search.shortlist)
+        for m in models:
+            shortlist.check(None, _vocab_size(m), "the model")
     job = BatchJob(models, search, specials, torch.device(device), use_cache,
                    continuations=continuations)
     prefixes = prefixes or [[] for _ in src_ids]

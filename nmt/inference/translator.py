@@ -32,6 +32,7 @@ from nmt.inference.search import (
 )
 from nmt.inference.workers import WorkerPool, can_fork
 from nmt.model import Transformer, make_model
+from nmt.shortlist import load_shortlist
 from nmt.tokenizer import Specials, Tokenizer, check_same_vocabulary, vocab_sha256
 
 VOCAB_KEYS = ("src_size", "tgt_size", "joint", "pad_id", "bos_id", "eos_id", "sha256",
@@ -112,6 +113,9 @@ class Translator:
         unless parallel=False. prefixes, lines, progress, constraints: as
         search.translate_nbest; a constraint's last word ends where it ends (no piece of the
         target tokenizer that goes on with a word follows it)."""
+        if search.shortlist:  # built for this vocabulary: a one-line error otherwise
+            load_shortlist(search.shortlist).check(self.vocab.get("sha256"),
+                                                   self.vocab["tgt_size"], "the checkpoint")
         return translate_nbest(self.prepared(search.dtype), src_ids, search, self.specials,
                                self.device, progress=progress,
                                prefixes=prefixes, lines=lines,

@@ -518,7 +518,8 @@ def serve(cfg: ServeConfig) -> None:
     # Prepared for search.dtype here, then the workers forked: before any socket or thread.
     translator = open_translator(cfg.engine, [cfg.checkpoint], device, dtype=cfg.search.dtype,
                                  workers=1 if cfg.continuous else workers,
-                                 threads=cfg.threads, ct2_model=cfg.ct2_model)
+                                 threads=cfg.threads, ct2_model=cfg.ct2_model,
+                                 shortlist=cfg.search.shortlist)
     stepper = StepWorkers(translator, workers) if cfg.continuous else None
     try:
         if cfg.vocab_check:

@@ -1,0 +1,191 @@
+"""The lexical shortlist (nmt.shortlist, search.shortlist): built from co-occurrence counts,
+decoding restricted to a batch's candidates, refused for another vocabulary, and exported as
+CTranslate2's vocabulary map."""
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from translate_helpers import random_sources, save_tiny_checkpoint, search, tiny_model, tokens
+
+from nmt.config import BpeConfig, PreprocessConfig, ShortlistConfig
+from nmt.data import ParallelData, read_manifest
+from nmt.errors import NmtError
+from nmt.inference.search import translate_nbest
+from nmt.inference.translator import Translator
+from nmt.preprocess import preprocess
+from nmt.shortlist import Shortlist, build_shortlist, load_shortlist, vmap_text, write_shortlist
+from nmt.tokenizer import EOS_ID, SPECIALS
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+V = 40  # the random models' vocabulary
+
+
+def counts(data: ParallelData) -> tuple[Counter, Counter]:
+    """c(s, t) and c(s) by brute force: pairs holding both pieces, pairs holding s."""
+    pairs, single = Counter(), Counter()
+    for i in range(len(data)):
+        src, tgt = set(data.src[i].tolist()), set(data.tgt[i].tolist())
+        single.update(src)
+        pairs.update((s, t) for s in src for t in tgt)
+    return pairs, single
+
+
+def test_each_source_piece_keeps_its_most_frequent_cooccurring_target(tiny_data_dir):
+    manifest = read_manifest(tiny_data_dir)
+    data = ParallelData(tiny_data_dir, "train", manifest)
+    pairs, single = counts(data)
+    built = build_shortlist(data.src, data.tgt, manifest, ShortlistConfig(k=1, score="prob"))
+    for s in single:
+        best = max(c for (a, _), c in pairs.items() if a == s)
+        assert pairs[s, int(built.table[s, 0])] == best
+    unseen = sorted(set(range(manifest["src_vocab_size"])) - set(single))
+    assert (built.table[unseen] == -1).all()  # never seen: no candidates of its own
+    dice = build_shortlist(data.src, data.tgt, manifest, ShortlistConfig(k=3, frequent=5))
+    assert EOS_ID in dice.always.tolist() and len(dice.always) <= 6
+    for s in list(single)[:20]:  # Dice's best 3, as scores (ties may pick other pieces)
+        c_t = Counter(t for i in range(len(data)) for t in set(data.tgt[i].tolist()))
+        score = {t: 2 * c / (single[s] + c_t[t]) for (a, t), c in pairs.items() if a == s}
+        want = sorted(score.values(), reverse=True)[:3]
+        got = sorted((score[t] for t in dice.table[s].tolist() if t >= 0), reverse=True)
+        assert got == pytest.approx(want)
+
+
+def shortlist_file(path: Path, table: torch.Tensor, always: list[int], vocab: int = V,
+                   sha: str = "x" * 64) -> str:
+    Shortlist(table, torch.tensor(always), table.size(0), vocab, sha).save(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(V, stops=True)
+
+
+@pytest.fixture(scope="module")
+def sources():
+    return random_sources(12, V, seed=3)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_shortlist_of_the_whole_vocabulary_changes_nothing(model, sources, tmp_path, beam):
+    full = shortlist_file(tmp_path / "all.pt", torch.arange(V).repeat(V, 1), [EOS_ID])
+    plain = translate_nbest(model, sources, search(beam_size=beam), SPECIALS)
+    cut = translate_nbest(model, sources, search(beam_size=beam, shortlist=full), SPECIALS)
+    assert tokens(cut) == tokens(plain)
+    assert [h[0].score for h in cut] == [h[0].score for h in plain]
+
+
+def small_shortlist(path: Path) -> str:
+    """Each source piece's 2 candidates among pieces 4..19, pieces 4..8 always."""
+    g = torch.Generator().manual_seed(1)
+    return shortlist_file(path, torch.randint(4, 20, (V, 2), generator=g), [EOS_ID, *range(4, 9)])
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_every_output_piece_is_a_candidate_of_its_batch(model, sources, tmp_path, beam, dtype):
+    path = small_shortlist(tmp_path / "small.pt")
+    cfg = search(beam_size=beam, shortlist=path, dtype=dtype, nbest=beam)
+    union = set(load_shortlist(path).candidates(sources, []).ids.tolist())
+    assert len(union) <= 17
+    out = translate_nbest(model, sources, cfg, SPECIALS)  # one batch
+    assert all(set(h.tokens) <= union and h.score > -np.inf for hyps in out for h in hyps)
+    if dtype == "fp32":  # FastModel's cut projection = the reference model's logits, cut
+        assert tokens(translate_nbest(model, sources, cfg, SPECIALS, fast=False)) == tokens(out)
+
+
+def test_forced_prefix_and_constraint_pieces_outside_the_shortlist_still_decode(
+        model, sources, tmp_path):
+    path = small_shortlist(tmp_path / "small.pt")
+    outside = sorted(set(range(4, V)) - set(load_shortlist(path).candidates(sources, []).ids
+                                            .tolist()))
+    prefixes = [outside[:2]] * len(sources)
+    phrases = [[[outside[2]]]] * len(sources)
+    out = translate_nbest(model, sources, search(shortlist=path, max_len_b=8), SPECIALS,
+                          prefixes=prefixes, constraints=phrases)
+    for hyps in out:
+        assert hyps[0].tokens[:2] == outside[:2] and outside[2] in hyps[0].tokens[2:]
+        assert hyps[0].score > -np.inf
+
+
+def test_a_shortlist_of_another_vocabulary_is_one_line_error(model, sources, tmp_path,
+                                                            tiny_data_dir):
+    other = shortlist_file(tmp_path / "other.pt", torch.arange(V + 1).repeat(V + 1, 1), [3],
+                           vocab=V + 1)
+    with pytest.raises(NmtError, match=r"search.shortlist=.*other.pt: built for another "
+                                       r"vocabulary \(41 target pieces.*\(40 target pieces\)"):
+        translate_nbest(model, sources, search(shortlist=other), SPECIALS)
+    ckpt = save_tiny_checkpoint(tmp_path / "ckpt.pt", (tiny_data_dir / "spm.model").read_bytes())
+    translator = Translator.load(ckpt)
+    vocab = translator.vocab["tgt_size"]
+    same_size = shortlist_file(tmp_path / "sha.pt", torch.arange(vocab).repeat(vocab, 1), [3],
+                               vocab=vocab)
+    with pytest.raises(NmtError, match=r"sha256 xxxxxxxxxxxx\) than the checkpoint's") as e:
+        translator.translate_ids([[5, 6]], search(shortlist=same_size))
+    assert "\n" not in str(e.value)
+    (tmp_path / "junk.pt").write_bytes(b"not a shortlist")
+    with pytest.raises(NmtError, match="not a shortlist file"):
+        load_shortlist(tmp_path / "junk.pt")
+
+
+def test_what_cannot_take_a_shortlist_is_refused_by_its_key():
+    from nmt.config import ExportConfig, ServeConfig, compose, to_object
+    from nmt.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="^continuous: needs search.shortlist=''"):
+        to_object(compose("serve", ["checkpoint=c.pt", "continuous=true",
+                                    "search.shortlist=s.pt"]), ServeConfig)
+    with pytest.raises(ConfigError, match="^shortlist: applies to format=ctranslate2 only"):
+        ExportConfig(checkpoint="c.pt", output="o", format="transformers", shortlist="s.pt")
+    with pytest.raises(ConfigError, match="^shortlist.score: must be dice or prob"):
+        ShortlistConfig(k=3, score="ibm1")
+
+
+def test_preprocess_writes_the_shortlist_of_its_training_pairs(tmp_path, tiny_data_dir):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for lang in ("en", "de"):
+        lines = (tiny_data_dir / f"valid.clean.{lang}").read_text(encoding="utf-8")
+        (raw / f"train.{lang}").write_text(lines * 3, encoding="utf-8")
+    out = tmp_path / "data"
+    manifest = preprocess(PreprocessConfig(src_lang="en", tgt_lang="de", train=str(raw / "train"),
+                                           out_dir=str(out), workers=1,
+                                           bpe=BpeConfig(model=str(tiny_data_dir / "spm.model")),
+                                           shortlist=ShortlistConfig(k=4, frequent=10)))
+    assert manifest["shortlist"] == "shortlist.pt" and "shortlist.pt" in manifest["checksums"]
+    written = load_shortlist(out / "shortlist.pt")
+    again = load_shortlist(write_shortlist(out, ShortlistConfig(k=4, frequent=10),
+                                           tmp_path / "again.pt"))
+    assert torch.equal(written.table, again.table) and torch.equal(written.always, again.always)
+    assert written.vocab_sha256 == manifest["vocab_sha256"] and written.table.size(1) == 4
+
+
+def test_the_vocabulary_map_holds_the_shortlist_and_ctranslate2_uses_it(tmp_path, tiny_data_dir):
+    pytest.importorskip("ctranslate2")
+    from nmt.config import ExportConfig
+    from nmt.export import export
+    from nmt.inference.ct2_engine import CT2Translator
+
+    ckpt = save_tiny_checkpoint(tmp_path / "ckpt.pt", (tiny_data_dir / "spm.model").read_bytes())
+    path = write_shortlist(tiny_data_dir, ShortlistConfig(k=3, frequent=5), tmp_path / "sl.pt")
+    shortlist = load_shortlist(path)
+    export(ExportConfig(checkpoint=str(ckpt), output=str(tmp_path / "ct2"), shortlist=str(path)))
+    translator = Translator.load(ckpt)
+    pieces = [translator.tgt_tok.sp.id_to_piece(i) for i in range(translator.tgt_tok.vocab_size)]
+    ids = {p: i for i, p in enumerate(pieces)}
+    text = (tmp_path / "ct2" / "vmap.txt").read_text(encoding="utf-8")
+    assert text == vmap_text(shortlist, pieces, pieces)
+    rows = dict(line.split("\t") for line in text.splitlines())
+    assert sorted(ids[p] for p in rows.pop("").split()) == shortlist.always.tolist()
+    for piece, targets in rows.items():
+        assert [ids[t] for t in targets.split()] == [
+            t for t in shortlist.table[ids[piece]].tolist() if t >= 0]
+    sources = translator.src_tok.encode(["open file", "save all window"])
+    cfg = search(beam_size=1, shortlist=str(path), max_len_b=5)
+    with CT2Translator.load(ckpt, threads=1, shortlist=str(path)) as ct:
+        out = ct.translate_ids(sources, cfg)
+    union = set(shortlist.candidates(sources, []).ids.tolist()) | {1}  # + <unk>: CTranslate2's
+    assert all(set(h[0].tokens) <= union for h in out)
