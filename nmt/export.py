@@ -60,10 +60,8 @@ def export(cfg: ExportConfig) -> Path:
     translator = Translator.load(cfg.checkpoint, dtype=None)
     with new_directory(out, cfg.force, MARKER, "model directory") as tmp:
         if cfg.format == "ctranslate2":
-            key = {"checkpoint_sha256": sha256_file(cfg.checkpoint), "weights": "auto",
-                   "compute_type": cfg.quantization or "float32"}  # nmt.inference.ct2_engine
-            if cfg.shortlist:
-                key["shortlist_sha256"] = sha256_file(cfg.shortlist)
+            key = export_key(cfg.checkpoint, "auto", cfg.quantization or "float32",
+                             cfg.shortlist)
             what = write_ctranslate2(translator, tmp, cfg.quantization, key, cfg.shortlist)
         else:
             what = write_transformers(translator, tmp)
@@ -162,6 +160,18 @@ def _ffn(spec, w: dict, name: str, norm: str) -> None:
     _linear(spec.linear_0, w, f"{name}.W_1")
     _linear(spec.linear_1, w, f"{name}.W_2")
     _norm(spec.layer_norm, w, norm)
+
+
+def export_key(checkpoint: str | Path, weights: str, compute_type: str,
+               shortlist: str = "") -> dict:
+    """What an export must match to stand for the checkpoint: its file's sha256, the weights
+    taken and the compute type (and the shortlist file's sha256, if one); engine=ctranslate2
+    (nmt.inference.ct2_engine) serves a cached export only if its nmt.json matches."""
+    key = {"checkpoint_sha256": sha256_file(checkpoint), "weights": weights,
+           "compute_type": compute_type}
+    if shortlist:
+        key["shortlist_sha256"] = sha256_file(shortlist)
+    return key
 
 
 def write_ctranslate2(translator: Translator, out: Path, quantization: str = "",

@@ -52,9 +52,9 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def mean_candidates(translator: Translator, src: list[list[int]], search: SearchConfig,
-                    workers: int) -> float:
-    """The shortlist's mean candidates per batch, over the batches the Translator would run."""
+def mean_candidates(src: list[list[int]], search: SearchConfig, workers: int) -> float:
+    """The shortlist's mean candidates per batch, over the batches nmt's Translator would run
+    (the same for every row: the batching does not depend on the dtype)."""
     items = [(i, s, [], []) for i, s in enumerate(src)]
     shortlist = load_shortlist(search.shortlist)
     return float(np.mean([len(shortlist.candidates([src[i] for i in b], []).ids)
@@ -113,6 +113,8 @@ def main() -> None:
             best[key] = min(best.get(key, float("inf")), seconds)
             outputs[key] = translator.tgt_tok.decode([h[0].tokens for h in hyps])
     width = max(len(label) for label, _, _ in rows)
+    candidates = mean_candidates(src, dataclasses.replace(base, shortlist=str(path)),
+                                 args.workers)
     for label, _, search in rows:
         key = (label, search.shortlist)
         s = score(outputs[key], refs)
@@ -121,7 +123,7 @@ def main() -> None:
                 f"BLEU {s['bleu']:5.2f}  chrF {s['chrf']:5.2f}  {speed:6.1f} sent/s")
         if search.shortlist:
             line += (f"  x{best[label, ''] / best[key]:.2f}  "
-                     f"{mean_candidates(translator, src, search, args.workers):.0f} "
+                     f"{candidates:.0f} "
                      f"of {manifest['tgt_vocab_size']} candidates per batch")
         print(line, flush=True)
     translator.close()

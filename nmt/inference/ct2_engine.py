@@ -50,7 +50,8 @@ import torch
 
 from nmt.config import SearchConfig, check_ct2_search, check_search_device
 from nmt.errors import ConfigError, NmtError
-from nmt.files import new_directory, sha256_file
+from nmt.export import export_key, write_ctranslate2
+from nmt.files import new_directory
 from nmt.inference.search import Hypothesis, length_penalty, max_output_lengths
 from nmt.inference.translator import Translator
 from nmt.runtime import usable_cores
@@ -86,17 +87,6 @@ def _ctranslate2():
 
 
 # ----------------------------------------------------------------------------- the cache
-def export_key(checkpoint: str | Path, weights: str, compute_type: str,
-               shortlist: str = "") -> dict:
-    """What an export must match to stand for the checkpoint: its file's sha256, the weights
-    taken and the compute type (and the shortlist file's sha256, if one)."""
-    key = {"checkpoint_sha256": sha256_file(checkpoint), "weights": weights,
-           "compute_type": compute_type}
-    if shortlist:
-        key["shortlist_sha256"] = sha256_file(shortlist)
-    return key
-
-
 def read_info(model_dir: Path) -> dict | None:
     """An nmt export's nmt.json (key, vocab entry without the SentencePiece models,
     max_positions), or None where there is none."""
@@ -139,8 +129,6 @@ def cached_export(checkpoint: str | Path, weights: str, compute_type: str,
 
 def _export(checkpoint: Path, out: Path, key: dict, shortlist: str = "") -> None:
     """Export the checkpoint into `out` atomically (an earlier export there is replaced)."""
-    from nmt.export import write_ctranslate2
-
     translator = Translator.load(checkpoint, weights=key["weights"], dtype=None)
     quantization = "" if key["compute_type"] == "float32" else key["compute_type"]
     with new_directory(out, True, MARKER, "CTranslate2 model directory") as tmp:
