@@ -148,6 +148,10 @@ class OptimConfig:
     label_smoothing: float = MISSING  # epsilon_ls
     weight_decay: float = 0.0  # decoupled weight decay (AdamW); 0 is the paper's Adam
     clip_norm: float = 0.0  # clip the gradient's global L2 norm to this; 0 turns clipping off
+    # A budget's last share: the rate falls linearly to 0 over the last c x train.max_updates
+    # updates, or over the updates that the last c x train.max_minutes are worth at the pace
+    # so far (fixed when that time comes, so the decay counts updates); training ends there.
+    cooldown: float = 0.0  # share c of the budget spent cooling down to rate 0 (0: off)
 
     def __post_init__(self) -> None:
         _check(self.lr_factor > 0, "optim.lr_factor", f"must be > 0, got {self.lr_factor}")
@@ -157,6 +161,7 @@ class OptimConfig:
         _check(self.eps > 0, "optim.eps", f"must be > 0, got {self.eps}")
         _check_prob(self.label_smoothing, "optim.label_smoothing")
         _check_min(self, "optim.", 0, "weight_decay", "clip_norm")
+        _check_prob(self.cooldown, "optim.cooldown")
 
 
 # ----------------------------------------------------------------------------- decoding
@@ -441,6 +446,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.train.valid_bleu:
             check_search_device(self.search.dtype, self.train.device)
+        _check(not self.optim.cooldown or bool(self.train.max_updates or self.train.max_minutes),
+               "optim.cooldown", "needs a budget: train.max_updates or train.max_minutes")
 
 
 # ----------------------------------------------------------------------------- translate

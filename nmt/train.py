@@ -98,18 +98,24 @@ def train(cfg: TrainConfig) -> dict:
             describe(run)
             bar = tqdm(total=tc.max_updates or None, initial=run.update, unit="upd",
                        disable=True if not env.is_main else None, dynamic_ncols=True)
-            deadline = time.monotonic() + 60 * tc.max_minutes if tc.max_minutes else math.inf
+            t0, first = time.monotonic(), run.update
+            deadline = t0 + 60 * tc.max_minutes if tc.max_minutes else math.inf
+            cool_at = plan_cooldown(run, t0)  # when a timed cooldown starts (inf: no such)
             asked = None  # "time" or "signal" once a rank is out of time or signalled
             while (reason := stop_reason(run, asked, preempt)) is None:
                 epoch, group = batches.take(batches_in_update(run.update_freq, run.update))
+                now = time.monotonic()
                 with fatal_out_of_memory(run, [batch for _, batch in group]):
-                    stats = train_step(run, epoch, group, time.monotonic() >= deadline,
-                                       preempt.received is not None)
+                    stats = train_step(run, epoch, group, now >= deadline,
+                                       preempt.received is not None, now >= cool_at)
                 run.monitor.add(stats)
                 run.update += 1
                 bar.update(1)
                 if run.update % run.check_every == 0:  # the host reads the device
                     asked = run.monitor.check(tc.max_nonfinite, run.update)
+                    if asked == "cool":  # a rank used its share of the time before the cooldown
+                        start_timed_cooldown(run, run.update - first)
+                        asked = None
                 if run.update % tc.log_interval == 0:
                     log_train(run, logs, bar)
                 if trim_heap and run.update % TRIM_INTERVAL_UPDATES == 0:
@@ -140,6 +146,8 @@ def stop_reason(run: Run, asked: str | None, preempt: Preemption) -> str | None:
     tc = run.cfg.train
     if tc.max_updates and run.update >= tc.max_updates:
         return f"max_updates={tc.max_updates} reached"
+    if run.scheduler.cooled():
+        return f"the learning rate's cooldown (optim.cooldown={run.cfg.optim.cooldown}) ended"
     if tc.max_epochs and run.data.train.epoch > tc.max_epochs:
         return f"max_epochs={tc.max_epochs} reached"
     if asked == "signal":
@@ -166,6 +174,32 @@ def finish(run: Run, logs: RunLog | None, reason: str, validate: bool = True) ->
     return {"update": run.update, "epoch": run.data.train.epoch, "reason": reason,
             "valid": run.last_valid, "best": run.best,
             "nonfinite": int(run.monitor.nonfinite.item())}
+
+
+def plan_cooldown(run: Run, t0: float) -> float:
+    """optim.cooldown's start: planned now for train.max_updates (the last share of them,
+    unless a resumed schedule has one), or at the returned clock time for train.max_minutes
+    (t0 plus the share of the time before the cooldown); inf when there is none to wait for."""
+    share, tc = run.cfg.optim.cooldown, run.cfg.train
+    if not share or run.scheduler.cooldown is not None:
+        return math.inf
+    if tc.max_updates:
+        length = max(round(share * tc.max_updates), 1)
+        run.scheduler.start_cooldown(length, start=max(tc.max_updates - length, run.update))
+        return math.inf
+    return t0 + 60 * tc.max_minutes * (1 - share)
+
+
+def start_timed_cooldown(run: Run, updates: int) -> None:
+    """Start the cooldown of a time budget (once): `updates` were made in this process in its
+    share (1 - c) of the time, so the c left is worth about updates x c / (1 - c) more."""
+    if run.scheduler.cooldown is not None:
+        return
+    share = run.cfg.optim.cooldown
+    length = max(round(updates * share / (1 - share)), 1)
+    run.scheduler.start_cooldown(length)
+    log.info("update %d: the learning rate now falls linearly to 0 over %d updates (the "
+             "last %g of train.max_minutes)", run.update, length, share)
 
 
 # ----------------------------------------------------------------------------- the process
@@ -426,7 +460,7 @@ def describe(run: Run) -> None:
 
 # ----------------------------------------------------------------------------- one update
 # What an update counts on the host, per rank, all-reduced with its losses (StepStats' names).
-HOST_COUNTS = ("tgt_tokens", "src_tokens", "padded", "sentences", "stop", "signalled")
+HOST_COUNTS = ("tgt_tokens", "src_tokens", "padded", "sentences", "stop", "signalled", "cool")
 
 
 @dataclasses.dataclass
@@ -444,6 +478,7 @@ class StepStats:
     overflow: Tensor  # True: an fp16 loss-scale overflow (skipped, but not a divergence)
     stop: Tensor  # > 0: a rank's time budget ran out
     signalled: Tensor  # > 0: a rank got SIGTERM or SIGUSR2 (nmt.preemption)
+    cool: Tensor  # > 0: a rank reached the time at which optim.cooldown starts
 
 
 @contextlib.contextmanager
@@ -469,10 +504,11 @@ def batch_loss(model: nn.Module, batch: Batch, epsilon: float, pad_id: int,
 
 
 def train_step(run: Run, epoch: int, group: list[tuple[int, Batch]], stop: bool,
-               signalled: bool = False) -> StepStats:
+               signalled: bool = False, cool: bool = False) -> StepStats:
     """One update on a group of (index in the epoch, Batch): forward and backward on each,
     gradients divided by the update's target tokens and clipped, one optimizer step unless
-    the loss or the gradient is not finite (decided on the device), the EMA after it."""
+    the loss or the gradient is not finite (decided on the device), the EMA after it. stop,
+    signalled and cool: this rank's clock and signals, summed over ranks with the losses."""
     tc, env = run.cfg.train, run.env
     run.forward.train()
     run.optimizer.zero_grad(set_to_none=True)
@@ -491,7 +527,7 @@ def train_step(run: Run, epoch: int, group: list[tuple[int, Batch]], stop: bool,
         for key, n in (("tgt_tokens", batch.tgt_tokens), ("src_tokens", batch.src_tokens),
                        ("padded", batch.padded_tokens), ("sentences", batch.src.size(0))):
             counts[key] += n
-    counts["stop"], counts["signalled"] = stop, signalled
+    counts["stop"], counts["signalled"], counts["cool"] = stop, signalled, cool
     host = torch.tensor([counts[key] for key in HOST_COUNTS], dtype=torch.float64)
     if env.device.type == "cuda":
         host = host.pin_memory()  # copied without waiting for the device
@@ -598,6 +634,7 @@ class Monitor:
         self.worst = torch.zeros((), dtype=torch.float64, device=device)  # since last check
         self.stop = torch.zeros((), dtype=torch.float64, device=device)
         self.signalled = torch.zeros((), dtype=torch.float64, device=device)
+        self.cool = torch.zeros((), dtype=torch.float64, device=device)
         self.restart()
 
     def restart(self) -> None:
@@ -621,18 +658,21 @@ class Monitor:
         self.worst = torch.maximum(self.worst, self.streak)
         self.stop = torch.maximum(self.stop, s.stop)
         self.signalled = torch.maximum(self.signalled, s.signalled)
+        self.cool = torch.maximum(self.cool, s.cool)
 
     def check(self, max_nonfinite: int, update: int) -> str | None:
         """Raise when max_nonfinite updates in a row were not finite; "signal" once a rank was
-        signalled, "time" once one is out of time, else None. Reads the device (a host
-        synchronisation)."""
-        worst, stop, signalled = torch.stack([self.worst, self.stop, self.signalled]).tolist()
+        signalled, "time" once one is out of time, "cool" once one reached the cooldown's
+        start time, else None. Reads the device (a host synchronisation)."""
+        worst, stop, signalled, cool = torch.stack(
+            [self.worst, self.stop, self.signalled, self.cool]).tolist()
         self.worst = self.streak.clone()
         if worst >= max_nonfinite:
             raise NmtError(f"{max_nonfinite} consecutive non-finite losses by update {update}: "
                            f"training diverged (lower optim.lr_factor, raise optim.warmup, set "
                            f"optim.clip_norm, or use amp=bf16/none)")
-        return "signal" if signalled > 0 else "time" if stop > 0 else None
+        return ("signal" if signalled > 0 else "time" if stop > 0
+                else "cool" if cool > 0 else None)
 
     def summary(self) -> dict:
         """Per-token loss, NLL, perplexity, gradient norm, throughput, padding share, skipped

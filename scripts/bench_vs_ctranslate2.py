@@ -17,24 +17,36 @@ its ratio to CTranslate2's float32 and int8 rows of the same search; cpu/wall be
 thread count means other processes competed for the cores. The fp32 greedy outputs of nmt
 and CTranslate2 are compared token for token (a check that both run the same model).
 
+With a trained model, real sources and a lexical shortlist (--checkpoint, --input, --shortlist:
+nmt.shortlist's file of the checkpoint's vocabulary), every row runs again with the shortlist
+on both sides (nmt: search.shortlist; CTranslate2: the export's vmap.txt and use_vmap=True),
+each compared with CTranslate2's rows of the same kind; outputs stay forced to --out-len
+tokens, so both sides do the same number of steps and the length penalty plays no part.
+
     flock /tmp/nmt-cpu.lock .venv/bin/python scripts/bench_vs_ctranslate2.py
+    flock /tmp/nmt-cpu.lock .venv/bin/python scripts/bench_vs_ctranslate2.py \
+        --checkpoint RUN/averaged.pt --input CORPUS/test.en.xz --shortlist DATA/shortlist.pt
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import os
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from bench_translate import add_workload_options, cpu_seconds, load_model, random_sources
 
 from nmt.config import SearchConfig
-from nmt.export import ctranslate2_spec
+from nmt.export import VMAP, ctranslate2_spec, pieces
+from nmt.files import read_lines
 from nmt.inference.translator import Translator
+from nmt.shortlist import load_shortlist, vmap_text
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIALS
 
 SEARCHES = {"greedy": 1, "beam4": 4}
@@ -52,7 +64,15 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--intra-threads", type=int, default=1, help="CTranslate2 intra_threads")
     p.add_argument("--only", default="", help="run the rows whose label contains every "
                    "comma-separated word, e.g. greedy,fp32")
-    return p.parse_args()
+    p.add_argument("--dtypes", default="fp32,bf16,int8", help="nmt's search.dtype rows")
+    p.add_argument("--input", default="", help="with --checkpoint: real source sentences "
+                   "(raw text, the first --sentences lines) instead of random ids")
+    p.add_argument("--shortlist", default="", help="with --checkpoint: also run every row with "
+                   "this lexical shortlist (nmt.shortlist) on both sides")
+    args = p.parse_args()
+    if (args.input or args.shortlist) and not args.checkpoint:
+        p.error("--input and --shortlist need --checkpoint (a trained model's vocabulary)")
+    return args
 
 
 def token_names(V: int) -> list[str]:
@@ -70,41 +90,44 @@ class Row:
     search: str
     system: str  # "nmt" or the CTranslate2 compute type
     run: Callable[[], list[list[int]]]
+    shortlist: bool = False  # with the lexical shortlist (CTranslate2: use_vmap)
     seconds: float = float("inf")
     cpu: float = 0.0
     outputs: list[list[int]] | None = None
 
 
-def nmt_rows(model, src_ids: list[list[int]], args: argparse.Namespace) -> list[Row]:
-    """nmt: fp32, bf16 and int8, one process and workers."""
+def nmt_rows(model, vocab: dict, src_ids: list[list[int]], args: argparse.Namespace
+             ) -> list[Row]:
+    """nmt: each of --dtypes, one process and workers, without and with --shortlist."""
     rows = []
-    ids = {"bos_id": BOS_ID, "eos_id": EOS_ID, "pad_id": PAD_ID}
-    for dtype in ("fp32", "bf16", "int8"):
+    for dtype in args.dtypes.split(","):
         # Prepared once and its workers forked before timing, as nmt-translate does (and as
         # CTranslate2's Translator keeps its inter_threads workers).
-        translator = Translator([model], ids, dtype=dtype, workers=args.workers)
-        for name, beam in SEARCHES.items():
-            for workers in sorted({1, args.workers}):
-                search = SearchConfig(beam_size=beam, nbest=1, max_len_a=0.0,
-                                      max_len_b=args.out_len, min_len=args.out_len,
-                                      max_tokens=10 ** 9, max_sentences=args.batch,
-                                      dtype=dtype)
+        translator = Translator([model], vocab, dtype=dtype, workers=args.workers)
+        for (name, beam), workers, shortlist in itertools.product(
+                SEARCHES.items(), sorted({1, args.workers}), sorted({"", args.shortlist})):
+            search = SearchConfig(beam_size=beam, nbest=1, max_len_a=0.0,
+                                  max_len_b=args.out_len, min_len=args.out_len,
+                                  max_tokens=10 ** 9, max_sentences=args.batch, dtype=dtype,
+                                  shortlist=shortlist)
 
-                def run(search=search, workers=workers, translator=translator):
-                    # CTranslate2's intra_threads=1 sets the OpenMP thread count that torch
-                    # shares (a process of 2 threads then ran 1): set it back every time.
-                    torch.set_num_threads(args.threads)
-                    out = translator.translate_ids(src_ids, search, parallel=workers > 1)
-                    return [hyps[0].tokens for hyps in out]
+            def run(search=search, workers=workers, translator=translator):
+                # CTranslate2's intra_threads=1 sets the OpenMP thread count that torch
+                # shares (a process of 2 threads then ran 1): set it back every time.
+                torch.set_num_threads(args.threads)
+                out = translator.translate_ids(src_ids, search, parallel=workers > 1)
+                return [hyps[0].tokens for hyps in out]
 
-                procs = f"{workers} x 1" if workers > 1 else f"1 x {args.threads}"
-                rows.append(Row(f"nmt {dtype} {procs} thr", name, "nmt", run))
+            procs = f"{workers} x 1" if workers > 1 else f"1 x {args.threads}"
+            rows.append(Row(f"nmt {dtype} {procs} thr" + (" +sl" if shortlist else ""), name,
+                            "nmt", run, bool(shortlist)))
     return rows
 
 
 def ct2_rows(model_dir: str, src_tokens: list[list[str]], names: list[str],
              args: argparse.Namespace) -> list[Row]:
-    """CTranslate2 float32 and int8 with inter_threads x intra_threads."""
+    """CTranslate2 float32 and int8 with inter_threads x intra_threads, without and with its
+    vocabulary map (the shortlist's vmap.txt in model_dir)."""
     import ctranslate2
 
     ids = {name: i for i, name in enumerate(names)}
@@ -113,16 +136,17 @@ def ct2_rows(model_dir: str, src_tokens: list[list[str]], names: list[str],
         translator = ctranslate2.Translator(model_dir, device="cpu", compute_type=compute_type,
                                             inter_threads=args.inter_threads,
                                             intra_threads=args.intra_threads)
-        for name, beam in SEARCHES.items():
-            def run(translator=translator, beam=beam):
+        for (name, beam), vmap in itertools.product(SEARCHES.items(),
+                                                    sorted({False, bool(args.shortlist)})):
+            def run(translator=translator, beam=beam, vmap=vmap):
                 results = translator.translate_batch(
                     src_tokens, max_batch_size=args.batch, beam_size=beam,
                     min_decoding_length=args.out_len, max_decoding_length=args.out_len,
-                    suppress_sequences=[[names[PAD_ID]], [names[BOS_ID]]])
+                    suppress_sequences=[[names[PAD_ID]], [names[BOS_ID]]], use_vmap=vmap)
                 return [[ids[t] for t in r.hypotheses[0]] for r in results]
 
             label = f"ct2 {compute_type} {args.inter_threads} x {args.intra_threads} thr"
-            rows.append(Row(label, name, compute_type, run))
+            rows.append(Row(label + (" +vmap" if vmap else ""), name, compute_type, run, vmap))
     return rows
 
 
@@ -138,14 +162,36 @@ def time_row(row: Row, n: int, out_len: int) -> None:
 
 
 def report(rows: list[Row], n: int) -> None:
-    """One line per row: speed and its ratio to CTranslate2's float32 and int8 rows."""
-    ref = {(r.search, r.system): n / r.seconds for r in rows if r.system != "nmt"}
-    for r in sorted(rows, key=lambda r: list(SEARCHES).index(r.search)):  # stable: nmt first
+    """One line per row: speed and its ratio to CTranslate2's float32 and int8 rows of the
+    same search, with the shortlist when the row has it."""
+    ref = {(r.search, r.shortlist, r.system): n / r.seconds for r in rows if r.system != "nmt"}
+    order = sorted(rows, key=lambda r: (list(SEARCHES).index(r.search), r.shortlist))
+    for r in order:  # stable: nmt first
         speed = n / r.seconds
-        ratios = "  ".join(f"{speed / ref[r.search, ct]:5.2f}x ct2 {ct}"
-                           for ct in ("float32", "int8") if (r.search, ct) in ref)
-        print(f"{r.search:6s} {r.label:24s} {speed:8.1f} sentences/s  {ratios}  "
+        ratios = "  ".join(f"{speed / ref[key]:5.2f}x ct2 {ct}" + (" vmap" if r.shortlist else "")
+                           for ct in ("float32", "int8")
+                           if (key := (r.search, r.shortlist, ct)) in ref)
+        print(f"{r.search:6s} {r.label:28s} {speed:8.1f} sentences/s  {ratios}  "
               f"(cpu/wall {r.cpu / r.seconds:.2f})", flush=True)
+
+
+def workload(args: argparse.Namespace):
+    """The model (random, or --checkpoint's), its vocabulary entry, the token names of both
+    sides (CTranslate2's) and the source id lists (random, or --input's sentences)."""
+    if not args.checkpoint:
+        model, V = load_model(args)
+        names = token_names(V)
+        ids = {"bos_id": BOS_ID, "eos_id": EOS_ID, "pad_id": PAD_ID}
+        return model, ids, names, names, random_sources(args, V)
+    loaded = Translator.load(args.checkpoint, dtype=None)
+    src_ids = random_sources(args, loaded.vocab["src_size"])
+    if args.input:
+        lines = read_lines(args.input, "--input")[:args.sentences]
+        limit = loaded.model.cfg.max_positions - 1
+        src_ids = [ids[:limit] for ids in loaded.src_tok.encode(lines)]
+        args.sentences = len(src_ids)
+    return (loaded.model, loaded.vocab, pieces(loaded.src_tok), pieces(loaded.tgt_tok),
+            src_ids)
 
 
 def main() -> None:
@@ -159,28 +205,35 @@ def main() -> None:
     keep_freed_memory()  # as nmt-translate does
     import ctranslate2
 
-    model, V = load_model(args)
-    names = token_names(V)
-    src_ids = random_sources(args, V)
-    src_tokens = [[names[i] for i in seq] for seq in src_ids]
+    model, vocab, src_names, tgt_names, src_ids = workload(args)
+    src_tokens = [[src_names[i] for i in seq] for seq in src_ids]
+    lengths = [len(s) for s in src_ids]
+    mean = sum(lengths) / len(lengths)
     print(f"torch {torch.__version__}, ctranslate2 {ctranslate2.__version__}; {args.sentences} "
-          f"sentences x {args.src_len} tokens -> {args.out_len} tokens, batch {args.batch}, "
-          f"vocabulary {V}; best of {args.rounds} interleaved rounds; "
-          f"load average {os.getloadavg()[0]:.2f}", flush=True)
+          f"sentences of {min(lengths)}-{max(lengths)} tokens (mean {mean:.1f})"
+          f" -> {args.out_len} tokens, batch {args.batch}, vocabulary {len(tgt_names)}"
+          f"{', shortlist ' + args.shortlist if args.shortlist else ''}; best of {args.rounds} "
+          f"interleaved rounds; load average {os.getloadavg()[0]:.2f}", flush=True)
     with tempfile.TemporaryDirectory() as model_dir:
-        spec = ctranslate2_spec(model, names, names, SPECIALS)
+        spec = ctranslate2_spec(model, src_names, tgt_names, SPECIALS)
         spec.validate()
         spec.optimize()
         spec.save(model_dir)
-        rows = nmt_rows(model, src_ids, args) + ct2_rows(model_dir, src_tokens, names, args)
+        if args.shortlist:
+            table = load_shortlist(args.shortlist)
+            table.check(vocab.get("sha256"), len(tgt_names), "--checkpoint")
+            Path(model_dir, VMAP).write_text(vmap_text(table, src_names, tgt_names),
+                                             encoding="utf-8")
+        rows = (nmt_rows(model, vocab, src_ids, args)
+                + ct2_rows(model_dir, src_tokens, tgt_names, args))
         rows = [r for r in rows if all(w in f"{r.search} {r.label}"
                                        for w in args.only.split(",") if w)]
         for _ in range(args.rounds):
             for r in rows:
                 time_row(r, args.sentences, args.out_len)
     report(rows, args.sentences)
-    fp32 = {r.system: r.outputs for r in rows if r.search == "greedy" and
-            r.label.startswith(("nmt fp32 1 x", "ct2 float32"))}
+    fp32 = {r.system: r.outputs for r in rows if r.search == "greedy" and not r.shortlist
+            and r.label.startswith(("nmt fp32 1 x", "ct2 float32"))}
     if len(fp32) == 2:
         same = sum(a == b for a, b in zip(fp32["nmt"], fp32["float32"], strict=True))
         print(f"fp32 greedy outputs identical in nmt and CTranslate2: {same}/{args.sentences}")

@@ -60,6 +60,8 @@ def test_missing_model_names_what_to_add():
     ("optim.label_smoothing=-0.1", "optim.label_smoothing"),
     ("train.amp=fp8", "train.amp"),
     ("train.best_metric=bleu", "train.best_metric"),
+    ("optim.cooldown=1.0", "optim.cooldown"),
+    ("optim.cooldown=0.2", "optim.cooldown"),  # no budget: max_updates nor max_minutes
 ])
 def test_validation_names_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):

@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from nmt.config import OptimConfig
-from nmt.schedule import NoamSchedule, build_optimizer, noam_lr, noam_lr_tensor
+from nmt.schedule import (
+    NoamSchedule,
+    build_optimizer,
+    cooldown_factor,
+    noam_lr,
+    noam_lr_tensor,
+)
 
 
 @pytest.mark.parametrize("step", [1, 10, 3999, 4000, 4001, 100_000])
@@ -68,7 +74,7 @@ def test_a_skipped_update_leaves_the_rate_where_it_was(fused):
         schedule.step(torch.tensor(skip))
         assert torch.equal(model.weight.detach(), before) == skip
         applied += not skip
-    assert schedule.state_dict() == {"applied": 3}
+    assert schedule.state_dict() == {"applied": 3, "updates": 6, "cooldown": None}
     assert all(s["step"].item() == 3 for s in optimizer.state.values())
 
 
@@ -82,4 +88,37 @@ def test_the_schedule_resumes_from_its_state_and_from_an_older_lambdalr_state():
         schedule.load_state_dict(state)
         assert optimizer.param_groups[0]["lr"] is schedule.lr
         assert math.isclose(schedule.get_last_lr()[0], noam_lr(applied + 1, 16, 10))
-        assert schedule.state_dict() == {"applied": applied}
+        assert schedule.state_dict() == {"applied": applied, "updates": applied,
+                                         "cooldown": None}
+
+
+@pytest.mark.parametrize("update", [1, 5, 6, 7, 9, 10, 11, 50])
+def test_cooldown_factor_closed_form(update):
+    """Start 5, length 5: 1 through update 6, then 4/5 ... 1/5 at update 10, 0 after."""
+    expected = {7: 0.8, 9: 0.4, 10: 0.2, 11: 0.0, 50: 0.0}.get(update, 1.0)
+    assert math.isclose(cooldown_factor(update, 5, 5), expected, rel_tol=1e-12)
+
+
+def test_the_cooldown_multiplies_the_rate_counts_every_update_and_resumes():
+    """Skipped updates count for the cooldown (as for max_updates) but not for the Noam rate;
+    the cooldown's plan travels in the state."""
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0)
+    schedule = NoamSchedule(optimizer, 16, 10, 1.0)
+    for _ in range(3):
+        schedule.step()
+    schedule.start_cooldown(4)  # updates 4..7 decay; cooled after update 7
+    applied = 3
+    for update in range(4, 9):
+        assert math.isclose(schedule.get_last_lr()[0],
+                            noam_lr(applied + 1, 16, 10) * cooldown_factor(update, 3, 4))
+        assert schedule.cooled() == (update > 7)
+        skip = update == 5
+        schedule.step(torch.tensor(skip))
+        applied += not skip
+    assert schedule.get_last_lr()[0] == 0.0 and schedule.cooled()
+    state = schedule.state_dict()
+    assert state == {"applied": 7, "updates": 8, "cooldown": [3, 4]}
+    again = NoamSchedule(torch.optim.Adam(model.parameters(), lr=1.0), 16, 10, 1.0)
+    again.load_state_dict(state)
+    assert again.state_dict() == state and again.get_last_lr()[0] == 0.0

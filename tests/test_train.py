@@ -192,7 +192,7 @@ def test_a_skipped_update_leaves_the_schedule_and_resumes_bitwise(tiny_data_dir,
     train(config(tiny_data_dir, tmp_path / "resumed", "train.max_updates=6", *opts))
     a = load_checkpoint(tmp_path / "straight/checkpoint_last.pt")
     b = load_checkpoint(tmp_path / "resumed/checkpoint_last.pt")
-    assert a["update"] == 6 and a["scheduler"] == {"applied": 5}
+    assert a["update"] == 6 and a["scheduler"] == {"applied": 5, "updates": 6, "cooldown": None}
     assert all(s["step"].item() == 5 for s in a["optimizer"]["state"].values())
     cfg = config(tiny_data_dir, tmp_path, "train.max_updates=6").optim
     lr = a["optimizer"]["param_groups"][0]["lr"]
@@ -200,6 +200,71 @@ def test_a_skipped_update_leaves_the_schedule_and_resumes_bitwise(tiny_data_dir,
     assert a["scheduler"] == b["scheduler"] and a["iterator"] == b["iterator"]
     for key in ("model", "optimizer", "ema"):
         assert same_tensors(a[key], b[key]), key
+
+
+def test_a_cooldown_of_max_updates_ends_at_rate_zero_and_resumes_bitwise(tiny_data_dir,
+                                                                        tmp_path, monkeypatch):
+    """optim.cooldown=0.5 of 12 updates: the rate falls over updates 7-12 and is 0 after the
+    last; a run killed at update 9 (checkpoint at 5) and resumed ends bitwise as the straight
+    one."""
+    from nmt.schedule import cooldown_factor, noam_lr
+
+    opts = ["train.max_updates=12", "optim.cooldown=0.5", "train.save_interval_updates=5",
+            "train.valid_interval_updates=100"]
+    train(config(tiny_data_dir, tmp_path / "straight", *opts))
+    real_step = nmt.train.train_step
+
+    def crash_at_9(run, *args, **kwargs):
+        if run.update + 1 == 9:
+            raise RuntimeError("killed")
+        return real_step(run, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(nmt.train, "train_step", crash_at_9)
+        with pytest.raises(RuntimeError, match="killed"):
+            train(config(tiny_data_dir, tmp_path / "resumed", *opts))
+    train(config(tiny_data_dir, tmp_path / "resumed", *opts))
+    a = load_checkpoint(tmp_path / "straight/checkpoint_last.pt")
+    b = load_checkpoint(tmp_path / "resumed/checkpoint_last.pt")
+    assert a["update"] == 12 and a["scheduler"] == {"applied": 12, "updates": 12,
+                                                    "cooldown": [6, 6]}
+    assert a["optimizer"]["param_groups"][0]["lr"] == 0.0  # the rate an update 13 would get
+    cfg = config(tiny_data_dir, tmp_path, *opts).optim
+    ten = load_checkpoint(tmp_path / "straight/checkpoint_10.pt")["optimizer"]
+    assert math.isclose(ten["param_groups"][0]["lr"], noam_lr(11, 32, cfg.warmup, cfg.lr_factor)
+                        * cooldown_factor(11, 6, 6), rel_tol=1e-12)
+    assert a["scheduler"] == b["scheduler"] and a["iterator"] == b["iterator"]
+    for key in ("model", "optimizer"):
+        assert same_tensors(a[key], b[key]), key
+
+
+def test_a_timed_cooldown_starts_at_its_share_of_the_time(tiny_data_dir, tmp_path,
+                                                          monkeypatch):
+    """max_minutes 0.2 (12 s of a clock that ticks 1 s an update), cooldown 0.25: update 10
+    starts at 9 s, the share's end, so 10 updates took 3/4 of the time and the last 1/4 is
+    worth round(10 / 3) = 3 more: updates 11-13 cool down and training ends there."""
+    clock = {"now": 0.0}
+
+    class Clock:
+        @staticmethod
+        def monotonic() -> float:
+            return clock["now"]
+
+    real_step = nmt.train.train_step
+
+    def ticking_step(*args, **kwargs):
+        out = real_step(*args, **kwargs)
+        clock["now"] += 1.0
+        return out
+
+    monkeypatch.setattr(nmt.train, "time", Clock)
+    monkeypatch.setattr(nmt.train, "train_step", ticking_step)
+    out = train(config(tiny_data_dir, tmp_path / "run", "train.max_minutes=0.2",
+                       "optim.cooldown=0.25", "train.valid_interval_updates=100"))
+    assert out["update"] == 13 and "cooldown" in out["reason"], out
+    state = load_checkpoint(tmp_path / "run/checkpoint_last.pt")
+    assert state["scheduler"]["cooldown"] == [10, 3]
+    assert state["optimizer"]["param_groups"][0]["lr"] == 0.0
 
 
 def test_early_stopping_with_patience(tiny_data_dir, tmp_path, monkeypatch):
