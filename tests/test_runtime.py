@@ -1,6 +1,9 @@
 """nmt.runtime: the one device picker of every command, the usable cores, glibc malloc tuning."""
 
+import ctypes
 import os
+import subprocess
+import sys
 from unittest import mock
 
 import pytest
@@ -9,6 +12,7 @@ import torch
 from nmt import distributed, runtime
 from nmt.errors import NmtError
 from nmt.runtime import (
+    IDEEP_CACHE_CAPACITY,
     ONEDNN_CACHE_CAPACITY,
     cap_onednn_cache,
     keep_freed_memory,
@@ -73,13 +77,57 @@ def test_keep_freed_memory_defers_to_a_preloaded_allocator(monkeypatch):
     release_freed_memory()  # a no-op there, not an error
 
 
-def test_the_onednn_cache_is_capped_unless_the_environment_sets_it(monkeypatch):
-    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+def test_the_onednn_caches_are_capped_unless_the_environment_sets_them(monkeypatch):
+    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+        monkeypatch.delenv(name, raising=False)
     cap_onednn_cache()
     assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(ONEDNN_CACHE_CAPACITY)
+    assert os.environ["LRU_CACHE_CAPACITY"] == str(IDEEP_CACHE_CAPACITY)
     monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "1024")
+    monkeypatch.setenv("LRU_CACHE_CAPACITY", "512")
     cap_onednn_cache()
     assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "1024"
+    assert os.environ["LRU_CACHE_CAPACITY"] == "512"
+
+
+# bf16 autocast forward and backward of a (n, 256) x (256, 4000) layer for 150 distinct n (as
+# token-bucket batches bring); prints the growth of malloc's in-use bytes in MB
+GROWTH = """
+import ctypes, random, torch
+from nmt.runtime import cap_onednn_cache
+cap_onednn_cache()
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Info
+random.seed(0)
+torch.manual_seed(0)
+layer = torch.nn.Linear(256, 4000)
+def step(n):
+    x = torch.randn(n, 256, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+    y.float().sum().backward()
+for n in range(1000, 1010):
+    step(n)
+before = libc.mallinfo2().uordblks
+for n in random.sample(range(1010, 1700), 150):
+    step(n)
+print((libc.mallinfo2().uordblks - before) / 2 ** 20)
+"""
+
+
+@pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "mallinfo2"), reason="needs glibc >= 2.33")
+def test_capped_caches_do_not_grow_with_the_batch_shapes():
+    """With the caches capped (in a fresh process: they read the environment once), 150 new
+    batch shapes leave malloc's in-use memory within 40 MB (uncapped: ~0.9 MB a shape)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
+    out = subprocess.run([sys.executable, "-c", GROWTH], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert float(out.stdout) < 40, out.stdout
 
 
 def test_nccl_error_handling_is_set_unless_the_environment_sets_it(monkeypatch):
