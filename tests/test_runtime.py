@@ -97,8 +97,8 @@ import ctypes, random, torch
 from nmt.runtime import cap_onednn_cache
 cap_onednn_cache()
 class Info(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in
-                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena ordblks smblks hblks hblkhd usmblks "
+                                                "fsmblks uordblks fordblks keepcost").split()]
 libc = ctypes.CDLL("libc.so.6")
 libc.mallinfo2.restype = Info
 random.seed(0)
