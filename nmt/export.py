@@ -187,9 +187,8 @@ def write_ctranslate2(translator: Translator, out: Path, quantization: str = "",
     spec.optimize(quantization=quantization or None)
     spec.save(str(out))
     if shortlist:
-        table = load_shortlist(shortlist)
-        table.check(translator.vocab["sha256"], translator.vocab["tgt_size"], "the checkpoint")
-        (out / VMAP).write_text(vmap_text(table, src_pieces, tgt_pieces), encoding="utf-8")
+        write_vmap(out, shortlist, translator.vocab["sha256"], src_pieces, tgt_pieces,
+                   "the checkpoint")
     (out / "source.spm").write_bytes(translator.src_tok.proto)  # to tokenize as nmt does
     (out / "target.spm").write_bytes(translator.tgt_tok.proto)
     vocab = {k: v for k, v in translator.vocab.items() if not isinstance(v, bytes)}
@@ -197,6 +196,15 @@ def write_ctranslate2(translator: Translator, out: Path, quantization: str = "",
     (out / "nmt.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
     return (f"CTranslate2, {describe(translator)}, weights {quantization or 'float32'}"
             + (f", vocabulary map of {shortlist}" if shortlist else ""))
+
+
+def write_vmap(model_dir: Path, shortlist: str, vocab_sha256: str | None,
+               src_pieces: list[str], tgt_pieces: list[str], what: str) -> None:
+    """Write a shortlist file (nmt.shortlist) as CTranslate2's vocabulary map, model_dir/VMAP,
+    after checking it against the vocabulary of `what` (its sha256, None: size only)."""
+    table = load_shortlist(shortlist)
+    table.check(vocab_sha256, len(tgt_pieces), what)
+    (model_dir / VMAP).write_text(vmap_text(table, src_pieces, tgt_pieces), encoding="utf-8")
 
 
 # ----------------------------------------------------------------------------- transformers

@@ -15,8 +15,9 @@ the union over its sentences of their source pieces' lists, the fixed ones, and 
 forced prefixes and constraints, as in Marian and CTranslate2. So a sentence's translation may
 depend on its batch mates (batching changes outputs only through the shortlist). FastModel
 multiplies by those rows of the output projection only; log-softmax is over the candidates,
-and the search sees every other piece at log P = -inf. `write_vmap` writes the same lists as
-CTranslate2's vocabulary map (vmap.txt, translate_batch(use_vmap=True)).
+and the search sees every other piece at log P = -inf. `vmap_text` gives the same lists as
+CTranslate2's vocabulary map (vmap.txt, translate_batch(use_vmap=True)), which
+nmt.export.write_vmap writes.
 """
 
 from __future__ import annotations

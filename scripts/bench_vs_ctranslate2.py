@@ -43,10 +43,9 @@ import torch
 from bench_translate import add_workload_options, cpu_seconds, load_model, random_sources
 
 from nmt.config import SearchConfig
-from nmt.export import VMAP, ctranslate2_spec, pieces
+from nmt.export import ctranslate2_spec, pieces, write_vmap
 from nmt.files import read_lines
 from nmt.inference.translator import Translator
-from nmt.shortlist import load_shortlist, vmap_text
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIALS
 
 SEARCHES = {"greedy": 1, "beam4": 4}
@@ -184,12 +183,13 @@ def workload(args: argparse.Namespace):
         ids = {"bos_id": BOS_ID, "eos_id": EOS_ID, "pad_id": PAD_ID}
         return model, ids, names, names, random_sources(args, V)
     loaded = Translator.load(args.checkpoint, dtype=None)
-    src_ids = random_sources(args, loaded.vocab["src_size"])
     if args.input:
         lines = read_lines(args.input, "--input")[:args.sentences]
         limit = loaded.model.cfg.max_positions - 1
         src_ids = [ids[:limit] for ids in loaded.src_tok.encode(lines)]
         args.sentences = len(src_ids)
+    else:
+        src_ids = random_sources(args, loaded.vocab["src_size"])
     return (loaded.model, loaded.vocab, pieces(loaded.src_tok), pieces(loaded.tgt_tok),
             src_ids)
 
@@ -220,10 +220,8 @@ def main() -> None:
         spec.optimize()
         spec.save(model_dir)
         if args.shortlist:
-            table = load_shortlist(args.shortlist)
-            table.check(vocab.get("sha256"), len(tgt_names), "--checkpoint")
-            Path(model_dir, VMAP).write_text(vmap_text(table, src_names, tgt_names),
-                                             encoding="utf-8")
+            write_vmap(Path(model_dir), args.shortlist, vocab.get("sha256"), src_names,
+                       tgt_names, "--checkpoint")
         rows = (nmt_rows(model, vocab, src_ids, args)
                 + ct2_rows(model_dir, src_tokens, tgt_names, args))
         rows = [r for r in rows if all(w in f"{r.search} {r.label}"
