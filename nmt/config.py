@@ -84,6 +84,7 @@ def check_ct2_search(search: SearchConfig) -> None:
     _check(not search.alpha or search.beam_size == 1 or search.sampling, "search.alpha",
            "engine=ctranslate2 has no GNMT length penalty in beam search; use search.alpha=0 "
            "(or search.beam_size=1)")
+    _check(not search.epsilon, "search.epsilon", "engine=ctranslate2 has no epsilon sampling")
 
 
 # ----------------------------------------------------------------------------- model
@@ -181,6 +182,7 @@ class SearchConfig:
     temperature: float = 1.0  # sampling: softmax(log-probabilities / temperature)
     top_k: int = 0  # sampling: only from the top_k most probable tokens (0: all)
     top_p: float = 1.0  # sampling: only from the fewest best tokens of probability >= top_p
+    epsilon: float = 0.0  # sampling: never a token of probability below epsilon (0: off)
     seed: int = 1  # sampling: a line's samples depend on this seed and its line number only
     no_repeat_ngram_size: int = 0  # no n-gram of this many tokens twice in an output (0: off)
     dtype: str = "fp32"  # fp32, bf16, int8 (CPU), fp16 (CUDA); int8_float16/_bfloat16: CTranslate2
@@ -194,6 +196,7 @@ class SearchConfig:
                f"must be between 1 and beam_size ({self.beam_size}), got {self.nbest}")
         _check(self.temperature > 0, "search.temperature", f"must be > 0, got {self.temperature}")
         _check(0 < self.top_p <= 1, "search.top_p", f"must be in (0, 1], got {self.top_p}")
+        _check_prob(self.epsilon, "search.epsilon")
         _check(self.dtype in ("fp32", "bf16", "fp16", "int8", *CT2_ONLY_DTYPES), "search.dtype",
                f"must be fp32, bf16, fp16, int8, int8_float16 or int8_bfloat16, "
                f"got {self.dtype!r}")
