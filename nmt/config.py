@@ -454,6 +454,40 @@ class TrainConfig:
 
 
 # ----------------------------------------------------------------------------- translate
+MBR_UTILITIES = ("chrf", "bleu")  # nmt.inference.mbr.UTILITIES
+MBR_MAX_CANDIDATES = 32
+
+
+@dataclass
+class MbrConfig:
+    """nmt-translate's minimum Bayes risk selection (nmt.inference.mbr): of N candidates per
+    line, the one of highest expected utility against the others is written."""
+
+    candidates: int = 0  # N: search.sampling's N samples, else beam search's N-best (0: off)
+    utility: str = "chrf"  # chrf or bleu: sacreBLEU's sentence chrF or BLEU (effective order)
+    aggregate: bool = False  # chrf: against the others' mean n-gram counts, linear in N
+
+    def __post_init__(self) -> None:
+        _check(self.candidates == 0 or 2 <= self.candidates <= MBR_MAX_CANDIDATES,
+               "mbr.candidates", f"must be 0 (off) or 2 to {MBR_MAX_CANDIDATES}, "
+               f"got {self.candidates}")
+        _check(self.utility in MBR_UTILITIES, "mbr.utility",
+               f"must be {' or '.join(MBR_UTILITIES)}, got {self.utility!r}")
+        _check(not self.aggregate or self.utility == "chrf", "mbr.aggregate",
+               f"is chrF's reference aggregation: needs mbr.utility=chrf, not {self.utility}")
+
+
+@dataclass
+class RerankConfig:
+    """nmt-translate's reranking of search.nbest hypotheses: the one of highest forward
+    log P(Y|X) + reverse log P(X|Y) + length |Y| is written (nmt.inference.rerank)."""
+
+    model: str = ""  # a reverse (target-to-source) checkpoint: log P(X|Y) of each pair ("": off)
+    forward: float = 1.0  # weight of log P(Y|X), the translating model's
+    reverse: float = 1.0  # weight of log P(X|Y), the reverse model's
+    length: float = 0.0  # weight of |Y| in pieces, EOS counted (> 0: a bonus against short ones)
+
+
 @dataclass
 class TranslateConfig:
     """nmt-translate: a checkpoint and raw text in, detokenized translations out."""
@@ -482,6 +516,8 @@ class TranslateConfig:
     engine: str = "nmt"  # decode with "nmt" or "ctranslate2" (the checkpoint's export, cached)
     ct2_model: str = ""  # engine=ctranslate2: the export's folder ("": CHECKPOINT.ct2/ beside it)
     search: SearchConfig = field(default_factory=SearchConfig)
+    mbr: MbrConfig = field(default_factory=MbrConfig)  # choose among candidates by MBR
+    rerank: RerankConfig = field(default_factory=RerankConfig)  # or rerank the n-best
 
     @property
     def checkpoints(self) -> list[str]:
@@ -509,6 +545,21 @@ class TranslateConfig:
         _check_engine(self, len(self.checkpoints))
         _check(not self.attention_plot or self.engine == "nmt", "attention_plot",
                "needs engine=nmt")
+        _check_choice(self)
+
+
+def _check_choice(cfg: TranslateConfig) -> None:
+    """mbr and rerank: one choice at a time, among several candidates, of one written line."""
+    mbr, rerank = cfg.mbr.candidates, cfg.rerank.model
+    _check(not (mbr and rerank), "rerank.model", "not with mbr.candidates (one choice at a time)")
+    for key, on in (("mbr.candidates", mbr), ("rerank.model", rerank)):
+        _check(not (on and cfg.score_reference), key, "not with score_reference=true")
+    _check(not mbr or cfg.search.nbest == 1, "mbr.candidates",
+           f"writes one translation per line: leave search.nbest at 1, got {cfg.search.nbest}")
+    _check(not rerank or cfg.search.nbest >= 2, "rerank.model",
+           "needs an n-best to rerank: search.nbest >= 2 (and search.beam_size >= nbest)")
+    _check(not rerank or cfg.search.dtype not in CT2_ONLY_DTYPES, "rerank.model",
+           f"scores with engine=nmt, which has no search.dtype={cfg.search.dtype}")
 
 
 # ----------------------------------------------------------------------------- average

@@ -11,7 +11,8 @@ contain (lexically constrained beam search, nmt.inference.constrained). From a p
 terminal, lines are translated as they arrive; under torchrun the ranks share the lines and
 rank 0 writes them all. alignment=true adds to each output line the source-target links of its
 translation (nmt.align): a TAB-separated column after a translation or a scored pair, a fourth
-` ||| ` field of an n-best line.
+` ||| ` field of an n-best line. mbr.candidates=N or rerank.model=CKPT write, of each line's
+candidates, the one chosen by minimum Bayes risk or by reranking (nmt.inference.rerank).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from nmt.errors import NmtError
 from nmt.files import check_output, decode_line, read_lines, write_atomically
 from nmt.inference.constrained import missing_phrases
 from nmt.inference.ct2_engine import CT2Translator, open_translator
+from nmt.inference.rerank import Chooser, candidate_search
 from nmt.inference.search import Hypothesis
 from nmt.inference.translator import Translator
 from nmt.runtime import keep_freed_memory, usable_cores
@@ -174,6 +176,7 @@ class Session:
     name: str  # the input's name in messages
     refs: list[list[str]] | None  # ref=, refs=: reference streams (BLEU), or ref= targets
     phrases: list[list[str]] | None  # constraints=: per input line, its phrases
+    chooser: Chooser | None = None  # mbr=, rerank=: keeps one of each line's candidates
 
 
 @dataclass
@@ -196,6 +199,8 @@ def translate(cfg: TranslateConfig) -> dict:
         return run_all(session)
     finally:
         session.translator.close()
+        if session.chooser is not None:
+            session.chooser.close()
         if session.env.world_size > 1:
             distributed.shutdown()
 
@@ -225,12 +230,13 @@ def open_session(cfg: TranslateConfig) -> Session:
             check_vocab(translator, cfg.vocab_check, cfg.checkpoints[0])
         if cfg.alignment:
             check_layer(translator.model, cfg.alignment_layer)
+        chooser = Chooser.open(cfg, translator.tgt_tok, device, workers)
     except NmtError:
         translator.close()
         raise
     limit = min(cfg.max_input_tokens, translator.max_input_tokens)
     name = "<stdin>" if cfg.input == "-" else cfg.input
-    return Session(cfg, translator, env, limit, name, refs, phrases)
+    return Session(cfg, translator, env, limit, name, refs, phrases, chooser)
 
 
 def read_input(s: Session) -> list[str]:
@@ -313,11 +319,12 @@ def process(s: Session, lines: list[str], first: int, interactive: bool = False)
     mine = list(range(s.env.rank, len(lines), s.env.world_size))  # this rank's lines
     # A few arriving lines decode here: the workers' round trip would cost more than it saves.
     parallel = not interactive or len(mine) >= PARALLEL_LINES * tr.workers
-    hyps = gather(s, mine, run_search(s, [src_ids[i] for i in mine],
-                                      tgt_ids and [tgt_ids[i] for i in mine],
-                                      [first + i for i in mine], parallel, interactive,
-                                      phrases and [phrases[i] for i in mine]),
-                  len(lines))
+    found = run_search(s, [src_ids[i] for i in mine], tgt_ids and [tgt_ids[i] for i in mine],
+                       [first + i for i in mine], parallel, interactive,
+                       phrases and [phrases[i] for i in mine])
+    if s.chooser is not None:  # each rank chooses among its own lines' candidates
+        found = s.chooser.choose([sources[i] for i in mine], found)
+    hyps = gather(s, mine, found, len(lines))
     # Only rank 0 writes: the other ranks' output lines go unused and need no links.
     links = (alignments(s, src_ids, hyps) if cfg.alignment and s.env.is_main
              else [None] * len(hyps))
@@ -327,8 +334,9 @@ def process(s: Session, lines: list[str], first: int, interactive: bool = False)
     if phrases and not cfg.quiet and s.env.is_main:
         warn_missing(s, hyps, phrases, first)
     texts = [tr.tgt_tok.decode([h.tokens for h in hs]) for hs in hyps]
+    nbest = 1 if s.chooser is not None else cfg.search.nbest
     out = [line for i, (hs, t, a) in enumerate(zip(hyps, texts, links, strict=True))
-           for line in format_output(first + i, hs, t, cfg.search.nbest, a)]
+           for line in format_output(first + i, hs, t, nbest, a)]
     return Chunk(out, hyps, texts, src_ids)
 
 
@@ -417,9 +425,8 @@ def report(result: dict, refs: list[list[str]] | None, cfg: TranslateConfig) -> 
     n = len(result["nbest"])
     if not cfg.quiet:
         n_tok = sum(len(hyps[0].tokens) for hyps in result["nbest"])
-        how = "sampling" if cfg.search.sampling else f"beam {cfg.search.beam_size}"
         log(f"translated {n} lines in {seconds:.1f} s ({n / seconds:.1f} sentences/s, "
-            f"{n_tok / seconds:.0f} tokens/s; {how}, {cfg.search.dtype})")
+            f"{n_tok / seconds:.0f} tokens/s; {search_summary(cfg)}, {cfg.search.dtype})")
     if refs is not None and not n:
         log("no lines, nothing to score")
     elif refs is not None:
@@ -428,6 +435,18 @@ def report(result: dict, refs: list[list[str]] | None, cfg: TranslateConfig) -> 
         log(f"BLEU signature: {scores['bleu_signature']}")
         log(scores["chrf_line"])
         log(f"chrF signature: {scores['chrf_signature']}")
+
+
+def search_summary(cfg: TranslateConfig) -> str:
+    """How the translations were found, in a few words: "beam 4", "MBR chrf of 8 by sampling"."""
+    search = candidate_search(cfg.search, cfg.mbr)
+    how = "sampling" if search.sampling else f"beam {search.beam_size}"
+    if cfg.mbr.candidates:
+        aggregated = " aggregated" if cfg.mbr.aggregate else ""
+        return f"MBR {cfg.mbr.utility}{aggregated} of {cfg.mbr.candidates} by {how}"
+    if cfg.rerank.model:
+        return f"{search.nbest}-best of {how} reranked"
+    return how
 
 
 def run_search(s: Session, src_ids: list[list[int]], tgt_ids: list[list[int]] | None,
@@ -446,7 +465,8 @@ def run_search(s: Session, src_ids: list[list[int]], tgt_ids: list[list[int]] | 
         if cfg.score_reference:
             return [[h] for h in s.translator.score_ids(src_ids, tgt_ids, cfg.search, progress,
                                                         parallel)]
-        return s.translator.translate_ids(src_ids, cfg.search, tgt_ids, lines, progress,
+        search = s.chooser.search if s.chooser is not None else cfg.search
+        return s.translator.translate_ids(src_ids, search, tgt_ids, lines, progress,
                                           parallel, phrases)
     finally:
         if bar is not None:

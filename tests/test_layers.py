@@ -13,6 +13,7 @@ LAYERS = [
      "nmt.activation_checkpointing", "nmt.preemption", "nmt.corpus"},
     {"nmt.inference.fast", "nmt.inference.search", "nmt.inference.workers",
      "nmt.inference.translator", "nmt.inference.constrained", "nmt.inference.stepping",
+     "nmt.inference.mbr", "nmt.inference.rerank",
      "nmt.plot", "nmt.runlog", "nmt.align", "nmt.data", "nmt.shortlist"},
     {"nmt.inference.ct2_engine", "nmt.translate", "nmt.train", "nmt.preprocess", "nmt.export",
      "nmt.marian", "nmt.serve.batcher", "nmt.serve.app"},
