@@ -10,7 +10,7 @@ LAYERS = [
     {"nmt.errors", "nmt.config_errors", "nmt.config", "nmt.files", "nmt.runtime", "nmt.scoring"},
     {"nmt.model", "nmt.tokenizer", "nmt.private_ops", "nmt.checkpoint",
      "nmt.distributed", "nmt.loss", "nmt.schedule", "nmt.cpu_training",
-     "nmt.activation_checkpointing", "nmt.preemption", "nmt.corpus"},
+     "nmt.activation_checkpointing", "nmt.preemption", "nmt.stopping", "nmt.corpus"},
     {"nmt.inference.fast", "nmt.inference.search", "nmt.inference.workers",
      "nmt.inference.translator", "nmt.inference.constrained", "nmt.inference.stepping",
      "nmt.plot", "nmt.runlog", "nmt.align", "nmt.data", "nmt.shortlist"},
