@@ -137,7 +137,7 @@ class Stopping:
         that came as a finished run made its last validation or checkpoint is only logged."""
         if self.preempt.received is None:
             return
-        if stop is Stop.SIGNAL:
+        if not stop.finished:
             self.preempt.finish(update)
         else:
             log.warning("%s received after the run ended (%s): it is complete, nothing to "

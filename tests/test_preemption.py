@@ -6,6 +6,7 @@ bitwise equal to an uninterrupted run. A signal as a finished run ends changes n
 
 import json
 import os
+import re
 import signal
 import subprocess
 
@@ -99,6 +100,7 @@ def test_one_rank_signalled_both_stop_after_the_same_update(tiny_data_dir, tmp_p
         proc.kill()
         proc.wait()
     assert returncode != 0, stderr[-3000:]  # rank 1 was preempted: the job did not end
+    assert re.search(r"exitcode\s*:\s*143 ", stderr), stderr[-3000:]  # 128 + SIGTERM
     errors = [line for line in stderr.splitlines() if line.startswith("nmt-train: error:")]
     assert errors == ["nmt-train: error: stopped by SIGTERM after update 4; checkpoint_last.pt "
                       "written: run the same command to resume"], stderr[-3000:]
