@@ -16,7 +16,7 @@ LAYERS = [
      "nmt.plot", "nmt.runlog", "nmt.align", "nmt.data", "nmt.shortlist"},
     {"nmt.inference.ct2_engine", "nmt.translate", "nmt.train", "nmt.preprocess", "nmt.export",
      "nmt.marian", "nmt.serve.batcher", "nmt.serve.app"},
-    {"nmt.cli"},
+    {"nmt.cli", "nmt.gpu_sim"},  # the commands; the GPU simulation harness of tests and scripts
 ]
 
 
