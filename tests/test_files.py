@@ -86,9 +86,14 @@ def test_a_link_is_kept_and_the_file_it_leads_to_replaced(tmp_path):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/fd")
 def test_the_processs_open_files_are_written_into(tmp_path):
-    assert replaced_file("/dev/stdout") is None and replaced_file(f"/proc/self/fd/{0}") is None
     with open(tmp_path / "log", "w") as f:  # a descriptor on a regular file: not replaced
-        assert replaced_file(f"/dev/fd/{f.fileno()}") is None
+        (tmp_path / "link").symlink_to(f"/proc/self/fd/{f.fileno()}")
+        for path in (f"/proc/self/fd/{f.fileno()}", tmp_path / "link",
+                     *["/dev/stdout"] * os.path.lexists("/dev/stdout")):
+            assert replaced_file(path) is None, path
+        write_atomically(tmp_path / "link", "into the open file\n")
+    assert (tmp_path / "log").read_text() == "into the open file\n"
+    assert (tmp_path / "link").is_symlink()
 
 
 def test_remove_temporaries_deletes_what_killed_writes_left(tmp_path):
