@@ -81,7 +81,7 @@ def test_counts_in_chunks_are_a_plain_count(tmp_path, monkeypatch):
     assert c_tgt.tolist() == [want_t[t] for t in range(20)]
 
 
-def test_the_build_s_memory_is_bounded_whatever_the_lengths(tmp_path):
+def test_the_peak_memory_of_the_build_is_bounded_on_long_pairs(tmp_path):
     rng = np.random.default_rng(0)
     V, n, pieces = 512, 1000, 64  # 4M (source, target) products: 4 x PRODUCTS
     pairs = [(rng.permutation(V)[:pieces].tolist(), rng.permutation(V)[:pieces].tolist())
