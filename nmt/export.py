@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+import nmt
 from nmt.config import ExportConfig
 from nmt.errors import NmtError
 from nmt.files import check_out_dir, check_output, new_directory, sha256_file
@@ -165,10 +166,14 @@ def _ffn(spec, w: dict, name: str, norm: str) -> None:
 def export_key(checkpoint: str | Path, weights: str, compute_type: str,
                shortlist: str = "") -> dict:
     """What an export must match to stand for the checkpoint: its file's sha256, the weights
-    taken and the compute type (and the shortlist file's sha256, if one); engine=ctranslate2
-    (nmt.inference.ct2_engine) serves a cached export only if its nmt.json matches."""
+    taken, the compute type, the versions of nmt and CTranslate2 that wrote it (and the
+    shortlist file's sha256, if one); engine=ctranslate2 (nmt.inference.ct2_engine) serves a
+    cached export only if its nmt.json matches."""
+    import ctranslate2
+
     key = {"checkpoint_sha256": sha256_file(checkpoint), "weights": weights,
-           "compute_type": compute_type}
+           "compute_type": compute_type, "nmt_version": nmt.__version__,
+           "ctranslate2_version": ctranslate2.__version__}
     if shortlist:
         key["shortlist_sha256"] = sha256_file(shortlist)
     return key

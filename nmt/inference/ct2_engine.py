@@ -7,10 +7,15 @@ over a ctranslate2.Translator of the checkpoint's export (nmt.export.write_ctran
 
 The export is made once and cached beside the checkpoint, in CHECKPOINT.ct2/TYPE-WEIGHTS-SHA
 (TYPE: the compute type, WEIGHTS: auto, model or ema, SHA: the start of the checkpoint file's
-sha256), or in the directory ct2_model=DIR; the directory's nmt.json records that key, so a
-changed checkpoint_last.pt is exported again, never served stale. It is written in a
-temporary directory, then renamed into place; the older exports of the same checkpoint, type
-and weights beside it are removed.
+sha256), or in the directory ct2_model=DIR; the directory's nmt.json records that key and the
+versions of nmt and CTranslate2 that wrote it, so a changed checkpoint_last.pt, or an
+upgrade, is exported again, never served stale. Each export NAME has a lock, the file
+.NAME.lock beside it (flock): a process holds it while it checks, exports and loads the
+export, so processes exporting the same key at once export it once, and none replaces or
+removes an export that another is loading. It is written in a temporary directory, then
+renamed into place; temporaries that a killed export left are removed by the next export
+that finds their lock free, and the exports of the same type and weights of earlier
+checkpoints beside it too.
 
 How the search settings map (SearchConfig -> translate_batch):
     beam_size, nbest             beam_size, num_hypotheses (sampling: beam_size 1)
@@ -40,10 +45,15 @@ no_repeat_ngram_size, and beam search right after a forced prefix may pick other
 
 from __future__ import annotations
 
+import fcntl
 import importlib
 import json
+import os
+import re
 import shutil
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -61,6 +71,7 @@ INFO = "nmt.json"  # what an nmt export holds beside CTranslate2's files (nmt.ex
 MARKER = "config.json"  # every CTranslate2 model directory has one
 COMPUTE_TYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8",
                  "int8_float16": "int8_float16", "int8_bfloat16": "int8_bfloat16"}
+TEMPORARY = re.compile(r"\.(.+)\.(?:tmp|old)-\w+")  # nmt.files.new_directory's, of export NAME
 
 
 def open_translator(engine: str, checkpoints: list[str], device: torch.device,
@@ -96,10 +107,12 @@ def read_info(model_dir: Path) -> dict | None:
         return None
 
 
+@contextmanager
 def cached_export(checkpoint: str | Path, weights: str, compute_type: str,
-                  ct2_model: str = "", shortlist: str = "") -> Path:
+                  ct2_model: str = "", shortlist: str = "") -> Iterator[Path]:
     """The directory of the checkpoint's CTranslate2 export for this key, exported now if no
-    export there matches it (with a shortlist: CHECKPOINT.ct2/TYPE-WEIGHTS-SHA-vmapSHA)."""
+    export there matches it (with a shortlist: CHECKPOINT.ct2/TYPE-WEIGHTS-SHA-vmapSHA), held
+    locked for the block: no other process exports, replaces or removes it meanwhile."""
     checkpoint = Path(checkpoint)
     if not checkpoint.is_file():
         raise NmtError(f"{checkpoint}: checkpoint not found")
@@ -110,21 +123,33 @@ def cached_export(checkpoint: str | Path, weights: str, compute_type: str,
         vmap = f"-vmap{key['shortlist_sha256'][:8]}" if shortlist else ""
         out = checkpoint.with_name(checkpoint.name + ".ct2") / (
             f"{compute_type}-{weights}-{key['checkpoint_sha256'][:16]}{vmap}")
-    info = read_info(out)
-    if info is not None and all(info.get(k) == v for k, v in key.items()) and (
-            "shortlist_sha256" in info) == bool(shortlist):
-        return out
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        lock = _lock(out)
+    except OSError:  # a folder this process cannot write: its export is used as it is
+        lock = None
+    try:
+        if lock is not None:
+            _remove_temporaries(out, every=not ct2_model)
+        info = read_info(out)
+        if info is None or any(info.get(k) != v for k, v in key.items()) or (
+                "shortlist_sha256" in info) != bool(shortlist):
+            _export_here(checkpoint, out, key, shortlist)
+        if lock is not None and not ct2_model:  # earlier checkpoints' of this type, weights
+            _remove_older(out, f"{compute_type}-{weights}-", key["checkpoint_sha256"][:16])
+        yield out
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
+def _export_here(checkpoint: Path, out: Path, key: dict, shortlist: str) -> None:
+    """_export, with a one-line error where `out` cannot be written."""
     try:
         _export(checkpoint, out, key, shortlist)
     except OSError as e:
         raise NmtError(f"{out}: cannot write the CTranslate2 export ({e.strerror or e}); "
                        f"give ct2_model=DIR in a writable place") from None
-    if not ct2_model:  # earlier checkpoints' exports of this type and weights
-        for old in out.parent.glob(f"{compute_type}-{weights}-*"):
-            if not old.name.startswith(f"{compute_type}-{weights}-"
-                                       f"{key['checkpoint_sha256'][:16]}"):
-                shutil.rmtree(old, ignore_errors=True)
-    return out
 
 
 def _export(checkpoint: Path, out: Path, key: dict, shortlist: str = "") -> None:
@@ -133,6 +158,64 @@ def _export(checkpoint: Path, out: Path, key: dict, shortlist: str = "") -> None
     quantization = "" if key["compute_type"] == "float32" else key["compute_type"]
     with new_directory(out, True, MARKER, "CTranslate2 model directory") as tmp:
         write_ctranslate2(translator, tmp, quantization, key, shortlist)
+
+
+def _lock(out: Path, wait: bool = True) -> int | None:
+    """Take the lock of the export `out` (flock of the file .NAME.lock beside it): its file
+    descriptor (os.close releases it), or None where another process holds it and not wait.
+    A lock file removed with its export meanwhile is not the lock any more: taken anew."""
+    path = out.with_name(f".{out.name}.lock")
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        try:
+            held, now = os.fstat(fd), os.stat(path)
+            if (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino):
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+def _remove_unlocked(out: Path, *paths: Path) -> None:
+    """Remove `paths` (of the export `out`, or out itself) unless another process holds
+    out's lock; with the export gone, its lock file goes too."""
+    fd = _lock(out, wait=False)
+    if fd is None:
+        return
+    try:
+        for path in paths:
+            shutil.rmtree(path, ignore_errors=True)
+        if not out.exists():
+            out.with_name(f".{out.name}.lock").unlink(missing_ok=True)
+    finally:
+        os.close(fd)
+
+
+def _remove_temporaries(out: Path, every: bool) -> None:
+    """Remove the temporary directories (.NAME.tmp-*, .NAME.old-*) that killed exports left
+    beside `out`: its own (the caller holds its lock) and, every=True (the cache folder, which
+    only exports write), those of any NAME whose lock nobody holds."""
+    for entry in list(out.parent.iterdir()):
+        match = TEMPORARY.fullmatch(entry.name)
+        if match is None or match[1] != out.name and not every:
+            continue
+        if match[1] == out.name:
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            _remove_unlocked(out.with_name(match[1]), entry)
+
+
+def _remove_older(out: Path, prefix: str, sha: str) -> None:
+    """Remove the exports `prefix`* beside `out` of other checkpoints (not starting with
+    prefix + sha), unless a process holds one's lock (loading it)."""
+    for old in out.parent.glob(f"{prefix}*"):
+        if not old.name.startswith(prefix + sha):
+            _remove_unlocked(old, old)
 
 
 # ----------------------------------------------------------------------------- the engine
@@ -180,11 +263,11 @@ class CT2Translator:
         shortlist: search.shortlist, which the export then holds as vmap.txt."""
         _ctranslate2()
         compute_type = COMPUTE_TYPES[dtype]
-        model_dir = cached_export(checkpoint, weights, compute_type, ct2_model, shortlist)
         device = torch.device(device)
         if device.type == "cpu":
             threads = threads or max(1, usable_cores() // workers)
-        return cls(model_dir, device, compute_type, workers, threads, shortlist)
+        with cached_export(checkpoint, weights, compute_type, ct2_model, shortlist) as model_dir:
+            return cls(model_dir, device, compute_type, workers, threads, shortlist)
 
     @property
     def max_input_tokens(self) -> int:
