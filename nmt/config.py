@@ -15,6 +15,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from nmt.capabilities import ENGINES
 from nmt.config_errors import explain, extra_keys, unknown_key
 from nmt.errors import ConfigError
 
@@ -64,26 +65,18 @@ def check_search_device(dtype: str, device: str, key: str = "search.dtype",
 
 
 def _check_engine(cfg: object, checkpoints: int) -> None:
-    """engine and ct2_model of nmt-translate and nmt-serve: CTranslate2 runs one model."""
-    _check(cfg.engine in ("nmt", "ctranslate2"), "engine",
-           f"must be nmt or ctranslate2, got {cfg.engine!r}")
+    """engine and ct2_model of nmt-translate and nmt-serve, and what the engine cannot do
+    (nmt.capabilities)."""
+    _check(cfg.engine in ENGINES, "engine",
+           f"must be {' or '.join(ENGINES)}, got {cfg.engine!r}")
     _check(not cfg.ct2_model or cfg.engine == "ctranslate2", "ct2_model",
            "needs engine=ctranslate2")
-    _check(checkpoints == 1 or cfg.engine == "nmt", "checkpoint",
-           "engine=ctranslate2 translates with one model, not an ensemble (use engine=nmt)")
     check_search_device(cfg.search.dtype, cfg.device, engine=cfg.engine)
-    for key in ("constraints", "alignment"):
-        _check(not getattr(cfg, key, None) or cfg.engine == "nmt", key, "needs engine=nmt")
-    if cfg.engine == "ctranslate2":
-        check_ct2_search(cfg.search)
-
-
-def check_ct2_search(search: SearchConfig) -> None:
-    """What engine=ctranslate2 cannot run: GNMT's length penalty in beam search (CTranslate2
-    divides log P by |Y|^p; greedy search and sampling keep alpha, in the scores only)."""
-    _check(not search.alpha or search.beam_size == 1 or search.sampling, "search.alpha",
-           "engine=ctranslate2 has no GNMT length penalty in beam search; use search.alpha=0 "
-           "(or search.beam_size=1)")
+    can = ENGINES[cfg.engine]
+    can.check("checkpoint", checkpoints > 1)
+    for key in ("constraints", "alignment", "attention_plot", "continuous"):
+        can.check(key, getattr(cfg, key, None))
+    can.check_search(cfg.search)
 
 
 # ----------------------------------------------------------------------------- model
@@ -504,8 +497,6 @@ class TranslateConfig:
         _check(self.weights in ("auto", "model", "ema"), "weights",
                f"must be auto, model or ema, got {self.weights!r}")
         _check_engine(self, len(self.checkpoints))
-        _check(not self.attention_plot or self.engine == "nmt", "attention_plot",
-               "needs engine=nmt")
 
 
 # ----------------------------------------------------------------------------- average
@@ -609,8 +600,6 @@ class ServeConfig:
         _check(self.log_level in ("debug", "info", "warning", "error"), "log_level",
                f"must be debug, info, warning or error, got {self.log_level!r}")
         _check_engine(self, 1)
-        _check(not self.continuous or self.engine == "nmt", "continuous",
-               "needs engine=nmt (or set continuous=false)")
         _check(not self.continuous or not self.search.shortlist, "continuous",
                "needs search.shortlist='' (or set continuous=false)")
         _check(not self.continuous or not (self.search.sampling

@@ -23,7 +23,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -33,12 +32,11 @@ from nmt.config import TranslateConfig
 from nmt.errors import NmtError
 from nmt.files import check_output, decode_line, read_lines, write_atomically
 from nmt.inference.constrained import missing_phrases
-from nmt.inference.ct2_engine import CT2Translator, open_translator
+from nmt.inference.engine import Engine, check_vocab, open_translator
 from nmt.inference.search import Hypothesis
-from nmt.inference.translator import Translator
 from nmt.runtime import keep_freed_memory, usable_cores
 from nmt.scoring import score
-from nmt.tokenizer import Tokenizer, check_same_vocabulary
+from nmt.tokenizer import Tokenizer
 
 PROG = "nmt-translate"
 CHUNK_LINES = 1000  # interactive input: lines translated together at most
@@ -48,22 +46,6 @@ PARALLEL_LINES = 32  # interactive input: fewer lines per worker than this use o
 def log(message: str) -> None:
     """One line on stderr (stdout is for translations)."""
     print(f"{PROG}: {message}", file=sys.stderr, flush=True)
-
-
-# ----------------------------------------------------------------------------- the model
-def check_vocab(translator: Translator | CT2Translator, against: str, checkpoint: str) -> None:
-    """vocab_check=...: a data directory, its manifest.json or a .model file must match."""
-    path = Path(against)
-    if path.suffix == ".model":
-        theirs, ours = Tokenizer.from_file(path).sha256, translator.src_tok.sha256
-    else:
-        from nmt.data import MANIFEST, read_manifest
-
-        manifest = read_manifest(path.parent if path.name == MANIFEST else path)
-        if "vocab_sha256" not in manifest:
-            raise NmtError(f"{path}: manifest has no vocab_sha256")
-        theirs, ours = manifest["vocab_sha256"], translator.vocab["sha256"]
-    check_same_vocabulary(ours, theirs, checkpoint, str(path))
 
 
 # ----------------------------------------------------------------------------- text in and out
@@ -168,7 +150,7 @@ class Session:
     """What translating or scoring any chunk of the input needs."""
 
     cfg: TranslateConfig
-    translator: Translator | CT2Translator  # the model(s), prepared, with its workers
+    translator: Engine  # the model(s), prepared, with its workers
     env: distributed.DistInfo  # this rank under torchrun
     limit: int  # tokens kept of a source, prefix or target
     name: str  # the input's name in messages
@@ -337,9 +319,9 @@ def alignments(s: Session, src_ids: list[list[int]],
     """Per input line, the Pharaoh links of each of its hypotheses (the first model's
     attention, for an ensemble), aligned in batches of search.max_tokens."""
     pairs = [(src, h.tokens) for src, hyps in zip(src_ids, nbest, strict=True) for h in hyps]
-    links = iter(map(pharaoh, align(s.translator.model, [p[0] for p in pairs],
-                                    [p[1] for p in pairs], s.translator.specials,
-                                    s.cfg.alignment_layer, s.cfg.search.max_tokens)))
+    links = iter(map(pharaoh, align(s.translator, [p[0] for p in pairs],
+                                    [p[1] for p in pairs], s.cfg.alignment_layer,
+                                    s.cfg.search.max_tokens)))
     return [[next(links) for _ in hyps] for hyps in nbest]
 
 

@@ -16,11 +16,12 @@ from test_export import DATA, MAX_LEN, bundled_sentences, varied_checkpoint
 from test_serve import Server
 
 import nmt
-import nmt.inference.ct2_engine as engine
+import nmt.inference.ct2_export as ct2_export
 from nmt.config import SearchConfig, TranslateConfig, compose, to_object
 from nmt.errors import ConfigError, NmtError
 from nmt.files import read_lines
-from nmt.inference.ct2_engine import CT2Translator, cached_export, read_info
+from nmt.inference.ct2_engine import CT2Translator
+from nmt.inference.ct2_export import cached_export, read_info
 from nmt.inference.translator import Translator
 from nmt.tokenizer import train_bpe
 from nmt.translate import translate
@@ -106,6 +107,33 @@ def test_unsupported_settings_are_one_line_config_errors(ckpt, engines, tmp_path
     assert not (tmp_path / "m").exists()
 
 
+def test_what_ctranslate2_cannot_do_is_refused_by_its_capabilities(ckpt, engines):
+    _, ct, src = engines
+    assert ct.capabilities.shortlist == "" and not ct.capabilities.attention
+    with pytest.raises(ConfigError, match="^constraints: engine=ctranslate2 has no lexical"):
+        ct.translate_ids(src[:1], SearchConfig(), constraints=[[[5]]])
+    with pytest.raises(ConfigError, match="^attention: engine=ctranslate2 does not return"):
+        ct.attention(src[:1], [[5]])
+    with pytest.raises(ConfigError, match="^continuous: engine=ctranslate2 has no continuous"):
+        ct.stepper()
+    with pytest.raises(ConfigError, match="^search.shortlist: engine=ctranslate2 loaded no "):
+        ct.translate_ids(src[:1], SearchConfig(beam_size=1, shortlist="s.tsv"))
+    with pytest.raises(ConfigError, match="^checkpoint: engine=ctranslate2 translates with one"):
+        CT2Translator.load([ckpt, ckpt])
+
+
+def test_submitted_batches_go_to_ctranslate2s_own_threads(ckpt, engines):
+    """submit hands a batch to CTranslate2's inter_threads (workers) at once; the engine's
+    one waiting thread turns the answers into nmt's hypotheses."""
+    _, one, src = engines
+    search = SearchConfig(beam_size=1, max_len_a=0.0, max_len_b=MAX_LEN)
+    with CT2Translator.load(ckpt, workers=2, threads=1) as ct:
+        assert ct.ct2.num_translators == 2 and ct.pool.workers == 1 and not ct.pool.processes
+        futures = [ct.submit(search, src[i::2]) for i in range(2)]
+        got = [f.result(timeout=60) for f in futures]
+    assert tokens(got[0] + got[1]) == tokens(one.translate_ids(src[0::2] + src[1::2], search))
+
+
 def export_dir(*args) -> Path:
     """cached_export's directory (its lock released)."""
     with cached_export(*args) as out:
@@ -114,9 +142,9 @@ def export_dir(*args) -> Path:
 
 @pytest.fixture
 def exports(monkeypatch) -> list:
-    """The calls of engine._export (each one export made), in this process."""
-    calls, real = [], engine._export
-    monkeypatch.setattr(engine, "_export", lambda *a: calls.append(a) or real(*a))
+    """The calls of ct2_export._export (each one export made), in this process."""
+    calls, real = [], ct2_export._export
+    monkeypatch.setattr(ct2_export, "_export", lambda *a: calls.append(a) or real(*a))
     return calls
 
 
@@ -159,7 +187,7 @@ def _load_in_child(ckpt: Path, first: bool, log: Path, exporting, waiting, resul
     """In a forked process: CT2Translator.load and one translation. The first process, once
     exporting, lets the second start and waits until it is blocked on the lock (or, without
     one, exporting too) before it goes on; each export is logged."""
-    real_export, real_lock = engine._export, getattr(engine, "_lock", None)
+    real_export, real_lock = ct2_export._export, ct2_export._lock
 
     def export(*args):
         with open(log, "a") as f:
@@ -176,7 +204,7 @@ def _load_in_child(ckpt: Path, first: bool, log: Path, exporting, waiting, resul
             waiting.set()  # about to block: the first holds the lock
         return real_lock(out, wait)
 
-    engine._export, engine._lock = export, lock
+    ct2_export._export, ct2_export._lock = export, lock
     if not first:
         exporting.wait(30)
     with CT2Translator.load(ckpt, threads=1) as ct:
@@ -207,7 +235,7 @@ def _killed_midway(ckpt: Path, writing) -> None:
         writing.set()
         threading.Event().wait()
 
-    engine.write_ctranslate2 = write
+    ct2_export.write_ctranslate2 = write
     export_dir(ckpt, "auto", "float32")
 
 
@@ -235,7 +263,7 @@ def test_what_another_process_holds_locked_is_left_alone(joint, tmp_path):
     writing = first.with_name("float32-auto-0123456789abcdef")
     temporary = first.with_name(f".{writing.name}.tmp-x1y2")
     temporary.mkdir()
-    held = [engine._lock(first), engine._lock(writing)]  # as another process would
+    held = [ct2_export._lock(first), ct2_export._lock(writing)]  # as another process would
     varied_checkpoint(ckpt, joint, joint, "post", seed=1)
     second = export_dir(ckpt, "auto", "float32")
     assert first.exists() and temporary.exists()
@@ -251,7 +279,7 @@ def test_an_nmt_export_directory_is_used_as_it_is(ckpt, tmp_path, monkeypatch):
     from nmt.export import export
 
     export(ExportConfig(checkpoint=str(ckpt), output=str(tmp_path / "m"), quantization="int8"))
-    monkeypatch.setattr(engine, "_export", lambda *a: pytest.fail("exported again"))
+    monkeypatch.setattr(ct2_export, "_export", lambda *a: pytest.fail("exported again"))
     with CT2Translator.load(ckpt, dtype="int8", ct2_model=str(tmp_path / "m"), threads=1) as ct:
         out = ct.translate_ids([[5, 6, 7]], SearchConfig(beam_size=1, max_len_a=0, max_len_b=4))
     assert len(out[0][0].tokens) <= 4

@@ -1,5 +1,7 @@
 """The package layout shows the architecture: no import circle, no import from a lower layer
-back up, and the batcher of nmt-serve needs neither FastAPI nor torch."""
+back up, the batcher of nmt-serve needs neither FastAPI nor torch, the engines sit behind one
+interface (nmt.inference.engine) without importing each other or the export, and no command
+borrows from another."""
 
 import ast
 from pathlib import Path
@@ -7,17 +9,26 @@ from pathlib import Path
 NMT = Path(__file__).resolve().parents[1] / "nmt"
 # Lower layers first; a module may import its own layer and the layers before it.
 LAYERS = [
-    {"nmt.errors", "nmt.config_errors", "nmt.config", "nmt.files", "nmt.runtime", "nmt.scoring"},
+    {"nmt.errors", "nmt.config_errors", "nmt.capabilities", "nmt.config", "nmt.files",
+     "nmt.runtime", "nmt.scoring"},
     {"nmt.model", "nmt.tokenizer", "nmt.private_ops", "nmt.checkpoint",
      "nmt.distributed", "nmt.loss", "nmt.schedule", "nmt.cpu_training",
      "nmt.activation_checkpointing", "nmt.preemption", "nmt.corpus"},
     {"nmt.inference.fast", "nmt.inference.search", "nmt.inference.workers",
-     "nmt.inference.translator", "nmt.inference.constrained", "nmt.inference.stepping",
-     "nmt.plot", "nmt.runlog", "nmt.align", "nmt.data", "nmt.shortlist"},
-    {"nmt.inference.ct2_engine", "nmt.translate", "nmt.train", "nmt.preprocess", "nmt.export",
-     "nmt.marian", "nmt.serve.batcher", "nmt.serve.app"},
+     "nmt.inference.constrained", "nmt.inference.stepping", "nmt.inference.loading",
+     "nmt.plot", "nmt.runlog", "nmt.data", "nmt.shortlist"},
+    {"nmt.inference.translator", "nmt.inference.ct2_export"},  # the engines, the export
+    {"nmt.inference.ct2_engine"},
+    {"nmt.inference.engine"},  # the interface and open_translator
+    {"nmt.align", "nmt.translate", "nmt.train", "nmt.preprocess", "nmt.export", "nmt.marian",
+     "nmt.serve.batcher", "nmt.serve.app"},
     {"nmt.cli"},
 ]
+# The commands' modules: none imports another (what two need lives below both).
+COMMANDS = {"nmt.translate", "nmt.train", "nmt.preprocess", "nmt.export", "nmt.marian",
+            "nmt.serve.app"}
+# The engines and the CTranslate2 export: none imports another, nor nmt-export's module.
+ENGINES = {"nmt.inference.translator", "nmt.inference.ct2_engine", "nmt.inference.ct2_export"}
 
 
 def module_name(path: Path) -> str:
@@ -77,3 +88,45 @@ def test_the_batcher_needs_neither_fastapi_nor_torch():
     used = {name.split(".")[0] for name in imports(NMT / "serve" / "batcher.py")
             if not name.startswith("nmt.")}
     assert not used & {"torch", "fastapi", "pydantic", "starlette"}
+
+
+def test_no_command_imports_another():
+    g = graph()
+    assert {(m, i) for m in COMMANDS for i in g[m] if i in COMMANDS} == set()
+
+
+def test_the_engines_and_the_export_do_not_import_each_other():
+    g = graph()
+    ct2_export = {"nmt.inference.ct2_export"}
+    allowed = {"nmt.inference.ct2_engine": ct2_export}  # its cache
+    assert {(m, i) for m in ENGINES for i in g[m]
+            if i in ENGINES | {"nmt.export", "nmt.inference.engine"}
+            and i not in allowed.get(m, set())} == set()
+
+
+def test_decoding_outside_the_inference_package_goes_through_the_interface():
+    """The commands, alignments and plots reach an engine through nmt.inference.engine
+    (nmt-train's validation decodes with nmt's own Translator), and open_translator is
+    defined there only."""
+    g = graph()
+    direct = {"nmt.inference.translator", "nmt.inference.ct2_engine"}
+    users = {m for m in g if not m.startswith("nmt.inference") and m != "nmt.train"}
+    assert {(m, i) for m in users for i in g[m] if i in direct} == set()
+    defines = [p for p in NMT.rglob("*.py") if "configs" not in p.parts and any(
+        isinstance(node, ast.FunctionDef) and node.name == "open_translator"
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))))]
+    assert [module_name(p) for p in defines] == ["nmt.inference.engine"]
+
+
+def test_both_engines_have_every_method_of_the_interface():
+    from nmt.inference.ct2_engine import CT2Translator
+    from nmt.inference.engine import Engine
+    from nmt.inference.translator import Translator
+
+    methods = {name for name, value in vars(Engine).items()
+               if callable(value) or isinstance(value, property)} - set(vars(object))
+    assert methods >= {"translate_ids", "score_ids", "submit", "close", "max_input_tokens"}
+    for engine in (Translator, CT2Translator):
+        assert [m for m in sorted(methods | {"load", "__enter__", "__exit__"})
+                if not hasattr(engine, m)] == []
+    assert not hasattr(Translator, "check_search")  # refusals: capabilities

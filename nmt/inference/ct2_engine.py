@@ -1,21 +1,12 @@
 """engine=ctranslate2: nmt-translate and nmt-serve decode with CTranslate2.
 
-`open_translator` is the one switch: engine=nmt gives nmt's Translator, engine=ctranslate2 a
-CT2Translator, which offers the same decoding interface (translate_ids, score_ids, submit,
-check_search, close; src_tok, tgt_tok, specials, vocab, device, workers, max_input_tokens)
-over a ctranslate2.Translator of the checkpoint's export (nmt.export.write_ctranslate2).
-
-The export is made once and cached beside the checkpoint, in CHECKPOINT.ct2/TYPE-WEIGHTS-SHA
-(TYPE: the compute type, WEIGHTS: auto, model or ema, SHA: the start of the checkpoint file's
-sha256), or in the directory ct2_model=DIR; the directory's nmt.json records that key and the
-versions of nmt and CTranslate2 that wrote it, so a changed checkpoint_last.pt, or an
-upgrade, is exported again, never served stale. Each export NAME has a lock, the file
-.NAME.lock beside it (flock): a process holds it while it checks, exports and loads the
-export, so processes exporting the same key at once export it once, and none replaces or
-removes an export that another is loading. It is written in a temporary directory, then
-renamed into place; temporaries that a killed export left are removed by the next export
-that finds their lock free, and the exports of the same type and weights of earlier
-checkpoints beside it too.
+CT2Translator is the engine interface of nmt.inference.engine (translate_ids, score_ids,
+submit, close, capabilities; src_tok, tgt_tok, specials, vocab, device, workers,
+max_input_tokens) over a ctranslate2.Translator of the checkpoint's export, made once and
+cached beside the checkpoint (nmt.inference.ct2_export). Its parallelism is CTranslate2's
+own: `workers` inter_threads translate the batches of a call, or of nmt-serve's submitted
+batches, side by side (submit hands them to CTranslate2 at once; one waiting thread turns
+the answers into Hypotheses as they come).
 
 How the search settings map (SearchConfig -> translate_batch):
     beam_size, nbest             beam_size, num_hypotheses (sampling: beam_size 1)
@@ -45,47 +36,24 @@ no_repeat_ngram_size, and beam search right after a forced prefix may pick other
 
 from __future__ import annotations
 
-import fcntl
+import dataclasses
 import importlib
-import json
-import os
-import re
-import shutil
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from concurrent.futures import Future
 from pathlib import Path
 
 import torch
 
-from nmt.config import SearchConfig, check_ct2_search, check_search_device
-from nmt.errors import ConfigError, NmtError
-from nmt.export import export_key, write_ctranslate2
-from nmt.files import new_directory
+from nmt.capabilities import ENGINES
+from nmt.config import SearchConfig
+from nmt.errors import NmtError
+from nmt.inference.ct2_export import INFO, VMAP, cached_export, pieces, read_info
 from nmt.inference.search import Hypothesis, length_penalty, max_output_lengths
-from nmt.inference.translator import Translator
+from nmt.inference.workers import WorkerPool
 from nmt.runtime import usable_cores
 from nmt.tokenizer import Tokenizer
 
-INFO = "nmt.json"  # what an nmt export holds beside CTranslate2's files (nmt.export)
-MARKER = "config.json"  # every CTranslate2 model directory has one
 COMPUTE_TYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8",
                  "int8_float16": "int8_float16", "int8_bfloat16": "int8_bfloat16"}
-TEMPORARY = re.compile(r"\.(.+)\.(?:tmp|old)-\w+")  # nmt.files.new_directory's, of export NAME
-
-
-def open_translator(engine: str, checkpoints: list[str], device: torch.device,
-                    weights: str = "auto", dtype: str = "fp32", workers: int = 1,
-                    threads: int = 0, ct2_model: str = "", shortlist: str = ""):
-    """The Translator of engine=nmt, or the CT2Translator of engine=ctranslate2 (one
-    checkpoint; search.dtype checked against the device for the engine first; shortlist:
-    search.shortlist, which CTranslate2's export must hold)."""
-    check_search_device(dtype, device.type, engine=engine)
-    if engine == "nmt":
-        return Translator.load(checkpoints, device, weights, dtype=dtype, workers=workers,
-                               threads=threads)
-    return CT2Translator.load(checkpoints[0], device, weights, dtype, workers, threads,
-                              ct2_model, shortlist)
 
 
 def _ctranslate2():
@@ -97,130 +65,9 @@ def _ctranslate2():
                        "pip install 'nmt[ctranslate2]'") from None
 
 
-# ----------------------------------------------------------------------------- the cache
-def read_info(model_dir: Path) -> dict | None:
-    """An nmt export's nmt.json (key, vocab entry without the SentencePiece models,
-    max_positions), or None where there is none."""
-    try:
-        return json.loads((model_dir / INFO).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
-@contextmanager
-def cached_export(checkpoint: str | Path, weights: str, compute_type: str,
-                  ct2_model: str = "", shortlist: str = "") -> Iterator[Path]:
-    """The directory of the checkpoint's CTranslate2 export for this key, exported now if no
-    export there matches it (with a shortlist: CHECKPOINT.ct2/TYPE-WEIGHTS-SHA-vmapSHA), held
-    locked for the block: no other process exports, replaces or removes it meanwhile."""
-    checkpoint = Path(checkpoint)
-    if not checkpoint.is_file():
-        raise NmtError(f"{checkpoint}: checkpoint not found")
-    key = export_key(checkpoint, weights, compute_type, shortlist)
-    if ct2_model:
-        out = Path(ct2_model)
-    else:
-        vmap = f"-vmap{key['shortlist_sha256'][:8]}" if shortlist else ""
-        out = checkpoint.with_name(checkpoint.name + ".ct2") / (
-            f"{compute_type}-{weights}-{key['checkpoint_sha256'][:16]}{vmap}")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        lock = _lock(out)
-    except OSError:  # a folder this process cannot write: its export is used as it is
-        lock = None
-    try:
-        if lock is not None:
-            _remove_temporaries(out, every=not ct2_model)
-        info = read_info(out)
-        if info is None or any(info.get(k) != v for k, v in key.items()) or (
-                "shortlist_sha256" in info) != bool(shortlist):
-            _export_here(checkpoint, out, key, shortlist)
-        if lock is not None and not ct2_model:  # earlier checkpoints' of this type, weights
-            _remove_older(out, f"{compute_type}-{weights}-", key["checkpoint_sha256"][:16])
-        yield out
-    finally:
-        if lock is not None:
-            os.close(lock)
-
-
-def _export_here(checkpoint: Path, out: Path, key: dict, shortlist: str) -> None:
-    """_export, with a one-line error where `out` cannot be written."""
-    try:
-        _export(checkpoint, out, key, shortlist)
-    except OSError as e:
-        raise NmtError(f"{out}: cannot write the CTranslate2 export ({e.strerror or e}); "
-                       f"give ct2_model=DIR in a writable place") from None
-
-
-def _export(checkpoint: Path, out: Path, key: dict, shortlist: str = "") -> None:
-    """Export the checkpoint into `out` atomically (an earlier export there is replaced)."""
-    translator = Translator.load(checkpoint, weights=key["weights"], dtype=None)
-    quantization = "" if key["compute_type"] == "float32" else key["compute_type"]
-    with new_directory(out, True, MARKER, "CTranslate2 model directory") as tmp:
-        write_ctranslate2(translator, tmp, quantization, key, shortlist)
-
-
-def _lock(out: Path, wait: bool = True) -> int | None:
-    """Take the lock of the export `out` (flock of the file .NAME.lock beside it): its file
-    descriptor (os.close releases it), or None where another process holds it and not wait.
-    A lock file removed with its export meanwhile is not the lock any more: taken anew."""
-    path = out.with_name(f".{out.name}.lock")
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        try:
-            held, now = os.fstat(fd), os.stat(path)
-            if (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino):
-                return fd
-        except FileNotFoundError:
-            pass
-        os.close(fd)
-
-
-def _remove_unlocked(out: Path, *paths: Path) -> None:
-    """Remove `paths` (of the export `out`, or out itself) unless another process holds
-    out's lock; with the export gone, its lock file goes too."""
-    fd = _lock(out, wait=False)
-    if fd is None:
-        return
-    try:
-        for path in paths:
-            shutil.rmtree(path, ignore_errors=True)
-        if not out.exists():
-            out.with_name(f".{out.name}.lock").unlink(missing_ok=True)
-    finally:
-        os.close(fd)
-
-
-def _remove_temporaries(out: Path, every: bool) -> None:
-    """Remove the temporary directories (.NAME.tmp-*, .NAME.old-*) that killed exports left
-    beside `out`: its own (the caller holds its lock) and, every=True (the cache folder, which
-    only exports write), those of any NAME whose lock nobody holds."""
-    for entry in list(out.parent.iterdir()):
-        match = TEMPORARY.fullmatch(entry.name)
-        if match is None or match[1] != out.name and not every:
-            continue
-        if match[1] == out.name:
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            _remove_unlocked(out.with_name(match[1]), entry)
-
-
-def _remove_older(out: Path, prefix: str, sha: str) -> None:
-    """Remove the exports `prefix`* beside `out` of other checkpoints (not starting with
-    prefix + sha), unless a process holds one's lock (loading it)."""
-    for old in out.parent.glob(f"{prefix}*"):
-        if not old.name.startswith(prefix + sha):
-            _remove_unlocked(old, old)
-
-
 # ----------------------------------------------------------------------------- the engine
 class CT2Translator:
-    """A CTranslate2 model with the Translator's decoding interface: id lists in,
+    """A CTranslate2 model with the engine interface (nmt.inference.engine): id lists in,
     Hypothesis lists out (see the module's docstring for how the search settings map)."""
 
     def __init__(self, model_dir: str | Path, device: torch.device | str = "cpu",
@@ -238,29 +85,32 @@ class CT2Translator:
             raise NmtError(f"search.dtype: CTranslate2 has no {compute_type} on this "
                            f"{self.device.type} (it has {', '.join(sorted(supported))})")
         self.vocab, self.max_positions = info["vocab"], info["max_positions"]
-        if shortlist and not (model_dir / "vmap.txt").is_file():
-            raise NmtError(f"{model_dir}: no vmap.txt for search.shortlist={shortlist} "
+        if shortlist and not (model_dir / VMAP).is_file():
+            raise NmtError(f"{model_dir}: no {VMAP} for search.shortlist={shortlist} "
                            f"(nmt-export shortlist=FILE writes it)")
-        self.shortlist = shortlist
+        self.capabilities = dataclasses.replace(ENGINES["ctranslate2"], shortlist=shortlist)
         self.src_tok = Tokenizer((model_dir / "source.spm").read_bytes())
         self.tgt_tok = Tokenizer((model_dir / "target.spm").read_bytes())
         self.specials, self.workers = self.tgt_tok.specials, workers
-        self._src_pieces = [self.src_tok.sp.id_to_piece(i) for i in range(self.src_tok.vocab_size)]
-        self._tgt_pieces = [self.tgt_tok.sp.id_to_piece(i) for i in range(self.tgt_tok.vocab_size)]
+        self._src_pieces, self._tgt_pieces = pieces(self.src_tok), pieces(self.tgt_tok)
         self._tgt_ids = {piece: i for i, piece in enumerate(self._tgt_pieces)}
         self.ct2 = ct2.Translator(str(model_dir), self.device.type,
                                   device_index=self.device.index or 0,
                                   compute_type=compute_type, inter_threads=workers,
                                   intra_threads=threads)
-        self._threads: ThreadPoolExecutor | None = None
+        self.pool = WorkerPool(1, self, processes=False)  # submit's waiting thread
 
     @classmethod
-    def load(cls, checkpoint: str | Path, device: torch.device | str = "cpu",
+    def load(cls, checkpoint: str | Path | list, device: torch.device | str = "cpu",
              weights: str = "auto", dtype: str = "fp32", workers: int = 1, threads: int = 0,
              ct2_model: str = "", shortlist: str = "") -> CT2Translator:
-        """The checkpoint's export (cached, or made now) for search.dtype `dtype`; workers:
-        inter_threads; threads: intra_threads (0: the cores shared among the workers);
-        shortlist: search.shortlist, which the export then holds as vmap.txt."""
+        """The checkpoint's export (cached, or made now) for search.dtype `dtype` (a list:
+        of one checkpoint); workers: inter_threads; threads: intra_threads (0: the cores
+        shared among the workers); shortlist: search.shortlist, which the export then holds
+        as vmap.txt."""
+        if isinstance(checkpoint, list | tuple):
+            ENGINES["ctranslate2"].check("checkpoint", len(checkpoint) > 1)
+            checkpoint = checkpoint[0]
         _ctranslate2()
         compute_type = COMPUTE_TYPES[dtype]
         device = torch.device(device)
@@ -274,33 +124,36 @@ class CT2Translator:
         """The longest source (EOS excluded) the model can take."""
         return self.max_positions - 1
 
-    def check_search(self, search: SearchConfig) -> None:
-        """A ConfigError naming the key for the settings CTranslate2 cannot run (a shortlist
-        other than the export's too)."""
-        check_ct2_search(search)
-        if search.shortlist and search.shortlist != self.shortlist:
-            raise ConfigError(f"search.shortlist: engine=ctranslate2 loaded "
-                              f"{self.shortlist or 'no shortlist'}, not {search.shortlist}")
-
     def translate_ids(self, src_ids: list[list[int]], search: SearchConfig,
                       prefixes: list[list[int]] | None = None, lines: list[int] | None = None,
                       progress=None, parallel: bool = True,
                       constraints: list[list[list[int]]] | None = None) -> list[list[Hypothesis]]:
         """search.nbest hypotheses of each id list (no BOS/EOS), in input order; prefixes:
         forced output starts. lines and parallel are the Translator's (CTranslate2 seeds per
-        call, and runs its inter_threads side by side anyway); constraints: none (engine=nmt
-        only, refused by the config)."""
-        if constraints and any(constraints):
-            raise NmtError("constraints need engine=nmt")
-        self.check_search(search)
+        call, and runs its inter_threads side by side anyway); constraints: refused
+        (capabilities)."""
+        self.capabilities.check("constraints", constraints and any(constraints))
+        return self._collect(len(src_ids), self._dispatch(src_ids, search, prefixes), search,
+                             progress)
+
+    def _dispatch(self, src_ids: list[list[int]], search: SearchConfig,
+                  prefixes: list[list[int]] | None = None) -> list[tuple[list[int], list]]:
+        """The sentences handed to CTranslate2, which starts at once: per group, its
+        indices and their AsyncTranslationResults (an empty source is in none)."""
+        self.capabilities.check_search(search)
         prefixes = prefixes or [[] for _ in src_ids]
-        results = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]  # an empty source: nmt's
         todo = [i for i, s in enumerate(src_ids) if s or prefixes[i]]
         if search.sampling:
             _ctranslate2().set_random_seed(search.seed)
-        pending = [(group, self._submit(search, [src_ids[i] for i in group],
-                                        [prefixes[i] for i in group], limit))
-                   for limit, group in self._groups(src_ids, prefixes, todo, search)]
+        return [(group, self._submit(search, [src_ids[i] for i in group],
+                                     [prefixes[i] for i in group], limit))
+                for limit, group in self._groups(src_ids, prefixes, todo, search)]
+
+    def _collect(self, n: int, pending: list[tuple[list[int], list]], search: SearchConfig,
+                 progress=None) -> list[list[Hypothesis]]:
+        """The hypotheses of n sentences, waiting for the groups `pending` (_dispatch's) in
+        turn; an empty source gets one empty hypothesis, score 0 (nmt's rule)."""
+        results = [[Hypothesis([], 0.0, 0.0)] for _ in range(n)]
         for group, answers in pending:
             for i, answer in zip(group, answers, strict=True):
                 results[i] = self._hypotheses(answer.result(), search)
@@ -345,9 +198,9 @@ class CT2Translator:
         (length_penalty=0 makes CTranslate2's score log P), score log P / lp(|Y|)."""
         eos = self._tgt_pieces[self.specials.eos]
         hyps = []
-        for pieces, logprob in zip(result.hypotheses, result.scores, strict=True):
-            ids = [self._tgt_ids[p] for p in pieces[:-1 if pieces[-1:] == [eos] else None]]
-            hyps.append(Hypothesis(ids, logprob / length_penalty(len(pieces), search.alpha),
+        for out, logprob in zip(result.hypotheses, result.scores, strict=True):
+            ids = [self._tgt_ids[p] for p in out[:-1 if out[-1:] == [eos] else None]]
+            hyps.append(Hypothesis(ids, logprob / length_penalty(len(out), search.alpha),
                                    logprob))
         return sorted(hyps, key=lambda h: -h.score)
 
@@ -369,17 +222,23 @@ class CT2Translator:
                                   logprob))
         return out
 
+    def attention(self, src_ids: list[list[int]], out_ids: list[list[int]]):
+        """Refused: CTranslate2 does not return nmt's attention weights (capabilities)."""
+        self.capabilities.check("attention")
+
     def submit(self, search: SearchConfig, seqs: list[list[int]]) -> Future:
-        """Decode one batch of id lists off the caller's thread (nmt-serve's batches): a
-        Future of search.nbest hypotheses per list; `workers` batches at a time."""
-        if self._threads is None:
-            self._threads = ThreadPoolExecutor(self.workers, "nmt-ct2")
-        return self._threads.submit(self.translate_ids, seqs, search)
+        """Decode one batch of id lists off the caller's thread (nmt-serve's batches): handed
+        to CTranslate2's inter_threads at once; a Future of search.nbest hypotheses per list."""
+        pending = self._dispatch(seqs, search)
+        return self.pool.submit(CT2Translator._collect, len(seqs), pending, search)
+
+    def stepper(self):
+        """Refused: no continuous batching (capabilities)."""
+        self.capabilities.check("continuous")
 
     def close(self) -> None:
-        """Stop the submitting threads."""
-        if self._threads is not None:
-            self._threads.shutdown(wait=True, cancel_futures=True)
+        """Stop the waiting thread (CTranslate2's own threads end with the model)."""
+        self.pool.close()
 
     def __enter__(self) -> CT2Translator:
         return self

@@ -20,11 +20,8 @@ no_repeat_ngram_size.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import pickle
 import queue
-import signal
-import threading
 from dataclasses import asdict
 
 import numpy as np
@@ -33,7 +30,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.config import SearchConfig
-from nmt.errors import NmtError
 from nmt.inference.fast import FastModel, FastState, _source_mask, row_argmax
 from nmt.inference.search import (
     Decoder,
@@ -47,7 +43,7 @@ from nmt.inference.search import (
     max_output_lengths,
     pad_batch,
 )
-from nmt.inference.workers import can_fork
+from nmt.inference.workers import STOP
 from nmt.model import additive_mask
 from nmt.tokenizer import Specials
 
@@ -318,7 +314,6 @@ def _join_beams(a: _HostBeam, b: _HostBeam, pad: int) -> _HostBeam:
 
 
 # ----------------------------------------------------------------------------- the workers
-STOP = None  # put in a worker's inbox: the loop ends
 ADMIT_GROUP, ADMIT_STEPS = 8, 4  # step_loop admits 8 newcomers together, or waits 4 steps
 
 
@@ -385,67 +380,3 @@ def _portable(error: Exception) -> Exception:
     except Exception:
         return RuntimeError(f"{type(error).__name__}: {error}")
     return error
-
-
-class StepWorkers:
-    """Decoding workers for continuous batching, each running step_loop with its own inbox
-    and one outbox for all: on the CPU `workers` forked one-thread processes (forked after the
-    translator prepared its models: they share the weights), else one thread here.
-    send(worker, items) queues sentences for a worker; read() waits for the next message."""
-
-    def __init__(self, translator, workers: int = 1):
-        processes = workers > 1 and translator.device.type == "cpu" and can_fork()
-        self.workers = workers if processes else 1
-        ctx = mp.get_context("fork") if processes else None
-        make = ctx.Queue if processes else queue.Queue
-        self.inboxes, self.outbox = [make() for _ in range(self.workers)], make()
-        start = ctx.Process if processes else threading.Thread
-        self.runners = [start(target=_worker_main if processes else step_loop,
-                              args=(translator, inbox, self.outbox, i), daemon=True,
-                              name=f"nmt-step-{i}")
-                        for i, inbox in enumerate(self.inboxes)]
-        for runner in self.runners:
-            runner.start()
-
-    def warm_up(self, dtype: str) -> None:
-        """Decode one short sentence on every worker (a process's first steps are slower);
-        NmtError if a worker fails or does not answer within a minute."""
-        warm = SearchConfig(beam_size=1, max_len_b=1, dtype=dtype)
-        for w in range(self.workers):
-            self.send(w, [(("warm", w), warm, [4])])
-        for _ in range(self.workers):
-            try:
-                message = self.read(timeout=60)
-            except queue.Empty:
-                raise NmtError("a decoding worker did not start within a minute") from None
-            if message[0] == "error":
-                raise NmtError(f"a decoding worker failed while starting ({message[3]!r})")
-
-    def send(self, worker: int, items: list) -> None:
-        """Sentences, (tag, search, ids) each, to join worker's batch at its next step."""
-        self.inboxes[worker].put(items)
-
-    def read(self, timeout: float | None = None):
-        """The next message of any worker (step_loop); queue.Empty after `timeout` seconds."""
-        return self.outbox.get(timeout=timeout)
-
-    def dead(self) -> str:
-        """Why some worker cannot decode any more; "" while all can."""
-        if all(r.is_alive() for r in self.runners):
-            return ""
-        return "a decoding worker died; restart the server"
-
-    def close(self) -> None:
-        """Stop the workers."""
-        for inbox in self.inboxes:
-            inbox.put(STOP)
-        for runner in self.runners:
-            runner.join(timeout=5)
-
-
-def _worker_main(translator, inbox, outbox, worker: int) -> None:
-    """A worker process: one PyTorch thread, signals left to the parent, then step_loop."""
-    torch.set_num_threads(1)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    step_loop(translator, inbox, outbox, worker)
