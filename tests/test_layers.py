@@ -99,7 +99,7 @@ def test_the_engines_and_the_export_do_not_import_each_other():
     g = graph()
     ct2_export = {"nmt.inference.ct2_export"}
     allowed = {"nmt.inference.ct2_engine": ct2_export}  # its cache
-    assert {(m, i) for m in ENGINES for i in g[m]
+    assert {(m, i) for m in ENGINES & set(g) for i in g[m]
             if i in ENGINES | {"nmt.export", "nmt.inference.engine"}
             and i not in allowed.get(m, set())} == set()
 
