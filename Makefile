@@ -27,12 +27,13 @@ $(STAMP): pyproject.toml Makefile
 
 # Every test (GPU tests skip themselves without one; the browser's runs only under test-browser).
 # test-quick leaves out the ones marked slow (subprocesses, servers, torchrun, the wheel build,
-# training to convergence) for the edit-test loop; test-slow runs only those.
+# training to convergence, over ~2 s) for the edit-test loop, on two pytest-xdist workers;
+# test-slow runs only those.
 test: install
 	$(BIN)/python -m pytest
 
 test-quick: install
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -m "not slow" -n 2
 
 test-slow: install
 	$(BIN)/python -m pytest -m "slow"

@@ -25,14 +25,14 @@ from nmt.translate import translate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+CLI = str(Path(sys.executable).parent / "nmt-translate")
+PHARAOH = re.compile(r"^(\d+-\d+( \d+-\d+)*)?$")
+
 
 def engine(model, specials: Specials = SPECIALS) -> Translator:
     """nmt's engine over a bare model (no tokenizers: specials' ids)."""
     ids = {"bos_id": specials.bos, "eos_id": specials.eos, "pad_id": specials.pad}
     return Translator([model], ids, dtype=None)
-
-CLI = str(Path(sys.executable).parent / "nmt-translate")
-PHARAOH = re.compile(r"^(\d+-\d+( \d+-\d+)*)?$")
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +103,7 @@ def test_empty_sides_have_no_links_and_a_missing_layer_is_an_error():
         align(tr, [[5]], [[6]], layer=2)
 
 
+@pytest.mark.slow  # over 2 s
 def test_the_command_writes_a_pharaoh_column_the_same_in_any_batches(ckpt, test_en, tmp_path):
     out = tmp_path / "hyp"
     done = subprocess.run([CLI, f"checkpoint={ckpt}", f"input={test_en}", f"output={out}",

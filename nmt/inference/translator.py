@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from nmt.attention_maps import attention_maps, keep_attention
 from nmt.capabilities import ENGINES
 from nmt.config import SearchConfig
 from nmt.errors import NmtError
@@ -156,12 +157,12 @@ class Translator:
         with self._attention:
             was_training = model.training
             model.eval()
-            model.keep_attention(True)
+            keep_attention(model, True)
             try:
                 model(src, tgt_in)
-                maps = model.attention_maps()
+                maps = attention_maps(model)
             finally:
-                model.keep_attention(False)
+                keep_attention(model, False)
                 model.train(was_training)
         return {kind: torch.stack(layers, 1).float().cpu()  # (B, N, h, T_q, T_k)
                 for kind, layers in maps.items()}

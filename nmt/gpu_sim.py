@@ -1,5 +1,8 @@
-"""The GPU paths without a GPU: a simulated CUDA device and a simulated world of ranks, in one
-CPU process, and what they measure (tests/test_gpu_sim.py, scripts/gpu_cost.py, docs/gpu.md).
+"""The GPU simulation harness: the GPU paths without a GPU, a simulated CUDA device and a
+simulated world of ranks, in one CPU process, and what they measure. Tests and scripts use it
+(tests/test_gpu_sim.py, tests/test_gpu_cost.py, scripts/gpu_cost.py; docs/gpu.md); no command
+of nmt imports it, and it is the one module besides nmt.private_ops that reaches into torch's
+internals (it checks them itself: `MISSING`).
 
 Simulated CUDA (`simulated_cuda`). torch's FakeTensorMode makes tensors that have a shape, a
 dtype and a device but no data. On the CPU wheel it makes them on "cuda" once three things
