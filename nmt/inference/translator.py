@@ -68,7 +68,7 @@ class Translator:
         self.specials = (self.tgt_tok.specials if self.tgt_tok is not None  # stand-ins: ids
                          else Specials(vocab["bos_id"], vocab["eos_id"], vocab["pad_id"]))
         self.continuations = self.tgt_tok.word_continuations() if self.tgt_tok else None
-        self.threads, self.preparations = threads, 0
+        self.preparations = 0  # models prepared so far (one per dtype)
         self.fast, self.use_cache = fast and use_cache, use_cache
         self._prepared: dict[str, list] = {}
         self._attention = threading.Lock()  # one attention() at a time: it sets model flags
