@@ -635,13 +635,13 @@ def update_cost(model: str, vocab: int, sentences: int, length: int, amp: str = 
             torch.nn.functional, "scaled_dot_product_attention", fused_attention):
         run = simulated_run(model, vocab, f"train.amp={amp}", f"train.ema_decay={ema_decay}",
                             "optim.clip_norm=1.0")
-        train_step(run, 1, group, stop=False)  # Adam's state is made at its first step
+        train_step(run, 1, group)  # Adam's state is made at its first step
         profile = DeviceProfile()
         with profiled(profile):
             profile.track([*run.model.parameters(), *run.ema.parameters(),
                            *(t for state in run.optimizer.state.values()
                              for t in state.values())])
-            train_step(run, 1, group, stop=False)
+            train_step(run, 1, group)
         return {**profile.finish(), "host_reads": 0, "tokens": sentences * length,
                 "params": count_parameters(run.model)}
 

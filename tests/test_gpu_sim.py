@@ -72,7 +72,7 @@ def simulated_updates(data_dir, amp: str, updates: int = 2, **patches) -> tuple:
                             "train.log_interval=5")
         run.model.generator.register_forward_hook(lambda m, i, out: logits.append(out.dtype))
         for _ in range(updates):  # the first makes Adam's state
-            stats = nmt.train.train_step(run, 1, group, stop=False)
+            stats = nmt.train.train_step(run, 1, group)
             run.monitor.add(stats)
         return run, stats, logits[-1]
 

@@ -15,7 +15,7 @@ LAYERS = [
      "nmt.runtime", "nmt.scoring"},
     {"nmt.model", "nmt.attention_maps", "nmt.tokenizer", "nmt.private_ops", "nmt.checkpoint",
      "nmt.distributed", "nmt.loss", "nmt.schedule", "nmt.cpu_training",
-     "nmt.activation_checkpointing", "nmt.preemption", "nmt.corpus"},
+     "nmt.activation_checkpointing", "nmt.preemption", "nmt.stopping", "nmt.corpus"},
     {"nmt.inference.fast", "nmt.inference.search", "nmt.inference.workers",
      "nmt.inference.constrained", "nmt.inference.stepping", "nmt.inference.loading",
      "nmt.plot", "nmt.runlog", "nmt.data", "nmt.shortlist"},
