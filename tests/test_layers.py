@@ -7,7 +7,8 @@ from pathlib import Path
 NMT = Path(__file__).resolve().parents[1] / "nmt"
 # Lower layers first; a module may import its own layer and the layers before it.
 LAYERS = [
-    {"nmt.errors", "nmt.config_errors", "nmt.config", "nmt.files", "nmt.runtime", "nmt.scoring"},
+    {"nmt.errors", "nmt.config_errors", "nmt.config", "nmt.files", "nmt.runtime", "nmt.scoring",
+     "nmt.segment"},
     {"nmt.model", "nmt.tokenizer", "nmt.private_ops", "nmt.checkpoint",
      "nmt.distributed", "nmt.loss", "nmt.schedule", "nmt.cpu_training",
      "nmt.activation_checkpointing", "nmt.preemption", "nmt.corpus"},
