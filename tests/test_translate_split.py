@@ -2,6 +2,8 @@
 all the others, and put back in the line; what is per segment refused in one line."""
 
 import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from nmt.translate import translate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+CLI = str(Path(sys.executable).parent / "nmt-translate")
 LINES = ["Open the file. Save all!", "", "   ", "close window", "Find. Replace? Undo.",
          "  Print menu.  Help tool. "]
 
@@ -102,3 +105,20 @@ def test_split_sentence_without_the_extra_is_a_one_line_error(monkeypatch):
                                           r"'nmt\[split\]'$"):
         config(checkpoint="x.pt", split="sentence", split_lang="de")
     config(checkpoint="x.pt", split="paragraph")  # needs no splitter
+
+
+@pytest.mark.slow
+def test_the_cli_from_a_pipe_gives_a_line_per_line_and_bad_options_one_line(ckpt, tmp_path):
+    pytest.importorskip(segment.SPLITTER)
+    args = [CLI, f"checkpoint={ckpt}", "split=sentence", "split_lang=en", "search.max_len_b=8",
+            "quiet=true", "workers=1"]
+    piped = subprocess.run(args, input="".join(f"{x}\n" for x in LINES).encode(),
+                           capture_output=True, timeout=300)
+    assert piped.returncode == 0, piped.stderr
+    whole = run(ckpt, tmp_path / "in", LINES, split="sentence", split_lang="en")
+    assert piped.stdout.decode().split("\n")[:-1] == whole["hypotheses"]
+    bad = subprocess.run([*args, "search.nbest=2"], capture_output=True, timeout=300)
+    assert bad.returncode != 0 and bad.stdout == b""
+    assert bad.stderr.decode() == ("nmt-translate: error: search.nbest: is per segment: needs "
+                                   "split=none (split=sentence translates the pieces of a line "
+                                   "apart)\n")
