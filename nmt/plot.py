@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from nmt.attention_maps import attention_maps, keep_attention
 from nmt.errors import NmtError
 from nmt.inference.search import pad_batch
 from nmt.tokenizer import Specials
@@ -41,12 +42,12 @@ def batch_attention_weights(model, src_ids: list[list[int]], out_ids: list[list[
     tgt_in = pad_batch([[specials.bos] + list(y) for y in out_ids], specials.pad, device)
     was_training = model.training
     model.eval()
-    model.keep_attention(True)
+    keep_attention(model, True)
     try:
         model(src, tgt_in)
-        maps = model.attention_maps()
+        maps = attention_maps(model)
     finally:
-        model.keep_attention(False)
+        keep_attention(model, False)
         model.train(was_training)
     return {kind: torch.stack(layers, 1).float().cpu()  # (B, N, h, T_q, T_k)
             for kind, layers in maps.items()}

@@ -154,7 +154,8 @@ def format_score(h: Hypothesis, links: list[str] | None = None) -> str:
 
 
 def write_lines(path: str, lines: list[str]) -> None:
-    """Write lines to a file atomically (temporary file, then rename), or to stdout for "-"."""
+    """Write lines to a file atomically (temporary file, then rename; a pipe or device is
+    written into), or to stdout for "-"."""
     text = "".join(line + "\n" for line in lines)
     if path == "-":
         sys.stdout.write(text)

@@ -1,23 +1,25 @@
-"""The package layout shows the architecture: no import circle, no import from a lower layer
-back up, and the batcher of nmt-serve needs neither FastAPI nor torch."""
+"""Imports: the package layout shows the architecture (no import circle, no import from a
+lower layer back up), the batcher of nmt-serve needs neither FastAPI nor torch, and scripts/
+import nothing from tests/ (what both need lives in nmt/)."""
 
 import ast
 from pathlib import Path
 
-NMT = Path(__file__).resolve().parents[1] / "nmt"
+ROOT = Path(__file__).resolve().parents[1]
+NMT = ROOT / "nmt"
 # Lower layers first; a module may import its own layer and the layers before it.
 LAYERS = [
     {"nmt.errors", "nmt.config_errors", "nmt.config", "nmt.files", "nmt.runtime", "nmt.scoring",
      "nmt.segment"},
-    {"nmt.model", "nmt.tokenizer", "nmt.private_ops", "nmt.checkpoint",
+    {"nmt.model", "nmt.attention_maps", "nmt.tokenizer", "nmt.private_ops", "nmt.checkpoint",
      "nmt.distributed", "nmt.loss", "nmt.schedule", "nmt.cpu_training",
-     "nmt.activation_checkpointing", "nmt.preemption", "nmt.corpus"},
+     "nmt.activation_checkpointing", "nmt.preemption", "nmt.stopping", "nmt.corpus"},
     {"nmt.inference.fast", "nmt.inference.search", "nmt.inference.workers",
      "nmt.inference.translator", "nmt.inference.constrained", "nmt.inference.stepping",
      "nmt.plot", "nmt.runlog", "nmt.align", "nmt.data", "nmt.shortlist"},
     {"nmt.inference.ct2_engine", "nmt.translate", "nmt.train", "nmt.preprocess", "nmt.export",
      "nmt.marian", "nmt.serve.batcher", "nmt.serve.app"},
-    {"nmt.cli"},
+    {"nmt.cli", "nmt.gpu_sim"},  # the commands; the GPU simulation harness of tests and scripts
 ]
 
 
@@ -78,3 +80,19 @@ def test_the_batcher_needs_neither_fastapi_nor_torch():
     used = {name.split(".")[0] for name in imports(NMT / "serve" / "batcher.py")
             if not name.startswith("nmt.")}
     assert not used & {"torch", "fastapi", "pydantic", "starlette"}
+
+
+def test_scripts_import_nothing_from_tests():
+    """A script that puts tests/ on sys.path to borrow a helper ties a tool to the test suite;
+    the helper belongs in nmt/ (nmt/gpu_sim.py, once tests/gpu_sim.py)."""
+    helpers = {p.stem for p in (ROOT / "tests").glob("*.py")}
+    borrowed = {f"{path.name}: {name}" for path in sorted((ROOT / "scripts").rglob("*.py"))
+                for name in imports(path) if name.split(".")[0] in helpers | {"tests"}}
+    on_path = [path.name for path in (ROOT / "scripts").rglob("*.py")
+               if '"tests"' in path.read_text(encoding="utf-8")]
+    assert (sorted(borrowed), on_path) == ([], [])
+
+
+def test_the_model_imports_nothing_of_nmt_but_its_config():
+    """nmt/model.py is the paper: speed paths and side channels live beside it."""
+    assert graph()["nmt.model"] == {"nmt.config"}
