@@ -20,7 +20,7 @@ from pathlib import Path
 
 from nmt.segment import sentence_starts
 
-GOLD = Path(__file__).resolve().parents[1] / "tests" / "data" / "sentence_boundaries.tsv"
+GOLD = Path(__file__).resolve().parents[1] / "tests/data/sentence_boundaries.tsv"  # data only
 
 
 def read_gold(path: Path) -> list[tuple[str, str, set[int]]]:
