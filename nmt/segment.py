@@ -2,13 +2,14 @@
 
 split_text cuts a text into the pieces a model translates one at a time: split=paragraph at
 its line breaks (each non-blank line a piece), split=sentence at its line breaks and then at
-the sentence boundaries a sentence splitter finds (sentence_splitter, the `split` extra), and
-split=none not at all. A piece still longer than the model takes (`length` > `limit`) is cut
-further: at sentence or clause punctuation, then at commas, then between words, then between
-characters, each time at the candidate nearest its middle, until every piece fits. Pieces hold
-no leading or trailing whitespace; what lies between them (spaces, line breaks, blank lines)
-is kept in Segmented.gaps, so that Segmented.join puts translations back in their places and
-joining the untranslated pieces gives back the text.
+the sentence boundaries a sentence splitter finds (sentence_splitter, the `split` extra; a
+boundary needs a space, or a full-width 。！？, before it: names such as SFDocuments.Document
+stay whole), and split=none not at all. A piece still longer than the model takes (`length`
+> `limit`) is cut further: at sentence or clause punctuation, then at commas, then between
+words, then between characters, each time at the candidate nearest its middle, until every
+piece fits. Pieces hold no leading or trailing whitespace; what lies between them (spaces,
+line breaks, blank lines) is kept in Segmented.gaps, so that Segmented.join puts translations
+back in their places and joining the untranslated pieces gives back the text.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class Segmented:
 
 
 def sentence_splitter(lang: str) -> Callable[[str], list[str]]:
-    """The sentences of a text in language `lang` (ISO 639-1 code), by sentencex; a one-line
+    """The sentences of a text in language `lang` (an ISO 639 code), by sentencex; a one-line
     ConfigError when it is not installed."""
     if importlib.util.find_spec(SPLITTER) is None:
         raise ConfigError(f"split=sentence needs {SPLITTER}: {EXTRA}")
