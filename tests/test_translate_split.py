@@ -12,6 +12,7 @@ from translate_helpers import translate_config as config
 
 import nmt.translate
 from nmt import segment
+from nmt.checkpoint import load_checkpoint, save_checkpoint
 from nmt.config import SearchConfig, TranslateConfig
 from nmt.errors import ConfigError
 from nmt.tokenizer import Tokenizer
@@ -65,20 +66,22 @@ def test_paragraph_mode_translates_each_line_whole_with_its_spaces_kept(ckpt, tm
     assert got["hypotheses"] == [want[0], "", "   ", want[1], want[2], f"  {want[3]} "]
 
 
-def test_a_line_over_the_limit_is_cut_into_pieces_that_fit_not_truncated(
+def test_a_line_over_the_models_positions_is_cut_into_pieces_that_fit_not_truncated(
         ckpt, tiny_data_dir, tmp_path, capfd):
+    state = load_checkpoint(ckpt)
+    state["model_cfg"]["max_positions"] = 10  # sources of at most 9 tokens (EOS apart)
+    short = tmp_path / "short.pt"
+    save_checkpoint(state, short)
     line = " ".join(["open file, save all"] * 6) + " close window"
     tok = Tokenizer.from_file(tiny_data_dir / "spm.model")
-    limit = 9
-    assert len(tok.encode([line])[0]) > 3 * limit
+    assert len(tok.encode([line])[0]) > 3 * 9
     pieces = segment.split_text(line, "paragraph", None, lambda t: len(tok.encode([t])[0]),
-                                limit).pieces
-    assert all(len(ids) <= limit for ids in tok.encode(pieces)) and len(pieces) >= 4
-    got = run(ckpt, tmp_path / "in", [line], split="paragraph", max_input_tokens=limit,
-              quiet=False)
+                                9).pieces
+    assert all(len(ids) <= 9 for ids in tok.encode(pieces)) and len(pieces) >= 4
+    got = run(short, tmp_path / "in", [line], split="paragraph", quiet=False)
     assert "truncated" not in capfd.readouterr().err
-    assert got["hypotheses"] == [" ".join(alone(ckpt, pieces, tmp_path))]
-    cut = run(ckpt, tmp_path / "in", [line], max_input_tokens=limit, quiet=False)  # as before
+    assert got["hypotheses"] == [" ".join(alone(short, pieces, tmp_path))]
+    cut = run(short, tmp_path / "in", [line], quiet=False)  # split=none: as before
     assert "truncated to 9" in capfd.readouterr().err
     assert cut["hypotheses"] != got["hypotheses"]
 
