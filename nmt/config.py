@@ -482,9 +482,7 @@ class TranslateConfig:
     alignment_layer: int = -1  # decoder layer whose heads' mean attention aligns (-1: the last)
     engine: str = "nmt"  # decode with "nmt" or "ctranslate2" (the checkpoint's export, cached)
     ct2_model: str = ""  # engine=ctranslate2: the export's folder ("": CHECKPOINT.ct2/ beside it)
-    # none: a line is one segment; sentence: its sentences, paragraph: the line, each translated
-    # alone (cut at punctuation, then words, if over max_input_tokens) and put back in its line
-    split: str = "none"
+    split: str = "none"  # none: a line is a segment; sentence|paragraph: pieces (nmt/segment.py)
     split_lang: str = ""  # split=sentence: the source language, an ISO 639 code (e.g. en)
     search: SearchConfig = field(default_factory=SearchConfig)
 
