@@ -10,6 +10,7 @@ dataclasses, which runs every `__post_init__` check exactly once.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 from nmt.capabilities import ENGINES
 from nmt.config_errors import explain, extra_keys, unknown_key
 from nmt.errors import ConfigError
+from nmt.segment import MODES, sentence_splitter
 
 CT2_ONLY_DTYPES = ("int8_float16", "int8_bfloat16")  # search.dtype with engine=ctranslate2 only
 
@@ -473,6 +475,8 @@ class TranslateConfig:
     alignment_layer: int = -1  # decoder layer whose heads' mean attention aligns (-1: the last)
     engine: str = "nmt"  # decode with "nmt" or "ctranslate2" (the checkpoint's export, cached)
     ct2_model: str = ""  # engine=ctranslate2: the export's folder ("": CHECKPOINT.ct2/ beside it)
+    split: str = "none"  # none: a line is a segment; sentence|paragraph: pieces (nmt/segment.py)
+    split_lang: str = ""  # split=sentence: the source language, an ISO 639 code (e.g. en)
     search: SearchConfig = field(default_factory=SearchConfig)
 
     @property
@@ -499,6 +503,25 @@ class TranslateConfig:
         _check(self.weights in ("auto", "model", "ema"), "weights",
                f"must be auto, model or ema, got {self.weights!r}")
         _check_engine(self, len(self.checkpoints))
+        _check_split(self)
+
+
+def _check_split(cfg: TranslateConfig) -> None:
+    """split and split_lang; what is defined per segment only (n-best lists, given targets or
+    prefixes, constraints, alignments, attention) needs split=none."""
+    _check(cfg.split in MODES, "split", f"must be none, sentence or paragraph, got {cfg.split!r}")
+    if cfg.split == "none":
+        return
+    if cfg.split == "sentence":
+        _check(re.fullmatch(r"[a-z]{2,3}([-_][a-zA-Z0-9]+)*", cfg.split_lang) is not None,
+               "split_lang", f"split=sentence needs the source language's ISO 639 code, e.g. "
+               f"split_lang=en (got {cfg.split_lang!r})")
+        sentence_splitter(cfg.split_lang)  # a one-line error if it is not installed
+    for key, on in (("search.nbest", cfg.search.nbest > 1), ("prefix", cfg.prefix),
+                    ("score_reference", cfg.score_reference), ("constraints", cfg.constraints),
+                    ("alignment", cfg.alignment), ("attention_plot", cfg.attention_plot)):
+        _check(not on, key, f"is per segment: needs split=none (split={cfg.split} translates "
+               f"the pieces of a line apart)")
 
 
 # ----------------------------------------------------------------------------- average
