@@ -23,6 +23,8 @@ from nmt.config_errors import explain, extra_keys, unknown_key
 from nmt.errors import ConfigError
 from nmt.segment import MODES, sentence_splitter
 
+LANG_CODE = re.compile(r"[a-z]{2,3}([-_][a-zA-Z0-9]+)*")  # ISO 639, then a region or script
+
 CT2_ONLY_DTYPES = ("int8_float16", "int8_bfloat16")  # search.dtype with engine=ctranslate2 only
 
 
@@ -513,7 +515,7 @@ def _check_split(cfg: TranslateConfig) -> None:
     if cfg.split == "none":
         return
     if cfg.split == "sentence":
-        _check(re.fullmatch(r"[a-z]{2,3}([-_][a-zA-Z0-9]+)*", cfg.split_lang) is not None,
+        _check(LANG_CODE.fullmatch(cfg.split_lang) is not None,
                "split_lang", f"split=sentence needs the source language's ISO 639 code, e.g. "
                f"split_lang=en (got {cfg.split_lang!r})")
         sentence_splitter(cfg.split_lang)  # a one-line error if it is not installed
@@ -604,6 +606,9 @@ class ServeConfig:
     log_level: str = "info"  # uvicorn's log level: debug, info, warning or error
     engine: str = "nmt"  # decode with "nmt" or "ctranslate2" (the checkpoint's export, cached)
     ct2_model: str = ""  # engine=ctranslate2: the export's folder ("": CHECKPOINT.ct2/ beside it)
+    split: str = "auto"  # none|sentence|paragraph (nmt/segment.py); auto: sentence if src_lang
+    src_lang: str = ""  # the model's source language, ISO 639 (split=sentence, LibreTranslate)
+    tgt_lang: str = ""  # the model's target language, ISO 639 (LibreTranslate's API)
     search: SearchConfig = field(default_factory=SearchConfig)  # defaults; batch token budget
 
     def __post_init__(self) -> None:
@@ -625,12 +630,28 @@ class ServeConfig:
         _check(self.log_level in ("debug", "info", "warning", "error"), "log_level",
                f"must be debug, info, warning or error, got {self.log_level!r}")
         _check_engine(self, 1)
+        _check_serve_split(self)
         _check(not self.continuous or not self.search.shortlist, "continuous",
                "needs search.shortlist='' (or set continuous=false)")
         _check(not self.continuous or not (self.search.sampling
                                            or self.search.no_repeat_ngram_size),
                "continuous", "needs search.sampling=false and search.no_repeat_ngram_size=0 "
                              "(or set continuous=false)")
+
+
+def _check_serve_split(cfg: ServeConfig) -> None:
+    """split, src_lang and tgt_lang; a source language needs the sentence splitter (a request
+    may ask for split=sentence)."""
+    _check(cfg.split in ("auto", *MODES), "split",
+           f"must be auto, none, sentence or paragraph, got {cfg.split!r}")
+    for key in ("src_lang", "tgt_lang"):
+        code = getattr(cfg, key)
+        _check(code == "" or LANG_CODE.fullmatch(code) is not None, key,
+               f"must be an ISO 639 code, e.g. en (got {code!r})")
+    _check(cfg.split != "sentence" or cfg.src_lang, "src_lang",
+           "split=sentence needs the source language's ISO 639 code, e.g. src_lang=en")
+    if cfg.src_lang:
+        sentence_splitter(cfg.src_lang)  # a one-line error if it is not installed
 
 
 # ----------------------------------------------------------------------------- Hydra glue

@@ -39,7 +39,7 @@ from concurrent.futures.process import BrokenProcessPool
 from contextlib import asynccontextmanager
 from dataclasses import asdict, replace
 from importlib.resources import files
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -53,7 +53,10 @@ from nmt.inference.engine import Engine, check_vocab, open_translator
 from nmt.inference.search import Hypothesis
 from nmt.inference.workers import WorkerPool
 from nmt.runtime import keep_freed_memory, pick_device, usable_cores
+from nmt.segment import Segmented, sentence_splitter, split_text
+from nmt.serve import libretranslate
 from nmt.serve.batcher import Batcher, BatcherStopped, BatchStats, ContinuousBatcher, QueueFull
+from nmt.serve.errors import ApiError
 
 PROG = "nmt-serve"
 SEARCH_FIELDS = ("beam_size", "nbest", "alpha", "max_len_a", "max_len_b", "min_len")
@@ -105,6 +108,10 @@ class TranslateRequest(BaseModel):
         "End of sentence is forbidden before this many output tokens; at most max_len_b."))
     attention: bool = Field(False, description=(
         "Also return each best translation's encoder-decoder attention over its source."))
+    split: Literal["none", "sentence", "paragraph"] | None = Field(None, description=(
+        "How each text is cut before it is translated (the server's default: GET /health): "
+        "none, sentence, or paragraph (at its line breaks); the pieces' translations go back "
+        "in place of the pieces, between the text's own spaces and line breaks."))
 
 
 class Scored(BaseModel):
@@ -128,8 +135,18 @@ class Attention(BaseModel):
         "to 1), rounded to 4 digits."))
 
 
+class Piece(BaseModel):
+    """One piece of a text that was split into several, translated on its own."""
+
+    source: str = Field(description="The piece of the text (without the spaces around it).")
+    text: str = Field(description="Its best translation, detokenized.")
+    score: float | None = Field(description="Its log P(Y|X) / ((5 + |Y|) / 6)^alpha.")
+    nbest: list[Scored] | None = Field(None, description="When nbest > 1: its n-best list.")
+    attention: Attention | None = Field(None, description="When the request asked for it.")
+
+
 class Translation(BaseModel):
-    """The translation of one input sentence."""
+    """The translation of one input text."""
 
     text: str = Field(description="The best translation, detokenized.")
     score: float | None = Field(description=(
@@ -139,6 +156,10 @@ class Translation(BaseModel):
     nbest: list[Scored] | None = Field(None, description=(
         "When nbest > 1: the nbest hypotheses, best first (the first is text and score)."))
     attention: Attention | None = Field(None, description="When the request asked for it.")
+    pieces: list[Piece] | None = Field(None, description=(
+        "When the text was split into several pieces: each piece with its translation, score, "
+        "n-best list and attention (then `text` is their translations in place, `score` their "
+        "sum, and nbest and attention are the pieces')."))
 
 
 class TranslateResponse(BaseModel):
@@ -154,15 +175,6 @@ class ErrorResponse(BaseModel):
     field: str | None = Field(description=(
         'The offending field, e.g. "text[2]", "beam_size", "body"; null when the request is '
         'fine but the server cannot answer it (500, 503, 504).'))
-
-
-class ApiError(Exception):
-    """An error answer: HTTP status, the field it is about, one line of text."""
-
-    def __init__(self, status: int, field: str | None, message: str,
-                 headers: dict | None = None):
-        super().__init__(f"{field}: {message}" if field else message)
-        self.status, self.field, self.headers = status, field, headers
 
 
 ERRORS = {code: {"model": ErrorResponse, "description": what} for code, what in (
@@ -209,6 +221,8 @@ class HealthResponse(BaseModel):
     search: dict = Field(description=(
         "The default search settings a request may override; max_tokens and max_sentences "
         "bound every shared batch."))
+    split: str = Field(description="How texts are cut when a request does not say: none, "
+                                   "sentence or paragraph.")
 
 
 # ----------------------------------------------------------------------------- the service
@@ -231,6 +245,9 @@ class Service:
         self.requests = 0  # requests answered with translations
         self.pool_error = ""  # why the decoding processes cannot decode, once they cannot
         self.max_input = min(cfg.max_input_tokens, translator.max_input_tokens)
+        self.split = cfg.split if cfg.split != "auto" else (
+            "sentence" if cfg.src_lang else "paragraph")
+        self.splitter = sentence_splitter(cfg.src_lang) if cfg.src_lang else None
 
     @property
     def broken(self) -> str:
@@ -256,27 +273,44 @@ class Service:
             key = str(e).split(":")[0].removeprefix("search.")
             raise ApiError(422, key, str(e).split(": ", 1)[1]) from None
 
-    def check_size(self, req: TranslateRequest) -> None:
-        """max_sentences and max_chars per request; attention needs an engine that has it."""
+    def check_size(self, req: TranslateRequest, split: str, pieces: int) -> None:
+        """max_chars (all texts) and max_sentences (the pieces they are split into) per request;
+        attention needs an engine that has it."""
         try:
             self.translator.capabilities.check("attention", req.attention)
         except ConfigError as e:
             raise ApiError(422, "attention", str(e).split(": ", 1)[1]) from None
-        if len(req.text) > self.cfg.max_sentences:
-            raise ApiError(413, "text", f"{len(req.text)} sentences; this server takes at most "
-                                        f"{self.cfg.max_sentences} per request")
         chars = sum(map(len, req.text))
         if chars > self.cfg.max_chars:
             raise ApiError(413, "text", f"{chars} characters; this server takes at most "
                                         f"{self.cfg.max_chars} per request")
+        if pieces > self.cfg.max_sentences:
+            what = "sentences" if split == "none" else f"pieces (split={split})"
+            raise ApiError(413, "text", f"{pieces} {what}; this server takes at most "
+                                        f"{self.cfg.max_sentences} per request (max_sentences)")
+
+    def segment(self, req: TranslateRequest) -> tuple[str, list[Segmented]]:
+        """The request's split mode and its texts cut into pieces (nmt.segment: none over
+        max_input tokens unless split=none)."""
+        split = req.split or self.split
+        if split == "sentence" and self.splitter is None:
+            raise ApiError(422, "split", "sentence needs the server's source language "
+                                         "(nmt-serve src_lang=...)")
+        tok = self.translator.src_tok
+        return split, [split_text(text, split, self.splitter,
+                                  lambda t: len(tok.encode([t])[0]), self.max_input)
+                       for text in req.text]
 
     async def translate(self, req: TranslateRequest) -> TranslateResponse:
-        """POST /translate: check, encode, decode in shared batches, detokenize."""
-        self.check_size(req)
+        """POST /translate: split, check, encode, decode in shared batches, detokenize, put
+        each text back together."""
+        split, docs = self.segment(req)
+        pieces = [piece for doc in docs for piece in doc.pieces]
+        self.check_size(req, split, len(pieces))
         search = self.search_of(req)
         if self.broken:
             raise ApiError(503, None, self.broken)
-        full = self.translator.src_tok.encode(req.text)
+        full = self.translator.src_tok.encode(pieces)
         ids = [seq[:self.max_input] for seq in full]  # nmt-translate's truncation
         try:
             nbest = await self.batcher.translate(ids, search, self.cfg.timeout_s)
@@ -300,9 +334,10 @@ class Service:
             maps = await asyncio.to_thread(lambda: [self.attention(src, hyps[0].tokens)
                                                     for src, hyps in zip(ids, nbest, strict=True)])
         self.requests += 1
+        parts = iter([self._translation(hyps, len(f) > self.max_input, search.nbest, a)
+                      for hyps, f, a in zip(nbest, full, maps, strict=True)])
         return TranslateResponse(translations=[
-            self._translation(hyps, len(f) > self.max_input, search.nbest, a)
-            for hyps, f, a in zip(nbest, full, maps, strict=True)])
+            rejoin(doc, [next(parts) for _ in doc.pieces]) for doc in docs])
 
     def attention(self, src_ids: list[int], out_ids: list[int]) -> Attention:
         """The (first) model's encoder-decoder attention of one pair, last decoder layer, heads
@@ -333,7 +368,7 @@ class Service:
             limits={k: getattr(cfg, k) for k in (
                 "max_sentences", "max_chars", "max_queued", "max_input_tokens", "timeout_s",
                 "max_beam_size", "max_len_b", "max_wait_ms")},
-            search=asdict(cfg.search))
+            search=asdict(cfg.search), split=self.split)
 
     def stats(self) -> StatsResponse:
         """GET /stats: requests, sentences and batches so far, and what is queued now."""
@@ -342,6 +377,20 @@ class Service:
                              mean_batch=s.sentences / s.batches if s.batches else 0.0,
                              queued=len(self.batcher.queue),
                              busy_workers=self.workers - self.batcher.idle)
+
+
+def rejoin(doc: Segmented, parts: list[Translation]) -> Translation:
+    """A text's answer from its pieces' answers: their translations in place of the pieces;
+    one piece is the text's answer, several are listed with their scores summed."""
+    text = doc.join([p.text for p in parts])
+    if len(parts) == 1:
+        return parts[0].model_copy(update={"text": text})
+    scores = [p.score for p in parts]
+    return Translation(text=text, score=None if None in scores else sum(scores),
+                       truncated=any(p.truncated for p in parts), pieces=[
+                           Piece(source=s, text=p.text, score=p.score, nbest=p.nbest,
+                                 attention=p.attention)
+                           for s, p in zip(doc.pieces, parts, strict=True)])
 
 
 # ----------------------------------------------------------------------------- the HTTP app
@@ -407,7 +456,7 @@ async def _invalid_request(request: Request, exc: RequestValidationError) -> JSO
     field = _field_name(tuple(first.get("loc", ())))
     message = first.get("msg", "invalid").removeprefix("Value error, ")
     if first.get("type") == "extra_forbidden":
-        message = f"unknown field (known: text, {', '.join(SEARCH_FIELDS)}, attention)"
+        message = f"unknown field (known: text, {', '.join(SEARCH_FIELDS)}, attention, split)"
     elif field == "body":
         message = ('must be a JSON object like {"text": ["..."]}, sent with Content-Type: '
                    'application/json')
@@ -455,6 +504,8 @@ def create_app(service: Service) -> FastAPI:
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(ApiError, lambda request, exc: _error_response(exc))
     app.add_exception_handler(Exception, _server_error)
+    libretranslate.install(app, service.cfg, lambda texts: service.translate(
+        TranslateRequest(text=texts)))  # inside BodyLimit: its requests are bounded too
     limit = 4 * service.cfg.max_chars + 100 * service.cfg.max_sentences + 4096
     app.add_middleware(BodyLimit, max_bytes=limit)
 
