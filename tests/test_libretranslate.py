@@ -21,7 +21,7 @@ pytest.importorskip("fastapi")
 from test_serve import InProcess, Server  # noqa: E402
 
 from nmt.serve import libretranslate  # noqa: E402
-from nmt.serve.libretranslate import html_pieces, translate_texts  # noqa: E402
+from nmt.serve.libretranslate import html_pieces, translate_html, translate_plain  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
@@ -57,20 +57,22 @@ def test_html_pieces_are_the_text_between_tags_and_the_markup_is_the_gaps():
     assert doc.gaps[0] == '<p class="a>b">' and doc.gaps[-1] == " "
 
 
-def test_translate_texts_keeps_markup_blank_texts_and_escapes_translations():
+def test_html_and_blank_texts_keep_their_markup_and_spaces():
     asked = []
 
-    async def translate(texts):  # nmt's API, answering each text upper-cased and marked
-        asked.append(texts)
-        return SimpleNamespace(translations=[SimpleNamespace(text=f"<{t.upper()}>")
-                                             for t in texts])
+    async def translate(texts, **search):  # nmt's API: each text upper-cased and marked
+        asked.append((texts, search))
+        return SimpleNamespace(translations=[
+            SimpleNamespace(text=f"<{t.upper()}>", nbest=[SimpleNamespace(text=t)] * 3)
+            for t in texts])
 
     html = '<p>open  the\n file &amp; <a href="x">go</a></p><br>'
-    out = asyncio.run(translate_texts([html, "  "], "html", translate))
-    assert asked == [["open the file &", "go"]]  # entities decoded, spaces collapsed
+    out = asyncio.run(translate_html([html, "  "], translate))
+    assert asked == [(["open the file &", "go"], {})]  # entities decoded, spaces collapsed
     assert out == ['<p>&lt;OPEN THE FILE &amp;&gt; <a href="x">&lt;GO&gt;</a></p><br>', "  "]
-    assert asyncio.run(translate_texts(["open it", " "], "text", translate)) == ["<OPEN IT>", " "]
-    assert asked[-1] == ["open it"]
+    out = asyncio.run(translate_plain(["open it", " "], translate, 2, 4))
+    assert out == [("<OPEN IT>", ["open it"] * 2), (" ", [])]
+    assert asked[-1] == (["open it"], {"nbest": 3, "beam_size": 4})
 
 
 def test_post_translate_is_told_apart_by_what_the_request_is(libre):
@@ -99,6 +101,17 @@ def test_languages_and_html(libre):
     assert (status, body) == (200, {"translatedText": f"<p>{a} <b>{b}</b>{c}</p>"})
 
 
+def test_alternatives_are_the_rest_of_the_n_best_list(libre):
+    status, body = form(libre, "/translate", q="Open the file.", source="en", target="de",
+                        alternatives="2")
+    want = libre.translate(["Open the file."], nbest=3)[0]
+    assert (status, body) == (200, {"translatedText": want["text"], "alternatives": [
+        h["text"] for h in want["nbest"][1:]]})
+    status, _, body = libre.call("POST", "/translate", {"q": [TEXT], "source": "en",
+                                                        "target": "de", "alternatives": 2})
+    assert status == 200 and body["alternatives"] == [[]]  # several pieces: none
+
+
 @pytest.mark.parametrize(("fields", "status", "error"), [
     ({"source": "en", "target": "de"}, 400, "Invalid request: missing q parameter"),
     ({"q": "Open it.", "target": "de"}, 400, "Invalid request: missing source parameter"),
@@ -108,6 +121,10 @@ def test_languages_and_html(libre):
      "es is not supported (this server translates en to de)"),
     ({"q": "Open it.", "source": "en", "target": "de", "format": "pdf"}, 400,
      "pdf format is not supported"),
+    ({"q": "Open it.", "source": "en", "target": "de", "alternatives": "-1"}, 400,
+     "Invalid request: alternatives must be a whole number >= 0"),
+    ({"q": "Open it.", "source": "en", "target": "de", "alternatives": "20"}, 400,
+     "Invalid request: beam_size: must be <= 16 (this server's limit), got 21"),
     ({"q": "Open it. " * 40, "source": "en", "target": "de"}, 400,
      "Invalid request: q: 360 characters; this server takes at most 300 per request"),
 ])

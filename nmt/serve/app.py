@@ -504,8 +504,8 @@ def create_app(service: Service) -> FastAPI:
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(ApiError, lambda request, exc: _error_response(exc))
     app.add_exception_handler(Exception, _server_error)
-    libretranslate.install(app, service.cfg, lambda texts: service.translate(
-        TranslateRequest(text=texts)))  # inside BodyLimit: its requests are bounded too
+    libretranslate.install(app, service.cfg, lambda texts, **search: service.translate(
+        TranslateRequest(text=texts, **search)))  # inside BodyLimit: bounded requests too
     limit = 4 * service.cfg.max_chars + 100 * service.cfg.max_sentences + 4096
     app.add_middleware(BodyLimit, max_bytes=limit)
 

@@ -47,7 +47,7 @@ NAMES = {  # LibreTranslate's names of the languages it knows best; other codes 
     "nl": "Dutch", "pl": "Polish", "pt": "Portuguese", "ro": "Romanian", "ru": "Russian",
     "sv": "Swedish", "tr": "Turkish", "uk": "Ukrainian", "zh": "Chinese"}
 
-Translate = Callable[[list[str]], Awaitable]  # texts -> nmt's TranslateResponse
+Translate = Callable[..., Awaitable]  # (texts, **search settings) -> nmt's TranslateResponse
 
 
 class LibreError(Exception):
@@ -102,7 +102,7 @@ class RequestKind:
         kind = media_type(dict(scope["headers"]).get(b"content-type", b"").decode("latin-1"))
         if kind == "application/json":
             messages = await read_body(receive)
-            receive = replay(messages)
+            receive = replay(messages, receive)
             if is_libre_json(b"".join(m.get("body", b"") for m in messages)):
                 kind = FORMS[0]  # routed as a form is
         if kind in FORMS:
@@ -126,13 +126,13 @@ async def read_body(receive) -> list[dict]:
             return messages
 
 
-def replay(messages: list[dict]):
-    """A `receive` that hands out these messages again, then waits on nothing further."""
+def replay(messages: list[dict], receive):
+    """A `receive` that hands out these messages again, then passes on `receive`'s."""
     pending = list(messages)
 
-    async def receive():
-        return pending.pop(0) if pending else {"type": "http.disconnect"}
-    return receive
+    async def replayed():
+        return pending.pop(0) if pending else await receive()
+    return replayed
 
 
 def is_libre_json(body: bytes) -> bool:
@@ -171,6 +171,16 @@ def text_field(fields: dict, name: str) -> str:
     return value
 
 
+def alternatives_field(fields: dict) -> int:
+    """alternatives: how many other translations of each text to return (0: none)."""
+    value = fields.get("alternatives") or 0
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise LibreError(400, "Invalid request: alternatives must be a whole number >= 0")
+    return value
+
+
 def q_field(fields: dict) -> list[str]:
     """q: a string, or a non-empty list of strings (then the answer is a list too)."""
     q = fields.get("q")
@@ -205,20 +215,31 @@ def html_pieces(markup: str) -> Segmented:
     return Segmented(pieces, [*gaps, gap])
 
 
-async def translate_texts(texts: list[str], fmt: str, translate: Translate) -> list[str]:
-    """Each text translated through nmt's API (html: the text between its tags, entities
-    decoded and spaces collapsed, as a browser shows it; the markup is kept); a text with
-    nothing to translate comes back as it is."""
-    docs = ([html_pieces(t) for t in texts] if fmt == "html"
-            else [Segmented([t], ["", ""]) if t.strip() else Segmented([], [t]) for t in texts])
-    sources = [p for doc in docs for p in doc.pieces]
-    if fmt == "html":
-        sources = [" ".join(html.unescape(p).split()) for p in sources]
+async def translate_html(texts: list[str], translate: Translate) -> list[str]:
+    """Each HTML text with the text between its tags translated through nmt's API (entities
+    decoded and spaces collapsed, as a browser shows it), the markup kept as it is."""
+    docs = [html_pieces(t) for t in texts]
+    sources = [" ".join(html.unescape(p).split()) for doc in docs for p in doc.pieces]
     answer = await translate(sources) if sources else None
-    out = iter([t.text for t in answer.translations] if answer else [])
-    if fmt == "html":
-        out = (html.escape(t, quote=False) for t in out)
+    out = iter([html.escape(t.text, quote=False) for t in answer.translations] if answer else [])
     return [doc.join([next(out) for _ in doc.pieces]) for doc in docs]
+
+
+async def translate_plain(texts: list[str], translate: Translate, alternatives: int,
+                          beam_size: int) -> list[tuple[str, list[str]]]:
+    """Each text's translation through nmt's API and up to `alternatives` others: the rest of
+    its n-best list when it was translated as one piece (a text split into several has none);
+    a text with nothing to translate comes back as it is. beam_size: the server's default."""
+    search = ({"nbest": alternatives + 1, "beam_size": max(beam_size, alternatives + 1)}
+              if alternatives else {})
+    mine = [t for t in texts if t.strip()]
+    answer = await translate(mine, **search) if mine else None
+    found = iter(answer.translations if answer else [])
+    out = []
+    for text in texts:
+        t = next(found) if text.strip() else None
+        out.append((t.text, [h.text for h in (t.nbest or [])[1:]]) if t else (text, []))
+    return out
 
 
 @functools.cache
@@ -265,6 +286,7 @@ def install(app: FastAPI, cfg: ServeConfig, translate: Translate) -> None:
         fmt = fields.get("format") or "text"
         if fmt not in ("text", "html"):
             raise LibreError(400, f"{fmt} format is not supported")
+        alternatives = alternatives_field(fields)
         answer = {}
         if source == "auto":
             best = detect(" ".join(texts), cfg)[0]
@@ -274,8 +296,14 @@ def install(app: FastAPI, cfg: ServeConfig, translate: Translate) -> None:
             if code != ours:
                 raise LibreError(400, f"{code} is not supported (this server translates "
                                       f"{cfg.src_lang} to {cfg.tgt_lang})")
-        out = await translate_texts(texts, fmt, translate)
-        answer["translatedText"] = out if isinstance(fields["q"], list) else out[0]
+        if fmt == "html":
+            out = [(t, []) for t in await translate_html(texts, translate)]
+        else:
+            out = await translate_plain(texts, translate, alternatives, cfg.search.beam_size)
+        batch = isinstance(fields["q"], list)
+        answer["translatedText"] = [t for t, _ in out] if batch else out[0][0]
+        if alternatives:
+            answer["alternatives"] = [a for _, a in out] if batch else out[0][1]
         return JSONResponse(answer)
 
     @libre_errors
