@@ -4,7 +4,14 @@ POST /translate takes {"text": [...]} with optional search settings and answers 
 translations in input order and their scores (and, with "attention": true, where each looked
 in its source); GET /health says whether the server can translate (and its limits and
 defaults); GET /stats counts requests, sentences and batches; /docs is the OpenAPI page; GET /
-is a page to try it in a browser (nmt/serve/page.html, self-contained).
+is a page to try it in a browser (nmt/serve/page.html, self-contained). LibreTranslate's API
+lives beside it (nmt.serve.libretranslate): POST /translate with a form or with "q".
+
+Documents. Each text is cut into pieces (nmt.segment: split=sentence, paragraph or none, the
+server's `split` unless the request says): the pieces of every text of a request are queued
+together, as one request's sentences are, and each text's answer is its pieces' translations
+put back between its own spaces and line breaks, with the pieces listed when there are
+several (a text of one piece is answered as before).
 
 How a request travels. The handler, on the event loop, checks the request against the
 server's limits, encodes its sentences with the checkpoint's SentencePiece model and queues
@@ -92,8 +99,9 @@ class TranslateRequest(BaseModel):
         "examples": [{"text": ["Open the file.", "Show hidden files"], "beam_size": 4}]})
 
     text: list[Sentence] = Field(min_length=1, description=(
-        "Raw source sentences, one per item, in the order the translations come back; at most "
-        "the server's max_sentences items and max_chars characters in all (GET /health)."))
+        "Raw source texts (a sentence, a paragraph, a document), one per item, in the order "
+        "the translations come back; at most the server's max_chars characters in all, and "
+        "max_sentences pieces once split (GET /health)."))
     beam_size: int | None = Field(None, ge=1, description=(
         "Hypotheses kept per sentence; 1 is greedy search. At most the server's max_beam_size."))
     nbest: int | None = Field(None, ge=1, description=(
@@ -152,7 +160,8 @@ class Translation(BaseModel):
     score: float | None = Field(description=(
         "Its log P(Y|X) / ((5 + |Y|) / 6)^alpha (higher is better); null if none was found."))
     truncated: bool = Field(description=(
-        "The source had more subword tokens than the server's max_input_tokens and was cut."))
+        "The source had more subword tokens than the server's max_input_tokens and was cut "
+        "(split=none only: a split text's pieces are cut to fit instead)."))
     nbest: list[Scored] | None = Field(None, description=(
         "When nbest > 1: the nbest hypotheses, best first (the first is text and score)."))
     attention: Attention | None = Field(None, description="When the request asked for it.")
