@@ -86,6 +86,10 @@ def test_post_translate_is_told_apart_by_what_the_request_is(libre):
     status, _, body = libre.call("POST", "/libretranslate/translate",
                                  {"q": TEXT, "source": "en", "target": "de"})
     assert (status, body) == (200, {"translatedText": own})  # the prefix answers too
+    status, _, body = libre.call("POST", "/translate",
+                                 b'{"q": "open \\ud800", "source": "en", "target": "de"}')
+    assert (status, body) == (400, {"error": "Invalid request: q is not valid Unicode (lone "
+                                             "surrogate at character 5)"})
     status, _, body = libre.call("POST", "/translate", {"text": ["x"], "beam": 2})
     assert status == 422 and body["field"] == "beam"  # nmt's own, as before
 

@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 
 from nmt.config import ServeConfig
 from nmt.segment import Segmented
@@ -76,13 +77,17 @@ def from_api_error(e: ApiError) -> LibreError:
 
 
 def libre_errors(handler):
-    """A route that answers LibreError and ApiError in LibreTranslate's shape."""
+    """A route that answers LibreError, ApiError and a text nmt's API refuses (e.g. a lone
+    surrogate in JSON) in LibreTranslate's shape."""
     @functools.wraps(handler)
     async def wrapped(request: Request) -> JSONResponse:
         try:
             return await handler(request)
         except ApiError as e:
             return from_api_error(e).response()
+        except ValidationError as e:
+            why = e.errors()[0]["msg"].removeprefix("Value error, ")
+            return LibreError(400, f"Invalid request: q {why}").response()
         except LibreError as e:
             return e.response()
     return wrapped
