@@ -12,8 +12,9 @@ POST translate takes q (a string, or a list of strings in JSON), source and targ
 server's src_lang and tgt_lang; source=auto needs the language identifier py3langid, the
 `langid` extra), format (text, or html: the markup is kept byte for byte and the text between
 tags, not inside script or style, translated) and answers {"translatedText": ...} (a string or
-a list, as q), with {"detectedLanguage": {"confidence", "language"}} for source=auto. The texts
-go through nmt's own translate (the server's split, limits and batches). Errors are
+a list, as q), with {"detectedLanguage": {"confidence", "language"}} for source=auto and
+{"alternatives": [...]} when asked for (the rest of a text's n-best list). The texts go
+through nmt's own translate (the server's split, limits and batches). Errors are
 LibreTranslate's: {"error": "..."} with 400 (a bad request, or over a limit), 429 (the queue
 is full; Retry-After) or 500 (the server cannot translate).
 """
@@ -38,8 +39,9 @@ from nmt.serve.errors import ApiError
 PREFIX = "/libretranslate"
 FORMS = ("application/x-www-form-urlencoded", "multipart/form-data")
 LANGID_EXTRA = "pip install 'nmt[langid]'"
-# A tag or a comment (a ">" inside a quoted attribute value does not end the tag).
-TAG = re.compile(r"(<!--.*?-->|<(?:[^>\"']|\"[^\"]*\"|'[^']*')*>)", re.S)
+# A comment (one left open runs to the end, as in a browser) or a tag (a ">" inside a quoted
+# attribute value does not end it; a "<" outside one is not in it): linear time on any text.
+TAG = re.compile(r"(<!--.*?(?:-->|\Z)|<(?:[^<>\"']|\"[^\"]*\"|'[^']*')*>)", re.S)
 RAW = re.compile(r"<(/?)(script|style)\b", re.I)  # elements whose content is not text
 NAMES = {  # LibreTranslate's names of the languages it knows best; other codes are their name
     "ar": "Arabic", "cs": "Czech", "da": "Danish", "de": "German", "el": "Greek",
