@@ -595,7 +595,8 @@ def serve(cfg: ServeConfig) -> None:
             n = service.workers
             log(f"{cfg.checkpoint} on {device} ({n} decoding "
                 f"{'processes' if n > 1 else 'thread'}, "
-                f"{'continuous' if cfg.continuous else 'dynamic'} batching); listening on {url} "
+                f"{'continuous' if cfg.continuous else 'dynamic'} batching, split="
+                f"{service.split}); listening on {url} "
                 f"(API: {url}/docs)")
             if not stop:
                 run_until_stopped(create_app(service), sock, cfg)
