@@ -176,6 +176,7 @@ def test_pasted_paragraphs_come_back_with_their_line_breaks(page):
     assert browser.run("[...document.querySelectorAll('#nbest tr')].map(r => "
                        "r.children[1].textContent)") == [h["text"] for h in first["nbest"]]
     assert "5 pieces" in browser.run("document.getElementById('score').textContent")
+    assert browser.run("document.getElementById('attention-box').hidden") is False
     size = browser.send("Page.getLayoutMetrics", session=True)["cssContentSize"]
     shot = browser.send("Page.captureScreenshot", session=True, format="png",
                         captureBeyondViewport=True, clip={
@@ -184,3 +185,12 @@ def test_pasted_paragraphs_come_back_with_their_line_breaks(page):
     path = Path(os.environ.get("NMT_SCREENSHOT", ROOT / "build" / "serve-page.png"))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(base64.b64decode(shot["data"]))
+
+
+def test_a_text_over_2000_characters_gets_no_heatmap(page):
+    _, browser, _ = page  # the server would compute the attention of each of its pieces
+    long = "Open the file and show the hidden files. " * 55
+    browser.run(f"document.getElementById('source').value = {json.dumps(long)}; "
+                "document.getElementById('go').click()")
+    browser.wait_for("document.getElementById('score').textContent.includes('55 pieces')")
+    assert browser.run("document.getElementById('attention-box').hidden") is True
