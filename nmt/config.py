@@ -107,6 +107,7 @@ class ModelConfig:
     activation: str = "relu"  # the FFN's: relu (the paper's), gelu, or swish (x sigmoid(x))
     output_bias: bool = False  # a bias on the output projection (MarianMT's final_logits_bias)
     residual_init: str = "gpt2"  # W^O, W_2 times gpt2 1/sqrt(2N), depth 1/(2N), zero 0, xavier 1
+    positions: str = "paper"  # sinusoids: the paper's, or fairseq's (M2M100, NLLB; nmt.variants)
 
     def __post_init__(self) -> None:
         _check_min(self, "model.", 1, "N", "d_model", "d_ff")
@@ -123,6 +124,10 @@ class ModelConfig:
                f"must be relu, gelu or swish, got {self.activation!r}")
         _check(self.residual_init in RESIDUAL_INIT, "model.residual_init",
                f"must be one of {', '.join(RESIDUAL_INIT)}, got {self.residual_init!r}")
+        _check(self.positions in ("paper", "fairseq"), "model.positions",
+               f"must be paper or fairseq, got {self.positions!r}")
+        _check(self.positions == "paper" or self.d_model >= 4, "model.d_model",
+               "must be >= 4 with model.positions=fairseq")
 
     @property
     def decoder_layers(self) -> int:

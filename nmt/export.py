@@ -166,7 +166,7 @@ def transformers_model(loaded: LoadedCheckpoint):
     _load(model, transformers_weights(loaded, pegasus))
     model.generation_config = transformers.GenerationConfig(
         decoder_start_token_id=v["bos_id"], bos_token_id=v["bos_id"], eos_token_id=v["eos_id"],
-        pad_token_id=v["pad_id"], suppress_tokens=[v["pad_id"], v["bos_id"]], min_new_tokens=1,
+        pad_token_id=v["pad_id"], suppress_tokens=list(loaded.specials.banned), min_new_tokens=1,
         num_beams=4, max_length=min(MAX_LENGTH, cfg.max_positions))
     return model.eval()
 

@@ -30,6 +30,12 @@ class Specials(NamedTuple):
     eos: int
     pad: int
 
+    @property
+    def banned(self) -> tuple[int, ...]:
+        """The ids never generated: PAD, and BOS unless it is EOS (M2M100 and NLLB-200 start
+        decoding from </s>, which must still end outputs)."""
+        return (self.pad,) if self.bos == self.eos else (self.pad, self.bos)
+
 
 SPECIALS = Specials(BOS_ID, EOS_ID, PAD_ID)  # those of the SentencePiece models nmt trains
 SPACE = "\u2581"  # SentencePiece's mark of a space, which starts a word's first piece

@@ -13,21 +13,22 @@ NMT = ROOT / "nmt"
 LAYERS = [
     {"nmt.errors", "nmt.config_errors", "nmt.capabilities", "nmt.config", "nmt.files",
      "nmt.runtime", "nmt.scoring", "nmt.segment"},
-    {"nmt.model", "nmt.attention_maps", "nmt.tokenizer", "nmt.private_ops", "nmt.checkpoint",
-     "nmt.distributed", "nmt.loss", "nmt.schedule", "nmt.cpu_training",
+    {"nmt.model", "nmt.variants", "nmt.attention_maps", "nmt.tokenizer", "nmt.private_ops",
+     "nmt.checkpoint", "nmt.distributed", "nmt.loss", "nmt.schedule", "nmt.cpu_training",
      "nmt.activation_checkpointing", "nmt.preemption", "nmt.stopping", "nmt.corpus"},
     {"nmt.inference.fast", "nmt.inference.search", "nmt.inference.workers",
      "nmt.inference.constrained", "nmt.inference.stepping", "nmt.inference.loading",
-     "nmt.plot", "nmt.runlog", "nmt.data", "nmt.shortlist"},
+     "nmt.plot", "nmt.runlog", "nmt.data", "nmt.shortlist", "nmt.hf_files", "nmt.marian",
+     "nmt.m2m100"},
     {"nmt.inference.translator", "nmt.inference.ct2_export"},  # the engines, the export
     {"nmt.inference.ct2_engine"},
     {"nmt.inference.engine"},  # the interface and open_translator
-    {"nmt.align", "nmt.translate", "nmt.train", "nmt.preprocess", "nmt.export", "nmt.marian",
+    {"nmt.align", "nmt.translate", "nmt.train", "nmt.preprocess", "nmt.export", "nmt.importer",
      "nmt.serve.batcher", "nmt.serve.app"},
     {"nmt.cli", "nmt.gpu_sim"},  # the commands; the GPU simulation harness of tests and scripts
 ]
 # The commands' modules: none imports another (what two need lives below both).
-COMMANDS = {"nmt.translate", "nmt.train", "nmt.preprocess", "nmt.export", "nmt.marian",
+COMMANDS = {"nmt.translate", "nmt.train", "nmt.preprocess", "nmt.export", "nmt.importer",
             "nmt.serve.app"}
 # The engines and the CTranslate2 export: none imports another, nor nmt-export's module.
 ENGINES = {"nmt.inference.translator", "nmt.inference.ct2_engine", "nmt.inference.ct2_export"}

@@ -37,9 +37,9 @@ from nmt.config import (
 from nmt.errors import NmtError
 from nmt.export import export
 from nmt.files import read_lines
+from nmt.importer import import_model, model_overrides
 from nmt.inference.search import translate_ids
 from nmt.inference.translator import Translator
-from nmt.marian import import_marian, model_overrides
 
 transformers = pytest.importorskip("transformers")
 sentencepiece = pytest.importorskip("sentencepiece")
@@ -149,7 +149,7 @@ def marian_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def imported(marian_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("nmt") / "opus.pt"
-    import_marian(ImportConfig(input=str(marian_dir), output=str(out)))
+    import_model(ImportConfig(input=str(marian_dir), output=str(out)))
     return out
 
 
@@ -273,20 +273,20 @@ def test_the_command_imports_and_bad_input_is_one_line(marian_dir, tmp_path):
         (broken / name).write_bytes((marian_dir / name).read_bytes())
     config = json.loads((marian_dir / "config.json").read_text())
     cases = [({**config, "activation_function": "tanh"}, "activation_function='tanh'"),
-             ({**config, "model_type": "bart"}, "model_type='bart': only MarianMT"),
+             ({**config, "model_type": "bart"}, "model_type='bart': nmt-import reads marian"),
              ({k: v for k, v in config.items() if k != "d_model"}, "missing key 'd_model'"),
              ({**config, "d_model": 64}, "weights do not fit config.json")]
     for bad, message in cases:
         (broken / "config.json").write_text(json.dumps(bad))
         with pytest.raises(NmtError, match=re.escape(message)) as e:
-            import_marian(ImportConfig(input=str(broken), output=str(tmp_path / "x.pt")))
+            import_model(ImportConfig(input=str(broken), output=str(tmp_path / "x.pt")))
         assert "\n" not in str(e.value) and not (tmp_path / "x.pt").exists()
     r = cli(f"input={tmp_path / 'nowhere'}", f"output={tmp_path / 'x.pt'}")
     assert r.returncode != 0 and "config.json: not found" in r.stderr
 
 
 def test_a_device_as_output_is_written_into_not_replaced(marian_dir, null_device):
-    import_marian(ImportConfig(input=str(marian_dir), output=str(null_device)))  # no force
+    import_model(ImportConfig(input=str(marian_dir), output=str(null_device)))  # no force
     assert stat.S_ISCHR(null_device.lstat().st_mode)
     assert [p.name for p in null_device.parent.iterdir()] == ["null"]
 

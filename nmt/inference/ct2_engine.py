@@ -179,14 +179,14 @@ class CT2Translator:
                 prefixes: list[list[int]], limit: int) -> list:
         """translate_batch of one group, asynchronously: one AsyncTranslationResult each."""
         sampling = search.sampling
-        pad, bos = self._tgt_pieces[self.specials.pad], self._tgt_pieces[self.specials.bos]
+        banned = [[self._tgt_pieces[i]] for i in self.specials.banned]  # PAD, BOS unless EOS
         return self.ct2.translate_batch(
             [[self._src_pieces[t] for t in s] for s in src_ids],
             [[self._tgt_pieces[t] for t in p] or None for p in prefixes],
             asynchronous=True, max_batch_size=search.max_tokens, batch_type="tokens",
             beam_size=1 if sampling else search.beam_size, num_hypotheses=search.nbest,
             length_penalty=0.0, no_repeat_ngram_size=search.no_repeat_ngram_size,
-            suppress_sequences=[[pad], [bos]], return_end_token=True, return_scores=True,
+            suppress_sequences=banned, return_end_token=True, return_scores=True,
             use_vmap=bool(search.shortlist),
             max_input_length=0, max_decoding_length=limit, min_decoding_length=search.min_len,
             sampling_topk=(search.top_k if sampling else 1),

@@ -135,6 +135,7 @@ class Constraints:
                  prefixes: list[list[int]] | None, device: torch.device):
         self.search = search
         self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id = specials
+        self.banned = list(Specials(*specials).banned)
         self.prefix = self.prefix_len = None
         if prefixes and any(prefixes):
             self.prefix = pad_batch([p + [pad_id] for p in prefixes], pad_id, device)  # (B, P)
@@ -155,8 +156,7 @@ class Constraints:
             if len(rows):
                 token = self.prefix[sentences[rows], t]  # (n,)
                 forced = rows, token, lprobs[rows, token]  # their log P, before any ban
-        lprobs[:, self.pad_id] = -torch.inf
-        lprobs[:, self.bos_id] = -torch.inf
+        lprobs[:, self.banned] = -torch.inf  # PAD, BOS unless it is EOS
         if t < self.search.min_len:
             lprobs[:, self.eos_id] = -torch.inf
         n = self.search.no_repeat_ngram_size

@@ -185,7 +185,7 @@ class StepDecoder:
     def _log_probs(self) -> Tensor:
         """(R, V) next-token log-probabilities of every live row, with PAD and BOS banned and
         EOS banned for rows with fewer than search.min_len tokens."""
-        bos, eos, pad = self.specials
+        eos = self.specials.eos
         dev, L = self.device, self.length
         positions = torch.from_numpy(L - self.start).to(dev)  # (R,) each row's own step
         mask = None
@@ -195,8 +195,7 @@ class StepDecoder:
             mask = additive_mask(seen[:, None, None, :], self.models[0].float_dtype)
         lprobs = self.decoder.log_probs(self.last, positions=positions, self_mask=mask)
         self.length += 1
-        lprobs[:, pad] = -torch.inf
-        lprobs[:, bos] = -torch.inf
+        lprobs[:, list(Specials(*self.specials).banned)] = -torch.inf  # PAD, BOS unless EOS
         short = np.flatnonzero(np.repeat(self.t, self.k) < self.search.min_len)
         if len(short):
             lprobs[torch.from_numpy(short).to(dev), eos] = -torch.inf
