@@ -482,6 +482,9 @@ class TranslateConfig:
     ct2_model: str = ""  # engine=ctranslate2: the export's folder ("": CHECKPOINT.ct2/ beside it)
     split: str = "none"  # none: a line is a segment; sentence|paragraph: pieces (nmt/segment.py)
     split_lang: str = ""  # split=sentence: the source language, an ISO 639 code (e.g. en)
+    # A multilingual checkpoint's languages (nmt.languages): names it records, e.g. de, deu_Latn
+    src_lang: str = ""  # the language of the input (M2M100, NLLB-200 need it); "": none
+    tgt_lang: str = ""  # the language to translate into (a multilingual model's choice)
     search: SearchConfig = field(default_factory=SearchConfig)
 
     @property

@@ -134,11 +134,7 @@ def vocabulary_model(spm_proto: bytes, table: dict[str, int], size: int, special
     piece type of given ids (language tokens: CONTROL, or USER_DEFINED to be kept whole in
     text)."""
     fields = _fields(spm_proto, where)
-    theirs = {}  # piece -> (score, type) of the .spm model
-    for number, value in fields:
-        if number == 1:
-            piece = dict(_fields(value, where))
-            theirs[piece[1].decode()] = (piece.get(2, 0.0), piece.get(3, NORMAL))
+    theirs = {piece: (score, kind) for piece, score, kind in model_pieces(spm_proto, where)}
     by_id = {i: piece for piece, i in table.items()}
     control = {specials["eos"], specials["pad"], specials["bos"]}
     pieces = []
@@ -164,6 +160,16 @@ def vocabulary_model(spm_proto: bytes, table: dict[str, int], size: int, special
     proto = b"".join(_message([(1, p)]) for p in pieces) + _message([(2, trainer), *rest])
     Tokenizer(proto, str(where))  # SentencePiece accepts it, or a one-line error
     return proto
+
+
+def model_pieces(spm_proto: bytes, where: Path) -> list[tuple[str, float, int]]:
+    """A SentencePiece model's pieces in id order: (piece, score, type)."""
+    out = []
+    for number, value in _fields(spm_proto, where):
+        if number == 1:
+            piece = dict(_fields(value, where))
+            out.append((piece[1].decode(), piece.get(2, 0.0), piece.get(3, NORMAL)))
+    return out
 
 
 def _varint(value: int) -> bytes:

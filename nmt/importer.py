@@ -36,11 +36,11 @@ def import_model(cfg: ImportConfig) -> Path:
     if kind not in CONVERTERS:
         raise NmtError(f"{src / 'config.json'}: model_type={kind!r}: nmt-import reads marian "
                        f"(MarianMT, OPUS-MT) and m2m_100 (M2M100, NLLB-200) models")
-    converted = CONVERTERS[kind](src, config)
-    model_cfg, vocab = converted.model_cfg, converted.vocab
-    model = build_model(model_cfg, vocab["src_size"], vocab["tgt_size"], vocab["pad_id"],
-                        vocab["joint"])
     try:
+        converted = CONVERTERS[kind](src, config)
+        model_cfg, vocab = converted.model_cfg, converted.vocab
+        model = build_model(model_cfg, vocab["src_size"], vocab["tgt_size"], vocab["pad_id"],
+                            vocab["joint"])
         model.load_state_dict(converted.weights)
     except (RuntimeError, IndexError) as e:  # a shape that config.json does not give
         raise NmtError(f"{src}: weights do not fit config.json "

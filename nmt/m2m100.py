@@ -34,16 +34,18 @@ import torch
 from nmt.errors import NmtError
 from nmt.hf_files import (
     CONTROL,
+    UNKNOWN,
     Converted,
     bart_config,
     bart_weights,
+    model_pieces,
     read_json,
     read_vocab,
     read_weights,
     require,
     vocabulary_model,
 )
-from nmt.tokenizer import Tokenizer, vocab_sha256
+from nmt.tokenizer import vocab_sha256
 
 FAIRSEQ_SPECIALS = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
 # M2M100Tokenizer's language lists (transformers' FAIRSEQ_LANGUAGE_CODES): tokens __xx__
@@ -79,7 +81,7 @@ def vocabulary(directory: Path, config: dict) -> tuple[dict, str]:
         raise NmtError(f"{spm_path}: cannot read ({e.strerror})") from None
     m2m100 = (directory / "vocab.json").is_file()
     table = (read_vocab(directory / "vocab.json") if m2m100
-             else fairseq_table(Tokenizer(proto, str(spm_path))))
+             else fairseq_table(proto, spm_path))
     added = added_tokens(directory)
     if m2m100 and not any(LANGUAGE_TOKEN.fullmatch(t) for t in added):
         names = read_json_if(directory / "tokenizer_config.json").get("language_codes", "m2m100")
@@ -102,14 +104,13 @@ def vocabulary(directory: Path, config: dict) -> tuple[dict, str]:
             "M2M100" if m2m100 else "NLLB-200")
 
 
-def fairseq_table(tok: Tokenizer) -> dict[str, int]:
+def fairseq_table(spm_proto: bytes, where: Path) -> dict[str, int]:
     """fairseq's ids of a SentencePiece model's pieces: its four specials, then piece i at
     i + 1 (the model's own <unk>, <s>, </s> give way to them)."""
     table = dict(FAIRSEQ_SPECIALS)
-    for i in range(tok.vocab_size):
-        sp = tok.sp
-        if not (sp.is_unknown(i) or sp.is_control(i)):
-            table.setdefault(sp.id_to_piece(i), i + 1)
+    for i, (piece, _, kind) in enumerate(model_pieces(spm_proto, where)):
+        if kind not in (UNKNOWN, CONTROL):
+            table.setdefault(piece, i + 1)
     return table
 
 

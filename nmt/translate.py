@@ -18,6 +18,7 @@ translations back in the line with the spaces between them (nmt.segment).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import stat
@@ -32,11 +33,12 @@ import torch
 from nmt import distributed
 from nmt.align import align, check_layer, pharaoh
 from nmt.config import TranslateConfig
-from nmt.errors import NmtError
+from nmt.errors import ConfigError, NmtError
 from nmt.files import check_output, decode_line, read_lines, write_atomically
 from nmt.inference.constrained import missing_phrases
 from nmt.inference.engine import Engine, check_vocab, open_translator
 from nmt.inference.search import Hypothesis
+from nmt.languages import LanguageChoice, choose
 from nmt.runtime import keep_freed_memory, usable_cores
 from nmt.scoring import score
 from nmt.segment import Segmented, sentence_splitter, split_text
@@ -162,6 +164,7 @@ class Session:
     refs: list[list[str]] | None  # ref=, refs=: reference streams (BLEU), or ref= targets
     phrases: list[list[str]] | None  # constraints=: per input line, its phrases
     splitter: Callable[[str], list[str]] | None = None  # split=sentence: a text's sentences
+    languages: LanguageChoice = LanguageChoice()  # src_lang=, tgt_lang=: tokens they add
 
 
 @dataclass
@@ -213,13 +216,24 @@ def open_session(cfg: TranslateConfig) -> Session:
             check_vocab(translator, cfg.vocab_check, cfg.checkpoints[0])
         if cfg.alignment:
             check_layer(translator.model, cfg.alignment_layer)
+        languages = choose(translator.vocab, cfg.src_lang, cfg.tgt_lang, cfg.checkpoints[0])
+        check_languages(cfg, languages)
     except NmtError:
         translator.close()
         raise
-    limit = min(cfg.max_input_tokens, translator.max_input_tokens)
+    limit = min(cfg.max_input_tokens, translator.max_input_tokens) - len(languages.source)
     name = "<stdin>" if cfg.input == "-" else cfg.input
     splitter = sentence_splitter(cfg.split_lang) if cfg.split == "sentence" else None
-    return Session(cfg, translator, env, limit, name, refs, phrases, splitter)
+    return Session(cfg, translator, env, limit, name, refs, phrases, splitter, languages)
+
+
+def check_languages(cfg: TranslateConfig, languages: LanguageChoice) -> None:
+    """What is not defined yet with a forced language token: alignments and attention plots
+    (their rows and columns would hold the language tokens)."""
+    for key in ("alignment", "attention_plot"):
+        if languages.prefix and getattr(cfg, key):
+            raise ConfigError(f"{key}: not with a forced target language token (tgt_lang= of "
+                              f"an M2M100 or NLLB-200 model) yet")
 
 
 def read_input(s: Session) -> list[str]:
@@ -296,9 +310,11 @@ def process(s: Session, lines: list[str], first: int, interactive: bool = False)
         if len(second) != len(lines):
             raise NmtError(f"{cfg.ref}: {len(s.refs[0])} target lines but {s.name} has more")
     docs, sources, owners = split_lines(s, sources)
-    src_ids = encode_lines(tr.src_tok, sources, s.limit, s.name, cfg.quiet, first)
-    tgt_ids = (encode_lines(tr.tgt_tok, second, s.limit, cfg.ref or s.name, cfg.quiet, first)
-               if second is not None else None)
+    src_ids = s.languages.sources(encode_lines(tr.src_tok, sources, s.limit, s.name, cfg.quiet,
+                                               first))
+    tgt_ids = s.languages.prefixes(len(src_ids), (
+        encode_lines(tr.tgt_tok, second, s.limit, cfg.ref or s.name, cfg.quiet, first)
+        if second is not None else None))
     phrases = constraint_ids(s, first, len(lines))
     mine = list(range(s.env.rank, len(sources), s.env.world_size))  # this rank's sources
     # A few arriving lines decode here: the workers' round trip would cost more than it saves.
@@ -308,6 +324,8 @@ def process(s: Session, lines: list[str], first: int, interactive: bool = False)
                                       [first + owners[i] for i in mine], parallel, interactive,
                                       phrases and [phrases[i] for i in mine]),
                   len(sources))
+    hyps = [[dataclasses.replace(h, tokens=s.languages.strip(h.tokens)) for h in hs]
+            for hs in hyps]  # without the forced language token
     # Only rank 0 writes: the other ranks' output lines go unused and need no links.
     links = (alignments(s, src_ids, hyps) if cfg.alignment and s.env.is_main
              else [None] * len(hyps))

@@ -13,9 +13,10 @@ NMT = ROOT / "nmt"
 LAYERS = [
     {"nmt.errors", "nmt.config_errors", "nmt.capabilities", "nmt.config", "nmt.files",
      "nmt.runtime", "nmt.scoring", "nmt.segment"},
-    {"nmt.model", "nmt.variants", "nmt.attention_maps", "nmt.tokenizer", "nmt.private_ops",
-     "nmt.checkpoint", "nmt.distributed", "nmt.loss", "nmt.schedule", "nmt.cpu_training",
-     "nmt.activation_checkpointing", "nmt.preemption", "nmt.stopping", "nmt.corpus"},
+    {"nmt.model", "nmt.variants", "nmt.languages", "nmt.attention_maps", "nmt.tokenizer",
+     "nmt.private_ops", "nmt.checkpoint", "nmt.distributed", "nmt.loss", "nmt.schedule",
+     "nmt.cpu_training", "nmt.activation_checkpointing", "nmt.preemption", "nmt.stopping",
+     "nmt.corpus"},
     {"nmt.inference.fast", "nmt.inference.search", "nmt.inference.workers",
      "nmt.inference.constrained", "nmt.inference.stepping", "nmt.inference.loading",
      "nmt.plot", "nmt.runlog", "nmt.data", "nmt.shortlist", "nmt.hf_files", "nmt.marian",
