@@ -273,6 +273,9 @@ def test_export_to_transformers_is_the_same_model(case, tmp_path):
         assert (out / "vocab.json").is_file() and directory.name.startswith("nllb")
     forced = load_checkpoint(checkpoint)["vocab"]["languages"]["codes"][tgt]
     assert hf_greedy(again, batch, forced) == hf_greedy(original, batch, forced)
+    config = again.generation_config  # starts from </s>, which still ends outputs
+    assert config.decoder_start_token_id == config.eos_token_id == 2
+    assert config.suppress_tokens == [1]  # PAD only
     ours, theirs = again.state_dict(), original.state_dict()
     for name, value in theirs.items():
         torch.testing.assert_close(ours[name], value, msg=name)
@@ -293,3 +296,53 @@ def test_bad_directories_are_one_line(m2m_dir, tmp_path):
         with pytest.raises(NmtError, match=message) as e:
             import_model(ImportConfig(input=str(broken), output=str(tmp_path / "x.pt")))
         assert "\n" not in str(e.value) and not (tmp_path / "x.pt").exists()
+
+
+@pytest.mark.slow  # over 2 s
+def test_fine_tuning_from_the_imported_checkpoint_lowers_the_loss(m2m_pt, tmp_path):
+    from nmt.config import ModelConfig, PreprocessConfig, TrainConfig, compose, to_object
+    from nmt.importer import model_overrides
+    from nmt.preprocess import preprocess
+    from nmt.train import train
+
+    pairs = [(e, d) for e, d in zip(bundled("train.en")[3000:4000],
+                                    bundled("train.de")[3000:4000], strict=True)
+             if len(e) <= 50 and len(d) <= 60]
+    for split, part in (("train", pairs[:200]), ("valid", pairs[200:220])):
+        for lang, side in (("en", 0), ("de", 1)):
+            (tmp_path / f"{split}.{lang}").write_text(
+                "\n".join(p[side] for p in part) + "\n", encoding="utf-8")
+    data = tmp_path / "domain"
+    preprocess(to_object(compose("preprocess", [  # the source language token as a corpus tag
+        "src_lang=en", "tgt_lang=de", f"train=[{{path:{tmp_path}/train,tag:__en__}}]",
+        f"valid={tmp_path}/valid", f"out_dir={data}", f"bpe.model={m2m_pt}", "workers=1"]),
+        PreprocessConfig))
+    state = load_checkpoint(m2m_pt)
+    overrides = model_overrides(ModelConfig(**state["model_cfg"]))
+    assert "model.positions=fairseq" in overrides
+    result = train(to_object(compose("train", [
+        "+model=small", f"data_dir={data}", f"run_dir={tmp_path / 'run'}", *overrides,
+        f"train.init_from={m2m_pt}", "train.max_updates=15", "train.max_tokens=400",
+        "train.threads=1", "optim.warmup=1", "optim.lr_factor=0.02", "model.dropout=0.0"]),
+        TrainConfig))
+    assert result["update"] == 15
+
+    search = SearchConfig(beam_size=1, alpha=0.0)
+    en = [e for e, _ in pairs[:200]]
+    de = [d for _, d in pairs[:200]]
+
+    def mean_nll(path: Path) -> float:
+        tr = Translator.load(path, dtype=None)
+        code = state["vocab"]["languages"]["codes"]["en"]
+        src = [[code, *ids] for ids in tr.src_tok.encode(en)]
+        tgt = tr.tgt_tok.encode(de)
+        hyps = tr.score_ids(src, tgt, search, parallel=False)
+        return -sum(h.logprob for h in hyps) / sum(len(t) + 1 for t in tgt)
+
+    before, after = mean_nll(m2m_pt), mean_nll(tmp_path / "run" / "checkpoint_last.pt")
+    assert after < before - 0.5, (before, after)
+    with pytest.raises(NmtError, match="positions='fairseq' != 'paper'"):  # the variant kept
+        train(to_object(compose("train", [
+            "+model=small", f"data_dir={data}", f"run_dir={tmp_path / 'run2'}",
+            *[o for o in overrides if "positions" not in o], f"train.init_from={m2m_pt}",
+            "train.max_updates=1"]), TrainConfig))
