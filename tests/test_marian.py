@@ -34,12 +34,13 @@ from nmt.config import (
     compose,
     to_object,
 )
-from nmt.errors import NmtError
+from nmt.errors import ConfigError, NmtError
 from nmt.export import export
 from nmt.files import read_lines
 from nmt.importer import import_model, model_overrides
 from nmt.inference.search import translate_ids
 from nmt.inference.translator import Translator
+from nmt.languages import choose
 
 transformers = pytest.importorskip("transformers")
 sentencepiece = pytest.importorskip("sentencepiece")
@@ -99,12 +100,12 @@ def hf_greedy(model, tokenizer, text: list[str]) -> list[list[int]]:
     return [row[:-1] if row and row[-1] == eos else row for row in ids]
 
 
-@pytest.fixture(scope="module")
-def marian_dir(tmp_path_factory) -> Path:
-    """A MarianMT model directory as an OPUS-MT model ships it."""
+def build_marian(tmp_path_factory, codes: tuple[str, ...] = ()) -> Path:
+    """A MarianMT model directory as an OPUS-MT model ships it; codes: the target languages
+    of a multilingual model, whose tokens >>xx<< vocab.json holds (first, as OPUS-MT's do)."""
     from transformers import MarianConfig, MarianMTModel, MarianTokenizer
 
-    d = tmp_path_factory.mktemp("opus-mt-en-de")
+    d = tmp_path_factory.mktemp("opus-mt")
     work = tmp_path_factory.mktemp("spm")
     src_spm, tgt_spm = opus_spm(lines("train.en", 0, 2000), 150), opus_spm(
         lines("train.de", 0, 2000), 170)
@@ -116,6 +117,7 @@ def marian_dir(tmp_path_factory) -> Path:
         pieces |= {sp.id_to_piece(i) for i in range(sp.get_piece_size())}
     pieces = sorted(pieces - {"<unk>", "<s>", "</s>"})
     random.Random(0).shuffle(pieces)  # vocab.json's ids are not the .spm models'
+    pieces = [f">>{code}<<" for code in codes] + pieces
     vocab = {"</s>": 0, "<unk>": 1, **{p: i + 2 for i, p in enumerate(pieces)}}
     vocab["<pad>"] = V = len(vocab)
     V += 1
@@ -135,7 +137,8 @@ def marian_dir(tmp_path_factory) -> Path:
     model = MarianMTModel(config).eval()
     widen(model, seed=0)
     # EOS's output row a noisy copy of the most frequent output token's: some outputs end.
-    out = hf_greedy(model, tokenizer, lines("test.en", 0, 48))
+    tag = f">>{codes[0]}<< " if codes else ""
+    out = hf_greedy(model, tokenizer, [tag + line for line in lines("test.en", 0, 48)])
     top = torch.tensor([t for seq in out for t in seq]).mode().values
     with torch.no_grad():
         w = model.get_output_embeddings().weight
@@ -144,6 +147,12 @@ def marian_dir(tmp_path_factory) -> Path:
     model.save_pretrained(d)
     tokenizer.save_pretrained(d)
     return d
+
+
+@pytest.fixture(scope="module")
+def marian_dir(tmp_path_factory) -> Path:
+    """A bilingual MarianMT directory."""
+    return build_marian(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -290,3 +299,49 @@ def test_a_device_as_output_is_written_into_not_replaced(marian_dir, null_device
     assert stat.S_ISCHR(null_device.lstat().st_mode)
     assert [p.name for p in null_device.parent.iterdir()] == ["null"]
 
+
+
+@pytest.fixture(scope="module")
+def multilingual(tmp_path_factory) -> tuple[Path, Path]:
+    """A multilingual MarianMT directory (>>de<< and >>fr<< choose the target) and its import."""
+    d = build_marian(tmp_path_factory, codes=("de", "fr"))
+    out = tmp_path_factory.mktemp("nmt") / "opus-mul.pt"
+    import_model(ImportConfig(input=str(d), output=str(out)))
+    return d, out
+
+
+def test_target_language_tokens_are_whole_and_chosen_with_tgt_lang(multilingual):
+    directory, checkpoint = multilingual
+    _, tokenizer = hf_model(directory)
+    tr = Translator.load(checkpoint, dtype=None)
+    assert tr.vocab["languages"] == {"convention": "tag", "codes": {"de": 2, "fr": 3}}
+    text = lines("test.en", 0, 100)
+    theirs = tokenizer([f">>fr<< {line}" for line in text])["input_ids"]
+    chosen = choose(tr.vocab, "", "fr", str(checkpoint)).sources(tr.src_tok.encode(text))
+    assert [ids + [tr.specials.eos] for ids in chosen] == theirs
+    typed = tr.src_tok.encode([f">>fr<< {line}" for line in text])  # in the text: one piece,
+    assert [ids[1:] + [tr.specials.eos] for ids in typed] == theirs  # after a lone space mark
+    assert {tr.src_tok.pieces(ids[:1])[0] for ids in typed} == {"\u2581"}
+    with pytest.raises(ConfigError, match=r"tgt_lang=es: .* has no such language \(it has de, fr"):
+        choose(tr.vocab, "", "es", str(checkpoint))
+    with pytest.raises(ConfigError, match=r"src_lang=en: .* chooses the target language only"):
+        choose(tr.vocab, "en", "fr", str(checkpoint))
+
+
+def test_multilingual_greedy_output_is_generate_per_target_language(multilingual, tmp_path):
+    directory, checkpoint = multilingual
+    model, tokenizer = hf_model(directory)
+    text = lines("test.en", 0, 48)
+    tr = Translator.load(checkpoint, dtype=None)
+    search = SearchConfig(beam_size=1, max_len_a=0.0, max_len_b=MAX_LEN)
+    outputs = {}
+    for lang in ("de", "fr"):
+        expected = hf_greedy(model, tokenizer, [f">>{lang}<< {line}" for line in text])
+        src = choose(tr.vocab, "", lang, str(checkpoint)).sources(tr.src_tok.encode(text))
+        assert translate_ids(tr.model, src, search, tr.specials) == expected
+        outputs[lang] = expected
+    assert outputs["de"] != outputs["fr"], "the language token changes nothing"
+    out = export(ExportConfig(checkpoint=str(checkpoint), output=str(tmp_path / "hf"),
+                              format="transformers"))
+    again, exported = hf_model(out)
+    assert hf_greedy(again, exported, [f">>fr<< {line}" for line in text]) == outputs["fr"]
