@@ -579,9 +579,10 @@ class ExportConfig:
 # ----------------------------------------------------------------------------- import
 @dataclass
 class ImportConfig:
-    """nmt-import: a Hugging Face MarianMT model directory in, an nmt checkpoint out."""
+    """nmt-import: a Hugging Face MarianMT, M2M100 or NLLB-200 directory in, an nmt checkpoint
+    out."""
 
-    input: str = MISSING  # the MarianMT directory (config.json, weights, *.spm, vocab.json)
+    input: str = MISSING  # the model directory (config.json, the weights, the tokenizer's files)
     output: str = MISSING  # the checkpoint to write (atomically)
     force: bool = False  # replace an existing output
 

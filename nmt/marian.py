@@ -82,7 +82,8 @@ def nmt_weights(hf: dict[str, Tensor], cfg: ModelConfig, where: Path) -> dict[st
 # ----------------------------------------------------------------------------- vocabularies
 def vocabulary(directory: Path, config: dict) -> dict:
     """The checkpoint's vocab entry (without "joint"): per side a SentencePiece model over
-    vocab.json's ids (target_vocab.json's for separate vocabularies), special ids, checksum."""
+    vocab.json's ids (target_vocab.json's for separate vocabularies), special ids, checksum,
+    and the >>xx<< target-language tokens as its languages (convention "tag"), if any."""
     ids = read_vocab(directory / "vocab.json")
     separate = (directory / "target_vocab.json").is_file()
     tgt_ids = read_vocab(directory / "target_vocab.json") if separate else ids
