@@ -346,3 +346,20 @@ def test_fine_tuning_from_the_imported_checkpoint_lowers_the_loss(m2m_pt, tmp_pa
             "+model=small", f"data_dir={data}", f"run_dir={tmp_path / 'run2'}",
             *[o for o in overrides if "positions" not in o], f"train.init_from={m2m_pt}",
             "train.max_updates=1"]), TrainConfig))
+
+
+def test_ctranslate2_engine_translates_into_the_language_asked_for(m2m_dir, m2m_pt, tmp_path):
+    pytest.importorskip("ctranslate2")
+    model, tokenizer = hf(m2m_dir, "en")
+    text = source_lines(8)
+    (tmp_path / "in.txt").write_text("\n".join(text) + "\n")
+    batch = tokenizer(text, return_tensors="pt", padding=True)
+    codes = load_checkpoint(m2m_pt)["vocab"]["languages"]["codes"]
+    search = SearchConfig(beam_size=1, max_len_a=0.0, max_len_b=MAX_LEN)
+    for lang in ("de", "fr"):
+        result = translate(TranslateConfig(
+            checkpoint=str(m2m_pt), input=str(tmp_path / "in.txt"), engine="ctranslate2",
+            ct2_model=str(tmp_path / "ct2"), output=str(tmp_path / "out.txt"), src_lang="en",
+            tgt_lang=lang, workers=1, quiet=True, search=search))
+        expected = [seq[1:] for seq in hf_greedy(model, batch, codes[lang])]
+        assert [h[0].tokens for h in result["nbest"]] == expected

@@ -11,7 +11,7 @@ from translate_helpers import random_sources, search, tiny_model
 from nmt.inference.fast import packing_works
 from nmt.inference.search import decoding_models, translate_nbest
 from nmt.inference.stepping import StepDecoder
-from nmt.tokenizer import SPECIALS
+from nmt.tokenizer import SPECIALS, Specials
 
 V = 24
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -68,3 +68,21 @@ def test_a_short_sentence_ends_before_a_long_one_that_started_with_it(beam):
     # one that joins while the long one runs also ends within its own length
     _, ended = run_continuous(models, [long, short], cfg, {0: [0], 5: [1]})
     assert ended[1] <= 5 + len(short) < ended[0]
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_start_token_that_is_eos_still_ends_outputs(beam):
+    specials = Specials(bos=SPECIALS.eos, eos=SPECIALS.eos, pad=SPECIALS.pad)  # M2M100's </s>
+    cfg = search(beam_size=beam, max_len_b=6)
+    models = decoding_models([tiny_model(V, seed=1, stops=True, N=2)], cfg)
+    sources = random_sources(8, V, seed=3)
+    dec = StepDecoder(models, cfg, specials)
+    dec.add(list(range(len(sources))), sources)
+    got = {}
+    while len(got) < len(sources):
+        got.update(dec.step())
+    want = translate_nbest(models, sources, cfg, specials)
+    assert [[h.tokens for h in got[i]] for i in range(len(sources))] == [
+        [h.tokens for h in hyps] for hyps in want]
+    assert any(len(hyps[0].tokens) < 6 + len(src) for hyps, src in zip(want, sources,
+                                                                        strict=True))
