@@ -6,7 +6,8 @@ A checkpoint is a plain dict of tensors, numbers, strings, bytes, lists and dict
     model_cfg    dataclasses.asdict(ModelConfig)
     vocab        {"src_size", "tgt_size", "joint", "pad_id", "unk_id", "bos_id", "eos_id",
                   "sha256": checksum of the SentencePiece model(s),
-                  "src_spm": bytes, "tgt_spm": bytes}  (so a checkpoint translates on its own)
+                  "src_spm": bytes, "tgt_spm": bytes,  (so a checkpoint translates on its own)
+                  "languages": a multilingual model's (nmt.languages; absent: one pair)}
     update       updates done; epoch: the epoch in progress
     ema          (training with train.ema_decay > 0) the exponential moving average of the
                  weights: a state_dict with the keys of "model"

@@ -306,7 +306,8 @@ def load_vocab(data_dir: str, manifest: dict) -> dict:
                 "joint": manifest["joint"], "pad_id": manifest["pad_id"],
                 "unk_id": manifest["unk_id"], "bos_id": manifest["bos_id"],
                 "eos_id": manifest["eos_id"], "sha256": sha, "src_spm": src.proto,
-                "tgt_spm": tgt.proto}
+                "tgt_spm": tgt.proto, **({"languages": manifest["languages"]}
+                                         if "languages" in manifest else {})}
     except KeyError as e:
         raise NmtError(f"{data_dir}/manifest.json: missing key {e} (not written by "
                        f"nmt-preprocess?)") from None

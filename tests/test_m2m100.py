@@ -339,8 +339,12 @@ def test_fine_tuning_from_the_imported_checkpoint_lowers_the_loss(m2m_pt, tmp_pa
         hyps = tr.score_ids(src, tgt, search, parallel=False)
         return -sum(h.logprob for h in hyps) / sum(len(t) + 1 for t in tgt)
 
-    before, after = mean_nll(m2m_pt), mean_nll(tmp_path / "run" / "checkpoint_last.pt")
+    tuned = tmp_path / "run" / "checkpoint_last.pt"
+    before, after = mean_nll(m2m_pt), mean_nll(tuned)
     assert after < before - 0.5, (before, after)
+    # the data directory and the fine-tuned model keep the import's languages
+    assert json.loads((data / "manifest.json").read_text())["languages"] == \
+        state["vocab"]["languages"] == load_checkpoint(tuned)["vocab"]["languages"]
     with pytest.raises(NmtError, match="positions='fairseq' != 'paper'"):  # the variant kept
         train(to_object(compose("train", [
             "+model=small", f"data_dir={data}", f"run_dir={tmp_path / 'run2'}",
