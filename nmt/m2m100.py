@@ -118,11 +118,19 @@ def added_tokens(directory: Path) -> dict[str, int]:
     """The added tokens and their ids: tokenizer.json's added_tokens, and
     tokenizer_config.json's added_tokens_decoder."""
     out = {}
-    for entry in read_json_if(directory / "tokenizer.json").get("added_tokens", []):
-        out[entry["content"]] = entry["id"]
-    decoder = read_json_if(directory / "tokenizer_config.json").get("added_tokens_decoder", {})
-    for i, entry in decoder.items():
-        out.setdefault(entry["content"], int(i))
+    path = directory / "tokenizer.json"
+    try:
+        for entry in read_json_if(path).get("added_tokens", []):
+            out[str(entry["content"])] = int(entry["id"])
+        path = directory / "tokenizer_config.json"
+        config = read_json_if(path)
+        for i, entry in config.get("added_tokens_decoder", {}).items():
+            out.setdefault(str(entry["content"]), int(i))
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise NmtError(f"{path}: an added token without content and id ({e})") from None
+    require(config, path, "legacy_behaviour", not config.get("legacy_behaviour", False),
+            "the language token after </s> (NLLB's order before 2023) is not read; nmt "
+            "puts it first")
     return out
 
 

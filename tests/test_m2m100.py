@@ -56,7 +56,7 @@ def fairseq_spm() -> bytes:
     """A BPE SentencePiece model with the ids of NLLB's and M2M100's: <unk> 0, <s> 1, </s> 2."""
     proto = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(bundled("train.en")[:1500] + bundled("train.de")[:1500]),
+        sentence_iterator=iter(bundled("train.en")[:1000] + bundled("train.de")[:1000]),
         model_writer=proto, model_type="bpe", vocab_size=200, unk_id=0, bos_id=1, eos_id=2,
         pad_id=-1, num_threads=1, minloglevel=2, input_sentence_size=0)
     return proto.getvalue()
@@ -296,6 +296,14 @@ def test_bad_directories_are_one_line(m2m_dir, tmp_path):
         with pytest.raises(NmtError, match=message) as e:
             import_model(ImportConfig(input=str(broken), output=str(tmp_path / "x.pt")))
         assert "\n" not in str(e.value) and not (tmp_path / "x.pt").exists()
+    (broken / "config.json").write_text(json.dumps(config))
+    tokenizer = json.loads((m2m_dir / "tokenizer_config.json").read_text())
+    for bad, message in (({**tokenizer, "legacy_behaviour": True}, "legacy_behaviour=True"),
+                         ({**tokenizer, "added_tokens_decoder": {"7": {}}}, "without content")):
+        (broken / "tokenizer_config.json").write_text(json.dumps(bad))
+        with pytest.raises(NmtError, match=message) as e:
+            import_model(ImportConfig(input=str(broken), output=str(tmp_path / "x.pt")))
+        assert "tokenizer_config.json" in str(e.value) and "\n" not in str(e.value)
 
 
 @pytest.mark.slow  # over 2 s
