@@ -82,26 +82,35 @@ def vocabulary(directory: Path, config: dict) -> tuple[dict, str]:
     m2m100 = (directory / "vocab.json").is_file()
     table = (read_vocab(directory / "vocab.json") if m2m100
              else fairseq_table(proto, spm_path))
-    added = added_tokens(directory)
-    if m2m100 and not any(LANGUAGE_TOKEN.fullmatch(t) for t in added):
-        names = read_json_if(directory / "tokenizer_config.json").get("language_codes", "m2m100")
-        added |= {f"__{c}__": len(table) + i for i, c in enumerate(M2M100_CODES.get(names, []))}
     size = config.get("vocab_size", len(table))
-    table = {**{t: i for t, i in added.items() if i < size}, **table}
-    codes = {name: table[token] for token in table
-             if (match := LANGUAGE_TOKEN.fullmatch(token))
-             for name in [match.group(1) or match.group(2)]}
-    if not codes:
-        raise NmtError(f"{directory}: no language tokens found (tokenizer.json, "
-                       f"tokenizer_config.json)")
-    pad, eos, unk = config.get("pad_token_id", 1), config.get("eos_token_id", 2), table["<unk>"]
-    specials = {"unk": unk, "eos": eos, "pad": pad, "bos": eos}
-    kinds = {i: CONTROL for t, i in added.items() if i < size and t not in FAIRSEQ_SPECIALS}
+    added = {t: i for t, i in language_tokens(directory, len(table), m2m100).items() if i < size}
+    table = {**added, **table}
+    codes = {}  # language name -> id
+    for token, i in table.items():
+        if match := LANGUAGE_TOKEN.fullmatch(token):
+            codes[match.group(1) or match.group(2)] = i
+    pad, eos, unk = config.get("pad_token_id", 1), config.get("eos_token_id", 2), table.get("<unk>")
+    if not codes or not all(isinstance(i, int) and 0 <= i < size for i in (pad, eos, unk)):
+        raise NmtError(f"{directory}: needs language tokens (tokenizer.json, "
+                       f"tokenizer_config.json), <unk>, and pad and eos ids within vocab_size")
+    specials = {"unk": unk, "eos": eos, "pad": pad, "bos": eos}  # decoding starts from </s>
+    kinds = {i: CONTROL for t, i in added.items() if t not in FAIRSEQ_SPECIALS}
     spm = vocabulary_model(proto, table, size, specials, spm_path, kinds)
     return ({"src_size": size, "tgt_size": size, "pad_id": pad, "unk_id": unk, "bos_id": eos,
              "eos_id": eos, "sha256": vocab_sha256(spm, spm), "src_spm": spm, "tgt_spm": spm,
              "joint": True, "languages": {"convention": "forced", "codes": codes}},
             "M2M100" if m2m100 else "NLLB-200")
+
+
+def language_tokens(directory: Path, pieces: int, m2m100: bool) -> dict[str, int]:
+    """The tokens after the vocabulary's `pieces` pieces and their ids: the added tokens
+    (added_tokens), or for an M2M100 directory that lists none of its language tokens,
+    M2M100Tokenizer's list (tokenizer_config.json's language_codes) from id `pieces` on."""
+    added = added_tokens(directory)
+    if not m2m100 or any(LANGUAGE_TOKEN.fullmatch(t) for t in added):
+        return added
+    names = read_json_if(directory / "tokenizer_config.json").get("language_codes", "m2m100")
+    return added | {f"__{c}__": pieces + i for i, c in enumerate(M2M100_CODES.get(names, []))}
 
 
 def fairseq_table(spm_proto: bytes, where: Path) -> dict[str, int]:
