@@ -146,9 +146,12 @@ class Constraints:
             return max_len
         return torch.maximum(max_len, (self.prefix_len + 1).clamp(max=max_positions))
 
-    def apply(self, lprobs: Tensor, tokens: Tensor, t: int, sentences: Tensor) -> None:
+    def apply(self, lprobs: Tensor, tokens: Tensor, t: int, sentences: Tensor,
+              bans=None) -> None:
         """lprobs (R, V) of output position t (0-based); tokens (R, >t) BOS and the output so
-        far; sentences (R,) the batch sentence of each row."""
+        far; sentences (R,) the batch sentence of each row. bans: a further ban, called with
+        lprobs before the prefix is forced (lexical constraints): a forced piece is never
+        banned."""
         forced = None
         if self.prefix is not None:
             rows = (self.prefix_len[sentences] > t).nonzero()[:, 0]  # rows still in the prefix
@@ -162,6 +165,8 @@ class Constraints:
         n = self.search.no_repeat_ngram_size
         if n and t >= n:
             _ban_repeated_ngrams(lprobs, tokens[:, 1:t + 1], n)
+        if bans is not None:
+            bans(lprobs)
         if forced is not None:
             rows, token, keep = forced
             lprobs[rows] = -torch.inf
@@ -395,11 +400,11 @@ def beam_search(model, src: Tensor, search: SearchConfig, specials: Specials,
         b, kb = scores.shape  # kb rows a sentence: 1 at the first step, then k
         lprobs = decoder.log_probs(tokens[:, :t + 1])  # (b kb, V)
         row_sent = sent.unsqueeze(1).expand(b, kb).reshape(-1)  # (b kb,)
-        cons.apply(lprobs, tokens, t, row_sent)
-        reorder = None
+        reorder = bans = None
         if dba is not None:  # candidates in striped bank order instead of by log P
-            dba.apply(lprobs, row_sent, eos_id)
+            bans = partial(dba.apply, sentences=row_sent, eos_id=eos_id)
             reorder = partial(dba.candidates, sentences=sent)
+        cons.apply(lprobs, tokens, t, row_sent, bans)
         scores, rows, token, read = beam_candidates(lprobs, scores, k, eos_id, reorder)
         tokens = tokens.index_select(0, rows.view(-1))  # (b k, 1 + T_max): k rows a sentence
         tokens[:, t + 1] = token
