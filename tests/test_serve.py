@@ -297,6 +297,25 @@ def test_continuous_batcher_sends_at_once_within_the_budget_and_refills_as_sente
     asyncio.run(scenario())
 
 
+def test_continuous_batcher_sends_to_a_worker_with_room_when_the_least_loaded_is_full():
+    """Worker 1 holds two short sentences (full by max_sentences=2, few tokens), worker 0 one
+    long one: the next sentence goes to worker 0 instead of waiting at the queue's head."""
+    sent: list[tuple[int, list]] = []
+    batcher = ContinuousBatcher(lambda w, items: sent.append((w, items)), None, 2, 100, 2, 100,
+                                FakeClock())
+
+    async def scenario():
+        loop = asyncio.create_task(batcher.run())
+        for seqs in ([[4] * 20], [[5]], [[6]], [[7]]):
+            asyncio.create_task(batcher.translate(seqs, SearchConfig(), 60))
+            await settle()
+        got = [(w, ids) for w, items in sent for _, _, ids in items]
+        assert got == [(0, [4] * 20), (1, [5]), (1, [6]), (0, [7])] and not batcher.queue
+        loop.cancel()
+
+    asyncio.run(scenario())
+
+
 # ----------------------------------------------------------------------------- config, start-up
 def test_serve_config_is_validated_naming_the_key():
     def make(*overrides):

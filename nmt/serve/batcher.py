@@ -325,13 +325,16 @@ class ContinuousBatcher(Batcher):
             await self._wait(None)
 
     def _room(self, tokens: int) -> int | None:
-        """The worker with the fewest tokens in flight if it can take `tokens` more."""
-        w = min(range(self.workers), key=self.tokens.__getitem__)
+        """Of the workers that can take `tokens` more, the one with the fewest tokens in flight
+        (None: none can)."""
+        fits = [w for w in range(self.workers) if self._fits(w, tokens)]
+        return min(fits, key=self.tokens.__getitem__, default=None)
+
+    def _fits(self, w: int, tokens: int) -> bool:
+        """Can worker w take a sentence of `tokens` more (an empty worker takes any)?"""
         n = len(self.flying[w])
-        if n and (self.tokens[w] + tokens > self.max_tokens
-                  or self.max_sentences and n >= self.max_sentences):
-            return None
-        return w
+        return not n or (self.tokens[w] + tokens <= self.max_tokens
+                         and not (self.max_sentences and n >= self.max_sentences))
 
     def receive(self, message: tuple) -> None:
         """A worker's message: hand each ended sentence its hypotheses (or its error)."""
