@@ -4,13 +4,17 @@ different steps get translate_nbest's outputs, and a short one leaves before a l
 from __future__ import annotations
 
 import math
+import queue
+import threading
+from types import SimpleNamespace
 
 import pytest
+import torch
 from translate_helpers import random_sources, search, tiny_model
 
 from nmt.inference.fast import packing_works
-from nmt.inference.search import decoding_models, translate_nbest
-from nmt.inference.stepping import StepDecoder
+from nmt.inference.search import Hypothesis, decoding_models, translate_nbest
+from nmt.inference.stepping import STOP, StepDecoder, step_loop
 from nmt.tokenizer import SPECIALS
 
 V = 24
@@ -68,3 +72,32 @@ def test_a_short_sentence_ends_before_a_long_one_that_started_with_it(beam):
     # one that joins while the long one runs also ends within its own length
     _, ended = run_continuous(models, [long, short], cfg, {0: [0], 5: [1]})
     assert ended[1] <= 5 + len(short) < ended[0]
+
+
+def test_a_failing_step_still_answers_the_empty_sources_admitted_with_it():
+    """A decoding step raises: its sentences fail, and an empty source admitted in the same
+    step still gets its empty hypothesis (it was lost, and its request waited for the 504)."""
+    cfg = search(beam_size=1)
+    model = decoding_models([tiny_model(V, seed=1)], cfg)[0]
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of memory")
+
+    model.decode_step = broken
+    translator = SimpleNamespace(prepared=lambda dtype: [model], specials=SPECIALS,
+                                 device=torch.device("cpu"))
+    inbox, outbox = queue.Queue(), queue.Queue()
+    inbox.put([("a", cfg, [5, 6]), ("empty", cfg, [])])
+    worker = threading.Thread(target=step_loop, args=(translator, inbox, outbox, 0))
+    worker.start()
+    messages = [outbox.get(timeout=60)]
+    while messages[-1][0] != "error":
+        messages.append(outbox.get(timeout=60))
+    inbox.put(STOP)
+    worker.join(timeout=60)
+    while not outbox.empty():
+        messages.append(outbox.get())
+    errors = [m for m in messages if m[0] == "error"]
+    assert [(m[2], str(m[3])) for m in errors] == [(["a"], "out of memory")]
+    assert [r for m in messages if m[0] == "done" for r in m[2]] == [
+        ("empty", [Hypothesis([], 0.0, 0.0)])]

@@ -177,13 +177,15 @@ class StepDecoder:
     @torch.inference_mode()
     def step(self) -> list:
         """One decoding step for every live row; the (tag, hypotheses) of the sentences that
-        ended, in no particular order."""
-        done, self.ready = self.ready, []
+        ended, in no particular order. If the step raises, the empty sources' results stay in
+        self.ready (the caller still answers them)."""
         if not self.tags:
+            done, self.ready = self.ready, []
             return done
         self.steps += 1
         lprobs = self._log_probs()  # (R, V)
         finished = self._greedy_step(lprobs) if self.k == 1 else self._beam_step(lprobs)
+        done, self.ready = self.ready, []
         return done + finished
 
     def _log_probs(self) -> Tensor:
@@ -353,6 +355,8 @@ def step_loop(translator, inbox, outbox, worker: int) -> None:
             try:
                 finished = dec.step()
             except Exception as e:  # this setting's sentences fail; the worker goes on
+                if dec.ready:  # empty sources decode nothing: they have their results
+                    outbox.put(("done", worker, dec.ready))
                 outbox.put(("error", worker, dec.tags, _portable(e)))
                 del decoders[key]
                 continue
