@@ -191,7 +191,7 @@ def test_translating_under_bf16_autocast_works(model, sources):
 # ----------------------------------------------------------------------------- sampling
 def test_sample_draws_from_the_tempered_truncated_distribution():
     """Inverse-CDF draws over 20,000 uniforms match softmax(lprobs / T), top-k and top-p."""
-    from nmt.inference.search import sample
+    from nmt.inference.rules import sample
 
     lprobs = torch.log_softmax(torch.tensor([[2.0, 1.0, 0.5, -1.0, -torch.inf]]), dim=-1)
     u = (torch.arange(20000) + 0.5) / 20000  # evenly spread: frequencies are exact up to 1e-4

@@ -52,7 +52,7 @@ from nmt.config import SearchConfig, check_ct2_search, check_search_device
 from nmt.errors import ConfigError, NmtError
 from nmt.export import export_key, write_ctranslate2
 from nmt.files import new_directory
-from nmt.inference.search import Hypothesis, length_penalty, max_output_lengths
+from nmt.inference.core import Hypothesis, length_penalty, max_output_lengths
 from nmt.inference.translator import Translator
 from nmt.runtime import usable_cores
 from nmt.tokenizer import Tokenizer
