@@ -12,6 +12,7 @@ import pytest
 import torch
 from translate_helpers import random_sources, search, tiny_model
 
+from nmt.inference.core import Decoding, Sentence
 from nmt.inference.fast import packing_works
 from nmt.inference.search import Hypothesis, decoding_models, translate_nbest
 from nmt.inference.stepping import STOP, StepDecoder, step_loop
@@ -101,3 +102,41 @@ def test_a_failing_step_still_answers_the_empty_sources_admitted_with_it():
     assert [(m[2], str(m[3])) for m in errors] == [(["a"], "out of memory")]
     assert [r for m in messages if m[0] == "done" for r in m[2]] == [
         ("empty", [Hypothesis([], 0.0, 0.0)])]
+
+
+OPTIONS = {  # every search option of nmt-translate, each through continuous batching
+    "sampling": dict(beam_size=1, sampling=True, top_k=5, top_p=0.9, temperature=0.8, seed=3,
+                     nbest=2),
+    "no_repeat_ngram": dict(beam_size=4, nbest=2, no_repeat_ngram_size=2),
+    "greedy_ngram": dict(beam_size=1, no_repeat_ngram_size=1),
+    "prefix": dict(beam_size=4, nbest=2),
+    "constraints": dict(beam_size=3, nbest=2),
+    "min_len": dict(beam_size=2, min_len=5, alpha=1.0),
+}
+
+
+@pytest.mark.parametrize("option", sorted(OPTIONS))
+def test_every_search_option_joins_a_running_batch_with_translate_nbests_outputs(option):
+    cfg = search(max_len_b=4, **OPTIONS[option])
+    models = decoding_models([tiny_model(V, seed=1, stops=True, N=2)], cfg)
+    sources = random_sources(8, V, seed=5)
+    prefixes = [[7, 8][:i % 3] for i in range(8)] if option == "prefix" else [[]] * 8
+    phrases = ([[[9]], [[10, 11]], [], [[12], [5]]] * 2 if option == "constraints"
+               else [[]] * 8)
+    lines = [10 + i for i in range(8)]
+    dec = Decoding(models, cfg, SPECIALS, continuations=[6, 7],
+                   beam=True if option == "constraints" else None)
+    joins = {0: [0, 1, 2], 2: [3, 4], 3: [5], 5: [6, 7]}
+    got, joined = {}, False
+    while len(got) < len(sources):
+        dec.admit([Sentence(i, sources[i], prefixes[i], phrases[i], lines[i])
+                   for i in joins.get(dec.steps, [])])
+        joined |= dec.joined  # some joined sentences already decoding
+        got.update(dec.step())
+        assert dec.steps < 100
+    assert joined and dec.rows == 0
+    want = translate_nbest(models, sources, cfg, SPECIALS, prefixes=prefixes, lines=lines,
+                           constraints=phrases, continuations=[6, 7])
+    for i, hyps in enumerate(want):
+        assert [h.tokens for h in got[i]] == [h.tokens for h in hyps], i
+        assert [h.score for h in got[i]] == pytest.approx([h.score for h in hyps], abs=1e-5)

@@ -43,8 +43,14 @@ from torch import Tensor
 
 from nmt.config import SearchConfig
 from nmt.inference.constrained import PhraseConstraints, missing_phrases, pad_to
-from nmt.inference.fast import FastModel, FastState, _source_mask, row_argmax, top_k
-from nmt.inference.rules import StepView, apply_rules, sample, sample_uniforms
+from nmt.inference.fast import (
+    FastModel,
+    FastState,
+    additive_source_mask,
+    row_argmax,
+    top_k,
+)
+from nmt.inference.rules import StepView, apply_rules, sample_tokens, sample_uniforms
 from nmt.model import additive_mask
 from nmt.shortlist import Candidates
 from nmt.tokenizer import Specials
@@ -344,7 +350,8 @@ class Decoding:
         """Each FastState's additive source mask from the live memory rows' (None: no
         padding)."""
         for model, state in zip(self.models, self.decoder.states, strict=True):
-            state.mask = _source_mask(self.src_mask[:, None, None, :], model.float_dtype)
+            state.mask = additive_source_mask(self.src_mask[:, None, None, :],
+                                              model.float_dtype)
 
     def _add_rows(self, todo: list[Sentence], slots: list[int], max_len: np.ndarray,
                   per: int) -> None:
@@ -521,7 +528,7 @@ class Greedy:
         dec, search, eos = self.dec, self.dec.search, self.dec.specials.eos
         if search.sampling:
             u = dec.u.gather(1, dec.on_device(dec.t)[:, None]).squeeze(1)  # (R,)
-            token = sample(lprobs, u, search)
+            token = sample_tokens(lprobs, u, search)
         else:
             token = row_argmax(lprobs)  # (R,): lprobs.argmax(dim=1), faster
         self.logprob += lprobs.gather(1, token.unsqueeze(1)).squeeze(1)  # (R,)

@@ -104,7 +104,7 @@ def force_prefix(lprobs: Tensor, inside: Tensor, token: Tensor, keep: Tensor) ->
     lprobs.scatter_(1, token, torch.where(inside.unsqueeze(1), keep, lprobs.gather(1, token)))
 
 
-def sample(lprobs: Tensor, u: Tensor, search: SearchConfig) -> Tensor:
+def sample_tokens(lprobs: Tensor, u: Tensor, search: SearchConfig) -> Tensor:
     """(R, V) log-probabilities, (R,) uniforms in [0, 1) -> (R,) tokens drawn by inverse CDF
     from softmax(lprobs / temperature), cut to the top_k tokens and the top_p nucleus."""
     scores = lprobs / search.temperature
