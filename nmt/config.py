@@ -613,10 +613,6 @@ class ServeConfig:
                "needs engine=nmt (or set continuous=false)")
         _check(not self.continuous or not self.search.shortlist, "continuous",
                "needs search.shortlist='' (or set continuous=false)")
-        _check(not self.continuous or not (self.search.sampling
-                                           or self.search.no_repeat_ngram_size),
-               "continuous", "needs search.sampling=false and search.no_repeat_ngram_size=0 "
-                             "(or set continuous=false)")
 
 
 # ----------------------------------------------------------------------------- Hydra glue

@@ -601,10 +601,13 @@ def test_health_says_the_model_is_loaded(server, ckpt):
     assert body["limits"]["max_sentences"] == 16 and body["search"]["beam_size"] == 4
 
 
-@pytest.mark.parametrize("search", [{"beam_size": 4}, {"beam_size": 1},
-                                    {"beam_size": 3, "nbest": 2, "alpha": 1.0}])
+@pytest.mark.parametrize("search", [
+    {"beam_size": 4}, {"beam_size": 1}, {"beam_size": 3, "nbest": 2, "alpha": 1.0},
+    {"sampling": True, "nbest": 2, "top_k": 8, "top_p": 0.9, "temperature": 0.7, "seed": 5},
+    {"beam_size": 2, "no_repeat_ngram_size": 1, "min_len": 3, "max_len_a": 0.5}])
 @pytest.mark.slow
 def test_translations_equal_nmt_translate(server, ckpt, tiny_data_dir, lines, search):
+    """Every search option of nmt-translate, continuously batched (fp32): the same outputs."""
     got = server.translate(lines, **search)
     want = nmt_translate(ckpt, tiny_data_dir, **search)
     n = len(lines)
@@ -616,6 +619,31 @@ def test_translations_equal_nmt_translate(server, ckpt, tiny_data_dir, lines, se
         assert [t["nbest"][0]["text"] for t in got] == want["hypotheses"][:n]
     else:
         assert all("nbest" not in t for t in got)
+
+
+@pytest.mark.slow
+def test_prefixes_and_constraints_equal_nmt_translate(server, dynamic_server, ckpt, lines,
+                                                      tmp_path):
+    prefixes = ["Nepo" if i % 2 else "" for i in range(len(lines))]
+    phrases = [["Tide"] if i % 3 == 0 else ["Esolc", "Pleh"] if i % 3 == 1 else []
+               for i in range(len(lines))]
+    got = server.translate(lines, beam_size=2, nbest=2, prefix=prefixes, constraints=phrases)
+    src, cons = tmp_path / "in.tsv", tmp_path / "cons.tsv"
+    src.write_text("".join(f"{a}\t{b}\n" for a, b in zip(lines, prefixes, strict=True)))
+    cons.write_text("".join("\t".join(ps) + "\n" for ps in phrases))
+    want = translate(to_object(compose("translate", [
+        f"checkpoint={ckpt}", f"input={src}", f"constraints={cons}", "prefix=true", "quiet=true",
+        "workers=1", "search.max_len_b=8", "search.beam_size=2", "search.nbest=2",
+        "output=/dev/null"]), TranslateConfig))
+    assert [t["text"] for t in got] == want["hypotheses"]
+    assert [[h["score"] for h in t["nbest"]] for t in got] == [
+        pytest.approx([h.score for h in hyps], abs=1e-4) for hyps in want["nbest"]]
+    assert all(t["text"].startswith(p) for t, p in zip(got, prefixes, strict=True))
+    status, _, body = dynamic_server.call("POST", "/translate", {"text": lines[:1],
+                                                                 "prefix": ["Nepo"]})
+    assert status == 422 and body["field"] == "prefix"
+    status, _, body = server.call("POST", "/translate", {"text": lines[:2], "prefix": ["Nepo"]})
+    assert status == 422 and "one item per sentence" in body["error"]
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
-"""Continuous batching (nmt.inference.stepping): sentences that join a running batch at
-different steps get translate_nbest's outputs, and a short one leaves before a long one."""
+"""Continuous batching (nmt.inference.core's Decoding, run by nmt.inference.stepping's
+workers): sentences that join a running batch at different steps get translate_nbest's
+outputs under every search option, and a short one leaves before a long one."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from translate_helpers import random_sources, search, tiny_model
 from nmt.inference.core import Decoding, Sentence
 from nmt.inference.fast import packing_works
 from nmt.inference.search import Hypothesis, decoding_models, translate_nbest
-from nmt.inference.stepping import STOP, StepDecoder, step_loop
+from nmt.inference.stepping import STOP, step_loop
 from nmt.tokenizer import SPECIALS
 
 V = 24
@@ -25,11 +26,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def run_continuous(models, sources, cfg, joins: dict[int, list[int]]) -> tuple[dict, dict]:
     """Add sources[i] for i in joins[s] before step s; step until every sentence ended.
     Returns each sentence's hypotheses and the step count at which it ended."""
-    dec = StepDecoder(models, cfg, SPECIALS)
+    dec = Decoding(models, cfg, SPECIALS)
     results, ended = {}, {}
     while len(results) < len(sources):
         if dec.steps in joins:
-            dec.add(joins[dec.steps], [sources[i] for i in joins[dec.steps]])
+            dec.admit([Sentence(i, sources[i]) for i in joins[dec.steps]])
         for i, hyps in dec.step():
             results[i], ended[i] = hyps, dec.steps
         assert dec.steps < 100
@@ -86,7 +87,7 @@ def test_a_failing_step_still_answers_the_empty_sources_admitted_with_it():
 
     model.decode_step = broken
     translator = SimpleNamespace(prepared=lambda dtype: [model], specials=SPECIALS,
-                                 device=torch.device("cpu"))
+                                 device=torch.device("cpu"), continuations=None)
     inbox, outbox = queue.Queue(), queue.Queue()
     inbox.put([("a", cfg, [5, 6]), ("empty", cfg, [])])
     worker = threading.Thread(target=step_loop, args=(translator, inbox, outbox, 0))

@@ -3,11 +3,11 @@ and leave it when they end, as LLM servers batch (Orca, vLLM), so that a decoder
 idle while sentences wait and a short sentence never waits for a long one (nmt-serve).
 
 The decoding itself is the core's (nmt.inference.core.Decoding, the loop batch translation
-runs too): a `StepDecoder` is a Decoding that sentences join by their ids. This module runs
-it in the decoding workers (`step_loop`, `StepWorkers`): one Decoding per search setting,
-newcomers admitted in groups. Outputs equal translate_nbest's in fp32 (its batches' too, as
-the rows of a sentence see only their own keys and values); a batch's composition changes
-the rounding of bf16 and int8 decoding, as in any batched decoding.
+runs too, with every search option); this module runs it in the decoding workers
+(`step_loop`, `StepWorkers`): one Decoding per search setting, newcomers admitted in groups.
+Outputs equal translate_nbest's in fp32 (its batches' too, as the rows of a sentence see
+only their own keys and values); a batch's composition changes the rounding of bf16 and int8
+decoding, as in any batched decoding.
 """
 
 from __future__ import annotations
@@ -23,41 +23,8 @@ import torch
 
 from nmt.config import SearchConfig
 from nmt.errors import NmtError
-from nmt.inference.core import Decoding, Sentence, can_join
+from nmt.inference.core import Decoding, Sentence
 from nmt.inference.workers import can_fork
-from nmt.tokenizer import Specials
-
-
-def supports(models: list, search: SearchConfig) -> str:
-    """Why sentences of this search cannot join running batches of these models; "" if they
-    can."""
-    if not can_join(models):
-        return "it needs prepared models (FastModel)"
-    if search.shortlist:
-        return "it does not use a shortlist (search.shortlist)"
-    return ""
-
-
-class StepDecoder(Decoding):
-    """The live sentences of one search setting, decoded one step at a time for all of them.
-
-    add(tags, seqs) queues sentences (id lists without BOS/EOS) to join at the next step;
-    step() decodes one step for every live row and returns the (tag, hypotheses) of the
-    sentences that ended (search.nbest hypotheses each, best first, as translate_nbest).
-    """
-
-    def __init__(self, models: list, search: SearchConfig, specials: Specials,
-                 device: torch.device | str = "cpu"):
-        why = supports(models, search)
-        if why:
-            raise ValueError(f"continuous batching: {why}")
-        super().__init__(models, search, specials, device)
-
-    def add(self, tags: list, seqs: list[list[int]]) -> None:
-        """Sentences to join at the next step; an empty one gets one empty hypothesis with
-        score 0 (as translate_nbest)."""
-        self.admit([Sentence(tag, list(ids)) for tag, ids in zip(tags, seqs, strict=True)])
-
 
 # ----------------------------------------------------------------------------- the workers
 STOP = None  # put in a worker's inbox: the loop ends
@@ -65,12 +32,12 @@ ADMIT_GROUP, ADMIT_STEPS = 8, 4  # step_loop admits 8 newcomers together, or wai
 
 
 def step_loop(translator, inbox, outbox, worker: int) -> None:
-    """A decoding worker's loop (nmt-serve): take lists of (tag, search, ids) from `inbox` (as
-    many as are there; waiting only while no sentence is live), add them to the StepDecoder
-    of their search settings, step every decoder once, and put ("done", worker, [(tag,
+    """A decoding worker's loop (nmt-serve): take lists of (tag, search, ids[, extra]) from
+    `inbox` (as many as are there; waiting only while no sentence is live), add them to the
+    Decoding of their search settings, step every decoder once, and put ("done", worker, [(tag,
     hypotheses), ...]) in `outbox` for the sentences that ended; a decoder that fails puts
     ("error", worker, [tag, ...], exception) for its sentences and is dropped. Ends on STOP."""
-    decoders: dict[tuple, StepDecoder] = {}
+    decoders: dict[tuple, Decoding] = {}
     pending, waited = [], 0  # sentences not yet admitted, and the steps they waited
     while True:
         live = pending or any(d.sentences or d.ready for d in decoders.values())
@@ -107,19 +74,24 @@ def step_loop(translator, inbox, outbox, worker: int) -> None:
 
 
 def _admit(translator, decoders: dict, items: list, outbox, worker: int) -> None:
-    """Add (tag, search, ids) items to the decoders of their search settings."""
+    """Add (tag, search, ids[, (prefix, phrases, line)]) items to the Decodings of their search
+    settings (lexical constraints at beam size 1: a beam search of its own)."""
     groups: dict[tuple, list] = {}
-    for tag, search, ids in items:
-        groups.setdefault(tuple(sorted(asdict(search).items())), []).append((tag, search, ids))
+    for tag, search, ids, *extra in items:
+        sentence = Sentence(tag, list(ids), *(extra[0] if extra else ()))
+        beam = True if sentence.phrases and search.beam_size == 1 else None
+        key = (tuple(sorted(asdict(search).items())), beam)
+        groups.setdefault(key, []).append((search, beam, sentence))
     for key, group in groups.items():
-        search = group[0][1]
+        search, beam, _ = group[0]
         try:
             if key not in decoders:
-                decoders[key] = StepDecoder(translator.prepared(search.dtype), search,
-                                            translator.specials, translator.device)
-            decoders[key].add([tag for tag, _, _ in group], [ids for _, _, ids in group])
+                decoders[key] = Decoding(translator.prepared(search.dtype), search,
+                                         translator.specials, translator.device,
+                                         continuations=translator.continuations, beam=beam)
+            decoders[key].admit([s for _, _, s in group])
         except Exception as e:
-            outbox.put(("error", worker, [tag for tag, _, _ in group], _portable(e)))
+            outbox.put(("error", worker, [s.tag for _, _, s in group], _portable(e)))
 
 
 def _portable(error: Exception) -> Exception:
