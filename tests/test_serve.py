@@ -279,10 +279,10 @@ def test_continuous_batcher_sends_at_once_within_the_budget_and_refills_as_sente
                     for i in range(6)]
         await settle()  # no clock moved: nobody waits for batch mates
         # 10 tokens each (with EOS): two per worker fill the budget of 20, alternately
-        got = {w: [ids[0] for _, _, ids in items] for w, items in sent}
+        got = {w: [ids[0] for _, _, ids, _ in items] for w, items in sent}
         assert got == {0: [0, 2], 1: [1, 3]}
         assert len(batcher.queue) == 2 and batcher.idle == 0
-        tag, _, ids = sent[0][1][1]  # worker 0's second sentence ends: the next one joins it
+        tag, _, ids, _ = sent[0][1][1]  # worker 0's second sentence ends: the next one joins it
         batcher.receive(("done", 0, [(tag, [Hypothesis(ids, 0.0, 0.0)])]))
         await settle()
         assert requests[2].done() and not requests[0].done()
@@ -309,7 +309,7 @@ def test_continuous_batcher_sends_to_a_worker_with_room_when_the_least_loaded_is
         for seqs in ([[4] * 20], [[5]], [[6]], [[7]]):
             asyncio.create_task(batcher.translate(seqs, SearchConfig(), 60))
             await settle()
-        got = [(w, ids) for w, items in sent for _, _, ids in items]
+        got = [(w, ids) for w, items in sent for _, _, ids, _ in items]
         assert got == [(0, [4] * 20), (1, [5]), (1, [6]), (0, [7])] and not batcher.queue
         loop.cancel()
 
