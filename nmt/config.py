@@ -611,8 +611,6 @@ class ServeConfig:
         _check_engine(self, 1)
         _check(not self.continuous or self.engine == "nmt", "continuous",
                "needs engine=nmt (or set continuous=false)")
-        _check(not self.continuous or not self.search.shortlist, "continuous",
-               "needs search.shortlist='' (or set continuous=false)")
 
 
 # ----------------------------------------------------------------------------- Hydra glue

@@ -646,6 +646,25 @@ def test_prefixes_and_constraints_equal_nmt_translate(server, dynamic_server, ck
     assert status == 422 and "one item per sentence" in body["error"]
 
 
+@pytest.mark.slow
+def test_the_shortlist_is_a_setting_of_the_continuous_server(ckpt, tiny_data_dir, lines,
+                                                             tmp_path):
+    """Each sentence decodes over its own shortlist: nmt-translate's batches of one."""
+    from nmt.config import ShortlistConfig
+    from nmt.shortlist import write_shortlist
+
+    path = write_shortlist(tiny_data_dir, ShortlistConfig(k=5, frequent=10), tmp_path / "s.pt")
+    srv = Server(ckpt, "continuous=true", "workers=1", f"search.shortlist={path}")
+    try:
+        got = srv.translate(lines, beam_size=2)
+    finally:
+        assert srv.stop() == 0
+    want = nmt_translate(ckpt, tiny_data_dir, beam_size=2, shortlist=path, max_sentences=1)
+    assert [t["text"] for t in got] == want["hypotheses"][:len(lines)]
+    assert [t["score"] for t in got] == pytest.approx(
+        [hyps[0].score for hyps in want["nbest"][:len(lines)]], abs=1e-4)
+
+
 @pytest.fixture(scope="module")
 def dynamic_server(ckpt):
     """As `server`, with the dynamic batcher (continuous=false)."""

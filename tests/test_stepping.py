@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import queue
 import threading
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -17,6 +18,7 @@ from nmt.inference.core import Decoding, Sentence
 from nmt.inference.fast import packing_works
 from nmt.inference.search import Hypothesis, decoding_models, translate_nbest
 from nmt.inference.stepping import STOP, step_loop
+from nmt.shortlist import Shortlist, load_shortlist
 from nmt.tokenizer import SPECIALS
 
 V = 24
@@ -141,3 +143,26 @@ def test_every_search_option_joins_a_running_batch_with_translate_nbests_outputs
     for i, hyps in enumerate(want):
         assert [h.tokens for h in got[i]] == [h.tokens for h in hyps], i
         assert [h.score for h in got[i]] == pytest.approx([h.score for h in hyps], abs=1e-5)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_in_continuous_batching_each_sentence_decodes_over_its_own_shortlist(beam, tmp_path):
+    """As nmt-translate's batches of one sentence (search.max_sentences=1): the shortlist is
+    per batch there, and a running batch changes at every join."""
+    table = torch.randint(4, 20, (V, 2), generator=torch.Generator().manual_seed(1))
+    path = tmp_path / "short.pt"
+    Shortlist(table, torch.tensor([SPECIALS.eos, 4, 5]), V, V, "x" * 64).save(path)
+    cfg = search(beam_size=beam, nbest=1, max_len_b=4, shortlist=str(path))
+    models = decoding_models([tiny_model(V, seed=1, stops=True, N=2)], cfg)
+    sources = random_sources(8, V, seed=6)
+    dec = Decoding(models, cfg, SPECIALS, shortlists=True)
+    got, joins = {}, {0: [0, 1, 2], 2: [3, 4], 3: [5, 6, 7]}
+    while len(got) < len(sources):
+        dec.admit([Sentence(i, sources[i]) for i in joins.get(dec.steps, [])])
+        got.update(dec.step())
+    alone = translate_nbest(models, sources, replace(cfg, max_sentences=1), SPECIALS)
+    shortlist = load_shortlist(path)
+    for i, hyps in enumerate(alone):
+        assert got[i][0].tokens == hyps[0].tokens, i
+        assert got[i][0].score == pytest.approx(hyps[0].score, abs=1e-5)
+        assert set(got[i][0].tokens) <= set(shortlist.candidates([sources[i]], []).ids.tolist())

@@ -52,7 +52,7 @@ from nmt.inference.fast import (
 )
 from nmt.inference.rules import StepView, apply_rules, sample_tokens, sample_uniforms
 from nmt.model import additive_mask
-from nmt.shortlist import Candidates
+from nmt.shortlist import Candidates, load_shortlist
 from nmt.tokenizer import Specials
 
 
@@ -161,10 +161,11 @@ class Decoder:
             else:
                 self.states[i] = [t.index_select(0, index) for t in state]
 
-    def log_probs(self, prefix: Tensor, **step) -> Tensor:
+    def log_probs(self, prefix: Tensor, allowed: Tensor | None = None, **step) -> Tensor:
         """(R, t) BOS and the tokens so far -> (R, V) float log-probabilities of the next token.
-        step: further arguments of the models' decode_step (per-row positions and the
-        self-attention mask of rows that joined later)."""
+        allowed: (R, V) each row's own shortlist (mask_to_shortlists); step: further arguments
+        of the models' decode_step (per-row positions and the self-attention mask of rows
+        that joined later)."""
         total = None
         for model, state, cut in zip(self.models, self.states, self.cut, strict=True):
             if self.use_cache:  # only the newest token goes in; the past is in the cache
@@ -174,6 +175,8 @@ class Decoder:
             if self.candidates is not None and not cut:
                 logits = logits.index_select(1, self.candidates.ids)  # (R, V')
             logits = logits.float().contiguous()
+            if allowed is not None:
+                mask_to_shortlists(logits, allowed)
             lprobs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: no new 4 B/logit
             total = lprobs if total is None else total.add_(lprobs)
         if len(self.models) > 1:
@@ -205,6 +208,13 @@ def restrict_to_shortlist(lprobs: Tensor, candidates: Candidates) -> Tensor:
     return lprobs.new_full((lprobs.size(0), V), -torch.inf).index_copy_(1, ids, lprobs)
 
 
+def mask_to_shortlists(logits: Tensor, allowed: Tensor) -> None:
+    """The shortlist rule with a shortlist per row (continuous batching: each sentence its
+    own, as a batch of one): (R, V) logits of the pieces a row may not emit set to -inf, in
+    place, before the log-softmax."""
+    logits.masked_fill_(~allowed, -torch.inf)
+
+
 def _join_states(live: FastState, new: FastState, rows: int, S: int) -> None:
     """Append a FastState's `rows` rows (no step decoded yet) to a live one: encoder keys and
     values padded to S positions, empty self-attention positions (zeros, masked) before them.
@@ -233,13 +243,19 @@ class Decoding:
     hypotheses) of the sentences that ended (search.nbest hypotheses each, best first).
     beam: whether to search with beams (default: search.beam_size > 1 and no sampling; lexical
     constraints need it at any beam size). continuations: the ids of the pieces that go on with
-    a word, none of which may follow a constraint phrase (None: any may).
+    a word, none of which may follow a constraint phrase (None: any may). shortlists: with
+    search.shortlist, each sentence decodes over its own candidates (as a batch of one; what
+    continuous batching needs), else over the `candidates` that admit gives its batch.
     """
 
     def __init__(self, models: list, search: SearchConfig, specials: Specials,
                  device: torch.device | str = "cpu", use_cache: bool = True,
-                 continuations: list[int] | None = None, beam: bool | None = None):
+                 continuations: list[int] | None = None, beam: bool | None = None,
+                 shortlists: bool = False):
         self.models, self.search, self.specials = models, search, specials
+        self.shortlist = load_shortlist(search.shortlist) if shortlists and search.shortlist \
+            else None
+        self.allowed: Tensor | None = None  # (slots, V) each sentence's own candidates
         self.device, self.use_cache = torch.device(device), use_cache
         self.continuations = continuations
         if beam is None:
@@ -317,6 +333,8 @@ class Decoding:
         self._join(new, src_mask, g)
         self._add_rows(todo, slots, np.repeat(max_len, per), per)
         self._set_prefixes(todo, slots)
+        if self.shortlist is not None:
+            self._set_shortlists(todo, slots)
         if self.phrases is not None or any(s.phrases for s in todo):
             self._set_phrases(todo, slots, per)
         self.strategy.admit(todo, slots, max_len, per)
@@ -388,6 +406,18 @@ class Decoding:
         self.prefix_len = pad_to(self.prefix_len[:, None], n, 1, 0)[:, 0].index_copy_(
             0, index, torch.tensor([len(s.prefix) for s in todo], device=self.device))
 
+    def _set_shortlists(self, todo: list[Sentence], slots: list[int]) -> None:
+        """The newcomers' own shortlists in the slot table: their source pieces' candidates,
+        the fixed ones and their prefixes' and phrases' pieces."""
+        V = self.shortlist.tgt_vocab_size
+        rows = torch.zeros(len(todo), V, dtype=torch.bool)
+        for row, s in zip(rows, todo, strict=True):
+            forced = s.prefix + [t for p in s.phrases for t in p]
+            row[self.shortlist.candidates([s.src], forced).ids] = True
+        table = torch.zeros(0, V, dtype=torch.bool) if self.allowed is None else self.allowed
+        self.allowed = pad_to(table, self.slots, V, False).index_copy_(
+            0, torch.tensor(slots, device=self.device), rows.to(self.device))
+
     def _set_phrases(self, todo: list[Sentence], slots: list[int], per: int) -> None:
         """The newcomers' constraints (PhraseConstraints made, for the live rows too, when a
         first one comes)."""
@@ -419,15 +449,18 @@ class Decoding:
         every row sits at the same position, else each at its own (positions and a mask)."""
         L = self.length
         self.length += 1
+        allowed = None if self.allowed is None else self.allowed[self.on_device(self.slot)]
         if self.start.max() == 0:  # every row started with the cache: uniform positions
-            return self.decoder.log_probs(self.tokens[:, :L + 1])
+            if allowed is None:
+                return self.decoder.log_probs(self.tokens[:, :L + 1])
+            return self.decoder.log_probs(self.tokens[:, :L + 1], allowed)
         dev = self.device
         positions = torch.from_numpy(L - self.start).to(dev)  # (R,) each row's own step
         start = torch.from_numpy(self.start).to(dev)
         seen = torch.arange(L + 1, device=dev) >= start[:, None]  # (R, L + 1)
         mask = additive_mask(seen[:, None, None, :], self.models[0].float_dtype)
         last = self.tokens.gather(1, torch.from_numpy(self.t).to(dev)[:, None])  # (R, 1)
-        return self.decoder.log_probs(last, positions=positions, self_mask=mask)
+        return self.decoder.log_probs(last, allowed, positions=positions, self_mask=mask)
 
     def _view(self) -> StepView:
         """What the rules see of this step."""

@@ -88,7 +88,8 @@ def _admit(translator, decoders: dict, items: list, outbox, worker: int) -> None
             if key not in decoders:
                 decoders[key] = Decoding(translator.prepared(search.dtype), search,
                                          translator.specials, translator.device,
-                                         continuations=translator.continuations, beam=beam)
+                                         continuations=translator.continuations, beam=beam,
+                                         shortlists=True)
             decoders[key].admit([s for _, _, s in group])
         except Exception as e:
             outbox.put(("error", worker, [s.tag for _, _, s in group], _portable(e)))
