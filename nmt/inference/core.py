@@ -464,9 +464,8 @@ class Decoding:
 
     def _view(self) -> StepView:
         """What the rules see of this step."""
-        return StepView(self.search, self.specials, self.on_device(self.t), int(self.t.min()),
-                        int(self.t.max()), self.tokens, self.on_device(self.slot), self.prefix,
-                        self.prefix_len, self.phrases)
+        return StepView(self.search, self.specials, self.t, self.tokens, self.slot,
+                        self.prefix, self.prefix_len, self.phrases)
 
     def on_device(self, x: np.ndarray) -> Tensor:
         """A host array as a tensor on the decoding device."""
@@ -474,7 +473,10 @@ class Decoding:
 
     def write(self, token: Tensor) -> None:
         """Each row's next token (R,): its output grows by one."""
-        self.tokens.scatter_(1, self.on_device(self.t + 1)[:, None], token[:, None])
+        if self.start.max() == 0:  # uniform positions: one column
+            self.tokens[:, self.length] = token
+        else:
+            self.tokens.scatter_(1, self.on_device(self.t + 1)[:, None], token[:, None])
         self.t += 1
 
     def reorder(self, rows: Tensor, rows_h: np.ndarray, group: int,
@@ -569,8 +571,7 @@ class Greedy:
         dec.write(token)
         for out, i in zip(self.outputs, ids, strict=True):
             out.append(int(i))
-        done = [r for r, (i, m, t) in enumerate(zip(ids, dec.max_len, dec.t, strict=True))
-                if i == eos or m <= t]
+        done = np.flatnonzero((np.array(ids) == eos) | (dec.max_len <= dec.t)).tolist()
         if not done:
             return []
         ended = []

@@ -12,8 +12,9 @@ follow each their own position.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from functools import cached_property
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -21,20 +22,28 @@ from nmt.config import SearchConfig
 from nmt.tokenizer import Specials
 
 
-@dataclass
 class StepView:
-    """What the rules see of one decoding step (R live rows)."""
+    """What the rules see of one decoding step (R live rows); the per-row tensors are made
+    from the host's arrays when a rule first asks for them."""
 
-    search: SearchConfig
-    specials: Specials
-    t: Tensor  # (R,) tokens each row has decoded (its output position now)
-    t_min: int  # the fewest of any row
-    t_max: int  # the most of any row
-    tokens: Tensor  # (R, >t_max) BOS, then each row's output so far
-    slots: Tensor  # (R,) each row's sentence slot
-    prefix: Tensor | None  # (slots, P) forced prefixes padded with PAD (None: no prefix)
-    prefix_len: Tensor | None  # (slots,) their lengths
-    phrases: object | None  # nmt.inference.constrained.PhraseConstraints (None: none)
+    def __init__(self, search: SearchConfig, specials: Specials, t: np.ndarray,
+                 tokens: Tensor, slots: np.ndarray, prefix: Tensor | None,
+                 prefix_len: Tensor | None, phrases: object | None):
+        self.search, self.specials, self.tokens = search, specials, tokens  # tokens (R, >t)
+        self.t_host, self.slots_host = t, slots  # (R,) tokens decoded, sentence slot
+        self.t_min, self.t_max = int(t.min()), int(t.max())
+        self.prefix, self.prefix_len = prefix, prefix_len  # (slots, P), (slots,) or None
+        self.phrases = phrases  # nmt.inference.constrained.PhraseConstraints, or None
+
+    @cached_property
+    def t(self) -> Tensor:
+        """(R,) the tokens each row has decoded (its output position now)."""
+        return torch.from_numpy(self.t_host).to(self.tokens.device)
+
+    @cached_property
+    def slots(self) -> Tensor:
+        """(R,) each row's sentence slot."""
+        return torch.from_numpy(self.slots_host).to(self.tokens.device)
 
 
 def ban_specials(lprobs: Tensor, step: StepView) -> None:
