@@ -314,13 +314,13 @@ class Decoding:
                                                                      self.use_cache)):
             raise ValueError("sentences can join a running batch only with prepared models "
                              "(FastModel), their cache and no shortlist")
-        slots = [self.free.pop() if self.free else self._new_slot() for _ in todo]
-        self.tags.update(zip(slots, (s.tag for s in todo), strict=True))
         per = self.strategy.rows_per_sentence()
         n, eos, pad = len(todo), self.specials.eos, self.specials.pad
         src = pad_batch([s.src + [eos] for s in todo], pad, self.device)  # (n, S)
-        new = Decoder(self.models, src, self.use_cache, candidates)
+        new = Decoder(self.models, src, self.use_cache, candidates)  # (what may fail first)
         max_len = output_lengths(todo, self.search, self.positions)  # (n,)
+        slots = [self.free.pop() if self.free else self._new_slot() for _ in todo]
+        self.tags.update(zip(slots, (s.tag for s in todo), strict=True))
         src_mask, g = src != pad, per
         if per > 1:
             if self.decoder is not None and self.g == 1:  # live memory rows are per row
