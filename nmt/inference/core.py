@@ -315,22 +315,13 @@ class Decoding:
             raise ValueError("sentences can join a running batch only with prepared models "
                              "(FastModel), their cache and no shortlist")
         per = self.strategy.rows_per_sentence()
-        n, eos, pad = len(todo), self.specials.eos, self.specials.pad
+        eos, pad = self.specials.eos, self.specials.pad
         src = pad_batch([s.src + [eos] for s in todo], pad, self.device)  # (n, S)
         new = Decoder(self.models, src, self.use_cache, candidates)  # (what may fail first)
         max_len = output_lengths(todo, self.search, self.positions)  # (n,)
         slots = [self.free.pop() if self.free else self._new_slot() for _ in todo]
         self.tags.update(zip(slots, (s.tag for s in todo), strict=True))
-        src_mask, g = src != pad, per
-        if per > 1:
-            if self.decoder is not None and self.g == 1:  # live memory rows are per row
-                rows = torch.arange(n, device=self.device).repeat_interleave(per)
-                new.reorder(rows, group=1, sentences=rows)
-                src_mask, g = src_mask[rows], 1
-            else:  # per rows a sentence, sharing its memory row
-                new.reorder(torch.arange(n, device=self.device).repeat_interleave(per),
-                            group=per)
-        self._join(new, src_mask, g)
+        self._join(new, *self._group(new, src != pad, per))
         self._add_rows(todo, slots, np.repeat(max_len, per), per)
         self._set_prefixes(todo, slots)
         if self.shortlist is not None:
@@ -338,6 +329,19 @@ class Decoding:
         if self.phrases is not None or any(s.phrases for s in todo):
             self._set_phrases(todo, slots, per)
         self.strategy.admit(todo, slots, max_len, per)
+
+    def _group(self, new: Decoder, src_mask: Tensor, per: int) -> tuple[Tensor, int]:
+        """Give the newcomers' Decoder `per` rows a sentence: sharing its memory row, or one
+        memory row each where the live rows have one each (samples retired one by one).
+        Returns the (memory rows, S) source mask and the rows per memory row."""
+        if per == 1:
+            return src_mask, 1
+        rows = torch.arange(len(src_mask), device=self.device).repeat_interleave(per)
+        if self.decoder is not None and self.g == 1:
+            new.reorder(rows, group=1, sentences=rows)
+            return src_mask[rows], 1
+        new.reorder(rows, group=per)
+        return src_mask, per
 
     def _new_slot(self) -> int:
         """A slot never used before."""
