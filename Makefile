@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # The CPU wheel that lies on this kind of machine; GPU users install their own torch into .venv first.
 TORCH_PIN ?= torch==2.13.0
 # The extras .venv (and .venv-floor) get: every optional feature the tests exercise.
-EXTRAS := dev,plot,slurm,tensorboard,export,serve
+EXTRAS := dev,plot,slurm,tensorboard,export,serve,split
 # The oldest torch the suite has passed on, pyproject's floor (tests/test_packaging.py checks they agree).
 TORCH_FLOOR ?= 2.6.0
 # Where test-floor gets torch from: PyPI by default (its Linux wheels pull the CUDA libraries,
@@ -27,12 +27,13 @@ $(STAMP): pyproject.toml Makefile
 
 # Every test (GPU tests skip themselves without one; the browser's runs only under test-browser).
 # test-quick leaves out the ones marked slow (subprocesses, servers, torchrun, the wheel build,
-# training to convergence) for the edit-test loop; test-slow runs only those.
+# training to convergence, over ~2 s) for the edit-test loop, on two pytest-xdist workers;
+# test-slow runs only those.
 test: install
 	$(BIN)/python -m pytest
 
 test-quick: install
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -m "not slow" -n 2
 
 test-slow: install
 	$(BIN)/python -m pytest -m "slow"

@@ -1,13 +1,16 @@
 """Typed configuration: one dataclass per concern, registered with Hydra and validated once.
 
-YAML files in configs/ hold values; these dataclasses are the schema. A field whose value is
-MISSING must be given (in a YAML file or on the command line). `to_object` turns a composed
-DictConfig into these dataclasses, which runs every `__post_init__` check exactly once.
+These dataclasses are the schema and the one place for each default: YAML files in configs/
+hold only the values that differ from it (tests/test_config.py fails when one restates a
+default, which would win over an edit here). A field whose value is MISSING must be given (in
+a YAML file or on the command line). `to_object` turns a composed DictConfig into these
+dataclasses, which runs every `__post_init__` check exactly once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,8 +18,10 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from nmt.capabilities import ENGINES
 from nmt.config_errors import explain, extra_keys, unknown_key
 from nmt.errors import ConfigError
+from nmt.segment import MODES, sentence_splitter
 
 CT2_ONLY_DTYPES = ("int8_float16", "int8_bfloat16")  # search.dtype with engine=ctranslate2 only
 
@@ -64,26 +69,18 @@ def check_search_device(dtype: str, device: str, key: str = "search.dtype",
 
 
 def _check_engine(cfg: object, checkpoints: int) -> None:
-    """engine and ct2_model of nmt-translate and nmt-serve: CTranslate2 runs one model."""
-    _check(cfg.engine in ("nmt", "ctranslate2"), "engine",
-           f"must be nmt or ctranslate2, got {cfg.engine!r}")
+    """engine and ct2_model of nmt-translate and nmt-serve, and what the engine cannot do
+    (nmt.capabilities)."""
+    _check(cfg.engine in ENGINES, "engine",
+           f"must be {' or '.join(ENGINES)}, got {cfg.engine!r}")
     _check(not cfg.ct2_model or cfg.engine == "ctranslate2", "ct2_model",
            "needs engine=ctranslate2")
-    _check(checkpoints == 1 or cfg.engine == "nmt", "checkpoint",
-           "engine=ctranslate2 translates with one model, not an ensemble (use engine=nmt)")
     check_search_device(cfg.search.dtype, cfg.device, engine=cfg.engine)
-    for key in ("constraints", "alignment"):
-        _check(not getattr(cfg, key, None) or cfg.engine == "nmt", key, "needs engine=nmt")
-    if cfg.engine == "ctranslate2":
-        check_ct2_search(cfg.search)
-
-
-def check_ct2_search(search: SearchConfig) -> None:
-    """What engine=ctranslate2 cannot run: GNMT's length penalty in beam search (CTranslate2
-    divides log P by |Y|^p; greedy search and sampling keep alpha, in the scores only)."""
-    _check(not search.alpha or search.beam_size == 1 or search.sampling, "search.alpha",
-           "engine=ctranslate2 has no GNMT length penalty in beam search; use search.alpha=0 "
-           "(or search.beam_size=1)")
+    can = ENGINES[cfg.engine]
+    can.check("checkpoint", checkpoints > 1)
+    for key in ("constraints", "alignment", "attention_plot", "continuous"):
+        can.check(key, getattr(cfg, key, None))
+    can.check_search(cfg.search)
 
 
 # ----------------------------------------------------------------------------- model
@@ -478,6 +475,8 @@ class TranslateConfig:
     alignment_layer: int = -1  # decoder layer whose heads' mean attention aligns (-1: the last)
     engine: str = "nmt"  # decode with "nmt" or "ctranslate2" (the checkpoint's export, cached)
     ct2_model: str = ""  # engine=ctranslate2: the export's folder ("": CHECKPOINT.ct2/ beside it)
+    split: str = "none"  # none: a line is a segment; sentence|paragraph: pieces (nmt/segment.py)
+    split_lang: str = ""  # split=sentence: the source language, an ISO 639 code (e.g. en)
     search: SearchConfig = field(default_factory=SearchConfig)
 
     @property
@@ -504,8 +503,25 @@ class TranslateConfig:
         _check(self.weights in ("auto", "model", "ema"), "weights",
                f"must be auto, model or ema, got {self.weights!r}")
         _check_engine(self, len(self.checkpoints))
-        _check(not self.attention_plot or self.engine == "nmt", "attention_plot",
-               "needs engine=nmt")
+        _check_split(self)
+
+
+def _check_split(cfg: TranslateConfig) -> None:
+    """split and split_lang; what is defined per segment only (n-best lists, given targets or
+    prefixes, constraints, alignments, attention) needs split=none."""
+    _check(cfg.split in MODES, "split", f"must be none, sentence or paragraph, got {cfg.split!r}")
+    if cfg.split == "none":
+        return
+    if cfg.split == "sentence":
+        _check(re.fullmatch(r"[a-z]{2,3}([-_][a-zA-Z0-9]+)*", cfg.split_lang) is not None,
+               "split_lang", f"split=sentence needs the source language's ISO 639 code, e.g. "
+               f"split_lang=en (got {cfg.split_lang!r})")
+        sentence_splitter(cfg.split_lang)  # a one-line error if it is not installed
+    for key, on in (("search.nbest", cfg.search.nbest > 1), ("prefix", cfg.prefix),
+                    ("score_reference", cfg.score_reference), ("constraints", cfg.constraints),
+                    ("alignment", cfg.alignment), ("attention_plot", cfg.attention_plot)):
+        _check(not on, key, f"is per segment: needs split=none (split={cfg.split} translates "
+               f"the pieces of a line apart)")
 
 
 # ----------------------------------------------------------------------------- average
@@ -609,8 +625,6 @@ class ServeConfig:
         _check(self.log_level in ("debug", "info", "warning", "error"), "log_level",
                f"must be debug, info, warning or error, got {self.log_level!r}")
         _check_engine(self, 1)
-        _check(not self.continuous or self.engine == "nmt", "continuous",
-               "needs engine=nmt (or set continuous=false)")
 
 
 # ----------------------------------------------------------------------------- Hydra glue

@@ -230,11 +230,15 @@ def verify_data_dir(data_dir: str | Path, manifest: dict, always: bool = False) 
 
 
 def check_ids(array: TokenArray, vocab_size: int, path: Path) -> None:
-    """A one-line error naming the first id at or above vocab_size."""
-    if len(array.tokens) and int(array.tokens.max()) >= vocab_size:
-        at = int(np.flatnonzero(array.tokens >= vocab_size)[0])
-        raise NmtError(f"{path}: token {at:,} is id {int(array.tokens[at])}, not below the "
-                       f"vocabulary size {vocab_size:,} (damaged file)")
+    """A one-line error naming the first id outside [0, vocab_size) (negative ids: int32
+    arrays, which vocabularies over 65,536 pieces use)."""
+    tokens = array.tokens
+    if not len(tokens) or (int(tokens.max()) < vocab_size
+                           and (tokens.dtype.kind == "u" or int(tokens.min()) >= 0)):
+        return
+    at = int(np.flatnonzero((tokens >= vocab_size) | (tokens < 0))[0])
+    raise NmtError(f"{path}: token {at:,} is id {int(tokens[at])}, not in [0, {vocab_size:,}) "
+                   f"(damaged file)")
 
 
 class ParallelData:

@@ -6,6 +6,8 @@ from __future__ import annotations
 class NmtError(Exception):
     """A user-facing error: bad input, a bad config value, a file that cannot be used."""
 
+    exit_status = 1  # the command's exit status (nmt.preemption.Preempted: 128 + a signal)
+
 
 class ConfigError(NmtError):
     """A config value is missing or out of range; the message names the key."""

@@ -1,7 +1,9 @@
 """Files in and out: text read with errors naming the line (compressed or not), outputs
 checked before any work starts (a bad location fails in one line), and every file or
 directory nmt writes written atomically (a temporary beside it, then a rename): a reader, or
-a run killed at any moment, sees the old one or the new one, never a part.
+a run killed at any moment, sees the old one or the new one, never a part. Only a regular file
+(or a new one) is replaced so: an output that exists and is something else (a named pipe, a
+device such as /dev/null, /dev/stdout) is written straight into, never replaced.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import hashlib
 import lzma
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import zlib
@@ -75,14 +78,21 @@ def sha256_file(path: str | Path) -> str:
 
 def check_output(path: str | Path, key: str, directory: bool = False) -> None:
     """A one-line ConfigError naming `key` unless `path` can be made: a file output must not be
-    a directory, and the nearest existing folder above it must take a new entry (probed with a
-    temporary file that is removed at once; os.access is no test for root or /proc)."""
+    a directory, and the nearest existing folder above it (above the file its links lead to)
+    must take a new entry (probed with a temporary file that is removed at once; os.access is
+    no test for root or /proc); an output written straight into (a pipe, a device) must be
+    writable."""
     path = Path(path)
     if path.is_dir() and not directory:
         raise ConfigError(f"{key}: {path} is a directory")
     if path.exists() and directory and not path.is_dir():
         raise ConfigError(f"{key}: {path} exists and is not a directory")
-    folder = path.absolute().parent
+    target = path if directory else replaced_file(path)
+    if target is None:
+        if not os.access(path, os.W_OK):
+            raise ConfigError(f"{key}: cannot write {path} (permission denied)")
+        return
+    folder = target.absolute().parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     if not folder.is_dir():
@@ -92,6 +102,25 @@ def check_output(path: str | Path, key: str, directory: bool = False) -> None:
     except OSError as e:
         raise ConfigError(f"{key}: cannot create {path}: {folder} takes no new files "
                           f"({e.strerror})") from None
+
+
+def replaced_file(path: str | Path) -> Path | None:
+    """The file that writing `path` replaces atomically: `path` itself where it does not exist
+    or is a regular file, the regular file its symbolic links lead to (the links kept); None
+    where the output is to be written straight into: a named pipe, a device, a socket, or one
+    of this process's open files (links through /proc: /dev/stdout, /dev/fd/N)."""
+    path = Path(path)
+    for _ in range(40):  # the kernel's limit on links followed (ELOOP)
+        try:
+            mode = path.lstat().st_mode
+        except OSError:  # not there (or not reachable: making it will say why)
+            return path
+        if stat.S_ISREG(mode):
+            return path
+        if not stat.S_ISLNK(mode) or os.path.realpath(path.parent).startswith("/proc/"):
+            return None
+        path = path.parent / os.readlink(path)
+    return None
 
 
 # ----------------------------------------------------------------------------- atomic writes
@@ -116,25 +145,37 @@ def write_atomically(path: str | Path, content: bytes | str | Callable[[BinaryIO
     """Write a file (its folders made as needed) through a temporary file beside it, renamed
     over it at the end; the temporary file is removed if writing fails. content: bytes, text
     (UTF-8), or a function writing to the open binary file. durable: fsync the file before
-    the rename and the directory after it (a crash loses neither), as checkpoints need."""
+    the rename and the directory after it (a crash loses neither), as checkpoints need. A path
+    that is not a regular file (a pipe, a device: see replaced_file) is written straight
+    into, without a temporary, rename or fsync."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_beside(path)
+    target = replaced_file(path)
+    if target is None:
+        with open(path, "wb") as f:
+            _write(f, content)
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_beside(target)
     try:
         with open(tmp, "wb") as f:
-            if callable(content):
-                content(f)
-            else:
-                f.write(content.encode("utf-8") if isinstance(content, str) else content)
+            _write(f, content)
             if durable:
                 f.flush()
                 os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     if durable:
-        fsync_directory(path.parent)
+        fsync_directory(target.parent)
+
+
+def _write(f: BinaryIO, content: bytes | str | Callable[[BinaryIO], object]) -> None:
+    """Write write_atomically's content (bytes, text or a writer function) to an open file."""
+    if callable(content):
+        content(f)
+    else:
+        f.write(content.encode("utf-8") if isinstance(content, str) else content)
 
 
 def link_atomically(src: Path, dst: Path) -> None:

@@ -37,7 +37,7 @@ from torch import Tensor
 from nmt.checkpoint import load_checkpoint, save_checkpoint
 from nmt.config import ImportConfig, ModelConfig
 from nmt.errors import ConfigError, NmtError
-from nmt.files import check_output
+from nmt.files import check_output, replaced_file
 from nmt.model import make_model
 from nmt.tokenizer import Tokenizer, vocab_sha256
 
@@ -50,7 +50,8 @@ def import_marian(cfg: ImportConfig) -> Path:
     """nmt-import: read the MarianMT directory cfg.input and write the checkpoint cfg.output."""
     src, out = Path(cfg.input), Path(cfg.output)
     check_output(out, "output")
-    if out.exists() and not cfg.force:
+    replaced = replaced_file(out)  # None: a pipe or device, written into (nothing replaced)
+    if replaced is not None and replaced.exists() and not cfg.force:
         raise NmtError(f"output={out}: exists; give force=true to replace it")
     config = read_json(src / "config.json")
     model_cfg, joint = model_config(config, src / "config.json")
@@ -65,7 +66,8 @@ def import_marian(cfg: ImportConfig) -> Path:
     save_checkpoint({"model": model.state_dict(), "model_cfg": model_cfg.__dict__.copy(),
                      "vocab": {**vocab, "joint": joint}, "update": 0, "epoch": 0,
                      "imported_from": str(src)}, out)
-    load_checkpoint(out)  # read back as every command will
+    if replaced is not None:
+        load_checkpoint(out)  # read back as every command will
     print(f"{PROG}: {src} -> {out} (MarianMT, {model_cfg.N}+{model_cfg.decoder_layers} layers, "
           f"d_model {model_cfg.d_model}, {model_cfg.activation}, vocabulary "
           f"{vocab['src_size']}/{vocab['tgt_size']})\n{PROG}: fine-tune it with: nmt-train "

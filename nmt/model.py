@@ -5,7 +5,8 @@ d_ff, h, d_k). Read it top to bottom: attention, feed-forward, residual sub-laye
 and positions, encoder and decoder layers, then the whole encoder-decoder with its
 incremental (key/value-cached) decoding API. `make_model` returns exactly this model: plain
 torch.nn modules, no hooks. Speed paths live beside it and are opted into by the caller that
-knows the device: nmt/cpu_training.py (training on CPUs), nmt/inference/fast.py (decoding).
+knows the device: nmt/cpu_training.py (training on CPUs), nmt/inference/fast.py (decoding);
+so does the side channel that keeps the attention weights for pictures, nmt/attention_maps.py.
 
 Shapes: B batch, S source length, T target length, V vocabulary, h heads, d_k = d_model / h.
 Masks are boolean with True where attention is allowed, or additive (0 / -inf) on GPUs.
@@ -30,8 +31,6 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         self.h, self.d_k, self.p = h, d_model // h, attention_dropout
         self.W_o = nn.Linear(d_model, d_model)
-        self.keep_weights = False  # set by Transformer.keep_attention for visualisation
-        self.weights: Tensor | None = None  # (B, h, T_q, T_k) when keep_weights
 
     def split_heads(self, x: Tensor) -> Tensor:
         """(B, T, d_model) -> (B, h, T, d_k)."""
@@ -45,20 +44,11 @@ class MultiHeadAttention(nn.Module):
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
                   causal: bool = False) -> Tensor:
-        """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, fused unless weights are kept."""
+        """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, fused (nmt/attention_maps.py
+        computes it step by step to keep the weights)."""
         p = self.p if self.training else 0.0
-        if not self.keep_weights:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
-                                                  is_causal=causal)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)  # (B, h, T_q, T_k)
-        if causal:
-            mask = causal_mask(q.size(2), k.size(2), q.device)
-        if mask is not None and mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        elif mask is not None:
-            scores = scores + mask
-        self.weights = scores.softmax(dim=-1)
-        return F.dropout(self.weights, p, self.training) @ v
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
+                                              is_causal=causal)
 
 
 class SelfAttention(MultiHeadAttention):
@@ -385,19 +375,6 @@ class Transformer(nn.Module):
         """(B, S) source ids and (B, T) shifted target ids -> logits (B, T, V) (see decode)."""
         memory, src_mask = self.encode(src)
         return self.decode(tgt_in, memory, src_mask, keep)
-
-    # -- inspection ------------------------------------------------------------------------
-    def keep_attention(self, on: bool = True) -> None:
-        """Make every attention layer keep its weights (slower: no fused kernel)."""
-        for m in self.modules():
-            if isinstance(m, MultiHeadAttention):
-                m.keep_weights, m.weights = on, None
-
-    def attention_maps(self) -> dict[str, list[Tensor]]:
-        """The weights kept by the last forward pass: per kind, one (B, h, T_q, T_k) per layer."""
-        return {"encoder_self": [layer.self_attn.weights for layer in self.encoder],
-                "decoder_self": [layer.self_attn.weights for layer in self.decoder],
-                "encoder_decoder": [layer.src_attn.weights for layer in self.decoder]}
 
 
 def make_model(cfg: ModelConfig, src_vocab: int, tgt_vocab: int, pad_id: int,

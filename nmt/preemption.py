@@ -1,43 +1,70 @@
-"""Preemption: SIGTERM or SIGUSR2 stops training at the next update boundary with a checkpoint.
+"""Preemption: the stop signals only set a flag; nmt-train checkpoints, then hands them on.
 
 SLURM sends SIGTERM at a job's time limit or when it preempts the job (then SIGKILL after
 KillWait seconds), and the shipped launcher (Hydra's submitit plugin,
-configs/hydra/launcher/slurm.yaml) asks for SIGUSR2 `signal_delay_s` seconds before the limit,
-which submitit's own handler answers by requeueing the job. nmt-train notes either signal (the
-handler only sets a flag), passes it on as the stop flag that every update's statistics
-all-reduce already carries, so that every rank stops after the same update; rank 0 writes the
-checkpoint; then `finish` runs the handler that was installed before nmt-train's (submitit's),
-or, without one, stops the command with a one-line error (a non-zero exit: the run did not end).
+configs/hydra/launcher/slurm.yaml) asks for submitit's preemption signal (SIGUSR2, or
+SIG$SUBMITIT_PREEMPT_SIGNAL when that is set) `signal_delay_s` seconds before the limit, which
+submitit's own handler answers by requeueing the job. Inside `Preemption` those signals only
+set `received`; nmt-train reads it at its checks (nmt.stopping: after the update in progress
+on a CPU, within train.log_interval updates on a GPU, and before and after every validation),
+where the ranks agree on it, so that every rank stops after the same update; rank 0 writes the
+checkpoint before any further validation; then `finish` runs the handler that was installed
+before nmt-train's (submitit's), or, without one, stops the command with a one-line error and
+exit status 128 + the signal's number (the run did not end: `Preempted`).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 
 from nmt.errors import NmtError
 
-SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
+PREEMPT_SIGNAL_ENV = "SUBMITIT_PREEMPT_SIGNAL"  # submitit's choice of its preemption signal
+
+
+class Preempted(NmtError):
+    """Training stopped by a signal with its checkpoint written, to be resumed: the command
+    exits with 128 + the signal's number, a shell's status for a process the signal ended."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_status = 128 + signum
+
+
+def stop_signals() -> tuple[signal.Signals, ...]:
+    """SIGTERM and submitit's preemption signal, SIG + $SUBMITIT_PREEMPT_SIGNAL (USR2 when
+    unset), read as submitit reads it."""
+    value = os.environ.get(PREEMPT_SIGNAL_ENV, "USR2")
+    try:
+        preempt = signal.Signals["SIG" + value]
+    except KeyError:
+        raise NmtError(f"{PREEMPT_SIGNAL_ENV}={value!r}: no signal SIG{value} (submitit "
+                       f"takes a name without SIG, e.g. USR2)") from None
+    return tuple(dict.fromkeys((signal.SIGTERM, preempt)))
 
 
 class Preemption:
-    """A context in which SIGTERM and SIGUSR2 only set `received` (the signal's number); the
-    previous handlers come back on exit. Outside the main thread (where Python cannot set
-    handlers) it changes nothing."""
+    """A context in which the stop signals (stop_signals()) only set `received` (the signal's
+    number); the previous handlers come back on exit (SIG_DFL where the previous one was not
+    installed from Python). Outside the main thread (where Python cannot set handlers) it
+    changes nothing."""
 
     def __init__(self):
+        self.signals = stop_signals()
         self.received: int | None = None
         self.previous: dict[int, object] = {}
 
     def __enter__(self) -> Preemption:
         if threading.current_thread() is threading.main_thread():
-            for sig in SIGNALS:
+            for sig in self.signals:
                 self.previous[sig] = signal.signal(sig, self._note)
         return self
 
     def __exit__(self, *exc) -> None:
         for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
     def _note(self, signum: int, frame) -> None:
         """The handler: remember the signal, nothing else (the loop stops at its pace)."""
@@ -50,10 +77,10 @@ class Preemption:
 
     def finish(self, update: int) -> None:
         """After the checkpoint: run the handler installed before ours (submitit's requeue),
-        or stop the command with a one-line error when there was none."""
+        or stop the command with a one-line error when there was none (Preempted)."""
         handler = self.previous.get(self.received)
         if callable(handler):
             handler(self.received, None)
             return
-        raise NmtError(f"stopped by {self.name} after update {update}; checkpoint_last.pt "
-                       f"written: run the same command to resume")
+        raise Preempted(f"stopped by {self.name} after update {update}; checkpoint_last.pt "
+                        f"written: run the same command to resume", self.received)

@@ -8,10 +8,12 @@ they give (docs/design.md, "Private PyTorch operators", has the measurements):
 - quantized linear maps with 8-bit activations on oneDNN (torch.ops.quantized): torch.ao's
   public dynamic Linear calls the same operators but always with 7-bit activations.
 - an update skipped on the device, with no host read: a fused optimizer's `found_inf`
-  (GradScaler's contract with it) and the EMA's foreach interpolation with a tensor weight
+  (GradScaler's contract with it, which the optimizer's private `_step_supports_amp_scaling`
+  says it keeps) and the EMA's foreach interpolation with a tensor weight
   (torch.optim.swa_utils takes the decay as a number, which cannot say "skip" on the device).
-`missing()` names any of them this PyTorch lacks; tests/test_private_ops.py fails on it, so a
-torch upgrade that removes one is an error in CI, not a silent slowdown.
+`missing()` names any of the operators this PyTorch lacks; tests/test_private_ops.py fails on
+it (and on a fused Adam without the flag), so a torch upgrade that removes one is an error in
+CI, not a silent slowdown.
 """
 
 from __future__ import annotations
@@ -69,9 +71,16 @@ def quantized_linear(x: Tensor, packed, reduce_range: bool) -> Tensor:
     return torch.ops.quantized.linear_dynamic(x, packed, reduce_range)
 
 
+def skips_on_the_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `optimizer` can skip a step on the device (step_unless): a fused one, which
+    says so by its private `_step_supports_amp_scaling` (what GradScaler reads)."""
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+
+
 def step_unless(optimizer: torch.optim.Optimizer, skip: Tensor) -> None:
-    """optimizer.step() of a fused optimizer, which skips the update on the device when
-    `skip` (0-dim bool) holds: GradScaler's contract (grad_scale, found_inf) with it."""
+    """optimizer.step() of a fused optimizer (skips_on_the_device), which skips the update
+    on the device when `skip` (0-dim bool) holds: GradScaler's contract (grad_scale,
+    found_inf) with it."""
     optimizer.grad_scale, optimizer.found_inf = None, skip.float()
     try:
         optimizer.step()

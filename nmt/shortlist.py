@@ -23,6 +23,7 @@ nmt.export.write_vmap writes.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -41,7 +42,8 @@ if TYPE_CHECKING:
 FORMAT = 1  # the shortlist file format written here
 FILE = "shortlist.pt"  # its name in a data directory
 MAX_TABLE = 2 ** 28  # co-occurrence counts held in memory at most (int32: 1 GiB)
-CHUNK = 20_000  # training pairs counted at a time
+CHUNK = 20_000  # training pairs whose lengths are read at a time
+PRODUCTS = 1 << 20  # (source piece, target piece) products counted at a time, at most
 
 
 class Candidates(NamedTuple):
@@ -117,45 +119,74 @@ def load_shortlist(path: str | Path) -> Shortlist:
 
 
 # ----------------------------------------------------------------------------- building
+def _chunks(src: TokenArray, tgt: TokenArray, budget: int) -> Iterator[tuple[int, int]]:
+    """Consecutive ranges [start, end) of pairs whose (source length + 1) x (target length
+    + 1) sum to at most `budget` (a longer pair alone): a bound on the (source piece, target
+    piece) products of a range, and on its tokens. Lengths are read CHUNK pairs at a time."""
+    for first in range(0, len(src), CHUNK):
+        last = min(first + CHUNK, len(src))
+        size = ((np.diff(src.offsets[first:last + 1]) + 1)
+                * (np.diff(tgt.offsets[first:last + 1]) + 1))  # (pairs,) bounds of products
+        cum, start, before = np.cumsum(size), 0, 0
+        while start < len(size):
+            end = max(start + 1, int(np.searchsorted(cum, before + budget, side="right")))
+            yield first + start, first + end
+            start, before = end, int(cum[end - 1])
+
+
 def _unique_per_sentence(array: TokenArray, start: int, end: int, V: int
                          ) -> tuple[np.ndarray, np.ndarray]:
     """The distinct pieces of sentences [start, end): (sentence - start, piece) pairs sorted
-    by sentence, then piece."""
+    by sentence, then piece, as int32."""
     offsets = array.offsets[start:end + 1]
     tokens = np.asarray(array.tokens[offsets[0]:offsets[-1]], dtype=np.int64)
     sentence = np.repeat(np.arange(end - start, dtype=np.int64), np.diff(offsets))
     keys = np.unique(sentence * V + tokens)
-    return keys // V, keys % V
+    return (keys // V).astype(np.int32), (keys % V).astype(np.int32)
 
 
 def _pairs(s_sent: np.ndarray, s_tok: np.ndarray, t_sent: np.ndarray, t_tok: np.ndarray,
            n: int, Vt: int) -> np.ndarray:
-    """Every (source piece, target piece) pair within each of n sentences, as s Vt + t."""
+    """Every (source piece, target piece) pair within each of n sentences, as s Vt + t (int32:
+    a table of at most MAX_TABLE counts); three arrays of their number alive at most."""
     nt = np.bincount(t_sent, minlength=n)  # (n,) distinct target pieces per sentence
     t_start = np.cumsum(nt) - nt
     rep = nt[s_sent]  # each source piece meets its sentence's target pieces
-    first = np.repeat(np.cumsum(rep) - rep, rep)  # where each source piece's block starts
-    t_index = np.arange(rep.sum()) - first + np.repeat(t_start[s_sent], rep)
-    return np.repeat(s_tok, rep) * Vt + t_tok[t_index]
+    block = np.cumsum(rep) - rep  # where each source piece's block of pairs starts
+    t_index = np.repeat((t_start[s_sent] - block).astype(np.int32), rep)  # (P,)
+    t_index += np.arange(len(t_index), dtype=np.int32)  # the target piece of each pair
+    keys = np.repeat(s_tok * np.int32(Vt), rep)  # (P,)
+    keys += t_tok[t_index]
+    return keys
+
+
+def _count(counts: np.ndarray, keys: np.ndarray) -> None:
+    """counts[k] += how often k is in keys (sorted in place; np.unique would copy them)."""
+    keys.sort()
+    new = np.empty(len(keys), dtype=bool)  # (P,) where a run of equal keys starts
+    new[:1] = True
+    np.not_equal(keys[1:], keys[:-1], out=new[1:])
+    starts = np.flatnonzero(new)
+    del new
+    counts[keys[starts]] += np.diff(starts, append=len(keys)).astype(np.int32)
 
 
 def cooccurrence(src: TokenArray, tgt: TokenArray, Vs: int, Vt: int
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Sentence-level counts: c(s, t) (Vs, Vt) int32, c(s) (Vs,) and c(t) (Vt,) int64."""
+    """Sentence-level counts: c(s, t) (Vs, Vt) int32, c(s) (Vs,) and c(t) (Vt,) int64; counted
+    PRODUCTS source x target pieces at a time: beside the table, a peak of at most some 36
+    bytes each (40 MiB), whatever the sentences' lengths."""
     if Vs * Vt > MAX_TABLE:
         raise NmtError(f"shortlist.k: a {Vs:,} x {Vt:,} co-occurrence table is more than this "
                        f"builder holds ({MAX_TABLE:,} counts); use a smaller vocabulary")
     counts = np.zeros(Vs * Vt, dtype=np.int32)
     c_src, c_tgt = np.zeros(Vs, dtype=np.int64), np.zeros(Vt, dtype=np.int64)
-    for start in range(0, len(src), CHUNK):
-        end = min(start + CHUNK, len(src))
+    for start, end in _chunks(src, tgt, PRODUCTS):
         s_sent, s_tok = _unique_per_sentence(src, start, end, Vs)
         t_sent, t_tok = _unique_per_sentence(tgt, start, end, Vt)
         c_src += np.bincount(s_tok, minlength=Vs)
         c_tgt += np.bincount(t_tok, minlength=Vt)
-        keys, n = np.unique(_pairs(s_sent, s_tok, t_sent, t_tok, end - start, Vt),
-                            return_counts=True)
-        counts[keys] += n.astype(np.int32)
+        _count(counts, _pairs(s_sent, s_tok, t_sent, t_tok, end - start, Vt))
     return counts.reshape(Vs, Vt), c_src, c_tgt
 
 

@@ -25,7 +25,7 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 from pathlib import Path
 
@@ -67,6 +67,7 @@ from nmt.runlog import RunDirLock, RunLog, prepare_run_dir
 from nmt.runtime import cap_onednn_cache, keep_freed_memory, release_freed_memory
 from nmt.schedule import NoamSchedule, build_optimizer
 from nmt.scoring import read_references, score
+from nmt.stopping import FLAGS, NO_FLAGS, Stop, Stopping
 from nmt.tokenizer import Tokenizer, vocab_sha256
 
 log = logging.getLogger("nmt.train")
@@ -86,7 +87,7 @@ def train(cfg: TrainConfig) -> dict:
         log.setLevel(logging.WARNING)
     batches = logs = None
     run_lock = RunDirLock(cfg.run_dir)  # taken by rank 0 in starting_state, held to the end
-    preempt = Preemption()  # SIGTERM / SIGUSR2: stop after the update, checkpoint, hand on
+    preempt = Preemption()  # the stop signals: stop after the update, checkpoint, hand on
     with distributed.collective_errors(env.rank), logging_redirect_tqdm(), preempt:
         try:
             trim_heap = tune_process(tc, env.device)
@@ -96,79 +97,92 @@ def train(cfg: TrainConfig) -> dict:
             logs = RunLog(cfg, run.update) if env.is_main else None
             batches = Prefetcher(run.data.train, pin=env.device.type == "cuda")
             describe(run)
-            bar = tqdm(total=tc.max_updates or None, initial=run.update, unit="upd",
-                       disable=True if not env.is_main else None, dynamic_ncols=True)
-            t0, first = time.monotonic(), run.update
-            deadline = t0 + 60 * tc.max_minutes if tc.max_minutes else math.inf
-            cool_at = plan_cooldown(run, t0)  # when a timed cooldown starts (inf: no such)
-            asked = None  # "time" or "signal" once a rank is out of time or signalled
-            while (reason := stop_reason(run, asked, preempt)) is None:
-                epoch, group = batches.take(batches_in_update(run.update_freq, run.update))
-                now = time.monotonic()
-                with fatal_out_of_memory(run, [batch for _, batch in group]):
-                    stats = train_step(run, epoch, group, now >= deadline,
-                                       preempt.received is not None, now >= cool_at)
-                run.monitor.add(stats)
-                run.update += 1
-                bar.update(1)
-                if run.update % run.check_every == 0:  # the host reads the device
-                    asked = run.monitor.check(tc.max_nonfinite, run.update)
-                    if asked == "cool":  # a rank used its share of the time before the cooldown
-                        start_timed_cooldown(run, run.update - first)
-                        asked = None
-                if run.update % tc.log_interval == 0:
-                    log_train(run, logs, bar)
-                if trim_heap and run.update % TRIM_INTERVAL_UPDATES == 0:
-                    release_freed_memory()
-                improved = (run.data.valid is not None
-                            and run.update % tc.valid_interval_updates == 0
-                            and validate_and_track(run, logs))
-                if run.update % tc.save_interval_updates == 0:
-                    save(run, improved)
-                elif improved:
-                    save_best(run)
-            bar.close()
-            summary = finish(run, logs, reason, validate=asked != "signal")
+            stopping = Stopping.now(cfg, preempt, run.update, plan_cooldown(run))
+            stop = run_updates(run, batches, logs, stopping, trim_heap)
+            summary = finish(run, logs, stop, stopping)
         finally:
             for resource in (batches, logs, run_lock):
                 if resource is not None:
                     resource.close()
     if owns_group:  # after an error the process exits instead: no rank waits on it
         distributed.shutdown()
-    if preempt.received is not None:
-        preempt.finish(run.update)  # submitit's handler (requeue), or a one-line error
+    stopping.hand_on(stop, run.update)  # submitit's handler (requeue), or Preempted
     return summary
 
 
-def stop_reason(run: Run, asked: str | None, preempt: Preemption) -> str | None:
-    """Why training stops before the next update, or None; the same on every rank (the words
-    may differ: a rank that was signalled names the signal). asked: Monitor.check's."""
+def run_updates(run: Run, batches: Prefetcher, logs: RunLog | None, stopping: Stopping,
+                trim_heap: bool) -> Stop:
+    """Updates, each followed by the log, validation and checkpoints due, until a stop;
+    returns its reason (the same on every rank)."""
     tc = run.cfg.train
-    if tc.max_updates and run.update >= tc.max_updates:
-        return f"max_updates={tc.max_updates} reached"
-    if run.scheduler.cooled():
-        return f"the learning rate's cooldown (optim.cooldown={run.cfg.optim.cooldown}) ended"
-    if tc.max_epochs and run.data.train.epoch > tc.max_epochs:
-        return f"max_epochs={tc.max_epochs} reached"
-    if asked == "signal":
-        return f"{preempt.name} received" if preempt.received else "another rank was signalled"
-    if asked == "time":
-        return f"max_minutes={tc.max_minutes} reached"
-    if tc.patience and run.bad_validations >= tc.patience:
-        return f"early stopping: {tc.best_metric} did not improve for {tc.patience} validations"
-    return None
+    bar = tqdm(total=tc.max_updates or None, initial=run.update, unit="upd",
+               disable=True if not run.env.is_main else None, dynamic_ncols=True)
+    while (stop := stop_reason(run, stopping)) is None:
+        epoch, group = batches.take(batches_in_update(run.update_freq, run.update))
+        with fatal_out_of_memory(run, [batch for _, batch in group]):
+            stats = train_step(run, epoch, group, stopping.flags())
+        run.monitor.add(stats)
+        run.update += 1
+        bar.update(1)
+        if run.update % run.check_every == 0:  # the host reads the device
+            take_flags(run, stopping, run.monitor.check(tc.max_nonfinite, run.update))
+        if run.update % tc.log_interval == 0:
+            log_train(run, logs, bar)
+        if trim_heap and run.update % TRIM_INTERVAL_UPDATES == 0:
+            release_freed_memory()
+        validate_and_save(run, logs, stopping)
+    bar.close()
+    return stop
 
 
-def finish(run: Run, logs: RunLog | None, reason: str, validate: bool = True) -> dict:
-    """Validate (unless validate=False: preempted, the checkpoint comes first) and checkpoint
-    the last update unless done already; the run's summary."""
+def stop_reason(run: Run, stopping: Stopping) -> Stop | None:
+    """Why training stops before the next update, or None (Stopping.reason on the run's
+    counters); the same on every rank."""
+    return stopping.reason(run.update, run.data.train.epoch, run.scheduler.cooled(),
+                           run.bad_validations)
+
+
+def take_flags(run: Run, stopping: Stopping, flags: list[float]) -> None:
+    """Note the ranks' summed stop flags; start the timed cooldown when they say so."""
+    if stopping.take(flags):
+        start_timed_cooldown(run, run.update - stopping.first_update)
+
+
+def signalled(run: Run, stopping: Stopping) -> bool:
+    """Whether a rank has been signalled by now, agreed by all ranks (one collective)."""
+    take_flags(run, stopping, stopping.agree(run.env.device))
+    return stopping.signalled
+
+
+def validate_and_save(run: Run, logs: RunLog | None, stopping: Stopping) -> None:
+    """The validation and checkpoints due after this update, the checkpoint first: no
+    validation once a rank was signalled (the checkpoint is written now, or by `finish`),
+    and a signal during the validation has the checkpoint written right after it."""
+    tc = run.cfg.train
+    validate_now = run.data.valid is not None and run.update % tc.valid_interval_updates == 0
+    save_now = run.update % tc.save_interval_updates == 0
     improved = False
-    if validate and run.data.valid is not None and run.update != run.validated_at:
+    if validate_now and not signalled(run, stopping):
+        improved = validate_and_track(run, logs)
+        save_now = save_now or signalled(run, stopping)
+    if save_now:
+        save(run, improved)
+    elif improved:
+        save_best(run)
+
+
+def finish(run: Run, logs: RunLog | None, stop: Stop, stopping: Stopping) -> dict:
+    """Validate the last update unless done already or a rank was signalled (the checkpoint
+    comes first), and checkpoint it unless done already; the run's summary."""
+    improved = False
+    if (run.data.valid is not None and run.update != run.validated_at
+            and not signalled(run, stopping)):
         improved = validate_and_track(run, logs)
     if run.update != run.saved_at:
         save(run, improved)
     elif improved:
         save_best(run)
+    reason = stopping.describe(stop)
     log.info("stopped at update %d, epoch %d: %s", run.update, run.data.train.epoch, reason)
     distributed.barrier()
     return {"update": run.update, "epoch": run.data.train.epoch, "reason": reason,
@@ -176,18 +190,18 @@ def finish(run: Run, logs: RunLog | None, reason: str, validate: bool = True) ->
             "nonfinite": int(run.monitor.nonfinite.item())}
 
 
-def plan_cooldown(run: Run, t0: float) -> float:
-    """optim.cooldown's start: planned now for train.max_updates (the last share of them,
-    unless a resumed schedule has one), or at the returned clock time for train.max_minutes
-    (t0 plus the share of the time before the cooldown); inf when there is none to wait for."""
+def plan_cooldown(run: Run) -> bool:
+    """Plan optim.cooldown: started now for train.max_updates (on its last share, unless a
+    resumed schedule has one); True when it waits for a time instead (train.max_minutes:
+    after the share of the time before it, nmt.stopping)."""
     share, tc = run.cfg.optim.cooldown, run.cfg.train
     if not share or run.scheduler.cooldown is not None:
-        return math.inf
+        return False
     if tc.max_updates:
         length = max(round(share * tc.max_updates), 1)
         run.scheduler.start_cooldown(length, start=max(tc.max_updates - length, run.update))
-        return math.inf
-    return t0 + 60 * tc.max_minutes * (1 - share)
+        return False
+    return True
 
 
 def start_timed_cooldown(run: Run, updates: int) -> None:
@@ -459,8 +473,9 @@ def describe(run: Run) -> None:
 
 
 # ----------------------------------------------------------------------------- one update
-# What an update counts on the host, per rank, all-reduced with its losses (StepStats' names).
-HOST_COUNTS = ("tgt_tokens", "src_tokens", "padded", "sentences", "stop", "signalled", "cool")
+# What an update counts on the host, per rank, all-reduced with its losses (StepStats' names)
+# and the rank's stop flags (nmt.stopping.FLAGS).
+HOST_COUNTS = ("tgt_tokens", "src_tokens", "padded", "sentences")
 
 
 @dataclasses.dataclass
@@ -476,9 +491,7 @@ class StepStats:
     grad_norm: Tensor  # global L2 norm of the per-token gradient, before clipping
     skipped: Tensor  # True: the loss or the gradient was not finite, no parameter changed
     overflow: Tensor  # True: an fp16 loss-scale overflow (skipped, but not a divergence)
-    stop: Tensor  # > 0: a rank's time budget ran out
-    signalled: Tensor  # > 0: a rank got SIGTERM or SIGUSR2 (nmt.preemption)
-    cool: Tensor  # > 0: a rank reached the time at which optim.cooldown starts
+    flags: Tensor  # (len(FLAGS),) the ranks' stop flags summed (nmt.stopping: > 0 is set)
 
 
 @contextlib.contextmanager
@@ -503,12 +516,12 @@ def batch_loss(model: nn.Module, batch: Batch, epsilon: float, pad_id: int,
     return LabelSmoothedLoss.apply(logits, batch.tgt_out[keep], epsilon, pad_id)
 
 
-def train_step(run: Run, epoch: int, group: list[tuple[int, Batch]], stop: bool,
-               signalled: bool = False, cool: bool = False) -> StepStats:
+def train_step(run: Run, epoch: int, group: list[tuple[int, Batch]],
+               flags: Sequence[float] = NO_FLAGS) -> StepStats:
     """One update on a group of (index in the epoch, Batch): forward and backward on each,
     gradients divided by the update's target tokens and clipped, one optimizer step unless
-    the loss or the gradient is not finite (decided on the device), the EMA after it. stop,
-    signalled and cool: this rank's clock and signals, summed over ranks with the losses."""
+    the loss or the gradient is not finite (decided on the device), the EMA after it. flags:
+    this rank's stop flags (Stopping.flags), summed over ranks with the losses."""
     tc, env = run.cfg.train, run.env
     run.forward.train()
     run.optimizer.zero_grad(set_to_none=True)
@@ -527,13 +540,13 @@ def train_step(run: Run, epoch: int, group: list[tuple[int, Batch]], stop: bool,
         for key, n in (("tgt_tokens", batch.tgt_tokens), ("src_tokens", batch.src_tokens),
                        ("padded", batch.padded_tokens), ("sentences", batch.src.size(0))):
             counts[key] += n
-    counts["stop"], counts["signalled"], counts["cool"] = stop, signalled, cool
-    host = torch.tensor([counts[key] for key in HOST_COUNTS], dtype=torch.float64)
+    host = torch.tensor([*(counts[key] for key in HOST_COUNTS), *flags], dtype=torch.float64)
     if env.device.type == "cuda":
         host = host.pin_memory()  # copied without waiting for the device
     sums = distributed.all_reduce_sum(torch.cat([
         losses.double(), host.to(env.device, non_blocking=True)]))  # one collective
-    total = dict(zip(("loss", "nll", *HOST_COUNTS), sums.unbind(), strict=True))
+    names = ("loss", "nll", *HOST_COUNTS)
+    total = dict(zip(names, sums[:len(names)].unbind(), strict=True))
     run.scaler.unscale_(run.optimizer)
     params = [p for p in run.model.parameters() if p.grad is not None]
     grad_norm = normalise_gradients(params, total["tgt_tokens"].clamp(min=1.0),
@@ -546,7 +559,8 @@ def train_step(run: Run, epoch: int, group: list[tuple[int, Batch]], stop: bool,
         update_ema(run.ema, run.model, ema_decay(tc.ema_decay, run.update + 1), skip)
     overflow = (skip & torch.isfinite(total["loss"]) if run.scaler.is_enabled()
                 else torch.zeros_like(skip))
-    return StepStats(**total, grad_norm=grad_norm, skipped=skip, overflow=overflow)
+    return StepStats(**total, grad_norm=grad_norm, skipped=skip, overflow=overflow,
+                     flags=sums[len(names):])
 
 
 @contextlib.contextmanager
@@ -598,7 +612,7 @@ def optimizer_step(optimizer: torch.optim.Optimizer, skip: Tensor) -> None:
     """optimizer.step() unless `skip` (a 0-dim bool tensor). A fused optimizer (CUDA) decides
     on the device (nmt.private_ops.step_unless), so the host never waits; others decide on
     the host, which costs nothing on a CPU."""
-    if getattr(optimizer, "_step_supports_amp_scaling", False):
+    if private_ops.skips_on_the_device(optimizer):
         private_ops.step_unless(optimizer, skip)
     elif not skip.item():
         optimizer.step()
@@ -621,7 +635,7 @@ def update_ema(ema: nn.Module, model: nn.Module, decay: float, skip: Tensor) -> 
 
 class Monitor:
     """Update statistics accumulated on the device: sums since the last log line, and what
-    stops a run (consecutive non-finite updates, a rank out of time), read at checks."""
+    stops a run (consecutive non-finite updates, the ranks' stop flags), read at checks."""
 
     # The sums kept (one tensor, in this order; add() fills them by name).
     FIELDS = ("loss", "nll", "scored_tokens", "tgt_tokens", "src_tokens", "padded",
@@ -632,9 +646,7 @@ class Monitor:
         self.nonfinite = torch.zeros((), dtype=torch.float64, device=device)  # run total
         self.streak = torch.zeros((), dtype=torch.float64, device=device)  # consecutive ones
         self.worst = torch.zeros((), dtype=torch.float64, device=device)  # since last check
-        self.stop = torch.zeros((), dtype=torch.float64, device=device)
-        self.signalled = torch.zeros((), dtype=torch.float64, device=device)
-        self.cool = torch.zeros((), dtype=torch.float64, device=device)
+        self.flags = torch.zeros(len(FLAGS), dtype=torch.float64, device=device)  # maxima
         self.restart()
 
     def restart(self) -> None:
@@ -656,23 +668,18 @@ class Monitor:
         self.nonfinite += diverged
         self.streak = (self.streak + 1) * diverged
         self.worst = torch.maximum(self.worst, self.streak)
-        self.stop = torch.maximum(self.stop, s.stop)
-        self.signalled = torch.maximum(self.signalled, s.signalled)
-        self.cool = torch.maximum(self.cool, s.cool)
+        self.flags = torch.maximum(self.flags, s.flags)
 
-    def check(self, max_nonfinite: int, update: int) -> str | None:
-        """Raise when max_nonfinite updates in a row were not finite; "signal" once a rank was
-        signalled, "time" once one is out of time, "cool" once one reached the cooldown's
-        start time, else None. Reads the device (a host synchronisation)."""
-        worst, stop, signalled, cool = torch.stack(
-            [self.worst, self.stop, self.signalled, self.cool]).tolist()
+    def check(self, max_nonfinite: int, update: int) -> list[float]:
+        """Raise when max_nonfinite updates in a row were not finite; else the ranks' stop
+        flags so far (for Stopping.take). Reads the device (a host synchronisation)."""
+        worst, *flags = torch.cat([self.worst[None], self.flags]).tolist()
         self.worst = self.streak.clone()
         if worst >= max_nonfinite:
             raise NmtError(f"{max_nonfinite} consecutive non-finite losses by update {update}: "
                            f"training diverged (lower optim.lr_factor, raise optim.warmup, set "
                            f"optim.clip_norm, or use amp=bf16/none)")
-        return ("signal" if signalled > 0 else "time" if stop > 0
-                else "cool" if cool > 0 else None)
+        return flags
 
     def summary(self) -> dict:
         """Per-token loss, NLL, perplexity, gradient norm, throughput, padding share, skipped

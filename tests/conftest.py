@@ -13,7 +13,9 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import os
 import random
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -130,3 +132,41 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def null_device(tmp_path) -> Path:
+    """A character device made in tmp_path with /dev/null's numbers (1, 3): an output that
+    must be written into, never replaced (the system's /dev/null is never touched)."""
+    path = tmp_path / "null"
+    try:
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        os.close(os.open(path, os.O_WRONLY))  # a file system mounted nodev refuses it
+    except OSError as e:  # not root (CAP_MKNOD)
+        pytest.skip(f"cannot make a character device ({e.strerror})")
+    return path
+
+
+@pytest.fixture
+def named_pipe(tmp_path):
+    """A named pipe in tmp_path, and a function that reads what was written into it. Its read
+    end is open (non-blocking) before the test writes, so that a writer does not wait for a
+    reader; what is written must fit the pipe's buffer (64 KiB)."""
+    path = tmp_path / "pipe"
+    os.mkfifo(path)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+
+    def read() -> bytes:
+        parts = []
+        while True:
+            try:
+                part = os.read(fd, 1 << 16)
+            except BlockingIOError:  # a writer still holds it open: nothing more now
+                break
+            if not part:
+                break
+            parts.append(part)
+        return b"".join(parts)
+
+    yield path, read
+    os.close(fd)

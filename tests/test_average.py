@@ -1,5 +1,6 @@
 """nmt-average: exact on copies, the mean of known checkpoints, clear errors, no partial output."""
 
+import stat
 import subprocess
 import sys
 from dataclasses import asdict
@@ -9,12 +10,13 @@ import pytest
 import torch
 
 from nmt.checkpoint import (
+    average,
     average_checkpoints,
     last_checkpoints,
     load_checkpoint,
     save_checkpoint,
 )
-from nmt.config import ModelConfig
+from nmt.config import AverageConfig, ModelConfig
 from nmt.errors import NmtError
 from nmt.model import make_model
 
@@ -98,6 +100,13 @@ def test_mismatched_checkpoints_are_refused(tmp_path):
         average_checkpoints([tmp_path / "a.pt", tmp_path / "wide.pt"])
     with pytest.raises(NmtError, match="vocab.pt: vocabulary differs"):
         average_checkpoints([tmp_path / "a.pt", tmp_path / "vocab.pt"])
+
+
+def test_a_device_as_output_is_written_into_not_replaced(tmp_path, null_device):
+    make_checkpoint(tmp_path / "a.pt", seed=0, update=10)
+    average(AverageConfig(output=str(null_device), inputs=[str(tmp_path / "a.pt")]))
+    assert stat.S_ISCHR(null_device.lstat().st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.pt", "null"]
 
 
 def run_average(*args: str) -> subprocess.CompletedProcess:

@@ -15,6 +15,7 @@ from nmt.data import (
     SubwordSampler,
     TokenArray,
     batch_by_tokens,
+    check_ids,
     collate,
     padded_length,
     read_manifest,
@@ -44,6 +45,16 @@ def test_token_dtype_is_uint16_while_every_id_fits_then_int32(tmp_path):
     for vocab in (2 ** 16, 2 ** 20):
         write_token_array(tmp_path / "x", [[4, vocab - 1]], token_dtype(vocab))
         assert TokenArray(tmp_path / "x", token_dtype(vocab))[0].tolist() == [4, vocab - 1]
+
+
+@pytest.mark.parametrize("bad", [-5, 2 ** 20])
+def test_an_id_outside_the_vocabulary_is_an_error_negative_ones_too(tmp_path, bad):
+    write_token_array(tmp_path / "x", [[4, 7], [bad, 9]], np.int32)  # int32: over 65,536 pieces
+    array = TokenArray(tmp_path / "x", np.int32)
+    with pytest.raises(NmtError, match=rf"x.bin: token 2 is id {bad}, not in \[0, 65,537\)"):
+        check_ids(array, 2 ** 16 + 1, tmp_path / "x.bin")
+    write_token_array(tmp_path / "ok", [[0, 7], [2 ** 16, 9]], np.int32)
+    check_ids(TokenArray(tmp_path / "ok", np.int32), 2 ** 16 + 1, tmp_path / "ok.bin")  # passes
 
 
 def test_corrupt_index_is_an_error(tmp_path):
@@ -269,7 +280,7 @@ def open_and_verify(data_dir):
     ("short index", r"train.en.idx: 800 bytes where manifest.json's 160 sentences \(\+1\) x 8 "
                     r"bytes give 1,288"),
     ("flipped byte", r"train.en.bin: sha256 differs from manifest.json's: the file changed"),
-    ("id out of range", r"train.en.bin: token 7 is id 65535, not below the vocabulary size 120"),
+    ("id out of range", r"train.en.bin: token 7 is id 65535, not in \[0, 120\)"),
     ("missing", r"train.en.bin: cannot read \(No such file or directory\)"),
 ])
 def test_a_damaged_data_directory_is_a_one_line_error_naming_the_file(

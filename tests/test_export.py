@@ -7,6 +7,7 @@ sentences of its test.en. Each export is compared token for token with nmt's gre
 """
 
 import dataclasses
+import stat
 import subprocess
 import sys
 import warnings
@@ -294,6 +295,16 @@ def test_a_failed_export_leaves_nothing_behind(spm, tmp_path, monkeypatch):
         run_export(ckpt, tmp_path / "out", "ctranslate2", force=True)
     assert (tmp_path / "out" / "model.bin").read_bytes() == before  # the old export stays
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.pt", "out"]  # no temp dirs
+
+
+def test_a_pipe_or_a_device_as_output_is_refused_and_left_as_it_is(tmp_path, named_pipe,
+                                                                  null_device):
+    ckpt = tmp_path / "c.pt"  # the output is checked first
+    for out in (named_pipe[0], null_device):
+        with pytest.raises(ConfigError, match=f"^output: {out} exists and is not a directory"):
+            run_export(ckpt, out, "transformers", force=True)
+    assert stat.S_ISFIFO(named_pipe[0].lstat().st_mode)
+    assert stat.S_ISCHR(null_device.lstat().st_mode)
 
 
 @pytest.mark.slow

@@ -3,14 +3,19 @@ with the permissions a plain open() or mkdir would give."""
 
 import errno
 import os
+import stat
+import sys
+from pathlib import Path
 
 import pytest
 
 from nmt.errors import NmtError
 from nmt.files import (
+    check_output,
     link_atomically,
     new_directory,
     remove_temporaries,
+    replaced_file,
     temporary_beside,
     write_atomically,
 )
@@ -47,6 +52,48 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
         write_atomically(path, half_then_fail)
     assert path.read_text() == "old\n"
     assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+
+
+@pytest.mark.parametrize("durable", [False, True])
+def test_a_named_pipe_is_written_into_never_replaced(named_pipe, durable):
+    path, read = named_pipe
+    check_output(path, "output")
+    write_atomically(path, lambda f: f.write(b"a line\n"), durable)
+    assert read() == b"a line\n"
+    assert stat.S_ISFIFO(path.lstat().st_mode)
+    assert [p.name for p in path.parent.iterdir()] == ["pipe"]  # no temporary
+
+
+@pytest.mark.parametrize("durable", [False, True])
+def test_a_character_device_is_written_into_never_replaced(null_device, durable):
+    device = null_device.lstat().st_rdev
+    check_output(null_device, "output")
+    write_atomically(null_device, "translations\n", durable)
+    assert stat.S_ISCHR(null_device.lstat().st_mode) and null_device.lstat().st_rdev == device
+    assert [p.name for p in null_device.parent.iterdir()] == ["null"]
+
+
+def test_a_link_is_kept_and_the_file_it_leads_to_replaced(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "out.txt").write_text("old\n")
+    (tmp_path / "out.txt").symlink_to(Path("real") / "out.txt")
+    (tmp_path / "new.txt").symlink_to(tmp_path / "real" / "new.txt")  # not there yet
+    for name in ("out.txt", "new.txt"):
+        check_output(tmp_path / name, "output")
+        write_atomically(tmp_path / name, "new\n")
+        assert (tmp_path / name).is_symlink() and (tmp_path / "real" / name).read_text() == "new\n"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/fd")
+def test_the_processs_open_files_are_written_into(tmp_path):
+    with open(tmp_path / "log", "w") as f:  # a descriptor on a regular file: not replaced
+        (tmp_path / "link").symlink_to(f"/proc/self/fd/{f.fileno()}")
+        for path in (f"/proc/self/fd/{f.fileno()}", tmp_path / "link",
+                     *["/dev/stdout"] * os.path.lexists("/dev/stdout")):
+            assert replaced_file(path) is None, path
+        write_atomically(tmp_path / "link", "into the open file\n")
+    assert (tmp_path / "log").read_text() == "into the open file\n"
+    assert (tmp_path / "link").is_symlink()
 
 
 def test_remove_temporaries_deletes_what_killed_writes_left(tmp_path):

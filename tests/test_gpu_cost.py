@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from gpu_sim import MISSING, loss_memory, update_cost
+
+from nmt.gpu_sim import MISSING, loss_memory, update_cost
 
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 

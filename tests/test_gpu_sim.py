@@ -1,4 +1,4 @@
-"""The GPU paths tested on every commit without a GPU (tests/gpu_sim.py says how): nmt-train's
+"""The GPU paths tested on every commit without a GPU (nmt/gpu_sim.py says how): nmt-train's
 update on a simulated CUDA device reads nothing from it and keeps its statistics there; 8
 simulated ranks make the same collectives; decoding runs on the simulated device; decoding
 reads the host once a step; out-of-memory errors, dtypes and devices end in one line.
@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from gpu_sim import MISSING, World, decoding_reads, simulated_cuda, simulated_run
 from test_train import config
 from translate_helpers import random_sources, search, tiny_model
 
@@ -28,13 +27,14 @@ from nmt.config import (
     to_object,
 )
 from nmt.errors import ConfigError, NmtError
+from nmt.gpu_sim import MISSING, World, decoding_reads, simulated_cuda, simulated_run
 from nmt.inference.fast import FastModel, PackedAffine
 from nmt.inference.search import Decoder, decoding_models
 from nmt.train import train
 
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 if MISSING is None:
-    from gpu_sim import HOST_READ, NO_GPU_KERNEL
+    from nmt.gpu_sim import HOST_READ, NO_GPU_KERNEL
 
 CUDA = torch.device("cuda", 0)
 
@@ -72,7 +72,7 @@ def simulated_updates(data_dir, amp: str, updates: int = 2, **patches) -> tuple:
                             "train.log_interval=5")
         run.model.generator.register_forward_hook(lambda m, i, out: logits.append(out.dtype))
         for _ in range(updates):  # the first makes Adam's state
-            stats = nmt.train.train_step(run, 1, group, stop=False)
+            stats = nmt.train.train_step(run, 1, group)
             run.monitor.add(stats)
         return run, stats, logits[-1]
 

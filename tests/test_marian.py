@@ -13,6 +13,7 @@ import io
 import json
 import random
 import re
+import stat
 import subprocess
 import sys
 import warnings
@@ -254,6 +255,7 @@ def test_fine_tuning_on_data_preprocessed_with_its_vocabulary_lowers_the_loss(im
     assert after < before - 0.5, (before, after)
 
 
+@pytest.mark.slow  # over 2 s
 def test_the_command_imports_and_bad_input_is_one_line(marian_dir, tmp_path):
     def cli(*args):
         return subprocess.run([str(BIN / "nmt-import"), *args], capture_output=True, text=True,
@@ -281,4 +283,10 @@ def test_the_command_imports_and_bad_input_is_one_line(marian_dir, tmp_path):
         assert "\n" not in str(e.value) and not (tmp_path / "x.pt").exists()
     r = cli(f"input={tmp_path / 'nowhere'}", f"output={tmp_path / 'x.pt'}")
     assert r.returncode != 0 and "config.json: not found" in r.stderr
+
+
+def test_a_device_as_output_is_written_into_not_replaced(marian_dir, null_device):
+    import_marian(ImportConfig(input=str(marian_dir), output=str(null_device)))  # no force
+    assert stat.S_ISCHR(null_device.lstat().st_mode)
+    assert [p.name for p in null_device.parent.iterdir()] == ["null"]
 

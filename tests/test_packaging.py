@@ -109,8 +109,10 @@ def resolves(name: str) -> bool:
 
 def test_every_torch_name_nmt_uses_exists_in_this_torch():
     """Run on the floor torch (`make test-floor`), a name newer than the floor fails here even
-    where no test reaches the code that uses it."""
+    where no test reaches the code that uses it. The GPU simulation harness (nmt/gpu_sim.py)
+    is left out: it probes the torch internals it needs itself, and its tests skip without."""
     used = {name: path.relative_to(ROOT) for path in sorted((ROOT / "nmt").rglob("*.py"))
+            if path.name != "gpu_sim.py"
             for name in torch_names(path.read_text())}
     assert len(used) > 50  # the scan sees nmt's torch calls
     assert {name: str(path) for name, path in used.items() if not resolves(name)} == {}

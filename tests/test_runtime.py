@@ -119,6 +119,7 @@ print((libc.mallinfo2().uordblks - before) / 2 ** 20)
 
 
 @pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "mallinfo2"), reason="needs glibc >= 2.33")
+@pytest.mark.slow  # over 2 s
 def test_capped_caches_do_not_grow_with_the_batch_shapes():
     """With the caches capped (in a fresh process: they read the environment once), 150 new
     batch shapes leave malloc's in-use memory within 40 MB (uncapped: ~0.9 MB a shape)."""

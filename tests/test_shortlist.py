@@ -2,16 +2,19 @@
 decoding restricted to a batch's candidates, refused for another vocabulary, and exported as
 CTranslate2's vocabulary map."""
 
+import tracemalloc
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import write_token_array
 from translate_helpers import random_sources, save_tiny_checkpoint, search, tiny_model, tokens
 
+import nmt.shortlist
 from nmt.config import BpeConfig, PreprocessConfig, ShortlistConfig
-from nmt.data import ParallelData, read_manifest
+from nmt.data import ParallelData, TokenArray, read_manifest
 from nmt.errors import NmtError
 from nmt.inference.search import translate_nbest
 from nmt.inference.translator import Translator
@@ -51,6 +54,47 @@ def test_each_source_piece_keeps_its_most_frequent_cooccurring_target(tiny_data_
         want = sorted(score.values(), reverse=True)[:3]
         got = sorted((score[t] for t in dice.table[s].tolist() if t >= 0), reverse=True)
         assert got == pytest.approx(want)
+
+
+def token_arrays(folder: Path, pairs: list[tuple[list[int], list[int]]]):
+    """Source and target TokenArrays of id pairs (int32, as over 65,536 pieces)."""
+    for side in (0, 1):
+        write_token_array(folder / f"{side}", [p[side] for p in pairs], np.int32)
+    return TokenArray(folder / "0", np.int32), TokenArray(folder / "1", np.int32)
+
+
+def test_counts_in_chunks_are_a_plain_count(tmp_path, monkeypatch):
+    rng = np.random.default_rng(0)
+    pairs = [(rng.integers(0, 30, rng.integers(0, 25)).tolist(),  # repeats, empty sentences
+              rng.integers(0, 20, rng.integers(0, 25)).tolist()) for _ in range(80)]
+    pairs.append((list(range(30)), list(range(20))))  # longer than a chunk: a chunk alone
+    monkeypatch.setattr(nmt.shortlist, "CHUNK", 7)  # lengths read 7 pairs at a time
+    monkeypatch.setattr(nmt.shortlist, "PRODUCTS", 60)  # some pairs a chunk, some alone
+    counts, c_src, c_tgt = nmt.shortlist.cooccurrence(*token_arrays(tmp_path, pairs), 30, 20)
+    want, want_s, want_t = Counter(), Counter(), Counter()
+    for src, tgt in pairs:
+        want.update((s, t) for s in set(src) for t in set(tgt))
+        want_s.update(set(src))
+        want_t.update(set(tgt))
+    assert {(s, t): int(c) for (s, t), c in np.ndenumerate(counts) if c} == dict(want)
+    assert c_src.tolist() == [want_s[s] for s in range(30)]
+    assert c_tgt.tolist() == [want_t[t] for t in range(20)]
+
+
+def test_the_peak_memory_of_the_build_is_bounded_on_long_pairs(tmp_path):
+    rng = np.random.default_rng(0)
+    V, n, pieces = 512, 1000, 64  # 4M (source, target) products: 4 x PRODUCTS
+    pairs = [(rng.permutation(V)[:pieces].tolist(), rng.permutation(V)[:pieces].tolist())
+             for _ in range(n)]
+    src, tgt = token_arrays(tmp_path, pairs)
+    tracemalloc.start()
+    try:
+        counts, _, _ = nmt.shortlist.cooccurrence(src, tgt, V, V)
+        peak = tracemalloc.get_traced_memory()[1] - counts.nbytes
+    finally:
+        tracemalloc.stop()
+    assert int(counts.sum()) == n * pieces * pieces
+    assert peak < 48 * nmt.shortlist.PRODUCTS  # bytes (all 4M products at once: 128 MiB)
 
 
 def shortlist_file(path: Path, table: torch.Tensor, always: list[int], vocab: int = V,

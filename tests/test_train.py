@@ -13,6 +13,7 @@ import torch
 from conftest import make_corpora_dir, make_data_dir
 from omegaconf import OmegaConf
 
+import nmt.stopping
 import nmt.train
 from nmt import distributed
 from nmt.checkpoint import load_checkpoint
@@ -257,7 +258,7 @@ def test_a_timed_cooldown_starts_at_its_share_of_the_time(tiny_data_dir, tmp_pat
         clock["now"] += 1.0
         return out
 
-    monkeypatch.setattr(nmt.train, "time", Clock)
+    monkeypatch.setattr(nmt.stopping, "time", Clock)  # the deadline's and the cooldown's clock
     monkeypatch.setattr(nmt.train, "train_step", ticking_step)
     out = train(config(tiny_data_dir, tmp_path / "run", "train.max_minutes=0.2",
                        "optim.cooldown=0.25", "train.valid_interval_updates=100"))

@@ -1,5 +1,6 @@
 """nmt-translate: the contract commands, I/O rules, n-best format, scoring, pictures, bad input."""
 
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -78,6 +79,18 @@ def test_translations_match_the_search_and_keep_input_order(ckpt, test_en, tmp_p
     src = tr.src_tok.encode(lines_of(test_en))
     ids = translate_ids(tr.model, src, config(checkpoint=ckpt).search, tr.specials)
     assert result["hypotheses"] == tr.tgt_tok.decode(ids) == lines_of(tmp_path / "h")
+
+
+def test_a_pipe_or_a_device_as_output_is_written_into_not_replaced(ckpt, test_en, named_pipe,
+                                                                  null_device):
+    pipe, read = named_pipe
+    src = pipe.parent / "in.en"
+    src.write_text("".join(lines_of(test_en)[i] + "\n" for i in range(4)), encoding="utf-8")
+    result = translate(config(checkpoint=ckpt, input=src, output=pipe))
+    assert read().decode().splitlines() == result["hypotheses"]
+    translate(config(checkpoint=ckpt, input=src, output=null_device))
+    assert stat.S_ISFIFO(pipe.lstat().st_mode) and stat.S_ISCHR(null_device.lstat().st_mode)
+    assert sorted(p.name for p in pipe.parent.iterdir()) == ["in.en", "null", "pipe"]
 
 
 def test_empty_lines_give_empty_lines(ckpt, tmp_path):

@@ -26,12 +26,13 @@ FULL_ERROR = "HYDRA_FULL_ERROR"  # Hydra raises instead of printing its own repo
 
 @contextmanager
 def cli_errors(prog: str) -> Iterator[None]:
-    """Turn an NmtError into one line on stderr and exit status 1 (no traceback)."""
+    """Turn an NmtError into one line on stderr and its exit status (1, or 128 + a signal's
+    number for nmt.preemption.Preempted), with no traceback."""
     try:
         yield
     except NmtError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
-        sys.exit(1)
+        sys.exit(e.exit_status)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         sys.exit(130)

@@ -30,10 +30,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import queue
 import signal
 import socket
 import sys
-import threading
 import typing
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import asynccontextmanager
@@ -49,14 +49,11 @@ from starlette.exceptions import HTTPException
 
 from nmt.config import SearchConfig, ServeConfig
 from nmt.errors import ConfigError, NmtError
-from nmt.inference.ct2_engine import open_translator
+from nmt.inference.engine import Engine, check_vocab, open_translator
 from nmt.inference.search import Hypothesis
-from nmt.inference.stepping import StepWorkers
-from nmt.inference.translator import Translator
-from nmt.plot import attention_weights
+from nmt.inference.workers import WorkerPool
 from nmt.runtime import keep_freed_memory, pick_device, usable_cores
 from nmt.serve.batcher import Batcher, BatcherStopped, BatchStats, ContinuousBatcher, QueueFull
-from nmt.translate import check_vocab
 
 PROG = "nmt-serve"
 SEARCH_FIELDS = ("beam_size", "nbest", "alpha", "max_len_a", "max_len_b", "min_len", "sampling",
@@ -239,15 +236,13 @@ class HealthResponse(BaseModel):
 class Service:
     """The model, the limits and the batcher: what the HTTP handlers call."""
 
-    def __init__(self, translator: Translator, cfg: ServeConfig,
-                 stepper: StepWorkers | None = None):
-        """stepper: the workers of continuous batching (cfg.continuous; default: one thread)."""
+    def __init__(self, translator: Engine, cfg: ServeConfig):
+        """cfg.continuous: the translator's workers run continuous batching's loops."""
         self.translator, self.cfg, self.workers = translator, cfg, translator.workers
-        self.stepper = None
+        self.stepper: WorkerPool | None = None
         search = cfg.search
         if cfg.continuous:
-            self.stepper = stepper or StepWorkers(translator)
-            self.workers = self.stepper.workers
+            self.stepper = translator.stepper()
             self.batcher = ContinuousBatcher(self.stepper.send, self.stepper.read, self.workers,
                                              search.max_tokens, search.max_sentences,
                                              cfg.max_queued)
@@ -257,7 +252,6 @@ class Service:
         self.requests = 0  # requests answered with translations
         self.pool_error = ""  # why the decoding processes cannot decode, once they cannot
         self.max_input = min(cfg.max_input_tokens, translator.max_input_tokens)
-        self.model_lock = threading.Lock()  # one attention_weights at a time (it sets flags)
 
     @property
     def broken(self) -> str:
@@ -277,7 +271,7 @@ class Service:
                                          f"got {asked[key]}")
         try:
             search = replace(self.cfg.search, **asked)
-            self.translator.check_search(search)  # what the engine cannot run
+            self.translator.capabilities.check_search(search)  # what the engine cannot run
             return search
         except ConfigError as e:  # e.g. nbest > beam_size
             key = str(e).split(":")[0].removeprefix("search.")
@@ -304,10 +298,11 @@ class Service:
         return list(zip(prefixes, phrases, range(len(req.text)), strict=True))
 
     def check_size(self, req: TranslateRequest) -> None:
-        """max_sentences and max_chars per request; attention needs nmt's own engine."""
-        if req.attention and self.cfg.engine != "nmt":
-            raise ApiError(422, "attention", "needs the server's engine=nmt (CTranslate2 "
-                                             "does not return attention)")
+        """max_sentences and max_chars per request; attention needs an engine that has it."""
+        try:
+            self.translator.capabilities.check("attention", req.attention)
+        except ConfigError as e:
+            raise ApiError(422, "attention", str(e).split(": ", 1)[1]) from None
         if len(req.text) > self.cfg.max_sentences:
             raise ApiError(413, "text", f"{len(req.text)} sentences; this server takes at most "
                                         f"{self.cfg.max_sentences} per request")
@@ -355,9 +350,8 @@ class Service:
         """The (first) model's encoder-decoder attention of one pair, last decoder layer, heads
         averaged: out_ids teacher-forced on src_ids (as nmt-translate's attention_plot)."""
         t = self.translator
-        with self.model_lock:
-            kinds = attention_weights(t.model, src_ids, out_ids, t.specials)
-        rows = kinds["encoder_decoder"][-1].mean(0)  # (N, h, T, S) -> (T, S)
+        kinds = t.attention([src_ids], [out_ids])
+        rows = kinds["encoder_decoder"][0, -1].mean(0)  # (1, N, h, T, S) -> (T, S)
         return Attention(source=t.src_tok.pieces(src_ids) + ["</s>"],
                          target=t.tgt_tok.pieces(out_ids) + ["</s>"],
                          weights=[[round(w, 4) for w in row] for row in rows.tolist()])
@@ -560,21 +554,17 @@ def serve(cfg: ServeConfig) -> None:
         keep_freed_memory()
     # Prepared for search.dtype here, then the workers forked: before any socket or thread.
     translator = open_translator(cfg.engine, [cfg.checkpoint], device, dtype=cfg.search.dtype,
-                                 workers=1 if cfg.continuous else workers,
-                                 threads=cfg.threads, ct2_model=cfg.ct2_model,
+                                 workers=workers, threads=cfg.threads, ct2_model=cfg.ct2_model,
                                  shortlist=cfg.search.shortlist)
-    stepper = StepWorkers(translator, workers) if cfg.continuous else None
     try:
         if cfg.vocab_check:
             check_vocab(translator, cfg.vocab_check, cfg.checkpoint)
-        if stepper:
-            stepper.warm_up(cfg.search.dtype)
+        if cfg.continuous:
+            warm_up_loops(translator.stepper(), cfg.search.dtype)
         else:
             warm_up(translator, cfg.search.dtype)
     except NmtError:
         translator.close()
-        if stepper:
-            stepper.close()
         raise
     # uvicorn stops gracefully on SIGTERM, then raises it again to end the process: a handler
     # that only notes it (until the workers are stopped too) makes that end with status 0.
@@ -582,7 +572,7 @@ def serve(cfg: ServeConfig) -> None:
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     try:
         with open_socket(cfg.host, cfg.port) as sock:
-            service = Service(translator, cfg, stepper)
+            service = Service(translator, cfg)
             host, port = sock.getsockname()[:2]
             url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
             n = service.workers
@@ -597,12 +587,10 @@ def serve(cfg: ServeConfig) -> None:
             f"batches")
     finally:
         translator.close()
-        if stepper:
-            stepper.close()
         signal.signal(signal.SIGTERM, previous)
 
 
-def warm_up(translator: Translator, dtype: str) -> None:
+def warm_up(translator: Engine, dtype: str) -> None:
     """Decode one short batch on every worker (the first batch of a process is slower)."""
     warm = SearchConfig(beam_size=1, max_len_b=1, dtype=dtype)
     try:
@@ -610,6 +598,21 @@ def warm_up(translator: Translator, dtype: str) -> None:
             future.result()
     except BrokenProcessPool:
         raise NmtError("a decoding process died while starting") from None
+
+
+def warm_up_loops(pool: WorkerPool, dtype: str) -> None:
+    """Decode one short sentence on every worker of continuous batching (a process's first
+    steps are slower); NmtError if a worker fails or does not answer within a minute."""
+    warm = SearchConfig(beam_size=1, max_len_b=1, dtype=dtype)
+    for w in range(pool.workers):
+        pool.send(w, [(("warm", w), warm, [4])])
+    for _ in range(pool.workers):
+        try:
+            message = pool.read(timeout=60)
+        except queue.Empty:
+            raise NmtError("a decoding worker did not start within a minute") from None
+        if message[0] == "error":
+            raise NmtError(f"a decoding worker failed while starting ({message[3]!r})")
 
 
 def run_until_stopped(app: FastAPI, sock: socket.socket, cfg: ServeConfig) -> None:

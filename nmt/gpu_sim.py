@@ -1,5 +1,8 @@
-"""The GPU paths without a GPU: a simulated CUDA device and a simulated world of ranks, in one
-CPU process, and what they measure (tests/test_gpu_sim.py, scripts/gpu_cost.py, docs/gpu.md).
+"""The GPU simulation harness: the GPU paths without a GPU, a simulated CUDA device and a
+simulated world of ranks, in one CPU process, and what they measure. Tests and scripts use it
+(tests/test_gpu_sim.py, tests/test_gpu_cost.py, scripts/gpu_cost.py; docs/gpu.md); no command
+of nmt imports it, and it is the one module besides nmt.private_ops that reaches into torch's
+internals (it checks them itself: `MISSING`).
 
 Simulated CUDA (`simulated_cuda`). torch's FakeTensorMode makes tensors that have a shape, a
 dtype and a device but no data. On the CPU wheel it makes them on "cuda" once three things
@@ -632,13 +635,13 @@ def update_cost(model: str, vocab: int, sentences: int, length: int, amp: str = 
             torch.nn.functional, "scaled_dot_product_attention", fused_attention):
         run = simulated_run(model, vocab, f"train.amp={amp}", f"train.ema_decay={ema_decay}",
                             "optim.clip_norm=1.0")
-        train_step(run, 1, group, stop=False)  # Adam's state is made at its first step
+        train_step(run, 1, group)  # Adam's state is made at its first step
         profile = DeviceProfile()
         with profiled(profile):
             profile.track([*run.model.parameters(), *run.ema.parameters(),
                            *(t for state in run.optimizer.state.values()
                              for t in state.values())])
-            train_step(run, 1, group, stop=False)
+            train_step(run, 1, group)
         return {**profile.finish(), "host_reads": 0, "tokens": sentences * length,
                 "params": count_parameters(run.model)}
 
