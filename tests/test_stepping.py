@@ -166,3 +166,22 @@ def test_in_continuous_batching_each_sentence_decodes_over_its_own_shortlist(bea
         assert got[i][0].tokens == hyps[0].tokens, i
         assert got[i][0].score == pytest.approx(hyps[0].score, abs=1e-5)
         assert set(got[i][0].tokens) <= set(shortlist.candidates([sources[i]], []).ids.tolist())
+
+
+def test_what_a_decoding_cannot_run_is_refused_not_decoded_otherwise(tmp_path):
+    """No silent fallbacks: a shortlist without candidates (it would decode over the whole
+    vocabulary), constraints while sampling, a join into the reference model's batch."""
+    path = tmp_path / "short.pt"
+    Shortlist(torch.randint(4, 20, (V, 2)), torch.tensor([SPECIALS.eos]), V, V,
+              "x" * 64).save(path)
+    model = tiny_model(V, seed=1)
+    fast = decoding_models([model], search())
+    with pytest.raises(ValueError, match="search.shortlist: give the batch's candidates"):
+        Decoding(fast, search(shortlist=str(path)), SPECIALS).admit([Sentence(0, [5])])
+    with pytest.raises(ValueError, match="constraints need beam search"):
+        Decoding(fast, search(sampling=True), SPECIALS).admit([Sentence(0, [5], [], [[6]])])
+    dec = Decoding([model], search(), SPECIALS)  # the reference model: no joins
+    dec.admit([Sentence(0, [5, 6])])
+    dec.step()
+    with pytest.raises(ValueError, match="can join a running batch only with prepared"):
+        dec.admit([Sentence(1, [7])])

@@ -309,11 +309,7 @@ class Decoding:
         todo = [s for s in sentences if empty_source(s) is None]
         if not todo:
             return
-        if self.decoder is not None and (candidates is not None or self.decoder.candidates
-                                         is not None or not can_join(self.models,
-                                                                     self.use_cache)):
-            raise ValueError("sentences can join a running batch only with prepared models "
-                             "(FastModel), their cache and no shortlist")
+        self._check(todo, candidates)
         per = self.strategy.rows_per_sentence()
         eos, pad = self.specials.eos, self.specials.pad
         src = pad_batch([s.src + [eos] for s in todo], pad, self.device)  # (n, S)
@@ -329,6 +325,21 @@ class Decoding:
         if self.phrases is not None or any(s.phrases for s in todo):
             self._set_phrases(todo, slots, per)
         self.strategy.admit(todo, slots, max_len, per)
+
+    def _check(self, todo: list[Sentence], candidates: Candidates | None) -> None:
+        """ValueError for what this Decoding cannot run: constraints without beams, a
+        shortlist without candidates, a join without FastModels' caches or into a batch with
+        its own shortlist."""
+        if any(s.phrases for s in todo) and not isinstance(self.strategy, Beam):
+            raise ValueError("constraints need beam search, not sampling")
+        if self.search.shortlist and self.shortlist is None and candidates is None:
+            raise ValueError("search.shortlist: give the batch's candidates (or decode with "
+                             "a shortlist per sentence, shortlists=True)")
+        if self.decoder is not None and (candidates is not None or self.decoder.candidates
+                                         is not None or not can_join(self.models,
+                                                                     self.use_cache)):
+            raise ValueError("sentences can join a running batch only with prepared models "
+                             "(FastModel), their cache and no batch shortlist")
 
     def _group(self, new: Decoder, src_mask: Tensor, per: int) -> tuple[Tensor, int]:
         """Give the newcomers' Decoder `per` rows a sentence: sharing its memory row, or one
