@@ -230,12 +230,13 @@ def translate_nbest(model, src_ids: list[list[int]], search: SearchConfig,
     model: a Transformer, a FastModel, or a list of them (an ensemble); specials: the BOS, EOS
     and PAD ids of its target tokenizer (Tokenizer.specials). fast: decode with FastModel in
     search.dtype (False: the reference model, as the tests compare).
-    An empty source without a prefix or constraints gives one empty hypothesis, score 0. progress:
+    An empty source without a prefix or constraints gives one empty hypothesis, score 0
+    (nmt.inference.core.empty_source). progress:
     called with each batch size. prefixes: per source, output ids every hypothesis starts
     with. lines: per source, its input line number (seeds sampling; default 0..n-1). run:
     how the batches run (run_jobs: in this process; the Translator's: on its workers).
-    constraints: per source, phrases (id lists) every hypothesis must contain (beam search,
-    beam_search's constraints; a hypothesis cut at the maximum length may lack some);
+    constraints: per source, phrases (id lists) every hypothesis must contain (beam search at
+    any beam size; a hypothesis cut at the maximum length may lack some);
     continuations: the ids of the pieces that go on with a word, none of which may follow a
     phrase (Tokenizer.word_continuations; None: any may).
     """
