@@ -18,7 +18,9 @@ row and returns the sentences that ended. Each step is the same for every use:
 
 Batch translation (nmt.inference.search.translate_nbest) admits every sentence of a batch at
 step 0 and steps until none is live: then every row sits at the same position, and a step
-feeds the models no positions or masks (the uniform fast path). Continuous batching
+feeds the models no positions or masks (uniform positions: what the reference model and
+decoding without the cache take; for FastModels the per-row form is as fast, measured in
+docs/results.md, "The one decoding core: speed kept"). Continuous batching
 (nmt.inference.stepping, nmt-serve) admits sentences at any step: the rows share one
 key/value cache of L positions; a row that joined at step s of the cache has its first s
 positions hidden by a self-attention mask and reads its own position for the position
@@ -460,8 +462,8 @@ class Decoding:
         return done + [(self.tags.pop(slot), hyps) for slot, hyps in ended]
 
     def _log_probs(self) -> Tensor:
-        """(R, V) next-token log-probabilities of every live row: the uniform fast path while
-        every row sits at the same position, else each at its own (positions and a mask)."""
+        """(R, V) next-token log-probabilities of every live row: the whole batch at one
+        position while every row sits there, else each at its own (positions and a mask)."""
         L = self.length
         self.length += 1
         allowed = None if self.allowed is None else self.allowed[self.on_device(self.slot)]
