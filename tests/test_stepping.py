@@ -114,6 +114,7 @@ OPTIONS = {  # every search option of nmt-translate, each through continuous bat
     "greedy_ngram": dict(beam_size=1, no_repeat_ngram_size=1),
     "prefix": dict(beam_size=4, nbest=2),
     "constraints": dict(beam_size=3, nbest=2),
+    "prefix+constraints": dict(beam_size=1),  # a forced piece goes on after a phrase
     "min_len": dict(beam_size=2, min_len=5, alpha=1.0),
 }
 
@@ -123,12 +124,12 @@ def test_every_search_option_joins_a_running_batch_with_translate_nbests_outputs
     cfg = search(max_len_b=4, **OPTIONS[option])
     models = decoding_models([tiny_model(V, seed=1, stops=True, N=2)], cfg)
     sources = random_sources(8, V, seed=5)
-    prefixes = [[7, 8][:i % 3] for i in range(8)] if option == "prefix" else [[]] * 8
-    phrases = ([[[9]], [[10, 11]], [], [[12], [5]]] * 2 if option == "constraints"
-               else [[]] * 8)
+    prefixes = [[7, 8][:i % 3] for i in range(8)] if "prefix" in option else [[]] * 8
+    phrases = {"constraints": [[[9]], [[10, 11]], [], [[12], [5]]] * 2,
+               "prefix+constraints": [[[7]]] * 8}.get(option, [[]] * 8)
     lines = [10 + i for i in range(8)]
-    dec = Decoding(models, cfg, SPECIALS, continuations=[6, 7],
-                   beam=True if option == "constraints" else None)
+    dec = Decoding(models, cfg, SPECIALS, continuations=[6, 8],
+                   beam=True if "constraints" in option else None)
     joins = {0: [0, 1, 2], 2: [3, 4], 3: [5], 5: [6, 7]}
     got, joined = {}, False
     while len(got) < len(sources):
@@ -139,10 +140,11 @@ def test_every_search_option_joins_a_running_batch_with_translate_nbests_outputs
         assert dec.steps < 100
     assert joined and dec.rows == 0
     want = translate_nbest(models, sources, cfg, SPECIALS, prefixes=prefixes, lines=lines,
-                           constraints=phrases, continuations=[6, 7])
+                           constraints=phrases, continuations=[6, 8])
     for i, hyps in enumerate(want):
         assert [h.tokens for h in got[i]] == [h.tokens for h in hyps], i
         assert [h.score for h in got[i]] == pytest.approx([h.score for h in hyps], abs=1e-5)
+        assert hyps[0].tokens[:len(prefixes[i])] == prefixes[i] and hyps[0].logprob > -math.inf
 
 
 @pytest.mark.parametrize("beam", [1, 3])
