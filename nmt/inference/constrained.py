@@ -82,10 +82,6 @@ class PhraseConstraints:
                               self.met.new_zeros(R, C)])
         self.last = torch.cat([self.last, self.last.new_full((R,), -1)])
 
-    def max_lengths(self, max_len: Tensor, max_positions: int) -> Tensor:
-        """Maximum output lengths (B,), raised where needed to hold every constraint token."""
-        return torch.maximum(max_len, (self.count + 1).clamp(max=max_positions))
-
     def apply(self, lprobs: Tensor, sentences: Tensor, eos_id: int) -> None:
         """In (R, V) lprobs, no EOS for rows that have not met every phrase, and no piece that
         goes on with a word right after a phrase's last piece; sentences (R,)."""
