@@ -2,7 +2,8 @@
 Hu et al. 2019, Sockeye and fairseq's --constraints).
 
 Every output of a sentence must contain given target phrases: id lists, as the target
-tokenizer splits them, matched on its piece boundaries. beam_search keeps, per hypothesis
+tokenizer splits them, matched on its piece boundaries. Beam search (nmt.inference.core.Beam)
+keeps, per hypothesis
 (row), which constraint tokens it has met and where it stands in a phrase it has begun
 (Sockeye's ConstrainedHypothesis, held here as one row of tensors per hypothesis); a
 hypothesis may only end (EOS) once it has met every phrase.
@@ -11,7 +12,7 @@ Each step the candidates are beam search's usual top 2k, each hypothesis' best t
 token that would meet a constraint (the next token of the phrase begun, else the first token
 of any phrase not yet met). They fall into banks by the number of constraint tokens met and
 are ordered by striping across the banks: the best of the fullest bank, the best of the next,
-..., then the second best of each, ... (fairseq's LexicallyConstrainedBeamSearch). beam_search
+..., then the second best of each, ... (fairseq's LexicallyConstrainedBeamSearch). Beam search
 treats that order as it treats the score order without constraints: EOS candidates among the
 first k finish, the first k others go on. Hypotheses that have met more constraints so keep a
 share of the beam although their scores are lower, and the fullest bank grows by at least one
@@ -22,7 +23,8 @@ follow a phrase's last piece: `Objekt` must not come out as `Objektgröße`. A p
 off (by a token that does not continue it) counts as not met again, and that token may begin
 a phrase afresh. Matching is greedy, as Sockeye's: a phrase that overlaps
 itself or another (`a a b` in `a a a b`) can go unseen where it was generated, which costs
-the search that output, never a false claim.
+the search that output, never a false claim. Sentences join the tables at any step (admit:
+continuous batching), each under its own index.
 """
 
 from __future__ import annotations
