@@ -634,12 +634,6 @@ class ServeConfig:
         _check(self.log_level in ("debug", "info", "warning", "error"), "log_level",
                f"must be debug, info, warning or error, got {self.log_level!r}")
         _check_engine(self, 1)
-        _check(not self.continuous or not self.search.shortlist, "continuous",
-               "needs search.shortlist='' (or set continuous=false)")
-        _check(not self.continuous or not (self.search.sampling
-                                           or self.search.no_repeat_ngram_size),
-               "continuous", "needs search.sampling=false and search.no_repeat_ngram_size=0 "
-                             "(or set continuous=false)")
 
 
 # ----------------------------------------------------------------------------- Hydra glue

@@ -19,6 +19,7 @@ translations back in the line with the spaces between them (nmt.segment).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import queue
 import stat
@@ -332,6 +333,8 @@ def process(s: Session, lines: list[str], first: int, interactive: bool = False)
     if cfg.score_reference:
         return Chunk([format_score(h[0], a) for h, a in zip(hyps, links, strict=True)], hyps,
                      src_ids=src_ids)
+    if s.env.is_main:
+        warn_unfinished(s, hyps, first)
     if phrases and not cfg.quiet and s.env.is_main:
         warn_missing(s, hyps, phrases, first)
     texts = [tr.tgt_tok.decode([h.tokens for h in hs]) for hs in hyps]
@@ -424,12 +427,24 @@ def constraint_ids(s: Session, first: int, lines: int) -> list[list[list[int]]] 
     return [[next(ids) for _ in ps] for ps in chunk]
 
 
+def warn_unfinished(s: Session, hyps: list[list[Hypothesis]], first: int) -> None:
+    """Warn of input lines that ended with no hypothesis at all (every continuation banned:
+    its prefix, constraints or no_repeat_ngram_size leave none), the first few named; even
+    with quiet=true, as their output lines are empty."""
+    empty = [i for i, hs in enumerate(hyps) if hs[0].logprob == -math.inf]
+    for i in empty[:5]:
+        log(f"warning: {s.name}: line {first + i + 1}: no translation: every continuation "
+            f"was banned (by its prefix, constraints or search.no_repeat_ngram_size)")
+    if len(empty) > 5:
+        log(f"warning: {len(empty)} lines without a translation in all")
+
+
 def warn_missing(s: Session, hyps: list[list[Hypothesis]], phrases: list[list[list[int]]],
                  first: int) -> None:
     """Warn of translations that lack a constraint (cut at the maximum length), the first
-    few named."""
+    few named; lines with no translation at all are warn_unfinished's."""
     lacking = [(i, j) for i, (hs, ps) in enumerate(zip(hyps, phrases, strict=True))
-               for j in missing_phrases(hs[0].tokens, ps)]
+               if hs[0].logprob != -math.inf for j in missing_phrases(hs[0].tokens, ps)]
     for i, j in lacking[:5]:
         text = s.translator.tgt_tok.decode([phrases[i][j]])[0]
         log(f"warning: {s.name}: line {first + i + 1}: the translation lacks constraint "
