@@ -255,6 +255,9 @@ def test_a_language_the_model_lacks_or_needs_is_one_line(m2m_pt, tmp_path):
                                   output=str(tmp_path / "out.txt"), src_lang="en",
                                   tgt_lang="zz", workers=1))
     assert "\n" not in str(e.value) and not (tmp_path / "out.txt").exists()
+    with pytest.raises(ConfigError, match=r"^alignment: not with a forced target language"):
+        translate(TranslateConfig(checkpoint=str(m2m_pt), input=str(tmp_path / "in.txt"),
+                                  src_lang="en", tgt_lang="de", alignment=True, workers=1))
 
 
 def test_export_to_transformers_is_the_same_model(case, tmp_path):
