@@ -109,6 +109,7 @@ class ModelConfig:
     activation: str = "relu"  # the FFN's: relu (the paper's), gelu, or swish (x sigmoid(x))
     output_bias: bool = False  # a bias on the output projection (MarianMT's final_logits_bias)
     residual_init: str = "gpt2"  # W^O, W_2 times gpt2 1/sqrt(2N), depth 1/(2N), zero 0, xavier 1
+    positions: str = "paper"  # sinusoids: the paper's, or fairseq's (M2M100, NLLB; nmt.variants)
 
     def __post_init__(self) -> None:
         _check_min(self, "model.", 1, "N", "d_model", "d_ff")
@@ -125,6 +126,10 @@ class ModelConfig:
                f"must be relu, gelu or swish, got {self.activation!r}")
         _check(self.residual_init in RESIDUAL_INIT, "model.residual_init",
                f"must be one of {', '.join(RESIDUAL_INIT)}, got {self.residual_init!r}")
+        _check(self.positions in ("paper", "fairseq"), "model.positions",
+               f"must be paper or fairseq, got {self.positions!r}")
+        _check(self.positions == "paper" or self.d_model >= 4, "model.d_model",
+               "must be >= 4 with model.positions=fairseq")
 
     @property
     def decoder_layers(self) -> int:
@@ -479,6 +484,9 @@ class TranslateConfig:
     ct2_model: str = ""  # engine=ctranslate2: the export's folder ("": CHECKPOINT.ct2/ beside it)
     split: str = "none"  # none: a line is a segment; sentence|paragraph: pieces (nmt/segment.py)
     split_lang: str = ""  # split=sentence: the source language, an ISO 639 code (e.g. en)
+    # A multilingual checkpoint's languages (nmt.languages): names it records, e.g. de, deu_Latn
+    src_lang: str = ""  # the language of the input (M2M100, NLLB-200 need it); "": none
+    tgt_lang: str = ""  # the language to translate into (a multilingual model's choice)
     search: SearchConfig = field(default_factory=SearchConfig)
 
     @property
@@ -573,9 +581,10 @@ class ExportConfig:
 # ----------------------------------------------------------------------------- import
 @dataclass
 class ImportConfig:
-    """nmt-import: a Hugging Face MarianMT model directory in, an nmt checkpoint out."""
+    """nmt-import: a Hugging Face MarianMT, M2M100 or NLLB-200 directory in, an nmt checkpoint
+    out."""
 
-    input: str = MISSING  # the MarianMT directory (config.json, weights, *.spm, vocab.json)
+    input: str = MISSING  # the model directory (config.json, the weights, the tokenizer's files)
     output: str = MISSING  # the checkpoint to write (atomically)
     force: bool = False  # replace an existing output
 
@@ -631,12 +640,6 @@ class ServeConfig:
                f"must be debug, info, warning or error, got {self.log_level!r}")
         _check_engine(self, 1)
         _check_serve_split(self)
-        _check(not self.continuous or not self.search.shortlist, "continuous",
-               "needs search.shortlist='' (or set continuous=false)")
-        _check(not self.continuous or not (self.search.sampling
-                                           or self.search.no_repeat_ngram_size),
-               "continuous", "needs search.sampling=false and search.no_repeat_ngram_size=0 "
-                             "(or set continuous=false)")
 
 
 def _check_serve_split(cfg: ServeConfig) -> None:

@@ -77,10 +77,12 @@ def feature_permutation(d_model: int) -> Tensor:
 
 
 def transformers_weights(loaded: LoadedCheckpoint, pegasus: bool) -> dict[str, Tensor]:
-    """The weights by transformers' names (MarianMTModel's, or Pegasus' with pre-norm), with
-    the d_model features permuted by feature_permutation."""
+    """The weights by transformers' names (MarianMTModel's, or Pegasus' and M2M100's with
+    pre-norm), with the d_model features permuted by feature_permutation (M2M100's fairseq
+    positions have transformers' layout already: no permutation)."""
     cfg = loaded.model.cfg
-    w, P, d = float_weights(loaded.model), feature_permutation(cfg.d_model), cfg.d_model
+    w, d = float_weights(loaded.model), cfg.d_model
+    P = torch.arange(d) if cfg.positions == "fairseq" else feature_permutation(d)
     out = {"model.encoder.embed_tokens.weight": w["src_embed.lut.weight"][:, P],
            "model.decoder.embed_tokens.weight": w["tgt_embed.lut.weight"][:, P],
            "lm_head.weight": w["generator.weight"][:, P]}
@@ -142,6 +144,8 @@ def transformers_model(loaded: LoadedCheckpoint):
     import transformers
 
     cfg, v = loaded.model.cfg, loaded.vocab
+    if cfg.positions == "fairseq":
+        return m2m100_model(loaded)
     tied = loaded.model.generator.weight is loaded.model.tgt_embed.lut.weight
     pegasus = cfg.norm == "pre"
     if pegasus and not (_shared_embeddings(loaded) and tied):
@@ -166,8 +170,36 @@ def transformers_model(loaded: LoadedCheckpoint):
     _load(model, transformers_weights(loaded, pegasus))
     model.generation_config = transformers.GenerationConfig(
         decoder_start_token_id=v["bos_id"], bos_token_id=v["bos_id"], eos_token_id=v["eos_id"],
-        pad_token_id=v["pad_id"], suppress_tokens=[v["pad_id"], v["bos_id"]], min_new_tokens=1,
+        pad_token_id=v["pad_id"], suppress_tokens=list(loaded.specials.banned), min_new_tokens=1,
         num_beams=4, max_length=min(MAX_LENGTH, cfg.max_positions))
+    return model.eval()
+
+
+def m2m100_model(loaded: LoadedCheckpoint):
+    """An M2M100ForConditionalGeneration holding a model with fairseq's positions (imported
+    from M2M100 or NLLB-200): pre-norm, one embedding matrix, decoding from </s>."""
+    import transformers
+
+    cfg, v, m = loaded.model.cfg, loaded.vocab, loaded.model
+    if not (cfg.norm == "pre" and cfg.activation == "relu" and not cfg.output_bias
+            and m.src_embed.lut.weight is m.generator.weight):
+        raise NmtError("format=transformers: a model with model.positions=fairseq is exported "
+                       "as M2M100, which needs pre-norm, ReLU, no output bias and one "
+                       "embedding matrix for source, target and output")
+    model = transformers.M2M100ForConditionalGeneration(transformers.M2M100Config(
+        vocab_size=v["tgt_size"], d_model=cfg.d_model, encoder_layers=cfg.N,
+        decoder_layers=cfg.decoder_layers, encoder_attention_heads=cfg.h,
+        decoder_attention_heads=cfg.h, encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff,
+        dropout=cfg.dropout, attention_dropout=cfg.attention_dropout, activation_dropout=0.0,
+        max_position_embeddings=cfg.max_positions, scale_embedding=True,
+        pad_token_id=v["pad_id"], eos_token_id=v["eos_id"],
+        bos_token_id=loaded.tgt_tok.piece_id("<s>"), decoder_start_token_id=v["bos_id"],
+        forced_eos_token_id=None))
+    _load(model, transformers_weights(loaded, pegasus=True))
+    model.generation_config = transformers.GenerationConfig(
+        decoder_start_token_id=v["bos_id"], eos_token_id=v["eos_id"], pad_token_id=v["pad_id"],
+        suppress_tokens=list(loaded.specials.banned), min_new_tokens=1, num_beams=4,
+        max_length=min(MAX_LENGTH, cfg.max_positions))
     return model.eval()
 
 
@@ -188,7 +220,7 @@ def _load(model, weights: dict[str, Tensor]) -> None:
     with torch.no_grad():
         for name, value in weights.items():
             state[name].copy_(value)  # state_dict tensors share storage with the parameters
-        if "final_logits_bias" not in weights:  # a model without an output bias
+        if "final_logits_bias" in state and "final_logits_bias" not in weights:  # no output bias
             state["final_logits_bias"].zero_()
 
 
@@ -232,5 +264,34 @@ def write_transformers(loaded: LoadedCheckpoint, out: Path) -> str:
     """Write a transformers model directory (weights, configs, tokenizer) into `out`."""
     model = transformers_model(loaded)
     model.save_pretrained(str(out))
-    write_tokenizer(loaded, out)
+    if loaded.model.cfg.positions == "fairseq":
+        write_m2m100_tokenizer(loaded, out)
+    else:
+        write_tokenizer(loaded, out)
     return f"transformers {model.__class__.__name__}, {loaded.describe()}"
+
+
+def write_m2m100_tokenizer(loaded: LoadedCheckpoint, out: Path) -> None:
+    """M2M100Tokenizer's files: sentencepiece.bpe.model (nmt's, whose pieces are the
+    vocabulary's) and vocab.json (the pieces before the language tokens), with
+    tokenizer_config.json when the language tokens are M2M100Tokenizer's own list in its
+    order; for other languages (NLLB-200's) vocab.json holds every piece, and the ids are
+    the original tokenizer's (NllbTokenizer's), which reads its own files."""
+    from transformers import M2M100Tokenizer
+    from transformers.models.m2m_100.tokenization_m2m_100 import FAIRSEQ_LANGUAGE_CODES
+
+    tok = loaded.tgt_tok
+    (out / "sentencepiece.bpe.model").write_bytes(tok.proto)
+    codes = loaded.vocab.get("languages", {}).get("codes", {})
+    first = min(codes.values(), default=tok.vocab_size)
+    m2m100 = {c: first + i for i, c in enumerate(FAIRSEQ_LANGUAGE_CODES["m2m100"])}
+    ids = {piece: i for i, piece in enumerate(pieces(tok))}
+    if codes != m2m100:
+        (out / "vocab.json").write_text(json.dumps(ids, ensure_ascii=False, indent=0),
+                                        encoding="utf-8")
+        return
+    ids = {piece: i for piece, i in ids.items() if i < first}
+    (out / "vocab.json").write_text(json.dumps(ids, ensure_ascii=False, indent=0),
+                                    encoding="utf-8")
+    M2M100Tokenizer(str(out / "vocab.json"), str(out / "sentencepiece.bpe.model"),
+                    model_max_length=loaded.model.cfg.max_positions).save_pretrained(str(out))

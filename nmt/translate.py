@@ -18,6 +18,8 @@ translations back in the line with the spaces between them (nmt.segment).
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import queue
 import stat
@@ -32,11 +34,12 @@ import torch
 from nmt import distributed
 from nmt.align import align, check_layer, pharaoh
 from nmt.config import TranslateConfig
-from nmt.errors import NmtError
+from nmt.errors import ConfigError, NmtError
 from nmt.files import check_output, decode_line, read_lines, write_atomically
 from nmt.inference.constrained import missing_phrases
 from nmt.inference.engine import Engine, check_vocab, open_translator
 from nmt.inference.search import Hypothesis
+from nmt.languages import LanguageChoice, choose
 from nmt.runtime import keep_freed_memory, usable_cores
 from nmt.scoring import score
 from nmt.segment import Segmented, sentence_splitter, split_text
@@ -162,6 +165,7 @@ class Session:
     refs: list[list[str]] | None  # ref=, refs=: reference streams (BLEU), or ref= targets
     phrases: list[list[str]] | None  # constraints=: per input line, its phrases
     splitter: Callable[[str], list[str]] | None = None  # split=sentence: a text's sentences
+    languages: LanguageChoice = LanguageChoice()  # src_lang=, tgt_lang=: tokens they add
 
 
 @dataclass
@@ -213,13 +217,24 @@ def open_session(cfg: TranslateConfig) -> Session:
             check_vocab(translator, cfg.vocab_check, cfg.checkpoints[0])
         if cfg.alignment:
             check_layer(translator.model, cfg.alignment_layer)
+        languages = choose(translator.vocab, cfg.src_lang, cfg.tgt_lang, cfg.checkpoints[0])
+        check_languages(cfg, languages)
     except NmtError:
         translator.close()
         raise
-    limit = min(cfg.max_input_tokens, translator.max_input_tokens)
+    limit = min(cfg.max_input_tokens, translator.max_input_tokens) - len(languages.source)
     name = "<stdin>" if cfg.input == "-" else cfg.input
     splitter = sentence_splitter(cfg.split_lang) if cfg.split == "sentence" else None
-    return Session(cfg, translator, env, limit, name, refs, phrases, splitter)
+    return Session(cfg, translator, env, limit, name, refs, phrases, splitter, languages)
+
+
+def check_languages(cfg: TranslateConfig, languages: LanguageChoice) -> None:
+    """What is not defined yet with a forced language token: alignments and attention plots
+    (their rows and columns would hold the language tokens)."""
+    for key in ("alignment", "attention_plot"):
+        if languages.prefix and getattr(cfg, key):
+            raise ConfigError(f"{key}: not with a forced target language token (tgt_lang= of "
+                              f"an M2M100 or NLLB-200 model) yet")
 
 
 def read_input(s: Session) -> list[str]:
@@ -296,9 +311,11 @@ def process(s: Session, lines: list[str], first: int, interactive: bool = False)
         if len(second) != len(lines):
             raise NmtError(f"{cfg.ref}: {len(s.refs[0])} target lines but {s.name} has more")
     docs, sources, owners = split_lines(s, sources)
-    src_ids = encode_lines(tr.src_tok, sources, s.limit, s.name, cfg.quiet, first)
-    tgt_ids = (encode_lines(tr.tgt_tok, second, s.limit, cfg.ref or s.name, cfg.quiet, first)
-               if second is not None else None)
+    src_ids = s.languages.sources(encode_lines(tr.src_tok, sources, s.limit, s.name, cfg.quiet,
+                                               first))
+    tgt_ids = s.languages.prefixes(len(src_ids), (
+        encode_lines(tr.tgt_tok, second, s.limit, cfg.ref or s.name, cfg.quiet, first)
+        if second is not None else None))
     phrases = constraint_ids(s, first, len(lines))
     mine = list(range(s.env.rank, len(sources), s.env.world_size))  # this rank's sources
     # A few arriving lines decode here: the workers' round trip would cost more than it saves.
@@ -308,12 +325,16 @@ def process(s: Session, lines: list[str], first: int, interactive: bool = False)
                                       [first + owners[i] for i in mine], parallel, interactive,
                                       phrases and [phrases[i] for i in mine]),
                   len(sources))
+    hyps = [[dataclasses.replace(h, tokens=s.languages.strip(h.tokens)) for h in hs]
+            for hs in hyps]  # without the forced language token
     # Only rank 0 writes: the other ranks' output lines go unused and need no links.
     links = (alignments(s, src_ids, hyps) if cfg.alignment and s.env.is_main
              else [None] * len(hyps))
     if cfg.score_reference:
         return Chunk([format_score(h[0], a) for h, a in zip(hyps, links, strict=True)], hyps,
                      src_ids=src_ids)
+    if s.env.is_main:
+        warn_unfinished(s, hyps, first)
     if phrases and not cfg.quiet and s.env.is_main:
         warn_missing(s, hyps, phrases, first)
     texts = [tr.tgt_tok.decode([h.tokens for h in hs]) for hs in hyps]
@@ -406,12 +427,24 @@ def constraint_ids(s: Session, first: int, lines: int) -> list[list[list[int]]] 
     return [[next(ids) for _ in ps] for ps in chunk]
 
 
+def warn_unfinished(s: Session, hyps: list[list[Hypothesis]], first: int) -> None:
+    """Warn of input lines that ended with no hypothesis at all (every continuation banned:
+    its prefix, constraints or no_repeat_ngram_size leave none), the first few named; even
+    with quiet=true, as their output lines are empty."""
+    empty = [i for i, hs in enumerate(hyps) if hs[0].logprob == -math.inf]
+    for i in empty[:5]:
+        log(f"warning: {s.name}: line {first + i + 1}: no translation: every continuation "
+            f"was banned (by its prefix, constraints or search.no_repeat_ngram_size)")
+    if len(empty) > 5:
+        log(f"warning: {len(empty)} lines without a translation in all")
+
+
 def warn_missing(s: Session, hyps: list[list[Hypothesis]], phrases: list[list[list[int]]],
                  first: int) -> None:
     """Warn of translations that lack a constraint (cut at the maximum length), the first
-    few named."""
+    few named; lines with no translation at all are warn_unfinished's."""
     lacking = [(i, j) for i, (hs, ps) in enumerate(zip(hyps, phrases, strict=True))
-               for j in missing_phrases(hs[0].tokens, ps)]
+               if hs[0].logprob != -math.inf for j in missing_phrases(hs[0].tokens, ps)]
     for i, j in lacking[:5]:
         text = s.translator.tgt_tok.decode([phrases[i][j]])[0]
         log(f"warning: {s.name}: line {first + i + 1}: the translation lacks constraint "

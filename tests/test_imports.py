@@ -13,21 +13,24 @@ NMT = ROOT / "nmt"
 LAYERS = [
     {"nmt.errors", "nmt.config_errors", "nmt.capabilities", "nmt.config", "nmt.files",
      "nmt.runtime", "nmt.scoring", "nmt.segment", "nmt.serve.errors"},
-    {"nmt.model", "nmt.attention_maps", "nmt.tokenizer", "nmt.private_ops", "nmt.checkpoint",
-     "nmt.distributed", "nmt.loss", "nmt.schedule", "nmt.cpu_training",
-     "nmt.activation_checkpointing", "nmt.preemption", "nmt.stopping", "nmt.corpus"},
-    {"nmt.inference.fast", "nmt.inference.search", "nmt.inference.workers",
+    {"nmt.model", "nmt.variants", "nmt.languages", "nmt.attention_maps", "nmt.tokenizer",
+     "nmt.private_ops", "nmt.checkpoint", "nmt.distributed", "nmt.loss", "nmt.schedule",
+     "nmt.cpu_training", "nmt.activation_checkpointing", "nmt.preemption", "nmt.stopping",
+     "nmt.corpus"},
+    {"nmt.inference.fast", "nmt.inference.rules", "nmt.inference.core",
+     "nmt.inference.search", "nmt.inference.workers",
      "nmt.inference.constrained", "nmt.inference.stepping", "nmt.inference.loading",
-     "nmt.plot", "nmt.runlog", "nmt.data", "nmt.shortlist"},
+     "nmt.plot", "nmt.runlog", "nmt.data", "nmt.shortlist", "nmt.hf_files", "nmt.marian",
+     "nmt.m2m100"},
     {"nmt.inference.translator", "nmt.inference.ct2_export"},  # the engines, the export
     {"nmt.inference.ct2_engine"},
     {"nmt.inference.engine"},  # the interface and open_translator
-    {"nmt.align", "nmt.translate", "nmt.train", "nmt.preprocess", "nmt.export", "nmt.marian",
+    {"nmt.align", "nmt.translate", "nmt.train", "nmt.preprocess", "nmt.export", "nmt.importer",
      "nmt.serve.batcher", "nmt.serve.app", "nmt.serve.libretranslate"},
     {"nmt.cli", "nmt.gpu_sim"},  # the commands; the GPU simulation harness of tests and scripts
 ]
 # The commands' modules: none imports another (what two need lives below both).
-COMMANDS = {"nmt.translate", "nmt.train", "nmt.preprocess", "nmt.export", "nmt.marian",
+COMMANDS = {"nmt.translate", "nmt.train", "nmt.preprocess", "nmt.export", "nmt.importer",
             "nmt.serve.app"}
 # The engines and the CTranslate2 export: none imports another, nor nmt-export's module.
 ENGINES = {"nmt.inference.translator", "nmt.inference.ct2_engine", "nmt.inference.ct2_export"}
@@ -146,3 +149,44 @@ def test_scripts_import_nothing_from_tests():
 def test_the_model_imports_nothing_of_nmt_but_its_config():
     """nmt/model.py is the paper: speed paths and side channels live beside it."""
     assert graph()["nmt.model"] == {"nmt.config"}
+
+
+# Each rule and strategy of decoding is one function (or class), defined once, in the
+# decoding core (nmt.inference.core) or its rules (nmt.inference.rules): the empty-source
+# rule, the lengths, the bans, forced prefixes, the shortlist, the strategies.
+DECODING_RULES = {
+    "empty_source", "max_output_lengths", "output_lengths", "length_penalty", "ban_specials",
+    "ban_early_eos", "ban_repeated_ngrams", "ban_after_phrases", "apply_rules",
+    "prefix_pieces", "force_prefix", "restrict_to_shortlist", "mask_to_shortlists",
+    "sample_tokens", "sample_uniforms", "beam_candidates", "Greedy", "Beam", "Decoding", "Decoder",
+}
+
+
+def definitions() -> dict[str, list[str]]:
+    """Every function and class name defined anywhere in nmt (methods included) -> the
+    modules that define it."""
+    where: dict[str, list[str]] = {}
+    for path in NMT.rglob("*.py"):
+        if "configs" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.ClassDef):
+                where.setdefault(node.name, []).append(module_name(path))
+    return where
+
+
+def test_each_decoding_rule_is_defined_once_in_the_core():
+    where = definitions()
+    placed = {name: where.get(name, []) for name in DECODING_RULES}
+    assert {n: m for n, m in placed.items()
+            if m not in (["nmt.inference.core"], ["nmt.inference.rules"])} == {}
+
+
+def test_no_module_imports_another_modules_private_names():
+    private = []
+    for path in NMT.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("nmt"):
+                private += [(module_name(path), node.module, a.name) for a in node.names
+                            if a.name.startswith("_") and not a.name.startswith("__")]
+    assert private == []

@@ -191,14 +191,14 @@ def test_translating_under_bf16_autocast_works(model, sources):
 # ----------------------------------------------------------------------------- sampling
 def test_sample_draws_from_the_tempered_truncated_distribution():
     """Inverse-CDF draws over 20,000 uniforms match softmax(lprobs / T), top-k and top-p."""
-    from nmt.inference.search import sample
+    from nmt.inference.rules import sample_tokens
 
     lprobs = torch.log_softmax(torch.tensor([[2.0, 1.0, 0.5, -1.0, -torch.inf]]), dim=-1)
     u = (torch.arange(20000) + 0.5) / 20000  # evenly spread: frequencies are exact up to 1e-4
 
     def freq(**kw):
         cfg = SearchConfig(sampling=True, **kw)
-        drawn = torch.cat([sample(lprobs, u[i:i + 1], cfg) for i in range(0, 20000, 7)])
+        drawn = torch.cat([sample_tokens(lprobs, u[i:i + 1], cfg) for i in range(0, 20000, 7)])
         return torch.bincount(drawn, minlength=5).float() / len(drawn)
 
     for T in (0.5, 1.0, 2.0):

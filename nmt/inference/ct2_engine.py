@@ -46,8 +46,14 @@ import torch
 from nmt.capabilities import ENGINES
 from nmt.config import SearchConfig
 from nmt.errors import NmtError
+from nmt.inference.core import (
+    Hypothesis,
+    Sentence,
+    empty_source,
+    length_penalty,
+    output_lengths,
+)
 from nmt.inference.ct2_export import INFO, VMAP, cached_export, pieces, read_info
-from nmt.inference.search import Hypothesis, length_penalty, max_output_lengths
 from nmt.inference.workers import WorkerPool
 from nmt.runtime import usable_cores
 from nmt.tokenizer import Tokenizer
@@ -142,7 +148,8 @@ class CT2Translator:
         indices and their AsyncTranslationResults (an empty source is in none)."""
         self.capabilities.check_search(search)
         prefixes = prefixes or [[] for _ in src_ids]
-        todo = [i for i, s in enumerate(src_ids) if s or prefixes[i]]
+        todo = [i for i, s in enumerate(src_ids)
+                if empty_source(Sentence(i, s, prefixes[i])) is None]
         if search.sampling:
             _ctranslate2().set_random_seed(search.seed)
         return [(group, self._submit(search, [src_ids[i] for i in group],
@@ -153,7 +160,7 @@ class CT2Translator:
                  progress=None) -> list[list[Hypothesis]]:
         """The hypotheses of n sentences, waiting for the groups `pending` (_dispatch's) in
         turn; an empty source gets one empty hypothesis, score 0 (nmt's rule)."""
-        results = [[Hypothesis([], 0.0, 0.0)] for _ in range(n)]
+        results = [empty_source(Sentence(i, [])) for i in range(n)]  # those not decoded
         for group, answers in pending:
             for i, answer in zip(group, answers, strict=True):
                 results[i] = self._hypotheses(answer.result(), search)
@@ -165,11 +172,10 @@ class CT2Translator:
                 search: SearchConfig) -> list[tuple[int, list[int]]]:
         """The sentences `todo` by maximum output length (nmt's, raised to hold the prefix
         and one more), cut to max_sentences: (length, indices) pairs."""
-        lengths = max_output_lengths(torch.tensor([len(src_ids[i]) for i in todo]), search,
-                                     self.max_positions).tolist()
+        lengths = output_lengths([Sentence(i, src_ids[i], prefixes[i]) for i in todo], search,
+                                 self.max_positions).tolist()
         by_length: dict[int, list[int]] = {}
         for i, length in zip(todo, lengths, strict=True):
-            length = max(length, min(len(prefixes[i]) + 1, self.max_positions))
             by_length.setdefault(length, []).append(i)
         size = search.max_sentences or len(todo)
         return [(length, group[j:j + size]) for length, group in sorted(by_length.items())
@@ -179,14 +185,14 @@ class CT2Translator:
                 prefixes: list[list[int]], limit: int) -> list:
         """translate_batch of one group, asynchronously: one AsyncTranslationResult each."""
         sampling = search.sampling
-        pad, bos = self._tgt_pieces[self.specials.pad], self._tgt_pieces[self.specials.bos]
+        banned = [[self._tgt_pieces[i]] for i in self.specials.banned]  # PAD, BOS unless EOS
         return self.ct2.translate_batch(
             [[self._src_pieces[t] for t in s] for s in src_ids],
             [[self._tgt_pieces[t] for t in p] or None for p in prefixes],
             asynchronous=True, max_batch_size=search.max_tokens, batch_type="tokens",
             beam_size=1 if sampling else search.beam_size, num_hypotheses=search.nbest,
             length_penalty=0.0, no_repeat_ngram_size=search.no_repeat_ngram_size,
-            suppress_sequences=[[pad], [bos]], return_end_token=True, return_scores=True,
+            suppress_sequences=banned, return_end_token=True, return_scores=True,
             use_vmap=bool(search.shortlist),
             max_input_length=0, max_decoding_length=limit, min_decoding_length=search.min_len,
             sampling_topk=(search.top_k if sampling else 1),

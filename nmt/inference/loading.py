@@ -12,8 +12,9 @@ from pathlib import Path
 from nmt.checkpoint import load_checkpoint
 from nmt.config import ModelConfig
 from nmt.errors import ConfigError, NmtError
-from nmt.model import Transformer, make_model
+from nmt.model import Transformer
 from nmt.tokenizer import Specials, Tokenizer, check_same_vocabulary, vocab_sha256
+from nmt.variants import build_model
 
 VOCAB_KEYS = ("src_size", "tgt_size", "joint", "pad_id", "bos_id", "eos_id", "sha256",
               "src_spm", "tgt_spm")
@@ -70,7 +71,7 @@ def load_model(path: str | Path, weights: str = "auto") -> tuple[Transformer, di
         if key in weights and weights[key].size(0) != size:
             raise NmtError(f"{path}: {key} has {weights[key].size(0)} rows but the vocabulary "
                            f"has {size} entries")
-    model = make_model(cfg, vocab["src_size"], vocab["tgt_size"], vocab["pad_id"],
+    model = build_model(cfg, vocab["src_size"], vocab["tgt_size"], vocab["pad_id"],
                        vocab["joint"])
     try:
         model.load_state_dict(weights)

@@ -66,7 +66,9 @@ from nmt.serve.batcher import Batcher, BatcherStopped, BatchStats, ContinuousBat
 from nmt.serve.errors import ApiError
 
 PROG = "nmt-serve"
-SEARCH_FIELDS = ("beam_size", "nbest", "alpha", "max_len_a", "max_len_b", "min_len")
+SEARCH_FIELDS = ("beam_size", "nbest", "alpha", "max_len_a", "max_len_b", "min_len", "sampling",
+                 "top_k", "top_p", "temperature", "seed", "no_repeat_ngram_size")
+SENTENCE_FIELDS = ("prefix", "constraints")  # per sentence; continuous batching only
 # GET /'s page may run its own inline script and style and call this server, nothing else.
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
        "connect-src 'self'; img-src 'self' data:")
@@ -114,6 +116,25 @@ class TranslateRequest(BaseModel):
         "See max_len_a; at most the server's max_len_b."))
     min_len: int | None = Field(None, ge=0, description=(
         "End of sentence is forbidden before this many output tokens; at most max_len_b."))
+    sampling: bool | None = Field(None, description=(
+        "Draw nbest random samples per sentence instead of searching; sentence i's samples "
+        "depend on the seed and i alone (as line i of nmt-translate's input)."))
+    top_k: int | None = Field(None, ge=0, description=(
+        "Sampling: only from the top_k most probable pieces (0: all)."))
+    top_p: float | None = Field(None, gt=0, le=1, description=(
+        "Sampling: only from the fewest best pieces whose probability reaches top_p."))
+    temperature: float | None = Field(None, gt=0, le=100, description=(
+        "Sampling: from softmax(log-probabilities / temperature)."))
+    seed: int | None = Field(None, ge=0, description="Sampling: the seed.")
+    no_repeat_ngram_size: int | None = Field(None, ge=0, le=16, description=(
+        "No n-gram of this many pieces twice in a translation (0: off)."))
+    prefix: list[str] | None = Field(None, description=(
+        "Per sentence of text, the start every translation of it must have ('' for none; "
+        "nmt-translate's prefix=true). Needs the server's continuous batching."))
+    constraints: list[list[str]] | None = Field(None, description=(
+        "Per sentence of text, the phrases every translation of it must contain (nmt-translate's "
+        "constraints=FILE: beam search with dynamic beam allocation, at any beam_size; not "
+        "with sampling). Needs the server's continuous batching."))
     attention: bool = Field(False, description=(
         "Also return each best translation's encoder-decoder attention over its source."))
     split: Literal["none", "sentence", "paragraph"] | None = Field(None, description=(
@@ -268,8 +289,8 @@ class Service:
     def search_of(self, req: TranslateRequest) -> SearchConfig:
         """The server's search settings with the request's overrides, within the limits."""
         asked = {k: getattr(req, k) for k in SEARCH_FIELDS if getattr(req, k) is not None}
-        limits = {"beam_size": self.cfg.max_beam_size, "max_len_b": self.cfg.max_len_b,
-                  "min_len": self.cfg.max_len_b}
+        limits = {"beam_size": self.cfg.max_beam_size, "nbest": self.cfg.max_beam_size,
+                  "max_len_b": self.cfg.max_len_b, "min_len": self.cfg.max_len_b}
         for key, limit in limits.items():
             if asked.get(key, 0) > limit:
                 raise ApiError(422, key, f"must be <= {limit} (this server's limit), "
@@ -281,6 +302,39 @@ class Service:
         except ConfigError as e:  # e.g. nbest > beam_size
             key = str(e).split(":")[0].removeprefix("search.")
             raise ApiError(422, key, str(e).split(": ", 1)[1]) from None
+
+    def sentence_fields(self, req: TranslateRequest, search: SearchConfig) -> list[tuple]:
+        """Per text: its forced prefix ids, its phrases' ids and its number (which seeds
+        its samples), encoded with the target tokenizer."""
+        asked = [key for key in SENTENCE_FIELDS if getattr(req, key) is not None]
+        for key in asked:
+            if not self.cfg.continuous:
+                raise ApiError(422, key, "needs the server's continuous batching "
+                                         "(continuous=true)")
+            if len(getattr(req, key)) != len(req.text):
+                raise ApiError(422, key, f"must have one item per sentence of text "
+                                         f"({len(req.text)}), got {len(getattr(req, key))}")
+        phrases = [[p for p in ps if p.strip()] for ps in req.constraints or []]
+        if any(phrases) and search.sampling:
+            raise ApiError(422, "constraints", "need beam search, not sampling")
+        tok = self.translator.tgt_tok
+        prefixes = tok.encode(req.prefix) if req.prefix else [[] for _ in req.text]
+        encoded = iter(tok.encode([p for ps in phrases for p in ps]))
+        phrases = [[next(encoded) for _ in ps] for ps in phrases] or [[] for _ in req.text]
+        return list(zip(prefixes, phrases, range(len(req.text)), strict=True))
+
+    def piece_fields(self, docs: list[Segmented], fields: list[tuple]) -> list[tuple]:
+        """Per piece, its text's sentence_fields (the pieces of text i sample as nmt-translate's
+        pieces of line i); a prefix or constraints are a whole text's: its text must be one
+        piece."""
+        out = []
+        for i, (doc, (prefix, phrases, number)) in enumerate(zip(docs, fields, strict=True)):
+            if len(doc.pieces) > 1 and (prefix or phrases):
+                key = "prefix" if prefix else "constraints"
+                raise ApiError(422, key, f"text[{i}] is split into {len(doc.pieces)} pieces; a "
+                                         f"{key} is a whole text's (send it with split=none)")
+            out += [(prefix, phrases, number)] * len(doc.pieces)
+        return out
 
     def check_size(self, req: TranslateRequest, split: str, pieces: int) -> None:
         """max_chars (all texts) and max_sentences (the pieces they are split into) per request;
@@ -319,10 +373,11 @@ class Service:
         search = self.search_of(req)
         if self.broken:
             raise ApiError(503, None, self.broken)
+        extras = self.piece_fields(docs, self.sentence_fields(req, search))
         full = self.translator.src_tok.encode(pieces)
         ids = [seq[:self.max_input] for seq in full]  # nmt-translate's truncation
         try:
-            nbest = await self.batcher.translate(ids, search, self.cfg.timeout_s)
+            nbest = await self.batcher.translate(ids, search, self.cfg.timeout_s, extras)
         except QueueFull:
             raise ApiError(503, None, f"busy: {len(self.batcher.queue)} sentences queued",
                            {"Retry-After": str(self.batcher.retry_after())}) from None
@@ -465,7 +520,8 @@ async def _invalid_request(request: Request, exc: RequestValidationError) -> JSO
     field = _field_name(tuple(first.get("loc", ())))
     message = first.get("msg", "invalid").removeprefix("Value error, ")
     if first.get("type") == "extra_forbidden":
-        message = f"unknown field (known: text, {', '.join(SEARCH_FIELDS)}, attention, split)"
+        message = (f"unknown field (known: text, {', '.join(SEARCH_FIELDS + SENTENCE_FIELDS)}, "
+                   f"attention, split)")
     elif field == "body":
         message = ('must be a JSON object like {"text": ["..."]}, sent with Content-Type: '
                    'application/json')
