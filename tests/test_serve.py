@@ -324,7 +324,8 @@ def test_serve_config_is_validated_naming_the_key():
     assert make().port == 8000
     for bad, key in (("max_queued=4", "max_queued"), ("timeout_s=0", "timeout_s"),
                      ("search.beam_size=32", "search.beam_size"), ("port=70000", "port"),
-                     ("log_level=loud", "log_level")):
+                     ("log_level=loud", "log_level"), ("split=words", "split"),
+                     ("src_lang=English", "src_lang"), ("split=sentence", "src_lang")):
         with pytest.raises(ConfigError, match=f"^{key}:"):
             make(bad)
 
