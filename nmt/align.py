@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from nmt.config import SearchConfig
 from nmt.errors import NmtError
+from nmt.inference.engine import Engine
 from nmt.inference.search import plan_batches
-from nmt.plot import batch_attention_weights
-from nmt.tokenizer import Specials
 
 
 def check_layer(model, layer: int) -> int:
@@ -26,20 +25,22 @@ def check_layer(model, layer: int) -> int:
     return layer % n
 
 
-def align(model, src_ids: list[list[int]], out_ids: list[list[int]], specials: Specials,
+def align(engine: Engine, src_ids: list[list[int]], out_ids: list[list[int]],
           layer: int = -1, max_tokens: int = 4096) -> list[list[tuple[int, int]]]:
     """The (source piece, target piece) links of each pair of id lists (no BOS/EOS), in input
-    order, teacher-forced in length-sorted batches of at most max_tokens tokens (padding
-    included). layer: which decoder layer's attention (-1: the last, fairseq's choice)."""
-    layer = check_layer(model, layer)
+    order, teacher-forced by the engine (its first model: one with attention, nmt's
+    Translator) in length-sorted batches of at most max_tokens tokens (padding included).
+    layer: which decoder layer's attention (-1: the last, fairseq's choice)."""
+    engine.capabilities.check("alignment")
+    layer = check_layer(engine.model, layer)
     items = [(i, s, y, []) for i, (s, y) in enumerate(zip(src_ids, out_ids, strict=True))
              if s and y]  # nothing to link without a source or an output piece
     links: list[list[tuple[int, int]]] = [[] for _ in src_ids]
     search = SearchConfig(max_tokens=max_tokens)
     for batch in plan_batches(items, search, score=True):
         pairs = [items[b] for b in batch]
-        weights = batch_attention_weights(model, [p[1] for p in pairs],
-                                          [p[2] for p in pairs], specials)["encoder_decoder"]
+        weights = engine.attention([p[1] for p in pairs],
+                                   [p[2] for p in pairs])["encoder_decoder"]
         heads = weights[:, layer].mean(1)  # (B, T_q, T_k): the layer's heads averaged
         for row, (i, s, y, _) in zip(heads, pairs, strict=True):
             best = row[:len(y), :len(s)].argmax(-1)  # (|y|,): neither EOS nor padding

@@ -1,5 +1,6 @@
 """The attention weights side channel beside nmt/model.py, for attention heatmaps (nmt/plot.py)
-and the alignments built from them (nmt/align.py).
+and the alignments built from them (nmt/align.py), which read them through the engine
+(nmt.inference.translator.Translator.attention).
 
 The model's attention runs fused (F.scaled_dot_product_attention), which never forms the
 weights softmax(Q K^T / sqrt(d_k)). `keep_attention(model)` makes every attention layer of one

@@ -6,7 +6,8 @@ A checkpoint is a plain dict of tensors, numbers, strings, bytes, lists and dict
     model_cfg    dataclasses.asdict(ModelConfig)
     vocab        {"src_size", "tgt_size", "joint", "pad_id", "unk_id", "bos_id", "eos_id",
                   "sha256": checksum of the SentencePiece model(s),
-                  "src_spm": bytes, "tgt_spm": bytes}  (so a checkpoint translates on its own)
+                  "src_spm": bytes, "tgt_spm": bytes,  (so a checkpoint translates on its own)
+                  "languages": a multilingual model's (nmt.languages; absent: one pair)}
     update       updates done; epoch: the epoch in progress
     ema          (training with train.ema_decay > 0) the exponential moving average of the
                  weights: a state_dict with the keys of "model"
@@ -190,8 +191,9 @@ def save_best_checkpoint(run_dir: str | Path, numbered: Path | None, state: dict
 
 # What fixes the weights' shapes (N_dec 0, the default, where older checkpoints lack it)
 MODEL_SHAPE_KEYS = ("N", "N_dec", "d_model", "d_ff", "h", "norm", "share_embeddings",
-                    "activation", "output_bias")
-SHAPE_DEFAULTS = {"N_dec": 0, "activation": "relu", "output_bias": False}  # older checkpoints
+                    "activation", "output_bias", "positions")
+SHAPE_DEFAULTS = {"N_dec": 0, "activation": "relu", "output_bias": False,
+                  "positions": "paper"}  # older checkpoints
 
 
 def check_same_model(state: dict, path: Path, model_cfg: dict, vocab_sha256: str,

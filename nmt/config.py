@@ -10,6 +10,7 @@ dataclasses, which runs every `__post_init__` check exactly once.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,8 +18,12 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from nmt.capabilities import ENGINES
 from nmt.config_errors import explain, extra_keys, unknown_key
 from nmt.errors import ConfigError
+from nmt.segment import MODES, sentence_splitter
+
+LANG_CODE = re.compile(r"[a-z]{2,3}([-_][a-zA-Z0-9]+)*")  # ISO 639, then a region or script
 
 CT2_ONLY_DTYPES = ("int8_float16", "int8_bfloat16")  # search.dtype with engine=ctranslate2 only
 
@@ -66,27 +71,18 @@ def check_search_device(dtype: str, device: str, key: str = "search.dtype",
 
 
 def _check_engine(cfg: object, checkpoints: int) -> None:
-    """engine and ct2_model of nmt-translate and nmt-serve: CTranslate2 runs one model."""
-    _check(cfg.engine in ("nmt", "ctranslate2"), "engine",
-           f"must be nmt or ctranslate2, got {cfg.engine!r}")
+    """engine and ct2_model of nmt-translate and nmt-serve, and what the engine cannot do
+    (nmt.capabilities)."""
+    _check(cfg.engine in ENGINES, "engine",
+           f"must be {' or '.join(ENGINES)}, got {cfg.engine!r}")
     _check(not cfg.ct2_model or cfg.engine == "ctranslate2", "ct2_model",
            "needs engine=ctranslate2")
-    _check(checkpoints == 1 or cfg.engine == "nmt", "checkpoint",
-           "engine=ctranslate2 translates with one model, not an ensemble (use engine=nmt)")
     check_search_device(cfg.search.dtype, cfg.device, engine=cfg.engine)
-    for key in ("constraints", "alignment"):
-        _check(not getattr(cfg, key, None) or cfg.engine == "nmt", key, "needs engine=nmt")
-    if cfg.engine == "ctranslate2":
-        check_ct2_search(cfg.search)
-
-
-def check_ct2_search(search: SearchConfig) -> None:
-    """What engine=ctranslate2 cannot run: GNMT's length penalty in beam search (CTranslate2
-    divides log P by |Y|^p; greedy search and sampling keep alpha, in the scores only)."""
-    _check(not search.alpha or search.beam_size == 1 or search.sampling, "search.alpha",
-           "engine=ctranslate2 has no GNMT length penalty in beam search; use search.alpha=0 "
-           "(or search.beam_size=1)")
-    _check(not search.epsilon, "search.epsilon", "engine=ctranslate2 has no epsilon sampling")
+    can = ENGINES[cfg.engine]
+    can.check("checkpoint", checkpoints > 1)
+    for key in ("constraints", "alignment", "attention_plot", "continuous"):
+        can.check(key, getattr(cfg, key, None))
+    can.check_search(cfg.search)
 
 
 # ----------------------------------------------------------------------------- model
@@ -113,6 +109,7 @@ class ModelConfig:
     activation: str = "relu"  # the FFN's: relu (the paper's), gelu, or swish (x sigmoid(x))
     output_bias: bool = False  # a bias on the output projection (MarianMT's final_logits_bias)
     residual_init: str = "gpt2"  # W^O, W_2 times gpt2 1/sqrt(2N), depth 1/(2N), zero 0, xavier 1
+    positions: str = "paper"  # sinusoids: the paper's, or fairseq's (M2M100, NLLB; nmt.variants)
 
     def __post_init__(self) -> None:
         _check_min(self, "model.", 1, "N", "d_model", "d_ff")
@@ -129,6 +126,10 @@ class ModelConfig:
                f"must be relu, gelu or swish, got {self.activation!r}")
         _check(self.residual_init in RESIDUAL_INIT, "model.residual_init",
                f"must be one of {', '.join(RESIDUAL_INIT)}, got {self.residual_init!r}")
+        _check(self.positions in ("paper", "fairseq"), "model.positions",
+               f"must be paper or fairseq, got {self.positions!r}")
+        _check(self.positions == "paper" or self.d_model >= 4, "model.d_model",
+               "must be >= 4 with model.positions=fairseq")
 
     @property
     def decoder_layers(self) -> int:
@@ -517,6 +518,11 @@ class TranslateConfig:
     alignment_layer: int = -1  # decoder layer whose heads' mean attention aligns (-1: the last)
     engine: str = "nmt"  # decode with "nmt" or "ctranslate2" (the checkpoint's export, cached)
     ct2_model: str = ""  # engine=ctranslate2: the export's folder ("": CHECKPOINT.ct2/ beside it)
+    split: str = "none"  # none: a line is a segment; sentence|paragraph: pieces (nmt/segment.py)
+    split_lang: str = ""  # split=sentence: the source language, an ISO 639 code (e.g. en)
+    # A multilingual checkpoint's languages (nmt.languages): names it records, e.g. de, deu_Latn
+    src_lang: str = ""  # the language of the input (M2M100, NLLB-200 need it); "": none
+    tgt_lang: str = ""  # the language to translate into (a multilingual model's choice)
     search: SearchConfig = field(default_factory=SearchConfig)
     mbr: MbrConfig = field(default_factory=MbrConfig)  # choose among candidates by MBR
     rerank: RerankConfig = field(default_factory=RerankConfig)  # or rerank the n-best
@@ -545,9 +551,26 @@ class TranslateConfig:
         _check(self.weights in ("auto", "model", "ema"), "weights",
                f"must be auto, model or ema, got {self.weights!r}")
         _check_engine(self, len(self.checkpoints))
-        _check(not self.attention_plot or self.engine == "nmt", "attention_plot",
-               "needs engine=nmt")
+        _check_split(self)
         _check_choice(self)
+
+
+def _check_split(cfg: TranslateConfig) -> None:
+    """split and split_lang; what is defined per segment only (n-best lists, given targets or
+    prefixes, constraints, alignments, attention) needs split=none."""
+    _check(cfg.split in MODES, "split", f"must be none, sentence or paragraph, got {cfg.split!r}")
+    if cfg.split == "none":
+        return
+    if cfg.split == "sentence":
+        _check(LANG_CODE.fullmatch(cfg.split_lang) is not None,
+               "split_lang", f"split=sentence needs the source language's ISO 639 code, e.g. "
+               f"split_lang=en (got {cfg.split_lang!r})")
+        sentence_splitter(cfg.split_lang)  # a one-line error if it is not installed
+    for key, on in (("search.nbest", cfg.search.nbest > 1), ("prefix", cfg.prefix),
+                    ("score_reference", cfg.score_reference), ("constraints", cfg.constraints),
+                    ("alignment", cfg.alignment), ("attention_plot", cfg.attention_plot)):
+        _check(not on, key, f"is per segment: needs split=none (split={cfg.split} translates "
+               f"the pieces of a line apart)")
 
 
 def _check_choice(cfg: TranslateConfig) -> None:
@@ -611,9 +634,10 @@ class ExportConfig:
 # ----------------------------------------------------------------------------- import
 @dataclass
 class ImportConfig:
-    """nmt-import: a Hugging Face MarianMT model directory in, an nmt checkpoint out."""
+    """nmt-import: a Hugging Face MarianMT, M2M100 or NLLB-200 directory in, an nmt checkpoint
+    out."""
 
-    input: str = MISSING  # the MarianMT directory (config.json, weights, *.spm, vocab.json)
+    input: str = MISSING  # the model directory (config.json, the weights, the tokenizer's files)
     output: str = MISSING  # the checkpoint to write (atomically)
     force: bool = False  # replace an existing output
 
@@ -644,6 +668,9 @@ class ServeConfig:
     log_level: str = "info"  # uvicorn's log level: debug, info, warning or error
     engine: str = "nmt"  # decode with "nmt" or "ctranslate2" (the checkpoint's export, cached)
     ct2_model: str = ""  # engine=ctranslate2: the export's folder ("": CHECKPOINT.ct2/ beside it)
+    split: str = "auto"  # none|sentence|paragraph (nmt/segment.py); auto: sentence if src_lang
+    src_lang: str = ""  # the model's source language, ISO 639 (split=sentence, LibreTranslate)
+    tgt_lang: str = ""  # the model's target language, ISO 639 (LibreTranslate's API)
     search: SearchConfig = field(default_factory=SearchConfig)  # defaults; batch token budget
 
     def __post_init__(self) -> None:
@@ -665,14 +692,22 @@ class ServeConfig:
         _check(self.log_level in ("debug", "info", "warning", "error"), "log_level",
                f"must be debug, info, warning or error, got {self.log_level!r}")
         _check_engine(self, 1)
-        _check(not self.continuous or self.engine == "nmt", "continuous",
-               "needs engine=nmt (or set continuous=false)")
-        _check(not self.continuous or not self.search.shortlist, "continuous",
-               "needs search.shortlist='' (or set continuous=false)")
-        _check(not self.continuous or not (self.search.sampling
-                                           or self.search.no_repeat_ngram_size),
-               "continuous", "needs search.sampling=false and search.no_repeat_ngram_size=0 "
-                             "(or set continuous=false)")
+        _check_serve_split(self)
+
+
+def _check_serve_split(cfg: ServeConfig) -> None:
+    """split, src_lang and tgt_lang; a source language needs the sentence splitter (a request
+    may ask for split=sentence)."""
+    _check(cfg.split in ("auto", *MODES), "split",
+           f"must be auto, none, sentence or paragraph, got {cfg.split!r}")
+    for key in ("src_lang", "tgt_lang"):
+        code = getattr(cfg, key)
+        _check(code == "" or LANG_CODE.fullmatch(code) is not None, key,
+               f"must be an ISO 639 code, e.g. en (got {code!r})")
+    _check(cfg.split != "sentence" or cfg.src_lang, "src_lang",
+           "split=sentence needs the source language's ISO 639 code, e.g. src_lang=en")
+    if cfg.src_lang:
+        sentence_splitter(cfg.src_lang)  # a one-line error if it is not installed
 
 
 # ----------------------------------------------------------------------------- Hydra glue

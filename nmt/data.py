@@ -30,6 +30,8 @@ manifest.json, format 2 (format 1, written before it, is still read: it lacks `c
     train_text          with keep_text=true: {"src": PREFIX, "tgt": PREFIX, "src_bytes",
                         "tgt_bytes"}: the cleaned training text's byte arrays
     shortlist           with shortlist.k > 0: "shortlist.pt", the lexical shortlist (nmt.shortlist)
+    languages           with bpe.model= of a multilingual checkpoint: its languages (nmt.languages),
+                        which the checkpoints trained on the directory record too
     checksums           {file: sha256} of every other file of the directory
     spm_training, config, nmt_version, seconds: how it was made
 

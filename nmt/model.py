@@ -7,6 +7,8 @@ incremental (key/value-cached) decoding API. `make_model` returns exactly this m
 torch.nn modules, no hooks. Speed paths live beside it and are opted into by the caller that
 knows the device: nmt/cpu_training.py (training on CPUs), nmt/inference/fast.py (decoding);
 so does the side channel that keeps the attention weights for pictures, nmt/attention_maps.py.
+Variants that are not the paper's (fairseq's positions of imported M2M100 and NLLB-200 models)
+live in nmt/variants.py, whose build_model the commands build with; model.positions picks them.
 
 Shapes: B batch, S source length, T target length, V vocabulary, h heads, d_k = d_model / h.
 Masks are boolean with True where attention is allowed, or additive (0 / -inf) on GPUs.

@@ -11,46 +11,13 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-import torch
 from torch import Tensor
 
-from nmt.attention_maps import attention_maps, keep_attention
 from nmt.errors import NmtError
-from nmt.inference.search import pad_batch
-from nmt.tokenizer import Specials
 
 TITLES = {"encoder_self": "Encoder self-attention",
           "decoder_self": "Decoder self-attention (masked)",
           "encoder_decoder": "Encoder-decoder attention"}
-
-
-def attention_weights(model, src_ids: list[int], out_ids: list[int],
-                      specials: Specials) -> dict[str, Tensor]:
-    """Teacher-force `out_ids` on `src_ids`; per kind a (N, h, T_q, T_k) tensor of weights."""
-    return {kind: w[0] for kind, w in
-            batch_attention_weights(model, [src_ids], [out_ids], specials).items()}
-
-
-@torch.inference_mode()
-def batch_attention_weights(model, src_ids: list[list[int]], out_ids: list[list[int]],
-                            specials: Specials) -> dict[str, Tensor]:
-    """Teacher-force each `out_ids` on its `src_ids`, padded into one batch; per kind a
-    (B, N, h, T_q, T_k) tensor of weights (rows and columns past a pair's own length are
-    padding's: keys of padding get weight 0)."""
-    device = next(model.parameters()).device
-    src = pad_batch([list(s) + [specials.eos] for s in src_ids], specials.pad, device)  # (B, S)
-    tgt_in = pad_batch([[specials.bos] + list(y) for y in out_ids], specials.pad, device)
-    was_training = model.training
-    model.eval()
-    keep_attention(model, True)
-    try:
-        model(src, tgt_in)
-        maps = attention_maps(model)
-    finally:
-        keep_attention(model, False)
-        model.train(was_training)
-    return {kind: torch.stack(layers, 1).float().cpu()  # (B, N, h, T_q, T_k)
-            for kind, layers in maps.items()}
 
 
 def draw(weights: Tensor, rows: list[str], cols: list[str], title: str, path: Path) -> None:
@@ -124,9 +91,12 @@ def plot_learning_curves(records: list[dict], path: Path) -> None:
     save_figure(fig, path)
 
 
-def plot_attention(translator, src_ids: list[int], out_ids: list[int],
+def plot_attention(engine, src_ids: list[int], out_ids: list[int],
                    out_dir: str | Path) -> list[Path]:
-    """Write encoder_self.png, decoder_self.png and encoder_decoder.png into out_dir."""
+    """Write encoder_self.png, decoder_self.png and encoder_decoder.png into out_dir: the
+    attention of the engine's (first) model (nmt.inference.engine) with out_ids
+    teacher-forced on src_ids."""
+    engine.capabilities.check("attention_plot")
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -136,9 +106,9 @@ def plot_attention(translator, src_ids: list[int], out_ids: list[int],
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise NmtError(f"{out_dir}: cannot create directory ({e.strerror})") from None
-    weights = attention_weights(translator.model, src_ids, out_ids, translator.specials)
-    src = translator.src_tok.pieces(list(src_ids)) + ["</s>"]
-    produced = translator.tgt_tok.pieces(list(out_ids)) + ["</s>"]
+    weights = {kind: w[0] for kind, w in engine.attention([src_ids], [out_ids]).items()}
+    src = engine.src_tok.pieces(list(src_ids)) + ["</s>"]
+    produced = engine.tgt_tok.pieces(list(out_ids)) + ["</s>"]
     fed = ["<s>"] + produced[:-1]
     labels = {"encoder_self": (src, src), "decoder_self": (produced, fed),
               "encoder_decoder": (produced, src)}

@@ -170,25 +170,31 @@ def train_subwords(train: CleanText, bpe: BpeConfig, tags: list[str]
 
 def load_subwords(path: str) -> tuple[Tokenizer, Tokenizer, dict]:
     """Reuse a .model file (joint), the model(s) of a data directory written by nmt-preprocess,
-    or a checkpoint's (nmt-train's, nmt-import's: fine-tuning data gets the model's ids)."""
+    or a checkpoint's (nmt-train's, nmt-import's: fine-tuning data gets the model's ids).
+    The info's "languages": those the checkpoint (or data directory) records, if any
+    (nmt.languages), which the data directory and the models trained on it keep."""
     from nmt.checkpoint import load_checkpoint
     from nmt.data import read_manifest
 
     p = Path(path)
+    languages = None
     if p.is_dir():
         manifest = read_manifest(p)
         src = Tokenizer.from_file(p / manifest["spm"]["src"])
         tgt = Tokenizer.from_file(p / manifest["spm"]["tgt"])
+        languages = manifest.get("languages")
     elif not p.exists():
         raise NmtError(f"bpe.model={path}: no such file, data directory or checkpoint")
     elif p.read_bytes()[:2] == b"PK":  # a zip: a torch checkpoint
         vocab = load_checkpoint(p)["vocab"]
         src, tgt = Tokenizer(vocab["src_spm"], str(p)), Tokenizer(vocab["tgt_spm"], str(p))
+        languages = vocab.get("languages")
     else:
         src = tgt = Tokenizer.from_file(p)
     if src.proto == tgt.proto:
         tgt = src
-    return src, tgt, {"sentences": 0, "sampled": False, "reused": str(p.resolve())}
+    info = {"sentences": 0, "sampled": False, "reused": str(p.resolve())}
+    return src, tgt, info if languages is None else {**info, "languages": languages}
 
 
 def tag_ids(corpora: list[TrainCorpus], src: Tokenizer, reused: str) -> list[int | None]:
@@ -454,7 +460,9 @@ def build(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], reused: tuple
                         specs, tags, first, sizes["train"], counts["train"], strict=True)],
         "clean": {role: {side: f"{role}.clean.{lang}" for side, lang in langs.items()}
                   for role in texts if role != "train"},
-        "spm_training": spm_info, "config": asdict(cfg), "nmt_version": __version__,
+        "spm_training": {k: v for k, v in spm_info.items() if k != "languages"},
+        "config": asdict(cfg), "nmt_version": __version__,
+        **({"languages": spm_info["languages"]} if "languages" in spm_info else {}),
         "seconds": {k: round(v, 2) for k, v in seconds.items()},
     }
     if cfg.shortlist.k:  # from the training arrays just written

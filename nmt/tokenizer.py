@@ -1,8 +1,9 @@
 """SentencePiece subwords: the only module that imports sentencepiece.
 
 The models nmt trains have fixed ids: pad 0, unk 1, bos 2, eos 3. Imported models keep
-their own (nmt.marian: MarianMT's </s> 0, <unk> 1, <pad> last and no <s>), so every user
-asks the Tokenizer object (Tokenizer.specials) rather than assuming these.
+their own (nmt.marian: MarianMT's </s> 0, <unk> 1, <pad> last and no <s>; nmt.m2m100:
+fairseq's <s> 0, <pad> 1, </s> 2, <unk> 3, decoding from </s>), so every user asks the
+Tokenizer object (Tokenizer.specials) rather than assuming these.
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ class Specials(NamedTuple):
     bos: int
     eos: int
     pad: int
+
+    @property
+    def banned(self) -> tuple[int, ...]:
+        """The ids never generated: PAD, and BOS unless it is EOS (M2M100 and NLLB-200 start
+        decoding from </s>, which must still end outputs)."""
+        return (self.pad,) if self.bos == self.eos else (self.pad, self.bos)
 
 
 SPECIALS = Specials(BOS_ID, EOS_ID, PAD_ID)  # those of the SentencePiece models nmt trains

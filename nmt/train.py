@@ -61,7 +61,7 @@ from nmt.errors import NmtError
 from nmt.files import read_lines
 from nmt.inference.translator import Translator
 from nmt.loss import LabelSmoothedLoss
-from nmt.model import count_parameters, make_model
+from nmt.model import count_parameters
 from nmt.preemption import Preemption
 from nmt.runlog import RunDirLock, RunLog, prepare_run_dir
 from nmt.runtime import cap_onednn_cache, keep_freed_memory, release_freed_memory
@@ -69,6 +69,7 @@ from nmt.schedule import NoamSchedule, build_optimizer
 from nmt.scoring import read_references, score
 from nmt.stopping import FLAGS, NO_FLAGS, Stop, Stopping
 from nmt.tokenizer import Tokenizer, vocab_sha256
+from nmt.variants import build_model
 
 log = logging.getLogger("nmt.train")
 
@@ -305,7 +306,8 @@ def load_vocab(data_dir: str, manifest: dict) -> dict:
                 "joint": manifest["joint"], "pad_id": manifest["pad_id"],
                 "unk_id": manifest["unk_id"], "bos_id": manifest["bos_id"],
                 "eos_id": manifest["eos_id"], "sha256": sha, "src_spm": src.proto,
-                "tgt_spm": tgt.proto}
+                "tgt_spm": tgt.proto, **({"languages": manifest["languages"]}
+                                         if "languages" in manifest else {})}
     except KeyError as e:
         raise NmtError(f"{data_dir}/manifest.json: missing key {e} (not written by "
                        f"nmt-preprocess?)") from None
@@ -379,7 +381,7 @@ def build_run(cfg: TrainConfig, env: distributed.DistInfo, data: Data) -> Run:
     tc, vocab = cfg.train, data.vocab
     amp = resolve_amp(tc.amp, env.device)
     torch.manual_seed(tc.seed)
-    model = make_model(cfg.model, vocab["src_size"], vocab["tgt_size"], vocab["pad_id"],
+    model = build_model(cfg.model, vocab["src_size"], vocab["tgt_size"], vocab["pad_id"],
                        vocab["joint"]).to(env.device)
     if env.device.type == "cpu":  # the CPU speed path (nmt/cpu_training.py)
         use_cpu_dropout(model)

@@ -11,36 +11,42 @@ contain (lexically constrained beam search, nmt.inference.constrained). From a p
 terminal, lines are translated as they arrive; under torchrun the ranks share the lines and
 rank 0 writes them all. alignment=true adds to each output line the source-target links of its
 translation (nmt.align): a TAB-separated column after a translation or a scored pair, a fourth
-` ||| ` field of an n-best line. mbr.candidates=N or rerank.model=CKPT write, of each line's
-candidates, the one chosen by minimum Bayes risk or by reranking (nmt.inference.rerank).
+` ||| ` field of an n-best line. split=sentence|paragraph translates each line's sentences (or
+the line, cut to fit the model) apart, in the same batches as all other pieces, and puts the
+translations back in the line with the spaces between them (nmt.segment). mbr.candidates=N or
+rerank.model=CKPT write, of each line's (or piece's) candidates, the one chosen by minimum
+Bayes risk or by reranking (nmt.inference.rerank).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import queue
 import stat
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
 from nmt import distributed
 from nmt.align import align, check_layer, pharaoh
 from nmt.config import TranslateConfig
-from nmt.errors import NmtError
+from nmt.errors import ConfigError, NmtError
 from nmt.files import check_output, decode_line, read_lines, write_atomically
 from nmt.inference.constrained import missing_phrases
-from nmt.inference.ct2_engine import CT2Translator, open_translator
+from nmt.inference.engine import Engine, check_vocab, open_translator
 from nmt.inference.rerank import Chooser, candidate_search
 from nmt.inference.search import Hypothesis
-from nmt.inference.translator import Translator
+from nmt.languages import LanguageChoice, choose
 from nmt.runtime import keep_freed_memory, usable_cores
 from nmt.scoring import score
-from nmt.tokenizer import Tokenizer, check_same_vocabulary
+from nmt.segment import Segmented, sentence_splitter, split_text
+from nmt.tokenizer import Tokenizer
 
 PROG = "nmt-translate"
 CHUNK_LINES = 1000  # interactive input: lines translated together at most
@@ -50,22 +56,6 @@ PARALLEL_LINES = 32  # interactive input: fewer lines per worker than this use o
 def log(message: str) -> None:
     """One line on stderr (stdout is for translations)."""
     print(f"{PROG}: {message}", file=sys.stderr, flush=True)
-
-
-# ----------------------------------------------------------------------------- the model
-def check_vocab(translator: Translator | CT2Translator, against: str, checkpoint: str) -> None:
-    """vocab_check=...: a data directory, its manifest.json or a .model file must match."""
-    path = Path(against)
-    if path.suffix == ".model":
-        theirs, ours = Tokenizer.from_file(path).sha256, translator.src_tok.sha256
-    else:
-        from nmt.data import MANIFEST, read_manifest
-
-        manifest = read_manifest(path.parent if path.name == MANIFEST else path)
-        if "vocab_sha256" not in manifest:
-            raise NmtError(f"{path}: manifest has no vocab_sha256")
-        theirs, ours = manifest["vocab_sha256"], translator.vocab["sha256"]
-    check_same_vocabulary(ours, theirs, checkpoint, str(path))
 
 
 # ----------------------------------------------------------------------------- text in and out
@@ -171,12 +161,14 @@ class Session:
     """What translating or scoring any chunk of the input needs."""
 
     cfg: TranslateConfig
-    translator: Translator | CT2Translator  # the model(s), prepared, with its workers
+    translator: Engine  # the model(s), prepared, with its workers
     env: distributed.DistInfo  # this rank under torchrun
     limit: int  # tokens kept of a source, prefix or target
     name: str  # the input's name in messages
     refs: list[list[str]] | None  # ref=, refs=: reference streams (BLEU), or ref= targets
     phrases: list[list[str]] | None  # constraints=: per input line, its phrases
+    splitter: Callable[[str], list[str]] | None = None  # split=sentence: a text's sentences
+    languages: LanguageChoice = LanguageChoice()  # src_lang=, tgt_lang=: tokens they add
     chooser: Chooser | None = None  # mbr=, rerank=: keeps one of each line's candidates
 
 
@@ -231,13 +223,26 @@ def open_session(cfg: TranslateConfig) -> Session:
             check_vocab(translator, cfg.vocab_check, cfg.checkpoints[0])
         if cfg.alignment:
             check_layer(translator.model, cfg.alignment_layer)
+        languages = choose(translator.vocab, cfg.src_lang, cfg.tgt_lang, cfg.checkpoints[0])
+        check_languages(cfg, languages)
         chooser = Chooser.open(cfg, translator.tgt_tok, device, workers)
     except NmtError:
         translator.close()
         raise
-    limit = min(cfg.max_input_tokens, translator.max_input_tokens)
+    limit = min(cfg.max_input_tokens, translator.max_input_tokens) - len(languages.source)
     name = "<stdin>" if cfg.input == "-" else cfg.input
-    return Session(cfg, translator, env, limit, name, refs, phrases, chooser)
+    splitter = sentence_splitter(cfg.split_lang) if cfg.split == "sentence" else None
+    return Session(cfg, translator, env, limit, name, refs, phrases, splitter, languages,
+                   chooser)
+
+
+def check_languages(cfg: TranslateConfig, languages: LanguageChoice) -> None:
+    """What is not defined yet with a forced language token: alignments and attention plots
+    (their rows and columns would hold the language tokens)."""
+    for key in ("alignment", "attention_plot"):
+        if languages.prefix and getattr(cfg, key):
+            raise ConfigError(f"{key}: not with a forced target language token (tgt_lang= of "
+                              f"an M2M100 or NLLB-200 model) yet")
 
 
 def read_input(s: Session) -> list[str]:
@@ -313,32 +318,71 @@ def process(s: Session, lines: list[str], first: int, interactive: bool = False)
         second = s.refs[0][first:first + len(lines)]
         if len(second) != len(lines):
             raise NmtError(f"{cfg.ref}: {len(s.refs[0])} target lines but {s.name} has more")
-    src_ids = encode_lines(tr.src_tok, sources, s.limit, s.name, cfg.quiet, first)
-    tgt_ids = (encode_lines(tr.tgt_tok, second, s.limit, cfg.ref or s.name, cfg.quiet, first)
-               if second is not None else None)
+    docs, sources, owners = split_lines(s, sources)
+    src_ids = s.languages.sources(encode_lines(tr.src_tok, sources, s.limit, s.name, cfg.quiet,
+                                               first))
+    tgt_ids = s.languages.prefixes(len(src_ids), (
+        encode_lines(tr.tgt_tok, second, s.limit, cfg.ref or s.name, cfg.quiet, first)
+        if second is not None else None))
     phrases = constraint_ids(s, first, len(lines))
-    mine = list(range(s.env.rank, len(lines), s.env.world_size))  # this rank's lines
+    mine = list(range(s.env.rank, len(sources), s.env.world_size))  # this rank's sources
     # A few arriving lines decode here: the workers' round trip would cost more than it saves.
     parallel = not interactive or len(mine) >= PARALLEL_LINES * tr.workers
     found = run_search(s, [src_ids[i] for i in mine], tgt_ids and [tgt_ids[i] for i in mine],
-                       [first + i for i in mine], parallel, interactive,
+                       [first + owners[i] for i in mine], parallel, interactive,
                        phrases and [phrases[i] for i in mine])
-    if s.chooser is not None:  # each rank chooses among its own lines' candidates
+    found = [[dataclasses.replace(h, tokens=s.languages.strip(h.tokens)) for h in hs]
+             for hs in found]  # without the forced language token
+    if s.chooser is not None:  # each rank chooses among its own sources' candidates
         found = s.chooser.choose([sources[i] for i in mine], found)
-    hyps = gather(s, mine, found, len(lines))
+    hyps = gather(s, mine, found, len(sources))
     # Only rank 0 writes: the other ranks' output lines go unused and need no links.
     links = (alignments(s, src_ids, hyps) if cfg.alignment and s.env.is_main
              else [None] * len(hyps))
     if cfg.score_reference:
         return Chunk([format_score(h[0], a) for h, a in zip(hyps, links, strict=True)], hyps,
                      src_ids=src_ids)
+    if s.env.is_main:
+        warn_unfinished(s, hyps, first)
     if phrases and not cfg.quiet and s.env.is_main:
         warn_missing(s, hyps, phrases, first)
     texts = [tr.tgt_tok.decode([h.tokens for h in hs]) for hs in hyps]
+    if docs is not None:
+        hyps, texts = rejoin(docs, hyps, texts)
+        links = [None] * len(hyps)  # alignment=true needs split=none
     nbest = 1 if s.chooser is not None else cfg.search.nbest
     out = [line for i, (hs, t, a) in enumerate(zip(hyps, texts, links, strict=True))
            for line in format_output(first + i, hs, t, nbest, a)]
     return Chunk(out, hyps, texts, src_ids)
+
+
+def split_lines(s: Session, lines: list[str]
+                ) -> tuple[list[Segmented] | None, list[str], list[int]]:
+    """split=sentence|paragraph: each line's pieces (none over s.limit source tokens), the
+    pieces of all lines in order, and the line of each; split=none: None, the lines, 0..n-1."""
+    if s.cfg.split == "none":
+        return None, lines, list(range(len(lines)))
+    tok = s.translator.src_tok
+    docs = [split_text(line, s.cfg.split, s.splitter, lambda t: len(tok.encode([t])[0]),
+                       s.limit) for line in lines]
+    return (docs, [piece for doc in docs for piece in doc.pieces],
+            [i for i, doc in enumerate(docs) for _ in doc.pieces])
+
+
+def rejoin(docs: list[Segmented], hyps: list[list[Hypothesis]], texts: list[list[str]]
+           ) -> tuple[list[list[Hypothesis]], list[list[str]]]:
+    """The best translations of the pieces of all lines -> per line, its text with the
+    translations in place of the pieces, and one hypothesis: their tokens in order, their log P
+    and scores summed (the pieces are translated apart)."""
+    pieces = iter(zip(hyps, texts, strict=True))
+    out_hyps, out_texts = [], []
+    for doc in docs:
+        mine = [next(pieces) for _ in doc.pieces]
+        out_texts.append([doc.join([t[0] for _, t in mine])])
+        out_hyps.append([Hypothesis([tok for h, _ in mine for tok in h[0].tokens],
+                                    sum(h[0].score for h, _ in mine),
+                                    sum(h[0].logprob for h, _ in mine))])
+    return out_hyps, out_texts
 
 
 def alignments(s: Session, src_ids: list[list[int]],
@@ -346,9 +390,9 @@ def alignments(s: Session, src_ids: list[list[int]],
     """Per input line, the Pharaoh links of each of its hypotheses (the first model's
     attention, for an ensemble), aligned in batches of search.max_tokens."""
     pairs = [(src, h.tokens) for src, hyps in zip(src_ids, nbest, strict=True) for h in hyps]
-    links = iter(map(pharaoh, align(s.translator.model, [p[0] for p in pairs],
-                                    [p[1] for p in pairs], s.translator.specials,
-                                    s.cfg.alignment_layer, s.cfg.search.max_tokens)))
+    links = iter(map(pharaoh, align(s.translator, [p[0] for p in pairs],
+                                    [p[1] for p in pairs], s.cfg.alignment_layer,
+                                    s.cfg.search.max_tokens)))
     return [[next(links) for _ in hyps] for hyps in nbest]
 
 
@@ -393,12 +437,24 @@ def constraint_ids(s: Session, first: int, lines: int) -> list[list[list[int]]] 
     return [[next(ids) for _ in ps] for ps in chunk]
 
 
+def warn_unfinished(s: Session, hyps: list[list[Hypothesis]], first: int) -> None:
+    """Warn of input lines that ended with no hypothesis at all (every continuation banned:
+    its prefix, constraints or no_repeat_ngram_size leave none), the first few named; even
+    with quiet=true, as their output lines are empty."""
+    empty = [i for i, hs in enumerate(hyps) if hs[0].logprob == -math.inf]
+    for i in empty[:5]:
+        log(f"warning: {s.name}: line {first + i + 1}: no translation: every continuation "
+            f"was banned (by its prefix, constraints or search.no_repeat_ngram_size)")
+    if len(empty) > 5:
+        log(f"warning: {len(empty)} lines without a translation in all")
+
+
 def warn_missing(s: Session, hyps: list[list[Hypothesis]], phrases: list[list[list[int]]],
                  first: int) -> None:
     """Warn of translations that lack a constraint (cut at the maximum length), the first
-    few named."""
+    few named; lines with no translation at all are warn_unfinished's."""
     lacking = [(i, j) for i, (hs, ps) in enumerate(zip(hyps, phrases, strict=True))
-               for j in missing_phrases(hs[0].tokens, ps)]
+               if hs[0].logprob != -math.inf for j in missing_phrases(hs[0].tokens, ps)]
     for i, j in lacking[:5]:
         text = s.translator.tgt_tok.decode([phrases[i][j]])[0]
         log(f"warning: {s.name}: line {first + i + 1}: the translation lacks constraint "

@@ -17,9 +17,8 @@ import torch
 
 import nmt.inference.fast
 from nmt.config import ModelConfig, SearchConfig
-from nmt.inference.search import decoding_models, translate_nbest
+from nmt.inference.translator import Translator
 from nmt.model import make_model
-from nmt.tokenizer import SPECIALS
 
 
 def seconds(model, src_ids: list[list[int]], beam: int, dtype: str, packed: bool) -> float:
@@ -28,14 +27,16 @@ def seconds(model, src_ids: list[list[int]], beam: int, dtype: str, packed: bool
                           max_tokens=10 ** 9, max_sentences=64, dtype=dtype)
     kept = nmt.inference.fast.PACKED_DTYPES
     nmt.inference.fast.PACKED_DTYPES = (dtype,) if packed else ()
-    try:
-        prepared = decoding_models(model, search)
+    try:  # prepared here, before timing
+        translator = Translator([model], {"bos_id": 2, "eos_id": 3, "pad_id": 0}, dtype=dtype)
     finally:
         nmt.inference.fast.PACKED_DTYPES = kept
-    assert isinstance(prepared[0].generator, nmt.inference.fast.PackedAffine) == packed
-    start = time.perf_counter()
-    translate_nbest(prepared, src_ids, search, SPECIALS)
-    return time.perf_counter() - start
+    generator = translator.prepared(dtype)[0].generator
+    assert isinstance(generator, nmt.inference.fast.PackedAffine) == packed
+    with translator:
+        start = time.perf_counter()
+        translator.translate_ids(src_ids, search)
+        return time.perf_counter() - start
 
 
 def main() -> None:

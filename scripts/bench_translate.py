@@ -25,10 +25,8 @@ import time
 import torch
 
 from nmt.config import ModelConfig, SearchConfig
-from nmt.inference.search import decoding_models, translate_nbest
 from nmt.inference.translator import Translator
 from nmt.model import make_model
-from nmt.tokenizer import SPECIALS
 
 
 def add_workload_options(p: argparse.ArgumentParser) -> None:
@@ -70,10 +68,10 @@ def parse_args() -> argparse.Namespace:
 def load_model(args: argparse.Namespace):
     """The model to time: the small configuration with random weights, or a checkpoint."""
     if args.checkpoint:
-        from nmt.inference.translator import Translator
+        from nmt.inference.loading import load_model as load_checkpoint_model
 
-        translator = Translator.load(args.checkpoint, dtype=None)
-        return translator.model, translator.vocab["tgt_size"]
+        model, vocab = load_checkpoint_model(args.checkpoint)
+        return model, vocab["tgt_size"]
     torch.manual_seed(0)
     cfg = ModelConfig(N=3, d_model=256, d_ff=1024, h=4, dropout=0.1)
     return make_model(cfg, args.vocab, args.vocab, 0, True).eval(), args.vocab
@@ -99,17 +97,11 @@ def run(model, src_ids, beam: int, batch: int, out_len: int, use_cache: bool,
     search = SearchConfig(beam_size=beam, nbest=1, alpha=0.6, max_len_a=0.0, max_len_b=out_len,
                           min_len=out_len, max_tokens=10 ** 9, max_sentences=batch,
                           dtype=dtype)
-    if workers > 1:  # prepared and forked before timing
-        with Translator([model], {"bos_id": 2, "eos_id": 3, "pad_id": 0}, dtype=dtype,
-                        workers=workers) as translator:
-            start, cpu = time.perf_counter(), cpu_seconds()
-            out = translator.translate_ids(src_ids, search)
-            seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu
-    else:
-        model = decoding_models(model, search, fast and use_cache)  # prepared before timing
+    # prepared (and the workers forked) before timing, as nmt-translate does
+    with Translator([model], {"bos_id": 2, "eos_id": 3, "pad_id": 0}, dtype=dtype,
+                    workers=workers, fast=fast, use_cache=use_cache) as translator:
         start, cpu = time.perf_counter(), cpu_seconds()
-        out = translate_nbest(model, src_ids, search, SPECIALS,
-                              use_cache=use_cache, fast=fast)
+        out = translator.translate_ids(src_ids, search)
         seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu
     assert all(len(h[0].tokens) == out_len for h in out), "output length was not forced"
     return seconds, cpu

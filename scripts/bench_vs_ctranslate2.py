@@ -2,10 +2,10 @@
 
 The model is random-init unless --checkpoint is given: the small configuration (3+3 layers,
 d_model 256, d_ff 1024, 4 heads, vocabulary 8,000), exported to CTranslate2 with nmt-export's
-own converter (nmt.export.ctranslate2_spec). 500 source sentences of 25 random tokens, batches
-of 64 sentences, every output forced to exactly 40 tokens (nmt: min_len = max length = 40;
-CTranslate2: min_decoding_length = max_decoding_length = 40), so both do the same work; PAD
-and BOS suppressed in CTranslate2 (suppress_sequences) as nmt never generates them.
+own converter (nmt.inference.ct2_export.ctranslate2_spec). 500 source sentences of 25 random
+tokens, batches of 64 sentences, every output forced to exactly 40 tokens (nmt: min_len = max
+length = 40; CTranslate2: min_decoding_length = max_decoding_length = 40), so both do the same
+work; PAD and BOS suppressed in CTranslate2 (suppress_sequences) as nmt never generates them.
 
 Rows, each timed --rounds times in turn (round 1 runs every row, then round 2, ...) and the
 fastest kept: nmt fp32, bf16 and int8 (search.dtype, the model prepared for it before timing,
@@ -43,8 +43,8 @@ import torch
 from bench_translate import add_workload_options, cpu_seconds, load_model, random_sources
 
 from nmt.config import SearchConfig
-from nmt.export import ctranslate2_spec, pieces, write_vmap
 from nmt.files import read_lines
+from nmt.inference.ct2_export import ctranslate2_spec, pieces, write_vmap
 from nmt.inference.translator import Translator
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIALS
 

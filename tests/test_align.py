@@ -19,7 +19,6 @@ from nmt.inference.search import translate_nbest
 from nmt.inference.translator import Translator
 from nmt.loss import LabelSmoothedLoss
 from nmt.model import make_model
-from nmt.plot import attention_weights
 from nmt.schedule import build_optimizer
 from nmt.tokenizer import SPECIALS, Specials
 from nmt.translate import translate
@@ -28,6 +27,12 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 CLI = str(Path(sys.executable).parent / "nmt-translate")
 PHARAOH = re.compile(r"^(\d+-\d+( \d+-\d+)*)?$")
+
+
+def engine(model, specials: Specials = SPECIALS) -> Translator:
+    """nmt's engine over a bare model (no tokenizers: specials' ids)."""
+    ids = {"bos_id": specials.bos, "eos_id": specials.eos, "pad_id": specials.pad}
+    return Translator([model], ids, dtype=None)
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +72,8 @@ def test_a_copy_model_aligns_on_the_diagonal(copy_model):
                             specials)
     outputs = [h.tokens for hyps in nbest for h in hyps]
     assert sum(out == src for out, src in zip(outputs[::2], sources, strict=True)) >= 15
-    links = align(copy_model, [s for s in sources for _ in range(2)], outputs, specials)
+    links = align(engine(copy_model, specials), [s for s in sources for _ in range(2)],
+                  outputs)
     assert [[j for _, j in pairs] for pairs in links] == [list(range(len(y))) for y in outputs]
     pairs = [p for pairs in links for p in pairs]
     assert sum(i == j for i, j in pairs) >= 0.9 * len(pairs)
@@ -78,22 +84,23 @@ def test_batches_change_no_link_and_match_the_attention_of_one_pair():
     model = tiny_model(60, N=2)
     sources = random_sources(12, 60, max_len=9, seed=1)
     outputs = random_sources(12, 60, max_len=11, seed=2)
-    batched = align(model, sources, outputs, SPECIALS, layer=-2)
-    one_by_one = [align(model, [s], [y], SPECIALS, layer=0)[0]
+    tr = engine(model)
+    batched = align(tr, sources, outputs, layer=-2)
+    one_by_one = [align(tr, [s], [y], layer=0)[0]
                   for s, y in zip(sources, outputs, strict=True)]
     assert batched == one_by_one  # layer -2 of 2 is layer 0
     s, y = sources[3], outputs[3]
-    heads = attention_weights(model, s, y, SPECIALS)["encoder_decoder"][0].mean(0)  # (T, S)
+    heads = tr.attention([s], [y])["encoder_decoder"][0, 0].mean(0)  # (T, S)
     best = heads[:len(y), :len(s)].argmax(-1).tolist()  # per target piece, EOS excluded
     assert batched[3] == [(i, j) for j, i in enumerate(best)]
     assert pharaoh([(0, 0), (2, 1)]) == "0-0 2-1"
 
 
 def test_empty_sides_have_no_links_and_a_missing_layer_is_an_error():
-    model = tiny_model(60, N=2)
-    assert align(model, [[], [5, 6]], [[7], []], SPECIALS) == [[], []]
+    tr = engine(tiny_model(60, N=2))
+    assert align(tr, [[], [5, 6]], [[7], []]) == [[], []]
     with pytest.raises(NmtError, match=r"alignment_layer=2: the model has 2 decoder layers"):
-        align(model, [[5]], [[6]], SPECIALS, layer=2)
+        align(tr, [[5]], [[6]], layer=2)
 
 
 @pytest.mark.slow  # over 2 s

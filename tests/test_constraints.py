@@ -2,6 +2,7 @@
 beam's best constrained output, small beams meet every constraint, batching changes nothing,
 no constraints is plain beam search; the progress tracker; nmt-translate constraints=FILE."""
 
+import math
 import re
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from nmt.config import ConfigError, SearchConfig, TranslateConfig, compose, to_o
 from nmt.errors import NmtError
 from nmt.inference.constrained import PhraseConstraints, missing_phrases
 from nmt.inference.search import translate_nbest
-from nmt.tokenizer import SPECIALS
+from nmt.tokenizer import SPECIALS, Tokenizer
 from nmt.translate import translate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -154,6 +155,16 @@ def test_constraints_with_a_prefix(model, sources):
     assert both == run(model, sources[:1], search(beam_size=4), prefixes=[[9, 10]])
 
 
+def test_a_forced_piece_is_never_banned(model, sources):
+    """The prefix goes on with the word right after a phrase it holds (`Datei` and the
+    prefix `Dateiformat`): the continuation ban must not touch a forced piece."""
+    cfg = search(beam_size=4)
+    out = run(model, sources[:2], cfg, prefixes=[[9, 10, 11]] * 2, constraints=[[[9]]] * 2,
+              continuations=[10])
+    for hyps in out:
+        assert hyps[0].tokens[:3] == [9, 10, 11] and hyps[0].logprob > -math.inf
+
+
 def test_no_piece_that_goes_on_with_a_word_follows_a_phrase(model, sources):
     phrases = [[[7]], [[9, 11]], [[13], [15]], [[5, 5]]] * 2
     odd = list(range(5, V, 2))  # say, the pieces that go on with a word: the odd ones
@@ -264,6 +275,33 @@ def test_a_translation_lacking_a_constraint_is_reported(ckpt, test_en, tmp_path,
     assert "Nepo" in out["hypotheses"][0] and "Nepo Nepo" not in out["hypotheses"][1]
     assert (f"nmt-translate: warning: {src}: line 2: the translation lacks constraint "
             f"'Nepo Nepo' (cut at the maximum length)") in capsys.readouterr().err.splitlines()
+
+
+def test_a_prefix_that_goes_on_with_a_constraints_word_is_translated(ckpt, test_en, tmp_path):
+    """Constraint `Nepo` (▁N e po), prefix `Nepoelif` (▁N e po e ...): not an empty line."""
+    sources = lines_of(test_en)[:2]
+    src = write(tmp_path / "in.tsv", [f"{line}\tNepoelif" for line in sources])
+    cons = write(tmp_path / "cons.tsv", ["Nepo", "Nepo"])
+    out = translate(config(checkpoint=ckpt, input=src, output=tmp_path / "h", prefix="true",
+                           constraints=cons))
+    assert all(h.startswith("Nepoelif") for h in out["hypotheses"])
+
+
+def test_a_line_left_with_no_translation_says_so_even_when_quiet(ckpt, test_en, tmp_path,
+                                                                  capsys, monkeypatch):
+    """Every piece said to go on with a word: after the prefix `Nepo`, a phrase, only EOS
+    could follow, and EOS waits for the phrase `Tide`: no hypothesis can end. One warning
+    line names the input line and does not blame the maximum length."""
+    monkeypatch.setattr(Tokenizer, "word_continuations",
+                        lambda self: [1, *range(4, self.vocab_size)])  # UNK too
+    src = write(tmp_path / "in.tsv", [f"{lines_of(test_en)[0]}\tNepo"])
+    cons = write(tmp_path / "cons.tsv", ["Nepo\tTide"])
+    out = translate(config(checkpoint=ckpt, input=src, output=tmp_path / "h", prefix="true",
+                           constraints=cons))  # quiet=true
+    assert out["hypotheses"] == [""]
+    assert capsys.readouterr().err.splitlines() == [
+        f"nmt-translate: warning: {src}: line 1: no translation: every continuation was banned "
+        f"(by its prefix, constraints or search.no_repeat_ngram_size)"]
 
 
 def test_constraints_refuse_sampling_and_scoring(ckpt, test_en):

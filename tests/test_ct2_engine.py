@@ -4,18 +4,24 @@ The model and sentences are tests/test_export.py's (a random 2+2 model whose gre
 vary with the source and often end early, a real BPE vocabulary, the bundled test.en).
 """
 
+import multiprocessing as mp
+import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 from test_export import DATA, MAX_LEN, bundled_sentences, varied_checkpoint
 from test_serve import Server
 
-import nmt.inference.ct2_engine as engine
+import nmt
+import nmt.inference.ct2_export as ct2_export
 from nmt.config import SearchConfig, TranslateConfig, compose, to_object
 from nmt.errors import ConfigError, NmtError
 from nmt.files import read_lines
-from nmt.inference.ct2_engine import CT2Translator, cached_export, read_info
+from nmt.inference.ct2_engine import CT2Translator
+from nmt.inference.ct2_export import cached_export, read_info
 from nmt.inference.translator import Translator
 from nmt.tokenizer import train_bpe
 from nmt.translate import translate
@@ -102,26 +108,171 @@ def test_unsupported_settings_are_one_line_config_errors(ckpt, engines, tmp_path
     assert not (tmp_path / "m").exists()
 
 
-def test_the_export_is_cached_by_checksum_and_compute_type(joint, tmp_path, monkeypatch):
+def test_what_ctranslate2_cannot_do_is_refused_by_its_capabilities(ckpt, engines):
+    _, ct, src = engines
+    assert ct.capabilities.shortlist == "" and not ct.capabilities.attention
+    with pytest.raises(ConfigError, match="^constraints: engine=ctranslate2 has no lexical"):
+        ct.translate_ids(src[:1], SearchConfig(), constraints=[[[5]]])
+    with pytest.raises(ConfigError, match="^attention: engine=ctranslate2 does not return"):
+        ct.attention(src[:1], [[5]])
+    with pytest.raises(ConfigError, match="^continuous: engine=ctranslate2 has no continuous"):
+        ct.stepper()
+    with pytest.raises(ConfigError, match="^search.shortlist: engine=ctranslate2 loaded no "):
+        ct.translate_ids(src[:1], SearchConfig(beam_size=1, shortlist="s.tsv"))
+    with pytest.raises(ConfigError, match="^checkpoint: engine=ctranslate2 translates with one"):
+        CT2Translator.load([ckpt, ckpt])
+
+
+def test_submitted_batches_go_to_ctranslate2s_own_threads(ckpt, engines):
+    """submit hands a batch to CTranslate2's inter_threads (workers) at once; the engine's
+    one waiting thread turns the answers into nmt's hypotheses."""
+    _, one, src = engines
+    search = SearchConfig(beam_size=1, max_len_a=0.0, max_len_b=MAX_LEN)
+    with CT2Translator.load(ckpt, workers=2, threads=1) as ct:
+        assert ct.ct2.num_translators == 2 and ct.pool.workers == 1 and not ct.pool.processes
+        futures = [ct.submit(search, src[i::2]) for i in range(2)]
+        got = [f.result(timeout=60) for f in futures]
+    assert tokens(got[0] + got[1]) == tokens(one.translate_ids(src[0::2] + src[1::2], search))
+
+
+def export_dir(*args) -> Path:
+    """cached_export's directory (its lock released)."""
+    with cached_export(*args) as out:
+        return out
+
+
+@pytest.fixture
+def exports(monkeypatch) -> list:
+    """The calls of ct2_export._export (each one export made), in this process."""
+    calls, real = [], ct2_export._export
+    monkeypatch.setattr(ct2_export, "_export", lambda *a: calls.append(a) or real(*a))
+    return calls
+
+
+def test_the_export_is_cached_by_checksum_and_compute_type(joint, tmp_path, exports):
     ckpt = varied_checkpoint(tmp_path / "checkpoint_last.pt", joint, joint, "post")
-    exports = []
-    real = engine._export
-    monkeypatch.setattr(engine, "_export", lambda *a: exports.append(a) or real(*a))
-    first = cached_export(ckpt, "auto", "float32")
+    first = export_dir(ckpt, "auto", "float32")
     assert first.parent == tmp_path / "checkpoint_last.pt.ct2" and len(exports) == 1
-    assert cached_export(ckpt, "auto", "float32") == first and len(exports) == 1  # reused
-    int8 = cached_export(ckpt, "auto", "int8")
+    assert export_dir(ckpt, "auto", "float32") == first and len(exports) == 1  # reused
+    int8 = export_dir(ckpt, "auto", "int8")
     assert int8 != first and len(exports) == 2
     varied_checkpoint(ckpt, joint, joint, "post", seed=1)  # a new checkpoint_last
-    second = cached_export(ckpt, "auto", "float32")
+    second = export_dir(ckpt, "auto", "float32")
     assert second != first and len(exports) == 3
     assert not first.exists() and int8.exists()  # the stale float32 export is gone
     assert read_info(second)["checkpoint_sha256"] != read_info(int8)["checkpoint_sha256"]
-    assert not [p for p in first.parent.iterdir() if p.name.startswith(".")]  # no temp dirs
+    assert {p.name for p in first.parent.iterdir() if p.name.startswith(".")} == {
+        f".{second.name}.lock", f".{int8.name}.lock"}  # no temporaries, no stale locks
     # ct2_model=DIR: exported there, and exported again once the checkpoint changes
-    assert cached_export(ckpt, "auto", "float32", str(tmp_path / "m")) == tmp_path / "m"
-    assert cached_export(ckpt, "auto", "float32", str(tmp_path / "m")) == tmp_path / "m"
+    assert export_dir(ckpt, "auto", "float32", str(tmp_path / "m")) == tmp_path / "m"
+    assert export_dir(ckpt, "auto", "float32", str(tmp_path / "m")) == tmp_path / "m"
     assert len(exports) == 4
+
+
+def test_an_upgrade_of_nmt_or_ctranslate2_exports_again(joint, tmp_path, exports,
+                                                        monkeypatch):
+    import ctranslate2
+
+    ckpt = varied_checkpoint(tmp_path / "checkpoint_last.pt", joint, joint, "post")
+    out = export_dir(ckpt, "auto", "float32")
+    monkeypatch.setattr(nmt, "__version__", "99.0")
+    assert export_dir(ckpt, "auto", "float32") == out and len(exports) == 2
+    monkeypatch.setattr(ctranslate2, "__version__", "99.1")
+    assert export_dir(ckpt, "auto", "float32") == out and len(exports) == 3
+    assert export_dir(ckpt, "auto", "float32") == out and len(exports) == 3
+    info = read_info(out)
+    assert (info["nmt_version"], info["ctranslate2_version"]) == ("99.0", "99.1")
+
+
+def _load_in_child(ckpt: Path, first: bool, log: Path, exporting, waiting, results) -> None:
+    """In a forked process: CT2Translator.load and one translation. The first process, once
+    exporting, lets the second start and waits until it is blocked on the lock (or, without
+    one, exporting too) before it goes on; each export is logged."""
+    real_export, real_lock = ct2_export._export, ct2_export._lock
+
+    def export(*args):
+        with open(log, "a") as f:
+            f.write("export\n")
+        if first:
+            exporting.set()
+            waiting.wait(30)
+        else:
+            waiting.set()
+        real_export(*args)
+
+    def lock(out, wait=True):
+        if wait and not first:
+            waiting.set()  # about to block: the first holds the lock
+        return real_lock(out, wait)
+
+    ct2_export._export, ct2_export._lock = export, lock
+    if not first:
+        exporting.wait(30)
+    with CT2Translator.load(ckpt, threads=1) as ct:
+        out = ct.translate_ids([[5, 6, 7]], SearchConfig(beam_size=1, max_len_a=0, max_len_b=4))
+    results.put(out[0][0].tokens)
+
+
+def test_two_processes_loading_one_key_export_it_once(joint, tmp_path):
+    ckpt = varied_checkpoint(tmp_path / "checkpoint_last.pt", joint, joint, "post")
+    ctx = mp.get_context("fork")
+    exporting, waiting, results, log = ctx.Event(), ctx.Event(), ctx.Queue(), tmp_path / "log"
+    children = [ctx.Process(target=_load_in_child,
+                            args=(ckpt, first, log, exporting, waiting, results))
+                for first in (True, False)]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(60)
+    assert [child.exitcode for child in children] == [0, 0]
+    assert log.read_text().splitlines() == ["export"]
+    assert results.get(timeout=5) == results.get(timeout=5)
+
+
+def _killed_midway(ckpt: Path, writing) -> None:
+    """In a forked process: an export that stops, half-written, until it is killed."""
+    def write(translator, out, *args):
+        (out / "model.bin").write_bytes(b"half")
+        writing.set()
+        threading.Event().wait()
+
+    ct2_export.write_ctranslate2 = write
+    export_dir(ckpt, "auto", "float32")
+
+
+def test_an_export_killed_midway_leaves_a_temporary_the_next_export_removes(joint, tmp_path):
+    ckpt = varied_checkpoint(tmp_path / "checkpoint_last.pt", joint, joint, "post")
+    ctx = mp.get_context("fork")
+    writing = ctx.Event()
+    child = ctx.Process(target=_killed_midway, args=(ckpt, writing))
+    child.start()
+    assert writing.wait(60)
+    os.kill(child.pid, signal.SIGKILL)
+    child.join()
+    cache = tmp_path / "checkpoint_last.pt.ct2"
+    assert [p.name for p in cache.iterdir() if ".tmp-" in p.name] != []  # left behind
+    out = export_dir(ckpt, "auto", "float32")
+    assert sorted(p.name for p in cache.iterdir()) == sorted([out.name, f".{out.name}.lock"])
+    assert read_info(out) is not None
+
+
+def test_what_another_process_holds_locked_is_left_alone(joint, tmp_path):
+    """An export being loaded is not removed as stale, nor the temporary of one being
+    written; both go once their locks are free."""
+    ckpt = varied_checkpoint(tmp_path / "checkpoint_last.pt", joint, joint, "post")
+    first = export_dir(ckpt, "auto", "float32")
+    writing = first.with_name("float32-auto-0123456789abcdef")
+    temporary = first.with_name(f".{writing.name}.tmp-x1y2")
+    temporary.mkdir()
+    held = [ct2_export._lock(first), ct2_export._lock(writing)]  # as another process would
+    varied_checkpoint(ckpt, joint, joint, "post", seed=1)
+    second = export_dir(ckpt, "auto", "float32")
+    assert first.exists() and temporary.exists()
+    for fd in held:
+        os.close(fd)
+    assert export_dir(ckpt, "auto", "float32") == second
+    assert sorted(p.name for p in first.parent.iterdir()) == sorted(
+        [second.name, f".{second.name}.lock"])
 
 
 def test_an_nmt_export_directory_is_used_as_it_is(ckpt, tmp_path, monkeypatch):
@@ -129,7 +280,7 @@ def test_an_nmt_export_directory_is_used_as_it_is(ckpt, tmp_path, monkeypatch):
     from nmt.export import export
 
     export(ExportConfig(checkpoint=str(ckpt), output=str(tmp_path / "m"), quantization="int8"))
-    monkeypatch.setattr(engine, "_export", lambda *a: pytest.fail("exported again"))
+    monkeypatch.setattr(ct2_export, "_export", lambda *a: pytest.fail("exported again"))
     with CT2Translator.load(ckpt, dtype="int8", ct2_model=str(tmp_path / "m"), threads=1) as ct:
         out = ct.translate_ids([[5, 6, 7]], SearchConfig(beam_size=1, max_len_a=0, max_len_b=4))
     assert len(out[0][0].tokens) <= 4

@@ -1,6 +1,8 @@
 """Imports: the package layout shows the architecture (no import circle, no import from a
-lower layer back up), the batcher of nmt-serve needs neither FastAPI nor torch, and scripts/
-import nothing from tests/ (what both need lives in nmt/)."""
+lower layer back up), the batcher of nmt-serve needs neither FastAPI nor torch, scripts/
+import nothing from tests/ (what both need lives in nmt/), the engines sit behind one
+interface (nmt.inference.engine) without importing each other or the export, and no command
+borrows from another."""
 
 import ast
 from pathlib import Path
@@ -9,18 +11,31 @@ ROOT = Path(__file__).resolve().parents[1]
 NMT = ROOT / "nmt"
 # Lower layers first; a module may import its own layer and the layers before it.
 LAYERS = [
-    {"nmt.errors", "nmt.config_errors", "nmt.config", "nmt.files", "nmt.runtime", "nmt.scoring"},
-    {"nmt.model", "nmt.attention_maps", "nmt.tokenizer", "nmt.private_ops", "nmt.checkpoint",
-     "nmt.distributed", "nmt.loss", "nmt.schedule", "nmt.cpu_training",
-     "nmt.activation_checkpointing", "nmt.preemption", "nmt.stopping", "nmt.corpus"},
-    {"nmt.inference.fast", "nmt.inference.search", "nmt.inference.workers",
-     "nmt.inference.translator", "nmt.inference.constrained", "nmt.inference.stepping",
-     "nmt.inference.mbr", "nmt.inference.rerank",
-     "nmt.plot", "nmt.runlog", "nmt.align", "nmt.data", "nmt.shortlist"},
-    {"nmt.inference.ct2_engine", "nmt.translate", "nmt.train", "nmt.preprocess", "nmt.export",
-     "nmt.marian", "nmt.serve.batcher", "nmt.serve.app"},
+    {"nmt.errors", "nmt.config_errors", "nmt.capabilities", "nmt.config", "nmt.files",
+     "nmt.runtime", "nmt.scoring", "nmt.segment", "nmt.serve.errors"},
+    {"nmt.model", "nmt.variants", "nmt.languages", "nmt.attention_maps", "nmt.tokenizer",
+     "nmt.private_ops", "nmt.checkpoint", "nmt.distributed", "nmt.loss", "nmt.schedule",
+     "nmt.cpu_training", "nmt.activation_checkpointing", "nmt.preemption", "nmt.stopping",
+     "nmt.corpus"},
+    {"nmt.inference.fast", "nmt.inference.rules", "nmt.inference.core",
+     "nmt.inference.search", "nmt.inference.workers",
+     "nmt.inference.constrained", "nmt.inference.stepping", "nmt.inference.loading",
+     "nmt.inference.mbr",
+     "nmt.plot", "nmt.runlog", "nmt.data", "nmt.shortlist", "nmt.hf_files", "nmt.marian",
+     "nmt.m2m100"},
+    {"nmt.inference.translator", "nmt.inference.ct2_export"},  # the engines, the export
+    {"nmt.inference.ct2_engine"},
+    {"nmt.inference.engine"},  # the interface and open_translator
+    {"nmt.inference.rerank", "nmt.align", "nmt.translate", "nmt.train", "nmt.preprocess",
+     "nmt.export", "nmt.importer",
+     "nmt.serve.batcher", "nmt.serve.app", "nmt.serve.libretranslate"},
     {"nmt.cli", "nmt.gpu_sim"},  # the commands; the GPU simulation harness of tests and scripts
 ]
+# The commands' modules: none imports another (what two need lives below both).
+COMMANDS = {"nmt.translate", "nmt.train", "nmt.preprocess", "nmt.export", "nmt.importer",
+            "nmt.serve.app"}
+# The engines and the CTranslate2 export: none imports another, nor nmt-export's module.
+ENGINES = {"nmt.inference.translator", "nmt.inference.ct2_engine", "nmt.inference.ct2_export"}
 
 
 def module_name(path: Path) -> str:
@@ -82,17 +97,98 @@ def test_the_batcher_needs_neither_fastapi_nor_torch():
     assert not used & {"torch", "fastapi", "pydantic", "starlette"}
 
 
+def test_no_command_imports_another():
+    g = graph()
+    assert {(m, i) for m in COMMANDS for i in g[m] if i in COMMANDS} == set()
+
+
+def test_the_engines_and_the_export_do_not_import_each_other():
+    g = graph()
+    ct2_export = {"nmt.inference.ct2_export"}
+    allowed = {"nmt.inference.ct2_engine": ct2_export}  # its cache
+    assert {(m, i) for m in ENGINES & set(g) for i in g[m]
+            if i in ENGINES | {"nmt.export", "nmt.inference.engine"}
+            and i not in allowed.get(m, set())} == set()
+
+
+def test_decoding_outside_the_inference_package_goes_through_the_interface():
+    """The commands, alignments and plots reach an engine through nmt.inference.engine
+    (nmt-train's validation decodes with nmt's own Translator), and open_translator is
+    defined there only."""
+    g = graph()
+    direct = {"nmt.inference.translator", "nmt.inference.ct2_engine"}
+    users = {m for m in g if not m.startswith("nmt.inference") and m != "nmt.train"}
+    assert {(m, i) for m in users for i in g[m] if i in direct} == set()
+    defines = [p for p in NMT.rglob("*.py") if "configs" not in p.parts and any(
+        isinstance(node, ast.FunctionDef) and node.name == "open_translator"
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))))]
+    assert [module_name(p) for p in defines] == ["nmt.inference.engine"]
+
+
+def test_both_engines_have_every_method_of_the_interface():
+    from nmt.inference.ct2_engine import CT2Translator
+    from nmt.inference.engine import Engine
+    from nmt.inference.translator import Translator
+
+    methods = {name for name, value in vars(Engine).items()
+               if callable(value) or isinstance(value, property)} - set(vars(object))
+    assert methods >= {"translate_ids", "score_ids", "submit", "close", "max_input_tokens"}
+    for engine in (Translator, CT2Translator):
+        assert [m for m in sorted(methods | {"load", "__enter__", "__exit__"})
+                if not hasattr(engine, m)] == []
+    assert not hasattr(Translator, "check_search")  # refusals: capabilities
+
+
 def test_scripts_import_nothing_from_tests():
     """A script that puts tests/ on sys.path to borrow a helper ties a tool to the test suite;
     the helper belongs in nmt/ (nmt/gpu_sim.py, once tests/gpu_sim.py)."""
     helpers = {p.stem for p in (ROOT / "tests").glob("*.py")}
     borrowed = {f"{path.name}: {name}" for path in sorted((ROOT / "scripts").rglob("*.py"))
                 for name in imports(path) if name.split(".")[0] in helpers | {"tests"}}
-    on_path = [path.name for path in (ROOT / "scripts").rglob("*.py")
-               if '"tests"' in path.read_text(encoding="utf-8")]
-    assert (sorted(borrowed), on_path) == ([], [])
+    assert sorted(borrowed) == []  # a module of tests/, imported by name or as tests.*
 
 
 def test_the_model_imports_nothing_of_nmt_but_its_config():
     """nmt/model.py is the paper: speed paths and side channels live beside it."""
     assert graph()["nmt.model"] == {"nmt.config"}
+
+
+# Each rule and strategy of decoding is one function (or class), defined once, in the
+# decoding core (nmt.inference.core) or its rules (nmt.inference.rules): the empty-source
+# rule, the lengths, the bans, forced prefixes, the shortlist, the strategies.
+DECODING_RULES = {
+    "empty_source", "max_output_lengths", "output_lengths", "length_penalty", "ban_specials",
+    "ban_early_eos", "ban_repeated_ngrams", "ban_after_phrases", "apply_rules",
+    "prefix_pieces", "force_prefix", "restrict_to_shortlist", "mask_to_shortlists",
+    "sample_tokens", "sample_uniforms", "beam_candidates", "Greedy", "Beam", "Decoding", "Decoder",
+}
+
+
+def definitions() -> dict[str, list[str]]:
+    """Every function and class name defined anywhere in nmt (methods included) -> the
+    modules that define it."""
+    where: dict[str, list[str]] = {}
+    for path in NMT.rglob("*.py"):
+        if "configs" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.ClassDef):
+                where.setdefault(node.name, []).append(module_name(path))
+    return where
+
+
+def test_each_decoding_rule_is_defined_once_in_the_core():
+    where = definitions()
+    placed = {name: where.get(name, []) for name in DECODING_RULES}
+    assert {n: m for n, m in placed.items()
+            if m not in (["nmt.inference.core"], ["nmt.inference.rules"])} == {}
+
+
+def test_no_module_imports_another_modules_private_names():
+    private = []
+    for path in NMT.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("nmt"):
+                private += [(module_name(path), node.module, a.name) for a in node.names
+                            if a.name.startswith("_") and not a.name.startswith("__")]
+    assert private == []

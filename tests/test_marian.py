@@ -34,12 +34,13 @@ from nmt.config import (
     compose,
     to_object,
 )
-from nmt.errors import NmtError
+from nmt.errors import ConfigError, NmtError
 from nmt.export import export
 from nmt.files import read_lines
+from nmt.importer import import_model, model_overrides
 from nmt.inference.search import translate_ids
 from nmt.inference.translator import Translator
-from nmt.marian import import_marian, model_overrides
+from nmt.languages import choose
 
 transformers = pytest.importorskip("transformers")
 sentencepiece = pytest.importorskip("sentencepiece")
@@ -62,11 +63,13 @@ def bundled(name: str) -> list[str]:
     return read_lines(str(DATA / f"{name}.xz"))
 
 
-def opus_spm(text: list[str], size: int) -> bytes:
-    """A unigram SentencePiece model with OPUS-MT's ids: <unk> 0, <s> 1, </s> 2, no <pad>."""
+@cache
+def opus_spm(name: str, size: int) -> bytes:
+    """A unigram SentencePiece model of the first 2000 lines of a bundled file, with OPUS-MT's
+    ids: <unk> 0, <s> 1, </s> 2, no <pad>."""
     proto = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(text), model_writer=proto, model_type="unigram",
+        sentence_iterator=iter(lines(name, 0, 2000)), model_writer=proto, model_type="unigram",
         vocab_size=size, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, num_threads=1,
         minloglevel=2, input_sentence_size=0)
     return proto.getvalue()
@@ -99,15 +102,14 @@ def hf_greedy(model, tokenizer, text: list[str]) -> list[list[int]]:
     return [row[:-1] if row and row[-1] == eos else row for row in ids]
 
 
-@pytest.fixture(scope="module")
-def marian_dir(tmp_path_factory) -> Path:
-    """A MarianMT model directory as an OPUS-MT model ships it."""
+def build_marian(tmp_path_factory, codes: tuple[str, ...] = ()) -> Path:
+    """A MarianMT model directory as an OPUS-MT model ships it; codes: the target languages
+    of a multilingual model, whose tokens >>xx<< vocab.json holds (first, as OPUS-MT's do)."""
     from transformers import MarianConfig, MarianMTModel, MarianTokenizer
 
-    d = tmp_path_factory.mktemp("opus-mt-en-de")
+    d = tmp_path_factory.mktemp("opus-mt")
     work = tmp_path_factory.mktemp("spm")
-    src_spm, tgt_spm = opus_spm(lines("train.en", 0, 2000), 150), opus_spm(
-        lines("train.de", 0, 2000), 170)
+    src_spm, tgt_spm = opus_spm("train.en", 150), opus_spm("train.de", 170)
     (work / "source.spm").write_bytes(src_spm)
     (work / "target.spm").write_bytes(tgt_spm)
     pieces = set()
@@ -116,6 +118,7 @@ def marian_dir(tmp_path_factory) -> Path:
         pieces |= {sp.id_to_piece(i) for i in range(sp.get_piece_size())}
     pieces = sorted(pieces - {"<unk>", "<s>", "</s>"})
     random.Random(0).shuffle(pieces)  # vocab.json's ids are not the .spm models'
+    pieces = [f">>{code}<<" for code in codes] + pieces
     vocab = {"</s>": 0, "<unk>": 1, **{p: i + 2 for i, p in enumerate(pieces)}}
     vocab["<pad>"] = V = len(vocab)
     V += 1
@@ -135,7 +138,8 @@ def marian_dir(tmp_path_factory) -> Path:
     model = MarianMTModel(config).eval()
     widen(model, seed=0)
     # EOS's output row a noisy copy of the most frequent output token's: some outputs end.
-    out = hf_greedy(model, tokenizer, lines("test.en", 0, 48))
+    tag = f">>{codes[0]}<< " if codes else ""
+    out = hf_greedy(model, tokenizer, [tag + line for line in lines("test.en", 0, 48)])
     top = torch.tensor([t for seq in out for t in seq]).mode().values
     with torch.no_grad():
         w = model.get_output_embeddings().weight
@@ -147,9 +151,15 @@ def marian_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def marian_dir(tmp_path_factory) -> Path:
+    """A bilingual MarianMT directory."""
+    return build_marian(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
 def imported(marian_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("nmt") / "opus.pt"
-    import_marian(ImportConfig(input=str(marian_dir), output=str(out)))
+    import_model(ImportConfig(input=str(marian_dir), output=str(out)))
     return out
 
 
@@ -273,20 +283,66 @@ def test_the_command_imports_and_bad_input_is_one_line(marian_dir, tmp_path):
         (broken / name).write_bytes((marian_dir / name).read_bytes())
     config = json.loads((marian_dir / "config.json").read_text())
     cases = [({**config, "activation_function": "tanh"}, "activation_function='tanh'"),
-             ({**config, "model_type": "bart"}, "model_type='bart': only MarianMT"),
+             ({**config, "model_type": "bart"}, "model_type='bart': nmt-import reads marian"),
              ({k: v for k, v in config.items() if k != "d_model"}, "missing key 'd_model'"),
              ({**config, "d_model": 64}, "weights do not fit config.json")]
     for bad, message in cases:
         (broken / "config.json").write_text(json.dumps(bad))
         with pytest.raises(NmtError, match=re.escape(message)) as e:
-            import_marian(ImportConfig(input=str(broken), output=str(tmp_path / "x.pt")))
+            import_model(ImportConfig(input=str(broken), output=str(tmp_path / "x.pt")))
         assert "\n" not in str(e.value) and not (tmp_path / "x.pt").exists()
     r = cli(f"input={tmp_path / 'nowhere'}", f"output={tmp_path / 'x.pt'}")
     assert r.returncode != 0 and "config.json: not found" in r.stderr
 
 
 def test_a_device_as_output_is_written_into_not_replaced(marian_dir, null_device):
-    import_marian(ImportConfig(input=str(marian_dir), output=str(null_device)))  # no force
+    import_model(ImportConfig(input=str(marian_dir), output=str(null_device)))  # no force
     assert stat.S_ISCHR(null_device.lstat().st_mode)
     assert [p.name for p in null_device.parent.iterdir()] == ["null"]
 
+
+
+@pytest.fixture(scope="module")
+def multilingual(tmp_path_factory) -> tuple[Path, Path]:
+    """A multilingual MarianMT directory (>>de<< and >>fr<< choose the target) and its import."""
+    d = build_marian(tmp_path_factory, codes=("de", "fr"))
+    out = tmp_path_factory.mktemp("nmt") / "opus-mul.pt"
+    import_model(ImportConfig(input=str(d), output=str(out)))
+    return d, out
+
+
+def test_target_language_tokens_are_whole_and_chosen_with_tgt_lang(multilingual):
+    directory, checkpoint = multilingual
+    _, tokenizer = hf_model(directory)
+    tr = Translator.load(checkpoint, dtype=None)
+    assert tr.vocab["languages"] == {"convention": "tag", "codes": {"de": 2, "fr": 3}}
+    text = lines("test.en", 0, 100)
+    theirs = tokenizer([f">>fr<< {line}" for line in text])["input_ids"]
+    chosen = choose(tr.vocab, "", "fr", str(checkpoint)).sources(tr.src_tok.encode(text))
+    assert [ids + [tr.specials.eos] for ids in chosen] == theirs
+    typed = tr.src_tok.encode([f">>fr<< {line}" for line in text])  # in the text: one piece,
+    assert [ids[1:] + [tr.specials.eos] for ids in typed] == theirs  # after a lone space mark
+    assert {tr.src_tok.pieces(ids[:1])[0] for ids in typed} == {"\u2581"}
+    with pytest.raises(ConfigError, match=r"tgt_lang=es: .* has no such language \(it has de, fr"):
+        choose(tr.vocab, "", "es", str(checkpoint))
+    with pytest.raises(ConfigError, match=r"src_lang=en: .* chooses the target language only"):
+        choose(tr.vocab, "en", "fr", str(checkpoint))
+
+
+def test_multilingual_greedy_output_is_generate_per_target_language(multilingual, tmp_path):
+    directory, checkpoint = multilingual
+    model, tokenizer = hf_model(directory)
+    text = lines("test.en", 0, 48)
+    tr = Translator.load(checkpoint, dtype=None)
+    search = SearchConfig(beam_size=1, max_len_a=0.0, max_len_b=MAX_LEN)
+    outputs = {}
+    for lang in ("de", "fr"):
+        expected = hf_greedy(model, tokenizer, [f">>{lang}<< {line}" for line in text])
+        src = choose(tr.vocab, "", lang, str(checkpoint)).sources(tr.src_tok.encode(text))
+        assert translate_ids(tr.model, src, search, tr.specials) == expected
+        outputs[lang] = expected
+    assert outputs["de"] != outputs["fr"], "the language token changes nothing"
+    out = export(ExportConfig(checkpoint=str(checkpoint), output=str(tmp_path / "hf"),
+                              format="transformers"))
+    again, exported = hf_model(out)
+    assert hf_greedy(again, exported, [f">>fr<< {line}" for line in text]) == outputs["fr"]

@@ -192,14 +192,14 @@ def test_translating_under_bf16_autocast_works(model, sources):
 # ----------------------------------------------------------------------------- sampling
 def test_sample_draws_from_the_tempered_truncated_distribution():
     """Inverse-CDF draws over 20,000 uniforms match softmax(lprobs / T), top-k and top-p."""
-    from nmt.inference.search import sample
+    from nmt.inference.rules import sample_tokens
 
     lprobs = torch.log_softmax(torch.tensor([[2.0, 1.0, 0.5, -1.0, -torch.inf]]), dim=-1)
     u = (torch.arange(20000) + 0.5) / 20000  # evenly spread: frequencies are exact up to 1e-4
 
     def freq(**kw):
         cfg = SearchConfig(sampling=True, **kw)
-        drawn = torch.cat([sample(lprobs, u[i:i + 1], cfg) for i in range(0, 20000, 7)])
+        drawn = torch.cat([sample_tokens(lprobs, u[i:i + 1], cfg) for i in range(0, 20000, 7)])
         return torch.bincount(drawn, minlength=5).float() / len(drawn)
 
     for T in (0.5, 1.0, 2.0):
@@ -215,13 +215,14 @@ def test_sample_draws_from_the_tempered_truncated_distribution():
 
 def test_epsilon_sampling_never_draws_a_token_below_epsilon():
     """Hewitt et al. 2022: tokens of probability < epsilon are cut, the rest renormalised."""
-    from nmt.inference.search import epsilon_cut, sample
+    from nmt.inference.rules import epsilon_cut, sample_tokens
 
     lprobs = torch.log_softmax(torch.tensor([[2.0, 1.0, 0.5, -1.0, -torch.inf]]), dim=-1)
     p = torch.softmax(lprobs[0], dim=-1)  # 0.63, 0.23, 0.14, 0.03, 0
     u = (torch.arange(20000) + 0.5) / 20000
     cfg = SearchConfig(sampling=True, epsilon=0.1)
-    drawn = torch.cat([sample(lprobs, u[i:i + 1], cfg) for i in range(0, 20000, 7)])
+    drawn = torch.cat([sample_tokens(lprobs, u[i:i + 1], cfg)
+                       for i in range(0, 20000, 7)])
     freq = torch.bincount(drawn, minlength=5).float() / len(drawn)
     assert freq[3] == 0 and freq[4] == 0 and p[3] < 0.1 <= p[2]
     torch.testing.assert_close(freq[:3], p[:3] / p[:3].sum(), atol=2e-3, rtol=0)

@@ -279,10 +279,10 @@ def test_continuous_batcher_sends_at_once_within_the_budget_and_refills_as_sente
                     for i in range(6)]
         await settle()  # no clock moved: nobody waits for batch mates
         # 10 tokens each (with EOS): two per worker fill the budget of 20, alternately
-        got = {w: [ids[0] for _, _, ids in items] for w, items in sent}
+        got = {w: [ids[0] for _, _, ids, _ in items] for w, items in sent}
         assert got == {0: [0, 2], 1: [1, 3]}
         assert len(batcher.queue) == 2 and batcher.idle == 0
-        tag, _, ids = sent[0][1][1]  # worker 0's second sentence ends: the next one joins it
+        tag, _, ids, _ = sent[0][1][1]  # worker 0's second sentence ends: the next one joins it
         batcher.receive(("done", 0, [(tag, [Hypothesis(ids, 0.0, 0.0)])]))
         await settle()
         assert requests[2].done() and not requests[0].done()
@@ -297,6 +297,25 @@ def test_continuous_batcher_sends_at_once_within_the_budget_and_refills_as_sente
     asyncio.run(scenario())
 
 
+def test_continuous_batcher_sends_to_a_worker_with_room_when_the_least_loaded_is_full():
+    """Worker 1 holds two short sentences (full by max_sentences=2, few tokens), worker 0 one
+    long one: the next sentence goes to worker 0 instead of waiting at the queue's head."""
+    sent: list[tuple[int, list]] = []
+    batcher = ContinuousBatcher(lambda w, items: sent.append((w, items)), None, 2, 100, 2, 100,
+                                FakeClock())
+
+    async def scenario():
+        loop = asyncio.create_task(batcher.run())
+        for seqs in ([[4] * 20], [[5]], [[6]], [[7]]):
+            asyncio.create_task(batcher.translate(seqs, SearchConfig(), 60))
+            await settle()
+        got = [(w, ids) for w, items in sent for _, _, ids, _ in items]
+        assert got == [(0, [4] * 20), (1, [5]), (1, [6]), (0, [7])] and not batcher.queue
+        loop.cancel()
+
+    asyncio.run(scenario())
+
+
 # ----------------------------------------------------------------------------- config, start-up
 def test_serve_config_is_validated_naming_the_key():
     def make(*overrides):
@@ -305,7 +324,8 @@ def test_serve_config_is_validated_naming_the_key():
     assert make().port == 8000
     for bad, key in (("max_queued=4", "max_queued"), ("timeout_s=0", "timeout_s"),
                      ("search.beam_size=32", "search.beam_size"), ("port=70000", "port"),
-                     ("log_level=loud", "log_level")):
+                     ("log_level=loud", "log_level"), ("split=words", "split"),
+                     ("src_lang=English", "src_lang"), ("split=sentence", "src_lang")):
         with pytest.raises(ConfigError, match=f"^{key}:"):
             make(bad)
 
@@ -564,6 +584,76 @@ def test_attention_comes_back_for_each_sentence_when_asked(page_server):
     assert all("attention" not in t for t in plain)
 
 
+@pytest.fixture(scope="module")
+def doc_server(ckpt):
+    """A server that knows its source language: split=auto is split=sentence."""
+    srv = InProcess(ckpt, "src_lang=en", "max_sentences=6", "max_chars=2000",
+                    "max_input_tokens=16")
+    yield srv
+    srv.stop()
+
+
+DOCUMENT = "  Open the file. Show hidden files!\n\nClose the window.  Save it?\n  Quit.\n"
+SENTENCES = ["Open the file.", "Show hidden files!", "Close the window.", "Save it?", "Quit."]
+
+
+def test_a_document_is_translated_sentence_by_sentence_in_shared_batches(doc_server):
+    alone = [t["text"] for t in doc_server.translate(SENTENCES, split="none")]
+    before = doc_server.service.batcher.stats.batches
+    sentences = doc_server.service.batcher.stats.sentences
+    (got,) = doc_server.translate([DOCUMENT], nbest=2)  # split=auto: sentence (src_lang)
+    a, b, c, d, e = alone
+    assert got["text"] == f"  {a} {b}\n\n{c}  {d}\n  {e}\n"  # its own spaces and breaks
+    assert [p["source"] for p in got["pieces"]] == SENTENCES
+    assert [p["text"] for p in got["pieces"]] == alone
+    assert got["score"] == pytest.approx(sum(p["score"] for p in got["pieces"]))
+    assert [len(p["nbest"]) for p in got["pieces"]] == [2] * 5 and "nbest" not in got
+    stats = doc_server.service.batcher.stats
+    assert (stats.batches - before, stats.sentences - sentences) == (1, 5)  # one batch
+
+
+def test_a_text_of_one_piece_is_answered_as_before(doc_server):
+    plain = doc_server.translate(["Open the file."], split="none", nbest=2, attention=True)
+    split = doc_server.translate(["Open the file."], nbest=2, attention=True)
+    assert split == plain and "pieces" not in split[0] and len(split[0]["nbest"]) == 2
+
+
+def test_a_text_longer_than_the_model_takes_is_cut_into_pieces_not_truncated(doc_server):
+    limit = doc_server.service.max_input  # max_input_tokens=16
+    long = "open the file in a new window, then close it"
+    (cut,) = doc_server.translate([long])
+    assert not cut["truncated"] and len(cut["pieces"]) > 1
+    tok = doc_server.translator.src_tok
+    assert all(len(tok.encode([p["source"]])[0]) <= limit for p in cut["pieces"])
+    assert " ".join(p["source"] for p in cut["pieces"]) == long
+    assert cut["text"] == " ".join(p["text"] for p in cut["pieces"])
+    (whole,) = doc_server.translate([long], split="none")
+    assert whole["truncated"] and "pieces" not in whole
+
+
+def test_max_sentences_counts_the_pieces_and_max_chars_every_character(doc_server):
+    texts = [DOCUMENT, "Open it. Close it."]
+    status, _, body = doc_server.call("POST", "/translate", {"text": texts})
+    assert status == 413 and body["error"] == (
+        "text: 7 pieces (split=sentence); this server takes at most 6 per request "
+        "(max_sentences)")
+    assert len(doc_server.translate(texts, split="none")) == 2  # two texts, two segments
+    status, _, body = doc_server.call("POST", "/translate", {"text": ["Open it. " * 300]})
+    assert status == 413 and body["error"].startswith("text: 2700 characters")
+
+
+def test_split_sentence_needs_the_servers_source_language(page_server):
+    status, _, body = page_server.call("POST", "/translate",
+                                       {"text": ["Open it. Close it."], "split": "sentence"})
+    assert (status, body["field"]) == (422, "split") and "src_lang" in body["error"]
+    assert page_server.call("GET", "/health")[2]["split"] == "paragraph"  # auto, no src_lang
+    (got,) = page_server.translate([DOCUMENT])  # a piece per line
+    assert [p["source"] for p in got["pieces"]] == [
+        "Open the file. Show hidden files!", "Close the window.  Save it?", "Quit."]
+    a, b, c = (p["text"] for p in got["pieces"])
+    assert got["text"] == f"  {a}\n\n{b}\n  {c}\n"
+
+
 def nmt_translate(ckpt, tiny_data_dir, **search) -> dict:
     """nmt-translate's result on the same lines with the same settings."""
     args = [f"checkpoint={ckpt}", f"input={tiny_data_dir / 'test.clean.en'}", "quiet=true",
@@ -582,10 +672,13 @@ def test_health_says_the_model_is_loaded(server, ckpt):
     assert body["limits"]["max_sentences"] == 16 and body["search"]["beam_size"] == 4
 
 
-@pytest.mark.parametrize("search", [{"beam_size": 4}, {"beam_size": 1},
-                                    {"beam_size": 3, "nbest": 2, "alpha": 1.0}])
+@pytest.mark.parametrize("search", [
+    {"beam_size": 4}, {"beam_size": 1}, {"beam_size": 3, "nbest": 2, "alpha": 1.0},
+    {"sampling": True, "nbest": 2, "top_k": 8, "top_p": 0.9, "temperature": 0.7, "seed": 5},
+    {"beam_size": 2, "no_repeat_ngram_size": 1, "min_len": 3, "max_len_a": 0.5}])
 @pytest.mark.slow
 def test_translations_equal_nmt_translate(server, ckpt, tiny_data_dir, lines, search):
+    """Every search option of nmt-translate, continuously batched (fp32): the same outputs."""
     got = server.translate(lines, **search)
     want = nmt_translate(ckpt, tiny_data_dir, **search)
     n = len(lines)
@@ -597,6 +690,55 @@ def test_translations_equal_nmt_translate(server, ckpt, tiny_data_dir, lines, se
         assert [t["nbest"][0]["text"] for t in got] == want["hypotheses"][:n]
     else:
         assert all("nbest" not in t for t in got)
+
+
+@pytest.mark.slow
+def test_prefixes_and_constraints_equal_nmt_translate(server, dynamic_server, ckpt, lines,
+                                                      tmp_path):
+    prefixes = ["Nepo" if i % 2 else "" for i in range(len(lines))]
+    phrases = [["Tide"] if i % 3 == 0 else ["Esolc", "Pleh"] if i % 3 == 1 else []
+               for i in range(len(lines))]
+    got = server.translate(lines, beam_size=2, nbest=2, prefix=prefixes, constraints=phrases)
+    src, cons = tmp_path / "in.tsv", tmp_path / "cons.tsv"
+    src.write_text("".join(f"{a}\t{b}\n" for a, b in zip(lines, prefixes, strict=True)))
+    cons.write_text("".join("\t".join(ps) + "\n" for ps in phrases))
+    want = translate(to_object(compose("translate", [
+        f"checkpoint={ckpt}", f"input={src}", f"constraints={cons}", "prefix=true", "quiet=true",
+        "workers=1", "search.max_len_b=8", "search.beam_size=2", "search.nbest=2",
+        "output=/dev/null"]), TranslateConfig))
+    assert [t["text"] for t in got] == want["hypotheses"]
+    assert [[h["score"] for h in t["nbest"]] for t in got] == [
+        pytest.approx([h.score for h in hyps], abs=1e-4) for hyps in want["nbest"]]
+    assert all(t["text"].startswith(p) for t, p in zip(got, prefixes, strict=True))
+    status, _, body = dynamic_server.call("POST", "/translate", {"text": lines[:1],
+                                                                 "prefix": ["Nepo"]})
+    assert status == 422 and body["field"] == "prefix"
+    status, _, body = server.call("POST", "/translate", {"text": lines[:2], "prefix": ["Nepo"]})
+    assert status == 422 and "one item per sentence" in body["error"]
+    two = {"text": ["\n".join(lines[:2])], "prefix": ["Nepo"]}  # split=auto: paragraph
+    status, _, body = server.call("POST", "/translate", two)
+    assert (status, body["error"]) == (422, "prefix: text[0] is split into 2 pieces; a prefix "
+                                             "is a whole text's (send it with split=none)")
+    assert server.translate(**two, split="none")[0]["text"].startswith("Nepo")
+
+
+@pytest.mark.slow
+def test_the_shortlist_is_a_setting_of_the_continuous_server(ckpt, tiny_data_dir, lines,
+                                                             tmp_path):
+    """Each sentence decodes over its own shortlist: nmt-translate's batches of one."""
+    from nmt.config import ShortlistConfig
+    from nmt.shortlist import write_shortlist
+
+    path = write_shortlist(tiny_data_dir, ShortlistConfig(k=5, frequent=10), tmp_path / "s.pt")
+    srv = InProcess(ckpt, "continuous=true", f"search.shortlist={path}")
+    try:
+        got = srv.translate(lines, beam_size=2)
+    finally:
+        srv.stop()
+    want = nmt_translate(ckpt, tiny_data_dir, beam_size=2, shortlist=path, max_sentences=1)
+    assert [t["text"] for t in got] == want["hypotheses"][:len(lines)]
+    assert [t["score"] for t in got] == pytest.approx(
+        [hyps[0].score for hyps in want["nbest"][:len(lines)]], abs=1e-4)
 
 
 @pytest.fixture(scope="module")
@@ -672,7 +814,8 @@ def test_the_openapi_page_documents_the_api(server):
     assert {"/translate", "/health", "/stats"} <= set(spec["paths"])
     request = spec["components"]["schemas"]["TranslateRequest"]["properties"]
     assert {"text", "beam_size", "nbest", "alpha", "max_len_a", "max_len_b", "min_len",
-            "attention"} == set(request)
+            "sampling", "top_k", "top_p", "temperature", "seed", "no_repeat_ngram_size",
+            "prefix", "constraints", "attention", "split"} == set(request)
     assert all(p.get("description") for p in request.values())
     assert set(spec["paths"]["/translate"]["post"]["responses"]) >= {"200", "413", "422", "500",
                                                                      "503"}

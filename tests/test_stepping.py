@@ -1,17 +1,25 @@
-"""Continuous batching (nmt.inference.stepping): sentences that join a running batch at
-different steps get translate_nbest's outputs, and a short one leaves before a long one."""
+"""Continuous batching (nmt.inference.core's Decoding, run by nmt.inference.stepping's
+workers): sentences that join a running batch at different steps get translate_nbest's
+outputs under every search option, and a short one leaves before a long one."""
 
 from __future__ import annotations
 
 import math
+import queue
+import threading
+from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
+import torch
 from translate_helpers import random_sources, search, tiny_model
 
+from nmt.inference.core import Decoding, Sentence
 from nmt.inference.fast import packing_works
-from nmt.inference.search import decoding_models, translate_nbest
-from nmt.inference.stepping import StepDecoder
-from nmt.tokenizer import SPECIALS
+from nmt.inference.search import Hypothesis, decoding_models, translate_nbest
+from nmt.inference.stepping import STOP, step_loop
+from nmt.shortlist import Shortlist, load_shortlist
+from nmt.tokenizer import SPECIALS, Specials
 
 V = 24
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -20,11 +28,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def run_continuous(models, sources, cfg, joins: dict[int, list[int]]) -> tuple[dict, dict]:
     """Add sources[i] for i in joins[s] before step s; step until every sentence ended.
     Returns each sentence's hypotheses and the step count at which it ended."""
-    dec = StepDecoder(models, cfg, SPECIALS)
+    dec = Decoding(models, cfg, SPECIALS)
     results, ended = {}, {}
     while len(results) < len(sources):
         if dec.steps in joins:
-            dec.add(joins[dec.steps], [sources[i] for i in joins[dec.steps]])
+            dec.admit([Sentence(i, sources[i]) for i in joins[dec.steps]])
         for i, hyps in dec.step():
             results[i], ended[i] = hyps, dec.steps
         assert dec.steps < 100
@@ -68,3 +76,132 @@ def test_a_short_sentence_ends_before_a_long_one_that_started_with_it(beam):
     # one that joins while the long one runs also ends within its own length
     _, ended = run_continuous(models, [long, short], cfg, {0: [0], 5: [1]})
     assert ended[1] <= 5 + len(short) < ended[0]
+
+
+def test_a_failing_step_still_answers_the_empty_sources_admitted_with_it():
+    """A decoding step raises: its sentences fail, and an empty source admitted in the same
+    step still gets its empty hypothesis (it was lost, and its request waited for the 504)."""
+    cfg = search(beam_size=1)
+    model = decoding_models([tiny_model(V, seed=1)], cfg)[0]
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of memory")
+
+    model.decode_step = broken
+    translator = SimpleNamespace(prepared=lambda dtype: [model], specials=SPECIALS,
+                                 device=torch.device("cpu"), continuations=None)
+    inbox, outbox = queue.Queue(), queue.Queue()
+    inbox.put([("a", cfg, [5, 6]), ("empty", cfg, [])])
+    worker = threading.Thread(target=step_loop, args=(translator, inbox, outbox, 0))
+    worker.start()
+    messages = [outbox.get(timeout=60)]
+    while messages[-1][0] != "error":
+        messages.append(outbox.get(timeout=60))
+    inbox.put(STOP)
+    worker.join(timeout=60)
+    while not outbox.empty():
+        messages.append(outbox.get())
+    errors = [m for m in messages if m[0] == "error"]
+    assert [(m[2], str(m[3])) for m in errors] == [(["a"], "out of memory")]
+    assert [r for m in messages if m[0] == "done" for r in m[2]] == [
+        ("empty", [Hypothesis([], 0.0, 0.0)])]
+
+
+OPTIONS = {  # every search option of nmt-translate, each through continuous batching
+    "sampling": dict(beam_size=1, sampling=True, top_k=5, top_p=0.9, temperature=0.8, seed=3,
+                     nbest=2),
+    "no_repeat_ngram": dict(beam_size=4, nbest=2, no_repeat_ngram_size=2),
+    "greedy_ngram": dict(beam_size=1, no_repeat_ngram_size=1),
+    "prefix": dict(beam_size=4, nbest=2),
+    "constraints": dict(beam_size=3, nbest=2),
+    "prefix+constraints": dict(beam_size=1),  # a forced piece goes on after a phrase
+    "min_len": dict(beam_size=2, min_len=5, alpha=1.0),
+}
+
+
+@pytest.mark.parametrize("option", sorted(OPTIONS))
+def test_every_search_option_joins_a_running_batch_with_translate_nbests_outputs(option):
+    cfg = search(max_len_b=4, **OPTIONS[option])
+    models = decoding_models([tiny_model(V, seed=1, stops=True, N=2)], cfg)
+    sources = random_sources(8, V, seed=5)
+    prefixes = [[7, 8][:i % 3] for i in range(8)] if "prefix" in option else [[]] * 8
+    phrases = {"constraints": [[[9]], [[10, 11]], [], [[12], [5]]] * 2,
+               "prefix+constraints": [[[7]]] * 8}.get(option, [[]] * 8)
+    lines = [10 + i for i in range(8)]
+    dec = Decoding(models, cfg, SPECIALS, continuations=[6, 8],
+                   beam=True if "constraints" in option else None)
+    joins = {0: [0, 1, 2], 2: [3, 4], 3: [5], 5: [6, 7]}
+    got, joined = {}, False
+    while len(got) < len(sources):
+        dec.admit([Sentence(i, sources[i], prefixes[i], phrases[i], lines[i])
+                   for i in joins.get(dec.steps, [])])
+        joined |= dec.joined  # some joined sentences already decoding
+        got.update(dec.step())
+        assert dec.steps < 100
+    assert joined and dec.rows == 0
+    want = translate_nbest(models, sources, cfg, SPECIALS, prefixes=prefixes, lines=lines,
+                           constraints=phrases, continuations=[6, 8])
+    for i, hyps in enumerate(want):
+        assert [h.tokens for h in got[i]] == [h.tokens for h in hyps], i
+        assert [h.score for h in got[i]] == pytest.approx([h.score for h in hyps], abs=1e-5)
+        assert hyps[0].tokens[:len(prefixes[i])] == prefixes[i] and hyps[0].logprob > -math.inf
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_in_continuous_batching_each_sentence_decodes_over_its_own_shortlist(beam, tmp_path):
+    """As nmt-translate's batches of one sentence (search.max_sentences=1): the shortlist is
+    per batch there, and a running batch changes at every join."""
+    table = torch.randint(4, 20, (V, 2), generator=torch.Generator().manual_seed(1))
+    path = tmp_path / "short.pt"
+    Shortlist(table, torch.tensor([SPECIALS.eos, 4, 5]), V, V, "x" * 64).save(path)
+    cfg = search(beam_size=beam, nbest=1, max_len_b=4, shortlist=str(path))
+    models = decoding_models([tiny_model(V, seed=1, stops=True, N=2)], cfg)
+    sources = random_sources(8, V, seed=6)
+    dec = Decoding(models, cfg, SPECIALS, shortlists=True)
+    got, joins = {}, {0: [0, 1, 2], 2: [3, 4], 3: [5, 6, 7]}
+    while len(got) < len(sources):
+        dec.admit([Sentence(i, sources[i]) for i in joins.get(dec.steps, [])])
+        got.update(dec.step())
+    alone = translate_nbest(models, sources, replace(cfg, max_sentences=1), SPECIALS)
+    shortlist = load_shortlist(path)
+    for i, hyps in enumerate(alone):
+        assert got[i][0].tokens == hyps[0].tokens, i
+        assert got[i][0].score == pytest.approx(hyps[0].score, abs=1e-5)
+        assert set(got[i][0].tokens) <= set(shortlist.candidates([sources[i]], []).ids.tolist())
+
+
+def test_what_a_decoding_cannot_run_is_refused_not_decoded_otherwise(tmp_path):
+    """No silent fallbacks: a shortlist without candidates (it would decode over the whole
+    vocabulary), constraints while sampling, a join into the reference model's batch."""
+    path = tmp_path / "short.pt"
+    Shortlist(torch.randint(4, 20, (V, 2)), torch.tensor([SPECIALS.eos]), V, V,
+              "x" * 64).save(path)
+    model = tiny_model(V, seed=1)
+    fast = decoding_models([model], search())
+    with pytest.raises(ValueError, match="search.shortlist: give the batch's candidates"):
+        Decoding(fast, search(shortlist=str(path)), SPECIALS).admit([Sentence(0, [5])])
+    with pytest.raises(ValueError, match="constraints need beam search"):
+        Decoding(fast, search(sampling=True), SPECIALS).admit([Sentence(0, [5], [], [[6]])])
+    dec = Decoding([model], search(), SPECIALS)  # the reference model: no joins
+    dec.admit([Sentence(0, [5, 6])])
+    dec.step()
+    with pytest.raises(ValueError, match="can join a running batch only with prepared"):
+        dec.admit([Sentence(1, [7])])
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_start_token_that_is_eos_still_ends_outputs(beam):
+    """M2M100 and NLLB-200 start decoding from </s>: the ban on generating the start token must
+    leave EOS alone (banned, every output ran to the maximum length)."""
+    specials = Specials(bos=SPECIALS.eos, eos=SPECIALS.eos, pad=SPECIALS.pad)
+    cfg = search(beam_size=beam, max_len_b=6)
+    models = decoding_models([tiny_model(V, seed=1, stops=True, N=2)], cfg)
+    sources = random_sources(8, V, seed=3)
+    dec = Decoding(models, cfg, specials)
+    dec.admit([Sentence(i, src) for i, src in enumerate(sources)])
+    got = {}
+    while len(got) < len(sources):
+        got.update(dec.step())
+    assert any(len(got[i][0].tokens) < len(src) + 6 for i, src in enumerate(sources))
+    assert [[h.tokens for h in got[i]] for i in range(len(sources))] == [
+        [h.tokens for h in hyps] for hyps in translate_nbest(models, sources, cfg, specials)]

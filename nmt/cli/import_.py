@@ -6,7 +6,7 @@ from nmt.config import ImportConfig
 
 @hydra_app("nmt-import", "import", ImportConfig)
 def main(config: ImportConfig) -> None:
-    """Run nmt.marian.import_marian on the validated config."""
-    from nmt.marian import import_marian
+    """Run nmt.importer.import_model on the validated config."""
+    from nmt.importer import import_model
 
-    import_marian(config)
+    import_model(config)

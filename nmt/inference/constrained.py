@@ -2,16 +2,16 @@
 Hu et al. 2019, Sockeye and fairseq's --constraints).
 
 Every output of a sentence must contain given target phrases: id lists, as the target
-tokenizer splits them, matched on its piece boundaries. beam_search keeps, per hypothesis
-(row), which constraint tokens it has met and where it stands in a phrase it has begun
-(Sockeye's ConstrainedHypothesis, held here as one row of tensors per hypothesis); a
-hypothesis may only end (EOS) once it has met every phrase.
+tokenizer splits them, matched on its piece boundaries. Beam search (nmt.inference.core.Beam)
+keeps, per hypothesis (row), which constraint tokens it has met and where it stands in a
+phrase it has begun (Sockeye's ConstrainedHypothesis, held here as one row of tensors per
+hypothesis); a hypothesis may only end (EOS) once it has met every phrase.
 
 Each step the candidates are beam search's usual top 2k, each hypothesis' best token, and every
 token that would meet a constraint (the next token of the phrase begun, else the first token
 of any phrase not yet met). They fall into banks by the number of constraint tokens met and
 are ordered by striping across the banks: the best of the fullest bank, the best of the next,
-..., then the second best of each, ... (fairseq's LexicallyConstrainedBeamSearch). beam_search
+..., then the second best of each, ... (fairseq's LexicallyConstrainedBeamSearch). Beam search
 treats that order as it treats the score order without constraints: EOS candidates among the
 first k finish, the first k others go on. Hypotheses that have met more constraints so keep a
 share of the beam although their scores are lower, and the fullest bank grows by at least one
@@ -22,7 +22,8 @@ follow a phrase's last piece: `Objekt` must not come out as `Objektgröße`. A p
 off (by a token that does not continue it) counts as not met again, and that token may begin
 a phrase afresh. Matching is greedy, as Sockeye's: a phrase that overlaps
 itself or another (`a a b` in `a a a b`) can go unseen where it was generated, which costs
-the search that output, never a false claim.
+the search that output, never a false claim. Sentences join the tables at any step (admit:
+continuous batching), each under its own index.
 """
 
 from __future__ import annotations
@@ -41,33 +42,46 @@ class PhraseConstraints:
 
     def __init__(self, phrases: list[list[list[int]]], device: torch.device,
                  continuations: list[int] | None = None):
-        """phrases: per sentence, its phrases (non-empty id lists; none: unconstrained);
-        continuations: the ids of the pieces that go on with a word (None: any may follow a
-        phrase)."""
-        B, C = len(phrases), max(1, max(sum(map(len, ps)) for ps in phrases))
-        self.token = torch.full((B, C), -1, dtype=torch.long)  # (B, C) -1 past the end
-        self.phrase = torch.full((B, C), -1, dtype=torch.long)  # (B, C) each slot's phrase
-        self.first = torch.zeros(B, C, dtype=torch.bool)  # (B, C) a phrase begins here
-        self.follows = torch.zeros(B, C, dtype=torch.bool)  # (B, C) slot c + 1 continues it
+        """phrases: per sentence (0, 1, ...; one row each), its phrases (non-empty id
+        lists; none: unconstrained); continuations: the ids of the pieces that go on with a
+        word (None: any may follow a phrase)."""
+        self.device = device
+        self.token = torch.full((0, 1), -1, dtype=torch.long, device=device)  # (B, C)
+        self.phrase = self.token.clone()  # (B, C) each slot's phrase, -1 past the end
+        self.first = torch.zeros(0, 1, dtype=torch.bool, device=device)  # (B, C) one begins
+        self.follows = self.first.clone()  # (B, C) slot c + 1 continues its phrase
+        self.count = torch.zeros(0, dtype=torch.long, device=device)  # (B,) tokens to meet
+        self.continuations = (None if not continuations
+                              else torch.tensor(continuations, device=device))
+        self.met = self.first.clone()  # (R, C) per row
+        self.last = self.count.clone()  # (R,)
+        self.admit(list(range(len(phrases))), phrases, 1)
+
+    def admit(self, sentences: list[int], phrases: list[list[list[int]]], rows: int) -> None:
+        """Sentences join (their indices, free or new): their phrases, and `rows` rows each,
+        appended after the live rows, which have met nothing yet."""
+        n, C = max(sentences, default=-1) + 1, max([1, self.token.size(1)] + [
+            sum(map(len, ps)) for ps in phrases])
+        tables = [torch.full((len(sentences), C), -1, dtype=torch.long) for _ in range(2)]
+        flags = [torch.zeros(len(sentences), C, dtype=torch.bool) for _ in range(2)]
         for b, ps in enumerate(phrases):
             c = 0
             for i, p in enumerate(ps):
-                self.token[b, c:c + len(p)] = torch.tensor(p)
-                self.phrase[b, c:c + len(p)] = i
-                self.first[b, c] = True
-                self.follows[b, c:c + len(p) - 1] = True
+                tables[0][b, c:c + len(p)] = torch.tensor(p)
+                tables[1][b, c:c + len(p)] = i
+                flags[0][b, c] = True
+                flags[1][b, c:c + len(p) - 1] = True
                 c += len(p)
+        index = torch.tensor(sentences, dtype=torch.long, device=self.device)
         self.token, self.phrase, self.first, self.follows = (
-            x.to(device) for x in (self.token, self.phrase, self.first, self.follows))
+            pad_to(old, n, C, fill).index_copy_(0, index, new.to(self.device))
+            for old, new, fill in zip((self.token, self.phrase, self.first, self.follows),
+                                      tables + flags, (-1, -1, False, False), strict=True))
         self.count = (self.token >= 0).sum(dim=1)  # (B,) constraint tokens per sentence
-        self.continuations = (None if not continuations
-                              else torch.tensor(continuations, device=device))
-        self.met = torch.zeros(B, C, dtype=torch.bool, device=device)  # (R, C) per row
-        self.last = torch.full((B,), -1, dtype=torch.long, device=device)  # (R,)
-
-    def max_lengths(self, max_len: Tensor, max_positions: int) -> Tensor:
-        """Maximum output lengths (B,), raised where needed to hold every constraint token."""
-        return torch.maximum(max_len, (self.count + 1).clamp(max=max_positions))
+        R = len(sentences) * rows
+        self.met = torch.cat([pad_to(self.met, len(self.met), C, False),
+                              self.met.new_zeros(R, C)])
+        self.last = torch.cat([self.last, self.last.new_full((R,), -1)])
 
     def apply(self, lprobs: Tensor, sentences: Tensor, eos_id: int) -> None:
         """In (R, V) lprobs, no EOS for rows that have not met every phrase, and no piece that
@@ -139,6 +153,16 @@ class PhraseConstraints:
                            torch.where(begins.any(dim=-1), begins.long().argmax(dim=-1), -1))
         slots = torch.arange(C, device=met.device)
         return met | (slots == last.unsqueeze(-1)), last
+
+
+def pad_to(x: Tensor, rows: int, cols: int, fill) -> Tensor:
+    """x (r, c) padded with `fill` to at least (rows, cols)."""
+    r, c = x.shape
+    if r >= rows and c >= cols:
+        return x
+    out = x.new_full((max(r, rows), max(c, cols)), fill)
+    out[:r, :c] = x
+    return out
 
 
 def stripe(score: Tensor, bank: Tensor, C: int) -> Tensor:

@@ -310,7 +310,7 @@ def _gather_rows(x: Tensor, index: Tensor) -> Tensor:
     return x.reshape(x.size(0), -1).index_select(0, index).view(len(index), *x.shape[1:])
 
 
-def _source_mask(src_mask: Tensor, dtype: torch.dtype) -> Tensor | None:
+def additive_source_mask(src_mask: Tensor, dtype: torch.dtype) -> Tensor | None:
     """The (B, 1, 1, S) boolean source mask as an additive one; on the CPU None where nothing
     is masked (finding out reads the mask, which a GPU would wait for)."""
     if src_mask.device.type == "cpu" and bool(src_mask.all()):
@@ -386,7 +386,7 @@ class FastModel(nn.Module):
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """(B, S) source ids -> memory (B, S, d_model) and src_mask (B, 1, 1, S)."""
         src_mask = (src != self.pad_id)[:, None, None, :]  # (B, 1, 1, S)
-        mask = _source_mask(src_mask, self.float_dtype)
+        mask = additive_source_mask(src_mask, self.float_dtype)
         x = self._embed(self.src_lut, src, 0)
         for layer in self.encoder:
             x = self._residual(x, layer.norms[0], layer.self_attention, mask, None,
@@ -400,7 +400,7 @@ class FastModel(nn.Module):
         vocab: (V',) target ids (a lexical shortlist, nmt.shortlist) whose logits alone
         decode_step computes, in this order; None: all V."""
         state = FastState([layer.memory_kv(memory) for layer in self.decoder],
-                          _source_mask(src_mask, self.float_dtype))
+                          additive_source_mask(src_mask, self.float_dtype))
         if vocab is not None:  # those rows of W and b, in this dtype's form
             weight, bias = self._generator_weights
             state.generator = self._affine(weight.index_select(0, vocab),

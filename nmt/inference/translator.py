@@ -1,42 +1,47 @@
-"""The Translator: one object that loads a checkpoint (or an ensemble), prepares it for
-decoding and owns the processes that decode, as CTranslate2's Translator does.
+"""The Translator: nmt's own engine (engine=nmt; the interface: nmt.inference.engine), one
+object that loads a checkpoint (or an ensemble), prepares it for decoding and owns the workers
+that decode, as CTranslate2's Translator does.
 
-nmt-translate, nmt-serve, nmt-train's validation BLEU and the benchmarks all decode through
-it. Preparing a model (nmt.inference.fast.FastModel: weights packed, cast or quantised for
-search.dtype) is done once per dtype, in this process, before any worker is forked, so the
-prepared weights exist once and are shared copy-on-write by the workers
-(nmt.inference.workers). On the CPU, `workers` one-thread processes translate whole batches
-side by side; otherwise batches run in this process (in a thread of its own when submitted
-one by one, as nmt-serve does).
+nmt-translate, nmt-serve, nmt-train's validation BLEU, alignments, attention plots and the
+benchmarks all decode through it. Preparing a model (nmt.inference.fast.FastModel: weights
+packed, cast or quantised for search.dtype) is done once per dtype, in this process, before
+any worker is forked, so the prepared weights exist once and are shared copy-on-write by the
+workers. The workers are one WorkerPool (nmt.inference.workers) in every mode: on the CPU,
+`workers` one-thread processes, otherwise one thread of this process. They decode whole
+batches side by side (nmt-translate's, nmt-serve's dynamic batches), or each runs a loop of
+continuous batching for good (nmt.inference.stepping.step_loop, nmt-serve continuous=true).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+import threading
+from concurrent.futures import Future, as_completed
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
-from nmt.checkpoint import load_checkpoint
-from nmt.config import ModelConfig, SearchConfig
-from nmt.errors import ConfigError, NmtError
+from nmt.attention_maps import attention_maps, keep_attention
+from nmt.capabilities import ENGINES
+from nmt.config import SearchConfig
+from nmt.errors import NmtError
+from nmt.inference.loading import check_ensemble, load_model
 from nmt.inference.search import (
     BatchJob,
     Hypothesis,
     decoding_models,
+    pad_batch,
     plan_batches,
     run_jobs,
     score_pairs,
     translate_nbest,
 )
+from nmt.inference.stepping import step_loop
 from nmt.inference.workers import WorkerPool, can_fork
-from nmt.model import Transformer, make_model
+from nmt.model import Transformer
 from nmt.shortlist import load_shortlist
-from nmt.tokenizer import Specials, Tokenizer, check_same_vocabulary, vocab_sha256
-
-VOCAB_KEYS = ("src_size", "tgt_size", "joint", "pad_id", "bos_id", "eos_id", "sha256",
-              "src_spm", "tgt_spm")
+from nmt.tokenizer import Specials, Tokenizer
 
 
 class Translator:
@@ -47,28 +52,32 @@ class Translator:
     vocab: the checkpoint's vocab entry (sizes, special ids, SentencePiece models).
     dtype: the search.dtype to prepare the models for at once, before any worker starts (None:
     none now, each dtype when first used). workers > 1 on the CPU: forked one-thread decoding
-    processes, started here; threads: PyTorch threads of decoding in this process (0:
-    PyTorch's default).
+    processes, started here (else one thread); threads: PyTorch threads of decoding in this
+    process (0: PyTorch's default). fast=False decodes with the reference model (fp32 only),
+    use_cache=False without the key/value cache too: the slower paths the benchmarks time.
     """
 
+    capabilities = ENGINES["nmt"]
+
     def __init__(self, models: list, vocab: dict, device: torch.device | str = "cpu",
-                 dtype: str | None = "fp32", workers: int = 1, threads: int = 0):
+                 dtype: str | None = "fp32", workers: int = 1, threads: int = 0,
+                 fast: bool = True, use_cache: bool = True):
         self.models, self.vocab, self.device = models, vocab, torch.device(device)
         self.src_tok = Tokenizer(vocab["src_spm"]) if "src_spm" in vocab else None
         self.tgt_tok = Tokenizer(vocab["tgt_spm"]) if "tgt_spm" in vocab else None
         self.specials = (self.tgt_tok.specials if self.tgt_tok is not None  # stand-ins: ids
                          else Specials(vocab["bos_id"], vocab["eos_id"], vocab["pad_id"]))
         self.continuations = self.tgt_tok.word_continuations() if self.tgt_tok else None
-        self.threads, self.preparations = threads, 0
+        self.preparations = 0  # models prepared so far (one per dtype)
+        self.fast, self.use_cache = fast and use_cache, use_cache
         self._prepared: dict[str, list] = {}
-        self._thread: ThreadPoolExecutor | None = None
-        self.pool: WorkerPool | None = None
+        self._attention = threading.Lock()  # one attention() at a time: it sets model flags
         if dtype is not None:
             self.prepared(dtype)
-        parallel = workers > 1 and self.device.type == "cpu" and can_fork()
-        self.workers = workers if parallel else 1
-        if parallel:  # forked after preparing: the workers share the prepared weights
-            self.pool = WorkerPool(workers, self)
+        processes = workers > 1 and self.device.type == "cpu" and can_fork()
+        # forked after preparing: the workers share the prepared weights
+        self.pool = WorkerPool(workers, self, processes, threads)
+        self.workers = self.pool.workers
 
     @classmethod
     def load(cls, paths: str | Path | list, device: torch.device | str = "cpu",
@@ -96,14 +105,12 @@ class Translator:
         quantises every weight: too slow to redo per batch)."""
         if dtype not in self._prepared:
             try:
-                self._prepared[dtype] = decoding_models(self.models, SearchConfig(dtype=dtype))
+                self._prepared[dtype] = decoding_models(self.models, SearchConfig(dtype=dtype),
+                                                        self.fast)
             except ValueError as e:
                 raise NmtError(str(e)) from None
             self.preparations += 1
         return self._prepared[dtype]
-
-    def check_search(self, search: SearchConfig) -> None:
-        """Every SearchConfig runs here (nmt.inference.ct2_engine.CT2Translator refuses some)."""
 
     def translate_ids(self, src_ids: list[list[int]], search: SearchConfig,
                       prefixes: list[list[int]] | None = None, lines: list[int] | None = None,
@@ -117,8 +124,8 @@ class Translator:
             load_shortlist(search.shortlist).check(self.vocab.get("sha256"),
                                                    self.vocab["tgt_size"], "the checkpoint")
         return translate_nbest(self.prepared(search.dtype), src_ids, search, self.specials,
-                               self.device, progress=progress,
-                               prefixes=prefixes, lines=lines,
+                               self.device, use_cache=self.use_cache, progress=progress,
+                               fast=self.fast, prefixes=prefixes, lines=lines,
                                run=self._run if parallel else run_jobs, constraints=constraints,
                                continuations=self.continuations if constraints else None)
 
@@ -127,7 +134,7 @@ class Translator:
                   ) -> list[Hypothesis]:
         """log P(Y|X) and the search's score of each (source, target) pair of id lists."""
         return score_pairs(self.prepared(search.dtype), src_ids, tgt_ids, search, self.specials,
-                           self.device, progress,
+                           self.device, progress=progress, fast=self.fast,
                            run=self._run if parallel else run_jobs)
 
     def translate(self, lines: list[str], search: SearchConfig) -> list[str]:
@@ -137,22 +144,45 @@ class Translator:
         hyps = self.translate_ids([s[:limit] for s in ids], search)
         return self.tgt_tok.decode([h[0].tokens for h in hyps])
 
+    @torch.inference_mode()
+    def attention(self, src_ids: list[list[int]], out_ids: list[list[int]]
+                  ) -> dict[str, Tensor]:
+        """The (first) model's attention weights with each `out_ids` teacher-forced on its
+        `src_ids` (id lists without BOS/EOS), padded into one batch: per kind (encoder_self,
+        decoder_self, encoder_decoder) a (B, N, h, T_q, T_k) tensor (rows and columns past a
+        pair's own length are padding's: keys of padding get weight 0)."""
+        model, (bos, eos, pad) = self.model, self.specials
+        src = pad_batch([list(s) + [eos] for s in src_ids], pad, self.device)  # (B, S)
+        tgt_in = pad_batch([[bos] + list(y) for y in out_ids], pad, self.device)  # (B, T)
+        with self._attention:
+            was_training = model.training
+            model.eval()
+            keep_attention(model, True)
+            try:
+                model(src, tgt_in)
+                maps = attention_maps(model)
+            finally:
+                keep_attention(model, False)
+                model.train(was_training)
+        return {kind: torch.stack(layers, 1).float().cpu()  # (B, N, h, T_q, T_k)
+                for kind, layers in maps.items()}
+
     def submit(self, search: SearchConfig, seqs: list[list[int]]) -> Future:
         """Decode one batch of id lists off the caller's thread: its Future of search.nbest
-        hypotheses per list (nmt-serve's batches; one batch per worker at a time)."""
-        if self.pool is not None:
-            return self.pool.submit(_decode_batch, search, seqs)
-        if self._thread is None:
-            self._thread = ThreadPoolExecutor(1, "nmt-decode", initializer=_set_threads,
-                                              initargs=(self.threads,))
-        return self._thread.submit(_decode_batch, self, search, seqs)
+        hypotheses per list (nmt-serve's dynamic batches; one batch per worker at a time)."""
+        return self.pool.submit(_decode_batch, search, seqs)
+
+    def stepper(self) -> WorkerPool:
+        """Continuous batching (nmt-serve): from the first call on, every worker runs
+        nmt.inference.stepping.step_loop (tasks wait meanwhile); the pool, whose send, read
+        and dead the continuous batcher uses."""
+        if not self.pool.loops:
+            self.pool.run_loops(step_loop)
+        return self.pool
 
     def close(self) -> None:
         """Stop the workers."""
-        if self.pool is not None:
-            self.pool.close()
-        if self._thread is not None:
-            self._thread.shutdown(wait=True, cancel_futures=True)
+        self.pool.close()
 
     def __enter__(self) -> Translator:
         return self
@@ -163,7 +193,7 @@ class Translator:
     def _run(self, job: BatchJob, items: list, progress=None) -> list[list[Hypothesis]]:
         """nmt.inference.search.run_jobs on the workers: at least one batch each, results in input
         order; each worker decodes with its inherited prepared models."""
-        if self.pool is None or len(items) < 2:
+        if not self.pool.processes or self.pool.loops or len(items) < 2:
             return run_jobs(job, items, progress)
         batches = plan_batches(items, job.search, job.score, self.workers)
         bare = dataclasses.replace(job, models=[])  # the workers have the models
@@ -187,64 +217,3 @@ def _decode_batch(translator: Translator, search: SearchConfig,
                   seqs: list[list[int]]) -> list[list[Hypothesis]]:
     """In a worker or the decoding thread: one batch of id lists, in order."""
     return translator.translate_ids(seqs, search, parallel=False)
-
-
-def _set_threads(threads: int) -> None:
-    """The decoding thread's PyTorch threads."""
-    if threads:
-        torch.set_num_threads(threads)
-
-
-# ----------------------------------------------------------------------------- loading
-def load_model(path: str | Path, weights: str = "auto") -> tuple[Transformer, dict]:
-    """The model of a checkpoint (on the CPU) and its vocab entry, checked against each other.
-    weights: "model", "ema" or "auto" (ema when saved)."""
-    state = load_checkpoint(path)
-    if weights == "ema" and "ema" not in state:
-        raise NmtError(f"{path}: weights=ema but the checkpoint has no EMA weights (train with "
-                       f"train.ema_decay > 0, or use weights=model)")
-    use_ema = weights == "ema" or (weights == "auto" and "ema" in state)
-    vocab = state["vocab"]
-    missing = [key for key in VOCAB_KEYS if key not in vocab]
-    if missing:
-        raise NmtError(f"{path}: checkpoint vocab lacks {', '.join(missing)}")
-    check_vocab_consistency(path, vocab)
-    try:
-        cfg = ModelConfig(**state["model_cfg"])
-    except (TypeError, ConfigError) as e:
-        raise NmtError(f"{path}: bad model_cfg ({e})") from None
-    weights = state["ema" if use_ema else "model"]
-    for key, size in (("src_embed.lut.weight", vocab["src_size"]),
-                      ("generator.weight", vocab["tgt_size"])):
-        if key in weights and weights[key].size(0) != size:
-            raise NmtError(f"{path}: {key} has {weights[key].size(0)} rows but the vocabulary "
-                           f"has {size} entries")
-    model = make_model(cfg, vocab["src_size"], vocab["tgt_size"], vocab["pad_id"],
-                       vocab["joint"])
-    try:
-        model.load_state_dict(weights)
-    except RuntimeError as e:
-        last = str(e).strip().splitlines()[-1].strip()[:150]
-        raise NmtError(f"{path}: weights do not fit model_cfg ({last})") from None
-    return model.eval(), vocab
-
-
-def check_vocab_consistency(path, vocab: dict) -> None:
-    """The stored SentencePiece models must have the stored sizes and checksum."""
-    protos = {}
-    for side in ("src", "tgt"):
-        tok = Tokenizer(vocab[f"{side}_spm"], f"{path}: {side} vocabulary")
-        protos[side] = tok.proto
-        if tok.vocab_size != vocab[f"{side}_size"]:
-            raise NmtError(f"{path}: {side} SentencePiece model has {tok.vocab_size} pieces but "
-                           f"{side}_size is {vocab[f'{side}_size']} (vocabulary does not match)")
-    if vocab["sha256"] != vocab_sha256(protos["src"], protos["tgt"]):
-        raise NmtError(f"{path}: SentencePiece models do not match the stored vocabulary sha256")
-
-
-def check_ensemble(vocabs: list[dict], paths: list[str]) -> None:
-    """The models of an ensemble must share their vocabulary (its checksum covers both
-    SentencePiece models, so the sizes and special ids too)."""
-    for vocab, path in zip(vocabs[1:], paths[1:], strict=True):
-        check_same_vocabulary(vocab["sha256"], vocabs[0]["sha256"], path, paths[0],
-                              "an ensemble needs one vocabulary")

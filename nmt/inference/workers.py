@@ -1,28 +1,35 @@
-"""Worker processes: the one process pool of nmt.
+"""Worker processes: the one pool of nmt's decoding workers.
 
 nmt decodes on the CPU with one-thread processes side by side, each translating whole batches
 (data parallelism, like Marian's --cpu-threads: no per-operation thread synchronisation, which
 small decoding steps pay dearly for). A WorkerPool starts its processes at once and checks
 that they started; forked, they share the parent's objects copy-on-write (the Translator
-prepares its model before it forks, so that the weights exist once). Each process keeps one
-object, its `state`: a task is a module-level function called as fn(state, *args).
+prepares its model before it forks, so that the weights exist once). With one worker (or on
+a GPU) the pool is one thread of this process instead, with the same interface. Each worker
+keeps one object, its `state`, and runs either tasks, module-level functions called as
+fn(state, *args) with a Future each (batches of nmt-translate and of nmt-serve's dynamic
+batcher), or one loop for good, fn(state, inbox, outbox, worker) (continuous batching:
+each worker reads its own inbox, all write to one outbox, STOP in an inbox ends its loop).
 (nmt-preprocess keeps its own pool of spawned processes: docs/design.md says why.)
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import queue
 import signal
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from functools import partial
 
 import torch
 
 from nmt.errors import NmtError
 
+STOP = None  # put in a worker's inbox: its loop ends
 _STATE = None  # in a worker process: the object its tasks are given
+_CHANNELS: tuple = ()  # in a worker process: (its number, its inbox, the outbox)
 
 
 def can_fork() -> bool:
@@ -31,16 +38,30 @@ def can_fork() -> bool:
 
 
 class WorkerPool:
-    """`processes` one-thread worker processes, each holding `state` (forked: the parent's
-    object itself; spawned: a pickled copy); they ignore SIGINT and SIGTERM, which the parent
-    handles by closing the pool."""
+    """`workers` workers holding `state`: forked one-thread processes (processes=True; each
+    holds the parent's object itself), which ignore SIGINT and SIGTERM (the parent handles
+    them by closing the pool); or one thread of this process (processes=False, with
+    `threads` PyTorch threads, 0: PyTorch's default)."""
 
-    def __init__(self, processes: int, state, start: str = "fork"):
+    def __init__(self, workers: int, state, processes: bool = True, threads: int = 0):
+        self.workers = workers if processes else 1
         self.processes = processes
-        self.executor = ProcessPoolExecutor(processes, mp.get_context(start),
-                                            initializer=_start_worker, initargs=(state,))
+        self.loops: list[Future] = []  # run_loops' one per worker, once started
+        self._closing = False
+        if not processes:
+            self.inboxes, self.outbox = [queue.Queue()], queue.Queue()
+            self.executor: Executor = ThreadPoolExecutor(1, "nmt-decode",
+                                                         initializer=_set_threads,
+                                                         initargs=(threads,))
+            self._state = state
+            return
+        ctx = mp.get_context("fork")
+        self.inboxes, self.outbox = [ctx.Queue() for _ in range(workers)], ctx.Queue()
+        self.executor = ProcessPoolExecutor(
+            workers, ctx, initializer=_start_worker,
+            initargs=(state, self.inboxes, self.outbox, ctx.Value("i", 0)))
         try:
-            for future in [self.executor.submit(_ready) for _ in range(processes)]:
+            for future in [self.executor.submit(_ready) for _ in range(workers)]:
                 future.result()
         except BrokenProcessPool:
             self.close()
@@ -48,21 +69,38 @@ class WorkerPool:
 
     def submit(self, fn: Callable, *args) -> Future:
         """Run fn(state, *args) on a worker; its Future."""
-        return self.executor.submit(_call, fn, *args)
+        if self.processes:
+            return self.executor.submit(_call, fn, *args)
+        return self.executor.submit(partial(fn, self._state), *args)
 
-    def imap(self, fn: Callable, tasks: Iterable, ahead: int = 2) -> Iterator:
-        """fn(state, task) for each task, in task order, with at most `ahead` tasks per
-        process in flight (a long task list never piles up in memory)."""
-        pending: deque[Future] = deque()
-        for task in tasks:
-            pending.append(self.submit(fn, task))
-            if len(pending) >= ahead * self.processes:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
+    def run_loops(self, fn: Callable) -> None:
+        """Run fn(state, inbox, outbox, worker) on every worker, until close() (each worker's
+        own inbox; worker: its number, 0..workers-1). Tasks wait while the loops run."""
+        if self.processes:
+            self.loops = [self.executor.submit(_loop, fn) for _ in range(self.workers)]
+        else:
+            self.loops = [self.submit(fn, self.inboxes[0], self.outbox, 0)]
+
+    def send(self, worker: int, message) -> None:
+        """Put a message in a worker's inbox (for its loop)."""
+        self.inboxes[worker].put(message)
+
+    def read(self, timeout: float | None = None):
+        """The next message any loop put in the outbox; queue.Empty after `timeout` seconds."""
+        return self.outbox.get(timeout=timeout)
+
+    def dead(self) -> str:
+        """Why the loops cannot run any more (a worker died, or a loop ended); "" while they
+        all run."""
+        if self._closing or not any(loop.done() for loop in self.loops):
+            return ""
+        return "a decoding worker died; restart the server"
 
     def close(self) -> None:
-        """Stop the processes (queued tasks are cancelled)."""
+        """Stop the loops, then the workers (queued tasks are cancelled)."""
+        self._closing = True
+        for inbox in self.inboxes[:len(self.loops)]:
+            inbox.put(STOP)
         self.executor.shutdown(wait=True, cancel_futures=True)
 
     def __enter__(self) -> WorkerPool:
@@ -72,14 +110,23 @@ class WorkerPool:
         self.close()
 
 
-def _start_worker(state) -> None:
-    """Worker set-up: keep the state, one PyTorch thread (GNU OpenMP cannot start a thread
-    team in a process forked from one that had one), signals left to the parent."""
-    global _STATE
-    _STATE = state
+def _start_worker(state, inboxes: list, outbox, counter) -> None:
+    """Worker set-up: keep the state and take the next number and its inbox, one PyTorch
+    thread (GNU OpenMP cannot start a thread team in a process forked from one that had one),
+    signals left to the parent."""
+    global _STATE, _CHANNELS
+    with counter.get_lock():
+        worker, counter.value = counter.value, counter.value + 1
+    _STATE, _CHANNELS = state, (worker, inboxes[worker], outbox)
     torch.set_num_threads(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _set_threads(threads: int) -> None:
+    """The decoding thread's PyTorch threads."""
+    if threads:
+        torch.set_num_threads(threads)
 
 
 def _ready() -> None:
@@ -89,3 +136,9 @@ def _ready() -> None:
 def _call(fn: Callable, *args):
     """In a worker: fn(state, *args)."""
     return fn(_STATE, *args)
+
+
+def _loop(fn: Callable):
+    """In a worker: fn(state, inbox, outbox, worker) with this worker's channels."""
+    worker, inbox, outbox = _CHANNELS
+    return fn(_STATE, inbox, outbox, worker)

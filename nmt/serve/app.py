@@ -4,7 +4,14 @@ POST /translate takes {"text": [...]} with optional search settings and answers 
 translations in input order and their scores (and, with "attention": true, where each looked
 in its source); GET /health says whether the server can translate (and its limits and
 defaults); GET /stats counts requests, sentences and batches; /docs is the OpenAPI page; GET /
-is a page to try it in a browser (nmt/serve/page.html, self-contained).
+is a page to try it in a browser (nmt/serve/page.html, self-contained). LibreTranslate's API
+lives beside it (nmt.serve.libretranslate): POST /translate with a form or with "q".
+
+Documents. Each text is cut into pieces (nmt.segment: split=sentence, paragraph or none, the
+server's `split` unless the request says): the pieces of every text of a request are queued
+together, as one request's sentences are, and each text's answer is its pieces' translations
+put back between its own spaces and line breaks, with the pieces listed when there are
+several (a text of one piece is answered as before).
 
 How a request travels. The handler, on the event loop, checks the request against the
 server's limits, encodes its sentences with the checkpoint's SentencePiece model and queues
@@ -30,16 +37,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import queue
 import signal
 import socket
 import sys
-import threading
 import typing
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import asynccontextmanager
 from dataclasses import asdict, replace
 from importlib.resources import files
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -49,17 +56,19 @@ from starlette.exceptions import HTTPException
 
 from nmt.config import SearchConfig, ServeConfig
 from nmt.errors import ConfigError, NmtError
-from nmt.inference.ct2_engine import open_translator
+from nmt.inference.engine import Engine, check_vocab, open_translator
 from nmt.inference.search import Hypothesis
-from nmt.inference.stepping import StepWorkers
-from nmt.inference.translator import Translator
-from nmt.plot import attention_weights
+from nmt.inference.workers import WorkerPool
 from nmt.runtime import keep_freed_memory, pick_device, usable_cores
+from nmt.segment import Segmented, sentence_splitter, split_text
+from nmt.serve import libretranslate
 from nmt.serve.batcher import Batcher, BatcherStopped, BatchStats, ContinuousBatcher, QueueFull
-from nmt.translate import check_vocab
+from nmt.serve.errors import ApiError
 
 PROG = "nmt-serve"
-SEARCH_FIELDS = ("beam_size", "nbest", "alpha", "max_len_a", "max_len_b", "min_len")
+SEARCH_FIELDS = ("beam_size", "nbest", "alpha", "max_len_a", "max_len_b", "min_len", "sampling",
+                 "top_k", "top_p", "temperature", "seed", "no_repeat_ngram_size")
+SENTENCE_FIELDS = ("prefix", "constraints")  # per sentence; continuous batching only
 # GET /'s page may run its own inline script and style and call this server, nothing else.
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
        "connect-src 'self'; img-src 'self' data:")
@@ -92,8 +101,9 @@ class TranslateRequest(BaseModel):
         "examples": [{"text": ["Open the file.", "Show hidden files"], "beam_size": 4}]})
 
     text: list[Sentence] = Field(min_length=1, description=(
-        "Raw source sentences, one per item, in the order the translations come back; at most "
-        "the server's max_sentences items and max_chars characters in all (GET /health)."))
+        "Raw source texts (a sentence, a paragraph, a document), one per item, in the order "
+        "the translations come back; at most the server's max_chars characters in all, and "
+        "max_sentences pieces once split (GET /health)."))
     beam_size: int | None = Field(None, ge=1, description=(
         "Hypotheses kept per sentence; 1 is greedy search. At most the server's max_beam_size."))
     nbest: int | None = Field(None, ge=1, description=(
@@ -106,8 +116,31 @@ class TranslateRequest(BaseModel):
         "See max_len_a; at most the server's max_len_b."))
     min_len: int | None = Field(None, ge=0, description=(
         "End of sentence is forbidden before this many output tokens; at most max_len_b."))
+    sampling: bool | None = Field(None, description=(
+        "Draw nbest random samples per sentence instead of searching; sentence i's samples "
+        "depend on the seed and i alone (as line i of nmt-translate's input)."))
+    top_k: int | None = Field(None, ge=0, description=(
+        "Sampling: only from the top_k most probable pieces (0: all)."))
+    top_p: float | None = Field(None, gt=0, le=1, description=(
+        "Sampling: only from the fewest best pieces whose probability reaches top_p."))
+    temperature: float | None = Field(None, gt=0, le=100, description=(
+        "Sampling: from softmax(log-probabilities / temperature)."))
+    seed: int | None = Field(None, ge=0, description="Sampling: the seed.")
+    no_repeat_ngram_size: int | None = Field(None, ge=0, le=16, description=(
+        "No n-gram of this many pieces twice in a translation (0: off)."))
+    prefix: list[str] | None = Field(None, description=(
+        "Per sentence of text, the start every translation of it must have ('' for none; "
+        "nmt-translate's prefix=true). Needs the server's continuous batching."))
+    constraints: list[list[str]] | None = Field(None, description=(
+        "Per sentence of text, the phrases every translation of it must contain (nmt-translate's "
+        "constraints=FILE: beam search with dynamic beam allocation, at any beam_size; not "
+        "with sampling). Needs the server's continuous batching."))
     attention: bool = Field(False, description=(
         "Also return each best translation's encoder-decoder attention over its source."))
+    split: Literal["none", "sentence", "paragraph"] | None = Field(None, description=(
+        "How each text is cut before it is translated (the server's default: GET /health): "
+        "none, sentence, or paragraph (at its line breaks); the pieces' translations go back "
+        "in place of the pieces, between the text's own spaces and line breaks."))
 
 
 class Scored(BaseModel):
@@ -131,17 +164,32 @@ class Attention(BaseModel):
         "to 1), rounded to 4 digits."))
 
 
+class Piece(BaseModel):
+    """One piece of a text that was split into several, translated on its own."""
+
+    source: str = Field(description="The piece of the text (without the spaces around it).")
+    text: str = Field(description="Its best translation, detokenized.")
+    score: float | None = Field(description="Its log P(Y|X) / ((5 + |Y|) / 6)^alpha.")
+    nbest: list[Scored] | None = Field(None, description="When nbest > 1: its n-best list.")
+    attention: Attention | None = Field(None, description="When the request asked for it.")
+
+
 class Translation(BaseModel):
-    """The translation of one input sentence."""
+    """The translation of one input text."""
 
     text: str = Field(description="The best translation, detokenized.")
     score: float | None = Field(description=(
         "Its log P(Y|X) / ((5 + |Y|) / 6)^alpha (higher is better); null if none was found."))
     truncated: bool = Field(description=(
-        "The source had more subword tokens than the server's max_input_tokens and was cut."))
+        "The source had more subword tokens than the server's max_input_tokens and was cut "
+        "(split=none only: a split text's pieces are cut to fit instead)."))
     nbest: list[Scored] | None = Field(None, description=(
         "When nbest > 1: the nbest hypotheses, best first (the first is text and score)."))
     attention: Attention | None = Field(None, description="When the request asked for it.")
+    pieces: list[Piece] | None = Field(None, description=(
+        "When the text was split into several pieces: each piece with its translation, score, "
+        "n-best list and attention (then `text` is their translations in place, `score` their "
+        "sum, and nbest and attention are the pieces')."))
 
 
 class TranslateResponse(BaseModel):
@@ -157,15 +205,6 @@ class ErrorResponse(BaseModel):
     field: str | None = Field(description=(
         'The offending field, e.g. "text[2]", "beam_size", "body"; null when the request is '
         'fine but the server cannot answer it (500, 503, 504).'))
-
-
-class ApiError(Exception):
-    """An error answer: HTTP status, the field it is about, one line of text."""
-
-    def __init__(self, status: int, field: str | None, message: str,
-                 headers: dict | None = None):
-        super().__init__(f"{field}: {message}" if field else message)
-        self.status, self.field, self.headers = status, field, headers
 
 
 ERRORS = {code: {"model": ErrorResponse, "description": what} for code, what in (
@@ -212,21 +251,21 @@ class HealthResponse(BaseModel):
     search: dict = Field(description=(
         "The default search settings a request may override; max_tokens and max_sentences "
         "bound every shared batch."))
+    split: str = Field(description="How texts are cut when a request does not say: none, "
+                                   "sentence or paragraph.")
 
 
 # ----------------------------------------------------------------------------- the service
 class Service:
     """The model, the limits and the batcher: what the HTTP handlers call."""
 
-    def __init__(self, translator: Translator, cfg: ServeConfig,
-                 stepper: StepWorkers | None = None):
-        """stepper: the workers of continuous batching (cfg.continuous; default: one thread)."""
+    def __init__(self, translator: Engine, cfg: ServeConfig):
+        """cfg.continuous: the translator's workers run continuous batching's loops."""
         self.translator, self.cfg, self.workers = translator, cfg, translator.workers
-        self.stepper = None
+        self.stepper: WorkerPool | None = None
         search = cfg.search
         if cfg.continuous:
-            self.stepper = stepper or StepWorkers(translator)
-            self.workers = self.stepper.workers
+            self.stepper = translator.stepper()
             self.batcher = ContinuousBatcher(self.stepper.send, self.stepper.read, self.workers,
                                              search.max_tokens, search.max_sentences,
                                              cfg.max_queued)
@@ -236,7 +275,9 @@ class Service:
         self.requests = 0  # requests answered with translations
         self.pool_error = ""  # why the decoding processes cannot decode, once they cannot
         self.max_input = min(cfg.max_input_tokens, translator.max_input_tokens)
-        self.model_lock = threading.Lock()  # one attention_weights at a time (it sets flags)
+        self.split = cfg.split if cfg.split != "auto" else (
+            "sentence" if cfg.src_lang else "paragraph")
+        self.splitter = sentence_splitter(cfg.src_lang) if cfg.src_lang else None
 
     @property
     def broken(self) -> str:
@@ -248,43 +289,95 @@ class Service:
     def search_of(self, req: TranslateRequest) -> SearchConfig:
         """The server's search settings with the request's overrides, within the limits."""
         asked = {k: getattr(req, k) for k in SEARCH_FIELDS if getattr(req, k) is not None}
-        limits = {"beam_size": self.cfg.max_beam_size, "max_len_b": self.cfg.max_len_b,
-                  "min_len": self.cfg.max_len_b}
+        limits = {"beam_size": self.cfg.max_beam_size, "nbest": self.cfg.max_beam_size,
+                  "max_len_b": self.cfg.max_len_b, "min_len": self.cfg.max_len_b}
         for key, limit in limits.items():
             if asked.get(key, 0) > limit:
                 raise ApiError(422, key, f"must be <= {limit} (this server's limit), "
                                          f"got {asked[key]}")
         try:
             search = replace(self.cfg.search, **asked)
-            self.translator.check_search(search)  # what the engine cannot run
+            self.translator.capabilities.check_search(search)  # what the engine cannot run
             return search
         except ConfigError as e:  # e.g. nbest > beam_size
             key = str(e).split(":")[0].removeprefix("search.")
             raise ApiError(422, key, str(e).split(": ", 1)[1]) from None
 
-    def check_size(self, req: TranslateRequest) -> None:
-        """max_sentences and max_chars per request; attention needs nmt's own engine."""
-        if req.attention and self.cfg.engine != "nmt":
-            raise ApiError(422, "attention", "needs the server's engine=nmt (CTranslate2 "
-                                             "does not return attention)")
-        if len(req.text) > self.cfg.max_sentences:
-            raise ApiError(413, "text", f"{len(req.text)} sentences; this server takes at most "
-                                        f"{self.cfg.max_sentences} per request")
+    def sentence_fields(self, req: TranslateRequest, search: SearchConfig) -> list[tuple]:
+        """Per text: its forced prefix ids, its phrases' ids and its number (which seeds
+        its samples), encoded with the target tokenizer."""
+        asked = [key for key in SENTENCE_FIELDS if getattr(req, key) is not None]
+        for key in asked:
+            if not self.cfg.continuous:
+                raise ApiError(422, key, "needs the server's continuous batching "
+                                         "(continuous=true)")
+            if len(getattr(req, key)) != len(req.text):
+                raise ApiError(422, key, f"must have one item per sentence of text "
+                                         f"({len(req.text)}), got {len(getattr(req, key))}")
+        phrases = [[p for p in ps if p.strip()] for ps in req.constraints or []]
+        if any(phrases) and search.sampling:
+            raise ApiError(422, "constraints", "need beam search, not sampling")
+        tok = self.translator.tgt_tok
+        prefixes = tok.encode(req.prefix) if req.prefix else [[] for _ in req.text]
+        encoded = iter(tok.encode([p for ps in phrases for p in ps]))
+        phrases = [[next(encoded) for _ in ps] for ps in phrases] or [[] for _ in req.text]
+        return list(zip(prefixes, phrases, range(len(req.text)), strict=True))
+
+    def piece_fields(self, docs: list[Segmented], fields: list[tuple]) -> list[tuple]:
+        """Per piece, its text's sentence_fields (the pieces of text i sample as nmt-translate's
+        pieces of line i); a prefix or constraints are a whole text's: its text must be one
+        piece."""
+        out = []
+        for i, (doc, (prefix, phrases, number)) in enumerate(zip(docs, fields, strict=True)):
+            if len(doc.pieces) > 1 and (prefix or phrases):
+                key = "prefix" if prefix else "constraints"
+                raise ApiError(422, key, f"text[{i}] is split into {len(doc.pieces)} pieces; a "
+                                         f"{key} is a whole text's (send it with split=none)")
+            out += [(prefix, phrases, number)] * len(doc.pieces)
+        return out
+
+    def check_size(self, req: TranslateRequest, split: str, pieces: int) -> None:
+        """max_chars (all texts) and max_sentences (the pieces they are split into) per request;
+        attention needs an engine that has it."""
+        try:
+            self.translator.capabilities.check("attention", req.attention)
+        except ConfigError as e:
+            raise ApiError(422, "attention", str(e).split(": ", 1)[1]) from None
         chars = sum(map(len, req.text))
         if chars > self.cfg.max_chars:
             raise ApiError(413, "text", f"{chars} characters; this server takes at most "
                                         f"{self.cfg.max_chars} per request")
+        if pieces > self.cfg.max_sentences:
+            what = "sentences" if split == "none" else f"pieces (split={split})"
+            raise ApiError(413, "text", f"{pieces} {what}; this server takes at most "
+                                        f"{self.cfg.max_sentences} per request (max_sentences)")
+
+    def segment(self, req: TranslateRequest) -> tuple[str, list[Segmented]]:
+        """The request's split mode and its texts cut into pieces (nmt.segment: none over
+        max_input tokens unless split=none)."""
+        split = req.split or self.split
+        if split == "sentence" and self.splitter is None:
+            raise ApiError(422, "split", "sentence needs the server's source language "
+                                         "(nmt-serve src_lang=...)")
+        tok = self.translator.src_tok
+        return split, [split_text(text, split, self.splitter,
+                                  lambda t: len(tok.encode([t])[0]), self.max_input)
+                       for text in req.text]
 
     async def translate(self, req: TranslateRequest) -> TranslateResponse:
-        """POST /translate: check, encode, decode in shared batches, detokenize."""
-        self.check_size(req)
+        """POST /translate: split, check, encode, decode in shared batches, detokenize, put
+        each text back together."""
+        split, docs = self.segment(req)
+        pieces = [piece for doc in docs for piece in doc.pieces]
+        self.check_size(req, split, len(pieces))
         search = self.search_of(req)
         if self.broken:
             raise ApiError(503, None, self.broken)
-        full = self.translator.src_tok.encode(req.text)
+        extras = self.piece_fields(docs, self.sentence_fields(req, search))
+        full = self.translator.src_tok.encode(pieces)
         ids = [seq[:self.max_input] for seq in full]  # nmt-translate's truncation
         try:
-            nbest = await self.batcher.translate(ids, search, self.cfg.timeout_s)
+            nbest = await self.batcher.translate(ids, search, self.cfg.timeout_s, extras)
         except QueueFull:
             raise ApiError(503, None, f"busy: {len(self.batcher.queue)} sentences queued",
                            {"Retry-After": str(self.batcher.retry_after())}) from None
@@ -305,17 +398,17 @@ class Service:
             maps = await asyncio.to_thread(lambda: [self.attention(src, hyps[0].tokens)
                                                     for src, hyps in zip(ids, nbest, strict=True)])
         self.requests += 1
+        parts = iter([self._translation(hyps, len(f) > self.max_input, search.nbest, a)
+                      for hyps, f, a in zip(nbest, full, maps, strict=True)])
         return TranslateResponse(translations=[
-            self._translation(hyps, len(f) > self.max_input, search.nbest, a)
-            for hyps, f, a in zip(nbest, full, maps, strict=True)])
+            rejoin(doc, [next(parts) for _ in doc.pieces]) for doc in docs])
 
     def attention(self, src_ids: list[int], out_ids: list[int]) -> Attention:
         """The (first) model's encoder-decoder attention of one pair, last decoder layer, heads
         averaged: out_ids teacher-forced on src_ids (as nmt-translate's attention_plot)."""
         t = self.translator
-        with self.model_lock:
-            kinds = attention_weights(t.model, src_ids, out_ids, t.specials)
-        rows = kinds["encoder_decoder"][-1].mean(0)  # (N, h, T, S) -> (T, S)
+        kinds = t.attention([src_ids], [out_ids])
+        rows = kinds["encoder_decoder"][0, -1].mean(0)  # (1, N, h, T, S) -> (T, S)
         return Attention(source=t.src_tok.pieces(src_ids) + ["</s>"],
                          target=t.tgt_tok.pieces(out_ids) + ["</s>"],
                          weights=[[round(w, 4) for w in row] for row in rows.tolist()])
@@ -339,7 +432,7 @@ class Service:
             limits={k: getattr(cfg, k) for k in (
                 "max_sentences", "max_chars", "max_queued", "max_input_tokens", "timeout_s",
                 "max_beam_size", "max_len_b", "max_wait_ms")},
-            search=asdict(cfg.search))
+            search=asdict(cfg.search), split=self.split)
 
     def stats(self) -> StatsResponse:
         """GET /stats: requests, sentences and batches so far, and what is queued now."""
@@ -348,6 +441,20 @@ class Service:
                              mean_batch=s.sentences / s.batches if s.batches else 0.0,
                              queued=len(self.batcher.queue),
                              busy_workers=self.workers - self.batcher.idle)
+
+
+def rejoin(doc: Segmented, parts: list[Translation]) -> Translation:
+    """A text's answer from its pieces' answers: their translations in place of the pieces;
+    one piece is the text's answer, several are listed with their scores summed."""
+    text = doc.join([p.text for p in parts])
+    if len(parts) == 1:
+        return parts[0].model_copy(update={"text": text})
+    scores = [p.score for p in parts]
+    return Translation(text=text, score=None if None in scores else sum(scores),
+                       truncated=any(p.truncated for p in parts), pieces=[
+                           Piece(source=s, text=p.text, score=p.score, nbest=p.nbest,
+                                 attention=p.attention)
+                           for s, p in zip(doc.pieces, parts, strict=True)])
 
 
 # ----------------------------------------------------------------------------- the HTTP app
@@ -413,7 +520,8 @@ async def _invalid_request(request: Request, exc: RequestValidationError) -> JSO
     field = _field_name(tuple(first.get("loc", ())))
     message = first.get("msg", "invalid").removeprefix("Value error, ")
     if first.get("type") == "extra_forbidden":
-        message = f"unknown field (known: text, {', '.join(SEARCH_FIELDS)}, attention)"
+        message = (f"unknown field (known: text, {', '.join(SEARCH_FIELDS + SENTENCE_FIELDS)}, "
+                   f"attention, split)")
     elif field == "body":
         message = ('must be a JSON object like {"text": ["..."]}, sent with Content-Type: '
                    'application/json')
@@ -461,6 +569,8 @@ def create_app(service: Service) -> FastAPI:
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(ApiError, lambda request, exc: _error_response(exc))
     app.add_exception_handler(Exception, _server_error)
+    libretranslate.install(app, service.cfg, lambda texts, **search: service.translate(
+        TranslateRequest(text=texts, **search)))  # inside BodyLimit: bounded requests too
     limit = 4 * service.cfg.max_chars + 100 * service.cfg.max_sentences + 4096
     app.add_middleware(BodyLimit, max_bytes=limit)
 
@@ -517,21 +627,17 @@ def serve(cfg: ServeConfig) -> None:
         keep_freed_memory()
     # Prepared for search.dtype here, then the workers forked: before any socket or thread.
     translator = open_translator(cfg.engine, [cfg.checkpoint], device, dtype=cfg.search.dtype,
-                                 workers=1 if cfg.continuous else workers,
-                                 threads=cfg.threads, ct2_model=cfg.ct2_model,
+                                 workers=workers, threads=cfg.threads, ct2_model=cfg.ct2_model,
                                  shortlist=cfg.search.shortlist)
-    stepper = StepWorkers(translator, workers) if cfg.continuous else None
     try:
         if cfg.vocab_check:
             check_vocab(translator, cfg.vocab_check, cfg.checkpoint)
-        if stepper:
-            stepper.warm_up(cfg.search.dtype)
+        if cfg.continuous:
+            warm_up_loops(translator.stepper(), cfg.search.dtype)
         else:
             warm_up(translator, cfg.search.dtype)
     except NmtError:
         translator.close()
-        if stepper:
-            stepper.close()
         raise
     # uvicorn stops gracefully on SIGTERM, then raises it again to end the process: a handler
     # that only notes it (until the workers are stopped too) makes that end with status 0.
@@ -539,13 +645,14 @@ def serve(cfg: ServeConfig) -> None:
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     try:
         with open_socket(cfg.host, cfg.port) as sock:
-            service = Service(translator, cfg, stepper)
+            service = Service(translator, cfg)
             host, port = sock.getsockname()[:2]
             url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
             n = service.workers
             log(f"{cfg.checkpoint} on {device} ({n} decoding "
                 f"{'processes' if n > 1 else 'thread'}, "
-                f"{'continuous' if cfg.continuous else 'dynamic'} batching); listening on {url} "
+                f"{'continuous' if cfg.continuous else 'dynamic'} batching, split="
+                f"{service.split}); listening on {url} "
                 f"(API: {url}/docs)")
             if not stop:
                 run_until_stopped(create_app(service), sock, cfg)
@@ -554,12 +661,10 @@ def serve(cfg: ServeConfig) -> None:
             f"batches")
     finally:
         translator.close()
-        if stepper:
-            stepper.close()
         signal.signal(signal.SIGTERM, previous)
 
 
-def warm_up(translator: Translator, dtype: str) -> None:
+def warm_up(translator: Engine, dtype: str) -> None:
     """Decode one short batch on every worker (the first batch of a process is slower)."""
     warm = SearchConfig(beam_size=1, max_len_b=1, dtype=dtype)
     try:
@@ -567,6 +672,21 @@ def warm_up(translator: Translator, dtype: str) -> None:
             future.result()
     except BrokenProcessPool:
         raise NmtError("a decoding process died while starting") from None
+
+
+def warm_up_loops(pool: WorkerPool, dtype: str) -> None:
+    """Decode one short sentence on every worker of continuous batching (a process's first
+    steps are slower); NmtError if a worker fails or does not answer within a minute."""
+    warm = SearchConfig(beam_size=1, max_len_b=1, dtype=dtype)
+    for w in range(pool.workers):
+        pool.send(w, [(("warm", w), warm, [4])])
+    for _ in range(pool.workers):
+        try:
+            message = pool.read(timeout=60)
+        except queue.Empty:
+            raise NmtError("a decoding worker did not start within a minute") from None
+        if message[0] == "error":
+            raise NmtError(f"a decoding worker failed while starting ({message[3]!r})")
 
 
 def run_until_stopped(app: FastAPI, sock: socket.socket, cfg: ServeConfig) -> None:

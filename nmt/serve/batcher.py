@@ -94,6 +94,7 @@ class _Queued:
     job: _Job
     index: int
     arrived: float
+    extra: tuple = ()  # continuous batching: (forced prefix ids, phrases' ids, line number)
 
 
 def search_key(search: SearchConfig) -> tuple:
@@ -121,9 +122,11 @@ class Batcher:
         self.running_sentences = 0  # in the batches being decoded now
         self.error = ""  # why the dispatch loop stopped, once it has
 
-    async def translate(self, seqs: list[list[int]], search: SearchConfig,
-                        timeout: float) -> list[list[Hypothesis]]:
-        """Hypotheses of each id list (no BOS/EOS), decoded along with other requests' ones."""
+    async def translate(self, seqs: list[list[int]], search: SearchConfig, timeout: float,
+                        extras: list[tuple] | None = None) -> list[list[Hypothesis]]:
+        """Hypotheses of each id list (no BOS/EOS), decoded along with other requests' ones.
+        extras: per id list, its forced prefix ids, phrases' ids and line number (continuous
+        batching's workers take them; the dynamic batcher's submit does not)."""
         if self.error:
             raise BatcherStopped(self.error)
         self._drop_cancelled()
@@ -134,7 +137,8 @@ class Batcher:
         job = _Job(search, search_key(search), [None] * len(seqs), len(seqs),
                    loop.create_future())
         now = self.clock.now()
-        self.queue.extend(_Queued(ids, job, i, now) for i, ids in enumerate(seqs))
+        self.queue.extend(_Queued(ids, job, i, now, extras[i] if extras else ())
+                          for i, ids in enumerate(seqs))
         self.changed.set()
         if not await self._within(job.done, timeout):
             job.cancelled = True  # its queued sentences are dropped, running ones ignored
@@ -271,7 +275,8 @@ class ContinuousBatcher(Batcher):
     decoding step and comes back when it ends (nmt.inference.stepping.step_loop). Sentences of
     any search settings share a worker (each setting is its own batch there).
 
-    send(worker, [(tag, search, ids), ...]) hands sentences to a worker; the worker's messages,
+    send(worker, [(tag, search, ids, extra), ...]) hands sentences to a worker (extra: the
+    forced prefix ids, phrases' ids and line number, or ()); the worker's messages,
     ("done", worker, [(tag, hypotheses), ...]) or ("error", worker, [tag, ...], exception), come to
     `receive` on the event loop (from a thread that calls read() unless read is None: then the
     caller passes them on).
@@ -316,7 +321,7 @@ class ContinuousBatcher(Batcher):
                     self.idle -= 1
                 self.flying[w][self.tags] = q
                 self.tokens[w] += len(q.ids) + 1
-                sends.setdefault(w, []).append((self.tags, q.job.search, q.ids))
+                sends.setdefault(w, []).append((self.tags, q.job.search, q.ids, q.extra))
             for w, items in sends.items():
                 self.send(w, items)
                 self.stats.batches += 1
@@ -325,13 +330,16 @@ class ContinuousBatcher(Batcher):
             await self._wait(None)
 
     def _room(self, tokens: int) -> int | None:
-        """The worker with the fewest tokens in flight if it can take `tokens` more."""
-        w = min(range(self.workers), key=self.tokens.__getitem__)
+        """Of the workers that can take `tokens` more, the one with the fewest tokens in flight
+        (None: none can)."""
+        fits = [w for w in range(self.workers) if self._fits(w, tokens)]
+        return min(fits, key=self.tokens.__getitem__, default=None)
+
+    def _fits(self, w: int, tokens: int) -> bool:
+        """Can worker w take a sentence of `tokens` more (an empty worker takes any)?"""
         n = len(self.flying[w])
-        if n and (self.tokens[w] + tokens > self.max_tokens
-                  or self.max_sentences and n >= self.max_sentences):
-            return None
-        return w
+        return not n or (self.tokens[w] + tokens <= self.max_tokens
+                         and not (self.max_sentences and n >= self.max_sentences))
 
     def receive(self, message: tuple) -> None:
         """A worker's message: hand each ended sentence its hypotheses (or its error)."""

@@ -1,0 +1,63 @@
+"""What each decoding engine can do, stated once.
+
+nmt-translate's and nmt-serve's configs refuse at once what their engine cannot do
+(nmt.config), and the engines refuse it again when they are called (nmt.inference.engine: a
+Python caller, a request to nmt-serve): every refusal comes from the Capabilities here, a
+one-line ConfigError naming the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nmt.errors import ConfigError
+
+# the keys that use a feature (nmt-translate's, nmt-serve's and its requests') -> the feature
+FEATURES = {"checkpoint": "ensembles", "constraints": "constraints", "alignment": "attention",
+            "attention_plot": "attention", "attention": "attention", "continuous": "continuous"}
+LACKS = {"ensembles": "translates with one model, not an ensemble",
+         "constraints": "has no lexical constraints",
+         "attention": "does not return attention",
+         "continuous": "has no continuous batching (set continuous=false)"}
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine can do; check and check_search refuse the rest."""
+
+    engine: str  # the engine's name, as engine= gives it
+    ensembles: bool  # several checkpoints decoded as one model (checkpoint=[A.pt,B.pt])
+    constraints: bool  # lexical constraints (constraints=FILE)
+    attention: bool  # attention weights: alignment, attention_plot, nmt-serve's "attention"
+    continuous: bool  # continuous batching (nmt-serve continuous=true)
+    beam_alpha: bool  # GNMT's length penalty in beam search (search.alpha, beam_size > 1)
+    epsilon: bool  # epsilon sampling (search.epsilon with search.sampling)
+    shortlist: str | None = None  # the one search.shortlist it decodes with ("": none; None: any)
+
+    def check(self, key: str, used: object = True) -> None:
+        """A ConfigError naming `key` (one of FEATURES) if it is used and the engine lacks
+        its feature."""
+        feature = FEATURES[key]
+        if used and not getattr(self, feature):
+            raise ConfigError(f"{key}: engine={self.engine} {LACKS[feature]}; use engine=nmt")
+
+    def check_search(self, search) -> None:
+        """A ConfigError naming the first key of `search` (a nmt.config.SearchConfig) that
+        the engine cannot run."""
+        if search.alpha and search.beam_size > 1 and not search.sampling and not self.beam_alpha:
+            raise ConfigError(f"search.alpha: engine={self.engine} has no GNMT length penalty "
+                              f"in beam search; use search.alpha=0 (or search.beam_size=1)")
+        if search.sampling and search.epsilon and not self.epsilon:
+            raise ConfigError(f"search.epsilon: engine={self.engine} has no epsilon sampling; "
+                              f"use engine=nmt")
+        if self.shortlist is not None and search.shortlist != self.shortlist and (
+                search.shortlist):
+            raise ConfigError(f"search.shortlist: engine={self.engine} loaded "
+                              f"{self.shortlist or 'no shortlist'}, not {search.shortlist}")
+
+
+ENGINES = {"nmt": Capabilities("nmt", ensembles=True, constraints=True, attention=True,
+                               continuous=True, beam_alpha=True, epsilon=True),
+           "ctranslate2": Capabilities("ctranslate2", ensembles=False, constraints=False,
+                                       attention=False, continuous=False, beam_alpha=False,
+                                       epsilon=False)}

@@ -1,0 +1,102 @@
+"""The engine interface: what nmt-translate, nmt-serve, alignments, attention plots and the
+benchmarks decode through, and `open_translator`, the one switch between the engines.
+
+Two engines implement it: nmt's own Translator (engine=nmt, nmt.inference.translator) and
+CTranslate2's (engine=ctranslate2, nmt.inference.ct2_engine). What an engine cannot do is
+stated once, in its `capabilities` (nmt.capabilities): the configs refuse it before loading,
+the engine again when it is asked, each a one-line ConfigError naming the key.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from nmt.capabilities import Capabilities
+from nmt.config import SearchConfig, check_search_device
+from nmt.errors import NmtError
+from nmt.inference.ct2_engine import CT2Translator
+from nmt.inference.search import Hypothesis
+from nmt.inference.translator import Translator
+from nmt.inference.workers import WorkerPool
+from nmt.tokenizer import Specials, Tokenizer, check_same_vocabulary
+
+
+class Engine(Protocol):
+    """A loaded model (or ensemble) that decodes id lists: nmt's Translator or CTranslate2's.
+
+    Each also has `load` (a classmethod: checkpoints, device, weights, dtype, workers,
+    threads) and works as a context manager (closing it)."""
+
+    capabilities: Capabilities  # what it can do; it refuses the rest
+    src_tok: Tokenizer  # the source SentencePiece model
+    tgt_tok: Tokenizer  # the target SentencePiece model
+    specials: Specials  # the target's BOS, EOS and PAD ids
+    vocab: dict  # the checkpoint's vocab entry (sizes, special ids, sha256)
+    device: torch.device  # where it decodes
+    workers: int  # batches it decodes at once
+
+    @property
+    def max_input_tokens(self) -> int:
+        """The longest source (EOS excluded) it can take."""
+
+    def translate_ids(self, src_ids: list[list[int]], search: SearchConfig,
+                      prefixes: list[list[int]] | None = None, lines: list[int] | None = None,
+                      progress=None, parallel: bool = True,
+                      constraints: list[list[list[int]]] | None = None
+                      ) -> list[list[Hypothesis]]:
+        """search.nbest hypotheses of each id list (no BOS/EOS), in input order; prefixes:
+        forced output starts; lines: input line numbers (seeds); progress: called with each
+        batch's size; parallel=False: in the calling thread; constraints: phrases per line."""
+
+    def score_ids(self, src_ids: list[list[int]], tgt_ids: list[list[int]],
+                  search: SearchConfig, progress=None, parallel: bool = True
+                  ) -> list[Hypothesis]:
+        """log P(Y|X) and the search's score of each (source, target) pair of id lists."""
+
+    def attention(self, src_ids: list[list[int]], out_ids: list[list[int]]
+                  ) -> dict[str, Tensor]:
+        """Teacher-forced attention weights per kind, (B, N, h, T_q, T_k) each."""
+
+    def submit(self, search: SearchConfig, seqs: list[list[int]]) -> Future:
+        """Decode one batch off the caller's thread: a Future of its hypotheses."""
+
+    def stepper(self) -> WorkerPool:
+        """The workers running continuous batching's loops (nmt-serve continuous=true)."""
+
+    def close(self) -> None:
+        """Stop its workers."""
+
+
+def open_translator(engine: str, checkpoints: list[str], device: torch.device,
+                    weights: str = "auto", dtype: str = "fp32", workers: int = 1,
+                    threads: int = 0, ct2_model: str = "", shortlist: str = "") -> Engine:
+    """The Translator of engine=nmt, or the CT2Translator of engine=ctranslate2 (one
+    checkpoint; search.dtype checked against the device for the engine first; shortlist:
+    search.shortlist, which CTranslate2's export must hold)."""
+    check_search_device(dtype, device.type, engine=engine)
+    if engine == "nmt":
+        return Translator.load(checkpoints, device, weights, dtype=dtype, workers=workers,
+                               threads=threads)
+    return CT2Translator.load(checkpoints, device, weights, dtype, workers, threads,
+                              ct2_model, shortlist)
+
+
+def check_vocab(engine: Engine, against: str, checkpoint: str) -> None:
+    """vocab_check=... (nmt-translate, nmt-serve): a data directory, its manifest.json or a
+    .model file must match the engine's vocabulary."""
+    path = Path(against)
+    if path.suffix == ".model":
+        theirs, ours = Tokenizer.from_file(path).sha256, engine.src_tok.sha256
+    else:
+        from nmt.data import MANIFEST, read_manifest
+
+        manifest = read_manifest(path.parent if path.name == MANIFEST else path)
+        if "vocab_sha256" not in manifest:
+            raise NmtError(f"{path}: manifest has no vocab_sha256")
+        theirs, ours = manifest["vocab_sha256"], engine.vocab["sha256"]
+    check_same_vocabulary(ours, theirs, checkpoint, str(path))

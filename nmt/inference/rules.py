@@ -1,0 +1,152 @@
+"""The rules every decoding step respects, and the token choice of greedy search and sampling:
+one function each, applied by the decoding core (nmt.inference.core) in one place, in one
+order (`apply_rules`): PAD and BOS never generated, EOS not before search.min_len tokens, no
+n-gram of search.no_repeat_ngram_size tokens twice in one output (fairseq's rule), the lexical
+constraints' bans (nmt.inference.constrained), and last each sentence's forced prefix, which
+wins over every ban (a forced piece is never banned).
+
+Rules see a `StepView`: per row (hypothesis) the tokens it has decoded, its sentence's slot
+and what the slot holds, so that rows that joined at different steps (continuous batching)
+follow each their own position.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from nmt.config import SearchConfig
+from nmt.tokenizer import Specials
+
+
+class StepView:
+    """What the rules see of one decoding step (R live rows); the per-row tensors are made
+    from the host's arrays when a rule first asks for them."""
+
+    def __init__(self, search: SearchConfig, specials: Specials, t: np.ndarray,
+                 tokens: Tensor, slots: np.ndarray, prefix: Tensor | None,
+                 prefix_len: Tensor | None, phrases: object | None):
+        self.search, self.specials, self.tokens = search, specials, tokens  # tokens (R, >t)
+        self.t_host, self.slots_host = t, slots  # (R,) tokens decoded, sentence slot
+        self.t_min, self.t_max = int(t.min()), int(t.max())
+        self.prefix, self.prefix_len = prefix, prefix_len  # (slots, P), (slots,) or None
+        self.phrases = phrases  # nmt.inference.constrained.PhraseConstraints, or None
+
+    @cached_property
+    def t(self) -> Tensor:
+        """(R,) the tokens each row has decoded (its output position now)."""
+        return torch.from_numpy(self.t_host).to(self.tokens.device)
+
+    @cached_property
+    def slots(self) -> Tensor:
+        """(R,) each row's sentence slot."""
+        return torch.from_numpy(self.slots_host).to(self.tokens.device)
+
+
+def ban_specials(lprobs: Tensor, step: StepView) -> None:
+    """PAD and BOS are never generated; BOS that is EOS (M2M100's and NLLB-200's </s>) is
+    (Specials.banned)."""
+    lprobs[:, list(Specials(*step.specials).banned)] = -torch.inf
+
+
+def ban_early_eos(lprobs: Tensor, step: StepView) -> None:
+    """No EOS before search.min_len tokens."""
+    if step.t_min < step.search.min_len:
+        lprobs[:, step.specials.eos].masked_fill_(step.t < step.search.min_len, -torch.inf)
+
+
+def ban_repeated_ngrams(lprobs: Tensor, step: StepView) -> None:
+    """No token that would complete an n-gram (search.no_repeat_ngram_size) already in the row's
+    output."""
+    n = step.search.no_repeat_ngram_size
+    if not n or step.t_max < n:
+        return
+    out = step.tokens[:, 1:step.t_max + 1]  # (R, t_max): outputs, PAD past each row's own end
+    windows = out.unfold(1, n, 1)  # (R, t_max - n + 1, n): every n-gram so far
+    at = (step.t - (n - 1)).clamp(min=0).unsqueeze(1) + torch.arange(n - 1, device=out.device)
+    last = out.gather(1, at)  # (R, n - 1): what the next token continues
+    match = (windows[:, :, :-1] == last.unsqueeze(1)).all(dim=2)  # (R, t_max - n + 1)
+    start = torch.arange(windows.size(1), device=out.device)
+    match &= start + n <= step.t.unsqueeze(1)  # windows inside the output, before `last`
+    r, w = match.nonzero(as_tuple=True)
+    lprobs[r, windows[r, w, -1]] = -torch.inf
+
+
+def ban_after_phrases(lprobs: Tensor, step: StepView) -> None:
+    """Lexical constraints: no EOS before every phrase is met, no piece that goes on with a
+    word right after a phrase (PhraseConstraints.apply)."""
+    if step.phrases is not None:
+        step.phrases.apply(lprobs, step.slots, step.specials.eos)
+
+
+BANS = (ban_specials, ban_early_eos, ban_repeated_ngrams, ban_after_phrases)
+
+
+def apply_rules(lprobs: Tensor, step: StepView) -> None:
+    """Every rule, in place on (R, V) log-probabilities: the bans in order (BANS), then the
+    forced prefixes, with the log-probability the model gave each forced piece before any
+    ban."""
+    forced = prefix_pieces(lprobs, step)
+    for ban in BANS:
+        ban(lprobs, step)
+    if forced is not None:
+        force_prefix(lprobs, *forced)
+
+
+def prefix_pieces(lprobs: Tensor, step: StepView) -> tuple[Tensor, Tensor, Tensor] | None:
+    """The rows still in their forced prefix (R,), the piece each is forced to (R, 1) and its
+    log-probability now (R, 1); None: no sentence has a prefix."""
+    if step.prefix is None:
+        return None
+    inside = step.prefix_len[step.slots] > step.t  # (R,)
+    token = step.prefix[step.slots, step.t.clamp(max=step.prefix.size(1) - 1)].unsqueeze(1)
+    return inside, token, lprobs.gather(1, token)
+
+
+def force_prefix(lprobs: Tensor, inside: Tensor, token: Tensor, keep: Tensor) -> None:
+    """Rows `inside` their prefix can only go on with their forced piece `token`, at its
+    log-probability `keep` (prefix_pieces'): a forced piece is never banned."""
+    lprobs.masked_fill_(inside.unsqueeze(1), -torch.inf)
+    lprobs.scatter_(1, token, torch.where(inside.unsqueeze(1), keep, lprobs.gather(1, token)))
+
+
+def sample_tokens(lprobs: Tensor, u: Tensor, search: SearchConfig) -> Tensor:
+    """(R, V) log-probabilities, (R,) uniforms in [0, 1) -> (R,) tokens drawn by inverse CDF
+    from softmax(lprobs / temperature), cut to the top_k tokens, the top_p nucleus and the
+    tokens of probability >= epsilon."""
+    scores = lprobs / search.temperature
+    ids = None
+    if search.top_k or search.top_p < 1.0:
+        k = min(search.top_k or scores.size(1), scores.size(1))
+        scores, ids = scores.topk(k, dim=1)  # (R, k), sorted best first
+    probs = scores.softmax(dim=1)
+    if search.top_p < 1.0:  # the smallest set of best tokens whose probability reaches top_p
+        probs = probs.masked_fill(probs.cumsum(dim=1) - probs >= search.top_p, 0.0)
+    if search.epsilon:
+        probs = epsilon_cut(probs, search.epsilon)
+    cdf = probs.cumsum(dim=1)  # (R, k or V)
+    pick = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True)  # (R, 1)
+    pick = pick.clamp_(max=cdf.size(1) - 1)
+    return (pick if ids is None else ids.gather(1, pick)).squeeze(1)
+
+
+def epsilon_cut(probs: Tensor, epsilon: float) -> Tensor:
+    """Epsilon sampling (Hewitt et al. 2022): (R, V) probabilities with those below epsilon set
+    to 0; each row's most probable token is always kept."""
+    best = probs.amax(dim=1, keepdim=True)  # (R, 1)
+    return probs.masked_fill((probs < epsilon) & (probs < best), 0.0)
+
+
+def sample_uniforms(lines: list[int], n: int, steps: int, seed: int) -> Tensor:
+    """(len(lines) n, steps) uniforms: row i n + j drives sample j of input line lines[i], drawn
+    from its own generator, so that a line's samples depend on the seed and the line alone
+    (not on batching, worker processes, ranks or the step a sentence joins at)."""
+    rows = []
+    for line in lines:
+        for j in range(n):
+            g = torch.Generator().manual_seed(((seed * 1_000_003 + line) * 1_009 + j) % 2 ** 63)
+            rows.append(torch.rand(steps, generator=g))
+    return torch.stack(rows)

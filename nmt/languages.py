@@ -1,0 +1,75 @@
+"""A checkpoint's languages, and how its model is told which to write (nmt-translate's src_lang=
+and tgt_lang=).
+
+A checkpoint of a multilingual model records them in vocab["languages"]:
+{"convention": ..., "codes": {language: token id}}; a checkpoint without the entry (every
+older one, and every bilingual model) is one language pair, to which src_lang= and tgt_lang=
+do not apply. The conventions of the models nmt imports:
+- "forced" (M2M100, NLLB-200; nmt.m2m100): a source is `code(src_lang) pieces </s>`, and
+  the output starts with code(tgt_lang), forced (decoding starts from </s>): both are needed.
+- "tag" (multilingual OPUS-MT; nmt.marian): a source is `>>tgt_lang<< pieces </s>`; without
+  tgt_lang= the text itself may start with the token (it is one piece), as with
+  MarianTokenizer.
+The names are the checkpoint's: de for M2M100's __de__ and OPUS-MT's >>de<<, deu_Latn for
+NLLB-200. nmt-preprocess's src_lang and tgt_lang are the suffixes of its files; a model trained
+here from one pair records no languages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nmt.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class LanguageChoice:
+    """What a choice of languages adds to the ids of every sentence."""
+
+    source: tuple[int, ...] = ()  # put first on every source
+    prefix: tuple[int, ...] = ()  # forced first on every output, then taken off it
+
+    def sources(self, ids: list[list[int]]) -> list[list[int]]:
+        """Sources with the choice's tokens first."""
+        return [[*self.source, *seq] for seq in ids] if self.source else ids
+
+    def prefixes(self, n: int, given: list[list[int]] | None) -> list[list[int]] | None:
+        """The forced output starts of n sentences: the choice's tokens, then given ones."""
+        if not self.prefix:
+            return given
+        return [[*self.prefix, *p] for p in (given or [[] for _ in range(n)])]
+
+    def strip(self, tokens: list[int]) -> list[int]:
+        """An output without the forced tokens it starts with."""
+        return tokens[len(self.prefix):]
+
+
+def choose(vocab: dict, src_lang: str, tgt_lang: str, where: str) -> LanguageChoice:
+    """The ids that make the checkpoint `where` (its vocab entry) translate from src_lang into
+    tgt_lang ("": not given); a one-line ConfigError naming the key for a language it lacks, a
+    language it needs, or a language given to a bilingual model."""
+    entry = vocab.get("languages")
+    if entry is None:
+        for key, value in (("src_lang", src_lang), ("tgt_lang", tgt_lang)):
+            if value:
+                raise ConfigError(f"{key}={value}: {where} is a bilingual model (it records no "
+                                  f"languages to choose from); leave {key} out")
+        return LanguageChoice()
+    codes = entry["codes"]
+
+    def code(key: str, lang: str) -> int:
+        if lang not in codes:
+            known = sorted(codes)
+            shown = ", ".join(known[:12]) + (f", ... ({len(known)} in all)"
+                                            if len(known) > 12 else "")
+            what = f"{key}={lang}: {where} has no such language" if lang else (
+                f"{key}: {where} is multilingual: give the language")
+            raise ConfigError(f"{what} (it has {shown})")
+        return codes[lang]
+
+    if entry["convention"] == "forced":
+        return LanguageChoice((code("src_lang", src_lang),), (code("tgt_lang", tgt_lang),))
+    if src_lang:
+        raise ConfigError(f"src_lang={src_lang}: {where} chooses the target language only "
+                          f"(tgt_lang=); leave src_lang out")
+    return LanguageChoice((code("tgt_lang", tgt_lang),) if tgt_lang else ())

@@ -1,0 +1,93 @@
+"""The engine interface (nmt.inference.engine, nmt.capabilities) and nmt's one worker pool
+(nmt.inference.workers): open_translator, the refusals stated once, and the same workers
+decoding batches and running continuous batching's loops."""
+
+import multiprocessing as mp
+import os
+import signal
+from concurrent.futures import FIRST_COMPLETED, wait
+
+import pytest
+import torch
+from translate_helpers import save_tiny_checkpoint
+
+from nmt.capabilities import ENGINES
+from nmt.config import SearchConfig
+from nmt.errors import ConfigError, NmtError
+from nmt.inference.engine import check_vocab, open_translator
+from nmt.inference.translator import Translator
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+SEARCH = SearchConfig(beam_size=2, max_len_b=4)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tiny_data_dir, tmp_path_factory):
+    path = tmp_path_factory.mktemp("run") / "checkpoint_last.pt"
+    return save_tiny_checkpoint(path, (tiny_data_dir / "spm.model").read_bytes(), N=1)
+
+
+def loop_answers(pool, workers: int) -> list:
+    """One sentence sent to each worker's loop; the messages that come back."""
+    for w in range(workers):
+        pool.send(w, [((w,), SEARCH, [4, 5, 6])])
+    return [pool.read(timeout=60) for _ in range(workers)]
+
+
+def test_open_translator_gives_nmts_engine_and_checks_the_vocabulary(ckpt, tiny_data_dir):
+    with open_translator("nmt", [str(ckpt)], torch.device("cpu"), dtype="fp32") as tr:
+        assert isinstance(tr, Translator) and tr.capabilities == ENGINES["nmt"]
+        check_vocab(tr, str(tiny_data_dir), str(ckpt))  # the data it was made from
+        with pytest.raises(NmtError, match="manifest"):
+            check_vocab(tr, str(ckpt.parent), str(ckpt))  # no data directory there
+
+
+def test_refusals_name_the_key_once_for_every_caller():
+    ct2 = ENGINES["ctranslate2"]
+    for key in ("checkpoint", "constraints", "alignment", "attention_plot", "attention",
+                "continuous"):
+        ENGINES["nmt"].check(key)
+        ct2.check(key, used=False)
+        with pytest.raises(ConfigError, match=f"^{key}: engine=ctranslate2 .*; use engine=nmt$"):
+            ct2.check(key)
+    ENGINES["nmt"].check_search(SearchConfig(beam_size=4, alpha=0.6))
+    ct2.check_search(SearchConfig(beam_size=1, alpha=0.6))  # greedy: the scores only
+    with pytest.raises(ConfigError, match="^search.alpha: engine=ctranslate2 has no GNMT"):
+        ct2.check_search(SearchConfig(beam_size=4, alpha=0.6))
+
+
+def test_one_pool_decodes_batches_then_runs_the_continuous_loops(ckpt):
+    """workers=2: the same two processes decode submitted batches and then each runs a
+    loop of continuous batching on its own inbox; none is forked besides them."""
+    with Translator.load(ckpt, dtype="fp32", workers=2) as tr:
+        children = {p.pid for p in mp.active_children()}
+        assert len(children) == 2 and tr.pool.processes
+        batch = tr.submit(SEARCH, [[4, 5, 6]]).result()
+        pool = tr.stepper()
+        assert pool is tr.pool and tr.stepper() is pool  # started once
+        answers = loop_answers(pool, 2)
+        assert {p.pid for p in mp.active_children()} == children
+        assert sorted(a[1] for a in answers) == [0, 1]  # each worker answered its inbox
+        for kind, worker, done in answers:
+            assert kind == "done" and [(tag, [h.tokens for h in hyps]) for tag, hyps in done] \
+                == [((worker,), [h.tokens for h in batch[0]])]
+        assert pool.dead() == ""
+    assert mp.active_children() == []
+
+
+def test_one_worker_is_one_thread_for_batches_and_loops(ckpt):
+    with Translator.load(ckpt, dtype="fp32", workers=1) as tr:
+        assert not tr.pool.processes and tr.workers == 1 and mp.active_children() == []
+        batch = tr.submit(SEARCH, [[4, 5, 6]]).result()
+        (kind, worker, done), = loop_answers(tr.stepper(), 1)
+        assert (kind, worker) == ("done", 0)
+        assert [h.tokens for h in done[0][1]] == [h.tokens for h in batch[0]]
+
+
+def test_a_dead_worker_is_reported_and_the_pool_still_closes(ckpt):
+    with Translator.load(ckpt, dtype="fp32", workers=2) as tr:
+        pool = tr.stepper()
+        loop_answers(pool, 2)  # both loops run
+        os.kill(mp.active_children()[0].pid, signal.SIGKILL)
+        wait(pool.loops, timeout=60, return_when=FIRST_COMPLETED)
+        assert pool.dead() == "a decoding worker died; restart the server"

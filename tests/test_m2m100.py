@@ -1,0 +1,380 @@
+"""nmt-import of M2M100 and NLLB-200 (transformers' M2M100ForConditionalGeneration): model
+directories built in the test become nmt checkpoints that tokenize as M2M100Tokenizer and
+NllbTokenizer do (the source language token first), decode greedily to the tokens of
+transformers' generate(forced_bos_token_id=...), translate into the language asked for with
+nmt-translate tgt_lang=, export back to transformers, and fine-tune.
+
+The models are random (2+1 layers, d_model 32, ReLU, pre-norm, weights drawn wide so that
+outputs depend on the source and on the forced language); the SentencePiece model is a BPE
+model trained here with fairseq's ids (<unk> 0, <s> 1, </s> 2). M2M100's directory has
+vocab.json and M2M100Tokenizer's fixed list of 100 language tokens after it; NLLB's has none
+and three language tokens that NllbTokenizer adds (tokenizer.json holds their ids).
+"""
+
+import io
+import json
+import warnings
+from functools import cache
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt.checkpoint import load_checkpoint
+from nmt.config import ExportConfig, ImportConfig, SearchConfig, TranslateConfig
+from nmt.errors import ConfigError, NmtError
+from nmt.export import export
+from nmt.files import read_lines
+from nmt.importer import import_model
+from nmt.inference.translator import Translator
+from nmt.languages import choose
+from nmt.translate import translate
+
+transformers = pytest.importorskip("transformers")
+sentencepiece = pytest.importorskip("sentencepiece")
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+DATA = Path(__file__).resolve().parents[1] / "scripts" / "data" / "debian-po" / "en-de"
+MAX_LEN = 10  # output tokens at most, the forced language token and EOS included
+NLLB_CODES = ["deu_Latn", "eng_Latn", "fra_Latn"]
+
+
+@cache
+def bundled(name: str) -> list[str]:
+    """A file of the bundled corpus (xz-compressed), as lines."""
+    return read_lines(str(DATA / f"{name}.xz"))
+
+
+def source_lines(n: int = 32) -> list[str]:
+    """Short English test lines."""
+    return [line for line in bundled("test.en") if len(line) <= 50][:n]
+
+
+@cache
+def fairseq_spm() -> bytes:
+    """A BPE SentencePiece model with the ids of NLLB's and M2M100's: <unk> 0, <s> 1, </s> 2."""
+    proto = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(bundled("train.en")[:1000] + bundled("train.de")[:1000]),
+        model_writer=proto, model_type="bpe", vocab_size=200, unk_id=0, bos_id=1, eos_id=2,
+        pad_id=-1, num_threads=1, minloglevel=2, input_sentence_size=0)
+    return proto.getvalue()
+
+
+def random_model(vocab_size: int, seed: int):
+    """A random M2M100 model with fairseq's special ids, its weights drawn wide."""
+    from transformers import M2M100Config, M2M100ForConditionalGeneration
+
+    config = M2M100Config(
+        vocab_size=vocab_size, d_model=32, encoder_layers=2, decoder_layers=1,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+        decoder_ffn_dim=64, max_position_embeddings=128, scale_embedding=True, pad_token_id=1,
+        bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, dropout=0.0)
+    torch.manual_seed(seed)
+    model = M2M100ForConditionalGeneration(config).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "shared" in name or "embed_tokens" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 2.0 / p.size(1) ** 0.5)
+            elif p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=g) * 2.5 / p.size(1) ** 0.5)
+            elif "layer_norm" not in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    return model
+
+
+def end_some(model, batch: dict, forced: int) -> None:
+    """EOS's output row a noisy copy of the most frequent output token's: some outputs end."""
+    out = hf_greedy(model, batch, forced)
+    top = torch.tensor([t for seq in out for t in seq[1:]]).mode().values
+    with torch.no_grad():
+        w = model.get_output_embeddings().weight
+        w[2] = w[top] + 0.3 * w[top].std() * torch.randn(w.size(1))
+
+
+def hf_greedy(model, batch: dict, forced: int) -> list[list[int]]:
+    """generate(num_beams=1, forced_bos_token_id=forced) ids without the start token, the
+    padding and the final EOS (the forced language token first)."""
+    pad, eos = model.config.pad_token_id, model.config.eos_token_id
+    with torch.no_grad():
+        out = model.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=MAX_LEN,
+                             min_new_tokens=1, forced_bos_token_id=forced,
+                             bad_words_ids=[[pad]], forced_eos_token_id=None)
+    ids = [[t for t in row[1:] if t != pad] for row in out.tolist()]
+    return [row[:-1] if row and row[-1] == eos else row for row in ids]
+
+
+@pytest.fixture(scope="module")
+def m2m_dir(tmp_path_factory) -> Path:
+    """An M2M100 directory as facebook/m2m100_418M ships it (vocab.json, the .spm model)."""
+    from transformers import M2M100Tokenizer
+
+    d = tmp_path_factory.mktemp("m2m100")
+    (d / "sentencepiece.bpe.model").write_bytes(fairseq_spm())
+    sp = sentencepiece.SentencePieceProcessor(model_proto=fairseq_spm())
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+    for i in range(3, sp.get_piece_size()):
+        vocab[sp.id_to_piece(i)] = len(vocab)
+    (d / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    tokenizer = M2M100Tokenizer(str(d / "vocab.json"), str(d / "sentencepiece.bpe.model"),
+                                src_lang="en", tgt_lang="de")
+    model = random_model(len(vocab) + len(tokenizer.lang_code_to_id) + 8, seed=1)  # 8 madeup
+    end_some(model, tokenizer(source_lines(), return_tensors="pt", padding=True),
+             tokenizer.get_lang_id("de"))
+    model.save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def nllb_dir(tmp_path_factory) -> Path:
+    """An NLLB-200 directory: the .spm model and tokenizer.json with the language tokens."""
+    from transformers import NllbTokenizer
+
+    d = tmp_path_factory.mktemp("nllb")
+    (d / "sentencepiece.bpe.model").write_bytes(fairseq_spm())
+    tokenizer = NllbTokenizer.from_pretrained(d, additional_special_tokens=NLLB_CODES,
+                                              src_lang="eng_Latn")
+    model = random_model(len(tokenizer), seed=2)
+    end_some(model, tokenizer(source_lines(), return_tensors="pt", padding=True),
+             tokenizer.convert_tokens_to_ids("deu_Latn"))
+    model.save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def m2m_pt(m2m_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("nmt") / "m2m.pt"
+    import_model(ImportConfig(input=str(m2m_dir), output=str(out)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def nllb_pt(nllb_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("nmt") / "nllb.pt"
+    import_model(ImportConfig(input=str(nllb_dir), output=str(out)))
+    return out
+
+
+def hf(directory: Path, src_lang: str):
+    """transformers' model and tokenizer of a directory."""
+    from transformers import AutoTokenizer, M2M100ForConditionalGeneration
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tokenizer = AutoTokenizer.from_pretrained(directory, src_lang=src_lang)
+    return M2M100ForConditionalGeneration.from_pretrained(directory).eval(), tokenizer
+
+
+def nmt_greedy(checkpoint: Path, text: list[str], src_lang: str, tgt_lang: str,
+               fast: bool = False) -> list[list[int]]:
+    """nmt's greedy ids with the forced language token first, as hf_greedy's."""
+    tr = Translator.load(checkpoint, dtype=None, fast=fast)
+    choice = choose(tr.vocab, src_lang, tgt_lang, str(checkpoint))
+    search = SearchConfig(beam_size=1, max_len_a=0.0, max_len_b=MAX_LEN)
+    hyps = tr.translate_ids(choice.sources(tr.src_tok.encode(text)), search,
+                            prefixes=choice.prefixes(len(text), None), parallel=False)
+    return [h[0].tokens for h in hyps]
+
+
+CASES = [("m2m", "en", "de", "fr"), ("nllb", "eng_Latn", "deu_Latn", "fra_Latn")]
+
+
+@pytest.fixture(params=CASES, ids=[c[0] for c in CASES])
+def case(request, m2m_dir, m2m_pt, nllb_dir, nllb_pt):
+    """(model directory, checkpoint, source language, two target languages) of each kind."""
+    kind, src, tgt, other = request.param
+    return ((m2m_dir, m2m_pt) if kind == "m2m" else (nllb_dir, nllb_pt)) + (src, tgt, other)
+
+
+def test_source_ids_are_the_tokenizers(case):
+    directory, checkpoint, src, tgt, _ = case
+    _, tokenizer = hf(directory, src)
+    tr = Translator.load(checkpoint, dtype=None)
+    choice = choose(tr.vocab, src, tgt, str(checkpoint))
+    text = source_lines(100) + ["snow ☃ and 1234 digits"]
+    ours = [ids + [tr.specials.eos] for ids in choice.sources(tr.src_tok.encode(text))]
+    assert ours == tokenizer(text)["input_ids"]
+    token = tgt if "_" in tgt else f"__{tgt}__"  # NLLB's deu_Latn, M2M100's __de__
+    assert choice.prefix == (tokenizer.convert_tokens_to_ids(token),)
+    assert tr.specials.bos == tr.specials.eos == 2 and tr.specials.pad == 1  # starts at </s>
+    assert tr.specials.banned == (1,)
+
+
+def test_greedy_output_is_generate_with_the_forced_language(case):
+    directory, checkpoint, src, tgt, other = case
+    model, tokenizer = hf(directory, src)
+    text = source_lines()
+    batch = tokenizer(text, return_tensors="pt", padding=True)
+    codes = load_checkpoint(checkpoint)["vocab"]["languages"]["codes"]
+    expected = hf_greedy(model, batch, codes[tgt])
+    ended = sum(len(seq) < MAX_LEN for seq in expected)
+    assert 0 < ended < len(expected), "want outputs that end with EOS and outputs that are cut"
+    assert len(set(map(tuple, expected))) > len(expected) // 4, "outputs ignore the source"
+    assert nmt_greedy(checkpoint, text, src, tgt) == expected
+    assert nmt_greedy(checkpoint, text, src, tgt, fast=True) == expected  # FastModel too
+    into_other = hf_greedy(model, batch, codes[other])
+    assert [seq[1:] for seq in into_other] != [seq[1:] for seq in expected]
+    assert nmt_greedy(checkpoint, text, src, other) == into_other
+
+
+def test_nmt_translate_writes_the_language_asked_for(case, tmp_path):
+    directory, checkpoint, src, tgt, other = case
+    model, tokenizer = hf(directory, src)
+    text = source_lines(8)
+    (tmp_path / "in.txt").write_text("\n".join(text) + "\n")
+    batch = tokenizer(text, return_tensors="pt", padding=True)
+    codes = load_checkpoint(checkpoint)["vocab"]["languages"]["codes"]
+    for lang in (tgt, other):
+        cfg = TranslateConfig(checkpoint=str(checkpoint), input=str(tmp_path / "in.txt"),
+                              output=str(tmp_path / f"{lang}.txt"), src_lang=src, tgt_lang=lang,
+                              workers=1, quiet=True,
+                              search=SearchConfig(beam_size=1, max_len_a=0.0, max_len_b=MAX_LEN))
+        result = translate(cfg)
+        expected = [seq[1:] for seq in hf_greedy(model, batch, codes[lang])]
+        assert [h[0].tokens for h in result["nbest"]] == expected
+        assert read_lines(str(tmp_path / f"{lang}.txt")) == result["hypotheses"]
+
+
+def test_a_language_the_model_lacks_or_needs_is_one_line(m2m_pt, tmp_path):
+    vocab = load_checkpoint(m2m_pt)["vocab"]
+    with pytest.raises(ConfigError, match=r"tgt_lang=xx: .* has no such language \(it has af,"):
+        choose(vocab, "en", "xx", str(m2m_pt))
+    with pytest.raises(ConfigError, match=r"src_lang: .* is multilingual: give the language"):
+        choose(vocab, "", "de", str(m2m_pt))
+    bilingual = {k: v for k, v in vocab.items() if k != "languages"}  # an older checkpoint
+    assert choose(bilingual, "", "", "old.pt").prefix == ()
+    with pytest.raises(ConfigError, match=r"tgt_lang=de: old.pt is a bilingual model"):
+        choose(bilingual, "", "de", "old.pt")
+    (tmp_path / "in.txt").write_text("hello\n")
+    with pytest.raises(ConfigError, match=r"tgt_lang=zz: .*has no such language") as e:
+        translate(TranslateConfig(checkpoint=str(m2m_pt), input=str(tmp_path / "in.txt"),
+                                  output=str(tmp_path / "out.txt"), src_lang="en",
+                                  tgt_lang="zz", workers=1))
+    assert "\n" not in str(e.value) and not (tmp_path / "out.txt").exists()
+    with pytest.raises(ConfigError, match=r"^alignment: not with a forced target language"):
+        translate(TranslateConfig(checkpoint=str(m2m_pt), input=str(tmp_path / "in.txt"),
+                                  src_lang="en", tgt_lang="de", alignment=True, workers=1))
+
+
+def test_export_to_transformers_is_the_same_model(case, tmp_path):
+    directory, checkpoint, src, tgt, _ = case
+    out = export(ExportConfig(checkpoint=str(checkpoint), output=str(tmp_path / "hf"),
+                              format="transformers"))
+    from transformers import M2M100ForConditionalGeneration
+
+    again = M2M100ForConditionalGeneration.from_pretrained(out).eval()
+    original, tokenizer = hf(directory, src)
+    batch = tokenizer(source_lines(), return_tensors="pt", padding=True)
+    if (out / "tokenizer_config.json").is_file():  # M2M100's languages: its tokenizer too
+        exported = hf(out, src)[1](source_lines(), padding=True)["input_ids"]
+        assert exported == batch["input_ids"].tolist()
+    else:  # NLLB-200's: the ids are the original tokenizer's
+        assert (out / "vocab.json").is_file() and directory.name.startswith("nllb")
+    forced = load_checkpoint(checkpoint)["vocab"]["languages"]["codes"][tgt]
+    assert hf_greedy(again, batch, forced) == hf_greedy(original, batch, forced)
+    config = again.generation_config  # starts from </s>, which still ends outputs
+    assert config.decoder_start_token_id == config.eos_token_id == 2
+    assert config.suppress_tokens == [1]  # PAD only
+    ours, theirs = again.state_dict(), original.state_dict()
+    for name, value in theirs.items():
+        torch.testing.assert_close(ours[name], value, msg=name)
+
+
+def test_bad_directories_are_one_line(m2m_dir, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for name in ("sentencepiece.bpe.model", "vocab.json", "model.safetensors",
+                 "tokenizer_config.json"):
+        (broken / name).write_bytes((m2m_dir / name).read_bytes())
+    config = json.loads((m2m_dir / "config.json").read_text())
+    cases = [({**config, "decoder_start_token_id": 0}, "decoder_start_token_id=0"),
+             ({**config, "scale_embedding": False}, "scale_embedding=False"),
+             ({**config, "d_model": 64}, "weights do not fit config.json")]
+    for bad, message in cases:
+        (broken / "config.json").write_text(json.dumps(bad))
+        with pytest.raises(NmtError, match=message) as e:
+            import_model(ImportConfig(input=str(broken), output=str(tmp_path / "x.pt")))
+        assert "\n" not in str(e.value) and not (tmp_path / "x.pt").exists()
+    (broken / "config.json").write_text(json.dumps(config))
+    tokenizer = json.loads((m2m_dir / "tokenizer_config.json").read_text())
+    for bad, message in (({**tokenizer, "legacy_behaviour": True}, "legacy_behaviour=True"),
+                         ({**tokenizer, "added_tokens_decoder": {"7": {}}}, "without content")):
+        (broken / "tokenizer_config.json").write_text(json.dumps(bad))
+        with pytest.raises(NmtError, match=message) as e:
+            import_model(ImportConfig(input=str(broken), output=str(tmp_path / "x.pt")))
+        assert "tokenizer_config.json" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.slow  # over 2 s
+def test_fine_tuning_from_the_imported_checkpoint_lowers_the_loss(m2m_pt, tmp_path):
+    from nmt.config import ModelConfig, PreprocessConfig, TrainConfig, compose, to_object
+    from nmt.importer import model_overrides
+    from nmt.preprocess import preprocess
+    from nmt.train import train
+
+    pairs = [(e, d) for e, d in zip(bundled("train.en")[3000:4000],
+                                    bundled("train.de")[3000:4000], strict=True)
+             if len(e) <= 50 and len(d) <= 60]
+    for split, part in (("train", pairs[:200]), ("valid", pairs[200:220])):
+        for lang, side in (("en", 0), ("de", 1)):
+            (tmp_path / f"{split}.{lang}").write_text(
+                "\n".join(p[side] for p in part) + "\n", encoding="utf-8")
+    data = tmp_path / "domain"
+    preprocess(to_object(compose("preprocess", [  # the source language token as a corpus tag
+        "src_lang=en", "tgt_lang=de", f"train=[{{path:{tmp_path}/train,tag:__en__}}]",
+        f"valid={tmp_path}/valid", f"out_dir={data}", f"bpe.model={m2m_pt}", "workers=1"]),
+        PreprocessConfig))
+    state = load_checkpoint(m2m_pt)
+    overrides = model_overrides(ModelConfig(**state["model_cfg"]))
+    assert "model.positions=fairseq" in overrides
+    result = train(to_object(compose("train", [
+        "+model=small", f"data_dir={data}", f"run_dir={tmp_path / 'run'}", *overrides,
+        f"train.init_from={m2m_pt}", "train.max_updates=15", "train.max_tokens=400",
+        "train.threads=1", "optim.warmup=1", "optim.lr_factor=0.02", "model.dropout=0.0"]),
+        TrainConfig))
+    assert result["update"] == 15
+
+    search = SearchConfig(beam_size=1, alpha=0.0)
+    en = [e for e, _ in pairs[:200]]
+    de = [d for _, d in pairs[:200]]
+
+    def mean_nll(path: Path) -> float:
+        tr = Translator.load(path, dtype=None)
+        code = state["vocab"]["languages"]["codes"]["en"]
+        src = [[code, *ids] for ids in tr.src_tok.encode(en)]
+        tgt = tr.tgt_tok.encode(de)
+        hyps = tr.score_ids(src, tgt, search, parallel=False)
+        return -sum(h.logprob for h in hyps) / sum(len(t) + 1 for t in tgt)
+
+    tuned = tmp_path / "run" / "checkpoint_last.pt"
+    before, after = mean_nll(m2m_pt), mean_nll(tuned)
+    assert after < before - 0.5, (before, after)
+    # the data directory and the fine-tuned model keep the import's languages
+    assert json.loads((data / "manifest.json").read_text())["languages"] == \
+        state["vocab"]["languages"] == load_checkpoint(tuned)["vocab"]["languages"]
+    with pytest.raises(NmtError, match="positions='fairseq' != 'paper'"):  # the variant kept
+        train(to_object(compose("train", [
+            "+model=small", f"data_dir={data}", f"run_dir={tmp_path / 'run2'}",
+            *[o for o in overrides if "positions" not in o], f"train.init_from={m2m_pt}",
+            "train.max_updates=1"]), TrainConfig))
+
+
+def test_ctranslate2_engine_translates_into_the_language_asked_for(m2m_dir, m2m_pt, tmp_path):
+    pytest.importorskip("ctranslate2")
+    model, tokenizer = hf(m2m_dir, "en")
+    text = source_lines(8)
+    (tmp_path / "in.txt").write_text("\n".join(text) + "\n")
+    batch = tokenizer(text, return_tensors="pt", padding=True)
+    codes = load_checkpoint(m2m_pt)["vocab"]["languages"]["codes"]
+    search = SearchConfig(beam_size=1, max_len_a=0.0, max_len_b=MAX_LEN)
+    for lang in ("de", "fr"):
+        result = translate(TranslateConfig(
+            checkpoint=str(m2m_pt), input=str(tmp_path / "in.txt"), engine="ctranslate2",
+            ct2_model=str(tmp_path / "ct2"), output=str(tmp_path / "out.txt"), src_lang="en",
+            tgt_lang=lang, workers=1, quiet=True, search=search))
+        expected = [seq[1:] for seq in hf_greedy(model, batch, codes[lang])]
+        assert [h[0].tokens for h in result["nbest"]] == expected
