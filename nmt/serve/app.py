@@ -59,6 +59,7 @@ from nmt.errors import ConfigError, NmtError
 from nmt.inference.engine import Engine, check_vocab, open_translator
 from nmt.inference.search import Hypothesis
 from nmt.inference.workers import WorkerPool
+from nmt.preemption import restore_handler
 from nmt.runtime import keep_freed_memory, pick_device, usable_cores
 from nmt.segment import Segmented, sentence_splitter, split_text
 from nmt.serve import libretranslate
@@ -661,7 +662,7 @@ def serve(cfg: ServeConfig) -> None:
             f"batches")
     finally:
         translator.close()
-        signal.signal(signal.SIGTERM, previous)
+        restore_handler(signal.SIGTERM, previous)
 
 
 def warm_up(translator: Engine, dtype: str) -> None:
