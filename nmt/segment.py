@@ -26,6 +26,9 @@ MODES = ("none", "sentence", "paragraph")
 SPLITTER = "sentencex"  # the sentence splitter's module (docs/results.md: why this one)
 EXTRA = "pip install 'nmt[split]'"  # how to install it
 
+# Sampling streams per piece number: the pieces of lines 0 to 2^24 - 1 never share one (torch
+# seeds its generator with the low 32 bits of a seed, so larger steps would wrap onto line 0).
+STREAMS = 2 ** 24
 FULL_STOPS = "。！？"  # sentence ends with no space after them (Chinese, Japanese)
 # Where an overlong piece may be cut (after each match), strongest first; between characters
 # when none of them is in it.
@@ -146,3 +149,10 @@ def trim(chunks: list[str]) -> Segmented:
         pieces.append(core)
         gap = chunk[start + len(core):]
     return Segmented(pieces, [*gaps, gap])
+
+
+def sample_stream(line: int, piece: int) -> int:
+    """The sampling stream (nmt.inference.rules.sample_uniforms's line) of piece `piece` of
+    text `line`: the line itself for its first piece (as the unsplit text), another for each
+    further piece, so that no two pieces draw the same random numbers."""
+    return line + piece * STREAMS

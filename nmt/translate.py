@@ -45,7 +45,7 @@ from nmt.inference.search import Hypothesis
 from nmt.languages import LanguageChoice, choose
 from nmt.runtime import keep_freed_memory, usable_cores
 from nmt.scoring import score
-from nmt.segment import Segmented, sentence_splitter, split_text
+from nmt.segment import Segmented, sample_stream, sentence_splitter, split_text
 from nmt.tokenizer import Tokenizer
 
 PROG = "nmt-translate"
@@ -318,7 +318,7 @@ def process(s: Session, lines: list[str], first: int, interactive: bool = False)
         second = s.refs[0][first:first + len(lines)]
         if len(second) != len(lines):
             raise NmtError(f"{cfg.ref}: {len(s.refs[0])} target lines but {s.name} has more")
-    docs, sources, owners = split_lines(s, sources)
+    docs, sources, streams = split_lines(s, sources)
     src_ids = s.languages.sources(encode_lines(tr.src_tok, sources, s.limit, s.name, cfg.quiet,
                                                first))
     tgt_ids = s.languages.prefixes(len(src_ids), (
@@ -329,7 +329,7 @@ def process(s: Session, lines: list[str], first: int, interactive: bool = False)
     # A few arriving lines decode here: the workers' round trip would cost more than it saves.
     parallel = not interactive or len(mine) >= PARALLEL_LINES * tr.workers
     found = run_search(s, [src_ids[i] for i in mine], tgt_ids and [tgt_ids[i] for i in mine],
-                       [first + owners[i] for i in mine], parallel, interactive,
+                       [first + streams[i] for i in mine], parallel, interactive,
                        phrases and [phrases[i] for i in mine])
     found = [[dataclasses.replace(h, tokens=s.languages.strip(h.tokens)) for h in hs]
              for hs in found]  # without the forced language token
@@ -359,14 +359,15 @@ def process(s: Session, lines: list[str], first: int, interactive: bool = False)
 def split_lines(s: Session, lines: list[str]
                 ) -> tuple[list[Segmented] | None, list[str], list[int]]:
     """split=sentence|paragraph: each line's pieces (none over s.limit source tokens), the
-    pieces of all lines in order, and the line of each; split=none: None, the lines, 0..n-1."""
+    pieces of all lines in order, and the sampling stream of each (nmt.segment.sample_stream:
+    piece 0 of line i is i); split=none: None, the lines, 0..n-1."""
     if s.cfg.split == "none":
         return None, lines, list(range(len(lines)))
     tok = s.translator.src_tok
     docs = [split_text(line, s.cfg.split, s.splitter, lambda t: len(tok.encode([t])[0]),
                        s.limit) for line in lines]
     return (docs, [piece for doc in docs for piece in doc.pieces],
-            [i for i, doc in enumerate(docs) for _ in doc.pieces])
+            [sample_stream(i, k) for i, doc in enumerate(docs) for k in range(len(doc.pieces))])
 
 
 def rejoin(docs: list[Segmented], hyps: list[list[Hypothesis]], texts: list[list[str]]

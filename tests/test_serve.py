@@ -654,6 +654,18 @@ def test_split_sentence_needs_the_servers_source_language(page_server):
     assert got["text"] == f"  {a}\n\n{b}\n  {c}\n"
 
 
+def test_the_pieces_of_a_text_draw_their_own_samples(ckpt):
+    srv = InProcess(ckpt, "continuous=true")  # which seeds each text's samples by its number
+    try:
+        sample = {"sampling": True, "temperature": 5.0, "seed": 3}
+        (one,) = srv.translate(["Open the file."], **sample)
+        (got,) = srv.translate(["Open the file.\nOpen the file.\nOpen the file."], **sample)
+    finally:
+        srv.stop()
+    texts = [p["text"] for p in got["pieces"]]
+    assert texts[0] == one["text"] and texts != [one["text"]] * 3
+
+
 def nmt_translate(ckpt, tiny_data_dir, **search) -> dict:
     """nmt-translate's result on the same lines with the same settings."""
     args = [f"checkpoint={ckpt}", f"input={tiny_data_dir / 'test.clean.en'}", "quiet=true",

@@ -122,3 +122,15 @@ def test_lines_from_a_pipe_give_what_the_whole_file_gives(ckpt, tmp_path, monkey
     translate(dataclasses.replace(
         config(checkpoint=ckpt, split="sentence", split_lang="en", workers=1), quiet=True))
     assert capsys.readouterr().out.split("\n")[:-1] == whole["hypotheses"]
+
+
+def test_pieces_of_one_line_draw_their_own_samples(ckpt, tmp_path):
+    """Two equal sentences of a line are two samples, not one sample twice: each piece has its
+    own sampling stream, the first piece the line's own (as the line unsplit)."""
+    pytest.importorskip(segment.SPLITTER)
+    line = "Open the file. Open the file. Open the file."
+    kw = {"search.sampling": "true", "search.temperature": 5.0, "search.seed": 3}
+    got = run(ckpt, tmp_path / "in", [line], split="sentence", split_lang="en", **kw)
+    pieces = run(ckpt, tmp_path / "one", ["Open the file."], **kw)["hypotheses"][0]
+    assert got["hypotheses"][0].startswith(pieces + " ")
+    assert got["hypotheses"][0] != " ".join([pieces] * 3)

@@ -61,7 +61,7 @@ from nmt.inference.search import Hypothesis
 from nmt.inference.workers import WorkerPool
 from nmt.preemption import restore_handler
 from nmt.runtime import keep_freed_memory, pick_device, usable_cores
-from nmt.segment import Segmented, sentence_splitter, split_text
+from nmt.segment import Segmented, sample_stream, sentence_splitter, split_text
 from nmt.serve import libretranslate
 from nmt.serve.batcher import Batcher, BatcherStopped, BatchStats, ContinuousBatcher, QueueFull
 from nmt.serve.errors import ApiError
@@ -334,7 +334,7 @@ class Service:
                 key = "prefix" if prefix else "constraints"
                 raise ApiError(422, key, f"text[{i}] is split into {len(doc.pieces)} pieces; a "
                                          f"{key} is a whole text's (send it with split=none)")
-            out += [(prefix, phrases, number)] * len(doc.pieces)
+            out += [(prefix, phrases, sample_stream(number, k)) for k in range(len(doc.pieces))]
         return out
 
     def check_size(self, req: TranslateRequest, split: str, pieces: int) -> None:
