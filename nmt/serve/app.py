@@ -337,17 +337,20 @@ class Service:
             out += [(prefix, phrases, sample_stream(number, k)) for k in range(len(doc.pieces))]
         return out
 
-    def check_size(self, req: TranslateRequest, split: str, pieces: int) -> None:
-        """max_chars (all texts) and max_sentences (the pieces they are split into) per request;
-        attention needs an engine that has it."""
-        try:
-            self.translator.capabilities.check("attention", req.attention)
-        except ConfigError as e:
-            raise ApiError(422, "attention", str(e).split(": ", 1)[1]) from None
+    def check_chars(self, req: TranslateRequest) -> None:
+        """max_chars per request (all texts), checked before the texts are split."""
         chars = sum(map(len, req.text))
         if chars > self.cfg.max_chars:
             raise ApiError(413, "text", f"{chars} characters; this server takes at most "
                                         f"{self.cfg.max_chars} per request")
+
+    def check_size(self, req: TranslateRequest, split: str, pieces: int) -> None:
+        """max_sentences (the pieces the texts are split into) per request; attention needs an
+        engine that has it."""
+        try:
+            self.translator.capabilities.check("attention", req.attention)
+        except ConfigError as e:
+            raise ApiError(422, "attention", str(e).split(": ", 1)[1]) from None
         if pieces > self.cfg.max_sentences:
             what = "sentences" if split == "none" else f"pieces (split={split})"
             raise ApiError(413, "text", f"{pieces} {what}; this server takes at most "
@@ -368,6 +371,7 @@ class Service:
     async def translate(self, req: TranslateRequest) -> TranslateResponse:
         """POST /translate: split, check, encode, decode in shared batches, detokenize, put
         each text back together."""
+        self.check_chars(req)
         split, docs = self.segment(req)
         pieces = [piece for doc in docs for piece in doc.pieces]
         self.check_size(req, split, len(pieces))
