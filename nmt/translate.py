@@ -342,14 +342,14 @@ def process(s: Session, lines: list[str], first: int, interactive: bool = False)
     if cfg.score_reference:
         return Chunk([format_score(h[0], a) for h, a in zip(hyps, links, strict=True)], hyps,
                      src_ids=src_ids)
-    if s.env.is_main:
-        warn_unfinished(s, hyps, first)
-    if phrases and not cfg.quiet and s.env.is_main:
+    if phrases and not cfg.quiet and s.env.is_main:  # (constraints need split=none)
         warn_missing(s, hyps, phrases, first)
     texts = [tr.tgt_tok.decode([h.tokens for h in hs]) for hs in hyps]
     if docs is not None:
         hyps, texts = rejoin(docs, hyps, texts)
         links = [None] * len(hyps)  # alignment=true needs split=none
+    if s.env.is_main:  # per input line: a piece without translation is its line's
+        warn_unfinished(s, hyps, first)
     nbest = 1 if s.chooser is not None else cfg.search.nbest
     out = [line for i, (hs, t, a) in enumerate(zip(hyps, texts, links, strict=True))
            for line in format_output(first + i, hs, t, nbest, a)]

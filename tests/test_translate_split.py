@@ -3,6 +3,7 @@ all the others, and put back in the line; what is per segment refused in one lin
 
 import dataclasses
 import io
+import math
 import sys
 from pathlib import Path
 
@@ -134,3 +135,19 @@ def test_pieces_of_one_line_draw_their_own_samples(ckpt, tmp_path):
     pieces = run(ckpt, tmp_path / "one", ["Open the file."], **kw)["hypotheses"][0]
     assert got["hypotheses"][0].startswith(pieces + " ")
     assert got["hypotheses"][0] != " ".join([pieces] * 3)
+
+
+def test_a_warning_names_the_input_line_of_a_piece_without_translation(ckpt, tmp_path, capfd,
+                                                                       monkeypatch):
+    pytest.importorskip(segment.SPLITTER)
+    search = nmt.translate.run_search
+
+    def third_piece_unfinished(*args, **kw):  # pieces: line 1's two, then line 2's one
+        found = search(*args, **kw)
+        found[2] = [dataclasses.replace(found[2][0], logprob=-math.inf)]
+        return found
+    monkeypatch.setattr(nmt.translate, "run_search", third_piece_unfinished)
+    run(ckpt, tmp_path / "in", ["Open the file. Save all!", "close window"], split="sentence",
+        split_lang="en")
+    err = capfd.readouterr().err
+    assert "line 2: no translation" in err and "line 3" not in err
