@@ -83,6 +83,14 @@ def _check_engine(cfg: object, checkpoints: int) -> None:
     for key in ("constraints", "alignment", "attention_plot", "continuous"):
         can.check(key, getattr(cfg, key, None))
     can.check_search(cfg.search)
+    mbr = getattr(cfg, "mbr", None)
+    if mbr is not None and mbr.candidates:  # what the engine runs: the candidates' search
+        search = candidate_search(cfg.search, mbr)
+        try:
+            can.check_search(search)
+        except ConfigError as e:
+            raise ConfigError(f"mbr.candidates: its search (beam_size={search.beam_size}, "
+                              f"nbest={search.nbest}) fails: {e}") from None
 
 
 # ----------------------------------------------------------------------------- model
@@ -585,6 +593,16 @@ def _check_choice(cfg: TranslateConfig) -> None:
            "needs an n-best to rerank: search.nbest >= 2 (and search.beam_size >= nbest)")
     _check(not rerank or cfg.search.dtype not in CT2_ONLY_DTYPES, "rerank.model",
            f"scores with engine=nmt, which has no search.dtype={cfg.search.dtype}")
+
+
+def candidate_search(search: SearchConfig, mbr: MbrConfig) -> SearchConfig:
+    """The search that gives mbr.candidates candidates per line: N samples, or beam search's
+    N-best with beam_size raised to N where smaller; `search` itself when MBR is off."""
+    n = mbr.candidates
+    if not n:
+        return search
+    beam = search.beam_size if search.sampling else max(search.beam_size, n)
+    return dataclasses.replace(search, nbest=n, beam_size=beam)
 
 
 # ----------------------------------------------------------------------------- average

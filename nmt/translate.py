@@ -35,12 +35,12 @@ import torch
 
 from nmt import distributed
 from nmt.align import align, check_layer, pharaoh
-from nmt.config import TranslateConfig
+from nmt.config import TranslateConfig, candidate_search
 from nmt.errors import ConfigError, NmtError
 from nmt.files import check_output, decode_line, read_lines, write_atomically
 from nmt.inference.constrained import missing_phrases
 from nmt.inference.engine import Engine, check_vocab, open_translator
-from nmt.inference.rerank import Chooser, candidate_search
+from nmt.inference.rerank import Chooser
 from nmt.inference.search import Hypothesis
 from nmt.languages import LanguageChoice, choose
 from nmt.runtime import keep_freed_memory, usable_cores

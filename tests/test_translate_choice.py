@@ -110,6 +110,10 @@ def test_rerank_weighs_the_reverse_score_forward_score_and_length(ckpts, source,
      "mbr.candidates: not with score_reference=true"),
     (["rerank.model=r.pt"], "rerank.model: needs an n-best to rerank: search.nbest >= 2 "
                             "(and search.beam_size >= nbest)"),
+    (["engine=ctranslate2", "search.beam_size=1", "mbr.candidates=4"],
+     "mbr.candidates: its search (beam_size=4, nbest=4) fails: search.alpha: "
+     "engine=ctranslate2 has no GNMT length penalty in beam search; use search.alpha=0 (or "
+     "search.beam_size=1)"),
     (["rerank.model=r.pt", "mbr.candidates=4"],
      "rerank.model: not with mbr.candidates (one choice at a time)"),
 ])

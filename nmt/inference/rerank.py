@@ -11,25 +11,13 @@ the hypothesis' text and the source's, each encoded with the reverse model's own
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
-from nmt.config import MbrConfig, RerankConfig, SearchConfig, TranslateConfig
+from nmt.config import RerankConfig, TranslateConfig, candidate_search
 from nmt.inference.mbr import mbr_select
 from nmt.inference.search import Hypothesis
 from nmt.inference.translator import Translator
 from nmt.tokenizer import Tokenizer
-
-
-def candidate_search(search: SearchConfig, mbr: MbrConfig) -> SearchConfig:
-    """The search that gives mbr.candidates candidates per line: N samples, or beam search's
-    N-best with beam_size raised to N where smaller; `search` itself when MBR is off."""
-    n = mbr.candidates
-    if not n:
-        return search
-    beam = search.beam_size if search.sampling else max(search.beam_size, n)
-    return dataclasses.replace(search, nbest=n, beam_size=beam)
 
 
 def rerank_scores(hyps: list[Hypothesis], reverse: list[float], weights: RerankConfig
