@@ -465,7 +465,7 @@ class TrainConfig:
 
 
 # ----------------------------------------------------------------------------- translate
-MBR_UTILITIES = ("chrf", "bleu")  # nmt.inference.mbr.UTILITIES
+MBR_UTILITIES = ("chrf", "bleu")  # the utilities of nmt.inference.mbr
 MBR_MAX_CANDIDATES = 32
 
 

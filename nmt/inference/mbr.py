@@ -22,7 +22,7 @@ from functools import cache
 from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.metrics.helpers import extract_all_char_ngrams, extract_all_word_ngrams
 
-UTILITIES = ("chrf", "bleu")
+from nmt.config import MBR_UTILITIES
 
 
 def _fastchrf():
@@ -100,9 +100,9 @@ class SentenceBleu:
 
 @cache
 def utility_of(name: str) -> ChrF | SentenceBleu:
-    """The utility called `name` (one of UTILITIES), made once."""
-    if name not in UTILITIES:
-        raise ValueError(f"unknown MBR utility {name!r} (one of: {', '.join(UTILITIES)})")
+    """The utility called `name` (one of nmt.config.MBR_UTILITIES), made once."""
+    if name not in MBR_UTILITIES:
+        raise ValueError(f"unknown MBR utility {name!r} (one of: {', '.join(MBR_UTILITIES)})")
     return ChrF() if name == "chrf" else SentenceBleu()
 
 

@@ -61,7 +61,7 @@ from nmt.inference.search import Hypothesis
 from nmt.inference.workers import WorkerPool
 from nmt.preemption import restore_handler
 from nmt.runtime import keep_freed_memory, pick_device, usable_cores
-from nmt.segment import Segmented, sample_stream, sentence_splitter, split_text
+from nmt.segment import MODES, Segmented, sample_stream, sentence_splitter, split_text
 from nmt.serve import libretranslate
 from nmt.serve.batcher import Batcher, BatcherStopped, BatchStats, ContinuousBatcher, QueueFull
 from nmt.serve.errors import ApiError
@@ -138,7 +138,7 @@ class TranslateRequest(BaseModel):
         "with sampling). Needs the server's continuous batching."))
     attention: bool = Field(False, description=(
         "Also return each best translation's encoder-decoder attention over its source."))
-    split: Literal["none", "sentence", "paragraph"] | None = Field(None, description=(
+    split: Literal[MODES] | None = Field(None, description=(
         "How each text is cut before it is translated (the server's default: GET /health): "
         "none, sentence, or paragraph (at its line breaks); the pieces' translations go back "
         "in place of the pieces, between the text's own spaces and line breaks."))
