@@ -135,13 +135,14 @@ def cut_point(text: str) -> int:
     return int(middle)  # left < int(middle) < right: two or more non-space characters
 
 
-def trim(chunks: list[str]) -> Segmented:
+def trim(chunks: list[str], blank: Callable[[int, str], bool] | None = None) -> Segmented:
     """Consecutive chunks of a text -> its pieces (the chunks' non-blank cores) and the
-    whitespace around them."""
+    whitespace around them; blank(i, chunk): whether chunk i is gap whole (e.g. HTML's tags;
+    None: where it is whitespace)."""
     pieces, gaps, gap = [], [], ""
-    for chunk in chunks:
+    for i, chunk in enumerate(chunks):
         core = chunk.strip()
-        if not core:
+        if not core or (blank is not None and blank(i, chunk)):
             gap += chunk
             continue
         start = len(chunk) - len(chunk.lstrip())

@@ -57,6 +57,15 @@ def test_html_pieces_are_the_text_between_tags_and_the_markup_is_the_gaps():
     assert doc.gaps[0] == '<p class="a>b">' and doc.gaps[-1] == " "
 
 
+def test_html_text_that_shows_as_spaces_is_markup_not_a_piece(libre):
+    doc = html_pieces("<td>&nbsp;</td><td> &#32;&nbsp; </td><td>Open&nbsp;it</td>")
+    assert doc.pieces == ["Open&nbsp;it"]
+    status, body = form(libre, "/translate", q="<td>&nbsp;</td><td>Open the file.</td>",
+                        source="en", target="de", format="html")
+    want = libre.translate(["Open the file."])[0]["text"]
+    assert (status, body) == (200, {"translatedText": f"<td>&nbsp;</td><td>{want}</td>"})
+
+
 def test_html_and_blank_texts_keep_their_markup_and_spaces():
     asked = []
 

@@ -33,7 +33,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from nmt.config import ServeConfig
-from nmt.segment import Segmented
+from nmt.segment import Segmented, trim
 from nmt.serve.errors import ApiError
 
 PREFIX = "/libretranslate"
@@ -203,30 +203,26 @@ def q_field(fields: dict) -> list[str]:
 # ----------------------------------------------------------------------------- translation
 def html_pieces(markup: str) -> Segmented:
     """The text of HTML markup as pieces (each run of text between tags, outside script and
-    style, without the spaces around it); tags, comments and spaces are the gaps."""
-    pieces, gaps, gap, raw = [], [], "", False
-    for i, part in enumerate(TAG.split(markup)):  # text, tag, text, ..., text
-        if i % 2:
-            gap += part
-            if m := RAW.match(part):
-                raw = not m.group(1)  # inside a script or style until its end tag
-            continue
-        core = part.strip()
-        if raw or not core:
-            gap += part
-            continue
-        start = len(part) - len(part.lstrip())
-        gaps.append(gap + part[:start])
-        pieces.append(core)
-        gap = part[start + len(core):]
-    return Segmented(pieces, [*gaps, gap])
+    style, without the spaces around it); tags, comments, spaces and text that shows as
+    spaces only (e.g. &nbsp;) are the gaps."""
+    parts = TAG.split(markup)  # text, tag, text, ..., text
+    raw = [False]  # part i: text inside a script or style element
+    for tag in parts[1::2]:
+        m = RAW.match(tag)
+        raw += [not m.group(1) if m else raw[-1]] * 2
+    return trim(parts, lambda i, part: i % 2 == 1 or raw[i] or not shown(part))
+
+
+def shown(text: str) -> str:
+    """HTML text as a browser shows it: entities decoded, spaces collapsed."""
+    return " ".join(html.unescape(text).split())
 
 
 async def translate_html(texts: list[str], translate: Translate) -> list[str]:
     """Each HTML text with the text between its tags translated through nmt's API (entities
     decoded and spaces collapsed, as a browser shows it), the markup kept as it is."""
     docs = [html_pieces(t) for t in texts]
-    sources = [" ".join(html.unescape(p).split()) for doc in docs for p in doc.pieces]
+    sources = [shown(p) for doc in docs for p in doc.pieces]
     answer = await translate(sources) if sources else None
     out = iter([html.escape(t.text, quote=False) for t in answer.translations] if answer else [])
     return [doc.join([next(out) for _ in doc.pieces]) for doc in docs]
