@@ -84,6 +84,13 @@ def test_html_and_blank_texts_keep_their_markup_and_spaces():
     assert asked[-1] == (["open it"], {"nbest": 3, "beam_size": 4})
 
 
+def test_nmts_own_json_is_told_apart_without_parsing_it(monkeypatch):
+    parsed = []
+    monkeypatch.setattr(libretranslate.json, "loads", lambda body: parsed.append(body) or {})
+    assert not libretranslate.is_libre_json(b'{"text": ["Open it."], "beam_size": 2}')
+    assert not parsed
+
+
 def test_post_translate_is_told_apart_by_what_the_request_is(libre):
     own = libre.translate([TEXT])[0]["text"]  # nmt's API: JSON with "text"
     assert form(libre, "/translate", q=TEXT, source="en", target="de") == (

@@ -143,7 +143,11 @@ def replay(messages: list[dict], receive):
 
 
 def is_libre_json(body: bytes) -> bool:
-    """Is this JSON body a LibreTranslate request (an object with "q")?"""
+    """Is this JSON body a LibreTranslate request (an object with "q")? Parsed only when it
+    holds "q" as written (nmt's own requests are not parsed twice); a "q" key spelled with
+    escapes is not LibreTranslate's."""
+    if b'"q"' not in body:
+        return False
     try:
         value = json.loads(body)
     except ValueError:  # malformed JSON or bytes: nmt's API says what is wrong
