@@ -152,6 +152,19 @@ def test_errors_are_libretranslates(libre, fields, status, error):
     assert form(libre, "/translate", **fields) == (status, {"error": error})
 
 
+def test_a_form_within_max_chars_is_not_refused_for_its_bytes(ckpt):
+    srv = InProcess(ckpt, "src_lang=en", "tgt_lang=de", "max_chars=3000", "max_sentences=1")
+    try:
+        wide = "\u3000" * 2999 + "x"  # ideographic spaces: 9 bytes each in a form
+        assert form(srv, "/translate", q=wide, source="en", target="de") == (
+            200, {"translatedText": "\u3000" * 2999 + srv.translate(["x"])[0]["text"]})
+        status, body = form(srv, "/translate", q="\u3000" * 5000, source="en", target="de")
+        assert (status, body) == (400, {"error": "Invalid request: body: larger than 40196 "
+                                                 "bytes"})
+    finally:
+        srv.stop()
+
+
 @pytest.mark.slow  # py3langid's model loads in ~0.8 s
 def test_source_auto_detects_among_the_servers_languages(libre, monkeypatch):
     pytest.importorskip("py3langid")

@@ -496,9 +496,11 @@ class BodyLimit:
         await self.app(scope, limited_receive, send_unless_refused)
 
     async def _refuse(self, scope, receive, send) -> None:
-        """Answer 413 naming the body."""
-        await _error_response(ApiError(413, "body", f"larger than {self.max_bytes} bytes"))(
-            scope, receive, send)
+        """Answer 413 naming the body (LibreTranslate's 400 to LibreTranslate's requests)."""
+        error = ApiError(413, "body", f"larger than {self.max_bytes} bytes")
+        answer = (libretranslate.from_api_error(error).response()
+                  if libretranslate.is_libre_request(scope) else _error_response(error))
+        await answer(scope, receive, send)
 
 
 def _error_response(error: ApiError) -> JSONResponse:
@@ -576,7 +578,9 @@ def create_app(service: Service) -> FastAPI:
     app.add_exception_handler(Exception, _server_error)
     libretranslate.install(app, service.cfg, lambda texts, **search: service.translate(
         TranslateRequest(text=texts, **search)))  # inside BodyLimit: bounded requests too
-    limit = 4 * service.cfg.max_chars + 100 * service.cfg.max_sentences + 4096
+    # A character costs up to 12 bytes (JSON's surrogate pair escapes; a form's urlencoded
+    # UTF-8: 9 for CJK), so that max_chars, not the body, limits a request.
+    limit = 12 * service.cfg.max_chars + 100 * service.cfg.max_sentences + 4096
     app.add_middleware(BodyLimit, max_bytes=limit)
 
     @app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True,

@@ -118,6 +118,16 @@ class RequestKind:
         await self.app(scope, receive, send)
 
 
+def is_libre_request(scope) -> bool:
+    """Is this request LibreTranslate's by its path and headers alone: under PREFIX, POST
+    /detect, GET /languages, or a form to /translate? (A JSON one with "q" tells by its body.)"""
+    path = scope.get("path", "")
+    if path.startswith(PREFIX + "/") or path in ("/detect", "/languages"):
+        return True
+    kind = media_type(dict(scope.get("headers", [])).get(b"content-type", b"").decode("latin-1"))
+    return path == "/translate" and kind in FORMS
+
+
 def media_type(content_type: str) -> str:
     """A Content-Type header's media type, lower case, without its parameters."""
     return content_type.split(";")[0].strip().lower()
