@@ -17,7 +17,7 @@ depend on its batch mates (batching changes outputs only through the shortlist).
 multiplies by those rows of the output projection only; log-softmax is over the candidates,
 and the search sees every other piece at log P = -inf. `vmap_text` gives the same lists as
 CTranslate2's vocabulary map (vmap.txt, translate_batch(use_vmap=True)), which
-nmt.export.write_vmap writes.
+nmt.inference.ct2_export.write_vmap writes.
 """
 
 from __future__ import annotations
