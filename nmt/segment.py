@@ -86,6 +86,20 @@ def split_text(text: str, mode: str, sentences: Callable[[str], list[str]] | Non
     return trim(chunks)
 
 
+def split_for(tok, text: str, mode: str, sentences: Callable[[str], list[str]] | None,
+              limit: int) -> Segmented:
+    """split_text with pieces of at most `limit` tokens of `tok` (a nmt.tokenizer.Tokenizer,
+    the source side's)."""
+    return split_text(text, mode, sentences, lambda t: len(tok.encode([t])[0]), limit)
+
+
+def rejoin(doc: Segmented, texts: list[str], scores: list[float | None]
+           ) -> tuple[str, float | None]:
+    """A text's translation from its pieces' (translated apart): theirs in place of the
+    pieces, and their scores summed (None where one is None)."""
+    return doc.join(texts), None if None in scores else sum(scores)
+
+
 def line_spans(text: str) -> list[tuple[str, int]]:
     """Each line of `text` (without its line break) and where it starts."""
     out, at = [], 0

@@ -45,7 +45,8 @@ from nmt.inference.search import Hypothesis
 from nmt.languages import LanguageChoice, choose
 from nmt.runtime import keep_freed_memory, usable_cores
 from nmt.scoring import score
-from nmt.segment import Segmented, sample_stream, sentence_splitter, split_text
+from nmt.segment import Segmented, sample_stream, sentence_splitter, split_for
+from nmt.segment import rejoin as segment_rejoin
 from nmt.tokenizer import Tokenizer
 
 PROG = "nmt-translate"
@@ -363,9 +364,8 @@ def split_lines(s: Session, lines: list[str]
     piece 0 of line i is i); split=none: None, the lines, 0..n-1."""
     if s.cfg.split == "none":
         return None, lines, list(range(len(lines)))
-    tok = s.translator.src_tok
-    docs = [split_text(line, s.cfg.split, s.splitter, lambda t: len(tok.encode([t])[0]),
-                       s.limit) for line in lines]
+    docs = [split_for(s.translator.src_tok, line, s.cfg.split, s.splitter, s.limit)
+            for line in lines]
     return (docs, [piece for doc in docs for piece in doc.pieces],
             [sample_stream(i, k) for i, doc in enumerate(docs) for k in range(len(doc.pieces))])
 
@@ -379,9 +379,9 @@ def rejoin(docs: list[Segmented], hyps: list[list[Hypothesis]], texts: list[list
     out_hyps, out_texts = [], []
     for doc in docs:
         mine = [next(pieces) for _ in doc.pieces]
-        out_texts.append([doc.join([t[0] for _, t in mine])])
-        out_hyps.append([Hypothesis([tok for h, _ in mine for tok in h[0].tokens],
-                                    sum(h[0].score for h, _ in mine),
+        text, score = segment_rejoin(doc, [t[0] for _, t in mine], [h[0].score for h, _ in mine])
+        out_texts.append([text])
+        out_hyps.append([Hypothesis([tok for h, _ in mine for tok in h[0].tokens], score,
                                     sum(h[0].logprob for h, _ in mine))])
     return out_hyps, out_texts
 

@@ -140,3 +140,9 @@ def test_without_the_extra_split_sentence_is_a_one_line_error(monkeypatch):
     monkeypatch.setattr(segment.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConfigError, match=r"split=sentence needs sentencex: pip install "):
         segment.sentence_splitter("en")
+
+
+def test_rejoin_puts_translations_in_place_and_sums_the_scores():
+    doc = segment.split_text("  Open it.\n\nClose it. ", "paragraph")
+    assert segment.rejoin(doc, ["A", "B"], [-1.0, -2.5]) == ("  A\n\nB ", -3.5)
+    assert segment.rejoin(doc, ["A", "B"], [-1.0, None]) == ("  A\n\nB ", None)

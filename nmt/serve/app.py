@@ -61,7 +61,8 @@ from nmt.inference.search import Hypothesis
 from nmt.inference.workers import WorkerPool
 from nmt.preemption import restore_handler
 from nmt.runtime import keep_freed_memory, pick_device, usable_cores
-from nmt.segment import MODES, Segmented, sample_stream, sentence_splitter, split_text
+from nmt.segment import MODES, Segmented, sample_stream, sentence_splitter, split_for
+from nmt.segment import rejoin as segment_rejoin
 from nmt.serve import libretranslate
 from nmt.serve.batcher import Batcher, BatcherStopped, BatchStats, ContinuousBatcher, QueueFull
 from nmt.serve.errors import ApiError
@@ -363,10 +364,8 @@ class Service:
         if split == "sentence" and self.splitter is None:
             raise ApiError(422, "split", "sentence needs the server's source language "
                                          "(nmt-serve src_lang=...)")
-        tok = self.translator.src_tok
-        return split, [split_text(text, split, self.splitter,
-                                  lambda t: len(tok.encode([t])[0]), self.max_input)
-                       for text in req.text]
+        return split, [split_for(self.translator.src_tok, text, split, self.splitter,
+                                 self.max_input) for text in req.text]
 
     async def translate(self, req: TranslateRequest) -> TranslateResponse:
         """POST /translate: split, check, encode, decode in shared batches, detokenize, put
@@ -451,11 +450,10 @@ class Service:
 def rejoin(doc: Segmented, parts: list[Translation]) -> Translation:
     """A text's answer from its pieces' answers: their translations in place of the pieces;
     one piece is the text's answer, several are listed with their scores summed."""
-    text = doc.join([p.text for p in parts])
+    text, score = segment_rejoin(doc, [p.text for p in parts], [p.score for p in parts])
     if len(parts) == 1:
         return parts[0].model_copy(update={"text": text})
-    scores = [p.score for p in parts]
-    return Translation(text=text, score=None if None in scores else sum(scores),
+    return Translation(text=text, score=score,
                        truncated=any(p.truncated for p in parts), pieces=[
                            Piece(source=s, text=p.text, score=p.score, nbest=p.nbest,
                                  attention=p.attention)

@@ -282,7 +282,7 @@ def detect(text: str, cfg: ServeConfig) -> list[dict]:
             for lang, p in ranked]
 
 
-def check_languages(cfg: ServeConfig) -> None:
+def require_languages(cfg: ServeConfig) -> None:
     """LibreTranslate's API needs the server's languages."""
     if not (cfg.src_lang and cfg.tgt_lang):
         raise LibreError(500, "this server's languages are not set: start nmt-serve with "
@@ -296,7 +296,7 @@ def install(app: FastAPI, cfg: ServeConfig, translate: Translate) -> None:
 
     @libre_errors
     async def translate_route(request: Request) -> JSONResponse:
-        check_languages(cfg)
+        require_languages(cfg)
         fields = await read_fields(request)
         texts = q_field(fields)
         source, target = text_field(fields, "source"), text_field(fields, "target")
@@ -325,14 +325,14 @@ def install(app: FastAPI, cfg: ServeConfig, translate: Translate) -> None:
 
     @libre_errors
     async def languages_route(request: Request) -> JSONResponse:
-        check_languages(cfg)
+        require_languages(cfg)
         return JSONResponse([
             {"code": code, "name": NAMES.get(code, code), "targets": targets}
             for code, targets in ((cfg.src_lang, [cfg.tgt_lang]), (cfg.tgt_lang, []))])
 
     @libre_errors
     async def detect_route(request: Request) -> JSONResponse:
-        check_languages(cfg)
+        require_languages(cfg)
         text = " ".join(q_field(await read_fields(request)))
         return JSONResponse(detect(text, cfg))
 
