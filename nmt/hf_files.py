@@ -239,24 +239,54 @@ def bart_weights(hf: dict[str, Tensor], cfg: ModelConfig, inv: Tensor,
     features of the residual stream reordered: nmt's feature i is the model's inv[i]. An
     output bias (final_logits_bias) when cfg.output_bias, and the final LayerNorm of each
     stack (model.encoder.layer_norm, model.decoder.layer_norm) with pre-norm."""
-
-    def get(*names: str) -> Tensor:  # the first name present (tied weights are saved once)
-        for name in names:
-            if name in hf:
-                return hf[name].float()
-        raise NmtError(f"{where}: the weights lack {names[0]}")
-
+    m = _BartMap(hf, inv, where)
     shared = ("model.shared.weight",)
-    src = get("model.encoder.embed_tokens.weight", *shared)
-    tgt = get("model.decoder.embed_tokens.weight", *shared)
-    out_w = get("lm_head.weight", "model.decoder.embed_tokens.weight", *shared)
-    w = {"src_embed.lut.weight": src[:, inv], "tgt_embed.lut.weight": tgt[:, inv],
-         "generator.weight": out_w[:, inv]}
+    src = m.get("model.encoder.embed_tokens.weight", *shared)
+    tgt = m.get("model.decoder.embed_tokens.weight", *shared)
+    out_w = m.get("lm_head.weight", "model.decoder.embed_tokens.weight", *shared)
+    m.w.update({"src_embed.lut.weight": src[:, inv], "tgt_embed.lut.weight": tgt[:, inv],
+                "generator.weight": out_w[:, inv]})
     if cfg.output_bias:
         bias = hf.get("final_logits_bias", torch.zeros(1, out_w.size(0))).float()
-        w["generator.bias"] = bias.reshape(-1)
+        m.w["generator.bias"] = bias.reshape(-1)
+    for i in range(cfg.N):
+        m.layer(f"encoder.{i}", f"model.encoder.layers.{i}", cross=False)
+    for i in range(cfg.decoder_layers):
+        m.layer(f"decoder.{i}", f"model.decoder.layers.{i}", cross=True)
+    if cfg.norm == "pre":
+        m.norm("encoder_norm", "model.encoder.layer_norm")
+        m.norm("decoder_norm", "model.decoder.layer_norm")
+    return m.w
 
-    def attention(nmt: str, hf_name: str, fused: str) -> None:
+
+class _BartMap:
+    """A BART-family state dict's tensors into nmt's names (w), the residual stream's features
+    reordered by inv (bart_weights)."""
+
+    def __init__(self, hf: dict[str, Tensor], inv: Tensor, where: Path):
+        self.hf, self.inv, self.where = hf, inv, where
+        self.w: dict[str, Tensor] = {}
+
+    def get(self, *names: str) -> Tensor:
+        """The first of these tensors present (tied weights are saved once), as float."""
+        for name in names:
+            if name in self.hf:
+                return self.hf[name].float()
+        raise NmtError(f"{self.where}: the weights lack {names[0]}")
+
+    def layer(self, nmt: str, h: str, cross: bool) -> None:
+        """An encoder layer, or a decoder layer (cross: with its encoder attention)."""
+        self.attention(f"{nmt}.self_attn", f"{h}.self_attn", "W_qkv")
+        self.norm(f"{nmt}.sublayer.0.norm", f"{h}.self_attn_layer_norm")
+        if cross:
+            self.attention(f"{nmt}.src_attn", f"{h}.encoder_attn", "W_q")
+            self.norm(f"{nmt}.sublayer.1.norm", f"{h}.encoder_attn_layer_norm")
+        self.ffn(f"{nmt}.feed_forward", h)
+        self.norm(f"{nmt}.sublayer.{2 if cross else 1}.norm", f"{h}.final_layer_norm")
+
+    def attention(self, nmt: str, hf_name: str, fused: str) -> None:
+        """q, k, v fused (W_qkv: self-attention) or k, v fused (W_q: encoder attention)."""
+        get, inv, w = self.get, self.inv, self.w
         q, k, v = (get(f"{hf_name}.{p}_proj.weight")[:, inv] for p in "qkv")  # (d, d) each
         bq, bk, bv = (get(f"{hf_name}.{p}_proj.bias") for p in "qkv")
         if fused == "W_qkv":
@@ -268,31 +298,15 @@ def bart_weights(hf: dict[str, Tensor], cfg: ModelConfig, inv: Tensor,
         w[f"{nmt}.W_o.weight"] = get(f"{hf_name}.out_proj.weight")[inv]
         w[f"{nmt}.W_o.bias"] = get(f"{hf_name}.out_proj.bias")[inv]
 
-    def norm(nmt: str, hf_name: str) -> None:
-        w[f"{nmt}.weight"], w[f"{nmt}.bias"] = (get(f"{hf_name}.weight")[inv],
-                                                get(f"{hf_name}.bias")[inv])
+    def norm(self, nmt: str, hf_name: str) -> None:
+        """A LayerNorm."""
+        self.w[f"{nmt}.weight"] = self.get(f"{hf_name}.weight")[self.inv]
+        self.w[f"{nmt}.bias"] = self.get(f"{hf_name}.bias")[self.inv]
 
-    def ffn(nmt: str, hf_name: str) -> None:
+    def ffn(self, nmt: str, hf_name: str) -> None:
+        """The feed-forward sublayer."""
+        get, inv, w = self.get, self.inv, self.w
         w[f"{nmt}.W_1.weight"] = get(f"{hf_name}.fc1.weight")[:, inv]
         w[f"{nmt}.W_1.bias"] = get(f"{hf_name}.fc1.bias")
         w[f"{nmt}.W_2.weight"] = get(f"{hf_name}.fc2.weight")[inv]
         w[f"{nmt}.W_2.bias"] = get(f"{hf_name}.fc2.bias")[inv]
-
-    for i in range(cfg.N):
-        nmt, h = f"encoder.{i}", f"model.encoder.layers.{i}"
-        attention(f"{nmt}.self_attn", f"{h}.self_attn", "W_qkv")
-        norm(f"{nmt}.sublayer.0.norm", f"{h}.self_attn_layer_norm")
-        ffn(f"{nmt}.feed_forward", h)
-        norm(f"{nmt}.sublayer.1.norm", f"{h}.final_layer_norm")
-    for i in range(cfg.decoder_layers):
-        nmt, h = f"decoder.{i}", f"model.decoder.layers.{i}"
-        attention(f"{nmt}.self_attn", f"{h}.self_attn", "W_qkv")
-        norm(f"{nmt}.sublayer.0.norm", f"{h}.self_attn_layer_norm")
-        attention(f"{nmt}.src_attn", f"{h}.encoder_attn", "W_q")
-        norm(f"{nmt}.sublayer.1.norm", f"{h}.encoder_attn_layer_norm")
-        ffn(f"{nmt}.feed_forward", h)
-        norm(f"{nmt}.sublayer.2.norm", f"{h}.final_layer_norm")
-    if cfg.norm == "pre":
-        norm("encoder_norm", "model.encoder.layer_norm")
-        norm("decoder_norm", "model.decoder.layer_norm")
-    return w
