@@ -1,4 +1,4 @@
-"""Every private PyTorch operator nmt calls, in one place, behind one probe.
+"""Every private PyTorch operator (and sacreBLEU helper) nmt calls, in one place, probed.
 
 nmt uses public APIs wherever they exist. These are kept because no public API gives what
 they give (docs/design.md, "Private PyTorch operators", has the measurements):
@@ -11,6 +11,9 @@ they give (docs/design.md, "Private PyTorch operators", has the measurements):
   (GradScaler's contract with it, which the optimizer's private `_step_supports_amp_scaling`
   says it keeps) and the EMA's foreach interpolation with a tensor weight
   (torch.optim.swa_utils takes the decay as a number, which cannot say "skip" on the device).
+- sacreBLEU's private helpers that score n-gram statistics extracted once (MBR's utilities,
+  nmt.inference.mbr: 2.3x chrF, 2.1x BLEU over the public sentence_score on an N=16 choice;
+  `sacrebleu_missing()` probes them, and mbr falls back to sentence_score without them).
 `missing()` names any of the operators this PyTorch lacks; tests/test_private_ops.py fails on
 it (and on a fused Adam without the flag), so a torch upgrade that removes one is an error in
 CI, not a silent slowdown.
@@ -96,3 +99,43 @@ def lerp_unless_(averages: list[Tensor], weights: list[Tensor], weight: float,
     delta = torch._foreach_sub(weights, averages)
     torch._foreach_mul_(delta, torch.where(skip, 0.0, weight).to(averages[0].dtype))
     torch._foreach_add_(averages, delta)
+
+
+# sacreBLEU's private helpers: the utilities of MBR (nmt.inference.mbr) score n-gram statistics
+# extracted once per candidate with them, 2.3x (chrF) and 2.1x (BLEU) faster on an N=16 choice
+# than N (N - 1) public sentence_score calls, which re-extract both sides' n-grams every time.
+# sacrebleu_missing() is the probe; without one of them, mbr falls back to sentence_score.
+SACREBLEU = ("CHRF._get_match_statistics", "CHRF._compute_f_score",
+             "BLEU._preprocess_segment", "BLEU._compute_score_from_stats")
+
+
+def sacrebleu_missing() -> list[str]:
+    """The helpers of SACREBLEU that this sacreBLEU does not have."""
+    from sacrebleu.metrics import BLEU, CHRF
+
+    classes = {"CHRF": CHRF, "BLEU": BLEU}
+    return [name for name in SACREBLEU
+            if not callable(getattr(classes[name.split(".")[0]], name.split(".")[1], None))]
+
+
+def chrf_from_counts(metric, hyp: list, ref: list) -> float:
+    """sacreBLEU's chrF (a sacrebleu CHRF) of a hypothesis against a reference, both given
+    by their character (and word) n-gram Counters, one per order."""
+    stats = [x for h, r in zip(hyp, ref, strict=True) for x in metric._get_match_statistics(h, r)]
+    return metric._compute_f_score(stats)
+
+
+def chrf_from_stats(metric, stats: list[float]) -> float:
+    """sacreBLEU's chrF from its statistics (hypothesis, reference and matching counts per
+    order)."""
+    return metric._compute_f_score(stats)
+
+
+def bleu_tokens(metric, text: str) -> str:
+    """A text as a sacrebleu BLEU scores it: lower-cased if asked, then tokenized."""
+    return metric._preprocess_segment(text)
+
+
+def bleu_from_stats(metric, stats: list[int]) -> float:
+    """sacreBLEU's BLEU from [hyp_len, ref_len, correct per order, total per order]."""
+    return metric._compute_score_from_stats(stats).score

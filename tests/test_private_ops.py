@@ -6,13 +6,16 @@ torch's CUDA kernels and checks its internals itself)."""
 import re
 from pathlib import Path
 
+import pytest
 import torch
 
 from nmt import private_ops
 from nmt.inference.fast import packing_works
 
 NMT = Path(__file__).resolve().parents[1] / "nmt"
-PRIVATE = re.compile(r"torch\.ops\.|torch\._[a-z]|\._get_node\(|_step_supports_amp_scaling")
+PRIVATE = re.compile(r"torch\.ops\.|torch\._[a-z]|\._get_node\(|_step_supports_amp_scaling|"
+                     r"\._get_match_statistics|\._compute_f_score|\._preprocess_segment|"
+                     r"\._compute_score_from_stats")
 
 
 def test_every_private_operator_nmt_keeps_is_present():
@@ -27,6 +30,26 @@ def test_a_fused_optimizer_still_says_it_skips_on_the_device():
     params = [torch.nn.Parameter(torch.zeros(2))]
     assert private_ops.skips_on_the_device(torch.optim.Adam(params, fused=True))
     assert not private_ops.skips_on_the_device(torch.optim.Adam(params))
+
+
+def test_every_private_sacrebleu_helper_mbr_uses_is_present_and_the_probe_sees_one_go(
+        monkeypatch):
+    assert private_ops.sacrebleu_missing() == []
+    from sacrebleu.metrics import CHRF
+
+    monkeypatch.delattr(CHRF, "_compute_f_score")
+    assert private_ops.sacrebleu_missing() == ["CHRF._compute_f_score"]
+
+
+def test_mbr_without_sacrebleus_private_helpers_scores_with_the_public_api(monkeypatch):
+    from nmt.inference import mbr
+
+    texts = ["the cat sat on the mat", "a cat sat on a mat", "the cat sat", "the cat sat"]
+    private = {u: mbr.expected_utilities(texts, u) for u in ("chrf", "bleu")}
+    monkeypatch.setattr(mbr, "_by_statistics", lambda: False)
+    monkeypatch.setattr(mbr.utility_of("chrf"), "fastchrf", None)
+    for utility, want in private.items():
+        assert mbr.expected_utilities(texts, utility) == pytest.approx(want, abs=1e-9)
 
 
 def test_the_probe_names_a_missing_operator(monkeypatch):

@@ -5,8 +5,9 @@ The candidates serve as pseudo-references, each with weight 1 / (N - 1): samples
 (search.sampling) make this a Monte Carlo estimate of the expected utility under the model;
 an n-best list is the beam's approximation of it. The utility is sacreBLEU's sentence chrF or
 sentence BLEU (effective order), computed from each candidate's n-gram statistics, extracted
-once, with sacreBLEU's own statistics and formulas (the tests check equality with
-`sentence_score`). Identical candidates are scored once and counted with their multiplicity.
+once, with sacreBLEU's own statistics and formulas (its private helpers, through
+nmt.private_ops; the public `sentence_score` per pair where they are gone; the tests check the
+two agree). Identical candidates are scored once and counted with their multiplicity.
 
 Pairwise selection costs N (N - 1) utilities per source. chrF's reference aggregation
 (DeNero et al. 2009; Vamvas and Sennrich 2024) is linear in N: each candidate is compared with
@@ -22,7 +23,21 @@ from functools import cache
 from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.metrics.helpers import extract_all_char_ngrams, extract_all_word_ngrams
 
+from nmt import private_ops
 from nmt.config import MBR_UTILITIES
+from nmt.errors import NmtError
+
+
+@cache
+def _by_statistics() -> bool:
+    """Whether sacreBLEU's private helpers are there to score n-gram statistics extracted once
+    (nmt.private_ops); without them the utilities call the public sentence_score per pair."""
+    return not private_ops.sacrebleu_missing()
+
+
+def _public_pairwise(metric, texts: list[str]) -> list[list[float]]:
+    """metric.sentence_score of every text (row) against every text (column)."""
+    return [[metric.sentence_score(h, [r]).score for r in texts] for h in texts]
 
 
 def _fastchrf():
@@ -47,6 +62,8 @@ class ChrF:
         """chrF of every text (row) against every text (column) as the reference."""
         if self.fastchrf is not None:
             return self.fastchrf.pairwise_chrf([texts], [texts])[0]
+        if not _by_statistics():
+            return _public_pairwise(self.metric, texts)
         feats = [self.features(text) for text in texts]
         return [[self.score(h, r) for r in feats] for h in feats]
 
@@ -56,19 +73,18 @@ class ChrF:
 
     def score(self, hyp: list[Counter], ref: list[Counter]) -> float:
         """chrF of a hypothesis against one reference, both given by their features."""
-        stats = [x for h, r in zip(hyp, ref, strict=True)
-                 for x in self.metric._get_match_statistics(h, r)]
-        return self.metric._compute_f_score(stats)
+        return private_ops.chrf_from_counts(self.metric, hyp, ref)
 
     def score_aggregate(self, hyp: list[Counter], total: list[Counter], n: int) -> float:
         """chrF of a hypothesis (one of the n candidates that `total` sums the features of)
-        against the others' mean n-gram counts, (total - hyp) / (n - 1)."""
+        against the others' mean n-gram counts, (total - hyp) / (n - 1). Needs sacreBLEU's
+        private helpers (no public API scores fractional counts)."""
         stats = []
         for h, t in zip(hyp, total, strict=True):
             ref_count = (t.total() - h.total()) / (n - 1)
             match = sum(min(c, (t[g] - c) / (n - 1)) for g, c in h.items())
             stats += [h.total() if ref_count > 0 else 0, ref_count, match]
-        return self.metric._compute_f_score(stats)
+        return private_ops.chrf_from_stats(self.metric, stats)
 
 
 class SentenceBleu:
@@ -79,12 +95,14 @@ class SentenceBleu:
 
     def pairwise(self, texts: list[str]) -> list[list[float]]:
         """Sentence BLEU of every text (row) against every text (column) as the reference."""
+        if not _by_statistics():
+            return _public_pairwise(self.metric, texts)
         feats = [self.features(text) for text in texts]
         return [[self.score(h, r) for r in feats] for h in feats]
 
     def features(self, text: str) -> tuple[Counter, int]:
         """A text's word n-gram counts (orders 1-4, one Counter) and its length in tokens."""
-        return extract_all_word_ngrams(self.metric._preprocess_segment(text), 1,
+        return extract_all_word_ngrams(private_ops.bleu_tokens(self.metric, text), 1,
                                        self.metric.max_ngram_order)
 
     def score(self, hyp: tuple[Counter, int], ref: tuple[Counter, int]) -> float:
@@ -95,7 +113,7 @@ class SentenceBleu:
         for gram, count in h.items():
             total[len(gram) - 1] += count
             correct[len(gram) - 1] += min(count, r.get(gram, 0))
-        return self.metric._compute_score_from_stats([hyp_len, ref_len, *correct, *total]).score
+        return private_ops.bleu_from_stats(self.metric, [hyp_len, ref_len, *correct, *total])
 
 
 @cache
@@ -115,6 +133,9 @@ def expected_utilities(candidates: list[str], utility: str = "chrf",
         return [0.0] * n
     if aggregate and utility != "chrf":
         raise ValueError(f"reference aggregation is for chrf, not {utility}")
+    if aggregate and not _by_statistics():
+        raise NmtError(f"mbr.aggregate needs sacreBLEU's "
+                       f"{', '.join(private_ops.sacrebleu_missing())}, which this one lacks")
     metric = utility_of(utility)
     counts = Counter(candidates)
     unique = list(counts)  # each distinct text once, in order of first appearance
