@@ -401,21 +401,19 @@ def report(manifest: dict, out: Path, seconds: float) -> str:
 def build(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], reused: tuple | None,
           tmp: Path) -> dict:
     """Stages 2-4 into the temporary directory tmp; returns the manifest (without checksums)."""
-    from nmt.data import FORMAT, TokenArray, token_dtype
+    from nmt.data import FORMAT, token_dtype
     from nmt.runtime import usable_cores
-    from nmt.shortlist import FILE as SHORTLIST
-    from nmt.shortlist import build_shortlist
 
     langs = {"src": cfg.src_lang, "tgt": cfg.tgt_lang}
     workers = cfg.workers or usable_cores()
     specs = cfg.train_corpora
-    counts, texts, seconds = {}, {}, {}
     t = time.time()
-    for role, inputs in corpora.items():
-        paths = [tmp / f"{role}.clean.{langs[side]}" for side in ("src", "tgt")]
-        counts[role] = [dict.fromkeys(COUNTS) for _ in inputs]
-        texts[role] = clean_split(inputs, cfg.clean, *paths, counts[role])
-    seconds["clean"], t = time.time() - t, time.time()
+    counts = {role: [dict.fromkeys(COUNTS) for _ in inputs] for role, inputs in corpora.items()}
+    texts = {role: clean_split(inputs, cfg.clean, *(tmp / f"{role}.clean.{lang}"
+                                                    for lang in langs.values()), counts[role])
+             for role, inputs in corpora.items()}
+    seconds = {"clean": time.time() - t}
+    t = time.time()
     src_tok, tgt_tok, spm_info = reused or train_subwords(
         texts["train"], cfg.bpe, sorted({c.tag for c in specs if c.tag}))
     tags = tag_ids(specs, src_tok, cfg.bpe.model)
@@ -425,24 +423,18 @@ def build(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], reused: tuple
     limits = (cfg.clean.max_tokens, cfg.clean.max_ratio)
     text_prefix = ({side: tmp / f"train.clean.{lang}" for side, lang in langs.items()}
                    if cfg.keep_text else None)
-    sizes = {}
     workers = min(workers, max(len(text.chunks) for text in texts.values()))
     with OrderedPool(workers, _init_worker, (src_tok.proto, tgt_tok.proto)) as pool:
-        for role, text in texts.items():
-            prefix = {side: tmp / f"{role}.{lang}" for side, lang in langs.items()}
-            train = role == "train"
-            sizes[role] = encode_split(pool, text, role, prefix, limits if train else None,
-                                       dtype, counts[role], tags if train else [None],
-                                       text_prefix if train else None)
+        sizes = {role: encode_split(pool, text, role,
+                                    {side: tmp / f"{role}.{lang}" for side, lang in langs.items()},
+                                    limits if role == "train" else None, dtype, counts[role],
+                                    tags if role == "train" else [None],
+                                    text_prefix if role == "train" else None)
+                 for role, text in texts.items()}
     seconds["encode"] = time.time() - t
-    for corpus, size, corpus_counts in zip(corpora["train"], sizes["train"], counts["train"],
-                                           strict=True):
-        if size["pairs"] == 0:
-            raise NmtError(f"train: no pairs left after cleaning {corpus.name} "
-                           f"({_summary(corpus_counts)})")
+    _check_pairs_left(corpora["train"], sizes["train"], counts["train"])
     texts["train"].src.unlink()  # the cleaned training text is not kept as text
     texts["train"].tgt.unlink()
-    first = np.cumsum([0] + [size["pairs"] for size in sizes["train"]])[:-1]
     manifest = {
         "format": FORMAT, "src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang,
         "joint": src_tok.same_ids(tgt_tok), "spm": spm_names,
@@ -453,11 +445,7 @@ def build(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], reused: tuple
         "vocab_sha256": vocab_sha256(src_tok.proto, tgt_tok.proto),
         "splits": {role: total(parts) for role, parts in sizes.items()},
         "counts": {role: total(parts) for role, parts in counts.items()},
-        "corpora": [{"name": spec.name, "input": spec.path, "weight": spec.weight,
-                     "tag": spec.tag, "tag_id": tag, "first": int(start), **size,
-                     "counts": corpus_counts}
-                    for spec, tag, start, size, corpus_counts in zip(
-                        specs, tags, first, sizes["train"], counts["train"], strict=True)],
+        "corpora": _corpus_entries(specs, tags, sizes["train"], counts["train"]),
         "clean": {role: {side: f"{role}.clean.{lang}" for side, lang in langs.items()}
                   for role in texts if role != "train"},
         "spm_training": {k: v for k, v in spm_info.items() if k != "languages"},
@@ -465,9 +453,41 @@ def build(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], reused: tuple
         **({"languages": spm_info["languages"]} if "languages" in spm_info else {}),
         "seconds": {k: round(v, 2) for k, v in seconds.items()},
     }
-    if cfg.shortlist.k:  # from the training arrays just written
+    _add_train_extras(manifest, cfg, tmp, dtype, text_prefix)
+    return manifest
+
+
+def _corpus_entries(specs: list, tags: list, sizes: list[dict], counts: list[dict]
+                    ) -> list[dict]:
+    """The manifest's entry of each training corpus: its spec, tag id, first pair in the
+    training arrays, sizes and cleaning counts."""
+    first = np.cumsum([0] + [size["pairs"] for size in sizes])[:-1]
+    return [{"name": spec.name, "input": spec.path, "weight": spec.weight, "tag": spec.tag,
+             "tag_id": tag, "first": int(start), **size, "counts": corpus_counts}
+            for spec, tag, start, size, corpus_counts in zip(specs, tags, first, sizes, counts,
+                                                             strict=True)]
+
+
+def _check_pairs_left(corpora: list[Corpus], sizes: list[dict], counts: list[dict]) -> None:
+    """A one-line NmtError naming a training corpus that cleaning emptied."""
+    for corpus, size, corpus_counts in zip(corpora, sizes, counts, strict=True):
+        if size["pairs"] == 0:
+            raise NmtError(f"train: no pairs left after cleaning {corpus.name} "
+                           f"({_summary(corpus_counts)})")
+
+
+def _add_train_extras(manifest: dict, cfg: PreprocessConfig, tmp: Path, dtype,
+                      text_prefix: dict | None) -> None:
+    """The shortlist (shortlist.k > 0, from the training arrays just written) and the kept
+    training text (keep_text) into tmp and the manifest."""
+    from nmt.data import TokenArray
+    from nmt.shortlist import FILE as SHORTLIST
+    from nmt.shortlist import build_shortlist
+
+    if cfg.shortlist.k:
         t = time.time()
-        src, tgt = (TokenArray(tmp / f"train.{lang}", dtype) for lang in langs.values())
+        src, tgt = (TokenArray(tmp / f"train.{lang}", dtype)
+                    for lang in (cfg.src_lang, cfg.tgt_lang))
         build_shortlist(src, tgt, manifest, cfg.shortlist).save(tmp / SHORTLIST)
         manifest["shortlist"] = SHORTLIST
         manifest["seconds"]["shortlist"] = round(time.time() - t, 2)
@@ -476,7 +496,6 @@ def build(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], reused: tuple
             **{side: path.name for side, path in text_prefix.items()},
             **{f"{side}_bytes": (tmp / f"{path.name}.bin").stat().st_size
                for side, path in text_prefix.items()}}
-    return manifest
 
 
 def _summary(counts: dict) -> str:
