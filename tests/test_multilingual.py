@@ -121,8 +121,8 @@ def test_an_older_manifest_reads_as_one_language_pair(corpora_dir, tmp_path):
     m = read_manifest(old)
     assert directions(m, "train") == directions(m, "valid") == []
     assert len(training_corpora(m)) == 2
-    summary = train(train_config(old, tmp_path / "run", "train.max_updates=2",
-                                 "train.valid_interval_updates=2"))
+    summary = train(train_config(old, tmp_path / "run", "train.max_updates=1",
+                                 "train.valid_interval_updates=1", "train.plot=false"))
     assert set(summary["valid"]) >= {"loss", "nll", "ppl"}
     assert not any("/" in key for key in summary["valid"])
     assert "languages" not in load_checkpoint(tmp_path / "run" / "checkpoint_last.pt")["vocab"]
@@ -200,20 +200,20 @@ def test_a_multilingual_run_with_a_temperature_resumes_bitwise(multi_dir, tmp_pa
 
 
 # ----------------------------------------------------------------------------- 3. translating
-def translate_lines(ckpt: Path, lines: list[str], tmp_path: Path, *overrides: str) -> list[str]:
+def translate_lines(model: Path, lines: list[str], tmp_path: Path, *overrides: str) -> list[str]:
     """nmt-translate's greedy output of `lines`."""
     src, out = tmp_path / "in.txt", tmp_path / "out.txt"
     src.write_text("".join(line + "\n" for line in lines), "utf-8")
     translate(to_object(compose("translate", [
-        f"checkpoint={ckpt}", f"input={src}", f"output={out}", "search.beam_size=1",
+        f"checkpoint={model}", f"input={src}", f"output={out}", "search.beam_size=1",
         "search.max_len_b=8", "workers=1", "quiet=true", *overrides]), TranslateConfig))
     return out.read_text("utf-8").splitlines()
 
 
 def test_tgt_lang_chooses_the_language_of_a_trained_model(multi_run, raw, tmp_path):
-    ckpt = multi_run / "checkpoint_last.pt"
+    model = multi_run / "checkpoint_last.pt"
     lines = read(raw["en-de"]["test"], "en")
-    into = {lang: translate_lines(ckpt, lines, tmp_path, f"tgt_lang={lang}")
+    into = {lang: translate_lines(model, lines, tmp_path, f"tgt_lang={lang}")
             for lang in ("de", "fr")}
     assert into["de"] != into["fr"]  # the token matters: toy French words end with é
     assert sum(s.count("é") for s in into["fr"]) > 2 * sum(s.count("é") for s in into["de"])
@@ -221,5 +221,83 @@ def test_tgt_lang_chooses_the_language_of_a_trained_model(multi_run, raw, tmp_pa
                                        r"fr\)"),
                        ("src_lang=en", r"src_lang=en: .* chooses the target language only")):
         with pytest.raises(ConfigError, match=error) as e:
-            translate_lines(ckpt, lines, tmp_path, "tgt_lang=de", key)
+            translate_lines(model, lines, tmp_path, "tgt_lang=de", key)
         assert "\n" not in str(e.value)
+
+
+@pytest.fixture(scope="module")
+def multi_server(multi_run):
+    """An in-process nmt-serve of the multilingual model, French by default."""
+    from test_serve import InProcess
+
+    srv = InProcess(multi_run / "checkpoint_last.pt", "tgt_lang=fr", "search.beam_size=1")
+    yield srv
+    srv.stop()
+
+
+def test_nmt_serve_translates_into_the_language_a_request_asks_for(multi_server, multi_run, raw,
+                                                                   tmp_path):
+    model = multi_run / "checkpoint_last.pt"
+    lines = read(raw["en-de"]["test"], "en")[:6]
+    health = multi_server.call("GET", "/health")[2]
+    assert (health["languages"], health["tgt_lang"]) == (list(LANGS), "fr")
+    for lang in ("de", "fr"):
+        got = [t["text"] for t in multi_server.translate(lines, tgt_lang=lang, split="none")]
+        assert got == translate_lines(model, lines, tmp_path, f"tgt_lang={lang}")
+    default = [t["text"] for t in multi_server.translate(lines, split="none")]
+    assert default == translate_lines(model, lines, tmp_path, "tgt_lang=fr")
+    for field, value, error in (("tgt_lang", "es", "has no such language (it has de, en, fr)"),
+                                ("src_lang", "en", "chooses the target language only")):
+        status, _, body = multi_server.call("POST", "/translate", {"text": ["x"], field: value})
+        assert status == 422 and error in body["error"] and "\n" not in body["error"], body
+    page = multi_server.call("GET", "/")[2]
+    assert 'id="tgt"' in page and "h.languages" in page and "body.tgt_lang" in page
+
+
+def test_nmt_serve_refuses_a_language_for_a_bilingual_model(tiny_data_dir, tmp_path):
+    from test_serve import InProcess
+    from translate_helpers import save_tiny_checkpoint
+
+    model = save_tiny_checkpoint(tmp_path / "bi.pt", (tiny_data_dir / "spm.model").read_bytes())
+    srv = InProcess(model)
+    try:
+        status, _, body = srv.call("POST", "/translate", {"text": ["x"], "tgt_lang": "de"})
+        assert status == 422 and "is a bilingual model" in body["error"], body
+        assert srv.call("GET", "/health")[2]["languages"] == []
+    finally:
+        srv.stop()
+
+
+def test_nmt_serve_refuses_a_default_language_the_model_lacks(multi_run):
+    from test_serve import InProcess
+
+    with pytest.raises(ConfigError, match=r"^tgt_lang=es: .* has no such language \(it has de"):
+        InProcess(multi_run / "checkpoint_last.pt", "tgt_lang=es")
+
+
+# ----------------------------------------------------------------------------- exports
+def source_pieces(tok: Tokenizer, lines: list[str], lang: str) -> list[list[str]]:
+    """The pieces of `lines` with >>lang<< first, as a CTranslate2 user passes them."""
+    return [[f">>{lang}<<", *tok.pieces(ids)] for ids in tok.encode(lines)]
+
+
+@pytest.mark.slow
+def test_the_exports_choose_the_language_as_nmt_translate_does(multi_run, raw, tmp_path):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    pytest.importorskip("transformers")
+    from test_export import run_export, transformers_greedy
+
+    model = multi_run / "checkpoint_last.pt"
+    lines = read(raw["en-de"]["test"], "en")
+    tok = Tokenizer(load_checkpoint(model)["vocab"]["src_spm"])
+    ct2 = ctranslate2.Translator(str(run_export(model, tmp_path / "ct2", "ctranslate2")),
+                                 device="cpu", intra_threads=1)
+    hf = run_export(model, tmp_path / "hf", "transformers")
+    for lang in ("de", "fr"):  # test_export's greedy search: 16 tokens at most
+        expected = translate_lines(model, lines, tmp_path, f"tgt_lang={lang}",
+                                   "search.max_len_a=0", "search.max_len_b=16")
+        results = ct2.translate_batch(source_pieces(tok, lines, lang), beam_size=1,
+                                      max_decoding_length=16)
+        assert [tok.sp.decode(r.hypotheses[0]) for r in results] == expected
+        ids, tokenizer, _ = transformers_greedy(hf, [f">>{lang}<< {line}" for line in lines])
+        assert tokenizer.batch_decode(ids, skip_special_tokens=True) == expected

@@ -59,6 +59,7 @@ from nmt.errors import ConfigError, NmtError
 from nmt.inference.engine import Engine, check_vocab, open_translator
 from nmt.inference.search import Hypothesis
 from nmt.inference.workers import WorkerPool
+from nmt.languages import LanguageChoice, choose
 from nmt.preemption import restore_handler
 from nmt.runtime import keep_freed_memory, pick_device, usable_cores
 from nmt.segment import Segmented, sentence_splitter, split_text
@@ -138,6 +139,13 @@ class TranslateRequest(BaseModel):
         "with sampling). Needs the server's continuous batching."))
     attention: bool = Field(False, description=(
         "Also return each best translation's encoder-decoder attention over its source."))
+    tgt_lang: str | None = Field(None, description=(
+        "A multilingual model's: the language to translate into, by the name the model records "
+        "(GET /health's languages); the server's tgt_lang when not given. A bilingual model "
+        "refuses it."))
+    src_lang: str | None = Field(None, description=(
+        "A model that needs the source language (M2M100, NLLB-200): the texts' language; the "
+        "server's src_lang when not given. Others refuse it."))
     split: Literal["none", "sentence", "paragraph"] | None = Field(None, description=(
         "How each text is cut before it is translated (the server's default: GET /health): "
         "none, sentence, or paragraph (at its line breaks); the pieces' translations go back "
@@ -254,6 +262,10 @@ class HealthResponse(BaseModel):
         "bound every shared batch."))
     split: str = Field(description="How texts are cut when a request does not say: none, "
                                    "sentence or paragraph.")
+    languages: list[str] = Field(description=(
+        "A multilingual model's languages, a request's tgt_lang (and src_lang) choices; [] "
+        "for a bilingual model."))
+    tgt_lang: str = Field(description="The server's tgt_lang: a request's default (or '').")
 
 
 # ----------------------------------------------------------------------------- the service
@@ -279,6 +291,33 @@ class Service:
         self.split = cfg.split if cfg.split != "auto" else (
             "sentence" if cfg.src_lang else "paragraph")
         self.splitter = sentence_splitter(cfg.src_lang) if cfg.src_lang else None
+        entry = translator.vocab.get("languages")
+        self.languages = sorted(entry["codes"]) if entry else []
+        self.forced = bool(entry) and entry["convention"] == "forced"
+        for key in ("tgt_lang", "src_lang") if self.forced else ("tgt_lang",):
+            lang = getattr(cfg, key)  # a request's default: checked at start
+            if self.languages and lang and lang not in self.languages:
+                raise ConfigError(f"{key}={lang}: {cfg.checkpoint} has no such language (it "
+                                  f"has {', '.join(self.languages)})")
+
+    def choice(self, req: TranslateRequest) -> LanguageChoice:
+        """The request's languages (nmt.languages): its tgt_lang and src_lang, or the server's
+        for a multilingual model (src_lang for a model that needs it only: for the others it
+        names the texts' language for splitting and LibreTranslate)."""
+        tgt = req.tgt_lang if req.tgt_lang is not None else (
+            self.cfg.tgt_lang if self.languages else "")
+        src = req.src_lang if req.src_lang is not None else (
+            self.cfg.src_lang if self.forced else "")
+        try:
+            choice = choose(self.translator.vocab, src, tgt, "the model")
+        except ConfigError as e:
+            key, why = str(e).split(": ", 1)
+            raise ApiError(422, key.split("=")[0], why) from None
+        if choice.prefix and not self.cfg.continuous:
+            raise ApiError(422, "tgt_lang", "this model is given its target language as a "
+                                            "forced first token: needs the server's continuous "
+                                            "batching (continuous=true)")
+        return choice
 
     @property
     def broken(self) -> str:
@@ -374,9 +413,14 @@ class Service:
         search = self.search_of(req)
         if self.broken:
             raise ApiError(503, None, self.broken)
+        choice = self.choice(req)
         extras = self.piece_fields(docs, self.sentence_fields(req, search))
+        if choice.prefix:
+            extras = [(p, *rest) for p, (_, *rest) in zip(choice.prefixes(
+                len(extras), [e[0] for e in extras]), extras, strict=True)]
         full = self.translator.src_tok.encode(pieces)
-        ids = [seq[:self.max_input] for seq in full]  # nmt-translate's truncation
+        limit = self.max_input - len(choice.source)
+        ids = choice.sources([seq[:limit] for seq in full])  # nmt-translate's truncation
         try:
             nbest = await self.batcher.translate(ids, search, self.cfg.timeout_s, extras)
         except QueueFull:
@@ -399,7 +443,8 @@ class Service:
             maps = await asyncio.to_thread(lambda: [self.attention(src, hyps[0].tokens)
                                                     for src, hyps in zip(ids, nbest, strict=True)])
         self.requests += 1
-        parts = iter([self._translation(hyps, len(f) > self.max_input, search.nbest, a)
+        nbest = [[replace(h, tokens=choice.strip(h.tokens)) for h in hyps] for hyps in nbest]
+        parts = iter([self._translation(hyps, len(f) > limit, search.nbest, a)
                       for hyps, f, a in zip(nbest, full, maps, strict=True)])
         return TranslateResponse(translations=[
             rejoin(doc, [next(parts) for _ in doc.pieces]) for doc in docs])
@@ -433,7 +478,8 @@ class Service:
             limits={k: getattr(cfg, k) for k in (
                 "max_sentences", "max_chars", "max_queued", "max_input_tokens", "timeout_s",
                 "max_beam_size", "max_len_b", "max_wait_ms")},
-            search=asdict(cfg.search), split=self.split)
+            search=asdict(cfg.search), split=self.split, languages=self.languages,
+            tgt_lang=cfg.tgt_lang)
 
     def stats(self) -> StatsResponse:
         """GET /stats: requests, sentences and batches so far, and what is queued now."""
