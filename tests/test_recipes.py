@@ -1,4 +1,4 @@
-"""The recipes (WMT14, back-translation) compose and validate every command's config (a dry run,
+"""The recipes (WMT14, back-translation, multilingual) compose and validate every command's config (a dry run,
 no training)."""
 
 import os
@@ -186,3 +186,48 @@ def test_backtranslation_sampling_monolingual_text_and_bad_settings(tmp_path):
     assert wrong.returncode == 2 and "unknown BT_SEARCH 'greedy'" in wrong.stderr
     too_many = backtranslation(tmp_path, "--dry-run", HOLD_PAIRS="400000")
     assert too_many.returncode == 2 and "leaves no real pairs" in too_many.stderr
+
+
+def multilingual(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """The multilingual recipe with these arguments and extra environment variables."""
+    env = {**os.environ, **env,
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.run(["bash", str(ROOT / "scripts/recipes/multilingual.sh"), *args,
+                           str(tmp_path / "work")], capture_output=True, text=True, env=env,
+                          timeout=300, cwd=ROOT)
+
+
+@pytest.mark.slow
+def test_multilingual_dry_run_prints_and_validates_every_step(tmp_path):
+    corpora = tmp_path / "debian-po"
+    for pair in ("en-de", "en-fr"):
+        (corpora / pair).mkdir(parents=True)
+        for split in ("train", "valid", "test"):
+            for lang in pair.split("-"):
+                (corpora / pair / f"{split}.{lang}").write_text("x\n")
+    out = multilingual(tmp_path, "--dry-run", CORPORA=str(corpora), TEMPERATURE="2")
+    assert out.returncode == 0, out.stderr
+    assert not (tmp_path / "work").exists()  # nothing ran
+    blocks = [block.split("\n", 1) for block in out.stdout.split("### ")[1:]]
+    schemas = {"preprocess": PreprocessConfig, "train": TrainConfig, "average": AverageConfig}
+    steps = {name: to_object(OmegaConf.create(yaml), next(
+        (v for k, v in schemas.items() if name.startswith(k)), TranslateConfig))
+        for name, yaml in blocks}
+    directions = ("en-de", "de-en", "en-fr", "fr-en")
+    assert len(steps) == 3 + 5 * 4 + 6  # multi, per direction 1 + 4 bilingual, zero-shot
+    multi = steps["preprocess_multi"]
+    assert multi.multilingual and [(c.src_lang, c.tgt_lang) for c in multi.train_corpora] == [
+        tuple(d.split("-")) for d in directions]
+    assert multi.train_corpora[1].path == f"{corpora}/en-de/train"  # de->en reads en-de
+    assert [c.path for c in multi.corpora["test"]][3] == f"{corpora}/en-fr/test"
+    train = steps["train_multi"].train
+    assert (train.max_minutes, train.temperature) == (40, 2.0)
+    assert all(steps[f"train_{d}"].train.max_minutes == 10 for d in directions)
+    for d in directions:
+        tr = steps[f"translate_multi_{d}"]
+        assert (tr.tgt_lang, tr.search.beam_size) == (d.split("-")[1], 4)
+    zs, pivot = steps["zero_shot_de-fr"], steps["pivot_de-fr"]
+    assert (zs.tgt_lang, pivot.tgt_lang, steps["pivot_de-fr-en"].tgt_lang) == ("fr", "fr", "en")
+    assert pivot.input == steps["pivot_de-fr-en"].output
+    missing = multilingual(tmp_path, "--dry-run", CORPORA=str(tmp_path / "none"))
+    assert missing.returncode == 2 and "en-de/train.en: no such file" in missing.stderr
