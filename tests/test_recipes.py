@@ -1,5 +1,5 @@
-"""The recipes (WMT14, back-translation, multilingual) compose and validate every command's config (a dry run,
-no training)."""
+"""The recipes (WMT14, back-translation, multilingual) compose and validate every command's
+config (a dry run, no training)."""
 
 import os
 import subprocess
