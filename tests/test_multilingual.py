@@ -15,6 +15,7 @@ from multi_helpers import corpus, multi_overrides, write_raw
 from test_train import config as train_config
 from test_train import same_tensors
 
+from nmt import distributed
 from nmt.checkpoint import load_checkpoint
 from nmt.config import PreprocessConfig, TranslateConfig, compose, to_object
 from nmt.data import (
@@ -25,10 +26,10 @@ from nmt.data import (
     temperature_weights,
     training_corpora,
 )
-from nmt.errors import ConfigError
+from nmt.errors import ConfigError, NmtError
 from nmt.preprocess import preprocess
 from nmt.tokenizer import Tokenizer
-from nmt.train import train
+from nmt.train import load_data, train
 from nmt.translate import translate
 
 LANGS = ("de", "en", "fr")
@@ -121,11 +122,23 @@ def test_an_older_manifest_reads_as_one_language_pair(corpora_dir, tmp_path):
     m = read_manifest(old)
     assert directions(m, "train") == directions(m, "valid") == []
     assert len(training_corpora(m)) == 2
-    summary = train(train_config(old, tmp_path / "run", "train.max_updates=1",
-                                 "train.valid_interval_updates=1", "train.plot=false"))
-    assert set(summary["valid"]) >= {"loss", "nll", "ppl"}
-    assert not any("/" in key for key in summary["valid"])
-    assert "languages" not in load_checkpoint(tmp_path / "run" / "checkpoint_last.pt")["vocab"]
+    data = load_data(train_config(old, tmp_path / "run", "train.temperature=5"),
+                     distributed.init("cpu"))
+    assert data.train.weights == [1.0, 2.0]  # the corpus weights, no temperature
+    assert "languages" not in data.vocab  # its checkpoints record none
+
+
+def test_a_reused_vocabulary_keeps_the_language_tokens_or_is_refused(multi_dir, raw,
+                                                                     corpora_dir, tmp_path):
+    args = multi_overrides(raw, tmp_path / "re")
+    reused = preprocess(preprocess_config(*args, f"bpe.model={multi_dir}"))
+    assert reused["languages"] == read_manifest(multi_dir)["languages"]
+    assert reused["vocab_sha256"] == read_manifest(multi_dir)["vocab_sha256"]
+    with pytest.raises(NmtError, match=r"^train\[0\].tgt_lang=de: the reused SentencePiece "
+                                       r"model .* has no such piece \(>>de<<\)") as e:
+        preprocess(preprocess_config(*multi_overrides(raw, tmp_path / "no"),
+                                     f"bpe.model={corpora_dir}"))
+    assert "\n" not in str(e.value) and not (tmp_path / "no").exists()
 
 
 @pytest.mark.parametrize("train,error", [
@@ -301,3 +314,5 @@ def test_the_exports_choose_the_language_as_nmt_translate_does(multi_run, raw, t
         assert [tok.sp.decode(r.hypotheses[0]) for r in results] == expected
         ids, tokenizer, _ = transformers_greedy(hf, [f">>{lang}<< {line}" for line in lines])
         assert tokenizer.batch_decode(ids, skip_special_tokens=True) == expected
+        assert translate_lines(model, lines, tmp_path, f"tgt_lang={lang}", "search.max_len_a=0",
+                               "search.max_len_b=16", "engine=ctranslate2") == expected
