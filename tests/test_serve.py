@@ -14,13 +14,14 @@ import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from conftest import make_data_dir
 from translate_helpers import save_tiny_checkpoint
 
-from nmt.config import SearchConfig, ServeConfig, TranslateConfig, compose, to_object
+from nmt.config import MbrConfig, SearchConfig, ServeConfig, TranslateConfig, compose, to_object
 from nmt.errors import ConfigError, NmtError
 from nmt.inference.search import Hypothesis
 from nmt.inference.translator import Translator
@@ -325,9 +326,11 @@ def test_serve_config_is_validated_naming_the_key():
     for bad, key in (("max_queued=4", "max_queued"), ("timeout_s=0", "timeout_s"),
                      ("search.beam_size=32", "search.beam_size"), ("port=70000", "port"),
                      ("log_level=loud", "log_level"), ("split=words", "split"),
-                     ("src_lang=English", "src_lang"), ("split=sentence", "src_lang")):
+                     ("src_lang=English", "src_lang"), ("split=sentence", "src_lang"),
+                     ("mbr.candidates=64", "mbr.candidates"),
+                     ("mbr.candidates=4 search.nbest=2", "mbr.candidates")):
         with pytest.raises(ConfigError, match=f"^{key}:"):
-            make(bad)
+            make(*bad.split())
 
 
 @pytest.mark.slow
@@ -680,6 +683,8 @@ def test_mbr_choices_equal_nmt_translate(mbr_server, ckpt, tiny_data_dir, lines,
 
 
 def test_mbr_request_fields_are_checked_naming_the_field(mbr_server, lines):
+    health = mbr_server.call("GET", "/health")[2]
+    assert health["mbr"] == {"candidates": 0, "utility": "chrf", "aggregate": False}
     beam = mbr_server.translate(lines[:4], beam_size=4)
     mbr = mbr_server.translate(lines[:4], mbr_candidates=8, mbr_utility="bleu")
     assert [t["text"] for t in mbr] != [t["text"] for t in beam]  # a choice, not the best
@@ -697,6 +702,16 @@ def test_mbr_request_fields_are_checked_naming_the_field(mbr_server, lines):
     status, _, got = mbr_server.call("POST", "/translate",
                                      {"text": lines[:1], "mbr_utility": "comet"})
     assert (status, got["field"]) == (422, "mbr_utility")
+
+
+def test_the_servers_mbr_settings_are_the_defaults_a_request_overrides(mbr_server, lines,
+                                                                        monkeypatch):
+    service = mbr_server.service
+    mbr = mbr_server.translate(lines[:4], mbr_candidates=8, mbr_utility="bleu")
+    beam = mbr_server.translate(lines[:4])
+    monkeypatch.setattr(service, "cfg", replace(service.cfg, mbr=MbrConfig(8, "bleu")))
+    assert mbr_server.translate(lines[:4]) == mbr
+    assert mbr_server.translate(lines[:4], mbr_candidates=0) == beam
 
 
 def nmt_translate(ckpt, tiny_data_dir, overrides: dict | None = None, **search) -> dict:

@@ -269,6 +269,9 @@ class HealthResponse(BaseModel):
     search: dict = Field(description=(
         "The default search settings a request may override; max_tokens and max_sentences "
         "bound every shared batch."))
+    mbr: dict = Field(description=(
+        "The default MBR settings a request may override with its mbr_* fields: candidates "
+        "(0: off), utility, aggregate."))
     split: str = Field(description="How texts are cut when a request does not say: none, "
                                    "sentence or paragraph.")
 
@@ -472,7 +475,7 @@ class Service:
             limits={k: getattr(cfg, k) for k in (
                 "max_sentences", "max_chars", "max_queued", "max_input_tokens", "timeout_s",
                 "max_beam_size", "max_len_b", "max_wait_ms")},
-            search=asdict(cfg.search), split=self.split)
+            search=asdict(cfg.search), mbr=asdict(cfg.mbr), split=self.split)
 
     def stats(self) -> StatsResponse:
         """GET /stats: requests, sentences and batches so far, and what is queued now."""
