@@ -31,6 +31,7 @@ class Capabilities:
     attention: bool  # attention weights: alignment, attention_plot, nmt-serve's "attention"
     continuous: bool  # continuous batching (nmt-serve continuous=true)
     beam_alpha: bool  # GNMT's length penalty in beam search (search.alpha, beam_size > 1)
+    epsilon: bool  # epsilon sampling (search.epsilon with search.sampling)
     shortlist: str | None = None  # the one search.shortlist it decodes with ("": none; None: any)
 
     def check(self, key: str, used: object = True) -> None:
@@ -46,6 +47,9 @@ class Capabilities:
         if search.alpha and search.beam_size > 1 and not search.sampling and not self.beam_alpha:
             raise ConfigError(f"search.alpha: engine={self.engine} has no GNMT length penalty "
                               f"in beam search; use search.alpha=0 (or search.beam_size=1)")
+        if search.sampling and search.epsilon and not self.epsilon:
+            raise ConfigError(f"search.epsilon: engine={self.engine} has no epsilon sampling; "
+                              f"use engine=nmt")
         if self.shortlist is not None and search.shortlist != self.shortlist and (
                 search.shortlist):
             raise ConfigError(f"search.shortlist: engine={self.engine} loaded "
@@ -53,6 +57,7 @@ class Capabilities:
 
 
 ENGINES = {"nmt": Capabilities("nmt", ensembles=True, constraints=True, attention=True,
-                               continuous=True, beam_alpha=True),
+                               continuous=True, beam_alpha=True, epsilon=True),
            "ctranslate2": Capabilities("ctranslate2", ensembles=False, constraints=False,
-                                       attention=False, continuous=False, beam_alpha=False)}
+                                       attention=False, continuous=False, beam_alpha=False,
+                                       epsilon=False)}

@@ -23,6 +23,8 @@ from nmt.config_errors import explain, extra_keys, unknown_key
 from nmt.errors import ConfigError
 from nmt.segment import MODES, sentence_splitter
 
+LANG_CODE = re.compile(r"[a-z]{2,3}([-_][a-zA-Z0-9]+)*")  # ISO 639, then a region or script
+
 CT2_ONLY_DTYPES = ("int8_float16", "int8_bfloat16")  # search.dtype with engine=ctranslate2 only
 
 
@@ -183,6 +185,7 @@ class SearchConfig:
     temperature: float = 1.0  # sampling: softmax(log-probabilities / temperature)
     top_k: int = 0  # sampling: only from the top_k most probable tokens (0: all)
     top_p: float = 1.0  # sampling: only from the fewest best tokens of probability >= top_p
+    epsilon: float = 0.0  # sampling: never a token of probability below epsilon (0: off)
     seed: int = 1  # sampling: a line's samples depend on this seed and its line number only
     no_repeat_ngram_size: int = 0  # no n-gram of this many tokens twice in an output (0: off)
     dtype: str = "fp32"  # fp32, bf16, int8 (CPU), fp16 (CUDA); int8_float16/_bfloat16: CTranslate2
@@ -196,6 +199,7 @@ class SearchConfig:
                f"must be between 1 and beam_size ({self.beam_size}), got {self.nbest}")
         _check(self.temperature > 0, "search.temperature", f"must be > 0, got {self.temperature}")
         _check(0 < self.top_p <= 1, "search.top_p", f"must be in (0, 1], got {self.top_p}")
+        _check_prob(self.epsilon, "search.epsilon")
         _check(self.dtype in ("fp32", "bf16", "fp16", "int8", *CT2_ONLY_DTYPES), "search.dtype",
                f"must be fp32, bf16, fp16, int8, int8_float16 or int8_bfloat16, "
                f"got {self.dtype!r}")
@@ -453,6 +457,40 @@ class TrainConfig:
 
 
 # ----------------------------------------------------------------------------- translate
+MBR_UTILITIES = ("chrf", "bleu")  # nmt.inference.mbr.UTILITIES
+MBR_MAX_CANDIDATES = 32
+
+
+@dataclass
+class MbrConfig:
+    """nmt-translate's minimum Bayes risk selection (nmt.inference.mbr): of N candidates per
+    line, the one of highest expected utility against the others is written."""
+
+    candidates: int = 0  # N: search.sampling's N samples, else beam search's N-best (0: off)
+    utility: str = "chrf"  # chrf or bleu: sacreBLEU's sentence chrF or BLEU (effective order)
+    aggregate: bool = False  # chrf: against the others' mean n-gram counts, linear in N
+
+    def __post_init__(self) -> None:
+        _check(self.candidates == 0 or 2 <= self.candidates <= MBR_MAX_CANDIDATES,
+               "mbr.candidates", f"must be 0 (off) or 2 to {MBR_MAX_CANDIDATES}, "
+               f"got {self.candidates}")
+        _check(self.utility in MBR_UTILITIES, "mbr.utility",
+               f"must be {' or '.join(MBR_UTILITIES)}, got {self.utility!r}")
+        _check(not self.aggregate or self.utility == "chrf", "mbr.aggregate",
+               f"is chrF's reference aggregation: needs mbr.utility=chrf, not {self.utility}")
+
+
+@dataclass
+class RerankConfig:
+    """nmt-translate's reranking of search.nbest hypotheses: the one of highest forward
+    log P(Y|X) + reverse log P(X|Y) + length |Y| is written (nmt.inference.rerank)."""
+
+    model: str = ""  # a reverse (target-to-source) checkpoint: log P(X|Y) of each pair ("": off)
+    forward: float = 1.0  # weight of log P(Y|X), the translating model's
+    reverse: float = 1.0  # weight of log P(X|Y), the reverse model's
+    length: float = 0.0  # weight of |Y| in pieces, EOS counted (> 0: a bonus against short ones)
+
+
 @dataclass
 class TranslateConfig:
     """nmt-translate: a checkpoint and raw text in, detokenized translations out."""
@@ -486,6 +524,8 @@ class TranslateConfig:
     src_lang: str = ""  # the language of the input (M2M100, NLLB-200 need it); "": none
     tgt_lang: str = ""  # the language to translate into (a multilingual model's choice)
     search: SearchConfig = field(default_factory=SearchConfig)
+    mbr: MbrConfig = field(default_factory=MbrConfig)  # choose among candidates by MBR
+    rerank: RerankConfig = field(default_factory=RerankConfig)  # or rerank the n-best
 
     @property
     def checkpoints(self) -> list[str]:
@@ -512,6 +552,7 @@ class TranslateConfig:
                f"must be auto, model or ema, got {self.weights!r}")
         _check_engine(self, len(self.checkpoints))
         _check_split(self)
+        _check_choice(self)
 
 
 def _check_split(cfg: TranslateConfig) -> None:
@@ -521,7 +562,7 @@ def _check_split(cfg: TranslateConfig) -> None:
     if cfg.split == "none":
         return
     if cfg.split == "sentence":
-        _check(re.fullmatch(r"[a-z]{2,3}([-_][a-zA-Z0-9]+)*", cfg.split_lang) is not None,
+        _check(LANG_CODE.fullmatch(cfg.split_lang) is not None,
                "split_lang", f"split=sentence needs the source language's ISO 639 code, e.g. "
                f"split_lang=en (got {cfg.split_lang!r})")
         sentence_splitter(cfg.split_lang)  # a one-line error if it is not installed
@@ -530,6 +571,20 @@ def _check_split(cfg: TranslateConfig) -> None:
                     ("alignment", cfg.alignment), ("attention_plot", cfg.attention_plot)):
         _check(not on, key, f"is per segment: needs split=none (split={cfg.split} translates "
                f"the pieces of a line apart)")
+
+
+def _check_choice(cfg: TranslateConfig) -> None:
+    """mbr and rerank: one choice at a time, among several candidates, of one written line."""
+    mbr, rerank = cfg.mbr.candidates, cfg.rerank.model
+    _check(not (mbr and rerank), "rerank.model", "not with mbr.candidates (one choice at a time)")
+    for key, on in (("mbr.candidates", mbr), ("rerank.model", rerank)):
+        _check(not (on and cfg.score_reference), key, "not with score_reference=true")
+    _check(not mbr or cfg.search.nbest == 1, "mbr.candidates",
+           f"writes one translation per line: leave search.nbest at 1, got {cfg.search.nbest}")
+    _check(not rerank or cfg.search.nbest >= 2, "rerank.model",
+           "needs an n-best to rerank: search.nbest >= 2 (and search.beam_size >= nbest)")
+    _check(not rerank or cfg.search.dtype not in CT2_ONLY_DTYPES, "rerank.model",
+           f"scores with engine=nmt, which has no search.dtype={cfg.search.dtype}")
 
 
 # ----------------------------------------------------------------------------- average
@@ -613,6 +668,9 @@ class ServeConfig:
     log_level: str = "info"  # uvicorn's log level: debug, info, warning or error
     engine: str = "nmt"  # decode with "nmt" or "ctranslate2" (the checkpoint's export, cached)
     ct2_model: str = ""  # engine=ctranslate2: the export's folder ("": CHECKPOINT.ct2/ beside it)
+    split: str = "auto"  # none|sentence|paragraph (nmt/segment.py); auto: sentence if src_lang
+    src_lang: str = ""  # the model's source language, ISO 639 (split=sentence, LibreTranslate)
+    tgt_lang: str = ""  # the model's target language, ISO 639 (LibreTranslate's API)
     search: SearchConfig = field(default_factory=SearchConfig)  # defaults; batch token budget
 
     def __post_init__(self) -> None:
@@ -634,6 +692,22 @@ class ServeConfig:
         _check(self.log_level in ("debug", "info", "warning", "error"), "log_level",
                f"must be debug, info, warning or error, got {self.log_level!r}")
         _check_engine(self, 1)
+        _check_serve_split(self)
+
+
+def _check_serve_split(cfg: ServeConfig) -> None:
+    """split, src_lang and tgt_lang; a source language needs the sentence splitter (a request
+    may ask for split=sentence)."""
+    _check(cfg.split in ("auto", *MODES), "split",
+           f"must be auto, none, sentence or paragraph, got {cfg.split!r}")
+    for key in ("src_lang", "tgt_lang"):
+        code = getattr(cfg, key)
+        _check(code == "" or LANG_CODE.fullmatch(code) is not None, key,
+               f"must be an ISO 639 code, e.g. en (got {code!r})")
+    _check(cfg.split != "sentence" or cfg.src_lang, "src_lang",
+           "split=sentence needs the source language's ISO 639 code, e.g. src_lang=en")
+    if cfg.src_lang:
+        sentence_splitter(cfg.src_lang)  # a one-line error if it is not installed
 
 
 # ----------------------------------------------------------------------------- Hydra glue

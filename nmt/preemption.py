@@ -45,6 +45,12 @@ def stop_signals() -> tuple[signal.Signals, ...]:
     return tuple(dict.fromkeys((signal.SIGTERM, preempt)))
 
 
+def restore_handler(sig: int, previous: object) -> None:
+    """Put back the handler that signal.signal returned: SIG_DFL where it was None (a handler
+    not installed from Python, which signal.signal cannot take back)."""
+    signal.signal(sig, signal.SIG_DFL if previous is None else previous)
+
+
 class Preemption:
     """A context in which the stop signals (stop_signals()) only set `received` (the signal's
     number); the previous handlers come back on exit (SIG_DFL where the previous one was not
@@ -64,7 +70,7 @@ class Preemption:
 
     def __exit__(self, *exc) -> None:
         for sig, handler in self.previous.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+            restore_handler(sig, handler)
 
     def _note(self, signum: int, frame) -> None:
         """The handler: remember the signal, nothing else (the loop stops at its pace)."""

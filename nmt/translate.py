@@ -13,7 +13,9 @@ rank 0 writes them all. alignment=true adds to each output line the source-targe
 translation (nmt.align): a TAB-separated column after a translation or a scored pair, a fourth
 ` ||| ` field of an n-best line. split=sentence|paragraph translates each line's sentences (or
 the line, cut to fit the model) apart, in the same batches as all other pieces, and puts the
-translations back in the line with the spaces between them (nmt.segment).
+translations back in the line with the spaces between them (nmt.segment). mbr.candidates=N or
+rerank.model=CKPT write, of each line's (or piece's) candidates, the one chosen by minimum
+Bayes risk or by reranking (nmt.inference.rerank).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from nmt.errors import ConfigError, NmtError
 from nmt.files import check_output, decode_line, read_lines, write_atomically
 from nmt.inference.constrained import missing_phrases
 from nmt.inference.engine import Engine, check_vocab, open_translator
+from nmt.inference.rerank import Chooser, candidate_search
 from nmt.inference.search import Hypothesis
 from nmt.languages import LanguageChoice, choose
 from nmt.runtime import keep_freed_memory, usable_cores
@@ -166,6 +169,7 @@ class Session:
     phrases: list[list[str]] | None  # constraints=: per input line, its phrases
     splitter: Callable[[str], list[str]] | None = None  # split=sentence: a text's sentences
     languages: LanguageChoice = LanguageChoice()  # src_lang=, tgt_lang=: tokens they add
+    chooser: Chooser | None = None  # mbr=, rerank=: keeps one of each line's candidates
 
 
 @dataclass
@@ -188,6 +192,8 @@ def translate(cfg: TranslateConfig) -> dict:
         return run_all(session)
     finally:
         session.translator.close()
+        if session.chooser is not None:
+            session.chooser.close()
         if session.env.world_size > 1:
             distributed.shutdown()
 
@@ -219,13 +225,15 @@ def open_session(cfg: TranslateConfig) -> Session:
             check_layer(translator.model, cfg.alignment_layer)
         languages = choose(translator.vocab, cfg.src_lang, cfg.tgt_lang, cfg.checkpoints[0])
         check_languages(cfg, languages)
+        chooser = Chooser.open(cfg, translator.tgt_tok, device, workers)
     except NmtError:
         translator.close()
         raise
     limit = min(cfg.max_input_tokens, translator.max_input_tokens) - len(languages.source)
     name = "<stdin>" if cfg.input == "-" else cfg.input
     splitter = sentence_splitter(cfg.split_lang) if cfg.split == "sentence" else None
-    return Session(cfg, translator, env, limit, name, refs, phrases, splitter, languages)
+    return Session(cfg, translator, env, limit, name, refs, phrases, splitter, languages,
+                   chooser)
 
 
 def check_languages(cfg: TranslateConfig, languages: LanguageChoice) -> None:
@@ -320,13 +328,14 @@ def process(s: Session, lines: list[str], first: int, interactive: bool = False)
     mine = list(range(s.env.rank, len(sources), s.env.world_size))  # this rank's sources
     # A few arriving lines decode here: the workers' round trip would cost more than it saves.
     parallel = not interactive or len(mine) >= PARALLEL_LINES * tr.workers
-    hyps = gather(s, mine, run_search(s, [src_ids[i] for i in mine],
-                                      tgt_ids and [tgt_ids[i] for i in mine],
-                                      [first + owners[i] for i in mine], parallel, interactive,
-                                      phrases and [phrases[i] for i in mine]),
-                  len(sources))
-    hyps = [[dataclasses.replace(h, tokens=s.languages.strip(h.tokens)) for h in hs]
-            for hs in hyps]  # without the forced language token
+    found = run_search(s, [src_ids[i] for i in mine], tgt_ids and [tgt_ids[i] for i in mine],
+                       [first + owners[i] for i in mine], parallel, interactive,
+                       phrases and [phrases[i] for i in mine])
+    found = [[dataclasses.replace(h, tokens=s.languages.strip(h.tokens)) for h in hs]
+             for hs in found]  # without the forced language token
+    if s.chooser is not None:  # each rank chooses among its own sources' candidates
+        found = s.chooser.choose([sources[i] for i in mine], found)
+    hyps = gather(s, mine, found, len(sources))
     # Only rank 0 writes: the other ranks' output lines go unused and need no links.
     links = (alignments(s, src_ids, hyps) if cfg.alignment and s.env.is_main
              else [None] * len(hyps))
@@ -341,8 +350,9 @@ def process(s: Session, lines: list[str], first: int, interactive: bool = False)
     if docs is not None:
         hyps, texts = rejoin(docs, hyps, texts)
         links = [None] * len(hyps)  # alignment=true needs split=none
+    nbest = 1 if s.chooser is not None else cfg.search.nbest
     out = [line for i, (hs, t, a) in enumerate(zip(hyps, texts, links, strict=True))
-           for line in format_output(first + i, hs, t, cfg.search.nbest, a)]
+           for line in format_output(first + i, hs, t, nbest, a)]
     return Chunk(out, hyps, texts, src_ids)
 
 
@@ -472,9 +482,8 @@ def report(result: dict, refs: list[list[str]] | None, cfg: TranslateConfig) -> 
     n = len(result["nbest"])
     if not cfg.quiet:
         n_tok = sum(len(hyps[0].tokens) for hyps in result["nbest"])
-        how = "sampling" if cfg.search.sampling else f"beam {cfg.search.beam_size}"
         log(f"translated {n} lines in {seconds:.1f} s ({n / seconds:.1f} sentences/s, "
-            f"{n_tok / seconds:.0f} tokens/s; {how}, {cfg.search.dtype})")
+            f"{n_tok / seconds:.0f} tokens/s; {search_summary(cfg)}, {cfg.search.dtype})")
     if refs is not None and not n:
         log("no lines, nothing to score")
     elif refs is not None:
@@ -483,6 +492,18 @@ def report(result: dict, refs: list[list[str]] | None, cfg: TranslateConfig) -> 
         log(f"BLEU signature: {scores['bleu_signature']}")
         log(scores["chrf_line"])
         log(f"chrF signature: {scores['chrf_signature']}")
+
+
+def search_summary(cfg: TranslateConfig) -> str:
+    """How the translations were found, in a few words: "beam 4", "MBR chrf of 8 by sampling"."""
+    search = candidate_search(cfg.search, cfg.mbr)
+    how = "sampling" if search.sampling else f"beam {search.beam_size}"
+    if cfg.mbr.candidates:
+        aggregated = " aggregated" if cfg.mbr.aggregate else ""
+        return f"MBR {cfg.mbr.utility}{aggregated} of {cfg.mbr.candidates} by {how}"
+    if cfg.rerank.model:
+        return f"{search.nbest}-best of {how} reranked"
+    return how
 
 
 def run_search(s: Session, src_ids: list[list[int]], tgt_ids: list[list[int]] | None,
@@ -501,7 +522,8 @@ def run_search(s: Session, src_ids: list[list[int]], tgt_ids: list[list[int]] | 
         if cfg.score_reference:
             return [[h] for h in s.translator.score_ids(src_ids, tgt_ids, cfg.search, progress,
                                                         parallel)]
-        return s.translator.translate_ids(src_ids, cfg.search, tgt_ids, lines, progress,
+        search = s.chooser.search if s.chooser is not None else cfg.search
+        return s.translator.translate_ids(src_ids, search, tgt_ids, lines, progress,
                                           parallel, phrases)
     finally:
         if bar is not None:

@@ -106,54 +106,91 @@ class Browser:
         os.close(self.from_browser)
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (make test-browser installs it)")
-def test_the_page_translates_as_you_type_in_a_real_browser(tiny_data_dir, tmp_path):
-    ckpt = save_tiny_checkpoint(tmp_path / "checkpoint.pt",
+@pytest.fixture(scope="module")
+def page(tiny_data_dir, tmp_path_factory):
+    """nmt-serve (split=sentence: it knows its source language) and chromium on its page."""
+    if CHROMIUM is None:
+        pytest.skip("needs chromium (make test-browser installs it)")
+    tmp = tmp_path_factory.mktemp("browser")
+    ckpt = save_tiny_checkpoint(tmp / "checkpoint.pt",
                                 (tiny_data_dir / "spm.model").read_bytes(), seed=0)
-    server = Server(ckpt, "workers=1")
-    browser = Browser(tmp_path / "profile")
+    server = Server(ckpt, "workers=1", "src_lang=en")
+    browser = Browser(tmp / "profile")
     try:
         url = f"http://127.0.0.1:{server.port}/"
         browser.send("Page.navigate", session=True, url=url)
         browser.wait_for("document.readyState === 'complete' && "
                          "document.getElementById('info').textContent.includes('beam size')")
-        # typing: the text arrives as input events, and the page translates after a pause
-        browser.run("document.getElementById('source').focus()")
-        sentence = "open the file in a new window"
-        browser.send("Input.insertText", session=True, text=sentence)
-        shown = browser.wait_for("document.querySelector('#translations .translation')"
-                                 "?.textContent")
-        want = server.translate([sentence], nbest=4, attention=True)[0]
-        assert shown == want["text"]
-        nbest = browser.run("[...document.querySelectorAll('#nbest tr')].map(r => "
-                            "r.children[1].textContent)")
-        assert nbest == [h["text"] for h in want["nbest"]]
-        cells = browser.run("document.querySelectorAll('#attention svg rect').length")
-        assert cells == len(want["attention"]["source"]) * len(want["attention"]["target"])
-        # submitting: two lines, two translations
-        browser.run("document.getElementById('source').value = 'show hidden files\\n"
-                    "close the window'; document.getElementById('go').click()")
-        browser.wait_for("document.querySelectorAll('#translations li').length === 2")
-        texts = browser.run("[...document.querySelectorAll('#translations .translation')]"
-                            ".map(e => e.textContent)")
-        assert texts == [t["text"] for t in server.translate(
-            ["show hidden files", "close the window"], nbest=4, attention=True)]
-        assert browser.run("document.getElementById('error').hidden") is True
-        # nothing came from anywhere but this server, and no script failed
-        requested = [e["params"]["request"]["url"] for e in browser.events
-                     if e.get("method") == "Network.requestWillBeSent"]
-        assert requested and all(u.startswith(url) for u in requested), requested
-        assert not [e for e in browser.events if e.get("method") == "Runtime.exceptionThrown"]
-        size = browser.send("Page.getLayoutMetrics", session=True)["cssContentSize"]
-        shot = browser.send("Page.captureScreenshot", session=True, format="png",
-                            captureBeyondViewport=True, clip={
-                                "x": 0, "y": 0, "width": size["width"],
-                                "height": size["height"], "scale": 1})  # the whole page
-        path = Path(os.environ.get("NMT_SCREENSHOT", ROOT / "build" / "serve-page.png"))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(base64.b64decode(shot["data"]))
+        yield server, browser, url
     finally:
         try:
             browser.close()
         finally:  # the server stops even when the browser will not close
             assert server.stop() == 0
+
+
+SHOWN = "document.getElementById('translation').textContent"
+
+
+def test_the_page_translates_as_you_type_in_a_real_browser(page):
+    server, browser, url = page
+    # typing: the text arrives as input events, and the page translates after a pause
+    browser.run("document.getElementById('source').focus()")
+    sentence = "open the file in a new window"
+    browser.send("Input.insertText", session=True, text=sentence)
+    shown = browser.wait_for(SHOWN)
+    want = server.translate([sentence], nbest=4, attention=True)[0]
+    assert shown == want["text"]
+    nbest = browser.run("[...document.querySelectorAll('#nbest tr')].map(r => "
+                        "r.children[1].textContent)")
+    assert nbest == [h["text"] for h in want["nbest"]]
+    cells = browser.run("document.querySelectorAll('#attention svg rect').length")
+    assert cells == len(want["attention"]["source"]) * len(want["attention"]["target"])
+    # submitting: two lines, their translations on two lines
+    browser.run("document.getElementById('source').value = 'show hidden files\\n"
+                "close the window'; document.getElementById('go').click()")
+    shown = browser.wait_for(f"{SHOWN}.includes('\\n') && {SHOWN}")
+    assert shown == server.translate(["show hidden files\nclose the window"])[0]["text"]
+    assert browser.run("document.getElementById('error').hidden") is True
+    # nothing came from anywhere but this server, and no script failed
+    requested = [e["params"]["request"]["url"] for e in browser.events
+                 if e.get("method") == "Network.requestWillBeSent"]
+    assert requested and all(u.startswith(url) for u in requested), requested
+    assert not [e for e in browser.events if e.get("method") == "Runtime.exceptionThrown"]
+
+
+def test_pasted_paragraphs_come_back_with_their_line_breaks(page):
+    server, browser, _ = page
+    text = ("Open the file. Show hidden files!\n\nClose the window. Save it?\n"
+            "Quit the program.")
+    browser.run("const s = document.getElementById('source'); s.value = ''; s.focus()")
+    browser.send("Input.insertText", session=True, text=text)  # as a paste arrives
+    assert browser.run("document.getElementById('source').value") == text
+    want = server.translate([text], nbest=4, attention=True)[0]
+    assert len(want["pieces"]) == 5  # split=sentence, each sentence alone
+    shown = browser.wait_for(f"{SHOWN} === {json.dumps(want['text'])} && "
+                             "document.getElementById('translation').innerText")
+    lines = shown.split("\n")  # as rendered: the breaks and the blank line are on the page
+    assert len(lines) == 4 and lines[1] == "" and all(lines[i] for i in (0, 2, 3))
+    first = want["pieces"][0]
+    assert browser.run("[...document.querySelectorAll('#nbest tr')].map(r => "
+                       "r.children[1].textContent)") == [h["text"] for h in first["nbest"]]
+    assert "5 pieces" in browser.run("document.getElementById('score').textContent")
+    assert browser.run("document.getElementById('attention-box').hidden") is False
+    size = browser.send("Page.getLayoutMetrics", session=True)["cssContentSize"]
+    shot = browser.send("Page.captureScreenshot", session=True, format="png",
+                        captureBeyondViewport=True, clip={
+                            "x": 0, "y": 0, "width": size["width"],
+                            "height": size["height"], "scale": 1})  # the whole page
+    path = Path(os.environ.get("NMT_SCREENSHOT", ROOT / "build" / "serve-page.png"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(base64.b64decode(shot["data"]))
+
+
+def test_a_text_over_2000_characters_gets_no_heatmap(page):
+    _, browser, _ = page  # the server would compute the attention of each of its pieces
+    long = "Open the file and show the hidden files. " * 55
+    browser.run(f"document.getElementById('source').value = {json.dumps(long)}; "
+                "document.getElementById('go').click()")
+    browser.wait_for("document.getElementById('score').textContent.includes('55 pieces')")
+    assert browser.run("document.getElementById('attention-box').hidden") is True

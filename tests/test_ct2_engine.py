@@ -94,6 +94,7 @@ def test_unsupported_settings_are_one_line_config_errors(ckpt, engines, tmp_path
                       (["attention_plot=att"], "attention_plot"),
                       (["constraints=c.tsv"], "constraints"),
                       (["alignment=true"], "alignment"),
+                      (["search.sampling=true", "search.epsilon=0.1"], "search.epsilon"),
                       (["engine=onnx"], "engine"),
                       (["engine=nmt", "ct2_model=d"], "ct2_model"),
                       (["device=cpu", "search.dtype=int8_float16"], "search.dtype"),

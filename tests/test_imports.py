@@ -12,7 +12,7 @@ NMT = ROOT / "nmt"
 # Lower layers first; a module may import its own layer and the layers before it.
 LAYERS = [
     {"nmt.errors", "nmt.config_errors", "nmt.capabilities", "nmt.config", "nmt.files",
-     "nmt.runtime", "nmt.scoring", "nmt.segment"},
+     "nmt.runtime", "nmt.scoring", "nmt.segment", "nmt.serve.errors"},
     {"nmt.model", "nmt.variants", "nmt.languages", "nmt.attention_maps", "nmt.tokenizer",
      "nmt.private_ops", "nmt.checkpoint", "nmt.distributed", "nmt.loss", "nmt.schedule",
      "nmt.cpu_training", "nmt.activation_checkpointing", "nmt.preemption", "nmt.stopping",
@@ -20,13 +20,15 @@ LAYERS = [
     {"nmt.inference.fast", "nmt.inference.rules", "nmt.inference.core",
      "nmt.inference.search", "nmt.inference.workers",
      "nmt.inference.constrained", "nmt.inference.stepping", "nmt.inference.loading",
+     "nmt.inference.mbr",
      "nmt.plot", "nmt.runlog", "nmt.data", "nmt.shortlist", "nmt.hf_files", "nmt.marian",
      "nmt.m2m100"},
     {"nmt.inference.translator", "nmt.inference.ct2_export"},  # the engines, the export
     {"nmt.inference.ct2_engine"},
     {"nmt.inference.engine"},  # the interface and open_translator
-    {"nmt.align", "nmt.translate", "nmt.train", "nmt.preprocess", "nmt.export", "nmt.importer",
-     "nmt.serve.batcher", "nmt.serve.app"},
+    {"nmt.inference.rerank", "nmt.align", "nmt.translate", "nmt.train", "nmt.preprocess",
+     "nmt.export", "nmt.importer",
+     "nmt.serve.batcher", "nmt.serve.app", "nmt.serve.libretranslate"},
     {"nmt.cli", "nmt.gpu_sim"},  # the commands; the GPU simulation harness of tests and scripts
 ]
 # The commands' modules: none imports another (what two need lives below both).

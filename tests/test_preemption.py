@@ -18,7 +18,7 @@ import nmt.train
 from nmt.checkpoint import load_checkpoint
 from nmt.cli import cli_errors
 from nmt.errors import NmtError
-from nmt.preemption import Preempted, Preemption
+from nmt.preemption import Preempted, Preemption, restore_handler
 from nmt.train import train
 
 OPTS = ("train.valid_interval_updates=3", "train.save_interval_updates=100",
@@ -209,3 +209,15 @@ def test_a_handler_not_set_from_python_comes_back_as_the_default(monkeypatch):
         for sig, handler in saved.items():
             real(sig, handler)
     assert restored == dict.fromkeys(saved, signal.SIG_DFL)
+
+
+def test_restore_handler_takes_back_a_handler_not_set_from_python():
+    """nmt-serve restores SIGTERM with it too: None (a C library's handler) becomes SIG_DFL."""
+    saved = signal.getsignal(signal.SIGUSR1)
+    try:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        restore_handler(signal.SIGUSR1, None)
+        assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGUSR1, saved)
+

@@ -13,6 +13,7 @@ from translate_helpers import (
 )
 
 from nmt.config import SearchConfig
+from nmt.errors import ConfigError
 from nmt.inference.search import (
     beam_search,
     greedy_search,
@@ -210,6 +211,34 @@ def test_sample_draws_from_the_tempered_truncated_distribution():
     torch.testing.assert_close(freq(top_p=0.8)[:2], top2, atol=2e-3, rtol=0)
     assert freq(top_p=0.8)[2:].sum() == 0 and p[:2].sum() >= 0.8 > p[0]
     assert freq()[4] == 0  # a forbidden token is never drawn
+
+
+def test_epsilon_sampling_never_draws_a_token_below_epsilon():
+    """Hewitt et al. 2022: tokens of probability < epsilon are cut, the rest renormalised."""
+    from nmt.inference.rules import epsilon_cut, sample_tokens
+
+    lprobs = torch.log_softmax(torch.tensor([[2.0, 1.0, 0.5, -1.0, -torch.inf]]), dim=-1)
+    p = torch.softmax(lprobs[0], dim=-1)  # 0.63, 0.23, 0.14, 0.03, 0
+    u = (torch.arange(20000) + 0.5) / 20000
+    cfg = SearchConfig(sampling=True, epsilon=0.1)
+    drawn = torch.cat([sample_tokens(lprobs, u[i:i + 1], cfg)
+                       for i in range(0, 20000, 7)])
+    freq = torch.bincount(drawn, minlength=5).float() / len(drawn)
+    assert freq[3] == 0 and freq[4] == 0 and p[3] < 0.1 <= p[2]
+    torch.testing.assert_close(freq[:3], p[:3] / p[:3].sum(), atol=2e-3, rtol=0)
+    # above every probability but the max: only the max is left (two maxima: both)
+    assert epsilon_cut(p[None], 0.9).nonzero()[:, 1].tolist() == [0]
+    tied = torch.tensor([[0.4, 0.4, 0.2]])
+    assert epsilon_cut(tied, 0.9).nonzero()[:, 1].tolist() == [0, 1]
+    with pytest.raises(ConfigError, match=r"^search\.epsilon: must be in \[0, 1\), got 1\.0$"):
+        SearchConfig(sampling=True, epsilon=1.0)
+
+
+def test_epsilon_above_all_but_the_top_token_is_greedy(model, sources):
+    greedy = run(model, sources, search(beam_size=1))
+    sampled = run(model, sources, search(sampling=True, epsilon=0.999))
+    assert tokens(sampled) == tokens(greedy)
+    assert tokens(run(model, sources, search(sampling=True, epsilon=0.01))) != tokens(greedy)
 
 
 def test_sampling_is_seeded_per_line_and_independent_of_batching(model, sources):

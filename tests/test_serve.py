@@ -324,7 +324,8 @@ def test_serve_config_is_validated_naming_the_key():
     assert make().port == 8000
     for bad, key in (("max_queued=4", "max_queued"), ("timeout_s=0", "timeout_s"),
                      ("search.beam_size=32", "search.beam_size"), ("port=70000", "port"),
-                     ("log_level=loud", "log_level")):
+                     ("log_level=loud", "log_level"), ("split=words", "split"),
+                     ("src_lang=English", "src_lang"), ("split=sentence", "src_lang")):
         with pytest.raises(ConfigError, match=f"^{key}:"):
             make(bad)
 
@@ -583,6 +584,76 @@ def test_attention_comes_back_for_each_sentence_when_asked(page_server):
     assert all("attention" not in t for t in plain)
 
 
+@pytest.fixture(scope="module")
+def doc_server(ckpt):
+    """A server that knows its source language: split=auto is split=sentence."""
+    srv = InProcess(ckpt, "src_lang=en", "max_sentences=6", "max_chars=2000",
+                    "max_input_tokens=16")
+    yield srv
+    srv.stop()
+
+
+DOCUMENT = "  Open the file. Show hidden files!\n\nClose the window.  Save it?\n  Quit.\n"
+SENTENCES = ["Open the file.", "Show hidden files!", "Close the window.", "Save it?", "Quit."]
+
+
+def test_a_document_is_translated_sentence_by_sentence_in_shared_batches(doc_server):
+    alone = [t["text"] for t in doc_server.translate(SENTENCES, split="none")]
+    before = doc_server.service.batcher.stats.batches
+    sentences = doc_server.service.batcher.stats.sentences
+    (got,) = doc_server.translate([DOCUMENT], nbest=2)  # split=auto: sentence (src_lang)
+    a, b, c, d, e = alone
+    assert got["text"] == f"  {a} {b}\n\n{c}  {d}\n  {e}\n"  # its own spaces and breaks
+    assert [p["source"] for p in got["pieces"]] == SENTENCES
+    assert [p["text"] for p in got["pieces"]] == alone
+    assert got["score"] == pytest.approx(sum(p["score"] for p in got["pieces"]))
+    assert [len(p["nbest"]) for p in got["pieces"]] == [2] * 5 and "nbest" not in got
+    stats = doc_server.service.batcher.stats
+    assert (stats.batches - before, stats.sentences - sentences) == (1, 5)  # one batch
+
+
+def test_a_text_of_one_piece_is_answered_as_before(doc_server):
+    plain = doc_server.translate(["Open the file."], split="none", nbest=2, attention=True)
+    split = doc_server.translate(["Open the file."], nbest=2, attention=True)
+    assert split == plain and "pieces" not in split[0] and len(split[0]["nbest"]) == 2
+
+
+def test_a_text_longer_than_the_model_takes_is_cut_into_pieces_not_truncated(doc_server):
+    limit = doc_server.service.max_input  # max_input_tokens=16
+    long = "open the file in a new window, then close it"
+    (cut,) = doc_server.translate([long])
+    assert not cut["truncated"] and len(cut["pieces"]) > 1
+    tok = doc_server.translator.src_tok
+    assert all(len(tok.encode([p["source"]])[0]) <= limit for p in cut["pieces"])
+    assert " ".join(p["source"] for p in cut["pieces"]) == long
+    assert cut["text"] == " ".join(p["text"] for p in cut["pieces"])
+    (whole,) = doc_server.translate([long], split="none")
+    assert whole["truncated"] and "pieces" not in whole
+
+
+def test_max_sentences_counts_the_pieces_and_max_chars_every_character(doc_server):
+    texts = [DOCUMENT, "Open it. Close it."]
+    status, _, body = doc_server.call("POST", "/translate", {"text": texts})
+    assert status == 413 and body["error"] == (
+        "text: 7 pieces (split=sentence); this server takes at most 6 per request "
+        "(max_sentences)")
+    assert len(doc_server.translate(texts, split="none")) == 2  # two texts, two segments
+    status, _, body = doc_server.call("POST", "/translate", {"text": ["Open it. " * 300]})
+    assert status == 413 and body["error"].startswith("text: 2700 characters")
+
+
+def test_split_sentence_needs_the_servers_source_language(page_server):
+    status, _, body = page_server.call("POST", "/translate",
+                                       {"text": ["Open it. Close it."], "split": "sentence"})
+    assert (status, body["field"]) == (422, "split") and "src_lang" in body["error"]
+    assert page_server.call("GET", "/health")[2]["split"] == "paragraph"  # auto, no src_lang
+    (got,) = page_server.translate([DOCUMENT])  # a piece per line
+    assert [p["source"] for p in got["pieces"]] == [
+        "Open the file. Show hidden files!", "Close the window.  Save it?", "Quit."]
+    a, b, c = (p["text"] for p in got["pieces"])
+    assert got["text"] == f"  {a}\n\n{b}\n  {c}\n"
+
+
 def nmt_translate(ckpt, tiny_data_dir, **search) -> dict:
     """nmt-translate's result on the same lines with the same settings."""
     args = [f"checkpoint={ckpt}", f"input={tiny_data_dir / 'test.clean.en'}", "quiet=true",
@@ -644,6 +715,11 @@ def test_prefixes_and_constraints_equal_nmt_translate(server, dynamic_server, ck
     assert status == 422 and body["field"] == "prefix"
     status, _, body = server.call("POST", "/translate", {"text": lines[:2], "prefix": ["Nepo"]})
     assert status == 422 and "one item per sentence" in body["error"]
+    two = {"text": ["\n".join(lines[:2])], "prefix": ["Nepo"]}  # split=auto: paragraph
+    status, _, body = server.call("POST", "/translate", two)
+    assert (status, body["error"]) == (422, "prefix: text[0] is split into 2 pieces; a prefix "
+                                             "is a whole text's (send it with split=none)")
+    assert server.translate(**two, split="none")[0]["text"].startswith("Nepo")
 
 
 @pytest.mark.slow
@@ -739,7 +815,7 @@ def test_the_openapi_page_documents_the_api(server):
     request = spec["components"]["schemas"]["TranslateRequest"]["properties"]
     assert {"text", "beam_size", "nbest", "alpha", "max_len_a", "max_len_b", "min_len",
             "sampling", "top_k", "top_p", "temperature", "seed", "no_repeat_ngram_size",
-            "prefix", "constraints", "attention"} == set(request)
+            "prefix", "constraints", "attention", "split"} == set(request)
     assert all(p.get("description") for p in request.values())
     assert set(spec["paths"]["/translate"]["post"]["responses"]) >= {"200", "413", "422", "500",
                                                                      "503"}

@@ -115,7 +115,8 @@ def force_prefix(lprobs: Tensor, inside: Tensor, token: Tensor, keep: Tensor) ->
 
 def sample_tokens(lprobs: Tensor, u: Tensor, search: SearchConfig) -> Tensor:
     """(R, V) log-probabilities, (R,) uniforms in [0, 1) -> (R,) tokens drawn by inverse CDF
-    from softmax(lprobs / temperature), cut to the top_k tokens and the top_p nucleus."""
+    from softmax(lprobs / temperature), cut to the top_k tokens, the top_p nucleus and the
+    tokens of probability >= epsilon."""
     scores = lprobs / search.temperature
     ids = None
     if search.top_k or search.top_p < 1.0:
@@ -124,10 +125,19 @@ def sample_tokens(lprobs: Tensor, u: Tensor, search: SearchConfig) -> Tensor:
     probs = scores.softmax(dim=1)
     if search.top_p < 1.0:  # the smallest set of best tokens whose probability reaches top_p
         probs = probs.masked_fill(probs.cumsum(dim=1) - probs >= search.top_p, 0.0)
+    if search.epsilon:
+        probs = epsilon_cut(probs, search.epsilon)
     cdf = probs.cumsum(dim=1)  # (R, k or V)
     pick = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True)  # (R, 1)
     pick = pick.clamp_(max=cdf.size(1) - 1)
     return (pick if ids is None else ids.gather(1, pick)).squeeze(1)
+
+
+def epsilon_cut(probs: Tensor, epsilon: float) -> Tensor:
+    """Epsilon sampling (Hewitt et al. 2022): (R, V) probabilities with those below epsilon set
+    to 0; each row's most probable token is always kept."""
+    best = probs.amax(dim=1, keepdim=True)  # (R, 1)
+    return probs.masked_fill((probs < epsilon) & (probs < best), 0.0)
 
 
 def sample_uniforms(lines: list[int], n: int, steps: int, seed: int) -> Tensor:

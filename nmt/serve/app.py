@@ -4,7 +4,14 @@ POST /translate takes {"text": [...]} with optional search settings and answers 
 translations in input order and their scores (and, with "attention": true, where each looked
 in its source); GET /health says whether the server can translate (and its limits and
 defaults); GET /stats counts requests, sentences and batches; /docs is the OpenAPI page; GET /
-is a page to try it in a browser (nmt/serve/page.html, self-contained).
+is a page to try it in a browser (nmt/serve/page.html, self-contained). LibreTranslate's API
+lives beside it (nmt.serve.libretranslate): POST /translate with a form or with "q".
+
+Documents. Each text is cut into pieces (nmt.segment: split=sentence, paragraph or none, the
+server's `split` unless the request says): the pieces of every text of a request are queued
+together, as one request's sentences are, and each text's answer is its pieces' translations
+put back between its own spaces and line breaks, with the pieces listed when there are
+several (a text of one piece is answered as before).
 
 How a request travels. The handler, on the event loop, checks the request against the
 server's limits, encodes its sentences with the checkpoint's SentencePiece model and queues
@@ -39,7 +46,7 @@ from concurrent.futures.process import BrokenProcessPool
 from contextlib import asynccontextmanager
 from dataclasses import asdict, replace
 from importlib.resources import files
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -52,8 +59,12 @@ from nmt.errors import ConfigError, NmtError
 from nmt.inference.engine import Engine, check_vocab, open_translator
 from nmt.inference.search import Hypothesis
 from nmt.inference.workers import WorkerPool
+from nmt.preemption import restore_handler
 from nmt.runtime import keep_freed_memory, pick_device, usable_cores
+from nmt.segment import Segmented, sentence_splitter, split_text
+from nmt.serve import libretranslate
 from nmt.serve.batcher import Batcher, BatcherStopped, BatchStats, ContinuousBatcher, QueueFull
+from nmt.serve.errors import ApiError
 
 PROG = "nmt-serve"
 SEARCH_FIELDS = ("beam_size", "nbest", "alpha", "max_len_a", "max_len_b", "min_len", "sampling",
@@ -91,8 +102,9 @@ class TranslateRequest(BaseModel):
         "examples": [{"text": ["Open the file.", "Show hidden files"], "beam_size": 4}]})
 
     text: list[Sentence] = Field(min_length=1, description=(
-        "Raw source sentences, one per item, in the order the translations come back; at most "
-        "the server's max_sentences items and max_chars characters in all (GET /health)."))
+        "Raw source texts (a sentence, a paragraph, a document), one per item, in the order "
+        "the translations come back; at most the server's max_chars characters in all, and "
+        "max_sentences pieces once split (GET /health)."))
     beam_size: int | None = Field(None, ge=1, description=(
         "Hypotheses kept per sentence; 1 is greedy search. At most the server's max_beam_size."))
     nbest: int | None = Field(None, ge=1, description=(
@@ -126,6 +138,10 @@ class TranslateRequest(BaseModel):
         "with sampling). Needs the server's continuous batching."))
     attention: bool = Field(False, description=(
         "Also return each best translation's encoder-decoder attention over its source."))
+    split: Literal["none", "sentence", "paragraph"] | None = Field(None, description=(
+        "How each text is cut before it is translated (the server's default: GET /health): "
+        "none, sentence, or paragraph (at its line breaks); the pieces' translations go back "
+        "in place of the pieces, between the text's own spaces and line breaks."))
 
 
 class Scored(BaseModel):
@@ -149,17 +165,32 @@ class Attention(BaseModel):
         "to 1), rounded to 4 digits."))
 
 
+class Piece(BaseModel):
+    """One piece of a text that was split into several, translated on its own."""
+
+    source: str = Field(description="The piece of the text (without the spaces around it).")
+    text: str = Field(description="Its best translation, detokenized.")
+    score: float | None = Field(description="Its log P(Y|X) / ((5 + |Y|) / 6)^alpha.")
+    nbest: list[Scored] | None = Field(None, description="When nbest > 1: its n-best list.")
+    attention: Attention | None = Field(None, description="When the request asked for it.")
+
+
 class Translation(BaseModel):
-    """The translation of one input sentence."""
+    """The translation of one input text."""
 
     text: str = Field(description="The best translation, detokenized.")
     score: float | None = Field(description=(
         "Its log P(Y|X) / ((5 + |Y|) / 6)^alpha (higher is better); null if none was found."))
     truncated: bool = Field(description=(
-        "The source had more subword tokens than the server's max_input_tokens and was cut."))
+        "The source had more subword tokens than the server's max_input_tokens and was cut "
+        "(split=none only: a split text's pieces are cut to fit instead)."))
     nbest: list[Scored] | None = Field(None, description=(
         "When nbest > 1: the nbest hypotheses, best first (the first is text and score)."))
     attention: Attention | None = Field(None, description="When the request asked for it.")
+    pieces: list[Piece] | None = Field(None, description=(
+        "When the text was split into several pieces: each piece with its translation, score, "
+        "n-best list and attention (then `text` is their translations in place, `score` their "
+        "sum, and nbest and attention are the pieces')."))
 
 
 class TranslateResponse(BaseModel):
@@ -175,15 +206,6 @@ class ErrorResponse(BaseModel):
     field: str | None = Field(description=(
         'The offending field, e.g. "text[2]", "beam_size", "body"; null when the request is '
         'fine but the server cannot answer it (500, 503, 504).'))
-
-
-class ApiError(Exception):
-    """An error answer: HTTP status, the field it is about, one line of text."""
-
-    def __init__(self, status: int, field: str | None, message: str,
-                 headers: dict | None = None):
-        super().__init__(f"{field}: {message}" if field else message)
-        self.status, self.field, self.headers = status, field, headers
 
 
 ERRORS = {code: {"model": ErrorResponse, "description": what} for code, what in (
@@ -230,6 +252,8 @@ class HealthResponse(BaseModel):
     search: dict = Field(description=(
         "The default search settings a request may override; max_tokens and max_sentences "
         "bound every shared batch."))
+    split: str = Field(description="How texts are cut when a request does not say: none, "
+                                   "sentence or paragraph.")
 
 
 # ----------------------------------------------------------------------------- the service
@@ -252,6 +276,9 @@ class Service:
         self.requests = 0  # requests answered with translations
         self.pool_error = ""  # why the decoding processes cannot decode, once they cannot
         self.max_input = min(cfg.max_input_tokens, translator.max_input_tokens)
+        self.split = cfg.split if cfg.split != "auto" else (
+            "sentence" if cfg.src_lang else "paragraph")
+        self.splitter = sentence_splitter(cfg.src_lang) if cfg.src_lang else None
 
     @property
     def broken(self) -> str:
@@ -278,7 +305,7 @@ class Service:
             raise ApiError(422, key, str(e).split(": ", 1)[1]) from None
 
     def sentence_fields(self, req: TranslateRequest, search: SearchConfig) -> list[tuple]:
-        """Per sentence: its forced prefix ids, its phrases' ids and its number (which seeds
+        """Per text: its forced prefix ids, its phrases' ids and its number (which seeds
         its samples), encoded with the target tokenizer."""
         asked = [key for key in SENTENCE_FIELDS if getattr(req, key) is not None]
         for key in asked:
@@ -297,28 +324,58 @@ class Service:
         phrases = [[next(encoded) for _ in ps] for ps in phrases] or [[] for _ in req.text]
         return list(zip(prefixes, phrases, range(len(req.text)), strict=True))
 
-    def check_size(self, req: TranslateRequest) -> None:
-        """max_sentences and max_chars per request; attention needs an engine that has it."""
+    def piece_fields(self, docs: list[Segmented], fields: list[tuple]) -> list[tuple]:
+        """Per piece, its text's sentence_fields (the pieces of text i sample as nmt-translate's
+        pieces of line i); a prefix or constraints are a whole text's: its text must be one
+        piece."""
+        out = []
+        for i, (doc, (prefix, phrases, number)) in enumerate(zip(docs, fields, strict=True)):
+            if len(doc.pieces) > 1 and (prefix or phrases):
+                key = "prefix" if prefix else "constraints"
+                raise ApiError(422, key, f"text[{i}] is split into {len(doc.pieces)} pieces; a "
+                                         f"{key} is a whole text's (send it with split=none)")
+            out += [(prefix, phrases, number)] * len(doc.pieces)
+        return out
+
+    def check_size(self, req: TranslateRequest, split: str, pieces: int) -> None:
+        """max_chars (all texts) and max_sentences (the pieces they are split into) per request;
+        attention needs an engine that has it."""
         try:
             self.translator.capabilities.check("attention", req.attention)
         except ConfigError as e:
             raise ApiError(422, "attention", str(e).split(": ", 1)[1]) from None
-        if len(req.text) > self.cfg.max_sentences:
-            raise ApiError(413, "text", f"{len(req.text)} sentences; this server takes at most "
-                                        f"{self.cfg.max_sentences} per request")
         chars = sum(map(len, req.text))
         if chars > self.cfg.max_chars:
             raise ApiError(413, "text", f"{chars} characters; this server takes at most "
                                         f"{self.cfg.max_chars} per request")
+        if pieces > self.cfg.max_sentences:
+            what = "sentences" if split == "none" else f"pieces (split={split})"
+            raise ApiError(413, "text", f"{pieces} {what}; this server takes at most "
+                                        f"{self.cfg.max_sentences} per request (max_sentences)")
+
+    def segment(self, req: TranslateRequest) -> tuple[str, list[Segmented]]:
+        """The request's split mode and its texts cut into pieces (nmt.segment: none over
+        max_input tokens unless split=none)."""
+        split = req.split or self.split
+        if split == "sentence" and self.splitter is None:
+            raise ApiError(422, "split", "sentence needs the server's source language "
+                                         "(nmt-serve src_lang=...)")
+        tok = self.translator.src_tok
+        return split, [split_text(text, split, self.splitter,
+                                  lambda t: len(tok.encode([t])[0]), self.max_input)
+                       for text in req.text]
 
     async def translate(self, req: TranslateRequest) -> TranslateResponse:
-        """POST /translate: check, encode, decode in shared batches, detokenize."""
-        self.check_size(req)
+        """POST /translate: split, check, encode, decode in shared batches, detokenize, put
+        each text back together."""
+        split, docs = self.segment(req)
+        pieces = [piece for doc in docs for piece in doc.pieces]
+        self.check_size(req, split, len(pieces))
         search = self.search_of(req)
         if self.broken:
             raise ApiError(503, None, self.broken)
-        extras = self.sentence_fields(req, search)
-        full = self.translator.src_tok.encode(req.text)
+        extras = self.piece_fields(docs, self.sentence_fields(req, search))
+        full = self.translator.src_tok.encode(pieces)
         ids = [seq[:self.max_input] for seq in full]  # nmt-translate's truncation
         try:
             nbest = await self.batcher.translate(ids, search, self.cfg.timeout_s, extras)
@@ -342,9 +399,10 @@ class Service:
             maps = await asyncio.to_thread(lambda: [self.attention(src, hyps[0].tokens)
                                                     for src, hyps in zip(ids, nbest, strict=True)])
         self.requests += 1
+        parts = iter([self._translation(hyps, len(f) > self.max_input, search.nbest, a)
+                      for hyps, f, a in zip(nbest, full, maps, strict=True)])
         return TranslateResponse(translations=[
-            self._translation(hyps, len(f) > self.max_input, search.nbest, a)
-            for hyps, f, a in zip(nbest, full, maps, strict=True)])
+            rejoin(doc, [next(parts) for _ in doc.pieces]) for doc in docs])
 
     def attention(self, src_ids: list[int], out_ids: list[int]) -> Attention:
         """The (first) model's encoder-decoder attention of one pair, last decoder layer, heads
@@ -375,7 +433,7 @@ class Service:
             limits={k: getattr(cfg, k) for k in (
                 "max_sentences", "max_chars", "max_queued", "max_input_tokens", "timeout_s",
                 "max_beam_size", "max_len_b", "max_wait_ms")},
-            search=asdict(cfg.search))
+            search=asdict(cfg.search), split=self.split)
 
     def stats(self) -> StatsResponse:
         """GET /stats: requests, sentences and batches so far, and what is queued now."""
@@ -384,6 +442,20 @@ class Service:
                              mean_batch=s.sentences / s.batches if s.batches else 0.0,
                              queued=len(self.batcher.queue),
                              busy_workers=self.workers - self.batcher.idle)
+
+
+def rejoin(doc: Segmented, parts: list[Translation]) -> Translation:
+    """A text's answer from its pieces' answers: their translations in place of the pieces;
+    one piece is the text's answer, several are listed with their scores summed."""
+    text = doc.join([p.text for p in parts])
+    if len(parts) == 1:
+        return parts[0].model_copy(update={"text": text})
+    scores = [p.score for p in parts]
+    return Translation(text=text, score=None if None in scores else sum(scores),
+                       truncated=any(p.truncated for p in parts), pieces=[
+                           Piece(source=s, text=p.text, score=p.score, nbest=p.nbest,
+                                 attention=p.attention)
+                           for s, p in zip(doc.pieces, parts, strict=True)])
 
 
 # ----------------------------------------------------------------------------- the HTTP app
@@ -450,7 +522,7 @@ async def _invalid_request(request: Request, exc: RequestValidationError) -> JSO
     message = first.get("msg", "invalid").removeprefix("Value error, ")
     if first.get("type") == "extra_forbidden":
         message = (f"unknown field (known: text, {', '.join(SEARCH_FIELDS + SENTENCE_FIELDS)}, "
-                   f"attention)")
+                   f"attention, split)")
     elif field == "body":
         message = ('must be a JSON object like {"text": ["..."]}, sent with Content-Type: '
                    'application/json')
@@ -498,6 +570,8 @@ def create_app(service: Service) -> FastAPI:
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(ApiError, lambda request, exc: _error_response(exc))
     app.add_exception_handler(Exception, _server_error)
+    libretranslate.install(app, service.cfg, lambda texts, **search: service.translate(
+        TranslateRequest(text=texts, **search)))  # inside BodyLimit: bounded requests too
     limit = 4 * service.cfg.max_chars + 100 * service.cfg.max_sentences + 4096
     app.add_middleware(BodyLimit, max_bytes=limit)
 
@@ -578,7 +652,8 @@ def serve(cfg: ServeConfig) -> None:
             n = service.workers
             log(f"{cfg.checkpoint} on {device} ({n} decoding "
                 f"{'processes' if n > 1 else 'thread'}, "
-                f"{'continuous' if cfg.continuous else 'dynamic'} batching); listening on {url} "
+                f"{'continuous' if cfg.continuous else 'dynamic'} batching, split="
+                f"{service.split}); listening on {url} "
                 f"(API: {url}/docs)")
             if not stop:
                 run_until_stopped(create_app(service), sock, cfg)
@@ -587,7 +662,7 @@ def serve(cfg: ServeConfig) -> None:
             f"batches")
     finally:
         translator.close()
-        signal.signal(signal.SIGTERM, previous)
+        restore_handler(signal.SIGTERM, previous)
 
 
 def warm_up(translator: Engine, dtype: str) -> None:

@@ -1,0 +1,100 @@
+"""One translation per line, chosen among its candidates (nmt-translate's mbr and rerank).
+
+Minimum Bayes risk: the search gives N candidates per line (search.sampling's N samples, or
+beam search's N-best), and the one of highest expected utility against the others is kept
+(nmt.inference.mbr). Reranking: of search.nbest hypotheses, the one of highest
+forward * log P(Y|X) + reverse * log P(X|Y) + length * |Y| is kept, log P(X|Y) being a reverse
+(target-to-source) model's score of the source given the hypothesis (fairseq's noisy channel
+reranking, without its language model), computed by teacher forcing (Translator.score_ids) on
+the hypothesis' text and the source's, each encoded with the reverse model's own vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from nmt.config import MbrConfig, RerankConfig, SearchConfig, TranslateConfig
+from nmt.inference.mbr import mbr_select
+from nmt.inference.search import Hypothesis
+from nmt.inference.translator import Translator
+from nmt.tokenizer import Tokenizer
+
+
+def candidate_search(search: SearchConfig, mbr: MbrConfig) -> SearchConfig:
+    """The search that gives mbr.candidates candidates per line: N samples, or beam search's
+    N-best with beam_size raised to N where smaller; `search` itself when MBR is off."""
+    n = mbr.candidates
+    if not n:
+        return search
+    beam = search.beam_size if search.sampling else max(search.beam_size, n)
+    return dataclasses.replace(search, nbest=n, beam_size=beam)
+
+
+def rerank_scores(hyps: list[Hypothesis], reverse: list[float], weights: RerankConfig
+                  ) -> list[float]:
+    """forward * log P(Y|X) + reverse * log P(X|Y) + length * |Y| (EOS counted) of each
+    hypothesis, given the reverse model's log P(X|Y) of each."""
+    return [weights.forward * h.logprob + weights.reverse * r + weights.length * (len(h.tokens) + 1)
+            for h, r in zip(hyps, reverse, strict=True)]
+
+
+class Chooser:
+    """Keeps one hypothesis of each line's candidates, by MBR or by reranking.
+
+    cfg: nmt-translate's config (mbr, rerank, search); tgt_tok: the translating model's target
+    tokenizer (candidates are compared, and rescored, as detokenized text); reverse: the
+    reverse model's Translator (rerank.model), which the Chooser closes.
+    """
+
+    def __init__(self, cfg: TranslateConfig, tgt_tok: Tokenizer, reverse: Translator | None):
+        self.cfg, self.tgt_tok, self.reverse = cfg, tgt_tok, reverse
+        self.search = candidate_search(cfg.search, cfg.mbr)  # what the translator runs
+
+    @classmethod
+    def open(cls, cfg: TranslateConfig, tgt_tok: Tokenizer, device: torch.device,
+             workers: int = 1) -> Chooser | None:
+        """The Chooser cfg asks for (None: neither mbr nor rerank), its reverse model loaded on
+        `device` with `workers` processes."""
+        if not cfg.mbr.candidates and not cfg.rerank.model:
+            return None
+        reverse = None
+        if cfg.rerank.model:
+            reverse = Translator.load(cfg.rerank.model, device, cfg.weights,
+                                      dtype=cfg.search.dtype, workers=workers,
+                                      threads=cfg.threads)
+        return cls(cfg, tgt_tok, reverse)
+
+    def choose(self, sources: list[str], nbest: list[list[Hypothesis]]
+               ) -> list[list[Hypothesis]]:
+        """Per line, its source text and candidates -> a list of the one kept."""
+        texts = [self.tgt_tok.decode([h.tokens for h in hyps]) for hyps in nbest]
+        if self.cfg.mbr.candidates:
+            mbr = self.cfg.mbr
+            picks = [mbr_select(t, [h.score for h in hyps], mbr.utility, mbr.aggregate)
+                     for t, hyps in zip(texts, nbest, strict=True)]
+        else:
+            picks = self._reranked(sources, nbest, texts)
+        return [[hyps[i]] for hyps, i in zip(nbest, picks, strict=True)]
+
+    def _reranked(self, sources: list[str], nbest: list[list[Hypothesis]],
+                  texts: list[list[str]]) -> list[int]:
+        """Per line, the index of its hypothesis of highest rerank_scores."""
+        rev = self.reverse
+        limit = rev.max_input_tokens
+        src = rev.src_tok.encode([t for ts in texts for t in ts])  # the hypotheses
+        tgt = rev.tgt_tok.encode([s for s, ts in zip(sources, texts, strict=True) for _ in ts])
+        scored = iter(h.logprob for h in rev.score_ids([s[:limit] for s in src],
+                                                        [t[:limit] for t in tgt],
+                                                        self.cfg.search))
+        picks = []
+        for hyps in nbest:
+            scores = rerank_scores(hyps, [next(scored) for _ in hyps], self.cfg.rerank)
+            picks.append(max(range(len(hyps)), key=scores.__getitem__))
+        return picks
+
+    def close(self) -> None:
+        """Stop the reverse model's workers."""
+        if self.reverse is not None:
+            self.reverse.close()

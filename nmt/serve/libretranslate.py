@@ -1,0 +1,337 @@
+"""LibreTranslate's HTTP API beside nmt-serve's own, for the clients that speak it (browser
+extensions, Nextcloud, the libretranslatepy client).
+
+POST /translate is shared by what the request is: a form (urlencoded or multipart, what
+libretranslatepy sends) or a JSON object with a "q" field is LibreTranslate's; anything else is
+nmt's own API (a JSON object with "text"). RequestKind, an ASGI middleware, sends the former to
+/libretranslate/translate, where LibreTranslate's API also lives as a whole (translate,
+languages, detect) for clients pointed at that prefix; GET /languages and POST /detect answer
+at the top as well.
+
+POST translate takes q (a string, or a list of strings in JSON), source and target (the
+server's src_lang and tgt_lang; source=auto needs the language identifier py3langid, the
+`langid` extra), format (text, or html: the markup is kept byte for byte and the text between
+tags, not inside script or style, translated) and answers {"translatedText": ...} (a string or
+a list, as q), with {"detectedLanguage": {"confidence", "language"}} for source=auto and
+{"alternatives": [...]} when asked for (the rest of a text's n-best list). The texts go
+through nmt's own translate (the server's split, limits and batches). Errors are
+LibreTranslate's: {"error": "..."} with 400 (a bad request, or over a limit), 429 (the queue
+is full; Retry-After) or 500 (the server cannot translate).
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import importlib.util
+import json
+import re
+from collections.abc import Awaitable, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from nmt.config import ServeConfig
+from nmt.segment import Segmented
+from nmt.serve.errors import ApiError
+
+PREFIX = "/libretranslate"
+FORMS = ("application/x-www-form-urlencoded", "multipart/form-data")
+LANGID_EXTRA = "pip install 'nmt[langid]'"
+# A comment (one left open runs to the end, as in a browser) or a tag (a ">" inside a quoted
+# attribute value does not end it; a "<" outside one is not in it): linear time on any text.
+TAG = re.compile(r"(<!--.*?(?:-->|\Z)|<(?:[^<>\"']|\"[^\"]*\"|'[^']*')*>)", re.S)
+RAW = re.compile(r"<(/?)(script|style)\b", re.I)  # elements whose content is not text
+NAMES = {  # LibreTranslate's names of the languages it knows best; other codes are their name
+    "ar": "Arabic", "cs": "Czech", "da": "Danish", "de": "German", "el": "Greek",
+    "en": "English", "es": "Spanish", "et": "Estonian", "fi": "Finnish", "fr": "French",
+    "hi": "Hindi", "hu": "Hungarian", "it": "Italian", "ja": "Japanese", "ko": "Korean",
+    "nl": "Dutch", "pl": "Polish", "pt": "Portuguese", "ro": "Romanian", "ru": "Russian",
+    "sv": "Swedish", "tr": "Turkish", "uk": "Ukrainian", "zh": "Chinese"}
+
+Translate = Callable[..., Awaitable]  # (texts, **search settings) -> nmt's TranslateResponse
+
+
+class LibreError(Exception):
+    """An error answer in LibreTranslate's shape: {"error": message} with its status."""
+
+    def __init__(self, status: int, message: str, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.headers = status, headers
+
+    def response(self) -> JSONResponse:
+        """The JSON answer."""
+        return JSONResponse({"error": str(self)}, self.status, headers=self.headers)
+
+
+def from_api_error(e: ApiError) -> LibreError:
+    """nmt's error answer in LibreTranslate's terms: its fields named as LibreTranslate's,
+    4xx -> 400, a full queue -> 429, anything else -> 500."""
+    message = e.args[0]
+    if e.field and e.field.startswith("text"):
+        message = "q" + message.removeprefix(e.field)
+    if e.status < 500:
+        return LibreError(400, f"Invalid request: {message}")
+    if e.headers and "Retry-After" in e.headers:
+        return LibreError(429, f"Slowdown: {message}", e.headers)
+    return LibreError(500, f"Cannot translate text: {message}")
+
+
+def libre_errors(handler):
+    """A route that answers LibreError, ApiError and a text nmt's API refuses (e.g. a lone
+    surrogate in JSON) in LibreTranslate's shape."""
+    @functools.wraps(handler)
+    async def wrapped(request: Request) -> JSONResponse:
+        try:
+            return await handler(request)
+        except ApiError as e:
+            return from_api_error(e).response()
+        except ValidationError as e:
+            why = e.errors()[0]["msg"].removeprefix("Value error, ")
+            return LibreError(400, f"Invalid request: q {why}").response()
+        except LibreError as e:
+            return e.response()
+    return wrapped
+
+
+# ----------------------------------------------------------------------------- requests
+class RequestKind:
+    """ASGI middleware: POST /translate with a form, or with a JSON object holding "q", goes
+    to PREFIX/translate (LibreTranslate's); every other request goes on as it came."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/translate":
+            return await self.app(scope, receive, send)
+        kind = media_type(dict(scope["headers"]).get(b"content-type", b"").decode("latin-1"))
+        if kind == "application/json":
+            messages = await read_body(receive)
+            receive = replay(messages, receive)
+            if is_libre_json(b"".join(m.get("body", b"") for m in messages)):
+                kind = FORMS[0]  # routed as a form is
+        if kind in FORMS:
+            path = PREFIX + "/translate"
+            scope = {**scope, "path": path, "raw_path": path.encode()}
+        await self.app(scope, receive, send)
+
+
+def media_type(content_type: str) -> str:
+    """A Content-Type header's media type, lower case, without its parameters."""
+    return content_type.split(";")[0].strip().lower()
+
+
+async def read_body(receive) -> list[dict]:
+    """Every message of a request's body, up to its end (or a disconnect)."""
+    messages = []
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request" or not message.get("more_body"):
+            return messages
+
+
+def replay(messages: list[dict], receive):
+    """A `receive` that hands out these messages again, then passes on `receive`'s."""
+    pending = list(messages)
+
+    async def replayed():
+        return pending.pop(0) if pending else await receive()
+    return replayed
+
+
+def is_libre_json(body: bytes) -> bool:
+    """Is this JSON body a LibreTranslate request (an object with "q")?"""
+    try:
+        value = json.loads(body)
+    except ValueError:  # malformed JSON or bytes: nmt's API says what is wrong
+        return False
+    return isinstance(value, dict) and "q" in value
+
+
+async def read_fields(request: Request) -> dict:
+    """A LibreTranslate request's fields: a JSON object's, or a form's and the query's."""
+    kind = media_type(request.headers.get("content-type", ""))
+    if kind == "application/json":
+        try:
+            fields = json.loads(await request.body())
+        except ValueError:
+            raise LibreError(400, "Invalid request: the body is not valid JSON") from None
+        if not isinstance(fields, dict):
+            raise LibreError(400, "Invalid request: the body must be a JSON object")
+        return fields
+    if kind in FORMS and importlib.util.find_spec("python_multipart") is None:
+        raise LibreError(500, "forms need python-multipart: pip install 'nmt[serve]'")
+    form = await request.form()
+    return {**request.query_params, **{key: form[key] for key in form}}
+
+
+def text_field(fields: dict, name: str) -> str:
+    """A required string field; LibreTranslate's message when it is missing."""
+    value = fields.get(name)
+    if not value:
+        raise LibreError(400, f"Invalid request: missing {name} parameter")
+    if not isinstance(value, str):
+        raise LibreError(400, f"Invalid request: {name} must be a string")
+    return value
+
+
+def alternatives_field(fields: dict) -> int:
+    """alternatives: how many other translations of each text to return (0: none)."""
+    value = fields.get("alternatives") or 0
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise LibreError(400, "Invalid request: alternatives must be a whole number >= 0")
+    return value
+
+
+def q_field(fields: dict) -> list[str]:
+    """q: a string, or a non-empty list of strings (then the answer is a list too)."""
+    q = fields.get("q")
+    if not q:  # absent, "" or []
+        raise LibreError(400, "Invalid request: missing q parameter")
+    if isinstance(q, str):
+        return [q]
+    if not (isinstance(q, list) and all(isinstance(t, str) for t in q)):
+        raise LibreError(400, "Invalid request: q must be a string or a list of strings")
+    return q
+
+
+# ----------------------------------------------------------------------------- translation
+def html_pieces(markup: str) -> Segmented:
+    """The text of HTML markup as pieces (each run of text between tags, outside script and
+    style, without the spaces around it); tags, comments and spaces are the gaps."""
+    pieces, gaps, gap, raw = [], [], "", False
+    for i, part in enumerate(TAG.split(markup)):  # text, tag, text, ..., text
+        if i % 2:
+            gap += part
+            if m := RAW.match(part):
+                raw = not m.group(1)  # inside a script or style until its end tag
+            continue
+        core = part.strip()
+        if raw or not core:
+            gap += part
+            continue
+        start = len(part) - len(part.lstrip())
+        gaps.append(gap + part[:start])
+        pieces.append(core)
+        gap = part[start + len(core):]
+    return Segmented(pieces, [*gaps, gap])
+
+
+async def translate_html(texts: list[str], translate: Translate) -> list[str]:
+    """Each HTML text with the text between its tags translated through nmt's API (entities
+    decoded and spaces collapsed, as a browser shows it), the markup kept as it is."""
+    docs = [html_pieces(t) for t in texts]
+    sources = [" ".join(html.unescape(p).split()) for doc in docs for p in doc.pieces]
+    answer = await translate(sources) if sources else None
+    out = iter([html.escape(t.text, quote=False) for t in answer.translations] if answer else [])
+    return [doc.join([next(out) for _ in doc.pieces]) for doc in docs]
+
+
+async def translate_plain(texts: list[str], translate: Translate, alternatives: int,
+                          beam_size: int) -> list[tuple[str, list[str]]]:
+    """Each text's translation through nmt's API and up to `alternatives` others: the rest of
+    its n-best list when it was translated as one piece (a text split into several has none);
+    a text with nothing to translate comes back as it is. beam_size: the server's default."""
+    search = ({"nbest": alternatives + 1, "beam_size": max(beam_size, alternatives + 1)}
+              if alternatives else {})
+    mine = [t for t in texts if t.strip()]
+    answer = await translate(mine, **search) if mine else None
+    found = iter(answer.translations if answer else [])
+    out = []
+    for text in texts:
+        t = next(found) if text.strip() else None
+        out.append((t.text, [h.text for h in (t.nbest or [])[1:]]) if t else (text, []))
+    return out
+
+
+@functools.cache
+def identifier(languages: tuple[str, ...]):
+    """py3langid's identifier restricted to `languages` (those it knows), as LibreTranslate
+    detects among its own languages; a one-line LibreError when it is not installed."""
+    if importlib.util.find_spec("py3langid") is None:
+        raise LibreError(400, f"source=auto needs a language identifier, which this server "
+                              f"lacks ({LANGID_EXTRA}): name the source language")
+    from py3langid.langid import MODEL_FILE, LanguageIdentifier
+
+    found = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+    found.set_languages([code for code in languages if code in found.labels] or None)
+    return found
+
+
+def detect(text: str, cfg: ServeConfig) -> list[dict]:
+    """The server's languages by how likely `text` is in each, likeliest first, as
+    LibreTranslate's /detect: [{"confidence": percent, "language": code}]."""
+    codes = {re.split("[-_]", code)[0]: code for code in (cfg.src_lang, cfg.tgt_lang)}
+    ranked = identifier(tuple(codes)).rank(text)
+    return [{"confidence": round(100 * p, 1), "language": codes.get(lang, lang)}
+            for lang, p in ranked]
+
+
+def check_languages(cfg: ServeConfig) -> None:
+    """LibreTranslate's API needs the server's languages."""
+    if not (cfg.src_lang and cfg.tgt_lang):
+        raise LibreError(500, "this server's languages are not set: start nmt-serve with "
+                              "src_lang=... tgt_lang=... for LibreTranslate's API")
+
+
+# ----------------------------------------------------------------------------- the routes
+def install(app: FastAPI, cfg: ServeConfig, translate: Translate) -> None:
+    """LibreTranslate's routes on `app` (under PREFIX, and /languages and /detect at the top)
+    and the middleware that sends LibreTranslate's POST /translate to them."""
+
+    @libre_errors
+    async def translate_route(request: Request) -> JSONResponse:
+        check_languages(cfg)
+        fields = await read_fields(request)
+        texts = q_field(fields)
+        source, target = text_field(fields, "source"), text_field(fields, "target")
+        fmt = fields.get("format") or "text"
+        if fmt not in ("text", "html"):
+            raise LibreError(400, f"{fmt} format is not supported")
+        alternatives = alternatives_field(fields)
+        answer = {}
+        if source == "auto":
+            best = detect(" ".join(texts), cfg)[0]
+            answer["detectedLanguage"] = best
+            source = best["language"]
+        for code, ours in ((source, cfg.src_lang), (target, cfg.tgt_lang)):
+            if code != ours:
+                raise LibreError(400, f"{code} is not supported (this server translates "
+                                      f"{cfg.src_lang} to {cfg.tgt_lang})")
+        if fmt == "html":
+            out = [(t, []) for t in await translate_html(texts, translate)]
+        else:
+            out = await translate_plain(texts, translate, alternatives, cfg.search.beam_size)
+        batch = isinstance(fields["q"], list)
+        answer["translatedText"] = [t for t, _ in out] if batch else out[0][0]
+        if alternatives:
+            answer["alternatives"] = [a for _, a in out] if batch else out[0][1]
+        return JSONResponse(answer)
+
+    @libre_errors
+    async def languages_route(request: Request) -> JSONResponse:
+        check_languages(cfg)
+        return JSONResponse([
+            {"code": code, "name": NAMES.get(code, code), "targets": targets}
+            for code, targets in ((cfg.src_lang, [cfg.tgt_lang]), (cfg.tgt_lang, []))])
+
+    @libre_errors
+    async def detect_route(request: Request) -> JSONResponse:
+        check_languages(cfg)
+        text = " ".join(q_field(await read_fields(request)))
+        return JSONResponse(detect(text, cfg))
+
+    summary = "LibreTranslate's API: "
+    app.add_api_route(PREFIX + "/translate", translate_route, methods=["POST"],
+                      summary=summary + "translate q from source to target")
+    for base in (PREFIX, ""):
+        app.add_api_route(base + "/languages", languages_route, methods=["GET"],
+                          summary=summary + "the languages", include_in_schema=not base)
+        app.add_api_route(base + "/detect", detect_route, methods=["POST"],
+                          summary=summary + "the language of q", include_in_schema=not base)
+    app.add_middleware(RequestKind)

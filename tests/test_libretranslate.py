@@ -1,0 +1,210 @@
+"""nmt-serve's LibreTranslate API (nmt/serve/libretranslate.py): the HTML pieces, the requests
+told apart from nmt's own on POST /translate, LibreTranslate's answers and errors; then the
+real libretranslatepy client and curl against an nmt-serve process on the loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+from urllib.error import HTTPError
+from urllib.parse import urlencode
+
+import pytest
+from translate_helpers import save_tiny_checkpoint
+
+pytest.importorskip("fastapi")
+from test_serve import InProcess, Server  # noqa: E402
+
+from nmt.serve import libretranslate  # noqa: E402
+from nmt.serve.libretranslate import html_pieces, translate_html, translate_plain  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+FORM = {"Content-Type": "application/x-www-form-urlencoded"}
+TEXT = "Open the file. Show hidden files!\n\nClose the window."
+
+
+@pytest.fixture(scope="module")
+def ckpt(tiny_data_dir, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("run") / "checkpoint.pt"
+    return save_tiny_checkpoint(path, (tiny_data_dir / "spm.model").read_bytes(), seed=0)
+
+
+@pytest.fixture(scope="module")
+def libre(ckpt):
+    """An in-process server that knows its languages (LibreTranslate's API needs them)."""
+    srv = InProcess(ckpt, "src_lang=en", "tgt_lang=de", "max_chars=300")
+    yield srv
+    srv.stop()
+
+
+def form(srv, path: str, **fields):
+    """POST a urlencoded form, as libretranslatepy does: (status, decoded JSON)."""
+    status, _, body = srv.call("POST", path, urlencode(fields).encode(), FORM)
+    return status, body
+
+
+def test_html_pieces_are_the_text_between_tags_and_the_markup_is_the_gaps():
+    markup = ('<p class="a>b">Open the <b>file</b> &amp; save it.</p>\n<!-- <i>x</i> -->'
+              '<script>var s = "<b>no</b>";</script><style>p {}</style> Quit. ')
+    doc = html_pieces(markup)
+    assert doc.pieces == ["Open the", "file", "&amp; save it.", "Quit."]
+    assert doc.join(doc.pieces) == markup
+    assert doc.gaps[0] == '<p class="a>b">' and doc.gaps[-1] == " "
+
+
+def test_html_and_blank_texts_keep_their_markup_and_spaces():
+    asked = []
+
+    async def translate(texts, **search):  # nmt's API: each text upper-cased and marked
+        asked.append((texts, search))
+        return SimpleNamespace(translations=[
+            SimpleNamespace(text=f"<{t.upper()}>", nbest=[SimpleNamespace(text=t)] * 3)
+            for t in texts])
+
+    html = '<p>open  the\n file &amp; <a href="x">go</a></p><br>'
+    out = asyncio.run(translate_html([html, "  "], translate))
+    assert asked == [(["open the file &", "go"], {})]  # entities decoded, spaces collapsed
+    assert out == ['<p>&lt;OPEN THE FILE &amp;&gt; <a href="x">&lt;GO&gt;</a></p><br>', "  "]
+    out = asyncio.run(translate_plain(["open it", " "], translate, 2, 4))
+    assert out == [("<OPEN IT>", ["open it"] * 2), (" ", [])]
+    assert asked[-1] == (["open it"], {"nbest": 3, "beam_size": 4})
+
+
+def test_post_translate_is_told_apart_by_what_the_request_is(libre):
+    own = libre.translate([TEXT])[0]["text"]  # nmt's API: JSON with "text"
+    assert form(libre, "/translate", q=TEXT, source="en", target="de") == (
+        200, {"translatedText": own})
+    status, _, body = libre.call("POST", "/translate", {"q": [TEXT, "Quit."], "source": "en",
+                                                        "target": "de", "format": "text"})
+    assert (status, body) == (200, {"translatedText": [own, libre.translate(["Quit."])[0][
+        "text"]]})
+    status, _, body = libre.call("POST", "/libretranslate/translate",
+                                 {"q": TEXT, "source": "en", "target": "de"})
+    assert (status, body) == (200, {"translatedText": own})  # the prefix answers too
+    status, _, body = libre.call("POST", "/translate",
+                                 b'{"q": "open \\ud800", "source": "en", "target": "de"}')
+    assert (status, body) == (400, {"error": "Invalid request: q is not valid Unicode (lone "
+                                             "surrogate at character 5)"})
+    status, _, body = libre.call("POST", "/translate", {"text": ["x"], "beam": 2})
+    assert status == 422 and body["field"] == "beam"  # nmt's own, as before
+
+
+def test_languages_and_html(libre):
+    for path in ("/languages", "/libretranslate/languages"):
+        status, _, body = libre.call("GET", path)
+        assert (status, body) == (200, [{"code": "en", "name": "English", "targets": ["de"]},
+                                        {"code": "de", "name": "German", "targets": []}])
+    status, body = form(libre, "/translate", q="<p>Open the <b>file</b>.</p>", source="en",
+                        target="de", format="html")
+    a, b, c = (t["text"] for t in libre.translate(["Open the", "file", "."]))
+    assert (status, body) == (200, {"translatedText": f"<p>{a} <b>{b}</b>{c}</p>"})
+
+
+def test_alternatives_are_the_rest_of_the_n_best_list(libre):
+    status, body = form(libre, "/translate", q="Open the file.", source="en", target="de",
+                        alternatives="2")
+    want = libre.translate(["Open the file."], nbest=3)[0]
+    assert (status, body) == (200, {"translatedText": want["text"], "alternatives": [
+        h["text"] for h in want["nbest"][1:]]})
+    status, _, body = libre.call("POST", "/translate", {"q": [TEXT], "source": "en",
+                                                        "target": "de", "alternatives": 2})
+    assert status == 200 and body["alternatives"] == [[]]  # several pieces: none
+
+
+@pytest.mark.parametrize(("fields", "status", "error"), [
+    ({"source": "en", "target": "de"}, 400, "Invalid request: missing q parameter"),
+    ({"q": "Open it.", "target": "de"}, 400, "Invalid request: missing source parameter"),
+    ({"q": "Open it.", "source": "fr", "target": "de"}, 400,
+     "fr is not supported (this server translates en to de)"),
+    ({"q": "Open it.", "source": "en", "target": "es"}, 400,
+     "es is not supported (this server translates en to de)"),
+    ({"q": "Open it.", "source": "en", "target": "de", "format": "pdf"}, 400,
+     "pdf format is not supported"),
+    ({"q": "Open it.", "source": "en", "target": "de", "alternatives": "-1"}, 400,
+     "Invalid request: alternatives must be a whole number >= 0"),
+    ({"q": "Open it.", "source": "en", "target": "de", "alternatives": "20"}, 400,
+     "Invalid request: beam_size: must be <= 16 (this server's limit), got 21"),
+    ({"q": "Open it. " * 40, "source": "en", "target": "de"}, 400,
+     "Invalid request: q: 360 characters; this server takes at most 300 per request"),
+])
+def test_errors_are_libretranslates(libre, fields, status, error):
+    assert form(libre, "/translate", **fields) == (status, {"error": error})
+
+
+@pytest.mark.slow  # py3langid's model loads in ~0.8 s
+def test_source_auto_detects_among_the_servers_languages(libre, monkeypatch):
+    pytest.importorskip("py3langid")
+    status, body = form(libre, "/translate", q="Open the file in a new window.",
+                        source="auto", target="de")
+    assert status == 200 and body["detectedLanguage"]["language"] == "en"
+    status, body = form(libre, "/detect", q="Öffnen Sie die Datei in einem neuen Fenster.")
+    assert status == 200 and [d["language"] for d in body] == ["de", "en"]
+    assert form(libre, "/translate", q="Öffnen Sie die Datei in einem neuen Fenster.",
+                source="auto", target="de")[1]["error"].startswith("de is not supported")
+    libretranslate.identifier.cache_clear()
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "py3langid" else real(name, *a))
+    status, body = form(libre, "/translate", q="Open it.", source="auto", target="de")
+    assert status == 400 and body["error"].startswith("source=auto needs a language identifier")
+    libretranslate.identifier.cache_clear()
+
+
+def test_without_languages_the_api_says_so(ckpt):
+    srv = InProcess(ckpt)
+    try:
+        status, _, body = srv.call("GET", "/languages")
+        assert status == 500 and "src_lang=... tgt_lang=..." in body["error"]
+    finally:
+        srv.stop()
+
+
+# ----------------------------------------------------------------------------- real clients
+@pytest.fixture(scope="module")
+def server(ckpt):
+    """An nmt-serve process on a loopback port."""
+    srv = Server(ckpt, "workers=1", "src_lang=en", "tgt_lang=de")
+    yield srv
+    assert srv.stop() == 0
+
+
+@pytest.mark.slow
+def test_the_libretranslatepy_client(server):
+    client_module = pytest.importorskip("libretranslatepy")
+    client = client_module.LibreTranslateAPI(f"http://127.0.0.1:{server.port}")
+    assert client.languages() == [{"code": "en", "name": "English", "targets": ["de"]},
+                                  {"code": "de", "name": "German", "targets": []}]
+    assert client.translate(TEXT, "en", "de") == server.translate([TEXT])[0]["text"]
+    with pytest.raises(HTTPError) as refused:
+        client.translate(TEXT, "fr", "de")
+    assert refused.value.code == 400
+    assert json.loads(refused.value.read()) == {
+        "error": "fr is not supported (this server translates en to de)"}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
+def test_curl(server):
+    url = f"http://127.0.0.1:{server.port}"
+
+    def curl(*args: str) -> tuple[int, dict]:
+        out = subprocess.run(["curl", "-sS", "-w", "\n%{http_code}", *args], check=True,
+                             capture_output=True, text=True, timeout=60).stdout
+        body, status = out.rsplit("\n", 1)
+        return int(status), json.loads(body)
+
+    own = server.translate([TEXT, "Quit."])
+    assert curl(f"{url}/translate", "--data-urlencode", f"q={TEXT}", "-d", "source=en",
+                "-d", "target=de") == (200, {"translatedText": own[0]["text"]})
+    assert curl(f"{url}/translate", "-F", f"q={TEXT}", "-F", "source=en",
+                "-F", "target=de") == (200, {"translatedText": own[0]["text"]})  # multipart
+    body = json.dumps({"q": [TEXT, "Quit."], "source": "en", "target": "de"})
+    assert curl(f"{url}/translate", "-H", "Content-Type: application/json", "-d", body) == (
+        200, {"translatedText": [t["text"] for t in own]})
+    assert curl(f"{url}/translate", "-d", "q=Quit.&source=en") == (
+        400, {"error": "Invalid request: missing target parameter"})
