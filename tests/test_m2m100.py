@@ -396,6 +396,9 @@ def test_nmt_serve_forces_the_language_a_request_asks_for(m2m_pt):
             assert [t["text"] for t in got] == expected
         status, _, body = srv.call("POST", "/translate", {"text": ["x"]})  # no tgt_lang
         assert status == 422 and "tgt_lang: the model is multilingual" in body["error"], body
+        status, _, body = srv.call("POST", "/translate", {"text": ["x"], "tgt_lang": "de",
+                                                          "attention": True})
+        assert status == 422 and "attention: not with a forced target" in body["error"], body
     finally:
         srv.stop()
     srv = InProcess(m2m_pt, "continuous=false", "src_lang=en")
