@@ -99,8 +99,8 @@ def translate(args, src: Path, out: Path, *extra: str) -> Run:
 
 
 def search_seconds(r: Run) -> str:
-    """The search time nmt-translate reports ("translated N lines in X s"), as printed."""
-    found = re.search(r"translated \d+ lines in ([\d.]+) s", r.stderr)
+    """The search time nmt-translate reports ("translated N lines ... in X s"), as printed."""
+    found = re.search(r"translated \d+ lines.*? in ([\d.]+) s", r.stderr)
     return f"{found.group(1)} s" if found else "?"
 
 
