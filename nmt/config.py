@@ -463,8 +463,8 @@ MBR_MAX_CANDIDATES = 32
 
 @dataclass
 class MbrConfig:
-    """nmt-translate's minimum Bayes risk selection (nmt.inference.mbr): of N candidates per
-    line, the one of highest expected utility against the others is written."""
+    """Minimum Bayes risk selection (nmt.inference.mbr), nmt-translate's and nmt-serve's: of N
+    candidates per line, the one of highest expected utility against the others is written."""
 
     candidates: int = 0  # N: search.sampling's N samples, else beam search's N-best (0: off)
     utility: str = "chrf"  # chrf or bleu: sacreBLEU's sentence chrF or BLEU (effective order)
@@ -672,6 +672,7 @@ class ServeConfig:
     src_lang: str = ""  # the model's source language, ISO 639 (split=sentence, LibreTranslate)
     tgt_lang: str = ""  # the model's target language, ISO 639 (LibreTranslate's API)
     search: SearchConfig = field(default_factory=SearchConfig)  # defaults; batch token budget
+    mbr: MbrConfig = field(default_factory=MbrConfig)  # MBR's defaults (a request's mbr_* fields)
 
     def __post_init__(self) -> None:
         _check(0 <= self.port <= 65535, "port", f"must be in [0, 65535], got {self.port}")
@@ -693,6 +694,9 @@ class ServeConfig:
                f"must be debug, info, warning or error, got {self.log_level!r}")
         _check_engine(self, 1)
         _check_serve_split(self)
+        _check(not self.mbr.candidates or self.search.nbest == 1, "mbr.candidates",
+               f"answers one translation per text: leave search.nbest at 1, "
+               f"got {self.search.nbest}")
 
 
 def _check_serve_split(cfg: ServeConfig) -> None:

@@ -5,8 +5,8 @@ before it in one sitting, the two taking turns (A B A B ...). Each side runs its
 the script with its own nmt first on PYTHONPATH (the same venv: torch, CTranslate2 and the
 console scripts are shared; `nmt-translate` and `nmt-serve` then import that side's nmt).
 
-    git worktree add /tmp/before COMMIT && ln -s ../configs /tmp/before/nmt/configs
-    flock /tmp/nmt-cpu.lock .venv/bin/python scripts/bench_ab.py --a /tmp/before --b . \\
+    git worktree add ../before COMMIT && ln -s ../configs ../before/nmt/configs
+    flock /tmp/nmt-cpu.lock .venv/bin/python scripts/bench_ab.py --a ../before --b . \\
         --rounds 2 -- scripts/bench_translate.py --workers 2 --only cache=on,batch=64
 
 The symbolic link lets Hydra find that side's configs (nmt.configs) inside its own nmt/.

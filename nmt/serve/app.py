@@ -23,7 +23,9 @@ sentences in flight, so that the workers' batches stay balanced (longest first w
 workers are idle, so that like lengths share a batch). Decoding
 (nmt.inference.search.translate_nbest) runs off the event loop: in forked one-thread
 processes, one per core, on the CPU (what nmt-translate does), or in one thread (workers=1,
-or CUDA).
+or CUDA). A request with mbr_candidates=N asks the search for N candidates per sentence and keeps
+the one of highest expected utility (nmt-translate's Chooser, nmt.inference.rerank, off the
+event loop).
 
 Limits: max_sentences and max_chars per request (413), max_queued sentences waiting (503 with
 Retry-After), timeout_s per request (504). Bad JSON, wrong types, empty or non-Unicode text
@@ -54,9 +56,10 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 from starlette.exceptions import HTTPException
 
-from nmt.config import SearchConfig, ServeConfig
+from nmt.config import RerankConfig, SearchConfig, ServeConfig
 from nmt.errors import ConfigError, NmtError
 from nmt.inference.engine import Engine, check_vocab, open_translator
+from nmt.inference.rerank import Chooser
 from nmt.inference.search import Hypothesis
 from nmt.inference.workers import WorkerPool
 from nmt.preemption import restore_handler
@@ -68,7 +71,8 @@ from nmt.serve.errors import ApiError
 
 PROG = "nmt-serve"
 SEARCH_FIELDS = ("beam_size", "nbest", "alpha", "max_len_a", "max_len_b", "min_len", "sampling",
-                 "top_k", "top_p", "temperature", "seed", "no_repeat_ngram_size")
+                 "top_k", "top_p", "epsilon", "temperature", "seed", "no_repeat_ngram_size")
+MBR_FIELDS = ("mbr_candidates", "mbr_utility", "mbr_aggregate")  # MbrConfig's, prefixed
 SENTENCE_FIELDS = ("prefix", "constraints")  # per sentence; continuous batching only
 # GET /'s page may run its own inline script and style and call this server, nothing else.
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
@@ -124,11 +128,24 @@ class TranslateRequest(BaseModel):
         "Sampling: only from the top_k most probable pieces (0: all)."))
     top_p: float | None = Field(None, gt=0, le=1, description=(
         "Sampling: only from the fewest best pieces whose probability reaches top_p."))
+    epsilon: float | None = Field(None, ge=0, lt=1, description=(
+        "Sampling: never a piece of probability below epsilon (0: off; 0.02 for MBR's "
+        "candidates, Freitag et al. 2023)."))
     temperature: float | None = Field(None, gt=0, le=100, description=(
         "Sampling: from softmax(log-probabilities / temperature)."))
     seed: int | None = Field(None, ge=0, description="Sampling: the seed.")
     no_repeat_ngram_size: int | None = Field(None, ge=0, le=16, description=(
         "No n-gram of this many pieces twice in a translation (0: off)."))
+    mbr_candidates: int | None = Field(None, ge=0, description=(
+        "Minimum Bayes risk decoding (nmt-translate's mbr.candidates): N = 2 to 32 candidates "
+        "per sentence (sampling's N samples, else beam search's N-best with beam_size raised "
+        "to N, beyond max_beam_size), and the one of highest expected utility against the "
+        "others is returned; 0: off. Leave nbest at 1."))
+    mbr_utility: Literal["chrf", "bleu"] | None = Field(None, description=(
+        "MBR's utility: sacreBLEU's sentence chrF or BLEU."))
+    mbr_aggregate: bool | None = Field(None, description=(
+        "MBR with chrf: against the others' mean n-gram counts (linear in N, an approximation "
+        "of the pairwise choice)."))
     prefix: list[str] | None = Field(None, description=(
         "Per sentence of text, the start every translation of it must have ('' for none; "
         "nmt-translate's prefix=true). Needs the server's continuous batching."))
@@ -252,6 +269,9 @@ class HealthResponse(BaseModel):
     search: dict = Field(description=(
         "The default search settings a request may override; max_tokens and max_sentences "
         "bound every shared batch."))
+    mbr: dict = Field(description=(
+        "The default MBR settings a request may override with its mbr_* fields: candidates "
+        "(0: off), utility, aggregate."))
     split: str = Field(description="How texts are cut when a request does not say: none, "
                                    "sentence or paragraph.")
 
@@ -303,6 +323,24 @@ class Service:
         except ConfigError as e:  # e.g. nbest > beam_size
             key = str(e).split(":")[0].removeprefix("search.")
             raise ApiError(422, key, str(e).split(": ", 1)[1]) from None
+
+    def chooser_of(self, req: TranslateRequest, search: SearchConfig) -> Chooser | None:
+        """The request's MBR (the server's mbr.* with its mbr_* fields), as nmt-translate's
+        Chooser, whose search gives the candidates (beam_size raised to N past max_beam_size,
+        which bounds what a request asks for, not MBR's N); None when MBR is off."""
+        asked = {k.removeprefix("mbr_"): getattr(req, k) for k in MBR_FIELDS
+                 if getattr(req, k) is not None}
+        try:
+            mbr = replace(self.cfg.mbr, **asked)
+        except ConfigError as e:
+            key, why = str(e).split(": ", 1)
+            raise ApiError(422, key.replace(".", "_"), why) from None
+        if not mbr.candidates:
+            return None
+        if search.nbest != 1:
+            raise ApiError(422, "nbest", f"MBR answers one translation per text: leave nbest "
+                                         f"at 1, got {search.nbest}")
+        return Chooser(mbr, RerankConfig(), search, self.translator.tgt_tok)
 
     def sentence_fields(self, req: TranslateRequest, search: SearchConfig) -> list[tuple]:
         """Per text: its forced prefix ids, its phrases' ids and its number (which seeds
@@ -372,13 +410,15 @@ class Service:
         pieces = [piece for doc in docs for piece in doc.pieces]
         self.check_size(req, split, len(pieces))
         search = self.search_of(req)
+        chooser = self.chooser_of(req, search)
         if self.broken:
             raise ApiError(503, None, self.broken)
         extras = self.piece_fields(docs, self.sentence_fields(req, search))
         full = self.translator.src_tok.encode(pieces)
         ids = [seq[:self.max_input] for seq in full]  # nmt-translate's truncation
         try:
-            nbest = await self.batcher.translate(ids, search, self.cfg.timeout_s, extras)
+            nbest = await self.batcher.translate(ids, chooser.search if chooser else search,
+                                                 self.cfg.timeout_s, extras)
         except QueueFull:
             raise ApiError(503, None, f"busy: {len(self.batcher.queue)} sentences queued",
                            {"Retry-After": str(self.batcher.retry_after())}) from None
@@ -394,6 +434,8 @@ class Service:
         except Exception as e:  # an error inside the search: this request fails, not the server
             log(f"error: decoding failed ({type(e).__name__}: {e})")
             raise ApiError(500, None, f"decoding failed ({type(e).__name__}: {e})") from None
+        if chooser is not None:  # each piece's candidates -> the one of highest expected utility
+            nbest = await asyncio.to_thread(chooser.choose, pieces, nbest)
         maps = [None] * len(ids)
         if req.attention:
             maps = await asyncio.to_thread(lambda: [self.attention(src, hyps[0].tokens)
@@ -433,7 +475,7 @@ class Service:
             limits={k: getattr(cfg, k) for k in (
                 "max_sentences", "max_chars", "max_queued", "max_input_tokens", "timeout_s",
                 "max_beam_size", "max_len_b", "max_wait_ms")},
-            search=asdict(cfg.search), split=self.split)
+            search=asdict(cfg.search), mbr=asdict(cfg.mbr), split=self.split)
 
     def stats(self) -> StatsResponse:
         """GET /stats: requests, sentences and batches so far, and what is queued now."""
@@ -521,8 +563,8 @@ async def _invalid_request(request: Request, exc: RequestValidationError) -> JSO
     field = _field_name(tuple(first.get("loc", ())))
     message = first.get("msg", "invalid").removeprefix("Value error, ")
     if first.get("type") == "extra_forbidden":
-        message = (f"unknown field (known: text, {', '.join(SEARCH_FIELDS + SENTENCE_FIELDS)}, "
-                   f"attention, split)")
+        known = ", ".join(SEARCH_FIELDS + MBR_FIELDS + SENTENCE_FIELDS)
+        message = f"unknown field (known: text, {known}, attention, split)"
     elif field == "body":
         message = ('must be a JSON object like {"text": ["..."]}, sent with Content-Type: '
                    'application/json')
