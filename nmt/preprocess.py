@@ -462,10 +462,8 @@ def report(manifest: dict, out: Path, seconds: float) -> str:
 def build(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], reused: tuple | None,
           tmp: Path) -> dict:
     """Stages 2-4 into the temporary directory tmp; returns the manifest (without checksums)."""
-    from nmt.data import FORMAT, TokenArray, token_dtype
+    from nmt.data import FORMAT, token_dtype
     from nmt.runtime import usable_cores
-    from nmt.shortlist import FILE as SHORTLIST
-    from nmt.shortlist import build_shortlist
 
     langs = {"src": cfg.src_lang, "tgt": cfg.tgt_lang}
     workers = cfg.workers or usable_cores()
@@ -496,15 +494,9 @@ def build(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], reused: tuple
                                        dtype, counts[role], tags[role],
                                        text_prefix if train else None)
     seconds["encode"] = time.time() - t
-    for corpus, size, corpus_counts in zip(corpora["train"], sizes["train"], counts["train"],
-                                           strict=True):
-        if size["pairs"] == 0:
-            raise NmtError(f"train: no pairs left after cleaning {corpus.name} "
-                           f"({_summary(corpus_counts)})")
+    _check_pairs_left(corpora["train"], sizes["train"], counts["train"])
     texts["train"].src.unlink()  # the cleaned training text is not kept as text
     texts["train"].tgt.unlink()
-    first = {role: np.cumsum([0] + [size["pairs"] for size in part])[:-1]
-             for role, part in sizes.items()}
     manifest = {
         "format": FORMAT, "src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang,
         "joint": src_tok.same_ids(tgt_tok), "spm": spm_names,
@@ -515,17 +507,7 @@ def build(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], reused: tuple
         "vocab_sha256": vocab_sha256(src_tok.proto, tgt_tok.proto),
         "splits": {role: total(parts) for role, parts in sizes.items()},
         "counts": {role: total(parts) for role, parts in counts.items()},
-        "corpora": [{"name": spec.name, "input": spec.path, "weight": spec.weight,
-                     "tag": tag_piece, "tag_id": tag, "first": int(start), **size,
-                     **pair_of(spec), "counts": corpus_counts}
-                    for spec, tag_piece, tag, start, size, corpus_counts in zip(
-                        specs["train"], corpus_tags(specs["train"]), tags["train"],
-                        first["train"], sizes["train"], counts["train"], strict=True)],
-        **({"sections": {role: [{"name": spec.name, "input": spec.path, **pair_of(spec),
-                                 "first": int(start), **size}
-                                for spec, start, size in zip(specs[role], first[role],
-                                                             sizes[role], strict=True)]
-                         for role in texts if role != "train"}} if cfg.multilingual else {}),
+        **_corpus_entries(specs, tags, sizes, counts["train"], cfg.multilingual),
         "clean": {role: {side: f"{role}.clean.{lang}" for side, lang in langs.items()}
                   for role in texts if role != "train"},
         "spm_training": {k: v for k, v in spm_info.items() if k != "languages"},
@@ -533,9 +515,52 @@ def build(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], reused: tuple
         **({"languages": languages} if languages else {}),
         "seconds": {k: round(v, 2) for k, v in seconds.items()},
     }
-    if cfg.shortlist.k:  # from the training arrays just written
+    _add_train_extras(manifest, cfg, tmp, dtype, text_prefix)
+    return manifest
+
+
+def _check_pairs_left(corpora: list[Corpus], sizes: list[dict], counts: list[dict]) -> None:
+    """A one-line NmtError naming a training corpus that cleaning emptied."""
+    for corpus, size, corpus_counts in zip(corpora, sizes, counts, strict=True):
+        if size["pairs"] == 0:
+            raise NmtError(f"train: no pairs left after cleaning {corpus.name} "
+                           f"({_summary(corpus_counts)})")
+
+
+def _corpus_entries(specs: dict, tags: dict, sizes: dict, counts: list[dict],
+                    multilingual: bool) -> dict:
+    """The manifest's "corpora" (each training corpus: its spec, tag, first pair in the
+    training arrays, sizes and cleaning counts) and, multilingual, "sections" (the same of the
+    other splits' corpora)."""
+    first = {role: np.cumsum([0] + [size["pairs"] for size in part])[:-1]
+             for role, part in sizes.items()}
+    out = {"corpora": [{"name": spec.name, "input": spec.path, "weight": spec.weight,
+                        "tag": tag_piece, "tag_id": tag, "first": int(start), **size,
+                        **pair_of(spec), "counts": corpus_counts}
+                       for spec, tag_piece, tag, start, size, corpus_counts in zip(
+                           specs["train"], corpus_tags(specs["train"]), tags["train"],
+                           first["train"], sizes["train"], counts, strict=True)]}
+    if multilingual:
+        out["sections"] = {role: [{"name": spec.name, "input": spec.path, **pair_of(spec),
+                                   "first": int(start), **size}
+                                  for spec, start, size in zip(specs[role], first[role],
+                                                               sizes[role], strict=True)]
+                           for role in sizes if role != "train"}
+    return out
+
+
+def _add_train_extras(manifest: dict, cfg: PreprocessConfig, tmp: Path, dtype,
+                      text_prefix: dict | None) -> None:
+    """The shortlist (shortlist.k > 0, from the training arrays just written) and the kept
+    training text (keep_text) into tmp and the manifest."""
+    from nmt.data import TokenArray
+    from nmt.shortlist import FILE as SHORTLIST
+    from nmt.shortlist import build_shortlist
+
+    if cfg.shortlist.k:
         t = time.time()
-        src, tgt = (TokenArray(tmp / f"train.{lang}", dtype) for lang in langs.values())
+        src, tgt = (TokenArray(tmp / f"train.{lang}", dtype)
+                    for lang in (cfg.src_lang, cfg.tgt_lang))
         build_shortlist(src, tgt, manifest, cfg.shortlist).save(tmp / SHORTLIST)
         manifest["shortlist"] = SHORTLIST
         manifest["seconds"]["shortlist"] = round(time.time() - t, 2)
@@ -544,7 +569,6 @@ def build(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], reused: tuple
             **{side: path.name for side, path in text_prefix.items()},
             **{f"{side}_bytes": (tmp / f"{path.name}.bin").stat().st_size
                for side, path in text_prefix.items()}}
-    return manifest
 
 
 def clean_splits(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], tmp: Path
