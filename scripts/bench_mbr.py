@@ -19,10 +19,9 @@ import argparse
 import dataclasses
 import time
 
-from nmt.config import MbrConfig, SearchConfig
+from nmt.config import MbrConfig, SearchConfig, candidate_search
 from nmt.files import read_lines
 from nmt.inference.mbr import mbr_select, utility_of
-from nmt.inference.rerank import candidate_search
 from nmt.inference.translator import Translator
 from nmt.scoring import score
 
