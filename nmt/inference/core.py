@@ -102,9 +102,10 @@ def max_output_lengths(src_lengths: Tensor, search: SearchConfig, max_positions:
 def output_lengths(sentences: list[Sentence], search: SearchConfig,
                    max_positions: int) -> np.ndarray:
     """The maximum output length of each sentence (max_output_lengths), raised where needed to
-    hold its forced prefix and one more token, and every constraint token and EOS."""
+    hold its forced prefix, every constraint token after it (the prefix need not hold any) and
+    one more token (EOS), within the models' positions."""
     src = torch.tensor([len(s.src) for s in sentences])
-    need = torch.tensor([max(len(s.prefix), sum(map(len, s.phrases))) + 1
+    need = torch.tensor([len(s.prefix) + sum(map(len, s.phrases)) + 1
                          if s.prefix or s.phrases else 0 for s in sentences])
     lengths = max_output_lengths(src, search, max_positions)
     return torch.maximum(lengths, need.clamp(max=max_positions)).numpy()
