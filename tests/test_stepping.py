@@ -189,6 +189,16 @@ def test_what_a_decoding_cannot_run_is_refused_not_decoded_otherwise(tmp_path):
         dec.admit([Sentence(1, [7])])
 
 
+def test_a_refused_admission_admits_none_of_its_sentences_not_even_the_empty_ones():
+    """admit raises: the caller fails every sentence it gave, so an empty source among them
+    must not come back from a later step as well (answered twice)."""
+    dec = Decoding(decoding_models([tiny_model(V, seed=1)], search()), search(sampling=True),
+                   SPECIALS)
+    with pytest.raises(ValueError, match="constraints need beam search"):
+        dec.admit([Sentence("empty", []), Sentence(0, [5], [], [[6]])])
+    assert dec.ready == [] and dec.step() == []
+
+
 @pytest.mark.parametrize("beam", [1, 4])
 def test_a_start_token_that_is_eos_still_ends_outputs(beam):
     """M2M100 and NLLB-200 start decoding from </s>: the ban on generating the start token must

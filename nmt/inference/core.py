@@ -304,19 +304,17 @@ class Decoding:
     @torch.inference_mode()
     def admit(self, sentences: list[Sentence], candidates: Candidates | None = None) -> None:
         """Sentences to join at the next step. candidates: their lexical shortlist (only while
-        no sentence is live: a shortlist is per batch)."""
-        for s in sentences:
-            empty = empty_source(s)
-            if empty is not None:
-                self.ready.append((s.tag, empty))
+        no sentence is live: a shortlist is per batch). If it raises, none of them joins."""
         todo = [s for s in sentences if empty_source(s) is None]
+        if todo:
+            self._check(todo, candidates)
+            eos, pad = self.specials.eos, self.specials.pad
+            src = pad_batch([s.src + [eos] for s in todo], pad, self.device)  # (n, S)
+            new = Decoder(self.models, src, self.use_cache, candidates)  # (what may fail first)
+        self.ready += [(s.tag, empty_source(s)) for s in sentences if empty_source(s) is not None]
         if not todo:
             return
-        self._check(todo, candidates)
         per = self.strategy.rows_per_sentence()
-        eos, pad = self.specials.eos, self.specials.pad
-        src = pad_batch([s.src + [eos] for s in todo], pad, self.device)  # (n, S)
-        new = Decoder(self.models, src, self.use_cache, candidates)  # (what may fail first)
         max_len = output_lengths(todo, self.search, self.positions)  # (n,)
         slots = [self.free.pop() if self.free else self._new_slot() for _ in todo]
         self.tags.update(zip(slots, (s.tag for s in todo), strict=True))
