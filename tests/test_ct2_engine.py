@@ -169,6 +169,14 @@ def test_the_export_is_cached_by_checksum_and_compute_type(joint, tmp_path, expo
     assert len(exports) == 4
 
 
+def test_ct2_model_dot_is_the_export_in_the_working_directory(joint, tmp_path, exports,
+                                                               monkeypatch):
+    ckpt = varied_checkpoint(tmp_path / "checkpoint_last.pt", joint, joint, "post")
+    out = export_dir(ckpt, "auto", "float32", str(tmp_path / "m"))
+    monkeypatch.chdir(out)
+    assert export_dir(ckpt, "auto", "float32", ".") == out and len(exports) == 1
+
+
 def test_an_upgrade_of_nmt_or_ctranslate2_exports_again(joint, tmp_path, exports,
                                                         monkeypatch):
     import ctranslate2
