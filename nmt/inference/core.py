@@ -829,8 +829,6 @@ class _HostBeam:
         return keep
 
 
-
-
 def _join_beams(a: _HostBeam, b: _HostBeam, pad: int) -> _HostBeam:
     """The host beam of a's sentences then b's (outputs padded to the wider)."""
     width = max(a.tokens.shape[1], b.tokens.shape[1])
