@@ -111,6 +111,14 @@ def output_lengths(sentences: list[Sentence], search: SearchConfig,
     return torch.maximum(lengths, need.clamp(max=max_positions)).numpy()
 
 
+def use_beams(search: SearchConfig, has_phrases: bool) -> bool:
+    """The strategy: beam search when search.beam_size > 1 without sampling, and for lexical
+    constraints at any beam size; ValueError for constraints with sampling (they need beams)."""
+    if has_phrases and search.sampling:
+        raise ValueError("constraints need beam search, not sampling")
+    return has_phrases or (search.beam_size > 1 and not search.sampling)
+
+
 def pad_batch(seqs: list[list[int]], pad_id: int, device: torch.device | str) -> Tensor:
     """Id lists -> a (B, S_max) tensor padded on the right."""
     out = torch.full((len(seqs), max(map(len, seqs))), pad_id, dtype=torch.long)
@@ -244,7 +252,7 @@ class Decoding:
     admit(sentences) queues Sentences to join at the next step (an empty source answers at
     once: empty_source); step() decodes one step for every live row and returns the (tag,
     hypotheses) of the sentences that ended (search.nbest hypotheses each, best first).
-    beam: whether to search with beams (default: search.beam_size > 1 and no sampling; lexical
+    beam: whether to search with beams (default: use_beams without constraints; lexical
     constraints need it at any beam size). continuations: the ids of the pieces that go on with
     a word, none of which may follow a constraint phrase (None: any may). shortlists: with
     search.shortlist, each sentence decodes over its own candidates (as a batch of one; what
@@ -262,7 +270,7 @@ class Decoding:
         self.device, self.use_cache = torch.device(device), use_cache
         self.continuations = continuations
         if beam is None:
-            beam = search.beam_size > 1 and not search.sampling
+            beam = use_beams(search, False)
         self.strategy = Beam(self) if beam else Greedy(self)
         self.positions = max_positions(models)
         self.steps = 0  # steps decoded so far
@@ -331,8 +339,9 @@ class Decoding:
         """ValueError for what this Decoding cannot run: constraints without beams, a
         shortlist without candidates, a join without FastModels' caches or into a batch with
         its own shortlist."""
-        if any(s.phrases for s in todo) and not isinstance(self.strategy, Beam):
-            raise ValueError("constraints need beam search, not sampling")
+        if any(s.phrases for s in todo) and not (use_beams(self.search, True)
+                                                 and isinstance(self.strategy, Beam)):
+            raise ValueError("constraints need a Decoding with beams (use_beams)")
         if self.search.shortlist and self.shortlist is None and candidates is None:
             raise ValueError("search.shortlist: give the batch's candidates (or decode with "
                              "a shortlist per sentence, shortlists=True)")

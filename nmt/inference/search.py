@@ -31,6 +31,7 @@ from nmt.inference.core import (
     empty_source,
     length_penalty,
     pad_batch,
+    use_beams,
 )
 from nmt.inference.fast import FastModel
 from nmt.model import Transformer
@@ -116,17 +117,7 @@ def search_batch(model, src: Tensor, search: SearchConfig, specials: Specials,
     models = model if isinstance(model, list) else [model]
     return decode_all(models, _sentences(src, specials.pad, prefixes, lines, constraints),
                       search, specials, src.device, use_cache, continuations, candidates,
-                      _use_beams(search, constraints))
-
-
-def _use_beams(search: SearchConfig, constraints: list[list[list[int]]] | None) -> bool | None:
-    """Beam search for lexical constraints at any beam size (never sampling); None: as the
-    search says."""
-    if not (constraints and any(constraints)):
-        return None
-    if search.sampling:
-        raise ValueError("constraints need beam search, not sampling")
-    return True
+                      use_beams(search, bool(constraints and any(constraints))))
 
 
 Item = tuple[int, list[int], list[int], list[list[int]]]  # line, source, prefix/target, phrases
@@ -155,7 +146,7 @@ class BatchJob:
         sentences = [Sentence(i, s, y, c, line) for i, (line, s, y, c) in enumerate(items)]
         return decode_all(self.models, sentences, self.search, self.specials, self.device,
                           self.use_cache, self.continuations, self.candidates(items),
-                          _use_beams(self.search, [c for _, _, _, c in items]))
+                          use_beams(self.search, any(c for _, _, _, c in items)))
 
     def candidates(self, items: list[Item]) -> Candidates | None:
         """search.shortlist's candidates for the batch: its sources' lists, the fixed ones,

@@ -56,6 +56,7 @@ from starlette.exceptions import HTTPException
 
 from nmt.config import SearchConfig, ServeConfig
 from nmt.errors import ConfigError, NmtError
+from nmt.inference.core import use_beams
 from nmt.inference.engine import Engine, check_vocab, open_translator
 from nmt.inference.search import Hypothesis
 from nmt.inference.workers import WorkerPool
@@ -316,8 +317,10 @@ class Service:
                 raise ApiError(422, key, f"must have one item per sentence of text "
                                          f"({len(req.text)}), got {len(getattr(req, key))}")
         phrases = [[p for p in ps if p.strip()] for ps in req.constraints or []]
-        if any(phrases) and search.sampling:
-            raise ApiError(422, "constraints", "need beam search, not sampling")
+        try:
+            use_beams(search, any(phrases))
+        except ValueError as e:  # constraints while sampling
+            raise ApiError(422, "constraints", str(e).removeprefix("constraints ")) from None
         tok = self.translator.tgt_tok
         prefixes = tok.encode(req.prefix) if req.prefix else [[] for _ in req.text]
         encoded = iter(tok.encode([p for ps in phrases for p in ps]))
