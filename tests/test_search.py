@@ -15,6 +15,7 @@ from translate_helpers import (
 from nmt.config import SearchConfig
 from nmt.errors import ConfigError
 from nmt.inference.search import (
+    Hypothesis,
     beam_search,
     greedy_search,
     length_penalty,
@@ -287,6 +288,16 @@ def test_every_output_starts_with_its_prefix(model, sources, kw):
                          cfg, SPECIALS)
     for (_, h), s in zip(ended, scored, strict=True):
         assert s.logprob == pytest.approx(h.logprob, abs=1e-4)
+
+
+@pytest.mark.parametrize("kw", [dict(beam_size=1), dict(beam_size=1, sampling=True, nbest=2),
+                                dict(beam_size=2)])
+def test_a_row_whose_every_continuation_is_banned_ends_with_no_translation(kw):
+    """Three ids may be generated (PAD, BOS banned, EOS before min_len), none twice: from the
+    fourth step on nothing is allowed; the output is empty at log P -inf, not PAD ids nor NaN."""
+    cfg = search(min_len=10, no_repeat_ngram_size=1, max_len_a=0.0, max_len_b=8, **kw)
+    out = translate_nbest(tiny_model(5, seed=1), [[1, 4]], cfg, Specials(BOS, EOS, PAD))[0]
+    assert out[0] == Hypothesis([], -torch.inf, -torch.inf)
 
 
 @pytest.mark.parametrize("beam", [1, 4])

@@ -596,7 +596,9 @@ class Greedy:
         dec.write(token)
         for out, i in zip(self.outputs, ids, strict=True):
             out.append(int(i))
-        done = np.flatnonzero((np.array(ids) == eos) | (dec.max_len <= dec.t)).tolist()
+        # log P -inf: every continuation was banned; the row ends with no output (as in Beam)
+        dead = np.array(logps) == -np.inf
+        done = np.flatnonzero((np.array(ids) == eos) | (dec.max_len <= dec.t) | dead).tolist()
         if not done:
             return []
         ended = []
@@ -604,7 +606,8 @@ class Greedy:
             lp = length_penalty(int(dec.t[r]), search.alpha)
             out = self.outputs[r][:-1] if ids[r] == eos else self.outputs[r]
             slot = int(dec.slot[r])
-            self.results[slot].append(Hypothesis(out, logps[r] / lp, logps[r]))
+            self.results[slot].append(Hypothesis([], -np.inf, -np.inf) if dead[r] else
+                                      Hypothesis(out, logps[r] / lp, logps[r]))
             if len(self.results[slot]) == self.n:
                 ended.append((slot, sorted(self.results.pop(slot), key=lambda h: -h.score)))
         keep_h = np.setdiff1d(np.arange(len(ids)), done)
