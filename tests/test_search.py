@@ -1,5 +1,7 @@
 """Search: greedy == beam 1, batch == one at a time, cache == no cache, exhaustive == beam."""
 
+import os
+
 import pytest
 import torch
 from translate_helpers import (
@@ -12,8 +14,9 @@ from translate_helpers import (
     tokens,
 )
 
+import nmt.inference.translator
 from nmt.config import SearchConfig
-from nmt.errors import ConfigError
+from nmt.errors import ConfigError, NmtError
 from nmt.inference.search import (
     Hypothesis,
     beam_search,
@@ -175,6 +178,17 @@ def test_worker_processes_give_the_same_outputs(model, sources, beam):
     forked = run(model, sources, cfg, workers=3)
     assert tokens(forked) == tokens(here)
     assert [h[0].score for h in forked] == [h[0].score for h in here]
+
+
+def _die(*args):
+    """A batch whose worker process is killed."""
+    os._exit(9)
+
+
+def test_a_killed_worker_process_is_a_one_line_error(model, sources, monkeypatch):
+    monkeypatch.setattr(nmt.inference.translator, "_run_batch", _die)
+    with pytest.raises(NmtError, match="a decoding worker process died"):
+        run(model, sources, search(max_tokens=20), workers=2)
 
 
 def test_translating_draws_no_random_numbers(model, sources):

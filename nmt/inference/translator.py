@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from concurrent.futures import Future, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import torch
@@ -201,7 +202,13 @@ class Translator:
                    for b in batches}
         results: list[list[Hypothesis]] = [[] for _ in items]
         for future in as_completed(futures):
-            for i, hyps in zip(futures[future], future.result(), strict=True):
+            try:
+                out = future.result()
+            except BrokenProcessPool:  # killed (out of memory?): no traceback of the pool's
+                raise NmtError("a decoding worker process died (killed, or out of memory?); "
+                               "run again, with fewer workers or a smaller search.max_tokens"
+                               ) from None
+            for i, hyps in zip(futures[future], out, strict=True):
                 results[i] = hyps
             if progress is not None:
                 progress(len(futures[future]))
