@@ -270,7 +270,7 @@ class Service:
             self.stepper = translator.stepper()
             self.batcher = ContinuousBatcher(self.stepper.send, self.stepper.read, self.workers,
                                              search.max_tokens, search.max_sentences,
-                                             cfg.max_queued)
+                                             cfg.max_queued, dead=self.stepper.dead)
         else:
             self.batcher = Batcher(translator.submit, translator.workers, search.max_tokens,
                                    search.max_sentences, cfg.max_wait_ms / 1000, cfg.max_queued)
@@ -284,9 +284,10 @@ class Service:
     @property
     def broken(self) -> str:
         """Why the server cannot translate any more; "" while it can."""
-        if self.batcher.error:
-            return f"{self.batcher.error}; restart the server"
-        return self.pool_error or (self.stepper.dead() if self.stepper else "")
+        why = self.pool_error or (self.stepper.dead() if self.stepper else "")
+        if why or not self.batcher.error:  # a dead worker stops the batcher too: said once
+            return why
+        return f"{self.batcher.error}; restart the server"
 
     def search_of(self, req: TranslateRequest) -> SearchConfig:
         """The server's search settings with the request's overrides, within the limits."""
