@@ -39,11 +39,6 @@ from nmt.shortlist import Candidates, load_shortlist
 from nmt.tokenizer import Specials
 
 
-def _vocab_size(model) -> int:
-    """V, the target vocabulary's size (a Transformer's or a FastModel's)."""
-    return model.vocab_size if isinstance(model, FastModel) else model.generator.out_features
-
-
 # ----------------------------------------------------------------------------- search
 def _sentences(src: Tensor, pad_id: int, prefixes: list[list[int]] | None,
                lines: list[int] | None, constraints: list[list[list[int]]] | None
@@ -232,10 +227,6 @@ def translate_nbest(model, src_ids: list[list[int]], search: SearchConfig,
     phrase (Tokenizer.word_continuations; None: any may).
     """
     models = decoding_models(model, search, fast and use_cache)
-    if search.shortlist:
-        shortlist = load_shortlist(search.shortlist)
-        for m in models:
-            shortlist.check(None, _vocab_size(m), "the model")
     job = BatchJob(models, search, specials, torch.device(device), use_cache,
                    continuations=continuations)
     prefixes = prefixes or [[] for _ in src_ids]

@@ -41,7 +41,6 @@ from nmt.inference.search import (
 from nmt.inference.stepping import step_loop
 from nmt.inference.workers import WorkerPool, can_fork
 from nmt.model import Transformer
-from nmt.shortlist import load_shortlist
 from nmt.tokenizer import Specials, Tokenizer
 
 
@@ -121,9 +120,6 @@ class Translator:
         unless parallel=False. prefixes, lines, progress, constraints: as
         search.translate_nbest; a constraint's last word ends where it ends (no piece of the
         target tokenizer that goes on with a word follows it)."""
-        if search.shortlist:  # built for this vocabulary: a one-line error otherwise
-            load_shortlist(search.shortlist).check(self.vocab.get("sha256"),
-                                                   self.vocab["tgt_size"], "the checkpoint")
         return translate_nbest(self.prepared(search.dtype), src_ids, search, self.specials,
                                self.device, use_cache=self.use_cache, progress=progress,
                                fast=self.fast, prefixes=prefixes, lines=lines,
