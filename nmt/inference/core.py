@@ -160,10 +160,9 @@ class Decoder:
                 self.states.append(model.start_decoding(memory, src_mask, candidates.ids) if cut
                                    else model.start_decoding(memory, src_mask))
 
-    def reorder(self, index: Tensor, group: int | None = None,
-                sentences: Tensor | None = None) -> None:
-        """Keep (and repeat) rows `index` of the batch. group, sentences: what the caller knows
-        of the new rows (FastState.reorder), which FastModel's states then need not read."""
+    def reorder(self, index: Tensor, group: int, sentences: Tensor | None = None) -> None:
+        """Keep (and repeat) rows `index` of the batch: `group` rows per memory row, the memory
+        rows `sentences` (None: as they are) (FastState.reorder)."""
         for i, state in enumerate(self.states):
             if isinstance(state, FastState):
                 state.reorder(index, group, sentences)
@@ -374,20 +373,12 @@ class Decoding:
         if self.decoder is None:
             self.decoder, self.src_mask, self.g = new, src_mask, g
             return
-        if g != self.g:  # the live rows' memory rows: one per row, as the newcomers'
-            self._ungroup()
         S = max(src_mask.size(1), self.src_mask.size(1))
         self.decoder.join(new, len(src_mask) * self.g, S)
         self.src_mask = torch.cat([F.pad(m, (0, S - m.size(1)), value=False)
                                    for m in (self.src_mask, src_mask)])
         self._set_source_masks()
         self.joined = True
-
-    def _ungroup(self) -> None:
-        """One memory row per decoder row (rows of a sentence that retire one by one)."""
-        mem = torch.arange(len(self.src_mask), device=self.device).repeat_interleave(self.g)
-        self.decoder.reorder(torch.arange(len(mem), device=self.device), 1, mem)
-        self.src_mask, self.g = self.src_mask[mem], 1
 
     def _set_source_masks(self) -> None:
         """Each FastState's additive source mask from the live memory rows' (None: no
