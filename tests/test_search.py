@@ -19,11 +19,10 @@ from nmt.config import SearchConfig
 from nmt.errors import ConfigError, NmtError
 from nmt.inference.search import (
     Hypothesis,
-    beam_search,
-    greedy_search,
     length_penalty,
     pad_batch,
     score_pairs,
+    search_batch,
     translate_ids,
     translate_nbest,
 )
@@ -59,8 +58,8 @@ def test_outputs_mix_early_eos_and_maximum_length(model, sources):
 def test_beam_size_one_equals_greedy(model, sources, alpha, min_len):
     src = pad_batch([s + [EOS] for s in sources], PAD, "cpu")
     cfg = search(beam_size=1, alpha=alpha, min_len=min_len)
-    greedy = greedy_search(model, src, cfg, SPECIALS)
-    beam = beam_search(model, src, cfg, SPECIALS)
+    greedy = search_batch(model, src, cfg, SPECIALS)
+    beam = search_batch(model, src, cfg, SPECIALS, beam=True)
     assert tokens(greedy) == tokens(beam)
     for g, b in zip(greedy, beam, strict=True):
         assert g[0].score == pytest.approx(b[0].score, abs=1e-4)
