@@ -274,27 +274,35 @@ class TrainCorpus:
     weight: float = 1.0  # nmt-train's default sampling weight: >1 upsamples, <1 downsamples
     tag: str = ""  # a piece put first on every source sentence, e.g. <BT>; "": none
     name: str = ""  # what the report and the manifest call it ("": its file name's stem)
+    # A multilingual data directory's corpora each name their pair (nmt.languages): the
+    # inputs' file suffixes are these, and every source sentence starts with >>tgt_lang<<.
+    src_lang: str = ""  # the corpus's source language, e.g. en ("": bilingual, the config's)
+    tgt_lang: str = ""  # the corpus's target language, e.g. de ("": bilingual, the config's)
 
 
 SPECIAL_PIECES = ("<pad>", "<unk>", "<s>", "</s>")
+CORPUS_KEYS = "path, weight, tag, name, src_lang, tgt_lang"
 
 
-def train_corpora(value: object) -> list[TrainCorpus]:
-    """PreprocessConfig.train as a list of TrainCorpus, checked: an input spec, or a list of
-    specs and {path, weight, tag, name} mappings. Names default to the file name's stem
-    (made unique with #position)."""
+def train_corpora(value: object, role: str = "train") -> list[TrainCorpus]:
+    """PreprocessConfig.train (or valid, test: role) as a list of TrainCorpus, checked: an
+    input spec, or a list of specs and {path, weight, tag, name, src_lang, tgt_lang} mappings
+    (valid and test: path, name and the languages only). Names default to the file name's
+    stem (made unique with #position). Either no corpus names its languages or each does."""
     entries = value if isinstance(value, list | tuple) else [value]
-    _check(len(entries) > 0, "train", "the list of training corpora is empty")
+    _check(len(entries) > 0, role, f"the list of {role} corpora is empty")
     corpora = []
     for i, entry in enumerate(entries):
-        key = f"train[{i}]" if isinstance(value, list | tuple) else "train"
+        key = f"{role}[{i}]" if isinstance(value, list | tuple) else role
         if isinstance(entry, str):
             entry = {"path": entry}
         _check(isinstance(entry, dict), key, f"must be an input or {{path: ..., weight: ..., "
                f"tag: ...}}, got {entry!r}")
         extra = sorted(set(entry) - {f.name for f in dataclasses.fields(TrainCorpus)})
         _check(not extra, f"{key}.{extra[0] if extra else ''}",
-               "unknown key (keys: path, weight, tag, name)")
+               f"unknown key (keys: {CORPUS_KEYS})")
+        held = sorted(set(entry) & {"weight", "tag"}) if role != "train" else []
+        _check(not held, f"{key}.{held[0] if held else ''}", "applies to train corpora only")
         _check(isinstance(entry.get("path"), str) and entry["path"] != "", f"{key}.path",
                "a value is required (the corpus's input)")
         corpus = TrainCorpus(**entry)
@@ -304,11 +312,31 @@ def train_corpora(value: object) -> list[TrainCorpus]:
             c.isspace() for c in corpus.tag) and corpus.tag not in SPECIAL_PIECES), f"{key}.tag",
                f"must be one piece without spaces and not {'/'.join(SPECIAL_PIECES)}, "
                f"got {corpus.tag!r}")
+        _check_corpus_languages(corpus, key)
         corpora.append(corpus)
+    named = {bool(c.src_lang) for c in corpora}
+    _check(len(named) == 1, role, "give src_lang and tgt_lang to every corpus (a multilingual "
+           "data directory) or to none")
     stems = [c.name or _stem(c.path) for c in corpora]
     for i, corpus in enumerate(corpora):
         corpus.name = stems[i] if stems.count(stems[i]) == 1 else f"{stems[i]}#{i + 1}"
     return corpora
+
+
+def _check_corpus_languages(corpus: TrainCorpus, key: str) -> None:
+    """A corpus's src_lang and tgt_lang: both or neither, ISO 639 codes that differ, and no
+    tag of its own beside them (its tag is its target language's >>xx<<)."""
+    _check(bool(corpus.src_lang) == bool(corpus.tgt_lang), f"{key}.tgt_lang"
+           if corpus.src_lang else f"{key}.src_lang", "give both src_lang and tgt_lang, or neither")
+    if not corpus.src_lang:
+        return
+    for side in ("src_lang", "tgt_lang"):
+        code = getattr(corpus, side)
+        _check(LANG_CODE.fullmatch(code) is not None, f"{key}.{side}",
+               f"must be an ISO 639 code, e.g. en (got {code!r})")
+    _check(corpus.src_lang != corpus.tgt_lang, f"{key}.tgt_lang", "must differ from src_lang")
+    _check(not corpus.tag, f"{key}.tag", "a corpus with languages is tagged with its target "
+           "language (>>tgt_lang<<); leave tag out")
 
 
 def _stem(spec: str) -> str:
@@ -332,9 +360,12 @@ class PreprocessConfig:
     # Text files may be compressed: PFX.{lang}.gz (or .bz2, .xz), FILE.tsv.gz.
     # train may also list several corpora, each an input or {path: INPUT, weight: W, tag: T,
     # name: N} (TrainCorpus): train=[PFX/real,{path:PFX/bt,tag:'<BT>',weight:0.5}]
+    # Several language pairs (nmt.languages): every corpus of train, valid and test names its
+    # own, {path: PFX, src_lang: en, tgt_lang: de}; src_lang and tgt_lang above then name the
+    # data directory's two sides (its files train.{src_lang}.bin, ...), e.g. src and tgt.
     train: Any = MISSING  # the training split (SentencePiece is trained on it alone)
-    valid: str = ""  # the validation split, same forms as train; "" for none
-    test: str = ""  # the test split, same forms as train; "" for none
+    valid: Any = ""  # the validation split, same forms as train (a list: each pair's); "": none
+    test: Any = ""  # the test split, same forms as train (a list: each pair's); "": none
     out_dir: str = MISSING  # the data directory to write (atomically: temp dir, then rename)
     force: bool = False  # replace an existing out_dir (only a data directory, or an empty one)
     workers: int = 0  # encoding processes; 0 uses every core
@@ -348,12 +379,26 @@ class PreprocessConfig:
     def __post_init__(self) -> None:
         _check(self.src_lang != self.tgt_lang, "tgt_lang", "must differ from src_lang")
         _check_min(self, "", 0, "workers")
-        train_corpora(self.train)  # checked once, here
+        named = {role: corpora[0].src_lang != "" for role, corpora in self.corpora.items()}
+        _check(len(set(named.values())) <= 1, "valid" if "valid" in named else "test",
+               "a multilingual train split needs each pair's valid and test corpora with "
+               "src_lang and tgt_lang, and a bilingual one none")
 
     @property
     def train_corpora(self) -> list[TrainCorpus]:
         """The training corpora, checked (train_corpora)."""
         return train_corpora(self.train)
+
+    @property
+    def corpora(self) -> dict[str, list[TrainCorpus]]:
+        """Each given split's corpora, checked: {"train": [...], "valid": [...], ...}."""
+        return {role: train_corpora(value, role) for role, value in
+                (("train", self.train), ("valid", self.valid), ("test", self.test)) if value}
+
+    @property
+    def multilingual(self) -> bool:
+        """Whether the corpora name their language pairs."""
+        return self.train_corpora[0].src_lang != ""
 
 
 # ----------------------------------------------------------------------------- train
@@ -372,6 +417,10 @@ class TrainLoopConfig:
     # of each of a corpus's sentences and a random fraction w - floor(w) of them once more
     # (drawn anew each epoch), w its weight; so an epoch holds sum(w_i * n_i) sentences.
     corpus_weights: list[float] = field(default_factory=list)  # per corpus ([]: preprocess's)
+    # A multilingual directory's language pairs share an epoch by fairseq's temperature
+    # sampling, on top of the corpus weights: a pair of s sentences an epoch gets a share
+    # proportional to s^(1/T) (nmt.data.temperature_weights); bilingual data ignores it.
+    temperature: float = 1.0  # T: 1 proportional to size, large T uniform over the pairs
     # BPE-dropout (Provilkov et al. 2020) on the fly: every batch's sentences are segmented
     # afresh, each merge skipped with this probability, seeded by the batch's place in the data
     # (resumes and rank counts see the same draws). Needs nmt-preprocess keep_text=true.
@@ -421,6 +470,8 @@ class TrainLoopConfig:
         _check(0 <= self.seed < 2 ** 63, "train.seed", f"must be in [0, 2^63), got {self.seed}")
         _check_prob(self.ema_decay, "train.ema_decay")
         _check_prob(self.subword_sampling, "train.subword_sampling")
+        _check(self.temperature >= 1, "train.temperature",
+               f"must be >= 1, got {self.temperature}")
         for i, weight in enumerate(self.corpus_weights):
             _check(weight >= 0, f"train.corpus_weights[{i}]", f"must be >= 0, got {weight}")
         _check(self.collective_timeout > 0, "train.collective_timeout",
@@ -463,8 +514,8 @@ MBR_MAX_CANDIDATES = 32
 
 @dataclass
 class MbrConfig:
-    """nmt-translate's minimum Bayes risk selection (nmt.inference.mbr): of N candidates per
-    line, the one of highest expected utility against the others is written."""
+    """Minimum Bayes risk selection (nmt.inference.mbr), nmt-translate's and nmt-serve's: of N
+    candidates per line, the one of highest expected utility against the others is written."""
 
     candidates: int = 0  # N: search.sampling's N samples, else beam search's N-best (0: off)
     utility: str = "chrf"  # chrf or bleu: sacreBLEU's sentence chrF or BLEU (effective order)
@@ -672,6 +723,7 @@ class ServeConfig:
     src_lang: str = ""  # the model's source language, ISO 639 (split=sentence, LibreTranslate)
     tgt_lang: str = ""  # the model's target language, ISO 639 (LibreTranslate's API)
     search: SearchConfig = field(default_factory=SearchConfig)  # defaults; batch token budget
+    mbr: MbrConfig = field(default_factory=MbrConfig)  # MBR's defaults (a request's mbr_* fields)
 
     def __post_init__(self) -> None:
         _check(0 <= self.port <= 65535, "port", f"must be in [0, 65535], got {self.port}")
@@ -693,6 +745,9 @@ class ServeConfig:
                f"must be debug, info, warning or error, got {self.log_level!r}")
         _check_engine(self, 1)
         _check_serve_split(self)
+        _check(not self.mbr.candidates or self.search.nbest == 1, "mbr.candidates",
+               f"answers one translation per text: leave search.nbest at 1, "
+               f"got {self.search.nbest}")
 
 
 def _check_serve_split(cfg: ServeConfig) -> None:

@@ -7,11 +7,12 @@ stored without BOS/EOS; `ParallelData` adds them. With nmt-preprocess keep_text=
 cleaned training text is kept too, as `train.clean.{lang}.bin/.idx` (its UTF-8 bytes, one
 sentence per entry, aligned with train.{lang}.bin), for subword sampling at training time.
 
-manifest.json, format 2 (format 1, written before it, is still read: it lacks `corpora` and
-`train_text`, and reads as one training corpus of weight 1 without a tag):
+manifest.json, format 3 (formats 1 and 2, written before it, are still read: format 2 lacks
+`sections` and the corpora's languages, and is one language pair; format 1 lacks `corpora`
+and `train_text` too, and reads as one training corpus of weight 1 without a tag):
 
-    format              2
-    src_lang, tgt_lang  the language suffixes
+    format              3
+    src_lang, tgt_lang  the language suffixes (of a multilingual directory: its sides' names)
     joint               one SentencePiece model (and id space) for both languages
     spm                 {"src": FILE, "tgt": FILE}: the SentencePiece model(s)
     src_vocab_size, tgt_vocab_size, pad_id, unk_id, bos_id, eos_id
@@ -19,19 +20,28 @@ manifest.json, format 2 (format 1, written before it, is still read: it lacks `c
     vocab_sha256        sha256 of the source model's bytes followed by the target model's
     splits              {split: {"pairs", "src_tokens", "tgt_tokens"}}: what the sizes of
                         .bin (itemsize x tokens) and .idx (8 x (pairs + 1)) are checked against
-    counts              {split: {"read", "invalid_utf8", "empty", "duplicate", "too_long",
-                        "ratio", "kept"}}: the cleaning report (null: the step does not apply)
+    counts              {split: {"read", "invalid_utf8", "empty", "duplicate", "held_out",
+                        "too_long", "ratio", "kept"}}: the cleaning report (null: the step does
+                        not apply; held_out: multilingual training pairs with a side among
+                        the valid or test sentences of its language, dropped)
     corpora             the training corpora in the order of the train split, each {"name",
                         "input" (its spec), "weight" (nmt-train's default sampling weight),
                         "tag" ("" or the piece that starts each source sentence), "tag_id"
                         (null without a tag), "first" (its first sentence in the split),
-                        "pairs", "src_tokens", "tgt_tokens", "counts" (as above)}
+                        "pairs", "src_tokens", "tgt_tokens", "counts" (as above), and in a
+                        multilingual directory "src_lang", "tgt_lang": its pair, with tag
+                        >>tgt_lang<<}
+    sections            a multilingual directory's valid and test corpora: {split: [{"name",
+                        "input", "src_lang", "tgt_lang", "first", "pairs", "src_tokens",
+                        "tgt_tokens"}]}, each source sentence tagged >>tgt_lang<<
     clean               {split: {"src": FILE, "tgt": FILE}}: the cleaned valid/test text
     train_text          with keep_text=true: {"src": PREFIX, "tgt": PREFIX, "src_bytes",
                         "tgt_bytes"}: the cleaned training text's byte arrays
     shortlist           with shortlist.k > 0: "shortlist.pt", the lexical shortlist (nmt.shortlist)
-    languages           with bpe.model= of a multilingual checkpoint: its languages (nmt.languages),
-                        which the checkpoints trained on the directory record too
+    languages           a multilingual directory's ({"convention": "tag", "codes": {language:
+                        id of >>language<<}}), or with bpe.model= of a multilingual checkpoint
+                        its languages (nmt.languages); the checkpoints trained on the
+                        directory record them too
     checksums           {file: sha256} of every other file of the directory
     spm_training, config, nmt_version, seconds: how it was made
 
@@ -60,7 +70,7 @@ from nmt.files import sha256_file, write_atomically
 from nmt.tokenizer import Tokenizer
 
 MANIFEST = "manifest.json"
-FORMAT = 2  # the manifest format nmt-preprocess writes; 1 is still read
+FORMAT = 3  # the manifest format nmt-preprocess writes; 1 and 2 are still read
 VERIFIED = ".nmt-verified.json"  # what verify_data_dir found intact, and when
 
 
@@ -150,7 +160,7 @@ class TokenArray:
 
 # ----------------------------------------------------------------------------- the manifest
 def read_manifest(data_dir: str | Path) -> dict:
-    """The manifest of a data directory written by nmt-preprocess (format 1 or 2)."""
+    """The manifest of a data directory written by nmt-preprocess (format 1 to 3)."""
     path = Path(data_dir) / MANIFEST
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
@@ -172,6 +182,22 @@ def training_corpora(manifest: dict) -> list[dict]:
     train = manifest["splits"]["train"]
     return [{"name": "train", "input": manifest.get("config", {}).get("train", ""),
              "weight": 1.0, "tag": "", "tag_id": None, "first": 0, **train}]
+
+
+def directions(manifest: dict, split: str) -> list[dict]:
+    """A split's language pairs, each {"src_lang", "tgt_lang", "ranges": [(first, pairs),
+    ...]} (its corpora's sentences, in order of first appearance); [] for a bilingual
+    directory (formats 1 and 2 included)."""
+    corpora = training_corpora(manifest)
+    if "src_lang" not in corpora[0]:
+        return []
+    parts = corpora if split == "train" else manifest.get("sections", {}).get(split, [])
+    out: dict[tuple[str, str], dict] = {}
+    for part in parts:
+        key = (part["src_lang"], part["tgt_lang"])
+        entry = out.setdefault(key, {"src_lang": key[0], "tgt_lang": key[1], "ranges": []})
+        entry["ranges"].append((part["first"], part["pairs"]))
+    return list(out.values())
 
 
 def clean_text_path(data_dir: str | Path, manifest: dict, split: str, side: str) -> Path | None:
@@ -424,6 +450,24 @@ def weighted_sentences(kept: list[np.ndarray], weights: list[float],
         if extra:
             parts.append(rng.choice(ids, size=extra, replace=False))
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def temperature_weights(corpora: list[dict], weights: list[float], temperature: float
+                        ) -> list[float]:
+    """Corpus weights with the language pairs sampled at `temperature` (fairseq's
+    multilingual sampling): pair p, whose corpora give s_p = sum of weight x pairs sentences
+    an epoch, gets the share q_p = s_p^(1/T) / sum_k s_k^(1/T) of the epoch's S = sum s_p
+    sentences, each of its corpora's weights scaled by q_p S / s_p. T = 1 leaves the weights
+    as they are (proportional to size); a large T makes the pairs' shares equal."""
+    pair = [(c["src_lang"], c["tgt_lang"]) for c in corpora]
+    sizes: dict[tuple[str, str], float] = {}
+    for key, corpus, weight in zip(pair, corpora, weights, strict=True):
+        sizes[key] = sizes.get(key, 0.0) + weight * corpus["pairs"]
+    total = sum(sizes.values())
+    shares = {k: (s / total) ** (1 / temperature) for k, s in sizes.items() if s > 0}
+    norm = sum(shares.values())
+    scale = {k: q / norm * total / sizes[k] for k, q in shares.items()}
+    return [weight * scale.get(key, 0.0) for key, weight in zip(pair, weights, strict=True)]
 
 
 class EpochBatchIterator:

@@ -11,8 +11,10 @@ do not apply. The conventions of the models nmt imports:
   tgt_lang= the text itself may start with the token (it is one piece), as with
   MarianTokenizer.
 The names are the checkpoint's: de for M2M100's __de__ and OPUS-MT's >>de<<, deu_Latn for
-NLLB-200. nmt-preprocess's src_lang and tgt_lang are the suffixes of its files; a model trained
-here from one pair records no languages.
+NLLB-200. nmt-preprocess's src_lang and tgt_lang are the suffixes of its files (a
+multilingual data directory's side names); its corpora's src_lang and tgt_lang are languages.
+A model trained here on several pairs records convention "tag" with tokens >>xx<< (nmt.preprocess,
+docs/design.md); one trained on one pair records no languages.
 """
 
 from __future__ import annotations

@@ -59,6 +59,17 @@ def save_figure(fig, path: Path) -> None:
         plt.close(fig)
 
 
+def per_direction(ax, valid: list[dict], metric: str) -> None:
+    """A multilingual run's per-direction curves of `metric` (keys "loss/en-de" ...), dashed."""
+    keys = sorted({k for r in valid for k in r if k.startswith(f"{metric}/")})
+    for key in keys:
+        points = [(r["update"], r[key]) for r in valid if key in r]
+        ax.plot(*zip(*points, strict=True), linestyle="--", linewidth=1,
+                label=f"valid {metric} {key.split('/', 1)[1]}")
+    if keys:
+        ax.legend()
+
+
 def plot_learning_curves(records: list[dict], path: Path) -> None:
     """Training and validation loss (and validation BLEU when scored) against updates, from
     metrics.jsonl records, as one PNG."""
@@ -79,12 +90,14 @@ def plot_learning_curves(records: list[dict], path: Path) -> None:
         ema = valid[-1].get("weights") == "ema"
         ax.plot([r["update"] for r in valid], [r["loss"] for r in valid], marker="o",
                 label="valid loss (EMA)" if ema else "valid loss")
+        per_direction(ax, valid, "loss")
     ax.set_ylabel("label-smoothed loss (nats/token)")
     ax.legend()
     ax.grid(alpha=0.3)
     if bleu:
         axes[1][0].plot(*zip(*bleu, strict=True), marker="o", color="tab:green")
         axes[1][0].set_ylabel("valid BLEU (greedy)")
+        per_direction(axes[1][0], valid, "bleu")
         axes[1][0].grid(alpha=0.3)
     axes[-1][0].set_xlabel("update")
     fig.suptitle(path.parent.name)

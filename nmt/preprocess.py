@@ -52,7 +52,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CHUNK = 10_000  # pairs per encoding task
-COUNTS = ("read", "invalid_utf8", "empty", "duplicate", "too_long", "ratio", "kept")
+COUNTS = ("read", "invalid_utf8", "empty", "duplicate", "held_out", "too_long", "ratio",
+          "kept")
 _LINE_BREAKS = re.compile("[\r\n\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")  # what splitlines() splits
 
 
@@ -77,10 +78,11 @@ def normalize(text: str, form: str) -> str:
 
 
 def clean_split(corpora: list[Corpus], clean: CleanConfig, src_out: Path, tgt_out: Path,
-                counts: list[dict]) -> CleanText:
+                counts: list[dict], held: HeldOut | None = None) -> CleanText:
     """Stream the corpora of one split, one after the other, through the text filters into
     src_out / tgt_out, counting each corpus's drops in its dict of `counts` (duplicates are
-    looked for across the corpora)."""
+    looked for across the corpora; with `held`, a pair with a side among its sentences is
+    dropped too)."""
     dedup = clean.dedup and corpora[0].role == "train"
     seen: set[int] = set()
     chunks, owners, src_buf, tgt_buf = [], [], [], []
@@ -95,7 +97,7 @@ def clean_split(corpora: list[Corpus], clean: CleanConfig, src_out: Path, tgt_ou
             tgt_buf.clear()
 
         for k, corpus in enumerate(corpora):
-            read = invalid = empty = duplicate = 0
+            read = invalid = empty = duplicate = held_out = 0
             pairs = corpus.pairs(skip_invalid=clean.invalid_utf8 == "skip")
             for src, tgt in tqdm(pairs, total=corpus.size, desc=f"clean {corpus.role}",
                                  unit=" pairs", unit_scale=True, disable=None):
@@ -113,19 +115,48 @@ def clean_split(corpora: list[Corpus], clean: CleanConfig, src_out: Path, tgt_ou
                         duplicate += 1
                         continue
                     seen.add(key)
+                if held is not None and held.has(k, src, tgt):
+                    held_out += 1
+                    continue
                 src_buf.append(src)
                 tgt_buf.append(tgt)
                 if len(src_buf) == CHUNK:
                     flush(k)
             if src_buf:
                 flush(k)
-            kept = read - invalid - empty - duplicate
+            kept = read - invalid - empty - duplicate - held_out
             counts[k].update(read=read, invalid_utf8=invalid, empty=empty, kept=kept,
-                             duplicate=duplicate if dedup else None)
+                             duplicate=duplicate if dedup else None,
+                             held_out=held_out if held is not None else None)
             if kept == 0:
                 raise NmtError(f"{corpus.role}: no pairs left after cleaning {corpus.name} "
                                f"({_summary(counts[k])})")
     return CleanText(src_out, tgt_out, sum(c["kept"] for c in counts), chunks, owners)
+
+
+@dataclass
+class HeldOut:
+    """The valid and test sentences of a multilingual run, as hashes of (language, text): a
+    training pair with a side among them is dropped (held_out), so that no test sentence of
+    one pair is trained on through another (en-de's English test side in en-fr's training)."""
+
+    pairs: list[tuple[str, str]]  # each training corpus's (src_lang, tgt_lang)
+    sentences: set[int]  # hash((language, cleaned text)) of every valid and test side
+
+    def add(self, text: CleanText, pairs: list[tuple[str, str]]) -> None:
+        """Every side of a cleaned split whose corpora have the language `pairs`."""
+        for (s0, s1, t0, t1), owner in zip(text.chunks, text.owners, strict=True):
+            src_lang, tgt_lang = pairs[owner]
+            self.sentences.update(hash((src_lang, line))
+                                  for line in _read_lines(str(text.src), s0, s1))
+            self.sentences.update(hash((tgt_lang, line))
+                                  for line in _read_lines(str(text.tgt), t0, t1))
+
+    def has(self, corpus: int, src: str, tgt: str) -> bool:
+        """Whether a pair of training corpus `corpus` has a held-out side."""
+        src_lang, tgt_lang = self.pairs[corpus]
+        return (hash((src_lang, src)) in self.sentences
+                or hash((tgt_lang, tgt)) in self.sentences)
 
 
 # ----------------------------------------------------------------------------- 3. subwords
@@ -197,18 +228,47 @@ def load_subwords(path: str) -> tuple[Tokenizer, Tokenizer, dict]:
     return src, tgt, info if languages is None else {**info, "languages": languages}
 
 
-def tag_ids(corpora: list[TrainCorpus], src: Tokenizer, reused: str) -> list[int | None]:
-    """Each corpus's tag as an id of the source vocabulary (None: no tag). A reused model
-    (bpe.model) must have the tag as a piece: a one-line error otherwise."""
+def language_token(lang: str) -> str:
+    """The piece that asks a multilingual model trained here for language `lang`: >>lang<<
+    first on the source (OPUS-MT's convention, "tag" in nmt.languages)."""
+    return f">>{lang}<<"
+
+
+def corpus_tags(corpora: list[TrainCorpus]) -> list[str]:
+    """Each corpus's tag piece ("": none): its target language's token when it names its
+    languages, else its own tag."""
+    return [language_token(c.tgt_lang) if c.tgt_lang else c.tag for c in corpora]
+
+
+def tag_ids(corpora: list[TrainCorpus], src: Tokenizer, reused: str, role: str = "train"
+            ) -> list[int | None]:
+    """Each corpus's tag (corpus_tags) as an id of the source vocabulary (None: no tag). A
+    reused model (bpe.model) must have the tag as a piece: a one-line error otherwise."""
     ids = []
-    for i, corpus in enumerate(corpora):
-        piece = src.piece_id(corpus.tag) if corpus.tag else None
-        if corpus.tag and piece is None:
-            raise NmtError(f"train[{i}].tag={corpus.tag}: the reused SentencePiece model "
-                           f"({reused}) has no such piece; give no bpe.model (a new model "
-                           f"gets the tag as a piece) or a tag the model has")
+    for i, (corpus, tag) in enumerate(zip(corpora, corpus_tags(corpora), strict=True)):
+        piece = src.piece_id(tag) if tag else None
+        if tag and piece is None:
+            key = f"{role}[{i}].{'tgt_lang' if corpus.tgt_lang else 'tag'}"
+            what = "" if tag == corpus.tag else f" ({tag})"
+            raise NmtError(f"{key}={corpus.tgt_lang or tag}: the reused SentencePiece model "
+                           f"({reused}) has no such piece{what}; give no bpe.model (a new "
+                           f"model gets the tag as a piece) or a tag the model has")
         ids.append(piece)
     return ids
+
+
+def language_entry(cfg: PreprocessConfig, src: Tokenizer, reused: dict) -> dict | None:
+    """The manifest's "languages" (nmt.languages): a multilingual directory's, {"convention":
+    "tag", "codes": {language: id of >>language<<}} over every pair's languages; else a
+    reused checkpoint's, if any. A reused multilingual vocabulary of another convention is a
+    one-line error."""
+    if not cfg.multilingual:
+        return reused.get("languages")
+    if reused.get("languages", {}).get("convention", "tag") != "tag":
+        raise NmtError(f"bpe.model={cfg.bpe.model}: its model chooses languages by a forced "
+                       f"target token; corpora with src_lang/tgt_lang train >>xx<< tags")
+    codes = {lang: src.piece_id(language_token(lang)) for lang in languages_of(cfg)}
+    return {"convention": "tag", "codes": {k: v for k, v in codes.items() if v is not None}}
 
 
 def write_subwords(src: Tokenizer, tgt: Tokenizer, tmp: Path, src_lang: str, tgt_lang: str
@@ -384,9 +444,10 @@ def report(manifest: dict, out: Path, seconds: float) -> str:
     for split, counts in manifest["counts"].items():
         rows.append(row(split, counts, manifest["splits"][split]))
         if split == "train" and len(manifest["corpora"]) > 1:
-            rows += [row(f"  {c['name']} (weight {c['weight']:g}"
-                         f"{', tag ' + c['tag'] if c['tag'] else ''})", c["counts"], c)
-                     for c in manifest["corpora"]]
+            rows += [row(f"  {c['name']} ("
+                         f"{c['src_lang'] + '-' + c['tgt_lang'] + ', ' if 'src_lang' in c else ''}"
+                         f"weight {c['weight']:g}{', tag ' + c['tag'] if c['tag'] else ''})",
+                         c["counts"], c) for c in manifest["corpora"]]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
                        enumerate(zip(row, widths, strict=True))) for row in rows]
@@ -408,17 +469,17 @@ def build(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], reused: tuple
 
     langs = {"src": cfg.src_lang, "tgt": cfg.tgt_lang}
     workers = cfg.workers or usable_cores()
-    specs = cfg.train_corpora
-    counts, texts, seconds = {}, {}, {}
+    specs = cfg.corpora
+    seconds = {}
     t = time.time()
-    for role, inputs in corpora.items():
-        paths = [tmp / f"{role}.clean.{langs[side]}" for side in ("src", "tgt")]
-        counts[role] = [dict.fromkeys(COUNTS) for _ in inputs]
-        texts[role] = clean_split(inputs, cfg.clean, *paths, counts[role])
+    counts, texts = clean_splits(cfg, corpora, tmp)
     seconds["clean"], t = time.time() - t, time.time()
     src_tok, tgt_tok, spm_info = reused or train_subwords(
-        texts["train"], cfg.bpe, sorted({c.tag for c in specs if c.tag}))
-    tags = tag_ids(specs, src_tok, cfg.bpe.model)
+        texts["train"], cfg.bpe, sorted(
+            {tag for c in specs.values() for tag in corpus_tags(c) if tag}
+            | {language_token(lang) for lang in languages_of(cfg)}))
+    tags = {role: tag_ids(specs[role], src_tok, cfg.bpe.model, role) for role in texts}
+    languages = language_entry(cfg, src_tok, spm_info)
     spm_names = write_subwords(src_tok, tgt_tok, tmp, cfg.src_lang, cfg.tgt_lang)
     seconds["subwords"], t = time.time() - t, time.time()
     dtype = token_dtype(max(src_tok.vocab_size, tgt_tok.vocab_size))
@@ -432,7 +493,7 @@ def build(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], reused: tuple
             prefix = {side: tmp / f"{role}.{lang}" for side, lang in langs.items()}
             train = role == "train"
             sizes[role] = encode_split(pool, text, role, prefix, limits if train else None,
-                                       dtype, counts[role], tags if train else [None],
+                                       dtype, counts[role], tags[role],
                                        text_prefix if train else None)
     seconds["encode"] = time.time() - t
     for corpus, size, corpus_counts in zip(corpora["train"], sizes["train"], counts["train"],
@@ -442,7 +503,8 @@ def build(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], reused: tuple
                            f"({_summary(corpus_counts)})")
     texts["train"].src.unlink()  # the cleaned training text is not kept as text
     texts["train"].tgt.unlink()
-    first = np.cumsum([0] + [size["pairs"] for size in sizes["train"]])[:-1]
+    first = {role: np.cumsum([0] + [size["pairs"] for size in part])[:-1]
+             for role, part in sizes.items()}
     manifest = {
         "format": FORMAT, "src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang,
         "joint": src_tok.same_ids(tgt_tok), "spm": spm_names,
@@ -454,15 +516,21 @@ def build(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], reused: tuple
         "splits": {role: total(parts) for role, parts in sizes.items()},
         "counts": {role: total(parts) for role, parts in counts.items()},
         "corpora": [{"name": spec.name, "input": spec.path, "weight": spec.weight,
-                     "tag": spec.tag, "tag_id": tag, "first": int(start), **size,
-                     "counts": corpus_counts}
-                    for spec, tag, start, size, corpus_counts in zip(
-                        specs, tags, first, sizes["train"], counts["train"], strict=True)],
+                     "tag": tag_piece, "tag_id": tag, "first": int(start), **size,
+                     **pair_of(spec), "counts": corpus_counts}
+                    for spec, tag_piece, tag, start, size, corpus_counts in zip(
+                        specs["train"], corpus_tags(specs["train"]), tags["train"],
+                        first["train"], sizes["train"], counts["train"], strict=True)],
+        **({"sections": {role: [{"name": spec.name, "input": spec.path, **pair_of(spec),
+                                 "first": int(start), **size}
+                                for spec, start, size in zip(specs[role], first[role],
+                                                             sizes[role], strict=True)]
+                         for role in texts if role != "train"}} if cfg.multilingual else {}),
         "clean": {role: {side: f"{role}.clean.{lang}" for side, lang in langs.items()}
                   for role in texts if role != "train"},
         "spm_training": {k: v for k, v in spm_info.items() if k != "languages"},
         "config": asdict(cfg), "nmt_version": __version__,
-        **({"languages": spm_info["languages"]} if "languages" in spm_info else {}),
+        **({"languages": languages} if languages else {}),
         "seconds": {k: round(v, 2) for k, v in seconds.items()},
     }
     if cfg.shortlist.k:  # from the training arrays just written
@@ -479,6 +547,38 @@ def build(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], reused: tuple
     return manifest
 
 
+def clean_splits(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], tmp: Path
+                 ) -> tuple[dict[str, list[dict]], dict[str, CleanText]]:
+    """Stage 2 for every split into tmp: each corpus's counts and each split's cleaned text.
+    A multilingual run cleans valid and test first, and holds their sentences out of the
+    training split (HeldOut)."""
+    langs = {"src": cfg.src_lang, "tgt": cfg.tgt_lang}
+    pairs = {role: [(c.src_lang, c.tgt_lang) for c in specs]
+             for role, specs in cfg.corpora.items()}
+    held = HeldOut(pairs["train"], set()) if cfg.multilingual else None
+    counts, texts = {}, {}
+    for role in sorted(corpora, key=lambda role: role == "train"):  # train last
+        paths = [tmp / f"{role}.clean.{langs[side]}" for side in ("src", "tgt")]
+        counts[role] = [dict.fromkeys(COUNTS) for _ in corpora[role]]
+        texts[role] = clean_split(corpora[role], cfg.clean, *paths, counts[role],
+                                  held if role == "train" else None)
+        if held is not None and role != "train":
+            held.add(texts[role], pairs[role])
+    order = [role for role in ("train", "valid", "test") if role in texts]
+    return {role: counts[role] for role in order}, {role: texts[role] for role in order}
+
+
+def languages_of(cfg: PreprocessConfig) -> list[str]:
+    """Every language the corpora name (none: a bilingual run)."""
+    return sorted({lang for specs in cfg.corpora.values() for c in specs
+                   for lang in (c.src_lang, c.tgt_lang) if lang})
+
+
+def pair_of(spec: TrainCorpus) -> dict:
+    """A corpus's manifest entries for its language pair ({} for a bilingual corpus)."""
+    return {"src_lang": spec.src_lang, "tgt_lang": spec.tgt_lang} if spec.src_lang else {}
+
+
 def _summary(counts: dict) -> str:
     """Non-zero counts as `key n` pairs, for an error message."""
     return ", ".join(f"{k} {v:,}" for k, v in counts.items() if v and k != "kept")
@@ -489,14 +589,14 @@ def preprocess(cfg: PreprocessConfig) -> dict:
     start = time.time()
     out = Path(cfg.out_dir)
     check_output(out, "out_dir", directory=True)
-    inputs = {"train": [c.path for c in cfg.train_corpora], "valid": [cfg.valid],
-              "test": [cfg.test]}
-    corpora = {role: [open_corpus(spec, role, cfg.src_lang, cfg.tgt_lang, cfg.hf_name,
-                                  cfg.hf_config) for spec in specs]
-               for role, specs in inputs.items() if all(specs)}
+    corpora = {role: [open_corpus(c.path, role, c.src_lang or cfg.src_lang,
+                                  c.tgt_lang or cfg.tgt_lang, cfg.hf_name, cfg.hf_config)
+                      for c in specs] for role, specs in cfg.corpora.items()}
     reused = load_subwords(cfg.bpe.model) if cfg.bpe.model else None
     if reused:  # checked before any work
-        tag_ids(cfg.train_corpora, reused[0], cfg.bpe.model)
+        for role, specs in cfg.corpora.items():
+            tag_ids(specs, reused[0], cfg.bpe.model, role)
+        language_entry(cfg, reused[0], reused[2])
     with new_directory(out, cfg.force, "manifest.json", "data directory") as tmp:
         manifest = build(cfg, corpora, reused, tmp)
         manifest["checksums"] = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}

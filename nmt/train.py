@@ -53,7 +53,9 @@ from nmt.data import (
     Prefetcher,
     SubwordSampler,
     clean_text_path,
+    directions,
     read_manifest,
+    temperature_weights,
     training_corpora,
     verify_data_dir,
 )
@@ -276,6 +278,8 @@ def load_data(cfg: TrainConfig, env: distributed.DistInfo) -> Data:
         raise NmtError(f"train.corpus_weights: {len(weights)} weight(s) for the "
                        f"{len(corpora)} corpora of {cfg.data_dir} "
                        f"({', '.join(c['name'] for c in corpora)})")
+    if directions(manifest, "train"):
+        weights = temperature_weights(corpora, weights, tc.temperature)
     sampler = (SubwordSampler(cfg.data_dir, manifest, tc.subword_sampling)
                if tc.subword_sampling else None)
     itr = EpochBatchIterator(train, tc.max_tokens, tc.seed, vocab["pad_id"], env.rank,
@@ -286,7 +290,7 @@ def load_data(cfg: TrainConfig, env: distributed.DistInfo) -> Data:
         raise NmtError(f"{cfg.data_dir}: the train split gives no batch for "
                        f"{env.world_size} rank(s) (too few sentences, or all too long)")
     for c, kept, weight in zip(corpora, itr.kept_by_corpus, weights, strict=True):
-        log.info("corpus %s: %d pairs x weight %g = %d per epoch%s", c["name"], len(kept),
+        log.info("corpus %s: %d pairs x weight %.4g = %d per epoch%s", c["name"], len(kept),
                  weight, round(weight * len(kept)), f", tag {c['tag']}" if c["tag"] else "")
     if tc.valid_refs:  # checked now, not at the first validation
         read_references(tc.valid_refs, len(valid or ()), "valid pairs")
@@ -742,6 +746,9 @@ def validate_and_track(run: Run, logs: RunLog | None) -> bool:
         logs.write("valid", run.update, run.data.train.epoch, valid)
         logs.draw()
     extra = "".join(f" {k} {valid[k]:.2f}" for k in ("bleu", "chrf") if k in valid)
+    extra += "".join(f" | {k.split('/')[1]} loss {v:.3f}" + (
+        f" bleu {valid['bleu/' + k.split('/')[1]]:.2f}" if "bleu/" + k.split("/")[1] in valid
+        else "") for k, v in valid.items() if k.startswith("loss/"))
     if "model_loss" in valid:
         extra += f" | trained weights' loss {valid['model_loss']:.3f}"
     log.info("valid%s | update %d | loss %.3f | nll %.3f | ppl %.2f%s | best %s %.3f%s",
@@ -757,22 +764,52 @@ def validate(run: Run) -> dict:
     the trained weights' loss, NLL and perplexity are logged beside them as model_*, and
     "weights" names the judged ones ("ema" or "model")."""
     used = run.model if run.ema is None else run.ema
-    out = {"weights": "model" if run.ema is None else "ema", **valid_loss(run, used)}
+    out = {"weights": "model" if run.ema is None else "ema", **valid_scores(run, used)}
     if run.ema is not None:
-        out.update({f"model_{k}": v for k, v in valid_loss(run, run.model).items()
+        out.update({f"model_{k}": v for k, v in valid_scores(run, run.model, False).items()
                     if k in ("loss", "nll", "ppl")})
-    if run.cfg.train.valid_bleu:
-        out.update(valid_bleu(run, used))
+    return out
+
+
+def valid_scores(run: Run, model: nn.Module, bleu: bool = True) -> dict:
+    """valid_loss (and with train.valid_bleu and `bleu`, valid_bleu) of `model`; in a
+    multilingual run, each direction's as "loss/en-de" and so on, and as loss, nll, bleu and
+    chrf their mean over the directions (ppl: exp of the mean nll), which judge the best
+    checkpoint."""
+    parts = directions(run.data.manifest, "valid")
+    if not parts:
+        out = valid_loss(run, model)
+        return {**out, **(valid_bleu(run, model) if bleu and run.cfg.train.valid_bleu else {})}
+    sections = run.data.manifest["sections"]["valid"]
+    out, means = {}, {}
+    for part in parts:
+        name = f"{part['src_lang']}-{part['tgt_lang']}"
+        chosen = [1.0 if (s["src_lang"], s["tgt_lang"]) == (part["src_lang"], part["tgt_lang"])
+                  else 0.0 for s in sections]
+        scores = valid_loss(run, model, sections, chosen)
+        if bleu and run.cfg.train.valid_bleu:
+            scores.update(valid_bleu(run, model, [i for first, n in part["ranges"]
+                                                  for i in range(first, first + n)]))
+        for key in ("loss", "nll", "bleu", "chrf"):
+            if key in scores:
+                out[f"{key}/{name}"] = scores[key]
+                means.setdefault(key, []).append(scores[key])
+        out["tokens"] = out.get("tokens", 0) + scores["tokens"]
+        out["skipped"] = out.get("skipped", 0) + scores["skipped"]
+    out.update({key: sum(values) / len(values) for key, values in means.items()})
+    out["ppl"] = math.exp(min(out["nll"], 100.0))
     return out
 
 
 @torch.no_grad()
-def valid_loss(run: Run, model: nn.Module) -> dict:
-    """Per-token loss, NLL and perplexity of `model` on the valid split, shared out over ranks."""
+def valid_loss(run: Run, model: nn.Module, sections: list[dict] | None = None,
+               chosen: list[float] | None = None) -> dict:
+    """Per-token loss, NLL and perplexity of `model` on the valid split (or on its `sections`
+    of weight 1 in `chosen`), shared out over ranks."""
     tc, env = run.cfg.train, run.env
     itr = EpochBatchIterator(run.data.valid, tc.max_tokens, tc.seed, run.pad_id, env.rank,
                              env.world_size, run.cfg.model.max_positions, shuffle=False,
-                             lockstep=False)
+                             lockstep=False, corpora=sections, weights=chosen)
     training = model.training
     model.eval()
     sums, tokens = torch.zeros(2, dtype=torch.float64, device=env.device), 0
@@ -790,14 +827,16 @@ def valid_loss(run: Run, model: nn.Module) -> dict:
             "tokens": int(n), "skipped": itr.skipped}
 
 
-def valid_bleu(run: Run, model: nn.Module) -> dict:
-    """Greedy translations of the valid sources by `model`, detokenized and scored with
-    sacreBLEU."""
+def valid_bleu(run: Run, model: nn.Module, sentences: list[int] | None = None) -> dict:
+    """Greedy translations of the valid sources (or of those numbered `sentences`) by
+    `model`, detokenized and scored with sacreBLEU (the first valid_bleu_max_sentences)."""
     tc, env, valid, vocab = run.cfg.train, run.env, run.data.valid, run.vocab
-    n = min(len(valid), tc.valid_bleu_max_sentences or len(valid))
+    sentences = sentences if sentences is not None else list(range(len(valid)))
+    sentences = sentences[:tc.valid_bleu_max_sentences or len(sentences)]
+    n = len(sentences)
     limit = run.cfg.model.max_positions - 1  # room for the EOS
     mine = list(range(env.rank, n, env.world_size))  # each rank translates a share
-    src_ids = [valid.src[i][:limit].tolist() for i in mine]
+    src_ids = [valid.src[sentences[i]][:limit].tolist() for i in mine]
     search = dataclasses.replace(run.cfg.search, beam_size=1, nbest=1)
     with fatal_out_of_memory(run, f"greedy search of {len(src_ids)} sentences in batches of "
                                   f"search.max_tokens={search.max_tokens}", "validation"):
@@ -808,22 +847,24 @@ def valid_bleu(run: Run, model: nn.Module) -> dict:
         hyps.update(part)
     tgt = translator.tgt_tok
     hyp_text = tgt.decode([hyps[i] for i in range(n)])
-    scores = score(hyp_text, valid_references(run, tgt, n), tc.bleu_tokenize)
+    scores = score(hyp_text, valid_references(run, tgt, sentences), tc.bleu_tokenize)
     return {"bleu": scores["bleu"], "chrf": scores["chrf"], "bleu_sentences": n}
 
 
-def valid_references(run: Run, tgt: Tokenizer, n: int) -> list[list[str]]:
+def valid_references(run: Run, tgt: Tokenizer, sentences: list[int]) -> list[list[str]]:
     """The cleaned valid targets (the file the manifest names, valid.clean.<tgt_lang>, or the
-    decoded ids when absent), then each file of train.valid_refs: the first n lines of each."""
+    decoded ids when absent), then each file of train.valid_refs: the lines `sentences` of
+    each."""
     text = clean_text_path(run.cfg.data_dir, run.data.manifest, "valid", "tgt")
     if text is not None and text.is_file():
-        first = read_lines(str(text), "valid references")[:n]
+        lines = read_lines(str(text), "valid references")
+        first = [lines[i] for i in sentences]
     else:
         log.warning("%s: no cleaned valid text: scoring against decoded references",
                     run.cfg.data_dir)
-        first = tgt.decode([run.data.valid.tgt[i].tolist() for i in range(n)])
+        first = tgt.decode([run.data.valid.tgt[i].tolist() for i in sentences])
     extra = read_references(run.cfg.train.valid_refs, len(run.data.valid), "valid pairs")
-    return [first, *(stream[:n] for stream in extra)]
+    return [first, *([stream[i] for i in sentences] for stream in extra)]
 
 
 # ----------------------------------------------------------------------------- checkpoints

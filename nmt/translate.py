@@ -263,7 +263,7 @@ def run_all(s: Session) -> dict:
     start = time.perf_counter()
     chunk = process(s, lines, 0)
     seconds = time.perf_counter() - start
-    result = finish(s, chunk.nbest, chunk.texts, seconds)
+    result = finish(s, chunk.nbest, chunk.texts, seconds, len(chunk.src_ids))
     if s.env.is_main:
         write_lines(cfg.output, chunk.lines)
         report(result, s.refs, cfg)
@@ -280,7 +280,7 @@ def run_all(s: Session) -> dict:
 def run_interactive(s: Session) -> dict:
     """Translate (or score) standard input chunk by chunk as lines arrive, writing each
     chunk's output at once when it goes to standard output."""
-    out, nbest, texts, first = [], [], [], 0
+    out, nbest, texts, first, segments = [], [], [], 0, 0
     start = time.perf_counter()
     for raw in arriving_chunks(sys.stdin.buffer):
         lines = [decode_line(line, first + i + 1, s.name) for i, line in enumerate(raw)]
@@ -290,21 +290,24 @@ def run_interactive(s: Session) -> dict:
         else:
             out += chunk.lines
         nbest, texts, first = nbest + chunk.nbest, texts + chunk.texts, first + len(lines)
+        segments += len(chunk.src_ids)
     if s.cfg.output != "-":
         write_lines(s.cfg.output, out)
-    result = finish(s, nbest, texts, time.perf_counter() - start)
+    result = finish(s, nbest, texts, time.perf_counter() - start, segments)
     report(result, s.refs, s.cfg)
     return result
 
 
 def finish(s: Session, nbest: list[list[Hypothesis]], texts: list[list[str]],
-           seconds: float) -> dict:
-    """The result of a run: hypotheses (or scored pairs) and the time taken."""
+           seconds: float, segments: int) -> dict:
+    """The result of a run: hypotheses (or scored pairs), the time taken and the number of
+    segments decoded (with split=sentence|paragraph, the lines' pieces)."""
     if s.cfg.score_reference:
         return {"pairs": [hyps[0] for hyps in nbest], "seconds": seconds}
     check_references(s, len(nbest))
     check_constraint_lines(s, len(nbest))
-    return {"hypotheses": [t[0] for t in texts], "nbest": nbest, "seconds": seconds}
+    return {"hypotheses": [t[0] for t in texts], "nbest": nbest, "seconds": seconds,
+            "segments": segments}
 
 
 def process(s: Session, lines: list[str], first: int, interactive: bool = False) -> Chunk:
@@ -482,8 +485,12 @@ def report(result: dict, refs: list[list[str]] | None, cfg: TranslateConfig) -> 
     n = len(result["nbest"])
     if not cfg.quiet:
         n_tok = sum(len(hyps[0].tokens) for hyps in result["nbest"])
-        log(f"translated {n} lines in {seconds:.1f} s ({n / seconds:.1f} sentences/s, "
-            f"{n_tok / seconds:.0f} tokens/s; {search_summary(cfg)}, {cfg.search.dtype})")
+        pieces = result["segments"]  # split: the rate counts what was decoded, not lines
+        done, rate = ((f"{n} lines", f"{n / seconds:.1f} sentences/s") if cfg.split == "none"
+                      else (f"{n} lines ({pieces} pieces, split={cfg.split})",
+                            f"{pieces / seconds:.1f} pieces/s"))
+        log(f"translated {done} in {seconds:.1f} s ({rate}, {n_tok / seconds:.0f} tokens/s; "
+            f"{search_summary(cfg)}, {cfg.search.dtype})")
     if refs is not None and not n:
         log("no lines, nothing to score")
     elif refs is not None:

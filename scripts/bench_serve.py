@@ -7,6 +7,11 @@
 3. Reported: sentences/s, p50/p95/p99 latency, the error count, the server's mean batch size,
    the throughput relative to nmt-translate's, and how many translations differ from
    nmt-translate's (0 expected: the same search on other batch mates).
+4. With --ceiling, first the offline ceiling of a server under that load: the input in arrival
+   order, cut into chunks of --clients sentences, each decoded as one batch through a
+   Translator with the server's workers and the same search (the batches a server would have
+   if every client's sentence arrived at once, against nmt-translate's length-sorted ones);
+   the server's sentences/s is then reported as a % of it too.
 
     flock /tmp/nmt-cpu.lock .venv/bin/python scripts/bench_serve.py \\
         --checkpoint work/demo/run/averaged.pt --input scripts/data/debian-po/en-de/test.en
@@ -18,6 +23,8 @@ given with --search apply to both programs (e.g. --search search.beam_size=1).
 from __future__ import annotations
 
 import argparse
+import ast
+import dataclasses
 import http.client
 import json
 import os
@@ -31,6 +38,10 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from nmt.config import SearchConfig
+from nmt.inference.translator import Translator
+from nmt.runtime import usable_cores
 
 BIN = Path(sys.executable).parent
 
@@ -47,6 +58,8 @@ def parse_args() -> argparse.Namespace:
                    help="search.* overrides given to both nmt-translate and nmt-serve")
     p.add_argument("--serve", nargs="*", default=[], help="further nmt-serve overrides")
     p.add_argument("--skip-translate", action="store_true", help="only the server's figures")
+    p.add_argument("--ceiling", action="store_true",
+                   help="also time --clients arrival-ordered sentences decoded as one batch")
     return p.parse_args()
 
 
@@ -65,6 +78,40 @@ def run_translate(args, lines: list[str]) -> tuple[float, float, list[str]]:
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
         return float(found.group(2)), cpu, out.read_text(encoding="utf-8").splitlines()
+
+
+def search_config(overrides: list[str]) -> SearchConfig:
+    """The SearchConfig of search.key=value overrides (values read as Python literals, else
+    text)."""
+    values = {}
+    for item in overrides:
+        key, _, text = item.partition("=")
+        try:
+            values[key.removeprefix("search.")] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            values[key.removeprefix("search.")] = text
+    return SearchConfig(**values)
+
+
+def run_ceiling(args, lines: list[str]) -> float:
+    """The offline ceiling: sentences/s of the lines in arrival order, chunks of --clients each
+    decoded as one batch (no length sorting, no token budget) on the server's workers."""
+    search = search_config(args.search)
+    search = dataclasses.replace(search, max_tokens=1 << 30, max_sentences=0)
+    workers = [int(s.split("=", 1)[1]) for s in args.serve if s.startswith("workers=")]
+    with Translator.load(args.checkpoint, dtype=search.dtype,
+                         workers=(workers or [0])[-1] or usable_cores()) as translator:
+        ids = translator.src_tok.encode(lines)
+        ids = [s[:translator.max_input_tokens] for s in ids]
+        warm = [translator.submit(search, [[4]]) for _ in range(translator.workers)]
+        for future in warm:
+            future.result()
+        start = time.perf_counter()
+        futures = [translator.submit(search, ids[i:i + args.clients])
+                   for i in range(0, len(ids), args.clients)]
+        for future in futures:
+            future.result()
+        return len(ids) / (time.perf_counter() - start)
 
 
 def start_server(args) -> tuple[subprocess.Popen, int]:
@@ -172,6 +219,12 @@ def main() -> None:
         print(f"nmt-translate: {len(lines)} sentences, {rate:.1f} sentences/s, "
               f"{len(lines) / translate_cpu:.1f} sentences per CPU second "
               f"({' '.join(args.search) or 'default search'})", flush=True)
+    ceiling = run_ceiling(args, lines) if args.ceiling else None
+    if ceiling is not None:
+        print(f"ceiling: {len(lines)} sentences in arrival order, batches of {args.clients}: "
+              f"{ceiling:.1f} sentences/s"
+              + (f"; {100 * ceiling / rate:.0f}% of nmt-translate" if reference is not None
+                 else ""), flush=True)
     proc, port = start_server(args)
     try:
         get(port, "/health")
@@ -195,6 +248,8 @@ def main() -> None:
         differ = sum(load.results[i] != reference[i] for i in load.results)
         line += (f"; {100 * done / seconds / rate:.0f}% of nmt-translate, {differ} translations "
                  f"differ")
+    if ceiling is not None:
+        line += f"; {100 * done / seconds / ceiling:.0f}% of the ceiling"
     print(line, flush=True)
     main_cpu, worker_cpu = (after - before for after, before in zip(cpu_after, cpu_before,
                                                                      strict=True))

@@ -351,8 +351,8 @@ def test_a_read_only_data_directory_is_verified_every_time(corpora_dir, tmp_path
 def test_a_newer_manifest_format_is_a_one_line_error(tmp_path):
     import json
 
-    (tmp_path / "manifest.json").write_text(json.dumps({"format": 3}))
-    with pytest.raises(NmtError, match="format 3 is newer than this nmt reads"):
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": 4}))
+    with pytest.raises(NmtError, match="format 4 is newer than this nmt reads"):
         read_manifest(tmp_path)
 
 

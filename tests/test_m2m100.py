@@ -378,3 +378,32 @@ def test_ctranslate2_engine_translates_into_the_language_asked_for(m2m_dir, m2m_
             tgt_lang=lang, workers=1, quiet=True, search=search))
         expected = [seq[1:] for seq in hf_greedy(model, batch, codes[lang])]
         assert [h[0].tokens for h in result["nbest"]] == expected
+
+
+@pytest.mark.slow
+def test_nmt_serve_forces_the_language_a_request_asks_for(m2m_pt):
+    from test_serve import InProcess
+
+    text = source_lines(6)
+    tok = Translator.load(m2m_pt, dtype=None).tgt_tok
+    srv = InProcess(m2m_pt, "continuous=true", "src_lang=en", f"search.max_len_b={MAX_LEN}",
+                    "search.max_len_a=0", "search.beam_size=1")
+    try:
+        assert srv.call("GET", "/health")[2]["languages"][:3] == ["af", "am", "ar"]
+        for lang in ("de", "fr"):
+            expected = tok.decode([seq[1:] for seq in nmt_greedy(m2m_pt, text, "en", lang)])
+            got = srv.translate(text, tgt_lang=lang, split="none")
+            assert [t["text"] for t in got] == expected
+        status, _, body = srv.call("POST", "/translate", {"text": ["x"]})  # no tgt_lang
+        assert status == 422 and "tgt_lang: the model is multilingual" in body["error"], body
+        status, _, body = srv.call("POST", "/translate", {"text": ["x"], "tgt_lang": "de",
+                                                          "attention": True})
+        assert status == 422 and "attention: not with a forced target" in body["error"], body
+    finally:
+        srv.stop()
+    srv = InProcess(m2m_pt, "continuous=false", "src_lang=en")
+    try:
+        status, _, body = srv.call("POST", "/translate", {"text": ["x"], "tgt_lang": "de"})
+        assert status == 422 and "needs the server's continuous batching" in body["error"]
+    finally:
+        srv.stop()

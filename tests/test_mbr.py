@@ -1,10 +1,11 @@
 """MBR selection (nmt.inference.mbr): sacreBLEU's sentence utilities, the expected utility
-against the other candidates, the consensus choice, and reference aggregation."""
+against the other candidates, the consensus choice, and reference aggregation; the candidate
+closest to a reference (the distillation recipe's pick)."""
 
 import pytest
 from sacrebleu.metrics import BLEU, CHRF
 
-from nmt.inference.mbr import ChrF, SentenceBleu, expected_utilities, mbr_select
+from nmt.inference.mbr import ChrF, SentenceBleu, closest, expected_utilities, mbr_select
 
 TEXTS = ["The cat sat on the mat.", "The cat sat on a mat.", "A cat sat on the mat!",
          "the cat is on the mat", "Dogs run in the park.", "", "a", "(hi) Über Straße,",
@@ -79,3 +80,12 @@ def test_fastchrf_gives_the_same_numbers():
     fast = ChrF(fast=True)
     assert fast.fastchrf is not None
     assert fast.pairwise(TEXTS) == ChrF(fast=False).pairwise(TEXTS)
+
+
+def test_closest_is_the_candidate_of_highest_sentence_chrf_against_the_reference():
+    ref = "The cat sat on the mat."
+    cands = TEXTS[1:8]
+    scores = [CHRF().sentence_score(c, [ref]).score for c in cands]
+    assert closest(cands, ref) == scores.index(max(scores)) == 1
+    assert closest(["a", "Dogs run.", "a"], "Dogs run in the park.") == 1
+    assert closest(["x", "y", "x"], "z") == 0  # the first of equals

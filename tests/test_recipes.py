@@ -1,6 +1,8 @@
-"""The recipes (WMT14, back-translation) compose and validate every command's config (a dry run,
-no training)."""
+"""The recipes (WMT14, back-translation, distillation, multilingual) compose and
+validate every command's config (a dry run, no training); the distillation recipe's
+Python steps."""
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -186,3 +188,166 @@ def test_backtranslation_sampling_monolingual_text_and_bad_settings(tmp_path):
     assert wrong.returncode == 2 and "unknown BT_SEARCH 'greedy'" in wrong.stderr
     too_many = backtranslation(tmp_path, "--dry-run", HOLD_PAIRS="400000")
     assert too_many.returncode == 2 and "leaves no real pairs" in too_many.stderr
+
+
+# ----------------------------------------------------------------------------- distillation
+DISTILL_STEPS = {"preprocess_teacher": PreprocessConfig, "train_teacher": TrainConfig,
+                 "average_teacher": AverageConfig, "distill": TranslateConfig,
+                 "preprocess_student": PreprocessConfig, "train_student": TrainConfig,
+                 "average_student": AverageConfig}
+CT2 = importlib.util.find_spec("ctranslate2") is not None
+
+
+def distill(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """The distillation recipe with these arguments and extra environment variables."""
+    env = {**os.environ, **env,
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.run(["bash", str(ROOT / "scripts/recipes/distill.sh"), *args,
+                           str(tmp_path / "work")], capture_output=True, text=True, env=env,
+                          timeout=300, cwd=ROOT)
+
+
+def distill_steps(out: subprocess.CompletedProcess) -> dict:
+    """Each printed step's validated config, by name (score_* steps: TranslateConfig)."""
+    blocks = [block.split("\n", 1) for block in out.stdout.split("### ")[1:]]
+    return {name: to_object(OmegaConf.create(yaml), DISTILL_STEPS.get(name, TranslateConfig))
+            for name, yaml in blocks}
+
+
+@pytest.mark.slow
+def test_distill_dry_run_prints_and_validates_every_step(tmp_path):
+    out = distill(tmp_path, "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert not (tmp_path / "work").exists()  # nothing ran
+    steps = distill_steps(out)
+    scores = [f"score_{m}_{e}" for m in ("teacher", "student") for e in ("nmt", "ctranslate2")
+              if e == "nmt" or CT2]
+    assert list(steps) == list(DISTILL_STEPS) + scores
+    work, corpus = tmp_path / "work", "scripts/data/debian-po/en-de"
+    commands = [line[2:] for line in out.stderr.splitlines() if line.startswith("+ ")]
+    assert commands[:2] == [f"xz -dc {corpus}/train.en.xz | head -n 100000 > {work}/part.en",
+                            f"xz -dc {corpus}/train.de.xz | head -n 100000 > {work}/part.de"]
+    teacher, student = steps["train_teacher"], steps["train_student"]
+    assert steps["preprocess_teacher"].train == f"{corpus}/train"  # the whole training split
+    assert (teacher.model.N, teacher.model.d_model, teacher.train.max_minutes) == (3, 256, 60)
+    assert (student.model.N, student.model.N_dec, student.model.d_model) == (1, 1, 256)
+    assert student.train.max_minutes == 20 and student.train.max_tokens == 1536  # cpu20
+    d = steps["distill"]
+    assert (d.checkpoint, d.input, d.output) == (f"{work}/teacher/averaged.pt",
+                                                 f"{work}/part.en", f"{work}/distilled.de")
+    assert d.search.beam_size == 4 and d.search.nbest == 1
+    pre = steps["preprocess_student"]
+    assert (pre.train, pre.shortlist.k) == (f"{work}/distilled", 50)
+    for name in scores:
+        s = steps[name]
+        assert (s.search.dtype, s.search.beam_size, s.ref) == ("int8", 4, f"{corpus}/test.de.xz")
+        assert s.engine == name.rsplit("_", 1)[1]
+        assert s.search.shortlist == (f"{work}/student/data/shortlist.pt"
+                                      if "student" in name else "")
+
+
+@pytest.mark.slow
+def test_distill_from_a_given_ensemble_by_closest_candidate_to_a_deep_encoder(tmp_path):
+    out = distill(tmp_path, "--dry-run", TEACHER="[a.pt,b.pt]", DISTILL_SEARCH="nbest",
+                  NBEST="6", STUDENT_LAYERS="6+1", STUDENT_MINUTES="30", DISTILL_LINES="500")
+    assert out.returncode == 0, out.stderr
+    steps = distill_steps(out)
+    scores = ["score_teacher_nmt", "score_student_nmt"] + ["score_student_ctranslate2"] * CT2
+    assert list(steps) == ["distill", "preprocess_student", "train_student", "average_student",
+                           *scores]  # no teacher trained; CTranslate2 has no ensembles
+    d, student = steps["distill"], steps["train_student"].model
+    assert d.checkpoints == ["a.pt", "b.pt"] and (d.search.beam_size, d.search.nbest) == (6, 6)
+    work = tmp_path / "work"
+    assert (f"recipes/distill.py closest {work}/nbest.de {work}/part.de "
+            f"{work}/distilled.de") in out.stderr
+    assert (student.N, student.N_dec, steps["train_student"].train.max_minutes) == (6, 1, 30)
+    for env, error in [({"DISTILL_SEARCH": "sampling"}, "unknown DISTILL_SEARCH 'sampling'"),
+                       ({"STUDENT_LAYERS": "6"}, "STUDENT_LAYERS='6' is not ENCODER+DECODER"),
+                       ({"DISTILL_LINES": "0"}, "DISTILL_LINES='0' must be a positive")]:
+        wrong = distill(tmp_path, "--dry-run", **env)
+        assert wrong.returncode == 2 and error in wrong.stderr, wrong.stderr
+
+
+def distill_script():
+    """scripts/recipes/distill.py as a module."""
+    spec = importlib.util.spec_from_file_location("distill",
+                                                  ROOT / "scripts/recipes/distill.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_distill_keeps_each_sources_candidate_closest_to_its_reference(tmp_path):
+    script = distill_script()
+    nbest, ref, out = tmp_path / "nbest.de", tmp_path / "part.de", tmp_path / "distilled.de"
+    nbest.write_text("0 ||| Die Katze ||| -1.0\n0 ||| Der Hund läuft ||| -2.0\n"
+                     "1 ||| ein Haus ||| -0.5\n1 ||| das Haus ist rot ||| -0.9\n")
+    ref.write_text("Der Hund läuft schnell\nDas Haus ist rot.\nleer\n")
+    script.main(["closest", str(nbest), str(ref), str(out)])
+    assert out.read_text() == "Der Hund läuft\ndas Haus ist rot\n\n"  # not the model's best
+    nbest.write_text("0 ||| Die Katze ||| -1.0\n7 ||| zu weit ||| -1.0\n")
+    with pytest.raises(SystemExit, match=r"nbest.de: line 2: not `i \|\|\| text \|\|\| score` "
+                                         r"with i below 3"):
+        script.main(["closest", str(nbest), str(ref), str(tmp_path / "new.de")])
+    assert not (tmp_path / "new.de").exists()  # nothing half-written
+
+
+def test_distill_table_compares_each_engine_with_the_first_row():
+    rows = [(["teacher", "t.pt", "-", "3600"], "nmt", {"bleu": 20, "chrf": 50, "speed": 10}),
+            (["teacher", "t.pt", "-", "3600"], "ctranslate2",
+             {"bleu": 20.5, "chrf": 50, "speed": 20}),
+            (["student", "s.pt", "s/shortlist.pt", "-"], "nmt",
+             {"bleu": 19.5, "chrf": 49, "speed": 35}),
+            (["student", "s.pt", "s/shortlist.pt", "-"], "ctranslate2",
+             {"bleu": 19.5, "chrf": 49, "speed": 80})]
+    lines = distill_script().table(rows).splitlines()
+    assert lines[1].split() == ["teacher", "nmt", "int8", "60.0", "min", "20.00", "50.00",
+                                "10.0", "1.00x"]
+    assert lines[3].split()[-2:] == ["35.0", "3.50x"] and "+ shortlist" in lines[3]
+    assert lines[4].split()[-2:] == ["80.0", "4.00x"] and lines[4].split()[5] == "-"
+
+
+# ----------------------------------------------------------------------------- multilingual
+def multilingual(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """The multilingual recipe with these arguments and extra environment variables."""
+    env = {**os.environ, **env,
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.run(["bash", str(ROOT / "scripts/recipes/multilingual.sh"), *args,
+                           str(tmp_path / "work")], capture_output=True, text=True, env=env,
+                          timeout=300, cwd=ROOT)
+
+
+@pytest.mark.slow
+def test_multilingual_dry_run_prints_and_validates_every_step(tmp_path):
+    corpora = tmp_path / "debian-po"
+    for pair in ("en-de", "en-fr"):
+        (corpora / pair).mkdir(parents=True)
+        for split in ("train", "valid", "test"):
+            for lang in pair.split("-"):
+                (corpora / pair / f"{split}.{lang}").write_text("x\n")
+    out = multilingual(tmp_path, "--dry-run", CORPORA=str(corpora), TEMPERATURE="2")
+    assert out.returncode == 0, out.stderr
+    assert not (tmp_path / "work").exists()  # nothing ran
+    blocks = [block.split("\n", 1) for block in out.stdout.split("### ")[1:]]
+    schemas = {"preprocess": PreprocessConfig, "train": TrainConfig, "average": AverageConfig}
+    steps = {name: to_object(OmegaConf.create(yaml), next(
+        (v for k, v in schemas.items() if name.startswith(k)), TranslateConfig))
+        for name, yaml in blocks}
+    directions = ("en-de", "de-en", "en-fr", "fr-en")
+    assert len(steps) == 3 + 5 * 4 + 6  # multi, per direction 1 + 4 bilingual, zero-shot
+    multi = steps["preprocess_multi"]
+    assert multi.multilingual and [(c.src_lang, c.tgt_lang) for c in multi.train_corpora] == [
+        tuple(d.split("-")) for d in directions]
+    assert multi.train_corpora[1].path == f"{corpora}/en-de/train"  # de->en reads en-de
+    assert [c.path for c in multi.corpora["test"]][3] == f"{corpora}/en-fr/test"
+    train = steps["train_multi"].train
+    assert (train.max_minutes, train.temperature) == (40, 2.0)
+    assert all(steps[f"train_{d}"].train.max_minutes == 10 for d in directions)
+    for d in directions:
+        tr = steps[f"translate_multi_{d}"]
+        assert (tr.tgt_lang, tr.search.beam_size) == (d.split("-")[1], 4)
+    zs, pivot = steps["zero_shot_de-fr"], steps["pivot_de-fr"]
+    assert (zs.tgt_lang, pivot.tgt_lang, steps["pivot_de-fr-en"].tgt_lang) == ("fr", "fr", "en")
+    assert pivot.input == steps["pivot_de-fr-en"].output
+    missing = multilingual(tmp_path, "--dry-run", CORPORA=str(tmp_path / "none"))
+    assert missing.returncode == 2 and "en-de/train.en: no such file" in missing.stderr

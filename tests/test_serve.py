@@ -15,13 +15,14 @@ import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from conftest import make_data_dir
 from translate_helpers import save_tiny_checkpoint
 
-from nmt.config import SearchConfig, ServeConfig, TranslateConfig, compose, to_object
+from nmt.config import MbrConfig, SearchConfig, ServeConfig, TranslateConfig, compose, to_object
 from nmt.errors import ConfigError, NmtError
 from nmt.inference.search import Hypothesis
 from nmt.inference.translator import Translator
@@ -354,9 +355,11 @@ def test_serve_config_is_validated_naming_the_key():
     for bad, key in (("max_queued=4", "max_queued"), ("timeout_s=0", "timeout_s"),
                      ("search.beam_size=32", "search.beam_size"), ("port=70000", "port"),
                      ("log_level=loud", "log_level"), ("split=words", "split"),
-                     ("src_lang=English", "src_lang"), ("split=sentence", "src_lang")):
+                     ("src_lang=English", "src_lang"), ("split=sentence", "src_lang"),
+                     ("mbr.candidates=64", "mbr.candidates"),
+                     ("mbr.candidates=4 search.nbest=2", "mbr.candidates")):
         with pytest.raises(ConfigError, match=f"^{key}:"):
-            make(bad)
+            make(*bad.split())
 
 
 @pytest.mark.slow
@@ -683,13 +686,71 @@ def test_split_sentence_needs_the_servers_source_language(page_server):
     assert got["text"] == f"  {a}\n\n{b}\n  {c}\n"
 
 
-def nmt_translate(ckpt, tiny_data_dir, **search) -> dict:
+@pytest.fixture(scope="module")
+def mbr_server(ckpt):
+    """A server whose n-best cap (max_beam_size=4) is below MBR's candidates."""
+    srv = InProcess(ckpt, "max_beam_size=4")
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.parametrize("mbr", [
+    {"mbr_candidates": 8},  # N-best of a beam of 8, past the server's max_beam_size
+    {"mbr_candidates": 6, "mbr_utility": "bleu", "beam_size": 2},
+    {"mbr_candidates": 5, "mbr_aggregate": True, "alpha": 1.0}])
+def test_mbr_choices_equal_nmt_translate(mbr_server, ckpt, tiny_data_dir, lines, mbr):
+    """The same Chooser as nmt-translate's mbr.* (fp32): the same choices and scores."""
+    got = mbr_server.translate(lines, **mbr)
+    overrides = {f"mbr.{k.removeprefix('mbr_')}" if k.startswith("mbr_") else f"search.{k}": v
+                 for k, v in mbr.items()}
+    want = nmt_translate(ckpt, tiny_data_dir, overrides)
+    n = len(lines)
+    assert [t["text"] for t in got] == want["hypotheses"][:n]
+    assert [t["score"] for t in got] == pytest.approx(
+        [hyps[0].score for hyps in want["nbest"][:n]], abs=1e-4)
+    assert all("nbest" not in t for t in got)
+
+
+def test_mbr_request_fields_are_checked_naming_the_field(mbr_server, lines):
+    health = mbr_server.call("GET", "/health")[2]
+    assert health["mbr"] == {"candidates": 0, "utility": "chrf", "aggregate": False}
+    beam = mbr_server.translate(lines[:4], beam_size=4)
+    mbr = mbr_server.translate(lines[:4], mbr_candidates=8, mbr_utility="bleu")
+    assert [t["text"] for t in mbr] != [t["text"] for t in beam]  # a choice, not the best
+    for body, field, error in [
+            ({"mbr_candidates": 33}, "mbr_candidates", "must be 0 (off) or 2 to 32, got 33"),
+            ({"mbr_candidates": 1}, "mbr_candidates", "must be 0 (off) or 2 to 32, got 1"),
+            ({"mbr_candidates": 4, "mbr_utility": "bleu", "mbr_aggregate": True},
+             "mbr_aggregate", "is chrF's reference aggregation: needs mbr.utility=chrf, not bleu"),
+            ({"mbr_candidates": 4, "nbest": 2}, "nbest",
+             "MBR answers one translation per text: leave nbest at 1, got 2"),
+            ({"mbr_candidates": 4, "beam_size": 8}, "beam_size",
+             "must be <= 4 (this server's limit), got 8")]:
+        status, _, got = mbr_server.call("POST", "/translate", {"text": lines[:1], **body})
+        assert (status, got) == (422, {"error": f"{field}: {error}", "field": field})
+    status, _, got = mbr_server.call("POST", "/translate",
+                                     {"text": lines[:1], "mbr_utility": "comet"})
+    assert (status, got["field"]) == (422, "mbr_utility")
+
+
+def test_the_servers_mbr_settings_are_the_defaults_a_request_overrides(mbr_server, lines,
+                                                                        monkeypatch):
+    service = mbr_server.service
+    mbr = mbr_server.translate(lines[:4], mbr_candidates=8, mbr_utility="bleu")
+    beam = mbr_server.translate(lines[:4])
+    monkeypatch.setattr(service, "cfg", replace(service.cfg, mbr=MbrConfig(8, "bleu")))
+    assert mbr_server.translate(lines[:4]) == mbr
+    assert mbr_server.translate(lines[:4], mbr_candidates=0) == beam
+
+
+def nmt_translate(ckpt, tiny_data_dir, overrides: dict | None = None, **search) -> dict:
     """nmt-translate's result on the same lines with the same settings."""
     args = [f"checkpoint={ckpt}", f"input={tiny_data_dir / 'test.clean.en'}", "quiet=true",
             "workers=1", "search.max_len_b=8", "output=/dev/null"]
-    return translate(to_object(compose("translate", args + [f"search.{k}={v}"
-                                                            for k, v in search.items()]),
-                               TranslateConfig))
+    overrides = {**(overrides or {}), **{f"search.{k}": v for k, v in search.items()}}
+    return translate(to_object(compose("translate", args + [
+        f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in overrides.items()]),
+        TranslateConfig))
 
 
 @pytest.mark.slow
@@ -719,6 +780,15 @@ def test_translations_equal_nmt_translate(server, ckpt, tiny_data_dir, lines, se
         assert [t["nbest"][0]["text"] for t in got] == want["hypotheses"][:n]
     else:
         assert all("nbest" not in t for t in got)
+
+
+@pytest.mark.slow
+def test_mbr_over_epsilon_samples_equals_nmt_translate(server, ckpt, tiny_data_dir, lines):
+    """Continuously batched samples, seeded by each text's number as nmt-translate's lines."""
+    mbr = {"sampling": True, "epsilon": 0.02, "seed": 3}
+    got = server.translate(lines, mbr_candidates=8, **mbr)
+    want = nmt_translate(ckpt, tiny_data_dir, {"mbr.candidates": 8}, **mbr)
+    assert [t["text"] for t in got] == want["hypotheses"][:len(lines)]
 
 
 @pytest.mark.slow
@@ -843,8 +913,9 @@ def test_the_openapi_page_documents_the_api(server):
     assert {"/translate", "/health", "/stats"} <= set(spec["paths"])
     request = spec["components"]["schemas"]["TranslateRequest"]["properties"]
     assert {"text", "beam_size", "nbest", "alpha", "max_len_a", "max_len_b", "min_len",
-            "sampling", "top_k", "top_p", "temperature", "seed", "no_repeat_ngram_size",
-            "prefix", "constraints", "attention", "split"} == set(request)
+            "sampling", "top_k", "top_p", "epsilon", "temperature", "seed",
+            "no_repeat_ngram_size", "mbr_candidates", "mbr_utility", "mbr_aggregate", "prefix",
+            "constraints", "attention", "split", "tgt_lang", "src_lang"} == set(request)
     assert all(p.get("description") for p in request.values())
     assert set(spec["paths"]["/translate"]["post"]["responses"]) >= {"200", "413", "422", "500",
                                                                      "503"}

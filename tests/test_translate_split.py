@@ -112,6 +112,23 @@ def test_split_sentence_without_the_extra_is_a_one_line_error(monkeypatch):
 
 
 
+def test_the_summary_counts_the_pieces_decoded_not_the_lines(ckpt, tmp_path, monkeypatch,
+                                                             capsys):
+    pytest.importorskip(segment.SPLITTER)
+    capsys.readouterr()
+    got = run(ckpt, tmp_path / "in", LINES, split="sentence", split_lang="en", quiet=False)
+    summary = [x for x in capsys.readouterr().err.splitlines() if "translated" in x]
+    assert summary and "translated 6 lines (8 pieces, split=sentence) in " in summary[0]
+    assert " pieces/s, " in summary[0] and "sentences/s" not in summary[0]
+    assert got["segments"] == 8  # 2 + 1 + 3 + 2 sentences; the blank lines are none
+    piped = io.TextIOWrapper(io.BytesIO("".join(f"{x}\n" for x in LINES).encode()))
+    monkeypatch.setattr(sys, "stdin", piped)
+    monkeypatch.setattr(nmt.translate, "is_interactive", lambda path: True)  # chunk by chunk
+    assert translate(dataclasses.replace(config(checkpoint=ckpt, split="sentence",
+                                                split_lang="en", workers=1),
+                                         quiet=True))["segments"] == 8
+
+
 def test_lines_from_a_pipe_give_what_the_whole_file_gives(ckpt, tmp_path, monkeypatch, capsys):
     pytest.importorskip(segment.SPLITTER)
     whole = run(ckpt, tmp_path / "in", LINES, split="sentence", split_lang="en")

@@ -146,3 +146,12 @@ def mbr_select(candidates: list[str], scores: list[float] | None = None,
     eu = expected_utilities(candidates, utility, aggregate)
     scores = scores if scores is not None else [0.0] * len(candidates)
     return max(range(len(candidates)), key=lambda i: (eu[i], scores[i]))  # the first of equals
+
+
+def closest(candidates: list[str], reference: str, utility: str = "chrf") -> int:
+    """The index of the candidate of highest utility against the reference (the first of
+    equals): sequence-level distillation's pick of a teacher's n-best (Mozilla's pipeline)."""
+    metric = utility_of(utility)
+    ref = metric.features(reference)
+    scores = [metric.score(metric.features(c), ref) for c in candidates]
+    return max(range(len(candidates)), key=scores.__getitem__)

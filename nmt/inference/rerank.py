@@ -1,4 +1,5 @@
-"""One translation per line, chosen among its candidates (nmt-translate's mbr and rerank).
+"""One translation per line, chosen among its candidates (nmt-translate's mbr and rerank;
+nmt-serve's mbr_* request fields).
 
 Minimum Bayes risk: the search gives N candidates per line (search.sampling's N samples, or
 beam search's N-best), and the one of highest expected utility against the others is kept
@@ -43,14 +44,17 @@ def rerank_scores(hyps: list[Hypothesis], reverse: list[float], weights: RerankC
 class Chooser:
     """Keeps one hypothesis of each line's candidates, by MBR or by reranking.
 
-    cfg: nmt-translate's config (mbr, rerank, search); tgt_tok: the translating model's target
-    tokenizer (candidates are compared, and rescored, as detokenized text); reverse: the
-    reverse model's Translator (rerank.model), which the Chooser closes.
+    mbr, rerank: the choice (mbr.candidates > 0: MBR; else rerank, with `reverse`); search: the
+    search asked for, which `self.search` widens to give the candidates; tgt_tok: the translating
+    model's target tokenizer (candidates are compared, and rescored, as detokenized text);
+    reverse: the reverse model's Translator (rerank.model), which the Chooser closes.
+    nmt-translate opens one per run (Chooser.open), nmt-serve makes one per MBR request.
     """
 
-    def __init__(self, cfg: TranslateConfig, tgt_tok: Tokenizer, reverse: Translator | None):
-        self.cfg, self.tgt_tok, self.reverse = cfg, tgt_tok, reverse
-        self.search = candidate_search(cfg.search, cfg.mbr)  # what the translator runs
+    def __init__(self, mbr: MbrConfig, rerank: RerankConfig, search: SearchConfig,
+                 tgt_tok: Tokenizer, reverse: Translator | None = None):
+        self.mbr, self.rerank, self.tgt_tok, self.reverse = mbr, rerank, tgt_tok, reverse
+        self.search = candidate_search(search, mbr)  # what the translator runs
 
     @classmethod
     def open(cls, cfg: TranslateConfig, tgt_tok: Tokenizer, device: torch.device,
@@ -64,14 +68,14 @@ class Chooser:
             reverse = Translator.load(cfg.rerank.model, device, cfg.weights,
                                       dtype=cfg.search.dtype, workers=workers,
                                       threads=cfg.threads)
-        return cls(cfg, tgt_tok, reverse)
+        return cls(cfg.mbr, cfg.rerank, cfg.search, tgt_tok, reverse)
 
     def choose(self, sources: list[str], nbest: list[list[Hypothesis]]
                ) -> list[list[Hypothesis]]:
         """Per line, its source text and candidates -> a list of the one kept."""
         texts = [self.tgt_tok.decode([h.tokens for h in hyps]) for hyps in nbest]
-        if self.cfg.mbr.candidates:
-            mbr = self.cfg.mbr
+        if self.mbr.candidates:
+            mbr = self.mbr
             picks = [mbr_select(t, [h.score for h in hyps], mbr.utility, mbr.aggregate)
                      for t, hyps in zip(texts, nbest, strict=True)]
         else:
@@ -87,10 +91,10 @@ class Chooser:
         tgt = rev.tgt_tok.encode([s for s, ts in zip(sources, texts, strict=True) for _ in ts])
         scored = iter(h.logprob for h in rev.score_ids([s[:limit] for s in src],
                                                         [t[:limit] for t in tgt],
-                                                        self.cfg.search))
+                                                        self.search))
         picks = []
         for hyps in nbest:
-            scores = rerank_scores(hyps, [next(scored) for _ in hyps], self.cfg.rerank)
+            scores = rerank_scores(hyps, [next(scored) for _ in hyps], self.rerank)
             picks.append(max(range(len(hyps)), key=scores.__getitem__))
         return picks
 

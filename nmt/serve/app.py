@@ -23,7 +23,9 @@ sentences in flight, so that the workers' batches stay balanced (longest first w
 workers are idle, so that like lengths share a batch). Decoding
 (nmt.inference.search.translate_nbest) runs off the event loop: in forked one-thread
 processes, one per core, on the CPU (what nmt-translate does), or in one thread (workers=1,
-or CUDA).
+or CUDA). A request with mbr_candidates=N asks the search for N candidates per sentence and keeps
+the one of highest expected utility (nmt-translate's Chooser, nmt.inference.rerank, off the
+event loop).
 
 Limits: max_sentences and max_chars per request (413), max_queued sentences waiting (503 with
 Retry-After), timeout_s per request (504). Bad JSON, wrong types, empty or non-Unicode text
@@ -54,12 +56,14 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 from starlette.exceptions import HTTPException
 
-from nmt.config import SearchConfig, ServeConfig
+from nmt.config import RerankConfig, SearchConfig, ServeConfig
 from nmt.errors import ConfigError, NmtError
 from nmt.inference.core import use_beams
 from nmt.inference.engine import Engine, check_vocab, open_translator
+from nmt.inference.rerank import Chooser
 from nmt.inference.search import Hypothesis
 from nmt.inference.workers import WorkerPool
+from nmt.languages import LanguageChoice, choose
 from nmt.preemption import restore_handler
 from nmt.runtime import keep_freed_memory, pick_device, usable_cores
 from nmt.segment import Segmented, sentence_splitter, split_text
@@ -69,7 +73,8 @@ from nmt.serve.errors import ApiError
 
 PROG = "nmt-serve"
 SEARCH_FIELDS = ("beam_size", "nbest", "alpha", "max_len_a", "max_len_b", "min_len", "sampling",
-                 "top_k", "top_p", "temperature", "seed", "no_repeat_ngram_size")
+                 "top_k", "top_p", "epsilon", "temperature", "seed", "no_repeat_ngram_size")
+MBR_FIELDS = ("mbr_candidates", "mbr_utility", "mbr_aggregate")  # MbrConfig's, prefixed
 SENTENCE_FIELDS = ("prefix", "constraints")  # per sentence; continuous batching only
 # GET /'s page may run its own inline script and style and call this server, nothing else.
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
@@ -125,11 +130,24 @@ class TranslateRequest(BaseModel):
         "Sampling: only from the top_k most probable pieces (0: all)."))
     top_p: float | None = Field(None, gt=0, le=1, description=(
         "Sampling: only from the fewest best pieces whose probability reaches top_p."))
+    epsilon: float | None = Field(None, ge=0, lt=1, description=(
+        "Sampling: never a piece of probability below epsilon (0: off; 0.02 for MBR's "
+        "candidates, Freitag et al. 2023)."))
     temperature: float | None = Field(None, gt=0, le=100, description=(
         "Sampling: from softmax(log-probabilities / temperature)."))
     seed: int | None = Field(None, ge=0, description="Sampling: the seed.")
     no_repeat_ngram_size: int | None = Field(None, ge=0, le=16, description=(
         "No n-gram of this many pieces twice in a translation (0: off)."))
+    mbr_candidates: int | None = Field(None, ge=0, description=(
+        "Minimum Bayes risk decoding (nmt-translate's mbr.candidates): N = 2 to 32 candidates "
+        "per sentence (sampling's N samples, else beam search's N-best with beam_size raised "
+        "to N, beyond max_beam_size), and the one of highest expected utility against the "
+        "others is returned; 0: off. Leave nbest at 1."))
+    mbr_utility: Literal["chrf", "bleu"] | None = Field(None, description=(
+        "MBR's utility: sacreBLEU's sentence chrF or BLEU."))
+    mbr_aggregate: bool | None = Field(None, description=(
+        "MBR with chrf: against the others' mean n-gram counts (linear in N, an approximation "
+        "of the pairwise choice)."))
     prefix: list[str] | None = Field(None, description=(
         "Per sentence of text, the start every translation of it must have ('' for none; "
         "nmt-translate's prefix=true). Needs the server's continuous batching."))
@@ -139,6 +157,13 @@ class TranslateRequest(BaseModel):
         "with sampling). Needs the server's continuous batching."))
     attention: bool = Field(False, description=(
         "Also return each best translation's encoder-decoder attention over its source."))
+    tgt_lang: str | None = Field(None, description=(
+        "A multilingual model's: the language to translate into, by the name the model records "
+        "(GET /health's languages); the server's tgt_lang when not given. A bilingual model "
+        "refuses it."))
+    src_lang: str | None = Field(None, description=(
+        "A model that needs the source language (M2M100, NLLB-200): the texts' language; the "
+        "server's src_lang when not given. Others refuse it."))
     split: Literal["none", "sentence", "paragraph"] | None = Field(None, description=(
         "How each text is cut before it is translated (the server's default: GET /health): "
         "none, sentence, or paragraph (at its line breaks); the pieces' translations go back "
@@ -253,8 +278,15 @@ class HealthResponse(BaseModel):
     search: dict = Field(description=(
         "The default search settings a request may override; max_tokens and max_sentences "
         "bound every shared batch."))
+    mbr: dict = Field(description=(
+        "The default MBR settings a request may override with its mbr_* fields: candidates "
+        "(0: off), utility, aggregate."))
     split: str = Field(description="How texts are cut when a request does not say: none, "
                                    "sentence or paragraph.")
+    languages: list[str] = Field(description=(
+        "A multilingual model's languages, a request's tgt_lang (and src_lang) choices; [] "
+        "for a bilingual model."))
+    tgt_lang: str = Field(description="The server's tgt_lang: a request's default (or '').")
 
 
 # ----------------------------------------------------------------------------- the service
@@ -280,6 +312,36 @@ class Service:
         self.split = cfg.split if cfg.split != "auto" else (
             "sentence" if cfg.src_lang else "paragraph")
         self.splitter = sentence_splitter(cfg.src_lang) if cfg.src_lang else None
+        entry = translator.vocab.get("languages")
+        self.languages = sorted(entry["codes"]) if entry else []
+        self.forced = bool(entry) and entry["convention"] == "forced"
+        for key in ("tgt_lang", "src_lang") if self.forced else ("tgt_lang",):
+            lang = getattr(cfg, key)  # a request's default: checked at start
+            if self.languages and lang and lang not in self.languages:
+                raise ConfigError(f"{key}={lang}: {cfg.checkpoint} has no such language (it "
+                                  f"has {', '.join(self.languages)})")
+
+    def choice(self, req: TranslateRequest) -> LanguageChoice:
+        """The request's languages (nmt.languages): its tgt_lang and src_lang, or the server's
+        for a multilingual model (src_lang for a model that needs it only: for the others it
+        names the texts' language for splitting and LibreTranslate)."""
+        tgt = req.tgt_lang if req.tgt_lang is not None else (
+            self.cfg.tgt_lang if self.languages else "")
+        src = req.src_lang if req.src_lang is not None else (
+            self.cfg.src_lang if self.forced else "")
+        try:
+            choice = choose(self.translator.vocab, src, tgt, "the model")
+        except ConfigError as e:
+            key, why = str(e).split(": ", 1)
+            raise ApiError(422, key.split("=")[0], why) from None
+        if choice.prefix and not self.cfg.continuous:
+            raise ApiError(422, "tgt_lang", "this model is given its target language as a "
+                                            "forced first token: needs the server's continuous "
+                                            "batching (continuous=true)")
+        if choice.prefix and req.attention:
+            raise ApiError(422, "attention", "not with a forced target language token (an "
+                                             "M2M100 or NLLB-200 model) yet")
+        return choice
 
     @property
     def broken(self) -> str:
@@ -305,6 +367,24 @@ class Service:
         except ConfigError as e:  # e.g. nbest > beam_size
             key = str(e).split(":")[0].removeprefix("search.")
             raise ApiError(422, key, str(e).split(": ", 1)[1]) from None
+
+    def chooser_of(self, req: TranslateRequest, search: SearchConfig) -> Chooser | None:
+        """The request's MBR (the server's mbr.* with its mbr_* fields), as nmt-translate's
+        Chooser, whose search gives the candidates (beam_size raised to N past max_beam_size,
+        which bounds what a request asks for, not MBR's N); None when MBR is off."""
+        asked = {k.removeprefix("mbr_"): getattr(req, k) for k in MBR_FIELDS
+                 if getattr(req, k) is not None}
+        try:
+            mbr = replace(self.cfg.mbr, **asked)
+        except ConfigError as e:
+            key, why = str(e).split(": ", 1)
+            raise ApiError(422, key.replace(".", "_"), why) from None
+        if not mbr.candidates:
+            return None
+        if search.nbest != 1:
+            raise ApiError(422, "nbest", f"MBR answers one translation per text: leave nbest "
+                                         f"at 1, got {search.nbest}")
+        return Chooser(mbr, RerankConfig(), search, self.translator.tgt_tok)
 
     def sentence_fields(self, req: TranslateRequest, search: SearchConfig) -> list[tuple]:
         """Per text: its forced prefix ids, its phrases' ids and its number (which seeds
@@ -376,13 +456,20 @@ class Service:
         pieces = [piece for doc in docs for piece in doc.pieces]
         self.check_size(req, split, len(pieces))
         search = self.search_of(req)
+        chooser = self.chooser_of(req, search)
         if self.broken:
             raise ApiError(503, None, self.broken)
+        choice = self.choice(req)
         extras = self.piece_fields(docs, self.sentence_fields(req, search))
+        if choice.prefix:
+            extras = [(p, *rest) for p, (_, *rest) in zip(choice.prefixes(
+                len(extras), [e[0] for e in extras]), extras, strict=True)]
         full = self.translator.src_tok.encode(pieces)
-        ids = [seq[:self.max_input] for seq in full]  # nmt-translate's truncation
+        limit = self.max_input - len(choice.source)
+        ids = choice.sources([seq[:limit] for seq in full])  # nmt-translate's truncation
         try:
-            nbest = await self.batcher.translate(ids, search, self.cfg.timeout_s, extras)
+            nbest = await self.batcher.translate(ids, chooser.search if chooser else search,
+                                                 self.cfg.timeout_s, extras)
         except QueueFull:
             raise ApiError(503, None, f"busy: {len(self.batcher.queue)} sentences queued",
                            {"Retry-After": str(self.batcher.retry_after())}) from None
@@ -398,12 +485,15 @@ class Service:
         except Exception as e:  # an error inside the search: this request fails, not the server
             log(f"error: decoding failed ({type(e).__name__}: {e})")
             raise ApiError(500, None, f"decoding failed ({type(e).__name__}: {e})") from None
+        nbest = [[replace(h, tokens=choice.strip(h.tokens)) for h in hyps] for hyps in nbest]
+        if chooser is not None:  # each piece's candidates -> the one of highest expected utility
+            nbest = await asyncio.to_thread(chooser.choose, pieces, nbest)
         maps = [None] * len(ids)
         if req.attention:
             maps = await asyncio.to_thread(lambda: [self.attention(src, hyps[0].tokens)
                                                     for src, hyps in zip(ids, nbest, strict=True)])
         self.requests += 1
-        parts = iter([self._translation(hyps, len(f) > self.max_input, search.nbest, a)
+        parts = iter([self._translation(hyps, len(f) > limit, search.nbest, a)
                       for hyps, f, a in zip(nbest, full, maps, strict=True)])
         return TranslateResponse(translations=[
             rejoin(doc, [next(parts) for _ in doc.pieces]) for doc in docs])
@@ -437,7 +527,8 @@ class Service:
             limits={k: getattr(cfg, k) for k in (
                 "max_sentences", "max_chars", "max_queued", "max_input_tokens", "timeout_s",
                 "max_beam_size", "max_len_b", "max_wait_ms")},
-            search=asdict(cfg.search), split=self.split)
+            search=asdict(cfg.search), mbr=asdict(cfg.mbr), split=self.split,
+            languages=self.languages, tgt_lang=cfg.tgt_lang)
 
     def stats(self) -> StatsResponse:
         """GET /stats: requests, sentences and batches so far, and what is queued now."""
@@ -525,8 +616,8 @@ async def _invalid_request(request: Request, exc: RequestValidationError) -> JSO
     field = _field_name(tuple(first.get("loc", ())))
     message = first.get("msg", "invalid").removeprefix("Value error, ")
     if first.get("type") == "extra_forbidden":
-        message = (f"unknown field (known: text, {', '.join(SEARCH_FIELDS + SENTENCE_FIELDS)}, "
-                   f"attention, split)")
+        known = ", ".join(SEARCH_FIELDS + MBR_FIELDS + SENTENCE_FIELDS)
+        message = f"unknown field (known: text, {known}, attention, split)"
     elif field == "body":
         message = ('must be a JSON object like {"text": ["..."]}, sent with Content-Type: '
                    'application/json')

@@ -1,0 +1,143 @@
+"""The distillation recipe's two Python steps (scripts/recipes/distill.sh).
+
+closest NBEST REF OUT: of each source's candidates in NBEST (nmt-translate's n-best output,
+`i ||| text ||| score` lines), the one of highest sentence chrF against its reference (line i
+of REF) is written to OUT, a line per source: the teacher's translation the student learns
+from, as Mozilla's pipeline keeps it.
+
+score --src TEST --ref REF --out DIR --row NAME CHECKPOINT SHORTLIST SECONDS ...: each row's
+model translates TEST with search.dtype=int8, beam 4 without a length penalty (alpha 0, which
+CTranslate2's beam search lacks), in nmt and, where CTranslate2 is installed and the row is one
+checkpoint, with engine=ctranslate2 (SHORTLIST: its lexical shortlist, or - for none;
+SECONDS: its training time, or -), and one table compares them: BLEU, chrF, sentences/s and
+that speed over the first row's of the same engine. --dry-run prints each translation's
+validated config under "### score_NAME_ENGINE" instead.
+
+    python scripts/recipes/distill.py closest work/nbest.de work/part.de work/distilled.de
+    python scripts/recipes/distill.py score --src test.en.xz --ref test.de.xz --out work/score \\
+        --row teacher teacher.pt - 3600 --row student student.pt data/shortlist.pt 1200
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from nmt.config import TranslateConfig, compose, to_object
+from nmt.errors import NmtError
+from nmt.files import read_lines, write_atomically
+from nmt.inference.mbr import closest
+from nmt.translate import translate
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("closest", help="per source, its candidate closest to the reference")
+    c.add_argument("nbest", help="nmt-translate's n-best output (search.nbest > 1)")
+    c.add_argument("ref", help="the references, a line per source")
+    c.add_argument("out", help="the chosen candidates, a line per source")
+    s = sub.add_parser("score", help="BLEU, chrF and sentences/s of each row, one table")
+    s.add_argument("--src", required=True, help="the test sources, a sentence a line")
+    s.add_argument("--ref", required=True, help="their references")
+    s.add_argument("--out", required=True, help="a folder for the translations")
+    s.add_argument("--row", nargs=4, action="append", required=True,
+                   metavar=("NAME", "CHECKPOINT", "SHORTLIST", "SECONDS"))
+    s.add_argument("--dry-run", action="store_true", help="print the configs, translate nothing")
+    return p.parse_args(argv)
+
+
+def candidates_of(nbest_path: str, sources: int) -> list[list[str]]:
+    """Per source, its candidates' texts, from `i ||| text ||| score` lines."""
+    out: list[list[str]] = [[] for _ in range(sources)]
+    for number, line in enumerate(read_lines(nbest_path, "n-best"), 1):
+        fields = line.split(" ||| ")
+        if len(fields) < 3 or not fields[0].isdigit() or int(fields[0]) >= sources:
+            raise NmtError(f"{nbest_path}: line {number}: not `i ||| text ||| score` with i "
+                           f"below {sources}")
+        out[int(fields[0])].append(" ||| ".join(fields[1:-1]))
+    return out
+
+
+def write_closest(nbest_path: str, ref_path: str, out_path: str) -> None:
+    """Per reference line, its source's candidate of highest sentence chrF, written to out."""
+    refs = read_lines(ref_path, "references")
+    chosen = [c[closest(c, r)] if c else "" for c, r in zip(candidates_of(nbest_path, len(refs)),
+                                                             refs, strict=True)]
+    write_atomically(out_path, "".join(line + "\n" for line in chosen))
+
+
+def engines(checkpoint: str) -> list[str]:
+    """The engines a row runs in: nmt, and ctranslate2 if installed (one checkpoint only)."""
+    ct2 = importlib.util.find_spec("ctranslate2") is not None and not checkpoint.startswith("[")
+    return ["nmt", "ctranslate2"] if ct2 else ["nmt"]
+
+
+def overrides(args: argparse.Namespace, row: list[str], engine: str) -> list[str]:
+    """nmt-translate's settings for one row in one engine."""
+    name, checkpoint, shortlist, _ = row
+    out = [f"checkpoint={checkpoint}", f"input={args.src}", f"ref={args.ref}",
+           f"output={Path(args.out) / f'{name}.{engine}.txt'}", "quiet=true", f"engine={engine}",
+           "search.dtype=int8", "search.beam_size=4", "search.alpha=0"]
+    return out + [f"search.shortlist={shortlist}"] * (shortlist != "-")
+
+
+def measured(cfg: TranslateConfig) -> dict:
+    """BLEU, chrF and sentences/s of one translation of the test split."""
+    result = translate(cfg)
+    seconds = max(result["seconds"], 1e-9)
+    return {"bleu": result["scores"]["bleu"], "chrf": result["scores"]["chrf"],
+            "speed": len(result["nbest"]) / seconds}
+
+
+def table(rows: list[tuple[list[str], str, dict]]) -> str:
+    """One line per (row, engine): training time, BLEU, chrF, sentences/s, and the speed over
+    the first row's in the same engine."""
+    first = {}
+    lines = [f"{'model':<10} {'engine':<30} {'trained':>9} {'BLEU':>6} {'chrF':>6} "
+             f"{'sent/s':>8} {'speed':>6}"]
+    for (name, _, shortlist, seconds), engine, m in rows:
+        first.setdefault(engine, m["speed"])
+        how = f"{engine} int8" + (" + shortlist" if shortlist != "-" else "")
+        trained = f"{int(seconds) / 60:.1f} min" if seconds.isdigit() else "-"
+        lines.append(f"{name:<10} {how:<30} {trained:>9} {m['bleu']:6.2f} {m['chrf']:6.2f} "
+                     f"{m['speed']:8.1f} {m['speed'] / first[engine]:5.2f}x")
+    return "\n".join(lines)
+
+
+def score(args: argparse.Namespace) -> None:
+    """Translate the test split with every row in every engine; print the table (or, in a dry
+    run, each validated config)."""
+    results = []
+    for row in args.row:
+        for engine in engines(row[1]):
+            composed = compose("translate", overrides(args, row, engine))
+            cfg = to_object(composed, TranslateConfig)
+            if args.dry_run:
+                print(f"### score_{row[0]}_{engine}\n{OmegaConf.to_yaml(composed)}", end="")
+                continue
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            results.append((row, engine, measured(cfg)))
+    if results:
+        print(table(results))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """distill.py closest | score: a one-line error and status 1 on bad input."""
+    args = parse_args(argv)
+    try:
+        if args.command == "closest":
+            write_closest(args.nbest, args.ref, args.out)
+        else:
+            score(args)
+    except NmtError as e:
+        sys.exit(f"distill.py: error: {e}")
+
+
+if __name__ == "__main__":
+    main()
