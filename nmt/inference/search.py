@@ -4,9 +4,9 @@ admitted at step 0, one loop for greedy search, sampling and beam search with ev
 results put back in input order; `translate_nbest` and `score_pairs` are the entry points
 (the Translator runs their batches on its workers). search_batch decodes one padded (B, S)
 batch. Models are the reference Transformer of nmt/model.py or, by default, its weights
-prepared by nmt.inference.fast.FastModel (faster; the tests compare the two). With a lexical shortlist (search.shortlist, nmt.shortlist), each
-batch's log-probabilities are over its candidate pieces alone (FastModel computes only their
-logits); the others are -inf.
+prepared by nmt.inference.fast.FastModel (faster; the tests compare the two). With a
+lexical shortlist (search.shortlist, nmt.shortlist), each batch's log-probabilities are
+over its candidate pieces alone (FastModel computes only their logits); the others are -inf.
 
 Conventions (nmt.inference.core's): source id lists carry no BOS/EOS; outputs are id lists
 without BOS/EOS; a hypothesis' score is log P(Y|X) / lp(|Y|).
