@@ -840,8 +840,8 @@ def valid_bleu(run: Run, model: nn.Module, sentences: list[int] | None = None) -
     search = dataclasses.replace(run.cfg.search, beam_size=1, nbest=1)
     with fatal_out_of_memory(run, f"greedy search of {len(src_ids)} sentences in batches of "
                                   f"search.max_tokens={search.max_tokens}", "validation"):
-        translator = Translator([model], vocab, env.device, search.dtype)  # these weights
-        out = [h[0].tokens for h in translator.translate_ids(src_ids, search)]
+        with Translator([model], vocab, env.device, search.dtype) as translator:  # these weights
+            out = [h[0].tokens for h in translator.translate_ids(src_ids, search)]
     hyps: dict[int, list[int]] = {}
     for part in distributed.all_gather_objects(dict(zip(mine, out, strict=True))):
         hyps.update(part)

@@ -26,6 +26,7 @@ from translate_helpers import translate_config as config
 from nmt.config import ConfigError, SearchConfig, TranslateConfig, compose, to_object
 from nmt.errors import NmtError
 from nmt.inference.constrained import PhraseConstraints, missing_phrases
+from nmt.inference.core import Sentence, output_lengths
 from nmt.inference.search import translate_nbest
 from nmt.tokenizer import SPECIALS, Tokenizer
 from nmt.translate import translate
@@ -309,3 +310,11 @@ def test_constraints_refuse_sampling_and_scoring(ckpt, test_en):
         config(checkpoint=ckpt, input=test_en, constraints="c", **{"search.sampling": "true"})
     with pytest.raises(ConfigError, match="constraints=... and score_reference=true"):
         config(checkpoint=ckpt, input=test_en, constraints="c", score_reference="true")
+
+
+def test_the_maximum_length_holds_the_prefix_and_every_phrase_after_it():
+    search = SearchConfig(max_len_a=0.0, max_len_b=2)
+    sentences = [Sentence(0, [5], prefix=[4, 4, 4], phrases=[[6, 7], [8]]),
+                 Sentence(1, [5], phrases=[[6, 7, 8]]), Sentence(2, [5])]
+    assert output_lengths(sentences, search, 100).tolist() == [3 + 3 + 1, 3 + 1, 2]
+    assert output_lengths(sentences, search, 5).tolist() == [5, 4, 2]  # within the positions

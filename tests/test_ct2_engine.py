@@ -20,6 +20,7 @@ import nmt.inference.ct2_export as ct2_export
 from nmt.config import SearchConfig, TranslateConfig, compose, to_object
 from nmt.errors import ConfigError, NmtError
 from nmt.files import read_lines
+from nmt.inference.core import Hypothesis
 from nmt.inference.ct2_engine import CT2Translator
 from nmt.inference.ct2_export import cached_export, read_info
 from nmt.inference.translator import Translator
@@ -69,6 +70,14 @@ def test_greedy_is_nmt_greedy_with_its_scores(engines, max_len_a, max_len_b):
         h, g = a[0], b[0]
         assert g.logprob >= h.logprob - 1e-4  # CTranslate2 leaves out the forbidden tokens
         assert g.score / g.logprob == pytest.approx(h.score / h.logprob)  # 1 / lp(|Y|)
+
+
+def test_empty_sources_are_answered_as_nmt_does_in_place(engines):
+    tr, ct, src = engines
+    search = SearchConfig(beam_size=2, nbest=2, alpha=0.0, max_len_a=0.0, max_len_b=4)
+    mixed = [[], src[0], [], src[1]]
+    assert tokens(ct.translate_ids(mixed, search)) == tokens(tr.translate_ids(mixed, search))
+    assert ct.translate_ids([[]], search) == [[Hypothesis([], 0.0, 0.0)]]
 
 
 def test_beam_search_and_nbest_are_nmts_but_for_near_ties(engines):
@@ -167,6 +176,14 @@ def test_the_export_is_cached_by_checksum_and_compute_type(joint, tmp_path, expo
     assert export_dir(ckpt, "auto", "float32", str(tmp_path / "m")) == tmp_path / "m"
     assert export_dir(ckpt, "auto", "float32", str(tmp_path / "m")) == tmp_path / "m"
     assert len(exports) == 4
+
+
+def test_ct2_model_dot_is_the_export_in_the_working_directory(joint, tmp_path, exports,
+                                                               monkeypatch):
+    ckpt = varied_checkpoint(tmp_path / "checkpoint_last.pt", joint, joint, "post")
+    out = export_dir(ckpt, "auto", "float32", str(tmp_path / "m"))
+    monkeypatch.chdir(out)
+    assert export_dir(ckpt, "auto", "float32", ".") == out and len(exports) == 1
 
 
 def test_an_upgrade_of_nmt_or_ctranslate2_exports_again(joint, tmp_path, exports,

@@ -68,7 +68,7 @@ def test_beam_rows_share_the_encoder_memory(model):
     with torch.inference_mode():
         memory, mask = fast.encode(src)
         shared = fast.start_decoding(memory, mask)
-        shared.reorder(torch.arange(2).repeat_interleave(k))
+        shared.reorder(torch.arange(2).repeat_interleave(k), k)
         assert shared.g == k and shared.memory_kv[0][0].size(0) == 2  # not copied
         ref_memory, ref_mask = model.encode(src)
         copied = model.start_decoding(ref_memory, ref_mask)
@@ -78,9 +78,9 @@ def test_beam_rows_share_the_encoder_memory(model):
             a = fast.decode_step(tgt[:, t:t + 1], shared)
             b = model.decode_step(tgt[:, t:t + 1], copied)
             torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
-            shared.reorder(reorder)
+            shared.reorder(reorder, k)
             copied.reorder(reorder)
-        shared.reorder(torch.tensor([3, 4, 5]))  # the first sentence retires
+        shared.reorder(torch.tensor([3, 4, 5]), k, torch.tensor([1]))  # the first one retires
         copied.reorder(torch.tensor([3, 4, 5]))
         assert shared.g == k and shared.memory_kv[0][0].size(0) == 1
         torch.testing.assert_close(fast.decode_step(tgt[3:, :1], shared),

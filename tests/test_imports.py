@@ -160,7 +160,8 @@ DECODING_RULES = {
     "empty_source", "max_output_lengths", "output_lengths", "length_penalty", "ban_specials",
     "ban_early_eos", "ban_repeated_ngrams", "ban_after_phrases", "apply_rules",
     "prefix_pieces", "force_prefix", "restrict_to_shortlist", "mask_to_shortlists",
-    "sample_tokens", "sample_uniforms", "beam_candidates", "Greedy", "Beam", "Decoding", "Decoder",
+    "sample_tokens", "sample_uniforms", "epsilon_cut", "use_beams", "beam_candidates", "Greedy",
+    "Beam", "Decoding", "Decoder",
 }
 
 

@@ -118,9 +118,14 @@ def test_validation_scores_every_reference_with_the_tokenizer(tiny_data_dir, tmp
         return {"bleu": 1.0, "chrf": 2.0}
 
     monkeypatch.setattr(nmt.train, "score", spy)
+    closed = []
+    real_close = nmt.train.Translator.close
+    monkeypatch.setattr(nmt.train.Translator, "close",
+                        lambda self: closed.append(self) or real_close(self))
     env = nmt.distributed.init("cpu")
     run = build_run(cfg, env, load_data(cfg, env))
     result = valid_bleu(run, run.model)
+    assert len(closed) == 1  # its workers stopped: not one pool more at every validation
     hyps, refs, tokenize = calls[0]
     raw = (tiny_data_dir / "valid.clean.de").read_text(encoding="utf-8").splitlines()
     assert tokenize == "char" and len(hyps) == 5

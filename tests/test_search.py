@@ -1,5 +1,7 @@
 """Search: greedy == beam 1, batch == one at a time, cache == no cache, exhaustive == beam."""
 
+import os
+
 import pytest
 import torch
 from translate_helpers import (
@@ -12,14 +14,15 @@ from translate_helpers import (
     tokens,
 )
 
+import nmt.inference.translator
 from nmt.config import SearchConfig
-from nmt.errors import ConfigError
+from nmt.errors import ConfigError, NmtError
 from nmt.inference.search import (
-    beam_search,
-    greedy_search,
+    Hypothesis,
     length_penalty,
     pad_batch,
     score_pairs,
+    search_batch,
     translate_ids,
     translate_nbest,
 )
@@ -55,8 +58,8 @@ def test_outputs_mix_early_eos_and_maximum_length(model, sources):
 def test_beam_size_one_equals_greedy(model, sources, alpha, min_len):
     src = pad_batch([s + [EOS] for s in sources], PAD, "cpu")
     cfg = search(beam_size=1, alpha=alpha, min_len=min_len)
-    greedy = greedy_search(model, src, cfg, SPECIALS)
-    beam = beam_search(model, src, cfg, SPECIALS)
+    greedy = search_batch(model, src, cfg, SPECIALS)
+    beam = search_batch(model, src, cfg, SPECIALS, beam=True)
     assert tokens(greedy) == tokens(beam)
     for g, b in zip(greedy, beam, strict=True):
         assert g[0].score == pytest.approx(b[0].score, abs=1e-4)
@@ -176,6 +179,17 @@ def test_worker_processes_give_the_same_outputs(model, sources, beam):
     assert [h[0].score for h in forked] == [h[0].score for h in here]
 
 
+def _die(*args):
+    """A batch whose worker process is killed."""
+    os._exit(9)
+
+
+def test_a_killed_worker_process_is_a_one_line_error(model, sources, monkeypatch):
+    monkeypatch.setattr(nmt.inference.translator, "_run_batch", _die)
+    with pytest.raises(NmtError, match="a decoding worker process died"):
+        run(model, sources, search(max_tokens=20), workers=2)
+
+
 def test_translating_draws_no_random_numbers(model, sources):
     """The trainer translates for validation BLEU: its random number stream must not move."""
     state = torch.get_rng_state()
@@ -287,6 +301,16 @@ def test_every_output_starts_with_its_prefix(model, sources, kw):
                          cfg, SPECIALS)
     for (_, h), s in zip(ended, scored, strict=True):
         assert s.logprob == pytest.approx(h.logprob, abs=1e-4)
+
+
+@pytest.mark.parametrize("kw", [dict(beam_size=1), dict(beam_size=1, sampling=True, nbest=2),
+                                dict(beam_size=2)])
+def test_a_row_whose_every_continuation_is_banned_ends_with_no_translation(kw):
+    """Three ids may be generated (PAD, BOS banned, EOS before min_len), none twice: from the
+    fourth step on nothing is allowed; the output is empty at log P -inf, not PAD ids nor NaN."""
+    cfg = search(min_len=10, no_repeat_ngram_size=1, max_len_a=0.0, max_len_b=8, **kw)
+    out = translate_nbest(tiny_model(5, seed=1), [[1, 4]], cfg, Specials(BOS, EOS, PAD))[0]
+    assert out[0] == Hypothesis([], -torch.inf, -torch.inf)
 
 
 @pytest.mark.parametrize("beam", [1, 4])

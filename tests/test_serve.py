@@ -6,6 +6,7 @@ import asyncio
 import http.client
 import json
 import os
+import queue
 import re
 import signal
 import socket
@@ -294,6 +295,34 @@ def test_continuous_batcher_sends_at_once_within_the_budget_and_refills_as_sente
             requests[1].result()
         assert sent[-1][0] == 1 and not batcher.queue and batcher.stats.failed == 1
         loop.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_a_dead_worker_fails_the_continuous_batchers_sentences_at_once_not_at_the_timeout():
+    """The sentence in flight on the dead worker and the queued one fail with BatcherStopped,
+    and every later one; nothing more is sent to the dead worker's inbox."""
+    sent, messages, dead = [], queue.Queue(), threading.Event()
+    batcher = ContinuousBatcher(lambda w, items: sent.append((w, items)),
+                                lambda timeout: messages.get(timeout=timeout), 1, 20, 0, 100,
+                                FakeClock(), lambda: "a decoding worker died" * dead.is_set())
+    batcher.POLL_S = 0.01
+
+    async def scenario():
+        loop = asyncio.create_task(batcher.run())
+        requests = [asyncio.create_task(batcher.translate([[i] * 15], SearchConfig(), 60))
+                    for i in range(2)]
+        await settle()
+        assert len(sent) == 1 and len(batcher.queue) == 1  # one in flight, one queued
+        dead.set()
+        await asyncio.wait(requests, timeout=30)  # the reader asks dead() every 0.01 s
+        for request in requests:
+            with pytest.raises(BatcherStopped, match="a decoding worker died"):
+                request.result()
+        with pytest.raises(BatcherStopped):
+            await batcher.translate([[6]], SearchConfig(), 60)
+        await asyncio.wait_for(loop, 30)  # the dispatch loop has ended
+        assert len(sent) == 1 and not batcher.queue and batcher.running_sentences == 0
 
     asyncio.run(scenario())
 

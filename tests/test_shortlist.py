@@ -16,6 +16,7 @@ import nmt.shortlist
 from nmt.config import BpeConfig, PreprocessConfig, ShortlistConfig
 from nmt.data import ParallelData, TokenArray, read_manifest
 from nmt.errors import NmtError
+from nmt.inference.engine import open_translator
 from nmt.inference.search import translate_nbest
 from nmt.inference.translator import Translator
 from nmt.preprocess import preprocess
@@ -155,20 +156,20 @@ def test_forced_prefix_and_constraint_pieces_outside_the_shortlist_still_decode(
         assert hyps[0].score > -np.inf
 
 
-def test_a_shortlist_of_another_vocabulary_is_one_line_error(model, sources, tmp_path,
-                                                            tiny_data_dir):
-    other = shortlist_file(tmp_path / "other.pt", torch.arange(V + 1).repeat(V + 1, 1), [3],
-                           vocab=V + 1)
-    with pytest.raises(NmtError, match=r"search.shortlist=.*other.pt: built for another "
-                                       r"vocabulary \(41 target pieces.*\(40 target pieces\)"):
-        translate_nbest(model, sources, search(shortlist=other), SPECIALS)
+def test_a_shortlist_of_another_vocabulary_is_one_line_error(tmp_path, tiny_data_dir):
+    """Checked once, when the translator opens (nmt-translate, nmt-serve: both engines)."""
     ckpt = save_tiny_checkpoint(tmp_path / "ckpt.pt", (tiny_data_dir / "spm.model").read_bytes())
-    translator = Translator.load(ckpt)
-    vocab = translator.vocab["tgt_size"]
+    with Translator.load(ckpt) as translator:
+        vocab = translator.vocab["tgt_size"]
+    other = shortlist_file(tmp_path / "other.pt", torch.arange(V).repeat(vocab + 1, 1), [3],
+                           vocab=vocab + 1)
+    with pytest.raises(NmtError, match=rf"search.shortlist=.*other.pt: built for another "
+                                       rf"vocabulary \({vocab + 1} target pieces.*\({vocab} "):
+        open_translator("nmt", [str(ckpt)], torch.device("cpu"), shortlist=str(other))
     same_size = shortlist_file(tmp_path / "sha.pt", torch.arange(vocab).repeat(vocab, 1), [3],
                                vocab=vocab)
     with pytest.raises(NmtError, match=r"sha256 xxxxxxxxxxxx\) than the checkpoint's") as e:
-        translator.translate_ids([[5, 6]], search(shortlist=same_size))
+        open_translator("nmt", [str(ckpt)], torch.device("cpu"), shortlist=str(same_size))
     assert "\n" not in str(e.value)
     (tmp_path / "junk.pt").write_bytes(b"not a shortlist")
     with pytest.raises(NmtError, match="not a shortlist file"):

@@ -189,6 +189,40 @@ def test_what_a_decoding_cannot_run_is_refused_not_decoded_otherwise(tmp_path):
         dec.admit([Sentence(1, [7])])
 
 
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_constraints_while_sampling_are_refused_in_continuous_batching_at_any_beam_size(
+        beam_size):
+    """Not a beam search that ignores sampling=true (what beam_size=1 gave); the sentence
+    without constraints beside it is still sampled."""
+    cfg = search(beam_size=beam_size, sampling=True)
+    model = decoding_models([tiny_model(V, seed=1)], cfg)[0]
+    translator = SimpleNamespace(prepared=lambda dtype: [model], specials=SPECIALS,
+                                 device=torch.device("cpu"), continuations=None)
+    inbox, outbox = queue.Queue(), queue.Queue()
+    inbox.put([("c", cfg, [5, 6], ([], [[7]], 0)), ("free", cfg, [5, 6])])
+    worker = threading.Thread(target=step_loop, args=(translator, inbox, outbox, 0))
+    worker.start()
+    messages, answered = [], 0
+    while answered < 2:
+        messages.append(outbox.get(timeout=60))
+        answered += len(messages[-1][2])
+    inbox.put(STOP)
+    worker.join(timeout=60)
+    errors = [(m[2], str(m[3])) for m in messages if m[0] == "error"]
+    assert errors == [(["c"], "constraints need beam search, not sampling")]
+    assert [r[0] for m in messages if m[0] == "done" for r in m[2]] == ["free"]
+
+
+def test_a_refused_admission_admits_none_of_its_sentences_not_even_the_empty_ones():
+    """admit raises: the caller fails every sentence it gave, so an empty source among them
+    must not come back from a later step as well (answered twice)."""
+    dec = Decoding(decoding_models([tiny_model(V, seed=1)], search()), search(sampling=True),
+                   SPECIALS)
+    with pytest.raises(ValueError, match="constraints need beam search"):
+        dec.admit([Sentence("empty", []), Sentence(0, [5], [], [[6]])])
+    assert dec.ready == [] and dec.step() == []
+
+
 @pytest.mark.parametrize("beam", [1, 4])
 def test_a_start_token_that_is_eos_still_ends_outputs(beam):
     """M2M100 and NLLB-200 start decoding from </s>: the ban on generating the start token must

@@ -102,12 +102,21 @@ def max_output_lengths(src_lengths: Tensor, search: SearchConfig, max_positions:
 def output_lengths(sentences: list[Sentence], search: SearchConfig,
                    max_positions: int) -> np.ndarray:
     """The maximum output length of each sentence (max_output_lengths), raised where needed to
-    hold its forced prefix and one more token, and every constraint token and EOS."""
+    hold its forced prefix, every constraint token after it (the prefix need not hold any) and
+    one more token (EOS), within the models' positions."""
     src = torch.tensor([len(s.src) for s in sentences])
-    need = torch.tensor([max(len(s.prefix), sum(map(len, s.phrases))) + 1
+    need = torch.tensor([len(s.prefix) + sum(map(len, s.phrases)) + 1
                          if s.prefix or s.phrases else 0 for s in sentences])
     lengths = max_output_lengths(src, search, max_positions)
     return torch.maximum(lengths, need.clamp(max=max_positions)).numpy()
+
+
+def use_beams(search: SearchConfig, has_phrases: bool) -> bool:
+    """The strategy: beam search when search.beam_size > 1 without sampling, and for lexical
+    constraints at any beam size; ValueError for constraints with sampling (they need beams)."""
+    if has_phrases and search.sampling:
+        raise ValueError("constraints need beam search, not sampling")
+    return has_phrases or (search.beam_size > 1 and not search.sampling)
 
 
 def pad_batch(seqs: list[list[int]], pad_id: int, device: torch.device | str) -> Tensor:
@@ -151,10 +160,9 @@ class Decoder:
                 self.states.append(model.start_decoding(memory, src_mask, candidates.ids) if cut
                                    else model.start_decoding(memory, src_mask))
 
-    def reorder(self, index: Tensor, group: int | None = None,
-                sentences: Tensor | None = None) -> None:
-        """Keep (and repeat) rows `index` of the batch. group, sentences: what the caller knows
-        of the new rows (FastState.reorder), which FastModel's states then need not read."""
+    def reorder(self, index: Tensor, group: int, sentences: Tensor | None = None) -> None:
+        """Keep (and repeat) rows `index` of the batch: `group` rows per memory row, the memory
+        rows `sentences` (None: as they are) (FastState.reorder)."""
         for i, state in enumerate(self.states):
             if isinstance(state, FastState):
                 state.reorder(index, group, sentences)
@@ -243,7 +251,7 @@ class Decoding:
     admit(sentences) queues Sentences to join at the next step (an empty source answers at
     once: empty_source); step() decodes one step for every live row and returns the (tag,
     hypotheses) of the sentences that ended (search.nbest hypotheses each, best first).
-    beam: whether to search with beams (default: search.beam_size > 1 and no sampling; lexical
+    beam: whether to search with beams (default: use_beams without constraints; lexical
     constraints need it at any beam size). continuations: the ids of the pieces that go on with
     a word, none of which may follow a constraint phrase (None: any may). shortlists: with
     search.shortlist, each sentence decodes over its own candidates (as a batch of one; what
@@ -261,7 +269,7 @@ class Decoding:
         self.device, self.use_cache = torch.device(device), use_cache
         self.continuations = continuations
         if beam is None:
-            beam = search.beam_size > 1 and not search.sampling
+            beam = use_beams(search, False)
         self.strategy = Beam(self) if beam else Greedy(self)
         self.positions = max_positions(models)
         self.steps = 0  # steps decoded so far
@@ -303,19 +311,17 @@ class Decoding:
     @torch.inference_mode()
     def admit(self, sentences: list[Sentence], candidates: Candidates | None = None) -> None:
         """Sentences to join at the next step. candidates: their lexical shortlist (only while
-        no sentence is live: a shortlist is per batch)."""
-        for s in sentences:
-            empty = empty_source(s)
-            if empty is not None:
-                self.ready.append((s.tag, empty))
+        no sentence is live: a shortlist is per batch). If it raises, none of them joins."""
         todo = [s for s in sentences if empty_source(s) is None]
+        if todo:
+            self._check(todo, candidates)
+            eos, pad = self.specials.eos, self.specials.pad
+            src = pad_batch([s.src + [eos] for s in todo], pad, self.device)  # (n, S)
+            new = Decoder(self.models, src, self.use_cache, candidates)  # (what may fail first)
+        self.ready += [(s.tag, empty_source(s)) for s in sentences if empty_source(s) is not None]
         if not todo:
             return
-        self._check(todo, candidates)
         per = self.strategy.rows_per_sentence()
-        eos, pad = self.specials.eos, self.specials.pad
-        src = pad_batch([s.src + [eos] for s in todo], pad, self.device)  # (n, S)
-        new = Decoder(self.models, src, self.use_cache, candidates)  # (what may fail first)
         max_len = output_lengths(todo, self.search, self.positions)  # (n,)
         slots = [self.free.pop() if self.free else self._new_slot() for _ in todo]
         self.tags.update(zip(slots, (s.tag for s in todo), strict=True))
@@ -332,8 +338,9 @@ class Decoding:
         """ValueError for what this Decoding cannot run: constraints without beams, a
         shortlist without candidates, a join without FastModels' caches or into a batch with
         its own shortlist."""
-        if any(s.phrases for s in todo) and not isinstance(self.strategy, Beam):
-            raise ValueError("constraints need beam search, not sampling")
+        if any(s.phrases for s in todo) and not (use_beams(self.search, True)
+                                                 and isinstance(self.strategy, Beam)):
+            raise ValueError("constraints need a Decoding with beams (use_beams)")
         if self.search.shortlist and self.shortlist is None and candidates is None:
             raise ValueError("search.shortlist: give the batch's candidates (or decode with "
                              "a shortlist per sentence, shortlists=True)")
@@ -366,20 +373,12 @@ class Decoding:
         if self.decoder is None:
             self.decoder, self.src_mask, self.g = new, src_mask, g
             return
-        if g != self.g:  # the live rows' memory rows: one per row, as the newcomers'
-            self._ungroup()
         S = max(src_mask.size(1), self.src_mask.size(1))
         self.decoder.join(new, len(src_mask) * self.g, S)
         self.src_mask = torch.cat([F.pad(m, (0, S - m.size(1)), value=False)
                                    for m in (self.src_mask, src_mask)])
         self._set_source_masks()
         self.joined = True
-
-    def _ungroup(self) -> None:
-        """One memory row per decoder row (rows of a sentence that retire one by one)."""
-        mem = torch.arange(len(self.src_mask), device=self.device).repeat_interleave(self.g)
-        self.decoder.reorder(torch.arange(len(mem), device=self.device), 1, mem)
-        self.src_mask, self.g = self.src_mask[mem], 1
 
     def _set_source_masks(self) -> None:
         """Each FastState's additive source mask from the live memory rows' (None: no
@@ -588,7 +587,9 @@ class Greedy:
         dec.write(token)
         for out, i in zip(self.outputs, ids, strict=True):
             out.append(int(i))
-        done = np.flatnonzero((np.array(ids) == eos) | (dec.max_len <= dec.t)).tolist()
+        # log P -inf: every continuation was banned; the row ends with no output (as in Beam)
+        dead = np.array(logps) == -np.inf
+        done = np.flatnonzero((np.array(ids) == eos) | (dec.max_len <= dec.t) | dead).tolist()
         if not done:
             return []
         ended = []
@@ -596,7 +597,8 @@ class Greedy:
             lp = length_penalty(int(dec.t[r]), search.alpha)
             out = self.outputs[r][:-1] if ids[r] == eos else self.outputs[r]
             slot = int(dec.slot[r])
-            self.results[slot].append(Hypothesis(out, logps[r] / lp, logps[r]))
+            self.results[slot].append(Hypothesis([], -np.inf, -np.inf) if dead[r] else
+                                      Hypothesis(out, logps[r] / lp, logps[r]))
             if len(self.results[slot]) == self.n:
                 ended.append((slot, sorted(self.results.pop(slot), key=lambda h: -h.score)))
         keep_h = np.setdiff1d(np.arange(len(ids)), done)
@@ -828,8 +830,6 @@ class _HostBeam:
             self.sent, self.max_len, self.lp_max = (x[keep] for x in (self.sent, self.max_len,
                                                                       self.lp_max))
         return keep
-
-
 
 
 def _join_beams(a: _HostBeam, b: _HostBeam, pad: int) -> _HostBeam:

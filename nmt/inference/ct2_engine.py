@@ -160,7 +160,7 @@ class CT2Translator:
                  progress=None) -> list[list[Hypothesis]]:
         """The hypotheses of n sentences, waiting for the groups `pending` (_dispatch's) in
         turn; an empty source gets one empty hypothesis, score 0 (nmt's rule)."""
-        results = [empty_source(Sentence(i, [])) for i in range(n)]  # those not decoded
+        results = [[Hypothesis([], 0.0, 0.0)] for _ in range(n)]  # in no group: empty sources
         for group, answers in pending:
             for i, answer in zip(group, answers, strict=True):
                 results[i] = self._hypotheses(answer.result(), search)

@@ -200,7 +200,7 @@ def cached_export(checkpoint: str | Path, weights: str, compute_type: str,
         raise NmtError(f"{checkpoint}: checkpoint not found")
     key = export_key(checkpoint, weights, compute_type, shortlist)
     if ct2_model:
-        out = Path(ct2_model)
+        out = Path(ct2_model).resolve()  # "." has no name to put a lock beside
     else:
         vmap = f"-vmap{key['shortlist_sha256'][:8]}" if shortlist else ""
         out = checkpoint.with_name(checkpoint.name + ".ct2") / (

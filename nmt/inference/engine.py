@@ -23,6 +23,7 @@ from nmt.inference.ct2_engine import CT2Translator
 from nmt.inference.search import Hypothesis
 from nmt.inference.translator import Translator
 from nmt.inference.workers import WorkerPool
+from nmt.shortlist import load_shortlist
 from nmt.tokenizer import Specials, Tokenizer, check_same_vocabulary
 
 
@@ -77,13 +78,23 @@ def open_translator(engine: str, checkpoints: list[str], device: torch.device,
                     threads: int = 0, ct2_model: str = "", shortlist: str = "") -> Engine:
     """The Translator of engine=nmt, or the CT2Translator of engine=ctranslate2 (one
     checkpoint; search.dtype checked against the device for the engine first; shortlist:
-    search.shortlist, which CTranslate2's export must hold)."""
+    search.shortlist, which must be built for the checkpoint's target vocabulary and which
+    CTranslate2's export must hold)."""
     check_search_device(dtype, device.type, engine=engine)
     if engine == "nmt":
-        return Translator.load(checkpoints, device, weights, dtype=dtype, workers=workers,
-                               threads=threads)
-    return CT2Translator.load(checkpoints, device, weights, dtype, workers, threads,
-                              ct2_model, shortlist)
+        translator = Translator.load(checkpoints, device, weights, dtype=dtype,
+                                     workers=workers, threads=threads)
+    else:
+        translator = CT2Translator.load(checkpoints, device, weights, dtype, workers, threads,
+                                        ct2_model, shortlist)
+    try:
+        if shortlist:  # built for this vocabulary: checked once here, not per batch
+            load_shortlist(shortlist).check(translator.vocab.get("sha256"),
+                                            translator.vocab["tgt_size"], "the checkpoint")
+    except NmtError:
+        translator.close()
+        raise
+    return translator
 
 
 def check_vocab(engine: Engine, against: str, checkpoint: str) -> None:

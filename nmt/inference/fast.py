@@ -272,17 +272,13 @@ class FastState:
         self.g = 1  # decoder rows per memory row
         self.generator: Affine | None = None  # the output projection's shortlist rows, if cut
 
-    def reorder(self, index: Tensor, group: int | None = None,
-                sentences: Tensor | None = None) -> None:
+    def reorder(self, index: Tensor, group: int, sentences: Tensor | None = None) -> None:
         """Keep (and repeat) rows `index`, as DecoderState.reorder does. Rows that come in equal,
         consecutive groups per sentence (beam search, samples) keep sharing its memory row:
         `group` rows per sentence, `sentences` the memory row of each group (None: the memory
-        rows stay as they are). Callers that know both (search) give them; otherwise they are
-        read from `index`, which costs host reads."""
+        rows stay as they are)."""
         for cache in self.self_kv:
             cache.reorder(index)
-        if group is None:
-            group, sentences = self._groups(index)
         self.g = group
         if sentences is None:  # rows moved within their sentences
             return
@@ -290,19 +286,6 @@ class FastState:
                           for k, v in self.memory_kv]
         if self.mask is not None:
             self.mask = self.mask.index_select(0, sentences)
-
-    def _groups(self, index: Tensor) -> tuple[int, Tensor | None]:
-        """The rows per sentence of new rows `index` and the memory row of each group (None:
-        unchanged), worked out from `index`."""
-        rows = torch.div(index, self.g, rounding_mode="floor")  # memory row of each new row
-        g = int((rows == rows[0]).sum()) if len(rows) else 1
-        if len(rows) % g or not torch.equal(rows.view(-1, g), rows[::g, None].expand(-1, g)):
-            g = 1
-        sentences = rows[::g]
-        M = self.memory_kv[0][0].size(0)
-        if len(sentences) == M and torch.equal(sentences, torch.arange(M, device=index.device)):
-            return g, None
-        return g, sentences
 
 
 def _gather_rows(x: Tensor, index: Tensor) -> Tensor:

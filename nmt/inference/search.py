@@ -2,12 +2,11 @@
 batches, each decoded by the decoding core (nmt.inference.core: every sentence of a batch
 admitted at step 0, one loop for greedy search, sampling and beam search with every rule),
 results put back in input order; `translate_nbest` and `score_pairs` are the entry points
-(the Translator runs their batches on its workers). greedy_search, beam_search and
-search_batch decode one padded (B, S) batch. Models are the reference Transformer of
-nmt/model.py or, by default, its weights prepared by nmt.inference.fast.FastModel (faster;
-the tests compare the two). With a lexical shortlist (search.shortlist, nmt.shortlist), each
-batch's log-probabilities are over its candidate pieces alone (FastModel computes only their
-logits); the others are -inf.
+(the Translator runs their batches on its workers). search_batch decodes one padded (B, S)
+batch. Models are the reference Transformer of nmt/model.py or, by default, its weights
+prepared by nmt.inference.fast.FastModel (faster; the tests compare the two). With a
+lexical shortlist (search.shortlist, nmt.shortlist), each batch's log-probabilities are
+over its candidate pieces alone (FastModel computes only their logits); the others are -inf.
 
 Conventions (nmt.inference.core's): source id lists carry no BOS/EOS; outputs are id lists
 without BOS/EOS; a hypothesis' score is log P(Y|X) / lp(|Y|).
@@ -31,16 +30,12 @@ from nmt.inference.core import (
     empty_source,
     length_penalty,
     pad_batch,
+    use_beams,
 )
 from nmt.inference.fast import FastModel
 from nmt.model import Transformer
 from nmt.shortlist import Candidates, load_shortlist
 from nmt.tokenizer import Specials
-
-
-def _vocab_size(model) -> int:
-    """V, the target vocabulary's size (a Transformer's or a FastModel's)."""
-    return model.vocab_size if isinstance(model, FastModel) else model.generator.out_features
 
 
 # ----------------------------------------------------------------------------- search
@@ -53,37 +48,6 @@ def _sentences(src: Tensor, pad_id: int, prefixes: list[list[int]] | None,
     return [Sentence(b, ids[b], (prefixes or [[]] * B)[b] or [],
                      (constraints or [[]] * B)[b] or [], lines[b] if lines else b)
             for b in range(B)]
-
-
-def greedy_search(model, src: Tensor, search: SearchConfig, specials: Specials,
-                  use_cache: bool = True, prefixes: list[list[int]] | None = None,
-                  lines: list[int] | None = None, candidates: Candidates | None = None
-                  ) -> list[list[Hypothesis]]:
-    """Pick the most probable token at every step: (B, S) sources -> one hypothesis each
-    (nmt.inference.core.Greedy). search.sampling: draw search.nbest samples per sentence
-    instead (best first); lines: the input line number of each sentence, which seeds its
-    samples (default 0..B-1). model: a model or a list of them (an ensemble); prefixes: forced
-    output prefixes; candidates: the batch's lexical shortlist (nmt.shortlist), which must
-    hold the prefixes."""
-    models = model if isinstance(model, list) else [model]
-    return decode_all(models, _sentences(src, specials.pad, prefixes, lines, None), search,
-                      specials, src.device, use_cache, candidates=candidates, beam=False)
-
-
-def beam_search(model, src: Tensor, search: SearchConfig, specials: Specials,
-                use_cache: bool = True, prefixes: list[list[int]] | None = None,
-                lines: list[int] | None = None, constraints: list[list[list[int]]] | None = None,
-                continuations: list[int] | None = None, candidates: Candidates | None = None
-                ) -> list[list[Hypothesis]]:
-    """Beam search (nmt.inference.core.Beam); (B, S) sources -> search.nbest hypotheses each.
-    model, prefixes, candidates: as for greedy_search (the shortlist must hold the
-    constraints' pieces too). constraints: per sentence, phrases (id lists) every output must
-    contain (dynamic beam allocation, nmt.inference.constrained); continuations: the ids of
-    the pieces that go on with a word, which may not follow a phrase (None: any may)."""
-    models = model if isinstance(model, list) else [model]
-    return decode_all(models, _sentences(src, specials.pad, prefixes, lines, constraints),
-                      search, specials, src.device, use_cache, continuations, candidates,
-                      beam=True)
 
 
 # ----------------------------------------------------------------------------- scoring
@@ -109,24 +73,22 @@ def score_batch(model, src: Tensor, tgt: Tensor, search: SearchConfig,
 def search_batch(model, src: Tensor, search: SearchConfig, specials: Specials,
                  use_cache: bool = True, prefixes: list[list[int]] | None = None,
                  lines: list[int] | None = None, constraints: list[list[list[int]]] | None = None,
-                 continuations: list[int] | None = None, candidates: Candidates | None = None
-                 ) -> list[list[Hypothesis]]:
-    """Greedy search (or sampling) when beam_size is 1 or sampling is on, else beam search;
-    with constraints, beam search at any beam_size (1 too), never sampling."""
+                 continuations: list[int] | None = None, candidates: Candidates | None = None,
+                 beam: bool | None = None) -> list[list[Hypothesis]]:
+    """Decode one padded (B, S) batch of sources (each ending with EOS): search.nbest
+    hypotheses each. model: a model or a list of them (an ensemble). The strategy is
+    nmt.inference.core.use_beams' (greedy search or sampling when beam_size is 1 or sampling
+    is on, else beam search; with constraints, beam search at any beam size, never sampling)
+    unless beam says. prefixes: forced output prefixes; lines: each sentence's input line
+    number, which seeds its samples (default 0..B-1); constraints: per sentence, phrases every
+    output must contain; continuations: the pieces that may not follow a phrase (None: any
+    may); candidates: the batch's lexical shortlist, which must hold the prefixes' and
+    phrases' pieces."""
     models = model if isinstance(model, list) else [model]
+    if beam is None:
+        beam = use_beams(search, bool(constraints and any(constraints)))
     return decode_all(models, _sentences(src, specials.pad, prefixes, lines, constraints),
-                      search, specials, src.device, use_cache, continuations, candidates,
-                      _use_beams(search, constraints))
-
-
-def _use_beams(search: SearchConfig, constraints: list[list[list[int]]] | None) -> bool | None:
-    """Beam search for lexical constraints at any beam size (never sampling); None: as the
-    search says."""
-    if not (constraints and any(constraints)):
-        return None
-    if search.sampling:
-        raise ValueError("constraints need beam search, not sampling")
-    return True
+                      search, specials, src.device, use_cache, continuations, candidates, beam)
 
 
 Item = tuple[int, list[int], list[int], list[list[int]]]  # line, source, prefix/target, phrases
@@ -155,7 +117,7 @@ class BatchJob:
         sentences = [Sentence(i, s, y, c, line) for i, (line, s, y, c) in enumerate(items)]
         return decode_all(self.models, sentences, self.search, self.specials, self.device,
                           self.use_cache, self.continuations, self.candidates(items),
-                          _use_beams(self.search, [c for _, _, _, c in items]))
+                          use_beams(self.search, any(c for _, _, _, c in items)))
 
     def candidates(self, items: list[Item]) -> Candidates | None:
         """search.shortlist's candidates for the batch: its sources' lists, the fixed ones,
@@ -241,10 +203,6 @@ def translate_nbest(model, src_ids: list[list[int]], search: SearchConfig,
     phrase (Tokenizer.word_continuations; None: any may).
     """
     models = decoding_models(model, search, fast and use_cache)
-    if search.shortlist:
-        shortlist = load_shortlist(search.shortlist)
-        for m in models:
-            shortlist.check(None, _vocab_size(m), "the model")
     job = BatchJob(models, search, specials, torch.device(device), use_cache,
                    continuations=continuations)
     prefixes = prefixes or [[] for _ in src_ids]

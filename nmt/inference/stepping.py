@@ -17,7 +17,7 @@ import pickle
 import queue
 from dataclasses import asdict
 
-from nmt.inference.core import Decoding, Sentence
+from nmt.inference.core import Decoding, Sentence, use_beams
 from nmt.inference.workers import STOP
 
 # ----------------------------------------------------------------------------- the workers
@@ -68,11 +68,16 @@ def step_loop(translator, inbox, outbox, worker: int) -> None:
 
 def _admit(translator, decoders: dict, items: list, outbox, worker: int) -> None:
     """Add (tag, search, ids[, (prefix, phrases, line)]) items to the Decodings of their search
-    settings (lexical constraints at beam size 1: a beam search of its own)."""
+    settings and strategies (use_beams: lexical constraints at beam size 1 are a beam search of
+    their own; with sampling, an error)."""
     groups: dict[tuple, list] = {}
     for tag, search, ids, *extra in items:
         sentence = Sentence(tag, list(ids), *(extra[0] if extra else ()))
-        beam = True if sentence.phrases and search.beam_size == 1 else None
+        try:
+            beam = use_beams(search, bool(sentence.phrases))
+        except ValueError as e:  # constraints while sampling
+            outbox.put(("error", worker, [tag], e))
+            continue
         key = (tuple(sorted(asdict(search).items())), beam)
         groups.setdefault(key, []).append((search, beam, sentence))
     for key, group in groups.items():

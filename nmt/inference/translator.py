@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from concurrent.futures import Future, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import torch
@@ -40,7 +41,6 @@ from nmt.inference.search import (
 from nmt.inference.stepping import step_loop
 from nmt.inference.workers import WorkerPool, can_fork
 from nmt.model import Transformer
-from nmt.shortlist import load_shortlist
 from nmt.tokenizer import Specials, Tokenizer
 
 
@@ -120,9 +120,6 @@ class Translator:
         unless parallel=False. prefixes, lines, progress, constraints: as
         search.translate_nbest; a constraint's last word ends where it ends (no piece of the
         target tokenizer that goes on with a word follows it)."""
-        if search.shortlist:  # built for this vocabulary: a one-line error otherwise
-            load_shortlist(search.shortlist).check(self.vocab.get("sha256"),
-                                                   self.vocab["tgt_size"], "the checkpoint")
         return translate_nbest(self.prepared(search.dtype), src_ids, search, self.specials,
                                self.device, use_cache=self.use_cache, progress=progress,
                                fast=self.fast, prefixes=prefixes, lines=lines,
@@ -201,7 +198,13 @@ class Translator:
                    for b in batches}
         results: list[list[Hypothesis]] = [[] for _ in items]
         for future in as_completed(futures):
-            for i, hyps in zip(futures[future], future.result(), strict=True):
+            try:
+                out = future.result()
+            except BrokenProcessPool:  # killed (out of memory?): no traceback of the pool's
+                raise NmtError("a decoding worker process died (killed, or out of memory?); "
+                               "run again, with fewer workers or a smaller search.max_tokens"
+                               ) from None
+            for i, hyps in zip(futures[future], out, strict=True):
                 results[i] = hyps
             if progress is not None:
                 progress(len(futures[future]))

@@ -58,6 +58,7 @@ from starlette.exceptions import HTTPException
 
 from nmt.config import RerankConfig, SearchConfig, ServeConfig
 from nmt.errors import ConfigError, NmtError
+from nmt.inference.core import use_beams
 from nmt.inference.engine import Engine, check_vocab, open_translator
 from nmt.inference.rerank import Chooser
 from nmt.inference.search import Hypothesis
@@ -302,7 +303,7 @@ class Service:
             self.stepper = translator.stepper()
             self.batcher = ContinuousBatcher(self.stepper.send, self.stepper.read, self.workers,
                                              search.max_tokens, search.max_sentences,
-                                             cfg.max_queued)
+                                             cfg.max_queued, dead=self.stepper.dead)
         else:
             self.batcher = Batcher(translator.submit, translator.workers, search.max_tokens,
                                    search.max_sentences, cfg.max_wait_ms / 1000, cfg.max_queued)
@@ -346,9 +347,10 @@ class Service:
     @property
     def broken(self) -> str:
         """Why the server cannot translate any more; "" while it can."""
-        if self.batcher.error:
-            return f"{self.batcher.error}; restart the server"
-        return self.pool_error or (self.stepper.dead() if self.stepper else "")
+        why = self.pool_error or (self.stepper.dead() if self.stepper else "")
+        if why or not self.batcher.error:  # a dead worker stops the batcher too: said once
+            return why
+        return f"{self.batcher.error}; restart the server"
 
     def search_of(self, req: TranslateRequest) -> SearchConfig:
         """The server's search settings with the request's overrides, within the limits."""
@@ -397,8 +399,10 @@ class Service:
                 raise ApiError(422, key, f"must have one item per sentence of text "
                                          f"({len(req.text)}), got {len(getattr(req, key))}")
         phrases = [[p for p in ps if p.strip()] for ps in req.constraints or []]
-        if any(phrases) and search.sampling:
-            raise ApiError(422, "constraints", "need beam search, not sampling")
+        try:
+            use_beams(search, any(phrases))
+        except ValueError as e:  # constraints while sampling
+            raise ApiError(422, "constraints", str(e).removeprefix("constraints ")) from None
         tok = self.translator.tgt_tok
         prefixes = tok.encode(req.prefix) if req.prefix else [[] for _ in req.text]
         encoded = iter(tok.encode([p for ps in phrases for p in ps]))

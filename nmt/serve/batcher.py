@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import queue
 import threading
 import time
 from collections import deque
@@ -278,14 +279,18 @@ class ContinuousBatcher(Batcher):
     send(worker, [(tag, search, ids, extra), ...]) hands sentences to a worker (extra: the
     forced prefix ids, phrases' ids and line number, or ()); the worker's messages,
     ("done", worker, [(tag, hypotheses), ...]) or ("error", worker, [tag, ...], exception), come to
-    `receive` on the event loop (from a thread that calls read() unless read is None: then the
-    caller passes them on).
+    `receive` on the event loop (from a thread that calls read(timeout) unless read is None:
+    then the caller passes them on). dead() says why the workers cannot decode any more ("":
+    they can): while no message comes, the reader asks it each POLL_S seconds, and once they
+    are dead, `stop` fails every sentence in flight or queued, and every later one.
     """
 
+    POLL_S = 1.0  # seconds the reader waits for a message before it asks dead()
+
     def __init__(self, send, read, workers: int, max_tokens: int, max_sentences: int,
-                 max_queued: int, clock: Clock | None = None):
+                 max_queued: int, clock: Clock | None = None, dead=None):
         super().__init__(None, workers, max_tokens, max_sentences, 0.0, max_queued, clock)
-        self.send, self.read = send, read
+        self.send, self.read, self.dead = send, read, dead or (lambda: "")
         self.flying: list[dict[int, _Queued]] = [{} for _ in range(workers)]  # tag -> sentence
         self.tokens = [0] * workers  # source tokens in flight per worker
         self.busy_since = [0.0] * workers
@@ -300,17 +305,41 @@ class ContinuousBatcher(Batcher):
         await super().run()
 
     def _read(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Pass each message of the workers to `receive` on the event loop."""
-        while True:
-            message = self.read()
+        """Pass each message of the workers to `receive` on the event loop; once none comes
+        and the workers are dead, `stop` instead, and end."""
+        why = ""
+        while not why:
             try:
-                loop.call_soon_threadsafe(self.receive, message)
+                call, arg = self.receive, self.read(self.POLL_S)
+            except queue.Empty:
+                why = self.dead()
+                if not why:
+                    continue
+                call, arg = self.stop, why
+            try:
+                loop.call_soon_threadsafe(call, arg)
             except RuntimeError:  # the loop has closed
                 return
 
+    def stop(self, why: str) -> None:
+        """The workers are gone: every sentence in flight or queued fails with
+        BatcherStopped(why), as will every later one; nothing is sent any more."""
+        self.error = why
+        jobs = [q.job for flying in self.flying for q in flying.values()]
+        for q in self.queue:
+            jobs.append(q.job)
+        for job in jobs:
+            job.fail(BatcherStopped(why))
+        self.queue.clear()
+        self.flying = [{} for _ in range(self.workers)]
+        self.tokens = [0] * self.workers
+        self.running_sentences = 0
+        self.changed.set()
+
     async def _dispatch(self) -> None:
-        """Send queued sentences, oldest first, to the least loaded workers with room."""
-        while True:
+        """Send queued sentences, oldest first, to the least loaded workers with room (until
+        `stop`)."""
+        while not self.error:
             self._drop_cancelled()
             sends: dict[int, list] = {}
             while self.queue and (w := self._room(len(self.queue[0].ids) + 1)) is not None:
