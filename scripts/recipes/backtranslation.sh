@@ -91,31 +91,7 @@ if [ "$KEEP" -le 0 ]; then
   exit 2
 fi
 
-words() {  # words ARG...: the arguments as one shell command line, quoted where needed
-  local out=() a
-  for a in "$@"; do
-    if [[ $a =~ ^[][A-Za-z0-9_./=:+,@%-]+$ ]]; then out+=("$a")
-    elif [[ $a =~ [\$\`\"\\] ]]; then out+=("$(printf %q "$a")")
-    else out+=("\"$a\""); fi
-  done
-  echo "${out[*]}"
-}
-
-step() {  # step NAME COMMAND...: run it, or in a dry run print it and validate its config
-  local name=$1; shift
-  echo "+ $(words "$@")" >&2
-  if [ -n "$DRY" ]; then
-    echo "### $name"
-    "$@" --cfg job
-  else
-    "$@"
-  fi
-}
-
-shell() {  # shell COMMAND: a shell command line, run unless this is a dry run
-  echo "+ $1" >&2
-  [ -n "$DRY" ] || bash -c "$1"
-}
+source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"  # words, step, shell
 
 TRAIN=(+recipe=cpu20 train.max_minutes="$MINUTES" train.save_interval_updates=100
   train.keep_last=5 train.valid_interval_updates=1000)

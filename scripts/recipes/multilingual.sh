@@ -48,21 +48,7 @@ for pair in en-de en-fr; do
   done
 done
 
-step() {  # step NAME COMMAND...: run it, or in a dry run print it and validate its config
-  local name=$1; shift
-  echo "+ $*" >&2
-  if [ -n "$DRY" ]; then
-    echo "### $name"
-    "$@" --cfg job
-  else
-    "$@"
-  fi
-}
-
-shell() {  # shell COMMAND: a shell command line, run unless this is a dry run
-  echo "+ $1" >&2
-  [ -n "$DRY" ] || bash -c "$1"
-}
+source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"  # words, step, shell
 
 pfx() {  # pfx SRC-TGT SPLIT: the corpus prefix of a direction's split
   local src=${1%-*} tgt=${1#*-}
