@@ -58,6 +58,14 @@ from nmt.shortlist import Candidates, load_shortlist
 from nmt.tokenizer import Specials
 
 
+def all_but(n: int, rows) -> np.ndarray:
+    """0..n-1 without `rows`, ascending (np.setdiff1d's result without its sort: every step
+    asks, and most steps retire nothing)."""
+    mask = np.ones(n, dtype=bool)
+    mask[np.asarray(rows, dtype=np.int64)] = False
+    return np.flatnonzero(mask)
+
+
 @dataclass
 class Hypothesis:
     """A finished output: ids without BOS/EOS, its length-normalised score and its log P(Y|X)."""
@@ -601,7 +609,7 @@ class Greedy:
                                       Hypothesis(out, logps[r] / lp, logps[r]))
             if len(self.results[slot]) == self.n:
                 ended.append((slot, sorted(self.results.pop(slot), key=lambda h: -h.score)))
-        keep_h = np.setdiff1d(np.arange(len(ids)), done)
+        keep_h = all_but(len(ids), done)
         keep = dec.on_device(keep_h)
         if len(keep_h):
             self.logprob, self.outputs = self.logprob[keep], [self.outputs[r] for r in keep_h]
@@ -678,8 +686,7 @@ class Beam:
         parents = (np.arange(b)[:, None] * kb + read[:, 4].astype(np.int64)).ravel()  # (b k,)
         keep = self.host.step(read, kb, dec.t[::kb], eos, self.fin)
         keep = np.zeros(0, dtype=np.int64) if keep is None else keep
-        ended = [(int(slots[i]), self.fin.best(int(slots[i])))
-                 for i in np.setdiff1d(np.arange(b), keep)]
+        ended = [(int(slots[i]), self.fin.best(int(slots[i]))) for i in all_but(b, keep)]
         rows = rows.view(-1)
         memory = None
         if len(keep) < b:  # some retired: their rows leave

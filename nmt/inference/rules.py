@@ -49,7 +49,8 @@ class StepView:
 def ban_specials(lprobs: Tensor, step: StepView) -> None:
     """PAD and BOS are never generated; BOS that is EOS (M2M100's and NLLB-200's </s>) is
     (Specials.banned)."""
-    lprobs[:, list(step.specials.banned)] = -torch.inf
+    for token in step.specials.banned:  # one or two columns: plain indexing is the cheapest
+        lprobs[:, token] = -torch.inf
 
 
 def ban_early_eos(lprobs: Tensor, step: StepView) -> None:
