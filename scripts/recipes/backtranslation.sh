@@ -51,24 +51,7 @@ case "$BT_SEARCH" in
   *) echo "backtranslation.sh: error: unknown BT_SEARCH '$BT_SEARCH' (beam or sampling)" >&2
     exit 2 ;;
 esac
-corpus_file() {  # corpus_file PATH: PATH, or PATH.xz / .gz / .bz2 (the bundled corpus is xz)
-  local ext
-  for ext in "" .xz .gz .bz2; do
-    [ -f "$1$ext" ] && { echo "$1$ext"; return; }
-  done
-  echo "$1"
-}
-
-text() {  # text PATH: the command that prints a (compressed) corpus file
-  case "$1" in
-    *.xz) echo "xz -dc $(q "$1")" ;; *.gz) echo "gzip -dc $(q "$1")" ;;
-    *.bz2) echo "bzip2 -dc $(q "$1")" ;; *) echo "cat $(q "$1")" ;;
-  esac
-}
-
-q() {  # q PATH: quoted for a shell command line
-  printf %q "$1"
-}
+source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"  # corpus_file, text, q, words, step, shell
 
 for side in "$SRC" "$TGT"; do
   if [ ! -f "$(corpus_file "$CORPUS/train.$side")" ]; then
@@ -91,7 +74,6 @@ if [ "$KEEP" -le 0 ]; then
   exit 2
 fi
 
-source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"  # words, step, shell
 
 TRAIN=(+recipe=cpu20 train.max_minutes="$MINUTES" train.save_interval_updates=100
   train.keep_last=5 train.valid_interval_updates=1000)

@@ -82,24 +82,7 @@ for n in TEACHER_MINUTES STUDENT_MINUTES; do
   [[ ${!n} =~ ^[0-9]*\.?[0-9]+$ && ! ${!n} =~ ^[0.]+$ ]] || fail "$n='${!n}' must be > 0"
 done
 
-corpus_file() {  # corpus_file PATH: PATH, or PATH.xz / .gz / .bz2 (the bundled corpus is xz)
-  local ext
-  for ext in "" .xz .gz .bz2; do
-    [ -f "$1$ext" ] && { echo "$1$ext"; return; }
-  done
-  echo "$1"
-}
-
-text() {  # text PATH: the command that prints a (compressed) corpus file
-  case "$1" in
-    *.xz) echo "xz -dc $(q "$1")" ;; *.gz) echo "gzip -dc $(q "$1")" ;;
-    *.bz2) echo "bzip2 -dc $(q "$1")" ;; *) echo "cat $(q "$1")" ;;
-  esac
-}
-
-q() {  # q PATH: quoted for a shell command line
-  printf %q "$1"
-}
+source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"  # corpus_file, text, q, words, step, shell
 
 for side in "$SRC" "$TGT"; do
   [ -f "$(corpus_file "$CORPUS/train.$side")" ] || fail "$CORPUS/train.$side: no such file" \
@@ -110,7 +93,6 @@ TRAIN_TGT=$(corpus_file "$CORPUS/train.$TGT")
 TEST_SRC=$(corpus_file "$CORPUS/test.$SRC")
 TEST_TGT=$(corpus_file "$CORPUS/test.$TGT")
 
-source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"  # words, step, shell
 
 trained() {  # trained NAME MODEL_OPTIONS...: preprocessed data -> trained, averaged checkpoint
   local name=$1 start=$SECONDS; shift

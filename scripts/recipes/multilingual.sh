@@ -48,7 +48,7 @@ for pair in en-de en-fr; do
   done
 done
 
-source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"  # words, step, shell
+source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"  # corpus_file, text, q, words, step, shell
 
 pfx() {  # pfx SRC-TGT SPLIT: the corpus prefix of a direction's split
   local src=${1%-*} tgt=${1#*-}
