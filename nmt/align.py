@@ -15,10 +15,10 @@ from nmt.inference.engine import Engine
 from nmt.inference.search import plan_batches
 
 
-def check_layer(model, layer: int) -> int:
-    """alignment_layer as a 0-based index of the model's decoder layers (negative: from the
+def check_layer(engine: Engine, layer: int) -> int:
+    """alignment_layer as a 0-based index of the engine's decoder layers (negative: from the
     end); a one-line error if the model has no such layer."""
-    n = model.cfg.decoder_layers
+    n = engine.decoder_layers
     if not -n <= layer < n:
         raise NmtError(f"alignment_layer={layer}: the model has {n} decoder layers "
                        f"(0..{n - 1}, or -{n}..-1 from the last)")
@@ -32,7 +32,7 @@ def align(engine: Engine, src_ids: list[list[int]], out_ids: list[list[int]],
     Translator) in length-sorted batches of at most max_tokens tokens (padding included).
     layer: which decoder layer's attention (-1: the last, fairseq's choice)."""
     engine.capabilities.check("alignment")
-    layer = check_layer(engine.model, layer)
+    layer = check_layer(engine, layer)
     items = [(i, s, y, []) for i, (s, y) in enumerate(zip(src_ids, out_ids, strict=True))
              if s and y]  # nothing to link without a source or an output piece
     links: list[list[tuple[int, int]]] = [[] for _ in src_ids]

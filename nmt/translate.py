@@ -223,7 +223,7 @@ def open_session(cfg: TranslateConfig) -> Session:
         if cfg.vocab_check:
             check_vocab(translator, cfg.vocab_check, cfg.checkpoints[0])
         if cfg.alignment:
-            check_layer(translator.model, cfg.alignment_layer)
+            check_layer(translator, cfg.alignment_layer)
         languages = choose(translator.vocab, cfg.src_lang, cfg.tgt_lang, cfg.checkpoints[0])
         check_languages(cfg, languages)
         chooser = Chooser.open(cfg, translator.tgt_tok, device, workers)

@@ -130,6 +130,11 @@ class CT2Translator:
         """The longest source (EOS excluded) the model can take."""
         return self.max_positions - 1
 
+    @property
+    def decoder_layers(self) -> int:
+        """0: CTranslate2 returns no attention weights (capabilities.alignment is off)."""
+        return 0
+
     def translate_ids(self, src_ids: list[list[int]], search: SearchConfig,
                       prefixes: list[list[int]] | None = None, lines: list[int] | None = None,
                       progress=None, parallel: bool = True,

@@ -45,6 +45,10 @@ class Engine(Protocol):
     def max_input_tokens(self) -> int:
         """The longest source (EOS excluded) it can take."""
 
+    @property
+    def decoder_layers(self) -> int:
+        """The decoder layers whose attention `attention` returns (0: it returns none)."""
+
     def translate_ids(self, src_ids: list[list[int]], search: SearchConfig,
                       prefixes: list[list[int]] | None = None, lines: list[int] | None = None,
                       progress=None, parallel: bool = True,

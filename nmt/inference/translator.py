@@ -96,6 +96,11 @@ class Translator:
         return self.models[0]
 
     @property
+    def decoder_layers(self) -> int:
+        """The first model's decoder layers (those `attention` returns)."""
+        return self.model.cfg.decoder_layers
+
+    @property
     def max_input_tokens(self) -> int:
         """The longest source (EOS excluded) every model can take."""
         return min(m.cfg.max_positions - 1 for m in self.models)
