@@ -125,6 +125,17 @@ def test_en(tiny_data_dir) -> Path:
     return tiny_data_dir / "test.clean.en"
 
 
+@pytest.fixture(scope="session")
+def ckpts(tiny_data_dir, tmp_path_factory) -> tuple[Path, Path]:
+    """Two tiny random checkpoints (seeds 0 and 1) over the toy data's SentencePiece model."""
+    from translate_helpers import save_tiny_checkpoint  # it imports nmt's inference stack
+
+    d = tmp_path_factory.mktemp("run")
+    spm_proto = (tiny_data_dir / "spm.model").read_bytes()
+    return (save_tiny_checkpoint(d / "a.pt", spm_proto, seed=0),
+            save_tiny_checkpoint(d / "b.pt", spm_proto, seed=1))
+
+
 @pytest.fixture
 def one_thread():
     """Tiny tensors: one thread is fastest, and immune to other processes on a shared CPU."""

@@ -4,7 +4,7 @@ rerank.model (a reverse model's score, the forward score and the length)."""
 from pathlib import Path
 
 import pytest
-from translate_helpers import lines_of, save_tiny_checkpoint
+from translate_helpers import lines_of
 from translate_helpers import translate_config as config
 
 from nmt.errors import ConfigError
@@ -12,14 +12,6 @@ from nmt.inference.mbr import mbr_select
 from nmt.translate import translate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def ckpts(tiny_data_dir, tmp_path_factory) -> tuple[Path, Path]:
-    d = tmp_path_factory.mktemp("run")
-    spm = (tiny_data_dir / "spm.model").read_bytes()
-    return (save_tiny_checkpoint(d / "a.pt", spm, seed=0),
-            save_tiny_checkpoint(d / "b.pt", spm, seed=1))
 
 
 @pytest.fixture(scope="module")

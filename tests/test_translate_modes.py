@@ -22,14 +22,6 @@ BIN = Path(sys.executable).parent
 CLI = str(BIN / "nmt-translate")
 
 
-@pytest.fixture(scope="module")
-def ckpts(tiny_data_dir, tmp_path_factory) -> tuple[Path, Path]:
-    d = tmp_path_factory.mktemp("run")
-    spm = (tiny_data_dir / "spm.model").read_bytes()
-    return (save_tiny_checkpoint(d / "a.pt", spm, seed=0),
-            save_tiny_checkpoint(d / "b.pt", spm, seed=1))
-
-
 def write(path: Path, lines: list[str]) -> Path:
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return path
