@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from translate_helpers import fine_tune_imported, mean_nll
 
 from nmt.checkpoint import load_checkpoint
 from nmt.config import ExportConfig, ImportConfig, SearchConfig, TranslateConfig
@@ -311,47 +312,21 @@ def test_bad_directories_are_one_line(m2m_dir, tmp_path):
 
 @pytest.mark.slow  # over 2 s
 def test_fine_tuning_from_the_imported_checkpoint_lowers_the_loss(m2m_pt, tmp_path):
-    from nmt.config import ModelConfig, PreprocessConfig, TrainConfig, compose, to_object
+    from nmt.config import ModelConfig, TrainConfig, compose, to_object
     from nmt.importer import model_overrides
-    from nmt.preprocess import preprocess
     from nmt.train import train
 
     pairs = [(e, d) for e, d in zip(bundled("train.en")[3000:4000],
                                     bundled("train.de")[3000:4000], strict=True)
-             if len(e) <= 50 and len(d) <= 60]
-    for split, part in (("train", pairs[:200]), ("valid", pairs[200:220])):
-        for lang, side in (("en", 0), ("de", 1)):
-            (tmp_path / f"{split}.{lang}").write_text(
-                "\n".join(p[side] for p in part) + "\n", encoding="utf-8")
-    data = tmp_path / "domain"
-    preprocess(to_object(compose("preprocess", [  # the source language token as a corpus tag
-        "src_lang=en", "tgt_lang=de", f"train=[{{path:{tmp_path}/train,tag:__en__}}]",
-        f"valid={tmp_path}/valid", f"out_dir={data}", f"bpe.model={m2m_pt}", "workers=1"]),
-        PreprocessConfig))
+             if len(e) <= 50 and len(d) <= 60][:220]
     state = load_checkpoint(m2m_pt)
     overrides = model_overrides(ModelConfig(**state["model_cfg"]))
     assert "model.positions=fairseq" in overrides
-    result = train(to_object(compose("train", [
-        "+model=small", f"data_dir={data}", f"run_dir={tmp_path / 'run'}", *overrides,
-        f"train.init_from={m2m_pt}", "train.max_updates=15", "train.max_tokens=400",
-        "train.threads=1", "optim.warmup=1", "optim.lr_factor=0.02", "model.dropout=0.0"]),
-        TrainConfig))
-    assert result["update"] == 15
-
-    search = SearchConfig(beam_size=1, alpha=0.0)
-    en = [e for e, _ in pairs[:200]]
-    de = [d for _, d in pairs[:200]]
-
-    def mean_nll(path: Path) -> float:
-        tr = Translator.load(path, dtype=None)
-        code = state["vocab"]["languages"]["codes"]["en"]
-        src = [[code, *ids] for ids in tr.src_tok.encode(en)]
-        tgt = tr.tgt_tok.encode(de)
-        hyps = tr.score_ids(src, tgt, search, parallel=False)
-        return -sum(h.logprob for h in hyps) / sum(len(t) + 1 for t in tgt)
-
-    tuned = tmp_path / "run" / "checkpoint_last.pt"
-    before, after = mean_nll(m2m_pt), mean_nll(tuned)
+    # the source language token as a corpus tag
+    data, tuned = fine_tune_imported(m2m_pt, pairs, tmp_path, 15, tag="__en__")
+    en, de = [e for e, _ in pairs[:200]], [d for _, d in pairs[:200]]
+    code = (state["vocab"]["languages"]["codes"]["en"],)
+    before, after = mean_nll(m2m_pt, en, de, code), mean_nll(tuned, en, de, code)
     assert after < before - 0.5, (before, after)
     # the data directory and the fine-tuned model keep the import's languages
     assert json.loads((data / "manifest.json").read_text())["languages"] == \

@@ -22,22 +22,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from translate_helpers import fine_tune_imported, mean_nll
 
 from nmt.checkpoint import load_checkpoint
 from nmt.config import (
     ExportConfig,
     ImportConfig,
-    ModelConfig,
-    PreprocessConfig,
     SearchConfig,
-    TrainConfig,
-    compose,
-    to_object,
 )
 from nmt.errors import ConfigError, NmtError
 from nmt.export import export
 from nmt.files import read_lines
-from nmt.importer import import_model, model_overrides
+from nmt.importer import import_model
 from nmt.inference.search import translate_ids
 from nmt.inference.translator import Translator
 from nmt.languages import choose
@@ -225,43 +221,16 @@ def test_export_of_an_imported_model_is_the_same_model_in_transformers(marian_di
 
 def test_fine_tuning_on_data_preprocessed_with_its_vocabulary_lowers_the_loss(imported,
                                                                              tmp_path):
-    from nmt.preprocess import preprocess
-    from nmt.train import train
-
     pairs = [(e, d) for e, d in zip(lines("train.en", 3000, 1000), lines("train.de", 3000, 1000),
-                                    strict=True) if len(e.split()) <= 12]  # short strings
-    src, tgt = [e for e, _ in pairs[:300]], [d for _, d in pairs[:300]]
-    for split, part in (("train", slice(0, 300)), ("valid", slice(300, 320))):
-        for lang, side in (("en", 0), ("de", 1)):
-            (tmp_path / f"{split}.{lang}").write_text(
-                "\n".join(p[side] for p in pairs[part]) + "\n", encoding="utf-8")
-    data = tmp_path / "domain"
-    preprocess(to_object(compose("preprocess", [
-        "src_lang=en", "tgt_lang=de", f"train={tmp_path}/train", f"valid={tmp_path}/valid",
-        f"out_dir={data}", f"bpe.model={imported}", "workers=1"]), PreprocessConfig))
+                                    strict=True) if len(e.split()) <= 12][:320]  # short strings
+    data, tuned = fine_tune_imported(imported, pairs, tmp_path, 20)
     manifest = json.loads((data / "manifest.json").read_text())
     vocab = load_checkpoint(imported)["vocab"]
     assert manifest["vocab_sha256"] == vocab["sha256"] and manifest["joint"]
     assert (manifest["pad_id"], manifest["bos_id"], manifest["eos_id"]) == (
         vocab["pad_id"], vocab["pad_id"], 0)
-
-    overrides = model_overrides(ModelConfig(**load_checkpoint(imported)["model_cfg"]))
-    run = tmp_path / "run"
-    result = train(to_object(compose("train", [
-        "+model=small", f"data_dir={data}", f"run_dir={run}", *overrides,
-        f"train.init_from={imported}", "train.max_updates=20", "train.max_tokens=400",
-        "train.threads=1", "optim.warmup=1", "optim.lr_factor=0.02", "model.dropout=0.0"]),
-        TrainConfig))
-    assert result["update"] == 20
-
-    search = SearchConfig(beam_size=1, alpha=0.0)
-
-    def mean_nll(path: Path) -> float:
-        tr = Translator.load(path, dtype=None)
-        hyps = tr.score_ids(tr.src_tok.encode(src), tr.tgt_tok.encode(tgt), search)
-        return -sum(h.logprob for h in hyps) / sum(len(t) + 1 for t in tr.tgt_tok.encode(tgt))
-
-    before, after = mean_nll(imported), mean_nll(run / "checkpoint_last.pt")
+    src, tgt = [e for e, _ in pairs[:300]], [d for _, d in pairs[:300]]
+    before, after = mean_nll(imported, src, tgt), mean_nll(tuned, src, tgt)
     assert after < before - 0.5, (before, after)
 
 

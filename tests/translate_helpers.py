@@ -178,3 +178,46 @@ class _TableState:
 
     def reorder(self, index, beam=None) -> None:
         """Nothing depends on the rows' history but the previous token, which search feeds."""
+
+
+def fine_tune_imported(imported: Path, pairs: list[tuple[str, str]], out: Path, updates: int,
+                       tag: str = "") -> tuple[Path, Path]:
+    """The README's fine-tuning of an imported checkpoint: the (English, German) pairs, the last
+    20 as the valid split, preprocessed with its vocabulary (bpe.model=; tag: a corpus tag put
+    first on every source, e.g. M2M100's language code), then nmt-train +model=small with the
+    import's model overrides and train.init_from for `updates` updates. (data directory, the
+    fine-tuned checkpoint)."""
+    from nmt.checkpoint import load_checkpoint
+    from nmt.config import PreprocessConfig
+    from nmt.importer import model_overrides
+    from nmt.preprocess import preprocess
+    from nmt.train import train
+
+    for split, part in (("train", pairs[:-20]), ("valid", pairs[-20:])):
+        for lang, side in (("en", 0), ("de", 1)):
+            (out / f"{split}.{lang}").write_text("\n".join(p[side] for p in part) + "\n",
+                                                 encoding="utf-8")
+    train_corpus = f"{{path:{out}/train,tag:{tag}}}" if tag else f"{out}/train"
+    data = out / "domain"
+    preprocess(to_object(compose("preprocess", [
+        "src_lang=en", "tgt_lang=de", f"train=[{train_corpus}]", f"valid={out}/valid",
+        f"out_dir={data}", f"bpe.model={imported}", "workers=1"]), PreprocessConfig))
+    overrides = model_overrides(ModelConfig(**load_checkpoint(imported)["model_cfg"]))
+    result = train(to_object(compose("train", [
+        "+model=small", f"data_dir={data}", f"run_dir={out / 'run'}", *overrides,
+        f"train.init_from={imported}", f"train.max_updates={updates}", "train.max_tokens=400",
+        "train.threads=1", "optim.warmup=1", "optim.lr_factor=0.02", "model.dropout=0.0"]),
+        TrainConfig))
+    assert result["update"] == updates
+    return data, out / "run" / "checkpoint_last.pt"
+
+
+def mean_nll(checkpoint: Path, src: list[str], tgt: list[str], first: tuple[int, ...] = ()
+             ) -> float:
+    """The checkpoint's mean negative log-likelihood per target piece (EOS counted) of the
+    pairs; first: ids put before every source's (a language code)."""
+    tr = Translator.load(checkpoint, dtype=None)
+    tgt_ids = tr.tgt_tok.encode(tgt)
+    hyps = tr.score_ids([[*first, *ids] for ids in tr.src_tok.encode(src)], tgt_ids,
+                        SearchConfig(beam_size=1, alpha=0.0), parallel=False)
+    return -sum(h.logprob for h in hyps) / sum(len(t) + 1 for t in tgt_ids)
