@@ -184,6 +184,21 @@ def test_source_auto_detects_among_the_servers_languages(libre, monkeypatch):
     libretranslate.identifier.cache_clear()
 
 
+def test_a_model_told_its_source_language_gets_it_from_source():
+    nllb = libretranslate.Languages(("deu_Latn", "eng_Latn"), True, "", "")
+    assert nllb.fields("eng_Latn", "deu_Latn") == {"tgt_lang": "deu_Latn",
+                                                   "src_lang": "eng_Latn"}
+    assert nllb.listing()[0] == {"code": "deu_Latn", "name": "deu_Latn",
+                                 "targets": ["eng_Latn"]}
+    tagged = libretranslate.Languages(("de", "en"), False, "", "")
+    assert tagged.fields("en", "de") == {"tgt_lang": "de"}
+    with pytest.raises(libretranslate.LibreError, match="^fr is not supported .*between de, en"):
+        tagged.fields("fr", "de")
+    nllb.require()  # a multilingual model needs no server languages
+    with pytest.raises(libretranslate.LibreError, match="languages are not set"):
+        libretranslate.Languages((), False, "en", "").require()
+
+
 def test_without_languages_the_api_says_so(ckpt):
     srv = InProcess(ckpt)
     try:

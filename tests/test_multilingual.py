@@ -267,6 +267,30 @@ def test_nmt_serve_translates_into_the_language_a_request_asks_for(multi_server,
     assert 'id="tgt"' in page and "h.languages" in page and "body.tgt_lang" in page
 
 
+def test_libretranslates_api_offers_every_language_of_a_multilingual_model(multi_server, raw):
+    from urllib.parse import urlencode
+
+    status, _, body = multi_server.call("GET", "/languages")
+    assert status == 200 and body == [
+        {"code": "de", "name": "German", "targets": ["en", "fr"]},
+        {"code": "en", "name": "English", "targets": ["de", "fr"]},
+        {"code": "fr", "name": "French", "targets": ["de", "en"]}]
+    lines = read(raw["en-de"]["test"], "en")[:3]
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    for lang in ("de", "fr"):
+        want = [t["text"] for t in multi_server.translate(lines, tgt_lang=lang)]
+        status, _, body = multi_server.call("POST", "/translate", urlencode(
+            {"q": lines[0], "source": "en", "target": lang}).encode(), form)
+        assert (status, body) == (200, {"translatedText": want[0]})
+        status, _, body = multi_server.call("POST", "/translate", {
+            "q": lines, "source": "en", "target": lang})
+        assert (status, body) == (200, {"translatedText": want})
+    status, _, body = multi_server.call("POST", "/translate", urlencode(
+        {"q": "x", "source": "en", "target": "es"}).encode(), form)
+    assert (status, body) == (400, {"error": "es is not supported (this model translates "
+                                             "between de, en, fr)"})
+
+
 def test_nmt_serve_refuses_a_language_for_a_bilingual_model(tiny_data_dir, tmp_path):
     from test_serve import InProcess
     from translate_helpers import save_tiny_checkpoint

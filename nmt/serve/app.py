@@ -669,8 +669,9 @@ def create_app(service: Service) -> FastAPI:
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(ApiError, lambda request, exc: _error_response(exc))
     app.add_exception_handler(Exception, _server_error)
+    # LibreTranslate's API, inside BodyLimit: its requests are bounded too
     libretranslate.install(app, service.cfg, lambda texts, **search: service.translate(
-        TranslateRequest(text=texts, **search)))  # inside BodyLimit: bounded requests too
+        TranslateRequest(text=texts, **search)), service.languages, service.forced)
     # A character costs up to 12 bytes (JSON's surrogate pair escapes; a form's urlencoded
     # UTF-8: 9 for CJK), so that max_chars, not the body, limits a request.
     limit = 12 * service.cfg.max_chars + 100 * service.cfg.max_sentences + 4096

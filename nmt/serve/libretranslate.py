@@ -8,15 +8,16 @@ nmt's own API (a JSON object with "text"). RequestKind, an ASGI middleware, send
 languages, detect) for clients pointed at that prefix; GET /languages and POST /detect answer
 at the top as well.
 
-POST translate takes q (a string, or a list of strings in JSON), source and target (the
-server's src_lang and tgt_lang; source=auto needs the language identifier py3langid, the
-`langid` extra), format (text, or html: the markup is kept byte for byte and the text between
-tags, not inside script or style, translated) and answers {"translatedText": ...} (a string or
-a list, as q), with {"detectedLanguage": {"confidence", "language"}} for source=auto and
-{"alternatives": [...]} when asked for (the rest of a text's n-best list). The texts go
-through nmt's own translate (the server's split, limits and batches). Errors are
-LibreTranslate's: {"error": "..."} with 400 (a bad request, or over a limit), 429 (the queue
-is full; Retry-After) or 500 (the server cannot translate).
+POST translate takes q (a string, or a list of strings in JSON), source and target (any two
+of a multilingual model's languages, nmt's src_lang and tgt_lang per request; for a bilingual
+model the server's src_lang and tgt_lang; source=auto needs the language identifier py3langid,
+the `langid` extra, and picks among those languages), format (text, or html: the markup is
+kept byte for byte and the text between tags, not inside script or style, translated) and
+answers {"translatedText": ...} (a string or a list, as q), with {"detectedLanguage":
+{"confidence", "language"}} for source=auto and {"alternatives": [...]} when asked for (the
+rest of a text's n-best list). The texts go through nmt's own translate (the server's split,
+limits and batches). Errors are LibreTranslate's: {"error": "..."} with 400 (a bad request, or
+over a limit), 429 (the queue is full; Retry-After) or 500 (the server cannot translate).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import importlib.util
 import json
 import re
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -273,30 +275,73 @@ def identifier(languages: tuple[str, ...]):
     return found
 
 
-def detect(text: str, cfg: ServeConfig) -> list[dict]:
-    """The server's languages by how likely `text` is in each, likeliest first, as
-    LibreTranslate's /detect: [{"confidence": percent, "language": code}]."""
-    codes = {re.split("[-_]", code)[0]: code for code in (cfg.src_lang, cfg.tgt_lang)}
+def detect(text: str, languages: tuple[str, ...]) -> list[dict]:
+    """`languages` by how likely `text` is in each, likeliest first, as LibreTranslate's
+    /detect: [{"confidence": percent, "language": code}]."""
+    codes = {re.split("[-_]", code)[0]: code for code in languages}
     ranked = identifier(tuple(codes)).rank(text)
     return [{"confidence": round(100 * p, 1), "language": codes.get(lang, lang)}
             for lang, p in ranked]
 
 
-def require_languages(cfg: ServeConfig) -> None:
-    """LibreTranslate's API needs the server's languages."""
-    if not (cfg.src_lang and cfg.tgt_lang):
-        raise LibreError(500, "this server's languages are not set: start nmt-serve with "
-                              "src_lang=... tgt_lang=... for LibreTranslate's API")
+@dataclass(frozen=True)
+class Languages:
+    """What LibreTranslate's API offers: a multilingual model's languages, any of them into
+    any other (nmt.languages: `forced`, the model is told the source language too), or a
+    bilingual model's one direction, the server's src_lang -> tgt_lang."""
+
+    codes: tuple[str, ...]  # the multilingual model's languages; () for a bilingual model
+    forced: bool  # the model needs src_lang too (M2M100, NLLB-200)
+    src_lang: str  # the server's source language (a bilingual model's)
+    tgt_lang: str  # the server's target language
+
+    @property
+    def all(self) -> tuple[str, ...]:
+        """Every language the API names (a multilingual model's, or the server's two)."""
+        return self.codes or (self.src_lang, self.tgt_lang)
+
+    def require(self) -> None:
+        """A bilingual model needs the server's languages for this API."""
+        if not self.codes and not (self.src_lang and self.tgt_lang):
+            raise LibreError(500, "this server's languages are not set: start nmt-serve with "
+                                  "src_lang=... tgt_lang=... for LibreTranslate's API")
+
+    def listing(self) -> list[dict]:
+        """GET /languages: each language's code, name and the languages it translates into."""
+        if not self.codes:
+            pairs = [(self.src_lang, [self.tgt_lang]), (self.tgt_lang, [])]
+        else:
+            pairs = [(code, [c for c in self.codes if c != code]) for code in self.codes]
+        return [{"code": code, "name": NAMES.get(code, code), "targets": targets}
+                for code, targets in pairs]
+
+    def fields(self, source: str, target: str) -> dict:
+        """nmt's request fields that translate from `source` into `target`; a LibreError for a
+        language or a direction this server does not offer."""
+        if not self.codes:
+            for code, ours in ((source, self.src_lang), (target, self.tgt_lang)):
+                if code != ours:
+                    raise LibreError(400, f"{code} is not supported (this server translates "
+                                          f"{self.src_lang} to {self.tgt_lang})")
+            return {}
+        for code in (source, target):
+            if code not in self.codes:
+                raise LibreError(400, f"{code} is not supported (this model translates "
+                                      f"between {', '.join(self.codes)})")
+        return {"tgt_lang": target, **({"src_lang": source} if self.forced else {})}
 
 
 # ----------------------------------------------------------------------------- the routes
-def install(app: FastAPI, cfg: ServeConfig, translate: Translate) -> None:
+def install(app: FastAPI, cfg: ServeConfig, translate: Translate, codes: tuple[str, ...] = (),
+            forced: bool = False) -> None:
     """LibreTranslate's routes on `app` (under PREFIX, and /languages and /detect at the top)
-    and the middleware that sends LibreTranslate's POST /translate to them."""
+    and the middleware that sends LibreTranslate's POST /translate to them. codes: a
+    multilingual model's languages (forced: it is told the source language too; Languages)."""
+    languages = Languages(tuple(codes), forced, cfg.src_lang, cfg.tgt_lang)
 
     @libre_errors
     async def translate_route(request: Request) -> JSONResponse:
-        require_languages(cfg)
+        languages.require()
         fields = await read_fields(request)
         texts = q_field(fields)
         source, target = text_field(fields, "source"), text_field(fields, "target")
@@ -306,17 +351,14 @@ def install(app: FastAPI, cfg: ServeConfig, translate: Translate) -> None:
         alternatives = alternatives_field(fields)
         answer = {}
         if source == "auto":
-            best = detect(" ".join(texts), cfg)[0]
+            best = detect(" ".join(texts), languages.all)[0]
             answer["detectedLanguage"] = best
             source = best["language"]
-        for code, ours in ((source, cfg.src_lang), (target, cfg.tgt_lang)):
-            if code != ours:
-                raise LibreError(400, f"{code} is not supported (this server translates "
-                                      f"{cfg.src_lang} to {cfg.tgt_lang})")
+        into = functools.partial(translate, **languages.fields(source, target))
         if fmt == "html":
-            out = [(t, []) for t in await translate_html(texts, translate)]
+            out = [(t, []) for t in await translate_html(texts, into)]
         else:
-            out = await translate_plain(texts, translate, alternatives, cfg.search.beam_size)
+            out = await translate_plain(texts, into, alternatives, cfg.search.beam_size)
         batch = isinstance(fields["q"], list)
         answer["translatedText"] = [t for t, _ in out] if batch else out[0][0]
         if alternatives:
@@ -325,16 +367,14 @@ def install(app: FastAPI, cfg: ServeConfig, translate: Translate) -> None:
 
     @libre_errors
     async def languages_route(request: Request) -> JSONResponse:
-        require_languages(cfg)
-        return JSONResponse([
-            {"code": code, "name": NAMES.get(code, code), "targets": targets}
-            for code, targets in ((cfg.src_lang, [cfg.tgt_lang]), (cfg.tgt_lang, []))])
+        languages.require()
+        return JSONResponse(languages.listing())
 
     @libre_errors
     async def detect_route(request: Request) -> JSONResponse:
-        require_languages(cfg)
+        languages.require()
         text = " ".join(q_field(await read_fields(request)))
-        return JSONResponse(detect(text, cfg))
+        return JSONResponse(detect(text, languages.all))
 
     summary = "LibreTranslate's API: "
     app.add_api_route(PREFIX + "/translate", translate_route, methods=["POST"],
