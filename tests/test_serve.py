@@ -137,6 +137,15 @@ def test_batcher_keeps_the_token_budget_and_splits_over_idle_workers():
     assert [sorted(b[1]) for b in batches] == [[5, 6, 7, 8], [1, 2, 3, 4]]
 
 
+def test_a_lone_idle_worker_gets_the_oldest_sentence_and_those_closest_to_it_in_length():
+    batches = []
+    batcher = Batcher(recording_submit(batches), 1, 4096, 3, 0.05, 100, FakeClock())
+    lengths = [3, 8, 1, 6, 2, 7, 5, 4]
+    asyncio.run(run_batcher(batcher, [([[7] * n], SearchConfig()) for n in lengths]))
+    # the oldest (3) with 2 and 4 (2 is older: first among equals), then 8 with 7 and 6
+    assert [b[1] for b in batches] == [[3, 2, 4], [8, 7, 6], [1, 5]]
+
+
 def test_batcher_gives_a_freed_worker_its_share_of_all_sentences_in_flight():
     held: list[tuple[Future, list]] = []
 

@@ -225,15 +225,19 @@ class Batcher:
         """Remove a batch from the queue: sentences with this key within the token budget
         (padded width x sentences) and this worker's share of the sentences in flight (queued
         or being decoded; a worker that takes all it finds while the others hold a few would
-        leave them batches of one or two ever after). Oldest first, or longest first while
-        other workers are idle too: this round sends every queued sentence, and sentences of
-        like length decode faster together (no long tail)."""
+        leave them batches of one or two ever after). Sentences of like length decode faster
+        together (less padding, no long tail), so: longest first while other workers are
+        idle too (this round sends every queued sentence), else the oldest sentence and those
+        closest to it in length (older first among equals)."""
         mine = [q for q in self.queue if q.job.key == key]
         cap = math.ceil((len(mine) + self.running_sentences) / self.workers)
         if self.max_sentences:
             cap = min(cap, self.max_sentences)
         if self.idle > 1:
             mine.sort(key=lambda q: -len(q.ids))
+        else:
+            head = len(mine[0].ids)
+            mine.sort(key=lambda q: abs(len(q.ids) - head))  # stable: the head stays first
         batch: list[_Queued] = []
         width = 0
         for q in mine:
