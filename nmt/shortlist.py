@@ -15,7 +15,8 @@ the union over its sentences of their source pieces' lists, the fixed ones, and 
 forced prefixes and constraints, as in Marian and CTranslate2. So a sentence's translation may
 depend on its batch mates (batching changes outputs only through the shortlist). FastModel
 multiplies by those rows of the output projection only; log-softmax is over the candidates,
-and the search sees every other piece at log P = -inf. `vmap_text` gives the same lists as
+and the search works in their columns (nmt.inference.rules.Columns; with lexical constraints,
+in full-vocabulary rows with every other piece at log P = -inf). `vmap_text` gives the same lists as
 CTranslate2's vocabulary map (vmap.txt, translate_batch(use_vmap=True)), which
 nmt.inference.ct2_export.write_vmap writes.
 """

@@ -12,6 +12,7 @@ import torch
 from conftest import write_token_array
 from translate_helpers import random_sources, save_tiny_checkpoint, search, tiny_model, tokens
 
+import nmt.inference.core
 import nmt.shortlist
 from nmt.config import BpeConfig, PreprocessConfig, ShortlistConfig
 from nmt.data import ParallelData, TokenArray, read_manifest
@@ -140,6 +141,30 @@ def test_every_output_piece_is_a_candidate_of_its_batch(model, sources, tmp_path
     assert all(set(h.tokens) <= union and h.score > -np.inf for hyps in out for h in hyps)
     if dtype == "fp32":  # FastModel's cut projection = the reference model's logits, cut
         assert tokens(translate_nbest(model, sources, cfg, SPECIALS, fast=False)) == tokens(out)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+@pytest.mark.parametrize("kw", [
+    dict(beam_size=1), dict(beam_size=4, nbest=2, min_len=3, no_repeat_ngram_size=2),
+    dict(beam_size=1, sampling=True, nbest=3, top_k=5, seed=7), dict(beam_size=4, alpha=0.0)],
+    ids=["greedy", "beam-rules", "sampling", "beam-alpha0"])
+def test_searching_the_shortlists_columns_is_searching_full_rows(model, sources, tmp_path,
+                                                                  monkeypatch, kw, dtype):
+    path = small_shortlist(tmp_path / "small.pt")
+    cfg = search(shortlist=path, dtype=dtype, **kw)
+    prefixes = [[4 + i % 5] if i % 3 == 0 else [] for i in range(len(sources))]
+    compact = translate_nbest(model, sources, cfg, SPECIALS, prefixes=prefixes)
+    monkeypatch.setattr(nmt.inference.core, "in_columns", lambda *a: False)
+    full = translate_nbest(model, sources, cfg, SPECIALS, prefixes=prefixes)
+    assert tokens(compact) == tokens(full)
+    scores = [[[h.score for h in hyps] for hyps in out] for out in (compact, full)]
+    if dtype == "fp32":  # int8 rounds each call's activations by the batch's range, and the
+        # dead beams of a forced prefix (log P -inf ties) take other tokens in the two forms
+        assert scores[0] == scores[1]
+    else:
+        assert np.allclose(sum(scores[0], []), sum(scores[1], []), atol=0.05)
+    assert all(h.tokens[:len(p)] == p for hyps, p in zip(compact, prefixes, strict=True)
+               for h in hyps)
 
 
 def test_forced_prefix_and_constraint_pieces_outside_the_shortlist_still_decode(

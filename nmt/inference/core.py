@@ -52,7 +52,7 @@ from nmt.inference.fast import (
     row_argmax,
     top_k,
 )
-from nmt.inference.rules import StepView, apply_rules, sample_tokens, sample_uniforms
+from nmt.inference.rules import Columns, StepView, apply_rules, sample_tokens, sample_uniforms
 from nmt.model import additive_mask
 from nmt.shortlist import Candidates, load_shortlist
 from nmt.tokenizer import Specials
@@ -151,11 +151,14 @@ class Decoder:
     (one model, or an ensemble), each with its key/value cache or without."""
 
     def __init__(self, models: list, src: Tensor, use_cache: bool = True,
-                 candidates: Candidates | None = None):
+                 candidates: Candidates | None = None, compact: bool = False):
         """Encode (B, S) sources with every model: one row per sentence until `reorder`.
-        candidates: a lexical shortlist (nmt.shortlist): log-softmax over its ids alone,
-        every other id at -inf (FastModels compute those logits alone; others all, then cut)."""
+        candidates: a lexical shortlist (nmt.shortlist): log-softmax over its ids alone
+        (FastModels compute those logits alone; others all, then cut), in a column each
+        (compact: the search works in those columns, rules.Columns) or with every other id
+        at -inf in full-vocabulary rows."""
         self.models, self.use_cache, self.candidates = models, use_cache, candidates
+        self.compact = compact
         self.states = []  # per model: its decoding state, or [memory, src_mask] without cache
         self.cut = []  # per model: whether decode_step gives the shortlist's logits alone
         for model in models:
@@ -180,10 +183,10 @@ class Decoder:
                 self.states[i] = [t.index_select(0, index) for t in state]
 
     def log_probs(self, prefix: Tensor, allowed: Tensor | None = None, **step) -> Tensor:
-        """(R, t) BOS and the tokens so far -> (R, V) float log-probabilities of the next token.
-        allowed: (R, V) each row's own shortlist (mask_to_shortlists); step: further arguments
-        of the models' decode_step (per-row positions and the self-attention mask of rows
-        that joined later)."""
+        """(R, t) BOS and the tokens so far -> (R, V) float log-probabilities of the next token
+        ((R, V') with a compact shortlist: its candidates' columns). allowed: (R, V) each row's
+        own shortlist (mask_to_shortlists); step: further arguments of the models' decode_step
+        (per-row positions and the self-attention mask of rows that joined later)."""
         total = None
         for model, state, cut in zip(self.models, self.states, self.cut, strict=True):
             if self.use_cache:  # only the newest token goes in; the past is in the cache
@@ -199,7 +202,7 @@ class Decoder:
             total = lprobs if total is None else total.add_(lprobs)
         if len(self.models) > 1:
             total.div_(len(self.models))
-        if self.candidates is None:
+        if self.candidates is None or self.compact:
             return total
         return restrict_to_shortlist(total, self.candidates)
 
@@ -217,6 +220,12 @@ class Decoder:
         every memory padded to S source positions (FastStates: can_join)."""
         for live, state in zip(self.states, new.states, strict=True):
             _join_states(live, state, rows, S)
+
+
+def in_columns(sentences: list[Sentence], candidates: Candidates | None) -> bool:
+    """Whether a batch's search works in its shortlist's columns (rules.Columns): with a batch
+    shortlist and no lexical constraints (which ban by id, over full-vocabulary rows)."""
+    return candidates is not None and not any(s.phrases for s in sentences)
 
 
 def restrict_to_shortlist(lprobs: Tensor, candidates: Candidates) -> Tensor:
@@ -302,6 +311,7 @@ class Decoding:
         self.tokens: Tensor | None = None  # (R, W) BOS, then each row's output so far
         self.u: Tensor | None = None  # sampling: (R, W) each row's uniform of each step
         self.phrases: PhraseConstraints | None = None  # lexical constraints, by slot and row
+        self.columns: Columns | None = None  # the batch shortlist's columns (compact rows)
         self.joined = False  # some rows joined others already decoding
         self.strategy.clear()
 
@@ -325,7 +335,9 @@ class Decoding:
             self._check(todo, candidates)
             eos, pad = self.specials.eos, self.specials.pad
             src = pad_batch([s.src + [eos] for s in todo], pad, self.device)  # (n, S)
-            new = Decoder(self.models, src, self.use_cache, candidates)  # (what may fail first)
+            compact = in_columns(todo, candidates)
+            new = Decoder(self.models, src, self.use_cache, candidates, compact)  # may fail first
+            columns = Columns(*candidates) if compact else None
         self.ready += [(s.tag, empty_source(s)) for s in sentences if empty_source(s) is not None]
         if not todo:
             return
@@ -334,6 +346,8 @@ class Decoding:
         slots = [self.free.pop() if self.free else self._new_slot() for _ in todo]
         self.tags.update(zip(slots, (s.tag for s in todo), strict=True))
         self._join(new, *self._group(new, src != pad, per))
+        if self.columns is None:
+            self.columns = columns
         self._add_rows(todo, slots, np.repeat(max_len, per), per)
         self._set_prefixes(todo, slots)
         if self.shortlist is not None:
@@ -489,11 +503,16 @@ class Decoding:
     def _view(self) -> StepView:
         """What the rules see of this step."""
         return StepView(self.search, self.specials, self.t, self.tokens, self.slot,
-                        self.prefix, self.prefix_len, self.phrases)
+                        self.prefix, self.prefix_len, self.phrases, self.columns)
 
     def on_device(self, x: np.ndarray) -> Tensor:
         """A host array as a tensor on the decoding device."""
         return torch.from_numpy(x).to(self.device)
+
+    def ids(self, columns: Tensor) -> Tensor:
+        """The pieces of columns of a step's log-probabilities (each its own id without a
+        compact shortlist)."""
+        return columns if self.columns is None else self.columns.ids[columns]
 
     def write(self, token: Tensor) -> None:
         """Each row's next token (R,): its output grows by one."""
@@ -591,6 +610,7 @@ class Greedy:
         else:
             token = row_argmax(lprobs)  # (R,): lprobs.argmax(dim=1), faster
         self.logprob += lprobs.gather(1, token.unsqueeze(1)).squeeze(1)  # (R,)
+        token = dec.ids(token)  # columns -> pieces
         ids, logps = torch.stack([token.double(), self.logprob.double()]).tolist()  # the read
         dec.write(token)
         for out, i in zip(self.outputs, ids, strict=True):
@@ -681,7 +701,8 @@ class Beam:
         if dec.phrases is not None:  # candidates in striped bank order instead of by log P
             reorder = partial(dec.phrases.candidates,
                               sentences=dec.on_device(dec.slot[::kb].copy()))
-        scores, rows, token, read = beam_candidates(lprobs, self.scores, k, eos, reorder)
+        scores, rows, token, read = beam_candidates(lprobs, self.scores, k, eos, reorder,
+                                                    dec.ids)
         slots = self.host.sent  # step() drops the retired ones
         parents = (np.arange(b)[:, None] * kb + read[:, 4].astype(np.int64)).ravel()  # (b k,)
         keep = self.host.step(read, kb, dec.t[::kb], eos, self.fin)
@@ -704,14 +725,15 @@ class Beam:
         return ended
 
 
-def beam_candidates(lprobs: Tensor, scores: Tensor, k: int, eos_id: int, reorder=None
-                    ) -> tuple[Tensor, Tensor, Tensor, np.ndarray]:
+def beam_candidates(lprobs: Tensor, scores: Tensor, k: int, eos_id: int, reorder=None,
+                    ids=None) -> tuple[Tensor, Tensor, Tensor, np.ndarray]:
     """One beam search step on the device: (b kb, V) log-probabilities of the next token (kb
     rows a sentence) and (b, kb) log P of the prefixes -> the k kept prefixes' log P (b, k),
     the rows they continue (b, k), their new tokens (b k,), and the host's read (b, 6, k) for
     _HostBeam.step. lprobs is overwritten. reorder: (cand (b, kb V), its top 2k's indices, kb=,
     V=) -> the candidates' log P and indices (b, W >= 2k) in the order to keep them (constrained
-    search's banks); None: best first."""
+    search's banks); None: best first. ids: columns -> pieces (Decoding.ids; None: each column
+    is its piece)."""
     b, kb = scores.shape
     V, dev = lprobs.size(1), lprobs.device
     cand = lprobs.add_(scores.view(-1, 1)).view(b, kb * V)  # (b, kb V): log P
@@ -721,6 +743,8 @@ def beam_candidates(lprobs: Tensor, scores: Tensor, k: int, eos_id: int, reorder
     if reorder is not None:
         cand_scores, cand_idx = reorder(cand, cand_idx, kb=kb, V=V)  # (b, W)
     cand_beam, cand_tok = (cand_idx // V).clamp_(max=kb - 1), cand_idx % V  # (b, W)
+    if ids is not None:
+        cand_tok = ids(cand_tok)  # columns -> pieces
     # The first k candidates that do not end go on: sort positions with EOS pushed last.
     W = cand_idx.size(1)
     pos = ((cand_tok == eos_id).long() * W + torch.arange(W, device=dev)).topk(

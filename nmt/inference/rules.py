@@ -7,7 +7,9 @@ wins over every ban (a forced piece is never banned).
 
 Rules see a `StepView`: per row (hypothesis) the tokens it has decoded, its sentence's slot
 and what the slot holds, so that rows that joined at different steps (continuous batching)
-follow each their own position.
+follow each their own position. With a batch's lexical shortlist, a step's log-probabilities
+have a column per candidate piece only (`Columns`): rules name pieces by id and ban or force
+the column of each (a piece outside the shortlist has none: nothing to ban).
 """
 
 from __future__ import annotations
@@ -22,14 +24,32 @@ from nmt.config import SearchConfig
 from nmt.tokenizer import Specials
 
 
+class Columns:
+    """A step's columns when they are a shortlist's candidates: the id of each column, and the
+    column of each id (-1: not a candidate)."""
+
+    def __init__(self, ids: Tensor, vocab_size: int):
+        self.ids = ids  # (V',) the candidates' ids, column order
+        self.of = torch.full((vocab_size,), -1, dtype=torch.long, device=ids.device)
+        self.of[ids] = torch.arange(len(ids), device=ids.device)  # (V,)
+        self.of_host = self.of.cpu().numpy()
+
+    def column(self, token: int) -> int | None:
+        """The column of one piece (None: not a candidate)."""
+        c = int(self.of_host[token])
+        return c if c >= 0 else None
+
+
 class StepView:
     """What the rules see of one decoding step (R live rows); the per-row tensors are made
     from the host's arrays when a rule first asks for them."""
 
     def __init__(self, search: SearchConfig, specials: Specials, t: np.ndarray,
                  tokens: Tensor, slots: np.ndarray, prefix: Tensor | None,
-                 prefix_len: Tensor | None, phrases: object | None):
+                 prefix_len: Tensor | None, phrases: object | None,
+                 columns: Columns | None = None):
         self.search, self.specials, self.tokens = search, specials, tokens  # tokens (R, >t)
+        self.columns = columns  # the log-probabilities' columns: None, every id in order
         self.t_host, self.slots_host = t, slots  # (R,) tokens decoded, sentence slot
         self.t_min, self.t_max = int(t.min()), int(t.max())
         self.prefix, self.prefix_len = prefix, prefix_len  # (slots, P), (slots,) or None
@@ -45,18 +65,27 @@ class StepView:
         """(R,) each row's sentence slot."""
         return torch.from_numpy(self.slots_host).to(self.tokens.device)
 
+    def column(self, token: int) -> int | None:
+        """The column of a piece (None: outside the step's shortlist)."""
+        return token if self.columns is None else self.columns.column(token)
+
+    def cols(self, ids: Tensor) -> Tensor:
+        """The columns of pieces (any shape; -1: outside the step's shortlist)."""
+        return ids if self.columns is None else self.columns.of[ids]
+
 
 def ban_specials(lprobs: Tensor, step: StepView) -> None:
     """PAD and BOS are never generated; BOS that is EOS (M2M100's and NLLB-200's </s>) is
     (Specials.banned)."""
     for token in step.specials.banned:  # one or two columns: plain indexing is the cheapest
-        lprobs[:, token] = -torch.inf
+        if (column := step.column(token)) is not None:
+            lprobs[:, column] = -torch.inf
 
 
 def ban_early_eos(lprobs: Tensor, step: StepView) -> None:
     """No EOS before search.min_len tokens."""
-    if step.t_min < step.search.min_len:
-        lprobs[:, step.specials.eos].masked_fill_(step.t < step.search.min_len, -torch.inf)
+    if step.t_min < step.search.min_len and (eos := step.column(step.specials.eos)) is not None:
+        lprobs[:, eos].masked_fill_(step.t < step.search.min_len, -torch.inf)
 
 
 def ban_repeated_ngrams(lprobs: Tensor, step: StepView) -> None:
@@ -73,12 +102,15 @@ def ban_repeated_ngrams(lprobs: Tensor, step: StepView) -> None:
     start = torch.arange(windows.size(1), device=out.device)
     match &= start + n <= step.t.unsqueeze(1)  # windows inside the output, before `last`
     r, w = match.nonzero(as_tuple=True)
-    lprobs[r, windows[r, w, -1]] = -torch.inf
+    cols = step.cols(windows[r, w, -1])
+    inside = cols >= 0  # a piece outside the shortlist has no column to ban
+    lprobs[r[inside], cols[inside]] = -torch.inf
 
 
 def ban_after_phrases(lprobs: Tensor, step: StepView) -> None:
     """Lexical constraints: no EOS before every phrase is met, no piece that goes on with a
-    word right after a phrase (PhraseConstraints.apply)."""
+    word right after a phrase (PhraseConstraints.apply; over every id: constraints decode a
+    shortlist in full-vocabulary rows)."""
     if step.phrases is not None:
         step.phrases.apply(lprobs, step.slots, step.specials.eos)
 
@@ -98,18 +130,19 @@ def apply_rules(lprobs: Tensor, step: StepView) -> None:
 
 
 def prefix_pieces(lprobs: Tensor, step: StepView) -> tuple[Tensor, Tensor, Tensor] | None:
-    """The rows still in their forced prefix (R,), the piece each is forced to (R, 1) and its
-    log-probability now (R, 1); None: no sentence has a prefix."""
+    """The rows still in their forced prefix (R,), the column of the piece each is forced to
+    (R, 1) and its log-probability now (R, 1); None: no sentence has a prefix."""
     if step.prefix is None:
         return None
     inside = step.prefix_len[step.slots] > step.t  # (R,)
     token = step.prefix[step.slots, step.t.clamp(max=step.prefix.size(1) - 1)].unsqueeze(1)
+    token = step.cols(token).clamp(min=0)  # (R, 1) columns: forced pieces are candidates
     return inside, token, lprobs.gather(1, token)
 
 
 def force_prefix(lprobs: Tensor, inside: Tensor, token: Tensor, keep: Tensor) -> None:
-    """Rows `inside` their prefix can only go on with their forced piece `token`, at its
-    log-probability `keep` (prefix_pieces'): a forced piece is never banned."""
+    """Rows `inside` their prefix can only go on with their forced piece (column `token`), at
+    its log-probability `keep` (prefix_pieces'): a forced piece is never banned."""
     lprobs.masked_fill_(inside.unsqueeze(1), -torch.inf)
     lprobs.scatter_(1, token, torch.where(inside.unsqueeze(1), keep, lprobs.gather(1, token)))
 
