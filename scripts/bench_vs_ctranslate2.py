@@ -23,6 +23,9 @@ on both sides (nmt: search.shortlist; CTranslate2: the export's vmap.txt and use
 each compared with CTranslate2's rows of the same kind; outputs stay forced to --out-len
 tokens, so both sides do the same number of steps and the length penalty plays no part.
 
+--profile N runs each selected nmt row of one process once more under torch.profiler and
+prints its N costliest operators (self CPU time) per decoding step: where a row's step goes.
+
     flock /tmp/nmt-cpu.lock .venv/bin/python scripts/bench_vs_ctranslate2.py
     flock /tmp/nmt-cpu.lock .venv/bin/python scripts/bench_vs_ctranslate2.py \
         --checkpoint RUN/averaged.pt --input CORPUS/test.en.xz --shortlist DATA/shortlist.pt
@@ -68,6 +71,9 @@ def parse_args() -> argparse.Namespace:
                    "(raw text, the first --sentences lines) instead of random ids")
     p.add_argument("--shortlist", default="", help="with --checkpoint: also run every row with "
                    "this lexical shortlist (nmt.shortlist) on both sides")
+    p.add_argument("--profile", type=int, default=0, metavar="N", help="then run each nmt row "
+                   "of one process once under torch.profiler and print its N costliest "
+                   "operators (self CPU time) per decoding step")
     args = p.parse_args()
     if (args.input or args.shortlist) and not args.checkpoint:
         p.error("--input and --shortlist need --checkpoint (a trained model's vocabulary)")
@@ -174,6 +180,28 @@ def report(rows: list[Row], n: int) -> None:
               f"(cpu/wall {r.cpu / r.seconds:.2f})", flush=True)
 
 
+def profile_rows(rows: list[Row], args: argparse.Namespace) -> None:
+    """Each selected nmt row of one process (forked workers are not profiled) run once under
+    torch.profiler: its args.profile costliest operators by self CPU time, per decoding step
+    (a batch's step: every batch decodes out_len of them)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    steps = -(-args.sentences // args.batch) * args.out_len
+    for r in rows:
+        if r.system != "nmt" or " 1 x " not in f" {r.label} ":
+            continue
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            r.run()
+        events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+        total = sum(e.self_cpu_time_total for e in events)  # microseconds
+        print(f"profile: {r.search} {r.label}: {total / 1e3 / steps:.3f} ms a step "
+              f"({steps} steps)", flush=True)
+        for e in events[:args.profile]:
+            print(f"  {e.key:36s} {e.self_cpu_time_total / 1e3 / steps:8.3f} ms "
+                  f"{100 * e.self_cpu_time_total / total:5.1f}%  {e.count / steps:5.1f} calls",
+                  flush=True)
+
+
 def workload(args: argparse.Namespace):
     """The model (random, or --checkpoint's), its vocabulary entry, the token names of both
     sides (CTranslate2's) and the source id lists (random, or --input's sentences)."""
@@ -235,6 +263,8 @@ def main() -> None:
     if len(fp32) == 2:
         same = sum(a == b for a, b in zip(fp32["nmt"], fp32["float32"], strict=True))
         print(f"fp32 greedy outputs identical in nmt and CTranslate2: {same}/{args.sentences}")
+    if args.profile:
+        profile_rows(rows, args)
     print(f"load average {os.getloadavg()[0]:.2f}")
 
 
