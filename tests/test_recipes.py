@@ -351,3 +351,34 @@ def test_multilingual_dry_run_prints_and_validates_every_step(tmp_path):
     assert pivot.input == steps["pivot_de-fr-en"].output
     missing = multilingual(tmp_path, "--dry-run", CORPORA=str(tmp_path / "none"))
     assert missing.returncode == 2 and "en-de/train.en: no such file" in missing.stderr
+
+
+def test_multilingual_table_scores_every_output_the_recipe_wrote(tmp_path):
+    spec = importlib.util.spec_from_file_location("multilingual",
+                                                  ROOT / "scripts/recipes/multilingual.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    corpora, work = tmp_path / "corpora", tmp_path / "work"
+    texts = {"de": "Die Datei wurde gespeichert.", "fr": "Le fichier a été enregistré.",
+             "en": "The file was saved."}
+    for pair in ("en-de", "en-fr"):
+        (corpora / pair).mkdir(parents=True)
+        for lang in pair.split("-"):
+            (corpora / pair / f"test.{lang}").write_text(texts[lang] + "\n")
+    (work / "multi" / "run").mkdir(parents=True)
+    (work / "multi" / "run" / "metrics.jsonl").write_text(
+        '{"kind": "train", "update": 4000}\n{"kind": "valid", "update": 4000}\n'
+        '{"kind": "train", "update": 4100}\n')
+    (work / "multi" / "test.en-de.de").write_text(texts["de"] + "\n")  # right
+    (work / "multi" / "test.de-en.en").write_text("Nothing at all here.\n")  # wrong
+    (work / "zero-shot").mkdir()
+    (work / "zero-shot" / "test.de").write_text(texts["de"] + "\n")
+    (work / "zero-shot" / "test.fr").write_text(texts["fr"] + "\n")
+    (work / "zero-shot" / "direct.de-fr.fr").write_text(texts["fr"] + "\n")
+    rows = script.tables(work, corpora).splitlines()
+    assert rows[0] == "multilingual model: 4,100 updates"
+    assert rows[4] == "| en-de | 100.00 / 100.00 | - | - |"  # bilingual: not run
+    assert rows[5].startswith("| de-en | ") and float(rows[5].split()[3]) < 20
+    assert "zero-shot: 1 joined test pairs" in rows
+    direct = next(r for r in rows if r.startswith("| de-fr"))
+    assert direct.split(" | ")[1] == "100.00 / 100.00" and direct.split(" | ")[3] == "-"
