@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from nmt.checkpoint import save_checkpoint
 from nmt.config import AverageConfig, PreprocessConfig, TrainConfig, TranslateConfig, to_object
 from nmt.schedule import noam_lr
 
@@ -349,6 +350,7 @@ def test_multilingual_dry_run_prints_and_validates_every_step(tmp_path):
     zs, pivot = steps["zero_shot_de-fr"], steps["pivot_de-fr"]
     assert (zs.tgt_lang, pivot.tgt_lang, steps["pivot_de-fr-en"].tgt_lang) == ("fr", "fr", "en")
     assert pivot.input == steps["pivot_de-fr-en"].output
+    assert f"recipes/multilingual.py {tmp_path / 'work'} {corpora}" in out.stderr  # the tables
     missing = multilingual(tmp_path, "--dry-run", CORPORA=str(tmp_path / "none"))
     assert missing.returncode == 2 and "en-de/train.en: no such file" in missing.stderr
 
@@ -366,9 +368,8 @@ def test_multilingual_table_scores_every_output_the_recipe_wrote(tmp_path):
         for lang in pair.split("-"):
             (corpora / pair / f"test.{lang}").write_text(texts[lang] + "\n")
     (work / "multi" / "run").mkdir(parents=True)
-    (work / "multi" / "run" / "metrics.jsonl").write_text(
-        '{"kind": "train", "update": 4000}\n{"kind": "valid", "update": 4000}\n'
-        '{"kind": "train", "update": 4100}\n')
+    save_checkpoint({"model": {}, "model_cfg": {}, "vocab": {}, "update": 4105},
+                    work / "multi" / "run" / "checkpoint_last.pt")
     (work / "multi" / "test.en-de.de").write_text(texts["de"] + "\n")  # right
     (work / "multi" / "test.de-en.en").write_text("Nothing at all here.\n")  # wrong
     (work / "zero-shot").mkdir()
@@ -376,7 +377,7 @@ def test_multilingual_table_scores_every_output_the_recipe_wrote(tmp_path):
     (work / "zero-shot" / "test.fr").write_text(texts["fr"] + "\n")
     (work / "zero-shot" / "direct.de-fr.fr").write_text(texts["fr"] + "\n")
     rows = script.tables(work, corpora).splitlines()
-    assert rows[0] == "multilingual model: 4,100 updates"
+    assert rows[0] == "multilingual model: 4,105 updates"
     assert rows[4] == "| en-de | 100.00 / 100.00 | - | - |"  # bilingual: not run
     assert rows[5].startswith("| de-en | ") and float(rows[5].split()[3]) < 20
     assert "zero-shot: 1 joined test pairs" in rows

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 from pathlib import Path
 
+from nmt.checkpoint import load_checkpoint
 from nmt.files import read_lines
 from nmt.scoring import score
 
@@ -43,12 +43,9 @@ def scored(hyp: Path, ref: Path) -> str:
 
 
 def updates(run: Path) -> str:
-    """The last training update a run logged ('-' without its metrics.jsonl)."""
-    path = run / "metrics.jsonl"
-    if not path.is_file():
-        return "-"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return f"{max(r['update'] for r in rows if r['kind'] == 'train'):,}"
+    """The updates a run made: its checkpoint_last.pt's count ('-' without one)."""
+    path = run / "checkpoint_last.pt"
+    return f"{load_checkpoint(path)['update']:,}" if path.is_file() else "-"
 
 
 def on_target(hyp: Path, lang: str) -> str:

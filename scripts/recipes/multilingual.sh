@@ -13,6 +13,8 @@
 #                 nmt-average, nmt-translate the same test split (BI=0: skip)
 #   4 zero-shot   en-de's and en-fr's test splits joined on their English side (de-fr pairs);
 #                 de->fr and fr->de directly (tgt_lang=) and through English (two steps)
+#   5 table       BLEU / chrF of every output, updates, and the zero-shot outputs' share in
+#                 the target language (scripts/recipes/multilingual.py)
 #
 # The environment (defaults in brackets):
 #   CORPORA [../shared/data/debian-po]  holding en-de/{train,valid,test}.{en,de} and en-fr/...
@@ -104,3 +106,6 @@ for d in de-fr fr-de; do
   step "pivot_$d" nmt-translate checkpoint="$WORK/multi/averaged.pt" tgt_lang="$tgt" \
     input="$ZS/pivot.$d.en" ref="$ZS/test.$tgt" output="$ZS/pivot.$d.$tgt" search.beam_size=4
 done
+
+# 5: the tables (docs/results.md, "Many languages")
+shell "$(words python "$(dirname "$0")/multilingual.py" "$WORK" "$CORPORA")"
