@@ -20,13 +20,25 @@ SCHEMAS = {"preprocess": PreprocessConfig, "train": TrainConfig, "average": Aver
            "translate": TranslateConfig}
 
 
+def run_recipe(name: str, tmp_path: Path, *args: str, **env: str
+               ) -> subprocess.CompletedProcess:
+    """scripts/recipes/NAME.sh with these arguments and extra environment variables, its work
+    directory tmp_path/work."""
+    env = {**os.environ, **env,
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.run(["bash", str(ROOT / f"scripts/recipes/{name}.sh"), *args,
+                           str(tmp_path / "work")], capture_output=True, text=True, env=env,
+                          timeout=300, cwd=ROOT)
+
+
+def recipe(tmp_path: Path, row: str = "base", **env: str) -> subprocess.CompletedProcess:
+    """A dry run of the WMT14 recipe's `row` with extra environment variables."""
+    return run_recipe("wmt14_en_de", tmp_path, row, NMT_DRY_RUN="1", **env)
+
+
 def dry_run(row: str, tmp_path: Path) -> dict:
     """Run the recipe with NMT_DRY_RUN=1; returns each step's validated config."""
-    env = {**os.environ, "NMT_DRY_RUN": "1",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    out = subprocess.run(["bash", str(ROOT / "scripts/recipes/wmt14_en_de.sh"), row,
-                          str(tmp_path / "work")], capture_output=True, text=True, env=env,
-                         timeout=300)
+    out = recipe(tmp_path, row)
     assert out.returncode == 0, out.stderr
     steps = {}
     for block in out.stdout.split("### ")[1:]:
@@ -87,15 +99,6 @@ def test_wmt14_recipe_variants_and_too_many_gpus(tmp_path):
     assert "VARIANT=large-batch or at most 13 GPUs" in small.stderr
 
 
-def recipe(tmp_path: Path, row: str = "base", **env: str) -> subprocess.CompletedProcess:
-    """A dry run of the recipe's `row` with extra environment variables."""
-    env = {**os.environ, "NMT_DRY_RUN": "1", **env,
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    return subprocess.run(["bash", str(ROOT / "scripts/recipes/wmt14_en_de.sh"), row,
-                           str(tmp_path / "work")], capture_output=True, text=True, env=env,
-                          timeout=300)
-
-
 @pytest.mark.slow
 def test_wmt14_recipe_on_several_machines(tmp_path):
     out = recipe(tmp_path, NNODES="2", RDZV_ENDPOINT="node1:29400", GPUS="4")
@@ -132,18 +135,9 @@ BT_STEPS = {"preprocess_reverse": PreprocessConfig, "train_reverse": TrainConfig
             "average_baseline": AverageConfig, "translate_baseline": TranslateConfig}
 
 
-def backtranslation(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    """The back-translation recipe with these arguments and extra environment variables."""
-    env = {**os.environ, **env,
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    return subprocess.run(["bash", str(ROOT / "scripts/recipes/backtranslation.sh"), *args,
-                           str(tmp_path / "work")], capture_output=True, text=True, env=env,
-                          timeout=300, cwd=ROOT)
-
-
 @pytest.mark.slow
 def test_backtranslation_dry_run_prints_and_validates_every_step(tmp_path):
-    out = backtranslation(tmp_path, "--dry-run", HOLD_PAIRS="1000", REAL_PAIRS="5000")
+    out = run_recipe("backtranslation", tmp_path, "--dry-run", HOLD_PAIRS="1000", REAL_PAIRS="5000")
     assert out.returncode == 0, out.stderr
     assert not (tmp_path / "work").exists()  # nothing ran
     blocks = [block.split("\n", 1) for block in out.stdout.split("### ")[1:]]
@@ -174,8 +168,8 @@ def test_backtranslation_dry_run_prints_and_validates_every_step(tmp_path):
 @pytest.mark.slow
 def test_backtranslation_sampling_monolingual_text_and_bad_settings(tmp_path):
     mono = tmp_path / "news.de"
-    out = backtranslation(tmp_path, "--dry-run", MONO=str(mono), BT_SEARCH="sampling",
-                          BT_WEIGHT="0.5", BASELINE="0")
+    out = run_recipe("backtranslation", tmp_path, "--dry-run", MONO=str(mono),
+                     BT_SEARCH="sampling", BT_WEIGHT="0.5", BASELINE="0")
     assert out.returncode == 0, out.stderr
     names = [block.split("\n", 1)[0] for block in out.stdout.split("### ")[1:]]
     assert names == [name for name in BT_STEPS if not name.endswith("_baseline")]
@@ -185,9 +179,9 @@ def test_backtranslation_sampling_monolingual_text_and_bad_settings(tmp_path):
     sampled = next(to_object(OmegaConf.create(block.split("\n", 1)[1]), TranslateConfig)
                    for block in out.stdout.split("### ")[1:] if block.startswith("backtrans"))
     assert sampled.search.sampling and sampled.search.top_k == 0
-    wrong = backtranslation(tmp_path, "--dry-run", BT_SEARCH="greedy")
+    wrong = run_recipe("backtranslation", tmp_path, "--dry-run", BT_SEARCH="greedy")
     assert wrong.returncode == 2 and "unknown BT_SEARCH 'greedy'" in wrong.stderr
-    too_many = backtranslation(tmp_path, "--dry-run", HOLD_PAIRS="400000")
+    too_many = run_recipe("backtranslation", tmp_path, "--dry-run", HOLD_PAIRS="400000")
     assert too_many.returncode == 2 and "leaves no real pairs" in too_many.stderr
 
 
@@ -199,15 +193,6 @@ DISTILL_STEPS = {"preprocess_teacher": PreprocessConfig, "train_teacher": TrainC
 CT2 = importlib.util.find_spec("ctranslate2") is not None
 
 
-def distill(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    """The distillation recipe with these arguments and extra environment variables."""
-    env = {**os.environ, **env,
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    return subprocess.run(["bash", str(ROOT / "scripts/recipes/distill.sh"), *args,
-                           str(tmp_path / "work")], capture_output=True, text=True, env=env,
-                          timeout=300, cwd=ROOT)
-
-
 def distill_steps(out: subprocess.CompletedProcess) -> dict:
     """Each printed step's validated config, by name (score_* steps: TranslateConfig)."""
     blocks = [block.split("\n", 1) for block in out.stdout.split("### ")[1:]]
@@ -217,7 +202,7 @@ def distill_steps(out: subprocess.CompletedProcess) -> dict:
 
 @pytest.mark.slow
 def test_distill_dry_run_prints_and_validates_every_step(tmp_path):
-    out = distill(tmp_path, "--dry-run")
+    out = run_recipe("distill", tmp_path, "--dry-run")
     assert out.returncode == 0, out.stderr
     assert not (tmp_path / "work").exists()  # nothing ran
     steps = distill_steps(out)
@@ -249,8 +234,9 @@ def test_distill_dry_run_prints_and_validates_every_step(tmp_path):
 
 @pytest.mark.slow
 def test_distill_from_a_given_ensemble_by_closest_candidate_to_a_deep_encoder(tmp_path):
-    out = distill(tmp_path, "--dry-run", TEACHER="[a.pt,b.pt]", DISTILL_SEARCH="nbest",
-                  NBEST="6", STUDENT_LAYERS="6+1", STUDENT_MINUTES="30", DISTILL_LINES="500")
+    out = run_recipe("distill", tmp_path, "--dry-run", TEACHER="[a.pt,b.pt]",
+                     DISTILL_SEARCH="nbest", NBEST="6", STUDENT_LAYERS="6+1",
+                     STUDENT_MINUTES="30", DISTILL_LINES="500")
     assert out.returncode == 0, out.stderr
     steps = distill_steps(out)
     scores = ["score_teacher_nmt", "score_student_nmt"] + ["score_student_ctranslate2"] * CT2
@@ -265,7 +251,7 @@ def test_distill_from_a_given_ensemble_by_closest_candidate_to_a_deep_encoder(tm
     for env, error in [({"DISTILL_SEARCH": "sampling"}, "unknown DISTILL_SEARCH 'sampling'"),
                        ({"STUDENT_LAYERS": "6"}, "STUDENT_LAYERS='6' is not ENCODER+DECODER"),
                        ({"DISTILL_LINES": "0"}, "DISTILL_LINES='0' must be a positive")]:
-        wrong = distill(tmp_path, "--dry-run", **env)
+        wrong = run_recipe("distill", tmp_path, "--dry-run", **env)
         assert wrong.returncode == 2 and error in wrong.stderr, wrong.stderr
 
 
@@ -309,15 +295,6 @@ def test_distill_table_compares_each_engine_with_the_first_row():
 
 
 # ----------------------------------------------------------------------------- multilingual
-def multilingual(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    """The multilingual recipe with these arguments and extra environment variables."""
-    env = {**os.environ, **env,
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    return subprocess.run(["bash", str(ROOT / "scripts/recipes/multilingual.sh"), *args,
-                           str(tmp_path / "work")], capture_output=True, text=True, env=env,
-                          timeout=300, cwd=ROOT)
-
-
 @pytest.mark.slow
 def test_multilingual_dry_run_prints_and_validates_every_step(tmp_path):
     corpora = tmp_path / "debian-po"
@@ -326,7 +303,7 @@ def test_multilingual_dry_run_prints_and_validates_every_step(tmp_path):
         for split in ("train", "valid", "test"):
             for lang in pair.split("-"):
                 (corpora / pair / f"{split}.{lang}").write_text("x\n")
-    out = multilingual(tmp_path, "--dry-run", CORPORA=str(corpora), TEMPERATURE="2")
+    out = run_recipe("multilingual", tmp_path, "--dry-run", CORPORA=str(corpora), TEMPERATURE="2")
     assert out.returncode == 0, out.stderr
     assert not (tmp_path / "work").exists()  # nothing ran
     blocks = [block.split("\n", 1) for block in out.stdout.split("### ")[1:]]
@@ -351,7 +328,7 @@ def test_multilingual_dry_run_prints_and_validates_every_step(tmp_path):
     assert (zs.tgt_lang, pivot.tgt_lang, steps["pivot_de-fr-en"].tgt_lang) == ("fr", "fr", "en")
     assert pivot.input == steps["pivot_de-fr-en"].output
     assert f"recipes/multilingual.py {tmp_path / 'work'} {corpora}" in out.stderr  # the tables
-    missing = multilingual(tmp_path, "--dry-run", CORPORA=str(tmp_path / "none"))
+    missing = run_recipe("multilingual", tmp_path, "--dry-run", CORPORA=str(tmp_path / "none"))
     assert missing.returncode == 2 and "en-de/train.en: no such file" in missing.stderr
 
 
