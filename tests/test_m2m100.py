@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from translate_helpers import fine_tune_imported, mean_nll
+from translate_helpers import fine_tune_imported, mean_nll, widen
 
 from nmt.checkpoint import load_checkpoint
 from nmt.config import ExportConfig, ImportConfig, SearchConfig, TranslateConfig
@@ -74,15 +74,7 @@ def random_model(vocab_size: int, seed: int):
         bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, dropout=0.0)
     torch.manual_seed(seed)
     model = M2M100ForConditionalGeneration(config).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "shared" in name or "embed_tokens" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 2.0 / p.size(1) ** 0.5)
-            elif p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=g) * 2.5 / p.size(1) ** 0.5)
-            elif "layer_norm" not in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    widen(model, seed)
     return model
 
 

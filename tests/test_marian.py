@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from translate_helpers import fine_tune_imported, mean_nll
+from translate_helpers import fine_tune_imported, mean_nll, widen
 
 from nmt.checkpoint import load_checkpoint
 from nmt.config import (
@@ -69,22 +69,6 @@ def opus_spm(name: str, size: int) -> bytes:
         vocab_size=size, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, num_threads=1,
         minloglevel=2, input_sentence_size=0)
     return proto.getvalue()
-
-
-def widen(model, seed: int) -> None:
-    """Draw the weights wide enough that greedy outputs depend on the source."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "embed_positions" in name:  # the static sinusoids
-                continue
-            if "shared" in name or "embed_tokens" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 2.0 / p.size(1) ** 0.5)
-            elif p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=g) * 2.5 / p.size(1) ** 0.5)
-            elif "layer_norm" not in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
-        model.final_logits_bias.copy_(torch.randn(model.final_logits_bias.shape, generator=g))
 
 
 def hf_greedy(model, tokenizer, text: list[str]) -> list[list[int]]:

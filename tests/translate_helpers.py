@@ -221,3 +221,22 @@ def mean_nll(checkpoint: Path, src: list[str], tgt: list[str], first: tuple[int,
     hyps = tr.score_ids([[*first, *ids] for ids in tr.src_tok.encode(src)], tgt_ids,
                         SearchConfig(beam_size=1, alpha=0.0), parallel=False)
     return -sum(h.logprob for h in hyps) / sum(len(t) + 1 for t in tgt_ids)
+
+
+def widen(model, seed: int) -> None:
+    """Draw a transformers model's weights (MarianMT, M2M100) wide enough that greedy outputs
+    depend on the source; the static sinusoids and the layer norms stay."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "embed_positions" in name:  # the static sinusoids
+                continue
+            if "shared" in name or "embed_tokens" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 2.0 / p.size(1) ** 0.5)
+            elif p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=g) * 2.5 / p.size(1) ** 0.5)
+            elif "layer_norm" not in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+        if hasattr(model, "final_logits_bias"):  # MarianMT's
+            model.final_logits_bias.copy_(torch.randn(model.final_logits_bias.shape,
+                                                      generator=g))
