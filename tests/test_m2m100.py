@@ -99,6 +99,22 @@ def hf_greedy(model, batch: dict, forced: int) -> list[list[int]]:
     return [row[:-1] if row and row[-1] == eos else row for row in ids]
 
 
+def save_random(d: Path, tokenizer, vocab_size: int, seed: int, target: int) -> Path:
+    """random_model beside its tokenizer in `d`, some of its outputs into `target` ending
+    (end_some)."""
+    model = random_model(vocab_size, seed)
+    end_some(model, tokenizer(source_lines(), return_tensors="pt", padding=True), target)
+    model.save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return d
+
+
+def imported(directory: Path, out: Path) -> Path:
+    """nmt-import of a transformers directory."""
+    import_model(ImportConfig(input=str(directory), output=str(out)))
+    return out
+
+
 @pytest.fixture(scope="module")
 def m2m_dir(tmp_path_factory) -> Path:
     """An M2M100 directory as facebook/m2m100_418M ships it (vocab.json, the .spm model)."""
@@ -113,12 +129,9 @@ def m2m_dir(tmp_path_factory) -> Path:
     (d / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
     tokenizer = M2M100Tokenizer(str(d / "vocab.json"), str(d / "sentencepiece.bpe.model"),
                                 src_lang="en", tgt_lang="de")
-    model = random_model(len(vocab) + len(tokenizer.lang_code_to_id) + 8, seed=1)  # 8 madeup
-    end_some(model, tokenizer(source_lines(), return_tensors="pt", padding=True),
-             tokenizer.get_lang_id("de"))
-    model.save_pretrained(d)
-    tokenizer.save_pretrained(d)
-    return d
+    # 8 made-up tokens past the language codes
+    return save_random(d, tokenizer, len(vocab) + len(tokenizer.lang_code_to_id) + 8, 1,
+                       tokenizer.get_lang_id("de"))
 
 
 @pytest.fixture(scope="module")
@@ -130,26 +143,17 @@ def nllb_dir(tmp_path_factory) -> Path:
     (d / "sentencepiece.bpe.model").write_bytes(fairseq_spm())
     tokenizer = NllbTokenizer.from_pretrained(d, additional_special_tokens=NLLB_CODES,
                                               src_lang="eng_Latn")
-    model = random_model(len(tokenizer), seed=2)
-    end_some(model, tokenizer(source_lines(), return_tensors="pt", padding=True),
-             tokenizer.convert_tokens_to_ids("deu_Latn"))
-    model.save_pretrained(d)
-    tokenizer.save_pretrained(d)
-    return d
+    return save_random(d, tokenizer, len(tokenizer), 2, tokenizer.convert_tokens_to_ids("deu_Latn"))
 
 
 @pytest.fixture(scope="module")
 def m2m_pt(m2m_dir, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("nmt") / "m2m.pt"
-    import_model(ImportConfig(input=str(m2m_dir), output=str(out)))
-    return out
+    return imported(m2m_dir, tmp_path_factory.mktemp("nmt") / "m2m.pt")
 
 
 @pytest.fixture(scope="module")
 def nllb_pt(nllb_dir, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("nmt") / "nllb.pt"
-    import_model(ImportConfig(input=str(nllb_dir), output=str(out)))
-    return out
+    return imported(nllb_dir, tmp_path_factory.mktemp("nmt") / "nllb.pt")
 
 
 def hf(directory: Path, src_lang: str):
