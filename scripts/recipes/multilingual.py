@@ -9,6 +9,7 @@ en and fr, where the `langid` extra is installed).
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -48,14 +49,23 @@ def updates(run: Path) -> str:
     return f"{load_checkpoint(path)['update']:,}" if path.is_file() else "-"
 
 
-def on_target(hyp: Path, lang: str) -> str:
-    """The share of lines py3langid puts in `lang` among de, en and fr ('-' without it)."""
-    if not hyp.is_file() or importlib.util.find_spec("py3langid") is None:
-        return "-"
+@functools.cache
+def identifier():
+    """py3langid among de, en and fr (loaded once), or None where it is not installed."""
+    if importlib.util.find_spec("py3langid") is None:
+        return None
     from py3langid.langid import MODEL_FILE, LanguageIdentifier
 
     ident = LanguageIdentifier.from_model_file(MODEL_FILE)
     ident.set_languages(["de", "en", "fr"])
+    return ident
+
+
+def on_target(hyp: Path, lang: str) -> str:
+    """The share of lines py3langid puts in `lang` among de, en and fr ('-' without it)."""
+    ident = identifier()
+    if not hyp.is_file() or ident is None:
+        return "-"
     lines = read_lines(hyp, "hypotheses")
     return f"{100 * sum(ident.classify(line)[0] == lang for line in lines) / len(lines):.1f}%"
 
