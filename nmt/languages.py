@@ -57,21 +57,24 @@ def choose(vocab: dict, src_lang: str, tgt_lang: str, where: str) -> LanguageCho
                 raise ConfigError(f"{key}={value}: {where} is a bilingual model (it records no "
                                   f"languages to choose from); leave {key} out")
         return LanguageChoice()
-    codes = entry["codes"]
-
-    def code(key: str, lang: str) -> int:
-        if lang not in codes:
-            known = sorted(codes)
-            shown = ", ".join(known[:12]) + (f", ... ({len(known)} in all)"
-                                            if len(known) > 12 else "")
-            what = f"{key}={lang}: {where} has no such language" if lang else (
-                f"{key}: {where} is multilingual: give the language")
-            raise ConfigError(f"{what} (it has {shown})")
-        return codes[lang]
-
     if entry["convention"] == "forced":
-        return LanguageChoice((code("src_lang", src_lang),), (code("tgt_lang", tgt_lang),))
+        return LanguageChoice((language_id(entry, "src_lang", src_lang, where),),
+                              (language_id(entry, "tgt_lang", tgt_lang, where),))
     if src_lang:
         raise ConfigError(f"src_lang={src_lang}: {where} chooses the target language only "
                           f"(tgt_lang=); leave src_lang out")
-    return LanguageChoice((code("tgt_lang", tgt_lang),) if tgt_lang else ())
+    return LanguageChoice((language_id(entry, "tgt_lang", tgt_lang, where),) if tgt_lang else ())
+
+
+def language_id(entry: dict, key: str, lang: str, where: str) -> int:
+    """The token id of language `lang` (the value of `key`) in a checkpoint's languages entry;
+    a one-line ConfigError naming the key for a language `where` lacks or for none given."""
+    codes = entry["codes"]
+    if lang not in codes:
+        known = sorted(codes)
+        shown = ", ".join(known[:12]) + (f", ... ({len(known)} in all)"
+                                        if len(known) > 12 else "")
+        what = f"{key}={lang}: {where} has no such language" if lang else (
+            f"{key}: {where} is multilingual: give the language")
+        raise ConfigError(f"{what} (it has {shown})")
+    return codes[lang]

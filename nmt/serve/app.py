@@ -63,7 +63,7 @@ from nmt.inference.engine import Engine, check_vocab, open_translator
 from nmt.inference.rerank import Chooser
 from nmt.inference.search import Hypothesis
 from nmt.inference.workers import WorkerPool
-from nmt.languages import LanguageChoice, choose
+from nmt.languages import LanguageChoice, choose, language_id
 from nmt.preemption import restore_handler
 from nmt.runtime import keep_freed_memory, pick_device, usable_cores
 from nmt.segment import MODES, Segmented, sample_stream, sentence_splitter, split_for
@@ -317,10 +317,8 @@ class Service:
         self.languages = sorted(entry["codes"]) if entry else []
         self.forced = bool(entry) and entry["convention"] == "forced"
         for key in ("tgt_lang", "src_lang") if self.forced else ("tgt_lang",):
-            lang = getattr(cfg, key)  # a request's default: checked at start
-            if self.languages and lang and lang not in self.languages:
-                raise ConfigError(f"{key}={lang}: {cfg.checkpoint} has no such language (it "
-                                  f"has {', '.join(self.languages)})")
+            if entry and getattr(cfg, key):  # a request's default: checked at start
+                language_id(entry, key, getattr(cfg, key), cfg.checkpoint)
 
     def choice(self, req: TranslateRequest) -> LanguageChoice:
         """The request's languages (nmt.languages): its tgt_lang and src_lang, or the server's
