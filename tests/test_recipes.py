@@ -206,8 +206,8 @@ def test_distill_dry_run_prints_and_validates_every_step(tmp_path):
     assert out.returncode == 0, out.stderr
     assert not (tmp_path / "work").exists()  # nothing ran
     steps = distill_steps(out)
-    scores = [f"score_{m}_{e}" for m in ("teacher", "student") for e in ("nmt", "ctranslate2")
-              if e == "nmt" or CT2]
+    scores = [f"score_{m}_{e}_b{b}" for m in ("teacher", "student")
+              for e in ("nmt", "ctranslate2") if e == "nmt" or CT2 for b in (4, 1)]
     assert list(steps) == list(DISTILL_STEPS) + scores
     work, corpus = tmp_path / "work", "scripts/data/debian-po/en-de"
     commands = [line[2:] for line in out.stderr.splitlines() if line.startswith("+ ")]
@@ -225,9 +225,10 @@ def test_distill_dry_run_prints_and_validates_every_step(tmp_path):
     pre = steps["preprocess_student"]
     assert (pre.train, pre.shortlist.k) == (f"{work}/distilled", 50)
     for name in scores:
-        s = steps[name]
-        assert (s.search.dtype, s.search.beam_size, s.ref) == ("int8", 4, f"{corpus}/test.de.xz")
-        assert s.engine == name.rsplit("_", 1)[1]
+        s, beam = steps[name], int(name.rsplit("_b", 1)[1])
+        assert (s.search.dtype, s.search.beam_size, s.ref) == ("int8", beam,
+                                                               f"{corpus}/test.de.xz")
+        assert s.engine == name.split("_")[2]
         assert s.search.shortlist == (f"{work}/student/data/shortlist.pt"
                                       if "student" in name else "")
 
@@ -236,10 +237,11 @@ def test_distill_dry_run_prints_and_validates_every_step(tmp_path):
 def test_distill_from_a_given_ensemble_by_closest_candidate_to_a_deep_encoder(tmp_path):
     out = run_recipe("distill", tmp_path, "--dry-run", TEACHER="[a.pt,b.pt]",
                      DISTILL_SEARCH="nbest", NBEST="6", STUDENT_LAYERS="6+1",
-                     STUDENT_MINUTES="30", DISTILL_LINES="500")
+                     STUDENT_MINUTES="30", DISTILL_LINES="500", SCORE_BEAMS="1")
     assert out.returncode == 0, out.stderr
     steps = distill_steps(out)
-    scores = ["score_teacher_nmt", "score_student_nmt"] + ["score_student_ctranslate2"] * CT2
+    scores = ["score_teacher_nmt_b1", "score_student_nmt_b1"] + [
+        "score_student_ctranslate2_b1"] * CT2
     assert list(steps) == ["distill", "preprocess_student", "train_student", "average_student",
                            *scores]  # no teacher trained; CTranslate2 has no ensembles
     d, student = steps["distill"], steps["train_student"].model
@@ -250,7 +252,8 @@ def test_distill_from_a_given_ensemble_by_closest_candidate_to_a_deep_encoder(tm
     assert (student.N, student.N_dec, steps["train_student"].train.max_minutes) == (6, 1, 30)
     for env, error in [({"DISTILL_SEARCH": "sampling"}, "unknown DISTILL_SEARCH 'sampling'"),
                        ({"STUDENT_LAYERS": "6"}, "STUDENT_LAYERS='6' is not ENCODER+DECODER"),
-                       ({"DISTILL_LINES": "0"}, "DISTILL_LINES='0' must be a positive")]:
+                       ({"DISTILL_LINES": "0"}, "DISTILL_LINES='0' must be a positive"),
+                       ({"SCORE_BEAMS": "4 x"}, "SCORE_BEAMS='4 x': 'x' is not a beam size")]:
         wrong = run_recipe("distill", tmp_path, "--dry-run", **env)
         assert wrong.returncode == 2 and error in wrong.stderr, wrong.stderr
 
@@ -279,19 +282,19 @@ def test_distill_keeps_each_sources_candidate_closest_to_its_reference(tmp_path)
     assert not (tmp_path / "new.de").exists()  # nothing half-written
 
 
-def test_distill_table_compares_each_engine_with_the_first_row():
-    rows = [(["teacher", "t.pt", "-", "3600"], "nmt", {"bleu": 20, "chrf": 50, "speed": 10}),
-            (["teacher", "t.pt", "-", "3600"], "ctranslate2",
-             {"bleu": 20.5, "chrf": 50, "speed": 20}),
-            (["student", "s.pt", "s/shortlist.pt", "-"], "nmt",
-             {"bleu": 19.5, "chrf": 49, "speed": 35}),
-            (["student", "s.pt", "s/shortlist.pt", "-"], "ctranslate2",
-             {"bleu": 19.5, "chrf": 49, "speed": 80})]
+def test_distill_table_compares_each_engine_with_its_first_line():
+    teacher, student = ["teacher", "t.pt", "-", "3600"], ["student", "s.pt", "s/sl.pt", "-"]
+    rows = [(teacher, "nmt", 4, {"bleu": 20, "chrf": 50, "speed": 10}),
+            (teacher, "nmt", 1, {"bleu": 19, "chrf": 49, "speed": 25}),
+            (teacher, "ctranslate2", 4, {"bleu": 20.5, "chrf": 50, "speed": 20}),
+            (student, "nmt", 4, {"bleu": 19.5, "chrf": 49, "speed": 35}),
+            (student, "ctranslate2", 1, {"bleu": 19.5, "chrf": 49, "speed": 80})]
     lines = distill_script().table(rows).splitlines()
-    assert lines[1].split() == ["teacher", "nmt", "int8", "60.0", "min", "20.00", "50.00",
-                                "10.0", "1.00x"]
-    assert lines[3].split()[-2:] == ["35.0", "3.50x"] and "+ shortlist" in lines[3]
-    assert lines[4].split()[-2:] == ["80.0", "4.00x"] and lines[4].split()[5] == "-"
+    assert lines[1].split() == ["teacher", "nmt", "int8", "beam", "4", "60.0", "min", "20.00",
+                                "50.00", "10.0", "1.00x"]
+    assert lines[2].split()[3] == "greedy" and lines[2].split()[-1] == "2.50x"
+    assert lines[4].split()[-2:] == ["35.0", "3.50x"] and "+ shortlist" in lines[4]
+    assert lines[5].split()[-2:] == ["80.0", "4.00x"] and lines[5].split()[6] == "-"
 
 
 # ----------------------------------------------------------------------------- multilingual

@@ -5,17 +5,18 @@ closest NBEST REF OUT: of each source's candidates in NBEST (nmt-translate's n-b
 of REF) is written to OUT, a line per source: the teacher's translation the student learns
 from, as Mozilla's pipeline keeps it.
 
-score --src TEST --ref REF --out DIR --row NAME CHECKPOINT SHORTLIST SECONDS ...: each row's
-model translates TEST with search.dtype=int8, beam 4 without a length penalty (alpha 0, which
-CTranslate2's beam search lacks), in nmt and, where CTranslate2 is installed and the row is one
-checkpoint, with engine=ctranslate2 (SHORTLIST: its lexical shortlist, or - for none;
-SECONDS: its training time, or -), and one table compares them: BLEU, chrF, sentences/s and
-that speed over the first row's of the same engine. --dry-run prints each translation's
-validated config under "### score_NAME_ENGINE" instead.
+score --src TEST --ref REF --out DIR [--beams 4 1] --row NAME CHECKPOINT SHORTLIST SECONDS ...:
+each row's model translates TEST with search.dtype=int8 at each beam size (beam 1: greedy;
+beams without a length penalty, alpha 0, which CTranslate2's beam search lacks), in nmt and,
+where CTranslate2 is installed and the row is one checkpoint, with engine=ctranslate2
+(SHORTLIST: its lexical shortlist, or - for none; SECONDS: its training time, or -), and one
+table compares them: BLEU, chrF, sentences/s and that speed over the first row's first beam
+size in the same engine. --dry-run prints each translation's validated config under
+"### score_NAME_ENGINE_bBEAM" instead.
 
     python scripts/recipes/distill.py closest work/nbest.de work/part.de work/distilled.de
     python scripts/recipes/distill.py score --src test.en.xz --ref test.de.xz --out work/score \\
-        --row teacher teacher.pt - 3600 --row student student.pt data/shortlist.pt 1200
+        --beams 4 1 --row teacher teacher.pt - 3600 --row student student.pt data/shortlist.pt 1200
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     s.add_argument("--src", required=True, help="the test sources, a sentence a line")
     s.add_argument("--ref", required=True, help="their references")
     s.add_argument("--out", required=True, help="a folder for the translations")
+    s.add_argument("--beams", nargs="+", type=int, default=[4],
+                   help="the beam sizes each row is scored at (1: greedy; default 4)")
     s.add_argument("--row", nargs=4, action="append", required=True,
                    metavar=("NAME", "CHECKPOINT", "SHORTLIST", "SECONDS"))
     s.add_argument("--dry-run", action="store_true", help="print the configs, translate nothing")
@@ -78,12 +81,12 @@ def engines(checkpoint: str) -> list[str]:
     return ["nmt", "ctranslate2"] if ct2 else ["nmt"]
 
 
-def overrides(args: argparse.Namespace, row: list[str], engine: str) -> list[str]:
-    """nmt-translate's settings for one row in one engine."""
+def overrides(args: argparse.Namespace, row: list[str], engine: str, beam: int) -> list[str]:
+    """nmt-translate's settings for one row in one engine at one beam size."""
     name, checkpoint, shortlist, _ = row
     out = [f"checkpoint={checkpoint}", f"input={args.src}", f"ref={args.ref}",
-           f"output={Path(args.out) / f'{name}.{engine}.txt'}", "quiet=true", f"engine={engine}",
-           "search.dtype=int8", "search.beam_size=4", "search.alpha=0"]
+           f"output={Path(args.out) / f'{name}.{engine}.b{beam}.txt'}", "quiet=true",
+           f"engine={engine}", "search.dtype=int8", f"search.beam_size={beam}", "search.alpha=0"]
     return out + [f"search.shortlist={shortlist}"] * (shortlist != "-")
 
 
@@ -95,34 +98,37 @@ def measured(cfg: TranslateConfig) -> dict:
             "speed": len(result["nbest"]) / seconds}
 
 
-def table(rows: list[tuple[list[str], str, dict]]) -> str:
-    """One line per (row, engine): training time, BLEU, chrF, sentences/s, and the speed over
-    the first row's in the same engine."""
+def table(rows: list[tuple[list[str], str, int, dict]]) -> str:
+    """One line per (row, engine, beam size): training time, BLEU, chrF, sentences/s, and the
+    speed over the first line's in the same engine."""
     first = {}
-    lines = [f"{'model':<10} {'engine':<30} {'trained':>9} {'BLEU':>6} {'chrF':>6} "
-             f"{'sent/s':>8} {'speed':>6}"]
-    for (name, _, shortlist, seconds), engine, m in rows:
+    lines = [f"{'model':<10} {'engine':<30} {'search':<7} {'trained':>9} {'BLEU':>6} "
+             f"{'chrF':>6} {'sent/s':>8} {'speed':>6}"]
+    for (name, _, shortlist, seconds), engine, beam, m in rows:
         first.setdefault(engine, m["speed"])
         how = f"{engine} int8" + (" + shortlist" if shortlist != "-" else "")
+        search = f"beam {beam}" if beam > 1 else "greedy"
         trained = f"{int(seconds) / 60:.1f} min" if seconds.isdigit() else "-"
-        lines.append(f"{name:<10} {how:<30} {trained:>9} {m['bleu']:6.2f} {m['chrf']:6.2f} "
-                     f"{m['speed']:8.1f} {m['speed'] / first[engine]:5.2f}x")
+        lines.append(f"{name:<10} {how:<30} {search:<7} {trained:>9} {m['bleu']:6.2f} "
+                     f"{m['chrf']:6.2f} {m['speed']:8.1f} {m['speed'] / first[engine]:5.2f}x")
     return "\n".join(lines)
 
 
 def score(args: argparse.Namespace) -> None:
-    """Translate the test split with every row in every engine; print the table (or, in a dry
-    run, each validated config)."""
+    """Translate the test split with every row in every engine at every beam size; print the
+    table (or, in a dry run, each validated config)."""
     results = []
     for row in args.row:
         for engine in engines(row[1]):
-            composed = compose("translate", overrides(args, row, engine))
-            cfg = to_object(composed, TranslateConfig)
-            if args.dry_run:
-                print(f"### score_{row[0]}_{engine}\n{OmegaConf.to_yaml(composed)}", end="")
-                continue
-            Path(args.out).mkdir(parents=True, exist_ok=True)
-            results.append((row, engine, measured(cfg)))
+            for beam in args.beams:
+                composed = compose("translate", overrides(args, row, engine, beam))
+                cfg = to_object(composed, TranslateConfig)
+                if args.dry_run:
+                    print(f"### score_{row[0]}_{engine}_b{beam}\n"
+                          f"{OmegaConf.to_yaml(composed)}", end="")
+                    continue
+                Path(args.out).mkdir(parents=True, exist_ok=True)
+                results.append((row, engine, beam, measured(cfg)))
     if results:
         print(table(results))
 

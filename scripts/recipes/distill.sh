@@ -14,8 +14,9 @@
 #   4 student      nmt-preprocess the part's sources with the teacher's translations, with a
 #                  lexical shortlist (shortlist.k=SHORTLIST_K); nmt-train, nmt-average
 #   5 score        teacher and student on the test split: BLEU, chrF and sentences/s with
-#                  search.dtype=int8 in nmt and, if installed, CTranslate2 (the student with
-#                  its shortlist), one table (scripts/recipes/distill.py score)
+#                  search.dtype=int8 at each of SCORE_BEAMS, in nmt and, if installed,
+#                  CTranslate2 (the student with its shortlist), one table
+#                  (scripts/recipes/distill.py score)
 #
 # The environment picks the data and the sizes (defaults in brackets):
 #   CORPUS [scripts/data/debian-po/en-de]  PFX of PFX/{train,valid,test}.{SRC,TGT}
@@ -32,12 +33,15 @@
 #                            +recipe=cpu20); 6+1: a deep encoder with a one-layer decoder
 #   STUDENT_MINUTES [20]     the student's training time (cpu20's 20 minutes)
 #   SHORTLIST_K [50]         the student's shortlist: target pieces kept per source piece
+#   SCORE_BEAMS [4 1]        the beam sizes teacher and student are scored at (1: greedy, as
+#                            students ship: sequence-level distillation makes greedy nearly
+#                            as good as beam search)
 #   VOCAB [4000]             each model's joint SentencePiece vocabulary (bpe.vocab_size)
 #   AVERAGE [5]              the last checkpoints averaged (one every 500 updates)
 #
 # --dry-run (or NMT_DRY_RUN=1) prints every command on stderr and, for each nmt-* step, its
 # composed and validated config under "### STEP" on stdout (the score step's under
-# "### score_MODEL_ENGINE"), and stops before any work (tests/test_recipes.py).
+# "### score_MODEL_ENGINE_bBEAM"), and stops before any work (tests/test_recipes.py).
 # docs/distillation.md: what it does and why.
 set -euo pipefail
 
@@ -61,6 +65,7 @@ STUDENT_MINUTES=${STUDENT_MINUTES:-20}
 SHORTLIST_K=${SHORTLIST_K:-50}
 AVERAGE=${AVERAGE:-5}
 VOCAB=${VOCAB:-4000}
+SCORE_BEAMS=${SCORE_BEAMS:-4 1}
 
 fail() {  # fail MESSAGE: a one-line error, exit status 2
   echo "distill.sh: error: $1" >&2
@@ -77,6 +82,11 @@ esac
 STUDENT_SHAPE=(model.N="${BASH_REMATCH[1]}" model.N_dec="${BASH_REMATCH[2]}")
 for n in DISTILL_LINES NBEST SHORTLIST_K AVERAGE VOCAB; do
   [[ ${!n} =~ ^[1-9][0-9]*$ ]] || fail "$n='${!n}' must be a positive whole number"
+done
+read -ra BEAMS <<< "$SCORE_BEAMS"
+[ ${#BEAMS[@]} -gt 0 ] || fail "SCORE_BEAMS is empty (beam sizes, e.g. '4 1')"
+for b in "${BEAMS[@]}"; do
+  [[ $b =~ ^[1-9][0-9]*$ ]] || fail "SCORE_BEAMS='$SCORE_BEAMS': '$b' is not a beam size"
 done
 for n in TEACHER_MINUTES STUDENT_MINUTES; do
   [[ ${!n} =~ ^[0-9]*\.?[0-9]+$ && ! ${!n} =~ ^[0.]+$ ]] || fail "$n='${!n}' must be > 0"
@@ -137,8 +147,9 @@ step preprocess_student nmt-preprocess src_lang="$SRC" tgt_lang="$TGT" \
   bpe.vocab_size="$VOCAB" shortlist.k="$SHORTLIST_K" force=true
 trained student +recipe=cpu20 "${STUDENT_SHAPE[@]}" train.max_minutes="$STUDENT_MINUTES"
 
-# 5: teacher and student on the test split, int8, in nmt and CTranslate2
+# 5: teacher and student on the test split, int8, in nmt and CTranslate2, at each beam size
 SCORE=(python "$HERE/distill.py" score --src "$TEST_SRC" --ref "$TEST_TGT" --out "$WORK/score"
+  --beams "${BEAMS[@]}"
   --row teacher "$TEACHER" - "${SPENT[teacher]}"
   --row student "$WORK/student/averaged.pt" "$WORK/student/data/shortlist.pt"
   "${SPENT[student]}")
