@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import sys
 from pathlib import Path
 
@@ -117,18 +118,18 @@ def table(rows: list[tuple[list[str], str, int, dict]]) -> str:
 def score(args: argparse.Namespace) -> None:
     """Translate the test split with every row in every engine at every beam size; print the
     table (or, in a dry run, each validated config)."""
+    if not args.dry_run:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
     results = []
     for row in args.row:
-        for engine in engines(row[1]):
-            for beam in args.beams:
-                composed = compose("translate", overrides(args, row, engine, beam))
-                cfg = to_object(composed, TranslateConfig)
-                if args.dry_run:
-                    print(f"### score_{row[0]}_{engine}_b{beam}\n"
-                          f"{OmegaConf.to_yaml(composed)}", end="")
-                    continue
-                Path(args.out).mkdir(parents=True, exist_ok=True)
-                results.append((row, engine, beam, measured(cfg)))
+        for engine, beam in itertools.product(engines(row[1]), args.beams):
+            composed = compose("translate", overrides(args, row, engine, beam))
+            cfg = to_object(composed, TranslateConfig)
+            if args.dry_run:
+                print(f"### score_{row[0]}_{engine}_b{beam}\n{OmegaConf.to_yaml(composed)}",
+                      end="")
+                continue
+            results.append((row, engine, beam, measured(cfg)))
     if results:
         print(table(results))
 
