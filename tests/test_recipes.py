@@ -282,6 +282,14 @@ def test_distill_keeps_each_sources_candidate_closest_to_its_reference(tmp_path)
     assert not (tmp_path / "new.de").exists()  # nothing half-written
 
 
+def test_distill_score_checks_every_config_before_writing_anything(tmp_path):
+    out = tmp_path / "score"
+    with pytest.raises(SystemExit, match="search.beam_size: must be >= 1, got 0"):
+        distill_script().main(["score", "--src", "t.en", "--ref", "t.de", "--out", str(out),
+                               "--beams", "4", "0", "--row", "a", "a.pt", "-", "60"])
+    assert not out.exists()  # nothing half-written
+
+
 def test_distill_table_compares_each_engine_with_its_first_line():
     teacher, student = ["teacher", "t.pt", "-", "3600"], ["student", "s.pt", "s/sl.pt", "-"]
     rows = [(teacher, "nmt", 4, {"bleu": 20, "chrf": 50, "speed": 10}),

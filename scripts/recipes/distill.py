@@ -116,22 +116,18 @@ def table(rows: list[tuple[list[str], str, int, dict]]) -> str:
 
 
 def score(args: argparse.Namespace) -> None:
-    """Translate the test split with every row in every engine at every beam size; print the
-    table (or, in a dry run, each validated config)."""
-    if not args.dry_run:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-    results = []
-    for row in args.row:
-        for engine, beam in itertools.product(engines(row[1]), args.beams):
-            composed = compose("translate", overrides(args, row, engine, beam))
-            cfg = to_object(composed, TranslateConfig)
-            if args.dry_run:
-                print(f"### score_{row[0]}_{engine}_b{beam}\n{OmegaConf.to_yaml(composed)}",
-                      end="")
-                continue
-            results.append((row, engine, beam, measured(cfg)))
-    if results:
-        print(table(results))
+    """Translate the test split with every row in every engine at every beam size (every
+    config validated before the first); print the table (or, in a dry run, each config)."""
+    runs = [(row, engine, beam, compose("translate", overrides(args, row, engine, beam)))
+            for row in args.row for engine, beam in itertools.product(engines(row[1]), args.beams)]
+    configs = [to_object(composed, TranslateConfig) for *_, composed in runs]  # all checked
+    if args.dry_run:
+        for row, engine, beam, composed in runs:
+            print(f"### score_{row[0]}_{engine}_b{beam}\n{OmegaConf.to_yaml(composed)}", end="")
+        return
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    print(table([(row, engine, beam, measured(cfg))
+                 for (row, engine, beam, _), cfg in zip(runs, configs, strict=True)]))
 
 
 def main(argv: list[str] | None = None) -> None:
