@@ -451,7 +451,9 @@ class TrainLoopConfig:
     seed: int = 1  # 0 <= seed < 2^63: model init, batch order (seed, epoch), dropout masks
     init_from: str = ""  # a new run starts from this checkpoint's weights (fresh optimizer/data)
     ema_decay: float = 0.0  # keep an exponential moving average of the weights (0: off)
-    amp: str = "auto"  # auto (bf16 on GPUs with it, else fp16; none on CPUs), bf16, fp16, none
+    # auto (bf16 on GPUs with it, else fp16; none on CPUs), bf16_native (bf16 where the device
+    # computes it natively, CPUs with AVX512-BF16 or AMX included; else none), bf16, fp16, none
+    amp: str = "auto"
     tf32: bool = True  # TensorFloat-32 matmuls for fp32 work on Ampere and later GPUs
     compile: bool = False  # torch.compile the model (for GPUs; graphs break on CPU dropout)
     # Batch lengths padded to a multiple of this, so that a compiled model meets few shapes
@@ -488,8 +490,8 @@ class TrainLoopConfig:
                f"must be loss, ppl, bleu or chrf, got {self.best_metric!r}")
         _check(self.best_metric in ("loss", "ppl") or self.valid_bleu, "train.best_metric",
                f"{self.best_metric} needs train.valid_bleu=true")
-        _check(self.amp in ("auto", "none", "bf16", "fp16"), "train.amp",
-               f"must be auto, none, bf16 or fp16, got {self.amp!r}")
+        _check(self.amp in ("auto", "bf16_native", "none", "bf16", "fp16"), "train.amp",
+               f"must be auto, bf16_native, none, bf16 or fp16, got {self.amp!r}")
         _check(self.device in ("auto", "cpu", "cuda"), "train.device",
                f"must be auto, cpu or cuda, got {self.device!r}")
         _check_bleu_tokenize(self.bleu_tokenize, "train.bleu_tokenize")

@@ -43,7 +43,8 @@ def missing() -> list[str]:
 
 
 def mkldnn_bf16_supported() -> bool:
-    """Whether oneDNN runs bf16 natively on this CPU (AVX512-BF16 or AMX)."""
+    """Whether oneDNN has bf16 kernels here: true where bf16 is only emulated too (AVX-512
+    without AVX512-BF16), so it cannot say "native" (nmt.runtime.cpu_bf16 does)."""
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 

@@ -1,14 +1,19 @@
 """What a process runs on, chosen once by every command: its device (CPU or GPU), the CPU cores
-it may use, and how glibc's malloc treats freed memory (kept for reuse on CPUs, where large
-per-step tensors would otherwise cost a page fault per 4 KiB)."""
+it may use, how glibc's malloc treats freed memory (kept for reuse on CPUs, where large
+per-step tensors would otherwise cost a page fault per 4 KiB), and whether the CPU computes bf16
+natively."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 
 import torch
 
 from nmt.errors import NmtError
+
+log = logging.getLogger(__name__)
 
 
 def pick_device(name: str, local_rank: int = 0, key: str = "device") -> torch.device:
@@ -90,3 +95,56 @@ def release_freed_memory() -> None:
     libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)
+
+
+# ----------------------------------------------------------------------------- bf16 on CPUs
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo's names of native bf16 products
+# ONEDNN_MAX_CPU_ISA values below AVX512_CORE_BF16: under them oneDNN emulates bf16
+ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE",
+                            "AVX512_CORE_VNNI")
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuBf16:
+    """Whether this CPU computes bf16 natively, and why, for a run's header line."""
+
+    native: bool
+    why: str
+
+
+def cpu_bf16(flags: set[str] | None = None, onednn_isa: str | None = None) -> CpuBf16:
+    """Whether bf16 matrix products are native here: the CPU has AVX512-BF16 or AMX (its
+    /proc/cpuinfo flags, or `flags`) and ONEDNN_MAX_CPU_ISA (or `onednn_isa`) allows them.
+    torch's mkldnn bf16 check is true where bf16 is only emulated, so it cannot say this."""
+    if flags is None:
+        flags = cpu_flags()
+    if onednn_isa is None:
+        onednn_isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "")
+    have = [f for f in BF16_CPU_FLAGS if f in flags]
+    if not have:
+        return CpuBf16(False, "the CPU has no avx512_bf16 or amx_bf16: bf16 is emulated")
+    if onednn_isa.upper() in ONEDNN_ISAS_WITHOUT_BF16:
+        return CpuBf16(False, f"ONEDNN_MAX_CPU_ISA={onednn_isa} caps oneDNN below its bf16 "
+                              f"kernels: bf16 is emulated")
+    return CpuBf16(True, f"the CPU has {' and '.join(have)}")
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (Linux); empty where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def warn_if_bf16_emulated(setting: str) -> None:
+    """One warning line when `setting` (train.amp=bf16, search.dtype=bf16) asks this CPU for
+    bf16 that it only emulates."""
+    support = cpu_bf16()
+    if not support.native:
+        log.warning("%s on a CPU without native bf16 (%s): many times slower than fp32",
+                    setting, support.why)

@@ -66,7 +66,13 @@ from nmt.loss import LabelSmoothedLoss
 from nmt.model import count_parameters
 from nmt.preemption import Preemption
 from nmt.runlog import RunDirLock, RunLog, prepare_run_dir
-from nmt.runtime import cap_onednn_cache, keep_freed_memory, release_freed_memory
+from nmt.runtime import (
+    cap_onednn_cache,
+    cpu_bf16,
+    keep_freed_memory,
+    release_freed_memory,
+    warn_if_bf16_emulated,
+)
 from nmt.schedule import NoamSchedule, build_optimizer
 from nmt.scoring import read_references, score
 from nmt.stopping import FLAGS, NO_FLAGS, Stop, Stopping
@@ -233,19 +239,43 @@ def tune_process(tc: TrainLoopConfig, device: torch.device) -> bool:
     return keep_freed_memory()
 
 
-def resolve_amp(amp: str, device: torch.device) -> str:
+@dataclasses.dataclass(frozen=True)
+class Precision:
+    """train.amp resolved on a device: the autocast a run uses, and why (its header line)."""
+
+    amp: str  # "none", "bf16" or "fp16"
+    why: str
+
+
+def resolve_amp(amp: str, device: torch.device) -> Precision:
     """train.amp on this device: "auto" is bf16 on GPUs that have it (Ampere and later),
     fp16 with loss scaling on older GPUs, and none on CPUs (where bf16's speed depends on
-    the processor: ask for it with amp=bf16)."""
+    the processor); "bf16_native" is bf16 where the device computes it natively (Ampere and
+    later; CPUs with AVX512-BF16 or AMX, runtime.cpu_bf16), else none. An explicit bf16 on a
+    CPU that only emulates it is kept, with a warning."""
     if device.type == "cuda":
         bf16 = torch.cuda.get_device_capability(device)[0] >= 8
+        name = torch.cuda.get_device_name(device)
         if amp == "bf16" and not bf16:
-            raise NmtError(f"train.amp=bf16: {torch.cuda.get_device_name(device)} has no "
-                           f"bfloat16 support; use amp=fp16 or amp=auto")
-        return ("bf16" if bf16 else "fp16") if amp == "auto" else amp
+            raise NmtError(f"train.amp=bf16: {name} has no bfloat16 support; use amp=fp16 or "
+                           f"amp=auto")
+        if amp == "auto":
+            return Precision("bf16" if bf16 else "fp16", f"auto on {name}")
+        if amp == "bf16_native":
+            return Precision("bf16" if bf16 else "none",
+                             f"bf16_native: {name} {'has' if bf16 else 'lacks'} bf16")
+        return Precision(amp, f"train.amp={amp}")
     if amp == "fp16":
         raise NmtError("train.amp=fp16: fp16 needs CUDA (use amp=bf16 on CPU)")
-    return "none" if amp == "auto" else amp
+    if amp == "auto":
+        return Precision("none", "auto is fp32 on CPUs")
+    if amp == "none":
+        return Precision("none", "train.amp=none")
+    support = cpu_bf16()
+    if amp == "bf16_native":
+        return Precision("bf16" if support.native else "none", f"bf16_native: {support.why}")
+    warn_if_bf16_emulated("train.amp=bf16 (bf16_native picks fp32 there)")
+    return Precision("bf16", f"train.amp=bf16: {support.why}")
 
 
 # ----------------------------------------------------------------------------- set-up
@@ -359,7 +389,7 @@ class Run:
     optimizer: torch.optim.Optimizer
     scheduler: NoamSchedule  # counts applied updates only, on the device
     scaler: torch.amp.GradScaler  # enabled for fp16 only
-    amp: str  # "none", "bf16" or "fp16"
+    amp: Precision  # the autocast the run uses, and why
     precision: Callable[[], contextlib.AbstractContextManager]  # a forward pass's numerics
     update_freq: Fraction  # batches per rank and update, on average (batches_in_update)
     check_every: int  # updates between host reads of the device's statistics
@@ -393,8 +423,9 @@ def build_run(cfg: TrainConfig, env: distributed.DistInfo, data: Data) -> Run:
     if tc.checkpoint_activations:  # after the EMA's copy (nmt/activation_checkpointing.py)
         checkpoint_layers(model)
     optimizer, scheduler = build_optimizer(model, cfg.optim, cfg.model.d_model)
-    scaler = torch.amp.GradScaler(env.device.type, init_scale=2.0 ** 7, enabled=amp == "fp16")
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
+    scaler = torch.amp.GradScaler(env.device.type, init_scale=2.0 ** 7,
+                                  enabled=amp.amp == "fp16")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp.amp)
     ddp = wrap_ddp(model, env.device) if env.world_size > 1 else None
     forward = torch.compile(ddp or model, dynamic=True) if tc.compile else (ddp or model)
     check_every = 1 if env.device.type == "cpu" else tc.log_interval
@@ -469,9 +500,9 @@ def start(run: Run, state: dict | None) -> None:
 def describe(run: Run) -> None:
     """Log the setup once: model size, devices, precision, batching."""
     tc, env = run.cfg.train, run.env
-    log.info("model: %s parameters, %s | device %s x %d | amp %s | threads %d",
+    log.info("model: %s parameters, %s | device %s x %d | amp %s (%s) | threads %d",
              f"{count_parameters(run.model):,}", run.cfg.model, env.device, env.world_size,
-             run.amp, torch.get_num_threads())
+             run.amp.amp, run.amp.why, torch.get_num_threads())
     log.info("batches: max_tokens %d x %d rank(s) x update_freq %s = %d padded tokens per "
              "update | %d train sentences skipped (longer than max_tokens or max_positions)",
              tc.max_tokens, env.world_size, f"{float(run.update_freq):g}",

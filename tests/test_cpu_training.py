@@ -1,6 +1,7 @@
 """nmt.cpu_training: the CPU training speed paths, opted into by nmt-train, give the
 reference model's results."""
 
+import pytest
 import torch
 from translate_helpers import tiny_model_cfg
 
@@ -8,6 +9,8 @@ from nmt.cpu_training import CpuDropout, attention_kernels, use_cpu_dropout
 from nmt.inference.search import pad_batch
 from nmt.model import make_model
 from nmt.train import training_precision
+
+pytestmark = pytest.mark.isa
 
 PAD, BOS = 0, 2
 V = 24

@@ -186,6 +186,43 @@ def test_ct2_model_dot_is_the_export_in_the_working_directory(joint, tmp_path, e
     assert export_dir(ckpt, "auto", "float32", ".") == out and len(exports) == 1
 
 
+def test_ct2_model_never_replaces_a_folder_nmt_did_not_write(ckpt, tmp_path, exports):
+    """A Hugging Face model folder (config.json, model.safetensors) or any other folder without
+    nmt.json is refused in one line and left as it was, every file kept."""
+    hf = tmp_path / "hfmodel"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    (hf / "model.safetensors").write_bytes(b"weights")
+    with pytest.raises(NmtError, match=r"^ct2_model=.*hfmodel: has no nmt.json.*not a "
+                                       r"CTranslate2 model") as e:
+        export_dir(ckpt, "auto", "float32", str(hf))
+    assert "\n" not in str(e.value) and not exports
+    assert sorted(p.name for p in hf.iterdir()) == ["config.json", "model.safetensors"]
+    assert (hf / "model.safetensors").read_bytes() == b"weights"
+
+
+def test_a_ctranslate2_model_converted_elsewhere_is_used_as_it_is(ckpt, tmp_path, exports,
+                                                                  engines):
+    """A CTranslate2 model without nmt.json (converted outside nmt) is translated with as it
+    is where its vocabularies are the checkpoint's, and refused, untouched, where not."""
+    theirs = tmp_path / "theirs"
+    export_dir(ckpt, "auto", "float32", str(theirs))
+    for name in ("nmt.json", "source.spm", "target.spm"):
+        (theirs / name).unlink()
+    before = {p.name: p.read_bytes() for p in theirs.iterdir()}
+    _, ct, ids = engines
+    cfg = SearchConfig(beam_size=2, alpha=0.0, max_len_a=0, max_len_b=MAX_LEN)
+    with CT2Translator.load(ckpt, ct2_model=str(theirs), threads=1) as used:
+        assert tokens(used.translate_ids(ids[:8], cfg)) == tokens(ct.translate_ids(ids[:8], cfg))
+    assert {p.name: p.read_bytes() for p in theirs.iterdir()} == before and len(exports) == 1
+    vocab = theirs / "shared_vocabulary.json"
+    vocab.write_text(vocab.read_text().replace('"<unk>"', '"<UNK>"'))
+    with pytest.raises(NmtError, match=r"its source vocabulary \(500 entries\) is not the "
+                                       r"checkpoint's"):
+        export_dir(ckpt, "auto", "float32", str(theirs))
+    assert len(exports) == 1 and not (theirs / "nmt.json").exists()
+
+
 def test_an_upgrade_of_nmt_or_ctranslate2_exports_again(joint, tmp_path, exports,
                                                         monkeypatch):
     import ctranslate2
@@ -292,6 +329,7 @@ def test_what_another_process_holds_locked_is_left_alone(joint, tmp_path):
         [second.name, f".{second.name}.lock"])
 
 
+@pytest.mark.isa  # CTranslate2's int8 under CT2_FORCE_CPU_ISA too
 def test_an_nmt_export_directory_is_used_as_it_is(ckpt, tmp_path, monkeypatch):
     from nmt.config import ExportConfig
     from nmt.export import export

@@ -12,6 +12,8 @@ import torch
 from nmt import private_ops
 from nmt.inference.fast import packing_works
 
+pytestmark = pytest.mark.isa
+
 NMT = Path(__file__).resolve().parents[1] / "nmt"
 PRIVATE = re.compile(r"torch\.ops\.|torch\._[a-z]|\._get_node\(|_step_supports_amp_scaling|"
                      r"\._get_match_statistics|\._compute_f_score|\._preprocess_segment|"

@@ -1,4 +1,5 @@
-"""nmt.runtime: the one device picker of every command, the usable cores, glibc malloc tuning."""
+"""nmt.runtime: the one device picker of every command, the usable cores, glibc malloc tuning,
+whether the CPU computes bf16 natively."""
 
 import ctypes
 import os
@@ -15,6 +16,7 @@ from nmt.runtime import (
     IDEEP_CACHE_CAPACITY,
     ONEDNN_CACHE_CAPACITY,
     cap_onednn_cache,
+    cpu_bf16,
     keep_freed_memory,
     pick_device,
     release_freed_memory,
@@ -119,6 +121,9 @@ print((libc.mallinfo2().uordblks - before) / 2 ** 20)
 
 
 @pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "mallinfo2"), reason="needs glibc >= 2.33")
+@pytest.mark.skipif(not cpu_bf16().native, reason="measures oneDNN's native bf16 kernels' "
+                    "caches; emulated, its 160 steps take minutes and cache nothing alike")
+@pytest.mark.isa
 @pytest.mark.slow  # over 2 s
 def test_capped_caches_do_not_grow_with_the_batch_shapes():
     """With the caches capped (in a fresh process: they read the environment once), 150 new
@@ -149,3 +154,29 @@ def test_nccl_error_handling_is_set_unless_the_environment_sets_it(monkeypatch):
     with mock.patch.dict(os.environ, {**ranks, "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}):
         distributed.init("cuda")
     assert seen == [("nccl", distributed.NCCL_ERROR_HANDLING), ("nccl", "1")]
+
+
+@pytest.mark.parametrize("flags, isa, native", [
+    ({"avx2", "fma"}, "", False),  # AMD Zen 2/3
+    ({"avx2", "avx512f", "avx512_vnni"}, "", False),  # Cascade Lake: VNNI, no bf16
+    ({"avx2", "avx512f", "avx512_bf16"}, "", True),  # Cooper Lake, Zen 4
+    ({"avx2", "avx512f", "amx_bf16"}, "avx512_core_amx", True),  # Sapphire Rapids
+    ({"avx2", "avx512f", "avx512_bf16", "amx_bf16"}, "AVX2", False),  # capped
+    ({"avx2", "avx512f", "avx512_bf16"}, "AVX512_CORE_VNNI", False),
+])
+def test_bf16_is_native_only_with_its_instructions_within_onednns_cap(flags, isa, native):
+    got = cpu_bf16(flags, isa)
+    assert got.native == native
+    assert ("emulated" in got.why) != native
+
+
+def test_bf16_decoding_on_a_cpu_that_emulates_it_warns_once(ckpts, monkeypatch, caplog):
+    from nmt.inference.engine import open_translator
+
+    monkeypatch.setattr(runtime, "cpu_bf16", lambda: runtime.CpuBf16(False, "bf16 is emulated"))
+    for dtype, warnings in (("fp32", 0), ("bf16", 1)):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="nmt.runtime"):
+            open_translator("nmt", [str(ckpts[0])], torch.device("cpu"), dtype=dtype).close()
+        lines = [r.getMessage() for r in caplog.records]
+        assert len(lines) == warnings and all("search.dtype=bf16" in x for x in lines)

@@ -24,7 +24,7 @@ from nmt.preprocess import preprocess
 from nmt.shortlist import Shortlist, build_shortlist, load_shortlist, vmap_text, write_shortlist
 from nmt.tokenizer import EOS_ID, SPECIALS
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.isa]  # int8 columns
 V = 40  # the random models' vocabulary
 
 

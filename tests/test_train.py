@@ -13,6 +13,7 @@ import torch
 from conftest import make_corpora_dir, make_data_dir
 from omegaconf import OmegaConf
 
+import nmt.runtime
 import nmt.stopping
 import nmt.train
 from nmt import distributed
@@ -643,9 +644,41 @@ def test_amp_auto_is_fp32_on_cpu():
     from nmt.train import resolve_amp
 
     cpu = torch.device("cpu")
-    assert [resolve_amp(a, cpu) for a in ("auto", "none", "bf16")] == ["none", "none", "bf16"]
+    assert [resolve_amp(a, cpu).amp for a in ("auto", "none", "bf16")] == ["none", "none", "bf16"]
     with pytest.raises(NmtError, match="fp16 needs CUDA"):
         resolve_amp("fp16", cpu)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_bf16_native_is_bf16_only_where_the_cpu_has_it(native, monkeypatch, caplog):
+    """train.amp=bf16_native: bf16 on a CPU with native bf16, fp32 elsewhere, and the reason;
+    an explicit bf16 on a CPU that emulates it runs, with a one-line warning."""
+    from nmt.runtime import CpuBf16
+    from nmt.train import resolve_amp
+
+    support = CpuBf16(native, "the CPU has avx512_bf16" if native else "bf16 is emulated")
+    monkeypatch.setattr(nmt.runtime, "cpu_bf16", lambda: support)
+    monkeypatch.setattr(nmt.train, "cpu_bf16", lambda: support)
+    cpu = torch.device("cpu")
+    chosen = resolve_amp("bf16_native", cpu)
+    assert chosen.amp == ("bf16" if native else "none") and support.why in chosen.why
+    with caplog.at_level("WARNING"):
+        assert resolve_amp("bf16", cpu).amp == "bf16"
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert (len(warned) == 1 and "train.amp=bf16" in warned[0]) if not native else not warned
+    assert resolve_amp("auto", cpu).amp == "none"  # auto on CPUs is unchanged
+
+
+def test_the_runs_header_says_which_precision_and_why(tiny_data_dir, tmp_path, monkeypatch,
+                                                      caplog):
+    from nmt.runtime import CpuBf16
+
+    monkeypatch.setattr(nmt.train, "cpu_bf16", lambda: CpuBf16(False, "bf16 is emulated"))
+    with caplog.at_level("INFO", logger="nmt.train"):
+        train(config(tiny_data_dir, tmp_path / "run", "train.amp=bf16_native",
+                     "train.max_updates=1"))
+    assert any("amp none (bf16_native: bf16 is emulated)" in r.getMessage()
+               for r in caplog.records)
 
 
 @pytest.mark.slow

@@ -54,6 +54,7 @@ from nmt.inference.core import (
     output_lengths,
 )
 from nmt.inference.ct2_export import INFO, VMAP, cached_export, pieces, read_info
+from nmt.inference.loading import LoadedCheckpoint
 from nmt.inference.workers import WorkerPool
 from nmt.runtime import usable_cores
 from nmt.tokenizer import Tokenizer
@@ -78,14 +79,23 @@ class CT2Translator:
 
     def __init__(self, model_dir: str | Path, device: torch.device | str = "cpu",
                  compute_type: str = "float32", workers: int = 1, threads: int = 0,
-                 shortlist: str = ""):
-        """shortlist: the search.shortlist file the export's vmap.txt holds ("": none)."""
+                 shortlist: str = "", checkpoint: str | Path | None = None):
+        """shortlist: the search.shortlist file the export's vmap.txt holds ("": none);
+        checkpoint: the one whose vocabularies a model converted outside nmt (no nmt.json)
+        was checked to have (ct2_export.check_foreign_model): it gives what nmt.json would."""
         ct2 = _ctranslate2()
         model_dir, self.device = Path(model_dir), torch.device(device)
         info = read_info(model_dir)
-        if info is None:
+        if info is None and checkpoint is None:
             raise NmtError(f"{model_dir}: not an nmt CTranslate2 export (no {INFO}); "
                            f"export it with nmt-export")
+        if info is None:  # converted outside nmt: the checkpoint says what nmt.json would
+            loaded = LoadedCheckpoint.load(checkpoint)
+            info = {"vocab": loaded.vocab, "max_positions": loaded.model.cfg.max_positions}
+            self.src_tok, self.tgt_tok = loaded.src_tok, loaded.tgt_tok
+        else:
+            self.src_tok = Tokenizer((model_dir / "source.spm").read_bytes())
+            self.tgt_tok = Tokenizer((model_dir / "target.spm").read_bytes())
         supported = ct2.get_supported_compute_types(self.device.type)
         if compute_type not in supported:
             raise NmtError(f"search.dtype: CTranslate2 has no {compute_type} on this "
@@ -95,8 +105,6 @@ class CT2Translator:
             raise NmtError(f"{model_dir}: no {VMAP} for search.shortlist={shortlist} "
                            f"(nmt-export shortlist=FILE writes it)")
         self.capabilities = dataclasses.replace(ENGINES["ctranslate2"], shortlist=shortlist)
-        self.src_tok = Tokenizer((model_dir / "source.spm").read_bytes())
-        self.tgt_tok = Tokenizer((model_dir / "target.spm").read_bytes())
         self.specials, self.workers = self.tgt_tok.specials, workers
         self._src_pieces, self._tgt_pieces = pieces(self.src_tok), pieces(self.tgt_tok)
         self._tgt_ids = {piece: i for i, piece in enumerate(self._tgt_pieces)}
@@ -123,7 +131,8 @@ class CT2Translator:
         if device.type == "cpu":
             threads = threads or max(1, usable_cores() // workers)
         with cached_export(checkpoint, weights, compute_type, ct2_model, shortlist) as model_dir:
-            return cls(model_dir, device, compute_type, workers, threads, shortlist)
+            return cls(model_dir, device, compute_type, workers, threads, shortlist,
+                       checkpoint)
 
     @property
     def max_input_tokens(self) -> int:

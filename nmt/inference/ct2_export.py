@@ -13,15 +13,18 @@ sha256, the weights taken, the compute type, the versions of nmt and CTranslate2
 shortlist's sha256), its vocab entry, max_positions. With a shortlist (nmt.shortlist),
 vmap.txt holds its lists as CTranslate2's vocabulary map.
 
-The cache: an export is made once, in CHECKPOINT.ct2/TYPE-WEIGHTS-SHA (TYPE: the compute
-type, WEIGHTS: auto, model or ema, SHA: the start of the checkpoint file's sha256), or in the
+The cache: an export is made once, in CHECKPOINT.ct2/TYPE-WEIGHTS-SHA (TYPE: the compute type,
+WEIGHTS: auto, model or ema, SHA: the start of the checkpoint file's sha256), or in the
 directory ct2_model=DIR, and used while its nmt.json matches the key, so a changed
-checkpoint_last.pt, or an upgrade, is exported again, never served stale. Each export NAME has
-a lock, the file .NAME.lock beside it (flock): a process holds it while it checks, exports
-and loads the export, so processes exporting the same key at once export it once, and none
-replaces or removes an export that another is loading. It is written in a temporary
-directory, then renamed into place; temporaries that a killed export left are removed by the
-next export that finds their lock free, and the exports of the same type and weights of
+checkpoint_last.pt, or an upgrade, is exported again, never served stale. nmt replaces only a
+directory it wrote (one with nmt.json): a CTranslate2 model converted elsewhere in
+ct2_model=DIR is used as it is where its vocabularies are the checkpoint's (the checkpoint then
+gives what nmt.json would), and anything else there is refused in one line, never touched. Each
+export NAME has a lock, the file .NAME.lock beside it (flock): a process holds it while it
+checks, exports and loads the export, so processes exporting the same key at once export it
+once, and none replaces or removes an export that another is loading. It is written in a
+temporary directory, then renamed into place; temporaries that a killed export left are removed
+by the next export that finds their lock free, and the exports of the same type and weights of
 earlier checkpoints beside it too.
 """
 
@@ -47,7 +50,6 @@ from nmt.shortlist import load_shortlist, vmap_text
 from nmt.tokenizer import UNK_ID, Specials, Tokenizer
 
 INFO = "nmt.json"  # what an nmt export holds beside CTranslate2's files
-MARKER = "config.json"  # every CTranslate2 model directory has one
 VMAP = "vmap.txt"  # CTranslate2's vocabulary map in its model directory
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which nmt's model uses
 TEMPORARY = re.compile(r"\.(.+)\.(?:tmp|old)-\w+")  # nmt.files.new_directory's, of export NAME
@@ -214,7 +216,9 @@ def cached_export(checkpoint: str | Path, weights: str, compute_type: str,
         if lock is not None:
             _remove_temporaries(out, every=not ct2_model)
         info = read_info(out)
-        if info is None or any(info.get(k) != v for k, v in key.items()) or (
+        if ct2_model and info is None and _has_files(out):  # not nmt's: never replaced
+            check_foreign_model(out, checkpoint)
+        elif info is None or any(info.get(k) != v for k, v in key.items()) or (
                 "shortlist_sha256" in info) != bool(shortlist):
             _export_here(checkpoint, out, key, shortlist)
         if lock is not None and not ct2_model:  # earlier checkpoints' of this type, weights
@@ -223,6 +227,44 @@ def cached_export(checkpoint: str | Path, weights: str, compute_type: str,
     finally:
         if lock is not None:
             os.close(lock)
+
+
+def _has_files(out: Path) -> bool:
+    """Whether `out` exists and is not an empty directory."""
+    return out.exists() and not (out.is_dir() and not any(out.iterdir()))
+
+
+def check_foreign_model(out: Path, checkpoint: Path) -> None:
+    """A ct2_model=DIR that nmt did not write (no nmt.json) may be used as it is only if it is
+    a CTranslate2 model (config.json, model.bin) whose vocabularies are the checkpoint's
+    SentencePiece pieces; anything else is a one-line error and stays as it is."""
+    where = f"ct2_model={out}: has no {INFO}, so nmt did not write it and will not replace it"
+    if not ((out / "config.json").is_file() and (out / "model.bin").is_file()):
+        raise NmtError(f"{where}, and it is not a CTranslate2 model (no config.json and "
+                       f"model.bin); give an empty or new directory")
+    loaded = LoadedCheckpoint.load(checkpoint)
+    for side, tok in (("source", loaded.src_tok), ("target", loaded.tgt_tok)):
+        theirs = _ct2_vocabulary(out, side)
+        if theirs != pieces(tok):
+            size = "none" if theirs is None else f"{len(theirs):,} entries"
+            raise NmtError(f"{where}; its {side} vocabulary ({size}) is not the checkpoint's "
+                           f"({tok.vocab_size:,} pieces); give an empty or new directory")
+
+
+def _ct2_vocabulary(model_dir: Path, side: str) -> list[str] | None:
+    """A CTranslate2 model directory's `side` ("source", "target") vocabulary: its shared or
+    own vocabulary file (JSON list, or one token a line), None where it has none."""
+    for name in ("shared", side):
+        path = model_dir / f"{name}_vocabulary.json"
+        if path.is_file():
+            try:
+                return json.loads(path.read_text(encoding="utf-8"))
+            except ValueError:
+                return None
+        path = path.with_suffix(".txt")
+        if path.is_file():
+            return path.read_text(encoding="utf-8").split("\n")[:-1]
+    return None
 
 
 def _export_here(checkpoint: Path, out: Path, key: dict, shortlist: str) -> None:
@@ -238,7 +280,7 @@ def _export(checkpoint: Path, out: Path, key: dict, shortlist: str = "") -> None
     """Export the checkpoint into `out` atomically (an earlier export there is replaced)."""
     loaded = LoadedCheckpoint.load(checkpoint, key["weights"])
     quantization = "" if key["compute_type"] == "float32" else key["compute_type"]
-    with new_directory(out, True, MARKER, "CTranslate2 model directory") as tmp:
+    with new_directory(out, True, INFO, "CTranslate2 model directory that nmt wrote") as tmp:
         write_ctranslate2(loaded, tmp, quantization, key, shortlist)
 
 

@@ -23,6 +23,7 @@ from nmt.inference.ct2_engine import CT2Translator
 from nmt.inference.search import Hypothesis
 from nmt.inference.translator import Translator
 from nmt.inference.workers import WorkerPool
+from nmt.runtime import warn_if_bf16_emulated
 from nmt.shortlist import load_shortlist
 from nmt.tokenizer import Specials, Tokenizer, check_same_vocabulary
 
@@ -85,6 +86,8 @@ def open_translator(engine: str, checkpoints: list[str], device: torch.device,
     search.shortlist, which must be built for the checkpoint's target vocabulary and which
     CTranslate2's export must hold)."""
     check_search_device(dtype, device.type, engine=engine)
+    if dtype == "bf16" and device.type == "cpu":
+        warn_if_bf16_emulated("search.dtype=bf16")
     if engine == "nmt":
         translator = Translator.load(checkpoints, device, weights, dtype=dtype,
                                      workers=workers, threads=threads)

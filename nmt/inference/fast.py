@@ -77,28 +77,54 @@ class PackedAffine(Affine):
 
 
 class Int8Affine(Affine):
-    """int8 weights (symmetric, one scale per output row) times int8 activations (one scale per
+    """int8 weights (symmetric, one scale per output row) times 8-bit activations (one scale per
     call, from the input's range), accumulated in int32 and rescaled: torch.ao's dynamic
     quantization of nn.Linear, here through oneDNN (faster than fbgemm for the vocabulary
-    projection; fbgemm where oneDNN is missing, with 7-bit activations as torch.ao gives it)."""
+    projection; fbgemm where oneDNN is missing). Activations keep 7 bits, as torch.ao gives
+    them, wherever the CPU's u8 x s8 products saturate (`int8_saturates`: no VNNI)."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None, relu: bool = False):
         super().__init__(weight, bias, relu)
-        engines = torch.backends.quantized.supported_engines
-        engine = "onednn" if "onednn" in engines else torch.backends.quantized.engine
-        self.reduce_range = engine != "onednn"
+        engine = _int8_engine()
+        self.reduce_range = engine != "onednn" or int8_saturates()
         observer = PerChannelMinMaxObserver(ch_axis=0, dtype=torch.qint8,
                                             qscheme=torch.per_channel_symmetric)
         observer(weight)
         scale, zero_point = observer.calculate_qparams()
-        with warnings.catch_warnings(), _quantized_engine(engine):
-            warnings.simplefilter("ignore")  # quantized tensors are deprecated for torchao's
-            q = torch.quantize_per_channel(weight, scale.double(), zero_point, 0, torch.qint8)
-            self.packed = private_ops.quantized_linear_prepack(q, bias)
+        self.packed = _pack_int8(weight, scale.double(), zero_point, bias, engine)
 
     def linear(self, x: Tensor) -> Tensor:
-        """x W^T + b with W and x rounded to int8."""
+        """x W^T + b with W and x rounded to int8 (x to 7 bits where products saturate)."""
         return private_ops.quantized_linear(x, self.packed, self.reduce_range)
+
+
+def _int8_engine() -> str:
+    """The quantized engine Int8Affine packs for: oneDNN where this PyTorch has it."""
+    engines = torch.backends.quantized.supported_engines
+    return "onednn" if "onednn" in engines else torch.backends.quantized.engine
+
+
+def _pack_int8(weight: Tensor, scale: Tensor, zero_point: Tensor, bias: Tensor | None,
+               engine: str):
+    """W (out, in) rounded to qint8 with one scale per row, packed for `engine`."""
+    with warnings.catch_warnings(), _quantized_engine(engine):
+        warnings.simplefilter("ignore")  # quantized tensors are deprecated for torchao's
+        q = torch.quantize_per_channel(weight, scale, zero_point, 0, torch.qint8)
+        return private_ops.quantized_linear_prepack(q, bias)
+
+
+@functools.cache
+def int8_saturates() -> bool:
+    """Whether this CPU's u8 x s8 products saturate with 8-bit activations. Without VNNI
+    (AVX2, or AVX-512 before Cascade Lake, or under ONEDNN_MAX_CPU_ISA=AVX2) the kernels add
+    pairs of products into int16 (vpmaddubsw), which clips 2 x 255 x 127 at 32,767. Asked of
+    the kernel itself, not the CPU's name: ones(1, 4) . ones(1, 4) is 4, saturated ~2.02."""
+    ones = torch.ones(1, 4)
+    engine = _int8_engine()
+    packed = _pack_int8(ones, torch.tensor([1 / 127], dtype=torch.double),
+                        torch.zeros(1, dtype=torch.long), None, engine)
+    got = private_ops.quantized_linear(ones, packed, False)
+    return not torch.allclose(got, torch.full_like(got, 4.0), rtol=0.01)
 
 
 @contextlib.contextmanager
