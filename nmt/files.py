@@ -140,14 +140,31 @@ def temporary_beside(target: Path) -> str:
     return tmp
 
 
+def keep_mode_and_owner(target: Path, tmp: str) -> None:
+    """Give the temporary file that will replace `target` target's permission bits and, where
+    this process may, its owner and group (a replaced 0600 file stays 0600); nothing where
+    target does not exist yet."""
+    try:
+        st = target.stat()
+    except FileNotFoundError:
+        return
+    os.chmod(tmp, stat.S_IMODE(st.st_mode))
+    if hasattr(os, "chown"):
+        try:
+            os.chown(tmp, st.st_uid, st.st_gid)
+        except PermissionError:  # another user's file: ours now, its mode kept
+            pass
+
+
 def write_atomically(path: str | Path, content: bytes | str | Callable[[BinaryIO], object],
                      durable: bool = False) -> None:
     """Write a file (its folders made as needed) through a temporary file beside it, renamed
     over it at the end; the temporary file is removed if writing fails. content: bytes, text
     (UTF-8), or a function writing to the open binary file. durable: fsync the file before
-    the rename and the directory after it (a crash loses neither), as checkpoints need. A path
-    that is not a regular file (a pipe, a device: see replaced_file) is written straight
-    into, without a temporary, rename or fsync."""
+    the rename and the directory after it (a crash loses neither), as checkpoints need. A
+    replaced file keeps its mode and owner. A path that is not a regular file (a pipe, a
+    device: see replaced_file) is written straight into, without a temporary, rename or
+    fsync."""
     path = Path(path)
     target = replaced_file(path)
     if target is None:
@@ -157,6 +174,7 @@ def write_atomically(path: str | Path, content: bytes | str | Callable[[BinaryIO
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_beside(target)
     try:
+        keep_mode_and_owner(target, tmp)
         with open(tmp, "wb") as f:
             _write(f, content)
             if durable:

@@ -5,12 +5,13 @@ KillWait seconds), and the shipped launcher (Hydra's submitit plugin,
 configs/hydra/launcher/slurm.yaml) asks for submitit's preemption signal (SIGUSR2, or
 SIG$SUBMITIT_PREEMPT_SIGNAL when that is set) `signal_delay_s` seconds before the limit, which
 submitit's own handler answers by requeueing the job. Inside `Preemption` those signals only
-set `received`; nmt-train reads it at its checks (nmt.stopping: after the update in progress
-on a CPU, within train.log_interval updates on a GPU, and before and after every validation),
-where the ranks agree on it, so that every rank stops after the same update; rank 0 writes the
-checkpoint before any further validation; then `finish` runs the handler that was installed
-before nmt-train's (submitit's), or, without one, stops the command with a one-line error and
-exit status 128 + the signal's number (the run did not end: `Preempted`).
+set `received` (the preemption signal kept over a SIGTERM that comes with it); nmt-train reads
+it at its checks (nmt.stopping: after the update in progress on a CPU, within
+train.log_interval updates on a GPU, and before and after every validation), where the ranks
+agree on it, so that every rank stops after the same update; rank 0 writes the checkpoint
+before any further validation; then `finish` runs the handler that was installed before nmt-
+train's (submitit's), or, without one, stops the command with a one-line error and exit status
+128 + the signal's number (the run did not end: `Preempted`).
 """
 
 from __future__ import annotations
@@ -73,8 +74,11 @@ class Preemption:
             restore_handler(sig, handler)
 
     def _note(self, signum: int, frame) -> None:
-        """The handler: remember the signal, nothing else (the loop stops at its pace)."""
-        self.received = signum
+        """The handler: remember the signal, nothing else (the loop stops at its pace). The
+        preemption signal is kept over a SIGTERM before or after it: its handler (submitit's)
+        requeues the job, SIGTERM's does not."""
+        if self.received is None or self.received == signal.SIGTERM:
+            self.received = signum
 
     @property
     def name(self) -> str:

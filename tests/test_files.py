@@ -40,6 +40,22 @@ def test_write_atomically_takes_bytes_text_or_a_writer(tmp_path, durable, umask_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "t.txt", "w.bin"]
 
 
+@pytest.mark.parametrize("durable", [False, True])
+def test_a_replaced_file_keeps_its_mode_and_owner(tmp_path, durable, umask_022):
+    """A 0600 file (a key, a private config) comes back 0600, not the umask's 0644; as root,
+    another user's file stays theirs."""
+    path = tmp_path / "secret.txt"
+    path.write_text("old\n")
+    path.chmod(0o600)
+    root = os.geteuid() == 0
+    if root:
+        os.chown(path, 1234, 5678)
+    write_atomically(path, "new\n", durable)
+    assert path.read_text() == "new\n" and path.stat().st_mode & 0o777 == 0o600
+    if root:
+        assert (path.stat().st_uid, path.stat().st_gid) == (1234, 5678)
+
+
 def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
     path = tmp_path / "out.txt"
     write_atomically(path, "old\n")

@@ -86,6 +86,26 @@ def test_sigusr2_checkpoints_then_runs_the_previous_handler_once(tiny_data_dir, 
     assert out["update"] == 3 and out["reason"] == "SIGUSR2 received"
 
 
+@pytest.mark.parametrize("order", [("SIGUSR2", "SIGTERM"), ("SIGTERM", "SIGUSR2")])
+def test_the_preemption_signal_is_kept_over_a_sigterm_so_the_job_is_requeued(order):
+    """submitit's USR2, then SLURM's TERM before the checkpoint (or the other way round):
+    after the checkpoint, USR2's earlier handler (submitit's requeue) runs, TERM's does not."""
+    calls = []
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR2)}
+    signal.signal(signal.SIGUSR2, lambda signum, frame: calls.append(("requeue", signum)))
+    signal.signal(signal.SIGTERM, lambda signum, frame: calls.append(("bypass", signum)))
+    try:
+        with Preemption() as preempt:
+            for name in order:
+                os.kill(os.getpid(), signal.Signals[name])
+            assert preempt.received == signal.SIGUSR2
+            preempt.finish(update=7)
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    assert calls == [("requeue", signal.SIGUSR2)]
+
+
 @pytest.mark.slow
 def test_one_rank_signalled_both_stop_after_the_same_update(tiny_data_dir, tmp_path):
     run = tmp_path / "run"
