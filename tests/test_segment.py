@@ -6,10 +6,11 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from nmt import segment
 from nmt.errors import ConfigError
-from nmt.segment import Segmented, sentence_starts, split_text
+from nmt.segment import Segmented, sample_stream, sentence_starts, split_text
 
 GOLD = Path(__file__).parent / "data" / "sentence_boundaries.tsv"
 DOC = ("  First sentence. Second one?\tThird!\r\n"
@@ -146,3 +147,20 @@ def test_rejoin_puts_translations_in_place_and_sums_the_scores():
     doc = segment.split_text("  Open it.\n\nClose it. ", "paragraph")
     assert segment.rejoin(doc, ["A", "B"], [-1.0, -2.5]) == ("  A\n\nB ", -3.5)
     assert segment.rejoin(doc, ["A", "B"], [-1.0, None]) == ("  A\n\nB ", None)
+
+
+def test_every_piece_of_every_line_draws_its_own_random_numbers():
+    """Streams differ for every (seed, line, piece, sample) within the limits: piece k and
+    k + 256 of a line (2^32 apart, which a 32-bit seed would wrap), the last line, seeds 2^32
+    apart."""
+    from nmt.inference.rules import sample_uniforms
+    from nmt.segment import STREAMS
+
+    streams = [sample_stream(line, k) for line in (0, 1, STREAMS - 1)
+               for k in (0, 1, 255, 256, 257, 512, 4096)]
+    assert len(set(streams)) == len(streams)
+    rows = [tuple(row.tolist()) for seed in (0, 1, 2 ** 32, 2 ** 32 + 1, 2 ** 63 - 1)
+            for row in sample_uniforms(streams, 2, 6, seed)]
+    assert len(set(rows)) == len(rows) == 5 * len(streams) * 2
+    again = sample_uniforms(streams[:3], 2, 6, 1)  # a line's numbers: its seed and line alone
+    assert torch.equal(again, sample_uniforms(streams, 2, 6, 1)[:6])

@@ -177,10 +177,17 @@ def epsilon_cut(probs: Tensor, epsilon: float) -> Tensor:
 def sample_uniforms(lines: list[int], n: int, steps: int, seed: int) -> Tensor:
     """(len(lines) n, steps) uniforms: row i n + j drives sample j of input line lines[i], drawn
     from its own generator, so that a line's samples depend on the seed and the line alone
-    (not on batching, worker processes, ranks or the step a sentence joins at)."""
-    rows = []
-    for line in lines:
-        for j in range(n):
-            g = torch.Generator().manual_seed(((seed * 1_000_003 + line) * 1_009 + j) % 2 ** 63)
-            rows.append(torch.rand(steps, generator=g))
-    return torch.stack(rows)
+    (not on batching, worker processes, ranks or the step a sentence joins at). Each row's
+    generator is seeded with the whole (seed, line, j) as six 32-bit words, which numpy's
+    SeedSequence hashes into 128 bits: torch's CPU generator keeps 32 bits of a seed, so
+    streams 2^32 apart (piece k and k + 256 of a split line, nmt.segment.sample_stream) would
+    draw alike."""
+    rows = [np.random.default_rng(_words(seed % 2 ** 64, line, j)).random(steps, np.float32)
+            for line in lines for j in range(n)]
+    return torch.from_numpy(np.stack(rows))
+
+
+def _words(*values: int) -> list[int]:
+    """Numbers in [0, 2^64) as two 32-bit words each: a fixed-width key, so that no two tuples
+    give one SeedSequence entropy."""
+    return [w for v in values for w in (v & 0xFFFFFFFF, v >> 32)]
