@@ -267,6 +267,25 @@ def test_nmt_serve_translates_into_the_language_a_request_asks_for(multi_server,
     assert 'id="tgt"' in page and "h.languages" in page and "body.tgt_lang" in page
 
 
+def test_nmt_serve_cuts_pieces_to_leave_room_for_the_language_token(multi_run, raw, tmp_path):
+    """With a tag, a long text's pieces are cut to max_input - 1 tokens, as nmt-translate cuts
+    them: none loses its last token (was: pieces of max_input tokens, then truncated)."""
+    from test_serve import InProcess
+
+    model = multi_run / "checkpoint_last.pt"
+    srv = InProcess(model, "tgt_lang=fr", "search.beam_size=1", "search.max_len_b=8",
+                    "max_input_tokens=6")
+    try:
+        text = " ".join(read(raw["en-de"]["test"], "en")[:3])
+        (got,) = srv.translate([text], split="paragraph")
+    finally:
+        srv.stop()
+    assert not got["truncated"] and len(got["pieces"]) > 1
+    assert " ".join(p["source"] for p in got["pieces"]) == " ".join(text.split())
+    assert got["text"] == translate_lines(model, [text], tmp_path, "tgt_lang=fr",
+                                          "max_input_tokens=6", "split=paragraph")[0]
+
+
 def test_libretranslates_api_offers_every_language_of_a_multilingual_model(multi_server, raw):
     from urllib.parse import urlencode
 

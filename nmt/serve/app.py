@@ -441,13 +441,14 @@ class Service:
 
     def segment(self, req: TranslateRequest) -> tuple[str, list[Segmented]]:
         """The request's split mode and its texts cut into pieces (nmt.segment: none over
-        max_input tokens unless split=none)."""
+        max_input tokens, less the request's source language token, unless split=none)."""
         split = req.split or self.split
         if split == "sentence" and self.splitter is None:
             raise ApiError(422, "split", "sentence needs the server's source language "
                                          "(nmt-serve src_lang=...)")
-        return split, [split_for(self.translator.src_tok, text, split, self.splitter,
-                                 self.max_input) for text in req.text]
+        limit = self.max_input - len(self.choice(req).source)  # a language token takes one
+        return split, [split_for(self.translator.src_tok, text, split, self.splitter, limit)
+                       for text in req.text]
 
     async def translate(self, req: TranslateRequest) -> TranslateResponse:
         """POST /translate: split, check, encode, decode in shared batches, detokenize, put
