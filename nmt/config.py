@@ -580,7 +580,7 @@ class TranslateConfig:
     engine: str = "nmt"  # decode with "nmt" or "ctranslate2" (the checkpoint's export, cached)
     ct2_model: str = ""  # engine=ctranslate2: the export's folder ("": CHECKPOINT.ct2/ beside it)
     split: str = "none"  # none: a line is a segment; sentence|paragraph: pieces (nmt/segment.py)
-    split_lang: str = ""  # split=sentence: the source language, an ISO 639 code (e.g. en)
+    split_lang: str = ""  # split=sentence: the source language, ISO 639 (""; the checkpoint's)
     # A multilingual checkpoint's languages (nmt.languages): names it records, e.g. de, deu_Latn
     src_lang: str = ""  # the language of the input (M2M100, NLLB-200 need it); "": none
     tgt_lang: str = ""  # the language to translate into (a multilingual model's choice)
@@ -622,16 +622,20 @@ def _check_split(cfg: TranslateConfig) -> None:
     _check(cfg.split in MODES, "split", f"must be none, sentence or paragraph, got {cfg.split!r}")
     if cfg.split == "none":
         return
-    if cfg.split == "sentence":
-        _check(LANG_CODE.fullmatch(cfg.split_lang) is not None,
-               "split_lang", f"split=sentence needs the source language's ISO 639 code, e.g. "
-               f"split_lang=en (got {cfg.split_lang!r})")
-        sentence_splitter(cfg.split_lang)  # a one-line error if it is not installed
+    if cfg.split == "sentence" and cfg.split_lang:  # else the checkpoint's (nmt.translate)
+        check_split_lang(cfg.split_lang)
     for key, on in (("search.nbest", cfg.search.nbest > 1), ("prefix", cfg.prefix),
                     ("score_reference", cfg.score_reference), ("constraints", cfg.constraints),
                     ("alignment", cfg.alignment), ("attention_plot", cfg.attention_plot)):
         _check(not on, key, f"is per segment: needs split=none (split={cfg.split} translates "
                f"the pieces of a line apart)")
+
+
+def check_split_lang(lang: str) -> None:
+    """split=sentence's source language: an ISO 639 code whose splitter is installed."""
+    _check(LANG_CODE.fullmatch(lang) is not None, "split_lang", f"split=sentence needs the "
+           f"source language's ISO 639 code, e.g. split_lang=en (got {lang!r})")
+    sentence_splitter(lang)  # a one-line error if it is not installed
 
 
 def _check_choice(cfg: TranslateConfig) -> None:

@@ -14,7 +14,10 @@ The names are the checkpoint's: de for M2M100's __de__ and OPUS-MT's >>de<<, deu
 NLLB-200. nmt-preprocess's src_lang and tgt_lang are the suffixes of its files (a
 multilingual data directory's side names); its corpora's src_lang and tgt_lang are languages.
 A model trained here on several pairs records convention "tag" with tokens >>xx<< (nmt.preprocess,
-docs/design.md); one trained on one pair records no languages.
+docs/design.md) and its corpora's source languages ("sources"); one trained on one pair
+records vocab["pair"] = {"src_lang", "tgt_lang"} (its data's suffixes): what nmt-serve's
+LibreTranslate API and split=sentence use when not told (recorded_pair; checkpoints from
+before it record nothing, and a server then needs src_lang= and tgt_lang=).
 """
 
 from __future__ import annotations
@@ -78,3 +81,18 @@ def language_id(entry: dict, key: str, lang: str, where: str) -> int:
             f"{key}: {where} is multilingual: give the language")
         raise ConfigError(f"{what} (it has {shown})")
     return codes[lang]
+
+
+@dataclass(frozen=True)
+class LanguagePair:
+    """A bilingual checkpoint's recorded languages ("" where it records none)."""
+
+    src_lang: str = ""
+    tgt_lang: str = ""
+
+
+def recorded_pair(vocab: dict) -> LanguagePair:
+    """The language pair a checkpoint (its vocab entry) records; empty for a multilingual one,
+    an older one or an import."""
+    pair = vocab.get("pair") or {}
+    return LanguagePair(pair.get("src_lang", ""), pair.get("tgt_lang", ""))

@@ -340,11 +340,20 @@ def load_vocab(data_dir: str, manifest: dict) -> dict:
                 "joint": manifest["joint"], "pad_id": manifest["pad_id"],
                 "unk_id": manifest["unk_id"], "bos_id": manifest["bos_id"],
                 "eos_id": manifest["eos_id"], "sha256": sha, "src_spm": src.proto,
-                "tgt_spm": tgt.proto, **({"languages": manifest["languages"]}
-                                         if "languages" in manifest else {})}
+                "tgt_spm": tgt.proto, **recorded_languages(manifest)}
     except KeyError as e:
         raise NmtError(f"{data_dir}/manifest.json: missing key {e} (not written by "
                        f"nmt-preprocess?)") from None
+
+
+def recorded_languages(manifest: dict) -> dict:
+    """What a checkpoint records of its data's languages (nmt.languages): a multilingual
+    directory's "languages" entry, with the source languages of its corpora ("sources"), or a
+    bilingual one's "pair" (its src_lang and tgt_lang)."""
+    if "languages" in manifest:
+        sources = sorted({c["src_lang"] for c in manifest.get("corpora", []) if "src_lang" in c})
+        return {"languages": {**manifest["languages"], **({"sources": sources} if sources else {})}}
+    return {"pair": {"src_lang": manifest["src_lang"], "tgt_lang": manifest["tgt_lang"]}}
 
 
 def update_frequency(tc: TrainLoopConfig, itr: EpochBatchIterator, world_size: int

@@ -35,14 +35,14 @@ import torch
 
 from nmt import distributed
 from nmt.align import align, check_layer, pharaoh
-from nmt.config import TranslateConfig, candidate_search
+from nmt.config import TranslateConfig, candidate_search, check_split_lang
 from nmt.errors import ConfigError, NmtError
 from nmt.files import check_output, decode_line, read_lines, write_atomically
 from nmt.inference.constrained import missing_phrases
 from nmt.inference.engine import Engine, check_vocab, open_translator
 from nmt.inference.rerank import Chooser
 from nmt.inference.search import Hypothesis
-from nmt.languages import LanguageChoice, choose
+from nmt.languages import LanguageChoice, choose, recorded_pair
 from nmt.runtime import keep_freed_memory, usable_cores
 from nmt.scoring import score
 from nmt.segment import Segmented, sample_stream, sentence_splitter, split_for
@@ -226,15 +226,27 @@ def open_session(cfg: TranslateConfig) -> Session:
             check_layer(translator, cfg.alignment_layer)
         languages = choose(translator.vocab, cfg.src_lang, cfg.tgt_lang, cfg.checkpoints[0])
         check_languages(cfg, languages)
+        splitter = sentence_splitter(split_lang(cfg, translator.vocab)) if (
+            cfg.split == "sentence") else None
         chooser = Chooser.open(cfg, translator.tgt_tok, device, workers)
     except NmtError:
         translator.close()
         raise
     limit = min(cfg.max_input_tokens, translator.max_input_tokens) - len(languages.source)
     name = "<stdin>" if cfg.input == "-" else cfg.input
-    splitter = sentence_splitter(cfg.split_lang) if cfg.split == "sentence" else None
     return Session(cfg, translator, env, limit, name, refs, phrases, splitter, languages,
                    chooser)
+
+
+def split_lang(cfg: TranslateConfig, vocab: dict) -> str:
+    """split=sentence's source language: split_lang, else the one the checkpoint records (its
+    pair's source, or src_lang= of a multilingual model); a one-line error for none."""
+    lang = cfg.split_lang or recorded_pair(vocab).src_lang or cfg.src_lang
+    if not lang:
+        raise ConfigError("split_lang: split=sentence needs the source language's ISO 639 "
+                          "code, e.g. split_lang=en (the checkpoint records no language pair)")
+    check_split_lang(lang)
+    return lang
 
 
 def check_languages(cfg: TranslateConfig, languages: LanguageChoice) -> None:

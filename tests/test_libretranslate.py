@@ -136,9 +136,9 @@ def test_alternatives_are_the_rest_of_the_n_best_list(libre):
     ({"source": "en", "target": "de"}, 400, "Invalid request: missing q parameter"),
     ({"q": "Open it.", "target": "de"}, 400, "Invalid request: missing source parameter"),
     ({"q": "Open it.", "source": "fr", "target": "de"}, 400,
-     "fr is not supported (this server translates en to de)"),
+     "fr is not supported (this server translates from en into de)"),
     ({"q": "Open it.", "source": "en", "target": "es"}, 400,
-     "es is not supported (this server translates en to de)"),
+     "es is not supported (this server translates from en into de)"),
     ({"q": "Open it.", "source": "en", "target": "de", "format": "pdf"}, 400,
      "pdf format is not supported"),
     ({"q": "Open it.", "source": "en", "target": "de", "alternatives": "-1"}, 400,
@@ -184,26 +184,74 @@ def test_source_auto_detects_among_the_servers_languages(libre, monkeypatch):
     libretranslate.identifier.cache_clear()
 
 
-def test_a_model_told_its_source_language_gets_it_from_source():
-    nllb = libretranslate.Languages(("deu_Latn", "eng_Latn"), True, "", "")
+def test_sources_and_targets_follow_the_models_convention():
+    """Forced-token models (NLLB) translate any of their languages into any other and are told
+    the source; a tag model's codes are targets only, from the server's src_lang (a one-to-many
+    OPUS-MT model: en -> es, fr, it) or the sources its checkpoint records; a bilingual model
+    offers its one pair."""
+    nllb = libretranslate.Languages.of(
+        {"convention": "forced", "codes": {"eng_Latn": 5, "deu_Latn": 6}}, "", "")
     assert nllb.fields("eng_Latn", "deu_Latn") == {"tgt_lang": "deu_Latn",
                                                    "src_lang": "eng_Latn"}
     assert nllb.listing()[0] == {"code": "deu_Latn", "name": "deu_Latn",
                                  "targets": ["eng_Latn"]}
-    tagged = libretranslate.Languages(("de", "en"), False, "", "")
-    assert tagged.fields("en", "de") == {"tgt_lang": "de"}
-    with pytest.raises(libretranslate.LibreError, match="^fr is not supported .*between de, en"):
-        tagged.fields("fr", "de")
-    nllb.require()  # a multilingual model needs no server languages
-    with pytest.raises(libretranslate.LibreError, match="languages are not set"):
-        libretranslate.Languages((), False, "en", "").require()
+    opus = libretranslate.Languages.of(
+        {"convention": "tag", "codes": {"es": 5, "fr": 6, "it": 7}}, "en", "")
+    assert opus.fields("en", "fr") == {"tgt_lang": "fr"}
+    for source, target in (("es", "fr"), ("en", "en")):
+        with pytest.raises(libretranslate.LibreError, match=rf"^{source} is not supported "
+                                                            r"\(this server translates from en"):
+            opus.fields(source, target)
+    assert opus.listing() == [
+        {"code": "en", "name": "English", "targets": ["es", "fr", "it"]},
+        {"code": "es", "name": "Spanish", "targets": []},
+        {"code": "fr", "name": "French", "targets": []},
+        {"code": "it", "name": "Italian", "targets": []}]
+    trained = libretranslate.Languages.of(
+        {"convention": "tag", "codes": {"de": 4, "en": 5, "fr": 6}, "sources": ["de", "en"]},
+        "", "")
+    assert trained.sources == ("de", "en") and trained.targets == ("de", "en", "fr")
+    pair = libretranslate.Languages.of(None, "en", "de")
+    assert pair.fields("en", "de") == {} and pair.listing()[1]["targets"] == []
+    nllb.require()
+    with pytest.raises(libretranslate.LibreError, match="languages are not known") as e:
+        libretranslate.Languages.of(None, "en", "").require()
+    assert e.value.status == 400
 
 
-def test_without_languages_the_api_says_so(ckpt):
+def test_without_languages_the_api_answers_400_in_its_shape(ckpt):
+    """A checkpoint that records no pair (an older one) and a server not told its languages:
+    LibreTranslate's endpoints answer 400 {"error": ...}, never 500."""
     srv = InProcess(ckpt)
     try:
+        for method, path, body in (("GET", "/languages", None),
+                                   ("POST", "/detect", {"q": "Open the file."}),
+                                   ("POST", "/translate", {"q": "x", "source": "en",
+                                                           "target": "de"})):
+            status, _, answer = srv.call(method, path, body)
+            assert status == 400 and "src_lang=... tgt_lang=..." in answer["error"], path
+    finally:
+        srv.stop()
+
+
+def test_a_checkpoint_that_records_its_pair_serves_libretranslate_untold(ckpt, tmp_path):
+    """nmt-train records the data's pair: a plain nmt-serve answers /languages and
+    /translate with it, and splits sentences (split=auto is sentence)."""
+    from nmt.checkpoint import load_checkpoint, save_checkpoint
+
+    state = load_checkpoint(ckpt)
+    state["vocab"]["pair"] = {"src_lang": "en", "tgt_lang": "de"}
+    save_checkpoint(state, tmp_path / "paired.pt")
+    srv = InProcess(tmp_path / "paired.pt")
+    try:
         status, _, body = srv.call("GET", "/languages")
-        assert status == 500 and "src_lang=... tgt_lang=..." in body["error"]
+        assert status == 200 and body == [
+            {"code": "en", "name": "English", "targets": ["de"]},
+            {"code": "de", "name": "German", "targets": []}]
+        status, body = form(srv, "/translate", q="Open the file.", source="en", target="de")
+        assert (status, body) == (200, {"translatedText": srv.translate(["Open the file."])[0][
+            "text"]})
+        assert srv.call("GET", "/health")[2]["split"] == "sentence"
     finally:
         srv.stop()
 
@@ -228,7 +276,7 @@ def test_the_libretranslatepy_client(server):
         client.translate(TEXT, "fr", "de")
     assert refused.value.code == 400
     assert json.loads(refused.value.read()) == {
-        "error": "fr is not supported (this server translates en to de)"}
+        "error": "fr is not supported (this server translates from en into de)"}
 
 
 @pytest.mark.slow

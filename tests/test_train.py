@@ -387,6 +387,7 @@ def test_outputs_and_a_self_contained_checkpoint(tiny_data_dir, tmp_path):
     assert tok.vocab_size == vocab["tgt_size"]
     manifest = json.loads((tiny_data_dir / "manifest.json").read_text())
     assert vocab["sha256"] == manifest["vocab_sha256"]
+    assert vocab["pair"] == {"src_lang": manifest["src_lang"], "tgt_lang": manifest["tgt_lang"]}
     from nmt.config import ModelConfig
 
     model = make_model(ModelConfig(**state["model_cfg"]), vocab["src_size"], vocab["tgt_size"],

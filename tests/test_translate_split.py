@@ -89,7 +89,6 @@ def test_a_line_over_the_models_positions_is_cut_into_pieces_that_fit_not_trunca
 
 @pytest.mark.parametrize("kw, key", [
     ({"split": "words"}, "split"),
-    ({"split": "sentence"}, "split_lang"),
     ({"split": "sentence", "split_lang": "English"}, "split_lang"),
     ({"split": "paragraph", "search": SearchConfig(nbest=2)}, "search.nbest"),
     ({"split": "paragraph", "alignment": True}, "alignment"),
@@ -102,6 +101,23 @@ def test_bad_or_per_segment_options_are_one_line_config_errors(kw, key):
     with pytest.raises(ConfigError) as e:
         TranslateConfig(checkpoint="x.pt", **kw)
     assert str(e.value).startswith(f"{key}: ") and "\n" not in str(e.value)
+
+
+def test_split_sentence_takes_the_source_language_the_checkpoint_records(ckpt, tmp_path):
+    """A checkpoint that records its pair (nmt-train does) needs no split_lang; one that
+    records none (older ones) is a one-line error naming split_lang, and nothing is written."""
+    pytest.importorskip(segment.SPLITTER)
+    state = load_checkpoint(ckpt)
+    state["vocab"]["pair"] = {"src_lang": "en", "tgt_lang": "de"}
+    paired = tmp_path / "paired.pt"
+    save_checkpoint(state, paired)
+    got = run(paired, tmp_path / "in", LINES, split="sentence")
+    assert got["hypotheses"] == run(ckpt, tmp_path / "in", LINES, split="sentence",
+                                    split_lang="en")["hypotheses"]
+    with pytest.raises(ConfigError, match=r"^split_lang: split=sentence needs the source "
+                                          r"language's ISO 639 code.*records no language pair"):
+        run(ckpt, tmp_path / "old", LINES, split="sentence")
+    assert not (tmp_path / "old.out").exists()
 
 
 def test_split_sentence_without_the_extra_is_a_one_line_error(monkeypatch):

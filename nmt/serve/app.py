@@ -63,7 +63,7 @@ from nmt.inference.engine import Engine, check_vocab, open_translator
 from nmt.inference.rerank import Chooser
 from nmt.inference.search import Hypothesis
 from nmt.inference.workers import WorkerPool
-from nmt.languages import LanguageChoice, choose, language_id
+from nmt.languages import LanguageChoice, choose, language_id, recorded_pair
 from nmt.preemption import restore_handler
 from nmt.runtime import keep_freed_memory, pick_device, usable_cores
 from nmt.segment import MODES, Segmented, sample_stream, sentence_splitter, split_for
@@ -310,10 +310,14 @@ class Service:
         self.requests = 0  # requests answered with translations
         self.pool_error = ""  # why the decoding processes cannot decode, once they cannot
         self.max_input = min(cfg.max_input_tokens, translator.max_input_tokens)
+        pair = recorded_pair(translator.vocab)  # a bilingual checkpoint's, from its data
+        self.src_lang = cfg.src_lang or pair.src_lang  # the texts' language, if known
+        self.tgt_lang = cfg.tgt_lang or pair.tgt_lang
         self.split = cfg.split if cfg.split != "auto" else (
-            "sentence" if cfg.src_lang else "paragraph")
-        self.splitter = sentence_splitter(cfg.src_lang) if cfg.src_lang else None
+            "sentence" if self.src_lang else "paragraph")
+        self.splitter = sentence_splitter(self.src_lang) if self.src_lang else None
         entry = translator.vocab.get("languages")
+        self.libre = libretranslate.Languages.of(entry, self.src_lang, self.tgt_lang)
         self.languages = sorted(entry["codes"]) if entry else []
         self.forced = bool(entry) and entry["convention"] == "forced"
         for key in ("tgt_lang", "src_lang") if self.forced else ("tgt_lang",):
@@ -444,8 +448,8 @@ class Service:
         max_input tokens, less the request's source language token, unless split=none)."""
         split = req.split or self.split
         if split == "sentence" and self.splitter is None:
-            raise ApiError(422, "split", "sentence needs the server's source language "
-                                         "(nmt-serve src_lang=...)")
+            raise ApiError(422, "split", "sentence needs the source language, which the "
+                                         "model does not record (nmt-serve src_lang=...)")
         limit = self.max_input - len(self.choice(req).source)  # a language token takes one
         return split, [split_for(self.translator.src_tok, text, split, self.splitter, limit)
                        for text in req.text]
@@ -670,7 +674,7 @@ def create_app(service: Service) -> FastAPI:
     app.add_exception_handler(Exception, _server_error)
     # LibreTranslate's API, inside BodyLimit: its requests are bounded too
     libretranslate.install(app, service.cfg, lambda texts, **search: service.translate(
-        TranslateRequest(text=texts, **search)), service.languages, service.forced)
+        TranslateRequest(text=texts, **search)), service.libre)
     # A character costs up to 12 bytes (JSON's surrogate pair escapes; a form's urlencoded
     # UTF-8: 9 for CJK), so that max_chars, not the body, limits a request.
     limit = 12 * service.cfg.max_chars + 100 * service.cfg.max_sentences + 4096
@@ -751,6 +755,9 @@ def serve(cfg: ServeConfig) -> None:
             host, port = sock.getsockname()[:2]
             url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
             n = service.workers
+            if not service.libre.sources:
+                log(f"{cfg.checkpoint} records no languages: LibreTranslate's API answers 400 "
+                    f"until nmt-serve is started with src_lang=... tgt_lang=...")
             log(f"{cfg.checkpoint} on {device} ({n} decoding "
                 f"{'processes' if n > 1 else 'thread'}, "
                 f"{'continuous' if cfg.continuous else 'dynamic'} batching, split="

@@ -286,58 +286,66 @@ def detect(text: str, languages: tuple[str, ...]) -> list[dict]:
 
 @dataclass(frozen=True)
 class Languages:
-    """What LibreTranslate's API offers: a multilingual model's languages, any of them into
-    any other (nmt.languages: `forced`, the model is told the source language too), or a
-    bilingual model's one direction, the server's src_lang -> tgt_lang."""
+    """What LibreTranslate's API offers, as the model's convention defines it (nmt.languages):
+    a forced-token model's (M2M100, NLLB-200) languages any into any other, told the source
+    too; a tag model's codes as targets, from its sources (the server's src_lang, else those
+    the checkpoint records, else its codes); a bilingual model's one pair (the server's
+    src_lang and tgt_lang, else the checkpoint's)."""
 
-    codes: tuple[str, ...]  # the multilingual model's languages; () for a bilingual model
-    forced: bool  # the model needs src_lang too (M2M100, NLLB-200)
-    src_lang: str  # the server's source language (a bilingual model's)
-    tgt_lang: str  # the server's target language
+    sources: tuple[str, ...]  # what source= may name; () where nothing says
+    targets: tuple[str, ...]  # what target= may name
+    forced: bool  # the model is told the source language too (src_lang)
+    multilingual: bool  # the request chooses the target (tgt_lang)
+
+    @classmethod
+    def of(cls, entry: dict | None, src_lang: str, tgt_lang: str) -> Languages:
+        """From a checkpoint's languages entry (None: bilingual) and the server's (or the
+        checkpoint's recorded) src_lang and tgt_lang ("": unknown)."""
+        if entry is None:
+            pair = bool(src_lang and tgt_lang)
+            return cls((src_lang,) * pair, (tgt_lang,) * pair, False, False)
+        codes = tuple(sorted(entry["codes"]))
+        if entry["convention"] == "forced":
+            return cls(codes, codes, True, True)
+        sources = (src_lang,) if src_lang else tuple(entry.get("sources") or codes)
+        return cls(sources, codes, False, True)
 
     @property
     def all(self) -> tuple[str, ...]:
-        """Every language the API names (a multilingual model's, or the server's two)."""
-        return self.codes or (self.src_lang, self.tgt_lang)
+        """Every language the API names: the sources, then the other targets (what /detect
+        and source=auto choose among)."""
+        return tuple(dict.fromkeys(self.sources + self.targets))
 
     def require(self) -> None:
-        """A bilingual model needs the server's languages for this API."""
-        if not self.codes and not (self.src_lang and self.tgt_lang):
-            raise LibreError(500, "this server's languages are not set: start nmt-serve with "
-                                  "src_lang=... tgt_lang=... for LibreTranslate's API")
+        """LibreTranslate's API needs the languages: a 400 in its shape where none is known."""
+        if not self.sources:
+            raise LibreError(400, "this server's languages are not known (the model records "
+                                  "none): start nmt-serve with src_lang=... tgt_lang=...")
 
     def listing(self) -> list[dict]:
         """GET /languages: each language's code, name and the languages it translates into."""
-        if not self.codes:
-            pairs = [(self.src_lang, [self.tgt_lang]), (self.tgt_lang, [])]
-        else:
-            pairs = [(code, [c for c in self.codes if c != code]) for code in self.codes]
-        return [{"code": code, "name": NAMES.get(code, code), "targets": targets}
-                for code, targets in pairs]
+        return [{"code": code, "name": NAMES.get(code, code),
+                 "targets": [t for t in self.targets if t != code] if code in self.sources
+                 else []} for code in self.all]
 
     def fields(self, source: str, target: str) -> dict:
         """nmt's request fields that translate from `source` into `target`; a LibreError for a
         language or a direction this server does not offer."""
-        if not self.codes:
-            for code, ours in ((source, self.src_lang), (target, self.tgt_lang)):
-                if code != ours:
-                    raise LibreError(400, f"{code} is not supported (this server translates "
-                                          f"{self.src_lang} to {self.tgt_lang})")
+        for code, offered in ((source, self.sources), (target, self.targets)):
+            if code not in offered or source == target:
+                raise LibreError(400, f"{code} is not supported (this server translates from "
+                                      f"{', '.join(self.sources)} into "
+                                      f"{', '.join(self.targets)})")
+        if not self.multilingual:
             return {}
-        for code in (source, target):
-            if code not in self.codes:
-                raise LibreError(400, f"{code} is not supported (this model translates "
-                                      f"between {', '.join(self.codes)})")
         return {"tgt_lang": target, **({"src_lang": source} if self.forced else {})}
 
 
 # ----------------------------------------------------------------------------- the routes
-def install(app: FastAPI, cfg: ServeConfig, translate: Translate, codes: tuple[str, ...] = (),
-            forced: bool = False) -> None:
+def install(app: FastAPI, cfg: ServeConfig, translate: Translate, languages: Languages) -> None:
     """LibreTranslate's routes on `app` (under PREFIX, and /languages and /detect at the top)
-    and the middleware that sends LibreTranslate's POST /translate to them. codes: a
-    multilingual model's languages (forced: it is told the source language too; Languages)."""
-    languages = Languages(tuple(codes), forced, cfg.src_lang, cfg.tgt_lang)
+    and the middleware that sends LibreTranslate's POST /translate to them; languages: what
+    the API offers."""
 
     @libre_errors
     async def translate_route(request: Request) -> JSONResponse:
