@@ -746,6 +746,7 @@ class ServeConfig:
     split: str = "auto"  # none|sentence|paragraph (nmt/segment.py); auto: sentence if src_lang
     src_lang: str = ""  # the model's source language, ISO 639 (split=sentence, LibreTranslate)
     tgt_lang: str = ""  # the model's target language, ISO 639 (LibreTranslate's API)
+    api_keys: str = ""  # a file of API keys, one a line, re-read on change: each request needs one
     search: SearchConfig = field(default_factory=SearchConfig)  # defaults; batch token budget
     mbr: MbrConfig = field(default_factory=MbrConfig)  # MBR's defaults (a request's mbr_* fields)
 

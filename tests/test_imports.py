@@ -12,7 +12,8 @@ NMT = ROOT / "nmt"
 # Lower layers first; a module may import its own layer and the layers before it.
 LAYERS = [
     {"nmt.errors", "nmt.config_errors", "nmt.capabilities", "nmt.config", "nmt.files",
-     "nmt.runtime", "nmt.scoring", "nmt.segment", "nmt.serve.errors"},
+     "nmt.runtime", "nmt.scoring", "nmt.segment", "nmt.serve.errors", "nmt.serve.api_keys",
+     "nmt.serve.langid_codes"},
     {"nmt.model", "nmt.variants", "nmt.languages", "nmt.attention_maps", "nmt.tokenizer",
      "nmt.private_ops", "nmt.checkpoint", "nmt.distributed", "nmt.loss", "nmt.schedule",
      "nmt.cpu_training", "nmt.activation_checkpointing", "nmt.preemption", "nmt.stopping",

@@ -5,6 +5,7 @@ real libretranslatepy client and curl against an nmt-serve process on the loopba
 from __future__ import annotations
 
 import asyncio
+import html
 import importlib.util
 import json
 import shutil
@@ -254,6 +255,126 @@ def test_a_checkpoint_that_records_its_pair_serves_libretranslate_untold(ckpt, t
         assert srv.call("GET", "/health")[2]["split"] == "sentence"
     finally:
         srv.stop()
+
+
+def test_html_tags_follow_htmls_rule_and_pre_keeps_its_lines():
+    """"a < b" is text (a tag starts with a letter, / and a letter, ! or ?); a tag left open
+    at the end is markup, not text; inside <pre> each line is a piece and the breaks stay."""
+    assert html_pieces("a < b and c > d").pieces == ["a < b and c > d"]
+    doc = html_pieces("<p>x</p")
+    assert doc.pieces == ["x"] and doc.gaps == ["<p>", "</p"]
+    doc = html_pieces("<pre>  line1\n  line2</pre><p>a\n b</p>")
+    assert doc.pieces == ["line1", "line2", "a\n b"]
+    assert doc.gaps == ["<pre>  ", "\n  ", "</pre><p>", "</p>"]
+
+
+def test_html_markup_comes_back_as_written(libre):
+    one, two = (t["text"] for t in libre.translate(["line1", "line2"]))
+    for q, want in (("<pre>  line1\n  line2</pre>", f"<pre>  {one}\n  {two}</pre>"),
+                    ("<p>line1</p", f"<p>{one}</p")):
+        assert form(libre, "/translate", q=q, source="en", target="de", format="html") == (
+            200, {"translatedText": want})
+    (compare,) = libre.translate(["a < b and c > d"])
+    status, body = form(libre, "/translate", q="a < b and c > d", source="en",
+                        target="de", format="html")
+    assert status == 200 and body["translatedText"] == html.escape(compare["text"], quote=False)
+
+
+@pytest.mark.parametrize("fields, error", [
+    ({"target": "d\udc80"}, "d\udc80 is not supported"),
+    ({"format": "\ud800"}, "\ud800 format is not supported"),
+    ({"alternatives": "\u00b2"}, "Invalid request: alternatives must be a whole number >= 0"),
+])
+def test_lone_surrogates_and_other_digits_are_400s_not_500s(libre, fields, error):
+    body = {"q": "Open it.", "source": "en", "target": "de", **fields}
+    status, _, answer = libre.call("POST", "/translate", body)
+    assert status == 400 and answer["error"].startswith(error)
+
+
+def test_a_lone_surrogate_in_an_attribute_comes_back_escaped(libre):
+    (want,) = libre.translate(["Open"])
+    q = '<a title="\udc80">Open</a>'
+    status, _, answer = libre.call("POST", "/translate", {"q": q, "source": "en", "target": "de",
+                                                         "format": "html"})
+    assert (status, answer) == (200, {"translatedText": f'<a title="\udc80">{want["text"]}</a>'})
+
+
+def test_a_too_large_json_request_with_q_is_answered_in_libretranslates_shape(libre):
+    limit = 12 * 300 + 100 * 64 + 4096  # max_chars=300, max_sentences 64
+    big = "x" * (limit + 10)
+    status, _, answer = libre.call("POST", "/translate", {"q": big, "source": "en",
+                                                         "target": "de"})
+    assert (status, answer) == (400, {"error": f"Invalid request: body: larger than {limit} "
+                                               f"bytes"})
+    status, _, answer = libre.call("POST", "/translate", {"text": [big]})
+    assert status == 413 and answer["field"] == "body"  # nmt's own shape
+
+
+def test_detection_maps_every_code_style_to_the_identifiers():
+    from nmt.serve.langid_codes import label
+
+    known = {"en", "de", "zh", "gcf", "wa"}
+    assert [label(c, known) for c in ("eng_Latn", "deu_Latn", "zho_Hant", "pt_br", "gcf_Latn",
+                                      "xyz_Latn", "de")] == ["en", "de", "zh", None, "gcf",
+                                                             None, "de"]
+
+
+@pytest.mark.slow  # py3langid's model loads in ~0.8 s
+def test_nllb_codes_are_detected_among_the_models_own_languages():
+    pytest.importorskip("py3langid")
+    codes = ("eng_Latn", "deu_Latn", "fra_Latn", "gcf_Latn", "zho_Hans")
+    ranked = libretranslate.detect("Öffnen Sie die Datei in einem neuen Fenster.", codes)
+    assert ranked[0]["language"] == "deu_Latn"
+    assert {r["language"] for r in ranked} == set(codes)  # every code, as the model writes it
+    assert libretranslate.detect("Open the file in a new window.", codes)[0]["language"] == \
+        "eng_Latn"
+
+
+@pytest.mark.slow
+def test_a_list_q_gets_one_detected_language_per_text(libre):
+    pytest.importorskip("py3langid")
+    texts = ["Open the file in a new window.", "Close every window and save the files."]
+    status, _, body = libre.call("POST", "/translate", {"q": texts, "source": "auto",
+                                                        "target": "de"})
+    assert status == 200 and [d["language"] for d in body["detectedLanguage"]] == ["en", "en"]
+    assert body["translatedText"] == [t["text"] for t in libre.translate(texts)]
+
+
+def test_api_keys_are_checked_and_reread_when_their_file_changes(ckpt, tmp_path):
+    """api_keys=FILE: LibreTranslate's api_key and nmt's bearer header, 403 in each API's shape
+    without a valid one; /frontend/settings says keyRequired; a new file takes effect at once;
+    without the setting every request is let in."""
+    keys = tmp_path / "keys.txt"
+    keys.write_text("# keys\nalpha\n\n")
+    srv = InProcess(ckpt, "src_lang=en", "tgt_lang=de", f"api_keys={keys}")
+    try:
+        fields = {"q": "Open it.", "source": "en", "target": "de"}
+        assert form(srv, "/translate", **fields) == (403, {"error": "Invalid API key"})
+        assert form(srv, "/translate", **fields, api_key="beta")[0] == 403
+        status, body = form(srv, "/translate", **fields, api_key="alpha")
+        assert status == 200
+        status, _, answer = srv.call("POST", "/translate", {"text": ["Open it."]})
+        assert status == 403 and "Bearer" in answer["error"]
+        status, _, answer = srv.call("POST", "/translate", {"text": ["Open it."]},
+                                     {"Authorization": "Bearer alpha"})
+        assert status == 200 and answer["translations"][0]["text"] == body["translatedText"]
+        assert srv.call("GET", "/frontend/settings")[2]["keyRequired"] is True
+        new = tmp_path / "new.txt"
+        new.write_text("beta\n")
+        new.replace(keys)  # revoked and added without a restart
+        assert form(srv, "/translate", **fields, api_key="alpha")[0] == 403
+        assert form(srv, "/translate", **fields, api_key="beta")[0] == 200
+    finally:
+        srv.stop()
+
+
+def test_without_api_keys_every_request_is_let_in(libre):
+    settings = libre.call("GET", "/frontend/settings")[2]
+    assert settings["keyRequired"] is False and settings["charLimit"] == 300
+    assert settings["language"] == {"source": {"code": "en", "name": "English"},
+                                    "target": {"code": "de", "name": "German"}}
+    assert form(libre, "/translate", q="Open it.", source="en", target="de",
+                api_key="anything")[0] == 200
 
 
 # ----------------------------------------------------------------------------- real clients

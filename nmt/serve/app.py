@@ -69,6 +69,7 @@ from nmt.runtime import keep_freed_memory, pick_device, usable_cores
 from nmt.segment import MODES, Segmented, sample_stream, sentence_splitter, split_for
 from nmt.segment import rejoin as segment_rejoin
 from nmt.serve import libretranslate
+from nmt.serve.api_keys import ApiKeys, bearer
 from nmt.serve.batcher import Batcher, BatcherStopped, BatchStats, ContinuousBatcher, QueueFull
 from nmt.serve.errors import ApiError
 
@@ -318,6 +319,7 @@ class Service:
         self.splitter = sentence_splitter(self.src_lang) if self.src_lang else None
         entry = translator.vocab.get("languages")
         self.libre = libretranslate.Languages.of(entry, self.src_lang, self.tgt_lang)
+        self.keys = ApiKeys(cfg.api_keys)  # none: every request is let in
         self.languages = sorted(entry["codes"]) if entry else []
         self.forced = bool(entry) and entry["convention"] == "forced"
         for key in ("tgt_lang", "src_lang") if self.forced else ("tgt_lang",):
@@ -571,17 +573,19 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         declared = dict(scope["headers"]).get(b"content-length", b"0")
         if not declared.isdigit() or int(declared) > self.max_bytes:
-            return await self._refuse(scope, receive, send)
-        seen, refused = 0, False
+            first = await receive()  # one chunk: whose request it is (LibreTranslate's "q")
+            return await self._refuse(scope, receive, send, first.get("body", b""))
+        seen, refused, head = 0, False, b""
 
         async def limited_receive():
-            nonlocal seen, refused
+            nonlocal seen, refused, head
             message = await receive()
             if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
+                body = message.get("body", b"")
+                head, seen = head or body, seen + len(body)
                 if seen > self.max_bytes and not refused:
                     refused = True
-                    await self._refuse(scope, receive, send)
+                    await self._refuse(scope, receive, send, head)
                     return {"type": "http.disconnect"}
             return message
 
@@ -591,11 +595,14 @@ class BodyLimit:
 
         await self.app(scope, limited_receive, send_unless_refused)
 
-    async def _refuse(self, scope, receive, send) -> None:
-        """Answer 413 naming the body (LibreTranslate's 400 to LibreTranslate's requests)."""
+    async def _refuse(self, scope, receive, send, head: bytes) -> None:
+        """Answer 413 naming the body (LibreTranslate's 400 to LibreTranslate's requests, told
+        by their path, a form, or a JSON body's first chunk `head` with "q")."""
         error = ApiError(413, "body", f"larger than {self.max_bytes} bytes")
-        answer = (libretranslate.from_api_error(error).response()
-                  if libretranslate.is_libre_request(scope) else _error_response(error))
+        libre = libretranslate.is_libre_request(scope) or (
+            scope["path"] == "/translate" and libretranslate.looks_libre(head))
+        answer = (libretranslate.from_api_error(error).response() if libre
+                  else _error_response(error))
         await answer(scope, receive, send)
 
 
@@ -674,7 +681,7 @@ def create_app(service: Service) -> FastAPI:
     app.add_exception_handler(Exception, _server_error)
     # LibreTranslate's API, inside BodyLimit: its requests are bounded too
     libretranslate.install(app, service.cfg, lambda texts, **search: service.translate(
-        TranslateRequest(text=texts, **search)), service.libre)
+        TranslateRequest(text=texts, **search)), service.libre, service.keys)
     # A character costs up to 12 bytes (JSON's surrogate pair escapes; a form's urlencoded
     # UTF-8: 9 for CJK), so that max_chars, not the body, limits a request.
     limit = 12 * service.cfg.max_chars + 100 * service.cfg.max_sentences + 4096
@@ -682,8 +689,12 @@ def create_app(service: Service) -> FastAPI:
 
     @app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True,
               responses=ERRORS, summary="Translate sentences")
-    async def translate(req: TranslateRequest) -> TranslateResponse:
-        """Translate `text`; the translations come back in the same order, with scores."""
+    async def translate(req: TranslateRequest, request: Request) -> TranslateResponse:
+        """Translate `text`; the translations come back in the same order, with scores. With
+        the server's api_keys, a key is needed: `Authorization: Bearer KEY`."""
+        if not service.keys.valid(bearer(request.headers.get("authorization"))):
+            raise ApiError(403, None, "a valid API key is needed: Authorization: Bearer KEY "
+                                      "(the server's api_keys)")
         return await service.translate(req)
 
     @app.get("/health", response_model=HealthResponse, responses={503: {

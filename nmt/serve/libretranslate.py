@@ -22,6 +22,7 @@ over a limit), 429 (the queue is full; Retry-After) or 500 (the server cannot tr
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import html
 import importlib.util
@@ -36,15 +37,20 @@ from pydantic import ValidationError
 
 from nmt.config import ServeConfig
 from nmt.segment import Segmented, trim
+from nmt.serve import langid_codes
+from nmt.serve.api_keys import ApiKeys
 from nmt.serve.errors import ApiError
 
 PREFIX = "/libretranslate"
 FORMS = ("application/x-www-form-urlencoded", "multipart/form-data")
 LANGID_EXTRA = "pip install 'nmt[langid]'"
-# A comment (one left open runs to the end, as in a browser) or a tag (a ">" inside a quoted
-# attribute value does not end it; a "<" outside one is not in it): linear time on any text.
-TAG = re.compile(r"(<!--.*?(?:-->|\Z)|<(?:[^<>\"']|\"[^\"]*\"|'[^']*')*>)", re.S)
+# A comment, or a tag: "<" then a letter, "/" and a letter, "!" or "?" (HTML's rule: "a < b" is
+# text); a ">" inside a quoted attribute value does not end it, a "<" outside one is not in it;
+# one left open runs to the end, as in a browser. Linear time on any text.
+TAG = re.compile(r"(<!--.*?(?:-->|\Z)|<(?:/?[A-Za-z]|[!?])(?:[^<>\"']|\"[^\"]*\"|'[^']*')*"
+                 r"(?:>|\Z))", re.S)
 RAW = re.compile(r"<(/?)(script|style)\b", re.I)  # elements whose content is not text
+PRE = re.compile(r"<(/?)(pre|textarea)\b", re.I)  # elements whose spaces and breaks show
 NAMES = {  # LibreTranslate's names of the languages it knows best; other codes are their name
     "ar": "Arabic", "cs": "Czech", "da": "Danish", "de": "German", "el": "Greek",
     "en": "English", "es": "Spanish", "et": "Estonian", "fi": "Finnish", "fr": "French",
@@ -53,6 +59,17 @@ NAMES = {  # LibreTranslate's names of the languages it knows best; other codes 
     "sv": "Swedish", "tr": "Turkish", "uk": "Ukrainian", "zh": "Chinese"}
 
 Translate = Callable[..., Awaitable]  # (texts, **search settings) -> nmt's TranslateResponse
+
+
+class LibreJSON(JSONResponse):
+    """A JSON answer that never fails on a lone surrogate (echoed from a request's target,
+    format or HTML attribute): escaped as JSON allows, where UTF-8 cannot hold it."""
+
+    def render(self, content) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode()
 
 
 class LibreError(Exception):
@@ -64,7 +81,7 @@ class LibreError(Exception):
 
     def response(self) -> JSONResponse:
         """The JSON answer."""
-        return JSONResponse({"error": str(self)}, self.status, headers=self.headers)
+        return LibreJSON({"error": str(self)}, self.status, headers=self.headers)
 
 
 def from_api_error(e: ApiError) -> LibreError:
@@ -167,6 +184,13 @@ def is_libre_json(body: bytes) -> bool:
     return isinstance(value, dict) and "q" in value
 
 
+def looks_libre(head: bytes) -> bool:
+    """Is a JSON body LibreTranslate's, by its first bytes (all a too large one is read of):
+    a "q" key before any "text" key."""
+    q, text = head.find(b'"q"'), head.find(b'"text"')
+    return q >= 0 and (text < 0 or q < text)
+
+
 async def read_fields(request: Request) -> dict:
     """A LibreTranslate request's fields: a JSON object's, or a form's and the query's."""
     kind = media_type(request.headers.get("content-type", ""))
@@ -197,7 +221,7 @@ def text_field(fields: dict, name: str) -> str:
 def alternatives_field(fields: dict) -> int:
     """alternatives: how many other translations of each text to return (0: none)."""
     value = fields.get("alternatives") or 0
-    if isinstance(value, str) and value.isdigit():
+    if isinstance(value, str) and value.isascii() and value.isdigit():  # not "²"
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise LibreError(400, "Invalid request: alternatives must be a whole number >= 0")
@@ -219,14 +243,23 @@ def q_field(fields: dict) -> list[str]:
 # ----------------------------------------------------------------------------- translation
 def html_pieces(markup: str) -> Segmented:
     """The text of HTML markup as pieces (each run of text between tags, outside script and
-    style, without the spaces around it); tags, comments, spaces and text that shows as
-    spaces only (e.g. &nbsp;) are the gaps."""
+    style, without the spaces around it; inside pre and textarea each line); tags, comments,
+    spaces, line breaks and text that shows as spaces only (e.g. &nbsp;) are the gaps."""
     parts = TAG.split(markup)  # text, tag, text, ..., text
-    raw = [False]  # part i: text inside a script or style element
-    for tag in parts[1::2]:
-        m = RAW.match(tag)
-        raw += [not m.group(1) if m else raw[-1]] * 2
-    return trim(parts, lambda i, part: i % 2 == 1 or raw[i] or not shown(part))
+    chunks, gap = [], []  # the markup cut finer: text inside pre at its line breaks
+    raw = pre = False
+    for i, part in enumerate(parts):
+        if i % 2:  # a tag
+            m, p = RAW.match(part), PRE.match(part)
+            raw = not m.group(1) if m else raw
+            pre = not p.group(1) if p else pre
+            chunks.append(part)
+            gap.append(True)
+            continue
+        lines = re.split(r"(\n)", part) if pre and not raw else [part]
+        chunks += lines
+        gap += [raw or not shown(line) for line in lines]
+    return trim(chunks, lambda i, chunk: gap[i])
 
 
 def shown(text: str) -> str:
@@ -263,25 +296,33 @@ async def translate_plain(texts: list[str], translate: Translate, alternatives: 
 
 @functools.cache
 def identifier(languages: tuple[str, ...]):
-    """py3langid's identifier restricted to `languages` (those it knows), as LibreTranslate
-    detects among its own languages; a one-line LibreError when it is not installed."""
+    """py3langid's identifier restricted to `languages` (a model's codes, in any style:
+    langid_codes), as LibreTranslate detects among its own languages, and its labels -> the
+    model's codes (the first code of a label); a one-line LibreError when py3langid is not
+    installed or knows none of them."""
     if importlib.util.find_spec("py3langid") is None:
         raise LibreError(400, f"source=auto needs a language identifier, which this server "
                               f"lacks ({LANGID_EXTRA}): name the source language")
     from py3langid.langid import MODEL_FILE, LanguageIdentifier
 
     found = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
-    found.set_languages([code for code in languages if code in found.labels] or None)
-    return found
+    labels = {}
+    for code in languages:
+        labels.setdefault(langid_codes.label(code, set(found.nb_classes)), code)
+    labels.pop(None, None)
+    if not labels:
+        raise LibreError(400, f"the language identifier knows none of this model's languages "
+                              f"({', '.join(languages)}): name the source language")
+    found.set_languages(list(labels))
+    return found, labels
 
 
 def detect(text: str, languages: tuple[str, ...]) -> list[dict]:
     """`languages` by how likely `text` is in each, likeliest first, as LibreTranslate's
-    /detect: [{"confidence": percent, "language": code}]."""
-    codes = {re.split("[-_]", code)[0]: code for code in languages}
-    ranked = identifier(tuple(codes)).rank(text)
-    return [{"confidence": round(100 * p, 1), "language": codes.get(lang, lang)}
-            for lang, p in ranked]
+    /detect: [{"confidence": percent, "language": code}], codes as the model writes them."""
+    found, labels = identifier(languages)
+    return [{"confidence": round(100 * p, 1), "language": labels[lang]}
+            for lang, p in found.rank(text)]
 
 
 @dataclass(frozen=True)
@@ -342,47 +383,70 @@ class Languages:
 
 
 # ----------------------------------------------------------------------------- the routes
-def install(app: FastAPI, cfg: ServeConfig, translate: Translate, languages: Languages) -> None:
-    """LibreTranslate's routes on `app` (under PREFIX, and /languages and /detect at the top)
-    and the middleware that sends LibreTranslate's POST /translate to them; languages: what
-    the API offers."""
+def install(app: FastAPI, cfg: ServeConfig, translate: Translate, languages: Languages,
+            keys: ApiKeys) -> None:
+    """LibreTranslate's routes on `app` (under PREFIX, and /languages, /detect and
+    /frontend/settings at the top) and the middleware that sends LibreTranslate's POST
+    /translate to them; languages: what the API offers; keys: the API keys translation and
+    detection need (api_key), if any."""
+
+    def check_key(fields: dict) -> None:
+        if not keys.valid(fields.get("api_key") if isinstance(fields.get("api_key"), str)
+                          else None):
+            raise LibreError(403, "Invalid API key")
 
     @libre_errors
     async def translate_route(request: Request) -> JSONResponse:
-        languages.require()
         fields = await read_fields(request)
+        check_key(fields)
+        languages.require()
         texts = q_field(fields)
         source, target = text_field(fields, "source"), text_field(fields, "target")
         fmt = fields.get("format") or "text"
         if fmt not in ("text", "html"):
             raise LibreError(400, f"{fmt} format is not supported")
         alternatives = alternatives_field(fields)
-        answer = {}
-        if source == "auto":
-            best = detect(" ".join(texts), languages.all)[0]
-            answer["detectedLanguage"] = best
-            source = best["language"]
-        into = functools.partial(translate, **languages.fields(source, target))
-        if fmt == "html":
-            out = [(t, []) for t in await translate_html(texts, into)]
-        else:
-            out = await translate_plain(texts, into, alternatives, cfg.search.beam_size)
         batch = isinstance(fields["q"], list)
+        found = [detect(t, languages.all)[0] for t in texts] if source == "auto" else None
+        sources = [f["language"] for f in found] if found else [source] * len(texts)
+        out = await translate_each(texts, sources, target, fmt, alternatives)
+        answer = {} if found is None else {"detectedLanguage": found if batch else found[0]}
         answer["translatedText"] = [t for t, _ in out] if batch else out[0][0]
         if alternatives:
             answer["alternatives"] = [a for _, a in out] if batch else out[0][1]
-        return JSONResponse(answer)
+        return LibreJSON(answer)
+
+    async def translate_each(texts: list[str], sources: list[str], target: str, fmt: str,
+                             alternatives: int) -> list[tuple[str, list[str]]]:
+        """Each text from its own source language (source=auto detects per text), the texts
+        of one language together, the groups side by side: (translation, alternatives)."""
+        groups = {src: [i for i, s in enumerate(sources) if s == src] for src in sources}
+        calls = []
+        for src, idx in groups.items():
+            into = functools.partial(translate, **languages.fields(src, target))
+            group = [texts[i] for i in idx]
+            calls.append(_html_pairs(group, into) if fmt == "html" else translate_plain(
+                group, into, alternatives, cfg.search.beam_size))
+        out: list = [None] * len(texts)
+        for idx, got in zip(groups.values(), await asyncio.gather(*calls), strict=True):
+            for i, pair in zip(idx, got, strict=True):
+                out[i] = pair
+        return out
 
     @libre_errors
     async def languages_route(request: Request) -> JSONResponse:
         languages.require()
-        return JSONResponse(languages.listing())
+        return LibreJSON(languages.listing())
 
     @libre_errors
     async def detect_route(request: Request) -> JSONResponse:
+        fields = await read_fields(request)
+        check_key(fields)
         languages.require()
-        text = " ".join(q_field(await read_fields(request)))
-        return JSONResponse(detect(text, languages.all))
+        return LibreJSON(detect(" ".join(q_field(fields)), languages.all))
+
+    async def settings_route(request: Request) -> JSONResponse:
+        return LibreJSON(frontend_settings(cfg, languages, keys.required))
 
     summary = "LibreTranslate's API: "
     app.add_api_route(PREFIX + "/translate", translate_route, methods=["POST"],
@@ -392,4 +456,24 @@ def install(app: FastAPI, cfg: ServeConfig, translate: Translate, languages: Lan
                           summary=summary + "the languages", include_in_schema=not base)
         app.add_api_route(base + "/detect", detect_route, methods=["POST"],
                           summary=summary + "the language of q", include_in_schema=not base)
+        app.add_api_route(base + "/frontend/settings", settings_route, methods=["GET"],
+                          summary=summary + "the settings its clients read (keyRequired)",
+                          include_in_schema=not base)
     app.add_middleware(RequestKind)
+
+
+async def _html_pairs(texts: list[str], translate: Translate) -> list[tuple[str, list[str]]]:
+    """translate_html's answers as (translation, no alternatives) pairs."""
+    return [(t, []) for t in await translate_html(texts, translate)]
+
+
+def frontend_settings(cfg: ServeConfig, languages: Languages, key_required: bool) -> dict:
+    """GET /frontend/settings, as LibreTranslate's clients read it: whether a key is needed,
+    the character limit, no file translation or suggestions, the default languages."""
+    source = languages.sources[0] if languages.sources else ""
+    target = next((t for t in languages.targets if t != source), "")
+    return {"charLimit": cfg.max_chars, "frontendTimeout": 500, "apiKeys": key_required,
+            "keyRequired": key_required, "suggestions": False, "filesTranslation": False,
+            "supportedFilesFormat": [],
+            "language": {"source": {"code": source, "name": NAMES.get(source, source)},
+                         "target": {"code": target, "name": NAMES.get(target, target)}}}
