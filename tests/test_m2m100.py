@@ -372,9 +372,12 @@ def test_nmt_serve_forces_the_language_a_request_asks_for(m2m_pt):
         assert status == 422 and "attention: not with a forced target" in body["error"], body
     finally:
         srv.stop()
-    srv = InProcess(m2m_pt, "continuous=false", "src_lang=en")
-    try:
-        status, _, body = srv.call("POST", "/translate", {"text": ["x"], "tgt_lang": "de"})
-        assert status == 422 and "needs the server's continuous batching" in body["error"]
+    srv = InProcess(m2m_pt, "continuous=false", "src_lang=en", f"search.max_len_b={MAX_LEN}",
+                    "search.max_len_a=0", "search.beam_size=1")
+    try:  # the default server, batch by batch: the same translations
+        for lang in ("de", "fr"):
+            expected = tok.decode([seq[1:] for seq in nmt_greedy(m2m_pt, text, "en", lang)])
+            got = srv.translate(text, tgt_lang=lang, split="none")
+            assert [t["text"] for t in got] == expected
     finally:
         srv.stop()

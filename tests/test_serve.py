@@ -837,9 +837,9 @@ def test_prefixes_and_constraints_equal_nmt_translate(server, dynamic_server, ck
     assert [[h["score"] for h in t["nbest"]] for t in got] == [
         pytest.approx([h.score for h in hyps], abs=1e-4) for hyps in want["nbest"]]
     assert all(t["text"].startswith(p) for t, p in zip(got, prefixes, strict=True))
-    status, _, body = dynamic_server.call("POST", "/translate", {"text": lines[:1],
-                                                                 "prefix": ["Nepo"]})
-    assert status == 422 and body["field"] == "prefix"
+    dynamic = dynamic_server.translate(lines, beam_size=2, nbest=2, prefix=prefixes,
+                                       constraints=phrases)  # the same, batch by batch
+    assert [t["text"] for t in dynamic] == want["hypotheses"]
     status, _, body = server.call("POST", "/translate", {"text": lines[:2], "prefix": ["Nepo"]})
     assert status == 422 and "one item per sentence" in body["error"]
     two = {"text": ["\n".join(lines[:2])], "prefix": ["Nepo"]}  # split=auto: paragraph
@@ -874,6 +874,17 @@ def dynamic_server(ckpt):
     srv = Server(ckpt, "workers=2", "max_wait_ms=250", "max_sentences=16", "continuous=false")
     yield srv
     assert srv.stop() == 0
+
+
+@pytest.mark.slow
+def test_the_dynamic_batcher_samples_each_text_as_nmt_translate_does(dynamic_server, ckpt,
+                                                                      tiny_data_dir, lines):
+    """A text's samples depend on the seed and its number only, under the dynamic batcher
+    too (it numbered them by their place in a length-sorted batch)."""
+    search = {"sampling": True, "temperature": 5.0, "seed": 3}
+    want = nmt_translate(ckpt, tiny_data_dir, **search)
+    got = dynamic_server.translate(lines, **search)  # lines of many lengths: sorted in batches
+    assert [t["text"] for t in got] == want["hypotheses"][:len(lines)]
 
 
 @pytest.mark.slow

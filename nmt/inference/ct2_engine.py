@@ -246,10 +246,15 @@ class CT2Translator:
         """Refused: CTranslate2 does not return nmt's attention weights (capabilities)."""
         self.capabilities.check("attention")
 
-    def submit(self, search: SearchConfig, seqs: list[list[int]]) -> Future:
+    def submit(self, search: SearchConfig, seqs: list[list[int]],
+               prefixes: list[list[int]] | None = None, lines: list[int] | None = None,
+               constraints: list[list[list[int]]] | None = None) -> Future:
         """Decode one batch of id lists off the caller's thread (nmt-serve's batches): handed
-        to CTranslate2's inter_threads at once; a Future of search.nbest hypotheses per list."""
-        pending = self._dispatch(seqs, search)
+        to CTranslate2's inter_threads at once; a Future of search.nbest hypotheses per list.
+        prefixes: forced output starts; lines: unused (CTranslate2 seeds per call);
+        constraints: refused (capabilities)."""
+        self.capabilities.check("constraints", constraints and any(constraints))
+        pending = self._dispatch(seqs, search, prefixes)
         return self.pool.submit(CT2Translator._collect, len(seqs), pending, search)
 
     def stepper(self):

@@ -68,8 +68,11 @@ class Engine(Protocol):
                   ) -> dict[str, Tensor]:
         """Teacher-forced attention weights per kind, (B, N, h, T_q, T_k) each."""
 
-    def submit(self, search: SearchConfig, seqs: list[list[int]]) -> Future:
-        """Decode one batch off the caller's thread: a Future of its hypotheses."""
+    def submit(self, search: SearchConfig, seqs: list[list[int]],
+               prefixes: list[list[int]] | None = None, lines: list[int] | None = None,
+               constraints: list[list[list[int]]] | None = None) -> Future:
+        """Decode one batch off the caller's thread: a Future of its hypotheses (prefixes,
+        sampling lines and constraints per id list, as translate_ids')."""
 
     def stepper(self) -> WorkerPool:
         """The workers running continuous batching's loops (nmt-serve continuous=true)."""

@@ -169,10 +169,13 @@ class Translator:
         return {kind: torch.stack(layers, 1).float().cpu()  # (B, N, h, T_q, T_k)
                 for kind, layers in maps.items()}
 
-    def submit(self, search: SearchConfig, seqs: list[list[int]]) -> Future:
+    def submit(self, search: SearchConfig, seqs: list[list[int]],
+               prefixes: list[list[int]] | None = None, lines: list[int] | None = None,
+               constraints: list[list[list[int]]] | None = None) -> Future:
         """Decode one batch of id lists off the caller's thread: its Future of search.nbest
-        hypotheses per list (nmt-serve's dynamic batches; one batch per worker at a time)."""
-        return self.pool.submit(_decode_batch, search, seqs)
+        hypotheses per list (nmt-serve's dynamic batches; one batch per worker at a time);
+        prefixes, lines (sampling streams) and constraints per list, as translate_ids'."""
+        return self.pool.submit(_decode_batch, search, seqs, prefixes, lines, constraints)
 
     def stepper(self) -> WorkerPool:
         """Continuous batching (nmt-serve): from the first call on, every worker runs
@@ -221,7 +224,9 @@ def _run_batch(translator: Translator, job: BatchJob, items: list) -> list[list[
     return dataclasses.replace(job, models=translator.prepared(job.search.dtype))(items)
 
 
-def _decode_batch(translator: Translator, search: SearchConfig,
-                  seqs: list[list[int]]) -> list[list[Hypothesis]]:
+def _decode_batch(translator: Translator, search: SearchConfig, seqs: list[list[int]],
+                  prefixes: list[list[int]] | None, lines: list[int] | None,
+                  constraints: list[list[list[int]]] | None) -> list[list[Hypothesis]]:
     """In a worker or the decoding thread: one batch of id lists, in order."""
-    return translator.translate_ids(seqs, search, parallel=False)
+    return translator.translate_ids(seqs, search, prefixes, lines, parallel=False,
+                                    constraints=constraints)

@@ -77,7 +77,7 @@ PROG = "nmt-serve"
 SEARCH_FIELDS = ("beam_size", "nbest", "alpha", "max_len_a", "max_len_b", "min_len", "sampling",
                  "top_k", "top_p", "epsilon", "temperature", "seed", "no_repeat_ngram_size")
 MBR_FIELDS = ("mbr_candidates", "mbr_utility", "mbr_aggregate")  # MbrConfig's, prefixed
-SENTENCE_FIELDS = ("prefix", "constraints")  # per sentence; continuous batching only
+SENTENCE_FIELDS = ("prefix", "constraints")  # per sentence
 # GET /'s page may run its own inline script and style and call this server, nothing else.
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
        "connect-src 'self'; img-src 'self' data:")
@@ -152,11 +152,11 @@ class TranslateRequest(BaseModel):
         "of the pairwise choice)."))
     prefix: list[str] | None = Field(None, description=(
         "Per sentence of text, the start every translation of it must have ('' for none; "
-        "nmt-translate's prefix=true). Needs the server's continuous batching."))
+        "nmt-translate's prefix=true)."))
     constraints: list[list[str]] | None = Field(None, description=(
         "Per sentence of text, the phrases every translation of it must contain (nmt-translate's "
         "constraints=FILE: beam search with dynamic beam allocation, at any beam_size; not "
-        "with sampling). Needs the server's continuous batching."))
+        "with sampling; engine=nmt)."))
     attention: bool = Field(False, description=(
         "Also return each best translation's encoder-decoder attention over its source."))
     tgt_lang: str | None = Field(None, description=(
@@ -289,6 +289,26 @@ class HealthResponse(BaseModel):
         "A multilingual model's languages, a request's tgt_lang (and src_lang) choices; [] "
         "for a bilingual model."))
     tgt_lang: str = Field(description="The server's tgt_lang: a request's default (or '').")
+    features: Features = Field(description="What a request may ask of this server.")
+
+
+class Features(BaseModel):
+    """What this server answers, from its engine's capabilities (nmt.capabilities) and its
+    settings: the page (GET /) offers only these."""
+
+    engine: str = Field(description="The decoding engine: nmt or ctranslate2.")
+    attention: bool = Field(description="A request may ask for attention: the engine returns "
+                                        "it and the model has no forced language token.")
+    nbest: bool = Field(description="A request may ask for n-best lists (not under the "
+                                    "server's MBR, which answers one translation per text).")
+    prefix: bool = Field(description="Forced output prefixes.")
+    constraints: bool = Field(description="Lexical constraints (the engine has them).")
+    convention: str = Field(description="How the model is told its languages: pair (not "
+                                        "at all), tag (tgt_lang) or forced (src_lang and "
+                                        "tgt_lang).")
+    sources: list[str] = Field(description="The source languages it translates from.")
+    targets: list[str] = Field(description="The target languages it translates into.")
+    src_lang: str = Field(description="The default source language (or '').")
 
 
 # ----------------------------------------------------------------------------- the service
@@ -339,10 +359,6 @@ class Service:
         except ConfigError as e:
             key, why = str(e).split(": ", 1)
             raise ApiError(422, key.split("=")[0], why) from None
-        if choice.prefix and not self.cfg.continuous:
-            raise ApiError(422, "tgt_lang", "this model is given its target language as a "
-                                            "forced first token: needs the server's continuous "
-                                            "batching (continuous=true)")
         if choice.prefix and req.attention:
             raise ApiError(422, "attention", "not with a forced target language token (an "
                                              "M2M100 or NLLB-200 model) yet")
@@ -396,13 +412,14 @@ class Service:
         its samples), encoded with the target tokenizer."""
         asked = [key for key in SENTENCE_FIELDS if getattr(req, key) is not None]
         for key in asked:
-            if not self.cfg.continuous:
-                raise ApiError(422, key, "needs the server's continuous batching "
-                                         "(continuous=true)")
             if len(getattr(req, key)) != len(req.text):
                 raise ApiError(422, key, f"must have one item per sentence of text "
                                          f"({len(req.text)}), got {len(getattr(req, key))}")
         phrases = [[p for p in ps if p.strip()] for ps in req.constraints or []]
+        try:
+            self.translator.capabilities.check("constraints", any(phrases))
+        except ConfigError as e:
+            raise ApiError(422, "constraints", str(e).split(": ", 1)[1]) from None
         try:
             use_beams(search, any(phrases))
         except ValueError as e:  # constraints while sampling
@@ -536,7 +553,17 @@ class Service:
                 "max_sentences", "max_chars", "max_queued", "max_input_tokens", "timeout_s",
                 "max_beam_size", "max_len_b", "max_wait_ms")},
             search=asdict(cfg.search), mbr=asdict(cfg.mbr), split=self.split,
-            languages=self.languages, tgt_lang=cfg.tgt_lang)
+            languages=self.languages, tgt_lang=cfg.tgt_lang, features=self.features())
+
+    def features(self) -> Features:
+        """What a request may ask of this server (GET /health's features; the page's)."""
+        can = self.translator.capabilities
+        libre = self.libre
+        return Features(
+            engine=can.engine, attention=can.attention and not self.forced,
+            nbest=not self.cfg.mbr.candidates, prefix=True, constraints=can.constraints,
+            convention="forced" if self.forced else "tag" if self.languages else "pair",
+            sources=list(libre.sources), targets=list(libre.targets), src_lang=self.src_lang)
 
     def stats(self) -> StatsResponse:
         """GET /stats: requests, sentences and batches so far, and what is queued now."""

@@ -95,7 +95,7 @@ class _Queued:
     job: _Job
     index: int
     arrived: float
-    extra: tuple = ()  # continuous batching: (forced prefix ids, phrases' ids, line number)
+    extra: tuple = ()  # (forced prefix ids, phrases' ids, line number): the workers' fields
 
 
 def search_key(search: SearchConfig) -> tuple:
@@ -106,8 +106,9 @@ def search_key(search: SearchConfig) -> tuple:
 class Batcher:
     """Queues sentences of concurrent requests and decodes them together in token-budget batches.
 
-    submit(search, seqs) starts decoding a batch off the event loop and returns a
-    concurrent.futures.Future of its hypotheses; `workers` batches may run at once.
+    submit(search, seqs, prefixes, lines, constraints) starts decoding a batch off the event
+    loop and returns a concurrent.futures.Future of its hypotheses; `workers` batches may run
+    at once.
     """
 
     def __init__(self, submit, workers: int, max_tokens: int, max_sentences: int,
@@ -126,8 +127,8 @@ class Batcher:
     async def translate(self, seqs: list[list[int]], search: SearchConfig, timeout: float,
                         extras: list[tuple] | None = None) -> list[list[Hypothesis]]:
         """Hypotheses of each id list (no BOS/EOS), decoded along with other requests' ones.
-        extras: per id list, its forced prefix ids, phrases' ids and line number (continuous
-        batching's workers take them; the dynamic batcher's submit does not)."""
+        extras: per id list, its forced prefix ids, phrases' ids and line number (sampling
+        stream), which both batchers hand to the decoding."""
         if self.error:
             raise BatcherStopped(self.error)
         self._drop_cancelled()
@@ -254,7 +255,12 @@ class Batcher:
         """Decode one batch off the event loop and hand each sentence its hypotheses."""
         start = self.clock.now()
         try:
-            future = self.submit(batch[0].job.search, [q.ids for q in batch])
+            prefixes = lines = phrases = None
+            if all(q.extra for q in batch):  # the request's fields: as nmt-translate's lines
+                prefixes, phrases, lines = (list(x) for x in zip(*(q.extra for q in batch),
+                                                                 strict=True))
+            future = self.submit(batch[0].job.search, [q.ids for q in batch], prefixes, lines,
+                                 phrases)
             hyps = await asyncio.wrap_future(future)
         except Exception as e:  # a broken worker, or an error inside the search
             self.stats.failed += 1
