@@ -1,4 +1,4 @@
-# nmt: make install | test | test-quick | test-slow | test-gpu | test-browser | test-floor | lint | demo
+# nmt: make install | test | test-quick | test-slow | test-isa | test-gpu | test-browser | test-floor | lint | demo
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -14,7 +14,7 @@ FLOOR_INDEX ?=
 FLOOR  := .venv-floor
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-quick test-slow test-gpu test-browser test-floor lint demo clean
+.PHONY: install test test-quick test-slow test-isa test-gpu test-browser test-floor lint demo clean
 
 install: $(STAMP)
 
@@ -37,6 +37,12 @@ test-quick: install
 
 test-slow: install
 	$(BIN)/python -m pytest -m "slow"
+
+# The tests whose kernels depend on the CPU's instruction set (marker isa: int8, bf16, oneDNN
+# packing, the shape caches) again under an AVX2-only CPU's dispatch, every library capped
+# (tests/test_isa.py, which make test runs too): what fails on AVX2 shows on an AVX-512 machine.
+test-isa: install
+	$(BIN)/python -m pytest tests/test_isa.py -v
 
 # The GPU suite (tests/test_gpu.py): NCCL, bf16/fp16, resume, averaging, translation, torchrun
 # over every GPU present. Install a CUDA build of torch into .venv first.

@@ -194,3 +194,84 @@ def test_a_text_over_2000_characters_gets_no_heatmap(page):
                 "document.getElementById('go').click()")
     browser.wait_for("document.getElementById('score').textContent.includes('55 pieces')")
     assert browser.run("document.getElementById('attention-box').hidden") is True
+
+
+# ----------------------------------------------------------------------------- five setups
+def with_languages(ckpt: Path, out: Path, convention: str, codes: list[str]) -> Path:
+    """The tiny checkpoint recorded as a multilingual one: a tag model (OPUS-MT's >>xx<<, or
+    one trained here on several pairs) or a forced-token model (NLLB-200 / M2M100 style),
+    each language one of its pieces."""
+    from nmt.checkpoint import load_checkpoint, save_checkpoint
+
+    state = load_checkpoint(ckpt)
+    state["vocab"]["languages"] = {"convention": convention,
+                                   "codes": {c: 10 + i for i, c in enumerate(codes)}}
+    save_checkpoint(state, out)
+    return out
+
+
+SETUPS = {  # name -> (the checkpoint's languages, server settings)
+    "bilingual-nmt": (None, ["src_lang=en"]),
+    "bilingual-ctranslate2": (None, ["src_lang=en", "engine=ctranslate2", "search.alpha=0"]),
+    "mbr": (None, ["src_lang=en", "mbr.candidates=4"]),
+    "tag-multilingual": (("tag", ["de", "fr"]), ["tgt_lang=fr"]),
+    "nllb-style": (("forced", ["deu_Latn", "eng_Latn", "fra_Latn"]),
+                   ["src_lang=eng_Latn", "tgt_lang=deu_Latn"]),
+}
+
+
+@pytest.mark.parametrize("setup", list(SETUPS))
+def test_the_page_asks_only_what_the_server_answers(setup, tiny_data_dir, tmp_path):
+    """For each setup the page reads /health's features, asks only for what the server
+    answers (no attention from CTranslate2 or a forced-token model, no n-best under MBR), shows
+    the language pickers of the model's convention, and shows the server's translation with
+    no error; a screenshot of each goes to build/serve-page-SETUP.png."""
+    if CHROMIUM is None:
+        pytest.skip("needs chromium (make test-browser installs it)")
+    languages, settings = SETUPS[setup]
+    ckpt = save_tiny_checkpoint(tmp_path / "checkpoint.pt",
+                                (tiny_data_dir / "spm.model").read_bytes(), seed=0)
+    if languages:
+        ckpt = with_languages(ckpt, tmp_path / "multi.pt", *languages)
+    server = Server(ckpt, "workers=1", *settings)
+    browser = Browser(tmp_path / "profile")
+    try:
+        browser.send("Page.navigate", session=True, url=f"http://127.0.0.1:{server.port}/")
+        browser.wait_for("document.getElementById('info').textContent.includes('beam size')")
+        features = server.call("GET", "/health")[2]["features"]
+        shown = {box: not browser.run(f"document.getElementById('{box}').hidden")
+                 for box in ("src-box", "tgt-box")}
+        convention = features["convention"]
+        assert shown == {"src-box": convention == "forced", "tgt-box": convention != "pair"}
+        browser.run("document.getElementById('source').focus()")
+        sentence = "open the file in a new window"
+        browser.send("Input.insertText", session=True, text=sentence)
+        text = browser.wait_for(f"{SHOWN} || !document.getElementById('error').hidden && "
+                                "'error: ' + document.getElementById('error').textContent")
+        asked = {}
+        if features["attention"]:
+            asked["attention"] = True
+        if features["nbest"]:
+            asked["nbest"] = server.call("GET", "/health")[2]["search"]["beam_size"]
+        if convention == "forced":
+            asked["src_lang"] = browser.run("document.getElementById('src').value")
+        if convention != "pair":
+            asked["tgt_lang"] = browser.run("document.getElementById('tgt').value")
+        assert text == server.translate([sentence], **asked)[0]["text"]
+        assert browser.run("document.getElementById('attention-box').hidden") is (
+            not features["attention"])
+        assert browser.run("document.getElementById('nbest-box').hidden") is (
+            not features["nbest"])
+        assert (setup, features["attention"], features["nbest"]) in {
+            ("bilingual-nmt", True, True), ("bilingual-ctranslate2", False, True),
+            ("mbr", True, False), ("tag-multilingual", True, True), ("nllb-style", False, True)}
+        assert not [e for e in browser.events if e.get("method") == "Runtime.exceptionThrown"]
+        shot = browser.send("Page.captureScreenshot", session=True, format="png")
+        path = ROOT / "build" / f"serve-page-{setup}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(base64.b64decode(shot["data"]))
+    finally:
+        try:
+            browser.close()
+        finally:
+            assert server.stop() == 0
