@@ -83,7 +83,7 @@ def test_an_update_on_a_gpu_reads_nothing_from_it(tiny_data_dir, amp, logits):
     """Any read of the device (.item(), .tolist(), bool(), nonzero) raises on the simulated
     GPU: two updates that complete made none. Statistics stay on the device, in float64."""
     run, stats, dtype = simulated_updates(tiny_data_dir, amp)
-    assert run.optimizer.defaults["fused"] and run.amp == amp and run.check_every == 5
+    assert run.optimizer.defaults["fused"] and run.amp.amp == amp and run.check_every == 5
     assert run.scaler.is_enabled() == (amp == "fp16") and dtype == logits
     for name, value in vars(stats).items():
         assert value.device == CUDA, name

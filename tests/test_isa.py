@@ -5,6 +5,7 @@ each library (ATEN_CPU_CAPABILITY is echoed even where the CPU lacks the ISA): t
 int8 test asserts that the cap reached the int8 kernels (they saturate under it)."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,8 +22,9 @@ AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
 @pytest.mark.slow
 @pytest.mark.skipif(any(os.environ.get(k) for k in AVX2), reason="already under a cap")
 def test_the_isa_tests_pass_under_avx2_dispatch():
-    out = subprocess.run([sys.executable, "-m", "pytest", "-m", "isa and not gpu", "-q",
+    out = subprocess.run([sys.executable, "-m", "pytest", "-m", "isa and not gpu",
                           "-p", "no:cacheprovider"], cwd=ROOT, env={**os.environ, **AVX2},
                          capture_output=True, text=True, timeout=400)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
-    assert " passed" in out.stdout.splitlines()[-1]
+    passed = re.search(r"^(\d+) passed", out.stdout, re.M)  # setup.cfg's -q: the summary line
+    assert passed and int(passed[1]) >= 50, out.stdout[-2000:]

@@ -265,7 +265,9 @@ def test_nmt_serve_translates_into_the_language_a_request_asks_for(multi_server,
         status, _, body = multi_server.call("POST", "/translate", {"text": ["x"], field: value})
         assert status == 422 and error in body["error"] and "\n" not in body["error"], body
     page = multi_server.call("GET", "/")[2]
-    assert 'id="tgt"' in page and "h.languages" in page and "body.tgt_lang" in page
+    assert 'id="tgt"' in page and "features.targets" in page and "body.tgt_lang" in page
+    features = multi_server.call("GET", "/health")[2]["features"]
+    assert (features["convention"], features["targets"]) == ("tag", list(LANGS))
 
 
 def test_nmt_serve_cuts_pieces_to_leave_room_for_the_language_token(multi_run, raw, tmp_path):

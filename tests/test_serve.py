@@ -81,7 +81,7 @@ async def settle() -> None:
 
 def recording_submit(batches: list, fail: bool = False):
     """A submit(search, seqs) that records (beam_size, source lengths) and echoes the sources."""
-    def submit(search, seqs):
+    def submit(search, seqs, *fields):  # fields: prefixes, lines, constraints
         batches.append((search.beam_size, [len(s) for s in seqs]))
         future = Future()
         if fail:
@@ -149,7 +149,7 @@ def test_a_lone_idle_worker_gets_the_oldest_sentence_and_those_closest_to_it_in_
 def test_batcher_gives_a_freed_worker_its_share_of_all_sentences_in_flight():
     held: list[tuple[Future, list]] = []
 
-    def submit(search, seqs):  # batches finish when the test says so
+    def submit(search, seqs, *fields):  # batches finish when the test says so
         held.append((Future(), seqs))
         return held[-1][0]
 
@@ -181,7 +181,7 @@ def test_a_sentence_waits_max_wait_from_its_own_arrival_not_from_the_last_batch(
     held: list[tuple[Future, list]] = []
     sent: list[float] = []  # when each batch went to the (one) worker
 
-    def submit(search, seqs):
+    def submit(search, seqs, *fields):  # fields: prefixes, lines, constraints
         sent.append(clock.now())
         held.append((Future(), seqs))
         return held[-1][0]
@@ -212,7 +212,7 @@ def test_the_batcher_waits_and_times_out_on_its_clock_only():
     clock = FakeClock()
     held: list[tuple[Future, list]] = []
 
-    def submit(search, seqs):
+    def submit(search, seqs, *fields):  # fields: prefixes, lines, constraints
         held.append((Future(), seqs))
         return held[-1][0]
 
@@ -560,7 +560,7 @@ def test_a_dead_batcher_makes_health_fail_and_requests_fail_fast_with_503(in_pro
 
 
 def test_every_error_is_json_in_the_error_schema(in_process, monkeypatch):
-    def failing(search, seqs):
+    def failing(search, seqs, *fields):
         future = Future()
         future.set_exception(RuntimeError("CUDA out of memory"))
         return future
