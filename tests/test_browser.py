@@ -237,7 +237,8 @@ def test_the_page_asks_only_what_the_server_answers(setup, tiny_data_dir, tmp_pa
     browser = Browser(tmp_path / "profile")
     try:
         browser.send("Page.navigate", session=True, url=f"http://127.0.0.1:{server.port}/")
-        browser.wait_for("document.getElementById('info').textContent.includes('beam size')")
+        browser.wait_for("document.readyState === 'complete' && document.getElementById('info')"
+                         " && document.getElementById('info').textContent.includes('beam size')")
         features = server.call("GET", "/health")[2]["features"]
         shown = {box: not browser.run(f"document.getElementById('{box}').hidden")
                  for box in ("src-box", "tgt-box")}
