@@ -174,12 +174,12 @@ def write_atomically(path: str | Path, content: bytes | str | Callable[[BinaryIO
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_beside(target)
     try:
-        keep_mode_and_owner(target, tmp)
         with open(tmp, "wb") as f:
             _write(f, content)
             if durable:
                 f.flush()
                 os.fsync(f.fileno())
+        keep_mode_and_owner(target, tmp)  # after writing: a 0444 file is replaced as before
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -56,6 +56,14 @@ def test_a_replaced_file_keeps_its_mode_and_owner(tmp_path, durable, umask_022):
         assert (path.stat().st_uid, path.stat().st_gid) == (1234, 5678)
 
 
+def test_a_read_only_file_is_replaced_and_stays_read_only(tmp_path, umask_022):
+    path = tmp_path / "frozen.txt"
+    path.write_text("old\n")
+    path.chmod(0o444)
+    write_atomically(path, "new\n")
+    assert path.read_text() == "new\n" and path.stat().st_mode & 0o777 == 0o444
+
+
 def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
     path = tmp_path / "out.txt"
     write_atomically(path, "old\n")

@@ -359,6 +359,9 @@ def test_api_keys_are_checked_and_reread_when_their_file_changes(ckpt, tmp_path)
                                      {"Authorization": "Bearer alpha"})
         assert status == 200 and answer["translations"][0]["text"] == body["translatedText"]
         assert srv.call("GET", "/frontend/settings")[2]["keyRequired"] is True
+        assert srv.call("GET", "/health")[2]["features"]["key_required"] is True  # the page's
+        status, _, answer = srv.call("POST", "/translate", {**fields, "api_key": "\ud800"})
+        assert (status, answer) == (403, {"error": "Invalid API key"})  # not a 500
         new = tmp_path / "new.txt"
         new.write_text("beta\n")
         new.replace(keys)  # revoked and added without a restart

@@ -263,7 +263,7 @@ def _ct2_vocabulary(model_dir: Path, side: str) -> list[str] | None:
                 return None
         path = path.with_suffix(".txt")
         if path.is_file():
-            return path.read_text(encoding="utf-8").split("\n")[:-1]
+            return path.read_text(encoding="utf-8").splitlines()
     return None
 
 

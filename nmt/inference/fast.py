@@ -118,13 +118,14 @@ def int8_saturates() -> bool:
     """Whether this CPU's u8 x s8 products saturate with 8-bit activations. Without VNNI
     (AVX2, or AVX-512 before Cascade Lake, or under ONEDNN_MAX_CPU_ISA=AVX2) the kernels add
     pairs of products into int16 (vpmaddubsw), which clips 2 x 255 x 127 at 32,767. Asked of
-    the kernel itself, not the CPU's name: ones(1, 4) . ones(1, 4) is 4, saturated ~2.02."""
-    ones = torch.ones(1, 4)
+    the kernel itself, not the CPU's name, at a shape that takes the GEMM kernel of real maps:
+    ones(2, 64) ones(16, 64)^T is 64 everywhere, saturated ~32.4."""
+    x, w = torch.ones(2, 64), torch.ones(16, 64)
     engine = _int8_engine()
-    packed = _pack_int8(ones, torch.tensor([1 / 127], dtype=torch.double),
-                        torch.zeros(1, dtype=torch.long), None, engine)
-    got = private_ops.quantized_linear(ones, packed, False)
-    return not torch.allclose(got, torch.full_like(got, 4.0), rtol=0.01)
+    packed = _pack_int8(w, torch.full((16,), 1 / 127, dtype=torch.double),
+                        torch.zeros(16, dtype=torch.long), None, engine)
+    got = private_ops.quantized_linear(x, packed, False)
+    return not torch.allclose(got, torch.full_like(got, 64.0), rtol=0.01)
 
 
 @contextlib.contextmanager

@@ -36,7 +36,7 @@ class ApiKeys:
         if self.path is None:
             return True
         self._reload()
-        given = (key or "").encode()
+        given = (key or "").encode("utf-8", "surrogatepass")  # a lone surrogate: just invalid
         return bool(given) and any(hmac.compare_digest(given, k.encode()) for k in self._keys)
 
     def _reload(self) -> None:

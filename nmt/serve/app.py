@@ -309,6 +309,8 @@ class Features(BaseModel):
     sources: list[str] = Field(description="The source languages it translates from.")
     targets: list[str] = Field(description="The target languages it translates into.")
     src_lang: str = Field(description="The default source language (or '').")
+    key_required: bool = Field(description="Translations need an API key (the server's "
+                                           "api_keys): Authorization: Bearer KEY.")
 
 
 # ----------------------------------------------------------------------------- the service
@@ -563,7 +565,8 @@ class Service:
             engine=can.engine, attention=can.attention and not self.forced,
             nbest=not self.cfg.mbr.candidates, prefix=True, constraints=can.constraints,
             convention="forced" if self.forced else "tag" if self.languages else "pair",
-            sources=list(libre.sources), targets=list(libre.targets), src_lang=self.src_lang)
+            sources=list(libre.sources), targets=list(libre.targets), src_lang=self.src_lang,
+            key_required=self.keys.required)
 
     def stats(self) -> StatsResponse:
         """GET /stats: requests, sentences and batches so far, and what is queued now."""
@@ -600,8 +603,10 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         declared = dict(scope["headers"]).get(b"content-length", b"0")
         if not declared.isdigit() or int(declared) > self.max_bytes:
-            first = await receive()  # one chunk: whose request it is (LibreTranslate's "q")
-            return await self._refuse(scope, receive, send, first.get("body", b""))
+            head = b""
+            if _may_be_libre_json(scope):  # one chunk tells whose request it is ("q")
+                head = (await receive()).get("body", b"")
+            return await self._refuse(scope, receive, send, head)
         seen, refused, head = 0, False, b""
 
         async def limited_receive():
@@ -631,6 +636,16 @@ class BodyLimit:
         answer = (libretranslate.from_api_error(error).response() if libre
                   else _error_response(error))
         await answer(scope, receive, send)
+
+
+def _may_be_libre_json(scope) -> bool:
+    """Whether a too large request's first chunk is worth reading to tell LibreTranslate's JSON
+    from nmt's: a JSON POST /translate whose client does not wait for 100 Continue (reading
+    would ask it to upload what is refused)."""
+    headers = dict(scope["headers"])
+    return (scope["path"] == "/translate" and b"100-continue" not in headers.get(b"expect", b"")
+            and libretranslate.media_type(headers.get(b"content-type", b"").decode("latin-1"))
+            == "application/json")
 
 
 def _error_response(error: ApiError) -> JSONResponse:

@@ -373,7 +373,7 @@ class Languages:
         """nmt's request fields that translate from `source` into `target`; a LibreError for a
         language or a direction this server does not offer."""
         for code, offered in ((source, self.sources), (target, self.targets)):
-            if code not in offered or source == target:
+            if code not in offered:
                 raise LibreError(400, f"{code} is not supported (this server translates from "
                                       f"{', '.join(self.sources)} into "
                                       f"{', '.join(self.targets)})")
@@ -407,7 +407,9 @@ def install(app: FastAPI, cfg: ServeConfig, translate: Translate, languages: Lan
             raise LibreError(400, f"{fmt} format is not supported")
         alternatives = alternatives_field(fields)
         batch = isinstance(fields["q"], list)
-        found = [detect(t, languages.all)[0] for t in texts] if source == "auto" else None
+        found = [detect(t, languages.all)[0] if t.strip() else
+                 {"confidence": 0.0, "language": languages.sources[0]}  # nothing to detect
+                 for t in texts] if source == "auto" else None
         sources = [f["language"] for f in found] if found else [source] * len(texts)
         out = await translate_each(texts, sources, target, fmt, alternatives)
         answer = {} if found is None else {"detectedLanguage": found if batch else found[0]}
@@ -421,6 +423,10 @@ def install(app: FastAPI, cfg: ServeConfig, translate: Translate, languages: Lan
         """Each text from its own source language (source=auto detects per text), the texts
         of one language together, the groups side by side: (translation, alternatives)."""
         groups = {src: [i for i, s in enumerate(sources) if s == src] for src in sources}
+        chars = sum(map(len, texts))
+        if len(groups) > 1 and chars > cfg.max_chars:  # each group is checked alone below
+            raise LibreError(400, f"Invalid request: q: {chars} characters; this server takes "
+                                  f"at most {cfg.max_chars} per request")
         calls = []
         for src, idx in groups.items():
             into = functools.partial(translate, **languages.fields(src, target))
