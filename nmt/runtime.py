@@ -6,8 +6,10 @@ natively."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
+from collections.abc import Set
 
 import torch
 
@@ -112,7 +114,7 @@ class CpuBf16:
     why: str
 
 
-def cpu_bf16(flags: set[str] | None = None, onednn_isa: str | None = None) -> CpuBf16:
+def cpu_bf16(flags: Set[str] | None = None, onednn_isa: str | None = None) -> CpuBf16:
     """Whether bf16 matrix products are native here: the CPU has AVX512-BF16 or AMX (its
     /proc/cpuinfo flags, or `flags`) and ONEDNN_MAX_CPU_ISA (or `onednn_isa`) allows them.
     torch's mkldnn bf16 check is true where bf16 is only emulated, so it cannot say this."""
@@ -129,16 +131,18 @@ def cpu_bf16(flags: set[str] | None = None, onednn_isa: str | None = None) -> Cp
     return CpuBf16(True, f"the CPU has {' and '.join(have)}")
 
 
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags from /proc/cpuinfo (Linux); empty where it cannot be read."""
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (Linux), read once; empty where it cannot
+    be read."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
                 if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return set()
+    return frozenset()
 
 
 def warn_if_bf16_emulated(setting: str) -> None:

@@ -464,14 +464,13 @@ class Service:
             raise ApiError(413, "text", f"{pieces} {what}; this server takes at most "
                                         f"{self.cfg.max_sentences} per request (max_sentences)")
 
-    def segment(self, req: TranslateRequest) -> tuple[str, list[Segmented]]:
+    def segment(self, req: TranslateRequest, limit: int) -> tuple[str, list[Segmented]]:
         """The request's split mode and its texts cut into pieces (nmt.segment: none over
-        max_input tokens, less the request's source language token, unless split=none)."""
+        `limit` tokens, max_input less the request's language token, unless split=none)."""
         split = req.split or self.split
         if split == "sentence" and self.splitter is None:
             raise ApiError(422, "split", "sentence needs the source language, which the "
                                          "model does not record (nmt-serve src_lang=...)")
-        limit = self.max_input - len(self.choice(req).source)  # a language token takes one
         return split, [split_for(self.translator.src_tok, text, split, self.splitter, limit)
                        for text in req.text]
 
@@ -479,20 +478,20 @@ class Service:
         """POST /translate: split, check, encode, decode in shared batches, detokenize, put
         each text back together."""
         self.check_chars(req)
-        split, docs = self.segment(req)
+        choice = self.choice(req)
+        limit = self.max_input - len(choice.source)  # a language token takes one
+        split, docs = self.segment(req, limit)
         pieces = [piece for doc in docs for piece in doc.pieces]
         self.check_size(req, split, len(pieces))
         search = self.search_of(req)
         chooser = self.chooser_of(req, search)
         if self.broken:
             raise ApiError(503, None, self.broken)
-        choice = self.choice(req)
         extras = self.piece_fields(docs, self.sentence_fields(req, search))
         if choice.prefix:
             extras = [(p, *rest) for p, (_, *rest) in zip(choice.prefixes(
                 len(extras), [e[0] for e in extras]), extras, strict=True)]
         full = self.translator.src_tok.encode(pieces)
-        limit = self.max_input - len(choice.source)
         ids = choice.sources([seq[:limit] for seq in full])  # nmt-translate's truncation
         try:
             nbest = await self.batcher.translate(ids, chooser.search if chooser else search,
@@ -559,8 +558,7 @@ class Service:
 
     def features(self) -> Features:
         """What a request may ask of this server (GET /health's features; the page's)."""
-        can = self.translator.capabilities
-        libre = self.libre
+        can, libre = self.translator.capabilities, self.libre
         return Features(
             engine=can.engine, attention=can.attention and not self.forced,
             nbest=not self.cfg.mbr.candidates, prefix=True, constraints=can.constraints,

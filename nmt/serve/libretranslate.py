@@ -306,9 +306,9 @@ def identifier(languages: tuple[str, ...]):
     from py3langid.langid import MODEL_FILE, LanguageIdentifier
 
     found = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
-    labels = {}
+    labels, known = {}, set(found.nb_classes)
     for code in languages:
-        labels.setdefault(langid_codes.label(code, set(found.nb_classes)), code)
+        labels.setdefault(langid_codes.label(code, known), code)
     labels.pop(None, None)
     if not labels:
         raise LibreError(400, f"the language identifier knows none of this model's languages "
