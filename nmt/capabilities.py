@@ -14,11 +14,14 @@ from nmt.errors import ConfigError
 
 # the keys that use a feature (nmt-translate's, nmt-serve's and its requests') -> the feature
 FEATURES = {"checkpoint": "ensembles", "constraints": "constraints", "alignment": "attention",
-            "attention_plot": "attention", "attention": "attention", "continuous": "continuous"}
+            "attention_plot": "attention", "attention": "attention", "continuous": "continuous",
+            "sampling": "sentence_seeds", "search.sampling": "sentence_seeds"}
 LACKS = {"ensembles": "translates with one model, not an ensemble",
          "constraints": "has no lexical constraints",
          "attention": "does not return attention",
-         "continuous": "has no continuous batching (set continuous=false)"}
+         "continuous": "has no continuous batching (set continuous=false)",
+         "sentence_seeds": "seeds per call, so a text's samples in nmt-serve would depend on "
+                           "its batch mates"}
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,7 @@ class Capabilities:
     constraints: bool  # lexical constraints (constraints=FILE)
     attention: bool  # attention weights: alignment, attention_plot, nmt-serve's "attention"
     continuous: bool  # continuous batching (nmt-serve continuous=true)
+    sentence_seeds: bool  # a sentence's samples depend on the seed and its line only (nmt-serve)
     beam_alpha: bool  # GNMT's length penalty in beam search (search.alpha, beam_size > 1)
     epsilon: bool  # epsilon sampling (search.epsilon with search.sampling)
     shortlist: str | None = None  # the one search.shortlist it decodes with ("": none; None: any)
@@ -57,7 +61,8 @@ class Capabilities:
 
 
 ENGINES = {"nmt": Capabilities("nmt", ensembles=True, constraints=True, attention=True,
-                               continuous=True, beam_alpha=True, epsilon=True),
+                               continuous=True, sentence_seeds=True, beam_alpha=True,
+                               epsilon=True),
            "ctranslate2": Capabilities("ctranslate2", ensembles=False, constraints=False,
-                                       attention=False, continuous=False, beam_alpha=False,
-                                       epsilon=False)}
+                                       attention=False, continuous=False, sentence_seeds=False,
+                                       beam_alpha=False, epsilon=False)}

@@ -769,6 +769,8 @@ class ServeConfig:
         _check(self.log_level in ("debug", "info", "warning", "error"), "log_level",
                f"must be debug, info, warning or error, got {self.log_level!r}")
         _check_engine(self, 1)
+        ENGINES[self.engine].check("search.sampling", self.search.sampling or (
+            self.mbr.candidates and candidate_search(self.search, self.mbr).sampling))
         _check_serve_split(self)
         _check(not self.mbr.candidates or self.search.nbest == 1, "mbr.candidates",
                f"answers one translation per text: leave search.nbest at 1, "

@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 
 from nmt.config import SearchConfig
+from nmt.inference.core import Sentence
+from nmt.inference.stepping import Batch, Failed
 from nmt.inference.translator import Translator
 from nmt.runtime import usable_cores
 
@@ -95,7 +97,9 @@ def search_config(overrides: list[str]) -> SearchConfig:
 
 def run_ceiling(args, lines: list[str]) -> float:
     """The offline ceiling: sentences/s of the lines in arrival order, chunks of --clients each
-    decoded as one batch (no length sorting, no token budget) on the server's workers."""
+    decoded as one whole batch (no length sorting, no token budget) on the server's workers,
+    through the loops nmt-serve runs (a worker gets the next chunk when it has answered its
+    last)."""
     search = search_config(args.search)
     search = dataclasses.replace(search, max_tokens=1 << 30, max_sentences=0)
     workers = [int(s.split("=", 1)[1]) for s in args.serve if s.startswith("workers=")]
@@ -103,15 +107,33 @@ def run_ceiling(args, lines: list[str]) -> float:
                          workers=(workers or [0])[-1] or usable_cores()) as translator:
         ids = translator.src_tok.encode(lines)
         ids = [s[:translator.max_input_tokens] for s in ids]
-        warm = [translator.submit(search, [[4]]) for _ in range(translator.workers)]
-        for future in warm:
-            future.result()
+        chunks = [[Sentence(i + j, s) for j, s in enumerate(ids[i:i + args.clients])]
+                  for i in range(0, len(ids), args.clients)]
+        pool = translator.stepper()
+        n = pool.workers
+        decode(pool, [[Sentence(("warm", w), [4])] for w in range(n)], search)
         start = time.perf_counter()
-        futures = [translator.submit(search, ids[i:i + args.clients])
-                   for i in range(0, len(ids), args.clients)]
-        for future in futures:
-            future.result()
+        decode(pool, chunks, search)
         return len(ids) / (time.perf_counter() - start)
+
+
+def decode(pool, chunks: list[list[Sentence]], search: SearchConfig) -> None:
+    """Each chunk sent whole to a worker that has answered all it was sent, until every
+    sentence has come back."""
+    left = [0] * pool.workers  # sentences each worker still has
+    todo = iter(chunks)
+    for w in range(pool.workers):
+        if (chunk := next(todo, None)) is not None:
+            pool.send(w, Batch(search, chunk, whole=True))
+            left[w] = len(chunk)
+    while any(left):
+        message = pool.read(timeout=600)
+        if isinstance(message, Failed):
+            raise SystemExit(f"decoding failed: {message.error}")
+        left[message.worker] -= len(message.results)
+        if not left[message.worker] and (chunk := next(todo, None)) is not None:
+            pool.send(message.worker, Batch(search, chunk, whole=True))
+            left[message.worker] = len(chunk)
 
 
 def start_server(args) -> tuple[subprocess.Popen, int]:

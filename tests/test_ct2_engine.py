@@ -20,9 +20,10 @@ import nmt.inference.ct2_export as ct2_export
 from nmt.config import SearchConfig, TranslateConfig, compose, to_object
 from nmt.errors import ConfigError, NmtError
 from nmt.files import read_lines
-from nmt.inference.core import Hypothesis
+from nmt.inference.core import Hypothesis, Sentence
 from nmt.inference.ct2_engine import CT2Translator
 from nmt.inference.ct2_export import cached_export, read_info
+from nmt.inference.stepping import Batch
 from nmt.inference.translator import Translator
 from nmt.tokenizer import train_bpe
 from nmt.translate import translate
@@ -124,24 +125,27 @@ def test_what_ctranslate2_cannot_do_is_refused_by_its_capabilities(ckpt, engines
         ct.translate_ids(src[:1], SearchConfig(), constraints=[[[5]]])
     with pytest.raises(ConfigError, match="^attention: engine=ctranslate2 does not return"):
         ct.attention(src[:1], [[5]])
-    with pytest.raises(ConfigError, match="^continuous: engine=ctranslate2 has no continuous"):
-        ct.stepper()
     with pytest.raises(ConfigError, match="^search.shortlist: engine=ctranslate2 loaded no "):
         ct.translate_ids(src[:1], SearchConfig(beam_size=1, shortlist="s.tsv"))
     with pytest.raises(ConfigError, match="^checkpoint: engine=ctranslate2 translates with one"):
         CT2Translator.load([ckpt, ckpt])
 
 
-def test_submitted_batches_go_to_ctranslate2s_own_threads(ckpt, engines):
-    """submit hands a batch to CTranslate2's inter_threads (workers) at once; the engine's
-    one waiting thread turns the answers into nmt's hypotheses."""
+def test_nmt_serves_batches_go_to_ctranslate2s_own_threads(ckpt, engines):
+    """The engine's stepper: a thread per worker (CTranslate2's inter_threads) runs
+    batch_loop, which translates each Batch whole (no step loop: continuous batching is not
+    among its capabilities)."""
     _, one, src = engines
     search = SearchConfig(beam_size=1, max_len_a=0.0, max_len_b=MAX_LEN)
     with CT2Translator.load(ckpt, workers=2, threads=1) as ct:
-        assert ct.ct2.num_translators == 2 and ct.pool.workers == 1 and not ct.pool.processes
-        futures = [ct.submit(search, src[i::2]) for i in range(2)]
-        got = [f.result(timeout=60) for f in futures]
-    assert tokens(got[0] + got[1]) == tokens(one.translate_ids(src[0::2] + src[1::2], search))
+        pool = ct.stepper()
+        assert ct.ct2.num_translators == 2 and pool.workers == 2 and not pool.processes
+        halves = [src[i::2] for i in range(2)]
+        for w, half in enumerate(halves):
+            pool.send(w, Batch(search, [Sentence((w, i), s) for i, s in enumerate(half)], True))
+        got = {tag: hyps for _ in range(2) for tag, hyps in pool.read(timeout=60).results}
+    assert tokens([got[(w, i)] for w, half in enumerate(halves) for i in range(len(half))]) \
+        == tokens(one.translate_ids(halves[0] + halves[1], search))
 
 
 def export_dir(*args) -> Path:

@@ -1,6 +1,6 @@
 """The engine interface (nmt.inference.engine, nmt.capabilities) and nmt's one worker pool
 (nmt.inference.workers): open_translator, the refusals stated once, and the same workers
-decoding batches and running continuous batching's loops."""
+decoding nmt-translate's batches and running nmt-serve's loops."""
 
 import multiprocessing as mp
 import os
@@ -14,7 +14,9 @@ from translate_helpers import save_tiny_checkpoint
 from nmt.capabilities import ENGINES
 from nmt.config import SearchConfig
 from nmt.errors import ConfigError, NmtError
+from nmt.inference.core import Sentence
 from nmt.inference.engine import check_vocab, open_translator
+from nmt.inference.stepping import Batch, Done
 from nmt.inference.translator import Translator
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -27,10 +29,10 @@ def ckpt(tiny_data_dir, tmp_path_factory):
     return save_tiny_checkpoint(path, (tiny_data_dir / "spm.model").read_bytes(), N=1)
 
 
-def loop_answers(pool, workers: int) -> list:
+def loop_answers(pool, workers: int, whole: bool = False) -> list:
     """One sentence sent to each worker's loop; the messages that come back."""
     for w in range(workers):
-        pool.send(w, [((w,), SEARCH, [4, 5, 6])])
+        pool.send(w, Batch(SEARCH, [Sentence((w,), [4, 5, 6])], whole))
     return [pool.read(timeout=60) for _ in range(workers)]
 
 
@@ -45,7 +47,7 @@ def test_open_translator_gives_nmts_engine_and_checks_the_vocabulary(ckpt, tiny_
 def test_refusals_name_the_key_once_for_every_caller():
     ct2 = ENGINES["ctranslate2"]
     for key in ("checkpoint", "constraints", "alignment", "attention_plot", "attention",
-                "continuous"):
+                "continuous", "sampling", "search.sampling"):
         ENGINES["nmt"].check(key)
         ct2.check(key, used=False)
         with pytest.raises(ConfigError, match=f"^{key}: engine=ctranslate2 .*; use engine=nmt$"):
@@ -56,21 +58,24 @@ def test_refusals_name_the_key_once_for_every_caller():
         ct2.check_search(SearchConfig(beam_size=4, alpha=0.6))
 
 
-def test_one_pool_decodes_batches_then_runs_the_continuous_loops(ckpt):
-    """workers=2: the same two processes decode submitted batches and then each runs a
-    loop of continuous batching on its own inbox; none is forked besides them."""
+def test_one_pool_decodes_batches_then_runs_the_serving_loops(ckpt):
+    """workers=2: the same two processes decode nmt-translate's batches and then each runs
+    nmt-serve's loop on its own inbox, which answers newcomers and whole batches alike; none is
+    forked besides them."""
     with Translator.load(ckpt, dtype="fp32", workers=2) as tr:
         children = {p.pid for p in mp.active_children()}
         assert len(children) == 2 and tr.pool.processes
-        batch = tr.submit(SEARCH, [[4, 5, 6]]).result()
+        batch = tr.translate_ids([[4, 5, 6]] * 2, SEARCH)  # one batch per worker
         pool = tr.stepper()
         assert pool is tr.pool and tr.stepper() is pool  # started once
-        answers = loop_answers(pool, 2)
-        assert {p.pid for p in mp.active_children()} == children
-        assert sorted(a[1] for a in answers) == [0, 1]  # each worker answered its inbox
-        for kind, worker, done in answers:
-            assert kind == "done" and [(tag, [h.tokens for h in hyps]) for tag, hyps in done] \
-                == [((worker,), [h.tokens for h in batch[0]])]
+        for whole in (False, True):
+            answers = loop_answers(pool, 2, whole)
+            assert {p.pid for p in mp.active_children()} == children
+            assert sorted(a.worker for a in answers) == [0, 1]  # each answered its inbox
+            for done in answers:
+                assert isinstance(done, Done) and [
+                    (tag, [h.tokens for h in hyps]) for tag, hyps in done.results] \
+                    == [((done.worker,), [h.tokens for h in batch[0]])]
         assert pool.dead() == ""
     assert mp.active_children() == []
 
@@ -78,10 +83,10 @@ def test_one_pool_decodes_batches_then_runs_the_continuous_loops(ckpt):
 def test_one_worker_is_one_thread_for_batches_and_loops(ckpt):
     with Translator.load(ckpt, dtype="fp32", workers=1) as tr:
         assert not tr.pool.processes and tr.workers == 1 and mp.active_children() == []
-        batch = tr.submit(SEARCH, [[4, 5, 6]]).result()
-        (kind, worker, done), = loop_answers(tr.stepper(), 1)
-        assert (kind, worker) == ("done", 0)
-        assert [h.tokens for h in done[0][1]] == [h.tokens for h in batch[0]]
+        batch = tr.translate_ids([[4, 5, 6]], SEARCH)
+        done, = loop_answers(tr.stepper(), 1)
+        assert isinstance(done, Done) and done.worker == 0
+        assert [h.tokens for h in done.results[0][1]] == [h.tokens for h in batch[0]]
 
 
 def test_a_dead_worker_is_reported_and_the_pool_still_closes(ckpt):

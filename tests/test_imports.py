@@ -133,7 +133,7 @@ def test_both_engines_have_every_method_of_the_interface():
 
     methods = {name for name, value in vars(Engine).items()
                if callable(value) or isinstance(value, property)} - set(vars(object))
-    assert methods >= {"translate_ids", "score_ids", "submit", "close", "max_input_tokens"}
+    assert methods >= {"translate_ids", "score_ids", "stepper", "close", "max_input_tokens"}
     for engine in (Translator, CT2Translator):
         assert [m for m in sorted(methods | {"load", "__enter__", "__exit__"})
                 if not hasattr(engine, m)] == []

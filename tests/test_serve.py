@@ -14,29 +14,28 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import make_data_dir
 from translate_helpers import save_tiny_checkpoint
 
 from nmt.config import MbrConfig, SearchConfig, ServeConfig, TranslateConfig, compose, to_object
 from nmt.errors import ConfigError, NmtError
+from nmt.inference.core import Sentence
+from nmt.inference.engine import open_translator
 from nmt.inference.search import Hypothesis
+from nmt.inference.stepping import Batch, Done, Failed
 from nmt.inference.translator import Translator
 from nmt.translate import translate
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 from nmt.serve.app import Service, create_app, open_socket, serve  # noqa: E402
-from nmt.serve.batcher import (  # noqa: E402
-    Batcher,
-    BatcherStopped,
-    ContinuousBatcher,
-    QueueFull,
-)
+from nmt.serve.batcher import Admission, Batcher, BatcherStopped, QueueFull  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -79,29 +78,55 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-def recording_submit(batches: list, fail: bool = False):
-    """A submit(search, seqs) that records (beam_size, source lengths) and echoes the sources."""
-    def submit(search, seqs, *fields):  # fields: prefixes, lines, constraints
-        batches.append((search.beam_size, [len(s) for s in seqs]))
-        future = Future()
-        if fail:
-            future.set_exception(RuntimeError("out of memory"))
-        else:
-            future.set_result([[Hypothesis(list(s), 0.0, 0.0)] for s in seqs])
-        return future
-    return submit
+class FakeWorkers:
+    """The workers' side of a batcher: records each (worker, Batch) sent and, unless held,
+    answers it on the next turn of the event loop, each source echoed as its hypothesis (or
+    the batch failed with `fail`)."""
+
+    def __init__(self, hold: bool = False, fail: Exception | None = None):
+        self.sent: list[tuple[int, Batch]] = []
+        self.hold, self.fail = hold, fail
+        self.batcher: Batcher | None = None
+
+    def send(self, worker: int, batch: Batch) -> None:
+        self.sent.append((worker, batch))
+        if not self.hold:
+            asyncio.get_running_loop().call_soon(self.answer, worker, batch)
+
+    def answer(self, worker: int, batch: Batch, error: Exception | None = None) -> None:
+        """The worker's message for the whole batch."""
+        error = error or self.fail
+        tags = [s.tag for s in batch.sentences]
+        self.batcher.receive(Failed(worker, tags, error) if error else Done(worker, [
+            (s.tag, [Hypothesis(list(s.src), 0.0, 0.0)]) for s in batch.sentences]))
+
+    def lengths(self) -> list[tuple[int, list[int]]]:
+        """Each Batch sent: (its beam size, its source lengths)."""
+        return [(b.search.beam_size, [len(s.src) for s in b.sentences]) for _, b in self.sent]
 
 
-def answer(future: Future, seqs: list) -> None:
-    """Finish a held batch: each source echoed as its hypothesis."""
-    future.set_result([[Hypothesis(s, 0.0, 0.0)] for s in seqs])
+def make_batcher(workers: int, max_tokens: int, max_sentences: int, max_wait_s: float,
+                 max_queued: int = 100, continuous: bool = False, read=None, dead=None,
+                 **fake) -> tuple[Batcher, FakeWorkers]:
+    """A Batcher on a FakeClock whose workers are FakeWorkers(**fake)."""
+    workers_ = FakeWorkers(**fake)
+    batcher = Batcher(workers_.send, read, workers, Admission(continuous, max_tokens,
+                                                              max_sentences, max_wait_s),
+                      max_queued, FakeClock(), dead)
+    workers_.batcher = batcher
+    return batcher, workers_
+
+
+def sentences(seqs: list[list[int]]) -> list[Sentence]:
+    """A request's Sentences of these sources."""
+    return [Sentence(i, s) for i, s in enumerate(seqs)]
 
 
 async def run_batcher(batcher: Batcher, requests, timeout: float = 5.0):
     """Queue every (seqs, search) request at once, then move the batcher's fake clock on in
     10 ms steps until all are answered; their results or exceptions, in order."""
     loop = asyncio.create_task(batcher.run())
-    tasks = [asyncio.create_task(batcher.translate(seqs, search, timeout))
+    tasks = [asyncio.create_task(batcher.translate(sentences(seqs), search, timeout))
              for seqs, search in requests]
     try:
         for _ in range(10_000):
@@ -114,62 +139,54 @@ async def run_batcher(batcher: Batcher, requests, timeout: float = 5.0):
 
 
 def test_batcher_shares_batches_between_compatible_requests_only():
-    batches = []
     greedy, beam = SearchConfig(beam_size=1), SearchConfig(beam_size=2)
     requests = [([[5] * 4], greedy if i % 4 else beam) for i in range(8)]
-    batcher = Batcher(recording_submit(batches), 1, 40, 0, 0.05, 100, FakeClock())
+    batcher, fake = make_batcher(1, 40, 0, 0.05)
     results = asyncio.run(run_batcher(batcher, requests))
-    assert batches == [(2, [4, 4]), (1, [4] * 6)]  # the oldest sentence's settings go first
+    assert fake.lengths() == [(2, [4, 4]), (1, [4] * 6)]  # the oldest's settings go first
+    assert all(batch.whole for _, batch in fake.sent)
     assert [r[0][0].tokens for r in results] == [[5] * 4] * 8
     assert batcher.stats.batches == 2 and batcher.stats.largest_batch == 6
 
 
 def test_batcher_keeps_the_token_budget_and_splits_over_idle_workers():
-    batches = []
-    batcher = Batcher(recording_submit(batches), 1, 40, 0, 0.05, 100, FakeClock())
+    batcher, fake = make_batcher(1, 40, 0, 0.05)
     asyncio.run(run_batcher(batcher, [([[7] * 9] * 10, SearchConfig())]))
-    assert [len(b[1]) for b in batches] == [4, 4, 2]  # 4 x (9 + EOS) = 40 tokens
-    batches.clear()
-    batcher = Batcher(recording_submit(batches), 2, 4096, 0, 0.05, 100, FakeClock())
+    assert [len(b[1]) for b in fake.lengths()] == [4, 4, 2]  # 4 x (9 + EOS) = 40 tokens
+    batcher, fake = make_batcher(2, 4096, 0, 0.05)
     lengths = [3, 8, 1, 6, 2, 7, 5, 4]
     asyncio.run(run_batcher(batcher, [([[7] * n], SearchConfig()) for n in lengths]))
     # both workers busy (not 8 + 0), and like lengths together: the longest 4, then the rest
-    assert [sorted(b[1]) for b in batches] == [[5, 6, 7, 8], [1, 2, 3, 4]]
+    assert [sorted(b[1]) for b in fake.lengths()] == [[5, 6, 7, 8], [1, 2, 3, 4]]
+    assert [w for w, _ in fake.sent] == [0, 1]
 
 
 def test_a_lone_idle_worker_gets_the_oldest_sentence_and_those_closest_to_it_in_length():
-    batches = []
-    batcher = Batcher(recording_submit(batches), 1, 4096, 3, 0.05, 100, FakeClock())
+    batcher, fake = make_batcher(1, 4096, 3, 0.05)
     lengths = [3, 8, 1, 6, 2, 7, 5, 4]
     asyncio.run(run_batcher(batcher, [([[7] * n], SearchConfig()) for n in lengths]))
     # the oldest (3) with 2 and 4 (2 is older: first among equals), then 8 with 7 and 6
-    assert [b[1] for b in batches] == [[3, 2, 4], [8, 7, 6], [1, 5]]
+    assert [b[1] for b in fake.lengths()] == [[3, 2, 4], [8, 7, 6], [1, 5]]
 
 
 def test_batcher_gives_a_freed_worker_its_share_of_all_sentences_in_flight():
-    held: list[tuple[Future, list]] = []
-
-    def submit(search, seqs, *fields):  # batches finish when the test says so
-        held.append((Future(), seqs))
-        return held[-1][0]
+    batcher, fake = make_batcher(2, 4096, 0, 0.01, hold=True)  # answered when the test says
 
     async def scenario():
-        clock = FakeClock()
-        batcher = Batcher(submit, 2, 4096, 0, 0.01, 100, clock)
         loop = asyncio.create_task(batcher.run())
-        first = asyncio.create_task(batcher.translate([[5]], SearchConfig(), 5.0))
-        await clock.advance(0.01)  # one worker busy with 1 sentence
-        rest = asyncio.create_task(batcher.translate([[5]] * 9, SearchConfig(), 5.0))
-        await clock.advance(0.01)
-        sizes = [len(seqs) for _, seqs in held]
-        for future, seqs in held:
-            answer(future, seqs)
+        first = asyncio.create_task(batcher.translate(sentences([[5]]), SearchConfig(), 5.0))
+        await batcher.clock.advance(0.01)  # one worker busy with 1 sentence
+        rest = asyncio.create_task(batcher.translate(sentences([[5]] * 9), SearchConfig(), 5.0))
+        await batcher.clock.advance(0.01)
+        sizes = [len(b[1]) for b in fake.lengths()]
+        for w, batch in list(fake.sent):
+            fake.answer(w, batch)
         await settle()
-        for future, seqs in held[len(sizes):]:
-            answer(future, seqs)
+        for w, batch in fake.sent[len(sizes):]:
+            fake.answer(w, batch)
         await asyncio.gather(first, rest)
         loop.cancel()
-        return sizes, [len(seqs) for _, seqs in held]
+        return sizes, [len(b[1]) for b in fake.lengths()]
 
     sizes, all_sizes = asyncio.run(scenario())
     assert sizes == [1, 5]  # (9 queued + 1 running) / 2 workers, not all 9 at once
@@ -177,30 +194,26 @@ def test_batcher_gives_a_freed_worker_its_share_of_all_sentences_in_flight():
 
 
 def test_a_sentence_waits_max_wait_from_its_own_arrival_not_from_the_last_batch():
-    clock = FakeClock()
-    held: list[tuple[Future, list]] = []
-    sent: list[float] = []  # when each batch went to the (one) worker
-
-    def submit(search, seqs, *fields):  # fields: prefixes, lines, constraints
-        sent.append(clock.now())
-        held.append((Future(), seqs))
-        return held[-1][0]
+    batcher, fake = make_batcher(1, 4096, 0, 0.05, hold=True)
+    clock, sent = batcher.clock, []  # when each batch went to the (one) worker
+    send = fake.send
+    fake.send = lambda w, batch: (sent.append(clock.now()), send(w, batch))
+    batcher.send = fake.send
 
     async def scenario():
-        batcher = Batcher(submit, 1, 4096, 0, 0.05, 100, clock)
         loop = asyncio.create_task(batcher.run())
-        tasks = [asyncio.create_task(batcher.translate([[1]], SearchConfig(), 60))]
+        ask = [asyncio.create_task(batcher.translate(sentences([[1]]), SearchConfig(), 60))]
         await clock.advance(0.06)  # sent at 0.05; the worker is busy until 0.20
-        tasks.append(asyncio.create_task(batcher.translate([[2]], SearchConfig(), 60)))
+        ask.append(asyncio.create_task(batcher.translate(sentences([[2]]), SearchConfig(), 60)))
         await clock.advance(0.14)  # [2] arrived at 0.06: overdue when the worker frees
-        answer(*held[0])
+        fake.answer(*fake.sent[0])
         await clock.advance(0.01)
-        tasks.append(asyncio.create_task(batcher.translate([[3]], SearchConfig(), 60)))
+        ask.append(asyncio.create_task(batcher.translate(sentences([[3]]), SearchConfig(), 60)))
         await clock.advance(0.02)  # [3] arrived at 0.21: due at 0.26, the worker free at 0.23
-        answer(*held[1])
+        fake.answer(*fake.sent[1])
         await clock.advance(0.1)
-        answer(*held[2])
-        await asyncio.gather(*tasks)
+        fake.answer(*fake.sent[2])
+        await asyncio.gather(*ask)
         loop.cancel()
 
     asyncio.run(scenario())
@@ -209,28 +222,23 @@ def test_a_sentence_waits_max_wait_from_its_own_arrival_not_from_the_last_batch(
 
 
 def test_the_batcher_waits_and_times_out_on_its_clock_only():
-    clock = FakeClock()
-    held: list[tuple[Future, list]] = []
-
-    def submit(search, seqs, *fields):  # fields: prefixes, lines, constraints
-        held.append((Future(), seqs))
-        return held[-1][0]
+    batcher, fake = make_batcher(1, 4096, 0, 10.0, hold=True)  # 10 s, 30 s: no wall clock
+    clock = batcher.clock
 
     async def scenario():
-        batcher = Batcher(submit, 1, 4096, 0, 10.0, 100, clock)  # 10 s, 30 s: no wall clock
         loop = asyncio.create_task(batcher.run())
-        first = asyncio.create_task(batcher.translate([[1]], SearchConfig(), 30))
+        first = asyncio.create_task(batcher.translate(sentences([[1]]), SearchConfig(), 30))
         await clock.advance(9.5)  # times in binary fractions: exact sums
-        assert not held
+        assert not fake.sent
         await clock.advance(0.5)
-        assert len(held) == 1
+        assert len(fake.sent) == 1
         await clock.advance(5.0)
-        answer(*held[0])
+        fake.answer(*fake.sent[0])
         await settle()
         assert first.done() and batcher.stats.decode_seconds == 5.0
-        second = asyncio.create_task(batcher.translate([[2]], SearchConfig(), 30))
+        second = asyncio.create_task(batcher.translate(sentences([[2]]), SearchConfig(), 30))
         await clock.advance(29.5)  # sent at 25, held by the worker
-        assert len(held) == 2 and not second.done()
+        assert len(fake.sent) == 2 and not second.done()
         await clock.advance(0.5)
         assert isinstance(second.exception(), TimeoutError)
         loop.cancel()
@@ -240,25 +248,24 @@ def test_the_batcher_waits_and_times_out_on_its_clock_only():
 
 
 def test_batcher_refuses_beyond_max_queued_and_drops_timed_out_sentences():
-    batches = []
-    batcher = Batcher(recording_submit(batches), 1, 4096, 0, 10.0, 3, FakeClock())
+    batcher, fake = make_batcher(1, 4096, 0, 10.0, max_queued=3)
     results = asyncio.run(run_batcher(batcher, [([[5], [6]], SearchConfig()),
                                                 ([[5], [6]], SearchConfig())], timeout=0.2))
     assert isinstance(results[0], TimeoutError) and isinstance(results[1], QueueFull)
     assert (batcher.stats.timed_out, batcher.stats.rejected) == (1, 1)
     batcher._drop_cancelled()
-    assert not batcher.queue and not batches
+    assert not batcher.queue and not fake.sent
 
 
 def test_batcher_passes_a_decoding_error_to_every_request_of_the_batch():
-    batcher = Batcher(recording_submit([], fail=True), 1, 4096, 0, 0.01, 100, FakeClock())
+    batcher, _ = make_batcher(1, 4096, 0, 0.01, fail=RuntimeError("out of memory"))
     results = asyncio.run(run_batcher(batcher, [([[5]], SearchConfig())] * 2))
     assert all(isinstance(r, RuntimeError) for r in results)
-    assert batcher.stats.failed == 1
+    assert batcher.stats.failed == 1 and batcher.idle == 1
 
 
 def test_a_failed_batching_loop_fails_the_queued_and_later_requests_at_once():
-    batcher = Batcher(recording_submit([]), 1, 4096, 0, 0.05, 100, FakeClock())
+    batcher, _ = make_batcher(1, 4096, 0, 0.05)
 
     def broken(key):
         raise RuntimeError("a bug in _take")
@@ -267,71 +274,74 @@ def test_a_failed_batching_loop_fails_the_queued_and_later_requests_at_once():
 
     async def scenario():
         loop = asyncio.create_task(batcher.run())
-        queued = asyncio.create_task(batcher.translate([[5]], SearchConfig(), 60))
+        queued = asyncio.create_task(batcher.translate(sentences([[5]]), SearchConfig(), 60))
         await batcher.clock.advance(0.05)  # not 60 s: it fails as the loop fails
         assert loop.done() and isinstance(loop.exception(), RuntimeError)
         with pytest.raises(BatcherStopped, match=r"RuntimeError: a bug in _take"):
             queued.result()
         with pytest.raises(BatcherStopped):
-            await batcher.translate([[6]], SearchConfig(), 60)
+            await batcher.translate(sentences([[6]]), SearchConfig(), 60)
 
     asyncio.run(scenario())
     assert "a bug in _take" in batcher.error and not batcher.queue
 
 
 def test_continuous_batcher_sends_at_once_within_the_budget_and_refills_as_sentences_end():
-    sent: list[tuple[int, list]] = []  # (worker, [(tag, search, ids)])
-    batcher = ContinuousBatcher(lambda w, items: sent.append((w, items)), None, 2, 20, 0, 100,
-                                FakeClock())
+    batcher, fake = make_batcher(2, 20, 0, 0.0, continuous=True, hold=True)
 
     async def scenario():
         loop = asyncio.create_task(batcher.run())
-        requests = [asyncio.create_task(batcher.translate([[i] * 9], SearchConfig(), 60))
-                    for i in range(6)]
+        requests = [asyncio.create_task(batcher.translate(sentences([[i] * 9]), SearchConfig(),
+                                                          60)) for i in range(6)]
         await settle()  # no clock moved: nobody waits for batch mates
         # 10 tokens each (with EOS): two per worker fill the budget of 20, alternately
-        got = {w: [ids[0] for _, _, ids, _ in items] for w, items in sent}
-        assert got == {0: [0, 2], 1: [1, 3]}
+        got = {w: [s.src[0] for s in b.sentences] for w, b in fake.sent}
+        assert got == {0: [0, 2], 1: [1, 3]} and not any(b.whole for _, b in fake.sent)
         assert len(batcher.queue) == 2 and batcher.idle == 0
-        tag, _, ids, _ = sent[0][1][1]  # worker 0's second sentence ends: the next one joins it
-        batcher.receive(("done", 0, [(tag, [Hypothesis(ids, 0.0, 0.0)])]))
+        ended = fake.sent[0][1].sentences[1]  # worker 0's second sentence ends: one joins
+        batcher.receive(Done(0, [(ended.tag, [Hypothesis(ended.src, 0.0, 0.0)])]))
         await settle()
         assert requests[2].done() and not requests[0].done()
-        assert sent[-1][0] == 0 and sent[-1][1][0][2] == [4] * 9 and len(batcher.queue) == 1
-        batcher.receive(("error", 1, [sent[1][1][0][0]], RuntimeError("out of memory")))
+        w, batch = fake.sent[-1]
+        assert w == 0 and [s.src for s in batch.sentences] == [[4] * 9]
+        assert len(batcher.queue) == 1
+        batcher.receive(Failed(1, [fake.sent[1][1].sentences[0].tag],
+                               RuntimeError("out of memory")))
         await settle()
         with pytest.raises(RuntimeError, match="out of memory"):
             requests[1].result()
-        assert sent[-1][0] == 1 and not batcher.queue and batcher.stats.failed == 1
+        assert fake.sent[-1][0] == 1 and not batcher.queue and batcher.stats.failed == 1
         loop.cancel()
 
     asyncio.run(scenario())
 
 
-def test_a_dead_worker_fails_the_continuous_batchers_sentences_at_once_not_at_the_timeout():
-    """The sentence in flight on the dead worker and the queued one fail with BatcherStopped,
-    and every later one; nothing more is sent to the dead worker's inbox."""
-    sent, messages, dead = [], queue.Queue(), threading.Event()
-    batcher = ContinuousBatcher(lambda w, items: sent.append((w, items)),
-                                lambda timeout: messages.get(timeout=timeout), 1, 20, 0, 100,
-                                FakeClock(), lambda: "a decoding worker died" * dead.is_set())
+@pytest.mark.parametrize("continuous", [True, False])
+def test_a_dead_worker_fails_the_batchers_sentences_at_once_not_at_the_timeout(continuous):
+    """Under either policy, the sentence in flight on the dead worker and the queued one fail
+    with BatcherStopped, and every later one; nothing more is sent to the dead worker."""
+    messages, dead = queue.Queue(), threading.Event()
+    batcher, fake = make_batcher(1, 20, 0, 0.0, continuous=continuous, hold=True,
+                                 read=lambda timeout: messages.get(timeout=timeout),
+                                 dead=lambda: "a decoding worker died" * dead.is_set())
     batcher.POLL_S = 0.01
 
     async def scenario():
         loop = asyncio.create_task(batcher.run())
-        requests = [asyncio.create_task(batcher.translate([[i] * 15], SearchConfig(), 60))
+        requests = [asyncio.create_task(batcher.translate(sentences([[i] * 15]),
+                                                          SearchConfig(), 60))
                     for i in range(2)]
-        await settle()
-        assert len(sent) == 1 and len(batcher.queue) == 1  # one in flight, one queued
+        await batcher.clock.advance(0.01)
+        assert len(fake.sent) == 1 and len(batcher.queue) == 1  # one in flight, one queued
         dead.set()
         await asyncio.wait(requests, timeout=30)  # the reader asks dead() every 0.01 s
         for request in requests:
             with pytest.raises(BatcherStopped, match="a decoding worker died"):
                 request.result()
         with pytest.raises(BatcherStopped):
-            await batcher.translate([[6]], SearchConfig(), 60)
+            await batcher.translate(sentences([[6]]), SearchConfig(), 60)
         await asyncio.wait_for(loop, 30)  # the dispatch loop has ended
-        assert len(sent) == 1 and not batcher.queue and batcher.running_sentences == 0
+        assert len(fake.sent) == 1 and not batcher.queue and batcher.running_sentences == 0
 
     asyncio.run(scenario())
 
@@ -339,16 +349,14 @@ def test_a_dead_worker_fails_the_continuous_batchers_sentences_at_once_not_at_th
 def test_continuous_batcher_sends_to_a_worker_with_room_when_the_least_loaded_is_full():
     """Worker 1 holds two short sentences (full by max_sentences=2, few tokens), worker 0 one
     long one: the next sentence goes to worker 0 instead of waiting at the queue's head."""
-    sent: list[tuple[int, list]] = []
-    batcher = ContinuousBatcher(lambda w, items: sent.append((w, items)), None, 2, 100, 2, 100,
-                                FakeClock())
+    batcher, fake = make_batcher(2, 100, 2, 0.0, continuous=True, hold=True)
 
     async def scenario():
         loop = asyncio.create_task(batcher.run())
         for seqs in ([[4] * 20], [[5]], [[6]], [[7]]):
-            asyncio.create_task(batcher.translate(seqs, SearchConfig(), 60))
+            asyncio.create_task(batcher.translate(sentences(seqs), SearchConfig(), 60))
             await settle()
-        got = [(w, ids) for w, items in sent for _, _, ids, _ in items]
+        got = [(w, s.src) for w, b in fake.sent for s in b.sentences]
         assert got == [(0, [4] * 20), (1, [5]), (1, [6]), (0, [7])] and not batcher.queue
         loop.cancel()
 
@@ -408,7 +416,6 @@ def test_the_model_is_prepared_once_before_the_workers_fork(ckpt, monkeypatch, t
     prepared once more where it is used."""
     import nmt.inference.search
     from nmt.inference.fast import FastModel
-    from nmt.inference.translator import Translator
 
     built = []
 
@@ -421,12 +428,12 @@ def test_the_model_is_prepared_once_before_the_workers_fork(ckpt, monkeypatch, t
     search = SearchConfig(beam_size=2, max_len_b=4)
     with Translator.load(ckpt, dtype="fp32", workers=2) as translator:
         assert len(built) == 1 and translator.preparations == 1
-        first = [translator.submit(search, [[4, 5, 6]]).result() for _ in range(4)]
+        first = translator.translate_ids([[4, 5, 6]] * 4, search)  # a batch per worker
         assert all(out == first[0] for out in first)
         futures = [translator.pool.submit(preparations, str(tmp_path), 2) for _ in range(2)]
         seen = dict(future.result() for future in futures)
         assert len(seen) == 2 and set(seen.values()) == {1}  # each worker: the parent's one
-        assert translator.translate_ids([[4, 5, 6]], search, parallel=False) == first[0]
+        assert translator.translate_ids([[4, 5, 6]], search, parallel=False) == first[:1]
         assert len(built) == 1
         translator.translate_ids([[4, 5]], SearchConfig(dtype="bf16", max_len_b=4),
                                  parallel=False)
@@ -508,15 +515,23 @@ def server(ckpt):
 
 class InProcess(Server):
     """nmt-serve's app in this process (uvicorn in a thread, decoding in one thread), so that a
-    test can reach into its Service; `call` and `translate` as Server's."""
+    test can reach into its Service; `call` and `translate` as Server's. The engine is the
+    overrides' (engine=..., as nmt-serve opens it)."""
 
     def __init__(self, ckpt: Path, *overrides: str):
         import uvicorn
 
         cfg = to_object(compose("serve", [f"checkpoint={ckpt}", "workers=1", "search.max_len_b=8",
                                           *overrides]), ServeConfig)
-        self.translator = Translator.load(ckpt, dtype="fp32", workers=1)
-        self.service = Service(self.translator, cfg)
+        self.translator = open_translator(cfg.engine, [str(ckpt)], torch.device("cpu"),
+                                          dtype=cfg.search.dtype, workers=1,
+                                          ct2_model=cfg.ct2_model,
+                                          shortlist=cfg.search.shortlist)
+        try:
+            self.service = Service(self.translator, cfg)
+        except NmtError:
+            self.translator.close()
+            raise
         sock = open_socket("127.0.0.1", 0)
         self.port = sock.getsockname()[1]
         self.server = uvicorn.Server(uvicorn.Config(create_app(self.service), loop="asyncio",
@@ -560,18 +575,12 @@ def test_a_dead_batcher_makes_health_fail_and_requests_fail_fast_with_503(in_pro
 
 
 def test_every_error_is_json_in_the_error_schema(in_process, monkeypatch):
-    def failing(search, seqs, *fields):
-        future = Future()
-        future.set_exception(RuntimeError("CUDA out of memory"))
-        return future
-
-    def failing_send(worker, items):  # the continuous batcher's workers
-        batcher.receive(("error", worker, [tag for tag, _, _ in items],
-                         RuntimeError("CUDA out of memory")))
+    def failing_send(worker, batch):  # a worker whose decoding fails
+        batcher.receive(Failed(worker, [s.tag for s in batch.sentences],
+                               RuntimeError("CUDA out of memory")))
 
     batcher = in_process.service.batcher
-    monkeypatch.setattr(batcher, "submit", failing)
-    monkeypatch.setattr(batcher, "send", failing_send, raising=False)
+    monkeypatch.setattr(batcher, "send", failing_send)
     status, response, body = in_process.call("POST", "/translate", {"text": ["open file"]})
     assert status == 500 and response.getheader("content-type") == "application/json"
     assert body == {"error": "decoding failed (RuntimeError: CUDA out of memory)",

@@ -1,6 +1,7 @@
 """Continuous batching (nmt.inference.core's Decoding, run by nmt.inference.stepping's
 workers): sentences that join a running batch at different steps get translate_nbest's
-outputs under every search option, and a short one leaves before a long one."""
+outputs under every search option, and a short one leaves before a long one; the workers'
+loop answers whole batches (dynamic batching) as nmt-translate's batches."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from translate_helpers import random_sources, search, tiny_model
 from nmt.inference.core import Decoding, Sentence
 from nmt.inference.fast import packing_works
 from nmt.inference.search import Hypothesis, decoding_models, translate_nbest
-from nmt.inference.stepping import STOP, step_loop
+from nmt.inference.stepping import STOP, Batch, Done, Failed, step_loop
 from nmt.shortlist import Shortlist, load_shortlist
 from nmt.tokenizer import SPECIALS, Specials
 
@@ -38,6 +39,32 @@ def run_continuous(models, sources, cfg, joins: dict[int, list[int]]) -> tuple[d
         assert dec.steps < 100
     assert dec.rows == 0 and dec.length == 0  # every row retired, the cache emptied
     return results, ended
+
+
+def run_loop(translator, batches: list[Batch], answers: int) -> list:
+    """step_loop in a thread given `batches` at once; its messages until `answers` sentences
+    are answered (and whatever else it put before STOP ended it)."""
+    inbox, outbox = queue.Queue(), queue.Queue()
+    for batch in batches:
+        inbox.put(batch)
+    worker = threading.Thread(target=step_loop, args=(translator, inbox, outbox, 0))
+    worker.start()
+    messages, answered = [], 0
+    while answered < answers:
+        messages.append(outbox.get(timeout=60))
+        m = messages[-1]
+        answered += len(m.results) if isinstance(m, Done) else len(m.tags)
+    inbox.put(STOP)
+    worker.join(timeout=60)
+    while not outbox.empty():
+        messages.append(outbox.get())
+    return messages
+
+
+def stand_in(model) -> SimpleNamespace:
+    """What step_loop needs of a Translator, over one prepared model."""
+    return SimpleNamespace(prepared=lambda dtype: [model], specials=SPECIALS,
+                           device=torch.device("cpu"), continuations=None)
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
@@ -88,23 +115,13 @@ def test_a_failing_step_still_answers_the_empty_sources_admitted_with_it():
         raise RuntimeError("out of memory")
 
     model.decode_step = broken
-    translator = SimpleNamespace(prepared=lambda dtype: [model], specials=SPECIALS,
-                                 device=torch.device("cpu"), continuations=None)
-    inbox, outbox = queue.Queue(), queue.Queue()
-    inbox.put([("a", cfg, [5, 6]), ("empty", cfg, [])])
-    worker = threading.Thread(target=step_loop, args=(translator, inbox, outbox, 0))
-    worker.start()
-    messages = [outbox.get(timeout=60)]
-    while messages[-1][0] != "error":
-        messages.append(outbox.get(timeout=60))
-    inbox.put(STOP)
-    worker.join(timeout=60)
-    while not outbox.empty():
-        messages.append(outbox.get())
-    errors = [m for m in messages if m[0] == "error"]
-    assert [(m[2], str(m[3])) for m in errors] == [(["a"], "out of memory")]
-    assert [r for m in messages if m[0] == "done" for r in m[2]] == [
-        ("empty", [Hypothesis([], 0.0, 0.0)])]
+    for whole in (False, True):
+        messages = run_loop(stand_in(model), [Batch(cfg, [Sentence("a", [5, 6]),
+                                                          Sentence("empty", [])], whole)], 2)
+        errors = [m for m in messages if isinstance(m, Failed)]
+        assert [(m.tags, str(m.error)) for m in errors] == [(["a"], "out of memory")]
+        assert [r for m in messages if isinstance(m, Done) for r in m.results] == [
+            ("empty", [Hypothesis([], 0.0, 0.0)])]
 
 
 OPTIONS = {  # every search option of nmt-translate, each through continuous batching
@@ -196,21 +213,41 @@ def test_constraints_while_sampling_are_refused_in_continuous_batching_at_any_be
     without constraints beside it is still sampled."""
     cfg = search(beam_size=beam_size, sampling=True)
     model = decoding_models([tiny_model(V, seed=1)], cfg)[0]
-    translator = SimpleNamespace(prepared=lambda dtype: [model], specials=SPECIALS,
-                                 device=torch.device("cpu"), continuations=None)
-    inbox, outbox = queue.Queue(), queue.Queue()
-    inbox.put([("c", cfg, [5, 6], ([], [[7]], 0)), ("free", cfg, [5, 6])])
-    worker = threading.Thread(target=step_loop, args=(translator, inbox, outbox, 0))
-    worker.start()
-    messages, answered = [], 0
-    while answered < 2:
-        messages.append(outbox.get(timeout=60))
-        answered += len(messages[-1][2])
-    inbox.put(STOP)
-    worker.join(timeout=60)
-    errors = [(m[2], str(m[3])) for m in messages if m[0] == "error"]
-    assert errors == [(["c"], "constraints need beam search, not sampling")]
-    assert [r[0] for m in messages if m[0] == "done" for r in m[2]] == ["free"]
+    for whole in (False, True):
+        messages = run_loop(stand_in(model), [Batch(cfg, [Sentence("c", [5, 6], [], [[7]]),
+                                                          Sentence("free", [5, 6])], whole)], 2)
+        errors = [(m.tags, str(m.error)) for m in messages if isinstance(m, Failed)]
+        assert errors == [(["c"], "constraints need beam search, not sampling")]
+        assert [r[0] for m in messages if isinstance(m, Done) for r in m.results] == ["free"]
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_the_loop_decodes_whole_batches_as_nmt_translate_and_newcomers_beside_them(
+        beam, tmp_path):
+    """Dynamic batching's whole Batch over the batch's own shortlist gives translate_nbest's
+    outputs for that batch, prefixes, sampling lines and constraints included; newcomers sent
+    at the same time decode in a Decoding of their own, over their own shortlists."""
+    table = torch.randint(4, 20, (V, 2), generator=torch.Generator().manual_seed(2))
+    path = tmp_path / "short.pt"
+    Shortlist(table, torch.tensor([SPECIALS.eos, 4, 5]), V, V, "x" * 64).save(path)
+    cfg = search(beam_size=beam, nbest=1, max_len_b=4, shortlist=str(path))
+    model = decoding_models([tiny_model(V, seed=1, stops=True, N=2)], cfg)[0]
+    sources = random_sources(6, V, seed=7)
+    prefixes, lines = [[7], [], [8, 9], [], [], [7]], [3, 1, 4, 1, 5, 9]
+    phrases = [[], [[10]], [], [], [[11, 12]], []]
+    whole = [Sentence(i, s, p, c, n) for i, (s, p, c, n) in enumerate(zip(
+        sources, prefixes, phrases, lines, strict=True))]
+    newcomers = [Sentence(("new", i), s) for i, s in enumerate(sources[:3])]
+    messages = run_loop(stand_in(model), [Batch(cfg, whole, True), Batch(cfg, newcomers)], 9)
+    got = dict(r for m in messages for r in m.results)
+    assert not [m for m in messages if isinstance(m, Failed)]
+    want = translate_nbest([model], sources, cfg, SPECIALS, prefixes=prefixes, lines=lines,
+                           constraints=phrases)
+    for i, hyps in enumerate(want):
+        assert got[i][0].tokens == hyps[0].tokens, i
+    alone = translate_nbest([model], sources[:3], replace(cfg, max_sentences=1), SPECIALS)
+    for i, hyps in enumerate(alone):
+        assert got[("new", i)][0].tokens == hyps[0].tokens, i
 
 
 def test_a_refused_admission_admits_none_of_its_sentences_not_even_the_empty_ones():

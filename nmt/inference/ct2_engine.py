@@ -1,12 +1,12 @@
 """engine=ctranslate2: nmt-translate and nmt-serve decode with CTranslate2.
 
 CT2Translator is the engine interface of nmt.inference.engine (translate_ids, score_ids,
-submit, close, capabilities; src_tok, tgt_tok, specials, vocab, device, workers,
+stepper, close, capabilities; src_tok, tgt_tok, specials, vocab, device, workers,
 max_input_tokens) over a ctranslate2.Translator of the checkpoint's export, made once and
 cached beside the checkpoint (nmt.inference.ct2_export). Its parallelism is CTranslate2's
-own: `workers` inter_threads translate the batches of a call, or of nmt-serve's submitted
-batches, side by side (submit hands them to CTranslate2 at once; one waiting thread turns
-the answers into Hypotheses as they come).
+own: `workers` inter_threads translate the batches of a call side by side, or nmt-serve's
+batches (one thread of this process per worker hands its batches to CTranslate2:
+nmt.inference.stepping.batch_loop).
 
 How the search settings map (SearchConfig -> translate_batch):
     beam_size, nbest             beam_size, num_hypotheses (sampling: beam_size 1)
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from concurrent.futures import Future
 from pathlib import Path
 
 import torch
@@ -55,6 +54,7 @@ from nmt.inference.core import (
 )
 from nmt.inference.ct2_export import INFO, VMAP, cached_export, pieces, read_info
 from nmt.inference.loading import LoadedCheckpoint
+from nmt.inference.stepping import batch_loop
 from nmt.inference.workers import WorkerPool
 from nmt.runtime import usable_cores
 from nmt.tokenizer import Tokenizer
@@ -112,7 +112,7 @@ class CT2Translator:
                                   device_index=self.device.index or 0,
                                   compute_type=compute_type, inter_threads=workers,
                                   intra_threads=threads)
-        self.pool = WorkerPool(1, self, processes=False)  # submit's waiting thread
+        self.pool = WorkerPool(workers, self, processes=False)  # nmt-serve's batches
 
     @classmethod
     def load(cls, checkpoint: str | Path | list, device: torch.device | str = "cpu",
@@ -246,23 +246,16 @@ class CT2Translator:
         """Refused: CTranslate2 does not return nmt's attention weights (capabilities)."""
         self.capabilities.check("attention")
 
-    def submit(self, search: SearchConfig, seqs: list[list[int]],
-               prefixes: list[list[int]] | None = None, lines: list[int] | None = None,
-               constraints: list[list[list[int]]] | None = None) -> Future:
-        """Decode one batch of id lists off the caller's thread (nmt-serve's batches): handed
-        to CTranslate2's inter_threads at once; a Future of search.nbest hypotheses per list.
-        prefixes: forced output starts; lines: unused (CTranslate2 seeds per call);
-        constraints: refused (capabilities)."""
-        self.capabilities.check("constraints", constraints and any(constraints))
-        pending = self._dispatch(seqs, search, prefixes)
-        return self.pool.submit(CT2Translator._collect, len(seqs), pending, search)
-
-    def stepper(self):
-        """Refused: no continuous batching (capabilities)."""
-        self.capabilities.check("continuous")
+    def stepper(self) -> WorkerPool:
+        """nmt-serve's workers: from the first call on, each thread runs
+        nmt.inference.stepping.batch_loop (whole batches: CTranslate2 has no step loop to
+        join); the pool, whose send, read and dead nmt-serve's Batcher uses."""
+        if not self.pool.loops:
+            self.pool.run_loops(batch_loop)
+        return self.pool
 
     def close(self) -> None:
-        """Stop the waiting thread (CTranslate2's own threads end with the model)."""
+        """Stop the batch loops' threads (CTranslate2's own threads end with the model)."""
         self.pool.close()
 
     def __enter__(self) -> CT2Translator:

@@ -9,7 +9,6 @@ the engine again when it is asked, each a one-line ConfigError naming the key.
 
 from __future__ import annotations
 
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Protocol
 
@@ -68,14 +67,8 @@ class Engine(Protocol):
                   ) -> dict[str, Tensor]:
         """Teacher-forced attention weights per kind, (B, N, h, T_q, T_k) each."""
 
-    def submit(self, search: SearchConfig, seqs: list[list[int]],
-               prefixes: list[list[int]] | None = None, lines: list[int] | None = None,
-               constraints: list[list[list[int]]] | None = None) -> Future:
-        """Decode one batch off the caller's thread: a Future of its hypotheses (prefixes,
-        sampling lines and constraints per id list, as translate_ids')."""
-
     def stepper(self) -> WorkerPool:
-        """The workers running continuous batching's loops (nmt-serve continuous=true)."""
+        """The workers running nmt-serve's loops (nmt.inference.stepping), started once."""
 
     def close(self) -> None:
         """Stop its workers."""

@@ -116,19 +116,20 @@ class BatchJob:
             return [[h] for h in score_batch(self.models, src, tgt, self.search, self.specials)]
         sentences = [Sentence(i, s, y, c, line) for i, (line, s, y, c) in enumerate(items)]
         return decode_all(self.models, sentences, self.search, self.specials, self.device,
-                          self.use_cache, self.continuations, self.candidates(items),
+                          self.use_cache, self.continuations,
+                          batch_candidates(self.search, sentences, self.device),
                           use_beams(self.search, any(c for _, _, _, c in items)))
 
-    def candidates(self, items: list[Item]) -> Candidates | None:
-        """search.shortlist's candidates for the batch: its sources' lists, the fixed ones,
-        and the pieces of its forced prefixes and constraints (None: no shortlist)."""
-        if not self.search.shortlist:
-            return None
-        forced = [t for _, _, y, phrases in items for t in y + [t for p in phrases for t in p]]
-        ids, V = load_shortlist(self.search.shortlist).candidates([s for _, s, _, _ in items],
-                                                                  forced)
-        return Candidates(ids.to(self.device), V)
 
+def batch_candidates(search: SearchConfig, sentences: list[Sentence],
+                     device: torch.device) -> Candidates | None:
+    """search.shortlist's candidates for a batch: its sources' lists, the fixed ones, and
+    the pieces of its forced prefixes and constraints (None: no shortlist)."""
+    if not search.shortlist:
+        return None
+    forced = [t for s in sentences for t in s.prefix + [t for p in s.phrases for t in p]]
+    ids, V = load_shortlist(search.shortlist).candidates([s.src for s in sentences], forced)
+    return Candidates(ids.to(device), V)
 
 def decoding_models(model, search: SearchConfig, fast: bool = True) -> list:
     """The models to decode with: each Transformer prepared as a FastModel in search.dtype

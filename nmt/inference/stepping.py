@@ -1,53 +1,93 @@
-"""Continuous (step-level) batching: sentences join a running batch at the next decoding step
-and leave it when they end, as LLM servers batch (Orca, vLLM), so that a decoder is never
-idle while sentences wait and a short sentence never waits for a long one (nmt-serve).
+"""The decoding workers' loops of nmt-serve: one batching path, with two admission policies.
 
-The decoding itself is the core's (nmt.inference.core.Decoding, the loop batch translation
-runs too, with every search option); this module is the decoding workers' loop
-(`step_loop`, which the Translator's WorkerPool runs): one Decoding per search setting,
-newcomers admitted in groups.
-Outputs equal translate_nbest's in fp32 (its batches' too, as the rows of a sentence see
-only their own keys and values); a batch's composition changes the rounding of bf16 and int8
+nmt-serve's Batcher (nmt.serve.batcher) sends each worker Batches of Sentences and reads back
+Done and Failed messages. A worker of nmt's engine runs `step_loop`: the core's Decoding
+(nmt.inference.core, the loop batch translation runs too, with every search option), one step
+at a time for every live sentence. How sentences join it is the Batcher's policy:
+- continuous batching (continuous=true): newcomers join the live rows at the next decoding step
+  and leave when they end, as LLM servers batch (Orca, vLLM), so that a short sentence never
+  waits for a long one;
+- dynamic batching (the default): a whole batch, sent only to an empty worker, decoded apart
+  over its own shortlist, as nmt-translate decodes its batches.
+An engine without a step loop (CTranslate2) runs `batch_loop`, which takes whole batches only.
+Outputs equal translate_nbest's in fp32 under either policy (the rows of a sentence see only
+their own keys and values); a batch's composition changes the rounding of bf16 and int8
 decoding, as in any batched decoding.
 """
 
 from __future__ import annotations
 
+import itertools
 import pickle
 import queue
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 
-from nmt.inference.core import Decoding, Sentence, use_beams
+from nmt.config import SearchConfig
+from nmt.inference.core import Decoding, Hypothesis, Sentence, use_beams
+from nmt.inference.search import batch_candidates
 from nmt.inference.workers import STOP
+
+
+# ----------------------------------------------------------------------------- the messages
+@dataclass
+class Batch:
+    """Sentences of one search setting sent to a worker together: newcomers that join its
+    live decoding at the next step (continuous batching), or a whole batch decoded apart, over
+    its own shortlist (whole=True: dynamic batching, nmt-translate's batches)."""
+
+    search: SearchConfig
+    sentences: list[Sentence]
+    whole: bool = False
+
+
+@dataclass
+class Done:
+    """A worker's message: these sentences ended, each with search.nbest hypotheses."""
+
+    worker: int
+    results: list[tuple[object, list[Hypothesis]]]  # (tag, hypotheses)
+
+
+@dataclass
+class Failed:
+    """A worker's message: these sentences cannot be decoded (the error, or its text when it
+    cannot be pickled)."""
+
+    worker: int
+    tags: list = field(default_factory=list)
+    error: Exception | None = None
+
 
 # ----------------------------------------------------------------------------- the workers
 ADMIT_GROUP, ADMIT_STEPS = 8, 4  # step_loop admits 8 newcomers together, or waits 4 steps
 
 
 def step_loop(translator, inbox, outbox, worker: int) -> None:
-    """A decoding worker's loop (nmt-serve): take lists of (tag, search, ids[, extra]) from
-    `inbox` (as many as are there; waiting only while no sentence is live), add them to the
-    Decoding of their search settings, step every decoder once, and put ("done", worker, [(tag,
-    hypotheses), ...]) in `outbox` for the sentences that ended; a decoder that fails puts
-    ("error", worker, [tag, ...], exception) for its sentences and is dropped. Ends on STOP."""
+    """A decoding worker's loop: take the Batches in `inbox` (as many as are there; waiting
+    only while no sentence is live), admit them, step every Decoding once, and put Done in
+    `outbox` for the sentences that ended; a Decoding that fails puts Failed for its sentences
+    and is dropped. A whole Batch is admitted at once into a Decoding of its own; newcomers
+    join the Decoding of their search setting. Ends on STOP."""
     decoders: dict[tuple, Decoding] = {}
-    pending, waited = [], 0  # sentences not yet admitted, and the steps they waited
+    pending: list[Batch] = []  # newcomers not yet admitted
+    waited = 0  # the steps they waited
+    wholes = itertools.count()  # the numbers of whole Batches' own Decodings
     while True:
         live = pending or any(d.sentences or d.ready for d in decoders.values())
-        messages = [] if live else [inbox.get()]  # idle: wait for sentences
-        while True:  # and take whatever else is there
-            try:
-                messages.append(inbox.get_nowait())
-            except queue.Empty:
-                break
+        messages = _messages(inbox, wait=not live)
         if STOP in messages:
             return
-        pending += [item for items in messages for item in items]
+        for batch in messages:
+            if batch.whole:
+                _admit(translator, decoders, [batch], outbox, worker, next(wholes))
+            else:
+                pending.append(batch)
         waited = waited + 1 if pending else 0
-        rows = sum(d.sentences for d in decoders.values())
+        rows = sum(d.sentences for key, d in decoders.items() if key[-1] is None)
+        newcomers = sum(len(b.sentences) for b in pending)
         # newcomers join in groups (a step that admits encodes them and copies the caches):
         # at once while few rows are live, else when ADMIT_GROUP wait or after ADMIT_STEPS
-        if pending and (rows < ADMIT_GROUP or len(pending) >= ADMIT_GROUP
+        if pending and (rows < ADMIT_GROUP or newcomers >= ADMIT_GROUP
                         or waited >= ADMIT_STEPS):
             _admit(translator, decoders, pending, outbox, worker)
             pending, waited = [], 0
@@ -56,41 +96,76 @@ def step_loop(translator, inbox, outbox, worker: int) -> None:
                 finished = dec.step()
             except Exception as e:  # this setting's sentences fail; the worker goes on
                 if dec.ready:  # empty sources decode nothing: they have their results
-                    outbox.put(("done", worker, dec.ready))
-                outbox.put(("error", worker, list(dec.tags.values()), _portable(e)))
+                    outbox.put(Done(worker, dec.ready))
+                outbox.put(Failed(worker, list(dec.tags.values()), _portable(e)))
                 del decoders[key]
                 continue
             if finished:
-                outbox.put(("done", worker, finished))
+                outbox.put(Done(worker, finished))
             if not (dec.sentences or dec.ready):
                 del decoders[key]
 
 
-def _admit(translator, decoders: dict, items: list, outbox, worker: int) -> None:
-    """Add (tag, search, ids[, (prefix, phrases, line)]) items to the Decodings of their search
-    settings and strategies (use_beams: lexical constraints at beam size 1 are a beam search of
-    their own; with sampling, an error)."""
-    groups: dict[tuple, list] = {}
-    for tag, search, ids, *extra in items:
-        sentence = Sentence(tag, list(ids), *(extra[0] if extra else ()))
+def batch_loop(translator, inbox, outbox, worker: int) -> None:
+    """The loop of an engine without decoding steps (CTranslate2): each Batch in `inbox`
+    translated whole (translate_ids), Done or Failed in `outbox`. Ends on STOP."""
+    while (batch := inbox.get()) is not STOP:
+        s = batch.sentences
+        tags = [x.tag for x in s]
         try:
-            beam = use_beams(search, bool(sentence.phrases))
-        except ValueError as e:  # constraints while sampling
-            outbox.put(("error", worker, [tag], e))
-            continue
-        key = (tuple(sorted(asdict(search).items())), beam)
-        groups.setdefault(key, []).append((search, beam, sentence))
-    for key, group in groups.items():
-        search, beam, _ = group[0]
+            hyps = translator.translate_ids([x.src for x in s], batch.search,
+                                            [x.prefix for x in s], [x.line for x in s],
+                                            parallel=False,
+                                            constraints=[x.phrases for x in s])
+        except Exception as e:
+            outbox.put(Failed(worker, tags, _portable(e)))
+        else:
+            outbox.put(Done(worker, list(zip(tags, hyps, strict=True))))
+
+
+def _messages(inbox, wait: bool) -> list:
+    """What `inbox` holds now (waiting for the first message if `wait`)."""
+    messages = [inbox.get()] if wait else []
+    while True:
+        try:
+            messages.append(inbox.get_nowait())
+        except queue.Empty:
+            return messages
+
+
+def _admit(translator, decoders: dict, batches: list[Batch], outbox, worker: int,
+           own: int | None = None) -> None:
+    """Add the Batches' sentences to the Decodings of their search settings and strategies
+    (use_beams: lexical constraints at beam size 1 are a beam search of their own; with
+    sampling, a Failed); own: a whole Batch's number, whose sentences get one Decoding of
+    their own, with nmt-translate's strategy for the batch and over the batch's shortlist."""
+    groups: dict[tuple, list[Sentence]] = {}
+    searches: dict[tuple, SearchConfig] = {}
+    for batch in batches:
+        setting = tuple(sorted(asdict(batch.search).items()))
+        for sentence in batch.sentences:
+            try:
+                beam = use_beams(batch.search, bool(sentence.phrases))
+            except ValueError as e:  # constraints while sampling
+                outbox.put(Failed(worker, [sentence.tag], e))
+                continue
+            key = (setting, beam, None) if own is None else (setting, own)
+            groups.setdefault(key, []).append(sentence)
+            searches[key] = batch.search
+    for key, sentences in groups.items():
+        search = searches[key]
+        beam = key[1] if own is None else use_beams(search, any(s.phrases for s in sentences))
         try:
             if key not in decoders:
                 decoders[key] = Decoding(translator.prepared(search.dtype), search,
                                          translator.specials, translator.device,
                                          continuations=translator.continuations, beam=beam,
-                                         shortlists=True)
-            decoders[key].admit([s for _, _, s in group])
+                                         shortlists=own is None)
+            candidates = None if own is None else batch_candidates(search, sentences,
+                                                                   translator.device)
+            decoders[key].admit(sentences, candidates)
         except Exception as e:
-            outbox.put(("error", worker, [s.tag for _, _, s in group], _portable(e)))
+            outbox.put(Failed(worker, [s.tag for s in sentences], _portable(e)))
 
 
 def _portable(error: Exception) -> Exception:

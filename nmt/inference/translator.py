@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from concurrent.futures import Future, as_completed
+from concurrent.futures import as_completed
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
@@ -76,7 +76,7 @@ class Translator:
             self.prepared(dtype)
         processes = workers > 1 and self.device.type == "cpu" and can_fork()
         # forked after preparing: the workers share the prepared weights
-        self.pool = WorkerPool(workers, self, processes, threads)
+        self.pool = WorkerPool(workers if processes else 1, self, processes, threads)
         self.workers = self.pool.workers
 
     @classmethod
@@ -169,18 +169,10 @@ class Translator:
         return {kind: torch.stack(layers, 1).float().cpu()  # (B, N, h, T_q, T_k)
                 for kind, layers in maps.items()}
 
-    def submit(self, search: SearchConfig, seqs: list[list[int]],
-               prefixes: list[list[int]] | None = None, lines: list[int] | None = None,
-               constraints: list[list[list[int]]] | None = None) -> Future:
-        """Decode one batch of id lists off the caller's thread: its Future of search.nbest
-        hypotheses per list (nmt-serve's dynamic batches; one batch per worker at a time);
-        prefixes, lines (sampling streams) and constraints per list, as translate_ids'."""
-        return self.pool.submit(_decode_batch, search, seqs, prefixes, lines, constraints)
-
     def stepper(self) -> WorkerPool:
-        """Continuous batching (nmt-serve): from the first call on, every worker runs
+        """nmt-serve's workers: from the first call on, every worker runs
         nmt.inference.stepping.step_loop (tasks wait meanwhile); the pool, whose send, read
-        and dead the continuous batcher uses."""
+        and dead nmt-serve's Batcher uses."""
         if not self.pool.loops:
             self.pool.run_loops(step_loop)
         return self.pool
@@ -222,11 +214,3 @@ class Translator:
 def _run_batch(translator: Translator, job: BatchJob, items: list) -> list[list[Hypothesis]]:
     """In a worker: one batch of a job, with the translator's prepared models."""
     return dataclasses.replace(job, models=translator.prepared(job.search.dtype))(items)
-
-
-def _decode_batch(translator: Translator, search: SearchConfig, seqs: list[list[int]],
-                  prefixes: list[list[int]] | None, lines: list[int] | None,
-                  constraints: list[list[list[int]]] | None) -> list[list[Hypothesis]]:
-    """In a worker or the decoding thread: one batch of id lists, in order."""
-    return translator.translate_ids(seqs, search, prefixes, lines, parallel=False,
-                                    constraints=constraints)

@@ -4,12 +4,12 @@ nmt decodes on the CPU with one-thread processes side by side, each translating 
 (data parallelism, like Marian's --cpu-threads: no per-operation thread synchronisation, which
 small decoding steps pay dearly for). A WorkerPool starts its processes at once and checks
 that they started; forked, they share the parent's objects copy-on-write (the Translator
-prepares its model before it forks, so that the weights exist once). With one worker (or on
-a GPU) the pool is one thread of this process instead, with the same interface. Each worker
-keeps one object, its `state`, and runs either tasks, module-level functions called as
-fn(state, *args) with a Future each (batches of nmt-translate and of nmt-serve's dynamic
-batcher), or one loop for good, fn(state, inbox, outbox, worker) (continuous batching:
-each worker reads its own inbox, all write to one outbox, STOP in an inbox ends its loop).
+prepares its model before it forks, so that the weights exist once). Otherwise (one worker,
+a GPU, CTranslate2's engine) the workers are threads of this process, with the same interface.
+Each worker keeps one object, its `state`, and runs either tasks, module-level functions
+called as fn(state, *args) with a Future each (nmt-translate's batches), or one loop for good,
+fn(state, inbox, outbox, worker) (nmt-serve: each worker reads its own inbox, all write to
+one outbox, STOP in an inbox ends its loop).
 (nmt-preprocess keeps its own pool of spawned processes: docs/design.md says why.)
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import queue
 import signal
+import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -40,17 +41,16 @@ def can_fork() -> bool:
 class WorkerPool:
     """`workers` workers holding `state`: forked one-thread processes (processes=True; each
     holds the parent's object itself), which ignore SIGINT and SIGTERM (the parent handles
-    them by closing the pool); or one thread of this process (processes=False, with
-    `threads` PyTorch threads, 0: PyTorch's default)."""
+    them by closing the pool); or threads of this process (processes=False, with `threads`
+    PyTorch threads, 0: PyTorch's default)."""
 
     def __init__(self, workers: int, state, processes: bool = True, threads: int = 0):
-        self.workers = workers if processes else 1
-        self.processes = processes
+        self.workers, self.processes, self.threads = workers, processes, threads
         self.loops: list[Future] = []  # run_loops' one per worker, once started
         self._closing = False
         if not processes:
-            self.inboxes, self.outbox = [queue.Queue()], queue.Queue()
-            self.executor: Executor = ThreadPoolExecutor(1, "nmt-decode",
+            self.inboxes, self.outbox = [queue.Queue() for _ in range(workers)], queue.Queue()
+            self.executor: Executor = ThreadPoolExecutor(workers, "nmt-decode",
                                                          initializer=_set_threads,
                                                          initargs=(threads,))
             self._state = state
@@ -78,8 +78,10 @@ class WorkerPool:
         own inbox; worker: its number, 0..workers-1). Tasks wait while the loops run."""
         if self.processes:
             self.loops = [self.executor.submit(_loop, fn) for _ in range(self.workers)]
-        else:
-            self.loops = [self.submit(fn, self.inboxes[0], self.outbox, 0)]
+        else:  # daemon threads: a pool never closed does not keep the process from exiting
+            _set_threads(self.threads)
+            self.loops = [_daemon(partial(fn, self._state, self.inboxes[w], self.outbox, w))
+                          for w in range(self.workers)]
 
     def send(self, worker: int, message) -> None:
         """Put a message in a worker's inbox (for its loop)."""
@@ -127,6 +129,20 @@ def _set_threads(threads: int) -> None:
     """The decoding thread's PyTorch threads."""
     if threads:
         torch.set_num_threads(threads)
+
+
+def _daemon(fn: Callable) -> Future:
+    """Run fn() in a daemon thread of its own; its Future."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn())
+        except BaseException as e:
+            future.set_exception(e)
+
+    threading.Thread(target=run, daemon=True, name="nmt-decode-loop").start()
+    return future
 
 
 def _ready() -> None:

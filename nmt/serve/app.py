@@ -15,17 +15,16 @@ several (a text of one piece is answered as before).
 
 How a request travels. The handler, on the event loop, checks the request against the
 server's limits, encodes its sentences with the checkpoint's SentencePiece model and queues
-them in the Batcher. The Batcher fills a batch with the oldest queued sentence and the
-sentences with the same search settings behind it, within the token budget search.max_tokens
-(padding counted); it sends the batch when the budget is full or when the oldest sentence has
-waited max_wait_ms since it arrived, and a batch takes at most its worker's share of all
-sentences in flight, so that the workers' batches stay balanced (longest first while several
-workers are idle, so that like lengths share a batch). Decoding
-(nmt.inference.search.translate_nbest) runs off the event loop: in forked one-thread
-processes, one per core, on the CPU (what nmt-translate does), or in one thread (workers=1,
-or CUDA). A request with mbr_candidates=N asks the search for N candidates per sentence and keeps
-the one of highest expected utility (nmt-translate's Chooser, nmt.inference.rerank, off the
-event loop).
+them in the Batcher (nmt.serve.batcher), which sends them to the decoding workers by one of
+two policies: dynamic batching (the default) sends whole batches, of the oldest queued
+sentence and the sentences with the same search settings behind it within the token budget
+search.max_tokens, to idle workers once the budget is full or the oldest sentence has waited
+max_wait_ms; continuous batching (continuous=true) sends each sentence at once, to join a
+running decoding at its next step. The workers' loops (nmt.inference.stepping) decode off the
+event loop: forked one-thread processes, one per core, on the CPU (what nmt-translate does),
+or one thread (workers=1, or CUDA; CTranslate2: a thread per inter_thread). A request with
+mbr_candidates=N asks the search for N candidates per sentence and keeps the one of highest
+expected utility (nmt-translate's Chooser, nmt.inference.rerank, off the event loop).
 
 Limits: max_sentences and max_chars per request (413), max_queued sentences waiting (503 with
 Retry-After), timeout_s per request (504). Bad JSON, wrong types, empty or non-Unicode text
@@ -44,7 +43,6 @@ import signal
 import socket
 import sys
 import typing
-from concurrent.futures.process import BrokenProcessPool
 from contextlib import asynccontextmanager
 from dataclasses import asdict, replace
 from importlib.resources import files
@@ -58,10 +56,12 @@ from starlette.exceptions import HTTPException
 
 from nmt.config import RerankConfig, SearchConfig, ServeConfig
 from nmt.errors import ConfigError, NmtError
+from nmt.inference import core
 from nmt.inference.core import use_beams
 from nmt.inference.engine import Engine, check_vocab, open_translator
 from nmt.inference.rerank import Chooser
 from nmt.inference.search import Hypothesis
+from nmt.inference.stepping import Batch, Failed
 from nmt.inference.workers import WorkerPool
 from nmt.languages import LanguageChoice, choose, language_id, recorded_pair
 from nmt.preemption import restore_handler
@@ -70,7 +70,7 @@ from nmt.segment import MODES, Segmented, sample_stream, sentence_splitter, spli
 from nmt.segment import rejoin as segment_rejoin
 from nmt.serve import libretranslate
 from nmt.serve.api_keys import ApiKeys, bearer
-from nmt.serve.batcher import Batcher, BatcherStopped, BatchStats, ContinuousBatcher, QueueFull
+from nmt.serve.batcher import Admission, Batcher, BatcherStopped, BatchStats, QueueFull
 from nmt.serve.errors import ApiError
 
 PROG = "nmt-serve"
@@ -318,20 +318,10 @@ class Service:
     """The model, the limits and the batcher: what the HTTP handlers call."""
 
     def __init__(self, translator: Engine, cfg: ServeConfig):
-        """cfg.continuous: the translator's workers run continuous batching's loops."""
+        """The translator's workers run nmt-serve's loops (its stepper); cfg.continuous picks
+        the Batcher's policy."""
         self.translator, self.cfg, self.workers = translator, cfg, translator.workers
-        self.stepper: WorkerPool | None = None
-        search = cfg.search
-        if cfg.continuous:
-            self.stepper = translator.stepper()
-            self.batcher = ContinuousBatcher(self.stepper.send, self.stepper.read, self.workers,
-                                             search.max_tokens, search.max_sentences,
-                                             cfg.max_queued, dead=self.stepper.dead)
-        else:
-            self.batcher = Batcher(translator.submit, translator.workers, search.max_tokens,
-                                   search.max_sentences, cfg.max_wait_ms / 1000, cfg.max_queued)
         self.requests = 0  # requests answered with translations
-        self.pool_error = ""  # why the decoding processes cannot decode, once they cannot
         self.max_input = min(cfg.max_input_tokens, translator.max_input_tokens)
         pair = recorded_pair(translator.vocab)  # a bilingual checkpoint's, from its data
         self.src_lang = cfg.src_lang or pair.src_lang  # the texts' language, if known
@@ -347,6 +337,11 @@ class Service:
         for key in ("tgt_lang", "src_lang") if self.forced else ("tgt_lang",):
             if entry and getattr(cfg, key):  # a request's default: checked at start
                 language_id(entry, key, getattr(cfg, key), cfg.checkpoint)
+        self.stepper: WorkerPool = translator.stepper()  # checked: the loops start
+        admission = Admission(cfg.continuous, cfg.search.max_tokens, cfg.search.max_sentences,
+                              cfg.max_wait_ms / 1000)
+        self.batcher = Batcher(self.stepper.send, self.stepper.read, self.workers, admission,
+                               cfg.max_queued, dead=self.stepper.dead)
 
     def choice(self, req: TranslateRequest) -> LanguageChoice:
         """The request's languages (nmt.languages): its tgt_lang and src_lang, or the server's
@@ -369,7 +364,7 @@ class Service:
     @property
     def broken(self) -> str:
         """Why the server cannot translate any more; "" while it can."""
-        why = self.pool_error or (self.stepper.dead() if self.stepper else "")
+        why = self.stepper.dead()
         if why or not self.batcher.error:  # a dead worker stops the batcher too: said once
             return why
         return f"{self.batcher.error}; restart the server"
@@ -390,6 +385,14 @@ class Service:
         except ConfigError as e:  # e.g. nbest > beam_size
             key = str(e).split(":")[0].removeprefix("search.")
             raise ApiError(422, key, str(e).split(": ", 1)[1]) from None
+
+    def check_engine(self, key: str, used: object, field: str | None = None) -> None:
+        """422 naming `field` (default: key) with the capabilities' words if the request
+        uses a feature the engine lacks (nmt.capabilities.Capabilities.check)."""
+        try:
+            self.translator.capabilities.check(key, used)
+        except ConfigError as e:
+            raise ApiError(422, field or key, str(e).split(": ", 1)[1]) from None
 
     def chooser_of(self, req: TranslateRequest, search: SearchConfig) -> Chooser | None:
         """The request's MBR (the server's mbr.* with its mbr_* fields), as nmt-translate's
@@ -418,10 +421,7 @@ class Service:
                 raise ApiError(422, key, f"must have one item per sentence of text "
                                          f"({len(req.text)}), got {len(getattr(req, key))}")
         phrases = [[p for p in ps if p.strip()] for ps in req.constraints or []]
-        try:
-            self.translator.capabilities.check("constraints", any(phrases))
-        except ConfigError as e:
-            raise ApiError(422, "constraints", str(e).split(": ", 1)[1]) from None
+        self.check_engine("constraints", any(phrases))
         try:
             use_beams(search, any(phrases))
         except ValueError as e:  # constraints while sampling
@@ -455,10 +455,7 @@ class Service:
     def check_size(self, req: TranslateRequest, split: str, pieces: int) -> None:
         """max_sentences (the pieces the texts are split into) per request; attention needs an
         engine that has it."""
-        try:
-            self.translator.capabilities.check("attention", req.attention)
-        except ConfigError as e:
-            raise ApiError(422, "attention", str(e).split(": ", 1)[1]) from None
+        self.check_engine("attention", req.attention)
         if pieces > self.cfg.max_sentences:
             what = "sentences" if split == "none" else f"pieces (split={split})"
             raise ApiError(413, "text", f"{pieces} {what}; this server takes at most "
@@ -485,6 +482,8 @@ class Service:
         self.check_size(req, split, len(pieces))
         search = self.search_of(req)
         chooser = self.chooser_of(req, search)
+        self.check_engine("sampling", (chooser.search if chooser else search).sampling,
+                          "sampling" if search.sampling else "mbr_candidates")
         if self.broken:
             raise ApiError(503, None, self.broken)
         extras = self.piece_fields(docs, self.sentence_fields(req, search))
@@ -493,19 +492,17 @@ class Service:
                 len(extras), [e[0] for e in extras]), extras, strict=True)]
         full = self.translator.src_tok.encode(pieces)
         ids = choice.sources([seq[:limit] for seq in full])  # nmt-translate's truncation
+        sentences = [core.Sentence(i, src, *extra) for i, (src, extra) in enumerate(zip(
+            ids, extras, strict=True))]
         try:
-            nbest = await self.batcher.translate(ids, chooser.search if chooser else search,
-                                                 self.cfg.timeout_s, extras)
+            nbest = await self.batcher.translate(sentences, chooser.search if chooser else search,
+                                                 self.cfg.timeout_s)
         except QueueFull:
             raise ApiError(503, None, f"busy: {len(self.batcher.queue)} sentences queued",
                            {"Retry-After": str(self.batcher.retry_after())}) from None
         except TimeoutError:
             raise ApiError(504, None, f"not translated within timeout_s="
                                           f"{self.cfg.timeout_s:g} seconds") from None
-        except BrokenProcessPool:
-            self.pool_error = "the decoding processes died; restart the server"
-            log(f"error: {self.pool_error}")
-            raise ApiError(503, None, self.pool_error) from None
         except BatcherStopped:
             raise ApiError(503, None, self.broken) from None
         except Exception as e:  # an error inside the search: this request fails, not the server
@@ -789,10 +786,7 @@ def serve(cfg: ServeConfig) -> None:
     try:
         if cfg.vocab_check:
             check_vocab(translator, cfg.vocab_check, cfg.checkpoint)
-        if cfg.continuous:
-            warm_up_loops(translator.stepper(), cfg.search.dtype)
-        else:
-            warm_up(translator, cfg.search.dtype)
+        warm_up(translator.stepper(), cfg.search.dtype)
     except NmtError:
         translator.close()
         raise
@@ -824,29 +818,19 @@ def serve(cfg: ServeConfig) -> None:
         restore_handler(signal.SIGTERM, previous)
 
 
-def warm_up(translator: Engine, dtype: str) -> None:
-    """Decode one short batch on every worker (the first batch of a process is slower)."""
-    warm = SearchConfig(beam_size=1, max_len_b=1, dtype=dtype)
-    try:
-        for future in [translator.submit(warm, [[4]]) for _ in range(translator.workers)]:
-            future.result()
-    except BrokenProcessPool:
-        raise NmtError("a decoding process died while starting") from None
-
-
-def warm_up_loops(pool: WorkerPool, dtype: str) -> None:
-    """Decode one short sentence on every worker of continuous batching (a process's first
-    steps are slower); NmtError if a worker fails or does not answer within a minute."""
+def warm_up(pool: WorkerPool, dtype: str) -> None:
+    """Decode one short sentence on every worker (a process's first steps are slower);
+    NmtError if a worker fails or does not answer within a minute."""
     warm = SearchConfig(beam_size=1, max_len_b=1, dtype=dtype)
     for w in range(pool.workers):
-        pool.send(w, [(("warm", w), warm, [4])])
+        pool.send(w, Batch(warm, [core.Sentence(("warm", w), [4])], whole=True))
     for _ in range(pool.workers):
         try:
             message = pool.read(timeout=60)
         except queue.Empty:
             raise NmtError("a decoding worker did not start within a minute") from None
-        if message[0] == "error":
-            raise NmtError(f"a decoding worker failed while starting ({message[3]!r})")
+        if isinstance(message, Failed):
+            raise NmtError(f"a decoding worker failed while starting ({message.error!r})")
 
 
 def run_until_stopped(app: FastAPI, sock: socket.socket, cfg: ServeConfig) -> None:
