@@ -900,7 +900,7 @@ def test_the_dynamic_batcher_samples_each_text_as_nmt_translate_does(dynamic_ser
 @pytest.mark.parametrize("continuous", [True, False])
 def test_concurrent_requests_share_batches(server, dynamic_server, lines, continuous):
     """Continuous batching too: its batches count the groups sent to the workers (see
-    test_stepping and the ContinuousBatcher tests for the sharing itself)."""
+    test_stepping and the continuous Batcher tests for the sharing itself)."""
     srv = server if continuous else dynamic_server
     alone = [srv.translate([line])[0]["text"] for line in lines[:8]]
     before = srv.call("GET", "/stats")[2]

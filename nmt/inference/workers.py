@@ -75,7 +75,8 @@ class WorkerPool:
 
     def run_loops(self, fn: Callable) -> None:
         """Run fn(state, inbox, outbox, worker) on every worker, until close() (each worker's
-        own inbox; worker: its number, 0..workers-1). Tasks wait while the loops run."""
+        own inbox; worker: its number, 0..workers-1). In processes, tasks wait while the loops
+        run; threads run the loops beside the pool's task thread."""
         if self.processes:
             self.loops = [self.executor.submit(_loop, fn) for _ in range(self.workers)]
         else:  # daemon threads: a pool never closed does not keep the process from exiting
