@@ -40,8 +40,7 @@ import time
 from pathlib import Path
 
 from nmt.config import SearchConfig
-from nmt.inference.core import Sentence
-from nmt.inference.stepping import Batch, Failed
+from nmt.inference.messages import Batch, Failed, Sentence
 from nmt.inference.translator import Translator
 from nmt.runtime import usable_cores
 

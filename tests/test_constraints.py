@@ -26,7 +26,8 @@ from translate_helpers import translate_config as config
 from nmt.config import ConfigError, SearchConfig, TranslateConfig, compose, to_object
 from nmt.errors import NmtError
 from nmt.inference.constrained import PhraseConstraints, missing_phrases
-from nmt.inference.core import Sentence, output_lengths
+from nmt.inference.core import output_lengths
+from nmt.inference.messages import Sentence
 from nmt.inference.search import translate_nbest
 from nmt.tokenizer import SPECIALS, Tokenizer
 from nmt.translate import translate

@@ -20,10 +20,9 @@ import nmt.inference.ct2_export as ct2_export
 from nmt.config import SearchConfig, TranslateConfig, compose, to_object
 from nmt.errors import ConfigError, NmtError
 from nmt.files import read_lines
-from nmt.inference.core import Hypothesis, Sentence
 from nmt.inference.ct2_engine import CT2Translator
 from nmt.inference.ct2_export import cached_export, read_info
-from nmt.inference.stepping import Batch
+from nmt.inference.messages import Batch, Hypothesis, Sentence
 from nmt.inference.translator import Translator
 from nmt.tokenizer import train_bpe
 from nmt.translate import translate

@@ -14,9 +14,8 @@ from translate_helpers import save_tiny_checkpoint
 from nmt.capabilities import ENGINES
 from nmt.config import SearchConfig
 from nmt.errors import ConfigError, NmtError
-from nmt.inference.core import Sentence
 from nmt.inference.engine import check_vocab, open_translator
-from nmt.inference.stepping import Batch, Done
+from nmt.inference.messages import Batch, Done, Sentence
 from nmt.inference.translator import Translator
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -6,7 +6,8 @@ are the same in every interface that refuses it, or is n/a: LibreTranslate has n
 constraint, MBR or sampling field, its form client (libretranslatepy) sends no alternatives
 (no beam), and a text is split as the server's `split` says. `make test` runs a set of cells
 that holds every pair of values of two dimensions (all pairs); the whole product is
-slow-marked, and it writes the table that docs/commands.md holds (NMT_WRITE_MATRIX=1 writes
+slow-marked, runs engine=nmt's servers under both batching policies, and writes the table
+that docs/commands.md holds (NMT_WRITE_MATRIX=1 writes
 it there; without, the test fails where the two differ). Both check their cells against that
 table.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import os
 from pathlib import Path
 from urllib.error import HTTPError
@@ -169,6 +171,7 @@ def run_libre_json(srv: InProcess, kind: Kind, name: str) -> list[str] | str:
             "format": "text", **({"alternatives": 1} if name == "beam" else {})}
     status, _, answer = srv.call("POST", "/translate", body)
     if status != 200:
+        assert 400 <= status < 500 and set(answer) == {"error"}, answer
         return refusal(answer["error"])
     return answer["translatedText"]
 
@@ -180,7 +183,8 @@ def run_libre_form(srv: InProcess, kind: Kind, name: str) -> list[str] | str:
     try:
         return [client.translate(t, kind.source, kind.target) for t in SEARCH[name].texts]
     except HTTPError as e:
-        return refusal(e.read().decode())
+        assert 400 <= e.code < 500, e
+        return refusal(json.loads(e.read())["error"])
 
 
 def not_applicable(interface: str, name: str, srv: InProcess) -> str:
@@ -227,12 +231,15 @@ def pairwise(dimensions: tuple[tuple[str, ...], ...]) -> list[tuple[str, ...]]:
                                                                           strict=True)))
 
 
-def run_cells(kinds: dict[str, Kind], cells: list[tuple[str, ...]], tmp: Path) -> dict:
-    """Each cell's result, one server per (engine, model kind)."""
+def run_cells(kinds: dict[str, Kind], cells: list[tuple[str, ...]], tmp: Path,
+              continuous: bool) -> dict:
+    """Each cell's result, one server per (engine, model kind); continuous: engine=nmt's
+    servers batch continuously (else dynamically, as CTranslate2's always do)."""
     results = {}
     for (engine, name), group in itertools.groupby(cells, key=lambda c: c[:2]):
         kind = kinds[name]
         srv = InProcess(kind.checkpoint, f"engine={engine}", "max_beam_size=4", *COMMON,
+                        f"continuous={str(continuous and engine == 'nmt').lower()}",
                         *kind.serve)
         references: dict[str, list[str] | str] = {}
         try:
@@ -296,10 +303,11 @@ def check_refusals_agree(results: dict) -> None:
 
 
 def test_every_pair_of_dimensions(kinds, tmp_path):
-    """make test: all pairs; each cell as docs/commands.md's table says."""
+    """make test: all pairs, engine=nmt's servers batching continuously (the whole product
+    runs both policies); each cell as docs/commands.md's table says."""
     cells = pairwise(DIMENSIONS)
     assert len(cells) < len(list(itertools.product(*DIMENSIONS))) // 4
-    results = run_cells(kinds, cells, tmp_path)
+    results = run_cells(kinds, cells, tmp_path, continuous=True)
     check_refusals_agree(results)
     doc = documented()
     assert {c: doc[c] for c in results} == results
@@ -307,12 +315,16 @@ def test_every_pair_of_dimensions(kinds, tmp_path):
 
 @pytest.mark.slow
 def test_every_cell(kinds, tmp_path):
-    """The whole product; the table in docs/commands.md is this test's (NMT_WRITE_MATRIX=1
-    writes it)."""
-    results = run_cells(kinds, list(itertools.product(*DIMENSIONS)), tmp_path)
+    """The whole product, under both batching policies; the table in docs/commands.md is this
+    test's (NMT_WRITE_MATRIX=1 writes it)."""
+    cells = list(itertools.product(*DIMENSIONS))
+    results = run_cells(kinds, cells, tmp_path, continuous=False)
+    assert run_cells(kinds, [c for c in cells if c[0] == "nmt"], tmp_path,
+                     continuous=True) == {c: v for c, v in results.items() if c[0] == "nmt"}
     check_refusals_agree(results)
     made = table(results)
+    before, rest = DOC.read_text("utf-8").split(BEGIN)
     if os.environ.get("NMT_WRITE_MATRIX"):
-        before, rest = DOC.read_text("utf-8").split(BEGIN)
         DOC.write_text(f"{before}{BEGIN}\n{made}\n{END}{rest.split(END)[1]}", "utf-8")
-    assert DOC.read_text("utf-8").split(BEGIN)[1].split(END)[0].strip() == made
+    else:
+        assert rest.split(END)[0].strip() == made

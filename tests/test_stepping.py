@@ -15,10 +15,11 @@ import pytest
 import torch
 from translate_helpers import random_sources, search, tiny_model
 
-from nmt.inference.core import Decoding, Sentence
+from nmt.inference.core import Decoding
 from nmt.inference.fast import packing_works
+from nmt.inference.messages import Batch, Done, Failed, Sentence
 from nmt.inference.search import Hypothesis, decoding_models, translate_nbest
-from nmt.inference.stepping import STOP, Batch, Done, Failed, step_loop
+from nmt.inference.stepping import STOP, step_loop
 from nmt.shortlist import Shortlist, load_shortlist
 from nmt.tokenizer import SPECIALS, Specials
 
@@ -276,3 +277,26 @@ def test_a_start_token_that_is_eos_still_ends_outputs(beam):
     assert any(len(got[i][0].tokens) < len(src) + 6 for i, src in enumerate(sources))
     assert [[h.tokens for h in got[i]] for i in range(len(sources))] == [
         [h.tokens for h in hyps] for hyps in translate_nbest(models, sources, cfg, specials)]
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_an_admission_that_fails_half_way_drops_its_decoding(whole, monkeypatch):
+    """admit fails after it has taken the sentences in (out of memory while it adds their
+    rows): they fail, the half-changed Decoding is dropped, and nothing of theirs comes back
+    later; a whole batch after them decodes as usual."""
+    cfg = search(beam_size=1, max_len_b=4)
+    model = decoding_models([tiny_model(V, seed=1)], cfg)[0]
+    add_rows = Decoding._add_rows
+
+    def failing_for_a(self, todo, *args, **kwargs):
+        if any(s.tag == "a" for s in todo):
+            raise RuntimeError("out of memory")
+        return add_rows(self, todo, *args, **kwargs)
+
+    monkeypatch.setattr(Decoding, "_add_rows", failing_for_a)
+    batches = [Batch(cfg, [Sentence("a", [5, 6]), Sentence("e", [])], whole),
+               Batch(cfg, [Sentence("b", [7])], True)]
+    messages = run_loop(stand_in(model), batches, 3)
+    failed = [t for m in messages if isinstance(m, Failed) for t in m.tags]
+    done = [tag for m in messages if isinstance(m, Done) for tag, _ in m.results]
+    assert sorted(failed) == ["a", "e"] and done == ["b"]

@@ -35,7 +35,6 @@ sum over steps of the models' average log-probability.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
@@ -52,6 +51,7 @@ from nmt.inference.fast import (
     row_argmax,
     top_k,
 )
+from nmt.inference.messages import Hypothesis, Sentence
 from nmt.inference.rules import Columns, StepView, apply_rules, sample_tokens, sample_uniforms
 from nmt.model import additive_mask
 from nmt.shortlist import Candidates, load_shortlist
@@ -64,28 +64,6 @@ def all_but(n: int, rows) -> np.ndarray:
     mask = np.ones(n, dtype=bool)
     mask[np.asarray(rows, dtype=np.int64)] = False
     return np.flatnonzero(mask)
-
-
-@dataclass
-class Hypothesis:
-    """A finished output: ids without BOS/EOS, its length-normalised score and its log P(Y|X)."""
-
-    tokens: list[int]
-    score: float
-    logprob: float
-
-
-@dataclass
-class Sentence:
-    """One sentence to decode: what comes back with its hypotheses (`tag`), its source ids (no
-    BOS/EOS), forced prefix ids, phrases every output must contain and input line number
-    (which seeds its samples)."""
-
-    tag: object
-    src: list[int]
-    prefix: list[int] = field(default_factory=list)
-    phrases: list[list[int]] = field(default_factory=list)
-    line: int = 0
 
 
 def empty_source(sentence: Sentence) -> list[Hypothesis] | None:
@@ -329,7 +307,9 @@ class Decoding:
     @torch.inference_mode()
     def admit(self, sentences: list[Sentence], candidates: Candidates | None = None) -> None:
         """Sentences to join at the next step. candidates: their lexical shortlist (only while
-        no sentence is live: a shortlist is per batch). If it raises, none of them joins."""
+        no sentence is live: a shortlist is per batch). If its checks refuse them (ValueError)
+        or their encoding fails, none of them joins; a later error may leave the Decoding
+        half-changed (its caller drops it)."""
         todo = [s for s in sentences if empty_source(s) is None]
         if todo:
             self._check(todo, candidates)

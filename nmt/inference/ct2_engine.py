@@ -45,15 +45,10 @@ import torch
 from nmt.capabilities import ENGINES
 from nmt.config import SearchConfig
 from nmt.errors import NmtError
-from nmt.inference.core import (
-    Hypothesis,
-    Sentence,
-    empty_source,
-    length_penalty,
-    output_lengths,
-)
+from nmt.inference.core import empty_source, length_penalty, output_lengths
 from nmt.inference.ct2_export import INFO, VMAP, cached_export, pieces, read_info
 from nmt.inference.loading import LoadedCheckpoint
+from nmt.inference.messages import Hypothesis, Sentence
 from nmt.inference.stepping import batch_loop
 from nmt.inference.workers import WorkerPool
 from nmt.runtime import usable_cores

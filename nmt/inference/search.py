@@ -24,8 +24,6 @@ from nmt.config import SearchConfig
 from nmt.data import batch_by_tokens
 from nmt.inference.core import (
     Decoder,
-    Hypothesis,
-    Sentence,
     decode_all,
     empty_source,
     length_penalty,
@@ -33,6 +31,7 @@ from nmt.inference.core import (
     use_beams,
 )
 from nmt.inference.fast import FastModel
+from nmt.inference.messages import Hypothesis, Sentence
 from nmt.model import Transformer
 from nmt.shortlist import Candidates, load_shortlist
 from nmt.tokenizer import Specials

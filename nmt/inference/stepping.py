@@ -20,43 +20,13 @@ from __future__ import annotations
 import itertools
 import pickle
 import queue
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 from nmt.config import SearchConfig
-from nmt.inference.core import Decoding, Hypothesis, Sentence, use_beams
+from nmt.inference.core import Decoding, use_beams
+from nmt.inference.messages import Batch, Done, Failed, Sentence
 from nmt.inference.search import batch_candidates
 from nmt.inference.workers import STOP
-
-
-# ----------------------------------------------------------------------------- the messages
-@dataclass
-class Batch:
-    """Sentences of one search setting sent to a worker together: newcomers that join its
-    live decoding at the next step (continuous batching), or a whole batch decoded apart, over
-    its own shortlist (whole=True: dynamic batching, nmt-translate's batches)."""
-
-    search: SearchConfig
-    sentences: list[Sentence]
-    whole: bool = False
-
-
-@dataclass
-class Done:
-    """A worker's message: these sentences ended, each with search.nbest hypotheses."""
-
-    worker: int
-    results: list[tuple[object, list[Hypothesis]]]  # (tag, hypotheses)
-
-
-@dataclass
-class Failed:
-    """A worker's message: these sentences cannot be decoded (the error, or its text when it
-    cannot be pickled)."""
-
-    worker: int
-    tags: list = field(default_factory=list)
-    error: Exception | None = None
-
 
 # ----------------------------------------------------------------------------- the workers
 ADMIT_GROUP, ADMIT_STEPS = 8, 4  # step_loop admits 8 newcomers together, or waits 4 steps
@@ -155,6 +125,7 @@ def _admit(translator, decoders: dict, batches: list[Batch], outbox, worker: int
     for key, sentences in groups.items():
         search = searches[key]
         beam = key[1] if own is None else use_beams(search, any(s.phrases for s in sentences))
+        live = len(decoders[key].tags) if key in decoders else 0
         try:
             if key not in decoders:
                 decoders[key] = Decoding(translator.prepared(search.dtype), search,
@@ -165,7 +136,15 @@ def _admit(translator, decoders: dict, batches: list[Batch], outbox, worker: int
                                                                    translator.device)
             decoders[key].admit(sentences, candidates)
         except Exception as e:
-            outbox.put(Failed(worker, [s.tag for s in sentences], _portable(e)))
+            tags = [s.tag for s in sentences]
+            dec = decoders.get(key)
+            if dec is not None and (len(dec.tags) != live or not (dec.sentences or dec.ready)):
+                # admit failed half-way (or left it empty): the Decoding goes, with its sentences
+                del decoders[key]
+                if dec.ready:
+                    outbox.put(Done(worker, [r for r in dec.ready if r[0] not in tags]))
+                tags += [t for t in dec.tags.values() if t not in tags]
+            outbox.put(Failed(worker, tags, _portable(e)))
 
 
 def _portable(error: Exception) -> Exception:

@@ -47,6 +47,7 @@ class WorkerPool:
     def __init__(self, workers: int, state, processes: bool = True, threads: int = 0):
         self.workers, self.processes, self.threads = workers, processes, threads
         self.loops: list[Future] = []  # run_loops' one per worker, once started
+        self._threads: list[threading.Thread] = []  # processes=False: the loops' threads
         self._closing = False
         if not processes:
             self.inboxes, self.outbox = [queue.Queue() for _ in range(workers)], queue.Queue()
@@ -81,8 +82,9 @@ class WorkerPool:
             self.loops = [self.executor.submit(_loop, fn) for _ in range(self.workers)]
         else:  # daemon threads: a pool never closed does not keep the process from exiting
             _set_threads(self.threads)
-            self.loops = [_daemon(partial(fn, self._state, self.inboxes[w], self.outbox, w))
-                          for w in range(self.workers)]
+            started = [_daemon(partial(fn, self._state, self.inboxes[w], self.outbox, w))
+                       for w in range(self.workers)]
+            self.loops, self._threads = [f for f, _ in started], [t for _, t in started]
 
     def send(self, worker: int, message) -> None:
         """Put a message in a worker's inbox (for its loop)."""
@@ -104,6 +106,8 @@ class WorkerPool:
         self._closing = True
         for inbox in self.inboxes[:len(self.loops)]:
             inbox.put(STOP)
+        for thread in self._threads:  # a loop ends after its step (a stuck one is let go)
+            thread.join(timeout=60)
         self.executor.shutdown(wait=True, cancel_futures=True)
 
     def __enter__(self) -> WorkerPool:
@@ -132,8 +136,8 @@ def _set_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
-def _daemon(fn: Callable) -> Future:
-    """Run fn() in a daemon thread of its own; its Future."""
+def _daemon(fn: Callable) -> tuple[Future, threading.Thread]:
+    """Run fn() in a daemon thread of its own: its Future, and the thread."""
     future: Future = Future()
 
     def run() -> None:
@@ -142,8 +146,9 @@ def _daemon(fn: Callable) -> Future:
         except BaseException as e:
             future.set_exception(e)
 
-    threading.Thread(target=run, daemon=True, name="nmt-decode-loop").start()
-    return future
+    thread = threading.Thread(target=run, daemon=True, name="nmt-decode-loop")
+    thread.start()
+    return future, thread
 
 
 def _ready() -> None:

@@ -56,12 +56,11 @@ from starlette.exceptions import HTTPException
 
 from nmt.config import RerankConfig, SearchConfig, ServeConfig
 from nmt.errors import ConfigError, NmtError
-from nmt.inference import core
 from nmt.inference.core import use_beams
 from nmt.inference.engine import Engine, check_vocab, open_translator
+from nmt.inference.messages import Batch, Failed, Sentence
 from nmt.inference.rerank import Chooser
 from nmt.inference.search import Hypothesis
-from nmt.inference.stepping import Batch, Failed
 from nmt.inference.workers import WorkerPool
 from nmt.languages import LanguageChoice, choose, language_id, recorded_pair
 from nmt.preemption import restore_handler
@@ -100,7 +99,7 @@ def _check_sentence(text: str) -> str:
     return text
 
 
-Sentence = Annotated[str, AfterValidator(_check_sentence)]
+SourceText = Annotated[str, AfterValidator(_check_sentence)]
 
 
 class TranslateRequest(BaseModel):
@@ -109,7 +108,7 @@ class TranslateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={
         "examples": [{"text": ["Open the file.", "Show hidden files"], "beam_size": 4}]})
 
-    text: list[Sentence] = Field(min_length=1, description=(
+    text: list[SourceText] = Field(min_length=1, description=(
         "Raw source texts (a sentence, a paragraph, a document), one per item, in the order "
         "the translations come back; at most the server's max_chars characters in all, and "
         "max_sentences pieces once split (GET /health)."))
@@ -492,7 +491,7 @@ class Service:
                 len(extras), [e[0] for e in extras]), extras, strict=True)]
         full = self.translator.src_tok.encode(pieces)
         ids = choice.sources([seq[:limit] for seq in full])  # nmt-translate's truncation
-        sentences = [core.Sentence(i, src, *extra) for i, (src, extra) in enumerate(zip(
+        sentences = [Sentence(i, src, *extra) for i, (src, extra) in enumerate(zip(
             ids, extras, strict=True))]
         try:
             nbest = await self.batcher.translate(sentences, chooser.search if chooser else search,
@@ -803,8 +802,9 @@ def serve(cfg: ServeConfig) -> None:
             if not service.libre.sources:
                 log(f"{cfg.checkpoint} records no languages: LibreTranslate's API answers 400 "
                     f"until nmt-serve is started with src_lang=... tgt_lang=...")
-            log(f"{cfg.checkpoint} on {device} ({n} decoding "
-                f"{'processes' if n > 1 else 'thread'}, "
+            kind = "process" if service.stepper.processes else "thread"
+            kind = {"process": "processes", "thread": "threads"}[kind] if n > 1 else kind
+            log(f"{cfg.checkpoint} on {device} ({n} decoding {kind}, "
                 f"{'continuous' if cfg.continuous else 'dynamic'} batching, split="
                 f"{service.split}); listening on {url} "
                 f"(API: {url}/docs)")
@@ -823,7 +823,7 @@ def warm_up(pool: WorkerPool, dtype: str) -> None:
     NmtError if a worker fails or does not answer within a minute."""
     warm = SearchConfig(beam_size=1, max_len_b=1, dtype=dtype)
     for w in range(pool.workers):
-        pool.send(w, Batch(warm, [core.Sentence(("warm", w), [4])], whole=True))
+        pool.send(w, Batch(warm, [Sentence(("warm", w), [4])], whole=True))
     for _ in range(pool.workers):
         try:
             message = pool.read(timeout=60)

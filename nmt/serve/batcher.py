@@ -13,7 +13,7 @@ Admission policy:
   sentences; an empty worker takes any sentence) and joins its decoding at the next step.
 Time is read and slept through a Clock (tests pass one they move by hand). If the workers die
 or the dispatch loop fails, the queued requests and every later one fail at once with
-BatcherStopped. It needs no FastAPI.
+BatcherStopped. It needs neither FastAPI nor torch.
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field, replace
 
 from nmt.config import SearchConfig
-from nmt.inference.core import Hypothesis, Sentence
-from nmt.inference.stepping import Batch, Done, Failed
+from nmt.inference.messages import Batch, Done, Failed, Hypothesis, Sentence
 
 
 class QueueFull(Exception):
@@ -89,8 +88,8 @@ class _Job:
             self.done.set_result(self.results)
 
     def fail(self, error: BaseException) -> None:
-        """The job cannot be finished."""
-        if not self.done.done():
+        """The job cannot be finished (nobody waits any more for a cancelled one)."""
+        if not (self.done.done() or self.cancelled):
             self.done.set_exception(error)
 
 

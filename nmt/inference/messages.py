@@ -1,0 +1,60 @@
+"""What goes into a decoding and what comes out, and what nmt-serve's Batcher and the decoding
+workers' loops (nmt.inference.stepping) send each other: plain dataclasses, no torch, so that
+the Batcher imports them without PyTorch and process queues pickle them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nmt.config import SearchConfig
+
+
+@dataclass
+class Hypothesis:
+    """A finished output: ids without BOS/EOS, its length-normalised score and its log P(Y|X)."""
+
+    tokens: list[int]
+    score: float
+    logprob: float
+
+
+@dataclass
+class Sentence:
+    """One sentence to decode: what comes back with its hypotheses (`tag`), its source ids (no
+    BOS/EOS), forced prefix ids, phrases every output must contain and input line number
+    (which seeds its samples)."""
+
+    tag: object
+    src: list[int]
+    prefix: list[int] = field(default_factory=list)
+    phrases: list[list[int]] = field(default_factory=list)
+    line: int = 0
+
+
+@dataclass
+class Batch:
+    """Sentences of one search setting sent to a worker together: newcomers that join its
+    live decoding at the next step (continuous batching), or a whole batch decoded apart, over
+    its own shortlist (whole=True: dynamic batching, nmt-translate's batches)."""
+
+    search: SearchConfig
+    sentences: list[Sentence]
+    whole: bool = False
+
+
+@dataclass
+class Done:
+    """A worker's message: these sentences ended, each with search.nbest hypotheses."""
+
+    worker: int
+    results: list[tuple[object, list[Hypothesis]]]  # (tag, hypotheses)
+
+
+@dataclass
+class Failed:
+    """A worker's message: these sentences cannot be decoded (the error, or its text when it
+    cannot be pickled)."""
+
+    worker: int
+    tags: list
+    error: Exception
