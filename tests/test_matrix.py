@@ -328,3 +328,16 @@ def test_every_cell(kinds, tmp_path):
         DOC.write_text(f"{before}{BEGIN}\n{made}\n{END}{rest.split(END)[1]}", "utf-8")
     else:
         assert rest.split(END)[0].strip() == made
+
+
+def test_a_forced_models_request_names_the_language_its_texts_are_split_in(kinds, tmp_path):
+    """An NLLB-style server told no source language splits by paragraph by default, yet a
+    request's src_lang lets it split sentences, as nmt-translate does with src_lang alone."""
+    kind = dataclasses.replace(kinds["nllb"], split_lang="eng_Latn")
+    srv = InProcess(kind.checkpoint, *COMMON)
+    try:
+        assert srv.service.split == "paragraph"
+        got = run_api(srv, kind, "split")
+    finally:
+        srv.stop()
+    assert got == run_translate(kind, "nmt", "split", tmp_path)

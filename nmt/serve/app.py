@@ -462,12 +462,16 @@ class Service:
 
     def segment(self, req: TranslateRequest, limit: int) -> tuple[str, list[Segmented]]:
         """The request's split mode and its texts cut into pieces (nmt.segment: none over
-        `limit` tokens, max_input less the request's language token, unless split=none)."""
+        `limit` tokens, max_input less the request's language token, unless split=none), in
+        the request's src_lang (a forced-token model's) or the server's."""
         split = req.split or self.split
-        if split == "sentence" and self.splitter is None:
+        splitter = self.splitter  # the request's source language where it names one
+        if self.forced and req.src_lang and req.src_lang != self.src_lang:
+            splitter = sentence_splitter(req.src_lang)
+        if split == "sentence" and splitter is None:
             raise ApiError(422, "split", "sentence needs the source language, which the "
                                          "model does not record (nmt-serve src_lang=...)")
-        return split, [split_for(self.translator.src_tok, text, split, self.splitter, limit)
+        return split, [split_for(self.translator.src_tok, text, split, splitter, limit)
                        for text in req.text]
 
     async def translate(self, req: TranslateRequest) -> TranslateResponse:
