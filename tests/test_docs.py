@@ -101,3 +101,71 @@ def test_code_cites_existing_docs():
                                      for h in headings(doc)):
                 broken.append(f"{where}, \"{section}\": no such heading")
     assert not broken, "; ".join(broken)
+
+
+FILE_PATH = re.compile(r"\b((?:nmt|tests|scripts|configs|docs)/[\w./-]*\w)")
+DOTTED = re.compile(r"\bnmt(?:\.\w+)+")
+FILE_KINDS = {"json", "yaml", "md", "py", "pt", "txt", "model"}  # nmt.json: a file's name
+
+
+def named(path: str) -> bool:
+    """A file or folder of the repository, or the prefix of some (a corpus prefix such as
+    scripts/data/debian-po/en-de/train names train.en.xz and train.de.xz)."""
+    where = ROOT / path
+    return where.exists() or any(where.parent.glob(where.name + "*"))
+
+
+def resolves(dotted: str) -> bool:
+    """An importable nmt module, or an attribute path inside one (nmt.inference.core.Decoding)."""
+    import importlib
+
+    parts = dotted.split(".")
+    if parts[-1] in FILE_KINDS:
+        return True
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_file_and_module_path_named_exists(page):
+    """Paths (nmt/serve/batcher.py, scripts/bench_serve.py) and dotted names
+    (nmt.inference.stepping.step_loop) in a page name what the repository holds."""
+    text = page.read_text("utf-8")
+    missing = sorted({p for p in FILE_PATH.findall(text) if not named(p)}
+                     | {d for d in DOTTED.findall(text) if not resolves(d)})
+    assert not missing, missing
+
+
+def headline(label: str) -> str:
+    """The figures of docs/results.md's summary row whose first cell starts with `label`."""
+    for line in (ROOT / "docs" / "results.md").read_text("utf-8").splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if line.startswith("|") and cells[0].startswith(label):
+            return cells[1]
+    raise AssertionError(f"docs/results.md has no row {label!r}")
+
+
+def test_the_readmes_figures_are_the_results_summarys():
+    """The README's BLEU, the fairseq comparison, the training speed and the demo's score are
+    the figures of docs/results.md's summary table (the shipped recipe's, not an older one's)."""
+    readme = " ".join((ROOT / "README.md").read_text("utf-8").split())
+    shipped = re.search(r"test BLEU ([\d.]+)", headline("20 minutes of the shipped `cpu20`"))
+    said = re.search(r"the shipped recipe reaches ([\d.]+) test BLEU", readme)
+    assert said and said.group(1) == shipped.group(1)
+    before = re.search(r"test BLEU ([\d.]+) .*fairseq[^:]*: ([\d.]+)",
+                       headline("20 minutes of training on the full corpus"))
+    said = re.search(r"nmt reached ([\d.]+) where fairseq.*? reached ([\d.]+)", readme)
+    assert said and said.groups() == before.groups()
+    speed = [float(x) for x in re.findall(r"([\d.]+)x", headline("training speed against"))]
+    assert f"{min(speed):.2f}-{max(speed):.2f}x as fast as" in readme
+    demo = re.search(r"test BLEU ([\d.]+)", headline("demo:")).group(1)
+    assert f"nmt-translate: BLEU = {demo} " in readme
