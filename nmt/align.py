@@ -12,6 +12,7 @@ from __future__ import annotations
 from nmt.config import SearchConfig
 from nmt.errors import NmtError
 from nmt.inference.engine import Engine
+from nmt.inference.messages import Sentence
 from nmt.inference.search import plan_batches
 
 
@@ -33,18 +34,18 @@ def align(engine: Engine, src_ids: list[list[int]], out_ids: list[list[int]],
     layer: which decoder layer's attention (-1: the last, fairseq's choice)."""
     engine.capabilities.check("alignment")
     layer = check_layer(engine, layer)
-    items = [(i, s, y, []) for i, (s, y) in enumerate(zip(src_ids, out_ids, strict=True))
-             if s and y]  # nothing to link without a source or an output piece
+    items = [Sentence(i, s, y) for i, (s, y) in enumerate(zip(src_ids, out_ids, strict=True))
+             if s and y]  # nothing to link without a source or an output piece (y: the output)
     links: list[list[tuple[int, int]]] = [[] for _ in src_ids]
     search = SearchConfig(max_tokens=max_tokens)
     for batch in plan_batches(items, search, score=True):
         pairs = [items[b] for b in batch]
-        weights = engine.attention([p[1] for p in pairs],
-                                   [p[2] for p in pairs])["encoder_decoder"]
+        weights = engine.attention([p.src for p in pairs],
+                                   [p.prefix for p in pairs])["encoder_decoder"]
         heads = weights[:, layer].mean(1)  # (B, T_q, T_k): the layer's heads averaged
-        for row, (i, s, y, _) in zip(heads, pairs, strict=True):
-            best = row[:len(y), :len(s)].argmax(-1)  # (|y|,): neither EOS nor padding
-            links[i] = [(j, t) for t, j in enumerate(best.tolist())]
+        for row, p in zip(heads, pairs, strict=True):
+            best = row[:len(p.prefix), :len(p.src)].argmax(-1)  # (|y|,): neither EOS nor PAD
+            links[p.tag] = [(j, t) for t, j in enumerate(best.tolist())]
     return links
 
 

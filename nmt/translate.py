@@ -40,8 +40,8 @@ from nmt.errors import ConfigError, NmtError
 from nmt.files import check_output, decode_line, read_lines, write_atomically
 from nmt.inference.constrained import missing_phrases
 from nmt.inference.engine import Engine, check_vocab, open_translator
+from nmt.inference.messages import Hypothesis
 from nmt.inference.rerank import Chooser
-from nmt.inference.search import Hypothesis
 from nmt.languages import LanguageChoice, choose, recorded_pair
 from nmt.runtime import keep_freed_memory, usable_cores
 from nmt.scoring import score

@@ -26,6 +26,7 @@ import numpy as np
 from nmt.config import SearchConfig, ShortlistConfig
 from nmt.data import clean_text_path, read_manifest
 from nmt.files import read_lines
+from nmt.inference.messages import Sentence
 from nmt.inference.search import plan_batches
 from nmt.inference.translator import Translator
 from nmt.scoring import score
@@ -55,7 +56,7 @@ def parse_args() -> argparse.Namespace:
 def mean_candidates(src: list[list[int]], search: SearchConfig, workers: int) -> float:
     """The shortlist's mean candidates per batch, over the batches nmt's Translator would run
     (the same for every row: the batching does not depend on the dtype)."""
-    items = [(i, s, [], []) for i, s in enumerate(src)]
+    items = [Sentence(i, s) for i, s in enumerate(src)]
     shortlist = load_shortlist(search.shortlist)
     return float(np.mean([len(shortlist.candidates([src[i] for i in b], []).ids)
                           for b in plan_batches(items, search, workers=workers)]))

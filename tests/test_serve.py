@@ -26,8 +26,7 @@ from translate_helpers import save_tiny_checkpoint
 from nmt.config import MbrConfig, SearchConfig, ServeConfig, TranslateConfig, compose, to_object
 from nmt.errors import ConfigError, NmtError
 from nmt.inference.engine import open_translator
-from nmt.inference.messages import Batch, Done, Failed, Sentence
-from nmt.inference.search import Hypothesis
+from nmt.inference.messages import Batch, Done, Failed, Hypothesis, Sentence
 from nmt.inference.translator import Translator
 from nmt.translate import translate
 

@@ -19,7 +19,7 @@ from nmt.capabilities import Capabilities
 from nmt.config import SearchConfig, check_search_device
 from nmt.errors import NmtError
 from nmt.inference.ct2_engine import CT2Translator
-from nmt.inference.search import Hypothesis
+from nmt.inference.messages import Hypothesis
 from nmt.inference.translator import Translator
 from nmt.inference.workers import WorkerPool
 from nmt.runtime import warn_if_bf16_emulated

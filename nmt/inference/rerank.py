@@ -16,7 +16,7 @@ import torch
 
 from nmt.config import MbrConfig, RerankConfig, SearchConfig, TranslateConfig, candidate_search
 from nmt.inference.mbr import mbr_select
-from nmt.inference.search import Hypothesis
+from nmt.inference.messages import Hypothesis
 from nmt.inference.translator import Translator
 from nmt.tokenizer import Tokenizer
 

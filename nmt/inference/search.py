@@ -90,9 +90,6 @@ def search_batch(model, src: Tensor, search: SearchConfig, specials: Specials,
                       search, specials, src.device, use_cache, continuations, candidates, beam)
 
 
-Item = tuple[int, list[int], list[int], list[list[int]]]  # line, source, prefix/target, phrases
-
-
 @dataclass
 class BatchJob:
     """Everything needed to translate or score one batch (what a worker process holds)."""
@@ -105,19 +102,18 @@ class BatchJob:
     score: bool = False  # score the given targets instead of searching
     continuations: list[int] | None = None  # constraints: pieces that may not follow a phrase
 
-    def __call__(self, items: list[Item]) -> list[list[Hypothesis]]:
-        """Items (line number, source ids, prefix or target ids, constraints) -> hypotheses,
-        in order."""
+    def __call__(self, items: list[Sentence]) -> list[list[Hypothesis]]:
+        """Sentences -> their hypotheses, in order (scoring: each Sentence's prefix is the
+        whole target scored)."""
         eos, pad = self.specials.eos, self.specials.pad
         if self.score:
-            src = pad_batch([s + [eos] for _, s, _, _ in items], pad, self.device)
-            tgt = pad_batch([y + [eos] for _, _, y, _ in items], pad, self.device)
+            src = pad_batch([s.src + [eos] for s in items], pad, self.device)
+            tgt = pad_batch([s.prefix + [eos] for s in items], pad, self.device)
             return [[h] for h in score_batch(self.models, src, tgt, self.search, self.specials)]
-        sentences = [Sentence(i, s, y, c, line) for i, (line, s, y, c) in enumerate(items)]
-        return decode_all(self.models, sentences, self.search, self.specials, self.device,
+        return decode_all(self.models, items, self.search, self.specials, self.device,
                           self.use_cache, self.continuations,
-                          batch_candidates(self.search, sentences, self.device),
-                          use_beams(self.search, any(c for _, _, _, c in items)))
+                          batch_candidates(self.search, items, self.device),
+                          use_beams(self.search, any(s.phrases for s in items)))
 
 
 def batch_candidates(search: SearchConfig, sentences: list[Sentence],
@@ -145,7 +141,7 @@ def decoding_models(model, search: SearchConfig, fast: bool = True) -> list:
             if isinstance(m, Transformer) else m for m in models]
 
 
-def plan_batches(items: list[Item], search: SearchConfig,
+def plan_batches(items: list[Sentence], search: SearchConfig,
                  score: bool = False, workers: int = 1) -> list[list[int]]:
     """Length-sorted token-budget batches of items (lists of their indices): longest first, so
     that a batch's first item sets its width. workers > 1: at least one batch per worker."""
@@ -153,14 +149,14 @@ def plan_batches(items: list[Item], search: SearchConfig,
     if workers > 1:
         share = -(-len(items) // workers)
         per_batch = min(per_batch or share, share)
-    lengths = np.array([max(len(s), len(y) if score else 0) + 1 for _, s, y, _ in items],
+    lengths = np.array([max(len(s.src), len(s.prefix) if score else 0) + 1 for s in items],
                        dtype=np.int64)
     order = np.argsort(-lengths, kind="stable")
     return [b.tolist() for b in batch_by_tokens(order, lengths, lengths, search.max_tokens,
                                                 per_batch)]
 
 
-def run_jobs(job: BatchJob, items: list[Item],
+def run_jobs(job: BatchJob, items: list[Sentence],
              progress=None) -> list[list[Hypothesis]]:
     """Run `job` on length-sorted token-budget batches of items, in this process; results
     in input order. Reference models are put in eval mode and back meanwhile (worker
@@ -211,7 +207,8 @@ def translate_nbest(model, src_ids: list[list[int]], search: SearchConfig,
     results = [empty_source(Sentence(i, s, prefixes[i], phrases[i]))
                for i, s in enumerate(src_ids)]
     todo = [i for i, r in enumerate(results) if r is None]
-    out = run(job, [(lines[i], src_ids[i], prefixes[i], phrases[i]) for i in todo], progress)
+    out = run(job, [Sentence(i, src_ids[i], prefixes[i], phrases[i], lines[i]) for i in todo],
+              progress)
     for i, hyps in zip(todo, out, strict=True):
         results[i] = hyps
     return results
@@ -224,7 +221,7 @@ def score_pairs(model, src_ids: list[list[int]], tgt_ids: list[list[int]], searc
     (no BOS/EOS), batched like translate_nbest, in input order."""
     models = decoding_models(model, search, fast)
     job = BatchJob(models, search, specials, torch.device(device), score=True)
-    items = [(i, s, y, []) for i, (s, y) in enumerate(zip(src_ids, tgt_ids, strict=True))]
+    items = [Sentence(i, s, y) for i, (s, y) in enumerate(zip(src_ids, tgt_ids, strict=True))]
     return [hyps[0] for hyps in run(job, items, progress)]
 
 

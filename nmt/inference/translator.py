@@ -28,9 +28,9 @@ from nmt.capabilities import ENGINES
 from nmt.config import SearchConfig
 from nmt.errors import NmtError
 from nmt.inference.loading import check_ensemble, load_model
+from nmt.inference.messages import Hypothesis, Sentence
 from nmt.inference.search import (
     BatchJob,
-    Hypothesis,
     decoding_models,
     pad_batch,
     plan_batches,
@@ -187,7 +187,8 @@ class Translator:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _run(self, job: BatchJob, items: list, progress=None) -> list[list[Hypothesis]]:
+    def _run(self, job: BatchJob, items: list[Sentence], progress=None
+             ) -> list[list[Hypothesis]]:
         """nmt.inference.search.run_jobs on the workers: at least one batch each, results in input
         order; each worker decodes with its inherited prepared models."""
         if not self.pool.processes or self.pool.loops or len(items) < 2:
@@ -211,6 +212,7 @@ class Translator:
         return results
 
 
-def _run_batch(translator: Translator, job: BatchJob, items: list) -> list[list[Hypothesis]]:
+def _run_batch(translator: Translator, job: BatchJob, items: list[Sentence]
+               ) -> list[list[Hypothesis]]:
     """In a worker: one batch of a job, with the translator's prepared models."""
     return dataclasses.replace(job, models=translator.prepared(job.search.dtype))(items)

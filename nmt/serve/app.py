@@ -58,9 +58,8 @@ from nmt.config import RerankConfig, SearchConfig, ServeConfig
 from nmt.errors import ConfigError, NmtError
 from nmt.inference.core import use_beams
 from nmt.inference.engine import Engine, check_vocab, open_translator
-from nmt.inference.messages import Batch, Failed, Sentence
+from nmt.inference.messages import Batch, Failed, Hypothesis, Sentence
 from nmt.inference.rerank import Chooser
-from nmt.inference.search import Hypothesis
 from nmt.inference.workers import WorkerPool
 from nmt.languages import LanguageChoice, choose, language_id, recorded_pair
 from nmt.preemption import restore_handler
