@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nmt.gpu_sim import MISSING, loss_memory, update_cost
+from nmt.testing.gpu_sim import MISSING, loss_memory, update_cost
 
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 

@@ -1,4 +1,4 @@
-"""The GPU paths tested on every commit without a GPU (nmt/gpu_sim.py says how): nmt-train's
+"""The GPU paths tested on every commit without a GPU (nmt/testing/gpu_sim.py says how): nmt-train's
 update on a simulated CUDA device reads nothing from it and keeps its statistics there; 8
 simulated ranks make the same collectives; decoding runs on the simulated device; decoding
 reads the host once a step; out-of-memory errors, dtypes and devices end in one line.
@@ -27,14 +27,14 @@ from nmt.config import (
     to_object,
 )
 from nmt.errors import ConfigError, NmtError
-from nmt.gpu_sim import MISSING, World, decoding_reads, simulated_cuda, simulated_run
 from nmt.inference.fast import FastModel, PackedAffine
 from nmt.inference.search import Decoder, decoding_models
+from nmt.testing.gpu_sim import MISSING, World, decoding_reads, simulated_cuda, simulated_run
 from nmt.train import train
 
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 if MISSING is None:
-    from nmt.gpu_sim import HOST_READ, NO_GPU_KERNEL
+    from nmt.testing.gpu_sim import HOST_READ, NO_GPU_KERNEL
 
 CUDA = torch.device("cuda", 0)
 

@@ -32,7 +32,7 @@ LAYERS = [
     {"nmt.inference.rerank", "nmt.align", "nmt.translate", "nmt.train", "nmt.preprocess",
      "nmt.export", "nmt.importer",
      "nmt.serve.batcher", "nmt.serve.app", "nmt.serve.libretranslate"},
-    {"nmt.cli", "nmt.gpu_sim"},  # the commands; the GPU simulation harness of tests and scripts
+    {"nmt.cli", "nmt.testing", "nmt.testing.gpu_sim"},  # the commands; the tests' GPU harness
 ]
 # The commands' modules: none imports another (what two need lives below both).
 COMMANDS = {"nmt.translate", "nmt.train", "nmt.preprocess", "nmt.export", "nmt.importer",
@@ -146,7 +146,7 @@ def test_both_engines_have_every_method_of_the_interface():
 
 def test_scripts_import_nothing_from_tests():
     """A script that puts tests/ on sys.path to borrow a helper ties a tool to the test suite;
-    the helper belongs in nmt/ (nmt/gpu_sim.py, once tests/gpu_sim.py)."""
+    the helper belongs in nmt/ (nmt/testing/gpu_sim.py, once tests/gpu_sim.py)."""
     helpers = {p.stem for p in (ROOT / "tests").glob("*.py")}
     borrowed = {f"{path.name}: {name}" for path in sorted((ROOT / "scripts").rglob("*.py"))
                 for name in imports(path) if name.split(".")[0] in helpers | {"tests"}}

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
-def test_wheel_ships_the_configs_and_composes_from_them(tmp_path):
+def test_wheel_ships_the_configs_not_the_test_harness_and_composes(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
                     "--no-build-isolation", "-w", str(tmp_path), str(ROOT)], check=True,
                    capture_output=True, timeout=300)
@@ -26,6 +26,7 @@ def test_wheel_ships_the_configs_and_composes_from_them(tmp_path):
                  "hydra/launcher/slurm.yaml"):
         assert f"nmt/configs/{yaml}" in names
     assert "nmt/serve/page.html" in names  # nmt-serve's GET /
+    assert not [n for n in names if n.startswith("nmt/testing/")]  # the tests' GPU harness
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     code = ("import nmt, sys; from nmt.config import compose;"
@@ -109,7 +110,7 @@ def resolves(name: str) -> bool:
 
 def test_every_torch_name_nmt_uses_exists_in_this_torch():
     """Run on the floor torch (`make test-floor`), a name newer than the floor fails here even
-    where no test reaches the code that uses it. The GPU simulation harness (nmt/gpu_sim.py)
+    where no test reaches the code that uses it. The GPU simulation harness (nmt/testing/gpu_sim.py)
     is left out: it probes the torch internals it needs itself, and its tests skip without."""
     used = {name: path.relative_to(ROOT) for path in sorted((ROOT / "nmt").rglob("*.py"))
             if path.name != "gpu_sim.py"

@@ -1,6 +1,6 @@
 """nmt.private_ops: the private PyTorch operators nmt keeps are all there (a torch upgrade
 that drops one fails here, instead of decoding silently slower), and no other module of nmt
-calls a private operator (but the GPU simulation harness nmt.gpu_sim, which stands in for
+calls a private operator (but the GPU simulation harness nmt.testing.gpu_sim, which stands in for
 torch's CUDA kernels and checks its internals itself)."""
 
 import re
