@@ -14,7 +14,7 @@ FLOOR_INDEX ?=
 FLOOR  := .venv-floor
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-quick test-slow test-isa test-gpu test-browser test-floor lint demo clean
+.PHONY: install test test-quick test-slow test-isa test-gpu test-browser test-matrix test-floor lint demo clean
 
 install: $(STAMP)
 
@@ -43,6 +43,11 @@ test-slow: install
 # (tests/test_isa.py, which make test runs too): what fails on AVX2 shows on an AVX-512 machine.
 test-isa: install
 	$(BIN)/python -m pytest tests/test_isa.py -v
+
+# Every cell of nmt-serve's combinations (tests/test_matrix.py: engines x model kinds x
+# interfaces x searches, both batching policies); make test runs all pairs of them.
+test-matrix: install
+	NMT_MATRIX_FULL=1 $(BIN)/python -m pytest tests/test_matrix.py -v
 
 # The GPU suite (tests/test_gpu.py): NCCL, bf16/fp16, resume, averaging, translation, torchrun
 # over every GPU present. Install a CUDA build of torch into .venv first.

@@ -6,8 +6,8 @@ are the same in every interface that refuses it, or is n/a: LibreTranslate has n
 constraint, MBR or sampling field, its form client (libretranslatepy) sends no alternatives
 (no beam), and a text is split as the server's `split` says. `make test` runs a set of cells
 that holds every pair of values of two dimensions (all pairs); the whole product is
-slow-marked, runs engine=nmt's servers under both batching policies, and writes the table
-that docs/commands.md holds (NMT_WRITE_MATRIX=1 writes
+slow-marked and run by `make test-matrix` (NMT_MATRIX_FULL=1), runs engine=nmt's servers
+under both batching policies, and writes the table that docs/commands.md holds (NMT_WRITE_MATRIX=1 writes
 it there; without, the test fails where the two differ). Both check their cells against that
 table.
 """
@@ -317,6 +317,8 @@ def test_every_pair_of_dimensions(kinds, tmp_path):
 def test_every_cell(kinds, tmp_path):
     """The whole product, under both batching policies; the table in docs/commands.md is this
     test's (NMT_WRITE_MATRIX=1 writes it)."""
+    if not (os.environ.get("NMT_MATRIX_FULL") or os.environ.get("NMT_WRITE_MATRIX")):
+        pytest.skip("the whole product runs in make test-matrix (make test: all pairs)")
     cells = list(itertools.product(*DIMENSIONS))
     results = run_cells(kinds, cells, tmp_path, continuous=False)
     assert run_cells(kinds, [c for c in cells if c[0] == "nmt"], tmp_path,
