@@ -7,9 +7,9 @@ constraint, MBR or sampling field, its form client (libretranslatepy) sends no a
 (no beam), and a text is split as the server's `split` says. `make test` runs a set of cells
 that holds every pair of values of two dimensions (all pairs); the whole product is
 slow-marked and run by `make test-matrix` (NMT_MATRIX_FULL=1), runs engine=nmt's servers
-under both batching policies, and writes the table that docs/commands.md holds (NMT_WRITE_MATRIX=1 writes
-it there; without, the test fails where the two differ). Both check their cells against that
-table.
+under both batching policies, and writes the table that docs/commands.md holds
+(NMT_WRITE_MATRIX=1 writes it there; without, the test fails where the two differ). Both
+check their cells against that table.
 """
 
 from __future__ import annotations
