@@ -4,7 +4,7 @@ the Batcher imports them without PyTorch and process queues pickle them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from nmt.config import SearchConfig
 
@@ -29,6 +29,11 @@ class Sentence:
     prefix: list[int] = field(default_factory=list)
     phrases: list[list[int]] = field(default_factory=list)
     line: int = 0
+
+
+def search_key(search: SearchConfig) -> tuple:
+    """What two sentences must share to be decoded in one batch: every search setting."""
+    return tuple(sorted(asdict(search).items()))
 
 
 @dataclass

@@ -126,6 +126,7 @@ def batch_candidates(search: SearchConfig, sentences: list[Sentence],
     ids, V = load_shortlist(search.shortlist).candidates([s.src for s in sentences], forced)
     return Candidates(ids.to(device), V)
 
+
 def decoding_models(model, search: SearchConfig, fast: bool = True) -> list:
     """The models to decode with: each Transformer prepared as a FastModel in search.dtype
     (unless fast=False: the reference model itself, in fp32 only); others as they are."""

@@ -20,11 +20,10 @@ from __future__ import annotations
 import itertools
 import pickle
 import queue
-from dataclasses import asdict
 
 from nmt.config import SearchConfig
 from nmt.inference.core import Decoding, use_beams
-from nmt.inference.messages import Batch, Done, Failed, Sentence
+from nmt.inference.messages import Batch, Done, Failed, Sentence, search_key
 from nmt.inference.search import batch_candidates
 from nmt.inference.workers import STOP
 
@@ -109,10 +108,9 @@ def _admit(translator, decoders: dict, batches: list[Batch], outbox, worker: int
     (use_beams: lexical constraints at beam size 1 are a beam search of their own; with
     sampling, a Failed); own: a whole Batch's number, whose sentences get one Decoding of
     their own, with nmt-translate's strategy for the batch and over the batch's shortlist."""
-    groups: dict[tuple, list[Sentence]] = {}
-    searches: dict[tuple, SearchConfig] = {}
+    groups: dict[tuple, tuple[SearchConfig, list[Sentence]]] = {}
     for batch in batches:
-        setting = tuple(sorted(asdict(batch.search).items()))
+        setting = search_key(batch.search)
         for sentence in batch.sentences:
             try:
                 beam = use_beams(batch.search, bool(sentence.phrases))
@@ -120,10 +118,8 @@ def _admit(translator, decoders: dict, batches: list[Batch], outbox, worker: int
                 outbox.put(Failed(worker, [sentence.tag], e))
                 continue
             key = (setting, beam, None) if own is None else (setting, own)
-            groups.setdefault(key, []).append(sentence)
-            searches[key] = batch.search
-    for key, sentences in groups.items():
-        search = searches[key]
+            groups.setdefault(key, (batch.search, []))[1].append(sentence)
+    for key, (search, sentences) in groups.items():
         beam = key[1] if own is None else use_beams(search, any(s.phrases for s in sentences))
         live = len(decoders[key].tags) if key in decoders else 0
         try:

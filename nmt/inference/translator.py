@@ -171,8 +171,8 @@ class Translator:
 
     def stepper(self) -> WorkerPool:
         """nmt-serve's workers: from the first call on, every worker runs
-        nmt.inference.stepping.step_loop (tasks wait meanwhile); the pool, whose send, read
-        and dead nmt-serve's Batcher uses."""
+        nmt.inference.stepping.step_loop (a process pool's tasks wait meanwhile); the pool,
+        whose send, read and dead nmt-serve's Batcher uses."""
         if not self.pool.loops:
             self.pool.run_loops(step_loop)
         return self.pool

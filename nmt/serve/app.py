@@ -484,7 +484,8 @@ class Service:
         self.check_size(req, split, len(pieces))
         search = self.search_of(req)
         chooser = self.chooser_of(req, search)
-        self.check_engine("sampling", (chooser.search if chooser else search).sampling,
+        decoded = chooser.search if chooser else search  # what the workers run
+        self.check_engine("sampling", decoded.sampling,
                           "sampling" if search.sampling else "mbr_candidates")
         if self.broken:
             raise ApiError(503, None, self.broken)
@@ -497,8 +498,7 @@ class Service:
         sentences = [Sentence(i, src, *extra) for i, (src, extra) in enumerate(zip(
             ids, extras, strict=True))]
         try:
-            nbest = await self.batcher.translate(sentences, chooser.search if chooser else search,
-                                                 self.cfg.timeout_s)
+            nbest = await self.batcher.translate(sentences, decoded, self.cfg.timeout_s)
         except QueueFull:
             raise ApiError(503, None, f"busy: {len(self.batcher.queue)} sentences queued",
                            {"Retry-After": str(self.batcher.retry_after())}) from None

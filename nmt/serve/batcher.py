@@ -24,10 +24,10 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 
 from nmt.config import SearchConfig
-from nmt.inference.messages import Batch, Done, Failed, Hypothesis, Sentence
+from nmt.inference.messages import Batch, Done, Failed, Hypothesis, Sentence, search_key
 
 
 class QueueFull(Exception):
@@ -116,11 +116,6 @@ class Admission:
     max_tokens: int  # source tokens with EOS a batch (a worker, continuous) holds at most
     max_sentences: int  # sentences a batch (a worker) holds at most (0: no limit)
     max_wait_s: float = 0.0  # batches: the oldest sentence waits this long for batch mates
-
-
-def search_key(search: SearchConfig) -> tuple:
-    """What two sentences must share to be decoded in one batch: every search setting."""
-    return tuple(sorted(asdict(search).items()))
 
 
 class Batcher:
