@@ -20,7 +20,7 @@ LAYERS = [
      "nmt.private_ops", "nmt.checkpoint", "nmt.distributed", "nmt.loss", "nmt.schedule",
      "nmt.cpu_training", "nmt.activation_checkpointing", "nmt.preemption", "nmt.stopping",
      "nmt.corpus"},
-    {"nmt.inference.fast", "nmt.inference.rules", "nmt.inference.core",
+    {"nmt.inference.fast", "nmt.inference.rules", "nmt.inference.decoder", "nmt.inference.core",
      "nmt.inference.search", "nmt.inference.workers",
      "nmt.inference.constrained", "nmt.inference.stepping", "nmt.inference.loading",
      "nmt.inference.mbr",
@@ -159,15 +159,18 @@ def test_the_model_imports_nothing_of_nmt_but_its_config():
 
 
 # Each rule and strategy of decoding is one function (or class), defined once, in the
-# decoding core (nmt.inference.core) or its rules (nmt.inference.rules): the empty-source
-# rule, the lengths, the bans, forced prefixes, the shortlist, the strategies.
+# decoding core (nmt.inference.core), its rules (nmt.inference.rules) or the models' side of
+# a step (nmt.inference.decoder): the empty-source rule, the lengths, the bans, forced
+# prefixes, the shortlist, the strategies and what the decoding keeps.
 DECODING_RULES = {
     "empty_source", "max_output_lengths", "output_lengths", "length_penalty", "ban_specials",
     "ban_early_eos", "ban_repeated_ngrams", "ban_after_phrases", "apply_rules",
     "prefix_pieces", "force_prefix", "restrict_to_shortlist", "mask_to_shortlists",
-    "sample_tokens", "sample_uniforms", "epsilon_cut", "use_beams", "beam_candidates", "Greedy",
-    "Beam", "Decoding", "Decoder",
+    "sample_tokens", "sample_uniforms", "epsilon_cut", "use_beams", "choose_greedy",
+    "choose_sample", "choose_beam", "going_on", "read_step", "Units", "Decoding", "Decoder",
 }
+STRATEGIES = ("choose_greedy", "choose_sample", "choose_beam")
+DECODING = ["nmt.inference.core"], ["nmt.inference.rules"], ["nmt.inference.decoder"]
 
 
 def definitions() -> dict[str, list[str]]:
@@ -186,8 +189,25 @@ def definitions() -> dict[str, list[str]]:
 def test_each_decoding_rule_is_defined_once_in_the_core():
     where = definitions()
     placed = {name: where.get(name, []) for name in DECODING_RULES}
-    assert {n: m for n, m in placed.items()
-            if m not in (["nmt.inference.core"], ["nmt.inference.rules"])} == {}
+    assert {n: m for n, m in placed.items() if m not in DECODING} == {}
+
+
+def test_the_strategies_choose_and_the_decoding_keeps():
+    """A strategy is a function of the log-probabilities, the rows' scores and its own small
+    state: it takes no Decoding (nor self) and calls none of its methods; only the Decoding
+    reorders, writes and finishes."""
+    tree = ast.parse((NMT / "inference" / "core.py").read_text(encoding="utf-8"))
+    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    decoding = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Decoding")
+    methods = {n.name for n in decoding.body if isinstance(n, ast.FunctionDef)}
+    for name in STRATEGIES:
+        fn = functions[name]  # a module-level function, not a method
+        args = [a.arg for a in fn.args.args]
+        notes = [ast.unparse(a.annotation) for a in fn.args.args if a.annotation]
+        assert "self" not in args and "dec" not in args and "Decoding" not in notes, name
+        called = {n.func.attr for n in ast.walk(fn) if isinstance(n, ast.Call)
+                  and isinstance(n.func, ast.Attribute)}
+        assert not called & (methods - {"__init__"}), name
 
 
 def test_no_module_imports_another_modules_private_names():

@@ -107,6 +107,39 @@ def exhaustive(model, source, max_len, min_len, alpha):
     return sorted(scored, key=lambda x: -x[0])
 
 
+def plain_beam(model, source: list[int], cfg: SearchConfig) -> list[tuple[float, list[int]]]:
+    """fairseq's beam search written plainly for one sentence on the reference model (full
+    forward passes: no cache, no batch, no Decoding), the rules the decoding core keeps: of
+    the 2k best continuations, EOS ones among the first k finish and the first k others go
+    on; k finished end the search; at the maximum length the active ones finish as they are.
+    Beam 1 is greedy search. cfg.nbest (score, ids) pairs, best first."""
+    k = cfg.beam_size
+    max_len = min(max(int(cfg.max_len_a * len(source) + cfg.max_len_b), 1),
+                  model.cfg.max_positions)
+    src = torch.tensor([source + [EOS_ID]])
+    beams, finished = [(0.0, [])], []  # (log P, ids) each
+    for t in range(max_len):
+        tgt_in = torch.tensor([[BOS_ID] + ids for _, ids in beams])
+        with torch.no_grad():
+            lprobs = model(src.expand(len(beams), -1), tgt_in)[:, -1].float().log_softmax(-1)
+        lprobs[:, [PAD_ID, BOS_ID]] = -torch.inf
+        if t < cfg.min_len:
+            lprobs[:, EOS_ID] = -torch.inf
+        cand = sorted(((logp + lp, ids + [tok])
+                       for (logp, ids), row in zip(beams, lprobs.tolist(), strict=True)
+                       for tok, lp in enumerate(row)), key=lambda c: -c[0])[:2 * k]
+        going = [c for c in cand if c[1][-1] != EOS_ID][:k]
+        finished += [(logp / length_penalty(t + 1, cfg.alpha), ids[:-1])
+                     for logp, ids in cand[:k] if ids[-1] == EOS_ID and logp > -torch.inf]
+        beams = going
+        if t + 1 == max_len:
+            finished += [(logp / length_penalty(max_len, cfg.alpha), ids) for logp, ids in beams
+                         if logp > -torch.inf]
+        if len(finished) >= k:
+            break
+    return sorted(finished, key=lambda f: -f[0])[:cfg.nbest]
+
+
 def translate_config(**kw) -> TranslateConfig:
     """A TranslateConfig composed like the CLI from key=value pairs, with short outputs for
     speed (max_len_b=8) and no speed report."""

@@ -2,7 +2,7 @@
 Hu et al. 2019, Sockeye and fairseq's --constraints).
 
 Every output of a sentence must contain given target phrases: id lists, as the target
-tokenizer splits them, matched on its piece boundaries. Beam search (nmt.inference.core.Beam)
+tokenizer splits them, matched on its piece boundaries. Beam search (nmt.inference.core.choose_beam)
 keeps, per hypothesis (row), which constraint tokens it has met and where it stands in a
 phrase it has begun (Sockeye's ConstrainedHypothesis, held here as one row of tensors per
 hypothesis); a hypothesis may only end (EOS) once it has met every phrase.

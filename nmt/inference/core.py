@@ -2,30 +2,36 @@
 
 A `Decoding` holds the live sentences of one search setting. Sentences join it (`admit`)
 between any two steps and leave it when they end; `step()` decodes one step for every live
-row and returns the sentences that ended. Each step is the same for every use:
+row and returns the sentences that ended. A sentence is searched by units: a unit is the k
+rows of one beam (beam search) or one row (greedy search; sampling gives a sentence
+search.nbest units). Unit u holds rows u kb .. u kb + kb - 1, kb its rows now. One step,
+top to bottom in `Decoding.step`:
 
-1. the models' next-token log-probabilities for every live row (`Decoder`: one model or an
-   ensemble, FastModel's key/value cache or the reference model's; a lexical shortlist cuts
-   the output layer to the batch's candidate pieces);
+1. `_log_probs`: the models' next-token log-probabilities for every live row
+   (nmt.inference.decoder.Decoder: one model or an ensemble, FastModel's key/value cache or
+   the reference model's; a lexical shortlist cuts the output layer to the batch's pieces);
 2. the rules, in one place and order (nmt.inference.rules.apply_rules: PAD / BOS, minimum
    length, no repeated n-grams, lexical constraints' bans, forced prefixes last);
-3. the strategy: `Greedy` (the most probable token, or sampling with top-k / top-p /
-   temperature, seeded per input line) or `Beam` (fairseq's step: top-2k of the k x V
-   continuations, EOS candidates in the top k finish, the first k others go on; with lexical
-   constraints, nmt.inference.constrained's dynamic beam allocation orders the candidates);
-4. the loop retires the sentences that ended (EOS, maximum length, or no active hypothesis
-   can beat the n-th finished one) and drops their rows from every per-row tensor.
+3. the strategy chooses: a function of the log-probabilities, the rows' scores and its own
+   small state that returns a `Choice`, each unit's candidates best first (`choose_greedy`,
+   `choose_sample`, `choose_beam`: fairseq's Search.step, the 2k best of the k x V
+   continuations, ordered by constraints' banks where there are constraints);
+4. the decoding keeps the rest (`_advance`): the first k candidates that do not end go on
+   (`going_on`); the host reads the step once (`read_step`); EOS candidates among the first k
+   finish a hypothesis; the rows follow their parents and grow by a token; a unit ends with k
+   finished hypotheses (fairseq's rule, which makes beam 1 greedy), at its maximum length, or
+   as soon as no row can beat its nbest-th finished one (`Units`); a sentence ends when all
+   its units have, and their rows leave every per-row tensor (`_retire`).
 
 Batch translation (nmt.inference.search.translate_nbest) admits every sentence of a batch at
 step 0 and steps until none is live: then every row sits at the same position, and a step
 feeds the models no positions or masks (uniform positions: what the reference model and
-decoding without the cache take; for FastModels the per-row form is as fast, measured in
-docs/results.md, "The one decoding core: speed kept"). Continuous batching
-(nmt.inference.stepping, nmt-serve) admits sentences at any step: the rows share one
-key/value cache of L positions; a row that joined at step s of the cache has its first s
-positions hidden by a self-attention mask and reads its own position for the position
-encoding; leading positions that no live row uses are dropped when rows retire. Joining a
-running batch needs FastModels with their cache (`can_join`).
+decoding without the cache take). Continuous batching (nmt.inference.stepping, nmt-serve)
+admits sentences at any step: the rows share one key/value cache of L positions; a row that
+joined at step s of the cache has its first s positions hidden by a self-attention mask and
+reads its own position for the position encoding; leading positions that no live row uses
+are dropped when rows retire. Joining a running batch needs FastModels with their cache
+(`can_join`).
 
 Conventions. Source id lists carry no BOS/EOS; EOS is appended here. Outputs are id lists
 without BOS/EOS. |Y| counts the EOS; an output cut at the maximum length has |Y| = max length
@@ -35,6 +41,7 @@ sum over steps of the models' average log-probability.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
@@ -44,26 +51,13 @@ from torch import Tensor
 
 from nmt.config import SearchConfig
 from nmt.inference.constrained import PhraseConstraints, missing_phrases, pad_to
-from nmt.inference.fast import (
-    FastModel,
-    FastState,
-    additive_source_mask,
-    row_argmax,
-    top_k,
-)
+from nmt.inference.decoder import Decoder
+from nmt.inference.fast import FastModel, additive_source_mask, row_argmax, top_k
 from nmt.inference.messages import Hypothesis, Sentence
 from nmt.inference.rules import Columns, StepView, apply_rules, sample_tokens, sample_uniforms
 from nmt.model import additive_mask
 from nmt.shortlist import Candidates, load_shortlist
 from nmt.tokenizer import Specials
-
-
-def all_but(n: int, rows) -> np.ndarray:
-    """0..n-1 without `rows`, ascending (np.setdiff1d's result without its sort: every step
-    asks, and most steps retire nothing)."""
-    mask = np.ones(n, dtype=bool)
-    mask[np.asarray(rows, dtype=np.int64)] = False
-    return np.flatnonzero(mask)
 
 
 def empty_source(sentence: Sentence) -> list[Hypothesis] | None:
@@ -124,122 +118,172 @@ def can_join(models: list, use_cache: bool = True) -> bool:
     return use_cache and all(isinstance(m, FastModel) for m in models)
 
 
-class Decoder:
-    """Next-token log-probabilities for a batch of prefixes: the average of the models'
-    (one model, or an ensemble), each with its key/value cache or without."""
-
-    def __init__(self, models: list, src: Tensor, use_cache: bool = True,
-                 candidates: Candidates | None = None, compact: bool = False):
-        """Encode (B, S) sources with every model: one row per sentence until `reorder`.
-        candidates: a lexical shortlist (nmt.shortlist): log-softmax over its ids alone
-        (FastModels compute those logits alone; others all, then cut), in a column each
-        (compact: the search works in those columns, rules.Columns) or with every other id
-        at -inf in full-vocabulary rows."""
-        self.models, self.use_cache, self.candidates = models, use_cache, candidates
-        self.compact = compact
-        self.states = []  # per model: its decoding state, or [memory, src_mask] without cache
-        self.cut = []  # per model: whether decode_step gives the shortlist's logits alone
-        for model in models:
-            memory, src_mask = model.encode(src)  # (B, S, d_model), (B, 1, 1, S)
-            cut = candidates is not None and use_cache and isinstance(model, FastModel)
-            self.cut.append(cut)
-            if not use_cache:
-                self.states.append([memory, src_mask])
-            else:
-                self.states.append(model.start_decoding(memory, src_mask, candidates.ids) if cut
-                                   else model.start_decoding(memory, src_mask))
-
-    def reorder(self, index: Tensor, group: int, sentences: Tensor | None = None) -> None:
-        """Keep (and repeat) rows `index` of the batch: `group` rows per memory row, the memory
-        rows `sentences` (None: as they are) (FastState.reorder)."""
-        for i, state in enumerate(self.states):
-            if isinstance(state, FastState):
-                state.reorder(index, group, sentences)
-            elif self.use_cache:
-                state.reorder(index)
-            else:
-                self.states[i] = [t.index_select(0, index) for t in state]
-
-    def log_probs(self, prefix: Tensor, allowed: Tensor | None = None, **step) -> Tensor:
-        """(R, t) BOS and the tokens so far -> (R, V) float log-probabilities of the next token
-        ((R, V') with a compact shortlist: its candidates' columns). allowed: (R, V) each row's
-        own shortlist (mask_to_shortlists); step: further arguments of the models' decode_step
-        (per-row positions and the self-attention mask of rows that joined later)."""
-        total = None
-        for model, state, cut in zip(self.models, self.states, self.cut, strict=True):
-            if self.use_cache:  # only the newest token goes in; the past is in the cache
-                logits = model.decode_step(prefix[:, -1:], state, **step)[:, 0]  # (R, V)
-            else:  # the whole prefix again: the reference the cache must reproduce
-                logits = model.decode(prefix, *state)[:, -1]  # (R, V)
-            if self.candidates is not None and not cut:
-                logits = logits.index_select(1, self.candidates.ids)  # (R, V')
-            logits = logits.float().contiguous()
-            if allowed is not None:
-                mask_to_shortlists(logits, allowed)
-            lprobs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: no new 4 B/logit
-            total = lprobs if total is None else total.add_(lprobs)
-        if len(self.models) > 1:
-            total.div_(len(self.models))
-        if self.candidates is None or self.compact:
-            return total
-        return restrict_to_shortlist(total, self.candidates)
-
-    def target_log_probs(self, tgt: Tensor, pad_id: int, bos_id: int) -> Tensor:
-        """Teacher forcing: (B, T) targets (EOS, then PAD) -> (B, T) log P of each (0 at PAD)."""
-        tgt_in = torch.cat([torch.full_like(tgt[:, :1], bos_id), tgt[:, :-1]], dim=1)
-        total = torch.zeros(tgt.shape, device=tgt.device)
-        for model, (memory, src_mask) in zip(self.models, self.states, strict=True):
-            lprobs = torch.log_softmax(model.decode(tgt_in, memory, src_mask).float(), dim=-1)
-            total += lprobs.gather(2, tgt.unsqueeze(2)).squeeze(2)  # (B, T)
-        return (total / len(self.models)).masked_fill_(tgt == pad_id, 0.0)
-
-    def join(self, new: Decoder, rows: int, S: int) -> None:
-        """Append the `rows` rows of another Decoder of the same models (no step decoded yet),
-        every memory padded to S source positions (FastStates: can_join)."""
-        for live, state in zip(self.states, new.states, strict=True):
-            _join_states(live, state, rows, S)
-
-
 def in_columns(sentences: list[Sentence], candidates: Candidates | None) -> bool:
     """Whether a batch's search works in its shortlist's columns (rules.Columns): with a batch
     shortlist and no lexical constraints (which ban by id, over full-vocabulary rows)."""
     return candidates is not None and not any(s.phrases for s in sentences)
 
 
-def restrict_to_shortlist(lprobs: Tensor, candidates: Candidates) -> Tensor:
-    """The shortlist rule: (R, V') log-probabilities over the candidates -> (R, V), every other
-    piece at -inf."""
-    ids, V = candidates
-    return lprobs.new_full((lprobs.size(0), V), -torch.inf).index_copy_(1, ids, lprobs)
+
+# ----------------------------------------------------------------------------- the strategies
+@dataclass
+class Choice:
+    """What a strategy chose at one step: per unit (b of them, kb rows each) c candidates,
+    best first: c = 1 for greedy search and sampling, at least 2k for beam search."""
+
+    scores: Tensor  # (b, c) float: log P of the prefix each candidate makes
+    parents: Tensor  # (b, c) long: the row of its unit it continues, 0 .. kb - 1
+    tokens: Tensor  # (b, c) long: its token (a column of the step's log-probabilities)
 
 
-def mask_to_shortlists(logits: Tensor, allowed: Tensor) -> None:
-    """The shortlist rule with a shortlist per row (continuous batching: each sentence its
-    own, as a batch of one): (R, V) logits of the pieces a row may not emit set to -inf, in
-    place, before the log-softmax."""
-    logits.masked_fill_(~allowed, -torch.inf)
+def choose_greedy(lprobs: Tensor, scores: Tensor) -> Choice:
+    """Greedy search: each row's most probable token. lprobs (R, V), scores (R, 1): a unit is
+    one row."""
+    return _one_each(lprobs, scores, row_argmax(lprobs))  # lprobs.argmax(dim=1), faster
 
 
-def _join_states(live: FastState, new: FastState, rows: int, S: int) -> None:
-    """Append a FastState's `rows` rows (no step decoded yet) to a live one: encoder keys and
-    values padded to S positions, empty self-attention positions (zeros, masked) before them.
-    Both must group their rows alike (FastState.g)."""
-    live.memory_kv = [tuple(torch.cat([F.pad(x, (0, 0, 0, S - x.size(2))) for x in pair])
-                      for pair in zip(a, b, strict=True))
-                      for a, b in zip(live.memory_kv, new.memory_kv, strict=True)]
-    for cache in live.self_kv:
-        if cache.k is None:  # nothing decoded yet: the next step fills every row
-            continue
-        R, h, capacity, d_k = cache.k.shape
-        L = cache.length
-        for name in ("k", "v"):
-            old = getattr(cache, name)
-            grown = old.new_zeros(R + rows, h, capacity, d_k)  # zeros: attention weight 0
-            grown[:R, :, :L] = old[:, :, :L]
-            setattr(cache, name, grown)
+def choose_sample(lprobs: Tensor, scores: Tensor, u: Tensor, search: SearchConfig) -> Choice:
+    """Sampling: each row draws its token with its own uniform u (R,) (rules.sample_tokens:
+    temperature, top-k, top-p, epsilon), seeded per input line. scores (R, 1)."""
+    return _one_each(lprobs, scores, sample_tokens(lprobs, u, search))
 
 
-# ----------------------------------------------------------------------------- the state
+def _one_each(lprobs: Tensor, scores: Tensor, token: Tensor) -> Choice:
+    """One candidate per row: `token` (R,) and the log P of the prefix it makes."""
+    token = token.unsqueeze(1)  # (R, 1)
+    return Choice(scores + lprobs.gather(1, token), torch.zeros_like(token), token)
+
+
+def choose_beam(lprobs: Tensor, scores: Tensor, k: int, order=None) -> Choice:
+    """Beam search (fairseq's Search.step): the 2k best of each unit's kb x V continuations.
+    lprobs (b kb, V), overwritten; scores (b, kb) log P of the rows' prefixes. order: (cand
+    (b, kb V), its top 2k's indices, kb=, V=) -> log P and indices (b, W >= 2k) in the order
+    to keep them (constrained search's banks: PhraseConstraints.candidates); None: best
+    first."""
+    b, kb = scores.shape
+    V = lprobs.size(1)
+    cand = lprobs.add_(scores.view(-1, 1)).view(b, kb * V)  # (b, kb V): log P
+    if kb * V < 2 * k:  # a tiny vocabulary: pad with impossible candidates
+        cand = F.pad(cand, (0, 2 * k - kb * V), value=-torch.inf)
+    best, index = top_k(cand, 2 * k)  # (b, 2k), best first: cand.topk, faster
+    if order is not None:
+        best, index = order(cand, index, kb=kb, V=V)  # (b, W)
+    return Choice(best, (index // V).clamp_(max=kb - 1), index % V)
+
+
+# ------------------------------------------------------------------ what the decoding keeps
+def going_on(choice: Choice, k: int, eos_id: int) -> Choice:
+    """The k rows of each unit at the next step: its first k candidates that do not end (EOS),
+    (b, k) each. A unit's only candidate (greedy search, sampling) goes on even when it is
+    EOS, at log P -inf: the unit has ended."""
+    if choice.tokens.size(1) == k:
+        return Choice(choice.scores.masked_fill(choice.tokens == eos_id, -torch.inf),
+                      choice.parents, choice.tokens)
+    W = choice.tokens.size(1)
+    # sort positions with EOS pushed last, keep the first k
+    pos = ((choice.tokens == eos_id).long() * W + torch.arange(W, device=choice.tokens.device)
+           ).topk(k, dim=1, largest=False).indices  # (b, k)
+    return Choice(*(x.gather(1, pos) for x in (choice.scores, choice.parents, choice.tokens)))
+
+
+@dataclass
+class StepRead:
+    """What the host reads of one step, per unit (numpy (b, k) each): the first k candidates
+    (those that are EOS finish a hypothesis), and the k that go on."""
+
+    first_scores: np.ndarray
+    first_parents: np.ndarray
+    first_tokens: np.ndarray
+    scores: np.ndarray
+    parents: np.ndarray
+    tokens: np.ndarray
+
+
+def read_step(choice: Choice, on: Choice) -> StepRead:
+    """The step's one read from the device (a GPU waits for it once a step): the first k
+    candidates of `choice` and the k that go `on`, sent as one (b, 6 k) array."""
+    b, k = on.tokens.shape
+    parts = [choice.scores[:, :k], choice.parents[:, :k], choice.tokens[:, :k],
+             on.scores, on.parents, on.tokens]
+    host = np.array(torch.cat([x.double() for x in parts], dim=1).tolist()).reshape(b, 6, k)
+    return StepRead(host[:, 0], host[:, 1].astype(np.int64), host[:, 2].astype(np.int64),
+                    host[:, 3], host[:, 4].astype(np.int64), host[:, 5].astype(np.int64))
+
+
+# ----------------------------------------------------------------------------- the units
+class Units:
+    """The host's record of the live units, in row order: per unit its sentence's slot, where
+    its rows began in the cache, the tokens they have decoded, its maximum output length (and
+    the length penalty there), and its finished hypotheses: those with every constraint
+    phrase (`hyps`: they count, and the nbest-th best's score is the one to beat) and those
+    without one (cut at the maximum length: ranked after all others)."""
+
+    def __init__(self, slot: np.ndarray, start: int, max_len: np.ndarray, alpha: float,
+                 phrases: list[list[list[int]]]):
+        n = len(slot)
+        self.slot = slot  # (U,) its sentence's slot
+        self.start = np.full(n, start, dtype=np.int64)  # (U,) its rows' first cache position
+        self.t = np.zeros(n, dtype=np.int64)  # (U,) tokens its rows have decoded
+        self.max_len = max_len  # (U,) its maximum output length
+        self.lp_max = length_penalty(torch.from_numpy(max_len).double(),
+                                     alpha).float().numpy()  # (U,) lp(max_len), float32
+        self.count = np.zeros(n, dtype=np.int64)  # (U,) hypotheses in `hyps`
+        self.threshold = np.full(n, -np.inf, dtype=np.float32)  # (U,) the score to beat
+        self.hyps: list[list[Hypothesis]] = [[] for _ in range(n)]
+        self.lacking: list[list[Hypothesis]] = [[] for _ in range(n)]  # some phrase missing
+        self.phrases = phrases  # per unit: the phrases every output must contain
+
+    ARRAYS = ("slot", "start", "t", "max_len", "lp_max", "count", "threshold")
+    LISTS = ("hyps", "lacking", "phrases")
+
+    def __len__(self) -> int:
+        return len(self.slot)
+
+    def extend(self, new: Units) -> None:
+        """The newcomers' units after these."""
+        for name in self.ARRAYS:
+            setattr(self, name, np.concatenate([getattr(self, name), getattr(new, name)]))
+        for name in self.LISTS:
+            getattr(self, name).extend(getattr(new, name))
+
+    def keep(self, index: np.ndarray) -> None:
+        """Only units `index` stay, in that order."""
+        for name in self.ARRAYS:
+            setattr(self, name, getattr(self, name)[index])
+        for name in self.LISTS:
+            setattr(self, name, [getattr(self, name)[u] for u in index.tolist()])
+
+    def add(self, units: np.ndarray, outputs: list[list[int]], logprobs: np.ndarray,
+            lengths: np.ndarray, alpha: float, nbest: int) -> None:
+        """Record finished hypotheses: per hypothesis its unit, output ids, log P and |Y|.
+        Dead ones (log P -inf: every continuation banned) are not hypotheses."""
+        touched = set()
+        for u, ids, logp, length in zip(units.tolist(), outputs, logprobs.tolist(),
+                                        lengths.tolist(), strict=True):
+            if logp == -np.inf:
+                continue
+            hyp = Hypothesis(ids, logp / length_penalty(length, alpha), logp)
+            if self.phrases[u] and missing_phrases(ids, self.phrases[u]):
+                self.lacking[u].append(hyp)
+            else:
+                self.hyps[u].append(hyp)
+                touched.add(u)
+        for u in touched:
+            hyps = self.hyps[u]
+            self.count[u] = len(hyps)
+            if len(hyps) >= nbest:
+                hyps.sort(key=lambda h: -h.score)
+                self.threshold[u] = hyps[nbest - 1].score
+
+    def best(self, u: int, nbest: int) -> list[Hypothesis]:
+        """Unit u's nbest hypotheses, best first; one with no output and log P -inf if it
+        finished none."""
+        best = sorted(self.hyps[u], key=lambda h: -h.score)[:nbest]
+        best += sorted(self.lacking[u], key=lambda h: -h.score)[:nbest - len(best)]
+        return best or [Hypothesis([], -np.inf, -np.inf)]
+
+
+# ----------------------------------------------------------------------------- the decoding
 class Decoding:
     """The live sentences of one search setting, decoded one step at a time for all of them.
 
@@ -263,15 +307,18 @@ class Decoding:
         self.allowed: Tensor | None = None  # (slots, V) each sentence's own candidates
         self.device, self.use_cache = torch.device(device), use_cache
         self.continuations = continuations
-        if beam is None:
-            beam = use_beams(search, False)
-        self.strategy = Beam(self) if beam else Greedy(self)
+        self.beam = use_beams(search, False) if beam is None else beam
+        self.k = search.beam_size if self.beam else 1  # rows a unit keeps after a step
+        self.nbest = search.nbest if self.beam else 1  # hypotheses a unit returns
+        self.per = search.nbest if search.sampling and not self.beam else 1  # units a sentence
         self.positions = max_positions(models)
         self.steps = 0  # steps decoded so far
         self.ready: list = []  # (tag, hypotheses) of empty sources, returned by the next step
         self.free: list[int] = []  # sentence slots that no live sentence holds
         self.slots = 0  # slots ever used
         self.tags: dict[int, object] = {}  # slot -> tag of its live sentence
+        self.results: dict[int, list[Hypothesis]] = {}  # slot -> its ended units' hypotheses
+        self.open: dict[int, int] = {}  # slot -> its units still decoding
         self.prefix: Tensor | None = None  # (slots, P) forced prefixes, PAD-padded
         self.prefix_len: Tensor | None = None  # (slots,)
         self._clear()
@@ -280,18 +327,17 @@ class Decoding:
         """No live row."""
         self.decoder: Decoder | None = None  # the models' states over the live rows
         self.src_mask: Tensor | None = None  # (M, S) source positions of each memory row
-        self.g = 1  # decoder rows per memory row (consecutive)
+        self.kb = 1  # rows per unit now: 1 until a fresh beam search's first step, then k
+        self.shared = 1  # units per memory row: a sentence's samples share its row
         self.length = 0  # L: positions in the shared key/value cache
-        self.start = np.zeros(0, dtype=np.int64)  # (R,) each row's first cache position
-        self.t = np.zeros(0, dtype=np.int64)  # (R,) tokens each row has decoded
-        self.slot = np.zeros(0, dtype=np.int64)  # (R,) each row's sentence slot
-        self.max_len = np.zeros(0, dtype=np.int64)  # (R,) each row's maximum output length
-        self.tokens: Tensor | None = None  # (R, W) BOS, then each row's output so far
+        self.units = Units(np.zeros(0, dtype=np.int64), 0, np.zeros(0, dtype=np.int64), 1.0, [])
+        self.tokens = np.zeros((0, 1), dtype=np.int64)  # (R, W) BOS, then each row's output
+        self.last: Tensor | None = None  # (R, 1) each row's newest token, on the device
+        self.scores: Tensor | None = None  # (U, kb) log P of each row's prefix
         self.u: Tensor | None = None  # sampling: (R, W) each row's uniform of each step
         self.phrases: PhraseConstraints | None = None  # lexical constraints, by slot and row
         self.columns: Columns | None = None  # the batch shortlist's columns (compact rows)
         self.joined = False  # some rows joined others already decoding
-        self.strategy.clear()
 
     @property
     def sentences(self) -> int:
@@ -300,8 +346,8 @@ class Decoding:
 
     @property
     def rows(self) -> int:
-        """Live decoder rows (k per sentence in beam search, nbest when sampling)."""
-        return len(self.start)
+        """Live decoder rows (kb per unit)."""
+        return len(self.tokens)
 
     # ------------------------------------------------------------------------- admission
     @torch.inference_mode()
@@ -321,27 +367,32 @@ class Decoding:
         self.ready += [(s.tag, empty_source(s)) for s in sentences if empty_source(s) is not None]
         if not todo:
             return
-        per = self.strategy.rows_per_sentence()
+        if self.decoder is None:
+            self.shared = self.per
+        per = self.per * self.kb  # rows a newcomer gets
         max_len = output_lengths(todo, self.search, self.positions)  # (n,)
         slots = [self.free.pop() if self.free else self._new_slot() for _ in todo]
         self.tags.update(zip(slots, (s.tag for s in todo), strict=True))
-        self._join(new, *self._group(new, src != pad, per))
+        self.open.update((slot, self.per) for slot in slots)
+        self.results.update((slot, []) for slot in slots)
+        self._join(new, self._group(new, src != pad, per))
         if self.columns is None:
             self.columns = columns
-        self._add_rows(todo, slots, np.repeat(max_len, per), per)
+        if self.phrases is not None or any(s.phrases for s in todo):
+            self._set_phrases(todo, slots, per)
+        self.units.extend(Units(np.repeat(slots, self.per), self.length,
+                                np.repeat(max_len, self.per), self.search.alpha,
+                                [s.phrases for s in todo for _ in range(self.per)]))
+        self._add_rows(todo, per, int(max_len.max()) + 1)
         self._set_prefixes(todo, slots)
         if self.shortlist is not None:
             self._set_shortlists(todo, slots)
-        if self.phrases is not None or any(s.phrases for s in todo):
-            self._set_phrases(todo, slots, per)
-        self.strategy.admit(todo, slots, max_len, per)
 
     def _check(self, todo: list[Sentence], candidates: Candidates | None) -> None:
         """ValueError for what this Decoding cannot run: constraints without beams, a
         shortlist without candidates, a join without FastModels' caches or into a batch with
         its own shortlist."""
-        if any(s.phrases for s in todo) and not (use_beams(self.search, True)
-                                                 and isinstance(self.strategy, Beam)):
+        if any(s.phrases for s in todo) and not (use_beams(self.search, True) and self.beam):
             raise ValueError("constraints need a Decoding with beams (use_beams)")
         if self.search.shortlist and self.shortlist is None and candidates is None:
             raise ValueError("search.shortlist: give the batch's candidates (or decode with "
@@ -352,31 +403,31 @@ class Decoding:
             raise ValueError("sentences can join a running batch only with prepared models "
                              "(FastModel), their cache and no batch shortlist")
 
-    def _group(self, new: Decoder, src_mask: Tensor, per: int) -> tuple[Tensor, int]:
+    def _group(self, new: Decoder, src_mask: Tensor, per: int) -> Tensor:
         """Give the newcomers' Decoder `per` rows a sentence: sharing its memory row, or one
         memory row each where the live rows have one each (samples retired one by one).
-        Returns the (memory rows, S) source mask and the rows per memory row."""
+        Returns the (memory rows, S) source mask."""
         if per == 1:
-            return src_mask, 1
+            return src_mask
         rows = torch.arange(len(src_mask), device=self.device).repeat_interleave(per)
-        if self.decoder is not None and self.g == 1:
+        if self.shared * self.kb == 1:
             new.reorder(rows, group=1, sentences=rows)
-            return src_mask[rows], 1
+            return src_mask[rows]
         new.reorder(rows, group=per)
-        return src_mask, per
+        return src_mask
 
     def _new_slot(self) -> int:
         """A slot never used before."""
         self.slots += 1
         return self.slots - 1
 
-    def _join(self, new: Decoder, src_mask: Tensor, g: int) -> None:
+    def _join(self, new: Decoder, src_mask: Tensor) -> None:
         """The newcomers' model states after the live ones'."""
         if self.decoder is None:
-            self.decoder, self.src_mask, self.g = new, src_mask, g
+            self.decoder, self.src_mask = new, src_mask
             return
         S = max(src_mask.size(1), self.src_mask.size(1))
-        self.decoder.join(new, len(src_mask) * self.g, S)
+        self.decoder.join(new, len(src_mask) * self.shared * self.kb, S)
         self.src_mask = torch.cat([F.pad(m, (0, S - m.size(1)), value=False)
                                    for m in (self.src_mask, src_mask)])
         self._set_source_masks()
@@ -389,22 +440,24 @@ class Decoding:
             state.mask = additive_source_mask(self.src_mask[:, None, None, :],
                                               model.float_dtype)
 
-    def _add_rows(self, todo: list[Sentence], slots: list[int], max_len: np.ndarray,
-                  per: int) -> None:
-        """The newcomers' rows (per rows each): BOS, no output, their slots and lengths."""
-        R = len(todo) * per
-        W = int(max_len.max()) + 1
-        tokens = torch.full((R, W), self.specials.pad, dtype=torch.long, device=self.device)
-        tokens[:, 0] = self.specials.bos
-        self.tokens = tokens if self.tokens is None else _cat_padded(self.tokens, tokens,
-                                                                     self.specials.pad)
+    def _add_rows(self, todo: list[Sentence], per: int, W: int) -> None:
+        """The newcomers' rows (per rows each): BOS, no output; the first of each unit at log
+        P 0, its others (a beam joining a running batch) at -inf, which picks the same
+        candidates as one row would."""
+        R, pad, bos = len(todo) * per, self.specials.pad, self.specials.bos
+        tokens = np.full((R, W), pad, dtype=np.int64)
+        tokens[:, 0] = bos
+        W = max(W, self.tokens.shape[1])
+        self.tokens = np.concatenate([np.pad(x, ((0, 0), (0, W - x.shape[1])),
+                                             constant_values=pad) for x in (self.tokens, tokens)])
+        last = torch.full((R, 1), bos, dtype=torch.long, device=self.device)
+        self.last = last if self.last is None else torch.cat([self.last, last])
+        scores = torch.full((R // self.kb, self.kb), -torch.inf, device=self.device)
+        scores[:, 0] = 0.0
+        self.scores = scores if self.scores is None else torch.cat([self.scores, scores])
         if self.search.sampling:
             u = sample_uniforms([s.line for s in todo], per, W, self.search.seed).to(self.device)
             self.u = u if self.u is None else _cat_padded(self.u, u, 0.0)
-        self.start = np.concatenate([self.start, np.full(R, self.length)])
-        self.t = np.concatenate([self.t, np.zeros(R, dtype=np.int64)])
-        self.slot = np.concatenate([self.slot, np.repeat(slots, per)])
-        self.max_len = np.concatenate([self.max_len, max_len])
 
     def _set_prefixes(self, todo: list[Sentence], slots: list[int]) -> None:
         """The newcomers' forced prefixes in the slot table (made when a first one comes)."""
@@ -438,12 +491,12 @@ class Decoding:
 
     def _set_phrases(self, todo: list[Sentence], slots: list[int], per: int) -> None:
         """The newcomers' constraints (PhraseConstraints made, for the live rows too, when a
-        first one comes)."""
+        first one comes). Constraints search with beams: a unit per sentence."""
         if self.phrases is None:
             self.phrases = PhraseConstraints([], self.device, self.continuations)
-            live = self.slot[:len(self.slot) - len(todo) * per]
-            if len(live):  # the live rows: unconstrained, in their order
-                self.phrases.admit(live[::per].tolist(), [[] for _ in live[::per]], per)
+            live = self.units.slot.tolist()
+            if live:  # the live rows: unconstrained, in their order
+                self.phrases.admit(live, [[] for _ in live], per)
         self.phrases.admit(slots, [s.phrases for s in todo], per)
 
     # ------------------------------------------------------------------------- a step
@@ -457,76 +510,158 @@ class Decoding:
             self.steps += 1
             lprobs = self._log_probs()  # (R, V)
             apply_rules(lprobs, self._view())
-            ended = self.strategy.step(lprobs)
-            self.free += [slot for slot, _ in ended]
+            choice = self._choose(lprobs)  # (U, c): each unit's candidates, best first
+            on = going_on(choice, self.k, self.specials.eos)  # (U, k): the next step's rows
+            ended = self._advance(read_step(choice, on), on)
         done, self.ready = self.ready, []
-        return done + [(self.tags.pop(slot), hyps) for slot, hyps in ended]
+        return done + ended
 
     def _log_probs(self) -> Tensor:
         """(R, V) next-token log-probabilities of every live row: the whole batch at one
         position while every row sits there, else each at its own (positions and a mask)."""
         L = self.length
         self.length += 1
-        allowed = None if self.allowed is None else self.allowed[self.on_device(self.slot)]
-        if self.start.max() == 0:  # every row started with the cache: uniform positions
+        allowed = None if self.allowed is None else self.allowed[
+            self.on_device(self._per_row(self.units.slot))]
+        if self.units.start.max() == 0:  # every row started with the cache: uniform positions
+            prefix = self.last if self.use_cache else self.on_device(self.tokens[:, :L + 1])
             if allowed is None:
-                return self.decoder.log_probs(self.tokens[:, :L + 1])
-            return self.decoder.log_probs(self.tokens[:, :L + 1], allowed)
+                return self.decoder.log_probs(prefix)
+            return self.decoder.log_probs(prefix, allowed)
         dev = self.device
-        positions = torch.from_numpy(L - self.start).to(dev)  # (R,) each row's own step
-        start = torch.from_numpy(self.start).to(dev)
-        seen = torch.arange(L + 1, device=dev) >= start[:, None]  # (R, L + 1)
-        mask = additive_mask(seen[:, None, None, :], self.models[0].float_dtype)
-        last = self.tokens.gather(1, torch.from_numpy(self.t).to(dev)[:, None])  # (R, 1)
-        return self.decoder.log_probs(last, allowed, positions=positions, self_mask=mask)
+        start = self._per_row(self.units.start)  # (R,)
+        positions = torch.from_numpy(L - start).to(dev)  # (R,) each row's own step
+        seen = torch.arange(L + 1, device=dev) >= torch.from_numpy(start).to(dev)[:, None]
+        mask = additive_mask(seen[:, None, None, :], self.models[0].float_dtype)  # (R, 1, 1, L+1)
+        return self.decoder.log_probs(self.last, allowed, positions=positions, self_mask=mask)
 
     def _view(self) -> StepView:
         """What the rules see of this step."""
-        return StepView(self.search, self.specials, self.t, self.tokens, self.slot,
-                        self.prefix, self.prefix_len, self.phrases, self.columns)
+        return StepView(self.search, self.specials, self._per_row(self.units.t), self.tokens,
+                        self._per_row(self.units.slot), self.prefix, self.prefix_len,
+                        self.phrases, self.columns, self.device)
 
-    def on_device(self, x: np.ndarray) -> Tensor:
-        """A host array as a tensor on the decoding device."""
-        return torch.from_numpy(x).to(self.device)
-
-    def ids(self, columns: Tensor) -> Tensor:
-        """The pieces of columns of a step's log-probabilities (each its own id without a
-        compact shortlist)."""
-        return columns if self.columns is None else self.columns.ids[columns]
-
-    def write(self, token: Tensor) -> None:
-        """Each row's next token (R,): its output grows by one."""
-        if self.start.max() == 0:  # uniform positions: one column
-            self.tokens[:, self.length] = token
+    def _choose(self, lprobs: Tensor) -> Choice:
+        """The strategy's choice for every unit, its tokens as pieces."""
+        if self.beam:
+            order = None
+            if self.phrases is not None:  # candidates in striped bank order, not by log P
+                order = partial(self.phrases.candidates,
+                                sentences=self.on_device(self.units.slot))
+            choice = choose_beam(lprobs, self.scores, self.k, order)
+        elif self.search.sampling:
+            u = self.u.gather(1, self.on_device(self.units.t)[:, None]).squeeze(1)  # (R,)
+            choice = choose_sample(lprobs, self.scores, u, self.search)
         else:
-            self.tokens.scatter_(1, self.on_device(self.t + 1)[:, None], token[:, None])
-        self.t += 1
+            choice = choose_greedy(lprobs, self.scores)
+        if self.columns is None:
+            return choice
+        return Choice(choice.scores, choice.parents, self.columns.ids[choice.tokens])
 
-    def reorder(self, rows: Tensor, rows_h: np.ndarray, group: int,
-                memory: Tensor | None) -> None:
-        """The live rows become rows `rows` (R',) of the current ones (rows_h: the same on the
-        host; a row may repeat), `group` consecutive rows a memory row, the memory rows
-        `memory` of the current ones (None: as they are). No row left: cleared."""
-        if len(rows_h) == 0:
-            self._clear()
-            return
-        self.tokens = self.tokens.index_select(0, rows)
-        if self.u is not None:
-            self.u = self.u.index_select(0, rows)
-        self.start, self.t, self.slot, self.max_len = (
-            x[rows_h] for x in (self.start, self.t, self.slot, self.max_len))
-        self.decoder.reorder(rows, group, memory)
-        self.g = group
+    def _advance(self, read: StepRead, on: Choice) -> list:
+        """Keep what the step chose: finish hypotheses, give each unit the k rows that go `on`
+        (a token longer), end the units that cannot improve; the (tag, hypotheses) of the
+        sentences whose units have all ended."""
+        units, k, kb, eos = self.units, self.k, self.kb, self.specials.eos
+        U = len(units)
+        u, c = np.nonzero(read.first_tokens == eos)  # EOS among the first k: |Y| = t + 1
+        if len(u):
+            self._finish(u, u * kb + read.first_parents[u, c], units.t[u],
+                         read.first_scores[u, c], units.t[u] + 1)
+        rows = (np.arange(U)[:, None] * kb + read.parents).ravel()  # (U k,) their parents
+        moved = k > 1 or kb > 1  # a row of greedy search or sampling stays where it is
+        if moved:
+            self.tokens = self.tokens[rows]
+        self.tokens[np.arange(U * k), np.repeat(units.t + 1, k)] = read.tokens.ravel()
+        units.t += 1
+        self.kb = k
+        reached = units.max_len <= units.t
+        if reached.any():  # out of length: the k rows finish as they are, |Y| = t
+            out = (np.flatnonzero(reached)[:, None] * k + np.arange(k)).ravel()  # rows
+            self._finish(out // k, out, units.t[out // k], read.scores.ravel()[out],
+                         units.t[out // k])
+        # nothing can win: the bound (log P / lp(max length)) in float32, as the scores are
+        best = read.scores.max(axis=1).astype(np.float32)  # the first without constraints
+        done = reached | (units.count >= k) | (units.threshold >= best / units.lp_max)
+        if not done.any():
+            self._move(rows, on, moved)
+            return []
+        ended = self._end(np.flatnonzero(done))
+        self._move(rows, on, True, np.flatnonzero(~done))
+        return ended
+
+    def _finish(self, units: np.ndarray, rows: np.ndarray, kept: np.ndarray,
+                logprobs: np.ndarray, lengths: np.ndarray) -> None:
+        """Record finished hypotheses: per hypothesis its unit, the row that holds its output
+        and the output's length, its log P and |Y|."""
+        outputs = [self.tokens[r, 1:1 + n].tolist()
+                   for r, n in zip(rows.tolist(), kept.tolist(), strict=True)]
+        self.units.add(units, outputs, logprobs, lengths, self.search.alpha, self.nbest)
+
+    def _end(self, done: np.ndarray) -> list:
+        """Units `done` end: their hypotheses go to their sentences; the (tag, hypotheses) of
+        the sentences with no unit left, best first, their slots freed."""
+        ended = []
+        for u in done.tolist():
+            slot = int(self.units.slot[u])
+            self.results[slot] += self.units.best(u, self.nbest)
+            self.open[slot] -= 1
+            if self.open[slot] == 0:
+                del self.open[slot]
+                hyps = self.results.pop(slot)
+                if self.per > 1:  # samples: best first
+                    hyps.sort(key=lambda h: -h.score)
+                ended.append((self.tags.pop(slot), hyps))
+                self.free.append(slot)
+        return ended
+
+    def _move(self, rows: np.ndarray, on: Choice, moved: bool,
+              keep: np.ndarray | None = None) -> None:
+        """The next step's rows: rows (U k,) of this step's, k per unit, that go `on` (moved:
+        some row is not where it was); with `keep`, only those units stay. No unit left:
+        cleared."""
+        group, memory = self.shared * self.k, None
+        if keep is not None:
+            if len(keep) == 0:
+                self._clear()
+                return
+            group, memory = self._memory(keep)
+            kept = (keep[:, None] * self.k + np.arange(self.k)).ravel()  # (U' k,) rows kept
+            rows, self.tokens = rows[kept], self.tokens[kept]
+            self.units.keep(keep)
+            index = self.on_device(keep)
+            on = Choice(*(x.index_select(0, index) for x in (on.scores, on.parents, on.tokens)))
+        self.scores, self.last = on.scores, on.tokens.reshape(-1, 1)  # (U, k), (U k, 1)
+        index = self.on_device(rows)
+        if moved:
+            self.decoder.reorder(index, group, memory)
+            if self.u is not None:
+                self.u = self.u.index_select(0, index)
         if memory is not None:
             self.src_mask = self.src_mask[memory]
-        if self.joined and memory is not None:
-            self._set_source_masks()
-            self._trim()
+            if self.joined:
+                self._set_source_masks()
+                self._trim()
+        if self.phrases is not None:
+            self.phrases.advance(index, self.last.view(-1), self.on_device(self.units.slot))
+
+    def _memory(self, keep: np.ndarray) -> tuple[int, Tensor]:
+        """The rows per memory row and the memory rows kept when units `keep` stay with k rows
+        each: a sentence's samples keep sharing its memory row while all of them live, else
+        each unit has its own."""
+        if self.shared > 1:
+            mem = keep // self.shared  # (U',) the memory row of each unit kept
+            rows, counts = np.unique(mem, return_counts=True)
+            if (counts == self.shared).all():
+                return self.shared * self.k, self.on_device(rows)
+            self.shared = 1
+            return self.k, self.on_device(mem)
+        return self.k, self.on_device(keep)
 
     def _trim(self) -> None:
         """Drop the leading cache positions that no live row uses (and the memory positions
         beyond the longest live source)."""
-        first = int(self.start.min())
+        first = int(self.units.start.min())
         S = int(self.src_mask.sum(1).max())
         for state in self.decoder.states:
             if first:
@@ -541,316 +676,22 @@ class Decoding:
         if S < self.src_mask.size(1):
             self.src_mask = self.src_mask[:, :S]
             self._set_source_masks()
-        self.start -= first
+        self.units.start -= first
         self.length -= first
+
+    def _per_row(self, x: np.ndarray) -> np.ndarray:
+        """A per-unit host array, per row."""
+        return x if self.kb == 1 else np.repeat(x, self.kb)
+
+    def on_device(self, x: np.ndarray) -> Tensor:
+        """A host array as a tensor on the decoding device."""
+        return torch.from_numpy(x).to(self.device)
 
 
 def _cat_padded(a: Tensor, b: Tensor, fill) -> Tensor:
     """(Ra, Wa) then (Rb, Wb) rows, both padded on the right with `fill` to the wider."""
     W = max(a.size(1), b.size(1))
     return torch.cat([F.pad(x, (0, W - x.size(1)), value=fill) for x in (a, b)])
-
-
-# ----------------------------------------------------------------------------- greedy, sampling
-class Greedy:
-    """Greedy search: the most probable token of every row; or, with search.sampling,
-    search.nbest samples per sentence (n rows, each seeded by its input line and number),
-    returned best first. Rows retire one by one; a sentence ends when all its rows have."""
-
-    def __init__(self, dec: Decoding):
-        self.dec = dec
-        self.n = dec.search.nbest if dec.search.sampling else 1  # rows per sentence
-        self.results: dict[int, list[Hypothesis]] = {}  # slot -> its rows' hypotheses so far
-        self.clear()
-
-    def clear(self) -> None:
-        """No live row."""
-        self.logprob: Tensor | None = None  # (R,) log P so far
-        self.outputs: list[list[int]] = []  # (R,) the output so far
-
-    def rows_per_sentence(self) -> int:
-        """Rows a newcomer gets."""
-        return self.n
-
-    def admit(self, todo: list[Sentence], slots: list[int], max_len: np.ndarray,
-              per: int) -> None:
-        """Rows of newcomers: log P 0, no output."""
-        zeros = torch.zeros(len(todo) * per, device=self.dec.device)
-        self.logprob = zeros if self.logprob is None else torch.cat([self.logprob, zeros])
-        self.outputs += [[] for _ in range(len(todo) * per)]
-        self.results.update((slot, []) for slot in slots)
-
-    def step(self, lprobs: Tensor) -> list[tuple[int, list[Hypothesis]]]:
-        """Pick (or draw) each row's token; finish rows at EOS or their maximum length; the
-        (slot, hypotheses) of the sentences that ended."""
-        dec, search, eos = self.dec, self.dec.search, self.dec.specials.eos
-        if search.sampling:
-            u = dec.u.gather(1, dec.on_device(dec.t)[:, None]).squeeze(1)  # (R,)
-            token = sample_tokens(lprobs, u, search)
-        else:
-            token = row_argmax(lprobs)  # (R,): lprobs.argmax(dim=1), faster
-        self.logprob += lprobs.gather(1, token.unsqueeze(1)).squeeze(1)  # (R,)
-        token = dec.ids(token)  # columns -> pieces
-        ids, logps = torch.stack([token.double(), self.logprob.double()]).tolist()  # the read
-        dec.write(token)
-        for out, i in zip(self.outputs, ids, strict=True):
-            out.append(int(i))
-        # log P -inf: every continuation was banned; the row ends with no output (as in Beam)
-        dead = np.array(logps) == -np.inf
-        done = np.flatnonzero((np.array(ids) == eos) | (dec.max_len <= dec.t) | dead).tolist()
-        if not done:
-            return []
-        ended = []
-        for r in done:
-            lp = length_penalty(int(dec.t[r]), search.alpha)
-            out = self.outputs[r][:-1] if ids[r] == eos else self.outputs[r]
-            slot = int(dec.slot[r])
-            self.results[slot].append(Hypothesis([], -np.inf, -np.inf) if dead[r] else
-                                      Hypothesis(out, logps[r] / lp, logps[r]))
-            if len(self.results[slot]) == self.n:
-                ended.append((slot, sorted(self.results.pop(slot), key=lambda h: -h.score)))
-        keep_h = all_but(len(ids), done)
-        keep = dec.on_device(keep_h)
-        if len(keep_h):
-            self.logprob, self.outputs = self.logprob[keep], [self.outputs[r] for r in keep_h]
-        dec.reorder(keep, keep_h, *self._memory(keep_h))
-        return ended
-
-    def _memory(self, keep: np.ndarray) -> tuple[int, Tensor | None]:
-        """The rows per memory row and the memory rows kept when rows `keep` stay: a sentence's
-        rows keep sharing its memory row while all of them live, else one each."""
-        dec, g = self.dec, self.dec.g
-        mem = keep // g  # (R',) the memory row of each kept row
-        if g > 1:
-            rows, counts = np.unique(mem, return_counts=True)
-            if (counts == g).all():
-                return g, None if len(rows) == len(dec.src_mask) else dec.on_device(rows)
-        return 1, dec.on_device(mem)
-
-
-# ----------------------------------------------------------------------------- beam
-class Beam:
-    """Beam search over k rows per sentence (fairseq's step, beam_candidates). A batch's first
-    step decodes one row per sentence (all its beams would start alike) and its 2k best
-    continuations fill the k rows; a sentence that joins a running batch starts with k rows,
-    the first at log P 0 and the others at -inf, which picks the same candidates. A sentence
-    retires when it has k finished hypotheses (fairseq's rule, which makes k=1 greedy), when it
-    reaches its maximum length, or as soon as no active hypothesis can beat its nbest-th
-    finished one even if every further token had probability 1 (the exact bound for the GNMT
-    penalty: log P / lp(max length)). The device picks the candidates; the host reads them
-    once a step, keeps the outputs and decides which sentences retire. Lexical constraints
-    order the candidates by the constraint tokens met (PhraseConstraints.candidates) and hold
-    EOS back until all are met."""
-
-    def __init__(self, dec: Decoding):
-        self.dec, self.k = dec, dec.search.beam_size
-        self.fin = _Finished(0, dec.search.nbest, dec.search.alpha)  # by slot
-        self.clear()
-
-    def clear(self) -> None:
-        """No live row."""
-        self.kb = 1  # rows per sentence now: 1 until a fresh batch's first step, then k
-        self.scores: Tensor | None = None  # (M, kb) log P of each sentence's prefixes
-        self.host: _HostBeam | None = None
-
-    def rows_per_sentence(self) -> int:
-        """Rows a newcomer gets: one in a fresh batch, else as many as the live sentences'."""
-        return self.kb if self.dec.decoder is not None else 1
-
-    def admit(self, todo: list[Sentence], slots: list[int], max_len: np.ndarray,
-              per: int) -> None:
-        """Newcomers' beams: `per` rows each, the first with log P 0, the others -inf; slots in
-        `fin` for their finished hypotheses."""
-        dec, bos, pad = self.dec, self.dec.specials.bos, self.dec.specials.pad
-        scores = torch.full((len(todo), per), -torch.inf, device=dec.device)
-        scores[:, 0] = 0.0
-        self.scores = scores if self.scores is None else torch.cat([self.scores, scores])
-        self.fin.reuse(slots, [s.phrases for s in todo])
-        lp_max = length_penalty(torch.from_numpy(max_len).double(), dec.search.alpha).float()
-        new = _HostBeam(np.array(slots), max_len, lp_max.numpy(), int(max_len.max()) + 1,
-                        bos, pad)
-        new.tokens = np.repeat(new.tokens, per, axis=0)  # (n per, width)
-        self.host = new if self.host is None else _join_beams(self.host, new, pad)
-
-    def step(self, lprobs: Tensor) -> list[tuple[int, list[Hypothesis]]]:
-        """The k best continuations of each sentence's kb rows; retire the sentences that
-        cannot improve; the (slot, hypotheses) of those."""
-        dec, k, eos = self.dec, self.k, self.dec.specials.eos
-        b, kb = self.scores.shape
-        reorder = None
-        if dec.phrases is not None:  # candidates in striped bank order instead of by log P
-            reorder = partial(dec.phrases.candidates,
-                              sentences=dec.on_device(dec.slot[::kb].copy()))
-        scores, rows, token, read = beam_candidates(lprobs, self.scores, k, eos, reorder,
-                                                    dec.ids)
-        slots = self.host.sent  # step() drops the retired ones
-        parents = (np.arange(b)[:, None] * kb + read[:, 4].astype(np.int64)).ravel()  # (b k,)
-        keep = self.host.step(read, kb, dec.t[::kb], eos, self.fin)
-        keep = np.zeros(0, dtype=np.int64) if keep is None else keep
-        ended = [(int(slots[i]), self.fin.best(int(slots[i]))) for i in all_but(b, keep)]
-        rows = rows.view(-1)
-        memory = None
-        if len(keep) < b:  # some retired: their rows leave
-            keep_rows = (keep[:, None] * k + np.arange(k)).ravel()  # (b' k,)
-            kept = dec.on_device(keep_rows)
-            memory = dec.on_device(keep)
-            rows, parents, token, scores = rows[kept], parents[keep_rows], token[kept], \
-                scores[memory]
-        dec.reorder(rows, parents, k, memory)
-        if len(keep):
-            self.kb, self.scores = k, scores
-            dec.write(token)
-            if dec.phrases is not None:
-                dec.phrases.advance(rows, token, dec.on_device(dec.slot[::k].copy()))
-        return ended
-
-
-def beam_candidates(lprobs: Tensor, scores: Tensor, k: int, eos_id: int, reorder=None,
-                    ids=None) -> tuple[Tensor, Tensor, Tensor, np.ndarray]:
-    """One beam search step on the device: (b kb, V) log-probabilities of the next token (kb
-    rows a sentence) and (b, kb) log P of the prefixes -> the k kept prefixes' log P (b, k),
-    the rows they continue (b, k), their new tokens (b k,), and the host's read (b, 6, k) for
-    _HostBeam.step. lprobs is overwritten. reorder: (cand (b, kb V), its top 2k's indices, kb=,
-    V=) -> the candidates' log P and indices (b, W >= 2k) in the order to keep them (constrained
-    search's banks); None: best first. ids: columns -> pieces (Decoding.ids; None: each column
-    is its piece)."""
-    b, kb = scores.shape
-    V, dev = lprobs.size(1), lprobs.device
-    cand = lprobs.add_(scores.view(-1, 1)).view(b, kb * V)  # (b, kb V): log P
-    if kb * V < 2 * k:  # a tiny vocabulary: pad with impossible candidates
-        cand = F.pad(cand, (0, 2 * k - kb * V), value=-torch.inf)
-    cand_scores, cand_idx = top_k(cand, 2 * k)  # (b, 2k), best first: cand.topk, faster
-    if reorder is not None:
-        cand_scores, cand_idx = reorder(cand, cand_idx, kb=kb, V=V)  # (b, W)
-    cand_beam, cand_tok = (cand_idx // V).clamp_(max=kb - 1), cand_idx % V  # (b, W)
-    if ids is not None:
-        cand_tok = ids(cand_tok)  # columns -> pieces
-    # The first k candidates that do not end go on: sort positions with EOS pushed last.
-    W = cand_idx.size(1)
-    pos = ((cand_tok == eos_id).long() * W + torch.arange(W, device=dev)).topk(
-        k, dim=1, largest=False).indices  # (b, k)
-    kept = cand_scores.gather(1, pos)  # (b, k), still in order
-    parent = cand_beam.gather(1, pos)  # (b, k)
-    rows = (torch.arange(b, device=dev) * kb).unsqueeze(1) + parent  # (b, k)
-    token = cand_tok.gather(1, pos)  # (b, k)
-    read = torch.cat([cand_scores[:, :k].double(), cand_beam[:, :k].double(),
-                      cand_tok[:, :k].double(), kept.double(), parent.double(),
-                      token.double()], dim=1)
-    return kept, rows, token.view(-1), np.array(read.tolist()).reshape(b, 6, k)
-
-
-class _Finished:
-    """Per sentence slot of a beam search, on the host: finished hypotheses and the score an
-    active one must beat, and the phrases every output must contain (none: unconstrained); an
-    output lacking one (cut at the maximum length) ranks after all others and neither counts
-    nor sets the score to beat."""
-
-    def __init__(self, B: int, nbest: int, alpha: float):
-        self.hyps: list[list[Hypothesis]] = [[] for _ in range(B)]
-        self.lacking: list[list[Hypothesis]] = [[] for _ in range(B)]  # some phrase missing
-        self.phrases: list[list[list[int]]] = [[] for _ in range(B)]
-        self.nbest, self.alpha = nbest, alpha
-        self.count = np.zeros(B, dtype=np.int64)  # (B,) finished so far
-        self.threshold = np.full(B, -np.inf, dtype=np.float32)  # (B,) nbest-th best score
-
-    def add(self, sentences: np.ndarray, tokens: np.ndarray, logprobs: np.ndarray,
-            lengths: np.ndarray, kept: np.ndarray) -> None:
-        """Record n hypotheses: (n,) original sentence indices, (n, W) ids after BOS of which
-        the first `kept` (n,) are the output, (n,) log P, (n,) |Y|. Dead ones (log P = -inf)
-        are skipped."""
-        touched = set()
-        for b, ids, logp, length, n in zip(sentences.tolist(), tokens.tolist(),
-                                           logprobs.tolist(), lengths.tolist(), kept.tolist(),
-                                           strict=True):
-            if logp == -np.inf:
-                continue
-            hyp = Hypothesis(ids[:n], logp / length_penalty(length, self.alpha), logp)
-            if self.phrases[b] and missing_phrases(hyp.tokens, self.phrases[b]):
-                self.lacking[b].append(hyp)
-            else:
-                self.hyps[b].append(hyp)
-                touched.add(b)
-        for b in touched:
-            hyps = self.hyps[b]
-            self.count[b] = len(hyps)
-            if len(hyps) >= self.nbest:
-                hyps.sort(key=lambda h: -h.score)
-                self.threshold[b] = hyps[self.nbest - 1].score
-
-    def best(self, b: int) -> list[Hypothesis]:
-        """The nbest hypotheses of sentence b, best first (never empty)."""
-        best = sorted(self.hyps[b], key=lambda h: -h.score)[:self.nbest]
-        best += sorted(self.lacking[b], key=lambda h: -h.score)[:self.nbest - len(best)]
-        return best or [Hypothesis([], -torch.inf, -torch.inf)]
-
-    def reuse(self, slots: list[int], phrases: list[list[list[int]]]) -> None:
-        """Empty these sentence slots for new sentences with these phrases, adding slots as
-        needed."""
-        grow = max(slots, default=-1) + 1 - len(self.hyps)
-        if grow > 0:
-            self.hyps += [[] for _ in range(grow)]
-            self.lacking += [[] for _ in range(grow)]
-            self.phrases += [[] for _ in range(grow)]
-            self.count = np.concatenate([self.count, np.zeros(grow, dtype=np.int64)])
-            self.threshold = np.concatenate([self.threshold,
-                                             np.full(grow, -np.inf, dtype=np.float32)])
-        for b, ps in zip(slots, phrases, strict=True):
-            self.hyps[b], self.lacking[b], self.count[b], self.threshold[b] = [], [], 0, -np.inf
-            self.phrases[b] = ps
-
-
-class _HostBeam:
-    """The host's side of a beam search: per active sentence its number, maximum length and
-    the length penalty there; per row the output so far (what the device's tokens hold)."""
-
-    def __init__(self, sentences: np.ndarray, max_len: np.ndarray, lp_max: np.ndarray,
-                 width: int, bos_id: int, pad_id: int):
-        self.sent, self.max_len, self.lp_max = sentences, max_len, lp_max  # (b,) each
-        self.tokens = np.full((len(sentences), width), pad_id, dtype=np.int64)  # (b kb, width)
-        self.tokens[:, 0] = bos_id
-
-    def step(self, read: np.ndarray, kb: int, t: np.ndarray, eos_id: int,
-             fin: _Finished) -> np.ndarray | None:
-        """Follow step t (b,) of each sentence (all equal, except in continuous batching) given
-        its read (b, 6, k): the k best candidates' scores, beams and tokens, then the k kept
-        ones' scores, beams and tokens. Finishes hypotheses; returns the indices of the
-        sentences that stay active (None: none does)."""
-        b, _, k = read.shape
-        cand_scores, kept_scores = read[:, 0], read[:, 3]  # (b, k) each
-        cand_beam, cand_tok, parent, token = (read[:, i].astype(np.int64) for i in (1, 2, 4, 5))
-        i, c = np.nonzero(cand_tok == eos_id)  # EOS among the first k: finished, |Y| = t + 1
-        if len(i):
-            fin.add(self.sent[i], self.tokens[i * kb + cand_beam[i, c], 1:], cand_scores[i, c],
-                    t[i] + 1, t[i])
-        self.tokens = self.tokens[(np.arange(b)[:, None] * kb + parent).ravel()]  # (b k, width)
-        self.tokens[np.arange(b * k), np.repeat(t + 1, k)] = token.ravel()
-        reached = self.max_len <= t + 1
-        if reached.any():  # out of length: the k active hypotheses finish as they are
-            out = (np.flatnonzero(reached)[:, None] * k + np.arange(k)).ravel()  # rows
-            fin.add(self.sent[out // k], self.tokens[out, 1:], kept_scores.ravel()[out],
-                    t[out // k] + 1, t[out // k] + 1)
-        # nothing active can win: the bound in float32, as the scores are
-        best = kept_scores.max(axis=1).astype(np.float32)  # the first without constraints
-        beaten = fin.threshold[self.sent] >= best / self.lp_max
-        done = reached | (fin.count[self.sent] >= k) | beaten
-        keep = np.flatnonzero(~done)
-        if len(keep) == 0:
-            return None
-        if len(keep) < b:
-            self.tokens = self.tokens[(keep[:, None] * k + np.arange(k)).ravel()]
-            self.sent, self.max_len, self.lp_max = (x[keep] for x in (self.sent, self.max_len,
-                                                                      self.lp_max))
-        return keep
-
-
-def _join_beams(a: _HostBeam, b: _HostBeam, pad: int) -> _HostBeam:
-    """The host beam of a's sentences then b's (outputs padded to the wider)."""
-    width = max(a.tokens.shape[1], b.tokens.shape[1])
-    a.tokens = np.concatenate([np.pad(x.tokens, ((0, 0), (0, width - x.tokens.shape[1])),
-                                      constant_values=pad) for x in (a, b)])
-    a.sent, a.max_len, a.lp_max = (np.concatenate([getattr(a, f), getattr(b, f)])
-                                   for f in ("sent", "max_len", "lp_max"))
-    return a
 
 
 def decode_all(models: list, sentences: list[Sentence], search: SearchConfig,

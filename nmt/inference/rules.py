@@ -45,10 +45,11 @@ class StepView:
     from the host's arrays when a rule first asks for them."""
 
     def __init__(self, search: SearchConfig, specials: Specials, t: np.ndarray,
-                 tokens: Tensor, slots: np.ndarray, prefix: Tensor | None,
+                 tokens: np.ndarray, slots: np.ndarray, prefix: Tensor | None,
                  prefix_len: Tensor | None, phrases: object | None,
-                 columns: Columns | None = None):
-        self.search, self.specials, self.tokens = search, specials, tokens  # tokens (R, >t)
+                 columns: Columns | None = None, device: torch.device | str = "cpu"):
+        self.search, self.specials, self.device = search, specials, device
+        self.tokens_host = tokens  # (R, > t): BOS, then each row's output, PAD after it
         self.columns = columns  # the log-probabilities' columns: None, every id in order
         self.t_host, self.slots_host = t, slots  # (R,) tokens decoded, sentence slot
         self.t_min, self.t_max = int(t.min()), int(t.max())
@@ -56,14 +57,19 @@ class StepView:
         self.phrases = phrases  # nmt.inference.constrained.PhraseConstraints, or None
 
     @cached_property
+    def tokens(self) -> Tensor:
+        """(R, t_max + 1) BOS and each row's output so far, PAD after it."""
+        return torch.from_numpy(self.tokens_host[:, :self.t_max + 1]).to(self.device)
+
+    @cached_property
     def t(self) -> Tensor:
         """(R,) the tokens each row has decoded (its output position now)."""
-        return torch.from_numpy(self.t_host).to(self.tokens.device)
+        return torch.from_numpy(self.t_host).to(self.device)
 
     @cached_property
     def slots(self) -> Tensor:
         """(R,) each row's sentence slot."""
-        return torch.from_numpy(self.slots_host).to(self.tokens.device)
+        return torch.from_numpy(self.slots_host).to(self.device)
 
     def column(self, token: int) -> int | None:
         """The column of a piece (None: outside the step's shortlist)."""

@@ -23,13 +23,13 @@ from torch import Tensor
 from nmt.config import SearchConfig
 from nmt.data import batch_by_tokens
 from nmt.inference.core import (
-    Decoder,
     decode_all,
     empty_source,
     length_penalty,
     pad_batch,
     use_beams,
 )
+from nmt.inference.decoder import Decoder
 from nmt.inference.fast import FastModel
 from nmt.inference.messages import Hypothesis, Sentence
 from nmt.model import Transformer

@@ -1,0 +1,124 @@
+"""The models' side of a decoding step: `Decoder` encodes a batch's sources with every model
+(one, or an ensemble) and gives each step's next-token log-probabilities for the live rows,
+each model with its key/value cache (FastModel's FastState, or the reference model's) or
+without; it keeps, reorders and joins the models' states as the decoding core
+(nmt.inference.core) tells it. The shortlist rule lives here too: the log-softmax runs over
+the batch's candidate pieces (or each row's own), every other piece at -inf."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from nmt.inference.fast import FastModel, FastState
+from nmt.shortlist import Candidates
+
+
+class Decoder:
+    """Next-token log-probabilities for a batch of prefixes: the average of the models'
+    (one model, or an ensemble), each with its key/value cache or without."""
+
+    def __init__(self, models: list, src: Tensor, use_cache: bool = True,
+                 candidates: Candidates | None = None, compact: bool = False):
+        """Encode (B, S) sources with every model: one row per sentence until `reorder`.
+        candidates: a lexical shortlist (nmt.shortlist): log-softmax over its ids alone
+        (FastModels compute those logits alone; others all, then cut), in a column each
+        (compact: the search works in those columns, rules.Columns) or with every other id
+        at -inf in full-vocabulary rows."""
+        self.models, self.use_cache, self.candidates = models, use_cache, candidates
+        self.compact = compact
+        self.states = []  # per model: its decoding state, or [memory, src_mask] without cache
+        self.cut = []  # per model: whether decode_step gives the shortlist's logits alone
+        for model in models:
+            memory, src_mask = model.encode(src)  # (B, S, d_model), (B, 1, 1, S)
+            cut = candidates is not None and use_cache and isinstance(model, FastModel)
+            self.cut.append(cut)
+            if not use_cache:
+                self.states.append([memory, src_mask])
+            else:
+                self.states.append(model.start_decoding(memory, src_mask, candidates.ids) if cut
+                                   else model.start_decoding(memory, src_mask))
+
+    def reorder(self, index: Tensor, group: int, sentences: Tensor | None = None) -> None:
+        """Keep (and repeat) rows `index` of the batch: `group` rows per memory row, the memory
+        rows `sentences` (None: as they are) (FastState.reorder)."""
+        for i, state in enumerate(self.states):
+            if isinstance(state, FastState):
+                state.reorder(index, group, sentences)
+            elif self.use_cache:
+                state.reorder(index)
+            else:
+                self.states[i] = [t.index_select(0, index) for t in state]
+
+    def log_probs(self, prefix: Tensor, allowed: Tensor | None = None, **step) -> Tensor:
+        """(R, t) BOS and the tokens so far -> (R, V) float log-probabilities of the next token
+        ((R, V') with a compact shortlist: its candidates' columns). allowed: (R, V) each row's
+        own shortlist (mask_to_shortlists); step: further arguments of the models' decode_step
+        (per-row positions and the self-attention mask of rows that joined later)."""
+        total = None
+        for model, state, cut in zip(self.models, self.states, self.cut, strict=True):
+            if self.use_cache:  # only the newest token goes in; the past is in the cache
+                logits = model.decode_step(prefix[:, -1:], state, **step)[:, 0]  # (R, V)
+            else:  # the whole prefix again: the reference the cache must reproduce
+                logits = model.decode(prefix, *state)[:, -1]  # (R, V)
+            if self.candidates is not None and not cut:
+                logits = logits.index_select(1, self.candidates.ids)  # (R, V')
+            logits = logits.float().contiguous()
+            if allowed is not None:
+                mask_to_shortlists(logits, allowed)
+            lprobs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: no new 4 B/logit
+            total = lprobs if total is None else total.add_(lprobs)
+        if len(self.models) > 1:
+            total.div_(len(self.models))
+        if self.candidates is None or self.compact:
+            return total
+        return restrict_to_shortlist(total, self.candidates)
+
+    def target_log_probs(self, tgt: Tensor, pad_id: int, bos_id: int) -> Tensor:
+        """Teacher forcing: (B, T) targets (EOS, then PAD) -> (B, T) log P of each (0 at PAD)."""
+        tgt_in = torch.cat([torch.full_like(tgt[:, :1], bos_id), tgt[:, :-1]], dim=1)
+        total = torch.zeros(tgt.shape, device=tgt.device)
+        for model, (memory, src_mask) in zip(self.models, self.states, strict=True):
+            lprobs = torch.log_softmax(model.decode(tgt_in, memory, src_mask).float(), dim=-1)
+            total += lprobs.gather(2, tgt.unsqueeze(2)).squeeze(2)  # (B, T)
+        return (total / len(self.models)).masked_fill_(tgt == pad_id, 0.0)
+
+    def join(self, new: Decoder, rows: int, S: int) -> None:
+        """Append the `rows` rows of another Decoder of the same models (no step decoded yet),
+        every memory padded to S source positions (FastStates: can_join)."""
+        for live, state in zip(self.states, new.states, strict=True):
+            _join_states(live, state, rows, S)
+
+
+def restrict_to_shortlist(lprobs: Tensor, candidates: Candidates) -> Tensor:
+    """The shortlist rule: (R, V') log-probabilities over the candidates -> (R, V), every other
+    piece at -inf."""
+    ids, V = candidates
+    return lprobs.new_full((lprobs.size(0), V), -torch.inf).index_copy_(1, ids, lprobs)
+
+
+def mask_to_shortlists(logits: Tensor, allowed: Tensor) -> None:
+    """The shortlist rule with a shortlist per row (continuous batching: each sentence its
+    own, as a batch of one): (R, V) logits of the pieces a row may not emit set to -inf, in
+    place, before the log-softmax."""
+    logits.masked_fill_(~allowed, -torch.inf)
+
+
+def _join_states(live: FastState, new: FastState, rows: int, S: int) -> None:
+    """Append a FastState's `rows` rows (no step decoded yet) to a live one: encoder keys and
+    values padded to S positions, empty self-attention positions (zeros, masked) before them.
+    Both must group their rows alike (FastState.g)."""
+    live.memory_kv = [tuple(torch.cat([F.pad(x, (0, 0, 0, S - x.size(2))) for x in pair])
+                      for pair in zip(a, b, strict=True))
+                      for a, b in zip(live.memory_kv, new.memory_kv, strict=True)]
+    for cache in live.self_kv:
+        if cache.k is None:  # nothing decoded yet: the next step fills every row
+            continue
+        R, h, capacity, d_k = cache.k.shape
+        L = cache.length
+        for name in ("k", "v"):
+            old = getattr(cache, name)
+            grown = old.new_zeros(R + rows, h, capacity, d_k)  # zeros: attention weight 0
+            grown[:R, :, :L] = old[:, :, :L]
+            setattr(cache, name, grown)
