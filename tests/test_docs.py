@@ -169,3 +169,22 @@ def test_the_readmes_figures_are_the_results_summarys():
     assert f"{min(speed):.2f}-{max(speed):.2f}x as fast as" in readme
     demo = re.search(r"test BLEU ([\d.]+)", headline("demo:")).group(1)
     assert f"nmt-translate: BLEU = {demo} " in readme
+
+
+def section(doc: str, heading: str) -> str:
+    """The text of a page's section, from its heading to the next heading of its level."""
+    level = heading.split(" ")[0]
+    start = doc.index(heading + "\n")
+    end = doc.find("\n" + level + " ", start + len(heading))
+    return doc[start:end if end >= 0 else len(doc)]
+
+
+@pytest.mark.parametrize("label", ["nmt-serve, 32 one-sentence clients",
+                                   "nmt-serve, 128 one-sentence clients"])
+def test_the_summarys_serving_figures_are_measured_in_their_section(label):
+    """Every figure with a decimal point or a % in a serving row of docs/results.md's summary
+    is one that the section "Serving throughput" measured (the summary cannot drift from it)."""
+    doc = (ROOT / "docs" / "results.md").read_text("utf-8")
+    measured = section(doc, "## Serving throughput")
+    figures = re.findall(r"\d+\.\d+|\d+%", headline(label))
+    assert figures and [f for f in figures if f not in measured] == []
