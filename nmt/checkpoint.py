@@ -4,10 +4,11 @@ A checkpoint is a plain dict of tensors, numbers, strings, bytes, lists and dict
     format       the layout version (FORMAT); older layouts are converted when loaded
     model        the model's state_dict
     model_cfg    dataclasses.asdict(ModelConfig)
-    vocab        {"src_size", "tgt_size", "joint", "pad_id", "unk_id", "bos_id", "eos_id",
-                  "sha256": checksum of the SentencePiece model(s),
+    vocab        nmt.vocab.Vocab.to_dict(): {"src_size", "tgt_size", "joint", "pad_id",
+                  "unk_id", "bos_id", "eos_id", "sha256": checksum of the SentencePiece model(s),
                   "src_spm": bytes, "tgt_spm": bytes,  (so a checkpoint translates on its own)
-                  "languages": a multilingual model's (nmt.languages; absent: one pair)}
+                  "languages": a multilingual model's (nmt.languages; absent: one pair),
+                  "pair": a bilingual one's src_lang and tgt_lang (absent in older ones)}
     update       updates done; epoch: the epoch in progress
     ema          (training with train.ema_decay > 0) the exponential moving average of the
                  weights: a state_dict with the keys of "model"
@@ -26,6 +27,7 @@ import torch
 from nmt.errors import NmtError, first_line
 from nmt.files import check_output, fsync_directory, link_atomically, write_atomically
 from nmt.tokenizer import check_same_vocabulary
+from nmt.vocab import recorded_sha256
 
 FORMAT = 2  # 2: the encoder-decoder attention has W_q and W_kv (1: one fused W_qkv)
 
@@ -104,8 +106,8 @@ def _same_model(first: dict, other: dict, path: Path, first_path: Path) -> None:
     """Raise unless two checkpoints share architecture, vocabulary and parameter shapes."""
     if other["model_cfg"] != first["model_cfg"]:
         raise NmtError(f"{path}: model config differs from {first_path}")
-    check_same_vocabulary(other["vocab"].get("sha256"), first["vocab"].get("sha256"), str(path),
-                          str(first_path), "average checkpoints of one vocabulary")
+    check_same_vocabulary(recorded_sha256(other["vocab"]), recorded_sha256(first["vocab"]),
+                          str(path), str(first_path), "average checkpoints of one vocabulary")
     shapes = {k: tuple(v.shape) for k, v in other["model"].items()}
     if shapes != {k: tuple(v.shape) for k, v in first["model"].items()}:
         raise NmtError(f"{path}: parameter names or shapes differ from {first_path}")
@@ -200,7 +202,7 @@ def check_same_model(state: dict, path: Path, model_cfg: dict, vocab_sha256: str
                      hint: str) -> None:
     """Raise a one-line NmtError (ending in `hint`) unless `state` holds weights of this model
     shape trained with this vocabulary."""
-    check_same_vocabulary(state["vocab"].get("sha256"), vocab_sha256, str(path),
+    check_same_vocabulary(recorded_sha256(state["vocab"]), vocab_sha256, str(path),
                           "the data directory", hint)
     theirs, ours = {**SHAPE_DEFAULTS, **state["model_cfg"]}, {**SHAPE_DEFAULTS, **model_cfg}
     diff = [f"{k}={theirs.get(k)!r} != {ours.get(k)!r}" for k in MODEL_SHAPE_KEYS

@@ -158,19 +158,19 @@ def transformers_model(loaded: LoadedCheckpoint):
                  activation_function=cfg.activation,
                  dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
                  activation_dropout=0.0, max_position_embeddings=cfg.max_positions,
-                 scale_embedding=True, pad_token_id=v["pad_id"], eos_token_id=v["eos_id"],
-                 decoder_start_token_id=v["bos_id"], forced_eos_token_id=None,
-                 tie_word_embeddings=tied, vocab_size=v["src_size"])
+                 scale_embedding=True, pad_token_id=v.pad_id, eos_token_id=v.eos_id,
+                 decoder_start_token_id=v.bos_id, forced_eos_token_id=None,
+                 tie_word_embeddings=tied, vocab_size=v.src_size)
     if pegasus:
         model = transformers.PegasusForConditionalGeneration(transformers.PegasusConfig(**sizes))
     else:
         model = transformers.MarianMTModel(transformers.MarianConfig(
-            **sizes, decoder_vocab_size=v["tgt_size"], bos_token_id=v["bos_id"],
+            **sizes, decoder_vocab_size=v.tgt_size, bos_token_id=v.bos_id,
             share_encoder_decoder_embeddings=_shared_embeddings(loaded)))
     _load(model, transformers_weights(loaded, pegasus))
     model.generation_config = transformers.GenerationConfig(
-        decoder_start_token_id=v["bos_id"], bos_token_id=v["bos_id"], eos_token_id=v["eos_id"],
-        pad_token_id=v["pad_id"], suppress_tokens=list(loaded.specials.banned), min_new_tokens=1,
+        decoder_start_token_id=v.bos_id, bos_token_id=v.bos_id, eos_token_id=v.eos_id,
+        pad_token_id=v.pad_id, suppress_tokens=list(loaded.specials.banned), min_new_tokens=1,
         num_beams=4, max_length=min(MAX_LENGTH, cfg.max_positions))
     return model.eval()
 
@@ -187,17 +187,17 @@ def m2m100_model(loaded: LoadedCheckpoint):
                        "as M2M100, which needs pre-norm, ReLU, no output bias and one "
                        "embedding matrix for source, target and output")
     model = transformers.M2M100ForConditionalGeneration(transformers.M2M100Config(
-        vocab_size=v["tgt_size"], d_model=cfg.d_model, encoder_layers=cfg.N,
+        vocab_size=v.tgt_size, d_model=cfg.d_model, encoder_layers=cfg.N,
         decoder_layers=cfg.decoder_layers, encoder_attention_heads=cfg.h,
         decoder_attention_heads=cfg.h, encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff,
         dropout=cfg.dropout, attention_dropout=cfg.attention_dropout, activation_dropout=0.0,
         max_position_embeddings=cfg.max_positions, scale_embedding=True,
-        pad_token_id=v["pad_id"], eos_token_id=v["eos_id"],
-        bos_token_id=loaded.tgt_tok.piece_id("<s>"), decoder_start_token_id=v["bos_id"],
+        pad_token_id=v.pad_id, eos_token_id=v.eos_id,
+        bos_token_id=loaded.tgt_tok.piece_id("<s>"), decoder_start_token_id=v.bos_id,
         forced_eos_token_id=None))
     _load(model, transformers_weights(loaded, pegasus=True))
     model.generation_config = transformers.GenerationConfig(
-        decoder_start_token_id=v["bos_id"], eos_token_id=v["eos_id"], pad_token_id=v["pad_id"],
+        decoder_start_token_id=v.bos_id, eos_token_id=v.eos_id, pad_token_id=v.pad_id,
         suppress_tokens=list(loaded.specials.banned), min_new_tokens=1, num_beams=4,
         max_length=min(MAX_LENGTH, cfg.max_positions))
     return model.eval()
@@ -282,7 +282,7 @@ def write_m2m100_tokenizer(loaded: LoadedCheckpoint, out: Path) -> None:
 
     tok = loaded.tgt_tok
     (out / "sentencepiece.bpe.model").write_bytes(tok.proto)
-    codes = loaded.vocab.get("languages", {}).get("codes", {})
+    codes = (loaded.vocab.languages or {}).get("codes", {})
     first = min(codes.values(), default=tok.vocab_size)
     m2m100 = {c: first + i for i, c in enumerate(FAIRSEQ_LANGUAGE_CODES["m2m100"])}
     ids = {piece: i for i, piece in enumerate(pieces(tok))}

@@ -17,6 +17,7 @@ from torch import Tensor
 from nmt.config import ModelConfig
 from nmt.errors import ConfigError, NmtError
 from nmt.tokenizer import Tokenizer
+from nmt.vocab import Vocab
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED = 1, 2, 3, 4, 5  # sentencepiece_model.proto's
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}
@@ -28,7 +29,7 @@ class Converted:
 
     kind: str  # what it was, for messages: MarianMT, M2M100, NLLB-200
     model_cfg: ModelConfig
-    vocab: dict  # the checkpoint's vocab entry ("joint" and, if any, "languages" included)
+    vocab: Vocab  # the checkpoint's vocabulary (its languages, if any, included)
     weights: dict[str, Tensor]  # the state dict, by nmt's names
 
 

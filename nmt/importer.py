@@ -39,20 +39,21 @@ def import_model(cfg: ImportConfig) -> Path:
     try:
         converted = CONVERTERS[kind](src, config)
         model_cfg, vocab = converted.model_cfg, converted.vocab
-        model = build_model(model_cfg, vocab["src_size"], vocab["tgt_size"], vocab["pad_id"],
-                            vocab["joint"])
+        model = build_model(model_cfg, vocab.src_size, vocab.tgt_size, vocab.pad_id,
+                            vocab.joint)
         model.load_state_dict(converted.weights)
     except (RuntimeError, IndexError) as e:  # a shape that config.json does not give
         raise NmtError(f"{src}: weights do not fit config.json "
                        f"({str(e).strip().splitlines()[-1].strip()[:150]})") from None
     save_checkpoint({"model": model.state_dict(), "model_cfg": model_cfg.__dict__.copy(),
-                     "vocab": vocab, "update": 0, "epoch": 0, "imported_from": str(src)}, out)
+                     "vocab": vocab.to_dict(), "update": 0, "epoch": 0,
+                     "imported_from": str(src)}, out)
     if replaced is not None:
         load_checkpoint(out)  # read back as every command will
-    languages = vocab.get("languages", {}).get("codes", {})
+    languages = (vocab.languages or {}).get("codes", {})
     print(f"{PROG}: {src} -> {out} ({converted.kind}, {model_cfg.N}+"
           f"{model_cfg.decoder_layers} layers, d_model {model_cfg.d_model}, "
-          f"{model_cfg.activation}, vocabulary {vocab['src_size']}/{vocab['tgt_size']}"
+          f"{model_cfg.activation}, vocabulary {vocab.src_size}/{vocab.tgt_size}"
           f"{f', {len(languages)} languages' if languages else ''})\n{PROG}: fine-tune it "
           f"with: nmt-train +model=base {' '.join(model_overrides(model_cfg))} "
           f"train.init_from={out} ...", flush=True)

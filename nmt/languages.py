@@ -1,7 +1,7 @@
 """A checkpoint's languages, and how its model is told which to write (nmt-translate's src_lang=
 and tgt_lang=).
 
-A checkpoint of a multilingual model records them in vocab["languages"]:
+A checkpoint of a multilingual model records them in nmt.vocab.Vocab.languages:
 {"convention": ..., "codes": {language: token id}}; a checkpoint without the entry (every
 older one, and every bilingual model) is one language pair, to which src_lang= and tgt_lang=
 do not apply. The conventions of the models nmt imports:
@@ -15,7 +15,7 @@ NLLB-200. nmt-preprocess's src_lang and tgt_lang are the suffixes of its files (
 multilingual data directory's side names); its corpora's src_lang and tgt_lang are languages.
 A model trained here on several pairs records convention "tag" with tokens >>xx<< (nmt.preprocess,
 docs/design.md) and its corpora's source languages ("sources"); one trained on one pair
-records vocab["pair"] = {"src_lang", "tgt_lang"} (its data's suffixes): what nmt-serve's
+records Vocab.pair = {"src_lang", "tgt_lang"} (its data's suffixes): what nmt-serve's
 LibreTranslate API and split=sentence use when not told (recorded_pair; checkpoints from
 before it record nothing, and a server then needs src_lang= and tgt_lang=).
 """
@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nmt.errors import ConfigError
+from nmt.vocab import Vocab
 
 
 @dataclass(frozen=True)
@@ -49,11 +50,11 @@ class LanguageChoice:
         return tokens[len(self.prefix):]
 
 
-def choose(vocab: dict, src_lang: str, tgt_lang: str, where: str) -> LanguageChoice:
-    """The ids that make the checkpoint `where` (its vocab entry) translate from src_lang into
+def choose(vocab: Vocab, src_lang: str, tgt_lang: str, where: str) -> LanguageChoice:
+    """The ids that make the checkpoint `where` (its vocabulary) translate from src_lang into
     tgt_lang ("": not given); a one-line ConfigError naming the key for a language it lacks, a
     language it needs, or a language given to a bilingual model."""
-    entry = vocab.get("languages")
+    entry = vocab.languages
     if entry is None:
         for key, value in (("src_lang", src_lang), ("tgt_lang", tgt_lang)):
             if value:
@@ -91,8 +92,8 @@ class LanguagePair:
     tgt_lang: str = ""
 
 
-def recorded_pair(vocab: dict) -> LanguagePair:
-    """The language pair a checkpoint (its vocab entry) records; empty for a multilingual one,
+def recorded_pair(vocab: Vocab) -> LanguagePair:
+    """The language pair a checkpoint (its vocabulary) records; empty for a multilingual one,
     an older one or an import."""
-    pair = vocab.get("pair") or {}
+    pair = vocab.pair or {}
     return LanguagePair(pair.get("src_lang", ""), pair.get("tgt_lang", ""))

@@ -19,7 +19,7 @@ from text, dropped from outputs).
 A source is `src_code pieces </s>` (NllbTokenizer's non-legacy order, M2M100Tokenizer's);
 decoding starts from </s> (decoder_start_token_id, so BOS is EOS here: Specials.banned does
 not ban it) and the target code is forced as the first output token. The checkpoint records
-the language tokens (vocab["languages"], convention "forced"), which nmt-translate's
+the language tokens (nmt.vocab.Vocab.languages, convention "forced"), which nmt-translate's
 src_lang= and tgt_lang= choose (nmt.languages). tests/test_m2m100.py checks tokens and greedy
 outputs against transformers' generate(forced_bos_token_id=...).
 """
@@ -46,6 +46,7 @@ from nmt.hf_files import (
     vocabulary_model,
 )
 from nmt.tokenizer import vocab_sha256
+from nmt.vocab import Vocab
 
 FAIRSEQ_SPECIALS = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
 # M2M100Tokenizer's language lists (transformers' FAIRSEQ_LANGUAGE_CODES): tokens __xx__
@@ -71,8 +72,8 @@ def convert(directory: Path, config: dict) -> Converted:
     return Converted(kind, model_cfg, vocab, weights)
 
 
-def vocabulary(directory: Path, config: dict) -> tuple[dict, str]:
-    """The checkpoint's vocab entry (one id space for both sides) and the kind of model
+def vocabulary(directory: Path, config: dict) -> tuple[Vocab, str]:
+    """The checkpoint's vocabulary (one id space for both sides) and the kind of model
     (M2M100 with vocab.json, NLLB-200 without)."""
     spm_path = directory / "sentencepiece.bpe.model"
     try:
@@ -96,10 +97,10 @@ def vocabulary(directory: Path, config: dict) -> tuple[dict, str]:
     specials = {"unk": unk, "eos": eos, "pad": pad, "bos": eos}  # decoding starts from </s>
     kinds = {i: CONTROL for t, i in added.items() if t not in FAIRSEQ_SPECIALS}
     spm = vocabulary_model(proto, table, size, specials, spm_path, kinds)
-    return ({"src_size": size, "tgt_size": size, "pad_id": pad, "unk_id": unk, "bos_id": eos,
-             "eos_id": eos, "sha256": vocab_sha256(spm, spm), "src_spm": spm, "tgt_spm": spm,
-             "joint": True, "languages": {"convention": "forced", "codes": codes}},
-            "M2M100" if m2m100 else "NLLB-200")
+    vocab = Vocab(src_size=size, tgt_size=size, joint=True, pad_id=pad, unk_id=unk,
+                  bos_id=eos, eos_id=eos, sha256=vocab_sha256(spm, spm), src_spm=spm,
+                  tgt_spm=spm, languages={"convention": "forced", "codes": codes})
+    return vocab, "M2M100" if m2m100 else "NLLB-200"
 
 
 def language_tokens(directory: Path, pieces: int, m2m100: bool) -> dict[str, int]:

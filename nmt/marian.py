@@ -50,6 +50,7 @@ from nmt.hf_files import (
     vocabulary_model,
 )
 from nmt.tokenizer import vocab_sha256
+from nmt.vocab import Vocab
 
 LANGUAGE_TOKEN = re.compile(r">>[^<>\s]+<<")  # a multilingual model's target choice: >>de<<
 
@@ -57,9 +58,9 @@ LANGUAGE_TOKEN = re.compile(r">>[^<>\s]+<<")  # a multilingual model's target ch
 def convert(directory: Path, config: dict) -> Converted:
     """The MarianMT directory as nmt's model config, vocabulary and weights."""
     model_cfg, joint = model_config(config, directory / "config.json")
-    vocab = vocabulary(directory, config)
+    vocab = vocabulary(directory, config, joint)
     weights = nmt_weights(read_weights(directory), model_cfg, directory)
-    return Converted("MarianMT", model_cfg, {**vocab, "joint": joint}, weights)
+    return Converted("MarianMT", model_cfg, vocab, weights)
 
 
 # ----------------------------------------------------------------------------- the network
@@ -80,10 +81,11 @@ def nmt_weights(hf: dict[str, Tensor], cfg: ModelConfig, where: Path) -> dict[st
 
 
 # ----------------------------------------------------------------------------- vocabularies
-def vocabulary(directory: Path, config: dict) -> dict:
-    """The checkpoint's vocab entry (without "joint"): per side a SentencePiece model over
-    vocab.json's ids (target_vocab.json's for separate vocabularies), special ids, checksum,
-    and the >>xx<< target-language tokens as its languages (convention "tag"), if any."""
+def vocabulary(directory: Path, config: dict, joint: bool) -> Vocab:
+    """The checkpoint's vocabulary (joint: one id space for both sides): per side a
+    SentencePiece model over vocab.json's ids (target_vocab.json's for separate vocabularies),
+    special ids, checksum, and the >>xx<< target-language tokens as its languages (convention
+    "tag"), if any."""
     ids = read_vocab(directory / "vocab.json")
     separate = (directory / "target_vocab.json").is_file()
     tgt_ids = read_vocab(directory / "target_vocab.json") if separate else ids
@@ -108,10 +110,10 @@ def vocabulary(directory: Path, config: dict) -> dict:
         specials = {"unk": unk, "eos": eos, "pad": pad, "bos": start if start != pad else -1}
         kinds = {i: USER_DEFINED for i in codes.values()} if side == "src" else None
         protos[side] = vocabulary_model(proto, table, sizes[side], specials, path, kinds)
-    languages = {"languages": {"convention": "tag", "codes": codes}} if codes else {}
-    return {"src_size": sizes["src"], "tgt_size": sizes["tgt"], "pad_id": pad,
-            "unk_id": ids["<unk>"], "bos_id": start, "eos_id": eos,
-            "sha256": vocab_sha256(protos["src"], protos["tgt"]),
-            "src_spm": protos["src"], "tgt_spm": protos["tgt"], **languages}
+    return Vocab(src_size=sizes["src"], tgt_size=sizes["tgt"], joint=joint, pad_id=pad,
+                 unk_id=ids["<unk>"], bos_id=start, eos_id=eos,
+                 sha256=vocab_sha256(protos["src"], protos["tgt"]), src_spm=protos["src"],
+                 tgt_spm=protos["tgt"],
+                 languages={"convention": "tag", "codes": codes} if codes else None)
 
 

@@ -42,6 +42,7 @@ from nmt.corpus import Corpus, open_corpus
 from nmt.errors import NmtError
 from nmt.files import check_output, new_directory, sha256_file
 from nmt.tokenizer import Tokenizer, train_bpe, vocab_sha256
+from nmt.vocab import Vocab
 
 if TYPE_CHECKING:
     from nmt.config import BpeConfig, CleanConfig, PreprocessConfig, TrainCorpus
@@ -217,9 +218,9 @@ def load_subwords(path: str) -> tuple[Tokenizer, Tokenizer, dict]:
     elif not p.exists():
         raise NmtError(f"bpe.model={path}: no such file, data directory or checkpoint")
     elif p.read_bytes()[:2] == b"PK":  # a zip: a torch checkpoint
-        vocab = load_checkpoint(p)["vocab"]
-        src, tgt = Tokenizer(vocab["src_spm"], str(p)), Tokenizer(vocab["tgt_spm"], str(p))
-        languages = vocab.get("languages")
+        vocab = Vocab.from_dict(load_checkpoint(p)["vocab"], str(p))
+        src, tgt = Tokenizer(vocab.src_spm, str(p)), Tokenizer(vocab.tgt_spm, str(p))
+        languages = vocab.languages
     else:
         src = tgt = Tokenizer.from_file(p)
     if src.proto == tgt.proto:

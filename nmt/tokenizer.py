@@ -177,8 +177,9 @@ class Tokenizer:
 
 def vocab_sha256(src_proto: bytes, tgt_proto: bytes) -> str:
     """The vocabulary's checksum, as data directories (manifest.json's vocab_sha256) and
-    checkpoints (vocab["sha256"]) record it: the sha256 of the source SentencePiece model's
-    bytes followed by the target model's (the same model twice when the vocabulary is joint)."""
+    checkpoints (nmt.vocab.Vocab.sha256) record it: the sha256 of the source SentencePiece
+    model's bytes followed by the target model's (the same model twice when the vocabulary is
+    joint)."""
     return hashlib.sha256(src_proto + tgt_proto).hexdigest()
 
 def _training_error(message: str, vocab_size: int) -> NmtError:

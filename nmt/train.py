@@ -78,6 +78,7 @@ from nmt.scoring import read_references, score
 from nmt.stopping import FLAGS, NO_FLAGS, Stop, Stopping
 from nmt.tokenizer import Tokenizer, vocab_sha256
 from nmt.variants import build_model
+from nmt.vocab import Vocab
 
 log = logging.getLogger("nmt.train")
 
@@ -102,7 +103,7 @@ def train(cfg: TrainConfig) -> dict:
             trim_heap = tune_process(tc, env.device)
             run = build_run(cfg, env, load_data(cfg, env))
             start(run, distributed.from_main(
-                lambda: starting_state(cfg, run.vocab["sha256"], run_lock), env.device))
+                lambda: starting_state(cfg, run.vocab.sha256, run_lock), env.device))
             logs = RunLog(cfg, run.update) if env.is_main else None
             batches = Prefetcher(run.data.train, pin=env.device.type == "cuda")
             describe(run)
@@ -284,7 +285,7 @@ class Data:
     """What a run reads: the manifest, the vocabulary entry of checkpoints, the splits."""
 
     manifest: dict
-    vocab: dict
+    vocab: Vocab
     train: EpochBatchIterator
     valid: ParallelData | None
 
@@ -312,7 +313,7 @@ def load_data(cfg: TrainConfig, env: distributed.DistInfo) -> Data:
         weights = temperature_weights(corpora, weights, tc.temperature)
     sampler = (SubwordSampler(cfg.data_dir, manifest, tc.subword_sampling)
                if tc.subword_sampling else None)
-    itr = EpochBatchIterator(train, tc.max_tokens, tc.seed, vocab["pad_id"], env.rank,
+    itr = EpochBatchIterator(train, tc.max_tokens, tc.seed, vocab.pad_id, env.rank,
                              env.world_size, cfg.model.max_positions, corpora=corpora,
                              weights=weights, sampler=sampler,
                              pad_to=tc.pad_to_multiple or (8 if tc.compile else 1))
@@ -327,8 +328,8 @@ def load_data(cfg: TrainConfig, env: distributed.DistInfo) -> Data:
     return Data(manifest, vocab, itr, valid)
 
 
-def load_vocab(data_dir: str, manifest: dict) -> dict:
-    """The checkpoint's "vocab" entry: sizes, special ids, checksum and the SentencePiece protos."""
+def load_vocab(data_dir: str, manifest: dict) -> Vocab:
+    """The checkpoint's vocabulary: sizes, special ids, checksum and the SentencePiece protos."""
     try:
         src = Tokenizer.from_file(Path(data_dir) / manifest["spm"]["src"])
         tgt = Tokenizer.from_file(Path(data_dir) / manifest["spm"]["tgt"])
@@ -336,11 +337,11 @@ def load_vocab(data_dir: str, manifest: dict) -> dict:
         if sha != manifest["vocab_sha256"]:
             raise NmtError(f"{data_dir}/manifest.json: vocab_sha256 does not match the "
                            f"SentencePiece model files (data directory modified?)")
-        return {"src_size": manifest["src_vocab_size"], "tgt_size": manifest["tgt_vocab_size"],
-                "joint": manifest["joint"], "pad_id": manifest["pad_id"],
-                "unk_id": manifest["unk_id"], "bos_id": manifest["bos_id"],
-                "eos_id": manifest["eos_id"], "sha256": sha, "src_spm": src.proto,
-                "tgt_spm": tgt.proto, **recorded_languages(manifest)}
+        return Vocab(src_size=manifest["src_vocab_size"], tgt_size=manifest["tgt_vocab_size"],
+                     joint=manifest["joint"], pad_id=manifest["pad_id"],
+                     unk_id=manifest["unk_id"], bos_id=manifest["bos_id"],
+                     eos_id=manifest["eos_id"], sha256=sha, src_spm=src.proto,
+                     tgt_spm=tgt.proto, **recorded_languages(manifest))
     except KeyError as e:
         raise NmtError(f"{data_dir}/manifest.json: missing key {e} (not written by "
                        f"nmt-preprocess?)") from None
@@ -411,12 +412,12 @@ class Run:
     last_valid: dict = dataclasses.field(default_factory=dict)
 
     @property
-    def vocab(self) -> dict:
+    def vocab(self) -> Vocab:
         return self.data.vocab
 
     @property
     def pad_id(self) -> int:
-        return self.data.vocab["pad_id"]
+        return self.data.vocab.pad_id
 
 
 def build_run(cfg: TrainConfig, env: distributed.DistInfo, data: Data) -> Run:
@@ -424,8 +425,8 @@ def build_run(cfg: TrainConfig, env: distributed.DistInfo, data: Data) -> Run:
     tc, vocab = cfg.train, data.vocab
     amp = resolve_amp(tc.amp, env.device)
     torch.manual_seed(tc.seed)
-    model = build_model(cfg.model, vocab["src_size"], vocab["tgt_size"], vocab["pad_id"],
-                       vocab["joint"]).to(env.device)
+    model = build_model(cfg.model, vocab.src_size, vocab.tgt_size, vocab.pad_id,
+                       vocab.joint).to(env.device)
     if env.device.type == "cpu":  # the CPU speed path (nmt/cpu_training.py)
         use_cpu_dropout(model)
     ema = copy.deepcopy(model).requires_grad_(False) if tc.ema_decay else None
@@ -912,7 +913,7 @@ def training_state(run: Run) -> dict:
     """The training checkpoint (nmt/checkpoint.py describes every key)."""
     cfg = run.cfg
     state = {"model": run.model.state_dict(), "model_cfg": dataclasses.asdict(cfg.model),
-             "vocab": run.vocab, "update": run.update, "epoch": run.data.train.epoch,
+             "vocab": run.vocab.to_dict(), "update": run.update, "epoch": run.data.train.epoch,
              "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
              "scaler": run.scaler.state_dict(), "iterator": run.data.train.state_dict(),
              "config": dataclasses.asdict(cfg), "nonfinite": int(run.monitor.nonfinite.item()),

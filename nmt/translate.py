@@ -48,6 +48,7 @@ from nmt.scoring import score
 from nmt.segment import Segmented, sample_stream, sentence_splitter, split_for
 from nmt.segment import rejoin as segment_rejoin
 from nmt.tokenizer import Tokenizer
+from nmt.vocab import Vocab
 
 PROG = "nmt-translate"
 CHUNK_LINES = 1000  # interactive input: lines translated together at most
@@ -238,7 +239,7 @@ def open_session(cfg: TranslateConfig) -> Session:
                    chooser)
 
 
-def split_lang(cfg: TranslateConfig, vocab: dict) -> str:
+def split_lang(cfg: TranslateConfig, vocab: Vocab) -> str:
     """split=sentence's source language: split_lang, else the one the checkpoint records (its
     pair's source, or src_lang= of a multilingual model); a one-line error for none."""
     lang = cfg.split_lang or recorded_pair(vocab).src_lang or cfg.src_lang

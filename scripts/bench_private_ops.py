@@ -19,6 +19,7 @@ import nmt.inference.fast
 from nmt.config import ModelConfig, SearchConfig
 from nmt.inference.translator import Translator
 from nmt.model import make_model
+from nmt.tokenizer import SPECIALS
 
 
 def seconds(model, src_ids: list[list[int]], beam: int, dtype: str, packed: bool) -> float:
@@ -28,7 +29,7 @@ def seconds(model, src_ids: list[list[int]], beam: int, dtype: str, packed: bool
     kept = nmt.inference.fast.PACKED_DTYPES
     nmt.inference.fast.PACKED_DTYPES = (dtype,) if packed else ()
     try:  # prepared here, before timing
-        translator = Translator([model], {"bos_id": 2, "eos_id": 3, "pad_id": 0}, dtype=dtype)
+        translator = Translator([model], SPECIALS, dtype=dtype)
     finally:
         nmt.inference.fast.PACKED_DTYPES = kept
     generator = translator.prepared(dtype)[0].generator

@@ -27,6 +27,7 @@ import torch
 from nmt.config import ModelConfig, SearchConfig
 from nmt.inference.translator import Translator
 from nmt.model import make_model
+from nmt.tokenizer import SPECIALS
 
 
 def add_workload_options(p: argparse.ArgumentParser) -> None:
@@ -71,7 +72,7 @@ def load_model(args: argparse.Namespace):
         from nmt.inference.loading import load_model as load_checkpoint_model
 
         model, vocab = load_checkpoint_model(args.checkpoint)
-        return model, vocab["tgt_size"]
+        return model, vocab.tgt_size
     torch.manual_seed(0)
     cfg = ModelConfig(N=3, d_model=256, d_ff=1024, h=4, dropout=0.1)
     return make_model(cfg, args.vocab, args.vocab, 0, True).eval(), args.vocab
@@ -98,8 +99,8 @@ def run(model, src_ids, beam: int, batch: int, out_len: int, use_cache: bool,
                           min_len=out_len, max_tokens=10 ** 9, max_sentences=batch,
                           dtype=dtype)
     # prepared (and the workers forked) before timing, as nmt-translate does
-    with Translator([model], {"bos_id": 2, "eos_id": 3, "pad_id": 0}, dtype=dtype,
-                    workers=workers, fast=fast, use_cache=use_cache) as translator:
+    with Translator([model], SPECIALS, dtype=dtype, workers=workers, fast=fast,
+                    use_cache=use_cache) as translator:
         start, cpu = time.perf_counter(), cpu_seconds()
         out = translator.translate_ids(src_ids, search)
         seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu

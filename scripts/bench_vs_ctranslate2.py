@@ -49,7 +49,8 @@ from nmt.config import SearchConfig
 from nmt.files import read_lines
 from nmt.inference.ct2_export import ctranslate2_spec, pieces, write_vmap
 from nmt.inference.translator import Translator
-from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIALS
+from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIALS, Specials
+from nmt.vocab import Vocab
 
 SEARCHES = {"greedy": 1, "beam4": 4}
 
@@ -101,7 +102,7 @@ class Row:
     outputs: list[list[int]] | None = None
 
 
-def nmt_rows(model, vocab: dict, src_ids: list[list[int]], args: argparse.Namespace
+def nmt_rows(model, vocab: Vocab | Specials, src_ids: list[list[int]], args: argparse.Namespace
              ) -> list[Row]:
     """nmt: each of --dtypes, one process and workers, without and with --shortlist."""
     rows = []
@@ -203,13 +204,13 @@ def profile_rows(rows: list[Row], args: argparse.Namespace) -> None:
 
 
 def workload(args: argparse.Namespace):
-    """The model (random, or --checkpoint's), its vocabulary entry, the token names of both
-    sides (CTranslate2's) and the source id lists (random, or --input's sentences)."""
+    """The model (random, or --checkpoint's), its Vocab (a random model's: its Specials), the
+    token names of both sides (CTranslate2's) and the source id lists (random, or --input's
+    sentences)."""
     if not args.checkpoint:
         model, V = load_model(args)
         names = token_names(V)
-        ids = {"bos_id": BOS_ID, "eos_id": EOS_ID, "pad_id": PAD_ID}
-        return model, ids, names, names, random_sources(args, V)
+        return model, SPECIALS, names, names, random_sources(args, V)
     loaded = Translator.load(args.checkpoint, dtype=None)
     if args.input:
         lines = read_lines(args.input, "--input")[:args.sentences]
@@ -217,7 +218,7 @@ def workload(args: argparse.Namespace):
         src_ids = [ids[:limit] for ids in loaded.src_tok.encode(lines)]
         args.sentences = len(src_ids)
     else:
-        src_ids = random_sources(args, loaded.vocab["src_size"])
+        src_ids = random_sources(args, loaded.vocab.src_size)
     return (loaded.model, loaded.vocab, pieces(loaded.src_tok), pieces(loaded.tgt_tok),
             src_ids)
 
@@ -248,8 +249,9 @@ def main() -> None:
         spec.optimize()
         spec.save(model_dir)
         if args.shortlist:
-            write_vmap(Path(model_dir), args.shortlist, vocab.get("sha256"), src_names,
-                       tgt_names, "--checkpoint")
+            sha256 = vocab.sha256 if isinstance(vocab, Vocab) else None  # None: size only
+            write_vmap(Path(model_dir), args.shortlist, sha256, src_names, tgt_names,
+                       "--checkpoint")
         rows = (nmt_rows(model, vocab, src_ids, args)
                 + ct2_rows(model_dir, src_tokens, tgt_names, args))
         rows = [r for r in rows if all(w in f"{r.search} {r.label}"

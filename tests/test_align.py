@@ -31,8 +31,7 @@ PHARAOH = re.compile(r"^(\d+-\d+( \d+-\d+)*)?$")
 
 def engine(model, specials: Specials = SPECIALS) -> Translator:
     """nmt's engine over a bare model (no tokenizers: specials' ids)."""
-    ids = {"bos_id": specials.bos, "eos_id": specials.eos, "pad_id": specials.pad}
-    return Translator([model], ids, dtype=None)
+    return Translator([model], specials, dtype=None)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ NMT = ROOT / "nmt"
 LAYERS = [
     {"nmt.errors", "nmt.config_errors", "nmt.capabilities", "nmt.config", "nmt.files",
      "nmt.runtime", "nmt.scoring", "nmt.segment", "nmt.serve.errors", "nmt.serve.api_keys",
-     "nmt.serve.langid_codes", "nmt.inference.messages"},
+     "nmt.serve.langid_codes", "nmt.inference.messages", "nmt.vocab"},
     {"nmt.model", "nmt.variants", "nmt.languages", "nmt.attention_maps", "nmt.tokenizer",
      "nmt.private_ops", "nmt.checkpoint", "nmt.distributed", "nmt.loss", "nmt.schedule",
      "nmt.cpu_training", "nmt.activation_checkpointing", "nmt.preemption", "nmt.stopping",

@@ -30,6 +30,7 @@ from nmt.importer import import_model
 from nmt.inference.translator import Translator
 from nmt.languages import choose
 from nmt.translate import translate
+from nmt.vocab import Vocab
 
 transformers = pytest.importorskip("transformers")
 sentencepiece = pytest.importorskip("sentencepiece")
@@ -237,12 +238,14 @@ def test_nmt_translate_writes_the_language_asked_for(case, tmp_path):
 
 
 def test_a_language_the_model_lacks_or_needs_is_one_line(m2m_pt, tmp_path):
-    vocab = load_checkpoint(m2m_pt)["vocab"]
+    entry = load_checkpoint(m2m_pt)["vocab"]
+    vocab = Vocab.from_dict(entry, str(m2m_pt))
     with pytest.raises(ConfigError, match=r"tgt_lang=xx: .* has no such language \(it has af,"):
         choose(vocab, "en", "xx", str(m2m_pt))
     with pytest.raises(ConfigError, match=r"src_lang: .* is multilingual: give the language"):
         choose(vocab, "", "de", str(m2m_pt))
-    bilingual = {k: v for k, v in vocab.items() if k != "languages"}  # an older checkpoint
+    old = {k: v for k, v in entry.items() if k != "languages"}  # an older checkpoint
+    bilingual = Vocab.from_dict(old, "old.pt")
     assert choose(bilingual, "", "", "old.pt").prefix == ()
     with pytest.raises(ConfigError, match=r"tgt_lang=de: old.pt is a bilingual model"):
         choose(bilingual, "", "de", "old.pt")

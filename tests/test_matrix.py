@@ -97,9 +97,9 @@ def with_vocab(data_dir: Path, path: Path) -> Path:
     """A random tiny model saved as nmt-train saves one trained on data_dir: its vocabulary
     entry, language pair or languages included (load_vocab)."""
     vocab = load_vocab(str(data_dir), read_manifest(data_dir))
-    model = tiny_model(vocab["src_size"], seed=1, stops=True)
+    model = tiny_model(vocab.src_size, seed=1, stops=True)
     save_checkpoint({"model": model.state_dict(), "model_cfg": dataclasses.asdict(model.cfg),
-                     "vocab": vocab, "update": 0, "epoch": 0}, path)
+                     "vocab": vocab.to_dict(), "update": 0, "epoch": 0}, path)
     return path
 
 

@@ -125,7 +125,7 @@ def test_an_older_manifest_reads_as_one_language_pair(corpora_dir, tmp_path):
     data = load_data(train_config(old, tmp_path / "run", "train.temperature=5"),
                      distributed.init("cpu"))
     assert data.train.weights == [1.0, 2.0]  # the corpus weights, no temperature
-    assert "languages" not in data.vocab  # its checkpoints record none
+    assert data.vocab.languages is None  # its checkpoints record none
 
 
 def test_a_reused_vocabulary_keeps_the_language_tokens_or_is_refused(multi_dir, raw,

@@ -185,7 +185,7 @@ def test_a_shortlist_of_another_vocabulary_is_one_line_error(tmp_path, tiny_data
     """Checked once, when the translator opens (nmt-translate, nmt-serve: both engines)."""
     ckpt = save_tiny_checkpoint(tmp_path / "ckpt.pt", (tiny_data_dir / "spm.model").read_bytes())
     with Translator.load(ckpt) as translator:
-        vocab = translator.vocab["tgt_size"]
+        vocab = translator.vocab.tgt_size
     other = shortlist_file(tmp_path / "other.pt", torch.arange(V).repeat(vocab + 1, 1), [3],
                            vocab=vocab + 1)
     with pytest.raises(NmtError, match=rf"search.shortlist=.*other.pt: built for another "

@@ -73,8 +73,7 @@ def run(model, sources, cfg, workers: int = 1, **kw):
     worker processes."""
     if workers == 1:
         return translate_nbest(model, sources, cfg, SPECIALS, **kw)
-    ids = {"bos_id": BOS_ID, "eos_id": EOS_ID, "pad_id": PAD_ID}
-    with Translator([model], ids, dtype=cfg.dtype, workers=workers) as translator:
+    with Translator([model], SPECIALS, dtype=cfg.dtype, workers=workers) as translator:
         return translator.translate_ids(sources, cfg, **kw)
 
 

@@ -53,6 +53,7 @@ from nmt.inference.stepping import batch_loop
 from nmt.inference.workers import WorkerPool
 from nmt.runtime import usable_cores
 from nmt.tokenizer import Tokenizer
+from nmt.vocab import Vocab
 
 COMPUTE_TYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8",
                  "int8_float16": "int8_float16", "int8_bfloat16": "int8_bfloat16"}
@@ -86,16 +87,17 @@ class CT2Translator:
                            f"export it with nmt-export")
         if info is None:  # converted outside nmt: the checkpoint says what nmt.json would
             loaded = LoadedCheckpoint.load(checkpoint)
-            info = {"vocab": loaded.vocab, "max_positions": loaded.model.cfg.max_positions}
+            self.vocab, self.max_positions = loaded.vocab, loaded.model.cfg.max_positions
             self.src_tok, self.tgt_tok = loaded.src_tok, loaded.tgt_tok
         else:
+            self.vocab = Vocab.from_dict(info["vocab"], str(model_dir / INFO), protos=False)
+            self.max_positions = info["max_positions"]
             self.src_tok = Tokenizer((model_dir / "source.spm").read_bytes())
             self.tgt_tok = Tokenizer((model_dir / "target.spm").read_bytes())
         supported = ct2.get_supported_compute_types(self.device.type)
         if compute_type not in supported:
             raise NmtError(f"search.dtype: CTranslate2 has no {compute_type} on this "
                            f"{self.device.type} (it has {', '.join(sorted(supported))})")
-        self.vocab, self.max_positions = info["vocab"], info["max_positions"]
         if shortlist and not (model_dir / VMAP).is_file():
             raise NmtError(f"{model_dir}: no {VMAP} for search.shortlist={shortlist} "
                            f"(nmt-export shortlist=FILE writes it)")

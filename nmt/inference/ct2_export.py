@@ -30,6 +30,7 @@ earlier checkpoints beside it too.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -161,11 +162,11 @@ def write_ctranslate2(loaded: LoadedCheckpoint, out: Path, quantization: str = "
     spec.optimize(quantization=quantization or None)
     spec.save(str(out))
     if shortlist:
-        write_vmap(out, shortlist, loaded.vocab["sha256"], src_pieces, tgt_pieces,
+        write_vmap(out, shortlist, loaded.vocab.sha256, src_pieces, tgt_pieces,
                    "the checkpoint")
     (out / "source.spm").write_bytes(loaded.src_tok.proto)  # to tokenize as nmt does
     (out / "target.spm").write_bytes(loaded.tgt_tok.proto)
-    vocab = {k: v for k, v in loaded.vocab.items() if not isinstance(v, bytes)}
+    vocab = dataclasses.replace(loaded.vocab, src_spm=None, tgt_spm=None).to_dict()
     info = {**(key or {}), "vocab": vocab, "max_positions": loaded.model.cfg.max_positions}
     (out / "nmt.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
     return (f"CTranslate2, {loaded.describe()}, weights {quantization or 'float32'}"

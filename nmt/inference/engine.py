@@ -25,6 +25,7 @@ from nmt.inference.workers import WorkerPool
 from nmt.runtime import warn_if_bf16_emulated
 from nmt.shortlist import load_shortlist
 from nmt.tokenizer import Specials, Tokenizer, check_same_vocabulary
+from nmt.vocab import Vocab
 
 
 class Engine(Protocol):
@@ -37,7 +38,7 @@ class Engine(Protocol):
     src_tok: Tokenizer  # the source SentencePiece model
     tgt_tok: Tokenizer  # the target SentencePiece model
     specials: Specials  # the target's BOS, EOS and PAD ids
-    vocab: dict  # the checkpoint's vocab entry (sizes, special ids, sha256)
+    vocab: Vocab  # the checkpoint's vocabulary (sizes, special ids, sha256)
     device: torch.device  # where it decodes
     workers: int  # batches it decodes at once
 
@@ -92,8 +93,8 @@ def open_translator(engine: str, checkpoints: list[str], device: torch.device,
                                         ct2_model, shortlist)
     try:
         if shortlist:  # built for this vocabulary: checked once here, not per batch
-            load_shortlist(shortlist).check(translator.vocab.get("sha256"),
-                                            translator.vocab["tgt_size"], "the checkpoint")
+            load_shortlist(shortlist).check(translator.vocab.sha256,
+                                            translator.vocab.tgt_size, "the checkpoint")
     except NmtError:
         translator.close()
         raise
@@ -112,5 +113,5 @@ def check_vocab(engine: Engine, against: str, checkpoint: str) -> None:
         manifest = read_manifest(path.parent if path.name == MANIFEST else path)
         if "vocab_sha256" not in manifest:
             raise NmtError(f"{path}: manifest has no vocab_sha256")
-        theirs, ours = manifest["vocab_sha256"], engine.vocab["sha256"]
+        theirs, ours = manifest["vocab_sha256"], engine.vocab.sha256
     check_same_vocabulary(ours, theirs, checkpoint, str(path))

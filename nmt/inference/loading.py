@@ -15,9 +15,7 @@ from nmt.errors import ConfigError, NmtError
 from nmt.model import Transformer
 from nmt.tokenizer import Specials, Tokenizer, check_same_vocabulary, vocab_sha256
 from nmt.variants import build_model
-
-VOCAB_KEYS = ("src_size", "tgt_size", "joint", "pad_id", "bos_id", "eos_id", "sha256",
-              "src_spm", "tgt_spm")
+from nmt.vocab import Vocab
 
 
 @dataclass
@@ -26,7 +24,7 @@ class LoadedCheckpoint:
     export cache convert (nmt.export, nmt.inference.ct2_export)."""
 
     model: Transformer  # on the CPU, in eval mode
-    vocab: dict  # the checkpoint's vocab entry (sizes, special ids, SentencePiece models)
+    vocab: Vocab  # the checkpoint's vocabulary (sizes, special ids, SentencePiece models)
     src_tok: Tokenizer  # the source SentencePiece model
     tgt_tok: Tokenizer  # the target SentencePiece model
 
@@ -34,7 +32,7 @@ class LoadedCheckpoint:
     def load(cls, path: str | Path, weights: str = "auto") -> LoadedCheckpoint:
         """The checkpoint's model and vocabulary, checked (load_model)."""
         model, vocab = load_model(path, weights)
-        return cls(model, vocab, Tokenizer(vocab["src_spm"]), Tokenizer(vocab["tgt_spm"]))
+        return cls(model, vocab, Tokenizer(vocab.src_spm), Tokenizer(vocab.tgt_spm))
 
     @property
     def specials(self) -> Specials:
@@ -45,34 +43,30 @@ class LoadedCheckpoint:
         """One phrase on the model: its norm, layers and vocabularies."""
         cfg, v = self.model.cfg, self.vocab
         return (f"{cfg.norm}-norm, {cfg.N}+{cfg.decoder_layers} layers, d_model {cfg.d_model}, "
-                f"vocabulary {v['src_size']}/{v['tgt_size']}")
+                f"vocabulary {v.src_size}/{v.tgt_size}")
 
 
-def load_model(path: str | Path, weights: str = "auto") -> tuple[Transformer, dict]:
-    """The model of a checkpoint (on the CPU) and its vocab entry, checked against each other.
+def load_model(path: str | Path, weights: str = "auto") -> tuple[Transformer, Vocab]:
+    """The model of a checkpoint (on the CPU) and its vocabulary, checked against each other.
     weights: "model", "ema" or "auto" (ema when saved)."""
     state = load_checkpoint(path)
     if weights == "ema" and "ema" not in state:
         raise NmtError(f"{path}: weights=ema but the checkpoint has no EMA weights (train with "
                        f"train.ema_decay > 0, or use weights=model)")
     use_ema = weights == "ema" or (weights == "auto" and "ema" in state)
-    vocab = state["vocab"]
-    missing = [key for key in VOCAB_KEYS if key not in vocab]
-    if missing:
-        raise NmtError(f"{path}: checkpoint vocab lacks {', '.join(missing)}")
+    vocab = Vocab.from_dict(state["vocab"], str(path))
     check_vocab_consistency(path, vocab)
     try:
         cfg = ModelConfig(**state["model_cfg"])
     except (TypeError, ConfigError) as e:
         raise NmtError(f"{path}: bad model_cfg ({e})") from None
     weights = state["ema" if use_ema else "model"]
-    for key, size in (("src_embed.lut.weight", vocab["src_size"]),
-                      ("generator.weight", vocab["tgt_size"])):
+    for key, size in (("src_embed.lut.weight", vocab.src_size),
+                      ("generator.weight", vocab.tgt_size)):
         if key in weights and weights[key].size(0) != size:
             raise NmtError(f"{path}: {key} has {weights[key].size(0)} rows but the vocabulary "
                            f"has {size} entries")
-    model = build_model(cfg, vocab["src_size"], vocab["tgt_size"], vocab["pad_id"],
-                       vocab["joint"])
+    model = build_model(cfg, vocab.src_size, vocab.tgt_size, vocab.pad_id, vocab.joint)
     try:
         model.load_state_dict(weights)
     except RuntimeError as e:
@@ -81,22 +75,23 @@ def load_model(path: str | Path, weights: str = "auto") -> tuple[Transformer, di
     return model.eval(), vocab
 
 
-def check_vocab_consistency(path, vocab: dict) -> None:
+def check_vocab_consistency(path, vocab: Vocab) -> None:
     """The stored SentencePiece models must have the stored sizes and checksum."""
     protos = {}
-    for side in ("src", "tgt"):
-        tok = Tokenizer(vocab[f"{side}_spm"], f"{path}: {side} vocabulary")
+    for side, proto, size in (("src", vocab.src_spm, vocab.src_size),
+                              ("tgt", vocab.tgt_spm, vocab.tgt_size)):
+        tok = Tokenizer(proto, f"{path}: {side} vocabulary")
         protos[side] = tok.proto
-        if tok.vocab_size != vocab[f"{side}_size"]:
+        if tok.vocab_size != size:
             raise NmtError(f"{path}: {side} SentencePiece model has {tok.vocab_size} pieces but "
-                           f"{side}_size is {vocab[f'{side}_size']} (vocabulary does not match)")
-    if vocab["sha256"] != vocab_sha256(protos["src"], protos["tgt"]):
+                           f"{side}_size is {size} (vocabulary does not match)")
+    if vocab.sha256 != vocab_sha256(protos["src"], protos["tgt"]):
         raise NmtError(f"{path}: SentencePiece models do not match the stored vocabulary sha256")
 
 
-def check_ensemble(vocabs: list[dict], paths: list[str]) -> None:
+def check_ensemble(vocabs: list[Vocab], paths: list[str]) -> None:
     """The models of an ensemble must share their vocabulary (its checksum covers both
     SentencePiece models, so the sizes and special ids too)."""
     for vocab, path in zip(vocabs[1:], paths[1:], strict=True):
-        check_same_vocabulary(vocab["sha256"], vocabs[0]["sha256"], path, paths[0],
+        check_same_vocabulary(vocab.sha256, vocabs[0].sha256, path, paths[0],
                               "an ensemble needs one vocabulary")

@@ -42,6 +42,7 @@ from nmt.inference.stepping import step_loop
 from nmt.inference.workers import WorkerPool, can_fork
 from nmt.model import Transformer
 from nmt.tokenizer import Specials, Tokenizer
+from nmt.vocab import Vocab
 
 
 class Translator:
@@ -49,7 +50,8 @@ class Translator:
     that decode with them.
 
     models: Transformers (or stand-ins with their decoding interface, in tests), eval mode.
-    vocab: the checkpoint's vocab entry (sizes, special ids, SentencePiece models).
+    vocab: the checkpoint's vocabulary (sizes, special ids, SentencePiece models), or for
+    stand-ins without tokenizers (tests, benchmarks) their Specials alone (self.vocab: None).
     dtype: the search.dtype to prepare the models for at once, before any worker starts (None:
     none now, each dtype when first used). workers > 1 on the CPU: forked one-thread decoding
     processes, started here (else one thread); threads: PyTorch threads of decoding in this
@@ -59,14 +61,15 @@ class Translator:
 
     capabilities = ENGINES["nmt"]
 
-    def __init__(self, models: list, vocab: dict, device: torch.device | str = "cpu",
-                 dtype: str | None = "fp32", workers: int = 1, threads: int = 0,
-                 fast: bool = True, use_cache: bool = True):
-        self.models, self.vocab, self.device = models, vocab, torch.device(device)
-        self.src_tok = Tokenizer(vocab["src_spm"]) if "src_spm" in vocab else None
-        self.tgt_tok = Tokenizer(vocab["tgt_spm"]) if "tgt_spm" in vocab else None
-        self.specials = (self.tgt_tok.specials if self.tgt_tok is not None  # stand-ins: ids
-                         else Specials(vocab["bos_id"], vocab["eos_id"], vocab["pad_id"]))
+    def __init__(self, models: list, vocab: Vocab | Specials,
+                 device: torch.device | str = "cpu", dtype: str | None = "fp32",
+                 workers: int = 1, threads: int = 0, fast: bool = True, use_cache: bool = True):
+        self.models, self.device = models, torch.device(device)
+        checkpoint = isinstance(vocab, Vocab)  # else a stand-in's Specials: no tokenizers
+        self.vocab = vocab if checkpoint else None
+        self.src_tok = Tokenizer(vocab.src_spm) if checkpoint else None
+        self.tgt_tok = Tokenizer(vocab.tgt_spm) if checkpoint else None
+        self.specials = self.tgt_tok.specials if checkpoint else vocab
         self.continuations = self.tgt_tok.word_continuations() if self.tgt_tok else None
         self.preparations = 0  # models prepared so far (one per dtype)
         self.fast, self.use_cache = fast and use_cache, use_cache

@@ -327,7 +327,7 @@ class Service:
         self.split = cfg.split if cfg.split != "auto" else (
             "sentence" if self.src_lang else "paragraph")
         self.splitter = sentence_splitter(self.src_lang) if self.src_lang else None
-        entry = translator.vocab.get("languages")
+        entry = translator.vocab.languages
         self.libre = libretranslate.Languages.of(entry, self.src_lang, self.tgt_lang)
         self.keys = ApiKeys(cfg.api_keys)  # none: every request is let in
         self.languages = sorted(entry["codes"]) if entry else []

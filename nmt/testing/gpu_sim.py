@@ -611,13 +611,15 @@ def simulated_run(model: str, vocab: int, *overrides: str):
     call it inside simulated_cuda."""
     from nmt.config import TrainConfig, compose, to_object
     from nmt.distributed import DistInfo
+    from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
     from nmt.train import Data, build_run
+    from nmt.vocab import Vocab
 
     cfg = to_object(compose("train", [f"+model={model}", "data_dir=-", "run_dir=-",
                                       "train.device=cuda", *overrides]), TrainConfig)
-    vocab_entry = {"src_size": vocab, "tgt_size": vocab, "joint": True, "pad_id": 0}
-    return build_run(cfg, DistInfo(device=torch.device("cuda", 0)),
-                     Data({}, vocab_entry, None, None))
+    ids = Vocab(src_size=vocab, tgt_size=vocab, joint=True, pad_id=PAD_ID, unk_id=UNK_ID,
+                bos_id=BOS_ID, eos_id=EOS_ID, sha256="")  # no SentencePiece models
+    return build_run(cfg, DistInfo(device=torch.device("cuda", 0)), Data({}, ids, None, None))
 
 
 def update_cost(model: str, vocab: int, sentences: int, length: int, amp: str = "bf16",
