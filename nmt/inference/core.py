@@ -124,7 +124,6 @@ def in_columns(sentences: list[Sentence], candidates: Candidates | None) -> bool
     return candidates is not None and not any(s.phrases for s in sentences)
 
 
-
 # ----------------------------------------------------------------------------- the strategies
 @dataclass
 class Choice:
