@@ -611,7 +611,8 @@ def simulated_run(model: str, vocab: int, *overrides: str):
     call it inside simulated_cuda."""
     from nmt.config import TrainConfig, compose, to_object
     from nmt.distributed import DistInfo
-    from nmt.train import Data, build_run
+    from nmt.train import build_run
+    from nmt.training_run import Data
 
     cfg = to_object(compose("train", [f"+model={model}", "data_dir=-", "run_dir=-",
                                       "train.device=cuda", *overrides]), TrainConfig)
