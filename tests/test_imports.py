@@ -30,7 +30,8 @@ LAYERS = [
     {"nmt.inference.ct2_engine"},
     {"nmt.inference.engine"},  # the interface and open_translator
     {"nmt.inference.rerank", "nmt.align", "nmt.monitor", "nmt.training_run", "nmt.validation",
-     "nmt.resume", "nmt.serve.batcher", "nmt.serve.libretranslate"},  # the commands' parts
+     "nmt.resume", "nmt.serve.batcher", "nmt.serve.libretranslate", "nmt.serve.schemas",
+     "nmt.serve.service"},  # the commands' parts
     {"nmt.translate", "nmt.train", "nmt.preprocess", "nmt.export", "nmt.importer",
      "nmt.serve.app"},  # the commands' modules (COMMANDS)
     {"nmt.cli", "nmt.testing", "nmt.testing.gpu_sim"},  # the commands; the tests' GPU harness
