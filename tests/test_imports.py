@@ -29,9 +29,9 @@ LAYERS = [
     {"nmt.inference.translator", "nmt.inference.ct2_export"},  # the engines, the export
     {"nmt.inference.ct2_engine"},
     {"nmt.inference.engine"},  # the interface and open_translator
-    {"nmt.inference.rerank", "nmt.align", "nmt.monitor", "nmt.training_run", "nmt.validation",
-     "nmt.resume", "nmt.serve.batcher", "nmt.serve.libretranslate", "nmt.serve.schemas",
-     "nmt.serve.service"},  # the commands' parts
+    {"nmt.inference.rerank", "nmt.align", "nmt.cleaning", "nmt.subwords", "nmt.binarize",
+     "nmt.monitor", "nmt.training_run", "nmt.validation", "nmt.resume", "nmt.serve.batcher",
+     "nmt.serve.libretranslate", "nmt.serve.schemas", "nmt.serve.service"},  # the commands' parts
     {"nmt.translate", "nmt.train", "nmt.preprocess", "nmt.export", "nmt.importer",
      "nmt.serve.app"},  # the commands' modules (COMMANDS)
     {"nmt.cli", "nmt.testing", "nmt.testing.gpu_sim"},  # the commands; the tests' GPU harness
