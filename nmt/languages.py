@@ -13,7 +13,7 @@ do not apply. The conventions of the models nmt imports:
 The names are the checkpoint's: de for M2M100's __de__ and OPUS-MT's >>de<<, deu_Latn for
 NLLB-200. nmt-preprocess's src_lang and tgt_lang are the suffixes of its files (a
 multilingual data directory's side names); its corpora's src_lang and tgt_lang are languages.
-A model trained here on several pairs records convention "tag" with tokens >>xx<< (nmt.preprocess,
+A model trained here on several pairs records convention "tag" with tokens >>xx<< (nmt.subwords,
 docs/design.md) and its corpora's source languages ("sources"); one trained on one pair
 records Vocab.pair = {"src_lang", "tgt_lang"} (its data's suffixes): what nmt-serve's
 LibreTranslate API and split=sentence use when not told (recorded_pair; checkpoints from

@@ -7,7 +7,9 @@ label-smoothed loss (DDP synchronises only the last one), gradients divided by t
 global number of target tokens and clipped, one Adam step on the Noam schedule (skipped when
 the loss or the gradient is not finite: the schedule then stays where it was, while the update
 still counts for run.update, the intervals and max_updates). Between updates it logs,
-validates, checkpoints and decides to stop, the same way on every rank.
+validates, checkpoints and decides to stop, the same way on every rank. Beside it: the run's
+state (nmt.training_run), the update statistics (nmt.monitor), the validation
+(nmt.validation), the checkpoints it starts from and saves (nmt.resume).
 
 Made for GPUs without losing the CPU: batches are collated ahead in a background thread
 (into pinned memory on CUDA); an update's statistics and its skip decision stay on the
@@ -20,12 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import functools
 import logging
 import math
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from fractions import Fraction
 from pathlib import Path
 
@@ -37,22 +37,14 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from nmt import distributed, private_ops
 from nmt.activation_checkpointing import checkpoint_layers
-from nmt.checkpoint import (
-    check_resumable,
-    check_same_model,
-    load_checkpoint,
-    save_best_checkpoint,
-    save_training_checkpoint,
-)
 from nmt.config import TrainConfig, TrainLoopConfig, check_search_device
-from nmt.cpu_training import attention_kernels, use_cpu_dropout
+from nmt.cpu_training import use_cpu_dropout
 from nmt.data import (
     Batch,
     EpochBatchIterator,
     ParallelData,
     Prefetcher,
     SubwordSampler,
-    clean_text_path,
     directions,
     read_manifest,
     temperature_weights,
@@ -60,23 +52,25 @@ from nmt.data import (
     verify_data_dir,
 )
 from nmt.errors import NmtError
-from nmt.files import read_lines
-from nmt.inference.translator import Translator
-from nmt.loss import LabelSmoothedLoss
 from nmt.model import count_parameters
+from nmt.monitor import Monitor, StepStats
 from nmt.preemption import Preemption
-from nmt.runlog import RunDirLock, RunLog, prepare_run_dir
-from nmt.runtime import (
-    cap_onednn_cache,
-    cpu_bf16,
-    keep_freed_memory,
-    release_freed_memory,
-    warn_if_bf16_emulated,
-)
-from nmt.schedule import NoamSchedule, build_optimizer
-from nmt.scoring import read_references, score
-from nmt.stopping import FLAGS, NO_FLAGS, Stop, Stopping
+from nmt.resume import save, save_best, start, starting_state
+from nmt.runlog import RunDirLock, RunLog
+from nmt.runtime import cap_onednn_cache, keep_freed_memory, release_freed_memory
+from nmt.schedule import build_optimizer
+from nmt.scoring import read_references
+from nmt.stopping import NO_FLAGS, Stop, Stopping
 from nmt.tokenizer import Tokenizer, vocab_sha256
+from nmt.training_run import (
+    Data,
+    Run,
+    batch_loss,
+    fatal_out_of_memory,
+    resolve_amp,
+    training_precision,
+)
+from nmt.validation import validate_and_track
 from nmt.variants import build_model
 from nmt.vocab import Vocab
 
@@ -240,56 +234,7 @@ def tune_process(tc: TrainLoopConfig, device: torch.device) -> bool:
     return keep_freed_memory()
 
 
-@dataclasses.dataclass(frozen=True)
-class Precision:
-    """train.amp resolved on a device: the autocast a run uses, and why (its header line)."""
-
-    amp: str  # "none", "bf16" or "fp16"
-    why: str
-
-
-def resolve_amp(amp: str, device: torch.device) -> Precision:
-    """train.amp on this device: "auto" is bf16 on GPUs that have it (Ampere and later),
-    fp16 with loss scaling on older GPUs, and none on CPUs (where bf16's speed depends on
-    the processor); "bf16_native" is bf16 where the device computes it natively (Ampere and
-    later; CPUs with AVX512-BF16 or AMX, runtime.cpu_bf16), else none. An explicit bf16 on a
-    CPU that only emulates it is kept, with a warning."""
-    if device.type == "cuda":
-        bf16 = torch.cuda.get_device_capability(device)[0] >= 8
-        name = torch.cuda.get_device_name(device)
-        if amp == "bf16" and not bf16:
-            raise NmtError(f"train.amp=bf16: {name} has no bfloat16 support; use amp=fp16 or "
-                           f"amp=auto")
-        if amp == "auto":
-            return Precision("bf16" if bf16 else "fp16", f"auto on {name}")
-        if amp == "bf16_native":
-            return Precision("bf16" if bf16 else "none",
-                             f"bf16_native: {name} {'has' if bf16 else 'lacks'} bf16")
-        return Precision(amp, f"train.amp={amp}")
-    if amp == "fp16":
-        raise NmtError("train.amp=fp16: fp16 needs CUDA (use amp=bf16 on CPU)")
-    if amp == "auto":
-        return Precision("none", "auto is fp32 on CPUs")
-    if amp == "none":
-        return Precision("none", "train.amp=none")
-    support = cpu_bf16()
-    if amp == "bf16_native":
-        return Precision("bf16" if support.native else "none", f"bf16_native: {support.why}")
-    warn_if_bf16_emulated("train.amp=bf16 (bf16_native picks fp32 there)")
-    return Precision("bf16", f"train.amp=bf16: {support.why}")
-
-
 # ----------------------------------------------------------------------------- set-up
-@dataclasses.dataclass
-class Data:
-    """What a run reads: the manifest, the vocabulary entry of checkpoints, the splits."""
-
-    manifest: dict
-    vocab: Vocab
-    train: EpochBatchIterator
-    valid: ParallelData | None
-
-
 def load_data(cfg: TrainConfig, env: distributed.DistInfo) -> Data:
     """The data directory's vocabulary, the training batches of this rank (each corpus drawn
     by its weight; subword sampling if asked) and the valid split. Every file's size is
@@ -385,41 +330,6 @@ def batches_in_update(update_freq: Fraction, update: int) -> int:
     return math.floor((update + 1) * update_freq) - math.floor(update * update_freq)
 
 
-@dataclasses.dataclass
-class Run:
-    """One training run: the model and its optimisation, and the counters a checkpoint keeps."""
-
-    cfg: TrainConfig
-    env: distributed.DistInfo
-    data: Data
-    model: nn.Module  # the Transformer, whose weights are saved
-    forward: nn.Module  # what train_step calls: the model, in DDP and/or compiled
-    ddp: nn.parallel.DistributedDataParallel | None
-    ema: nn.Module | None  # the exponential moving average of the weights (train.ema_decay)
-    optimizer: torch.optim.Optimizer
-    scheduler: NoamSchedule  # counts applied updates only, on the device
-    scaler: torch.amp.GradScaler  # enabled for fp16 only
-    amp: Precision  # the autocast the run uses, and why
-    precision: Callable[[], contextlib.AbstractContextManager]  # a forward pass's numerics
-    update_freq: Fraction  # batches per rank and update, on average (batches_in_update)
-    check_every: int  # updates between host reads of the device's statistics
-    monitor: Monitor
-    update: int = 0
-    best: float | None = None  # best validation value of train.best_metric
-    bad_validations: int = 0  # validations since the best one
-    validated_at: int = 0
-    saved_at: int = 0
-    last_valid: dict = dataclasses.field(default_factory=dict)
-
-    @property
-    def vocab(self) -> Vocab:
-        return self.data.vocab
-
-    @property
-    def pad_id(self) -> int:
-        return self.data.vocab.pad_id
-
-
 def build_run(cfg: TrainConfig, env: distributed.DistInfo, data: Data) -> Run:
     """The model (initialised from train.seed), its EMA, the optimizer, schedule, scaler."""
     tc, vocab = cfg.train, data.vocab
@@ -458,55 +368,6 @@ def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
 
 
 # ----------------------------------------------------------------------------- the start
-def starting_state(cfg: TrainConfig, vocab_sha256: str, lock: RunDirLock) -> dict | None:
-    """Run on rank 0: check and lock run_dir up front, then load what the run starts from: all of
-    RUN/checkpoint_last.pt (a resume), or train.init_from's weights, or None (scratch)."""
-    run_dir = prepare_run_dir(cfg.run_dir, lock)
-    last, model_cfg = run_dir / "checkpoint_last.pt", dataclasses.asdict(cfg.model)
-    if last.is_file():
-        state = load_checkpoint(last)
-        check_resumable(state, last, model_cfg, vocab_sha256)
-        return {**state, "resumed_from": str(last)}
-    if cfg.train.init_from:
-        path = Path(cfg.train.init_from)
-        state = load_checkpoint(path)
-        check_same_model(state, path, model_cfg, vocab_sha256,
-                         "fine-tuning needs its vocabulary (nmt-preprocess bpe.model=...) "
-                         "and model shape")
-        return {"model": state["model"], "init_from": str(path)}
-    return None
-
-
-def start(run: Run, state: dict | None) -> None:
-    """Load the starting state on every rank: a whole training checkpoint (a resume), or
-    only the weights (train.init_from: new optimizer, schedule and data position)."""
-    if state is None:
-        return
-    run.model.load_state_dict(state["model"])
-    if "init_from" in state:
-        if run.ema is not None:
-            run.ema.load_state_dict(state["model"])
-        log.info("initialised from %s (new optimizer, schedule and data position)",
-                 state["init_from"])
-        return
-    run.optimizer.load_state_dict(state["optimizer"])
-    run.scheduler.load_state_dict(state["scheduler"])
-    if state["scaler"] and run.scaler.is_enabled():
-        run.scaler.load_state_dict(state["scaler"])
-    if run.ema is not None:  # an EMA switched on at a resume starts from the weights
-        run.ema.load_state_dict(state.get("ema", state["model"]))
-    if not run.data.train.load_state_dict(state["iterator"]):
-        log.warning("batching settings changed since the checkpoint: epoch %d restarts",
-                    run.data.train.epoch)
-    run.update = run.validated_at = run.saved_at = int(state["update"])
-    best = state.get("best", {})
-    if best.get("metric") == run.cfg.train.best_metric:
-        run.best, run.bad_validations = best.get("value"), best.get("bad_validations", 0)
-    run.monitor.nonfinite.fill_(float(state.get("nonfinite", 0)))
-    log.info("resumed from %s at update %d, epoch %d (batch %d)", state["resumed_from"],
-             run.update, run.data.train.epoch, run.data.train.consumed)
-
-
 def describe(run: Run) -> None:
     """Log the setup once: model size, devices, precision, batching."""
     tc, env = run.cfg.train, run.env
@@ -523,44 +384,6 @@ def describe(run: Run) -> None:
 # What an update counts on the host, per rank, all-reduced with its losses (StepStats' names)
 # and the rank's stop flags (nmt.stopping.FLAGS).
 HOST_COUNTS = ("tgt_tokens", "src_tokens", "padded", "sentences")
-
-
-@dataclasses.dataclass
-class StepStats:
-    """One update's statistics, summed over ranks: 0-dim tensors left on the device."""
-
-    loss: Tensor  # summed label-smoothed loss
-    nll: Tensor  # summed negative log-likelihood
-    tgt_tokens: Tensor  # non-padding target tokens (what gradients are divided by)
-    src_tokens: Tensor  # non-padding source tokens
-    padded: Tensor  # source and target positions, padding included
-    sentences: Tensor
-    grad_norm: Tensor  # global L2 norm of the per-token gradient, before clipping
-    skipped: Tensor  # True: the loss or the gradient was not finite, no parameter changed
-    overflow: Tensor  # True: an fp16 loss-scale overflow (skipped, but not a divergence)
-    flags: Tensor  # (len(FLAGS),) the ranks' stop flags summed (nmt.stopping: > 0 is set)
-
-
-@contextlib.contextmanager
-def training_precision(device: torch.device, dtype: torch.dtype | None):
-    """The numerics of a training forward pass (and its backward): autocast to `dtype` (None:
-    fp32), with the attention kernels nmt/cpu_training.py chooses for it on the CPU."""
-    amp = torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
-    with amp, attention_kernels(device, dtype):
-        yield
-
-
-def batch_loss(model: nn.Module, batch: Batch, epsilon: float, pad_id: int,
-               precision: Callable[[], contextlib.AbstractContextManager]
-               ) -> tuple[Tensor, Tensor]:
-    """Summed label-smoothed loss and summed NLL of a batch's target tokens (not normalised);
-    the forward pass runs in the context precision() makes (e.g. training_precision)."""
-    # The non-padding target positions (padding is neither projected nor scored): the batch's
-    # (rows, columns) when collate gave them (no host synchronisation), else a (B, T) mask.
-    keep = batch.targets if batch.targets is not None else batch.tgt_out != pad_id
-    with precision():
-        logits = model(batch.src, batch.tgt_in, keep)  # (n, V)
-    return LabelSmoothedLoss.apply(logits, batch.tgt_out[keep], epsilon, pad_id)
 
 
 def train_step(run: Run, epoch: int, group: list[tuple[int, Batch]],
@@ -608,26 +431,6 @@ def train_step(run: Run, epoch: int, group: list[tuple[int, Batch]],
                 else torch.zeros_like(skip))
     return StepStats(**total, grad_norm=grad_norm, skipped=skip, overflow=overflow,
                      flags=sums[len(names):])
-
-
-@contextlib.contextmanager
-def fatal_out_of_memory(run: Run, batches: list[Batch] | str, during: str = "update"):
-    """An out-of-memory error becomes a one-line error naming the rank, the update (or the
-    validation after it) and the batches' shapes, or `batches` when it says what ran: anywhere
-    in an update (forward, backward, the all-reduce, Adam's first step, which allocates its
-    state, the EMA) or a validation. The other ranks then fail in their next collective, or
-    torchrun stops them."""
-    try:
-        yield
-    except torch.cuda.OutOfMemoryError:
-        what = batches if isinstance(batches, str) else "batches of B x S/T tokens: " + ", ".join(
-            f"{b.src.size(0)}x{b.src.size(1)}/{b.tgt_in.size(1)}" for b in batches)
-        when = (f"update {run.update + 1}" if during == "update"
-                else f"the {during} after update {run.update}")
-        raise NmtError(f"rank {run.env.rank}: out of memory in {when} ({what}); lower "
-                       f"train.max_tokens and raise train.update_freq to keep the update's "
-                       f"size (fragmentation: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
-                       f")") from None
 
 
 def micro_batch_seed(seed: int, epoch: int, global_index: int) -> int:
@@ -680,73 +483,6 @@ def update_ema(ema: nn.Module, model: nn.Module, decay: float, skip: Tensor) -> 
                              skip)
 
 
-class Monitor:
-    """Update statistics accumulated on the device: sums since the last log line, and what
-    stops a run (consecutive non-finite updates, the ranks' stop flags), read at checks."""
-
-    # The sums kept (one tensor, in this order; add() fills them by name).
-    FIELDS = ("loss", "nll", "scored_tokens", "tgt_tokens", "src_tokens", "padded",
-              "sentences", "grad_norm", "skipped", "overflows")
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.nonfinite = torch.zeros((), dtype=torch.float64, device=device)  # run total
-        self.streak = torch.zeros((), dtype=torch.float64, device=device)  # consecutive ones
-        self.worst = torch.zeros((), dtype=torch.float64, device=device)  # since last check
-        self.flags = torch.zeros(len(FLAGS), dtype=torch.float64, device=device)  # maxima
-        self.restart()
-
-    def restart(self) -> None:
-        """Start a new log window."""
-        self.sums = torch.zeros(len(self.FIELDS), dtype=torch.float64, device=self.device)
-        self.updates, self.t0 = 0, time.monotonic()
-
-    def add(self, s: StepStats) -> None:
-        """Add one update (no host synchronisation)."""
-        ok = ~s.skipped
-        diverged = (s.skipped & ~s.overflow).double()  # an fp16 overflow is routine
-        values = {"loss": torch.where(ok, s.loss, 0.0), "nll": torch.where(ok, s.nll, 0.0),
-                  "scored_tokens": s.tgt_tokens * ok, "tgt_tokens": s.tgt_tokens,
-                  "src_tokens": s.src_tokens, "padded": s.padded, "sentences": s.sentences,
-                  "grad_norm": torch.where(ok, s.grad_norm.double(), 0.0),
-                  "skipped": s.skipped.double(), "overflows": s.overflow.double()}
-        self.sums += torch.stack([values[name] for name in self.FIELDS])
-        self.updates += 1
-        self.nonfinite += diverged
-        self.streak = (self.streak + 1) * diverged
-        self.worst = torch.maximum(self.worst, self.streak)
-        self.flags = torch.maximum(self.flags, s.flags)
-
-    def check(self, max_nonfinite: int, update: int) -> list[float]:
-        """Raise when max_nonfinite updates in a row were not finite; else the ranks' stop
-        flags so far (for Stopping.take). Reads the device (a host synchronisation)."""
-        worst, *flags = torch.cat([self.worst[None], self.flags]).tolist()
-        self.worst = self.streak.clone()
-        if worst >= max_nonfinite:
-            raise NmtError(f"{max_nonfinite} consecutive non-finite losses by update {update}: "
-                           f"training diverged (lower optim.lr_factor, raise optim.warmup, set "
-                           f"optim.clip_norm, or use amp=bf16/none)")
-        return flags
-
-    def summary(self) -> dict:
-        """Per-token loss, NLL, perplexity, gradient norm, throughput, padding share, skipped
-        updates of the window; then a new window starts."""
-        s = dict(zip(self.FIELDS, self.sums.tolist(), strict=True))
-        seconds = max(time.monotonic() - self.t0, 1e-9)
-        scored, n = max(s["scored_tokens"], 1.0), max(self.updates, 1)
-        out = {"loss": s["loss"] / scored, "nll": s["nll"] / scored,
-               "ppl": math.exp(min(s["nll"] / scored, 100.0)),
-               "grad_norm": s["grad_norm"] / max(self.updates - s["skipped"], 1.0),
-               "tokens_per_s": s["tgt_tokens"] / seconds,
-               "src_tokens_per_s": s["src_tokens"] / seconds,
-               "padding": 1.0 - (s["src_tokens"] + s["tgt_tokens"]) / max(s["padded"], 1.0),
-               "tgt_tokens_per_update": s["tgt_tokens"] / n,
-               "sentences_per_update": s["sentences"] / n,
-               "skipped": int(s["skipped"]), "overflows": int(s["overflows"])}
-        self.restart()
-        return out
-
-
 def log_train(run: Run, logs: RunLog | None, bar: tqdm) -> None:
     """A log line, a metrics.jsonl record and the progress bar's figures (all ranks read the
     device here; rank 0 writes)."""
@@ -767,172 +503,3 @@ def log_train(run: Run, logs: RunLog | None, bar: tqdm) -> None:
              "gnorm %.3f | tok/s %.0f | pad %.3f", run.data.train.epoch, run.update,
              values["loss"], values["nll"], values["ppl"], values["lr"],
              values["grad_norm"], values["tokens_per_s"], values["padding"])
-
-
-# ----------------------------------------------------------------------------- validation
-def validate_and_track(run: Run, logs: RunLog | None) -> bool:
-    """Validate, log, and update the best value and the patience counter; True if best."""
-    tc = run.cfg.train
-    valid = validate(run)
-    run.last_valid, run.validated_at = valid, run.update
-    value = valid[tc.best_metric]
-    higher = tc.best_metric in ("bleu", "chrf")
-    improved = run.best is None or (value > run.best if higher else value < run.best)
-    if improved:
-        run.best, run.bad_validations = value, 0
-    else:
-        run.bad_validations += 1
-    valid["best"] = run.best
-    if logs is not None:
-        logs.write("valid", run.update, run.data.train.epoch, valid)
-        logs.draw()
-    extra = "".join(f" {k} {valid[k]:.2f}" for k in ("bleu", "chrf") if k in valid)
-    extra += "".join(f" | {k.split('/')[1]} loss {v:.3f}" + (
-        f" bleu {valid['bleu/' + k.split('/')[1]]:.2f}" if "bleu/" + k.split("/")[1] in valid
-        else "") for k, v in valid.items() if k.startswith("loss/"))
-    if "model_loss" in valid:
-        extra += f" | trained weights' loss {valid['model_loss']:.3f}"
-    log.info("valid%s | update %d | loss %.3f | nll %.3f | ppl %.2f%s | best %s %.3f%s",
-             " (ema)" if run.ema is not None else "", run.update, valid["loss"], valid["nll"],
-             valid["ppl"], extra, tc.best_metric, run.best, " (new best)" if improved else "")
-    return improved
-
-
-def validate(run: Run) -> dict:
-    """Valid loss, NLL and perplexity (and BLEU/chrF when train.valid_bleu) of the weights a
-    checkpoint is translated with: the EMA when train.ema_decay keeps one (nmt-translate's
-    weights=auto), whose numbers then also choose the best checkpoint and count patience;
-    the trained weights' loss, NLL and perplexity are logged beside them as model_*, and
-    "weights" names the judged ones ("ema" or "model")."""
-    used = run.model if run.ema is None else run.ema
-    out = {"weights": "model" if run.ema is None else "ema", **valid_scores(run, used)}
-    if run.ema is not None:
-        out.update({f"model_{k}": v for k, v in valid_scores(run, run.model, False).items()
-                    if k in ("loss", "nll", "ppl")})
-    return out
-
-
-def valid_scores(run: Run, model: nn.Module, bleu: bool = True) -> dict:
-    """valid_loss (and with train.valid_bleu and `bleu`, valid_bleu) of `model`; in a
-    multilingual run, each direction's as "loss/en-de" and so on, and as loss, nll, bleu and
-    chrf their mean over the directions (ppl: exp of the mean nll), which judge the best
-    checkpoint."""
-    parts = directions(run.data.manifest, "valid")
-    if not parts:
-        out = valid_loss(run, model)
-        return {**out, **(valid_bleu(run, model) if bleu and run.cfg.train.valid_bleu else {})}
-    sections = run.data.manifest["sections"]["valid"]
-    out, means = {}, {}
-    for part in parts:
-        name = f"{part['src_lang']}-{part['tgt_lang']}"
-        chosen = [1.0 if (s["src_lang"], s["tgt_lang"]) == (part["src_lang"], part["tgt_lang"])
-                  else 0.0 for s in sections]
-        scores = valid_loss(run, model, sections, chosen)
-        if bleu and run.cfg.train.valid_bleu:
-            scores.update(valid_bleu(run, model, [i for first, n in part["ranges"]
-                                                  for i in range(first, first + n)]))
-        for key in ("loss", "nll", "bleu", "chrf"):
-            if key in scores:
-                out[f"{key}/{name}"] = scores[key]
-                means.setdefault(key, []).append(scores[key])
-        out["tokens"] = out.get("tokens", 0) + scores["tokens"]
-        out["skipped"] = out.get("skipped", 0) + scores["skipped"]
-    out.update({key: sum(values) / len(values) for key, values in means.items()})
-    out["ppl"] = math.exp(min(out["nll"], 100.0))
-    return out
-
-
-@torch.no_grad()
-def valid_loss(run: Run, model: nn.Module, sections: list[dict] | None = None,
-               chosen: list[float] | None = None) -> dict:
-    """Per-token loss, NLL and perplexity of `model` on the valid split (or on its `sections`
-    of weight 1 in `chosen`), shared out over ranks."""
-    tc, env = run.cfg.train, run.env
-    itr = EpochBatchIterator(run.data.valid, tc.max_tokens, tc.seed, run.pad_id, env.rank,
-                             env.world_size, run.cfg.model.max_positions, shuffle=False,
-                             lockstep=False, corpora=sections, weights=chosen)
-    training = model.training
-    model.eval()
-    sums, tokens = torch.zeros(2, dtype=torch.float64, device=env.device), 0
-    for _, batch in itr:
-        with fatal_out_of_memory(run, [batch], "validation"):
-            loss, nll = batch_loss(model, batch.to(env.device), run.cfg.optim.label_smoothing,
-                                   run.pad_id, run.precision)
-        sums += torch.stack([loss, nll]).double()
-        tokens += batch.tgt_tokens
-    count = torch.tensor([float(tokens)], dtype=torch.float64).to(env.device)
-    loss, nll, n = distributed.all_reduce_sum(torch.cat([sums, count])).tolist()
-    model.train(training)
-    n = max(n, 1.0)
-    return {"loss": loss / n, "nll": nll / n, "ppl": math.exp(min(nll / n, 100.0)),
-            "tokens": int(n), "skipped": itr.skipped}
-
-
-def valid_bleu(run: Run, model: nn.Module, sentences: list[int] | None = None) -> dict:
-    """Greedy translations of the valid sources (or of those numbered `sentences`) by
-    `model`, detokenized and scored with sacreBLEU (the first valid_bleu_max_sentences)."""
-    tc, env, valid, vocab = run.cfg.train, run.env, run.data.valid, run.vocab
-    sentences = sentences if sentences is not None else list(range(len(valid)))
-    sentences = sentences[:tc.valid_bleu_max_sentences or len(sentences)]
-    n = len(sentences)
-    limit = run.cfg.model.max_positions - 1  # room for the EOS
-    mine = list(range(env.rank, n, env.world_size))  # each rank translates a share
-    src_ids = [valid.src[sentences[i]][:limit].tolist() for i in mine]
-    search = dataclasses.replace(run.cfg.search, beam_size=1, nbest=1)
-    with fatal_out_of_memory(run, f"greedy search of {len(src_ids)} sentences in batches of "
-                                  f"search.max_tokens={search.max_tokens}", "validation"):
-        with Translator([model], vocab, env.device, search.dtype) as translator:  # these weights
-            out = [h[0].tokens for h in translator.translate_ids(src_ids, search)]
-    hyps: dict[int, list[int]] = {}
-    for part in distributed.all_gather_objects(dict(zip(mine, out, strict=True))):
-        hyps.update(part)
-    tgt = translator.tgt_tok
-    hyp_text = tgt.decode([hyps[i] for i in range(n)])
-    scores = score(hyp_text, valid_references(run, tgt, sentences), tc.bleu_tokenize)
-    return {"bleu": scores["bleu"], "chrf": scores["chrf"], "bleu_sentences": n}
-
-
-def valid_references(run: Run, tgt: Tokenizer, sentences: list[int]) -> list[list[str]]:
-    """The cleaned valid targets (the file the manifest names, valid.clean.<tgt_lang>, or the
-    decoded ids when absent), then each file of train.valid_refs: the lines `sentences` of
-    each."""
-    text = clean_text_path(run.cfg.data_dir, run.data.manifest, "valid", "tgt")
-    if text is not None and text.is_file():
-        lines = read_lines(str(text), "valid references")
-        first = [lines[i] for i in sentences]
-    else:
-        log.warning("%s: no cleaned valid text: scoring against decoded references",
-                    run.cfg.data_dir)
-        first = tgt.decode([run.data.valid.tgt[i].tolist() for i in sentences])
-    extra = read_references(run.cfg.train.valid_refs, len(run.data.valid), "valid pairs")
-    return [first, *([stream[i] for i in sentences] for stream in extra)]
-
-
-# ----------------------------------------------------------------------------- checkpoints
-def training_state(run: Run) -> dict:
-    """The training checkpoint (nmt/checkpoint.py describes every key)."""
-    cfg = run.cfg
-    state = {"model": run.model.state_dict(), "model_cfg": dataclasses.asdict(cfg.model),
-             "vocab": run.vocab.to_dict(), "update": run.update, "epoch": run.data.train.epoch,
-             "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
-             "scaler": run.scaler.state_dict(), "iterator": run.data.train.state_dict(),
-             "config": dataclasses.asdict(cfg), "nonfinite": int(run.monitor.nonfinite.item()),
-             "best": {"metric": cfg.train.best_metric, "value": run.best,
-                      "bad_validations": run.bad_validations}}
-    if run.ema is not None:
-        state["ema"] = run.ema.state_dict()
-    return state
-
-
-def save(run: Run, improved: bool) -> None:
-    """checkpoint_<update>.pt and checkpoint_last.pt (and checkpoint_best.pt), on rank 0."""
-    if run.env.is_main:
-        save_training_checkpoint(training_state(run), run.cfg.run_dir, run.cfg.train.keep_last,
-                                 best=improved)
-    run.saved_at = run.update
-
-
-def save_best(run: Run) -> None:
-    """checkpoint_best.pt after an improvement between save intervals, on rank 0."""
-    if run.env.is_main:
-        save_best_checkpoint(run.cfg.run_dir, None, training_state(run))

@@ -37,7 +37,8 @@ from nmt.data import Batch, EpochBatchIterator, ParallelData, collate
 from nmt.model import make_model
 from nmt.runtime import keep_freed_memory
 from nmt.schedule import build_optimizer
-from nmt.train import batch_loss, normalise_gradients, training_precision
+from nmt.train import normalise_gradients
+from nmt.training_run import batch_loss, training_precision
 
 CONFIGS = {"small": ModelConfig(N=3, d_model=256, d_ff=1024, h=4, dropout=0.1),
            "base": ModelConfig(N=6, d_model=512, d_ff=2048, h=8, dropout=0.1),

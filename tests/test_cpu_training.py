@@ -8,7 +8,7 @@ from translate_helpers import tiny_model_cfg
 from nmt.cpu_training import CpuDropout, attention_kernels, use_cpu_dropout
 from nmt.inference.search import pad_batch
 from nmt.model import make_model
-from nmt.train import training_precision
+from nmt.training_run import training_precision
 
 pytestmark = pytest.mark.isa
 

@@ -16,6 +16,7 @@ import torch
 from test_train import config
 
 import nmt.train
+import nmt.training_run
 from nmt.checkpoint import load_checkpoint
 from nmt.errors import NmtError
 from nmt.train import train
@@ -130,7 +131,7 @@ def test_fused_attention_runs_for_padded_batches(tiny_data_dir):
         fused.append(SDPBackend.CUDNN_ATTENTION)
     dtype = torch.bfloat16 if BF16 else torch.float16
     with sdpa_kernel(fused), torch.autocast("cuda", dtype=dtype):  # no unfused fallback
-        loss, _ = nmt.train.batch_loss(model, batch, 0.1, 0, contextlib.nullcontext)
+        loss, _ = nmt.training_run.batch_loss(model, batch, 0.1, 0, contextlib.nullcontext)
     loss.backward()
     assert math.isfinite(loss.item())
 

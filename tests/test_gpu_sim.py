@@ -18,6 +18,7 @@ from test_train import config
 from translate_helpers import random_sources, search, tiny_model
 
 import nmt.train
+import nmt.validation
 from nmt import distributed
 from nmt.config import (
     ServeConfig,
@@ -306,24 +307,24 @@ def out_of_memory(*args, **kwargs):
     raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
 
-@pytest.mark.parametrize("where, expected", [
-    ("optimizer_step", r"rank 0: out of memory in update 1 \(batches of B x S/T tokens: "
-                       r"\d+x\d+/\d+\); lower train.max_tokens"),
-    ("update_ema", r"rank 0: out of memory in update 1 \(batches"),
-    ("batch_loss", r"rank 0: out of memory in the validation after update 2 \(batches of B "
-                   r"x S/T tokens: \d+x\d+/\d+\)"),
+@pytest.mark.parametrize("module, where, expected", [
+    (nmt.train, "optimizer_step", r"rank 0: out of memory in update 1 \(batches of B x S/T "
+                                  r"tokens: \d+x\d+/\d+\); lower train.max_tokens"),
+    (nmt.train, "update_ema", r"rank 0: out of memory in update 1 \(batches"),
+    (nmt.validation, "batch_loss", r"rank 0: out of memory in the validation after update 2 "
+                                   r"\(batches of B x S/T tokens: \d+x\d+/\d+\)"),
 ])
-def test_out_of_memory_anywhere_is_one_line(tiny_data_dir, tmp_path, monkeypatch, where,
-                                            expected):
+def test_out_of_memory_anywhere_is_one_line(tiny_data_dir, tmp_path, monkeypatch, module,
+                                            where, expected):
     """In Adam's first step (it allocates its state there), in the EMA, in validation."""
-    real = getattr(nmt.train, where)
+    real = getattr(module, where)
 
     def fail(*args, **kwargs):  # batch_loss: only in validation (no gradients there)
         if where == "batch_loss" and torch.is_grad_enabled():
             return real(*args, **kwargs)
         out_of_memory()
 
-    monkeypatch.setattr(nmt.train, where, fail)
+    monkeypatch.setattr(module, where, fail)
     with pytest.raises(NmtError, match=expected) as e:
         train(config(tiny_data_dir, tmp_path / "run", "train.max_updates=4",
                      "train.valid_interval_updates=2", "train.ema_decay=0.9"))

@@ -15,6 +15,7 @@ from test_faults import ENV, FAULTY, TINY, torchrun
 from test_train import config, same_tensors
 
 import nmt.train
+import nmt.validation
 from nmt.checkpoint import load_checkpoint
 from nmt.cli import cli_errors
 from nmt.errors import NmtError
@@ -155,19 +156,21 @@ def test_on_a_gpu_too_a_signal_is_read_before_the_validation(tiny_data_dir, tmp_
     assert validated_updates(tmp_path / "run") == []
 
 
-@pytest.mark.parametrize("during, handler", [("validate", False), ("save", True)])
+@pytest.mark.parametrize("module, during, handler", [(nmt.validation, "validate", False),
+                                                     (nmt.train, "save", True)],
+                         ids=["validate", "save"])
 def test_a_signal_during_the_last_validation_or_save_leaves_a_finished_run_finished(
-        tiny_data_dir, tmp_path, monkeypatch, during, handler):
+        tiny_data_dir, tmp_path, monkeypatch, module, during, handler):
     """max_updates=4 reached, then SIGTERM during the final validation or checkpoint: the
     run is complete, so it returns (exit 0), neither "resume" nor a previous handler's
     requeue."""
-    real, calls = getattr(nmt.train, during), []
+    real, calls = getattr(module, during), []
 
     def signalled(run, *args):
         os.kill(os.getpid(), signal.SIGTERM)
         return real(run, *args)
 
-    monkeypatch.setattr(nmt.train, during, signalled)
+    monkeypatch.setattr(module, during, signalled)
     previous = signal.signal(signal.SIGTERM, (lambda *args: calls.append(args)) if handler
                              else signal.SIG_DFL)
     try:

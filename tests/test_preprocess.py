@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from nmt import cleaning
 from nmt import preprocess as pp
 from nmt.config import PreprocessConfig, compose, to_object
 from nmt.data import ParallelData, read_manifest
@@ -124,7 +125,7 @@ def test_existing_out_dir_needs_force(corpus, tmp_path):
 
 
 def test_more_workers_give_identical_files(corpus, tmp_path, monkeypatch):
-    monkeypatch.setattr(pp, "CHUNK", 32)  # 10 chunks for the 300 training pairs
+    monkeypatch.setattr(cleaning, "CHUNK", 32)  # 10 chunks for the 300 training pairs
     one = run(tmp_path / "one", **corpus)
     two = run(tmp_path / "two", "workers=2", **corpus)
     assert one["checksums"] == two["checksums"]
@@ -393,6 +394,6 @@ def test_cli_bad_input_gives_one_stderr_line(case, tmp_path):
 
 
 def test_normalize_helper():
-    assert pp.normalize("  a\tb\r\n", "") == "a\tb"
-    assert pp.normalize("x\u2028y\x0bz", "") == "x y z"
-    assert pp.normalize("ﬁ", "NFKC") == "fi"
+    assert cleaning.normalize("  a\tb\r\n", "") == "a\tb"
+    assert cleaning.normalize("x\u2028y\x0bz", "") == "x y z"
+    assert cleaning.normalize("ﬁ", "NFKC") == "fi"

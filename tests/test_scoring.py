@@ -8,12 +8,13 @@ import pytest
 from translate_helpers import save_tiny_checkpoint, translate_config
 
 import nmt.distributed
-import nmt.train
+import nmt.validation
 from nmt.config import TrainConfig, TranslateConfig, compose, to_object
 from nmt.errors import ConfigError, NmtError
 from nmt.scoring import bleu_tokenize_error, score
-from nmt.train import build_run, load_data, valid_bleu
+from nmt.train import build_run, load_data
 from nmt.translate import translate
+from nmt.validation import valid_bleu
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -117,10 +118,10 @@ def test_validation_scores_every_reference_with_the_tokenizer(tiny_data_dir, tmp
         calls.append((hypotheses, references, tokenize))
         return {"bleu": 1.0, "chrf": 2.0}
 
-    monkeypatch.setattr(nmt.train, "score", spy)
+    monkeypatch.setattr(nmt.validation, "score", spy)
     closed = []
-    real_close = nmt.train.Translator.close
-    monkeypatch.setattr(nmt.train.Translator, "close",
+    real_close = nmt.validation.Translator.close
+    monkeypatch.setattr(nmt.validation.Translator, "close",
                         lambda self: closed.append(self) or real_close(self))
     env = nmt.distributed.init("cpu")
     run = build_run(cfg, env, load_data(cfg, env))

@@ -32,8 +32,9 @@ from nmt.translate import translate
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
-from nmt.serve.app import Service, create_app, open_socket, serve  # noqa: E402
+from nmt.serve.app import create_app, open_socket, serve  # noqa: E402
 from nmt.serve.batcher import Admission, Batcher, BatcherStopped, QueueFull  # noqa: E402
+from nmt.serve.service import Service  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

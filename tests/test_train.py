@@ -16,6 +16,8 @@ from omegaconf import OmegaConf
 import nmt.runtime
 import nmt.stopping
 import nmt.train
+import nmt.training_run
+import nmt.validation
 from nmt import distributed
 from nmt.checkpoint import load_checkpoint
 from nmt.config import TrainConfig, compose, to_object
@@ -271,7 +273,7 @@ def test_a_timed_cooldown_starts_at_its_share_of_the_time(tiny_data_dir, tmp_pat
 
 def test_early_stopping_with_patience(tiny_data_dir, tmp_path, monkeypatch):
     losses = iter([3.0, 2.0, 2.5, 2.1, 1.0, 0.5])
-    monkeypatch.setattr(nmt.train, "validate",
+    monkeypatch.setattr(nmt.validation, "validate",
                         lambda run: {"loss": next(losses), "nll": 1.0, "ppl": 2.7})
     out = train(config(tiny_data_dir, tmp_path / "run", "train.max_updates=100",
                        "train.valid_interval_updates=1", "train.patience=2"))
@@ -295,7 +297,7 @@ def test_with_an_ema_validation_and_the_best_checkpoint_judge_the_ema(tiny_data_
         return {"loss": next(scripted[which]), "nll": 1.0, "ppl": 2.7, "tokens": 1,
                 "skipped": 0}
 
-    monkeypatch.setattr(nmt.train, "valid_loss", valid_loss)
+    monkeypatch.setattr(nmt.validation, "valid_loss", valid_loss)
     out = train(config(tiny_data_dir, tmp_path / "run", "train.max_updates=3",
                        "train.valid_interval_updates=1", "train.ema_decay=0.9"))
     assert seen == ["ema", "model"] * 3 and out["best"] == 1.0
@@ -319,8 +321,8 @@ def direct_valid_loss(data_dir: Path, path: Path, weights: str, smoothing: float
     with torch.no_grad():
         for _, batch in EpochBatchIterator(ParallelData(data_dir, "valid"), 10_000, 1, pad,
                                            shuffle=False, lockstep=False):
-            total += nmt.train.batch_loss(model, batch, smoothing, pad,
-                                          contextlib.nullcontext)[0].item()
+            total += nmt.training_run.batch_loss(model, batch, smoothing, pad,
+                                                 contextlib.nullcontext)[0].item()
             tokens += batch.tgt_tokens
     return total / tokens
 
@@ -355,7 +357,7 @@ def test_valid_bleu_is_the_emas(tiny_data_dir, tmp_path, monkeypatch):
         scored.append(model is run.ema)
         return {"bleu": 1.0, "chrf": 1.0, "bleu_sentences": 1}
 
-    monkeypatch.setattr(nmt.train, "valid_bleu", valid_bleu)
+    monkeypatch.setattr(nmt.validation, "valid_bleu", valid_bleu)
     train(config(tiny_data_dir, tmp_path / "run", "train.max_updates=2", "train.ema_decay=0.9",
                  "train.valid_interval_updates=1", "train.valid_bleu=true"))
     assert scored == [True, True]
@@ -642,7 +644,7 @@ def test_seeds_up_to_2_63_work_and_negative_ones_are_config_errors(tiny_data_dir
 
 
 def test_amp_auto_is_fp32_on_cpu():
-    from nmt.train import resolve_amp
+    from nmt.training_run import resolve_amp
 
     cpu = torch.device("cpu")
     assert [resolve_amp(a, cpu).amp for a in ("auto", "none", "bf16")] == ["none", "none", "bf16"]
@@ -655,11 +657,11 @@ def test_bf16_native_is_bf16_only_where_the_cpu_has_it(native, monkeypatch, capl
     """train.amp=bf16_native: bf16 on a CPU with native bf16, fp32 elsewhere, and the reason;
     an explicit bf16 on a CPU that emulates it runs, with a one-line warning."""
     from nmt.runtime import CpuBf16
-    from nmt.train import resolve_amp
+    from nmt.training_run import resolve_amp
 
     support = CpuBf16(native, "the CPU has avx512_bf16" if native else "bf16 is emulated")
     monkeypatch.setattr(nmt.runtime, "cpu_bf16", lambda: support)
-    monkeypatch.setattr(nmt.train, "cpu_bf16", lambda: support)
+    monkeypatch.setattr(nmt.training_run, "cpu_bf16", lambda: support)
     cpu = torch.device("cpu")
     chosen = resolve_amp("bf16_native", cpu)
     assert chosen.amp == ("bf16" if native else "none") and support.why in chosen.why
@@ -674,7 +676,8 @@ def test_the_runs_header_says_which_precision_and_why(tiny_data_dir, tmp_path, m
                                                       caplog):
     from nmt.runtime import CpuBf16
 
-    monkeypatch.setattr(nmt.train, "cpu_bf16", lambda: CpuBf16(False, "bf16 is emulated"))
+    monkeypatch.setattr(nmt.training_run, "cpu_bf16",
+                        lambda: CpuBf16(False, "bf16 is emulated"))
     with caplog.at_level("INFO", logger="nmt.train"):
         train(config(tiny_data_dir, tmp_path / "run", "train.amp=bf16_native",
                      "train.max_updates=1"))

@@ -1,5 +1,5 @@
-"""nmt-serve's error answers, shared by its own API (nmt.serve.app) and LibreTranslate's
-(nmt.serve.libretranslate), each of which writes them in its own JSON shape."""
+"""nmt-serve's error answers, shared by its own API (nmt.serve.service, nmt.serve.app) and
+LibreTranslate's (nmt.serve.libretranslate), each of which writes them in its own JSON shape."""
 
 from __future__ import annotations
 

@@ -612,7 +612,8 @@ def simulated_run(model: str, vocab: int, *overrides: str):
     from nmt.config import TrainConfig, compose, to_object
     from nmt.distributed import DistInfo
     from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-    from nmt.train import Data, build_run
+    from nmt.train import build_run
+    from nmt.training_run import Data
     from nmt.vocab import Vocab
 
     cfg = to_object(compose("train", [f"+model={model}", "data_dir=-", "run_dir=-",

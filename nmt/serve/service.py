@@ -1,0 +1,323 @@
+"""nmt-serve's translation service (Service), what the HTTP handlers call: a request checked
+against the server's limits and the engine's capabilities, its texts split into pieces and
+encoded, their sentences queued in the Batcher (nmt.serve.batcher) that feeds the decoding
+workers, the answers detokenized and put back together; GET /health's and GET /stats'
+figures."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import sys
+from dataclasses import asdict, replace
+
+from nmt.config import RerankConfig, SearchConfig, ServeConfig
+from nmt.errors import ConfigError
+from nmt.inference.core import use_beams
+from nmt.inference.engine import Engine
+from nmt.inference.messages import Hypothesis, Sentence
+from nmt.inference.rerank import Chooser
+from nmt.inference.workers import WorkerPool
+from nmt.languages import LanguageChoice, choose, language_id, recorded_pair
+from nmt.segment import Segmented, sample_stream, sentence_splitter, split_for
+from nmt.segment import rejoin as segment_rejoin
+from nmt.serve import libretranslate
+from nmt.serve.api_keys import ApiKeys
+from nmt.serve.batcher import Admission, Batcher, BatcherStopped, QueueFull
+from nmt.serve.errors import ApiError
+from nmt.serve.schemas import (
+    MBR_FIELDS,
+    SEARCH_FIELDS,
+    SENTENCE_FIELDS,
+    Attention,
+    Features,
+    HealthResponse,
+    Piece,
+    Scored,
+    StatsResponse,
+    TranslateRequest,
+    TranslateResponse,
+    Translation,
+)
+
+PROG = "nmt-serve"
+
+
+def log(message: str) -> None:
+    """One line on stderr."""
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+
+class Service:
+    """The model, the limits and the batcher: what the HTTP handlers call."""
+
+    def __init__(self, translator: Engine, cfg: ServeConfig):
+        """The translator's workers run nmt-serve's loops (its stepper); cfg.continuous picks
+        the Batcher's policy."""
+        self.translator, self.cfg, self.workers = translator, cfg, translator.workers
+        self.requests = 0  # requests answered with translations
+        self.max_input = min(cfg.max_input_tokens, translator.max_input_tokens)
+        pair = recorded_pair(translator.vocab)  # a bilingual checkpoint's, from its data
+        self.src_lang = cfg.src_lang or pair.src_lang  # the texts' language, if known
+        self.tgt_lang = cfg.tgt_lang or pair.tgt_lang
+        self.split = cfg.split if cfg.split != "auto" else (
+            "sentence" if self.src_lang else "paragraph")
+        self.splitter = sentence_splitter(self.src_lang) if self.src_lang else None
+        entry = translator.vocab.languages
+        self.libre = libretranslate.Languages.of(entry, self.src_lang, self.tgt_lang)
+        self.keys = ApiKeys(cfg.api_keys)  # none: every request is let in
+        self.languages = sorted(entry["codes"]) if entry else []
+        self.forced = bool(entry) and entry["convention"] == "forced"
+        for key in ("tgt_lang", "src_lang") if self.forced else ("tgt_lang",):
+            if entry and getattr(cfg, key):  # a request's default: checked at start
+                language_id(entry, key, getattr(cfg, key), cfg.checkpoint)
+        self.stepper: WorkerPool = translator.stepper()  # checked: the loops start
+        admission = Admission(cfg.continuous, cfg.search.max_tokens, cfg.search.max_sentences,
+                              cfg.max_wait_ms / 1000)
+        self.batcher = Batcher(self.stepper.send, self.stepper.read, self.workers, admission,
+                               cfg.max_queued, dead=self.stepper.dead)
+
+    def choice(self, req: TranslateRequest) -> LanguageChoice:
+        """The request's languages (nmt.languages): its tgt_lang and src_lang, or the server's
+        for a multilingual model (src_lang for a model that needs it only: for the others it
+        names the texts' language for splitting and LibreTranslate)."""
+        tgt = req.tgt_lang if req.tgt_lang is not None else (
+            self.cfg.tgt_lang if self.languages else "")
+        src = req.src_lang if req.src_lang is not None else (
+            self.cfg.src_lang if self.forced else "")
+        try:
+            choice = choose(self.translator.vocab, src, tgt, "the model")
+        except ConfigError as e:
+            key, why = str(e).split(": ", 1)
+            raise ApiError(422, key.split("=")[0], why) from None
+        if choice.prefix and req.attention:
+            raise ApiError(422, "attention", "not with a forced target language token (an "
+                                             "M2M100 or NLLB-200 model) yet")
+        return choice
+
+    @property
+    def broken(self) -> str:
+        """Why the server cannot translate any more; "" while it can."""
+        why = self.stepper.dead()
+        if why or not self.batcher.error:  # a dead worker stops the batcher too: said once
+            return why
+        return f"{self.batcher.error}; restart the server"
+
+    def search_of(self, req: TranslateRequest) -> SearchConfig:
+        """The server's search settings with the request's overrides, within the limits."""
+        asked = {k: getattr(req, k) for k in SEARCH_FIELDS if getattr(req, k) is not None}
+        limits = {"beam_size": self.cfg.max_beam_size, "nbest": self.cfg.max_beam_size,
+                  "max_len_b": self.cfg.max_len_b, "min_len": self.cfg.max_len_b}
+        for key, limit in limits.items():
+            if asked.get(key, 0) > limit:
+                raise ApiError(422, key, f"must be <= {limit} (this server's limit), "
+                                         f"got {asked[key]}")
+        try:
+            search = replace(self.cfg.search, **asked)
+            self.translator.capabilities.check_search(search)  # what the engine cannot run
+            return search
+        except ConfigError as e:  # e.g. nbest > beam_size
+            key = str(e).split(":")[0].removeprefix("search.")
+            raise ApiError(422, key, str(e).split(": ", 1)[1]) from None
+
+    def check_engine(self, key: str, used: object, field: str | None = None) -> None:
+        """422 naming `field` (default: key) with the capabilities' words if the request
+        uses a feature the engine lacks (nmt.capabilities.Capabilities.check)."""
+        try:
+            self.translator.capabilities.check(key, used)
+        except ConfigError as e:
+            raise ApiError(422, field or key, str(e).split(": ", 1)[1]) from None
+
+    def chooser_of(self, req: TranslateRequest, search: SearchConfig) -> Chooser | None:
+        """The request's MBR (the server's mbr.* with its mbr_* fields), as nmt-translate's
+        Chooser, whose search gives the candidates (beam_size raised to N past max_beam_size,
+        which bounds what a request asks for, not MBR's N); None when MBR is off."""
+        asked = {k.removeprefix("mbr_"): getattr(req, k) for k in MBR_FIELDS
+                 if getattr(req, k) is not None}
+        try:
+            mbr = replace(self.cfg.mbr, **asked)
+        except ConfigError as e:
+            key, why = str(e).split(": ", 1)
+            raise ApiError(422, key.replace(".", "_"), why) from None
+        if not mbr.candidates:
+            return None
+        if search.nbest != 1:
+            raise ApiError(422, "nbest", f"MBR answers one translation per text: leave nbest "
+                                         f"at 1, got {search.nbest}")
+        return Chooser(mbr, RerankConfig(), search, self.translator.tgt_tok)
+
+    def sentence_fields(self, req: TranslateRequest, search: SearchConfig) -> list[tuple]:
+        """Per text: its forced prefix ids, its phrases' ids and its number (which seeds
+        its samples), encoded with the target tokenizer."""
+        asked = [key for key in SENTENCE_FIELDS if getattr(req, key) is not None]
+        for key in asked:
+            if len(getattr(req, key)) != len(req.text):
+                raise ApiError(422, key, f"must have one item per sentence of text "
+                                         f"({len(req.text)}), got {len(getattr(req, key))}")
+        phrases = [[p for p in ps if p.strip()] for ps in req.constraints or []]
+        self.check_engine("constraints", any(phrases))
+        try:
+            use_beams(search, any(phrases))
+        except ValueError as e:  # constraints while sampling
+            raise ApiError(422, "constraints", str(e).removeprefix("constraints ")) from None
+        tok = self.translator.tgt_tok
+        prefixes = tok.encode(req.prefix) if req.prefix else [[] for _ in req.text]
+        encoded = iter(tok.encode([p for ps in phrases for p in ps]))
+        phrases = [[next(encoded) for _ in ps] for ps in phrases] or [[] for _ in req.text]
+        return list(zip(prefixes, phrases, range(len(req.text)), strict=True))
+
+    def piece_fields(self, docs: list[Segmented], fields: list[tuple]) -> list[tuple]:
+        """Per piece, its text's sentence_fields (the pieces of text i sample as nmt-translate's
+        pieces of line i); a prefix or constraints are a whole text's: its text must be one
+        piece."""
+        out = []
+        for i, (doc, (prefix, phrases, number)) in enumerate(zip(docs, fields, strict=True)):
+            if len(doc.pieces) > 1 and (prefix or phrases):
+                key = "prefix" if prefix else "constraints"
+                raise ApiError(422, key, f"text[{i}] is split into {len(doc.pieces)} pieces; a "
+                                         f"{key} is a whole text's (send it with split=none)")
+            out += [(prefix, phrases, sample_stream(number, k)) for k in range(len(doc.pieces))]
+        return out
+
+    def check_chars(self, req: TranslateRequest) -> None:
+        """max_chars per request (all texts), checked before the texts are split."""
+        chars = sum(map(len, req.text))
+        if chars > self.cfg.max_chars:
+            raise ApiError(413, "text", f"{chars} characters; this server takes at most "
+                                        f"{self.cfg.max_chars} per request")
+
+    def check_size(self, req: TranslateRequest, split: str, pieces: int) -> None:
+        """max_sentences (the pieces the texts are split into) per request; attention needs an
+        engine that has it."""
+        self.check_engine("attention", req.attention)
+        if pieces > self.cfg.max_sentences:
+            what = "sentences" if split == "none" else f"pieces (split={split})"
+            raise ApiError(413, "text", f"{pieces} {what}; this server takes at most "
+                                        f"{self.cfg.max_sentences} per request (max_sentences)")
+
+    def segment(self, req: TranslateRequest, limit: int) -> tuple[str, list[Segmented]]:
+        """The request's split mode and its texts cut into pieces (nmt.segment: none over
+        `limit` tokens, max_input less the request's language token, unless split=none), in
+        the request's src_lang (a forced-token model's) or the server's."""
+        split = req.split or self.split
+        splitter = self.splitter  # the request's source language where it names one
+        if self.forced and req.src_lang and req.src_lang != self.src_lang:
+            splitter = sentence_splitter(req.src_lang)
+        if split == "sentence" and splitter is None:
+            raise ApiError(422, "split", "sentence needs the source language, which the "
+                                         "model does not record (nmt-serve src_lang=...)")
+        return split, [split_for(self.translator.src_tok, text, split, splitter, limit)
+                       for text in req.text]
+
+    async def translate(self, req: TranslateRequest) -> TranslateResponse:
+        """POST /translate: split, check, encode, decode in shared batches, detokenize, put
+        each text back together."""
+        self.check_chars(req)
+        choice = self.choice(req)
+        limit = self.max_input - len(choice.source)  # a language token takes one
+        split, docs = self.segment(req, limit)
+        pieces = [piece for doc in docs for piece in doc.pieces]
+        self.check_size(req, split, len(pieces))
+        search = self.search_of(req)
+        chooser = self.chooser_of(req, search)
+        decoded = chooser.search if chooser else search  # what the workers run
+        self.check_engine("sampling", decoded.sampling,
+                          "sampling" if search.sampling else "mbr_candidates")
+        if self.broken:
+            raise ApiError(503, None, self.broken)
+        extras = self.piece_fields(docs, self.sentence_fields(req, search))
+        if choice.prefix:
+            extras = [(p, *rest) for p, (_, *rest) in zip(choice.prefixes(
+                len(extras), [e[0] for e in extras]), extras, strict=True)]
+        full = self.translator.src_tok.encode(pieces)
+        ids = choice.sources([seq[:limit] for seq in full])  # nmt-translate's truncation
+        sentences = [Sentence(i, src, *extra) for i, (src, extra) in enumerate(zip(
+            ids, extras, strict=True))]
+        try:
+            nbest = await self.batcher.translate(sentences, decoded, self.cfg.timeout_s)
+        except QueueFull:
+            raise ApiError(503, None, f"busy: {len(self.batcher.queue)} sentences queued",
+                           {"Retry-After": str(self.batcher.retry_after())}) from None
+        except TimeoutError:
+            raise ApiError(504, None, f"not translated within timeout_s="
+                                          f"{self.cfg.timeout_s:g} seconds") from None
+        except BatcherStopped:
+            raise ApiError(503, None, self.broken) from None
+        except Exception as e:  # an error inside the search: this request fails, not the server
+            log(f"error: decoding failed ({type(e).__name__}: {e})")
+            raise ApiError(500, None, f"decoding failed ({type(e).__name__}: {e})") from None
+        nbest = [[replace(h, tokens=choice.strip(h.tokens)) for h in hyps] for hyps in nbest]
+        if chooser is not None:  # each piece's candidates -> the one of highest expected utility
+            nbest = await asyncio.to_thread(chooser.choose, pieces, nbest)
+        maps = [None] * len(ids)
+        if req.attention:
+            maps = await asyncio.to_thread(lambda: [self.attention(src, hyps[0].tokens)
+                                                    for src, hyps in zip(ids, nbest, strict=True)])
+        self.requests += 1
+        parts = iter([self._translation(hyps, len(f) > limit, search.nbest, a)
+                      for hyps, f, a in zip(nbest, full, maps, strict=True)])
+        return TranslateResponse(translations=[
+            rejoin(doc, [next(parts) for _ in doc.pieces]) for doc in docs])
+
+    def attention(self, src_ids: list[int], out_ids: list[int]) -> Attention:
+        """The (first) model's encoder-decoder attention of one pair, last decoder layer, heads
+        averaged: out_ids teacher-forced on src_ids (as nmt-translate's attention_plot)."""
+        t = self.translator
+        kinds = t.attention([src_ids], [out_ids])
+        rows = kinds["encoder_decoder"][0, -1].mean(0)  # (1, N, h, T, S) -> (T, S)
+        return Attention(source=t.src_tok.pieces(src_ids) + ["</s>"],
+                         target=t.tgt_tok.pieces(out_ids) + ["</s>"],
+                         weights=[[round(w, 4) for w in row] for row in rows.tolist()])
+
+    def _translation(self, hyps: list[Hypothesis], truncated: bool, nbest: int,
+                     attention: Attention | None) -> Translation:
+        """One sentence's answer from its hypotheses."""
+        texts = self.translator.tgt_tok.decode([h.tokens for h in hyps])
+        scored = [Scored(text=t, score=h.score if math.isfinite(h.score) else None)
+                  for h, t in zip(hyps, texts, strict=True)]
+        return Translation(text=scored[0].text, score=scored[0].score, truncated=truncated,
+                           nbest=scored if nbest > 1 else None, attention=attention)
+
+    def health(self) -> HealthResponse:
+        """GET /health: the model, the workers, the limits and the default search settings."""
+        cfg, broken = self.cfg, self.broken
+        return HealthResponse(
+            status="error" if broken else "ok", model_loaded=True,
+            error=broken or None, checkpoint=cfg.checkpoint,
+            device=str(self.translator.device), workers=self.workers,
+            limits={k: getattr(cfg, k) for k in (
+                "max_sentences", "max_chars", "max_queued", "max_input_tokens", "timeout_s",
+                "max_beam_size", "max_len_b", "max_wait_ms")},
+            search=asdict(cfg.search), mbr=asdict(cfg.mbr), split=self.split,
+            languages=self.languages, tgt_lang=cfg.tgt_lang, features=self.features())
+
+    def features(self) -> Features:
+        """What a request may ask of this server (GET /health's features; the page's)."""
+        can, libre = self.translator.capabilities, self.libre
+        return Features(
+            engine=can.engine, attention=can.attention and not self.forced,
+            nbest=not self.cfg.mbr.candidates, prefix=True, constraints=can.constraints,
+            convention="forced" if self.forced else "tag" if self.languages else "pair",
+            sources=list(libre.sources), targets=list(libre.targets), src_lang=self.src_lang,
+            key_required=self.keys.required)
+
+    def stats(self) -> StatsResponse:
+        """GET /stats: requests, sentences and batches so far, and what is queued now."""
+        s = self.batcher.stats
+        return StatsResponse(**asdict(s), requests=self.requests,
+                             mean_batch=s.sentences / s.batches if s.batches else 0.0,
+                             queued=len(self.batcher.queue),
+                             busy_workers=self.workers - self.batcher.idle)
+
+
+def rejoin(doc: Segmented, parts: list[Translation]) -> Translation:
+    """A text's answer from its pieces' answers: their translations in place of the pieces;
+    one piece is the text's answer, several are listed with their scores summed."""
+    text, score = segment_rejoin(doc, [p.text for p in parts], [p.score for p in parts])
+    if len(parts) == 1:
+        return parts[0].model_copy(update={"text": text})
+    return Translation(text=text, score=score,
+                       truncated=any(p.truncated for p in parts), pieces=[
+                           Piece(source=s, text=p.text, score=p.score, nbest=p.nbest,
+                                 attention=p.attention)
+                           for s, p in zip(doc.pieces, parts, strict=True)])
