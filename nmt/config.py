@@ -18,10 +18,10 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from nmt.capabilities import ENGINES
 from nmt.config_errors import explain, extra_keys, unknown_key
 from nmt.errors import ConfigError
-from nmt.segment import MODES, sentence_splitter
+from nmt.inference.capabilities import ENGINES
+from nmt.inference.segment import MODES, sentence_splitter
 
 LANG_CODE = re.compile(r"[a-z]{2,3}([-_][a-zA-Z0-9]+)*")  # ISO 639, then a region or script
 
@@ -48,7 +48,7 @@ def _check_min(node: object, prefix: str, low: float, *names: str) -> None:
 
 def _check_bleu_tokenize(value: str, key: str) -> None:
     """A sacreBLEU tokenizer that exists and can run here (e.g. ja-mecab needs sacrebleu[ja])."""
-    from nmt.scoring import bleu_tokenize_error
+    from nmt.inference.scoring import bleu_tokenize_error
 
     why = bleu_tokenize_error(value)
     _check(why is None, key, why or "")
@@ -72,7 +72,7 @@ def check_search_device(dtype: str, device: str, key: str = "search.dtype",
 
 def _check_engine(cfg: object, checkpoints: int) -> None:
     """engine and ct2_model of nmt-translate and nmt-serve, and what the engine cannot do
-    (nmt.capabilities)."""
+    (nmt.inference.capabilities)."""
     _check(cfg.engine in ENGINES, "engine",
            f"must be {' or '.join(ENGINES)}, got {cfg.engine!r}")
     _check(not cfg.ct2_model or cfg.engine == "ctranslate2", "ct2_model",
@@ -152,7 +152,7 @@ class OptimConfig:
 
     lr_factor: float = MISSING  # lr = lr_factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
     # The schedule's step counts applied updates: a skipped one (non-finite, fp16 overflow)
-    # leaves the rate where it was (counted on the device: nmt.schedule.NoamSchedule).
+    # leaves the rate where it was (counted on the device: nmt.training.schedule.NoamSchedule).
     warmup: int = MISSING  # warmup_steps of the Noam schedule
     beta1: float = MISSING  # Adam beta_1
     beta2: float = MISSING  # Adam beta_2
@@ -260,9 +260,9 @@ class CleanConfig:
 
 @dataclass
 class ShortlistConfig:
-    """nmt-preprocess's lexical shortlist, DATA/shortlist.pt (search.shortlist; nmt.shortlist):
-    per source piece its k best target pieces by sentence-level co-occurrence, plus the most
-    frequent target pieces."""
+    """nmt-preprocess's lexical shortlist, DATA/shortlist.pt (search.shortlist;
+    nmt.inference.shortlist): per source piece its k best target pieces by sentence-level
+    co-occurrence, plus the most frequent target pieces."""
 
     k: int = 0  # target pieces kept per source piece; 0 writes no shortlist
     frequent: int = 100  # the target pieces in the most training pairs, candidates always
@@ -282,7 +282,7 @@ class TrainCorpus:
     weight: float = 1.0  # nmt-train's default sampling weight: >1 upsamples, <1 downsamples
     tag: str = ""  # a piece put first on every source sentence, e.g. <BT>; "": none
     name: str = ""  # what the report and the manifest call it ("": its file name's stem)
-    # A multilingual data directory's corpora each name their pair (nmt.languages): the
+    # A multilingual data directory's corpora each name their pair (nmt.data.languages): the
     # inputs' file suffixes are these, and every source sentence starts with >>tgt_lang<<.
     src_lang: str = ""  # the corpus's source language, e.g. en ("": bilingual, the config's)
     tgt_lang: str = ""  # the corpus's target language, e.g. de ("": bilingual, the config's)
@@ -368,7 +368,7 @@ class PreprocessConfig:
     # Text files may be compressed: PFX.{lang}.gz (or .bz2, .xz), FILE.tsv.gz.
     # train may also list several corpora, each an input or {path: INPUT, weight: W, tag: T,
     # name: N} (TrainCorpus): train=[PFX/real,{path:PFX/bt,tag:'<BT>',weight:0.5}]
-    # Several language pairs (nmt.languages): every corpus of train, valid and test names its
+    # Several language pairs (nmt.data.languages): every corpus of train, valid and test names its
     # own, {path: PFX, src_lang: en, tgt_lang: de}; src_lang and tgt_lang above then name the
     # data directory's two sides (its files train.{src_lang}.bin, ...), e.g. src and tgt.
     train: Any = MISSING  # the training split (SentencePiece is trained on it alone)
@@ -427,7 +427,7 @@ class TrainLoopConfig:
     corpus_weights: list[float] = field(default_factory=list)  # per corpus ([]: preprocess's)
     # A multilingual directory's language pairs share an epoch by fairseq's temperature
     # sampling, on top of the corpus weights: a pair of s sentences an epoch gets a share
-    # proportional to s^(1/T) (nmt.data.temperature_weights); bilingual data ignores it.
+    # proportional to s^(1/T) (nmt.data.batches.temperature_weights); bilingual data ignores it.
     temperature: float = 1.0  # T: 1 proportional to size, large T uniform over the pairs
     # BPE-dropout (Provilkov et al. 2020) on the fly: every batch's sentences are segmented
     # afresh, each merge skipped with this probability, seeded by the batch's place in the data
@@ -579,9 +579,10 @@ class TranslateConfig:
     alignment_layer: int = -1  # decoder layer whose heads' mean attention aligns (-1: the last)
     engine: str = "nmt"  # decode with "nmt" or "ctranslate2" (the checkpoint's export, cached)
     ct2_model: str = ""  # engine=ctranslate2: the export's folder ("": CHECKPOINT.ct2/ beside it)
-    split: str = "none"  # none: a line is a segment; sentence|paragraph: pieces (nmt/segment.py)
+    split: str = "none"  # none: a line is a segment; sentence|paragraph: pieces (segment.py)
     split_lang: str = ""  # split=sentence: the source language, ISO 639 (""; the checkpoint's)
-    # A multilingual checkpoint's languages (nmt.languages): names it records, e.g. de, deu_Latn
+    # A multilingual checkpoint's languages (nmt.data.languages): names it records, e.g. de,
+    # deu_Latn
     src_lang: str = ""  # the language of the input (M2M100, NLLB-200 need it); "": none
     tgt_lang: str = ""  # the language to translate into (a multilingual model's choice)
     search: SearchConfig = field(default_factory=SearchConfig)
@@ -622,7 +623,7 @@ def _check_split(cfg: TranslateConfig) -> None:
     _check(cfg.split in MODES, "split", f"must be none, sentence or paragraph, got {cfg.split!r}")
     if cfg.split == "none":
         return
-    if cfg.split == "sentence" and cfg.split_lang:  # else the checkpoint's (nmt.translate)
+    if cfg.split == "sentence" and cfg.split_lang:  # else the checkpoint's (nmt.commands.translate)
         check_split_lang(cfg.split_lang)
     for key, on in (("search.nbest", cfg.search.nbest > 1), ("prefix", cfg.prefix),
                     ("score_reference", cfg.score_reference), ("constraints", cfg.constraints),
@@ -743,7 +744,7 @@ class ServeConfig:
     log_level: str = "info"  # uvicorn's log level: debug, info, warning or error
     engine: str = "nmt"  # decode with "nmt" or "ctranslate2" (the checkpoint's export, cached)
     ct2_model: str = ""  # engine=ctranslate2: the export's folder ("": CHECKPOINT.ct2/ beside it)
-    split: str = "auto"  # none|sentence|paragraph (nmt/segment.py); auto: sentence if src_lang
+    split: str = "auto"  # none|sentence|paragraph (segment.py); auto: sentence if src_lang
     src_lang: str = ""  # the model's source language, ISO 639 (split=sentence, LibreTranslate)
     tgt_lang: str = ""  # the model's target language, ISO 639 (LibreTranslate's API)
     api_keys: str = ""  # a file of API keys, one a line, re-read on change: each request needs one

@@ -22,8 +22,8 @@ import re
 import tempfile
 from pathlib import Path
 
+from nmt.commands.translate import translate
 from nmt.config import TranslateConfig, compose, to_object
-from nmt.translate import translate
 
 
 def pick_constraints(refs: list[str], seed: int, min_chars: int) -> list[list[str]]:

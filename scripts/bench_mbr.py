@@ -20,10 +20,10 @@ import dataclasses
 import time
 
 from nmt.config import MbrConfig, SearchConfig, candidate_search
-from nmt.files import read_lines
 from nmt.inference.mbr import mbr_select, utility_of
+from nmt.inference.scoring import score
 from nmt.inference.translator import Translator
-from nmt.scoring import score
+from nmt.system.files import read_lines
 
 
 def parse_args() -> argparse.Namespace:

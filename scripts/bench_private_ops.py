@@ -1,4 +1,4 @@
-"""What nmt.private_ops' oneDNN packed linear maps buy: decoding speed with them and with
+"""What nmt.system.private_ops' oneDNN packed linear maps buy: decoding speed with them and with
 F.linear (the public API) in their place, rows interleaved, in one process.
 
 The setting of bench_translate.py (the small model, 500 sentences of 25 tokens, batches of 64,
@@ -15,25 +15,25 @@ import time
 
 import torch
 
-import nmt.inference.fast
+import nmt.inference.fast_model
 from nmt.config import ModelConfig, SearchConfig
+from nmt.data.tokenizer import SPECIALS
 from nmt.inference.translator import Translator
 from nmt.model import make_model
-from nmt.tokenizer import SPECIALS
 
 
 def seconds(model, src_ids: list[list[int]], beam: int, dtype: str, packed: bool) -> float:
     """Wall-clock seconds of one decoding run, the model prepared before timing."""
     search = SearchConfig(beam_size=beam, alpha=0.6, max_len_a=0.0, max_len_b=40, min_len=40,
                           max_tokens=10 ** 9, max_sentences=64, dtype=dtype)
-    kept = nmt.inference.fast.PACKED_DTYPES
-    nmt.inference.fast.PACKED_DTYPES = (dtype,) if packed else ()
+    kept = nmt.inference.fast_model.PACKED_DTYPES
+    nmt.inference.fast_model.PACKED_DTYPES = (dtype,) if packed else ()
     try:  # prepared here, before timing
         translator = Translator([model], SPECIALS, dtype=dtype)
     finally:
-        nmt.inference.fast.PACKED_DTYPES = kept
+        nmt.inference.fast_model.PACKED_DTYPES = kept
     generator = translator.prepared(dtype)[0].generator
-    assert isinstance(generator, nmt.inference.fast.PackedAffine) == packed
+    assert isinstance(generator, nmt.inference.fast_model.PackedAffine) == packed
     with translator:
         start = time.perf_counter()
         translator.translate_ids(src_ids, search)
@@ -52,7 +52,7 @@ def main() -> None:
     model = make_model(cfg, 8000, 8000, 0, True).eval()
     g = torch.Generator().manual_seed(1)
     src_ids = torch.randint(4, 8000, (args.sentences, 25), generator=g).tolist()
-    dtypes = ["fp32"] + ["bf16"] * nmt.inference.fast.packing_works(torch.bfloat16)
+    dtypes = ["fp32"] + ["bf16"] * nmt.inference.fast_model.packing_works(torch.bfloat16)
     for dtype in dtypes:
         for beam in (1, 4):
             best = {False: float("inf"), True: float("inf")}

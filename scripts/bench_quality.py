@@ -163,7 +163,7 @@ def preprocess(corpus: Path, data: Path, vocab_size: int) -> float | None:
         if size != vocab_size:
             raise SystemExit(f"{data} has a {size} vocabulary, not --vocab {vocab_size}")
         return None
-    from nmt.preprocess import preprocess as run
+    from nmt.commands.preprocess import preprocess as run
 
     t0 = time.monotonic()
     run(to_object(compose("preprocess", [
@@ -182,11 +182,11 @@ def curve(run: Path, key: str = "nll") -> list[tuple[int, float]]:
 
 def clock_training() -> dict:
     """Note the wall and process CPU seconds at the first update and at every validation
-    (before it runs) of the next nmt.train.train call; returns the dict they go in."""
-    import nmt.train
+    (before it runs) of the next nmt.commands.train.train call; returns the dict they go in."""
+    import nmt.commands.train
 
     times: dict = {"start": None, "valid": {}}
-    step, track = nmt.train.train_step, nmt.train.validate_and_track
+    step, track = nmt.commands.train.train_step, nmt.commands.train.validate_and_track
 
     def train_step(run, *args, **kwargs):
         if times["start"] is None:
@@ -198,7 +198,8 @@ def clock_training() -> dict:
         times["valid"][run.update] = (time.perf_counter() - wall, time.process_time() - cpu)
         return track(run, logs)
 
-    nmt.train.train_step, nmt.train.validate_and_track = train_step, validate_and_track
+    command = nmt.commands.train
+    command.train_step, command.validate_and_track = train_step, validate_and_track
     return times
 
 
@@ -206,7 +207,7 @@ def train_run(args, run: Path, name: str) -> dict:
     """Train the recipe into `run`; the figures of the training (also RUN/bench.json)."""
     import resource
 
-    from nmt.train import train
+    from nmt.commands.train import train
 
     use_init(args.init)
     times = clock_training()
@@ -247,7 +248,7 @@ def commit() -> str:
 def weights_to_score(args, run: Path) -> list[tuple[str, Path, str]]:
     """(label, checkpoint, weights) of each model to translate: the average of the last N
     checkpoints for each --average N (0: --checkpoint), and the EMA weights with --ema."""
-    from nmt.checkpoint import average
+    from nmt.training.checkpoint import average
 
     chosen = []
     for n in args.average or [0]:
@@ -266,7 +267,7 @@ def weights_to_score(args, run: Path) -> list[tuple[str, Path, str]]:
 
 def score_run(args, run: Path) -> list[dict]:
     """Translate args.split with each model, beam size and length penalty asked for; scored."""
-    from nmt.translate import translate
+    from nmt.commands.translate import translate
 
     scores = []
     for label, checkpoint, weights in weights_to_score(args, run):
@@ -370,12 +371,12 @@ def main() -> None:
         if seconds is not None:
             print(f"preprocess {args.data} (vocab {args.vocab}): {seconds:.0f} s")
         if args.cpu_minutes:
-            import nmt.train
+            import nmt.commands.train
 
             class _CpuClock:
                 monotonic = staticmethod(time.process_time)
 
-            nmt.train.time = _CpuClock  # max_minutes counts CPU time of all threads
+            nmt.commands.train.time = _CpuClock  # max_minutes counts CPU time of all threads
         info = train_run(args, run, name)
     else:
         info = json.loads((run / "bench.json").read_text(encoding="utf-8"))

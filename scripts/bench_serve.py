@@ -42,7 +42,7 @@ from pathlib import Path
 from nmt.config import SearchConfig
 from nmt.inference.messages import Batch, Failed, Sentence
 from nmt.inference.translator import Translator
-from nmt.runtime import usable_cores
+from nmt.system.runtime import usable_cores
 
 BIN = Path(sys.executable).parent
 

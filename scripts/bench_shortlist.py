@@ -1,5 +1,5 @@
 """The lexical shortlist's quality and speed: a checkpoint's test split translated with and
-without search.shortlist (nmt.shortlist), BLEU / chrF and sentences/s of each.
+without search.shortlist (nmt.inference.shortlist), BLEU / chrF and sentences/s of each.
 
 Builds the shortlist of the checkpoint's data directory (its training pairs; the file goes to
 --out), then translates the test split's cleaned source with nmt (a Translator with --workers
@@ -24,13 +24,13 @@ from pathlib import Path
 import numpy as np
 
 from nmt.config import SearchConfig, ShortlistConfig
-from nmt.data import clean_text_path, read_manifest
-from nmt.files import read_lines
+from nmt.data.batches import clean_text_path, read_manifest
+from nmt.inference.batches import plan_batches
 from nmt.inference.messages import Sentence
-from nmt.inference.search import plan_batches
+from nmt.inference.scoring import score
+from nmt.inference.shortlist import load_shortlist, write_shortlist
 from nmt.inference.translator import Translator
-from nmt.scoring import score
-from nmt.shortlist import load_shortlist, write_shortlist
+from nmt.system.files import read_lines
 
 
 def parse_args() -> argparse.Namespace:

@@ -2,10 +2,10 @@
 tests/data/sentence_boundaries.tsv, per language and in all, and their speed.
 
 Each candidate package (pysbd, sentencex, sentence-splitter; those not installed are skipped)
-splits every line in its language; its sentences are found in the line as nmt.segment finds
-them (nmt.segment.sentence_starts), and a boundary is right when a gold sentence starts there.
-Speed: the lines split --rounds times over (the fastest round kept), in lines and characters
-per second, after one warm-up pass (which also builds each language's splitter).
+splits every line in its language; its sentences are found in the line as nmt.inference.segment
+finds them (nmt.inference.segment.sentence_starts), and a boundary is right when a gold sentence
+starts there. Speed: the lines split --rounds times over (the fastest round kept), in lines and
+characters per second, after one warm-up pass (which also builds each language's splitter).
 
     python scripts/bench_splitters.py [--gold tests/data/sentence_boundaries.tsv] [--rounds 5]
 """
@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from nmt.segment import sentence_starts
+from nmt.inference.segment import sentence_starts
 
 GOLD = Path(__file__).resolve().parents[1] / "tests/data/sentence_boundaries.tsv"  # data only
 

@@ -27,8 +27,8 @@ SHARED = ROOT.parent / "shared/data/debian-po/en-de"  # the shared corpus beside
 
 def prepare(corpus: Path, pairs: int, work: Path) -> Path:
     """The data directory of the first `pairs` training pairs, keep_text=true."""
+    from nmt.commands.preprocess import preprocess
     from nmt.config import PreprocessConfig, compose, to_object
-    from nmt.preprocess import preprocess
 
     for lang in ("en", "de"):
         lines = (corpus / f"train.{lang}").read_bytes().splitlines(keepends=True)[:pairs]
@@ -42,7 +42,7 @@ def prepare(corpus: Path, pairs: int, work: Path) -> Path:
 
 def collate_ms(data: Path, alpha: float, max_tokens: int, batches: int) -> float:
     """Median milliseconds to collate one batch of epoch 1 (alpha 0: no sampling)."""
-    from nmt.data import EpochBatchIterator, ParallelData, SubwordSampler, read_manifest
+    from nmt.data.batches import EpochBatchIterator, ParallelData, SubwordSampler, read_manifest
 
     manifest = read_manifest(data)
     sampler = SubwordSampler(data, manifest, alpha) if alpha else None
@@ -59,8 +59,8 @@ def collate_ms(data: Path, alpha: float, max_tokens: int, batches: int) -> float
 def seconds_per_update(data: Path, run: Path, alpha: float, updates: int) -> tuple[float, float]:
     """nmt-train +recipe=cpu20 for `updates` updates: (seconds per update, target tokens per
     update), from the log windows after the first."""
+    from nmt.commands.train import train
     from nmt.config import TrainConfig, compose, to_object
-    from nmt.train import train
 
     train(to_object(compose("train", [
         "+recipe=cpu20", f"data_dir={data}", f"run_dir={run}", f"train.max_updates={updates}",

@@ -31,14 +31,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nmt.commands.train import normalise_gradients
 from nmt.config import ModelConfig, OptimConfig
-from nmt.cpu_training import use_cpu_dropout
-from nmt.data import Batch, EpochBatchIterator, ParallelData, collate
+from nmt.data.batches import Batch, EpochBatchIterator, ParallelData, collate
 from nmt.model import make_model
-from nmt.runtime import keep_freed_memory
-from nmt.schedule import build_optimizer
-from nmt.train import normalise_gradients
-from nmt.training_run import batch_loss, training_precision
+from nmt.system.runtime import keep_freed_memory
+from nmt.training.cpu_training import use_cpu_dropout
+from nmt.training.run import batch_loss, training_precision
+from nmt.training.schedule import build_optimizer
 
 CONFIGS = {"small": ModelConfig(N=3, d_model=256, d_ff=1024, h=4, dropout=0.1),
            "base": ModelConfig(N=6, d_model=512, d_ff=2048, h=8, dropout=0.1),
@@ -79,7 +79,7 @@ def parse_args() -> argparse.Namespace:
 def load_batches(args: argparse.Namespace) -> tuple[list[Batch], int]:
     """A fixed sample of token-bucket batches, and the vocabulary size."""
     if args.data:
-        from nmt.data import read_manifest
+        from nmt.data.batches import read_manifest
 
         data, vocab = ParallelData(args.data, "train"), read_manifest(args.data)["tgt_vocab_size"]
     else:  # synthetic sentences of WMT-like lengths
@@ -185,7 +185,7 @@ class Runner:
         self.ours = loss_fn is batch_loss  # nmt's step: gradients normalised as nmt-train does
         self.optimizer, self.scheduler = build_optimizer(self.model, OPTIM, cfg.d_model)
         dtype = torch.bfloat16 if amp == "bf16" else None
-        if self.ours:  # as nmt-train runs it: with its CPU speed paths (nmt/cpu_training.py)
+        if self.ours:  # as nmt-train runs it, with its CPU speed paths (training/cpu_training.py)
             self.precision = functools.partial(training_precision, device, dtype)
             if device.type == "cpu":
                 use_cpu_dropout(self.model)

@@ -25,9 +25,9 @@ import time
 import torch
 
 from nmt.config import ModelConfig, SearchConfig
+from nmt.data.tokenizer import SPECIALS
 from nmt.inference.translator import Translator
 from nmt.model import make_model
-from nmt.tokenizer import SPECIALS
 
 
 def add_workload_options(p: argparse.ArgumentParser) -> None:
@@ -60,7 +60,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "int8"),
                    help="search.dtype: the decoding precision (int8: quantized linear maps)")
     p.add_argument("--reference", action="store_true",
-                   help="decode with the reference model of nmt/model.py, not nmt.inference.fast")
+                   help="decode with the reference model of nmt/model.py, not "
+                        "nmt.inference.fast_model")
     p.add_argument("--malloc-default", action="store_true",
                    help="leave glibc malloc as it is (nmt-translate makes it keep freed memory)")
     return p.parse_args()
@@ -115,7 +116,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     args.threads = 1 if args.workers > 1 else torch.get_num_threads()
     if not args.malloc_default:
-        from nmt.runtime import keep_freed_memory
+        from nmt.system.runtime import keep_freed_memory
 
         keep_freed_memory()
     model, V = load_model(args)
@@ -124,7 +125,7 @@ def main() -> None:
             ((args.batch, True), (args.batch, False), (1, True), (1, False))
             for name, beam in (("greedy", 1), ("beam4", 4))]
     print(f"torch {torch.__version__}, {args.workers} worker(s) x {args.threads} thread(s), "
-          f"{'reference model' if args.reference else 'nmt.inference.fast'} {args.dtype}; "
+          f"{'reference model' if args.reference else 'nmt.inference.fast_model'} {args.dtype}; "
           f"{args.sentences} "
           f"sentences x {args.src_len} tokens -> {args.out_len} tokens, vocabulary {V}; "
           f"load average {os.getloadavg()[0]:.2f}")

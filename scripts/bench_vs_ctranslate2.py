@@ -2,7 +2,7 @@
 
 The model is random-init unless --checkpoint is given: the small configuration (3+3 layers,
 d_model 256, d_ff 1024, 4 heads, vocabulary 8,000), exported to CTranslate2 with nmt-export's
-own converter (nmt.inference.ct2_export.ctranslate2_spec). 500 source sentences of 25 random
+own converter (nmt.interop.ct2_export.ctranslate2_spec). 500 source sentences of 25 random
 tokens, batches of 64 sentences, every output forced to exactly 40 tokens (nmt: min_len = max
 length = 40; CTranslate2: min_decoding_length = max_decoding_length = 40), so both do the same
 work; PAD and BOS suppressed in CTranslate2 (suppress_sequences) as nmt never generates them.
@@ -18,10 +18,10 @@ thread count means other processes competed for the cores. The fp32 greedy outpu
 and CTranslate2 are compared token for token (a check that both run the same model).
 
 With a trained model, real sources and a lexical shortlist (--checkpoint, --input, --shortlist:
-nmt.shortlist's file of the checkpoint's vocabulary), every row runs again with the shortlist
-on both sides (nmt: search.shortlist; CTranslate2: the export's vmap.txt and use_vmap=True),
-each compared with CTranslate2's rows of the same kind; outputs stay forced to --out-len
-tokens, so both sides do the same number of steps and the length penalty plays no part.
+nmt.inference.shortlist's file of the checkpoint's vocabulary), every row runs again with the
+shortlist on both sides (nmt: search.shortlist; CTranslate2: the export's vmap.txt and
+use_vmap=True), each compared with CTranslate2's rows of the same kind; outputs stay forced to
+--out-len tokens, so both sides do the same number of steps and the length penalty plays no part.
 
 --profile N runs each selected nmt row of one process once more under torch.profiler and
 prints its N costliest operators (self CPU time) per decoding step: where a row's step goes.
@@ -46,11 +46,11 @@ import torch
 from bench_translate import add_workload_options, cpu_seconds, load_model, random_sources
 
 from nmt.config import SearchConfig
-from nmt.files import read_lines
-from nmt.inference.ct2_export import ctranslate2_spec, pieces, write_vmap
+from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIALS, Specials
+from nmt.data.vocab import Vocab
 from nmt.inference.translator import Translator
-from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIALS, Specials
-from nmt.vocab import Vocab
+from nmt.interop.ct2_export import ctranslate2_spec, pieces, write_vmap
+from nmt.system.files import read_lines
 
 SEARCHES = {"greedy": 1, "beam4": 4}
 
@@ -71,7 +71,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--input", default="", help="with --checkpoint: real source sentences "
                    "(raw text, the first --sentences lines) instead of random ids")
     p.add_argument("--shortlist", default="", help="with --checkpoint: also run every row with "
-                   "this lexical shortlist (nmt.shortlist) on both sides")
+                   "this lexical shortlist (nmt.inference.shortlist) on both sides")
     p.add_argument("--profile", type=int, default=0, metavar="N", help="then run each nmt row "
                    "of one process once under torch.profiler and print its N costliest "
                    "operators (self CPU time) per decoding step")
@@ -229,7 +229,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     args.threads = torch.get_num_threads()
-    from nmt.runtime import keep_freed_memory
+    from nmt.system.runtime import keep_freed_memory
 
     keep_freed_memory()  # as nmt-translate does
     import ctranslate2

@@ -24,8 +24,8 @@ import sentencepiece as spm
 import torch
 
 from nmt.config import BpeConfig
-from nmt.data import TokenArrayWriter
-from nmt.tokenizer import vocab_sha256
+from nmt.data.batches import TokenArrayWriter
+from nmt.data.tokenizer import vocab_sha256
 
 SRC_WORDS = ("open save file edit view help close print copy paste find replace undo redo "
              "select all none new window tab menu tool option setting error warning user "
@@ -90,8 +90,8 @@ def make_data_dir(out: Path, n_train: int = 600, n_valid: int = 40, n_test: int 
 def make_corpora_dir(out: Path, n_real: int = 100, n_bt: int = 60, seed: int = 0) -> Path:
     """nmt-preprocess of two toy corpora: "real" (weight 1) and "bt" (tag <BT>, weight 2),
     and a valid split, with keep_text=true."""
+    from nmt.commands.preprocess import preprocess
     from nmt.config import PreprocessConfig, TrainCorpus
-    from nmt.preprocess import preprocess
 
     rng, raw = random.Random(seed), out.parent / f"{out.name}-raw"
     raw.mkdir(parents=True, exist_ok=True)

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 
-import nmt.train
+import nmt.commands.train
 
 
 def inject_out_of_memory(rank: int, update: int) -> None:
     """Make batch_loss raise on `rank` in update `update` (update_freq=1, no validation)."""
-    real, calls = nmt.train.batch_loss, []
+    real, calls = nmt.commands.train.batch_loss, []
 
     def batch_loss(*args, **kwargs):
         calls.append(1)
@@ -33,12 +33,12 @@ def inject_out_of_memory(rank: int, update: int) -> None:
                                          "(injected by tests/faulty_train.py)")
         return real(*args, **kwargs)
 
-    nmt.train.batch_loss = batch_loss
+    nmt.commands.train.batch_loss = batch_loss
 
 
 def inject_signal(rank: int, update: int, sig: signal.Signals) -> None:
     """Make `rank` send itself `sig` during update `update` (update_freq=1)."""
-    real, calls = nmt.train.batch_loss, []
+    real, calls = nmt.commands.train.batch_loss, []
 
     def batch_loss(*args, **kwargs):
         calls.append(1)
@@ -46,7 +46,7 @@ def inject_signal(rank: int, update: int, sig: signal.Signals) -> None:
             os.kill(os.getpid(), sig)
         return real(*args, **kwargs)
 
-    nmt.train.batch_loss = batch_loss
+    nmt.commands.train.batch_loss = batch_loss
 
 
 def inject_slow_save(update: int, marker: Path) -> None:

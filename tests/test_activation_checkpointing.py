@@ -1,4 +1,4 @@
-"""nmt.activation_checkpointing: recomputed layers give the reference model's gradients
+"""nmt.training.activation_checkpointing: recomputed layers give the reference model's gradients
 and keep fewer activations."""
 
 import copy
@@ -7,12 +7,12 @@ import pytest
 import torch
 from translate_helpers import tiny_model_cfg
 
-from nmt.activation_checkpointing import checkpoint_layers
-from nmt.checkpoint import load_checkpoint
+from nmt.commands.train import train
 from nmt.config import TrainConfig, compose, to_object
-from nmt.cpu_training import use_cpu_dropout
 from nmt.model import make_model
-from nmt.train import train
+from nmt.training.activation_checkpointing import checkpoint_layers
+from nmt.training.checkpoint import load_checkpoint
+from nmt.training.cpu_training import use_cpu_dropout
 
 V = 24
 

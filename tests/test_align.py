@@ -1,5 +1,5 @@
-"""Alignments from cross-attention (nmt.align, nmt-translate alignment=true): the diagonal of
-a copy model, batching that changes nothing, the Pharaoh column of the command's output."""
+"""Alignments from cross-attention (nmt.inference.align, nmt-translate alignment=true): the diagonal
+of a copy model, batching that changes nothing, the Pharaoh column of the command's output."""
 
 import re
 import subprocess
@@ -12,16 +12,16 @@ from test_copy_task import BOS, EOS, LENGTH, PAD, V, random_batch, with_specials
 from translate_helpers import lines_of, random_sources, save_tiny_checkpoint, search, tiny_model
 from translate_helpers import translate_config as config
 
-from nmt.align import align, pharaoh
+from nmt.commands.translate import translate
 from nmt.config import ModelConfig, OptimConfig
+from nmt.data.tokenizer import SPECIALS, Specials
 from nmt.errors import NmtError
-from nmt.inference.search import translate_nbest
+from nmt.inference.align import align, pharaoh
+from nmt.inference.batches import translate_nbest
 from nmt.inference.translator import Translator
-from nmt.loss import LabelSmoothedLoss
 from nmt.model import make_model
-from nmt.schedule import build_optimizer
-from nmt.tokenizer import SPECIALS, Specials
-from nmt.translate import translate
+from nmt.training.loss import LabelSmoothedLoss
+from nmt.training.schedule import build_optimizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt.checkpoint import (
-    average,
+from nmt.commands.average import average
+from nmt.config import AverageConfig, ModelConfig
+from nmt.errors import NmtError
+from nmt.model import make_model
+from nmt.training.checkpoint import (
     average_checkpoints,
     last_checkpoints,
     load_checkpoint,
     save_checkpoint,
 )
-from nmt.config import AverageConfig, ModelConfig
-from nmt.errors import NmtError
-from nmt.model import make_model
 
 BIN = Path(sys.executable).parent
 

@@ -201,7 +201,7 @@ def with_languages(ckpt: Path, out: Path, convention: str, codes: list[str]) -> 
     """The tiny checkpoint recorded as a multilingual one: a tag model (OPUS-MT's >>xx<<, or
     one trained here on several pairs) or a forced-token model (NLLB-200 / M2M100 style),
     each language one of its pieces."""
-    from nmt.checkpoint import load_checkpoint, save_checkpoint
+    from nmt.training.checkpoint import load_checkpoint, save_checkpoint
 
     state = load_checkpoint(ckpt)
     state["vocab"]["languages"] = {"convention": convention,

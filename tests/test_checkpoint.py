@@ -5,7 +5,8 @@ import os
 import pytest
 import torch
 
-from nmt.checkpoint import (
+from nmt.errors import NmtError
+from nmt.training.checkpoint import (
     check_resumable,
     load_checkpoint,
     numbered_checkpoints,
@@ -13,7 +14,6 @@ from nmt.checkpoint import (
     save_checkpoint,
     save_training_checkpoint,
 )
-from nmt.errors import NmtError
 
 MODEL_CFG = {"N": 1, "d_model": 8, "d_ff": 16, "h": 2, "dropout": 0.1, "attention_dropout": 0.0,
              "norm": "post", "share_embeddings": True, "max_positions": 64}

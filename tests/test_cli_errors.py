@@ -23,7 +23,7 @@ from nmt.config import (
 )
 from nmt.config_errors import closest_keys
 from nmt.errors import ConfigError, first_line
-from nmt.files import check_output
+from nmt.system.files import check_output
 
 BIN = Path(sys.executable).parent
 

@@ -23,14 +23,14 @@ from translate_helpers import (
 )
 from translate_helpers import translate_config as config
 
+from nmt.commands.translate import translate
 from nmt.config import ConfigError, SearchConfig, TranslateConfig, compose, to_object
+from nmt.data.tokenizer import SPECIALS, Tokenizer
 from nmt.errors import NmtError
+from nmt.inference.batches import translate_nbest
 from nmt.inference.constrained import PhraseConstraints, missing_phrases
 from nmt.inference.core import output_lengths
 from nmt.inference.messages import Sentence
-from nmt.inference.search import translate_nbest
-from nmt.tokenizer import SPECIALS, Tokenizer
-from nmt.translate import translate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from nmt.config import ModelConfig, OptimConfig
-from nmt.loss import LabelSmoothedLoss
 from nmt.model import Transformer, make_model
-from nmt.schedule import build_optimizer
+from nmt.training.loss import LabelSmoothedLoss
+from nmt.training.schedule import build_optimizer
 
 V, PAD, BOS, EOS, LENGTH = 11, 0, 2, 3, 10
 

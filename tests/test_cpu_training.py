@@ -1,14 +1,14 @@
-"""nmt.cpu_training: the CPU training speed paths, opted into by nmt-train, give the
+"""nmt.training.cpu_training: the CPU training speed paths, opted into by nmt-train, give the
 reference model's results."""
 
 import pytest
 import torch
 from translate_helpers import tiny_model_cfg
 
-from nmt.cpu_training import CpuDropout, attention_kernels, use_cpu_dropout
-from nmt.inference.search import pad_batch
+from nmt.inference.batches import pad_batch
 from nmt.model import make_model
-from nmt.training_run import training_precision
+from nmt.training.cpu_training import CpuDropout, attention_kernels, use_cpu_dropout
+from nmt.training.run import training_precision
 
 pytestmark = pytest.mark.isa
 
@@ -55,7 +55,8 @@ def test_cpu_dropout_swaps_every_dropout_and_keeps_the_function_without_dropout(
 
 def test_bf16_training_on_the_cpu_attends_with_plain_matmuls_and_agrees():
     """training_precision(cpu, bf16) runs the MATH attention kernel inside the forward pass
-    (nmt/cpu_training.py says why), gives the fused kernel's result, and undoes the choice."""
+    (nmt/training/cpu_training.py says why), gives the fused kernel's result, and undoes the
+    choice."""
     torch.manual_seed(0)
     model = make_model(tiny_model_cfg(N=2), V, V, PAD, True).eval()
     src, tgt = batch()

@@ -16,16 +16,16 @@ from test_export import DATA, MAX_LEN, bundled_sentences, varied_checkpoint
 from test_serve import Server
 
 import nmt
-import nmt.inference.ct2_export as ct2_export
+import nmt.interop.ct2_export as ct2_export
+from nmt.commands.translate import translate
 from nmt.config import SearchConfig, TranslateConfig, compose, to_object
+from nmt.data.tokenizer import train_bpe
 from nmt.errors import ConfigError, NmtError
-from nmt.files import read_lines
 from nmt.inference.ct2_engine import CT2Translator
-from nmt.inference.ct2_export import cached_export, read_info
 from nmt.inference.messages import Batch, Hypothesis, Sentence
 from nmt.inference.translator import Translator
-from nmt.tokenizer import train_bpe
-from nmt.translate import translate
+from nmt.interop.ct2_export import cached_export, read_info
+from nmt.system.files import read_lines
 
 pytest.importorskip("ctranslate2")
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -334,8 +334,8 @@ def test_what_another_process_holds_locked_is_left_alone(joint, tmp_path):
 
 @pytest.mark.isa  # CTranslate2's int8 under CT2_FORCE_CPU_ISA too
 def test_an_nmt_export_directory_is_used_as_it_is(ckpt, tmp_path, monkeypatch):
+    from nmt.commands.export import export
     from nmt.config import ExportConfig
-    from nmt.export import export
 
     export(ExportConfig(checkpoint=str(ckpt), output=str(tmp_path / "m"), quantization="int8"))
     monkeypatch.setattr(ct2_export, "_export", lambda *a: pytest.fail("exported again"))

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import write_token_array
 
-from nmt.data import (
+from nmt.data.batches import (
     VERIFIED,
     EpochBatchIterator,
     ParallelData,
@@ -219,7 +219,7 @@ def test_missing_manifest_is_an_error(tmp_path):
 
 
 def test_prefetcher_gives_the_iterators_batches_and_moves_only_when_taken(tiny_data_dir):
-    from nmt.data import Prefetcher
+    from nmt.data.batches import Prefetcher
 
     data = ParallelData(tiny_data_dir, "train")
     reference = EpochBatchIterator(data, 256, seed=1, pad_id=0, rank=1, world_size=2)
@@ -242,7 +242,7 @@ def test_prefetcher_gives_the_iterators_batches_and_moves_only_when_taken(tiny_d
 
 
 def test_prefetcher_starts_at_a_saved_position(tiny_data_dir):
-    from nmt.data import Prefetcher
+    from nmt.data.batches import Prefetcher
 
     data = ParallelData(tiny_data_dir, "train")
     itr = EpochBatchIterator(data, 256, seed=1, pad_id=0)
@@ -316,12 +316,12 @@ def test_a_damaged_data_directory_is_a_one_line_error_naming_the_file(
 
 def test_verification_is_remembered_per_directory_unless_asked(corpora_dir, tmp_path,
                                                                monkeypatch):
-    import nmt.data
+    import nmt.data.batches
 
     data = copy_of(corpora_dir, tmp_path)
     reads = []
-    real = nmt.data.sha256_file
-    monkeypatch.setattr(nmt.data, "sha256_file", lambda p: reads.append(p) or real(p))
+    real = nmt.data.batches.sha256_file
+    monkeypatch.setattr(nmt.data.batches, "sha256_file", lambda p: reads.append(p) or real(p))
     manifest = read_manifest(data)
     verify_data_dir(data, manifest)
     n = len(reads)
@@ -336,12 +336,12 @@ def test_verification_is_remembered_per_directory_unless_asked(corpora_dir, tmp_
 
 
 def test_a_read_only_data_directory_is_verified_every_time(corpora_dir, tmp_path, monkeypatch):
-    import nmt.data
+    import nmt.data.batches
 
     def refuse(path, content, durable=False):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(nmt.data, "write_atomically", refuse)
+    monkeypatch.setattr(nmt.data.batches, "write_atomically", refuse)
     data = copy_of(corpora_dir, tmp_path)
     for _ in range(2):
         assert "read-only: it will be checked again" in verify_data_dir(data, read_manifest(data))
@@ -432,7 +432,7 @@ def sampling_iterator(data_dir, alpha=0.1, **kwargs):
 
 
 def test_subword_sampling_draws_by_the_batch_within_max_tokens(corpora_dir):
-    from nmt.tokenizer import Tokenizer
+    from nmt.data.tokenizer import Tokenizer
 
     itr = sampling_iterator(corpora_dir, max_tokens=200)
     plain = EpochBatchIterator(itr.data, 200, 1, PAD)

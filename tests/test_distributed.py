@@ -10,10 +10,10 @@ import pytest
 import torch
 from conftest import make_corpora_dir
 
-from nmt import distributed
-from nmt.checkpoint import load_checkpoint
+from nmt.commands.train import train
 from nmt.config import TrainConfig, compose, to_object
-from nmt.train import train
+from nmt.training import distributed
+from nmt.training.checkpoint import load_checkpoint
 
 BIN = Path(sys.executable).parent
 TINY = ["+model=small", "model.N=1", "model.d_model=32", "model.d_ff=64", "model.h=4",

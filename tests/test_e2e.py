@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from nmt.checkpoint import load_checkpoint
-from nmt.files import read_lines
+from nmt.system.files import read_lines
+from nmt.training.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "scripts/data/debian-po/en-de"

@@ -19,15 +19,9 @@ import pytest
 import torch
 from translate_helpers import tiny_model_cfg
 
-from nmt.checkpoint import save_checkpoint
+from nmt.commands.export import export
 from nmt.config import ExportConfig, SearchConfig, compose, to_object
-from nmt.errors import ConfigError, NmtError
-from nmt.export import export, feature_permutation
-from nmt.files import read_lines
-from nmt.inference.search import translate_ids
-from nmt.inference.translator import Translator
-from nmt.model import make_model
-from nmt.tokenizer import (
+from nmt.data.tokenizer import (
     BOS_ID,
     EOS_ID,
     PAD_ID,
@@ -37,6 +31,13 @@ from nmt.tokenizer import (
     train_bpe,
     vocab_sha256,
 )
+from nmt.errors import ConfigError, NmtError
+from nmt.inference.batches import translate_ids
+from nmt.inference.translator import Translator
+from nmt.interop.transformers_export import feature_permutation
+from nmt.model import make_model
+from nmt.system.files import read_lines
+from nmt.training.checkpoint import save_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -290,7 +291,7 @@ def test_a_failed_export_leaves_nothing_behind(spm, tmp_path, monkeypatch):
     def fail(*args):
         raise NmtError("disk full")
 
-    monkeypatch.setattr("nmt.export.write_ctranslate2", fail)
+    monkeypatch.setattr("nmt.commands.export.write_ctranslate2", fail)
     with pytest.raises(NmtError, match="disk full"):
         run_export(ckpt, tmp_path / "out", "ctranslate2", force=True)
     assert (tmp_path / "out" / "model.bin").read_bytes() == before  # the old export stays

@@ -1,4 +1,4 @@
-"""nmt.inference.fast: the decoding speed path gives the reference model's results (tokens,
+"""nmt.inference.fast_model: the decoding speed path gives the reference model's results (tokens,
 logits), on every CPU kind: these tests run again under AVX2 dispatch (tests/test_isa.py)."""
 
 import dataclasses
@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from translate_helpers import random_sources, run, search, tiny_model, tiny_model_cfg, tokens
 
 from nmt.config import SearchConfig
-from nmt.inference.fast import (
+from nmt.inference.batches import pad_batch
+from nmt.inference.fast_model import (
     Affine,
     FastModel,
     Int8Affine,
@@ -20,7 +21,6 @@ from nmt.inference.fast import (
     row_argmax,
     top_k,
 )
-from nmt.inference.search import pad_batch
 from nmt.model import make_model
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.isa]

@@ -16,9 +16,9 @@ from conftest import make_data_dir
 from test_train import config, same_tensors
 
 import nmt
-from nmt.checkpoint import load_checkpoint
-from nmt.runlog import records_until
-from nmt.train import train
+from nmt.commands.train import train
+from nmt.training.checkpoint import load_checkpoint
+from nmt.training.runlog import records_until
 
 BIN = Path(sys.executable).parent
 FAULTY = Path(__file__).with_name("faulty_train.py")

@@ -1,5 +1,5 @@
-"""Atomic writes (nmt.files): every file and directory nmt writes appears whole or not at all,
-with the permissions a plain open() or mkdir would give."""
+"""Atomic writes (nmt.system.files): every file and directory nmt writes appears whole or not at
+all, with the permissions a plain open() or mkdir would give."""
 
 import errno
 import os
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from nmt.errors import NmtError
-from nmt.files import (
+from nmt.system.files import (
     check_output,
     link_atomically,
     new_directory,

@@ -15,11 +15,11 @@ import pytest
 import torch
 from test_train import config
 
-import nmt.train
-import nmt.training_run
-from nmt.checkpoint import load_checkpoint
+import nmt.commands.train
+import nmt.training.run
+from nmt.commands.train import train
 from nmt.errors import NmtError
-from nmt.train import train
+from nmt.training.checkpoint import load_checkpoint
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -118,7 +118,7 @@ def test_fused_attention_runs_for_padded_batches(tiny_data_dir):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from nmt.config import ModelConfig
-    from nmt.data import EpochBatchIterator, ParallelData
+    from nmt.data.batches import EpochBatchIterator, ParallelData
     from nmt.model import make_model
 
     itr = EpochBatchIterator(ParallelData(tiny_data_dir, "train"), 1024, 1, 0)
@@ -131,7 +131,7 @@ def test_fused_attention_runs_for_padded_batches(tiny_data_dir):
         fused.append(SDPBackend.CUDNN_ATTENTION)
     dtype = torch.bfloat16 if BF16 else torch.float16
     with sdpa_kernel(fused), torch.autocast("cuda", dtype=dtype):  # no unfused fallback
-        loss, _ = nmt.training_run.batch_loss(model, batch, 0.1, 0, contextlib.nullcontext)
+        loss, _ = nmt.training.run.batch_loss(model, batch, 0.1, 0, contextlib.nullcontext)
     loss.backward()
     assert math.isfinite(loss.item())
 
@@ -140,7 +140,7 @@ def test_an_update_never_waits_for_the_gpu(tiny_data_dir, tmp_path, monkeypatch)
     """After two warm-up updates, train_step runs under CUDA's sync debug mode "error" (any
     synchronising call raises), backward passes excepted: PyTorch's embedding backward
     synchronises inside."""
-    real_step, real_backward, steps = nmt.train.train_step, torch.Tensor.backward, []
+    real_step, real_backward, steps = nmt.commands.train.train_step, torch.Tensor.backward, []
 
     def backward(self, *args, **kwargs):
         mode = torch.cuda.get_sync_debug_mode()
@@ -159,7 +159,7 @@ def test_an_update_never_waits_for_the_gpu(tiny_data_dir, tmp_path, monkeypatch)
             torch.cuda.set_sync_debug_mode(0)
 
     monkeypatch.setattr(torch.Tensor, "backward", backward)
-    monkeypatch.setattr(nmt.train, "train_step", train_step)
+    monkeypatch.setattr(nmt.commands.train, "train_step", train_step)
     out = train(config(tiny_data_dir, tmp_path / "run", *GPU, "train.max_updates=6",
                        "train.log_interval=6", "train.valid_interval_updates=100",
                        "train.ema_decay=0.9"))

@@ -17,9 +17,9 @@ import torch
 from test_train import config
 from translate_helpers import random_sources, search, tiny_model
 
-import nmt.train
-import nmt.validation
-from nmt import distributed
+import nmt.commands.train
+import nmt.training.validation
+from nmt.commands.train import train
 from nmt.config import (
     ServeConfig,
     TrainConfig,
@@ -28,10 +28,10 @@ from nmt.config import (
     to_object,
 )
 from nmt.errors import ConfigError, NmtError
-from nmt.inference.fast import FastModel, PackedAffine
-from nmt.inference.search import Decoder, decoding_models
+from nmt.inference.batches import Decoder, decoding_models
+from nmt.inference.fast_model import FastModel, PackedAffine
 from nmt.testing.gpu_sim import MISSING, World, decoding_reads, simulated_cuda, simulated_run
-from nmt.train import train
+from nmt.training import distributed
 
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 if MISSING is None:
@@ -43,7 +43,7 @@ CUDA = torch.device("cuda", 0)
 # ----------------------------------------------------------------------------- one update
 def batches(data_dir: Path, n: int) -> list:
     """The first n training batches of the toy data, as (index, Batch) on the host."""
-    from nmt.data import EpochBatchIterator, ParallelData
+    from nmt.data.batches import EpochBatchIterator, ParallelData
 
     itr = EpochBatchIterator(ParallelData(data_dir, "train"), 256, 1, 0)
     return list(itertools.islice(iter(itr), n))
@@ -58,22 +58,22 @@ def nccl_all_reduce(t: torch.Tensor) -> torch.Tensor:
 
 def simulated_updates(data_dir, amp: str, updates: int = 2, **patches) -> tuple:
     """nmt-train's train_step on the simulated GPU with EMA, clipping and update_freq 2; the
-    run, the last statistics and the dtype of the logits. patches: nmt.train attributes."""
+    run, the last statistics and the dtype of the logits. patches: nmt.commands.train attributes."""
     logits = []
     group = batches(data_dir, 2)
     with contextlib.ExitStack() as stack:
         stack.enter_context(simulated_cuda())
         mp = stack.enter_context(pytest.MonkeyPatch.context())
-        mp.setattr(nmt.train.distributed, "all_reduce_sum", nccl_all_reduce)
+        mp.setattr(nmt.commands.train.distributed, "all_reduce_sum", nccl_all_reduce)
         for name, value in patches.items():
-            mp.setattr(nmt.train, name, value)
+            mp.setattr(nmt.commands.train, name, value)
         run = simulated_run("small", 120, "model.N=1", "model.d_model=32", "model.d_ff=64",
                             "model.h=4", f"train.amp={amp}", "train.ema_decay=0.99",
                             "optim.clip_norm=1.0", "train.update_freq=2",
                             "train.log_interval=5")
         run.model.generator.register_forward_hook(lambda m, i, out: logits.append(out.dtype))
         for _ in range(updates):  # the first makes Adam's state
-            stats = nmt.train.train_step(run, 1, group)
+            stats = nmt.commands.train.train_step(run, 1, group)
             run.monitor.add(stats)
         return run, stats, logits[-1]
 
@@ -99,7 +99,7 @@ def test_an_update_on_a_gpu_reads_nothing_from_it(tiny_data_dir, amp, logits):
 
 
 def test_a_host_read_put_into_the_update_fails_the_check(tiny_data_dir):
-    real = nmt.train.normalise_gradients
+    real = nmt.commands.train.normalise_gradients
 
     def normalise_gradients(*args, **kwargs):
         norm = real(*args, **kwargs)
@@ -126,13 +126,13 @@ def test_ranks_of_8_make_the_same_collectives_and_read_their_own_shards(tiny_dat
     validations and 2 checkpoints: the same sequence of collectives (operator, shape, dtype,
     device), and each rank's batches its own (global batch r, r + 8, ...)."""
     world, taken = World(8), {}
-    real_step = nmt.train.train_step
+    real_step = nmt.commands.train.train_step
 
     def train_step(run, epoch, group, *stops):
         taken.setdefault(run.env.rank, []).extend(index for index, _ in group)
         return real_step(run, epoch, group, *stops)
 
-    monkeypatch.setattr(nmt.train, "train_step", train_step)
+    monkeypatch.setattr(nmt.commands.train, "train_step", train_step)
     for rank in (0, 3, 7):  # rank 0 first: the others receive what it broadcasts
         with world.rank(rank):
             out = train(config(tiny_data_dir, tmp_path / f"run{rank}", "train.max_updates=4",
@@ -158,14 +158,14 @@ def test_a_collective_of_one_rank_only_is_caught_by_the_traces(tiny_data_dir, tm
     """Negative control: a collective that rank 0 alone makes (here a barrier after its
     checkpoints) shows as traces that differ."""
     world = World(8)
-    real_save = nmt.train.save
+    real_save = nmt.commands.train.save
 
     def save(run, improved):
         real_save(run, improved)
         if run.env.is_main:
             distributed.barrier()  # the bug: the others never come
 
-    monkeypatch.setattr(nmt.train, "save", save)
+    monkeypatch.setattr(nmt.commands.train, "save", save)
     for rank in (0, 3):
         with world.rank(rank):
             train(config(tiny_data_dir, tmp_path / f"run{rank}", "train.max_updates=2",
@@ -286,8 +286,8 @@ def test_int8_decoding_with_a_cuda_device_is_a_config_error():
 def test_int8_with_device_auto_on_a_gpu_stops_before_loading(tiny_data_dir, tmp_path,
                                                              monkeypatch):
     """device=auto resolves to the GPU: the same error, before any checkpoint or batch."""
-    from nmt.serve.app import serve
-    from nmt.translate import translate
+    from nmt.commands.serve import serve
+    from nmt.commands.translate import translate
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -308,11 +308,13 @@ def out_of_memory(*args, **kwargs):
 
 
 @pytest.mark.parametrize("module, where, expected", [
-    (nmt.train, "optimizer_step", r"rank 0: out of memory in update 1 \(batches of B x S/T "
-                                  r"tokens: \d+x\d+/\d+\); lower train.max_tokens"),
-    (nmt.train, "update_ema", r"rank 0: out of memory in update 1 \(batches"),
-    (nmt.validation, "batch_loss", r"rank 0: out of memory in the validation after update 2 "
-                                   r"\(batches of B x S/T tokens: \d+x\d+/\d+\)"),
+    (nmt.commands.train, "optimizer_step",
+     r"rank 0: out of memory in update 1 \(batches of B x S/T tokens: \d+x\d+/\d+\); lower "
+     r"train.max_tokens"),
+    (nmt.commands.train, "update_ema", r"rank 0: out of memory in update 1 \(batches"),
+    (nmt.training.validation, "batch_loss",
+     r"rank 0: out of memory in the validation after update 2 "
+     r"\(batches of B x S/T tokens: \d+x\d+/\d+\)"),
 ])
 def test_out_of_memory_anywhere_is_one_line(tiny_data_dir, tmp_path, monkeypatch, module,
                                             where, expected):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_preprocess import run, toy_pairs, write_text
 
-from nmt.data import read_manifest
+from nmt.data.batches import read_manifest
 
 datasets = pytest.importorskip("datasets")
 

@@ -11,36 +11,49 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 NMT = ROOT / "nmt"
-# Lower layers first; a module may import its own layer and the layers before it.
+# Lower layers first; a module may import its own layer and the layers before it. A name
+# stands for its module and, if it is a package, every module in it.
 LAYERS = [
-    {"nmt.errors", "nmt.config_errors", "nmt.capabilities", "nmt.config", "nmt.files",
-     "nmt.runtime", "nmt.scoring", "nmt.segment", "nmt.serve.errors", "nmt.serve.api_keys",
-     "nmt.serve.langid_codes", "nmt.inference.messages", "nmt.vocab"},
-    {"nmt.model", "nmt.variants", "nmt.languages", "nmt.attention_maps", "nmt.tokenizer",
-     "nmt.private_ops", "nmt.checkpoint", "nmt.distributed", "nmt.loss", "nmt.schedule",
-     "nmt.cpu_training", "nmt.activation_checkpointing", "nmt.preemption", "nmt.stopping",
-     "nmt.corpus"},
-    {"nmt.inference.fast", "nmt.inference.rules", "nmt.inference.decoder", "nmt.inference.core",
-     "nmt.inference.search", "nmt.inference.workers",
+    # the errors, the config schema and what it checks against; no torch
+    {"nmt.errors", "nmt.config_errors", "nmt.config", "nmt.system.files", "nmt.system.runtime",
+     "nmt.inference.capabilities", "nmt.inference.scoring", "nmt.inference.segment",
+     "nmt.inference.messages", "nmt.data.vocab", "nmt.serve.errors", "nmt.serve.api_keys",
+     "nmt.serve.langid_codes"},
+    # the paper's model, and what training and decoding both need
+    {"nmt.model", "nmt.variants", "nmt.system.private_ops", "nmt.data.languages",
+     "nmt.data.tokenizer", "nmt.data.corpus", "nmt.inference.attention_maps",
+     "nmt.training.checkpoint", "nmt.training.distributed", "nmt.training.loss",
+     "nmt.training.schedule", "nmt.training.cpu_training",
+     "nmt.training.activation_checkpointing", "nmt.training.preemption",
+     "nmt.training.stopping"},
+    # decoding, data batches, run logs, the importers' readers
+    {"nmt.inference.fast_model", "nmt.inference.rules", "nmt.inference.decoder",
+     "nmt.inference.core", "nmt.inference.batches", "nmt.inference.workers",
      "nmt.inference.constrained", "nmt.inference.stepping", "nmt.inference.loading",
-     "nmt.inference.mbr",
-     "nmt.plot", "nmt.runlog", "nmt.data", "nmt.shortlist", "nmt.hf_files", "nmt.marian",
-     "nmt.m2m100"},
-    {"nmt.inference.translator", "nmt.inference.ct2_export"},  # the engines, the export
+     "nmt.inference.mbr", "nmt.inference.shortlist", "nmt.training.plot", "nmt.training.runlog",
+     "nmt.data.batches", "nmt.interop.hf_files", "nmt.interop.marian", "nmt.interop.m2m100"},
+    {"nmt.inference.translator", "nmt.interop.ct2_export"},  # the engines, the export
     {"nmt.inference.ct2_engine"},
     {"nmt.inference.engine"},  # the interface and open_translator
-    {"nmt.inference.rerank", "nmt.align", "nmt.cleaning", "nmt.subwords", "nmt.binarize",
-     "nmt.monitor", "nmt.training_run", "nmt.validation", "nmt.resume", "nmt.serve.batcher",
-     "nmt.serve.libretranslate", "nmt.serve.schemas", "nmt.serve.service"},  # the commands' parts
-    {"nmt.translate", "nmt.train", "nmt.preprocess", "nmt.export", "nmt.importer",
-     "nmt.serve.app"},  # the commands' modules (COMMANDS)
-    {"nmt.cli", "nmt.testing", "nmt.testing.gpu_sim"},  # the commands; the tests' GPU harness
+    # the commands' parts
+    {"nmt.inference.rerank", "nmt.inference.align", "nmt.data.cleaning", "nmt.data.subwords",
+     "nmt.data.binarize", "nmt.training.monitor", "nmt.training.run", "nmt.training.validation",
+     "nmt.training.resume", "nmt.interop.transformers_export", "nmt.serve.batcher",
+     "nmt.serve.libretranslate", "nmt.serve.schemas", "nmt.serve.service", "nmt.serve.app"},
+    {"nmt.commands"},  # each command's plain function (COMMANDS)
+    {"nmt.cli", "nmt.testing"},  # the entry points; the tests' GPU harness
 ]
-# The commands' modules: none imports another (what two need lives below both).
-COMMANDS = {"nmt.translate", "nmt.train", "nmt.preprocess", "nmt.export", "nmt.importer",
-            "nmt.serve.app"}
+# The commands' plain functions, one module each: none imports another (what two need lives
+# below both).
+COMMANDS = {f"nmt.commands.{c}" for c in ("preprocess", "train", "average", "translate",
+                                          "export", "import_", "serve")}
 # The engines and the CTranslate2 export: none imports another, nor nmt-export's module.
-ENGINES = {"nmt.inference.translator", "nmt.inference.ct2_engine", "nmt.inference.ct2_export"}
+ENGINES = {"nmt.inference.translator", "nmt.inference.ct2_engine", "nmt.interop.ct2_export"}
+# nmt/'s top level: the paper's model and its variants, the config schema, the errors.
+TOP_LEVEL = {"nmt", "nmt.model", "nmt.variants", "nmt.config", "nmt.config_errors",
+             "nmt.errors"}
+PACKAGES = {"nmt.cli", "nmt.commands", "nmt.data", "nmt.inference", "nmt.interop", "nmt.serve",
+            "nmt.system", "nmt.testing", "nmt.training"}
 
 
 def module_name(path: Path) -> str:
@@ -74,8 +87,7 @@ def layer(module: str) -> int:
 
 def test_every_module_has_a_layer_and_imports_none_above_it():
     g = graph()
-    assert [m for m in g if m != "nmt" and m != "nmt.inference" and m != "nmt.serve"
-            and layer(m) < 0] == []
+    assert [m for m in g if m not in TOP_LEVEL | PACKAGES and layer(m) < 0] == []
     upward = [(m, i) for m, deps in g.items() for i in deps
               if layer(m) >= 0 and layer(i) > layer(m)]
     assert upward == []
@@ -104,6 +116,18 @@ def test_the_batcher_needs_neither_fastapi_nor_torch():
     assert not set(loaded) & {"torch", "fastapi", "pydantic", "starlette"}
 
 
+def test_the_top_level_holds_a_handful_of_modules_and_the_packages():
+    """Everything but the paper's model, the config schema and the errors is in a subpackage
+    named for what it is; each command's plain function is in nmt.commands."""
+    top = {module_name(p) for p in NMT.glob("*.py")} | {
+        module_name(p.parent) for p in NMT.glob("*/__init__.py")}
+    assert top == TOP_LEVEL | PACKAGES
+    commands = {module_name(p) for p in (NMT / "commands").glob("*.py")} - {"nmt.commands"}
+    assert commands == COMMANDS
+    entry_points = {p.stem for p in (NMT / "cli").glob("*.py")} - {"__init__"}
+    assert {f"nmt.commands.{e}" for e in entry_points} == COMMANDS
+
+
 def test_no_command_imports_another():
     g = graph()
     assert {(m, i) for m in COMMANDS for i in g[m] if i in COMMANDS} == set()
@@ -111,20 +135,20 @@ def test_no_command_imports_another():
 
 def test_the_engines_and_the_export_do_not_import_each_other():
     g = graph()
-    ct2_export = {"nmt.inference.ct2_export"}
+    ct2_export = {"nmt.interop.ct2_export"}
     allowed = {"nmt.inference.ct2_engine": ct2_export}  # its cache
     assert {(m, i) for m in ENGINES & set(g) for i in g[m]
-            if i in ENGINES | {"nmt.export", "nmt.inference.engine"}
+            if i in ENGINES | {"nmt.commands.export", "nmt.inference.engine"}
             and i not in allowed.get(m, set())} == set()
 
 
 def test_decoding_outside_the_inference_package_goes_through_the_interface():
     """The commands, alignments and plots reach an engine through nmt.inference.engine
-    (nmt-train's validation, nmt.validation, decodes with nmt's own Translator), and
+    (nmt-train's validation, nmt.training.validation, decodes with nmt's own Translator), and
     open_translator is defined there only."""
     g = graph()
     direct = {"nmt.inference.translator", "nmt.inference.ct2_engine"}
-    users = {m for m in g if not m.startswith("nmt.inference") and m != "nmt.validation"}
+    users = {m for m in g if not m.startswith("nmt.inference") and m != "nmt.training.validation"}
     assert {(m, i) for m in users for i in g[m] if i in direct} == set()
     defines = [p for p in NMT.rglob("*.py") if "configs" not in p.parts and any(
         isinstance(node, ast.FunctionDef) and node.name == "open_translator"

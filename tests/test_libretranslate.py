@@ -238,7 +238,7 @@ def test_without_languages_the_api_answers_400_in_its_shape(ckpt):
 def test_a_checkpoint_that_records_its_pair_serves_libretranslate_untold(ckpt, tmp_path):
     """nmt-train records the data's pair: a plain nmt-serve answers /languages and
     /translate with it, and splits sentences (split=auto is sentence)."""
-    from nmt.checkpoint import load_checkpoint, save_checkpoint
+    from nmt.training.checkpoint import load_checkpoint, save_checkpoint
 
     state = load_checkpoint(ckpt)
     state["vocab"]["pair"] = {"src_lang": "en", "tgt_lang": "de"}

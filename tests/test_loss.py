@@ -1,13 +1,13 @@
 """The fused label-smoothed loss against closed forms, the Annotated Transformer's KL form, and
-the readable formulation of nmt/loss.py (value and gradient, one chunk or many, bf16)."""
+the readable formulation of nmt/training/loss.py (value and gradient, one chunk or many, bf16)."""
 
 import math
 
 import pytest
 import torch
 
-import nmt.loss
-from nmt.loss import LabelSmoothedLoss, label_smoothed_nll_loss
+import nmt.training.loss
+from nmt.training.loss import LabelSmoothedLoss, label_smoothed_nll_loss
 
 PAD = 0
 
@@ -74,7 +74,7 @@ def test_equals_the_kl_formulation_up_to_its_constant():
 @pytest.mark.parametrize("chunk_rows", [0, 1, 3])  # 0: one chunk
 def test_fused_loss_matches_the_reference_and_its_gradient(monkeypatch, chunk_rows):
     if chunk_rows:  # the fused loss works chunk_rows rows at a time: 10 rows, 4 or 10 chunks
-        monkeypatch.setattr(nmt.loss, "CHUNK_ELEMENTS", chunk_rows * 11)
+        monkeypatch.setattr(nmt.training.loss, "CHUNK_ELEMENTS", chunk_rows * 11)
     torch.manual_seed(0)
     logits = torch.randn(2, 5, 11, dtype=torch.float64, requires_grad=True)
     target = torch.randint(4, 11, (2, 5))
@@ -93,7 +93,7 @@ def test_fused_loss_matches_the_reference_and_its_gradient(monkeypatch, chunk_ro
 @pytest.mark.parametrize("chunk_rows", [0, 3])
 def test_half_precision_logits_are_scored_in_float32(monkeypatch, chunk_rows):
     if chunk_rows:
-        monkeypatch.setattr(nmt.loss, "CHUNK_ELEMENTS", chunk_rows * 13)
+        monkeypatch.setattr(nmt.training.loss, "CHUNK_ELEMENTS", chunk_rows * 13)
     logits = torch.randn(8, 13, generator=torch.Generator().manual_seed(3))
     target = torch.tensor([5, 6, 7, 8, 9, 10, 11, 12])
     half = logits.bfloat16().requires_grad_()

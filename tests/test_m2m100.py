@@ -21,16 +21,16 @@ import pytest
 import torch
 from translate_helpers import fine_tune_imported, mean_nll, widen
 
-from nmt.checkpoint import load_checkpoint
+from nmt.commands.export import export
+from nmt.commands.import_ import import_model
+from nmt.commands.translate import translate
 from nmt.config import ExportConfig, ImportConfig, SearchConfig, TranslateConfig
+from nmt.data.languages import choose
+from nmt.data.vocab import Vocab
 from nmt.errors import ConfigError, NmtError
-from nmt.export import export
-from nmt.files import read_lines
-from nmt.importer import import_model
 from nmt.inference.translator import Translator
-from nmt.languages import choose
-from nmt.translate import translate
-from nmt.vocab import Vocab
+from nmt.system.files import read_lines
+from nmt.training.checkpoint import load_checkpoint
 
 transformers = pytest.importorskip("transformers")
 sentencepiece = pytest.importorskip("sentencepiece")
@@ -311,9 +311,9 @@ def test_bad_directories_are_one_line(m2m_dir, tmp_path):
 
 @pytest.mark.slow  # over 2 s
 def test_fine_tuning_from_the_imported_checkpoint_lowers_the_loss(m2m_pt, tmp_path):
+    from nmt.commands.import_ import model_overrides
+    from nmt.commands.train import train
     from nmt.config import ModelConfig, TrainConfig, compose, to_object
-    from nmt.importer import model_overrides
-    from nmt.train import train
 
     pairs = [(e, d) for e, d in zip(bundled("train.en")[3000:4000],
                                     bundled("train.de")[3000:4000], strict=True)

@@ -24,19 +24,19 @@ import pytest
 import torch
 from translate_helpers import fine_tune_imported, mean_nll, widen
 
-from nmt.checkpoint import load_checkpoint
+from nmt.commands.export import export
+from nmt.commands.import_ import import_model
 from nmt.config import (
     ExportConfig,
     ImportConfig,
     SearchConfig,
 )
+from nmt.data.languages import choose
 from nmt.errors import ConfigError, NmtError
-from nmt.export import export
-from nmt.files import read_lines
-from nmt.importer import import_model
-from nmt.inference.search import translate_ids
+from nmt.inference.batches import translate_ids
 from nmt.inference.translator import Translator
-from nmt.languages import choose
+from nmt.system.files import read_lines
+from nmt.training.checkpoint import load_checkpoint
 
 transformers = pytest.importorskip("transformers")
 sentencepiece = pytest.importorskip("sentencepiece")

@@ -1,8 +1,8 @@
 """The combinations: engines x model kinds x interfaces x searches, one server per model.
 
 Each cell gives nmt-translate's output with the same engine (fp32: identical text), or is
-refused in one line whose words come from the one capabilities table (nmt.capabilities) and
-are the same in every interface that refuses it, or is n/a: LibreTranslate has no prefix,
+refused in one line whose words come from the one capabilities table (nmt.inference.capabilities)
+and are the same in every interface that refuses it, or is n/a: LibreTranslate has no prefix,
 constraint, MBR or sampling field, its form client (libretranslatepy) sends no alternatives
 (no beam), and a text is split as the server's `split` says. `make test` runs a set of cells
 that holds every pair of values of two dimensions (all pairs); the whole product is
@@ -28,14 +28,14 @@ from test_m2m100 import nllb_dir  # noqa: F401 (a fixture)
 from test_marian import build_marian
 from translate_helpers import tiny_model
 
-from nmt.checkpoint import save_checkpoint
+from nmt.commands.preprocess import preprocess
+from nmt.commands.train import load_vocab
+from nmt.commands.translate import translate
 from nmt.config import PreprocessConfig, TranslateConfig, compose, to_object
-from nmt.data import read_manifest
+from nmt.data.batches import read_manifest
 from nmt.errors import NmtError
-from nmt.files import read_lines
-from nmt.preprocess import preprocess
-from nmt.train import load_vocab
-from nmt.translate import translate
+from nmt.system.files import read_lines
+from nmt.training.checkpoint import save_checkpoint
 
 pytest.importorskip("fastapi")
 pytest.importorskip("ctranslate2")

@@ -15,10 +15,11 @@ from multi_helpers import corpus, multi_overrides, write_raw
 from test_train import config as train_config
 from test_train import same_tensors
 
-from nmt import distributed
-from nmt.checkpoint import load_checkpoint
+from nmt.commands.preprocess import preprocess
+from nmt.commands.train import load_data, train
+from nmt.commands.translate import translate
 from nmt.config import PreprocessConfig, TranslateConfig, compose, to_object
-from nmt.data import (
+from nmt.data.batches import (
     FORMAT,
     ParallelData,
     directions,
@@ -26,11 +27,10 @@ from nmt.data import (
     temperature_weights,
     training_corpora,
 )
+from nmt.data.tokenizer import Tokenizer
 from nmt.errors import ConfigError, NmtError
-from nmt.preprocess import preprocess
-from nmt.tokenizer import Tokenizer
-from nmt.train import load_data, train
-from nmt.translate import translate
+from nmt.training import distributed
+from nmt.training.checkpoint import load_checkpoint
 
 LANGS = ("de", "en", "fr")
 

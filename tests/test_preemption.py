@@ -14,13 +14,13 @@ import pytest
 from test_faults import ENV, FAULTY, TINY, torchrun
 from test_train import config, same_tensors
 
-import nmt.train
-import nmt.validation
-from nmt.checkpoint import load_checkpoint
+import nmt.commands.train
+import nmt.training.validation
 from nmt.cli import cli_errors
+from nmt.commands.train import train
 from nmt.errors import NmtError
-from nmt.preemption import Preempted, Preemption, restore_handler
-from nmt.train import train
+from nmt.training.checkpoint import load_checkpoint
+from nmt.training.preemption import Preempted, Preemption, restore_handler
 
 OPTS = ("train.valid_interval_updates=3", "train.save_interval_updates=100",
         "train.ema_decay=0.9", "model.dropout=0.1")
@@ -28,7 +28,7 @@ OPTS = ("train.valid_interval_updates=3", "train.save_interval_updates=100",
 
 def signal_in_update(monkeypatch, update: int, sig: signal.Signals) -> None:
     """This process sends itself `sig` during the forward pass of `update`."""
-    real, calls = nmt.train.batch_loss, []
+    real, calls = nmt.commands.train.batch_loss, []
 
     def batch_loss(*args, **kwargs):
         calls.append(1)
@@ -36,7 +36,7 @@ def signal_in_update(monkeypatch, update: int, sig: signal.Signals) -> None:
             os.kill(os.getpid(), sig)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(nmt.train, "batch_loss", batch_loss)
+    monkeypatch.setattr(nmt.commands.train, "batch_loss", batch_loss)
 
 
 def validated_updates(run) -> list[int]:
@@ -141,14 +141,14 @@ def test_on_a_gpu_too_a_signal_is_read_before_the_validation(tiny_data_dir, tmp_
                                                              monkeypatch):
     """A GPU reads the update's statistics (and their stop flags) every log_interval updates
     only: the ranks still agree on signals before a validation, which a signal then skips."""
-    real_build = nmt.train.build_run
+    real_build = nmt.commands.train.build_run
 
     def gpu_like(*args):
         run = real_build(*args)
         run.check_every = 100  # train.log_interval=100 on a GPU
         return run
 
-    monkeypatch.setattr(nmt.train, "build_run", gpu_like)
+    monkeypatch.setattr(nmt.commands.train, "build_run", gpu_like)
     signal_in_update(monkeypatch, 2, signal.SIGTERM)
     with pytest.raises(Preempted, match="after update 3;"):
         train(config(tiny_data_dir, tmp_path / "run", "train.max_updates=8", *OPTS))
@@ -156,8 +156,8 @@ def test_on_a_gpu_too_a_signal_is_read_before_the_validation(tiny_data_dir, tmp_
     assert validated_updates(tmp_path / "run") == []
 
 
-@pytest.mark.parametrize("module, during, handler", [(nmt.validation, "validate", False),
-                                                     (nmt.train, "save", True)],
+@pytest.mark.parametrize("module, during, handler", [(nmt.training.validation, "validate", False),
+                                                     (nmt.commands.train, "save", True)],
                          ids=["validate", "save"])
 def test_a_signal_during_the_last_validation_or_save_leaves_a_finished_run_finished(
         tiny_data_dir, tmp_path, monkeypatch, module, during, handler):

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from nmt import cleaning
-from nmt import preprocess as pp
+from nmt.commands import preprocess as pp
 from nmt.config import PreprocessConfig, compose, to_object
-from nmt.data import ParallelData, read_manifest
+from nmt.data import cleaning
+from nmt.data.batches import ParallelData, read_manifest
+from nmt.data.tokenizer import Tokenizer, vocab_sha256
 from nmt.errors import NmtError
-from nmt.tokenizer import Tokenizer, vocab_sha256
 
 LEXICON = {"open": "öffnen", "save": "speichern", "file": "Datei", "edit": "bearbeiten",
            "view": "Ansicht", "help": "Hilfe", "close": "schließen", "print": "drucken",
@@ -141,7 +141,7 @@ def test_tsv_input_matches_text_input(corpus, tmp_path):
 
 
 def test_compressed_inputs_give_the_same_data_directory(corpus, tmp_path):
-    from nmt.files import DECOMPRESS
+    from nmt.system.files import DECOMPRESS
 
     def pack(path: str, suffix: str) -> None:
         with DECOMPRESS[suffix](path + suffix, "wb") as f:
@@ -300,7 +300,7 @@ def test_a_reused_vocabulary_must_have_the_tags(corpus, corpora_dir, tmp_path):
 
 
 def test_keep_text_keeps_the_kept_training_text(corpus, tmp_path):
-    from nmt.data import TokenArray
+    from nmt.data.batches import TokenArray
 
     long_pair = ("open " * 300, "öffnen " * 300)  # dropped: too long
     train = write_text(tmp_path / "raw" / "long", toy_pairs(300, 0)[:5] + [long_pair])

@@ -1,4 +1,4 @@
-"""nmt.private_ops: the private PyTorch operators nmt keeps are all there (a torch upgrade
+"""nmt.system.private_ops: the private PyTorch operators nmt keeps are all there (a torch upgrade
 that drops one fails here, instead of decoding silently slower), and no other module of nmt
 calls a private operator (but the GPU simulation harness nmt.testing.gpu_sim, which stands in for
 torch's CUDA kernels and checks its internals itself)."""
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt import private_ops
-from nmt.inference.fast import packing_works
+from nmt.inference.fast_model import packing_works
+from nmt.system import private_ops
 
 pytestmark = pytest.mark.isa
 
@@ -28,7 +28,7 @@ def test_every_private_operator_nmt_keeps_is_present():
 
 def test_a_fused_optimizer_still_says_it_skips_on_the_device():
     """The private flag of a fused Adam (what GradScaler reads): without it nmt-train's update
-    would read the device on every step (nmt.train.optimizer_step)."""
+    would read the device on every step (nmt.commands.train.optimizer_step)."""
     params = [torch.nn.Parameter(torch.zeros(2))]
     assert private_ops.skips_on_the_device(torch.optim.Adam(params, fused=True))
     assert not private_ops.skips_on_the_device(torch.optim.Adam(params))

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from nmt.checkpoint import save_checkpoint
 from nmt.config import AverageConfig, PreprocessConfig, TrainConfig, TranslateConfig, to_object
-from nmt.schedule import noam_lr
+from nmt.training.checkpoint import save_checkpoint
+from nmt.training.schedule import noam_lr
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMAS = {"preprocess": PreprocessConfig, "train": TrainConfig, "average": AverageConfig,

@@ -1,5 +1,5 @@
-"""nmt.runtime: the one device picker of every command, the usable cores, glibc malloc tuning,
-whether the CPU computes bf16 natively."""
+"""nmt.system.runtime: the one device picker of every command, the usable cores, glibc malloc
+tuning, whether the CPU computes bf16 natively."""
 
 import ctypes
 import os
@@ -10,9 +10,9 @@ from unittest import mock
 import pytest
 import torch
 
-from nmt import distributed, runtime
 from nmt.errors import NmtError
-from nmt.runtime import (
+from nmt.system import runtime
+from nmt.system.runtime import (
     IDEEP_CACHE_CAPACITY,
     ONEDNN_CACHE_CAPACITY,
     cap_onednn_cache,
@@ -22,6 +22,7 @@ from nmt.runtime import (
     release_freed_memory,
     usable_cores,
 )
+from nmt.training import distributed
 
 
 def test_pick_device_without_cuda(monkeypatch):
@@ -96,7 +97,7 @@ def test_the_onednn_caches_are_capped_unless_the_environment_sets_them(monkeypat
 # token-bucket batches bring); prints the growth of malloc's in-use bytes in MB
 GROWTH = """
 import ctypes, random, torch
-from nmt.runtime import cap_onednn_cache
+from nmt.system.runtime import cap_onednn_cache
 cap_onednn_cache()
 class Info(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena ordblks smblks hblks hblkhd usmblks "
@@ -176,7 +177,7 @@ def test_bf16_decoding_on_a_cpu_that_emulates_it_warns_once(ckpts, monkeypatch, 
     monkeypatch.setattr(runtime, "cpu_bf16", lambda: runtime.CpuBf16(False, "bf16 is emulated"))
     for dtype, warnings in (("fp32", 0), ("bf16", 1)):
         caplog.clear()
-        with caplog.at_level("WARNING", logger="nmt.runtime"):
+        with caplog.at_level("WARNING", logger="nmt.system.runtime"):
             open_translator("nmt", [str(ckpts[0])], torch.device("cpu"), dtype=dtype).close()
         lines = [r.getMessage() for r in caplog.records]
         assert len(lines) == warnings and all("search.dtype=bf16" in x for x in lines)

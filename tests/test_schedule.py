@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nmt.config import OptimConfig
-from nmt.schedule import (
+from nmt.training.schedule import (
     NoamSchedule,
     build_optimizer,
     cooldown_factor,
@@ -57,7 +57,7 @@ def test_the_tensor_schedule_is_the_closed_form(step):
 def test_a_skipped_update_leaves_the_rate_where_it_was(fused):
     """Updates skipped on the device (fused: Adam told through found_inf, as on a GPU) are not
     counted: the rate of the next update is noam_lr(applied + 1), as Adam's step count."""
-    from nmt.train import optimizer_step
+    from nmt.commands.train import optimizer_step
 
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, fused=fused)

@@ -1,5 +1,5 @@
 """Scoring options: sacreBLEU's tokenizer and several references, in nmt-translate and in
-validation, through the one scorer nmt.scoring.score."""
+validation, through the one scorer nmt.inference.scoring.score."""
 
 import shutil
 from pathlib import Path
@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 from translate_helpers import save_tiny_checkpoint, translate_config
 
-import nmt.distributed
-import nmt.validation
+import nmt.training.distributed
+import nmt.training.validation
+from nmt.commands.train import build_run, load_data
+from nmt.commands.translate import translate
 from nmt.config import TrainConfig, TranslateConfig, compose, to_object
 from nmt.errors import ConfigError, NmtError
-from nmt.scoring import bleu_tokenize_error, score
-from nmt.train import build_run, load_data
-from nmt.translate import translate
-from nmt.validation import valid_bleu
+from nmt.inference.scoring import bleu_tokenize_error, score
+from nmt.training.validation import valid_bleu
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -118,12 +118,12 @@ def test_validation_scores_every_reference_with_the_tokenizer(tiny_data_dir, tmp
         calls.append((hypotheses, references, tokenize))
         return {"bleu": 1.0, "chrf": 2.0}
 
-    monkeypatch.setattr(nmt.validation, "score", spy)
+    monkeypatch.setattr(nmt.training.validation, "score", spy)
     closed = []
-    real_close = nmt.validation.Translator.close
-    monkeypatch.setattr(nmt.validation.Translator, "close",
+    real_close = nmt.training.validation.Translator.close
+    monkeypatch.setattr(nmt.training.validation.Translator, "close",
                         lambda self: closed.append(self) or real_close(self))
-    env = nmt.distributed.init("cpu")
+    env = nmt.training.distributed.init("cpu")
     run = build_run(cfg, env, load_data(cfg, env))
     result = valid_bleu(run, run.model)
     assert len(closed) == 1  # its workers stopped: not one pool more at every validation
@@ -140,6 +140,6 @@ def test_a_short_valid_reference_fails_before_training(tiny_data_dir, tmp_path):
     cfg = train_cfg(tiny_data_dir, tmp_path / "run", "train.valid_bleu=true",
                     f"train.valid_refs=[{short}]")
     with pytest.raises(NmtError, match=f"^{short}: 1 reference lines but 40 valid pairs$"):
-        load_data(cfg, nmt.distributed.init("cpu"))
+        load_data(cfg, nmt.training.distributed.init("cpu"))
     with pytest.raises(ConfigError, match="train.valid_refs: needs train.valid_bleu=true"):
         train_cfg(tiny_data_dir, tmp_path / "run", f"train.valid_refs=[{short}]")

@@ -16,8 +16,9 @@ from translate_helpers import (
 
 import nmt.inference.translator
 from nmt.config import SearchConfig
+from nmt.data.tokenizer import Specials
 from nmt.errors import ConfigError, NmtError
-from nmt.inference.search import (
+from nmt.inference.batches import (
     Hypothesis,
     length_penalty,
     pad_batch,
@@ -26,7 +27,6 @@ from nmt.inference.search import (
     translate_ids,
     translate_nbest,
 )
-from nmt.tokenizer import Specials
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -23,16 +23,17 @@ import torch
 from conftest import make_data_dir
 from translate_helpers import save_tiny_checkpoint
 
+from nmt.commands.translate import translate
 from nmt.config import MbrConfig, SearchConfig, ServeConfig, TranslateConfig, compose, to_object
 from nmt.errors import ConfigError, NmtError
 from nmt.inference.engine import open_translator
 from nmt.inference.messages import Batch, Done, Failed, Hypothesis, Sentence
 from nmt.inference.translator import Translator
-from nmt.translate import translate
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
-from nmt.serve.app import create_app, open_socket, serve  # noqa: E402
+from nmt.commands.serve import open_socket, serve  # noqa: E402
+from nmt.serve.app import create_app  # noqa: E402
 from nmt.serve.batcher import Admission, Batcher, BatcherStopped, QueueFull  # noqa: E402
 from nmt.serve.service import Service  # noqa: E402
 
@@ -413,8 +414,8 @@ def test_the_model_is_prepared_once_before_the_workers_fork(ckpt, monkeypatch, t
     """nmt-serve's Translator prepares search.dtype's model once, in this process, then forks
     its 2 workers, which decode with that copy (none prepares again); another dtype is
     prepared once more where it is used."""
-    import nmt.inference.search
-    from nmt.inference.fast import FastModel
+    import nmt.inference.batches
+    from nmt.inference.fast_model import FastModel
 
     built = []
 
@@ -423,7 +424,7 @@ def test_the_model_is_prepared_once_before_the_workers_fork(ckpt, monkeypatch, t
             built.append(args)
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(nmt.inference.search, "FastModel", Counted)
+    monkeypatch.setattr(nmt.inference.batches, "FastModel", Counted)
     search = SearchConfig(beam_size=2, max_len_b=4)
     with Translator.load(ckpt, dtype="fp32", workers=2) as translator:
         assert len(built) == 1 and translator.preparations == 1
@@ -862,7 +863,7 @@ def test_the_shortlist_is_a_setting_of_the_continuous_server(ckpt, tiny_data_dir
                                                              tmp_path):
     """Each sentence decodes over its own shortlist: nmt-translate's batches of one."""
     from nmt.config import ShortlistConfig
-    from nmt.shortlist import write_shortlist
+    from nmt.inference.shortlist import write_shortlist
 
     path = write_shortlist(tiny_data_dir, ShortlistConfig(k=5, frequent=10), tmp_path / "s.pt")
     srv = InProcess(ckpt, "continuous=true", f"search.shortlist={path}")

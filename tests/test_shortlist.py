@@ -1,5 +1,5 @@
-"""The lexical shortlist (nmt.shortlist, search.shortlist): built from co-occurrence counts,
-decoding restricted to a batch's candidates, refused for another vocabulary, and exported as
+"""The lexical shortlist (nmt.inference.shortlist, search.shortlist): built from co-occurrence
+counts, decoding restricted to a batch's candidates, refused for another vocabulary, and exported as
 CTranslate2's vocabulary map."""
 
 import tracemalloc
@@ -13,16 +13,22 @@ from conftest import write_token_array
 from translate_helpers import random_sources, save_tiny_checkpoint, search, tiny_model, tokens
 
 import nmt.inference.core
-import nmt.shortlist
+import nmt.inference.shortlist
+from nmt.commands.preprocess import preprocess
 from nmt.config import BpeConfig, PreprocessConfig, ShortlistConfig
-from nmt.data import ParallelData, TokenArray, read_manifest
+from nmt.data.batches import ParallelData, TokenArray, read_manifest
+from nmt.data.tokenizer import EOS_ID, SPECIALS
 from nmt.errors import NmtError
+from nmt.inference.batches import translate_nbest
 from nmt.inference.engine import open_translator
-from nmt.inference.search import translate_nbest
+from nmt.inference.shortlist import (
+    Shortlist,
+    build_shortlist,
+    load_shortlist,
+    vmap_text,
+    write_shortlist,
+)
 from nmt.inference.translator import Translator
-from nmt.preprocess import preprocess
-from nmt.shortlist import Shortlist, build_shortlist, load_shortlist, vmap_text, write_shortlist
-from nmt.tokenizer import EOS_ID, SPECIALS
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.isa]  # int8 columns
 V = 40  # the random models' vocabulary
@@ -70,9 +76,10 @@ def test_counts_in_chunks_are_a_plain_count(tmp_path, monkeypatch):
     pairs = [(rng.integers(0, 30, rng.integers(0, 25)).tolist(),  # repeats, empty sentences
               rng.integers(0, 20, rng.integers(0, 25)).tolist()) for _ in range(80)]
     pairs.append((list(range(30)), list(range(20))))  # longer than a chunk: a chunk alone
-    monkeypatch.setattr(nmt.shortlist, "CHUNK", 7)  # lengths read 7 pairs at a time
-    monkeypatch.setattr(nmt.shortlist, "PRODUCTS", 60)  # some pairs a chunk, some alone
-    counts, c_src, c_tgt = nmt.shortlist.cooccurrence(*token_arrays(tmp_path, pairs), 30, 20)
+    monkeypatch.setattr(nmt.inference.shortlist, "CHUNK", 7)  # lengths read 7 pairs at a time
+    monkeypatch.setattr(nmt.inference.shortlist, "PRODUCTS", 60)  # some pairs a chunk, some alone
+    counts, c_src, c_tgt = nmt.inference.shortlist.cooccurrence(*token_arrays(tmp_path, pairs),
+                                                                30, 20)
     want, want_s, want_t = Counter(), Counter(), Counter()
     for src, tgt in pairs:
         want.update((s, t) for s in set(src) for t in set(tgt))
@@ -91,12 +98,12 @@ def test_the_peak_memory_of_the_build_is_bounded_on_long_pairs(tmp_path):
     src, tgt = token_arrays(tmp_path, pairs)
     tracemalloc.start()
     try:
-        counts, _, _ = nmt.shortlist.cooccurrence(src, tgt, V, V)
+        counts, _, _ = nmt.inference.shortlist.cooccurrence(src, tgt, V, V)
         peak = tracemalloc.get_traced_memory()[1] - counts.nbytes
     finally:
         tracemalloc.stop()
     assert int(counts.sum()) == n * pieces * pieces
-    assert peak < 48 * nmt.shortlist.PRODUCTS  # bytes (all 4M products at once: 128 MiB)
+    assert peak < 48 * nmt.inference.shortlist.PRODUCTS  # bytes (all 4M products at once: 128 MiB)
 
 
 def shortlist_file(path: Path, table: torch.Tensor, always: list[int], vocab: int = V,
@@ -235,8 +242,8 @@ def test_preprocess_writes_the_shortlist_of_its_training_pairs(tmp_path, tiny_da
 
 def test_the_vocabulary_map_holds_the_shortlist_and_ctranslate2_uses_it(tmp_path, tiny_data_dir):
     pytest.importorskip("ctranslate2")
+    from nmt.commands.export import export
     from nmt.config import ExportConfig
-    from nmt.export import export
     from nmt.inference.ct2_engine import CT2Translator
 
     ckpt = save_tiny_checkpoint(tmp_path / "ckpt.pt", (tiny_data_dir / "spm.model").read_bytes())

@@ -1,4 +1,4 @@
-"""nmt.stopping: the named reasons of nmt-train's stop, their order (a finished run stays
+"""nmt.training.stopping: the named reasons of nmt-train's stop, their order (a finished run stays
 finished when a signal comes too), and the timed cooldown's start taken once."""
 
 import math
@@ -7,8 +7,8 @@ import signal
 import torch
 from test_train import config
 
-from nmt.preemption import Preemption
-from nmt.stopping import NO_FLAGS, Stop, Stopping
+from nmt.training.preemption import Preemption
+from nmt.training.stopping import NO_FLAGS, Stop, Stopping
 
 
 def stopping(tmp_path, *overrides, timed_cooldown=False) -> Stopping:

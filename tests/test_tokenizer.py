@@ -7,8 +7,7 @@ import random
 import pytest
 import sentencepiece as spm
 
-from nmt.errors import NmtError
-from nmt.tokenizer import (
+from nmt.data.tokenizer import (
     BOS_ID,
     EOS_ID,
     PAD_ID,
@@ -18,6 +17,7 @@ from nmt.tokenizer import (
     train_bpe,
     vocab_sha256,
 )
+from nmt.errors import NmtError
 
 WORDS = ("open save file edit view help close print copy paste find replace undo redo select "
          "window tab menu tool option setting error warning user name password folder").split()
@@ -165,7 +165,7 @@ def test_bpe_dropout_is_the_same_in_another_process(tok, tmp_path):
     import sys
 
     (tmp_path / "spm.model").write_bytes(tok.proto)
-    code = ("import sys; from nmt.tokenizer import Tokenizer; "
+    code = ("import sys; from nmt.data.tokenizer import Tokenizer; "
             "t = Tokenizer.from_file(sys.argv[1]); "
             "print(t.sample(['open the file', 'save the window as'] * 20, 0.2, 123))")
     runs = [subprocess.run([sys.executable, "-c", code, str(tmp_path / "spm.model")],

@@ -13,18 +13,18 @@ import torch
 from conftest import make_corpora_dir, make_data_dir
 from omegaconf import OmegaConf
 
-import nmt.runtime
-import nmt.stopping
-import nmt.train
-import nmt.training_run
-import nmt.validation
-from nmt import distributed
-from nmt.checkpoint import load_checkpoint
+import nmt.commands.train
+import nmt.system.runtime
+import nmt.training.run
+import nmt.training.stopping
+import nmt.training.validation
+from nmt.commands.train import load_data, train
 from nmt.config import TrainConfig, compose, to_object
+from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NmtError
 from nmt.model import make_model
-from nmt.tokenizer import Tokenizer
-from nmt.train import load_data, train
+from nmt.training import distributed
+from nmt.training.checkpoint import load_checkpoint
 
 TINY = ["model.N=1", "model.d_model=32", "model.d_ff=64", "model.h=4", "train.threads=1",
         "train.max_tokens=256", "train.log_interval=2"]
@@ -118,19 +118,19 @@ def test_resume_with_another_vocabulary_is_an_error(tiny_data_dir, tmp_path):
 
 
 def test_nonfinite_losses_are_skipped_then_stop_the_run(tiny_data_dir, tmp_path, monkeypatch):
-    real, calls = nmt.train.batch_loss, []
+    real, calls = nmt.commands.train.batch_loss, []
 
     def flaky(*args, **kwargs):
         loss, nll = real(*args, **kwargs)
         calls.append(1)
         return (loss * float("nan"), nll) if len(calls) in (2, 3) else (loss, nll)
 
-    monkeypatch.setattr(nmt.train, "batch_loss", flaky)
+    monkeypatch.setattr(nmt.commands.train, "batch_loss", flaky)
     out = train(config(tiny_data_dir, tmp_path / "a", "train.max_updates=5",
                        "train.valid_interval_updates=100"))
     assert out["update"] == 5 and out["nonfinite"] == 2
-    monkeypatch.setattr(nmt.train, "batch_loss", lambda *a, **k: (real(*a, **k)[0] * np.inf,
-                                                                 real(*a, **k)[1]))
+    monkeypatch.setattr(nmt.commands.train, "batch_loss",
+                        lambda *a, **k: (real(*a, **k)[0] * np.inf, real(*a, **k)[1]))
     with pytest.raises(NmtError, match="3 consecutive non-finite losses"):
         train(config(tiny_data_dir, tmp_path / "b", "train.max_updates=5",
                      "train.max_nonfinite=3"))
@@ -140,7 +140,7 @@ def test_a_skipped_update_moves_nothing(tiny_data_dir, tmp_path, monkeypatch):
     """A non-finite update counts for update and max_updates, as train.max_updates' doc
     says, but leaves the weights, Adam's state, the EMA and the learning-rate schedule as
     they were; the next update applies normally."""
-    real, calls = nmt.train.batch_loss, []
+    real, calls = nmt.commands.train.batch_loss, []
 
     def nan_in_update_3(*args, **kwargs):
         loss, nll = real(*args, **kwargs)
@@ -149,7 +149,7 @@ def test_a_skipped_update_moves_nothing(tiny_data_dir, tmp_path, monkeypatch):
 
     opts = ("train.valid_interval_updates=100", "train.ema_decay=0.9",
             "train.save_interval_updates=1", "train.keep_last=0")
-    monkeypatch.setattr(nmt.train, "batch_loss", nan_in_update_3)
+    monkeypatch.setattr(nmt.commands.train, "batch_loss", nan_in_update_3)
     out = train(config(tiny_data_dir, tmp_path / "run", "train.max_updates=4", *opts))
     assert out["update"] == 4 and out["nonfinite"] == 1
     two, three, four = (load_checkpoint(tmp_path / f"run/checkpoint_{u}.pt") for u in (2, 3, 4))
@@ -165,7 +165,7 @@ def test_a_skipped_update_moves_nothing(tiny_data_dir, tmp_path, monkeypatch):
 def skip_update(monkeypatch, skipped: set[int]) -> None:
     """Inject inf gradients (the loss stays finite, as in an fp16 overflow) into the updates
     numbered in `skipped`, whatever run, resumed or not, makes them."""
-    real_step, real_norm = nmt.train.train_step, nmt.train.normalise_gradients
+    real_step, real_norm = nmt.commands.train.train_step, nmt.commands.train.normalise_gradients
 
     def inf_gradients(params, *args, **kwargs):
         params[0].grad.fill_(math.inf)
@@ -174,10 +174,10 @@ def skip_update(monkeypatch, skipped: set[int]) -> None:
     def train_step(run, *args, **kwargs):
         with monkeypatch.context() as m:
             if run.update + 1 in skipped:
-                m.setattr(nmt.train, "normalise_gradients", inf_gradients)
+                m.setattr(nmt.commands.train, "normalise_gradients", inf_gradients)
             return real_step(run, *args, **kwargs)
 
-    monkeypatch.setattr(nmt.train, "train_step", train_step)
+    monkeypatch.setattr(nmt.commands.train, "train_step", train_step)
 
 
 def test_a_skipped_update_leaves_the_schedule_and_resumes_bitwise(tiny_data_dir, tmp_path,
@@ -185,7 +185,7 @@ def test_a_skipped_update_leaves_the_schedule_and_resumes_bitwise(tiny_data_dir,
     """Update 2's inf gradients skip it: it counts for max_updates (6 done) but not for the
     learning rate, which after 6 updates is noam_lr(6) (5 applied), as Adam's step count.
     Interrupted after the skip and resumed, the run ends bitwise as the straight one."""
-    from nmt.schedule import noam_lr
+    from nmt.training.schedule import noam_lr
 
     skip_update(monkeypatch, {2})
     opts = ["train.save_interval_updates=3", "train.valid_interval_updates=100",
@@ -211,12 +211,12 @@ def test_a_cooldown_of_max_updates_ends_at_rate_zero_and_resumes_bitwise(tiny_da
     """optim.cooldown=0.5 of 12 updates: the rate falls over updates 7-12 and is 0 after the
     last; a run killed at update 9 (checkpoint at 5) and resumed ends bitwise as the straight
     one."""
-    from nmt.schedule import cooldown_factor, noam_lr
+    from nmt.training.schedule import cooldown_factor, noam_lr
 
     opts = ["train.max_updates=12", "optim.cooldown=0.5", "train.save_interval_updates=5",
             "train.valid_interval_updates=100"]
     train(config(tiny_data_dir, tmp_path / "straight", *opts))
-    real_step = nmt.train.train_step
+    real_step = nmt.commands.train.train_step
 
     def crash_at_9(run, *args, **kwargs):
         if run.update + 1 == 9:
@@ -224,7 +224,7 @@ def test_a_cooldown_of_max_updates_ends_at_rate_zero_and_resumes_bitwise(tiny_da
         return real_step(run, *args, **kwargs)
 
     with monkeypatch.context() as m:
-        m.setattr(nmt.train, "train_step", crash_at_9)
+        m.setattr(nmt.commands.train, "train_step", crash_at_9)
         with pytest.raises(RuntimeError, match="killed"):
             train(config(tiny_data_dir, tmp_path / "resumed", *opts))
     train(config(tiny_data_dir, tmp_path / "resumed", *opts))
@@ -254,15 +254,15 @@ def test_a_timed_cooldown_starts_at_its_share_of_the_time(tiny_data_dir, tmp_pat
         def monotonic() -> float:
             return clock["now"]
 
-    real_step = nmt.train.train_step
+    real_step = nmt.commands.train.train_step
 
     def ticking_step(*args, **kwargs):
         out = real_step(*args, **kwargs)
         clock["now"] += 1.0
         return out
 
-    monkeypatch.setattr(nmt.stopping, "time", Clock)  # the deadline's and the cooldown's clock
-    monkeypatch.setattr(nmt.train, "train_step", ticking_step)
+    monkeypatch.setattr(nmt.training.stopping, "time", Clock)  # the deadline's, the cooldown's
+    monkeypatch.setattr(nmt.commands.train, "train_step", ticking_step)
     out = train(config(tiny_data_dir, tmp_path / "run", "train.max_minutes=0.2",
                        "optim.cooldown=0.25", "train.valid_interval_updates=100"))
     assert out["update"] == 13 and "cooldown" in out["reason"], out
@@ -273,7 +273,7 @@ def test_a_timed_cooldown_starts_at_its_share_of_the_time(tiny_data_dir, tmp_pat
 
 def test_early_stopping_with_patience(tiny_data_dir, tmp_path, monkeypatch):
     losses = iter([3.0, 2.0, 2.5, 2.1, 1.0, 0.5])
-    monkeypatch.setattr(nmt.validation, "validate",
+    monkeypatch.setattr(nmt.training.validation, "validate",
                         lambda run: {"loss": next(losses), "nll": 1.0, "ppl": 2.7})
     out = train(config(tiny_data_dir, tmp_path / "run", "train.max_updates=100",
                        "train.valid_interval_updates=1", "train.patience=2"))
@@ -297,7 +297,7 @@ def test_with_an_ema_validation_and_the_best_checkpoint_judge_the_ema(tiny_data_
         return {"loss": next(scripted[which]), "nll": 1.0, "ppl": 2.7, "tokens": 1,
                 "skipped": 0}
 
-    monkeypatch.setattr(nmt.validation, "valid_loss", valid_loss)
+    monkeypatch.setattr(nmt.training.validation, "valid_loss", valid_loss)
     out = train(config(tiny_data_dir, tmp_path / "run", "train.max_updates=3",
                        "train.valid_interval_updates=1", "train.ema_decay=0.9"))
     assert seen == ["ema", "model"] * 3 and out["best"] == 1.0
@@ -312,7 +312,7 @@ def direct_valid_loss(data_dir: Path, path: Path, weights: str, smoothing: float
     computed here: the model's forward pass and the loss over every valid batch."""
     import contextlib
 
-    from nmt.data import EpochBatchIterator, ParallelData
+    from nmt.data.batches import EpochBatchIterator, ParallelData
     from nmt.inference.translator import Translator
 
     model = Translator.load(path, weights=weights, dtype=None).model.eval()
@@ -321,7 +321,7 @@ def direct_valid_loss(data_dir: Path, path: Path, weights: str, smoothing: float
     with torch.no_grad():
         for _, batch in EpochBatchIterator(ParallelData(data_dir, "valid"), 10_000, 1, pad,
                                            shuffle=False, lockstep=False):
-            total += nmt.training_run.batch_loss(model, batch, smoothing, pad,
+            total += nmt.training.run.batch_loss(model, batch, smoothing, pad,
                                                  contextlib.nullcontext)[0].item()
             tokens += batch.tgt_tokens
     return total / tokens
@@ -357,7 +357,7 @@ def test_valid_bleu_is_the_emas(tiny_data_dir, tmp_path, monkeypatch):
         scored.append(model is run.ema)
         return {"bleu": 1.0, "chrf": 1.0, "bleu_sentences": 1}
 
-    monkeypatch.setattr(nmt.validation, "valid_bleu", valid_bleu)
+    monkeypatch.setattr(nmt.training.validation, "valid_bleu", valid_bleu)
     train(config(tiny_data_dir, tmp_path / "run", "train.max_updates=2", "train.ema_decay=0.9",
                  "train.valid_interval_updates=1", "train.valid_bleu=true"))
     assert scored == [True, True]
@@ -401,7 +401,7 @@ def test_outputs_and_a_self_contained_checkpoint(tiny_data_dir, tmp_path):
 def lengths_data(tmp_path: Path, n: int = 30_000):
     """A train split (ParallelData) of n random pairs of 1-60 tokens (ids do not matter for
     batching)."""
-    from nmt.data import ParallelData, TokenArrayWriter
+    from nmt.data.batches import ParallelData, TokenArrayWriter
 
     rng = np.random.default_rng(0)
     counts = {"pairs": n}
@@ -418,9 +418,9 @@ def lengths_data(tmp_path: Path, n: int = 30_000):
 def tokens_per_update(data, global_tokens: int, world_size: int) -> list[int]:
     """Target tokens of each full update of epoch 1, every rank's share summed, as train()
     takes them: each rank's own iterator, batches_in_update batches per rank and update."""
+    from nmt.commands.train import batches_in_update, update_frequency
     from nmt.config import TrainLoopConfig
-    from nmt.data import EpochBatchIterator
-    from nmt.train import batches_in_update, update_frequency
+    from nmt.data.batches import EpochBatchIterator
 
     ranks = [EpochBatchIterator(data, 512, 1, 0, rank=r, world_size=world_size)
              for r in range(world_size)]
@@ -446,9 +446,9 @@ def test_global_tokens_is_within_10_percent_on_any_number_of_ranks(tmp_path, wor
 
 
 def test_global_tokens_that_one_batch_per_rank_overshoots_is_a_one_line_error(tmp_path):
+    from nmt.commands.train import update_frequency
     from nmt.config import TrainLoopConfig
-    from nmt.data import EpochBatchIterator
-    from nmt.train import update_frequency
+    from nmt.data.batches import EpochBatchIterator
 
     itr = EpochBatchIterator(lengths_data(tmp_path), 512, 1, 0, rank=0, world_size=16)
     per_batch = itr.tgt_len[np.concatenate(itr.global_batches(1))].sum() / len(
@@ -465,7 +465,7 @@ def test_global_tokens_that_one_batch_per_rank_overshoots_is_a_one_line_error(tm
 def test_batches_in_update_takes_a_fraction_on_average():
     from fractions import Fraction
 
-    from nmt.train import batches_in_update
+    from nmt.commands.train import batches_in_update
 
     assert [batches_in_update(Fraction(3), u) for u in range(4)] == [3, 3, 3, 3]
     taken = [batches_in_update(Fraction(7, 3), u) for u in range(9)]
@@ -507,7 +507,7 @@ def test_data_settings_that_do_not_fit_the_directory_are_one_line_errors(
         tiny_data_dir, corpora_dir, tmp_path):
     import shutil
 
-    from nmt.data import read_manifest, verify_data_dir
+    from nmt.data.batches import read_manifest, verify_data_dir
 
     cases = [(corpora_dir, "train.corpus_weights=[1]",
               r"train.corpus_weights: 1 weight\(s\) for the 2 corpora of .* \(real, bt\)"),
@@ -541,7 +541,7 @@ def test_corpus_weights_override_the_manifests(corpora_dir, tmp_path):
 
 
 def test_normalise_gradients_divides_then_clips():
-    from nmt.train import normalise_gradients
+    from nmt.commands.train import normalise_gradients
 
     p = with_grads(torch.full((3,), 4.0), torch.full((4,), 3.0))  # |g| = sqrt(48 + 36)
     norm = normalise_gradients(p, 2.0, clip_norm=0.0)
@@ -613,7 +613,7 @@ def test_no_matplotlib_no_curves_and_one_info_line(tiny_data_dir, tmp_path, monk
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "matplotlib" else real(name, *a))
-    with caplog.at_level("INFO", logger="nmt.train"):
+    with caplog.at_level("INFO", logger="nmt.commands.train"):
         train(config(tiny_data_dir, tmp_path / "run", "train.max_updates=2"))
     assert not (tmp_path / "run/curves.png").exists()
     assert [r.message for r in caplog.records].count(
@@ -630,8 +630,8 @@ def test_an_unwritable_run_dir_is_a_one_line_error_up_front(tiny_data_dir, tmp_p
 
 # ----------------------------------------------------------------------------- seeds, amp
 def test_seeds_up_to_2_63_work_and_negative_ones_are_config_errors(tiny_data_dir, tmp_path):
+    from nmt.commands.train import micro_batch_seed
     from nmt.errors import ConfigError
-    from nmt.train import micro_batch_seed
 
     assert 0 <= micro_batch_seed(2 ** 63 - 1, 10 ** 6, 10 ** 8) < 2 ** 64
     seeds = {micro_batch_seed(18447, e, i) for e in (1, 2, 3) for i in range(1000)}
@@ -644,7 +644,7 @@ def test_seeds_up_to_2_63_work_and_negative_ones_are_config_errors(tiny_data_dir
 
 
 def test_amp_auto_is_fp32_on_cpu():
-    from nmt.training_run import resolve_amp
+    from nmt.training.run import resolve_amp
 
     cpu = torch.device("cpu")
     assert [resolve_amp(a, cpu).amp for a in ("auto", "none", "bf16")] == ["none", "none", "bf16"]
@@ -656,12 +656,12 @@ def test_amp_auto_is_fp32_on_cpu():
 def test_bf16_native_is_bf16_only_where_the_cpu_has_it(native, monkeypatch, caplog):
     """train.amp=bf16_native: bf16 on a CPU with native bf16, fp32 elsewhere, and the reason;
     an explicit bf16 on a CPU that emulates it runs, with a one-line warning."""
-    from nmt.runtime import CpuBf16
-    from nmt.training_run import resolve_amp
+    from nmt.system.runtime import CpuBf16
+    from nmt.training.run import resolve_amp
 
     support = CpuBf16(native, "the CPU has avx512_bf16" if native else "bf16 is emulated")
-    monkeypatch.setattr(nmt.runtime, "cpu_bf16", lambda: support)
-    monkeypatch.setattr(nmt.training_run, "cpu_bf16", lambda: support)
+    monkeypatch.setattr(nmt.system.runtime, "cpu_bf16", lambda: support)
+    monkeypatch.setattr(nmt.training.run, "cpu_bf16", lambda: support)
     cpu = torch.device("cpu")
     chosen = resolve_amp("bf16_native", cpu)
     assert chosen.amp == ("bf16" if native else "none") and support.why in chosen.why
@@ -674,11 +674,11 @@ def test_bf16_native_is_bf16_only_where_the_cpu_has_it(native, monkeypatch, capl
 
 def test_the_runs_header_says_which_precision_and_why(tiny_data_dir, tmp_path, monkeypatch,
                                                       caplog):
-    from nmt.runtime import CpuBf16
+    from nmt.system.runtime import CpuBf16
 
-    monkeypatch.setattr(nmt.training_run, "cpu_bf16",
+    monkeypatch.setattr(nmt.training.run, "cpu_bf16",
                         lambda: CpuBf16(False, "bf16 is emulated"))
-    with caplog.at_level("INFO", logger="nmt.train"):
+    with caplog.at_level("INFO", logger="nmt.commands.train"):
         train(config(tiny_data_dir, tmp_path / "run", "train.amp=bf16_native",
                      "train.max_updates=1"))
     assert any("amp none (bf16_native: bf16 is emulated)" in r.getMessage()
@@ -705,7 +705,7 @@ def test_compile_trains_like_eager(tiny_data_dir, tmp_path, monkeypatch):
 
 # ----------------------------------------------------------------------------- EMA
 def test_ema_decay_forgets_the_initial_weights_first():
-    from nmt.train import ema_decay
+    from nmt.commands.train import ema_decay
 
     assert ema_decay(0.9999, 1) == pytest.approx(2 / 11)
     assert ema_decay(0.9999, 90) == pytest.approx(91 / 100)
@@ -734,9 +734,9 @@ def test_ema_is_the_moving_average_of_the_weights(tiny_data_dir, tmp_path):
 
 
 def test_translate_uses_the_ema_weights_when_asked(tiny_data_dir, tmp_path):
+    from nmt.commands.translate import translate
     from nmt.config import TranslateConfig
     from nmt.inference.translator import Translator
-    from nmt.translate import translate
 
     train(config(tiny_data_dir, tmp_path / "ema", "train.max_updates=2", "train.ema_decay=0.9"))
     train(config(tiny_data_dir, tmp_path / "plain", "train.max_updates=2"))
@@ -763,8 +763,8 @@ def same_vocabulary_data(tmp_path: Path, like: Path) -> Path:
 
     from conftest import _sentences, _translate_word
 
+    from nmt.commands.preprocess import preprocess
     from nmt.config import PreprocessConfig
-    from nmt.preprocess import preprocess
 
     rng = random.Random(7)
     for split, n in (("train", 200), ("valid", 20)):
@@ -810,7 +810,7 @@ def test_init_from_fine_tunes_a_checkpoint_on_new_data(tiny_data_dir, tmp_path):
 
 @pytest.mark.parametrize("fused", [True, False])
 def test_optimizer_step_is_skipped_on_the_device_or_the_host(fused):
-    from nmt.train import optimizer_step
+    from nmt.commands.train import optimizer_step
 
     w = torch.nn.Parameter(torch.ones(3))
     adam = torch.optim.Adam([w], lr=0.1, fused=fused)  # fused: GPUs (and CPUs since torch 2.4)
@@ -826,7 +826,7 @@ def test_optimizer_step_is_skipped_on_the_device_or_the_host(fused):
 def test_a_second_trainer_on_a_run_directory_stops_and_touches_nothing(tiny_data_dir, tmp_path):
     """While one trainer holds RUN/.lock, another nmt-train on RUN is a one-line error naming
     the directory, and the first one's temporary files (a checkpoint being written) survive."""
-    from nmt.runlog import RunDirLock
+    from nmt.training.runlog import RunDirLock
 
     run = tmp_path / "run"
     run.mkdir()
@@ -846,7 +846,7 @@ def test_a_second_trainer_on_a_run_directory_stops_and_touches_nothing(tiny_data
 
 def test_the_lock_of_a_killed_trainer_does_not_block(tmp_path):
     """The kernel drops a flock lock when its holder dies (kill -9 included)."""
-    from nmt.runlog import RunDirLock
+    from nmt.training.runlog import RunDirLock
 
     holder = subprocess.Popen(
         [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a+'); "

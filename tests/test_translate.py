@@ -11,13 +11,13 @@ from conftest import make_data_dir
 from translate_helpers import lines_of, save_tiny_checkpoint
 from translate_helpers import translate_config as config
 
-from nmt.checkpoint import load_checkpoint, save_checkpoint
+from nmt.commands.translate import translate
+from nmt.data.tokenizer import vocab_sha256
 from nmt.errors import NmtError
-from nmt.inference.search import translate_ids
+from nmt.inference.batches import translate_ids
+from nmt.inference.scoring import score
 from nmt.inference.translator import Translator
-from nmt.scoring import score
-from nmt.tokenizer import vocab_sha256
-from nmt.translate import translate
+from nmt.training.checkpoint import load_checkpoint, save_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -210,7 +210,7 @@ def test_missing_files_and_reference_count_are_errors(ckpt, test_en, tiny_data_d
 @pytest.mark.parametrize("suffix", [".gz", ".xz", ".bz2"])
 def test_compressed_input_and_references_are_read_transparently(ckpt, test_en, tiny_data_dir,
                                                                  tmp_path, suffix):
-    from nmt.files import DECOMPRESS
+    from nmt.system.files import DECOMPRESS
 
     plain = translate(config(checkpoint=ckpt, input=test_en, output=tmp_path / "plain",
                              ref=tiny_data_dir / "test.clean.de"))

@@ -7,9 +7,9 @@ import pytest
 from translate_helpers import lines_of
 from translate_helpers import translate_config as config
 
+from nmt.commands.translate import translate
 from nmt.errors import ConfigError
 from nmt.inference.mbr import mbr_select
-from nmt.translate import translate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -11,10 +11,10 @@ from conftest import make_data_dir
 from translate_helpers import lines_of, save_tiny_checkpoint
 from translate_helpers import translate_config as config
 
+from nmt.commands.translate import translate
 from nmt.config import ConfigError
 from nmt.errors import NmtError
-from nmt.inference.search import length_penalty
-from nmt.translate import translate
+from nmt.inference.batches import length_penalty
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -11,13 +11,13 @@ import pytest
 from translate_helpers import lines_of, save_tiny_checkpoint
 from translate_helpers import translate_config as config
 
-import nmt.translate
-from nmt import segment
-from nmt.checkpoint import load_checkpoint, save_checkpoint
+import nmt.commands.translate
+from nmt.commands.translate import translate
 from nmt.config import SearchConfig, TranslateConfig
+from nmt.data.tokenizer import Tokenizer
 from nmt.errors import ConfigError
-from nmt.tokenizer import Tokenizer
-from nmt.translate import translate
+from nmt.inference import segment
+from nmt.training.checkpoint import load_checkpoint, save_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -140,7 +140,8 @@ def test_the_summary_counts_the_pieces_decoded_not_the_lines(ckpt, tmp_path, mon
     assert got["segments"] == 8  # 2 + 1 + 3 + 2 sentences; the blank lines are none
     piped = io.TextIOWrapper(io.BytesIO("".join(f"{x}\n" for x in LINES).encode()))
     monkeypatch.setattr(sys, "stdin", piped)
-    monkeypatch.setattr(nmt.translate, "is_interactive", lambda path: True)  # chunk by chunk
+    # chunk by chunk
+    monkeypatch.setattr(nmt.commands.translate, "is_interactive", lambda path: True)
     assert translate(dataclasses.replace(config(checkpoint=ckpt, split="sentence",
                                                 split_lang="en", workers=1),
                                          quiet=True))["segments"] == 8
@@ -151,7 +152,8 @@ def test_lines_from_a_pipe_give_what_the_whole_file_gives(ckpt, tmp_path, monkey
     whole = run(ckpt, tmp_path / "in", LINES, split="sentence", split_lang="en")
     piped = io.TextIOWrapper(io.BytesIO("".join(f"{x}\n" for x in LINES).encode()))
     monkeypatch.setattr(sys, "stdin", piped)
-    monkeypatch.setattr(nmt.translate, "is_interactive", lambda path: True)  # chunk by chunk
+    # chunk by chunk
+    monkeypatch.setattr(nmt.commands.translate, "is_interactive", lambda path: True)
     capsys.readouterr()
     translate(dataclasses.replace(
         config(checkpoint=ckpt, split="sentence", split_lang="en", workers=1), quiet=True))
@@ -173,13 +175,13 @@ def test_pieces_of_one_line_draw_their_own_samples(ckpt, tmp_path):
 def test_a_warning_names_the_input_line_of_a_piece_without_translation(ckpt, tmp_path, capfd,
                                                                        monkeypatch):
     pytest.importorskip(segment.SPLITTER)
-    search = nmt.translate.run_search
+    search = nmt.commands.translate.run_search
 
     def third_piece_unfinished(*args, **kw):  # pieces: line 1's two, then line 2's one
         found = search(*args, **kw)
         found[2] = [dataclasses.replace(found[2][0], logprob=-math.inf)]
         return found
-    monkeypatch.setattr(nmt.translate, "run_search", third_piece_unfinished)
+    monkeypatch.setattr(nmt.commands.translate, "run_search", third_piece_unfinished)
     run(ckpt, tmp_path / "in", ["Open the file. Save all!", "close window"], split="sentence",
         split_lang="en")
     err = capfd.readouterr().err

@@ -1,4 +1,4 @@
-"""nmt.vocab.Vocab: a checkpoint's vocabulary as one typed value. It round-trips through its
+"""nmt.data.vocab.Vocab: a checkpoint's vocabulary as one typed value. It round-trips through its
 dict and through torch.save / torch.load(weights_only=True); the dicts of the previous
 release's checkpoints (bilingual with "pair", multilingual with "languages", older ones with
 neither), written here by hand, load and translate as before, and their CTranslate2 exports'
@@ -11,12 +11,12 @@ import pytest
 import torch
 from translate_helpers import random_sources, search, tiny_model
 
-from nmt.checkpoint import save_checkpoint
+from nmt.data.languages import LanguagePair, choose, recorded_pair
+from nmt.data.tokenizer import SPECIALS, Tokenizer, vocab_sha256
+from nmt.data.vocab import Vocab
 from nmt.errors import NmtError
 from nmt.inference.translator import Translator
-from nmt.languages import LanguagePair, choose, recorded_pair
-from nmt.tokenizer import SPECIALS, Tokenizer, vocab_sha256
-from nmt.vocab import Vocab
+from nmt.training.checkpoint import save_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -85,7 +85,7 @@ def test_an_older_checkpoint_loads_and_translates_as_before(proto, kind, tmp_pat
 
 @pytest.mark.parametrize("kind", RECORDED)
 def test_the_ctranslate2_exports_vocab_is_the_older_releases(proto, kind):
-    """nmt.json holds the vocab dict without the SentencePiece models (nmt.inference.ct2_export),
+    """nmt.json holds the vocab dict without the SentencePiece models (nmt.interop.ct2_export),
     which reads back with protos=False."""
     entry = old_entry(proto, kind)
     older = {k: v for k, v in entry.items() if not isinstance(v, bytes)}  # what it wrote

@@ -1,7 +1,7 @@
 """Builders for the search and translate tests: tiny random Transformers and checkpoints.
 
 Random weights are enough to test search (every property checked holds for any model); the
-checkpoint follows the contract of nmt/checkpoint.py with the toy SentencePiece model of
+checkpoint follows the contract of nmt/training/checkpoint.py with the toy SentencePiece model of
 conftest.py's `tiny_data_dir`.
 """
 
@@ -14,12 +14,12 @@ from pathlib import Path
 
 import torch
 
-from nmt.checkpoint import save_checkpoint
 from nmt.config import ModelConfig, SearchConfig, TrainConfig, TranslateConfig, compose, to_object
-from nmt.inference.search import length_penalty, translate_nbest
+from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIALS, UNK_ID, Tokenizer, vocab_sha256
+from nmt.inference.batches import length_penalty, translate_nbest
 from nmt.inference.translator import Translator
 from nmt.model import Transformer, make_model
-from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIALS, UNK_ID, Tokenizer, vocab_sha256
+from nmt.training.checkpoint import save_checkpoint
 
 
 @cache
@@ -219,11 +219,11 @@ def fine_tune_imported(imported: Path, pairs: list[tuple[str, str]], out: Path, 
     first on every source, e.g. M2M100's language code), then nmt-train +model=small with the
     import's model overrides and train.init_from for `updates` updates. (data directory, the
     fine-tuned checkpoint)."""
-    from nmt.checkpoint import load_checkpoint
+    from nmt.commands.import_ import model_overrides
+    from nmt.commands.preprocess import preprocess
+    from nmt.commands.train import train
     from nmt.config import PreprocessConfig
-    from nmt.importer import model_overrides
-    from nmt.preprocess import preprocess
-    from nmt.train import train
+    from nmt.training.checkpoint import load_checkpoint
 
     for split, part in (("train", pairs[:-20]), ("valid", pairs[-20:])):
         for lang, side in (("en", 0), ("de", 1)):

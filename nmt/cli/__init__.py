@@ -27,7 +27,7 @@ FULL_ERROR = "HYDRA_FULL_ERROR"  # Hydra raises instead of printing its own repo
 @contextmanager
 def cli_errors(prog: str) -> Iterator[None]:
     """Turn an NmtError into one line on stderr and its exit status (1, or 128 + a signal's
-    number for nmt.preemption.Preempted), with no traceback."""
+    number for nmt.training.preemption.Preempted), with no traceback."""
     try:
         yield
     except NmtError as e:

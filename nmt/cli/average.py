@@ -6,7 +6,7 @@ from nmt.config import AverageConfig
 
 @hydra_app("nmt-average", "average", AverageConfig)
 def main(config: AverageConfig) -> None:
-    """Run nmt.checkpoint.average on the validated config."""
-    from nmt.checkpoint import average
+    """Run nmt.commands.average.average on the validated config."""
+    from nmt.commands.average import average
 
     average(config)

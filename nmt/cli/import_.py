@@ -6,7 +6,7 @@ from nmt.config import ImportConfig
 
 @hydra_app("nmt-import", "import", ImportConfig)
 def main(config: ImportConfig) -> None:
-    """Run nmt.importer.import_model on the validated config."""
-    from nmt.importer import import_model
+    """Run nmt.commands.import_.import_model on the validated config."""
+    from nmt.commands.import_ import import_model
 
     import_model(config)

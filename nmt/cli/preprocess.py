@@ -6,7 +6,7 @@ from nmt.config import PreprocessConfig
 
 @hydra_app("nmt-preprocess", "preprocess", PreprocessConfig)
 def main(config: PreprocessConfig) -> None:
-    """Run nmt.preprocess.preprocess on the validated config."""
-    from nmt.preprocess import preprocess
+    """Run nmt.commands.preprocess.preprocess on the validated config."""
+    from nmt.commands.preprocess import preprocess
 
     preprocess(config)

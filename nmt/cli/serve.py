@@ -7,9 +7,9 @@ from nmt.errors import NmtError
 
 @hydra_app("nmt-serve", "serve", ServeConfig)
 def main(config: ServeConfig) -> None:
-    """Run nmt.serve.app.serve on the validated config until SIGTERM or Ctrl-C."""
+    """Run nmt.commands.serve.serve on the validated config until SIGTERM or Ctrl-C."""
     try:
-        from nmt.serve.app import serve
+        from nmt.commands.serve import serve
     except ModuleNotFoundError as e:  # fastapi or uvicorn: the optional extra "serve"
         if (e.name or "").split(".")[0] not in ("fastapi", "uvicorn", "starlette"):
             raise

@@ -6,7 +6,7 @@ from nmt.config import TrainConfig
 
 @hydra_app("nmt-train", "train", TrainConfig)
 def main(config: TrainConfig) -> None:
-    """Run nmt.train.train on the validated config."""
-    from nmt.train import train
+    """Run nmt.commands.train.train on the validated config."""
+    from nmt.commands.train import train
 
     train(config)

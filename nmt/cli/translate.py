@@ -6,7 +6,7 @@ from nmt.config import TranslateConfig
 
 @hydra_app("nmt-translate", "translate", TranslateConfig)
 def main(config: TranslateConfig) -> None:
-    """Run nmt.translate.translate on the validated config."""
-    from nmt.translate import translate
+    """Run nmt.commands.translate.translate on the validated config."""
+    from nmt.commands.translate import translate
 
     translate(config)

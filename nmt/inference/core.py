@@ -23,7 +23,7 @@ top to bottom in `Decoding.step`:
    as soon as no row can beat its nbest-th finished one (`Units`); a sentence ends when all
    its units have, and their rows leave every per-row tensor (`_retire`).
 
-Batch translation (nmt.inference.search.translate_nbest) admits every sentence of a batch at
+Batch translation (nmt.inference.batches.translate_nbest) admits every sentence of a batch at
 step 0 and steps until none is live: then every row sits at the same position, and a step
 feeds the models no positions or masks (uniform positions: what the reference model and
 decoding without the cache take). Continuous batching (nmt.inference.stepping, nmt-serve)
@@ -50,14 +50,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.config import SearchConfig
+from nmt.data.tokenizer import Specials
 from nmt.inference.constrained import PhraseConstraints, missing_phrases, pad_to
 from nmt.inference.decoder import Decoder
-from nmt.inference.fast import FastModel, additive_source_mask, row_argmax, top_k
+from nmt.inference.fast_model import FastModel, additive_source_mask, row_argmax, top_k
 from nmt.inference.messages import Hypothesis, Sentence
 from nmt.inference.rules import Columns, StepView, apply_rules, sample_tokens, sample_uniforms
+from nmt.inference.shortlist import Candidates, load_shortlist
 from nmt.model import additive_mask
-from nmt.shortlist import Candidates, load_shortlist
-from nmt.tokenizer import Specials
 
 
 def empty_source(sentence: Sentence) -> list[Hypothesis] | None:

@@ -3,7 +3,7 @@
 CT2Translator is the engine interface of nmt.inference.engine (translate_ids, score_ids,
 stepper, close, capabilities; src_tok, tgt_tok, specials, vocab, device, workers,
 max_input_tokens) over a ctranslate2.Translator of the checkpoint's export, made once and
-cached beside the checkpoint (nmt.inference.ct2_export). Its parallelism is CTranslate2's
+cached beside the checkpoint (nmt.interop.ct2_export). Its parallelism is CTranslate2's
 own: `workers` inter_threads translate the batches of a call side by side, or nmt-serve's
 batches (one thread of this process per worker hands its batches to CTranslate2:
 nmt.inference.stepping.batch_loop).
@@ -42,18 +42,18 @@ from pathlib import Path
 
 import torch
 
-from nmt.capabilities import ENGINES
 from nmt.config import SearchConfig
+from nmt.data.tokenizer import Tokenizer
+from nmt.data.vocab import Vocab
 from nmt.errors import NmtError
+from nmt.inference.capabilities import ENGINES
 from nmt.inference.core import empty_source, length_penalty, output_lengths
-from nmt.inference.ct2_export import INFO, VMAP, cached_export, pieces, read_info
 from nmt.inference.loading import LoadedCheckpoint
 from nmt.inference.messages import Hypothesis, Sentence
 from nmt.inference.stepping import batch_loop
 from nmt.inference.workers import WorkerPool
-from nmt.runtime import usable_cores
-from nmt.tokenizer import Tokenizer
-from nmt.vocab import Vocab
+from nmt.interop.ct2_export import INFO, VMAP, cached_export, pieces, read_info
+from nmt.system.runtime import usable_cores
 
 COMPUTE_TYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8",
                  "int8_float16": "int8_float16", "int8_bfloat16": "int8_bfloat16"}

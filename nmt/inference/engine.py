@@ -3,8 +3,8 @@ benchmarks decode through, and `open_translator`, the one switch between the eng
 
 Two engines implement it: nmt's own Translator (engine=nmt, nmt.inference.translator) and
 CTranslate2's (engine=ctranslate2, nmt.inference.ct2_engine). What an engine cannot do is
-stated once, in its `capabilities` (nmt.capabilities): the configs refuse it before loading,
-the engine again when it is asked, each a one-line ConfigError naming the key.
+stated once, in its `capabilities` (nmt.inference.capabilities): the configs refuse it before
+loading, the engine again when it is asked, each a one-line ConfigError naming the key.
 """
 
 from __future__ import annotations
@@ -15,17 +15,17 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from nmt.capabilities import Capabilities
 from nmt.config import SearchConfig, check_search_device
+from nmt.data.tokenizer import Specials, Tokenizer, check_same_vocabulary
+from nmt.data.vocab import Vocab
 from nmt.errors import NmtError
+from nmt.inference.capabilities import Capabilities
 from nmt.inference.ct2_engine import CT2Translator
 from nmt.inference.messages import Hypothesis
+from nmt.inference.shortlist import load_shortlist
 from nmt.inference.translator import Translator
 from nmt.inference.workers import WorkerPool
-from nmt.runtime import warn_if_bf16_emulated
-from nmt.shortlist import load_shortlist
-from nmt.tokenizer import Specials, Tokenizer, check_same_vocabulary
-from nmt.vocab import Vocab
+from nmt.system.runtime import warn_if_bf16_emulated
 
 
 class Engine(Protocol):
@@ -108,7 +108,7 @@ def check_vocab(engine: Engine, against: str, checkpoint: str) -> None:
     if path.suffix == ".model":
         theirs, ours = Tokenizer.from_file(path).sha256, engine.src_tok.sha256
     else:
-        from nmt.data import MANIFEST, read_manifest
+        from nmt.data.batches import MANIFEST, read_manifest
 
         manifest = read_manifest(path.parent if path.name == MANIFEST else path)
         if "vocab_sha256" not in manifest:

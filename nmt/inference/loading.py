@@ -1,7 +1,7 @@
 """Loading a checkpoint for decoding: its model and vocabulary entry, each checked (the
 SentencePiece models against the stored sizes and checksum, the weights against model_cfg),
 and the vocabularies of an ensemble against each other. Every engine and nmt-export load
-through here (nmt.inference.engine, nmt.inference.ct2_export).
+through here (nmt.inference.engine, nmt.interop.ct2_export).
 """
 
 from __future__ import annotations
@@ -9,19 +9,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from nmt.checkpoint import load_checkpoint
 from nmt.config import ModelConfig
+from nmt.data.tokenizer import Specials, Tokenizer, check_same_vocabulary, vocab_sha256
+from nmt.data.vocab import Vocab
 from nmt.errors import ConfigError, NmtError
 from nmt.model import Transformer
-from nmt.tokenizer import Specials, Tokenizer, check_same_vocabulary, vocab_sha256
+from nmt.training.checkpoint import load_checkpoint
 from nmt.variants import build_model
-from nmt.vocab import Vocab
 
 
 @dataclass
 class LoadedCheckpoint:
     """One checkpoint as it is, without decoding workers: what nmt-export and the CTranslate2
-    export cache convert (nmt.export, nmt.inference.ct2_export)."""
+    export cache convert (nmt.interop.transformers_export, nmt.interop.ct2_export)."""
 
     model: Transformer  # on the CPU, in eval mode
     vocab: Vocab  # the checkpoint's vocabulary (sizes, special ids, SentencePiece models)

@@ -6,8 +6,8 @@ The candidates serve as pseudo-references, each with weight 1 / (N - 1): samples
 an n-best list is the beam's approximation of it. The utility is sacreBLEU's sentence chrF or
 sentence BLEU (effective order), computed from each candidate's n-gram statistics, extracted
 once, with sacreBLEU's own statistics and formulas (its private helpers, through
-nmt.private_ops; the public `sentence_score` per pair where they are gone; the tests check the
-two agree). Identical candidates are scored once and counted with their multiplicity.
+nmt.system.private_ops; the public `sentence_score` per pair where they are gone; the tests check
+the two agree). Identical candidates are scored once and counted with their multiplicity.
 
 Pairwise selection costs N (N - 1) utilities per source. chrF's reference aggregation
 (DeNero et al. 2009; Vamvas and Sennrich 2024) is linear in N: each candidate is compared with
@@ -23,15 +23,15 @@ from functools import cache
 from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.metrics.helpers import extract_all_char_ngrams, extract_all_word_ngrams
 
-from nmt import private_ops
 from nmt.config import MBR_UTILITIES
 from nmt.errors import NmtError
+from nmt.system import private_ops
 
 
 @cache
 def _by_statistics() -> bool:
     """Whether sacreBLEU's private helpers are there to score n-gram statistics extracted once
-    (nmt.private_ops); without them the utilities call the public sentence_score per pair."""
+    (nmt.system.private_ops); without them the utilities call the public sentence_score per pair."""
     return not private_ops.sacrebleu_missing()
 
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 import torch
 
 from nmt.config import MbrConfig, RerankConfig, SearchConfig, TranslateConfig, candidate_search
+from nmt.data.tokenizer import Tokenizer
 from nmt.inference.mbr import mbr_select
 from nmt.inference.messages import Hypothesis
 from nmt.inference.translator import Translator
-from nmt.tokenizer import Tokenizer
 
 
 def rerank_scores(hyps: list[Hypothesis], reverse: list[float], weights: RerankConfig

@@ -22,9 +22,9 @@ import pickle
 import queue
 
 from nmt.config import SearchConfig
+from nmt.inference.batches import batch_candidates
 from nmt.inference.core import Decoding, use_beams
 from nmt.inference.messages import Batch, Done, Failed, Sentence, search_key
-from nmt.inference.search import batch_candidates
 from nmt.inference.workers import STOP
 
 # ----------------------------------------------------------------------------- the workers

@@ -3,7 +3,7 @@ object that loads a checkpoint (or an ensemble), prepares it for decoding and ow
 that decode, as CTranslate2's Translator does.
 
 nmt-translate, nmt-serve, nmt-train's validation BLEU, alignments, attention plots and the
-benchmarks all decode through it. Preparing a model (nmt.inference.fast.FastModel: weights
+benchmarks all decode through it. Preparing a model (nmt.inference.fast_model.FastModel: weights
 packed, cast or quantised for search.dtype) is done once per dtype, in this process, before
 any worker is forked, so the prepared weights exist once and are shared copy-on-write by the
 workers. The workers are one WorkerPool (nmt.inference.workers) in every mode: on the CPU,
@@ -23,13 +23,12 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from nmt.attention_maps import attention_maps, keep_attention
-from nmt.capabilities import ENGINES
 from nmt.config import SearchConfig
+from nmt.data.tokenizer import Specials, Tokenizer
+from nmt.data.vocab import Vocab
 from nmt.errors import NmtError
-from nmt.inference.loading import check_ensemble, load_model
-from nmt.inference.messages import Hypothesis, Sentence
-from nmt.inference.search import (
+from nmt.inference.attention_maps import attention_maps, keep_attention
+from nmt.inference.batches import (
     BatchJob,
     decoding_models,
     pad_batch,
@@ -38,11 +37,12 @@ from nmt.inference.search import (
     score_pairs,
     translate_nbest,
 )
+from nmt.inference.capabilities import ENGINES
+from nmt.inference.loading import check_ensemble, load_model
+from nmt.inference.messages import Hypothesis, Sentence
 from nmt.inference.stepping import step_loop
 from nmt.inference.workers import WorkerPool, can_fork
 from nmt.model import Transformer
-from nmt.tokenizer import Specials, Tokenizer
-from nmt.vocab import Vocab
 
 
 class Translator:
@@ -192,7 +192,7 @@ class Translator:
 
     def _run(self, job: BatchJob, items: list[Sentence], progress=None
              ) -> list[list[Hypothesis]]:
-        """nmt.inference.search.run_jobs on the workers: at least one batch each, results in input
+        """nmt.inference.batches.run_jobs on the workers: at least one batch each, results in input
         order; each worker decodes with its inherited prepared models."""
         if not self.pool.processes or self.pool.loops or len(items) < 2:
             return run_jobs(job, items, progress)

@@ -7,8 +7,8 @@ defaults); GET /stats counts requests, sentences and batches; /docs is the OpenA
 is a page to try it in a browser (nmt/serve/page.html, self-contained). LibreTranslate's API
 lives beside it (nmt.serve.libretranslate): POST /translate with a form or with "q".
 
-Documents. Each text is cut into pieces (nmt.segment: split=sentence, paragraph or none, the
-server's `split` unless the request says): the pieces of every text of a request are queued
+Documents. Each text is cut into pieces (nmt.inference.segment: split=sentence, paragraph or none,
+the server's `split` unless the request says): the pieces of every text of a request are queued
 together, as one request's sentences are, and each text's answer is its pieces' translations
 put back between its own spaces and line breaks, with the pieces listed when there are
 several (a text of one piece is answered as before).
@@ -33,16 +33,13 @@ get a 4xx JSON error naming the field; every error, a failed decoding (500) or a
 stops accepting connections, answers the requests in flight, then exits with status 0.
 
 The request and response models are nmt.serve.schemas, the service the routes call
-nmt.serve.service; here are the HTTP app (routes, the body limit, the error answers) and the
-process (the socket, the workers' warm-up, uvicorn).
+nmt.serve.service; here is the HTTP app (routes, the body limit, the error answers); the
+process (the socket, the workers' warm-up, uvicorn) is nmt.commands.serve.
 """
 
 from __future__ import annotations
 
 import asyncio
-import queue
-import signal
-import socket
 from contextlib import asynccontextmanager
 from importlib.resources import files
 
@@ -51,13 +48,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException
 
-from nmt.config import SearchConfig, ServeConfig
-from nmt.errors import NmtError
-from nmt.inference.engine import check_vocab, open_translator
-from nmt.inference.messages import Batch, Failed, Sentence
-from nmt.inference.workers import WorkerPool
-from nmt.preemption import restore_handler
-from nmt.runtime import keep_freed_memory, pick_device, usable_cores
 from nmt.serve import libretranslate
 from nmt.serve.api_keys import bearer
 from nmt.serve.errors import ApiError
@@ -247,92 +237,3 @@ def create_app(service: Service) -> FastAPI:
         return service.stats()
 
     return app
-
-
-# ----------------------------------------------------------------------------- the command
-def open_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket; a taken port or an unknown host is a one-line error."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        family, _, _, _, address = infos[0]
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(2048)
-    except OSError as e:
-        raise NmtError(f"host={host} port={port}: cannot listen "
-                       f"({e.strerror or e})") from None
-    sock.set_inheritable(True)
-    return sock
-
-
-def serve(cfg: ServeConfig) -> None:
-    """nmt-serve: load the checkpoint once, start the decoding workers, serve until SIGTERM."""
-    device = pick_device(cfg.device)
-    workers = (cfg.workers or usable_cores()) if device.type == "cpu" else 1
-    if device.type == "cpu":
-        keep_freed_memory()
-    # Prepared for search.dtype here, then the workers forked: before any socket or thread.
-    translator = open_translator(cfg.engine, [cfg.checkpoint], device, dtype=cfg.search.dtype,
-                                 workers=workers, threads=cfg.threads, ct2_model=cfg.ct2_model,
-                                 shortlist=cfg.search.shortlist)
-    try:
-        if cfg.vocab_check:
-            check_vocab(translator, cfg.vocab_check, cfg.checkpoint)
-        warm_up(translator.stepper(), cfg.search.dtype)
-    except NmtError:
-        translator.close()
-        raise
-    # uvicorn stops gracefully on SIGTERM, then raises it again to end the process: a handler
-    # that only notes it (until the workers are stopped too) makes that end with status 0.
-    stop = []
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
-    try:
-        with open_socket(cfg.host, cfg.port) as sock:
-            service = Service(translator, cfg)
-            host, port = sock.getsockname()[:2]
-            url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-            n = service.workers
-            if not service.libre.sources:
-                log(f"{cfg.checkpoint} records no languages: LibreTranslate's API answers 400 "
-                    f"until nmt-serve is started with src_lang=... tgt_lang=...")
-            kind = "process" if service.stepper.processes else "thread"
-            kind = {"process": "processes", "thread": "threads"}[kind] if n > 1 else kind
-            log(f"{cfg.checkpoint} on {device} ({n} decoding {kind}, "
-                f"{'continuous' if cfg.continuous else 'dynamic'} batching, split="
-                f"{service.split}); listening on {url} "
-                f"(API: {url}/docs)")
-            if not stop:
-                run_until_stopped(create_app(service), sock, cfg)
-        s = service.batcher.stats
-        log(f"stopped: {service.requests} requests, {s.sentences} sentences in {s.batches} "
-            f"batches")
-    finally:
-        translator.close()
-        restore_handler(signal.SIGTERM, previous)
-
-
-def warm_up(pool: WorkerPool, dtype: str) -> None:
-    """Decode one short sentence on every worker (a process's first steps are slower);
-    NmtError if a worker fails or does not answer within a minute."""
-    warm = SearchConfig(beam_size=1, max_len_b=1, dtype=dtype)
-    for w in range(pool.workers):
-        pool.send(w, Batch(warm, [Sentence(("warm", w), [4])], whole=True))
-    for _ in range(pool.workers):
-        try:
-            message = pool.read(timeout=60)
-        except queue.Empty:
-            raise NmtError("a decoding worker did not start within a minute") from None
-        if isinstance(message, Failed):
-            raise NmtError(f"a decoding worker failed while starting ({message.error!r})")
-
-
-def run_until_stopped(app: FastAPI, sock: socket.socket, cfg: ServeConfig) -> None:
-    """uvicorn on a listening socket until SIGTERM or Ctrl-C; in-flight requests are answered
-    first (for at most timeout_s + 5 seconds)."""
-    import uvicorn
-
-    server = uvicorn.Server(uvicorn.Config(
-        app, log_level=cfg.log_level, access_log=cfg.access_log,
-        timeout_graceful_shutdown=int(cfg.timeout_s) + 5))
-    server.run(sockets=[sock])

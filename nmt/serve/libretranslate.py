@@ -36,7 +36,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from nmt.config import ServeConfig
-from nmt.segment import Segmented, trim
+from nmt.inference.segment import Segmented, trim
 from nmt.serve import langid_codes
 from nmt.serve.api_keys import ApiKeys
 from nmt.serve.errors import ApiError
@@ -327,7 +327,7 @@ def detect(text: str, languages: tuple[str, ...]) -> list[dict]:
 
 @dataclass(frozen=True)
 class Languages:
-    """What LibreTranslate's API offers, as the model's convention defines it (nmt.languages):
+    """What LibreTranslate's API offers, as the model's convention defines it (nmt.data.languages):
     a forced-token model's (M2M100, NLLB-200) languages any into any other, told the source
     too; a tag model's codes as targets, from its sources (the server's src_lang, else those
     the checkpoint records, else its codes); a bilingual model's one pair (the server's

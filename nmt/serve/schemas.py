@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 
-from nmt.segment import MODES
+from nmt.inference.segment import MODES
 from nmt.serve.batcher import BatchStats
 
 # TranslateRequest's optional fields by where they go: the search's, MBR's, each sentence's.
@@ -224,7 +224,7 @@ class HealthResponse(BaseModel):
 
 
 class Features(BaseModel):
-    """What this server answers, from its engine's capabilities (nmt.capabilities) and its
+    """What this server answers, from its engine's capabilities (nmt.inference.capabilities) and its
     settings: the page (GET /) offers only these."""
 
     engine: str = Field(description="The decoding engine: nmt or ctranslate2.")

@@ -12,15 +12,15 @@ import sys
 from dataclasses import asdict, replace
 
 from nmt.config import RerankConfig, SearchConfig, ServeConfig
+from nmt.data.languages import LanguageChoice, choose, language_id, recorded_pair
 from nmt.errors import ConfigError
 from nmt.inference.core import use_beams
 from nmt.inference.engine import Engine
 from nmt.inference.messages import Hypothesis, Sentence
 from nmt.inference.rerank import Chooser
+from nmt.inference.segment import Segmented, sample_stream, sentence_splitter, split_for
+from nmt.inference.segment import rejoin as segment_rejoin
 from nmt.inference.workers import WorkerPool
-from nmt.languages import LanguageChoice, choose, language_id, recorded_pair
-from nmt.segment import Segmented, sample_stream, sentence_splitter, split_for
-from nmt.segment import rejoin as segment_rejoin
 from nmt.serve import libretranslate
 from nmt.serve.api_keys import ApiKeys
 from nmt.serve.batcher import Admission, Batcher, BatcherStopped, QueueFull
@@ -78,7 +78,7 @@ class Service:
                                cfg.max_queued, dead=self.stepper.dead)
 
     def choice(self, req: TranslateRequest) -> LanguageChoice:
-        """The request's languages (nmt.languages): its tgt_lang and src_lang, or the server's
+        """The request's languages (nmt.data.languages): its tgt_lang and src_lang, or the server's
         for a multilingual model (src_lang for a model that needs it only: for the others it
         names the texts' language for splitting and LibreTranslate)."""
         tgt = req.tgt_lang if req.tgt_lang is not None else (
@@ -122,7 +122,7 @@ class Service:
 
     def check_engine(self, key: str, used: object, field: str | None = None) -> None:
         """422 naming `field` (default: key) with the capabilities' words if the request
-        uses a feature the engine lacks (nmt.capabilities.Capabilities.check)."""
+        uses a feature the engine lacks (nmt.inference.capabilities.Capabilities.check)."""
         try:
             self.translator.capabilities.check(key, used)
         except ConfigError as e:
@@ -196,7 +196,7 @@ class Service:
                                         f"{self.cfg.max_sentences} per request (max_sentences)")
 
     def segment(self, req: TranslateRequest, limit: int) -> tuple[str, list[Segmented]]:
-        """The request's split mode and its texts cut into pieces (nmt.segment: none over
+        """The request's split mode and its texts cut into pieces (nmt.inference.segment: none over
         `limit` tokens, max_input less the request's language token, unless split=none), in
         the request's src_lang (a forced-token model's) or the server's."""
         split = req.split or self.split

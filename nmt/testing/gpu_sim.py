@@ -1,7 +1,7 @@
 """The GPU simulation harness: the GPU paths without a GPU, a simulated CUDA device and a
 simulated world of ranks, in one CPU process, and what they measure. Tests and scripts use it
 (tests/test_gpu_sim.py, tests/test_gpu_cost.py, scripts/gpu_cost.py; docs/gpu.md); no command
-of nmt imports it, and it is the one module besides nmt.private_ops that reaches into torch's
+of nmt imports it, and it is the one module besides nmt.system.private_ops that reaches into torch's
 internals (it checks them itself: `MISSING`).
 
 Simulated CUDA (`simulated_cuda`). torch's FakeTensorMode makes tensors that have a shape, a
@@ -596,7 +596,7 @@ def _pass_through_ddp():
 # ----------------------------------------------------------------------------- nmt's costs
 def synthetic_batch(sentences: int, length: int, vocab: int):
     """A training Batch of `sentences` pairs of `length` tokens each side, no padding."""
-    from nmt.data import Batch
+    from nmt.data.batches import Batch
 
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(4, vocab, (sentences, length), generator=g)  # (B, L)
@@ -609,12 +609,12 @@ def synthetic_batch(sentences: int, length: int, vocab: int):
 def simulated_run(model: str, vocab: int, *overrides: str):
     """nmt-train's Run of +model=`model` (a joint vocabulary of `vocab`) on the simulated GPU;
     call it inside simulated_cuda."""
+    from nmt.commands.train import build_run
     from nmt.config import TrainConfig, compose, to_object
-    from nmt.distributed import DistInfo
-    from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-    from nmt.train import build_run
-    from nmt.training_run import Data
-    from nmt.vocab import Vocab
+    from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+    from nmt.data.vocab import Vocab
+    from nmt.training.distributed import DistInfo
+    from nmt.training.run import Data
 
     cfg = to_object(compose("train", [f"+model={model}", "data_dir=-", "run_dir=-",
                                       "train.device=cuda", *overrides]), TrainConfig)
@@ -630,8 +630,8 @@ def update_cost(model: str, vocab: int, sentences: int, length: int, amp: str = 
     state: operators by phase, matrix-product FLOPs, the other operators' bytes, the peak of
     live device memory, the parameters. Backward runs GraphBackward, attention the fused
     kernels (fused_attention). Any host read raises: an update that completes made none."""
+    from nmt.commands.train import train_step
     from nmt.model import count_parameters
-    from nmt.train import train_step
 
     group = [(0, synthetic_batch(sentences, length, vocab))]
     with simulated_cuda(backward="graph"), mock.patch.object(
@@ -651,11 +651,11 @@ def update_cost(model: str, vocab: int, sentences: int, length: int, amp: str = 
 
 def loss_memory(tokens: int, vocab: int, dtype: torch.dtype = torch.bfloat16,
                 loss=None) -> dict:
-    """The training loss alone (nmt.loss.LabelSmoothedLoss unless `loss`) on (tokens, vocab)
-    logits of `dtype`, forward and backward, on the simulated GPU: the logits' bytes, what the
-    forward keeps beyond them for backward, the peak beyond them (their gradient included),
+    """The training loss alone (nmt.training.loss.LabelSmoothedLoss unless `loss`) on (tokens,
+    vocab) logits of `dtype`, forward and backward, on the simulated GPU: the logits' bytes, what
+    the forward keeps beyond them for backward, the peak beyond them (their gradient included),
     the operators of each pass and the bytes they move."""
-    from nmt.loss import LabelSmoothedLoss
+    from nmt.training.loss import LabelSmoothedLoss
 
     loss = loss or LabelSmoothedLoss
     with simulated_cuda(backward="graph"):
@@ -677,8 +677,8 @@ def loss_memory(tokens: int, vocab: int, dtype: torch.dtype = torch.bfloat16,
 def decoding_reads(models, sources: list[list[int]], search) -> dict:
     """Host reads of one greedy or beam search (search.beam_size) over `sources` as one
     batch, on the CPU's real tensors: before the first step, per step (mean and most)."""
-    from nmt.inference import search as nmt_search
-    from nmt.tokenizer import SPECIALS
+    from nmt.data.tokenizer import SPECIALS
+    from nmt.inference import batches as nmt_search
 
     src = nmt_search.pad_batch([s + [SPECIALS.eos] for s in sources], SPECIALS.pad, "cpu")
     counter, real = HostReads(), nmt_search.Decoder.log_probs

@@ -29,11 +29,11 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from nmt.commands.translate import translate
 from nmt.config import TranslateConfig, compose, to_object
 from nmt.errors import NmtError
-from nmt.files import read_lines, write_atomically
 from nmt.inference.mbr import closest
-from nmt.translate import translate
+from nmt.system.files import read_lines, write_atomically
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

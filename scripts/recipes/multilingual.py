@@ -13,9 +13,9 @@ import functools
 import importlib.util
 from pathlib import Path
 
-from nmt.checkpoint import load_checkpoint
-from nmt.files import read_lines
-from nmt.scoring import score
+from nmt.inference.scoring import score
+from nmt.system.files import read_lines
+from nmt.training.checkpoint import load_checkpoint
 
 DIRECTIONS = ("en-de", "de-en", "en-fr", "fr-en")
 ZERO_SHOT = ("de-fr", "fr-de")

@@ -1,0 +1,42 @@
+"""nmt-export: a checkpoint in, a CTranslate2 or a Hugging Face transformers model directory
+out (nmt.interop.ct2_export, nmt.interop.transformers_export), built in a temporary directory,
+then renamed into place."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from nmt.config import ExportConfig
+from nmt.errors import NmtError
+from nmt.inference.loading import LoadedCheckpoint
+from nmt.interop.ct2_export import export_key, write_ctranslate2
+from nmt.interop.transformers_export import MARKER, PROG, write_transformers
+from nmt.system.files import check_out_dir, check_output, new_directory
+
+
+def export(cfg: ExportConfig) -> Path:
+    """nmt-export: write cfg.checkpoint's model to the directory cfg.output in cfg.format."""
+    out = Path(cfg.output)
+    check_output(out, "output", directory=True)
+    check_out_dir(out, cfg.force, MARKER, "model directory")
+    _require("ctranslate2" if cfg.format == "ctranslate2" else "transformers")
+    loaded = LoadedCheckpoint.load(cfg.checkpoint)
+    with new_directory(out, cfg.force, MARKER, "model directory") as tmp:
+        if cfg.format == "ctranslate2":
+            key = export_key(cfg.checkpoint, "auto", cfg.quantization or "float32",
+                             cfg.shortlist)
+            what = write_ctranslate2(loaded, tmp, cfg.quantization, key, cfg.shortlist)
+        else:
+            what = write_transformers(loaded, tmp)
+    print(f"{PROG}: {cfg.checkpoint} -> {out} ({what})", flush=True)
+    return out
+
+
+def _require(package: str) -> None:
+    """Check that an optional package imports, or say in one line how to install it."""
+    try:
+        importlib.import_module(package)
+    except ImportError:
+        raise NmtError(f"format={package} needs the {package} package: "
+                       "pip install 'nmt[export]'") from None

@@ -1,0 +1,223 @@
+"""nmt-preprocess: raw parallel text in, a binarized data directory out.
+
+The stages, each streaming (memory does not grow with the corpus beyond SentencePiece's
+training sample, 8 bytes a sentence of offsets and, with clean.dedup, a hash a unique pair):
+
+1. open     check every input before anything is written: files exist, line counts agree, not empty
+2. clean    read each split once (the training corpora one after the other, as one split):
+            UTF-8, Unicode normalisation, stripped whitespace, empty pairs (and duplicate
+            training pairs) dropped; the cleaned text goes to a temporary directory in chunks
+            of CHUNK pairs of one corpus. valid/test keep it as {split}.clean.{lang}.
+            (nmt.data.cleaning)
+3. subwords train SentencePiece BPE on a seeded sample of the cleaned training text, the
+            corpora's tags one piece each (or reuse a model, which must have the tags)
+            (nmt.data.subwords)
+4. encode   a pool of processes encodes the chunks; the main process writes them in order to
+            {split}.{lang}.bin/.idx. Training pairs too long or too unequal in length are
+            dropped; a corpus's tag goes first on its source sentences. With keep_text, the
+            kept training text goes to train.clean.{lang}.bin/.idx. (nmt.data.binarize)
+   shortlist with shortlist.k > 0: shortlist.pt from the encoded training pairs
+(nmt.inference.shortlist)
+5. commit   manifest.json (counts, corpora, config, checksums: nmt/data/batches.py documents
+            it); the temporary directory becomes out_dir.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from nmt import __version__
+from nmt.data.binarize import OrderedPool, encode_split, init_worker
+from nmt.data.cleaning import COUNTS, check_pairs_left, clean_splits
+from nmt.data.corpus import Corpus, open_corpus
+from nmt.data.subwords import (
+    corpus_tags,
+    language_entry,
+    language_token,
+    languages_of,
+    load_subwords,
+    tag_ids,
+    train_subwords,
+    write_subwords,
+)
+from nmt.data.tokenizer import vocab_sha256
+from nmt.system.files import check_output, new_directory, sha256_file
+
+if TYPE_CHECKING:
+    from nmt.config import PreprocessConfig, TrainCorpus
+
+# nmt.data.batches and nmt.inference.shortlist (which import torch) are imported inside the
+# functions that use them, as in nmt.data.binarize, whose encoding workers start quickly and
+# small.
+
+
+# ----------------------------------------------------------------------------- 5. commit
+def total(parts: list[dict]) -> dict:
+    """Per-corpus counts (or sizes) summed key by key; a count that does not apply (None)
+    stays None."""
+    return {key: None if parts[0][key] is None else sum(p[key] for p in parts)
+            for key in parts[0]}
+
+
+def report(manifest: dict, out: Path, seconds: float) -> str:
+    """The counts as a small table (a row per training corpus too, when there are several),
+    and one line on the vocabulary."""
+    header = ("split", *COUNTS, "src_tokens", "tgt_tokens")
+    rows = [header]
+
+    def row(name: str, counts: dict, info: dict) -> tuple:
+        cells = [counts.get(key) for key in COUNTS] + [info["src_tokens"], info["tgt_tokens"]]
+        return (name, *("-" if c is None else f"{c:,}" for c in cells))
+
+    for split, counts in manifest["counts"].items():
+        rows.append(row(split, counts, manifest["splits"][split]))
+        if split == "train" and len(manifest["corpora"]) > 1:
+            rows += [row(f"  {c['name']} ("
+                         f"{c['src_lang'] + '-' + c['tgt_lang'] + ', ' if 'src_lang' in c else ''}"
+                         f"weight {c['weight']:g}{', tag ' + c['tag'] if c['tag'] else ''})",
+                         c["counts"], c) for c in manifest["corpora"]]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
+                       enumerate(zip(row, widths, strict=True))) for row in rows]
+    vocab = (f"joint {manifest['src_vocab_size']:,}" if manifest["joint"] else
+             f"{manifest['src_vocab_size']:,} + {manifest['tgt_vocab_size']:,}")
+    lines.append(f"vocabulary: {vocab} ({', '.join(sorted(set(manifest['spm'].values())))}), "
+                 f"ids {manifest['dtype']}; wrote {out} in {seconds:.1f} s")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- the command
+def build(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], reused: tuple | None,
+          tmp: Path) -> dict:
+    """Stages 2-4 into the temporary directory tmp; returns the manifest (without checksums)."""
+    from nmt.data.batches import FORMAT, token_dtype
+    from nmt.system.runtime import usable_cores
+
+    langs = {"src": cfg.src_lang, "tgt": cfg.tgt_lang}
+    workers = cfg.workers or usable_cores()
+    specs = cfg.corpora
+    seconds = {}
+    t = time.time()
+    counts, texts = clean_splits(cfg, corpora, tmp)
+    seconds["clean"], t = time.time() - t, time.time()
+    src_tok, tgt_tok, spm_info = reused or train_subwords(
+        texts["train"], cfg.bpe, sorted(
+            {tag for c in specs.values() for tag in corpus_tags(c) if tag}
+            | {language_token(lang) for lang in languages_of(cfg)}))
+    tags = {role: tag_ids(specs[role], src_tok, cfg.bpe.model, role) for role in texts}
+    languages = language_entry(cfg, src_tok, spm_info)
+    spm_names = write_subwords(src_tok, tgt_tok, tmp, cfg.src_lang, cfg.tgt_lang)
+    seconds["subwords"], t = time.time() - t, time.time()
+    dtype = token_dtype(max(src_tok.vocab_size, tgt_tok.vocab_size))
+    limits = (cfg.clean.max_tokens, cfg.clean.max_ratio)
+    text_prefix = ({side: tmp / f"train.clean.{lang}" for side, lang in langs.items()}
+                   if cfg.keep_text else None)
+    sizes = {}
+    workers = min(workers, max(len(text.chunks) for text in texts.values()))
+    with OrderedPool(workers, init_worker, (src_tok.proto, tgt_tok.proto)) as pool:
+        for role, text in texts.items():
+            prefix = {side: tmp / f"{role}.{lang}" for side, lang in langs.items()}
+            train = role == "train"
+            sizes[role] = encode_split(pool, text, role, prefix, limits if train else None,
+                                       dtype, counts[role], tags[role],
+                                       text_prefix if train else None)
+    seconds["encode"] = time.time() - t
+    check_pairs_left(corpora["train"], sizes["train"], counts["train"])
+    texts["train"].src.unlink()  # the cleaned training text is not kept as text
+    texts["train"].tgt.unlink()
+    manifest = {
+        "format": FORMAT, "src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang,
+        "joint": src_tok.same_ids(tgt_tok), "spm": spm_names,
+        "src_vocab_size": src_tok.vocab_size, "tgt_vocab_size": tgt_tok.vocab_size,
+        "pad_id": tgt_tok.specials.pad, "unk_id": tgt_tok.sp.unk_id(),
+        "bos_id": tgt_tok.specials.bos, "eos_id": tgt_tok.specials.eos,
+        "dtype": dtype.name,
+        "vocab_sha256": vocab_sha256(src_tok.proto, tgt_tok.proto),
+        "splits": {role: total(parts) for role, parts in sizes.items()},
+        "counts": {role: total(parts) for role, parts in counts.items()},
+        **_corpus_entries(specs, tags, sizes, counts["train"], cfg.multilingual),
+        "clean": {role: {side: f"{role}.clean.{lang}" for side, lang in langs.items()}
+                  for role in texts if role != "train"},
+        "spm_training": {k: v for k, v in spm_info.items() if k != "languages"},
+        "config": asdict(cfg), "nmt_version": __version__,
+        **({"languages": languages} if languages else {}),
+        "seconds": {k: round(v, 2) for k, v in seconds.items()},
+    }
+    _add_train_extras(manifest, cfg, tmp, dtype, text_prefix)
+    return manifest
+
+
+def _corpus_entries(specs: dict, tags: dict, sizes: dict, counts: list[dict],
+                    multilingual: bool) -> dict:
+    """The manifest's "corpora" (each training corpus: its spec, tag, first pair in the
+    training arrays, sizes and cleaning counts) and, multilingual, "sections" (the same of the
+    other splits' corpora)."""
+    first = {role: np.cumsum([0] + [size["pairs"] for size in part])[:-1]
+             for role, part in sizes.items()}
+    out = {"corpora": [{"name": spec.name, "input": spec.path, "weight": spec.weight,
+                        "tag": tag_piece, "tag_id": tag, "first": int(start), **size,
+                        **pair_of(spec), "counts": corpus_counts}
+                       for spec, tag_piece, tag, start, size, corpus_counts in zip(
+                           specs["train"], corpus_tags(specs["train"]), tags["train"],
+                           first["train"], sizes["train"], counts, strict=True)]}
+    if multilingual:
+        out["sections"] = {role: [{"name": spec.name, "input": spec.path, **pair_of(spec),
+                                   "first": int(start), **size}
+                                  for spec, start, size in zip(specs[role], first[role],
+                                                               sizes[role], strict=True)]
+                           for role in sizes if role != "train"}
+    return out
+
+
+def _add_train_extras(manifest: dict, cfg: PreprocessConfig, tmp: Path, dtype,
+                      text_prefix: dict | None) -> None:
+    """The shortlist (shortlist.k > 0, from the training arrays just written) and the kept
+    training text (keep_text) into tmp and the manifest."""
+    from nmt.data.batches import TokenArray
+    from nmt.inference.shortlist import FILE as SHORTLIST
+    from nmt.inference.shortlist import build_shortlist
+
+    if cfg.shortlist.k:
+        t = time.time()
+        src, tgt = (TokenArray(tmp / f"train.{lang}", dtype)
+                    for lang in (cfg.src_lang, cfg.tgt_lang))
+        build_shortlist(src, tgt, manifest, cfg.shortlist).save(tmp / SHORTLIST)
+        manifest["shortlist"] = SHORTLIST
+        manifest["seconds"]["shortlist"] = round(time.time() - t, 2)
+    if text_prefix:
+        manifest["train_text"] = {
+            **{side: path.name for side, path in text_prefix.items()},
+            **{f"{side}_bytes": (tmp / f"{path.name}.bin").stat().st_size
+               for side, path in text_prefix.items()}}
+
+
+def pair_of(spec: TrainCorpus) -> dict:
+    """A corpus's manifest entries for its language pair ({} for a bilingual corpus)."""
+    return {"src_lang": spec.src_lang, "tgt_lang": spec.tgt_lang} if spec.src_lang else {}
+
+
+def preprocess(cfg: PreprocessConfig) -> dict:
+    """Check the inputs, clean, train subwords, encode, commit; returns the manifest."""
+    start = time.time()
+    out = Path(cfg.out_dir)
+    check_output(out, "out_dir", directory=True)
+    corpora = {role: [open_corpus(c.path, role, c.src_lang or cfg.src_lang,
+                                  c.tgt_lang or cfg.tgt_lang, cfg.hf_name, cfg.hf_config)
+                      for c in specs] for role, specs in cfg.corpora.items()}
+    reused = load_subwords(cfg.bpe.model) if cfg.bpe.model else None
+    if reused:  # checked before any work
+        for role, specs in cfg.corpora.items():
+            tag_ids(specs, reused[0], cfg.bpe.model, role)
+        language_entry(cfg, reused[0], reused[2])
+    with new_directory(out, cfg.force, "manifest.json", "data directory") as tmp:
+        manifest = build(cfg, corpora, reused, tmp)
+        manifest["checksums"] = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+    print(report(manifest, out, time.time() - start), flush=True)
+    return manifest

@@ -1,0 +1,109 @@
+"""nmt-serve: a checkpoint behind an HTTP endpoint (nmt.serve.app) until SIGTERM: the
+translator loaded and its decoding workers started and warmed up once, the socket opened,
+uvicorn run; SIGTERM answers the requests in flight, then exits with status 0."""
+
+from __future__ import annotations
+
+import queue
+import signal
+import socket
+
+from fastapi import FastAPI
+
+from nmt.config import SearchConfig, ServeConfig
+from nmt.errors import NmtError
+from nmt.inference.engine import check_vocab, open_translator
+from nmt.inference.messages import Batch, Failed, Sentence
+from nmt.inference.workers import WorkerPool
+from nmt.serve.app import create_app
+from nmt.serve.service import Service, log
+from nmt.system.runtime import keep_freed_memory, pick_device, usable_cores
+from nmt.training.preemption import restore_handler
+
+
+def open_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket; a taken port or an unknown host is a one-line error."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        family, _, _, _, address = infos[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as e:
+        raise NmtError(f"host={host} port={port}: cannot listen "
+                       f"({e.strerror or e})") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(cfg: ServeConfig) -> None:
+    """nmt-serve: load the checkpoint once, start the decoding workers, serve until SIGTERM."""
+    device = pick_device(cfg.device)
+    workers = (cfg.workers or usable_cores()) if device.type == "cpu" else 1
+    if device.type == "cpu":
+        keep_freed_memory()
+    # Prepared for search.dtype here, then the workers forked: before any socket or thread.
+    translator = open_translator(cfg.engine, [cfg.checkpoint], device, dtype=cfg.search.dtype,
+                                 workers=workers, threads=cfg.threads, ct2_model=cfg.ct2_model,
+                                 shortlist=cfg.search.shortlist)
+    try:
+        if cfg.vocab_check:
+            check_vocab(translator, cfg.vocab_check, cfg.checkpoint)
+        warm_up(translator.stepper(), cfg.search.dtype)
+    except NmtError:
+        translator.close()
+        raise
+    # uvicorn stops gracefully on SIGTERM, then raises it again to end the process: a handler
+    # that only notes it (until the workers are stopped too) makes that end with status 0.
+    stop = []
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    try:
+        with open_socket(cfg.host, cfg.port) as sock:
+            service = Service(translator, cfg)
+            host, port = sock.getsockname()[:2]
+            url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+            n = service.workers
+            if not service.libre.sources:
+                log(f"{cfg.checkpoint} records no languages: LibreTranslate's API answers 400 "
+                    f"until nmt-serve is started with src_lang=... tgt_lang=...")
+            kind = "process" if service.stepper.processes else "thread"
+            kind = {"process": "processes", "thread": "threads"}[kind] if n > 1 else kind
+            log(f"{cfg.checkpoint} on {device} ({n} decoding {kind}, "
+                f"{'continuous' if cfg.continuous else 'dynamic'} batching, split="
+                f"{service.split}); listening on {url} "
+                f"(API: {url}/docs)")
+            if not stop:
+                run_until_stopped(create_app(service), sock, cfg)
+        s = service.batcher.stats
+        log(f"stopped: {service.requests} requests, {s.sentences} sentences in {s.batches} "
+            f"batches")
+    finally:
+        translator.close()
+        restore_handler(signal.SIGTERM, previous)
+
+
+def warm_up(pool: WorkerPool, dtype: str) -> None:
+    """Decode one short sentence on every worker (a process's first steps are slower);
+    NmtError if a worker fails or does not answer within a minute."""
+    warm = SearchConfig(beam_size=1, max_len_b=1, dtype=dtype)
+    for w in range(pool.workers):
+        pool.send(w, Batch(warm, [Sentence(("warm", w), [4])], whole=True))
+    for _ in range(pool.workers):
+        try:
+            message = pool.read(timeout=60)
+        except queue.Empty:
+            raise NmtError("a decoding worker did not start within a minute") from None
+        if isinstance(message, Failed):
+            raise NmtError(f"a decoding worker failed while starting ({message.error!r})")
+
+
+def run_until_stopped(app: FastAPI, sock: socket.socket, cfg: ServeConfig) -> None:
+    """uvicorn on a listening socket until SIGTERM or Ctrl-C; in-flight requests are answered
+    first (for at most timeout_s + 5 seconds)."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(
+        app, log_level=cfg.log_level, access_log=cfg.access_log,
+        timeout_graceful_shutdown=int(cfg.timeout_s) + 5))
+    server.run(sockets=[sock])

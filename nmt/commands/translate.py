@@ -1,0 +1,552 @@
+"""nmt-translate: checkpoints and raw text in, detokenized translations (or scores) out.
+
+Reads raw lines (a file or standard input), encodes them with the SentencePiece model stored in
+the checkpoint, translates them in length-sorted token-budget batches (nmt.inference) with
+one model or an ensemble, and writes one detokenized line per input line, in input order (or
+`i ||| hypothesis ||| score` lines when search.nbest > 1). With ref=..., prints sacreBLEU BLEU
+and chrF with their signatures (the scorer of validation, nmt.inference.scoring) to stderr; stdout
+carries only translations. score_reference=true writes `log P<TAB>score<TAB>|Y|` per given
+pair instead. constraints=FILE gives each input line target phrases its translation must
+contain (lexically constrained beam search, nmt.inference.constrained). From a pipe or a
+terminal, lines are translated as they arrive; under torchrun the ranks share the lines and
+rank 0 writes them all. alignment=true adds to each output line the source-target links of its
+translation (nmt.inference.align): a TAB-separated column after a translation or a scored pair, a
+fourth ` ||| ` field of an n-best line. split=sentence|paragraph translates each line's sentences
+(or the line, cut to fit the model) apart, in the same batches as all other pieces, and puts the
+translations back in the line with the spaces between them (nmt.inference.segment). mbr.candidates=N
+or rerank.model=CKPT write, of each line's (or piece's) candidates, the one chosen by minimum
+Bayes risk or by reranking (nmt.inference.rerank).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import queue
+import stat
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from nmt.config import TranslateConfig, candidate_search, check_split_lang
+from nmt.data.languages import LanguageChoice, choose, recorded_pair
+from nmt.data.tokenizer import Tokenizer
+from nmt.data.vocab import Vocab
+from nmt.errors import ConfigError, NmtError
+from nmt.inference.align import align, check_layer, pharaoh
+from nmt.inference.constrained import missing_phrases
+from nmt.inference.engine import Engine, check_vocab, open_translator
+from nmt.inference.messages import Hypothesis
+from nmt.inference.rerank import Chooser
+from nmt.inference.scoring import score
+from nmt.inference.segment import Segmented, sample_stream, sentence_splitter, split_for
+from nmt.inference.segment import rejoin as segment_rejoin
+from nmt.system.files import check_output, decode_line, read_lines, write_atomically
+from nmt.system.runtime import keep_freed_memory, usable_cores
+from nmt.training import distributed
+
+PROG = "nmt-translate"
+CHUNK_LINES = 1000  # interactive input: lines translated together at most
+PARALLEL_LINES = 32  # interactive input: fewer lines per worker than this use one process
+
+
+def log(message: str) -> None:
+    """One line on stderr (stdout is for translations)."""
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- text in and out
+def is_interactive(path: str) -> bool:
+    """Is `path` standard input coming from a pipe, a socket or a terminal (not a file)?"""
+    if path != "-":
+        return False
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):  # no real stdin (e.g. captured by pytest)
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or sys.stdin.isatty()
+
+
+def arriving_chunks(stream, limit: int = CHUNK_LINES):
+    """Yield lists of the lines (bytes) of `stream` as they arrive: wait for one, then take
+    those already there, up to `limit` (a reader thread feeds a queue)."""
+    lines: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        for line in stream:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    while (first := lines.get()) is not None:
+        chunk = [first]
+        while len(chunk) < limit:
+            try:
+                line = lines.get_nowait()
+            except queue.Empty:
+                break
+            if line is None:
+                yield chunk
+                return
+            chunk.append(line)
+        yield chunk
+
+
+def encode_lines(tok: Tokenizer, lines: list[str], max_tokens: int, name: str,
+                 quiet: bool = False, first: int = 0) -> list[list[int]]:
+    """Subword ids of each line, cut to max_tokens with a warning (the first few named);
+    first: the number of lines before these in the input (for the line numbers)."""
+    ids = tok.encode(lines)
+    long = [i for i, seq in enumerate(ids) if len(seq) > max_tokens]
+    for shown, i in enumerate(long):
+        if not quiet and shown < 5:
+            log(f"warning: {name}: line {first + i + 1} has {len(ids[i])} tokens; truncated to "
+                f"{max_tokens}")
+        ids[i] = ids[i][:max_tokens]
+    if len(long) > 5 and not quiet:
+        log(f"warning: {name}: {len(long)} lines truncated in all")
+    return ids
+
+
+def split_tsv(lines: list[str], first: int, name: str, second: str) -> tuple[list[str], list[str]]:
+    """`source<TAB>second` lines -> the sources and the second column; anything else is an
+    error naming the line."""
+    pairs = [line.split("\t") for line in lines]
+    for number, pair in enumerate(pairs, start=first + 1):
+        if len(pair) != 2:
+            raise NmtError(f"{name}: line {number} is not source<TAB>{second} "
+                           f"({len(pair) - 1} TABs)")
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def format_output(index: int, hyps: list[Hypothesis], texts: list[str], nbest: int,
+                  links: list[str] | None = None) -> list[str]:
+    """The output lines of one input: its best translation, or nbest `i ||| text ||| score`;
+    with links (alignment=true), each hypothesis's after a TAB, or as a fourth ` ||| ` field."""
+    if nbest == 1:
+        return [texts[0] if links is None else f"{texts[0]}\t{links[0]}"]
+    lines = [f"{index} ||| {text} ||| {h.score:.4f}" for h, text in zip(hyps, texts, strict=True)]
+    if links is None:
+        return lines
+    return [f"{line} ||| {link}" for line, link in zip(lines, links, strict=True)]
+
+
+def format_score(h: Hypothesis, links: list[str] | None = None) -> str:
+    """The output line of a scored pair: log P(Y|X), log P / lp(|Y|), |Y| (EOS counted), and
+    the pair's links (alignment=true)."""
+    line = f"{h.logprob:.4f}\t{h.score:.4f}\t{len(h.tokens) + 1}"
+    return line if links is None else f"{line}\t{links[0]}"
+
+
+def write_lines(path: str, lines: list[str]) -> None:
+    """Write lines to a file atomically (temporary file, then rename; a pipe or device is
+    written into), or to stdout for "-"."""
+    text = "".join(line + "\n" for line in lines)
+    if path == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    try:
+        write_atomically(path, text)
+    except OSError as e:
+        raise NmtError(f"{path}: cannot write output ({e.strerror})") from None
+
+
+# ----------------------------------------------------------------------------- the command
+@dataclass
+class Session:
+    """What translating or scoring any chunk of the input needs."""
+
+    cfg: TranslateConfig
+    translator: Engine  # the model(s), prepared, with its workers
+    env: distributed.DistInfo  # this rank under torchrun
+    limit: int  # tokens kept of a source, prefix or target
+    name: str  # the input's name in messages
+    refs: list[list[str]] | None  # ref=, refs=: reference streams (BLEU), or ref= targets
+    phrases: list[list[str]] | None  # constraints=: per input line, its phrases
+    splitter: Callable[[str], list[str]] | None = None  # split=sentence: a text's sentences
+    languages: LanguageChoice = LanguageChoice()  # src_lang=, tgt_lang=: tokens they add
+    chooser: Chooser | None = None  # mbr=, rerank=: keeps one of each line's candidates
+
+
+@dataclass
+class Chunk:
+    """The results for a chunk of input lines."""
+
+    lines: list[str]  # output lines
+    nbest: list[list[Hypothesis]]  # per input line
+    texts: list[list[str]] = field(default_factory=list)  # detokenized hypotheses (translating)
+    src_ids: list[list[int]] = field(default_factory=list)
+
+
+def translate(cfg: TranslateConfig) -> dict:
+    """nmt-translate: translate (or score) cfg.input into cfg.output; returns the results."""
+    session = open_session(cfg)
+    try:
+        if (is_interactive(cfg.input) and session.env.world_size == 1
+                and not cfg.attention_plot):
+            return run_interactive(session)
+        return run_all(session)
+    finally:
+        session.translator.close()
+        if session.chooser is not None:
+            session.chooser.close()
+        if session.env.world_size > 1:
+            distributed.shutdown()
+
+
+def open_session(cfg: TranslateConfig) -> Session:
+    """Devices, ranks and processes; the checkpoints loaded, checked and prepared."""
+    if cfg.output != "-":
+        check_output(cfg.output, "output")
+    if cfg.attention_plot:
+        check_output(cfg.attention_plot, "attention_plot", directory=True)
+    env = distributed.init(cfg.device)
+    device = env.device
+    share = max(1, usable_cores() // env.world_size)  # the cores of this rank
+    workers = (cfg.workers or share) if device.type == "cpu" else 1
+    if cfg.threads or env.world_size > 1:
+        torch.set_num_threads(cfg.threads or share)
+    if device.type == "cpu":
+        keep_freed_memory()  # reuse freed memory: large per-step tensors cost no page faults
+    ref_files = [cfg.ref] * bool(cfg.ref) + list(cfg.refs)
+    refs = [read_lines(path, "references") for path in ref_files] or None
+    phrases = read_constraints(cfg.constraints) if cfg.constraints else None
+    translator = open_translator(cfg.engine, cfg.checkpoints, device, cfg.weights,
+                                 cfg.search.dtype, workers, cfg.threads, cfg.ct2_model,
+                                 cfg.search.shortlist)
+    try:
+        if cfg.vocab_check:
+            check_vocab(translator, cfg.vocab_check, cfg.checkpoints[0])
+        if cfg.alignment:
+            check_layer(translator, cfg.alignment_layer)
+        languages = choose(translator.vocab, cfg.src_lang, cfg.tgt_lang, cfg.checkpoints[0])
+        check_languages(cfg, languages)
+        splitter = sentence_splitter(split_lang(cfg, translator.vocab)) if (
+            cfg.split == "sentence") else None
+        chooser = Chooser.open(cfg, translator.tgt_tok, device, workers)
+    except NmtError:
+        translator.close()
+        raise
+    limit = min(cfg.max_input_tokens, translator.max_input_tokens) - len(languages.source)
+    name = "<stdin>" if cfg.input == "-" else cfg.input
+    return Session(cfg, translator, env, limit, name, refs, phrases, splitter, languages,
+                   chooser)
+
+
+def split_lang(cfg: TranslateConfig, vocab: Vocab) -> str:
+    """split=sentence's source language: split_lang, else the one the checkpoint records (its
+    pair's source, or src_lang= of a multilingual model); a one-line error for none."""
+    lang = cfg.split_lang or recorded_pair(vocab).src_lang or cfg.src_lang
+    if not lang:
+        raise ConfigError("split_lang: split=sentence needs the source language's ISO 639 "
+                          "code, e.g. split_lang=en (the checkpoint records no language pair)")
+    check_split_lang(lang)
+    return lang
+
+
+def check_languages(cfg: TranslateConfig, languages: LanguageChoice) -> None:
+    """What is not defined yet with a forced language token: alignments and attention plots
+    (their rows and columns would hold the language tokens)."""
+    for key in ("alignment", "attention_plot"):
+        if languages.prefix and getattr(cfg, key):
+            raise ConfigError(f"{key}: not with a forced target language token (tgt_lang= of "
+                              f"an M2M100 or NLLB-200 model) yet")
+
+
+def read_input(s: Session) -> list[str]:
+    """The input lines; under torchrun, standard input is read by rank 0 and sent to all."""
+    if s.cfg.input != "-" or s.env.world_size == 1:
+        return read_lines(s.cfg.input)
+    return distributed.broadcast_object(read_lines("-") if s.env.is_main else None)
+
+
+def run_all(s: Session) -> dict:
+    """Read the whole input, translate or score it, write the output, report."""
+    cfg = s.cfg
+    lines = read_input(s)
+    check_references(s, len(lines))
+    check_constraint_lines(s, len(lines))
+    if cfg.attention_plot and cfg.attention_line > len(lines):
+        raise NmtError(f"attention_line={cfg.attention_line}: {s.name} has {len(lines)} lines")
+    start = time.perf_counter()
+    chunk = process(s, lines, 0)
+    seconds = time.perf_counter() - start
+    result = finish(s, chunk.nbest, chunk.texts, seconds, len(chunk.src_ids))
+    if s.env.is_main:
+        write_lines(cfg.output, chunk.lines)
+        report(result, s.refs, cfg)
+    if cfg.attention_plot and s.env.is_main:
+        from nmt.training.plot import plot_attention
+
+        i = cfg.attention_line - 1
+        paths = plot_attention(s.translator, chunk.src_ids[i], chunk.nbest[i][0].tokens,
+                               cfg.attention_plot)
+        log(f"attention of line {cfg.attention_line} drawn in {', '.join(map(str, paths))}")
+    return result
+
+
+def run_interactive(s: Session) -> dict:
+    """Translate (or score) standard input chunk by chunk as lines arrive, writing each
+    chunk's output at once when it goes to standard output."""
+    out, nbest, texts, first, segments = [], [], [], 0, 0
+    start = time.perf_counter()
+    for raw in arriving_chunks(sys.stdin.buffer):
+        lines = [decode_line(line, first + i + 1, s.name) for i, line in enumerate(raw)]
+        chunk = process(s, lines, first, interactive=True)
+        if s.cfg.output == "-":
+            write_lines("-", chunk.lines)
+        else:
+            out += chunk.lines
+        nbest, texts, first = nbest + chunk.nbest, texts + chunk.texts, first + len(lines)
+        segments += len(chunk.src_ids)
+    if s.cfg.output != "-":
+        write_lines(s.cfg.output, out)
+    result = finish(s, nbest, texts, time.perf_counter() - start, segments)
+    report(result, s.refs, s.cfg)
+    return result
+
+
+def finish(s: Session, nbest: list[list[Hypothesis]], texts: list[list[str]],
+           seconds: float, segments: int) -> dict:
+    """The result of a run: hypotheses (or scored pairs), the time taken and the number of
+    segments decoded (with split=sentence|paragraph, the lines' pieces)."""
+    if s.cfg.score_reference:
+        return {"pairs": [hyps[0] for hyps in nbest], "seconds": seconds}
+    check_references(s, len(nbest))
+    check_constraint_lines(s, len(nbest))
+    return {"hypotheses": [t[0] for t in texts], "nbest": nbest, "seconds": seconds,
+            "segments": segments}
+
+
+def process(s: Session, lines: list[str], first: int, interactive: bool = False) -> Chunk:
+    """Translate or score input lines first+1.., this rank's share of them under torchrun."""
+    cfg, tr = s.cfg, s.translator
+    sources, second = lines, None
+    if cfg.prefix or (cfg.score_reference and s.refs is None):
+        sources, second = split_tsv(lines, first, s.name,
+                                    "prefix" if cfg.prefix else "target")
+    elif cfg.score_reference:
+        second = s.refs[0][first:first + len(lines)]
+        if len(second) != len(lines):
+            raise NmtError(f"{cfg.ref}: {len(s.refs[0])} target lines but {s.name} has more")
+    docs, sources, streams = split_lines(s, sources)
+    src_ids = s.languages.sources(encode_lines(tr.src_tok, sources, s.limit, s.name, cfg.quiet,
+                                               first))
+    tgt_ids = s.languages.prefixes(len(src_ids), (
+        encode_lines(tr.tgt_tok, second, s.limit, cfg.ref or s.name, cfg.quiet, first)
+        if second is not None else None))
+    phrases = constraint_ids(s, first, len(lines))
+    mine = list(range(s.env.rank, len(sources), s.env.world_size))  # this rank's sources
+    # A few arriving lines decode here: the workers' round trip would cost more than it saves.
+    parallel = not interactive or len(mine) >= PARALLEL_LINES * tr.workers
+    found = run_search(s, [src_ids[i] for i in mine], tgt_ids and [tgt_ids[i] for i in mine],
+                       [first + streams[i] for i in mine], parallel, interactive,
+                       phrases and [phrases[i] for i in mine])
+    found = [[dataclasses.replace(h, tokens=s.languages.strip(h.tokens)) for h in hs]
+             for hs in found]  # without the forced language token
+    if s.chooser is not None:  # each rank chooses among its own sources' candidates
+        found = s.chooser.choose([sources[i] for i in mine], found)
+    hyps = gather(s, mine, found, len(sources))
+    # Only rank 0 writes: the other ranks' output lines go unused and need no links.
+    links = (alignments(s, src_ids, hyps) if cfg.alignment and s.env.is_main
+             else [None] * len(hyps))
+    if cfg.score_reference:
+        return Chunk([format_score(h[0], a) for h, a in zip(hyps, links, strict=True)], hyps,
+                     src_ids=src_ids)
+    if phrases and not cfg.quiet and s.env.is_main:  # (constraints need split=none)
+        warn_missing(s, hyps, phrases, first)
+    texts = [tr.tgt_tok.decode([h.tokens for h in hs]) for hs in hyps]
+    if docs is not None:
+        hyps, texts = rejoin(docs, hyps, texts)
+        links = [None] * len(hyps)  # alignment=true needs split=none
+    if s.env.is_main:  # per input line: a piece without translation is its line's
+        warn_unfinished(s, hyps, first)
+    nbest = 1 if s.chooser is not None else cfg.search.nbest
+    out = [line for i, (hs, t, a) in enumerate(zip(hyps, texts, links, strict=True))
+           for line in format_output(first + i, hs, t, nbest, a)]
+    return Chunk(out, hyps, texts, src_ids)
+
+
+def split_lines(s: Session, lines: list[str]
+                ) -> tuple[list[Segmented] | None, list[str], list[int]]:
+    """split=sentence|paragraph: each line's pieces (none over s.limit source tokens), the
+    pieces of all lines in order, and the sampling stream of each
+    (nmt.inference.segment.sample_stream: piece 0 of line i is i); split=none: None, the lines,
+    0..n-1."""
+    if s.cfg.split == "none":
+        return None, lines, list(range(len(lines)))
+    docs = [split_for(s.translator.src_tok, line, s.cfg.split, s.splitter, s.limit)
+            for line in lines]
+    return (docs, [piece for doc in docs for piece in doc.pieces],
+            [sample_stream(i, k) for i, doc in enumerate(docs) for k in range(len(doc.pieces))])
+
+
+def rejoin(docs: list[Segmented], hyps: list[list[Hypothesis]], texts: list[list[str]]
+           ) -> tuple[list[list[Hypothesis]], list[list[str]]]:
+    """The best translations of the pieces of all lines -> per line, its text with the
+    translations in place of the pieces, and one hypothesis: their tokens in order, their log P
+    and scores summed (the pieces are translated apart)."""
+    pieces = iter(zip(hyps, texts, strict=True))
+    out_hyps, out_texts = [], []
+    for doc in docs:
+        mine = [next(pieces) for _ in doc.pieces]
+        text, score = segment_rejoin(doc, [t[0] for _, t in mine], [h[0].score for h, _ in mine])
+        out_texts.append([text])
+        out_hyps.append([Hypothesis([tok for h, _ in mine for tok in h[0].tokens], score,
+                                    sum(h[0].logprob for h, _ in mine))])
+    return out_hyps, out_texts
+
+
+def alignments(s: Session, src_ids: list[list[int]],
+               nbest: list[list[Hypothesis]]) -> list[list[str]]:
+    """Per input line, the Pharaoh links of each of its hypotheses (the first model's
+    attention, for an ensemble), aligned in batches of search.max_tokens."""
+    pairs = [(src, h.tokens) for src, hyps in zip(src_ids, nbest, strict=True) for h in hyps]
+    links = iter(map(pharaoh, align(s.translator, [p[0] for p in pairs],
+                                    [p[1] for p in pairs], s.cfg.alignment_layer,
+                                    s.cfg.search.max_tokens)))
+    return [[next(links) for _ in hyps] for hyps in nbest]
+
+
+def gather(s: Session, mine: list[int], hyps: list, n: int) -> list:
+    """Every rank's results for lines 0..n-1 of a chunk, in order (torchrun: from all)."""
+    if s.env.world_size == 1:
+        return hyps
+    out = [None] * n
+    for part in distributed.all_gather_objects(list(zip(mine, hyps, strict=True))):
+        for i, h in part:
+            out[i] = h
+    return out
+
+
+def read_constraints(path: str) -> list[list[str]]:
+    """constraints=FILE: per line, its TAB-separated phrases (blank ones dropped)."""
+    return [[p for p in line.split("\t") if p.strip()]
+            for line in read_lines(path, "constraints")]
+
+
+def check_constraint_lines(s: Session, lines: int, complete: bool = True) -> None:
+    """The constraints file has a line for each of the first `lines` input lines, and
+    (complete: the input has ended) no more."""
+    if s.phrases is None:
+        return
+    n = len(s.phrases)
+    if n < lines:
+        raise NmtError(f"{s.cfg.constraints}: no line {n + 1} for input line {n + 1} (one line "
+                       f"of TAB-separated phrases per line of {s.name})")
+    if complete and n > lines:
+        raise NmtError(f"{s.cfg.constraints}: line {lines + 1} has no input line ({s.name} has "
+                       f"{lines} lines)")
+
+
+def constraint_ids(s: Session, first: int, lines: int) -> list[list[list[int]]] | None:
+    """The phrases of input lines first+1..first+lines, encoded with the target tokenizer."""
+    if s.phrases is None:
+        return None
+    check_constraint_lines(s, first + lines, complete=False)
+    chunk = s.phrases[first:first + lines]
+    ids = iter(s.translator.tgt_tok.encode([p for ps in chunk for p in ps]))
+    return [[next(ids) for _ in ps] for ps in chunk]
+
+
+def warn_unfinished(s: Session, hyps: list[list[Hypothesis]], first: int) -> None:
+    """Warn of input lines that ended with no hypothesis at all (every continuation banned:
+    its prefix, constraints or no_repeat_ngram_size leave none), the first few named; even
+    with quiet=true, as their output lines are empty."""
+    empty = [i for i, hs in enumerate(hyps) if hs[0].logprob == -math.inf]
+    for i in empty[:5]:
+        log(f"warning: {s.name}: line {first + i + 1}: no translation: every continuation "
+            f"was banned (by its prefix, constraints or search.no_repeat_ngram_size)")
+    if len(empty) > 5:
+        log(f"warning: {len(empty)} lines without a translation in all")
+
+
+def warn_missing(s: Session, hyps: list[list[Hypothesis]], phrases: list[list[list[int]]],
+                 first: int) -> None:
+    """Warn of translations that lack a constraint (cut at the maximum length), the first
+    few named; lines with no translation at all are warn_unfinished's."""
+    lacking = [(i, j) for i, (hs, ps) in enumerate(zip(hyps, phrases, strict=True))
+               if hs[0].logprob != -math.inf for j in missing_phrases(hs[0].tokens, ps)]
+    for i, j in lacking[:5]:
+        text = s.translator.tgt_tok.decode([phrases[i][j]])[0]
+        log(f"warning: {s.name}: line {first + i + 1}: the translation lacks constraint "
+            f"{text!r} (cut at the maximum length)")
+    if len(lacking) > 5:
+        log(f"warning: {len(lacking)} constraints missing in all")
+
+
+def check_references(s: Session, lines: int) -> None:
+    """Every reference file has one line per input line."""
+    paths = [s.cfg.ref] * bool(s.cfg.ref) + list(s.cfg.refs)
+    for path, stream in zip(paths, s.refs or [], strict=True):
+        if len(stream) != lines:
+            raise NmtError(f"{path}: {len(stream)} reference lines but {lines} input lines")
+
+
+def report(result: dict, refs: list[list[str]] | None, cfg: TranslateConfig) -> None:
+    """The speed summary, and BLEU and chrF with their signatures when there are references."""
+    seconds = max(result["seconds"], 1e-9)
+    if cfg.score_reference:
+        if not cfg.quiet:
+            n = len(result["pairs"])
+            log(f"scored {n} pairs in {seconds:.1f} s ({n / seconds:.1f} pairs/s)")
+        return
+    n = len(result["nbest"])
+    if not cfg.quiet:
+        n_tok = sum(len(hyps[0].tokens) for hyps in result["nbest"])
+        pieces = result["segments"]  # split: the rate counts what was decoded, not lines
+        done, rate = ((f"{n} lines", f"{n / seconds:.1f} sentences/s") if cfg.split == "none"
+                      else (f"{n} lines ({pieces} pieces, split={cfg.split})",
+                            f"{pieces / seconds:.1f} pieces/s"))
+        log(f"translated {done} in {seconds:.1f} s ({rate}, {n_tok / seconds:.0f} tokens/s; "
+            f"{search_summary(cfg)}, {cfg.search.dtype})")
+    if refs is not None and not n:
+        log("no lines, nothing to score")
+    elif refs is not None:
+        result["scores"] = scores = score(result["hypotheses"], refs, cfg.bleu_tokenize)
+        log(scores["bleu_line"])
+        log(f"BLEU signature: {scores['bleu_signature']}")
+        log(scores["chrf_line"])
+        log(f"chrF signature: {scores['chrf_signature']}")
+
+
+def search_summary(cfg: TranslateConfig) -> str:
+    """How the translations were found, in a few words: "beam 4", "MBR chrf of 8 by sampling"."""
+    search = candidate_search(cfg.search, cfg.mbr)
+    how = "sampling" if search.sampling else f"beam {search.beam_size}"
+    if cfg.mbr.candidates:
+        aggregated = " aggregated" if cfg.mbr.aggregate else ""
+        return f"MBR {cfg.mbr.utility}{aggregated} of {cfg.mbr.candidates} by {how}"
+    if cfg.rerank.model:
+        return f"{search.nbest}-best of {how} reranked"
+    return how
+
+
+def run_search(s: Session, src_ids: list[list[int]], tgt_ids: list[list[int]] | None,
+               lines: list[int], parallel: bool, interactive: bool = False,
+               phrases: list[list[list[int]]] | None = None) -> list:
+    """The translator's search (or scoring), with a progress bar on an interactive stderr;
+    phrases: per line, its constraints."""
+    cfg = s.cfg
+    bar = None
+    if not cfg.quiet and not interactive and s.env.is_main and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(src_ids), unit="sent", desc=PROG, leave=False)
+    progress = bar.update if bar else None
+    try:
+        if cfg.score_reference:
+            return [[h] for h in s.translator.score_ids(src_ids, tgt_ids, cfg.search, progress,
+                                                        parallel)]
+        search = s.chooser.search if s.chooser is not None else cfg.search
+        return s.translator.translate_ids(src_ids, search, tgt_ids, lines, progress,
+                                          parallel, phrases)
+    finally:
+        if bar is not None:
+            bar.close()

@@ -1,0 +1,3 @@
+"""Data: parallel corpora in (corpus.py), cleaned (cleaning.py), SentencePiece models and
+language tags (tokenizer.py, subwords.py, languages.py), encoded and binarized (binarize.py),
+read back as token-bucket batches (batches.py); a checkpoint's vocabulary (vocab.py)."""

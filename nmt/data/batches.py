@@ -1,0 +1,630 @@
+"""Binarized parallel data: memory-mapped token arrays written by nmt-preprocess.
+
+A data directory holds, for each split and language, `{split}.{lang}.bin` (the token ids of
+all sentences, concatenated, in the dtype the manifest names) and `{split}.{lang}.idx`
+(int64 offsets, one more than there are sentences), plus `manifest.json`. Sentences are
+stored without BOS/EOS; `ParallelData` adds them. With nmt-preprocess keep_text=true the
+cleaned training text is kept too, as `train.clean.{lang}.bin/.idx` (its UTF-8 bytes, one
+sentence per entry, aligned with train.{lang}.bin), for subword sampling at training time.
+
+manifest.json, format 3 (formats 1 and 2, written before it, are still read: format 2 lacks
+`sections` and the corpora's languages, and is one language pair; format 1 lacks `corpora`
+and `train_text` too, and reads as one training corpus of weight 1 without a tag):
+
+    format              3
+    src_lang, tgt_lang  the language suffixes (of a multilingual directory: its sides' names)
+    joint               one SentencePiece model (and id space) for both languages
+    spm                 {"src": FILE, "tgt": FILE}: the SentencePiece model(s)
+    src_vocab_size, tgt_vocab_size, pad_id, unk_id, bos_id, eos_id
+    dtype               the ids' dtype in .bin files: uint16, or int32 over 65,536 pieces
+    vocab_sha256        sha256 of the source model's bytes followed by the target model's
+    splits              {split: {"pairs", "src_tokens", "tgt_tokens"}}: what the sizes of
+                        .bin (itemsize x tokens) and .idx (8 x (pairs + 1)) are checked against
+    counts              {split: {"read", "invalid_utf8", "empty", "duplicate", "held_out",
+                        "too_long", "ratio", "kept"}}: the cleaning report (null: the step does
+                        not apply; held_out: multilingual training pairs with a side among
+                        the valid or test sentences of its language, dropped)
+    corpora             the training corpora in the order of the train split, each {"name",
+                        "input" (its spec), "weight" (nmt-train's default sampling weight),
+                        "tag" ("" or the piece that starts each source sentence), "tag_id"
+                        (null without a tag), "first" (its first sentence in the split),
+                        "pairs", "src_tokens", "tgt_tokens", "counts" (as above), and in a
+                        multilingual directory "src_lang", "tgt_lang": its pair, with tag
+                        >>tgt_lang<<}
+    sections            a multilingual directory's valid and test corpora: {split: [{"name",
+                        "input", "src_lang", "tgt_lang", "first", "pairs", "src_tokens",
+                        "tgt_tokens"}]}, each source sentence tagged >>tgt_lang<<
+    clean               {split: {"src": FILE, "tgt": FILE}}: the cleaned valid/test text
+    train_text          with keep_text=true: {"src": PREFIX, "tgt": PREFIX, "src_bytes",
+                        "tgt_bytes"}: the cleaned training text's byte arrays
+    shortlist           with shortlist.k > 0: "shortlist.pt", the lexical shortlist
+    (nmt.inference.shortlist) languages           a multilingual directory's ({"convention": "tag",
+                        "codes": {language: id of >>language<<}}), or with bpe.model= of a
+                        multilingual checkpoint its languages (nmt.data.languages); the checkpoints
+                        trained on the directory record them too
+    checksums           {file: sha256} of every other file of the directory
+    spm_training, config, nmt_version, seconds: how it was made
+
+A directory is checked when it is opened: every .bin/.idx has the size its counts give (every
+time, on every rank), and, once per directory on rank 0 (remembered in .nmt-verified.json,
+keyed by each file's size and modification time) or at every start with train.check_data, the
+checksums and that every id is below its vocabulary size. Each fault is one line naming the
+file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from nmt.data.tokenizer import Tokenizer
+from nmt.errors import NmtError
+from nmt.system.files import sha256_file, write_atomically
+
+MANIFEST = "manifest.json"
+FORMAT = 3  # the manifest format nmt-preprocess writes; 1 and 2 are still read
+VERIFIED = ".nmt-verified.json"  # what verify_data_dir found intact, and when
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The dtype of the ids in .bin files: uint16 where every id fits (vocabularies of up to
+    65,536 entries, half the bytes), else int32 (signed: 2^31 ids are plenty)."""
+    return np.dtype(np.uint16) if vocab_size <= 2 ** 16 else np.dtype(np.int32)
+
+
+class TokenArrayWriter:
+    """Append sentences to prefix.bin; `close()` writes prefix.idx (use it as a context manager).
+
+    Streams to disk: memory grows only by the int64 lengths, 8 bytes a sentence.
+    """
+
+    def __init__(self, prefix: Path, dtype: np.dtype):
+        self.prefix, self.dtype = prefix, np.dtype(dtype)
+        self.file = open(f"{prefix}.bin", "wb")  # closed by close()
+        self.lengths: list[np.ndarray] = []  # one (n,) int64 array per add_chunk call
+        self.tokens = 0
+
+    def add_chunk(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
+        """Append sentences given as their concatenated ids (sum(lengths),) and lengths (n,)."""
+        self.file.write(np.asarray(tokens, dtype=self.dtype).tobytes())
+        self.lengths.append(np.asarray(lengths, dtype=np.int64))
+        self.tokens += int(self.lengths[-1].sum())
+
+    def close(self) -> None:
+        """Finish prefix.bin and write the offsets prefix.idx (one more than sentences)."""
+        self.file.close()
+        offsets = np.zeros(1 + sum(map(len, self.lengths)), dtype=np.int64)
+        np.cumsum(np.concatenate([np.zeros(0, np.int64), *self.lengths]), out=offsets[1:])
+        offsets.tofile(f"{self.prefix}.idx")
+
+    def __enter__(self) -> TokenArrayWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def check_size(path: str | Path, expected: int, why: str) -> None:
+    """A one-line error unless the file at `path` has `expected` bytes (`why`: where that
+    figure comes from); a missing file is one too."""
+    try:
+        size = Path(path).stat().st_size
+    except OSError as e:
+        raise NmtError(f"{path}: cannot read ({e.strerror})") from None
+    if size != expected:
+        raise NmtError(f"{path}: {size:,} bytes where {why} give {expected:,}: truncated or "
+                       f"damaged (write it again with nmt-preprocess)")
+
+
+class TokenArray:
+    """Read-only, memory-mapped sequences of token ids (nothing is read whole into memory).
+    With `sentences` and `tokens` (the manifest's counts) the files' sizes are checked first."""
+
+    def __init__(self, prefix: Path, dtype: np.dtype, sentences: int | None = None,
+                 tokens: int | None = None):
+        dtype = np.dtype(dtype)
+        if sentences is not None:
+            check_size(f"{prefix}.idx", 8 * (sentences + 1),
+                       f"manifest.json's {sentences:,} sentences (+1) x 8 bytes")
+            check_size(f"{prefix}.bin", dtype.itemsize * tokens,
+                       f"manifest.json's {tokens:,} tokens x {dtype.itemsize} bytes")
+        try:
+            self.offsets = np.fromfile(f"{prefix}.idx", dtype=np.int64)
+            size = Path(f"{prefix}.bin").stat().st_size
+        except OSError as e:
+            raise NmtError(f"{prefix}.bin/.idx: cannot read ({e.strerror})") from None
+        if size % dtype.itemsize:
+            raise NmtError(f"{prefix}.bin: {size:,} bytes is not a whole number of "
+                           f"{dtype.itemsize}-byte ids: truncated or damaged")
+        self.tokens = (np.memmap(f"{prefix}.bin", dtype=dtype, mode="r") if size
+                       else np.zeros(0, dtype=dtype))
+        self.lengths = np.diff(self.offsets)  # (n,) tokens per sentence
+        if (len(self.offsets) == 0 or self.offsets[0] != 0 or self.offsets[-1] != len(self.tokens)
+                or (self.lengths < 0).any()):
+            raise NmtError(f"{prefix}.idx: offsets do not match {prefix}.bin (corrupt data)")
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.tokens[self.offsets[i]:self.offsets[i + 1]]
+
+
+# ----------------------------------------------------------------------------- the manifest
+def read_manifest(data_dir: str | Path) -> dict:
+    """The manifest of a data directory written by nmt-preprocess (format 1 to 3)."""
+    path = Path(data_dir) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise NmtError(f"{path}: not found (run nmt-preprocess first)") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise NmtError(f"{path}: cannot read ({e})") from None
+    if not isinstance(manifest, dict) or manifest.get("format", 1) > FORMAT:
+        raise NmtError(f"{path}: format {manifest.get('format')} is newer than this nmt reads "
+                       f"(1 to {FORMAT}): upgrade nmt")
+    return manifest
+
+
+def training_corpora(manifest: dict) -> list[dict]:
+    """The manifest's training corpora (see the module's doc); a format-1 directory's train
+    split is one corpus of weight 1 without a tag."""
+    if "corpora" in manifest:
+        return manifest["corpora"]
+    train = manifest["splits"]["train"]
+    return [{"name": "train", "input": manifest.get("config", {}).get("train", ""),
+             "weight": 1.0, "tag": "", "tag_id": None, "first": 0, **train}]
+
+
+def directions(manifest: dict, split: str) -> list[dict]:
+    """A split's language pairs, each {"src_lang", "tgt_lang", "ranges": [(first, pairs),
+    ...]} (its corpora's sentences, in order of first appearance); [] for a bilingual
+    directory (formats 1 and 2 included)."""
+    corpora = training_corpora(manifest)
+    if "src_lang" not in corpora[0]:
+        return []
+    parts = corpora if split == "train" else manifest.get("sections", {}).get(split, [])
+    out: dict[tuple[str, str], dict] = {}
+    for part in parts:
+        key = (part["src_lang"], part["tgt_lang"])
+        entry = out.setdefault(key, {"src_lang": key[0], "tgt_lang": key[1], "ranges": []})
+        entry["ranges"].append((part["first"], part["pairs"]))
+    return list(out.values())
+
+
+def clean_text_path(data_dir: str | Path, manifest: dict, split: str, side: str) -> Path | None:
+    """The cleaned text of a valid or test split that nmt-preprocess kept, or None."""
+    name = manifest.get("clean", {}).get(split, {}).get(side)
+    return Path(data_dir) / name if name else None
+
+
+def array_files(manifest: dict) -> list[tuple[str, np.dtype, int, int, int | None]]:
+    """Every token array of a data directory: (prefix, dtype, sentences, tokens, vocabulary
+    size, or None for text bytes)."""
+    dtype, out = np.dtype(manifest["dtype"]), []
+    for split, counts in manifest["splits"].items():
+        for side in ("src", "tgt"):
+            out.append((f"{split}.{manifest[f'{side}_lang']}", dtype, counts["pairs"],
+                        counts[f"{side}_tokens"], manifest[f"{side}_vocab_size"]))
+    if text := manifest.get("train_text"):
+        out += [(text[side], np.dtype(np.uint8), manifest["splits"]["train"]["pairs"],
+                 text[f"{side}_bytes"], None) for side in ("src", "tgt")]
+    return out
+
+
+def verify_data_dir(data_dir: str | Path, manifest: dict, always: bool = False) -> str:
+    """Check every file of the directory against manifest.json: its sha256 where the
+    manifest has one, and every id below its vocabulary size. Once per directory: what was
+    found intact is remembered in VERIFIED, keyed by each file's size and modification time,
+    and not read again unless one changed or `always`. Returns what it did, for the log; a
+    fault is a one-line NmtError naming the file. Sizes are ParallelData's job."""
+    d, arrays = Path(data_dir), array_files(manifest)
+    names = sorted({*manifest.get("checksums", {}), MANIFEST,
+                    *(f"{a[0]}.{ext}" for a in arrays for ext in ("bin", "idx"))})
+    key = {}
+    for name in names:
+        try:
+            stat = (d / name).stat()
+        except OSError as e:
+            raise NmtError(f"{d / name}: cannot read ({e.strerror})") from None
+        key[name] = [stat.st_size, stat.st_mtime_ns]
+    if not always:
+        try:
+            if json.loads((d / VERIFIED).read_text(encoding="utf-8")) == key:
+                return f"{d}: verified before ({VERIFIED})"
+        except (OSError, ValueError):
+            pass
+    for name, digest in manifest.get("checksums", {}).items():
+        if sha256_file(d / name) != digest:
+            raise NmtError(f"{d / name}: sha256 differs from manifest.json's: the file changed "
+                           f"since nmt-preprocess wrote it (damaged or partly copied)")
+    for prefix, dtype, sentences, tokens, vocab in arrays:
+        array = TokenArray(d / prefix, dtype, sentences, tokens)
+        if vocab is not None:
+            check_ids(array, vocab, d / f"{prefix}.bin")
+    try:
+        write_atomically(d / VERIFIED, json.dumps(key))
+    except OSError:
+        return f"{d}: verified (read-only: it will be checked again at the next start)"
+    return f"{d}: verified (checksums and ids)"
+
+
+def check_ids(array: TokenArray, vocab_size: int, path: Path) -> None:
+    """A one-line error naming the first id outside [0, vocab_size) (negative ids: int32
+    arrays, which vocabularies over 65,536 pieces use)."""
+    tokens = array.tokens
+    if not len(tokens) or (int(tokens.max()) < vocab_size
+                           and (tokens.dtype.kind == "u" or int(tokens.min()) >= 0)):
+        return
+    at = int(np.flatnonzero((tokens >= vocab_size) | (tokens < 0))[0])
+    raise NmtError(f"{path}: token {at:,} is id {int(tokens[at])}, not in [0, {vocab_size:,}) "
+                   f"(damaged file)")
+
+
+class ParallelData:
+    """One split of a data directory: source and target TokenArrays of equal length, their
+    sizes checked against the manifest's counts."""
+
+    def __init__(self, data_dir: str | Path, split: str, manifest: dict | None = None):
+        manifest = manifest or read_manifest(data_dir)
+        if split not in manifest["splits"]:
+            raise NmtError(f"{data_dir}: has no '{split}' split")
+        dtype, counts = np.dtype(manifest["dtype"]), manifest["splits"][split]
+        base = Path(data_dir) / split
+        self.src = TokenArray(Path(f"{base}.{manifest['src_lang']}"), dtype, counts["pairs"],
+                              counts["src_tokens"])
+        self.tgt = TokenArray(Path(f"{base}.{manifest['tgt_lang']}"), dtype, counts["pairs"],
+                              counts["tgt_tokens"])
+        self.bos, self.eos = manifest["bos_id"], manifest["eos_id"]
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def src_lengths(self) -> np.ndarray:
+        """Source lengths with the EOS that is appended."""
+        return self.src.lengths + 1
+
+    def tgt_lengths(self) -> np.ndarray:
+        """Target lengths with the BOS (input side) or EOS (output side) that is added."""
+        return self.tgt.lengths + 1
+
+
+# ----------------------------------------------------------------------------- subword sampling
+# BPE-dropout (Tokenizer.sample) lengthens a segmentation by about 1.4 x alpha on average
+# (debian-po, 8k pieces: +7% at alpha 0.05, +14% at 0.1, +31% at 0.2); with room for 3 x alpha
+# about 5% of the sentence sides (3% at 0.2) keep their stored segmentation for want of room.
+SAMPLING_ROOM = 3.0  # with subword sampling, batches are cut for max_tokens / (1 + 3 alpha)
+
+
+class SubwordSampler:
+    """The training sentences segmented afresh for every batch (train.subword_sampling):
+    BPE-dropout on the cleaned text that nmt-preprocess keep_text=true kept, each corpus's
+    tag put first on the source side as in the .bin. The draw depends on the batch's seed
+    alone. A segmentation longer than a batch's row limit keeps the stored one."""
+
+    def __init__(self, data_dir: str | Path, manifest: dict, alpha: float):
+        text = manifest.get("train_text")
+        if not text:
+            raise NmtError(f"train.subword_sampling={alpha}: {data_dir} has no training text "
+                           f"(preprocess it again with keep_text=true)")
+        d, pairs = Path(data_dir), manifest["splits"]["train"]["pairs"]
+        self.src_text, self.tgt_text = (
+            TokenArray(d / text[side], np.uint8, pairs, text[f"{side}_bytes"])
+            for side in ("src", "tgt"))
+        self.src_tok = Tokenizer.from_file(d / manifest["spm"]["src"])
+        self.tgt_tok = Tokenizer.from_file(d / manifest["spm"]["tgt"])
+        self.alpha = alpha
+        self.tag = np.full(pairs, -1, dtype=np.int64)  # (pairs,) tag id per sentence, -1: none
+        for corpus in training_corpora(manifest):
+            if corpus["tag_id"] is not None:
+                self.tag[corpus["first"]:corpus["first"] + corpus["pairs"]] = corpus["tag_id"]
+
+    def segment(self, data: ParallelData, ids: np.ndarray, seed: list[int], limit: int
+                ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Sentences `ids` as (source, target) id arrays drawn with `seed` (a list of ints);
+        a side longer than `limit` ids is the stored segmentation instead."""
+        rows = []
+        for side, text, tok, stored in (("src", self.src_text, self.src_tok, data.src),
+                                        ("tgt", self.tgt_text, self.tgt_tok, data.tgt)):
+            lines = [text[i].tobytes().decode("utf-8") for i in ids]
+            state = np.random.SeedSequence([*seed, side == "tgt"]).generate_state(1, np.uint64)
+            drawn = tok.sample(lines, self.alpha, int(state[0]))
+            if side == "src":
+                drawn = [([t] if t >= 0 else []) + x for t, x in zip(self.tag[ids], drawn,
+                                                                    strict=True)]
+            rows.append([np.asarray(x) if len(x) <= limit else stored[i]
+                         for x, i in zip(drawn, ids, strict=True)])
+        return rows[0], rows[1]
+
+
+# ----------------------------------------------------------------------------- batching
+# Token-bucket batching (fairseq's batch_by_size, the Annotated Transformer's batch_size_fn):
+# sentences sorted by length are cut into batches whose padded size max(B * S_max, B * T_max)
+# stays within a token budget; each epoch re-sorts with random tie-breaking, shuffles the order
+# of the batches seeded by (seed, epoch) and deals them out to the ranks in lockstep.
+
+
+@dataclass
+class Batch:
+    """One padded batch: source with EOS, target input with BOS, target output with EOS."""
+
+    src: torch.Tensor  # (B, S) int64, right-padded with pad_id
+    tgt_in: torch.Tensor  # (B, T) BOS y_1 .. y_n
+    tgt_out: torch.Tensor  # (B, T) y_1 .. y_n EOS
+    src_tokens: int  # non-padding source tokens
+    tgt_tokens: int  # non-padding target tokens (what the loss is normalised by)
+    # (rows, columns) of the non-padding target positions, row by row: indexing with them
+    # picks what a boolean mask would, without the device-to-host copy a mask's size needs
+    targets: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def padded_tokens(self) -> int:
+        """Source and target positions including padding: B * S + B * T."""
+        return self.src.numel() + self.tgt_in.numel()
+
+    def apply(self, fn) -> Batch:
+        """The same batch with fn applied to each of its tensors."""
+        return dataclasses.replace(
+            self, src=fn(self.src), tgt_in=fn(self.tgt_in), tgt_out=fn(self.tgt_out),
+            targets=None if self.targets is None else tuple(fn(t) for t in self.targets))
+
+    def to(self, device: torch.device) -> Batch:
+        """The same batch with its tensors on `device` (asynchronous from pinned memory)."""
+        return self.apply(lambda t: t.to(device, non_blocking=True))
+
+    def pin_memory(self) -> Batch:
+        """The same batch in page-locked memory, which a GPU copies from without waiting."""
+        return self.apply(torch.Tensor.pin_memory)
+
+
+def padded_length(n: int, multiple: int, limit: int = 0) -> int:
+    """n rounded up to a multiple of `multiple`, but not past `limit` (0: none) where n fits
+    in it (the positions a model has)."""
+    up = -(-n // multiple) * multiple
+    return min(up, max(n, limit)) if limit else up
+
+
+def collate(data: ParallelData, ids: np.ndarray, pad_id: int,
+            rows: tuple[list[np.ndarray], list[np.ndarray]] | None = None,
+            pad_to: int = 1, limit: int = 0) -> Batch:
+    """Pad sentences `ids` of `data` into a Batch: their stored ids, or `rows` (their
+    (source, target) ids as subword sampling drew them). pad_to: both lengths rounded up to
+    a multiple of it (within `limit` positions), so that a compiled model meets few shapes."""
+    src, tgt = rows or ([data.src[i] for i in ids], [data.tgt[i] for i in ids])
+    B = len(ids)
+    S = padded_length(max(len(s) for s in src) + 1, pad_to, limit)
+    T = padded_length(max(len(t) for t in tgt) + 1, pad_to, limit)
+    src_t = np.full((B, S), pad_id, dtype=np.int64)
+    tgt_in = np.full((B, T), pad_id, dtype=np.int64)
+    tgt_out = np.full((B, T), pad_id, dtype=np.int64)
+    for b, (s, t) in enumerate(zip(src, tgt, strict=True)):
+        src_t[b, :len(s)], src_t[b, len(s)] = s, data.eos
+        tgt_in[b, 0], tgt_in[b, 1:len(t) + 1] = data.bos, t
+        tgt_out[b, :len(t)], tgt_out[b, len(t)] = t, data.eos
+    n_src = int(sum(len(s) for s in src)) + B
+    n_tgt = int(sum(len(t) for t in tgt)) + B
+    rows_, cols = np.nonzero(tgt_out != pad_id)  # (n_tgt,) each, row by row
+    return Batch(torch.from_numpy(src_t), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out),
+                 n_src, n_tgt, (torch.from_numpy(rows_), torch.from_numpy(cols)))
+
+
+def batch_by_tokens(order: np.ndarray, src_lengths: np.ndarray, tgt_lengths: np.ndarray,
+                    max_tokens: int, max_sentences: int = 0) -> list[np.ndarray]:
+    """Cut `order` (sentence indices, sorted by length) into consecutive batches whose padded
+    size max(B * S_max, B * T_max) is at most max_tokens (both sides' padding counted) and,
+    with max_sentences, of at most that many sentences; a sentence over the budget is a batch
+    of its own. Training sorts by (target, source) length; translation sorts longest first
+    and gives the lengths it pads to as both sides."""
+    src_len, tgt_len = src_lengths[order].tolist(), tgt_lengths[order].tolist()
+    batches, start, s_max, t_max = [], 0, 0, 0
+    for i, (s, t) in enumerate(zip(src_len, tgt_len, strict=True)):
+        s_new, t_new = max(s_max, s), max(t_max, t)
+        if i > start and ((i - start + 1) * max(s_new, t_new) > max_tokens
+                          or i - start == max_sentences):
+            batches.append(order[start:i])
+            start, s_new, t_new = i, s, t
+        s_max, t_max = s_new, t_new
+    if start < len(order):
+        batches.append(order[start:])
+    return batches
+
+
+def weighted_sentences(kept: list[np.ndarray], weights: list[float],
+                       rng: np.random.Generator) -> np.ndarray:
+    """One epoch's sentences of several corpora (`kept`: each corpus's sentence indices):
+    a corpus of weight w gives floor(w) copies of each of its sentences, and a fraction
+    w - floor(w) of them once more, drawn without replacement with `rng`. So weight 2 is
+    every sentence twice, 0.5 a random half (another half each epoch), 1 each once."""
+    parts = []
+    for ids, weight in zip(kept, weights, strict=True):
+        whole, extra = int(weight), round((weight - int(weight)) * len(ids))
+        parts += [ids] * whole
+        if extra:
+            parts.append(rng.choice(ids, size=extra, replace=False))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def temperature_weights(corpora: list[dict], weights: list[float], temperature: float
+                        ) -> list[float]:
+    """Corpus weights with the language pairs sampled at `temperature` (fairseq's
+    multilingual sampling): pair p, whose corpora give s_p = sum of weight x pairs sentences
+    an epoch, gets the share q_p = s_p^(1/T) / sum_k s_k^(1/T) of the epoch's S = sum s_p
+    sentences, each of its corpora's weights scaled by q_p S / s_p. T = 1 leaves the weights
+    as they are (proportional to size); a large T makes the pairs' shares equal."""
+    pair = [(c["src_lang"], c["tgt_lang"]) for c in corpora]
+    sizes: dict[tuple[str, str], float] = {}
+    for key, corpus, weight in zip(pair, corpora, weights, strict=True):
+        sizes[key] = sizes.get(key, 0.0) + weight * corpus["pairs"]
+    total = sum(sizes.values())
+    shares = {k: (s / total) ** (1 / temperature) for k, s in sizes.items() if s > 0}
+    norm = sum(shares.values())
+    scale = {k: q / norm * total / sizes[k] for k, q in shares.items()}
+    return [weight * scale.get(key, 0.0) for key, weight in zip(pair, weights, strict=True)]
+
+
+class EpochBatchIterator:
+    """Token-bucket batches of one split, reshuffled every epoch, sharded across ranks.
+
+    Epoch e (1-based) takes the kept sentences (each corpus `weights` times: see
+    weighted_sentences), sorts them by (target, source) length with ties broken at random,
+    cuts batches of at most max_tokens padded tokens, shuffles the batch order with (seed, e),
+    drops the last len % world_size batches so that every rank takes the same number of steps
+    (lockstep), and gives rank r the batches r, r + world_size, ... Its position (epoch,
+    batches consumed) is saved in checkpoints; the same settings replay the same batches.
+    Sentences longer than max_tokens or max_positions are skipped (counted). With a
+    `sampler` (subword sampling) batches are cut for max_tokens / (1 + SAMPLING_ROOM alpha)
+    stored tokens, and each sentence side may grow to the longest row that keeps the batch
+    within max_tokens (and max_positions); its draw is seeded by (seed, epoch, the batch's
+    index in the epoch), so resumes and any number of ranks see the same segmentations.
+    """
+
+    def __init__(self, data: ParallelData, max_tokens: int, seed: int, pad_id: int,
+                 rank: int = 0, world_size: int = 1, max_positions: int = 0,
+                 shuffle: bool = True, lockstep: bool = True,
+                 corpora: list[dict] | None = None, weights: list[float] | None = None,
+                 sampler: SubwordSampler | None = None, pad_to: int = 1):
+        self.data, self.max_tokens, self.seed, self.pad_id = data, max_tokens, seed, pad_id
+        self.pad_to = pad_to  # lengths rounded up to a multiple of it (train.compile: 8)
+        self.rank, self.world_size, self.max_positions = rank, world_size, max_positions
+        self.shuffle, self.lockstep = shuffle, lockstep  # validation: neither
+        self.sampler = sampler
+        self.budget = (max_tokens if sampler is None
+                       else max(1, math.floor(max_tokens / (1 + SAMPLING_ROOM * sampler.alpha))))
+        self.src_len, self.tgt_len = data.src_lengths(), data.tgt_lengths()
+        too_long = np.maximum(self.src_len, self.tgt_len) > max_tokens
+        if max_positions:
+            too_long |= np.maximum(self.src_len, self.tgt_len) > max_positions
+        self.kept = np.flatnonzero(~too_long)  # sentences that fit in a batch and in the model
+        self.skipped = int(too_long.sum())
+        corpora = corpora or [{"first": 0, "pairs": len(data), "weight": 1.0}]
+        self.weights = [float(c["weight"]) for c in corpora] if weights is None else weights
+        bounds = np.searchsorted(self.kept, [c["first"] for c in corpora[1:]])
+        self.kept_by_corpus = np.split(self.kept, bounds)  # each corpus's kept sentences
+        self.epoch, self.consumed = 1, 0  # the epoch in progress and its local batches done
+        self._cache: tuple[int, list[np.ndarray]] | None = None
+
+    def global_batches(self, epoch: int) -> list[np.ndarray]:
+        """All ranks' batches of `epoch`, in the order they are dealt out."""
+        rng = np.random.default_rng([self.seed, epoch])
+        kept = (self.kept if all(w == 1 for w in self.weights)
+                else weighted_sentences(self.kept_by_corpus, self.weights, rng))
+        kept = rng.permutation(kept) if self.shuffle else kept
+        order = kept[np.lexsort((self.src_len[kept], self.tgt_len[kept]))]  # stable sort
+        batches = batch_by_tokens(order, self.src_len, self.tgt_len, self.budget)
+        if self.shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        if self.lockstep:  # every rank takes the same number of steps
+            batches = batches[:len(batches) - len(batches) % self.world_size]
+        return batches
+
+    def local_batches(self, epoch: int) -> list[np.ndarray]:
+        """This rank's batches of `epoch` (index arrays), computed once per epoch."""
+        if self._cache is None or self._cache[0] != epoch:
+            self._cache = (epoch, self.global_batches(epoch)[self.rank::self.world_size])
+        return self._cache[1]
+
+    def __len__(self) -> int:
+        """Steps this rank takes in the epoch in progress."""
+        return len(self.local_batches(self.epoch))
+
+    def global_index(self, local_index: int) -> int:
+        """Position in the epoch's global batch order of this rank's batch `local_index`."""
+        return local_index * self.world_size + self.rank
+
+    def collate(self, ids: np.ndarray, epoch: int, local_index: int) -> Batch:
+        """This rank's batch `local_index` of `epoch` (sentences `ids`), padded (and with a
+        sampler, drawn)."""
+        rows = None
+        if self.sampler is not None:
+            limit = self.max_tokens // len(ids)
+            if self.max_positions:
+                limit = min(limit, self.max_positions)
+            rows = self.sampler.segment(self.data, ids, [self.seed, epoch,
+                                                         self.global_index(local_index)],
+                                        limit - 1)  # room for EOS (and BOS)
+        return collate(self.data, ids, self.pad_id, rows, self.pad_to, self.max_positions)
+
+    def __iter__(self):
+        """Yield (local index, Batch) for the rest of the epoch in progress, then advance it."""
+        batches = self.local_batches(self.epoch)
+        while self.consumed < len(batches):
+            i = self.consumed
+            self.consumed += 1
+            yield i, self.collate(batches[i], self.epoch, i)
+        self.epoch, self.consumed = self.epoch + 1, 0
+
+    def state_dict(self) -> dict:
+        """Position and settings, enough to replay the same batches after a restart."""
+        return {"epoch": self.epoch, "consumed": self.consumed, "seed": self.seed,
+                "max_tokens": self.max_tokens, "world_size": self.world_size,
+                "weights": self.weights, "budget": self.budget}
+
+    def load_state_dict(self, state: dict) -> bool:
+        """Resume at a saved position; False (epoch restarted) when the batching changed.
+        (Checkpoints written before weights and budget were saved had weight 1, max_tokens.)"""
+        self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
+        saved = {"weights": [1.0] * len(self.weights), "budget": state.get("max_tokens"),
+                 **state}
+        same = all(saved.get(k) == getattr(self, k)
+                   for k in ("seed", "max_tokens", "world_size", "weights", "budget"))
+        if not same:
+            self.consumed = 0
+        return same
+
+
+class Prefetcher:
+    """An EpochBatchIterator's batches from its position on, collated `depth` batches ahead in
+    a background thread (into pinned memory when `pin`, so that copies to a GPU overlap the
+    computation). The iterator's position (epoch, consumed) moves only as batches are taken:
+    a checkpoint resumes after the last batch trained on, not the last one collated."""
+
+    def __init__(self, itr: EpochBatchIterator, pin: bool = False, depth: int = 4):
+        self.itr, self.pin, self.depth = itr, pin, depth
+        if itr.consumed >= len(itr):  # saved right after an epoch's last batch
+            itr.epoch, itr.consumed = itr.epoch + 1, 0
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="nmt-collate")
+        self.ahead: deque[tuple[int, int, bool, Future]] = deque()  # epoch, index, last, batch
+        self.cursor = (itr.epoch, itr.consumed)  # the next batch to collate
+        self.fill()
+
+    def fill(self) -> None:
+        """Queue batches until `depth` are collated or being collated."""
+        while len(self.ahead) < self.depth:
+            epoch, i = self.cursor
+            batches = self.itr.local_batches(epoch)
+            if not batches:
+                raise NmtError(f"epoch {epoch} has no batch for rank {self.itr.rank}")
+            self.ahead.append((epoch, i, i == len(batches) - 1,
+                               self.pool.submit(self.collate, batches[i], epoch, i)))
+            self.cursor = (epoch, i + 1) if i + 1 < len(batches) else (epoch + 1, 0)
+
+    def collate(self, ids: np.ndarray, epoch: int, index: int) -> Batch:
+        """One batch, pinned if asked (runs in the background thread)."""
+        batch = self.itr.collate(ids, epoch, index)
+        return batch.pin_memory() if self.pin else batch
+
+    def take(self, n: int) -> tuple[int, list[tuple[int, Batch]]]:
+        """The epoch in progress and its next n batches (fewer at its end, after which the
+        position moves to the next epoch), each with its index in the epoch's global order."""
+        epoch, group = self.itr.epoch, []
+        while len(group) < n:
+            batch_epoch, i, last, future = self.ahead.popleft()
+            assert batch_epoch == epoch, "prefetched batches out of step with the iterator"
+            group.append((self.itr.global_index(i), future.result()))
+            self.itr.epoch, self.itr.consumed = (epoch + 1, 0) if last else (epoch, i + 1)
+            self.fill()
+            if last:
+                break
+        return epoch, group
+
+    def close(self) -> None:
+        """Stop the background thread."""
+        self.pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,487 @@
+"""Decoding, faster: a speed path beside the reference model of nmt/model.py; tests check
+that they agree (tests/test_fast.py). Training's CPU speed paths are in
+nmt/training/cpu_training.py.
+
+`FastModel` runs a trained Transformer's weights for inference only, through the
+model's decoding interface (encode, start_decoding, decode_step, decode): in fp32 or bf16
+(on the CPU the linear maps' weights packed once for oneDNN, with the ReLU or the residual
+addition fused into the product), fp16 (CUDA) or int8 (weights and activations rounded to
+int8, as torch.ao's dynamic quantization does), with 1/sqrt(d_k) folded into W^Q, additive
+masks only where there is padding, and the beams or samples of one sentence sharing one copy
+of its encoder memory, and with a lexical shortlist only the output projection's rows of a
+batch's candidate pieces (start_decoding's vocab). `row_argmax` and `top_k` pick greedy and
+beam search candidates over the vocabulary. nmt.inference.translator.Translator prepares
+FastModels and runs them on its workers.
+
+Shapes: B decoder rows, M = B / g sentences (g rows per sentence), S source length, T target
+length, V vocabulary, h heads, d_k = d_model / h.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.ao.quantization.observer import PerChannelMinMaxObserver
+
+from nmt.model import ACTIVATIONS, Transformer, additive_mask, causal_mask
+from nmt.system import private_ops
+
+# Where oneDNN's packed linear maps (private operators) buy the 1.2x that keeps them, in
+# greedy search: fp32 1.24-1.28x; bf16 1.21-1.32x in bench_vs_ctranslate2's rows (1.12-1.14x
+# in bench_private_ops' one-thread rows); beam 4 gains less (docs/results.md, "Private
+# operators").
+PACKED_DTYPES = ("fp32", "bf16")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+          "int8": torch.float32}  # int8: int8 weights and matmuls, float32 everything else
+
+
+# ----------------------------------------------------------------------------- decoding
+class Affine:
+    """x W^T + b, then ReLU (relu=True) or plus a residual input, for inference: F.linear.
+    The forms below compute the same map faster on the CPU."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, relu: bool = False):
+        self.weight, self.bias, self.relu = weight, bias, relu
+
+    def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """(..., in_features) -> (..., out_features), + residual (same shape) if given."""
+        y = self.linear(x)
+        if self.relu:
+            y = y.relu_()
+        return y if residual is None else y.add_(residual)
+
+    def linear(self, x: Tensor) -> Tensor:
+        """x W^T + b."""
+        return F.linear(x, self.weight, self.bias)
+
+
+class PackedAffine(Affine):
+    """fp32 or bf16 on the CPU through oneDNN: W packed once for `rows`-row inputs (what
+    torch.compile's freezing does), the ReLU or the residual addition fused into the product.
+    2x the speed of F.linear at decoding sizes on AVX-512 processors where MKL takes its AVX2
+    path. PyTorch offers this only as private operators (nmt.system.private_ops); `packing_works`
+    checks that they compute the same map."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, relu: bool = False, rows: int = 64):
+        super().__init__(private_ops.pack_linear_weight(weight, rows), bias, relu)
+
+    def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """(..., in_features) -> (..., out_features), + residual (same shape) if given."""
+        if residual is not None:
+            return private_ops.packed_linear_add(x, residual, self.weight, self.bias)
+        return private_ops.packed_linear(x, self.weight, self.bias, self.relu)
+
+
+class Int8Affine(Affine):
+    """int8 weights (symmetric, one scale per output row) times 8-bit activations (one scale per
+    call, from the input's range), accumulated in int32 and rescaled: torch.ao's dynamic
+    quantization of nn.Linear, here through oneDNN (faster than fbgemm for the vocabulary
+    projection; fbgemm where oneDNN is missing). Activations keep 7 bits, as torch.ao gives
+    them, wherever the CPU's u8 x s8 products saturate (`int8_saturates`: no VNNI)."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, relu: bool = False):
+        super().__init__(weight, bias, relu)
+        engine = _int8_engine()
+        self.reduce_range = engine != "onednn" or int8_saturates()
+        observer = PerChannelMinMaxObserver(ch_axis=0, dtype=torch.qint8,
+                                            qscheme=torch.per_channel_symmetric)
+        observer(weight)
+        scale, zero_point = observer.calculate_qparams()
+        self.packed = _pack_int8(weight, scale.double(), zero_point, bias, engine)
+
+    def linear(self, x: Tensor) -> Tensor:
+        """x W^T + b with W and x rounded to int8 (x to 7 bits where products saturate)."""
+        return private_ops.quantized_linear(x, self.packed, self.reduce_range)
+
+
+def _int8_engine() -> str:
+    """The quantized engine Int8Affine packs for: oneDNN where this PyTorch has it."""
+    engines = torch.backends.quantized.supported_engines
+    return "onednn" if "onednn" in engines else torch.backends.quantized.engine
+
+
+def _pack_int8(weight: Tensor, scale: Tensor, zero_point: Tensor, bias: Tensor | None,
+               engine: str):
+    """W (out, in) rounded to qint8 with one scale per row, packed for `engine`."""
+    with warnings.catch_warnings(), _quantized_engine(engine):
+        warnings.simplefilter("ignore")  # quantized tensors are deprecated for torchao's
+        q = torch.quantize_per_channel(weight, scale, zero_point, 0, torch.qint8)
+        return private_ops.quantized_linear_prepack(q, bias)
+
+
+@functools.cache
+def int8_saturates() -> bool:
+    """Whether this CPU's u8 x s8 products saturate with 8-bit activations. Without VNNI
+    (AVX2, or AVX-512 before Cascade Lake, or under ONEDNN_MAX_CPU_ISA=AVX2) the kernels add
+    pairs of products into int16 (vpmaddubsw), which clips 2 x 255 x 127 at 32,767. Asked of
+    the kernel itself, not the CPU's name, at a shape that takes the GEMM kernel of real maps:
+    ones(2, 64) ones(16, 64)^T is 64 everywhere, saturated ~32.4."""
+    x, w = torch.ones(2, 64), torch.ones(16, 64)
+    engine = _int8_engine()
+    packed = _pack_int8(w, torch.full((16,), 1 / 127, dtype=torch.double),
+                        torch.zeros(16, dtype=torch.long), None, engine)
+    got = private_ops.quantized_linear(x, packed, False)
+    return not torch.allclose(got, torch.full_like(got, 64.0), rtol=0.01)
+
+
+@contextlib.contextmanager
+def _quantized_engine(engine: str):
+    """Pack quantized weights for `engine` (a packed weight keeps its engine when called)."""
+    before = torch.backends.quantized.engine
+    torch.backends.quantized.engine = engine
+    try:
+        yield
+    finally:
+        torch.backends.quantized.engine = before
+
+
+@functools.cache
+def packing_works(dtype: torch.dtype) -> bool:
+    """Whether this PyTorch has the oneDNN ops of PackedAffine for `dtype` and they compute
+    x W^T + b (+ ReLU, + residual) to within rounding."""
+    if not torch.backends.mkldnn.is_available() or (
+            dtype == torch.bfloat16 and not private_ops.mkldnn_bf16_supported()):
+        return False
+    x = torch.linspace(-1.0, 1.0, 24).view(3, 8)  # no random draws
+    w, b, r = x[:2].repeat(2, 1), torch.linspace(-0.5, 0.5, 4), torch.ones(3, 4)
+    want = [F.linear(x, w, b), F.linear(x, w, b).relu() + r, F.linear(x, w, b) + r]
+    x, w, b, r = (t.to(dtype) for t in (x, w, b, r))
+    try:
+        got = [PackedAffine(w, b, rows=3)(x), PackedAffine(w, b, relu=True, rows=3)(x) + r,
+               PackedAffine(w, b, rows=3)(x, r)]
+    except (AttributeError, RuntimeError):  # ops missing, or refusing these shapes or types
+        return False
+    return all(torch.allclose(g.float(), y, rtol=1e-2, atol=1e-2)
+               for g, y in zip(got, want, strict=True))
+
+
+def _norm(x: Tensor, norm: tuple[Tensor, Tensor, float] | None) -> Tensor:
+    """LayerNorm(x) with (weight, bias, eps) over the last dimension; x itself for None."""
+    return x if norm is None else F.layer_norm(x, x.shape[-1:], *norm)
+
+
+def _norm_weights(norm: nn.Module, dtype: torch.dtype) -> tuple[Tensor, Tensor, float] | None:
+    """An nn.LayerNorm as (weight, bias, eps) in `dtype`; None for an nn.Identity."""
+    if isinstance(norm, nn.Identity):
+        return None
+    return norm.weight.detach().to(dtype), norm.bias.detach().to(dtype), norm.eps
+
+
+class FastLayer:
+    """One encoder or decoder layer's weights, laid out for decoding: the rows of W^Q (and
+    b^Q) pre-multiplied by 1/sqrt(d_k); encoder-decoder attention with W^Q alone and W^K, W^V
+    together (the memory's keys and values are computed once). affine(W, b, relu) builds
+    each linear map; every sub-layer adds its residual input inside its last one."""
+
+    def __init__(self, layer: nn.Module, affine, dtype: torch.dtype):
+        attn, ff = layer.self_attn, layer.feed_forward
+        self.h, d = attn.h, attn.W_o.in_features
+        self.norms = [_norm_weights(s.norm, dtype) for s in layer.sublayer]
+        scale = torch.ones(3 * d, 1, device=attn.W_o.weight.device)
+        scale[:d] = (d // self.h) ** -0.5  # softmax(Q K^T / sqrt(d_k)): Q scaled in advance
+        self.qkv = affine(attn.W_qkv.weight * scale, attn.W_qkv.bias * scale[:, 0])
+        self.o = affine(attn.W_o.weight, attn.W_o.bias)
+        if hasattr(layer, "src_attn"):
+            src = layer.src_attn
+            self.q = affine(src.W_q.weight * scale[:d], src.W_q.bias * scale[:d, 0])
+            self.kv = affine(src.W_kv.weight, src.W_kv.bias)
+            self.o2 = affine(src.W_o.weight, src.W_o.bias)
+        relu = ff.activation == "relu"  # fused into W_1; another is applied after it
+        self.W_1 = affine(ff.W_1.weight, ff.W_1.bias, relu=relu)
+        self.activation = None if relu else ACTIVATIONS[ff.activation]
+        self.W_2 = affine(ff.W_2.weight, ff.W_2.bias)
+
+    def self_attention(self, x: Tensor, residual: Tensor, mask: Tensor | None,
+                       cache: FastKVCache | None, plain: bool) -> Tensor:
+        """residual + SelfAttention(x), (B, T, d_model); with a cache, after its past positions.
+        mask: additive, broadcast to (B, h, T, T_k) (the source's, or the decoder's causal one)."""
+        B, T, d = x.shape
+        qkv = self.qkv(x).view(B, T, 3, self.h, d // self.h)
+        q = qkv[:, :, 0].transpose(1, 2)  # (B, h, T, d_k)
+        if cache is not None:
+            k, v = cache.append(qkv[:, :, 1:])  # (B, h, L, d_k) each: L = past + T
+        else:
+            k, v = qkv[:, :, 1:].permute(2, 0, 3, 1, 4)  # 2 x (B, h, T, d_k)
+        out = attend(q, k, v, mask, plain)  # (B, h, T, d_k)
+        return self.o(out.transpose(1, 2).reshape(B, T, d), residual)
+
+    def cross_attention(self, x: Tensor, residual: Tensor, memory_kv: tuple[Tensor, Tensor],
+                        mask: Tensor | None, plain: bool) -> Tensor:
+        """residual + Attention(x, memory), (B, T, d_model), g = B / M consecutive rows per
+        memory row: the queries of a sentence's g rows attend together, (M, h, g T, d_k),
+        to its keys (M, h, S, d_k), never copied per row. mask: additive, (M, 1, 1, S)."""
+        B, T, d = x.shape
+        k, v = memory_kv
+        M = k.size(0)
+        q = self.q(x).view(M, B // M * T, self.h, d // self.h).transpose(1, 2)  # (M, h, gT, d_k)
+        out = attend(q, k, v, mask, plain)  # (M, h, g T, d_k)
+        return self.o2(out.transpose(1, 2).reshape(B, T, d), residual)
+
+    def feed_forward(self, x: Tensor, residual: Tensor) -> Tensor:
+        """residual + FFN(x), FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (or model.activation's)."""
+        hidden = self.W_1(x)
+        if self.activation is not None:
+            hidden = self.activation(hidden)
+        return self.W_2(hidden, residual)
+
+    def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """(M, S, d_model) encoder output -> keys and values (M, h, S, d_k) each."""
+        M, S, d = memory.shape
+        kv = self.kv(memory).view(M, S, 2, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+        k, v = kv.contiguous()  # contiguous: matmul reads them at every step without a copy
+        return k, v
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, plain: bool) -> Tensor:
+    """softmax(Q K^T + mask) V, Q already scaled by 1/sqrt(d_k): (N, h, T_q, d_k) queries,
+    (N, h, T_k, d_k) keys and values, an additive mask broadcast to (N, h, T_q, T_k) or None.
+    plain: batched matrix products and softmax (on the CPU 2x faster than the fused kernel for
+    one query per row, and more in bf16)."""
+    if not plain:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
+    N, h, T_q, d_k = q.shape
+    T_k = k.size(2)
+    scores = torch.bmm(q.reshape(N * h, T_q, d_k), k.reshape(N * h, T_k, d_k).transpose(1, 2))
+    if mask is not None:
+        scores.view(N, h, T_q, T_k).add_(mask)
+    out = torch.bmm(scores.softmax(dim=-1), v.reshape(N * h, T_k, d_k))  # (N h, T_q, d_k)
+    return out.view(N, h, T_q, d_k)
+
+
+class FastKVCache:
+    """One self-attention layer's past keys and values in (B, h, capacity, d_k) buffers: the
+    first L positions are a strided view that matmul reads without a copy (nmt.model.KVCache
+    keeps the layout the fused kernel prefers)."""
+
+    chunk = 8  # positions added whenever the buffers are full (more: a larger, slower spread)
+
+    def __init__(self):
+        self.k: Tensor | None = None  # (B, h, capacity, d_k)
+        self.v: Tensor | None = None
+        self.length = 0  # positions stored
+
+    def append(self, kv: Tensor) -> tuple[Tensor, Tensor]:
+        """Store (B, T, 2, h, d_k) new keys and values; return all so far, (B, h, L, d_k) each."""
+        B, T, _, h, d_k = kv.shape
+        end = self.length + T
+        if self.k is None or end > self.k.size(2):
+            capacity = -(-end // self.chunk) * self.chunk
+            new_k, new_v = kv.new_empty(B, h, capacity, d_k), kv.new_empty(B, h, capacity, d_k)
+            if self.k is not None:
+                new_k[:, :, :self.length] = self.k[:, :, :self.length]
+                new_v[:, :, :self.length] = self.v[:, :, :self.length]
+            self.k, self.v = new_k, new_v
+        k, v = kv.permute(2, 0, 3, 1, 4)  # 2 x (B, h, T, d_k)
+        self.k[:, :, self.length:end] = k
+        self.v[:, :, self.length:end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep (and repeat) rows `index`."""
+        if self.k is not None:
+            self.k, self.v = _gather_rows(self.k, index), _gather_rows(self.v, index)
+
+
+class FastState:
+    """FastModel's decoding state: per-layer FastKVCaches, and encoder keys and values
+    with one row per sentence that the g consecutive rows of the sentence share."""
+
+    def __init__(self, memory_kv: list[tuple[Tensor, Tensor]], mask: Tensor | None):
+        self.memory_kv = memory_kv  # per layer: (M, h, S, d_k) keys and values
+        self.mask = mask  # (M, 1, 1, S) additive source mask, None without padding
+        self.self_kv = [FastKVCache() for _ in memory_kv]
+        self.step = 0  # target positions decoded so far
+        self.g = 1  # decoder rows per memory row
+        self.generator: Affine | None = None  # the output projection's shortlist rows, if cut
+
+    def reorder(self, index: Tensor, group: int, sentences: Tensor | None = None) -> None:
+        """Keep (and repeat) rows `index`, as DecoderState.reorder does. Rows that come in equal,
+        consecutive groups per sentence (beam search, samples) keep sharing its memory row:
+        `group` rows per sentence, `sentences` the memory row of each group (None: the memory
+        rows stay as they are)."""
+        for cache in self.self_kv:
+            cache.reorder(index)
+        self.g = group
+        if sentences is None:  # rows moved within their sentences
+            return
+        self.memory_kv = [(_gather_rows(k, sentences), _gather_rows(v, sentences))
+                          for k, v in self.memory_kv]
+        if self.mask is not None:
+            self.mask = self.mask.index_select(0, sentences)
+
+
+def _gather_rows(x: Tensor, index: Tensor) -> Tensor:
+    """x[index] along dim 0, as a 2-D gather (much faster on CPU than on a 4-D tensor)."""
+    return x.reshape(x.size(0), -1).index_select(0, index).view(len(index), *x.shape[1:])
+
+
+def additive_source_mask(src_mask: Tensor, dtype: torch.dtype) -> Tensor | None:
+    """The (B, 1, 1, S) boolean source mask as an additive one; on the CPU None where nothing
+    is masked (finding out reads the mask, which a GPU would wait for)."""
+    if src_mask.device.type == "cpu" and bool(src_mask.all()):
+        return None
+    return additive_mask(src_mask, dtype)
+
+
+class FastModel(nn.Module):
+    """A trained Transformer prepared for decoding in `dtype` (fp32, bf16, fp16 or int8).
+
+    The weights are the model's (shared in fp32, converted otherwise); the model is not
+    changed. Inference only: no dropout, no gradients. rows: the batch rows oneDNN packs the
+    fp32 weights for (a hint; any batch works).
+    """
+
+    def __init__(self, model: Transformer, dtype: str = "fp32", rows: int = 64):
+        super().__init__()
+        self.cfg, self.pad_id, self.dtype = model.cfg, model.pad_id, dtype
+        device = model.generator.weight.device
+        if dtype == "int8" and device.type != "cpu":
+            raise ValueError("search.dtype=int8 runs on the CPU only (use bf16 or fp16 on GPUs)")
+        if dtype == "fp16" and device.type == "cpu":
+            raise ValueError("search.dtype=fp16 needs CUDA (use bf16 on the CPU)")
+        self.pre_norm = model.cfg.norm == "pre"
+        self.float_dtype = float_dtype = DTYPES[dtype]
+        affine = self._affine_builder(device, rows)
+        self.src_lut = (model.src_embed.lut.weight * model.src_embed.scale).detach().to(float_dtype)
+        self.tgt_lut = (model.tgt_embed.lut.weight * model.tgt_embed.scale).detach().to(float_dtype)
+        self.pe = model.positions.pe.to(float_dtype)  # (max_positions, d_model)
+        self.encoder = [FastLayer(layer, affine, float_dtype) for layer in model.encoder]
+        self.decoder = [FastLayer(layer, affine, float_dtype) for layer in model.decoder]
+        self.encoder_norm = _norm_weights(model.encoder_norm, float_dtype)
+        self.decoder_norm = _norm_weights(model.decoder_norm, float_dtype)
+        self.generator = affine(model.generator.weight, model.generator.bias)
+        self.vocab_size = model.generator.weight.size(0)  # V
+        self._affine, self._generator_weights = affine, (model.generator.weight,
+                                                          model.generator.bias)
+        # On the CPU, matmul + softmax beats the fused kernel at decoding sizes (2x for one
+        # query per row), and by more in bf16.
+        self.plain_attention = device.type == "cpu"
+
+    def _affine_builder(self, device: torch.device, rows: int):
+        """affine(W, b, relu=False): the linear maps' form for this dtype and device."""
+        dtype = DTYPES[self.dtype]
+        if self.dtype == "int8":
+            kind = Int8Affine
+        elif (device.type == "cpu" and self.dtype in PACKED_DTYPES
+              and not torch.is_autocast_enabled("cpu") and packing_works(dtype)):
+            kind = functools.partial(PackedAffine, rows=rows)
+        else:
+            kind = Affine
+
+        def affine(weight: Tensor, bias: Tensor | None, relu: bool = False) -> Affine:
+            bias = None if bias is None else bias.detach().to(dtype)
+            return kind(weight.detach().to(dtype).contiguous(), bias, relu=relu)
+        return affine
+
+    def _embed(self, lut: Tensor, ids: Tensor, start: int) -> Tensor:
+        """(B, T) ids at positions start.. -> (B, T, d_model) scaled embeddings + positions."""
+        T = ids.size(1)
+        if start + T > self.pe.size(0):
+            raise ValueError(f"sequence of {start + T} positions exceeds model.max_positions "
+                             f"({self.pe.size(0)})")
+        return F.embedding(ids, lut) + self.pe[start:start + T]
+
+    def _residual(self, x: Tensor, norm, sublayer, *args) -> Tensor:
+        """x + Sublayer(LN(x)) (pre-norm) or LN(x + Sublayer(x)) (post-norm); the sub-layer
+        adds its second argument (x) to its output itself."""
+        if self.pre_norm:
+            return sublayer(_norm(x, norm), x, *args)
+        return _norm(sublayer(x, x, *args), norm)
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, S) source ids -> memory (B, S, d_model) and src_mask (B, 1, 1, S)."""
+        src_mask = (src != self.pad_id)[:, None, None, :]  # (B, 1, 1, S)
+        mask = additive_source_mask(src_mask, self.float_dtype)
+        x = self._embed(self.src_lut, src, 0)
+        for layer in self.encoder:
+            x = self._residual(x, layer.norms[0], layer.self_attention, mask, None,
+                               self.plain_attention)
+            x = self._residual(x, layer.norms[1], layer.feed_forward)
+        return _norm(x, self.encoder_norm), src_mask
+
+    def start_decoding(self, memory: Tensor, src_mask: Tensor,
+                       vocab: Tensor | None = None) -> FastState:
+        """The encoder-decoder keys and values of every layer, once; the state to decode.
+        vocab: (V',) target ids (a lexical shortlist, nmt.inference.shortlist) whose logits alone
+        decode_step computes, in this order; None: all V."""
+        state = FastState([layer.memory_kv(memory) for layer in self.decoder],
+                          additive_source_mask(src_mask, self.float_dtype))
+        if vocab is not None:  # those rows of W and b, in this dtype's form
+            weight, bias = self._generator_weights
+            state.generator = self._affine(weight.index_select(0, vocab),
+                                           None if bias is None else bias.index_select(0, vocab))
+        return state
+
+    def decode_step(self, tgt_new: Tensor, state: FastState, positions: Tensor | None = None,
+                    self_mask: Tensor | None = None) -> Tensor:
+        """(B, T_new) next ids -> logits (B, T_new, V) (V': the state's shortlist); updates
+        `state`. Rows that started at
+        different steps (continuous batching, nmt.inference.stepping) give one new id each,
+        its (B,) positions, and an additive self-attention mask over the cache (B, 1, 1, L)
+        that hides the cache positions before each row's start (None: none to hide)."""
+        T, L = tgt_new.size(1), state.step + tgt_new.size(1)
+        if positions is None:
+            x = self._embed(self.tgt_lut, tgt_new, state.step)
+        else:  # (B, 1) ids at their own positions
+            x = F.embedding(tgt_new, self.tgt_lut) + self.pe[positions].unsqueeze(1)
+        plain = self.plain_attention
+        causal = self_mask  # one new position sees every earlier one
+        if T > 1:  # no future positions
+            causal = additive_mask(causal_mask(T, L, x.device), self.float_dtype)
+        for layer, memory_kv, cache in zip(self.decoder, state.memory_kv, state.self_kv,
+                                           strict=True):
+            x = self._residual(x, layer.norms[0], layer.self_attention, causal, cache, plain)
+            x = self._residual(x, layer.norms[1], layer.cross_attention, memory_kv,
+                               state.mask, plain)
+            x = self._residual(x, layer.norms[2], layer.feed_forward)
+        state.step = L
+        generator = self.generator if state.generator is None else state.generator
+        return generator(_norm(x, self.decoder_norm))
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+        """Teacher-forced decoding: (B, T) shifted target ids -> logits (B, T, V)."""
+        return self.decode_step(tgt_in, self.start_decoding(memory, src_mask))
+
+
+# ----------------------------------------------------------------------------- search helpers
+def row_argmax(x: Tensor) -> Tensor:
+    """(R, V) -> (R,) each row's first maximal column, as x.argmax(dim=1), 3x faster on the CPU
+    for a vocabulary: the maxima of G contiguous chunks per row (torch's fast reduction), then
+    the first maximum within the first chunk that holds the row's maximum."""
+    R, V = x.shape
+    G = next((G for G in (8, 7, 6, 5, 4, 3, 2) if V % G == 0 and V // G >= 256), 0)
+    if not G or x.device.type != "cpu" or not x.is_contiguous():
+        return x.argmax(dim=1)
+    chunks = x.view(R, G, V // G)
+    first = chunks.amax(dim=2).argmax(dim=1)  # (R,) the first chunk holding the maximum
+    rows = torch.arange(R, device=x.device)
+    return first * (V // G) + chunks[rows, first].argmax(dim=1)
+
+
+def top_k(x: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """The n largest values of each row of (R, V) x and their columns, best first, as x.topk(n)
+    (equal values may come in another order), 6x faster on the CPU for beams over a vocabulary:
+    the columns fall into W strided groups {c, c + W, c + 2 W, ...} of M = 32, and the n largest
+    values lie in the n groups with the largest maxima (a group left out has n groups at least
+    as good, each with a value at least as large as all of its own); the last V - M W columns
+    are candidates as they are."""
+    R, V = x.shape
+    M = 32
+    W = V // M
+    if W < 4 * n or x.device.type != "cpu" or x.stride(1) != 1:
+        return x.topk(n, dim=1)
+    group_max = x[:, :M * W].view(R, M, W).amax(dim=1)  # (R, W)
+    groups = group_max.topk(n, dim=1).indices  # (R, n)
+    members = torch.arange(0, M * W, W, device=x.device)  # (M,) offsets within a group
+    cols = (groups.unsqueeze(2) + members).view(R, n * M)  # (R, n M)
+    if V > M * W:
+        tail = torch.arange(M * W, V, device=x.device).expand(R, -1)  # (R, V - M W)
+        cols = torch.cat([cols, tail], dim=1)
+    values, i = x.gather(1, cols).topk(n, dim=1)  # (R, n) each
+    return values, cols.gather(1, i)

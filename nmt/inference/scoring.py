@@ -1,0 +1,55 @@
+"""Corpus BLEU and chrF with sacreBLEU: one scorer for validation, nmt-translate, benchmarks."""
+
+from __future__ import annotations
+
+from sacrebleu.metrics import BLEU, CHRF
+
+from nmt.errors import NmtError
+
+
+def bleu_tokenize_error(tokenize: str) -> str | None:
+    """Why sacreBLEU's BLEU cannot tokenize with `tokenize` here, or None when it can."""
+    try:
+        BLEU(tokenize=tokenize)
+    except KeyError:
+        from sacrebleu.metrics import bleu
+
+        names = ", ".join(getattr(bleu, "_TOKENIZERS", {})) or "see sacrebleu --help"
+        return f"unknown sacreBLEU tokenizer {tokenize!r} (one of: {names})"
+    except Exception as e:  # missing extras (ja-mecab: sacrebleu[ja]) or a model download
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        return f"sacreBLEU cannot use tokenizer {tokenize!r} here: {' '.join(lines)}"
+    return None
+
+
+def score(hypotheses: list[str], references: list[str] | list[list[str]],
+          tokenize: str = "13a") -> dict:
+    """sacreBLEU BLEU (with the `tokenize` tokenizer) and chrF of detokenized hypotheses against
+    one reference each (a list of strings) or several (a list of such lists, one per file)."""
+    streams = [references] if references and isinstance(references[0], str) else references
+    for stream in streams:
+        if len(hypotheses) != len(stream):
+            raise ValueError(f"{len(hypotheses)} hypotheses but {len(stream)} references")
+    why = bleu_tokenize_error(tokenize)
+    if why:
+        raise NmtError(why)
+    bleu, chrf = BLEU(tokenize=tokenize), CHRF()
+    b = bleu.corpus_score(hypotheses, streams)
+    c = chrf.corpus_score(hypotheses, streams)
+    return {"bleu": b.score, "chrf": c.score,
+            "bleu_signature": str(bleu.get_signature()),
+            "chrf_signature": str(chrf.get_signature()),
+            "bleu_line": str(b), "chrf_line": str(c)}
+
+
+def read_references(paths: list[str], lines: int, what: str) -> list[list[str]]:
+    """The lines of each reference file; a one-line NmtError unless each has `lines` lines."""
+    from nmt.system.files import read_lines
+
+    streams = []
+    for path in paths:
+        stream = read_lines(path, "references")
+        if len(stream) != lines:
+            raise NmtError(f"{path}: {len(stream)} reference lines but {lines} {what}")
+        streams.append(stream)
+    return streams

@@ -1,0 +1,142 @@
+"""Every private PyTorch operator (and sacreBLEU helper) nmt calls, in one place, probed.
+
+nmt uses public APIs wherever they exist. These are kept because no public API gives what
+they give (docs/design.md, "Private PyTorch operators", has the measurements):
+- oneDNN's packed linear maps (torch.ops.mkldnn): W reordered once for the input's row count,
+  with the ReLU or the residual addition fused into the product; what torch.compile's freezing
+  does inside, exposed only as these operators. Decoding's linear maps on the CPU.
+- quantized linear maps with 8-bit activations on oneDNN (torch.ops.quantized): torch.ao's
+  public dynamic Linear calls the same operators but always with 7-bit activations.
+- an update skipped on the device, with no host read: a fused optimizer's `found_inf`
+  (GradScaler's contract with it, which the optimizer's private `_step_supports_amp_scaling`
+  says it keeps) and the EMA's foreach interpolation with a tensor weight
+  (torch.optim.swa_utils takes the decay as a number, which cannot say "skip" on the device).
+- sacreBLEU's private helpers that score n-gram statistics extracted once (MBR's utilities,
+  nmt.inference.mbr: 2.3x chrF, 2.1x BLEU over the public sentence_score on an N=16 choice;
+  `sacrebleu_missing()` probes them, and mbr falls back to sentence_score without them).
+`missing()` names any of the operators this PyTorch lacks; tests/test_private_ops.py fails on
+it (and on a fused Adam without the flag), so a torch upgrade that removes one is an error in
+CI, not a silent slowdown.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+OPERATORS = ("mkldnn._reorder_linear_weight", "mkldnn._linear_pointwise",
+             "mkldnn._is_mkldnn_bf16_supported", "quantized.linear_prepack",
+             "quantized.linear_dynamic", "aten._foreach_sub", "aten._foreach_mul_",
+             "aten._foreach_add_")
+
+
+def missing() -> list[str]:
+    """The operators of OPERATORS that this PyTorch does not have (oneDNN builds have all)."""
+    out = []
+    for name in OPERATORS:
+        namespace, op = name.split(".")
+        try:
+            getattr(getattr(torch.ops, namespace), op)
+        except (AttributeError, RuntimeError):
+            out.append(name)
+    return out
+
+
+def mkldnn_bf16_supported() -> bool:
+    """Whether oneDNN has bf16 kernels here: true where bf16 is only emulated too (AVX-512
+    without AVX512-BF16), so it cannot say "native" (nmt.system.runtime.cpu_bf16 does)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def pack_linear_weight(weight: Tensor, rows: int) -> Tensor:
+    """W (out, in) reordered by oneDNN for inputs of about `rows` rows."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+
+
+def packed_linear(x: Tensor, packed: Tensor, bias: Tensor | None, relu: bool) -> Tensor:
+    """x W^T + b, then ReLU if asked, with W from pack_linear_weight."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "relu" if relu else "none",
+                                              [], "")
+
+
+def packed_linear_add(x: Tensor, residual: Tensor, packed: Tensor,
+                      bias: Tensor | None) -> Tensor:
+    """x W^T + b + residual in one oneDNN call, with W from pack_linear_weight."""
+    return torch.ops.mkldnn._linear_pointwise.binary(x, residual, packed, bias, "add")
+
+
+def quantized_linear_prepack(qweight: Tensor, bias: Tensor | None):
+    """A per-channel qint8 weight and a float bias packed for quantized_linear."""
+    return torch.ops.quantized.linear_prepack(qweight, bias)
+
+
+def quantized_linear(x: Tensor, packed, reduce_range: bool) -> Tensor:
+    """x W^T + b with x rounded to 8 bits (7 with reduce_range) per call, in int32."""
+    return torch.ops.quantized.linear_dynamic(x, packed, reduce_range)
+
+
+def skips_on_the_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `optimizer` can skip a step on the device (step_unless): a fused one, which
+    says so by its private `_step_supports_amp_scaling` (what GradScaler reads)."""
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+
+
+def step_unless(optimizer: torch.optim.Optimizer, skip: Tensor) -> None:
+    """optimizer.step() of a fused optimizer (skips_on_the_device), which skips the update
+    on the device when `skip` (0-dim bool) holds: GradScaler's contract (grad_scale,
+    found_inf) with it."""
+    optimizer.grad_scale, optimizer.found_inf = None, skip.float()
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.grad_scale, optimizer.found_inf
+
+
+def lerp_unless_(averages: list[Tensor], weights: list[Tensor], weight: float,
+                 skip: Tensor) -> None:
+    """averages += weight (weights - averages), unless `skip` (0-dim bool on the device): then
+    the weight is 0 (foreach multiplication by a device tensor; foreach lerp would read a
+    tensor weight back to the host)."""
+    delta = torch._foreach_sub(weights, averages)
+    torch._foreach_mul_(delta, torch.where(skip, 0.0, weight).to(averages[0].dtype))
+    torch._foreach_add_(averages, delta)
+
+
+# sacreBLEU's private helpers: the utilities of MBR (nmt.inference.mbr) score n-gram statistics
+# extracted once per candidate with them, 2.3x (chrF) and 2.1x (BLEU) faster on an N=16 choice
+# than N (N - 1) public sentence_score calls, which re-extract both sides' n-grams every time.
+# sacrebleu_missing() is the probe; without one of them, mbr falls back to sentence_score.
+SACREBLEU = ("CHRF._get_match_statistics", "CHRF._compute_f_score",
+             "BLEU._preprocess_segment", "BLEU._compute_score_from_stats")
+
+
+def sacrebleu_missing() -> list[str]:
+    """The helpers of SACREBLEU that this sacreBLEU does not have."""
+    from sacrebleu.metrics import BLEU, CHRF
+
+    classes = {"CHRF": CHRF, "BLEU": BLEU}
+    return [name for name in SACREBLEU
+            if not callable(getattr(classes[name.split(".")[0]], name.split(".")[1], None))]
+
+
+def chrf_from_counts(metric, hyp: list, ref: list) -> float:
+    """sacreBLEU's chrF (a sacrebleu CHRF) of a hypothesis against a reference, both given
+    by their character (and word) n-gram Counters, one per order."""
+    stats = [x for h, r in zip(hyp, ref, strict=True) for x in metric._get_match_statistics(h, r)]
+    return metric._compute_f_score(stats)
+
+
+def chrf_from_stats(metric, stats: list[float]) -> float:
+    """sacreBLEU's chrF from its statistics (hypothesis, reference and matching counts per
+    order)."""
+    return metric._compute_f_score(stats)
+
+
+def bleu_tokens(metric, text: str) -> str:
+    """A text as a sacrebleu BLEU scores it: lower-cased if asked, then tokenized."""
+    return metric._preprocess_segment(text)
+
+
+def bleu_from_stats(metric, stats: list[int]) -> float:
+    """sacreBLEU's BLEU from [hyp_len, ref_len, correct per order, total per order]."""
+    return metric._compute_score_from_stats(stats).score

@@ -1,0 +1,27 @@
+"""Activation checkpointing: recompute each layer's activations in backward, keep only its input.
+
+An opt-in memory path beside the reference model of nmt/model.py (fairseq's
+--checkpoint-activations): `train.checkpoint_activations=true` makes nmt/commands/train.py call
+`checkpoint_layers(model)`, which trades about one more forward pass per update for the
+activations of every encoder and decoder layer, so that a big model takes larger per-GPU
+batches. The model's weights, state dict and results are unchanged (dropout draws the same
+masks again in the recomputation: torch.utils.checkpoint restores the random state);
+tests/test_activation_checkpointing.py checks the gradients against the reference.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+def checkpoint_layers(model: nn.Module) -> nn.Module:
+    """Make every layer of `model.encoder` and `model.decoder` recompute its activations in
+    backward (in place; returns the model). Each layer's own forward is wrapped on that layer
+    object alone: other models, copies made before this call and the state dict are untouched.
+    A copy made after it (copy.deepcopy) would run the original's layers: copy first."""
+    for layer in [*model.encoder, *model.decoder]:
+        layer.forward = functools.partial(checkpoint, layer.forward, use_reentrant=False)
+    return model

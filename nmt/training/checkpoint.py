@@ -1,0 +1,213 @@
+"""Checkpoints: written atomically, read with weights_only=True (a checkpoint cannot run code).
+
+A checkpoint is a plain dict of tensors, numbers, strings, bytes, lists and dicts:
+    format       the layout version (FORMAT); older layouts are converted when loaded
+    model        the model's state_dict
+    model_cfg    dataclasses.asdict(ModelConfig)
+    vocab        nmt.data.vocab.Vocab.to_dict(): {"src_size", "tgt_size", "joint", "pad_id",
+                  "unk_id", "bos_id", "eos_id", "sha256": checksum of the SentencePiece model(s),
+                  "src_spm": bytes, "tgt_spm": bytes,  (so a checkpoint translates on its own)
+                  "languages": a multilingual model's (nmt.data.languages; absent: one pair),
+                  "pair": a bilingual one's src_lang and tgt_lang (absent in older ones)}
+    update       updates done; epoch: the epoch in progress
+    ema          (training with train.ema_decay > 0) the exponential moving average of the
+                 weights: a state_dict with the keys of "model"
+and, for training checkpoints only: optimizer, scheduler, scaler, iterator, config, best,
+nonfinite. There is no RNG state: every micro-batch reseeds dropout from its place in the data.
+"""
+
+from __future__ import annotations
+
+import pickle
+import zipfile
+from pathlib import Path
+
+import torch
+
+from nmt.data.tokenizer import check_same_vocabulary
+from nmt.data.vocab import recorded_sha256
+from nmt.errors import NmtError, first_line
+from nmt.system.files import fsync_directory, link_atomically, write_atomically
+
+FORMAT = 2  # 2: the encoder-decoder attention has W_q and W_kv (1: one fused W_qkv)
+
+
+def save_checkpoint(state: dict, path: str | Path) -> None:
+    """torch.save to a temporary file in the same directory, synced, then renamed into place,
+    marked with this version's checkpoint FORMAT."""
+    state = {**state, "format": FORMAT}
+    write_atomically(path, lambda f: torch.save(state, f), durable=True)
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
+    """torch.load(weights_only=True); a missing, corrupt or foreign file is an NmtError."""
+    path = Path(path)
+    if not path.is_file():
+        raise NmtError(f"{path}: checkpoint not found")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, OSError,
+            ValueError, AttributeError, TypeError) as e:
+        raise NmtError(f"{path}: not a readable nmt checkpoint ({first_line(e, 120)})") from None
+    if not isinstance(state, dict) or not {"model", "model_cfg", "vocab"} <= state.keys():
+        raise NmtError(f"{path}: not an nmt checkpoint (model, model_cfg or vocab missing)")
+    version = state.get("format", 1)
+    if version > FORMAT:
+        raise NmtError(f"{path}: checkpoint format {version} is newer than this nmt reads "
+                       f"({FORMAT}); upgrade nmt")
+    return upgrade_format_1(state) if version == 1 else state
+
+
+def upgrade_format_1(state: dict) -> dict:
+    """A format-1 checkpoint in today's layout: each decoder layer's fused encoder-decoder
+    projection src_attn.W_qkv (3 d_model rows: W^Q, W^K, W^V) split into W_q and W_kv, in
+    the weights and their EMA. Its optimizer state keeps the old parameter list, so the
+    result can be translated, averaged, exported and fine-tuned from, but not resumed
+    (check_resumable says so)."""
+    d = state["model_cfg"]["d_model"]
+    for key in ("model", "ema"):
+        if key not in state:
+            continue
+        weights = {}
+        for name, value in state[key].items():
+            if ".src_attn.W_qkv." in name:
+                prefix, kind = name.split(".src_attn.W_qkv.")
+                weights[f"{prefix}.src_attn.W_q.{kind}"] = value[:d]  # W^Q rows
+                weights[f"{prefix}.src_attn.W_kv.{kind}"] = value[d:]  # W^K, W^V rows
+            else:
+                weights[name] = value
+        state[key] = weights
+    return {**state, "format": FORMAT, "upgraded_from": 1}
+
+
+# ----------------------------------------------------------------------------- averaging
+def numbered_checkpoints(run_dir: str | Path) -> list[Path]:
+    """checkpoint_<update>.pt files of a run, ordered by update number (not by file time)."""
+    found = []
+    for p in Path(run_dir).glob("checkpoint_*.pt"):
+        number = p.stem.removeprefix("checkpoint_")
+        if number.isdigit():
+            found.append((int(number), p))
+    return [p for _, p in sorted(found)]
+
+
+def last_checkpoints(run_dir: str | Path, n: int) -> list[Path]:
+    """The last n numbered checkpoints of a run; fewer is an NmtError."""
+    if not Path(run_dir).is_dir():
+        raise NmtError(f"{run_dir}: run directory not found")
+    paths = numbered_checkpoints(run_dir)
+    if len(paths) < n:
+        raise NmtError(f"{run_dir}: last={n} asked but only {len(paths)} numbered "
+                       f"checkpoint(s) found")
+    return paths[-n:]
+
+
+def _same_model(first: dict, other: dict, path: Path, first_path: Path) -> None:
+    """Raise unless two checkpoints share architecture, vocabulary and parameter shapes."""
+    if other["model_cfg"] != first["model_cfg"]:
+        raise NmtError(f"{path}: model config differs from {first_path}")
+    check_same_vocabulary(recorded_sha256(other["vocab"]), recorded_sha256(first["vocab"]),
+                          str(path), str(first_path), "average checkpoints of one vocabulary")
+    shapes = {k: tuple(v.shape) for k, v in other["model"].items()}
+    if shapes != {k: tuple(v.shape) for k, v in first["model"].items()}:
+        raise NmtError(f"{path}: parameter names or shapes differ from {first_path}")
+
+
+def average_checkpoints(paths: list[str | Path]) -> dict:
+    """A model-only checkpoint whose floating-point weights are the mean of `paths'` weights,
+    and whose EMA (train.ema_decay) is the mean of their EMAs when every one has an EMA (the
+    weights nmt-translate's weights=auto then uses); without, the EMA is left out.
+
+    Sums are accumulated in float64 whatever the stored precision (so averaging copies of one
+    checkpoint is exact) and cast back to the stored dtype; integer
+    buffers (counters) are not averaged: they are taken from the last checkpoint.
+    """
+    if not paths:
+        raise NmtError("no checkpoints to average")
+    paths = [Path(p) for p in paths]
+    first = load_checkpoint(paths[0])
+    keys = ["model"] + ["ema"] * ("ema" in first)
+    sums = {key: _as_sums(first[key]) for key in keys}
+    last = first
+    for path in paths[1:]:
+        last = load_checkpoint(path)
+        _same_model(first, last, path, paths[0])
+        if "ema" not in last:
+            sums.pop("ema", None)
+        for key, total in sums.items():
+            for k, v in last[key].items():
+                total[k] = total[k] + v.double() if v.is_floating_point() else v
+    out = {key: {k: (v / len(paths)).to(first[key][k].dtype) if v.is_floating_point() else v
+                 for k, v in total.items()} for key, total in sums.items()}
+    return {**out, "model_cfg": last["model_cfg"], "vocab": last["vocab"],
+            "config": last.get("config", {}), "update": last.get("update", 0),
+            "epoch": last.get("epoch", 0), "averaged_from": [p.name for p in paths]}
+
+
+def _as_sums(weights: dict) -> dict:
+    """A state dict's floating-point tensors in float64 (others as they are), to add to."""
+    return {k: v.double() if v.is_floating_point() else v for k, v in weights.items()}
+
+
+# ----------------------------------------------------------------------------- training
+def save_training_checkpoint(state: dict, run_dir: str | Path, keep_last: int = 0,
+                             best: bool = False) -> Path:
+    """Write RUN/checkpoint_<update>.pt, point checkpoint_best.pt (if `best`) and then
+    checkpoint_last.pt at it, and keep the last `keep_last` numbered checkpoints (0: all).
+    Killed at any moment, checkpoint_last.pt is a complete checkpoint: the previous one or
+    this one. Returns the numbered path."""
+    run_dir = Path(run_dir)
+    path = run_dir / f"checkpoint_{state['update']}.pt"
+    save_checkpoint(state, path)
+    if best:
+        link_atomically(path, run_dir / "checkpoint_best.pt")
+    link_atomically(path, run_dir / "checkpoint_last.pt")
+    fsync_directory(run_dir)
+    if keep_last > 0:
+        for old in numbered_checkpoints(run_dir)[:-keep_last]:
+            old.unlink(missing_ok=True)
+    return path
+
+
+def save_best_checkpoint(run_dir: str | Path, numbered: Path | None, state: dict) -> None:
+    """RUN/checkpoint_best.pt: a link to the numbered checkpoint just written, or a new file."""
+    best = Path(run_dir) / "checkpoint_best.pt"
+    if numbered is not None and numbered.is_file():
+        link_atomically(numbered, best)
+        fsync_directory(best.parent)
+    else:
+        save_checkpoint(state, best)
+
+
+# What fixes the weights' shapes (N_dec 0, the default, where older checkpoints lack it)
+MODEL_SHAPE_KEYS = ("N", "N_dec", "d_model", "d_ff", "h", "norm", "share_embeddings",
+                    "activation", "output_bias", "positions")
+SHAPE_DEFAULTS = {"N_dec": 0, "activation": "relu", "output_bias": False,
+                  "positions": "paper"}  # older checkpoints
+
+
+def check_same_model(state: dict, path: Path, model_cfg: dict, vocab_sha256: str,
+                     hint: str) -> None:
+    """Raise a one-line NmtError (ending in `hint`) unless `state` holds weights of this model
+    shape trained with this vocabulary."""
+    check_same_vocabulary(recorded_sha256(state["vocab"]), vocab_sha256, str(path),
+                          "the data directory", hint)
+    theirs, ours = {**SHAPE_DEFAULTS, **state["model_cfg"]}, {**SHAPE_DEFAULTS, **model_cfg}
+    diff = [f"{k}={theirs.get(k)!r} != {ours.get(k)!r}" for k in MODEL_SHAPE_KEYS
+            if theirs.get(k) != ours.get(k)]
+    if diff:
+        raise NmtError(f"{path}: model differs from the checkpoint's ({', '.join(diff)}); "
+                       f"{hint}")
+
+
+def check_resumable(state: dict, path: Path, model_cfg: dict, vocab_sha256: str) -> None:
+    """Raise a one-line NmtError unless `state` is a training checkpoint of this model shape
+    and vocabulary."""
+    check_same_model(state, path, model_cfg, vocab_sha256, "use a new run_dir")
+    if "optimizer" not in state or "iterator" not in state:
+        raise NmtError(f"{path}: not a training checkpoint (no optimizer state); cannot resume")
+    if "upgraded_from" in state:
+        raise NmtError(f"{path}: written by an older nmt (checkpoint format "
+                       f"{state['upgraded_from']}), whose optimizer state does not fit this "
+                       f"version's parameters: resume it with that nmt, or start a new run_dir "
+                       f"with train.init_from={path}")
