@@ -44,8 +44,7 @@ from nmt.inference.engine import Engine, check_vocab, open_translator
 from nmt.inference.messages import Hypothesis
 from nmt.inference.rerank import Chooser
 from nmt.inference.scoring import score
-from nmt.inference.segment import Segmented, sample_stream, sentence_splitter, split_for
-from nmt.inference.segment import rejoin as segment_rejoin
+from nmt.inference.segment import Segmented, rejoin, sample_stream, sentence_splitter, split_for
 from nmt.system.files import check_output, decode_line, read_lines, write_atomically
 from nmt.system.runtime import keep_freed_memory, usable_cores
 from nmt.training import distributed
@@ -363,7 +362,7 @@ def process(s: Session, lines: list[str], first: int, interactive: bool = False)
         warn_missing(s, hyps, phrases, first)
     texts = [tr.tgt_tok.decode([h.tokens for h in hs]) for hs in hyps]
     if docs is not None:
-        hyps, texts = rejoin(docs, hyps, texts)
+        hyps, texts = line_translations(docs, hyps, texts)
         links = [None] * len(hyps)  # alignment=true needs split=none
     if s.env.is_main:  # per input line: a piece without translation is its line's
         warn_unfinished(s, hyps, first)
@@ -387,8 +386,8 @@ def split_lines(s: Session, lines: list[str]
             [sample_stream(i, k) for i, doc in enumerate(docs) for k in range(len(doc.pieces))])
 
 
-def rejoin(docs: list[Segmented], hyps: list[list[Hypothesis]], texts: list[list[str]]
-           ) -> tuple[list[list[Hypothesis]], list[list[str]]]:
+def line_translations(docs: list[Segmented], hyps: list[list[Hypothesis]],
+                      texts: list[list[str]]) -> tuple[list[list[Hypothesis]], list[list[str]]]:
     """The best translations of the pieces of all lines -> per line, its text with the
     translations in place of the pieces, and one hypothesis: their tokens in order, their log P
     and scores summed (the pieces are translated apart)."""
@@ -396,7 +395,7 @@ def rejoin(docs: list[Segmented], hyps: list[list[Hypothesis]], texts: list[list
     out_hyps, out_texts = [], []
     for doc in docs:
         mine = [next(pieces) for _ in doc.pieces]
-        text, score = segment_rejoin(doc, [t[0] for _, t in mine], [h[0].score for h, _ in mine])
+        text, score = rejoin(doc, [t[0] for _, t in mine], [h[0].score for h, _ in mine])
         out_texts.append([text])
         out_hyps.append([Hypothesis([tok for h, _ in mine for tok in h[0].tokens], score,
                                     sum(h[0].logprob for h, _ in mine))])

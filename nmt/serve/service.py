@@ -18,8 +18,7 @@ from nmt.inference.core import use_beams
 from nmt.inference.engine import Engine
 from nmt.inference.messages import Hypothesis, Sentence
 from nmt.inference.rerank import Chooser
-from nmt.inference.segment import Segmented, sample_stream, sentence_splitter, split_for
-from nmt.inference.segment import rejoin as segment_rejoin
+from nmt.inference.segment import Segmented, rejoin, sample_stream, sentence_splitter, split_for
 from nmt.inference.workers import WorkerPool
 from nmt.serve import libretranslate
 from nmt.serve.api_keys import ApiKeys
@@ -257,7 +256,7 @@ class Service:
         parts = iter([self._translation(hyps, len(f) > limit, search.nbest, a)
                       for hyps, f, a in zip(nbest, full, maps, strict=True)])
         return TranslateResponse(translations=[
-            rejoin(doc, [next(parts) for _ in doc.pieces]) for doc in docs])
+            text_answer(doc, [next(parts) for _ in doc.pieces]) for doc in docs])
 
     def attention(self, src_ids: list[int], out_ids: list[int]) -> Attention:
         """The (first) model's encoder-decoder attention of one pair, last decoder layer, heads
@@ -310,10 +309,10 @@ class Service:
                              busy_workers=self.workers - self.batcher.idle)
 
 
-def rejoin(doc: Segmented, parts: list[Translation]) -> Translation:
+def text_answer(doc: Segmented, parts: list[Translation]) -> Translation:
     """A text's answer from its pieces' answers: their translations in place of the pieces;
     one piece is the text's answer, several are listed with their scores summed."""
-    text, score = segment_rejoin(doc, [p.text for p in parts], [p.score for p in parts])
+    text, score = rejoin(doc, [p.text for p in parts], [p.score for p in parts])
     if len(parts) == 1:
         return parts[0].model_copy(update={"text": text})
     return Translation(text=text, score=score,
