@@ -16,10 +16,10 @@ import torch
 from translate_helpers import plain_beam, random_sources, search, tiny_model
 
 from nmt.data.tokenizer import SPECIALS, Specials
-from nmt.inference.batches import Hypothesis, decoding_models, translate_nbest
+from nmt.inference.batches import decoding_models, translate_nbest
 from nmt.inference.core import Decoding
 from nmt.inference.fast_model import packing_works
-from nmt.inference.messages import Batch, Done, Failed, Sentence
+from nmt.inference.messages import Batch, Done, Failed, Hypothesis, Sentence
 from nmt.inference.shortlist import Shortlist, load_shortlist
 from nmt.inference.stepping import STOP, step_loop
 
