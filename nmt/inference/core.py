@@ -631,6 +631,8 @@ class Decoding:
             index = self.on_device(keep)
             on = Choice(*(x.index_select(0, index) for x in (on.scores, on.parents, on.tokens)))
         self.scores, self.last = on.scores, on.tokens.reshape(-1, 1)  # (U, k), (U k, 1)
+        if not moved and self.phrases is None:
+            return
         index = self.on_device(rows)
         if moved:
             self.decoder.reorder(index, group, memory)
