@@ -85,6 +85,10 @@ def test_sentences_joining_at_different_steps_get_a_plain_beam_searchs_outputs(b
         for i, hyps in enumerate(want):
             assert [h.tokens for h in got[i]] == [ids for _, ids in hyps], i
             assert [h.score for h in got[i]] == pytest.approx([s for s, _ in hyps], abs=1e-5)
+        # and nmt-translate's batches
+        batched = translate_nbest(models, sources, cfg, SPECIALS)
+        assert [[h.tokens for h in got[i]] for i in range(len(sources))] == [
+            [h.tokens for h in hyps] for hyps in batched]
         return
     # bf16: nmt-translate's outputs, each sentence alone (batch mates change the rounding)
     want = [translate_nbest(models, [s], cfg, SPECIALS)[0] for s in sources]
