@@ -371,12 +371,12 @@ def main() -> None:
         if seconds is not None:
             print(f"preprocess {args.data} (vocab {args.vocab}): {seconds:.0f} s")
         if args.cpu_minutes:
-            import nmt.commands.train
+            import nmt.training.stopping
 
             class _CpuClock:
                 monotonic = staticmethod(time.process_time)
 
-            nmt.commands.train.time = _CpuClock  # max_minutes counts CPU time of all threads
+            nmt.training.stopping.time = _CpuClock  # max_minutes counts CPU time of all threads
         info = train_run(args, run, name)
     else:
         info = json.loads((run / "bench.json").read_text(encoding="utf-8"))

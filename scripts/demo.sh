@@ -40,7 +40,7 @@ import sys
 
 import sacrebleu
 
-from nmt.files import read_lines
+from nmt.system.files import read_lines
 
 train, src, hyp, ref = (read_lines(p) for p in sys.argv[1:5])
 # common short strings: 2-6 words, letters only, every word among the training set's 1,000

@@ -43,35 +43,31 @@ from pathlib import Path
 
 import torch
 
-from nmt.checkpoint import load_checkpoint
-from nmt.config import ModelConfig, SearchConfig
-from nmt.model import make_model
-from nmt.scoring import score
-from nmt.tokenizer import Tokenizer
-from nmt.inference.search import translate_ids
+from nmt.config import SearchConfig
+from nmt.data.tokenizer import Specials, Tokenizer
+from nmt.inference.batches import translate_ids
+from nmt.inference.loading import load_model
+from nmt.inference.scoring import score
+from nmt.training.checkpoint import load_checkpoint
 
 ckpt, data = sys.argv[1], Path(sys.argv[2])
-state = load_checkpoint(ckpt)
-v = state["vocab"]
-model = make_model(ModelConfig(**state["model_cfg"]), v["src_size"], v["tgt_size"], v["pad_id"],
-                    v["joint"])
-model.load_state_dict(state["model"])
+model, v = load_model(ckpt, weights="model")
 model.eval()
-src_tok, tgt_tok = Tokenizer(v["src_spm"]), Tokenizer(v["tgt_spm"])
+src_tok, tgt_tok = Tokenizer(v.src_spm), Tokenizer(v.tgt_spm)
 src = (data / "test.clean.en").read_text(encoding="utf-8").split("\n")[:-1]
 ref = (data / "test.clean.de").read_text(encoding="utf-8").split("\n")[:-1]
 ids = [s[:model.cfg.max_positions - 1] for s in src_tok.encode(src)]
 with torch.no_grad():
-    out = translate_ids(model, ids, SearchConfig(beam_size=1), v["bos_id"], v["eos_id"],
-                        v["pad_id"], torch.device("cpu"))
+    out = translate_ids(model, ids, SearchConfig(beam_size=1),
+                        Specials(v.bos_id, v.eos_id, v.pad_id), torch.device("cpu"))
 hyps = tgt_tok.decode(out)
 s = score(hyps, ref)
-print(f"test ({len(src)} sentences), greedy, {ckpt} (update {state['update']}):")
+print(f"test ({len(src)} sentences), greedy, {ckpt} (update {load_checkpoint(ckpt)['update']}):")
 print(s["bleu_line"])
 print(s["chrf_line"])
 EOF
 
-if "$BIN/python" -c "import nmt.translate" 2>/dev/null; then
+if "$BIN/python" -c "import nmt.commands.translate" 2>/dev/null; then
   flock "$LOCK" "$BIN/nmt-translate" checkpoint="$RUN/checkpoint_best.pt" \
     input="$DATA/test.clean.en" output="$RUN/test.beam4.de" ref="$DATA/test.clean.de" \
     search.beam_size=4 || true

@@ -6,7 +6,7 @@ from nmt.config import ExportConfig
 
 @hydra_app("nmt-export", "export", ExportConfig)
 def main(config: ExportConfig) -> None:
-    """Run nmt.interop.transformers_export.export on the validated config."""
+    """Run nmt.commands.export.export on the validated config."""
     from nmt.commands.export import export
 
     export(config)

@@ -17,7 +17,7 @@ training sample, 8 bytes a sentence of offsets and, with clean.dedup, a hash a u
             dropped; a corpus's tag goes first on its source sentences. With keep_text, the
             kept training text goes to train.clean.{lang}.bin/.idx. (nmt.data.binarize)
    shortlist with shortlist.k > 0: shortlist.pt from the encoded training pairs
-(nmt.inference.shortlist)
+            (nmt.inference.shortlist)
 5. commit   manifest.json (counts, corpora, config, checksums: nmt/data/batches.py documents
             it); the temporary directory becomes out_dir.
 """

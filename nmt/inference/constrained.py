@@ -2,10 +2,12 @@
 Hu et al. 2019, Sockeye and fairseq's --constraints).
 
 Every output of a sentence must contain given target phrases: id lists, as the target
-tokenizer splits them, matched on its piece boundaries. Beam search (nmt.inference.core.choose_beam)
-keeps, per hypothesis (row), which constraint tokens it has met and where it stands in a
-phrase it has begun (Sockeye's ConstrainedHypothesis, held here as one row of tensors per
-hypothesis); a hypothesis may only end (EOS) once it has met every phrase.
+tokenizer splits them, matched on its piece boundaries. PhraseConstraints keeps, per hypothesis
+(row), which constraint tokens it has met and where it stands in a phrase it has begun
+(Sockeye's ConstrainedHypothesis, held here as one row of tensors per hypothesis); beam search
+(nmt.inference.core.choose_beam) orders its candidates through `candidates`, and the decoding
+moves the rows on through `advance`. A hypothesis may only end (EOS) once it has met every
+phrase.
 
 Each step the candidates are beam search's usual top 2k, each hypothesis' best token, and every
 token that would meet a constraint (the next token of the phrase begun, else the first token

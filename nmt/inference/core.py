@@ -13,7 +13,8 @@ top to bottom in `Decoding.step`:
 2. the rules, in one place and order (nmt.inference.rules.apply_rules: PAD / BOS, minimum
    length, no repeated n-grams, lexical constraints' bans, forced prefixes last);
 3. the strategy chooses: a function of the log-probabilities, the rows' scores and its own
-   small state that returns a `Choice`, each unit's candidates best first (`choose_greedy`,
+   small state that returns a `Choice`, each unit's candidates in the order to keep them
+   (`choose_greedy`,
    `choose_sample`, `choose_beam`: fairseq's Search.step, the 2k best of the k x V
    continuations, ordered by constraints' banks where there are constraints);
 4. the decoding keeps the rest (`_advance`): the first k candidates that do not end go on
@@ -21,7 +22,7 @@ top to bottom in `Decoding.step`:
    finish a hypothesis; the rows follow their parents and grow by a token; a unit ends with k
    finished hypotheses (fairseq's rule, which makes beam 1 greedy), at its maximum length, or
    as soon as no row can beat its nbest-th finished one (`Units`); a sentence ends when all
-   its units have, and their rows leave every per-row tensor (`_retire`).
+   its units have (`_end`), and their rows leave every per-row tensor (`_move`).
 
 Batch translation (nmt.inference.batches.translate_nbest) admits every sentence of a batch at
 step 0 and steps until none is live: then every row sits at the same position, and a step
@@ -127,12 +128,13 @@ def in_columns(sentences: list[Sentence], candidates: Candidates | None) -> bool
 # ----------------------------------------------------------------------------- the strategies
 @dataclass
 class Choice:
-    """What a strategy chose at one step: per unit (b of them, kb rows each) c candidates,
-    best first: c = 1 for greedy search and sampling, at least 2k for beam search."""
+    """What a strategy chose at one step: per unit (b of them, kb rows each) c candidates, in
+    the order to keep them (best first; with constraints, in their banks' order): c = 1 for
+    greedy search and sampling, at least 2k for beam search."""
 
     scores: Tensor  # (b, c) float: log P of the prefix each candidate makes
     parents: Tensor  # (b, c) long: the row of its unit it continues, 0 .. kb - 1
-    tokens: Tensor  # (b, c) long: its token (a column of the step's log-probabilities)
+    tokens: Tensor  # (b, c) long: its column of the log-probabilities (Decoding: its piece)
 
 
 def choose_greedy(lprobs: Tensor, scores: Tensor) -> Choice:
@@ -224,6 +226,7 @@ class Units:
         self.start = np.full(n, start, dtype=np.int64)  # (U,) its rows' first cache position
         self.t = np.zeros(n, dtype=np.int64)  # (U,) tokens its rows have decoded
         self.max_len = max_len  # (U,) its maximum output length
+        self.alpha = alpha  # GNMT's length penalty's
         self.lp_max = length_penalty(torch.from_numpy(max_len).double(),
                                      alpha).float().numpy()  # (U,) lp(max_len), float32
         self.count = np.zeros(n, dtype=np.int64)  # (U,) hypotheses in `hyps`
@@ -253,7 +256,7 @@ class Units:
             setattr(self, name, [getattr(self, name)[u] for u in index.tolist()])
 
     def add(self, units: np.ndarray, outputs: list[list[int]], logprobs: np.ndarray,
-            lengths: np.ndarray, alpha: float, nbest: int) -> None:
+            lengths: np.ndarray, nbest: int) -> None:
         """Record finished hypotheses: per hypothesis its unit, output ids, log P and |Y|.
         Dead ones (log P -inf: every continuation banned) are not hypotheses."""
         touched = set()
@@ -261,7 +264,7 @@ class Units:
                                         lengths.tolist(), strict=True):
             if logp == -np.inf:
                 continue
-            hyp = Hypothesis(ids, logp / length_penalty(length, alpha), logp)
+            hyp = Hypothesis(ids, logp / length_penalty(length, self.alpha), logp)
             if self.phrases[u] and missing_phrases(ids, self.phrases[u]):
                 self.lacking[u].append(hyp)
             else:
@@ -309,7 +312,8 @@ class Decoding:
         self.beam = use_beams(search, False) if beam is None else beam
         self.k = search.beam_size if self.beam else 1  # rows a unit keeps after a step
         self.nbest = search.nbest if self.beam else 1  # hypotheses a unit returns
-        self.per = search.nbest if search.sampling and not self.beam else 1  # units a sentence
+        # a sentence's units: its samples (search.nbest of them), or one
+        self.units_per = search.nbest if search.sampling and not self.beam else 1
         self.positions = max_positions(models)
         self.steps = 0  # steps decoded so far
         self.ready: list = []  # (tag, hypotheses) of empty sources, returned by the next step
@@ -329,7 +333,8 @@ class Decoding:
         self.kb = 1  # rows per unit now: 1 until a fresh beam search's first step, then k
         self.shared = 1  # units per memory row: a sentence's samples share its row
         self.length = 0  # L: positions in the shared key/value cache
-        self.units = Units(np.zeros(0, dtype=np.int64), 0, np.zeros(0, dtype=np.int64), 1.0, [])
+        self.units = Units(np.zeros(0, dtype=np.int64), 0, np.zeros(0, dtype=np.int64),
+                           self.search.alpha, [])
         self.tokens = np.zeros((0, 1), dtype=np.int64)  # (R, W) BOS, then each row's output
         self.last: Tensor | None = None  # (R, 1) each row's newest token, on the device
         self.scores: Tensor | None = None  # (U, kb) log P of each row's prefix
@@ -367,21 +372,21 @@ class Decoding:
         if not todo:
             return
         if self.decoder is None:
-            self.shared = self.per
-        per = self.per * self.kb  # rows a newcomer gets
+            self.shared = self.units_per
+        per = self.units_per * self.kb  # rows a newcomer gets
         max_len = output_lengths(todo, self.search, self.positions)  # (n,)
         slots = [self.free.pop() if self.free else self._new_slot() for _ in todo]
         self.tags.update(zip(slots, (s.tag for s in todo), strict=True))
-        self.open.update((slot, self.per) for slot in slots)
+        self.open.update((slot, self.units_per) for slot in slots)
         self.results.update((slot, []) for slot in slots)
         self._join(new, self._group(new, src != pad, per))
         if self.columns is None:
             self.columns = columns
         if self.phrases is not None or any(s.phrases for s in todo):
             self._set_phrases(todo, slots, per)
-        self.units.extend(Units(np.repeat(slots, self.per), self.length,
-                                np.repeat(max_len, self.per), self.search.alpha,
-                                [s.phrases for s in todo for _ in range(self.per)]))
+        self.units.extend(Units(np.repeat(slots, self.units_per), self.length,
+                                np.repeat(max_len, self.units_per), self.search.alpha,
+                                [s.phrases for s in todo for _ in range(self.units_per)]))
         self._add_rows(todo, per, int(max_len.max()) + 1)
         self._set_prefixes(todo, slots)
         if self.shortlist is not None:
@@ -446,8 +451,8 @@ class Decoding:
         R, pad, bos = len(todo) * per, self.specials.pad, self.specials.bos
         tokens = np.full((R, W), pad, dtype=np.int64)
         tokens[:, 0] = bos
-        W = max(W, self.tokens.shape[1])
-        self.tokens = np.concatenate([np.pad(x, ((0, 0), (0, W - x.shape[1])),
+        wide = max(W, self.tokens.shape[1])  # the live rows' and the newcomers' widest
+        self.tokens = np.concatenate([np.pad(x, ((0, 0), (0, wide - x.shape[1])),
                                              constant_values=pad) for x in (self.tokens, tokens)])
         last = torch.full((R, 1), bos, dtype=torch.long, device=self.device)
         self.last = last if self.last is None else torch.cat([self.last, last])
@@ -509,7 +514,7 @@ class Decoding:
             self.steps += 1
             lprobs = self._log_probs()  # (R, V)
             apply_rules(lprobs, self._view())
-            choice = self._choose(lprobs)  # (U, c): each unit's candidates, best first
+            choice = self._choose(lprobs)  # (U, c): each unit's candidates, in order
             on = going_on(choice, self.k, self.specials.eos)  # (U, k): the next step's rows
             ended = self._advance(read_step(choice, on), on)
         done, self.ready = self.ready, []
@@ -568,7 +573,7 @@ class Decoding:
             self._finish(u, u * kb + read.first_parents[u, c], units.t[u],
                          read.first_scores[u, c], units.t[u] + 1)
         rows = (np.arange(U)[:, None] * kb + read.parents).ravel()  # (U k,) their parents
-        moved = k > 1 or kb > 1  # a row of greedy search or sampling stays where it is
+        moved = k > 1 or kb > 1  # one row a unit (greedy, sampling, beam 1) stays where it is
         if moved:
             self.tokens = self.tokens[rows]
         self.tokens[np.arange(U * k), np.repeat(units.t + 1, k)] = read.tokens.ravel()
@@ -589,13 +594,13 @@ class Decoding:
         self._move(rows, on, True, np.flatnonzero(~done))
         return ended
 
-    def _finish(self, units: np.ndarray, rows: np.ndarray, kept: np.ndarray,
+    def _finish(self, units: np.ndarray, rows: np.ndarray, out_len: np.ndarray,
                 logprobs: np.ndarray, lengths: np.ndarray) -> None:
         """Record finished hypotheses: per hypothesis its unit, the row that holds its output
         and the output's length, its log P and |Y|."""
         outputs = [self.tokens[r, 1:1 + n].tolist()
-                   for r, n in zip(rows.tolist(), kept.tolist(), strict=True)]
-        self.units.add(units, outputs, logprobs, lengths, self.search.alpha, self.nbest)
+                   for r, n in zip(rows.tolist(), out_len.tolist(), strict=True)]
+        self.units.add(units, outputs, logprobs, lengths, self.nbest)
 
     def _end(self, done: np.ndarray) -> list:
         """Units `done` end: their hypotheses go to their sentences; the (tag, hypotheses) of
@@ -608,7 +613,7 @@ class Decoding:
             if self.open[slot] == 0:
                 del self.open[slot]
                 hyps = self.results.pop(slot)
-                if self.per > 1:  # samples: best first
+                if self.units_per > 1:  # samples: best first
                     hyps.sort(key=lambda h: -h.score)
                 ended.append((self.tags.pop(slot), hyps))
                 self.free.append(slot)

@@ -678,17 +678,17 @@ def decoding_reads(models, sources: list[list[int]], search) -> dict:
     """Host reads of one greedy or beam search (search.beam_size) over `sources` as one
     batch, on the CPU's real tensors: before the first step, per step (mean and most)."""
     from nmt.data.tokenizer import SPECIALS
-    from nmt.inference import batches as nmt_search
+    from nmt.inference import batches
 
-    src = nmt_search.pad_batch([s + [SPECIALS.eos] for s in sources], SPECIALS.pad, "cpu")
-    counter, real = HostReads(), nmt_search.Decoder.log_probs
+    src = batches.pad_batch([s + [SPECIALS.eos] for s in sources], SPECIALS.pad, "cpu")
+    counter, real = HostReads(), batches.Decoder.log_probs
 
     def log_probs(self, prefix):
         counter.step()
         return real(self, prefix)
 
-    with mock.patch.object(nmt_search.Decoder, "log_probs", log_probs), counter:
-        nmt_search.search_batch(models, src, search, SPECIALS)
+    with mock.patch.object(batches.Decoder, "log_probs", log_probs), counter:
+        batches.search_batch(models, src, search, SPECIALS)
     return {"before": counter.before, "steps": counter.steps,
             "per_step": sum(counter.per_step) / max(counter.steps, 1),
             "most_in_a_step": max(counter.per_step, default=0)}
