@@ -219,21 +219,19 @@ class Units:
     phrase (`hyps`: they count, and the nbest-th best's score is the one to beat) and those
     without one (cut at the maximum length: ranked after all others)."""
 
-    def __init__(self, slot: np.ndarray, start: int, max_len: np.ndarray, alpha: float,
-                 phrases: list[list[list[int]]]):
-        n = len(slot)
-        self.slot = slot  # (U,) its sentence's slot
-        self.start = np.full(n, start, dtype=np.int64)  # (U,) its rows' first cache position
-        self.t = np.zeros(n, dtype=np.int64)  # (U,) tokens its rows have decoded
-        self.max_len = max_len  # (U,) its maximum output length
-        self.alpha = alpha  # GNMT's length penalty's
-        self.lp_max = length_penalty(torch.from_numpy(max_len).double(),
-                                     alpha).float().numpy()  # (U,) lp(max_len), float32
-        self.count = np.zeros(n, dtype=np.int64)  # (U,) hypotheses in `hyps`
-        self.threshold = np.full(n, -np.inf, dtype=np.float32)  # (U,) the score to beat
-        self.hyps: list[list[Hypothesis]] = [[] for _ in range(n)]
-        self.lacking: list[list[Hypothesis]] = [[] for _ in range(n)]  # some phrase missing
-        self.phrases = phrases  # per unit: the phrases every output must contain
+    def __init__(self, alpha: float, nbest: int):
+        """No unit yet; alpha: GNMT's length penalty's; nbest: the hypotheses a unit returns."""
+        self.alpha, self.nbest = alpha, nbest
+        self.slot = np.zeros(0, dtype=np.int64)  # (U,) its sentence's slot
+        self.start = np.zeros(0, dtype=np.int64)  # (U,) its rows' first cache position
+        self.t = np.zeros(0, dtype=np.int64)  # (U,) tokens its rows have decoded
+        self.max_len = np.zeros(0, dtype=np.int64)  # (U,) its maximum output length
+        self.lp_max = np.zeros(0, dtype=np.float32)  # (U,) lp(max_len)
+        self.count = np.zeros(0, dtype=np.int64)  # (U,) hypotheses in `hyps`
+        self.threshold = np.zeros(0, dtype=np.float32)  # (U,) the score to beat
+        self.hyps: list[list[Hypothesis]] = []
+        self.lacking: list[list[Hypothesis]] = []  # some phrase missing
+        self.phrases: list[list[list[int]]] = []  # the phrases every output must contain
 
     ARRAYS = ("slot", "start", "t", "max_len", "lp_max", "count", "threshold")
     LISTS = ("hyps", "lacking", "phrases")
@@ -241,12 +239,19 @@ class Units:
     def __len__(self) -> int:
         return len(self.slot)
 
-    def extend(self, new: Units) -> None:
-        """The newcomers' units after these."""
-        for name in self.ARRAYS:
-            setattr(self, name, np.concatenate([getattr(self, name), getattr(new, name)]))
-        for name in self.LISTS:
-            getattr(self, name).extend(getattr(new, name))
+    def admit(self, slot: np.ndarray, start: int, max_len: np.ndarray,
+              phrases: list[list[list[int]]]) -> None:
+        """New units after the live ones: their slots, the cache position where they begin,
+        their maximum output lengths and constraint phrases; nothing decoded or finished."""
+        n = len(slot)
+        lp_max = length_penalty(torch.from_numpy(max_len).double(), self.alpha).float().numpy()
+        new = (slot, np.full(n, start, dtype=np.int64), np.zeros(n, dtype=np.int64), max_len,
+               lp_max, np.zeros(n, dtype=np.int64), np.full(n, -np.inf, dtype=np.float32))
+        for name, x in zip(self.ARRAYS, new, strict=True):
+            setattr(self, name, np.concatenate([getattr(self, name), x]))
+        self.hyps += [[] for _ in range(n)]
+        self.lacking += [[] for _ in range(n)]
+        self.phrases += phrases
 
     def keep(self, index: np.ndarray) -> None:
         """Only units `index` stay, in that order."""
@@ -256,7 +261,7 @@ class Units:
             setattr(self, name, [getattr(self, name)[u] for u in index.tolist()])
 
     def add(self, units: np.ndarray, outputs: list[list[int]], logprobs: np.ndarray,
-            lengths: np.ndarray, nbest: int) -> None:
+            lengths: np.ndarray) -> None:
         """Record finished hypotheses: per hypothesis its unit, output ids, log P and |Y|.
         Dead ones (log P -inf: every continuation banned) are not hypotheses."""
         touched = set()
@@ -273,15 +278,15 @@ class Units:
         for u in touched:
             hyps = self.hyps[u]
             self.count[u] = len(hyps)
-            if len(hyps) >= nbest:
+            if len(hyps) >= self.nbest:
                 hyps.sort(key=lambda h: -h.score)
-                self.threshold[u] = hyps[nbest - 1].score
+                self.threshold[u] = hyps[self.nbest - 1].score
 
-    def best(self, u: int, nbest: int) -> list[Hypothesis]:
+    def best(self, u: int) -> list[Hypothesis]:
         """Unit u's nbest hypotheses, best first; one with no output and log P -inf if it
         finished none."""
-        best = sorted(self.hyps[u], key=lambda h: -h.score)[:nbest]
-        best += sorted(self.lacking[u], key=lambda h: -h.score)[:nbest - len(best)]
+        best = sorted(self.hyps[u], key=lambda h: -h.score)[:self.nbest]
+        best += sorted(self.lacking[u], key=lambda h: -h.score)[:self.nbest - len(best)]
         return best or [Hypothesis([], -np.inf, -np.inf)]
 
 
@@ -311,7 +316,6 @@ class Decoding:
         self.continuations = continuations
         self.beam = use_beams(search, False) if beam is None else beam
         self.k = search.beam_size if self.beam else 1  # rows a unit keeps after a step
-        self.nbest = search.nbest if self.beam else 1  # hypotheses a unit returns
         # a sentence's units: its samples (search.nbest of them), or one
         self.units_per = search.nbest if search.sampling and not self.beam else 1
         self.positions = max_positions(models)
@@ -333,8 +337,9 @@ class Decoding:
         self.kb = 1  # rows per unit now: 1 until a fresh beam search's first step, then k
         self.shared = 1  # units per memory row: a sentence's samples share its row
         self.length = 0  # L: positions in the shared key/value cache
-        self.units = Units(np.zeros(0, dtype=np.int64), 0, np.zeros(0, dtype=np.int64),
-                           self.search.alpha, [])
+        # the live units' host record; a unit returns search.nbest hypotheses of a beam, one
+        # of greedy search or sampling
+        self.units = Units(self.search.alpha, self.search.nbest if self.beam else 1)
         self.tokens = np.zeros((0, 1), dtype=np.int64)  # (R, W) BOS, then each row's output
         self.last: Tensor | None = None  # (R, 1) each row's newest token, on the device
         self.scores: Tensor | None = None  # (U, kb) log P of each row's prefix
@@ -384,9 +389,9 @@ class Decoding:
             self.columns = columns
         if self.phrases is not None or any(s.phrases for s in todo):
             self._set_phrases(todo, slots, per)
-        self.units.extend(Units(np.repeat(slots, self.units_per), self.length,
-                                np.repeat(max_len, self.units_per), self.search.alpha,
-                                [s.phrases for s in todo for _ in range(self.units_per)]))
+        self.units.admit(np.repeat(slots, self.units_per), self.length,
+                         np.repeat(max_len, self.units_per),
+                         [s.phrases for s in todo for _ in range(self.units_per)])
         self._add_rows(todo, per, int(max_len.max()) + 1)
         self._set_prefixes(todo, slots)
         if self.shortlist is not None:
@@ -600,7 +605,7 @@ class Decoding:
         and the output's length, its log P and |Y|."""
         outputs = [self.tokens[r, 1:1 + n].tolist()
                    for r, n in zip(rows.tolist(), out_len.tolist(), strict=True)]
-        self.units.add(units, outputs, logprobs, lengths, self.nbest)
+        self.units.add(units, outputs, logprobs, lengths)
 
     def _end(self, done: np.ndarray) -> list:
         """Units `done` end: their hypotheses go to their sentences; the (tag, hypotheses) of
@@ -608,7 +613,7 @@ class Decoding:
         ended = []
         for u in done.tolist():
             slot = int(self.units.slot[u])
-            self.results[slot] += self.units.best(u, self.nbest)
+            self.results[slot] += self.units.best(u)
             self.open[slot] -= 1
             if self.open[slot] == 0:
                 del self.open[slot]
