@@ -16,6 +16,7 @@ import torch
 from translate_helpers import plain_beam, random_sources, search, tiny_model
 
 from nmt.data.tokenizer import SPECIALS, Specials
+from nmt.inference import attention_op
 from nmt.inference.batches import decoding_models, translate_nbest
 from nmt.inference.core import Decoding
 from nmt.inference.fast_model import packing_works
@@ -68,11 +69,17 @@ def stand_in(model) -> SimpleNamespace:
                            device=torch.device("cpu"), continuations=None)
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize(("dtype", "fused"), [("fp32", True), ("fp32", False), ("bf16", True)])
 @pytest.mark.parametrize("beam", [1, 4])
-def test_sentences_joining_at_different_steps_get_a_plain_beam_searchs_outputs(beam, dtype):
+def test_sentences_joining_at_different_steps_get_a_plain_beam_searchs_outputs(beam, dtype,
+                                                                               fused,
+                                                                               monkeypatch):
+    """fused: attention through the fused operator where it builds (nmt.inference.attention_op),
+    else batched products (what runs where no C++ compiler is)."""
     if dtype == "bf16" and not packing_works(__import__("torch").bfloat16):
         pytest.skip("no bf16 on this CPU")
+    if not fused:
+        monkeypatch.setattr(attention_op, "available", lambda: False)
     cfg = search(beam_size=beam, nbest=min(beam, 2), max_len_b=4, dtype=dtype)
     model = tiny_model(V, seed=1, stops=True, N=2)
     models = decoding_models([model], cfg)

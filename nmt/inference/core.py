@@ -54,7 +54,7 @@ from nmt.config import SearchConfig
 from nmt.data.tokenizer import Specials
 from nmt.inference.constrained import PhraseConstraints, missing_phrases, pad_to
 from nmt.inference.decoder import Decoder
-from nmt.inference.fast_model import FastModel, additive_source_mask, row_argmax, top_k
+from nmt.inference.fast_model import FastModel, row_argmax, top_k
 from nmt.inference.messages import Hypothesis, Sentence
 from nmt.inference.rules import Columns, StepView, apply_rules, sample_tokens, sample_uniforms
 from nmt.inference.shortlist import Candidates, load_shortlist
@@ -445,9 +445,8 @@ class Decoding:
     def _set_source_masks(self) -> None:
         """Each FastState's additive source mask from the live memory rows' (None: no
         padding)."""
-        for model, state in zip(self.models, self.decoder.states, strict=True):
-            state.mask = additive_source_mask(self.src_mask[:, None, None, :],
-                                              model.float_dtype)
+        for state in self.decoder.states:
+            state.set_source(self.src_mask)
 
     def _add_rows(self, todo: list[Sentence], per: int, W: int) -> None:
         """The newcomers' rows (per rows each): BOS, no output; the first of each unit at log
@@ -675,15 +674,7 @@ class Decoding:
         first = int(self.units.start.min())
         S = int(self.src_mask.sum(1).max())
         for state in self.decoder.states:
-            if first:
-                for cache in state.self_kv:
-                    if cache.k is not None:
-                        cache.k, cache.v = cache.k[:, :, first:], cache.v[:, :, first:]
-                        cache.length -= first
-                state.step -= first
-            if S < self.src_mask.size(1):
-                state.memory_kv = [(k[:, :, :S].contiguous(), v[:, :, :S].contiguous())
-                                   for k, v in state.memory_kv]
+            state.trim(first, S)
         if S < self.src_mask.size(1):
             self.src_mask = self.src_mask[:, :S]
             self._set_source_masks()

@@ -8,7 +8,6 @@ the batch's candidate pieces (or each row's own), every other piece at -inf."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.inference.fast_model import FastModel, FastState
@@ -88,7 +87,7 @@ class Decoder:
         """Append the `rows` rows of another Decoder of the same models (no step decoded yet),
         every memory padded to S source positions (FastStates: can_join)."""
         for live, state in zip(self.states, new.states, strict=True):
-            _join_states(live, state, rows, S)
+            live.join(state, rows, S)
 
 
 def restrict_to_shortlist(lprobs: Tensor, candidates: Candidates) -> Tensor:
@@ -103,22 +102,3 @@ def mask_to_shortlists(logits: Tensor, allowed: Tensor) -> None:
     own, as a batch of one): (R, V) logits of the pieces a row may not emit set to -inf, in
     place, before the log-softmax."""
     logits.masked_fill_(~allowed, -torch.inf)
-
-
-def _join_states(live: FastState, new: FastState, rows: int, S: int) -> None:
-    """Append a FastState's `rows` rows (no step decoded yet) to a live one: encoder keys and
-    values padded to S positions, empty self-attention positions (zeros, masked) before them.
-    Both must group their rows alike (FastState.g)."""
-    live.memory_kv = [tuple(torch.cat([F.pad(x, (0, 0, 0, S - x.size(2))) for x in pair])
-                      for pair in zip(a, b, strict=True))
-                      for a, b in zip(live.memory_kv, new.memory_kv, strict=True)]
-    for cache in live.self_kv:
-        if cache.k is None:  # nothing decoded yet: the next step fills every row
-            continue
-        R, h, capacity, d_k = cache.k.shape
-        L = cache.length
-        for name in ("k", "v"):
-            old = getattr(cache, name)
-            grown = old.new_zeros(R + rows, h, capacity, d_k)  # zeros: attention weight 0
-            grown[:R, :, :L] = old[:, :, :L]
-            setattr(cache, name, grown)

@@ -20,6 +20,7 @@ length, V vocabulary, h heads, d_k = d_model / h.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import warnings
 
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.ao.quantization.observer import PerChannelMinMaxObserver
 
+from nmt.inference import attention_op
 from nmt.model import ACTIVATIONS, Transformer, additive_mask, causal_mask
 from nmt.system import private_ops
 
@@ -197,13 +199,23 @@ class FastLayer:
         self.W_2 = affine(ff.W_2.weight, ff.W_2.bias)
 
     def self_attention(self, x: Tensor, residual: Tensor, mask: Tensor | None,
-                       cache: FastKVCache | None, plain: bool) -> Tensor:
+                       cache: FastKVCache | TableKVCache | None, plain: bool,
+                       rows: StepRows | None = None) -> Tensor:
         """residual + SelfAttention(x), (B, T, d_model); with a cache, after its past positions.
-        mask: additive, broadcast to (B, h, T, T_k) (the source's, or the decoder's causal one)."""
+        mask: additive, broadcast to (B, h, T, T_k) (the source's, or the decoder's causal one).
+        rows: one new position per row, attended by the fused operator over each row's own
+        positions (the mask unused)."""
         B, T, d = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.h, d // self.h)
+        if rows is not None:
+            k, v, table = cache.append(qkv[:, :, 1:])  # buffers (N, h, C, d_k), table (B, C)
+            out = attention_op.one_query_attention(qkv[:, 0, 0], k, v, table, rows.start,
+                                                   rows.end)  # (B, h, d_k)
+            return self.o(out.view(B, 1, d), residual)
         q = qkv[:, :, 0].transpose(1, 2)  # (B, h, T, d_k)
-        if cache is not None:
+        if isinstance(cache, TableKVCache):  # a first step of several positions
+            k, v = cache.append_first(qkv[:, :, 1:])  # (B, h, T, d_k) each
+        elif cache is not None:
             k, v = cache.append(qkv[:, :, 1:])  # (B, h, L, d_k) each: L = past + T
         else:
             k, v = qkv[:, :, 1:].permute(2, 0, 3, 1, 4)  # 2 x (B, h, T, d_k)
@@ -211,12 +223,18 @@ class FastLayer:
         return self.o(out.transpose(1, 2).reshape(B, T, d), residual)
 
     def cross_attention(self, x: Tensor, residual: Tensor, memory_kv: tuple[Tensor, Tensor],
-                        mask: Tensor | None, plain: bool) -> Tensor:
+                        mask: Tensor | None, plain: bool, rows: StepRows | None = None) -> Tensor:
         """residual + Attention(x, memory), (B, T, d_model), g = B / M consecutive rows per
         memory row: the queries of a sentence's g rows attend together, (M, h, g T, d_k),
-        to its keys (M, h, S, d_k), never copied per row. mask: additive, (M, 1, 1, S)."""
+        to its keys (M, h, S, d_k), never copied per row. mask: additive, (M, 1, 1, S).
+        rows: one query per row, attended by the fused operator up to its own source length."""
         B, T, d = x.shape
         k, v = memory_kv
+        if rows is not None:
+            q = self.q(x).view(B, self.h, d // self.h)  # (B, h, d_k)
+            out = attention_op.one_query_attention(q, k, v, rows.memory, rows.zero,
+                                                   rows.source)  # (B, h, d_k)
+            return self.o2(out.view(B, 1, d), residual)
         M = k.size(0)
         q = self.q(x).view(M, B // M * T, self.h, d // self.h).transpose(1, 2)  # (M, h, gT, d_k)
         out = attend(q, k, v, mask, plain)  # (M, h, g T, d_k)
@@ -287,18 +305,137 @@ class FastKVCache:
         if self.k is not None:
             self.k, self.v = _gather_rows(self.k, index), _gather_rows(self.v, index)
 
+    def join(self, rows: int) -> None:
+        """`rows` new rows after the others, with no past: zeros, which their masks hide."""
+        if self.k is None:  # nothing decoded yet: the next step fills every row
+            return
+        R, h, capacity, d_k = self.k.shape
+        for name in ("k", "v"):
+            grown = self.k.new_zeros(R + rows, h, capacity, d_k)
+            grown[:R, :, :self.length] = getattr(self, name)[:, :, :self.length]
+            setattr(self, name, grown)
+
+    def trim(self, first: int) -> None:
+        """Drop the first `first` positions (no live row reads them)."""
+        if self.k is not None:
+            self.k, self.v = self.k[:, :, first:], self.v[:, :, first:]
+            self.length -= first
+
+
+class TableKVCache:
+    """One self-attention layer's past keys and values for the fused operator
+    (nmt.inference.attention_op): buffers (N, h, capacity, d_k) in which decoder row r writes
+    its key and value of position t into buffer row r, once, and a table (R, capacity) naming,
+    for each row and position, the buffer row that holds the row's past there. A beam's
+    reorder gathers the table, never the keys; rows joining later add table rows. Positions
+    before a row's start are never read, so they need no mask."""
+
+    chunk = 8  # positions added at least whenever the buffers are full
+
+    def __init__(self):
+        self.k: Tensor | None = None  # (N, h, capacity, d_k)
+        self.v: Tensor | None = None
+        self.table: Tensor | None = None  # (R, capacity) int64
+        self.length = 0  # positions stored
+
+    def append(self, kv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Store (B, 1, 2, h, d_k) keys and values of one new position of every row; return
+        the buffers (N, h, C, d_k) and the table (B, C) that the operator reads."""
+        B, L = kv.size(0), self.length
+        self._reserve(kv, B, L + 1)
+        self.k[:B, :, L] = kv[:, 0, 0]
+        self.v[:B, :, L] = kv[:, 0, 1]
+        self.table[:, L] = torch.arange(B, device=kv.device)
+        self.length = L + 1
+        return self.k, self.v, self.table
+
+    def append_first(self, kv: Tensor) -> tuple[Tensor, Tensor]:
+        """Store the (B, T, 2, h, d_k) keys and values of a first step of T positions;
+        return them, (B, h, T, d_k) each (for the batched products)."""
+        if self.length:
+            raise ValueError("the fused attention's cache takes several positions only at "
+                             "its first step")
+        B, T = kv.shape[:2]
+        self._reserve(kv, B, T)
+        k, v = kv.permute(2, 0, 3, 1, 4)  # 2 x (B, h, T, d_k)
+        self.k[:B, :, :T], self.v[:B, :, :T] = k, v
+        self.table[:, :T] = torch.arange(B, device=kv.device)[:, None]
+        self.length = T
+        return self.k[:B, :, :T], self.v[:B, :, :T]
+
+    def _reserve(self, kv: Tensor, B: int, positions: int) -> None:
+        """Room for B buffer rows and `positions` positions (by half as much again, or a
+        chunk, so that joining rows and new positions rarely copy the buffers)."""
+        h, d_k = kv.shape[-2:]
+        N, C = (0, 0) if self.k is None else (self.k.size(0), self.k.size(2))
+        if B > N or positions > C:
+            N2 = max(B, N + N // 2) if B > N else N
+            C2 = max(-(-positions // self.chunk) * self.chunk, C + C // 2) if positions > C \
+                else C
+            k, v = kv.new_empty(N2, h, C2, d_k), kv.new_empty(N2, h, C2, d_k)
+            if self.k is not None:
+                k[:N, :, :C], v[:N, :, :C] = self.k, self.v
+            self.k, self.v = k, v
+        if self.table is None:
+            self.table = torch.zeros(B, 0, dtype=torch.long, device=kv.device)
+        if self.table.size(1) < self.k.size(2):  # zeros: a buffer row that exists
+            self.table = F.pad(self.table, (0, self.k.size(2) - self.table.size(1)))
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep (and repeat) rows `index`: their tables."""
+        if self.table is not None:
+            self.table = self.table.index_select(0, index)
+
+    def join(self, rows: int) -> None:
+        """`rows` new rows after the others, with no past (their start hides the table's
+        zeros)."""
+        if self.table is not None:
+            self.table = F.pad(self.table, (0, 0, 0, rows))
+
+    def trim(self, first: int) -> None:
+        """Drop the first `first` positions (no live row reads them)."""
+        if self.k is not None:
+            self.k, self.v = self.k[:, :, first:], self.v[:, :, first:]
+            self.table = self.table[:, first:]
+            self.length -= first
+
+
+@dataclasses.dataclass
+class StepRows:
+    """What the fused operator reads for one step of B rows, one new position each."""
+    start: Tensor  # (B,) each row's first cache position (a row that joined later: its own)
+    end: Tensor  # (B,) the cache's positions after this step, alike for every row
+    memory: Tensor  # (B, S) each row's memory row at every source position (stride 0)
+    zero: Tensor  # (B,) zeros: cross-attention reads from the first source position
+    source: Tensor  # (B,) each row's source length
+
 
 class FastState:
-    """FastModel's decoding state: per-layer FastKVCaches, and encoder keys and values
-    with one row per sentence that the g consecutive rows of the sentence share."""
+    """FastModel's decoding state: per-layer key/value caches (TableKVCaches for the fused
+    operator, else FastKVCaches), and encoder keys and values with one row per sentence that
+    the g consecutive rows of the sentence share."""
 
-    def __init__(self, memory_kv: list[tuple[Tensor, Tensor]], mask: Tensor | None):
+    def __init__(self, memory_kv: list[tuple[Tensor, Tensor]], src_mask: Tensor,
+                 dtype: torch.dtype, fused: bool):
         self.memory_kv = memory_kv  # per layer: (M, h, S, d_k) keys and values
-        self.mask = mask  # (M, 1, 1, S) additive source mask, None without padding
-        self.self_kv = [FastKVCache() for _ in memory_kv]
+        self.dtype, self.fused = dtype, fused
+        self.self_kv = [TableKVCache() if fused else FastKVCache() for _ in memory_kv]
         self.step = 0  # target positions decoded so far
         self.g = 1  # decoder rows per memory row
         self.generator: Affine | None = None  # the output projection's shortlist rows, if cut
+        self.mask: Tensor | None = None  # (M, 1, 1, S) additive source mask, None: no padding
+        self.src_len: Tensor | None = None  # (M,) source length of each memory row
+        self.set_source(src_mask)
+
+    def set_source(self, src_mask: Tensor) -> None:
+        """The memory rows' (M, S) source positions, padding last: the additive mask and
+        the lengths."""
+        self.mask = additive_source_mask(src_mask[:, None, None, :], self.dtype)
+        self.src_len = src_mask.sum(1)  # (M,)
+        if self.fused and not torch.equal(
+                src_mask, torch.arange(src_mask.size(1), device=src_mask.device)
+                < self.src_len[:, None]):
+            raise ValueError("the fused attention reads sources padded at the end only")
 
     def reorder(self, index: Tensor, group: int, sentences: Tensor | None = None) -> None:
         """Keep (and repeat) rows `index`, as DecoderState.reorder does. Rows that come in equal,
@@ -314,6 +451,28 @@ class FastState:
                           for k, v in self.memory_kv]
         if self.mask is not None:
             self.mask = self.mask.index_select(0, sentences)
+        self.src_len = self.src_len.index_select(0, sentences)
+
+    def join(self, new: FastState, rows: int, S: int) -> None:
+        """Append another state's `rows` rows (no step decoded yet): encoder keys and values
+        padded to S positions, no past positions. Both must group their rows alike (g); the
+        caller sets the joined rows' sources (set_source)."""
+        self.memory_kv = [tuple(torch.cat([F.pad(x, (0, 0, 0, S - x.size(2))) for x in pair])
+                          for pair in zip(a, b, strict=True))
+                          for a, b in zip(self.memory_kv, new.memory_kv, strict=True)]
+        for cache in self.self_kv:
+            cache.join(rows)
+
+    def trim(self, first: int, S: int) -> None:
+        """Drop the first `first` cache positions and the memory positions from S on (no live
+        row reads them); the caller sets the sources again (set_source)."""
+        if first:
+            for cache in self.self_kv:
+                cache.trim(first)
+            self.step -= first
+        if S < self.memory_kv[0][0].size(2):
+            self.memory_kv = [(k[:, :, :S].contiguous(), v[:, :, :S].contiguous())
+                              for k, v in self.memory_kv]
 
 
 def _gather_rows(x: Tensor, index: Tensor) -> Tensor:
@@ -334,10 +493,12 @@ class FastModel(nn.Module):
 
     The weights are the model's (shared in fp32, converted otherwise); the model is not
     changed. Inference only: no dropout, no gradients. rows: the batch rows oneDNN packs the
-    fp32 weights for (a hint; any batch works).
+    fp32 weights for (a hint; any batch works). fused: decoding steps attend through the fused
+    one-query operator (nmt.inference.attention_op); None: on the CPU wherever it builds.
     """
 
-    def __init__(self, model: Transformer, dtype: str = "fp32", rows: int = 64):
+    def __init__(self, model: Transformer, dtype: str = "fp32", rows: int = 64,
+                 fused: bool | None = None):
         super().__init__()
         self.cfg, self.pad_id, self.dtype = model.cfg, model.pad_id, dtype
         device = model.generator.weight.device
@@ -362,6 +523,8 @@ class FastModel(nn.Module):
         # On the CPU, matmul + softmax beats the fused kernel at decoding sizes (2x for one
         # query per row), and by more in bf16.
         self.plain_attention = device.type == "cpu"
+        self.fused = device.type == "cpu" and (attention_op.available() if fused is None
+                                               else fused)
 
     def _affine_builder(self, device: torch.device, rows: int):
         """affine(W, b, relu=False): the linear maps' form for this dtype and device."""
@@ -411,7 +574,7 @@ class FastModel(nn.Module):
         vocab: (V',) target ids (a lexical shortlist, nmt.inference.shortlist) whose logits alone
         decode_step computes, in this order; None: all V."""
         state = FastState([layer.memory_kv(memory) for layer in self.decoder],
-                          additive_source_mask(src_mask, self.float_dtype))
+                          src_mask[:, 0, 0], self.float_dtype, self.fused)
         if vocab is not None:  # those rows of W and b, in this dtype's form
             weight, bias = self._generator_weights
             state.generator = self._affine(weight.index_select(0, vocab),
@@ -434,11 +597,13 @@ class FastModel(nn.Module):
         causal = self_mask  # one new position sees every earlier one
         if T > 1:  # no future positions
             causal = additive_mask(causal_mask(T, L, x.device), self.float_dtype)
+        rows = _step_rows(state, x.size(0), positions) if state.fused and T == 1 else None
         for layer, memory_kv, cache in zip(self.decoder, state.memory_kv, state.self_kv,
                                            strict=True):
-            x = self._residual(x, layer.norms[0], layer.self_attention, causal, cache, plain)
+            x = self._residual(x, layer.norms[0], layer.self_attention, causal, cache, plain,
+                               rows)
             x = self._residual(x, layer.norms[1], layer.cross_attention, memory_kv,
-                               state.mask, plain)
+                               state.mask, plain, rows)
             x = self._residual(x, layer.norms[2], layer.feed_forward)
         state.step = L
         generator = self.generator if state.generator is None else state.generator
@@ -447,6 +612,18 @@ class FastModel(nn.Module):
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
         """Teacher-forced decoding: (B, T) shifted target ids -> logits (B, T, V)."""
         return self.decode_step(tgt_in, self.start_decoding(memory, src_mask))
+
+
+def _step_rows(state: FastState, B: int, positions: Tensor | None) -> StepRows:
+    """The fused operator's view of a step of B rows at cache position state.step: each row
+    from its own start (positions: (B,) each row's own step; None: every row from 0)."""
+    dev = state.src_len.device
+    zero = torch.zeros(B, dtype=torch.long, device=dev)
+    start = zero if positions is None else state.step - positions  # (B,)
+    memory = torch.arange(B, device=dev) // state.g  # (B,) each row's memory row
+    S = state.memory_kv[0][0].size(2)
+    return StepRows(start, torch.full((B,), state.step + 1, device=dev), memory[:, None].expand(
+        B, S), zero, state.src_len.index_select(0, memory))
 
 
 # ----------------------------------------------------------------------------- search helpers

@@ -1,0 +1,178 @@
+// nmt::one_query_attention: the attention of one new query per decoder row, for decoding.
+//
+// out[r, h] = softmax_t(q[r, h] . K[table[r, t], h, t]) . V[table[r, t], h, t], over each row's
+// own positions t in [start[r], end[r]) (none: zeros).
+//
+// q (R, H, D) queries, already scaled by 1/sqrt(D); k, v (N, H, C, D) key and value buffers;
+// table (R, >= max end) the buffer row that holds each row's position t: the self-attention
+// cache is read through it, so a beam's reorder gathers the table and copies no keys, and
+// cross-attention reads a sentence's one memory row through a stride-0 table (r -> r / g).
+// Positions outside [start, end) are never read: each row pays for its own length only.
+// fp32 or bf16 tensors (the cache's precision); accumulation in fp32. The last dimension of
+// q, k and v must be contiguous; table, start and end are int64.
+//
+// ATen's vector types take their width from compile-time macros: nmt/inference/attention_op.py
+// builds this file once per instruction set (CPU_CAPABILITY=AVX2 or AVX512) and loads the one
+// that torch.backends.cpu.get_cpu_capability() names. The readable reference is
+// attention_op.one_query_attention_reference; tests/test_attention_op.py compares the two.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+
+// n (<= Vec::size()) values from p as floats; the rest of the vector zero.
+inline Vec load(const float* p, int64_t n) {
+  return n == Vec::size() ? Vec::loadu(p) : Vec::loadu(p, n);
+}
+
+inline Vec load(const c10::BFloat16* p, int64_t n) {
+  float tmp[Vec::size()];
+  for (int64_t i = 0; i < n; ++i) tmp[i] = static_cast<float>(p[i]);
+  return Vec::loadu(tmp, n);
+}
+
+// sum_i a[i] * b[i] over D values, a already in floats.
+template <typename T>
+inline float dot(const float* a, const T* b, int64_t D) {
+  Vec acc(0.0f);
+  for (int64_t i = 0; i < D; i += Vec::size()) {
+    const int64_t n = std::min<int64_t>(Vec::size(), D - i);
+    acc = at::vec::fmadd(load(a + i, n), load(b + i, n), acc);
+  }
+  return at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, acc);
+}
+
+// acc[i] += w * b[i] over D values.
+template <typename T>
+inline void add_scaled(float* acc, float w, const T* b, int64_t D) {
+  const Vec wv(w);
+  for (int64_t i = 0; i < D; i += Vec::size()) {
+    const int64_t n = std::min<int64_t>(Vec::size(), D - i);
+    at::vec::fmadd(wv, load(b + i, n), load(acc + i, n)).store(acc + i, n);
+  }
+}
+
+// w[t] = exp(w[t] - top) for t < n; returns their sum.
+inline float exp_shifted(float* w, float top, int64_t n) {
+  const Vec shift(top);
+  Vec sum(0.0f);
+  for (int64_t i = 0; i < n; i += Vec::size()) {
+    const int64_t m = std::min<int64_t>(Vec::size(), n - i);
+    const Vec e = (load(w + i, m) - shift).exp_u20();
+    e.store(w + i, m);
+    sum = sum + Vec::set(Vec(0.0f), e, m);  // the lanes past m stay out of the sum
+  }
+  return at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, sum);
+}
+
+template <typename T>
+void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+            const at::Tensor& table, const at::Tensor& start, const at::Tensor& end,
+            at::Tensor& out) {
+  const int64_t R = q.size(0), H = q.size(1), D = q.size(2);
+  const T* qp = q.data_ptr<T>();
+  const T* kp = k.data_ptr<T>();
+  const T* vp = v.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  const int64_t* tp = table.data_ptr<int64_t>();
+  const int64_t* sp = start.data_ptr<int64_t>();
+  const int64_t* ep = end.data_ptr<int64_t>();
+  const int64_t q0 = q.stride(0), q1 = q.stride(1);
+  const int64_t k0 = k.stride(0), k1 = k.stride(1), k2 = k.stride(2);
+  const int64_t v0 = v.stride(0), v1 = v.stride(1), v2 = v.stride(2);
+  const int64_t t0 = table.stride(0), t1 = table.stride(1);
+  const int64_t o0 = out.stride(0), o1 = out.stride(1);
+  const int64_t N = k.size(0), positions = std::min(k.size(2), table.size(1));
+  int64_t longest = 0;
+  for (int64_t r = 0; r < R; ++r) {  // every position and buffer row read lies inside
+    TORCH_CHECK(sp[r] >= 0 && ep[r] <= positions,
+                "one_query_attention: row ", r, " reads positions ", sp[r], "..", ep[r],
+                " of ", positions);
+    for (int64_t t = sp[r]; t < ep[r]; ++t) {
+      TORCH_CHECK(tp[r * t0 + t * t1] >= 0 && tp[r * t0 + t * t1] < N,
+                  "one_query_attention: table names buffer row ", tp[r * t0 + t * t1],
+                  " of ", N);
+    }
+    longest = std::max(longest, ep[r] - sp[r]);
+  }
+  // a (row, head) pair reads `longest` keys and values of D: keep small batches on one thread
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, longest * D));
+  at::parallel_for(0, R * H, grain, [&](int64_t first, int64_t last) {
+    std::vector<float> qf(D), acc(D), w(std::max<int64_t>(longest, 1));
+    for (int64_t i = first; i < last; ++i) {
+      const int64_t r = i / H, h = i % H, s = sp[r], n = ep[r] - s;
+      T* o = op + r * o0 + h * o1;
+      if (n <= 0) {
+        for (int64_t j = 0; j < D; ++j) o[j] = static_cast<T>(0.0f);
+        continue;
+      }
+      for (int64_t j = 0; j < D; ++j) qf[j] = static_cast<float>(qp[r * q0 + h * q1 + j]);
+      float top = -std::numeric_limits<float>::infinity();
+      for (int64_t t = 0; t < n; ++t) {  // scores q . K
+        const int64_t row = tp[r * t0 + (s + t) * t1];
+        w[t] = dot(qf.data(), kp + row * k0 + h * k1 + (s + t) * k2, D);
+        top = std::max(top, w[t]);
+      }
+      const float total = exp_shifted(w.data(), top, n);  // softmax, normalized at the end
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t t = 0; t < n; ++t) {  // . V
+        const int64_t row = tp[r * t0 + (s + t) * t1];
+        add_scaled(acc.data(), w[t], vp + row * v0 + h * v1 + (s + t) * v2, D);
+      }
+      for (int64_t j = 0; j < D; ++j) o[j] = static_cast<T>(acc[j] / total);
+    }
+  });
+}
+
+at::Tensor one_query_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& table, const at::Tensor& start,
+                               const at::Tensor& end) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4,
+              "one_query_attention: q (R, H, D), k and v (N, H, C, D)");
+  TORCH_CHECK(k.sizes() == v.sizes(), "one_query_attention: k and v differ in shape");
+  TORCH_CHECK(q.size(1) == k.size(1) && q.size(2) == k.size(3),
+              "one_query_attention: q and k differ in heads or head size");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
+              "one_query_attention: q, k and v differ in dtype");
+  TORCH_CHECK(q.stride(2) == 1 && k.stride(3) == 1 && v.stride(3) == 1,
+              "one_query_attention: the last dimension of q, k and v must be contiguous");
+  TORCH_CHECK(table.dim() == 2 && table.size(0) == q.size(0) &&
+                  table.scalar_type() == at::kLong,
+              "one_query_attention: table (R, positions) int64");
+  TORCH_CHECK(start.dim() == 1 && end.dim() == 1 && start.size(0) == q.size(0) &&
+                  end.size(0) == q.size(0) && start.scalar_type() == at::kLong &&
+                  end.scalar_type() == at::kLong && start.is_contiguous() &&
+                  end.is_contiguous(),
+              "one_query_attention: start and end (R,) int64, contiguous");
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16,
+              "one_query_attention: float32 or bfloat16, not ", q.scalar_type());
+  at::Tensor out = at::empty_like(q, at::MemoryFormat::Contiguous);
+  if (q.scalar_type() == at::kFloat) {
+    attend<float>(q, k, v, table, start, end, out);
+  } else {
+    attend<c10::BFloat16>(q, k, v, table, start, end, out);
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(nmt, m) {
+  m.def("one_query_attention(Tensor q, Tensor k, Tensor v, Tensor table, Tensor start, "
+        "Tensor end) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(nmt, CPU, m) {
+  m.impl("one_query_attention", &one_query_attention);
+}
