@@ -103,7 +103,7 @@ def run(model, src_ids, beam: int, batch: int, out_len: int, use_cache: bool,
     with Translator([model], SPECIALS, dtype=dtype, workers=workers, fast=fast,
                     use_cache=use_cache) as translator:
         start, cpu = time.perf_counter(), cpu_seconds()
-        out = translator.translate_ids(src_ids, search)
+        out = translator.translate_ids(src_ids, search, scores=False)  # as nmt-translate
         seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu
     assert all(len(h[0].tokens) == out_len for h in out), "output length was not forced"
     return seconds, cpu

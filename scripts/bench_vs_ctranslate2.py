@@ -121,7 +121,10 @@ def nmt_rows(model, vocab: Vocab | Specials, src_ids: list[list[int]], args: arg
                 # CTranslate2's intra_threads=1 sets the OpenMP thread count that torch
                 # shares (a process of 2 threads then ran 1): set it back every time.
                 torch.set_num_threads(args.threads)
-                out = translator.translate_ids(src_ids, search, parallel=workers > 1)
+                # no scores: as nmt-translate writes one translation a line (and CTranslate2
+                # without return_scores)
+                out = translator.translate_ids(src_ids, search, parallel=workers > 1,
+                                               scores=False)
                 return [hyps[0].tokens for hyps in out]
 
             procs = f"{workers} x 1" if workers > 1 else f"1 x {args.threads}"

@@ -131,7 +131,8 @@ def test_without_a_compiler_nmt_says_so_in_one_line_and_decodes_as_before(tmp_pa
     code = ("import torch; from nmt.inference import attention_op; "
             "from nmt.inference.fast_model import FastModel; from nmt.model import make_model; "
             "from nmt.config import ModelConfig; "
-            "m = make_model(ModelConfig(N=1, d_model=16, d_ff=32, h=2, dropout=0.0), 8, 8, 0, True).eval(); "
+            "cfg = ModelConfig(N=1, d_model=16, d_ff=32, h=2, dropout=0.0); "
+            "m = make_model(cfg, 8, 8, 0, True).eval(); "
             "print(attention_op.available(), FastModel(m).fused)")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                           text=True, timeout=120)

@@ -118,6 +118,18 @@ def test_affine_forms_compute_the_same_maps(relu):
     assert packing_works(torch.float32) or not torch.backends.mkldnn.is_available()
 
 
+def test_int8_shortlist_rows_are_gathered_not_quantized_again():
+    """Int8Affine.rows: the int8 rows and scales of the whole map, gathered (CTranslate2's
+    select_weights), give what quantizing those rows anew gives (one scale per row)."""
+    torch.manual_seed(0)
+    x, w, b = torch.randn(6, 1, 16), torch.randn(40, 16), torch.randn(40)
+    index = torch.tensor([31, 2, 7, 7, 19])
+    whole, part = Int8Affine(w, b), Int8Affine(w[index], b[index])
+    rows = whole.rows(index, b[index])
+    assert torch.equal(rows.ints, part.ints) and torch.equal(rows(x), part(x))
+    assert torch.equal(rows(x), whole(x)[..., index])  # the whole map's columns
+
+
 def test_8bit_activations_saturate_exactly_where_the_probe_says():
     """The one int8 tolerance holds on every CPU kind; the probe asks the kernel itself: with
     8-bit activations a 256 -> 512 map is off by ~0.1x its largest output where the u8 x s8

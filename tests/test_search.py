@@ -53,6 +53,25 @@ def test_outputs_mix_early_eos_and_maximum_length(model, sources):
         assert any(at_max) and not all(at_max)
 
 
+def test_greedy_without_scores_skips_the_log_softmax_and_keeps_every_token(model, sources,
+                                                                          monkeypatch):
+    """scores=False (nmt-translate writing one translation a line): greedy search of one model
+    picks the largest logit, as CTranslate2 does without return_scores; beams, samples and
+    ensembles still need the log-probabilities."""
+    calls, log_softmax = [], torch.log_softmax
+    monkeypatch.setattr(torch, "log_softmax", lambda *a, **k: calls.append(1) or log_softmax(
+        *a, **k))
+    for cfg in (search(beam_size=1, min_len=3, no_repeat_ngram_size=2), search(beam_size=1)):
+        want = run(model, sources, cfg)
+        calls.clear()
+        got = run(model, sources, cfg, scores=False)
+        assert not calls  # no log-softmax at all
+        assert [h[0].tokens for h in got] == [h[0].tokens for h in want]
+        assert {h[0].score for h in got} == {0.0} != {h[0].score for h in want}
+    for cfg, models in ((search(beam_size=2), model), (search(beam_size=1), [model, model])):
+        assert run(models, sources[:4], cfg, scores=False) == run(models, sources[:4], cfg)
+
+
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
 @pytest.mark.parametrize("min_len", [1, 4])
 def test_beam_size_one_equals_greedy(model, sources, alpha, min_len):

@@ -545,7 +545,7 @@ def run_search(s: Session, src_ids: list[list[int]], tgt_ids: list[list[int]] | 
                                                         parallel)]
         search = s.chooser.search if s.chooser is not None else cfg.search
         return s.translator.translate_ids(src_ids, search, tgt_ids, lines, progress,
-                                          parallel, phrases)
+                                          parallel, phrases, scores=search.nbest > 1)
     finally:
         if bar is not None:
             bar.close()

@@ -101,6 +101,7 @@ class BatchJob:
     use_cache: bool = True
     score: bool = False  # score the given targets instead of searching
     continuations: list[int] | None = None  # constraints: pieces that may not follow a phrase
+    scores: bool = True  # the hypotheses' scores are wanted (decode_all's)
 
     def __call__(self, items: list[Sentence]) -> list[list[Hypothesis]]:
         """Sentences -> their hypotheses, in order (scoring: each Sentence's prefix is the
@@ -113,7 +114,7 @@ class BatchJob:
         return decode_all(self.models, items, self.search, self.specials, self.device,
                           self.use_cache, self.continuations,
                           batch_candidates(self.search, items, self.device),
-                          use_beams(self.search, any(s.phrases for s in items)))
+                          use_beams(self.search, any(s.phrases for s in items)), self.scores)
 
 
 def batch_candidates(search: SearchConfig, sentences: list[Sentence],
@@ -183,7 +184,8 @@ def translate_nbest(model, src_ids: list[list[int]], search: SearchConfig,
                     use_cache: bool = True, progress=None, fast: bool = True,
                     prefixes: list[list[int]] | None = None, lines: list[int] | None = None,
                     run=run_jobs, constraints: list[list[list[int]]] | None = None,
-                    continuations: list[int] | None = None) -> list[list[Hypothesis]]:
+                    continuations: list[int] | None = None,
+                    scores: bool = True) -> list[list[Hypothesis]]:
     """Translate id lists (no BOS/EOS) in length-sorted token-budget batches, in input order.
 
     model: a Transformer, a FastModel, or a list of them (an ensemble); specials: the BOS, EOS
@@ -197,11 +199,12 @@ def translate_nbest(model, src_ids: list[list[int]], search: SearchConfig,
     constraints: per source, phrases (id lists) every hypothesis must contain (beam search at
     any beam size; a hypothesis cut at the maximum length may lack some);
     continuations: the ids of the pieces that go on with a word, none of which may follow a
-    phrase (Tokenizer.word_continuations; None: any may).
+    phrase (Tokenizer.word_continuations; None: any may). scores=False: the caller writes no
+    score, so greedy search may leave them at 0 (Decoding's).
     """
     models = decoding_models(model, search, fast and use_cache)
     job = BatchJob(models, search, specials, torch.device(device), use_cache,
-                   continuations=continuations)
+                   continuations=continuations, scores=scores)
     prefixes = prefixes or [[] for _ in src_ids]
     lines = lines or list(range(len(src_ids)))
     phrases = [[p for p in ps if p] for ps in constraints or [[] for _ in src_ids]]

@@ -302,12 +302,15 @@ class Decoding:
     a word, none of which may follow a constraint phrase (None: any may). shortlists: with
     search.shortlist, each sentence decodes over its own candidates (as a batch of one; what
     continuous batching needs), else over the `candidates` that admit gives its batch.
+    scores=False: no one reads the hypotheses' scores; greedy search of one model then picks
+    each row's largest logit without the log-softmax (as CTranslate2 without return_scores),
+    and its hypotheses score 0 (-inf where every continuation was banned).
     """
 
     def __init__(self, models: list, search: SearchConfig, specials: Specials,
                  device: torch.device | str = "cpu", use_cache: bool = True,
                  continuations: list[int] | None = None, beam: bool | None = None,
-                 shortlists: bool = False):
+                 shortlists: bool = False, scores: bool = True):
         self.models, self.search, self.specials = models, search, specials
         self.shortlist = load_shortlist(search.shortlist) if shortlists and search.shortlist \
             else None
@@ -315,6 +318,9 @@ class Decoding:
         self.device, self.use_cache = torch.device(device), use_cache
         self.continuations = continuations
         self.beam = use_beams(search, False) if beam is None else beam
+        # greedy search of one model needs no log-softmax (argmax of the logits is argmax of
+        # their log-probabilities) where no one reads the scores
+        self.normalize = scores or self.beam or search.sampling or len(models) > 1
         self.k = search.beam_size if self.beam else 1  # rows a unit keeps after a step
         # a sentence's units: its samples (search.nbest of them), or one
         self.units_per = search.nbest if search.sampling and not self.beam else 1
@@ -533,15 +539,14 @@ class Decoding:
             self.on_device(self._per_row(self.units.slot))]
         if self.units.start.max() == 0:  # every row started with the cache: uniform positions
             prefix = self.last if self.use_cache else self.on_device(self.tokens[:, :L + 1])
-            if allowed is None:
-                return self.decoder.log_probs(prefix)
-            return self.decoder.log_probs(prefix, allowed)
+            return self.decoder.log_probs(prefix, allowed, self.normalize)
         dev = self.device
         start = self._per_row(self.units.start)  # (R,)
         positions = torch.from_numpy(L - start).to(dev)  # (R,) each row's own step
         seen = torch.arange(L + 1, device=dev) >= torch.from_numpy(start).to(dev)[:, None]
         mask = additive_mask(seen[:, None, None, :], self.models[0].float_dtype)  # (R, 1, 1, L+1)
-        return self.decoder.log_probs(self.last, allowed, positions=positions, self_mask=mask)
+        return self.decoder.log_probs(self.last, allowed, self.normalize, positions=positions,
+                                      self_mask=mask)
 
     def _view(self) -> StepView:
         """What the rules see of this step."""
@@ -604,6 +609,8 @@ class Decoding:
         and the output's length, its log P and |Y|."""
         outputs = [self.tokens[r, 1:1 + n].tolist()
                    for r, n in zip(rows.tolist(), out_len.tolist(), strict=True)]
+        if not self.normalize:  # sums of logits: no score, but what was banned stays -inf
+            logprobs = np.where(np.isfinite(logprobs), 0.0, -np.inf)
         self.units.add(units, outputs, logprobs, lengths)
 
     def _end(self, done: np.ndarray) -> list:
@@ -699,10 +706,11 @@ def _cat_padded(a: Tensor, b: Tensor, fill) -> Tensor:
 def decode_all(models: list, sentences: list[Sentence], search: SearchConfig,
                specials: Specials, device: torch.device | str = "cpu", use_cache: bool = True,
                continuations: list[int] | None = None, candidates: Candidates | None = None,
-               beam: bool | None = None) -> list[list[Hypothesis]]:
+               beam: bool | None = None, scores: bool = True) -> list[list[Hypothesis]]:
     """Batch decoding: every sentence admitted at step 0, stepped until none is live; the
     hypotheses of each, in order (Decoding's arguments)."""
-    dec = Decoding(models, search, specials, device, use_cache, continuations, beam)
+    dec = Decoding(models, search, specials, device, use_cache, continuations, beam,
+                   scores=scores)
     dec.admit([Sentence(i, s.src, s.prefix, s.phrases, s.line)
                for i, s in enumerate(sentences)], candidates)
     out: dict[int, list[Hypothesis]] = {}

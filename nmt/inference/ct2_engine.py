@@ -144,11 +144,12 @@ class CT2Translator:
     def translate_ids(self, src_ids: list[list[int]], search: SearchConfig,
                       prefixes: list[list[int]] | None = None, lines: list[int] | None = None,
                       progress=None, parallel: bool = True,
-                      constraints: list[list[list[int]]] | None = None) -> list[list[Hypothesis]]:
+                      constraints: list[list[list[int]]] | None = None, scores: bool = True
+                      ) -> list[list[Hypothesis]]:
         """search.nbest hypotheses of each id list (no BOS/EOS), in input order; prefixes:
-        forced output starts. lines and parallel are the Translator's (CTranslate2 seeds per
-        call, and runs its inter_threads side by side anyway); constraints: refused
-        (capabilities)."""
+        forced output starts. lines, parallel and scores are the Translator's (CTranslate2 seeds
+        per call, runs its inter_threads side by side anyway, and scores every hypothesis);
+        constraints: refused (capabilities)."""
         self.capabilities.check("constraints", constraints and any(constraints))
         return self._collect(len(src_ids), self._dispatch(src_ids, search, prefixes), search,
                              progress)

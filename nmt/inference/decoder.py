@@ -50,11 +50,14 @@ class Decoder:
             else:
                 self.states[i] = [t.index_select(0, index) for t in state]
 
-    def log_probs(self, prefix: Tensor, allowed: Tensor | None = None, **step) -> Tensor:
+    def log_probs(self, prefix: Tensor, allowed: Tensor | None = None, normalize: bool = True,
+                  **step) -> Tensor:
         """(R, t) BOS and the tokens so far -> (R, V) float log-probabilities of the next token
         ((R, V') with a compact shortlist: its candidates' columns). allowed: (R, V) each row's
-        own shortlist (mask_to_shortlists); step: further arguments of the models' decode_step
-        (per-row positions and the self-attention mask of rows that joined later)."""
+        own shortlist (mask_to_shortlists); normalize=False: one model's logits, without the
+        log-softmax (their order is the log-probabilities'); step: further arguments of the
+        models' decode_step (per-row positions and the self-attention mask of rows that joined
+        later)."""
         total = None
         for model, state, cut in zip(self.models, self.states, self.cut, strict=True):
             if self.use_cache:  # only the newest token goes in; the past is in the cache
@@ -66,7 +69,7 @@ class Decoder:
             logits = logits.float().contiguous()
             if allowed is not None:
                 mask_to_shortlists(logits, allowed)
-            lprobs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: no new 4 B/logit
+            lprobs = torch.log_softmax(logits, dim=-1, out=logits) if normalize else logits
             total = lprobs if total is None else total.add_(lprobs)
         if len(self.models) > 1:
             total.div_(len(self.models))

@@ -53,11 +53,13 @@ class Engine(Protocol):
     def translate_ids(self, src_ids: list[list[int]], search: SearchConfig,
                       prefixes: list[list[int]] | None = None, lines: list[int] | None = None,
                       progress=None, parallel: bool = True,
-                      constraints: list[list[list[int]]] | None = None
+                      constraints: list[list[list[int]]] | None = None, scores: bool = True
                       ) -> list[list[Hypothesis]]:
         """search.nbest hypotheses of each id list (no BOS/EOS), in input order; prefixes:
         forced output starts; lines: input line numbers (seeds); progress: called with each
-        batch's size; parallel=False: in the calling thread; constraints: phrases per line."""
+        batch's size; parallel=False: in the calling thread; constraints: phrases per line;
+        scores=False: the hypotheses' scores may be left at 0 (what the caller does not write
+        need not be computed: greedy search skips the log-softmax)."""
 
     def score_ids(self, src_ids: list[list[int]], tgt_ids: list[list[int]],
                   search: SearchConfig, progress=None, parallel: bool = True

@@ -84,21 +84,38 @@ class Int8Affine(Affine):
     call, from the input's range), accumulated in int32 and rescaled: torch.ao's dynamic
     quantization of nn.Linear, here through oneDNN (faster than fbgemm for the vocabulary
     projection; fbgemm where oneDNN is missing). Activations keep 7 bits, as torch.ao gives
-    them, wherever the CPU's u8 x s8 products saturate (`int8_saturates`: no VNNI)."""
+    them, wherever the CPU's u8 x s8 products saturate (`int8_saturates`: no VNNI). The int8
+    rows and their scales are kept (not the float weights), for `rows`."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None, relu: bool = False):
-        super().__init__(weight, bias, relu)
-        engine = _int8_engine()
-        self.reduce_range = engine != "onednn" or int8_saturates()
         observer = PerChannelMinMaxObserver(ch_axis=0, dtype=torch.qint8,
                                             qscheme=torch.per_channel_symmetric)
         observer(weight)
         scale, zero_point = observer.calculate_qparams()
-        self.packed = _pack_int8(weight, scale.double(), zero_point, bias, engine)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # quantized tensors are deprecated for torchao's
+            q = torch.quantize_per_channel(weight, scale.double(), zero_point, 0, torch.qint8)
+        self._set(q.int_repr(), scale, bias, relu)
+
+    def _set(self, ints: Tensor, scale: Tensor, bias: Tensor | None, relu: bool) -> None:
+        """The map of int8 rows (out, in) with scales (out,), packed for oneDNN."""
+        super().__init__(None, bias, relu)
+        self.ints, self.scale = ints, scale
+        engine = _int8_engine()
+        self.reduce_range = engine != "onednn" or int8_saturates()
+        self.packed = _prepack(private_ops.per_channel_qint8(ints, scale), bias, engine)
 
     def linear(self, x: Tensor) -> Tensor:
         """x W^T + b with W and x rounded to int8 (x to 7 bits where products saturate)."""
         return private_ops.quantized_linear(x, self.packed, self.reduce_range)
+
+    def rows(self, index: Tensor, bias: Tensor | None) -> Int8Affine:
+        """The map of output rows `index` (bias: theirs): its int8 rows gathered from this
+        one's, not quantized again (CTranslate2's select_weights for a shortlist)."""
+        part = Int8Affine.__new__(Int8Affine)
+        part._set(self.ints.index_select(0, index), self.scale.index_select(0, index), bias,
+                  self.relu)
+        return part
 
 
 def _int8_engine() -> str:
@@ -107,12 +124,10 @@ def _int8_engine() -> str:
     return "onednn" if "onednn" in engines else torch.backends.quantized.engine
 
 
-def _pack_int8(weight: Tensor, scale: Tensor, zero_point: Tensor, bias: Tensor | None,
-               engine: str):
-    """W (out, in) rounded to qint8 with one scale per row, packed for `engine`."""
+def _prepack(q: Tensor, bias: Tensor | None, engine: str):
+    """A qint8 weight and a float bias packed for `engine`."""
     with warnings.catch_warnings(), _quantized_engine(engine):
-        warnings.simplefilter("ignore")  # quantized tensors are deprecated for torchao's
-        q = torch.quantize_per_channel(weight, scale, zero_point, 0, torch.qint8)
+        warnings.simplefilter("ignore")
         return private_ops.quantized_linear_prepack(q, bias)
 
 
@@ -123,10 +138,9 @@ def int8_saturates() -> bool:
     pairs of products into int16 (vpmaddubsw), which clips 2 x 255 x 127 at 32,767. Asked of
     the kernel itself, not the CPU's name, at a shape that takes the GEMM kernel of real maps:
     ones(2, 64) ones(16, 64)^T is 64 everywhere, saturated ~32.4."""
-    x, w = torch.ones(2, 64), torch.ones(16, 64)
-    engine = _int8_engine()
-    packed = _pack_int8(w, torch.full((16,), 1 / 127, dtype=torch.double),
-                        torch.zeros(16, dtype=torch.long), None, engine)
+    x, ints = torch.ones(2, 64), torch.full((16, 64), 127, dtype=torch.int8)  # W = 1
+    packed = _prepack(private_ops.per_channel_qint8(ints, torch.full((16,), 1 / 127)), None,
+                      _int8_engine())
     got = private_ops.quantized_linear(x, packed, False)
     return not torch.allclose(got, torch.full_like(got, 64.0), rtol=0.01)
 
@@ -428,14 +442,10 @@ class FastState:
         self.set_source(src_mask)
 
     def set_source(self, src_mask: Tensor) -> None:
-        """The memory rows' (M, S) source positions, padding last: the additive mask and
-        the lengths."""
+        """The memory rows' (M, S) source positions, padding last (pad_batch's): the additive
+        mask and the lengths (the fused operator reads the first src_len positions)."""
         self.mask = additive_source_mask(src_mask[:, None, None, :], self.dtype)
         self.src_len = src_mask.sum(1)  # (M,)
-        if self.fused and not torch.equal(
-                src_mask, torch.arange(src_mask.size(1), device=src_mask.device)
-                < self.src_len[:, None]):
-            raise ValueError("the fused attention reads sources padded at the end only")
 
     def reorder(self, index: Tensor, group: int, sentences: Tensor | None = None) -> None:
         """Keep (and repeat) rows `index`, as DecoderState.reorder does. Rows that come in equal,
@@ -542,6 +552,16 @@ class FastModel(nn.Module):
             return kind(weight.detach().to(dtype).contiguous(), bias, relu=relu)
         return affine
 
+    def _generator_rows(self, vocab: Tensor) -> Affine:
+        """The output projection's rows `vocab` in this dtype's form: in int8 gathered from
+        its int8 rows, else from the float weights."""
+        weight, bias = self._generator_weights
+        if bias is not None:
+            bias = bias.detach().to(self.float_dtype).index_select(0, vocab)
+        if isinstance(self.generator, Int8Affine):
+            return self.generator.rows(vocab, bias)
+        return self._affine(weight.index_select(0, vocab), bias)
+
     def _embed(self, lut: Tensor, ids: Tensor, start: int) -> Tensor:
         """(B, T) ids at positions start.. -> (B, T, d_model) scaled embeddings + positions."""
         T = ids.size(1)
@@ -576,9 +596,7 @@ class FastModel(nn.Module):
         state = FastState([layer.memory_kv(memory) for layer in self.decoder],
                           src_mask[:, 0, 0], self.float_dtype, self.fused)
         if vocab is not None:  # those rows of W and b, in this dtype's form
-            weight, bias = self._generator_weights
-            state.generator = self._affine(weight.index_select(0, vocab),
-                                           None if bias is None else bias.index_select(0, vocab))
+            state.generator = self._generator_rows(vocab)
         return state
 
     def decode_step(self, tgt_new: Tensor, state: FastState, positions: Tensor | None = None,

@@ -123,16 +123,18 @@ class Translator:
     def translate_ids(self, src_ids: list[list[int]], search: SearchConfig,
                       prefixes: list[list[int]] | None = None, lines: list[int] | None = None,
                       progress=None, parallel: bool = True,
-                      constraints: list[list[list[int]]] | None = None) -> list[list[Hypothesis]]:
+                      constraints: list[list[list[int]]] | None = None, scores: bool = True
+                      ) -> list[list[Hypothesis]]:
         """search.nbest hypotheses of each id list (no BOS/EOS), in input order, on the workers
-        unless parallel=False. prefixes, lines, progress, constraints: as
-        search.translate_nbest; a constraint's last word ends where it ends (no piece of the
+        unless parallel=False. prefixes, lines, progress, constraints, scores: as
+        batches.translate_nbest; a constraint's last word ends where it ends (no piece of the
         target tokenizer that goes on with a word follows it)."""
         return translate_nbest(self.prepared(search.dtype), src_ids, search, self.specials,
                                self.device, use_cache=self.use_cache, progress=progress,
                                fast=self.fast, prefixes=prefixes, lines=lines,
                                run=self._run if parallel else run_jobs, constraints=constraints,
-                               continuations=self.continuations if constraints else None)
+                               continuations=self.continuations if constraints else None,
+                               scores=scores)
 
     def score_ids(self, src_ids: list[list[int]], tgt_ids: list[list[int]],
                   search: SearchConfig, progress=None, parallel: bool = True
@@ -146,7 +148,7 @@ class Translator:
         """Raw source sentences in, the best detokenized translation of each out."""
         ids = self.src_tok.encode(lines)
         limit = self.max_input_tokens
-        hyps = self.translate_ids([s[:limit] for s in ids], search)
+        hyps = self.translate_ids([s[:limit] for s in ids], search, scores=False)
         return self.tgt_tok.decode([h[0].tokens for h in hyps])
 
     @torch.inference_mode()

@@ -6,7 +6,11 @@ they give (docs/design.md, "Private PyTorch operators", has the measurements):
   with the ReLU or the residual addition fused into the product; what torch.compile's freezing
   does inside, exposed only as these operators. Decoding's linear maps on the CPU.
 - quantized linear maps with 8-bit activations on oneDNN (torch.ops.quantized): torch.ao's
-  public dynamic Linear calls the same operators but always with 7-bit activations.
+  public dynamic Linear calls the same operators but always with 7-bit activations; and a
+  quantized weight made from int8 rows and their scales (a lexical shortlist's rows of the
+  output projection gathered from its weights quantized once, as CTranslate2's
+  select_weights, not quantized again per batch: no public API indexes per-channel quantized
+  tensors).
 - an update skipped on the device, with no host read: a fused optimizer's `found_inf`
   (GradScaler's contract with it, which the optimizer's private `_step_supports_amp_scaling`
   says it keeps) and the EMA's foreach interpolation with a tensor weight
@@ -26,8 +30,8 @@ from torch import Tensor
 
 OPERATORS = ("mkldnn._reorder_linear_weight", "mkldnn._linear_pointwise",
              "mkldnn._is_mkldnn_bf16_supported", "quantized.linear_prepack",
-             "quantized.linear_dynamic", "aten._foreach_sub", "aten._foreach_mul_",
-             "aten._foreach_add_")
+             "quantized.linear_dynamic", "aten._make_per_channel_quantized_tensor",
+             "aten._foreach_sub", "aten._foreach_mul_", "aten._foreach_add_")
 
 
 def missing() -> list[str]:
@@ -68,6 +72,12 @@ def packed_linear_add(x: Tensor, residual: Tensor, packed: Tensor,
 def quantized_linear_prepack(qweight: Tensor, bias: Tensor | None):
     """A per-channel qint8 weight and a float bias packed for quantized_linear."""
     return torch.ops.quantized.linear_prepack(qweight, bias)
+
+
+def per_channel_qint8(ints: Tensor, scale: Tensor) -> Tensor:
+    """The qint8 tensor of int8 rows `ints` (out, in), one symmetric scale per row (out,)."""
+    return torch._make_per_channel_quantized_tensor(
+        ints, scale.double(), torch.zeros(len(scale), dtype=torch.long), 0)
 
 
 def quantized_linear(x: Tensor, packed, reduce_range: bool) -> Tensor:

@@ -683,9 +683,9 @@ def decoding_reads(models, sources: list[list[int]], search) -> dict:
     src = batches.pad_batch([s + [SPECIALS.eos] for s in sources], SPECIALS.pad, "cpu")
     counter, real = HostReads(), batches.Decoder.log_probs
 
-    def log_probs(self, prefix):
+    def log_probs(self, prefix, *args, **kwargs):
         counter.step()
-        return real(self, prefix)
+        return real(self, prefix, *args, **kwargs)
 
     with mock.patch.object(batches.Decoder, "log_probs", log_probs), counter:
         batches.search_batch(models, src, search, SPECIALS)

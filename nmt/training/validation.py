@@ -136,7 +136,7 @@ def valid_bleu(run: Run, model: nn.Module, sentences: list[int] | None = None) -
     with fatal_out_of_memory(run, f"greedy search of {len(src_ids)} sentences in batches of "
                                   f"search.max_tokens={search.max_tokens}", "validation"):
         with Translator([model], vocab, env.device, search.dtype) as translator:  # these weights
-            out = [h[0].tokens for h in translator.translate_ids(src_ids, search)]
+            out = [h[0].tokens for h in translator.translate_ids(src_ids, search, scores=False)]
     hyps: dict[int, list[int]] = {}
     for part in distributed.all_gather_objects(dict(zip(mine, out, strict=True))):
         hyps.update(part)
