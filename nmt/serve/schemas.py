@@ -88,6 +88,14 @@ class TranslateRequest(BaseModel):
         "Per sentence of text, the phrases every translation of it must contain (nmt-translate's "
         "constraints=FILE: beam search with dynamic beam allocation, at any beam_size; not "
         "with sampling; engine=nmt)."))
+    glossary: dict[str, str] | None = Field(None, description=(
+        "Source term -> target term, added to the server's glossary (overriding its entry for "
+        "the same term): every translation of a text holding the term (case-insensitive, a "
+        "whole word, the longest first) holds the target term exactly (nmt-translate's "
+        "glossary=FILE; at most the server's max_glossary entries with keep; engine=nmt)."))
+    keep: list[str] | None = Field(None, description=(
+        "Terms copied byte for byte where a text holds them, added to the server's keep list "
+        "(nmt-translate's keep=FILE)."))
     attention: bool = Field(False, description=(
         "Also return each best translation's encoder-decoder attention over its source."))
     tgt_lang: str | None = Field(None, description=(
