@@ -138,6 +138,7 @@ def test_every_translation_holds_its_glossary_terms_and_kept_terms_exactly(ckpt,
     assert sum("Evasen Elifen" in lines for lines in encoded) == 1  # encoded once, not per line
 
 
+@pytest.mark.slow
 def test_a_bad_glossary_is_one_line_on_the_command_line(ckpt, files, tmp_path):
     bad = write(tmp_path / "bad.tsv", ["open\tNepoen", "file Elifen"])
     done = subprocess.run([str(Path(sys.executable).parent / "nmt-translate"),
@@ -178,6 +179,7 @@ def test_the_servers_glossary_gives_nmt_translates_translations(server, ckpt, fi
 
 
 def test_a_requests_glossary_and_keep_list_in_nmts_api(server):
+    assert server.call("GET", "/health")[2]["limits"]["max_glossary"] == 3
     texts = ["open edit file", "view the Help"]
     got = server.translate(texts, glossary={"edit": "Tideen", "OPEN": "Nepo"}, keep=["help"])
     assert re.search(r"(?<!\w)Nepo(?!\w)", got[0]["text"]) and "Tideen" in got[0]["text"]

@@ -215,7 +215,8 @@ class HealthResponse(BaseModel):
     workers: int = Field(description="Batches decoded at once (processes or a thread).")
     limits: dict[str, float] = Field(description=(
         "The server's limits: max_sentences, max_chars, max_queued, max_input_tokens, "
-        "timeout_s, max_beam_size, max_len_b, max_wait_ms."))
+        "timeout_s, max_beam_size, max_len_b, max_wait_ms, max_glossary (a request's "
+        "glossary and keep entries)."))
     search: dict = Field(description=(
         "The default search settings a request may override; max_tokens and max_sentences "
         "bound every shared batch."))

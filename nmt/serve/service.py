@@ -323,7 +323,7 @@ class Service:
             device=str(self.translator.device), workers=self.workers,
             limits={k: getattr(cfg, k) for k in (
                 "max_sentences", "max_chars", "max_queued", "max_input_tokens", "timeout_s",
-                "max_beam_size", "max_len_b", "max_wait_ms")},
+                "max_beam_size", "max_len_b", "max_wait_ms", "max_glossary")},
             search=asdict(cfg.search), mbr=asdict(cfg.mbr), split=self.split,
             languages=self.languages, tgt_lang=cfg.tgt_lang, features=self.features())
 
