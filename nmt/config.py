@@ -26,6 +26,7 @@ from nmt.inference.segment import MODES, sentence_splitter
 LANG_CODE = re.compile(r"[a-z]{2,3}([-_][a-zA-Z0-9]+)*")  # ISO 639, then a region or script
 
 CT2_ONLY_DTYPES = ("int8_float16", "int8_bfloat16")  # search.dtype with engine=ctranslate2 only
+CONSTRAINING = ("constraints", "glossary", "keep")  # the options that make lexical constraints
 
 
 def _check(ok: bool, key: str, why: str) -> None:
@@ -80,7 +81,7 @@ def _check_engine(cfg: object, checkpoints: int) -> None:
     check_search_device(cfg.search.dtype, cfg.device, engine=cfg.engine)
     can = ENGINES[cfg.engine]
     can.check("checkpoint", checkpoints > 1)
-    for key in ("constraints", "alignment", "attention_plot", "continuous"):
+    for key in (*CONSTRAINING, "alignment", "attention_plot", "continuous"):
         can.check(key, getattr(cfg, key, None))
     can.check_search(cfg.search)
     mbr = getattr(cfg, "mbr", None)
@@ -574,6 +575,8 @@ class TranslateConfig:
     quiet: bool = False  # no progress bar, summary or truncation warnings on stderr
     prefix: bool = False  # input lines are source<TAB>prefix; translations start with the prefix
     constraints: str = ""  # FILE: per input line, TAB-separated phrases its translation must hold
+    glossary: str = ""  # FILE of source<TAB>target terms; a source's terms constrain its output
+    keep: str = ""  # FILE of terms, one a line, copied byte for byte where a source holds them
     score_reference: bool = False  # score given targets (ref=FILE or source<TAB>target lines)
     alignment: bool = False  # add a column of source-target piece links (Pharaoh: 0-0 1-2 ...)
     alignment_layer: int = -1  # decoder layer whose heads' mean attention aligns (-1: the last)
@@ -601,10 +604,11 @@ class TranslateConfig:
         _check(ok, "checkpoint", "must be a path or a list of paths: checkpoint=[A.pt,B.pt]")
         _check(not (self.prefix and self.score_reference), "prefix",
                "prefix=true and score_reference=true do not go together")
-        _check(not (self.constraints and self.score_reference), "constraints",
-               "constraints=... and score_reference=true do not go together")
-        _check(not (self.constraints and self.search.sampling), "constraints",
-               "need beam search, not search.sampling=true")
+        for key in CONSTRAINING:
+            _check(not (getattr(self, key) and self.score_reference), key,
+                   f"{key}=... and score_reference=true do not go together")
+            _check(not (getattr(self, key) and self.search.sampling), key,
+                   "need beam search, not search.sampling=true")
         _check_min(self, "", 1, "max_input_tokens", "attention_line")
         _check_min(self, "", 0, "threads", "workers")
         _check(self.device in ("auto", "cpu", "cuda"), "device",
@@ -748,6 +752,9 @@ class ServeConfig:
     src_lang: str = ""  # the model's source language, ISO 639 (split=sentence, LibreTranslate)
     tgt_lang: str = ""  # the model's target language, ISO 639 (LibreTranslate's API)
     api_keys: str = ""  # a file of API keys, one a line, re-read on change: each request needs one
+    glossary: str = ""  # FILE of source<TAB>target terms for every request (as nmt-translate)
+    keep: str = ""  # FILE of terms every request copies byte for byte (as nmt-translate's keep)
+    max_glossary: int = 256  # a request's glossary and keep entries together at most (422 beyond)
     search: SearchConfig = field(default_factory=SearchConfig)  # defaults; batch token budget
     mbr: MbrConfig = field(default_factory=MbrConfig)  # MBR's defaults (a request's mbr_* fields)
 
@@ -757,7 +764,7 @@ class ServeConfig:
         for key in ("workers", "threads", "max_wait_ms"):
             _check(getattr(self, key) >= 0, key, "must be >= 0")
         for key in ("max_input_tokens", "max_sentences", "max_chars", "max_queued",
-                    "max_beam_size"):
+                    "max_beam_size", "max_glossary"):
             _check(getattr(self, key) >= 1, key, "must be >= 1")
         _check(self.max_len_b >= 0, "max_len_b", "must be >= 0")
         _check(self.timeout_s > 0, "timeout_s", "must be > 0")
@@ -770,8 +777,12 @@ class ServeConfig:
         _check(self.log_level in ("debug", "info", "warning", "error"), "log_level",
                f"must be debug, info, warning or error, got {self.log_level!r}")
         _check_engine(self, 1)
-        ENGINES[self.engine].check("search.sampling", self.search.sampling or (
-            self.mbr.candidates and candidate_search(self.search, self.mbr).sampling))
+        sampling = self.search.sampling or (
+            self.mbr.candidates and candidate_search(self.search, self.mbr).sampling)
+        ENGINES[self.engine].check("search.sampling", sampling)
+        for key in ("glossary", "keep"):
+            _check(not (getattr(self, key) and sampling), key,
+                   "need beam search, not search.sampling=true")
         _check_serve_split(self)
         _check(not self.mbr.candidates or self.search.nbest == 1, "mbr.candidates",
                f"answers one translation per text: leave search.nbest at 1, "

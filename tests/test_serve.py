@@ -963,7 +963,8 @@ def test_the_openapi_page_documents_the_api(server):
     assert {"text", "beam_size", "nbest", "alpha", "max_len_a", "max_len_b", "min_len",
             "sampling", "top_k", "top_p", "epsilon", "temperature", "seed",
             "no_repeat_ngram_size", "mbr_candidates", "mbr_utility", "mbr_aggregate", "prefix",
-            "constraints", "attention", "split", "tgt_lang", "src_lang"} == set(request)
+            "constraints", "glossary", "keep", "attention", "split", "tgt_lang",
+            "src_lang"} == set(request)
     assert all(p.get("description") for p in request.values())
     assert set(spec["paths"]["/translate"]["post"]["responses"]) >= {"200", "413", "422", "500",
                                                                      "503"}

@@ -7,7 +7,9 @@ one model or an ensemble, and writes one detokenized line per input line, in inp
 and chrF with their signatures (the scorer of validation, nmt.inference.scoring) to stderr; stdout
 carries only translations. score_reference=true writes `log P<TAB>score<TAB>|Y|` per given
 pair instead. constraints=FILE gives each input line target phrases its translation must
-contain (lexically constrained beam search, nmt.inference.constrained). From a pipe or a
+contain (lexically constrained beam search, nmt.inference.constrained); glossary=FILE and keep=FILE
+make the terms each source holds such constraints, and write the exact terms back
+(nmt.inference.glossary). From a pipe or a
 terminal, lines are translated as they arrive; under torchrun the ranks share the lines and
 rank 0 writes them all. alignment=true adds to each output line the source-target links of its
 translation (nmt.inference.align): a TAB-separated column after a translation or a scored pair, a
@@ -41,6 +43,7 @@ from nmt.errors import ConfigError, NmtError
 from nmt.inference.align import align, check_layer, pharaoh
 from nmt.inference.constrained import missing_phrases
 from nmt.inference.engine import Engine, check_vocab, open_translator
+from nmt.inference.glossary import Glossary, Term
 from nmt.inference.messages import Hypothesis
 from nmt.inference.rerank import Chooser
 from nmt.inference.scoring import score
@@ -171,6 +174,7 @@ class Session:
     splitter: Callable[[str], list[str]] | None = None  # split=sentence: a text's sentences
     languages: LanguageChoice = LanguageChoice()  # src_lang=, tgt_lang=: tokens they add
     chooser: Chooser | None = None  # mbr=, rerank=: keeps one of each line's candidates
+    glossary: Glossary | None = None  # glossary=, keep=: terms read and encoded once
 
 
 @dataclass
@@ -229,13 +233,15 @@ def open_session(cfg: TranslateConfig) -> Session:
         splitter = sentence_splitter(split_lang(cfg, translator.vocab)) if (
             cfg.split == "sentence") else None
         chooser = Chooser.open(cfg, translator.tgt_tok, device, workers)
+        glossary = Glossary.load(cfg.glossary, cfg.keep, translator.tgt_tok,
+                                 translator.max_input_tokens)
     except NmtError:
         translator.close()
         raise
     limit = min(cfg.max_input_tokens, translator.max_input_tokens) - len(languages.source)
     name = "<stdin>" if cfg.input == "-" else cfg.input
     return Session(cfg, translator, env, limit, name, refs, phrases, splitter, languages,
-                   chooser)
+                   chooser, glossary)
 
 
 def split_lang(cfg: TranslateConfig, vocab: Vocab) -> str:
@@ -340,7 +346,8 @@ def process(s: Session, lines: list[str], first: int, interactive: bool = False)
     tgt_ids = s.languages.prefixes(len(src_ids), (
         encode_lines(tr.tgt_tok, second, s.limit, cfg.ref or s.name, cfg.quiet, first)
         if second is not None else None))
-    phrases = constraint_ids(s, first, len(lines))
+    terms = [s.glossary.matches(src) for src in sources] if s.glossary else None
+    phrases = with_terms(constraint_ids(s, first, len(lines)), terms)
     mine = list(range(s.env.rank, len(sources), s.env.world_size))  # this rank's sources
     # A few arriving lines decode here: the workers' round trip would cost more than it saves.
     parallel = not interactive or len(mine) >= PARALLEL_LINES * tr.workers
@@ -358,9 +365,12 @@ def process(s: Session, lines: list[str], first: int, interactive: bool = False)
     if cfg.score_reference:
         return Chunk([format_score(h[0], a) for h, a in zip(hyps, links, strict=True)], hyps,
                      src_ids=src_ids)
-    if phrases and not cfg.quiet and s.env.is_main:  # (constraints need split=none)
+    if phrases and not cfg.quiet and s.env.is_main and docs is None:  # a line each
         warn_missing(s, hyps, phrases, first)
     texts = [tr.tgt_tok.decode([h.tokens for h in hs]) for hs in hyps]
+    if terms is not None:  # each term's exact text back
+        texts = [[Glossary.restore(t, ts) for t in tl] for tl, ts in zip(texts, terms,
+                                                                        strict=True)]
     if docs is not None:
         hyps, texts = line_translations(docs, hyps, texts)
         links = [None] * len(hyps)  # alignment=true needs split=none
@@ -452,6 +462,16 @@ def constraint_ids(s: Session, first: int, lines: int) -> list[list[list[int]]] 
     chunk = s.phrases[first:first + lines]
     ids = iter(s.translator.tgt_tok.encode([p for ps in chunk for p in ps]))
     return [[next(ids) for _ in ps] for ps in chunk]
+
+
+def with_terms(phrases: list[list[list[int]]] | None, terms: list[list[Term]] | None
+               ) -> list[list[list[int]]] | None:
+    """Each source's constraints (constraints=FILE's phrases) and its glossary and keep
+    terms' pieces after them; None if there are neither."""
+    if terms is None:
+        return phrases
+    return [[*ps, *(list(t.ids) for t in ts)] for ps, ts in zip(
+        phrases or [[] for _ in terms], terms, strict=True)]
 
 
 def warn_unfinished(s: Session, hyps: list[list[Hypothesis]], first: int) -> None:

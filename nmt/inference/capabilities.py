@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from nmt.errors import ConfigError
 
 # the keys that use a feature (nmt-translate's, nmt-serve's and its requests') -> the feature
-FEATURES = {"checkpoint": "ensembles", "constraints": "constraints", "alignment": "attention",
+FEATURES = {"checkpoint": "ensembles", "constraints": "constraints", "glossary": "constraints",
+            "keep": "constraints", "alignment": "attention",
             "attention_plot": "attention", "attention": "attention", "continuous": "continuous",
             "sampling": "sentence_seeds", "search.sampling": "sentence_seeds"}
 LACKS = {"ensembles": "translates with one model, not an ensemble",
@@ -30,7 +31,7 @@ class Capabilities:
 
     engine: str  # the engine's name, as engine= gives it
     ensembles: bool  # several checkpoints decoded as one model (checkpoint=[A.pt,B.pt])
-    constraints: bool  # lexical constraints (constraints=FILE)
+    constraints: bool  # lexical constraints (constraints=FILE, glossary=FILE, keep=FILE)
     attention: bool  # attention weights: alignment, attention_plot, nmt-serve's "attention"
     continuous: bool  # continuous batching (nmt-serve continuous=true)
     sentence_seeds: bool  # a sentence's samples depend on the seed and its line only (nmt-serve)

@@ -15,7 +15,9 @@ the `langid` extra, and picks among those languages), format (text, or html: the
 kept byte for byte and the text between tags, not inside script or style, translated) and
 answers {"translatedText": ...} (a string or a list, as q), with {"detectedLanguage":
 {"confidence", "language"}} for source=auto and {"alternatives": [...]} when asked for (the
-rest of a text's n-best list). The texts go through nmt's own translate (the server's split,
+rest of a text's n-best list). nmt's own fields glossary (a JSON object, or the lines of a
+glossary file: source<TAB>target) and keep (a JSON list, or one term a line) add to the
+server's glossary and keep list. The texts go through nmt's own translate (the server's split,
 limits and batches). Errors are LibreTranslate's: {"error": "..."} with 400 (a bad request, or
 over a limit), 429 (the queue is full; Retry-After) or 500 (the server cannot translate).
 """
@@ -36,6 +38,8 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from nmt.config import ServeConfig
+from nmt.errors import NmtError
+from nmt.inference.glossary import index, is_comment, read_glossary
 from nmt.inference.segment import Segmented, trim
 from nmt.serve import langid_codes
 from nmt.serve.api_keys import ApiKeys
@@ -240,6 +244,34 @@ def q_field(fields: dict) -> list[str]:
     return q
 
 
+def glossary_fields(fields: dict) -> dict:
+    """nmt's request fields glossary (source -> target) and keep (a list) from a request's
+    glossary (a JSON object, or text in the glossary file's format) and keep (a JSON list, or
+    text of one term a line); {} for neither."""
+    out: dict = {}
+    glossary, keep = fields.get("glossary"), fields.get("keep")
+    if isinstance(glossary, str) and glossary.strip():
+        try:
+            entries = index(read_glossary(glossary.split("\n"), "glossary"))
+        except NmtError as e:
+            raise LibreError(400, f"Invalid request: {e}") from None
+        glossary = {e.source: e.target for e in entries.values()}
+    if glossary:
+        if not (isinstance(glossary, dict) and all(
+                isinstance(v, str) for v in glossary.values())):
+            raise LibreError(400, "Invalid request: glossary must be source<TAB>target lines "
+                                  "or an object of strings")
+        out["glossary"] = glossary
+    if isinstance(keep, str):
+        keep = [term for term in keep.split("\n") if not is_comment(term)]
+    if keep:
+        if not (isinstance(keep, list) and all(isinstance(t, str) for t in keep)):
+            raise LibreError(400, "Invalid request: keep must be one term a line or a list of "
+                                  "strings")
+        out["keep"] = keep
+    return out
+
+
 # ----------------------------------------------------------------------------- translation
 def html_pieces(markup: str) -> Segmented:
     """The text of HTML markup as pieces (each run of text between tags, outside script and
@@ -406,12 +438,13 @@ def install(app: FastAPI, cfg: ServeConfig, translate: Translate, languages: Lan
         if fmt not in ("text", "html"):
             raise LibreError(400, f"{fmt} format is not supported")
         alternatives = alternatives_field(fields)
+        terms = glossary_fields(fields)
         batch = isinstance(fields["q"], list)
         found = [detect(t, languages.all)[0] if t.strip() else
                  {"confidence": 0.0, "language": languages.sources[0]}  # nothing to detect
                  for t in texts] if source == "auto" else None
         sources = [f["language"] for f in found] if found else [source] * len(texts)
-        out = await translate_each(texts, sources, target, fmt, alternatives)
+        out = await translate_each(texts, sources, target, fmt, alternatives, terms)
         answer = {} if found is None else {"detectedLanguage": found if batch else found[0]}
         answer["translatedText"] = [t for t, _ in out] if batch else out[0][0]
         if alternatives:
@@ -419,9 +452,10 @@ def install(app: FastAPI, cfg: ServeConfig, translate: Translate, languages: Lan
         return LibreJSON(answer)
 
     async def translate_each(texts: list[str], sources: list[str], target: str, fmt: str,
-                             alternatives: int) -> list[tuple[str, list[str]]]:
+                             alternatives: int, terms: dict) -> list[tuple[str, list[str]]]:
         """Each text from its own source language (source=auto detects per text), the texts
-        of one language together, the groups side by side: (translation, alternatives)."""
+        of one language together, the groups side by side: (translation, alternatives);
+        terms: nmt's glossary and keep fields."""
         groups = {src: [i for i, s in enumerate(sources) if s == src] for src in sources}
         chars = sum(map(len, texts))
         if len(groups) > 1 and chars > cfg.max_chars:  # each group is checked alone below
@@ -429,7 +463,7 @@ def install(app: FastAPI, cfg: ServeConfig, translate: Translate, languages: Lan
                                   f"at most {cfg.max_chars} per request")
         calls = []
         for src, idx in groups.items():
-            into = functools.partial(translate, **languages.fields(src, target))
+            into = functools.partial(translate, **languages.fields(src, target), **terms)
             group = [texts[i] for i in idx]
             calls.append(_html_pairs(group, into) if fmt == "html" else translate_plain(
                 group, into, alternatives, cfg.search.beam_size))

@@ -88,6 +88,14 @@ class TranslateRequest(BaseModel):
         "Per sentence of text, the phrases every translation of it must contain (nmt-translate's "
         "constraints=FILE: beam search with dynamic beam allocation, at any beam_size; not "
         "with sampling; engine=nmt)."))
+    glossary: dict[str, str] | None = Field(None, description=(
+        "Source term -> target term, added to the server's glossary (overriding its entry for "
+        "the same term): every translation of a text holding the term (case-insensitive, a "
+        "whole word, the longest first) holds the target term exactly (nmt-translate's "
+        "glossary=FILE; at most the server's max_glossary entries with keep; engine=nmt)."))
+    keep: list[str] | None = Field(None, description=(
+        "Terms copied byte for byte where a text holds them, added to the server's keep list "
+        "(nmt-translate's keep=FILE)."))
     attention: bool = Field(False, description=(
         "Also return each best translation's encoder-decoder attention over its source."))
     tgt_lang: str | None = Field(None, description=(
@@ -207,7 +215,8 @@ class HealthResponse(BaseModel):
     workers: int = Field(description="Batches decoded at once (processes or a thread).")
     limits: dict[str, float] = Field(description=(
         "The server's limits: max_sentences, max_chars, max_queued, max_input_tokens, "
-        "timeout_s, max_beam_size, max_len_b, max_wait_ms."))
+        "timeout_s, max_beam_size, max_len_b, max_wait_ms, max_glossary (a request's "
+        "glossary and keep entries)."))
     search: dict = Field(description=(
         "The default search settings a request may override; max_tokens and max_sentences "
         "bound every shared batch."))

@@ -13,9 +13,10 @@ from dataclasses import asdict, replace
 
 from nmt.config import RerankConfig, SearchConfig, ServeConfig
 from nmt.data.languages import LanguageChoice, choose, language_id, recorded_pair
-from nmt.errors import ConfigError
+from nmt.errors import ConfigError, NmtError
 from nmt.inference.core import use_beams
 from nmt.inference.engine import Engine
+from nmt.inference.glossary import Glossary, Term, request_entries
 from nmt.inference.messages import Hypothesis, Sentence
 from nmt.inference.rerank import Chooser
 from nmt.inference.segment import Segmented, rejoin, sample_stream, sentence_splitter, split_for
@@ -65,6 +66,8 @@ class Service:
         entry = translator.vocab.languages
         self.libre = libretranslate.Languages.of(entry, self.src_lang, self.tgt_lang)
         self.keys = ApiKeys(cfg.api_keys)  # none: every request is let in
+        self.glossary = Glossary.load(cfg.glossary, cfg.keep, translator.tgt_tok,
+                                      translator.max_input_tokens)  # read and encoded once
         self.languages = sorted(entry["codes"]) if entry else []
         self.forced = bool(entry) and entry["convention"] == "forced"
         for key in ("tgt_lang", "src_lang") if self.forced else ("tgt_lang",):
@@ -165,6 +168,37 @@ class Service:
         phrases = [[next(encoded) for _ in ps] for ps in phrases] or [[] for _ in req.text]
         return list(zip(prefixes, phrases, range(len(req.text)), strict=True))
 
+    def glossary_of(self, req: TranslateRequest) -> Glossary | None:
+        """The server's glossary with the request's glossary and keep entries over it (at
+        most max_glossary of them); None when there is neither."""
+        if req.glossary is None and req.keep is None:
+            return self.glossary
+        field = "glossary" if req.glossary else "keep"
+        self.check_engine("glossary", req.glossary or req.keep, field)
+        n = len(req.glossary or {}) + len(req.keep or [])
+        if n > self.cfg.max_glossary:
+            raise ApiError(422, field, f"{n} entries with keep; this server takes at most "
+                                       f"{self.cfg.max_glossary} per request (max_glossary)")
+        base = self.glossary or Glossary([], self.translator.tgt_tok,
+                                         self.translator.max_input_tokens)
+        try:
+            return base.with_entries(request_entries(req.glossary or {}, req.keep or []))
+        except NmtError as e:
+            key, why = str(e).split(": ", 1)
+            raise ApiError(422, key, why) from None
+
+    def term_fields(self, req: TranslateRequest, pieces: list[str], extras: list[tuple],
+                    sampling: bool) -> tuple[list[list[Term]], list[tuple]]:
+        """Per piece, the glossary and keep terms it holds, and its sentence fields with their
+        pieces added to its constraints (they need beam search)."""
+        glossary = self.glossary_of(req)
+        terms = [glossary.matches(p) for p in pieces] if glossary else [[] for _ in pieces]
+        if sampling and any(terms):
+            field = "glossary" if req.glossary or req.keep else "sampling"
+            raise ApiError(422, field, "glossary and keep terms need beam search, not sampling")
+        return terms, [(prefix, [*phrases, *(list(t.ids) for t in ts)], stream)
+                       for (prefix, phrases, stream), ts in zip(extras, terms, strict=True)]
+
     def piece_fields(self, docs: list[Segmented], fields: list[tuple]) -> list[tuple]:
         """Per piece, its text's sentence_fields (the pieces of text i sample as nmt-translate's
         pieces of line i); a prefix or constraints are a whole text's: its text must be one
@@ -225,6 +259,7 @@ class Service:
         if self.broken:
             raise ApiError(503, None, self.broken)
         extras = self.piece_fields(docs, self.sentence_fields(req, search))
+        terms, extras = self.term_fields(req, pieces, extras, decoded.sampling)
         if choice.prefix:
             extras = [(p, *rest) for p, (_, *rest) in zip(choice.prefixes(
                 len(extras), [e[0] for e in extras]), extras, strict=True)]
@@ -253,8 +288,8 @@ class Service:
             maps = await asyncio.to_thread(lambda: [self.attention(src, hyps[0].tokens)
                                                     for src, hyps in zip(ids, nbest, strict=True)])
         self.requests += 1
-        parts = iter([self._translation(hyps, len(f) > limit, search.nbest, a)
-                      for hyps, f, a in zip(nbest, full, maps, strict=True)])
+        parts = iter([self._translation(hyps, len(f) > limit, search.nbest, a, ts)
+                      for hyps, f, a, ts in zip(nbest, full, maps, terms, strict=True)])
         return TranslateResponse(translations=[
             text_answer(doc, [next(parts) for _ in doc.pieces]) for doc in docs])
 
@@ -269,9 +304,11 @@ class Service:
                          weights=[[round(w, 4) for w in row] for row in rows.tolist()])
 
     def _translation(self, hyps: list[Hypothesis], truncated: bool, nbest: int,
-                     attention: Attention | None) -> Translation:
-        """One sentence's answer from its hypotheses."""
-        texts = self.translator.tgt_tok.decode([h.tokens for h in hyps])
+                     attention: Attention | None, terms: list[Term]) -> Translation:
+        """One sentence's answer from its hypotheses, its glossary terms' exact texts in
+        place."""
+        texts = [Glossary.restore(t, terms)
+                 for t in self.translator.tgt_tok.decode([h.tokens for h in hyps])]
         scored = [Scored(text=t, score=h.score if math.isfinite(h.score) else None)
                   for h, t in zip(hyps, texts, strict=True)]
         return Translation(text=scored[0].text, score=scored[0].score, truncated=truncated,
@@ -286,7 +323,7 @@ class Service:
             device=str(self.translator.device), workers=self.workers,
             limits={k: getattr(cfg, k) for k in (
                 "max_sentences", "max_chars", "max_queued", "max_input_tokens", "timeout_s",
-                "max_beam_size", "max_len_b", "max_wait_ms")},
+                "max_beam_size", "max_len_b", "max_wait_ms", "max_glossary")},
             search=asdict(cfg.search), mbr=asdict(cfg.mbr), split=self.split,
             languages=self.languages, tgt_lang=cfg.tgt_lang, features=self.features())
 
