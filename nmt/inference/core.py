@@ -611,7 +611,8 @@ class Decoding:
         less its parent's."""
         spans = list(zip(rows.tolist(), out_len.tolist(), strict=True))
         outputs = [self.tokens[r, 1:1 + n].tolist() for r, n in spans]
-        token_lp = [np.diff(self.paths[r, :1 + n]).tolist() for r, n in spans]
+        with np.errstate(invalid="ignore"):  # a dead row's -inf - -inf: dropped by add
+            token_lp = [np.diff(self.paths[r, :1 + n]).tolist() for r, n in spans]
         self.units.add(units, outputs, logprobs, lengths, token_lp)
 
     def _end(self, done: np.ndarray) -> list:

@@ -17,7 +17,8 @@ class Hypothesis:
     tokens: list[int]
     score: float
     logprob: float
-    token_logprobs: list[float] | None = None  # one per token; None: the engine gives none
+    # one per token (None: the engine gives none); not compared: it follows from the rest
+    token_logprobs: list[float] | None = field(default=None, compare=False)
 
 
 @dataclass
