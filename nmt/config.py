@@ -22,6 +22,7 @@ from nmt.config_errors import explain, extra_keys, unknown_key
 from nmt.errors import ConfigError
 from nmt.inference.capabilities import ENGINES
 from nmt.inference.segment import MODES, sentence_splitter
+from nmt.inference.words import COMBINES
 
 LANG_CODE = re.compile(r"[a-z]{2,3}([-_][a-zA-Z0-9]+)*")  # ISO 639, then a region or script
 
@@ -81,7 +82,7 @@ def _check_engine(cfg: object, checkpoints: int) -> None:
     check_search_device(cfg.search.dtype, cfg.device, engine=cfg.engine)
     can = ENGINES[cfg.engine]
     can.check("checkpoint", checkpoints > 1)
-    for key in (*CONSTRAINING, "alignment", "attention_plot", "continuous"):
+    for key in (*CONSTRAINING, "alignment", "attention_plot", "continuous", "word_scores"):
         can.check(key, getattr(cfg, key, None))
     can.check_search(cfg.search)
     mbr = getattr(cfg, "mbr", None)
@@ -580,6 +581,8 @@ class TranslateConfig:
     score_reference: bool = False  # score given targets (ref=FILE or source<TAB>target lines)
     alignment: bool = False  # add a column of source-target piece links (Pharaoh: 0-0 1-2 ...)
     alignment_layer: int = -1  # decoder layer whose heads' mean attention aligns (-1: the last)
+    word_scores: bool = False  # add a column of each target word's probability (word|0.93 ...)
+    word_combine: str = "product"  # a word's probability from its pieces': product or min
     engine: str = "nmt"  # decode with "nmt" or "ctranslate2" (the checkpoint's export, cached)
     ct2_model: str = ""  # engine=ctranslate2: the export's folder ("": CHECKPOINT.ct2/ beside it)
     split: str = "none"  # none: a line is a segment; sentence|paragraph: pieces (segment.py)
@@ -616,6 +619,8 @@ class TranslateConfig:
         _check_bleu_tokenize(self.bleu_tokenize, "bleu_tokenize")
         _check(self.weights in ("auto", "model", "ema"), "weights",
                f"must be auto, model or ema, got {self.weights!r}")
+        _check(self.word_combine in COMBINES, "word_combine",
+               f"must be {' or '.join(COMBINES)}, got {self.word_combine!r}")
         _check_engine(self, len(self.checkpoints))
         _check_split(self)
         _check_choice(self)

@@ -17,8 +17,8 @@ LAYERS = [
     # the errors, the config schema and what it checks against; no torch
     {"nmt.errors", "nmt.config_errors", "nmt.config", "nmt.system.files", "nmt.system.runtime",
      "nmt.inference.capabilities", "nmt.inference.scoring", "nmt.inference.segment",
-     "nmt.inference.messages", "nmt.data.vocab", "nmt.serve.errors", "nmt.serve.api_keys",
-     "nmt.serve.langid_codes"},
+     "nmt.inference.messages", "nmt.inference.words", "nmt.data.vocab", "nmt.serve.errors",
+     "nmt.serve.api_keys", "nmt.serve.langid_codes"},
     # the paper's model, and what training and decoding both need
     {"nmt.model", "nmt.variants", "nmt.system.private_ops", "nmt.data.languages",
      "nmt.data.tokenizer", "nmt.data.corpus", "nmt.inference.attention_maps",

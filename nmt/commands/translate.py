@@ -13,11 +13,12 @@ make the terms each source holds such constraints, and write the exact terms bac
 terminal, lines are translated as they arrive; under torchrun the ranks share the lines and
 rank 0 writes them all. alignment=true adds to each output line the source-target links of its
 translation (nmt.inference.align): a TAB-separated column after a translation or a scored pair, a
-fourth ` ||| ` field of an n-best line. split=sentence|paragraph translates each line's sentences
-(or the line, cut to fit the model) apart, in the same batches as all other pieces, and puts the
-translations back in the line with the spaces between them (nmt.inference.segment). mbr.candidates=N
-or rerank.model=CKPT write, of each line's (or piece's) candidates, the one chosen by minimum
-Bayes risk or by reranking (nmt.inference.rerank).
+fourth ` ||| ` field of an n-best line. word_scores=true adds, after them, each target word with
+its probability (`word|0.9312 ...`, nmt.inference.words). split=sentence|paragraph translates
+each line's sentences (or the line, cut to fit the model) apart, in the same batches as all other
+pieces, and puts the translations back in the line with the spaces between them
+(nmt.inference.segment). mbr.candidates=N or rerank.model=CKPT write, of each line's (or
+piece's) candidates, the one chosen by minimum Bayes risk or by reranking (nmt.inference.rerank).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from nmt.inference.messages import Hypothesis
 from nmt.inference.rerank import Chooser
 from nmt.inference.scoring import score
 from nmt.inference.segment import Segmented, rejoin, sample_stream, sentence_splitter, split_for
+from nmt.inference.words import format_words, words
 from nmt.system.files import check_output, decode_line, read_lines, write_atomically
 from nmt.system.runtime import keep_freed_memory, usable_cores
 from nmt.training import distributed
@@ -127,22 +129,29 @@ def split_tsv(lines: list[str], first: int, name: str, second: str) -> tuple[lis
 
 
 def format_output(index: int, hyps: list[Hypothesis], texts: list[str], nbest: int,
-                  links: list[str] | None = None) -> list[str]:
+                  links: list[str] | None = None, scores: list[str] | None = None) -> list[str]:
     """The output lines of one input: its best translation, or nbest `i ||| text ||| score`;
-    with links (alignment=true), each hypothesis's after a TAB, or as a fourth ` ||| ` field."""
+    with links (alignment=true), then word scores (word_scores=true), each hypothesis's after
+    a TAB, or as further ` ||| ` fields."""
+    extras = columns(len(hyps), links, scores)
     if nbest == 1:
-        return [texts[0] if links is None else f"{texts[0]}\t{links[0]}"]
-    lines = [f"{index} ||| {text} ||| {h.score:.4f}" for h, text in zip(hyps, texts, strict=True)]
-    if links is None:
-        return lines
-    return [f"{line} ||| {link}" for line, link in zip(lines, links, strict=True)]
+        return ["\t".join([texts[0], *extras[0]])]
+    return [" ||| ".join([str(index), text, f"{h.score:.4f}", *extra])
+            for h, text, extra in zip(hyps, texts, extras, strict=True)]
 
 
-def format_score(h: Hypothesis, links: list[str] | None = None) -> str:
+def format_score(h: Hypothesis, links: list[str] | None = None,
+                 scores: list[str] | None = None) -> str:
     """The output line of a scored pair: log P(Y|X), log P / lp(|Y|), |Y| (EOS counted), and
-    the pair's links (alignment=true)."""
-    line = f"{h.logprob:.4f}\t{h.score:.4f}\t{len(h.tokens) + 1}"
-    return line if links is None else f"{line}\t{links[0]}"
+    the pair's links (alignment=true) and word scores (word_scores=true)."""
+    return "\t".join([f"{h.logprob:.4f}", f"{h.score:.4f}", str(len(h.tokens) + 1),
+                      *columns(1, links, scores)[0]])
+
+
+def columns(n: int, *per_hyp: list[str] | None) -> list[list[str]]:
+    """The extra columns of n hypotheses: of each list given (not None), the hypothesis' item."""
+    given = [c for c in per_hyp if c is not None]
+    return [[c[i] for c in given] for i in range(n)]
 
 
 def write_lines(path: str, lines: list[str]) -> None:
@@ -354,8 +363,7 @@ def process(s: Session, lines: list[str], first: int, interactive: bool = False)
     found = run_search(s, [src_ids[i] for i in mine], tgt_ids and [tgt_ids[i] for i in mine],
                        [first + streams[i] for i in mine], parallel, interactive,
                        phrases and [phrases[i] for i in mine])
-    found = [[dataclasses.replace(h, tokens=s.languages.strip(h.tokens)) for h in hs]
-             for hs in found]  # without the forced language token
+    found = [[without_language(s, h) for h in hs] for hs in found]
     if s.chooser is not None:  # each rank chooses among its own sources' candidates
         found = s.chooser.choose([sources[i] for i in mine], found)
     hyps = gather(s, mine, found, len(sources))
@@ -363,8 +371,8 @@ def process(s: Session, lines: list[str], first: int, interactive: bool = False)
     links = (alignments(s, src_ids, hyps) if cfg.alignment and s.env.is_main
              else [None] * len(hyps))
     if cfg.score_reference:
-        return Chunk([format_score(h[0], a) for h, a in zip(hyps, links, strict=True)], hyps,
-                     src_ids=src_ids)
+        return Chunk([format_score(h[0], a, word_columns(s, h)) for h, a in zip(
+            hyps, links, strict=True)], hyps, src_ids=src_ids)
     if phrases and not cfg.quiet and s.env.is_main and docs is None:  # a line each
         warn_missing(s, hyps, phrases, first)
     texts = [tr.tgt_tok.decode([h.tokens for h in hs]) for hs in hyps]
@@ -378,8 +386,24 @@ def process(s: Session, lines: list[str], first: int, interactive: bool = False)
         warn_unfinished(s, hyps, first)
     nbest = 1 if s.chooser is not None else cfg.search.nbest
     out = [line for i, (hs, t, a) in enumerate(zip(hyps, texts, links, strict=True))
-           for line in format_output(first + i, hs, t, nbest, a)]
+           for line in format_output(first + i, hs, t, nbest, a, word_columns(s, hs))]
     return Chunk(out, hyps, texts, src_ids)
+
+
+def without_language(s: Session, h: Hypothesis) -> Hypothesis:
+    """A hypothesis without the forced language token it starts with (and its log P)."""
+    cut = len(h.tokens) - len(s.languages.strip(h.tokens))
+    token_lp = None if h.token_logprobs is None else h.token_logprobs[cut:]
+    return dataclasses.replace(h, tokens=h.tokens[cut:], token_logprobs=token_lp)
+
+
+def word_columns(s: Session, hyps: list[Hypothesis]) -> list[str] | None:
+    """word_scores=true: each hypothesis' words with their probabilities (`word|0.9312 ...`,
+    word_combine's); None otherwise."""
+    if not s.cfg.word_scores:
+        return None
+    tok, combine = s.translator.tgt_tok, s.cfg.word_combine
+    return [format_words(words(h.tokens, h.token_logprobs, tok, combine)) for h in hyps]
 
 
 def split_lines(s: Session, lines: list[str]
@@ -399,16 +423,19 @@ def split_lines(s: Session, lines: list[str]
 def line_translations(docs: list[Segmented], hyps: list[list[Hypothesis]],
                       texts: list[list[str]]) -> tuple[list[list[Hypothesis]], list[list[str]]]:
     """The best translations of the pieces of all lines -> per line, its text with the
-    translations in place of the pieces, and one hypothesis: their tokens in order, their log P
-    and scores summed (the pieces are translated apart)."""
+    translations in place of the pieces, and one hypothesis: their tokens (and each token's
+    log P) in order, their log P and scores summed (the pieces are translated apart)."""
     pieces = iter(zip(hyps, texts, strict=True))
     out_hyps, out_texts = [], []
     for doc in docs:
         mine = [next(pieces) for _ in doc.pieces]
         text, score = rejoin(doc, [t[0] for _, t in mine], [h[0].score for h, _ in mine])
         out_texts.append([text])
-        out_hyps.append([Hypothesis([tok for h, _ in mine for tok in h[0].tokens], score,
-                                    sum(h[0].logprob for h, _ in mine))])
+        best = [h[0] for h, _ in mine]
+        token_lp = (None if any(h.token_logprobs is None for h in best)
+                    else [lp for h in best for lp in h.token_logprobs])
+        out_hyps.append([Hypothesis([tok for h in best for tok in h.tokens], score,
+                                    sum(h.logprob for h in best), token_lp)])
     return out_hyps, out_texts
 
 
@@ -565,7 +592,8 @@ def run_search(s: Session, src_ids: list[list[int]], tgt_ids: list[list[int]] | 
                                                         parallel)]
         search = s.chooser.search if s.chooser is not None else cfg.search
         return s.translator.translate_ids(src_ids, search, tgt_ids, lines, progress,
-                                          parallel, phrases, scores=search.nbest > 1)
+                                          parallel, phrases,
+                                          scores=search.nbest > 1 or cfg.word_scores)
     finally:
         if bar is not None:
             bar.close()

@@ -64,8 +64,9 @@ def score_batch(model, src: Tensor, tgt: Tensor, search: SearchConfig,
     lengths = (tgt != specials.pad).sum(dim=1)  # (B,) |Y|
     logprob = token_lp.sum(dim=1)  # (B,)
     score = logprob / length_penalty(lengths.double(), search.alpha).float()
-    return [Hypothesis(ids[:n - 1], s, lp) for ids, n, s, lp in zip(
-        tgt.tolist(), lengths.tolist(), score.tolist(), logprob.tolist(), strict=True)]
+    return [Hypothesis(ids[:n - 1], s, lp, tlp[:n - 1]) for ids, n, s, lp, tlp in zip(
+        tgt.tolist(), lengths.tolist(), score.tolist(), logprob.tolist(), token_lp.tolist(),
+        strict=True)]
 
 
 # ----------------------------------------------------------------------------- batching

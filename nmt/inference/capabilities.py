@@ -16,13 +16,16 @@ from nmt.errors import ConfigError
 FEATURES = {"checkpoint": "ensembles", "constraints": "constraints", "glossary": "constraints",
             "keep": "constraints", "alignment": "attention",
             "attention_plot": "attention", "attention": "attention", "continuous": "continuous",
-            "sampling": "sentence_seeds", "search.sampling": "sentence_seeds"}
+            "sampling": "sentence_seeds", "search.sampling": "sentence_seeds",
+            "word_scores": "token_scores"}
 LACKS = {"ensembles": "translates with one model, not an ensemble",
          "constraints": "has no lexical constraints",
          "attention": "does not return attention",
          "continuous": "has no continuous batching (set continuous=false)",
          "sentence_seeds": "seeds per call, so a text's samples in nmt-serve would depend on "
-                           "its batch mates"}
+                           "its batch mates",
+         "token_scores": "has no per-token scores from its search (translate_batch returns "
+                         "none; return_logits_vocab's logits are missing in beam search)"}
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,7 @@ class Capabilities:
     sentence_seeds: bool  # a sentence's samples depend on the seed and its line only (nmt-serve)
     beam_alpha: bool  # GNMT's length penalty in beam search (search.alpha, beam_size > 1)
     epsilon: bool  # epsilon sampling (search.epsilon with search.sampling)
+    token_scores: bool  # each output token's log P from the search (word_scores)
     shortlist: str | None = None  # the one search.shortlist it decodes with ("": none; None: any)
 
     def check(self, key: str, used: object = True) -> None:
@@ -63,7 +67,7 @@ class Capabilities:
 
 ENGINES = {"nmt": Capabilities("nmt", ensembles=True, constraints=True, attention=True,
                                continuous=True, sentence_seeds=True, beam_alpha=True,
-                               epsilon=True),
+                               epsilon=True, token_scores=True),
            "ctranslate2": Capabilities("ctranslate2", ensembles=False, constraints=False,
                                        attention=False, continuous=False, sentence_seeds=False,
-                                       beam_alpha=False, epsilon=False)}
+                                       beam_alpha=False, epsilon=False, token_scores=False)}

@@ -66,7 +66,7 @@ def empty_source(sentence: Sentence) -> list[Hypothesis] | None:
     hypothesis, score 0, and is not decoded; None for every other sentence."""
     if sentence.src or sentence.prefix or sentence.phrases:
         return None
-    return [Hypothesis([], 0.0, 0.0)]
+    return [Hypothesis([], 0.0, 0.0, [])]
 
 
 def length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
@@ -261,15 +261,16 @@ class Units:
             setattr(self, name, [getattr(self, name)[u] for u in index.tolist()])
 
     def add(self, units: np.ndarray, outputs: list[list[int]], logprobs: np.ndarray,
-            lengths: np.ndarray) -> None:
-        """Record finished hypotheses: per hypothesis its unit, output ids, log P and |Y|.
-        Dead ones (log P -inf: every continuation banned) are not hypotheses."""
+            lengths: np.ndarray, token_logprobs: list[list[float]]) -> None:
+        """Record finished hypotheses: per hypothesis its unit, output ids, log P, |Y| and
+        its output tokens' log P. Dead ones (log P -inf: every continuation banned) are not
+        hypotheses."""
         touched = set()
-        for u, ids, logp, length in zip(units.tolist(), outputs, logprobs.tolist(),
-                                        lengths.tolist(), strict=True):
+        for u, ids, logp, length, token_lp in zip(units.tolist(), outputs, logprobs.tolist(),
+                                                  lengths.tolist(), token_logprobs, strict=True):
             if logp == -np.inf:
                 continue
-            hyp = Hypothesis(ids, logp / length_penalty(length, self.alpha), logp)
+            hyp = Hypothesis(ids, logp / length_penalty(length, self.alpha), logp, token_lp)
             if self.phrases[u] and missing_phrases(ids, self.phrases[u]):
                 self.lacking[u].append(hyp)
             else:
@@ -287,7 +288,7 @@ class Units:
         finished none."""
         best = sorted(self.hyps[u], key=lambda h: -h.score)[:self.nbest]
         best += sorted(self.lacking[u], key=lambda h: -h.score)[:self.nbest - len(best)]
-        return best or [Hypothesis([], -np.inf, -np.inf)]
+        return best or [Hypothesis([], -np.inf, -np.inf, [])]
 
 
 # ----------------------------------------------------------------------------- the decoding
@@ -347,6 +348,7 @@ class Decoding:
         # of greedy search or sampling
         self.units = Units(self.search.alpha, self.search.nbest if self.beam else 1)
         self.tokens = np.zeros((0, 1), dtype=np.int64)  # (R, W) BOS, then each row's output
+        self.paths = np.zeros((0, 1))  # (R, W) log P of each row's prefix up to each token
         self.last: Tensor | None = None  # (R, 1) each row's newest token, on the device
         self.scores: Tensor | None = None  # (U, kb) log P of each row's prefix
         self.u: Tensor | None = None  # sampling: (R, W) each row's uniform of each step
@@ -464,6 +466,8 @@ class Decoding:
         wide = max(W, self.tokens.shape[1])  # the live rows' and the newcomers' widest
         self.tokens = np.concatenate([np.pad(x, ((0, 0), (0, wide - x.shape[1])),
                                              constant_values=pad) for x in (self.tokens, tokens)])
+        grow = ((0, 0), (0, wide - self.paths.shape[1]))
+        self.paths = np.concatenate([np.pad(self.paths, grow), np.zeros((R, wide))])  # BOS: 0
         last = torch.full((R, 1), bos, dtype=torch.long, device=self.device)
         self.last = last if self.last is None else torch.cat([self.last, last])
         scores = torch.full((R // self.kb, self.kb), -torch.inf, device=self.device)
@@ -584,8 +588,9 @@ class Decoding:
         rows = (np.arange(U)[:, None] * kb + read.parents).ravel()  # (U k,) their parents
         moved = k > 1 or kb > 1  # one row a unit (greedy, sampling, beam 1) stays where it is
         if moved:
-            self.tokens = self.tokens[rows]
-        self.tokens[np.arange(U * k), np.repeat(units.t + 1, k)] = read.tokens.ravel()
+            self.tokens, self.paths = self.tokens[rows], self.paths[rows]
+        at = np.arange(U * k), np.repeat(units.t + 1, k)
+        self.tokens[at], self.paths[at] = read.tokens.ravel(), read.scores.ravel()
         units.t += 1
         self.kb = k
         reached = units.max_len <= units.t
@@ -606,12 +611,17 @@ class Decoding:
     def _finish(self, units: np.ndarray, rows: np.ndarray, out_len: np.ndarray,
                 logprobs: np.ndarray, lengths: np.ndarray) -> None:
         """Record finished hypotheses: per hypothesis its unit, the row that holds its output
-        and the output's length, its log P and |Y|."""
-        outputs = [self.tokens[r, 1:1 + n].tolist()
-                   for r, n in zip(rows.tolist(), out_len.tolist(), strict=True)]
+        and the output's length, its log P and |Y|. Each output token's log P is its prefix's
+        less its parent's (none where the scores were not computed: normalize)."""
+        spans = list(zip(rows.tolist(), out_len.tolist(), strict=True))
+        outputs = [self.tokens[r, 1:1 + n].tolist() for r, n in spans]
         if not self.normalize:  # sums of logits: no score, but what was banned stays -inf
             logprobs = np.where(np.isfinite(logprobs), 0.0, -np.inf)
-        self.units.add(units, outputs, logprobs, lengths)
+            self.units.add(units, outputs, logprobs, lengths, [None] * len(spans))
+            return
+        with np.errstate(invalid="ignore"):  # a dead row's -inf - -inf: dropped by add
+            token_lp = [np.diff(self.paths[r, :1 + n]).tolist() for r, n in spans]
+        self.units.add(units, outputs, logprobs, lengths, token_lp)
 
     def _end(self, done: np.ndarray) -> list:
         """Units `done` end: their hypotheses go to their sentences; the (tag, hypotheses) of
@@ -642,7 +652,7 @@ class Decoding:
                 return
             group, memory = self._memory(keep)
             kept = (keep[:, None] * self.k + np.arange(self.k)).ravel()  # (U' k,) rows kept
-            rows, self.tokens = rows[kept], self.tokens[kept]
+            rows, self.tokens, self.paths = rows[kept], self.tokens[kept], self.paths[kept]
             self.units.keep(keep)
             index = self.on_device(keep)
             on = Choice(*(x.index_select(0, index) for x in (on.scores, on.parents, on.tokens)))

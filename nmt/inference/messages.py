@@ -11,11 +11,14 @@ from nmt.config import SearchConfig
 
 @dataclass
 class Hypothesis:
-    """A finished output: ids without BOS/EOS, its length-normalised score and its log P(Y|X)."""
+    """A finished output: ids without BOS/EOS, its length-normalised score, its log P(Y|X) and
+    each output token's log P (from the search itself; EOS's is log P less their sum)."""
 
     tokens: list[int]
     score: float
     logprob: float
+    # one per token (None: the engine gives none); not compared: it follows from the rest
+    token_logprobs: list[float] | None = field(default=None, compare=False)
 
 
 @dataclass

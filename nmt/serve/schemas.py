@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 
 from nmt.inference.segment import MODES
+from nmt.inference.words import COMBINES
 from nmt.serve.batcher import BatchStats
 
 # TranslateRequest's optional fields by where they go: the search's, MBR's, each sentence's.
@@ -109,6 +110,12 @@ class TranslateRequest(BaseModel):
         "How each text is cut before it is translated (the server's default: GET /health): "
         "none, sentence, or paragraph (at its line breaks); the pieces' translations go back "
         "in place of the pieces, between the text's own spaces and line breaks."))
+    word_scores: bool = Field(False, description=(
+        "Also return each best translation's words with their probabilities (nmt-translate's "
+        "word_scores=true; engine=nmt)."))
+    word_combine: Literal[tuple(COMBINES)] = Field("product", description=(
+        "A word's probability from its pieces' (a word: what SentencePiece's space mark "
+        "starts, punctuation attached to it included): their product, or their minimum."))
 
 
 class Scored(BaseModel):
@@ -132,6 +139,15 @@ class Attention(BaseModel):
         "to 1), rounded to 4 digits."))
 
 
+class ScoredWord(BaseModel):
+    """A word of a translation and the model's confidence in it."""
+
+    text: str = Field(description="The word, detokenized (the translation's words are its "
+                                  "space-separated tokens).")
+    prob: float = Field(description="Its probability: its pieces' product, or their minimum "
+                                    "(word_combine), from the search itself.")
+
+
 class Piece(BaseModel):
     """One piece of a text that was split into several, translated on its own."""
 
@@ -140,6 +156,7 @@ class Piece(BaseModel):
     score: float | None = Field(description="Its log P(Y|X) / ((5 + |Y|) / 6)^alpha.")
     nbest: list[Scored] | None = Field(None, description="When nbest > 1: its n-best list.")
     attention: Attention | None = Field(None, description="When the request asked for it.")
+    words: list[ScoredWord] | None = Field(None, description="With word_scores: its words.")
 
 
 class Translation(BaseModel):
@@ -154,6 +171,9 @@ class Translation(BaseModel):
     nbest: list[Scored] | None = Field(None, description=(
         "When nbest > 1: the nbest hypotheses, best first (the first is text and score)."))
     attention: Attention | None = Field(None, description="When the request asked for it.")
+    words: list[ScoredWord] | None = Field(None, description=(
+        "With word_scores: the best translation's words in order, each with its probability "
+        "(a split text: its pieces' words)."))
     pieces: list[Piece] | None = Field(None, description=(
         "When the text was split into several pieces: each piece with its translation, score, "
         "n-best list and attention (then `text` is their translations in place, `score` their "
@@ -243,6 +263,8 @@ class Features(BaseModel):
                                     "server's MBR, which answers one translation per text).")
     prefix: bool = Field(description="Forced output prefixes.")
     constraints: bool = Field(description="Lexical constraints (the engine has them).")
+    word_scores: bool = Field(description="Words with their probabilities (the engine's "
+                                          "search gives each piece's).")
     convention: str = Field(description="How the model is told its languages: pair (not "
                                         "at all), tag (tgt_lang) or forced (src_lang and "
                                         "tgt_lang).")

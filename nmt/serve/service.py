@@ -20,6 +20,7 @@ from nmt.inference.glossary import Glossary, Term, request_entries
 from nmt.inference.messages import Hypothesis, Sentence
 from nmt.inference.rerank import Chooser
 from nmt.inference.segment import Segmented, rejoin, sample_stream, sentence_splitter, split_for
+from nmt.inference.words import words
 from nmt.inference.workers import WorkerPool
 from nmt.serve import libretranslate
 from nmt.serve.api_keys import ApiKeys
@@ -34,6 +35,7 @@ from nmt.serve.schemas import (
     HealthResponse,
     Piece,
     Scored,
+    ScoredWord,
     StatsResponse,
     TranslateRequest,
     TranslateResponse,
@@ -220,9 +222,10 @@ class Service:
                                         f"{self.cfg.max_chars} per request")
 
     def check_size(self, req: TranslateRequest, split: str, pieces: int) -> None:
-        """max_sentences (the pieces the texts are split into) per request; attention needs an
-        engine that has it."""
+        """max_sentences (the pieces the texts are split into) per request; attention and
+        word scores need an engine that has them."""
         self.check_engine("attention", req.attention)
+        self.check_engine("word_scores", req.word_scores)
         if pieces > self.cfg.max_sentences:
             what = "sentences" if split == "none" else f"pieces (split={split})"
             raise ApiError(413, "text", f"{pieces} {what}; this server takes at most "
@@ -288,7 +291,8 @@ class Service:
             maps = await asyncio.to_thread(lambda: [self.attention(src, hyps[0].tokens)
                                                     for src, hyps in zip(ids, nbest, strict=True)])
         self.requests += 1
-        parts = iter([self._translation(hyps, len(f) > limit, search.nbest, a, ts)
+        combine = req.word_combine if req.word_scores else None
+        parts = iter([self._translation(hyps, len(f) > limit, search.nbest, a, ts, combine)
                       for hyps, f, a, ts in zip(nbest, full, maps, terms, strict=True)])
         return TranslateResponse(translations=[
             text_answer(doc, [next(parts) for _ in doc.pieces]) for doc in docs])
@@ -304,15 +308,20 @@ class Service:
                          weights=[[round(w, 4) for w in row] for row in rows.tolist()])
 
     def _translation(self, hyps: list[Hypothesis], truncated: bool, nbest: int,
-                     attention: Attention | None, terms: list[Term]) -> Translation:
+                     attention: Attention | None, terms: list[Term],
+                     combine: str | None) -> Translation:
         """One sentence's answer from its hypotheses, its glossary terms' exact texts in
-        place."""
-        texts = [Glossary.restore(t, terms)
-                 for t in self.translator.tgt_tok.decode([h.tokens for h in hyps])]
+        place; combine: word_combine, with word_scores (else None: no words)."""
+        tok = self.translator.tgt_tok
+        texts = [Glossary.restore(t, terms) for t in tok.decode([h.tokens for h in hyps])]
         scored = [Scored(text=t, score=h.score if math.isfinite(h.score) else None)
                   for h, t in zip(hyps, texts, strict=True)]
+        found = None if combine is None else [
+            ScoredWord(text=w.text, prob=w.prob)
+            for w in words(hyps[0].tokens, hyps[0].token_logprobs, tok, combine)]
         return Translation(text=scored[0].text, score=scored[0].score, truncated=truncated,
-                           nbest=scored if nbest > 1 else None, attention=attention)
+                           nbest=scored if nbest > 1 else None, attention=attention,
+                           words=found)
 
     def health(self) -> HealthResponse:
         """GET /health: the model, the workers, the limits and the default search settings."""
@@ -333,6 +342,7 @@ class Service:
         return Features(
             engine=can.engine, attention=can.attention and not self.forced,
             nbest=not self.cfg.mbr.candidates, prefix=True, constraints=can.constraints,
+            word_scores=can.token_scores,
             convention="forced" if self.forced else "tag" if self.languages else "pair",
             sources=list(libre.sources), targets=list(libre.targets), src_lang=self.src_lang,
             key_required=self.keys.required)
@@ -352,8 +362,9 @@ def text_answer(doc: Segmented, parts: list[Translation]) -> Translation:
     text, score = rejoin(doc, [p.text for p in parts], [p.score for p in parts])
     if len(parts) == 1:
         return parts[0].model_copy(update={"text": text})
+    found = None if any(p.words is None for p in parts) else [w for p in parts for w in p.words]
     return Translation(text=text, score=score,
-                       truncated=any(p.truncated for p in parts), pieces=[
+                       truncated=any(p.truncated for p in parts), words=found, pieces=[
                            Piece(source=s, text=p.text, score=p.score, nbest=p.nbest,
-                                 attention=p.attention)
+                                 attention=p.attention, words=p.words)
                            for s, p in zip(doc.pieces, parts, strict=True)])
