@@ -15,9 +15,9 @@ The operator is C++ with ATen's vector types (one_query_attention.cpp), register
 torch.library. ATen picks the vector width at compile time, so it is built once per
 instruction set (AVX2, AVX-512) and the object that torch.backends.cpu.get_cpu_capability()
 names is loaded (never -march=native: the cache may move to another CPU of the same kind).
-torch.utils.cpp_extension.load builds it on first use into
-$XDG_CACHE_HOME/nmt/ops/torch-VERSION/ISA (~/.cache by default), one build per torch version,
-instruction set and source. Without a C++ compiler, or where the build fails, `available()` is
+torch.utils.cpp_extension.load builds it on first use into build_directory(ISA) under
+$XDG_CACHE_HOME (~/.cache by default), one build per torch version, instruction set and
+source. Without a C++ compiler, or where the build fails, `available()` is
 False, one line says so, and FastModel decodes with batched products as before.
 """
 

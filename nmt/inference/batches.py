@@ -201,7 +201,7 @@ def translate_nbest(model, src_ids: list[list[int]], search: SearchConfig,
     any beam size; a hypothesis cut at the maximum length may lack some);
     continuations: the ids of the pieces that go on with a word, none of which may follow a
     phrase (Tokenizer.word_continuations; None: any may). scores=False: the caller writes no
-    score, so greedy search may leave them at 0 (Decoding's).
+    score, so greedy search may leave them NaN (Decoding's).
     """
     models = decoding_models(model, search, fast and use_cache)
     job = BatchJob(models, search, specials, torch.device(device), use_cache,

@@ -305,7 +305,7 @@ class Decoding:
     continuous batching needs), else over the `candidates` that admit gives its batch.
     scores=False: no one reads the hypotheses' scores; greedy search of one model then picks
     each row's largest logit without the log-softmax (as CTranslate2 without return_scores),
-    and its hypotheses score 0 (-inf where every continuation was banned).
+    and its hypotheses' scores are NaN (-inf where every continuation was banned).
     """
 
     def __init__(self, models: list, search: SearchConfig, specials: Specials,
@@ -615,8 +615,8 @@ class Decoding:
         less its parent's (none where the scores were not computed: normalize)."""
         spans = list(zip(rows.tolist(), out_len.tolist(), strict=True))
         outputs = [self.tokens[r, 1:1 + n].tolist() for r, n in spans]
-        if not self.normalize:  # sums of logits: no score, but what was banned stays -inf
-            logprobs = np.where(np.isfinite(logprobs), 0.0, -np.inf)
+        if not self.normalize:  # sums of logits: no score (NaN); what was banned stays -inf
+            logprobs = np.where(np.isfinite(logprobs), np.nan, -np.inf)
             self.units.add(units, outputs, logprobs, lengths, [None] * len(spans))
             return
         with np.errstate(invalid="ignore"):  # a dead row's -inf - -inf: dropped by add

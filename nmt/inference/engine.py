@@ -58,7 +58,7 @@ class Engine(Protocol):
         """search.nbest hypotheses of each id list (no BOS/EOS), in input order; prefixes:
         forced output starts; lines: input line numbers (seeds); progress: called with each
         batch's size; parallel=False: in the calling thread; constraints: phrases per line;
-        scores=False: the hypotheses' scores may be left at 0 (what the caller does not write
+        scores=False: the hypotheses' scores may be left NaN (what the caller does not write
         need not be computed: greedy search skips the log-softmax)."""
 
     def score_ids(self, src_ids: list[list[int]], tgt_ids: list[list[int]],
