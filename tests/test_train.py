@@ -59,7 +59,7 @@ def same_tensors(a: dict, b: dict) -> bool:
 def test_contract_commands_train_then_resume(tiny_data_dir, tmp_path):
     run = tmp_path / "run"
     common = ["+model=small", f"data_dir={tiny_data_dir}", f"run_dir={run}",
-              "train.max_tokens=512"]
+              "train.max_tokens=512", "model.N=1", "model.d_model=32"]  # small's d_ff: 1024
     first = nmt_train(*common, "train.max_updates=4", "train.save_interval_updates=2")
     assert first.returncode == 0, first.stderr
     assert {p.name for p in run.glob("checkpoint_*.pt")} == {
