@@ -11,8 +11,10 @@ whether Hydra or nmt finds it, ends in one line on stderr and exit status 1:
 
 from __future__ import annotations
 
+import atexit
 import difflib
 import functools
+import gc
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -96,6 +98,8 @@ def hydra_app(prog: str, config_name: str, schema: type) -> Callable:
 
         @functools.wraps(run)
         def main(cfg=None) -> None:
+            if cfg is None:  # a command: its exit skips the last garbage collection
+                atexit.register(gc.freeze)
             if cfg is not None or os.environ.get(FULL_ERROR) == "1":
                 return task(cfg)  # a passed config, or the user asked for Hydra's full report
             os.environ[FULL_ERROR] = "1"  # Hydra raises its composition errors to us
