@@ -18,7 +18,8 @@ from nmt.training.checkpoint import load_checkpoint
 BIN = Path(sys.executable).parent
 TINY = ["+model=small", "model.N=1", "model.d_model=32", "model.d_ff=64", "model.h=4",
         "model.dropout=0.1", "train.max_tokens=256", "train.save_interval_updates=3",
-        "train.valid_interval_updates=3", "train.log_interval=1", "train.subword_sampling=0.2"]
+        "train.valid_interval_updates=3", "train.log_interval=1", "train.subword_sampling=0.2",
+        "train.plot=false", "train.tensorboard=false"]  # no matplotlib, no TensorBoard to load
 
 
 def test_single_process_helpers_are_no_ops():

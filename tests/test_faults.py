@@ -24,7 +24,8 @@ BIN = Path(sys.executable).parent
 FAULTY = Path(__file__).with_name("faulty_train.py")
 NMT = Path(nmt.__file__).parent  # our package (a checkout's own folder may be named nmt too)
 TINY = ["+model=small", "model.N=1", "model.d_model=32", "model.d_ff=64", "model.h=4",
-        "train.max_tokens=256", "train.threads=1", "train.log_interval=1"]
+        "train.max_tokens=256", "train.threads=1", "train.log_interval=1",
+        "train.plot=false", "train.tensorboard=false"]  # no matplotlib, no TensorBoard to load
 ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
 
 

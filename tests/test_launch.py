@@ -22,7 +22,7 @@ BIN = Path(sys.executable).parent
 TINY = ["+model=small", "model.N=1", "model.d_model=32", "model.d_ff=64", "model.h=4",
         "model.dropout=0.1", "train.max_tokens=256", "train.save_interval_updates=3",
         "train.valid_interval_updates=3", "train.log_interval=1", "train.max_updates=3",
-        "train.device=cpu"]
+        "train.device=cpu", "train.plot=false", "train.tensorboard=false"]  # neither to load
 LOOPBACK = {"GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1"}
 
 

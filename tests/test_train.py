@@ -26,8 +26,11 @@ from nmt.model import make_model
 from nmt.training import distributed
 from nmt.training.checkpoint import load_checkpoint
 
+# No curves.png and no TensorBoard files (a draw costs ~0.1 s a validation): the tests that
+# look at them turn them on (test_learning_curves_and_tensorboard_scalars).
 TINY = ["model.N=1", "model.d_model=32", "model.d_ff=64", "model.h=4", "train.threads=1",
-        "train.max_tokens=256", "train.log_interval=2"]
+        "train.max_tokens=256", "train.log_interval=2", "train.plot=false",
+        "train.tensorboard=false"]
 BIN = Path(sys.executable).parent
 
 
@@ -59,7 +62,7 @@ def same_tensors(a: dict, b: dict) -> bool:
 def test_contract_commands_train_then_resume(tiny_data_dir, tmp_path):
     run = tmp_path / "run"
     common = ["+model=small", f"data_dir={tiny_data_dir}", f"run_dir={run}",
-              "train.max_tokens=512"]
+              "train.max_tokens=512", "model.N=1", "model.d_model=32"]  # small's d_ff: 1024
     first = nmt_train(*common, "train.max_updates=4", "train.save_interval_updates=2")
     assert first.returncode == 0, first.stderr
     assert {p.name for p in run.glob("checkpoint_*.pt")} == {
@@ -598,7 +601,7 @@ def test_learning_curves_and_tensorboard_scalars(tiny_data_dir, tmp_path):
     run = tmp_path / "run"
     train(config(tiny_data_dir, run, "train.max_updates=4", "train.log_interval=1",
                  "train.valid_interval_updates=2", "train.valid_bleu=true",
-                 "train.valid_bleu_max_sentences=8"))
+                 "train.valid_bleu_max_sentences=8", "train.plot=true", "train.tensorboard=true"))
     assert (run / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     events = EventAccumulator(str(run / "tensorboard"))
@@ -614,7 +617,7 @@ def test_no_matplotlib_no_curves_and_one_info_line(tiny_data_dir, tmp_path, monk
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "matplotlib" else real(name, *a))
     with caplog.at_level("INFO", logger="nmt.commands.train"):
-        train(config(tiny_data_dir, tmp_path / "run", "train.max_updates=2"))
+        train(config(tiny_data_dir, tmp_path / "run", "train.max_updates=2", "train.plot=true"))
     assert not (tmp_path / "run/curves.png").exists()
     assert [r.message for r in caplog.records].count(
         "no learning-curve plot: matplotlib is not installed (pip install 'nmt[plot]')") == 1

@@ -7,12 +7,19 @@ whether Hydra or nmt finds it, ends in one line on stderr and exit status 1:
 
     nmt-average: error: lats: unknown key; did you mean last? (keys: output, run_dir, ...)
     nmt-average: error: last: 'abc' is not an integer
+
+A command's exit freezes the garbage collector (gc.freeze, registered with atexit): the
+interpreter's last collection would walk every object that torch and its compiler stack made
+(~0.7 s on 2 CPU cores) only to free memory the process gives back anyway. The commands close
+their files and write their checkpoints before they return, not in finalizers.
 """
 
 from __future__ import annotations
 
+import atexit
 import difflib
 import functools
+import gc
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -96,6 +103,8 @@ def hydra_app(prog: str, config_name: str, schema: type) -> Callable:
 
         @functools.wraps(run)
         def main(cfg=None) -> None:
+            if cfg is None:  # a command: its exit skips the last garbage collection
+                atexit.register(gc.freeze)
             if cfg is not None or os.environ.get(FULL_ERROR) == "1":
                 return task(cfg)  # a passed config, or the user asked for Hydra's full report
             os.environ[FULL_ERROR] = "1"  # Hydra raises its composition errors to us
