@@ -44,13 +44,14 @@ def coverage(hyps: list[str], constraints: list[list[str]]) -> float:
     return met / max(total, 1)
 
 
-def run(args, src: Path, ref: Path, cons: Path | None) -> dict:
-    """nmt-translate of src (with constraints=cons when given), scored against ref."""
+def run(args, src: Path, ref: Path, key: str, path: Path | None) -> dict:
+    """nmt-translate of src (with key=path when given: constraints, glossary), scored against
+    ref (args: checkpoint, beam, workers)."""
     overrides = [f"checkpoint={args.checkpoint}", f"input={src}", f"ref={ref}", "quiet=true",
                  f"search.beam_size={args.beam}", f"workers={args.workers}",
-                 f"output={src.parent / ('hyp.cons' if cons else 'hyp.free')}"]
-    if cons is not None:
-        overrides.append(f"constraints={cons}")
+                 f"output={src.parent / (f'hyp.{key}' if path else 'hyp.free')}"]
+    if path is not None:
+        overrides.append(f"{key}={path}")
     return translate(to_object(compose("translate", overrides), TranslateConfig))
 
 
@@ -81,7 +82,7 @@ def main() -> None:
         print(f"{len(sources)} sentences of {data}/{args.split}, {sum(map(len, constraints))} "
               f"constraints (reference words of >= {args.min_chars} letters), beam {args.beam}")
         for name, path in (("without", None), ("with", cons)):
-            out = run(args, src, ref, path)
+            out = run(args, src, ref, "constraints", path)
             n = len(out["hypotheses"])
             print(f"{name:8s} constraints: coverage {coverage(out['hypotheses'], constraints):.3f}"
                   f"  BLEU {out['scores']['bleu']:.2f}  chrF {out['scores']['chrf']:.2f}  "

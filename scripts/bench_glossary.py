@@ -26,8 +26,8 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from nmt.commands.translate import translate
-from nmt.config import TranslateConfig, compose, to_object
+from bench_constraints import run
+
 from nmt.data.batches import ParallelData, clean_text_path, read_manifest
 from nmt.data.tokenizer import Tokenizer
 from nmt.inference.glossary import Glossary, read_glossary
@@ -77,16 +77,6 @@ def term_accuracy(glossary: Glossary, sources: list[str], hyps: list[str]) -> tu
     return met / max(total, 1), total
 
 
-def run(args, src: Path, ref: Path, glossary: Path | None) -> dict:
-    """nmt-translate of src (with glossary=FILE when given), scored against ref."""
-    overrides = [f"checkpoint={args.checkpoint}", f"input={src}", f"ref={ref}", "quiet=true",
-                 f"search.beam_size={args.beam}", f"workers={args.workers}",
-                 f"output={src.parent / ('hyp.glossary' if glossary else 'hyp.free')}"]
-    if glossary is not None:
-        overrides.append(f"glossary={glossary}")
-    return translate(to_object(compose("translate", overrides), TranslateConfig))
-
-
 def main(argv: list[str] | None = None) -> None:
     """Draw a glossary, translate without and with it; print BLEU, term accuracy, speed."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -123,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
               f"at most, e.g. {', '.join(' -> '.join(p) for p in pairs[:3])}; beam {args.beam}")
         rates = []
         for name, path in (("without", None), ("with", gloss)):
-            out = run(args, src, ref, path)
+            out = run(args, src, ref, "glossary", path)
             accuracy, terms = term_accuracy(glossary, sources, out["hypotheses"])
             rates.append(len(out["hypotheses"]) / max(out["seconds"], 1e-9))
             print(f"{name:8s} glossary: term accuracy {accuracy:.3f} ({terms} terms)  "
