@@ -1,6 +1,8 @@
-"""Word confidence against quality: does a sentence whose words the model is less sure of
-translate worse? The Spearman rank correlation, over a test split's first --lines sentences,
-between a sentence's confidence and its sentence chrF against the reference (sacreBLEU).
+"""Word confidence against quality: do less confident sentences translate worse?
+
+Does a sentence whose words the model is less sure of translate worse? The Spearman rank
+correlation, over a test split's first --lines sentences, between a sentence's confidence
+and its sentence chrF against the reference (sacreBLEU).
 
 Each sentence is translated once (beam search, --beam; nmt's engine, whose search gives each
 piece's log P), its words' probabilities are combined from their pieces' both ways
