@@ -9,8 +9,12 @@ addition fused into the product), fp16 (CUDA) or int8 (weights and activations r
 int8, as torch.ao's dynamic quantization does), with 1/sqrt(d_k) folded into W^Q, additive
 masks only where there is padding, and the beams or samples of one sentence sharing one copy
 of its encoder memory, and with a lexical shortlist only the output projection's rows of a
-batch's candidate pieces (start_decoding's vocab). `row_argmax` and `top_k` pick greedy and
-beam search candidates over the vocabulary. nmt.inference.translator.Translator prepares
+batch's candidate pieces (start_decoding's vocab; in int8 gathered from its int8 rows). On
+the CPU each decoding step attends through nmt's fused one-query operator
+(nmt.inference.attention_op: each row over its own positions and source length, the
+self-attention cache read through a table that a beam's reorder gathers) wherever it builds,
+else, as the encoder always, through batched matrix products. `row_argmax` and `top_k` pick
+greedy and beam search candidates over the vocabulary. nmt.inference.translator.Translator prepares
 FastModels and runs them on its workers.
 
 Shapes: B decoder rows, M = B / g sentences (g rows per sentence), S source length, T target
