@@ -379,9 +379,7 @@ class Decoding:
             eos, pad = self.specials.eos, self.specials.pad
             src = pad_batch([s.src + [eos] for s in todo], pad, self.device)  # (n, S)
             compact = in_columns(todo, candidates)
-            max_len = output_lengths(todo, self.search, self.positions)  # (n,)
-            new = Decoder(self.models, src, self.use_cache, candidates, compact,
-                          int(max_len.max()) + 1)  # may fail first
+            new = Decoder(self.models, src, self.use_cache, candidates, compact)  # may fail first
             columns = Columns(*candidates) if compact else None
         self.ready += [(s.tag, empty_source(s)) for s in sentences if empty_source(s) is not None]
         if not todo:
@@ -389,6 +387,7 @@ class Decoding:
         if self.decoder is None:
             self.shared = self.units_per
         per = self.units_per * self.kb  # rows a newcomer gets
+        max_len = output_lengths(todo, self.search, self.positions)  # (n,)
         slots = [self.free.pop() if self.free else self._new_slot() for _ in todo]
         self.tags.update(zip(slots, (s.tag for s in todo), strict=True))
         self.open.update((slot, self.units_per) for slot in slots)

@@ -19,14 +19,12 @@ class Decoder:
     (one model, or an ensemble), each with its key/value cache or without."""
 
     def __init__(self, models: list, src: Tensor, use_cache: bool = True,
-                 candidates: Candidates | None = None, compact: bool = False,
-                 positions: int = 0):
+                 candidates: Candidates | None = None, compact: bool = False):
         """Encode (B, S) sources with every model: one row per sentence until `reorder`.
         candidates: a lexical shortlist (nmt.inference.shortlist): log-softmax over its ids alone
         (FastModels compute those logits alone; others all, then cut), in a column each
         (compact: the search works in those columns, rules.Columns) or with every other id
-        at -inf in full-vocabulary rows. positions: the longest output expected, reserved in
-        FastModels' caches at once."""
+        at -inf in full-vocabulary rows."""
         self.models, self.use_cache, self.candidates = models, use_cache, candidates
         self.compact = compact
         self.states = []  # per model: its decoding state, or [memory, src_mask] without cache
@@ -38,9 +36,7 @@ class Decoder:
             if not use_cache:
                 self.states.append([memory, src_mask])
             else:
-                self.states.append(model.start_decoding(memory, src_mask, candidates.ids if cut
-                                                        else None, positions)
-                                   if isinstance(model, FastModel)
+                self.states.append(model.start_decoding(memory, src_mask, candidates.ids) if cut
                                    else model.start_decoding(memory, src_mask))
 
     def reorder(self, index: Tensor, group: int, sentences: Tensor | None = None) -> None:

@@ -300,15 +300,13 @@ class FastKVCache:
         self.k: Tensor | None = None  # (B, h, capacity, d_k)
         self.v: Tensor | None = None
         self.length = 0  # positions stored
-        self.expected = 0  # positions reserved at the first append (start_decoding's)
 
     def append(self, kv: Tensor) -> tuple[Tensor, Tensor]:
         """Store (B, T, 2, h, d_k) new keys and values; return all so far, (B, h, L, d_k) each."""
         B, T, _, h, d_k = kv.shape
         end = self.length + T
         if self.k is None or end > self.k.size(2):
-            capacity = -(-max(end, self.expected if self.k is None else 0) // self.chunk) \
-                * self.chunk
+            capacity = -(-end // self.chunk) * self.chunk
             new_k, new_v = kv.new_empty(B, h, capacity, d_k), kv.new_empty(B, h, capacity, d_k)
             if self.k is not None:
                 new_k[:, :, :self.length] = self.k[:, :, :self.length]
@@ -357,7 +355,6 @@ class TableKVCache:
         self.v: Tensor | None = None
         self.table: Tensor | None = None  # (R, capacity) int64
         self.length = 0  # positions stored
-        self.expected = 0  # positions reserved at the first append (start_decoding's)
 
     def append(self, kv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Store (B, 1, 2, h, d_k) keys and values of one new position of every row; return
@@ -391,12 +388,11 @@ class TableKVCache:
         N, C = (0, 0) if self.k is None else (self.k.size(0), self.k.size(2))
         if B > N or positions > C:
             N2 = max(B, N + N // 2) if B > N else N
-            want = max(positions, self.expected) if self.k is None else positions
-            C2 = max(-(-want // self.chunk) * self.chunk, C + C // 2) if want > C else C
+            C2 = max(-(-positions // self.chunk) * self.chunk, C + C // 2) if positions > C \
+                else C
             k, v = kv.new_empty(N2, h, C2, d_k), kv.new_empty(N2, h, C2, d_k)
-            if self.k is not None:  # the positions stored, not the whole capacity
-                L = self.length
-                k[:N, :, :L], v[:N, :, :L] = self.k[:, :, :L], self.v[:, :, :L]
+            if self.k is not None:
+                k[:N, :, :C], v[:N, :, :C] = self.k, self.v
             self.k, self.v = k, v
         if self.table is None:
             self.table = torch.zeros(B, 0, dtype=torch.long, device=kv.device)
@@ -596,17 +592,13 @@ class FastModel(nn.Module):
             x = self._residual(x, layer.norms[1], layer.feed_forward)
         return _norm(x, self.encoder_norm), src_mask
 
-    def start_decoding(self, memory: Tensor, src_mask: Tensor, vocab: Tensor | None = None,
-                       positions: int = 0) -> FastState:
+    def start_decoding(self, memory: Tensor, src_mask: Tensor,
+                       vocab: Tensor | None = None) -> FastState:
         """The encoder-decoder keys and values of every layer, once; the state to decode.
         vocab: (V',) target ids (a lexical shortlist, nmt.inference.shortlist) whose logits alone
-        decode_step computes, in this order; None: all V. positions: the target positions the
-        decoding expects (its longest output), reserved in the caches at once (0: none; the
-        caches grow as needed either way)."""
+        decode_step computes, in this order; None: all V."""
         state = FastState([layer.memory_kv(memory) for layer in self.decoder],
                           src_mask[:, 0, 0], self.float_dtype, self.fused)
-        for cache in state.self_kv:
-            cache.expected = positions
         if vocab is not None:  # those rows of W and b, in this dtype's form
             state.generator = self._generator_rows(vocab)
         return state
