@@ -26,11 +26,12 @@ top to bottom in `Decoding.step`:
 
 Batch translation (nmt.inference.batches.translate_nbest) admits every sentence of a batch at
 step 0 and steps until none is live: then every row sits at the same position, and a step
-feeds the models no positions or masks (uniform positions: what the reference model and
-decoding without the cache take). Continuous batching (nmt.inference.stepping, nmt-serve)
-admits sentences at any step: the rows share one key/value cache of L positions; a row that
-joined at step s of the cache has its first s positions hidden by a self-attention mask and
-reads its own position for the position encoding; leading positions that no live row uses
+feeds the models no positions (uniform positions: what the reference model and decoding
+without the cache take). Continuous batching (nmt.inference.stepping, nmt-serve) admits
+sentences at any step: the rows share one key/value cache of L positions; a row that joined
+at step s of the cache gives its own position, from which FastModel reads the cache from
+position s on (the fused operator's start, or a mask over the first s positions) and takes
+its position encoding; leading positions that no live row uses
 are dropped when rows retire. Joining a running batch needs FastModels with their cache
 (`can_join`).
 
@@ -58,7 +59,6 @@ from nmt.inference.fast_model import FastModel, row_argmax, top_k
 from nmt.inference.messages import Hypothesis, Sentence
 from nmt.inference.rules import Columns, StepView, apply_rules, sample_tokens, sample_uniforms
 from nmt.inference.shortlist import Candidates, load_shortlist
-from nmt.model import additive_mask
 
 
 def empty_source(sentence: Sentence) -> list[Hypothesis] | None:
@@ -536,7 +536,7 @@ class Decoding:
 
     def _log_probs(self) -> Tensor:
         """(R, V) next-token log-probabilities of every live row: the whole batch at one
-        position while every row sits there, else each at its own (positions and a mask)."""
+        position while every row sits there, else each at its own (positions)."""
         L = self.length
         self.length += 1
         allowed = None if self.allowed is None else self.allowed[
@@ -544,13 +544,8 @@ class Decoding:
         if self.units.start.max() == 0:  # every row started with the cache: uniform positions
             prefix = self.last if self.use_cache else self.on_device(self.tokens[:, :L + 1])
             return self.decoder.log_probs(prefix, allowed, self.normalize)
-        dev = self.device
-        start = self._per_row(self.units.start)  # (R,)
-        positions = torch.from_numpy(L - start).to(dev)  # (R,) each row's own step
-        seen = torch.arange(L + 1, device=dev) >= torch.from_numpy(start).to(dev)[:, None]
-        mask = additive_mask(seen[:, None, None, :], self.models[0].float_dtype)  # (R, 1, 1, L+1)
-        return self.decoder.log_probs(self.last, allowed, self.normalize, positions=positions,
-                                      self_mask=mask)
+        positions = self.on_device(L - self._per_row(self.units.start))  # (R,) each row's step
+        return self.decoder.log_probs(self.last, allowed, self.normalize, positions=positions)
 
     def _view(self) -> StepView:
         """What the rules see of this step."""

@@ -56,8 +56,7 @@ class Decoder:
         ((R, V') with a compact shortlist: its candidates' columns). allowed: (R, V) each row's
         own shortlist (mask_to_shortlists); normalize=False: one model's logits, without the
         log-softmax (their order is the log-probabilities'); step: further arguments of the
-        models' decode_step (per-row positions and the self-attention mask of rows that joined
-        later)."""
+        models' decode_step (the per-row positions of rows that joined later)."""
         total = None
         for model, state, cut in zip(self.models, self.states, self.cut, strict=True):
             if self.use_cache:  # only the newest token goes in; the past is in the cache

@@ -603,23 +603,26 @@ class FastModel(nn.Module):
             state.generator = self._generator_rows(vocab)
         return state
 
-    def decode_step(self, tgt_new: Tensor, state: FastState, positions: Tensor | None = None,
-                    self_mask: Tensor | None = None) -> Tensor:
+    def decode_step(self, tgt_new: Tensor, state: FastState,
+                    positions: Tensor | None = None) -> Tensor:
         """(B, T_new) next ids -> logits (B, T_new, V) (V': the state's shortlist); updates
-        `state`. Rows that started at
-        different steps (continuous batching, nmt.inference.stepping) give one new id each,
-        its (B,) positions, and an additive self-attention mask over the cache (B, 1, 1, L)
-        that hides the cache positions before each row's start (None: none to hide)."""
+        `state`. Rows that started at different steps (continuous batching,
+        nmt.inference.stepping) give one new id each and its (B,) positions: each row reads
+        the cache from its own start, state.step - position (the fused operator's start; the
+        batched products' mask over the earlier positions)."""
         T, L = tgt_new.size(1), state.step + tgt_new.size(1)
         if positions is None:
             x = self._embed(self.tgt_lut, tgt_new, state.step)
         else:  # (B, 1) ids at their own positions
             x = F.embedding(tgt_new, self.tgt_lut) + self.pe[positions].unsqueeze(1)
         plain = self.plain_attention
-        causal = self_mask  # one new position sees every earlier one
+        rows = _step_rows(state, x.size(0), positions) if state.fused and T == 1 else None
+        causal = None  # one new position sees every earlier one
         if T > 1:  # no future positions
             causal = additive_mask(causal_mask(T, L, x.device), self.float_dtype)
-        rows = _step_rows(state, x.size(0), positions) if state.fused and T == 1 else None
+        elif rows is None and positions is not None:  # no position before a row's start
+            seen = torch.arange(L, device=x.device) >= (state.step - positions)[:, None]
+            causal = additive_mask(seen[:, None, None, :], self.float_dtype)  # (B, 1, 1, L)
         for layer, memory_kv, cache in zip(self.decoder, state.memory_kv, state.self_kv,
                                            strict=True):
             x = self._residual(x, layer.norms[0], layer.self_attention, causal, cache, plain,
