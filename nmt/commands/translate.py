@@ -44,7 +44,7 @@ from nmt.errors import ConfigError, NmtError
 from nmt.inference.align import align, check_layer, pharaoh
 from nmt.inference.constrained import missing_phrases
 from nmt.inference.engine import Engine, check_vocab, open_translator
-from nmt.inference.glossary import Glossary, Term
+from nmt.inference.glossary import Glossary, with_terms
 from nmt.inference.messages import Hypothesis
 from nmt.inference.rerank import Chooser
 from nmt.inference.scoring import score
@@ -356,7 +356,9 @@ def process(s: Session, lines: list[str], first: int, interactive: bool = False)
         encode_lines(tr.tgt_tok, second, s.limit, cfg.ref or s.name, cfg.quiet, first)
         if second is not None else None))
     terms = [s.glossary.matches(src) for src in sources] if s.glossary else None
-    phrases = with_terms(constraint_ids(s, first, len(lines)), terms)
+    phrases = constraint_ids(s, first, len(lines))
+    if terms is not None:  # the glossary's terms: constraints too
+        phrases = with_terms(phrases, terms)
     mine = list(range(s.env.rank, len(sources), s.env.world_size))  # this rank's sources
     # A few arriving lines decode here: the workers' round trip would cost more than it saves.
     parallel = not interactive or len(mine) >= PARALLEL_LINES * tr.workers
@@ -489,16 +491,6 @@ def constraint_ids(s: Session, first: int, lines: int) -> list[list[list[int]]] 
     chunk = s.phrases[first:first + lines]
     ids = iter(s.translator.tgt_tok.encode([p for ps in chunk for p in ps]))
     return [[next(ids) for _ in ps] for ps in chunk]
-
-
-def with_terms(phrases: list[list[list[int]]] | None, terms: list[list[Term]] | None
-               ) -> list[list[list[int]]] | None:
-    """Each source's constraints (constraints=FILE's phrases) and its glossary and keep
-    terms' pieces after them; None if there are neither."""
-    if terms is None:
-        return phrases
-    return [[*ps, *(list(t.ids) for t in ts)] for ps, ts in zip(
-        phrases or [[] for _ in terms], terms, strict=True)]
 
 
 def warn_unfinished(s: Session, hyps: list[list[Hypothesis]], first: int) -> None:

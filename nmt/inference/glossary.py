@@ -182,6 +182,14 @@ class Glossary:
         return " ".join(filter(None, [text, *lacking]))
 
 
+def with_terms(phrases: list[list[list[int]]] | None, terms: list[list[Term]]
+               ) -> list[list[list[int]]]:
+    """Each text's constraints (phrases as id lists; None: none) with its terms' pieces
+    after them."""
+    return [[*ps, *(list(t.ids) for t in ts)] for ps, ts in zip(
+        phrases or [[] for _ in terms], terms, strict=True)]
+
+
 def contradicts(a: Entry, b: Entry) -> bool:
     """Two entries of one source term ask for different outputs: two targets, or a kept term
     that a glossary translates into something else."""

@@ -16,7 +16,7 @@ from nmt.data.languages import LanguageChoice, choose, language_id, recorded_pai
 from nmt.errors import ConfigError, NmtError
 from nmt.inference.core import use_beams
 from nmt.inference.engine import Engine
-from nmt.inference.glossary import Glossary, Term, request_entries
+from nmt.inference.glossary import Glossary, Term, request_entries, with_terms
 from nmt.inference.messages import Hypothesis, Sentence
 from nmt.inference.rerank import Chooser
 from nmt.inference.segment import Segmented, rejoin, sample_stream, sentence_splitter, split_for
@@ -198,8 +198,9 @@ class Service:
         if sampling and any(terms):
             field = "glossary" if req.glossary or req.keep else "sampling"
             raise ApiError(422, field, "glossary and keep terms need beam search, not sampling")
-        return terms, [(prefix, [*phrases, *(list(t.ids) for t in ts)], stream)
-                       for (prefix, phrases, stream), ts in zip(extras, terms, strict=True)]
+        phrases = with_terms([phrases for _, phrases, _ in extras], terms)
+        return terms, [(prefix, ps, stream)
+                       for (prefix, _, stream), ps in zip(extras, phrases, strict=True)]
 
     def piece_fields(self, docs: list[Segmented], fields: list[tuple]) -> list[tuple]:
         """Per piece, its text's sentence_fields (the pieces of text i sample as nmt-translate's
