@@ -159,6 +159,25 @@ def test_the_page_translates_as_you_type_in_a_real_browser(page):
     assert not [e for e in browser.events if e.get("method") == "Runtime.exceptionThrown"]
 
 
+def test_the_page_shades_the_words_the_model_is_unsure_of(page):
+    """Each word of the translation is a span titled with the probability the API answers,
+    of class "low" exactly where that is below the page's 0.5 (Firefox Translations' shading)."""
+    server, browser, _ = page
+    sentence = "show the hidden files of the window"
+    browser.run(f"document.getElementById('source').value = {json.dumps(sentence)}; "
+                "document.getElementById('go').click()")
+    want = server.translate([sentence], nbest=4, attention=True, word_scores=True)[0]
+    browser.wait_for(f"{SHOWN} === {json.dumps(want['text'])}")
+    spans = browser.run("[...document.querySelectorAll('#translation span')].map(s => "
+                        "[s.textContent, s.title, s.className])")
+    assert [w for w, _, _ in spans] == [w["text"] for w in want["words"]]
+    assert [float(t) for _, t, _ in spans] == pytest.approx(
+        [w["prob"] for w in want["words"]], abs=5e-4)
+    assert [c == "low" for _, _, c in spans] == [w["prob"] < 0.5 for w in want["words"]]
+    assert any(c == "low" for _, _, c in spans), "a random model is unsure of some word"
+    assert browser.run("document.getElementById('low-note').hidden") is False
+
+
 def test_pasted_paragraphs_come_back_with_their_line_breaks(page):
     server, browser, _ = page
     text = ("Open the file. Show hidden files!\n\nClose the window. Save it?\n"
