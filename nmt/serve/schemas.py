@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 
+from nmt.inference.markup import KINDS
 from nmt.inference.segment import MODES
 from nmt.inference.words import COMBINES
 from nmt.serve.batcher import BatchStats
@@ -110,6 +111,13 @@ class TranslateRequest(BaseModel):
         "How each text is cut before it is translated (the server's default: GET /health): "
         "none, sentence, or paragraph (at its line breaks); the pieces' translations go back "
         "in place of the pieces, between the text's own spaces and line breaks."))
+    markup: Literal[KINDS] = Field("none", description=(
+        "html or xml: each text's tags are kept inside whole sentences (nmt-translate's "
+        "markup=): taken out, the sentences translated, each tag put back around the words "
+        "aligned to its words; the text of script, style, code and translate=\"no\" "
+        "elements is not translated (engine=nmt)."))
+    placeholders: bool = Field(False, description=(
+        "markup=xml: {0}-style placeholders are void tags too."))
     word_scores: bool = Field(False, description=(
         "Also return each best translation's words with their probabilities (nmt-translate's "
         "word_scores=true; engine=nmt)."))
