@@ -336,6 +336,13 @@ def cut_unit(unit: Unit, doc: Segmented) -> None:
                 changed = True
                 break
     owner = [owner_of(i, offsets, matched, spans) for i in range(len(tags))]
+    for k, span in enumerate(spans):  # a sentence holds the spaces and tags between its tags
+        mine = [i for i, o in enumerate(owner) if o == k]
+        if mine:
+            for i in range(mine[0], mine[-1]):
+                owner[i] = k
+            span[0] = min(span[0], *(offsets[i] for i in mine))
+            span[1] = max(span[1], *(offsets[i] for i in mine))
     unit.sentences = [sentence_of(unit, k, s, e, owner, matched) for k, (s, e) in
                       enumerate(spans)]
     bounds = [0] + [x for s, e in spans for x in (s, e)] + [len(unit.text)]
@@ -487,10 +494,10 @@ class _Alignment:
             return None
         x, y = self.start(found[0], a), self.end(found[1], b)
         inside, target = self.source[a:b], self.target
-        if inside[:1].isspace() and x > 0 and target[x - 1].isspace():
-            x -= 1  # the source's pair held the space before its words: so does the target's
-        if inside[-1:].isspace() and y < len(target) and target[y].isspace():
-            y += 1
+        for _ in range(len(inside) - len(inside.lstrip())):  # the spaces the pair holds
+            x -= x > 0 and target[x - 1].isspace()
+        for _ in range(len(inside) - len(inside.rstrip())):
+            y += y < len(target) and target[y].isspace()
         return x, y
 
     def point(self, p: int) -> int | None:
@@ -507,8 +514,8 @@ class _Alignment:
         if found is None:
             return None
         x = self.start(found[0], q)
-        if q > p and x > 0 and target[x - 1].isspace():
-            x -= 1  # a space after it in the source: before the target's space
+        for _ in range(q - p):  # spaces after it in the source: before the target's spaces
+            x -= x > 0 and target[x - 1].isspace()
         return x
 
 
