@@ -50,6 +50,7 @@ LINES = frozenset(("pre", "textarea"))  # each line of their text is a unit of i
 # values may hold ">"; "/>" closes a void tag.
 XML_TAG = re.compile(r"<(/?)([A-Za-z_][\w:.-]*)((?:[^<>\"']|\"[^\"]*\"|'[^']*')*?)(/?)>")
 PLACEHOLDER = re.compile(r"\{\w*\}")
+OPEN_AT_END = re.compile(r"<(?:/?[A-Za-z]|[!?])[^>]*\Z")  # a tag left open at the end
 HTML_NO = re.compile(r"""\btranslate\s*=\s*["']?no\b""", re.I)
 
 
@@ -211,7 +212,13 @@ def html_tokens(text: str) -> list[str | Tag]:
         if kind == "open" and name not in VOID and (name in OPAQUE or HTML_NO.search(raw)):
             hidden = (name, 1, start)
         elif kind == "text":
-            out.append(raw)
+            if out and isinstance(out[-1], str):
+                raw = out.pop() + raw
+            left_open = OPEN_AT_END.search(raw) if end == len(text) else None
+            if not left_open or left_open.start():
+                out.append(raw[:left_open.start()] if left_open else raw)
+            if left_open:  # a tag the input ends inside: markup, as a browser drops it
+                out.append(Tag(left_open.group(), "", "void"))
         else:
             void = "void" if name in VOID else kind
             out.append(Tag(raw, name, void, name in BLOCKS))

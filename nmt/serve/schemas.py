@@ -8,7 +8,7 @@ import dataclasses
 import typing
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, create_model
 
 from nmt.inference.markup import KINDS
 from nmt.inference.segment import MODES
@@ -22,15 +22,23 @@ MBR_FIELDS = ("mbr_candidates", "mbr_utility", "mbr_aggregate")  # MbrConfig's, 
 SENTENCE_FIELDS = ("prefix", "constraints")  # per sentence
 
 
-def _check_sentence(text: str) -> str:
-    """A sentence must hold something to translate and be valid Unicode (no lone surrogates)."""
+def _check_sentence(text: str, info: ValidationInfo) -> str:
+    """A sentence must hold something to translate and be valid Unicode (no lone surrogates;
+    validated with context {"markup": True}, LibreTranslate's HTML, its markup may hold them:
+    its sentences are checked once cut, check_unicode)."""
     if not text.strip():
         raise ValueError("must not be empty or only whitespace")
+    if not (info.context or {}).get("markup"):
+        check_unicode(text)
+    return text
+
+
+def check_unicode(text: str) -> None:
+    """A ValueError for a lone surrogate, saying where."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
         raise ValueError(f"is not valid Unicode (lone surrogate at character {e.start})") from None
-    return text
 
 
 SourceText = Annotated[str, AfterValidator(_check_sentence)]

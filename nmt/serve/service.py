@@ -42,6 +42,7 @@ from nmt.serve.schemas import (
     TranslateRequest,
     TranslateResponse,
     Translation,
+    check_unicode,
 )
 
 PROG = "nmt-serve"
@@ -250,8 +251,15 @@ class Service:
         if req.markup == "none":
             return split, [split_for(tok, text, split, splitter, limit) for text in req.text]
         self.check_markup(req)
-        return split, [parse(text, req.markup, req.placeholders).cut(
+        docs = [parse(text, req.markup, req.placeholders).cut(
             lambda unit: split_for(tok, unit, split, splitter, limit)) for text in req.text]
+        for i, doc in enumerate(docs):  # a lone surrogate: allowed in LibreTranslate's tags only
+            for piece in doc.pieces:
+                try:
+                    check_unicode(piece)
+                except ValueError as e:
+                    raise ApiError(422, f"text[{i}]", str(e)) from None
+        return split, docs
 
     def check_markup(self, req: TranslateRequest) -> None:
         """markup: an engine with attention, protobuf, one translation per text, no glossary
