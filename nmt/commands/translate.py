@@ -17,7 +17,9 @@ fourth ` ||| ` field of an n-best line. word_scores=true adds, after them, each 
 its probability (`word|0.9312 ...`, nmt.inference.words). split=sentence|paragraph translates
 each line's sentences (or the line, cut to fit the model) apart, in the same batches as all other
 pieces, and puts the translations back in the line with the spaces between them
-(nmt.inference.segment). mbr.candidates=N or rerank.model=CKPT write, of each line's (or
+(nmt.inference.segment). markup=html|xml reads each line as a document: its inline tags taken out,
+its sentences translated whole and each tag put back where the alignment puts its words
+(nmt.inference.markup). mbr.candidates=N or rerank.model=CKPT write, of each line's (or
 piece's) candidates, the one chosen by minimum Bayes risk or by reranking (nmt.inference.rerank).
 """
 
