@@ -112,10 +112,8 @@ class Document:
         return [s for p in self.parts if isinstance(p, Unit) for s in p.sentences]
 
     def escape(self, text: str) -> str:
-        """Plain text as this kind of markup writes it (HTML: &, <, > and no-break spaces)."""
-        if self.kind != "html":
-            return text
-        return html.escape(text, quote=False).replace("\xa0", "&nbsp;")
+        """Plain text as this kind of markup writes it (HTML: &, < and > as entities)."""
+        return html.escape(text, quote=False) if self.kind == "html" else text
 
     def cut(self, split: Callable[[str], Segmented]) -> Document:
         """Each unit cut into sentences by `split` (e.g. segment.split_text's); a tag pair is
