@@ -287,3 +287,20 @@ def test_forced_language_tokens_are_left_out_of_the_links():
                                    source_tokens=1, prefix=(8,))
     assert found.target == "a b c" and found.links == [(0, 0), (1, 1), (2, 2)]
     assert found.src_spans == chars("a b c")
+
+
+SOUP = ["<b>", "</b>", "<i>", "</i>", "<p>", "</p>", "<br>", "<x/>", "<a href='q'>", "</a>", "<",
+        ">", "&", "&amp;", "&#x;", "<!--", "-->", "<script>", "</script>", "<code>", "</code>",
+        "word", " ", ". ", "\n", "<pre>", "</pre>", '<span translate="no">', "</span>",
+        "<!DOCTYPE x>", "<?pi?>", "<![CDATA[", "]]>", "</", "<b", '"', "'", "{0}", "\udc80"]
+
+
+def test_tag_soup_never_ends_in_a_traceback_and_a_copy_gives_it_back():
+    for seed in range(300):
+        rng = random.Random(seed)
+        text = "".join(rng.choice(SOUP) for _ in range(rng.randint(1, 14)))
+        for stand_in in (upper, reverse):
+            run([text], stand_in)
+            run([text], stand_in, "xml", placeholders=True)
+        assert html.unescape(run([text], copy)[0][0]) == html.unescape(text)
+        assert run([text], copy, "xml", placeholders=True)[0] == [text]

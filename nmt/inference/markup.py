@@ -133,7 +133,7 @@ class Document:
             elif not part.sentences:
                 out.append(part.raw)
             else:
-                for gap, _ in zip(part.gaps, part.sentences, strict=False):
+                for gap in part.gaps[:-1]:
                     out += [self.render(gap), next(found)]
                 out.append(self.render(part.gaps[-1]))
         return "".join(out)
@@ -194,6 +194,8 @@ def html_tokens(text: str) -> list[str | Tag]:
     """HTML as text runs (as written) and tags; opaque elements (script, style, code, var,
     translate="no") each one void tag holding the element whole."""
     events = _Events(text).events
+    if text and (not events or events[0][0] > 0):  # what html.parser skips (e.g. "</>")
+        events.insert(0, (0, "void", ""))
     bounds = [e[0] for e in events[1:]] + [len(text)] * bool(events)
     out: list[str | Tag] = []
     hidden: tuple[str, int, int] | None = None  # (name, depth, start) of an opaque element
@@ -321,47 +323,49 @@ def pairs(tags: list[Tag]) -> dict[int, int]:
 def cut_unit(unit: Unit, doc: Segmented) -> None:
     """unit.sentences and unit.gaps from its text's pieces (doc: split_text's of unit.text),
     pieces that a tag pair would cut apart joined into one."""
-    spans, at = [], len(doc.gaps[0])
+    spans, at = [], len(doc.gaps[0])  # each piece's [start, end) in unit.text
     for piece, gap in zip(doc.pieces, doc.gaps[1:], strict=True):
         spans.append([at, at + len(piece)])
         at += len(piece) + len(gap)
-    tags = [t for _, t in unit.tags]
     offsets = [o for o, _ in unit.tags]
-    matched = pairs(tags)
-    changed = True
-    while changed:  # join the pieces a pair covers in part
-        changed = False
-        for a_i, b_i in matched.items():
-            a, b = offsets[a_i], offsets[b_i]
-            touched = [k for k, (s, e) in enumerate(spans) if a < e and b > s]
-            if touched and any(not (a <= spans[k][0] and b >= spans[k][1]) for k in touched) \
-                    and len(touched) > 1:
-                first, last = touched[0], touched[-1]
-                spans[first:last + 1] = [[spans[first][0], spans[last][1]]]
-                changed = True
-                break
-    owner = [owner_of(i, offsets, matched, spans) for i in range(len(tags))]
+    matched = pairs([t for _, t in unit.tags])
+    join_cut_pairs(spans, offsets, matched)
+    owner = [owner_of(i, offsets, matched, spans) for i in range(len(offsets))]
     for k, span in enumerate(spans):  # a sentence holds the spaces and tags between its tags
         mine = [i for i, o in enumerate(owner) if o == k]
         if mine:
-            for i in range(mine[0], mine[-1]):
-                owner[i] = k
+            owner[mine[0]:mine[-1]] = [k] * (mine[-1] - mine[0])
             span[0] = min(span[0], *(offsets[i] for i in mine))
             span[1] = max(span[1], *(offsets[i] for i in mine))
-    unit.sentences = [sentence_of(unit, k, s, e, owner, matched) for k, (s, e) in
-                      enumerate(spans)]
-    bounds = [0] + [x for s, e in spans for x in (s, e)] + [len(unit.text)]
+    unit.sentences = [sentence_of(unit, k, s, e, owner, matched)
+                      for k, (s, e) in enumerate(spans)]
+    bounds = [0, *(x for span in spans for x in span), len(unit.text)]
     unit.gaps = []
-    for k in range(len(spans) + 1):
-        lo, hi = bounds[2 * k], bounds[2 * k + 1]
-        items: list[str | Tag] = []
-        pos = lo
+    for k in range(len(spans) + 1):  # gap k: before piece k, with the tags no piece holds
+        pos, hi, items = bounds[2 * k], bounds[2 * k + 1], []
         for i, (o, tag) in enumerate(unit.tags):
             if owner[i] is None and gap_of(o, spans) == k:
                 items += [unit.text[pos:max(pos, o)], tag]
                 pos = max(pos, o)
-        items.append(unit.text[pos:hi])
-        unit.gaps.append([i for i in items if i != ""])
+        unit.gaps.append([i for i in [*items, unit.text[pos:hi]] if i != ""])
+
+
+def join_cut_pairs(spans: list[list[int]], offsets: list[int], matched: dict[int, int]
+                   ) -> None:
+    """Join (in place) the consecutive pieces a tag pair spans in part: its tags then lie
+    in one piece."""
+    changed = True
+    while changed:
+        changed = False
+        for open_, close in matched.items():
+            a, b = offsets[open_], offsets[close]
+            touched = [k for k, (s, e) in enumerate(spans) if a < e and b > s]
+            partly = any(not (a <= spans[k][0] and b >= spans[k][1]) for k in touched)
+            if len(touched) > 1 and partly:
+                first, last = touched[0], touched[-1]
+                spans[first:last + 1] = [[spans[first][0], spans[last][1]]]
+                changed = True
+                break
 
 
 def gap_of(offset: int, spans: list[list[int]]) -> int:
