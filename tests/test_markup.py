@@ -204,7 +204,7 @@ def test_a_tag_the_alignment_cannot_place_goes_around_its_sentence_with_a_warnin
              Aligned("Vier fuenf.", [], chars("Four five."), chars("Vier fuenf."))]
     (marked,), unplaced = put_back([doc], found)
     assert doc.join(marked) == "<b>Eins zwei drei.</b> <br/>Vier fuenf."  # the nearer end
-    assert unplaced == ["0: <b>", "0: <br/>"]
+    assert unplaced == [markup.Unplaced(0, "<b>"), markup.Unplaced(0, "<br/>")]
 
 
 def test_xml_tags_and_placeholders_in_plain_text():

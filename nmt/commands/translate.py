@@ -440,10 +440,9 @@ def marked_sentences(s: Session, docs: list[Document], src_ids: list[list[int]],
         [h[0].tokens for h in hyps], len(s.languages.source), s.languages.prefix,
         s.cfg.alignment_layer, s.cfg.search.max_tokens)
     marked, unplaced = put_back(docs, found)
-    for where in unplaced[:5]:
-        line, tag = where.split(": ", 1)
-        log(f"warning: {s.name}: line {first + int(line) + 1}: the alignment places none of "
-            f"the words of {tag}: it goes around its whole sentence")
+    for u in unplaced[:5]:
+        log(f"warning: {s.name}: line {first + u.doc + 1}: the alignment places none of the "
+            f"words of {u.tag}: it goes around its whole sentence")
     if len(unplaced) > 5:
         log(f"warning: {len(unplaced)} tags placed around their whole sentences in all")
     return [[t] for doc in marked for t in doc]

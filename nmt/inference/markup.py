@@ -8,8 +8,8 @@ in plain text (`<b>`, `</b>`, `<x id="1"/>`; placeholders such as `{0}` with pla
 Every tag is kept as written, byte for byte. HTML's block elements (p, div, li, h1-h6, td, br,
 ...) bound the units of text; inline tags inside a unit are taken out, and the unit's text is cut
 into sentences by the caller's splitter (nmt.inference.segment), never between the two tags of a
-pair. The text of script, style, code, var and of any element with translate="no" is never
-translated: the element goes back whole, as one void tag. Document.sentences are what the model
+pair. The text of script, style, code, var, kbd, samp and of any element with translate="no"
+is never translated: the element goes back whole, as one void tag. Document.sentences are what the model
 translates (plain text, HTML's entities decoded).
 
 `restore` puts a sentence's tags into its translation: a pair of tags around the target words
@@ -430,10 +430,18 @@ class Aligned:
     tgt_spans: list[tuple[int, int]]  # each target piece's characters in the translation
 
 
-def put_back(docs: list[Document], found: list[Aligned]) -> tuple[list[list[str]], list[str]]:
+@dataclass(frozen=True)
+class Unplaced:
+    """A tag the alignment could not place (put around its whole sentence instead)."""
+
+    doc: int  # the document's index
+    tag: str  # the tag as written
+
+
+def put_back(docs: list[Document], found: list[Aligned]
+             ) -> tuple[list[list[str]], list[Unplaced]]:
     """Per document, its sentences' translations with their tags back (restore's; `found`:
-    each sentence's, in order), and the tags that went around whole sentences, each
-    "doc i: TAG"."""
+    each sentence's, in order), and the tags that went around whole sentences."""
     it = iter(found)
     out, unplaced = [], []
     for i, doc in enumerate(docs):
@@ -442,7 +450,7 @@ def put_back(docs: list[Document], found: list[Aligned]) -> tuple[list[list[str]
             a = next(it)
             r = restore(sentence, a.target, a.links, a.src_spans, a.tgt_spans, doc.escape)
             mine.append(r.text)
-            unplaced += [f"{i}: {tag}" for tag in r.unplaced]
+            unplaced += [Unplaced(i, tag) for tag in r.unplaced]
         out.append(mine)
     return out, unplaced
 

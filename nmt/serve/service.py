@@ -278,18 +278,18 @@ class Service:
             raise ApiError(422, "markup", "not with a glossary or keep list (this server's or "
                                           "the request's) yet")
 
-    async def marked(self, req: TranslateRequest, docs: list[Document], ids: list[list[int]],
-                     choice: LanguageChoice, nbest: list[list[Hypothesis]]) -> list[str]:
+    async def marked(self, docs: list[Document], ids: list[list[int]], choice: LanguageChoice,
+                     nbest: list[list[Hypothesis]]) -> list[str]:
         """markup: each piece's best translation with its tags back, by the alignment
         (nmt.inference.markup); each tag it cannot place is logged."""
         found = await asyncio.to_thread(
             sentence_alignments, self.translator, [p for doc in docs for p in doc.pieces], ids,
-            [hyps[0].tokens for hyps in nbest], len(choice.source), choice.prefix)
+            [hyps[0].tokens for hyps in nbest], len(choice.source), choice.prefix,
+            max_tokens=self.cfg.search.max_tokens)
         marked, unplaced = put_back(docs, found)
-        for where in unplaced:
-            i, tag = where.split(": ", 1)
-            log(f"warning: text[{i}]: the alignment places none of the words of {tag}: it "
-                f"goes around its whole sentence")
+        for u in unplaced:
+            log(f"warning: text[{u.doc}]: the alignment places none of the words of {u.tag}: "
+                f"it goes around its whole sentence")
         return [t for doc in marked for t in doc]
 
     async def translate(self, req: TranslateRequest) -> TranslateResponse:
@@ -342,7 +342,7 @@ class Service:
         parts = [self._translation(hyps, len(f) > limit, search.nbest, a, ts, combine)
                  for hyps, f, a, ts in zip(nbest, full, maps, terms, strict=True)]
         if req.markup != "none":
-            texts = await self.marked(req, docs, ids, choice, nbest)
+            texts = await self.marked(docs, ids, choice, nbest)
             parts = [p.model_copy(update={"text": t}) for p, t in zip(parts, texts, strict=True)]
         parts = iter(parts)
         return TranslateResponse(translations=[
