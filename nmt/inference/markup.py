@@ -9,8 +9,8 @@ Every tag is kept as written, byte for byte. HTML's block elements (p, div, li, 
 ...) bound the units of text; inline tags inside a unit are taken out, and the unit's text is cut
 into sentences by the caller's splitter (nmt.inference.segment), never between the two tags of a
 pair. The text of script, style, code, var, kbd, samp and of any element with translate="no"
-is never translated: the element goes back whole, as one void tag. Document.sentences are what the model
-translates (plain text, HTML's entities decoded).
+is never translated: the element goes back whole, as one void tag. Document.sentences are what
+the model translates (plain text, HTML's entities decoded).
 
 `restore` puts a sentence's tags into its translation: a pair of tags around the target words
 aligned to the source words between them (the model's alignment: links between SentencePiece
