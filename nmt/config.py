@@ -10,6 +10,7 @@ dataclasses, which runs every `__post_init__` check exactly once.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 from nmt.config_errors import explain, extra_keys, unknown_key
 from nmt.errors import ConfigError
 from nmt.inference.capabilities import ENGINES
+from nmt.inference.markup import KINDS as MARKUP_KINDS
 from nmt.inference.segment import MODES, sentence_splitter
 from nmt.inference.words import COMBINES
 
@@ -587,6 +589,8 @@ class TranslateConfig:
     ct2_model: str = ""  # engine=ctranslate2: the export's folder ("": CHECKPOINT.ct2/ beside it)
     split: str = "none"  # none: a line is a segment; sentence|paragraph: pieces (segment.py)
     split_lang: str = ""  # split=sentence: the source language, ISO 639 (""; the checkpoint's)
+    markup: str = "none"  # html|xml: each line's tags kept inside whole sentences (markup.py)
+    placeholders: bool = False  # markup=xml: {0}-style placeholders are void tags too
     # A multilingual checkpoint's languages (nmt.data.languages): names it records, e.g. de,
     # deu_Latn
     src_lang: str = ""  # the language of the input (M2M100, NLLB-200 need it); "": none
@@ -623,6 +627,7 @@ class TranslateConfig:
                f"must be {' or '.join(COMBINES)}, got {self.word_combine!r}")
         _check_engine(self, len(self.checkpoints))
         _check_split(self)
+        _check_markup(self)
         _check_choice(self)
 
 
@@ -639,6 +644,30 @@ def _check_split(cfg: TranslateConfig) -> None:
                     ("alignment", cfg.alignment), ("attention_plot", cfg.attention_plot)):
         _check(not on, key, f"is per segment: needs split=none (split={cfg.split} translates "
                f"the pieces of a line apart)")
+
+
+def _check_markup(cfg: TranslateConfig) -> None:
+    """markup and placeholders; the tags go back by the alignment of one translation of a
+    whole line's sentences (nmt.inference.markup)."""
+    _check(cfg.markup in MARKUP_KINDS, "markup",
+           f"must be {', '.join(MARKUP_KINDS)}, got {cfg.markup!r}")
+    _check(not cfg.placeholders or cfg.markup == "xml", "placeholders", "needs markup=xml")
+    if cfg.markup == "none":
+        return
+    ENGINES[cfg.engine].check("markup")
+    check_markup_installed()
+    for key, on in (("search.nbest", cfg.search.nbest > 1), ("prefix", cfg.prefix),
+                    ("score_reference", cfg.score_reference), ("constraints", cfg.constraints),
+                    ("glossary", cfg.glossary), ("keep", cfg.keep),
+                    ("alignment", cfg.alignment), ("attention_plot", cfg.attention_plot)):
+        _check(not on, key, f"not with markup={cfg.markup} (its tags go back into one "
+               f"translation of each line's sentences)")
+
+
+def check_markup_installed() -> None:
+    """markup= reads SentencePiece's piece offsets, which need protobuf: a one-line error."""
+    _check(importlib.util.find_spec("google.protobuf") is not None, "markup",
+           "needs protobuf (SentencePiece's piece offsets): pip install 'nmt[markup]'")
 
 
 def check_split_lang(lang: str) -> None:

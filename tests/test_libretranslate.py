@@ -5,9 +5,11 @@ real libretranslatepy client and curl against an nmt-serve process on the loopba
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import html
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -22,7 +24,7 @@ pytest.importorskip("fastapi")
 from test_serve import InProcess, Server  # noqa: E402
 
 from nmt.serve import libretranslate  # noqa: E402
-from nmt.serve.libretranslate import html_pieces, translate_html, translate_plain  # noqa: E402
+from nmt.serve.libretranslate import translate_html, translate_plain  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
@@ -49,18 +51,7 @@ def form(srv, path: str, **fields):
     return status, body
 
 
-def test_html_pieces_are_the_text_between_tags_and_the_markup_is_the_gaps():
-    markup = ('<p class="a>b">Open the <b>file</b> &amp; save it.</p>\n<!-- <i>x</i> -->'
-              '<script>var s = "<b>no</b>";</script><style>p {}</style> Quit. ')
-    doc = html_pieces(markup)
-    assert doc.pieces == ["Open the", "file", "&amp; save it.", "Quit."]
-    assert doc.join(doc.pieces) == markup
-    assert doc.gaps[0] == '<p class="a>b">' and doc.gaps[-1] == " "
-
-
-def test_html_text_that_shows_as_spaces_is_markup_not_a_piece(libre):
-    doc = html_pieces("<td>&nbsp;</td><td> &#32;&nbsp; </td><td>Open&nbsp;it</td>")
-    assert doc.pieces == ["Open&nbsp;it"]
+def test_html_is_nmts_markup_html_and_text_that_shows_as_spaces_stays(libre):
     status, body = form(libre, "/translate", q="<td>&nbsp;</td><td>Open the file.</td>",
                         source="en", target="de", format="html")
     want = libre.translate(["Open the file."])[0]["text"]
@@ -78,8 +69,8 @@ def test_html_and_blank_texts_keep_their_markup_and_spaces():
 
     html = '<p>open  the\n file &amp; <a href="x">go</a></p><br>'
     out = asyncio.run(translate_html([html, "  "], translate))
-    assert asked == [(["open the file &", "go"], {})]  # entities decoded, spaces collapsed
-    assert out == ['<p>&lt;OPEN THE FILE &amp;&gt; <a href="x">&lt;GO&gt;</a></p><br>', "  "]
+    assert asked == [([html], {"markup": "html"})]  # nmt's API puts the tags back
+    assert out == [f"<{html.upper()}>", "  "]
     out = asyncio.run(translate_plain(["open it", " "], translate, 2, 4))
     assert out == [("<OPEN IT>", ["open it"] * 2), (" ", [])]
     assert asked[-1] == (["open it"], {"nbest": 3, "beam_size": 4})
@@ -116,10 +107,11 @@ def test_languages_and_html(libre):
         status, _, body = libre.call("GET", path)
         assert (status, body) == (200, [{"code": "en", "name": "English", "targets": ["de"]},
                                         {"code": "de", "name": "German", "targets": []}])
-    status, body = form(libre, "/translate", q="<p>Open the <b>file</b>.</p>", source="en",
-                        target="de", format="html")
-    a, b, c = (t["text"] for t in libre.translate(["Open the", "file", "."]))
-    assert (status, body) == (200, {"translatedText": f"<p>{a} <b>{b}</b>{c}</p>"})
+    q = '<p>Open the <b class="x">file</b>.</p>'
+    status, body = form(libre, "/translate", q=q, source="en", target="de", format="html")
+    (want,) = libre.translate([q], markup="html")  # nmt's own API, markup=html
+    assert (status, body) == (200, {"translatedText": want["text"]})
+    assert want["text"].count('<b class="x">') == want["text"].count("</b>") == 1
 
 
 def test_alternatives_are_the_rest_of_the_n_best_list(libre):
@@ -255,17 +247,6 @@ def test_a_checkpoint_that_records_its_pair_serves_libretranslate_untold(ckpt, t
         assert srv.call("GET", "/health")[2]["split"] == "sentence"
     finally:
         srv.stop()
-
-
-def test_html_tags_follow_htmls_rule_and_pre_keeps_its_lines():
-    """"a < b" is text (a tag starts with a letter, / and a letter, ! or ?); a tag left open
-    at the end is markup, not text; inside <pre> each line is a piece and the breaks stay."""
-    assert html_pieces("a < b and c > d").pieces == ["a < b and c > d"]
-    doc = html_pieces("<p>x</p")
-    assert doc.pieces == ["x"] and doc.gaps == ["<p>", "</p"]
-    doc = html_pieces("<pre>  line1\n  line2</pre><p>a\n b</p>")
-    assert doc.pieces == ["line1", "line2", "a\n b"]
-    assert doc.gaps == ["<pre>  ", "\n  ", "</pre><p>", "</p>"]
 
 
 def test_html_markup_comes_back_as_written(libre):
@@ -424,3 +405,51 @@ def test_curl(server):
         200, {"translatedText": [t["text"] for t in own]})
     assert curl(f"{url}/translate", "-d", "q=Quit.&source=en") == (
         400, {"error": "Invalid request: missing target parameter"})
+
+
+def test_a_debian_faq_page_translates_end_to_end_as_html(ckpt):
+    """A real page (tests/data/debian_faq_kernel.en.html, Debian's debian-faq; its licence
+    beside it) through LibreTranslate's API with format=html, as a plain HTTP POST: the same
+    tags with the same attributes, well-formed, its style and code untouched."""
+    from collections import Counter
+
+    from test_markup import OPAQUE, TAG, well_formed
+
+    page = (Path(__file__).parent / "data" / "debian_faq_kernel.en.html").read_text()
+    srv = InProcess(ckpt, "src_lang=en", "tgt_lang=de", "max_chars=20000",
+                    "max_sentences=1000", "max_queued=1000")
+    try:
+        status, _, body = srv.call("POST", "/translate", {"q": page, "source": "en",
+                                                          "target": "de", "format": "html"})
+    finally:
+        srv.stop()
+    assert status == 200
+    out = body["translatedText"]
+    assert well_formed(page) and well_formed(out)
+    assert Counter(TAG.findall(OPAQUE.sub("", out))) == Counter(TAG.findall(OPAQUE.sub("", page)))
+    def untranslated(text: str) -> list[str]:
+        return [m.group() for m in re.finditer(r"<(style|code)\b.*?</\1>", text, re.S)]
+    assert len(untranslated(page)) >= 10 and untranslated(out) == untranslated(page)
+    assert out != page  # its text translated
+
+
+def test_nmts_own_api_keeps_markup_and_an_engine_without_attention_refuses_it(libre):
+    text = 'Open <x id="1"/> the <b>file</b> {0} now.'
+    (got,) = libre.translate([text], markup="xml", placeholders=True)
+    assert sorted(re.findall(r"<[^>]*>|\{0\}", got["text"])) == sorted(
+        ['<x id="1"/>', "<b>", "</b>", "{0}"])
+    status, _, body = libre.call("POST", "/translate", {"text": ["<b>x</b>"], "markup": "html",
+                                                        "nbest": 2, "beam_size": 2})
+    assert status == 422 and body["field"] == "nbest"
+    translator = libre.service.translator
+    saved = translator.capabilities
+    translator.capabilities = dataclasses.replace(saved, engine="ctranslate2", attention=False)
+    try:
+        status, _, body = libre.call("POST", "/translate", {"text": [text], "markup": "xml"})
+        assert (status, body["field"]) == (422, "markup")
+        assert form(libre, "/translate", q="<p>Open it.</p>", source="en", target="de",
+                    format="html") == (400, {"error": "Invalid request: markup: engine="
+                                                      "ctranslate2 does not return attention; "
+                                                      "use engine=nmt"})
+    finally:
+        translator.capabilities = saved

@@ -968,7 +968,7 @@ def test_the_openapi_page_documents_the_api(server):
             "sampling", "top_k", "top_p", "epsilon", "temperature", "seed",
             "no_repeat_ngram_size", "mbr_candidates", "mbr_utility", "mbr_aggregate", "prefix",
             "constraints", "glossary", "keep", "attention", "word_scores", "word_combine",
-            "split", "tgt_lang", "src_lang"} == set(request)
+            "split", "markup", "placeholders", "tgt_lang", "src_lang"} == set(request)
     assert all(p.get("description") for p in request.values())
     assert set(spec["paths"]["/translate"]["post"]["responses"]) >= {"200", "413", "422", "500",
                                                                      "503"}

@@ -17,7 +17,9 @@ fourth ` ||| ` field of an n-best line. word_scores=true adds, after them, each 
 its probability (`word|0.9312 ...`, nmt.inference.words). split=sentence|paragraph translates
 each line's sentences (or the line, cut to fit the model) apart, in the same batches as all other
 pieces, and puts the translations back in the line with the spaces between them
-(nmt.inference.segment). mbr.candidates=N or rerank.model=CKPT write, of each line's (or
+(nmt.inference.segment). markup=html|xml reads each line as a document: its inline tags taken out,
+its sentences translated whole and each tag put back where the alignment puts its words
+(nmt.inference.markup). mbr.candidates=N or rerank.model=CKPT write, of each line's (or
 piece's) candidates, the one chosen by minimum Bayes risk or by reranking (nmt.inference.rerank).
 """
 
@@ -41,10 +43,11 @@ from nmt.data.languages import LanguageChoice, choose, recorded_pair
 from nmt.data.tokenizer import Tokenizer
 from nmt.data.vocab import Vocab
 from nmt.errors import ConfigError, NmtError
-from nmt.inference.align import align, check_layer, pharaoh
+from nmt.inference.align import align, check_layer, pharaoh, sentence_alignments
 from nmt.inference.constrained import missing_phrases
 from nmt.inference.engine import Engine, check_vocab, open_translator
 from nmt.inference.glossary import Glossary, with_terms
+from nmt.inference.markup import Document, parse, put_back
 from nmt.inference.messages import Hypothesis
 from nmt.inference.rerank import Chooser
 from nmt.inference.scoring import score
@@ -235,7 +238,7 @@ def open_session(cfg: TranslateConfig) -> Session:
     try:
         if cfg.vocab_check:
             check_vocab(translator, cfg.vocab_check, cfg.checkpoints[0])
-        if cfg.alignment:
+        if cfg.alignment or cfg.markup != "none":
             check_layer(translator, cfg.alignment_layer)
         languages = choose(translator.vocab, cfg.src_lang, cfg.tgt_lang, cfg.checkpoints[0])
         check_languages(cfg, languages)
@@ -381,6 +384,8 @@ def process(s: Session, lines: list[str], first: int, interactive: bool = False)
     if terms is not None:  # each term's exact text back
         texts = [[Glossary.restore(t, ts) for t in tl] for tl, ts in zip(texts, terms,
                                                                         strict=True)]
+    if cfg.markup != "none":  # the tags back into each sentence's translation
+        texts = marked_sentences(s, docs, src_ids, hyps, first)
     if docs is not None:
         hyps, texts = line_translations(docs, hyps, texts)
         links = [None] * len(hyps)  # alignment=true needs split=none
@@ -409,20 +414,41 @@ def word_columns(s: Session, hyps: list[Hypothesis]) -> list[str] | None:
 
 
 def split_lines(s: Session, lines: list[str]
-                ) -> tuple[list[Segmented] | None, list[str], list[int]]:
-    """split=sentence|paragraph: each line's pieces (none over s.limit source tokens), the
-    pieces of all lines in order, and the sampling stream of each
-    (nmt.inference.segment.sample_stream: piece 0 of line i is i); split=none: None, the lines,
-    0..n-1."""
-    if s.cfg.split == "none":
+                ) -> tuple[list[Segmented | Document] | None, list[str], list[int]]:
+    """split=sentence|paragraph or markup=html|xml: each line's pieces (none over s.limit
+    source tokens; markup: the sentences of its text, nmt.inference.markup), the pieces of all
+    lines in order, and the sampling stream of each (nmt.inference.segment.sample_stream:
+    piece 0 of line i is i); split=none without markup: None, the lines, 0..n-1."""
+    cfg, tok = s.cfg, s.translator.src_tok
+    if cfg.split == "none" and cfg.markup == "none":
         return None, lines, list(range(len(lines)))
-    docs = [split_for(s.translator.src_tok, line, s.cfg.split, s.splitter, s.limit)
-            for line in lines]
+    if cfg.markup != "none":
+        docs = [parse(line, cfg.markup, cfg.placeholders).cut(
+            lambda text: split_for(tok, text, cfg.split, s.splitter, s.limit)) for line in lines]
+    else:
+        docs = [split_for(tok, line, cfg.split, s.splitter, s.limit) for line in lines]
     return (docs, [piece for doc in docs for piece in doc.pieces],
             [sample_stream(i, k) for i, doc in enumerate(docs) for k in range(len(doc.pieces))])
 
 
-def line_translations(docs: list[Segmented], hyps: list[list[Hypothesis]],
+def marked_sentences(s: Session, docs: list[Document], src_ids: list[list[int]],
+                     hyps: list[list[Hypothesis]], first: int) -> list[list[str]]:
+    """markup=: each sentence's best translation with its tags put back by the alignment
+    (nmt.inference.markup); a warning names each tag the alignment could not place."""
+    found = sentence_alignments(
+        s.translator, [p for doc in docs for p in doc.pieces], src_ids,
+        [h[0].tokens for h in hyps], len(s.languages.source), s.languages.prefix,
+        s.cfg.alignment_layer, s.cfg.search.max_tokens)
+    marked, unplaced = put_back(docs, found)
+    for u in unplaced[:5]:
+        log(f"warning: {s.name}: line {first + u.doc + 1}: the alignment places none of the "
+            f"words of {u.tag}: it goes around its whole sentence")
+    if len(unplaced) > 5:
+        log(f"warning: {len(unplaced)} tags placed around their whole sentences in all")
+    return [[t] for doc in marked for t in doc]
+
+
+def line_translations(docs: list[Segmented | Document], hyps: list[list[Hypothesis]],
                       texts: list[list[str]]) -> tuple[list[list[Hypothesis]], list[list[str]]]:
     """The best translations of the pieces of all lines -> per line, its text with the
     translations in place of the pieces, and one hypothesis: their tokens (and each token's

@@ -165,6 +165,18 @@ class Tokenizer:
         drop = set(self.specials)
         return self.sp.decode([[i for i in seq if i not in drop] for seq in ids])
 
+    def spans(self, text: str) -> list[tuple[int, int]]:
+        """Where each piece of `text`'s encoding (encode's ids) lies in it: characters
+        [start, end), spaces left out (SentencePiece's surface offsets; protobuf needed)."""
+        proto = self.sp.encode(text, return_type="proto")
+        return char_spans(text, [(p.begin, p.end) for p in proto.pieces])
+
+    def decode_spans(self, ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
+        """decode's text of one id list (no BOS/EOS) and where each id's piece lies in it, as
+        spans' (protobuf needed)."""
+        proto = self.sp.decode(ids, return_type="proto")
+        return proto.text, char_spans(proto.text, [(p.begin, p.end) for p in proto.pieces])
+
     def pieces(self, ids: list[int]) -> list[str]:
         """Subword ids -> their pieces, for display."""
         return [self.sp.id_to_piece(i) for i in ids]
@@ -173,6 +185,25 @@ class Tokenizer:
         """The vocabulary as SentencePiece's .vocab file has it: `piece<TAB>score` a line."""
         return "".join(f"{self.sp.id_to_piece(i)}\t{self.sp.get_score(i):g}\n"
                        for i in range(self.vocab_size))
+
+
+def char_spans(text: str, byte_spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """UTF-8 byte spans of `text` as character spans, the spaces at their ends left out."""
+    at, starts = 0, [0] * (len(text.encode()) + 1)  # byte offset -> character offset
+    for i, ch in enumerate(text):
+        n = len(ch.encode("utf-8", "surrogatepass"))
+        starts[at:at + n] = [i] * n
+        at += n
+    starts[at:] = [len(text)] * (len(starts) - at)
+    out = []
+    for b, e in byte_spans:
+        s, t = starts[min(b, at)], starts[min(e, at)]
+        while s < t and text[s].isspace():
+            s += 1
+        while t > s and text[t - 1].isspace():
+            t -= 1
+        out.append((s, t))
+    return out
 
 
 def vocab_sha256(src_proto: bytes, tgt_proto: bytes) -> str:

@@ -13,6 +13,7 @@ from nmt.config import SearchConfig
 from nmt.errors import NmtError
 from nmt.inference.batches import plan_batches
 from nmt.inference.engine import Engine
+from nmt.inference.markup import Aligned
 from nmt.inference.messages import Sentence
 
 
@@ -52,3 +53,22 @@ def align(engine: Engine, src_ids: list[list[int]], out_ids: list[list[int]],
 def pharaoh(links: list[tuple[int, int]]) -> str:
     """Links in Pharaoh format: `i-j` (source piece i, target piece j) separated by spaces."""
     return " ".join(f"{i}-{j}" for i, j in links)
+
+
+def sentence_alignments(engine: Engine, texts: list[str], src_ids: list[list[int]],
+                        out_ids: list[list[int]], source_tokens: int = 0,
+                        prefix: tuple[int, ...] = (), layer: int = -1, max_tokens: int = 4096
+                        ) -> list[Aligned]:
+    """markup=: each translated sentence's text, piece links and pieces' characters
+    (nmt.inference.markup.restore's inputs). src_ids: as decoded (the language tokens first,
+    `source_tokens` of them, truncated); out_ids: the outputs without the forced `prefix`,
+    which is put back to align and its links dropped, as the source's language tokens'."""
+    links = align(engine, src_ids, [[*prefix, *o] for o in out_ids], layer, max_tokens)
+    out = []
+    for text, src, ids, found in zip(texts, src_ids, out_ids, links, strict=True):
+        target, tgt_spans = engine.tgt_tok.decode_spans(ids)
+        kept = [(j - source_tokens, t - len(prefix)) for j, t in found
+                if j >= source_tokens and t >= len(prefix)]  # language tokens: no words
+        out.append(Aligned(target, kept, engine.src_tok.spans(text)[:len(src) - source_tokens],
+                           tgt_spans))
+    return out

@@ -14,7 +14,7 @@ from nmt.errors import ConfigError
 
 # the keys that use a feature (nmt-translate's, nmt-serve's and its requests') -> the feature
 FEATURES = {"checkpoint": "ensembles", "constraints": "constraints", "glossary": "constraints",
-            "keep": "constraints", "alignment": "attention",
+            "keep": "constraints", "alignment": "attention", "markup": "attention",
             "attention_plot": "attention", "attention": "attention", "continuous": "continuous",
             "sampling": "sentence_seeds", "search.sampling": "sentence_seeds",
             "word_scores": "token_scores"}

@@ -151,7 +151,7 @@ async def _invalid_request(request: Request, exc: RequestValidationError) -> JSO
     message = first.get("msg", "invalid").removeprefix("Value error, ")
     if first.get("type") == "extra_forbidden":
         known = ", ".join(SEARCH_FIELDS + MBR_FIELDS + SENTENCE_FIELDS)
-        message = f"unknown field (known: text, {known}, attention, split)"
+        message = f"unknown field (known: text, {known}, attention, split, markup)"
     elif field == "body":
         message = ('must be a JSON object like {"text": ["..."]}, sent with Content-Type: '
                    'application/json')
@@ -201,7 +201,8 @@ def create_app(service: Service) -> FastAPI:
     app.add_exception_handler(Exception, _server_error)
     # LibreTranslate's API, inside BodyLimit: its requests are bounded too
     libretranslate.install(app, service.cfg, lambda texts, **search: service.translate(
-        TranslateRequest(text=texts, **search)), service.libre, service.keys)
+        TranslateRequest.model_validate({"text": texts, **search}, context={
+            "markup": search.get("markup", "none") != "none"})), service.libre, service.keys)
     # A character costs up to 12 bytes (JSON's surrogate pair escapes; a form's urlencoded
     # UTF-8: 9 for CJK), so that max_chars, not the body, limits a request.
     limit = 12 * service.cfg.max_chars + 100 * service.cfg.max_sentences + 4096

@@ -11,8 +11,9 @@ at the top as well.
 POST translate takes q (a string, or a list of strings in JSON), source and target (any two
 of a multilingual model's languages, nmt's src_lang and tgt_lang per request; for a bilingual
 model the server's src_lang and tgt_lang; source=auto needs the language identifier py3langid,
-the `langid` extra, and picks among those languages), format (text, or html: the markup is
-kept byte for byte and the text between tags, not inside script or style, translated) and
+the `langid` extra, and picks among those languages), format (text, or html: nmt's markup=html,
+whole sentences translated with their inline tags put back where the alignment puts their
+words, every tag kept byte for byte, script, style and code untranslated) and
 answers {"translatedText": ...} (a string or a list, as q), with {"detectedLanguage":
 {"confidence", "language"}} for source=auto and {"alternatives": [...]} when asked for (the
 rest of a text's n-best list). nmt's own fields glossary (a JSON object, or the lines of a
@@ -26,10 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import html
 import importlib.util
 import json
-import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -40,7 +39,6 @@ from pydantic import ValidationError
 from nmt.config import ServeConfig
 from nmt.errors import NmtError
 from nmt.inference.glossary import index, is_comment, read_glossary
-from nmt.inference.segment import Segmented, trim
 from nmt.serve import langid_codes
 from nmt.serve.api_keys import ApiKeys
 from nmt.serve.errors import ApiError
@@ -48,13 +46,6 @@ from nmt.serve.errors import ApiError
 PREFIX = "/libretranslate"
 FORMS = ("application/x-www-form-urlencoded", "multipart/form-data")
 LANGID_EXTRA = "pip install 'nmt[langid]'"
-# A comment, or a tag: "<" then a letter, "/" and a letter, "!" or "?" (HTML's rule: "a < b" is
-# text); a ">" inside a quoted attribute value does not end it, a "<" outside one is not in it;
-# one left open runs to the end, as in a browser. Linear time on any text.
-TAG = re.compile(r"(<!--.*?(?:-->|\Z)|<(?:/?[A-Za-z]|[!?])(?:[^<>\"']|\"[^\"]*\"|'[^']*')*"
-                 r"(?:>|\Z))", re.S)
-RAW = re.compile(r"<(/?)(script|style)\b", re.I)  # elements whose content is not text
-PRE = re.compile(r"<(/?)(pre|textarea)\b", re.I)  # elements whose spaces and breaks show
 NAMES = {  # LibreTranslate's names of the languages it knows best; other codes are their name
     "ar": "Arabic", "cs": "Czech", "da": "Danish", "de": "German", "el": "Greek",
     "en": "English", "es": "Spanish", "et": "Estonian", "fi": "Finnish", "fr": "French",
@@ -273,40 +264,14 @@ def glossary_fields(fields: dict) -> dict:
 
 
 # ----------------------------------------------------------------------------- translation
-def html_pieces(markup: str) -> Segmented:
-    """The text of HTML markup as pieces (each run of text between tags, outside script and
-    style, without the spaces around it; inside pre and textarea each line); tags, comments,
-    spaces, line breaks and text that shows as spaces only (e.g. &nbsp;) are the gaps."""
-    parts = TAG.split(markup)  # text, tag, text, ..., text
-    chunks, gap = [], []  # the markup cut finer: text inside pre at its line breaks
-    raw = pre = False
-    for i, part in enumerate(parts):
-        if i % 2:  # a tag
-            m, p = RAW.match(part), PRE.match(part)
-            raw = not m.group(1) if m else raw
-            pre = not p.group(1) if p else pre
-            chunks.append(part)
-            gap.append(True)
-            continue
-        lines = re.split(r"(\n)", part) if pre and not raw else [part]
-        chunks += lines
-        gap += [raw or not shown(line) for line in lines]
-    return trim(chunks, lambda i, chunk: gap[i])
-
-
-def shown(text: str) -> str:
-    """HTML text as a browser shows it: entities decoded, spaces collapsed."""
-    return " ".join(html.unescape(text).split())
-
-
 async def translate_html(texts: list[str], translate: Translate) -> list[str]:
-    """Each HTML text with the text between its tags translated through nmt's API (entities
-    decoded and spaces collapsed, as a browser shows it), the markup kept as it is."""
-    docs = [html_pieces(t) for t in texts]
-    sources = [shown(p) for doc in docs for p in doc.pieces]
-    answer = await translate(sources) if sources else None
-    out = iter([html.escape(t.text, quote=False) for t in answer.translations] if answer else [])
-    return [doc.join([next(out) for _ in doc.pieces]) for doc in docs]
+    """Each HTML text translated through nmt's API with markup=html (nmt.inference.markup:
+    whole sentences translated, the tags put back by the alignment, the markup as written);
+    a blank text comes back as it is."""
+    mine = [t for t in texts if t.strip()]
+    answer = await translate(mine, markup="html") if mine else None
+    found = iter(answer.translations if answer else [])
+    return [next(found).text if t.strip() else t for t in texts]
 
 
 async def translate_plain(texts: list[str], translate: Translate, alternatives: int,

@@ -8,8 +8,9 @@ import dataclasses
 import typing
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, create_model
 
+from nmt.inference.markup import KINDS
 from nmt.inference.segment import MODES
 from nmt.inference.words import COMBINES
 from nmt.serve.batcher import BatchStats
@@ -21,15 +22,23 @@ MBR_FIELDS = ("mbr_candidates", "mbr_utility", "mbr_aggregate")  # MbrConfig's, 
 SENTENCE_FIELDS = ("prefix", "constraints")  # per sentence
 
 
-def _check_sentence(text: str) -> str:
-    """A sentence must hold something to translate and be valid Unicode (no lone surrogates)."""
+def _check_sentence(text: str, info: ValidationInfo) -> str:
+    """A sentence must hold something to translate and be valid Unicode (no lone surrogates;
+    validated with context {"markup": True}, LibreTranslate's HTML, its markup may hold them:
+    its sentences are checked once cut, check_unicode)."""
     if not text.strip():
         raise ValueError("must not be empty or only whitespace")
+    if not (info.context or {}).get("markup"):
+        check_unicode(text)
+    return text
+
+
+def check_unicode(text: str) -> None:
+    """A ValueError for a lone surrogate, saying where."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
         raise ValueError(f"is not valid Unicode (lone surrogate at character {e.start})") from None
-    return text
 
 
 SourceText = Annotated[str, AfterValidator(_check_sentence)]
@@ -110,6 +119,13 @@ class TranslateRequest(BaseModel):
         "How each text is cut before it is translated (the server's default: GET /health): "
         "none, sentence, or paragraph (at its line breaks); the pieces' translations go back "
         "in place of the pieces, between the text's own spaces and line breaks."))
+    markup: Literal[KINDS] = Field("none", description=(
+        "html or xml: each text's tags are kept inside whole sentences (nmt-translate's "
+        "markup=): taken out, the sentences translated, each tag put back around the words "
+        "aligned to its words; the text of script, style, code and translate=\"no\" "
+        "elements is not translated (engine=nmt)."))
+    placeholders: bool = Field(False, description=(
+        "markup=xml: {0}-style placeholders are void tags too."))
     word_scores: bool = Field(False, description=(
         "Also return each best translation's words with their probabilities (nmt-translate's "
         "word_scores=true; engine=nmt)."))

@@ -11,12 +11,14 @@ import math
 import sys
 from dataclasses import asdict, replace
 
-from nmt.config import RerankConfig, SearchConfig, ServeConfig
+from nmt.config import RerankConfig, SearchConfig, ServeConfig, check_markup_installed
 from nmt.data.languages import LanguageChoice, choose, language_id, recorded_pair
 from nmt.errors import ConfigError, NmtError
+from nmt.inference.align import sentence_alignments
 from nmt.inference.core import use_beams
 from nmt.inference.engine import Engine
 from nmt.inference.glossary import Glossary, Term, request_entries, with_terms
+from nmt.inference.markup import Document, parse, put_back
 from nmt.inference.messages import Hypothesis, Sentence
 from nmt.inference.rerank import Chooser
 from nmt.inference.segment import Segmented, rejoin, sample_stream, sentence_splitter, split_for
@@ -40,6 +42,7 @@ from nmt.serve.schemas import (
     TranslateRequest,
     TranslateResponse,
     Translation,
+    check_unicode,
 )
 
 PROG = "nmt-serve"
@@ -232,7 +235,8 @@ class Service:
             raise ApiError(413, "text", f"{pieces} {what}; this server takes at most "
                                         f"{self.cfg.max_sentences} per request (max_sentences)")
 
-    def segment(self, req: TranslateRequest, limit: int) -> tuple[str, list[Segmented]]:
+    def segment(self, req: TranslateRequest, limit: int
+                ) -> tuple[str, list[Segmented | Document]]:
         """The request's split mode and its texts cut into pieces (nmt.inference.segment: none over
         `limit` tokens, max_input less the request's language token, unless split=none), in
         the request's src_lang (a forced-token model's) or the server's."""
@@ -243,8 +247,50 @@ class Service:
         if split == "sentence" and splitter is None:
             raise ApiError(422, "split", "sentence needs the source language, which the "
                                          "model does not record (nmt-serve src_lang=...)")
-        return split, [split_for(self.translator.src_tok, text, split, splitter, limit)
-                       for text in req.text]
+        tok = self.translator.src_tok
+        if req.markup == "none":
+            return split, [split_for(tok, text, split, splitter, limit) for text in req.text]
+        self.check_markup(req)
+        docs = [parse(text, req.markup, req.placeholders).cut(
+            lambda unit: split_for(tok, unit, split, splitter, limit)) for text in req.text]
+        for i, doc in enumerate(docs):  # a lone surrogate: allowed in LibreTranslate's tags only
+            for piece in doc.pieces:
+                try:
+                    check_unicode(piece)
+                except ValueError as e:
+                    raise ApiError(422, f"text[{i}]", str(e)) from None
+        return split, docs
+
+    def check_markup(self, req: TranslateRequest) -> None:
+        """markup: an engine with attention, protobuf, one translation per text, no glossary
+        (the tags go back into each sentence's best translation as decoded)."""
+        self.check_engine("markup", True)
+        try:
+            check_markup_installed()
+        except ConfigError as e:
+            raise ApiError(500, "markup", str(e).split(": ", 1)[1]) from None
+        if req.placeholders and req.markup != "xml":
+            raise ApiError(422, "placeholders", "needs markup=xml")
+        if (req.nbest or 1) > 1:
+            raise ApiError(422, "nbest", f"not with markup={req.markup}: its tags go back into "
+                                         f"one translation")
+        if self.glossary_of(req) is not None:
+            raise ApiError(422, "markup", "not with a glossary or keep list (this server's or "
+                                          "the request's) yet")
+
+    async def marked(self, docs: list[Document], ids: list[list[int]], choice: LanguageChoice,
+                     nbest: list[list[Hypothesis]]) -> list[str]:
+        """markup: each piece's best translation with its tags back, by the alignment
+        (nmt.inference.markup); each tag it cannot place is logged."""
+        found = await asyncio.to_thread(
+            sentence_alignments, self.translator, [p for doc in docs for p in doc.pieces], ids,
+            [hyps[0].tokens for hyps in nbest], len(choice.source), choice.prefix,
+            max_tokens=self.cfg.search.max_tokens)
+        marked, unplaced = put_back(docs, found)
+        for u in unplaced:
+            log(f"warning: text[{u.doc}]: the alignment places none of the words of {u.tag}: "
+                f"it goes around its whole sentence")
+        return [t for doc in marked for t in doc]
 
     async def translate(self, req: TranslateRequest) -> TranslateResponse:
         """POST /translate: split, check, encode, decode in shared batches, detokenize, put
@@ -293,8 +339,12 @@ class Service:
                                                     for src, hyps in zip(ids, nbest, strict=True)])
         self.requests += 1
         combine = req.word_combine if req.word_scores else None
-        parts = iter([self._translation(hyps, len(f) > limit, search.nbest, a, ts, combine)
-                      for hyps, f, a, ts in zip(nbest, full, maps, terms, strict=True)])
+        parts = [self._translation(hyps, len(f) > limit, search.nbest, a, ts, combine)
+                 for hyps, f, a, ts in zip(nbest, full, maps, terms, strict=True)]
+        if req.markup != "none":
+            texts = await self.marked(docs, ids, choice, nbest)
+            parts = [p.model_copy(update={"text": t}) for p, t in zip(parts, texts, strict=True)]
+        parts = iter(parts)
         return TranslateResponse(translations=[
             text_answer(doc, [next(parts) for _ in doc.pieces]) for doc in docs])
 
@@ -357,7 +407,7 @@ class Service:
                              busy_workers=self.workers - self.batcher.idle)
 
 
-def text_answer(doc: Segmented, parts: list[Translation]) -> Translation:
+def text_answer(doc: Segmented | Document, parts: list[Translation]) -> Translation:
     """A text's answer from its pieces' answers: their translations in place of the pieces;
     one piece is the text's answer, several are listed with their scores summed."""
     text, score = rejoin(doc, [p.text for p in parts], [p.score for p in parts])

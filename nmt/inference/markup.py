@@ -1,0 +1,605 @@
+"""Markup kept inside whole sentences (markup=html|xml): the tags taken out, the sentences
+translated whole, each tag put back around the target words aligned to its source words, as
+bergamot-translator does (Firefox's translator).
+
+`parse` reads a text into a Document: HTML (the standard library's html.parser, leniently, as a
+browser does: an unclosed tag, a stray end tag or a lone `<` never fails) or XML-like inline tags
+in plain text (`<b>`, `</b>`, `<x id="1"/>`; placeholders such as `{0}` with placeholders=True).
+Every tag is kept as written, byte for byte. HTML's block elements (p, div, li, h1-h6, td, br,
+...) bound the units of text; inline tags inside a unit are taken out, and the unit's text is cut
+into sentences by the caller's splitter (nmt.inference.segment), never between the two tags of a
+pair. The text of script, style, code, var, kbd, samp and of any element with translate="no"
+is never translated: the element goes back whole, as one void tag. Document.sentences are what
+the model translates (plain text, HTML's entities decoded).
+
+`restore` puts a sentence's tags into its translation: a pair of tags around the target words
+aligned to the source words between them (the model's alignment: links between SentencePiece
+pieces, each piece's characters given), widened to whole words where the source span held whole
+words; a void tag (`<br/>` inside a sentence, `<img>`, `<x id="1"/>`, a placeholder) where the
+word it touches went. Spans that cross are made to nest (a parent widened over its children,
+then a later sibling shrunk to start after an earlier one), so the output is well-formed
+whenever the input was: the same tags, the same attributes, in the same nesting. A tag the
+alignment cannot place goes around the whole sentence (a pair) or at its nearer end (a void
+tag), and is named in the warnings: never lost, never duplicated. Document.join puts the
+restored sentences back between the untouched markup. No torch: the alignment is given.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+
+from nmt.inference.segment import Segmented
+
+KINDS = ("none", "html", "xml")  # markup=
+# Elements that bound the units of text (HTML; HTML5's block-level and table elements, br).
+BLOCKS = frozenset((
+    "address article aside blockquote body br caption center col colgroup dd details dialog "
+    "dir div dl dt fieldset figcaption figure footer form frameset h1 h2 h3 h4 h5 h6 head "
+    "header hgroup hr html iframe legend li link main menu meta nav noscript ol optgroup "
+    "option p pre section select summary table tbody td template textarea tfoot th thead "
+    "title tr ul audio video canvas object base").split())
+VOID = frozenset("area base br col embed hr img input link meta param source track wbr".split())
+OPAQUE = frozenset(("script", "style", "code", "var", "kbd", "samp"))  # never translated
+RAW_BLOCKS = frozenset(("script", "style"))  # opaque and bounding units
+LINES = frozenset(("pre", "textarea"))  # each line of their text is a unit of its own
+# XML-like inline tags in plain text: "<" then a name, or "/" and a name; quoted attribute
+# values may hold ">"; "/>" closes a void tag.
+XML_TAG = re.compile(r"<(/?)([A-Za-z_][\w:.-]*)((?:[^<>\"']|\"[^\"]*\"|'[^']*')*?)(/?)>")
+PLACEHOLDER = re.compile(r"\{\w*\}")
+OPEN_AT_END = re.compile(r"<(?:/?[A-Za-z]|[!?])[^>]*\Z")  # a tag left open at the end
+HTML_NO = re.compile(r"""\btranslate\s*=\s*["']?no\b""", re.I)
+
+
+@dataclass(frozen=True)
+class Tag:
+    """A tag as written (or an opaque element, comment or placeholder, whole)."""
+
+    raw: str  # the markup, byte for byte
+    name: str  # the element's name, lower case ("" for a comment or placeholder)
+    kind: str  # "open", "close" or "void" (void, comment, placeholder, opaque element)
+    block: bool = False  # it bounds units of text (HTML's block elements)
+
+
+@dataclass
+class Inner:
+    """A tag inside a sentence: where it stands in the sentence's text and its pair."""
+
+    tag: Tag
+    offset: int  # characters of the sentence's text before it
+    partner: int | None  # the index (in Sentence.tags) of its closing tag (opens only)
+    parent: int | None  # the index of the innermost open tag whose pair holds it
+
+
+@dataclass
+class Sentence:
+    """What the model translates: plain text, and the tags that go back into it."""
+
+    text: str
+    tags: list[Inner] = field(default_factory=list)
+
+
+@dataclass
+class Unit:
+    """Text between block boundaries: its plain text, the tags at their offsets, and (once
+    cut) its sentences with the gaps between them."""
+
+    text: str
+    tags: list[tuple[int, Tag]]  # (offset in text, tag), in order
+    raw: str  # the unit as written (given back as it is when it holds nothing to translate)
+    sentences: list[Sentence] = field(default_factory=list)
+    gaps: list[list[str | Tag]] = field(default_factory=list)  # len(sentences) + 1
+
+
+@dataclass
+class Document:
+    """A text cut into markup kept as written and units of text (Unit)."""
+
+    kind: str  # "html" or "xml"
+    parts: list[str | Unit]  # raw markup, or a unit
+
+    @property
+    def pieces(self) -> list[str]:
+        """The sentences' plain texts (what is translated), as Segmented.pieces."""
+        return [s.text for s in self.sentences]
+
+    @property
+    def sentences(self) -> list[Sentence]:
+        """Every sentence to translate, in order (after cut)."""
+        return [s for p in self.parts if isinstance(p, Unit) for s in p.sentences]
+
+    def escape(self, text: str) -> str:
+        """Plain text as this kind of markup writes it (HTML: &, < and > as entities)."""
+        return html.escape(text, quote=False) if self.kind == "html" else text
+
+    def cut(self, split: Callable[[str], Segmented]) -> Document:
+        """Each unit cut into sentences by `split` (e.g. segment.split_text's); a tag pair is
+        never cut apart (the sentences it would span are one)."""
+        for part in self.parts:
+            if isinstance(part, Unit):
+                cut_unit(part, split(part.text))
+        return self
+
+    def join(self, outputs: list[str]) -> str:
+        """The text with each sentence replaced by outputs[i] (restore's, markup included)."""
+        found = iter(outputs)
+        out = []
+        for part in self.parts:
+            if isinstance(part, str):
+                out.append(part)
+            elif not part.sentences:
+                out.append(part.raw)
+            else:
+                for gap in part.gaps[:-1]:
+                    out += [self.render(gap), next(found)]
+                out.append(self.render(part.gaps[-1]))
+        return "".join(out)
+
+    def render(self, items: list[str | Tag]) -> str:
+        """Gap items as markup: text escaped, tags as written."""
+        return "".join(i.raw if isinstance(i, Tag) else self.escape(i) for i in items)
+
+
+# ----------------------------------------------------------------------------- parsing
+class _Events(HTMLParser):
+    """html.parser's events with where each starts; the text between two starts is the
+    first one's, so the events cover the input exactly."""
+
+    def __init__(self, text: str):
+        super().__init__(convert_charrefs=False)
+        self.events: list[tuple[int, str, str]] = []  # (start, kind, name)
+        self._lines = [0] + [m.end() for m in re.finditer("\n", text)]
+        self.feed(text)
+        self.close()
+
+    def _at(self, kind: str, name: str = "") -> None:
+        line, col = self.getpos()
+        self.events.append((self._lines[line - 1] + col, kind, name.lower()))
+
+    def handle_starttag(self, tag, attrs):
+        self._at("open", tag)
+
+    def handle_startendtag(self, tag, attrs):
+        self._at("void", tag)
+
+    def handle_endtag(self, tag):
+        self._at("close", tag)
+
+    def handle_data(self, data):
+        self._at("text")
+
+    def handle_entityref(self, name):
+        self._at("text")
+
+    def handle_charref(self, name):
+        self._at("text")
+
+    def handle_comment(self, data):
+        self._at("void")
+
+    def handle_decl(self, decl):
+        self._at("void")
+
+    def handle_pi(self, data):
+        self._at("void")
+
+    def unknown_decl(self, data):
+        self._at("void")
+
+
+def html_tokens(text: str) -> list[str | Tag]:
+    """HTML as text runs (as written) and tags; opaque elements (script, style, code, var,
+    translate="no") each one void tag holding the element whole."""
+    events = _Events(text).events
+    if text and (not events or events[0][0] > 0):  # what html.parser skips (e.g. "</>")
+        events.insert(0, (0, "void", ""))
+    bounds = [e[0] for e in events[1:]] + [len(text)] * bool(events)
+    out: list[str | Tag] = []
+    hidden: tuple[str, int, int] | None = None  # (name, depth, start) of an opaque element
+    for (start, kind, name), end in zip(events, bounds, strict=True):
+        raw = text[start:end]
+        if hidden is not None:
+            depth = hidden[1] + (kind == "open" and name == hidden[0]) - (
+                kind == "close" and name == hidden[0])
+            hidden = (hidden[0], depth, hidden[2])
+            if depth == 0:
+                out.append(Tag(text[hidden[2]:end], hidden[0], "void", hidden[0] in RAW_BLOCKS))
+                hidden = None
+            continue
+        if kind == "open" and name not in VOID and (name in OPAQUE or HTML_NO.search(raw)):
+            hidden = (name, 1, start)
+        elif kind == "text":
+            if out and isinstance(out[-1], str):
+                raw = out.pop() + raw
+            left_open = OPEN_AT_END.search(raw) if end == len(text) else None
+            if not left_open or left_open.start():
+                out.append(raw[:left_open.start()] if left_open else raw)
+            if left_open:  # a tag the input ends inside: markup, as a browser drops it
+                out.append(Tag(left_open.group(), "", "void"))
+        else:
+            void = "void" if name in VOID else kind
+            out.append(Tag(raw, name, void, name in BLOCKS))
+    if hidden is not None:  # left open, as a browser would: the rest is the element's
+        out.append(Tag(text[hidden[2]:], hidden[0], "void", hidden[0] in RAW_BLOCKS))
+    return out
+
+
+def xml_tokens(text: str, placeholders: bool = False) -> list[str | Tag]:
+    """Plain text with XML-like inline tags (and `{0}`-style placeholders): text runs and
+    tags, all inline."""
+    pattern = XML_TAG if not placeholders else re.compile(
+        f"{XML_TAG.pattern}|{PLACEHOLDER.pattern}")
+    out: list[str | Tag] = []
+    at = 0
+    for m in pattern.finditer(text):
+        if m.start() > at:
+            out.append(text[at:m.start()])
+        if m.group(2) is None:  # a placeholder
+            out.append(Tag(m.group(), "", "void"))
+        else:
+            kind = "close" if m.group(1) else "void" if m.group(4) else "open"
+            out.append(Tag(m.group(), m.group(2).lower(), kind))
+        at = m.end()
+    if at < len(text):
+        out.append(text[at:])
+    return out
+
+
+def parse(text: str, kind: str, placeholders: bool = False) -> Document:
+    """A text's Document (not cut yet): kind "html" or "xml" (module docstring)."""
+    if kind == "html":
+        tokens, plain = html_tokens(text), html.unescape
+    elif kind == "xml":
+        tokens, plain = xml_tokens(text, placeholders), str
+    else:
+        raise ValueError(f"markup must be one of {', '.join(KINDS)}, got {kind!r}")
+    parts: list[str | Unit] = []
+    unit: list[str | Tag] = []
+    lines = 0  # depth of pre/textarea elements
+
+    def flush() -> None:
+        if unit:
+            parts.append(make_unit(unit, plain))
+            unit.clear()
+
+    for token in tokens:
+        if isinstance(token, Tag):
+            if token.name in LINES and token.kind in ("open", "close"):
+                lines = max(0, lines + (1 if token.kind == "open" else -1))
+            if token.block:
+                flush()
+                parts.append(token.raw)
+            else:
+                unit.append(token)
+            continue
+        for i, line in enumerate(token.split("\n") if lines else [token]):
+            if i:
+                flush()
+                parts.append("\n")
+            if line:
+                unit.append(line)
+    flush()
+    return Document(kind, parts)
+
+
+def make_unit(tokens: list[str | Tag], plain: Callable[[str], str]) -> Unit:
+    """A unit from its tokens: text runs decoded (plain) and joined, tags at their offsets."""
+    text, tags, raw = [], [], []
+    at = 0
+    for token in tokens:
+        if isinstance(token, Tag):
+            tags.append((at, token))
+            raw.append(token.raw)
+        else:
+            decoded = plain(token)
+            text.append(decoded)
+            raw.append(token)
+            at += len(decoded)
+    return Unit("".join(text), tags, "".join(raw))
+
+
+# ----------------------------------------------------------------------------- cutting
+def pairs(tags: list[Tag]) -> dict[int, int]:
+    """Open tag index -> its closing tag's index, matched by name as a browser does (a close
+    ends the innermost open element of its name; those opened inside it and left open, and a
+    close with no open, are unpaired)."""
+    stack: list[int] = []
+    out: dict[int, int] = {}
+    for i, tag in enumerate(tags):
+        if tag.kind == "open":
+            stack.append(i)
+        elif tag.kind == "close":
+            for depth in range(len(stack) - 1, -1, -1):
+                if tags[stack[depth]].name == tag.name:
+                    out[stack[depth]] = i
+                    del stack[depth:]
+                    break
+    return out
+
+
+def cut_unit(unit: Unit, doc: Segmented) -> None:
+    """unit.sentences and unit.gaps from its text's pieces (doc: split_text's of unit.text),
+    pieces that a tag pair would cut apart joined into one."""
+    spans, at = [], len(doc.gaps[0])  # each piece's [start, end) in unit.text
+    for piece, gap in zip(doc.pieces, doc.gaps[1:], strict=True):
+        spans.append([at, at + len(piece)])
+        at += len(piece) + len(gap)
+    offsets = [o for o, _ in unit.tags]
+    matched = pairs([t for _, t in unit.tags])
+    join_cut_pairs(spans, offsets, matched)
+    owner = [owner_of(i, offsets, matched, spans) for i in range(len(offsets))]
+    for k, span in enumerate(spans):  # a sentence holds the spaces and tags between its tags
+        mine = [i for i, o in enumerate(owner) if o == k]
+        if mine:
+            owner[mine[0]:mine[-1]] = [k] * (mine[-1] - mine[0])
+            span[0] = min(span[0], *(offsets[i] for i in mine))
+            span[1] = max(span[1], *(offsets[i] for i in mine))
+    unit.sentences = [sentence_of(unit, k, s, e, owner, matched)
+                      for k, (s, e) in enumerate(spans)]
+    bounds = [0, *(x for span in spans for x in span), len(unit.text)]
+    unit.gaps = []
+    for k in range(len(spans) + 1):  # gap k: before piece k, with the tags no piece holds
+        pos, hi, items = bounds[2 * k], bounds[2 * k + 1], []
+        for i, (o, tag) in enumerate(unit.tags):
+            if owner[i] is None and gap_of(o, spans) == k:
+                items += [unit.text[pos:max(pos, o)], tag]
+                pos = max(pos, o)
+        unit.gaps.append([i for i in [*items, unit.text[pos:hi]] if i != ""])
+
+
+def join_cut_pairs(spans: list[list[int]], offsets: list[int], matched: dict[int, int]
+                   ) -> None:
+    """Join (in place) the consecutive pieces a tag pair spans in part: its tags then lie
+    in one piece."""
+    changed = True
+    while changed:
+        changed = False
+        for open_, close in matched.items():
+            a, b = offsets[open_], offsets[close]
+            touched = [k for k, (s, e) in enumerate(spans) if a < e and b > s]
+            partly = any(not (a <= spans[k][0] and b >= spans[k][1]) for k in touched)
+            if len(touched) > 1 and partly:
+                first, last = touched[0], touched[-1]
+                spans[first:last + 1] = [[spans[first][0], spans[last][1]]]
+                changed = True
+                break
+
+
+def gap_of(offset: int, spans: list[list[int]]) -> int:
+    """The gap an offset outside every piece lies in (0: before the first piece)."""
+    return sum(1 for _, e in spans if e <= offset)
+
+
+def owner_of(i: int, offsets: list[int], matched: dict[int, int],
+             spans: list[list[int]]) -> int | None:
+    """The piece a tag goes back into (None: it stays in a gap): a pair that covers part of
+    one piece, a void or unpaired tag strictly inside one."""
+    partner = matched.get(i) if i in matched else next(
+        (a for a, b in matched.items() if b == i), None)
+    if partner is None:
+        o = offsets[i]
+        return next((k for k, (s, e) in enumerate(spans) if s < o < e), None)
+    a, b = sorted((offsets[i], offsets[partner]))
+    for k, (s, e) in enumerate(spans):
+        if a < e and b > s and not (a <= s and b >= e):
+            return k
+        if a == b and s < a < e:
+            return k
+    return None
+
+
+def sentence_of(unit: Unit, k: int, s: int, e: int, owner: list[int | None],
+                matched: dict[int, int]) -> Sentence:
+    """Piece k of a unit ([s, e) of its text) with the tags it owns, offsets within it."""
+    mine = [i for i, o in enumerate(owner) if o == k]
+    index = {i: n for n, i in enumerate(mine)}
+    inner: list[Inner] = []
+    stack: list[int] = []  # the open tags (numbered as in `inner`) whose pair holds the next
+    for n, i in enumerate(mine):
+        offset, tag = unit.tags[i]
+        if tag.kind == "close" and any(inner[p].partner == n for p in stack):
+            while inner[stack.pop()].partner != n:
+                pass
+        partner = index.get(matched[i]) if i in matched else None
+        inner.append(Inner(tag, min(max(offset - s, 0), e - s), partner,
+                           stack[-1] if stack else None))
+        if partner is not None:
+            stack.append(n)
+    return Sentence(unit.text[s:e], inner)
+
+
+# ----------------------------------------------------------------------------- restoring
+@dataclass
+class Restored:
+    """A sentence's translation with its tags back."""
+
+    text: str  # the markup: text escaped, tags as written
+    unplaced: list[str] = field(default_factory=list)  # tags the alignment could not place
+
+
+@dataclass
+class Aligned:
+    """A sentence's translation and what ties it to its source (restore's inputs)."""
+
+    target: str  # the translation
+    links: list[tuple[int, int]]  # (source piece, target piece), 0-based
+    src_spans: list[tuple[int, int]]  # each source piece's characters in the sentence
+    tgt_spans: list[tuple[int, int]]  # each target piece's characters in the translation
+
+
+@dataclass(frozen=True)
+class Unplaced:
+    """A tag the alignment could not place (put around its whole sentence instead)."""
+
+    doc: int  # the document's index
+    tag: str  # the tag as written
+
+
+def put_back(docs: list[Document], found: list[Aligned]
+             ) -> tuple[list[list[str]], list[Unplaced]]:
+    """Per document, its sentences' translations with their tags back (restore's; `found`:
+    each sentence's, in order), and the tags that went around whole sentences."""
+    it = iter(found)
+    out, unplaced = [], []
+    for i, doc in enumerate(docs):
+        mine = []
+        for sentence in doc.sentences:
+            a = next(it)
+            r = restore(sentence, a.target, a.links, a.src_spans, a.tgt_spans, doc.escape)
+            mine.append(r.text)
+            unplaced += [Unplaced(i, tag) for tag in r.unplaced]
+        out.append(mine)
+    return out, unplaced
+
+
+@dataclass
+class _Node:
+    """A tag pair (or a void tag: close None) and where it goes in the translation."""
+
+    index: int  # its (opening) tag's index in Sentence.tags
+    close: int | None
+    x: int
+    y: int
+    children: list[_Node] = field(default_factory=list)
+
+
+class _Alignment:
+    """One sentence's alignment: source characters -> target characters."""
+
+    def __init__(self, source: str, target: str, links: list[tuple[int, int]],
+                 src_spans: list[tuple[int, int]], tgt_spans: list[tuple[int, int]]):
+        self.source, self.target, self.src_spans = source, target, src_spans
+        self.to: dict[int, list[tuple[int, int]]] = {}
+        for j, t in links:
+            if 0 <= j < len(src_spans) and 0 <= t < len(tgt_spans) and (
+                    tgt_spans[t][1] > tgt_spans[t][0]):
+                self.to.setdefault(j, []).append(tgt_spans[t])
+
+    def chars(self, a: int, b: int) -> tuple[int, int] | None:
+        """The target characters aligned to the source pieces that hold characters [a, b)."""
+        found = [span for j, (s, e) in enumerate(self.src_spans) if s < b and e > a and e > s
+                 for span in self.to.get(j, ())]
+        if not found:
+            return None
+        return min(s for s, _ in found), max(e for _, e in found)
+
+    def inside_word(self, text: str, at: int) -> bool:
+        """Does position `at` of `text` fall between two letters or digits?"""
+        return 0 < at < len(text) and text[at - 1].isalnum() and text[at].isalnum()
+
+    def start(self, x: int, a: int) -> int:
+        """A target start: to its word's start unless the source's was inside a word."""
+        if not self.inside_word(self.source, a):
+            while self.inside_word(self.target, x):
+                x -= 1
+        return x
+
+    def end(self, y: int, b: int) -> int:
+        """A target end: to its word's end unless the source's was inside a word."""
+        if not self.inside_word(self.source, b):
+            while self.inside_word(self.target, y):
+                y += 1
+        return y
+
+    def span(self, a: int, b: int) -> tuple[int, int] | None:
+        """Where source characters [a, b) (a tag pair's content) go; None: nowhere known."""
+        found = self.chars(a, b)
+        if found is None:
+            return None
+        x, y = self.start(found[0], a), self.end(found[1], b)
+        inside, target = self.source[a:b], self.target
+        for _ in range(len(inside) - len(inside.lstrip())):  # the spaces the pair holds
+            x -= x > 0 and target[x - 1].isspace()
+        for _ in range(len(inside) - len(inside.rstrip())):
+            y += y < len(target) and target[y].isspace()
+        return x, y
+
+    def point(self, p: int) -> int | None:
+        """Where a void tag at source position p goes: after the target of the word it ends,
+        else before the target of the word it starts; None: nowhere known."""
+        source, target = self.source, self.target
+        if p > 0 and not source[p - 1].isspace():
+            found = self.chars(p - 1, p)
+            return None if found is None else self.end(found[1], p)
+        q = p + len(source[p:]) - len(source[p:].lstrip())
+        if q == len(source):
+            return len(target)
+        found = self.chars(q, q + 1)
+        if found is None:
+            return None
+        x = self.start(found[0], q)
+        for _ in range(q - p):  # spaces after it in the source: before the target's spaces
+            x -= x > 0 and target[x - 1].isspace()
+        return x
+
+
+def restore(sentence: Sentence, target: str, links: list[tuple[int, int]],
+            src_spans: list[tuple[int, int]], tgt_spans: list[tuple[int, int]],
+            escape: Callable[[str], str] = str) -> Restored:
+    """The translation `target` of sentence.text with the sentence's tags put back (module
+    docstring); links: (source piece, target piece) pairs; src_spans, tgt_spans: each piece's
+    characters [start, end) in sentence.text and in target (spaces excluded); escape: how
+    the translation's text is written (Document.escape)."""
+    aligned, tags = _Alignment(sentence.text, target, links, src_spans, tgt_spans), sentence.tags
+    closes = {t.partner for t in tags if t.partner is not None}
+    nodes: dict[int, _Node] = {}
+    root = _Node(-1, None, 0, len(target))
+    unplaced = []
+    for i, inner in enumerate(tags):
+        if i in closes:
+            continue
+        a = inner.offset
+        b = tags[inner.partner].offset if inner.partner is not None else a
+        if b > a and sentence.text[a:b].strip():
+            where = aligned.span(a, b)
+        else:
+            p = aligned.point(a)
+            where = None if p is None else (p, p)
+        if where is None:  # around the whole sentence, or at its nearer end
+            unplaced.append(inner.tag.raw)
+            where = (0, len(target)) if b > a else (0, 0) if 2 * a <= len(sentence.text) \
+                else (len(target), len(target))
+        nodes[i] = _Node(i, inner.partner, *where)
+        (root if inner.parent is None else nodes[inner.parent]).children.append(nodes[i])
+    _widen(root)
+    _settle(root)
+    return Restored("".join(_emit(root, tags, target, escape)), unplaced)
+
+
+def _widen(node: _Node) -> None:
+    """Each pair's span widened over its children's (bottom-up)."""
+    for child in node.children:
+        _widen(child)
+        if node.index >= 0:
+            node.x, node.y = min(node.x, child.x), max(node.y, child.y)
+
+
+def _settle(node: _Node) -> None:
+    """Children kept inside their parent and apart from each other, in target order: a
+    later sibling that would cross an earlier one starts where it ends (top-down)."""
+    node.children.sort(key=lambda c: (c.x, c.y, c.index))
+    at = node.x
+    for child in node.children:
+        child.x = min(max(child.x, at), node.y)
+        child.y = min(max(child.y, child.x), node.y)
+        at = child.y
+        _settle(child)
+
+
+def _emit(node: _Node, tags: list[Inner], target: str, escape: Callable[[str], str]
+          ) -> list[str]:
+    """A settled node's content: the target's text between its children, escaped, and each
+    child's tags as written."""
+    out, at = [], node.x
+    for child in node.children:
+        out.append(escape(target[at:child.x]))
+        out.append(tags[child.index].tag.raw)
+        if child.close is not None:
+            out += _emit(child, tags, target, escape)
+            out.append(tags[child.close].tag.raw)
+        at = child.y
+    out.append(escape(target[at:node.y]))
+    return out
