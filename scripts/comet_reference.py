@@ -1,4 +1,4 @@
-"""Unbabel's COMET scores of the tiny models nmt/testing/comet_models.py builds, for nmt's parity test.
+"""Unbabel's COMET scores of the tiny models nmt/testing/comet_models.py builds (parity test).
 
 Runs in .venv-comet (make test-comet), where unbabel-comet 2.2.7 lives: it cannot share nmt's
 venv (it pins transformers<5 and numpy<2). For each form it loads MODELS/<form> with

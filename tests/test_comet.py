@@ -17,13 +17,13 @@ import torch
 from translate_helpers import save_tiny_checkpoint, translate_config
 
 import nmt.data.cleaning
-import nmt.inference.rerank
 import nmt.inference.comet as comet_module
+import nmt.inference.rerank
 import nmt.training.distributed
 import nmt.training.validation
 from nmt.commands.train import build_run, load_data
 from nmt.commands.translate import translate
-from nmt.config import CleanConfig, TrainConfig, compose, to_object
+from nmt.config import CleanConfig, ServeConfig, TrainConfig, compose, to_object
 from nmt.errors import ConfigError, NmtError
 from nmt.inference.comet import load_comet, read_model_dir, sparsemax
 from nmt.inference.mbr import comet_utilities
@@ -200,6 +200,8 @@ def test_comet_errors_are_one_line(tmp_path, models, tiny_data_dir, test_en):
                                    comet=models["regression_metric"]))
     with pytest.raises(ConfigError, match="mbr.utility: comet needs comet=DIR"):
         config(checkpoint=ckpt, **{"mbr.candidates": 2, "mbr.utility": "comet"})
+    with pytest.raises(ConfigError, match="nmt-serve's MBR is chrf or bleu"):
+        to_object(compose("serve", [f"checkpoint={ckpt}", "mbr.utility=comet"]), ServeConfig)
     with pytest.raises(NmtError, match="MBR needs a reference-based COMET-22"):
         translate(config(checkpoint=ckpt, input=test_en,
                                    comet=models["unified_metric"],
