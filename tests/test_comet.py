@@ -275,3 +275,54 @@ def test_preprocess_drops_pairs_below_the_qe_minimum(tmp_path, models, monkeypat
         nmt.data.cleaning.clean_split([corpus], CleanConfig(
             comet_qe=str(models["regression_metric"])), tmp_path / "p.en", tmp_path / "p.de",
             [dict.fromkeys(nmt.data.cleaning.COUNTS)])
+
+
+class KnownScores:
+    """A stand-in COMET of known scores: qe() gives score[mt], score() the mean-free value
+    len(mt) / 10; the form as asked."""
+
+    def __init__(self, needs_reference: bool, qe: dict[str, float] | None = None):
+        self.spec = type("Spec", (), {"needs_reference": needs_reference})()
+        self.table, self.calls = qe or {}, []
+
+    def qe(self, sources, hypotheses, progress=False):
+        self.calls.append(list(sources))
+        return [self.table[h] for h in hypotheses]
+
+    def score(self, sources, hypotheses, references, progress=False):
+        self.calls.append(list(sources))
+        return [len(h) / 10 for h in hypotheses]
+
+
+def test_the_filter_drops_by_a_fake_scorers_known_values(tmp_path, monkeypatch):
+    from nmt.data.corpus import TextCorpus
+
+    tgt = [f"t{i}" for i in range(10)]
+    (tmp_path / "c.en").write_text("".join(f"s{i}\n" for i in range(10)))
+    (tmp_path / "c.de").write_text("\n".join(tgt) + "\n")
+    fake = KnownScores(False, {t: i / 10 for i, t in enumerate(tgt)})
+    monkeypatch.setattr(comet_module, "load_comet", lambda path, device: fake)
+    counts = [dict.fromkeys(nmt.data.cleaning.COUNTS)]
+    corpus = TextCorpus("train", "c", 10, tmp_path / "c.en", tmp_path / "c.de")
+    nmt.data.cleaning.clean_split([corpus], CleanConfig(comet_qe="fake", comet_qe_min=0.45),
+                                  tmp_path / "o.en", tmp_path / "o.de", counts)
+    assert counts[0]["comet_qe"] == 5 and counts[0]["kept"] == 5  # 0.0 .. 0.4 dropped
+    assert (tmp_path / "o.de").read_text().splitlines() == tgt[5:]
+    assert fake.calls == [[f"s{i}" for i in range(10)]]  # one batch of the chunk's pairs
+
+
+def test_validation_takes_a_fake_scorers_known_values(tiny_data_dir, tmp_path, monkeypatch):
+    fake = KnownScores(True)
+    monkeypatch.setattr(nmt.training.validation, "load_comet", lambda path, device: fake)
+    cfg = train_cfg(tiny_data_dir, tmp_path / "run", "train.valid_bleu=true",
+                    "train.valid_bleu_max_sentences=4", "train.comet=fake")
+    env = nmt.training.distributed.init("cpu")
+    run = build_run(cfg, env, load_data(cfg, env))
+    seen = []
+    real = nmt.training.validation.score
+    monkeypatch.setattr(nmt.training.validation, "score", lambda h, r, t="13a": seen.append(
+        h) or real(h, r, t))
+    result = nmt.training.validation.valid_bleu(run, run.model)
+    assert result["comet"] == pytest.approx(sum(len(h) / 10 for h in seen[0]) / 4)
+    src = (tiny_data_dir / "valid.clean.en").read_text(encoding="utf-8").splitlines()[:4]
+    assert fake.calls == [src]
