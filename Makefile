@@ -1,20 +1,27 @@
-# nmt: make install | test | test-quick | test-slow | test-isa | test-gpu | test-browser | test-floor | lint | demo
+# nmt: make install | test | test-quick | test-slow | test-isa | test-gpu | test-browser | test-floor | test-comet | lint | demo
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 # The CPU wheel that lies on this kind of machine; GPU users install their own torch into .venv first.
 TORCH_PIN ?= torch==2.13.0
 # The extras .venv (and .venv-floor) get: every optional feature the tests exercise.
-EXTRAS := dev,plot,slurm,tensorboard,export,serve,split,langid,fastchrf
+EXTRAS := dev,plot,slurm,tensorboard,export,serve,split,langid,fastchrf,comet
 # The oldest torch the suite has passed on, pyproject's floor (tests/test_packaging.py checks they agree).
 TORCH_FLOOR ?= 2.6.0
 # Where test-floor gets torch from: PyPI by default (its Linux wheels pull the CUDA libraries,
 # ~3 GB); e.g. FLOOR_INDEX="--index-url https://download.pytorch.org/whl/cpu" where reachable.
 FLOOR_INDEX ?=
 FLOOR  := .venv-floor
+# test-comet: Unbabel's unbabel-comet (it pins transformers<5, numpy<2: a venv of its own)
+COMET_VENV := .venv-comet
+COMET_PIN ?= unbabel-comet==2.2.7
+COMET_INDEX ?= https://download.pytorch.org/whl/cpu
+# torchmetrics still imports pkg_resources (gone from setuptools 81); sentencepiece 0.2.1's
+# protobuf module needs protobuf 5, which unbabel-comet excludes
+COMET_EXTRA_PINS := "setuptools<81" "sentencepiece<0.2.1"
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-quick test-slow test-isa test-gpu test-browser test-matrix test-floor lint demo clean
+.PHONY: install test test-quick test-slow test-isa test-gpu test-browser test-matrix test-floor test-comet lint demo clean
 
 install: $(STAMP)
 
@@ -70,6 +77,24 @@ test-floor:
 	$(FLOOR)/bin/python -c "import torch; assert torch.__version__.split('+')[0] == '$(TORCH_FLOOR)', torch.__version__"
 	$(FLOOR)/bin/python -m pytest -p no:cacheprovider
 
+# nmt's COMET against Unbabel's: tiny random COMET-22 and CometKiwi models are built
+# (nmt/testing/comet_models.py), unbabel-comet's predict scores them in .venv-comet
+# (scripts/comet_reference.py, CPU torch from COMET_INDEX where reachable, else PyPI), and
+# tests/test_comet.py compares nmt's scores with them (within 1e-4) in .venv.
+# `make test` compares with the scores recorded in tests/data/comet_scores.json instead.
+test-comet: install
+	test -x $(COMET_VENV)/bin/python || $(PYTHON) -m venv $(COMET_VENV)
+	$(COMET_VENV)/bin/python -m pip install -q --upgrade pip
+	$(COMET_VENV)/bin/python -c "import torch" 2>/dev/null || \
+	  $(COMET_VENV)/bin/python -m pip install -q --timeout 15 --retries 1 --index-url $(COMET_INDEX) torch || \
+	  $(COMET_VENV)/bin/python -m pip install -q "$(TORCH_PIN)"
+	$(COMET_VENV)/bin/python -m pip install -q "$(COMET_PIN)" $(COMET_EXTRA_PINS)
+	rm -rf build/comet && mkdir -p build/comet
+	$(BIN)/python -m nmt.testing.comet_models build/comet/models
+	$(COMET_VENV)/bin/python scripts/comet_reference.py build/comet/models build/comet/scores.json
+	NMT_COMET_SCORES=build/comet/scores.json $(BIN)/python -m pytest -p no:cacheprovider -q \
+	  tests/test_comet.py -k parity
+
 lint: install
 	$(BIN)/ruff check nmt tests scripts
 
@@ -77,4 +102,4 @@ demo: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/demo.sh
 
 clean:
-	rm -rf $(VENV) $(FLOOR) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(FLOOR) $(COMET_VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -253,9 +253,13 @@ class CleanConfig:
     dedup: bool = False  # drop exact duplicate training pairs (memory: ~70 bytes a unique pair)
     normalize: str = ""  # Unicode normalisation applied first: "", "NFC", "NFKC", "NFD", "NFKD"
     invalid_utf8: str = "error"  # "error": stop at the first bad line; "skip": drop and count it
+    comet_qe: str = ""  # a CometKiwi model directory: drop training pairs it scores low ("": off)
+    comet_qe_min: float = 0.0  # with comet_qe: the lowest CometKiwi score a kept pair may have
 
     def __post_init__(self) -> None:
         _check_min(self, "clean.", 1, "max_tokens", "max_ratio")
+        _check(not self.comet_qe_min or bool(self.comet_qe), "clean.comet_qe_min",
+               "needs clean.comet_qe=DIR (a CometKiwi model directory)")
         _check(self.normalize in ("", "NFC", "NFKC", "NFD", "NFKD"), "clean.normalize",
                f"must be '', NFC, NFKC, NFD or NFKD, got {self.normalize!r}")
         _check(self.invalid_utf8 in ("error", "skip"), "clean.invalid_utf8",
@@ -414,6 +418,9 @@ class PreprocessConfig:
 
 
 # ----------------------------------------------------------------------------- train
+BEST_METRICS = ("loss", "ppl", "bleu", "chrf", "comet")  # comet, bleu, chrf: higher is better
+
+
 @dataclass
 class TrainLoopConfig:
     """Batching, stopping, checkpointing, validation, logging and hardware of nmt-train."""
@@ -450,7 +457,8 @@ class TrainLoopConfig:
     keep_last: int = 5  # keep this many numbered checkpoints (0: all)
     valid_interval_updates: int = 1000  # validate this often (and at the end)
     valid_bleu: bool = False  # also translate the valid set greedily and score BLEU and chrF
-    best_metric: str = "loss"  # checkpoint_best.pt by: loss, ppl, bleu or chrf
+    comet: str = ""  # with valid_bleu: a COMET-22 model directory also scores them (valid COMET)
+    best_metric: str = "loss"  # checkpoint_best.pt by: loss, ppl, bleu, chrf or comet
     patience: int = 0  # stop after this many validations without improvement (0: never)
     seed: int = 1  # 0 <= seed < 2^63: model init, batch order (seed, epoch), dropout masks
     init_from: str = ""  # a new run starts from this checkpoint's weights (fresh optimizer/data)
@@ -490,10 +498,13 @@ class TrainLoopConfig:
             _check(weight >= 0, f"train.corpus_weights[{i}]", f"must be >= 0, got {weight}")
         _check(self.collective_timeout > 0, "train.collective_timeout",
                f"must be > 0, got {self.collective_timeout}")
-        _check(self.best_metric in ("loss", "ppl", "bleu", "chrf"), "train.best_metric",
-               f"must be loss, ppl, bleu or chrf, got {self.best_metric!r}")
+        _check(self.best_metric in BEST_METRICS, "train.best_metric",
+               f"must be loss, ppl, bleu, chrf or comet, got {self.best_metric!r}")
         _check(self.best_metric in ("loss", "ppl") or self.valid_bleu, "train.best_metric",
                f"{self.best_metric} needs train.valid_bleu=true")
+        _check(self.best_metric != "comet" or bool(self.comet), "train.best_metric",
+               "comet needs train.comet=DIR (a COMET-22 model directory)")
+        _check(not self.comet or self.valid_bleu, "train.comet", "needs train.valid_bleu=true")
         _check(self.amp in ("auto", "bf16_native", "none", "bf16", "fp16"), "train.amp",
                f"must be auto, bf16_native, none, bf16 or fp16, got {self.amp!r}")
         _check(self.device in ("auto", "cpu", "cuda"), "train.device",
@@ -522,7 +533,7 @@ class TrainConfig:
 
 
 # ----------------------------------------------------------------------------- translate
-MBR_UTILITIES = ("chrf", "bleu")  # the utilities of nmt.inference.mbr
+MBR_UTILITIES = ("chrf", "bleu")  # sacreBLEU's utilities of nmt.inference.mbr (nmt-serve's too)
 MBR_MAX_CANDIDATES = 32
 
 
@@ -532,15 +543,15 @@ class MbrConfig:
     candidates per line, the one of highest expected utility against the others is written."""
 
     candidates: int = 0  # N: search.sampling's N samples, else beam search's N-best (0: off)
-    utility: str = "chrf"  # chrf or bleu: sacreBLEU's sentence chrF or BLEU (effective order)
+    utility: str = "chrf"  # chrf, bleu (sacreBLEU's sentence scores), comet (nmt-translate comet=)
     aggregate: bool = False  # chrf: against the others' mean n-gram counts, linear in N
 
     def __post_init__(self) -> None:
         _check(self.candidates == 0 or 2 <= self.candidates <= MBR_MAX_CANDIDATES,
                "mbr.candidates", f"must be 0 (off) or 2 to {MBR_MAX_CANDIDATES}, "
                f"got {self.candidates}")
-        _check(self.utility in MBR_UTILITIES, "mbr.utility",
-               f"must be {' or '.join(MBR_UTILITIES)}, got {self.utility!r}")
+        _check(self.utility in (*MBR_UTILITIES, "comet"), "mbr.utility",
+               f"must be chrf, bleu or comet, got {self.utility!r}")
         _check(not self.aggregate or self.utility == "chrf", "mbr.aggregate",
                f"is chrF's reference aggregation: needs mbr.utility=chrf, not {self.utility}")
 
@@ -564,6 +575,10 @@ class TranslateConfig:
     input: str = "-"  # raw source text, a sentence a line; "-": stdin (a pipe: line by line)
     output: str = "-"  # translations, one a line, in input order; "-" is standard output
     ref: str = ""  # reference translations: print sacreBLEU BLEU and chrF
+    # A COMET model directory (nmt.inference.comet): a COMET-22 one prints COMET beside BLEU
+    # and chrF (needs ref=) and is mbr.utility=comet's; a CometKiwi one adds a column of each
+    # line's reference-free score (translation<TAB>score) and prints their mean.
+    comet: str = ""
     refs: list[str] = field(default_factory=list)  # more reference files (adds to ref)
     bleu_tokenize: str = "13a"  # sacreBLEU's BLEU tokenizer: 13a, intl, zh, ja-mecab, none, char
     max_input_tokens: int = 1000  # longer inputs are truncated with a warning
@@ -680,6 +695,9 @@ def check_split_lang(lang: str) -> None:
 def _check_choice(cfg: TranslateConfig) -> None:
     """mbr and rerank: one choice at a time, among several candidates, of one written line."""
     mbr, rerank = cfg.mbr.candidates, cfg.rerank.model
+    _check(not (mbr and cfg.mbr.utility == "comet") or bool(cfg.comet), "mbr.utility",
+           "comet needs comet=DIR (a COMET-22 model directory)")
+    _check(not cfg.comet or not cfg.score_reference, "comet", "not with score_reference=true")
     _check(not (mbr and rerank), "rerank.model", "not with mbr.candidates (one choice at a time)")
     for key, on in (("mbr.candidates", mbr), ("rerank.model", rerank)):
         _check(not (on and cfg.score_reference), key, "not with score_reference=true")
@@ -818,6 +836,8 @@ class ServeConfig:
             _check(not (getattr(self, key) and sampling), key,
                    "need beam search, not search.sampling=true")
         _check_serve_split(self)
+        _check(self.mbr.utility in MBR_UTILITIES, "mbr.utility",
+               f"nmt-serve's MBR is {' or '.join(MBR_UTILITIES)} (comet is nmt-translate's)")
         _check(not self.mbr.candidates or self.search.nbest == 1, "mbr.candidates",
                f"answers one translation per text: leave search.nbest at 1, "
                f"got {self.search.nbest}")

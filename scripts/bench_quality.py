@@ -278,13 +278,16 @@ def score_run(args, run: Path) -> list[dict]:
                     f"checkpoint={checkpoint}", f"input={args.corpus}/{args.split}.en",
                     f"output={run}/{args.split}.{label}.b{beam}.a{alpha:g}.hyp.de",
                     f"ref={args.corpus}/{args.split}.de", f"search.beam_size={beam}",
-                    f"search.alpha={alpha}", f"weights={weights}", "quiet=true"]),
+                    f"search.alpha={alpha}", f"weights={weights}", "quiet=true",
+                    *([f"comet={args.comet}"] if args.comet else [])]),
                     TranslateConfig))
                 s = result["scores"]
                 scores.append({"split": args.split, "model": label, "beam": beam,
                                "alpha": alpha, "bleu": round(s["bleu"], 2),
                                "chrf": round(s["chrf"], 2), "bp": brevity_penalty(s["bleu_line"]),
                                "seconds": round(time.perf_counter() - t0, 1)})
+                if "comet" in s:
+                    scores[-1]["comet"] = round(s["comet"], 4)
     return scores
 
 
@@ -308,7 +311,8 @@ def report(info: dict, scores: list[dict]) -> None:
               f"max rss {info['max_rss_mb']} MB")
     for s in scores:
         print(f"{name} | {s['split']} beam {s['beam']} alpha {s['alpha']:g} ({s['model']}) "
-              f"BLEU {s['bleu']:.2f} chrF {s['chrf']:.2f} BP {s['bp']:.3f}")
+              f"BLEU {s['bleu']:.2f} chrF {s['chrf']:.2f} BP {s['bp']:.3f}"
+              + (f" COMET {s['comet']:.4f}" if "comet" in s else ""))
 
 
 def parse_args() -> argparse.Namespace:
@@ -345,6 +349,8 @@ def parse_args() -> argparse.Namespace:
                     help="translate the average of the run's last N checkpoints (0: --checkpoint)")
     ap.add_argument("--ema", action="store_true",
                     help="also translate the EMA weights of checkpoint_last.pt (train.ema_decay)")
+    ap.add_argument("--comet", default="",
+                    help="a COMET-22 model directory: a COMET column (docs/commands.md, COMET)")
     ap.add_argument("--results", type=Path, help="append the run's figures here as a JSON line")
     ap.add_argument("overrides", nargs="*", help="nmt-train overrides (after --)")
     args = ap.parse_args()

@@ -32,6 +32,7 @@ LAYERS = [
      "nmt.inference.decoder", "nmt.inference.core", "nmt.inference.batches",
      "nmt.inference.workers", "nmt.inference.constrained", "nmt.inference.stepping",
      "nmt.inference.loading", "nmt.inference.mbr", "nmt.inference.shortlist",
+     "nmt.inference.comet",
      "nmt.inference.glossary",
      "nmt.training.plot", "nmt.training.runlog", "nmt.data.batches", "nmt.interop.hf_files",
      "nmt.interop.marian", "nmt.interop.m2m100"},

@@ -72,7 +72,7 @@ from nmt.training.run import (
 from nmt.training.runlog import RunDirLock, RunLog
 from nmt.training.schedule import build_optimizer
 from nmt.training.stopping import NO_FLAGS, Stop, Stopping
-from nmt.training.validation import validate_and_track
+from nmt.training.validation import valid_comet, validate_and_track
 from nmt.variants import build_model
 
 log = logging.getLogger("nmt.commands.train")
@@ -97,6 +97,8 @@ def train(cfg: TrainConfig) -> dict:
         try:
             trim_heap = tune_process(tc, env.device)
             run = build_run(cfg, env, load_data(cfg, env))
+            if tc.comet:  # train.comet's model checked (and loaded) now, not at validation
+                valid_comet(run)
             start(run, distributed.from_main(
                 lambda: starting_state(cfg, run.vocab.sha256, run_lock), env.device))
             logs = RunLog(cfg, run.update) if env.is_main else None

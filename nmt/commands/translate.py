@@ -21,6 +21,9 @@ pieces, and puts the translations back in the line with the spaces between them
 its sentences translated whole and each tag put back where the alignment puts its words
 (nmt.inference.markup). mbr.candidates=N or rerank.model=CKPT write, of each line's (or
 piece's) candidates, the one chosen by minimum Bayes risk or by reranking (nmt.inference.rerank).
+comet=DIR (nmt.inference.comet): a COMET-22 model prints COMET beside BLEU and chrF (ref=), and
+is mbr.utility=comet's; a CometKiwi model adds each line's reference-free score as a TAB column
+and prints their mean.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from nmt.data.tokenizer import Tokenizer
 from nmt.data.vocab import Vocab
 from nmt.errors import ConfigError, NmtError
 from nmt.inference.align import align, check_layer, pharaoh, sentence_alignments
+from nmt.inference.comet import Comet, load_comet, system_score
 from nmt.inference.constrained import missing_phrases
 from nmt.inference.engine import Engine, check_vocab, open_translator
 from nmt.inference.glossary import Glossary, with_terms
@@ -187,6 +191,7 @@ class Session:
     languages: LanguageChoice = LanguageChoice()  # src_lang=, tgt_lang=: tokens they add
     chooser: Chooser | None = None  # mbr=, rerank=: keeps one of each line's candidates
     glossary: Glossary | None = None  # glossary=, keep=: terms read and encoded once
+    comet: Comet | None = None  # comet=: COMET-22 against ref=, or CometKiwi's column
 
 
 @dataclass
@@ -197,6 +202,8 @@ class Chunk:
     nbest: list[list[Hypothesis]]  # per input line
     texts: list[list[str]] = field(default_factory=list)  # detokenized hypotheses (translating)
     src_ids: list[list[int]] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)  # the input lines' source texts
+    qe: list[float] = field(default_factory=list)  # comet= a CometKiwi: each line's score
 
 
 def translate(cfg: TranslateConfig) -> dict:
@@ -247,13 +254,32 @@ def open_session(cfg: TranslateConfig) -> Session:
         chooser = Chooser.open(cfg, translator.tgt_tok, device, workers)
         glossary = Glossary.load(cfg.glossary, cfg.keep, translator.tgt_tok,
                                  translator.max_input_tokens)
+        comet = open_comet(cfg, refs, device)
     except NmtError:
         translator.close()
         raise
     limit = min(cfg.max_input_tokens, translator.max_input_tokens) - len(languages.source)
     name = "<stdin>" if cfg.input == "-" else cfg.input
     return Session(cfg, translator, env, limit, name, refs, phrases, splitter, languages,
-                   chooser, glossary)
+                   chooser, glossary, comet)
+
+
+def open_comet(cfg: TranslateConfig, refs: list[list[str]] | None, device: torch.device
+               ) -> Comet | None:
+    """comet=DIR's model (None without), checked against its use: a reference-based COMET-22
+    needs ref= (or mbr.utility=comet), a CometKiwi's column one translation per line."""
+    if not cfg.comet:
+        return None
+    model = load_comet(cfg.comet, str(device))
+    mbr = cfg.mbr.candidates and cfg.mbr.utility == "comet"
+    if model.spec.needs_reference and refs is None and not mbr:
+        raise ConfigError(f"comet: {cfg.comet} is a reference-based COMET-22 "
+                          f"({model.spec.form}): give ref=FILE (or mbr.utility=comet); a "
+                          "CometKiwi model scores without references")
+    if not model.spec.needs_reference and cfg.search.nbest > 1:
+        raise ConfigError(f"comet: {cfg.comet} is a CometKiwi, a score per output line: "
+                          f"needs search.nbest=1, got {cfg.search.nbest}")
+    return model
 
 
 def split_lang(cfg: TranslateConfig, vocab: Vocab) -> str:
@@ -294,10 +320,10 @@ def run_all(s: Session) -> dict:
     start = time.perf_counter()
     chunk = process(s, lines, 0)
     seconds = time.perf_counter() - start
-    result = finish(s, chunk.nbest, chunk.texts, seconds, len(chunk.src_ids))
+    result = finish(s, chunk, seconds)
     if s.env.is_main:
         write_lines(cfg.output, chunk.lines)
-        report(result, s.refs, cfg)
+        report(result, s.refs, cfg, s.comet)
     if cfg.attention_plot and s.env.is_main:
         from nmt.training.plot import plot_attention
 
@@ -311,7 +337,7 @@ def run_all(s: Session) -> dict:
 def run_interactive(s: Session) -> dict:
     """Translate (or score) standard input chunk by chunk as lines arrive, writing each
     chunk's output at once when it goes to standard output."""
-    out, nbest, texts, first, segments = [], [], [], 0, 0
+    out, first, whole = [], 0, Chunk([], [])
     start = time.perf_counter()
     for raw in arriving_chunks(sys.stdin.buffer):
         lines = [decode_line(line, first + i + 1, s.name) for i, line in enumerate(raw)]
@@ -320,25 +346,31 @@ def run_interactive(s: Session) -> dict:
             write_lines("-", chunk.lines)
         else:
             out += chunk.lines
-        nbest, texts, first = nbest + chunk.nbest, texts + chunk.texts, first + len(lines)
-        segments += len(chunk.src_ids)
+        whole = Chunk([], whole.nbest + chunk.nbest, whole.texts + chunk.texts,
+                      whole.src_ids + chunk.src_ids, whole.sources + chunk.sources,
+                      whole.qe + chunk.qe)
+        first += len(lines)
     if s.cfg.output != "-":
         write_lines(s.cfg.output, out)
-    result = finish(s, nbest, texts, time.perf_counter() - start, segments)
-    report(result, s.refs, s.cfg)
+    result = finish(s, whole, time.perf_counter() - start)
+    report(result, s.refs, s.cfg, s.comet)
     return result
 
 
-def finish(s: Session, nbest: list[list[Hypothesis]], texts: list[list[str]],
-           seconds: float, segments: int) -> dict:
-    """The result of a run: hypotheses (or scored pairs), the time taken and the number of
-    segments decoded (with split=sentence|paragraph, the lines' pieces)."""
+def finish(s: Session, chunk: Chunk, seconds: float) -> dict:
+    """The result of a run (all its lines' chunk): hypotheses (or scored pairs), the time
+    taken, the number of segments decoded (with split=sentence|paragraph, the lines' pieces),
+    the sources, and with a CometKiwi each line's score (comet_qe)."""
+    nbest = chunk.nbest
     if s.cfg.score_reference:
         return {"pairs": [hyps[0] for hyps in nbest], "seconds": seconds}
     check_references(s, len(nbest))
     check_constraint_lines(s, len(nbest))
-    return {"hypotheses": [t[0] for t in texts], "nbest": nbest, "seconds": seconds,
-            "segments": segments}
+    result = {"hypotheses": [t[0] for t in chunk.texts], "nbest": nbest, "seconds": seconds,
+              "segments": len(chunk.src_ids), "sources": chunk.sources}
+    if s.comet is not None and not s.comet.spec.needs_reference:
+        result["comet_qe"] = chunk.qe
+    return result
 
 
 def process(s: Session, lines: list[str], first: int, interactive: bool = False) -> Chunk:
@@ -352,6 +384,7 @@ def process(s: Session, lines: list[str], first: int, interactive: bool = False)
         second = s.refs[0][first:first + len(lines)]
         if len(second) != len(lines):
             raise NmtError(f"{cfg.ref}: {len(s.refs[0])} target lines but {s.name} has more")
+    line_sources = sources
     docs, sources, streams = split_lines(s, sources)
     src_ids = s.languages.sources(encode_lines(tr.src_tok, sources, s.limit, s.name, cfg.quiet,
                                                first))
@@ -394,7 +427,11 @@ def process(s: Session, lines: list[str], first: int, interactive: bool = False)
     nbest = 1 if s.chooser is not None else cfg.search.nbest
     out = [line for i, (hs, t, a) in enumerate(zip(hyps, texts, links, strict=True))
            for line in format_output(first + i, hs, t, nbest, a, word_columns(s, hs))]
-    return Chunk(out, hyps, texts, src_ids)
+    qe = []
+    if s.comet is not None and not s.comet.spec.needs_reference and s.env.is_main:
+        qe = s.comet.qe(line_sources, [t[0] for t in texts], progress=not cfg.quiet)
+        out = [f"{line}\t{q:.4f}" for line, q in zip(out, qe, strict=True)]
+    return Chunk(out, hyps, texts, src_ids, line_sources, qe)
 
 
 def without_language(s: Session, h: Hypothesis) -> Hypothesis:
@@ -553,8 +590,10 @@ def check_references(s: Session, lines: int) -> None:
             raise NmtError(f"{path}: {len(stream)} reference lines but {lines} input lines")
 
 
-def report(result: dict, refs: list[list[str]] | None, cfg: TranslateConfig) -> None:
-    """The speed summary, and BLEU and chrF with their signatures when there are references."""
+def report(result: dict, refs: list[list[str]] | None, cfg: TranslateConfig,
+           comet: Comet | None = None) -> None:
+    """The speed summary, and BLEU and chrF with their signatures when there are references;
+    COMET-22 against the first references, or CometKiwi's mean, with comet=."""
     seconds = max(result["seconds"], 1e-9)
     if cfg.score_reference:
         if not cfg.quiet:
@@ -578,6 +617,23 @@ def report(result: dict, refs: list[list[str]] | None, cfg: TranslateConfig) -> 
         log(f"BLEU signature: {scores['bleu_signature']}")
         log(scores["chrf_line"])
         log(f"chrF signature: {scores['chrf_signature']}")
+    if comet is not None and n and (refs is not None or "comet_qe" in result):
+        report_comet(result, refs, cfg, comet)
+
+
+def report_comet(result: dict, refs: list[list[str]] | None, cfg: TranslateConfig,
+                 comet: Comet) -> None:
+    """COMET-22 of the hypotheses against the first references (result["scores"]["comet"]),
+    or the mean of CometKiwi's scores (result["comet_qe_mean"]), logged with the model."""
+    if comet.spec.needs_reference:
+        segments = comet.score(result["sources"], result["hypotheses"], refs[0],
+                               progress=not cfg.quiet)
+        value = result.setdefault("scores", {})["comet"] = system_score(segments)
+        log(f"COMET = {value:.4f} ({comet.spec.form}, {cfg.comet}, {len(segments)} lines)")
+    else:
+        value = result["comet_qe_mean"] = system_score(result["comet_qe"])
+        log(f"COMET-QE = {value:.4f} (reference-free, {cfg.comet}, "
+            f"{len(result['comet_qe'])} lines)")
 
 
 def search_summary(cfg: TranslateConfig) -> str:

@@ -21,9 +21,10 @@ and `train_text` too, and reads as one training corpus of weight 1 without a tag
     splits              {split: {"pairs", "src_tokens", "tgt_tokens"}}: what the sizes of
                         .bin (itemsize x tokens) and .idx (8 x (pairs + 1)) are checked against
     counts              {split: {"read", "invalid_utf8", "empty", "duplicate", "held_out",
-                        "too_long", "ratio", "kept"}}: the cleaning report (null: the step does
-                        not apply; held_out: multilingual training pairs with a side among
-                        the valid or test sentences of its language, dropped)
+                        "comet_qe", "too_long", "ratio", "kept"}}: the cleaning report (null:
+                        the step does not apply; held_out: multilingual training pairs with a
+                        side among the valid or test sentences of its language, dropped;
+                        comet_qe: training pairs below clean.comet_qe_min, dropped)
     corpora             the training corpora in the order of the train split, each {"name",
                         "input" (its spec), "weight" (nmt-train's default sampling weight),
                         "tag" ("" or the piece that starts each source sentence), "tag_id"

@@ -1,7 +1,8 @@
 """Stage 2 of nmt-preprocess: pairs cleaned and filtered. Each split's corpora are streamed
 once through the text filters (UTF-8, Unicode normalisation, stripped whitespace, empty pairs
 and duplicate training pairs dropped, and in a multilingual run the training pairs with a side
-among the valid and test sentences: HeldOut) into cleaned text cut into chunks for the
+among the valid and test sentences: HeldOut; with clean.comet_qe, the training pairs a
+CometKiwi model scores below clean.comet_qe_min) into cleaned text cut into chunks for the
 encoding workers; the counts of what each filter dropped."""
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ if TYPE_CHECKING:
     from nmt.config import CleanConfig, PreprocessConfig
 
 CHUNK = 10_000  # pairs per encoding task
-COUNTS = ("read", "invalid_utf8", "empty", "duplicate", "held_out", "too_long", "ratio",
-          "kept")
+COUNTS = ("read", "invalid_utf8", "empty", "duplicate", "held_out", "comet_qe", "too_long",
+          "ratio", "kept")
 _LINE_BREAKS = re.compile("[\r\n\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")  # what splitlines() splits
 
 
@@ -52,10 +53,15 @@ def clean_split(corpora: list[Corpus], clean: CleanConfig, src_out: Path, tgt_ou
     looked for across the corpora; with `held`, a pair with a side among its sentences is
     dropped too)."""
     dedup = clean.dedup and corpora[0].role == "train"
+    qe = QualityFilter.open(clean) if corpora[0].role == "train" else None
     seen: set[int] = set()
     chunks, owners, src_buf, tgt_buf = [], [], [], []
     with open(src_out, "wb") as fs, open(tgt_out, "wb") as ft:
         def flush(owner: int) -> None:
+            if qe is not None:
+                src_buf[:], tgt_buf[:] = qe.kept(src_buf, tgt_buf)
+                if not src_buf:
+                    return
             s0, t0 = fs.tell(), ft.tell()
             fs.write(("\n".join(src_buf) + "\n").encode())
             ft.write(("\n".join(tgt_buf) + "\n").encode())
@@ -66,6 +72,8 @@ def clean_split(corpora: list[Corpus], clean: CleanConfig, src_out: Path, tgt_ou
 
         for k, corpus in enumerate(corpora):
             read = invalid = empty = duplicate = held_out = 0
+            if qe is not None:
+                qe.dropped = 0
             pairs = corpus.pairs(skip_invalid=clean.invalid_utf8 == "skip")
             for src, tgt in tqdm(pairs, total=corpus.size, desc=f"clean {corpus.role}",
                                  unit=" pairs", unit_scale=True, disable=None):
@@ -92,14 +100,47 @@ def clean_split(corpora: list[Corpus], clean: CleanConfig, src_out: Path, tgt_ou
                     flush(k)
             if src_buf:
                 flush(k)
-            kept = read - invalid - empty - duplicate - held_out
+            low = qe.dropped if qe is not None else 0
+            kept = read - invalid - empty - duplicate - held_out - low
             counts[k].update(read=read, invalid_utf8=invalid, empty=empty, kept=kept,
                              duplicate=duplicate if dedup else None,
-                             held_out=held_out if held is not None else None)
+                             held_out=held_out if held is not None else None,
+                             comet_qe=low if qe is not None else None)
             if kept == 0:
                 raise NmtError(f"{corpus.role}: no pairs left after cleaning {corpus.name} "
                                f"({_summary(counts[k])})")
     return CleanText(src_out, tgt_out, sum(c["kept"] for c in counts), chunks, owners)
+
+
+class QualityFilter:
+    """clean.comet_qe: CometKiwi's reference-free score of each training pair (the target as
+    the translation of the source), and the pairs below clean.comet_qe_min dropped."""
+
+    def __init__(self, comet, minimum: float):
+        self.comet, self.minimum, self.dropped = comet, minimum, 0
+
+    @classmethod
+    def open(cls, clean: CleanConfig) -> QualityFilter | None:
+        """The filter clean asks for (None without clean.comet_qe), its model loaded once
+        (on a GPU where there is one)."""
+        if not clean.comet_qe:
+            return None
+        import torch
+
+        from nmt.inference.comet import load_comet
+
+        comet = load_comet(clean.comet_qe, "cuda" if torch.cuda.is_available() else "cpu")
+        if comet.spec.needs_reference:
+            raise NmtError(f"clean.comet_qe: {clean.comet_qe} is a reference-based COMET-22; "
+                           "filtering pairs needs a reference-free CometKiwi model")
+        return cls(comet, clean.comet_qe_min)
+
+    def kept(self, src: list[str], tgt: list[str]) -> tuple[list[str], list[str]]:
+        """The pairs scoring at least the minimum; the others counted in `dropped`."""
+        scores = self.comet.qe(src, tgt, progress=True)
+        keep = [i for i, score in enumerate(scores) if score >= self.minimum]
+        self.dropped += len(src) - len(keep)
+        return [src[i] for i in keep], [tgt[i] for i in keep]
 
 
 @dataclass

@@ -9,6 +9,11 @@ once, with sacreBLEU's own statistics and formulas (its private helpers, through
 nmt.system.private_ops; the public `sentence_score` per pair where they are gone; the tests check
 the two agree). Identical candidates are scored once and counted with their multiplicity.
 
+The utility comet (nmt-translate comet=DIR, a COMET-22 model: nmt.inference.comet) scores a
+candidate against a pseudo-reference given the source. COMET-22 combines sentence embeddings, so
+every distinct source and candidate of a batch of lines is embedded once, and only its small
+head runs per pair (U (U - 1) per line, U the distinct candidates).
+
 Pairwise selection costs N (N - 1) utilities per source. chrF's reference aggregation
 (DeNero et al. 2009; Vamvas and Sennrich 2024) is linear in N: each candidate is compared with
 one pseudo-reference whose character n-gram counts are the others' averaged, instead of with
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 from collections import Counter
 from functools import cache
+from typing import TYPE_CHECKING
 
 from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.metrics.helpers import extract_all_char_ngrams, extract_all_word_ngrams
@@ -26,6 +32,9 @@ from sacrebleu.metrics.helpers import extract_all_char_ngrams, extract_all_word_
 from nmt.config import MBR_UTILITIES
 from nmt.errors import NmtError
 from nmt.system import private_ops
+
+if TYPE_CHECKING:
+    from nmt.inference.comet import Comet
 
 
 @cache
@@ -144,10 +153,48 @@ def expected_utilities(candidates: list[str], utility: str = "chrf",
         total = _summed([feats[u] for u in unique], [counts[u] for u in unique])
         value = {x: metric.score_aggregate(feats[x], total, n) for x in unique}
         return [value[x] for x in candidates]
-    scores = metric.pairwise(unique)  # (U, U): row x against column u
-    value = {x: sum((counts[u] - (u == x)) * score for u, score in zip(unique, row, strict=True))
-             / (n - 1) for x, row in zip(unique, scores, strict=True)}  # x itself once less
+    return _expected(candidates, metric.pairwise(unique))
+
+
+def _expected(candidates: list[str], scores: list[list[float]]) -> list[float]:
+    """Per candidate, its mean utility against the N - 1 others, from the utilities (U, U) of
+    the distinct candidates (in order of first appearance: row x against column u)."""
+    counts = Counter(candidates)
+    n = len(candidates)
+    value = {x: sum((counts[u] - (u == x)) * score for u, score in zip(counts, row, strict=True))
+             / (n - 1) for x, row in zip(counts, scores, strict=True)}  # x itself once less
     return [value[x] for x in candidates]
+
+
+def comet_utilities(comet: Comet, sources: list[str], candidates: list[list[str]]
+                    ) -> list[list[float]]:
+    """Per line, each candidate's mean COMET-22 against the others as references, given the
+    line's source (0 for a line of fewer than 2). Each distinct text of all the lines is
+    embedded once; the head scores the pairs."""
+    import torch
+
+    texts = list(dict.fromkeys([*sources, *(c for cs in candidates for c in cs)]))
+    where = {t: i for i, t in enumerate(texts)}
+    emb = comet.embed(texts)  # (T, H)
+    out = []
+    for src, cands in zip(sources, candidates, strict=True):
+        if len(cands) < 2:
+            out.append([0.0] * len(cands))
+            continue
+        unique = list(dict.fromkeys(cands))
+        u = len(unique)
+        rows = torch.tensor([where[c] for c in unique])
+        hyp = emb[rows].repeat_interleave(u, dim=0)  # (U*U, H): row x, u times
+        ref = emb[rows].repeat(u, 1)  # (U*U, H): columns 1..U, U times
+        pairs = comet.estimate(emb[where[src]].expand(u * u, -1), hyp, ref).view(u, u)
+        out.append(_expected(cands, pairs.tolist()))
+    return out
+
+
+def pick(utilities: list[float], scores: list[float] | None = None) -> int:
+    """The index of highest utility; among equals, of highest model score, then the first."""
+    scores = scores if scores is not None else [0.0] * len(utilities)
+    return max(range(len(utilities)), key=lambda i: (utilities[i], scores[i]))
 
 
 def _summed(feats: list[list[Counter]], weights: list[int]) -> list[Counter]:
@@ -164,9 +211,7 @@ def mbr_select(candidates: list[str], scores: list[float] | None = None,
                utility: str = "chrf", aggregate: bool = False) -> int:
     """The index of the candidate of highest expected utility (expected_utilities); among
     equals, the one of highest model score (scores), then the first."""
-    eu = expected_utilities(candidates, utility, aggregate)
-    scores = scores if scores is not None else [0.0] * len(candidates)
-    return max(range(len(candidates)), key=lambda i: (eu[i], scores[i]))  # the first of equals
+    return pick(expected_utilities(candidates, utility, aggregate), scores)
 
 
 def closest(candidates: list[str], reference: str, utility: str = "chrf") -> int:

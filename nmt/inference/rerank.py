@@ -16,7 +16,9 @@ import torch
 
 from nmt.config import MbrConfig, RerankConfig, SearchConfig, TranslateConfig, candidate_search
 from nmt.data.tokenizer import Tokenizer
-from nmt.inference.mbr import mbr_select
+from nmt.errors import NmtError
+from nmt.inference.comet import Comet, load_comet
+from nmt.inference.mbr import comet_utilities, mbr_select, pick
 from nmt.inference.messages import Hypothesis
 from nmt.inference.translator import Translator
 
@@ -35,13 +37,16 @@ class Chooser:
     mbr, rerank: the choice (mbr.candidates > 0: MBR; else rerank, with `reverse`); search: the
     search asked for, which `self.search` widens to give the candidates; tgt_tok: the translating
     model's target tokenizer (candidates are compared, and rescored, as detokenized text);
-    reverse: the reverse model's Translator (rerank.model), which the Chooser closes.
+    reverse: the reverse model's Translator (rerank.model), which the Chooser closes;
+    comet: mbr.utility=comet's COMET-22 model (nmt-translate comet=DIR).
     nmt-translate opens one per run (Chooser.open), nmt-serve makes one per MBR request.
     """
 
     def __init__(self, mbr: MbrConfig, rerank: RerankConfig, search: SearchConfig,
-                 tgt_tok: Tokenizer, reverse: Translator | None = None):
+                 tgt_tok: Tokenizer, reverse: Translator | None = None,
+                 comet: Comet | None = None):
         self.mbr, self.rerank, self.tgt_tok, self.reverse = mbr, rerank, tgt_tok, reverse
+        self.comet = comet
         self.search = candidate_search(search, mbr)  # what the translator runs
 
     @classmethod
@@ -56,13 +61,23 @@ class Chooser:
             reverse = Translator.load(cfg.rerank.model, device, cfg.weights,
                                       dtype=cfg.search.dtype, workers=workers,
                                       threads=cfg.threads)
-        return cls(cfg.mbr, cfg.rerank, cfg.search, tgt_tok, reverse)
+        comet = None
+        if cfg.mbr.candidates and cfg.mbr.utility == "comet":
+            comet = load_comet(cfg.comet, str(device))
+            if not comet.spec.needs_reference:
+                raise NmtError(f"mbr.utility=comet: {cfg.comet} is a reference-free CometKiwi; "
+                               "MBR needs a reference-based COMET-22 (wmt22-comet-da)")
+        return cls(cfg.mbr, cfg.rerank, cfg.search, tgt_tok, reverse, comet)
 
     def choose(self, sources: list[str], nbest: list[list[Hypothesis]]
                ) -> list[list[Hypothesis]]:
         """Per line, its source text and candidates -> a list of the one kept."""
         texts = [self.tgt_tok.decode([h.tokens for h in hyps]) for hyps in nbest]
-        if self.mbr.candidates:
+        if self.mbr.candidates and self.comet is not None:
+            utilities = comet_utilities(self.comet, sources, texts)
+            picks = [pick(u, [h.score for h in hyps])
+                     for u, hyps in zip(utilities, nbest, strict=True)]
+        elif self.mbr.candidates:
             mbr = self.mbr
             picks = [mbr_select(t, [h.score for h in hyps], mbr.utility, mbr.aggregate)
                      for t, hyps in zip(texts, nbest, strict=True)]

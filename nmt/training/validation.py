@@ -1,7 +1,7 @@
 """nmt-train's validation (as Sockeye keeps its checkpoint decoder apart): the valid loss of
 the weights a checkpoint is translated with, greedy translations of the valid sources scored
-with BLEU and chrF (per direction in a multilingual run), and the best value and patience
-they decide."""
+with BLEU and chrF (and COMET-22 with train.comet; per direction in a multilingual run), and
+the best value and patience they decide."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from torch import nn
 
 from nmt.data.batches import EpochBatchIterator, clean_text_path, directions
 from nmt.data.tokenizer import Tokenizer
+from nmt.errors import NmtError
+from nmt.inference.comet import Comet, load_comet, system_score
 from nmt.inference.scoring import read_references, score
 from nmt.inference.translator import Translator
 from nmt.system.files import read_lines
@@ -30,7 +32,7 @@ def validate_and_track(run: Run, logs: RunLog | None) -> bool:
     valid = validate(run)
     run.last_valid, run.validated_at = valid, run.update
     value = valid[tc.best_metric]
-    higher = tc.best_metric in ("bleu", "chrf")
+    higher = tc.best_metric in ("bleu", "chrf", "comet")
     improved = run.best is None or (value > run.best if higher else value < run.best)
     if improved:
         run.best, run.bad_validations = value, 0
@@ -41,6 +43,7 @@ def validate_and_track(run: Run, logs: RunLog | None) -> bool:
         logs.write("valid", run.update, run.data.train.epoch, valid)
         logs.draw()
     extra = "".join(f" {k} {valid[k]:.2f}" for k in ("bleu", "chrf") if k in valid)
+    extra += f" comet {valid['comet']:.4f}" if "comet" in valid else ""
     extra += "".join(f" | {k.split('/')[1]} loss {v:.3f}" + (
         f" bleu {valid['bleu/' + k.split('/')[1]]:.2f}" if "bleu/" + k.split("/")[1] in valid
         else "") for k, v in valid.items() if k.startswith("loss/"))
@@ -85,7 +88,7 @@ def valid_scores(run: Run, model: nn.Module, bleu: bool = True) -> dict:
         if bleu and run.cfg.train.valid_bleu:
             scores.update(valid_bleu(run, model, [i for first, n in part["ranges"]
                                                   for i in range(first, first + n)]))
-        for key in ("loss", "nll", "bleu", "chrf"):
+        for key in ("loss", "nll", "bleu", "chrf", "comet"):
             if key in scores:
                 out[f"{key}/{name}"] = scores[key]
                 means.setdefault(key, []).append(scores[key])
@@ -124,7 +127,8 @@ def valid_loss(run: Run, model: nn.Module, sections: list[dict] | None = None,
 
 def valid_bleu(run: Run, model: nn.Module, sentences: list[int] | None = None) -> dict:
     """Greedy translations of the valid sources (or of those numbered `sentences`) by
-    `model`, detokenized and scored with sacreBLEU (the first valid_bleu_max_sentences)."""
+    `model`, detokenized and scored with sacreBLEU (the first valid_bleu_max_sentences), and
+    with train.comet's COMET-22 against the first references."""
     tc, env, valid, vocab = run.cfg.train, run.env, run.data.valid, run.vocab
     sentences = sentences if sentences is not None else list(range(len(valid)))
     sentences = sentences[:tc.valid_bleu_max_sentences or len(sentences)]
@@ -142,21 +146,40 @@ def valid_bleu(run: Run, model: nn.Module, sentences: list[int] | None = None) -
         hyps.update(part)
     tgt = translator.tgt_tok
     hyp_text = tgt.decode([hyps[i] for i in range(n)])
-    scores = score(hyp_text, valid_references(run, tgt, sentences), tc.bleu_tokenize)
-    return {"bleu": scores["bleu"], "chrf": scores["chrf"], "bleu_sentences": n}
+    refs = valid_references(run, tgt, sentences)
+    scores = score(hyp_text, refs, tc.bleu_tokenize)
+    out = {"bleu": scores["bleu"], "chrf": scores["chrf"], "bleu_sentences": n}
+    if tc.comet:
+        sources = valid_texts(run, "src", translator.src_tok, sentences)
+        out["comet"] = system_score(valid_comet(run).score(sources, hyp_text, refs[0]))
+    return out
+
+
+def valid_comet(run: Run) -> Comet:
+    """train.comet's COMET-22 model on the run's device (loaded once per process); a one-line
+    error for a reference-free one."""
+    comet = load_comet(run.cfg.train.comet, str(run.env.device))
+    if not comet.spec.needs_reference:
+        raise NmtError(f"train.comet: {run.cfg.train.comet} is a reference-free CometKiwi; "
+                       "validation scores against references: give a COMET-22 model")
+    return comet
+
+
+def valid_texts(run: Run, side: str, tok: Tokenizer, sentences: list[int]) -> list[str]:
+    """The lines `sentences` of the cleaned valid text of `side` (src or tgt: the file the
+    manifest names, valid.clean.<lang>), or the decoded ids when absent."""
+    text = clean_text_path(run.cfg.data_dir, run.data.manifest, "valid", side)
+    if text is not None and text.is_file():
+        lines = read_lines(str(text), f"valid {side} text")
+        return [lines[i] for i in sentences]
+    log.warning("%s: no cleaned valid %s text: scoring decoded ids", run.cfg.data_dir, side)
+    return tok.decode([getattr(run.data.valid, side)[i].tolist() for i in sentences])
 
 
 def valid_references(run: Run, tgt: Tokenizer, sentences: list[int]) -> list[list[str]]:
     """The cleaned valid targets (the file the manifest names, valid.clean.<tgt_lang>, or the
     decoded ids when absent), then each file of train.valid_refs: the lines `sentences` of
     each."""
-    text = clean_text_path(run.cfg.data_dir, run.data.manifest, "valid", "tgt")
-    if text is not None and text.is_file():
-        lines = read_lines(str(text), "valid references")
-        first = [lines[i] for i in sentences]
-    else:
-        log.warning("%s: no cleaned valid text: scoring against decoded references",
-                    run.cfg.data_dir)
-        first = tgt.decode([run.data.valid.tgt[i].tolist() for i in sentences])
+    first = valid_texts(run, "tgt", tgt, sentences)
     extra = read_references(run.cfg.train.valid_refs, len(run.data.valid), "valid pairs")
     return [first, *([stream[i] for i in sentences] for stream in extra)]
