@@ -384,7 +384,7 @@ class PreprocessConfig:
     out_dir: str = MISSING  # the data directory to write (atomically: temp dir, then rename)
     force: bool = False  # replace an existing out_dir (only a data directory, or an empty one)
     workers: int = 0  # encoding processes; 0 uses every core
-    keep_text: bool = False  # keep the cleaned training text too (train.subword_sampling needs it)
+    keep_text: bool = False  # keep the cleaned training text (train.subword_sampling, augment)
     hf_name: str = ""  # a hub dataset name for datasets.load_dataset (needs internet), e.g. wmt14
     hf_config: str = ""  # the hub dataset's configuration, e.g. de-en for wmt14
     bpe: BpeConfig = field(default_factory=BpeConfig)

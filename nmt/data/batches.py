@@ -345,7 +345,7 @@ class SubwordSampler:
         return (1 + SAMPLING_ROOM * self.alpha) * (1 + AUGMENT_ROOM * bool(self.augment))
 
     def cases(self, seed: int, epoch: int, ids: np.ndarray) -> Cases | None:
-        """Sentences `ids`' upper and title case draws in `epoch` (None: no augment)."""
+        """Which of sentences `ids` `epoch` cases and gives typos (None: no augment)."""
         return self.augment and draw_cases(self.augment, seed, epoch, ids)
 
     def texts(self, ids: np.ndarray, seed: list[int], cases: Cases | None
@@ -367,7 +367,7 @@ class SubwordSampler:
     def segment(self, data: ParallelData, ids: np.ndarray, seed: list[int], limit: int,
                 cases: Cases | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Sentences `ids` as (source, target) id arrays drawn with `seed` (a list of ints;
-        `cases`: their case draws, with augment); a side longer than `limit` ids is the
+        `cases`: their draw_cases, with augment); a side longer than `limit` ids is the
         stored segmentation instead, and both sides are of a rewritten pair."""
         src, tgt, changed = self.texts(ids, seed, cases)
         drawn = []
@@ -528,11 +528,11 @@ class EpochBatchIterator:
     batches consumed) is saved in checkpoints; the same settings replay the same batches.
     Sentences longer than max_tokens or max_positions are skipped (counted). With a
     `sampler` (subword sampling, augment) batches are cut for max_tokens / sampler.room
-    stored tokens (upper- and title-cased sentences counted at their estimated lengths), and
+    stored tokens (cased and typo'd sentences counted at their estimated lengths), and
     each sentence side may grow to the longest row that keeps the batch within max_tokens
     (and max_positions); its draw is seeded by (seed, epoch, the batch's index in the epoch),
-    the case draws by (seed, epoch, sentence), so resumes and any number of ranks see the
-    same segmentations.
+    augment's case and typo draws by (seed, epoch, sentence), so resumes and any number of
+    ranks see the same segmentations.
     """
 
     def __init__(self, data: ParallelData, max_tokens: int, seed: int, pad_id: int,
