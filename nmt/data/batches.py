@@ -368,10 +368,13 @@ class SubwordSampler:
                 cases: Cases | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Sentences `ids` as (source, target) id arrays drawn with `seed` (a list of ints;
         `cases`: their draw_cases, with augment); a side longer than `limit` ids is the
-        stored segmentation instead, and both sides are of a rewritten pair."""
+        stored segmentation instead, and both sides are of a rewritten pair. Without subword
+        sampling only the rewritten pairs are encoded (the others' stored ids are theirs)."""
         src, tgt, changed = self.texts(ids, seed, cases)
+        redo = [k for k, c in enumerate(changed) if c or self.alpha]  # positions to encode
         drawn = []
         for side, lines, tok in (("src", src, self.src_tok), ("tgt", tgt, self.tgt_tok)):
+            lines = [lines[k] for k in redo]
             if self.alpha:
                 state = np.random.SeedSequence([*seed, side == "tgt"]).generate_state(
                     1, np.uint64)
@@ -379,16 +382,17 @@ class SubwordSampler:
             else:
                 rows = tok.encode(lines, num_threads=1)
             if side == "src":
-                rows = [([t] if t >= 0 else []) + x for t, x in zip(self.tag[ids], rows,
+                rows = [([t] if t >= 0 else []) + x for t, x in zip(self.tag[ids[redo]], rows,
                                                                    strict=True)]
-            drawn.append(rows)
-        out_src, out_tgt = [], []
-        for s, t, i, rewritten in zip(*drawn, ids, changed, strict=True):
+            drawn.append(dict(zip(redo, rows, strict=True)))
+        out_src, out_tgt = [data.src[i] for i in ids], [data.tgt[i] for i in ids]
+        for k in redo:
+            s, t = drawn[0][k], drawn[1][k]
             fits_s, fits_t = len(s) <= limit, len(t) <= limit
-            if rewritten and not (fits_s and fits_t):
-                fits_s = fits_t = False
-            out_src.append(np.asarray(s) if fits_s else data.src[i])
-            out_tgt.append(np.asarray(t) if fits_t else data.tgt[i])
+            if changed[k] and not (fits_s and fits_t):
+                continue  # a rewritten pair keeps both stored sides
+            out_src[k] = np.asarray(s) if fits_s else out_src[k]
+            out_tgt[k] = np.asarray(t) if fits_t else out_tgt[k]
         return out_src, out_tgt
 
 
