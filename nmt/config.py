@@ -43,6 +43,11 @@ def _check_prob(value: float, key: str) -> None:
     _check(0.0 <= value < 1.0, key, f"must be in [0, 1), got {value}")
 
 
+def _check_rate(value: float, key: str) -> None:
+    """A rate (a share of sentences) in [0, 1]."""
+    _check(0.0 <= value <= 1.0, key, f"must be in [0, 1], got {value}")
+
+
 def _check_min(node: object, prefix: str, low: float, *names: str) -> None:
     """Each field `names` of `node` is at least `low`; the error names the key and the value."""
     for name in names:
@@ -385,7 +390,7 @@ class PreprocessConfig:
     out_dir: str = MISSING  # the data directory to write (atomically: temp dir, then rename)
     force: bool = False  # replace an existing out_dir (only a data directory, or an empty one)
     workers: int = 0  # encoding processes; 0 uses every core
-    keep_text: bool = False  # keep the cleaned training text too (train.subword_sampling needs it)
+    keep_text: bool = False  # keep the cleaned training text (train.subword_sampling, augment)
     hf_name: str = ""  # a hub dataset name for datasets.load_dataset (needs internet), e.g. wmt14
     hf_config: str = ""  # the hub dataset's configuration, e.g. de-en for wmt14
     bpe: BpeConfig = field(default_factory=BpeConfig)
@@ -422,6 +427,30 @@ BEST_METRICS = ("loss", "ppl", "bleu", "chrf", "comet")  # comet, bleu, chrf: hi
 
 
 @dataclass
+class AugmentConfig:
+    """Robustness noise on the fly, after OpusTrainer's modifiers (nmt.data.augment): each
+    rate is the share of training pairs a modifier rewrites, drawn per pair and on its own,
+    seeded by the batch's place in the data as subword sampling is (exact resumes). Needs
+    nmt-preprocess keep_text=true. Tags (<2de>, <BT>, >>de<<, __KEEP1__) are left whole."""
+
+    uppercase: float = 0.0  # share of pairs upper-cased, source and target
+    titlecase: float = 0.0  # share of pairs with each word's first letter upper-cased, both sides
+    drop_punctuation: float = 0.0  # share of pairs losing final punctuation (where both have it)
+    typos: float = 0.0  # share of pairs given typos, on the source only
+    typo_edits: int = 1  # typos per such source, each a letter swapped, deleted or repeated
+
+    def __post_init__(self) -> None:
+        for name in ("uppercase", "titlecase", "drop_punctuation", "typos"):
+            _check_rate(getattr(self, name), f"train.augment.{name}")
+        _check_min(self, "train.augment.", 1, "typo_edits")
+
+    @property
+    def active(self) -> bool:
+        """Whether any modifier rewrites some pairs."""
+        return any((self.uppercase, self.titlecase, self.drop_punctuation, self.typos))
+
+
+@dataclass
 class TrainLoopConfig:
     """Batching, stopping, checkpointing, validation, logging and hardware of nmt-train."""
 
@@ -446,6 +475,9 @@ class TrainLoopConfig:
     # Batches are cut for max_tokens / (1 + 3 alpha) stored tokens, and a sampled side that
     # would push a batch past max_tokens keeps its stored segmentation.
     subword_sampling: float = 0.0  # BPE-dropout probability alpha at training time; 0: off
+    # Upper/title case, dropped final punctuation and typos on a share of the pairs, on the
+    # fly (OpusTrainer's modifiers); batches keep room for longer rows as subword sampling's.
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
     check_data: bool = False  # verify the data's checksums and ids at every start, not once
     # An update skipped on the device (non-finite loss or gradient, fp16 overflow) still counts
     # for max_updates, the intervals and checkpoint names (the host knows it without reading

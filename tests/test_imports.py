@@ -22,7 +22,7 @@ LAYERS = [
      "nmt.serve.api_keys", "nmt.serve.langid_codes"},
     # the paper's model, and what training and decoding both need
     {"nmt.model", "nmt.variants", "nmt.system.private_ops", "nmt.data.languages",
-     "nmt.data.tokenizer", "nmt.data.corpus", "nmt.inference.attention_maps",
+     "nmt.data.tokenizer", "nmt.data.corpus", "nmt.data.augment", "nmt.inference.attention_maps",
      "nmt.training.checkpoint", "nmt.training.distributed", "nmt.training.loss",
      "nmt.training.schedule", "nmt.training.cpu_training",
      "nmt.training.activation_checkpointing", "nmt.training.preemption",

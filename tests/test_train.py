@@ -79,16 +79,21 @@ def test_contract_commands_train_then_resume(tiny_data_dir, tmp_path):
     assert "d_ff=1024 != 512" in wrong.stderr
 
 
-@pytest.mark.parametrize("data", ["one corpus", "weighted corpora, subword sampling"])
+@pytest.mark.parametrize("data", ["one corpus", "weighted corpora, subword sampling",
+                                  "weighted corpora, augment"])
 def test_resume_is_bitwise_identical(tmp_path, data):
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
     opts = ["train.update_freq=2", "train.save_interval_updates=5", "model.dropout=0.1",
             "train.ema_decay=0.99"]
     if data == "one corpus":
         data = make_data_dir(tmp_path / "data", n_train=150)  # a few batches: epochs roll over
-    else:  # 50 + 2 x 30 pairs an epoch; batches mix the corpora, before and after the resume
+    elif data.endswith("subword sampling"):  # 50 + 2 x 30 pairs an epoch; batches mix the
+        data = make_corpora_dir(tmp_path / "data", n_real=50, n_bt=30)  # corpora, before
+        opts += ["train.subword_sampling=0.2"]  # and after the resume
+    else:  # every modifier drawn often, in both epochs
         data = make_corpora_dir(tmp_path / "data", n_real=50, n_bt=30)
-        opts += ["train.subword_sampling=0.2"]
+        opts += [f"train.augment.{k}=0.3" for k in ("uppercase", "titlecase", "typos",
+                                                     "drop_punctuation")]
     train(config(data, straight, "train.max_updates=12", *opts))
     train(config(data, interrupted, "train.max_updates=5", *opts))
     assert load_checkpoint(interrupted / "checkpoint_last.pt")["update"] == 5

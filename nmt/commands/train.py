@@ -259,8 +259,8 @@ def load_data(cfg: TrainConfig, env: distributed.DistInfo) -> Data:
                        f"({', '.join(c['name'] for c in corpora)})")
     if directions(manifest, "train"):
         weights = temperature_weights(corpora, weights, tc.temperature)
-    sampler = (SubwordSampler(cfg.data_dir, manifest, tc.subword_sampling)
-               if tc.subword_sampling else None)
+    sampler = (SubwordSampler(cfg.data_dir, manifest, tc.subword_sampling, tc.augment)
+               if tc.subword_sampling or tc.augment.active else None)
     itr = EpochBatchIterator(train, tc.max_tokens, tc.seed, vocab.pad_id, env.rank,
                              env.world_size, cfg.model.max_positions, corpora=corpora,
                              weights=weights, sampler=sampler,

@@ -58,6 +58,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import random
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -66,6 +67,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from nmt.config import AugmentConfig
+from nmt.data.augment import Cases, augment_pair, draw_cases
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NmtError
 from nmt.system.files import sha256_file, write_atomically
@@ -303,18 +306,26 @@ class ParallelData:
 # (debian-po, 8k pieces: +7% at alpha 0.05, +14% at 0.1, +31% at 0.2); with room for 3 x alpha
 # about 5% of the sentence sides (3% at 0.2) keep their stored segmentation for want of room.
 SAMPLING_ROOM = 3.0  # with subword sampling, batches are cut for max_tokens / (1 + 3 alpha)
+# train.augment: rows longer than their estimate (nmt.data.augment.GROWTH) get 10% more room
+# (debian-po, 4k pieces, cpu20's 1,536 tokens, rates 0.05 upper, 0.05 title, 0.1 typos, 0.1
+# punctuation: 4.1% of the rewritten pairs keep their stored segmentation, 8.0% without room).
+AUGMENT_ROOM = 0.1
 
 
 class SubwordSampler:
-    """The training sentences segmented afresh for every batch (train.subword_sampling):
-    BPE-dropout on the cleaned text that nmt-preprocess keep_text=true kept, each corpus's
-    tag put first on the source side as in the .bin. The draw depends on the batch's seed
-    alone. A segmentation longer than a batch's row limit keeps the stored one."""
+    """The training sentences encoded afresh for every batch from the cleaned text that
+    nmt-preprocess keep_text=true kept: segmented by BPE-dropout (train.subword_sampling,
+    alpha > 0) and/or rewritten by robustness modifiers first (train.augment: nmt.data.augment),
+    each corpus's tag put first on the source side as in the .bin. The draws depend on the
+    batch's seed and the sentences alone. A side longer than a batch's row limit keeps its
+    stored segmentation (both sides of a rewritten pair do)."""
 
-    def __init__(self, data_dir: str | Path, manifest: dict, alpha: float):
+    def __init__(self, data_dir: str | Path, manifest: dict, alpha: float,
+                 augment: AugmentConfig | None = None):
         text = manifest.get("train_text")
         if not text:
-            raise NmtError(f"train.subword_sampling={alpha}: {data_dir} has no training text "
+            asked = f"train.subword_sampling={alpha}" if alpha else "train.augment"
+            raise NmtError(f"{asked}: {data_dir} has no training text "
                            f"(preprocess it again with keep_text=true)")
         d, pairs = Path(data_dir), manifest["splits"]["train"]["pairs"]
         self.src_text, self.tgt_text = (
@@ -323,27 +334,67 @@ class SubwordSampler:
         self.src_tok = Tokenizer.from_file(d / manifest["spm"]["src"])
         self.tgt_tok = Tokenizer.from_file(d / manifest["spm"]["tgt"])
         self.alpha = alpha
+        self.augment = augment if augment is not None and augment.active else None
         self.tag = np.full(pairs, -1, dtype=np.int64)  # (pairs,) tag id per sentence, -1: none
         for corpus in training_corpora(manifest):
             if corpus["tag_id"] is not None:
                 self.tag[corpus["first"]:corpus["first"] + corpus["pairs"]] = corpus["tag_id"]
 
-    def segment(self, data: ParallelData, ids: np.ndarray, seed: list[int], limit: int
-                ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Sentences `ids` as (source, target) id arrays drawn with `seed` (a list of ints);
-        a side longer than `limit` ids is the stored segmentation instead."""
-        rows = []
-        for side, text, tok, stored in (("src", self.src_text, self.src_tok, data.src),
-                                        ("tgt", self.tgt_text, self.tgt_tok, data.tgt)):
-            lines = [text[i].tobytes().decode("utf-8") for i in ids]
-            state = np.random.SeedSequence([*seed, side == "tgt"]).generate_state(1, np.uint64)
-            drawn = tok.sample(lines, self.alpha, int(state[0]))
+    @property
+    def room(self) -> float:
+        """The factor batches are cut smaller by, for rows that grow."""
+        return (1 + SAMPLING_ROOM * self.alpha) * (1 + AUGMENT_ROOM * bool(self.augment))
+
+    def cases(self, seed: int, epoch: int, ids: np.ndarray) -> Cases | None:
+        """Which of sentences `ids` `epoch` cases and gives typos (None: no augment)."""
+        return self.augment and draw_cases(self.augment, seed, epoch, ids)
+
+    def texts(self, ids: np.ndarray, seed: list[int], cases: Cases | None
+              ) -> tuple[list[str], list[str], list[bool]]:
+        """Sentences `ids`' source and target text, augmented with `seed` where asked, and
+        which pairs that changed."""
+        src = [self.src_text[i].tobytes().decode("utf-8") for i in ids]
+        tgt = [self.tgt_text[i].tobytes().decode("utf-8") for i in ids]
+        if not self.augment:
+            return src, tgt, [False] * len(ids)
+        state = np.random.SeedSequence([*seed, 2]).generate_state(1, np.uint64)
+        rng = random.Random(int(state[0]))
+        pairs = [augment_pair(s, t, *drawn, self.augment, rng) for s, t, *drawn in
+                 zip(src, tgt, cases.upper.tolist(), cases.title.tolist(),
+                     cases.typos.tolist(), strict=True)]
+        return ([p[0] for p in pairs], [p[1] for p in pairs],
+                [p != (s, t) for p, s, t in zip(pairs, src, tgt, strict=True)])
+
+    def segment(self, data: ParallelData, ids: np.ndarray, seed: list[int], limit: int,
+                cases: Cases | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Sentences `ids` as (source, target) id arrays drawn with `seed` (a list of ints;
+        `cases`: their draw_cases, with augment); a side longer than `limit` ids is the
+        stored segmentation instead, and both sides are of a rewritten pair. Without subword
+        sampling only the rewritten pairs are encoded (the others' stored ids are theirs)."""
+        src, tgt, changed = self.texts(ids, seed, cases)
+        redo = [k for k, c in enumerate(changed) if c or self.alpha]  # positions to encode
+        drawn = []
+        for side, lines, tok in (("src", src, self.src_tok), ("tgt", tgt, self.tgt_tok)):
+            lines = [lines[k] for k in redo]
+            if self.alpha:
+                state = np.random.SeedSequence([*seed, side == "tgt"]).generate_state(
+                    1, np.uint64)
+                rows = tok.sample(lines, self.alpha, int(state[0]))
+            else:
+                rows = tok.encode(lines, num_threads=1)
             if side == "src":
-                drawn = [([t] if t >= 0 else []) + x for t, x in zip(self.tag[ids], drawn,
-                                                                    strict=True)]
-            rows.append([np.asarray(x) if len(x) <= limit else stored[i]
-                         for x, i in zip(drawn, ids, strict=True)])
-        return rows[0], rows[1]
+                rows = [([t] if t >= 0 else []) + x for t, x in zip(self.tag[ids[redo]], rows,
+                                                                   strict=True)]
+            drawn.append(dict(zip(redo, rows, strict=True)))
+        out_src, out_tgt = [data.src[i] for i in ids], [data.tgt[i] for i in ids]
+        for k in redo:
+            s, t = drawn[0][k], drawn[1][k]
+            fits_s, fits_t = len(s) <= limit, len(t) <= limit
+            if changed[k] and not (fits_s and fits_t):
+                continue  # a rewritten pair keeps both stored sides
+            out_src[k] = np.asarray(s) if fits_s else out_src[k]
+            out_tgt[k] = np.asarray(t) if fits_t else out_tgt[k]
+        return out_src, out_tgt
 
 
 # ----------------------------------------------------------------------------- batching
@@ -481,10 +532,12 @@ class EpochBatchIterator:
     (lockstep), and gives rank r the batches r, r + world_size, ... Its position (epoch,
     batches consumed) is saved in checkpoints; the same settings replay the same batches.
     Sentences longer than max_tokens or max_positions are skipped (counted). With a
-    `sampler` (subword sampling) batches are cut for max_tokens / (1 + SAMPLING_ROOM alpha)
-    stored tokens, and each sentence side may grow to the longest row that keeps the batch
-    within max_tokens (and max_positions); its draw is seeded by (seed, epoch, the batch's
-    index in the epoch), so resumes and any number of ranks see the same segmentations.
+    `sampler` (subword sampling, augment) batches are cut for max_tokens / sampler.room
+    stored tokens (cased and typo'd sentences counted at their estimated lengths), and
+    each sentence side may grow to the longest row that keeps the batch within max_tokens
+    (and max_positions); its draw is seeded by (seed, epoch, the batch's index in the epoch),
+    augment's case and typo draws by (seed, epoch, sentence), so resumes and any number of
+    ranks see the same segmentations.
     """
 
     def __init__(self, data: ParallelData, max_tokens: int, seed: int, pad_id: int,
@@ -498,7 +551,7 @@ class EpochBatchIterator:
         self.shuffle, self.lockstep = shuffle, lockstep  # validation: neither
         self.sampler = sampler
         self.budget = (max_tokens if sampler is None
-                       else max(1, math.floor(max_tokens / (1 + SAMPLING_ROOM * sampler.alpha))))
+                       else max(1, math.floor(max_tokens / sampler.room)))
         self.src_len, self.tgt_len = data.src_lengths(), data.tgt_lengths()
         too_long = np.maximum(self.src_len, self.tgt_len) > max_tokens
         if max_positions:
@@ -518,13 +571,25 @@ class EpochBatchIterator:
         kept = (self.kept if all(w == 1 for w in self.weights)
                 else weighted_sentences(self.kept_by_corpus, self.weights, rng))
         kept = rng.permutation(kept) if self.shuffle else kept
-        order = kept[np.lexsort((self.src_len[kept], self.tgt_len[kept]))]  # stable sort
-        batches = batch_by_tokens(order, self.src_len, self.tgt_len, self.budget)
+        src_len, tgt_len = self.lengths(epoch)
+        order = kept[np.lexsort((src_len[kept], tgt_len[kept]))]  # stable sort
+        batches = batch_by_tokens(order, src_len, tgt_len, self.budget)
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         if self.lockstep:  # every rank takes the same number of steps
             batches = batches[:len(batches) - len(batches) % self.world_size]
         return batches
+
+    def lengths(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """The sentences' (source, target) lengths that `epoch` is batched by: the stored
+        ones, those of the cased and typo'd sentences (train.augment) grown by their
+        estimate (nmt.data.augment.GROWTH)."""
+        cases = self.sampler and self.sampler.cases(self.seed, epoch, np.arange(len(self.data)))
+        if cases is None:
+            return self.src_len, self.tgt_len
+        growth = cases.growth(self.sampler.augment.typo_edits)
+        return (np.ceil(self.src_len * growth).astype(np.int64),
+                np.ceil(self.tgt_len * growth).astype(np.int64))
 
     def local_batches(self, epoch: int) -> list[np.ndarray]:
         """This rank's batches of `epoch` (index arrays), computed once per epoch."""
@@ -550,7 +615,8 @@ class EpochBatchIterator:
                 limit = min(limit, self.max_positions)
             rows = self.sampler.segment(self.data, ids, [self.seed, epoch,
                                                          self.global_index(local_index)],
-                                        limit - 1)  # room for EOS (and BOS)
+                                        limit - 1,  # room for EOS (and BOS)
+                                        self.sampler.cases(self.seed, epoch, ids))
         return collate(self.data, ids, self.pad_id, rows, self.pad_to, self.max_positions)
 
     def __iter__(self):

@@ -93,7 +93,11 @@ class Tokenizer:
                 and sp.id_to_piece(i)[:1].isalnum()]
 
     def encode(self, lines: list[str], num_threads: int = -1) -> list[list[int]]:
-        """Raw text lines -> subword ids (no BOS/EOS); num_threads=-1 lets SentencePiece choose."""
+        """Raw text lines -> subword ids (no BOS/EOS); num_threads=-1 lets SentencePiece choose.
+        With one thread the lines are encoded one by one: SentencePiece's list call costs a
+        thread pool each time (debian-po, 64 lines: ~10 ms, one by one ~0.3 ms)."""
+        if num_threads == 1:
+            return [self.sp.encode(line, out_type=int) for line in lines]
         return self.sp.encode(lines, out_type=int, num_threads=num_threads)
 
     def sample(self, lines: Sequence[str], alpha: float, seed: int) -> list[list[int]]:
