@@ -301,17 +301,21 @@ def test_distill_score_checks_every_config_before_writing_anything(tmp_path):
 
 def test_distill_table_compares_each_engine_with_its_first_line():
     teacher, student = ["teacher", "t.pt", "-", "3600"], ["student", "s.pt", "s/sl.pt", "-"]
-    rows = [(teacher, "nmt", 4, {"bleu": 20, "chrf": 50, "speed": 10}),
-            (teacher, "nmt", 1, {"bleu": 19, "chrf": 49, "speed": 25}),
-            (teacher, "ctranslate2", 4, {"bleu": 20.5, "chrf": 50, "speed": 20}),
-            (student, "nmt", 4, {"bleu": 19.5, "chrf": 49, "speed": 35}),
-            (student, "ctranslate2", 1, {"bleu": 19.5, "chrf": 49, "speed": 80})]
+    rows = [(teacher, "nmt", 4, {"bleu": 20, "chrf": 50, "comet": None, "speed": 10}),
+            (teacher, "nmt", 1, {"bleu": 19, "chrf": 49, "comet": None, "speed": 25}),
+            (teacher, "ctranslate2", 4, {"bleu": 20.5, "chrf": 50, "comet": None, "speed": 20}),
+            (student, "nmt", 4, {"bleu": 19.5, "chrf": 49, "comet": None, "speed": 35}),
+            (student, "ctranslate2", 1, {"bleu": 19.5, "chrf": 49, "comet": None, "speed": 80})]
     lines = distill_script().table(rows).splitlines()
     assert lines[1].split() == ["teacher", "nmt", "int8", "beam", "4", "60.0", "min", "20.00",
                                 "50.00", "10.0", "1.00x"]
     assert lines[2].split()[3] == "greedy" and lines[2].split()[-1] == "2.50x"
     assert lines[4].split()[-2:] == ["35.0", "3.50x"] and "+ shortlist" in lines[4]
     assert lines[5].split()[-2:] == ["80.0", "4.00x"] and lines[5].split()[6] == "-"
+    assert "COMET" not in lines[0]  # no COMET model given: no column
+    scored = [(r, e, b, {**m, "comet": 0.5 + i / 100}) for i, (r, e, b, m) in enumerate(rows)]
+    lines = distill_script().table(scored).splitlines()
+    assert lines[0].split()[6] == "COMET" and lines[4].split()[-3:] == ["0.5300", "35.0", "3.50x"]
 
 
 # ----------------------------------------------------------------------------- multilingual

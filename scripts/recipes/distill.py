@@ -10,7 +10,7 @@ each row's model translates TEST with search.dtype=int8 at each beam size (beam 
 beams without a length penalty, alpha 0, which CTranslate2's beam search lacks), in nmt and,
 where CTranslate2 is installed and the row is one checkpoint, with engine=ctranslate2
 (SHORTLIST: its lexical shortlist, or - for none; SECONDS: its training time, or -), and one
-table compares them: BLEU, chrF, sentences/s and that speed over the first row's first beam
+table compares them: BLEU, chrF (COMET with --comet), sentences/s and that speed over the first row's first beam
 size in the same engine. --dry-run prints each translation's validated config under
 "### score_NAME_ENGINE_bBEAM" instead.
 
@@ -52,6 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the beam sizes each row is scored at (1: greedy; default 4)")
     s.add_argument("--row", nargs=4, action="append", required=True,
                    metavar=("NAME", "CHECKPOINT", "SHORTLIST", "SECONDS"))
+    s.add_argument("--comet", default="", metavar="DIR",
+                   help="a COMET-22 model directory: a COMET column too (nmt-translate comet=)")
     s.add_argument("--dry-run", action="store_true", help="print the configs, translate nothing")
     return p.parse_args(argv)
 
@@ -88,30 +90,34 @@ def overrides(args: argparse.Namespace, row: list[str], engine: str, beam: int) 
     out = [f"checkpoint={checkpoint}", f"input={args.src}", f"ref={args.ref}",
            f"output={Path(args.out) / f'{name}.{engine}.b{beam}.txt'}", "quiet=true",
            f"engine={engine}", "search.dtype=int8", f"search.beam_size={beam}", "search.alpha=0"]
+    out += [f"comet={args.comet}"] * bool(args.comet)
     return out + [f"search.shortlist={shortlist}"] * (shortlist != "-")
 
 
 def measured(cfg: TranslateConfig) -> dict:
-    """BLEU, chrF and sentences/s of one translation of the test split."""
+    """BLEU, chrF, COMET (with comet=; else None) and sentences/s (of the translation alone)
+    of one translation of the test split."""
     result = translate(cfg)
     seconds = max(result["seconds"], 1e-9)
     return {"bleu": result["scores"]["bleu"], "chrf": result["scores"]["chrf"],
-            "speed": len(result["nbest"]) / seconds}
+            "comet": result["scores"].get("comet"), "speed": len(result["nbest"]) / seconds}
 
 
 def table(rows: list[tuple[list[str], str, int, dict]]) -> str:
-    """One line per (row, engine, beam size): training time, BLEU, chrF, sentences/s, and the
-    speed over the first line's in the same engine."""
+    """One line per (row, engine, beam size): training time, BLEU, chrF, COMET (where scored),
+    sentences/s, and the speed over the first line's in the same engine."""
     first = {}
+    comet = any(m["comet"] is not None for *_, m in rows)
     lines = [f"{'model':<10} {'engine':<30} {'search':<7} {'trained':>9} {'BLEU':>6} "
-             f"{'chrF':>6} {'sent/s':>8} {'speed':>6}"]
+             f"{'chrF':>6}" + f" {'COMET':>7}" * comet + f" {'sent/s':>8} {'speed':>6}"]
     for (name, _, shortlist, seconds), engine, beam, m in rows:
         first.setdefault(engine, m["speed"])
         how = f"{engine} int8" + (" + shortlist" if shortlist != "-" else "")
         search = f"beam {beam}" if beam > 1 else "greedy"
         trained = f"{int(seconds) / 60:.1f} min" if seconds.isdigit() else "-"
         lines.append(f"{name:<10} {how:<30} {search:<7} {trained:>9} {m['bleu']:6.2f} "
-                     f"{m['chrf']:6.2f} {m['speed']:8.1f} {m['speed'] / first[engine]:5.2f}x")
+                     f"{m['chrf']:6.2f}" + (f" {m['comet']:7.4f}" if comet else "")
+                     + f" {m['speed']:8.1f} {m['speed'] / first[engine]:5.2f}x")
     return "\n".join(lines)
 
 

@@ -38,6 +38,8 @@
 #                            as good as beam search)
 #   VOCAB [4000]             each model's joint SentencePiece vocabulary (bpe.vocab_size)
 #   AVERAGE [5]              the last checkpoints averaged (one every 500 updates)
+#   COMET []                 a COMET-22 model directory: the table gets a COMET column
+#                            (nmt-translate comet=DIR; docs/commands.md, COMET)
 #
 # --dry-run (or NMT_DRY_RUN=1) prints every command on stderr and, for each nmt-* step, its
 # composed and validated config under "### STEP" on stdout (the score step's under
@@ -66,6 +68,7 @@ SHORTLIST_K=${SHORTLIST_K:-50}
 AVERAGE=${AVERAGE:-5}
 VOCAB=${VOCAB:-4000}
 SCORE_BEAMS=${SCORE_BEAMS:-4 1}
+COMET=${COMET:-}
 
 fail() {  # fail MESSAGE: a one-line error, exit status 2
   echo "distill.sh: error: $1" >&2
@@ -149,7 +152,7 @@ trained student +recipe=cpu20 "${STUDENT_SHAPE[@]}" train.max_minutes="$STUDENT_
 
 # 5: teacher and student on the test split, int8, in nmt and CTranslate2, at each beam size
 SCORE=(python "$HERE/distill.py" score --src "$TEST_SRC" --ref "$TEST_TGT" --out "$WORK/score"
-  --beams "${BEAMS[@]}"
+  --beams "${BEAMS[@]}" ${COMET:+--comet "$COMET"}
   --row teacher "$TEACHER" - "${SPENT[teacher]}"
   --row student "$WORK/student/averaged.pt" "$WORK/student/data/shortlist.pt"
   "${SPENT[student]}")
