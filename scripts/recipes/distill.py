@@ -10,9 +10,9 @@ each row's model translates TEST with search.dtype=int8 at each beam size (beam 
 beams without a length penalty, alpha 0, which CTranslate2's beam search lacks), in nmt and,
 where CTranslate2 is installed and the row is one checkpoint, with engine=ctranslate2
 (SHORTLIST: its lexical shortlist, or - for none; SECONDS: its training time, or -), and one
-table compares them: BLEU, chrF (COMET with --comet), sentences/s and that speed over the first row's first beam
-size in the same engine. --dry-run prints each translation's validated config under
-"### score_NAME_ENGINE_bBEAM" instead.
+table compares them: BLEU, chrF (COMET with --comet), sentences/s and that speed over the
+first row's first beam size in the same engine. --dry-run prints each translation's validated
+config under "### score_NAME_ENGINE_bBEAM" instead.
 
     python scripts/recipes/distill.py closest work/nbest.de work/part.de work/distilled.de
     python scripts/recipes/distill.py score --src test.en.xz --ref test.de.xz --out work/score \\
