@@ -839,6 +839,7 @@ class ServeConfig:
     glossary: str = ""  # FILE of source<TAB>target terms for every request (as nmt-translate)
     keep: str = ""  # FILE of terms every request copies byte for byte (as nmt-translate's keep)
     max_glossary: int = 256  # a request's glossary and keep entries together at most (422 beyond)
+    comet: str = ""  # a COMET-22 model directory: MBR may use mbr.utility=comet (as nmt-translate)
     search: SearchConfig = field(default_factory=SearchConfig)  # defaults; batch token budget
     mbr: MbrConfig = field(default_factory=MbrConfig)  # MBR's defaults (a request's mbr_* fields)
 
@@ -868,8 +869,8 @@ class ServeConfig:
             _check(not (getattr(self, key) and sampling), key,
                    "need beam search, not search.sampling=true")
         _check_serve_split(self)
-        _check(self.mbr.utility in MBR_UTILITIES, "mbr.utility",
-               f"nmt-serve's MBR is {' or '.join(MBR_UTILITIES)} (comet is nmt-translate's)")
+        _check(self.mbr.utility != "comet" or bool(self.comet), "mbr.utility",
+               "comet needs comet=DIR (a COMET-22 model directory)")
         _check(not self.mbr.candidates or self.search.nbest == 1, "mbr.candidates",
                f"answers one translation per text: leave search.nbest at 1, "
                f"got {self.search.nbest}")

@@ -185,6 +185,37 @@ def test_translate_mbr_with_comet(tiny_data_dir, tmp_path, models, test_en, monk
     assert len(out.read_text().splitlines()) == len(sources)
 
 
+def test_nmt_serve_mbr_with_comet_answers_as_nmt_translate(tiny_data_dir, tmp_path, models,
+                                                           test_en):
+    """A server with comet=DIR answers a request's "mbr_utility": "comet" with nmt-translate's
+    choice for the same candidates; one without it refuses the field (422)."""
+    from test_serve import InProcess
+
+    ckpt = save_tiny_checkpoint(tmp_path / "m.pt", (tiny_data_dir / "spm.model").read_bytes())
+    lines = test_en.read_text().splitlines()[:4]
+    (tmp_path / "src").write_text("".join(line + "\n" for line in lines))
+    out = tmp_path / "hyp"
+    translate(config(checkpoint=ckpt, input=tmp_path / "src", output=out, split="none",
+                     comet=models["regression_metric"],
+                     **{"mbr.candidates": 4, "mbr.utility": "comet", "search.max_len_b": 8}))
+    server = InProcess(ckpt, f"comet={models['regression_metric']}", "split=paragraph",
+                       "search.beam_size=1")
+    try:
+        status, _, body = server.call("POST", "/translate", {
+            "text": lines, "mbr_candidates": 4, "mbr_utility": "comet"})
+        assert status == 200, body
+        assert [t["text"] for t in body["translations"]] == out.read_text().splitlines()
+    finally:
+        server.stop()
+    plain = InProcess(ckpt)
+    try:
+        status, _, body = plain.call("POST", "/translate", {
+            "text": lines[:1], "mbr_candidates": 4, "mbr_utility": "comet"})
+        assert (status, body["field"]) == (422, "mbr_utility") and "comet=DIR" in body["error"]
+    finally:
+        plain.stop()
+
+
 def test_comet_errors_are_one_line(tmp_path, models, tiny_data_dir, test_en):
     with pytest.raises(NmtError, match=r"no hparams.yaml: give a COMET model directory"):
         load_comet(str(tmp_path / "nothing"))
@@ -200,7 +231,7 @@ def test_comet_errors_are_one_line(tmp_path, models, tiny_data_dir, test_en):
                                    comet=models["regression_metric"]))
     with pytest.raises(ConfigError, match="mbr.utility: comet needs comet=DIR"):
         config(checkpoint=ckpt, **{"mbr.candidates": 2, "mbr.utility": "comet"})
-    with pytest.raises(ConfigError, match="nmt-serve's MBR is chrf or bleu"):
+    with pytest.raises(ConfigError, match="mbr.utility: comet needs comet=DIR"):
         to_object(compose("serve", [f"checkpoint={ckpt}", "mbr.utility=comet"]), ServeConfig)
     with pytest.raises(NmtError, match="MBR needs a reference-based COMET-22"):
         translate(config(checkpoint=ckpt, input=test_en,

@@ -31,6 +31,18 @@ def rerank_scores(hyps: list[Hypothesis], reverse: list[float], weights: RerankC
             for h, r in zip(hyps, reverse, strict=True)]
 
 
+def mbr_comet(model_dir: str, device: torch.device) -> Comet | None:
+    """The COMET-22 model of directory `model_dir` ("": None) on `device`, for
+    mbr.utility=comet; a one-line error for a reference-free CometKiwi."""
+    if not model_dir:
+        return None
+    comet = load_comet(model_dir, str(device))
+    if not comet.spec.needs_reference:
+        raise NmtError(f"mbr.utility=comet: {model_dir} is a reference-free CometKiwi; MBR "
+                       "needs a reference-based COMET-22 (wmt22-comet-da)")
+    return comet
+
+
 class Chooser:
     """Keeps one hypothesis of each line's candidates, by MBR or by reranking.
 
@@ -61,13 +73,9 @@ class Chooser:
             reverse = Translator.load(cfg.rerank.model, device, cfg.weights,
                                       dtype=cfg.search.dtype, workers=workers,
                                       threads=cfg.threads)
-        comet = None
-        if cfg.mbr.candidates and cfg.mbr.utility == "comet":
-            comet = load_comet(cfg.comet, str(device))
-            if not comet.spec.needs_reference:
-                raise NmtError(f"mbr.utility=comet: {cfg.comet} is a reference-free CometKiwi; "
-                               "MBR needs a reference-based COMET-22 (wmt22-comet-da)")
-        return cls(cfg.mbr, cfg.rerank, cfg.search, tgt_tok, reverse, comet)
+        comet = cfg.mbr.candidates and cfg.mbr.utility == "comet"
+        return cls(cfg.mbr, cfg.rerank, cfg.search, tgt_tok, reverse,
+                   mbr_comet(cfg.comet, device) if comet else None)
 
     def choose(self, sources: list[str], nbest: list[list[Hypothesis]]
                ) -> list[list[Hypothesis]]:

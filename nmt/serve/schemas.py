@@ -86,8 +86,9 @@ class TranslateRequest(BaseModel):
         "per sentence (sampling's N samples, else beam search's N-best with beam_size raised "
         "to N, beyond max_beam_size), and the one of highest expected utility against the "
         "others is returned; 0: off. Leave nbest at 1."))
-    mbr_utility: Literal["chrf", "bleu"] | None = Field(None, description=(
-        "MBR's utility: sacreBLEU's sentence chrF or BLEU."))
+    mbr_utility: Literal["chrf", "bleu", "comet"] | None = Field(None, description=(
+        "MBR's utility: sacreBLEU's sentence chrF or BLEU, or COMET-22 (where the server has "
+        "comet=DIR)."))
     mbr_aggregate: bool | None = Field(None, description=(
         "MBR with chrf: against the others' mean n-gram counts (linear in N, an approximation "
         "of the pairwise choice)."))

@@ -20,7 +20,7 @@ from nmt.inference.engine import Engine
 from nmt.inference.glossary import Glossary, Term, request_entries, with_terms
 from nmt.inference.markup import Document, parse, put_back
 from nmt.inference.messages import Hypothesis, Sentence
-from nmt.inference.rerank import Chooser
+from nmt.inference.rerank import Chooser, mbr_comet
 from nmt.inference.segment import Segmented, rejoin, sample_stream, sentence_splitter, split_for
 from nmt.inference.words import words
 from nmt.inference.workers import WorkerPool
@@ -73,6 +73,7 @@ class Service:
         self.keys = ApiKeys(cfg.api_keys)  # none: every request is let in
         self.glossary = Glossary.load(cfg.glossary, cfg.keep, translator.tgt_tok,
                                       translator.max_input_tokens)  # read and encoded once
+        self.comet = mbr_comet(cfg.comet, translator.device)  # loaded once, at start
         self.languages = sorted(entry["codes"]) if entry else []
         self.forced = bool(entry) and entry["convention"] == "forced"
         for key in ("tgt_lang", "src_lang") if self.forced else ("tgt_lang",):
@@ -151,7 +152,11 @@ class Service:
         if search.nbest != 1:
             raise ApiError(422, "nbest", f"MBR answers one translation per text: leave nbest "
                                          f"at 1, got {search.nbest}")
-        return Chooser(mbr, RerankConfig(), search, self.translator.tgt_tok)
+        comet = self.comet if mbr.utility == "comet" else None
+        if mbr.utility == "comet" and comet is None:
+            raise ApiError(422, "mbr_utility", "comet needs the server's comet=DIR (a COMET-22 "
+                                               "model directory)")
+        return Chooser(mbr, RerankConfig(), search, self.translator.tgt_tok, comet=comet)
 
     def sentence_fields(self, req: TranslateRequest, search: SearchConfig) -> list[tuple]:
         """Per text: its forced prefix ids, its phrases' ids and its number (which seeds
