@@ -147,15 +147,15 @@ class Service:
         except ConfigError as e:
             key, why = str(e).split(": ", 1)
             raise ApiError(422, key.replace(".", "_"), why) from None
+        if mbr.utility == "comet" and self.comet is None:
+            raise ApiError(422, "mbr_utility", "comet needs the server's comet=DIR (a COMET-22 "
+                                               "model directory)")
         if not mbr.candidates:
             return None
         if search.nbest != 1:
             raise ApiError(422, "nbest", f"MBR answers one translation per text: leave nbest "
                                          f"at 1, got {search.nbest}")
         comet = self.comet if mbr.utility == "comet" else None
-        if mbr.utility == "comet" and comet is None:
-            raise ApiError(422, "mbr_utility", "comet needs the server's comet=DIR (a COMET-22 "
-                                               "model directory)")
         return Chooser(mbr, RerankConfig(), search, self.translator.tgt_tok, comet=comet)
 
     def sentence_fields(self, req: TranslateRequest, search: SearchConfig) -> list[tuple]:
