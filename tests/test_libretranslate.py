@@ -58,6 +58,16 @@ def test_html_is_nmts_markup_html_and_text_that_shows_as_spaces_stays(libre):
     assert (status, body) == (200, {"translatedText": f"<td>&nbsp;</td><td>{want}</td>"})
 
 
+def test_a_text_of_markup_alone_comes_back_as_it_is(libre):
+    """Tags and entities with no sentence between them decode nothing (no request waits for
+    its timeout), in LibreTranslate's format=html and in nmt's own API."""
+    for q in ("<br>", "<b></b>", "&nbsp;", "<td>&nbsp;</td>"):
+        assert form(libre, "/translate", q=q, source="en", target="de",
+                    format="html") == (200, {"translatedText": q})
+    (got,) = libre.translate(["<br>"], markup="html")
+    assert got["text"] == "<br>"
+
+
 def test_html_and_blank_texts_keep_their_markup_and_spaces():
     asked = []
 

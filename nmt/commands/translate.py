@@ -417,7 +417,7 @@ def process(s: Session, lines: list[str], first: int, interactive: bool = False)
     if terms is not None:  # each term's exact text back
         texts = [[Glossary.restore(t, ts) for t in tl] for tl, ts in zip(texts, terms,
                                                                         strict=True)]
-    if cfg.markup != "none":  # the tags back into each sentence's translation
+    if cfg.markup != "none" and s.env.is_main:  # the tags back into each sentence's translation
         texts = marked_sentences(s, docs, src_ids, hyps, first)
     if docs is not None:
         hyps, texts = line_translations(docs, hyps, texts)
@@ -478,8 +478,7 @@ def marked_sentences(s: Session, docs: list[Document], src_ids: list[list[int]],
         s.cfg.alignment_layer, s.cfg.search.max_tokens)
     marked, unplaced = put_back(docs, found)
     for u in unplaced[:5]:
-        log(f"warning: {s.name}: line {first + u.doc + 1}: the alignment places none of the "
-            f"words of {u.tag}: it goes around its whole sentence")
+        log(f"warning: {s.name}: line {first + u.doc + 1}: {u.why()}")
     if len(unplaced) > 5:
         log(f"warning: {len(unplaced)} tags placed around their whole sentences in all")
     return [[t] for doc in marked for t in doc]

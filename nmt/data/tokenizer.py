@@ -193,7 +193,7 @@ class Tokenizer:
 
 def char_spans(text: str, byte_spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """UTF-8 byte spans of `text` as character spans, the spaces at their ends left out."""
-    at, starts = 0, [0] * (len(text.encode()) + 1)  # byte offset -> character offset
+    at, starts = 0, [0] * (len(text.encode("utf-8", "surrogatepass")) + 1)  # byte -> character
     for i, ch in enumerate(text):
         n = len(ch.encode("utf-8", "surrogatepass"))
         starts[at:at + n] = [i] * n

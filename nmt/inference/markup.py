@@ -437,6 +437,11 @@ class Unplaced:
     doc: int  # the document's index
     tag: str  # the tag as written
 
+    def why(self) -> str:
+        """What happened to it, for a warning after the document's name."""
+        return (f"the alignment places none of the words of {self.tag}: it goes around its "
+                f"whole sentence (a tag holding no words: to the sentence's nearer end)")
+
 
 def put_back(docs: list[Document], found: list[Aligned]
              ) -> tuple[list[list[str]], list[Unplaced]]:

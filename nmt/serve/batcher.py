@@ -158,9 +158,12 @@ class Batcher:
     async def translate(self, sentences: list[Sentence], search: SearchConfig,
                         timeout: float) -> list[list[Hypothesis]]:
         """Hypotheses of each Sentence (source ids without BOS/EOS, forced prefix, phrases and
-        line number: its sampling stream), decoded along with other requests' ones."""
+        line number: its sampling stream), decoded along with other requests' ones; none for
+        none (a text of markup alone has no sentence)."""
         if self.error:
             raise BatcherStopped(self.error)
+        if not sentences:
+            return []
         self._drop_cancelled()
         if len(self.queue) + len(sentences) > self.max_queued:
             self.stats.rejected += 1

@@ -293,8 +293,7 @@ class Service:
             max_tokens=self.cfg.search.max_tokens)
         marked, unplaced = put_back(docs, found)
         for u in unplaced:
-            log(f"warning: text[{u.doc}]: the alignment places none of the words of {u.tag}: "
-                f"it goes around its whole sentence")
+            log(f"warning: text[{u.doc}]: {u.why()}")
         return [t for doc in marked for t in doc]
 
     async def translate(self, req: TranslateRequest) -> TranslateResponse:
