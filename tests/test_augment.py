@@ -105,7 +105,9 @@ def test_draws_depend_on_the_seed_epoch_and_sentence_alone():
     cases = draw_cases(AugmentConfig(uppercase=0.1, titlecase=0.2, typos=1.0), 1, 1, ids)
     assert abs(cases.upper.mean() - 0.1) < 0.01 and abs(cases.title.mean() - 0.2) < 0.01
     assert cases.typos.all() and not (cases.upper & ~cases.upper).any()
-    assert (cases.growth(1)[cases.upper] >= 2).all() and (cases.growth(1) > 1).all()
+    assert (cases.growth(1, True)[cases.upper] >= 2).all() and (cases.growth(1, True) > 1).all()
+    typos_only = cases.typos & ~cases.upper & ~cases.title
+    assert typos_only.any() and (cases.growth(1, False)[typos_only] == 1).all()  # source only
 
 
 def test_rates_are_checked_once():

@@ -141,12 +141,12 @@ class Cases:
     title: np.ndarray
     typos: np.ndarray
 
-    def growth(self, edits: int) -> np.ndarray:
-        """(n,) the factor each sentence's length is estimated to grow by (GROWTH; typos:
-        `edits` of them, each as much)."""
+    def growth(self, edits: int, source: bool) -> np.ndarray:
+        """(n,) the factor each sentence's source (or target) length is estimated to grow by
+        (GROWTH; typos, on the source alone: `edits` of them, each as much)."""
         return (np.where(self.upper, GROWTH["upper"], 1.0)
                 * np.where(self.title & ~self.upper, GROWTH["title"], 1.0)
-                * np.where(self.typos, GROWTH["typos"] ** edits, 1.0))
+                * np.where(self.typos & source, GROWTH["typos"] ** edits, 1.0))
 
 
 def uniform(key: list[int], ids: np.ndarray) -> np.ndarray:

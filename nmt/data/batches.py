@@ -587,9 +587,9 @@ class EpochBatchIterator:
         cases = self.sampler and self.sampler.cases(self.seed, epoch, np.arange(len(self.data)))
         if cases is None:
             return self.src_len, self.tgt_len
-        growth = cases.growth(self.sampler.augment.typo_edits)
-        return (np.ceil(self.src_len * growth).astype(np.int64),
-                np.ceil(self.tgt_len * growth).astype(np.int64))
+        edits = self.sampler.augment.typo_edits
+        return (np.ceil(self.src_len * cases.growth(edits, True)).astype(np.int64),
+                np.ceil(self.tgt_len * cases.growth(edits, False)).astype(np.int64))
 
     def local_batches(self, epoch: int) -> list[np.ndarray]:
         """This rank's batches of `epoch` (index arrays), computed once per epoch."""
