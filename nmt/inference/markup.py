@@ -171,23 +171,12 @@ class _Events(HTMLParser):
     def handle_data(self, data):
         self._at("text")
 
-    def handle_entityref(self, name):
-        self._at("text")
-
-    def handle_charref(self, name):
-        self._at("text")
+    handle_entityref = handle_charref = handle_data  # an entity is text
 
     def handle_comment(self, data):
         self._at("void")
 
-    def handle_decl(self, decl):
-        self._at("void")
-
-    def handle_pi(self, data):
-        self._at("void")
-
-    def unknown_decl(self, data):
-        self._at("void")
+    handle_decl = handle_pi = unknown_decl = handle_comment  # kept as written, untranslated
 
 
 def html_tokens(text: str) -> list[str | Tag]:
