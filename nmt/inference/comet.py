@@ -159,22 +159,28 @@ class Comet(nn.Module):
             return h.masked_fill(keep == 0, float("-inf")).max(1).values
         return (h * keep).sum(1) / keep.sum(1)  # avg
 
-    @torch.no_grad()
-    def _embed_all(self, rows: list[list[int]], progress: bool) -> torch.Tensor:
-        """Embeddings (N, H) of token rows, batched by length (longest first), in input
-        order."""
+    def _by_length(self, rows: list[list[int]], progress: bool, fn) -> list:
+        """fn (a batch of token rows -> one output per row) over batches of BATCH rows sorted
+        by length, longest first; the outputs in input order."""
         order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))
-        out: list[torch.Tensor | None] = [None] * len(rows)
+        out: list = [None] * len(rows)
         bar = _bar(len(rows), progress)
         for start in range(0, len(order), BATCH):
             batch = order[start:start + BATCH]
-            for i, e in zip(batch, self._embed_rows([rows[i] for i in batch]), strict=True):
+            for i, e in zip(batch, fn([rows[i] for i in batch]), strict=True):
                 out[i] = e
             if bar is not None:
                 bar.update(len(batch))
         if bar is not None:
             bar.close()
-        return torch.stack(out) if out else torch.zeros(0, self.encoder.config.hidden_size)
+        return out
+
+    @torch.no_grad()
+    def _embed_all(self, rows: list[list[int]], progress: bool) -> torch.Tensor:
+        """Embeddings (N, H) of token rows, batched by length, in input order."""
+        out = self._by_length(rows, progress, self._embed_rows)
+        return torch.stack(out) if out else torch.zeros(0, self.encoder.config.hidden_size,
+                                                        device=self.device)
 
     def embed(self, texts: list[str], progress: bool = False) -> torch.Tensor:
         """Sentence embeddings (N, H) of texts, each embedded apart (the reference-based form's
@@ -213,21 +219,8 @@ class Comet(nn.Module):
                            "reference-free scores need a CometKiwi (unified_metric) model")
         rows = [self._joined(m, s) for m, s in zip(self._ids(hypotheses), self._ids(sources),
                                                    strict=True)]
-        if not rows:
-            return []
-        order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))
-        scores = [0.0] * len(rows)
-        bar = _bar(len(rows), progress)
-        for start in range(0, len(order), BATCH):
-            batch = order[start:start + BATCH]
-            values = self.estimator(self._embed_rows([rows[i] for i in batch])).view(-1)
-            for i, v in zip(batch, values.tolist(), strict=True):
-                scores[i] = v
-            if bar is not None:
-                bar.update(len(batch))
-        if bar is not None:
-            bar.close()
-        return scores
+        return self._by_length(rows, progress,
+                               lambda b: self.estimator(self._embed_rows(b)).view(-1).tolist())
 
     def _joined(self, mt: list[int], src: list[int]) -> list[int]:
         """<s> mt </s></s> src </s>, cut to max_positions tokens when the two are longer than
