@@ -31,6 +31,13 @@ from nmt.errors import NmtError
 FULL_ERROR = "HYDRA_FULL_ERROR"  # Hydra raises instead of printing its own report when set
 
 
+def say(line: str) -> None:
+    """One line on stderr in one write (stderr writes through: print's text and newline are
+    two writes, between which another rank's line can land)."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 @contextmanager
 def cli_errors(prog: str) -> Iterator[None]:
     """Turn an NmtError into one line on stderr and its exit status (1, or 128 + a signal's
@@ -38,10 +45,10 @@ def cli_errors(prog: str) -> Iterator[None]:
     try:
         yield
     except NmtError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        say(f"{prog}: error: {e}")
         sys.exit(e.exit_status)
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
+        say(f"{prog}: interrupted")
         sys.exit(130)
 
 
@@ -114,7 +121,7 @@ def hydra_app(prog: str, config_name: str, schema: type) -> Callable:
                 line = hydra_error(e, schema)
                 if line is None:
                     raise  # a bug, not bad input: the full traceback
-                print(f"{prog}: error: {line}", file=sys.stderr)
+                say(f"{prog}: error: {line}")
                 sys.exit(1)
             finally:
                 os.environ.pop(FULL_ERROR, None)
