@@ -246,7 +246,7 @@ def test_distill_dry_run_prints_and_validates_every_step(tmp_path):
 def test_distill_from_a_given_ensemble_by_closest_candidate_to_a_deep_encoder(tmp_path):
     out = run_recipe("distill", tmp_path, "--dry-run", TEACHER="[a.pt,b.pt]",
                      DISTILL_SEARCH="nbest", NBEST="6", STUDENT_LAYERS="6+1",
-                     STUDENT_MINUTES="30", DISTILL_LINES="500", SCORE_BEAMS="1")
+                     STUDENT_UPDATES="30000", DISTILL_LINES="500", SCORE_BEAMS="1")
     assert out.returncode == 0, out.stderr
     steps = distill_steps(out)
     scores = ["score_teacher_nmt_b1", "score_student_nmt_b1"] + [
@@ -258,10 +258,12 @@ def test_distill_from_a_given_ensemble_by_closest_candidate_to_a_deep_encoder(tm
     work = tmp_path / "work"
     assert (f"recipes/distill.py closest {work}/nbest.de {work}/part.de "
             f"{work}/distilled.de") in out.stderr
-    assert (student.N, student.N_dec, steps["train_student"].train.max_minutes) == (6, 1, 30)
+    train = steps["train_student"].train  # an update budget, not cpu20's 20 minutes
+    assert (student.N, student.N_dec, train.max_updates, train.max_minutes) == (6, 1, 30000, 0)
     for env, error in [({"DISTILL_SEARCH": "sampling"}, "unknown DISTILL_SEARCH 'sampling'"),
                        ({"STUDENT_LAYERS": "6"}, "STUDENT_LAYERS='6' is not ENCODER+DECODER"),
                        ({"DISTILL_LINES": "0"}, "DISTILL_LINES='0' must be a positive"),
+                       ({"TEACHER_UPDATES": "1e4"}, "TEACHER_UPDATES='1e4' must be a positive"),
                        ({"SCORE_BEAMS": "4 x"}, "SCORE_BEAMS='4 x': 'x' is not a beam size")]:
         wrong = run_recipe("distill", tmp_path, "--dry-run", **env)
         assert wrong.returncode == 2 and error in wrong.stderr, wrong.stderr

@@ -24,6 +24,8 @@
 #   TEACHER []               a teacher checkpoint, or an ensemble [A.pt,B.pt] ("": train one)
 #   TEACHER_MODEL [small]    the teacher's +model= (small: 3+3 layers, d_model 256)
 #   TEACHER_MINUTES [60]     the teacher's training time
+#   TEACHER_UPDATES []       the teacher's updates instead of minutes (a budget that other
+#                            work on the machine slows but does not change)
 #   DISTILL_LINES [100000]   training pairs whose sources the teacher translates
 #   DISTILL_SEARCH [beam]    beam (beam 4's best) or nbest (of the NBEST-best of a beam of
 #                            NBEST, the candidate closest to the reference by sentence chrF,
@@ -32,6 +34,7 @@
 #   STUDENT_LAYERS [1+1]     the student's encoder+decoder layers at the tiny shape (d_model 256,
 #                            +recipe=cpu20); 6+1: a deep encoder with a one-layer decoder
 #   STUDENT_MINUTES [20]     the student's training time (cpu20's 20 minutes)
+#   STUDENT_UPDATES []       the student's updates instead of minutes
 #   SHORTLIST_K [50]         the student's shortlist: target pieces kept per source piece
 #   SCORE_BEAMS [4 1]        the beam sizes teacher and student are scored at (1: greedy, as
 #                            students ship: sequence-level distillation makes greedy nearly
@@ -64,6 +67,8 @@ DISTILL_SEARCH=${DISTILL_SEARCH:-beam}
 NBEST=${NBEST:-8}
 STUDENT_LAYERS=${STUDENT_LAYERS:-1+1}
 STUDENT_MINUTES=${STUDENT_MINUTES:-20}
+TEACHER_UPDATES=${TEACHER_UPDATES:-}
+STUDENT_UPDATES=${STUDENT_UPDATES:-}
 SHORTLIST_K=${SHORTLIST_K:-50}
 AVERAGE=${AVERAGE:-5}
 VOCAB=${VOCAB:-4000}
@@ -85,6 +90,9 @@ esac
 STUDENT_SHAPE=(model.N="${BASH_REMATCH[1]}" model.N_dec="${BASH_REMATCH[2]}")
 for n in DISTILL_LINES NBEST SHORTLIST_K AVERAGE VOCAB; do
   [[ ${!n} =~ ^[1-9][0-9]*$ ]] || fail "$n='${!n}' must be a positive whole number"
+done
+for n in TEACHER_UPDATES STUDENT_UPDATES; do
+  [[ -z ${!n} || ${!n} =~ ^[1-9][0-9]*$ ]] || fail "$n='${!n}' must be a positive whole number"
 done
 read -ra BEAMS <<< "$SCORE_BEAMS"
 [ ${#BEAMS[@]} -gt 0 ] || fail "SCORE_BEAMS is empty (beam sizes, e.g. '4 1')"
@@ -116,6 +124,14 @@ trained() {  # trained NAME MODEL_OPTIONS...: preprocessed data -> trained, aver
     output="$WORK/$name/averaged.pt"
 }
 
+budget() {  # budget MINUTES UPDATES: train.max_updates=UPDATES where given, else the minutes
+  if [ -n "$2" ]; then
+    echo "train.max_updates=$2 train.max_minutes=0"
+  else
+    echo "train.max_minutes=$1"
+  fi
+}
+
 declare -A SPENT=([teacher]=-)
 [ -n "$DRY" ] || mkdir -p "$WORK"
 # 1: the sources the teacher translates, and their references
@@ -127,7 +143,8 @@ if [ -z "$TEACHER" ]; then
   step preprocess_teacher nmt-preprocess src_lang="$SRC" tgt_lang="$TGT" \
     train="$CORPUS/train" valid="$CORPUS/valid" out_dir="$WORK/teacher/data" \
     bpe.vocab_size="$VOCAB" force=true
-  trained teacher +model="$TEACHER_MODEL" train.max_minutes="$TEACHER_MINUTES" \
+  # shellcheck disable=SC2046  # budget's words are separate overrides
+  trained teacher +model="$TEACHER_MODEL" $(budget "$TEACHER_MINUTES" "$TEACHER_UPDATES") \
     train.max_tokens=1536 train.amp=bf16
   TEACHER=$WORK/teacher/averaged.pt
 fi
@@ -148,7 +165,8 @@ shell "cp $(q "$WORK/part.$SRC") $(q "$WORK/distilled.$SRC")"
 step preprocess_student nmt-preprocess src_lang="$SRC" tgt_lang="$TGT" \
   train="$WORK/distilled" valid="$CORPUS/valid" out_dir="$WORK/student/data" \
   bpe.vocab_size="$VOCAB" shortlist.k="$SHORTLIST_K" force=true
-trained student +recipe=cpu20 "${STUDENT_SHAPE[@]}" train.max_minutes="$STUDENT_MINUTES"
+# shellcheck disable=SC2046
+trained student +recipe=cpu20 "${STUDENT_SHAPE[@]}" $(budget "$STUDENT_MINUTES" "$STUDENT_UPDATES")
 
 # 5: teacher and student on the test split, int8, in nmt and CTranslate2, at each beam size
 SCORE=(python "$HERE/distill.py" score --src "$TEST_SRC" --ref "$TEST_TGT" --out "$WORK/score"
