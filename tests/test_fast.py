@@ -2,6 +2,7 @@
 logits), on every CPU kind: these tests run again under AVX2 dispatch (tests/test_isa.py)."""
 
 import dataclasses
+import itertools
 import os
 
 import pytest
@@ -16,6 +17,7 @@ from nmt.inference.fast_model import (
     FastModel,
     Int8Affine,
     PackedAffine,
+    QLinearInt8Affine,
     int8_saturates,
     packing_works,
     row_argmax,
@@ -116,6 +118,46 @@ def test_affine_forms_compute_the_same_maps(relu):
         got = affine(x) if relu else affine(x, r)
         torch.testing.assert_close(got, want, atol=tol * want.abs().max(), rtol=0)
     assert packing_works(torch.float32) or not torch.backends.mkldnn.is_available()
+    # the form search.compile traces rounds as Int8Affine does: the same outputs, not just close
+    int8, qlinear = forms[1][0], QLinearInt8Affine(w, b, relu)
+    args = (x,) if relu else (x, r)
+    torch.testing.assert_close(qlinear(*args), int8(*args), atol=1e-5, rtol=1e-5)
+    index = torch.tensor([3, 0, 7])
+    torch.testing.assert_close(qlinear.rows(index, b[index])(x), int8.rows(index, b[index])(x),
+                               atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow  # two Inductor builds, ~10 s each
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_a_compiled_step_gives_the_eager_steps_logits(model, dtype):
+    """search.compile: the fused step through torch.compile gives eager's logits, compiled
+    once with all outputs and once with a shortlist's: never again as the cache grows, the
+    rows reorder or the batch and its sources change size. int8: Inductor may round an
+    activation at a tie to the other level (it multiplies by 1/scale), so close, same choices."""
+    tol = 1e-5 if dtype == "fp32" else INT8_TOL
+    fast, compiled = FastModel(model, dtype), FastModel(model, dtype, compile=True)
+    if not compiled.compiled:
+        pytest.skip("the fused attention operator did not build")
+    batches = [pad_batch([[5, 6, 7, 8, 9], [9, 10], [11, 12, 4]], PAD, "cpu"),
+               pad_batch([[4, 5], [6, 7, 8, 9, 10, 11, 12]], PAD, "cpu")]
+    shortlists = (None, torch.tensor([3, 5, 7, 11, 4, 20]))  # all outputs, then six
+    with torch.inference_mode():
+        for vocab in shortlists:  # the two compilations
+            state = compiled.start_decoding(*compiled.encode(batches[0]), vocab)
+            compiled.decode_step(torch.full((3, 1), BOS), state)
+        with torch.compiler.set_stance("fail_on_recompile"):
+            for src, vocab in itertools.product(batches, shortlists):
+                states = [m.start_decoding(*m.encode(src), vocab) for m in (fast, compiled)]
+                y = torch.full((len(src), 1), BOS)
+                for t in range(9):
+                    want, got = (m.decode_step(y, s)[:, 0]
+                                 for m, s in zip((fast, compiled), states, strict=True))
+                    torch.testing.assert_close(got, want, atol=tol * want.abs().max(), rtol=0)
+                    y = want.argmax(1, keepdim=True)
+                    assert got.argmax(1).tolist() == y[:, 0].tolist()
+                    if t == 3:  # a reorder, as beam search's: the rows reversed
+                        for s in states:
+                            s.reorder(torch.arange(len(src) - 1, -1, -1), 1)
 
 
 def test_int8_shortlist_rows_are_gathered_not_quantized_again():

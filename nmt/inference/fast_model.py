@@ -116,10 +116,40 @@ class Int8Affine(Affine):
     def rows(self, index: Tensor, bias: Tensor | None) -> Int8Affine:
         """The map of output rows `index` (bias: theirs): its int8 rows gathered from this
         one's, not quantized again (CTranslate2's select_weights for a shortlist)."""
-        part = Int8Affine.__new__(Int8Affine)
+        part = type(self).__new__(type(self))
         part._set(self.ints.index_select(0, index), self.scale.index_select(0, index), bias,
                   self.relu)
         return part
+
+
+class QLinearInt8Affine(Int8Affine):
+    """Int8Affine's map (the same int8 rows, scales and rounding) as oneDNN's qlinear
+    (private_ops.qlinear), the form torch.compile traces: the activations' 8-bit rounding
+    written in tensor operations, which Inductor fuses into one kernel, then one call with the
+    ReLU or the residual addition fused (CTranslate2's fused dequantize + bias +
+    activation). Eager, several operators where Int8Affine calls one; compiled, what
+    search.compile runs."""
+
+    def _set(self, ints: Tensor, scale: Tensor, bias: Tensor | None, relu: bool) -> None:
+        """The map of int8 rows (out, in) with scales (out,), packed for qlinear."""
+        Affine.__init__(self, None, bias, relu)
+        self.ints, self.scale = ints, scale
+        self.top = 127 if int8_saturates() else 255  # the activations' largest level
+        self.packed = private_ops.qlinear_prepack(ints)
+        self.w_scale = scale.float()
+        self.w_zero = torch.zeros(len(scale), dtype=torch.long)
+
+    def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """(..., in_features) -> (..., out_features), + residual (same shape) if given."""
+        flat = x.reshape(-1, x.size(-1))  # (rows, in)
+        lo, hi = flat.amin().clamp(max=0.0), flat.amax().clamp(min=0.0)
+        x_scale = ((hi - lo) / self.top).clamp(min=1e-10)  # torch.ao's asymmetric 8 bits
+        zero = (-lo / x_scale).round().to(torch.int64)
+        xq = (flat / x_scale).round().add(zero).clamp(0, self.top).to(torch.uint8)
+        y = private_ops.qlinear(xq, x_scale, zero, self.packed, self.w_scale, self.w_zero,
+                                self.bias, self.relu,
+                                None if residual is None else residual.reshape(len(flat), -1))
+        return y.view(*x.shape[:-1], y.size(-1))
 
 
 def _int8_engine() -> str:
@@ -217,16 +247,19 @@ class FastLayer:
         self.W_2 = affine(ff.W_2.weight, ff.W_2.bias)
 
     def self_attention(self, x: Tensor, residual: Tensor, mask: Tensor | None,
-                       cache: FastKVCache | TableKVCache | None, plain: bool,
+                       cache: FastKVCache | TableKVCache | tuple | None, plain: bool,
                        rows: StepRows | None = None) -> Tensor:
         """residual + SelfAttention(x), (B, T, d_model); with a cache, after its past positions.
         mask: additive, broadcast to (B, h, T, T_k) (the source's, or the decoder's causal one).
-        rows: one new position per row, attended by the fused operator over each row's own
+        rows: one new position per row, written at rows.where into the buffers that `cache`
+        (TableKVCache.advance's) names and attended by the fused operator over each row's own
         positions (the mask unused)."""
         B, T, d = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.h, d // self.h)
-        if rows is not None:
-            k, v, table = cache.append(qkv[:, :, 1:])  # buffers (N, h, C, d_k), table (B, C)
+        if rows is not None:  # cache: TableKVCache.advance's buffers (N, h, C, d_k), table (B, C)
+            k, v, table = cache
+            _write(k, rows.where, qkv[:, 0, 1])  # (B, h, d_k) at the step's position
+            _write(v, rows.where, qkv[:, 0, 2])
             out = attention_op.one_query_attention(qkv[:, 0, 0], k, v, table, rows.start,
                                                    rows.end)  # (B, h, d_k)
             return self.o(out.view(B, 1, d), residual)
@@ -271,6 +304,16 @@ class FastLayer:
         kv = self.kv(memory).view(M, S, 2, self.h, d // self.h).permute(2, 0, 3, 1, 4)
         k, v = kv.contiguous()  # contiguous: matmul reads them at every step without a copy
         return k, v
+
+
+def _write(buffer: Tensor, where: int | Tensor, new: Tensor) -> None:
+    """buffer[:B, :, where] = new, (B, h, d_k) into (N, h, C, d_k); where: a number, or (1,)
+    (compiled: an index_put_ on the buffer itself, which Inductor does in place, where a
+    write into a slice of it would copy the whole slice)."""
+    if isinstance(where, Tensor):
+        buffer[torch.arange(new.size(0), device=new.device), :, where] = new
+    else:
+        buffer[:new.size(0), :, where] = new
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, plain: bool) -> Tensor:
@@ -356,14 +399,14 @@ class TableKVCache:
         self.table: Tensor | None = None  # (R, capacity) int64
         self.length = 0  # positions stored
 
-    def append(self, kv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Store (B, 1, 2, h, d_k) keys and values of one new position of every row; return
-        the buffers (N, h, C, d_k) and the table (B, C) that the operator reads."""
-        B, L = kv.size(0), self.length
-        self._reserve(kv, B, L + 1)
-        self.k[:B, :, L] = kv[:, 0, 0]
-        self.v[:B, :, L] = kv[:, 0, 1]
-        self.table[:, L] = torch.arange(B, device=kv.device)
+    def advance(self, B: int, like: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Room for one new position of B rows, each row's table entry there its own buffer
+        row: the buffers (N, h, C, d_k) and the table (B, C) that the layer writes the
+        position's keys and values into (at the old length) and the operator reads. like:
+        (..., h, ..., d_k) in the keys' dtype (the memory's keys)."""
+        L = self.length
+        self._reserve(like, B, L + 1)
+        self.table[:, L] = torch.arange(B, device=like.device)
         self.length = L + 1
         return self.k, self.v, self.table
 
@@ -374,28 +417,29 @@ class TableKVCache:
             raise ValueError("the fused attention's cache takes several positions only at "
                              "its first step")
         B, T = kv.shape[:2]
-        self._reserve(kv, B, T)
+        self._reserve(kv.transpose(2, 3), B, T)  # (B, T, h, 2, d_k)
         k, v = kv.permute(2, 0, 3, 1, 4)  # 2 x (B, h, T, d_k)
         self.k[:B, :, :T], self.v[:B, :, :T] = k, v
         self.table[:, :T] = torch.arange(B, device=kv.device)[:, None]
         self.length = T
         return self.k[:B, :, :T], self.v[:B, :, :T]
 
-    def _reserve(self, kv: Tensor, B: int, positions: int) -> None:
+    def _reserve(self, like: Tensor, B: int, positions: int) -> None:
         """Room for B buffer rows and `positions` positions (by half as much again, or a
-        chunk, so that joining rows and new positions rarely copy the buffers)."""
-        h, d_k = kv.shape[-2:]
+        chunk, so that joining rows and new positions rarely copy the buffers); like: a
+        tensor (..., h, X, d_k) of the keys' dtype and device."""
+        h, d_k = like.size(-3), like.size(-1)
         N, C = (0, 0) if self.k is None else (self.k.size(0), self.k.size(2))
         if B > N or positions > C:
             N2 = max(B, N + N // 2) if B > N else N
             C2 = max(-(-positions // self.chunk) * self.chunk, C + C // 2) if positions > C \
                 else C
-            k, v = kv.new_empty(N2, h, C2, d_k), kv.new_empty(N2, h, C2, d_k)
+            k, v = like.new_empty(N2, h, C2, d_k), like.new_empty(N2, h, C2, d_k)
             if self.k is not None:
                 k[:N, :, :C], v[:N, :, :C] = self.k, self.v
             self.k, self.v = k, v
         if self.table is None:
-            self.table = torch.zeros(B, 0, dtype=torch.long, device=kv.device)
+            self.table = torch.zeros(B, 0, dtype=torch.long, device=like.device)
         if self.table.size(1) < self.k.size(2):  # zeros: a buffer row that exists
             self.table = F.pad(self.table, (0, self.k.size(2) - self.table.size(1)))
 
@@ -426,6 +470,8 @@ class StepRows:
     memory: Tensor  # (B, S) each row's memory row at every source position (stride 0)
     zero: Tensor  # (B,) zeros: cross-attention reads from the first source position
     source: Tensor  # (B,) each row's source length
+    where: int | Tensor  # the cache position the step writes ((1,) when compiled: a number
+    # would be compiled in)
 
 
 class FastState:
@@ -509,10 +555,13 @@ class FastModel(nn.Module):
     changed. Inference only: no dropout, no gradients. rows: the batch rows oneDNN packs the
     fp32 weights for (a hint; any batch works). fused: decoding steps attend through the fused
     one-query operator (nmt.inference.attention_op); None: on the CPU wherever it builds.
+    compile (search.compile): those steps' decoder layers and output projection through
+    torch.compile (step_layers), its int8 maps in the form it traces (QLinearInt8Affine); off
+    without the fused operator.
     """
 
     def __init__(self, model: Transformer, dtype: str = "fp32", rows: int = 64,
-                 fused: bool | None = None):
+                 fused: bool | None = None, compile: bool = False):
         super().__init__()
         self.cfg, self.pad_id, self.dtype = model.cfg, model.pad_id, dtype
         device = model.generator.weight.device
@@ -522,29 +571,34 @@ class FastModel(nn.Module):
             raise ValueError("search.dtype=fp16 needs CUDA (use bf16 on the CPU)")
         self.pre_norm = model.cfg.norm == "pre"
         self.float_dtype = float_dtype = DTYPES[dtype]
+        self.fused = device.type == "cpu" and (attention_op.available() if fused is None
+                                               else fused)
+        self.compiled = compile and self.fused  # the fused operator's step is what compiles
         affine = self._affine_builder(device, rows)
+        step_affine = self._affine_builder(device, rows, traceable=self.compiled)
         self.src_lut = (model.src_embed.lut.weight * model.src_embed.scale).detach().to(float_dtype)
         self.tgt_lut = (model.tgt_embed.lut.weight * model.tgt_embed.scale).detach().to(float_dtype)
         self.pe = model.positions.pe.to(float_dtype)  # (max_positions, d_model)
         self.encoder = [FastLayer(layer, affine, float_dtype) for layer in model.encoder]
-        self.decoder = [FastLayer(layer, affine, float_dtype) for layer in model.decoder]
+        self.decoder = [FastLayer(layer, step_affine, float_dtype) for layer in model.decoder]
         self.encoder_norm = _norm_weights(model.encoder_norm, float_dtype)
         self.decoder_norm = _norm_weights(model.decoder_norm, float_dtype)
-        self.generator = affine(model.generator.weight, model.generator.bias)
+        self.generator = step_affine(model.generator.weight, model.generator.bias)
         self.vocab_size = model.generator.weight.size(0)  # V
-        self._affine, self._generator_weights = affine, (model.generator.weight,
-                                                          model.generator.bias)
+        self._affine, self._generator_weights = step_affine, (model.generator.weight,
+                                                               model.generator.bias)
         # On the CPU, matmul + softmax beats the fused kernel at decoding sizes (2x for one
         # query per row), and by more in bf16.
         self.plain_attention = device.type == "cpu"
-        self.fused = device.type == "cpu" and (attention_op.available() if fused is None
-                                               else fused)
+        if self.compiled:  # Inductor, the weights frozen in as constants
+            self.step_layers = private_ops.frozen_compile(self.step_layers)
 
-    def _affine_builder(self, device: torch.device, rows: int):
-        """affine(W, b, relu=False): the linear maps' form for this dtype and device."""
+    def _affine_builder(self, device: torch.device, rows: int, traceable: bool = False):
+        """affine(W, b, relu=False): the linear maps' form for this dtype and device
+        (traceable: the form torch.compile compiles, its own weight packing)."""
         dtype = DTYPES[self.dtype]
         if self.dtype == "int8":
-            kind = Int8Affine
+            kind = QLinearInt8Affine if traceable else Int8Affine
         elif (device.type == "cpu" and self.dtype in PACKED_DTYPES
               and not torch.is_autocast_enabled("cpu") and packing_works(dtype)):
             kind = functools.partial(PackedAffine, rows=rows)
@@ -615,40 +669,68 @@ class FastModel(nn.Module):
             x = self._embed(self.tgt_lut, tgt_new, state.step)
         else:  # (B, 1) ids at their own positions
             x = F.embedding(tgt_new, self.tgt_lut) + self.pe[positions].unsqueeze(1)
-        plain = self.plain_attention
-        rows = _step_rows(state, x.size(0), positions) if state.fused and T == 1 else None
+        if state.fused and T == 1:
+            return self._fused_step(x, state, positions)
         causal = None  # one new position sees every earlier one
         if T > 1:  # no future positions
             causal = additive_mask(causal_mask(T, L, x.device), self.float_dtype)
-        elif rows is None and positions is not None:  # no position before a row's start
+        elif positions is not None:  # no position before a row's start
             seen = torch.arange(L, device=x.device) >= (state.step - positions)[:, None]
             causal = additive_mask(seen[:, None, None, :], self.float_dtype)  # (B, 1, 1, L)
         for layer, memory_kv, cache in zip(self.decoder, state.memory_kv, state.self_kv,
                                            strict=True):
-            x = self._residual(x, layer.norms[0], layer.self_attention, causal, cache, plain,
-                               rows)
+            x = self._residual(x, layer.norms[0], layer.self_attention, causal, cache,
+                               self.plain_attention)
             x = self._residual(x, layer.norms[1], layer.cross_attention, memory_kv,
-                               state.mask, plain, rows)
+                               state.mask, self.plain_attention)
             x = self._residual(x, layer.norms[2], layer.feed_forward)
         state.step = L
         generator = self.generator if state.generator is None else state.generator
         return generator(_norm(x, self.decoder_norm))
+
+    def _fused_step(self, x: Tensor, state: FastState, positions: Tensor | None) -> Tensor:
+        """decode_step of one new position per row, (B, 1, d_model) embedded -> logits
+        (B, 1, V): the caches advanced here, the layers run by `self.step_layers` (eager, or
+        with search.compile through torch.compile: private_ops.frozen_compile)."""
+        B = x.size(0)
+        like = state.memory_kv[0][0]  # (M, h, S, d_k): the keys' shape and dtype
+        caches = [cache.advance(B, like) for cache in state.self_kv]
+        rows = _step_rows(state, B, positions, self.compiled)
+        x = self.step_layers(x, rows, caches, state.memory_kv, state.generator is None)
+        state.step += 1
+        return x if state.generator is None else state.generator(x)
+
+    def step_layers(self, x: Tensor, rows: StepRows, caches: list[tuple[Tensor, Tensor, Tensor]],
+                    memory_kv: list[tuple[Tensor, Tensor]], project: bool) -> Tensor:
+        """The decoder layers of one new position per row through the fused operator, each
+        layer's caches (TableKVCache.advance's) written at rows.where: (B, 1, d_model) ->
+        logits (B, 1, V) (project) or the normed last layer's output. A function of tensors
+        alone: what torch.compile compiles."""
+        for layer, memory, cache in zip(self.decoder, memory_kv, caches, strict=True):
+            x = self._residual(x, layer.norms[0], layer.self_attention, None, cache, True, rows)
+            x = self._residual(x, layer.norms[1], layer.cross_attention, memory, None, True,
+                               rows)
+            x = self._residual(x, layer.norms[2], layer.feed_forward)
+        x = _norm(x, self.decoder_norm)
+        return self.generator(x) if project else x
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
         """Teacher-forced decoding: (B, T) shifted target ids -> logits (B, T, V)."""
         return self.decode_step(tgt_in, self.start_decoding(memory, src_mask))
 
 
-def _step_rows(state: FastState, B: int, positions: Tensor | None) -> StepRows:
+def _step_rows(state: FastState, B: int, positions: Tensor | None, compiled: bool) -> StepRows:
     """The fused operator's view of a step of B rows at cache position state.step: each row
-    from its own start (positions: (B,) each row's own step; None: every row from 0)."""
+    from its own start (positions: (B,) each row's own step; None: every row from 0); the
+    position a 0-d tensor when compiled (a number would be compiled in)."""
     dev = state.src_len.device
     zero = torch.zeros(B, dtype=torch.long, device=dev)
     start = zero if positions is None else state.step - positions  # (B,)
     memory = torch.arange(B, device=dev) // state.g  # (B,) each row's memory row
     S = state.memory_kv[0][0].size(2)
+    where = torch.tensor([state.step], device=dev) if compiled else state.step
     return StepRows(start, torch.full((B,), state.step + 1, device=dev), memory[:, None].expand(
-        B, S), zero, state.src_len.index_select(0, memory))
+        B, S), zero, state.src_len.index_select(0, memory), where)
 
 
 # ----------------------------------------------------------------------------- search helpers

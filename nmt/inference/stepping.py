@@ -124,7 +124,7 @@ def _admit(translator, decoders: dict, batches: list[Batch], outbox, worker: int
         live = len(decoders[key].tags) if key in decoders else 0
         try:
             if key not in decoders:
-                decoders[key] = Decoding(translator.prepared(search.dtype), search,
+                decoders[key] = Decoding(translator.prepared(search.dtype, search.compile), search,
                                          translator.specials, translator.device,
                                          continuations=translator.continuations, beam=beam,
                                          shortlists=own is None)

@@ -71,9 +71,9 @@ class Translator:
         self.tgt_tok = Tokenizer(vocab.tgt_spm) if checkpoint else None
         self.specials = self.tgt_tok.specials if checkpoint else vocab
         self.continuations = self.tgt_tok.word_continuations() if self.tgt_tok else None
-        self.preparations = 0  # models prepared so far (one per dtype)
+        self.preparations = 0  # models prepared so far (one per dtype, compiled or not)
         self.fast, self.use_cache = fast and use_cache, use_cache
-        self._prepared: dict[str, list] = {}
+        self._prepared: dict[tuple[str, bool], list] = {}
         self._attention = threading.Lock()  # one attention() at a time: it sets model flags
         if dtype is not None:
             self.prepared(dtype)
@@ -108,17 +108,18 @@ class Translator:
         """The longest source (EOS excluded) every model can take."""
         return min(m.cfg.max_positions - 1 for m in self.models)
 
-    def prepared(self, dtype: str) -> list:
-        """The models prepared for decoding in `dtype`, built once (preparing packs, casts or
-        quantises every weight: too slow to redo per batch)."""
-        if dtype not in self._prepared:
+    def prepared(self, dtype: str, compile: bool = False) -> list:
+        """The models prepared for decoding in `dtype` (compile: their steps through
+        torch.compile, search.compile), built once (preparing packs, casts or quantises every
+        weight: too slow to redo per batch)."""
+        if (dtype, compile) not in self._prepared:
             try:
-                self._prepared[dtype] = decoding_models(self.models, SearchConfig(dtype=dtype),
-                                                        self.fast)
+                self._prepared[dtype, compile] = decoding_models(
+                    self.models, SearchConfig(dtype=dtype, compile=compile), self.fast)
             except ValueError as e:
                 raise NmtError(str(e)) from None
             self.preparations += 1
-        return self._prepared[dtype]
+        return self._prepared[dtype, compile]
 
     def translate_ids(self, src_ids: list[list[int]], search: SearchConfig,
                       prefixes: list[list[int]] | None = None, lines: list[int] | None = None,
@@ -129,7 +130,8 @@ class Translator:
         unless parallel=False. prefixes, lines, progress, constraints, scores: as
         batches.translate_nbest; a constraint's last word ends where it ends (no piece of the
         target tokenizer that goes on with a word follows it)."""
-        return translate_nbest(self.prepared(search.dtype), src_ids, search, self.specials,
+        models = self.prepared(search.dtype, search.compile)
+        return translate_nbest(models, src_ids, search, self.specials,
                                self.device, use_cache=self.use_cache, progress=progress,
                                fast=self.fast, prefixes=prefixes, lines=lines,
                                run=self._run if parallel else run_jobs, constraints=constraints,
@@ -140,7 +142,8 @@ class Translator:
                   search: SearchConfig, progress=None, parallel: bool = True
                   ) -> list[Hypothesis]:
         """log P(Y|X) and the search's score of each (source, target) pair of id lists."""
-        return score_pairs(self.prepared(search.dtype), src_ids, tgt_ids, search, self.specials,
+        models = self.prepared(search.dtype, search.compile)
+        return score_pairs(models, src_ids, tgt_ids, search, self.specials,
                            self.device, progress=progress, fast=self.fast,
                            run=self._run if parallel else run_jobs)
 
@@ -220,4 +223,5 @@ class Translator:
 def _run_batch(translator: Translator, job: BatchJob, items: list[Sentence]
                ) -> list[list[Hypothesis]]:
     """In a worker: one batch of a job, with the translator's prepared models."""
-    return dataclasses.replace(job, models=translator.prepared(job.search.dtype))(items)
+    models = translator.prepared(job.search.dtype, job.search.compile)
+    return dataclasses.replace(job, models=models)(items)

@@ -11,6 +11,13 @@ they give (docs/design.md, "Private PyTorch operators", has the measurements):
   output projection gathered from its weights quantized once, as CTranslate2's
   select_weights, not quantized again per batch: no public API indexes per-channel quantized
   tensors).
+- oneDNN's int8 linear map with the activations' scale and zero point as tensors and the
+  ReLU or the residual addition fused (torch.ops.onednn.qlinear_pointwise): the operator
+  Inductor's x86 int8 lowering calls, and the only int8 map torch.compile traces and fuses
+  its activations' quantization into (search.compile, nmt.inference.compiled_step).
+- Inductor's freezing (torch._inductor.config.freezing): torch.compile's public `options`
+  do not reach the stage that makes the weights constants, and qlinear's lowering needs them
+  constant; and symbolic shapes without duck sizing (frozen_compile).
 - an update skipped on the device, with no host read: a fused optimizer's `found_inf`
   (GradScaler's contract with it, which the optimizer's private `_step_supports_amp_scaling`
   says it keeps) and the EMA's foreach interpolation with a tensor weight
@@ -25,13 +32,17 @@ CI, not a silent slowdown.
 
 from __future__ import annotations
 
+import functools
+import warnings
+
 import torch
 from torch import Tensor
 
 OPERATORS = ("mkldnn._reorder_linear_weight", "mkldnn._linear_pointwise",
              "mkldnn._is_mkldnn_bf16_supported", "quantized.linear_prepack",
              "quantized.linear_dynamic", "aten._make_per_channel_quantized_tensor",
-             "aten._foreach_sub", "aten._foreach_mul_", "aten._foreach_add_")
+             "aten._foreach_sub", "aten._foreach_mul_", "aten._foreach_add_",
+             "onednn.qlinear_prepack", "onednn.qlinear_pointwise")
 
 
 def missing() -> list[str]:
@@ -83,6 +94,55 @@ def per_channel_qint8(ints: Tensor, scale: Tensor) -> Tensor:
 def quantized_linear(x: Tensor, packed, reduce_range: bool) -> Tensor:
     """x W^T + b with x rounded to 8 bits (7 with reduce_range) per call, in int32."""
     return torch.ops.quantized.linear_dynamic(x, packed, reduce_range)
+
+
+def qlinear_prepack(ints: Tensor) -> Tensor:
+    """int8 rows (out, in) packed for qlinear (a plain tensor: torch.compile's freezing keeps
+    it as a constant)."""
+    return torch.ops.onednn.qlinear_prepack(ints, None)
+
+
+def qlinear(xq: Tensor, x_scale: Tensor, x_zero: Tensor, packed: Tensor, scale: Tensor,
+            zeros: Tensor, bias: Tensor | None, relu: bool,
+            residual: Tensor | None) -> Tensor:
+    """float (x_q - x_zero) x_scale W^T + b, W = packed int8 rows times their scales (zeros:
+    their zero points), then ReLU, or plus the residual, fused: one oneDNN call."""
+    if residual is None:
+        return torch.ops.onednn.qlinear_pointwise.tensor(
+            xq, x_scale, x_zero, packed, scale, zeros, bias, 1.0, 0, torch.float32,
+            "relu" if relu else "none", [], "")
+    return torch.ops.onednn.qlinear_pointwise.binary_tensor(
+        xq, x_scale, x_zero, packed, scale, zeros, residual, bias, 1.0, 0, torch.float32, 1.0,
+        0, "add", 1.0, "none", [], "")
+
+
+def frozen_compile(step):
+    """torch.compile(step) (dynamic sizes, one graph) that compiles and runs with Inductor's
+    freezing: the tensors it reads from objects are constants of the compiled code (weights
+    packed once, int8 maps lowered to qlinear); and without duck sizing, which would make two
+    sizes that first happen to be equal (64 rows, d_k 64) one symbol, and recompile when they
+    part."""
+    import torch._inductor.config as inductor_config  # private: the one way to freeze
+    from torch.fx.experimental import _config as shape_config
+
+    _linear_add_traceable()
+    compiled = torch.compile(step, dynamic=True, fullgraph=True)
+
+    def frozen(*args):
+        with (inductor_config.patch(freezing=True), shape_config.patch(use_duck_shape=False),
+              warnings.catch_warnings()):
+            warnings.simplefilter("ignore", UserWarning)  # Inductor's own, while it compiles
+            return compiled(*args)
+    return frozen
+
+
+@functools.cache
+def _linear_add_traceable() -> None:
+    """A fake kernel for packed_linear_add's operator, which PyTorch registers for the others
+    of its family (torch.compile traces an operator through its fake kernel)."""
+    def fake(x: Tensor, other: Tensor, weight: Tensor, bias: Tensor | None, attr: str) -> Tensor:
+        return other.new_empty(other.shape)
+    torch.library.register_fake("mkldnn::_linear_pointwise.binary")(fake)
 
 
 def skips_on_the_device(optimizer: torch.optim.Optimizer) -> bool:
