@@ -55,6 +55,9 @@ def test_refusals_name_the_key_once_for_every_caller():
     ct2.check_search(SearchConfig(beam_size=1, alpha=0.6))  # greedy: the scores only
     with pytest.raises(ConfigError, match="^search.alpha: engine=ctranslate2 has no GNMT"):
         ct2.check_search(SearchConfig(beam_size=4, alpha=0.6))
+    ENGINES["nmt"].check_search(SearchConfig(compile=True))
+    with pytest.raises(ConfigError, match="^search.compile: engine=ctranslate2 decodes with"):
+        ct2.check_search(SearchConfig(beam_size=1, compile=True))
 
 
 def test_one_pool_decodes_batches_then_runs_the_serving_loops(ckpt):

@@ -41,6 +41,7 @@ class Capabilities:
     beam_alpha: bool  # GNMT's length penalty in beam search (search.alpha, beam_size > 1)
     epsilon: bool  # epsilon sampling (search.epsilon with search.sampling)
     token_scores: bool  # each output token's log P from the search (word_scores)
+    compile: bool  # search.compile: its decoding steps through torch.compile
     shortlist: str | None = None  # the one search.shortlist it decodes with ("": none; None: any)
 
     def check(self, key: str, used: object = True) -> None:
@@ -59,6 +60,9 @@ class Capabilities:
         if search.sampling and search.epsilon and not self.epsilon:
             raise ConfigError(f"search.epsilon: engine={self.engine} has no epsilon sampling; "
                               f"use engine=nmt")
+        if search.compile and not self.compile:
+            raise ConfigError(f"search.compile: engine={self.engine} decodes with its own "
+                              f"compiled code; use engine=nmt")
         if self.shortlist is not None and search.shortlist != self.shortlist and (
                 search.shortlist):
             raise ConfigError(f"search.shortlist: engine={self.engine} loaded "
@@ -67,7 +71,8 @@ class Capabilities:
 
 ENGINES = {"nmt": Capabilities("nmt", ensembles=True, constraints=True, attention=True,
                                continuous=True, sentence_seeds=True, beam_alpha=True,
-                               epsilon=True, token_scores=True),
+                               epsilon=True, token_scores=True, compile=True),
            "ctranslate2": Capabilities("ctranslate2", ensembles=False, constraints=False,
                                        attention=False, continuous=False, sentence_seeds=False,
-                                       beam_alpha=False, epsilon=False, token_scores=False)}
+                                       beam_alpha=False, epsilon=False, token_scores=False,
+                                       compile=False)}
