@@ -65,7 +65,7 @@ def run_loop(translator, batches: list[Batch], answers: int) -> list:
 
 def stand_in(model) -> SimpleNamespace:
     """What step_loop needs of a Translator, over one prepared model."""
-    return SimpleNamespace(prepared=lambda dtype: [model], specials=SPECIALS,
+    return SimpleNamespace(prepared=lambda dtype, compile: [model], specials=SPECIALS,
                            device=torch.device("cpu"), continuations=None)
 
 
