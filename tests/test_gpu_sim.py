@@ -232,7 +232,7 @@ def test_decoding_on_a_gpu_reaches_no_cpu_only_operator(dtype):
 
 def test_a_cpu_only_operator_on_the_gpu_fails_the_check(monkeypatch):
     """Negative control: oneDNN's packed linear maps (CPU only) chosen on the GPU raise."""
-    def packed(self, device, rows):
+    def packed(self, device, rows, traceable=False):
         return lambda w, b, relu=False: PackedAffine(w.detach(), b, relu, rows)
 
     monkeypatch.setattr(FastModel, "_affine_builder", packed)
