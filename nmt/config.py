@@ -563,6 +563,8 @@ class TrainConfig:
             check_search_device(self.search.dtype, self.train.device)
         _check(not self.optim.cooldown or bool(self.train.max_updates or self.train.max_minutes),
                "optim.cooldown", "needs a budget: train.max_updates or train.max_minutes")
+        _check(not self.search.compile, "search.compile",
+               "is nmt-translate's and nmt-serve's: validation decodes new weights each time")
 
 
 # ----------------------------------------------------------------------------- translate

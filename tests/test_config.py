@@ -71,6 +71,7 @@ def test_missing_model_names_what_to_add():
     ("train.best_metric=bleu", "train.best_metric"),
     ("optim.cooldown=1.0", "optim.cooldown"),
     ("optim.cooldown=0.2", "optim.cooldown"),  # no budget: max_updates nor max_minutes
+    ("search.compile=true", "search.compile"),  # validation's weights change every time
 ])
 def test_validation_names_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):

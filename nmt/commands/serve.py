@@ -46,11 +46,11 @@ def serve(cfg: ServeConfig) -> None:
     # Prepared for search.dtype here, then the workers forked: before any socket or thread.
     translator = open_translator(cfg.engine, [cfg.checkpoint], device, dtype=cfg.search.dtype,
                                  workers=workers, threads=cfg.threads, ct2_model=cfg.ct2_model,
-                                 shortlist=cfg.search.shortlist)
+                                 shortlist=cfg.search.shortlist, compile=cfg.search.compile)
     try:
         if cfg.vocab_check:
             check_vocab(translator, cfg.vocab_check, cfg.checkpoint)
-        warm_up(translator.stepper(), cfg.search.dtype)
+        warm_up(translator.stepper(), cfg.search.dtype, cfg.search.compile)
     except NmtError:
         translator.close()
         raise
@@ -83,17 +83,20 @@ def serve(cfg: ServeConfig) -> None:
         restore_handler(signal.SIGTERM, previous)
 
 
-def warm_up(pool: WorkerPool, dtype: str) -> None:
-    """Decode one short sentence on every worker (a process's first steps are slower);
-    NmtError if a worker fails or does not answer within a minute."""
-    warm = SearchConfig(beam_size=1, max_len_b=1, dtype=dtype)
+def warm_up(pool: WorkerPool, dtype: str, compile: bool = False) -> None:
+    """Decode one short sentence on every worker (a process's first steps are slower; with
+    search.compile two, which compiles the step of several rows); NmtError if a worker fails
+    or does not answer within a minute (ten with search.compile)."""
+    warm = SearchConfig(beam_size=1, max_len_b=1, dtype=dtype, compile=compile)
     for w in range(pool.workers):
-        pool.send(w, Batch(warm, [Sentence(("warm", w), [4])], whole=True))
+        sentences = [Sentence(("warm", w, i), [4]) for i in range(1 + compile)]
+        pool.send(w, Batch(warm, sentences, whole=True))
+    seconds, within = (600, "ten minutes") if compile else (60, "a minute")
     for _ in range(pool.workers):
         try:
-            message = pool.read(timeout=60)
+            message = pool.read(timeout=seconds)
         except queue.Empty:
-            raise NmtError("a decoding worker did not start within a minute") from None
+            raise NmtError(f"a decoding worker did not start within {within}") from None
         if isinstance(message, Failed):
             raise NmtError(f"a decoding worker failed while starting ({message.error!r})")
 

@@ -241,7 +241,7 @@ def open_session(cfg: TranslateConfig) -> Session:
     phrases = read_constraints(cfg.constraints) if cfg.constraints else None
     translator = open_translator(cfg.engine, cfg.checkpoints, device, cfg.weights,
                                  cfg.search.dtype, workers, cfg.threads, cfg.ct2_model,
-                                 cfg.search.shortlist)
+                                 cfg.search.shortlist, cfg.search.compile)
     try:
         if cfg.vocab_check:
             check_vocab(translator, cfg.vocab_check, cfg.checkpoints[0])

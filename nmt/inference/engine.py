@@ -79,17 +79,18 @@ class Engine(Protocol):
 
 def open_translator(engine: str, checkpoints: list[str], device: torch.device,
                     weights: str = "auto", dtype: str = "fp32", workers: int = 1,
-                    threads: int = 0, ct2_model: str = "", shortlist: str = "") -> Engine:
+                    threads: int = 0, ct2_model: str = "", shortlist: str = "",
+                    compile: bool = False) -> Engine:
     """The Translator of engine=nmt, or the CT2Translator of engine=ctranslate2 (one
     checkpoint; search.dtype checked against the device for the engine first; shortlist:
     search.shortlist, which must be built for the checkpoint's target vocabulary and which
-    CTranslate2's export must hold)."""
+    CTranslate2's export must hold; compile: search.compile, engine=nmt's)."""
     check_search_device(dtype, device.type, engine=engine)
     if dtype == "bf16" and device.type == "cpu":
         warn_if_bf16_emulated("search.dtype=bf16")
     if engine == "nmt":
         translator = Translator.load(checkpoints, device, weights, dtype=dtype,
-                                     workers=workers, threads=threads)
+                                     workers=workers, threads=threads, compile=compile)
     else:
         translator = CT2Translator.load(checkpoints, device, weights, dtype, workers, threads,
                                         ct2_model, shortlist)

@@ -116,38 +116,46 @@ class Int8Affine(Affine):
     def rows(self, index: Tensor, bias: Tensor | None) -> Int8Affine:
         """The map of output rows `index` (bias: theirs): its int8 rows gathered from this
         one's, not quantized again (CTranslate2's select_weights for a shortlist)."""
-        part = type(self).__new__(type(self))
+        part = Int8Affine.__new__(Int8Affine)  # eager's form: rows are cut outside a compiled step
         part._set(self.ints.index_select(0, index), self.scale.index_select(0, index), bias,
                   self.relu)
         return part
 
 
 class QLinearInt8Affine(Int8Affine):
-    """Int8Affine's map (the same int8 rows, scales and rounding) as oneDNN's qlinear
-    (private_ops.qlinear), the form torch.compile traces: the activations' 8-bit rounding
-    written in tensor operations, which Inductor fuses into one kernel, then one call with the
-    ReLU or the residual addition fused (CTranslate2's fused dequantize + bias +
-    activation). Eager, several operators where Int8Affine calls one; compiled, what
-    search.compile runs."""
+    """Int8Affine's map (its int8 rows and scales; the activations rounded as torch.ao does,
+    but for scales below 1e-4) as oneDNN's qlinear (private_ops.qlinear), the form
+    torch.compile traces: the activations' 8-bit rounding written in tensor operations, which
+    Inductor fuses into one kernel, then one call with the ReLU or the residual addition fused
+    (CTranslate2's fused dequantize + bias + activation). Eager, several operators where
+    Int8Affine calls one; compiled, what search.compile runs."""
 
     def _set(self, ints: Tensor, scale: Tensor, bias: Tensor | None, relu: bool) -> None:
         """The map of int8 rows (out, in) with scales (out,), packed for qlinear."""
         Affine.__init__(self, None, bias, relu)
         self.ints, self.scale = ints, scale
-        self.top = 127 if int8_saturates() else 255  # the activations' largest level
+        self.top = 127 if int8_saturates() else 255  # the activations' largest level (oneDNN)
         self.packed = private_ops.qlinear_prepack(ints)
         self.w_scale = scale.float()
         self.w_zero = torch.zeros(len(scale), dtype=torch.long)
 
     def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         """(..., in_features) -> (..., out_features), + residual (same shape) if given."""
+        return self._map(x, self.relu, residual)
+
+    def linear(self, x: Tensor) -> Tensor:
+        """x W^T + b."""
+        return self._map(x, False, None)
+
+    def _map(self, x: Tensor, relu: bool, residual: Tensor | None) -> Tensor:
+        """x W^T + b, then ReLU, or plus the residual: (..., in) -> (..., out)."""
         flat = x.reshape(-1, x.size(-1))  # (rows, in)
         lo, hi = flat.amin().clamp(max=0.0), flat.amax().clamp(min=0.0)
         x_scale = ((hi - lo) / self.top).clamp(min=1e-10)  # torch.ao's asymmetric 8 bits
         zero = (-lo / x_scale).round().to(torch.int64)
         xq = (flat / x_scale).round().add(zero).clamp(0, self.top).to(torch.uint8)
         y = private_ops.qlinear(xq, x_scale, zero, self.packed, self.w_scale, self.w_zero,
-                                self.bias, self.relu,
+                                self.bias, relu,
                                 None if residual is None else residual.reshape(len(flat), -1))
         return y.view(*x.shape[:-1], y.size(-1))
 
@@ -722,7 +730,7 @@ class FastModel(nn.Module):
 def _step_rows(state: FastState, B: int, positions: Tensor | None, compiled: bool) -> StepRows:
     """The fused operator's view of a step of B rows at cache position state.step: each row
     from its own start (positions: (B,) each row's own step; None: every row from 0); the
-    position a 0-d tensor when compiled (a number would be compiled in)."""
+    position a (1,) tensor when compiled (a number would be compiled in)."""
     dev = state.src_len.device
     zero = torch.zeros(B, dtype=torch.long, device=dev)
     start = zero if positions is None else state.step - positions  # (B,)

@@ -57,13 +57,15 @@ class Translator:
     processes, started here (else one thread); threads: PyTorch threads of decoding in this
     process (0: PyTorch's default). fast=False decodes with the reference model (fp32 only),
     use_cache=False without the key/value cache too: the slower paths the benchmarks time.
+    compile: prepare `dtype`'s models with search.compile (each worker compiles its own steps).
     """
 
     capabilities = ENGINES["nmt"]
 
     def __init__(self, models: list, vocab: Vocab | Specials,
                  device: torch.device | str = "cpu", dtype: str | None = "fp32",
-                 workers: int = 1, threads: int = 0, fast: bool = True, use_cache: bool = True):
+                 workers: int = 1, threads: int = 0, fast: bool = True, use_cache: bool = True,
+                 compile: bool = False):
         self.models, self.device = models, torch.device(device)
         checkpoint = isinstance(vocab, Vocab)  # else a stand-in's Specials: no tokenizers
         self.vocab = vocab if checkpoint else None
@@ -76,7 +78,7 @@ class Translator:
         self._prepared: dict[tuple[str, bool], list] = {}
         self._attention = threading.Lock()  # one attention() at a time: it sets model flags
         if dtype is not None:
-            self.prepared(dtype)
+            self.prepared(dtype, compile)
         processes = workers > 1 and self.device.type == "cpu" and can_fork()
         # forked after preparing: the workers share the prepared weights
         self.pool = WorkerPool(workers if processes else 1, self, processes, threads)

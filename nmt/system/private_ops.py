@@ -14,7 +14,7 @@ they give (docs/design.md, "Private PyTorch operators", has the measurements):
 - oneDNN's int8 linear map with the activations' scale and zero point as tensors and the
   ReLU or the residual addition fused (torch.ops.onednn.qlinear_pointwise): the operator
   Inductor's x86 int8 lowering calls, and the only int8 map torch.compile traces and fuses
-  its activations' quantization into (search.compile, nmt.inference.compiled_step).
+  its activations' quantization into (search.compile: FastModel.step_layers).
 - Inductor's freezing (torch._inductor.config.freezing): torch.compile's public `options`
   do not reach the stage that makes the weights constants, and qlinear's lowering needs them
   constant; and symbolic shapes without duck sizing (frozen_compile).
@@ -117,7 +117,7 @@ def qlinear(xq: Tensor, x_scale: Tensor, x_zero: Tensor, packed: Tensor, scale: 
 
 
 def frozen_compile(step):
-    """torch.compile(step) (dynamic sizes, one graph) that compiles and runs with Inductor's
+    """torch.compile(step) (dynamic sizes) that compiles and runs with Inductor's
     freezing: the tensors it reads from objects are constants of the compiled code (weights
     packed once, int8 maps lowered to qlinear); and without duck sizing, which would make two
     sizes that first happen to be equal (64 rows, d_k 64) one symbol, and recompile when they
@@ -126,12 +126,14 @@ def frozen_compile(step):
     from torch.fx.experimental import _config as shape_config
 
     _linear_add_traceable()
-    compiled = torch.compile(step, dynamic=True, fullgraph=True)
+    # Inductor's own warnings while it lowers int8 maps (a tensor copied with torch.tensor)
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\._inductor")
+    # not fullgraph: past Dynamo's limit of compilations (a size of 1 specializes: a batch of
+    # one row, one sentence) a step runs eager rather than failing
+    compiled = torch.compile(step, dynamic=True)
 
     def frozen(*args):
-        with (inductor_config.patch(freezing=True), shape_config.patch(use_duck_shape=False),
-              warnings.catch_warnings()):
-            warnings.simplefilter("ignore", UserWarning)  # Inductor's own, while it compiles
+        with inductor_config.patch(freezing=True), shape_config.patch(use_duck_shape=False):
             return compiled(*args)
     return frozen
 
@@ -142,7 +144,10 @@ def _linear_add_traceable() -> None:
     of its family (torch.compile traces an operator through its fake kernel)."""
     def fake(x: Tensor, other: Tensor, weight: Tensor, bias: Tensor | None, attr: str) -> Tensor:
         return other.new_empty(other.shape)
-    torch.library.register_fake("mkldnn::_linear_pointwise.binary")(fake)
+    try:
+        torch.library.register_fake("mkldnn::_linear_pointwise.binary")(fake)
+    except RuntimeError:  # a later PyTorch registers its own
+        pass
 
 
 def skips_on_the_device(optimizer: torch.optim.Optimizer) -> bool:
