@@ -138,7 +138,8 @@ def test_a_compiled_step_gives_the_eager_steps_logits(dtype, shortlist):
     if not compiled.compiled:
         pytest.skip("the fused attention operator did not build")
     batches = [pad_batch([[5, 6, 7, 8, 9], [9, 10], [11, 12, 4]], PAD, "cpu"),
-               pad_batch([[4, 5], [6, 7, 8, 9, 10, 11, 12]], PAD, "cpu")]
+               pad_batch([[4, 5], [6, 7, 8, 9, 10, 11, 12]], PAD, "cpu"),
+               pad_batch([[6, 7, 8]], PAD, "cpu")]  # one sentence: the eager step
     shortlists = (None, torch.tensor([3, 5, 7, 11, 4, 20]))[:1 + shortlist]  # all, then six
     with torch.inference_mode():
         for vocab in shortlists:  # the compilations

@@ -599,7 +599,7 @@ class FastModel(nn.Module):
         # query per row), and by more in bf16.
         self.plain_attention = device.type == "cpu"
         if self.compiled:  # Inductor, the weights frozen in as constants
-            self.step_layers = private_ops.frozen_compile(self.step_layers)
+            self._compiled_layers = private_ops.frozen_compile(self.step_layers)
 
     def _affine_builder(self, device: torch.device, rows: int, traceable: bool = False):
         """affine(W, b, relu=False): the linear maps' form for this dtype and device
@@ -704,7 +704,10 @@ class FastModel(nn.Module):
         like = state.memory_kv[0][0]  # (M, h, S, d_k): the keys' shape and dtype
         caches = [cache.advance(B, like) for cache in state.self_kv]
         rows = _step_rows(state, B, positions, self.compiled)
-        x = self.step_layers(x, rows, caches, state.memory_kv, state.generator is None)
+        layers = self.step_layers
+        if self.compiled and B > 1 and like.size(0) > 1:  # a size of 1 would be compiled apart
+            layers = self._compiled_layers  # (and Inductor's code for it fails: one sentence)
+        x = layers(x, rows, caches, state.memory_kv, state.generator is None)
         state.step += 1
         return x if state.generator is None else state.generator(x)
 
