@@ -9,10 +9,18 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
-from nmt.config import AverageConfig, PreprocessConfig, TrainConfig, TranslateConfig, to_object
-from nmt.training.checkpoint import save_checkpoint
+from nmt.config import (
+    AverageConfig,
+    PreprocessConfig,
+    TrainConfig,
+    TranslateConfig,
+    compose,
+    to_object,
+)
+from nmt.training.checkpoint import load_checkpoint, save_checkpoint
 from nmt.training.schedule import noam_lr
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -264,9 +272,26 @@ def test_distill_from_a_given_ensemble_by_closest_candidate_to_a_deep_encoder(tm
                        ({"STUDENT_LAYERS": "6"}, "STUDENT_LAYERS='6' is not ENCODER+DECODER"),
                        ({"DISTILL_LINES": "0"}, "DISTILL_LINES='0' must be a positive"),
                        ({"TEACHER_UPDATES": "1e4"}, "TEACHER_UPDATES='1e4' must be a positive"),
-                       ({"SCORE_BEAMS": "4 x"}, "SCORE_BEAMS='4 x': 'x' is not a beam size")]:
+                       ({"SCORE_BEAMS": "4 x"}, "SCORE_BEAMS='4 x': 'x' is not a beam size"),
+                       ({"STUDENT_INIT": "x"}, "unknown STUDENT_INIT 'x'"),
+                       ({"TEACHER": "[a.pt,b.pt]", "STUDENT_INIT": "teacher"},
+                        "STUDENT_INIT=teacher needs one teacher checkpoint")]:
         wrong = run_recipe("distill", tmp_path, "--dry-run", **env)
         assert wrong.returncode == 2 and error in wrong.stderr, wrong.stderr
+
+
+@pytest.mark.slow
+def test_distill_a_student_from_the_teachers_layers_in_its_vocabulary(tmp_path):
+    out = run_recipe("distill", tmp_path, "--dry-run", TEACHER="t.pt", STUDENT_INIT="teacher",
+                     STUDENT_LAYERS="3+1", SCORE_BEAMS="1")
+    assert out.returncode == 0, out.stderr
+    steps, work = distill_steps(out), tmp_path / "work"
+    assert (f"recipes/distill.py shrink t.pt {work}/student/init.pt "
+            f"{work}/student/teacher.spm.model --layers 3+1") in out.stderr
+    pre, train = steps["preprocess_student"], steps["train_student"]
+    assert pre.bpe.model == f"{work}/student/teacher.spm.model"
+    assert train.train.init_from == f"{work}/student/init.pt"
+    assert (train.model.N, train.model.N_dec) == (3, 1)
 
 
 def distill_script():
@@ -386,3 +411,34 @@ def test_multilingual_table_scores_every_output_the_recipe_wrote(tmp_path):
     assert "zero-shot: 1 joined test pairs" in rows
     direct = next(r for r in rows if r.startswith("| de-fr"))
     assert direct.split(" | ")[1] == "100.00 / 100.00" and direct.split(" | ")[3] == "-"
+
+
+def test_distill_shrink_starts_a_student_from_the_teachers_layers(tiny_data_dir, tmp_path):
+    from translate_helpers import save_tiny_checkpoint
+
+    from nmt.commands.train import train
+
+    spm_proto = (tiny_data_dir / "spm.model").read_bytes()
+    teacher = save_tiny_checkpoint(tmp_path / "teacher.pt", spm_proto, N=3)
+    init, spm = tmp_path / "student/init.pt", tmp_path / "student/teacher.spm.model"
+    distill_script().main(["shrink", str(teacher), str(init), str(spm), "--layers", "2+1"])
+    assert spm.read_bytes() == spm_proto  # the student's data shares the teacher's vocabulary
+    theirs, ours = load_checkpoint(teacher)["model"], load_checkpoint(init)
+    assert (ours["model_cfg"]["N"], ours["model_cfg"]["N_dec"]) == (2, 1)
+    copied = {"encoder.0.": "encoder.0.", "encoder.1.": "encoder.2.", "decoder.0.": "decoder.0."}
+    for key, weight in ours["model"].items():
+        stack = key[:10] if key.startswith(("encoder.", "decoder.")) else ""
+        assert torch.equal(weight, theirs[key.replace(stack, copied[stack], 1) if stack
+                                           else key]), key
+    run = tmp_path / "run"  # nmt-train loads it strictly: the student's shape and vocabulary
+    train(to_object(compose("train", [
+        "+model=small", f"data_dir={tiny_data_dir}", f"run_dir={run}", "model.N=2",
+        "model.N_dec=1", "model.d_model=32", "model.d_ff=64", "train.max_updates=1",
+        "train.max_tokens=256", "train.threads=1", "train.plot=false", "train.tensorboard=false",
+        f"train.init_from={init}"]), TrainConfig))
+    assert load_checkpoint(run / "checkpoint_last.pt")["update"] == 1
+    with pytest.raises(SystemExit, match=r"teacher.pt: has 3 decoder layers, fewer than the "
+                                         r"student's 4 \(--layers 1\+4\)"):
+        distill_script().main(["shrink", str(teacher), str(tmp_path / "x.pt"),
+                               str(tmp_path / "x.model"), "--layers", "1+4"])
+    assert not (tmp_path / "x.pt").exists() and not (tmp_path / "x.model").exists()

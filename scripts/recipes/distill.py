@@ -5,6 +5,12 @@ closest NBEST REF OUT: of each source's candidates in NBEST (nmt-translate's n-b
 of REF) is written to OUT, a line per source: the teacher's translation the student learns
 from, as Mozilla's pipeline keeps it.
 
+shrink TEACHER OUT SPM --layers E+D: the student's first weights, taken from the teacher
+(Shleifer and Rush 2020, "shrink and fine-tune"): E of its encoder layers and D of its decoder
+layers, spread from first to last (one: the first), with its embeddings, norms and output
+layer, written as a checkpoint of the student's shape for `nmt-train train.init_from=OUT`; SPM:
+the teacher's SentencePiece model, which the student's data must share (bpe.model=SPM).
+
 score --src TEST --ref REF --out DIR [--beams 4 1] --row NAME CHECKPOINT SHORTLIST SECONDS ...:
 each row's model translates TEST with search.dtype=int8 at each beam size (beam 1: greedy;
 beams without a length penalty, alpha 0, which CTranslate2's beam search lacks), in nmt and,
@@ -15,6 +21,7 @@ first row's first beam size in the same engine. --dry-run prints each translatio
 config under "### score_NAME_ENGINE_bBEAM" instead.
 
     python scripts/recipes/distill.py closest work/nbest.de work/part.de work/distilled.de
+    python scripts/recipes/distill.py shrink teacher.pt work/init.pt work/spm.model --layers 3+1
     python scripts/recipes/distill.py score --src test.en.xz --ref test.de.xz --out work/score \\
         --beams 4 1 --row teacher teacher.pt - 3600 --row student student.pt data/shortlist.pt 1200
 """
@@ -24,6 +31,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import itertools
+import re
 import sys
 from pathlib import Path
 
@@ -34,6 +42,7 @@ from nmt.config import TranslateConfig, compose, to_object
 from nmt.errors import NmtError
 from nmt.inference.mbr import closest
 from nmt.system.files import read_lines, write_atomically
+from nmt.training.checkpoint import load_checkpoint, save_checkpoint
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,6 +53,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     c.add_argument("nbest", help="nmt-translate's n-best output (search.nbest > 1)")
     c.add_argument("ref", help="the references, a line per source")
     c.add_argument("out", help="the chosen candidates, a line per source")
+    k = sub.add_parser("shrink", help="the student's first weights: some of the teacher's layers")
+    k.add_argument("teacher", help="the teacher's checkpoint (one model, joint vocabulary)")
+    k.add_argument("out", help="the student's starting checkpoint (train.init_from)")
+    k.add_argument("spm", help="the teacher's SentencePiece model, written here (bpe.model)")
+    k.add_argument("--layers", required=True, help="the student's ENCODER+DECODER layers, e.g. 3+1")
     s = sub.add_parser("score", help="BLEU, chrF and sentences/s of each row, one table")
     s.add_argument("--src", required=True, help="the test sources, a sentence a line")
     s.add_argument("--ref", required=True, help="their references")
@@ -76,6 +90,52 @@ def write_closest(nbest_path: str, ref_path: str, out_path: str) -> None:
     chosen = [c[closest(c, r)] if c else "" for c, r in zip(candidates_of(nbest_path, len(refs)),
                                                              refs, strict=True)]
     write_atomically(out_path, "".join(line + "\n" for line in chosen))
+
+
+def spread(have: int, keep: int) -> list[int]:
+    """`keep` of `have` layers' indices, spread from the first to the last (one: the first),
+    as distilBART copies its teacher's layers."""
+    if keep == 1:
+        return [0]
+    return [round(i * (have - 1) / (keep - 1)) for i in range(keep)]
+
+
+def shrunk(state: dict, path: str, layers: str) -> dict:
+    """The teacher checkpoint `state` cut to the student's ENCODER+DECODER layers: those layers'
+    weights renumbered, every other weight kept, model_cfg's N and N_dec set."""
+    shape = re.fullmatch(r"([1-9][0-9]*)\+([1-9][0-9]*)", layers)
+    if shape is None:
+        raise NmtError(f"--layers {layers!r} is not ENCODER+DECODER layers, e.g. 3+1")
+    cfg = state["model_cfg"]
+    have = {"encoder": cfg["N"], "decoder": cfg.get("N_dec") or cfg["N"]}
+    want = {"encoder": int(shape[1]), "decoder": int(shape[2])}
+    for stack in have:
+        if want[stack] > have[stack]:
+            raise NmtError(f"{path}: has {have[stack]} {stack} layers, fewer than the "
+                           f"student's {want[stack]} (--layers {layers})")
+    if not state["vocab"].get("joint", False):
+        raise NmtError(f"{path}: the teacher's vocabulary is not joint; the student's data "
+                       "cannot share it as one bpe.model")
+    renumber = {f"{stack}.{old}.": f"{stack}.{new}." for stack in have
+                for new, old in enumerate(spread(have[stack], want[stack]))}
+    model = {}
+    for key, weight in state["model"].items():
+        stack, _, rest = key.partition(".")
+        if stack not in have:  # embeddings, final norms, output layer
+            model[key] = weight
+        elif (prefix := f"{stack}.{rest.partition('.')[0]}.") in renumber:
+            model[renumber[prefix] + rest.partition(".")[2]] = weight
+    model_cfg = {**cfg, "N": want["encoder"], "N_dec": want["decoder"]}
+    return {"model": model, "model_cfg": model_cfg, "vocab": state["vocab"],
+            "shrunk_from": {"path": path, "layers": renumber}}
+
+
+def write_shrunk(teacher: str, out: str, spm: str, layers: str) -> None:
+    """The student's starting checkpoint and the teacher's SentencePiece model, written."""
+    state = load_checkpoint(teacher)
+    student = shrunk(state, teacher, layers)
+    write_atomically(spm, state["vocab"]["src_spm"])
+    save_checkpoint(student, out)
 
 
 def engines(checkpoint: str) -> list[str]:
@@ -137,11 +197,13 @@ def score(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """distill.py closest | score: a one-line error and status 1 on bad input."""
+    """distill.py closest | shrink | score: a one-line error and status 1 on bad input."""
     args = parse_args(argv)
     try:
         if args.command == "closest":
             write_closest(args.nbest, args.ref, args.out)
+        elif args.command == "shrink":
+            write_shrunk(args.teacher, args.out, args.spm, args.layers)
         else:
             score(args)
     except NmtError as e:

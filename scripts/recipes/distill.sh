@@ -13,6 +13,8 @@
 #   3 distill      nmt-translate the part's sources with the teacher (DISTILL_SEARCH)
 #   4 student      nmt-preprocess the part's sources with the teacher's translations, with a
 #                  lexical shortlist (shortlist.k=SHORTLIST_K); nmt-train, nmt-average
+#                  (STUDENT_INIT=teacher: from some of the teacher's layers, in its vocabulary,
+#                  scripts/recipes/distill.py shrink)
 #   5 score        teacher and student on the test split: BLEU, chrF and sentences/s with
 #                  search.dtype=int8 at each of SCORE_BEAMS, in nmt and, if installed,
 #                  CTranslate2 (the student with its shortlist), one table
@@ -33,6 +35,10 @@
 #   NBEST [8]                DISTILL_SEARCH=nbest: the candidates per source
 #   STUDENT_LAYERS [1+1]     the student's encoder+decoder layers at the tiny shape (d_model 256,
 #                            +recipe=cpu20); 6+1: a deep encoder with a one-layer decoder
+#   STUDENT_INIT []          teacher: the student starts from the teacher's weights, with its
+#                            vocabulary (its embeddings, output layer and STUDENT_LAYERS of its
+#                            layers, spread from first to last: "shrink and fine-tune", Shleifer
+#                            and Rush 2020); "": from scratch, with a vocabulary of its own
 #   STUDENT_MINUTES [20]     the student's training time (cpu20's 20 minutes)
 #   STUDENT_UPDATES []       the student's updates instead of minutes
 #   SHORTLIST_K [50]         the student's shortlist: target pieces kept per source piece
@@ -67,6 +73,7 @@ DISTILL_SEARCH=${DISTILL_SEARCH:-beam}
 NBEST=${NBEST:-8}
 STUDENT_LAYERS=${STUDENT_LAYERS:-1+1}
 STUDENT_MINUTES=${STUDENT_MINUTES:-20}
+STUDENT_INIT=${STUDENT_INIT:-}
 TEACHER_UPDATES=${TEACHER_UPDATES:-}
 STUDENT_UPDATES=${STUDENT_UPDATES:-}
 SHORTLIST_K=${SHORTLIST_K:-50}
@@ -85,6 +92,14 @@ case "$DISTILL_SEARCH" in
   nbest) SEARCH=(search.beam_size="$NBEST" search.nbest="$NBEST") ;;
   *) fail "unknown DISTILL_SEARCH '$DISTILL_SEARCH' (beam or nbest)" ;;
 esac
+case "$STUDENT_INIT" in
+  "") INIT=(); VOCAB_OF_STUDENT=(bpe.vocab_size="$VOCAB") ;;
+  teacher) INIT=(train.init_from="$WORK/student/init.pt")
+    VOCAB_OF_STUDENT=(bpe.model="$WORK/student/teacher.spm.model") ;;
+  *) fail "unknown STUDENT_INIT '$STUDENT_INIT' (teacher, or empty: from scratch)" ;;
+esac
+[[ $STUDENT_INIT != teacher || $TEACHER != \[* ]] ||
+  fail "STUDENT_INIT=teacher needs one teacher checkpoint, not an ensemble"
 [[ $STUDENT_LAYERS =~ ^([1-9][0-9]*)\+([1-9][0-9]*)$ ]] ||
   fail "STUDENT_LAYERS='$STUDENT_LAYERS' is not ENCODER+DECODER layers, e.g. 1+1 or 6+1"
 STUDENT_SHAPE=(model.N="${BASH_REMATCH[1]}" model.N_dec="${BASH_REMATCH[2]}")
@@ -161,12 +176,17 @@ else
 fi
 shell "cp $(q "$WORK/part.$SRC") $(q "$WORK/distilled.$SRC")"
 
-# 4: the student, on the teacher's translations, with a shortlist
+# 4: the student, on the teacher's translations, with a shortlist (from the teacher's layers)
+if [ "$STUDENT_INIT" = teacher ]; then
+  shell "$(words python "$HERE/distill.py" shrink "$TEACHER" "$WORK/student/init.pt" \
+    "$WORK/student/teacher.spm.model" --layers "$STUDENT_LAYERS")"
+fi
 step preprocess_student nmt-preprocess src_lang="$SRC" tgt_lang="$TGT" \
   train="$WORK/distilled" valid="$CORPUS/valid" out_dir="$WORK/student/data" \
-  bpe.vocab_size="$VOCAB" shortlist.k="$SHORTLIST_K" force=true
+  "${VOCAB_OF_STUDENT[@]}" shortlist.k="$SHORTLIST_K" force=true
 # shellcheck disable=SC2046
-trained student +recipe=cpu20 "${STUDENT_SHAPE[@]}" $(budget "$STUDENT_MINUTES" "$STUDENT_UPDATES")
+trained student +recipe=cpu20 "${STUDENT_SHAPE[@]}" $(budget "$STUDENT_MINUTES" "$STUDENT_UPDATES") \
+  "${INIT[@]}"
 
 # 5: teacher and student on the test split, int8, in nmt and CTranslate2, at each beam size
 SCORE=(python "$HERE/distill.py" score --src "$TEST_SRC" --ref "$TEST_TGT" --out "$WORK/score"
