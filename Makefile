@@ -32,12 +32,13 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
-# Every test (GPU tests skip themselves without one; the browser's runs only under test-browser).
+# Every test (GPU tests skip themselves without one; the browser's runs only under test-browser),
+# on two pytest-xdist workers: one at a time took 11.7 minutes on a slow 2-core day, two 6.9
+# (2026-11-26); many tests wait on subprocesses, servers or torchrun rather than compute.
 # test-quick leaves out the ones marked slow (subprocesses, servers, torchrun, the wheel build,
-# training to convergence, over ~2 s) for the edit-test loop, on two pytest-xdist workers;
-# test-slow runs only those.
+# training to convergence, over ~2 s) for the edit-test loop; test-slow runs only those.
 test: install
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2
 
 test-quick: install
 	$(BIN)/python -m pytest -m "not slow" -n 2
