@@ -34,7 +34,7 @@ def test_the_ini_selects_no_tests_and_rejects_unknown_markers(pytestconfig):
 
 
 def test_make_test_collects_every_test_and_the_tiers_split_it():
-    assert pytest_args("test") == []  # the ini alone decides, and it selects nothing
+    assert pytest_args("test") == ["-n", "2"]  # the ini alone selects, and it selects nothing
     assert not [a for a in pytest_args("test-floor") if a.startswith(SELECTING)]
     assert pytest_args("test-quick") == ["-m", "not slow", "-n", "2"]  # two xdist workers
     assert pytest_args("test-slow") == ["-m", "slow"]
