@@ -12,14 +12,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from nmt.config import (
-    AverageConfig,
-    PreprocessConfig,
-    TrainConfig,
-    TranslateConfig,
-    compose,
-    to_object,
-)
+from nmt.config import AverageConfig, PreprocessConfig, TrainConfig, TranslateConfig, to_object
 from nmt.training.checkpoint import load_checkpoint, save_checkpoint
 from nmt.training.schedule import noam_lr
 
@@ -417,6 +410,7 @@ def test_distill_shrink_starts_a_student_from_the_teachers_layers(tiny_data_dir,
     from translate_helpers import save_tiny_checkpoint
 
     from nmt.commands.train import train
+    from nmt.config import compose
 
     spm_proto = (tiny_data_dir / "spm.model").read_bytes()
     teacher = save_tiny_checkpoint(tmp_path / "teacher.pt", spm_proto, N=3)
