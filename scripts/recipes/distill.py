@@ -121,10 +121,11 @@ def shrunk(state: dict, path: str, layers: str) -> dict:
     model = {}
     for key, weight in state["model"].items():
         stack, _, rest = key.partition(".")
+        layer, _, name = rest.partition(".")
         if stack not in have:  # embeddings, final norms, output layer
             model[key] = weight
-        elif (prefix := f"{stack}.{rest.partition('.')[0]}.") in renumber:
-            model[renumber[prefix] + rest.partition(".")[2]] = weight
+        elif f"{stack}.{layer}." in renumber:
+            model[renumber[f"{stack}.{layer}."] + name] = weight
     model_cfg = {**cfg, "N": want["encoder"], "N_dec": want["decoder"]}
     return {"model": model, "model_cfg": model_cfg, "vocab": state["vocab"],
             "shrunk_from": {"path": path, "layers": renumber}}
