@@ -21,6 +21,7 @@ from nmt.inference.fast_model import (
     int8_saturates,
     packing_works,
     row_argmax,
+    source_groups,
     top_k,
 )
 from nmt.model import make_model
@@ -90,6 +91,64 @@ def test_beam_rows_share_the_encoder_memory(model):
         assert shared.g == k and shared.memory_kv[0][0].size(0) == 1
         torch.testing.assert_close(fast.decode_step(tgt[3:, :1], shared),
                                    model.decode_step(tgt[3:, :1], copied), atol=1e-4, rtol=1e-4)
+
+
+def test_source_groups_bound_each_groups_padding():
+    """Every row in one group, longest first; a group's padding within the bound; sources of
+    like length, or one, are one group (None)."""
+    g = torch.Generator().manual_seed(3)
+    lengths = torch.cat([torch.randint(1, 20, (40,), generator=g), torch.tensor([150, 90, 60])])
+    mask = torch.arange(150)[None, :] < lengths[:, None]  # (B, S), padding last
+    groups = source_groups(mask)
+    rows = torch.cat([r for r, _ in groups]).tolist()
+    assert sorted(rows) == list(range(len(lengths))) and len(groups) > 1
+    tops = [L for _, L in groups]
+    assert tops == sorted(tops, reverse=True) and tops[0] == 150
+    for r, L in groups:
+        real = int(lengths[r].sum())
+        assert int(lengths[r].max()) == L
+        assert len(r) * L - real <= 0.25 * real + 32 or len(r) == 1
+    assert source_groups(torch.ones(8, 30, dtype=torch.bool)) is None
+    assert source_groups(mask[:1]) is None
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "int8"])
+def test_sources_of_unequal_lengths_encode_as_each_alone(model, dtype):
+    """Encoded in groups of like length, every sentence's memory and its keys and values are
+    its own encoding's (fp32 and bf16: as alone, to rounding; int8: close, its activations'
+    scales per group)."""
+    g = torch.Generator().manual_seed(4)
+    srcs = [torch.randint(4, V, (L,), generator=g).tolist() for L in (3, 80, 5, 2, 40, 38)]
+    src = pad_batch(srcs, PAD, "cpu")
+    assert source_groups(src != PAD) is not None
+    fast = FastModel(model, dtype)
+    tol = dict(atol=0.1, rtol=0.1) if dtype == "int8" else dict(atol=1e-2, rtol=1e-2) \
+        if dtype == "bf16" else dict(atol=1e-5, rtol=1e-5)
+    with torch.inference_mode():
+        memory, mask = fast.encode(src)
+        state = fast.start_decoding(memory, mask)
+        for i, s in enumerate(srcs):
+            alone, alone_mask = fast.encode(pad_batch([s], PAD, "cpu"))
+            torch.testing.assert_close(memory[i, :len(s)], alone[0], **tol)
+            for (k, v), (k1, v1) in zip(state.memory_kv,
+                                        fast.start_decoding(alone, alone_mask).memory_kv,
+                                        strict=True):
+                torch.testing.assert_close(k[i, :, :len(s)], k1[0], **tol)
+                torch.testing.assert_close(v[i, :, :len(s)], v1[0], **tol)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_batch_of_unequal_lengths_gives_each_sentences_own_outputs(model, beam):
+    """Batched equals one at a time where the batch is encoded in groups (fp32)."""
+    g = torch.Generator().manual_seed(5)
+    srcs = [torch.randint(4, V, (L,), generator=g).tolist() for L in (60, 2, 3, 45, 5, 7)]
+    assert source_groups(pad_batch(srcs, PAD, "cpu") != PAD) is not None
+    cfg = search(beam_size=beam, nbest=min(beam, 2), max_len_a=0.0, max_len_b=12)
+    batched = run(model, srcs, cfg)
+    single = run(model, srcs, dataclasses.replace(cfg, max_tokens=1))
+    assert tokens(batched) == tokens(single)
+    for b, s in zip(batched, single, strict=True):
+        assert [h.score for h in b] == pytest.approx([h.score for h in s], abs=1e-4)
 
 
 @pytest.mark.parametrize("kw", [dict(beam_size=1), dict(beam_size=4, nbest=3),
