@@ -42,6 +42,11 @@ from nmt.system import private_ops
 # in bench_private_ops' one-thread rows); beam 4 gains less (docs/results.md, "Private
 # operators").
 PACKED_DTYPES = ("fp32", "bf16")
+# Int8Affine: products of at most this many outputs (rows x out_features) through fbgemm, whose
+# calls cost ~15 us against oneDNN's ~25, larger ones through oneDNN, whose kernels are faster
+# there (2x for 256 rows of a 256 -> 1,024 map); the crossover on AVX-512 VNNI and under AVX2
+# dispatch alike (docs/results.md, "int8 maps by size").
+FBGEMM_OUTPUTS = 1 << 17
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
           "int8": torch.float32}  # int8: int8 weights and matmuls, float32 everything else
 
@@ -86,10 +91,12 @@ class PackedAffine(Affine):
 class Int8Affine(Affine):
     """int8 weights (symmetric, one scale per output row) times 8-bit activations (one scale per
     call, from the input's range), accumulated in int32 and rescaled: torch.ao's dynamic
-    quantization of nn.Linear, here through oneDNN (faster than fbgemm for the vocabulary
-    projection; fbgemm where oneDNN is missing). Activations keep 7 bits, as torch.ao gives
-    them, wherever the CPU's u8 x s8 products saturate (`int8_saturates`: no VNNI). The int8
-    rows and their scales are kept (not the float weights), for `rows`."""
+    quantization of nn.Linear. Small products (at most FBGEMM_OUTPUTS outputs) through fbgemm,
+    whose calls cost less, larger ones through oneDNN, whose kernels are faster there (the
+    vocabulary projection of a batch); one engine where this PyTorch has only one. Activations
+    keep 7 bits, as torch.ao gives them, wherever either engine's u8 x s8 products saturate
+    (`int8_saturates`: no VNNI). The int8 rows and their scales are kept (not the float
+    weights), for `rows`."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None, relu: bool = False):
         observer = PerChannelMinMaxObserver(ch_axis=0, dtype=torch.qint8,
@@ -105,13 +112,17 @@ class Int8Affine(Affine):
         """The map of int8 rows (out, in) with scales (out,), packed for oneDNN."""
         super().__init__(None, bias, relu)
         self.ints, self.scale = ints, scale
-        engine = _int8_engine()
-        self.reduce_range = engine != "onednn" or int8_saturates()
-        self.packed = _prepack(private_ops.per_channel_qint8(ints, scale), bias, engine)
+        self.reduce_range = int8_saturates()
+        q = private_ops.per_channel_qint8(ints, scale)
+        small, large = _int8_engines()
+        self.packed = _prepack(q, bias, large)
+        self.small = self.packed if small == large else _prepack(q, bias, small)
 
     def linear(self, x: Tensor) -> Tensor:
         """x W^T + b with W and x rounded to int8 (x to 7 bits where products saturate)."""
-        return private_ops.quantized_linear(x, self.packed, self.reduce_range)
+        small = x.numel() // x.size(-1) * len(self.ints) <= FBGEMM_OUTPUTS
+        return private_ops.quantized_linear(x, self.small if small else self.packed,
+                                            self.reduce_range)
 
     def rows(self, index: Tensor, bias: Tensor | None) -> Int8Affine:
         """The map of output rows `index` (bias: theirs): its int8 rows gathered from this
@@ -160,10 +171,12 @@ class QLinearInt8Affine(Int8Affine):
         return y.view(*x.shape[:-1], y.size(-1))
 
 
-def _int8_engine() -> str:
-    """The quantized engine Int8Affine packs for: oneDNN where this PyTorch has it."""
+def _int8_engines() -> tuple[str, str]:
+    """The quantized engines Int8Affine packs for, (small products, large ones): fbgemm and
+    oneDNN where this PyTorch has them, else the one it has."""
     engines = torch.backends.quantized.supported_engines
-    return "onednn" if "onednn" in engines else torch.backends.quantized.engine
+    large = "onednn" if "onednn" in engines else torch.backends.quantized.engine
+    return ("fbgemm" if "fbgemm" in engines else large), large
 
 
 def _prepack(q: Tensor, bias: Tensor | None, engine: str):
@@ -175,16 +188,19 @@ def _prepack(q: Tensor, bias: Tensor | None, engine: str):
 
 @functools.cache
 def int8_saturates() -> bool:
-    """Whether this CPU's u8 x s8 products saturate with 8-bit activations. Without VNNI
-    (AVX2, or AVX-512 before Cascade Lake, or under ONEDNN_MAX_CPU_ISA=AVX2) the kernels add
-    pairs of products into int16 (vpmaddubsw), which clips 2 x 255 x 127 at 32,767. Asked of
-    the kernel itself, not the CPU's name, at a shape that takes the GEMM kernel of real maps:
+    """Whether this CPU's u8 x s8 products saturate with 8-bit activations in either engine
+    Int8Affine calls. Without VNNI (AVX2, or AVX-512 before Cascade Lake, or under
+    ONEDNN_MAX_CPU_ISA / FBGEMM_ENABLE_INSTRUCTIONS=AVX2) the kernels add pairs of products
+    into int16 (vpmaddubsw), which clips 2 x 255 x 127 at 32,767. Asked of the kernels
+    themselves, not the CPU's name, at a shape that takes the GEMM kernel of real maps:
     ones(2, 64) ones(16, 64)^T is 64 everywhere, saturated ~32.4."""
     x, ints = torch.ones(2, 64), torch.full((16, 64), 127, dtype=torch.int8)  # W = 1
-    packed = _prepack(private_ops.per_channel_qint8(ints, torch.full((16,), 1 / 127)), None,
-                      _int8_engine())
-    got = private_ops.quantized_linear(x, packed, False)
-    return not torch.allclose(got, torch.full_like(got, 64.0), rtol=0.01)
+    q = private_ops.per_channel_qint8(ints, torch.full((16,), 1 / 127))
+    for engine in set(_int8_engines()):
+        got = private_ops.quantized_linear(x, _prepack(q, None, engine), False)
+        if not torch.allclose(got, torch.full_like(got, 64.0), rtol=0.01):
+            return True
+    return False
 
 
 @contextlib.contextmanager
