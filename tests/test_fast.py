@@ -13,6 +13,7 @@ from translate_helpers import random_sources, run, search, tiny_model, tiny_mode
 from nmt.config import SearchConfig
 from nmt.inference.batches import pad_batch
 from nmt.inference.fast_model import (
+    FBGEMM_OUTPUTS,
     Affine,
     FastModel,
     Int8Affine,
@@ -25,6 +26,7 @@ from nmt.inference.fast_model import (
     top_k,
 )
 from nmt.model import make_model
+from nmt.system import private_ops
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.isa]
 
@@ -230,6 +232,31 @@ def test_int8_shortlist_rows_are_gathered_not_quantized_again():
     rows = whole.rows(index, b[index])
     assert torch.equal(rows.ints, part.ints) and torch.equal(rows(x), part(x))
     assert torch.equal(rows(x), whole(x)[..., index])  # the whole map's columns
+
+
+def test_int8_products_by_size_go_to_either_engine_alike():
+    """Small products through fbgemm, large ones through oneDNN (FBGEMM_OUTPUTS), the same map
+    either way (the same int32 products, rescaled); a shortlist's rows pack only the engine
+    that is called."""
+    engines = torch.backends.quantized.supported_engines
+    if not {"fbgemm", "onednn"} <= set(engines):
+        pytest.skip(f"this PyTorch has the quantized engines {engines}")
+    torch.manual_seed(0)
+    w, b = torch.randn(512, 64) * 0.1, torch.randn(512)
+    affine = Int8Affine(w, b)
+    small, large = torch.randn(4, 64), torch.randn(FBGEMM_OUTPUTS // 512 + 1, 64)
+    for x in (small, large):
+        by = {engine: private_ops.quantized_linear(x, affine._packed(engine),
+                                                   affine.reduce_range)
+              for engine in ("fbgemm", "onednn")}
+        torch.testing.assert_close(by["fbgemm"], by["onednn"], rtol=1e-5, atol=1e-5)
+        engine = "fbgemm" if x is small else "onednn"
+        torch.testing.assert_close(affine(x), by[engine], rtol=0, atol=0)
+    part = affine.rows(torch.arange(0, 512, 2), b[::2])
+    part(small)
+    assert set(part.packed) == {"fbgemm"}
+    part(torch.randn(FBGEMM_OUTPUTS // 256 + 1, 64))
+    assert set(part.packed) == {"fbgemm", "onednn"}
 
 
 def test_8bit_activations_saturate_exactly_where_the_probe_says():

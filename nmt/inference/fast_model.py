@@ -108,28 +108,37 @@ class Int8Affine(Affine):
             q = torch.quantize_per_channel(weight, scale.double(), zero_point, 0, torch.qint8)
         self._set(q.int_repr(), scale, bias, relu)
 
-    def _set(self, ints: Tensor, scale: Tensor, bias: Tensor | None, relu: bool) -> None:
-        """The map of int8 rows (out, in) with scales (out,), packed for oneDNN."""
+    def _set(self, ints: Tensor, scale: Tensor, bias: Tensor | None, relu: bool,
+             lazy: bool = False) -> None:
+        """The map of int8 rows (out, in) with scales (out,), packed for both engines (lazy:
+        for each when it is first called: a shortlist's rows, cut per batch)."""
         super().__init__(None, bias, relu)
         self.ints, self.scale = ints, scale
         self.reduce_range = int8_saturates()
-        q = private_ops.per_channel_qint8(ints, scale)
-        small, large = _int8_engines()
-        self.packed = _prepack(q, bias, large)
-        self.small = self.packed if small == large else _prepack(q, bias, small)
+        self.packed: dict[str, object] = {}  # engine -> the packed weight
+        if not lazy:
+            for engine in _int8_engines():
+                self._packed(engine)
+
+    def _packed(self, engine: str):
+        """The weight packed for `engine` (packed now if it is not yet)."""
+        if engine not in self.packed:
+            self.packed[engine] = _prepack(private_ops.per_channel_qint8(self.ints, self.scale),
+                                           self.bias, engine)
+        return self.packed[engine]
 
     def linear(self, x: Tensor) -> Tensor:
         """x W^T + b with W and x rounded to int8 (x to 7 bits where products saturate)."""
         small = x.numel() // x.size(-1) * len(self.ints) <= FBGEMM_OUTPUTS
-        return private_ops.quantized_linear(x, self.small if small else self.packed,
-                                            self.reduce_range)
+        packed = self._packed(_int8_engines()[0 if small else 1])
+        return private_ops.quantized_linear(x, packed, self.reduce_range)
 
     def rows(self, index: Tensor, bias: Tensor | None) -> Int8Affine:
         """The map of output rows `index` (bias: theirs): its int8 rows gathered from this
         one's, not quantized again (CTranslate2's select_weights for a shortlist)."""
         part = Int8Affine.__new__(Int8Affine)  # eager's form: rows are cut outside a compiled step
         part._set(self.ints.index_select(0, index), self.scale.index_select(0, index), bias,
-                  self.relu)
+                  self.relu, lazy=True)
         return part
 
 
@@ -171,6 +180,7 @@ class QLinearInt8Affine(Int8Affine):
         return y.view(*x.shape[:-1], y.size(-1))
 
 
+@functools.cache
 def _int8_engines() -> tuple[str, str]:
     """The quantized engines Int8Affine packs for, (small products, large ones): fbgemm and
     oneDNN where this PyTorch has them, else the one it has."""
