@@ -64,7 +64,7 @@ def run(args, engine: str, dtype: str, out: Path) -> list[str]:
     workers inherit the patch)."""
     probe = fast_model.int8_saturates
     if dtype == "int8-8bit":
-        fast_model.int8_saturates = lambda: False
+        fast_model.int8_saturates = lambda engine=None: False
     try:
         translate(to_object(compose("translate", [
             f"checkpoint={args.checkpoint}", f"input={args.src}", f"output={out}",

@@ -103,7 +103,7 @@ def main() -> None:
     args = parse_args()
     torch.set_num_threads(1)
     search = SearchConfig(beam_size=args.beam, dtype=args.dtype)
-    with Translator.load(args.checkpoint, workers=1) as translator:
+    with Translator.load(args.checkpoint, dtype=args.dtype, workers=1) as translator:
         models = translator.prepared(args.dtype)
         with open(args.input, encoding="utf-8") as f:
             lines = f.read().splitlines()[:args.lines]
@@ -119,6 +119,8 @@ def main() -> None:
             start = time.perf_counter()
             run(new, sentences, args.size, costs)
             wall = time.perf_counter() - start
+            if not costs.row_steps:
+                raise SystemExit("bench_stepping: nothing was decoded (no non-empty line)")
             print(f"{mode} {args.size}: {costs.sentences} sentences in {wall:.2f} s, "
                   f"{costs.sentences / wall:.1f} sentences/s; {costs.steps} steps, "
                   f"{costs.row_steps} row-steps ({costs.row_steps / costs.steps:.1f} rows a "

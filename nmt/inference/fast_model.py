@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import threading
 import warnings
 
 import torch
@@ -94,9 +95,9 @@ class Int8Affine(Affine):
     quantization of nn.Linear. Small products (at most FBGEMM_OUTPUTS outputs) through fbgemm,
     whose calls cost less, larger ones through oneDNN, whose kernels are faster there (the
     vocabulary projection of a batch); one engine where this PyTorch has only one. Activations
-    keep 7 bits, as torch.ao gives them, wherever either engine's u8 x s8 products saturate
-    (`int8_saturates`: no VNNI). The int8 rows and their scales are kept (not the float
-    weights), for `rows`."""
+    keep 7 bits, as torch.ao gives them, wherever the u8 x s8 products saturate
+    (`int8_saturates`: no VNNI; fbgemm only where it saturates as oneDNN does). The int8
+    rows and their scales are kept (not the float weights), for `rows`."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None, relu: bool = False):
         observer = PerChannelMinMaxObserver(ch_axis=0, dtype=torch.qint8,
@@ -130,8 +131,8 @@ class Int8Affine(Affine):
     def linear(self, x: Tensor) -> Tensor:
         """x W^T + b with W and x rounded to int8 (x to 7 bits where products saturate)."""
         small = x.numel() // x.size(-1) * len(self.ints) <= FBGEMM_OUTPUTS
-        packed = self._packed(_int8_engines()[0 if small else 1])
-        return private_ops.quantized_linear(x, packed, self.reduce_range)
+        engine = _int8_engines()[0 if small else 1]
+        return private_ops.quantized_linear(x, self._packed(engine), self.reduce_range)
 
     def rows(self, index: Tensor, bias: Tensor | None) -> Int8Affine:
         """The map of output rows `index` (bias: theirs): its int8 rows gathered from this
@@ -150,12 +151,15 @@ class QLinearInt8Affine(Int8Affine):
     (CTranslate2's fused dequantize + bias + activation). Eager, several operators where
     Int8Affine calls one; compiled, what search.compile runs."""
 
-    def _set(self, ints: Tensor, scale: Tensor, bias: Tensor | None, relu: bool) -> None:
-        """The map of int8 rows (out, in) with scales (out,), packed for qlinear."""
+    def _set(self, ints: Tensor, scale: Tensor, bias: Tensor | None, relu: bool,
+             lazy: bool = False) -> None:
+        """The map of int8 rows (out, in) with scales (out,), packed for qlinear (lazy: as
+        Int8Affine's; qlinear's packing is always now)."""
         Affine.__init__(self, None, bias, relu)
         self.ints, self.scale = ints, scale
-        self.top = 127 if int8_saturates() else 255  # the activations' largest level (oneDNN)
-        self.packed = private_ops.qlinear_prepack(ints)
+        # the activations' largest level (oneDNN's kernels)
+        self.top = 127 if int8_saturates("onednn") else 255
+        self.qpacked = private_ops.qlinear_prepack(ints)
         self.w_scale = scale.float()
         self.w_zero = torch.zeros(len(scale), dtype=torch.long)
 
@@ -174,7 +178,7 @@ class QLinearInt8Affine(Int8Affine):
         x_scale = ((hi - lo) / self.top).clamp(min=1e-10)  # torch.ao's asymmetric 8 bits
         zero = (-lo / x_scale).round().to(torch.int64)
         xq = (flat / x_scale).round().add(zero).clamp(0, self.top).to(torch.uint8)
-        y = private_ops.qlinear(xq, x_scale, zero, self.packed, self.w_scale, self.w_zero,
+        y = private_ops.qlinear(xq, x_scale, zero, self.qpacked, self.w_scale, self.w_zero,
                                 self.bias, relu,
                                 None if residual is None else residual.reshape(len(flat), -1))
         return y.view(*x.shape[:-1], y.size(-1))
@@ -183,34 +187,39 @@ class QLinearInt8Affine(Int8Affine):
 @functools.cache
 def _int8_engines() -> tuple[str, str]:
     """The quantized engines Int8Affine packs for, (small products, large ones): fbgemm and
-    oneDNN where this PyTorch has them, else the one it has."""
+    oneDNN where this PyTorch has both and their products saturate alike (else a map's
+    precision would change with a batch's size: oneDNN for both), else the one it has."""
     engines = torch.backends.quantized.supported_engines
     large = "onednn" if "onednn" in engines else torch.backends.quantized.engine
-    return ("fbgemm" if "fbgemm" in engines else large), large
+    alike = "fbgemm" in engines and int8_saturates("fbgemm") == int8_saturates(large)
+    return ("fbgemm" if alike else large), large
+
+
+_PACKING = threading.Lock()  # _quantized_engine sets the process's engine while it packs
 
 
 def _prepack(q: Tensor, bias: Tensor | None, engine: str):
     """A qint8 weight and a float bias packed for `engine`."""
-    with warnings.catch_warnings(), _quantized_engine(engine):
+    with _PACKING, warnings.catch_warnings(), _quantized_engine(engine):
         warnings.simplefilter("ignore")
         return private_ops.quantized_linear_prepack(q, bias)
 
 
 @functools.cache
-def int8_saturates() -> bool:
-    """Whether this CPU's u8 x s8 products saturate with 8-bit activations in either engine
-    Int8Affine calls. Without VNNI (AVX2, or AVX-512 before Cascade Lake, or under
-    ONEDNN_MAX_CPU_ISA / FBGEMM_ENABLE_INSTRUCTIONS=AVX2) the kernels add pairs of products
-    into int16 (vpmaddubsw), which clips 2 x 255 x 127 at 32,767. Asked of the kernels
-    themselves, not the CPU's name, at a shape that takes the GEMM kernel of real maps:
-    ones(2, 64) ones(16, 64)^T is 64 everywhere, saturated ~32.4."""
+def int8_saturates(engine: str | None = None) -> bool:
+    """Whether this CPU's u8 x s8 products saturate with 8-bit activations in `engine`'s
+    kernels (onednn or fbgemm; None: the one Int8Affine's large products take). Without VNNI
+    (AVX2, or AVX-512 before Cascade Lake, or under ONEDNN_MAX_CPU_ISA /
+    FBGEMM_ENABLE_INSTRUCTIONS=AVX2) the kernels add pairs of products into int16
+    (vpmaddubsw), which clips 2 x 255 x 127 at 32,767; the engines can differ (an AVX-VNNI
+    CPU's oneDNN uses its VNNI). Asked of the kernel itself, not the CPU's name, at a shape
+    that takes the GEMM kernel of real maps: ones(2, 64) ones(16, 64)^T is 64 everywhere,
+    saturated ~32.4."""
     x, ints = torch.ones(2, 64), torch.full((16, 64), 127, dtype=torch.int8)  # W = 1
-    q = private_ops.per_channel_qint8(ints, torch.full((16,), 1 / 127))
-    for engine in set(_int8_engines()):
-        got = private_ops.quantized_linear(x, _prepack(q, None, engine), False)
-        if not torch.allclose(got, torch.full_like(got, 64.0), rtol=0.01):
-            return True
-    return False
+    packed = _prepack(private_ops.per_channel_qint8(ints, torch.full((16,), 1 / 127)), None,
+                      engine or _int8_engines()[1])
+    got = private_ops.quantized_linear(x, packed, False)
+    return not torch.allclose(got, torch.full_like(got, 64.0), rtol=0.01)
 
 
 @contextlib.contextmanager
@@ -579,7 +588,7 @@ def source_groups(src_mask: Tensor) -> list[tuple[Tensor, int]] | None:
     a call per map; sources in arrival order, as a server gets them, pad batches of 32 to ~5x
     their tokens). None for one group: on the CPU only (reading the lengths would make a GPU
     wait). src_mask: (B, 1, 1, S) or (B, S) boolean, padding last."""
-    if src_mask.device.type != "cpu":
+    if src_mask.device.type != "cpu" or len(src_mask) <= 1:
         return None
     lengths = src_mask.reshape(len(src_mask), -1).sum(1).tolist()
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
@@ -706,10 +715,10 @@ class FastModel(nn.Module):
         groups = source_groups(src_mask)
         if groups is None:
             return self._encode(src), src_mask
-        B, S = src.shape
-        memory = torch.zeros(B, S, self.cfg.d_model, dtype=self.float_dtype, device=src.device)
-        for rows, L in groups:
-            memory[rows, :L] = self._encode(src.index_select(0, rows)[:, :L])  # (n, L, d_model)
+        outs = [self._encode(src.index_select(0, rows)[:, :L]) for rows, L in groups]
+        memory = outs[0].new_zeros(*src.shape, outs[0].size(-1))  # (B, S, d_model)
+        for (rows, L), out in zip(groups, outs, strict=True):
+            memory[rows, :L] = out  # (n, L, d_model)
         return memory, src_mask
 
     def _encode(self, src: Tensor) -> Tensor:
@@ -739,12 +748,14 @@ class FastModel(nn.Module):
         groups = source_groups(src_mask)
         if groups is None:
             return [layer.memory_kv(memory) for layer in self.decoder]
-        M, S, d = memory.shape
+        M, S = memory.shape[:2]
         out = []
         for layer in self.decoder:
-            k, v = (memory.new_zeros(M, layer.h, S, d // layer.h) for _ in range(2))
-            for rows, L in groups:
-                k[rows, :, :L], v[rows, :, :L] = layer.memory_kv(memory[rows, :L])
+            parts = [layer.memory_kv(memory[rows, :L]) for rows, L in groups]  # (n, h, L, d_k)
+            k0 = parts[0][0]
+            k, v = (k0.new_zeros(M, k0.size(1), S, k0.size(3)) for _ in range(2))
+            for (rows, L), (k_part, v_part) in zip(groups, parts, strict=True):
+                k[rows, :, :L], v[rows, :, :L] = k_part, v_part
             out.append((k, v))
         return out
 
