@@ -2,7 +2,7 @@
 continuous admission, with what each costs.
 
 A server's decoding worker without the server (nmt.inference.stepping.step_loop's admission
-rule: newcomers join in groups of ADMIT_GROUP, or after ADMIT_STEPS steps, or at once while few
+rule, `admit_now`: newcomers join in groups, or after a few steps, or at once while few
 sentences are live), against whole batches of the same size in arrival order. Reported per
 mode: sentences/s, decoding steps, row-steps (the rows every step decodes, summed: what the
 linear maps cost), the time in steps and in admissions (encoding, joining).
@@ -22,7 +22,7 @@ import torch
 from nmt.config import SearchConfig
 from nmt.inference.core import Decoding
 from nmt.inference.messages import Sentence
-from nmt.inference.stepping import ADMIT_GROUP, ADMIT_STEPS
+from nmt.inference.stepping import admit_now
 from nmt.inference.translator import Translator
 
 
@@ -90,8 +90,7 @@ def continuous(new, sentences: list[Sentence], size: int, costs: Costs) -> None:
         costs.sentences += len(ended)
         pending += len(ended)
         waited = waited + 1 if pending else 0
-        if pending and (dec.sentences < ADMIT_GROUP or pending >= ADMIT_GROUP
-                        or waited >= ADMIT_STEPS):
+        if pending and admit_now(dec.sentences, pending, waited):
             group = [s for _, s in zip(range(pending), todo, strict=False)]
             if group:
                 admit(dec, group, costs)

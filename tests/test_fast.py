@@ -14,6 +14,8 @@ from nmt.config import SearchConfig
 from nmt.inference.batches import pad_batch
 from nmt.inference.fast_model import (
     FBGEMM_OUTPUTS,
+    PAD_ALLOWANCE,
+    PAD_SLACK,
     Affine,
     FastModel,
     Int8Affine,
@@ -110,7 +112,7 @@ def test_source_groups_bound_each_groups_padding():
     for r, L in groups:
         real = int(lengths[r].sum())
         assert int(lengths[r].max()) == L
-        assert len(r) * L - real <= 0.25 * real + 32 or len(r) == 1
+        assert len(r) * L - real <= PAD_SLACK * real + PAD_ALLOWANCE or len(r) == 1
     assert source_groups(torch.ones(8, 30, dtype=torch.bool)) is None
     assert source_groups(mask[:1]) is None
 

@@ -53,11 +53,7 @@ def step_loop(translator, inbox, outbox, worker: int) -> None:
                 pending.append(batch)
         waited = waited + 1 if pending else 0
         rows = sum(d.sentences for key, d in decoders.items() if key[-1] is None)
-        newcomers = sum(len(b.sentences) for b in pending)
-        # newcomers join in groups (a step that admits encodes them and copies the caches):
-        # at once while few rows are live, else when ADMIT_GROUP wait or after ADMIT_STEPS
-        if pending and (rows < ADMIT_GROUP or newcomers >= ADMIT_GROUP
-                        or waited >= ADMIT_STEPS):
+        if pending and admit_now(rows, sum(len(b.sentences) for b in pending), waited):
             _admit(translator, decoders, pending, outbox, worker)
             pending, waited = [], 0
         for key, dec in list(decoders.items()):
@@ -73,6 +69,13 @@ def step_loop(translator, inbox, outbox, worker: int) -> None:
                 outbox.put(Done(worker, finished))
             if not (dec.sentences or dec.ready):
                 del decoders[key]
+
+
+def admit_now(live: int, newcomers: int, waited: int) -> bool:
+    """Whether waiting newcomers (`newcomers` sentences, `waited` steps) join the `live` ones
+    now: they join in groups (a step that admits encodes them and copies the caches), at once
+    while few are live, else when ADMIT_GROUP wait or after ADMIT_STEPS."""
+    return live < ADMIT_GROUP or newcomers >= ADMIT_GROUP or waited >= ADMIT_STEPS
 
 
 def batch_loop(translator, inbox, outbox, worker: int) -> None:
