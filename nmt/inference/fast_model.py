@@ -308,7 +308,7 @@ class FastLayer:
             return self.o(out.view(B, 1, d), residual)
         q = qkv[:, :, 0].transpose(1, 2)  # (B, h, T, d_k)
         if isinstance(cache, TableKVCache):  # a first step of several positions
-            k, v = cache.append_first(qkv[:, :, 1:])  # (B, h, T, d_k) each
+            k, v = (x.to(q.dtype) for x in cache.append_first(qkv[:, :, 1:]))  # (B, h, T, d_k)
         elif cache is not None:
             k, v = cache.append(qkv[:, :, 1:])  # (B, h, L, d_k) each: L = past + T
         else:
@@ -331,7 +331,7 @@ class FastLayer:
             return self.o2(out.view(B, 1, d), residual)
         M = k.size(0)
         q = self.q(x).view(M, B // M * T, self.h, d // self.h).transpose(1, 2)  # (M, h, gT, d_k)
-        out = attend(q, k, v, mask, plain)  # (M, h, g T, d_k)
+        out = attend(q, k.to(q.dtype), v.to(q.dtype), mask, plain)  # (M, h, g T, d_k)
         return self.o2(out.transpose(1, 2).reshape(B, T, d), residual)
 
     def feed_forward(self, x: Tensor, residual: Tensor) -> Tensor:
@@ -341,11 +341,12 @@ class FastLayer:
             hidden = self.activation(hidden)
         return self.W_2(hidden, residual)
 
-    def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        """(M, S, d_model) encoder output -> keys and values (M, h, S, d_k) each."""
+    def memory_kv(self, memory: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """(M, S, d_model) encoder output -> keys and values (M, h, S, d_k) each, in dtype."""
         M, S, d = memory.shape
         kv = self.kv(memory).view(M, S, 2, self.h, d // self.h).permute(2, 0, 3, 1, 4)
-        k, v = kv.contiguous()  # contiguous: matmul reads them at every step without a copy
+        # contiguous: matmul and the fused operator read them at every step without a copy
+        k, v = kv.to(dtype, memory_format=torch.contiguous_format)
         return k, v
 
 
@@ -353,8 +354,8 @@ def _write(buffer: Tensor, where: int | Tensor, new: Tensor) -> None:
     """buffer[:B, :, where] = new, (B, h, d_k) into (N, h, C, d_k); where: a number, or (1,)
     (compiled: an index_put_ on the buffer itself, which Inductor does in place, where a
     write into a slice of it would copy the whole slice)."""
-    if isinstance(where, Tensor):
-        buffer[torch.arange(new.size(0), device=new.device), :, where] = new
+    if isinstance(where, Tensor):  # index_put_ converts no dtype
+        buffer[torch.arange(new.size(0), device=new.device), :, where] = new.to(buffer.dtype)
     else:
         buffer[:new.size(0), :, where] = new
 
@@ -629,11 +630,14 @@ class FastModel(nn.Module):
     one-query operator (nmt.inference.attention_op); None: on the CPU wherever it builds.
     compile (search.compile): those steps' decoder layers and output projection through
     torch.compile (step_layers), its int8 maps in the form it traces (QLinearInt8Affine); off
-    without the fused operator.
+    without the fused operator. kv_dtype: the keys and values decoding reads (the caches, the
+    memory's); None: bf16 under int8 with the fused operator (half the bytes a step streams;
+    the int8 maps round activations to 8 bits already), else the dtype's float type.
     """
 
     def __init__(self, model: Transformer, dtype: str = "fp32", rows: int = 64,
-                 fused: bool | None = None, compile: bool = False):
+                 fused: bool | None = None, compile: bool = False,
+                 kv_dtype: torch.dtype | None = None):
         super().__init__()
         self.cfg, self.pad_id, self.dtype = model.cfg, model.pad_id, dtype
         device = model.generator.weight.device
@@ -646,6 +650,9 @@ class FastModel(nn.Module):
         self.fused = device.type == "cpu" and (attention_op.available() if fused is None
                                                else fused)
         self.compiled = compile and self.fused  # the fused operator's step is what compiles
+        if kv_dtype is None:
+            kv_dtype = torch.bfloat16 if dtype == "int8" and self.fused else float_dtype
+        self.kv_dtype = kv_dtype
         affine = self._affine_builder(device, rows)
         step_affine = self._affine_builder(device, rows, traceable=self.compiled)
         self.src_lut = (model.src_embed.lut.weight * model.src_embed.scale).detach().to(float_dtype)
@@ -747,11 +754,12 @@ class FastModel(nn.Module):
         each; in encode's groups of like source length (zero at the others' padding)."""
         groups = source_groups(src_mask)
         if groups is None:
-            return [layer.memory_kv(memory) for layer in self.decoder]
+            return [layer.memory_kv(memory, self.kv_dtype) for layer in self.decoder]
         M, S = memory.shape[:2]
         out = []
         for layer in self.decoder:
-            parts = [layer.memory_kv(memory[rows, :L]) for rows, L in groups]  # (n, h, L, d_k)
+            parts = [layer.memory_kv(memory[rows, :L], self.kv_dtype)
+                     for rows, L in groups]  # (n, h, L, d_k)
             k0 = parts[0][0]
             k, v = (k0.new_zeros(M, k0.size(1), S, k0.size(3)) for _ in range(2))
             for (rows, L), (k_part, v_part) in zip(groups, parts, strict=True):

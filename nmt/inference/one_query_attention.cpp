@@ -8,11 +8,12 @@
 // cache is read through it, so a beam's reorder gathers the table and copies no keys, and
 // cross-attention reads a sentence's one memory row through a stride-0 table (r -> r / g).
 // Positions outside [start, end) are never read: each row pays for its own length only.
-// fp32 or bf16 tensors (the cache's precision); accumulation in fp32. The last dimension of
-// q, k and v must be contiguous; table, start and end are int64. Where the head size is 1, 2,
-// 4 or 8 vectors, a (row, head) pair runs unrolled with the query and the sums in registers
-// (attend_one: 2.3x the speed of the general loop, whose sums went through memory), adding in
-// the same order: the same results.
+// q and the output fp32 or bf16, k and v in q's dtype or bf16 (the cache's precision: int8
+// decoding keeps fp32 queries over a bf16 cache, half the bytes a step streams); accumulation
+// in fp32. The last dimension of q, k and v must be contiguous; table, start and end are
+// int64. Where the head size is 1, 2, 4 or 8 vectors, a (row, head) pair runs unrolled with
+// the query and the sums in registers (attend_one: 2.3x the speed of the general loop, whose
+// sums went through memory), adding in the same order: the same results.
 //
 // ATen's vector types take their width from compile-time macros: nmt/inference/attention_op.py
 // builds this file once per instruction set (CPU_CAPABILITY=AVX2 or AVX512) and loads the one
@@ -40,6 +41,11 @@ inline Vec load(const float* p, int64_t n) {
 }
 
 inline Vec load(const c10::BFloat16* p, int64_t n) {
+  if (n == Vec::size()) {
+    Vec out;
+    at::vec::load_fp32_from_bf16(p, out);
+    return out;
+  }
   float tmp[Vec::size()];
   for (int64_t i = 0; i < n; ++i) tmp[i] = static_cast<float>(p[i]);
   return Vec::loadu(tmp, n);
@@ -81,8 +87,8 @@ inline float exp_shifted(float* w, float top, int64_t n) {
 
 // One (row, head) of attend for D = C * Vec::size(): the query and the output accumulators in
 // registers, the positions' keys and values through `keys` and `values` (n pointers each).
-template <typename T, int C>
-void attend_one(const float* qf, const T* const* keys, const T* const* values, int64_t n,
+template <typename KV, int C>
+void attend_one(const float* qf, const KV* const* keys, const KV* const* values, int64_t n,
                 float* w, float* out) {
   constexpr int64_t S = Vec::size();
   Vec qv[C];
@@ -105,14 +111,14 @@ void attend_one(const float* qf, const T* const* keys, const T* const* values, i
   for (int c = 0; c < C; ++c) (acc[c] / divisor).store(out + c * S);
 }
 
-template <typename T>
+template <typename T, typename KV>
 void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
             const at::Tensor& table, const at::Tensor& start, const at::Tensor& end,
             at::Tensor& out) {
   const int64_t R = q.size(0), H = q.size(1), D = q.size(2);
   const T* qp = q.data_ptr<T>();
-  const T* kp = k.data_ptr<T>();
-  const T* vp = v.data_ptr<T>();
+  const KV* kp = k.data_ptr<KV>();
+  const KV* vp = v.data_ptr<KV>();
   T* op = out.data_ptr<T>();
   const int64_t* tp = table.data_ptr<int64_t>();
   const int64_t* sp = start.data_ptr<int64_t>();
@@ -139,7 +145,7 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, longest * D));
   at::parallel_for(0, R * H, grain, [&](int64_t first, int64_t last) {
     std::vector<float> qf(D), acc(D), w(std::max<int64_t>(longest, 1));
-    std::vector<const T*> keys(std::max<int64_t>(longest, 1)), values(keys.size());
+    std::vector<const KV*> keys(std::max<int64_t>(longest, 1)), values(keys.size());
     const int64_t chunks = D % Vec::size() == 0 ? D / Vec::size() : 0;
     for (int64_t i = first; i < last; ++i) {
       const int64_t r = i / H, h = i % H, s = sp[r], n = ep[r] - s;
@@ -156,13 +162,13 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       }
       const float* qv = qf.data();
       if (chunks == 1) {  // the head size a whole number of vectors: unrolled, in registers
-        attend_one<T, 1>(qv, keys.data(), values.data(), n, w.data(), acc.data());
+        attend_one<KV, 1>(qv, keys.data(), values.data(), n, w.data(), acc.data());
       } else if (chunks == 2) {
-        attend_one<T, 2>(qv, keys.data(), values.data(), n, w.data(), acc.data());
+        attend_one<KV, 2>(qv, keys.data(), values.data(), n, w.data(), acc.data());
       } else if (chunks == 4) {
-        attend_one<T, 4>(qv, keys.data(), values.data(), n, w.data(), acc.data());
+        attend_one<KV, 4>(qv, keys.data(), values.data(), n, w.data(), acc.data());
       } else if (chunks == 8) {
-        attend_one<T, 8>(qv, keys.data(), values.data(), n, w.data(), acc.data());
+        attend_one<KV, 8>(qv, keys.data(), values.data(), n, w.data(), acc.data());
       } else {  // any other head size, the same sums
         float top = -std::numeric_limits<float>::infinity();
         for (int64_t t = 0; t < n; ++t) {  // scores q . K
@@ -187,8 +193,7 @@ at::Tensor one_query_attention(const at::Tensor& q, const at::Tensor& k, const a
   TORCH_CHECK(k.sizes() == v.sizes(), "one_query_attention: k and v differ in shape");
   TORCH_CHECK(q.size(1) == k.size(1) && q.size(2) == k.size(3),
               "one_query_attention: q and k differ in heads or head size");
-  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
-              "one_query_attention: q, k and v differ in dtype");
+  TORCH_CHECK(k.scalar_type() == v.scalar_type(), "one_query_attention: k and v differ in dtype");
   TORCH_CHECK(q.stride(2) == 1 && k.stride(3) == 1 && v.stride(3) == 1,
               "one_query_attention: the last dimension of q, k and v must be contiguous");
   TORCH_CHECK(table.dim() == 2 && table.size(0) == q.size(0) &&
@@ -199,13 +204,18 @@ at::Tensor one_query_attention(const at::Tensor& q, const at::Tensor& k, const a
                   end.scalar_type() == at::kLong && start.is_contiguous() &&
                   end.is_contiguous(),
               "one_query_attention: start and end (R,) int64, contiguous");
-  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16,
-              "one_query_attention: float32 or bfloat16, not ", q.scalar_type());
+  const bool f32 = q.scalar_type() == at::kFloat, bf16 = q.scalar_type() == at::kBFloat16;
+  const bool kv_bf16 = k.scalar_type() == at::kBFloat16;
+  TORCH_CHECK((f32 || bf16) && (k.scalar_type() == q.scalar_type() || kv_bf16),
+              "one_query_attention: q float32 or bfloat16, k and v its dtype or bfloat16, not ",
+              q.scalar_type(), " and ", k.scalar_type());
   at::Tensor out = at::empty_like(q, at::MemoryFormat::Contiguous);
-  if (q.scalar_type() == at::kFloat) {
-    attend<float>(q, k, v, table, start, end, out);
+  if (bf16) {
+    attend<c10::BFloat16, c10::BFloat16>(q, k, v, table, start, end, out);
+  } else if (kv_bf16) {
+    attend<float, c10::BFloat16>(q, k, v, table, start, end, out);
   } else {
-    attend<c10::BFloat16>(q, k, v, table, start, end, out);
+    attend<float, float>(q, k, v, table, start, end, out);
   }
   return out;
 }
