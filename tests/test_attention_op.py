@@ -157,7 +157,7 @@ def test_int8_decodes_over_bf16_keys_and_values_as_closely_as_int8_is_to_fp32(op
     models = [FastModel(model, "int8", fused=True), FastModel(model, "int8", fused=True,
                                                               kv_dtype=torch.float32),
               FastModel(model, "fp32", fused=True)]
-    assert [m.kv_dtype for m in models] == [torch.bfloat16, torch.float32, torch.float32]
+    assert [m.kv_dtype for m in models] == [torch.bfloat16, torch.float32, None]
     steps = torch.arange(4, 22).view(2, 9)  # (2 rows, 9 steps)
     with torch.inference_mode():
         states = [m.start_decoding(*m.encode(src)) for m in models]

@@ -341,12 +341,13 @@ class FastLayer:
             hidden = self.activation(hidden)
         return self.W_2(hidden, residual)
 
-    def memory_kv(self, memory: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """(M, S, d_model) encoder output -> keys and values (M, h, S, d_k) each, in dtype."""
+    def memory_kv(self, memory: Tensor, dtype: torch.dtype | None) -> tuple[Tensor, Tensor]:
+        """(M, S, d_model) encoder output -> keys and values (M, h, S, d_k) each, in dtype
+        (None: the map's)."""
         M, S, d = memory.shape
         kv = self.kv(memory).view(M, S, 2, self.h, d // self.h).permute(2, 0, 3, 1, 4)
         # contiguous: matmul and the fused operator read them at every step without a copy
-        k, v = kv.to(dtype, memory_format=torch.contiguous_format)
+        k, v = kv.to(dtype or kv.dtype, memory_format=torch.contiguous_format)
         return k, v
 
 
@@ -632,7 +633,7 @@ class FastModel(nn.Module):
     torch.compile (step_layers), its int8 maps in the form it traces (QLinearInt8Affine); off
     without the fused operator. kv_dtype: the keys and values decoding reads (the caches, the
     memory's); None: bf16 under int8 with the fused operator (half the bytes a step streams;
-    the int8 maps round activations to 8 bits already), else the dtype's float type.
+    the int8 maps round activations to 8 bits already), else the linear maps' (autocast's).
     """
 
     def __init__(self, model: Transformer, dtype: str = "fp32", rows: int = 64,
@@ -650,8 +651,8 @@ class FastModel(nn.Module):
         self.fused = device.type == "cpu" and (attention_op.available() if fused is None
                                                else fused)
         self.compiled = compile and self.fused  # the fused operator's step is what compiles
-        if kv_dtype is None:
-            kv_dtype = torch.bfloat16 if dtype == "int8" and self.fused else float_dtype
+        if kv_dtype is None and dtype == "int8" and self.fused:
+            kv_dtype = torch.bfloat16
         self.kv_dtype = kv_dtype
         affine = self._affine_builder(device, rows)
         step_affine = self._affine_builder(device, rows, traceable=self.compiled)
