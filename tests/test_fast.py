@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from translate_helpers import random_sources, run, search, tiny_model, tiny_model_cfg, tokens
 
 from nmt.config import SearchConfig
+from nmt.inference import attention_op
 from nmt.inference.batches import pad_batch
 from nmt.inference.fast_model import (
     FBGEMM_OUTPUTS,
@@ -67,6 +68,34 @@ def test_fast_logits_equal_the_reference(norm):
         for t in range(tgt.size(1)):
             torch.testing.assert_close(fast.decode_step(tgt[:, t:t + 1], state)[:, 0],
                                        full[:, t], atol=1e-4, rtol=1e-4)
+
+
+def test_sentences_that_end_leave_their_memory_rows_until_most_are_dead(model):
+    """With the fused operator, a retiring sentence's memory row stays where it is (no copy of
+    the live ones') while more than half the rows live, then the live ones are gathered; the
+    logits are those of the reference model's copied rows throughout."""
+    if not attention_op.available():
+        pytest.skip("the fused attention operator did not build")
+    fast = FastModel(model, fused=True)
+    src = pad_batch([[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]], PAD, "cpu")
+    tgt = torch.randint(4, V, (4, 3), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        state = fast.start_decoding(*fast.encode(src))
+        ref = model.start_decoding(*model.encode(src))
+        buffer = state.memory_kv[0][0].data_ptr()
+        live = [0, 1, 2, 3]  # the live sentences, one row each
+        for t, keep in enumerate([None, [1, 2, 3], [2]]):  # of the live ones, by position
+            if keep is not None:
+                state.reorder(torch.tensor(keep), 1, torch.tensor(keep))
+                ref.reorder(torch.tensor(keep))
+                live = [live[i] for i in keep]
+            torch.testing.assert_close(fast.decode_step(tgt[live, t:t + 1], state),
+                                       model.decode_step(tgt[live, t:t + 1], ref),
+                                       atol=1e-4, rtol=1e-4)
+            if t == 1:  # 3 of 4 live: not copied
+                assert state.memory_kv[0][0].data_ptr() == buffer
+                assert state.memory_rows.tolist() == [1, 2, 3]
+        assert state.memory_rows is None and state.memory_kv[0][0].size(0) == 1  # 1 of 4
 
 
 def test_beam_rows_share_the_encoder_memory(model):

@@ -527,6 +527,9 @@ class FastState:
     def __init__(self, memory_kv: list[tuple[Tensor, Tensor]], src_mask: Tensor,
                  dtype: torch.dtype, fused: bool):
         self.memory_kv = memory_kv  # per layer: (M, h, S, d_k) keys and values
+        # the fused operator's memory row of each live sentence (None: the i-th is row i):
+        # sentences that end leave their rows until most rows are dead (compacted)
+        self.memory_rows: Tensor | None = None
         self.dtype, self.fused = dtype, fused
         self.self_kv = [TableKVCache() if fused else FastKVCache() for _ in memory_kv]
         self.step = 0  # target positions decoded so far
@@ -546,22 +549,34 @@ class FastState:
         """Keep (and repeat) rows `index`, as DecoderState.reorder does. Rows that come in equal,
         consecutive groups per sentence (beam search, samples) keep sharing its memory row:
         `group` rows per sentence, `sentences` the memory row of each group (None: the memory
-        rows stay as they are)."""
+        rows stay as they are). With the fused operator, which reads the memory through
+        memory_rows, rows stay where they are until at most half of them live (compact)."""
         for cache in self.self_kv:
             cache.reorder(index)
         self.g = group
         if sentences is None:  # rows moved within their sentences
             return
-        self.memory_kv = [(_gather_rows(k, sentences), _gather_rows(v, sentences))
-                          for k, v in self.memory_kv]
+        rows = sentences if self.memory_rows is None else self.memory_rows[sentences]
+        self.memory_rows = rows
+        if not self.fused or 2 * len(rows) <= self.memory_kv[0][0].size(0):
+            self.compact()
         if self.mask is not None:
             self.mask = self.mask.index_select(0, sentences)
         self.src_len = self.src_len.index_select(0, sentences)
+
+    def compact(self) -> None:
+        """The live sentences' memory rows gathered, in their order (the dead ones' dropped)."""
+        if self.memory_rows is not None:
+            rows, self.memory_rows = self.memory_rows, None
+            self.memory_kv = [(_gather_rows(k, rows), _gather_rows(v, rows))
+                              for k, v in self.memory_kv]
 
     def join(self, new: FastState, rows: int, S: int) -> None:
         """Append another state's `rows` rows (no step decoded yet): encoder keys and values
         padded to S positions, no past positions. Both must group their rows alike (g); the
         caller sets the joined rows' sources (set_source)."""
+        self.compact()
+        new.compact()
         self.memory_kv = [tuple(torch.cat([F.pad(x, (0, 0, 0, S - x.size(2))) for x in pair])
                           for pair in zip(a, b, strict=True))
                           for a, b in zip(self.memory_kv, new.memory_kv, strict=True)]
@@ -782,6 +797,7 @@ class FastModel(nn.Module):
             x = F.embedding(tgt_new, self.tgt_lut) + self.pe[positions].unsqueeze(1)
         if state.fused and T == 1:
             return self._fused_step(x, state, positions)
+        state.compact()  # the batched products read the memory rows in the sentences' order
         causal = None  # one new position sees every earlier one
         if T > 1:  # no future positions
             causal = additive_mask(causal_mask(T, L, x.device), self.float_dtype)
@@ -840,11 +856,12 @@ def _step_rows(state: FastState, B: int, positions: Tensor | None, compiled: boo
     dev = state.src_len.device
     zero = torch.zeros(B, dtype=torch.long, device=dev)
     start = zero if positions is None else state.step - positions  # (B,)
-    memory = torch.arange(B, device=dev) // state.g  # (B,) each row's memory row
+    sentence = torch.arange(B, device=dev) // state.g  # (B,) each row's live sentence
+    memory = sentence if state.memory_rows is None else state.memory_rows[sentence]  # its row
     S = state.memory_kv[0][0].size(2)
     where = torch.tensor([state.step], device=dev) if compiled else state.step
     return StepRows(start, torch.full((B,), state.step + 1, device=dev), memory[:, None].expand(
-        B, S), zero, state.src_len.index_select(0, memory), where)
+        B, S), zero, state.src_len.index_select(0, sentence), where)
 
 
 # ----------------------------------------------------------------------------- search helpers
