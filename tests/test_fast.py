@@ -98,6 +98,49 @@ def test_sentences_that_end_leave_their_memory_rows_until_most_are_dead(model):
         assert state.memory_rows is None and state.memory_kv[0][0].size(0) == 1  # 1 of 4
 
 
+def test_sentences_that_join_take_the_memory_rows_of_ended_ones(model):
+    """With the fused operator, newcomers' encoder keys and values go into the rows of ended
+    sentences (the live ones' stay where they are), and into grown buffers, the live rows
+    gathered, when too few are free or a source is longer; the logits are those of batched
+    products over rows copied and padded (fused=False) throughout."""
+    if not attention_op.available():
+        pytest.skip("the fused attention operator did not build")
+    fast, plain = FastModel(model, fused=True), FastModel(model, fused=False)
+    sources = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14], [15, 16], [17, 5, 6, 7, 8, 9]]
+    tgt = torch.randint(4, V, (6, 4), generator=torch.Generator().manual_seed(0))
+    S = 4  # the first sources' width, which the reference pads every memory to
+    with torch.inference_mode():
+        src = pad_batch(sources[:4], PAD, "cpu")
+        state, ref = (m.start_decoding(*m.encode(src)) for m in (fast, plain))
+        live, start = [0, 1, 2, 3], [0, 0, 0, 0]  # live sentences and the step each joined
+        buffer = state.memory_kv[0][0].data_ptr()
+        for t, (keep, new) in enumerate([(None, []), ([0, 2, 3], [4]), (None, [5])]):
+            if keep is not None:
+                for s in (state, ref):
+                    s.reorder(torch.tensor(keep), 1, torch.tensor(keep))
+                live, start = [live[i] for i in keep], [start[i] for i in keep]
+            if new:
+                src = pad_batch([sources[i] for i in new], PAD, "cpu")
+                width = max(S, src.size(1))
+                state.join(fast.start_decoding(*fast.encode(src)), len(new), width)
+                ref.join(plain.start_decoding(*plain.encode(src)), len(new), width)
+                S = width
+                live, start = live + new, start + [t] * len(new)
+                masks = pad_batch([sources[i] for i in live], PAD, "cpu") != PAD
+                state.set_source(masks)
+                ref.set_source(masks)
+            positions = torch.tensor([t - s for s in start])
+            ids = tgt[live, t:t + 1]
+            torch.testing.assert_close(fast.decode_step(ids, state, positions=positions),
+                                       plain.decode_step(ids, ref, positions=positions),
+                                       atol=1e-4, rtol=1e-4)
+            if t == 1:  # sentence 4 took sentence 1's row, nothing copied
+                assert state.memory_kv[0][0].data_ptr() == buffer
+                assert state.memory_rows.tolist() == [0, 2, 3, 1]
+        # sentence 5 found no free row and is longer: the live rows gathered, room made
+        assert state.memory_rows.tolist() == [0, 1, 2, 3, 4]
+        assert state.memory_kv[0][0].shape[0] == 6 and state.memory_kv[0][0].shape[2] == 6
+
 def test_beam_rows_share_the_encoder_memory(model):
     """k consecutive rows per sentence share one memory row and give what k copies give."""
     src = pad_batch([[5, 6, 7], [8, 9]], PAD, "cpu")

@@ -573,24 +573,52 @@ class FastState:
 
     def join(self, new: FastState, rows: int, S: int) -> None:
         """Append another state's `rows` rows (no step decoded yet): encoder keys and values
-        padded to S positions, no past positions. Both must group their rows alike (g); the
-        caller sets the joined rows' sources (set_source)."""
-        self.compact()
+        padded to S positions, no past positions (the fused operator's: in memory rows that no
+        live sentence reads, `_place`). Both must group their rows alike (g); the caller sets
+        the joined rows' sources (set_source)."""
         new.compact()
-        self.memory_kv = [tuple(torch.cat([F.pad(x, (0, 0, 0, S - x.size(2))) for x in pair])
-                          for pair in zip(a, b, strict=True))
-                          for a, b in zip(self.memory_kv, new.memory_kv, strict=True)]
+        if self.fused:
+            self._place(new.memory_kv)
+        else:
+            self.compact()
+            self.memory_kv = [tuple(torch.cat([F.pad(x, (0, 0, 0, S - x.size(2))) for x in pair])
+                              for pair in zip(a, b, strict=True))
+                              for a, b in zip(self.memory_kv, new.memory_kv, strict=True)]
         for cache in self.self_kv:
             cache.join(rows)
 
+    def _place(self, memory_kv: list[tuple[Tensor, Tensor]]) -> None:
+        """Newcomers' (n, h, S', d_k) encoder keys and values into memory rows that no live
+        sentence reads (ended ones'), the live rows left where they are; where too few are free
+        or S' is wider, the live rows are gathered into buffers with room (rows half as many
+        again). The newcomers become the last live sentences (memory_rows)."""
+        (k, _), (nk, _) = self.memory_kv[0], memory_kv[0]
+        (M, _, S, _), (n, _, S_new, _) = k.shape, nk.shape
+        live = torch.arange(M, device=k.device) if self.memory_rows is None else self.memory_rows
+        free = torch.ones(M, dtype=torch.bool, device=k.device)
+        free[live] = False
+        free = free.nonzero()[:, 0]  # (F,) rows no live sentence reads
+        if len(free) < n or S_new > S:
+            M = max(M, len(live) + n) if len(free) >= n else max(len(live) + n, M + M // 2)
+            self.memory_kv = [tuple(_grown(x, live, M, max(S, S_new)) for x in pair)
+                              for pair in self.memory_kv]
+            live = torch.arange(len(live), device=k.device)
+            free = torch.arange(len(live), M, device=k.device)
+        place = free[:n]
+        for pair, new in zip(self.memory_kv, memory_kv, strict=True):
+            for x, y in zip(pair, new, strict=True):
+                x[place, :, :S_new] = y
+        self.memory_rows = torch.cat([live, place])
+
     def trim(self, first: int, S: int) -> None:
         """Drop the first `first` cache positions and the memory positions from S on (no live
-        row reads them); the caller sets the sources again (set_source)."""
+        row reads them; the fused operator's stay: they are room for sources that join); the
+        caller sets the sources again (set_source)."""
         if first:
             for cache in self.self_kv:
                 cache.trim(first)
             self.step -= first
-        if S < self.memory_kv[0][0].size(2):
+        if not self.fused and S < self.memory_kv[0][0].size(2):
             self.memory_kv = [(k[:, :, :S].contiguous(), v[:, :, :S].contiguous())
                               for k, v in self.memory_kv]
 
@@ -622,6 +650,13 @@ def source_groups(src_mask: Tensor) -> list[tuple[Tensor, int]] | None:
     if len(groups) == 1:
         return None
     return [(torch.tensor(g), lengths[g[0]]) for g in groups]
+
+
+def _grown(x: Tensor, rows: Tensor, M: int, S: int) -> Tensor:
+    """(M', h, S', d_k) memory keys or values -> (M, h, S, d_k): `rows` first, the rest room."""
+    out = x.new_empty(M, x.size(1), S, x.size(3))
+    out[:len(rows), :, :x.size(2)] = _gather_rows(x, rows)
+    return out
 
 
 def _gather_rows(x: Tensor, index: Tensor) -> Tensor:
