@@ -55,7 +55,7 @@ def parse_args() -> argparse.Namespace:
 def step(dec: Decoding, costs: Costs) -> list:
     """One decoding step, counted."""
     costs.steps += 1
-    costs.row_steps += dec.rows
+    costs.row_steps += dec.decoder_rows
     start = time.perf_counter()
     ended = dec.step()
     costs.step_s += time.perf_counter() - start

@@ -342,6 +342,9 @@ class Decoding:
         self.decoder: Decoder | None = None  # the models' states over the live rows
         self.src_mask: Tensor | None = None  # (M, S) source positions of each memory row
         self.kb = 1  # rows per unit now: 1 until a fresh beam search's first step, then k
+        # the last units, joined since the last step, whose kb rows are one decoder row (their
+        # first step computed once, not kb times: `_decoder_rows`)
+        self.single = 0
         self.shared = 1  # units per memory row: a sentence's samples share its row
         self.length = 0  # L: positions in the shared key/value cache
         # the live units' host record; a unit returns search.nbest hypotheses of a beam, one
@@ -363,8 +366,13 @@ class Decoding:
 
     @property
     def rows(self) -> int:
-        """Live decoder rows (kb per unit)."""
+        """Live rows (kb per unit)."""
         return len(self.tokens)
+
+    @property
+    def decoder_rows(self) -> int:
+        """The rows the models decode at the next step (a newcomer's alike rows once)."""
+        return self.rows - self.single * (self.kb - 1)
 
     # ------------------------------------------------------------------------- admission
     @torch.inference_mode()
@@ -387,12 +395,17 @@ class Decoding:
         if self.decoder is None:
             self.shared = self.units_per
         per = self.units_per * self.kb  # rows a newcomer gets
+        # joining a running beam search, a newcomer's k rows are alike until its first step
+        single = per > 1 and self.units_per == 1 and self.phrases is None and not any(
+            s.phrases for s in todo) and self.decoder.joins_unequal_groups()
         max_len = output_lengths(todo, self.search, self.positions)  # (n,)
         slots = [self.free.pop() if self.free else self._new_slot() for _ in todo]
         self.tags.update(zip(slots, (s.tag for s in todo), strict=True))
         self.open.update((slot, self.units_per) for slot in slots)
         self.results.update((slot, []) for slot in slots)
-        self._join(new, self._group(new, src != pad, per))
+        mask = self._group(new, src != pad, 1 if single else per)
+        self._join(new, mask, len(todo) if single else len(mask) * self.shared * self.kb)
+        self.single += len(todo) if single else 0
         if self.columns is None:
             self.columns = columns
         if self.phrases is not None or any(s.phrases for s in todo):
@@ -438,13 +451,13 @@ class Decoding:
         self.slots += 1
         return self.slots - 1
 
-    def _join(self, new: Decoder, src_mask: Tensor) -> None:
-        """The newcomers' model states after the live ones'."""
+    def _join(self, new: Decoder, src_mask: Tensor, rows: int) -> None:
+        """The newcomers' model states (`rows` decoder rows) after the live ones'."""
         if self.decoder is None:
             self.decoder, self.src_mask = new, src_mask
             return
         S = max(src_mask.size(1), self.src_mask.size(1))
-        self.decoder.join(new, len(src_mask) * self.shared * self.kb, S)
+        self.decoder.join(new, rows, S)
         self.src_mask = torch.cat([F.pad(m, (0, S - m.size(1)), value=False)
                                    for m in (self.src_mask, src_mask)])
         self._set_source_masks()
@@ -545,7 +558,23 @@ class Decoding:
             prefix = self.last if self.use_cache else self.on_device(self.tokens[:, :L + 1])
             return self.decoder.log_probs(prefix, allowed, self.normalize)
         positions = self.on_device(L - self._per_row(self.units.start))  # (R,) each row's step
-        return self.decoder.log_probs(self.last, allowed, self.normalize, positions=positions)
+        if not self.single:
+            return self.decoder.log_probs(self.last, allowed, self.normalize,
+                                          positions=positions)
+        first, of_row = self._decoder_rows()
+        lprobs = self.decoder.log_probs(self.last[first], None if allowed is None else
+                                        allowed[first], self.normalize,
+                                        positions=positions[first])  # (R', V)
+        return lprobs.index_select(0, of_row)  # (R, V): a newcomer's rows alike
+
+    def _decoder_rows(self) -> tuple[Tensor, Tensor]:
+        """With `single` newcomers of one decoder row each (after the others' kb rows a unit):
+        the row of each decoder row (R',), and the decoder row of each row (R,)."""
+        R, n, kb = self.rows, self.single, self.kb
+        live = R - n * kb  # the rows before the newcomers'
+        first = torch.cat([torch.arange(live), torch.arange(live, R, kb)])
+        of_row = torch.cat([torch.arange(live), live + torch.arange(n).repeat_interleave(kb)])
+        return first.to(self.device), of_row.to(self.device)
 
     def _view(self) -> StepView:
         """What the rules see of this step."""
@@ -641,6 +670,9 @@ class Decoding:
         some row is not where it was); with `keep`, only those units stay. No unit left:
         cleared."""
         group, memory = self.shared * self.k, None
+        # rows -> decoder rows, where newcomers had one decoder row (all k of theirs go on)
+        to_decoder = self._decoder_rows()[1] if self.single else None
+        self.single = 0
         if keep is not None:
             if len(keep) == 0:
                 self._clear()
@@ -656,7 +688,8 @@ class Decoding:
             return
         index = self.on_device(rows)
         if moved:
-            self.decoder.reorder(index, group, memory)
+            self.decoder.reorder(index if to_decoder is None else to_decoder[index], group,
+                                 memory)
             if self.u is not None:
                 self.u = self.u.index_select(0, index)
         if memory is not None:

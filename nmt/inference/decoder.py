@@ -85,6 +85,11 @@ class Decoder:
             total += lprobs.gather(2, tgt.unsqueeze(2)).squeeze(2)  # (B, T)
         return (total / len(self.models)).masked_fill_(tgt == pad_id, 0.0)
 
+    def joins_unequal_groups(self) -> bool:
+        """Whether sentences may join with other rows per sentence than the live ones have
+        (every model's state steps through the fused operator: FastState.row_sentence)."""
+        return all(isinstance(s, FastState) and s.fused for s in self.states)
+
     def join(self, new: Decoder, rows: int, S: int) -> None:
         """Append the `rows` rows of another Decoder of the same models (no step decoded yet),
         every memory padded to S source positions (FastStates: can_join)."""

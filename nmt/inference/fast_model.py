@@ -534,6 +534,9 @@ class FastState:
         self.self_kv = [TableKVCache() if fused else FastKVCache() for _ in memory_kv]
         self.step = 0  # target positions decoded so far
         self.g = 1  # decoder rows per memory row
+        # the fused operator's live sentence of each decoder row where the rows' groups differ
+        # (a newcomer's one row beside beams of g, until the next reorder); None: row // g
+        self.row_sentence: Tensor | None = None
         self.generator: Affine | None = None  # the output projection's shortlist rows, if cut
         self.mask: Tensor | None = None  # (M, 1, 1, S) additive source mask, None: no padding
         self.src_len: Tensor | None = None  # (M,) source length of each memory row
@@ -553,7 +556,7 @@ class FastState:
         memory_rows, rows stay where they are until at most half of them live (compact)."""
         for cache in self.self_kv:
             cache.reorder(index)
-        self.g = group
+        self.g, self.row_sentence = group, None
         if sentences is None:  # rows moved within their sentences
             return
         rows = sentences if self.memory_rows is None else self.memory_rows[sentences]
@@ -574,9 +577,16 @@ class FastState:
     def join(self, new: FastState, rows: int, S: int) -> None:
         """Append another state's `rows` rows (no step decoded yet): encoder keys and values
         padded to S positions, no past positions (the fused operator's: in memory rows that no
-        live sentence reads, `_place`). Both must group their rows alike (g); the caller sets
-        the joined rows' sources (set_source)."""
+        live sentence reads, `_place`). Both must group their rows alike (g), except with the
+        fused operator (row_sentence); the caller sets the joined rows' sources (set_source)."""
         new.compact()
+        if new.g != self.g or self.row_sentence is not None:
+            if not self.fused:
+                raise ValueError("rows of unequal groups join only with the fused operator")
+            n, dev = self.src_len.size(0), self.src_len.device  # the live sentences
+            mine = self.row_sentence if self.row_sentence is not None else torch.arange(
+                n * self.g, device=dev) // self.g
+            self.row_sentence = torch.cat([mine, n + torch.arange(rows, device=dev) // new.g])
         if self.fused:
             self._place(new.memory_kv)
         else:
@@ -891,7 +901,8 @@ def _step_rows(state: FastState, B: int, positions: Tensor | None, compiled: boo
     dev = state.src_len.device
     zero = torch.zeros(B, dtype=torch.long, device=dev)
     start = zero if positions is None else state.step - positions  # (B,)
-    sentence = torch.arange(B, device=dev) // state.g  # (B,) each row's live sentence
+    sentence = state.row_sentence if state.row_sentence is not None else torch.arange(
+        B, device=dev) // state.g  # (B,) each row's live sentence
     memory = sentence if state.memory_rows is None else state.memory_rows[sentence]  # its row
     S = state.memory_kv[0][0].size(2)
     where = torch.tensor([state.step], device=dev) if compiled else state.step
