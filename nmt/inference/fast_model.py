@@ -553,7 +553,8 @@ class FastState:
         consecutive groups per sentence (beam search, samples) keep sharing its memory row:
         `group` rows per sentence, `sentences` the memory row of each group (None: the memory
         rows stay as they are). With the fused operator, which reads the memory through
-        memory_rows, rows stay where they are until at most half of them live (compact)."""
+        memory_rows, rows stay where they are (newcomers take the dead ones': join) until at most a
+        quarter of them live (compact)."""
         for cache in self.self_kv:
             cache.reorder(index)
         self.g, self.row_sentence = group, None
@@ -561,7 +562,7 @@ class FastState:
             return
         rows = sentences if self.memory_rows is None else self.memory_rows[sentences]
         self.memory_rows = rows
-        if not self.fused or 2 * len(rows) <= self.memory_kv[0][0].size(0):
+        if not self.fused or 4 * len(rows) <= self.memory_kv[0][0].size(0):
             self.compact()
         if self.mask is not None:
             self.mask = self.mask.index_select(0, sentences)
