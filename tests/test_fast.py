@@ -165,7 +165,9 @@ def test_beam_rows_share_the_encoder_memory(model):
             copied.reorder(reorder)
         shared.reorder(torch.tensor([3, 4, 5]), k, torch.tensor([1]))  # the first one retires
         copied.reorder(torch.tensor([3, 4, 5]))
-        assert shared.g == k and shared.memory_kv[0][0].size(0) == 1
+        assert shared.g == k  # the fused operator reads the live row where it is
+        assert (shared.memory_rows.tolist() == [1] if shared.fused
+                else shared.memory_kv[0][0].size(0) == 1)
         torch.testing.assert_close(fast.decode_step(tgt[3:, :1], shared),
                                    model.decode_step(tgt[3:, :1], copied), atol=1e-4, rtol=1e-4)
 
