@@ -178,6 +178,35 @@ def test_every_search_option_joins_a_running_batch_with_translate_nbests_outputs
         assert hyps[0].tokens[:len(prefixes[i])] == prefixes[i] and hyps[0].logprob > -math.inf
 
 
+def test_a_sentence_joining_a_running_beam_search_decodes_its_first_step_on_one_row(
+        monkeypatch):
+    """Its k rows are alike until its first step, so the models decode one of them (with the
+    fused operator); every output is still translate_nbest's."""
+    if not attention_op.available():
+        pytest.skip("the fused attention operator did not build")
+    cfg = search(beam_size=4, nbest=2, max_len_b=6)
+    models = decoding_models([tiny_model(V, seed=1, stops=True, N=2)], cfg)
+    decoded = []  # the rows each step's decode_step was given
+    real = models[0].decode_step
+    monkeypatch.setattr(models[0], "decode_step",
+                        lambda ids, *a, **kw: decoded.append(len(ids)) or real(ids, *a, **kw))
+    sources = random_sources(6, V, seed=7)
+    dec = Decoding(models, cfg, SPECIALS)
+    dec.admit([Sentence(i, sources[i]) for i in range(3)])
+    got = dict(dec.step())
+    live = dec.rows  # k rows each
+    dec.admit([Sentence(i, sources[i]) for i in range(3, 6)])
+    assert dec.rows == live + 3 * 4 and dec.decoder_rows == live + 3
+    got.update(dec.step())
+    assert decoded[-1] == live + 3 and dec.rows == dec.decoder_rows  # then k rows each
+    while dec.sentences:
+        got.update(dec.step())
+    want = translate_nbest(models, sources, cfg, SPECIALS)
+    for i, hyps in enumerate(want):
+        assert [h.tokens for h in got[i]] == [h.tokens for h in hyps], i
+        assert [h.score for h in got[i]] == pytest.approx([h.score for h in hyps], abs=1e-5)
+
+
 @pytest.mark.parametrize("beam", [1, 3])
 def test_in_continuous_batching_each_sentence_decodes_over_its_own_shortlist(beam, tmp_path):
     """As nmt-translate's batches of one sentence (search.max_sentences=1): the shortlist is
