@@ -141,6 +141,7 @@ def test_sentences_that_join_take_the_memory_rows_of_ended_ones(model):
         assert state.memory_rows.tolist() == [0, 1, 2, 3, 4]
         assert state.memory_kv[0][0].shape[0] == 6 and state.memory_kv[0][0].shape[2] == 6
 
+
 def test_beam_rows_share_the_encoder_memory(model):
     """k consecutive rows per sentence share one memory row and give what k copies give."""
     src = pad_batch([[5, 6, 7], [8, 9]], PAD, "cpu")
