@@ -396,7 +396,7 @@ class Decoding:
             self.shared = self.units_per
         per = self.units_per * self.kb  # rows a newcomer gets
         # joining a running beam search, a newcomer's k rows are alike until its first step
-        single = per > 1 and self.units_per == 1 and self.phrases is None and not any(
+        single = self.kb > 1 and self.units_per == 1 and self.phrases is None and not any(
             s.phrases for s in todo) and self.decoder.joins_unequal_groups()
         max_len = output_lengths(todo, self.search, self.positions)  # (n,)
         slots = [self.free.pop() if self.free else self._new_slot() for _ in todo]

@@ -610,7 +610,8 @@ class FastState:
         free[live] = False
         free = free.nonzero()[:, 0]  # (F,) rows no live sentence reads
         if len(free) < n or S_new > S:
-            M = max(M, len(live) + n) if len(free) >= n else max(len(live) + n, M + M // 2)
+            if len(free) < n:
+                M = max(len(live) + n, M + M // 2)
             self.memory_kv = [tuple(_grown(x, live, M, max(S, S_new)) for x in pair)
                               for pair in self.memory_kv]
             live = torch.arange(len(live), device=k.device)
