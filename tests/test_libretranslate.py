@@ -275,6 +275,10 @@ def test_html_markup_comes_back_as_written(libre):
     ({"target": "d\udc80"}, "d\udc80 is not supported"),
     ({"format": "\ud800"}, "\ud800 format is not supported"),
     ({"alternatives": "\u00b2"}, "Invalid request: alternatives must be a whole number >= 0"),
+    ({"glossary": {"it": "es\ud800"}}, "Invalid request: glossary target term 'es\\ud800' is "
+                                       "not valid Unicode"),
+    ({"glossary": "open\ud800\toffen"}, "Invalid request: glossary source term "),
+    ({"keep": "Open\n\udc80"}, "Invalid request: keep is not valid Unicode"),
 ])
 def test_lone_surrogates_and_other_digits_are_400s_not_500s(libre, fields, error):
     body = {"q": "Open it.", "source": "en", "target": "de", **fields}

@@ -619,6 +619,24 @@ def test_the_page_is_self_contained_html(page_server):
     assert 'fetch("translate"' in page and 'fetch("health"' in page  # the API below
 
 
+@pytest.mark.parametrize(("fields", "field", "error"), [
+    ({"prefix": ["", "x\udc80"]}, "prefix[1]", "is not valid Unicode (lone surrogate at "
+                                                "character 1)"),
+    ({"constraints": [[], ["ok", "\ud800"]]}, "constraints[1][1]", "is not valid Unicode"),
+    ({"glossary": {"open\ud800": "x"}}, "glossary", "source term 'open\\ud800' is not valid"),
+    ({"glossary": {"open": "\udfff"}}, "glossary", "target term '\\udfff' is not valid"),
+    ({"keep": ["file", "a\ud800b"]}, "keep[1]", "is not valid Unicode (lone surrogate at "
+                                                 "character 1)"),
+    ({"tgt_lang": "d\udc80"}, "tgt_lang", "is not valid Unicode"),
+])
+def test_a_lone_surrogate_in_any_text_field_is_a_422_naming_it(page_server, fields, field, error):
+    """Not text alone: a lone surrogate anywhere reached SentencePiece as a 500 (TypeError)."""
+    status, _, body = page_server.call("POST", "/translate", {"text": ["open file", "a"],
+                                                              **fields})
+    assert (status, body["field"]) == (422, field), body
+    assert body["error"].startswith(f"{field}: {error}")
+
+
 def test_attention_comes_back_for_each_sentence_when_asked(page_server):
     text = ["open the file", "show hidden files and folders"]
     plain = page_server.translate(text, nbest=4)

@@ -102,8 +102,10 @@ def libre_errors(handler):
         except ApiError as e:
             return from_api_error(e).response()
         except ValidationError as e:
-            why = e.errors()[0]["msg"].removeprefix("Value error, ")
-            return LibreError(400, f"Invalid request: q {why}").response()
+            first = e.errors()[0]
+            field = {"text": "q"}.get(first["loc"][0], first["loc"][0])  # glossary, keep
+            why = first["msg"].removeprefix("Value error, ")
+            return LibreError(400, f"Invalid request: {field} {why}").response()
         except LibreError as e:
             return e.response()
     return wrapped

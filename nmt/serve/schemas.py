@@ -41,7 +41,26 @@ def check_unicode(text: str) -> None:
         raise ValueError(f"is not valid Unicode (lone surrogate at character {e.start})") from None
 
 
+def _check_text(text: str) -> str:
+    """Every text field but `text` itself: valid Unicode (check_unicode), or a ValueError."""
+    check_unicode(text)
+    return text
+
+
+def _check_terms(terms: dict[str, str]) -> dict[str, str]:
+    """A glossary's terms, each valid Unicode; a ValueError names the entry (escaped)."""
+    for source, target in terms.items():
+        for side, term in (("source term", source), ("target term", target)):
+            try:
+                check_unicode(term)
+            except ValueError as e:
+                raise ValueError(f"{side} {ascii(term)} {e}") from None
+    return terms
+
+
 SourceText = Annotated[str, AfterValidator(_check_sentence)]
+Text = Annotated[str, AfterValidator(_check_text)]  # what a text field holds but `text`
+Terms = Annotated[dict[str, str], AfterValidator(_check_terms)]  # source term -> target term
 
 
 class TranslateRequest(BaseModel):
@@ -92,28 +111,28 @@ class TranslateRequest(BaseModel):
     mbr_aggregate: bool | None = Field(None, description=(
         "MBR with chrf: against the others' mean n-gram counts (linear in N, an approximation "
         "of the pairwise choice)."))
-    prefix: list[str] | None = Field(None, description=(
+    prefix: list[Text] | None = Field(None, description=(
         "Per sentence of text, the start every translation of it must have ('' for none; "
         "nmt-translate's prefix=true)."))
-    constraints: list[list[str]] | None = Field(None, description=(
+    constraints: list[list[Text]] | None = Field(None, description=(
         "Per sentence of text, the phrases every translation of it must contain (nmt-translate's "
         "constraints=FILE: beam search with dynamic beam allocation, at any beam_size; not "
         "with sampling; engine=nmt)."))
-    glossary: dict[str, str] | None = Field(None, description=(
+    glossary: Terms | None = Field(None, description=(
         "Source term -> target term, added to the server's glossary (overriding its entry for "
         "the same term): every translation of a text holding the term (case-insensitive, a "
         "whole word, the longest first) holds the target term exactly (nmt-translate's "
         "glossary=FILE; at most the server's max_glossary entries with keep; engine=nmt)."))
-    keep: list[str] | None = Field(None, description=(
+    keep: list[Text] | None = Field(None, description=(
         "Terms copied byte for byte where a text holds them, added to the server's keep list "
         "(nmt-translate's keep=FILE)."))
     attention: bool = Field(False, description=(
         "Also return each best translation's encoder-decoder attention over its source."))
-    tgt_lang: str | None = Field(None, description=(
+    tgt_lang: Text | None = Field(None, description=(
         "A multilingual model's: the language to translate into, by the name the model records "
         "(GET /health's languages); the server's tgt_lang when not given. A bilingual model "
         "refuses it."))
-    src_lang: str | None = Field(None, description=(
+    src_lang: Text | None = Field(None, description=(
         "A model that needs the source language (M2M100, NLLB-200): the texts' language; the "
         "server's src_lang when not given. Others refuse it."))
     split: Literal[MODES] | None = Field(None, description=(
