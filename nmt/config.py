@@ -23,7 +23,7 @@ from nmt.config_errors import explain, extra_keys, unknown_key
 from nmt.errors import ConfigError
 from nmt.inference.capabilities import ENGINES
 from nmt.inference.markup import KINDS as MARKUP_KINDS
-from nmt.inference.segment import MODES, sentence_splitter
+from nmt.inference.segment import AUTO, MODES, sentence_splitter
 from nmt.inference.words import COMBINES
 
 LANG_CODE = re.compile(r"[a-z]{2,3}([-_][a-zA-Z0-9]+)*")  # ISO 639, then a region or script
@@ -637,8 +637,8 @@ class TranslateConfig:
     word_combine: str = "product"  # a word's probability from its pieces': product or min
     engine: str = "nmt"  # decode with "nmt" or "ctranslate2" (the checkpoint's export, cached)
     ct2_model: str = ""  # engine=ctranslate2: the export's folder ("": CHECKPOINT.ct2/ beside it)
-    split: str = "none"  # none: a line is a segment; sentence|paragraph: pieces (segment.py)
-    split_lang: str = ""  # split=sentence: the source language, ISO 639 (""; the checkpoint's)
+    split: str = "auto"  # none|sentence|paragraph (segment.py); auto: segment.auto_mode's rule
+    split_lang: str = ""  # split=sentence|auto: the source language, ISO 639 (""; the checkpoint's)
     markup: str = "none"  # html|xml: each line's tags kept inside whole sentences (markup.py)
     placeholders: bool = False  # markup=xml: {0}-style placeholders are void tags too
     # A multilingual checkpoint's languages (nmt.data.languages): names it records, e.g. de,
@@ -683,17 +683,24 @@ class TranslateConfig:
 
 def _check_split(cfg: TranslateConfig) -> None:
     """split and split_lang; what is defined per segment only (n-best lists, given targets or
-    prefixes, constraints, alignments, attention) needs split=none."""
-    _check(cfg.split in MODES, "split", f"must be none, sentence or paragraph, got {cfg.split!r}")
-    if cfg.split == "none":
-        return
-    if cfg.split == "sentence" and cfg.split_lang:  # else the checkpoint's (nmt.commands.translate)
+    prefixes, constraints, alignments, attention) needs split=none (split=auto picks it)."""
+    _check(cfg.split in (AUTO, *MODES), "split",
+           f"must be auto, none, sentence or paragraph, got {cfg.split!r}")
+    if cfg.split == "sentence" and cfg.split_lang:  # else the checkpoint's (commands.translate)
         check_split_lang(cfg.split_lang)
-    for key, on in (("search.nbest", cfg.search.nbest > 1), ("prefix", cfg.prefix),
-                    ("score_reference", cfg.score_reference), ("constraints", cfg.constraints),
-                    ("alignment", cfg.alignment), ("attention_plot", cfg.attention_plot)):
-        _check(not on, key, f"is per segment: needs split=none (split={cfg.split} translates "
-               f"the pieces of a line apart)")
+    whole = per_segment(cfg) if cfg.split not in ("none", AUTO) else []
+    if whole:
+        raise ConfigError(f"{whole[0]}: is per segment: needs split=none or auto (split="
+                          f"{cfg.split} translates the pieces of a line apart)")
+
+
+def per_segment(cfg: TranslateConfig) -> list[str]:
+    """The options cfg sets that are a whole segment's (split=auto then translates whole
+    lines)."""
+    return [key for key, on in (
+        ("search.nbest", cfg.search.nbest > 1), ("prefix", cfg.prefix),
+        ("score_reference", cfg.score_reference), ("constraints", cfg.constraints),
+        ("alignment", cfg.alignment), ("attention_plot", cfg.attention_plot)) if on]
 
 
 def _check_markup(cfg: TranslateConfig) -> None:
@@ -882,7 +889,7 @@ class ServeConfig:
 def _check_serve_split(cfg: ServeConfig) -> None:
     """split, src_lang and tgt_lang; a source language needs the sentence splitter (a request
     may ask for split=sentence)."""
-    _check(cfg.split in ("auto", *MODES), "split",
+    _check(cfg.split in (AUTO, *MODES), "split",
            f"must be auto, none, sentence or paragraph, got {cfg.split!r}")
     for key in ("src_lang", "tgt_lang"):
         code = getattr(cfg, key)

@@ -873,11 +873,13 @@ def test_prefixes_and_constraints_equal_nmt_translate(server, dynamic_server, ck
     assert [t["text"] for t in dynamic] == want["hypotheses"]
     status, _, body = server.call("POST", "/translate", {"text": lines[:2], "prefix": ["Nepo"]})
     assert status == 422 and "one item per sentence" in body["error"]
-    two = {"text": ["\n".join(lines[:2])], "prefix": ["Nepo"]}  # split=auto: paragraph
-    status, _, body = server.call("POST", "/translate", two)
+    two = {"text": ["\n".join(lines[:2])], "prefix": ["Nepo"]}
+    status, _, body = server.call("POST", "/translate", {**two, "split": "paragraph"})
     assert (status, body["error"]) == (422, "prefix: text[0] is split into 2 pieces; a prefix "
                                              "is a whole text's (send it with split=none)")
-    assert server.translate(**two, split="none")[0]["text"].startswith("Nepo")
+    whole = server.translate(**two, split="none")
+    assert whole[0]["text"].startswith("Nepo")
+    assert server.translate(**two) == whole  # split=auto: a prefix keeps the text whole
 
 
 @pytest.mark.slow
@@ -1033,3 +1035,36 @@ def test_sigterm_finishes_the_requests_in_flight_then_exits(ckpt, lines):
     assert all(a[2]["translations"][0]["text"] for a in answers)
     assert srv.stop(signalled=True) == 0, "".join(srv.log)
     assert any("stopped: 4 requests" in line for line in srv.log)
+
+
+def test_the_cli_and_the_server_split_alike_by_default(ckpt, tmp_path):
+    """split=auto is one rule (segment.auto_mode): with a checkpoint that records its pair,
+    nmt-translate and nmt-serve, both at their defaults, translate a line of several sentences
+    (or one asking for an n-best list, kept whole) to the same text."""
+    from nmt.training.checkpoint import load_checkpoint, save_checkpoint
+
+    pytest.importorskip("sentencex")
+    state = load_checkpoint(ckpt)
+    state["vocab"]["pair"] = {"src_lang": "en", "tgt_lang": "de"}
+    paired = tmp_path / "paired.pt"
+    save_checkpoint(state, paired)
+    docs = ["Open the file. Close the window.", "Save all changes! Show hidden files."]
+    src = tmp_path / "in.txt"
+    src.write_text("".join(f"{d}\n" for d in docs), encoding="utf-8")
+
+    def cli(*keys: str) -> dict:
+        return translate(to_object(compose("translate", [
+            f"checkpoint={paired}", f"input={src}", "output=/dev/null", "quiet=true",
+            "workers=1", "search.max_len_b=8", *keys]), TranslateConfig))
+
+    srv = InProcess(paired)
+    try:
+        want = cli()
+        assert want["split"] == "sentence" and want["segments"] == 4
+        assert [t["text"] for t in srv.translate(docs)] == want["hypotheses"]
+        want = cli("search.nbest=2")
+        got = srv.translate(docs, nbest=2)
+        assert [t["text"] for t in got] == want["hypotheses"]
+        assert all(t["nbest"] for t in got[:2])  # each text whole: its n-best list
+    finally:
+        srv.stop()

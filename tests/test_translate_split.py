@@ -47,7 +47,7 @@ def run(ckpt: Path, path: Path, lines: list[str], **kw) -> dict:
 
 def alone(ckpt: Path, pieces: list[str], tmp_path: Path) -> list[str]:
     """split=none translations of each piece as a line of its own."""
-    return run(ckpt, tmp_path / "alone", pieces)["hypotheses"]
+    return run(ckpt, tmp_path / "alone", pieces, split="none")["hypotheses"]
 
 
 def test_a_line_of_two_sentences_is_their_translations_alone_joined(ckpt, tmp_path):
@@ -82,7 +82,7 @@ def test_a_line_over_the_models_positions_is_cut_into_pieces_that_fit_not_trunca
     got = run(short, tmp_path / "in", [line], split="paragraph", quiet=False)
     assert "truncated" not in capfd.readouterr().err
     assert got["hypotheses"] == [" ".join(alone(short, pieces, tmp_path))]
-    cut = run(short, tmp_path / "in", [line], quiet=False)  # split=none: as before
+    cut = run(short, tmp_path / "in", [line], split="none", quiet=False)  # truncated
     assert "truncated to 9" in capfd.readouterr().err
     assert cut["hypotheses"] != got["hypotheses"]
 
@@ -118,6 +118,33 @@ def test_split_sentence_takes_the_source_language_the_checkpoint_records(ckpt, t
                                           r"language's ISO 639 code.*records no language pair"):
         run(ckpt, tmp_path / "old", LINES, split="sentence")
     assert not (tmp_path / "old.out").exists()
+
+
+def test_split_auto_the_default_is_sentences_where_the_language_is_known(ckpt, tmp_path):
+    """split=auto (the default, nmt-serve's rule too): sentences for a checkpoint that records
+    its pair, whole lines where an option is a segment's (n-best lists), paragraphs (each line
+    whole) where no language is known."""
+    pytest.importorskip(segment.SPLITTER)
+    state = load_checkpoint(ckpt)
+    state["vocab"]["pair"] = {"src_lang": "en", "tgt_lang": "de"}
+    paired = tmp_path / "paired.pt"
+    save_checkpoint(state, paired)
+    auto = run(paired, tmp_path / "in", LINES)
+    assert auto["segments"] == 8 and auto["split"] == "sentence"
+    assert auto["hypotheses"] == run(paired, tmp_path / "in", LINES, split="sentence")[
+        "hypotheses"]
+    nbest = run(paired, tmp_path / "in", LINES, **{"search.nbest": 2})
+    assert nbest["split"] == "none" and nbest["segments"] == len(LINES)
+    assert run(ckpt, tmp_path / "in", LINES)["split"] == "paragraph"  # records no pair
+
+
+def test_auto_mode_is_one_rule(monkeypatch):
+    assert segment.auto_mode("en", whole=True) == "none"
+    assert segment.auto_mode("", whole=False) == "paragraph"
+    monkeypatch.setattr(segment.importlib.util, "find_spec", lambda name: object())
+    assert segment.auto_mode("en", whole=False) == "sentence"
+    monkeypatch.setattr(segment.importlib.util, "find_spec", lambda name: None)
+    assert segment.auto_mode("en", whole=False) == "paragraph"  # no splitter installed
 
 
 def test_split_sentence_without_the_extra_is_a_one_line_error(monkeypatch):

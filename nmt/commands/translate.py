@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from nmt.config import TranslateConfig, candidate_search, check_split_lang
+from nmt.config import TranslateConfig, candidate_search, check_split_lang, per_segment
 from nmt.data.languages import LanguageChoice, choose, recorded_pair
 from nmt.data.tokenizer import Tokenizer
 from nmt.data.vocab import Vocab
@@ -55,7 +55,15 @@ from nmt.inference.markup import Document, parse, put_back
 from nmt.inference.messages import Hypothesis
 from nmt.inference.rerank import Chooser
 from nmt.inference.scoring import score
-from nmt.inference.segment import Segmented, rejoin, sample_stream, sentence_splitter, split_for
+from nmt.inference.segment import (
+    AUTO,
+    Segmented,
+    auto_mode,
+    rejoin,
+    sample_stream,
+    sentence_splitter,
+    split_for,
+)
 from nmt.inference.words import format_words, words
 from nmt.system.files import check_output, decode_line, read_lines, write_atomically
 from nmt.system.runtime import keep_freed_memory, usable_cores
@@ -187,6 +195,7 @@ class Session:
     name: str  # the input's name in messages
     refs: list[list[str]] | None  # ref=, refs=: reference streams (BLEU), or ref= targets
     phrases: list[list[str]] | None  # constraints=: per input line, its phrases
+    split: str = "none"  # the split mode (split=auto resolved: segment.auto_mode)
     splitter: Callable[[str], list[str]] | None = None  # split=sentence: a text's sentences
     languages: LanguageChoice = LanguageChoice()  # src_lang=, tgt_lang=: tokens they add
     chooser: Chooser | None = None  # mbr=, rerank=: keeps one of each line's candidates
@@ -249,8 +258,9 @@ def open_session(cfg: TranslateConfig) -> Session:
             check_layer(translator, cfg.alignment_layer)
         languages = choose(translator.vocab, cfg.src_lang, cfg.tgt_lang, cfg.checkpoints[0])
         check_languages(cfg, languages)
+        split = split_mode(cfg, translator.vocab)
         splitter = sentence_splitter(split_lang(cfg, translator.vocab)) if (
-            cfg.split == "sentence") else None
+            split == "sentence") else None
         chooser = Chooser.open(cfg, translator.tgt_tok, device, workers)
         glossary = Glossary.load(cfg.glossary, cfg.keep, translator.tgt_tok,
                                  translator.max_input_tokens)
@@ -260,8 +270,8 @@ def open_session(cfg: TranslateConfig) -> Session:
         raise
     limit = min(cfg.max_input_tokens, translator.max_input_tokens) - len(languages.source)
     name = "<stdin>" if cfg.input == "-" else cfg.input
-    return Session(cfg, translator, env, limit, name, refs, phrases, splitter, languages,
-                   chooser, glossary, comet)
+    return Session(cfg, translator, env, limit, name, refs, phrases, split, splitter,
+                   languages, chooser, glossary, comet)
 
 
 def open_comet(cfg: TranslateConfig, refs: list[list[str]] | None, device: torch.device
@@ -280,6 +290,16 @@ def open_comet(cfg: TranslateConfig, refs: list[list[str]] | None, device: torch
         raise ConfigError(f"comet: {cfg.comet} is a CometKiwi, a score per output line: "
                           f"needs search.nbest=1, got {cfg.search.nbest}")
     return model
+
+
+def split_mode(cfg: TranslateConfig, vocab: Vocab) -> str:
+    """cfg.split, with auto resolved by segment.auto_mode's rule (nmt-serve's): none for a
+    per-segment option, sentence where the source language is known (split_lang, the
+    checkpoint's pair, src_lang) and the splitter installed, else paragraph."""
+    if cfg.split != AUTO:
+        return cfg.split
+    lang = cfg.split_lang or recorded_pair(vocab).src_lang or cfg.src_lang
+    return auto_mode(lang, bool(per_segment(cfg)))
 
 
 def split_lang(cfg: TranslateConfig, vocab: Vocab) -> str:
@@ -367,7 +387,7 @@ def finish(s: Session, chunk: Chunk, seconds: float) -> dict:
     check_references(s, len(nbest))
     check_constraint_lines(s, len(nbest))
     result = {"hypotheses": [t[0] for t in chunk.texts], "nbest": nbest, "seconds": seconds,
-              "segments": len(chunk.src_ids), "sources": chunk.sources}
+              "segments": len(chunk.src_ids), "sources": chunk.sources, "split": s.split}
     if s.comet is not None and not s.comet.spec.needs_reference:
         result["comet_qe"] = chunk.qe
     return result
@@ -457,13 +477,13 @@ def split_lines(s: Session, lines: list[str]
     lines in order, and the sampling stream of each (nmt.inference.segment.sample_stream:
     piece 0 of line i is i); split=none without markup: None, the lines, 0..n-1."""
     cfg, tok = s.cfg, s.translator.src_tok
-    if cfg.split == "none" and cfg.markup == "none":
+    if s.split == "none" and cfg.markup == "none":
         return None, lines, list(range(len(lines)))
     if cfg.markup != "none":
         docs = [parse(line, cfg.markup, cfg.placeholders).cut(
-            lambda text: split_for(tok, text, cfg.split, s.splitter, s.limit)) for line in lines]
+            lambda text: split_for(tok, text, s.split, s.splitter, s.limit)) for line in lines]
     else:
-        docs = [split_for(tok, line, cfg.split, s.splitter, s.limit) for line in lines]
+        docs = [split_for(tok, line, s.split, s.splitter, s.limit) for line in lines]
     return (docs, [piece for doc in docs for piece in doc.pieces],
             [sample_stream(i, k) for i, doc in enumerate(docs) for k in range(len(doc.pieces))])
 
@@ -603,8 +623,9 @@ def report(result: dict, refs: list[list[str]] | None, cfg: TranslateConfig,
     if not cfg.quiet:
         n_tok = sum(len(hyps[0].tokens) for hyps in result["nbest"])
         pieces = result["segments"]  # split: the rate counts what was decoded, not lines
-        done, rate = ((f"{n} lines", f"{n / seconds:.1f} sentences/s") if cfg.split == "none"
-                      else (f"{n} lines ({pieces} pieces, split={cfg.split})",
+        split = result["split"]
+        done, rate = ((f"{n} lines", f"{n / seconds:.1f} sentences/s") if split == "none"
+                      else (f"{n} lines ({pieces} pieces, split={split})",
                             f"{pieces / seconds:.1f} pieces/s"))
         log(f"translated {done} in {seconds:.1f} s ({rate}, {n_tok / seconds:.0f} tokens/s; "
             f"{search_summary(cfg)}, {cfg.search.dtype})")

@@ -23,6 +23,7 @@ from itertools import pairwise
 from nmt.errors import ConfigError
 
 MODES = ("none", "sentence", "paragraph")
+AUTO = "auto"  # nmt-translate's and nmt-serve's default: auto_mode picks one of MODES
 SPLITTER = "sentencex"  # the sentence splitter's module (docs/results.md: why this one)
 EXTRA = "pip install 'nmt[split]'"  # how to install it
 
@@ -63,6 +64,18 @@ def sentence_splitter(lang: str) -> Callable[[str], list[str]]:
     import sentencex
 
     return lambda text: list(sentencex.segment(lang, text))
+
+
+def auto_mode(lang: str, whole: bool) -> str:
+    """split=auto's mode, one rule for nmt-translate and nmt-serve: none where an option is a
+    whole segment's (`whole`: n-best lists, prefixes, constraints, alignments, given targets),
+    sentence where the source language `lang` is known and the splitter is installed, else
+    paragraph (each line a piece, cut only where longer than the model takes)."""
+    if whole:
+        return "none"
+    if lang and importlib.util.find_spec(SPLITTER) is not None:
+        return "sentence"
+    return "paragraph"
 
 
 def split_text(text: str, mode: str, sentences: Callable[[str], list[str]] | None = None,

@@ -21,7 +21,15 @@ from nmt.inference.glossary import Glossary, Term, request_entries, with_terms
 from nmt.inference.markup import Document, parse, put_back
 from nmt.inference.messages import Hypothesis, Sentence
 from nmt.inference.rerank import Chooser, mbr_comet
-from nmt.inference.segment import Segmented, rejoin, sample_stream, sentence_splitter, split_for
+from nmt.inference.segment import (
+    AUTO,
+    Segmented,
+    auto_mode,
+    rejoin,
+    sample_stream,
+    sentence_splitter,
+    split_for,
+)
 from nmt.inference.words import words
 from nmt.inference.workers import WorkerPool
 from nmt.serve import libretranslate
@@ -65,8 +73,7 @@ class Service:
         pair = recorded_pair(translator.vocab)  # a bilingual checkpoint's, from its data
         self.src_lang = cfg.src_lang or pair.src_lang  # the texts' language, if known
         self.tgt_lang = cfg.tgt_lang or pair.tgt_lang
-        self.split = cfg.split if cfg.split != "auto" else (
-            "sentence" if self.src_lang else "paragraph")
+        self.split = cfg.split if cfg.split != AUTO else auto_mode(self.src_lang, whole=False)
         self.splitter = sentence_splitter(self.src_lang) if self.src_lang else None
         entry = translator.vocab.languages
         self.libre = libretranslate.Languages.of(entry, self.src_lang, self.tgt_lang)
@@ -240,12 +247,19 @@ class Service:
             raise ApiError(413, "text", f"{pieces} {what}; this server takes at most "
                                         f"{self.cfg.max_sentences} per request (max_sentences)")
 
+    def split_of(self, req: TranslateRequest) -> str:
+        """The server's split; under split=auto (segment.auto_mode, nmt-translate's rule) none
+        for a request whose options are a whole text's (n-best lists, prefixes, constraints)."""
+        whole = ((req.nbest or self.cfg.search.nbest) > 1 or any(req.prefix or ())
+                 or any(req.constraints or ()))
+        return "none" if self.cfg.split == AUTO and whole else self.split
+
     def segment(self, req: TranslateRequest, limit: int
                 ) -> tuple[str, list[Segmented | Document]]:
         """The request's split mode and its texts cut into pieces (nmt.inference.segment: none over
         `limit` tokens, max_input less the request's language token, unless split=none), in
         the request's src_lang (a forced-token model's) or the server's."""
-        split = req.split or self.split
+        split = req.split or self.split_of(req)
         splitter = self.splitter  # the request's source language where it names one
         if self.forced and req.src_lang and req.src_lang != self.src_lang:
             splitter = sentence_splitter(req.src_lang)
