@@ -239,6 +239,32 @@ def test_comet_errors_are_one_line(tmp_path, models, tiny_data_dir, test_en):
                                    **{"mbr.candidates": 2, "mbr.utility": "comet"}))
 
 
+@pytest.mark.parametrize(("hparams", "error"), [
+    (b"- pretrained_model\n- xlm-roberta\n", "is a YAML list, not a mapping"),
+    (b"plain words\n", "is a YAML str, not a mapping"),
+    (b"layer: [mix\n", "cannot be read as YAML: "),
+    (b"layer: \x80\n", "cannot be read as YAML: "),
+])
+def test_an_hparams_yaml_that_is_no_mapping_is_one_line_naming_it(tmp_path, models, hparams,
+                                                                    error):
+    other = tmp_path / "model"
+    shutil.copytree(models["regression_metric"], other)
+    (other / "hparams.yaml").write_bytes(hparams)
+    with pytest.raises(NmtError) as e:
+        load_comet(str(other))
+    assert str(e.value).startswith(f"{other / 'hparams.yaml'}: {error}")
+    assert "\n" not in str(e.value)
+
+
+def test_a_checkpoint_whose_hyper_parameters_are_no_mapping_is_one_line(tmp_path, models):
+    other = tmp_path / "model"
+    shutil.copytree(models["regression_metric"], other)
+    path = other / "checkpoints" / "model.ckpt"
+    torch.save({**torch.load(path, weights_only=True), "hyper_parameters": ["layer"]}, path)
+    with pytest.raises(NmtError, match=f"^{path}: its hyper_parameters are not a mapping$"):
+        load_comet(str(other))
+
+
 def train_cfg(data: Path, run_dir: Path, *overrides: str) -> TrainConfig:
     """A tiny nmt-train config."""
     tiny = ["model.N=1", "model.d_model=16", "model.d_ff=32", "model.h=2", "train.device=cpu",

@@ -287,8 +287,6 @@ def encoder_dir(model_dir: Path, pretrained: str) -> Path:
 
 def read_model_dir(model_dir: str | Path) -> tuple[CometSpec, dict]:
     """A COMET model directory's spec and state_dict; one-line errors for what is missing."""
-    import yaml
-
     root = Path(model_dir)
     ckpt_path, hparams_path = root / "checkpoints" / "model.ckpt", root / "hparams.yaml"
     for path in (hparams_path, ckpt_path):
@@ -296,19 +294,36 @@ def read_model_dir(model_dir: str | Path) -> tuple[CometSpec, dict]:
             raise NmtError(f"{root}: no {path.relative_to(root)}: give a COMET model directory "
                            "(e.g. huggingface-cli download Unbabel/wmt22-comet-da --local-dir "
                            "DIR; docs/commands.md)")
+    yaml_hp = _read_hparams(hparams_path)
     try:
-        yaml_hp = yaml.safe_load(hparams_path.read_text()) or {}
         ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
     except Exception as e:  # a damaged file or one that needs code to load
         raise NmtError(f"{ckpt_path}: cannot be read as a COMET checkpoint: "
                        f"{first_line(e)}") from None
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
         raise NmtError(f"{ckpt_path}: no state_dict: not a COMET (Lightning) checkpoint")
+    if not isinstance(ckpt.get("hyper_parameters") or {}, dict):
+        raise NmtError(f"{ckpt_path}: its hyper_parameters are not a mapping")
     hparams = {**yaml_hp, **(ckpt.get("hyper_parameters") or {})}
     hparams["class_identifier"] = yaml_hp.get("class_identifier",
                                               hparams.get("class_identifier"))
     patched = yaml_hp.get("layer_transformation") == "sparsemax_patch"
     return read_spec(root, hparams, patched), ckpt["state_dict"]
+
+
+def _read_hparams(path: Path) -> dict:
+    """hparams.yaml: a mapping of hyper-parameters ({} where the file is empty); a one-line
+    error naming the file where it is not YAML or not a mapping."""
+    import yaml
+
+    try:
+        hparams = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, ValueError, yaml.YAMLError) as e:  # UnicodeDecodeError is a ValueError
+        raise NmtError(f"{path}: cannot be read as YAML: {first_line(e)}") from None
+    if not isinstance(hparams, dict):
+        raise NmtError(f"{path}: is a YAML {type(hparams).__name__}, not a mapping of "
+                       "hyper-parameters: not a COMET model's hparams.yaml")
+    return hparams
 
 
 def _renamed(state: dict) -> dict:
