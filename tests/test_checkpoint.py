@@ -1,6 +1,7 @@
 """Training checkpoints: atomic writes, keep-last, resume checks."""
 
 import os
+import warnings
 
 import pytest
 import torch
@@ -118,3 +119,17 @@ def test_a_format_1_checkpoint_is_converted_and_a_newer_one_refused(tmp_path):
     torch.save(state(7, format=99), tmp_path / "future.pt")
     with pytest.raises(NmtError, match=r"future\.pt: checkpoint format 99 is newer"):
         load_checkpoint(tmp_path / "future.pt")
+
+
+def test_every_garbage_file_is_one_line_naming_it(tmp_path):
+    """Whatever its first byte: torch's weights-only unpickler raised IndexError or KeyError
+    for 21 of them, which load_checkpoint let through as a traceback."""
+    junk = b"not a checkpoint \x00\x01\x02\xff" * 4
+    path = tmp_path / "garbage.pt"
+    for first in range(256):
+        path.write_bytes(bytes([first]) + junk)
+        with warnings.catch_warnings(record=True) as warned, pytest.raises(NmtError) as e:
+            warnings.simplefilter("always")
+            load_checkpoint(path)
+        assert str(e.value).startswith(f"{path}: not a readable nmt checkpoint (")
+        assert "\n" not in str(e.value) and not warned, first  # nothing else on stderr

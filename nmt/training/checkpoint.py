@@ -18,8 +18,7 @@ nonfinite. There is no RNG state: every micro-batch reseeds dropout from its pla
 
 from __future__ import annotations
 
-import pickle
-import zipfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -45,10 +44,12 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if not path.is_file():
         raise NmtError(f"{path}: checkpoint not found")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, OSError,
-            ValueError, AttributeError, TypeError) as e:
-        raise NmtError(f"{path}: not a readable nmt checkpoint ({first_line(e, 120)})") from None
+        with warnings.catch_warnings():  # a garbage first byte 0x80 reads as a pickle protocol
+            warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
+            state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - the unpickler fails on garbage in many ways
+        raise NmtError(f"{path}: not a readable nmt checkpoint ({type(e).__name__}: "
+                       f"{first_line(e, 120)})") from None
     if not isinstance(state, dict) or not {"model", "model_cfg", "vocab"} <= state.keys():
         raise NmtError(f"{path}: not an nmt checkpoint (model, model_cfg or vocab missing)")
     version = state.get("format", 1)
