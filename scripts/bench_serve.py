@@ -74,11 +74,12 @@ def run_translate(args, lines: list[str]) -> tuple[float, float, list[str]]:
         done = subprocess.run([str(BIN / "nmt-translate"), f"checkpoint={args.checkpoint}",
                                f"input={src}", f"output={out}", *args.search],
                               capture_output=True, text=True, check=True)
-        found = re.search(r"translated (\d+) lines in [\d.]+ s \(([\d.]+) sentences/s",
-                          done.stderr)
+        # "translated N lines in S s (...", or "translated N lines (P pieces, split=...) in S s"
+        found = re.search(r"translated (\d+) lines (?:\([^)]*\) )?in ([\d.]+) s", done.stderr)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-        return float(found.group(2)), cpu, out.read_text(encoding="utf-8").splitlines()
+        rate = int(found.group(1)) / max(float(found.group(2)), 1e-9)  # lines (texts) a second
+        return rate, cpu, out.read_text(encoding="utf-8").splitlines()
 
 
 def search_config(overrides: list[str]) -> SearchConfig:
