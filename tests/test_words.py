@@ -14,11 +14,12 @@ from translate_helpers import lines_of, random_sources, save_tiny_checkpoint, se
 from translate_helpers import translate_config as config
 
 from nmt.commands.translate import translate
-from nmt.data.tokenizer import BOS_ID, EOS_ID, SPECIALS
+from nmt.data.tokenizer import BOS_ID, EOS_ID, SPACE, SPECIALS, Tokenizer
 from nmt.errors import ConfigError
 from nmt.inference.batches import decoding_models, translate_nbest
 from nmt.inference.translator import Translator
-from nmt.inference.words import parse_words, word_probs, word_spans
+from nmt.inference.words import format_words, parse_words, word_probs, word_spans
+from nmt.inference.words import words as words_of
 
 V = 24
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -90,6 +91,25 @@ def test_a_word_is_what_the_space_mark_starts_and_combines_its_pieces():
     assert product[4] == pytest.approx(math.exp(-1.3)) and low[4] == pytest.approx(
         math.exp(-0.7))
     assert word_spans([]) == [] and parse_words("a|b|0.5000 c|1.0000")[0].text == "a|b"
+
+
+@pytest.mark.parametrize("where", ["start", "inside", "end", "after a space mark"])
+def test_words_are_the_translations_tokens_and_read_back_with_an_unknown_piece(tiny_data_dir,
+                                                                                where):
+    """An unknown piece decodes to " \u2047 ": it made words with spaces ("file \u2047"), and
+    a space mark alone an empty word, which parse_words could not read back."""
+    tok = Tokenizer((tiny_data_dir / "spm.model").read_bytes())
+    ids, unk, space = tok.encode(["open the file"])[0], tok.sp.unk_id(), tok.sp.piece_to_id(SPACE)
+    ids = {"start": [unk] + ids, "inside": ids[:2] + [unk] + ids[2:], "end": ids + [unk, space],
+           "after a space mark": [space, unk] + ids}[where]
+    found = words_of(ids, [-0.1 * (i + 1) for i in range(len(ids))], tok, "product")
+    assert [w.text for w in found] == tok.decode([ids])[0].split()
+    assert "\u2047" in [w.text for w in found]
+    back = parse_words(format_words(found))
+    assert [w.text for w in back] == [w.text for w in found]
+    assert [w.prob for w in back] == pytest.approx([w.prob for w in found], abs=6e-5)
+    assert math.prod(w.prob for w in found) == pytest.approx(math.exp(-0.1 * sum(
+        range(1, len(ids) + 1))))  # every piece counted once
 
 
 @pytest.fixture(scope="module")

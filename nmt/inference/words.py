@@ -4,11 +4,15 @@ nmt-serve's "word_scores"; no torch).
 
 A word is what SentencePiece's space mark (U+2581) starts: a piece that begins with it starts
 a word, and every other piece (the rest of a word, punctuation written without a space before
-it, a byte piece) belongs to the word before it. So the words are the translation's
+it, a byte piece) belongs to the word before it; an unknown piece, which decodes to " ⁇ ",
+is a word of its own (and the piece after it starts one). So the words are the translation's
 space-separated tokens: in `Öffnen Sie die Datei.`, `Datei.` is one word, `▁Datei` and `.`
-together. Its probability combines its pieces' log P: `product` (default) is exp of their
-sum, the probability the model gave the whole word; `min` is the lowest piece's probability,
-the word's weakest point.
+together. A word is never blank: a space mark alone (which decodes to nothing) belongs to the
+word after it (at the end, the word before it), and a word holds no whitespace (a byte piece's
+is left out), so nmt-translate's column of `word|probability` tokens reads back (parse_words).
+Its probability combines its pieces' log P: `product` (default) is exp of their sum, the
+probability the model gave the whole word; `min` is the lowest piece's probability, the word's
+weakest point.
 """
 
 from __future__ import annotations
@@ -24,17 +28,37 @@ COMBINES = {"product": sum, "min": min}  # word_combine: how a word's pieces' lo
 class Word:
     """A word of a translation and its probability."""
 
-    text: str  # the word, detokenized (no spaces)
+    text: str  # the word, detokenized: never empty, no whitespace
     prob: float  # its probability: its pieces' combined (COMBINES)
 
 
-def word_spans(pieces: list[str]) -> list[range]:
-    """The positions of each word's pieces: a word starts at the first piece and at every
-    piece that starts with the space mark."""
-    starts = [i for i, piece in enumerate(pieces) if i == 0 or piece.startswith(SPACE)]
+def word_spans(pieces: list[str], unknown: list[bool] | None = None) -> list[range]:
+    """The positions of each word's pieces: a word starts at the first piece, at every piece
+    that starts with the space mark, and at each unknown piece (unknown[i]) and the one after
+    it."""
+    unknown = unknown or [False] * len(pieces)
+    starts = [i for i, piece in enumerate(pieces) if i == 0 or piece.startswith(SPACE)
+              or unknown[i] or unknown[i - 1]]
     if not starts:  # no output
         return []
     return [range(a, b) for a, b in zip(starts, starts[1:] + [len(pieces)], strict=True)]
+
+
+def _without_blanks(spans: list[range], texts: list[str]) -> tuple[list[range], list[str]]:
+    """The words' spans and texts (decoded) with no blank word and no whitespace inside one:
+    a blank word's pieces join the next word (the last blank ones, the word before them)."""
+    out_spans, out_texts, start = [], [], None
+    for span, text in zip(spans, texts, strict=True):
+        token = "".join(text.split())
+        if not token:
+            start = span.start if start is None else start
+            continue
+        out_spans.append(range(span.start if start is None else start, span.stop))
+        out_texts.append(token)
+        start = None
+    if start is not None and out_spans:
+        out_spans[-1] = range(out_spans[-1].start, spans[-1].stop)
+    return out_spans, out_texts
 
 
 def word_probs(token_logprobs: list[float], spans: list[range], combine: str) -> list[float]:
@@ -47,9 +71,10 @@ def words(tokens: list[int], token_logprobs: list[float], tokenizer,
           combine: str = "product") -> list[Word]:
     """The words of an output (ids without BOS/EOS) and their probabilities; tokenizer: the
     target's nmt.data.tokenizer.Tokenizer (its pieces and decode)."""
-    spans = word_spans(tokenizer.pieces(tokens))
-    texts = tokenizer.decode([tokens[span.start:span.stop] for span in spans])
-    return [Word(text.strip(), prob) for text, prob in zip(
+    spans = word_spans(tokenizer.pieces(tokens), [tokenizer.sp.is_unknown(t) for t in tokens])
+    spans, texts = _without_blanks(spans, tokenizer.decode([tokens[s.start:s.stop]
+                                                           for s in spans]))
+    return [Word(text, prob) for text, prob in zip(
         texts, word_probs(token_logprobs, spans, combine), strict=True)]
 
 
