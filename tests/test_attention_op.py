@@ -1,14 +1,19 @@
 """nmt.inference.attention_op: the fused one-query attention operator equals its PyTorch
 reference (random shapes, ragged lengths, beam parents, fp32 and bf16), decoding through it
 equals decoding through batched products, a beam's reorder copies no keys, and without a C++
-compiler nmt says so in one line and decodes as before. Marked isa: tests/test_isa.py runs
-them again under AVX2 dispatch, which builds and tests the AVX2 object."""
+compiler nmt says so in one line and decodes as before. The build: its folder is keyed by what
+the object is built from; a killed build blocks no later run, two first runs share one build,
+and a wait on a live builder is bounded. Marked isa: tests/test_isa.py runs them again under
+AVX2 dispatch, which builds and tests the AVX2 object."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +29,10 @@ from nmt.inference.fast_model import DTYPES, FastModel, TableKVCache, packing_wo
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.isa]
 
 V = 24
+# The build's lock does not depend on the instruction set: tests/test_isa.py's tier skips it.
+UNCAPPED = pytest.mark.skipif(bool(os.environ.get("ATEN_CPU_CAPABILITY")),
+                              reason="the build's lock is the same under every ISA")
+AVAILABLE = "from nmt.inference import attention_op; print(attention_op.available())"
 
 
 @pytest.fixture(scope="module")
@@ -188,3 +197,102 @@ def test_without_a_compiler_nmt_says_so_in_one_line_and_decodes_as_before(tmp_pa
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "fused attention operator is not available (no C++ compiler" \
         in lines[0]
+
+
+def test_another_source_flag_or_torch_build_gives_another_build_directory(tmp_path,
+                                                                           monkeypatch):
+    """An upgrade that keeps the files' times, or another torch build of the same version,
+    never finds the old object: the folder is keyed by contents, not times or paths."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    isa = attention_op.capability()
+    here = attention_op.build_directory(isa)
+    times = attention_op.SOURCE.stat()
+    copy, edited = tmp_path / "copy.cpp", tmp_path / "edited.cpp"
+    copy.write_bytes(attention_op.SOURCE.read_bytes())
+    edited.write_bytes(attention_op.SOURCE.read_bytes() + b"// changed\n")
+    for path in (copy, edited):
+        os.utime(path, ns=(times.st_atime_ns, times.st_mtime_ns))
+    monkeypatch.setattr(attention_op, "SOURCE", copy)
+    assert attention_op.build_directory(isa) == here  # the same contents elsewhere
+    monkeypatch.setattr(attention_op, "SOURCE", edited)
+    others = [attention_op.build_directory(isa)]
+    monkeypatch.setattr(attention_op, "SOURCE", copy)
+    monkeypatch.setitem(attention_op.ISA_FLAGS, isa, [*attention_op.ISA_FLAGS[isa], "-DX"])
+    others.append(attention_op.build_directory(isa))
+    monkeypatch.setitem(attention_op.ISA_FLAGS, isa, attention_op.ISA_FLAGS[isa][:-1])
+    assert attention_op.build_directory(isa) == here
+    monkeypatch.setattr(torch.version, "git_version", "0" * 40)
+    others.append(attention_op.build_directory(isa))
+    assert len({here, *others}) == 4
+
+
+def test_an_unreadable_build_wait_is_named(monkeypatch):
+    monkeypatch.setenv("NMT_OP_BUILD_WAIT", "soon")
+    with pytest.raises(attention_op.NotBuilt, match="NMT_OP_BUILD_WAIT='soon' is not a number"):
+        attention_op._wait_bound()
+
+
+def finish(runs: list[subprocess.Popen], timeout: float) -> list[tuple[str, str]]:
+    """Each run's (stdout, stderr), all of them killed (and the test failed) past `timeout`."""
+    try:
+        return [run.communicate(timeout=timeout) for run in runs]
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"a run was still waiting after {timeout} s")
+    finally:
+        for run in runs:
+            run.kill()
+            run.wait()
+
+
+@pytest.mark.slow
+@UNCAPPED
+def test_a_killed_build_blocks_no_later_run_and_two_first_runs_share_one_build(tmp_path):
+    """A first run killed (with its compilers, as timeout, Ctrl-C or a CI limit do) once torch's
+    lock file is there: two fresh runs at once both load the operator, one build between them,
+    the stale lock named and gone (before, every later run waited on it forever)."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    first = subprocess.Popen([sys.executable, "-c", AVAILABLE], env=env, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (stale := list(tmp_path.rglob("lock"))) and time.monotonic() < deadline:
+        assert first.poll() is None, "the first run ended before its build took the lock"
+        time.sleep(0.05)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    assert len(stale) == 1 and stale[0].exists()
+    runs = [subprocess.Popen([sys.executable, "-c", AVAILABLE], env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    outputs = finish(runs, timeout=400)  # a build is about 40 s on 2 busy cores
+    assert [out.split() for out, _ in outputs] == [["True"], ["True"]], outputs
+    lines = [line for _, err in outputs for line in err.splitlines()]
+    assert all(line.startswith("nmt: ") for line in lines), lines
+    assert sum("building the fused attention operator" in line for line in lines) == 1, lines
+    assert sum(f"removed the stale lock {stale[0]}" in line for line in lines) == 1, lines
+    library = f"nmt_one_query_attention_{attention_op.capability().lower()}.so"
+    assert sorted(p.name for p in stale[0].parents[1].iterdir()) == ["nmt.lock", library]
+
+
+@pytest.mark.slow
+@UNCAPPED
+def test_a_wait_on_a_live_builder_is_bounded_and_names_its_lock(tmp_path, monkeypatch):
+    """A builder that holds the lock past NMT_OP_BUILD_WAIT: the run goes without the operator
+    after that bound, one line naming the lock, and leaves the builder's folder alone."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    directory = attention_op.build_directory(attention_op.capability())
+    (directory / "build-live").mkdir(parents=True)
+    for lock in (directory / "lock", directory / "build-live" / "lock"):  # torch's, then and now
+        lock.touch()
+    env = {**os.environ, "NMT_OP_BUILD_WAIT": "1"}
+    with open(directory / attention_op.LOCK, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        run = subprocess.Popen([sys.executable, "-c", AVAILABLE], env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        [(out, err)] = finish([run], timeout=120)
+    assert run.returncode == 0 and out.split() == ["False"], err
+    lock = directory / attention_op.LOCK
+    assert err.splitlines() == [
+        f"nmt: waiting (at most 1 s) for another process's build of the fused attention "
+        f"operator (lock {lock})",
+        f"nmt: the fused attention operator is not available (another process held its build "
+        f"lock {lock} for over 1 s); decoding uses batched matrix products"]
+    assert (directory / "build-live" / "lock").exists()

@@ -15,19 +15,33 @@ The operator is C++ with ATen's vector types (one_query_attention.cpp), register
 torch.library. ATen picks the vector width at compile time, so it is built once per
 instruction set (AVX2, AVX-512) and the object that torch.backends.cpu.get_cpu_capability()
 names is loaded (never -march=native: the cache may move to another CPU of the same kind).
-torch.utils.cpp_extension.load builds it on first use into build_directory(ISA) under
-$XDG_CACHE_HOME (~/.cache by default), one build per torch version, instruction set and
-source. Without a C++ compiler, or where the build fails, `available()` is
-False, one line says so, and FastModel decodes with batched products as before.
+torch.utils.cpp_extension.load builds it on first use (one line on stderr says so and where)
+into build_directory(ISA) under $XDG_CACHE_HOME (~/.cache by default), a folder keyed by a hash
+of everything that makes an object foreign (build_key): a changed source or flag, another torch
+build or another Python never loads a stale object, whatever the files' times.
+
+A build runs in a fresh folder under nmt's own lock and its object is renamed into place, so
+the object there is always whole. The lock is an flock, which the kernel drops when its holder
+dies (timeout, Ctrl-C, the OOM killer): a killed build blocks no later run, which clears what it
+left (one line names its lock). Two first runs at once: one builds, the other waits, at most
+NMT_OP_BUILD_WAIT seconds (300 by default), then loads its object or, past the bound, goes
+without it. Without a C++ compiler, or where the build fails, `available()` is False, one line
+says so, and FastModel decodes with batched products as before.
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
+import hashlib
 import os
+import platform
 import shutil
 import sys
+import tempfile
+import time
 from pathlib import Path
+from typing import IO
 
 import torch
 from torch import Tensor
@@ -41,6 +55,13 @@ ISA_FLAGS = {
     "AVX2": ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
     "DEFAULT": ["-DCPU_CAPABILITY=DEFAULT"],
 }
+LDFLAGS = ["-fopenmp"]
+LOCK = "nmt.lock"  # nmt's build lock in the build folder (torch's own is each build's `lock`)
+WAIT_S = 300.0  # the longest wait on another process's build (NMT_OP_BUILD_WAIT overrides it)
+
+
+class NotBuilt(Exception):
+    """The operator is not loaded, for a reason that one line says (not a build's failure)."""
 
 
 def capability() -> str:
@@ -50,16 +71,39 @@ def capability() -> str:
     return isa if isa in ISA_FLAGS else "DEFAULT"
 
 
+def cflags(isa: str) -> list[str]:
+    """The compiler's flags of the object for `isa`."""
+    return ["-O3", "-fopenmp", *ISA_FLAGS[isa]]
+
+
+def build_key(isa: str) -> str:
+    """A hash of what the object for `isa` is built from and against: the source's contents, the
+    flags, this torch's build (version, git commit, CUDA / ROCm, C++ ABI, debug) and Python's
+    ABI (torch's headers and libtorch_python are linked in), and the machine's architecture (a
+    cache on a shared home). An object of other inputs is foreign: it never shares the folder."""
+    parts = [SOURCE.read_bytes(), isa, *cflags(isa), "|", *LDFLAGS, torch.__version__,
+             torch.version.git_version, torch.version.cuda, torch.version.hip,
+             torch.compiled_with_cxx11_abi(), torch.version.debug, sys.implementation.cache_tag,
+             sys.abiflags, platform.machine()]
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part if isinstance(part, bytes) else repr(part).encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]
+
+
 def build_directory(isa: str) -> Path:
-    """Where the object for `isa` is built and cached: per torch version and instruction set."""
+    """Where the object for `isa` is built and cached: per torch version, instruction set and
+    build_key."""
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return root / "nmt" / "ops" / f"torch-{torch.__version__}" / isa
+    return root / "nmt" / "ops" / f"torch-{torch.__version__}" / f"{isa}-{build_key(isa)}"
 
 
 @functools.cache
 def available() -> bool:
     """Whether nmt::one_query_attention is loaded in this process (built first if need be).
-    False, with one line on stderr, where no C++ compiler exists or the build fails."""
+    False, with one line on stderr, where no C++ compiler exists, the build fails or another
+    process's build holds the lock past NMT_OP_BUILD_WAIT."""
     if hasattr(torch.ops.nmt, "one_query_attention"):
         return True
     compiler = os.environ.get("CXX", "c++")
@@ -68,6 +112,8 @@ def available() -> bool:
     isa = capability()
     try:
         _build(isa)
+    except NotBuilt as e:
+        return _unavailable(str(e))
     except Exception as e:  # noqa: BLE001 (a compiler's or ninja's failure of any kind)
         lines = str(e).splitlines() or [type(e).__name__]
         first = next((line for line in lines if "error" in line.lower()), lines[0])
@@ -76,16 +122,92 @@ def available() -> bool:
 
 
 def _build(isa: str) -> None:
-    """Build (or find built) and load the operator's object for `isa`."""
+    """Load the operator's object for `isa`, built first if need be."""
+    library = build_directory(isa) / f"nmt_one_query_attention_{isa.lower()}.so"
+    if library.exists():  # renamed into place whole
+        torch.ops.load_library(str(library))
+    else:
+        _build_once(isa, library)
+    torch.library.register_fake("nmt::one_query_attention")(_fake)
+
+
+def _build_once(isa: str, library: Path) -> None:
+    """Under nmt's lock: load `library` if another process built it meanwhile, else clear what
+    killed builds left and build it (which loads it)."""
+    library.parent.mkdir(parents=True, exist_ok=True)
+    path = library.parent / LOCK
+    with open(path, "a") as lock:  # closing it drops the lock
+        _acquire(lock, path)
+        if library.exists():
+            torch.ops.load_library(str(library))
+            return
+        _clear_killed_builds(library.parent)
+        _compile(isa, library)
+
+
+def _acquire(lock: IO[str], path: Path) -> None:
+    """Take the flock on `lock` (at `path`), waiting for a live holder at most NMT_OP_BUILD_WAIT
+    seconds (one line says so and names the lock); NotBuilt past that bound."""
+    if _try_flock(lock):
+        return
+    wait = _wait_bound()
+    print(f"nmt: waiting (at most {wait:g} s) for another process's build of the fused "
+          f"attention operator (lock {path})", file=sys.stderr)
+    deadline = time.monotonic() + wait
+    while not _try_flock(lock):
+        if time.monotonic() >= deadline:
+            raise NotBuilt(f"another process held its build lock {path} for over {wait:g} s")
+        time.sleep(0.2)
+
+
+def _try_flock(lock: IO[str]) -> bool:
+    """Whether this process took the exclusive flock on `lock` (without waiting)."""
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _wait_bound() -> float:
+    """NMT_OP_BUILD_WAIT (seconds), WAIT_S where unset; NotBuilt naming it where it is no
+    number of seconds."""
+    raw = os.environ.get("NMT_OP_BUILD_WAIT", "")
+    try:
+        wait = float(raw) if raw else WAIT_S
+    except ValueError:
+        wait = -1.0
+    if not wait >= 0:  # NaN too
+        raise NotBuilt(f"NMT_OP_BUILD_WAIT={raw!r} is not a number of seconds")
+    return wait
+
+
+def _clear_killed_builds(directory: Path) -> None:
+    """Remove the build folders in `directory`, each left by a killed build (the caller holds the
+    lock), one line naming each one's torch lock (a FileBaton that a killed build never drops)."""
+    for scratch in sorted(directory.glob("build-*")):
+        lock = scratch / "lock"
+        what = f"the stale lock {lock} and its folder" if lock.exists() else f"the folder {scratch}"
+        shutil.rmtree(scratch, ignore_errors=True)
+        print(f"nmt: removed {what}, left by a killed build of the fused attention operator",
+              file=sys.stderr)
+
+
+def _compile(isa: str, library: Path) -> None:
+    """Build and load `library` in a fresh folder beside it, one line saying so, then rename it
+    into place (whole) and remove the folder."""
     from torch.utils import cpp_extension  # imports setuptools: only when building
 
-    directory = build_directory(isa)
-    directory.mkdir(parents=True, exist_ok=True)
-    cpp_extension.load(f"nmt_one_query_attention_{isa.lower()}", [str(SOURCE)],
-                       extra_cflags=["-O3", "-fopenmp", *ISA_FLAGS[isa]],
-                       extra_ldflags=["-fopenmp"], build_directory=str(directory),
-                       is_python_module=False, verbose=False)
-    torch.library.register_fake("nmt::one_query_attention")(_fake)
+    print(f"nmt: building the fused attention operator for {isa} into {library.parent} (once, "
+          f"up to a minute)", file=sys.stderr)
+    scratch = Path(tempfile.mkdtemp(prefix="build-", dir=library.parent))
+    try:
+        cpp_extension.load(library.stem, [str(SOURCE)], extra_cflags=cflags(isa),
+                           extra_ldflags=LDFLAGS, build_directory=str(scratch),
+                           is_python_module=False, verbose=False)
+        os.replace(scratch / library.name, library)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _fake(q: Tensor, k: Tensor, v: Tensor, table: Tensor, start: Tensor, end: Tensor) -> Tensor:
