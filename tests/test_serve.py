@@ -600,6 +600,36 @@ def test_every_error_is_json_in_the_error_schema(in_process, monkeypatch):
         assert status in (404, 405) and set(body) == {"error", "field"}
 
 
+def test_health_writes_whole_limits_as_integers(page_server):
+    limits = page_server.call("GET", "/health")[2]["limits"]
+    assert {k: type(v) for k, v in limits.items()} == {
+        "max_sentences": int, "max_chars": int, "max_queued": int, "max_input_tokens": int,
+        "timeout_s": float, "max_beam_size": int, "max_len_b": int, "max_wait_ms": float,
+        "max_glossary": int}  # not 64.0
+
+
+def test_new_casings_of_a_kept_term_leave_the_servers_glossary_as_it_was(ckpt, tmp_path):
+    """Each casing a client sends is encoded for its request alone, answered or refused:
+    the shared glossary does not grow with them."""
+    keep = tmp_path / "keep.txt"
+    keep.write_text("GitHub\n")
+    srv = InProcess(ckpt, f"keep={keep}", "src_lang=en", "tgt_lang=de")
+    try:
+        shared = srv.service.glossary
+        before = dict(shared.terms)
+        casings = ["github", "GITHUB", "gItHuB"]
+        got = srv.translate([f"open {c} file" for c in casings])
+        assert all(c in t["text"] for c, t in zip(casings, got, strict=True))  # as written
+        status, _, _ = srv.call("POST", "/translate", {"text": ["open GiThUb"], "sampling": True})
+        assert status == 422  # refused after its terms were found
+        status, _, body = srv.call("POST", "/translate", {"q": "open GITHub", "source": "en",
+                                                          "target": "de"})
+        assert status == 200 and "GITHub" in body["translatedText"]
+        assert srv.service.glossary is shared and shared.terms == before
+    finally:
+        srv.stop()
+
+
 @pytest.fixture(scope="module")
 def page_server(ckpt):
     """One in-process server for the tests that leave it as it is."""

@@ -156,14 +156,15 @@ class Glossary:
 
     def term(self, found: str) -> Term | None:
         """The Term of a source term as a text has it (None if no entry has its lower-case
-        form: re's case-insensitive match is wider than str.lower in rare scripts)."""
+        form: re's case-insensitive match is wider than str.lower in rare scripts). A kept
+        term in another case than the keep list's is encoded for this text alone: a shared
+        glossary (a server's) does not grow with every casing its clients send."""
         entry = self.entries.get(found.lower())
         if entry is None:
             return None
         text = entry.target or found  # a kept term: as the source writes it
-        if text not in self.terms:  # a kept term in another case than the keep list's
-            self.terms[text] = self._term(text, self.tok.encode([text])[0], keep=True)
-        return self.terms[text]
+        known = self.terms.get(text)
+        return known or self._term(text, self.tok.encode([text])[0], keep=True)
 
     @staticmethod
     def restore(text: str, terms: list[Term]) -> str:

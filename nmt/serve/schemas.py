@@ -269,7 +269,7 @@ class HealthResponse(BaseModel):
     checkpoint: str = Field(description="The checkpoint being served.")
     device: str = Field(description="Where the model runs: cpu or cuda.")
     workers: int = Field(description="Batches decoded at once (processes or a thread).")
-    limits: dict[str, float] = Field(description=(
+    limits: dict[str, int | float] = Field(description=(
         "The server's limits: max_sentences, max_chars, max_queued, max_input_tokens, "
         "timeout_s, max_beam_size, max_len_b, max_wait_ms, max_glossary (a request's "
         "glossary and keep entries)."))
