@@ -5,13 +5,17 @@ real libretranslatepy client and curl against an nmt-serve process on the loopba
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import html
 import importlib.util
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 from urllib.error import HTTPError
@@ -23,7 +27,9 @@ from translate_helpers import save_tiny_checkpoint
 pytest.importorskip("fastapi")
 from test_serve import InProcess, Server  # noqa: E402
 
+from nmt.errors import NmtError  # noqa: E402
 from nmt.serve import libretranslate  # noqa: E402
+from nmt.serve.api_keys import ApiKeys  # noqa: E402
 from nmt.serve.libretranslate import translate_html, translate_plain  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -375,6 +381,90 @@ def test_without_api_keys_every_request_is_let_in(libre):
                 api_key="anything")[0] == 200
 
 
+@pytest.fixture(scope="module")
+def keyed(ckpt, tmp_path_factory):
+    """An in-process server that needs the key alpha."""
+    keys = tmp_path_factory.mktemp("keys") / "keys.txt"
+    keys.write_text("alpha\n")
+    srv = InProcess(ckpt, "src_lang=en", "tgt_lang=de", f"api_keys={keys}")
+    yield srv
+    srv.stop()
+
+
+def test_a_wrong_key_is_refused_before_the_body_is_read(keyed):
+    """nmt's own API: 403, not the 422 or 400 of a body the key does not let in."""
+    for body in ({"text": 5}, b'{"text": [', {"text": ["Open it."]}):
+        for headers in ({}, {"Authorization": "Bearer beta"}):
+            status, _, answer = keyed.call("POST", "/translate", body, headers)
+            assert (status, answer["field"]) == (403, None), (body, headers)
+            assert "Authorization: Bearer KEY" in answer["error"]
+    status, _, answer = keyed.call("POST", "/translate", {"text": 5},
+                                   {"Authorization": "Bearer alpha"})
+    assert (status, answer["field"]) == (422, "text")  # the key lets it in: the body's fault
+
+
+def test_the_npm_clients_apikey_is_a_key_too(keyed):
+    fields = {"q": "Open it.", "source": "en", "target": "de"}
+    assert keyed.call("POST", "/translate", {**fields, "apiKey": "alpha"})[0] == 200
+    assert keyed.call("POST", "/translate", {**fields, "apiKey": "beta"})[:3:2] == (
+        403, {"error": "Invalid API key"})
+    assert keyed.call("POST", "/translate", {**fields, "api_key": "alpha", "apiKey": ""})[0] == 200
+
+
+def test_fields_in_the_query_string_of_a_post_without_a_body(libre, keyed):
+    """deep-translator's request: LibreTranslate's fields in the query string, no body and no
+    Content-Type; the key there too."""
+    fields = {"q": TEXT, "source": "en", "target": "de", "format": "text"}
+    want = libre.translate([TEXT])[0]["text"]
+    for srv, key in ((libre, {}), (keyed, {"api_key": "alpha"})):
+        status, _, body = srv.call("POST", "/translate?" + urlencode({**fields, **key}), b"",
+                                   {"Content-Type": ""})
+        assert (status, body) == (200, {"translatedText": want})
+    status, _, body = keyed.call("POST", "/translate?" + urlencode({**fields, "api_key": "b"}),
+                                 b"", {"Content-Type": ""})
+    assert (status, body) == (403, {"error": "Invalid API key"})
+    status, _, body = libre.call("POST", "/translate?q=x", {"text": ["Open it."]})
+    assert status == 200 and "translations" in body  # JSON: nmt's own, by its body
+
+
+def test_languages_answers_a_post_and_405s_are_in_libretranslates_shape(libre):
+    """libretranslatepy 2.1.1 (what the translate package pins) asks POST /languages; a
+    method a LibreTranslate route lacks gets its {"error": ...}."""
+    status, body = form(libre, "/languages", api_key="")
+    assert (status, body) == (200, [{"code": "en", "name": "English", "targets": ["de"]},
+                                    {"code": "de", "name": "German", "targets": []}])
+    for path in ("/detect", "/libretranslate/translate", "/libretranslate/detect"):
+        status, _, body = libre.call("GET", path)
+        assert (status, body) == (405, {"error": "Method Not Allowed"}), path
+    status, _, body = libre.call("GET", "/libretranslate/nothing")
+    assert (status, body) == (404, {"error": "Not Found"})
+    status, _, body = libre.call("POST", "/stats")
+    assert (status, body["field"]) == (405, "path")  # nmt's own routes: nmt's shape
+
+
+def test_a_key_file_without_a_key_or_with_a_non_ascii_one_is_one_line(ckpt, tmp_path):
+    """Refused when read (at start-up: the server does not start); changed so later, said
+    once on stderr, and no request is let in until it is fixed."""
+    path = tmp_path / "keys.txt"
+    for text, fault in (("", "no key in it"), ("# keys\n\n", "no key in it"),
+                        ("alpha\n\ncl\u00e9\n", "line 3: a key must be ASCII")):
+        path.write_text(text)
+        with pytest.raises(NmtError, match=f"^api_keys={re.escape(str(path))}: {fault}"):
+            ApiKeys(str(path), print)
+    with pytest.raises(NmtError, match="line 3: a key must be ASCII"):  # nmt-serve stops
+        InProcess(ckpt, "src_lang=en", "tgt_lang=de", f"api_keys={tmp_path / 'keys.txt'}")
+    path.write_text("alpha\n")
+    said = []
+    keys = ApiKeys(str(path), said.append)
+    assert keys.valid("alpha") and not keys.valid("cl\u00e9")
+    path.write_text("alpha\ncl\u00e9\n")
+    assert not keys.valid("alpha") and not keys.valid("alpha")
+    assert said == [f"api_keys={path}: line 2: a key must be ASCII (an HTTP header cannot "
+                    f"carry other characters): no request is let in until it is fixed"]
+    path.write_text("beta\n")
+    assert keys.valid("beta") and len(said) == 1
+
+
 # ----------------------------------------------------------------------------- real clients
 @pytest.fixture(scope="module")
 def server(ckpt):
@@ -419,6 +509,164 @@ def test_curl(server):
         200, {"translatedText": [t["text"] for t in own]})
     assert curl(f"{url}/translate", "-d", "q=Quit.&source=en") == (
         400, {"error": "Invalid request: missing target parameter"})
+
+
+KEY = "k3y-Alpha-7q"  # keyed_server's only key
+LINE = "Open the file in a new window."  # one line that the language identifier finds English
+CLIENTS = Path(__file__).resolve().parents[1] / "build" / "clients"  # installed once, kept
+TRANSLATE_PACKAGE = """
+import json, sys
+import libretranslatepy
+from translate import Translator
+
+url, key, text = sys.argv[1:]
+def run(call):
+    try:
+        return call()
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+told, auto = (Translator("de", source, provider="libre", base_url=url,
+                         secret_access_key=key or None) for source in ("en", "autodetect"))
+print(json.dumps({"client": libretranslatepy.__file__,
+                  "languages": run(told.provider.api.languages),
+                  "en": run(lambda: told.translate(text)),
+                  "auto": run(lambda: auto.translate(text))}))
+"""
+NPM_CLIENT = """
+const { translate } = require("libretranslate");
+const [apiurl, apiKey, query] = process.argv.slice(1);
+async function run(source) {
+  try {
+    return (await translate({ query, source, target: "de", apiurl, apiKey })) ?? null;
+  } catch (e) {
+    return `${e.name}: ${e.message}`;
+  }
+}
+(async () => console.log(JSON.stringify({ en: await run("en"), auto: await run("auto"),
+                                          fr: await run("fr") })))();
+"""
+
+
+@pytest.fixture(scope="module")
+def keyed_server(ckpt, tmp_path_factory):
+    """An nmt-serve process that needs KEY; its access log (stdout) in the file .access_log."""
+    folder = tmp_path_factory.mktemp("keyed")
+    (folder / "keys.txt").write_text(f"{KEY}\n")
+    with open(folder / "access.log", "w") as log:
+        srv = Server(ckpt, "workers=1", "src_lang=en", "tgt_lang=de", "access_log=true",
+                     f"api_keys={folder / 'keys.txt'}", stdout=log)
+    srv.access_log = folder / "access.log"
+    yield srv
+    assert srv.stop() == 0
+
+
+def installed(name: str, command: list[str]) -> Path:
+    """build/clients/NAME, where `command` (the folder its last argument) installed a client
+    as its users install it, once (later runs reuse it); the test is skipped, with the
+    installer's last line, where its registry cannot be reached."""
+    home = CLIENTS / name
+    if home.is_dir():
+        return home
+    CLIENTS.mkdir(parents=True, exist_ok=True)
+    fresh = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=CLIENTS))  # this test's own
+    try:
+        done = subprocess.run([*command, str(fresh)], capture_output=True, text=True,
+                              timeout=600)
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+            pytest.skip(f"cannot install {name} (is its registry reachable?): {last}")
+        with contextlib.suppress(OSError):  # whole or not at all; another's may be there
+            fresh.rename(home)
+    except subprocess.TimeoutExpired:
+        pytest.skip(f"cannot install {name}: its installer did not finish in 10 minutes")
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)
+    return home
+
+
+@pytest.mark.slow
+def test_the_deep_translator_client(server, keyed_server):
+    """deep-translator's LibreTranslator at the server's root: its fields, key included, in
+    the query string of a POST without a body. It translates only (its languages are its
+    own list) and insists on a key, any key where none is needed."""
+    deep = pytest.importorskip("deep_translator")
+
+    def client(srv: Server, key: str):
+        return deep.LibreTranslator(source="en", target="de", api_key=key,
+                                    custom_url=f"http://127.0.0.1:{srv.port}/")
+
+    want = [t["text"] for t in server.translate([TEXT, LINE])]
+    assert client(server, "any").translate(TEXT) == want[0]
+    assert client(keyed_server, KEY).translate_batch([TEXT, LINE]) == want
+    with pytest.raises(deep.exceptions.AuthorizationException):
+        client(keyed_server, "wrong").translate(TEXT)
+
+
+@pytest.mark.slow
+def test_a_key_is_never_written_in_the_access_log(keyed_server):
+    """A key in the query string (deep-translator's), valid or not, by either name."""
+    requests = pytest.importorskip("requests")
+    url = f"http://127.0.0.1:{keyed_server.port}/translate"
+    statuses = [requests.post(url, params={"source": "en", name: key}, timeout=60,
+                              data={"q": LINE, "target": "de"}).status_code
+                for key in (KEY, "wr0ng-key") for name in ("api_key", "apiKey")]
+    logged = keyed_server.access_log.read_text()
+    assert KEY not in logged and "wr0ng" not in logged
+    assert '"POST /translate?source=en&api_key=*** HTTP/1.1" 200' in logged  # uvicorn's line
+    assert '"POST /translate?source=en&apiKey=*** HTTP/1.1" 403' in logged
+    assert statuses == [200, 200, 403, 403]
+
+
+@pytest.mark.slow
+def test_the_translate_packages_libre_provider(server, keyed_server):
+    """`pip install translate`, as its users install it: with libretranslatepy 2.1.1, which
+    asks POST /languages; translation, source detection (autodetect) and the languages."""
+    pytest.importorskip("py3langid")  # the server's source detection
+    home = installed("translate", [sys.executable, "-m", "pip", "install", "-q", "--retries",
+                                   "1", "--timeout", "20", "translate", "--target"])
+    want = server.translate([LINE])[0]["text"]
+    listing = [{"code": "en", "name": "English", "targets": ["de"]},
+               {"code": "de", "name": "German", "targets": []}]
+
+    def run(srv: Server, key: str) -> dict:
+        out = subprocess.run([sys.executable, "-c", TRANSLATE_PACKAGE,
+                              f"http://127.0.0.1:{srv.port}", key, LINE], check=True,
+                             capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "PYTHONPATH": str(home)}).stdout
+        found = json.loads(out)
+        assert found.pop("client").startswith(str(home))  # its own libretranslatepy
+        return found
+
+    works = {"languages": listing, "en": want, "auto": want}
+    assert run(server, "") == works
+    assert run(keyed_server, KEY) == works
+    assert run(keyed_server, "wrong") == {"languages": listing,
+                                          "en": "TranslationError: HTTP Error 403: Forbidden",
+                                          "auto": "HTTPError: HTTP Error 403: Forbidden"}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("npm") is None or shutil.which("node") is None,
+                    reason="needs node and npm")
+def test_the_npm_libretranslate_client(server, keyed_server):
+    """`npm install libretranslate`: GET /languages (to check the languages), then a JSON
+    POST /translate with apiKey; source auto detects."""
+    pytest.importorskip("py3langid")  # the server's source detection
+    home = installed("npm", ["npm", "install", "--no-audit", "--no-fund", "--fetch-retries=1",
+                             "libretranslate", "--prefix"])
+    want = server.translate([LINE])[0]["text"]
+
+    def run(srv: Server, key: str) -> dict:
+        out = subprocess.run(["node", "-e", NPM_CLIENT, f"http://127.0.0.1:{srv.port}", key,
+                              LINE], check=True, capture_output=True, text=True, timeout=120,
+                             cwd=home).stdout
+        return json.loads(out)
+
+    works = {"en": want, "auto": want, "fr": "TypeError: This language was not found/does "
+                                             "not exist."}
+    assert run(server, "") == works
+    assert run(keyed_server, KEY) == works
+    assert run(keyed_server, "wrong") == {**works, "en": None, "auto": None}  # 403s
 
 
 def test_a_debian_faq_page_translates_end_to_end_as_html(ckpt):

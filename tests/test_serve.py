@@ -445,10 +445,11 @@ def test_the_model_is_prepared_once_before_the_workers_fork(ckpt, monkeypatch, t
 class Server:
     """A real nmt-serve process on a free loopback port (port=0; the log line names it)."""
 
-    def __init__(self, ckpt: Path, *overrides: str):
+    def __init__(self, ckpt: Path, *overrides: str, stdout=subprocess.DEVNULL):
+        """stdout: where uvicorn's access log goes (with the override access_log=true)."""
         self.proc = subprocess.Popen(
             [CLI, f"checkpoint={ckpt}", "port=0", "search.max_len_b=8", "access_log=false",
-             *overrides], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+             *overrides], stdout=stdout, stderr=subprocess.PIPE, text=True,
             start_new_session=True)
         self.log: list[str] = []
         for line in self.proc.stderr:

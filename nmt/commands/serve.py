@@ -4,9 +4,11 @@ uvicorn run; SIGTERM answers the requests in flight, then exits with status 0.""
 
 from __future__ import annotations
 
+import logging
 import queue
 import signal
 import socket
+from urllib.parse import unquote_plus
 
 from fastapi import FastAPI
 
@@ -16,6 +18,7 @@ from nmt.inference.engine import check_vocab, open_translator
 from nmt.inference.messages import Batch, Failed, Sentence
 from nmt.inference.workers import WorkerPool
 from nmt.serve.app import create_app
+from nmt.serve.libretranslate import KEY_FIELDS
 from nmt.serve.service import Service, log
 from nmt.system.runtime import keep_freed_memory, pick_device, usable_cores
 from nmt.training.preemption import restore_handler
@@ -106,7 +109,29 @@ def run_until_stopped(app: FastAPI, sock: socket.socket, cfg: ServeConfig) -> No
     first (for at most timeout_s + 5 seconds)."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(
-        app, log_level=cfg.log_level, access_log=cfg.access_log,
-        timeout_graceful_shutdown=int(cfg.timeout_s) + 5))
-    server.run(sockets=[sock])
+    config = uvicorn.Config(app, log_level=cfg.log_level, access_log=cfg.access_log,
+                            timeout_graceful_shutdown=int(cfg.timeout_s) + 5)
+    logging.getLogger("uvicorn.access").addFilter(RedactKeys())  # after Config set logging up
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+class RedactKeys(logging.Filter):
+    """uvicorn's access log lines with every API key in a query string (deep-translator sends
+    LibreTranslate's api_key there) written as ***."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """The line, its path redacted (uvicorn's args: client, method, path, version,
+        status)."""
+        if isinstance(record.args, tuple) and len(record.args) == 5:
+            client, method, path, version, status = record.args
+            record.args = (client, method, redact_query(str(path)), version, status)
+        return True
+
+
+def redact_query(path: str) -> str:
+    """A request's path and query with the value of each api_key or apiKey field (its name as
+    the server decodes it: api%5Fkey too) written as ***."""
+    path, mark, query = path.partition("?")
+    fields = [f"{name}=***" if unquote_plus(name) in KEY_FIELDS and sep else f"{name}{sep}{value}"
+              for name, sep, value in (part.partition("=") for part in query.split("&"))]
+    return path + mark + "&".join(fields) if mark else path

@@ -49,7 +49,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException
 
 from nmt.serve import libretranslate
-from nmt.serve.api_keys import bearer
+from nmt.serve.api_keys import ApiKeys, bearer
 from nmt.serve.errors import ApiError
 from nmt.serve.schemas import (
     ERRORS,
@@ -116,6 +116,25 @@ class BodyLimit:
         await answer(scope, receive, send)
 
 
+class KeyFirst:
+    """ASGI middleware: with the server's api_keys, nmt's own POST /translate without a valid
+    `Authorization: Bearer KEY` gets its 403 before its body is read or checked (a wrong key
+    learns nothing of the body's faults). LibreTranslate's requests, sent elsewhere by
+    RequestKind, carry their key among their fields."""
+
+    def __init__(self, app, keys: ApiKeys):
+        self.app, self.keys = app, keys
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == (
+                "/translate") and not self.keys.valid(bearer(
+                    dict(scope["headers"]).get(b"authorization", b"").decode("latin-1"))):
+            error = ApiError(403, None, "a valid API key is needed: Authorization: Bearer KEY "
+                                        "(the server's api_keys)")
+            return await _error_response(error)(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
 def _may_be_libre_json(scope) -> bool:
     """Whether a too large request's first chunk is worth reading to tell LibreTranslate's JSON
     from nmt's: a JSON POST /translate whose client does not wait for 100 Continue (reading
@@ -159,14 +178,19 @@ async def _invalid_request(request: Request, exc: RequestValidationError) -> JSO
 
 
 async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
-    """Starlette's own errors (404, 405, a body that cannot be read) in the same JSON form."""
+    """Starlette's own errors (404, 405, a body that cannot be read) in the same JSON form, or
+    in LibreTranslate's on its routes."""
     cause = exc.__cause__
     if isinstance(cause, UnicodeDecodeError):
-        return _error_response(ApiError(400, "body", f"not valid UTF-8 (byte "
-                                                     f"0x{cause.object[cause.start]:02x} at "
-                                                     f"offset {cause.start})"))
-    field = "body" if exc.status_code == 400 else "path"
-    return _error_response(ApiError(exc.status_code, field, str(exc.detail)))
+        error = ApiError(400, "body", f"not valid UTF-8 (byte 0x{cause.object[cause.start]:02x} "
+                                      f"at offset {cause.start})")
+    else:
+        error = ApiError(exc.status_code, "body" if exc.status_code == 400 else "path",
+                         str(exc.detail))
+    if libretranslate.is_libre_request(request.scope):
+        return libretranslate.LibreError(error.status, f"Invalid request: {error}"
+                                         if error.status == 400 else str(exc.detail)).response()
+    return _error_response(error)
 
 
 async def _server_error(request: Request, exc: Exception) -> JSONResponse:
@@ -199,6 +223,7 @@ def create_app(service: Service) -> FastAPI:
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(ApiError, lambda request, exc: _error_response(exc))
     app.add_exception_handler(Exception, _server_error)
+    app.add_middleware(KeyFirst, keys=service.keys)  # inside RequestKind: nmt's requests
     # LibreTranslate's API, inside BodyLimit: its requests are bounded too
     libretranslate.install(app, service.cfg, lambda texts, **search: service.translate(
         TranslateRequest.model_validate({"text": texts, **search}, context={
@@ -210,12 +235,9 @@ def create_app(service: Service) -> FastAPI:
 
     @app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True,
               responses=ERRORS, summary="Translate sentences")
-    async def translate(req: TranslateRequest, request: Request) -> TranslateResponse:
+    async def translate(req: TranslateRequest) -> TranslateResponse:
         """Translate `text`; the translations come back in the same order, with scores. With
-        the server's api_keys, a key is needed: `Authorization: Bearer KEY`."""
-        if not service.keys.valid(bearer(request.headers.get("authorization"))):
-            raise ApiError(403, None, "a valid API key is needed: Authorization: Bearer KEY "
-                                      "(the server's api_keys)")
+        the server's api_keys, a key is needed: `Authorization: Bearer KEY` (KeyFirst)."""
         return await service.translate(req)
 
     @app.get("/health", response_model=HealthResponse, responses={503: {

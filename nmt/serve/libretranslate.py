@@ -2,11 +2,12 @@
 extensions, Nextcloud, the libretranslatepy client).
 
 POST /translate is shared by what the request is: a form (urlencoded or multipart, what
-libretranslatepy sends) or a JSON object with a "q" field is LibreTranslate's; anything else is
+libretranslatepy sends), a JSON object with a "q" field, or a request that is neither with q in
+its query string (deep-translator's POST with no body) is LibreTranslate's; anything else is
 nmt's own API (a JSON object with "text"). RequestKind, an ASGI middleware, sends the former to
 /libretranslate/translate, where LibreTranslate's API also lives as a whole (translate,
-languages, detect) for clients pointed at that prefix; GET /languages and POST /detect answer
-at the top as well.
+languages, detect) for clients pointed at that prefix; /languages (GET, or POST as
+libretranslatepy 2.1.1 asks) and POST /detect answer at the top as well.
 
 POST translate takes q (a string, or a list of strings in JSON), source and target (any two
 of a multilingual model's languages, nmt's src_lang and tgt_lang per request; for a bilingual
@@ -18,9 +19,10 @@ answers {"translatedText": ...} (a string or a list, as q), with {"detectedLangu
 {"confidence", "language"}} for source=auto and {"alternatives": [...]} when asked for (the
 rest of a text's n-best list). nmt's own fields glossary (a JSON object, or the lines of a
 glossary file: source<TAB>target) and keep (a JSON list, or one term a line) add to the
-server's glossary and keep list. The texts go through nmt's own translate (the server's split,
-limits and batches). Errors are LibreTranslate's: {"error": "..."} with 400 (a bad request, or
-over a limit), 429 (the queue is full; Retry-After) or 500 (the server cannot translate).
+server's glossary and keep list. The key is api_key (or apiKey, as the npm client names it).
+The texts go through nmt's own translate (the server's split, limits and batches). Errors are
+LibreTranslate's: {"error": "..."} with 400 (a bad request, or over a limit), 429 (the queue
+is full; Retry-After) or 500 (the server cannot translate); 404 and 405 on its routes too.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import importlib.util
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from urllib.parse import parse_qsl
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -46,6 +49,7 @@ from nmt.serve.errors import ApiError
 PREFIX = "/libretranslate"
 FORMS = ("application/x-www-form-urlencoded", "multipart/form-data")
 LANGID_EXTRA = "pip install 'nmt[langid]'"
+KEY_FIELDS = ("api_key", "apiKey")  # LibreTranslate's name of the key, and the npm client's
 NAMES = {  # LibreTranslate's names of the languages it knows best; other codes are their name
     "ar": "Arabic", "cs": "Czech", "da": "Danish", "de": "German", "el": "Greek",
     "en": "English", "es": "Spanish", "et": "Estonian", "fi": "Finnish", "fr": "French",
@@ -113,8 +117,9 @@ def libre_errors(handler):
 
 # ----------------------------------------------------------------------------- requests
 class RequestKind:
-    """ASGI middleware: POST /translate with a form, or with a JSON object holding "q", goes
-    to PREFIX/translate (LibreTranslate's); every other request goes on as it came."""
+    """ASGI middleware: POST /translate with a form, a JSON object holding "q", or (not JSON)
+    q in its query string goes to PREFIX/translate (LibreTranslate's); every other request
+    goes on as it came."""
 
     def __init__(self, app):
         self.app = app
@@ -122,26 +127,29 @@ class RequestKind:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/translate":
             return await self.app(scope, receive, send)
-        kind = media_type(dict(scope["headers"]).get(b"content-type", b"").decode("latin-1"))
-        if kind == "application/json":
+        libre = is_libre_request(scope)
+        if media_type(dict(scope["headers"]).get(b"content-type", b"").decode("latin-1")) == (
+                "application/json"):
             messages = await read_body(receive)
             receive = replay(messages, receive)
-            if is_libre_json(b"".join(m.get("body", b"") for m in messages)):
-                kind = FORMS[0]  # routed as a form is
-        if kind in FORMS:
+            libre = is_libre_json(b"".join(m.get("body", b"") for m in messages))
+        if libre:
             path = PREFIX + "/translate"
             scope = {**scope, "path": path, "raw_path": path.encode()}
         await self.app(scope, receive, send)
 
 
 def is_libre_request(scope) -> bool:
-    """Is this request LibreTranslate's by its path and headers alone: under PREFIX, POST
-    /detect, GET /languages, or a form to /translate? (A JSON one with "q" tells by its body.)"""
+    """Is this request LibreTranslate's by its path, headers and query alone: under PREFIX,
+    /detect, /languages, or to /translate a form or (not JSON) with q in its query string?
+    (A JSON one with "q" tells by its body.)"""
     path = scope.get("path", "")
     if path.startswith(PREFIX + "/") or path in ("/detect", "/languages"):
         return True
     kind = media_type(dict(scope.get("headers", [])).get(b"content-type", b"").decode("latin-1"))
-    return path == "/translate" and kind in FORMS
+    query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+    return path == "/translate" and (kind in FORMS or kind != "application/json" and any(
+        name == "q" for name, _ in query))
 
 
 def media_type(content_type: str) -> str:
@@ -390,8 +398,8 @@ def install(app: FastAPI, cfg: ServeConfig, translate: Translate, languages: Lan
     detection need (api_key), if any."""
 
     def check_key(fields: dict) -> None:
-        if not keys.valid(fields.get("api_key") if isinstance(fields.get("api_key"), str)
-                          else None):
+        key = next((fields[name] for name in KEY_FIELDS if fields.get(name)), None)
+        if not keys.valid(key if isinstance(key, str) else None):
             raise LibreError(403, "Invalid API key")
 
     @libre_errors
@@ -461,6 +469,8 @@ def install(app: FastAPI, cfg: ServeConfig, translate: Translate, languages: Lan
     for base in (PREFIX, ""):
         app.add_api_route(base + "/languages", languages_route, methods=["GET"],
                           summary=summary + "the languages", include_in_schema=not base)
+        app.add_api_route(base + "/languages", languages_route, methods=["POST"],
+                          include_in_schema=False)  # libretranslatepy 2.1.1 asks so
         app.add_api_route(base + "/detect", detect_route, methods=["POST"],
                           summary=summary + "the language of q", include_in_schema=not base)
         app.add_api_route(base + "/frontend/settings", settings_route, methods=["GET"],

@@ -77,7 +77,7 @@ class Service:
         self.splitter = sentence_splitter(self.src_lang) if self.src_lang else None
         entry = translator.vocab.languages
         self.libre = libretranslate.Languages.of(entry, self.src_lang, self.tgt_lang)
-        self.keys = ApiKeys(cfg.api_keys)  # none: every request is let in
+        self.keys = ApiKeys(cfg.api_keys, log)  # none: every request is let in
         self.glossary = Glossary.load(cfg.glossary, cfg.keep, translator.tgt_tok,
                                       translator.max_input_tokens)  # read and encoded once
         self.comet = mbr_comet(cfg.comet, translator.device)  # loaded once, at start
