@@ -138,7 +138,9 @@ def test_alternatives_are_the_rest_of_the_n_best_list(libre):
         h["text"] for h in want["nbest"][1:]]})
     status, _, body = libre.call("POST", "/translate", {"q": [TEXT], "source": "en",
                                                         "target": "de", "alternatives": 2})
-    assert status == 200 and body["alternatives"] == [[]]  # several pieces: none
+    whole = libre.translate([TEXT], nbest=3, split="none")[0]  # split=auto: kept whole
+    assert status == 200 and body == {"translatedText": [whole["text"]], "alternatives": [
+        [h["text"] for h in whole["nbest"][1:]]]}
 
 
 @pytest.mark.parametrize(("fields", "status", "error"), [

@@ -701,7 +701,8 @@ def test_a_document_is_translated_sentence_by_sentence_in_shared_batches(doc_ser
     alone = [t["text"] for t in doc_server.translate(SENTENCES, split="none")]
     before = doc_server.service.batcher.stats.batches
     sentences = doc_server.service.batcher.stats.sentences
-    (got,) = doc_server.translate([DOCUMENT], nbest=2)  # split=auto: sentence (src_lang)
+    # split=sentence: its pieces' n-best lists (split=auto keeps a text asking for one whole)
+    (got,) = doc_server.translate([DOCUMENT], nbest=2, split="sentence")
     a, b, c, d, e = alone
     assert got["text"] == f"  {a} {b}\n\n{c}  {d}\n  {e}\n"  # its own spaces and breaks
     assert [p["source"] for p in got["pieces"]] == SENTENCES
