@@ -1,32 +1,40 @@
 """Markup kept inside whole sentences (nmt/inference/markup.py, markup=html|xml): stand-in
 translators (a copy, an upper-casing, a word-order reversal, each with its exact alignment) on
 bergamot-translator's test inputs and on generated HTML; the tags' placement, nesting and
-fallback; bad markup; nmt-translate on a file; the offsets of forced-language tokens."""
+fallback; bad markup; nmt-translate on a file; the offsets of forced-language tokens; work that
+grows linearly, nesting of any depth, outputs that fill the model's positions, and nmt-serve's
+GET /health answered at once meanwhile."""
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import random
 import re
+import sys
+import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from html.parser import HTMLParser
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from translate_helpers import save_tiny_checkpoint
+from translate_helpers import save_tiny_checkpoint, tiny_model
 from translate_helpers import translate_config as config
 
 from nmt.commands.translate import translate
 from nmt.config import TranslateConfig, compose, to_object
+from nmt.data.tokenizer import SPECIALS
 from nmt.errors import ConfigError
 from nmt.inference import markup, segment
-from nmt.inference.align import sentence_alignments
+from nmt.inference.align import align, sentence_alignments
 from nmt.inference.capabilities import ENGINES
 from nmt.inference.markup import Aligned, parse, put_back, restore
 from nmt.inference.segment import split_text
+from nmt.inference.translator import Translator
 
 DATA = Path(__file__).parent / "data"
 BERGAMOT = json.loads((DATA / "bergamot_html_inputs.json").read_text())["inputs"]
@@ -282,7 +290,7 @@ def test_forced_language_tokens_are_left_out_of_the_links():
         return {"encoder_decoder": weights}
 
     engine = SimpleNamespace(capabilities=ENGINES["nmt"], decoder_layers=1, src_tok=Tok(),
-                             tgt_tok=Tok(), attention=attention)
+                             tgt_tok=Tok(), attention=attention, max_input_tokens=15)
     (found,) = sentence_alignments(engine, ["a b c"], [[9, 0, 1, 2]], [[0, 1, 2]],
                                    source_tokens=1, prefix=(8,))
     assert found.target == "a b c" and found.links == [(0, 0), (1, 1), (2, 2)]
@@ -304,3 +312,129 @@ def test_tag_soup_never_ends_in_a_traceback_and_a_copy_gives_it_back():
             run([text], stand_in, "xml", placeholders=True)
         assert html.unescape(run([text], copy)[0][0]) == html.unescape(text)
         assert run([text], copy, "xml", placeholders=True)[0] == [text]
+
+
+# ----------------------------------------------------------------------------- size and depth
+def nested(n: int) -> str:
+    """A sentence with n nested pairs of tags around two of its words."""
+    return "say " + "<b>" * n + "open file" + "</b>" * n + " now"
+
+
+def lines_run(call, budget: int) -> int:
+    """How many lines of markup.py `call` runs (sys.settrace's line events: a count of its
+    work, the same on every machine); past `budget` it is stopped with an AssertionError."""
+    count = 0
+
+    def local(frame, event, arg):
+        nonlocal count
+        count += event == "line"
+        if count > budget:
+            raise AssertionError(f"markup.py ran more than {budget} lines")
+        return local
+
+    sys.settrace(lambda frame, event, arg: local if frame.f_code.co_filename == markup.__file__
+                 else None)
+    try:
+        call()
+    finally:
+        sys.settrace(None)
+    return count
+
+
+def test_the_work_on_a_text_grows_linearly_with_its_sentences_and_tags():
+    """Parsing, cutting and restoring n one-word sentences each inside a pair of tags (which
+    stay between the sentences): x5 the input, at most x6 the lines run."""
+    def cost(n: int, budget: int) -> int:
+        return lines_run(lambda: run(["<b>Go.</b> " * n], reverse, "xml"), budget)
+    small = cost(800, 800 * 400)
+    assert cost(4000, 6 * small) <= 6 * small
+
+
+def test_deeply_nested_tags_go_back_without_a_recursion_limit():
+    for n in (1000, 10000):
+        assert run([nested(n)], copy, "xml") == ([nested(n)], [])
+    for stand_in, kind in ((upper, "html"), (reverse, "xml")):
+        (out,), unplaced = run([nested(1000)], stand_in, kind)
+        assert out.count("<b>") == out.count("</b>") == 1000 and well_formed(out)
+        assert not unplaced and TAG.sub("", out).split() == TAG.sub("", stand_in(
+            markup.Sentence(TAG.sub("", nested(1000)))).target).split()
+
+
+@pytest.fixture(scope="module")
+def short_ckpt(tiny_data_dir, tmp_path_factory) -> Path:
+    """A model of 16 positions: sources cut to 15 tokens, outputs of at most 16."""
+    path = tmp_path_factory.mktemp("short") / "checkpoint.pt"
+    return save_tiny_checkpoint(path, (tiny_data_dir / "spm.model").read_bytes(),
+                                max_positions=16)
+
+
+def test_an_output_as_long_as_the_positions_allow_is_aligned_whole():
+    """A 16-position model's output of 16 pieces (it ended there, without EOS): BOS and its
+    16 pieces would take 17 positions. Every piece is linked, the first 15 as those of a
+    15-piece output (the decoder's rows before the last do not see the last piece)."""
+    tr = Translator([tiny_model(40, max_positions=16)], SPECIALS, dtype=None)
+    src, out = list(range(4, 19)), list(range(20, 36))  # 15 tokens (the most it takes), 16
+    (whole,), (short,) = align(tr, [src], [out]), align(tr, [src], [out[:15]])
+    assert [t for _, t in whole] == list(range(16)) and whole[:15] == short
+
+
+def test_nmt_translate_markup_with_deep_nesting_and_outputs_that_fill_the_positions(
+        short_ckpt, tmp_path):
+    """A thousand nested tags; a long line whose every piece's output takes all 16 positions
+    (the default max_len_b): no traceback, the tags back, well-formed."""
+    lines = [nested(1000), "<p>" + " ".join(["open the <b>file</b> now"] * 30) + "</p>"]
+    src = tmp_path / "in.html"
+    src.write_text("\n".join(lines) + "\n")
+    cfg = config(checkpoint=short_ckpt, input=src, output=tmp_path / "out.html", workers=1,
+                 markup="html", split="paragraph")
+    cfg = dataclasses.replace(cfg, search=dataclasses.replace(cfg.search, max_len_b=50))
+    result = translate(cfg)
+    hyps = [h for (h,) in result["nbest"]]
+    assert sum(len(h.tokens) for h in hyps) == 16 * result["segments"] > 16 * 2
+    for line, out in zip(lines, result["hypotheses"], strict=True):
+        assert Counter(TAG.findall(out)) == Counter(TAG.findall(line)) and well_formed(out)
+
+
+def health_latency(srv) -> float:
+    """Seconds GET /health takes to answer (on a new connection)."""
+    start = time.perf_counter()
+    status, _, _ = srv.call("GET", "/health")
+    assert status == 200
+    return time.perf_counter() - start
+
+
+@pytest.mark.slow
+def test_nmt_serve_answers_health_at_once_while_markup_is_cut_and_put_back(short_ckpt):
+    """A real nmt-serve (the 16-position model): the largest markup request it takes (64
+    sentences, 20,000 characters, 5,000 tags), one of 1,818 sentences (refused), a thousand
+    nested tags (nmt's API and LibreTranslate's) and a long line whose pieces' outputs fill the
+    positions, all at once, while GET /health is asked again and again."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip(segment.SPLITTER)
+    from test_serve import Server
+
+    largest = " ".join(["Open the file." + "<b></b>" * 43] * 64)[:20000]
+    long_line = "<p>" + " ".join(["open the <b>file</b> now"] * 30) + "</p>"
+    asked = [({"text": [largest], "markup": "xml"}, 200),
+             ({"text": ["<b>Go.</b> " * 1818], "markup": "xml"}, 413),
+             ({"text": [nested(1000)], "markup": "xml"}, 200),
+             ({"q": nested(1000), "source": "en", "target": "de", "format": "html"}, 200),
+             ({"text": [long_line], "markup": "html", "max_len_b": 50}, 200)]
+    srv = Server(short_ckpt, "src_lang=en", "tgt_lang=de", "max_chars=20000",
+                 "max_sentences=64")
+    try:
+        with ThreadPoolExecutor(len(asked)) as pool:
+            futures = [pool.submit(srv.call, "POST", "/translate", body) for body, _ in asked]
+            latencies = [health_latency(srv)]
+            while not all(f.done() for f in futures):
+                latencies.append(health_latency(srv))
+            answers = [f.result() for f in futures]
+    finally:
+        assert srv.stop() == 0
+    assert [status for status, _, _ in answers] == [want for _, want in asked], answers
+    assert max(latencies) < 1.0 and len(latencies) >= 3, latencies  # 0.1 s and less: usual
+    texts = [answers[0][2]["translations"][0]["text"], answers[2][2]["translations"][0]["text"],
+             answers[3][2]["translatedText"], answers[4][2]["translations"][0]["text"]]
+    for text, source in zip(texts, [largest, nested(1000), nested(1000), long_line],
+                            strict=True):
+        assert Counter(TAG.findall(text)) == Counter(TAG.findall(source)) and well_formed(text)

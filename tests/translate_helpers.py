@@ -23,10 +23,12 @@ from nmt.training.checkpoint import save_checkpoint
 
 
 @cache
-def tiny_model_cfg(N: int = 1, d_model: int = 32, d_ff: int = 64, h: int = 4) -> ModelConfig:
+def tiny_model_cfg(N: int = 1, d_model: int = 32, d_ff: int = 64, h: int = 4,
+                   max_positions: int = 1024) -> ModelConfig:
     """The small model's config with tiny sizes, composed as the CLI would."""
     cfg = compose("train", ["+model=small", "data_dir=x", "run_dir=y", f"model.N={N}",
-                            f"model.d_model={d_model}", f"model.d_ff={d_ff}", f"model.h={h}"])
+                            f"model.d_model={d_model}", f"model.d_ff={d_ff}", f"model.h={h}",
+                            f"model.max_positions={max_positions}"])
     return to_object(cfg, TrainConfig).model
 
 

@@ -1,6 +1,7 @@
 """Markup kept inside whole sentences (markup=html|xml): the tags taken out, the sentences
 translated whole, each tag put back around the target words aligned to its source words, as
-bergamot-translator does (Firefox's translator).
+bergamot-translator does (Firefox's translator). The work grows about linearly with the text
+(a bisection per tag), and tags nest to any depth (explicit stacks, no recursion).
 
 `parse` reads a text into a Document: HTML (the standard library's html.parser, leniently, as a
 browser does: an unclosed tag, a stray end tag or a lone `<` never fails) or XML-like inline tags
@@ -26,6 +27,7 @@ restored sentences back between the untouched markup. No torch: the alignment is
 
 from __future__ import annotations
 
+import bisect
 import html
 import re
 from collections.abc import Callable
@@ -294,104 +296,143 @@ def make_unit(tokens: list[str | Tag], plain: Callable[[str], str]) -> Unit:
 def pairs(tags: list[Tag]) -> dict[int, int]:
     """Open tag index -> its closing tag's index, matched by name as a browser does (a close
     ends the innermost open element of its name; those opened inside it and left open, and a
-    close with no open, are unpaired)."""
-    stack: list[int] = []
+    close with no open, are unpaired). Linear: each open tag is pushed and popped once."""
+    stack: list[int] = []  # the open tags' indices, innermost last
+    depths: dict[str, list[int]] = {}  # name -> where its open tags stand in `stack`
     out: dict[int, int] = {}
     for i, tag in enumerate(tags):
         if tag.kind == "open":
+            depths.setdefault(tag.name, []).append(len(stack))
             stack.append(i)
-        elif tag.kind == "close":
-            for depth in range(len(stack) - 1, -1, -1):
-                if tags[stack[depth]].name == tag.name:
-                    out[stack[depth]] = i
-                    del stack[depth:]
-                    break
+        elif tag.kind == "close" and depths.get(tag.name):
+            depth = depths[tag.name][-1]
+            out[stack[depth]] = i
+            for j in stack[depth:]:  # each the innermost of its name
+                depths[tags[j].name].pop()
+            del stack[depth:]
     return out
 
 
 def cut_unit(unit: Unit, doc: Segmented) -> None:
     """unit.sentences and unit.gaps from its text's pieces (doc: split_text's of unit.text),
-    pieces that a tag pair would cut apart joined into one."""
+    pieces that a tag pair would cut apart joined into one. About linear in the pieces and
+    tags (a bisection per tag)."""
     spans, at = [], len(doc.gaps[0])  # each piece's [start, end) in unit.text
     for piece, gap in zip(doc.pieces, doc.gaps[1:], strict=True):
         spans.append([at, at + len(piece)])
         at += len(piece) + len(gap)
     offsets = [o for o, _ in unit.tags]
     matched = pairs([t for _, t in unit.tags])
-    join_cut_pairs(spans, offsets, matched)
-    owner = [owner_of(i, offsets, matched, spans) for i in range(len(offsets))]
-    for k, span in enumerate(spans):  # a sentence holds the spaces and tags between its tags
-        mine = [i for i, o in enumerate(owner) if o == k]
-        if mine:
-            owner[mine[0]:mine[-1]] = [k] * (mine[-1] - mine[0])
-            span[0] = min(span[0], *(offsets[i] for i in mine))
-            span[1] = max(span[1], *(offsets[i] for i in mine))
-    unit.sentences = [sentence_of(unit, k, s, e, owner, matched)
-                      for k, (s, e) in enumerate(spans)]
-    bounds = [0, *(x for span in spans for x in span), len(unit.text)]
-    unit.gaps = []
-    for k in range(len(spans) + 1):  # gap k: before piece k, with the tags no piece holds
-        pos, hi, items = bounds[2 * k], bounds[2 * k + 1], []
-        for i, (o, tag) in enumerate(unit.tags):
-            if owner[i] is None and gap_of(o, spans) == k:
-                items += [unit.text[pos:max(pos, o)], tag]
-                pos = max(pos, o)
-        unit.gaps.append([i for i in [*items, unit.text[pos:hi]] if i != ""])
+    spans = join_cut_pairs(spans, offsets, matched)
+    partner = {**matched, **{b: a for a, b in matched.items()}}
+    owner = [owner_of(i, offsets, partner, spans) for i in range(len(offsets))]
+    first: dict[int, int] = {}  # piece -> the first and last tag it owns
+    last: dict[int, int] = {}
+    for i, k in enumerate(owner):
+        if k is not None:
+            first.setdefault(k, i)
+            last[k] = i
+    for k in sorted(first):  # a sentence holds the spaces and tags between its tags
+        owner[first[k]:last[k]] = [k] * (last[k] - first[k])
+        spans[k][0] = min(spans[k][0], offsets[first[k]])
+        spans[k][1] = max(spans[k][1], offsets[last[k]])
+    unit.sentences = [sentence_of(unit, range(first.get(k, 0), last.get(k, -1) + 1), s, e,
+                                  matched) for k, (s, e) in enumerate(spans)]
+    unit.gaps = gaps_of(unit, spans, owner)
 
 
 def join_cut_pairs(spans: list[list[int]], offsets: list[int], matched: dict[int, int]
-                   ) -> None:
-    """Join (in place) the consecutive pieces a tag pair spans in part: its tags then lie
-    in one piece."""
-    changed = True
-    while changed:
-        changed = False
-        for open_, close in matched.items():
-            a, b = offsets[open_], offsets[close]
-            touched = [k for k, (s, e) in enumerate(spans) if a < e and b > s]
-            partly = any(not (a <= spans[k][0] and b >= spans[k][1]) for k in touched)
-            if len(touched) > 1 and partly:
-                first, last = touched[0], touched[-1]
-                spans[first:last + 1] = [[spans[first][0], spans[last][1]]]
-                changed = True
-                break
+                   ) -> list[list[int]]:
+    """The pieces with those a tag pair spans in part joined: its tags then lie in one
+    piece. A pair that touches several pieces and cuts into the first or last joins them;
+    one that covers them whole joins them once a join reaches past its first or last."""
+    starts, ends = [s for s, _ in spans], [e for _, e in spans]
+    waiting: dict[int, list[tuple[int, int]]] = {}  # boundary -> the joins it would set off
+    todo: list[tuple[int, int]] = []  # pieces first..last to join (the boundaries between)
+    for open_, close in matched.items():
+        a, b = offsets[open_], offsets[close]
+        first, last = bisect.bisect_right(ends, a), bisect.bisect_left(starts, b) - 1
+        if first >= last:  # it touches one piece or none
+            continue
+        if a > starts[first] or b < ends[last]:
+            todo.append((first, last))
+        else:  # boundary k lies between pieces k and k + 1
+            waiting.setdefault(first - 1, []).append((first, last))
+            waiting.setdefault(last, []).append((first, last))
+    kept = [True] * len(spans)  # boundary k kept; the last (after the last piece) always
+    after = list(range(len(spans)))  # boundary k -> a boundary >= k, kept or nearer one
+    while todo:
+        first, last = todo.pop()
+        k = _kept_from(after, first)
+        while k < last:
+            kept[k], after[k] = False, k + 1
+            todo += waiting.pop(k, [])
+            k = _kept_from(after, k + 1)
+    out: list[list[int]] = []
+    for k, (s, e) in enumerate(spans):
+        if k and not kept[k - 1]:
+            out[-1][1] = e
+        else:
+            out.append([s, e])
+    return out
 
 
-def gap_of(offset: int, spans: list[list[int]]) -> int:
-    """The gap an offset outside every piece lies in (0: before the first piece)."""
-    return sum(1 for _, e in spans if e <= offset)
+def _kept_from(after: list[int], k: int) -> int:
+    """The first kept boundary >= k (join_cut_pairs' `after`, its paths shortened)."""
+    root = k
+    while after[root] != root:
+        root = after[root]
+    while after[k] != root:
+        after[k], k = root, after[k]
+    return root
 
 
-def owner_of(i: int, offsets: list[int], matched: dict[int, int],
+def owner_of(i: int, offsets: list[int], partner: dict[int, int],
              spans: list[list[int]]) -> int | None:
     """The piece a tag goes back into (None: it stays in a gap): a pair that covers part of
-    one piece, a void or unpaired tag strictly inside one."""
-    partner = matched.get(i) if i in matched else next(
-        (a for a, b in matched.items() if b == i), None)
-    if partner is None:
-        o = offsets[i]
-        return next((k for k, (s, e) in enumerate(spans) if s < o < e), None)
-    a, b = sorted((offsets[i], offsets[partner]))
-    for k, (s, e) in enumerate(spans):
-        if a < e and b > s and not (a <= s and b >= e):
-            return k
-        if a == b and s < a < e:
+    one piece, a void or unpaired tag strictly inside one (partner: each paired tag's)."""
+    a = b = offsets[i]
+    if i in partner:
+        a, b = sorted((a, offsets[partner[i]]))
+    first = bisect.bisect_left(spans, a, key=lambda span: span[1] - 1)  # the first end past a
+    last = bisect.bisect_left(spans, b, key=lambda span: span[0]) - 1  # the last start before b
+    for k in (first, last) if first <= last else ():  # those between it covers whole
+        if not (a <= spans[k][0] and b >= spans[k][1]):
             return k
     return None
 
 
-def sentence_of(unit: Unit, k: int, s: int, e: int, owner: list[int | None],
-                matched: dict[int, int]) -> Sentence:
-    """Piece k of a unit ([s, e) of its text) with the tags it owns, offsets within it."""
-    mine = [i for i, o in enumerate(owner) if o == k]
+def gaps_of(unit: Unit, spans: list[list[int]], owner: list[int | None]
+            ) -> list[list[str | Tag]]:
+    """Each gap's text and the tags no piece holds (gap k: before piece k)."""
+    ends = [e for _, e in spans]
+    mine: list[list[int]] = [[] for _ in range(len(spans) + 1)]
+    for i, (o, _) in enumerate(unit.tags):
+        if owner[i] is None:
+            mine[bisect.bisect_right(ends, o)].append(i)
+    bounds = [0, *(x for span in spans for x in span), len(unit.text)]
+    out = []
+    for k, tags in enumerate(mine):
+        pos, hi, items = bounds[2 * k], bounds[2 * k + 1], []
+        for i in tags:
+            o, tag = unit.tags[i]
+            items += [unit.text[pos:max(pos, o)], tag]
+            pos = max(pos, o)
+        out.append([i for i in [*items, unit.text[pos:hi]] if i != ""])
+    return out
+
+
+def sentence_of(unit: Unit, mine: range, s: int, e: int, matched: dict[int, int]
+                ) -> Sentence:
+    """A piece of a unit ([s, e) of its text) with the tags it owns (`mine`, indices in
+    unit.tags), offsets within it."""
     index = {i: n for n, i in enumerate(mine)}
     inner: list[Inner] = []
     stack: list[int] = []  # the open tags (numbered as in `inner`) whose pair holds the next
     for n, i in enumerate(mine):
         offset, tag = unit.tags[i]
-        if tag.kind == "close" and any(inner[p].partner == n for p in stack):
-            while inner[stack.pop()].partner != n:
-                pass
+        if stack and inner[stack[-1]].partner == n:  # pairs nest (pairs): its open is last
+            stack.pop()
         partner = index.get(matched[i]) if i in matched else None
         inner.append(Inner(tag, min(max(offset - s, 0), e - s), partner,
                            stack[-1] if stack else None))
@@ -563,37 +604,60 @@ def restore(sentence: Sentence, target: str, links: list[tuple[int, int]],
     return Restored("".join(_emit(root, tags, target, escape)), unplaced)
 
 
-def _widen(node: _Node) -> None:
+def _preorder(root: _Node) -> list[_Node]:
+    """The tree's nodes, each before its children (an explicit stack: nesting of any depth)."""
+    out, stack = [], [root]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        stack += reversed(node.children)
+    return out
+
+
+def _widen(root: _Node) -> None:
     """Each pair's span widened over its children's (bottom-up)."""
-    for child in node.children:
-        _widen(child)
+    for node in reversed(_preorder(root)):
         if node.index >= 0:
-            node.x, node.y = min(node.x, child.x), max(node.y, child.y)
+            for child in node.children:
+                node.x, node.y = min(node.x, child.x), max(node.y, child.y)
 
 
-def _settle(node: _Node) -> None:
+def _settle(root: _Node) -> None:
     """Children kept inside their parent and apart from each other, in target order: a
     later sibling that would cross an earlier one starts where it ends (top-down)."""
-    node.children.sort(key=lambda c: (c.x, c.y, c.index))
-    at = node.x
-    for child in node.children:
-        child.x = min(max(child.x, at), node.y)
-        child.y = min(max(child.y, child.x), node.y)
-        at = child.y
-        _settle(child)
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        node.children.sort(key=lambda c: (c.x, c.y, c.index))
+        at = node.x
+        for child in node.children:
+            child.x = min(max(child.x, at), node.y)
+            child.y = min(max(child.y, child.x), node.y)
+            at = child.y
+        stack += node.children
 
 
-def _emit(node: _Node, tags: list[Inner], target: str, escape: Callable[[str], str]
+def _emit(root: _Node, tags: list[Inner], target: str, escape: Callable[[str], str]
           ) -> list[str]:
-    """A settled node's content: the target's text between its children, escaped, and each
-    child's tags as written."""
-    out, at = [], node.x
-    for child in node.children:
-        out.append(escape(target[at:child.x]))
-        out.append(tags[child.index].tag.raw)
-        if child.close is not None:
-            out += _emit(child, tags, target, escape)
-            out.append(tags[child.close].tag.raw)
-        at = child.y
-    out.append(escape(target[at:node.y]))
+    """A settled tree's markup: the target's text between each node's children, escaped,
+    and each child's tags as written around its own (an explicit stack of the nodes open)."""
+    out: list[str] = []
+    frames = [(root, iter(root.children))]
+    at = root.x  # where the text written so far ends
+    while frames:
+        node, children = frames[-1]
+        child = next(children, None)
+        if child is None:  # the node's last text, then its close
+            out.append(escape(target[at:node.y]))
+            frames.pop()
+            at = node.y
+            if frames:
+                out.append(tags[node.close].tag.raw)
+            continue
+        out += [escape(target[at:child.x]), tags[child.index].tag.raw]
+        if child.close is None:
+            at = child.y
+        else:
+            frames.append((child, iter(child.children)))
+            at = child.x
     return out

@@ -305,7 +305,7 @@ class Service:
             sentence_alignments, self.translator, [p for doc in docs for p in doc.pieces], ids,
             [hyps[0].tokens for hyps in nbest], len(choice.source), choice.prefix,
             max_tokens=self.cfg.search.max_tokens)
-        marked, unplaced = put_back(docs, found)
+        marked, unplaced = await asyncio.to_thread(put_back, docs, found)
         for u in unplaced:
             log(f"warning: text[{u.doc}]: {u.why()}")
         return [t for doc in marked for t in doc]
@@ -316,7 +316,7 @@ class Service:
         self.check_chars(req)
         choice = self.choice(req)
         limit = self.max_input - len(choice.source)  # a language token takes one
-        split, docs = self.segment(req, limit)
+        split, docs = await asyncio.to_thread(self.segment, req, limit)  # off the event loop
         pieces = [piece for doc in docs for piece in doc.pieces]
         self.check_size(req, split, len(pieces))
         search = self.search_of(req)
