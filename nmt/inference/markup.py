@@ -325,7 +325,9 @@ def cut_unit(unit: Unit, doc: Segmented) -> None:
     matched = pairs([t for _, t in unit.tags])
     spans = join_cut_pairs(spans, offsets, matched)
     partner = {**matched, **{b: a for a, b in matched.items()}}
-    owner = [owner_of(i, offsets, partner, spans) for i in range(len(offsets))]
+    starts, ends = [s for s, _ in spans], [e for _, e in spans]
+    owner = [owner_of(*sorted((o, offsets[partner.get(i, i)])), starts, ends)
+             for i, o in enumerate(offsets)]
     first: dict[int, int] = {}  # piece -> the first and last tag it owns
     last: dict[int, int] = {}
     for i, k in enumerate(owner):
@@ -387,17 +389,13 @@ def _kept_from(after: list[int], k: int) -> int:
     return root
 
 
-def owner_of(i: int, offsets: list[int], partner: dict[int, int],
-             spans: list[list[int]]) -> int | None:
-    """The piece a tag goes back into (None: it stays in a gap): a pair that covers part of
-    one piece, a void or unpaired tag strictly inside one (partner: each paired tag's)."""
-    a = b = offsets[i]
-    if i in partner:
-        a, b = sorted((a, offsets[partner[i]]))
-    first = bisect.bisect_left(spans, a, key=lambda span: span[1] - 1)  # the first end past a
-    last = bisect.bisect_left(spans, b, key=lambda span: span[0]) - 1  # the last start before b
+def owner_of(a: int, b: int, starts: list[int], ends: list[int]) -> int | None:
+    """The piece a tag goes back into (None: it stays in a gap): a pair ([a, b]: its tags'
+    offsets) that covers part of one piece, a void or unpaired tag (a == b) strictly inside
+    one (starts, ends: the pieces')."""
+    first, last = bisect.bisect_right(ends, a), bisect.bisect_left(starts, b) - 1  # touched
     for k in (first, last) if first <= last else ():  # those between it covers whole
-        if not (a <= spans[k][0] and b >= spans[k][1]):
+        if not (a <= starts[k] and b >= ends[k]):
             return k
     return None
 
