@@ -332,12 +332,13 @@ def lines_run(call, budget: int) -> int:
             raise AssertionError(f"markup.py ran more than {budget} lines")
         return local
 
+    before = sys.gettrace()  # e.g. a coverage tool's, put back after
     sys.settrace(lambda frame, event, arg: local if frame.f_code.co_filename == markup.__file__
                  else None)
     try:
         call()
     finally:
-        sys.settrace(None)
+        sys.settrace(before)
     return count
 
 
