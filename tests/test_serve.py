@@ -1100,3 +1100,26 @@ def test_the_cli_and_the_server_split_alike_by_default(ckpt, tmp_path):
         assert all(t["nbest"] for t in got[:2])  # each text whole: its n-best list
     finally:
         srv.stop()
+
+
+def test_attention_of_an_output_that_fills_the_positions(tiny_data_dir, tmp_path):
+    """A 16-position model whose outputs end at the cap (16 pieces, no EOS): nmt-serve's
+    attention=true and nmt-translate's attention_plot feed BOS and 15 pieces, and label each
+    row with the piece it predicts (no </s> row), not a ValueError past max_positions."""
+    pytest.importorskip("matplotlib")
+    short = save_tiny_checkpoint(tmp_path / "short.pt", (tiny_data_dir / "spm.model").read_bytes(),
+                                 max_positions=16)
+    srv = InProcess(short, "search.max_len_b=50", "max_len_b=50")
+    try:
+        (got,) = srv.translate(["open the file now"], attention=True, max_len_b=50)
+    finally:
+        srv.stop()
+    att = got["attention"]
+    assert len(att["target"]) == len(att["weights"]) == 16 and att["target"][-1] != "</s>"
+    src = tmp_path / "in.txt"
+    src.write_text("open the file now\n", encoding="utf-8")
+    result = translate(to_object(compose("translate", [
+        f"checkpoint={short}", f"input={src}", "output=/dev/null", "quiet=true", "workers=1",
+        "search.max_len_b=50", f"attention_plot={tmp_path / 'plots'}"]), TranslateConfig))
+    assert len(result["nbest"][0][0].tokens) == 16
+    assert (tmp_path / "plots" / "encoder_decoder.png").stat().st_size > 0

@@ -162,10 +162,13 @@ class Translator:
         """The (first) model's attention weights with each `out_ids` teacher-forced on its
         `src_ids` (id lists without BOS/EOS), padded into one batch: per kind (encoder_self,
         decoder_self, encoder_decoder) a (B, N, h, T_q, T_k) tensor (rows and columns past a
-        pair's own length are padding's: keys of padding get weight 0)."""
+        pair's own length are padding's: keys of padding get weight 0). An output as long as the
+        positions allow (it ended there, without EOS) is fed without its last piece: its last
+        row, EOS's otherwise, is that piece's (T_q = min(|y| + 1, max_input_tokens + 1))."""
         model, (bos, eos, pad) = self.model, self.specials
+        fits = self.max_input_tokens  # the positions less BOS's
         src = pad_batch([list(s) + [eos] for s in src_ids], pad, self.device)  # (B, S)
-        tgt_in = pad_batch([[bos] + list(y) for y in out_ids], pad, self.device)  # (B, T)
+        tgt_in = pad_batch([[bos] + list(y)[:fits] for y in out_ids], pad, self.device)  # (B, T)
         with self._attention:
             was_training = model.training
             model.eval()

@@ -372,8 +372,9 @@ class Service:
         t = self.translator
         kinds = t.attention([src_ids], [out_ids])
         rows = kinds["encoder_decoder"][0, -1].mean(0)  # (1, N, h, T, S) -> (T, S)
+        produced = t.tgt_tok.pieces(out_ids) + ["</s>"]  # what each row predicts
         return Attention(source=t.src_tok.pieces(src_ids) + ["</s>"],
-                         target=t.tgt_tok.pieces(out_ids) + ["</s>"],
+                         target=produced[:len(rows)],  # a full-length output has no </s> row
                          weights=[[round(w, 4) for w in row] for row in rows.tolist()])
 
     def _translation(self, hyps: list[Hypothesis], truncated: bool, nbest: int,

@@ -121,7 +121,8 @@ def plot_attention(engine, src_ids: list[int], out_ids: list[int],
         raise NmtError(f"{out_dir}: cannot create directory ({e.strerror})") from None
     weights = {kind: w[0] for kind, w in engine.attention([src_ids], [out_ids]).items()}
     src = engine.src_tok.pieces(list(src_ids)) + ["</s>"]
-    produced = engine.tgt_tok.pieces(list(out_ids)) + ["</s>"]
+    rows = weights["decoder_self"].shape[-2]  # a full-length output's: no </s> row
+    produced = (engine.tgt_tok.pieces(list(out_ids)) + ["</s>"])[:rows]
     fed = ["<s>"] + produced[:-1]
     labels = {"encoder_self": (src, src), "decoder_self": (produced, fed),
               "encoder_decoder": (produced, src)}
