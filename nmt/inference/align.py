@@ -32,14 +32,11 @@ def align(engine: Engine, src_ids: list[list[int]], out_ids: list[list[int]],
     """The (source piece, target piece) links of each pair of id lists (no BOS/EOS), in input
     order, teacher-forced by the engine (its first model: one with attention, nmt's
     Translator) in length-sorted batches of at most max_tokens tokens (padding included).
-    layer: which decoder layer's attention (-1: the last, fairseq's choice). An output as long
-    as the model's positions allow (it ended there, without EOS) is fed without its last
-    piece, whose row is then the last one (EOS's otherwise): BOS and the pieces fed fit."""
+    layer: which decoder layer's attention (-1: the last, fairseq's choice)."""
     engine.capabilities.check("alignment")
     layer = check_layer(engine, layer)
-    fits = engine.max_input_tokens  # the model's positions less one (BOS)
-    items = [Sentence(i, s, y[:fits]) for i, (s, y) in enumerate(zip(
-        src_ids, out_ids, strict=True)) if s and y]  # no link without a source or output piece
+    items = [Sentence(i, s, y) for i, (s, y) in enumerate(zip(src_ids, out_ids, strict=True))
+             if s and y]  # nothing to link without a source or an output piece (y: the output)
     links: list[list[tuple[int, int]]] = [[] for _ in src_ids]
     search = SearchConfig(max_tokens=max_tokens)
     for batch in plan_batches(items, search, score=True):
@@ -48,8 +45,7 @@ def align(engine: Engine, src_ids: list[list[int]], out_ids: list[list[int]],
                                    [p.prefix for p in pairs])["encoder_decoder"]
         heads = weights[:, layer].mean(1)  # (B, T_q, T_k): the layer's heads averaged
         for row, p in zip(heads, pairs, strict=True):
-            rows = min(len(out_ids[p.tag]), len(p.prefix) + 1)  # the output's pieces'
-            best = row[:rows, :len(p.src)].argmax(-1)  # (|y|,): neither EOS nor PAD
+            best = row[:len(p.prefix), :len(p.src)].argmax(-1)  # (|y|,): neither EOS nor PAD
             links[p.tag] = [(j, t) for t, j in enumerate(best.tolist())]
     return links
 
