@@ -9,8 +9,10 @@ in plain text (`<b>`, `</b>`, `<x id="1"/>`; placeholders such as `{0}` with pla
 Every tag is kept as written, byte for byte. HTML's block elements (p, div, li, h1-h6, td, br,
 ...) bound the units of text; inline tags inside a unit are taken out, and the unit's text is cut
 into sentences by the caller's splitter (nmt.inference.segment), never between the two tags of a
-pair. The text of script, style, code, var, kbd, samp and of any element with translate="no"
-is never translated: the element goes back whole, as one void tag. Document.sentences are what
+pair. The text of script, style, code, var, kbd, samp, of any element with translate="no" or
+class="notranslate", and of code blocks (a pre holding code, samp or kbd, or of a class such as
+screen or programlisting; untranslated) is not translated: the element goes back whole, as one
+void tag (translate="yes" overrides all but script and style). Document.sentences are what
 the model translates (plain text, HTML's entities decoded).
 
 `restore` puts a sentence's tags into its translation: a pair of tags around the target words
@@ -45,15 +47,21 @@ BLOCKS = frozenset((
     "option p pre section select summary table tbody td template textarea tfoot th thead "
     "title tr ul audio video canvas object base").split())
 VOID = frozenset("area base br col embed hr img input link meta param source track wbr".split())
-OPAQUE = frozenset(("script", "style", "code", "var", "kbd", "samp"))  # never translated
-RAW_BLOCKS = frozenset(("script", "style"))  # opaque and bounding units
+OPAQUE = frozenset(("script", "style", "code", "var", "kbd", "samp"))  # not translated
+RAW_BLOCKS = frozenset(("script", "style"))  # never translated, whatever their attributes
+# A pre element is a code block (left untranslated) when it holds one of CODE or has one of
+# CODE_CLASSES; any element with a class in NO_CLASSES is left untranslated (Google's and
+# Sphinx's convention). translate="yes" overrides both, translate="no" marks any element.
+CODE = frozenset(("code", "samp", "kbd"))
+CODE_CLASSES = frozenset(("screen", "programlisting", "console", "shell", "code", "highlight",
+                          "literal-block", "sourcecode"))
+NO_CLASSES = frozenset(("notranslate",))
 LINES = frozenset(("pre", "textarea"))  # each line of their text is a unit of its own
 # XML-like inline tags in plain text: "<" then a name, or "/" and a name; quoted attribute
 # values may hold ">"; "/>" closes a void tag.
 XML_TAG = re.compile(r"<(/?)([A-Za-z_][\w:.-]*)((?:[^<>\"']|\"[^\"]*\"|'[^']*')*?)(/?)>")
 PLACEHOLDER = re.compile(r"\{\w*\}")
 OPEN_AT_END = re.compile(r"<(?:/?[A-Za-z]|[!?])[^>]*\Z")  # a tag left open at the end
-HTML_NO = re.compile(r"""\btranslate\s*=\s*["']?no\b""", re.I)
 
 
 @dataclass(frozen=True)
@@ -113,6 +121,12 @@ class Document:
         """Every sentence to translate, in order (after cut)."""
         return [s for p in self.parts if isinstance(p, Unit) for s in p.sentences]
 
+    @property
+    def chars(self) -> int:
+        """The characters to translate: the units' text, spaces around it aside (what lies
+        outside tags and untranslated elements, HTML's entities decoded)."""
+        return sum(len(p.text.strip()) for p in self.parts if isinstance(p, Unit))
+
     def escape(self, text: str) -> str:
         """Plain text as this kind of markup writes it (HTML: &, < and > as entities)."""
         return html.escape(text, quote=False) if self.kind == "html" else text
@@ -146,26 +160,29 @@ class Document:
 
 
 # ----------------------------------------------------------------------------- parsing
+Attrs = list[tuple[str, str | None]]  # a start tag's attributes, as html.parser reads them
+
+
 class _Events(HTMLParser):
-    """html.parser's events with where each starts; the text between two starts is the
-    first one's, so the events cover the input exactly."""
+    """html.parser's events with where each starts (and a start tag's attributes); the text
+    between two starts is the first one's, so the events cover the input exactly."""
 
     def __init__(self, text: str):
         super().__init__(convert_charrefs=False)
-        self.events: list[tuple[int, str, str]] = []  # (start, kind, name)
+        self.events: list[tuple[int, str, str, Attrs]] = []  # (start, kind, name, attributes)
         self._lines = [0] + [m.end() for m in re.finditer("\n", text)]
         self.feed(text)
         self.close()
 
-    def _at(self, kind: str, name: str = "") -> None:
+    def _at(self, kind: str, name: str = "", attrs: Attrs = ()) -> None:
         line, col = self.getpos()
-        self.events.append((self._lines[line - 1] + col, kind, name.lower()))
+        self.events.append((self._lines[line - 1] + col, kind, name.lower(), attrs))
 
     def handle_starttag(self, tag, attrs):
-        self._at("open", tag)
+        self._at("open", tag, attrs)
 
     def handle_startendtag(self, tag, attrs):
-        self._at("void", tag)
+        self._at("void", tag, attrs)
 
     def handle_endtag(self, tag):
         self._at("close", tag)
@@ -181,26 +198,59 @@ class _Events(HTMLParser):
     handle_decl = handle_pi = unknown_decl = handle_comment  # kept as written, untranslated
 
 
+def code_blocks(events: list[tuple[int, str, str, Attrs]]) -> set[int]:
+    """The events (indices) that open a pre element holding a code, samp or kbd element
+    (CODE), at any depth. Linear: a pre that holds one marks the pre around it as it closes."""
+    found: set[int] = set()
+    stack: list[int] = []  # the pre elements open, innermost last
+    for i, (_, kind, name, _) in enumerate(events):
+        if name == "pre" and kind == "open":
+            stack.append(i)
+        elif name == "pre" and kind == "close" and stack:
+            if stack.pop() in found and stack:
+                found.add(stack[-1])
+        elif kind == "open" and name in CODE and stack:
+            found.add(stack[-1])
+    return found
+
+
+def untranslated(name: str, attrs: Attrs, holds_code: bool) -> bool:
+    """Is an element left untranslated, whole? script and style always; else by its translate
+    attribute where it says no, yes or "" (yes), else: an OPAQUE element, one of a class in
+    NO_CLASSES, or a code block (a pre that holds code, holds_code, or has a class in
+    CODE_CLASSES). The attributes as parsed (the first of a name counts, as in browsers)."""
+    if name in RAW_BLOCKS:
+        return True
+    found = dict(reversed(attrs))
+    translate = (found.get("translate") or "").strip().lower() if "translate" in found else None
+    if translate in ("no", "yes", ""):
+        return translate == "no"
+    classes = set((found.get("class") or "").lower().split())
+    return name in OPAQUE or bool(classes & NO_CLASSES) or name == "pre" and (
+        holds_code or bool(classes & CODE_CLASSES))
+
+
 def html_tokens(text: str) -> list[str | Tag]:
-    """HTML as text runs (as written) and tags; opaque elements (script, style, code, var,
-    translate="no") each one void tag holding the element whole."""
+    """HTML as text runs (as written) and tags; each untranslated element (untranslated: script,
+    style, code, var, translate="no", a code block, ...) one void tag holding it whole."""
     events = _Events(text).events
     if text and (not events or events[0][0] > 0):  # what html.parser skips (e.g. "</>")
-        events.insert(0, (0, "void", ""))
+        events.insert(0, (0, "void", "", []))
+    code = code_blocks(events)
     bounds = [e[0] for e in events[1:]] + [len(text)] * bool(events)
     out: list[str | Tag] = []
     hidden: tuple[str, int, int] | None = None  # (name, depth, start) of an opaque element
-    for (start, kind, name), end in zip(events, bounds, strict=True):
+    for i, ((start, kind, name, attrs), end) in enumerate(zip(events, bounds, strict=True)):
         raw = text[start:end]
         if hidden is not None:
             depth = hidden[1] + (kind == "open" and name == hidden[0]) - (
                 kind == "close" and name == hidden[0])
             hidden = (hidden[0], depth, hidden[2])
             if depth == 0:
-                out.append(Tag(text[hidden[2]:end], hidden[0], "void", hidden[0] in RAW_BLOCKS))
+                out.append(hidden_tag(text[hidden[2]:end], hidden[0]))
                 hidden = None
             continue
-        if kind == "open" and name not in VOID and (name in OPAQUE or HTML_NO.search(raw)):
+        if kind == "open" and name not in VOID and untranslated(name, attrs, i in code):
             hidden = (name, 1, start)
         elif kind == "text":
             if out and isinstance(out[-1], str):
@@ -214,8 +264,13 @@ def html_tokens(text: str) -> list[str | Tag]:
             void = "void" if name in VOID else kind
             out.append(Tag(raw, name, void, name in BLOCKS))
     if hidden is not None:  # left open, as a browser would: the rest is the element's
-        out.append(Tag(text[hidden[2]:], hidden[0], "void", hidden[0] in RAW_BLOCKS))
+        out.append(hidden_tag(text[hidden[2]:], hidden[0]))
     return out
+
+
+def hidden_tag(raw: str, name: str) -> Tag:
+    """An untranslated element as one void tag: a block (bounding units) where it is one."""
+    return Tag(raw, name, "void", name in BLOCKS or name in RAW_BLOCKS)
 
 
 def xml_tokens(text: str, placeholders: bool = False) -> list[str | Tag]:
