@@ -29,6 +29,7 @@ from nmt.system.files import read_lines
 
 pytest.importorskip("ctranslate2")
 pytestmark = pytest.mark.usefixtures("one_thread")
+GONE = 9_999_999  # a process id no system gives (Linux's pid_max is at most 2**22)
 
 
 @pytest.fixture(scope="module")
@@ -201,6 +202,7 @@ def test_ct2_model_never_replaces_a_folder_nmt_did_not_write(ckpt, tmp_path, exp
         export_dir(ckpt, "auto", "float32", str(hf))
     assert "\n" not in str(e.value) and not exports
     assert sorted(p.name for p in hf.iterdir()) == ["config.json", "model.safetensors"]
+    assert [p.name for p in tmp_path.iterdir()] == ["hfmodel"]  # no .hfmodel.lock left
     assert (hf / "model.safetensors").read_bytes() == b"weights"
 
 
@@ -212,18 +214,21 @@ def test_a_ctranslate2_model_converted_elsewhere_is_used_as_it_is(ckpt, tmp_path
     export_dir(ckpt, "auto", "float32", str(theirs))
     for name in ("nmt.json", "source.spm", "target.spm"):
         (theirs / name).unlink()
+    (tmp_path / ".theirs.lock").unlink()  # as a model converted elsewhere has none
     before = {p.name: p.read_bytes() for p in theirs.iterdir()}
     _, ct, ids = engines
     cfg = SearchConfig(beam_size=2, alpha=0.0, max_len_a=0, max_len_b=MAX_LEN)
     with CT2Translator.load(ckpt, ct2_model=str(theirs), threads=1) as used:
         assert tokens(used.translate_ids(ids[:8], cfg)) == tokens(ct.translate_ids(ids[:8], cfg))
     assert {p.name: p.read_bytes() for p in theirs.iterdir()} == before and len(exports) == 1
+    assert not (tmp_path / ".theirs.lock").exists()
     vocab = theirs / "shared_vocabulary.json"
     vocab.write_text(vocab.read_text().replace('"<unk>"', '"<UNK>"'))
     with pytest.raises(NmtError, match=r"its source vocabulary \(500 entries\) is not the "
                                        r"checkpoint's"):
         export_dir(ckpt, "auto", "float32", str(theirs))
     assert len(exports) == 1 and not (theirs / "nmt.json").exists()
+    assert not (tmp_path / ".theirs.lock").exists()
 
 
 def test_an_upgrade_of_nmt_or_ctranslate2_exports_again(joint, tmp_path, exports,
@@ -313,15 +318,37 @@ def test_an_export_killed_midway_leaves_a_temporary_the_next_export_removes(join
     assert read_info(out) is not None
 
 
+def test_only_the_temporaries_of_killed_nmt_writes_are_removed(joint, tmp_path):
+    """Folders beside an export named like its temporaries but not nmt's (.NAME.old-backup),
+    or nmt's of a process still running, are someone's: they stay, in the cache folder and
+    beside ct2_model=DIR; those of a killed nmt write go."""
+    ckpt = varied_checkpoint(tmp_path / "checkpoint_last.pt", joint, joint, "post")
+    cache, mine = tmp_path / "checkpoint_last.pt.ct2", tmp_path / "m"
+    cache.mkdir()
+    kept, gone = [], []
+    for folder, name in ((cache, "float32-auto-0123456789abcdef"), (tmp_path, "m")):
+        kept += [folder / f".{name}.old-backup", folder / f".{name}.tmp-mine",
+                 folder / f".{name}.tmp-nmt{os.getpid()}-abcd_123"]  # this process runs
+        gone += [folder / f".{name}.tmp-nmt{GONE}-abcd_123",
+                 folder / f".{name}.old-nmt{GONE}-x1y2z3w4"]
+    for path in kept + gone:
+        path.mkdir()
+        (path / "model.bin").write_bytes(b"theirs")
+    export_dir(ckpt, "auto", "float32")
+    export_dir(ckpt, "auto", "float32", str(mine))
+    assert [p for p in kept if (p / "model.bin").read_bytes() == b"theirs"] == kept
+    assert [p for p in gone if p.exists()] == []
+
+
 def test_what_another_process_holds_locked_is_left_alone(joint, tmp_path):
     """An export being loaded is not removed as stale, nor the temporary of one being
     written; both go once their locks are free."""
     ckpt = varied_checkpoint(tmp_path / "checkpoint_last.pt", joint, joint, "post")
     first = export_dir(ckpt, "auto", "float32")
     writing = first.with_name("float32-auto-0123456789abcdef")
-    temporary = first.with_name(f".{writing.name}.tmp-x1y2")
+    temporary = first.with_name(f".{writing.name}.tmp-nmt{GONE}-x1y2z3w4")  # a killed one's
     temporary.mkdir()
-    held = [ct2_export._lock(first), ct2_export._lock(writing)]  # as another process would
+    held = [ct2_export._lock(first)[0], ct2_export._lock(writing)[0]]  # as another process would
     varied_checkpoint(ckpt, joint, joint, "post", seed=1)
     second = export_dir(ckpt, "auto", "float32")
     assert first.exists() and temporary.exists()

@@ -22,10 +22,12 @@ ct2_model=DIR is used as it is where its vocabularies are the checkpoint's (the 
 gives what nmt.json would), and anything else there is refused in one line, never touched. Each
 export NAME has a lock, the file .NAME.lock beside it (flock): a process holds it while it
 checks, exports and loads the export, so processes exporting the same key at once export it
-once, and none replaces or removes an export that another is loading. It is written in a
-temporary directory, then renamed into place; temporaries that a killed export left are removed
-by the next export that finds their lock free, and the exports of the same type and weights of
-earlier checkpoints beside it too.
+once, and none replaces or removes an export that another is loading (beside a folder nmt did
+not write, the process that made the lock file removes it when done). It is written in a
+temporary directory, then renamed into place; temporaries that a killed export left (those nmt
+named, .NAME.tmp-nmtPID-* and .NAME.old-nmtPID-*, whose process is gone: any other folder is
+someone else's) are removed by the next export that finds their lock free, and the exports of
+the same type and weights of earlier checkpoints beside it too.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ import dataclasses
 import fcntl
 import json
 import os
-import re
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,13 +49,11 @@ from nmt.errors import NmtError
 from nmt.inference.loading import LoadedCheckpoint
 from nmt.inference.shortlist import load_shortlist, vmap_text
 from nmt.model import Transformer
-from nmt.system.files import new_directory, sha256_file
+from nmt.system.files import new_directory, sha256_file, stale_temporary
 
 INFO = "nmt.json"  # what an nmt export holds beside CTranslate2's files
 VMAP = "vmap.txt"  # CTranslate2's vocabulary map in its model directory
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which nmt's model uses
-# nmt.system.files.new_directory's temporaries, of export NAME
-TEMPORARY = re.compile(r"\.(.+)\.(?:tmp|old)-\w+")
 
 
 def float_weights(model: Transformer) -> dict[str, Tensor]:
@@ -213,14 +212,16 @@ def cached_export(checkpoint: str | Path, weights: str, compute_type: str,
             f"{compute_type}-{weights}-{key['checkpoint_sha256'][:16]}{vmap}")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        lock = _lock(out)
+        lock, created = _lock(out)
     except OSError:  # a folder this process cannot write: its export is used as it is
-        lock = None
+        lock, created = None, False
+    foreign = False  # ct2_model=DIR that nmt did not write: never replaced
     try:
         if lock is not None:
             _remove_temporaries(out, every=not ct2_model)
         info = read_info(out)
-        if ct2_model and info is None and _has_files(out):  # not nmt's: never replaced
+        foreign = bool(ct2_model) and info is None and _has_files(out)
+        if foreign:
             check_foreign_model(out, checkpoint)
         elif info is None or any(info.get(k) != v for k, v in key.items()) or (
                 "shortlist_sha256" in info) != bool(shortlist):
@@ -230,6 +231,8 @@ def cached_export(checkpoint: str | Path, weights: str, compute_type: str,
         yield out
     finally:
         if lock is not None:
+            if foreign and created:  # no lock left beside a folder nmt did not write
+                _lock_file(out).unlink(missing_ok=True)
             os.close(lock)
 
 
@@ -288,13 +291,20 @@ def _export(checkpoint: Path, out: Path, key: dict, shortlist: str = "") -> None
         write_ctranslate2(loaded, tmp, quantization, key, shortlist)
 
 
-def _lock(out: Path, wait: bool = True) -> int | None:
-    """Take the lock of the export `out` (flock of the file .NAME.lock beside it): its file
-    descriptor (os.close releases it), or None where another process holds it and not wait.
-    A lock file removed with its export meanwhile is not the lock any more: taken anew."""
-    path = out.with_name(f".{out.name}.lock")
+def _lock_file(out: Path) -> Path:
+    """The lock file of the export `out`: .NAME.lock beside it."""
+    return out.with_name(f".{out.name}.lock")
+
+
+def _lock(out: Path, wait: bool = True) -> tuple[int, bool] | None:
+    """Take the lock of the export `out` (flock of its _lock_file): its file descriptor
+    (os.close releases it) and whether this call created the file, or None where another
+    process holds it and not wait. A lock file removed meanwhile (with its export, or by a
+    process that made it for a folder nmt did not write) is not the lock any more: taken
+    anew."""
+    path = _lock_file(out)
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd, created = _open_lock_file(path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -303,39 +313,53 @@ def _lock(out: Path, wait: bool = True) -> int | None:
         try:
             held, now = os.fstat(fd), os.stat(path)
             if (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino):
-                return fd
+                return fd, created
         except FileNotFoundError:
             pass
         os.close(fd)
 
 
+def _open_lock_file(path: Path) -> tuple[int, bool]:
+    """A lock file opened (made where there is none): its descriptor, whether it was made."""
+    while True:
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666), True
+        except FileExistsError:
+            pass
+        try:
+            return os.open(path, os.O_RDWR), False
+        except FileNotFoundError:  # removed in between
+            pass
+
+
 def _remove_unlocked(out: Path, *paths: Path) -> None:
     """Remove `paths` (of the export `out`, or out itself) unless another process holds
     out's lock; with the export gone, its lock file goes too."""
-    fd = _lock(out, wait=False)
-    if fd is None:
+    held = _lock(out, wait=False)
+    if held is None:
         return
+    fd = held[0]
     try:
         for path in paths:
             shutil.rmtree(path, ignore_errors=True)
         if not out.exists():
-            out.with_name(f".{out.name}.lock").unlink(missing_ok=True)
+            _lock_file(out).unlink(missing_ok=True)
     finally:
         os.close(fd)
 
 
 def _remove_temporaries(out: Path, every: bool) -> None:
-    """Remove the temporary directories (.NAME.tmp-*, .NAME.old-*) that killed exports left
-    beside `out`: its own (the caller holds its lock) and, every=True (the cache folder, which
-    only exports write), those of any NAME whose lock nobody holds."""
+    """Remove the temporary directories that killed exports left beside `out` (those nmt
+    named, whose process is gone: nmt.system.files.stale_temporary): its own (the caller holds
+    its lock) and, every=True (the cache folder), those of any NAME whose lock nobody holds."""
     for entry in list(out.parent.iterdir()):
-        match = TEMPORARY.fullmatch(entry.name)
-        if match is None or match[1] != out.name and not every:
+        name = stale_temporary(entry)
+        if name is None or name != out.name and not every:
             continue
-        if match[1] == out.name:
+        if name == out.name:
             shutil.rmtree(entry, ignore_errors=True)
         else:
-            _remove_unlocked(out.with_name(match[1]), entry)
+            _remove_unlocked(out.with_name(name), entry)
 
 
 def _remove_older(out: Path, prefix: str, sha: str) -> None:

@@ -13,6 +13,7 @@ import gzip
 import hashlib
 import lzma
 import os
+import re
 import shutil
 import stat
 import sys
@@ -27,6 +28,8 @@ from nmt.errors import ConfigError, NmtError, first_line
 
 # Inputs whose name ends so are decompressed on the fly (the standard library's readers).
 DECOMPRESS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+# new_directory's temporaries (_temporary_prefix, then mkdtemp's 8 characters)
+_TEMPORARY_DIR = re.compile(r"\.(?P<name>.+)\.(?:tmp|old)-nmt(?P<pid>\d+)-[a-z0-9_]{8}")
 # What reading a missing, unreadable or damaged (compressed) file raises.
 _READ_ERRORS = (OSError, EOFError, lzma.LZMAError, zlib.error)
 
@@ -253,13 +256,13 @@ def new_directory(out: Path, force: bool, marker: str, kind: str) -> Iterator[Pa
     error inside the block deletes it and leaves `out` as it was."""
     check_out_dir(out, force, marker, kind)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=_temporary_prefix(out, "tmp"), dir=out.parent))
     try:
         tmp.chmod(0o777 & ~_umask())
         yield tmp
         check_out_dir(out, force, marker, kind)
         if out.exists():  # moved aside first (renamed over the empty directory mkdtemp made)
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            old = Path(tempfile.mkdtemp(prefix=_temporary_prefix(out, "old"), dir=out.parent))
             os.replace(out, old)
             os.replace(tmp, out)
             shutil.rmtree(old, ignore_errors=True)
@@ -267,3 +270,27 @@ def new_directory(out: Path, force: bool, marker: str, kind: str) -> Iterator[Pa
             os.replace(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _temporary_prefix(out: Path, kind: str) -> str:
+    """The name new_directory's temporaries of `out` start with: .NAME.tmp-nmtPID- (being
+    written) or .NAME.old-nmtPID- (the directory it replaces), PID this process's; mkdtemp
+    adds 8 characters."""
+    return f".{out.name}.{kind}-nmt{os.getpid()}-"
+
+
+def stale_temporary(entry: Path) -> str | None:
+    """The NAME of the directory whose new_directory temporary `entry` is, where the process
+    that made it is gone (a killed write left it); None for anything else, a folder nmt did
+    not name so (someone else's) or one whose process still runs."""
+    match = _TEMPORARY_DIR.fullmatch(entry.name)
+    if match is None:
+        return None
+    try:
+        os.kill(int(match["pid"]), 0)
+    except ProcessLookupError:
+        return match["name"]
+    except (PermissionError, OverflowError):  # another user's process, or no pid at all
+        pass
+    return None
+
