@@ -59,6 +59,7 @@ from nmt.inference.segment import (
     AUTO,
     Segmented,
     auto_mode,
+    fit_for,
     rejoin,
     sample_stream,
     sentence_splitter,
@@ -117,19 +118,28 @@ def arriving_chunks(stream, limit: int = CHUNK_LINES):
 
 
 def encode_lines(tok: Tokenizer, lines: list[str], max_tokens: int, name: str,
-                 quiet: bool = False, first: int = 0) -> list[list[int]]:
+                 quiet: bool = False, first: int = 0, places: list[str] | None = None
+                 ) -> list[list[int]]:
     """Subword ids of each line, cut to max_tokens with a warning (the first few named);
-    first: the number of lines before these in the input (for the line numbers)."""
+    first: the number of lines before these in the input (for the line numbers); places:
+    where each is in the input, when they are pieces of lines (piece_places)."""
     ids = tok.encode(lines)
     long = [i for i, seq in enumerate(ids) if len(seq) > max_tokens]
     for shown, i in enumerate(long):
         if not quiet and shown < 5:
-            log(f"warning: {name}: line {first + i + 1} has {len(ids[i])} tokens; truncated to "
-                f"{max_tokens}")
+            place = places[i] if places else f"line {first + i + 1}"
+            log(f"warning: {name}: {place} has {len(ids[i])} tokens; truncated to {max_tokens}")
         ids[i] = ids[i][:max_tokens]
     if len(long) > 5 and not quiet:
-        log(f"warning: {name}: {len(long)} lines truncated in all")
+        log(f"warning: {name}: {len(long)} {'pieces' if places else 'lines'} truncated in all")
     return ids
+
+
+def piece_places(docs: list[Segmented | Document], first: int) -> list[str]:
+    """Each piece's place in the input, "line 3" (a line of one piece) or "line 3 (piece 2)";
+    first: the number of lines before these."""
+    return [f"line {first + i + 1}" + (f" (piece {k + 1})" if len(doc.pieces) > 1 else "")
+            for i, doc in enumerate(docs) for k in range(len(doc.pieces))]
 
 
 def split_tsv(lines: list[str], first: int, name: str, second: str) -> tuple[list[str], list[str]]:
@@ -406,8 +416,9 @@ def process(s: Session, lines: list[str], first: int, interactive: bool = False)
             raise NmtError(f"{cfg.ref}: {len(s.refs[0])} target lines but {s.name} has more")
     line_sources = sources
     docs, sources, streams = split_lines(s, sources)
+    places = piece_places(docs, first) if docs is not None else None
     src_ids = s.languages.sources(encode_lines(tr.src_tok, sources, s.limit, s.name, cfg.quiet,
-                                               first))
+                                               first, places))
     tgt_ids = s.languages.prefixes(len(src_ids), (
         encode_lines(tr.tgt_tok, second, s.limit, cfg.ref or s.name, cfg.quiet, first)
         if second is not None else None))
@@ -479,9 +490,10 @@ def split_lines(s: Session, lines: list[str]
     cfg, tok = s.cfg, s.translator.src_tok
     if s.split == "none" and cfg.markup == "none":
         return None, lines, list(range(len(lines)))
-    if cfg.markup != "none":
+    if cfg.markup != "none":  # sentences, joined around tag pairs, then cut to fit
+        fit = fit_for(tok, s.limit) if s.split != "none" else None
         docs = [parse(line, cfg.markup, cfg.placeholders).cut(
-            lambda text: split_for(tok, text, s.split, s.splitter, s.limit)) for line in lines]
+            lambda text: split_for(tok, text, s.split, s.splitter, 0), fit) for line in lines]
     else:
         docs = [split_for(tok, line, s.split, s.splitter, s.limit) for line in lines]
     return (docs, [piece for doc in docs for piece in doc.pieces],

@@ -131,12 +131,16 @@ class Document:
         """Plain text as this kind of markup writes it (HTML: &, < and > as entities)."""
         return html.escape(text, quote=False) if self.kind == "html" else text
 
-    def cut(self, split: Callable[[str], Segmented]) -> Document:
-        """Each unit cut into sentences by `split` (e.g. segment.split_text's); a tag pair is
-        never cut apart (the sentences it would span are one)."""
+    def cut(self, split: Callable[[str], Segmented],
+            fit: Callable[[str], list[str]] | None = None) -> Document:
+        """Each unit cut into sentences by `split` (e.g. segment.split_text's), each without
+        the spaces around it; a tag pair is never cut apart by a sentence boundary (the
+        sentences it would span are one). fit: a text's consecutive parts that the model
+        takes whole (segment.fit's), to cut a sentence longer than that (None: never); a tag
+        pair such a cut goes through is split, each tag in its own piece (cut_unit)."""
         for part in self.parts:
             if isinstance(part, Unit):
-                cut_unit(part, split(part.text))
+                cut_unit(part, split(part.text), fit)
         return self
 
     def join(self, outputs: list[str]) -> str:
@@ -368,21 +372,40 @@ def pairs(tags: list[Tag]) -> dict[int, int]:
     return out
 
 
-def cut_unit(unit: Unit, doc: Segmented) -> None:
-    """unit.sentences and unit.gaps from its text's pieces (doc: split_text's of unit.text),
-    pieces that a tag pair would cut apart joined into one. About linear in the pieces and
+@dataclass
+class _Pairs:
+    """A unit's tag pairs (indices in Unit.tags): open -> close, close -> open, and the opens
+    of those that a cut for length goes through (split)."""
+
+    close: dict[int, int]
+    open: dict[int, int]
+    split: set[int]
+
+
+def cut_unit(unit: Unit, doc: Segmented, fit: Callable[[str], list[str]] | None = None
+             ) -> None:
+    """unit.sentences and unit.gaps from its text's pieces (doc: split_text's of unit.text;
+    each without the spaces around it), pieces that a tag pair would cut apart joined into
+    one, then each cut by `fit` (Document.cut) where the model would not take it whole: a
+    pair that such a cut goes through is split (sentence_of). About linear in the pieces and
     tags (a bisection per tag)."""
     spans, at = [], len(doc.gaps[0])  # each piece's [start, end) in unit.text
     for piece, gap in zip(doc.pieces, doc.gaps[1:], strict=True):
-        spans.append([at, at + len(piece)])
+        spans += core_spans(at, [piece])
         at += len(piece) + len(gap)
     offsets = [o for o, _ in unit.tags]
     matched = pairs([t for _, t in unit.tags])
     spans = join_cut_pairs(spans, offsets, matched)
-    partner = {**matched, **{b: a for a, b in matched.items()}}
+    if fit is not None:
+        spans = [c for s, e in spans for c in core_spans(s, fit(unit.text[s:e]))]
+    both = _Pairs(matched, {b: a for a, b in matched.items()},
+                  split_pairs(spans, offsets, matched))
     starts, ends = [s for s, _ in spans], [e for _, e in spans]
-    owner = [owner_of(*sorted((o, offsets[partner.get(i, i)])), starts, ends)
-             for i, o in enumerate(offsets)]
+    owner = []
+    for i, o in enumerate(offsets):
+        other = both.close.get(i, both.open.get(i, i))
+        other = i if other in both.split or i in both.split else other
+        owner.append(owner_of(*sorted((o, offsets[other])), starts, ends))
     first: dict[int, int] = {}  # piece -> the first and last tag it owns
     last: dict[int, int] = {}
     for i, k in enumerate(owner):
@@ -394,8 +417,41 @@ def cut_unit(unit: Unit, doc: Segmented) -> None:
         spans[k][0] = min(spans[k][0], offsets[first[k]])
         spans[k][1] = max(spans[k][1], offsets[last[k]])
     unit.sentences = [sentence_of(unit, range(first.get(k, 0), last.get(k, -1) + 1), s, e,
-                                  matched) for k, (s, e) in enumerate(spans)]
+                                  both) for k, (s, e) in enumerate(spans)]
     unit.gaps = gaps_of(unit, spans, owner)
+
+
+def core_spans(at: int, parts: list[str]) -> list[list[int]]:
+    """Consecutive parts of a text, the first at `at`: each one's [start, end) without the
+    spaces around it (a blank part: none)."""
+    out = []
+    for part in parts:
+        core = part.strip()
+        if core:
+            start = at + len(part) - len(part.lstrip())
+            out.append([start, start + len(core)])
+        at += len(part)
+    return out
+
+
+def touched(a: int, b: int, starts: list[int], ends: list[int]) -> tuple[int, int]:
+    """The first and last piece (starts, ends: the pieces') that [a, b] touches: first > last
+    where it touches none (it lies in a gap)."""
+    return bisect.bisect_right(ends, a), bisect.bisect_left(starts, b) - 1
+
+
+def split_pairs(spans: list[list[int]], offsets: list[int], matched: dict[int, int]
+                ) -> set[int]:
+    """The pairs (their opens) that touch several pieces and cut into the first or last:
+    after join_cut_pairs, those that a cut for length goes through."""
+    starts, ends = [s for s, _ in spans], [e for _, e in spans]
+    out = set()
+    for open_, close in matched.items():
+        a, b = offsets[open_], offsets[close]
+        first, last = touched(a, b, starts, ends)
+        if first < last and (a > starts[first] or b < ends[last]):
+            out.add(open_)
+    return out
 
 
 def join_cut_pairs(spans: list[list[int]], offsets: list[int], matched: dict[int, int]
@@ -408,7 +464,7 @@ def join_cut_pairs(spans: list[list[int]], offsets: list[int], matched: dict[int
     todo: list[tuple[int, int]] = []  # pieces first..last to join (the boundaries between)
     for open_, close in matched.items():
         a, b = offsets[open_], offsets[close]
-        first, last = bisect.bisect_right(ends, a), bisect.bisect_left(starts, b) - 1
+        first, last = touched(a, b, starts, ends)
         if first >= last:  # it touches one piece or none
             continue
         if a > starts[first] or b < ends[last]:
@@ -448,7 +504,7 @@ def owner_of(a: int, b: int, starts: list[int], ends: list[int]) -> int | None:
     """The piece a tag goes back into (None: it stays in a gap): a pair ([a, b]: its tags'
     offsets) that covers part of one piece, a void or unpaired tag (a == b) strictly inside
     one (starts, ends: the pieces')."""
-    first, last = bisect.bisect_right(ends, a), bisect.bisect_left(starts, b) - 1  # touched
+    first, last = touched(a, b, starts, ends)
     for k in (first, last) if first <= last else ():  # those between it covers whole
         if not (a <= starts[k] and b >= ends[k]):
             return k
@@ -475,21 +531,34 @@ def gaps_of(unit: Unit, spans: list[list[int]], owner: list[int | None]
     return out
 
 
-def sentence_of(unit: Unit, mine: range, s: int, e: int, matched: dict[int, int]
-                ) -> Sentence:
+def sentence_of(unit: Unit, mine: range, s: int, e: int, both: _Pairs) -> Sentence:
     """A piece of a unit ([s, e) of its text) with the tags it owns (`mine`, indices in
-    unit.tags), offsets within it."""
-    index = {i: n for n, i in enumerate(mine)}
+    unit.tags), offsets within it. The open tag of a split pair is closed by an empty tag at
+    the sentence's end, its close opened by one at the sentence's start: they nest with the
+    sentence's other tags, and the alignment places each where its words went."""
+    name = {i: unit.tags[i][1].name for i in mine}
+    heads = sorted(both.open[i] for i in mine if both.open.get(i) in both.split)
+    tails = sorted((i for i in mine if i in both.split), reverse=True)
+    entries = [(0, Tag("", name[both.close[a]], "open"), a, True) for a in heads]
+    for i in mine:  # (offset, tag, its pair's open, whether it opens it)
+        offset, tag = unit.tags[i]
+        entries.append((min(max(offset - s, 0), e - s), tag,
+                        i if i in both.close else both.open.get(i), i in both.close))
+    entries += [(e - s, Tag("", name[a], "close"), a, False) for a in tails]
+    opened: dict[int, int] = {}  # a pair's open (in unit.tags) -> its entry
+    partner: list[int | None] = [None] * len(entries)
+    for n, (_, _, pair, opens) in enumerate(entries):
+        if pair is not None and opens:
+            opened[pair] = n
+        elif pair in opened:
+            partner[opened[pair]] = n
     inner: list[Inner] = []
     stack: list[int] = []  # the open tags (numbered as in `inner`) whose pair holds the next
-    for n, i in enumerate(mine):
-        offset, tag = unit.tags[i]
-        if stack and inner[stack[-1]].partner == n:  # pairs nest (pairs): its open is last
+    for n, (offset, tag, _, _) in enumerate(entries):
+        if stack and partner[stack[-1]] == n:  # pairs nest (pairs): its open is last
             stack.pop()
-        partner = index.get(matched[i]) if i in matched else None
-        inner.append(Inner(tag, min(max(offset - s, 0), e - s), partner,
-                           stack[-1] if stack else None))
-        if partner is not None:
+        inner.append(Inner(tag, offset, partner[n], stack[-1] if stack else None))
+        if partner[n] is not None:
             stack.append(n)
     return Sentence(unit.text[s:e], inner)
 
@@ -647,7 +716,7 @@ def restore(sentence: Sentence, target: str, links: list[tuple[int, int]],
             p = aligned.point(a)
             where = None if p is None else (p, p)
         if where is None:  # around the whole sentence, or at its nearer end
-            unplaced.append(inner.tag.raw)
+            unplaced.append(inner.tag.raw or tags[inner.partner].tag.raw)  # "": split
             where = (0, len(target)) if b > a else (0, 0) if 2 * a <= len(sentence.text) \
                 else (len(target), len(target))
         nodes[i] = _Node(i, inner.partner, *where)

@@ -103,7 +103,18 @@ def split_for(tok, text: str, mode: str, sentences: Callable[[str], list[str]] |
               limit: int) -> Segmented:
     """split_text with pieces of at most `limit` tokens of `tok` (a nmt.data.tokenizer.Tokenizer,
     the source side's)."""
-    return split_text(text, mode, sentences, lambda t: len(tok.encode([t])[0]), limit)
+    return split_text(text, mode, sentences, token_count(tok), limit)
+
+
+def token_count(tok) -> Callable[[str], int]:
+    """A text's length in tokens of `tok` (a Tokenizer)."""
+    return lambda text: len(tok.encode([text])[0])
+
+
+def fit_for(tok, limit: int) -> Callable[[str], list[str]]:
+    """fit with parts of at most `limit` tokens of `tok` (the source side's Tokenizer): how
+    markup cuts a sentence joined around a tag pair (nmt.inference.markup.Document.cut)."""
+    return lambda text: fit(text, token_count(tok), limit)
 
 
 def rejoin(doc: Segmented, texts: list[str], scores: list[float | None]

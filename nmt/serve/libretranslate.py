@@ -42,6 +42,7 @@ from pydantic import ValidationError
 from nmt.config import ServeConfig
 from nmt.errors import NmtError
 from nmt.inference.glossary import index, is_comment, read_glossary
+from nmt.inference.markup import parse
 from nmt.serve import langid_codes
 from nmt.serve.api_keys import ApiKeys
 from nmt.serve.errors import ApiError
@@ -432,10 +433,11 @@ def install(app: FastAPI, cfg: ServeConfig, translate: Translate, languages: Lan
         of one language together, the groups side by side: (translation, alternatives);
         terms: nmt's glossary and keep fields."""
         groups = {src: [i for i, s in enumerate(sources) if s == src] for src in sources}
-        chars = sum(map(len, texts))
-        if len(groups) > 1 and chars > cfg.max_chars:  # each group is checked alone below
-            raise LibreError(400, f"Invalid request: q: {chars} characters; this server takes "
-                                  f"at most {cfg.max_chars} per request")
+        if len(groups) > 1:  # each group is checked alone below; html: the text outside tags
+            chars = sum(parse(t, "html").chars if fmt == "html" else len(t) for t in texts)
+            if chars > cfg.max_chars:
+                raise LibreError(400, f"Invalid request: q: {chars} characters; this server "
+                                      f"takes at most {cfg.max_chars} per request")
         calls = []
         for src, idx in groups.items():
             into = functools.partial(translate, **languages.fields(src, target), **terms)

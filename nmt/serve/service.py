@@ -25,6 +25,7 @@ from nmt.inference.segment import (
     AUTO,
     Segmented,
     auto_mode,
+    fit_for,
     rejoin,
     sample_stream,
     sentence_splitter,
@@ -230,11 +231,12 @@ class Service:
             out += [(prefix, phrases, sample_stream(number, k)) for k in range(len(doc.pieces))]
         return out
 
-    def check_chars(self, req: TranslateRequest) -> None:
-        """max_chars per request (all texts), checked before the texts are split."""
-        chars = sum(map(len, req.text))
+    def check_chars(self, chars: int, markup: bool = False) -> None:
+        """max_chars per request: `chars`, the characters its texts translate (all texts; with
+        markup, the text outside tags and untranslated elements), before they are split."""
         if chars > self.cfg.max_chars:
-            raise ApiError(413, "text", f"{chars} characters; this server takes at most "
+            what = "characters of text outside tags" if markup else "characters"
+            raise ApiError(413, "text", f"{chars} {what}; this server takes at most "
                                         f"{self.cfg.max_chars} per request")
 
     def check_size(self, req: TranslateRequest, split: str, pieces: int) -> None:
@@ -270,8 +272,11 @@ class Service:
         if req.markup == "none":
             return split, [split_for(tok, text, split, splitter, limit) for text in req.text]
         self.check_markup(req)
-        docs = [parse(text, req.markup, req.placeholders).cut(
-            lambda unit: split_for(tok, unit, split, splitter, limit)) for text in req.text]
+        docs = [parse(text, req.markup, req.placeholders) for text in req.text]
+        self.check_chars(sum(doc.chars for doc in docs), markup=True)
+        fit = fit_for(tok, limit) if split != "none" else None  # sentences joined, then cut
+        docs = [doc.cut(lambda unit: split_for(tok, unit, split, splitter, 0), fit)
+                for doc in docs]
         for i, doc in enumerate(docs):  # a lone surrogate: allowed in LibreTranslate's tags only
             for piece in doc.pieces:
                 try:
@@ -313,7 +318,8 @@ class Service:
     async def translate(self, req: TranslateRequest) -> TranslateResponse:
         """POST /translate: split, check, encode, decode in shared batches, detokenize, put
         each text back together."""
-        self.check_chars(req)
+        if req.markup == "none":  # markup's: once parsed (segment)
+            self.check_chars(sum(map(len, req.text)))
         choice = self.choice(req)
         limit = self.max_input - len(choice.source)  # a language token takes one
         split, docs = await asyncio.to_thread(self.segment, req, limit)  # off the event loop
