@@ -303,7 +303,7 @@ def test_a_lone_surrogate_in_an_attribute_comes_back_escaped(libre):
 
 
 def test_a_too_large_json_request_with_q_is_answered_in_libretranslates_shape(libre):
-    limit = 12 * 300 + 100 * 64 + 4096  # max_chars=300, max_sentences 64
+    limit = 12 * 300 + 100 * 2048 + 4096  # max_chars=300, max_sentences 2048 (the default)
     big = "x" * (limit + 10)
     status, _, answer = libre.call("POST", "/translate", {"q": big, "source": "en",
                                                          "target": "de"})

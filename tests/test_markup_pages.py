@@ -4,7 +4,11 @@ text translated."""
 
 from __future__ import annotations
 
+import json
+import random
+import re
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -23,7 +27,7 @@ from test_markup import (
 from translate_helpers import save_tiny_checkpoint
 
 from nmt.commands.translate import translate
-from nmt.config import TranslateConfig, compose, to_object
+from nmt.config import ServeConfig, TranslateConfig, compose, to_object
 from nmt.inference import markup
 from nmt.inference.markup import parse, put_back
 from nmt.inference.segment import fit, split_text
@@ -56,18 +60,19 @@ def test_translate_yes_overrides_the_code_block_rule_and_plain_pre_is_translated
         "y"]
 
 
-@pytest.mark.parametrize("text, pieces", [
-    ('<p><span data-translate="no">Open</span> the file.</p>', ["Open the file."]),
-    ('<p><a title="translate=no" href="x">Open</a> the file.</p>', ["Open the file."]),
-    ("<p><a title='say translate = \"no\"'>Open</a> the file.</p>", ["Open the file."]),
-    ('<p><span translate = "NO" >Open</span> the file.</p>', ["the file."]),
-    ('<p><span class="x notranslate">Open</span> the file.</p>', ["the file."]),
-    ('<p><span translate="no" translate="yes">Open</span> the file.</p>', ["the file."]),
-    ('<p><code translate="yes">Open</code> the file.</p>', ["Open the file."]),
-    ('<p><script translate="yes">Open</script> the file.</p>', ["the file."]),
+@pytest.mark.parametrize("text, translated", [
+    ('<p><span data-translate="no">Open</span> the file.</p>', True),
+    ('<p><a title="translate=no" href="x">Open</a> the file.</p>', True),
+    ("<p><a title='say translate = \"no\"'>Open</a> the file.</p>", True),
+    ('<p><span translate = "NO" >Open</span> the file.</p>', False),
+    ('<p><span class="x notranslate">Open</span> the file.</p>', False),
+    ('<p><span translate="no" translate="yes">Open</span> the file.</p>', False),
+    ('<p><code translate="yes">Open</code> the file.</p>', True),
+    ('<p><script translate="yes">Open</script> the file.</p>', False),
 ])
-def test_the_translate_attribute_is_read_as_parsed(text, pieces):
-    assert cut(text).pieces == pieces
+def test_the_translate_attribute_is_read_as_parsed(text, translated):
+    (piece,) = cut(text).pieces
+    assert ("Open" in piece) == translated and piece.endswith("the file.")
     assert run([text], copy) == ([text], [])
 
 
@@ -146,6 +151,13 @@ def short_ckpt(tiny_data_dir, tmp_path_factory) -> Path:
                                 max_positions=16)
 
 
+@pytest.fixture(scope="module")
+def ckpt(tiny_data_dir, tmp_path_factory) -> Path:
+    """A model of 1,024 positions (nmt-serve takes 1,000 tokens)."""
+    path = tmp_path_factory.mktemp("long") / "checkpoint.pt"
+    return save_tiny_checkpoint(path, (tiny_data_dir / "spm.model").read_bytes())
+
+
 def translate_lines(ckpt: Path, tmp_path: Path, lines: list[str], *overrides: str) -> dict:
     """nmt-translate markup=html on `lines` (warnings on), its result."""
     src = tmp_path / "in.html"
@@ -155,6 +167,7 @@ def translate_lines(ckpt: Path, tmp_path: Path, lines: list[str], *overrides: st
     return translate(to_object(compose("translate", args), TranslateConfig))
 
 
+@pytest.mark.slow
 def test_nmt_translate_cuts_a_pair_across_sentences_to_fit_and_names_real_lines(
         short_ckpt, tmp_path, capfd):
     """A tag pair across two sentences longer together than the model takes (15 tokens):
@@ -172,6 +185,7 @@ def test_nmt_translate_cuts_a_pair_across_sentences_to_fit_and_names_real_lines(
     assert "in.html: line 1 (piece 2) has" in capfd.readouterr().err
 
 
+@pytest.mark.slow
 def test_nmt_translate_keeps_the_indentation_of_pre_under_split_none(short_ckpt, tmp_path):
     lines = ["<pre>    open file </pre>", "<p> Open it. </p> <p>Save.</p>"]
     result = translate_lines(short_ckpt, tmp_path, lines, "split=none")
@@ -179,3 +193,94 @@ def test_nmt_translate_keeps_the_indentation_of_pre_under_split_none(short_ckpt,
     a, b = result["hypotheses"]
     assert a.startswith("<pre>    ") and a.endswith(" </pre>")
     assert b.startswith("<p> ") and " </p> <p>" in b
+
+
+# ----------------------------------------------------------------------------- whole pages
+WORDS = ("open the file and save all changes to the window before you close the menu of "
+         "settings then copy each line into a new folder").split()
+
+
+def doc_page(size: int, seed: int = 0) -> str:
+    """A documentation page of about `size` characters: a menu of links, headings, paragraphs
+    of sentences with inline code, links and emphasis, code blocks, tables."""
+    rng = random.Random(seed)
+
+    def sentence() -> str:
+        words = [rng.choice(WORDS) for _ in range(rng.randint(5, 16))]
+        k = rng.randrange(len(words))
+        words[k] = rng.choice([f"<code>{words[k]}</code>", f'<a href="#{k}">{words[k]}</a>',
+                               f"<em>{words[k]}</em>", words[k]])
+        return " ".join(words).capitalize() + "."
+
+    out = ['<html><head><title>Guide</title><style>pre { color: red }</style></head><body>',
+           "<ul>" + "".join(f'<li><a href="s{i}.html">Part {i}</a></li>' for i in range(40))
+           + "</ul>"]
+    while sum(map(len, out)) < size:
+        out.append(f"<h2>{sentence()}</h2>")
+        out += [f"<p>{' '.join(sentence() for _ in range(rng.randint(1, 4)))}</p>"
+                for _ in range(rng.randint(1, 4))]
+        out.append(f'<pre class="screen">$ {rng.choice(WORDS)} -l {rng.choice(WORDS)}</pre>')
+        out.append("<table>" + "".join(f"<tr><td><code>{rng.choice(WORDS)}</code></td>"
+                                       f"<td>{sentence()}</td></tr>" for _ in range(3))
+                   + "</table>")
+    return "\n".join(out) + "</body></html>"
+
+
+def test_a_100_kb_page_fits_the_default_limits():
+    """max_chars counts the text outside tags and untranslated elements (three fifths of
+    this page); the pieces, the queue and the body limit hold it too."""
+    page = doc_page(100_000)
+    doc = parse(page, "html").cut(lambda t: split_text(t, "sentence", sentences))
+    cfg = ServeConfig(checkpoint="x")
+    assert len(page) >= 100_000 and len(page) > cfg.max_chars > doc.chars
+    assert cfg.max_queued >= cfg.max_sentences > len(doc.pieces) > 500
+    body = json.dumps({"text": [page], "markup": "html"}).encode()
+    assert len(body) < 12 * cfg.max_chars + 100 * cfg.max_sentences + 4096  # app.py's limit
+
+
+@pytest.mark.slow
+def test_nmt_serve_takes_a_100_kb_page_in_one_request_and_answers_health_meanwhile(ckpt):
+    """The default limits; nmt's API and LibreTranslate's; GET /health asked again and again
+    while the page is translated."""
+    pytest.importorskip("fastapi")
+    from test_markup import health_latency
+    from test_serve import InProcess
+
+    page = doc_page(100_000)
+    srv = InProcess(ckpt, "src_lang=en", "tgt_lang=de")
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            futures = [pool.submit(srv.call, "POST", "/translate",
+                                   {"text": [page], "markup": "html"}),
+                       pool.submit(srv.call, "POST", "/translate",
+                                   {"q": page, "source": "en", "target": "de", "format": "html"})]
+            latencies = [health_latency(srv)]
+            while not all(f.done() for f in futures):
+                latencies.append(health_latency(srv))
+            (status, _, answer), (libre_status, _, libre) = (f.result() for f in futures)
+    finally:
+        srv.stop()
+    assert (status, libre_status) == (200, 200), (answer, libre)
+    assert max(latencies) < 2.5 and len(latencies) >= 3, latencies  # the page: 10 s and more
+    for out in (answer["translations"][0]["text"], libre["translatedText"]):
+        assert Counter(TAG.findall(out)) == Counter(TAG.findall(page)) and well_formed(out)
+        assert out.count('<pre class="screen">') == page.count('<pre class="screen">')
+        assert re.findall(r"<pre.*?</pre>", out) == re.findall(r"<pre.*?</pre>", page)
+
+
+def test_nmt_serve_counts_only_the_text_outside_tags_toward_max_chars(short_ckpt):
+    pytest.importorskip("fastapi")
+    from test_serve import InProcess
+
+    small = '<p class="a-long-class-name"><a href="https://example.org/a/long/path">Open</a> ' \
+            '<code>a_long_function_name()</code> it.</p>'
+    srv = InProcess(short_ckpt, "max_chars=20")
+    try:
+        (got,) = srv.translate([small], markup="html")
+        status, _, body = srv.call("POST", "/translate", {"text": [small * 3], "markup": "html"})
+    finally:
+        srv.stop()
+    assert len(small) > 20 and TAG.findall(got["text"]) == TAG.findall(small)
+    assert status == 413 and re.fullmatch(  # "Open  it." three times (with placeholders)
+        r"text: (27|30) characters of text outside tags; this server takes at most 20 per "
+        r"request", body["error"])

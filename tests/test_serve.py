@@ -758,8 +758,8 @@ def test_split_sentence_needs_the_servers_source_language(page_server):
 def test_max_chars_is_checked_before_the_text_is_split(page_server, monkeypatch):
     cut = []
     monkeypatch.setattr(page_server.service, "segment", lambda req, limit: cut.append(req))
-    status, _, body = page_server.call("POST", "/translate", {"text": ["Open it. " * 2500]})
-    assert status == 413 and body["error"].startswith("text: 22500 characters") and not cut
+    status, _, body = page_server.call("POST", "/translate", {"text": ["Open it. " * 12000]})
+    assert status == 413 and body["error"].startswith("text: 108000 characters") and not cut
 
 
 def test_the_pieces_of_a_text_draw_their_own_samples(ckpt):
