@@ -220,7 +220,7 @@ def test_xml_tags_and_placeholders_in_plain_text():
     out, unplaced = run([text], copy, "xml", placeholders=True)
     assert out == [text] and not unplaced
     (doc,) = [cut(text, "xml", placeholders=True)]
-    assert doc.pieces == ["Click Save or   now: a < b & c."]
+    assert doc.pieces == ["Click Save or  1 now: a < b & c."]  # {0} stands as a number
     assert [t.tag.raw for t in doc.sentences[0].tags] == ["<b>", "</b>", '<x id="1"/>', "{0}"]
     assert run(["{0} stays text"], upper, "xml")[0] == ["{0} STAYS TEXT"]
 

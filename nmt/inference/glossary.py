@@ -15,6 +15,7 @@ the translation lacks (cut at the maximum length) is appended rather than lost.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nmt.data.tokenizer import Tokenizer
@@ -170,17 +171,26 @@ class Glossary:
     def restore(text: str, terms: list[Term]) -> str:
         """A translation with each term's exact text in place of its rendering by the target
         tokenizer (as often as the source holds it); a kept term it lacks is appended."""
-        taken: list[tuple[int, int, str]] = []
-        lacking = []
-        for term in sorted(terms, key=lambda t: len(t.shown), reverse=True):
-            span = free_span(text, term.shown, taken)
-            if span is None:
-                lacking += [term.text] * term.keep
-            else:
-                taken.append((*span, term.text))
+        taken, lacking = term_spans(text, terms)
         for start, end, exact in sorted(taken, reverse=True):
             text = text[:start] + exact + text[end:]
         return " ".join(filter(None, [text, *lacking]))
+
+
+def term_spans(text: str, terms: list[Term], taken: Sequence[tuple[int, int, str]] = ()
+               ) -> tuple[list[tuple[int, int, str]], list[str]]:
+    """Where a translation renders each term (the longest first, each on spans free of
+    `taken` and of one another): (start, end, the term's exact text), and the kept terms it
+    lacks (to append). markup= writes them between its tags (nmt.inference.markup.restore)."""
+    spans: list[tuple[int, int, str]] = []
+    lacking = []
+    for term in sorted(terms, key=lambda t: len(t.shown), reverse=True):
+        span = free_span(text, term.shown, [*taken, *spans])
+        if span is None:
+            lacking += [term.text] * term.keep
+        else:
+            spans.append((*span, term.text))
+    return spans, lacking
 
 
 def with_terms(phrases: list[list[list[int]]] | None, terms: list[list[Term]]

@@ -13,15 +13,22 @@ pair. The text of script, style, code, var, kbd, samp, of any element with trans
 class="notranslate", and of code blocks (a pre holding code, samp or kbd, or of a class such as
 screen or programlisting; untranslated) is not translated: the element goes back whole, as one
 void tag (translate="yes" overrides all but script and style). Document.sentences are what
-the model translates (plain text, HTML's entities decoded).
+the model translates (plain text, HTML's entities decoded). An untranslated inline element
+that shows text (and a `{0}`) is a word of its sentence: the model reads a placeholder in its
+place, a number the unit's text does not hold (`Press 1 + 2 now.` for `Press <kbd>Ctrl</kbd>
++ <kbd>C</kbd> now.`), so that it reads whole sentences and puts the number where the
+element goes in its word order.
 
 `restore` puts a sentence's tags into its translation: a pair of tags around the target words
 aligned to the source words between them (the model's alignment: links between SentencePiece
 pieces, each piece's characters given), widened to whole words where the source span held whole
-words; a void tag (`<br/>` inside a sentence, `<img>`, `<x id="1"/>`, a placeholder) where the
-word it touches went. Spans that cross are made to nest (a parent widened over its children,
-then a later sibling shrunk to start after an earlier one), so the output is well-formed
-whenever the input was: the same tags, the same attributes, in the same nesting. A tag the
+words; an untranslated element in place of its number (a number the translation lacks: as a
+void tag; copies of it deleted); a void tag (`<br/>` inside a sentence, `<img>`, `<x id="1"/>`)
+where the word it touches went, with the source's spaces around it where the translation has
+fewer (SentencePiece writes one space for several). Spans that cross are made to nest (a
+parent widened over its children, then a later sibling shrunk to start after an earlier one),
+so the output is well-formed whenever the input was: the same tags, the same attributes, in
+the same nesting. A tag the
 alignment cannot place goes around the whole sentence (a pair) or at its nearer end (a void
 tag), and is named in the warnings: never lost, never duplicated. Document.join puts the
 restored sentences back between the untouched markup. No torch: the alignment is given.
@@ -31,11 +38,13 @@ from __future__ import annotations
 
 import bisect
 import html
+import itertools
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from html.parser import HTMLParser
 
+from nmt.inference.glossary import Term, term_spans
 from nmt.inference.segment import Segmented
 
 KINDS = ("none", "html", "xml")  # markup=
@@ -61,6 +70,7 @@ LINES = frozenset(("pre", "textarea"))  # each line of their text is a unit of i
 # values may hold ">"; "/>" closes a void tag.
 XML_TAG = re.compile(r"<(/?)([A-Za-z_][\w:.-]*)((?:[^<>\"']|\"[^\"]*\"|'[^']*')*?)(/?)>")
 PLACEHOLDER = re.compile(r"\{\w*\}")
+ANY_TAG = re.compile(r"<[^>]*>")  # what an untranslated element shows: its text without these
 OPEN_AT_END = re.compile(r"<(?:/?[A-Za-z]|[!?])[^>]*\Z")  # a tag left open at the end
 
 
@@ -72,6 +82,8 @@ class Tag:
     name: str  # the element's name, lower case ("" for a comment or placeholder)
     kind: str  # "open", "close" or "void" (void, comment, placeholder, opaque element)
     block: bool = False  # it bounds units of text (HTML's block elements)
+    words: bool = False  # an untranslated element holding words, or a {0}: a word of its sentence
+    stand: str = ""  # its placeholder in the text the model reads (make_unit), else ""
 
 
 @dataclass
@@ -140,7 +152,7 @@ class Document:
         pair such a cut goes through is split, each tag in its own piece (cut_unit)."""
         for part in self.parts:
             if isinstance(part, Unit):
-                cut_unit(part, split(part.text), fit)
+                cut_unit(part, lone_stands_joined(part, split(part.text)), fit)
         return self
 
     def join(self, outputs: list[str]) -> str:
@@ -273,8 +285,11 @@ def html_tokens(text: str) -> list[str | Tag]:
 
 
 def hidden_tag(raw: str, name: str) -> Tag:
-    """An untranslated element as one void tag: a block (bounding units) where it is one."""
-    return Tag(raw, name, "void", name in BLOCKS or name in RAW_BLOCKS)
+    """An untranslated element as one void tag: a block (bounding units) where it is one,
+    else a word of its sentence (Tag.words) where it shows any text."""
+    block = name in BLOCKS or name in RAW_BLOCKS
+    shown = html.unescape(ANY_TAG.sub("", raw)).strip()
+    return Tag(raw, name, "void", block, words=not block and bool(shown))
 
 
 def xml_tokens(text: str, placeholders: bool = False) -> list[str | Tag]:
@@ -288,7 +303,7 @@ def xml_tokens(text: str, placeholders: bool = False) -> list[str | Tag]:
         if m.start() > at:
             out.append(text[at:m.start()])
         if m.group(2) is None:  # a placeholder
-            out.append(Tag(m.group(), "", "void"))
+            out.append(Tag(m.group(), "", "void", words=True))
         else:
             kind = "close" if m.group(1) else "void" if m.group(4) else "open"
             out.append(Tag(m.group(), m.group(2).lower(), kind))
@@ -336,19 +351,47 @@ def parse(text: str, kind: str, placeholders: bool = False) -> Document:
 
 
 def make_unit(tokens: list[str | Tag], plain: Callable[[str], str]) -> Unit:
-    """A unit from its tokens: text runs decoded (plain) and joined, tags at their offsets."""
+    """A unit from its tokens: text runs decoded (plain) and joined, tags at their offsets;
+    each tag that is a word of its sentence stands in the text as its placeholder (Tag.stand,
+    placeholders')."""
+    items = [token if isinstance(token, Tag) else plain(token) for token in tokens]
     text, tags, raw = [], [], []
     at = 0
-    for token in tokens:
-        if isinstance(token, Tag):
-            tags.append((at, token))
-            raw.append(token.raw)
+    for token, item, stand in zip(tokens, items, placeholders(items), strict=True):
+        if isinstance(item, Tag):
+            tags.append((at, replace(item, stand=stand) if stand else item))
+            raw.append(item.raw)
         else:
-            decoded = plain(token)
-            text.append(decoded)
             raw.append(token)
-            at += len(decoded)
+        text.append(stand if isinstance(item, Tag) else item)
+        at += len(text[-1])
     return Unit("".join(text), tags, "".join(raw))
+
+
+def placeholders(items: list[str | Tag]) -> list[str]:
+    """Each item's placeholder in the text the model reads (items: a unit's decoded text runs
+    and tags): for a tag that is a word (Tag.words: an untranslated element, a {0}), a number
+    the unit's text does not hold (1, 2, ...: a SentencePiece model copies numbers as they
+    are), so that the model reads a whole sentence and puts the number where the element goes
+    (restore); "" for the rest, and for a word-tag that a digit touches (the numbers would
+    run together) or in a unit with no letter or digit to translate."""
+    text = "".join(i for i in items if isinstance(i, str))
+    if not any(c.isalnum() for c in text):
+        return [""] * len(items)
+    held = set(re.findall(r"\d+", text))
+    numbers = (n for n in map(str, itertools.count(1)) if n not in held)
+    after, following = [""] * len(items), ""  # the first character of the text after each
+    for k in range(len(items) - 1, -1, -1):
+        after[k] = following
+        following = items[k][:1] if isinstance(items[k], str) and items[k] else following
+    out, before = [], ""  # before: the last character of the text so far
+    for item, next_char in zip(items, after, strict=True):
+        touching = before + next_char
+        words = isinstance(item, Tag) and item.words
+        stand = next(numbers) if words and not any(c.isdecimal() for c in touching) else ""
+        out.append(stand)
+        before = (item if isinstance(item, str) else stand)[-1:] or before
+    return out
 
 
 # ----------------------------------------------------------------------------- cutting
@@ -405,7 +448,9 @@ def cut_unit(unit: Unit, doc: Segmented, fit: Callable[[str], list[str]] | None 
     for i, o in enumerate(offsets):
         other = both.close.get(i, both.open.get(i, i))
         other = i if other in both.split or i in both.split else other
-        owner.append(owner_of(*sorted((o, offsets[other])), starts, ends))
+        stand = len(unit.tags[i][1].stand)
+        owner.append(holder(o, o + stand, starts, ends) if stand else
+                     owner_of(*sorted((o, offsets[other])), starts, ends))
     first: dict[int, int] = {}  # piece -> the first and last tag it owns
     last: dict[int, int] = {}
     for i, k in enumerate(owner):
@@ -419,6 +464,27 @@ def cut_unit(unit: Unit, doc: Segmented, fit: Callable[[str], list[str]] | None 
     unit.sentences = [sentence_of(unit, range(first.get(k, 0), last.get(k, -1) + 1), s, e,
                                   both) for k, (s, e) in enumerate(spans)]
     unit.gaps = gaps_of(unit, spans, owner)
+
+
+def lone_stands_joined(unit: Unit, doc: Segmented) -> Segmented:
+    """doc (the split of unit.text) with each piece that holds no letter or digit but those
+    of placeholders joined to the piece before it (the first: to the one after): the model
+    never reads a sentence of placeholders alone (e.g. the `1` of "See the docs. 1")."""
+    if not any(tag.stand for _, tag in unit.tags):
+        return doc
+    mask = list(unit.text)  # the text with its placeholders blanked
+    for o, tag in unit.tags:
+        mask[o:o + len(tag.stand)] = " " * len(tag.stand)
+    pieces, gaps, at = [], [doc.gaps[0]], len(doc.gaps[0])
+    for piece, gap in zip(doc.pieces, doc.gaps[1:], strict=True):
+        lone = not any(c.isalnum() for c in mask[at:at + len(piece)])
+        if pieces and (lone or pieces[-1][1]):  # this one lone, or the first one was
+            pieces[-1] = (pieces[-1][0] + gaps.pop() + piece, pieces[-1][1] and lone)
+        else:
+            pieces.append((piece, lone))
+        gaps.append(gap)
+        at += len(piece) + len(gap)
+    return Segmented([p for p, _ in pieces], gaps)
 
 
 def core_spans(at: int, parts: list[str]) -> list[list[int]]:
@@ -511,6 +577,12 @@ def owner_of(a: int, b: int, starts: list[int], ends: list[int]) -> int | None:
     return None
 
 
+def holder(a: int, b: int, starts: list[int], ends: list[int]) -> int | None:
+    """The piece that holds characters [a, b) (a placeholder's) whole; None: none does."""
+    k = bisect.bisect_right(starts, a) - 1
+    return k if k >= 0 and ends[k] >= b else None
+
+
 def gaps_of(unit: Unit, spans: list[list[int]], owner: list[int | None]
             ) -> list[list[str | Tag]]:
     """Each gap's text and the tags no piece holds (gap k: before piece k)."""
@@ -526,7 +598,7 @@ def gaps_of(unit: Unit, spans: list[list[int]], owner: list[int | None]
         for i in tags:
             o, tag = unit.tags[i]
             items += [unit.text[pos:max(pos, o)], tag]
-            pos = max(pos, o)
+            pos = max(pos, o + len(tag.stand))  # its placeholder: the tag as written instead
         out.append([i for i in [*items, unit.text[pos:hi]] if i != ""])
     return out
 
@@ -595,17 +667,20 @@ class Unplaced:
                 f"whole sentence (a tag holding no words: to the sentence's nearer end)")
 
 
-def put_back(docs: list[Document], found: list[Aligned]
+def put_back(docs: list[Document], found: list[Aligned], terms: list[list[Term]] | None = None
              ) -> tuple[list[list[str]], list[Unplaced]]:
     """Per document, its sentences' translations with their tags back (restore's; `found`:
-    each sentence's, in order), and the tags that went around whole sentences."""
+    each sentence's, in order; terms: each sentence's glossary terms, None: none), and the
+    tags that went around whole sentences."""
     it = iter(found)
+    held = iter(terms) if terms is not None else itertools.repeat([])
     out, unplaced = [], []
     for i, doc in enumerate(docs):
         mine = []
         for sentence in doc.sentences:
             a = next(it)
-            r = restore(sentence, a.target, a.links, a.src_spans, a.tgt_spans, doc.escape)
+            r = restore(sentence, a.target, a.links, a.src_spans, a.tgt_spans, doc.escape,
+                        next(held))
             mine.append(r.text)
             unplaced += [Unplaced(i, tag) for tag in r.unplaced]
         out.append(mine)
@@ -620,6 +695,7 @@ class _Node:
     close: int | None
     x: int
     y: int
+    pads: tuple[str, str] = ("", "")  # spaces written before its (opening) tag, after its last
     children: list[_Node] = field(default_factory=list)
 
 
@@ -643,6 +719,13 @@ class _Alignment:
             return None
         return min(s for s, _ in found), max(e for _, e in found)
 
+    def forget(self, spans: list[tuple[int, int]]) -> None:
+        """The links to target characters that `spans` overlap dropped."""
+        if spans:
+            for j, found in self.to.items():
+                self.to[j] = [s for s in found if not any(s[0] < y and s[1] > x
+                                                          for x, y in spans)]
+
     def inside_word(self, text: str, at: int) -> bool:
         """Does position `at` of `text` fall between two letters or digits?"""
         return 0 < at < len(text) and text[at - 1].isalnum() and text[at].isalnum()
@@ -661,9 +744,11 @@ class _Alignment:
                 y += 1
         return y
 
-    def span(self, a: int, b: int) -> tuple[int, int] | None:
-        """Where source characters [a, b) (a tag pair's content) go; None: nowhere known."""
-        found = self.chars(a, b)
+    def span(self, a: int, b: int, found: tuple[int, int] | None = None
+             ) -> tuple[int, int] | None:
+        """Where source characters [a, b) (a tag pair's content) go (found: the target
+        characters they went to, else chars'); None: nowhere known."""
+        found = found or self.chars(a, b)
         if found is None:
             return None
         x, y = self.start(found[0], a), self.end(found[1], b)
@@ -674,33 +759,156 @@ class _Alignment:
             y += y < len(target) and target[y].isspace()
         return x, y
 
-    def point(self, p: int) -> int | None:
-        """Where a void tag at source position p goes: after the target of the word it ends,
-        else before the target of the word it starts; None: nowhere known."""
+    def point(self, a: int, b: int, left: bool = False) -> int | None:
+        """Where a tag at source position a goes (a placeholder the translation lacks: [a, b)
+        its characters, else b == a): after the target of the word it ends (left, and
+        spaces on both sides: of the word before it, where the alignment places that), else
+        before the target of the word that starts after it; None: nowhere known. Between
+        the target's spaces as the source has them where the target has as many, else next
+        to the word (restore pads it with the source's spaces: _Places.pads)."""
         source, target = self.source, self.target
-        if p > 0 and not source[p - 1].isspace():
-            found = self.chars(p - 1, p)
-            return None if found is None else self.end(found[1], p)
-        q = p + len(source[p:]) - len(source[p:].lstrip())
+        w = a - len(spaces_before(source, a))  # where the word before it ends
+        q = b + len(spaces_after(source, b))  # where the word after it starts
+        if w > 0 and (w == a or left and q > b):
+            found = self.chars(w - 1, w)
+            if found is not None or w == a:
+                x = None if found is None else self.end(found[1], w)
+                return x if x is None or len(spaces_after(target, x)) < q - b + a - w \
+                    else x + a - w
         if q == len(source):
             return len(target)
         found = self.chars(q, q + 1)
         if found is None:
             return None
         x = self.start(found[0], q)
-        for _ in range(q - p):  # spaces after it in the source: before the target's spaces
-            x -= x > 0 and target[x - 1].isspace()
-        return x
+        spaces = len(spaces_before(target, x))
+        return x - (q - b if spaces >= q - b + a - w else max(0, spaces - (a - w)))
+
+
+def spaces_before(text: str, at: int) -> str:
+    """The whitespace that ends at position `at` of `text`."""
+    start = at
+    while start > 0 and text[start - 1].isspace():
+        start -= 1
+    return text[start:at]
+
+
+def spaces_after(text: str, at: int) -> str:
+    """The whitespace that starts at position `at` of `text`."""
+    end = at
+    while end < len(text) and text[end].isspace():
+        end += 1
+    return text[at:end]
+
+
+NO_PADS = ("", "")
+
+
+class _Places:
+    """Where a sentence's tags go in its translation (restore's): a placeholder where the
+    translation has its number, a pair around the target of its words, the rest at a point
+    (with the spaces around it that the target lacks)."""
+
+    def __init__(self, sentence: Sentence, aligned: _Alignment):
+        self.sentence, self.aligned, tags = sentence, aligned, sentence.tags
+        self.stands = [i for i, t in enumerate(tags) if t.tag.stand]  # the placeholders' tags
+        solid = [not c.isspace() for c in sentence.text]  # a word's character, not a stand's
+        for t in tags:
+            solid[t.offset:t.offset + len(t.tag.stand)] = [False] * len(t.tag.stand)
+        self.solid = list(itertools.accumulate(solid, initial=0))
+        self.found, copies = self._stands()
+        aligned.forget(copies)  # not written: no pair goes around them
+        self.edits = [(x, y, "") for x, y in [*self.found.values(), *copies]]  # none written
+        self.group, self.left = self._groups()
+
+    def _groups(self) -> tuple[list[int], dict[int, bool]]:
+        """Each tag's group (tags next to each other: each at the offset where the one before
+        it, or its placeholder, ends): its first tag's index; and whether a group goes with
+        the word before it (it closes an element open before it and opens none that goes on
+        after it), else with the word after it."""
+        tags = self.sentence.tags
+        opens = {t.partner: i for i, t in enumerate(tags) if t.partner is not None}
+        group = [0] * len(tags)
+        ends: dict[int, bool] = {}  # group -> it closes an element open before it
+        goes_on: dict[int, bool] = {}  # group -> it opens an element that goes on after it
+        for i, t in enumerate(tags):
+            touch = i and tags[i - 1].offset + len(tags[i - 1].tag.stand) == t.offset
+            g = group[i] = group[i - 1] if touch else i
+            ends[g] = ends.get(g, False) or t.tag.kind == "close" and opens.get(i, -1) < g
+            goes_on[g] = goes_on.get(g, False) or t.partner is not None and (
+                tags[t.partner].offset != t.offset)
+        return group, {g: ends[g] and not goes_on[g] for g in ends}
+
+    def span(self, i: int) -> tuple[int, int]:
+        """Tag i's source characters: a pair's [open, close), a placeholder's, else [a, a)."""
+        inner = self.sentence.tags[i]
+        if inner.partner is not None:
+            return inner.offset, self.sentence.tags[inner.partner].offset
+        return inner.offset, inner.offset + len(inner.tag.stand)
+
+    def place(self, i: int) -> tuple[tuple[int, int] | None, tuple[str, str]]:
+        """Where tag i (opening or void) goes in the target ([x, y): a placeholder's number,
+        which it replaces, or a pair's words; None: nowhere known) and its pads."""
+        if i in self.found:
+            return self.found[i], NO_PADS
+        inner, (a, b) = self.sentence.tags[i], self.span(i)
+        if inner.partner is not None and self.solid[b] > self.solid[a]:  # words of its own
+            return self.aligned.span(a, b), NO_PADS
+        if inner.partner is not None:  # placeholders alone: around those the target holds
+            held = [self.found[k] for k in self.stands[bisect.bisect(self.stands, i):bisect.bisect(
+                self.stands, inner.partner)] if k in self.found]
+            if held:
+                return self.aligned.span(a, b, (min(held)[0], max(y for _, y in held))), NO_PADS
+        x = self.aligned.point(a, b, self.left[self.group[i]])
+        return (None, NO_PADS) if x is None else ((x, x), self.pads(i, a, b, x))
+
+    def pads(self, i: int, a: int, b: int, x: int) -> tuple[str, str]:
+        """The source's spaces before and after tag i (a point: a, b in the source, x in
+        the target) where the target has none there (SentencePiece writes one space for
+        several, and none for a tag's own): a word would touch the tag. Of tags at one
+        place, the first gets the spaces before, the last those after."""
+        tags, target, group = self.sentence.tags, self.aligned.target, self.group
+        last = tags[i].partner if tags[i].partner is not None else i
+        before = spaces_before(self.sentence.text, a) if group[i] == i else ""
+        after = spaces_after(self.sentence.text, b) if last + 1 == len(tags) or \
+            group[last + 1] != group[last] else ""
+        return (before if x > 0 and not target[x - 1].isspace() else "",
+                after if x < len(target) and not target[x].isspace() else "")
+
+    def _stands(self) -> tuple[dict[int, tuple[int, int]], list[tuple[int, int]]]:
+        """The placeholders that the translation holds: tag index -> its number's span there
+        (of several copies, the one nearest to where the alignment puts it), and the other
+        copies' spans (each with the space before it)."""
+        sentence, target = self.sentence, self.aligned.target
+        by_number = {t.tag.stand: i for i, t in enumerate(sentence.tags) if t.tag.stand}
+        seen: dict[int, list[tuple[int, int]]] = {}
+        for m in re.finditer(r"\d+", target):
+            i = by_number.get(m.group())
+            a = -1 if i is None else sentence.tags[i].offset
+            glued = a > 0 and sentence.text[a - 1].isalnum()  # the source's: letters may touch
+            if i is not None and (glued or not target[m.start() - 1:m.start()].isalnum()):
+                seen.setdefault(i, []).append(m.span())
+        found, copies = {}, []
+        for i, spans in seen.items():
+            a, b = self.span(i)
+            guess = self.aligned.chars(a, b) if len(spans) > 1 else None
+            found[i] = min(spans, key=lambda s: abs(s[0] - guess[0])) if guess else spans[0]
+            copies += [(x - (x > 0 and target[x - 1] == " "), y) for x, y in spans
+                       if (x, y) != found[i]]
+        return found, copies
 
 
 def restore(sentence: Sentence, target: str, links: list[tuple[int, int]],
             src_spans: list[tuple[int, int]], tgt_spans: list[tuple[int, int]],
-            escape: Callable[[str], str] = str) -> Restored:
+            escape: Callable[[str], str] = str, terms: list[Term] = ()) -> Restored:
     """The translation `target` of sentence.text with the sentence's tags put back (module
     docstring); links: (source piece, target piece) pairs; src_spans, tgt_spans: each piece's
     characters [start, end) in sentence.text and in target (spaces excluded); escape: how
-    the translation's text is written (Document.escape)."""
+    the translation's text is written (Document.escape); terms: the glossary's terms the
+    sentence holds, each written as its exact text where the target renders it whole
+    between two tags, a kept term the target lacks appended (glossary.term_spans)."""
     aligned, tags = _Alignment(sentence.text, target, links, src_spans, tgt_spans), sentence.tags
+    places = _Places(sentence, aligned)
     closes = {t.partner for t in tags if t.partner is not None}
     nodes: dict[int, _Node] = {}
     root = _Node(-1, None, 0, len(target))
@@ -708,22 +916,19 @@ def restore(sentence: Sentence, target: str, links: list[tuple[int, int]],
     for i, inner in enumerate(tags):
         if i in closes:
             continue
-        a = inner.offset
-        b = tags[inner.partner].offset if inner.partner is not None else a
-        if b > a and sentence.text[a:b].strip():
-            where = aligned.span(a, b)
-        else:
-            p = aligned.point(a)
-            where = None if p is None else (p, p)
+        where, pads = places.place(i)
         if where is None:  # around the whole sentence, or at its nearer end
+            a = inner.offset
             unplaced.append(inner.tag.raw or tags[inner.partner].tag.raw)  # "": split
-            where = (0, len(target)) if b > a else (0, 0) if 2 * a <= len(sentence.text) \
-                else (len(target), len(target))
-        nodes[i] = _Node(i, inner.partner, *where)
+            where = (0, len(target)) if inner.partner is not None and places.span(i)[1] > a \
+                else (0, 0) if 2 * a <= len(sentence.text) else (len(target), len(target))
+        nodes[i] = _Node(i, inner.partner, *where, pads)
         (root if inner.parent is None else nodes[inner.parent]).children.append(nodes[i])
     _widen(root)
     _settle(root)
-    return Restored("".join(_emit(root, tags, target, escape)), unplaced)
+    spans, lacking = term_spans(target, list(terms), places.edits)
+    text = "".join(_emit(root, tags, _writer(target, escape, places.edits + spans)))
+    return Restored(text + "".join(" " + escape(term) for term in lacking), unplaced)
 
 
 def _preorder(root: _Node) -> list[_Node]:
@@ -759,10 +964,30 @@ def _settle(root: _Node) -> None:
         stack += node.children
 
 
-def _emit(root: _Node, tags: list[Inner], target: str, escape: Callable[[str], str]
-          ) -> list[str]:
-    """A settled tree's markup: the target's text between each node's children, escaped,
-    and each child's tags as written around its own (an explicit stack of the nodes open)."""
+def _writer(target: str, escape: Callable[[str], str], edits: list[tuple[int, int, str]]
+            ) -> Callable[[int, int], str]:
+    """What writes target characters [a, b) as markup: escaped, with each edit (start, end,
+    text; none overlapping) that lies whole inside made."""
+    edits = sorted(edits)
+    starts = [s for s, _, _ in edits]
+
+    def write(a: int, b: int) -> str:
+        out, at = [], a
+        for k in range(bisect.bisect_left(starts, a), len(edits)):
+            s, e, text = edits[k]
+            if e > b:
+                break
+            out += [escape(target[at:s]), escape(text)]
+            at = e
+        out.append(escape(target[at:b]))
+        return "".join(out)
+    return write
+
+
+def _emit(root: _Node, tags: list[Inner], write: Callable[[int, int], str]) -> list[str]:
+    """A settled tree's markup: the target's text between each node's children (write's),
+    and each child's tags as written around its own, with its pads (an explicit stack of
+    the nodes open)."""
     out: list[str] = []
     frames = [(root, iter(root.children))]
     at = root.x  # where the text written so far ends
@@ -770,14 +995,15 @@ def _emit(root: _Node, tags: list[Inner], target: str, escape: Callable[[str], s
         node, children = frames[-1]
         child = next(children, None)
         if child is None:  # the node's last text, then its close
-            out.append(escape(target[at:node.y]))
+            out.append(write(at, node.y))
             frames.pop()
             at = node.y
             if frames:
-                out.append(tags[node.close].tag.raw)
+                out += [tags[node.close].tag.raw, node.pads[1]]
             continue
-        out += [escape(target[at:child.x]), tags[child.index].tag.raw]
+        out += [write(at, child.x), child.pads[0], tags[child.index].tag.raw]
         if child.close is None:
+            out.append(child.pads[1])
             at = child.y
         else:
             frames.append((child, iter(child.children)))
