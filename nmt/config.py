@@ -705,7 +705,7 @@ def per_segment(cfg: TranslateConfig) -> list[str]:
 
 def _check_markup(cfg: TranslateConfig) -> None:
     """markup and placeholders; the tags go back by the alignment of one translation of a
-    whole line's sentences (nmt.inference.markup)."""
+    whole line's sentences (nmt.inference.markup), glossary and keep terms between them."""
     _check(cfg.markup in MARKUP_KINDS, "markup",
            f"must be {', '.join(MARKUP_KINDS)}, got {cfg.markup!r}")
     _check(not cfg.placeholders or cfg.markup == "xml", "placeholders", "needs markup=xml")
@@ -715,7 +715,6 @@ def _check_markup(cfg: TranslateConfig) -> None:
     check_markup_installed()
     for key, on in (("search.nbest", cfg.search.nbest > 1), ("prefix", cfg.prefix),
                     ("score_reference", cfg.score_reference), ("constraints", cfg.constraints),
-                    ("glossary", cfg.glossary), ("keep", cfg.keep),
                     ("alignment", cfg.alignment), ("attention_plot", cfg.attention_plot)):
         _check(not on, key, f"not with markup={cfg.markup} (its tags go back into one "
                f"translation of each line's sentences)")

@@ -9,12 +9,20 @@ from __future__ import annotations
 
 import html
 import re
+from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 
-from test_markup import BERGAMOT, DATA, GENERATED, TAG, cut, reverse, run, words
+import pytest
+from test_markup import BERGAMOT, DATA, GENERATED, TAG, cut, reverse, run, well_formed, words
+from translate_helpers import save_tiny_checkpoint
+from translate_helpers import translate_config as config
 
-from nmt.inference import markup
-from nmt.inference.markup import Aligned
+from nmt.commands.translate import translate
+from nmt.data.tokenizer import Tokenizer
+from nmt.inference import markup, segment
+from nmt.inference.glossary import Glossary, read_glossary, read_keep
+from nmt.inference.markup import Aligned, put_back
 
 
 def spm_copy(s: markup.Sentence) -> Aligned:
@@ -86,8 +94,8 @@ def test_the_model_reads_whole_sentences_with_a_number_for_each_untranslated_ele
 
 
 def test_an_element_goes_where_the_model_put_its_number():
-    """Old: `. <kbd>C</kbd>now <kbd>Ctrl</kbd>+ Press` (the elements cut out of the
-    sentence went beside the words that touched them, wherever those went)."""
+    """Old: `.<kbd>C</kbd> now<kbd>Ctrl</kbd> + Press` (the elements cut out of the sentence
+    went beside the words that touched them, wherever those went)."""
     (out,), _ = run(["<p>Press <kbd>Ctrl</kbd> + <kbd>C</kbd> now.</p>"], reverse)
     assert out == "<p>. now <kbd>C</kbd> + <kbd>Ctrl</kbd> Press</p>"
     (out,), _ = run(["<p>Run <code>ls -l</code>.</p>"], rewrite(lambda w: [1, 0, 2]))
@@ -109,3 +117,108 @@ def test_each_element_comes_back_once_whatever_the_model_does_with_its_number():
         assert (out, unplaced) == (want, []), name
         assert out.count("<code>menu</code>") == out.count("<kbd>it</kbd>") == 1
         assert not re.search(r"\d", html.unescape(TAG.sub("", out)))  # no number left
+
+
+# ----------------------------------------------------------------------------- glossaries
+KEPT = ["NT AUTHORITY\\SYSTEM", "\ufb01le.txt"]  # unknown pieces; NFKC's "fi"
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_data_dir) -> Tokenizer:
+    return Tokenizer.from_file(tiny_data_dir / "spm.model")
+
+
+def rendering(glossary: Glossary) -> Callable[[markup.Sentence], Aligned]:
+    """A translator that copies a sentence but for its glossary terms, each written as the
+    target tokenizer renders it (a kept term's "\\" as " ⁇ "), aligned word to word (a
+    term's words to its source's first)."""
+    def stand_in(s: markup.Sentence) -> Aligned:
+        target, links, src, tgt, at = "", [], [], [], 0
+        found = [(m.start(), m.start() + len(m.group(1))) for m in glossary.pattern.finditer(
+            s.text)]
+        for start, end in [*found, (len(s.text), len(s.text))]:
+            for a, b in words(s.text[at:start]):  # copied
+                links.append((len(src), len(tgt)))
+                src.append((at + a, at + b))
+                tgt.append((len(target) + a, len(target) + b))
+            target += s.text[at:start]
+            if start < end:
+                shown = glossary.term(s.text[start:end]).shown
+                src.append((start, end))
+                for a, b in words(shown):
+                    links.append((len(src) - 1, len(tgt)))
+                    tgt.append((len(target) + a, len(target) + b))
+                target += shown
+            at = end
+        return Aligned(target, links, src, tgt)
+    return stand_in
+
+
+def test_glossary_and_kept_terms_are_written_exactly_between_the_tags(tok):
+    """Old: put_back takes no terms (markup refused a glossary)."""
+    g = Glossary(read_glossary(["file\tElifen"], "g.tsv") + read_keep(KEPT, "k"), tok, 50)
+    assert g.term(KEPT[0]).shown != KEPT[0]  # what the model's pieces decode to
+    text = f"<p>run <b>{KEPT[0]}</b> on the <i>file</i> <code>x</code> {KEPT[1]}.</p>"
+    (doc,) = [cut(text)]
+    terms = [g.matches(p) for p in doc.pieces]
+    marked, unplaced = put_back([doc], [rendering(g)(s) for s in doc.sentences], terms)
+    assert doc.join(marked[0]) == (f"<p>run <b>{KEPT[0]}</b> on the <i>Elifen</i> "
+                                   f"<code>x</code> {KEPT[1]}.</p>") and not unplaced
+    s = markup.Sentence("a b", [])  # a kept term the translation lacks: appended
+    got = markup.restore(s, "x y", [], [], [], str, g.matches(f"a {KEPT[1]}"))
+    assert got.text == f"x y {KEPT[1]}"
+
+
+@pytest.fixture(scope="module")
+def ckpt(tiny_data_dir, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("run") / "checkpoint.pt"
+    return save_tiny_checkpoint(path, (tiny_data_dir / "spm.model").read_bytes(), seed=0)
+
+
+LINES = [f"<p>run <b>{KEPT[0]}</b> now. Open the <i>file</i> with <code>vi</code>.</p>",
+         f"copy <kbd>x</kbd> {KEPT[1]} to the <a href='#'>folder</a>"]
+
+
+def check_marked(lines: list[str], out: list[str]) -> None:
+    """Each translation holds its line's tags, well-formed, its untranslated elements once,
+    its kept terms as written and its glossary's targets."""
+    for line, got in zip(lines, out, strict=True):
+        assert Counter(TAG.findall(got)) == Counter(TAG.findall(line)) and well_formed(got)
+        for element in re.finditer(r"<(code|kbd)>.*?</\1>", line):
+            assert got.count(element.group()) == 1
+        for term in KEPT:
+            assert got.count(term) == line.count(term), (line, got)
+    assert "Elifen" in out[0] and "Nepoen" in out[0]
+
+
+def test_nmt_translate_with_markup_and_a_glossary_and_keep_list(ckpt, tmp_path):
+    """Old: `glossary: not with markup=html`."""
+    pytest.importorskip(segment.SPLITTER)
+    src = tmp_path / "in.html"
+    src.write_text("\n".join(LINES) + "\n")
+    (tmp_path / "g.tsv").write_text("file\tElifen\nopen\tNepoen\n")
+    (tmp_path / "keep.txt").write_text("\n".join(KEPT) + "\n")
+    cfg = config(checkpoint=ckpt, input=src, workers=1, markup="html", split="sentence",
+                 split_lang="en", glossary=tmp_path / "g.tsv", keep=tmp_path / "keep.txt",
+                 **{"search.beam_size": 2})
+    check_marked(LINES, translate(cfg)["hypotheses"])
+
+
+@pytest.mark.slow
+def test_nmt_serve_with_markup_and_a_glossary_and_keep_list(ckpt):
+    """nmt's API (markup=html) and LibreTranslate's (format=html), the request's terms.
+    Old: 422 `markup: not with a glossary or keep list`."""
+    pytest.importorskip("fastapi")
+    from test_serve import InProcess
+
+    srv = InProcess(ckpt, "src_lang=en", "tgt_lang=de", "split=sentence")
+    try:
+        got = srv.translate(LINES, markup="html", glossary={"file": "Elifen", "open": "Nepoen"},
+                            keep=KEPT)
+        status, _, libre = srv.call("POST", "/translate", {
+            "q": LINES, "source": "en", "target": "de", "format": "html",
+            "glossary": {"file": "Elifen", "open": "Nepoen"}, "keep": KEPT})
+    finally:
+        srv.stop()
+    check_marked(LINES, [t["text"] for t in got])
+    assert status == 200 and libre["translatedText"] == [t["text"] for t in got]

@@ -50,7 +50,7 @@ from nmt.inference.align import align, check_layer, pharaoh, sentence_alignments
 from nmt.inference.comet import Comet, load_comet, system_score
 from nmt.inference.constrained import missing_phrases
 from nmt.inference.engine import Engine, check_vocab, open_translator
-from nmt.inference.glossary import Glossary, with_terms
+from nmt.inference.glossary import Glossary, Term, with_terms
 from nmt.inference.markup import Document, parse, put_back
 from nmt.inference.messages import Hypothesis
 from nmt.inference.rerank import Chooser
@@ -445,11 +445,11 @@ def process(s: Session, lines: list[str], first: int, interactive: bool = False)
     if phrases and not cfg.quiet and s.env.is_main and docs is None:  # a line each
         warn_missing(s, hyps, phrases, first)
     texts = [tr.tgt_tok.decode([h.tokens for h in hs]) for hs in hyps]
-    if terms is not None:  # each term's exact text back
+    if cfg.markup != "none" and s.env.is_main:  # the tags back into each sentence's translation
+        texts = marked_sentences(s, docs, src_ids, hyps, first, terms)
+    elif terms is not None:  # each term's exact text back
         texts = [[Glossary.restore(t, ts) for t in tl] for tl, ts in zip(texts, terms,
                                                                         strict=True)]
-    if cfg.markup != "none" and s.env.is_main:  # the tags back into each sentence's translation
-        texts = marked_sentences(s, docs, src_ids, hyps, first)
     if docs is not None:
         hyps, texts = line_translations(docs, hyps, texts)
         links = [None] * len(hyps)  # alignment=true needs split=none
@@ -501,14 +501,17 @@ def split_lines(s: Session, lines: list[str]
 
 
 def marked_sentences(s: Session, docs: list[Document], src_ids: list[list[int]],
-                     hyps: list[list[Hypothesis]], first: int) -> list[list[str]]:
+                     hyps: list[list[Hypothesis]], first: int,
+                     terms: list[list[Term]] | None = None) -> list[list[str]]:
     """markup=: each sentence's best translation with its tags put back by the alignment
-    (nmt.inference.markup); a warning names each tag the alignment could not place."""
+    (nmt.inference.markup), its glossary terms' exact texts between them (terms: each
+    sentence's, None: no glossary); a warning names each tag the alignment could not
+    place."""
     found = sentence_alignments(
         s.translator, [p for doc in docs for p in doc.pieces], src_ids,
         [h[0].tokens for h in hyps], len(s.languages.source), s.languages.prefix,
         s.cfg.alignment_layer, s.cfg.search.max_tokens)
-    marked, unplaced = put_back(docs, found)
+    marked, unplaced = put_back(docs, found, terms)
     for u in unplaced[:5]:
         log(f"warning: {s.name}: line {first + u.doc + 1}: {u.why()}")
     if len(unplaced) > 5:

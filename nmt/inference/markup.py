@@ -807,9 +807,10 @@ NO_PADS = ("", "")
 class _Places:
     """Where a sentence's tags go in its translation (restore's): a placeholder where the
     translation has its number, a pair around the target of its words, the rest at a point
-    (with the spaces around it that the target lacks)."""
+    (with the spaces around it that the target lacks), none inside a glossary term; and the
+    edits of the target's text (numbers deleted, terms' exact texts)."""
 
-    def __init__(self, sentence: Sentence, aligned: _Alignment):
+    def __init__(self, sentence: Sentence, aligned: _Alignment, terms: list[Term]):
         self.sentence, self.aligned, tags = sentence, aligned, sentence.tags
         self.stands = [i for i, t in enumerate(tags) if t.tag.stand]  # the placeholders' tags
         solid = [not c.isspace() for c in sentence.text]  # a word's character, not a stand's
@@ -819,7 +820,22 @@ class _Places:
         self.found, copies = self._stands()
         aligned.forget(copies)  # not written: no pair goes around them
         self.edits = [(x, y, "") for x, y in [*self.found.values(), *copies]]  # none written
+        spans, self.lacking = term_spans(aligned.target, terms, self.edits)
+        self.edits += spans
+        self.terms = sorted((x, y) for x, y, _ in spans)
         self.group, self.left = self._groups()
+
+    def whole(self, where: tuple[int, int] | None) -> tuple[int, int] | None:
+        """`where` moved out of the terms it cuts into (a point to the term's start, a span
+        over it whole): each term is written whole, its exact text."""
+        if where is None or not self.terms:
+            return where
+        x, y = where
+        k = bisect.bisect_right(self.terms, (x, len(self.aligned.target))) - 1
+        x = self.terms[k][0] if k >= 0 and x < self.terms[k][1] else x
+        k = bisect.bisect_left(self.terms, (y, -1)) - 1
+        y = self.terms[k][1] if k >= 0 and y < self.terms[k][1] else y
+        return (x, x) if where[0] == where[1] else (x, y)
 
     def _groups(self) -> tuple[list[int], dict[int, bool]]:
         """Each tag's group (tags next to each other: each at the offset where the one before
@@ -908,7 +924,7 @@ def restore(sentence: Sentence, target: str, links: list[tuple[int, int]],
     sentence holds, each written as its exact text where the target renders it whole
     between two tags, a kept term the target lacks appended (glossary.term_spans)."""
     aligned, tags = _Alignment(sentence.text, target, links, src_spans, tgt_spans), sentence.tags
-    places = _Places(sentence, aligned)
+    places = _Places(sentence, aligned, list(terms))
     closes = {t.partner for t in tags if t.partner is not None}
     nodes: dict[int, _Node] = {}
     root = _Node(-1, None, 0, len(target))
@@ -917,6 +933,7 @@ def restore(sentence: Sentence, target: str, links: list[tuple[int, int]],
         if i in closes:
             continue
         where, pads = places.place(i)
+        where = places.whole(where) if i not in places.found else where
         if where is None:  # around the whole sentence, or at its nearer end
             a = inner.offset
             unplaced.append(inner.tag.raw or tags[inner.partner].tag.raw)  # "": split
@@ -926,9 +943,8 @@ def restore(sentence: Sentence, target: str, links: list[tuple[int, int]],
         (root if inner.parent is None else nodes[inner.parent]).children.append(nodes[i])
     _widen(root)
     _settle(root)
-    spans, lacking = term_spans(target, list(terms), places.edits)
-    text = "".join(_emit(root, tags, _writer(target, escape, places.edits + spans)))
-    return Restored(text + "".join(" " + escape(term) for term in lacking), unplaced)
+    text = "".join(_emit(root, tags, _writer(target, escape, places.edits)))
+    return Restored(text + "".join(" " + escape(term) for term in places.lacking), unplaced)
 
 
 def _preorder(root: _Node) -> list[_Node]:

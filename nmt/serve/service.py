@@ -286,8 +286,8 @@ class Service:
         return split, docs
 
     def check_markup(self, req: TranslateRequest) -> None:
-        """markup: an engine with attention, protobuf, one translation per text, no glossary
-        (the tags go back into each sentence's best translation as decoded)."""
+        """markup: an engine with attention, protobuf, one translation per text (the tags go
+        back into each sentence's best translation as decoded)."""
         self.check_engine("markup", True)
         try:
             check_markup_installed()
@@ -298,19 +298,17 @@ class Service:
         if (req.nbest or 1) > 1:
             raise ApiError(422, "nbest", f"not with markup={req.markup}: its tags go back into "
                                          f"one translation")
-        if self.glossary_of(req) is not None:
-            raise ApiError(422, "markup", "not with a glossary or keep list (this server's or "
-                                          "the request's) yet")
 
     async def marked(self, docs: list[Document], ids: list[list[int]], choice: LanguageChoice,
-                     nbest: list[list[Hypothesis]]) -> list[str]:
+                     nbest: list[list[Hypothesis]], terms: list[list[Term]]) -> list[str]:
         """markup: each piece's best translation with its tags back, by the alignment
-        (nmt.inference.markup); each tag it cannot place is logged."""
+        (nmt.inference.markup), and its glossary terms' exact texts (terms: each piece's);
+        each tag it cannot place is logged."""
         found = await asyncio.to_thread(
             sentence_alignments, self.translator, [p for doc in docs for p in doc.pieces], ids,
             [hyps[0].tokens for hyps in nbest], len(choice.source), choice.prefix,
             max_tokens=self.cfg.search.max_tokens)
-        marked, unplaced = await asyncio.to_thread(put_back, docs, found)
+        marked, unplaced = await asyncio.to_thread(put_back, docs, found, terms)
         for u in unplaced:
             log(f"warning: text[{u.doc}]: {u.why()}")
         return [t for doc in marked for t in doc]
@@ -366,7 +364,7 @@ class Service:
         parts = [self._translation(hyps, len(f) > limit, search.nbest, a, ts, combine)
                  for hyps, f, a, ts in zip(nbest, full, maps, terms, strict=True)]
         if req.markup != "none":
-            texts = await self.marked(docs, ids, choice, nbest)
+            texts = await self.marked(docs, ids, choice, nbest, terms)
             parts = [p.model_copy(update={"text": t}) for p, t in zip(parts, texts, strict=True)]
         parts = iter(parts)
         return TranslateResponse(translations=[
