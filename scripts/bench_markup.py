@@ -14,7 +14,8 @@ nmt.inference.markup, and through nmt-serve with a model.
    the seconds and the peak memory of the Python objects (tracemalloc) of the copy's run.
 2. With --checkpoint: each page through a real nmt-serve (its default limits, markup=html,
    src_lang and tgt_lang given) in one request: the status (the error of a refused page), the
-   request's seconds, the server's peak resident memory (os.wait4's, workers included).
+   request's seconds, the server's peak resident memory (os.wait4's, workers included), whether
+   every tag came back, the pre blocks left as they are.
 
 The code measured is the nmt this script imports: for an older commit, a checkout of it first
 on PYTHONPATH (python puts the script's folder first, then PYTHONPATH, then the install):
@@ -63,6 +64,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lang", default="en", help="the pages' language (src_lang)")
     p.add_argument("--tgt-lang", default="de", help="the target language (tgt_lang)")
     p.add_argument("--serve-args", nargs="*", default=[], help="more nmt-serve key=value")
+    p.add_argument("--save", help="a folder for nmt-serve's translations (NAME.out.html)")
     return p.parse_args()
 
 
@@ -137,7 +139,7 @@ def start_server(args) -> tuple[subprocess.Popen, int]:
     raise SystemExit("nmt-serve did not start")
 
 
-def serve_figures(args, page: str) -> str:
+def serve_figures(args, name: str, page: str) -> str:
     """One page through nmt-serve in one request (module docstring, 2): its table cell."""
     proc, port = start_server(args)
     try:
@@ -155,9 +157,13 @@ def serve_figures(args, page: str) -> str:
     if response.status != 200:
         return f"{response.status}: {answer.get('error', answer)}"
     out = answer["translations"][0]["text"]
+    if args.save:
+        Path(args.save, f"{name}.out.html").write_text(out, encoding="utf-8")
     same = sorted(TAG.findall(out)) == sorted(TAG.findall(page))
+    kept = set(PRE.findall(out))
     return (f"200 in {seconds:.1f} s, {usage.ru_maxrss / 1024:.0f} MB peak; tags back: "
-            f"{'all' if same else 'NOT all'}; glued {len(GLUED.findall(out))}")
+            f"{'all' if same else 'NOT all'}; pre blocks unchanged: "
+            f"{sum(b in kept for b in PRE.findall(page))} of {len(PRE.findall(page))}")
 
 
 def main() -> None:
@@ -178,7 +184,7 @@ def main() -> None:
     if args.checkpoint:
         for path in map(Path, args.pages):
             page = path.read_text(encoding="utf-8")
-            print(f"nmt-serve, {path.name}: {serve_figures(args, page)}", flush=True)
+            print(f"nmt-serve, {path.name}: {serve_figures(args, path.stem, page)}", flush=True)
 
 
 def git_head(folder: Path) -> str:
