@@ -135,9 +135,10 @@ class Document:
 
     @property
     def chars(self) -> int:
-        """The characters to translate: the units' text, spaces around it aside (what lies
-        outside tags and untranslated elements, HTML's entities decoded)."""
-        return sum(len(p.text.strip()) for p in self.parts if isinstance(p, Unit))
+        """The characters to translate: the units' text, spaces around it and placeholders
+        aside (what lies outside tags and untranslated elements, HTML's entities decoded)."""
+        return sum(len(p.text.strip()) - sum(len(t.stand) for _, t in p.tags)
+                   for p in self.parts if isinstance(p, Unit))
 
     def escape(self, text: str) -> str:
         """Plain text as this kind of markup writes it (HTML: &, < and > as entities)."""
