@@ -16,6 +16,14 @@ nmt.inference.markup, and through nmt-serve with a model.
    src_lang and tgt_lang given) in one request: the status (the error of a refused page), the
    request's seconds, the server's peak resident memory (os.wait4's, workers included), whether
    every tag came back, the pre blocks left as they are.
+3. With --placeholders: the untranslated inline elements (code, kbd, translate="no", ...) in
+   the sentences the model reads, through word-level stand-ins (word_stand_in: each word or
+   punctuation mark aligned to itself): the sentences that read an empty quote (`""`), the
+   elements inside sentences and those read in place (a placeholder); under a word-order
+   reversal, the elements (with words on both sides) that have the same two words next to
+   them as in the source, also with every number dropped (a model that loses placeholders),
+   and whether each element then comes back once; the words glued across tags where the
+   source has a space, under the copy with SentencePiece's spaces.
 
 The code measured is the nmt this script imports: for an older commit, a checkout of it first
 on PYTHONPATH (python puts the script's folder first, then PYTHONPATH, then the install):
@@ -28,6 +36,7 @@ on PYTHONPATH (python puts the script's folder first, then PYTHONPATH, then the 
 from __future__ import annotations
 
 import argparse
+import bisect
 import html
 import http.client
 import json
@@ -39,11 +48,12 @@ import sys
 import threading
 import time
 import tracemalloc
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import nmt
-from nmt.inference.markup import Aligned, parse, put_back
+from nmt.inference.markup import VOID, Aligned, parse, put_back
 from nmt.inference.segment import sentence_splitter, split_text
 
 BIN = Path(sys.executable).parent
@@ -65,6 +75,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--tgt-lang", default="de", help="the target language (tgt_lang)")
     p.add_argument("--serve-args", nargs="*", default=[], help="more nmt-serve key=value")
     p.add_argument("--save", help="a folder for nmt-serve's translations (NAME.out.html)")
+    p.add_argument("--placeholders", action="store_true", help="the placeholders' table (3)")
     return p.parse_args()
 
 
@@ -185,6 +196,8 @@ def main() -> None:
         for path in map(Path, args.pages):
             page = path.read_text(encoding="utf-8")
             print(f"nmt-serve, {path.name}: {serve_figures(args, path.stem, page)}", flush=True)
+    if args.placeholders:
+        print_placeholders(list(map(Path, args.pages)), split)
 
 
 def git_head(folder: Path) -> str:
@@ -194,6 +207,119 @@ def git_head(folder: Path) -> str:
                               text=True).stdout.strip()
     return git("rev-parse", "--short", "HEAD") + ("+changes" if git("status", "--short",
                                                                     "--", ".") else "")
+
+
+# ----------------------------------------------------------------------------- placeholders
+# Untranslated inline elements in the sentences the model reads (docs/results.md,
+# "Placeholders for untranslated elements"): word-level stand-ins (each word, or punctuation
+# mark, aligned to itself), the figures of any nmt version (it may predate placeholders).
+WORD = re.compile(r"\w+|[^\w\s]")
+EMPTY_QUOTE = re.compile(r"\"\s*\"|“\s*”|„\s*“|‘\s*’|«\s*»")
+
+
+def word_stand_in(text: str, how: str) -> Aligned:
+    """A sentence's stand-in translation, word by word: "spaces" (a copy with SentencePiece's
+    spaces: one between words), "reverse" (the words in reverse order), "drop" (reversed, and
+    every placeholder-like number dropped: a model that loses them)."""
+    src = [m.span() for m in WORD.finditer(text)]
+    order = list(range(len(src)))[::-1] if how != "spaces" else list(range(len(src)))
+    if how == "drop":
+        order = [k for k in order if not text[src[k][0]:src[k][1]].isdecimal()]
+    target = " ".join(text[src[k][0]:src[k][1]] for k in order)
+    tgt = [m.span() for m in WORD.finditer(target)]
+    return Aligned(target, [(k, t) for t, k in enumerate(order)], src, tgt)
+
+
+def is_element(tag) -> bool:
+    """An untranslated inline element that shows text (code, kbd, translate="no", ...)."""
+    return tag.kind == "void" and tag.name not in VOID and bool(tag.name) and bool(
+        TAG.sub("", tag.raw).strip())
+
+
+def element_tokens(parts: list[tuple[str, str | None]]) -> list[tuple[str, bool]]:
+    """Text runs (their words and punctuation) and elements (as written) as one token list:
+    (token, whether it is an element)."""
+    out: list[tuple[str, bool]] = []
+    for text, element in parts:
+        out += [(w, False) for w in WORD.findall(html.unescape(TAG.sub(" ", text)))] if (
+            element is None) else [(element, True)]
+    return out
+
+
+def places(tokens: list[tuple[str, bool]]) -> Counter:
+    """Each element with the words next to it (other elements skipped; as a set: either
+    order), of those with words on both sides."""
+    out: Counter = Counter()
+    words = [k for k, (_, element) in enumerate(tokens) if not element]
+    for at, (token, element) in enumerate(tokens):
+        k = bisect.bisect(words, at)
+        if element and 0 < k < len(words):
+            out[token, frozenset((tokens[words[k - 1]][0], tokens[words[k]][0]))] += 1
+    return out
+
+
+def sentence_places(s, out: str) -> tuple[int, int, int, int]:
+    """One sentence's elements: how many, how many the model read in place (a placeholder);
+    of those with words on both sides, how many, how many have the same two words next to
+    them (in either order) in its output `out` (the restored markup) as in the source."""
+    elements = [t for t in s.tags if is_element(t.tag)]
+    parts, at = [], 0
+    for t in elements:
+        parts += [(s.text[at:t.offset], None), ("", t.tag.raw)]
+        at = t.offset + len(getattr(t.tag, "stand", ""))
+    source = places(element_tokens([*parts, (s.text[at:], None)]))
+    pattern = re.compile("|".join(re.escape(t.tag.raw) for t in elements) or "(?!)")
+    parts, at = [], 0
+    for m in pattern.finditer(out):
+        parts += [(out[at:m.start()], None), ("", m.group())]
+        at = m.end()
+    output = places(element_tokens([*parts, (out[at:], None)]))
+    read = sum(bool(getattr(t.tag, "stand", "")) for t in elements)
+    return len(elements), read, sum(source.values()), sum((source & output).values())
+
+
+def glued_across(source: str, out: str) -> int:
+    """Words that touch across tags in `out` where `source` has a space there (the same tags
+    in the same order): runs of tags with a letter or digit on both sides."""
+    src, dst = TAG.split(source), TAG.split(out)
+    count, k = 0, 0
+    while k < len(dst) - 1:
+        j = k + 1
+        while j < len(dst) - 1 and not dst[j]:
+            j += 1
+        spaced = any(c.isspace() for c in src[k][-1:] + "".join(src[k + 1:j]) + src[j][:1])
+        count += spaced and dst[k][-1:].isalnum() and dst[j][:1].isalnum()
+        k = j
+    return count
+
+
+def placeholder_row(name: str, page: str, split) -> str:
+    """A page's row (module docstring, 3)."""
+    doc = parse(page, "html").cut(lambda text: split_text(text, "sentence", split))
+    runs = {}
+    for how in ("spaces", "reverse", "drop"):
+        marked, _ = put_back([doc], [word_stand_in(s.text, how) for s in doc.sentences])
+        runs[how] = (marked[0], doc.join(marked[0]))
+    rows = [sentence_places(s, out) for s, out in zip(doc.sentences, runs["reverse"][0],
+                                                       strict=True)]
+    elements, read, inside, right = (sum(row[k] for row in rows) for k in range(4))
+    dropped = sum(sentence_places(s, out)[3] for s, out in zip(
+        doc.sentences, runs["drop"][0], strict=True))
+    raws = Counter(t.tag.raw for s in doc.sentences for t in s.tags if is_element(t.tag))
+    once = sum(runs["drop"][1].count(r) == page.count(r) for r in raws)
+    quotes = sum(bool(EMPTY_QUOTE.search(p)) for p in doc.pieces)
+    return (f"| {name} | {len(doc.pieces)} | {quotes} | {elements} | {read} | {right} of "
+            f"{inside} | {dropped} of {inside} | {once} of {len(raws)} | "
+            f"{glued_across(page, runs['spaces'][1])} |")
+
+
+def print_placeholders(pages: list[Path], split) -> None:
+    """The placeholders' table (module docstring, 3)."""
+    print("| page | sentences | with an empty quote | untranslated elements in sentences | "
+          "read in place | placed right, reversed | placed right, reversed, numbers dropped | "
+          "back once, numbers dropped | glued words, spaced copy |")
+    for path in pages:
+        print(placeholder_row(path.name, path.read_text(encoding="utf-8"), split), flush=True)
 
 
 if __name__ == "__main__":

@@ -100,6 +100,8 @@ def test_an_element_goes_where_the_model_put_its_number():
     assert out == "<p>. now <kbd>C</kbd> + <kbd>Ctrl</kbd> Press</p>"
     (out,), _ = run(["<p>Run <code>ls -l</code>.</p>"], rewrite(lambda w: [1, 0, 2]))
     assert out == "<p><code>ls -l</code> Run .</p>"
+    (out,), _ = run(["<p>open <code>menu</code> then</p>"], rewrite(lambda w: [2, 0]))
+    assert out == "<p>then <code>menu</code> open</p>"  # number dropped: between its words
 
 
 def test_each_element_comes_back_once_whatever_the_model_does_with_its_number():

@@ -375,9 +375,9 @@ def placeholders(items: list[str | Tag]) -> list[str]:
     the unit's text does not hold (1, 2, ...: a SentencePiece model copies numbers as they
     are), so that the model reads a whole sentence and puts the number where the element goes
     (restore); "" for the rest, and for a word-tag that a digit touches (the numbers would
-    run together) or in a unit with no letter or digit to translate."""
+    run together) or in a unit with no text but spaces (nothing to translate)."""
     text = "".join(i for i in items if isinstance(i, str))
-    if not any(c.isalnum() for c in text):
+    if not text.strip():
         return [""] * len(items)
     held = set(re.findall(r"\d+", text))
     numbers = (n for n in map(str, itertools.count(1)) if n not in held)
@@ -762,27 +762,38 @@ class _Alignment:
 
     def point(self, a: int, b: int, left: bool = False) -> int | None:
         """Where a tag at source position a goes (a placeholder the translation lacks: [a, b)
-        its characters, else b == a): after the target of the word it ends (left, and
-        spaces on both sides: of the word before it, where the alignment places that), else
-        before the target of the word that starts after it; None: nowhere known. Between
-        the target's spaces as the source has them where the target has as many, else next
-        to the word (restore pads it with the source's spaces: _Places.pads)."""
+        its characters, else b == a): after the target of the word it ends, or of the word
+        after it where the translation put that word before the word before it (spaces on
+        both sides), or of the word before it (left, and spaces on both sides), else before
+        the target of the word that starts after it; None: nowhere known. Between the
+        target's spaces as the source has them where the target has as many, else next to
+        the word (restore pads it with the source's spaces: _Places.pads)."""
         source, target = self.source, self.target
         w = a - len(spaces_before(source, a))  # where the word before it ends
         q = b + len(spaces_after(source, b))  # where the word after it starts
-        if w > 0 and (w == a or left and q > b):
-            found = self.chars(w - 1, w)
-            if found is not None or w == a:
-                x = None if found is None else self.end(found[1], w)
-                return x if x is None or len(spaces_after(target, x)) < q - b + a - w \
-                    else x + a - w
-        if q == len(source):
-            return len(target)
+        spaced = 0 < w < a and b < q < len(source)
+        before = self.chars(w - 1, w) if w > 0 and (w == a or spaced) else None
+        after = self.chars(q, q + 1) if spaced and before else None
+        if after is not None and after[1] <= before[0]:  # the two words swapped
+            x = self.end(after[1], len(source))
+        elif before is not None and (w == a or left):
+            x = self.end(before[1], w)
+        elif w == a and w > 0:
+            return None
+        else:
+            return self._before_word(a, b, w, q)
+        return x if len(spaces_after(target, x)) < q - b + a - w else x + a - w
+
+    def _before_word(self, a: int, b: int, w: int, q: int) -> int | None:
+        """point's: before the target of the word that starts at q (w: where the one before
+        ends)."""
+        if q == len(self.source):
+            return len(self.target)
         found = self.chars(q, q + 1)
         if found is None:
             return None
         x = self.start(found[0], q)
-        spaces = len(spaces_before(target, x))
+        spaces = len(spaces_before(self.target, x))
         return x - (q - b if spaces >= q - b + a - w else max(0, spaces - (a - w)))
 
 
