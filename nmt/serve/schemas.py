@@ -71,8 +71,8 @@ class TranslateRequest(BaseModel):
 
     text: list[SourceText] = Field(min_length=1, description=(
         "Raw source texts (a sentence, a paragraph, a document), one per item, in the order "
-        "the translations come back; at most the server's max_chars characters in all, and "
-        "max_sentences pieces once split (GET /health)."))
+        "the translations come back; at most the server's max_chars characters in all (with "
+        "markup: of text outside tags), and max_sentences pieces once split (GET /health)."))
     beam_size: int | None = Field(None, ge=1, description=(
         "Hypotheses kept per sentence; 1 is greedy search. At most the server's max_beam_size."))
     nbest: int | None = Field(None, ge=1, description=(
