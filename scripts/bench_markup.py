@@ -24,6 +24,10 @@ nmt.inference.markup, and through nmt-serve with a model.
    them as in the source, also with every number dropped (a model that loses placeholders),
    and whether each element then comes back once; the words glued across tags where the
    source has a space, under the copy with SentencePiece's spaces.
+4. With --copy-rates PREFIX (a parallel corpus: PREFIX.en.xz and PREFIX.de.xz, e.g.
+   scripts/data/debian-po/en-de/train): how often the reference translation writes a source
+   token as it is, by kind of token (numbers, code-like tokens, words): which placeholder a
+   model trained on such data learns to copy.
 
 The code measured is the nmt this script imports: for an older commit, a checkout of it first
 on PYTHONPATH (python puts the script's folder first, then PYTHONPATH, then the install):
@@ -55,6 +59,7 @@ from pathlib import Path
 import nmt
 from nmt.inference.markup import VOID, Aligned, parse, put_back
 from nmt.inference.segment import sentence_splitter, split_text
+from nmt.system.files import read_lines
 
 BIN = Path(sys.executable).parent
 DOCS = Path("/usr/share/doc")
@@ -76,6 +81,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--serve-args", nargs="*", default=[], help="more nmt-serve key=value")
     p.add_argument("--save", help="a folder for nmt-serve's translations (NAME.out.html)")
     p.add_argument("--placeholders", action="store_true", help="the placeholders' table (3)")
+    p.add_argument("--copy-rates", help="a corpus PREFIX: tokens copied by its references (4)")
     return p.parse_args()
 
 
@@ -198,6 +204,8 @@ def main() -> None:
             print(f"nmt-serve, {path.name}: {serve_figures(args, path.stem, page)}", flush=True)
     if args.placeholders:
         print_placeholders(list(map(Path, args.pages)), split)
+    if args.copy_rates:
+        print_copy_rates(args.copy_rates, args.lang, args.tgt_lang)
 
 
 def git_head(folder: Path) -> str:
@@ -320,6 +328,34 @@ def print_placeholders(pages: list[Path], split) -> None:
           "back once, numbers dropped | glued words, spaced copy |")
     for path in pages:
         print(placeholder_row(path.name, path.read_text(encoding="utf-8"), split), flush=True)
+
+
+
+KINDS = [("a number of 1-2 digits", re.compile(r"\d{1,2}")),
+         ("a number of 3+ digits", re.compile(r"\d{3,}")),
+         ("code-like (a letter and a digit, - _ . / $ : =, or camelCase)",
+          re.compile(r"(?=.*[A-Za-z])(?:.*[-_./$:=0-9]|.*[a-z][A-Z]).*")),
+         ("a lower-case word", re.compile(r"[a-z]+")),
+         ("another word (capitalised)", re.compile(r"[^\W\d_]+"))]
+
+
+def print_copy_rates(prefix: str, lang: str, tgt_lang: str) -> None:
+    """The copy rates' table (module docstring, 4): each source token (split at spaces and
+    quotes, brackets, commas, ! ? ;, its last . or : dropped) by the first of KINDS it
+    matches whole, and how often its line's reference holds it as a token of its own."""
+    pairs = zip(read_lines(f"{prefix}.{lang}.xz"), read_lines(f"{prefix}.{tgt_lang}.xz"),
+                strict=True)
+    seen: Counter = Counter()
+    copied: Counter = Counter()
+    for src, ref in pairs:
+        for token in {t.rstrip(".:") for t in re.findall(r"[^\s\"'(),;!?]+", src)} - {""}:
+            kind = next((name for name, p in KINDS if p.fullmatch(token)), None)
+            if kind is not None:
+                seen[kind] += 1
+                copied[kind] += bool(re.search(rf"(?<![\w-]){re.escape(token)}(?![\w-])", ref))
+    print("| source token | in the source | written as it is by the reference |")
+    for name, _ in KINDS:
+        print(f"| {name} | {seen[name]:,} | {copied[name] / max(seen[name], 1):.1%} |")
 
 
 if __name__ == "__main__":
