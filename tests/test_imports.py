@@ -17,7 +17,7 @@ LAYERS = [
     # the errors, the config schema and what it checks against; no torch
     {"nmt.errors", "nmt.config_errors", "nmt.config", "nmt.system.files", "nmt.system.runtime",
      "nmt.inference.capabilities", "nmt.inference.scoring", "nmt.inference.segment",
-     "nmt.inference.markup",
+     "nmt.inference.markup", "nmt.inference.terms",
      "nmt.inference.messages", "nmt.inference.words", "nmt.data.vocab", "nmt.serve.errors",
      "nmt.serve.api_keys", "nmt.serve.langid_codes"},
     # the paper's model, and what training and decoding both need

@@ -50,7 +50,7 @@ from nmt.inference.align import align, check_layer, pharaoh, sentence_alignments
 from nmt.inference.comet import Comet, load_comet, system_score
 from nmt.inference.constrained import missing_phrases
 from nmt.inference.engine import Engine, check_vocab, open_translator
-from nmt.inference.glossary import Glossary, Term, with_terms
+from nmt.inference.glossary import Glossary, with_terms
 from nmt.inference.markup import Document, parse, put_back
 from nmt.inference.messages import Hypothesis
 from nmt.inference.rerank import Chooser
@@ -65,6 +65,7 @@ from nmt.inference.segment import (
     sentence_splitter,
     split_for,
 )
+from nmt.inference.terms import Term
 from nmt.inference.words import format_words, words
 from nmt.system.files import check_output, decode_line, read_lines, write_atomically
 from nmt.system.runtime import keep_freed_memory, usable_cores

@@ -44,8 +44,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from html.parser import HTMLParser
 
-from nmt.inference.glossary import Term, term_spans
 from nmt.inference.segment import Segmented
+from nmt.inference.terms import Term, term_spans
 
 KINDS = ("none", "html", "xml")  # markup=
 # Elements that bound the units of text (HTML; HTML5's block-level and table elements, br).

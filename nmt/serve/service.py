@@ -17,7 +17,7 @@ from nmt.errors import ConfigError, NmtError
 from nmt.inference.align import sentence_alignments
 from nmt.inference.core import use_beams
 from nmt.inference.engine import Engine
-from nmt.inference.glossary import Glossary, Term, request_entries, with_terms
+from nmt.inference.glossary import Glossary, request_entries, with_terms
 from nmt.inference.markup import Document, parse, put_back
 from nmt.inference.messages import Hypothesis, Sentence
 from nmt.inference.rerank import Chooser, mbr_comet
@@ -31,6 +31,7 @@ from nmt.inference.segment import (
     sentence_splitter,
     split_for,
 )
+from nmt.inference.terms import Term
 from nmt.inference.words import words
 from nmt.inference.workers import WorkerPool
 from nmt.serve import libretranslate
