@@ -1,4 +1,5 @@
-# nmt: make install | test | test-quick | test-slow | test-isa | test-gpu | test-browser | test-floor | test-comet | lint | demo
+# nmt: make install | test | test-quick | test-slow | test-isa | test-gpu | gpu-wheels | gpu-check |
+#      test-browser | test-floor | test-comet | lint | demo
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -21,7 +22,8 @@ COMET_INDEX ?= https://download.pytorch.org/whl/cpu
 COMET_EXTRA_PINS := "setuptools<81" "sentencepiece<0.2.1"
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-quick test-slow test-isa test-gpu test-browser test-matrix test-floor test-comet lint demo clean
+.PHONY: install test test-quick test-slow test-isa test-gpu gpu-wheels gpu-check test-browser test-matrix \
+        test-floor test-comet lint demo clean
 
 install: $(STAMP)
 
@@ -37,7 +39,8 @@ $(STAMP): pyproject.toml Makefile
 # (2026-11-26); many tests wait on subprocesses, servers or torchrun rather than compute.
 # test-quick leaves out the ones marked slow (subprocesses, servers, torchrun, the wheel build,
 # training to convergence, over ~2 s) for the edit-test loop; test-slow runs only those.
-test: install
+# gpu-wheels: the dry run of make gpu-check (tests/test_gpu_check.py) installs from its folder.
+test: install gpu-wheels
 	$(BIN)/python -m pytest -n 2
 
 test-quick: install
@@ -61,6 +64,27 @@ test-matrix: install
 # over every GPU present. Install a CUDA build of torch into .venv first.
 test-gpu: install
 	$(BIN)/python -m pytest -m gpu -v
+
+# A GPU session in one command (scripts/gpu_check.py; docs/training.md, "A GPU session"). First,
+# where PyPI is reachable, `make gpu-wheels` puts the wheels that a GPU machine without internet
+# needs beside its python's CUDA torch into GPU_WHEELS (for CPython GPU_PYTHON_VERSION, ~30 MiB:
+# carry it to the machine); there `make gpu-check PYTHON=/its/python OUT=DIR` installs them and
+# nmt (built from this checkout) into that python and runs, within 6 minutes, bench_train at
+# steady state (base and big, eager and compiled), the GPU suite, a 2-minute base run on the
+# bundled debian-po en-de and its test BLEU, writing DIR/gpu_check.json after each step.
+# `make gpu-check DRY=1` runs every step on the CPU at tiny sizes, into a fresh venv that holds
+# only .venv's torch (tests/test_gpu_check.py runs it in make test).
+GPU_WHEELS ?= build/gpu-wheels
+GPU_PYTHON_VERSION ?= 3.12
+OUT ?= build/gpu-check/out
+gpu-wheels: $(GPU_WHEELS)/built-from.json
+
+$(GPU_WHEELS)/built-from.json: scripts/gpu_wheels.txt | $(STAMP)
+	$(BIN)/python scripts/gpu_check.py --fetch-wheels $(GPU_PYTHON_VERSION) --wheels $(GPU_WHEELS)
+
+gpu-check: $(if $(DRY),gpu-wheels)
+	$(if $(DRY),$(BIN)/python,$(PYTHON)) scripts/gpu_check.py --wheels $(GPU_WHEELS) \
+	  --out $(OUT) $(if $(DRY),--dry-run)
 
 # nmt-serve's page (GET /) in headless chromium over the DevTools protocol
 # (tests/test_browser.py): Debian's chromium is installed first if missing (apt-get, as root);
