@@ -77,6 +77,7 @@ test-gpu: install
 GPU_WHEELS ?= build/gpu-wheels
 GPU_PYTHON_VERSION ?= 3.12
 OUT ?= build/gpu-check/out
+MINUTES ?= 6
 gpu-wheels: $(GPU_WHEELS)/built-from.json
 
 $(GPU_WHEELS)/built-from.json: scripts/gpu_wheels.txt | $(STAMP)
@@ -84,7 +85,7 @@ $(GPU_WHEELS)/built-from.json: scripts/gpu_wheels.txt | $(STAMP)
 
 gpu-check: $(if $(DRY),gpu-wheels)
 	$(if $(DRY),$(BIN)/python,$(PYTHON)) scripts/gpu_check.py --wheels $(GPU_WHEELS) \
-	  --out $(OUT) $(if $(DRY),--dry-run)
+	  --out $(OUT) --minutes $(MINUTES) $(if $(DRY),--dry-run)
 
 # nmt-serve's page (GET /) in headless chromium over the DevTools protocol
 # (tests/test_browser.py): Debian's chromium is installed first if missing (apt-get, as root);
