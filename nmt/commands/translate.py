@@ -28,7 +28,6 @@ and prints their mean.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import queue
@@ -36,7 +35,6 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -46,27 +44,19 @@ from nmt.data.languages import LanguageChoice, choose, recorded_pair
 from nmt.data.tokenizer import Tokenizer
 from nmt.data.vocab import Vocab
 from nmt.errors import ConfigError, NmtError
-from nmt.inference.align import align, check_layer, pharaoh, sentence_alignments
+from nmt.inference import pipeline
+from nmt.inference.align import align, check_layer, pharaoh
 from nmt.inference.comet import Comet, load_comet, system_score
 from nmt.inference.constrained import missing_phrases
 from nmt.inference.engine import Engine, check_vocab, open_translator
-from nmt.inference.glossary import Glossary, with_terms
-from nmt.inference.markup import Document, parse, put_back
+from nmt.inference.glossary import Glossary
+from nmt.inference.markup import Document
 from nmt.inference.messages import Hypothesis
+from nmt.inference.pipeline import Options, Prepared, TextResult
 from nmt.inference.rerank import Chooser
 from nmt.inference.scoring import score
-from nmt.inference.segment import (
-    AUTO,
-    Segmented,
-    auto_mode,
-    fit_for,
-    rejoin,
-    sample_stream,
-    sentence_splitter,
-    split_for,
-)
-from nmt.inference.terms import Term
-from nmt.inference.words import format_words, words
+from nmt.inference.segment import AUTO, Segmented, auto_mode, sentence_splitter
+from nmt.inference.words import format_words
 from nmt.system.files import check_output, decode_line, read_lines, write_atomically
 from nmt.system.runtime import keep_freed_memory, usable_cores
 from nmt.training import distributed
@@ -119,21 +109,25 @@ def arriving_chunks(stream, limit: int = CHUNK_LINES):
 
 
 def encode_lines(tok: Tokenizer, lines: list[str], max_tokens: int, name: str,
-                 quiet: bool = False, first: int = 0, places: list[str] | None = None
-                 ) -> list[list[int]]:
-    """Subword ids of each line, cut to max_tokens with a warning (the first few named);
-    first: the number of lines before these in the input (for the line numbers); places:
-    where each is in the input, when they are pieces of lines (piece_places)."""
+                 quiet: bool = False, first: int = 0) -> list[list[int]]:
+    """Subword ids of each line, cut to max_tokens with a warning (warn_truncated); first:
+    the number of lines before these in the input (for the line numbers)."""
     ids = tok.encode(lines)
-    long = [i for i, seq in enumerate(ids) if len(seq) > max_tokens]
-    for shown, i in enumerate(long):
-        if not quiet and shown < 5:
-            place = places[i] if places else f"line {first + i + 1}"
-            log(f"warning: {name}: {place} has {len(ids[i])} tokens; truncated to {max_tokens}")
-        ids[i] = ids[i][:max_tokens]
-    if len(long) > 5 and not quiet:
-        log(f"warning: {name}: {len(long)} {'pieces' if places else 'lines'} truncated in all")
-    return ids
+    if not quiet:
+        warn_truncated([len(seq) for seq in ids], max_tokens, name,
+                       [f"line {first + i + 1}" for i in range(len(ids))], "lines")
+    return [seq[:max_tokens] for seq in ids]
+
+
+def warn_truncated(lengths: list[int], limit: int, name: str, places: list[str],
+                   what: str) -> None:
+    """Warn of the texts longer than `limit` tokens (`lengths`), cut to it: the first few
+    named by their places in the input, then how many `what` (lines, pieces) in all."""
+    long = [i for i, n in enumerate(lengths) if n > limit]
+    for i in long[:5]:
+        log(f"warning: {name}: {places[i]} has {lengths[i]} tokens; truncated to {limit}")
+    if len(long) > 5:
+        log(f"warning: {name}: {len(long)} {what} truncated in all")
 
 
 def piece_places(docs: list[Segmented | Document], first: int) -> list[str]:
@@ -206,11 +200,7 @@ class Session:
     name: str  # the input's name in messages
     refs: list[list[str]] | None  # ref=, refs=: reference streams (BLEU), or ref= targets
     phrases: list[list[str]] | None  # constraints=: per input line, its phrases
-    split: str = "none"  # the split mode (split=auto resolved: segment.auto_mode)
-    splitter: Callable[[str], list[str]] | None = None  # split=sentence: a text's sentences
-    languages: LanguageChoice = LanguageChoice()  # src_lang=, tgt_lang=: tokens they add
-    chooser: Chooser | None = None  # mbr=, rerank=: keeps one of each line's candidates
-    glossary: Glossary | None = None  # glossary=, keep=: terms read and encoded once
+    options: Options = Options()  # split, markup, languages, glossary, MBR or reranking
     comet: Comet | None = None  # comet=: COMET-22 against ref=, or CometKiwi's column
 
 
@@ -236,8 +226,8 @@ def translate(cfg: TranslateConfig) -> dict:
         return run_all(session)
     finally:
         session.translator.close()
-        if session.chooser is not None:
-            session.chooser.close()
+        if session.options.chooser is not None:
+            session.options.chooser.close()
         if session.env.world_size > 1:
             distributed.shutdown()
 
@@ -269,20 +259,29 @@ def open_session(cfg: TranslateConfig) -> Session:
             check_layer(translator, cfg.alignment_layer)
         languages = choose(translator.vocab, cfg.src_lang, cfg.tgt_lang, cfg.checkpoints[0])
         check_languages(cfg, languages)
-        split = split_mode(cfg, translator.vocab)
-        splitter = sentence_splitter(split_lang(cfg, translator.vocab)) if (
-            split == "sentence") else None
-        chooser = Chooser.open(cfg, translator.tgt_tok, device, workers)
-        glossary = Glossary.load(cfg.glossary, cfg.keep, translator.tgt_tok,
-                                 translator.max_input_tokens)
+        limit = min(cfg.max_input_tokens, translator.max_input_tokens) - len(languages.source)
+        options = pipeline_options(cfg, translator, languages, limit, workers)
         comet = open_comet(cfg, refs, device)
     except NmtError:
         translator.close()
         raise
-    limit = min(cfg.max_input_tokens, translator.max_input_tokens) - len(languages.source)
     name = "<stdin>" if cfg.input == "-" else cfg.input
-    return Session(cfg, translator, env, limit, name, refs, phrases, split, splitter,
-                   languages, chooser, glossary, comet)
+    return Session(cfg, translator, env, limit, name, refs, phrases, options, comet)
+
+
+def pipeline_options(cfg: TranslateConfig, translator: Engine, languages: LanguageChoice,
+                     limit: int, workers: int) -> Options:
+    """The pipeline's options (nmt.inference.pipeline) of cfg: split=auto resolved, the
+    glossary read and encoded once, the MBR or reranking Chooser opened."""
+    split = split_mode(cfg, translator.vocab)
+    splitter = sentence_splitter(split_lang(cfg, translator.vocab)) if (
+        split == "sentence") else None
+    glossary = Glossary.load(cfg.glossary, cfg.keep, translator.tgt_tok,
+                             translator.max_input_tokens)
+    chooser = Chooser.open(cfg, translator.tgt_tok, translator.device, workers)
+    return Options(split, splitter, cfg.markup, cfg.placeholders, languages, limit, glossary,
+                   chooser, cfg.word_combine if cfg.word_scores else None,
+                   cfg.alignment_layer, cfg.search.max_tokens)
 
 
 def open_comet(cfg: TranslateConfig, refs: list[list[str]] | None, device: torch.device
@@ -398,7 +397,7 @@ def finish(s: Session, chunk: Chunk, seconds: float) -> dict:
     check_references(s, len(nbest))
     check_constraint_lines(s, len(nbest))
     result = {"hypotheses": [t[0] for t in chunk.texts], "nbest": nbest, "seconds": seconds,
-              "segments": len(chunk.src_ids), "sources": chunk.sources, "split": s.split}
+              "segments": len(chunk.src_ids), "sources": chunk.sources, "split": s.options.split}
     if s.comet is not None and not s.comet.spec.needs_reference:
         result["comet_qe"] = chunk.qe
     return result
@@ -406,137 +405,89 @@ def finish(s: Session, chunk: Chunk, seconds: float) -> dict:
 
 def process(s: Session, lines: list[str], first: int, interactive: bool = False) -> Chunk:
     """Translate or score input lines first+1.., this rank's share of them under torchrun."""
-    cfg, tr = s.cfg, s.translator
-    sources, second = lines, None
-    if cfg.prefix or (cfg.score_reference and s.refs is None):
-        sources, second = split_tsv(lines, first, s.name,
-                                    "prefix" if cfg.prefix else "target")
-    elif cfg.score_reference:
-        second = s.refs[0][first:first + len(lines)]
-        if len(second) != len(lines):
-            raise NmtError(f"{cfg.ref}: {len(s.refs[0])} target lines but {s.name} has more")
-    line_sources = sources
-    docs, sources, streams = split_lines(s, sources)
-    places = piece_places(docs, first) if docs is not None else None
-    src_ids = s.languages.sources(encode_lines(tr.src_tok, sources, s.limit, s.name, cfg.quiet,
-                                               first, places))
-    tgt_ids = s.languages.prefixes(len(src_ids), (
-        encode_lines(tr.tgt_tok, second, s.limit, cfg.ref or s.name, cfg.quiet, first)
-        if second is not None else None))
-    terms = [s.glossary.matches(src) for src in sources] if s.glossary else None
-    phrases = constraint_ids(s, first, len(lines))
-    if terms is not None:  # the glossary's terms: constraints too
-        phrases = with_terms(phrases, terms)
-    mine = list(range(s.env.rank, len(sources), s.env.world_size))  # this rank's sources
+    cfg = s.cfg
+    sources, second = line_columns(s, lines, first)
+    prepared = prepare_lines(s, sources, second, first)
+    mine = list(range(s.env.rank, len(prepared.pieces), s.env.world_size))  # this rank's
     # A few arriving lines decode here: the workers' round trip would cost more than it saves.
-    parallel = not interactive or len(mine) >= PARALLEL_LINES * tr.workers
-    found = run_search(s, [src_ids[i] for i in mine], tgt_ids and [tgt_ids[i] for i in mine],
-                       [first + streams[i] for i in mine], parallel, interactive,
-                       phrases and [phrases[i] for i in mine])
-    found = [[without_language(s, h) for h in hs] for hs in found]
-    if s.chooser is not None:  # each rank chooses among its own sources' candidates
-        found = s.chooser.choose([sources[i] for i in mine], found)
-    hyps = gather(s, mine, found, len(sources))
+    parallel = not interactive or len(mine) >= PARALLEL_LINES * s.translator.workers
+    found = run_search(s, prepared, mine, first, parallel, interactive)
+    found = pipeline.chosen(prepared, found, mine)  # each rank chooses among its own candidates
+    results = pipeline.finish(prepared, gather(s, mine, found, len(prepared.pieces)), s.translator)
+    hyps = [r.hyps for r in results]
+    src_ids = [p.ids for p in prepared.pieces]
     # Only rank 0 writes: the other ranks' output lines go unused and need no links.
     links = (alignments(s, src_ids, hyps) if cfg.alignment and s.env.is_main
              else [None] * len(hyps))
     if cfg.score_reference:
-        return Chunk([format_score(h[0], a, word_columns(s, h)) for h, a in zip(
-            hyps, links, strict=True)], hyps, src_ids=src_ids)
-    if phrases and not cfg.quiet and s.env.is_main and docs is None:  # a line each
-        warn_missing(s, hyps, phrases, first)
-    texts = [tr.tgt_tok.decode([h.tokens for h in hs]) for hs in hyps]
-    if cfg.markup != "none" and s.env.is_main:  # the tags back into each sentence's translation
-        texts = marked_sentences(s, docs, src_ids, hyps, first, terms)
-    elif terms is not None:  # each term's exact text back
-        texts = [[Glossary.restore(t, ts) for t in tl] for tl, ts in zip(texts, terms,
-                                                                        strict=True)]
-    if docs is not None:
-        hyps, texts = line_translations(docs, hyps, texts)
-        links = [None] * len(hyps)  # alignment=true needs split=none
-    if s.env.is_main:  # per input line: a piece without translation is its line's
-        warn_unfinished(s, hyps, first)
-    nbest = 1 if s.chooser is not None else cfg.search.nbest
-    out = [line for i, (hs, t, a) in enumerate(zip(hyps, texts, links, strict=True))
-           for line in format_output(first + i, hs, t, nbest, a, word_columns(s, hs))]
+        return Chunk([format_score(r.hyps[0], a, word_column(s, r)) for r, a in zip(
+            results, links, strict=True)], hyps, src_ids=src_ids)
+    if s.env.is_main:
+        warn_unplaced(s, results, first)
+        if not cfg.quiet and whole_lines(s) and (phrases := prepared.constraints()):
+            warn_missing(s, hyps, phrases, first)
+        warn_unfinished(s, hyps, first)  # per input line: a piece without one is its line's
+    nbest = 1 if s.options.chooser is not None else cfg.search.nbest
+    out = [line for i, (r, a) in enumerate(zip(results, links, strict=True))
+           for line in format_output(first + i, r.hyps, r.texts, nbest, a, word_column(s, r))]
+    texts = [r.texts for r in results]
     qe = []
     if s.comet is not None and not s.comet.spec.needs_reference and s.env.is_main:
-        qe = s.comet.qe(line_sources, [t[0] for t in texts], progress=not cfg.quiet)
+        qe = s.comet.qe(sources, [t[0] for t in texts], progress=not cfg.quiet)
         out = [f"{line}\t{q:.4f}" for line, q in zip(out, qe, strict=True)]
-    return Chunk(out, hyps, texts, src_ids, line_sources, qe)
+    return Chunk(out, hyps, texts, src_ids, sources, qe)
 
 
-def without_language(s: Session, h: Hypothesis) -> Hypothesis:
-    """A hypothesis without the forced language token it starts with (and its log P)."""
-    cut = len(h.tokens) - len(s.languages.strip(h.tokens))
-    token_lp = None if h.token_logprobs is None else h.token_logprobs[cut:]
-    return dataclasses.replace(h, tokens=h.tokens[cut:], token_logprobs=token_lp)
+def line_columns(s: Session, lines: list[str], first: int) -> tuple[list[str], list[str] | None]:
+    """Input lines first+1.. -> their sources, and the prefix or target of each (prefix=true,
+    score_reference=true: the line's second column, or ref='s line); None without."""
+    cfg = s.cfg
+    if cfg.prefix or (cfg.score_reference and s.refs is None):
+        return split_tsv(lines, first, s.name, "prefix" if cfg.prefix else "target")
+    if not cfg.score_reference:
+        return lines, None
+    second = s.refs[0][first:first + len(lines)]
+    if len(second) != len(lines):
+        raise NmtError(f"{cfg.ref}: {len(s.refs[0])} target lines but {s.name} has more")
+    return lines, second
 
 
-def word_columns(s: Session, hyps: list[Hypothesis]) -> list[str] | None:
+def prepare_lines(s: Session, sources: list[str], second: list[str] | None, first: int
+                  ) -> Prepared:
+    """The pipeline's pieces of input lines first+1.. (nmt.inference.pipeline.prepare), with
+    their prefixes or targets (second) and constraints, each cut source named in a warning."""
+    cfg, tr = s.cfg, s.translator
+    given = (encode_lines(tr.tgt_tok, second, s.limit, cfg.ref or s.name, cfg.quiet, first)
+             if second is not None else None)
+    phrases = constraint_ids(s, first, len(sources))
+    prepared = pipeline.prepare(sources, s.options, tr, given, phrases)
+    if not cfg.quiet:
+        warn_truncated([p.tokens for p in prepared.pieces], s.limit, s.name,
+                       piece_places(prepared.docs, first),
+                       "lines" if whole_lines(s) else "pieces")
+    return prepared
+
+
+def whole_lines(s: Session) -> bool:
+    """Is each input line one piece (split=none, no markup)?"""
+    return s.options.split == "none" and s.options.markup == "none"
+
+
+def word_column(s: Session, result: TextResult) -> list[str] | None:
     """word_scores=true: each hypothesis' words with their probabilities (`word|0.9312 ...`,
     word_combine's); None otherwise."""
     if not s.cfg.word_scores:
         return None
-    tok, combine = s.translator.tgt_tok, s.cfg.word_combine
-    return [format_words(words(h.tokens, h.token_logprobs, tok, combine)) for h in hyps]
+    return [format_words(found) for found in result.words]
 
 
-def split_lines(s: Session, lines: list[str]
-                ) -> tuple[list[Segmented | Document] | None, list[str], list[int]]:
-    """split=sentence|paragraph or markup=html|xml: each line's pieces (none over s.limit
-    source tokens; markup: the sentences of its text, nmt.inference.markup), the pieces of all
-    lines in order, and the sampling stream of each (nmt.inference.segment.sample_stream:
-    piece 0 of line i is i); split=none without markup: None, the lines, 0..n-1."""
-    cfg, tok = s.cfg, s.translator.src_tok
-    if s.split == "none" and cfg.markup == "none":
-        return None, lines, list(range(len(lines)))
-    if cfg.markup != "none":  # sentences, joined around tag pairs, then cut to fit
-        fit = fit_for(tok, s.limit) if s.split != "none" else None
-        docs = [parse(line, cfg.markup, cfg.placeholders).cut(
-            lambda text: split_for(tok, text, s.split, s.splitter, 0), fit) for line in lines]
-    else:
-        docs = [split_for(tok, line, s.split, s.splitter, s.limit) for line in lines]
-    return (docs, [piece for doc in docs for piece in doc.pieces],
-            [sample_stream(i, k) for i, doc in enumerate(docs) for k in range(len(doc.pieces))])
-
-
-def marked_sentences(s: Session, docs: list[Document], src_ids: list[list[int]],
-                     hyps: list[list[Hypothesis]], first: int,
-                     terms: list[list[Term]] | None = None) -> list[list[str]]:
-    """markup=: each sentence's best translation with its tags put back by the alignment
-    (nmt.inference.markup), its glossary terms' exact texts between them (terms: each
-    sentence's, None: no glossary); a warning names each tag the alignment could not
-    place."""
-    found = sentence_alignments(
-        s.translator, [p for doc in docs for p in doc.pieces], src_ids,
-        [h[0].tokens for h in hyps], len(s.languages.source), s.languages.prefix,
-        s.cfg.alignment_layer, s.cfg.search.max_tokens)
-    marked, unplaced = put_back(docs, found, terms)
+def warn_unplaced(s: Session, results: list[TextResult], first: int) -> None:
+    """markup=: warn of each tag the alignment could not place, the first few named."""
+    unplaced = [u for r in results for u in r.unplaced]
     for u in unplaced[:5]:
         log(f"warning: {s.name}: line {first + u.doc + 1}: {u.why()}")
     if len(unplaced) > 5:
         log(f"warning: {len(unplaced)} tags placed around their whole sentences in all")
-    return [[t] for doc in marked for t in doc]
-
-
-def line_translations(docs: list[Segmented | Document], hyps: list[list[Hypothesis]],
-                      texts: list[list[str]]) -> tuple[list[list[Hypothesis]], list[list[str]]]:
-    """The best translations of the pieces of all lines -> per line, its text with the
-    translations in place of the pieces, and one hypothesis: their tokens (and each token's
-    log P) in order, their log P and scores summed (the pieces are translated apart)."""
-    pieces = iter(zip(hyps, texts, strict=True))
-    out_hyps, out_texts = [], []
-    for doc in docs:
-        mine = [next(pieces) for _ in doc.pieces]
-        text, score = rejoin(doc, [t[0] for _, t in mine], [h[0].score for h, _ in mine])
-        out_texts.append([text])
-        best = [h[0] for h, _ in mine]
-        token_lp = (None if any(h.token_logprobs is None for h in best)
-                    else [lp for h in best for lp in h.token_logprobs])
-        out_hyps.append([Hypothesis([tok for h in best for tok in h.tokens], score,
-                                    sum(h.logprob for h in best), token_lp)])
-    return out_hyps, out_texts
 
 
 def alignments(s: Session, src_ids: list[list[int]],
@@ -684,25 +635,29 @@ def search_summary(cfg: TranslateConfig) -> str:
     return how
 
 
-def run_search(s: Session, src_ids: list[list[int]], tgt_ids: list[list[int]] | None,
-               lines: list[int], parallel: bool, interactive: bool = False,
-               phrases: list[list[list[int]]] | None = None) -> list:
-    """The translator's search (or scoring), with a progress bar on an interactive stderr;
-    phrases: per line, its constraints."""
+def run_search(s: Session, prepared: Prepared, mine: list[int], first: int, parallel: bool,
+               interactive: bool = False) -> list[list[Hypothesis]]:
+    """The translator's search (or scoring) of the pieces `mine` of input lines first+1..,
+    with a progress bar on an interactive stderr."""
     cfg = s.cfg
+    pieces = [prepared.pieces[i] for i in mine]
+    prefixes, phrases = prepared.prefixes(), prepared.constraints()
     bar = None
     if not cfg.quiet and not interactive and s.env.is_main and sys.stderr.isatty():
         from tqdm import tqdm
 
-        bar = tqdm(total=len(src_ids), unit="sent", desc=PROG, leave=False)
+        bar = tqdm(total=len(pieces), unit="sent", desc=PROG, leave=False)
     progress = bar.update if bar else None
+    src_ids, tgt_ids = [p.ids for p in pieces], prefixes and [prefixes[i] for i in mine]
     try:
         if cfg.score_reference:
             return [[h] for h in s.translator.score_ids(src_ids, tgt_ids, cfg.search, progress,
                                                         parallel)]
-        search = s.chooser.search if s.chooser is not None else cfg.search
-        return s.translator.translate_ids(src_ids, search, tgt_ids, lines, progress,
-                                          parallel, phrases,
+        chooser = s.options.chooser
+        search = chooser.search if chooser is not None else cfg.search
+        return s.translator.translate_ids(src_ids, search, tgt_ids,
+                                          [first + p.stream for p in pieces], progress,
+                                          parallel, phrases and [phrases[i] for i in mine],
                                           scores=search.nbest > 1 or cfg.word_scores)
     finally:
         if bar is not None:

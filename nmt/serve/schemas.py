@@ -14,6 +14,7 @@ from nmt.inference.markup import KINDS
 from nmt.inference.segment import MODES
 from nmt.inference.words import COMBINES
 from nmt.serve.batcher import BatchStats
+from nmt.system.files import check_unicode
 
 # TranslateRequest's optional fields by where they go: the search's, MBR's, each sentence's.
 SEARCH_FIELDS = ("beam_size", "nbest", "alpha", "max_len_a", "max_len_b", "min_len", "sampling",
@@ -31,14 +32,6 @@ def _check_sentence(text: str, info: ValidationInfo) -> str:
     if not (info.context or {}).get("markup"):
         check_unicode(text)
     return text
-
-
-def check_unicode(text: str) -> None:
-    """A ValueError for a lone surrogate, saying where."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ValueError(f"is not valid Unicode (lone surrogate at character {e.start})") from None
 
 
 def _check_text(text: str) -> str:

@@ -70,6 +70,14 @@ def decode_line(line: bytes, number: int, name: str) -> str:
                        f"(byte 0x{line[e.start]:02x} at offset {e.start})") from None
 
 
+def check_unicode(text: str) -> None:
+    """A ValueError for a lone surrogate (no UTF-8, no SentencePiece), saying where."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"is not valid Unicode (lone surrogate at character {e.start})") from None
+
+
 def sha256_file(path: str | Path) -> str:
     """The sha256 of a file, read in 16 MiB blocks."""
     h = hashlib.sha256()
