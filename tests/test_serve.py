@@ -757,7 +757,7 @@ def test_split_sentence_needs_the_servers_source_language(page_server):
 
 def test_max_chars_is_checked_before_the_text_is_split(page_server, monkeypatch):
     cut = []
-    monkeypatch.setattr(page_server.service, "segment", lambda req, limit: cut.append(req))
+    monkeypatch.setattr(page_server.service, "prepare", lambda req, *rest: cut.append(req))
     status, _, body = page_server.call("POST", "/translate", {"text": ["Open it. " * 12000]})
     assert status == 413 and body["error"].startswith("text: 108000 characters") and not cut
 

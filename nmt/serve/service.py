@@ -9,30 +9,20 @@ from __future__ import annotations
 import asyncio
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, replace
 
 from nmt.config import RerankConfig, SearchConfig, ServeConfig, check_markup_installed
 from nmt.data.languages import LanguageChoice, choose, language_id, recorded_pair
 from nmt.errors import ConfigError, NmtError
-from nmt.inference.align import sentence_alignments
+from nmt.inference import pipeline
 from nmt.inference.core import use_beams
 from nmt.inference.engine import Engine
-from nmt.inference.glossary import Glossary, request_entries, with_terms
-from nmt.inference.markup import Document, parse, put_back
+from nmt.inference.glossary import Glossary, request_entries
 from nmt.inference.messages import Hypothesis, Sentence
+from nmt.inference.pipeline import Options, PieceError, PieceResult, Prepared, TextResult
 from nmt.inference.rerank import Chooser, mbr_comet
-from nmt.inference.segment import (
-    AUTO,
-    Segmented,
-    auto_mode,
-    fit_for,
-    rejoin,
-    sample_stream,
-    sentence_splitter,
-    split_for,
-)
-from nmt.inference.terms import Term
-from nmt.inference.words import words
+from nmt.inference.segment import AUTO, auto_mode, sentence_splitter
 from nmt.inference.workers import WorkerPool
 from nmt.serve import libretranslate
 from nmt.serve.api_keys import ApiKeys
@@ -52,7 +42,6 @@ from nmt.serve.schemas import (
     TranslateRequest,
     TranslateResponse,
     Translation,
-    check_unicode,
 )
 
 PROG = "nmt-serve"
@@ -167,9 +156,10 @@ class Service:
         comet = self.comet if mbr.utility == "comet" else None
         return Chooser(mbr, RerankConfig(), search, self.translator.tgt_tok, comet=comet)
 
-    def sentence_fields(self, req: TranslateRequest, search: SearchConfig) -> list[tuple]:
-        """Per text: its forced prefix ids, its phrases' ids and its number (which seeds
-        its samples), encoded with the target tokenizer."""
+    def sentence_fields(self, req: TranslateRequest, search: SearchConfig
+                        ) -> tuple[list[list[int]] | None, list[list[list[int]]]]:
+        """Per text: its forced prefix ids (None: no prefixes) and its phrases' ids, encoded
+        with the target tokenizer."""
         asked = [key for key in SENTENCE_FIELDS if getattr(req, key) is not None]
         for key in asked:
             if len(getattr(req, key)) != len(req.text):
@@ -182,10 +172,9 @@ class Service:
         except ValueError as e:  # constraints while sampling
             raise ApiError(422, "constraints", str(e).removeprefix("constraints ")) from None
         tok = self.translator.tgt_tok
-        prefixes = tok.encode(req.prefix) if req.prefix else [[] for _ in req.text]
         encoded = iter(tok.encode([p for ps in phrases for p in ps]))
         phrases = [[next(encoded) for _ in ps] for ps in phrases] or [[] for _ in req.text]
-        return list(zip(prefixes, phrases, range(len(req.text)), strict=True))
+        return (tok.encode(req.prefix) if req.prefix else None), phrases
 
     def glossary_of(self, req: TranslateRequest) -> Glossary | None:
         """The server's glossary with the request's glossary and keep entries over it (at
@@ -206,32 +195,6 @@ class Service:
             key, why = str(e).split(": ", 1)
             raise ApiError(422, key, why) from None
 
-    def term_fields(self, req: TranslateRequest, pieces: list[str], extras: list[tuple],
-                    sampling: bool) -> tuple[list[list[Term]], list[tuple]]:
-        """Per piece, the glossary and keep terms it holds, and its sentence fields with their
-        pieces added to its constraints (they need beam search)."""
-        glossary = self.glossary_of(req)
-        terms = [glossary.matches(p) for p in pieces] if glossary else [[] for _ in pieces]
-        if sampling and any(terms):
-            field = "glossary" if req.glossary or req.keep else "sampling"
-            raise ApiError(422, field, "glossary and keep terms need beam search, not sampling")
-        phrases = with_terms([phrases for _, phrases, _ in extras], terms)
-        return terms, [(prefix, ps, stream)
-                       for (prefix, _, stream), ps in zip(extras, phrases, strict=True)]
-
-    def piece_fields(self, docs: list[Segmented], fields: list[tuple]) -> list[tuple]:
-        """Per piece, its text's sentence_fields (the pieces of text i sample as nmt-translate's
-        pieces of line i); a prefix or constraints are a whole text's: its text must be one
-        piece."""
-        out = []
-        for i, (doc, (prefix, phrases, number)) in enumerate(zip(docs, fields, strict=True)):
-            if len(doc.pieces) > 1 and (prefix or phrases):
-                key = "prefix" if prefix else "constraints"
-                raise ApiError(422, key, f"text[{i}] is split into {len(doc.pieces)} pieces; a "
-                                         f"{key} is a whole text's (send it with split=none)")
-            out += [(prefix, phrases, sample_stream(number, k)) for k in range(len(doc.pieces))]
-        return out
-
     def check_chars(self, chars: int, markup: bool = False) -> None:
         """max_chars per request: `chars`, the characters its texts translate (all texts; with
         markup, the text outside tags and untranslated elements), before they are split."""
@@ -240,51 +203,57 @@ class Service:
             raise ApiError(413, "text", f"{chars} {what}; this server takes at most "
                                         f"{self.cfg.max_chars} per request")
 
-    def check_size(self, req: TranslateRequest, split: str, pieces: int) -> None:
-        """max_sentences (the pieces the texts are split into) per request; attention and
-        word scores need an engine that has them."""
-        self.check_engine("attention", req.attention)
-        self.check_engine("word_scores", req.word_scores)
+    def check_size(self, split: str, pieces: int) -> None:
+        """max_sentences per request: the pieces the texts are split into."""
         if pieces > self.cfg.max_sentences:
             what = "sentences" if split == "none" else f"pieces (split={split})"
             raise ApiError(413, "text", f"{pieces} {what}; this server takes at most "
                                         f"{self.cfg.max_sentences} per request (max_sentences)")
 
-    def split_of(self, req: TranslateRequest) -> str:
-        """The server's split; under split=auto (segment.auto_mode, nmt-translate's rule) none
-        for a request whose options are a whole text's (n-best lists, prefixes, constraints)."""
+    def splitting(self, req: TranslateRequest) -> tuple[str, Callable[[str], list[str]] | None]:
+        """The request's split mode and sentence splitter: the server's split, under
+        split=auto (segment.auto_mode, nmt-translate's rule) none for a request whose options
+        are a whole text's (n-best lists, prefixes, constraints); the splitter of the
+        request's src_lang (a forced-token model's) or of the server's."""
         whole = ((req.nbest or self.cfg.search.nbest) > 1 or any(req.prefix or ())
                  or any(req.constraints or ()))
-        return "none" if self.cfg.split == AUTO and whole else self.split
-
-    def segment(self, req: TranslateRequest, limit: int
-                ) -> tuple[str, list[Segmented | Document]]:
-        """The request's split mode and its texts cut into pieces (nmt.inference.segment: none over
-        `limit` tokens, max_input less the request's language token, unless split=none), in
-        the request's src_lang (a forced-token model's) or the server's."""
-        split = req.split or self.split_of(req)
+        split = req.split or ("none" if self.cfg.split == AUTO and whole else self.split)
         splitter = self.splitter  # the request's source language where it names one
         if self.forced and req.src_lang and req.src_lang != self.src_lang:
             splitter = sentence_splitter(req.src_lang)
         if split == "sentence" and splitter is None:
             raise ApiError(422, "split", "sentence needs the source language, which the "
                                          "model does not record (nmt-serve src_lang=...)")
-        tok = self.translator.src_tok
-        if req.markup == "none":
-            return split, [split_for(tok, text, split, splitter, limit) for text in req.text]
-        self.check_markup(req)
-        docs = [parse(text, req.markup, req.placeholders) for text in req.text]
-        self.check_chars(sum(doc.chars for doc in docs), markup=True)
-        fit = fit_for(tok, limit) if split != "none" else None  # sentences joined, then cut
-        docs = [doc.cut(lambda unit: split_for(tok, unit, split, splitter, 0), fit)
-                for doc in docs]
-        for i, doc in enumerate(docs):  # a lone surrogate: allowed in LibreTranslate's tags only
-            for piece in doc.pieces:
-                try:
-                    check_unicode(piece)
-                except ValueError as e:
-                    raise ApiError(422, f"text[{i}]", str(e)) from None
-        return split, docs
+        return split, splitter
+
+    def options_of(self, req: TranslateRequest, choice: LanguageChoice,
+                   chooser: Chooser | None) -> Options:
+        """The pipeline's options (nmt.inference.pipeline) for a request: its split, markup,
+        languages, glossary, MBR and word scores, within the server's limits."""
+        split, splitter = self.splitting(req)
+        if req.markup != "none":
+            self.check_markup(req)
+        limit = self.max_input - len(choice.source)  # a language token takes one
+        return Options(split, splitter, req.markup, req.placeholders, choice, limit,
+                       self.glossary_of(req), chooser,
+                       req.word_combine if req.word_scores else None,
+                       max_tokens=self.cfg.search.max_tokens)
+
+    def prepare(self, req: TranslateRequest, options: Options, sampling: bool,
+                fields: tuple[list[list[int]] | None, list[list[list[int]]]]) -> Prepared:
+        """The request's texts as the pipeline's pieces (fields: sentence_fields'), checked
+        against the server's limits; glossary terms need beam search."""
+        try:
+            prepared = pipeline.prepare(req.text, options, self.translator, *fields)
+        except PieceError as e:
+            raise ApiError(422, e.key, e.why) from None
+        if req.markup != "none":  # markup's characters: once parsed
+            self.check_chars(sum(doc.chars for doc in prepared.docs), markup=True)
+        self.check_size(options.split, len(prepared.pieces))
+        if sampling and any(p.terms for p in prepared.pieces):
+            field = "glossary" if req.glossary or req.keep else "sampling"
+            raise ApiError(422, field, "glossary and keep terms need beam search, not sampling")
+        return prepared
 
     def check_markup(self, req: TranslateRequest) -> None:
         """markup: an engine with attention, protobuf, one translation per text (the tags go
@@ -300,48 +269,39 @@ class Service:
             raise ApiError(422, "nbest", f"not with markup={req.markup}: its tags go back into "
                                          f"one translation")
 
-    async def marked(self, docs: list[Document], ids: list[list[int]], choice: LanguageChoice,
-                     nbest: list[list[Hypothesis]], terms: list[list[Term]]) -> list[str]:
-        """markup: each piece's best translation with its tags back, by the alignment
-        (nmt.inference.markup), and its glossary terms' exact texts (terms: each piece's);
-        each tag it cannot place is logged."""
-        found = await asyncio.to_thread(
-            sentence_alignments, self.translator, [p for doc in docs for p in doc.pieces], ids,
-            [hyps[0].tokens for hyps in nbest], len(choice.source), choice.prefix,
-            max_tokens=self.cfg.search.max_tokens)
-        marked, unplaced = await asyncio.to_thread(put_back, docs, found, terms)
-        for u in unplaced:
-            log(f"warning: text[{u.doc}]: {u.why()}")
-        return [t for doc in marked for t in doc]
-
     async def translate(self, req: TranslateRequest) -> TranslateResponse:
-        """POST /translate: split, check, encode, decode in shared batches, detokenize, put
-        each text back together."""
-        if req.markup == "none":  # markup's: once parsed (segment)
+        """POST /translate: check, prepare (split, encode), decode in shared batches, finish
+        (detokenize, put each text back together), answer."""
+        if req.markup == "none":  # markup's: once parsed (prepare)
             self.check_chars(sum(map(len, req.text)))
         choice = self.choice(req)
-        limit = self.max_input - len(choice.source)  # a language token takes one
-        split, docs = await asyncio.to_thread(self.segment, req, limit)  # off the event loop
-        pieces = [piece for doc in docs for piece in doc.pieces]
-        self.check_size(req, split, len(pieces))
+        self.check_engine("attention", req.attention)
+        self.check_engine("word_scores", req.word_scores)
         search = self.search_of(req)
         chooser = self.chooser_of(req, search)
         decoded = chooser.search if chooser else search  # what the workers run
         self.check_engine("sampling", decoded.sampling,
                           "sampling" if search.sampling else "mbr_candidates")
+        options = self.options_of(req, choice, chooser)
+        fields = self.sentence_fields(req, search)
+        prepared = await asyncio.to_thread(self.prepare, req, options, decoded.sampling,
+                                           fields)  # off the event loop
         if self.broken:
             raise ApiError(503, None, self.broken)
-        extras = self.piece_fields(docs, self.sentence_fields(req, search))
-        terms, extras = self.term_fields(req, pieces, extras, decoded.sampling)
-        if choice.prefix:
-            extras = [(p, *rest) for p, (_, *rest) in zip(choice.prefixes(
-                len(extras), [e[0] for e in extras]), extras, strict=True)]
-        full = self.translator.src_tok.encode(pieces)
-        ids = choice.sources([seq[:limit] for seq in full])  # nmt-translate's truncation
-        sentences = [Sentence(i, src, *extra) for i, (src, extra) in enumerate(zip(
-            ids, extras, strict=True))]
+        nbest = await self.decode(prepared.sentences(), decoded)
+        results, maps = await asyncio.to_thread(self.finish, req, prepared, nbest)
+        self.requests += 1
+        for u in (u for r in results for u in r.unplaced):
+            log(f"warning: text[{u.doc}]: {u.why()}")
+        maps = iter(maps)
+        return TranslateResponse(translations=[
+            answer(r, search.nbest, [next(maps) for _ in r.pieces]) for r in results])
+
+    async def decode(self, sentences: list[Sentence], search: SearchConfig
+                     ) -> list[list[Hypothesis]]:
+        """The sentences' hypotheses from the Batcher; its refusals and failures as ApiError."""
         try:
-            nbest = await self.batcher.translate(sentences, decoded, self.cfg.timeout_s)
+            return await self.batcher.translate(sentences, search, self.cfg.timeout_s)
         except QueueFull:
             raise ApiError(503, None, f"busy: {len(self.batcher.queue)} sentences queued",
                            {"Retry-After": str(self.batcher.retry_after())}) from None
@@ -353,23 +313,15 @@ class Service:
         except Exception as e:  # an error inside the search: this request fails, not the server
             log(f"error: decoding failed ({type(e).__name__}: {e})")
             raise ApiError(500, None, f"decoding failed ({type(e).__name__}: {e})") from None
-        nbest = [[replace(h, tokens=choice.strip(h.tokens)) for h in hyps] for hyps in nbest]
-        if chooser is not None:  # each piece's candidates -> the one of highest expected utility
-            nbest = await asyncio.to_thread(chooser.choose, pieces, nbest)
-        maps = [None] * len(ids)
-        if req.attention:
-            maps = await asyncio.to_thread(lambda: [self.attention(src, hyps[0].tokens)
-                                                    for src, hyps in zip(ids, nbest, strict=True)])
-        self.requests += 1
-        combine = req.word_combine if req.word_scores else None
-        parts = [self._translation(hyps, len(f) > limit, search.nbest, a, ts, combine)
-                 for hyps, f, a, ts in zip(nbest, full, maps, terms, strict=True)]
-        if req.markup != "none":
-            texts = await self.marked(docs, ids, choice, nbest, terms)
-            parts = [p.model_copy(update={"text": t}) for p, t in zip(parts, texts, strict=True)]
-        parts = iter(parts)
-        return TranslateResponse(translations=[
-            text_answer(doc, [next(parts) for _ in doc.pieces]) for doc in docs])
+
+    def finish(self, req: TranslateRequest, prepared: Prepared, nbest: list[list[Hypothesis]]
+               ) -> tuple[list[TextResult], list[Attention | None]]:
+        """The pipeline's results of the decoded pieces (MBR's choice, tags, terms, pieces
+        joined, words), and each piece's attention where the request asks for it."""
+        nbest = pipeline.chosen(prepared, nbest)
+        maps = [self.attention(p.ids, hyps[0].tokens) if req.attention else None
+                for p, hyps in zip(prepared.pieces, nbest, strict=True)]
+        return pipeline.finish(prepared, nbest, self.translator), maps
 
     def attention(self, src_ids: list[int], out_ids: list[int]) -> Attention:
         """The (first) model's encoder-decoder attention of one pair, last decoder layer, heads
@@ -381,22 +333,6 @@ class Service:
         return Attention(source=t.src_tok.pieces(src_ids) + ["</s>"],
                          target=produced[:len(rows)],  # a full-length output has no </s> row
                          weights=[[round(w, 4) for w in row] for row in rows.tolist()])
-
-    def _translation(self, hyps: list[Hypothesis], truncated: bool, nbest: int,
-                     attention: Attention | None, terms: list[Term],
-                     combine: str | None) -> Translation:
-        """One sentence's answer from its hypotheses, its glossary terms' exact texts in
-        place; combine: word_combine, with word_scores (else None: no words)."""
-        tok = self.translator.tgt_tok
-        texts = [Glossary.restore(t, terms) for t in tok.decode([h.tokens for h in hyps])]
-        scored = [Scored(text=t, score=h.score if math.isfinite(h.score) else None)
-                  for h, t in zip(hyps, texts, strict=True)]
-        found = None if combine is None else [
-            ScoredWord(text=w.text, prob=w.prob)
-            for w in words(hyps[0].tokens, hyps[0].token_logprobs, tok, combine)]
-        return Translation(text=scored[0].text, score=scored[0].score, truncated=truncated,
-                           nbest=scored if nbest > 1 else None, attention=attention,
-                           words=found)
 
     def health(self) -> HealthResponse:
         """GET /health: the model, the workers, the limits and the default search settings."""
@@ -431,15 +367,32 @@ class Service:
                              busy_workers=self.workers - self.batcher.idle)
 
 
-def text_answer(doc: Segmented | Document, parts: list[Translation]) -> Translation:
-    """A text's answer from its pieces' answers: their translations in place of the pieces;
-    one piece is the text's answer, several are listed with their scores summed."""
-    text, score = rejoin(doc, [p.text for p in parts], [p.score for p in parts])
+def answer(result: TextResult, nbest: int, maps: list[Attention | None]) -> Translation:
+    """A text's answer from the pipeline's result: one piece's is the text's, several are
+    listed with their scores summed; nbest: the n-best lists' length asked for; maps: each
+    piece's attention (None: not asked)."""
+    parts = [piece_answer(r, nbest, a) for r, a in zip(result.pieces, maps, strict=True)]
     if len(parts) == 1:
-        return parts[0].model_copy(update={"text": text})
+        return parts[0].model_copy(update={"text": result.text})
     found = None if any(p.words is None for p in parts) else [w for p in parts for w in p.words]
-    return Translation(text=text, score=score,
+    return Translation(text=result.text, score=finite(result.hyps[0].score),
                        truncated=any(p.truncated for p in parts), words=found, pieces=[
-                           Piece(source=s, text=p.text, score=p.score, nbest=p.nbest,
-                                 attention=p.attention, words=p.words)
-                           for s, p in zip(doc.pieces, parts, strict=True)])
+                           Piece(source=r.piece.text, text=p.text, score=p.score,
+                                 nbest=p.nbest, attention=p.attention, words=p.words)
+                           for r, p in zip(result.pieces, parts, strict=True)])
+
+
+def piece_answer(result: PieceResult, nbest: int, attention: Attention | None) -> Translation:
+    """One piece's answer: its best translation, its n-best list (nbest > 1), its words."""
+    scored = [Scored(text=t, score=finite(h.score))
+              for h, t in zip(result.hyps, result.texts, strict=True)]
+    found = None if result.words is None else [
+        ScoredWord(text=w.text, prob=w.prob) for w in result.words[0]]
+    return Translation(text=scored[0].text, score=scored[0].score,
+                       truncated=result.piece.truncated,
+                       nbest=scored if nbest > 1 else None, attention=attention, words=found)
+
+
+def finite(score: float) -> float | None:
+    """A score as answered: None for one that is not finite (no translation)."""
+    return score if math.isfinite(score) else None
