@@ -45,6 +45,7 @@ import math
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -211,9 +212,11 @@ class Reference(nn.Module):
         self.d_model, self.pad_id = cfg.d_model, pad_id
         self.embed = nn.Embedding(vocab, cfg.d_model)
         self.dropout = nn.Dropout(cfg.dropout)
-        self.transformer = nn.Transformer(cfg.d_model, cfg.h, cfg.N, cfg.decoder_layers, cfg.d_ff,
-                                          cfg.dropout, batch_first=True,
-                                          norm_first=cfg.norm == "pre")
+        with warnings.catch_warnings():  # pre-norm: no nested tensors (torch says so)
+            warnings.filterwarnings("ignore", "enable_nested_tensor is True")
+            self.transformer = nn.Transformer(cfg.d_model, cfg.h, cfg.N, cfg.decoder_layers,
+                                              cfg.d_ff, cfg.dropout, batch_first=True,
+                                              norm_first=cfg.norm == "pre")
         self.generator = nn.Linear(cfg.d_model, vocab, bias=False)
         self.generator.weight = self.embed.weight
         pos = torch.arange(cfg.max_positions).unsqueeze(1)  # (P, 1)

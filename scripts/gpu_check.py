@@ -54,8 +54,9 @@ PACKAGES = tuple(line for line in (ROOT / "scripts" / "gpu_wheels.txt").read_tex
                  if line and not line.startswith("#"))
 BUILD_FILES = ("pyproject.toml", "setup.cfg", "README.md")  # besides nmt/ and configs/
 LOG_BYTES = 1 << 20  # each step's log keeps its last MiB
+# pip offline and quiet; a system python (PEP 668) takes the packages too
 PIP_ENV = {"PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-           "PIP_NO_INPUT": "1"}
+           "PIP_NO_INPUT": "1", "PIP_BREAK_SYSTEM_PACKAGES": "1"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +94,7 @@ DRY = Plan(
     device="cpu",
     benches=(("--runs", "tiny:fp32", "--modes", "eager", "--steps", "2", "--batches", "1",
               "--warmup", "1", "--max-tokens", "256", "--vocab", "300", "--peak-seconds", "0.2",
+              "--threads", "1",
               "--profile"),),
     tests=("-m", "gpu", "--collect-only", "-q"),
     corpus_lines=2000, vocab=400,
@@ -185,6 +187,7 @@ class Check:
         self.out, self.work, self.wheels = Path(args.out), Path(args.work), Path(args.wheels)
         self.deadline = time.monotonic() + 60 * args.minutes
         self.python = args.python
+        self.scripts = ""  # where pip puts that python's console scripts (nmt-train, ...)
         self.summary = {"dry_run": self.dry, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                         "minutes": args.minutes, "wheels": built_from(self.wheels), "steps": {}}
 
@@ -198,8 +201,12 @@ class Check:
 
     def env(self) -> dict:
         """The steps' environment: the target python's scripts first on PATH, pip offline."""
-        bin_dir = str(Path(self.python).parent)
+        bin_dir = self.scripts or str(Path(self.python).parent)
         return {**os.environ, **PIP_ENV, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+    def command(self, name: str) -> str:
+        """The path of one of nmt's console scripts in the target python."""
+        return str(Path(self.scripts) / name)
 
     def record(self, step: str, fields: dict) -> None:
         """A step's entry in OUT/gpu_check.json, written at once (atomically)."""
@@ -250,8 +257,9 @@ def step(check: Check, name: str, least_s: float, action) -> bool:
 
 
 # ----------------------------------------------------------------------------- 1. install
-TORCH_INFO = ("import json, sys, torch; cuda = torch.cuda.is_available(); print(json.dumps({"
-              "'python': sys.version.split()[0], 'torch': torch.__version__, 'cuda': cuda, "
+TORCH_INFO = ("import json, sys, sysconfig, torch; cuda = torch.cuda.is_available(); "
+              "print(json.dumps({'python': sys.version.split()[0], 'scripts': "
+              "sysconfig.get_path('scripts'), 'torch': torch.__version__, 'cuda': cuda, "
               "'cuda_version': torch.version.cuda, 'gpu': torch.cuda.get_device_name() if cuda "
               "else None, 'capability': torch.cuda.get_device_capability() if cuda else None}))")
 # run in the checkout, as `python -m pytest` imports nmt there: the configs must be found
@@ -268,6 +276,7 @@ def install(check: Check) -> dict:
                          f"reachable, and carry the folder)")
     check.python = dry_venv(check.work, check.wheels) if check.dry else find_python(check.python)
     info = query(check.python, TORCH_INFO)
+    check.scripts = info["scripts"]
     if not check.dry and not info["cuda"]:
         raise StepFailed(f"{check.python}: torch {info['torch']} sees no CUDA GPU")
     pip = [check.python, str(next(check.wheels.glob("pip-*.whl")) / "pip")]
@@ -437,7 +446,7 @@ def pytest_counts(log: Path) -> dict:
 def preprocess_command(check: Check) -> list[str]:
     """nmt-preprocess of the bundled debian-po en-de (the dry run: its first lines)."""
     corpus = CORPUS if not check.plan.corpus_lines else slice_corpus(check)
-    return [str(Path(check.python).parent / "nmt-preprocess"), "src_lang=en", "tgt_lang=de",
+    return [check.command("nmt-preprocess"), "src_lang=en", "tgt_lang=de",
             f"train={corpus}/train", f"valid={corpus}/valid", f"test={corpus}/test",
             f"out_dir={check.work / 'data'}", f"bpe.vocab_size={check.plan.vocab}", "force=true"]
 
@@ -462,7 +471,7 @@ def train(check: Check) -> dict:
     if not (check.work / "data" / "manifest.json").exists():
         raise StepFailed("no preprocessed data (see preprocess.log)")
     run = check.work / "run"
-    check.run("train", [str(Path(check.python).parent / "nmt-train"),
+    check.run("train", [check.command("nmt-train"),
                         f"data_dir={check.work / 'data'}", f"run_dir={run}",
                         f"train.device={check.plan.device}", *check.plan.train],
               check.budget("train"))
@@ -479,7 +488,7 @@ def bleu(check: Check) -> dict:
         raise StepFailed("no checkpoint (see train.log)")
     corpus = CORPUS if not check.plan.corpus_lines else check.work / "corpus"
     suffix = "" if check.plan.corpus_lines else ".xz"
-    check.run("bleu", [str(Path(check.python).parent / "nmt-translate"),
+    check.run("bleu", [check.command("nmt-translate"),
                        f"checkpoint={checkpoint}", f"input={corpus}/test.en{suffix}",
                        f"ref={corpus}/test.de{suffix}", f"output={check.work / 'test.hyp.de'}",
                        f"device={check.plan.device}", *check.plan.translate], check.left())

@@ -104,11 +104,12 @@ def test_the_idle_share_is_the_wall_time_no_gpu_work_covers():
 
 
 @pytest.mark.slow
-def test_bench_train_warms_up_then_times_whole_passes_of_both_models(tmp_path, capsys):
+def test_bench_train_warms_up_then_times_whole_passes_of_both_models(tmp_path, capsys,
+                                                                     one_thread):
     rows_file = tmp_path / "rows.jsonl"
     bench_train.main(["--device", "cpu", "--runs", "tiny:fp32", "--steps", "3", "--batches",
-                      "2", "--warmup", "1", "--max-tokens", "256", "--vocab", "300",
-                      "--peak-seconds", "0.05", "--json", str(rows_file)])
+                      "2", "--warmup", "1", "--max-tokens", "128", "--vocab", "100",
+                      "--peak-seconds", "0.05", "--threads", "1", "--json", str(rows_file)])
     device, *rows = map(json.loads, rows_file.read_text().splitlines())
     assert device["kind"] == "device" and device["measured_peak"]["fp32"] > 0
     assert [r["impl"] for r in rows] == ["nmt", "torch.nn.Transformer"]
