@@ -40,8 +40,9 @@ LAYERS = [
     {"nmt.inference.ct2_engine"},
     {"nmt.inference.engine"},  # the interface and open_translator
     # the commands' parts
-    {"nmt.inference.rerank", "nmt.inference.align", "nmt.data.cleaning", "nmt.data.subwords",
-     "nmt.data.binarize", "nmt.training.monitor", "nmt.training.run", "nmt.training.validation",
+    {"nmt.inference.rerank", "nmt.inference.align", "nmt.inference.pipeline",
+     "nmt.data.cleaning", "nmt.data.subwords", "nmt.data.binarize", "nmt.training.monitor",
+     "nmt.training.run", "nmt.training.validation",
      "nmt.training.resume", "nmt.interop.transformers_export", "nmt.serve.batcher",
      "nmt.serve.libretranslate", "nmt.serve.schemas", "nmt.serve.service", "nmt.serve.app"},
     {"nmt.commands"},  # each command's plain function (COMMANDS)
@@ -56,6 +57,16 @@ ENGINES = {"nmt.inference.translator", "nmt.inference.ct2_engine", "nmt.interop.
 # nmt/'s top level: the paper's model and its variants, the config schema, the errors.
 TOP_LEVEL = {"nmt", "nmt.model", "nmt.variants", "nmt.config", "nmt.config_errors",
              "nmt.errors"}
+# What the translation pipeline (nmt.inference.pipeline) does between text and tokens, which
+# the front ends reach through it only: one code path, the same text from both.
+PIPELINE_INNER = {
+    "nmt.inference.segment": {"split_for", "split_text", "fit_for", "rejoin", "sample_stream"},
+    "nmt.inference.markup": {"parse", "put_back", "restore"},
+    "nmt.inference.glossary": {"with_terms"},
+    "nmt.inference.align": {"sentence_alignments"},
+    "nmt.inference.words": {"words"},
+}
+FRONT_ENDS = {"nmt.commands.translate", "nmt.serve.service"}
 PACKAGES = {"nmt.cli", "nmt.commands", "nmt.data", "nmt.inference", "nmt.interop", "nmt.serve",
             "nmt.system", "nmt.testing", "nmt.training"}
 
@@ -144,6 +155,16 @@ def test_the_engines_and_the_export_do_not_import_each_other():
     assert {(m, i) for m in ENGINES & set(g) for i in g[m]
             if i in ENGINES | {"nmt.commands.export", "nmt.inference.engine"}
             and i not in allowed.get(m, set())} == set()
+
+
+def test_the_front_ends_call_the_pipeline_not_its_inner_functions():
+    """nmt-translate and nmt-serve split, put tags back, restore terms, rejoin and score words
+    through nmt.inference.pipeline alone (they used to hold a copy each)."""
+    inner = {f"{m}.{name}" for m, names in PIPELINE_INNER.items() for name in names}
+    for module in FRONT_ENDS:
+        found = imports(NMT.parent / (module.replace(".", "/") + ".py"))
+        assert "nmt.inference.pipeline" in found, module
+        assert sorted(found & inner) == [], module
 
 
 def test_decoding_outside_the_inference_package_goes_through_the_interface():
