@@ -46,6 +46,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -86,6 +87,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="an nmt-train override for nmt's runs (e.g. train.pad_to_multiple=64)")
     p.add_argument("--batches", type=int, default=8, help="distinct batches sampled, cycled")
+    p.add_argument("--compiled-shapes", type=int, default=0, metavar="N",
+                   help="compiled configurations sample batches of the N most common shapes "
+                        "only (a graph to compile each; 0: any)")
     p.add_argument("--max-tokens", type=int, default=4096, help="train.max_tokens")
     p.add_argument("--vocab", type=int, default=8000, help="vocabulary of synthetic data")
     p.add_argument("--steps", type=int, default=30,
@@ -167,8 +171,8 @@ def write_synthetic(out: Path, vocab: int, sentences: int, seed: int = 0) -> Pat
 
 
 def synthetic_sentences(args: argparse.Namespace) -> int:
-    """Enough synthetic pairs for about four times --batches batches of --max-tokens."""
-    return max(2_000, 4 * args.batches * args.max_tokens // 40)
+    """Enough synthetic pairs for about eight times --batches batches of --max-tokens."""
+    return max(2_000, 8 * args.batches * args.max_tokens // 40)
 
 
 # ----------------------------------------------------------------------------- the two steps
@@ -181,13 +185,25 @@ def nmt_config(cfg: Config, data: str, run_dir: str, args: argparse.Namespace) -
     return to_object(compose("train", overrides), TrainConfig)
 
 
-def sample(itr: EpochBatchIterator, n: int, pin: bool) -> list[Batch]:
-    """n of the batches the trainer's iterator cuts in its first epoch, drawn at random (fixed
-    seed), collated as the trainer collates them (pinned for a GPU, as its prefetcher does)."""
-    ids = itr.local_batches(1)
-    pick = np.random.default_rng(0).choice(len(ids), min(n, len(ids)), replace=False)
-    batches = [itr.collate(ids[i], 1, int(i)) for i in sorted(pick)]
-    return [b.pin_memory() for b in batches] if pin else batches
+SCANNED = 64  # batches of the first epoch that a sample is drawn from
+
+
+def sample(itr: EpochBatchIterator, n: int, pin: bool, shapes: int = 0) -> list[Batch]:
+    """n of the batches the trainer's iterator cuts in its first epoch (of its first SCANNED,
+    in the epoch's shuffled order), drawn at random (fixed seed), collated as the trainer
+    collates them (pinned for a GPU, as its prefetcher does). shapes > 0: drawn from the
+    batches of that many most common shapes only (a compiled step builds a graph a shape)."""
+    batches = [itr.collate(ids, 1, i) for i, ids in enumerate(itr.local_batches(1)[:SCANNED])]
+    if shapes:
+        common = Counter(map(shape, batches)).most_common(shapes)
+        batches = [b for b in batches if shape(b) in dict(common)]
+    pick = np.random.default_rng(0).choice(len(batches), min(n, len(batches)), replace=False)
+    return [batches[i].pin_memory() if pin else batches[i] for i in sorted(pick)]
+
+
+def shape(batch: Batch) -> tuple:
+    """A batch's source and target shapes."""
+    return tuple(batch.src.shape), tuple(batch.tgt_in.shape)
 
 
 class NmtStep:
@@ -477,7 +493,7 @@ def summarise(cfg: Config, name: str, timing: Timing, batches: list[Batch],
         "batches": len(batches), "tgt_tokens_per_batch": float(np.mean(
             [b.tgt_tokens for b in batches])),
         "padding": 1 - sum(b.src_tokens + b.tgt_tokens for b in batches) / padded,
-        "shapes": len({(tuple(b.src.shape), tuple(b.tgt_in.shape)) for b in batches})}
+        "shapes": len(set(map(shape, batches)))}
 
 
 def drift(seconds: list[float]) -> float:
@@ -524,7 +540,8 @@ def bench(cfg: Config, data: str, run_dir: str, peaks: Peaks,
     env = DistInfo(0, 1, torch.device(args.device))
     tune_process(train_cfg.train, env.device)
     loaded = load_data(train_cfg, env)
-    batches = sample(loaded.train, args.batches, pin=env.device.type == "cuda")
+    batches = sample(loaded.train, args.batches, env.device.type == "cuda",
+                     args.compiled_shapes if cfg.mode == "compiled" else 0)
     vocab, pad_id = loaded.vocab.tgt_size, loaded.vocab.pad_id
     flops = [train_flops(train_cfg.model, b, vocab, pad_id) for b in batches]
     makers = [lambda: NmtStep(train_cfg, env)]

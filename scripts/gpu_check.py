@@ -78,8 +78,10 @@ SYNTHETIC = ("--vocab", "37000", "--max-tokens", "65536", "--profile")
 GPU = Plan(
     device="cuda",
     benches=(("--runs", "base:bf16,big:bf16", "--modes", "eager", *SYNTHETIC),
-             ("--runs", "base:bf16", "--modes", "compiled", *SYNTHETIC),
-             ("--runs", "big:bf16", "--modes", "compiled", "--no-reference", *SYNTHETIC)),
+             ("--runs", "base:bf16", "--modes", "compiled", "--compiled-shapes", "2",
+              *SYNTHETIC),
+             ("--runs", "big:bf16", "--modes", "compiled", "--compiled-shapes", "2",
+              "--no-reference", *SYNTHETIC)),
     tests=("-m", "gpu", "-v", "-n", "4"),
     corpus_lines=0, vocab=8000,
     # 2 minutes of the paper's base: warm-up shortened to the run (peak lr 1.1e-3 at 800)

@@ -120,6 +120,31 @@ def test_bench_train_warms_up_then_times_whole_passes_of_both_models(tmp_path, c
     assert "nmt / torch.nn.Transformer:" in capsys.readouterr().out
 
 
+class Batches:
+    """The part of the trainer's EpochBatchIterator that bench_train samples: batches of the
+    given (rows, source length) shapes, in that order."""
+
+    def __init__(self, shapes: list[tuple[int, int]]):
+        self.shapes = shapes
+
+    def local_batches(self, epoch: int) -> list[int]:
+        return list(range(len(self.shapes)))
+
+    def collate(self, ids: int, epoch: int, index: int) -> Batch:
+        rows, length = self.shapes[index]
+        return batch_of(*[(length, length)] * rows)
+
+
+def test_compiled_configurations_can_sample_the_commonest_shapes_alone():
+    """--compiled-shapes N: a compiled configuration's batches (static bucket shapes, a graph
+    each) come from the N most common shapes of the trainer's batches."""
+    a, b = (4, 8), (2, 16)
+    itr = Batches([a, b, a, (3, 8), a, b, (1, 32), a, b, (5, 4)])
+    every, common = (bench_train.sample(itr, 8, False, shapes) for shapes in (0, 2))
+    assert len(every) == 8 and len(set(map(bench_train.shape, every))) > 2
+    assert {tuple(x.src.shape) for x in common} == {a, b} and len(common) == 7
+
+
 # ----------------------------------------------------------------------------- gpu_check
 def test_a_step_without_the_time_it_needs_is_skipped_and_says_so(tmp_path):
     check = gpu_check.Check(gpu_check.parse_args(["--out", str(tmp_path), "--minutes", "0"]))
