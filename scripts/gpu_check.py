@@ -283,10 +283,13 @@ def install(check: Check) -> dict:
         raise StepFailed(f"{check.python}: torch {info['torch']} sees no CUDA GPU")
     pip = [check.python, str(next(check.wheels.glob("pip-*.whl")) / "pip")]
     offline = ["install", "-q", "--no-index", "--find-links", str(check.wheels)]
+    build = build_nmt(check, pip)  # beside the packages' install
     check.run("install", [*pip, *offline, *PACKAGES], check.left())
-    wheel = build_nmt(check, pip)  # without its dependencies: datasets is not brought
+    if build.wait(check.left()):
+        raise StepFailed("nmt's wheel was not built; see install.log")
+    wheel = next((check.work / "dist").glob("nmt-*.whl"))  # without its dependencies:
     check.run("install", [*pip, *offline, "--no-deps", "--force-reinstall", str(wheel)],
-              check.left())
+              check.left())  # datasets is not brought
     smoke = query(check.python, SMOKE % (("torch", "nmt", *PACKAGES),))
     installed = query(check.python, "import json, nmt; print(json.dumps(nmt.__file__))",
                       cwd=check.work)
@@ -306,17 +309,16 @@ def find_python(given: str) -> str:
     raise StepFailed("no python here imports torch: give one (make gpu-check PYTHON=...)")
 
 
-def build_nmt(check: Check, pip: list[str]) -> Path:
-    """nmt's wheel, built from a copy of the checkout's sources (nothing written into the
-    checkout) with the folder's setuptools."""
-    src, dist = check.work / "nmt-src", check.work / "dist"
+def build_nmt(check: Check, pip: list[str]) -> Job:
+    """The build of nmt's wheel into WORK/dist, started: from a copy of the checkout's sources
+    (nothing written into the checkout), with the folder's setuptools."""
+    src = check.work / "nmt-src"
     for name in ("nmt", "configs"):
         shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in BUILD_FILES:
         shutil.copy2(ROOT / name, src / name)
-    check.run("install", [*pip, "wheel", "-q", "--no-index", "--find-links", str(check.wheels),
-                          "--no-deps", "-w", str(dist), str(src)], check.left())
-    return next(dist.glob("nmt-*.whl"))
+    return Job([*pip, "wheel", "-q", "--no-index", "--find-links", str(check.wheels), "--no-deps",
+                "-w", str(check.work / "dist"), str(src)], check.out / "install.log", check.env())
 
 
 def dry_venv(work: Path, wheels: Path) -> str:
