@@ -23,7 +23,9 @@ its sentences translated whole and each tag put back where the alignment puts it
 piece's) candidates, the one chosen by minimum Bayes risk or by reranking (nmt.inference.rerank).
 comet=DIR (nmt.inference.comet): a COMET-22 model prints COMET beside BLEU and chrF (ref=), and
 is mbr.utility=comet's; a CometKiwi model adds each line's reference-free score as a TAB column
-and prints their mean.
+and prints their mean. Everything between text and tokens (split, markup, language tokens,
+glossary terms, the cut, MBR or reranking, tags and terms put back, pieces rejoined, word
+scores) is nmt.inference.pipeline's, the one code path nmt-serve shares.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """nmt-serve's translation service (Service), what the HTTP handlers call: a request checked
-against the server's limits and the engine's capabilities, its texts split into pieces and
-encoded, their sentences queued in the Batcher (nmt.serve.batcher) that feeds the decoding
-workers, the answers detokenized and put back together; GET /health's and GET /stats'
-figures."""
+against the server's limits and the engine's capabilities, its texts prepared by the
+translation pipeline (nmt.inference.pipeline: split, encoded, nmt-translate's code path), their
+pieces queued in the Batcher (nmt.serve.batcher) that feeds the decoding workers, the pipeline's
+results answered in the response schemas; GET /health's and GET /stats' figures."""
 
 from __future__ import annotations
 
@@ -196,8 +196,9 @@ class Service:
             raise ApiError(422, key, why) from None
 
     def check_chars(self, chars: int, markup: bool = False) -> None:
-        """max_chars per request: `chars`, the characters its texts translate (all texts; with
-        markup, the text outside tags and untranslated elements), before they are split."""
+        """max_chars per request: `chars`, the characters its texts translate (all texts,
+        before they are split; with markup, once parsed: the text outside tags and
+        untranslated elements)."""
         if chars > self.cfg.max_chars:
             what = "characters of text outside tags" if markup else "characters"
             raise ApiError(413, "text", f"{chars} {what}; this server takes at most "
