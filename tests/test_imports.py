@@ -60,7 +60,7 @@ TOP_LEVEL = {"nmt", "nmt.model", "nmt.variants", "nmt.config", "nmt.config_error
 # What the translation pipeline (nmt.inference.pipeline) does between text and tokens, which
 # the front ends reach through it only: one code path, the same text from both.
 PIPELINE_INNER = {
-    "nmt.inference.segment": {"split_for", "split_text", "fit_for", "rejoin", "sample_stream"},
+    "nmt.inference.segment": {"split_for", "split_text", "fit_for", "sample_stream"},
     "nmt.inference.markup": {"parse", "put_back", "restore"},
     "nmt.inference.glossary": {"with_terms"},
     "nmt.inference.align": {"sentence_alignments"},

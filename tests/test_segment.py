@@ -143,12 +143,6 @@ def test_without_the_extra_split_sentence_is_a_one_line_error(monkeypatch):
         segment.sentence_splitter("en")
 
 
-def test_rejoin_puts_translations_in_place_and_sums_the_scores():
-    doc = segment.split_text("  Open it.\n\nClose it. ", "paragraph")
-    assert segment.rejoin(doc, ["A", "B"], [-1.0, -2.5]) == ("  A\n\nB ", -3.5)
-    assert segment.rejoin(doc, ["A", "B"], [-1.0, None]) == ("  A\n\nB ", None)
-
-
 def test_every_piece_of_every_line_draws_its_own_random_numbers():
     """Streams differ for every (seed, line, piece, sample) within the limits: piece k and
     k + 256 of a line (2^32 apart, which a 32-bit seed would wrap), the last line, seeds 2^32

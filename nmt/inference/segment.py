@@ -117,13 +117,6 @@ def fit_for(tok, limit: int) -> Callable[[str], list[str]]:
     return lambda text: fit(text, token_count(tok), limit)
 
 
-def rejoin(doc: Segmented, texts: list[str], scores: list[float | None]
-           ) -> tuple[str, float | None]:
-    """A text's translation from its pieces' (translated apart): theirs in place of the
-    pieces, and their scores summed (None where one is None)."""
-    return doc.join(texts), None if None in scores else sum(scores)
-
-
 def line_spans(text: str) -> list[tuple[str, int]]:
     """Each line of `text` (without its line break) and where it starts."""
     out, at = [], 0
