@@ -35,7 +35,7 @@ CONSTRAINING = ("constraints", "glossary", "keep")  # the options that make lexi
 def _check(ok: bool, key: str, why: str) -> None:
     """Raise a ConfigError naming `key` when `ok` is false."""
     if not ok:
-        raise ConfigError(f"{key}: {why}")
+        raise ConfigError(key, why)
 
 
 def _check_prob(value: float, key: str) -> None:
@@ -98,7 +98,7 @@ def _check_engine(cfg: object, checkpoints: int) -> None:
         try:
             can.check_search(search)
         except ConfigError as e:
-            raise ConfigError(f"mbr.candidates: its search (beam_size={search.beam_size}, "
+            raise ConfigError("mbr.candidates", f"its search (beam_size={search.beam_size}, "
                               f"nbest={search.nbest}) fails: {e}") from None
 
 
@@ -425,6 +425,8 @@ class PreprocessConfig:
 
 # ----------------------------------------------------------------------------- train
 BEST_METRICS = ("loss", "ppl", "bleu", "chrf", "comet")  # comet, bleu, chrf: higher is better
+# torch.compile's modes (train.compile_mode)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 @dataclass
@@ -500,9 +502,20 @@ class TrainLoopConfig:
     # computes it natively, CPUs with AVX512-BF16 or AMX included; else none), bf16, fp16, none
     amp: str = "auto"
     tf32: bool = True  # TensorFloat-32 matmuls for fp32 work on Ampere and later GPUs
-    compile: bool = False  # torch.compile the model (for GPUs; graphs break on CPU dropout)
+    # The update compiled (nmt/training/compiled_step.py): forward, loss and backward one graph
+    # per batch shape, Adam fused; docs/training.md, "A compiled update".
+    compile: bool = False
+    # Its shapes: static (every batch padded to one of train.buckets shapes fitted to the data:
+    # a graph each, which CUDA graphs need), dynamic (one graph), auto: static on GPUs, dynamic
+    # on CPUs (Inductor's build takes minutes a shape on 2 cores)
+    shapes: str = "auto"
+    buckets: int = 16  # static shapes: length buckets, each with rows max_tokens / length
+    # torch.compile's mode: default, reduce-overhead (CUDA graphs of the static graphs),
+    # max-autotune, max-autotune-no-cudagraphs
+    compile_mode: str = "default"
     # Batch lengths padded to a multiple of this, so that a compiled model meets few shapes
-    # (fairseq's --required-seq-len-multiple); 0: 8 with train.compile, else none.
+    # (fairseq's --required-seq-len-multiple; the bucket lengths' multiple); 0: 8 with
+    # train.compile on a GPU, else none.
     pad_to_multiple: int = 0  # round source and target lengths up to a multiple of this
     checkpoint_activations: bool = False  # recompute layers' activations in backward: less memory
     device: str = "auto"  # "auto", "cpu" or "cuda"
@@ -518,7 +531,11 @@ class TrainLoopConfig:
 
     def __post_init__(self) -> None:
         _check_min(self, "train.", 1, "max_tokens", "update_freq", "max_nonfinite",
-                   "save_interval_updates", "valid_interval_updates", "log_interval")
+                   "save_interval_updates", "valid_interval_updates", "log_interval", "buckets")
+        _check(self.shapes in ("auto", "static", "dynamic"), "train.shapes",
+               f"must be auto, static or dynamic, got {self.shapes!r}")
+        _check(self.compile_mode in COMPILE_MODES, "train.compile_mode",
+               f"must be {', '.join(COMPILE_MODES)}, got {self.compile_mode!r}")
         _check_min(self, "train.", 0, "pad_to_multiple", "global_tokens", "max_updates",
                    "max_epochs", "max_minutes", "keep_last", "patience", "threads",
                    "valid_bleu_max_sentences")
@@ -690,8 +707,8 @@ def _check_split(cfg: TranslateConfig) -> None:
         check_split_lang(cfg.split_lang)
     whole = per_segment(cfg) if cfg.split not in ("none", AUTO) else []
     if whole:
-        raise ConfigError(f"{whole[0]}: is per segment: needs split=none or auto (split="
-                          f"{cfg.split} translates the pieces of a line apart)")
+        raise ConfigError(whole[0], f"is per segment: needs split=none or auto (split="
+                                    f"{cfg.split} translates the pieces of a line apart)")
 
 
 def per_segment(cfg: TranslateConfig) -> list[str]:
@@ -928,16 +945,16 @@ def to_object(cfg: DictConfig, schema: type):
     if not isinstance(cfg, DictConfig):
         cfg = OmegaConf.create(cfg)
     if "model" in cfg.keys() and OmegaConf.is_missing(cfg, "model"):
-        raise ConfigError(
-            "no model chosen: add +model=small (or +model=tiny, +model=base, +model=big)")
+        raise ConfigError("model", "none chosen", line="no model chosen: add +model=small (or "
+                          "+model=tiny, +model=base, +model=big)")
     extra = extra_keys(cfg, schema)
     if extra:  # added with +key=... or ++key=..., which Hydra allows
-        raise ConfigError(unknown_key(extra[0], schema))
+        raise unknown_key(extra[0], schema)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), cfg)
         return OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
-        raise ConfigError(explain(e, schema)) from None
+        raise explain(e, schema) from None
 
 
 def compose(name: str, overrides: list[str] | None = None) -> DictConfig:

@@ -699,16 +699,21 @@ def test_compile_trains_like_eager(tiny_data_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "compile",  # inductor's C++ build takes minutes on 2 cores
                         lambda model, **kw: real(model, backend="aot_eager", **kw))
     opts = ["train.max_updates=3", "model.dropout=0", "train.valid_interval_updates=100"]
-    # eager with the lengths compiled runs pad to (train.compile: multiples of 8)
-    train(config(tiny_data_dir, tmp_path / "eager", *opts, "train.pad_to_multiple=8"))
+    train(config(tiny_data_dir, tmp_path / "eager", *opts))
     out = train(config(tiny_data_dir, tmp_path / "compiled", *opts, "train.compile=true"))
     torch._dynamo.reset()
     assert out["update"] == 3
     a = load_checkpoint(tmp_path / "eager/checkpoint_last.pt")["model"]
     b = load_checkpoint(tmp_path / "compiled/checkpoint_last.pt")["model"]
     assert a.keys() == b.keys()  # the saved names are the model's, not the wrapper's
-    for name in a:
-        torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=1e-5, msg=name)
+    d = a["generator.weight"].size(1)
+    for name in a:  # but the keys' biases, which get no gradient (softmax ignores a shift):
+        x, y = a[name], b[name]  # Adam's steps there follow rounding noise
+        if name.endswith("W_qkv.bias"):
+            x, y = (torch.cat([t[:d], t[2 * d:]]) for t in (x, y))
+        elif name.endswith("W_kv.bias"):
+            x, y = x[d:], y[d:]
+        torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-5, msg=name)
 
 
 # ----------------------------------------------------------------------------- EMA

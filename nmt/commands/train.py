@@ -25,7 +25,7 @@ import copy
 import functools
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 from pathlib import Path
 
@@ -57,6 +57,7 @@ from nmt.system import private_ops
 from nmt.system.runtime import cap_onednn_cache, keep_freed_memory, release_freed_memory
 from nmt.training import distributed
 from nmt.training.activation_checkpointing import checkpoint_layers
+from nmt.training.compiled_step import LossModule, compile_loss, static_shapes
 from nmt.training.cpu_training import use_cpu_dropout
 from nmt.training.monitor import Monitor, StepStats
 from nmt.training.preemption import Preemption
@@ -261,10 +262,13 @@ def load_data(cfg: TrainConfig, env: distributed.DistInfo) -> Data:
         weights = temperature_weights(corpora, weights, tc.temperature)
     sampler = (SubwordSampler(cfg.data_dir, manifest, tc.subword_sampling, tc.augment)
                if tc.subword_sampling or tc.augment.active else None)
+    static = tc.compile and static_shapes(tc, env.device)
     itr = EpochBatchIterator(train, tc.max_tokens, tc.seed, vocab.pad_id, env.rank,
                              env.world_size, cfg.model.max_positions, corpora=corpora,
                              weights=weights, sampler=sampler,
-                             pad_to=tc.pad_to_multiple or (8 if tc.compile else 1))
+                             pad_to=tc.pad_to_multiple or (
+                                 8 if tc.compile and env.device.type == "cuda" else 1),
+                             buckets=tc.buckets if static else 0)
     if not itr.global_batches(1):
         raise NmtError(f"{cfg.data_dir}: the train split gives no batch for "
                        f"{env.world_size} rank(s) (too few sentences, or all too long)")
@@ -345,17 +349,32 @@ def build_run(cfg: TrainConfig, env: distributed.DistInfo, data: Data) -> Run:
     ema = copy.deepcopy(model).requires_grad_(False) if tc.ema_decay else None
     if tc.checkpoint_activations:  # after the EMA's copy (nmt/training/activation_checkpointing.py)
         checkpoint_layers(model)
-    optimizer, scheduler = build_optimizer(model, cfg.optim, cfg.model.d_model)
+    optimizer, scheduler = build_optimizer(model, cfg.optim, cfg.model.d_model,
+                                           fused=True if tc.compile else None)
     scaler = torch.amp.GradScaler(env.device.type, init_scale=2.0 ** 7,
                                   enabled=amp.amp == "fp16")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp.amp)
-    ddp = wrap_ddp(model, env.device) if env.world_size > 1 else None
-    forward = torch.compile(ddp or model, dynamic=True) if tc.compile else (ddp or model)
-    check_every = 1 if env.device.type == "cpu" else tc.log_interval
     precision = functools.partial(training_precision, env.device, dtype)
-    return Run(cfg, env, data, model, forward, ddp, ema, optimizer, scheduler, scaler, amp,
+    ddp, step_loss = step_loss_of(cfg, env, model, vocab.pad_id, precision)
+    check_every = 1 if env.device.type == "cpu" else tc.log_interval
+    return Run(cfg, env, data, model, step_loss, ddp, ema, optimizer, scheduler, scaler, amp,
                precision, update_frequency(tc, data.train, env.world_size), check_every,
                Monitor(env.device))
+
+
+def step_loss_of(cfg: TrainConfig, env: distributed.DistInfo, model: nn.Module, pad_id: int,
+                 precision: Callable) -> tuple[nn.parallel.DistributedDataParallel | None,
+                                               Callable[[Batch], tuple[Tensor, Tensor]]]:
+    """What an update calls on each batch (Run.step_loss), and the DDP it goes through on
+    several ranks: batch_loss on the model, or train.compile's compiled LossModule."""
+    eps, world = cfg.optim.label_smoothing, env.world_size
+    if not cfg.train.compile:
+        ddp = wrap_ddp(model, env.device) if world > 1 else None
+        return ddp, functools.partial(batch_loss, ddp or model, epsilon=eps, pad_id=pad_id,
+                                      precision=precision)
+    module = LossModule(model, eps, pad_id, precision)
+    ddp = wrap_ddp(module, env.device) if world > 1 else None
+    return ddp, compile_loss(ddp or module, cfg.train, env.device)
 
 
 def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
@@ -396,7 +415,7 @@ def train_step(run: Run, epoch: int, group: list[tuple[int, Batch]],
     the loss or the gradient is not finite (decided on the device), the EMA after it. flags:
     this rank's stop flags (Stopping.flags), summed over ranks with the losses."""
     tc, env = run.cfg.train, run.env
-    run.forward.train()
+    run.model.train()
     run.optimizer.zero_grad(set_to_none=True)
     losses = torch.zeros(2, device=env.device)  # this rank's summed loss and NLL
     counts = dict.fromkeys(HOST_COUNTS, 0)  # this rank's, counted on the host
@@ -405,13 +424,12 @@ def train_step(run: Run, epoch: int, group: list[tuple[int, Batch]],
         batch = batch.to(env.device)
         last = k == len(group) - 1  # DDP all-reduces gradients after the last batch only
         with run.ddp.no_sync() if run.ddp and not last else contextlib.nullcontext():
-            loss, nll = batch_loss(run.forward, batch, run.cfg.optim.label_smoothing,
-                                   run.pad_id, run.precision)
+            loss, nll = run.step_loss(batch)
             # DDP averages gradients over ranks: scale by world_size to get their sum.
             run.scaler.scale(loss * env.world_size).backward()
         losses += torch.stack([loss.detach(), nll])
         for key, n in (("tgt_tokens", batch.tgt_tokens), ("src_tokens", batch.src_tokens),
-                       ("padded", batch.padded_tokens), ("sentences", batch.src.size(0))):
+                       ("padded", batch.padded_tokens), ("sentences", batch.sentences)):
             counts[key] += n
     host = torch.tensor([*(counts[key] for key in HOST_COUNTS), *flags], dtype=torch.float64)
     if env.device.type == "cuda":

@@ -55,6 +55,7 @@ file.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import math
@@ -416,6 +417,12 @@ class Batch:
     # (rows, columns) of the non-padding target positions, row by row: indexing with them
     # picks what a boolean mask would, without the device-to-host copy a mask's size needs
     targets: tuple[torch.Tensor, torch.Tensor] | None = None
+    blank: int = 0  # rows that only pad the batch to its bucket's shape (Buckets), at its end
+
+    @property
+    def sentences(self) -> int:
+        """The batch's sentence pairs (its rows but the blank ones)."""
+        return self.src.size(0) - self.blank
 
     @property
     def padded_tokens(self) -> int:
@@ -444,28 +451,87 @@ def padded_length(n: int, multiple: int, limit: int = 0) -> int:
     return min(up, max(n, limit)) if limit else up
 
 
+@dataclass(frozen=True)
+class Buckets:
+    """The few batch shapes of a compiled step with static shapes (train.shapes): a batch's
+    source and target are both padded to the first of `lengths` that holds its longer side,
+    and its rows to max_tokens // that length with blank rows (a lone EOS as source, BOS as
+    target input, no target token), so that the step meets at most len(lengths) shapes."""
+
+    lengths: tuple[int, ...]  # increasing
+    max_tokens: int
+
+    def length(self, n: int) -> int:
+        """The bucket length of a batch whose longer side has n positions (at most the
+        last bucket's: the iterator keeps rows within it)."""
+        return self.lengths[min(bisect.bisect_left(self.lengths, n), len(self.lengths) - 1)]
+
+    def rows(self, length: int) -> int:
+        """The rows of a batch of bucket length `length`."""
+        return max(1, self.max_tokens // length)
+
+    def room(self, sentences: int) -> int:
+        """The longest bucket length whose batches hold `sentences` rows: how long rows drawn
+        for a batch of that many sentences may grow (subword sampling, augment)."""
+        fits = [n for n in self.lengths if self.rows(n) >= sentences]
+        return fits[-1] if fits else self.lengths[0]
+
+
+def fit_buckets(longest: np.ndarray, count: int, multiple: int, limit: int,
+                max_tokens: int) -> Buckets:
+    """The `count` bucket lengths, multiples of `multiple` (the last one the longest
+    sentence's length rounded up within `limit`), that pad sentences whose longer side has
+    `longest` positions least in all (exactly: dynamic programming over their histogram)."""
+    top = padded_length(int(longest.max()), multiple, limit)
+    cands = np.unique(np.append(np.arange(multiple, top, multiple), top))  # (C,) increasing
+    at_most = np.searchsorted(np.sort(longest), cands, side="right")  # sentences <= each
+    cost = cands * at_most.astype(np.float64)  # one bucket ending at each candidate
+    back = []  # per extra bucket: the best previous bound for each candidate (-1: none)
+    for _ in range(count - 1):
+        new, prev = cost.copy(), np.full(len(cands), -1)
+        for j in range(1, len(cands)):
+            # cost[i] + cands[j] x the sentences in (cands[i], cands[j]], each i < j
+            total = cost[:j] + cands[j] * (at_most[j] - at_most[:j])
+            i = int(np.argmin(total))
+            if total[i] < new[j]:
+                new[j], prev[j] = total[i], i
+        cost = new
+        back.append(prev)
+    bounds, j = [int(cands[-1])], len(cands) - 1
+    for prev in reversed(back):  # -1: that many buckets did no better than one fewer
+        if prev[j] >= 0:
+            j = int(prev[j])
+            bounds.append(int(cands[j]))
+    return Buckets(tuple(sorted(bounds)), max_tokens)
+
+
 def collate(data: ParallelData, ids: np.ndarray, pad_id: int,
             rows: tuple[list[np.ndarray], list[np.ndarray]] | None = None,
-            pad_to: int = 1, limit: int = 0) -> Batch:
+            pad_to: int = 1, limit: int = 0, buckets: Buckets | None = None) -> Batch:
     """Pad sentences `ids` of `data` into a Batch: their stored ids, or `rows` (their
     (source, target) ids as subword sampling drew them). pad_to: both lengths rounded up to
-    a multiple of it (within `limit` positions), so that a compiled model meets few shapes."""
+    a multiple of it (within `limit` positions), so that a compiled model meets few shapes;
+    buckets: the batch padded to its bucket's shape instead (Buckets)."""
     src, tgt = rows or ([data.src[i] for i in ids], [data.tgt[i] for i in ids])
     B = len(ids)
     S = padded_length(max(len(s) for s in src) + 1, pad_to, limit)
     T = padded_length(max(len(t) for t in tgt) + 1, pad_to, limit)
+    if buckets is not None:
+        S = T = buckets.length(max(S, T))
+        B = max(B, buckets.rows(S))
     src_t = np.full((B, S), pad_id, dtype=np.int64)
     tgt_in = np.full((B, T), pad_id, dtype=np.int64)
     tgt_out = np.full((B, T), pad_id, dtype=np.int64)
+    src_t[len(ids):, 0], tgt_in[len(ids):, 0] = data.eos, data.bos  # blank rows (no target)
     for b, (s, t) in enumerate(zip(src, tgt, strict=True)):
         src_t[b, :len(s)], src_t[b, len(s)] = s, data.eos
         tgt_in[b, 0], tgt_in[b, 1:len(t) + 1] = data.bos, t
         tgt_out[b, :len(t)], tgt_out[b, len(t)] = t, data.eos
-    n_src = int(sum(len(s) for s in src)) + B
-    n_tgt = int(sum(len(t) for t in tgt)) + B
+    n_src = int(sum(len(s) for s in src)) + len(ids)
+    n_tgt = int(sum(len(t) for t in tgt)) + len(ids)
     rows_, cols = np.nonzero(tgt_out != pad_id)  # (n_tgt,) each, row by row
     return Batch(torch.from_numpy(src_t), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out),
-                 n_src, n_tgt, (torch.from_numpy(rows_), torch.from_numpy(cols)))
+                 n_src, n_tgt, (torch.from_numpy(rows_), torch.from_numpy(cols)), B - len(ids))
 
 
 def batch_by_tokens(order: np.ndarray, src_lengths: np.ndarray, tgt_lengths: np.ndarray,
@@ -537,14 +603,17 @@ class EpochBatchIterator:
     each sentence side may grow to the longest row that keeps the batch within max_tokens
     (and max_positions); its draw is seeded by (seed, epoch, the batch's index in the epoch),
     augment's case and typo draws by (seed, epoch, sentence), so resumes and any number of
-    ranks see the same segmentations.
+    ranks see the same segmentations. With `buckets` > 0 (a compiled step's static shapes)
+    the sentences are put in that many length buckets (fit_buckets, on their longer side,
+    times the sampler's room) and each bucket's are cut into batches of its rows, every
+    batch padded to its bucket's shape (Buckets).
     """
 
     def __init__(self, data: ParallelData, max_tokens: int, seed: int, pad_id: int,
                  rank: int = 0, world_size: int = 1, max_positions: int = 0,
                  shuffle: bool = True, lockstep: bool = True,
                  corpora: list[dict] | None = None, weights: list[float] | None = None,
-                 sampler: SubwordSampler | None = None, pad_to: int = 1):
+                 sampler: SubwordSampler | None = None, pad_to: int = 1, buckets: int = 0):
         self.data, self.max_tokens, self.seed, self.pad_id = data, max_tokens, seed, pad_id
         self.pad_to = pad_to  # lengths rounded up to a multiple of it (train.compile: 8)
         self.rank, self.world_size, self.max_positions = rank, world_size, max_positions
@@ -562,6 +631,9 @@ class EpochBatchIterator:
         self.weights = [float(c["weight"]) for c in corpora] if weights is None else weights
         bounds = np.searchsorted(self.kept, [c["first"] for c in corpora[1:]])
         self.kept_by_corpus = np.split(self.kept, bounds)  # each corpus's kept sentences
+        self.buckets = (fit_buckets(self.longest(self.src_len, self.tgt_len)[self.kept],
+                                    buckets, pad_to, self.limit(), max_tokens)
+                        if buckets and len(self.kept) else None)
         self.epoch, self.consumed = 1, 0  # the epoch in progress and its local batches done
         self._cache: tuple[int, list[np.ndarray]] | None = None
 
@@ -572,12 +644,43 @@ class EpochBatchIterator:
                 else weighted_sentences(self.kept_by_corpus, self.weights, rng))
         kept = rng.permutation(kept) if self.shuffle else kept
         src_len, tgt_len = self.lengths(epoch)
-        order = kept[np.lexsort((src_len[kept], tgt_len[kept]))]  # stable sort
-        batches = batch_by_tokens(order, src_len, tgt_len, self.budget)
+        if self.buckets is None:
+            order = kept[np.lexsort((src_len[kept], tgt_len[kept]))]  # stable sort
+            batches = batch_by_tokens(order, src_len, tgt_len, self.budget)
+        else:
+            batches = self.bucket_batches(kept, src_len, tgt_len)
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         if self.lockstep:  # every rank takes the same number of steps
             batches = batches[:len(batches) - len(batches) % self.world_size]
+        return batches
+
+    def longest(self, src_len: np.ndarray, tgt_len: np.ndarray) -> np.ndarray:
+        """The positions of each sentence's longer side, as batches are cut for them: with a
+        sampler, grown by its room (rounded up), within the longest row a batch may hold."""
+        longest = np.maximum(src_len, tgt_len)
+        if self.sampler is not None:
+            longest = np.minimum(np.ceil(longest * self.sampler.room).astype(np.int64),
+                                 self.limit())
+        return longest
+
+    def limit(self) -> int:
+        """The most positions a row may have: max_tokens, and max_positions if set."""
+        return min(self.max_tokens, self.max_positions or self.max_tokens)
+
+    def bucket_batches(self, kept: np.ndarray, src_len: np.ndarray, tgt_len: np.ndarray
+                       ) -> list[np.ndarray]:
+        """Sentences `kept` (shuffled) cut into the batches of their buckets: sorted by
+        (bucket, target, source) length, each bucket's cut every Buckets.rows sentences."""
+        lengths = np.asarray(self.buckets.lengths)
+        bucket = np.minimum(np.searchsorted(lengths, self.longest(src_len, tgt_len)[kept]),
+                            len(lengths) - 1)  # (len(kept),) each sentence's bucket
+        order = np.lexsort((src_len[kept], tgt_len[kept], bucket))  # stable sort
+        batches = []
+        for k, length in enumerate(lengths.tolist()):
+            ids = kept[order[bucket[order] == k]]
+            rows = self.buckets.rows(length)
+            batches += [ids[i:i + rows] for i in range(0, len(ids), rows)]
         return batches
 
     def lengths(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -610,14 +713,14 @@ class EpochBatchIterator:
         sampler, drawn)."""
         rows = None
         if self.sampler is not None:
-            limit = self.max_tokens // len(ids)
-            if self.max_positions:
-                limit = min(limit, self.max_positions)
+            limit = (self.buckets.room(len(ids)) if self.buckets is not None
+                     else min(self.max_tokens // len(ids), self.limit()))
             rows = self.sampler.segment(self.data, ids, [self.seed, epoch,
                                                          self.global_index(local_index)],
                                         limit - 1,  # room for EOS (and BOS)
                                         self.sampler.cases(self.seed, epoch, ids))
-        return collate(self.data, ids, self.pad_id, rows, self.pad_to, self.max_positions)
+        return collate(self.data, ids, self.pad_id, rows, self.pad_to, self.max_positions,
+                       self.buckets)
 
     def __iter__(self):
         """Yield (local index, Batch) for the rest of the epoch in progress, then advance it."""
@@ -630,18 +733,22 @@ class EpochBatchIterator:
 
     def state_dict(self) -> dict:
         """Position and settings, enough to replay the same batches after a restart."""
-        return {"epoch": self.epoch, "consumed": self.consumed, "seed": self.seed,
-                "max_tokens": self.max_tokens, "world_size": self.world_size,
-                "weights": self.weights, "budget": self.budget}
+        return {"epoch": self.epoch, "consumed": self.consumed, **self.batching()}
+
+    def batching(self) -> dict:
+        """The settings that decide the batches (state_dict's, beside the position)."""
+        return {"seed": self.seed, "max_tokens": self.max_tokens,
+                "world_size": self.world_size, "weights": self.weights, "budget": self.budget,
+                "buckets": list(self.buckets.lengths) if self.buckets else None}
 
     def load_state_dict(self, state: dict) -> bool:
         """Resume at a saved position; False (epoch restarted) when the batching changed.
-        (Checkpoints written before weights and budget were saved had weight 1, max_tokens.)"""
+        (Checkpoints written before weights, budget and buckets were saved had weight 1,
+        max_tokens and no buckets.)"""
         self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
         saved = {"weights": [1.0] * len(self.weights), "budget": state.get("max_tokens"),
-                 **state}
-        same = all(saved.get(k) == getattr(self, k)
-                   for k in ("seed", "max_tokens", "world_size", "weights", "budget"))
+                 "buckets": None, **state}
+        same = all(saved[k] == v for k, v in self.batching().items())
         if not same:
             self.consumed = 0
         return same

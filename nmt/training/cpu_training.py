@@ -23,7 +23,9 @@ class CpuDropout(nn.Dropout):
     """Dropout whose mask costs less on CPU: 16 random bits per element, four per 64-bit draw.
 
     An element is dropped when its 16 uniform bits fall below round(p * 2^16): probability p
-    up to 2^-16, survivors scaled by 1 / (1 - p). Off the CPU, F.dropout.
+    up to 2^-16, survivors scaled by 1 / (1 - p). Off the CPU, and under torch.compile (whose
+    kernels draw the mask inside the fused loop, and for which random_ would break the
+    graph), F.dropout.
     """
 
     def __init__(self, p: float):
@@ -34,7 +36,7 @@ class CpuDropout(nn.Dropout):
         """x with a random share p of its elements zeroed and the rest scaled (training only)."""
         if not self.training or self.p == 0.0:
             return x
-        if x.device.type != "cpu":
+        if x.device.type != "cpu" or torch.compiler.is_compiling():
             return F.dropout(x, self.p, training=True)
         words = torch.empty((x.numel() + 3) // 4, dtype=torch.int64).random_(-2 ** 63, None)
         bits = words.view(torch.int16)[:x.numel()].view(x.shape)  # uniform in [-2^15, 2^15)

@@ -5,11 +5,13 @@ every other token but padding (the Annotated Transformer's LabelSmoothing), so t
 -sum_v q_v log p_v equals KL(q || p) + H(q).
 
 Two forms of the same function: `label_smoothed_nll_loss`, the formula written plainly with
-its gradient left to autograd (the reference, fairseq's function of that name with nmt's q),
-and `LabelSmoothedLoss`, what training runs: the same value with its gradient written out,
-computed a chunk of rows at a time so that no float32 copy of all the logits exists (at 25k
-target tokens and a 37k vocabulary each would be 3.4 GiB). tests/test_loss.py checks one
-against the other, value and gradient, and both against closed forms.
+its gradient left to autograd (the reference, fairseq's function of that name with nmt's q;
+also the compiled step's, nmt/training/compiled_step.py, where torch.compile fuses it: padding
+is masked, not indexed out, so its shapes are the batch's), and `LabelSmoothedLoss`, what eager
+training runs: the same value with its gradient written out, computed a chunk of rows at a
+time so that no float32 copy of all the logits exists (at 25k target tokens and a 37k
+vocabulary each would be 3.4 GiB). tests/test_loss.py checks one against the other, value and
+gradient, and both against closed forms.
 """
 
 from __future__ import annotations
@@ -23,16 +25,19 @@ CHUNK_ELEMENTS = 2 ** 25  # logits per chunk (128 MiB in float32): rows = CHUNK_
 def label_smoothed_nll_loss(logits: Tensor, target: Tensor, epsilon: float,
                             pad_id: int) -> tuple[Tensor, Tensor]:
     """The summed label-smoothed loss and the summed NLL of (..., V) logits against (...)
-    targets, positions whose target is pad_id left out; plain autograd (the reference)."""
+    targets, positions whose target is pad_id left out; plain autograd (the reference).
+    Written without a shape that depends on the data: the gold token is picked by comparison
+    and padding masked (torch.where: a padding position's logits never reach the sums)."""
     V = logits.size(-1)
     float32_at_least = torch.promote_types(logits.dtype, torch.float32)  # bf16/fp16 -> fp32
     lprobs = logits.to(float32_at_least).log_softmax(-1).reshape(-1, V)  # (N, V)
-    target = target.reshape(-1)  # (N,)
-    keep = target != pad_id
-    lprobs, target = lprobs[keep], target[keep]  # (n, V), (n,)
-    nll = -lprobs.gather(1, target.unsqueeze(1)).squeeze(1)  # (n,): -log p(gold)
-    others = -(lprobs.sum(1) - lprobs[:, pad_id]) - nll  # (n,): -sum log p, not gold, not pad
-    loss = (1.0 - epsilon) * nll + epsilon / (V - 2) * others
+    target = target.reshape(-1, 1)  # (N, 1)
+    gold = torch.arange(V, device=target.device) == target  # (N, V)
+    nll = -torch.where(gold, lprobs, 0.0).sum(1)  # (N,): -log p(gold)
+    others = -(lprobs.sum(1) - lprobs[:, pad_id]) - nll  # (N,): -sum log p, not gold, not pad
+    loss = torch.where(target.squeeze(1) != pad_id,
+                       (1.0 - epsilon) * nll + epsilon / (V - 2) * others, 0.0)
+    nll = torch.where(target.squeeze(1) != pad_id, nll, 0.0)
     return loss.sum(), nll.sum().detach()
 
 

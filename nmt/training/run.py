@@ -82,7 +82,9 @@ class Run:
     env: distributed.DistInfo
     data: Data
     model: nn.Module  # the Transformer, whose weights are saved
-    forward: nn.Module  # what train_step calls: the model, in DDP and/or compiled
+    # What train_step calls on each batch: its summed loss and NLL (batch_loss on the model or
+    # its DDP, or train.compile's compiled step: nmt.training.compiled_step)
+    step_loss: Callable[[Batch], tuple[Tensor, Tensor]]
     ddp: nn.parallel.DistributedDataParallel | None
     ema: nn.Module | None  # the exponential moving average of the weights (train.ema_decay)
     optimizer: torch.optim.Optimizer

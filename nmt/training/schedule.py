@@ -119,11 +119,12 @@ class NoamSchedule:
         self._follow()
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, d_model: int
-                    ) -> tuple[torch.optim.Optimizer, NoamSchedule]:
-    """Adam(beta1, beta2, eps), fused when the parameters are on CUDA (its step then decides
-    a skip on the device), and the NoamSchedule that sets its learning rate."""
-    fused = all(p.is_cuda for p in model.parameters())
+def build_optimizer(model: nn.Module, cfg: OptimConfig, d_model: int,
+                    fused: bool | None = None) -> tuple[torch.optim.Optimizer, NoamSchedule]:
+    """Adam(beta1, beta2, eps), fused (its step then decides a skip on the device) when
+    `fused`, or when None where the parameters are on CUDA, and the NoamSchedule that sets
+    its learning rate."""
+    fused = all(p.is_cuda for p in model.parameters()) if fused is None else fused
     opt_cls = torch.optim.AdamW if cfg.weight_decay > 0 else torch.optim.Adam
     optimizer = opt_cls(model.parameters(), lr=1.0, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                         weight_decay=cfg.weight_decay, fused=fused or None)
