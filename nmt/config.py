@@ -35,7 +35,7 @@ CONSTRAINING = ("constraints", "glossary", "keep")  # the options that make lexi
 def _check(ok: bool, key: str, why: str) -> None:
     """Raise a ConfigError naming `key` when `ok` is false."""
     if not ok:
-        raise ConfigError(f"{key}: {why}")
+        raise ConfigError(key, why)
 
 
 def _check_prob(value: float, key: str) -> None:
@@ -98,7 +98,7 @@ def _check_engine(cfg: object, checkpoints: int) -> None:
         try:
             can.check_search(search)
         except ConfigError as e:
-            raise ConfigError(f"mbr.candidates: its search (beam_size={search.beam_size}, "
+            raise ConfigError("mbr.candidates", f"its search (beam_size={search.beam_size}, "
                               f"nbest={search.nbest}) fails: {e}") from None
 
 
@@ -707,8 +707,8 @@ def _check_split(cfg: TranslateConfig) -> None:
         check_split_lang(cfg.split_lang)
     whole = per_segment(cfg) if cfg.split not in ("none", AUTO) else []
     if whole:
-        raise ConfigError(f"{whole[0]}: is per segment: needs split=none or auto (split="
-                          f"{cfg.split} translates the pieces of a line apart)")
+        raise ConfigError(whole[0], f"is per segment: needs split=none or auto (split="
+                                    f"{cfg.split} translates the pieces of a line apart)")
 
 
 def per_segment(cfg: TranslateConfig) -> list[str]:
@@ -945,16 +945,16 @@ def to_object(cfg: DictConfig, schema: type):
     if not isinstance(cfg, DictConfig):
         cfg = OmegaConf.create(cfg)
     if "model" in cfg.keys() and OmegaConf.is_missing(cfg, "model"):
-        raise ConfigError(
-            "no model chosen: add +model=small (or +model=tiny, +model=base, +model=big)")
+        add = "add +model=small (or +model=tiny, +model=base, +model=big)"
+        raise ConfigError("model", f"none chosen: {add}", line=f"no model chosen: {add}")
     extra = extra_keys(cfg, schema)
     if extra:  # added with +key=... or ++key=..., which Hydra allows
-        raise ConfigError(unknown_key(extra[0], schema))
+        raise unknown_key(extra[0], schema)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), cfg)
         return OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
-        raise ConfigError(explain(e, schema)) from None
+        raise explain(e, schema) from None
 
 
 def compose(name: str, overrides: list[str] | None = None) -> DictConfig:

@@ -1,6 +1,6 @@
 """One-line messages for config errors: an unknown key (with the keys it most likely meant
 and the keys of its group), a value of the wrong kind, a missing value. nmt.config.to_object
-raises them as ConfigError, for the command line and for Python callers alike."""
+raises them (ConfigError), for the command line and for Python callers alike."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from omegaconf.errors import (
     OmegaConfBaseException,
     ValidationError,
 )
+
+from nmt.errors import ConfigError
 
 _KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
@@ -83,31 +85,32 @@ def describe_kind(kind: object, key: str) -> str:
     return _KINDS.get(kind, getattr(kind, "__name__", str(kind)))
 
 
-def unknown_key(key: str, schema: type) -> str:
-    """One line for a key the schema lacks: the closest keys, and the keys of its group."""
+def unknown_key(key: str, schema: type) -> ConfigError:
+    """The error for a key the schema lacks: the closest keys, and the keys of its group."""
     group = key.rpartition(".")[0]
     node = schema_node(schema, group)
     near = closest_keys(key, schema)
     hint = f"; did you mean {' or '.join(near)}?" if near else ""
     if key.startswith("hydra."):
-        return f"{key}: unknown key{hint} (Hydra's own settings: --hydra-help, --cfg hydra)"
+        return ConfigError(key, f"unknown key{hint} (Hydra's own settings: --hydra-help, "
+                                f"--cfg hydra)")
     if not dataclasses.is_dataclass(node):
-        return f"{key}: unknown key{hint}"
+        return ConfigError(key, f"unknown key{hint}")
     where = f" of {group}" if group else ""
-    return f"{key}: unknown key{hint} (keys{where}: {', '.join(schema_fields(node))})"
+    return ConfigError(key, f"unknown key{hint} (keys{where}: {', '.join(schema_fields(node))})")
 
 
-def explain(error: OmegaConfBaseException, schema: type) -> str:
-    """One line for an OmegaConf error about `schema`: the key, what was wrong, what is allowed."""
+def explain(error: OmegaConfBaseException, schema: type) -> ConfigError:
+    """The error for an OmegaConf error about `schema`: the key, what was wrong, what is
+    allowed."""
     key = error.full_key or "config"
     if isinstance(error, MissingMandatoryValue):
-        return f"{key}: a value is required (add {key}=...)"
+        return ConfigError(key, f"a value is required (add {key}=...)")
     if isinstance(error, ConfigKeyError | ConfigAttributeError) and error.full_key:
         return unknown_key(key, schema)
     kind = schema_node(schema, key) if error.full_key else None
     if isinstance(error, ValidationError) and kind is not None:
         value = error.value if error.value is not None else "this value"
         shown = repr(value) if isinstance(value, str) else str(value)
-        return f"{key}: {shown} is not {describe_kind(kind, key)}"
-    first = (error.msg or str(error)).strip().splitlines()[0]
-    return f"{key}: {first}"
+        return ConfigError(key, f"{shown} is not {describe_kind(kind, key)}")
+    return ConfigError(key, (error.msg or str(error)).strip().splitlines()[0])

@@ -10,7 +10,16 @@ class NmtError(Exception):
 
 
 class ConfigError(NmtError):
-    """A config value is missing or out of range; the message names the key."""
+    """A config value (or a request's field, or a file's line) is missing or out of range.
+
+    `key` names it, `why` says what is wrong, `value` (None: not shown) is the value given;
+    the message reads "key: why", or "key=value: why". `line` replaces that message where it
+    reads otherwise ("no model chosen: ...")."""
+
+    def __init__(self, key: str, why: str, *, value: str | None = None, line: str = ""):
+        named = key if value is None else f"{key}={value}"
+        super().__init__(line or f"{named}: {why}")
+        self.key, self.why, self.value = key, why, value
 
 
 def first_line(error: BaseException, limit: int = 200) -> str:

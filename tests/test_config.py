@@ -78,6 +78,20 @@ def test_validation_names_the_key(override, key):
         train_cfg("+model=small", override)
 
 
+def test_a_config_error_carries_its_key_and_reason():
+    """nmt-serve answers with a ConfigError's key and reason; its message stays "key: why"."""
+    for overrides, key in ((["+model=small", "model.h=5"], "model.h"),
+                           (["+model=small", "+model.hh=5"], "model.hh"), ([], "model")):
+        with pytest.raises(ConfigError) as e:
+            train_cfg(*overrides)
+        assert e.value.key == key and e.value.why
+    assert str(e.value).startswith("no model chosen: add +model=small")
+    with pytest.raises(ConfigError) as e:
+        to_object(compose("translate"), TranslateConfig)
+    assert (e.value.key, e.value.why) == ("checkpoint", "a value is required (add checkpoint=...)")
+    assert str(e.value) == "checkpoint: a value is required (add checkpoint=...)"
+
+
 def test_required_values_are_named():
     with pytest.raises(ConfigError, match="checkpoint"):
         to_object(compose("translate"), TranslateConfig)

@@ -112,8 +112,10 @@ def test_a_requests_entries_override_the_servers_and_are_checked(tok):
     assert [t.text for t in g.matches("open file")] == ["Tideen", "file"]
     with pytest.raises(NmtError, match="^glossary: an empty term"):
         request_entries({"open": " "}, [])
-    with pytest.raises(NmtError, match="^keep: 'file' kept contradicts glossary"):
+    with pytest.raises(NmtError, match="^keep: 'file' kept contradicts glossary") as e:
         glossary(tok, []).with_entries(request_entries({"file": "Elifen"}, ["file"]))
+    assert (e.value.key, e.value.why) == ("keep", "'file' kept contradicts glossary "
+                                              "('file' -> 'Elifen')")
 
 
 # ----------------------------------------------------------------------------- nmt-translate

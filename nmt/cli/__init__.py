@@ -61,11 +61,11 @@ def hydra_error(error: Exception, schema: type) -> str | None:
 
     cause = error.__cause__
     if isinstance(error, OmegaConfBaseException):
-        return explain(error, schema)
+        return str(explain(error, schema))
     if not isinstance(error, HydraException):
         return str(error).strip().splitlines()[0] if raised_in_hydra(error) else None
     if isinstance(cause, OmegaConfBaseException):
-        return explain(cause, schema)
+        return str(explain(cause, schema))
     if isinstance(error, OverrideParseException):
         why = (error.message.strip().splitlines() or ["bad syntax"])[0]
         return (f"cannot parse {error.override!r}: {why} (the grammar: key=value, "

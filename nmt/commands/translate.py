@@ -295,12 +295,12 @@ def open_comet(cfg: TranslateConfig, refs: list[list[str]] | None, device: torch
     model = load_comet(cfg.comet, str(device))
     mbr = cfg.mbr.candidates and cfg.mbr.utility == "comet"
     if model.spec.needs_reference and refs is None and not mbr:
-        raise ConfigError(f"comet: {cfg.comet} is a reference-based COMET-22 "
-                          f"({model.spec.form}): give ref=FILE (or mbr.utility=comet); a "
-                          "CometKiwi model scores without references")
+        raise ConfigError("comet", f"{cfg.comet} is a reference-based COMET-22 "
+                                   f"({model.spec.form}): give ref=FILE (or mbr.utility=comet); a "
+                                   "CometKiwi model scores without references")
     if not model.spec.needs_reference and cfg.search.nbest > 1:
-        raise ConfigError(f"comet: {cfg.comet} is a CometKiwi, a score per output line: "
-                          f"needs search.nbest=1, got {cfg.search.nbest}")
+        raise ConfigError("comet", f"{cfg.comet} is a CometKiwi, a score per output line: "
+                                   f"needs search.nbest=1, got {cfg.search.nbest}")
     return model
 
 
@@ -319,7 +319,7 @@ def split_lang(cfg: TranslateConfig, vocab: Vocab) -> str:
     pair's source, or src_lang= of a multilingual model); a one-line error for none."""
     lang = cfg.split_lang or recorded_pair(vocab).src_lang or cfg.src_lang
     if not lang:
-        raise ConfigError("split_lang: split=sentence needs the source language's ISO 639 "
+        raise ConfigError("split_lang", "split=sentence needs the source language's ISO 639 "
                           "code, e.g. split_lang=en (the checkpoint records no language pair)")
     check_split_lang(lang)
     return lang
@@ -330,8 +330,8 @@ def check_languages(cfg: TranslateConfig, languages: LanguageChoice) -> None:
     (their rows and columns would hold the language tokens)."""
     for key in ("alignment", "attention_plot"):
         if languages.prefix and getattr(cfg, key):
-            raise ConfigError(f"{key}: not with a forced target language token (tgt_lang= of "
-                              f"an M2M100 or NLLB-200 model) yet")
+            raise ConfigError(key, "not with a forced target language token (tgt_lang= of "
+                                   "an M2M100 or NLLB-200 model) yet")
 
 
 def read_input(s: Session) -> list[str]:

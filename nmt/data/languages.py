@@ -58,15 +58,15 @@ def choose(vocab: Vocab, src_lang: str, tgt_lang: str, where: str) -> LanguageCh
     if entry is None:
         for key, value in (("src_lang", src_lang), ("tgt_lang", tgt_lang)):
             if value:
-                raise ConfigError(f"{key}={value}: {where} is a bilingual model (it records no "
-                                  f"languages to choose from); leave {key} out")
+                raise ConfigError(key, f"{where} is a bilingual model (it records no "
+                                  f"languages to choose from); leave {key} out", value=value)
         return LanguageChoice()
     if entry["convention"] == "forced":
         return LanguageChoice((language_id(entry, "src_lang", src_lang, where),),
                               (language_id(entry, "tgt_lang", tgt_lang, where),))
     if src_lang:
-        raise ConfigError(f"src_lang={src_lang}: {where} chooses the target language only "
-                          f"(tgt_lang=); leave src_lang out")
+        raise ConfigError("src_lang", f"{where} chooses the target language only "
+                          f"(tgt_lang=); leave src_lang out", value=src_lang)
     return LanguageChoice((language_id(entry, "tgt_lang", tgt_lang, where),) if tgt_lang else ())
 
 
@@ -78,9 +78,9 @@ def language_id(entry: dict, key: str, lang: str, where: str) -> int:
         known = sorted(codes)
         shown = ", ".join(known[:12]) + (f", ... ({len(known)} in all)"
                                         if len(known) > 12 else "")
-        what = f"{key}={lang}: {where} has no such language" if lang else (
-            f"{key}: {where} is multilingual: give the language")
-        raise ConfigError(f"{what} (it has {shown})")
+        why = f"{where} has no such language" if lang else (
+            f"{where} is multilingual: give the language")
+        raise ConfigError(key, f"{why} (it has {shown})", value=lang or None)
     return codes[lang]
 
 

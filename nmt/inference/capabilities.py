@@ -49,23 +49,23 @@ class Capabilities:
         its feature."""
         feature = FEATURES[key]
         if used and not getattr(self, feature):
-            raise ConfigError(f"{key}: engine={self.engine} {LACKS[feature]}; use engine=nmt")
+            raise ConfigError(key, f"engine={self.engine} {LACKS[feature]}; use engine=nmt")
 
     def check_search(self, search) -> None:
         """A ConfigError naming the first key of `search` (a nmt.config.SearchConfig) that
         the engine cannot run."""
         if search.alpha and search.beam_size > 1 and not search.sampling and not self.beam_alpha:
-            raise ConfigError(f"search.alpha: engine={self.engine} has no GNMT length penalty "
-                              f"in beam search; use search.alpha=0 (or search.beam_size=1)")
+            raise ConfigError("search.alpha", f"engine={self.engine} has no GNMT length penalty "
+                              "in beam search; use search.alpha=0 (or search.beam_size=1)")
         if search.sampling and search.epsilon and not self.epsilon:
-            raise ConfigError(f"search.epsilon: engine={self.engine} has no epsilon sampling; "
-                              f"use engine=nmt")
+            raise ConfigError("search.epsilon", f"engine={self.engine} has no epsilon sampling; "
+                                                f"use engine=nmt")
         if search.compile and not self.compile:
-            raise ConfigError(f"search.compile: engine={self.engine} decodes with its own "
-                              f"compiled code; use engine=nmt")
+            raise ConfigError("search.compile", f"engine={self.engine} decodes with its own "
+                                                f"compiled code; use engine=nmt")
         if self.shortlist is not None and search.shortlist != self.shortlist and (
                 search.shortlist):
-            raise ConfigError(f"search.shortlist: engine={self.engine} loaded "
+            raise ConfigError("search.shortlist", f"engine={self.engine} loaded "
                               f"{self.shortlist or 'no shortlist'}, not {search.shortlist}")
 
 

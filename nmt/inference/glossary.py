@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 
 from nmt.data.tokenizer import Tokenizer
-from nmt.errors import NmtError
+from nmt.errors import ConfigError
 from nmt.inference.terms import Term, term_spans
 from nmt.system.files import read_lines
 
@@ -42,10 +42,10 @@ def read_glossary(lines: list[str], name: str) -> list[Entry]:
         sides = [side.strip() for side in line.split("\t")]
         where = f"{name}: line {number}"
         if len(sides) != 2:
-            raise NmtError(f"{where}: needs source<TAB>target, found {len(sides) - 1} TABs")
+            raise ConfigError(where, f"needs source<TAB>target, found {len(sides) - 1} TABs")
         for side, value in zip(("source", "target"), sides, strict=True):
             if not value:
-                raise NmtError(f"{where}: the {side} term is empty")
+                raise ConfigError(where, f"the {side} term is empty")
         entries.append(Entry(sides[0], sides[1], where))
     return entries
 
@@ -63,9 +63,10 @@ def request_entries(glossary: dict[str, str], keep: list[str]) -> list[Entry]:
                for source, target in glossary.items()]
     for entry in entries:
         if not entry.source or not entry.target:
-            raise NmtError(f"glossary: an empty term ({entry.source!r} -> {entry.target!r})")
+            raise ConfigError("glossary", f"an empty term ({entry.source!r} -> "
+                                          f"{entry.target!r})")
     if not all(term.strip() for term in keep):
-        raise NmtError("keep: an empty term")
+        raise ConfigError("keep", "an empty term")
     return entries + [Entry(term.strip(), "", "keep") for term in keep]
 
 
@@ -76,8 +77,8 @@ def index(entries: list[Entry]) -> dict[str, Entry]:
     for entry in entries:
         known = out.setdefault(entry.source.lower(), entry)
         if known is not entry and contradicts(known, entry):
-            raise NmtError(f"{entry.where}: {describe(entry)} contradicts {known.where} "
-                           f"({describe(known)})")
+            raise ConfigError(entry.where, f"{describe(entry)} contradicts {known.where} "
+                                           f"({describe(known)})")
     return out
 
 
@@ -126,9 +127,9 @@ class Glossary:
         texts = [e.target or e.source for e in entries]
         for entry, text, ids in zip(entries, texts, self.tok.encode(texts), strict=True):
             if len(ids) > self.limit:
-                raise NmtError(f"{entry.where}: the target term {text!r} has {len(ids)} pieces; "
-                               f"no translation can hold more than {self.limit} (the model's "
-                               f"positions)")
+                raise ConfigError(entry.where, f"the target term {text!r} has {len(ids)} "
+                                  f"pieces; no translation can hold more than {self.limit} "
+                                  f"(the model's positions)")
             self.terms[text] = self._term(text, ids, keep=not entry.target)
 
     def _term(self, text: str, ids: list[int], keep: bool) -> Term:

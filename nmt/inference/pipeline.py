@@ -36,10 +36,6 @@ class PieceError(ConfigError):
     """A text the pipeline cannot translate as asked: `key` names the field (text[3], prefix,
     constraints), `why` says what is wrong."""
 
-    def __init__(self, key: str, why: str):
-        super().__init__(f"{key}: {why}")
-        self.key, self.why = key, why
-
 
 @dataclass(frozen=True)
 class Options:

@@ -60,7 +60,8 @@ def sentence_splitter(lang: str) -> Callable[[str], list[str]]:
     """The sentences of a text in language `lang` (an ISO 639 code), by sentencex; a one-line
     ConfigError when it is not installed."""
     if importlib.util.find_spec(SPLITTER) is None:
-        raise ConfigError(f"split=sentence needs {SPLITTER}: {EXTRA}")
+        raise ConfigError("split", f"needs {SPLITTER}: {EXTRA}", value="sentence",
+                          line=f"split=sentence needs {SPLITTER}: {EXTRA}")
     import sentencex
 
     return lambda text: list(sentencex.segment(lang, text))

@@ -14,7 +14,7 @@ from dataclasses import asdict, replace
 
 from nmt.config import RerankConfig, SearchConfig, ServeConfig, check_markup_installed
 from nmt.data.languages import LanguageChoice, choose, language_id, recorded_pair
-from nmt.errors import ConfigError, NmtError
+from nmt.errors import ConfigError
 from nmt.inference import pipeline
 from nmt.inference.core import use_beams
 from nmt.inference.engine import Engine
@@ -94,8 +94,7 @@ class Service:
         try:
             choice = choose(self.translator.vocab, src, tgt, "the model")
         except ConfigError as e:
-            key, why = str(e).split(": ", 1)
-            raise ApiError(422, key.split("=")[0], why) from None
+            raise ApiError(422, e.key, e.why) from None
         if choice.prefix and req.attention:
             raise ApiError(422, "attention", "not with a forced target language token (an "
                                              "M2M100 or NLLB-200 model) yet")
@@ -123,8 +122,7 @@ class Service:
             self.translator.capabilities.check_search(search)  # what the engine cannot run
             return search
         except ConfigError as e:  # e.g. nbest > beam_size
-            key = str(e).split(":")[0].removeprefix("search.")
-            raise ApiError(422, key, str(e).split(": ", 1)[1]) from None
+            raise ApiError(422, e.key.removeprefix("search."), e.why) from None
 
     def check_engine(self, key: str, used: object, field: str | None = None) -> None:
         """422 naming `field` (default: key) with the capabilities' words if the request
@@ -132,7 +130,7 @@ class Service:
         try:
             self.translator.capabilities.check(key, used)
         except ConfigError as e:
-            raise ApiError(422, field or key, str(e).split(": ", 1)[1]) from None
+            raise ApiError(422, field or key, e.why) from None
 
     def chooser_of(self, req: TranslateRequest, search: SearchConfig) -> Chooser | None:
         """The request's MBR (the server's mbr.* with its mbr_* fields), as nmt-translate's
@@ -143,8 +141,7 @@ class Service:
         try:
             mbr = replace(self.cfg.mbr, **asked)
         except ConfigError as e:
-            key, why = str(e).split(": ", 1)
-            raise ApiError(422, key.replace(".", "_"), why) from None
+            raise ApiError(422, e.key.replace(".", "_"), e.why) from None
         if mbr.utility == "comet" and self.comet is None:
             raise ApiError(422, "mbr_utility", "comet needs the server's comet=DIR (a COMET-22 "
                                                "model directory)")
@@ -191,9 +188,8 @@ class Service:
                                          self.translator.max_input_tokens)
         try:
             return base.with_entries(request_entries(req.glossary or {}, req.keep or []))
-        except NmtError as e:
-            key, why = str(e).split(": ", 1)
-            raise ApiError(422, key, why) from None
+        except ConfigError as e:
+            raise ApiError(422, e.key, e.why) from None
 
     def check_chars(self, chars: int, markup: bool = False) -> None:
         """max_chars per request: `chars`, the characters its texts translate (all texts,
@@ -263,7 +259,7 @@ class Service:
         try:
             check_markup_installed()
         except ConfigError as e:
-            raise ApiError(500, "markup", str(e).split(": ", 1)[1]) from None
+            raise ApiError(500, "markup", e.why) from None
         if req.placeholders and req.markup != "xml":
             raise ApiError(422, "placeholders", "needs markup=xml")
         if (req.nbest or 1) > 1:

@@ -95,24 +95,24 @@ def check_output(path: str | Path, key: str, directory: bool = False) -> None:
     writable."""
     path = Path(path)
     if path.is_dir() and not directory:
-        raise ConfigError(f"{key}: {path} is a directory")
+        raise ConfigError(key, f"{path} is a directory")
     if path.exists() and directory and not path.is_dir():
-        raise ConfigError(f"{key}: {path} exists and is not a directory")
+        raise ConfigError(key, f"{path} exists and is not a directory")
     target = path if directory else replaced_file(path)
     if target is None:
         if not os.access(path, os.W_OK):
-            raise ConfigError(f"{key}: cannot write {path} (permission denied)")
+            raise ConfigError(key, f"cannot write {path} (permission denied)")
         return
     folder = target.absolute().parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     if not folder.is_dir():
-        raise ConfigError(f"{key}: cannot create {path}: {folder} is not a directory")
+        raise ConfigError(key, f"cannot create {path}: {folder} is not a directory")
     try:
         Path(temporary_beside(folder / "nmt-probe")).unlink()
     except OSError as e:
-        raise ConfigError(f"{key}: cannot create {path}: {folder} takes no new files "
-                          f"({e.strerror})") from None
+        raise ConfigError(key, f"cannot create {path}: {folder} takes no new files "
+                               f"({e.strerror})") from None
 
 
 def replaced_file(path: str | Path) -> Path | None:
