@@ -29,6 +29,7 @@ from typing import Any
 from nmt.errors import NmtError
 
 FULL_ERROR = "HYDRA_FULL_ERROR"  # Hydra raises instead of printing its own report when set
+CONFIGS = "pkg://nmt.configs"  # configs/, the package nmt.configs (nmt/__init__.py)
 
 
 def say(line: str) -> None:
@@ -89,6 +90,36 @@ def raised_in_hydra(error: Exception) -> bool:
     return tb is not None and tb.tb_frame.f_globals.get("__name__", "").startswith("hydra.")
 
 
+def is_plain(args: list[str]) -> bool:
+    """A command line of overrides only (no flag such as --help, --cfg or -m), none of them
+    setting hydra.mode: a single run."""
+    keys = (a.split("=", 1)[0].lstrip("+~") for a in args)
+    return not any(a.startswith("-") for a in args) and "hydra.mode" not in keys
+
+
+def run_plainly(task: Callable, config_name: str, overrides: list[str]) -> None:
+    """Run `task` (hydra.main's decorated function) as hydra.main runs a plain command line
+    (is_plain), less the composition that hydra.main does first only to read hydra.mode,
+    which nmt's configs leave unset: a run's mode is RUN, as hydra.main then sets it."""
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import (
+        create_automatic_config_search_path,
+        detect_calling_file_or_module_from_task_function,
+        detect_task_name,
+    )
+    from hydra.core.global_hydra import GlobalHydra
+
+    file, module = detect_calling_file_or_module_from_task_function(task)
+    search_path = create_automatic_config_search_path(file, module, CONFIGS)
+    hydra = Hydra.create_main_hydra2(task_name=detect_task_name(file, module),
+                                     config_search_path=search_path)
+    try:
+        hydra.run(config_name=config_name, task_function=task,
+                  overrides=[*overrides, "hydra.mode=RUN"])
+    finally:
+        GlobalHydra.instance().clear()
+
+
 def hydra_app(prog: str, config_name: str, schema: type) -> Callable:
     """Decorate `run(config: schema)` into a Hydra console script `main()` over
     configs/<config_name>.yaml whose config errors are one line each (see the module doc).
@@ -105,7 +136,7 @@ def hydra_app(prog: str, config_name: str, schema: type) -> Callable:
                 run(to_object(cfg, schema))
 
         task.__module__ = run.__module__  # Hydra names the job after it: nmt.cli.train -> train
-        task = hydra.main(version_base="1.3", config_path="pkg://nmt.configs",
+        task = hydra.main(version_base="1.3", config_path=CONFIGS,
                           config_name=config_name)(task)
 
         @functools.wraps(run)
@@ -116,7 +147,10 @@ def hydra_app(prog: str, config_name: str, schema: type) -> Callable:
                 return task(cfg)  # a passed config, or the user asked for Hydra's full report
             os.environ[FULL_ERROR] = "1"  # Hydra raises its composition errors to us
             try:
-                task()
+                if is_plain(sys.argv[1:]):
+                    run_plainly(task, config_name, sys.argv[1:])
+                else:
+                    task()  # --help, --cfg, -m, ...: all of hydra.main
             except Exception as e:
                 line = hydra_error(e, schema)
                 if line is None:

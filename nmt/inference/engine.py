@@ -1,5 +1,6 @@
 """The engine interface: what nmt-translate, nmt-serve, alignments, attention plots and the
-benchmarks decode through, and `open_translator`, the one switch between the engines.
+benchmarks decode through, and `open_translator`, the one switch between the engines (which
+imports CTranslate2's engine only when it is asked for).
 
 Two engines implement it: nmt's own Translator (engine=nmt, nmt.inference.translator) and
 CTranslate2's (engine=ctranslate2, nmt.inference.ct2_engine). What an engine cannot do is
@@ -20,7 +21,6 @@ from nmt.data.tokenizer import Specials, Tokenizer, check_same_vocabulary
 from nmt.data.vocab import Vocab
 from nmt.errors import NmtError
 from nmt.inference.capabilities import Capabilities
-from nmt.inference.ct2_engine import CT2Translator
 from nmt.inference.messages import Hypothesis
 from nmt.inference.shortlist import load_shortlist
 from nmt.inference.translator import Translator
@@ -92,6 +92,8 @@ def open_translator(engine: str, checkpoints: list[str], device: torch.device,
         translator = Translator.load(checkpoints, device, weights, dtype=dtype,
                                      workers=workers, threads=threads, compile=compile)
     else:
+        from nmt.inference.ct2_engine import CT2Translator
+
         translator = CT2Translator.load(checkpoints, device, weights, dtype, workers, threads,
                                         ct2_model, shortlist)
     try:

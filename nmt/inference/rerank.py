@@ -18,7 +18,6 @@ from nmt.config import MbrConfig, RerankConfig, SearchConfig, TranslateConfig, c
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NmtError
 from nmt.inference.comet import Comet, load_comet
-from nmt.inference.mbr import comet_utilities, mbr_select, pick
 from nmt.inference.messages import Hypothesis
 from nmt.inference.translator import Translator
 
@@ -80,6 +79,8 @@ class Chooser:
     def choose(self, sources: list[str], nbest: list[list[Hypothesis]]
                ) -> list[list[Hypothesis]]:
         """Per line, its source text and candidates -> a list of the one kept."""
+        from nmt.inference.mbr import comet_utilities, mbr_select, pick  # sacreBLEU: lazily
+
         texts = [self.tgt_tok.decode([h.tokens for h in hyps]) for hyps in nbest]
         if self.mbr.candidates and self.comet is not None:
             utilities = comet_utilities(self.comet, sources, texts)
