@@ -143,7 +143,7 @@ def test_nmt_serves_batches_go_to_ctranslate2s_own_threads(ckpt, engines):
         halves = [src[i::2] for i in range(2)]
         for w, half in enumerate(halves):
             pool.send(w, Batch(search, [Sentence((w, i), s) for i, s in enumerate(half)], True))
-        got = {tag: hyps for _ in range(2) for tag, hyps in pool.read(timeout=60).results}
+        got = {r.tag: r.hypotheses for _ in range(2) for r in pool.read(timeout=60).results}
     assert tokens([got[(w, i)] for w, half in enumerate(halves) for i in range(len(half))]) \
         == tokens(one.translate_ids(halves[0] + halves[1], search))
 

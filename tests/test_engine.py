@@ -76,7 +76,7 @@ def test_one_pool_decodes_batches_then_runs_the_serving_loops(ckpt):
             assert sorted(a.worker for a in answers) == [0, 1]  # each answered its inbox
             for done in answers:
                 assert isinstance(done, Done) and [
-                    (tag, [h.tokens for h in hyps]) for tag, hyps in done.results] \
+                    (r.tag, [h.tokens for h in r.hypotheses]) for r in done.results] \
                     == [((done.worker,), [h.tokens for h in batch[0]])]
         assert pool.dead() == ""
     assert mp.active_children() == []
@@ -88,7 +88,7 @@ def test_one_worker_is_one_thread_for_batches_and_loops(ckpt):
         batch = tr.translate_ids([[4, 5, 6]], SEARCH)
         done, = loop_answers(tr.stepper(), 1)
         assert isinstance(done, Done) and done.worker == 0
-        assert [h.tokens for h in done.results[0][1]] == [h.tokens for h in batch[0]]
+        assert [h.tokens for h in done.results[0].hypotheses] == [h.tokens for h in batch[0]]
 
 
 def test_a_dead_worker_is_reported_and_the_pool_still_closes(ckpt):

@@ -28,7 +28,7 @@ from nmt.commands.translate import translate
 from nmt.config import MbrConfig, SearchConfig, ServeConfig, TranslateConfig, compose, to_object
 from nmt.errors import ConfigError, NmtError
 from nmt.inference.engine import open_translator
-from nmt.inference.messages import Batch, Done, Failed, Hypothesis, Sentence
+from nmt.inference.messages import Batch, Done, Ended, Failed, Hypothesis, Sentence
 from nmt.inference.translator import Translator
 
 pytest.importorskip("fastapi")
@@ -99,7 +99,7 @@ class FakeWorkers:
         error = error or self.fail
         tags = [s.tag for s in batch.sentences]
         self.batcher.receive(Failed(worker, tags, error) if error else Done(worker, [
-            (s.tag, [Hypothesis(list(s.src), 0.0, 0.0)]) for s in batch.sentences]))
+            Ended(s.tag, [Hypothesis(list(s.src), 0.0, 0.0)]) for s in batch.sentences]))
 
     def lengths(self) -> list[tuple[int, list[int]]]:
         """Each Batch sent: (its beam size, its source lengths)."""
@@ -300,7 +300,7 @@ def test_continuous_batcher_sends_at_once_within_the_budget_and_refills_as_sente
         assert got == {0: [0, 2], 1: [1, 3]} and not any(b.whole for _, b in fake.sent)
         assert len(batcher.queue) == 2 and batcher.idle == 0
         ended = fake.sent[0][1].sentences[1]  # worker 0's second sentence ends: one joins
-        batcher.receive(Done(0, [(ended.tag, [Hypothesis(ended.src, 0.0, 0.0)])]))
+        batcher.receive(Done(0, [Ended(ended.tag, [Hypothesis(ended.src, 0.0, 0.0)])]))
         await settle()
         assert requests[2].done() and not requests[0].done()
         w, batch = fake.sent[-1]

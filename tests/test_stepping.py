@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import queue
 import threading
+from collections.abc import Iterable
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -20,12 +21,17 @@ from nmt.inference import attention_op
 from nmt.inference.batches import decoding_models, translate_nbest
 from nmt.inference.core import Decoding
 from nmt.inference.fast_model import packing_works
-from nmt.inference.messages import Batch, Done, Failed, Hypothesis, Sentence
+from nmt.inference.messages import Batch, Done, Ended, Failed, Hypothesis, Sentence
 from nmt.inference.shortlist import Shortlist, load_shortlist
 from nmt.inference.stepping import STOP, step_loop
 
 V = 24
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def by_tag(ended: Iterable[Ended]) -> dict:
+    """Each ended sentence's hypotheses by its tag."""
+    return {e.tag: e.hypotheses for e in ended}
 
 
 def run_continuous(models, sources, cfg, joins: dict[int, list[int]]) -> tuple[dict, dict]:
@@ -36,7 +42,7 @@ def run_continuous(models, sources, cfg, joins: dict[int, list[int]]) -> tuple[d
     while len(results) < len(sources):
         if dec.steps in joins:
             dec.admit([Sentence(i, sources[i]) for i in joins[dec.steps]])
-        for i, hyps in dec.step():
+        for i, hyps in by_tag(dec.step()).items():
             results[i], ended[i] = hyps, dec.steps
         assert dec.steps < 100
     assert dec.rows == 0 and dec.length == 0  # every row retired, the cache emptied
@@ -135,7 +141,7 @@ def test_a_failing_step_still_answers_the_empty_sources_admitted_with_it():
         errors = [m for m in messages if isinstance(m, Failed)]
         assert [(m.tags, str(m.error)) for m in errors] == [(["a"], "out of memory")]
         assert [r for m in messages if isinstance(m, Done) for r in m.results] == [
-            ("empty", [Hypothesis([], 0.0, 0.0)])]
+            Ended("empty", [Hypothesis([], 0.0, 0.0)])]
 
 
 OPTIONS = {  # every search option of nmt-translate, each through continuous batching
@@ -167,7 +173,7 @@ def test_every_search_option_joins_a_running_batch_with_translate_nbests_outputs
         dec.admit([Sentence(i, sources[i], prefixes[i], phrases[i], lines[i])
                    for i in joins.get(dec.steps, [])])
         joined |= dec.joined  # some joined sentences already decoding
-        got.update(dec.step())
+        got.update(by_tag(dec.step()))
         assert dec.steps < 100
     assert joined and dec.rows == 0
     want = translate_nbest(models, sources, cfg, SPECIALS, prefixes=prefixes, lines=lines,
@@ -193,14 +199,14 @@ def test_a_sentence_joining_a_running_beam_search_decodes_its_first_step_on_one_
     sources = random_sources(6, V, seed=7)
     dec = Decoding(models, cfg, SPECIALS)
     dec.admit([Sentence(i, sources[i]) for i in range(3)])
-    got = dict(dec.step())
+    got = by_tag(dec.step())
     live = dec.rows  # k rows each
     dec.admit([Sentence(i, sources[i]) for i in range(3, 6)])
     assert dec.rows == live + 3 * 4 and dec.decoder_rows == live + 3
-    got.update(dec.step())
+    got.update(by_tag(dec.step()))
     assert decoded[-1] == live + 3 and dec.rows == dec.decoder_rows  # then k rows each
     while dec.sentences:
-        got.update(dec.step())
+        got.update(by_tag(dec.step()))
     want = translate_nbest(models, sources, cfg, SPECIALS)
     for i, hyps in enumerate(want):
         assert [h.tokens for h in got[i]] == [h.tokens for h in hyps], i
@@ -221,7 +227,7 @@ def test_in_continuous_batching_each_sentence_decodes_over_its_own_shortlist(bea
     got, joins = {}, {0: [0, 1, 2], 2: [3, 4], 3: [5, 6, 7]}
     while len(got) < len(sources):
         dec.admit([Sentence(i, sources[i]) for i in joins.get(dec.steps, [])])
-        got.update(dec.step())
+        got.update(by_tag(dec.step()))
     alone = translate_nbest(models, sources, replace(cfg, max_sentences=1), SPECIALS)
     shortlist = load_shortlist(path)
     for i, hyps in enumerate(alone):
@@ -261,7 +267,7 @@ def test_constraints_while_sampling_are_refused_in_continuous_batching_at_any_be
                                                           Sentence("free", [5, 6])], whole)], 2)
         errors = [(m.tags, str(m.error)) for m in messages if isinstance(m, Failed)]
         assert errors == [(["c"], "constraints need beam search, not sampling")]
-        assert [r[0] for m in messages if isinstance(m, Done) for r in m.results] == ["free"]
+        assert [r.tag for m in messages if isinstance(m, Done) for r in m.results] == ["free"]
 
 
 @pytest.mark.parametrize("beam", [1, 3])
@@ -282,7 +288,7 @@ def test_the_loop_decodes_whole_batches_as_nmt_translate_and_newcomers_beside_th
         sources, prefixes, phrases, lines, strict=True))]
     newcomers = [Sentence(("new", i), s) for i, s in enumerate(sources[:3])]
     messages = run_loop(stand_in(model), [Batch(cfg, whole, True), Batch(cfg, newcomers)], 9)
-    got = dict(r for m in messages for r in m.results)
+    got = by_tag(r for m in messages for r in m.results)
     assert not [m for m in messages if isinstance(m, Failed)]
     want = translate_nbest([model], sources, cfg, SPECIALS, prefixes=prefixes, lines=lines,
                            constraints=phrases)
@@ -315,7 +321,7 @@ def test_a_start_token_that_is_eos_still_ends_outputs(beam):
     dec.admit([Sentence(i, src) for i, src in enumerate(sources)])
     got = {}
     while len(got) < len(sources):
-        got.update(dec.step())
+        got.update(by_tag(dec.step()))
     assert any(len(got[i][0].tokens) < len(src) + 6 for i, src in enumerate(sources))
     assert [[h.tokens for h in got[i]] for i in range(len(sources))] == [
         [h.tokens for h in hyps] for hyps in translate_nbest(models, sources, cfg, specials)]
@@ -340,5 +346,5 @@ def test_an_admission_that_fails_half_way_drops_its_decoding(whole, monkeypatch)
                Batch(cfg, [Sentence("b", [7])], True)]
     messages = run_loop(stand_in(model), batches, 3)
     failed = [t for m in messages if isinstance(m, Failed) for t in m.tags]
-    done = [tag for m in messages if isinstance(m, Done) for tag, _ in m.results]
+    done = [r.tag for m in messages if isinstance(m, Done) for r in m.results]
     assert sorted(failed) == ["a", "e"] and done == ["b"]

@@ -56,7 +56,7 @@ from nmt.data.tokenizer import Specials
 from nmt.inference.constrained import PhraseConstraints, missing_phrases, pad_to
 from nmt.inference.decoder import Decoder
 from nmt.inference.fast_model import FastModel, row_argmax, top_k
-from nmt.inference.messages import Hypothesis, Sentence
+from nmt.inference.messages import Ended, Hypothesis, Sentence
 from nmt.inference.rules import Columns, StepView, apply_rules, sample_tokens, sample_uniforms
 from nmt.inference.shortlist import Candidates, load_shortlist
 
@@ -296,8 +296,8 @@ class Decoding:
     """The live sentences of one search setting, decoded one step at a time for all of them.
 
     admit(sentences) queues Sentences to join at the next step (an empty source answers at
-    once: empty_source); step() decodes one step for every live row and returns the (tag,
-    hypotheses) of the sentences that ended (search.nbest hypotheses each, best first).
+    once: empty_source); step() decodes one step for every live row and returns the sentences
+    that ended (Ended: a tag and search.nbest hypotheses, best first).
     beam: whether to search with beams (default: use_beams without constraints; lexical
     constraints need it at any beam size). continuations: the ids of the pieces that go on with
     a word, none of which may follow a constraint phrase (None: any may). shortlists: with
@@ -327,7 +327,7 @@ class Decoding:
         self.units_per = search.nbest if search.sampling and not self.beam else 1
         self.positions = max_positions(models)
         self.steps = 0  # steps decoded so far
-        self.ready: list = []  # (tag, hypotheses) of empty sources, returned by the next step
+        self.ready: list[Ended] = []  # empty sources, answered by the next step
         self.free: list[int] = []  # sentence slots that no live sentence holds
         self.slots = 0  # slots ever used
         self.tags: dict[int, object] = {}  # slot -> tag of its live sentence
@@ -389,7 +389,8 @@ class Decoding:
             compact = in_columns(todo, candidates)
             new = Decoder(self.models, src, self.use_cache, candidates, compact)  # may fail first
             columns = Columns(*candidates) if compact else None
-        self.ready += [(s.tag, empty_source(s)) for s in sentences if empty_source(s) is not None]
+        self.ready += [Ended(s.tag, empty_source(s)) for s in sentences
+                       if empty_source(s) is not None]
         if not todo:
             return
         if self.decoder is None:
@@ -532,9 +533,9 @@ class Decoding:
 
     # ------------------------------------------------------------------------- a step
     @torch.inference_mode()
-    def step(self) -> list:
-        """One decoding step for every live row; the (tag, hypotheses) of the sentences that
-        ended, in no particular order. If the step raises, the empty sources' results stay in
+    def step(self) -> list[Ended]:
+        """One decoding step for every live row; the sentences that ended, in no particular
+        order. If the step raises, the empty sources' results stay in
         self.ready (the caller still answers them)."""
         ended = []
         if self.decoder is not None:
@@ -599,10 +600,10 @@ class Decoding:
             return choice
         return Choice(choice.scores, choice.parents, self.columns.ids[choice.tokens])
 
-    def _advance(self, read: StepRead, on: Choice) -> list:
+    def _advance(self, read: StepRead, on: Choice) -> list[Ended]:
         """Keep what the step chose: finish hypotheses, give each unit the k rows that go `on`
-        (a token longer), end the units that cannot improve; the (tag, hypotheses) of the
-        sentences whose units have all ended."""
+        (a token longer), end the units that cannot improve; the sentences whose units have
+        all ended."""
         units, k, kb, eos = self.units, self.k, self.kb, self.specials.eos
         U = len(units)
         u, c = np.nonzero(read.first_tokens == eos)  # EOS among the first k: |Y| = t + 1
@@ -647,9 +648,9 @@ class Decoding:
             token_lp = [np.diff(self.paths[r, :1 + n]).tolist() for r, n in spans]
         self.units.add(units, outputs, logprobs, lengths, token_lp)
 
-    def _end(self, done: np.ndarray) -> list:
-        """Units `done` end: their hypotheses go to their sentences; the (tag, hypotheses) of
-        the sentences with no unit left, best first, their slots freed."""
+    def _end(self, done: np.ndarray) -> list[Ended]:
+        """Units `done` end: their hypotheses go to their sentences; the sentences with no
+        unit left (their hypotheses best first), their slots freed."""
         ended = []
         for u in done.tolist():
             slot = int(self.units.slot[u])
@@ -660,7 +661,7 @@ class Decoding:
                 hyps = self.results.pop(slot)
                 if self.units_per > 1:  # samples: best first
                     hyps.sort(key=lambda h: -h.score)
-                ended.append((self.tags.pop(slot), hyps))
+                ended.append(Ended(self.tags.pop(slot), hyps))
                 self.free.append(slot)
         return ended
 
@@ -753,5 +754,5 @@ def decode_all(models: list, sentences: list[Sentence], search: SearchConfig,
                for i, s in enumerate(sentences)], candidates)
     out: dict[int, list[Hypothesis]] = {}
     while dec.sentences or dec.ready:
-        out.update(dec.step())
+        out.update((e.tag, e.hypotheses) for e in dec.step())
     return [out[i] for i in range(len(sentences))]

@@ -51,11 +51,19 @@ class Batch:
 
 
 @dataclass
+class Ended:
+    """A sentence that ended (its Sentence's tag) and its search.nbest hypotheses, best first."""
+
+    tag: object
+    hypotheses: list[Hypothesis]
+
+
+@dataclass
 class Done:
-    """A worker's message: these sentences ended, each with search.nbest hypotheses."""
+    """A worker's message: these sentences ended."""
 
     worker: int
-    results: list[tuple[object, list[Hypothesis]]]  # (tag, hypotheses)
+    results: list[Ended]
 
 
 @dataclass

@@ -24,7 +24,7 @@ import queue
 from nmt.config import SearchConfig
 from nmt.inference.batches import batch_candidates
 from nmt.inference.core import Decoding, use_beams
-from nmt.inference.messages import Batch, Done, Failed, Sentence, search_key
+from nmt.inference.messages import Batch, Done, Ended, Failed, Sentence, search_key
 from nmt.inference.workers import STOP
 
 # ----------------------------------------------------------------------------- the workers
@@ -92,7 +92,7 @@ def batch_loop(translator, inbox, outbox, worker: int) -> None:
         except Exception as e:
             outbox.put(Failed(worker, tags, _portable(e)))
         else:
-            outbox.put(Done(worker, list(zip(tags, hyps, strict=True))))
+            outbox.put(Done(worker, [Ended(t, h) for t, h in zip(tags, hyps, strict=True)]))
 
 
 def _messages(inbox, wait: bool) -> list:
@@ -141,7 +141,7 @@ def _admit(translator, decoders: dict, batches: list[Batch], outbox, worker: int
                 # admit failed half-way (or left it empty): the Decoding goes, with its sentences
                 del decoders[key]
                 if dec.ready:
-                    outbox.put(Done(worker, [r for r in dec.ready if r[0] not in tags]))
+                    outbox.put(Done(worker, [r for r in dec.ready if r.tag not in tags]))
                 tags += [t for t in dec.tags.values() if t not in tags]
             outbox.put(Failed(worker, tags, _portable(e)))
 

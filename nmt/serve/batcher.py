@@ -218,26 +218,28 @@ class Batcher:
     def receive(self, message: Done | Failed) -> None:
         """A worker's message: hand each ended sentence its hypotheses (or its error)."""
         w = message.worker
+        flying = len(self.flying[w])
         if isinstance(message, Done):
-            ended = message.results
+            for ended in message.results:
+                if q := self._landed(w, ended.tag):
+                    q.job.deliver(q.sentence.tag, ended.hypotheses)
+                    self.stats.sentences += 1
         else:
             self.stats.failed += 1
-            ended = [(tag, message.error) for tag in message.tags]
-        popped = False
-        for tag, hyps in ended:
-            q = self.flying[w].pop(tag, None)
-            if q is None:  # not sent by this batcher (a warm-up) or failed already
-                continue
-            popped = True
-            self.tokens[w] -= q.tokens
-            if isinstance(hyps, Exception):
-                q.job.fail(hyps)
-            else:
-                q.job.deliver(q.sentence.tag, hyps)
-                self.stats.sentences += 1
-        if popped and not self.flying[w]:
+            for tag in message.tags:
+                if q := self._landed(w, tag):
+                    q.job.fail(message.error)
+        if flying and not self.flying[w]:
             self.stats.decode_seconds += self.clock.now() - self.busy_since[w]
         self.changed.set()
+
+    def _landed(self, w: int, tag: int) -> _Queued | None:
+        """The sentence in flight on worker w under `tag`, no longer counted there; None for
+        one this batcher did not send (a warm-up) or that failed already."""
+        q = self.flying[w].pop(tag, None)
+        if q is not None:
+            self.tokens[w] -= q.tokens
+        return q
 
     # ------------------------------------------------------------------------- the dispatch
     async def _dispatch(self) -> None:
