@@ -1,0 +1,52 @@
+"""Startup (issue 60): what a command imports and composes before its first batch. Importing
+nmt-translate's and nmt-serve's paths loads none of the packages a run may not need (sacreBLEU,
+CTranslate2, transformers, matplotlib; FastAPI outside nmt-serve), a one-line translation
+imports no more of them, and Hydra composes its config once. scripts/bench_startup.py measures
+the time (docs/results.md, "Startup")."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from nmt.cli import is_plain
+
+HEAVY = ("sacrebleu", "ctranslate2", "transformers", "fastapi", "matplotlib",
+         "nmt.inference.ct2_engine", "nmt.inference.mbr", "nmt.training.plot")
+
+PROBE = """
+import json, sys
+from hydra._internal.hydra import Hydra
+composed = []
+inner = Hydra.compose_config
+Hydra.compose_config = lambda self, *a, **k: composed.append(1) or inner(self, *a, **k)
+heavy = {heavy!r}
+import nmt.cli.translate, nmt.commands.translate
+imported = [m for m in heavy if m in sys.modules]
+sys.argv = ["nmt-translate", *sys.argv[1:]]
+nmt.cli.translate.main()
+ran = [m for m in heavy if m in sys.modules]
+import nmt.cli.serve, nmt.commands.serve
+serve = [m for m in heavy if m in sys.modules and m != "fastapi"]
+print(json.dumps({{"imported": imported, "ran": ran, "serve": serve, "composed": len(composed)}}))
+"""
+
+
+@pytest.mark.slow
+def test_a_one_line_translation_loads_no_optional_package_and_composes_once(ckpts, tmp_path):
+    line = tmp_path / "one.en"
+    line.write_text("open the file\n", encoding="utf-8")
+    out = subprocess.run([sys.executable, "-c", PROBE.format(heavy=HEAVY),
+                          f"checkpoint={ckpts[0]}", f"input={line}", "search.max_len_b=3"],
+                         capture_output=True, text=True, check=True, cwd=tmp_path).stdout
+    found = json.loads(out.strip().splitlines()[-1])
+    assert found == {"imported": [], "ran": [], "serve": [], "composed": 1}
+
+
+def test_only_a_command_line_of_overrides_skips_hydra_mains_first_composition():
+    assert is_plain(["checkpoint=a.pt", "+x=1", "~y", "search.beam_size=2"])
+    assert is_plain([])
+    for args in (["--help"], ["-m", "a=1,2"], ["--cfg", "job"], ["hydra.mode=MULTIRUN"],
+                 ["+hydra.mode=RUN"], ["a=1", "--info"]):
+        assert not is_plain(args), args
