@@ -518,6 +518,9 @@ class TrainLoopConfig:
     # train.compile on a GPU, else none.
     pad_to_multiple: int = 0  # round source and target lengths up to a multiple of this
     checkpoint_activations: bool = False  # recompute layers' activations in backward: less memory
+    # A share of each GPU's memory (e.g. 0.9): train.max_tokens is lowered to the batch whose
+    # update fits in it, from a probe of the first steps (nmt/training/batch_memory.py); 0: off
+    gpu_memory: float = 0.0
     device: str = "auto"  # "auto", "cpu" or "cuda"
     collective_timeout: float = 600.0  # seconds a rank waits for the others before failing
     log_interval: int = 50  # updates between log lines (GPU statistics are read only then)
@@ -541,6 +544,7 @@ class TrainLoopConfig:
                    "valid_bleu_max_sentences")
         _check(0 <= self.seed < 2 ** 63, "train.seed", f"must be in [0, 2^63), got {self.seed}")
         _check_prob(self.ema_decay, "train.ema_decay")
+        _check_prob(self.gpu_memory, "train.gpu_memory")
         _check_prob(self.subword_sampling, "train.subword_sampling")
         _check(self.temperature >= 1, "train.temperature",
                f"must be >= 1, got {self.temperature}")

@@ -78,12 +78,13 @@ def test_wmt14_recipe_dry_run(tmp_path, row, d_model, updates, last):
     ("base", {}, 3456, 25_000, 100_000, 1.0),  # 8 GPUs, the paper's ~3k tokens each
     ("big", {"GPUS": "1"}, 28544, 25_000, 300_000, 1.0),  # the whole update in one batch
     ("base", {"VARIANT": "large-batch"}, 57088, 400_000, 6250, 1.43),
-    ("base", {"VARIANT": "large-batch", "GPUS": "1"}, 131072, 400_000, 6250, 1.43),  # capped
-    ("big", {"VARIANT": "large-batch", "GPUS": "1"}, 65536, 400_000, 18750, 2.02)])
+    ("base", {"VARIANT": "large-batch", "GPUS": "1"}, 457088, 400_000, 6250, 1.43),
+    ("big", {"VARIANT": "large-batch", "GPUS": "1"}, 457088, 400_000, 18750, 2.02)])
 @pytest.mark.slow
 def test_wmt14_recipe_sizes_the_batch_for_the_gpus(tmp_path, row, env, max_tokens,
                                                    global_tokens, updates, lr_factor):
-    """Per-GPU batches from the update's size and the GPUs, capped by the memory model; the
+    """Per-GPU batches from the update's size and the GPUs, lowered by the trainer to what
+    fits in 90% of the GPU's memory (train.gpu_memory: tests/test_batch_memory.py); the
     large-batch variant's peak learning rate is 1e-3 (Ott et al. 2018)."""
     out = recipe(tmp_path, row, **env)
     assert out.returncode == 0, out.stderr
@@ -92,6 +93,7 @@ def test_wmt14_recipe_sizes_the_batch_for_the_gpus(tmp_path, row, env, max_token
     tc = train.train
     assert (tc.max_tokens, tc.global_tokens, tc.max_updates) == (max_tokens, global_tokens,
                                                                  updates)
+    assert tc.gpu_memory == 0.9
     assert train.optim.lr_factor == lr_factor
     peak = noam_lr(train.optim.warmup, train.model.d_model, train.optim.warmup, lr_factor)
     assert abs(peak - 1e-3) < 1e-5 if env.get("VARIANT") else peak < 1e-3

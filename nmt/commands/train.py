@@ -57,6 +57,7 @@ from nmt.system import private_ops
 from nmt.system.runtime import cap_onednn_cache, keep_freed_memory, release_freed_memory
 from nmt.training import distributed
 from nmt.training.activation_checkpointing import checkpoint_layers
+from nmt.training.batch_memory import fit_to_memory
 from nmt.training.compiled_step import LossModule, compile_loss, static_shapes
 from nmt.training.cpu_training import use_cpu_dropout
 from nmt.training.monitor import Monitor, StepStats
@@ -97,6 +98,7 @@ def train(cfg: TrainConfig) -> dict:
     with distributed.collective_errors(env.rank), logging_redirect_tqdm(), preempt:
         try:
             trim_heap = tune_process(tc, env.device)
+            cfg = fit_to_memory(cfg, env)  # train.gpu_memory: max_tokens from a probe
             run = build_run(cfg, env, load_data(cfg, env))
             if tc.comet:  # train.comet's model checked (and loaded) now, not at validation
                 valid_comet(run)

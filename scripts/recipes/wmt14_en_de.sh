@@ -32,14 +32,16 @@
 #                             root (lr_factor 1.43 base, 2.02 big with warmup 4000), as many tokens
 #                             seen as the paper's row (base 6,250 updates, big 18,750)
 # Per GPU, max_tokens = 8/7 x the update's target tokens / WORLD (padding and the longer side
-# counted: about one batch per GPU and update), rounded down to a multiple of 128 and capped by
-# the memory model of docs/gpu.md at 131,072 (base, ~49 GiB) or 65,536 (big, ~43 GiB) of an 80 GB
-# card; train.global_tokens makes up the rest by accumulating batches. MAX_TOKENS=N overrides.
-# Fewer than 2,048 tokens a GPU (the paper's update on more than 13 GPUs) is an error.
-# Opt-in variants, untested on a GPU: COMPILE=1 (train.compile, lengths padded to a multiple of
-# 8 so that shapes recur), CHECKPOINT_ACTIVATIONS=1 (train.checkpoint_activations: each layer
-# recomputed in backward, about a third more compute for the layers' activations; raise
-# MAX_TOKENS into the memory it frees once a GPU run has measured it).
+# counted: about one batch per GPU and update), rounded down to a multiple of 128, and lowered
+# by the trainer to what fits in GPU_MEMORY (default 0.9) of the GPU's memory
+# (train.gpu_memory: a probe of the first steps; an 80 GB card holds about 182k tokens of base,
+# 108k of big, docs/gpu.md); train.global_tokens makes up the rest by accumulating batches.
+# MAX_TOKENS=N overrides the first figure. Fewer than 2,048 tokens a GPU (the paper's update on
+# more than 13 GPUs) is an error.
+# Opt-in variants, untested on a GPU: COMPILE=1 (train.compile: the update compiled whole, its
+# batches padded to 16 bucket shapes fitted to the data), CHECKPOINT_ACTIVATIONS=1
+# (train.checkpoint_activations: each layer recomputed in backward, about a third more compute
+# for the layers' activations; train.gpu_memory then fits larger batches in the memory it frees).
 #
 # NMT_DRY_RUN=1 composes and validates every command's config, prints it, and stops before any
 # work; it prints the training launch command on stderr (tests/test_recipes.py runs this on CPU).
@@ -53,8 +55,8 @@ NNODES=${NNODES:-1}
 LAUNCHER=${LAUNCHER:-torchrun}
 VARIANT=${VARIANT:-paper}
 case "$ROW" in
-  base) UPDATES=100000; SAVE_EVERY=1500; LAST=5; CAP=131072; LR_1E3=1.43 ;;  # the paper: checkpoints every 10 minutes
-  big)  UPDATES=300000; SAVE_EVERY=1000; LAST=20; CAP=65536; LR_1E3=2.02 ;;
+  base) UPDATES=100000; SAVE_EVERY=1500; LAST=5; LR_1E3=1.43 ;;  # the paper: checkpoints every 10 minutes
+  big)  UPDATES=300000; SAVE_EVERY=1000; LAST=20; LR_1E3=2.02 ;;
   *) echo "wmt14_en_de.sh: error: unknown row '$ROW' (base or big)" >&2; exit 2 ;;
 esac
 case "$VARIANT" in
@@ -68,7 +70,7 @@ OPTS=()
 [ -n "${CHECKPOINT_ACTIVATIONS:-}" ] && OPTS+=(train.checkpoint_activations=true)
 WORLD=$((NNODES * GPUS))
 FILL=$((GLOBAL * 8 / 7 / WORLD / 128 * 128))
-MAX_TOKENS=${MAX_TOKENS:-$((FILL < CAP ? FILL : CAP))}
+MAX_TOKENS=${MAX_TOKENS:-$FILL}
 if [ "$MAX_TOKENS" -lt 2048 ]; then
   echo "wmt14_en_de.sh: error: $GLOBAL target tokens per update over $WORLD GPUs leave" \
     "$MAX_TOKENS tokens a batch, too few to keep a GPU busy (docs/gpu.md); use" \
@@ -95,7 +97,8 @@ step preprocess nmt-preprocess src_lang=en tgt_lang=de \
   clean.max_tokens=250 clean.max_ratio=1.5
 
 TRAIN=(nmt-train "+model=$ROW" data_dir="$DATA" run_dir="$RUN"
-  train.max_tokens=$MAX_TOKENS train.global_tokens=$GLOBAL train.max_updates=$UPDATES
+  train.max_tokens=$MAX_TOKENS train.gpu_memory=${GPU_MEMORY:-0.9} train.global_tokens=$GLOBAL
+  train.max_updates=$UPDATES
   train.save_interval_updates=$SAVE_EVERY train.keep_last=$LAST
   train.valid_interval_updates=$SAVE_EVERY train.amp=$AMP train.device=cuda
   ${LR[@]+"${LR[@]}"} ${OPTS[@]+"${OPTS[@]}"})
