@@ -85,7 +85,7 @@ def main() -> None:
             out = run(args, src, ref, "constraints", path)
             n = len(out["hypotheses"])
             print(f"{name:8s} constraints: coverage {coverage(out['hypotheses'], constraints):.3f}"
-                  f"  BLEU {out['scores']['bleu']:.2f}  chrF {out['scores']['chrf']:.2f}  "
+                  f"  BLEU {out['scores'].bleu:.2f}  chrF {out['scores'].chrf:.2f}  "
                   f"{n / out['seconds']:.1f} sentences/s")
 
 

@@ -85,7 +85,7 @@ def main() -> None:
         for engine, dtype, label in ROWS:
             hyps = run(args, engine, dtype, Path(tmp) / f"{engine}-{dtype}.txt")
             s = score(hyps, refs)
-            print(f"{label:32} {s['bleu']:6.2f} {s['chrf']:6.2f}", flush=True)
+            print(f"{label:32} {s.bleu:6.2f} {s.chrf:6.2f}", flush=True)
 
 
 if __name__ == "__main__":

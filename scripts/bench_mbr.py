@@ -59,7 +59,7 @@ def choose_all(texts: list[list[str]], scores: list[list[float]], utility: str,
 def row(label: str, hyps: list[str], refs: list[str], seconds: float, note: str = "") -> None:
     """One printed line: BLEU, chrF, sentences/s."""
     s = score(hyps, refs)
-    print(f"{label:<34} BLEU {s['bleu']:5.2f}  chrF {s['chrf']:5.2f}  "
+    print(f"{label:<34} BLEU {s.bleu:5.2f}  chrF {s.chrf:5.2f}  "
           f"{len(hyps) / seconds:7.2f} sent/s  {note}", flush=True)
 
 

@@ -283,11 +283,11 @@ def score_run(args, run: Path) -> list[dict]:
                     TranslateConfig))
                 s = result["scores"]
                 scores.append({"split": args.split, "model": label, "beam": beam,
-                               "alpha": alpha, "bleu": round(s["bleu"], 2),
-                               "chrf": round(s["chrf"], 2), "bp": brevity_penalty(s["bleu_line"]),
+                               "alpha": alpha, "bleu": round(s.bleu, 2),
+                               "chrf": round(s.chrf, 2), "bp": brevity_penalty(s.bleu_line),
                                "seconds": round(time.perf_counter() - t0, 1)})
-                if "comet" in s:
-                    scores[-1]["comet"] = round(s["comet"], 4)
+                if s.comet is not None:
+                    scores[-1]["comet"] = round(s.comet, 4)
     return scores
 
 

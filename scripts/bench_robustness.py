@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in CONDITIONS:
             s = score(args.checkpoint, *copies[name], Path(tmp), name, args.beam, args.alpha)
-            cells.append(f"{s['bleu']:.1f} / {s['chrf']:.1f}")
+            cells.append(f"{s.bleu:.1f} / {s.chrf:.1f}")
     print("| model | " + " | ".join(f"{c} BLEU / chrF" for c in CONDITIONS) + " |")
     print("|---" * (1 + len(CONDITIONS)) + "|")
     print(f"| {args.label or args.checkpoint} | " + " | ".join(cells) + " |")

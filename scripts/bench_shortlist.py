@@ -121,7 +121,7 @@ def main() -> None:
         s = score(outputs[key], refs)
         speed = len(src) / best[key]
         line = (f"{label:<{width}}  {'shortlist' if search.shortlist else 'full     '}  "
-                f"BLEU {s['bleu']:5.2f}  chrF {s['chrf']:5.2f}  {speed:6.1f} sent/s")
+                f"BLEU {s.bleu:5.2f}  chrF {s.chrf:5.2f}  {speed:6.1f} sent/s")
         if search.shortlist:
             line += (f"  x{best[label, ''] / best[key]:.2f}  "
                      f"{candidates:.0f} "

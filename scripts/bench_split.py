@@ -115,7 +115,7 @@ def context() -> str:
 def scores(hyps: list[str], refs: list[str]) -> str:
     """BLEU / chrF, as a table cell."""
     s = score(hyps, refs)
-    return f"{s['bleu']:.2f} / {s['chrf']:.2f}"
+    return f"{s.bleu:.2f} / {s.chrf:.2f}"
 
 
 def test_split(args, tmp: Path, splitter) -> None:

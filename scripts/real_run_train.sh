@@ -63,8 +63,8 @@ with torch.no_grad():
 hyps = tgt_tok.decode(out)
 s = score(hyps, ref)
 print(f"test ({len(src)} sentences), greedy, {ckpt} (update {load_checkpoint(ckpt)['update']}):")
-print(s["bleu_line"])
-print(s["chrf_line"])
+print(s.bleu_line)
+print(s.chrf_line)
 EOF
 
 if "$BIN/python" -c "import nmt.commands.translate" 2>/dev/null; then

@@ -13,7 +13,7 @@ from nmt.commands.train import build_run, load_data
 from nmt.commands.translate import translate
 from nmt.config import TrainConfig, TranslateConfig, compose, to_object
 from nmt.errors import ConfigError, NmtError
-from nmt.inference.scoring import bleu_tokenize_error, score
+from nmt.inference.scoring import Scores, bleu_tokenize_error, score
 from nmt.training.validation import valid_bleu
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -26,9 +26,9 @@ REF_B = ["the cat sat on the mat", "a dog barked twice"]
 def test_a_second_reference_counts():
     one = score(HYPS, REF_A)
     both = score(HYPS, [REF_A, REF_B])
-    assert both["bleu"] == pytest.approx(100.0) and one["bleu"] < 100.0
-    assert "nrefs:1|" in one["bleu_signature"] and "nrefs:2|" in both["bleu_signature"]
-    assert score(HYPS, [REF_A])["bleu"] == one["bleu"]  # one stream given either way
+    assert both.bleu == pytest.approx(100.0) and one.bleu < 100.0
+    assert "nrefs:1|" in one.bleu_signature and "nrefs:2|" in both.bleu_signature
+    assert score(HYPS, [REF_A]).bleu == one.bleu  # one stream given either way
 
 
 @pytest.mark.parametrize("tokenize", ["13a", "intl", "zh", "char", "none"])
@@ -37,13 +37,13 @@ def test_the_tokenizer_is_sacrebleus(tokenize):
 
     hyps, refs = ["他是一个好人。", "Hello, world!"], ["他是好人。", "Hello world!"]
     got = score(hyps, refs, tokenize)
-    assert got["bleu"] == pytest.approx(BLEU(tokenize=tokenize).corpus_score(hyps, [refs]).score)
-    assert f"tok:{tokenize}|" in got["bleu_signature"]
+    assert got.bleu == pytest.approx(BLEU(tokenize=tokenize).corpus_score(hyps, [refs]).score)
+    assert f"tok:{tokenize}|" in got.bleu_signature
 
 
 def test_the_tokenizer_changes_the_score():
     hyps, refs = ["他是一个好人。"], ["他是好人。"]
-    assert score(hyps, refs, "zh")["bleu"] != score(hyps, refs, "13a")["bleu"]
+    assert score(hyps, refs, "zh").bleu != score(hyps, refs, "13a").bleu
 
 
 def test_unknown_or_unavailable_tokenizers_are_config_errors():
@@ -79,12 +79,12 @@ def test_translate_with_two_references_and_a_tokenizer(ckpt, tiny_data_dir, tmp_
     out = translate(translate_cfg(checkpoint=ckpt, input=src, output=hyp, ref=ref,
                                   refs=f"[{mirror}]", bleu_tokenize="intl"))
     assert out["hypotheses"] == first["hypotheses"]
-    assert out["scores"]["bleu"] == pytest.approx(100.0)
-    assert "nrefs:2|" in out["scores"]["bleu_signature"]
-    assert "tok:intl|" in out["scores"]["bleu_signature"]
+    assert out["scores"].bleu == pytest.approx(100.0)
+    assert "nrefs:2|" in out["scores"].bleu_signature
+    assert "tok:intl|" in out["scores"].bleu_signature
     only = translate(translate_cfg(checkpoint=ckpt, input=src, output=hyp, refs=f"[{ref}]"))
-    assert only["scores"]["bleu"] == score(first["hypotheses"], ref.read_text().splitlines())[
-        "bleu"]  # refs=[FILE] alone is ref=FILE
+    assert only["scores"].bleu == score(first["hypotheses"], ref.read_text().splitlines()
+                                          ).bleu  # refs=[FILE] alone is ref=FILE
 
 
 def test_a_short_extra_reference_is_a_one_line_error(ckpt, tiny_data_dir, tmp_path):
@@ -116,7 +116,7 @@ def test_validation_scores_every_reference_with_the_tokenizer(tiny_data_dir, tmp
 
     def spy(hypotheses, references, tokenize="13a"):
         calls.append((hypotheses, references, tokenize))
-        return {"bleu": 1.0, "chrf": 2.0}
+        return Scores(1.0, 2.0, "", "", "", "")
 
     monkeypatch.setattr(nmt.training.validation, "score", spy)
     closed = []

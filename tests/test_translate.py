@@ -48,7 +48,7 @@ def test_contract_file_to_file_with_ref_prints_bleu_and_chrf(ckpt, tiny_data_dir
     assert len(lines_of(hyp)) == len(lines_of(test_en))
     err = done.stderr.decode()
     expected = score(lines_of(hyp), lines_of(ref))
-    assert expected["bleu_line"] in err and expected["chrf_line"] in err
+    assert expected.bleu_line in err and expected.chrf_line in err
     assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in err
     assert "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:" in err
     assert not list(tmp_path.glob(".*tmp"))  # written atomically

@@ -602,22 +602,22 @@ def report(result: dict, refs: list[list[str]] | None, cfg: TranslateConfig,
         log("no lines, nothing to score")
     elif refs is not None:
         result["scores"] = scores = score(result["hypotheses"], refs, cfg.bleu_tokenize)
-        log(scores["bleu_line"])
-        log(f"BLEU signature: {scores['bleu_signature']}")
-        log(scores["chrf_line"])
-        log(f"chrF signature: {scores['chrf_signature']}")
+        log(scores.bleu_line)
+        log(f"BLEU signature: {scores.bleu_signature}")
+        log(scores.chrf_line)
+        log(f"chrF signature: {scores.chrf_signature}")
     if comet is not None and n and (refs is not None or "comet_qe" in result):
         report_comet(result, refs, cfg, comet)
 
 
 def report_comet(result: dict, refs: list[list[str]] | None, cfg: TranslateConfig,
                  comet: Comet) -> None:
-    """COMET-22 of the hypotheses against the first references (result["scores"]["comet"]),
+    """COMET-22 of the hypotheses against the first references (result["scores"].comet),
     or the mean of CometKiwi's scores (result["comet_qe_mean"]), logged with the model."""
     if comet.spec.needs_reference:
         segments = comet.score(result["sources"], result["hypotheses"], refs[0],
                                progress=not cfg.quiet)
-        value = result.setdefault("scores", {})["comet"] = system_score(segments)
+        value = result["scores"].comet = system_score(segments)
         log(f"COMET = {value:.4f} ({comet.spec.form}, {cfg.comet}, {len(segments)} lines)")
     else:
         value = result["comet_qe_mean"] = system_score(result["comet_qe"])

@@ -7,6 +7,8 @@ extras or a download.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from nmt.errors import NmtError
 
 # sacreBLEU's tokenizers (>= 2.4, a dependency) that need neither extras nor a download
@@ -32,8 +34,22 @@ def bleu_tokenize_error(tokenize: str) -> str | None:
     return None
 
 
+@dataclass
+class Scores:
+    """Corpus scores of a set of hypotheses: sacreBLEU's BLEU and chrF, their signatures and
+    their one-line reports; COMET-22's system score where nmt-translate's comet= gives it."""
+
+    bleu: float
+    chrf: float
+    bleu_signature: str
+    chrf_signature: str
+    bleu_line: str  # sacreBLEU's "BLEU = 27.3 58.1/..." line
+    chrf_line: str
+    comet: float | None = None
+
+
 def score(hypotheses: list[str], references: list[str] | list[list[str]],
-          tokenize: str = "13a") -> dict:
+          tokenize: str = "13a") -> Scores:
     """sacreBLEU BLEU (with the `tokenize` tokenizer) and chrF of detokenized hypotheses against
     one reference each (a list of strings) or several (a list of such lists, one per file)."""
     streams = [references] if references and isinstance(references[0], str) else references
@@ -48,10 +64,8 @@ def score(hypotheses: list[str], references: list[str] | list[list[str]],
     bleu, chrf = BLEU(tokenize=tokenize), CHRF()
     b = bleu.corpus_score(hypotheses, streams)
     c = chrf.corpus_score(hypotheses, streams)
-    return {"bleu": b.score, "chrf": c.score,
-            "bleu_signature": str(bleu.get_signature()),
-            "chrf_signature": str(chrf.get_signature()),
-            "bleu_line": str(b), "chrf_line": str(c)}
+    return Scores(b.score, c.score, str(bleu.get_signature()), str(chrf.get_signature()),
+                  str(b), str(c))
 
 
 def read_references(paths: list[str], lines: int, what: str) -> list[list[str]]:

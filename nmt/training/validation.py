@@ -148,7 +148,7 @@ def valid_bleu(run: Run, model: nn.Module, sentences: list[int] | None = None) -
     hyp_text = tgt.decode([hyps[i] for i in range(n)])
     refs = valid_references(run, tgt, sentences)
     scores = score(hyp_text, refs, tc.bleu_tokenize)
-    out = {"bleu": scores["bleu"], "chrf": scores["chrf"], "bleu_sentences": n}
+    out = {"bleu": scores.bleu, "chrf": scores.chrf, "bleu_sentences": n}
     if tc.comet:
         sources = valid_texts(run, "src", translator.src_tok, sentences)
         out["comet"] = system_score(valid_comet(run).score(sources, hyp_text, refs[0]))

@@ -160,8 +160,8 @@ def measured(cfg: TranslateConfig) -> dict:
     of one translation of the test split."""
     result = translate(cfg)
     seconds = max(result["seconds"], 1e-9)
-    return {"bleu": result["scores"]["bleu"], "chrf": result["scores"]["chrf"],
-            "comet": result["scores"].get("comet"), "speed": len(result["nbest"]) / seconds}
+    return {"bleu": result["scores"].bleu, "chrf": result["scores"].chrf,
+            "comet": result["scores"].comet, "speed": len(result["nbest"]) / seconds}
 
 
 def table(rows: list[tuple[list[str], str, int, dict]]) -> str:

@@ -40,7 +40,7 @@ def scored(hyp: Path, ref: Path) -> str:
     if not hyp.is_file():
         return "-"
     s = score(read_lines(hyp, "hypotheses"), read_lines(ref, "references"))
-    return f"{s['bleu']:.2f} / {s['chrf']:.2f}"
+    return f"{s.bleu:.2f} / {s.chrf:.2f}"
 
 
 def updates(run: Path) -> str:
