@@ -20,7 +20,7 @@ from nmt.inference.workers import WorkerPool
 from nmt.serve.app import create_app
 from nmt.serve.libretranslate import KEY_FIELDS
 from nmt.serve.service import Service, log
-from nmt.system.runtime import keep_freed_memory, pick_device, usable_cores
+from nmt.system.runtime import cap_onednn_cache, keep_freed_memory, pick_device, usable_cores
 from nmt.training.preemption import restore_handler
 
 
@@ -46,6 +46,7 @@ def serve(cfg: ServeConfig) -> None:
     workers = (cfg.workers or usable_cores()) if device.type == "cpu" else 1
     if device.type == "cpu":
         keep_freed_memory()
+        cap_onednn_cache()  # before the model's first product: the workers inherit the caps
     # Prepared for search.dtype here, then the workers forked: before any socket or thread.
     translator = open_translator(cfg.engine, [cfg.checkpoint], device, dtype=cfg.search.dtype,
                                  workers=workers, threads=cfg.threads, ct2_model=cfg.ct2_model,
