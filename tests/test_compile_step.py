@@ -6,6 +6,9 @@ the few bucket shapes the batches are padded to (nmt.data.batches.Buckets)."""
 
 import contextlib
 import itertools
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +27,7 @@ from nmt.training import distributed
 from nmt.training.checkpoint import load_checkpoint
 from nmt.training.run import batch_loss
 
+BIN = Path(sys.executable).parent
 # +model=tiny's layers at the toy data's size; 512 tokens: no batch of one sentence, whose
 # size 1 torch.compile would give a graph of its own (tests that count graphs)
 TINY = ["model.N=1", "model.d_model=32", "model.d_ff=64", "model.h=4", "train.max_tokens=512",
@@ -195,3 +199,42 @@ def test_a_compiled_run_resumes_bitwise(tmp_path):
     for key in ("model", "optimizer"):
         assert same_tensors(a[key], b[key]), key
     assert a["iterator"] == b["iterator"] and a["scheduler"] == b["scheduler"]
+
+
+# ----------------------------------------------------------------------------- ranks
+AOT_EAGER_TRAIN = """
+import sys
+import torch
+
+real = torch.compile
+torch.compile = lambda model, **kw: real(model, **{**kw, "backend": "aot_eager"})
+from nmt.cli.train import main
+
+sys.argv[0] = "nmt-train"
+main()
+"""
+
+
+@pytest.mark.slow
+def test_two_compiled_ranks_equal_one_process(tmp_path):
+    """2 gloo ranks x 1 batch, their compiled step under DDP, equal 1 process x update_freq 2
+    with its compiled step (dropout on: each batch seeded by its place in the data).
+    AOTAutograd without Inductor: DDP's graph split and gradient sync are what differ."""
+    data = make_data_dir(tmp_path / "data", n_train=150)
+    script = tmp_path / "train_aot_eager.py"
+    script.write_text(AOT_EAGER_TRAIN)
+    opts = [*TINY, "model.dropout=0.1", "train.compile=true", "train.max_updates=4",
+            "train.save_interval_updates=2", "train.threads=1", "train.log_interval=1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", str(script),
+         f"data_dir={data}", f"run_dir={tmp_path / 'ddp'}", "+model=small", *opts],
+        capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with dynamo_counts("aot_eager"):
+        train(config(data, tmp_path / "single", *opts, "train.update_freq=2"))
+    for update in (2, 4):  # epoch 1's 8 batches (of 9: 2 ranks drop the last)
+        ddp, single = (load_checkpoint(tmp_path / run / f"checkpoint_{update}.pt")
+                       for run in ("ddp", "single"))
+        for name, p in single["model"].items():
+            torch.testing.assert_close(ddp["model"][name], p, rtol=0, atol=1e-5, msg=name)
