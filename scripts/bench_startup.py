@@ -7,9 +7,11 @@ processes on a shared machine count less. Rows:
 
 - `import torch`; `import torch` + torch.load of the checkpoint;
 - the one-line nmt-translate (its console script's main, the line in a file) and what it costs
-  beyond the row before;
+  beyond the row before; again with threads=1 (by default the process decodes a one-line input
+  itself with PyTorch's threads, whose waits count as CPU time);
 - its phases, timed inside one run (the CLI's imports, Hydra's composition, the command's
-  imports, reading the checkpoint, building and preparing the model, the first batch, the rest);
+  imports, reading the checkpoint, building and preparing the model, the first batch, the rest;
+  with threads=1, whose batch wastes no CPU time in threads that wait);
 - the modules beyond torch that `import nmt.cli.translate` and its command import, from
   `python -X importtime`, and which of the optional heavy packages a run loaded.
 
@@ -33,6 +35,7 @@ from pathlib import Path
 LINE = "Cannot open the file: permission denied."
 HEAVY = ("hydra._internal.instantiate", "hydra.core.plugins", "sacrebleu", "ctranslate2",
          "transformers", "fastapi", "uvicorn", "matplotlib", "sentencepiece", "torch._dynamo")
+THIRD_PARTY = ("hydra", "omegaconf", "sacrebleu", "yaml", "antlr4")  # shown wherever imported
 # Phases: (label, module, function); the time inside each call is the phase's.
 PHASES = [("compose the config (Hydra)", "hydra._internal.hydra", "Hydra.compose_config"),
           ("read the checkpoint", "nmt.inference.loading", "load_checkpoint"),
@@ -105,23 +108,29 @@ def phases(argv: list[str]) -> None:
     os.write(1, (json.dumps({"spent": spent, "loaded": loaded}) + "\n").encode())
 
 
-def import_breakdown(top: int) -> list[tuple[float, str]]:
+def import_breakdown(top: int, repeat: int) -> list[tuple[float, str]]:
     """The modules beyond torch (cumulative seconds, name) that importing the CLI and its
-    command takes, from -X importtime, the largest first."""
+    command takes, from -X importtime (wall time: each module's least of `repeat` runs), the
+    largest first."""
     code = "import torch; import nmt.cli.translate, nmt.commands.translate"
-    err = subprocess.run([sys.executable, "-X", "importtime", "-c", code], check=True,
-                         capture_output=True, text=True).stderr
-    rows, in_torch = [], False
-    for line in err.splitlines():
-        m = re.match(r"import time:\s+\d+ \|\s+(\d+) \|( *)(\S+)", line)
-        if not m:
-            continue
-        depth, name = len(m[2]) // 2, m[3]
-        if depth == 0:
-            in_torch = name == "torch"  # torch's own subtree is reported last
-        if not in_torch and depth == 0 or (depth == 1 and name.startswith("nmt.")):
-            rows.append((int(m[1]) / 1e6, name))
-    return sorted(rows, reverse=True)[:top]
+    least: dict[str, float] = {}
+    for _ in range(repeat):
+        err = subprocess.run([sys.executable, "-X", "importtime", "-c", code], check=True,
+                             capture_output=True, text=True).stderr
+        tree: list[tuple[int, str, float]] = []  # this top-level module's subtree so far
+        for line in err.splitlines():
+            m = re.match(r"import time:\s+\d+ \|\s+(\d+) \|( *)(\S+)", line)
+            if not m:
+                continue
+            tree.append((len(m[2]) // 2, m[3], int(m[1]) / 1e6))
+            if tree[-1][0] > 0:
+                continue  # a subtree is printed before its top-level module
+            if tree[-1][1] != "torch":
+                for depth, name, seconds in tree:
+                    if depth == 0 or name.startswith("nmt.") or name in THIRD_PARTY:
+                        least[name] = min(least.get(name, 1e9), seconds)
+            tree = []
+    return sorted(((t, n) for n, t in least.items()), reverse=True)[:top]
 
 
 def main() -> None:
@@ -138,18 +147,21 @@ def main() -> None:
         line_file = Path(d) / "one.txt"
         line_file.write_text(args.line + "\n", encoding="utf-8")
         argv = translate_argv(args.checkpoint, line_file)
-        load = f"import torch; torch.load({args.checkpoint!r}, weights_only=False)"
-        runs = {"import torch": [sys.executable, "-c", "import torch"],
+        # the exit of both skips the last garbage collection, as nmt's commands do (nmt.cli)
+        load = (f"import gc, torch; torch.load({args.checkpoint!r}, weights_only=False); "
+                "gc.freeze()")
+        runs = {"import torch": [sys.executable, "-c", "import gc, torch; gc.freeze()"],
                 "import torch + torch.load": [sys.executable, "-c", load],
-                "one-line nmt-translate": argv}
+                "one-line nmt-translate": argv,
+                "the same, threads=1": [*argv, "threads=1"]}
         times: dict[str, list[float]] = {k: [] for k in runs}
         split: list[dict] = []
         for _ in range(args.repeat):  # interleaved: a load change hits every row alike
             for label, run in runs.items():
                 times[label].append(cpu_of(run))
             out = subprocess.run([sys.executable, __file__, "--checkpoint", args.checkpoint,
-                                  "--phases", *argv[3:]], check=True, capture_output=True,
-                                 text=True, cwd=d).stdout
+                                  "--phases", *argv[3:], "threads=1"], check=True,
+                                 capture_output=True, text=True, cwd=d).stdout
             split.append(json.loads(out.strip().splitlines()[-1]))
         report(times, split, args)
 
@@ -161,22 +173,25 @@ def report(times: dict[str, list[float]], split: list[dict], args: argparse.Name
     med = {k: statistics.median(v) for k, v in times.items()}
     for label, v in times.items():
         print(f"  {label:<28} {med[label]:6.3f}  [{min(v):.3f}-{max(v):.3f}]")
-    beyond = [t - b for t, b in zip(times["one-line nmt-translate"],
-                                    times["import torch + torch.load"], strict=True)]
-    print(f"  {'beyond torch + checkpoint':<28} {statistics.median(beyond):6.3f}  "
-          f"[{min(beyond):.3f}-{max(beyond):.3f}]")
-    print("phases of one run (CPU seconds, medians; the Hydra row holds the checkpoint-free "
-          "composition only):")
-    labels = list(split[0]["spent"])
-    for label in labels:
-        print(f"  {label:<36} {statistics.median(s['spent'].get(label, 0) for s in split):6.3f}")
-    whole = statistics.median(s["spent"]["whole process"] for s in split)
-    known = sum(statistics.median(s["spent"].get(label, 0) for s in split)
-                for label in labels if label != "whole process")
-    print(f"  {'the rest (Hydra around the job, output)':<36} {whole - known:6.3f}")
+    for label in ("one-line nmt-translate", "the same, threads=1"):
+        beyond = [t - b for t, b in zip(times[label], times["import torch + torch.load"],
+                                        strict=True)]
+        print(f"  {'beyond torch + checkpoint':<28} {statistics.median(beyond):6.3f}  "
+              f"[{min(beyond):.3f}-{max(beyond):.3f}]  ({label})")
+    print("phases of one run, in the process (CPU seconds, least [median]):")
+    spent = {label: [s["spent"].get(label, 0.0) for s in split] for label in split[0]["spent"]}
+    spent["the rest (Hydra around the job, output)"] = [
+        s["spent"]["whole process"] - sum(v for k, v in s["spent"].items()
+                                          if k != "whole process") for s in split]
+    spent["startup: all but torch, checkpoint, batch"] = [
+        s["spent"]["whole process"] - sum(s["spent"].get(k, 0.0) for k in (
+            "import torch", "read the checkpoint", "translate (first batch)")) for s in split]
+    for label, v in spent.items():
+        print(f"  {label:<42} {min(v):6.3f} [{statistics.median(v):.3f}]")
     print(f"heavy modules loaded by the run: {', '.join(split[0]['loaded']) or 'none'}")
-    print("imports beyond torch (python -X importtime, cumulative seconds, one run):")
-    for seconds, name in import_breakdown(12):
+    print("imports beyond torch (python -X importtime, cumulative wall seconds, least of "
+          f"{args.repeat} runs):")
+    for seconds, name in import_breakdown(14, args.repeat):
         print(f"  {seconds:6.3f}  {name}")
 
 
