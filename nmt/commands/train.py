@@ -268,9 +268,7 @@ def load_data(cfg: TrainConfig, env: distributed.DistInfo) -> Data:
     itr = EpochBatchIterator(train, tc.max_tokens, tc.seed, vocab.pad_id, env.rank,
                              env.world_size, cfg.model.max_positions, corpora=corpora,
                              weights=weights, sampler=sampler,
-                             pad_to=tc.pad_to_multiple or (
-                                 8 if tc.compile and env.device.type == "cuda" else 1),
-                             buckets=tc.buckets if static else 0)
+                             pad_to=tc.pad_to_multiple or 1, buckets=tc.buckets if static else 0)
     if not itr.global_batches(1):
         raise NmtError(f"{cfg.data_dir}: the train split gives no batch for "
                        f"{env.world_size} rank(s) (too few sentences, or all too long)")
