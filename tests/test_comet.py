@@ -18,7 +18,7 @@ from translate_helpers import save_tiny_checkpoint, translate_config
 
 import nmt.data.cleaning
 import nmt.inference.comet as comet_module
-import nmt.inference.rerank
+import nmt.inference.mbr
 import nmt.training.distributed
 import nmt.training.validation
 from nmt.commands.train import build_run, load_data
@@ -174,7 +174,7 @@ def test_translate_mbr_with_comet(tiny_data_dir, tmp_path, models, test_en, monk
     ckpt = save_tiny_checkpoint(tmp_path / "m.pt", (tiny_data_dir / "spm.model").read_bytes())
     seen = []
     real = comet_utilities
-    monkeypatch.setattr(nmt.inference.rerank, "comet_utilities",
+    monkeypatch.setattr(nmt.inference.mbr, "comet_utilities",  # rerank imports it when used
                         lambda c, s, t: seen.append((s, t)) or real(c, s, t))
     out = tmp_path / "hyp"
     translate(config(checkpoint=ckpt, input=test_en, output=out,
