@@ -8,6 +8,8 @@ NMT_TEST_SIGNAL_AT=RANK:UPDATE:SIG  that rank sends itself signal SIG (TERM, USR
 NMT_TEST_SLOW_SAVE_AT=UPDATE the write of checkpoint_<UPDATE>.pt stops halfway: the first half
                              is written and synced, NMT_TEST_MARKER is created, then it waits
                              (for the test to kill it); only while NMT_TEST_MARKER is absent
+NMT_TEST_TEARDOWN_MARKER=PATH  PATH.<rank> is created if the interpreter's teardown runs (an
+                             audit hook sees it clear the interpreter)
 """
 
 import io
@@ -68,6 +70,17 @@ def inject_slow_save(update: int, marker: Path) -> None:
     torch.save = save
 
 
+def mark_teardown(path: str) -> None:
+    """Create path.<rank> when the interpreter's teardown clears the interpreter."""
+    marker, flags = f"{path}.{os.environ.get('RANK', '0')}", os.O_CREAT | os.O_WRONLY
+
+    def hook(event: str, args, opened=os.open, close=os.close) -> None:
+        if event == "cpython.PyInterpreterState_Clear":
+            close(opened(marker, flags))
+
+    sys.addaudithook(hook)
+
+
 if __name__ == "__main__":
     if "NMT_TEST_OOM_AT" in os.environ:
         rank, update = os.environ["NMT_TEST_OOM_AT"].split(":")
@@ -78,6 +91,8 @@ if __name__ == "__main__":
     if "NMT_TEST_SLOW_SAVE_AT" in os.environ:
         inject_slow_save(int(os.environ["NMT_TEST_SLOW_SAVE_AT"]),
                          Path(os.environ["NMT_TEST_MARKER"]))
+    if "NMT_TEST_TEARDOWN_MARKER" in os.environ:
+        mark_teardown(os.environ["NMT_TEST_TEARDOWN_MARKER"])
     from nmt.cli.train import main
 
     sys.argv[0] = "nmt-train"
