@@ -32,8 +32,8 @@ nmt.inference.markup, and through nmt-serve with a model.
 The code measured is the nmt this script imports: for an older commit, a checkout of it first
 on PYTHONPATH (python puts the script's folder first, then PYTHONPATH, then the install):
 
-    git worktree add /tmp/old 8f24062
-    PYTHONPATH=/tmp/old .venv/bin/python scripts/bench_markup.py --checkpoint CKPT
+    git worktree add ../old 8f24062
+    PYTHONPATH=../old .venv/bin/python scripts/bench_markup.py --checkpoint CKPT
     .venv/bin/python scripts/bench_markup.py --checkpoint CKPT
 """
 

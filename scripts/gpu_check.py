@@ -25,7 +25,7 @@ this python's torch (and the binary packages the folder has for the GPU's python
 the folder's wheels; test-gpu collects the GPU suite without running it.
 
     make gpu-wheels                                               # where PyPI is reachable
-    make gpu-check PYTHON=/opt/torch/.venv/bin/python OUT=out     # on the GPU machine
+    make gpu-check PYTHON=GPU_PYTHON OUT=out                      # on the GPU machine
     make gpu-check DRY=1                                          # the dry run, here
 """
 
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import glob
 import importlib.metadata
 import json
 import lzma
@@ -297,12 +296,11 @@ def install(check: Check) -> dict:
 
 
 def find_python(given: str) -> str:
-    """`given`, else this python if it imports torch, else the first python found that does."""
+    """`given`, else this python if it imports torch, else the first on PATH that does (the
+    device tool's run command names the GPU machine's python: docs/training.md)."""
     if given:
         return given
-    found = [sys.executable, shutil.which("python3"), shutil.which("python"),
-             *sorted(glob.glob("/opt/*/.venv/bin/python")),
-             *sorted(glob.glob("/opt/*/bin/python3"))]
+    found = [sys.executable, shutil.which("python3"), shutil.which("python")]
     for python in dict.fromkeys(p for p in found if p):
         if subprocess.run([python, "-c", "import torch"], capture_output=True).returncode == 0:
             return python

@@ -13,8 +13,9 @@ TOP = ("Makefile", "pyproject.toml", "setup.cfg")
 # same on every machine and stay allowed.
 MACHINE_ROOTS = "|".join(("work", "home", "root", "Users", "mnt", "media", "scratch", "data",
                           "shared", "srv", "opt", "var", "net", "nfs", "gpfs", "lustre"))
-# Not after a word, a variable ({work}/data, $HOME/x, ~/x) or inside a URL or relative path.
-PATH = re.compile(rf"(?<![\w.~$:/}})\]])/(?:(?:{MACHINE_ROOTS})(?=/|\b)|tmp/[\w.-]+)")
+# Not after a word, a variable ({work}/data, $HOME/x, ~/x), inside a URL or relative path, or
+# in a closing tag (</var>).
+PATH = re.compile(rf"(?<![\w.~$:/}})\]<])/(?:(?:{MACHINE_ROOTS})(?=/|\b)|tmp/[\w.-]+)")
 # flock's shared CPU lock: a lock file name that any machine creates on first use.
 ALLOWED = {"/tmp/nmt-cpu.lock"}
 
