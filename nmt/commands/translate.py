@@ -60,7 +60,7 @@ from nmt.inference.scoring import score
 from nmt.inference.segment import AUTO, Segmented, auto_mode, sentence_splitter
 from nmt.inference.words import format_words
 from nmt.system.files import check_output, decode_line, read_lines, write_atomically
-from nmt.system.runtime import keep_freed_memory, usable_cores
+from nmt.system.runtime import cap_onednn_cache, keep_freed_memory, usable_cores
 from nmt.training import distributed
 
 PROG = "nmt-translate"
@@ -248,6 +248,7 @@ def open_session(cfg: TranslateConfig) -> Session:
         torch.set_num_threads(cfg.threads or share)
     if device.type == "cpu":
         keep_freed_memory()  # reuse freed memory: large per-step tensors cost no page faults
+        cap_onednn_cache()  # one compiled product per shape, bounded (as nmt-serve)
     ref_files = [cfg.ref] * bool(cfg.ref) + list(cfg.refs)
     refs = [read_lines(path, "references") for path in ref_files] or None
     phrases = read_constraints(cfg.constraints) if cfg.constraints else None
