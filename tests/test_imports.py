@@ -43,8 +43,10 @@ LAYERS = [
     {"nmt.inference.rerank", "nmt.inference.align", "nmt.inference.pipeline",
      "nmt.data.cleaning", "nmt.data.subwords", "nmt.data.binarize", "nmt.training.monitor",
      "nmt.training.run", "nmt.training.validation",
-     "nmt.training.resume", "nmt.interop.transformers_export", "nmt.serve.batcher",
+     "nmt.training.resume", "nmt.training.compiled_step", "nmt.interop.transformers_export",
+     "nmt.serve.batcher",
      "nmt.serve.libretranslate", "nmt.serve.schemas", "nmt.serve.service", "nmt.serve.app"},
+    {"nmt.training.batch_memory"},  # the GPU's batch from a probe of the run's steps
     {"nmt.commands"},  # each command's plain function (COMMANDS)
     {"nmt.cli", "nmt.testing"},  # the entry points; the tests' GPU harness
 ]

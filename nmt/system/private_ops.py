@@ -138,6 +138,14 @@ def frozen_compile(step):
     return frozen
 
 
+def recompile_limit(graphs: int) -> None:
+    """Let torch.compile keep at least `graphs` graphs of one function (its default, 8, is
+    below a bucket count of 16: past it the step would silently run eagerly)."""
+    config = torch._dynamo.config  # private: the one place the limit is set
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(getattr(config, name), graphs))
+
+
 @functools.cache
 def _linear_add_traceable() -> None:
     """A fake kernel for packed_linear_add's operator, which PyTorch registers for the others

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from nmt.config import TrainLoopConfig
 from nmt.data.batches import Batch
+from nmt.system.private_ops import recompile_limit
 from nmt.training.loss import label_smoothed_nll_loss
 
 # The modes of torch.compile that capture CUDA graphs (whose outputs a later replay overwrites)
@@ -55,14 +56,6 @@ class LossModule(nn.Module):
 def static_shapes(tc: TrainLoopConfig, device: torch.device) -> bool:
     """Whether the compiled step runs on static bucket shapes (train.shapes; auto: on GPUs)."""
     return tc.shapes == "static" or (tc.shapes == "auto" and device.type == "cuda")
-
-
-def recompile_limit(graphs: int) -> None:
-    """Let torch.compile keep at least `graphs` graphs of one function (its default, 8, is
-    below a bucket count of 16: past it the step would silently run eagerly)."""
-    config = torch._dynamo.config
-    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-    setattr(config, name, max(getattr(config, name), graphs))
 
 
 def compile_loss(module: nn.Module, tc: TrainLoopConfig, device: torch.device
