@@ -7,7 +7,12 @@ from translate_helpers import tiny_model_cfg
 
 from nmt.inference.batches import pad_batch
 from nmt.model import make_model
-from nmt.training.cpu_training import CpuDropout, attention_kernels, use_cpu_dropout
+from nmt.training.cpu_training import (
+    CpuDropout,
+    attention_kernels,
+    save_products_only,
+    use_cpu_dropout,
+)
 from nmt.training.run import training_precision
 
 pytestmark = pytest.mark.isa
@@ -76,3 +81,23 @@ def test_bf16_training_on_the_cpu_attends_with_plain_matmuls_and_agrees():
     torch.testing.assert_close(plain.float(), default.float(), atol=0.1, rtol=0.05)
     with attention_kernels(torch.device("cuda"), torch.bfloat16):  # GPUs: torch's choice
         assert torch.backends.cuda.flash_sdp_enabled()
+
+
+def test_feed_forward_layers_saving_products_only_keep_the_gradients():
+    """save_products_only: the same loss and gradients (ReLU recomputed in backward), only the
+    feed-forward layers wrapped, the state dict unchanged; a copy made before is untouched."""
+    torch.manual_seed(0)
+    reference = make_model(tiny_model_cfg(N=2), V, V, PAD, True)
+    model = make_model(tiny_model_cfg(N=2), V, V, PAD, True)
+    model.load_state_dict(reference.state_dict())
+    assert save_products_only(model) is model
+    wrapped = [m for m in model.modules() if "forward" in vars(m)]
+    assert wrapped and all(type(m).__name__ == "PositionwiseFeedForward" for m in wrapped)
+    assert not [m for m in reference.modules() if "forward" in vars(m)]
+    assert model.state_dict().keys() == reference.state_dict().keys()
+    src, tgt = batch()
+    for m in (reference, model):  # the same dropout masks (recomputed ones too)
+        torch.manual_seed(1)
+        m(src, tgt).float().logsumexp(-1).sum().backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0, msg=name)

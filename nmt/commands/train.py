@@ -59,7 +59,7 @@ from nmt.training import distributed
 from nmt.training.activation_checkpointing import checkpoint_layers
 from nmt.training.batch_memory import fit_to_memory
 from nmt.training.compiled_step import LossModule, compile_loss, static_shapes
-from nmt.training.cpu_training import use_cpu_dropout
+from nmt.training.cpu_training import save_products_only, use_cpu_dropout
 from nmt.training.monitor import Monitor, StepStats
 from nmt.training.preemption import Preemption
 from nmt.training.resume import save, save_best, start, starting_state
@@ -349,6 +349,8 @@ def build_run(cfg: TrainConfig, env: distributed.DistInfo, data: Data) -> Run:
     ema = copy.deepcopy(model).requires_grad_(False) if tc.ema_decay else None
     if tc.checkpoint_activations:  # after the EMA's copy (nmt/training/activation_checkpointing.py)
         checkpoint_layers(model)
+    elif tc.compile and env.device.type == "cpu":  # ReLU's mask not stored (cpu_training.py)
+        save_products_only(model)
     optimizer, scheduler = build_optimizer(model, cfg.optim, cfg.model.d_model,
                                            fused=True if tc.compile else None)
     scaler = torch.amp.GradScaler(env.device.type, init_scale=2.0 ** 7,

@@ -14,7 +14,7 @@ The shapes it meets (train.shapes): static, each batch padded to one of a few bu
 fitted to the data (nmt.data.batches.Buckets), a graph per bucket, which CUDA graphs need;
 or dynamic, one graph with symbolic sizes. auto is static on GPUs and dynamic on CPUs, where
 Inductor's C++ build of a graph takes a minute or more on 2 cores and static buckets pad the
-batches more than the compiled kernels gain.
+batches more than the compiled kernels gain (docs/results.md, "Compiled training on the CPU").
 train.compile_mode is torch.compile's mode: reduce-overhead replays static graphs as CUDA
 graphs, which pays where launching kernels bounds an update (docs/gpu.md's cost model: not
 at the recipes' batches once compiled, so the default is off).
@@ -62,7 +62,7 @@ def compile_loss(module: nn.Module, tc: TrainLoopConfig, device: torch.device
                  ) -> Callable[[Batch], tuple[Tensor, Tensor]]:
     """`module` (a LossModule, or DDP around one) compiled as train.shapes and
     train.compile_mode say; returns what an update calls on each batch: its summed loss and
-    NLL. Static shapes: a graph per bucket (and per DDP's synchronising or not)."""
+    NLL. Static shapes: a graph per bucket (a few more allowed for DDP's splits)."""
     static = static_shapes(tc, device)
     if static:
         recompile_limit(2 * tc.buckets + 2)

@@ -5,18 +5,34 @@ nmt/commands/train.py applies them when it trains on a CPU; the model itself sta
   less (torch's CPU dropout draws one random number per element: ~10% of a training step);
 - `attention_kernels(device, dtype)` is the context to run a half-precision forward and
   backward pass in on the CPU: plain matmul + softmax attention, since the fused CPU kernel is
-  2-4x slower there and its bf16 backward took 23% of a training step.
+  2-4x slower there and its bf16 backward took 23% of a training step;
+- `save_products_only(model)`, for a compiled update (train.compile): every feed-forward layer
+  keeps its matrix products' outputs for backward and recomputes the rest there (selective
+  activation checkpointing), so that Inductor computes ReLU's mask inside the gradient's
+  kernel instead of storing it as a bool tensor, which its CPU kernels write about 8x slower
+  than ATen's (a fifth of a cpu20 step; docs/results.md, "Compiled training on the CPU").
 tests/test_cpu_training.py checks both against the reference.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
+
+from nmt.model import PositionwiseFeedForward
+
+# What save_products_only keeps for backward: the matrix products' outputs
+PRODUCTS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
 
 
 class CpuDropout(nn.Dropout):
@@ -51,6 +67,25 @@ def use_cpu_dropout(model: nn.Module) -> nn.Module:
         for name, child in module.named_children():
             if type(child) is nn.Dropout:
                 setattr(module, name, CpuDropout(child.p))
+    return model
+
+
+def keep_products(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    """The selective checkpointing policy: keep a matrix product's output, recompute the rest."""
+    return (CheckpointPolicy.MUST_SAVE if op in PRODUCTS
+            else CheckpointPolicy.PREFER_RECOMPUTE)
+
+
+def save_products_only(model: nn.Module) -> nn.Module:
+    """Make every feed-forward layer of `model` keep only its matrix products' outputs for
+    backward (in place; returns the model). Each layer's own forward is wrapped, as
+    nmt.training.activation_checkpointing does: copy the model (the EMA) first. The weights,
+    the state dict and the results are unchanged."""
+    contexts = functools.partial(create_selective_checkpoint_contexts, keep_products)
+    for module in model.modules():
+        if isinstance(module, PositionwiseFeedForward):
+            module.forward = functools.partial(checkpoint, module.forward, use_reentrant=False,
+                                               context_fn=contexts)
     return model
 
 
