@@ -315,7 +315,8 @@ def test_a_start_token_that_is_eos_still_ends_outputs(beam):
     leave EOS alone (banned, every output ran to the maximum length)."""
     specials = Specials(bos=SPECIALS.eos, eos=SPECIALS.eos, pad=SPECIALS.pad)
     cfg = search(beam_size=beam, max_len_b=6)
-    models = decoding_models([tiny_model(V, seed=1, stops=True, N=2)], cfg)
+    model = tiny_model(V, seed=1, stops=True, N=2)
+    models = decoding_models([model], cfg)
     sources = random_sources(8, V, seed=3)
     dec = Decoding(models, cfg, specials)
     dec.admit([Sentence(i, src) for i, src in enumerate(sources)])
@@ -323,8 +324,10 @@ def test_a_start_token_that_is_eos_still_ends_outputs(beam):
     while len(got) < len(sources):
         got.update(by_tag(dec.step()))
     assert any(len(got[i][0].tokens) < len(src) + 6 for i, src in enumerate(sources))
-    assert [[h.tokens for h in got[i]] for i in range(len(sources))] == [
-        [h.tokens for h in hyps] for hyps in translate_nbest(models, sources, cfg, specials)]
+    for i, src in enumerate(sources):  # fairseq's search written plainly, from </s>
+        want = plain_beam(model, src, cfg, specials)
+        assert [h.tokens for h in got[i]] == [ids for _, ids in want], i
+        assert [h.score for h in got[i]] == pytest.approx([s for s, _ in want], abs=1e-5)
 
 
 @pytest.mark.parametrize("whole", [True, False])

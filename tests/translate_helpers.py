@@ -15,7 +15,16 @@ from pathlib import Path
 import torch
 
 from nmt.config import ModelConfig, SearchConfig, TrainConfig, TranslateConfig, compose, to_object
-from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIALS, UNK_ID, Tokenizer, vocab_sha256
+from nmt.data.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    SPECIALS,
+    UNK_ID,
+    Specials,
+    Tokenizer,
+    vocab_sha256,
+)
 from nmt.inference.batches import length_penalty, translate_nbest
 from nmt.inference.translator import Translator
 from nmt.model import Transformer, make_model
@@ -108,30 +117,34 @@ def exhaustive(model, source, max_len, min_len, alpha):
     return sorted(scored, key=lambda x: -x[0])
 
 
-def plain_beam(model, source: list[int], cfg: SearchConfig) -> list[tuple[float, list[int]]]:
+def plain_beam(model, source: list[int], cfg: SearchConfig,
+               specials: Specials = SPECIALS) -> list[tuple[float, list[int]]]:
     """fairseq's beam search written plainly for one sentence on the reference model (full
     forward passes: no cache, no batch, no Decoding), the rules the decoding core keeps: of
     the 2k best continuations, EOS ones among the first k finish and the first k others go
     on; k finished end the search; at the maximum length the active ones finish as they are.
-    Beam 1 is greedy search. cfg.nbest (score, ids) pairs, best first."""
-    k = cfg.beam_size
+    Beam 1 is greedy search. Outputs start from specials.bos; PAD and the start token are
+    never generated, unless the start token is EOS (M2M100, NLLB-200), which still ends them.
+    cfg.nbest (score, ids) pairs, best first."""
+    k, bos, eos = cfg.beam_size, specials.bos, specials.eos
+    banned = [t for t in (specials.pad, bos) if t != eos]
     max_len = min(max(int(cfg.max_len_a * len(source) + cfg.max_len_b), 1),
                   model.cfg.max_positions)
-    src = torch.tensor([source + [EOS_ID]])
+    src = torch.tensor([source + [eos]])
     beams, finished = [(0.0, [])], []  # (log P, ids) each
     for t in range(max_len):
-        tgt_in = torch.tensor([[BOS_ID] + ids for _, ids in beams])
+        tgt_in = torch.tensor([[bos] + ids for _, ids in beams])
         with torch.no_grad():
             lprobs = model(src.expand(len(beams), -1), tgt_in)[:, -1].float().log_softmax(-1)
-        lprobs[:, [PAD_ID, BOS_ID]] = -torch.inf
+        lprobs[:, banned] = -torch.inf
         if t < cfg.min_len:
-            lprobs[:, EOS_ID] = -torch.inf
+            lprobs[:, eos] = -torch.inf
         cand = sorted(((logp + lp, ids + [tok])
                        for (logp, ids), row in zip(beams, lprobs.tolist(), strict=True)
                        for tok, lp in enumerate(row)), key=lambda c: -c[0])[:2 * k]
-        going = [c for c in cand if c[1][-1] != EOS_ID][:k]
+        going = [c for c in cand if c[1][-1] != eos][:k]
         finished += [(logp / length_penalty(t + 1, cfg.alpha), ids[:-1])
-                     for logp, ids in cand[:k] if ids[-1] == EOS_ID and logp > -torch.inf]
+                     for logp, ids in cand[:k] if ids[-1] == eos and logp > -torch.inf]
         beams = going
         if t + 1 == max_len:
             finished += [(logp / length_penalty(max_len, cfg.alpha), ids) for logp, ids in beams
