@@ -841,7 +841,14 @@ class ImportConfig:
 class ServeConfig:
     """nmt-serve: a checkpoint behind an HTTP endpoint that batches concurrent requests."""
 
-    checkpoint: str = MISSING  # a checkpoint written by nmt-train or nmt-average
+    checkpoint: str = ""  # a checkpoint written by nmt-train or nmt-average (or models=DIR)
+    # models=DIR: every model in DIR served at once (nmt.serve.models; "argos": argostranslate's
+    # package folder), each pair routed to its model, or through English (pivot)
+    models: str = ""
+    pivot: bool = True  # models=: a pair no model covers goes through English where it can
+    preload: bool = False  # models=: load every model at start (else each on its first use)
+    max_models: int = 0  # models=: loaded at most (0: no limit); the least recently used goes
+    memory_gb: float = 0.0  # models=: loaded models' size on disk at most (0: no limit)
     host: str = "127.0.0.1"  # address to listen on (0.0.0.0: every interface)
     port: int = 8000  # TCP port to listen on (0: any free port, printed at start)
     device: str = "auto"  # "auto", "cpu" or "cuda"
@@ -878,6 +885,7 @@ class ServeConfig:
     def __post_init__(self) -> None:
         _check(0 <= self.port <= 65535, "port", f"must be in [0, 65535], got {self.port}")
         _check(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
+        _check_serve_models(self)
         for key in ("workers", "threads", "max_wait_ms"):
             _check(getattr(self, key) >= 0, key, "must be >= 0")
         for key in ("max_input_tokens", "max_sentences", "max_chars", "max_queued",
@@ -906,6 +914,19 @@ class ServeConfig:
         _check(not self.mbr.candidates or self.search.nbest == 1, "mbr.candidates",
                f"answers one translation per text: leave search.nbest at 1, "
                f"got {self.search.nbest}")
+
+
+def _check_serve_models(cfg: ServeConfig) -> None:
+    """checkpoint=FILE or models=DIR, one of them; what applies to one model only is refused
+    with models= (each model records its own languages and vocabulary)."""
+    _check(bool(cfg.checkpoint) != bool(cfg.models), "checkpoint",
+           "give checkpoint=FILE (one model) or models=DIR (every model in a folder), one of them")
+    for key in ("max_models", "memory_gb"):
+        _check(getattr(cfg, key) >= 0, key, "must be >= 0")
+    if cfg.models:
+        for key in ("ct2_model", "vocab_check", "src_lang", "tgt_lang", "glossary", "keep",
+                    "comet"):
+            _check(not getattr(cfg, key), key, "applies to one model: not with models=")
 
 
 def _check_serve_split(cfg: ServeConfig) -> None:
