@@ -1,7 +1,9 @@
 """Training checkpoints: atomic writes, keep-last, resume checks."""
 
+import json
 import os
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -133,3 +135,21 @@ def test_every_garbage_file_is_one_line_naming_it(tmp_path):
             load_checkpoint(path)
         assert str(e.value).startswith(f"{path}: not a readable nmt checkpoint (")
         assert "\n" not in str(e.value) and not warned, first  # nothing else on stderr
+
+
+@pytest.mark.parametrize("weights", ["auto", "model"])
+def test_a_checkpoint_written_by_8f24062_translates_as_it_did_then(weights, tmp_path):
+    """tests/data/checkpoint_8f24062.pt (written by nmt at 8f24062: its EMA and model
+    weights, a joint vocabulary; tests/data/make_checkpoint_8f24062.py) loads and gives the
+    3-best lists, scores included, that nmt-translate gave with it then."""
+    from translate_helpers import translate_config
+
+    from nmt.commands.translate import translate
+
+    data = Path(__file__).parent / "data"
+    expected = json.loads((data / "checkpoint_8f24062.json").read_text(encoding="utf-8"))
+    out = tmp_path / "hyp"
+    translate(translate_config(checkpoint=data / "checkpoint_8f24062.pt",
+                               input=data / "checkpoint_8f24062.en", output=out,
+                               weights=weights, **{"search.beam_size": 4, "search.nbest": 3}))
+    assert out.read_text(encoding="utf-8").splitlines() == expected[weights]
