@@ -251,14 +251,14 @@ def check_foreign_model(out: Path, checkpoint: Path) -> None:
                        f"model.bin); give an empty or new directory")
     loaded = LoadedCheckpoint.load(checkpoint)
     for side, tok in (("source", loaded.src_tok), ("target", loaded.tgt_tok)):
-        theirs = _ct2_vocabulary(out, side)
+        theirs = ct2_vocabulary(out, side)
         if theirs != pieces(tok):
             size = "none" if theirs is None else f"{len(theirs):,} entries"
             raise NmtError(f"{where}; its {side} vocabulary ({size}) is not the checkpoint's "
                            f"({tok.vocab_size:,} pieces); give an empty or new directory")
 
 
-def _ct2_vocabulary(model_dir: Path, side: str) -> list[str] | None:
+def ct2_vocabulary(model_dir: Path, side: str) -> list[str] | None:
     """A CTranslate2 model directory's `side` ("source", "target") vocabulary: its shared or
     own vocabulary file (JSON list, or one token a line), None where it has none."""
     for name in ("shared", side):
