@@ -503,8 +503,10 @@ class TrainLoopConfig:
     amp: str = "auto"
     tf32: bool = True  # TensorFloat-32 matmuls for fp32 work on Ampere and later GPUs
     # The update compiled (nmt/training/compiled_step.py): forward, loss and backward one graph
-    # per batch shape, Adam fused; docs/training.md, "A compiled update".
-    compile: bool = False
+    # per batch shape, Adam fused; docs/training.md, "A compiled update". true, false, or auto:
+    # compiled on GPUs and where a CPU run computes in bf16 (in fp32 Inductor's CPU kernels
+    # gain nothing: docs/results.md, "Compiled training on the CPU")
+    compile: str = "false"
     # Its shapes: static (every batch padded to one of train.buckets shapes fitted to the data:
     # a graph each, which CUDA graphs need), dynamic (one graph), auto: static on GPUs, dynamic
     # on CPUs (Inductor's build takes minutes a shape on 2 cores)
@@ -537,6 +539,9 @@ class TrainLoopConfig:
                    "save_interval_updates", "valid_interval_updates", "log_interval", "buckets")
         _check(self.shapes in ("auto", "static", "dynamic"), "train.shapes",
                f"must be auto, static or dynamic, got {self.shapes!r}")
+        self.compile = str(self.compile).lower()  # train.compile=true comes as a bool
+        _check(self.compile in ("true", "false", "auto"), "train.compile",
+               f"must be true, false or auto, got {self.compile!r}")
         _check(self.compile_mode in COMPILE_MODES, "train.compile_mode",
                f"must be {', '.join(COMPILE_MODES)}, got {self.compile_mode!r}")
         _check_min(self, "train.", 0, "pad_to_multiple", "global_tokens", "max_updates",

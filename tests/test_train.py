@@ -680,6 +680,33 @@ def test_bf16_native_is_bf16_only_where_the_cpu_has_it(native, monkeypatch, capl
     assert resolve_amp("auto", cpu).amp == "none"  # auto on CPUs is unchanged
 
 
+def test_compile_auto_compiles_on_gpus_and_bf16_cpu_runs_only():
+    """train.compile=auto: the compiled update where it pays (GPUs; CPUs computing in bf16),
+    eager for an fp32 CPU run; true and false as said, whatever the device."""
+    from nmt.training.run import Precision, resolve_compile
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    bf16, fp32 = Precision("bf16", ""), Precision("none", "")
+    assert [resolve_compile("auto", cpu, p) for p in (bf16, fp32)] == [True, False]
+    assert resolve_compile("auto", gpu, fp32) and resolve_compile("true", cpu, fp32)
+    assert not resolve_compile("false", gpu, bf16)
+
+
+def test_the_compile_choice_is_checked_and_the_header_names_it(tiny_data_dir, tmp_path, caplog,
+                                                               monkeypatch):
+    """train.compile takes true, false (as Hydra's bools too) and auto, nothing else; auto on an
+    fp32 CPU run trains eager and says nothing of a compiled update."""
+    with pytest.raises(NmtError, match="train.compile: must be true, false or auto"):
+        config(tiny_data_dir, tmp_path / "bad", "train.compile=sometimes")
+    assert config(tiny_data_dir, tmp_path / "t", "train.compile=true").train.compile == "true"
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: pytest.fail("compiled an fp32 run"))
+    with caplog.at_level("INFO", logger="nmt.commands.train"):
+        train(config(tiny_data_dir, tmp_path / "run", "train.compile=auto", "train.amp=none",
+                     "train.max_updates=1"))
+    header = [r.getMessage() for r in caplog.records if "amp none" in r.getMessage()]
+    assert header and "update compiled" not in header[0]
+
+
 def test_the_runs_header_says_which_precision_and_why(tiny_data_dir, tmp_path, monkeypatch,
                                                       caplog):
     from nmt.system.runtime import CpuBf16

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import logging
 import math
@@ -69,6 +70,7 @@ from nmt.training.run import (
     batch_loss,
     fatal_out_of_memory,
     resolve_amp,
+    resolve_compile,
     training_precision,
 )
 from nmt.training.runlog import RunDirLock, RunLog
@@ -88,6 +90,9 @@ def train(cfg: TrainConfig) -> dict:
     tc = cfg.train
     owns_group = not torch.distributed.is_initialized()
     env = distributed.init(tc.device, tc.collective_timeout, key="train.device")
+    compiled = resolve_compile(tc.compile, env.device, resolve_amp(tc.amp, env.device))
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(tc, compile=str(compiled).lower()))
+    tc = cfg.train  # train.compile=auto: now true or false
     if tc.valid_bleu:  # train.device=auto: now known
         check_search_device(cfg.search.dtype, env.device.type)
     if not env.is_main:  # one rank speaks; the others only warn
@@ -264,7 +269,7 @@ def load_data(cfg: TrainConfig, env: distributed.DistInfo) -> Data:
         weights = temperature_weights(corpora, weights, tc.temperature)
     sampler = (SubwordSampler(cfg.data_dir, manifest, tc.subword_sampling, tc.augment)
                if tc.subword_sampling or tc.augment.active else None)
-    static = tc.compile and static_shapes(tc, env.device)
+    static = tc.compile == "true" and static_shapes(tc, env.device)
     itr = EpochBatchIterator(train, tc.max_tokens, tc.seed, vocab.pad_id, env.rank,
                              env.world_size, cfg.model.max_positions, corpora=corpora,
                              weights=weights, sampler=sampler,
@@ -349,10 +354,10 @@ def build_run(cfg: TrainConfig, env: distributed.DistInfo, data: Data) -> Run:
     ema = copy.deepcopy(model).requires_grad_(False) if tc.ema_decay else None
     if tc.checkpoint_activations:  # after the EMA's copy (nmt/training/activation_checkpointing.py)
         checkpoint_layers(model)
-    elif tc.compile and env.device.type == "cpu":  # ReLU's mask not stored (cpu_training.py)
+    elif tc.compile == "true" and env.device.type == "cpu":  # ReLU's mask not stored (cpu_training.py)
         save_products_only(model)
     optimizer, scheduler = build_optimizer(model, cfg.optim, cfg.model.d_model,
-                                           fused=True if tc.compile else None)
+                                           fused=True if tc.compile == "true" else None)
     scaler = torch.amp.GradScaler(env.device.type, init_scale=2.0 ** 7,
                                   enabled=amp.amp == "fp16")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp.amp)
@@ -370,7 +375,7 @@ def step_loss_of(cfg: TrainConfig, env: distributed.DistInfo, model: nn.Module, 
     """What an update calls on each batch (Run.step_loss), and the DDP it goes through on
     several ranks: batch_loss on the model, or train.compile's compiled LossModule."""
     eps, world = cfg.optim.label_smoothing, env.world_size
-    if not cfg.train.compile:
+    if cfg.train.compile != "true":
         ddp = wrap_ddp(model, env.device) if world > 1 else None
         return ddp, functools.partial(batch_loss, ddp or model, epsilon=eps, pad_id=pad_id,
                                       precision=precision)
@@ -395,9 +400,10 @@ def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
 def describe(run: Run) -> None:
     """Log the setup once: model size, devices, precision, batching."""
     tc, env = run.cfg.train, run.env
-    log.info("model: %s parameters, %s | device %s x %d | amp %s (%s) | threads %d",
+    log.info("model: %s parameters, %s | device %s x %d | amp %s (%s) | threads %d%s",
              f"{count_parameters(run.model):,}", run.cfg.model, env.device, env.world_size,
-             run.amp.amp, run.amp.why, torch.get_num_threads())
+             run.amp.amp, run.amp.why, torch.get_num_threads(),
+             " | update compiled" if tc.compile == "true" else "")
     log.info("batches: max_tokens %d x %d rank(s) x update_freq %s = %d padded tokens per "
              "update | %d train sentences skipped (longer than max_tokens or max_positions)",
              tc.max_tokens, env.world_size, f"{float(run.update_freq):g}",

@@ -74,6 +74,16 @@ def resolve_amp(amp: str, device: torch.device) -> Precision:
     return Precision("bf16", f"train.amp=bf16: {support.why}")
 
 
+def resolve_compile(compile: str, device: torch.device, amp: Precision) -> bool:
+    """train.compile on this device, for the run's autocast: true, false, or auto: compiled on
+    GPUs and where a CPU run computes in bf16 (with native bf16, cpu20's compiled update made
+    1.14x the updates; in fp32 under AVX2 dispatch it was no faster and compiled for longer:
+    docs/results.md, "Compiled training on the CPU")."""
+    if compile == "auto":
+        return device.type == "cuda" or amp.amp == "bf16"
+    return compile == "true"
+
+
 @dataclasses.dataclass
 class Run:
     """One training run: the model and its optimisation, and the counters a checkpoint keeps."""
