@@ -19,7 +19,8 @@ NMT = Path(__file__).resolve().parents[1] / "nmt"
 # torch.ops.load_library (which loads it) is public, and so are the overloads of public ATen
 # operators (torch.ops.aten.mm.default: what torch.utils.checkpoint's selective policies are
 # documented to name); an underscore ATen operator is private
-PRIVATE = re.compile(r"torch\.ops\.(?!nmt\b|load_library\b|aten\.[a-z])|torch\._[a-z]|\._get_node\(|"
+PRIVATE = re.compile(r"torch\.ops\.(?!nmt\b|load_library\b|aten\.[a-z])|"
+                     r"torch\._[a-z]|\._get_node\(|"
                      r"_step_supports_amp_scaling|\._get_match_statistics|\._compute_f_score|\._preprocess_segment|"
                      r"\._compute_score_from_stats")
 

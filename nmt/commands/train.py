@@ -354,7 +354,7 @@ def build_run(cfg: TrainConfig, env: distributed.DistInfo, data: Data) -> Run:
     ema = copy.deepcopy(model).requires_grad_(False) if tc.ema_decay else None
     if tc.checkpoint_activations:  # after the EMA's copy (nmt/training/activation_checkpointing.py)
         checkpoint_layers(model)
-    elif tc.compile == "true" and env.device.type == "cpu":  # ReLU's mask not stored (cpu_training.py)
+    elif tc.compile == "true" and env.device.type == "cpu":  # ReLU's mask not kept: cpu_training
         save_products_only(model)
     optimizer, scheduler = build_optimizer(model, cfg.optim, cfg.model.d_model,
                                            fused=True if tc.compile == "true" else None)
