@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # The CPU wheel that lies on this kind of machine; GPU users install their own torch into .venv first.
 TORCH_PIN ?= torch==2.13.0
 # The extras .venv (and .venv-floor) get: every optional feature the tests exercise.
-EXTRAS := dev,plot,slurm,tensorboard,export,serve,split,langid,fastchrf,comet
+EXTRAS := dev,plot,slurm,tensorboard,export,serve,split,langid,fastchrf,comet,onnx
 # The oldest torch the suite has passed on, pyproject's floor (tests/test_packaging.py checks they agree).
 TORCH_FLOOR ?= 2.6.0
 # Where test-floor gets torch from: PyPI by default (its Linux wheels pull the CUDA libraries,
