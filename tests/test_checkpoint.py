@@ -1,4 +1,5 @@
-"""Training checkpoints: atomic writes, keep-last, resume checks."""
+"""Checkpoints: atomic writes, keep-last, resume checks, the typed Checkpoint, and a checkpoint
+written by an older nmt."""
 
 import json
 import os
@@ -8,13 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from nmt.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from nmt.errors import NmtError
 from nmt.training.checkpoint import (
     check_resumable,
-    load_checkpoint,
     numbered_checkpoints,
     save_best_checkpoint,
-    save_checkpoint,
     save_training_checkpoint,
 )
 
@@ -153,3 +153,27 @@ def test_a_checkpoint_written_by_8f24062_translates_as_it_did_then(weights, tmp_
                                input=data / "checkpoint_8f24062.en", output=out,
                                weights=weights, **{"search.beam_size": 4, "search.nbest": 3}))
     assert out.read_text(encoding="utf-8").splitlines() == expected[weights]
+
+
+def test_checkpoint_round_trips_its_dict_and_names_the_file_and_key_of_a_fault(tmp_path):
+    """Checkpoint.from_dict(d).to_dict() is d (the fixture written by 8f24062, whose training
+    entries ride along as they are); a bad entry is one line naming the file and the key."""
+    path = Path(__file__).parent / "data" / "checkpoint_8f24062.pt"
+    state = load_checkpoint(path)
+    ckpt = Checkpoint.load(path)
+    assert ckpt.model_cfg.d_model == 16 and ckpt.vocab.src_size == 120 and ckpt.update == 400
+    assert ckpt.weights("auto", "x") is ckpt.ema and ckpt.weights("model", "x") is ckpt.model
+    again = ckpt.to_dict()
+    assert again.keys() == state.keys() - {"format"} and again["model_cfg"] == state["model_cfg"]
+    assert again["vocab"] == state["vocab"] and again["best"] == state["best"]
+    ckpt.save(tmp_path / "resaved.pt")
+    assert load_checkpoint(tmp_path / "resaved.pt").keys() == state.keys()
+    with pytest.raises(NmtError, match=r"^x\.pt: bad model_cfg \(.*d_modell"):
+        Checkpoint.from_dict({**state, "model_cfg": {**state["model_cfg"], "d_modell": 8}},
+                             "x.pt")
+    with pytest.raises(NmtError, match=r"^x\.pt: checkpoint vocab lacks eos_id$"):
+        vocab = {k: v for k, v in state["vocab"].items() if k != "eos_id"}
+        Checkpoint.from_dict({**state, "vocab": vocab}, "x.pt")
+    with pytest.raises(NmtError, match=r"^x\.pt: weights=ema but the checkpoint has no EMA"):
+        Checkpoint.from_dict({k: v for k, v in state.items() if k != "ema"}, "x").weights(
+            "ema", "x.pt")

@@ -21,7 +21,7 @@ LAYERS = [
      "nmt.inference.messages", "nmt.inference.words", "nmt.data.vocab", "nmt.serve.errors",
      "nmt.serve.api_keys", "nmt.serve.langid_codes"},
     # the paper's model, and what training and decoding both need
-    {"nmt.model", "nmt.variants", "nmt.system.private_ops", "nmt.data.languages",
+    {"nmt.model", "nmt.variants", "nmt.checkpoint", "nmt.system.private_ops", "nmt.data.languages",
      "nmt.data.tokenizer", "nmt.data.corpus", "nmt.data.augment", "nmt.inference.attention_maps",
      "nmt.training.checkpoint", "nmt.training.distributed", "nmt.training.loss",
      "nmt.training.schedule", "nmt.training.cpu_training",
@@ -56,9 +56,10 @@ COMMANDS = {f"nmt.commands.{c}" for c in ("preprocess", "train", "average", "tra
                                           "export", "import_", "serve")}
 # The engines and the CTranslate2 export: none imports another, nor nmt-export's module.
 ENGINES = {"nmt.inference.translator", "nmt.inference.ct2_engine", "nmt.interop.ct2_export"}
-# nmt/'s top level: the paper's model and its variants, the config schema, the errors.
-TOP_LEVEL = {"nmt", "nmt.model", "nmt.variants", "nmt.config", "nmt.config_errors",
-             "nmt.errors"}
+# nmt/'s top level: the paper's model and its variants, its checkpoint, the config schema, the
+# errors.
+TOP_LEVEL = {"nmt", "nmt.model", "nmt.variants", "nmt.checkpoint", "nmt.config",
+             "nmt.config_errors", "nmt.errors"}
 # What the translation pipeline (nmt.inference.pipeline) does between text and tokens, which
 # the front ends reach through it only: one code path, the same text from both.
 PIPELINE_INNER = {

@@ -14,7 +14,6 @@ import numpy as np
 
 from nmt.data.cleaning import CleanText
 from nmt.data.tokenizer import Tokenizer, train_bpe
-from nmt.data.vocab import Vocab
 from nmt.errors import NmtError
 
 if TYPE_CHECKING:
@@ -67,8 +66,8 @@ def load_subwords(path: str) -> tuple[Tokenizer, Tokenizer, dict]:
     or a checkpoint's (nmt-train's, nmt-import's: fine-tuning data gets the model's ids).
     The info's "languages": those the checkpoint (or data directory) records, if any
     (nmt.data.languages), which the data directory and the models trained on it keep."""
+    from nmt.checkpoint import Checkpoint
     from nmt.data.batches import read_manifest
-    from nmt.training.checkpoint import load_checkpoint
 
     p = Path(path)
     languages = None
@@ -80,7 +79,7 @@ def load_subwords(path: str) -> tuple[Tokenizer, Tokenizer, dict]:
     elif not p.exists():
         raise NmtError(f"bpe.model={path}: no such file, data directory or checkpoint")
     elif p.read_bytes()[:2] == b"PK":  # a zip: a torch checkpoint
-        vocab = Vocab.from_dict(load_checkpoint(p)["vocab"], str(p))
+        vocab = Checkpoint.load(p).vocab
         src, tgt = Tokenizer(vocab.src_spm, str(p)), Tokenizer(vocab.tgt_spm, str(p))
         languages = vocab.languages
     else:

@@ -9,12 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from nmt.config import ModelConfig
+from nmt.checkpoint import Checkpoint
 from nmt.data.tokenizer import Specials, Tokenizer, check_same_vocabulary, vocab_sha256
 from nmt.data.vocab import Vocab
-from nmt.errors import ConfigError, NmtError
+from nmt.errors import NmtError
 from nmt.model import Transformer
-from nmt.training.checkpoint import load_checkpoint
 from nmt.variants import build_model
 
 
@@ -49,24 +48,16 @@ class LoadedCheckpoint:
 def load_model(path: str | Path, weights: str = "auto") -> tuple[Transformer, Vocab]:
     """The model of a checkpoint (on the CPU) and its vocabulary, checked against each other.
     weights: "model", "ema" or "auto" (ema when saved)."""
-    state = load_checkpoint(path)
-    if weights == "ema" and "ema" not in state:
-        raise NmtError(f"{path}: weights=ema but the checkpoint has no EMA weights (train with "
-                       f"train.ema_decay > 0, or use weights=model)")
-    use_ema = weights == "ema" or (weights == "auto" and "ema" in state)
-    vocab = Vocab.from_dict(state["vocab"], str(path))
+    ckpt = Checkpoint.load(path)
+    vocab = ckpt.vocab
     check_vocab_consistency(path, vocab)
-    try:
-        cfg = ModelConfig(**state["model_cfg"])
-    except (TypeError, ConfigError) as e:
-        raise NmtError(f"{path}: bad model_cfg ({e})") from None
-    weights = state["ema" if use_ema else "model"]
+    weights = ckpt.weights(weights, str(path))
     for key, size in (("src_embed.lut.weight", vocab.src_size),
                       ("generator.weight", vocab.tgt_size)):
         if key in weights and weights[key].size(0) != size:
             raise NmtError(f"{path}: {key} has {weights[key].size(0)} rows but the vocabulary "
                            f"has {size} entries")
-    model = build_model(cfg, vocab.src_size, vocab.tgt_size, vocab.pad_id, vocab.joint)
+    model = build_model(ckpt.model_cfg, vocab.src_size, vocab.tgt_size, vocab.pad_id, vocab.joint)
     try:
         model.load_state_dict(weights)
     except RuntimeError as e:

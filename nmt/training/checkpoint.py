@@ -1,84 +1,18 @@
-"""Checkpoints: written atomically, read with weights_only=True (a checkpoint cannot run code).
-
-A checkpoint is a plain dict of tensors, numbers, strings, bytes, lists and dicts:
-    format       the layout version (FORMAT); older layouts are converted when loaded
-    model        the model's state_dict
-    model_cfg    dataclasses.asdict(ModelConfig)
-    vocab        nmt.data.vocab.Vocab.to_dict(): {"src_size", "tgt_size", "joint", "pad_id",
-                  "unk_id", "bos_id", "eos_id", "sha256": checksum of the SentencePiece model(s),
-                  "src_spm": bytes, "tgt_spm": bytes,  (so a checkpoint translates on its own)
-                  "languages": a multilingual model's (nmt.data.languages; absent: one pair),
-                  "pair": a bilingual one's src_lang and tgt_lang (absent in older ones)}
-    update       updates done; epoch: the epoch in progress
-    ema          (training with train.ema_decay > 0) the exponential moving average of the
-                 weights: a state_dict with the keys of "model"
-and, for training checkpoints only: optimizer, scheduler, scaler, iterator, config, best,
-nonfinite. There is no RNG state: every micro-batch reseeds dropout from its place in the data.
+"""A run's checkpoints: numbered, last and best (save_training_checkpoint), averaged
+(average_checkpoints), and checked before a resume or fine-tuning (check_resumable,
+check_same_model). nmt.checkpoint holds the file's layout, its reading and writing, and
+Checkpoint, the typed value.
 """
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
-import torch
-
+from nmt.checkpoint import load_checkpoint, save_checkpoint
 from nmt.data.tokenizer import check_same_vocabulary
 from nmt.data.vocab import recorded_sha256
-from nmt.errors import NmtError, first_line
-from nmt.system.files import fsync_directory, link_atomically, write_atomically
-
-FORMAT = 2  # 2: the encoder-decoder attention has W_q and W_kv (1: one fused W_qkv)
-
-
-def save_checkpoint(state: dict, path: str | Path) -> None:
-    """torch.save to a temporary file in the same directory, synced, then renamed into place,
-    marked with this version's checkpoint FORMAT."""
-    state = {**state, "format": FORMAT}
-    write_atomically(path, lambda f: torch.save(state, f), durable=True)
-
-
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
-    """torch.load(weights_only=True); a missing, corrupt or foreign file is an NmtError."""
-    path = Path(path)
-    if not path.is_file():
-        raise NmtError(f"{path}: checkpoint not found")
-    try:
-        with warnings.catch_warnings():  # a garbage first byte 0x80 reads as a pickle protocol
-            warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
-            state = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:  # noqa: BLE001 - the unpickler fails on garbage in many ways
-        raise NmtError(f"{path}: not a readable nmt checkpoint ({type(e).__name__}: "
-                       f"{first_line(e, 120)})") from None
-    if not isinstance(state, dict) or not {"model", "model_cfg", "vocab"} <= state.keys():
-        raise NmtError(f"{path}: not an nmt checkpoint (model, model_cfg or vocab missing)")
-    version = state.get("format", 1)
-    if version > FORMAT:
-        raise NmtError(f"{path}: checkpoint format {version} is newer than this nmt reads "
-                       f"({FORMAT}); upgrade nmt")
-    return upgrade_format_1(state) if version == 1 else state
-
-
-def upgrade_format_1(state: dict) -> dict:
-    """A format-1 checkpoint in today's layout: each decoder layer's fused encoder-decoder
-    projection src_attn.W_qkv (3 d_model rows: W^Q, W^K, W^V) split into W_q and W_kv, in
-    the weights and their EMA. Its optimizer state keeps the old parameter list, so the
-    result can be translated, averaged, exported and fine-tuned from, but not resumed
-    (check_resumable says so)."""
-    d = state["model_cfg"]["d_model"]
-    for key in ("model", "ema"):
-        if key not in state:
-            continue
-        weights = {}
-        for name, value in state[key].items():
-            if ".src_attn.W_qkv." in name:
-                prefix, kind = name.split(".src_attn.W_qkv.")
-                weights[f"{prefix}.src_attn.W_q.{kind}"] = value[:d]  # W^Q rows
-                weights[f"{prefix}.src_attn.W_kv.{kind}"] = value[d:]  # W^K, W^V rows
-            else:
-                weights[name] = value
-        state[key] = weights
-    return {**state, "format": FORMAT, "upgraded_from": 1}
+from nmt.errors import NmtError
+from nmt.system.files import fsync_directory, link_atomically
 
 
 # ----------------------------------------------------------------------------- averaging

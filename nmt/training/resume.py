@@ -8,11 +8,11 @@ import dataclasses
 import logging
 from pathlib import Path
 
+from nmt.checkpoint import Checkpoint, load_checkpoint
 from nmt.config import TrainConfig
 from nmt.training.checkpoint import (
     check_resumable,
     check_same_model,
-    load_checkpoint,
     save_best_checkpoint,
     save_training_checkpoint,
 )
@@ -72,18 +72,16 @@ def start(run: Run, state: dict | None) -> None:
 
 
 def training_state(run: Run) -> dict:
-    """The training checkpoint (nmt/training/checkpoint.py describes every key)."""
+    """The training checkpoint's dict (nmt/checkpoint.py describes every key)."""
     cfg = run.cfg
-    state = {"model": run.model.state_dict(), "model_cfg": dataclasses.asdict(cfg.model),
-             "vocab": run.vocab.to_dict(), "update": run.update, "epoch": run.data.train.epoch,
-             "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
-             "scaler": run.scaler.state_dict(), "iterator": run.data.train.state_dict(),
-             "config": dataclasses.asdict(cfg), "nonfinite": int(run.monitor.nonfinite.item()),
-             "best": {"metric": cfg.train.best_metric, "value": run.best,
-                      "bad_validations": run.bad_validations}}
-    if run.ema is not None:
-        state["ema"] = run.ema.state_dict()
-    return state
+    return Checkpoint(
+        run.model.state_dict(), cfg.model, run.vocab, run.update, run.data.train.epoch,
+        None if run.ema is None else run.ema.state_dict(),
+        {"optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
+         "scaler": run.scaler.state_dict(), "iterator": run.data.train.state_dict(),
+         "config": dataclasses.asdict(cfg), "nonfinite": int(run.monitor.nonfinite.item()),
+         "best": {"metric": cfg.train.best_metric, "value": run.best,
+                  "bad_validations": run.bad_validations}}).to_dict()
 
 
 def save(run: Run, improved: bool) -> None:
