@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nmt.checkpoint import save_checkpoint
 from nmt.config import AverageConfig
 from nmt.system.files import check_output
-from nmt.training.checkpoint import average_checkpoints, last_checkpoints, save_checkpoint
+from nmt.training.checkpoint import average_checkpoints, last_checkpoints
 
 
 def average(cfg: AverageConfig) -> Path:
