@@ -8,8 +8,10 @@ import logging
 import queue
 import signal
 import socket
+from functools import partial
 from urllib.parse import unquote_plus
 
+import torch
 from fastapi import FastAPI
 
 from nmt.config import SearchConfig, ServeConfig
@@ -19,6 +21,15 @@ from nmt.inference.messages import Batch, Failed, Sentence
 from nmt.inference.workers import WorkerPool
 from nmt.serve.app import create_app
 from nmt.serve.libretranslate import KEY_FIELDS
+from nmt.serve.many import create_models_app
+from nmt.serve.models import (
+    ModelEntry,
+    Registry,
+    budget_line,
+    discover,
+    model_config,
+    models_folder,
+)
 from nmt.serve.service import Service, log
 from nmt.system.runtime import cap_onednn_cache, keep_freed_memory, pick_device, usable_cores
 from nmt.training.preemption import restore_handler
@@ -41,12 +52,11 @@ def open_socket(host: str, port: int) -> socket.socket:
 
 
 def serve(cfg: ServeConfig) -> None:
-    """nmt-serve: load the checkpoint once, start the decoding workers, serve until SIGTERM."""
-    device = pick_device(cfg.device)
-    workers = (cfg.workers or usable_cores()) if device.type == "cpu" else 1
-    if device.type == "cpu":
-        keep_freed_memory()
-        cap_onednn_cache()  # before the model's first product: the workers inherit the caps
+    """nmt-serve: load the checkpoint once, start the decoding workers, serve until SIGTERM
+    (models=DIR: serve_models)."""
+    device, workers = devices(cfg)
+    if cfg.models:
+        return serve_models(cfg, device, workers)
     # Prepared for search.dtype here, then the workers forked: before any socket or thread.
     translator = open_translator(cfg.engine, [cfg.checkpoint], device, dtype=cfg.search.dtype,
                                  workers=workers, threads=cfg.threads, ct2_model=cfg.ct2_model,
@@ -85,6 +95,67 @@ def serve(cfg: ServeConfig) -> None:
     finally:
         translator.close()
         restore_handler(signal.SIGTERM, previous)
+
+
+def devices(cfg: ServeConfig) -> tuple[torch.device, int]:
+    """The device and the decoding workers (of each model), the CPU's memory and oneDNN's
+    caches set up first."""
+    device = pick_device(cfg.device)
+    workers = (cfg.workers or usable_cores()) if device.type == "cpu" else 1
+    if device.type == "cpu":
+        keep_freed_memory()
+        cap_onednn_cache()  # before the model's first product: the workers inherit the caps
+    return device, workers
+
+
+def serve_models(cfg: ServeConfig, device: torch.device, workers: int) -> None:
+    """nmt-serve models=DIR: every model of the folder (nmt.serve.models), loaded at start
+    (preload=true) or on first use, served until SIGTERM."""
+    folder = models_folder(cfg.models)
+    entries = discover(folder)
+    log(budget_line(entries, cfg))
+    registry = Registry(entries, cfg, partial(open_service, cfg=cfg, device=device,
+                                              workers=workers))
+    stop = []
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    try:
+        if cfg.preload:
+            registry.preload()
+        with open_socket(cfg.host, cfg.port) as sock:
+            host, port = sock.getsockname()[:2]
+            url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+            pairs = registry.pairs
+            log(f"{folder}: {len(pairs.routes)} pairs ({len(pairs.pivots())} through "
+                f"English) on {device}, {len(registry.loaded)} models loaded; listening on "
+                f"{url} (API: {url}/docs)")
+            if not stop:
+                run_until_stopped(create_models_app(registry, str(device)), sock, cfg)
+        log(f"stopped: {registry.loads} model loads")
+    finally:
+        registry.close()
+        restore_handler(signal.SIGTERM, previous)
+
+
+def open_service(entry: ModelEntry, cfg: ServeConfig, device: torch.device,
+                 workers: int) -> Service:
+    """One model of a many-model server, its workers started and warmed up, as a Service."""
+    if entry.kind == "ctranslate2":  # an nmt-export folder: its nmt.json says the rest
+        from nmt.inference.ct2_engine import COMPUTE_TYPES, CT2Translator
+
+        threads = cfg.threads or max(1, usable_cores() // workers)
+        translator = CT2Translator(entry.path, device, COMPUTE_TYPES[cfg.search.dtype], workers,
+                                   threads if device.type == "cpu" else cfg.threads)
+    else:
+        engine = "ctranslate2" if entry.kind == "argos" else cfg.engine
+        translator = open_translator(engine, [str(entry.path)], device, dtype=cfg.search.dtype,
+                                     workers=workers, threads=cfg.threads,
+                                     compile=cfg.search.compile)
+    try:
+        warm_up(translator.stepper(), cfg.search.dtype, cfg.search.compile)
+        return Service(translator, model_config(cfg, entry))
+    except NmtError:
+        translator.close()
+        raise
 
 
 def warm_up(pool: WorkerPool, dtype: str, compile: bool = False) -> None:

@@ -31,13 +31,17 @@ import asyncio
 import functools
 import importlib.util
 import json
+import secrets
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from urllib.parse import parse_qsl
+from pathlib import PurePath
+from urllib.parse import parse_qsl, quote
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
+from starlette.datastructures import UploadFile
 
 from nmt.config import ServeConfig
 from nmt.errors import NmtError
@@ -50,6 +54,8 @@ from nmt.serve.errors import ApiError
 PREFIX = "/libretranslate"
 FORMS = ("application/x-www-form-urlencoded", "multipart/form-data")
 LANGID_EXTRA = "pip install 'nmt[langid]'"
+FILE_KINDS = {".txt": "text", ".html": "html", ".htm": "html"}  # /translate_file's: format
+KEPT_FILES = 64  # translated files kept for /download_file, the oldest dropped first
 KEY_FIELDS = ("api_key", "apiKey")  # LibreTranslate's name of the key, and the npm client's
 NAMES = {  # LibreTranslate's names of the languages it knows best; other codes are their name
     "ar": "Arabic", "cs": "Czech", "da": "Danish", "de": "German", "el": "Greek",
@@ -145,7 +151,8 @@ def is_libre_request(scope) -> bool:
     /detect, /languages, or to /translate a form or (not JSON) with q in its query string?
     (A JSON one with "q" tells by its body.)"""
     path = scope.get("path", "")
-    if path.startswith(PREFIX + "/") or path in ("/detect", "/languages"):
+    if path.startswith((PREFIX + "/", "/download_file/")) or path in (
+            "/detect", "/languages", "/translate_file"):
         return True
     kind = media_type(dict(scope.get("headers", [])).get(b"content-type", b"").decode("latin-1"))
     query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
@@ -392,11 +399,13 @@ class Languages:
 
 # ----------------------------------------------------------------------------- the routes
 def install(app: FastAPI, cfg: ServeConfig, translate: Translate, languages: Languages,
-            keys: ApiKeys) -> None:
-    """LibreTranslate's routes on `app` (under PREFIX, and /languages, /detect and
-    /frontend/settings at the top) and the middleware that sends LibreTranslate's POST
-    /translate to them; languages: what the API offers; keys: the API keys translation and
-    detection need (api_key), if any."""
+            keys: ApiKeys, extra: Callable[[], dict] = dict) -> None:
+    """LibreTranslate's routes on `app` (under PREFIX, and /languages, /detect,
+    /translate_file, /download_file and /frontend/settings at the top) and the middleware that
+    sends LibreTranslate's POST /translate to them; languages: what the API offers (a
+    many-model server's nmt.serve.models.Pairs has the same interface); keys: the API keys
+    translation and detection need (api_key), if any; extra: more of /frontend/settings."""
+    downloads = Downloads()
 
     def check_key(fields: dict) -> None:
         key = next((fields[name] for name in KEY_FIELDS if fields.get(name)), None)
@@ -463,7 +472,25 @@ def install(app: FastAPI, cfg: ServeConfig, translate: Translate, languages: Lan
         return LibreJSON(detect(" ".join(q_field(fields)), languages.all))
 
     async def settings_route(request: Request) -> JSONResponse:
-        return LibreJSON(frontend_settings(cfg, languages, keys.required))
+        return LibreJSON({**frontend_settings(cfg, languages, keys.required), **extra()})
+
+    @libre_errors
+    async def translate_file_route(request: Request) -> JSONResponse:
+        fields = await read_fields(request)
+        check_key(fields)
+        languages.require()
+        name, text, kind = await upload_field(fields)
+        source, target = text_field(fields, "source"), text_field(fields, "target")
+        if source == "auto":
+            source = detect(text, languages.all)[0]["language"] if text.strip() else (
+                languages.sources[0])
+        out = await translate_each([text], [source], target, kind, 0, {})
+        url = f"{request.base_url}download_file/{downloads.put(out[0][0], name, target)}"
+        return LibreJSON({"translatedFileUrl": url})
+
+    @libre_errors
+    async def download_route(request: Request) -> Response:
+        return downloads.get(request.path_params["name"])
 
     summary = "LibreTranslate's API: "
     app.add_api_route(PREFIX + "/translate", translate_route, methods=["POST"],
@@ -478,7 +505,57 @@ def install(app: FastAPI, cfg: ServeConfig, translate: Translate, languages: Lan
         app.add_api_route(base + "/frontend/settings", settings_route, methods=["GET"],
                           summary=summary + "the settings its clients read (keyRequired)",
                           include_in_schema=not base)
+        app.add_api_route(base + "/translate_file", translate_file_route, methods=["POST"],
+                          summary=summary + "translate a .txt or .html file (multipart file)",
+                          include_in_schema=not base)
+        app.add_api_route(base + "/download_file/{name}", download_route, methods=["GET"],
+                          summary=summary + "a translated file", include_in_schema=not base)
     app.add_middleware(RequestKind)
+
+
+async def upload_field(fields: dict) -> tuple[str, str, str]:
+    """/translate_file's upload: (its file name, its UTF-8 text, its format: text or html); a
+    LibreError for none, a kind other than .txt and .html, or bytes that are not UTF-8."""
+    upload = fields.get("file")
+    if not isinstance(upload, UploadFile):
+        raise LibreError(400, "Invalid request: missing file parameter")
+    name = PurePath(upload.filename or "file").name
+    kind = FILE_KINDS.get(PurePath(name).suffix.lower())
+    if kind is None:
+        what = PurePath(name).suffix or "a file without an extension"
+        raise LibreError(400, f"Invalid request: {what} is not supported (only "
+                              f"{', '.join(FILE_KINDS)}: office formats are not translated)")
+    try:
+        return name, (await upload.read()).decode("utf-8"), kind
+    except UnicodeDecodeError as e:
+        raise LibreError(400, f"Invalid request: {name} is not UTF-8 (byte "
+                              f"0x{e.object[e.start]:02x} at offset {e.start})") from None
+
+
+class Downloads:
+    """Translated files, each under a name that cannot be guessed, the last KEPT_FILES."""
+
+    def __init__(self):
+        self.files: OrderedDict[str, bytes] = OrderedDict()
+
+    def put(self, text: str, name: str, target: str) -> str:
+        """Keep a translated file of the upload `name`; its download name."""
+        stem, suffix = PurePath(name).stem, PurePath(name).suffix
+        key = f"{secrets.token_hex(16)}.{quote(stem, safe='')}.{target}{suffix}"
+        self.files[key] = text.encode("utf-8")
+        while len(self.files) > KEPT_FILES:
+            self.files.popitem(last=False)
+        return key
+
+    def get(self, key: str) -> Response:
+        """GET /download_file/NAME: the file, or a 404 in LibreTranslate's shape."""
+        if key not in self.files:
+            raise LibreError(404, "Not Found")
+        kind = "text/html" if PurePath(key).suffix.lower() in (".html", ".htm") else (
+            "text/plain")
+        filename = key.split(".", 1)[1]
+        return Response(self.files[key], media_type=f"{kind}; charset=utf-8", headers={
+            "Content-Disposition": f"attachment; filename*=UTF-8''{quote(filename)}"})
 
 
 async def _html_pairs(texts: list[str], translate: Translate) -> list[tuple[str, list[str]]]:
@@ -492,7 +569,7 @@ def frontend_settings(cfg: ServeConfig, languages: Languages, key_required: bool
     source = languages.sources[0] if languages.sources else ""
     target = next((t for t in languages.targets if t != source), "")
     return {"charLimit": cfg.max_chars, "frontendTimeout": 500, "apiKeys": key_required,
-            "keyRequired": key_required, "suggestions": False, "filesTranslation": False,
-            "supportedFilesFormat": [],
+            "keyRequired": key_required, "suggestions": False, "filesTranslation": True,
+            "supportedFilesFormat": list(FILE_KINDS),
             "language": {"source": {"code": source, "name": NAMES.get(source, source)},
                          "target": {"code": target, "name": NAMES.get(target, target)}}}

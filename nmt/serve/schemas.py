@@ -302,3 +302,39 @@ class Features(BaseModel):
     src_lang: str = Field(description="The default source language (or '').")
     key_required: bool = Field(description="Translations need an API key (the server's "
                                            "api_keys): Authorization: Bearer KEY.")
+
+
+class ModelInfo(BaseModel):
+    """One model of a many-model server (models=DIR)."""
+
+    path: str = Field(description="Its checkpoint, export folder or Argos package.")
+    kind: str = Field(description="nmt (a checkpoint), ctranslate2 (an nmt-export folder) "
+                                  "or argos (an Argos Translate package).")
+    pairs: list[str] = Field(description="The pairs it translates, as src-tgt.")
+    loaded: bool = Field(description="Loaded now (models load on first use, or at start with "
+                                     "preload=true, and the least recently used goes first).")
+    size_mb: float = Field(description="Its size on disk in MB (what memory_gb counts).")
+
+
+class ModelsHealthResponse(BaseModel):
+    """GET /health of a many-model server (models=DIR): whether it can translate, its models
+    and which of them are loaded, the pairs that go through English."""
+
+    status: str = Field(description='"ok", or "error" (then the answer is a 503).')
+    model_loaded: bool = Field(description="At least one model is loaded.")
+    error: str | None = Field(description="Why a loaded model cannot translate, if one cannot.")
+    checkpoint: str = Field(description="The folder of the models (models=).")
+    device: str = Field(description="Where the models run: cpu or cuda.")
+    models: list[ModelInfo] = Field(description="Every model found, in name order.")
+    loaded: int = Field(description="Models loaded now.")
+    loads: int = Field(description="Models loaded since the start (again after an eviction).")
+    max_models: int = Field(description="Loaded at most at once (0: no limit).")
+    memory_gb: float = Field(description="Loaded models' size on disk at most (0: no limit).")
+    pivots: dict[str, str] = Field(description=(
+        "src-tgt -> the language the texts go through, for each pair no model covers."))
+    limits: dict[str, int | float] = Field(description="The server's limits (as /health's).")
+    search: dict = Field(description="The default search settings a request may override.")
+    split: str = Field(description="How texts are cut when a request does not say.")
+    tgt_lang: str = Field(description="'' (a request names src_lang and tgt_lang).")
+    features: Features = Field(description="What a request may ask of this server (the page's "
+                                           "pickers: every source and target).")
