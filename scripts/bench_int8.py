@@ -4,7 +4,7 @@
 One checkpoint, the test split, beam --beam with alpha 0 (CTranslate2's beam search has no
 GNMT penalty): BLEU and chrF (sacreBLEU) of nmt-translate with engine=nmt and
 engine=ctranslate2 (the same cached export), search.dtype fp32 and int8. Without VNNI (or
-under ONEDNN_MAX_CPU_ISA=AVX2) nmt's int8 keeps 7-bit activations (nmt.inference.fast_model
+under ONEDNN_MAX_CPU_ISA=AVX2) nmt's int8 keeps 7-bit activations (nmt.inference.affine
 .int8_saturates); the row "nmt int8, 8-bit activations" runs the old path, which saturates
 there, to show what the probe avoids. The header names the CPU and every cap in force: run it
 under AVX2 dispatch on a bigger machine with the variables of tests/test_isa.py.
@@ -24,7 +24,7 @@ import torch
 
 from nmt.commands.translate import translate
 from nmt.config import TranslateConfig, compose, to_object
-from nmt.inference import fast_model
+from nmt.inference import affine
 from nmt.inference.scoring import score
 from nmt.system.files import read_lines
 from nmt.system.runtime import cpu_bf16, cpu_flags
@@ -55,23 +55,23 @@ def describe_cpu() -> str:
     caps = " ".join(f"{k}={os.environ[k]}" for k in CAPS if os.environ.get(k)) or "none"
     return (f"CPU: {name}; flags {' '.join(flags)}; caps: {caps}; ATen dispatch "
             f"{torch.backends.cpu.get_cpu_capability()}; int8 products saturate: "
-            f"{fast_model.int8_saturates()}; bf16: {cpu_bf16().why}")
+            f"{affine.int8_saturates()}; bf16: {cpu_bf16().why}")
 
 
 def run(args, engine: str, dtype: str, out: Path) -> list[str]:
     """nmt-translate's output of the test split with one engine and search.dtype (int8-8bit:
     nmt's int8 with 8-bit activations whatever the CPU, the path before the probe; the forked
     workers inherit the patch)."""
-    probe = fast_model.int8_saturates
+    probe = affine.int8_saturates
     if dtype == "int8-8bit":
-        fast_model.int8_saturates = lambda engine=None: False
+        affine.int8_saturates = lambda engine=None: False
     try:
         translate(to_object(compose("translate", [
             f"checkpoint={args.checkpoint}", f"input={args.src}", f"output={out}",
             f"engine={engine}", f"search.dtype={dtype.split('-')[0]}",
             f"search.beam_size={args.beam}", "search.alpha=0", "quiet=true"]), TranslateConfig))
     finally:
-        fast_model.int8_saturates = probe
+        affine.int8_saturates = probe
     return read_lines(str(out))
 
 

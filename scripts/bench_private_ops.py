@@ -15,6 +15,7 @@ import time
 
 import torch
 
+import nmt.inference.affine
 import nmt.inference.fast_model
 from nmt.config import ModelConfig, SearchConfig
 from nmt.data.tokenizer import SPECIALS
@@ -33,7 +34,7 @@ def seconds(model, src_ids: list[list[int]], beam: int, dtype: str, packed: bool
     finally:
         nmt.inference.fast_model.PACKED_DTYPES = kept
     generator = translator.prepared(dtype)[0].generator
-    assert isinstance(generator, nmt.inference.fast_model.PackedAffine) == packed
+    assert isinstance(generator, nmt.inference.affine.PackedAffine) == packed
     with translator:
         start = time.perf_counter()
         translator.translate_ids(src_ids, search)
@@ -52,7 +53,7 @@ def main() -> None:
     model = make_model(cfg, 8000, 8000, 0, True).eval()
     g = torch.Generator().manual_seed(1)
     src_ids = torch.randint(4, 8000, (args.sentences, 25), generator=g).tolist()
-    dtypes = ["fp32"] + ["bf16"] * nmt.inference.fast_model.packing_works(torch.bfloat16)
+    dtypes = ["fp32"] + ["bf16"] * nmt.inference.affine.packing_works(torch.bfloat16)
     for dtype in dtypes:
         for beam in (1, 4):
             best = {False: float("inf"), True: float("inf")}

@@ -23,8 +23,10 @@ from translate_helpers import random_sources, search, tiny_model
 
 from nmt.data.tokenizer import SPECIALS
 from nmt.inference import attention_op
+from nmt.inference.affine import packing_works
 from nmt.inference.batches import pad_batch, translate_nbest
-from nmt.inference.fast_model import DTYPES, FastModel, TableKVCache, packing_works
+from nmt.inference.fast_model import DTYPES, FastModel
+from nmt.inference.fast_state import TableKVCache
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.isa]
 

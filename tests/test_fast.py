@@ -1,4 +1,5 @@
-"""nmt.inference.fast_model: the decoding speed path gives the reference model's results (tokens,
+"""nmt.inference.fast_model (with its linear maps, nmt.inference.affine, and its state,
+nmt.inference.fast_state): the decoding speed path gives the reference model's results (tokens,
 logits), on every CPU kind: these tests run again under AVX2 dispatch (tests/test_isa.py)."""
 
 import dataclasses
@@ -12,23 +13,19 @@ from translate_helpers import random_sources, run, search, tiny_model, tiny_mode
 
 from nmt.config import SearchConfig
 from nmt.inference import attention_op
-from nmt.inference.batches import pad_batch
-from nmt.inference.fast_model import (
+from nmt.inference.affine import (
     FBGEMM_OUTPUTS,
-    PAD_ALLOWANCE,
-    PAD_SLACK,
     Affine,
-    FastModel,
     Int8Affine,
     PackedAffine,
     QLinearInt8Affine,
     _int8_engines,
     int8_saturates,
     packing_works,
-    row_argmax,
-    source_groups,
-    top_k,
 )
+from nmt.inference.batches import pad_batch
+from nmt.inference.fast_model import PAD_ALLOWANCE, PAD_SLACK, FastModel, source_groups
+from nmt.inference.strategies import row_argmax, top_k
 from nmt.model import make_model
 from nmt.system import private_ops
 

@@ -28,8 +28,9 @@ from nmt.config import (
     to_object,
 )
 from nmt.errors import ConfigError, NmtError
+from nmt.inference.affine import PackedAffine
 from nmt.inference.batches import Decoder, decoding_models
-from nmt.inference.fast_model import FastModel, PackedAffine
+from nmt.inference.fast_model import FastModel
 from nmt.testing.gpu_sim import MISSING, World, decoding_reads, simulated_cuda, simulated_run
 from nmt.training import distributed
 

@@ -28,7 +28,8 @@ LAYERS = [
      "nmt.training.activation_checkpointing", "nmt.training.preemption",
      "nmt.training.stopping"},
     # decoding, data batches, run logs, the importers' readers
-    {"nmt.inference.attention_op", "nmt.inference.fast_model", "nmt.inference.rules",
+    {"nmt.inference.attention_op", "nmt.inference.affine", "nmt.inference.fast_state",
+     "nmt.inference.fast_model", "nmt.inference.strategies", "nmt.inference.rules",
      "nmt.inference.decoder", "nmt.inference.core", "nmt.inference.batches",
      "nmt.inference.workers", "nmt.inference.constrained", "nmt.inference.stepping",
      "nmt.inference.loading", "nmt.inference.mbr", "nmt.inference.shortlist",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt.inference.fast_model import packing_works
+from nmt.inference.affine import packing_works
 from nmt.system import private_ops
 
 pytestmark = pytest.mark.isa

@@ -55,10 +55,11 @@ from nmt.config import SearchConfig
 from nmt.data.tokenizer import Specials
 from nmt.inference.constrained import PhraseConstraints, missing_phrases, pad_to
 from nmt.inference.decoder import Decoder
-from nmt.inference.fast_model import FastModel, row_argmax, top_k
+from nmt.inference.fast_model import FastModel
 from nmt.inference.messages import Ended, Hypothesis, Sentence
 from nmt.inference.rules import Columns, StepView, apply_rules, sample_tokens, sample_uniforms
 from nmt.inference.shortlist import Candidates, load_shortlist
+from nmt.inference.strategies import row_argmax, top_k
 
 
 def empty_source(sentence: Sentence) -> list[Hypothesis] | None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from nmt.inference.fast_model import FastModel, FastState
+from nmt.inference.fast_model import FastModel
+from nmt.inference.fast_state import FastState
 from nmt.inference.shortlist import Candidates
 
 

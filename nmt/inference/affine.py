@@ -1,0 +1,227 @@
+"""The linear maps of decoding (x W^T + b, with the ReLU or the residual addition fused) in
+each form FastModel prepares them: F.linear (`Affine`), oneDNN's packed fp32 / bf16 maps
+(`PackedAffine`), int8 weights and activations through fbgemm or oneDNN (`Int8Affine`, as
+torch.ao's dynamic quantization) and oneDNN's qlinear, the int8 form torch.compile traces
+(`QLinearInt8Affine`); and the probes that ask the kernels what they do on this CPU
+(`packing_works`, `int8_saturates`). nmt.inference.fast_model builds its maps from these.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.ao.quantization.observer import PerChannelMinMaxObserver
+
+from nmt.system import private_ops
+
+# Int8Affine: products of at most this many outputs (rows x out_features) through fbgemm, whose
+# calls cost ~15 us against oneDNN's ~25, larger ones through oneDNN, whose kernels are faster
+# there (2x for 256 rows of a 256 -> 1,024 map); the crossover on AVX-512 VNNI and under AVX2
+# dispatch alike (docs/results.md, "int8 maps by size").
+FBGEMM_OUTPUTS = 1 << 17
+
+
+class Affine:
+    """x W^T + b, then ReLU (relu=True) or plus a residual input, for inference: F.linear.
+    The forms below compute the same map faster on the CPU."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, relu: bool = False):
+        self.weight, self.bias, self.relu = weight, bias, relu
+
+    def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """(..., in_features) -> (..., out_features), + residual (same shape) if given."""
+        y = self.linear(x)
+        if self.relu:
+            y = y.relu_()
+        return y if residual is None else y.add_(residual)
+
+    def linear(self, x: Tensor) -> Tensor:
+        """x W^T + b."""
+        return F.linear(x, self.weight, self.bias)
+
+
+class PackedAffine(Affine):
+    """fp32 or bf16 on the CPU through oneDNN: W packed once for `rows`-row inputs (what
+    torch.compile's freezing does), the ReLU or the residual addition fused into the product.
+    2x the speed of F.linear at decoding sizes on AVX-512 processors where MKL takes its AVX2
+    path. PyTorch offers this only as private operators (nmt.system.private_ops); `packing_works`
+    checks that they compute the same map."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, relu: bool = False, rows: int = 64):
+        super().__init__(private_ops.pack_linear_weight(weight, rows), bias, relu)
+
+    def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """(..., in_features) -> (..., out_features), + residual (same shape) if given."""
+        if residual is not None:
+            return private_ops.packed_linear_add(x, residual, self.weight, self.bias)
+        return private_ops.packed_linear(x, self.weight, self.bias, self.relu)
+
+
+class Int8Affine(Affine):
+    """int8 weights (symmetric, one scale per output row) times 8-bit activations (one scale per
+    call, from the input's range), accumulated in int32 and rescaled: torch.ao's dynamic
+    quantization of nn.Linear. Small products (at most FBGEMM_OUTPUTS outputs) through fbgemm,
+    whose calls cost less, larger ones through oneDNN, whose kernels are faster there (the
+    vocabulary projection of a batch); one engine where this PyTorch has only one. Activations
+    keep 7 bits, as torch.ao gives them, wherever the u8 x s8 products saturate
+    (`int8_saturates`: no VNNI; fbgemm only where it saturates as oneDNN does). The int8
+    rows and their scales are kept (not the float weights), for `rows`."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, relu: bool = False):
+        observer = PerChannelMinMaxObserver(ch_axis=0, dtype=torch.qint8,
+                                            qscheme=torch.per_channel_symmetric)
+        observer(weight)
+        scale, zero_point = observer.calculate_qparams()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # quantized tensors are deprecated for torchao's
+            q = torch.quantize_per_channel(weight, scale.double(), zero_point, 0, torch.qint8)
+        self._set(q.int_repr(), scale, bias, relu)
+
+    def _set(self, ints: Tensor, scale: Tensor, bias: Tensor | None, relu: bool,
+             lazy: bool = False) -> None:
+        """The map of int8 rows (out, in) with scales (out,), packed for both engines (lazy:
+        for each when it is first called: a shortlist's rows, cut per batch)."""
+        super().__init__(None, bias, relu)
+        self.ints, self.scale = ints, scale
+        self.reduce_range = int8_saturates()
+        self.packed: dict[str, object] = {}  # engine -> the packed weight
+        if not lazy:
+            for engine in _int8_engines():
+                self._packed(engine)
+
+    def _packed(self, engine: str):
+        """The weight packed for `engine` (packed now if it is not yet)."""
+        if engine not in self.packed:
+            self.packed[engine] = _prepack(private_ops.per_channel_qint8(self.ints, self.scale),
+                                           self.bias, engine)
+        return self.packed[engine]
+
+    def linear(self, x: Tensor) -> Tensor:
+        """x W^T + b with W and x rounded to int8 (x to 7 bits where products saturate)."""
+        small = x.numel() // x.size(-1) * len(self.ints) <= FBGEMM_OUTPUTS
+        engine = _int8_engines()[0 if small else 1]
+        return private_ops.quantized_linear(x, self._packed(engine), self.reduce_range)
+
+    def rows(self, index: Tensor, bias: Tensor | None) -> Int8Affine:
+        """The map of output rows `index` (bias: theirs): its int8 rows gathered from this
+        one's, not quantized again (CTranslate2's select_weights for a shortlist)."""
+        part = Int8Affine.__new__(Int8Affine)  # eager's form: rows are cut outside a compiled step
+        part._set(self.ints.index_select(0, index), self.scale.index_select(0, index), bias,
+                  self.relu, lazy=True)
+        return part
+
+
+class QLinearInt8Affine(Int8Affine):
+    """Int8Affine's map (its int8 rows and scales; the activations rounded as torch.ao does,
+    but for scales below 1e-4) as oneDNN's qlinear (private_ops.qlinear), the form
+    torch.compile traces: the activations' 8-bit rounding written in tensor operations, which
+    Inductor fuses into one kernel, then one call with the ReLU or the residual addition fused
+    (CTranslate2's fused dequantize + bias + activation). Eager, several operators where
+    Int8Affine calls one; compiled, what search.compile runs."""
+
+    def _set(self, ints: Tensor, scale: Tensor, bias: Tensor | None, relu: bool,
+             lazy: bool = False) -> None:
+        """The map of int8 rows (out, in) with scales (out,), packed for qlinear (lazy: as
+        Int8Affine's; qlinear's packing is always now)."""
+        Affine.__init__(self, None, bias, relu)
+        self.ints, self.scale = ints, scale
+        # the activations' largest level (oneDNN's kernels)
+        self.top = 127 if int8_saturates("onednn") else 255
+        self.qpacked = private_ops.qlinear_prepack(ints)
+        self.w_scale = scale.float()
+        self.w_zero = torch.zeros(len(scale), dtype=torch.long)
+
+    def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """(..., in_features) -> (..., out_features), + residual (same shape) if given."""
+        return self._map(x, self.relu, residual)
+
+    def linear(self, x: Tensor) -> Tensor:
+        """x W^T + b."""
+        return self._map(x, False, None)
+
+    def _map(self, x: Tensor, relu: bool, residual: Tensor | None) -> Tensor:
+        """x W^T + b, then ReLU, or plus the residual: (..., in) -> (..., out)."""
+        flat = x.reshape(-1, x.size(-1))  # (rows, in)
+        lo, hi = flat.amin().clamp(max=0.0), flat.amax().clamp(min=0.0)
+        x_scale = ((hi - lo) / self.top).clamp(min=1e-10)  # torch.ao's asymmetric 8 bits
+        zero = (-lo / x_scale).round().to(torch.int64)
+        xq = (flat / x_scale).round().add(zero).clamp(0, self.top).to(torch.uint8)
+        y = private_ops.qlinear(xq, x_scale, zero, self.qpacked, self.w_scale, self.w_zero,
+                                self.bias, relu,
+                                None if residual is None else residual.reshape(len(flat), -1))
+        return y.view(*x.shape[:-1], y.size(-1))
+
+
+@functools.cache
+def _int8_engines() -> tuple[str, str]:
+    """The quantized engines Int8Affine packs for, (small products, large ones): fbgemm and
+    oneDNN where this PyTorch has both and their products saturate alike (else a map's
+    precision would change with a batch's size: oneDNN for both), else the one it has."""
+    engines = torch.backends.quantized.supported_engines
+    large = "onednn" if "onednn" in engines else torch.backends.quantized.engine
+    alike = "fbgemm" in engines and int8_saturates("fbgemm") == int8_saturates(large)
+    return ("fbgemm" if alike else large), large
+
+
+_PACKING = threading.Lock()  # _quantized_engine sets the process's engine while it packs
+
+
+def _prepack(q: Tensor, bias: Tensor | None, engine: str):
+    """A qint8 weight and a float bias packed for `engine`."""
+    with _PACKING, warnings.catch_warnings(), _quantized_engine(engine):
+        warnings.simplefilter("ignore")
+        return private_ops.quantized_linear_prepack(q, bias)
+
+
+@functools.cache
+def int8_saturates(engine: str | None = None) -> bool:
+    """Whether this CPU's u8 x s8 products saturate with 8-bit activations in `engine`'s
+    kernels (onednn or fbgemm; None: the one Int8Affine's large products take). Without VNNI
+    (AVX2, or AVX-512 before Cascade Lake, or under ONEDNN_MAX_CPU_ISA /
+    FBGEMM_ENABLE_INSTRUCTIONS=AVX2) the kernels add pairs of products into int16
+    (vpmaddubsw), which clips 2 x 255 x 127 at 32,767; the engines can differ (an AVX-VNNI
+    CPU's oneDNN uses its VNNI). Asked of the kernel itself, not the CPU's name, at a shape
+    that takes the GEMM kernel of real maps: ones(2, 64) ones(16, 64)^T is 64 everywhere,
+    saturated ~32.4."""
+    x, ints = torch.ones(2, 64), torch.full((16, 64), 127, dtype=torch.int8)  # W = 1
+    packed = _prepack(private_ops.per_channel_qint8(ints, torch.full((16,), 1 / 127)), None,
+                      engine or _int8_engines()[1])
+    got = private_ops.quantized_linear(x, packed, False)
+    return not torch.allclose(got, torch.full_like(got, 64.0), rtol=0.01)
+
+
+@contextlib.contextmanager
+def _quantized_engine(engine: str):
+    """Pack quantized weights for `engine` (a packed weight keeps its engine when called)."""
+    before = torch.backends.quantized.engine
+    torch.backends.quantized.engine = engine
+    try:
+        yield
+    finally:
+        torch.backends.quantized.engine = before
+
+
+@functools.cache
+def packing_works(dtype: torch.dtype) -> bool:
+    """Whether this PyTorch has the oneDNN ops of PackedAffine for `dtype` and they compute
+    x W^T + b (+ ReLU, + residual) to within rounding."""
+    if not torch.backends.mkldnn.is_available() or (
+            dtype == torch.bfloat16 and not private_ops.mkldnn_bf16_supported()):
+        return False
+    x = torch.linspace(-1.0, 1.0, 24).view(3, 8)  # no random draws
+    w, b, r = x[:2].repeat(2, 1), torch.linspace(-0.5, 0.5, 4), torch.ones(3, 4)
+    want = [F.linear(x, w, b), F.linear(x, w, b).relu() + r, F.linear(x, w, b) + r]
+    x, w, b, r = (t.to(dtype) for t in (x, w, b, r))
+    try:
+        got = [PackedAffine(w, b, rows=3)(x), PackedAffine(w, b, relu=True, rows=3)(x) + r,
+               PackedAffine(w, b, rows=3)(x, r)]
+    except (AttributeError, RuntimeError):  # ops missing, or refusing these shapes or types
+        return False
+    return all(torch.allclose(g.float(), y, rtol=1e-2, atol=1e-2)
+               for g, y in zip(got, want, strict=True))

@@ -1,0 +1,298 @@
+"""FastModel's decoding state (`FastState`): the encoder's keys and values that a sentence's
+rows share, and each decoder layer's self-attention cache, in one of two layouts: a
+`FastKVCache` (rows' own (B, h, capacity, d_k) buffers, which the batched products read) or a
+`TableKVCache` (buffers that the fused one-query operator reads through a table, which a
+beam's reorder gathers instead of the keys); `StepRows`, what that operator reads for one step.
+Continuous batching (nmt.inference.stepping) joins, reorders and trims these states.
+
+Shapes: B decoder rows, M sentences (memory rows), S source length, h heads, d_k = d_model / h.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from nmt.inference.affine import Affine
+from nmt.model import additive_mask
+
+
+class FastKVCache:
+    """One self-attention layer's past keys and values in (B, h, capacity, d_k) buffers: the
+    first L positions are a strided view that matmul reads without a copy (nmt.model.KVCache
+    keeps the layout the fused kernel prefers)."""
+
+    chunk = 8  # positions added whenever the buffers are full (more: a larger, slower spread)
+
+    def __init__(self):
+        self.k: Tensor | None = None  # (B, h, capacity, d_k)
+        self.v: Tensor | None = None
+        self.length = 0  # positions stored
+
+    def append(self, kv: Tensor) -> tuple[Tensor, Tensor]:
+        """Store (B, T, 2, h, d_k) new keys and values; return all so far, (B, h, L, d_k) each."""
+        B, T, _, h, d_k = kv.shape
+        end = self.length + T
+        if self.k is None or end > self.k.size(2):
+            capacity = -(-end // self.chunk) * self.chunk
+            new_k, new_v = kv.new_empty(B, h, capacity, d_k), kv.new_empty(B, h, capacity, d_k)
+            if self.k is not None:
+                new_k[:, :, :self.length] = self.k[:, :, :self.length]
+                new_v[:, :, :self.length] = self.v[:, :, :self.length]
+            self.k, self.v = new_k, new_v
+        k, v = kv.permute(2, 0, 3, 1, 4)  # 2 x (B, h, T, d_k)
+        self.k[:, :, self.length:end] = k
+        self.v[:, :, self.length:end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep (and repeat) rows `index`."""
+        if self.k is not None:
+            self.k, self.v = _gather_rows(self.k, index), _gather_rows(self.v, index)
+
+    def join(self, rows: int) -> None:
+        """`rows` new rows after the others, with no past: zeros, which their masks hide."""
+        if self.k is None:  # nothing decoded yet: the next step fills every row
+            return
+        R, h, capacity, d_k = self.k.shape
+        for name in ("k", "v"):
+            grown = self.k.new_zeros(R + rows, h, capacity, d_k)
+            grown[:R, :, :self.length] = getattr(self, name)[:, :, :self.length]
+            setattr(self, name, grown)
+
+    def trim(self, first: int) -> None:
+        """Drop the first `first` positions (no live row reads them)."""
+        if self.k is not None:
+            self.k, self.v = self.k[:, :, first:], self.v[:, :, first:]
+            self.length -= first
+
+
+class TableKVCache:
+    """One self-attention layer's past keys and values for the fused operator
+    (nmt.inference.attention_op): buffers (N, h, capacity, d_k) in which decoder row r writes
+    its key and value of position t into buffer row r, once, and a table (R, capacity) naming,
+    for each row and position, the buffer row that holds the row's past there. A beam's
+    reorder gathers the table, never the keys; rows joining later add table rows. Positions
+    before a row's start are never read, so they need no mask."""
+
+    chunk = 8  # positions added at least whenever the buffers are full
+
+    def __init__(self):
+        self.k: Tensor | None = None  # (N, h, capacity, d_k)
+        self.v: Tensor | None = None
+        self.table: Tensor | None = None  # (R, capacity) int64
+        self.length = 0  # positions stored
+
+    def advance(self, B: int, like: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Room for one new position of B rows, each row's table entry there its own buffer
+        row: the buffers (N, h, C, d_k) and the table (B, C) that the layer writes the
+        position's keys and values into (at the old length) and the operator reads. like:
+        (..., h, ..., d_k) in the keys' dtype (the memory's keys)."""
+        L = self.length
+        self._reserve(like, B, L + 1)
+        self.table[:, L] = torch.arange(B, device=like.device)
+        self.length = L + 1
+        return self.k, self.v, self.table
+
+    def append_first(self, kv: Tensor) -> tuple[Tensor, Tensor]:
+        """Store the (B, T, 2, h, d_k) keys and values of a first step of T positions;
+        return them, (B, h, T, d_k) each (for the batched products)."""
+        if self.length:
+            raise ValueError("the fused attention's cache takes several positions only at "
+                             "its first step")
+        B, T = kv.shape[:2]
+        self._reserve(kv.transpose(2, 3), B, T)  # (B, T, h, 2, d_k)
+        k, v = kv.permute(2, 0, 3, 1, 4)  # 2 x (B, h, T, d_k)
+        self.k[:B, :, :T], self.v[:B, :, :T] = k, v
+        self.table[:, :T] = torch.arange(B, device=kv.device)[:, None]
+        self.length = T
+        return self.k[:B, :, :T], self.v[:B, :, :T]
+
+    def _reserve(self, like: Tensor, B: int, positions: int) -> None:
+        """Room for B buffer rows and `positions` positions (by half as much again, or a
+        chunk, so that joining rows and new positions rarely copy the buffers); like: a
+        tensor (..., h, X, d_k) of the keys' dtype and device."""
+        h, d_k = like.size(-3), like.size(-1)
+        N, C = (0, 0) if self.k is None else (self.k.size(0), self.k.size(2))
+        if B > N or positions > C:
+            N2 = max(B, N + N // 2) if B > N else N
+            C2 = max(-(-positions // self.chunk) * self.chunk, C + C // 2) if positions > C \
+                else C
+            k, v = like.new_empty(N2, h, C2, d_k), like.new_empty(N2, h, C2, d_k)
+            if self.k is not None:
+                k[:N, :, :C], v[:N, :, :C] = self.k, self.v
+            self.k, self.v = k, v
+        if self.table is None:
+            self.table = torch.zeros(B, 0, dtype=torch.long, device=like.device)
+        if self.table.size(1) < self.k.size(2):  # zeros: a buffer row that exists
+            self.table = F.pad(self.table, (0, self.k.size(2) - self.table.size(1)))
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep (and repeat) rows `index`: their tables."""
+        if self.table is not None:
+            self.table = self.table.index_select(0, index)
+
+    def join(self, rows: int) -> None:
+        """`rows` new rows after the others, with no past (their start hides the table's
+        zeros)."""
+        if self.table is not None:
+            self.table = F.pad(self.table, (0, 0, 0, rows))
+
+    def trim(self, first: int) -> None:
+        """Drop the first `first` positions (no live row reads them)."""
+        if self.k is not None:
+            self.k, self.v = self.k[:, :, first:], self.v[:, :, first:]
+            self.table = self.table[:, first:]
+            self.length -= first
+
+
+@dataclasses.dataclass
+class StepRows:
+    """What the fused operator reads for one step of B rows, one new position each."""
+    start: Tensor  # (B,) each row's first cache position (a row that joined later: its own)
+    end: Tensor  # (B,) the cache's positions after this step, alike for every row
+    memory: Tensor  # (B, S) each row's memory row at every source position (stride 0)
+    zero: Tensor  # (B,) zeros: cross-attention reads from the first source position
+    source: Tensor  # (B,) each row's source length
+    where: int | Tensor  # the cache position the step writes ((1,) when compiled: a number
+    # would be compiled in)
+
+
+class FastState:
+    """FastModel's decoding state: per-layer key/value caches (TableKVCaches for the fused
+    operator, else FastKVCaches), and encoder keys and values with one row per sentence that
+    the g consecutive rows of the sentence share."""
+
+    def __init__(self, memory_kv: list[tuple[Tensor, Tensor]], src_mask: Tensor,
+                 dtype: torch.dtype, fused: bool):
+        self.memory_kv = memory_kv  # per layer: (M, h, S, d_k) keys and values
+        # the fused operator's memory row of each live sentence (None: the i-th is row i):
+        # sentences that end leave their rows until most rows are dead (compacted)
+        self.memory_rows: Tensor | None = None
+        self.dtype, self.fused = dtype, fused
+        self.self_kv = [TableKVCache() if fused else FastKVCache() for _ in memory_kv]
+        self.step = 0  # target positions decoded so far
+        self.g = 1  # decoder rows per memory row
+        # the fused operator's live sentence of each decoder row where the rows' groups differ
+        # (a newcomer's one row beside beams of g, until the next reorder); None: row // g
+        self.row_sentence: Tensor | None = None
+        self.generator: Affine | None = None  # the output projection's shortlist rows, if cut
+        self.mask: Tensor | None = None  # (M, 1, 1, S) additive source mask, None: no padding
+        self.src_len: Tensor | None = None  # (M,) source length of each memory row
+        self.set_source(src_mask)
+
+    def set_source(self, src_mask: Tensor) -> None:
+        """The memory rows' (M, S) source positions, padding last (pad_batch's): the additive
+        mask and the lengths (the fused operator reads the first src_len positions)."""
+        self.mask = additive_source_mask(src_mask[:, None, None, :], self.dtype)
+        self.src_len = src_mask.sum(1)  # (M,)
+
+    def reorder(self, index: Tensor, group: int, sentences: Tensor | None = None) -> None:
+        """Keep (and repeat) rows `index`, as DecoderState.reorder does. Rows that come in equal,
+        consecutive groups per sentence (beam search, samples) keep sharing its memory row:
+        `group` rows per sentence, `sentences` the memory row of each group (None: the memory
+        rows stay as they are). With the fused operator, which reads the memory through
+        memory_rows, rows stay where they are (newcomers take the dead ones': join) until at most a
+        quarter of them live (compact)."""
+        for cache in self.self_kv:
+            cache.reorder(index)
+        self.g, self.row_sentence = group, None
+        if sentences is None:  # rows moved within their sentences
+            return
+        rows = sentences if self.memory_rows is None else self.memory_rows[sentences]
+        self.memory_rows = rows
+        if not self.fused or 4 * len(rows) <= self.memory_kv[0][0].size(0):
+            self.compact()
+        if self.mask is not None:
+            self.mask = self.mask.index_select(0, sentences)
+        self.src_len = self.src_len.index_select(0, sentences)
+
+    def compact(self) -> None:
+        """The live sentences' memory rows gathered, in their order (the dead ones' dropped)."""
+        if self.memory_rows is not None:
+            rows, self.memory_rows = self.memory_rows, None
+            self.memory_kv = [(_gather_rows(k, rows), _gather_rows(v, rows))
+                              for k, v in self.memory_kv]
+
+    def join(self, new: FastState, rows: int, S: int) -> None:
+        """Append another state's `rows` rows (no step decoded yet): encoder keys and values
+        padded to S positions, no past positions (the fused operator's: in memory rows that no
+        live sentence reads, `_place`). Both must group their rows alike (g), except with the
+        fused operator (row_sentence); the caller sets the joined rows' sources (set_source)."""
+        new.compact()
+        if new.g != self.g or self.row_sentence is not None:
+            if not self.fused:
+                raise ValueError("rows of unequal groups join only with the fused operator")
+            n, dev = self.src_len.size(0), self.src_len.device  # the live sentences
+            mine = self.row_sentence if self.row_sentence is not None else torch.arange(
+                n * self.g, device=dev) // self.g
+            self.row_sentence = torch.cat([mine, n + torch.arange(rows, device=dev) // new.g])
+        if self.fused:
+            self._place(new.memory_kv)
+        else:
+            self.compact()
+            self.memory_kv = [tuple(torch.cat([F.pad(x, (0, 0, 0, S - x.size(2))) for x in pair])
+                              for pair in zip(a, b, strict=True))
+                              for a, b in zip(self.memory_kv, new.memory_kv, strict=True)]
+        for cache in self.self_kv:
+            cache.join(rows)
+
+    def _place(self, memory_kv: list[tuple[Tensor, Tensor]]) -> None:
+        """Newcomers' (n, h, S', d_k) encoder keys and values into memory rows that no live
+        sentence reads (ended ones'), the live rows left where they are; where too few are free
+        or S' is wider, the live rows are gathered into buffers with room (rows half as many
+        again). The newcomers become the last live sentences (memory_rows)."""
+        (k, _), (nk, _) = self.memory_kv[0], memory_kv[0]
+        (M, _, S, _), (n, _, S_new, _) = k.shape, nk.shape
+        live = torch.arange(M, device=k.device) if self.memory_rows is None else self.memory_rows
+        free = torch.ones(M, dtype=torch.bool, device=k.device)
+        free[live] = False
+        free = free.nonzero()[:, 0]  # (F,) rows no live sentence reads
+        if len(free) < n or S_new > S:
+            if len(free) < n:
+                M = max(len(live) + n, M + M // 2)
+            self.memory_kv = [tuple(_grown(x, live, M, max(S, S_new)) for x in pair)
+                              for pair in self.memory_kv]
+            live = torch.arange(len(live), device=k.device)
+            free = torch.arange(len(live), M, device=k.device)
+        place = free[:n]
+        for pair, new in zip(self.memory_kv, memory_kv, strict=True):
+            for x, y in zip(pair, new, strict=True):
+                x[place, :, :S_new] = y
+        self.memory_rows = torch.cat([live, place])
+
+    def trim(self, first: int, S: int) -> None:
+        """Drop the first `first` cache positions and the memory positions from S on (no live
+        row reads them; the fused operator's stay: they are room for sources that join); the
+        caller sets the sources again (set_source)."""
+        if first:
+            for cache in self.self_kv:
+                cache.trim(first)
+            self.step -= first
+        if not self.fused and S < self.memory_kv[0][0].size(2):
+            self.memory_kv = [(k[:, :, :S].contiguous(), v[:, :, :S].contiguous())
+                              for k, v in self.memory_kv]
+
+
+def _grown(x: Tensor, rows: Tensor, M: int, S: int) -> Tensor:
+    """(M', h, S', d_k) memory keys or values -> (M, h, S, d_k): `rows` first, the rest room."""
+    out = x.new_empty(M, x.size(1), S, x.size(3))
+    out[:len(rows), :, :x.size(2)] = _gather_rows(x, rows)
+    return out
+
+
+def _gather_rows(x: Tensor, index: Tensor) -> Tensor:
+    """x[index] along dim 0, as a 2-D gather (much faster on CPU than on a 4-D tensor)."""
+    return x.reshape(x.size(0), -1).index_select(0, index).view(len(index), *x.shape[1:])
+
+
+def additive_source_mask(src_mask: Tensor, dtype: torch.dtype) -> Tensor | None:
+    """The (B, 1, 1, S) boolean source mask as an additive one; on the CPU None where nothing
+    is masked (finding out reads the mask, which a GPU would wait for)."""
+    if src_mask.device.type == "cpu" and bool(src_mask.all()):
+        return None
+    return additive_mask(src_mask, dtype)
