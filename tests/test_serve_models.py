@@ -240,6 +240,8 @@ def test_languages_health_and_settings_offer_every_pair_and_say_which_pivot(many
         "de-en.pt": "nmt", "en-de.pt": "nmt", "en-fr.pt": "nmt", "fr-en": "ctranslate2",
         "multi.pt": "nmt"}
     assert health["features"]["sources"] == ["de", "en", "es", "fr", "it"]
+    assert health["features"]["convention"] == "forced"  # the page: a source and a target
+    assert 'id="route"' in many.call("GET", "/")[2]  # where the page says a pair pivots
     settings = many.call("GET", "/frontend/settings")[2]
     assert settings["pivots"] == health["pivots"] and settings["filesTranslation"]
     status, body = form(many, "/translate", q=ENGLISH, source="auto", target="de")
