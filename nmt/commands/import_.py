@@ -1,7 +1,10 @@
-"""nmt-import: a Hugging Face transformers model directory in, an nmt checkpoint out.
+"""nmt-import: a Hugging Face transformers model directory, or a CTranslate2 model directory, in;
+an nmt checkpoint out.
 
-config.json's model_type picks the converter: marian (MarianMT, the OPUS-MT models:
-nmt.interop.marian) or m2m_100 (M2M100 and NLLB-200: nmt.interop.m2m100). Each reads the network,
+A directory with model.bin (or an Argos package, holding it in model/) is a CTranslate2 model
+(nmt.interop.ct2_import); otherwise config.json's model_type picks the converter: marian
+(MarianMT, the OPUS-MT models: nmt.interop.marian) or m2m_100 (M2M100 and NLLB-200:
+nmt.interop.m2m100). Each reads the network,
 the vocabulary and the weights; the model is built as every command builds it (nmt.variants), the
 weights loaded into it, and the checkpoint written atomically and read back. The checkpoint
 translates, serves, exports and fine-tunes as nmt-train's do; the command prints the nmt-train
@@ -14,8 +17,8 @@ from pathlib import Path
 
 from nmt.config import ImportConfig, ModelConfig
 from nmt.errors import NmtError
-from nmt.interop import m2m100, marian
-from nmt.interop.hf_files import read_json
+from nmt.interop import ct2_import, m2m100, marian
+from nmt.interop.hf_files import Converted, read_json
 from nmt.system.files import check_output, replaced_file
 from nmt.training.checkpoint import load_checkpoint, save_checkpoint
 from nmt.variants import build_model
@@ -31,19 +34,15 @@ def import_model(cfg: ImportConfig) -> Path:
     replaced = replaced_file(out)  # None: a pipe or device, written into (nothing replaced)
     if replaced is not None and replaced.exists() and not cfg.force:
         raise NmtError(f"output={out}: exists; give force=true to replace it")
-    config = read_json(src / "config.json")
-    kind = config.get("model_type")
-    if kind not in CONVERTERS:
-        raise NmtError(f"{src / 'config.json'}: model_type={kind!r}: nmt-import reads marian "
-                       f"(MarianMT, OPUS-MT) and m2m_100 (M2M100, NLLB-200) models")
     try:
-        converted = CONVERTERS[kind](src, config)
+        converted = convert(cfg)
         model_cfg, vocab = converted.model_cfg, converted.vocab
         model = build_model(model_cfg, vocab.src_size, vocab.tgt_size, vocab.pad_id,
                             vocab.joint)
         model.load_state_dict(converted.weights)
     except (RuntimeError, IndexError) as e:  # a shape that config.json does not give
-        raise NmtError(f"{src}: weights do not fit config.json "
+        layout = "model.bin" if ct2_import.is_ct2_model(src) else "config.json"
+        raise NmtError(f"{src}: weights do not fit {layout} "
                        f"({str(e).strip().splitlines()[-1].strip()[:150]})") from None
     save_checkpoint({"model": model.state_dict(), "model_cfg": model_cfg.__dict__.copy(),
                      "vocab": vocab.to_dict(), "update": 0, "epoch": 0,
@@ -58,6 +57,22 @@ def import_model(cfg: ImportConfig) -> Path:
           f"with: nmt-train +model=base {' '.join(model_overrides(model_cfg))} "
           f"train.init_from={out} ...", flush=True)
     return out
+
+
+def convert(cfg: ImportConfig) -> Converted:
+    """The input model as nmt's model config, vocabulary and weights, by its converter."""
+    src = Path(cfg.input)
+    if ct2_import.is_ct2_model(src):
+        return ct2_import.convert(src, cfg.src_spm, cfg.tgt_spm)
+    config = read_json(src / "config.json")
+    kind = config.get("model_type")
+    if kind not in CONVERTERS:
+        raise NmtError(f"{src / 'config.json'}: model_type={kind!r}: nmt-import reads marian "
+                       f"(MarianMT, OPUS-MT) and m2m_100 (M2M100, NLLB-200) models, and "
+                       f"CTranslate2 models (model.bin)")
+    if cfg.src_spm:
+        raise NmtError(f"src_spm={cfg.src_spm}: applies to CTranslate2 models only (model.bin)")
+    return CONVERTERS[kind](src, config)
 
 
 def model_overrides(cfg: ModelConfig) -> list[str]:

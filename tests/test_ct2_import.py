@@ -1,0 +1,214 @@
+"""nmt-import of a CTranslate2 model directory (nmt.interop.ct2_import): an nmt export comes
+back as the same checkpoint, a MarianMT model converted by CTranslate2's own converter
+decodes greedily to CTranslate2's tokens, int8 weights come back dequantised, bad input is one
+line and writes nothing, and the import fine-tunes with train.init_from.
+
+The models are random and built here: tests/test_export.py's 2+2 checkpoint (nmt-export writes
+it), tests/test_marian.py's MarianMT (2+1 layers, swish, output bias, a shuffled vocab.json,
+converted by ctranslate2.converters.TransformersConverter: no <pad>, decoding from a zero
+embedding, sines and cosines in halves).
+"""
+
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_export import DATA, MAX_LEN, bundled_sentences, varied_checkpoint
+from translate_helpers import fine_tune_imported, mean_nll
+
+from nmt.commands.export import export
+from nmt.commands.import_ import import_model
+from nmt.config import ExportConfig, ImportConfig, SearchConfig
+from nmt.data.tokenizer import train_bpe
+from nmt.errors import NmtError
+from nmt.inference.batches import translate_ids
+from nmt.inference.translator import Translator
+from nmt.system.files import read_lines
+from nmt.training.checkpoint import load_checkpoint
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def search() -> SearchConfig:
+    """Greedy, at most MAX_LEN tokens."""
+    return SearchConfig(beam_size=1, max_len_a=0.0, max_len_b=MAX_LEN)
+
+
+def nmt_greedy(checkpoint: Path, src_ids: list[list[int]]) -> list[list[int]]:
+    """The checkpoint's greedy output ids for these source ids."""
+    tr = Translator.load(checkpoint, dtype=None)
+    return translate_ids(tr.model, src_ids, search(), tr.specials)
+
+
+@pytest.fixture(scope="module")
+def spm() -> dict[str, bytes]:
+    """SentencePiece BPE models of the bundled sample: joint, English-only, German-only."""
+    en = read_lines(str(DATA / "train.en.xz"))[:2000]
+    de = read_lines(str(DATA / "train.de.xz"))[:2000]
+    return {"joint": train_bpe(en + de, 500).proto, "en": train_bpe(en, 300).proto,
+            "de": train_bpe(de, 400).proto}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(spm, tmp_path_factory) -> Path:
+    """A random post-norm 2+2 checkpoint of one joint vocabulary."""
+    return varied_checkpoint(tmp_path_factory.mktemp("run") / "ckpt.pt", spm["joint"],
+                             spm["joint"], "post")
+
+
+def export_ct2(checkpoint: Path, out: Path, quantization: str = "") -> Path:
+    """nmt-export format=ctranslate2 of the checkpoint into `out`."""
+    export(ExportConfig(checkpoint=str(checkpoint), output=str(out), format="ctranslate2",
+                        quantization=quantization))
+    return out
+
+
+@pytest.mark.parametrize("separate", [False, True], ids=["joint-post", "separate-pre"])
+def test_an_nmt_export_imports_back_to_the_same_checkpoint(spm, checkpoint, separate,
+                                                           tmp_path, capsys):
+    if separate:  # two vocabularies, untied output layer, pre-norm, a 1-layer decoder
+        checkpoint = varied_checkpoint(tmp_path / "sep.pt", spm["en"], spm["de"], "pre",
+                                       share_embeddings=False, N_dec=1)
+    ct2 = export_ct2(checkpoint, tmp_path / "ct2")
+    out = import_model(ImportConfig(input=str(ct2), output=str(tmp_path / "back.pt")))
+    assert "dequantised" not in capsys.readouterr().out
+    before, after = load_checkpoint(checkpoint), load_checkpoint(out)
+    assert after["model_cfg"] == before["model_cfg"]
+    assert after["vocab"] == before["vocab"]  # the SentencePiece models too
+    assert before["model"].keys() == after["model"].keys()
+    for name, weight in before["model"].items():
+        assert torch.equal(after["model"][name], weight), name
+    src_ids = Translator.load(checkpoint, dtype=None).src_tok.encode(list(bundled_sentences()))
+    assert nmt_greedy(out, src_ids) == nmt_greedy(checkpoint, src_ids)
+
+
+def test_int8_weights_come_back_dequantised_within_their_step(checkpoint, tmp_path, capsys):
+    ct2 = export_ct2(checkpoint, tmp_path / "ct2", "int8")
+    out = import_model(ImportConfig(input=str(ct2), output=str(tmp_path / "int8.pt")))
+    assert "int8 weights dequantised to float32" in capsys.readouterr().out
+    before, after = load_checkpoint(checkpoint)["model"], load_checkpoint(out)["model"]
+    rounded = 0
+    for name, weight in before.items():
+        if weight.dim() == 2:  # quantised per row: q = round(w * 127 / max|row|)
+            step = weight.abs().amax(dim=1, keepdim=True) / 127
+            error = (after[name] - weight).abs()
+            assert (error <= step / 2 * 1.001 + 1e-7).all(), name
+            rounded += int((error > 0).sum())
+        else:
+            assert torch.equal(after[name], weight), name
+    assert rounded > 0  # weights were quantised and dequantised, not copied
+
+
+# ----------------------------------------------------------------------------- MarianMT
+@pytest.fixture(scope="module")
+def marian_ct2(tmp_path_factory) -> tuple[Path, Path]:
+    """test_marian's MarianMT directory, and CTranslate2's conversion of it."""
+    from test_marian import build_marian
+
+    hf = build_marian(tmp_path_factory)
+    out = tmp_path_factory.mktemp("ct2") / "marian"
+    ctranslate2.converters.TransformersConverter(str(hf)).convert(str(out))
+    return hf, out
+
+
+@pytest.fixture(scope="module")
+def marian_imported(marian_ct2, tmp_path_factory) -> Path:
+    hf, ct2 = marian_ct2
+    out = tmp_path_factory.mktemp("nmt") / "marian.pt"
+    import_model(ImportConfig(input=str(ct2), output=str(out), src_spm=str(hf / "source.spm"),
+                              tgt_spm=str(hf / "target.spm")))
+    return out
+
+
+def test_greedy_output_is_ctranslate2s_on_a_converted_marian_model(marian_ct2,
+                                                                   marian_imported):
+    from transformers import MarianTokenizer
+
+    hf, ct2 = marian_ct2
+    tokenizer = MarianTokenizer.from_pretrained(hf)
+    text = read_lines(str(DATA / "test.en.xz"))[:48]
+    sources = [tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(text)["input_ids"]]
+    translator = ctranslate2.Translator(str(ct2), device="cpu", intra_threads=1)
+    results = translator.translate_batch(sources, beam_size=1, max_decoding_length=MAX_LEN)
+    expected = [r.hypotheses[0] for r in results]
+    assert 0 < sum(len(h) < MAX_LEN for h in expected) < len(expected), "want ends and cuts"
+    assert len({tuple(h) for h in expected}) > len(expected) // 4, "outputs ignore the source"
+    tr = Translator.load(marian_imported, dtype=None)
+    src_ids = [[tr.src_tok.sp.piece_to_id(p) for p in pieces[:-1]] for pieces in sources]
+    assert all(pieces[-1] == "</s>" for pieces in sources)
+    got = translate_ids(tr.model, src_ids, search(), tr.specials)
+    assert [[tr.tgt_tok.sp.id_to_piece(i) for i in ids] for ids in got] == expected
+    state = load_checkpoint(marian_imported)
+    cfg, vocab = state["model_cfg"], state["vocab"]
+    assert (cfg["activation"], cfg["output_bias"], cfg["N"], cfg["N_dec"]) == ("swish", True,
+                                                                               2, 1)
+    assert vocab["bos_id"] == vocab["pad_id"] == vocab["src_size"] - 1  # the <pad> added
+
+
+@pytest.mark.slow  # over 2 s: preprocessing and 12 updates
+def test_init_from_fine_tunes_the_imported_marian_model(marian_imported, tmp_path):
+    src = read_lines(str(DATA / "train.en.xz"))[3000:4000]
+    tgt = read_lines(str(DATA / "train.de.xz"))[3000:4000]
+    pairs = [(e, d) for e, d in zip(src, tgt, strict=True) if len(e.split()) <= 12][:200]
+    _, tuned = fine_tune_imported(marian_imported, pairs, tmp_path, 12)
+    en, de = [e for e, _ in pairs[:150]], [d for _, d in pairs[:150]]
+    before, after = mean_nll(marian_imported, en, de), mean_nll(tuned, en, de)
+    assert after < before - 0.2, (before, after)
+
+
+# ----------------------------------------------------------------------------- bad input
+def test_bad_model_directories_are_one_line_and_write_nothing(checkpoint, tmp_path):
+    ct2 = export_ct2(checkpoint, tmp_path / "ct2")
+    out = tmp_path / "out.pt"
+
+    def refused(directory: Path, match: str, **kw) -> None:
+        with pytest.raises(NmtError, match=match) as e:
+            import_model(ImportConfig(input=str(directory), output=str(out), **kw))
+        assert "\n" not in str(e.value) and not out.exists()
+
+    data = (ct2 / "model.bin").read_bytes()
+    bad = shutil.copytree(ct2, tmp_path / "truncated")
+    (bad / "model.bin").write_bytes(data[:len(data) // 2])
+    refused(bad, r"model.bin: truncated at byte [\d,]+ \(needs [\d,]+\)")
+    (bad / "model.bin").write_bytes(struct.pack("<I", 99) + data[4:])
+    refused(bad, r"model.bin: binary version 99: nmt-import reads versions 2 to 6")
+    (bad / "model.bin").unlink()
+    refused(bad, r"config.json: model_type=None: .* and CTranslate2 models \(model.bin\)")
+    (bad / "config.json").unlink()
+    refused(bad, r"config.json: not found")
+    (ct2 / "source.spm").unlink()
+    (ct2 / "target.spm").unlink()
+    refused(ct2, r"no SentencePiece model beside model.bin .* give src_spm=FILE")
+
+
+def test_a_layout_nmt_cannot_build_is_named_in_one_line(checkpoint, tmp_path):
+    from ctranslate2.specs import TransformerSpec
+
+    from nmt.interop.ct2_export import ctranslate2_spec, pieces
+
+    tr = Translator.load(checkpoint, dtype=None)
+    out = tmp_path / "out.pt"
+    table = torch.randn(64, tr.model.cfg.d_model).numpy()  # learned positions
+    for name, change in (
+            ("learned", lambda s: setattr(s.encoder.position_encodings, "encodings", table)),
+            ("gelu_tanh", lambda s: [setattr(x, "activation", np.int8(1))
+                                     for x in (s.encoder, s.decoder)])):
+        spec = ctranslate2_spec(tr.model, pieces(tr.src_tok), pieces(tr.tgt_tok), tr.specials)
+        assert isinstance(spec, TransformerSpec)
+        change(spec)
+        spec.decoder.position_encodings.encodings = spec.encoder.position_encodings.encodings
+        folder = tmp_path / name
+        folder.mkdir()
+        spec.validate()
+        spec.optimize()
+        spec.save(str(folder))
+        (folder / "source.spm").write_bytes(tr.src_tok.proto)
+        with pytest.raises(NmtError) as e:
+            import_model(ImportConfig(input=str(folder), output=str(out)))
+        assert "\n" not in str(e.value) and not out.exists()
+        assert {"learned": "are not sinusoids nmt computes (learned positions?)",
+                "gelu_tanh": "encoder/activation=1"}[name] in str(e.value)
