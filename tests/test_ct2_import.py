@@ -103,6 +103,28 @@ def test_int8_weights_come_back_dequantised_within_their_step(checkpoint, tmp_pa
     assert rounded > 0  # weights were quantised and dequantised, not copied
 
 
+def test_an_argos_package_imports_with_its_sentencepiece_model_and_pair(spm, checkpoint,
+                                                                         tmp_path, capsys):
+    package = tmp_path / "translate-en_de-1_0"
+    model = export_ct2(checkpoint, package / "model")
+    for name in ("nmt.json", "source.spm", "target.spm"):  # what nmt-export adds
+        (model / name).unlink()
+    (package / "sentencepiece.model").write_bytes(spm["joint"])
+    (package / "metadata.json").write_text('{"from_code": "en", "to_code": "de"}')
+    for given in (package, model):
+        out = import_model(ImportConfig(input=str(given), output=str(tmp_path / "a.pt"),
+                                        force=True))
+        assert "(CTranslate2 en->de, 2+2 layers" in capsys.readouterr().out
+        state = load_checkpoint(out)
+        assert state["vocab"]["pair"] == {"src_lang": "en", "tgt_lang": "de"}
+        assert state["vocab"]["src_spm"] == spm["joint"]
+    (package / "sentencepiece.model").rename(package / "bpe.model")
+    with pytest.raises(NmtError, match=r"bpe.model: a BPE package; nmt-import reads "
+                                       r"SentencePiece packages only$"):
+        import_model(ImportConfig(input=str(package), output=str(tmp_path / "b.pt")))
+    assert not (tmp_path / "b.pt").exists()
+
+
 # ----------------------------------------------------------------------------- MarianMT
 @pytest.fixture(scope="module")
 def marian_ct2(tmp_path_factory) -> tuple[Path, Path]:

@@ -310,6 +310,10 @@ def positions(v: _Variables, d: int, pad_id: int) -> tuple[str, Tensor, int]:
     tables = [v.optional(enc), v.optional(dec)]
     same = torch.arange(d)
     if tables == [None, None]:  # CTranslate2's own: fairseq's formula, counted from 1
+        relative = sorted(n for n in v.model.variables if "relative" in n)
+        if relative:
+            raise NmtError(f"{v.path}: {relative[0]}: relative positions; nmt's model has "
+                           f"sinusoidal ones")
         if pad_id != 0:
             raise NmtError(f"{v.path}: no position table, so CTranslate2's sinusoids (counted "
                            f"from 1), which nmt computes only with the padding id 0, not "
