@@ -9,6 +9,7 @@ converted by ctranslate2.converters.TransformersConverter: no <pad>, decoding fr
 embedding, sines and cosines in halves).
 """
 
+import random
 import shutil
 import struct
 from pathlib import Path
@@ -123,6 +124,43 @@ def test_an_argos_package_imports_with_its_sentencepiece_model_and_pair(spm, che
                                        r"SentencePiece packages only$"):
         import_model(ImportConfig(input=str(package), output=str(tmp_path / "b.pt")))
     assert not (tmp_path / "b.pt").exists()
+
+
+def test_an_opennmt_style_vocabulary_decodes_as_ctranslate2_does(spm, checkpoint, tmp_path):
+    """OpenNMT-py's vocabulary (<unk>, <blank> the padding, <s>, </s>, then the pieces in
+    its own order, not the SentencePiece model's) beside a sentencepiece.model."""
+    from nmt.data.tokenizer import Specials
+    from nmt.interop.ct2_export import ctranslate2_spec
+
+    tr = Translator.load(checkpoint, dtype=None)
+    pieces = [tr.tgt_tok.sp.id_to_piece(i) for i in range(tr.tgt_tok.vocab_size)]
+    rest = list(range(4, len(pieces)))
+    random.Random(0).shuffle(rest)
+    order = [1, 0, 2, 3, *rest]  # new id j is the checkpoint's id order[j]
+    tokens = ["<unk>", "<blank>", "<s>", "</s>", *(pieces[i] for i in rest)]
+    model = tr.model
+    with torch.no_grad():
+        model.generator.weight.copy_(model.generator.weight[order])  # tied: every matrix
+    spec = ctranslate2_spec(model, tokens, tokens, Specials(bos=2, eos=3, pad=1))
+    spec.config.unk_token = "<unk>"
+    spec.validate()
+    spec.optimize()
+    (tmp_path / "model").mkdir()
+    spec.save(str(tmp_path / "model"))
+    (tmp_path / "model" / "sentencepiece.model").write_bytes(spm["joint"])
+    out = import_model(ImportConfig(input=str(tmp_path / "model"), output=str(tmp_path / "o.pt")))
+    text = list(bundled_sentences())
+    sources = tr.src_tok.sp.encode(text, out_type=str)
+    translator = ctranslate2.Translator(str(tmp_path / "model"), device="cpu", intra_threads=1)
+    expected = [r.hypotheses[0] for r in translator.translate_batch(
+        sources, beam_size=1, max_decoding_length=MAX_LEN)]
+    assert len({tuple(h) for h in expected}) > len(expected) // 4, "outputs ignore the source"
+    imported = Translator.load(out, dtype=None)
+    vocab = load_checkpoint(out)["vocab"]
+    assert (vocab["unk_id"], vocab["pad_id"], vocab["bos_id"], vocab["eos_id"]) == (0, 1, 2, 3)
+    got = translate_ids(imported.model, imported.src_tok.encode(text), search(),
+                        imported.specials)
+    assert [[imported.tgt_tok.sp.id_to_piece(i) for i in ids] for ids in got] == expected
 
 
 # ----------------------------------------------------------------------------- MarianMT
