@@ -29,7 +29,7 @@ from nmt.data.tokenizer import SPECIALS, Tokenizer
 from nmt.errors import NmtError
 from nmt.inference.batches import translate_nbest
 from nmt.inference.constrained import PhraseConstraints, missing_phrases
-from nmt.inference.core import output_lengths
+from nmt.inference.lengths import output_lengths
 from nmt.inference.messages import Sentence
 
 pytestmark = pytest.mark.usefixtures("one_thread")

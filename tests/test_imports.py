@@ -30,7 +30,8 @@ LAYERS = [
     # decoding, data batches, run logs, the importers' readers
     {"nmt.inference.attention_op", "nmt.inference.affine", "nmt.inference.fast_state",
      "nmt.inference.fast_model", "nmt.inference.strategies", "nmt.inference.rules",
-     "nmt.inference.decoder", "nmt.inference.core", "nmt.inference.batches",
+     "nmt.inference.decoder", "nmt.inference.lengths", "nmt.inference.admission",
+     "nmt.inference.core", "nmt.inference.batches",
      "nmt.inference.workers", "nmt.inference.constrained", "nmt.inference.stepping",
      "nmt.inference.loading", "nmt.inference.mbr", "nmt.inference.shortlist",
      "nmt.inference.comet",
@@ -214,9 +215,10 @@ def test_the_model_imports_nothing_of_nmt_but_its_config():
 
 
 # Each rule and strategy of decoding is one function (or class), defined once, in the
-# decoding core (nmt.inference.core), its rules (nmt.inference.rules) or the models' side of
-# a step (nmt.inference.decoder): the empty-source rule, the lengths, the bans, forced
-# prefixes, the shortlist, the strategies and what the decoding keeps.
+# decoding core (nmt.inference.core), its strategies (nmt.inference.strategies), its length
+# rules (nmt.inference.lengths), its rules (nmt.inference.rules) or the models' side of a step
+# (nmt.inference.decoder): the empty-source rule, the lengths, the bans, forced prefixes, the
+# shortlist, the strategies and what the decoding keeps.
 DECODING_RULES = {
     "empty_source", "max_output_lengths", "output_lengths", "length_penalty", "ban_specials",
     "ban_early_eos", "ban_repeated_ngrams", "ban_after_phrases", "apply_rules",
@@ -225,7 +227,8 @@ DECODING_RULES = {
     "choose_sample", "choose_beam", "going_on", "read_step", "Units", "Decoding", "Decoder",
 }
 STRATEGIES = ("choose_greedy", "choose_sample", "choose_beam")
-DECODING = ["nmt.inference.core"], ["nmt.inference.rules"], ["nmt.inference.decoder"]
+DECODING = (["nmt.inference.core"], ["nmt.inference.strategies"], ["nmt.inference.lengths"],
+            ["nmt.inference.rules"], ["nmt.inference.decoder"])
 
 
 def definitions() -> dict[str, list[str]]:
@@ -250,11 +253,16 @@ def test_each_decoding_rule_is_defined_once_in_the_core():
 def test_the_strategies_choose_and_the_decoding_keeps():
     """A strategy is a function of the log-probabilities, the rows' scores and its own small
     state: it takes no Decoding (nor self) and calls none of its methods; only the Decoding
-    reorders, writes and finishes."""
-    tree = ast.parse((NMT / "inference" / "core.py").read_text(encoding="utf-8"))
-    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
-    decoding = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Decoding")
-    methods = {n.name for n in decoding.body if isinstance(n, ast.FunctionDef)}
+    reorders, writes and finishes (its admission included)."""
+    def parsed(name: str) -> ast.Module:
+        return ast.parse((NMT / "inference" / name).read_text(encoding="utf-8"))
+
+    functions = {n.name: n for n in parsed("strategies.py").body
+                 if isinstance(n, ast.FunctionDef)}
+    classes = [n for module in ("core.py", "admission.py") for n in parsed(module).body
+               if isinstance(n, ast.ClassDef) and n.name in ("Decoding", "Admission")]
+    assert len(classes) == 2
+    methods = {n.name for c in classes for n in c.body if isinstance(n, ast.FunctionDef)}
     for name in STRATEGIES:
         fn = functions[name]  # a module-level function, not a method
         args = [a.arg for a in fn.args.args]

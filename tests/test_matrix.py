@@ -343,3 +343,31 @@ def test_a_forced_models_request_names_the_language_its_texts_are_split_in(kinds
     finally:
         srv.stop()
     assert got == run_translate(kind, "nmt", "split", tmp_path)
+
+
+@pytest.mark.slow
+def test_a_many_model_server_gives_each_pair_nmt_translates_text(kinds, tmp_path):
+    """nmt-serve models=DIR of a bilingual model (en-de), a tag model trained here (en-fr:
+    its en-de is the bilingual one's) and an NLLB-style one: every interface gives
+    nmt-translate's text for each pair, from the pair's model."""
+    import shutil
+
+    from test_serve_models import ModelsInProcess
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    for name in ("bilingual", "tag", "nllb"):
+        shutil.copy(kinds[name].checkpoint, folder / f"{name}.pt")
+    cases = [kinds["bilingual"],  # each as nmt-translate is told its languages
+             dataclasses.replace(kinds["tag"], languages={"tgt_lang": "fr"}, target="fr"),
+             kinds["nllb"]]
+    srv = ModelsInProcess(folder, *COMMON)
+    try:
+        for kind in cases:
+            want = run_translate(kind, "nmt", "greedy", tmp_path)
+            pair = {"src_lang": kind.source, "tgt_lang": kind.target}
+            assert run_api(srv, dataclasses.replace(kind, languages=pair), "greedy") == want
+            assert run_libre_json(srv, kind, "greedy") == want
+            assert run_libre_form(srv, kind, "greedy") == want
+    finally:
+        srv.stop()

@@ -12,7 +12,7 @@ import torch
 from conftest import write_token_array
 from translate_helpers import random_sources, save_tiny_checkpoint, search, tiny_model, tokens
 
-import nmt.inference.core
+import nmt.inference.admission
 import nmt.inference.shortlist
 from nmt.commands.preprocess import preprocess
 from nmt.config import BpeConfig, PreprocessConfig, ShortlistConfig
@@ -161,7 +161,7 @@ def test_searching_the_shortlists_columns_is_searching_full_rows(model, sources,
     cfg = search(shortlist=path, dtype=dtype, **kw)
     prefixes = [[4 + i % 5] if i % 3 == 0 else [] for i in range(len(sources))]
     compact = translate_nbest(model, sources, cfg, SPECIALS, prefixes=prefixes)
-    monkeypatch.setattr(nmt.inference.core, "in_columns", lambda *a: False)
+    monkeypatch.setattr(nmt.inference.admission, "in_columns", lambda *a: False)
     full = translate_nbest(model, sources, cfg, SPECIALS, prefixes=prefixes)
     assert tokens(compact) == tokens(full)
     scores = [[[h.score for h in hyps] for hyps in out] for out in (compact, full)]

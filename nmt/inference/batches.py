@@ -23,17 +23,14 @@ from torch import Tensor
 from nmt.config import SearchConfig
 from nmt.data.batches import batch_by_tokens
 from nmt.data.tokenizer import Specials
-from nmt.inference.core import (
-    decode_all,
-    empty_source,
-    length_penalty,
-    pad_batch,
-    use_beams,
-)
+from nmt.inference.admission import pad_batch
+from nmt.inference.core import decode_all
 from nmt.inference.decoder import Decoder
 from nmt.inference.fast_model import FastModel
+from nmt.inference.lengths import empty_source, length_penalty
 from nmt.inference.messages import Hypothesis, Sentence
 from nmt.inference.shortlist import Candidates, load_shortlist
+from nmt.inference.strategies import use_beams
 from nmt.model import Transformer
 
 
@@ -77,7 +74,7 @@ def search_batch(model, src: Tensor, search: SearchConfig, specials: Specials,
                  beam: bool | None = None) -> list[list[Hypothesis]]:
     """Decode one padded (B, S) batch of sources (each ending with EOS): search.nbest
     hypotheses each. model: a model or a list of them (an ensemble). The strategy is
-    nmt.inference.core.use_beams' (greedy search or sampling when beam_size is 1 or sampling
+    nmt.inference.strategies.use_beams' (greedy search or sampling when beam_size is 1 or sampling
     is on, else beam search; with constraints, beam search at any beam size, never sampling)
     unless beam says. prefixes: forced output prefixes; lines: each sentence's input line
     number, which seeds its samples (default 0..B-1); constraints: per sentence, phrases every
@@ -193,7 +190,7 @@ def translate_nbest(model, src_ids: list[list[int]], search: SearchConfig,
     and PAD ids of its target tokenizer (Tokenizer.specials). fast: decode with FastModel in
     search.dtype (False: the reference model, as the tests compare).
     An empty source without a prefix or constraints gives one empty hypothesis, score 0
-    (nmt.inference.core.empty_source). progress:
+    (nmt.inference.lengths.empty_source). progress:
     called with each batch size. prefixes: per source, output ids every hypothesis starts
     with. lines: per source, its input line number (seeds sampling; default 0..n-1). run:
     how the batches run (run_jobs: in this process; the Translator's: on its workers).

@@ -23,8 +23,9 @@ import queue
 
 from nmt.config import SearchConfig
 from nmt.inference.batches import batch_candidates
-from nmt.inference.core import Decoding, use_beams
+from nmt.inference.core import Decoding
 from nmt.inference.messages import Batch, Done, Ended, Failed, Sentence, search_key
+from nmt.inference.strategies import use_beams
 from nmt.inference.workers import STOP
 
 # ----------------------------------------------------------------------------- the workers

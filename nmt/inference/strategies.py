@@ -1,15 +1,120 @@
-"""The search strategies: each a function of the log-probabilities, the rows' scores and its own
-small state that returns a `Choice`, each unit's candidates in the order to keep them; and the
-fast reductions they pick with over a vocabulary (`row_argmax`, `top_k`). The decoding
-(nmt.inference.core.Decoding) keeps what they choose.
+"""The search strategies: which search a setting runs (`use_beams`), and each strategy a
+function of the log-probabilities, the rows' scores and its own small state that returns a
+`Choice`, each unit's candidates in the order to keep them (`choose_greedy`, `choose_sample`,
+`choose_beam`: fairseq's Search.step); the k of each unit that go on (`going_on`) and the
+step's one read from the device (`read_step`); and the fast reductions they pick with over a
+vocabulary (`row_argmax`, `top_k`). The decoding (nmt.inference.core.Decoding) keeps what
+they choose.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
+from nmt.config import SearchConfig
+from nmt.inference.rules import sample_tokens
 
+
+def use_beams(search: SearchConfig, has_phrases: bool) -> bool:
+    """The strategy: beam search when search.beam_size > 1 without sampling, and for lexical
+    constraints at any beam size; ValueError for constraints with sampling (they need beams)."""
+    if has_phrases and search.sampling:
+        raise ValueError("constraints need beam search, not sampling")
+    return has_phrases or (search.beam_size > 1 and not search.sampling)
+
+
+# ----------------------------------------------------------------------------- the strategies
+@dataclass
+class Choice:
+    """What a strategy chose at one step: per unit (b of them, kb rows each) c candidates, in
+    the order to keep them (best first; with constraints, in their banks' order): c = 1 for
+    greedy search and sampling, at least 2k for beam search."""
+
+    scores: Tensor  # (b, c) float: log P of the prefix each candidate makes
+    parents: Tensor  # (b, c) long: the row of its unit it continues, 0 .. kb - 1
+    tokens: Tensor  # (b, c) long: its column of the log-probabilities (Decoding: its piece)
+
+
+def choose_greedy(lprobs: Tensor, scores: Tensor) -> Choice:
+    """Greedy search: each row's most probable token. lprobs (R, V), scores (R, 1): a unit is
+    one row."""
+    return _one_each(lprobs, scores, row_argmax(lprobs))  # lprobs.argmax(dim=1), faster
+
+
+def choose_sample(lprobs: Tensor, scores: Tensor, u: Tensor, search: SearchConfig) -> Choice:
+    """Sampling: each row draws its token with its own uniform u (R,) (rules.sample_tokens:
+    temperature, top-k, top-p, epsilon), seeded per input line. scores (R, 1)."""
+    return _one_each(lprobs, scores, sample_tokens(lprobs, u, search))
+
+
+def _one_each(lprobs: Tensor, scores: Tensor, token: Tensor) -> Choice:
+    """One candidate per row: `token` (R,) and the log P of the prefix it makes."""
+    token = token.unsqueeze(1)  # (R, 1)
+    return Choice(scores + lprobs.gather(1, token), torch.zeros_like(token), token)
+
+
+def choose_beam(lprobs: Tensor, scores: Tensor, k: int, order=None) -> Choice:
+    """Beam search (fairseq's Search.step): the 2k best of each unit's kb x V continuations.
+    lprobs (b kb, V), overwritten; scores (b, kb) log P of the rows' prefixes. order: (cand
+    (b, kb V), its top 2k's indices, kb=, V=) -> log P and indices (b, W >= 2k) in the order
+    to keep them (constrained search's banks: PhraseConstraints.candidates); None: best
+    first."""
+    b, kb = scores.shape
+    V = lprobs.size(1)
+    cand = lprobs.add_(scores.view(-1, 1)).view(b, kb * V)  # (b, kb V): log P
+    if kb * V < 2 * k:  # a tiny vocabulary: pad with impossible candidates
+        cand = F.pad(cand, (0, 2 * k - kb * V), value=-torch.inf)
+    best, index = top_k(cand, 2 * k)  # (b, 2k), best first: cand.topk, faster
+    if order is not None:
+        best, index = order(cand, index, kb=kb, V=V)  # (b, W)
+    return Choice(best, (index // V).clamp_(max=kb - 1), index % V)
+
+
+# ------------------------------------------------------------------ what the decoding keeps
+def going_on(choice: Choice, k: int, eos_id: int) -> Choice:
+    """The k rows of each unit at the next step: its first k candidates that do not end (EOS),
+    (b, k) each. A unit's only candidate (greedy search, sampling) goes on even when it is
+    EOS, at log P -inf: the unit has ended."""
+    if choice.tokens.size(1) == k:
+        return Choice(choice.scores.masked_fill(choice.tokens == eos_id, -torch.inf),
+                      choice.parents, choice.tokens)
+    W = choice.tokens.size(1)
+    # sort positions with EOS pushed last, keep the first k
+    pos = ((choice.tokens == eos_id).long() * W + torch.arange(W, device=choice.tokens.device)
+           ).topk(k, dim=1, largest=False).indices  # (b, k)
+    return Choice(*(x.gather(1, pos) for x in (choice.scores, choice.parents, choice.tokens)))
+
+
+@dataclass
+class StepRead:
+    """What the host reads of one step, per unit (numpy (b, k) each): the first k candidates
+    (those that are EOS finish a hypothesis), and the k that go on."""
+
+    first_scores: np.ndarray
+    first_parents: np.ndarray
+    first_tokens: np.ndarray
+    scores: np.ndarray
+    parents: np.ndarray
+    tokens: np.ndarray
+
+
+def read_step(choice: Choice, on: Choice) -> StepRead:
+    """The step's one read from the device (a GPU waits for it once a step): the first k
+    candidates of `choice` and the k that go `on`, sent as one (b, 6 k) array."""
+    b, k = on.tokens.shape
+    parts = [choice.scores[:, :k], choice.parents[:, :k], choice.tokens[:, :k],
+             on.scores, on.parents, on.tokens]
+    host = np.array(torch.cat([x.double() for x in parts], dim=1).tolist()).reshape(b, 6, k)
+    return StepRead(host[:, 0], host[:, 1].astype(np.int64), host[:, 2].astype(np.int64),
+                    host[:, 3], host[:, 4].astype(np.int64), host[:, 5].astype(np.int64))
+
+
+# ----------------------------------------------------------------------------- over a vocabulary
 def row_argmax(x: Tensor) -> Tensor:
     """(R, V) -> (R,) each row's first maximal column, as x.argmax(dim=1), 3x faster on the CPU
     for a vocabulary: the maxima of G contiguous chunks per row (torch's fast reduction), then

@@ -16,13 +16,13 @@ from nmt.config import RerankConfig, SearchConfig, ServeConfig, check_markup_ins
 from nmt.data.languages import LanguageChoice, choose, language_id, recorded_pair
 from nmt.errors import ConfigError
 from nmt.inference import pipeline
-from nmt.inference.core import use_beams
 from nmt.inference.engine import Engine
 from nmt.inference.glossary import Glossary, request_entries
 from nmt.inference.messages import Hypothesis, Sentence
 from nmt.inference.pipeline import Options, PieceError, PieceResult, Prepared, TextResult
 from nmt.inference.rerank import Chooser, mbr_comet
 from nmt.inference.segment import AUTO, auto_mode, sentence_splitter
+from nmt.inference.strategies import use_beams
 from nmt.inference.workers import WorkerPool
 from nmt.serve import libretranslate
 from nmt.serve.api_keys import ApiKeys

@@ -1,0 +1,132 @@
+"""The length rules of decoding and the units' record: the empty-source rule
+(`empty_source`), GNMT's length penalty, each sentence's maximum output length
+(`max_output_lengths`, `output_lengths`: room for its prefix and constraints), and `Units`,
+the host's record of the live units (where they began, what they decoded, their maximum
+lengths and finished hypotheses, and the score a unit must beat), which the decoding
+(nmt.inference.core.Decoding) keeps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from nmt.config import SearchConfig
+from nmt.inference.constrained import missing_phrases
+from nmt.inference.messages import Hypothesis, Sentence
+
+
+def empty_source(sentence: Sentence) -> list[Hypothesis] | None:
+    """The empty-source rule: an empty source without a prefix or constraints has one empty
+    hypothesis, score 0, and is not decoded; None for every other sentence."""
+    if sentence.src or sentence.prefix or sentence.phrases:
+        return None
+    return [Hypothesis([], 0.0, 0.0, [])]
+
+
+def length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
+    """GNMT lp(Y) = ((5 + |Y|) / 6)^alpha (Wu et al. 2016, eq. 14)."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def max_output_lengths(src_lengths: Tensor, search: SearchConfig, max_positions: int) -> Tensor:
+    """Per sentence: floor(max_len_a * source length + max_len_b), at least 1, within positions."""
+    lengths = (search.max_len_a * src_lengths.double() + search.max_len_b).floor().long()
+    return lengths.clamp(min=1, max=max_positions)
+
+
+def output_lengths(sentences: list[Sentence], search: SearchConfig,
+                   max_positions: int) -> np.ndarray:
+    """The maximum output length of each sentence (max_output_lengths), raised where needed to
+    hold its forced prefix, every constraint token after it (the prefix need not hold any) and
+    one more token (EOS), within the models' positions."""
+    src = torch.tensor([len(s.src) for s in sentences])
+    need = torch.tensor([len(s.prefix) + sum(map(len, s.phrases)) + 1
+                         if s.prefix or s.phrases else 0 for s in sentences])
+    lengths = max_output_lengths(src, search, max_positions)
+    return torch.maximum(lengths, need.clamp(max=max_positions)).numpy()
+
+
+def max_positions(models: list) -> int:
+    """The longest output every model can decode."""
+    return min(model.cfg.max_positions for model in models)
+
+
+class Units:
+    """The host's record of the live units, in row order: per unit its sentence's slot, where
+    its rows began in the cache, the tokens they have decoded, its maximum output length (and
+    the length penalty there), and its finished hypotheses: those with every constraint
+    phrase (`hyps`: they count, and the nbest-th best's score is the one to beat) and those
+    without one (cut at the maximum length: ranked after all others)."""
+
+    def __init__(self, alpha: float, nbest: int):
+        """No unit yet; alpha: GNMT's length penalty's; nbest: the hypotheses a unit returns."""
+        self.alpha, self.nbest = alpha, nbest
+        self.slot = np.zeros(0, dtype=np.int64)  # (U,) its sentence's slot
+        self.start = np.zeros(0, dtype=np.int64)  # (U,) its rows' first cache position
+        self.t = np.zeros(0, dtype=np.int64)  # (U,) tokens its rows have decoded
+        self.max_len = np.zeros(0, dtype=np.int64)  # (U,) its maximum output length
+        self.lp_max = np.zeros(0, dtype=np.float32)  # (U,) lp(max_len)
+        self.count = np.zeros(0, dtype=np.int64)  # (U,) hypotheses in `hyps`
+        self.threshold = np.zeros(0, dtype=np.float32)  # (U,) the score to beat
+        self.hyps: list[list[Hypothesis]] = []
+        self.lacking: list[list[Hypothesis]] = []  # some phrase missing
+        self.phrases: list[list[list[int]]] = []  # the phrases every output must contain
+
+    ARRAYS = ("slot", "start", "t", "max_len", "lp_max", "count", "threshold")
+    LISTS = ("hyps", "lacking", "phrases")
+
+    def __len__(self) -> int:
+        return len(self.slot)
+
+    def admit(self, slot: np.ndarray, start: int, max_len: np.ndarray,
+              phrases: list[list[list[int]]]) -> None:
+        """New units after the live ones: their slots, the cache position where they begin,
+        their maximum output lengths and constraint phrases; nothing decoded or finished."""
+        n = len(slot)
+        lp_max = length_penalty(torch.from_numpy(max_len).double(), self.alpha).float().numpy()
+        new = (slot, np.full(n, start, dtype=np.int64), np.zeros(n, dtype=np.int64), max_len,
+               lp_max, np.zeros(n, dtype=np.int64), np.full(n, -np.inf, dtype=np.float32))
+        for name, x in zip(self.ARRAYS, new, strict=True):
+            setattr(self, name, np.concatenate([getattr(self, name), x]))
+        self.hyps += [[] for _ in range(n)]
+        self.lacking += [[] for _ in range(n)]
+        self.phrases += phrases
+
+    def keep(self, index: np.ndarray) -> None:
+        """Only units `index` stay, in that order."""
+        for name in self.ARRAYS:
+            setattr(self, name, getattr(self, name)[index])
+        for name in self.LISTS:
+            setattr(self, name, [getattr(self, name)[u] for u in index.tolist()])
+
+    def add(self, units: np.ndarray, outputs: list[list[int]], logprobs: np.ndarray,
+            lengths: np.ndarray, token_logprobs: list[list[float]]) -> None:
+        """Record finished hypotheses: per hypothesis its unit, output ids, log P, |Y| and
+        its output tokens' log P. Dead ones (log P -inf: every continuation banned) are not
+        hypotheses."""
+        touched = set()
+        for u, ids, logp, length, token_lp in zip(units.tolist(), outputs, logprobs.tolist(),
+                                                  lengths.tolist(), token_logprobs, strict=True):
+            if logp == -np.inf:
+                continue
+            hyp = Hypothesis(ids, logp / length_penalty(length, self.alpha), logp, token_lp)
+            if self.phrases[u] and missing_phrases(ids, self.phrases[u]):
+                self.lacking[u].append(hyp)
+            else:
+                self.hyps[u].append(hyp)
+                touched.add(u)
+        for u in touched:
+            hyps = self.hyps[u]
+            self.count[u] = len(hyps)
+            if len(hyps) >= self.nbest:
+                hyps.sort(key=lambda h: -h.score)
+                self.threshold[u] = hyps[self.nbest - 1].score
+
+    def best(self, u: int) -> list[Hypothesis]:
+        """Unit u's nbest hypotheses, best first; one with no output and log P -inf if it
+        finished none."""
+        best = sorted(self.hyps[u], key=lambda h: -h.score)[:self.nbest]
+        best += sorted(self.lacking[u], key=lambda h: -h.score)[:self.nbest - len(best)]
+        return best or [Hypothesis([], -np.inf, -np.inf, [])]
