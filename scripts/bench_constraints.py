@@ -83,10 +83,10 @@ def main() -> None:
               f"constraints (reference words of >= {args.min_chars} letters), beam {args.beam}")
         for name, path in (("without", None), ("with", cons)):
             out = run(args, src, ref, "constraints", path)
-            n = len(out["hypotheses"])
-            print(f"{name:8s} constraints: coverage {coverage(out['hypotheses'], constraints):.3f}"
-                  f"  BLEU {out['scores'].bleu:.2f}  chrF {out['scores'].chrf:.2f}  "
-                  f"{n / out['seconds']:.1f} sentences/s")
+            n = len(out.hypotheses)
+            print(f"{name:8s} constraints: coverage {coverage(out.hypotheses, constraints):.3f}"
+                  f"  BLEU {out.scores.bleu:.2f}  chrF {out.scores.chrf:.2f}  "
+                  f"{n / out.seconds:.1f} sentences/s")
 
 
 if __name__ == "__main__":

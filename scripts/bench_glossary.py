@@ -114,10 +114,10 @@ def main(argv: list[str] | None = None) -> None:
         rates = []
         for name, path in (("without", None), ("with", gloss)):
             out = run(args, src, ref, "glossary", path)
-            accuracy, terms = term_accuracy(glossary, sources, out["hypotheses"])
-            rates.append(len(out["hypotheses"]) / max(out["seconds"], 1e-9))
+            accuracy, terms = term_accuracy(glossary, sources, out.hypotheses)
+            rates.append(len(out.hypotheses) / max(out.seconds, 1e-9))
             print(f"{name:8s} glossary: term accuracy {accuracy:.3f} ({terms} terms)  "
-                  f"BLEU {out['scores'].bleu:.2f}  chrF {out['scores'].chrf:.2f}  "
+                  f"BLEU {out.scores.bleu:.2f}  chrF {out.scores.chrf:.2f}  "
                   f"{rates[-1]:.1f} sentences/s")
         print(f"speed with the glossary: x{rates[1] / rates[0]:.2f}")
 

@@ -281,7 +281,7 @@ def score_run(args, run: Path) -> list[dict]:
                     f"search.alpha={alpha}", f"weights={weights}", "quiet=true",
                     *([f"comet={args.comet}"] if args.comet else [])]),
                     TranslateConfig))
-                s = result["scores"]
+                s = result.scores
                 scores.append({"split": args.split, "model": label, "beam": beam,
                                "alpha": alpha, "bleu": round(s.bleu, 2),
                                "chrf": round(s.chrf, 2), "bp": brevity_penalty(s.bleu_line),

@@ -49,7 +49,7 @@ def score(checkpoint: str, src: list[str], ref: list[str], work: Path, name: str
         f"checkpoint={checkpoint}", f"input={work / f'{name}.src'}",
         f"output={work / f'{name}.hyp'}", f"ref={work / f'{name}.ref'}",
         f"search.beam_size={beam}", f"search.alpha={alpha}", "quiet=true"]), TranslateConfig))
-    return result["scores"]
+    return result.scores
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -116,7 +116,7 @@ def test_the_command_writes_a_pharaoh_column_the_same_in_any_batches(ckpt, test_
                               alignment="true", workers=1, **{"search.max_sentences": 1}))
     assert lines_of(one_by_one) == lines_of(out)
     tok = Translator.load(ckpt, dtype=None).src_tok
-    for source, hyps, (_, links) in zip(lines_of(test_en), result["nbest"], rows, strict=True):
+    for source, hyps, (_, links) in zip(lines_of(test_en), result.nbest, rows, strict=True):
         assert PHARAOH.match(links), links
         pairs = [tuple(map(int, link.split("-"))) for link in links.split()]
         assert [j for _, j in pairs] == list(range(len(hyps[0].tokens)))

@@ -157,7 +157,7 @@ def test_translate_prints_comet_beside_bleu_and_chrf(tiny_data_dir, tmp_path, mo
     hyps = out.read_text(encoding="utf-8").splitlines()
     comet = load_comet(str(models["regression_metric"]))
     expected = comet.score(test_en.read_text().splitlines(), hyps, ref.read_text().splitlines())
-    assert result["scores"].comet == pytest.approx(sum(expected) / len(expected), abs=1e-6)
+    assert result.scores.comet == pytest.approx(sum(expected) / len(expected), abs=1e-6)
     assert "COMET = " in capsys.readouterr().err
     # CometKiwi: a column of each line's score, and their mean
     result = translate(config(checkpoint=ckpt, input=test_en, output=out,
@@ -167,7 +167,7 @@ def test_translate_prints_comet_beside_bleu_and_chrf(tiny_data_dir, tmp_path, mo
     qe = kiwi.qe(test_en.read_text().splitlines(), hyps)
     assert [line.split("\t")[0] for line in lines] == hyps
     assert [float(line.split("\t")[1]) for line in lines] == pytest.approx(qe, abs=1e-4)
-    assert result["comet_qe_mean"] == pytest.approx(sum(qe) / len(qe))
+    assert result.comet_qe_mean == pytest.approx(sum(qe) / len(qe))
 
 
 def test_translate_mbr_with_comet(tiny_data_dir, tmp_path, models, test_en, monkeypatch):

@@ -243,13 +243,13 @@ def test_translate_with_a_constraints_file(ckpt, test_en, tmp_path):
         kw = {"search.beam_size": beam}
         out = translate(config(checkpoint=ckpt, input=src, output=tmp_path / "h",
                                constraints=cons, **kw))
-        assert lines_of(tmp_path / "h") == out["hypotheses"]
-        for hyp, line in zip(out["hypotheses"], phrases, strict=True):
+        assert lines_of(tmp_path / "h") == out.hypotheses
+        for hyp, line in zip(out.hypotheses, phrases, strict=True):
             for p in line.split("\t"):  # whole words (no piece goes on with the last)
                 assert len(re.findall(rf"\b{p}\b", hyp)) >= line.split("\t").count(p)
         free = translate(config(checkpoint=ckpt, input=src, output=tmp_path / "f", **kw))
-        assert not any("Nepo" in h for h in free["hypotheses"])
-        assert out["hypotheses"][2] == free["hypotheses"][2]  # none: as without
+        assert not any("Nepo" in h for h in free.hypotheses)
+        assert out.hypotheses[2] == free.hypotheses[2]  # none: as without
 
 
 def test_a_constraints_file_of_the_wrong_length_is_a_one_line_error(ckpt, test_en, tmp_path):
@@ -274,7 +274,7 @@ def test_a_translation_lacking_a_constraint_is_reported(ckpt, test_en, tmp_path,
     args = [f"checkpoint={ckpt}", f"input={src}", f"constraints={cons}", "output=-",
             "search.no_repeat_ngram_size=1"]  # no piece twice: "Nepo Nepo" cannot be written
     out = translate(to_object(compose("translate", args), TranslateConfig))
-    assert "Nepo" in out["hypotheses"][0] and "Nepo Nepo" not in out["hypotheses"][1]
+    assert "Nepo" in out.hypotheses[0] and "Nepo Nepo" not in out.hypotheses[1]
     assert (f"nmt-translate: warning: {src}: line 2: the translation lacks constraint "
             f"'Nepo Nepo' (cut at the maximum length)") in capsys.readouterr().err.splitlines()
 
@@ -286,7 +286,7 @@ def test_a_prefix_that_goes_on_with_a_constraints_word_is_translated(ckpt, test_
     cons = write(tmp_path / "cons.tsv", ["Nepo", "Nepo"])
     out = translate(config(checkpoint=ckpt, input=src, output=tmp_path / "h", prefix="true",
                            constraints=cons))
-    assert all(h.startswith("Nepoelif") for h in out["hypotheses"])
+    assert all(h.startswith("Nepoelif") for h in out.hypotheses)
 
 
 def test_a_line_left_with_no_translation_says_so_even_when_quiet(ckpt, test_en, tmp_path,
@@ -300,7 +300,7 @@ def test_a_line_left_with_no_translation_says_so_even_when_quiet(ckpt, test_en, 
     cons = write(tmp_path / "cons.tsv", ["Nepo\tTide"])
     out = translate(config(checkpoint=ckpt, input=src, output=tmp_path / "h", prefix="true",
                            constraints=cons))  # quiet=true
-    assert out["hypotheses"] == [""]
+    assert out.hypotheses == [""]
     assert capsys.readouterr().err.splitlines() == [
         f"nmt-translate: warning: {src}: line 1: no translation: every continuation was banned "
         f"(by its prefix, constraints or search.no_repeat_ngram_size)"]

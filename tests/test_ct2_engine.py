@@ -387,13 +387,13 @@ def test_nmt_translate_with_a_prefix_and_scoring(ckpt, tmp_path):
             TranslateConfig))
 
     ct2, ours = run("ctranslate2", "prefix=true"), run("nmt", "prefix=true")
-    assert all(h.startswith(p) for h, p in zip(ct2["hypotheses"], prefixes, strict=True))
-    assert ct2["hypotheses"] == ours["hypotheses"]
+    assert all(h.startswith(p) for h, p in zip(ct2.hypotheses, prefixes, strict=True))
+    assert ct2.hypotheses == ours.hypotheses
     ct2, ours = run("ctranslate2", "score_reference=true"), run("nmt", "score_reference=true")
-    assert [p.logprob for p in ct2["pairs"]] == pytest.approx(
-        [p.logprob for p in ours["pairs"]], abs=1e-3)
-    assert [p.score for p in ct2["pairs"]] == pytest.approx(
-        [p.score for p in ours["pairs"]], abs=1e-3)
+    assert [p.logprob for p in ct2.pairs] == pytest.approx(
+        [p.logprob for p in ours.pairs], abs=1e-3)
+    assert [p.score for p in ct2.pairs] == pytest.approx(
+        [p.score for p in ours.pairs], abs=1e-3)
 
 
 @pytest.mark.slow

@@ -126,9 +126,9 @@ def test_every_translation_holds_its_glossary_terms_and_kept_terms_exactly(ckpt,
     monkeypatch.setattr(Tokenizer, "encode", lambda self, lines, *a: encoded.append(
         list(lines)) or encode(self, lines, *a))
     out = translate(config(checkpoint=ckpt, input=files["in.en"], glossary=files["g.tsv"],
-                           keep=files["keep.txt"], **{"search.beam_size": 2}))["hypotheses"]
+                           keep=files["keep.txt"], **{"search.beam_size": 2})).hypotheses
     free = translate(config(checkpoint=ckpt, input=files["in.en"],
-                            **{"search.beam_size": 2}))["hypotheses"]
+                            **{"search.beam_size": 2})).hypotheses
     for line, hyp, want, plain in zip(LINES, out, WANT, free, strict=True):
         for term in want:
             assert re.search(rf"(?<!\w){term}(?!\w)", hyp), (line, hyp)
@@ -176,7 +176,7 @@ def server(ckpt, files):
 
 def test_the_servers_glossary_gives_nmt_translates_translations(server, ckpt, files):
     want = translate(config(checkpoint=ckpt, input=files["in.en"], glossary=files["g.tsv"],
-                            keep=files["keep.txt"]))["hypotheses"]
+                            keep=files["keep.txt"])).hypotheses
     assert [t["text"] for t in server.translate(LINES)] == want
 
 

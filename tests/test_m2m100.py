@@ -233,8 +233,8 @@ def test_nmt_translate_writes_the_language_asked_for(case, tmp_path):
                               search=SearchConfig(beam_size=1, max_len_a=0.0, max_len_b=MAX_LEN))
         result = translate(cfg)
         expected = [seq[1:] for seq in hf_greedy(model, batch, codes[lang])]
-        assert [h[0].tokens for h in result["nbest"]] == expected
-        assert read_lines(str(tmp_path / f"{lang}.txt")) == result["hypotheses"]
+        assert [h[0].tokens for h in result.nbest] == expected
+        assert read_lines(str(tmp_path / f"{lang}.txt")) == result.hypotheses
 
 
 def test_a_language_the_model_lacks_or_needs_is_one_line(m2m_pt, tmp_path):
@@ -351,7 +351,7 @@ def test_ctranslate2_engine_translates_into_the_language_asked_for(m2m_dir, m2m_
             ct2_model=str(tmp_path / "ct2"), output=str(tmp_path / "out.txt"), src_lang="en",
             tgt_lang=lang, workers=1, quiet=True, search=search))
         expected = [seq[1:] for seq in hf_greedy(model, batch, codes[lang])]
-        assert [h[0].tokens for h in result["nbest"]] == expected
+        assert [h[0].tokens for h in result.nbest] == expected
 
 
 @pytest.mark.slow

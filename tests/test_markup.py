@@ -251,7 +251,7 @@ def test_nmt_translate_markup_on_a_file(ckpt, tmp_path):
     src.write_text("\n".join(lines) + "\n")
     cfg = config(checkpoint=ckpt, input=src, output=tmp_path / "out.html", workers=1,
                  markup="html", split="sentence", split_lang="en")
-    out = translate(cfg)["hypotheses"]
+    out = translate(cfg).hypotheses
     assert len(out) == 3 and out[2] == "" and "<" not in out[1]
     assert Counter(TAG.findall(out[0])) == Counter(TAG.findall(lines[0])) and well_formed(out[0])
     assert (tmp_path / "out.html").read_text().split("\n")[:3] == out
@@ -390,9 +390,9 @@ def test_nmt_translate_markup_with_deep_nesting_and_outputs_that_fill_the_positi
                  markup="html", split="paragraph")
     cfg = dataclasses.replace(cfg, search=dataclasses.replace(cfg.search, max_len_b=50))
     result = translate(cfg)
-    hyps = [h for (h,) in result["nbest"]]
-    assert sum(len(h.tokens) for h in hyps) == 16 * result["segments"] > 16 * 2
-    for line, out in zip(lines, result["hypotheses"], strict=True):
+    hyps = [h for (h,) in result.nbest]
+    assert sum(len(h.tokens) for h in hyps) == 16 * result.segments > 16 * 2
+    for line, out in zip(lines, result.hypotheses, strict=True):
         assert Counter(TAG.findall(out)) == Counter(TAG.findall(line)) and well_formed(out)
 
 

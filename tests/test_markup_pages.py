@@ -176,9 +176,9 @@ def test_nmt_translate_cuts_a_pair_across_sentences_to_fit_and_names_real_lines(
     tok = Translator.load([str(short_ckpt)], torch.device("cpu")).src_tok
     pair = "<p>Open the <b>file in the window now. Then save all the</b> changes to it.</p>"
     result = translate_lines(short_ckpt, tmp_path, [pair], "split=paragraph")
-    assert len(tok.encode([TAG.sub("", pair)])[0]) > 15 and result["segments"] > 1
+    assert len(tok.encode([TAG.sub("", pair)])[0]) > 15 and result.segments > 1
     assert "truncated" not in capfd.readouterr().err
-    (out,) = result["hypotheses"]
+    (out,) = result.hypotheses
     assert TAG.findall(out) == TAG.findall(pair) and well_formed(out)
     long = "<p>Open it.</p><p>" + "open the file and save it now " * 3 + "</p>"
     translate_lines(short_ckpt, tmp_path, [long], "split=none")
@@ -189,8 +189,8 @@ def test_nmt_translate_cuts_a_pair_across_sentences_to_fit_and_names_real_lines(
 def test_nmt_translate_keeps_the_indentation_of_pre_under_split_none(short_ckpt, tmp_path):
     lines = ["<pre>    open file </pre>", "<p> Open it. </p> <p>Save.</p>"]
     result = translate_lines(short_ckpt, tmp_path, lines, "split=none")
-    assert result["segments"] == 3  # "open file", "Open it.", "Save." (no blank unit)
-    a, b = result["hypotheses"]
+    assert result.segments == 3  # "open file", "Open it.", "Save." (no blank unit)
+    a, b = result.hypotheses
     assert a.startswith("<pre>    ") and a.endswith(" </pre>")
     assert b.startswith("<p> ") and " </p> <p>" in b
 

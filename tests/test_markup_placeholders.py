@@ -203,7 +203,7 @@ def test_nmt_translate_with_markup_and_a_glossary_and_keep_list(ckpt, tmp_path):
     cfg = config(checkpoint=ckpt, input=src, workers=1, markup="html", split="sentence",
                  split_lang="en", glossary=tmp_path / "g.tsv", keep=tmp_path / "keep.txt",
                  **{"search.beam_size": 2})
-    check_marked(LINES, translate(cfg)["hypotheses"])
+    check_marked(LINES, translate(cfg).hypotheses)
 
 
 @pytest.mark.slow

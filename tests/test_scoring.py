@@ -78,12 +78,12 @@ def test_translate_with_two_references_and_a_tokenizer(ckpt, tiny_data_dir, tmp_
     shutil.copy(hyp, mirror)
     out = translate(translate_cfg(checkpoint=ckpt, input=src, output=hyp, ref=ref,
                                   refs=f"[{mirror}]", bleu_tokenize="intl"))
-    assert out["hypotheses"] == first["hypotheses"]
-    assert out["scores"].bleu == pytest.approx(100.0)
-    assert "nrefs:2|" in out["scores"].bleu_signature
-    assert "tok:intl|" in out["scores"].bleu_signature
+    assert out.hypotheses == first.hypotheses
+    assert out.scores.bleu == pytest.approx(100.0)
+    assert "nrefs:2|" in out.scores.bleu_signature
+    assert "tok:intl|" in out.scores.bleu_signature
     only = translate(translate_cfg(checkpoint=ckpt, input=src, output=hyp, refs=f"[{ref}]"))
-    assert only["scores"].bleu == score(first["hypotheses"], ref.read_text().splitlines()
+    assert only.scores.bleu == score(first.hypotheses, ref.read_text().splitlines()
                                           ).bleu  # refs=[FILE] alone is ref=FILE
 
 

@@ -793,9 +793,9 @@ def test_mbr_choices_equal_nmt_translate(mbr_server, ckpt, tiny_data_dir, lines,
                  for k, v in mbr.items()}
     want = nmt_translate(ckpt, tiny_data_dir, overrides)
     n = len(lines)
-    assert [t["text"] for t in got] == want["hypotheses"][:n]
+    assert [t["text"] for t in got] == want.hypotheses[:n]
     assert [t["score"] for t in got] == pytest.approx(
-        [hyps[0].score for hyps in want["nbest"][:n]], abs=1e-4)
+        [hyps[0].score for hyps in want.nbest[:n]], abs=1e-4)
     assert all("nbest" not in t for t in got)
 
 
@@ -860,15 +860,15 @@ def test_translations_equal_nmt_translate(server, ckpt, tiny_data_dir, lines, se
     got = server.translate(lines, **search)
     want = nmt_translate(ckpt, tiny_data_dir, **search)
     n = len(lines)
-    assert [t["text"] for t in got] == want["hypotheses"][:n]
-    want_scores = [hyps[0].score for hyps in want["nbest"][:n]]
+    assert [t["text"] for t in got] == want.hypotheses[:n]
+    want_scores = [hyps[0].score for hyps in want.nbest[:n]]
     if search == {"beam_size": 1}:  # nmt-translate writes no score: greedy computes none
         assert all(math.isnan(s) for s in want_scores)
     else:
         assert [t["score"] for t in got] == pytest.approx(want_scores, abs=1e-4)
     if search.get("nbest", 1) > 1:
         assert [len(t["nbest"]) for t in got] == [2] * n
-        assert [t["nbest"][0]["text"] for t in got] == want["hypotheses"][:n]
+        assert [t["nbest"][0]["text"] for t in got] == want.hypotheses[:n]
     else:
         assert all("nbest" not in t for t in got)
 
@@ -879,7 +879,7 @@ def test_mbr_over_epsilon_samples_equals_nmt_translate(server, ckpt, tiny_data_d
     mbr = {"sampling": True, "epsilon": 0.02, "seed": 3}
     got = server.translate(lines, mbr_candidates=8, **mbr)
     want = nmt_translate(ckpt, tiny_data_dir, {"mbr.candidates": 8}, **mbr)
-    assert [t["text"] for t in got] == want["hypotheses"][:len(lines)]
+    assert [t["text"] for t in got] == want.hypotheses[:len(lines)]
 
 
 @pytest.mark.slow
@@ -896,13 +896,13 @@ def test_prefixes_and_constraints_equal_nmt_translate(server, dynamic_server, ck
         f"checkpoint={ckpt}", f"input={src}", f"constraints={cons}", "prefix=true", "quiet=true",
         "workers=1", "search.max_len_b=8", "search.beam_size=2", "search.nbest=2",
         "output=/dev/null"]), TranslateConfig))
-    assert [t["text"] for t in got] == want["hypotheses"]
+    assert [t["text"] for t in got] == want.hypotheses
     assert [[h["score"] for h in t["nbest"]] for t in got] == [
-        pytest.approx([h.score for h in hyps], abs=1e-4) for hyps in want["nbest"]]
+        pytest.approx([h.score for h in hyps], abs=1e-4) for hyps in want.nbest]
     assert all(t["text"].startswith(p) for t, p in zip(got, prefixes, strict=True))
     dynamic = dynamic_server.translate(lines, beam_size=2, nbest=2, prefix=prefixes,
                                        constraints=phrases)  # the same, batch by batch
-    assert [t["text"] for t in dynamic] == want["hypotheses"]
+    assert [t["text"] for t in dynamic] == want.hypotheses
     status, _, body = server.call("POST", "/translate", {"text": lines[:2], "prefix": ["Nepo"]})
     assert status == 422 and "one item per sentence" in body["error"]
     two = {"text": ["\n".join(lines[:2])], "prefix": ["Nepo"]}
@@ -928,9 +928,9 @@ def test_the_shortlist_is_a_setting_of_the_continuous_server(ckpt, tiny_data_dir
     finally:
         srv.stop()
     want = nmt_translate(ckpt, tiny_data_dir, beam_size=2, shortlist=path, max_sentences=1)
-    assert [t["text"] for t in got] == want["hypotheses"][:len(lines)]
+    assert [t["text"] for t in got] == want.hypotheses[:len(lines)]
     assert [t["score"] for t in got] == pytest.approx(
-        [hyps[0].score for hyps in want["nbest"][:len(lines)]], abs=1e-4)
+        [hyps[0].score for hyps in want.nbest[:len(lines)]], abs=1e-4)
 
 
 @pytest.fixture(scope="module")
@@ -949,7 +949,7 @@ def test_the_dynamic_batcher_samples_each_text_as_nmt_translate_does(dynamic_ser
     search = {"sampling": True, "temperature": 5.0, "seed": 3}
     want = nmt_translate(ckpt, tiny_data_dir, **search)
     got = dynamic_server.translate(lines, **search)  # lines of many lengths: sorted in batches
-    assert [t["text"] for t in got] == want["hypotheses"][:len(lines)]
+    assert [t["text"] for t in got] == want.hypotheses[:len(lines)]
 
 
 @pytest.mark.slow
@@ -1092,11 +1092,11 @@ def test_the_cli_and_the_server_split_alike_by_default(ckpt, tmp_path):
     srv = InProcess(paired)
     try:
         want = cli()
-        assert want["split"] == "sentence" and want["segments"] == 4
-        assert [t["text"] for t in srv.translate(docs)] == want["hypotheses"]
+        assert want.split == "sentence" and want.segments == 4
+        assert [t["text"] for t in srv.translate(docs)] == want.hypotheses
         want = cli("search.nbest=2")
         got = srv.translate(docs, nbest=2)
-        assert [t["text"] for t in got] == want["hypotheses"]
+        assert [t["text"] for t in got] == want.hypotheses
         assert all(t["nbest"] for t in got[:2])  # each text whole: its n-best list
     finally:
         srv.stop()
@@ -1121,5 +1121,5 @@ def test_attention_of_an_output_that_fills_the_positions(tiny_data_dir, tmp_path
     result = translate(to_object(compose("translate", [
         f"checkpoint={short}", f"input={src}", "output=/dev/null", "quiet=true", "workers=1",
         "search.max_len_b=50", f"attention_plot={tmp_path / 'plots'}"]), TranslateConfig))
-    assert len(result["nbest"][0][0].tokens) == 16
+    assert len(result.nbest[0][0].tokens) == 16
     assert (tmp_path / "plots" / "encoder_decoder.png").stat().st_size > 0

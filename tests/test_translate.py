@@ -61,7 +61,7 @@ def test_contract_stdin_to_stdout_carries_only_translations(ckpt, test_en, tmp_p
     out = done.stdout.decode().split("\n")[:-1]
     result = translate(config(checkpoint=ckpt, input=test_en, output=tmp_path / "h",
                               **{"search.beam_size": 1}))
-    assert out == result["hypotheses"]
+    assert out == result.hypotheses
 
 
 @pytest.mark.slow
@@ -78,7 +78,7 @@ def test_translations_match_the_search_and_keep_input_order(ckpt, test_en, tmp_p
     tr = Translator.load(ckpt, dtype=None)
     src = tr.src_tok.encode(lines_of(test_en))
     ids = translate_ids(tr.model, src, config(checkpoint=ckpt).search, tr.specials)
-    assert result["hypotheses"] == tr.tgt_tok.decode(ids) == lines_of(tmp_path / "h")
+    assert result.hypotheses == tr.tgt_tok.decode(ids) == lines_of(tmp_path / "h")
 
 
 def test_a_pipe_or_a_device_as_output_is_written_into_not_replaced(ckpt, test_en, named_pipe,
@@ -87,7 +87,7 @@ def test_a_pipe_or_a_device_as_output_is_written_into_not_replaced(ckpt, test_en
     src = pipe.parent / "in.en"
     src.write_text("".join(lines_of(test_en)[i] + "\n" for i in range(4)), encoding="utf-8")
     result = translate(config(checkpoint=ckpt, input=src, output=pipe))
-    assert read().decode().splitlines() == result["hypotheses"]
+    assert read().decode().splitlines() == result.hypotheses
     translate(config(checkpoint=ckpt, input=src, output=null_device))
     assert stat.S_ISFIFO(pipe.lstat().st_mode) and stat.S_ISCHR(null_device.lstat().st_mode)
     assert sorted(p.name for p in pipe.parent.iterdir()) == ["in.en", "null", "pipe"]
@@ -102,7 +102,7 @@ def test_empty_lines_give_empty_lines(ckpt, tmp_path):
     for i, line in ((0, "open file"), (2, "save all"), (4, "close")):
         (tmp_path / "one").write_text(line + "\n", encoding="utf-8")
         alone = translate(config(checkpoint=ckpt, input=tmp_path / "one", output="-"))
-        assert alone["hypotheses"] == [result["hypotheses"][i]]
+        assert alone.hypotheses == [result.hypotheses[i]]
 
 
 def test_an_over_long_line_is_truncated_with_a_warning(ckpt, tmp_path, capsys):
@@ -222,7 +222,7 @@ def test_compressed_input_and_references_are_read_transparently(ckpt, test_en, t
     with DECOMPRESS[suffix](ref, "wb") as f:
         f.write((tiny_data_dir / "test.clean.de").read_bytes())
     result = translate(config(checkpoint=ckpt, input=packed, output=tmp_path / "out", ref=ref))
-    assert result["hypotheses"] == plain["hypotheses"]
+    assert result.hypotheses == plain.hypotheses
     assert lines_of(tmp_path / "out") == lines_of(tmp_path / "plain")
     packed.write_bytes(packed.read_bytes()[:30])  # cut short
     assert error_of(checkpoint=ckpt, input=packed).startswith(f"{packed}: cannot read input (")

@@ -26,7 +26,7 @@ def run_nbest(ckpt: Path, source: Path, out: Path, **kw) -> tuple[list[list[str]
     """Texts of each line's n-best (or samples), and the result."""
     result = translate(config(checkpoint=ckpt, input=source, output=out, workers=1, **kw))
     rows = [line.split(" ||| ") for line in lines_of(out)]
-    texts = [[] for _ in result["nbest"]]
+    texts = [[] for _ in result.nbest]
     for row in rows:
         texts[int(row[0])].append(row[1])
     return texts, result
@@ -36,13 +36,13 @@ def mbr_run(ckpt: Path, source: Path, out: Path, **kw) -> list[str]:
     """The translations written with mbr.* settings kw (and the others of kw)."""
     kw = {k.replace("_", ".", 1): v for k, v in kw.items()}  # mbr_candidates: mbr.candidates
     result = translate(config(checkpoint=ckpt, input=source, output=out, workers=1, **kw))
-    assert lines_of(out) == result["hypotheses"]
-    return result["hypotheses"]
+    assert lines_of(out) == result.hypotheses
+    return result.hypotheses
 
 
 def test_mbr_writes_the_candidate_of_highest_expected_utility(ckpts, source, tmp_path):
     texts, found = run_nbest(ckpts[0], source, tmp_path / "nbest", **{"search.nbest": 4})
-    scores = [[h.score for h in hyps] for hyps in found["nbest"]]
+    scores = [[h.score for h in hyps] for hyps in found.nbest]
     for aggregate in (False, True):  # beam_size 2 is raised to N: the n-best of a beam of 4
         chosen = mbr_run(ckpts[0], source, tmp_path / "mbr", mbr_candidates=4,
                          mbr_aggregate=str(aggregate).lower(), search_beam_size=2)
@@ -54,7 +54,7 @@ def test_mbr_writes_the_candidate_of_highest_expected_utility(ckpts, source, tmp
 def test_mbr_over_samples_with_bleu(ckpts, source, tmp_path):
     kw = {"search.sampling": "true", "search.seed": 3}
     texts, found = run_nbest(ckpts[0], source, tmp_path / "samples", **{"search.nbest": 4}, **kw)
-    scores = [[h.score for h in hyps] for hyps in found["nbest"]]
+    scores = [[h.score for h in hyps] for hyps in found.nbest]
     chosen = mbr_run(ckpts[0], source, tmp_path / "mbr", mbr_candidates=4, mbr_utility="bleu",
                      **kw)
     assert chosen == [t[mbr_select(t, s, "bleu")] for t, s in zip(texts, scores, strict=True)]
@@ -71,14 +71,14 @@ def test_rerank_weighs_the_reverse_score_forward_score_and_length(ckpts, source,
                              for t in ts), encoding="utf-8")
     reverse = iter(h.logprob for h in translate(config(
         checkpoint=b, input=pairs, output=tmp_path / "scores", score_reference="true",
-        workers=1))["pairs"])
+        workers=1)).pairs)
     totals = [[(h.logprob, next(reverse), len(h.tokens)) for h in hyps]
-              for hyps in found["nbest"]]
+              for hyps in found.nbest]
 
     def chosen(**weights) -> list[str]:
         kw = {f"rerank.{k}": v for k, v in weights.items()}
         return translate(config(checkpoint=a, input=source, output=tmp_path / "out", workers=1,
-                                **{"rerank.model": b}, **base, **kw))["hypotheses"]
+                                **{"rerank.model": b}, **base, **kw)).hypotheses
 
     def best(fw: float, rev: float, length: float) -> list[str]:
         return [ts[max(range(len(ts)), key=lambda i: fw * t[i][0] + rev * t[i][1]

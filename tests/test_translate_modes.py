@@ -41,9 +41,9 @@ def test_an_ensemble_on_the_command_line(ckpts, test_en, tmp_path):
     one = translate(config(checkpoint=a, input=test_en, output=tmp_path / "a"))
     same = translate(config(checkpoint=f"[{a},{a}]", input=test_en, output=tmp_path / "aa"))
     both = translate(config(checkpoint=f"[{a},{b}]", input=test_en, output=tmp_path / "ab"))
-    assert same["hypotheses"] == one["hypotheses"]
-    assert both["hypotheses"] != one["hypotheses"]
-    assert lines_of(tmp_path / "ab") == both["hypotheses"]
+    assert same.hypotheses == one.hypotheses
+    assert both.hypotheses != one.hypotheses
+    assert lines_of(tmp_path / "ab") == both.hypotheses
 
 
 def test_an_ensemble_with_another_vocabulary_is_one_line_error(ckpts, test_en, tmp_path):
@@ -67,7 +67,7 @@ def test_sampling_writes_n_samples_per_line_reproducibly(ckpts, test_en, tmp_pat
     rows = [line.split(" ||| ") for line in lines_of(tmp_path / "s1")]
     n = len(lines_of(test_en))
     assert [int(r[0]) for r in rows] == [i for i in range(n) for _ in range(3)]
-    assert len(first["nbest"]) == n and all(len(h) == 3 for h in first["nbest"])
+    assert len(first.nbest) == n and all(len(h) == 3 for h in first.nbest)
     translate(config(output=tmp_path / "s3", **{**kw, "search.seed": 4}))
     assert lines_of(tmp_path / "s3") != lines_of(tmp_path / "s1")
 
@@ -82,11 +82,11 @@ def test_prefixes_from_a_tsv_column(ckpts, test_en, tmp_path):
     for beam in (1, 4):
         out = translate(config(checkpoint=ckpts[0], input=tsv, output=tmp_path / "h",
                                prefix="true", **{"search.beam_size": beam}))
-        for hyp, p in zip(out["hypotheses"], prefixes, strict=True):
+        for hyp, p in zip(out.hypotheses, prefixes, strict=True):
             assert hyp.startswith(p)
     free = translate(config(checkpoint=ckpts[0], input=write(tmp_path / "in.en", sources),
                             output=tmp_path / "f", **{"search.beam_size": 4}))
-    assert out["hypotheses"][1] == free["hypotheses"][1]  # an empty prefix changes nothing
+    assert out.hypotheses[1] == free.hypotheses[1]  # an empty prefix changes nothing
     write(tmp_path / "bad.tsv", [f"{sources[0]}\tNepo", sources[1]])
     assert error_of(checkpoint=ckpts[0], input=tmp_path / "bad.tsv", prefix="true") == (
         f"{tmp_path / 'bad.tsv'}: line 2 is not source<TAB>prefix (0 TABs)")
@@ -95,7 +95,7 @@ def test_prefixes_from_a_tsv_column(ckpts, test_en, tmp_path):
 def test_no_repeat_ngram_size_on_the_command_line(ckpts, test_en, tmp_path):
     out = translate(config(checkpoint=ckpts[0], input=test_en, output=tmp_path / "h",
                            **{"search.no_repeat_ngram_size": 1, "search.max_len_b": 20}))
-    for hyps in out["nbest"]:
+    for hyps in out.nbest:
         assert len(set(hyps[0].tokens)) == len(hyps[0].tokens)
 
 
@@ -108,7 +108,7 @@ def test_score_reference_with_ref_or_tsv(ckpts, test_en, tiny_data_dir, tmp_path
                               score_reference="true", **{"search.max_tokens": 50}))
     rows = [line.split("\t") for line in lines_of(out)]
     assert len(rows) == len(lines_of(test_en)) and all(len(r) == 3 for r in rows)
-    for (logp, score, n), pair in zip(rows, result["pairs"], strict=True):
+    for (logp, score, n), pair in zip(rows, result.pairs, strict=True):
         assert float(logp) < 0 and int(n) == len(pair.tokens) + 1
         assert float(score) == pytest.approx(float(logp) / length_penalty(int(n), 0.6),
                                              abs=1e-3)
@@ -135,7 +135,7 @@ def test_score_reference_with_ref_or_tsv(ckpts, test_en, tiny_data_dir, tmp_path
 def test_interactive_stdin_answers_each_line_before_the_next(ckpts, test_en, tmp_path):
     sources = lines_of(test_en)[:4]
     expected = translate(config(checkpoint=ckpts[0], input=write(tmp_path / "in", sources),
-                                output=tmp_path / "out"))["hypotheses"]
+                                output=tmp_path / "out")).hypotheses
     proc = subprocess.Popen([CLI, f"checkpoint={ckpts[0]}", "search.max_len_b=8", "quiet=true"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
@@ -157,7 +157,7 @@ def test_int8_and_bf16_translate_and_fp16_needs_cuda(ckpts, test_en, tmp_path):
     for dtype in ("bf16", "int8"):
         out = translate(config(checkpoint=ckpts[0], input=test_en, output=tmp_path / dtype,
                                **{"search.dtype": dtype}))
-        assert len(out["hypotheses"]) == len(lines_of(test_en))
+        assert len(out.hypotheses) == len(lines_of(test_en))
     assert error_of(checkpoint=ckpts[0], input=test_en, device="cpu",
                     **{"search.dtype": "fp16"}).startswith("search.dtype: fp16 needs a GPU")
 

@@ -47,7 +47,7 @@ def run(ckpt: Path, path: Path, lines: list[str], **kw) -> dict:
 
 def alone(ckpt: Path, pieces: list[str], tmp_path: Path) -> list[str]:
     """split=none translations of each piece as a line of its own."""
-    return run(ckpt, tmp_path / "alone", pieces, split="none")["hypotheses"]
+    return run(ckpt, tmp_path / "alone", pieces, split="none").hypotheses
 
 
 def test_a_line_of_two_sentences_is_their_translations_alone_joined(ckpt, tmp_path):
@@ -55,16 +55,16 @@ def test_a_line_of_two_sentences_is_their_translations_alone_joined(ckpt, tmp_pa
     got = run(ckpt, tmp_path / "in", LINES, split="sentence", split_lang="en")
     want = alone(ckpt, ["Open the file.", "Save all!", "close window", "Find.", "Replace?",
                         "Undo.", "Print menu.", "Help tool."], tmp_path)
-    assert got["hypotheses"] == [f"{want[0]} {want[1]}", "", "   ", want[2],
+    assert got.hypotheses == [f"{want[0]} {want[1]}", "", "   ", want[2],
                                  f"{want[3]} {want[4]} {want[5]}", f"  {want[6]}  {want[7]} "]
-    assert lines_of(tmp_path / "in.out") == got["hypotheses"]  # one output line per input line
-    assert len(got["nbest"]) == len(LINES)
+    assert lines_of(tmp_path / "in.out") == got.hypotheses  # one output line per input line
+    assert len(got.nbest) == len(LINES)
 
 
 def test_paragraph_mode_translates_each_line_whole_with_its_spaces_kept(ckpt, tmp_path):
     got = run(ckpt, tmp_path / "in", LINES, split="paragraph")
     want = alone(ckpt, [LINES[0], LINES[3], LINES[4], LINES[5].strip()], tmp_path)
-    assert got["hypotheses"] == [want[0], "", "   ", want[1], want[2], f"  {want[3]} "]
+    assert got.hypotheses == [want[0], "", "   ", want[1], want[2], f"  {want[3]} "]
 
 
 def test_a_line_over_the_models_positions_is_cut_into_pieces_that_fit_not_truncated(
@@ -81,10 +81,10 @@ def test_a_line_over_the_models_positions_is_cut_into_pieces_that_fit_not_trunca
     assert all(len(ids) <= 9 for ids in tok.encode(pieces)) and len(pieces) >= 4
     got = run(short, tmp_path / "in", [line], split="paragraph", quiet=False)
     assert "truncated" not in capfd.readouterr().err
-    assert got["hypotheses"] == [" ".join(alone(short, pieces, tmp_path))]
+    assert got.hypotheses == [" ".join(alone(short, pieces, tmp_path))]
     cut = run(short, tmp_path / "in", [line], split="none", quiet=False)  # truncated
     assert "truncated to 9" in capfd.readouterr().err
-    assert cut["hypotheses"] != got["hypotheses"]
+    assert cut.hypotheses != got.hypotheses
 
 
 @pytest.mark.parametrize("kw, key", [
@@ -112,8 +112,8 @@ def test_split_sentence_takes_the_source_language_the_checkpoint_records(ckpt, t
     paired = tmp_path / "paired.pt"
     save_checkpoint(state, paired)
     got = run(paired, tmp_path / "in", LINES, split="sentence")
-    assert got["hypotheses"] == run(ckpt, tmp_path / "in", LINES, split="sentence",
-                                    split_lang="en")["hypotheses"]
+    assert got.hypotheses == run(ckpt, tmp_path / "in", LINES, split="sentence",
+                                    split_lang="en").hypotheses
     with pytest.raises(ConfigError, match=r"^split_lang: split=sentence needs the source "
                                           r"language's ISO 639 code.*records no language pair"):
         run(ckpt, tmp_path / "old", LINES, split="sentence")
@@ -130,12 +130,11 @@ def test_split_auto_the_default_is_sentences_where_the_language_is_known(ckpt, t
     paired = tmp_path / "paired.pt"
     save_checkpoint(state, paired)
     auto = run(paired, tmp_path / "in", LINES)
-    assert auto["segments"] == 8 and auto["split"] == "sentence"
-    assert auto["hypotheses"] == run(paired, tmp_path / "in", LINES, split="sentence")[
-        "hypotheses"]
+    assert auto.segments == 8 and auto.split == "sentence"
+    assert auto.hypotheses == run(paired, tmp_path / "in", LINES, split="sentence").hypotheses
     nbest = run(paired, tmp_path / "in", LINES, **{"search.nbest": 2})
-    assert nbest["split"] == "none" and nbest["segments"] == len(LINES)
-    assert run(ckpt, tmp_path / "in", LINES)["split"] == "paragraph"  # records no pair
+    assert nbest.split == "none" and nbest.segments == len(LINES)
+    assert run(ckpt, tmp_path / "in", LINES).split == "paragraph"  # records no pair
 
 
 def test_auto_mode_is_one_rule(monkeypatch):
@@ -164,14 +163,14 @@ def test_the_summary_counts_the_pieces_decoded_not_the_lines(ckpt, tmp_path, mon
     summary = [x for x in capsys.readouterr().err.splitlines() if "translated" in x]
     assert summary and "translated 6 lines (8 pieces, split=sentence) in " in summary[0]
     assert " pieces/s, " in summary[0] and "sentences/s" not in summary[0]
-    assert got["segments"] == 8  # 2 + 1 + 3 + 2 sentences; the blank lines are none
+    assert got.segments == 8  # 2 + 1 + 3 + 2 sentences; the blank lines are none
     piped = io.TextIOWrapper(io.BytesIO("".join(f"{x}\n" for x in LINES).encode()))
     monkeypatch.setattr(sys, "stdin", piped)
     # chunk by chunk
     monkeypatch.setattr(nmt.commands.translate, "is_interactive", lambda path: True)
     assert translate(dataclasses.replace(config(checkpoint=ckpt, split="sentence",
                                                 split_lang="en", workers=1),
-                                         quiet=True))["segments"] == 8
+                                         quiet=True)).segments == 8
 
 
 def test_lines_from_a_pipe_give_what_the_whole_file_gives(ckpt, tmp_path, monkeypatch, capsys):
@@ -184,7 +183,7 @@ def test_lines_from_a_pipe_give_what_the_whole_file_gives(ckpt, tmp_path, monkey
     capsys.readouterr()
     translate(dataclasses.replace(
         config(checkpoint=ckpt, split="sentence", split_lang="en", workers=1), quiet=True))
-    assert capsys.readouterr().out.split("\n")[:-1] == whole["hypotheses"]
+    assert capsys.readouterr().out.split("\n")[:-1] == whole.hypotheses
 
 
 def test_pieces_of_one_line_draw_their_own_samples(ckpt, tmp_path):
@@ -194,9 +193,9 @@ def test_pieces_of_one_line_draw_their_own_samples(ckpt, tmp_path):
     line = "Open the file. Open the file. Open the file."
     kw = {"search.sampling": "true", "search.temperature": 5.0, "search.seed": 3}
     got = run(ckpt, tmp_path / "in", [line], split="sentence", split_lang="en", **kw)
-    pieces = run(ckpt, tmp_path / "one", ["Open the file."], **kw)["hypotheses"][0]
-    assert got["hypotheses"][0].startswith(pieces + " ")
-    assert got["hypotheses"][0] != " ".join([pieces] * 3)
+    pieces = run(ckpt, tmp_path / "one", ["Open the file."], **kw).hypotheses[0]
+    assert got.hypotheses[0].startswith(pieces + " ")
+    assert got.hypotheses[0] != " ".join([pieces] * 3)
 
 
 def test_a_warning_names_the_input_line_of_a_piece_without_translation(ckpt, tmp_path, capfd,

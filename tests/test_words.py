@@ -142,7 +142,7 @@ def test_nmt_translate_writes_each_word_with_teacher_forcings_probability(
     tr = Translator.load(ckpt, dtype=None)
     src = tr.src_tok.encode(lines_of(test_en))
     written, probs = iter(lines_of(out)), []
-    for ids, hyps, in zip(src, result["nbest"], strict=True):
+    for ids, hyps, in zip(src, result.nbest, strict=True):
         for h in hyps:
             fields = next(written).split("\t" if nbest == 1 else " ||| ")
             text, column = fields[0 if nbest == 1 else 1], fields[-1]

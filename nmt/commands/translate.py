@@ -56,7 +56,7 @@ from nmt.inference.markup import Document
 from nmt.inference.messages import Hypothesis
 from nmt.inference.pipeline import Options, Prepared, TextResult
 from nmt.inference.rerank import Chooser
-from nmt.inference.scoring import score
+from nmt.inference.scoring import Scores, score
 from nmt.inference.segment import AUTO, Segmented, auto_mode, sentence_splitter
 from nmt.inference.words import format_words
 from nmt.system.files import check_output, decode_line, read_lines, write_atomically
@@ -218,7 +218,23 @@ class Chunk:
     qe: list[float] = field(default_factory=list)  # comet= a CometKiwi: each line's score
 
 
-def translate(cfg: TranslateConfig) -> dict:
+@dataclass
+class TranslateResult:
+    """What translate(cfg) returns: the results of all the lines of a run."""
+
+    seconds: float  # translating (or scoring) the lines, reading and writing aside
+    hypotheses: list[str] = field(default_factory=list)  # each line's translation
+    nbest: list[list[Hypothesis]] = field(default_factory=list)  # each line's, best first
+    pairs: list[Hypothesis] = field(default_factory=list)  # score_reference=true: each pair's
+    segments: int = 0  # the pieces decoded (split=sentence|paragraph: a line's sentences)
+    sources: list[str] = field(default_factory=list)  # the lines' source texts
+    split: str = "none"  # the split mode the lines were translated in
+    scores: Scores | None = None  # with references: BLEU and chrF (and COMET-22 with comet=)
+    comet_qe: list[float] | None = None  # comet= a CometKiwi model: each line's score
+    comet_qe_mean: float | None = None  # and their mean
+
+
+def translate(cfg: TranslateConfig) -> TranslateResult:
     """nmt-translate: translate (or score) cfg.input into cfg.output; returns the results."""
     session = open_session(cfg)
     try:
@@ -342,7 +358,7 @@ def read_input(s: Session) -> list[str]:
     return distributed.broadcast_object(read_lines("-") if s.env.is_main else None)
 
 
-def run_all(s: Session) -> dict:
+def run_all(s: Session) -> TranslateResult:
     """Read the whole input, translate or score it, write the output, report."""
     cfg = s.cfg
     lines = read_input(s)
@@ -367,7 +383,7 @@ def run_all(s: Session) -> dict:
     return result
 
 
-def run_interactive(s: Session) -> dict:
+def run_interactive(s: Session) -> TranslateResult:
     """Translate (or score) standard input chunk by chunk as lines arrive, writing each
     chunk's output at once when it goes to standard output."""
     out, first, whole = [], 0, Chunk([], [])
@@ -390,20 +406,19 @@ def run_interactive(s: Session) -> dict:
     return result
 
 
-def finish(s: Session, chunk: Chunk, seconds: float) -> dict:
+def finish(s: Session, chunk: Chunk, seconds: float) -> TranslateResult:
     """The result of a run (all its lines' chunk): hypotheses (or scored pairs), the time
     taken, the number of segments decoded (with split=sentence|paragraph, the lines' pieces),
     the sources, and with a CometKiwi each line's score (comet_qe)."""
     nbest = chunk.nbest
     if s.cfg.score_reference:
-        return {"pairs": [hyps[0] for hyps in nbest], "seconds": seconds}
+        return TranslateResult(seconds, pairs=[hyps[0] for hyps in nbest])
     check_references(s, len(nbest))
     check_constraint_lines(s, len(nbest))
-    result = {"hypotheses": [t[0] for t in chunk.texts], "nbest": nbest, "seconds": seconds,
-              "segments": len(chunk.src_ids), "sources": chunk.sources, "split": s.options.split}
-    if s.comet is not None and not s.comet.spec.needs_reference:
-        result["comet_qe"] = chunk.qe
-    return result
+    qe = s.comet is not None and not s.comet.spec.needs_reference
+    return TranslateResult(seconds, [t[0] for t in chunk.texts], nbest,
+                           segments=len(chunk.src_ids), sources=chunk.sources,
+                           split=s.options.split, comet_qe=chunk.qe if qe else None)
 
 
 def process(s: Session, lines: list[str], first: int, interactive: bool = False) -> Chunk:
@@ -579,21 +594,21 @@ def check_references(s: Session, lines: int) -> None:
             raise NmtError(f"{path}: {len(stream)} reference lines but {lines} input lines")
 
 
-def report(result: dict, refs: list[list[str]] | None, cfg: TranslateConfig,
+def report(result: TranslateResult, refs: list[list[str]] | None, cfg: TranslateConfig,
            comet: Comet | None = None) -> None:
     """The speed summary, and BLEU and chrF with their signatures when there are references;
     COMET-22 against the first references, or CometKiwi's mean, with comet=."""
-    seconds = max(result["seconds"], 1e-9)
+    seconds = max(result.seconds, 1e-9)
     if cfg.score_reference:
         if not cfg.quiet:
-            n = len(result["pairs"])
+            n = len(result.pairs)
             log(f"scored {n} pairs in {seconds:.1f} s ({n / seconds:.1f} pairs/s)")
         return
-    n = len(result["nbest"])
+    n = len(result.nbest)
     if not cfg.quiet:
-        n_tok = sum(len(hyps[0].tokens) for hyps in result["nbest"])
-        pieces = result["segments"]  # split: the rate counts what was decoded, not lines
-        split = result["split"]
+        n_tok = sum(len(hyps[0].tokens) for hyps in result.nbest)
+        pieces = result.segments  # split: the rate counts what was decoded, not lines
+        split = result.split
         done, rate = ((f"{n} lines", f"{n / seconds:.1f} sentences/s") if split == "none"
                       else (f"{n} lines ({pieces} pieces, split={split})",
                             f"{pieces / seconds:.1f} pieces/s"))
@@ -602,28 +617,28 @@ def report(result: dict, refs: list[list[str]] | None, cfg: TranslateConfig,
     if refs is not None and not n:
         log("no lines, nothing to score")
     elif refs is not None:
-        result["scores"] = scores = score(result["hypotheses"], refs, cfg.bleu_tokenize)
+        result.scores = scores = score(result.hypotheses, refs, cfg.bleu_tokenize)
         log(scores.bleu_line)
         log(f"BLEU signature: {scores.bleu_signature}")
         log(scores.chrf_line)
         log(f"chrF signature: {scores.chrf_signature}")
-    if comet is not None and n and (refs is not None or "comet_qe" in result):
+    if comet is not None and n and (refs is not None or result.comet_qe is not None):
         report_comet(result, refs, cfg, comet)
 
 
-def report_comet(result: dict, refs: list[list[str]] | None, cfg: TranslateConfig,
+def report_comet(result: TranslateResult, refs: list[list[str]] | None, cfg: TranslateConfig,
                  comet: Comet) -> None:
-    """COMET-22 of the hypotheses against the first references (result["scores"].comet),
-    or the mean of CometKiwi's scores (result["comet_qe_mean"]), logged with the model."""
+    """COMET-22 of the hypotheses against the first references (result.scores.comet), or
+    the mean of CometKiwi's scores (result.comet_qe_mean), logged with the model."""
     if comet.spec.needs_reference:
-        segments = comet.score(result["sources"], result["hypotheses"], refs[0],
+        segments = comet.score(result.sources, result.hypotheses, refs[0],
                                progress=not cfg.quiet)
-        value = result["scores"].comet = system_score(segments)
+        value = result.scores.comet = system_score(segments)
         log(f"COMET = {value:.4f} ({comet.spec.form}, {cfg.comet}, {len(segments)} lines)")
     else:
-        value = result["comet_qe_mean"] = system_score(result["comet_qe"])
+        value = result.comet_qe_mean = system_score(result.comet_qe)
         log(f"COMET-QE = {value:.4f} (reference-free, {cfg.comet}, "
-            f"{len(result['comet_qe'])} lines)")
+            f"{len(result.comet_qe)} lines)")
 
 
 def search_summary(cfg: TranslateConfig) -> str:

@@ -159,9 +159,9 @@ def measured(cfg: TranslateConfig) -> dict:
     """BLEU, chrF, COMET (with comet=; else None) and sentences/s (of the translation alone)
     of one translation of the test split."""
     result = translate(cfg)
-    seconds = max(result["seconds"], 1e-9)
-    return {"bleu": result["scores"].bleu, "chrf": result["scores"].chrf,
-            "comet": result["scores"].comet, "speed": len(result["nbest"]) / seconds}
+    seconds = max(result.seconds, 1e-9)
+    return {"bleu": result.scores.bleu, "chrf": result.scores.chrf,
+            "comet": result.scores.comet, "speed": len(result.nbest) / seconds}
 
 
 def table(rows: list[tuple[list[str], str, int, dict]]) -> str:
