@@ -45,7 +45,9 @@ SPACE = "\u2581"  # SentencePiece's mark of a space, which starts a word's first
 class Tokenizer:
     """A SentencePiece model held in memory (its serialized bytes travel inside checkpoints)."""
 
-    def __init__(self, proto: bytes, name: str = "<bytes>"):
+    def __init__(self, proto: bytes, name: str = "<bytes>", split_only: bool = False):
+        """split_only: a model that only splits text into pieces (an Argos package's, whose
+        ids are its CTranslate2 model's: nmt.interop.argos), which need define no specials."""
         self.proto = bytes(proto)
         self._merges: dict[str, tuple[int, float]] | None = None  # for sample(), when used
         self._pieces: list[str] = []  # id -> piece, for sample()
@@ -54,7 +56,7 @@ class Tokenizer:
             self.sp.LoadFromSerializedProto(self.proto)
         except Exception:  # sentencepiece raises plain RuntimeError/OSError on bad input
             raise NmtError(f"{name}: not a SentencePiece model") from None
-        if min(self.sp.pad_id(), self.sp.unk_id(), self.sp.eos_id()) < 0:
+        if min(self.sp.pad_id(), self.sp.unk_id(), self.sp.eos_id()) < 0 and not split_only:
             raise NmtError(f"{name}: SentencePiece model must define pad, unk and eos ids "
                            f"(nmt's: pad=0 unk=1 bos=2 eos=3)")
 

@@ -6,7 +6,10 @@ max_input_tokens) over a ctranslate2.Translator of the checkpoint's export, made
 cached beside the checkpoint (nmt.interop.ct2_export). Its parallelism is CTranslate2's
 own: `workers` inter_threads translate the batches of a call side by side, or nmt-serve's
 batches (one thread of this process per worker hands its batches to CTranslate2:
-nmt.inference.stepping.batch_loop).
+nmt.inference.stepping.batch_loop). An Argos Translate package as the checkpoint (a .argosmodel
+file or its folder: nmt.interop.argos) is served as it is: its model/, its SentencePiece model
+over the model's own vocabularies, its language pair, and its target_prefix forced on every
+output and removed from it.
 
 How the search settings map (SearchConfig -> translate_batch):
     beam_size, nbest             beam_size, num_hypotheses (sampling: beam_size 1)
@@ -47,11 +50,17 @@ from nmt.data.tokenizer import Tokenizer
 from nmt.data.vocab import Vocab
 from nmt.errors import NmtError
 from nmt.inference.capabilities import ENGINES
-from nmt.inference.lengths import empty_source, length_penalty, output_lengths
+from nmt.inference.core import empty_source, length_penalty, output_lengths
 from nmt.inference.loading import LoadedCheckpoint
 from nmt.inference.messages import Hypothesis, Sentence
 from nmt.inference.stepping import batch_loop
 from nmt.inference.workers import WorkerPool
+from nmt.interop.argos import (
+    ModelVocabulary,
+    meant_as_package,
+    package_vocabulary,
+    read_package,
+)
 from nmt.interop.ct2_export import INFO, VMAP, cached_export, pieces, read_info
 from nmt.system.runtime import usable_cores
 
@@ -75,25 +84,18 @@ class CT2Translator:
 
     def __init__(self, model_dir: str | Path, device: torch.device | str = "cpu",
                  compute_type: str = "float32", workers: int = 1, threads: int = 0,
-                 shortlist: str = "", checkpoint: str | Path | None = None):
+                 shortlist: str = "", checkpoint: str | Path | None = None,
+                 vocabulary: ModelVocabulary | None = None):
         """shortlist: the search.shortlist file the export's vmap.txt holds ("": none);
         checkpoint: the one whose vocabularies a model converted outside nmt (no nmt.json)
-        was checked to have (ct2_export.check_foreign_model): it gives what nmt.json would."""
+        was checked to have (ct2_export.check_foreign_model): it gives what nmt.json would;
+        vocabulary: what a model that stands alone (an Argos package's) gives instead."""
         ct2 = _ctranslate2()
         model_dir, self.device = Path(model_dir), torch.device(device)
-        info = read_info(model_dir)
-        if info is None and checkpoint is None:
-            raise NmtError(f"{model_dir}: not an nmt CTranslate2 export (no {INFO}); "
-                           f"export it with nmt-export")
-        if info is None:  # converted outside nmt: the checkpoint says what nmt.json would
-            loaded = LoadedCheckpoint.load(checkpoint)
-            self.vocab, self.max_positions = loaded.vocab, loaded.model.cfg.max_positions
-            self.src_tok, self.tgt_tok = loaded.src_tok, loaded.tgt_tok
-        else:
-            self.vocab = Vocab.from_dict(info["vocab"], str(model_dir / INFO), protos=False)
-            self.max_positions = info["max_positions"]
-            self.src_tok = Tokenizer((model_dir / "source.spm").read_bytes())
-            self.tgt_tok = Tokenizer((model_dir / "target.spm").read_bytes())
+        v = vocabulary or export_vocabulary(model_dir, checkpoint)
+        self.vocab, self.max_positions, self.src_tok, self.tgt_tok = (
+            v.vocab, v.max_positions, v.src_tok, v.tgt_tok)
+        self._forced = list(v.forced)  # forced first on every output, then removed
         supported = ct2.get_supported_compute_types(self.device.type)
         if compute_type not in supported:
             raise NmtError(f"search.dtype: CTranslate2 has no {compute_type} on this "
@@ -105,6 +107,8 @@ class CT2Translator:
         self.specials, self.workers = self.tgt_tok.specials, workers
         self._src_pieces, self._tgt_pieces = pieces(self.src_tok), pieces(self.tgt_tok)
         self._tgt_ids = {piece: i for i, piece in enumerate(self._tgt_pieces)}
+        banned = self.specials.banned if v.banned is None else v.banned  # PAD, BOS unless EOS
+        self._banned = [[self._tgt_pieces[i]] for i in banned]
         self.ct2 = ct2.Translator(str(model_dir), self.device.type,
                                   device_index=self.device.index or 0,
                                   compute_type=compute_type, inter_threads=workers,
@@ -127,6 +131,13 @@ class CT2Translator:
         device = torch.device(device)
         if device.type == "cpu":
             threads = threads or max(1, usable_cores() // workers)
+        if meant_as_package(checkpoint):  # an Argos Translate package, read as it is
+            if ct2_model:
+                raise NmtError(f"ct2_model={ct2_model}: {checkpoint} is an Argos package, "
+                               f"whose model/ is used as it is; leave ct2_model out")
+            pkg = read_package(checkpoint)
+            return cls(pkg.model_dir, device, compute_type, workers, threads, shortlist,
+                       vocabulary=package_vocabulary(pkg))
         with cached_export(checkpoint, weights, compute_type, ct2_model, shortlist) as model_dir:
             return cls(model_dir, device, compute_type, workers, threads, shortlist,
                        checkpoint)
@@ -134,7 +145,7 @@ class CT2Translator:
     @property
     def max_input_tokens(self) -> int:
         """The longest source (EOS excluded) the model can take."""
-        return self.max_positions - 1
+        return self.max_positions - 1 - len(self._forced)
 
     @property
     def decoder_layers(self) -> int:
@@ -183,9 +194,11 @@ class CT2Translator:
     def _groups(self, src_ids: list[list[int]], prefixes: list[list[int]], todo: list[int],
                 search: SearchConfig) -> list[tuple[int, list[int]]]:
         """The sentences `todo` by maximum output length (nmt's, raised to hold the prefix
-        and one more), cut to max_sentences: (length, indices) pairs."""
+        and one more; a forced target prefix on top), cut to max_sentences: (length, indices)
+        pairs."""
         lengths = output_lengths([Sentence(i, src_ids[i], prefixes[i]) for i in todo], search,
-                                 self.max_positions).tolist()
+                                 self.max_positions - len(self._forced)) + len(self._forced)
+        lengths = lengths.tolist()
         by_length: dict[int, list[int]] = {}
         for i, length in zip(todo, lengths, strict=True):
             by_length.setdefault(length, []).append(i)
@@ -197,14 +210,13 @@ class CT2Translator:
                 prefixes: list[list[int]], limit: int) -> list:
         """translate_batch of one group, asynchronously: one AsyncTranslationResult each."""
         sampling = search.sampling
-        banned = [[self._tgt_pieces[i]] for i in self.specials.banned]  # PAD, BOS unless EOS
         return self.ct2.translate_batch(
             [[self._src_pieces[t] for t in s] for s in src_ids],
-            [[self._tgt_pieces[t] for t in p] or None for p in prefixes],
+            [[self._tgt_pieces[t] for t in self._forced + p] or None for p in prefixes],
             asynchronous=True, max_batch_size=search.max_tokens, batch_type="tokens",
             beam_size=1 if sampling else search.beam_size, num_hypotheses=search.nbest,
             length_penalty=0.0, no_repeat_ngram_size=search.no_repeat_ngram_size,
-            suppress_sequences=banned, return_end_token=True, return_scores=True,
+            suppress_sequences=self._banned or None, return_end_token=True, return_scores=True,
             use_vmap=bool(search.shortlist),
             max_input_length=0, max_decoding_length=limit, min_decoding_length=search.min_len,
             sampling_topk=(search.top_k if sampling else 1),
@@ -213,10 +225,12 @@ class CT2Translator:
 
     def _hypotheses(self, result, search: SearchConfig) -> list[Hypothesis]:
         """One sentence's TranslationResult as Hypotheses, best first: ids without EOS, log P
-        (length_penalty=0 makes CTranslate2's score log P), score log P / lp(|Y|)."""
+        (length_penalty=0 makes CTranslate2's score log P), score log P / lp(|Y|); the forced
+        target prefix (an Argos package's) removed."""
         eos = self._tgt_pieces[self.specials.eos]
         hyps = []
         for out, logprob in zip(result.hypotheses, result.scores, strict=True):
+            out = out[len(self._forced):]
             ids = [self._tgt_ids[p] for p in out[:-1 if out[-1:] == [eos] else None]]
             hyps.append(Hypothesis(ids, logprob / length_penalty(len(out), search.alpha),
                                    logprob))
@@ -226,16 +240,17 @@ class CT2Translator:
                   search: SearchConfig, progress=None, parallel: bool = True
                   ) -> list[Hypothesis]:
         """log P(Y|X) (EOS included) and log P / lp(|Y|) of each (source, target) pair of id
-        lists, by CTranslate2's score_batch (the full distribution, as nmt's scoring)."""
+        lists, by CTranslate2's score_batch (the full distribution, as nmt's scoring); a
+        forced target prefix is given and its tokens not counted."""
         results = self.ct2.score_batch(
             [[self._src_pieces[t] for t in s] for s in src_ids],
-            [[self._tgt_pieces[t] for t in y] for y in tgt_ids],
+            [[self._tgt_pieces[t] for t in self._forced + y] for y in tgt_ids],
             max_batch_size=search.max_tokens, batch_type="tokens", max_input_length=0)
         if progress is not None:
             progress(len(src_ids))
         out = []
         for y, r in zip(tgt_ids, results, strict=True):
-            logprob = sum(r.log_probs)
+            logprob = sum(r.log_probs[len(self._forced):])
             out.append(Hypothesis(y, logprob / length_penalty(len(y) + 1, search.alpha),
                                   logprob))
         return out
@@ -261,3 +276,20 @@ class CT2Translator:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def export_vocabulary(model_dir: Path, checkpoint: str | Path | None) -> ModelVocabulary:
+    """What an nmt export's nmt.json gives (or, for a model converted outside nmt, the
+    checkpoint it was checked against: ct2_export.check_foreign_model)."""
+    info = read_info(model_dir)
+    if info is None and checkpoint is None:
+        raise NmtError(f"{model_dir}: not an nmt CTranslate2 export (no {INFO}); "
+                       f"export it with nmt-export")
+    if info is None:  # converted outside nmt: the checkpoint says what nmt.json would
+        loaded = LoadedCheckpoint.load(checkpoint)
+        return ModelVocabulary(loaded.vocab, loaded.src_tok, loaded.tgt_tok,
+                               loaded.model.cfg.max_positions)
+    return ModelVocabulary(
+        Vocab.from_dict(info["vocab"], str(model_dir / INFO), protos=False),
+        Tokenizer((model_dir / "source.spm").read_bytes()),
+        Tokenizer((model_dir / "target.spm").read_bytes()), info["max_positions"])

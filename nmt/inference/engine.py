@@ -25,6 +25,7 @@ from nmt.inference.messages import Hypothesis
 from nmt.inference.shortlist import load_shortlist
 from nmt.inference.translator import Translator
 from nmt.inference.workers import WorkerPool
+from nmt.interop.argos import is_package
 from nmt.system.runtime import warn_if_bf16_emulated
 
 
@@ -82,13 +83,18 @@ def open_translator(engine: str, checkpoints: list[str], device: torch.device,
                     threads: int = 0, ct2_model: str = "", shortlist: str = "",
                     compile: bool = False) -> Engine:
     """The Translator of engine=nmt, or the CT2Translator of engine=ctranslate2 (one
-    checkpoint; search.dtype checked against the device for the engine first; shortlist:
-    search.shortlist, which must be built for the checkpoint's target vocabulary and which
-    CTranslate2's export must hold; compile: search.compile, engine=nmt's)."""
+    checkpoint, or an Argos Translate package: nmt.interop.argos; search.dtype checked
+    against the device for the engine first; shortlist: search.shortlist, which must be built
+    for the checkpoint's target vocabulary and which CTranslate2's export must hold; compile:
+    search.compile, engine=nmt's)."""
     check_search_device(dtype, device.type, engine=engine)
     if dtype == "bf16" and device.type == "cpu":
         warn_if_bf16_emulated("search.dtype=bf16")
     if engine == "nmt":
+        package = next((c for c in checkpoints if is_package(c)), None)
+        if package is not None:
+            raise NmtError(f"{package}: an Argos Translate package (a CTranslate2 model): "
+                           f"give engine=ctranslate2")
         translator = Translator.load(checkpoints, device, weights, dtype=dtype,
                                      workers=workers, threads=threads, compile=compile)
     else:

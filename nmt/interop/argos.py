@@ -1,0 +1,351 @@
+"""Argos Translate packages (.argosmodel) read as they are, for engine=ctranslate2
+(nmt.inference.ct2_engine): nmt-translate and nmt-serve take a package as their checkpoint.
+
+A package is a zip of one folder, or that folder unpacked (argostranslate installs it so):
+metadata.json (from_code, to_code, optionally target_prefix, package_version, ...), model/ (a
+CTranslate2 model: model.bin, config.json, shared_vocabulary.json or source_vocabulary.json
+and target_vocabulary.json, .txt in older CTranslate2), sentencepiece.model (or bpe.model, a
+Moses + subword-nmt package: refused in one line), optionally a sentence splitter (stanza/,
+not read: nmt-serve splits with its own). A folder is read in place and never written; a zip
+is unpacked once into $XDG_CACHE_HOME/nmt/argos/SHA (~/.cache by default; SHA: the start of
+the file's sha256), never beside the user's file.
+
+How argostranslate translates (translate.apply_packaged_translation), and how nmt does:
+  - the text is split into pieces by sentencepiece.model (encode(out_type=str)) and
+    CTranslate2 looks each piece up in its vocabulary, <unk> where it has none. nmt's ids are
+    those of CTranslate2's vocabulary: PackageTokenizer splits with the package's model and
+    looks the pieces up the same way, so ids are CTranslate2's, not the SentencePiece
+    model's, and the source and target vocabularies may differ;
+  - target_prefix (NLLB-style packages) is one token forced first on every output
+    (translate_batch's target_prefix) and removed from the text: the engine forces it and
+    drops its id (ModelVocabulary.forced);
+  - outputs are detokenized by the SentencePiece model. argostranslate then also turns every
+    "_" of the text into a space; nmt does not (an underscore of a translation stays).
+What nmt's search settings do is the engine's (ct2_engine's docstring): argostranslate's
+length_penalty=0.2 and replace_unknowns are not applied unless asked (alpha: greedy only).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from nmt.data.tokenizer import Tokenizer, vocab_sha256
+from nmt.data.vocab import Vocab
+from nmt.errors import NmtError
+from nmt.interop.ct2_export import ct2_vocabulary
+from nmt.interop.hf_files import CONTROL, vocabulary_model
+from nmt.system.files import sha256_file
+
+METADATA, MODEL, SPM, BPE = "metadata.json", "model", "sentencepiece.model", "bpe.model"
+SEQ2SEQ = "TransformerSpec"  # the CTranslate2 spec of encoder-decoder Transformers
+NO_POSITION_TABLE = 1024  # the longest input taken where the model computes its sinusoids
+PADS = ("<pad>", "<blank>")  # padding as MarianMT and NLLB, and OpenNMT-py, name it
+
+
+@dataclass(frozen=True)
+class ArgosPackage:
+    """An Argos Translate package as metadata.json describes it, and where its files are."""
+
+    path: Path  # what was given: the .argosmodel file or the package folder
+    root: Path  # the package folder read: the given one, or the zip's unpacked copy
+    name: str  # the package folder's name (argospm's, e.g. translate-en_de-1_0)
+    from_code: str  # the source language (ISO 639)
+    to_code: str  # the target language
+    target_prefix: str  # the token forced first on every output ("": none)
+    version: str  # package_version ("": not given)
+    model_dir: Path  # the CTranslate2 model
+    sp_model: Path  # the SentencePiece model
+
+    @property
+    def pair(self) -> str:
+        """from_code->to_code, as messages and nmt-serve name the package."""
+        return f"{self.from_code}->{self.to_code}"
+
+
+@dataclass(frozen=True)
+class ModelVocabulary:
+    """What engine=ctranslate2 needs beside a CTranslate2 model's own files: an nmt export's
+    nmt.json gives it, or here an Argos package's SentencePiece model and the model's
+    vocabularies."""
+
+    vocab: Vocab  # sizes, special ids, checksum, the language pair
+    src_tok: Tokenizer  # text -> the model's source ids
+    tgt_tok: Tokenizer  # the model's target ids -> text
+    max_positions: int  # the longest sequence (EOS included) the model takes
+    forced: tuple[int, ...] = ()  # target ids forced first on every output, then removed
+    banned: tuple[int, ...] | None = None  # target ids never generated (None: tgt_tok's)
+
+
+# ----------------------------------------------------------------------------- the package
+def is_package(path: str | Path) -> bool:
+    """Whether `path` is an Argos Translate package: a folder with metadata.json, or a zip
+    file of one folder that holds metadata.json."""
+    path = Path(path)
+    if path.is_dir():
+        return (path / METADATA).is_file()
+    try:
+        with zipfile.ZipFile(path) as z:
+            return _zip_folder(z.namelist()) is not None
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+def meant_as_package(path: str | Path) -> bool:
+    """Whether a checkpoint= path is to be read as a package (read_package then says what is
+    wrong with it): a package, a folder or a .argosmodel file."""
+    path = Path(path)
+    return path.is_dir() or path.suffix == ".argosmodel" or is_package(path)
+
+
+def read_package(path: str | Path) -> ArgosPackage:
+    """The package at `path` (a folder, or a zip unpacked once into the cache); a one-line
+    NmtError where it is no package, lacks a file, is a BPE package or holds a model that
+    engine=ctranslate2 cannot drive."""
+    path = Path(path)
+    if not path.exists():
+        raise NmtError(f"{path}: not found")
+    root = path if path.is_dir() else _unpacked(path)
+    meta = _metadata(root / METADATA, path)
+    model_dir, sp_model = root / MODEL, root / SPM
+    if not sp_model.is_file():
+        if (root / BPE).is_file():
+            raise NmtError(f"{path}: the Argos package {meta['from_code']}->{meta['to_code']} "
+                           f"uses {BPE}: not supported, only SentencePiece packages")
+        raise NmtError(f"{path}: not an Argos package: no {SPM}")
+    if not (model_dir / "model.bin").is_file():
+        raise NmtError(f"{path}: not an Argos package: no {MODEL}/model.bin")
+    return ArgosPackage(path, root, root.name, meta["from_code"], meta["to_code"],
+                        meta["target_prefix"], meta["package_version"], model_dir, sp_model)
+
+
+def _metadata(file: Path, given: Path) -> dict[str, str]:
+    """metadata.json's from_code, to_code, target_prefix and package_version (strings), or a
+    one-line error naming what is wrong."""
+    try:
+        meta = json.loads(file.read_text(encoding="utf-8"))
+    except OSError:
+        raise NmtError(f"{given}: not an Argos package: no {METADATA}") from None
+    except ValueError as e:
+        raise NmtError(f"{file}: not JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise NmtError(f"{file}: not a JSON object")
+    out = {}
+    for key in ("from_code", "to_code", "target_prefix", "package_version"):
+        value = meta.get(key, "")
+        if not isinstance(value, str) or (key.endswith("_code") and not value):
+            raise NmtError(f"{file}: {key} must be a {'non-empty ' * key.endswith('_code')}"
+                           f"string")
+        out[key] = value
+    return out
+
+
+def _zip_folder(names: list[str]) -> str | None:
+    """The one folder a package's zip holds (with its metadata.json), or None where it holds
+    anything else (a file outside it, an absolute path, a '..')."""
+    tops = {name.split("/", 1)[0] for name in names}
+    if len(tops) != 1 or any(name.startswith("/") or ".." in name.split("/") for name in names):
+        return None
+    top = tops.pop()
+    return top if f"{top}/{METADATA}" in names else None
+
+
+def cache_root() -> Path:
+    """Where zipped packages are unpacked: $XDG_CACHE_HOME/nmt/argos (~/.cache by default)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nmt" / "argos"
+
+
+def _unpacked(path: Path) -> Path:
+    """The package folder of the zip `path`, unpacked into cache_root()/SHA once (into a
+    temporary folder, then renamed: processes unpacking it at once unpack it twice, and one
+    copy stays)."""
+    try:
+        sha = sha256_file(path)[:16]
+        z = zipfile.ZipFile(path)
+    except (OSError, zipfile.BadZipFile) as e:
+        raise NmtError(f"{path}: not an Argos package (neither a folder nor a zip file: "
+                       f"{getattr(e, 'strerror', None) or e})") from None
+    with z:
+        top = _zip_folder(z.namelist())
+        if top is None:
+            raise NmtError(f"{path}: not an Argos package: a zip of one folder with "
+                           f"{METADATA} in it")
+        out = cache_root() / sha
+        if not (out / top / METADATA).is_file():
+            try:
+                out.parent.mkdir(parents=True, exist_ok=True)
+                tmp = Path(tempfile.mkdtemp(prefix=f".{sha}.tmp-", dir=out.parent))
+                try:
+                    z.extractall(tmp)
+                    os.rename(tmp, out)
+                except OSError:
+                    if not (out / top / METADATA).is_file():  # not another process's copy
+                        raise
+                finally:
+                    shutil.rmtree(tmp, ignore_errors=True)
+            except (OSError, zipfile.BadZipFile) as e:
+                raise NmtError(f"{path}: cannot unpack into {out.parent} "
+                               f"({getattr(e, 'strerror', None) or e})") from None
+    return out / top
+
+
+# ----------------------------------------------------------------------------- the model
+def package_vocabulary(pkg: ArgosPackage) -> ModelVocabulary:
+    """The package's model as engine=ctranslate2 takes it: tokenizers whose ids are the
+    CTranslate2 vocabularies' (a missing <pad> gets the id after them, never generated), its
+    specials as config.json names them, its language pair, and target_prefix forced."""
+    spec, shapes = model_spec(pkg.model_dir / "model.bin")
+    if spec not in ("", SEQ2SEQ):
+        raise NmtError(f"{pkg.path}: its model is a CTranslate2 {spec}; engine=ctranslate2 "
+                       f"drives encoder-decoder Transformers ({SEQ2SEQ}) only")
+    config = _model_config(pkg.model_dir)
+    start = config.get("decoder_start_token", "<s>")
+    if not isinstance(start, str):
+        raise NmtError(f"{pkg.model_dir / 'config.json'}: no decoder_start_token (a model "
+                       f"that must be told how to start): not supported")
+    proto = pkg.sp_model.read_bytes()
+    split = Tokenizer(proto, str(pkg.sp_model), split_only=True)
+    toks, tables = {}, {}
+    for side in ("source", "target"):
+        pieces = ct2_vocabulary(pkg.model_dir, side)
+        if not pieces:
+            raise NmtError(f"{pkg.model_dir}: no readable {side} vocabulary (shared_vocabulary"
+                           f" or {side}_vocabulary, .json or .txt)")
+        tables[side] = table = _table(pieces)
+        ids = {}
+        for kind, token in (("unk", config.get("unk_token", "<unk>")),
+                            ("eos", config.get("eos_token", "</s>")), ("bos", start)):
+            if token not in table:
+                raise NmtError(f"{pkg.model_dir}: its {side} vocabulary has no {token!r} "
+                               f"({kind} in config.json)")
+            ids[kind] = table[token]
+        ids["pad"] = next((table[p] for p in PADS if p in table), len(pieces))
+        table.setdefault(PADS[0], len(pieces))  # no PAD: one after the model's ids
+        kinds = {table[pkg.target_prefix]: CONTROL} if pkg.target_prefix in table else None
+        mapped = vocabulary_model(proto, table, max(table.values()) + 1, ids,
+                                  pkg.model_dir / f"{side}_vocabulary", kinds)
+        toks[side] = PackageTokenizer(mapped, split, table, ids["unk"], str(pkg.sp_model))
+    return _model_vocabulary(pkg, toks, tables, _max_positions(shapes))
+
+
+def _model_vocabulary(pkg: ArgosPackage, toks: dict[str, Tokenizer],
+                      tables: dict[str, dict[str, int]], max_positions: int
+                      ) -> ModelVocabulary:
+    """ModelVocabulary of the package's tokenizers and vocabulary tables."""
+    src, tgt, table = toks["source"], toks["target"], tables["target"]
+    forced = ()
+    if pkg.target_prefix:
+        if pkg.target_prefix not in table:
+            raise NmtError(f"{pkg.root / METADATA}: target_prefix {pkg.target_prefix!r} is "
+                           f"not a token of the model's target vocabulary")
+        forced = (table[pkg.target_prefix],)
+    size = len(ct2_vocabulary(pkg.model_dir, "target"))
+    specials = tgt.specials
+    vocab = Vocab(src_size=src.vocab_size, tgt_size=tgt.vocab_size, joint=src.same_ids(tgt),
+                  pad_id=specials.pad, unk_id=tgt.sp.unk_id(), bos_id=specials.bos,
+                  eos_id=specials.eos, sha256=vocab_sha256(src.proto, tgt.proto),
+                  src_spm=src.proto, tgt_spm=tgt.proto,
+                  pair={"src_lang": pkg.from_code, "tgt_lang": pkg.to_code})
+    banned = tuple(i for i in specials.banned if i < size)  # a PAD after them is not CT2's
+    return ModelVocabulary(vocab, src, tgt, max_positions, forced, banned)
+
+
+def _table(pieces: list[str]) -> dict[str, int]:
+    """A vocabulary's piece -> id (a piece listed twice: its first id, as a lookup finds)."""
+    table: dict[str, int] = {}
+    for i, piece in enumerate(pieces):
+        table.setdefault(piece, i)
+    return table
+
+
+def _model_config(model_dir: Path) -> dict:
+    """CTranslate2's config.json of the model ({} where there is none: CTranslate2 < 3 wrote
+    none, and its defaults hold)."""
+    file = model_dir / "config.json"
+    if not file.is_file():
+        return {}
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise NmtError(f"{file}: not readable JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise NmtError(f"{file}: not a JSON object")
+    return config
+
+
+def model_spec(model_bin: Path) -> tuple[str, dict[str, tuple[int, ...]]]:
+    """model.bin's spec name ("" before binary version 2) and its variables' shapes (from
+    version 4 on; {} before), the weights themselves skipped. CTranslate2's format: version,
+    spec name, revision, the number of variables, then each one's name, rank, dimensions,
+    type, byte count and bytes (strings: a uint16 length, the bytes and a NUL)."""
+    try:
+        with open(model_bin, "rb") as f:
+            def unpack(fmt: str):
+                return struct.unpack("<" + fmt, _exactly(f, struct.calcsize("<" + fmt)))
+
+            def string() -> str:
+                (n,) = unpack("H")
+                return _exactly(f, n).rstrip(b"\0").decode("utf-8")
+
+            (version,) = unpack("I")
+            if version < 2:
+                return "", {}
+            spec, (_revision, count) = string(), unpack("II")
+            shapes = {}
+            for _ in range(count if version >= 4 else 0):
+                name, (rank,) = string(), unpack("B")
+                dims, (_dtype, size) = unpack("I" * rank), unpack("BI")
+                shapes[name] = dims
+                f.seek(size, os.SEEK_CUR)
+            return spec, shapes
+    except (OSError, struct.error, UnicodeDecodeError, EOFError) as e:
+        raise NmtError(f"{model_bin}: not a readable CTranslate2 model ({e})") from None
+
+
+def _exactly(f, n: int) -> bytes:
+    """n bytes of f, or EOFError."""
+    data = f.read(n)
+    if len(data) != n:
+        raise EOFError("truncated")
+    return data
+
+
+def _max_positions(shapes: dict[str, tuple[int, ...]]) -> int:
+    """The rows of the model's position tables (the fewer of encoder and decoder), or
+    NO_POSITION_TABLE where it has none (CTranslate2 computes sinusoids for any length)."""
+    rows = [shape[0] for name, shape in shapes.items()
+            if name.endswith("position_encodings/encodings") and shape]
+    return min(rows, default=NO_POSITION_TABLE)
+
+
+class PackageTokenizer(Tokenizer):
+    """A Tokenizer whose ids are a CTranslate2 vocabulary's: text is split into pieces by the
+    package's own SentencePiece model, as argostranslate splits it, and each piece looked up
+    in the vocabulary (<unk> where it has none, as CTranslate2 does); the rest (decode,
+    pieces, specials) is the SentencePiece model whose piece i is the vocabulary's
+    (nmt.interop.hf_files.vocabulary_model)."""
+
+    def __init__(self, proto: bytes, split: Tokenizer, table: dict[str, int], unk: int,
+                 name: str):
+        super().__init__(proto, name)
+        self.split, self.table, self.unk = split, table, unk
+
+    def encode(self, lines: list[str], num_threads: int = -1) -> list[list[int]]:
+        """Raw text lines -> the vocabulary's ids of the package model's pieces
+        (num_threads: as Tokenizer.encode's)."""
+        sp, table, unk = self.split.sp, self.table, self.unk
+        if num_threads == 1:
+            split = [sp.encode(line, out_type=str) for line in lines]
+        else:
+            split = sp.encode(list(lines), out_type=str, num_threads=num_threads)
+        return [[table.get(p, unk) for p in pieces] for pieces in split]
+
+    def spans(self, text: str) -> list[tuple[int, int]]:
+        """Where each piece of `text`'s encoding lies in it (the package model's pieces)."""
+        return self.split.spans(text)
