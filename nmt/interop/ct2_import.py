@@ -29,7 +29,11 @@ package around it. config.json names the specials. A model without a padding tok
 (MarianMT's conversion drops <pad> and starts decoding from a zero embedding) gets one, a zero
 row at the end, which its decoding then starts from. nmt ends every source with </s>; a model
 that was trained without it (config.json add_source_eos=false, and its users do not add it, as
-OpenNMT-py's Argos packages) is imported all the same, and the output line says so.
+OpenNMT-py's Argos packages) is imported all the same, and the output line says so, as it
+says a config.json layer_norm_epsilon other than nmt's 1e-5 (CTranslate2's default). An nmt
+export's SentencePiece models are kept as they are, and its nmt.json's pair or languages.
+tests/test_ct2_import.py checks weights, vocabularies and greedy outputs against the export's
+source and CTranslate2's translate_batch.
 """
 
 from __future__ import annotations
@@ -310,10 +314,12 @@ def positions(v: _Variables, d: int, pad_id: int) -> tuple[str, Tensor, int]:
     tables = [v.optional(enc), v.optional(dec)]
     same = torch.arange(d)
     if tables == [None, None]:  # CTranslate2's own: fairseq's formula, counted from 1
-        relative = sorted(n for n in v.model.variables if "relative" in n)
-        if relative:
-            raise NmtError(f"{v.path}: {relative[0]}: relative positions; nmt's model has "
-                           f"sinusoidal ones")
+        others = sorted(n for n, t in v.model.variables.items()
+                        if any(k in n for k in ("relative", "rotary", "alibi"))
+                        and (t.dim() > 0 or t.item() != 0))
+        if others:
+            raise NmtError(f"{v.path}: {others[0]}: positions of another kind; nmt's model "
+                           f"has sinusoidal ones")
         if pad_id != 0:
             raise NmtError(f"{v.path}: no position table, so CTranslate2's sinusoids (counted "
                            f"from 1), which nmt computes only with the padding id 0, not "
@@ -457,10 +463,10 @@ class _Map:
 
     def norm(self, nmt: str, ct2: str) -> None:
         """A LayerNorm (RMSNorm, without beta, is refused)."""
+        self.w[f"{nmt}.weight"] = self.v.tensor(f"{ct2}/gamma")[self.inv]
         if not self.v.has(f"{ct2}/beta"):
             raise NmtError(f"{self.v.path}: {ct2} has no beta (RMSNorm): nmt's model has "
                            f"LayerNorm")
-        self.w[f"{nmt}.weight"] = self.v.tensor(f"{ct2}/gamma")[self.inv]
         self.w[f"{nmt}.bias"] = self.v.tensor(f"{ct2}/beta")[self.inv]
 
     def layer(self, nmt: str, ct2: str, cross: bool) -> None:
