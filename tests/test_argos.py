@@ -378,3 +378,54 @@ def test_what_is_not_a_usable_package_is_one_line(export_pkg, ckpt, tmp_path):
         z.writestr("other/README.md", "")
     assert not argos.is_package(two)
     refused(two, "not an Argos package: a zip of one folder with metadata.json")
+
+
+# ----------------------------------------------------------------------------- nmt-serve
+def test_nmt_serve_answers_libretranslate_with_the_packages_pair(export_pkg):
+    """nmt-serve engine=ctranslate2 checkpoint=PACKAGE: /languages gives from_code->to_code,
+    and LibreTranslate's /translate the package's text."""
+    from test_libretranslate import form
+    from test_serve import InProcess
+
+    line = bundled_sentences()[0]
+    srv = InProcess(export_pkg, "engine=ctranslate2", "search.alpha=0", "search.beam_size=1")
+    try:
+        status, _, body = srv.call("GET", "/languages")
+        assert status == 200 and [(x["code"], x["targets"]) for x in body] == [
+            ("en", ["de"]), ("de", [])]
+        status, body = form(srv, "/translate", q=line, source="en", target="de")
+        with open_translator("ctranslate2", [str(export_pkg)], CPU, threads=1) as tr:
+            want = texts(tr, [line], SearchConfig(beam_size=1, max_len_b=8))[0]
+        assert (status, body) == (200, {"translatedText": want})
+    finally:
+        srv.stop()
+
+
+@pytest.mark.slow  # a server process
+def test_the_nmt_serve_command_serves_a_zipped_package(export_pkg, tmp_path):
+    from test_serve import Server
+
+    file = zipped(export_pkg, tmp_path / "en_de.argosmodel")
+    lines = list(bundled_sentences()[:4])
+    srv = Server(file, "engine=ctranslate2", "search.alpha=0", "workers=1", "threads=1",
+                 "split=none")
+    try:
+        got = [t["text"] for t in srv.translate(lines, beam_size=1)]
+    finally:
+        assert srv.stop() == 0
+    with open_translator("ctranslate2", [str(export_pkg)], CPU, threads=1) as tr:
+        assert got == texts(tr, lines, SearchConfig(beam_size=1, max_len_b=8))
+
+
+def test_older_ctranslate2s_text_vocabulary_reads_the_same(export_pkg, tmp_path):
+    """A model with shared_vocabulary.txt (older CTranslate2: one token a line) gives the
+    same text."""
+    old = tmp_path / export_pkg.name
+    shutil.copytree(export_pkg, old)
+    vocab = json.loads((old / "model" / "shared_vocabulary.json").read_text())
+    (old / "model" / "shared_vocabulary.txt").write_text("".join(f"{t}\n" for t in vocab))
+    (old / "model" / "shared_vocabulary.json").unlink()
+    lines = list(bundled_sentences()[:12])
+    with open_translator("ctranslate2", [str(old)], CPU, threads=1) as tr, \
+            open_translator("ctranslate2", [str(export_pkg)], CPU, threads=1) as new:
+        assert texts(tr, lines, GREEDY) == texts(new, lines, GREEDY)
