@@ -50,7 +50,7 @@ from nmt.data.tokenizer import Tokenizer
 from nmt.data.vocab import Vocab
 from nmt.errors import NmtError
 from nmt.inference.capabilities import ENGINES
-from nmt.inference.core import empty_source, length_penalty, output_lengths
+from nmt.inference.lengths import empty_source, length_penalty, output_lengths
 from nmt.inference.loading import LoadedCheckpoint
 from nmt.inference.messages import Hypothesis, Sentence
 from nmt.inference.stepping import batch_loop
