@@ -239,7 +239,8 @@ def test_bad_model_directories_are_one_line_and_write_nothing(checkpoint, tmp_pa
     (bad / "model.bin").unlink()
     refused(bad, r"config.json: model_type=None: .* and CTranslate2 models \(model.bin\)")
     (bad / "config.json").unlink()
-    refused(bad, r"config.json: not found")
+    refused(bad, r"truncated: neither model.bin \(a CTranslate2 model or Argos package\) nor "
+                 r"config.json \(a transformers model directory\)$")
     (ct2 / "source.spm").unlink()
     (ct2 / "target.spm").unlink()
     refused(ct2, r"no SentencePiece model beside model.bin .* give src_spm=FILE")

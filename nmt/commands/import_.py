@@ -64,6 +64,9 @@ def convert(cfg: ImportConfig) -> Converted:
     src = Path(cfg.input)
     if ct2_import.is_ct2_model(src):
         return ct2_import.convert(src, cfg.src_spm, cfg.tgt_spm)
+    if src.is_dir() and not (src / "config.json").exists():
+        raise NmtError(f"{src}: neither model.bin (a CTranslate2 model or Argos package) nor "
+                       f"config.json (a transformers model directory)")
     config = read_json(src / "config.json")
     kind = config.get("model_type")
     if kind not in CONVERTERS:
