@@ -5,9 +5,10 @@ Discovery (one level deep, in name order): nmt checkpoints (*.pt: bilingual, by 
 vocabulary records or else a name ending in SRC-TGT, e.g. en-de.pt; or multilingual, by the
 languages it records: nmt.data.languages), nmt-export CTranslate2 folders (nmt.json) and Argos
 Translate packages (nmt.interop.argos: a folder with metadata.json and model/, or a
-.argosmodel zip). Anything else there is ignored; a folder without a model, a model that cannot
-be read, or two models of the same kind (bilingual, multilingual) that translate the same pair
-are one-line errors. A bilingual model wins a pair over a multilingual one.
+.argosmodel zip; one that cannot be served, e.g. a BPE package, is skipped, said in one line).
+Anything else there is ignored; a folder without a model, an nmt model that cannot be read, or
+two models of the same kind (bilingual, multilingual) that translate the same pair are one-line
+errors. A bilingual model wins a pair over a multilingual one.
 
 Routing: each pair (src, tgt) goes to the model that covers it; with pivot=true, a pair that
 none covers, whose sides both pair with English, goes through English: two hops, each queued
@@ -91,7 +92,8 @@ def discover(folder: Path) -> list[ModelEntry]:
 
 
 def read_entry(path: Path) -> ModelEntry | None:
-    """The model at `path`, None for anything that is not one."""
+    """The model at `path`, None for anything that is not one; an Argos package that cannot
+    be served (a BPE one, a broken one) is skipped, said in one line (its error)."""
     if path.suffix == ".pt" and path.is_file():
         return _checkpoint_entry(path)
     if path.is_dir() and (path / INFO).is_file():
@@ -119,9 +121,14 @@ def _export_entry(path: Path) -> ModelEntry:
     return ModelEntry(path, "ctranslate2", _languages(vocab, path), _size(path))
 
 
-def _argos_entry(path: Path, argos) -> ModelEntry:
-    """An Argos package's entry: its metadata's from_code and to_code."""
-    package = argos.read_package(path)
+def _argos_entry(path: Path, argos) -> ModelEntry | None:
+    """An Argos package's entry: its metadata's from_code and to_code (None: it cannot be
+    served, said in one line)."""
+    try:
+        package = argos.read_package(path)
+    except NmtError as e:
+        log(f"skipped: {e}")
+        return None
     pair = Languages.of(None, package.from_code, package.to_code)
     return ModelEntry(path, "argos", pair, _size(path))
 
@@ -363,6 +370,9 @@ class Registry:
     async def service(self, entry: ModelEntry) -> Service:
         """The entry's Service, the most recently used now; loaded (off the event loop, after
         evicting what the budget needs) if it is not."""
+        if entry.path in self.loaded:  # no wait behind another model's load
+            self.loaded.move_to_end(entry.path)
+            return self.loaded[entry.path].service
         if self._lock is None:
             self._lock, self._freed = asyncio.Lock(), asyncio.Event()
         async with self._lock:
