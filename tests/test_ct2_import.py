@@ -87,20 +87,27 @@ def test_an_nmt_export_imports_back_to_the_same_checkpoint(spm, checkpoint, sepa
     assert nmt_greedy(out, src_ids) == nmt_greedy(checkpoint, src_ids)
 
 
-def test_int8_weights_come_back_dequantised_within_their_step(checkpoint, tmp_path, capsys):
-    ct2 = export_ct2(checkpoint, tmp_path / "ct2", "int8")
-    out = import_model(ImportConfig(input=str(ct2), output=str(tmp_path / "int8.pt")))
-    assert "int8 weights dequantised to float32" in capsys.readouterr().out
+@pytest.mark.parametrize("quantization, said", [
+    ("int8", "int8 weights dequantised to float32"),
+    ("int8_float16", "int8 weights dequantised to float32, float16 weights widened"),
+    ("float16", "float16 weights widened to float32")])
+def test_quantised_weights_come_back_within_their_step(checkpoint, quantization, said,
+                                                        tmp_path, capsys):
+    ct2 = export_ct2(checkpoint, tmp_path / "ct2", quantization)
+    out = import_model(ImportConfig(input=str(ct2), output=str(tmp_path / "q.pt")))
+    assert said in capsys.readouterr().out
     before, after = load_checkpoint(checkpoint)["model"], load_checkpoint(out)["model"]
     rounded = 0
     for name, weight in before.items():
-        if weight.dim() == 2:  # quantised per row: q = round(w * 127 / max|row|)
+        error = (after[name] - weight).abs()
+        if weight.dim() == 2 and quantization.startswith("int8"):  # per row: w * 127 / max
             step = weight.abs().amax(dim=1, keepdim=True) / 127
-            error = (after[name] - weight).abs()
             assert (error <= step / 2 * 1.001 + 1e-7).all(), name
-            rounded += int((error > 0).sum())
+        elif quantization.endswith("float16"):  # float16's 11 significant bits
+            assert (error <= weight.abs() * 2 ** -11 + 2 ** -25).all(), name
         else:
             assert torch.equal(after[name], weight), name
+        rounded += int((error > 0).sum())
     assert rounded > 0  # weights were quantised and dequantised, not copied
 
 
