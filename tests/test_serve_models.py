@@ -272,6 +272,24 @@ def test_max_models_keeps_at_most_that_many_loaded(models):
 
 
 @pytest.mark.slow
+def test_a_ctranslate2_model_beside_nmt_ones_beam_searches_without_a_length_penalty(models,
+                                                                                    tmp_path):
+    """The server's search.alpha applies to the nmt models; a CTranslate2 one (it has no GNMT
+    length penalty in beam search) decodes with alpha=0 rather than refusing every request."""
+    srv = ModelsInProcess(models, "search.beam_size=2", "search.alpha=1.0")
+    try:
+        for model, src, tgt, keys in (
+                (models / "en-de.pt", "en", "de", ()),
+                (models.parent / "sources" / "fr-en.pt", "fr", "en",
+                 ("engine=ctranslate2", "search.alpha=0"))):
+            want = nmt_translate(model, LINES, tmp_path, "search.beam_size=2",
+                                 "search.alpha=1.0", *keys)
+            assert [t["text"] for t in srv.translate(LINES, src_lang=src, tgt_lang=tgt)] == want
+    finally:
+        srv.stop()
+
+
+@pytest.mark.slow
 def test_translate_file_round_trips_a_txt_and_an_html_file(many):
     requests = pytest.importorskip("requests")
     url = f"http://127.0.0.1:{many.port}"
@@ -411,3 +429,4 @@ def test_the_translate_package_and_the_npm_client_against_many_models(servers):
                               LINES[0], *pairs], check=True, capture_output=True, text=True,
                              timeout=120, cwd=home).stdout
         assert json.loads(out) == want
+

@@ -431,9 +431,13 @@ def budget_line(entries: list[ModelEntry], cfg: ServeConfig) -> str:
 
 
 def model_config(cfg: ServeConfig, entry: ModelEntry) -> ServeConfig:
-    """The server's settings for one model's Service: its checkpoint, and a bilingual one's
-    pair (which it may not record: named after it)."""
+    """The server's settings for one model's Service: its checkpoint, a bilingual one's pair
+    (which it may not record: named after it); a CTranslate2 model (an export folder, an
+    Argos package) decodes with search.alpha=0 and batches dynamically, what that engine has
+    (an nmt model beside it keeps the server's settings)."""
     pair = entry.languages if entry.bilingual else None
+    ct2 = {"engine": "ctranslate2", "continuous": False,
+           "search": replace(cfg.search, alpha=0.0)} if entry.kind != "nmt" else {}
     return replace(cfg, models="", checkpoint=str(entry.path),
                    src_lang=pair.sources[0] if pair else "",
-                   tgt_lang=pair.targets[0] if pair else "")
+                   tgt_lang=pair.targets[0] if pair else "", **ct2)
