@@ -284,6 +284,14 @@ def test_target_prefix_is_forced_and_removed(marian_pkg, tmp_path):
             assert got != [plain.tgt_tok.pieces(h[0].tokens)
                            for h in plain.translate_ids(plain.src_tok.encode(lines), GREEDY)]
         assert not any("__de__" in t for t in texts(tr, lines, GREEDY))
+        scored = tr.score_ids(tr.src_tok.encode(lines), [h[0].tokens for h in out], GREEDY)
+    import sentencepiece
+
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(pkg / "sentencepiece.model"))
+    theirs = ctranslate2.Translator(str(model_dir), "cpu", intra_threads=1).score_batch(
+        sp.encode(lines, out_type=str), [["__de__", *g] for g in got], max_input_length=0)
+    assert [h.logprob for h in scored] == pytest.approx(  # the prefix's token not counted
+        [sum(r.log_probs[1:]) for r in theirs], abs=1e-4)
 
 
 def test_target_prefix_of_an_export_is_the_checkpoints_forced_prefix(ckpt, export_pkg, tmp_path):

@@ -145,7 +145,7 @@ class CT2Translator:
     @property
     def max_input_tokens(self) -> int:
         """The longest source (EOS excluded) the model can take."""
-        return self.max_positions - 1 - len(self._forced)
+        return self.max_positions - 1
 
     @property
     def decoder_layers(self) -> int:
