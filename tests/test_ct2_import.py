@@ -90,7 +90,8 @@ def test_an_nmt_export_imports_back_to_the_same_checkpoint(spm, checkpoint, sepa
 @pytest.mark.parametrize("quantization, said", [
     ("int8", "int8 weights dequantised to float32"),
     ("int8_float16", "int8 weights dequantised to float32, float16 weights widened"),
-    ("float16", "float16 weights widened to float32")])
+    ("float16", "float16 weights widened to float32"),
+    ("int16", "int16 weights dequantised to float32")])
 def test_quantised_weights_come_back_within_their_step(checkpoint, quantization, said,
                                                         tmp_path, capsys):
     ct2 = export_ct2(checkpoint, tmp_path / "ct2", quantization)
@@ -103,12 +104,47 @@ def test_quantised_weights_come_back_within_their_step(checkpoint, quantization,
         if weight.dim() == 2 and quantization.startswith("int8"):  # per row: w * 127 / max
             step = weight.abs().amax(dim=1, keepdim=True) / 127
             assert (error <= step / 2 * 1.001 + 1e-7).all(), name
+        elif weight.dim() == 2 and quantization == "int16":  # per matrix: w * 2^10 / max
+            assert (error <= weight.abs().max() / 2 ** 11 * 1.001).all(), name
         elif quantization.endswith("float16"):  # float16's 11 significant bits
             assert (error <= weight.abs() * 2 ** -11 + 2 ** -25).all(), name
         else:
             assert torch.equal(after[name], weight), name
         rounded += int((error > 0).sum())
     assert rounded > 0  # weights were quantised and dequantised, not copied
+
+
+def write_old_model_bin(model, path: Path, version: int) -> None:
+    """model.bin as binary versions 2 and 3 were written: each variable's item size and count
+    (not a dtype id and a byte count); aliases from version 3 on (none here: every variable,
+    a tied one too, written out)."""
+    out = bytearray()
+
+    def string(text: str) -> None:
+        out.extend(struct.pack("<H", len(text) + 1) + text.encode() + b"\0")
+
+    out.extend(struct.pack("<I", version))
+    string(model.spec)
+    out.extend(struct.pack("<II", model.revision, len(model.variables)))
+    for name, t in model.variables.items():
+        string(name)
+        out.extend(struct.pack(f"<B{t.dim()}I", t.dim(), *t.shape))
+        out.extend(struct.pack("<BI", t.element_size(), t.numel()) + t.numpy().tobytes())
+    if version >= 3:
+        out.extend(struct.pack("<I", 0))
+    path.write_bytes(bytes(out))
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_older_binary_versions_are_read(checkpoint, version, tmp_path):
+    from nmt.interop.ct2_import import read_model_bin
+
+    ct2 = export_ct2(checkpoint, tmp_path / "ct2")
+    write_old_model_bin(read_model_bin(ct2 / "model.bin"), ct2 / "model.bin", version)
+    assert read_model_bin(ct2 / "model.bin").version == version
+    out = import_model(ImportConfig(input=str(ct2), output=str(tmp_path / "old.pt")))
+    before, after = load_checkpoint(checkpoint)["model"], load_checkpoint(out)["model"]
+    assert all(torch.equal(after[name], weight) for name, weight in before.items())
 
 
 def test_an_argos_package_imports_with_its_sentencepiece_model_and_pair(spm, checkpoint,

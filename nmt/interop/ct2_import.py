@@ -122,7 +122,7 @@ def read_model_bin(path: Path) -> Ct2Model:
         name = r.string()
         shape = [r.number("I") for _ in range(r.number("B"))]
         variables[name] = _variable(r, name, shape, version)
-    for _ in range(r.number("I")):
+    for _ in range(r.number("I") if version >= 3 else 0):  # aliases came with version 3
         alias, target = r.string(), r.string()
         for suffix in ("", "_scale"):
             if target + suffix in variables:
