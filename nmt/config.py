@@ -809,11 +809,14 @@ CT2_QUANTIZATIONS = ("", "int8", "int8_float32", "int8_float16", "int8_bfloat16"
 
 @dataclass
 class ExportConfig:
-    """nmt-export: a checkpoint in, a CTranslate2 or Hugging Face transformers model out."""
+    """nmt-export: a checkpoint in, a CTranslate2, Hugging Face transformers or ONNX
+    (transformers.js) model out."""
 
     checkpoint: str = MISSING  # a checkpoint written by nmt-train or nmt-average
     output: str = MISSING  # the model directory to write (atomically: temp dir, then rename)
-    format: str = "ctranslate2"  # "ctranslate2" or "transformers" (MarianMT; Pegasus if pre-norm)
+    # "ctranslate2", "transformers" (MarianMT; Pegasus if pre-norm) or "onnx" (transformers.js's
+    # layout: ONNX encoder and merged decoder, fp32 and int8, tokenizer.json)
+    format: str = "ctranslate2"
     quantization: str = ""  # ctranslate2 only: stored weight type, e.g. int8 ("": float32)
     force: bool = False  # replace an existing output (only a model directory, or an empty one)
     shortlist: str = ""  # ctranslate2: a shortlist FILE, written as vmap.txt (for use_vmap)
@@ -821,8 +824,8 @@ class ExportConfig:
     def __post_init__(self) -> None:
         _check(not self.shortlist or self.format == "ctranslate2", "shortlist",
                "applies to format=ctranslate2 only")
-        _check(self.format in ("ctranslate2", "transformers"), "format",
-               f"must be ctranslate2 or transformers, got {self.format!r}")
+        _check(self.format in ("ctranslate2", "transformers", "onnx"), "format",
+               f"must be ctranslate2, transformers or onnx, got {self.format!r}")
         _check(self.quantization in CT2_QUANTIZATIONS, "quantization",
                f"must be one of {', '.join(q for q in CT2_QUANTIZATIONS if q)}, "
                f"got {self.quantization!r}")

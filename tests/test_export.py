@@ -266,7 +266,7 @@ def test_feature_permutation_puts_sines_first_then_cosines():
 
 # ----------------------------------------------------------------------------- bad input
 def test_config_errors_name_the_key():
-    for args, key in ((["format=onnx"], "format"), (["quantization=int3"], "quantization"),
+    for args, key in ((["format=tflite"], "format"), (["quantization=int3"], "quantization"),
                       (["format=transformers", "quantization=int8"], "quantization")):
         cfg = compose("export", ["checkpoint=c.pt", "output=o", *args])
         with pytest.raises(ConfigError, match=f"^{key}:"):

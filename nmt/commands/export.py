@@ -1,6 +1,6 @@
-"""nmt-export: a checkpoint in, a CTranslate2 or a Hugging Face transformers model directory
-out (nmt.interop.ct2_export, nmt.interop.transformers_export), built in a temporary directory,
-then renamed into place."""
+"""nmt-export: a checkpoint in, a CTranslate2, a Hugging Face transformers or an ONNX
+(transformers.js) model directory out (nmt.interop.ct2_export, nmt.interop.transformers_export,
+nmt.interop.onnx_export), built in a temporary directory, then renamed into place."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from nmt.config import ExportConfig
 from nmt.errors import NmtError
 from nmt.inference.loading import LoadedCheckpoint
 from nmt.interop.ct2_export import export_key, write_ctranslate2
+from nmt.interop.onnx_export import write_onnx
 from nmt.interop.transformers_export import MARKER, PROG, write_transformers
 from nmt.system.files import check_out_dir, check_output, new_directory
 
@@ -20,10 +21,13 @@ def export(cfg: ExportConfig) -> Path:
     out = Path(cfg.output)
     check_output(out, "output", directory=True)
     check_out_dir(out, cfg.force, MARKER, "model directory")
-    _require("ctranslate2" if cfg.format == "ctranslate2" else "transformers")
+    for package in REQUIRES[cfg.format]:
+        _require(package, cfg.format)
     loaded = LoadedCheckpoint.load(cfg.checkpoint)
     with new_directory(out, cfg.force, MARKER, "model directory") as tmp:
-        if cfg.format == "ctranslate2":
+        if cfg.format == "onnx":
+            what = write_onnx(loaded, tmp)
+        elif cfg.format == "ctranslate2":
             key = export_key(cfg.checkpoint, "auto", cfg.quantization or "float32",
                              cfg.shortlist)
             what = write_ctranslate2(loaded, tmp, cfg.quantization, key, cfg.shortlist)
@@ -33,10 +37,15 @@ def export(cfg: ExportConfig) -> Path:
     return out
 
 
-def _require(package: str) -> None:
+REQUIRES = {"ctranslate2": ("ctranslate2",), "transformers": ("transformers",),
+            "onnx": ("onnx", "onnxruntime", "onnxscript", "tokenizers")}  # format -> packages
+
+
+def _require(package: str, fmt: str) -> None:
     """Check that an optional package imports, or say in one line how to install it."""
     try:
         importlib.import_module(package)
     except ImportError:
-        raise NmtError(f"format={package} needs the {package} package: "
-                       "pip install 'nmt[export]'") from None
+        extra = "onnx" if fmt == "onnx" else "export"
+        raise NmtError(f"format={fmt} needs the {package} package: "
+                       f"pip install 'nmt[{extra}]'") from None
