@@ -29,7 +29,13 @@ from nmt.commands.translate import translate  # noqa: E402
 from nmt.config import ExportConfig, ServeConfig, TranslateConfig, compose, to_object  # noqa: E402
 from nmt.errors import NmtError  # noqa: E402
 from nmt.serve.many import create_models_app  # noqa: E402
-from nmt.serve.models import Registry, budget_line, discover, routes  # noqa: E402
+from nmt.serve.models import (  # noqa: E402
+    Registry,
+    budget_line,
+    discover,
+    models_folder,
+    routes,
+)
 from nmt.training.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -430,3 +436,51 @@ def test_the_translate_package_and_the_npm_client_against_many_models(servers):
                              timeout=120, cwd=home).stdout
         assert json.loads(out) == want
 
+
+# ----------------------------------------------------------------------------- Argos packages
+@pytest.mark.slow
+def test_argos_packages_are_served_as_they_are_and_pivot_too(models, tmp_path, monkeypatch,
+                                                             capsys):
+    """A folder of Argos packages as argostranslate installs them (one unpacked, one a
+    .argosmodel zip, one BPE package, skipped in one line) beside an nmt checkpoint: each
+    package gives its model's text (nmt-translate engine=ctranslate2 of the checkpoint it was
+    exported from), and de->es goes through English (de-en.pt, then the package)."""
+    pytest.importorskip("nmt.interop.argos")
+    from test_argos import make_package, zipped
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # zips unpack here
+    folder, made = tmp_path / "argos", tmp_path / "made"
+    folder.mkdir()
+    made.mkdir()
+    fr_en, export = models.parent / "sources" / "fr-en.pt", models / "fr-en"
+    spm = (export / "source.spm").read_bytes()
+    make_package(folder, export, spm, "en", "es")  # the fr-en model, told it is en->es
+    zipped(make_package(made, export, spm, "es", "en"), folder / "translate-es_en.argosmodel")
+    make_package(folder, export, spm, "en", "pt", bpe=True)
+    shutil.copy(models / "de-en.pt", folder / "de-en.pt")
+    entries = discover(folder)
+    assert [(e.path.name, e.kind) for e in entries] == [
+        ("de-en.pt", "nmt"), ("translate-en_es-1_0", "argos"),
+        ("translate-es_en.argosmodel", "argos")]
+    assert "skipped: " in capsys.readouterr().err  # the BPE package, in one line
+    want = nmt_translate(fr_en, LINES, tmp_path, "engine=ctranslate2")
+    english = nmt_translate(models / "de-en.pt", LINES, tmp_path)
+    srv = ModelsInProcess(folder)
+    try:
+        for src, tgt in (("en", "es"), ("es", "en")):
+            assert [t["text"] for t in srv.translate(LINES, src_lang=src, tgt_lang=tgt)] == want
+        got = srv.translate(LINES, src_lang="de", tgt_lang="es")
+        assert [t["text"] for t in got] == nmt_translate(fr_en, english, tmp_path,
+                                                         "engine=ctranslate2")
+        assert srv.call("GET", "/health")[2]["pivots"] == {"de-es": "en"}
+    finally:
+        srv.stop()
+
+
+def test_models_argos_is_argostranslates_own_package_folder(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    assert models_folder("argos") == tmp_path / "argos-translate" / "packages"
+    monkeypatch.delenv("XDG_DATA_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert models_folder("argos") == tmp_path / ".local/share/argos-translate/packages"
+    assert models_folder("some/dir") == Path("some/dir")
