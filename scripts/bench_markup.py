@@ -57,7 +57,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import nmt
-from nmt.inference.markup import VOID, Aligned, parse, put_back
+from nmt.inference.markup_parse import VOID, parse
+from nmt.inference.markup_restore import Aligned, put_back
 from nmt.inference.segment import sentence_splitter, split_text
 from nmt.system.files import read_lines
 

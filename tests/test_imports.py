@@ -17,7 +17,8 @@ LAYERS = [
     # the errors, the config schema and what it checks against; no torch
     {"nmt.errors", "nmt.config_errors", "nmt.config", "nmt.system.files", "nmt.system.runtime",
      "nmt.inference.capabilities", "nmt.inference.scoring", "nmt.inference.segment",
-     "nmt.inference.markup", "nmt.inference.terms",
+     "nmt.inference.markup", "nmt.inference.markup_parse", "nmt.inference.markup_restore",
+     "nmt.inference.terms",
      "nmt.inference.messages", "nmt.inference.words", "nmt.data.vocab", "nmt.serve.errors",
      "nmt.serve.api_keys", "nmt.serve.langid_codes"},
     # the paper's model, and what training and decoding both need
@@ -66,7 +67,8 @@ TOP_LEVEL = {"nmt", "nmt.model", "nmt.variants", "nmt.checkpoint", "nmt.config",
 # the front ends reach through it only: one code path, the same text from both.
 PIPELINE_INNER = {
     "nmt.inference.segment": {"split_for", "split_text", "fit_for", "sample_stream"},
-    "nmt.inference.markup": {"parse", "put_back", "restore"},
+    "nmt.inference.markup_parse": {"parse"},
+    "nmt.inference.markup_restore": {"put_back", "restore"},
     "nmt.inference.glossary": {"with_terms"},
     "nmt.inference.align": {"sentence_alignments"},
     "nmt.inference.words": {"words"},

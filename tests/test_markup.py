@@ -1,4 +1,4 @@
-"""Markup kept inside whole sentences (nmt/inference/markup.py, markup=html|xml): stand-in
+"""Markup kept inside whole sentences (nmt/inference/markup*.py, markup=html|xml): stand-in
 translators (a copy, an upper-casing, a word-order reversal, each with its exact alignment) on
 bergamot-translator's test inputs and on generated HTML; the tags' placement, nesting and
 fallback; bad markup; nmt-translate on a file; the offsets of forced-language tokens; work that
@@ -29,10 +29,11 @@ from nmt.commands.translate import translate
 from nmt.config import TranslateConfig, compose, to_object
 from nmt.data.tokenizer import SPECIALS
 from nmt.errors import ConfigError
-from nmt.inference import markup, segment
+from nmt.inference import markup, markup_parse, markup_restore, segment
 from nmt.inference.align import align, sentence_alignments
 from nmt.inference.capabilities import ENGINES
-from nmt.inference.markup import Aligned, parse, put_back, restore
+from nmt.inference.markup_parse import parse
+from nmt.inference.markup_restore import Aligned, put_back, restore
 from nmt.inference.segment import split_text
 from nmt.inference.translator import Translator
 
@@ -95,7 +96,7 @@ class Nesting(HTMLParser):
         self.stack, self.ok, self.text = [], True, []
 
     def handle_starttag(self, tag, attrs):
-        if tag not in markup.VOID:
+        if tag not in markup_parse.VOID:
             self.stack.append(tag)
 
     def handle_startendtag(self, tag, attrs):
@@ -212,7 +213,7 @@ def test_a_tag_the_alignment_cannot_place_goes_around_its_sentence_with_a_warnin
              Aligned("Vier fuenf.", [], chars("Four five."), chars("Vier fuenf."))]
     (marked,), unplaced = put_back([doc], found)
     assert doc.join(marked) == "<b>Eins zwei drei.</b> <br/>Vier fuenf."  # the nearer end
-    assert unplaced == [markup.Unplaced(0, "<b>"), markup.Unplaced(0, "<br/>")]
+    assert unplaced == [markup_restore.Unplaced(0, "<b>"), markup_restore.Unplaced(0, "<br/>")]
 
 
 def test_xml_tags_and_placeholders_in_plain_text():
@@ -321,19 +322,21 @@ def nested(n: int) -> str:
 
 
 def lines_run(call, budget: int) -> int:
-    """How many lines of markup.py `call` runs (sys.settrace's line events: a count of its
-    work, the same on every machine); past `budget` it is stopped with an AssertionError."""
+    """How many lines of markup.py, markup_parse.py and markup_restore.py `call` runs
+    (sys.settrace's line events: a count of its work, the same on every machine); past `budget`
+    it is stopped with an AssertionError."""
     count = 0
+    files = {m.__file__ for m in (markup, markup_parse, markup_restore)}
 
     def local(frame, event, arg):
         nonlocal count
         count += event == "line"
         if count > budget:
-            raise AssertionError(f"markup.py ran more than {budget} lines")
+            raise AssertionError(f"markup's modules ran more than {budget} lines")
         return local
 
     before = sys.gettrace()  # e.g. a coverage tool's, put back after
-    sys.settrace(lambda frame, event, arg: local if frame.f_code.co_filename == markup.__file__
+    sys.settrace(lambda frame, event, arg: local if frame.f_code.co_filename in files
                  else None)
     try:
         call()

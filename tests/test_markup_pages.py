@@ -29,7 +29,8 @@ from translate_helpers import save_tiny_checkpoint
 from nmt.commands.translate import translate
 from nmt.config import ServeConfig, TranslateConfig, compose, to_object
 from nmt.inference import markup
-from nmt.inference.markup import parse, put_back
+from nmt.inference.markup_parse import parse
+from nmt.inference.markup_restore import put_back
 from nmt.inference.segment import fit, split_text
 from nmt.inference.translator import Translator
 

@@ -20,9 +20,9 @@ from translate_helpers import translate_config as config
 
 from nmt.commands.translate import translate
 from nmt.data.tokenizer import Tokenizer
-from nmt.inference import markup, segment
+from nmt.inference import markup, markup_restore, segment
 from nmt.inference.glossary import Glossary, read_glossary, read_keep
-from nmt.inference.markup import Aligned, put_back
+from nmt.inference.markup_restore import Aligned, put_back
 
 
 def spm_copy(s: markup.Sentence) -> Aligned:
@@ -167,7 +167,7 @@ def test_glossary_and_kept_terms_are_written_exactly_between_the_tags(tok):
     assert doc.join(marked[0]) == (f"<p>run <b>{KEPT[0]}</b> on the <i>Elifen</i> "
                                    f"<code>x</code> {KEPT[1]}.</p>") and not unplaced
     s = markup.Sentence("a b", [])  # a kept term the translation lacks: appended
-    got = markup.restore(s, "x y", [], [], [], str, g.matches(f"a {KEPT[1]}"))
+    got = markup_restore.restore(s, "x y", [], [], [], str, g.matches(f"a {KEPT[1]}"))
     assert got.text == f"x y {KEPT[1]}"
 
 

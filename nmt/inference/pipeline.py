@@ -23,7 +23,9 @@ from nmt.errors import ConfigError
 from nmt.inference.align import sentence_alignments
 from nmt.inference.engine import Engine
 from nmt.inference.glossary import Glossary, with_terms
-from nmt.inference.markup import Document, Unplaced, parse, put_back
+from nmt.inference.markup import Document
+from nmt.inference.markup_parse import parse
+from nmt.inference.markup_restore import Unplaced, put_back
 from nmt.inference.messages import Hypothesis, Sentence
 from nmt.inference.rerank import Chooser
 from nmt.inference.segment import Segmented, fit_for, sample_stream, split_for

@@ -46,7 +46,7 @@ from starlette.datastructures import UploadFile
 from nmt.config import ServeConfig
 from nmt.errors import NmtError
 from nmt.inference.glossary import index, is_comment, read_glossary
-from nmt.inference.markup import parse
+from nmt.inference.markup_parse import parse
 from nmt.serve import langid_codes
 from nmt.serve.api_keys import ApiKeys
 from nmt.serve.errors import ApiError
