@@ -147,15 +147,17 @@ def test_older_binary_versions_are_read(checkpoint, version, tmp_path):
     assert all(torch.equal(after[name], weight) for name, weight in before.items())
 
 
-def test_an_argos_package_imports_with_its_sentencepiece_model_and_pair(spm, checkpoint,
-                                                                         tmp_path, capsys):
+def test_an_argos_package_imports_with_its_sentencepiece_model_and_pair(
+        spm, checkpoint, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # where zips are unpacked
     package = tmp_path / "translate-en_de-1_0"
     model = export_ct2(checkpoint, package / "model")
     for name in ("nmt.json", "source.spm", "target.spm"):  # what nmt-export adds
         (model / name).unlink()
     (package / "sentencepiece.model").write_bytes(spm["joint"])
     (package / "metadata.json").write_text('{"from_code": "en", "to_code": "de"}')
-    for given in (package, model):
+    zipped = Path(shutil.make_archive(str(tmp_path / "en_de"), "zip", tmp_path, package.name))
+    for given in (package, model, zipped.rename(zipped.with_suffix(".argosmodel"))):
         out = import_model(ImportConfig(input=str(given), output=str(tmp_path / "a.pt"),
                                         force=True))
         assert "(CTranslate2 en->de, 2+2 layers" in capsys.readouterr().out
@@ -163,8 +165,8 @@ def test_an_argos_package_imports_with_its_sentencepiece_model_and_pair(spm, che
         assert state["vocab"]["pair"] == {"src_lang": "en", "tgt_lang": "de"}
         assert state["vocab"]["src_spm"] == spm["joint"]
     (package / "sentencepiece.model").rename(package / "bpe.model")
-    with pytest.raises(NmtError, match=r"bpe.model: a BPE package; nmt-import reads "
-                                       r"SentencePiece packages only$"):
+    with pytest.raises(NmtError, match=r"the Argos package en->de uses bpe.model: not "
+                                       r"supported, only SentencePiece packages$"):
         import_model(ImportConfig(input=str(package), output=str(tmp_path / "b.pt")))
     assert not (tmp_path / "b.pt").exists()
 

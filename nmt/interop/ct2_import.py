@@ -24,8 +24,9 @@ OpenNMT-py 3), whose features the import reorders as nmt.interop.marian does, or
 The vocabularies are CTranslate2's (shared_vocabulary.json, or source_ and
 target_vocabulary.json, or .txt), each written as a SentencePiece model whose piece i is token
 i (nmt.interop.hf_files.vocabulary_model) from the directory's SentencePiece model(s): given,
-or source.spm and target.spm beside model.bin, or sentencepiece.model there or in the Argos
-package around it. config.json names the specials. A model without a padding token
+or the Argos package's (nmt.interop.argos.read_package: the package folder, its model/, or
+a .argosmodel zip), or source.spm and target.spm beside model.bin, or sentencepiece.model
+there. config.json names the specials. A model without a padding token
 (MarianMT's conversion drops <pad> and starts decoding from a zero embedding) gets one, a zero
 row at the end, which its decoding then starts from. nmt ends every source with </s>; a model
 that was trained without it (config.json add_source_eos=false, and its users do not add it, as
@@ -39,7 +40,6 @@ source and CTranslate2's translate_batch.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import struct
 from dataclasses import dataclass
@@ -52,7 +52,9 @@ from nmt.config import ModelConfig
 from nmt.data.tokenizer import Tokenizer, vocab_sha256
 from nmt.data.vocab import Vocab
 from nmt.errors import ConfigError, NmtError
-from nmt.interop.ct2_export import read_info
+from nmt.interop import argos
+from nmt.interop.argos import ArgosPackage
+from nmt.interop.ct2_export import ct2_vocabulary, read_info
 from nmt.interop.hf_files import Converted, read_json, vocabulary_model
 from nmt.model import PositionalEncoding
 from nmt.variants import FairseqPositions
@@ -257,22 +259,13 @@ def read_tokens(model_dir: Path, config: dict, zero_start: bool, rows: tuple[int
 
 
 def _vocabulary(model_dir: Path, side: str) -> list[str]:
-    """A CTranslate2 model directory's `side` ("source", "target") vocabulary: its shared or
-    own vocabulary file (a JSON list, or one token a line)."""
-    for name in ("shared", side):
-        path = model_dir / f"{name}_vocabulary.json"
-        if path.is_file():
-            try:
-                tokens = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, ValueError) as e:
-                raise NmtError(f"{path}: not readable JSON ({e})") from None
-            if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
-                raise NmtError(f"{path}: not a JSON list of tokens")
-            return tokens
-        path = path.with_suffix(".txt")
-        if path.is_file():
-            return path.read_text(encoding="utf-8").splitlines()
-    raise NmtError(f"{model_dir}: no shared_vocabulary.json or {side}_vocabulary.json (.txt)")
+    """A CTranslate2 model directory's `side` ("source", "target") vocabulary
+    (nmt.interop.ct2_export.ct2_vocabulary), a one-line error where it has none."""
+    tokens = ct2_vocabulary(model_dir, side)
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise NmtError(f"{model_dir}: no readable shared_vocabulary.json or "
+                       f"{side}_vocabulary.json (.txt): a JSON list of tokens")
+    return tokens
 
 
 def vocabulary(tokens: _Tokens, joint: bool, protos: tuple[bytes, bytes],
@@ -507,7 +500,7 @@ def convert(directory: Path, src_spm: str = "", tgt_spm: str = "") -> Converted:
     v.refuse_rest()
     paths = spm_paths(model_dir, package, src_spm, tgt_spm)
     protos = tuple(_read_bytes(p) for p in paths)
-    vocab = vocabulary(tokens, joint, protos, paths, _pair(package) if package else None)
+    vocab = vocabulary(tokens, joint, protos, paths, _pair(package))
     vocab = _as_exported(vocab, model_dir)
     pair = vocab.pair
     return Converted(describe(v, config, tokens, pair), cfg, vocab, weights)
@@ -526,39 +519,39 @@ def _as_exported(vocab: Vocab, model_dir: Path) -> Vocab:
 
 def is_ct2_model(directory: Path) -> bool:
     """Whether `directory` holds a CTranslate2 model (model.bin), or is an Argos package
-    holding one in model/."""
-    return (directory / "model.bin").is_file() or (directory / "model" / "model.bin").is_file()
+    (a folder with metadata.json, or a .argosmodel zip) or its model/."""
+    return (directory / "model.bin").is_file() or argos.is_package(directory)
 
 
-def locate(directory: Path) -> tuple[Path, Path | None]:
-    """The model directory and the Argos package around it (metadata.json), if any: the
-    package root or its model/ may be given."""
-    if (directory / "model" / "model.bin").is_file():
-        directory = directory / "model"
+def locate(directory: Path) -> tuple[Path, ArgosPackage | None]:
+    """The model directory and the Argos package it is in (nmt.interop.argos.read_package:
+    a folder, or a zip unpacked once into the cache), if any: the package or its model/ may
+    be given."""
+    if argos.is_package(directory):
+        package = argos.read_package(directory)
+        return package.model_dir, package
     if not (directory / "model.bin").is_file():
         raise NmtError(f"{directory}: no model.bin (input must be a CTranslate2 model "
                        f"directory, an Argos package, or a transformers model directory)")
-    package = directory.parent if (directory.parent / "metadata.json").is_file() else None
-    return directory, package
+    if argos.is_package(directory.parent) and directory.name == argos.MODEL:
+        return directory, argos.read_package(directory.parent)
+    return directory, None
 
 
-def spm_paths(model_dir: Path, package: Path | None, src_spm: str, tgt_spm: str
+def spm_paths(model_dir: Path, package: ArgosPackage | None, src_spm: str, tgt_spm: str
               ) -> tuple[Path, Path]:
     """The source and target SentencePiece models: given (tgt_spm defaults to src_spm), or
-    source.spm and target.spm beside model.bin, or one sentencepiece.model there or in the
-    package."""
+    the Argos package's, or source.spm and target.spm beside model.bin, or one
+    sentencepiece.model there."""
     if src_spm:
         return Path(src_spm), Path(tgt_spm or src_spm)
+    if package is not None:
+        return package.sp_model, package.sp_model
     if (model_dir / "source.spm").is_file():
         target = model_dir / "target.spm"
         return model_dir / "source.spm", target if target.is_file() else model_dir / "source.spm"
-    for folder in (model_dir, package):
-        if folder is not None and (folder / "sentencepiece.model").is_file():
-            return (folder / "sentencepiece.model",) * 2
-    for folder in (model_dir, package):
-        if folder is not None and (folder / "bpe.model").is_file():
-            raise NmtError(f"{folder / 'bpe.model'}: a BPE package; nmt-import reads "
-                           f"SentencePiece packages only")
+    if (model_dir / argos.SPM).is_file():
+        return model_dir / argos.SPM, model_dir / argos.SPM
     raise NmtError(f"{model_dir}: no SentencePiece model beside model.bin (source.spm and "
                    f"target.spm, or sentencepiece.model): give src_spm=FILE (and tgt_spm=FILE)")
 
@@ -571,18 +564,15 @@ def _read_bytes(path: Path) -> bytes:
         raise NmtError(f"{path}: cannot read ({e.strerror})") from None
 
 
-def _pair(package: Path) -> dict[str, str] | None:
-    """An Argos package's languages (metadata.json's from_code and to_code) as the
-    checkpoint's pair; a package with a target_prefix (NLLB-style) is refused."""
-    path = package / "metadata.json"
-    meta = read_json(path)
-    if meta.get("target_prefix"):
-        raise NmtError(f"{path}: target_prefix={meta['target_prefix']!r}: nmt-import reads "
-                       f"bilingual packages only")
-    codes = meta.get("from_code"), meta.get("to_code")
-    if not all(isinstance(c, str) and c for c in codes):
+def _pair(package: ArgosPackage | None) -> dict[str, str] | None:
+    """An Argos package's languages (from_code, to_code) as the checkpoint's pair; a package
+    with a target_prefix (NLLB-style) is refused."""
+    if package is None:
         return None
-    return {"src_lang": codes[0], "tgt_lang": codes[1]}
+    if package.target_prefix:
+        raise NmtError(f"{package.path}: target_prefix={package.target_prefix!r}: nmt-import "
+                       f"reads bilingual packages only")
+    return {"src_lang": package.from_code, "tgt_lang": package.to_code}
 
 
 def describe(v: _Variables, config: dict, tokens: _Tokens, pair: dict[str, str] | None
