@@ -437,3 +437,18 @@ def test_older_ctranslate2s_text_vocabulary_reads_the_same(export_pkg, tmp_path)
     with open_translator("ctranslate2", [str(old)], CPU, threads=1) as tr, \
             open_translator("ctranslate2", [str(export_pkg)], CPU, threads=1) as new:
         assert texts(tr, lines, GREEDY) == texts(new, lines, GREEDY)
+
+
+@pytest.mark.isa  # CTranslate2's int8
+def test_an_int8_package_is_the_int8_export_of_its_checkpoint(ckpt, joint, tmp_path):
+    """Argos packages ship int8 weights: search.dtype=int8 gives what the checkpoint's int8
+    export gives, and fp32 runs them dequantised."""
+    out = run_export(ckpt, tmp_path / "ct2", "ctranslate2", quantization="int8")
+    pkg = make_package(tmp_path, out, joint)
+    lines = list(bundled_sentences()[:12])
+    with open_translator("ctranslate2", [str(pkg)], CPU, dtype="int8", threads=1) as tr, \
+            open_translator("ctranslate2", [str(ckpt)], CPU, dtype="int8", threads=1,
+                            ct2_model=str(out)) as export:
+        assert texts(tr, lines, GREEDY) == texts(export, lines, GREEDY)
+    with open_translator("ctranslate2", [str(pkg)], CPU, threads=1) as fp32:
+        assert len(texts(fp32, lines, GREEDY)) == len(lines)

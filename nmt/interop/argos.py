@@ -205,47 +205,18 @@ def package_vocabulary(pkg: ArgosPackage) -> ModelVocabulary:
         raise NmtError(f"{pkg.path}: its model is a CTranslate2 {spec}; engine=ctranslate2 "
                        f"drives encoder-decoder Transformers ({SEQ2SEQ}) only")
     config = _model_config(pkg.model_dir)
-    start = config.get("decoder_start_token", "<s>")
-    if not isinstance(start, str):
+    if not isinstance(config.get("decoder_start_token", "<s>"), str):
         raise NmtError(f"{pkg.model_dir / 'config.json'}: no decoder_start_token (a model "
                        f"that must be told how to start): not supported")
-    proto = pkg.sp_model.read_bytes()
-    split = Tokenizer(proto, str(pkg.sp_model), split_only=True)
-    toks, tables = {}, {}
-    for side in ("source", "target"):
-        pieces = ct2_vocabulary(pkg.model_dir, side)
-        if not pieces:
-            raise NmtError(f"{pkg.model_dir}: no readable {side} vocabulary (shared_vocabulary"
-                           f" or {side}_vocabulary, .json or .txt)")
-        tables[side] = table = _table(pieces)
-        ids = {}
-        for kind, token in (("unk", config.get("unk_token", "<unk>")),
-                            ("eos", config.get("eos_token", "</s>")), ("bos", start)):
-            if token not in table:
-                raise NmtError(f"{pkg.model_dir}: its {side} vocabulary has no {token!r} "
-                               f"({kind} in config.json)")
-            ids[kind] = table[token]
-        ids["pad"] = next((table[p] for p in PADS if p in table), len(pieces))
-        table.setdefault(PADS[0], len(pieces))  # no PAD: one after the model's ids
-        kinds = {table[pkg.target_prefix]: CONTROL} if pkg.target_prefix in table else None
-        mapped = vocabulary_model(proto, table, max(table.values()) + 1, ids,
-                                  pkg.model_dir / f"{side}_vocabulary", kinds)
-        toks[side] = PackageTokenizer(mapped, split, table, ids["unk"], str(pkg.sp_model))
-    return _model_vocabulary(pkg, toks, tables, _max_positions(shapes))
-
-
-def _model_vocabulary(pkg: ArgosPackage, toks: dict[str, Tokenizer],
-                      tables: dict[str, dict[str, int]], max_positions: int
-                      ) -> ModelVocabulary:
-    """ModelVocabulary of the package's tokenizers and vocabulary tables."""
-    src, tgt, table = toks["source"], toks["target"], tables["target"]
+    split = Tokenizer(pkg.sp_model.read_bytes(), str(pkg.sp_model), split_only=True)
+    src, _, _ = _side(pkg, "source", config, split)
+    tgt, table, size = _side(pkg, "target", config, split)
     forced = ()
     if pkg.target_prefix:
         if pkg.target_prefix not in table:
             raise NmtError(f"{pkg.root / METADATA}: target_prefix {pkg.target_prefix!r} is "
                            f"not a token of the model's target vocabulary")
         forced = (table[pkg.target_prefix],)
-    size = len(ct2_vocabulary(pkg.model_dir, "target"))
     specials = tgt.specials
     vocab = Vocab(src_size=src.vocab_size, tgt_size=tgt.vocab_size, joint=src.same_ids(tgt),
                   pad_id=specials.pad, unk_id=tgt.sp.unk_id(), bos_id=specials.bos,
@@ -253,7 +224,36 @@ def _model_vocabulary(pkg: ArgosPackage, toks: dict[str, Tokenizer],
                   src_spm=src.proto, tgt_spm=tgt.proto,
                   pair={"src_lang": pkg.from_code, "tgt_lang": pkg.to_code})
     banned = tuple(i for i in specials.banned if i < size)  # a PAD after them is not CT2's
-    return ModelVocabulary(vocab, src, tgt, max_positions, forced, banned)
+    return ModelVocabulary(vocab, src, tgt, _max_positions(shapes), forced, banned)
+
+
+def _side(pkg: ArgosPackage, side: str, config: dict, split: Tokenizer
+          ) -> tuple[PackageTokenizer, dict[str, int], int]:
+    """One side's ("source", "target") tokenizer over the model's vocabulary, that
+    vocabulary's piece -> id, and its size (a <pad> it lacks is given the id after it)."""
+    pieces = ct2_vocabulary(pkg.model_dir, side)
+    if not pieces:
+        raise NmtError(f"{pkg.model_dir}: no readable {side} vocabulary (shared_vocabulary or "
+                       f"{side}_vocabulary, .json or .txt)")
+    table = _table(pieces)
+    ids = {"bos": -1}  # the source's: none needed
+    names = {"unk": config.get("unk_token", "<unk>"), "eos": config.get("eos_token", "</s>")}
+    if side == "target":  # what decoding starts from
+        names["bos"] = config.get("decoder_start_token", "<s>")
+    for kind, token in names.items():
+        if token not in table:
+            raise NmtError(f"{pkg.model_dir}: its {side} vocabulary has no {token!r} ({kind} "
+                           f"in config.json)")
+        ids[kind] = table[token]
+    size = len(pieces)
+    ids["pad"] = next((table[p] for p in PADS if p in table), size)
+    if ids["pad"] == size:  # no padding: one after the model's ids, never generated
+        table[PADS[0]] = size
+    kinds = {table[pkg.target_prefix]: CONTROL} if pkg.target_prefix in table else None
+    mapped = vocabulary_model(split.proto, table, size + (ids["pad"] == size), ids,
+                              pkg.model_dir / f"{side}_vocabulary", kinds)
+    tok = PackageTokenizer(mapped, split, table, ids["unk"], str(pkg.sp_model))
+    return tok, table, size
 
 
 def _table(pieces: list[str]) -> dict[str, int]:
