@@ -425,18 +425,21 @@ def test_the_nmt_serve_command_serves_a_zipped_package(export_pkg, tmp_path):
         assert got == texts(tr, lines, SearchConfig(beam_size=1, max_len_b=8))
 
 
-def test_older_ctranslate2s_text_vocabulary_reads_the_same(export_pkg, tmp_path):
-    """A model with shared_vocabulary.txt (older CTranslate2: one token a line) gives the
-    same text."""
+def test_an_opennmt_py_vocabulary_as_text_reads_the_same(export_pkg, tmp_path):
+    """OpenNMT-py's names (<blank> pads) in shared_vocabulary.txt (older CTranslate2: one token
+    a line), as most Argos packages have them: the same text."""
     old = tmp_path / export_pkg.name
     shutil.copytree(export_pkg, old)
     vocab = json.loads((old / "model" / "shared_vocabulary.json").read_text())
+    vocab[vocab.index("<pad>")] = "<blank>"
     (old / "model" / "shared_vocabulary.txt").write_text("".join(f"{t}\n" for t in vocab))
     (old / "model" / "shared_vocabulary.json").unlink()
     lines = list(bundled_sentences()[:12])
     with open_translator("ctranslate2", [str(old)], CPU, threads=1) as tr, \
             open_translator("ctranslate2", [str(export_pkg)], CPU, threads=1) as new:
         assert texts(tr, lines, GREEDY) == texts(new, lines, GREEDY)
+        assert tr.tgt_tok.pieces([tr.specials.pad]) == ["<blank>"]
+        assert tr.vocab.tgt_size == new.vocab.tgt_size  # no <pad> added
 
 
 @pytest.mark.isa  # CTranslate2's int8
