@@ -296,6 +296,25 @@ def test_a_ctranslate2_model_beside_nmt_ones_beam_searches_without_a_length_pena
 
 
 @pytest.mark.slow
+def test_a_model_that_fails_to_load_fails_its_requests_not_the_server(models, tmp_path):
+    for name in ("en-de.pt", "de-en.pt"):
+        shutil.copy(models / name, tmp_path / name)
+    srv = ModelsInProcess(tmp_path)
+    try:
+        (tmp_path / "de-en.pt").unlink()  # gone after the server started
+        status, _, body = srv.call("POST", "/translate", {"text": ["x"], "src_lang": "de",
+                                                          "tgt_lang": "en"})
+        assert (status, body["error"]) == (500, f"cannot load {tmp_path / 'de-en.pt'}: "
+                                                f"{tmp_path / 'de-en.pt'}: checkpoint not found")
+        status, body = form(srv, "/translate", q="x", source="de", target="en")
+        assert status == 500 and body["error"].startswith("Cannot translate text: cannot load")
+        assert srv.translate(LINES, src_lang="en", tgt_lang="de")
+        assert srv.call("GET", "/health")[0] == 200  # the others still translate
+    finally:
+        srv.stop()
+
+
+@pytest.mark.slow
 def test_translate_file_round_trips_a_txt_and_an_html_file(many):
     requests = pytest.importorskip("requests")
     url = f"http://127.0.0.1:{many.port}"
