@@ -36,6 +36,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import PurePath
+from typing import Protocol
 from urllib.parse import parse_qsl, quote
 
 from fastapi import FastAPI, Request
@@ -397,8 +398,34 @@ class Languages:
         return {"tgt_lang": target, **({"src_lang": source} if self.forced else {})}
 
 
+class Offer(Protocol):
+    """What LibreTranslate's API offers: one model's Languages, or a many-model server's
+    nmt.serve.models.Pairs (each source with its own targets)."""
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """What source= may name."""
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """What target= may name."""
+
+    @property
+    def all(self) -> tuple[str, ...]:
+        """What /detect and source=auto choose among."""
+
+    def require(self) -> None:
+        """A LibreError where no language is known."""
+
+    def listing(self) -> list[dict]:
+        """GET /languages."""
+
+    def fields(self, source: str, target: str) -> dict:
+        """nmt's request fields of the direction; a LibreError where it is not offered."""
+
+
 # ----------------------------------------------------------------------------- the routes
-def install(app: FastAPI, cfg: ServeConfig, translate: Translate, languages: Languages,
+def install(app: FastAPI, cfg: ServeConfig, translate: Translate, languages: Offer,
             keys: ApiKeys, extra: Callable[[], dict] = dict) -> None:
     """LibreTranslate's routes on `app` (under PREFIX, and /languages, /detect,
     /translate_file, /download_file and /frontend/settings at the top) and the middleware that
@@ -563,7 +590,7 @@ async def _html_pairs(texts: list[str], translate: Translate) -> list[tuple[str,
     return [(t, []) for t in await translate_html(texts, translate)]
 
 
-def frontend_settings(cfg: ServeConfig, languages: Languages, key_required: bool) -> dict:
+def frontend_settings(cfg: ServeConfig, languages: Offer, key_required: bool) -> dict:
     """GET /frontend/settings, as LibreTranslate's clients read it: whether a key is needed,
     the character limit, no file translation or suggestions, the default languages."""
     source = languages.sources[0] if languages.sources else ""

@@ -219,8 +219,8 @@ def routes(entries: list[ModelEntry], pivot: bool) -> dict[tuple[str, str], Rout
 
 @dataclass(frozen=True)
 class Pairs:
-    """What LibreTranslate's API offers of a many-model server (the interface of
-    nmt.serve.libretranslate.Languages): every routed pair, each source with its own targets;
+    """What LibreTranslate's API offers of a many-model server (nmt.serve.libretranslate's
+    Offer, as one model's Languages): every routed pair, each source with its own targets;
     a request names both languages (nmt's src_lang and tgt_lang)."""
 
     routes: dict[tuple[str, str], Route]
