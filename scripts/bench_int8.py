@@ -25,6 +25,7 @@ import torch
 from nmt.commands.translate import translate
 from nmt.config import TranslateConfig, compose, to_object
 from nmt.inference import affine
+from nmt.inference.probes import kernel_report
 from nmt.inference.scoring import score
 from nmt.system.files import read_lines
 from nmt.system.runtime import cpu_bf16, cpu_flags
@@ -47,15 +48,16 @@ def parse_args() -> argparse.Namespace:
 
 
 def describe_cpu() -> str:
-    """The CPU's name, its int8 and bf16 instructions, the caps in force, the probe's answer."""
+    """The CPU's name, its int8 and bf16 instructions, the caps in force, then the kernel
+    probes' answers (nmt.inference.probes: int8 saturation among them), a line each."""
     name = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
                  if line.startswith("model name")), "unknown")
     flags = sorted(f for f in cpu_flags() if f in ("avx2", "avx512f", "avx512_vnni",
                                                      "avx_vnni", "avx512_bf16", "amx_bf16"))
     caps = " ".join(f"{k}={os.environ[k]}" for k in CAPS if os.environ.get(k)) or "none"
     return (f"CPU: {name}; flags {' '.join(flags)}; caps: {caps}; ATen dispatch "
-            f"{torch.backends.cpu.get_cpu_capability()}; int8 products saturate: "
-            f"{affine.int8_saturates()}; bf16: {cpu_bf16().why}")
+            f"{torch.backends.cpu.get_cpu_capability()}; bf16: {cpu_bf16().why}\n"
+            + "\n".join(kernel_report().lines()))
 
 
 def run(args, engine: str, dtype: str, out: Path) -> list[str]:

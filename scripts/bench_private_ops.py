@@ -19,6 +19,7 @@ import nmt.inference.affine
 import nmt.inference.fast_model
 from nmt.config import ModelConfig, SearchConfig
 from nmt.data.tokenizer import SPECIALS
+from nmt.inference.probes import kernel_report
 from nmt.inference.translator import Translator
 from nmt.model import make_model
 
@@ -53,7 +54,9 @@ def main() -> None:
     model = make_model(cfg, 8000, 8000, 0, True).eval()
     g = torch.Generator().manual_seed(1)
     src_ids = torch.randint(4, 8000, (args.sentences, 25), generator=g).tolist()
-    dtypes = ["fp32"] + ["bf16"] * nmt.inference.affine.packing_works(torch.bfloat16)
+    report = kernel_report()
+    print("\n".join(report.lines()), flush=True)
+    dtypes = ["fp32"] + ["bf16"] * ("bf16" in report.packed)
     for dtype in dtypes:
         for beam in (1, 4):
             best = {False: float("inf"), True: float("inf")}

@@ -191,11 +191,17 @@ def test_without_a_compiler_nmt_says_so_in_one_line_and_decodes_as_before(tmp_pa
             "from nmt.config import ModelConfig; "
             "cfg = ModelConfig(N=1, d_model=16, d_ff=32, h=2, dropout=0.0); "
             "m = make_model(cfg, 8, 8, 0, True).eval(); "
-            "print(attention_op.available(), FastModel(m).fused)")
+            "print(attention_op.available(), FastModel(m).fused)\n"
+            "try: FastModel(m, compile=True)\n"
+            "except Exception as e: print(type(e).__name__, e)")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["False", "False"]
+    out = done.stdout.splitlines()
+    assert out[0].split() == ["False", "False"]
+    # search.compile needs the operator (and Inductor a compiler): refused, not silently off
+    assert out[1].startswith("ConfigError search.compile=true: needs a C++ compiler and the "
+                             "fused attention operator (no C++ compiler (") and len(out) == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "fused attention operator is not available (no C++ compiler" \
         in lines[0]

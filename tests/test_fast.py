@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from translate_helpers import random_sources, run, search, tiny_model, tiny_model_cfg, tokens
 
 from nmt.config import SearchConfig
+from nmt.errors import ConfigError
 from nmt.inference import attention_op
 from nmt.inference.affine import (
     FBGEMM_OUTPUTS,
@@ -19,7 +20,7 @@ from nmt.inference.affine import (
     Int8Affine,
     PackedAffine,
     QLinearInt8Affine,
-    _int8_engines,
+    int8_engines,
     int8_saturates,
     packing_works,
 )
@@ -269,10 +270,10 @@ def test_a_compiled_step_gives_the_eager_steps_logits(dtype, shortlist):
     activation at a tie to the other level (it multiplies by 1/scale), so close, same choices.
     One decoder layer: the second would compile to the same kernels."""
     tol = 1e-5 if dtype == "fp32" else INT8_TOL
+    if not attention_op.available():
+        pytest.skip("the fused attention operator did not build")
     model = tiny_model(V, seed=1, stops=True)
     fast, compiled = FastModel(model, dtype), FastModel(model, dtype, compile=True)
-    if not compiled.compiled:
-        pytest.skip("the fused attention operator did not build")
     batches = [pad_batch([[5, 6, 7, 8, 9], [9, 10], [11, 12, 4]], PAD, "cpu"),
                pad_batch([[4, 5], [6, 7, 8, 9, 10, 11, 12]], PAD, "cpu"),
                pad_batch([[6, 7, 8]], PAD, "cpu")]  # one sentence: the eager step
@@ -297,6 +298,22 @@ def test_a_compiled_step_gives_the_eager_steps_logits(dtype, shortlist):
                             s.reorder(torch.arange(len(src) - 1, -1, -1), 1)
 
 
+def test_search_compile_without_the_fused_operator_is_refused_naming_the_key(monkeypatch):
+    """search.compile compiles the fused operator's step (and Inductor needs a C++ compiler):
+    without them a one-line ConfigError naming the key, where it was silently off."""
+    monkeypatch.setattr(attention_op, "available", lambda: False)
+    monkeypatch.setattr(attention_op, "status", lambda: "no C++ compiler (c++)")
+    model = tiny_model(V, seed=1)
+    with pytest.raises(ConfigError, match=r"^search\.compile=true: needs a C\+\+ compiler and "
+                       r"the fused attention operator \(no C\+\+ compiler \(c\+\+\)\); use "
+                       r"search\.compile=false$") as refused:
+        FastModel(model, "int8", compile=True)
+    assert refused.value.key == "search.compile"
+    with pytest.raises(ConfigError, match=r"fused=False"):
+        FastModel(model, fused=False, compile=True)
+    assert not FastModel(model).compiled  # without search.compile: batched products, as before
+
+
 def test_int8_shortlist_rows_are_gathered_not_quantized_again():
     """Int8Affine.rows: the int8 rows and scales of the whole map, gathered (CTranslate2's
     select_weights), give what quantizing those rows anew gives (one scale per row)."""
@@ -313,8 +330,8 @@ def test_int8_products_by_size_go_to_either_engine_alike():
     """Small products through fbgemm, large ones through oneDNN (FBGEMM_OUTPUTS), the same map
     either way (the same int32 products, rescaled; an activation may round to the other
     level); a shortlist's rows pack only the engine that is called."""
-    if _int8_engines() != ("fbgemm", "onednn"):
-        pytest.skip(f"Int8Affine takes {_int8_engines()} here (fbgemm only where it saturates "
+    if int8_engines() != ("fbgemm", "onednn"):
+        pytest.skip(f"Int8Affine takes {int8_engines()} here (fbgemm only where it saturates "
                     f"as oneDNN does)")
     torch.manual_seed(0)
     w, b = torch.randn(512, 64) * 0.1, torch.randn(512)
@@ -347,7 +364,7 @@ def test_8bit_activations_saturate_exactly_where_the_probe_says():
     tol = INT8_TOL * want.abs().max()
     affine = Int8Affine(w, b)
     assert (affine(x) - want).abs().max() < tol
-    assert affine.reduce_range == int8_saturates() == int8_saturates(_int8_engines()[0])
+    assert affine.reduce_range == int8_saturates() == int8_saturates(int8_engines()[0])
     for engine in set(torch.backends.quantized.supported_engines) & {"fbgemm", "onednn"}:
         packed = affine._packed(engine)
         saturates = int8_saturates(engine)

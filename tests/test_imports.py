@@ -30,7 +30,8 @@ LAYERS = [
      "nmt.training.stopping"},
     # decoding, data batches, run logs, the importers' readers
     {"nmt.inference.attention_op", "nmt.inference.affine", "nmt.inference.fast_state",
-     "nmt.inference.fast_model", "nmt.inference.strategies", "nmt.inference.rules",
+     "nmt.inference.fast_model", "nmt.inference.probes", "nmt.inference.strategies",
+     "nmt.inference.rules",
      "nmt.inference.decoder", "nmt.inference.lengths", "nmt.inference.admission",
      "nmt.inference.core", "nmt.inference.batches",
      "nmt.inference.workers", "nmt.inference.constrained", "nmt.inference.stepping",

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt.inference.affine import packing_works
+from nmt.inference import attention_op
+from nmt.inference.affine import int8_engines, int8_saturates, packing_works
+from nmt.inference.probes import PACKED, kernel_report
 from nmt.system import private_ops
 
 pytestmark = pytest.mark.isa
@@ -62,6 +64,24 @@ def test_mbr_without_sacrebleus_private_helpers_scores_with_the_public_api(monke
 def test_the_probe_names_a_missing_operator(monkeypatch):
     monkeypatch.setattr(private_ops, "OPERATORS", (*private_ops.OPERATORS, "mkldnn._gone"))
     assert private_ops.missing() == ["mkldnn._gone"]
+
+
+def test_one_report_says_what_every_kernel_probe_found(monkeypatch):
+    """nmt.inference.probes: the private operators, the fused operator (its status stood in
+    for: no build here), packing and int8 saturation in each engine, one line each."""
+    monkeypatch.setattr(attention_op, "status", lambda: None)
+    report = kernel_report()
+    assert report.missing_ops == tuple(private_ops.missing()) == ()
+    assert report.packed == tuple(d for d, t in PACKED.items() if packing_works(t))
+    assert report.int8_engines == int8_engines()
+    assert report.int8_saturates[int8_engines()[1]] == int8_saturates()
+    assert all(report.int8_saturates[e] == int8_saturates(e) for e in report.int8_saturates)
+    assert report.lines()[:2] == ["private operators: all there",
+                                  "fused attention operator: loaded"]
+    monkeypatch.setattr(private_ops, "OPERATORS", (*private_ops.OPERATORS, "mkldnn._gone"))
+    monkeypatch.setattr(attention_op, "status", lambda: "no C++ compiler (c++)")
+    assert kernel_report().lines()[:2] == ["private operators: missing mkldnn._gone",
+                                           "fused attention operator: no C++ compiler (c++)"]
 
 
 def test_no_module_but_private_ops_calls_a_private_operator():

@@ -92,7 +92,7 @@ class Int8Affine(Affine):
         self.reduce_range = int8_saturates()
         self.packed: dict[str, object] = {}  # engine -> the packed weight
         if not lazy:
-            for engine in _int8_engines():
+            for engine in int8_engines():
                 self._packed(engine)
 
     def _packed(self, engine: str):
@@ -105,7 +105,7 @@ class Int8Affine(Affine):
     def linear(self, x: Tensor) -> Tensor:
         """x W^T + b with W and x rounded to int8 (x to 7 bits where products saturate)."""
         small = x.numel() // x.size(-1) * len(self.ints) <= FBGEMM_OUTPUTS
-        engine = _int8_engines()[0 if small else 1]
+        engine = int8_engines()[0 if small else 1]
         return private_ops.quantized_linear(x, self._packed(engine), self.reduce_range)
 
     def rows(self, index: Tensor, bias: Tensor | None) -> Int8Affine:
@@ -159,7 +159,7 @@ class QLinearInt8Affine(Int8Affine):
 
 
 @functools.cache
-def _int8_engines() -> tuple[str, str]:
+def int8_engines() -> tuple[str, str]:
     """The quantized engines Int8Affine packs for, (small products, large ones): fbgemm and
     oneDNN where this PyTorch has both and their products saturate alike (else a map's
     precision would change with a batch's size: oneDNN for both), else the one it has."""
@@ -191,7 +191,7 @@ def int8_saturates(engine: str | None = None) -> bool:
     saturated ~32.4."""
     x, ints = torch.ones(2, 64), torch.full((16, 64), 127, dtype=torch.int8)  # W = 1
     packed = _prepack(private_ops.per_channel_qint8(ints, torch.full((16,), 1 / 127)), None,
-                      engine or _int8_engines()[1])
+                      engine or int8_engines()[1])
     got = private_ops.quantized_linear(x, packed, False)
     return not torch.allclose(got, torch.full_like(got, 64.0), rtol=0.01)
 

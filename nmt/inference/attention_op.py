@@ -26,7 +26,9 @@ dies (timeout, Ctrl-C, the OOM killer): a killed build blocks no later run, whic
 left (one line names its lock). Two first runs at once: one builds, the other waits, at most
 NMT_OP_BUILD_WAIT seconds (300 by default), then loads its object or, past the bound, goes
 without it. Without a C++ compiler, or where the build fails, `available()` is False, one line
-says so, and FastModel decodes with batched products as before.
+says so (`status()`: why), and FastModel decodes with batched products as before (the same
+fp32 outputs: whether a compiler exists changes speed only); search.compile, which needs it
+and Inductor's C++ compiler, is refused.
 """
 
 from __future__ import annotations
@@ -99,13 +101,20 @@ def build_directory(isa: str) -> Path:
     return root / "nmt" / "ops" / f"torch-{torch.__version__}" / f"{isa}-{build_key(isa)}"
 
 
-@functools.cache
 def available() -> bool:
     """Whether nmt::one_query_attention is loaded in this process (built first if need be).
     False, with one line on stderr, where no C++ compiler exists, the build fails or another
-    process's build holds the lock past NMT_OP_BUILD_WAIT."""
+    process's build holds the lock past NMT_OP_BUILD_WAIT (status says which)."""
+    return status() is None
+
+
+@functools.cache
+def status() -> str | None:
+    """None where nmt::one_query_attention is loaded in this process (built first if need be),
+    else why not, said once on stderr: no C++ compiler, a failed build, or another process's
+    build holding the lock past NMT_OP_BUILD_WAIT."""
     if hasattr(torch.ops.nmt, "one_query_attention"):
-        return True
+        return None
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
         return _unavailable(f"no C++ compiler ({compiler})")
@@ -118,7 +127,7 @@ def available() -> bool:
         lines = str(e).splitlines() or [type(e).__name__]
         first = next((line for line in lines if "error" in line.lower()), lines[0])
         return _unavailable(f"its {isa} build failed: {first.strip()}")
-    return True
+    return None
 
 
 def _build(isa: str) -> None:
@@ -215,11 +224,11 @@ def _fake(q: Tensor, k: Tensor, v: Tensor, table: Tensor, start: Tensor, end: Te
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
-def _unavailable(why: str) -> bool:
-    """Say once, in one line, that decoding goes without the fused operator; False."""
+def _unavailable(why: str) -> str:
+    """Say once, in one line, that decoding goes without the fused operator; `why`."""
     print(f"nmt: the fused attention operator is not available ({why}); decoding uses "
           f"batched matrix products", file=sys.stderr)
-    return False
+    return why
 
 
 def one_query_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, start: Tensor,

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt.errors import ConfigError
 from nmt.inference import attention_op
 from nmt.inference.affine import Affine, Int8Affine, PackedAffine, QLinearInt8Affine, packing_works
 from nmt.inference.fast_state import (
@@ -211,8 +212,9 @@ class FastModel(nn.Module):
     fp32 weights for (a hint; any batch works). fused: decoding steps attend through the fused
     one-query operator (nmt.inference.attention_op); None: on the CPU wherever it builds.
     compile (search.compile): those steps' decoder layers and output projection through
-    torch.compile (step_layers), its int8 maps in the form it traces (QLinearInt8Affine); off
-    without the fused operator. kv_dtype: the keys and values decoding reads (the caches, the
+    torch.compile (step_layers), its int8 maps in the form it traces (QLinearInt8Affine); a
+    ConfigError naming search.compile without the fused operator (a C++ compiler, which
+    Inductor needs too). kv_dtype: the keys and values decoding reads (the caches, the
     memory's); None: bf16 under int8 with the fused operator (half the bytes a step streams;
     the int8 maps round activations to 8 bits already), else the linear maps' (autocast's).
     """
@@ -231,7 +233,10 @@ class FastModel(nn.Module):
         self.float_dtype = float_dtype = DTYPES[dtype]
         self.fused = device.type == "cpu" and (attention_op.available() if fused is None
                                                else fused)
-        self.compiled = compile and self.fused  # the fused operator's step is what compiles
+        if compile and not self.fused:  # the fused operator's step is what compiles
+            raise ConfigError("search.compile", f"needs {_compile_needs(device, fused)}; use "
+                              f"search.compile=false", value="true")
+        self.compiled = compile
         if kv_dtype is None and dtype == "int8" and self.fused:
             kv_dtype = torch.bfloat16
         self.kv_dtype = kv_dtype
@@ -413,6 +418,16 @@ class FastModel(nn.Module):
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
         """Teacher-forced decoding: (B, T) shifted target ids -> logits (B, T, V)."""
         return self.decode_step(tgt_in, self.start_decoding(memory, src_mask))
+
+
+def _compile_needs(device: torch.device, fused: bool | None) -> str:
+    """What search.compile lacks here: the CPU, or the fused attention operator (why it is
+    not loaded: attention_op.status)."""
+    if device.type != "cpu":
+        return f"the CPU (it compiles the fused attention operator's steps), not {device.type}"
+    if fused is False or attention_op.status() is None:
+        return "the fused attention operator (FastModel's fused=False)"
+    return f"a C++ compiler and the fused attention operator ({attention_op.status()})"
 
 
 def _step_rows(state: FastState, B: int, positions: Tensor | None, compiled: bool) -> StepRows:

@@ -1,0 +1,55 @@
+"""One report of every kernel probe that picks a decoding path on this machine, each asked of
+the kernels themselves (not of the CPU's name): the private PyTorch operators nmt calls
+(nmt.system.private_ops.missing), the fused one-query attention operator (built just in time:
+nmt.inference.attention_op.status), oneDNN's packed fp32 / bf16 linear maps
+(nmt.inference.affine.packing_works) and the int8 products' saturation in each quantized engine
+(nmt.inference.affine.int8_saturates). `kernel_report()` runs them all (building the operator
+if need be) and returns what each found; the benchmarks' headers and the tests read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from nmt.inference import affine, attention_op
+from nmt.system import private_ops
+
+PACKED = {"fp32": torch.float32, "bf16": torch.bfloat16}  # the dtypes oneDNN's maps may pack
+
+
+@dataclass(frozen=True)
+class KernelReport:
+    """What each kernel probe found."""
+
+    missing_ops: tuple[str, ...]  # private operators this PyTorch lacks (none: all there)
+    fused_attention: str | None  # why the fused operator is not loaded; None: it is
+    packed: tuple[str, ...]  # the dtypes whose packed oneDNN maps compute x W^T + b
+    int8_engines: tuple[str, str] | None  # int8's engines, (small, large) products; None: none
+    # per quantized engine this PyTorch has: its u8 x s8 products saturate (int8 keeps 7 bits)
+    int8_saturates: dict[str, bool]
+
+    def lines(self) -> list[str]:
+        """One line per probe, for a benchmark's or a log's header."""
+        int8 = "unavailable (quantized operators missing)" if self.int8_engines is None else (
+            f"engines {' / '.join(self.int8_engines)} (small / large products); saturating: "
+            + (", ".join(f"{e} {'yes (7-bit activations)' if s else 'no'}"
+                         for e, s in sorted(self.int8_saturates.items()))))
+        ops = "missing " + ", ".join(self.missing_ops) if self.missing_ops else "all there"
+        return [f"private operators: {ops}",
+                f"fused attention operator: {self.fused_attention or 'loaded'}",
+                f"packed oneDNN linear maps: {', '.join(self.packed) or 'none'}",
+                f"int8: {int8}"]
+
+
+def kernel_report() -> KernelReport:
+    """Every kernel probe's answer on this machine (each probe runs once a process)."""
+    missing = tuple(private_ops.missing())
+    packed = tuple(name for name, dtype in PACKED.items() if affine.packing_works(dtype))
+    engines, saturates = None, {}
+    if not any(op.startswith("quantized.") for op in missing):
+        engines = affine.int8_engines()
+        found = set(torch.backends.quantized.supported_engines) & {"fbgemm", "onednn"}
+        saturates = {e: affine.int8_saturates(e) for e in sorted(found)}
+    return KernelReport(missing, attention_op.status(), packed, engines, saturates)
