@@ -156,6 +156,21 @@ def test_the_budget_line_names_the_largest_model_and_refuses_a_smaller_budget(mo
         budget_line(entries, serve_config(models, "memory_gb=0.000001"))
 
 
+@pytest.mark.slow
+def test_nmt_serve_refuses_a_bad_folder_or_setting_in_one_line(models, tmp_path):
+    for args, line in (
+            ([f"models={tmp_path}"], f"models={tmp_path}: no model in it (nmt checkpoints"),
+            ([f"models={models}", "src_lang=en"], "src_lang: applies to one model: not with "
+                                                  "models="),
+            ([], "checkpoint: give checkpoint=FILE (one model) or models=DIR"),
+            ([f"models={models}", "memory_gb=0.0001"], "memory_gb=0.0001: smaller than the "
+                                                       "largest model, ")):
+        done = subprocess.run([CLI, *args, "port=0"], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode != 0 and done.stderr.startswith(f"nmt-serve: error: {line}")
+        assert done.stderr.count("\n") == 1, done.stderr
+
+
 # ----------------------------------------------------------------------------- the server
 def serve_config(models: Path, *overrides: str) -> ServeConfig:
     """nmt-serve's config of the folder, composed as the command line would."""
@@ -250,6 +265,8 @@ def test_languages_health_and_settings_offer_every_pair_and_say_which_pivot(many
     assert 'id="route"' in many.call("GET", "/")[2]  # where the page says a pair pivots
     settings = many.call("GET", "/frontend/settings")[2]
     assert settings["pivots"] == health["pivots"] and settings["filesTranslation"]
+    assert [(m["name"], m["loaded"]) for m in settings["models"]] == [
+        (m["path"].rsplit("/", 1)[1], m["loaded"]) for m in health["models"]]
     status, body = form(many, "/translate", q=ENGLISH, source="auto", target="de")
     assert status == 200 and body["detectedLanguage"]["language"] == "en"
     assert body["translatedText"] == many.translate([ENGLISH], src_lang="en",

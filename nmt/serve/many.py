@@ -67,7 +67,7 @@ def create_models_app(registry: Registry, device: str) -> FastAPI:
         return await registry.translate(req, src_lang, tgt_lang)
 
     libretranslate.install(app, cfg, libre_translate, registry.pairs, keys,
-                           extra=lambda: {"pivots": registry.pairs.pivots()})
+                           extra=lambda: settings_extra(registry))
     limit = 12 * cfg.max_chars + 100 * cfg.max_sentences + 4096  # as nmt.serve.app's
     app.add_middleware(BodyLimit, max_bytes=limit)
 
@@ -112,3 +112,11 @@ def models_health(registry: Registry, device: str, key_required: bool) -> Models
             "max_sentences", "max_chars", "max_queued", "max_input_tokens", "timeout_s",
             "max_beam_size", "max_len_b", "max_wait_ms")},
         search=asdict(cfg.search), split=cfg.split, tgt_lang="", features=features)
+
+
+def settings_extra(registry: Registry) -> dict:
+    """GET /frontend/settings' additions of a many-model server: the pairs that pivot, and
+    each model's name, pairs and whether it is loaded."""
+    return {"pivots": registry.pairs.pivots(), "models": [
+        {"name": e.path.name, "pairs": [f"{s}-{t}" for s, t in e.pairs],
+         "loaded": e.path in registry.loaded} for e in registry.entries]}
