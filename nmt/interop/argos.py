@@ -21,8 +21,11 @@ How argostranslate translates (translate.apply_packaged_translation), and how nm
     drops its id (ModelVocabulary.forced);
   - outputs are detokenized by the SentencePiece model. argostranslate then also turns every
     "_" of the text into a space; nmt does not (an underscore of a translation stays).
-What nmt's search settings do is the engine's (ct2_engine's docstring): argostranslate's
-length_penalty=0.2 and replace_unknowns are not applied unless asked (alpha: greedy only).
+The search is nmt's settings, as ct2_engine maps them: argostranslate's length_penalty=0.2
+(CTranslate2's division by |Y|^0.2, which beam search there refuses: search.alpha=0) and its
+replace_unknowns are not applied. Checked once against argostranslate 1.11.0's own
+apply_packaged_translation (greedy, the nmt-export package of tests/test_argos.py, 64 lines):
+the same text but for its "_" made a space.
 """
 
 from __future__ import annotations
