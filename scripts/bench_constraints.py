@@ -16,7 +16,6 @@ terminology with; BLEU with them is an upper bound of what a glossary brings.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import re
 import tempfile
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from nmt.commands.translate import translate
 from nmt.config import TranslateConfig, compose, to_object
+from nmt.data.manifest import read_manifest
 
 
 def pick_constraints(refs: list[str], seed: int, min_chars: int) -> list[list[str]]:
@@ -68,8 +68,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args()
     data = Path(args.data)
-    manifest = json.loads((data / "manifest.json").read_text())
-    src_lang, tgt_lang = manifest["src_lang"], manifest["tgt_lang"]
+    manifest = read_manifest(data)
+    src_lang, tgt_lang = manifest.src_lang, manifest.tgt_lang
     sources = (data / f"{args.split}.clean.{src_lang}").read_text().splitlines()[:args.sentences]
     refs = (data / f"{args.split}.clean.{tgt_lang}").read_text().splitlines()[:args.sentences]
     constraints = pick_constraints(refs, args.seed, args.min_chars)

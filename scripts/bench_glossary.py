@@ -28,7 +28,8 @@ from pathlib import Path
 
 from bench_constraints import run
 
-from nmt.data.batches import ParallelData, clean_text_path, read_manifest
+from nmt.data.batches import ParallelData
+from nmt.data.manifest import clean_text_path, read_manifest
 from nmt.data.tokenizer import Tokenizer
 from nmt.inference.glossary import Glossary, read_glossary
 
@@ -40,7 +41,7 @@ def training_text(data: Path, pairs: int) -> tuple[list[str], list[str]]:
     manifest = read_manifest(data)
     train = ParallelData(data, "train", manifest)
     n = min(pairs, len(train))
-    src_tok, tgt_tok = (Tokenizer.from_file(data / manifest["spm"][side])
+    src_tok, tgt_tok = (Tokenizer.from_file(data / getattr(manifest.spm, side))
                         for side in ("src", "tgt"))
     return (src_tok.decode([train.src[i].tolist() for i in range(n)]),
             tgt_tok.decode([train.tgt[i].tolist() for i in range(n)]))
@@ -95,14 +96,14 @@ def main(argv: list[str] | None = None) -> None:
     data = Path(args.data)
     manifest = read_manifest(data)
     sources, refs = ((clean_text_path(data, manifest, args.split, side) or
-                      data / f"{args.split}.clean.{manifest[f'{side}_lang']}")
+                      data / f"{args.split}.clean.{getattr(manifest, f'{side}_lang')}")
                      .read_text(encoding="utf-8").splitlines()[:args.sentences]
                      for side in ("src", "tgt"))
     pairs = draw_glossary(*training_text(data, args.train_pairs), args.min_chars,
                           args.min_count, args.min_dice, args.terms)
     lines = [f"{a}\t{b}" for a, b in pairs]
     glossary = Glossary(read_glossary(lines, "glossary"),
-                        Tokenizer.from_file(data / manifest["spm"]["tgt"]), 10**6)
+                        Tokenizer.from_file(data / manifest.spm.tgt), 10**6)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         src, ref, gloss = tmp / "src", tmp / "ref", tmp / "glossary.tsv"

@@ -38,6 +38,7 @@ from nmt.config import (
     compose,
     to_object,
 )
+from nmt.data.manifest import MANIFEST, read_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT.parent / "shared" / "data" / "debian-po" / "en-de"
@@ -157,9 +158,8 @@ def use_init(name: str) -> None:
 def preprocess(corpus: Path, data: Path, vocab_size: int) -> float | None:
     """nmt-preprocess of the full en-de corpus into `data` with a `vocab_size` joint BPE; its
     wall-clock seconds, or None when `data` already holds one (of that size, else an error)."""
-    manifest = data / "manifest.json"
-    if manifest.is_file():
-        size = json.loads(manifest.read_text(encoding="utf-8"))["src_vocab_size"]
+    if (data / MANIFEST).is_file():
+        size = read_manifest(data).src_vocab_size
         if size != vocab_size:
             raise SystemExit(f"{data} has a {size} vocabulary, not --vocab {vocab_size}")
         return None

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from nmt.config import SearchConfig, ShortlistConfig
-from nmt.data.batches import clean_text_path, read_manifest
+from nmt.data.manifest import clean_text_path, read_manifest
 from nmt.inference.batches import plan_batches
 from nmt.inference.messages import Sentence
 from nmt.inference.scoring import score
@@ -125,7 +125,7 @@ def main() -> None:
         if search.shortlist:
             line += (f"  x{best[label, ''] / best[key]:.2f}  "
                      f"{candidates:.0f} "
-                     f"of {manifest['tgt_vocab_size']} candidates per batch")
+                     f"of {manifest.tgt_vocab_size} candidates per batch")
         print(line, flush=True)
     translator.close()
     for t in ct2.values():

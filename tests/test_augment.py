@@ -26,9 +26,8 @@ from nmt.data.batches import (
     EpochBatchIterator,
     ParallelData,
     SubwordSampler,
-    read_manifest,
-    training_corpora,
 )
+from nmt.data.manifest import read_manifest
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import ConfigError, NmtError
 
@@ -121,7 +120,7 @@ def augment_iterator(data_dir, cfg: AugmentConfig, alpha=0.0, **kwargs):
     """The training iterator of a data directory with train.augment."""
     manifest = read_manifest(data_dir)
     return EpochBatchIterator(ParallelData(data_dir, "train", manifest), kwargs.pop(
-        "max_tokens", 200), 1, 0, corpora=training_corpora(manifest),
+        "max_tokens", 200), 1, 0, corpora=manifest.training_corpora(),
         sampler=SubwordSampler(data_dir, manifest, alpha, cfg), **kwargs)
 
 
@@ -129,7 +128,7 @@ def test_augmented_batches_are_drawn_by_their_place_within_max_tokens(corpora_di
     cfg = AugmentConfig(uppercase=0.3, titlecase=0.3, typos=0.3, drop_punctuation=0.3)
     itr = augment_iterator(corpora_dir, cfg)
     tok = Tokenizer.from_file(corpora_dir / "spm.model")
-    tag = training_corpora(read_manifest(corpora_dir))[1]["tag_id"]
+    tag = read_manifest(corpora_dir).training_corpora()[1].tag_id
     upper = rows = 0
     for i, ids in enumerate(itr.local_batches(1)):
         batch = itr.collate(ids, 1, i)

@@ -50,7 +50,10 @@ def simulated_gpu(memory: int):
 def wmt_config(tmp_path, model: str, *overrides: str) -> TrainConfig:
     """+model=`model` on a data directory whose manifest has WMT14's joint 37k vocabulary."""
     (tmp_path / "manifest.json").write_text(json.dumps(
-        {"src_vocab_size": 37000, "tgt_vocab_size": 37000, "pad_id": 0, "joint": True}))
+        {"src_lang": "en", "tgt_lang": "de", "joint": True,
+         "spm": {"src": "spm.model", "tgt": "spm.model"}, "src_vocab_size": 37000,
+         "tgt_vocab_size": 37000, "pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3,
+         "dtype": "uint16", "vocab_sha256": "", "splits": {}}))
     return to_object(compose("train", [f"+model={model}", f"data_dir={tmp_path}",
                                        f"run_dir={tmp_path / 'run'}", "train.amp=bf16",
                                        "train.ema_decay=0.9999", *overrides]), TrainConfig)

@@ -18,11 +18,10 @@ from nmt.data.batches import (
     check_ids,
     collate,
     padded_length,
-    read_manifest,
     token_dtype,
-    training_corpora,
     verify_data_dir,
 )
+from nmt.data.manifest import Corpus, read_manifest
 from nmt.errors import NmtError
 
 PAD, BOS, EOS = 0, 2, 3
@@ -267,7 +266,7 @@ def copy_of(data_dir, tmp_path):
 def open_and_verify(data_dir):
     """What nmt-train does on opening a data directory: sizes, then checksums and ids."""
     manifest = read_manifest(data_dir)
-    for split in manifest["splits"]:
+    for split in manifest.splits:
         ParallelData(data_dir, split, manifest)
     return verify_data_dir(data_dir, manifest)
 
@@ -325,7 +324,7 @@ def test_verification_is_remembered_per_directory_unless_asked(corpora_dir, tmp_
     manifest = read_manifest(data)
     verify_data_dir(data, manifest)
     n = len(reads)
-    assert n == len(manifest["checksums"])
+    assert n == len(manifest.checksums)
     verify_data_dir(data, manifest)
     assert len(reads) == n  # a stamp keyed by size and modification time
     verify_data_dir(data, manifest, always=True)  # train.check_data=true
@@ -358,18 +357,17 @@ def test_a_newer_manifest_format_is_a_one_line_error(tmp_path):
 
 def test_a_format_1_directory_reads_as_one_corpus(tiny_data_dir):
     manifest = read_manifest(tiny_data_dir)
-    assert manifest["format"] == 1 and "corpora" not in manifest
-    [corpus] = training_corpora(manifest)
-    assert (corpus["first"], corpus["pairs"], corpus["weight"], corpus["tag_id"]) == (
-        0, 600, 1.0, None)
+    assert manifest.format == 1 and manifest.corpora is None
+    [corpus] = manifest.training_corpora()
+    assert (corpus.first, corpus.pairs, corpus.weight, corpus.tag_id) == (0, 600, 1.0, None)
     assert "verified" in verify_data_dir(tiny_data_dir, manifest)  # no checksums: ids only
 
 
 # ----------------------------------------------------------------------------- corpora
 def two_corpora(data, weights):
     """EpochBatchIterator arguments for a split cut into corpora of 200 and 400 sentences."""
-    return {"corpora": [{"first": 0, "pairs": 200, "weight": 1.0},
-                        {"first": 200, "pairs": len(data) - 200, "weight": 1.0}],
+    return {"corpora": [Corpus("a", "", 0, 200, 0, 0),
+                        Corpus("b", "", 200, len(data) - 200, 0, 0)],
             "weights": weights}
 
 
@@ -427,7 +425,7 @@ def sampling_iterator(data_dir, alpha=0.1, **kwargs):
     """The training iterator of a data directory with subword sampling."""
     manifest = read_manifest(data_dir)
     return EpochBatchIterator(ParallelData(data_dir, "train", manifest), kwargs.pop(
-        "max_tokens", 200), 1, PAD, corpora=training_corpora(manifest),
+        "max_tokens", 200), 1, PAD, corpora=manifest.training_corpora(),
         sampler=SubwordSampler(data_dir, manifest, alpha), **kwargs)
 
 
@@ -438,7 +436,7 @@ def test_subword_sampling_draws_by_the_batch_within_max_tokens(corpora_dir):
     plain = EpochBatchIterator(itr.data, 200, 1, PAD)
     assert itr.budget == int(200 / 1.3) and plain.budget == 200  # room for longer rows
     tok = Tokenizer.from_file(corpora_dir / "spm.model")
-    tag = training_corpora(read_manifest(corpora_dir))[1]["tag_id"]
+    tag = read_manifest(corpora_dir).training_corpora()[1].tag_id
     changed = rows = tagged = 0
     for i, ids in enumerate(itr.local_batches(1)):
         batch, again = itr.collate(ids, 1, i), itr.collate(ids, 1, i)

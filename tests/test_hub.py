@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_preprocess import run, toy_pairs, write_text
 
-from nmt.data.batches import read_manifest
+from nmt.data.manifest import read_manifest
 
 datasets = pytest.importorskip("datasets")
 
@@ -65,8 +65,8 @@ def test_hf_name_loads_through_load_dataset_like_text_input(tmp_path):
             for role, (_, n, seed) in zip(("train", "valid", "test"), SPLITS, strict=True)}
     reference = run(tmp_path / "from_text", **text)
     hub_manifest = read_manifest(tmp_path / "from_hub")
-    assert hub_manifest["checksums"] == reference["checksums"]  # the same data directory
-    assert hub_manifest["splits"]["valid"]["pairs"] == 20
+    assert hub_manifest.checksums == reference["checksums"]  # the same data directory
+    assert hub_manifest.splits["valid"].pairs == 20
 
 
 @pytest.mark.slow

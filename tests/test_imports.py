@@ -19,7 +19,8 @@ LAYERS = [
      "nmt.inference.capabilities", "nmt.inference.scoring", "nmt.inference.segment",
      "nmt.inference.markup", "nmt.inference.markup_parse", "nmt.inference.markup_restore",
      "nmt.inference.terms",
-     "nmt.inference.messages", "nmt.inference.words", "nmt.data.vocab", "nmt.serve.errors",
+     "nmt.inference.messages", "nmt.inference.words", "nmt.data.vocab", "nmt.data.manifest",
+     "nmt.serve.errors",
      "nmt.serve.api_keys", "nmt.serve.langid_codes"},
     # the paper's model, and what training and decoding both need
     {"nmt.model", "nmt.variants", "nmt.checkpoint", "nmt.system.private_ops", "nmt.data.languages",
@@ -49,7 +50,8 @@ LAYERS = [
      "nmt.training.run", "nmt.training.validation",
      "nmt.training.resume", "nmt.training.compiled_step", "nmt.interop.transformers_export",
      "nmt.serve.batcher",
-     "nmt.serve.libretranslate", "nmt.serve.schemas", "nmt.serve.service", "nmt.serve.app"},
+     "nmt.serve.libretranslate", "nmt.serve.schemas", "nmt.serve.service", "nmt.serve.app",
+     "nmt.serve.models", "nmt.serve.many"},
     {"nmt.training.batch_memory"},  # the GPU's batch from a probe of the run's steps
     {"nmt.commands"},  # each command's plain function (COMMANDS)
     {"nmt.cli", "nmt.testing"},  # the entry points; the tests' GPU harness

@@ -32,7 +32,7 @@ from nmt.commands.preprocess import preprocess
 from nmt.commands.train import load_vocab
 from nmt.commands.translate import translate
 from nmt.config import PreprocessConfig, TranslateConfig, compose, to_object
-from nmt.data.batches import read_manifest
+from nmt.data.manifest import read_manifest
 from nmt.errors import NmtError
 from nmt.system.files import read_lines
 from nmt.training.checkpoint import save_checkpoint

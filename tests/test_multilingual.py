@@ -19,14 +19,8 @@ from nmt.commands.preprocess import preprocess
 from nmt.commands.train import load_data, train
 from nmt.commands.translate import translate
 from nmt.config import PreprocessConfig, TranslateConfig, compose, to_object
-from nmt.data.batches import (
-    FORMAT,
-    ParallelData,
-    directions,
-    read_manifest,
-    temperature_weights,
-    training_corpora,
-)
+from nmt.data.batches import ParallelData, temperature_weights
+from nmt.data.manifest import FORMAT, Corpus, directions, read_manifest
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import ConfigError, NmtError
 from nmt.training import distributed
@@ -67,23 +61,23 @@ def multi_run(multi_dir, tmp_path_factory) -> Path:
 # ----------------------------------------------------------------------------- 1. preprocess
 def test_several_pairs_share_one_vocabulary_with_whole_language_tokens(multi_dir, raw, capsys):
     m = read_manifest(multi_dir)
-    tok = Tokenizer.from_file(multi_dir / m["spm"]["src"])
-    assert m["format"] == FORMAT == 3 and m["joint"]
-    assert m["languages"] == {"convention": "tag",
+    tok = Tokenizer.from_file(multi_dir / m.spm.src)
+    assert m.format == FORMAT == 3 and m.joint
+    assert m.languages == {"convention": "tag",
                               "codes": {lang: tok.piece_id(f">>{lang}<<") for lang in LANGS}}
-    assert m["languages"]["codes"]["fr"] in tok.encode([">>fr<< open file"])[0]  # one piece
-    pairs = [(c["src_lang"], c["tgt_lang"], c["tag"]) for c in m["corpora"]]
+    assert m.languages["codes"]["fr"] in tok.encode([">>fr<< open file"])[0]  # one piece
+    pairs = [(c.src_lang, c.tgt_lang, c.tag) for c in m.corpora]
     assert pairs == [("en", "de", ">>de<<"), ("de", "en", ">>en<<"), ("en", "fr", ">>fr<<")]
     for split in ("train", "valid", "test"):  # every source starts with its target's token
         data = ParallelData(multi_dir, split, m)
         for part in directions(m, split):
             (first, n), = part["ranges"]
-            code = m["languages"]["codes"][part["tgt_lang"]]
+            code = m.languages["codes"][part["tgt_lang"]]
             assert all(data.src[i][0] == code for i in range(first, first + n))
             assert all(code not in data.tgt[i] for i in range(first, first + n))
     de_en = directions(m, "valid")[1]
     assert (de_en["src_lang"], de_en["tgt_lang"], de_en["ranges"]) == ("de", "en", [(10, 10)])
-    clean = (multi_dir / m["clean"]["valid"]["src"]).read_text("utf-8").splitlines()
+    clean = (multi_dir / m.clean["valid"].src).read_text("utf-8").splitlines()
     assert clean[10:20] == Path(raw["en-de"]["valid"] + ".de").read_text("utf-8").splitlines()
 
 
@@ -92,15 +86,15 @@ def test_valid_and_test_sentences_are_held_out_of_every_pairs_training_data(mult
     held = {(lang, line) for pair in raw.values() for split in ("valid", "test")
             for lang in ("en", pair_lang(pair)) for line in read(pair[split], lang)}
     expected = []
-    for c in m["corpora"]:
-        pair = raw[f"en-{'fr' if 'fr' in (c['src_lang'], c['tgt_lang']) else 'de'}"]["train"]
-        src, tgt = read(pair, c["src_lang"]), read(pair, c["tgt_lang"])
-        expected.append(sum((c["src_lang"], s) in held or (c["tgt_lang"], t) in held
+    for c in m.corpora:
+        pair = raw[f"en-{'fr' if 'fr' in (c.src_lang, c.tgt_lang) else 'de'}"]["train"]
+        src, tgt = read(pair, c.src_lang), read(pair, c.tgt_lang)
+        expected.append(sum((c.src_lang, s) in held or (c.tgt_lang, t) in held
                             for s, t in zip(src, tgt, strict=True)))
-    assert [c["counts"]["held_out"] for c in m["corpora"]] == expected
+    assert [c.counts["held_out"] for c in m.corpora] == expected
     assert expected[2] >= 5  # en-de's test English, put in en-fr's training data, among them
-    assert m["counts"]["train"]["held_out"] == sum(expected)
-    assert m["counts"]["valid"]["held_out"] is None
+    assert m.counts["train"]["held_out"] == sum(expected)
+    assert m.counts["valid"]["held_out"] is None
 
 
 def pair_lang(pair: dict) -> str:
@@ -121,7 +115,7 @@ def test_an_older_manifest_reads_as_one_language_pair(corpora_dir, tmp_path):
     (old / "manifest.json").write_text(json.dumps(manifest), "utf-8")
     m = read_manifest(old)
     assert directions(m, "train") == directions(m, "valid") == []
-    assert len(training_corpora(m)) == 2
+    assert len(m.training_corpora()) == 2
     data = load_data(train_config(old, tmp_path / "run", "train.temperature=5"),
                      distributed.init("cpu"))
     assert data.train.weights == [1.0, 2.0]  # the corpus weights, no temperature
@@ -132,8 +126,8 @@ def test_a_reused_vocabulary_keeps_the_language_tokens_or_is_refused(multi_dir, 
                                                                      corpora_dir, tmp_path):
     args = multi_overrides(raw, tmp_path / "re")
     reused = preprocess(preprocess_config(*args, f"bpe.model={multi_dir}"))
-    assert reused["languages"] == read_manifest(multi_dir)["languages"]
-    assert reused["vocab_sha256"] == read_manifest(multi_dir)["vocab_sha256"]
+    assert reused.languages == read_manifest(multi_dir).languages
+    assert reused.vocab_sha256 == read_manifest(multi_dir).vocab_sha256
     with pytest.raises(NmtError, match=r"^train\[0\].tgt_lang=de: the reused SentencePiece "
                                        r"model .* has no such piece \(>>de<<\)") as e:
         preprocess(preprocess_config(*multi_overrides(raw, tmp_path / "no"),
@@ -165,9 +159,8 @@ def test_a_multilingual_train_split_needs_languages_on_valid_and_test():
 
 # ----------------------------------------------------------------------------- 2. training
 def test_temperature_composes_with_corpus_weights():
-    corpora = [{"src_lang": "en", "tgt_lang": "de", "pairs": 800},
-               {"src_lang": "en", "tgt_lang": "de", "pairs": 100},
-               {"src_lang": "en", "tgt_lang": "fr", "pairs": 100}]
+    corpora = [Corpus(str(i), "", 0, pairs, 0, 0, "en", tgt)
+               for i, (tgt, pairs) in enumerate((("de", 800), ("de", 100), ("fr", 100)))]
     weights = [1.0, 2.0, 1.0]  # en-de: 1000 sentences an epoch, en-fr 100
     assert temperature_weights(corpora, weights, 1.0) == pytest.approx(weights)
     for t in (2.0, 5.0, 1e6):
@@ -191,7 +184,7 @@ def test_validation_is_per_direction_and_the_best_is_their_mean(multi_run):
     best = load_checkpoint(multi_run / "checkpoint_best.pt")
     assert best["best"]["value"] == min(r["loss"] for r in valid)
     vocab = load_checkpoint(multi_run / "checkpoint_last.pt")["vocab"]
-    assert vocab["languages"] == {**read_manifest(best_data(multi_run))["languages"],
+    assert vocab["languages"] == {**read_manifest(best_data(multi_run)).languages,
                                   "sources": ["de", "en"]}  # the corpora's source languages
 
 

@@ -57,15 +57,18 @@ def config(out: Path, *overrides: str, **splits: str) -> PreprocessConfig:
 
 
 def run(out: Path, *overrides: str, **splits: str) -> dict:
-    """Preprocess and return the manifest read back from disk."""
-    pp.preprocess(config(out, *overrides, **splits))
-    return read_manifest(out)
+    """Preprocess and return manifest.json's entries as written (the file format), checked to
+    be what preprocess returned and what read_manifest reads."""
+    returned = pp.preprocess(config(out, *overrides, **splits))
+    entries = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    assert returned == read_manifest(out) and returned.to_dict() == entries
+    return entries
 
 
 def decoded(data_dir: Path, split: str, side: str) -> list[str]:
     """A split's sentences of one side, decoded with the directory's model."""
     m = read_manifest(data_dir)
-    tok = Tokenizer.from_file(data_dir / m["spm"][side])
+    tok = Tokenizer.from_file(data_dir / getattr(m.spm, side))
     arrays = getattr(ParallelData(data_dir, split, m), side)
     return tok.decode([[int(i) for i in arrays[k]] for k in range(len(arrays))])
 
@@ -296,7 +299,7 @@ def test_a_reused_vocabulary_must_have_the_tags(corpus, corpora_dir, tmp_path):
         run(tmp_path / "b", f"bpe.model={tmp_path / 'plain'}", tagged)
     assert "\n" not in str(e.value) and leftovers(tmp_path) == []
     m = run(tmp_path / "c", f"bpe.model={corpora_dir}", tagged)  # a model that has it
-    assert m["corpora"][1]["tag_id"] == read_manifest(corpora_dir)["corpora"][1]["tag_id"]
+    assert m["corpora"][1]["tag_id"] == read_manifest(corpora_dir).corpora[1].tag_id
 
 
 def test_keep_text_keeps_the_kept_training_text(corpus, tmp_path):

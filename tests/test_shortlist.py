@@ -16,7 +16,8 @@ import nmt.inference.admission
 import nmt.inference.shortlist
 from nmt.commands.preprocess import preprocess
 from nmt.config import BpeConfig, PreprocessConfig, ShortlistConfig
-from nmt.data.batches import ParallelData, TokenArray, read_manifest
+from nmt.data.batches import ParallelData, TokenArray
+from nmt.data.manifest import read_manifest
 from nmt.data.tokenizer import EOS_ID, SPECIALS
 from nmt.errors import NmtError
 from nmt.inference.batches import translate_nbest
@@ -52,7 +53,7 @@ def test_each_source_piece_keeps_its_most_frequent_cooccurring_target(tiny_data_
     for s in single:
         best = max(c for (a, _), c in pairs.items() if a == s)
         assert pairs[s, int(built.table[s, 0])] == best
-    unseen = sorted(set(range(manifest["src_vocab_size"])) - set(single))
+    unseen = sorted(set(range(manifest.src_vocab_size)) - set(single))
     assert (built.table[unseen] == -1).all()  # never seen: no candidates of its own
     dice = build_shortlist(data.src, data.tgt, manifest, ShortlistConfig(k=3, frequent=5))
     assert EOS_ID in dice.always.tolist() and len(dice.always) <= 6
@@ -232,12 +233,12 @@ def test_preprocess_writes_the_shortlist_of_its_training_pairs(tmp_path, tiny_da
                                            out_dir=str(out), workers=1,
                                            bpe=BpeConfig(model=str(tiny_data_dir / "spm.model")),
                                            shortlist=ShortlistConfig(k=4, frequent=10)))
-    assert manifest["shortlist"] == "shortlist.pt" and "shortlist.pt" in manifest["checksums"]
+    assert manifest.shortlist == "shortlist.pt" and "shortlist.pt" in manifest.checksums
     written = load_shortlist(out / "shortlist.pt")
     again = load_shortlist(write_shortlist(out, ShortlistConfig(k=4, frequent=10),
                                            tmp_path / "again.pt"))
     assert torch.equal(written.table, again.table) and torch.equal(written.always, again.always)
-    assert written.vocab_sha256 == manifest["vocab_sha256"] and written.table.size(1) == 4
+    assert written.vocab_sha256 == manifest.vocab_sha256 and written.table.size(1) == 4
 
 
 def test_the_vocabulary_map_holds_the_shortlist_and_ctranslate2_uses_it(tmp_path, tiny_data_dir):

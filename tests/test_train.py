@@ -410,6 +410,7 @@ def lengths_data(tmp_path: Path, n: int = 30_000):
     """A train split (ParallelData) of n random pairs of 1-60 tokens (ids do not matter for
     batching)."""
     from nmt.data.batches import ParallelData, TokenArrayWriter
+    from nmt.data.manifest import Manifest, Sides, SplitSize
 
     rng = np.random.default_rng(0)
     counts = {"pairs": n}
@@ -418,8 +419,10 @@ def lengths_data(tmp_path: Path, n: int = 30_000):
         with TokenArrayWriter(tmp_path / f"train.{lang}", np.uint16) as out:
             out.add_chunk(np.full(int(lengths.sum()), 5), lengths)
         counts[f"{side}_tokens"] = int(lengths.sum())
-    manifest = {"src_lang": "en", "tgt_lang": "de", "dtype": "uint16", "bos_id": 2,
-                "eos_id": 3, "splits": {"train": counts}}
+    manifest = Manifest(format=3, src_lang="en", tgt_lang="de", joint=True,
+                        spm=Sides("spm.model", "spm.model"), src_vocab_size=8, tgt_vocab_size=8,
+                        pad_id=0, unk_id=1, bos_id=2, eos_id=3, dtype="uint16",
+                        vocab_sha256="", splits={"train": SplitSize(**counts)})
     return ParallelData(tmp_path, "train", manifest)
 
 
@@ -515,7 +518,8 @@ def test_data_settings_that_do_not_fit_the_directory_are_one_line_errors(
         tiny_data_dir, corpora_dir, tmp_path):
     import shutil
 
-    from nmt.data.batches import read_manifest, verify_data_dir
+    from nmt.data.batches import verify_data_dir
+    from nmt.data.manifest import read_manifest
 
     cases = [(corpora_dir, "train.corpus_weights=[1]",
               r"train.corpus_weights: 1 weight\(s\) for the 2 corpora of .* \(real, bt\)"),

@@ -36,6 +36,7 @@ from nmt import __version__
 from nmt.data.binarize import OrderedPool, encode_split, init_worker
 from nmt.data.cleaning import COUNTS, check_pairs_left, clean_splits
 from nmt.data.corpus import Corpus, open_corpus
+from nmt.data.manifest import FORMAT, MANIFEST, Manifest, Section, SplitSize
 from nmt.data.subwords import (
     corpus_tags,
     language_entry,
@@ -65,30 +66,32 @@ def total(parts: list[dict]) -> dict:
             for key in parts[0]}
 
 
-def report(manifest: dict, out: Path, seconds: float) -> str:
+def report(manifest: Manifest, out: Path, seconds: float) -> str:
     """The counts as a small table (a row per training corpus too, when there are several),
     and one line on the vocabulary."""
     header = ("split", *COUNTS, "src_tokens", "tgt_tokens")
     rows = [header]
 
-    def row(name: str, counts: dict, info: dict) -> tuple:
-        cells = [counts.get(key) for key in COUNTS] + [info["src_tokens"], info["tgt_tokens"]]
+    def row(name: str, counts: dict, size: SplitSize | Section) -> tuple:
+        cells = [counts.get(key) for key in COUNTS] + [size.src_tokens, size.tgt_tokens]
         return (name, *("-" if c is None else f"{c:,}" for c in cells))
 
-    for split, counts in manifest["counts"].items():
-        rows.append(row(split, counts, manifest["splits"][split]))
-        if split == "train" and len(manifest["corpora"]) > 1:
-            rows += [row(f"  {c['name']} ("
-                         f"{c['src_lang'] + '-' + c['tgt_lang'] + ', ' if 'src_lang' in c else ''}"
-                         f"weight {c['weight']:g}{', tag ' + c['tag'] if c['tag'] else ''})",
-                         c["counts"], c) for c in manifest["corpora"]]
+    corpora = manifest.training_corpora()
+    for split, counts in (manifest.counts or {}).items():
+        rows.append(row(split, counts, manifest.splits[split]))
+        if split == "train" and len(corpora) > 1:
+            rows += [row(f"  {c.name} ("
+                         f"{c.src_lang + '-' + c.tgt_lang + ', ' if c.src_lang else ''}"
+                         f"weight {c.weight:g}{', tag ' + c.tag if c.tag else ''})",
+                         c.counts or {}, c) for c in corpora]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
                        enumerate(zip(row, widths, strict=True))) for row in rows]
-    vocab = (f"joint {manifest['src_vocab_size']:,}" if manifest["joint"] else
-             f"{manifest['src_vocab_size']:,} + {manifest['tgt_vocab_size']:,}")
-    lines.append(f"vocabulary: {vocab} ({', '.join(sorted(set(manifest['spm'].values())))}), "
-                 f"ids {manifest['dtype']}; wrote {out} in {seconds:.1f} s")
+    m = manifest
+    vocab = (f"joint {m.src_vocab_size:,}" if m.joint else
+             f"{m.src_vocab_size:,} + {m.tgt_vocab_size:,}")
+    lines.append(f"vocabulary: {vocab} ({', '.join(sorted({m.spm.src, m.spm.tgt}))}), "
+                 f"ids {m.dtype}; wrote {out} in {seconds:.1f} s")
     return "\n".join(lines)
 
 
@@ -96,7 +99,7 @@ def report(manifest: dict, out: Path, seconds: float) -> str:
 def build(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], reused: tuple | None,
           tmp: Path) -> dict:
     """Stages 2-4 into the temporary directory tmp; returns the manifest (without checksums)."""
-    from nmt.data.batches import FORMAT, token_dtype
+    from nmt.data.batches import token_dtype
     from nmt.system.runtime import usable_cores
 
     langs = {"src": cfg.src_lang, "tgt": cfg.tgt_lang}
@@ -187,7 +190,9 @@ def _add_train_extras(manifest: dict, cfg: PreprocessConfig, tmp: Path, dtype,
         t = time.time()
         src, tgt = (TokenArray(tmp / f"train.{lang}", dtype)
                     for lang in (cfg.src_lang, cfg.tgt_lang))
-        build_shortlist(src, tgt, manifest, cfg.shortlist).save(tmp / SHORTLIST)
+        built = build_shortlist(src, tgt, Manifest.from_dict(manifest, tmp / MANIFEST),
+                                cfg.shortlist)
+        built.save(tmp / SHORTLIST)
         manifest["shortlist"] = SHORTLIST
         manifest["seconds"]["shortlist"] = round(time.time() - t, 2)
     if text_prefix:
@@ -202,7 +207,7 @@ def pair_of(spec: TrainCorpus) -> dict:
     return {"src_lang": spec.src_lang, "tgt_lang": spec.tgt_lang} if spec.src_lang else {}
 
 
-def preprocess(cfg: PreprocessConfig) -> dict:
+def preprocess(cfg: PreprocessConfig) -> Manifest:
     """Check the inputs, clean, train subwords, encode, commit; returns the manifest."""
     start = time.time()
     out = Path(cfg.out_dir)
@@ -215,9 +220,10 @@ def preprocess(cfg: PreprocessConfig) -> dict:
         for role, specs in cfg.corpora.items():
             tag_ids(specs, reused[0], cfg.bpe.model, role)
         language_entry(cfg, reused[0], reused[2])
-    with new_directory(out, cfg.force, "manifest.json", "data directory") as tmp:
-        manifest = build(cfg, corpora, reused, tmp)
-        manifest["checksums"] = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+    with new_directory(out, cfg.force, MANIFEST, "data directory") as tmp:
+        entries = build(cfg, corpora, reused, tmp)
+        entries["checksums"] = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
+        manifest = Manifest.from_dict(entries, tmp / MANIFEST)  # what every reader will check
+        (tmp / MANIFEST).write_text(json.dumps(entries, indent=1) + "\n", encoding="utf-8")
     print(report(manifest, out, time.time() - start), flush=True)
     return manifest

@@ -43,12 +43,10 @@ from nmt.data.batches import (
     ParallelData,
     Prefetcher,
     SubwordSampler,
-    directions,
-    read_manifest,
     temperature_weights,
-    training_corpora,
     verify_data_dir,
 )
+from nmt.data.manifest import Manifest, directions, read_manifest
 from nmt.data.tokenizer import Tokenizer, vocab_sha256
 from nmt.data.vocab import Vocab
 from nmt.errors import NmtError
@@ -255,16 +253,16 @@ def load_data(cfg: TrainConfig, env: distributed.DistInfo) -> Data:
     vocab = load_vocab(cfg.data_dir, manifest)
     train = ParallelData(cfg.data_dir, "train", manifest)
     valid = (ParallelData(cfg.data_dir, "valid", manifest)
-             if "valid" in manifest["splits"] else None)
+             if "valid" in manifest.splits else None)
     checked = distributed.from_main(
         lambda: {"log": verify_data_dir(cfg.data_dir, manifest, tc.check_data)}, env.device)
     log.info(checked["log"])
-    corpora = training_corpora(manifest)
-    weights = [float(w) for w in tc.corpus_weights] or [c["weight"] for c in corpora]
+    corpora = manifest.training_corpora()
+    weights = [float(w) for w in tc.corpus_weights] or [c.weight for c in corpora]
     if len(weights) != len(corpora):
         raise NmtError(f"train.corpus_weights: {len(weights)} weight(s) for the "
                        f"{len(corpora)} corpora of {cfg.data_dir} "
-                       f"({', '.join(c['name'] for c in corpora)})")
+                       f"({', '.join(c.name for c in corpora)})")
     if directions(manifest, "train"):
         weights = temperature_weights(corpora, weights, tc.temperature)
     sampler = (SubwordSampler(cfg.data_dir, manifest, tc.subword_sampling, tc.augment)
@@ -278,40 +276,35 @@ def load_data(cfg: TrainConfig, env: distributed.DistInfo) -> Data:
         raise NmtError(f"{cfg.data_dir}: the train split gives no batch for "
                        f"{env.world_size} rank(s) (too few sentences, or all too long)")
     for c, kept, weight in zip(corpora, itr.kept_by_corpus, weights, strict=True):
-        log.info("corpus %s: %d pairs x weight %.4g = %d per epoch%s", c["name"], len(kept),
-                 weight, round(weight * len(kept)), f", tag {c['tag']}" if c["tag"] else "")
+        log.info("corpus %s: %d pairs x weight %.4g = %d per epoch%s", c.name, len(kept),
+                 weight, round(weight * len(kept)), f", tag {c.tag}" if c.tag else "")
     if tc.valid_refs:  # checked now, not at the first validation
         read_references(tc.valid_refs, len(valid or ()), "valid pairs")
     return Data(manifest, vocab, itr, valid)
 
 
-def load_vocab(data_dir: str, manifest: dict) -> Vocab:
+def load_vocab(data_dir: str, manifest: Manifest) -> Vocab:
     """The checkpoint's vocabulary: sizes, special ids, checksum and the SentencePiece protos."""
-    try:
-        src = Tokenizer.from_file(Path(data_dir) / manifest["spm"]["src"])
-        tgt = Tokenizer.from_file(Path(data_dir) / manifest["spm"]["tgt"])
-        sha = vocab_sha256(src.proto, tgt.proto)
-        if sha != manifest["vocab_sha256"]:
-            raise NmtError(f"{data_dir}/manifest.json: vocab_sha256 does not match the "
-                           f"SentencePiece model files (data directory modified?)")
-        return Vocab(src_size=manifest["src_vocab_size"], tgt_size=manifest["tgt_vocab_size"],
-                     joint=manifest["joint"], pad_id=manifest["pad_id"],
-                     unk_id=manifest["unk_id"], bos_id=manifest["bos_id"],
-                     eos_id=manifest["eos_id"], sha256=sha, src_spm=src.proto,
-                     tgt_spm=tgt.proto, **recorded_languages(manifest))
-    except KeyError as e:
-        raise NmtError(f"{data_dir}/manifest.json: missing key {e} (not written by "
-                       f"nmt-preprocess?)") from None
+    m = manifest
+    src = Tokenizer.from_file(Path(data_dir) / m.spm.src)
+    tgt = Tokenizer.from_file(Path(data_dir) / m.spm.tgt)
+    sha = vocab_sha256(src.proto, tgt.proto)
+    if sha != m.vocab_sha256:
+        raise NmtError(f"{data_dir}/manifest.json: vocab_sha256 does not match the "
+                       f"SentencePiece model files (data directory modified?)")
+    return Vocab(src_size=m.src_vocab_size, tgt_size=m.tgt_vocab_size, joint=m.joint,
+                 pad_id=m.pad_id, unk_id=m.unk_id, bos_id=m.bos_id, eos_id=m.eos_id,
+                 sha256=sha, src_spm=src.proto, tgt_spm=tgt.proto, **recorded_languages(m))
 
 
-def recorded_languages(manifest: dict) -> dict:
+def recorded_languages(manifest: Manifest) -> dict:
     """What a checkpoint records of its data's languages (nmt.data.languages): a multilingual
     directory's "languages" entry, with the source languages of its corpora ("sources"), or a
     bilingual one's "pair" (its src_lang and tgt_lang)."""
-    if "languages" in manifest:
-        sources = sorted({c["src_lang"] for c in manifest.get("corpora", []) if "src_lang" in c})
-        return {"languages": {**manifest["languages"], **({"sources": sources} if sources else {})}}
-    return {"pair": {"src_lang": manifest["src_lang"], "tgt_lang": manifest["tgt_lang"]}}
+    if manifest.languages is not None:
+        sources = manifest.corpus_languages()
+        return {"languages": {**manifest.languages, **({"sources": sources} if sources else {})}}
+    return {"pair": {"src_lang": manifest.src_lang, "tgt_lang": manifest.tgt_lang}}
 
 
 def update_frequency(tc: TrainLoopConfig, itr: EpochBatchIterator, world_size: int

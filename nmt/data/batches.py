@@ -7,44 +7,7 @@ stored without BOS/EOS; `ParallelData` adds them. With nmt-preprocess keep_text=
 cleaned training text is kept too, as `train.clean.{lang}.bin/.idx` (its UTF-8 bytes, one
 sentence per entry, aligned with train.{lang}.bin), for subword sampling at training time.
 
-manifest.json, format 3 (formats 1 and 2, written before it, are still read: format 2 lacks
-`sections` and the corpora's languages, and is one language pair; format 1 lacks `corpora`
-and `train_text` too, and reads as one training corpus of weight 1 without a tag):
-
-    format              3
-    src_lang, tgt_lang  the language suffixes (of a multilingual directory: its sides' names)
-    joint               one SentencePiece model (and id space) for both languages
-    spm                 {"src": FILE, "tgt": FILE}: the SentencePiece model(s)
-    src_vocab_size, tgt_vocab_size, pad_id, unk_id, bos_id, eos_id
-    dtype               the ids' dtype in .bin files: uint16, or int32 over 65,536 pieces
-    vocab_sha256        sha256 of the source model's bytes followed by the target model's
-    splits              {split: {"pairs", "src_tokens", "tgt_tokens"}}: what the sizes of
-                        .bin (itemsize x tokens) and .idx (8 x (pairs + 1)) are checked against
-    counts              {split: {"read", "invalid_utf8", "empty", "duplicate", "held_out",
-                        "comet_qe", "too_long", "ratio", "kept"}}: the cleaning report (null:
-                        the step does not apply; held_out: multilingual training pairs with a
-                        side among the valid or test sentences of its language, dropped;
-                        comet_qe: training pairs below clean.comet_qe_min, dropped)
-    corpora             the training corpora in the order of the train split, each {"name",
-                        "input" (its spec), "weight" (nmt-train's default sampling weight),
-                        "tag" ("" or the piece that starts each source sentence), "tag_id"
-                        (null without a tag), "first" (its first sentence in the split),
-                        "pairs", "src_tokens", "tgt_tokens", "counts" (as above), and in a
-                        multilingual directory "src_lang", "tgt_lang": its pair, with tag
-                        >>tgt_lang<<}
-    sections            a multilingual directory's valid and test corpora: {split: [{"name",
-                        "input", "src_lang", "tgt_lang", "first", "pairs", "src_tokens",
-                        "tgt_tokens"}]}, each source sentence tagged >>tgt_lang<<
-    clean               {split: {"src": FILE, "tgt": FILE}}: the cleaned valid/test text
-    train_text          with keep_text=true: {"src": PREFIX, "tgt": PREFIX, "src_bytes",
-                        "tgt_bytes"}: the cleaned training text's byte arrays
-    shortlist           with shortlist.k > 0: "shortlist.pt", the lexical shortlist
-    (nmt.inference.shortlist) languages           a multilingual directory's ({"convention": "tag",
-                        "codes": {language: id of >>language<<}}), or with bpe.model= of a
-                        multilingual checkpoint its languages (nmt.data.languages); the checkpoints
-                        trained on the directory record them too
-    checksums           {file: sha256} of every other file of the directory
-    spm_training, config, nmt_version, seconds: how it was made
+manifest.json: nmt.data.manifest describes it and reads it (Manifest).
 
 A directory is checked when it is opened: every .bin/.idx has the size its counts give (every
 time, on every rank), and, once per directory on rank 0 (remembered in .nmt-verified.json,
@@ -70,12 +33,11 @@ import torch
 
 from nmt.config import AugmentConfig
 from nmt.data.augment import Cases, augment_pair, draw_cases
+from nmt.data.manifest import MANIFEST, Corpus, Manifest, Section, read_manifest
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NmtError
 from nmt.system.files import sha256_file, write_atomically
 
-MANIFEST = "manifest.json"
-FORMAT = 3  # the manifest format nmt-preprocess writes; 1 and 2 are still read
 VERIFIED = ".nmt-verified.json"  # what verify_data_dir found intact, and when
 
 
@@ -163,76 +125,30 @@ class TokenArray:
         return self.tokens[self.offsets[i]:self.offsets[i + 1]]
 
 
-# ----------------------------------------------------------------------------- the manifest
-def read_manifest(data_dir: str | Path) -> dict:
-    """The manifest of a data directory written by nmt-preprocess (format 1 to 3)."""
-    path = Path(data_dir) / MANIFEST
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise NmtError(f"{path}: not found (run nmt-preprocess first)") from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise NmtError(f"{path}: cannot read ({e})") from None
-    if not isinstance(manifest, dict) or manifest.get("format", 1) > FORMAT:
-        raise NmtError(f"{path}: format {manifest.get('format')} is newer than this nmt reads "
-                       f"(1 to {FORMAT}): upgrade nmt")
-    return manifest
-
-
-def training_corpora(manifest: dict) -> list[dict]:
-    """The manifest's training corpora (see the module's doc); a format-1 directory's train
-    split is one corpus of weight 1 without a tag."""
-    if "corpora" in manifest:
-        return manifest["corpora"]
-    train = manifest["splits"]["train"]
-    return [{"name": "train", "input": manifest.get("config", {}).get("train", ""),
-             "weight": 1.0, "tag": "", "tag_id": None, "first": 0, **train}]
-
-
-def directions(manifest: dict, split: str) -> list[dict]:
-    """A split's language pairs, each {"src_lang", "tgt_lang", "ranges": [(first, pairs),
-    ...]} (its corpora's sentences, in order of first appearance); [] for a bilingual
-    directory (formats 1 and 2 included)."""
-    corpora = training_corpora(manifest)
-    if "src_lang" not in corpora[0]:
-        return []
-    parts = corpora if split == "train" else manifest.get("sections", {}).get(split, [])
-    out: dict[tuple[str, str], dict] = {}
-    for part in parts:
-        key = (part["src_lang"], part["tgt_lang"])
-        entry = out.setdefault(key, {"src_lang": key[0], "tgt_lang": key[1], "ranges": []})
-        entry["ranges"].append((part["first"], part["pairs"]))
-    return list(out.values())
-
-
-def clean_text_path(data_dir: str | Path, manifest: dict, split: str, side: str) -> Path | None:
-    """The cleaned text of a valid or test split that nmt-preprocess kept, or None."""
-    name = manifest.get("clean", {}).get(split, {}).get(side)
-    return Path(data_dir) / name if name else None
-
-
-def array_files(manifest: dict) -> list[tuple[str, np.dtype, int, int, int | None]]:
+# ----------------------------------------------------------------------------- checks
+def array_files(manifest: Manifest) -> list[tuple[str, np.dtype, int, int, int | None]]:
     """Every token array of a data directory: (prefix, dtype, sentences, tokens, vocabulary
     size, or None for text bytes)."""
-    dtype, out = np.dtype(manifest["dtype"]), []
-    for split, counts in manifest["splits"].items():
-        for side in ("src", "tgt"):
-            out.append((f"{split}.{manifest[f'{side}_lang']}", dtype, counts["pairs"],
-                        counts[f"{side}_tokens"], manifest[f"{side}_vocab_size"]))
-    if text := manifest.get("train_text"):
-        out += [(text[side], np.dtype(np.uint8), manifest["splits"]["train"]["pairs"],
-                 text[f"{side}_bytes"], None) for side in ("src", "tgt")]
+    m, dtype, out = manifest, np.dtype(manifest.dtype), []
+    for split, size in m.splits.items():
+        out += [(f"{split}.{m.src_lang}", dtype, size.pairs, size.src_tokens, m.src_vocab_size),
+                (f"{split}.{m.tgt_lang}", dtype, size.pairs, size.tgt_tokens, m.tgt_vocab_size)]
+    if text := m.train_text:
+        pairs = m.splits["train"].pairs
+        out += [(text.src, np.dtype(np.uint8), pairs, text.src_bytes, None),
+                (text.tgt, np.dtype(np.uint8), pairs, text.tgt_bytes, None)]
     return out
 
 
-def verify_data_dir(data_dir: str | Path, manifest: dict, always: bool = False) -> str:
+def verify_data_dir(data_dir: str | Path, manifest: Manifest, always: bool = False) -> str:
     """Check every file of the directory against manifest.json: its sha256 where the
     manifest has one, and every id below its vocabulary size. Once per directory: what was
     found intact is remembered in VERIFIED, keyed by each file's size and modification time,
     and not read again unless one changed or `always`. Returns what it did, for the log; a
     fault is a one-line NmtError naming the file. Sizes are ParallelData's job."""
     d, arrays = Path(data_dir), array_files(manifest)
-    names = sorted({*manifest.get("checksums", {}), MANIFEST,
+    checksums = manifest.checksums or {}
+    names = sorted({*checksums, MANIFEST,
                     *(f"{a[0]}.{ext}" for a in arrays for ext in ("bin", "idx"))})
     key = {}
     for name in names:
@@ -247,7 +163,7 @@ def verify_data_dir(data_dir: str | Path, manifest: dict, always: bool = False) 
                 return f"{d}: verified before ({VERIFIED})"
         except (OSError, ValueError):
             pass
-    for name, digest in manifest.get("checksums", {}).items():
+    for name, digest in checksums.items():
         if sha256_file(d / name) != digest:
             raise NmtError(f"{d / name}: sha256 differs from manifest.json's: the file changed "
                            f"since nmt-preprocess wrote it (damaged or partly copied)")
@@ -278,17 +194,17 @@ class ParallelData:
     """One split of a data directory: source and target TokenArrays of equal length, their
     sizes checked against the manifest's counts."""
 
-    def __init__(self, data_dir: str | Path, split: str, manifest: dict | None = None):
+    def __init__(self, data_dir: str | Path, split: str, manifest: Manifest | None = None):
         manifest = manifest or read_manifest(data_dir)
-        if split not in manifest["splits"]:
+        if split not in manifest.splits:
             raise NmtError(f"{data_dir}: has no '{split}' split")
-        dtype, counts = np.dtype(manifest["dtype"]), manifest["splits"][split]
+        dtype, size = np.dtype(manifest.dtype), manifest.splits[split]
         base = Path(data_dir) / split
-        self.src = TokenArray(Path(f"{base}.{manifest['src_lang']}"), dtype, counts["pairs"],
-                              counts["src_tokens"])
-        self.tgt = TokenArray(Path(f"{base}.{manifest['tgt_lang']}"), dtype, counts["pairs"],
-                              counts["tgt_tokens"])
-        self.bos, self.eos = manifest["bos_id"], manifest["eos_id"]
+        self.src = TokenArray(Path(f"{base}.{manifest.src_lang}"), dtype, size.pairs,
+                              size.src_tokens)
+        self.tgt = TokenArray(Path(f"{base}.{manifest.tgt_lang}"), dtype, size.pairs,
+                              size.tgt_tokens)
+        self.bos, self.eos = manifest.bos_id, manifest.eos_id
 
     def __len__(self) -> int:
         return len(self.src)
@@ -321,25 +237,24 @@ class SubwordSampler:
     batch's seed and the sentences alone. A side longer than a batch's row limit keeps its
     stored segmentation (both sides of a rewritten pair do)."""
 
-    def __init__(self, data_dir: str | Path, manifest: dict, alpha: float,
+    def __init__(self, data_dir: str | Path, manifest: Manifest, alpha: float,
                  augment: AugmentConfig | None = None):
-        text = manifest.get("train_text")
+        text = manifest.train_text
         if not text:
             asked = f"train.subword_sampling={alpha}" if alpha else "train.augment"
             raise NmtError(f"{asked}: {data_dir} has no training text "
                            f"(preprocess it again with keep_text=true)")
-        d, pairs = Path(data_dir), manifest["splits"]["train"]["pairs"]
-        self.src_text, self.tgt_text = (
-            TokenArray(d / text[side], np.uint8, pairs, text[f"{side}_bytes"])
-            for side in ("src", "tgt"))
-        self.src_tok = Tokenizer.from_file(d / manifest["spm"]["src"])
-        self.tgt_tok = Tokenizer.from_file(d / manifest["spm"]["tgt"])
+        d, pairs = Path(data_dir), manifest.splits["train"].pairs
+        self.src_text = TokenArray(d / text.src, np.uint8, pairs, text.src_bytes)
+        self.tgt_text = TokenArray(d / text.tgt, np.uint8, pairs, text.tgt_bytes)
+        self.src_tok = Tokenizer.from_file(d / manifest.spm.src)
+        self.tgt_tok = Tokenizer.from_file(d / manifest.spm.tgt)
         self.alpha = alpha
         self.augment = augment if augment is not None and augment.active else None
         self.tag = np.full(pairs, -1, dtype=np.int64)  # (pairs,) tag id per sentence, -1: none
-        for corpus in training_corpora(manifest):
-            if corpus["tag_id"] is not None:
-                self.tag[corpus["first"]:corpus["first"] + corpus["pairs"]] = corpus["tag_id"]
+        for corpus in manifest.training_corpora():
+            if corpus.tag_id is not None:
+                self.tag[corpus.first:corpus.first + corpus.pairs] = corpus.tag_id
 
     @property
     def room(self) -> float:
@@ -570,17 +485,17 @@ def weighted_sentences(kept: list[np.ndarray], weights: list[float],
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
-def temperature_weights(corpora: list[dict], weights: list[float], temperature: float
+def temperature_weights(corpora: list[Corpus], weights: list[float], temperature: float
                         ) -> list[float]:
     """Corpus weights with the language pairs sampled at `temperature` (fairseq's
     multilingual sampling): pair p, whose corpora give s_p = sum of weight x pairs sentences
     an epoch, gets the share q_p = s_p^(1/T) / sum_k s_k^(1/T) of the epoch's S = sum s_p
     sentences, each of its corpora's weights scaled by q_p S / s_p. T = 1 leaves the weights
     as they are (proportional to size); a large T makes the pairs' shares equal."""
-    pair = [(c["src_lang"], c["tgt_lang"]) for c in corpora]
+    pair = [(c.src_lang, c.tgt_lang) for c in corpora]
     sizes: dict[tuple[str, str], float] = {}
     for key, corpus, weight in zip(pair, corpora, weights, strict=True):
-        sizes[key] = sizes.get(key, 0.0) + weight * corpus["pairs"]
+        sizes[key] = sizes.get(key, 0.0) + weight * corpus.pairs
     total = sum(sizes.values())
     shares = {k: (s / total) ** (1 / temperature) for k, s in sizes.items() if s > 0}
     norm = sum(shares.values())
@@ -606,13 +521,14 @@ class EpochBatchIterator:
     ranks see the same segmentations. With `buckets` > 0 (a compiled step's static shapes)
     the sentences are put in that many length buckets (fit_buckets, on their longer side,
     times the sampler's room) and each bucket's are cut into batches of its rows, every
-    batch padded to its bucket's shape (Buckets).
+    batch padded to its bucket's shape (Buckets). `corpora`: the split's, in order (their
+    Corpus weights, unless `weights` gives them; None: one corpus of weight 1).
     """
 
     def __init__(self, data: ParallelData, max_tokens: int, seed: int, pad_id: int,
                  rank: int = 0, world_size: int = 1, max_positions: int = 0,
                  shuffle: bool = True, lockstep: bool = True,
-                 corpora: list[dict] | None = None, weights: list[float] | None = None,
+                 corpora: list[Section] | None = None, weights: list[float] | None = None,
                  sampler: SubwordSampler | None = None, pad_to: int = 1, buckets: int = 0):
         self.data, self.max_tokens, self.seed, self.pad_id = data, max_tokens, seed, pad_id
         self.pad_to = pad_to  # lengths rounded up to a multiple of it (train.compile: 8)
@@ -627,9 +543,9 @@ class EpochBatchIterator:
             too_long |= np.maximum(self.src_len, self.tgt_len) > max_positions
         self.kept = np.flatnonzero(~too_long)  # sentences that fit in a batch and in the model
         self.skipped = int(too_long.sum())
-        corpora = corpora or [{"first": 0, "pairs": len(data), "weight": 1.0}]
-        self.weights = [float(c["weight"]) for c in corpora] if weights is None else weights
-        bounds = np.searchsorted(self.kept, [c["first"] for c in corpora[1:]])
+        corpora = corpora or [Corpus("", "", 0, len(data), 0, 0)]  # one, of weight 1
+        self.weights = [float(c.weight) for c in corpora] if weights is None else weights
+        bounds = np.searchsorted(self.kept, [c.first for c in corpora[1:]])
         self.kept_by_corpus = np.split(self.kept, bounds)  # each corpus's kept sentences
         self.buckets = (fit_buckets(self.longest(self.src_len, self.tgt_len)[self.kept],
                                     buckets, pad_to, self.limit(), max_tokens)

@@ -67,15 +67,15 @@ def load_subwords(path: str) -> tuple[Tokenizer, Tokenizer, dict]:
     The info's "languages": those the checkpoint (or data directory) records, if any
     (nmt.data.languages), which the data directory and the models trained on it keep."""
     from nmt.checkpoint import Checkpoint
-    from nmt.data.batches import read_manifest
+    from nmt.data.manifest import read_manifest
 
     p = Path(path)
     languages = None
     if p.is_dir():
         manifest = read_manifest(p)
-        src = Tokenizer.from_file(p / manifest["spm"]["src"])
-        tgt = Tokenizer.from_file(p / manifest["spm"]["tgt"])
-        languages = manifest.get("languages")
+        src = Tokenizer.from_file(p / manifest.spm.src)
+        tgt = Tokenizer.from_file(p / manifest.spm.tgt)
+        languages = manifest.languages
     elif not p.exists():
         raise NmtError(f"bpe.model={path}: no such file, data directory or checkpoint")
     elif p.read_bytes()[:2] == b"PK":  # a zip: a torch checkpoint

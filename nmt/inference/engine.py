@@ -119,10 +119,8 @@ def check_vocab(engine: Engine, against: str, checkpoint: str) -> None:
     if path.suffix == ".model":
         theirs, ours = Tokenizer.from_file(path).sha256, engine.src_tok.sha256
     else:
-        from nmt.data.batches import MANIFEST, read_manifest
+        from nmt.data.manifest import MANIFEST, read_manifest
 
         manifest = read_manifest(path.parent if path.name == MANIFEST else path)
-        if "vocab_sha256" not in manifest:
-            raise NmtError(f"{path}: manifest has no vocab_sha256")
-        theirs, ours = manifest["vocab_sha256"], engine.vocab.sha256
+        theirs, ours = manifest.vocab_sha256, engine.vocab.sha256
     check_same_vocabulary(ours, theirs, checkpoint, str(path))

@@ -39,6 +39,7 @@ from nmt.system.files import write_atomically
 if TYPE_CHECKING:
     from nmt.config import ShortlistConfig
     from nmt.data.batches import TokenArray
+    from nmt.data.manifest import Manifest
 
 FORMAT = 1  # the shortlist file format written here
 FILE = "shortlist.pt"  # its name in a data directory
@@ -209,23 +210,24 @@ def best_targets(counts: np.ndarray, c_src: np.ndarray, c_tgt: np.ndarray, k: in
     return out
 
 
-def build_shortlist(src: TokenArray, tgt: TokenArray, manifest: dict, cfg: ShortlistConfig
+def build_shortlist(src: TokenArray, tgt: TokenArray, manifest: Manifest, cfg: ShortlistConfig
                     ) -> Shortlist:
     """The shortlist of a training split's token arrays (see the module's doc)."""
-    Vs, Vt = manifest["src_vocab_size"], manifest["tgt_vocab_size"]
+    Vs, Vt = manifest.src_vocab_size, manifest.tgt_vocab_size
     counts, c_src, c_tgt = cooccurrence(src, tgt, Vs, Vt)
     table = best_targets(counts, c_src, c_tgt, cfg.k, cfg.score)
     frequent = torch.from_numpy(np.argsort(-c_tgt, kind="stable")[:cfg.frequent])
     frequent = frequent[torch.from_numpy(c_tgt)[frequent] > 0]
-    always = torch.cat([frequent, torch.tensor([manifest["eos_id"]])]).unique()
-    return Shortlist(table, always, Vs, Vt, manifest["vocab_sha256"])
+    always = torch.cat([frequent, torch.tensor([manifest.eos_id])]).unique()
+    return Shortlist(table, always, Vs, Vt, manifest.vocab_sha256)
 
 
 def write_shortlist(data_dir: str | Path, cfg: ShortlistConfig, out: str | Path | None = None
                     ) -> Path:
     """Build the shortlist of a data directory's training split into `out` (default
     DATA/shortlist.pt, which is then not among the manifest's checksums)."""
-    from nmt.data.batches import ParallelData, read_manifest
+    from nmt.data.batches import ParallelData
+    from nmt.data.manifest import read_manifest
 
     manifest = read_manifest(data_dir)
     data = ParallelData(data_dir, "train", manifest)

@@ -24,7 +24,8 @@ import torch
 from torch import nn
 
 from nmt.config import TrainConfig
-from nmt.data.batches import Batch, read_manifest
+from nmt.data.batches import Batch
+from nmt.data.manifest import read_manifest
 from nmt.errors import NmtError
 from nmt.training import distributed
 from nmt.training.activation_checkpointing import checkpoint_layers
@@ -128,8 +129,8 @@ def fit_to_memory(cfg: TrainConfig, env: distributed.DistInfo) -> TrainConfig:
 
     def probe() -> dict:
         manifest = read_manifest(cfg.data_dir)
-        vocab = (manifest["src_vocab_size"], manifest["tgt_vocab_size"], manifest["pad_id"],
-                 manifest["joint"])
+        vocab = (manifest.src_vocab_size, manifest.tgt_vocab_size, manifest.pad_id,
+                 manifest.joint)
         fit = measure(cfg, vocab, env.device)
         torch.cuda.empty_cache()
         if fit.max_tokens < PROBE_LENGTH:

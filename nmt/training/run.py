@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from nmt.config import TrainConfig
 from nmt.data.batches import Batch, EpochBatchIterator, ParallelData
+from nmt.data.manifest import Manifest
 from nmt.data.vocab import Vocab
 from nmt.errors import NmtError
 from nmt.system.runtime import cpu_bf16, warn_if_bf16_emulated
@@ -29,7 +30,7 @@ from nmt.training.schedule import NoamSchedule
 class Data:
     """What a run reads: the manifest, the vocabulary entry of checkpoints, the splits."""
 
-    manifest: dict
+    manifest: Manifest
     vocab: Vocab
     train: EpochBatchIterator
     valid: ParallelData | None

@@ -12,7 +12,8 @@ import math
 import torch
 from torch import nn
 
-from nmt.data.batches import EpochBatchIterator, clean_text_path, directions
+from nmt.data.batches import EpochBatchIterator
+from nmt.data.manifest import Section, clean_text_path, directions
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NmtError
 from nmt.inference.comet import Comet, load_comet, system_score
@@ -78,11 +79,11 @@ def valid_scores(run: Run, model: nn.Module, bleu: bool = True) -> dict:
     if not parts:
         out = valid_loss(run, model)
         return {**out, **(valid_bleu(run, model) if bleu and run.cfg.train.valid_bleu else {})}
-    sections = run.data.manifest["sections"]["valid"]
+    sections = run.data.manifest.sections["valid"]
     out, means = {}, {}
     for part in parts:
         name = f"{part['src_lang']}-{part['tgt_lang']}"
-        chosen = [1.0 if (s["src_lang"], s["tgt_lang"]) == (part["src_lang"], part["tgt_lang"])
+        chosen = [1.0 if (s.src_lang, s.tgt_lang) == (part["src_lang"], part["tgt_lang"])
                   else 0.0 for s in sections]
         scores = valid_loss(run, model, sections, chosen)
         if bleu and run.cfg.train.valid_bleu:
@@ -100,7 +101,7 @@ def valid_scores(run: Run, model: nn.Module, bleu: bool = True) -> dict:
 
 
 @torch.no_grad()
-def valid_loss(run: Run, model: nn.Module, sections: list[dict] | None = None,
+def valid_loss(run: Run, model: nn.Module, sections: list[Section] | None = None,
                chosen: list[float] | None = None) -> dict:
     """Per-token loss, NLL and perplexity of `model` on the valid split (or on its `sections`
     of weight 1 in `chosen`), shared out over ranks."""
