@@ -71,12 +71,12 @@ def test_several_pairs_share_one_vocabulary_with_whole_language_tokens(multi_dir
     for split in ("train", "valid", "test"):  # every source starts with its target's token
         data = ParallelData(multi_dir, split, m)
         for part in directions(m, split):
-            (first, n), = part["ranges"]
-            code = m.languages["codes"][part["tgt_lang"]]
+            (first, n), = part.ranges
+            code = m.languages["codes"][part.tgt_lang]
             assert all(data.src[i][0] == code for i in range(first, first + n))
             assert all(code not in data.tgt[i] for i in range(first, first + n))
     de_en = directions(m, "valid")[1]
-    assert (de_en["src_lang"], de_en["tgt_lang"], de_en["ranges"]) == ("de", "en", [(10, 10)])
+    assert (de_en.src_lang, de_en.tgt_lang, de_en.ranges) == ("de", "en", [(10, 10)])
     clean = (multi_dir / m.clean["valid"].src).read_text("utf-8").splitlines()
     assert clean[10:20] == Path(raw["en-de"]["valid"] + ".de").read_text("utf-8").splitlines()
 

@@ -313,19 +313,31 @@ def read_manifest(data_dir: str | Path) -> Manifest:
     return Manifest.from_dict(entry, path)
 
 
-def directions(manifest: Manifest, split: str) -> list[dict]:
-    """A split's language pairs, each {"src_lang", "tgt_lang", "ranges": [(first, pairs),
-    ...]} (its corpora's sentences, in order of first appearance); [] for a bilingual
-    directory (formats 1 and 2 included)."""
+@dataclass(frozen=True)
+class Direction:
+    """A language pair of a multilingual directory's split, and its sentences there."""
+
+    src_lang: str
+    tgt_lang: str
+    ranges: list[tuple[int, int]]  # (first, pairs) of each of its corpora, in order
+
+    @property
+    def name(self) -> str:
+        """src-tgt, as validation's scores name it."""
+        return f"{self.src_lang}-{self.tgt_lang}"
+
+
+def directions(manifest: Manifest, split: str) -> list[Direction]:
+    """A split's language pairs, in order of first appearance; [] for a bilingual directory
+    (formats 1 and 2 included)."""
     corpora = manifest.training_corpora()
     if corpora[0].src_lang is None:
         return []
     parts = corpora if split == "train" else (manifest.sections or {}).get(split, [])
-    out: dict[tuple[str, str], dict] = {}
+    out: dict[tuple[str, str], Direction] = {}
     for part in parts:
         key = (part.src_lang, part.tgt_lang)
-        entry = out.setdefault(key, {"src_lang": key[0], "tgt_lang": key[1], "ranges": []})
-        entry["ranges"].append((part.first, part.pairs))
+        out.setdefault(key, Direction(*key, [])).ranges.append((part.first, part.pairs))
     return list(out.values())
 
 

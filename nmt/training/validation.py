@@ -82,12 +82,12 @@ def valid_scores(run: Run, model: nn.Module, bleu: bool = True) -> dict:
     sections = run.data.manifest.sections["valid"]
     out, means = {}, {}
     for part in parts:
-        name = f"{part['src_lang']}-{part['tgt_lang']}"
-        chosen = [1.0 if (s.src_lang, s.tgt_lang) == (part["src_lang"], part["tgt_lang"])
+        name = part.name
+        chosen = [1.0 if (s.src_lang, s.tgt_lang) == (part.src_lang, part.tgt_lang)
                   else 0.0 for s in sections]
         scores = valid_loss(run, model, sections, chosen)
         if bleu and run.cfg.train.valid_bleu:
-            scores.update(valid_bleu(run, model, [i for first, n in part["ranges"]
+            scores.update(valid_bleu(run, model, [i for first, n in part.ranges
                                                   for i in range(first, first + n)]))
         for key in ("loss", "nll", "bleu", "chrf", "comet"):
             if key in scores:
