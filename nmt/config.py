@@ -820,10 +820,15 @@ class ExportConfig:
     quantization: str = ""  # ctranslate2 only: stored weight type, e.g. int8 ("": float32)
     force: bool = False  # replace an existing output (only a model directory, or an empty one)
     shortlist: str = ""  # ctranslate2: a shortlist FILE, written as vmap.txt (for use_vmap)
+    # onnx: a folder where `npm install @huggingface/transformers` ran, whose transformers.js
+    # and ONNX Runtime WebAssembly files the page's runtime/ gets ("": the page without them)
+    web_runtime: str = ""
 
     def __post_init__(self) -> None:
         _check(not self.shortlist or self.format == "ctranslate2", "shortlist",
                "applies to format=ctranslate2 only")
+        _check(not self.web_runtime or self.format == "onnx", "web_runtime",
+               "applies to format=onnx only")
         _check(self.format in ("ctranslate2", "transformers", "onnx"), "format",
                f"must be ctranslate2, transformers or onnx, got {self.format!r}")
         _check(self.quantization in CT2_QUANTIZATIONS, "quantization",

@@ -1,14 +1,14 @@
 """nmt-export format=onnx: transformers.js's layout, decoding greedily to nmt's exact tokens.
 
 The models are tests/test_export.py's (random 2+2 layers, d_model 64, weights scaled up so that
-outputs depend on the source; a real SentencePiece vocabulary), pre-norm (config.json: Pegasus)
-and post-norm (Marian). The exported graphs run in onnxruntime as transformers.js runs them (the
-encoder once, then the merged decoder a token at a time, its cache fed back and
-use_cache_branch set after the first step: nmt.interop.onnx_export.OnnxGreedy), and their
-greedy outputs must equal nmt's on the first 64 sentences of the bundled test.en. The int8
-graphs must hold int8 matrix products in both branches of the merged decoder and agree with
-nmt's best token at most steps (these random models are far more sensitive to rounding than
-trained ones: scripts/onnx_parity.py measures BLEU on a trained model).
+outputs depend on the source; a real SentencePiece vocabulary), pre-norm and post-norm. The
+exported graphs run in onnxruntime as transformers.js runs them (the encoder once, then the
+merged decoder a token at a time, its cache fed back and use_cache_branch set after the first
+step: nmt.interop.onnx_export.OnnxGreedy), and their greedy outputs must equal nmt's on the
+first 64 sentences of the bundled test.en. The int8 graphs must hold int8 matrix products in
+both branches of the merged decoder and agree with nmt's best token at most steps (these random
+models are far more sensitive to rounding than trained ones: scripts/onnx_parity.py compares a
+trained model's outputs). tests/test_onnx_browser.py runs the page in headless chromium.
 """
 
 import dataclasses
@@ -30,15 +30,22 @@ from test_export import (  # noqa: E402
     varied_checkpoint,
 )
 
+from nmt.config import ExportConfig, compose, to_object  # noqa: E402
 from nmt.data.tokenizer import EOS_ID, train_bpe  # noqa: E402
-from nmt.errors import NmtError  # noqa: E402
+from nmt.errors import ConfigError, NmtError  # noqa: E402
 from nmt.inference.loading import LoadedCheckpoint  # noqa: E402
-from nmt.interop.onnx_export import OnnxGreedy, check_exportable, past_names  # noqa: E402
+from nmt.interop.onnx_export import (  # noqa: E402
+    RUNTIME,
+    OnnxGreedy,
+    check_exportable,
+    past_names,
+    write_page,
+)
 from nmt.system.files import read_lines  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
-NORMS = {"pre": "pegasus", "post": "marian"}
+NORMS = ("pre", "post")
 
 
 @pytest.fixture(scope="module")
@@ -74,9 +81,11 @@ def test_layout_and_optimum_names(exported, norm):
         "decoder_model_merged.onnx", "decoder_model_merged_quantized.onnx",
         "encoder_model.onnx", "encoder_model_quantized.onnx"]
     config = json.loads((out / "config.json").read_text())
-    assert config["model_type"] == NORMS[norm]
+    assert (config["model_type"], config["normalize_before"]) == ("marian", norm == "pre")
     assert json.loads((out / "generation_config.json").read_text())["bad_words_ids"] == [[0], [2]]
-    assert {"tokenizer.json", "tokenizer_config.json"} <= {p.name for p in out.iterdir()}
+    assert {"tokenizer.json", "tokenizer_config.json", "index.html", "offline.js"} <= {
+        p.name for p in out.iterdir()}
+    assert not (out / "runtime").exists()  # no web_runtime given
     encoder = onnx.load(str(out / "onnx" / "encoder_model.onnx")).graph
     assert [i.name for i in encoder.input] == ["input_ids", "attention_mask"]
     assert [o.name for o in encoder.output] == ["last_hidden_state"]
@@ -135,3 +144,24 @@ def test_a_missing_extra_names_the_onnx_install(spm, exported, tmp_path, monkeyp
     with pytest.raises(NmtError, match=r"needs the onnxruntime package: pip install 'nmt\[onnx\]'"):
         run_export(ckpt, tmp_path / "out", "onnx")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_page_gets_the_runtime_from_web_runtime(exported, tmp_path):
+    ckpt, _ = exported["post"]
+    npm = tmp_path / "npm"
+    for name in RUNTIME:
+        (npm / name).parent.mkdir(parents=True, exist_ok=True)
+        (npm / name).write_text(name)
+    out = tmp_path / "page"
+    out.mkdir()
+    write_page(LoadedCheckpoint.load(ckpt), out, str(npm))
+    assert sorted(p.name for p in (out / "runtime").iterdir()) == sorted(RUNTIME.values())
+    assert (out / "runtime" / "transformers.min.js").read_text() == next(iter(RUNTIME))
+    assert 'src="offline.js"' in (out / "index.html").read_text()
+    (npm / next(iter(RUNTIME))).unlink()
+    with pytest.raises(NmtError, match=r"^web_runtime=.*: no node_modules/@huggingface/"):
+        run_export(ckpt, tmp_path / "out", "onnx", web_runtime=str(npm))
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ConfigError, match="^web_runtime:"):
+        to_object(compose("export", ["checkpoint=c.pt", "output=o", "web_runtime=x"]),
+                  ExportConfig)

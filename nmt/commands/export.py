@@ -26,7 +26,7 @@ def export(cfg: ExportConfig) -> Path:
     loaded = LoadedCheckpoint.load(cfg.checkpoint)
     with new_directory(out, cfg.force, MARKER, "model directory") as tmp:
         if cfg.format == "onnx":
-            what = write_onnx(loaded, tmp)
+            what = write_onnx(loaded, tmp, cfg.web_runtime)
         elif cfg.format == "ctranslate2":
             key = export_key(cfg.checkpoint, "auto", cfg.quantization or "float32",
                              cfg.shortlist)

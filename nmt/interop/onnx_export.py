@@ -11,10 +11,12 @@ the present ones). Both graphs are exported (torch.onnx, the dynamo exporter) fr
 modules through the wrappers below, which compute what nmt.model computes from optimum's
 inputs; the merged decoder is the two decoders (without and with past) as the branches of one
 ONNX If, their weights shared (merge_decoders). onnx/*_quantized.onnx: the same with int8
-weights (onnxruntime's dynamic quantization), config.json (Marian for a post-norm model,
-Pegasus for a pre-norm one, as format=transformers), generation_config.json (greedy, nmt's
+weights (onnxruntime's dynamic quantization), config.json (MarianMT's type for either norm:
+transformers.js takes only sizes and ids from it), generation_config.json (greedy, nmt's
 start and end tokens and its banned ones), tokenizer.json and tokenizer_config.json
-(nmt.interop.tokenizer_json).
+(nmt.interop.tokenizer_json); index.html and offline.js, the page that translates in the
+browser with transformers.js from runtime/ (copied from web_runtime=DIR, an npm install of
+@huggingface/transformers).
 
 Not exported: multilingual models (target-language tags or forced languages: transformers.js's
 text2text pipeline has no way to add them), models with model.positions=fairseq (imported M2M100
@@ -141,8 +143,12 @@ def export_graph(module: nn.Module, args: tuple, names: list[str], outputs: list
     """torch.onnx's dynamo export of `module` on example `args` to `path` (one file)."""
     import logging
 
-    level = logging.getLogger("torch.onnx").level
-    logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # "Obtain model graph ... ✅"
+    # their progress notes ("Obtain model graph ... ✅", "Removed 32 unused nodes"), which
+    # nmt-export's logging (Hydra's, at INFO) would print
+    loggers = [logging.getLogger(name) for name in ("torch.onnx", "onnxscript", "onnx_ir")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # axis-renaming and deprecation notes
@@ -151,7 +157,8 @@ def export_graph(module: nn.Module, args: tuple, names: list[str], outputs: list
                                         opset_version=OPSET, dynamo=True, verbose=False)
         program.save(str(path), external_data=False)
     finally:
-        logging.getLogger("torch.onnx").setLevel(level)
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def export_graphs(model: Transformer, out: Path) -> tuple[Path, Path, Path]:
@@ -240,12 +247,12 @@ def _unsized(value, name: str):
 
 # ----------------------------------------------------------------------------- the directory
 def hf_config(loaded: LoadedCheckpoint) -> dict:
-    """config.json: MarianMT's for a post-norm model, Pegasus' for a pre-norm one (the model
-    types transformers.js runs with this layout), with the sizes and ids of the checkpoint."""
+    """config.json: MarianMT's, whatever the norm (the graphs hold the network: transformers.js
+    reads the model type, sizes and ids only, and has no Pegasus in 4.x), with the sizes and
+    ids of the checkpoint; normalize_before says which norm the graphs have."""
     cfg, v = loaded.model.cfg, loaded.vocab
-    pegasus = cfg.norm == "pre"
-    return {"architectures": ["PegasusForConditionalGeneration" if pegasus else "MarianMTModel"],
-            "model_type": "pegasus" if pegasus else "marian", "is_encoder_decoder": True,
+    return {"architectures": ["MarianMTModel"], "model_type": "marian",
+            "is_encoder_decoder": True, "normalize_before": cfg.norm == "pre",
             "d_model": cfg.d_model, "encoder_layers": cfg.N,
             "decoder_layers": cfg.decoder_layers, "encoder_attention_heads": cfg.h,
             "decoder_attention_heads": cfg.h, "encoder_ffn_dim": cfg.d_ff,
@@ -285,13 +292,51 @@ def quantize(path: Path, out: Path) -> Path:
     return out
 
 
-def write_onnx(loaded: LoadedCheckpoint, out: Path) -> str:
-    """Write the transformers.js layout into `out` (see the module's docstring). The decoders
-    are quantized before they are merged: onnxruntime's quantizer leaves the branches of an If
-    alone."""
+RUNTIME = {  # web_runtime's files (an npm install of @huggingface/transformers) -> runtime/
+    "node_modules/@huggingface/transformers/dist/transformers.min.js": "transformers.min.js",
+    "node_modules/onnxruntime-web/dist/ort-wasm-simd-threaded.asyncify.mjs":
+        "ort-wasm-simd-threaded.asyncify.mjs",
+    "node_modules/onnxruntime-web/dist/ort-wasm-simd-threaded.asyncify.wasm":
+        "ort-wasm-simd-threaded.asyncify.wasm"}
+
+
+def check_web_runtime(web_runtime: str) -> None:
+    """A one-line NmtError unless `web_runtime` (a folder where `npm install
+    @huggingface/transformers` ran) holds the files the page loads."""
+    missing = [name for name in RUNTIME if not (Path(web_runtime) / name).is_file()]
+    if missing:
+        raise NmtError(f"web_runtime={web_runtime}: no {missing[0]} (run `npm install "
+                       "@huggingface/transformers --ignore-scripts` in that folder)")
+
+
+def write_page(loaded: LoadedCheckpoint, out: Path, web_runtime: str) -> None:
+    """index.html and offline.js (the page that translates in the browser), with runtime/
+    copied from web_runtime when given."""
+    import html
+    import shutil
+
+    pair = loaded.vocab.pair or {}
+    name = f"{pair.get('src_lang') or 'source'} \u2192 {pair.get('tgt_lang') or 'target'}"
+    page = (Path(__file__).parent / "offline.html").read_text(encoding="utf-8")
+    (out / "index.html").write_text(page.replace("__PAIR__", html.escape(name)),
+                                    encoding="utf-8")
+    shutil.copyfile(Path(__file__).parent / "offline.js", out / "offline.js")
+    if web_runtime:
+        (out / "runtime").mkdir()
+        for source, target in RUNTIME.items():
+            shutil.copyfile(Path(web_runtime) / source, out / "runtime" / target)
+
+
+def write_onnx(loaded: LoadedCheckpoint, out: Path, web_runtime: str = "") -> str:
+    """Write the transformers.js layout into `out` (see the module's docstring), and the page
+    (write_page). The decoders are quantized before they are merged: onnxruntime's quantizer
+    leaves the branches of an If alone."""
     import onnx
 
     check_exportable(loaded)
+    if web_runtime:
+        check_web_runtime(web_runtime)
+    write_page(loaded, out, web_runtime)
     write_tokenizer_json(loaded.src_tok, loaded.tgt_tok, out, loaded.model.cfg.max_positions)
     graphs, work = out / "onnx", out / ".graphs"
     graphs.mkdir()
