@@ -29,6 +29,7 @@ config under "### score_NAME_ENGINE_bBEAM" instead.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import itertools
 import re
@@ -37,12 +38,12 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from nmt.checkpoint import Checkpoint
 from nmt.commands.translate import translate
 from nmt.config import TranslateConfig, compose, to_object
 from nmt.errors import NmtError
 from nmt.inference.mbr import closest
 from nmt.system.files import read_lines, write_atomically
-from nmt.training.checkpoint import load_checkpoint, save_checkpoint
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -100,43 +101,43 @@ def spread(have: int, keep: int) -> list[int]:
     return [round(i * (have - 1) / (keep - 1)) for i in range(keep)]
 
 
-def shrunk(state: dict, path: str, layers: str) -> dict:
-    """The teacher checkpoint `state` cut to the student's ENCODER+DECODER layers: those layers'
+def shrunk(teacher: Checkpoint, path: str, layers: str) -> Checkpoint:
+    """The teacher checkpoint cut to the student's ENCODER+DECODER layers: those layers'
     weights renumbered, every other weight kept, model_cfg's N and N_dec set."""
     shape = re.fullmatch(r"([1-9][0-9]*)\+([1-9][0-9]*)", layers)
     if shape is None:
         raise NmtError(f"--layers {layers!r} is not ENCODER+DECODER layers, e.g. 3+1")
-    cfg = state["model_cfg"]
-    have = {"encoder": cfg["N"], "decoder": cfg.get("N_dec") or cfg["N"]}
+    cfg = teacher.model_cfg
+    have = {"encoder": cfg.N, "decoder": cfg.decoder_layers}
     want = {"encoder": int(shape[1]), "decoder": int(shape[2])}
     for stack in have:
         if want[stack] > have[stack]:
             raise NmtError(f"{path}: has {have[stack]} {stack} layers, fewer than the "
                            f"student's {want[stack]} (--layers {layers})")
-    if not state["vocab"].get("joint", False):
+    if not teacher.vocab.joint:
         raise NmtError(f"{path}: the teacher's vocabulary is not joint; the student's data "
                        "cannot share it as one bpe.model")
     renumber = {f"{stack}.{old}.": f"{stack}.{new}." for stack in have
                 for new, old in enumerate(spread(have[stack], want[stack]))}
     model = {}
-    for key, weight in state["model"].items():
+    for key, weight in teacher.model.items():
         stack, _, rest = key.partition(".")
         layer, _, name = rest.partition(".")
         if stack not in have:  # embeddings, final norms, output layer
             model[key] = weight
         elif f"{stack}.{layer}." in renumber:
             model[renumber[f"{stack}.{layer}."] + name] = weight
-    model_cfg = {**cfg, "N": want["encoder"], "N_dec": want["decoder"]}
-    return {"model": model, "model_cfg": model_cfg, "vocab": state["vocab"],
-            "shrunk_from": {"path": path, "layers": renumber}}
+    model_cfg = dataclasses.replace(cfg, N=want["encoder"], N_dec=want["decoder"])
+    return Checkpoint(model, model_cfg, teacher.vocab,
+                      training={"shrunk_from": {"path": path, "layers": renumber}})
 
 
 def write_shrunk(teacher: str, out: str, spm: str, layers: str) -> None:
     """The student's starting checkpoint and the teacher's SentencePiece model, written."""
-    state = load_checkpoint(teacher)
-    student = shrunk(state, teacher, layers)
-    write_atomically(spm, state["vocab"]["src_spm"])
-    save_checkpoint(student, out)
+    checkpoint = Checkpoint.load(teacher)
+    student = shrunk(checkpoint, teacher, layers)
+    write_atomically(spm, checkpoint.vocab.src_spm)
+    student.save(out)
 
 
 def engines(checkpoint: str) -> list[str]:
