@@ -139,17 +139,9 @@ def serve_models(cfg: ServeConfig, device: torch.device, workers: int) -> None:
 def open_service(entry: ModelEntry, cfg: ServeConfig, device: torch.device,
                  workers: int) -> Service:
     """One model of a many-model server, its workers started and warmed up, as a Service."""
-    if entry.kind == "ctranslate2":  # an nmt-export folder: its nmt.json says the rest
-        from nmt.inference.ct2_engine import COMPUTE_TYPES, CT2Translator
-
-        threads = cfg.threads or max(1, usable_cores() // workers)
-        translator = CT2Translator(entry.path, device, COMPUTE_TYPES[cfg.search.dtype], workers,
-                                   threads if device.type == "cpu" else cfg.threads)
-    else:
-        engine = "ctranslate2" if entry.kind == "argos" else cfg.engine
-        translator = open_translator(engine, [str(entry.path)], device, dtype=cfg.search.dtype,
-                                     workers=workers, threads=cfg.threads,
-                                     compile=cfg.search.compile)
+    engine = cfg.engine if entry.kind == "nmt" else "ctranslate2"  # an export, a package
+    translator = open_translator(engine, [str(entry.path)], device, dtype=cfg.search.dtype,
+                                 workers=workers, threads=cfg.threads, compile=cfg.search.compile)
     try:
         warm_up(translator.stepper(), cfg.search.dtype, cfg.search.compile)
         return Service(translator, model_config(cfg, entry))

@@ -120,7 +120,8 @@ class CT2Translator:
              weights: str = "auto", dtype: str = "fp32", workers: int = 1, threads: int = 0,
              ct2_model: str = "", shortlist: str = "") -> CT2Translator:
         """The checkpoint's export (cached, or made now) for search.dtype `dtype` (a list:
-        of one checkpoint); workers: inter_threads; threads: intra_threads (0: the cores
+        of one checkpoint; an nmt-export folder, with nmt.json, or an Argos package: used as
+        it is); workers: inter_threads; threads: intra_threads (0: the cores
         shared among the workers); shortlist: search.shortlist, which the export then holds
         as vmap.txt."""
         if isinstance(checkpoint, list | tuple):
@@ -131,6 +132,8 @@ class CT2Translator:
         device = torch.device(device)
         if device.type == "cpu":
             threads = threads or max(1, usable_cores() // workers)
+        if read_info(Path(checkpoint)) is not None and not ct2_model:  # an nmt-export folder
+            return cls(checkpoint, device, compute_type, workers, threads, shortlist)
         if meant_as_package(checkpoint):  # an Argos Translate package, read as it is
             if ct2_model:
                 raise NmtError(f"ct2_model={ct2_model}: {checkpoint} is an Argos package, "

@@ -51,6 +51,7 @@ from starlette.exceptions import HTTPException
 from nmt.serve import libretranslate
 from nmt.serve.api_keys import ApiKeys, bearer
 from nmt.serve.errors import ApiError
+from nmt.serve.offline import install_offline
 from nmt.serve.schemas import (
     ERRORS,
     MBR_FIELDS,
@@ -198,6 +199,15 @@ async def _server_error(request: Request, exc: Exception) -> JSONResponse:
     return _error_response(ApiError(500, None, f"internal error ({type(exc).__name__}: {exc})"))
 
 
+def add_error_answers(app: FastAPI) -> None:
+    """Every error of `app` answered as JSON (nmt's {"error", "field"}, or LibreTranslate's
+    shape on its routes): a bad request, Starlette's own errors, an ApiError, any other."""
+    app.add_exception_handler(RequestValidationError, _invalid_request)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(ApiError, lambda request, exc: _error_response(exc))
+    app.add_exception_handler(Exception, _server_error)
+
+
 def _log_if_failed(task: asyncio.Task) -> None:
     """The batcher task's end: a failure goes to the log (GET /health reports it too)."""
     if not task.cancelled() and task.exception() is not None:
@@ -219,10 +229,7 @@ def create_app(service: Service) -> FastAPI:
     app = FastAPI(title="nmt-serve", version="1", lifespan=lifespan, description=(
         "Neural machine translation with a Transformer checkpoint. Sentences of concurrent "
         "requests are decoded together in shared batches."))
-    app.add_exception_handler(RequestValidationError, _invalid_request)
-    app.add_exception_handler(HTTPException, _http_error)
-    app.add_exception_handler(ApiError, lambda request, exc: _error_response(exc))
-    app.add_exception_handler(Exception, _server_error)
+    add_error_answers(app)
     app.add_middleware(KeyFirst, keys=service.keys)  # inside RequestKind: nmt's requests
     # LibreTranslate's API, inside BodyLimit: its requests are bounded too
     libretranslate.install(app, service.cfg, lambda texts, **search: service.translate(
@@ -254,6 +261,9 @@ def create_app(service: Service) -> FastAPI:
         """One self-contained HTML page (nothing is fetched from elsewhere): a text box, the
         translations as you type, the n-best list and the first sentence's attention."""
         return HTMLResponse(page, headers={"Content-Security-Policy": CSP})
+
+    if service.cfg.offline:  # nmt-export format=onnx's page, which translates in the browser
+        install_offline(app, service.cfg.offline)
 
     @app.get("/stats", response_model=StatsResponse,
              summary="Requests, sentences and batches so far")

@@ -10,22 +10,11 @@ from dataclasses import asdict
 from importlib.resources import files
 
 from fastapi import FastAPI
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
-from starlette.exceptions import HTTPException
 
 from nmt.serve import libretranslate
 from nmt.serve.api_keys import ApiKeys
-from nmt.serve.app import (
-    CSP,
-    BodyLimit,
-    KeyFirst,
-    _error_response,
-    _http_error,
-    _invalid_request,
-    _server_error,
-)
-from nmt.serve.errors import ApiError
+from nmt.serve.app import CSP, BodyLimit, KeyFirst, add_error_answers
 from nmt.serve.models import Registry
 from nmt.serve.schemas import (
     ERRORS,
@@ -55,10 +44,7 @@ def create_models_app(registry: Registry, device: str) -> FastAPI:
     app = FastAPI(title="nmt-serve", version="1", lifespan=lifespan, description=(
         "Neural machine translation with every model of a folder; each model's requests are "
         "decoded together in shared batches."))
-    app.add_exception_handler(RequestValidationError, _invalid_request)
-    app.add_exception_handler(HTTPException, _http_error)
-    app.add_exception_handler(ApiError, lambda request, exc: _error_response(exc))
-    app.add_exception_handler(Exception, _server_error)
+    add_error_answers(app)
     app.add_middleware(KeyFirst, keys=keys)
 
     async def libre_translate(texts: list[str], src_lang: str, tgt_lang: str, **search):
