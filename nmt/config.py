@@ -895,6 +895,9 @@ class ServeConfig:
     src_lang: str = ""  # the model's source language, ISO 639 (split=sentence, LibreTranslate)
     tgt_lang: str = ""  # the model's target language, ISO 639 (LibreTranslate's API)
     api_keys: str = ""  # a file of API keys, one a line, re-read on change: each request needs one
+    # an nmt-export format=onnx folder (written with web_runtime=): its page at /offline/,
+    # which translates in the browser (nmt.serve.offline)
+    offline: str = ""
     glossary: str = ""  # FILE of source<TAB>target terms for every request (as nmt-translate)
     keep: str = ""  # FILE of terms every request copies byte for byte (as nmt-translate's keep)
     max_glossary: int = 256  # a request's glossary and keep entries together at most (422 beyond)
@@ -905,6 +908,10 @@ class ServeConfig:
     def __post_init__(self) -> None:
         _check(0 <= self.port <= 65535, "port", f"must be in [0, 65535], got {self.port}")
         _check(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
+        if self.offline:  # the page's folder, checked before the model loads
+            from nmt.serve.offline import check_offline
+
+            check_offline(self.offline)
         _check_serve_models(self)
         for key in ("workers", "threads", "max_wait_ms"):
             _check(getattr(self, key) >= 0, key, "must be >= 0")
