@@ -5,6 +5,7 @@ one before a multilingual one, else through English), the memory budget, /health
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -36,6 +37,7 @@ from nmt.serve.models import (  # noqa: E402
     models_folder,
     routes,
 )
+from nmt.serve.schemas import TranslateRequest, TranslateResponse, Translation  # noqa: E402
 from nmt.training.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -173,6 +175,56 @@ def test_settings_of_one_model_are_refused_with_models_and_one_of_the_two_is_nee
         with pytest.raises(ConfigError) as e:
             to_object(compose("serve", args), ServeConfig)
         assert str(e.value) == error
+
+
+class StubService:
+    """A loaded model's stand-in: translate waits until the test lets it answer."""
+
+    def __init__(self, entry, events: list[str], gate):
+        self.name, self.events, self.gate, self.broken = entry.path.name, events, gate, ""
+        self.batcher = self.translator = self
+
+    async def run(self) -> None:
+        """The batcher's loop: nothing to do."""
+
+    def close(self) -> None:
+        self.events.append(f"closed {self.name}")
+
+    async def translate(self, req):
+        self.events.append(f"translating {self.name}")
+        await self.gate.wait()
+        return TranslateResponse(translations=[Translation(
+            text=f"{self.name}: {req.text[0]}", score=0.0, truncated=False)])
+
+
+def test_a_model_with_a_request_in_flight_is_not_evicted_the_next_load_waits_for_it(models):
+    """max_models=1: a request for a second model waits until the first model's request is
+    answered, then the first model is unloaded (its workers closed) and the second loaded;
+    memory_gb counts sizes on disk."""
+    entries = {e.path.name: e for e in discover(models)}
+    events: list[str] = []
+
+    async def scenario() -> list[str]:
+        gate = asyncio.Event()
+        registry = Registry(list(entries.values()), serve_config(models, "max_models=1"),
+                            lambda entry: StubService(entry, events, gate))
+        req = TranslateRequest(text=["x"])
+        first = asyncio.create_task(registry.translate(req, "en", "de"))
+        await asyncio.sleep(0.05)
+        second = asyncio.create_task(registry.translate(req, "de", "en"))
+        await asyncio.sleep(0.05)
+        assert events == ["translating en-de.pt"] and list(registry.loaded) == [
+            models / "en-de.pt"]  # the second waits: the first is busy
+        gate.set()
+        answers = await asyncio.gather(first, second)
+        return [a.translations[0].text for a in answers]
+
+    assert asyncio.run(scenario()) == ["en-de.pt: x", "de-en.pt: x"]
+    assert events == ["translating en-de.pt", "closed en-de.pt", "translating de-en.pt"]
+    small, other, *_, large = sorted(entries.values(), key=lambda e: e.size)
+    registry = Registry(list(entries.values()), serve_config(
+        models, f"memory_gb={(small.size + other.size + 10) / 1e9}"), print)
+    assert registry.fits(small, [other.path]) and not registry.fits(large, [other.path])
 
 
 # ----------------------------------------------------------------------------- the server
