@@ -141,6 +141,17 @@ def test_a_folder_without_a_model_two_models_of_one_pair_and_a_broken_one_are_on
         discover(tmp_path)
 
 
+def test_a_one_to_many_model_that_records_no_source_takes_it_from_its_name(models, tmp_path):
+    state = load_checkpoint(models / "en-fr.pt")
+    state["vocab"]["languages"] = {"convention": "tag", "codes": {"de": 10, "fr": 11}}
+    save_checkpoint(state, tmp_path / "opus-mt-en-mul.pt")
+    assert discover(tmp_path)[0].pairs == [("en", "de"), ("en", "fr")]
+    (tmp_path / "opus-mt-en-mul.pt").rename(tmp_path / "opus.pt")
+    with pytest.raises(NmtError, match=r"opus.pt: a multilingual model that records no "
+                                       r"source language; name it after it, e\.g\. en-mul\.pt$"):
+        discover(tmp_path)
+
+
 def test_a_checkpoint_without_a_pair_or_a_pair_name_is_refused(models, tmp_path):
     shutil.copy(models / "en-fr.pt", tmp_path / "model.pt")
     with pytest.raises(NmtError, match=r"model.pt: records no language pair; name it after "

@@ -143,14 +143,22 @@ def _argos():
 
 
 def _languages(vocab: Vocab, path: Path) -> Languages:
-    """What a model translates: a multilingual one's recorded languages; a bilingual one's
-    recorded pair, else the pair its name ends with (en-de.pt); else a one-line NmtError."""
-    if vocab.languages is not None:
-        return Languages.of(vocab.languages, "", "")
+    """What a model translates: a multilingual one's recorded languages (a tag model that
+    records no source, as a one-to-many OPUS-MT import: the source its name gives,
+    opus-mt-en-mul.pt); a bilingual one's recorded pair, else the pair its name ends with
+    (en-de.pt); else a one-line NmtError."""
+    named = PAIR_NAME.fullmatch(path.stem if path.is_file() else path.name)
+    entry = vocab.languages
+    if entry is not None and (entry["convention"] == "forced" or entry.get("sources")):
+        return Languages.of(entry, "", "")
+    if entry is not None:
+        if named is None:
+            raise NmtError(f"{path}: a multilingual model that records no source language; "
+                           f"name it after it, e.g. en-mul{path.suffix}")
+        return Languages.of(entry, named.group(1), "")
     pair = recorded_pair(vocab)
     src, tgt = pair.src_lang, pair.tgt_lang
-    if not (src and tgt) and (named := PAIR_NAME.fullmatch(path.stem if path.is_file()
-                                                            else path.name)):
+    if not (src and tgt) and named:
         src, tgt = named.groups()
     if not (src and tgt):
         raise NmtError(f"{path}: records no language pair; name it after its pair, e.g. "
