@@ -142,16 +142,16 @@ def test_a_checkpoint_written_by_8f24062_translates_as_it_did_then(weights, tmp_
     """tests/data/checkpoint_8f24062.pt (written by nmt at 8f24062: its EMA and model
     weights, a joint vocabulary; tests/data/make_checkpoint_8f24062.py) loads and gives the
     3-best lists, scores included, that nmt-translate gave with it then."""
-    from translate_helpers import translate_config
-
     from nmt.commands.translate import translate
+    from nmt.config import TranslateConfig, compose, to_object
 
     data = Path(__file__).parent / "data"
     expected = json.loads((data / "checkpoint_8f24062.json").read_text(encoding="utf-8"))
     out = tmp_path / "hyp"
-    translate(translate_config(checkpoint=data / "checkpoint_8f24062.pt",
-                               input=data / "checkpoint_8f24062.en", output=out,
-                               weights=weights, **{"search.beam_size": 4, "search.nbest": 3}))
+    translate(to_object(compose("translate", [  # as the script that wrote it translated
+        f"checkpoint={data / 'checkpoint_8f24062.pt'}", f"input={data / 'checkpoint_8f24062.en'}",
+        f"output={out}", f"weights={weights}", "search.beam_size=4", "search.nbest=3",
+        "quiet=true"]), TranslateConfig))
     assert out.read_text(encoding="utf-8").splitlines() == expected[weights]
 
 
