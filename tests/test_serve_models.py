@@ -24,11 +24,13 @@ from translate_helpers import save_tiny_checkpoint
 pytest.importorskip("fastapi")
 from test_serve import CLI, Server  # noqa: E402
 
+from nmt.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from nmt.commands.export import export  # noqa: E402
 from nmt.commands.serve import open_service, open_socket  # noqa: E402
 from nmt.commands.translate import translate  # noqa: E402
 from nmt.config import ExportConfig, ServeConfig, TranslateConfig, compose, to_object  # noqa: E402
 from nmt.errors import ConfigError, NmtError  # noqa: E402
+from nmt.serve.errors import ApiError  # noqa: E402
 from nmt.serve.many import create_models_app  # noqa: E402
 from nmt.serve.models import (  # noqa: E402
     Registry,
@@ -38,7 +40,6 @@ from nmt.serve.models import (  # noqa: E402
     routes,
 )
 from nmt.serve.schemas import TranslateRequest, TranslateResponse, Translation  # noqa: E402
-from nmt.training.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SEARCH = ("search.beam_size=1", "search.max_len_b=8")  # the server's and nmt-translate's
@@ -232,6 +233,24 @@ def test_a_model_with_a_request_in_flight_is_not_evicted_the_next_load_waits_for
 
     assert asyncio.run(scenario()) == ["en-de.pt: x", "de-en.pt: x"]
     assert events == ["translating en-de.pt", "closed en-de.pt", "translating de-en.pt"]
+
+
+    async def starved() -> ApiError:
+        gate = asyncio.Event()
+        registry = Registry(list(entries.values()), serve_config(
+            models, "max_models=1", "timeout_s=0.2"), lambda e: StubService(e, [], gate))
+        first = asyncio.create_task(registry.translate(TranslateRequest(text=["x"]), "en",
+                                                       "de"))
+        await asyncio.sleep(0.05)
+        with pytest.raises(ApiError) as e:
+            await registry.translate(TranslateRequest(text=["x"]), "de", "en")
+        gate.set()
+        await first
+        return e.value
+
+    refused = asyncio.run(starved())  # the first model never idle within timeout_s
+    assert (refused.status, refused.headers) == (503, {"Retry-After": "1"})
+    assert str(refused).startswith("busy: the 1 models loaded (the budget's most) each have ")
     small, other, *_, large = sorted(entries.values(), key=lambda e: e.size)
     registry = Registry(list(entries.values()), serve_config(
         models, f"memory_gb={(small.size + other.size + 10) / 1e9}"), print)

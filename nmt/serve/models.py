@@ -32,6 +32,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from nmt.checkpoint import Checkpoint
 from nmt.config import ServeConfig
 from nmt.data.languages import recorded_pair
 from nmt.data.vocab import Vocab
@@ -106,9 +107,7 @@ def read_entry(path: Path) -> ModelEntry | None:
 
 def _checkpoint_entry(path: Path) -> ModelEntry:
     """An nmt checkpoint's entry, from the vocabulary it records."""
-    from nmt.training.checkpoint import load_checkpoint
-
-    vocab = Vocab.from_dict(load_checkpoint(path)["vocab"], str(path))
+    vocab = Checkpoint.load(path).vocab
     return ModelEntry(path, "nmt", _languages(vocab, path), path.stat().st_size)
 
 
@@ -398,12 +397,20 @@ class Registry:
 
     async def _make_room(self, entry: ModelEntry) -> None:
         """Evict the least recently used idle models until `entry` fits; while every loaded
-        one is busy, wait for one to finish."""
+        one is busy, wait for one to finish (a 503 after timeout_s)."""
+        deadline = asyncio.get_running_loop().time() + self.cfg.timeout_s
         while not self.fits(entry, list(self.loaded)):
             idle = next((p for p in self.loaded if not self.busy[p]), None)
             if idle is None:
                 self._freed.clear()
-                await self._freed.wait()
+                try:
+                    await asyncio.wait_for(self._freed.wait(),
+                                           deadline - asyncio.get_running_loop().time())
+                except TimeoutError:
+                    raise ApiError(503, None, f"busy: the {len(self.loaded)} models loaded "
+                                              f"(the budget's most) each have requests in "
+                                              f"flight; {entry.path} waits for one to end",
+                                   {"Retry-After": "1"}) from None
                 continue
             loaded = self.loaded.pop(idle)
             if loaded.task is not None:
