@@ -4,11 +4,12 @@ the file and the key when the directory is opened, not a traceback later."""
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
 from nmt.data.batches import ParallelData
-from nmt.data.manifest import Manifest, read_manifest
+from nmt.data.manifest import Manifest, directions, read_manifest
 from nmt.errors import NmtError
 
 
@@ -31,6 +32,23 @@ def test_every_format_reads_and_gives_back_its_entries(tiny_data_dir, corpora_di
     m = Manifest.from_dict(three, "m.json")
     assert [c.tag for c in m.corpora] == ["", "<BT>"] and m.train_text.src == "train.clean.en"
     assert m.made["config"]["keep_text"] is True  # how it was made, as it was written
+
+
+@pytest.mark.parametrize("kind", ["bilingual", "multilingual"])
+def test_manifests_that_8f24062s_preprocess_wrote_read_as_they_were(kind):
+    """tests/data/manifest_8f24062_*.json: nmt-preprocess's at 8f24062 (two tagged corpora with
+    keep_text; en-de, de-en and en-fr with their sections and languages; temporary paths
+    written as /data)."""
+    path = Path(__file__).parent / "data" / f"manifest_8f24062_{kind}.json"
+    entry = json.loads(path.read_text(encoding="utf-8"))
+    m = Manifest.from_dict(entry, path)
+    assert m.to_dict() == entry
+    if kind == "bilingual":
+        assert directions(m, "train") == [] and m.train_text.src_bytes > 0
+        assert [(c.weight, c.tag) for c in m.corpora] == [(1.0, ""), (2.0, "<BT>")]
+    else:
+        assert [d.name for d in directions(m, "valid")] == ["en-de", "de-en", "en-fr"]
+        assert m.corpus_languages() == ["de", "en"] and set(m.languages["codes"]) >= {"fr"}
 
 
 @pytest.mark.parametrize(("change", "message"), [
