@@ -339,9 +339,9 @@ def test_a_bpe_package_is_refused_in_one_line(export_pkg, tmp_path, ckpt):
 
 
 def spec_header(name: str) -> bytes:
-    """The start of a model.bin of CTranslate2's binary version 6 with this spec name."""
+    """A model.bin of CTranslate2's binary version 6 with this spec name and no variables."""
     raw = name.encode() + b"\0"
-    return struct.pack("<IH", 6, len(raw)) + raw + struct.pack("<II", 1, 0)
+    return struct.pack("<IH", 6, len(raw)) + raw + struct.pack("<III", 1, 0, 0)
 
 
 def test_what_is_not_a_usable_package_is_one_line(export_pkg, ckpt, tmp_path):

@@ -137,7 +137,7 @@ def write_old_model_bin(model, path: Path, version: int) -> None:
 
 @pytest.mark.parametrize("version", [2, 3])
 def test_older_binary_versions_are_read(checkpoint, version, tmp_path):
-    from nmt.interop.ct2_import import read_model_bin
+    from nmt.interop.ct2_model import read_model_bin
 
     ct2 = export_ct2(checkpoint, tmp_path / "ct2")
     write_old_model_bin(read_model_bin(ct2 / "model.bin"), ct2 / "model.bin", version)
@@ -280,7 +280,7 @@ def test_bad_model_directories_are_one_line_and_write_nothing(checkpoint, tmp_pa
     (bad / "model.bin").write_bytes(data[:len(data) // 2])
     refused(bad, r"model.bin: truncated at byte [\d,]+ \(needs [\d,]+\)")
     (bad / "model.bin").write_bytes(struct.pack("<I", 99) + data[4:])
-    refused(bad, r"model.bin: binary version 99: nmt-import reads versions 2 to 6")
+    refused(bad, r"model.bin: binary version 99: nmt reads versions 2 to 6")
     (bad / "model.bin").unlink()
     refused(bad, r"config.json: model_type=None: .* and CTranslate2 models \(model.bin\)")
     (bad / "config.json").unlink()

@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import struct
 import tempfile
 import zipfile
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from nmt.data.tokenizer import Tokenizer, vocab_sha256
 from nmt.data.vocab import Vocab
 from nmt.errors import NmtError
 from nmt.interop.ct2_export import ct2_vocabulary
+from nmt.interop.ct2_model import read_model_bin
 from nmt.interop.hf_files import CONTROL, vocabulary_model
 from nmt.system.files import sha256_file
 
@@ -203,9 +203,10 @@ def package_vocabulary(pkg: ArgosPackage) -> ModelVocabulary:
     """The package's model as engine=ctranslate2 takes it: tokenizers whose ids are the
     CTranslate2 vocabularies' (a missing <pad> gets the id after them, never generated), its
     specials as config.json names them, its language pair, and target_prefix forced."""
-    spec, shapes = model_spec(pkg.model_dir / "model.bin")
-    if spec not in ("", SEQ2SEQ):
-        raise NmtError(f"{pkg.path}: its model is a CTranslate2 {spec}; engine=ctranslate2 "
+    header = read_model_bin(pkg.model_dir / "model.bin", weights=False)
+    if header.spec not in ("", SEQ2SEQ):
+        raise NmtError(f"{pkg.path}: its model is a CTranslate2 {header.spec}; "
+                       f"engine=ctranslate2 "
                        f"drives encoder-decoder Transformers ({SEQ2SEQ}) only")
     config = _model_config(pkg.model_dir)
     if not isinstance(config.get("decoder_start_token", "<s>"), str):
@@ -227,7 +228,7 @@ def package_vocabulary(pkg: ArgosPackage) -> ModelVocabulary:
                   src_spm=src.proto, tgt_spm=tgt.proto,
                   pair={"src_lang": pkg.from_code, "tgt_lang": pkg.to_code})
     banned = tuple(i for i in specials.banned if i < size)  # a PAD after them is not CT2's
-    return ModelVocabulary(vocab, src, tgt, _max_positions(shapes), forced, banned)
+    return ModelVocabulary(vocab, src, tgt, _max_positions(header.shapes), forced, banned)
 
 
 def _side(pkg: ArgosPackage, side: str, config: dict, split: Tokenizer
@@ -280,43 +281,6 @@ def _model_config(model_dir: Path) -> dict:
     if not isinstance(config, dict):
         raise NmtError(f"{file}: not a JSON object")
     return config
-
-
-def model_spec(model_bin: Path) -> tuple[str, dict[str, tuple[int, ...]]]:
-    """model.bin's spec name ("" before binary version 2) and its variables' shapes (from
-    version 4 on; {} before), the weights themselves skipped. CTranslate2's format: version,
-    spec name, revision, the number of variables, then each one's name, rank, dimensions,
-    type, byte count and bytes (strings: a uint16 length, the bytes and a NUL)."""
-    try:
-        with open(model_bin, "rb") as f:
-            def unpack(fmt: str):
-                return struct.unpack("<" + fmt, _exactly(f, struct.calcsize("<" + fmt)))
-
-            def string() -> str:
-                (n,) = unpack("H")
-                return _exactly(f, n).rstrip(b"\0").decode("utf-8")
-
-            (version,) = unpack("I")
-            if version < 2:
-                return "", {}
-            spec, (_revision, count) = string(), unpack("II")
-            shapes = {}
-            for _ in range(count if version >= 4 else 0):
-                name, (rank,) = string(), unpack("B")
-                dims, (_dtype, size) = unpack("I" * rank), unpack("BI")
-                shapes[name] = dims
-                f.seek(size, os.SEEK_CUR)
-            return spec, shapes
-    except (OSError, struct.error, UnicodeDecodeError, EOFError) as e:
-        raise NmtError(f"{model_bin}: not a readable CTranslate2 model ({e})") from None
-
-
-def _exactly(f, n: int) -> bytes:
-    """n bytes of f, or EOFError."""
-    data = f.read(n)
-    if len(data) != n:
-        raise EOFError("truncated")
-    return data
 
 
 def _max_positions(shapes: dict[str, tuple[int, ...]]) -> int:

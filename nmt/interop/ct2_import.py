@@ -2,12 +2,9 @@
 nmt-export, a model converted from OpenNMT-py, OpenNMT-tf or MarianMT): its network, vocabulary
 and weights as nmt's (nmt.commands.import_ writes the checkpoint).
 
-model.bin is read here, without CTranslate2: CTranslate2's python/ctranslate2/specs/
-model_spec.py (ModelSpec._serialize) writes a binary version (2 to 6 are read), the spec's name
-and revision, then each variable's name, shape, dtype and bytes, then the aliases (a tied
-matrix is stored once). Strings are a uint16 length (the NUL included), the bytes, a NUL. An
-int8 or int16 weight has its `weight_scale` beside it (w = q / scale, per row for int8): the
-import dequantises it to float32, and float16 or bfloat16 weights are widened.
+model.bin is read without CTranslate2 (nmt.interop.ct2_model.read_model_bin). An int8 or
+int16 weight has its `weight_scale` beside it (w = q / scale, per row for int8): the import
+dequantises it to float32, and float16 or bfloat16 weights are widened.
 
 The variables are nmt.interop.ct2_export's mapping inverted: the fused self-attention
 projection is W_qkv, the encoder attention's two inputs are W_q and W_kv, the attention and
@@ -41,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,103 +51,16 @@ from nmt.errors import ConfigError, NmtError
 from nmt.interop import argos
 from nmt.interop.argos import ArgosPackage
 from nmt.interop.ct2_export import ct2_vocabulary, read_info
+from nmt.interop.ct2_model import Ct2Model, read_model_bin
 from nmt.interop.hf_files import Converted, read_json, vocabulary_model
 from nmt.model import PositionalEncoding
 from nmt.variants import FairseqPositions
 
-VERSIONS = range(2, 7)  # model.bin's binary versions read (1: OpenNMT-tf 1 names)
-DTYPES = (torch.float32, torch.int8, torch.int16, torch.int32, torch.float16, torch.bfloat16)
-ITEM_SIZES = {4: torch.float32, 2: torch.int16, 1: torch.int8}  # binary versions 2 and 3
 SPECS = {"TransformerSpec": 0, "TransformerBase": 8, "TransformerBig": 16}  # name: heads if fixed
 ACTIVATIONS = {0: "relu", 2: "swish", 3: "gelu"}  # CTranslate2's Activation enum
 PAD_TOKENS = ("<pad>", "<blank>")  # CTranslate2 has no padding token of its own
 POSITION_ATOL = 2e-3  # a float16-stored sinusoid table is one of nmt's within this
 HARMLESS = ("alignment_layer", "alignment_heads", "embeddings_merge", "multi_query_attention")
-
-
-@dataclass
-class Ct2Model:
-    """model.bin read: its binary version, spec name and revision, and every variable by name
-    (an alias is the tensor it names)."""
-
-    version: int
-    spec: str
-    revision: int
-    variables: dict[str, Tensor]
-
-
-# ----------------------------------------------------------------------------- model.bin
-class _Reader:
-    """A cursor over model.bin's bytes; a read past the end is a one-line NmtError."""
-
-    def __init__(self, data: bytes, path: Path):
-        self.data, self.path, self.at = data, path, 0
-
-    def take(self, n: int) -> bytes:
-        """The next n bytes."""
-        if self.at + n > len(self.data):
-            raise NmtError(f"{self.path}: truncated at byte {len(self.data):,} (needs "
-                           f"{self.at + n:,}): copy the model again")
-        self.at += n
-        return self.data[self.at - n:self.at]
-
-    def number(self, fmt: str) -> int:
-        """A little-endian struct number (I: uint32, H: uint16, B: uint8)."""
-        return struct.unpack("<" + fmt, self.take(struct.calcsize(fmt)))[0]
-
-    def string(self) -> str:
-        """A uint16 length (NUL included), the UTF-8 bytes, a NUL."""
-        n = self.number("H")
-        if n == 0:
-            raise NmtError(f"{self.path}: an empty string at byte {self.at - 2:,}")
-        return self.take(n)[:-1].decode("utf-8", errors="replace")
-
-
-def read_model_bin(path: Path) -> Ct2Model:
-    """model.bin's version, spec and variables (a one-line NmtError for a truncated file, an
-    unknown version, a variable whose bytes do not fill its shape)."""
-    try:
-        r = _Reader(path.read_bytes(), path)
-    except OSError as e:
-        raise NmtError(f"{path}: cannot read ({e.strerror})") from None
-    version = r.number("I")
-    if version not in VERSIONS:
-        raise NmtError(f"{path}: binary version {version}: nmt-import reads versions "
-                       f"{VERSIONS[0]} to {VERSIONS[-1]} (CTranslate2 2.x to 4.x)")
-    spec, revision = r.string(), r.number("I")
-    variables = {}
-    for _ in range(r.number("I")):
-        name = r.string()
-        shape = [r.number("I") for _ in range(r.number("B"))]
-        variables[name] = _variable(r, name, shape, version)
-    for _ in range(r.number("I") if version >= 3 else 0):  # aliases came with version 3
-        alias, target = r.string(), r.string()
-        for suffix in ("", "_scale"):
-            if target + suffix in variables:
-                variables[alias + suffix] = variables[target + suffix]
-    if r.at != len(r.data):
-        raise NmtError(f"{path}: {len(r.data) - r.at:,} bytes after the aliases: not a "
-                       f"CTranslate2 model.bin of version {version}")
-    return Ct2Model(version, spec, revision, variables)
-
-
-def _variable(r: _Reader, name: str, shape: list[int], version: int) -> Tensor:
-    """One variable's dtype, size and bytes as a tensor of its shape."""
-    if version >= 4:
-        type_id, size = r.number("B"), r.number("I")
-        if type_id >= len(DTYPES):
-            raise NmtError(f"{r.path}: {name}: unknown dtype {type_id}")
-        dtype = DTYPES[type_id]
-    else:
-        item = r.number("B")
-        dtype, size = ITEM_SIZES.get(item), r.number("I") * item
-        if dtype is None:
-            raise NmtError(f"{r.path}: {name}: unknown item size {item}")
-    data = r.take(size)
-    if size != math.prod(shape) * dtype.itemsize:
-        raise NmtError(f"{r.path}: {name}: {size:,} bytes do not fill shape {shape} of {dtype}")
-    return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape) if size else (
-        torch.zeros(shape, dtype=dtype))
 
 
 # ----------------------------------------------------------------------------- the variables
