@@ -89,9 +89,15 @@ gpu-check: $(if $(DRY),gpu-wheels)
 
 # nmt-serve's page (GET /) in headless chromium over the DevTools protocol
 # (tests/test_browser.py): Debian's chromium is installed first if missing (apt-get, as root);
-# the screenshot is build/serve-page.png.
+# the screenshot is build/serve-page.png. nmt-export format=onnx's page (tests/test_onnx_browser.py)
+# needs transformers.js from npm, installed into $(TRANSFORMERS_JS) without its post-install
+# download of native binaries (--ignore-scripts): the browser runs ONNX Runtime's WebAssembly.
+TRANSFORMERS_JS := build/transformers-js
 test-browser: install
 	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
+	test -f $(TRANSFORMERS_JS)/node_modules/@huggingface/transformers/dist/transformers.min.js || \
+	  (mkdir -p $(TRANSFORMERS_JS) && cd $(TRANSFORMERS_JS) && ONNXRUNTIME_NODE_INSTALL=skip \
+	   npm install --ignore-scripts --no-audit --no-fund @huggingface/transformers@4)
 	NMT_BROWSER=1 $(BIN)/python -m pytest -m browser -v
 
 # The whole suite on the floor torch, in its own venv (outside `make test`: a large download).

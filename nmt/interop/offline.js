@@ -29,6 +29,7 @@ async function load() {
   // the page, as local files
   translator = await pipeline("translation", ".", { dtype: $("dtype").value, device: "wasm" });
   window.nmtLoadSeconds = (performance.now() - started) / 1000;
+  window.nmtTranslator = translator;  // for tests and the console
   $("status").textContent = `Ready (${$("dtype").value}, loaded in ${window.nmtLoadSeconds.toFixed(2)} s).`;
   $("go").disabled = false;
 }
