@@ -376,6 +376,9 @@ def test_max_models_keeps_at_most_that_many_loaded(models):
         # de-en was just used), en-de (de-en out)
         assert [m["path"].rsplit("/", 1)[1] for m in health["models"] if m["loaded"]] == [
             "en-de.pt", "en-fr.pt"]
+        stats = srv.call("GET", "/stats")[2]  # since each loaded: en-fr's one, en-de's one
+        assert {Path(p).name: s["requests"] for p, s in stats.items()} == {"en-fr.pt": 1,
+                                                                          "en-de.pt": 1}
     finally:
         srv.stop()
 

@@ -21,6 +21,7 @@ from nmt.serve.schemas import (
     Features,
     ModelInfo,
     ModelsHealthResponse,
+    StatsResponse,
     TranslateRequest,
     TranslateResponse,
 )
@@ -70,6 +71,12 @@ def create_models_app(registry: Registry, device: str) -> FastAPI:
         """200 with the models and the limits; 503 if a loaded model cannot translate."""
         answer = models_health(registry, device, keys.required)
         return JSONResponse(answer.model_dump(), 503 if answer.error else 200)
+
+    @app.get("/stats", response_model=dict[str, StatsResponse],
+             summary="Each loaded model's requests, sentences and batches since it loaded")
+    async def stats() -> dict[str, StatsResponse]:
+        """The single-model server's /stats of each loaded model, by its path."""
+        return {str(path): m.service.stats() for path, m in registry.loaded.items()}
 
     @app.get("/", response_class=HTMLResponse, summary="A page to try the server in a browser")
     async def index() -> HTMLResponse:
