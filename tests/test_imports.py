@@ -40,8 +40,9 @@ LAYERS = [
      "nmt.inference.comet",
      "nmt.inference.glossary",
      "nmt.training.plot", "nmt.training.runlog", "nmt.data.batches", "nmt.interop.hf_files",
-     "nmt.interop.marian", "nmt.interop.m2m100"},
-    {"nmt.inference.translator", "nmt.interop.ct2_export"},  # the engines, the export
+     "nmt.interop.marian", "nmt.interop.m2m100", "nmt.interop.ct2_model"},
+    # the engines, the export, Argos packages (what engine=ctranslate2 reads of one)
+    {"nmt.inference.translator", "nmt.interop.ct2_export", "nmt.interop.argos"},
     {"nmt.inference.ct2_engine"},
     {"nmt.inference.engine"},  # the interface and open_translator
     # the commands' parts
@@ -49,6 +50,7 @@ LAYERS = [
      "nmt.data.cleaning", "nmt.data.subwords", "nmt.data.binarize", "nmt.training.monitor",
      "nmt.training.run", "nmt.training.validation",
      "nmt.training.resume", "nmt.training.compiled_step", "nmt.interop.transformers_export",
+     "nmt.interop.ct2_import",
      "nmt.serve.batcher",
      "nmt.serve.libretranslate", "nmt.serve.schemas", "nmt.serve.service", "nmt.serve.app",
      "nmt.serve.models", "nmt.serve.many"},
