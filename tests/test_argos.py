@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import random
 import shutil
 import struct
@@ -326,6 +327,21 @@ def test_a_zipped_package_is_unpacked_once_into_the_cache(export_pkg, tmp_path, 
         assert texts(tr, lines, GREEDY) == texts(folder, lines, GREEDY)
     monkeypatch.setattr(zipfile.ZipFile, "extractall", lambda *a: pytest.fail("unpacked"))
     assert argos.read_package(file).root == pkg.root
+
+
+def test_a_zip_read_again_is_not_hashed_again_until_it_changes(export_pkg, tmp_path,
+                                                                 monkeypatch):
+    """Discovery then opening read a package twice: its zip is hashed once per process, and
+    again once its size or mtime changes (or its unpacked folder is gone)."""
+    file = zipped(export_pkg, tmp_path / "en_de.argosmodel")
+    hashed = []
+    monkeypatch.setattr(argos, "sha256_file", lambda p: hashed.append(p) or "0" * 64)
+    root = argos.read_package(file).root
+    assert argos.read_package(file).root == root and len(hashed) == 1
+    os.utime(file, ns=(file.stat().st_atime_ns, file.stat().st_mtime_ns + 10**9))
+    assert argos.read_package(file).root == root and len(hashed) == 2
+    shutil.rmtree(root.parent)
+    assert argos.read_package(file).root == root and len(hashed) == 3
 
 
 # ----------------------------------------------------------------------------- refused

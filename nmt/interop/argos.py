@@ -164,10 +164,28 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nmt" / "argos"
 
 
+_UNPACKED: dict[tuple[str, int, int, Path], Path] = {}  # (zip, size, mtime_ns, cache): folder
+
+
 def _unpacked(path: Path) -> Path:
     """The package folder of the zip `path`, unpacked into cache_root()/SHA once (into a
     temporary folder, then renamed: processes unpacking it at once unpack it twice, and one
-    copy stays)."""
+    copy stays); within a process, a zip of the same size and mtime is neither hashed nor
+    opened again while its folder is there."""
+    try:
+        st = path.stat()
+    except OSError as e:
+        raise NmtError(f"{path}: cannot read ({e.strerror})") from None
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, cache_root())
+    known = _UNPACKED.get(key)
+    if known is None or not (known / METADATA).is_file():
+        _UNPACKED[key] = known = _unpack(path)
+    return known
+
+
+def _unpack(path: Path) -> Path:
+    """_unpacked's work: the zip hashed, checked and (where its folder is not yet in the
+    cache) unpacked."""
     try:
         sha = sha256_file(path)[:16]
         z = zipfile.ZipFile(path)
