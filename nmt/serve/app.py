@@ -48,6 +48,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException
 
+from nmt.config import ServeConfig
 from nmt.serve import libretranslate
 from nmt.serve.api_keys import ApiKeys, bearer
 from nmt.serve.errors import ApiError
@@ -208,6 +209,22 @@ def add_error_answers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _server_error)
 
 
+def body_limit(cfg: ServeConfig) -> int:
+    """The largest request body, in bytes. A character costs up to 12 bytes (JSON's surrogate
+    pair escapes; a form's urlencoded UTF-8: 9 for CJK), so that max_chars, not the body,
+    limits a request. With markup the tags (not counted in max_chars) ride in the same bytes:
+    a page whose ASCII markup is up to 11 times its text gets through (real pages: 3 to 8
+    times; the defaults: 1.4 MB)."""
+    return 12 * cfg.max_chars + 100 * cfg.max_sentences + 4096
+
+
+def libre_request(texts: list[str], **fields) -> TranslateRequest:
+    """nmt's request of LibreTranslate's texts and fields (HTML's texts are checked once cut:
+    TranslateRequest's markup context)."""
+    return TranslateRequest.model_validate({"text": texts, **fields}, context={
+        "markup": fields.get("markup", "none") != "none"})
+
+
 def _log_if_failed(task: asyncio.Task) -> None:
     """The batcher task's end: a failure goes to the log (GET /health reports it too)."""
     if not task.cancelled() and task.exception() is not None:
@@ -233,14 +250,8 @@ def create_app(service: Service) -> FastAPI:
     app.add_middleware(KeyFirst, keys=service.keys)  # inside RequestKind: nmt's requests
     # LibreTranslate's API, inside BodyLimit: its requests are bounded too
     libretranslate.install(app, service.cfg, lambda texts, **search: service.translate(
-        TranslateRequest.model_validate({"text": texts, **search}, context={
-            "markup": search.get("markup", "none") != "none"})), service.libre, service.keys)
-    # A character costs up to 12 bytes (JSON's surrogate pair escapes; a form's urlencoded
-    # UTF-8: 9 for CJK), so that max_chars, not the body, limits a request. With markup the
-    # tags (not counted in max_chars) ride in the same bytes: a page whose ASCII markup is up
-    # to 11 times its text gets through (real pages: 3 to 8 times; the defaults: 1.4 MB).
-    limit = 12 * service.cfg.max_chars + 100 * service.cfg.max_sentences + 4096
-    app.add_middleware(BodyLimit, max_bytes=limit)
+        libre_request(texts, **search)), service.libre, service.keys)
+    app.add_middleware(BodyLimit, max_bytes=body_limit(service.cfg))
 
     @app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True,
               responses=ERRORS, summary="Translate sentences")

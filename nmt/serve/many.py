@@ -14,7 +14,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 
 from nmt.serve import libretranslate
 from nmt.serve.api_keys import ApiKeys
-from nmt.serve.app import CSP, BodyLimit, KeyFirst, add_error_answers
+from nmt.serve.app import CSP, BodyLimit, KeyFirst, add_error_answers, body_limit, libre_request
 from nmt.serve.models import Registry
 from nmt.serve.schemas import (
     ERRORS,
@@ -48,15 +48,11 @@ def create_models_app(registry: Registry, device: str) -> FastAPI:
     add_error_answers(app)
     app.add_middleware(KeyFirst, keys=keys)
 
-    async def libre_translate(texts: list[str], src_lang: str, tgt_lang: str, **search):
-        req = TranslateRequest.model_validate({"text": texts, **search}, context={
-            "markup": search.get("markup", "none") != "none"})
-        return await registry.translate(req, src_lang, tgt_lang)
-
-    libretranslate.install(app, cfg, libre_translate, registry.pairs, keys,
-                           extra=lambda: settings_extra(registry))
-    limit = 12 * cfg.max_chars + 100 * cfg.max_sentences + 4096  # as nmt.serve.app's
-    app.add_middleware(BodyLimit, max_bytes=limit)
+    libretranslate.install(
+        app, cfg, lambda texts, src_lang, tgt_lang, **search: registry.translate(
+            libre_request(texts, **search), src_lang, tgt_lang),
+        registry.pairs, keys, extra=lambda: settings_extra(registry))
+    app.add_middleware(BodyLimit, max_bytes=body_limit(cfg))
 
     @app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True,
               responses=ERRORS, summary="Translate sentences from src_lang into tgt_lang")
