@@ -31,8 +31,8 @@ from nmt.serve.models import (
     models_folder,
 )
 from nmt.serve.service import Service, log
+from nmt.system.preemption import restore_handler
 from nmt.system.runtime import cap_onednn_cache, keep_freed_memory, pick_device, usable_cores
-from nmt.training.preemption import restore_handler
 
 
 def open_socket(host: str, port: int) -> socket.socket:
@@ -49,6 +49,12 @@ def open_socket(host: str, port: int) -> socket.socket:
                        f"({e.strerror or e})") from None
     sock.set_inheritable(True)
     return sock
+
+
+def socket_url(sock: socket.socket) -> str:
+    """The URL a listening socket answers at (an IPv6 host in brackets)."""
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def serve(cfg: ServeConfig) -> None:
@@ -75,8 +81,7 @@ def serve(cfg: ServeConfig) -> None:
     try:
         with open_socket(cfg.host, cfg.port) as sock:
             service = Service(translator, cfg)
-            host, port = sock.getsockname()[:2]
-            url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+            url = socket_url(sock)
             n = service.workers
             if not service.libre.sources:
                 log(f"{cfg.checkpoint} records no languages: LibreTranslate's API answers 400 "
@@ -122,8 +127,7 @@ def serve_models(cfg: ServeConfig, device: torch.device, workers: int) -> None:
         if cfg.preload:
             registry.preload()
         with open_socket(cfg.host, cfg.port) as sock:
-            host, port = sock.getsockname()[:2]
-            url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+            url = socket_url(sock)
             pairs = registry.pairs
             log(f"{folder}: {len(pairs.routes)} pairs ({len(pairs.pivots())} through "
                 f"English) on {device}, {len(registry.loaded)} models loaded; listening on "
