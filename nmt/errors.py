@@ -6,7 +6,7 @@ from __future__ import annotations
 class NmtError(Exception):
     """A user-facing error: bad input, a bad config value, a file that cannot be used."""
 
-    exit_status = 1  # the command's exit status (nmt.training.preemption.Preempted: 128 + a signal)
+    exit_status = 1  # the command's exit status (nmt.system.preemption.Preempted: 128 + a signal)
 
 
 class ConfigError(NmtError):

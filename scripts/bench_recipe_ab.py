@@ -55,7 +55,7 @@ def interleaved_steps(args: argparse.Namespace) -> None:
 
     from nmt.commands.train import build_run, load_data, train_step, tune_process
     from nmt.config import TrainConfig, compose, to_object
-    from nmt.training import distributed
+    from nmt.system import distributed
 
     env = distributed.init("cpu")
     runs, batches = {}, None

@@ -59,8 +59,8 @@ from nmt.commands.train import build_run, load_data, train_step, tune_process
 from nmt.config import ModelConfig, TrainConfig, compose, to_object
 from nmt.data.batches import Batch, EpochBatchIterator, TokenArrayWriter
 from nmt.data.tokenizer import vocab_sha256
+from nmt.system.distributed import DistInfo
 from nmt.system.runtime import keep_freed_memory
-from nmt.training.distributed import DistInfo
 from nmt.training.schedule import build_optimizer
 
 # Dense bf16 tensor-core peaks of datasheets (FLOP/s), by words of the device's name, the

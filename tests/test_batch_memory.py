@@ -13,6 +13,7 @@ import nmt.training.batch_memory as batch_memory
 from nmt.commands.train import load_data, update_frequency
 from nmt.config import TrainConfig, compose, to_object
 from nmt.errors import NmtError
+from nmt.system.distributed import DistInfo
 from nmt.testing.gpu_sim import (
     MISSING,
     DeviceProfile,
@@ -21,7 +22,6 @@ from nmt.testing.gpu_sim import (
     simulated_cuda,
     update_cost,
 )
-from nmt.training.distributed import DistInfo
 
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 CUDA = DistInfo(device=torch.device("cuda", 0))

@@ -19,7 +19,7 @@ from translate_helpers import save_tiny_checkpoint, translate_config
 import nmt.data.cleaning
 import nmt.inference.comet as comet_module
 import nmt.inference.mbr
-import nmt.training.distributed
+import nmt.system.distributed
 import nmt.training.validation
 from nmt.commands.train import build_run, load_data
 from nmt.commands.translate import translate
@@ -283,7 +283,7 @@ def test_validation_scores_comet_and_picks_the_best_by_it(tiny_data_dir, tmp_pat
     cfg = train_cfg(tiny_data_dir, tmp_path / "run", "train.valid_bleu=true",
                     "train.valid_bleu_max_sentences=5", "train.best_metric=comet",
                     f"train.comet={models['regression_metric']}")
-    env = nmt.training.distributed.init("cpu")
+    env = nmt.system.distributed.init("cpu")
     run = build_run(cfg, env, load_data(cfg, env))
     calls = []
     real = nmt.training.validation.score
@@ -373,7 +373,7 @@ def test_validation_takes_a_fake_scorers_known_values(tiny_data_dir, tmp_path, m
     monkeypatch.setattr(nmt.training.validation, "load_comet", lambda path, device: fake)
     cfg = train_cfg(tiny_data_dir, tmp_path / "run", "train.valid_bleu=true",
                     "train.valid_bleu_max_sentences=4", "train.comet=fake")
-    env = nmt.training.distributed.init("cpu")
+    env = nmt.system.distributed.init("cpu")
     run = build_run(cfg, env, load_data(cfg, env))
     seen = []
     real = nmt.training.validation.score

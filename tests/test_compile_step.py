@@ -22,8 +22,8 @@ from torch._dynamo.utils import counters
 import nmt.commands.train
 from nmt.commands.train import build_run, load_data, train, train_step
 from nmt.data.batches import Buckets, EpochBatchIterator, ParallelData, fit_buckets
+from nmt.system import distributed
 from nmt.testing.gpu_sim import MISSING, simulated_cuda, simulated_run
-from nmt.training import distributed
 from nmt.training.checkpoint import load_checkpoint
 from nmt.training.run import batch_loss
 

@@ -12,7 +12,7 @@ from conftest import make_corpora_dir
 
 from nmt.commands.train import train
 from nmt.config import TrainConfig, compose, to_object
-from nmt.training import distributed
+from nmt.system import distributed
 from nmt.training.checkpoint import load_checkpoint
 
 BIN = Path(sys.executable).parent

@@ -25,9 +25,9 @@ LAYERS = [
     # the paper's model, and what training and decoding both need
     {"nmt.model", "nmt.variants", "nmt.checkpoint", "nmt.system.private_ops", "nmt.data.languages",
      "nmt.data.tokenizer", "nmt.data.corpus", "nmt.data.augment", "nmt.inference.attention_maps",
-     "nmt.training.checkpoint", "nmt.training.distributed", "nmt.training.loss",
+     "nmt.training.checkpoint", "nmt.system.distributed", "nmt.training.loss",
      "nmt.training.schedule", "nmt.training.cpu_training",
-     "nmt.training.activation_checkpointing", "nmt.training.preemption",
+     "nmt.training.activation_checkpointing", "nmt.system.preemption",
      "nmt.training.stopping"},
     # decoding, data batches, run logs, the importers' readers
     {"nmt.inference.attention_op", "nmt.inference.affine", "nmt.inference.fast_state",

@@ -23,7 +23,7 @@ from nmt.data.batches import ParallelData, temperature_weights
 from nmt.data.manifest import FORMAT, Corpus, directions, read_manifest
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import ConfigError, NmtError
-from nmt.training import distributed
+from nmt.system import distributed
 from nmt.training.checkpoint import load_checkpoint
 
 LANGS = ("de", "en", "fr")

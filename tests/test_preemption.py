@@ -19,8 +19,8 @@ import nmt.training.validation
 from nmt.cli import cli_errors
 from nmt.commands.train import train
 from nmt.errors import NmtError
+from nmt.system.preemption import Preempted, Preemption, restore_handler
 from nmt.training.checkpoint import load_checkpoint
-from nmt.training.preemption import Preempted, Preemption, restore_handler
 
 OPTS = ("train.valid_interval_updates=3", "train.save_interval_updates=100",
         "train.ema_decay=0.9", "model.dropout=0.1")

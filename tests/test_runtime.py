@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from nmt.errors import NmtError
-from nmt.system import runtime
+from nmt.system import distributed, runtime
 from nmt.system.runtime import (
     IDEEP_CACHE_CAPACITY,
     ONEDNN_CACHE_CAPACITY,
@@ -22,7 +22,6 @@ from nmt.system.runtime import (
     release_freed_memory,
     usable_cores,
 )
-from nmt.training import distributed
 
 
 def test_pick_device_without_cuda(monkeypatch):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from translate_helpers import save_tiny_checkpoint, translate_config
 
-import nmt.training.distributed
+import nmt.system.distributed
 import nmt.training.validation
 from nmt.commands.train import build_run, load_data
 from nmt.commands.translate import translate
@@ -123,7 +123,7 @@ def test_validation_scores_every_reference_with_the_tokenizer(tiny_data_dir, tmp
     real_close = nmt.training.validation.Translator.close
     monkeypatch.setattr(nmt.training.validation.Translator, "close",
                         lambda self: closed.append(self) or real_close(self))
-    env = nmt.training.distributed.init("cpu")
+    env = nmt.system.distributed.init("cpu")
     run = build_run(cfg, env, load_data(cfg, env))
     result = valid_bleu(run, run.model)
     assert len(closed) == 1  # its workers stopped: not one pool more at every validation
@@ -140,6 +140,6 @@ def test_a_short_valid_reference_fails_before_training(tiny_data_dir, tmp_path):
     cfg = train_cfg(tiny_data_dir, tmp_path / "run", "train.valid_bleu=true",
                     f"train.valid_refs=[{short}]")
     with pytest.raises(NmtError, match=f"^{short}: 1 reference lines but 40 valid pairs$"):
-        load_data(cfg, nmt.training.distributed.init("cpu"))
+        load_data(cfg, nmt.system.distributed.init("cpu"))
     with pytest.raises(ConfigError, match="train.valid_refs: needs train.valid_bleu=true"):
         train_cfg(tiny_data_dir, tmp_path / "run", f"train.valid_refs=[{short}]")

@@ -7,7 +7,7 @@ import signal
 import torch
 from test_train import config
 
-from nmt.training.preemption import Preemption
+from nmt.system.preemption import Preemption
 from nmt.training.stopping import NO_FLAGS, Stop, Stopping
 
 

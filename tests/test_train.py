@@ -23,7 +23,7 @@ from nmt.config import TrainConfig, compose, to_object
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NmtError
 from nmt.model import make_model
-from nmt.training import distributed
+from nmt.system import distributed
 from nmt.training.checkpoint import load_checkpoint
 
 # No curves.png and no TensorBoard files (a draw costs ~0.1 s a validation): the tests that

@@ -42,7 +42,7 @@ def say(line: str) -> None:
 @contextmanager
 def cli_errors(prog: str) -> Iterator[None]:
     """Turn an NmtError into one line on stderr and its exit status (1, or 128 + a signal's
-    number for nmt.training.preemption.Preempted), with no traceback."""
+    number for nmt.system.preemption.Preempted), with no traceback."""
     try:
         yield
     except NmtError as e:

@@ -17,7 +17,7 @@ def main(cfg=None) -> None:
     at once, without the interpreter's teardown (distributed.exit_without_teardown)."""
     if cfg is not None:
         return train_app(cfg)
-    from nmt.training.distributed import exit_without_teardown
+    from nmt.system.distributed import exit_without_teardown
 
     with exit_without_teardown():
         train_app()

@@ -15,7 +15,7 @@ Made for GPUs without losing the CPU: batches are collated ahead in a background
 (into pinned memory on CUDA); an update's statistics and its skip decision stay on the
 device, and the host reads them once per check (every update on a CPU, where reading costs
 nothing; every log_interval updates on a GPU, where it would stall the queue); every
-collective goes through nmt.training.distributed with tensors on the training device.
+collective goes through nmt.system.distributed with tensors on the training device.
 """
 
 from __future__ import annotations
@@ -52,15 +52,14 @@ from nmt.data.vocab import Vocab
 from nmt.errors import NmtError
 from nmt.inference.scoring import read_references
 from nmt.model import count_parameters
-from nmt.system import private_ops
+from nmt.system import distributed, private_ops
+from nmt.system.preemption import Preemption
 from nmt.system.runtime import cap_onednn_cache, keep_freed_memory, release_freed_memory
-from nmt.training import distributed
 from nmt.training.activation_checkpointing import checkpoint_layers
 from nmt.training.batch_memory import fit_to_memory
 from nmt.training.compiled_step import LossModule, compile_loss, static_shapes
 from nmt.training.cpu_training import save_products_only, use_cpu_dropout
 from nmt.training.monitor import Monitor, StepStats
-from nmt.training.preemption import Preemption
 from nmt.training.resume import save, save_best, start, starting_state
 from nmt.training.run import (
     Data,

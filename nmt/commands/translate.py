@@ -59,9 +59,9 @@ from nmt.inference.rerank import Chooser
 from nmt.inference.scoring import Scores, score
 from nmt.inference.segment import AUTO, Segmented, auto_mode, sentence_splitter
 from nmt.inference.words import format_words
+from nmt.system import distributed
 from nmt.system.files import check_output, decode_line, read_lines, write_atomically
 from nmt.system.runtime import cap_onednn_cache, keep_freed_memory, usable_cores
-from nmt.training import distributed
 
 PROG = "nmt-translate"
 CHUNK_LINES = 1000  # interactive input: lines translated together at most

@@ -613,7 +613,7 @@ def simulated_run(model: str, vocab: int, *overrides: str):
     from nmt.config import TrainConfig, compose, to_object
     from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
     from nmt.data.vocab import Vocab
-    from nmt.training.distributed import DistInfo
+    from nmt.system.distributed import DistInfo
     from nmt.training.run import Data
 
     cfg = to_object(compose("train", [f"+model={model}", "data_dir=-", "run_dir=-",

@@ -27,7 +27,7 @@ from nmt.config import TrainConfig
 from nmt.data.batches import Batch
 from nmt.data.manifest import read_manifest
 from nmt.errors import NmtError
-from nmt.training import distributed
+from nmt.system import distributed
 from nmt.training.activation_checkpointing import checkpoint_layers
 from nmt.training.run import batch_loss, resolve_amp, training_precision
 from nmt.variants import build_model

@@ -18,8 +18,8 @@ from nmt.data.batches import Batch, EpochBatchIterator, ParallelData
 from nmt.data.manifest import Manifest
 from nmt.data.vocab import Vocab
 from nmt.errors import NmtError
+from nmt.system import distributed
 from nmt.system.runtime import cpu_bf16, warn_if_bf16_emulated
-from nmt.training import distributed
 from nmt.training.cpu_training import attention_kernels
 from nmt.training.loss import LabelSmoothedLoss
 from nmt.training.monitor import Monitor

@@ -1,7 +1,7 @@
 """When nmt-train stops: the reasons (Stop) and the state that decides between them (Stopping).
 
 A run ends at train.max_updates, at the end of optim.cooldown, after train.max_epochs, at
-train.max_minutes or by early stopping (train.patience); a stop signal (nmt.training.preemption)
+train.max_minutes or by early stopping (train.patience); a stop signal (nmt.system.preemption)
 stops it early, to be resumed. The clock and the signals are each rank's own, so they travel as
 flags (FLAGS): every update's statistics all-reduce carries this rank's (Stopping.flags), the
 host reads their sums at checks (every update on a CPU, every train.log_interval updates on a
@@ -22,8 +22,8 @@ from collections.abc import Sequence
 import torch
 
 from nmt.config import TrainConfig
-from nmt.training import distributed
-from nmt.training.preemption import Preemption
+from nmt.system import distributed
+from nmt.system.preemption import Preemption
 
 log = logging.getLogger("nmt.commands.train")
 

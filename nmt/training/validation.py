@@ -19,8 +19,8 @@ from nmt.errors import NmtError
 from nmt.inference.comet import Comet, load_comet, system_score
 from nmt.inference.scoring import read_references, score
 from nmt.inference.translator import Translator
+from nmt.system import distributed
 from nmt.system.files import read_lines
-from nmt.training import distributed
 from nmt.training.run import Run, batch_loss, fatal_out_of_memory
 from nmt.training.runlog import RunLog
 
