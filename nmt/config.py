@@ -57,7 +57,7 @@ def _check_min(node: object, prefix: str, low: float, *names: str) -> None:
 
 def _check_bleu_tokenize(value: str, key: str) -> None:
     """A sacreBLEU tokenizer that exists and can run here (e.g. ja-mecab needs sacrebleu[ja])."""
-    from nmt.inference.scoring import bleu_tokenize_error
+    from nmt.metrics.scoring import bleu_tokenize_error
 
     why = bleu_tokenize_error(value)
     _check(why is None, key, why or "")
@@ -594,13 +594,13 @@ class TrainConfig:
 
 
 # ----------------------------------------------------------------------------- translate
-MBR_UTILITIES = ("chrf", "bleu")  # sacreBLEU's utilities of nmt.inference.mbr (nmt-serve's too)
+MBR_UTILITIES = ("chrf", "bleu")  # sacreBLEU's utilities of nmt.metrics.mbr (nmt-serve's too)
 MBR_MAX_CANDIDATES = 32
 
 
 @dataclass
 class MbrConfig:
-    """Minimum Bayes risk selection (nmt.inference.mbr), nmt-translate's and nmt-serve's: of N
+    """Minimum Bayes risk selection (nmt.metrics.mbr), nmt-translate's and nmt-serve's: of N
     candidates per line, the one of highest expected utility against the others is written."""
 
     candidates: int = 0  # N: search.sampling's N samples, else beam search's N-best (0: off)
@@ -636,7 +636,7 @@ class TranslateConfig:
     input: str = "-"  # raw source text, a sentence a line; "-": stdin (a pipe: line by line)
     output: str = "-"  # translations, one a line, in input order; "-" is standard output
     ref: str = ""  # reference translations: print sacreBLEU BLEU and chrF
-    # A COMET model directory (nmt.inference.comet): a COMET-22 one prints COMET beside BLEU
+    # A COMET model directory (nmt.metrics.comet): a COMET-22 one prints COMET beside BLEU
     # and chrF (needs ref=) and is mbr.utility=comet's; a CometKiwi one adds a column of each
     # line's reference-free score (translation<TAB>score) and prints their mean.
     comet: str = ""

@@ -26,7 +26,7 @@ from nmt.commands.translate import translate
 from nmt.config import TranslateConfig, compose, to_object
 from nmt.inference import affine
 from nmt.inference.probes import kernel_report
-from nmt.inference.scoring import score
+from nmt.metrics.scoring import score
 from nmt.system.files import read_lines
 from nmt.system.runtime import cpu_bf16, cpu_flags
 

@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from test_browser import Browser  # noqa: E402
 
-from nmt.inference.scoring import score  # noqa: E402
+from nmt.metrics.scoring import score  # noqa: E402
 from nmt.system.files import read_lines  # noqa: E402
 
 TIMED = """(async () => { const out = [], ms = [];

@@ -27,9 +27,9 @@ from nmt.config import SearchConfig, ShortlistConfig
 from nmt.data.manifest import clean_text_path, read_manifest
 from nmt.inference.batches import plan_batches
 from nmt.inference.messages import Sentence
-from nmt.inference.scoring import score
 from nmt.inference.shortlist import load_shortlist, write_shortlist
 from nmt.inference.translator import Translator
+from nmt.metrics.scoring import score
 from nmt.system.files import read_lines
 
 

@@ -37,8 +37,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from nmt.config import ServeConfig
-from nmt.inference.scoring import score
 from nmt.inference.segment import Segmented, sentence_splitter, split_text
+from nmt.metrics.scoring import score
 from nmt.system.files import read_lines
 
 BIN = Path(sys.executable).parent

@@ -47,7 +47,7 @@ from nmt.config import SearchConfig
 from nmt.data.tokenizer import Specials, Tokenizer
 from nmt.inference.batches import translate_ids
 from nmt.inference.loading import load_model
-from nmt.inference.scoring import score
+from nmt.metrics.scoring import score
 from nmt.training.checkpoint import load_checkpoint
 
 ckpt, data = sys.argv[1], Path(sys.argv[2])

@@ -1,4 +1,4 @@
-"""COMET (nmt.inference.comet) against Unbabel's unbabel-comet 2.2.7, and where nmt uses it:
+"""COMET (nmt.metrics.comet) against Unbabel's unbabel-comet 2.2.7, and where nmt uses it:
 nmt-translate's scores and reference-free column, validation, MBR's utility, the preprocess
 filter.
 
@@ -17,16 +17,16 @@ import torch
 from translate_helpers import save_tiny_checkpoint, translate_config
 
 import nmt.data.cleaning
-import nmt.inference.comet as comet_module
-import nmt.inference.mbr
+import nmt.metrics.comet as comet_module
+import nmt.metrics.mbr
 import nmt.system.distributed
 import nmt.training.validation
 from nmt.commands.train import build_run, load_data
 from nmt.commands.translate import translate
 from nmt.config import CleanConfig, ServeConfig, TrainConfig, compose, to_object
 from nmt.errors import ConfigError, NmtError
-from nmt.inference.comet import load_comet, read_model_dir, sparsemax
-from nmt.inference.mbr import comet_utilities
+from nmt.metrics.comet import load_comet, read_model_dir, sparsemax
+from nmt.metrics.mbr import comet_utilities
 from nmt.testing.comet_models import FORMS, LINES, build, checksum
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -174,7 +174,7 @@ def test_translate_mbr_with_comet(tiny_data_dir, tmp_path, models, test_en, monk
     ckpt = save_tiny_checkpoint(tmp_path / "m.pt", (tiny_data_dir / "spm.model").read_bytes())
     seen = []
     real = comet_utilities
-    monkeypatch.setattr(nmt.inference.mbr, "comet_utilities",  # rerank imports it when used
+    monkeypatch.setattr(nmt.metrics.mbr, "comet_utilities",  # rerank imports it when used
                         lambda c, s, t: seen.append((s, t)) or real(c, s, t))
     out = tmp_path / "hyp"
     translate(config(checkpoint=ckpt, input=test_en, output=out,

@@ -16,7 +16,7 @@ NMT = ROOT / "nmt"
 LAYERS = [
     # the errors, the config schema and what it checks against; no torch
     {"nmt.errors", "nmt.config_errors", "nmt.config", "nmt.system.files", "nmt.system.runtime",
-     "nmt.inference.capabilities", "nmt.inference.scoring", "nmt.inference.segment",
+     "nmt.inference.capabilities", "nmt.metrics.scoring", "nmt.inference.segment",
      "nmt.inference.markup", "nmt.inference.markup_parse", "nmt.inference.markup_restore",
      "nmt.inference.terms",
      "nmt.inference.messages", "nmt.inference.words", "nmt.data.vocab", "nmt.data.manifest",
@@ -36,8 +36,8 @@ LAYERS = [
      "nmt.inference.decoder", "nmt.inference.lengths", "nmt.inference.admission",
      "nmt.inference.core", "nmt.inference.batches",
      "nmt.inference.workers", "nmt.inference.constrained", "nmt.inference.stepping",
-     "nmt.inference.loading", "nmt.inference.mbr", "nmt.inference.shortlist",
-     "nmt.inference.comet",
+     "nmt.inference.loading", "nmt.metrics.mbr", "nmt.inference.shortlist",
+     "nmt.metrics.comet",
      "nmt.inference.glossary",
      "nmt.training.plot", "nmt.training.runlog", "nmt.data.batches", "nmt.interop.hf_files",
      "nmt.interop.marian", "nmt.interop.m2m100", "nmt.interop.ct2_model"},
@@ -79,8 +79,8 @@ PIPELINE_INNER = {
     "nmt.inference.words": {"words"},
 }
 FRONT_ENDS = {"nmt.commands.translate", "nmt.serve.service"}
-PACKAGES = {"nmt.cli", "nmt.commands", "nmt.data", "nmt.inference", "nmt.interop", "nmt.serve",
-            "nmt.system", "nmt.testing", "nmt.training"}
+PACKAGES = {"nmt.cli", "nmt.commands", "nmt.data", "nmt.inference", "nmt.interop", "nmt.metrics",
+            "nmt.serve", "nmt.system", "nmt.testing", "nmt.training"}
 
 
 def module_name(path: Path) -> str:

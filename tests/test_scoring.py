@@ -1,5 +1,5 @@
 """Scoring options: sacreBLEU's tokenizer and several references, in nmt-translate and in
-validation, through the one scorer nmt.inference.scoring.score."""
+validation, through the one scorer nmt.metrics.scoring.score."""
 
 import shutil
 from pathlib import Path
@@ -13,7 +13,7 @@ from nmt.commands.train import build_run, load_data
 from nmt.commands.translate import translate
 from nmt.config import TrainConfig, TranslateConfig, compose, to_object
 from nmt.errors import ConfigError, NmtError
-from nmt.inference.scoring import Scores, bleu_tokenize_error, score
+from nmt.metrics.scoring import Scores, bleu_tokenize_error, score
 from nmt.training.validation import valid_bleu
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -15,8 +15,8 @@ from nmt.commands.translate import translate
 from nmt.data.tokenizer import vocab_sha256
 from nmt.errors import NmtError
 from nmt.inference.batches import translate_ids
-from nmt.inference.scoring import score
 from nmt.inference.translator import Translator
+from nmt.metrics.scoring import score
 from nmt.training.checkpoint import load_checkpoint, save_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")

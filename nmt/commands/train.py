@@ -50,7 +50,7 @@ from nmt.data.manifest import Manifest, directions, read_manifest
 from nmt.data.tokenizer import Tokenizer, vocab_sha256
 from nmt.data.vocab import Vocab
 from nmt.errors import NmtError
-from nmt.inference.scoring import read_references
+from nmt.metrics.scoring import read_references
 from nmt.model import count_parameters
 from nmt.system import distributed, private_ops
 from nmt.system.preemption import Preemption

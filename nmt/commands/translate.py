@@ -4,7 +4,7 @@ Reads raw lines (a file or standard input), encodes them with the SentencePiece 
 the checkpoint, translates them in length-sorted token-budget batches (nmt.inference) with
 one model or an ensemble, and writes one detokenized line per input line, in input order (or
 `i ||| hypothesis ||| score` lines when search.nbest > 1). With ref=..., prints sacreBLEU BLEU
-and chrF with their signatures (the scorer of validation, nmt.inference.scoring) to stderr; stdout
+and chrF with their signatures (the scorer of validation, nmt.metrics.scoring) to stderr; stdout
 carries only translations. score_reference=true writes `log P<TAB>score<TAB>|Y|` per given
 pair instead. constraints=FILE gives each input line target phrases its translation must
 contain (lexically constrained beam search, nmt.inference.constrained); glossary=FILE and keep=FILE
@@ -21,7 +21,7 @@ pieces, and puts the translations back in the line with the spaces between them
 its sentences translated whole and each tag put back where the alignment puts its words
 (nmt.inference.markup). mbr.candidates=N or rerank.model=CKPT write, of each line's (or
 piece's) candidates, the one chosen by minimum Bayes risk or by reranking (nmt.inference.rerank).
-comet=DIR (nmt.inference.comet): a COMET-22 model prints COMET beside BLEU and chrF (ref=), and
+comet=DIR (nmt.metrics.comet): a COMET-22 model prints COMET beside BLEU and chrF (ref=), and
 is mbr.utility=comet's; a CometKiwi model adds each line's reference-free score as a TAB column
 and prints their mean. Everything between text and tokens (split, markup, language tokens,
 glossary terms, the cut, MBR or reranking, tags and terms put back, pieces rejoined, word
@@ -48,7 +48,6 @@ from nmt.data.vocab import Vocab
 from nmt.errors import ConfigError, NmtError
 from nmt.inference import pipeline
 from nmt.inference.align import align, check_layer, pharaoh
-from nmt.inference.comet import Comet, load_comet, system_score
 from nmt.inference.constrained import missing_phrases
 from nmt.inference.engine import Engine, check_vocab, open_translator
 from nmt.inference.glossary import Glossary
@@ -56,9 +55,10 @@ from nmt.inference.markup import Document
 from nmt.inference.messages import Hypothesis
 from nmt.inference.pipeline import Options, Prepared, TextResult
 from nmt.inference.rerank import Chooser
-from nmt.inference.scoring import Scores, score
 from nmt.inference.segment import AUTO, Segmented, auto_mode, sentence_splitter
 from nmt.inference.words import format_words
+from nmt.metrics.comet import Comet, load_comet, system_score
+from nmt.metrics.scoring import Scores, score
 from nmt.system import distributed
 from nmt.system.files import check_output, decode_line, read_lines, write_atomically
 from nmt.system.runtime import cap_onednn_cache, keep_freed_memory, usable_cores

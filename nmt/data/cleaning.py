@@ -127,7 +127,7 @@ class QualityFilter:
             return None
         import torch
 
-        from nmt.inference.comet import load_comet
+        from nmt.metrics.comet import load_comet
 
         comet = load_comet(clean.comet_qe, "cuda" if torch.cuda.is_available() else "cpu")
         if comet.spec.needs_reference:

@@ -4,4 +4,5 @@ workers (workers.py); the decoding core (core.py: one step loop, with the models
 decoder.py, the rules in rules.py, constraints in constrained.py) that batch translation
 (batches.py) and continuous batching (stepping.py) drive; the CTranslate2 engine
 (ct2_engine.py) over its export (nmt.interop.ct2_export); what goes with a translation: the
-shortlist, alignments, attention maps, MBR and reranking, document pieces, scores."""
+shortlist, alignments, attention maps, MBR's and reranking's choice (the metrics they score
+with: nmt.metrics), document pieces."""

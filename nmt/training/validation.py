@@ -16,9 +16,9 @@ from nmt.data.batches import EpochBatchIterator
 from nmt.data.manifest import Section, clean_text_path, directions
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NmtError
-from nmt.inference.comet import Comet, load_comet, system_score
-from nmt.inference.scoring import read_references, score
 from nmt.inference.translator import Translator
+from nmt.metrics.comet import Comet, load_comet, system_score
+from nmt.metrics.scoring import read_references, score
 from nmt.system import distributed
 from nmt.system.files import read_lines
 from nmt.training.run import Run, batch_loss, fatal_out_of_memory

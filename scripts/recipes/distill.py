@@ -42,7 +42,7 @@ from nmt.checkpoint import Checkpoint
 from nmt.commands.translate import translate
 from nmt.config import TranslateConfig, compose, to_object
 from nmt.errors import NmtError
-from nmt.inference.mbr import closest
+from nmt.metrics.mbr import closest
 from nmt.system.files import read_lines, write_atomically
 
 

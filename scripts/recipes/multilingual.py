@@ -13,7 +13,7 @@ import functools
 import importlib.util
 from pathlib import Path
 
-from nmt.inference.scoring import score
+from nmt.metrics.scoring import score
 from nmt.system.files import read_lines
 from nmt.training.checkpoint import load_checkpoint
 
