@@ -22,6 +22,7 @@ from nmt.config import SearchConfig, TranslateConfig, compose, to_object
 from nmt.data.tokenizer import train_bpe
 from nmt.errors import ConfigError, NmtError
 from nmt.inference.ct2_engine import CT2Translator
+from nmt.inference.engine import Workers
 from nmt.inference.messages import Batch, Hypothesis, Sentence
 from nmt.inference.translator import Translator
 from nmt.interop.ct2_export import cached_export, read_info
@@ -139,6 +140,7 @@ def test_nmt_serves_batches_go_to_ctranslate2s_own_threads(ckpt, engines):
     search = SearchConfig(beam_size=1, max_len_a=0.0, max_len_b=MAX_LEN)
     with CT2Translator.load(ckpt, workers=2, threads=1) as ct:
         pool = ct.stepper()
+        assert isinstance(pool, Workers)  # the engine protocol's type
         assert ct.ct2.num_translators == 2 and pool.workers == 2 and not pool.processes
         halves = [src[i::2] for i in range(2)]
         for w, half in enumerate(halves):

@@ -5,6 +5,7 @@ decoding nmt-translate's batches and running nmt-serve's loops."""
 import multiprocessing as mp
 import os
 import signal
+import typing
 from concurrent.futures import FIRST_COMPLETED, wait
 
 import pytest
@@ -14,7 +15,7 @@ from translate_helpers import save_tiny_checkpoint
 from nmt.config import SearchConfig
 from nmt.errors import ConfigError, NmtError
 from nmt.inference.capabilities import ENGINES
-from nmt.inference.engine import check_vocab, open_translator
+from nmt.inference.engine import Engine, Workers, check_vocab, open_translator
 from nmt.inference.messages import Batch, Done, Sentence
 from nmt.inference.translator import Translator
 
@@ -70,6 +71,7 @@ def test_one_pool_decodes_batches_then_runs_the_serving_loops(ckpt):
         batch = tr.translate_ids([[4, 5, 6]] * 2, SEARCH)  # one batch per worker
         pool = tr.stepper()
         assert pool is tr.pool and tr.stepper() is pool  # started once
+        assert isinstance(pool, Workers)  # the engine protocol's type, not a concrete class
         for whole in (False, True):
             answers = loop_answers(pool, 2, whole)
             assert {p.pid for p in mp.active_children()} == children
@@ -82,11 +84,19 @@ def test_one_pool_decodes_batches_then_runs_the_serving_loops(ckpt):
     assert mp.active_children() == []
 
 
+def test_the_stepper_is_typed_by_a_protocol_not_the_pool_class():
+    """Engine.stepper gives Workers (what nmt-serve uses of a pool: both engines' pools
+    satisfy it, the tests below), not a concrete class."""
+    assert typing.get_type_hints(Engine.stepper)["return"] is Workers
+    assert not isinstance(object(), Workers)
+
+
 def test_one_worker_is_one_thread_for_batches_and_loops(ckpt):
     with Translator.load(ckpt, dtype="fp32", workers=1) as tr:
         assert not tr.pool.processes and tr.workers == 1 and mp.active_children() == []
         batch = tr.translate_ids([[4, 5, 6]], SEARCH)
         done, = loop_answers(tr.stepper(), 1)
+        assert isinstance(tr.stepper(), Workers)
         assert isinstance(done, Done) and done.worker == 0
         assert [h.tokens for h in done.results[0].hypotheses] == [h.tokens for h in batch[0]]
 

@@ -16,9 +16,8 @@ from fastapi import FastAPI
 
 from nmt.config import SearchConfig, ServeConfig
 from nmt.errors import NmtError
-from nmt.inference.engine import check_vocab, open_translator
+from nmt.inference.engine import Workers, check_vocab, open_translator
 from nmt.inference.messages import Batch, Failed, Sentence
-from nmt.inference.workers import WorkerPool
 from nmt.serve.app import create_app
 from nmt.serve.libretranslate import KEY_FIELDS
 from nmt.serve.many import create_models_app
@@ -154,7 +153,7 @@ def open_service(entry: ModelEntry, cfg: ServeConfig, device: torch.device,
         raise
 
 
-def warm_up(pool: WorkerPool, dtype: str, compile: bool = False) -> None:
+def warm_up(pool: Workers, dtype: str, compile: bool = False) -> None:
     """Decode one short sentence on every worker (a process's first steps are slower; with
     search.compile two, which compiles the step of several rows); NmtError if a worker fails
     or does not answer within a minute (ten with search.compile)."""

@@ -11,7 +11,7 @@ loading, the engine again when it is asked, each a one-line ConfigError naming t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -24,9 +24,30 @@ from nmt.inference.capabilities import Capabilities
 from nmt.inference.messages import Hypothesis
 from nmt.inference.shortlist import load_shortlist
 from nmt.inference.translator import Translator
-from nmt.inference.workers import WorkerPool
 from nmt.interop.argos import is_package
 from nmt.system.runtime import warn_if_bf16_emulated
+
+
+@runtime_checkable
+class Workers(Protocol):
+    """An engine's workers running nmt-serve's loops (Engine.stepper): what nmt-serve's Batcher,
+    its warm-up and its health check use of them. nmt's WorkerPool (nmt.inference.workers)
+    is the one implementation, for both engines."""
+
+    workers: int  # loops, one inbox each
+    processes: bool  # the loops run in forked processes (else in threads of this one)
+
+    def send(self, worker: int, message) -> None:
+        """Put a message (a Batch, or STOP) in a worker's inbox."""
+
+    def read(self, timeout: float | None = None):
+        """The next message any loop put in the outbox; queue.Empty after `timeout` seconds."""
+
+    def dead(self) -> str:
+        """Why the loops cannot run any more; "" while they all run."""
+
+    def close(self) -> None:
+        """Stop the loops, then the workers."""
 
 
 class Engine(Protocol):
@@ -71,7 +92,7 @@ class Engine(Protocol):
                   ) -> dict[str, Tensor]:
         """Teacher-forced attention weights per kind, (B, N, h, T_q, T_k) each."""
 
-    def stepper(self) -> WorkerPool:
+    def stepper(self) -> Workers:
         """The workers running nmt-serve's loops (nmt.inference.stepping), started once."""
 
     def close(self) -> None:

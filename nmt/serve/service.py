@@ -16,14 +16,13 @@ from nmt.config import RerankConfig, SearchConfig, ServeConfig, check_markup_ins
 from nmt.data.languages import LanguageChoice, choose, language_id, recorded_pair
 from nmt.errors import ConfigError
 from nmt.inference import pipeline
-from nmt.inference.engine import Engine
+from nmt.inference.engine import Engine, Workers
 from nmt.inference.glossary import Glossary, request_entries
 from nmt.inference.messages import Hypothesis, Sentence
 from nmt.inference.pipeline import Options, PieceError, PieceResult, Prepared, TextResult
 from nmt.inference.rerank import Chooser, mbr_comet
 from nmt.inference.segment import AUTO, auto_mode, sentence_splitter
 from nmt.inference.strategies import use_beams
-from nmt.inference.workers import WorkerPool
 from nmt.serve import libretranslate
 from nmt.serve.api_keys import ApiKeys
 from nmt.serve.batcher import Admission, Batcher, BatcherStopped, QueueFull
@@ -77,7 +76,7 @@ class Service:
         for key in ("tgt_lang", "src_lang") if self.forced else ("tgt_lang",):
             if entry and getattr(cfg, key):  # a request's default: checked at start
                 language_id(entry, key, getattr(cfg, key), cfg.checkpoint)
-        self.stepper: WorkerPool = translator.stepper()  # checked: the loops start
+        self.stepper: Workers = translator.stepper()  # checked: the loops start
         admission = Admission(cfg.continuous, cfg.search.max_tokens, cfg.search.max_sentences,
                               cfg.max_wait_ms / 1000)
         self.batcher = Batcher(self.stepper.send, self.stepper.read, self.workers, admission,
