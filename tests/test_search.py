@@ -20,14 +20,18 @@ from nmt.config import SearchConfig
 from nmt.data.tokenizer import Specials
 from nmt.errors import ConfigError, NmtError
 from nmt.inference.batches import (
+    BatchJob,
     Hypothesis,
+    decoding_models,
     length_penalty,
     pad_batch,
+    plan_batches,
     score_pairs,
     search_batch,
     translate_ids,
     translate_nbest,
 )
+from nmt.inference.messages import Sentence
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -390,3 +394,19 @@ def test_scoring_a_greedy_output_gives_its_log_probability(model, sources):
             ended += 1
             assert s.logprob == pytest.approx(h[0].logprob, abs=1e-4)
     assert ended >= 3
+
+
+def test_pair_scoring_reads_each_sentences_target_not_its_prefix(model, sources):
+    """A scored Sentence carries its target in its own field: a forced prefix beside it is
+    not what is scored, and batches are planned by the longer of source and target."""
+    cfg = search(beam_size=1)
+    targets = [h[0].tokens for h in run(model, sources[:4], cfg)]
+    job = BatchJob(decoding_models(model, cfg), cfg, SPECIALS, torch.device("cpu"), score=True)
+    got = job([Sentence(i, s, prefix=[5], target=t)
+               for i, (s, t) in enumerate(zip(sources[:4], targets, strict=True))])
+    want = score_pairs(model, sources[:4], targets, cfg, SPECIALS)
+    assert [h.tokens for h, in got] == targets
+    assert [h.logprob for h, in got] == pytest.approx([h.logprob for h in want], abs=1e-4)
+    long = [Sentence(i, [4], target=[4] * 99) for i in range(2)]
+    assert plan_batches(long, SearchConfig(max_tokens=150), score=True) == [[0], [1]]
+    assert plan_batches(long, SearchConfig(max_tokens=150)) == [[0, 1]]  # searched: sources

@@ -35,17 +35,18 @@ def align(engine: Engine, src_ids: list[list[int]], out_ids: list[list[int]],
     layer: which decoder layer's attention (-1: the last, fairseq's choice)."""
     engine.capabilities.check("alignment")
     layer = check_layer(engine, layer)
-    items = [Sentence(i, s, y) for i, (s, y) in enumerate(zip(src_ids, out_ids, strict=True))
+    items = [Sentence(i, s, target=y)
+             for i, (s, y) in enumerate(zip(src_ids, out_ids, strict=True))
              if s and y]  # nothing to link without a source or an output piece (y: the output)
     links: list[list[tuple[int, int]]] = [[] for _ in src_ids]
     search = SearchConfig(max_tokens=max_tokens)
     for batch in plan_batches(items, search, score=True):
         pairs = [items[b] for b in batch]
         weights = engine.attention([p.src for p in pairs],
-                                   [p.prefix for p in pairs])["encoder_decoder"]
+                                   [p.target for p in pairs])["encoder_decoder"]
         heads = weights[:, layer].mean(1)  # (B, T_q, T_k): the layer's heads averaged
         for row, p in zip(heads, pairs, strict=True):
-            best = row[:len(p.prefix), :len(p.src)].argmax(-1)  # (|y|,): neither EOS nor PAD
+            best = row[:len(p.target), :len(p.src)].argmax(-1)  # (|y|,): neither EOS nor PAD
             links[p.tag] = [(j, t) for t, j in enumerate(best.tolist())]
     return links
 

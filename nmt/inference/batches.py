@@ -102,12 +102,12 @@ class BatchJob:
     scores: bool = True  # the hypotheses' scores are wanted (decode_all's)
 
     def __call__(self, items: list[Sentence]) -> list[list[Hypothesis]]:
-        """Sentences -> their hypotheses, in order (scoring: each Sentence's prefix is the
-        whole target scored)."""
+        """Sentences -> their hypotheses, in order (scoring: each Sentence's target is
+        scored)."""
         eos, pad = self.specials.eos, self.specials.pad
         if self.score:
             src = pad_batch([s.src + [eos] for s in items], pad, self.device)
-            tgt = pad_batch([s.prefix + [eos] for s in items], pad, self.device)
+            tgt = pad_batch([s.target + [eos] for s in items], pad, self.device)
             return [[h] for h in score_batch(self.models, src, tgt, self.search, self.specials)]
         return decode_all(self.models, items, self.search, self.specials, self.device,
                           self.use_cache, self.continuations,
@@ -144,12 +144,13 @@ def decoding_models(model, search: SearchConfig, fast: bool = True) -> list:
 def plan_batches(items: list[Sentence], search: SearchConfig,
                  score: bool = False, workers: int = 1) -> list[list[int]]:
     """Length-sorted token-budget batches of items (lists of their indices): longest first, so
-    that a batch's first item sets its width. workers > 1: at least one batch per worker."""
+    that a batch's first item sets its width (score: the longer of source and target).
+    workers > 1: at least one batch per worker."""
     per_batch = search.max_sentences
     if workers > 1:
         share = -(-len(items) // workers)
         per_batch = min(per_batch or share, share)
-    lengths = np.array([max(len(s.src), len(s.prefix) if score else 0) + 1 for s in items],
+    lengths = np.array([max(len(s.src), len(s.target) if score else 0) + 1 for s in items],
                        dtype=np.int64)
     order = np.argsort(-lengths, kind="stable")
     return [b.tolist() for b in batch_by_tokens(order, lengths, lengths, search.max_tokens,
@@ -223,7 +224,8 @@ def score_pairs(model, src_ids: list[list[int]], tgt_ids: list[list[int]], searc
     (no BOS/EOS), batched like translate_nbest, in input order."""
     models = decoding_models(model, search, fast)
     job = BatchJob(models, search, specials, torch.device(device), score=True)
-    items = [Sentence(i, s, y) for i, (s, y) in enumerate(zip(src_ids, tgt_ids, strict=True))]
+    items = [Sentence(i, s, target=y)
+             for i, (s, y) in enumerate(zip(src_ids, tgt_ids, strict=True))]
     return [hyps[0] for hyps in run(job, items, progress)]
 
 

@@ -25,13 +25,15 @@ class Hypothesis:
 class Sentence:
     """One sentence to decode: what comes back with its hypotheses (`tag`), its source ids (no
     BOS/EOS), forced prefix ids, phrases every output must contain and input line number
-    (which seeds its samples)."""
+    (which seeds its samples); or, to be scored or aligned instead (pair scoring, teacher
+    forcing), its whole target's ids (no BOS/EOS)."""
 
     tag: object
     src: list[int]
     prefix: list[int] = field(default_factory=list)
     phrases: list[list[int]] = field(default_factory=list)
     line: int = 0
+    target: list[int] = field(default_factory=list)
 
 
 def search_key(search: SearchConfig) -> tuple:
