@@ -23,7 +23,7 @@ from translate_helpers import fine_tune_imported, mean_nll
 from nmt.commands.export import export
 from nmt.commands.import_ import import_model
 from nmt.config import ExportConfig, ImportConfig, SearchConfig
-from nmt.data.tokenizer import train_bpe
+from nmt.data.tokenizer import Tokenizer, train_bpe
 from nmt.errors import NmtError
 from nmt.inference.batches import translate_ids
 from nmt.inference.translator import Translator
@@ -171,9 +171,12 @@ def test_an_argos_package_imports_with_its_sentencepiece_model_and_pair(
     assert not (tmp_path / "b.pt").exists()
 
 
-def test_an_opennmt_style_vocabulary_decodes_as_ctranslate2_does(spm, checkpoint, tmp_path):
-    """OpenNMT-py's vocabulary (<unk>, <blank> the padding, <s>, </s>, then the pieces in
-    its own order, not the SentencePiece model's) beside a sentencepiece.model."""
+def opennmt_style_model(checkpoint: Path, spm: bytes, out: Path, source_eos: bool = True
+                        ) -> Path:
+    """The checkpoint as an OpenNMT-py conversion lays it out in `out`/model: its vocabulary
+    (<unk>, <blank> the padding, <s>, </s>, then the pieces in its own order, not the
+    SentencePiece model's) beside a sentencepiece.model; source_eos: config.json's
+    add_source_eos (OpenNMT-py's conversions: false)."""
     from nmt.data.tokenizer import Specials
     from nmt.interop.ct2_export import ctranslate2_spec
 
@@ -186,26 +189,69 @@ def test_an_opennmt_style_vocabulary_decodes_as_ctranslate2_does(spm, checkpoint
     model = tr.model
     with torch.no_grad():
         model.generator.weight.copy_(model.generator.weight[order])  # tied: every matrix
-    spec = ctranslate2_spec(model, tokens, tokens, Specials(bos=2, eos=3, pad=1))
+    spec = ctranslate2_spec(model, tokens, tokens, Specials(2, 3, 1, source_eos))
     spec.config.unk_token = "<unk>"
     spec.validate()
     spec.optimize()
-    (tmp_path / "model").mkdir()
-    spec.save(str(tmp_path / "model"))
-    (tmp_path / "model" / "sentencepiece.model").write_bytes(spm["joint"])
-    out = import_model(ImportConfig(input=str(tmp_path / "model"), output=str(tmp_path / "o.pt")))
-    text = list(bundled_sentences())
-    sources = tr.src_tok.sp.encode(text, out_type=str)
-    translator = ctranslate2.Translator(str(tmp_path / "model"), device="cpu", intra_threads=1)
-    expected = [r.hypotheses[0] for r in translator.translate_batch(
+    (out / "model").mkdir(parents=True)
+    spec.save(str(out / "model"))
+    (out / "model" / "sentencepiece.model").write_bytes(spm)
+    return out / "model"
+
+
+def ct2_greedy(model: Path, sources: list[list[str]]) -> list[list[str]]:
+    """CTranslate2's own greedy output pieces of the model for these source pieces."""
+    translator = ctranslate2.Translator(str(model), device="cpu", intra_threads=1)
+    return [r.hypotheses[0] for r in translator.translate_batch(
         sources, beam_size=1, max_decoding_length=MAX_LEN)]
+
+
+def imported_greedy(checkpoint: Path, text: list[str], **specials) -> list[list[str]]:
+    """The imported checkpoint's greedy output pieces for these lines (specials: its Specials
+    replaced)."""
+    imported = Translator.load(checkpoint, dtype=None)
+    got = translate_ids(imported.model, imported.src_tok.encode(text), search(),
+                        imported.specials._replace(**specials))
+    return [[imported.tgt_tok.sp.id_to_piece(i) for i in ids] for ids in got]
+
+
+def test_an_opennmt_style_vocabulary_decodes_as_ctranslate2_does(spm, checkpoint, tmp_path):
+    """OpenNMT-py's vocabulary order and names: the import gives CTranslate2's output."""
+    model = opennmt_style_model(checkpoint, spm["joint"], tmp_path)
+    out = import_model(ImportConfig(input=str(model), output=str(tmp_path / "o.pt")))
+    text = list(bundled_sentences())
+    expected = ct2_greedy(model, Tokenizer(spm["joint"]).sp.encode(text, out_type=str))
     assert len({tuple(h) for h in expected}) > len(expected) // 4, "outputs ignore the source"
-    imported = Translator.load(out, dtype=None)
     vocab = load_checkpoint(out)["vocab"]
     assert (vocab["unk_id"], vocab["pad_id"], vocab["bos_id"], vocab["eos_id"]) == (0, 1, 2, 3)
-    got = translate_ids(imported.model, imported.src_tok.encode(text), search(),
-                        imported.specials)
-    assert [[imported.tgt_tok.sp.id_to_piece(i) for i in ids] for ids in got] == expected
+    assert imported_greedy(out, text) == expected
+
+
+def test_a_model_trained_without_source_eos_gets_none(spm, checkpoint, tmp_path, capsys,
+                                                     monkeypatch):
+    """add_source_eos=false (OpenNMT-py's conversions, most Argos packages): the import's
+    sources end without </s> and give CTranslate2's greedy output; so does the model served
+    as an Argos package; with </s> appended (the old import) the output is another."""
+    from nmt.inference.engine import open_translator
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    model = opennmt_style_model(checkpoint, spm["joint"], tmp_path / "translate-en_de-1_0",
+                                source_eos=False)
+    (model.parent / "metadata.json").write_text('{"from_code": "en", "to_code": "de"}')
+    (model / "sentencepiece.model").rename(model.parent / "sentencepiece.model")
+    out = import_model(ImportConfig(input=str(model.parent), output=str(tmp_path / "o.pt")))
+    said = capsys.readouterr().out
+    assert "sources without </s> (add_source_eos=false)" in said, said[:400]
+    assert load_checkpoint(out)["vocab"]["source_eos"] is False
+    text = list(bundled_sentences())[:32]
+    expected = ct2_greedy(model, Tokenizer(spm["joint"]).sp.encode(text, out_type=str))
+    assert imported_greedy(out, text) == expected
+    assert imported_greedy(out, text, source_eos=True) != expected
+    with open_translator("ctranslate2", [str(model.parent)], torch.device("cpu"),
+                         threads=1) as served:
+        assert served.vocab.source_eos is False
+        got = served.translate_ids(served.src_tok.encode(text), search())
+        assert [served.tgt_tok.sp.id_to_piece(h[0].tokens) for h in got] == expected
 
 
 # ----------------------------------------------------------------------------- MarianMT

@@ -25,11 +25,18 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
 
 class Specials(NamedTuple):
-    """The special ids a search needs: BOS starts an output, EOS ends a sentence, PAD fills."""
+    """The special ids a search needs: BOS starts an output, EOS ends a sentence, PAD fills;
+    source_eos: whether EOS ends a source too (the checkpoint's Vocab.source_eos)."""
 
     bos: int
     eos: int
     pad: int
+    source_eos: bool = True
+
+    def source(self, ids: Sequence[int]) -> list[int]:
+        """A source's ids as the encoder takes them: EOS appended unless the model was trained
+        without it."""
+        return [*ids, self.eos] if self.source_eos else list(ids)
 
     @property
     def banned(self) -> tuple[int, ...]:

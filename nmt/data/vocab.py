@@ -22,7 +22,9 @@ PROTOS = ("src_spm", "tgt_spm")  # what a checkpoint holds and nmt.json leaves o
 
 @dataclass(frozen=True, kw_only=True)
 class Vocab:
-    """A checkpoint's vocabulary; a field that is None is absent from its dict."""
+    """A checkpoint's vocabulary; an optional field at its default (None, source_eos True) is
+    absent from its dict, so that older checkpoints' dicts and nmt.json read back as they
+    were."""
 
     src_size: int  # source pieces: the rows of the source embedding
     tgt_size: int  # target pieces: the rows of the output layer
@@ -36,11 +38,12 @@ class Vocab:
     tgt_spm: bytes | None = None  # the target SentencePiece model (nmt.json leaves it out)
     languages: dict[str, Any] | None = None  # a multilingual model's (nmt.data.languages)
     pair: dict[str, str] | None = None  # a bilingual model's src_lang and tgt_lang (its data's)
+    source_eos: bool = True  # sources end with EOS (False: most OpenNMT-py models, CTranslate2's)
 
     def to_dict(self) -> dict[str, Any]:
-        """The checkpoint's dict of this vocabulary: every field that is not None."""
-        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return {name: value for name, value in values.items() if value is not None}
+        """The checkpoint's dict of this vocabulary: every field not at its optional default."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) is not None and getattr(self, f.name) != f.default}
 
     @classmethod
     def from_dict(cls, entry: dict[str, Any], where: str, protos: bool = True) -> Vocab:

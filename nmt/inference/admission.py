@@ -55,8 +55,8 @@ class Admission:
         todo = [s for s in sentences if empty_source(s) is None]
         if todo:
             self._check(todo, candidates)
-            eos, pad = self.specials.eos, self.specials.pad
-            src = pad_batch([s.src + [eos] for s in todo], pad, self.device)  # (n, S)
+            pad = self.specials.pad
+            src = pad_batch([self.specials.source(s.src) for s in todo], pad, self.device)
             compact = in_columns(todo, candidates)
             new = Decoder(self.models, src, self.use_cache, candidates, compact)  # may fail first
             columns = Columns(*candidates) if compact else None

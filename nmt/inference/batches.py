@@ -106,7 +106,7 @@ class BatchJob:
         scored)."""
         eos, pad = self.specials.eos, self.specials.pad
         if self.score:
-            src = pad_batch([s.src + [eos] for s in items], pad, self.device)
+            src = pad_batch([self.specials.source(s.src) for s in items], pad, self.device)
             tgt = pad_batch([s.target + [eos] for s in items], pad, self.device)
             return [[h] for h in score_batch(self.models, src, tgt, self.search, self.specials)]
         return decode_all(self.models, items, self.search, self.specials, self.device,

@@ -35,8 +35,8 @@ class LoadedCheckpoint:
 
     @property
     def specials(self) -> Specials:
-        """The target tokenizer's BOS, EOS and PAD ids."""
-        return self.tgt_tok.specials
+        """The target tokenizer's BOS, EOS and PAD ids, and whether sources end with EOS."""
+        return self.tgt_tok.specials._replace(source_eos=self.vocab.source_eos)
 
     def describe(self) -> str:
         """One phrase on the model: its norm, layers and vocabularies."""

@@ -71,7 +71,8 @@ class Translator:
         self.vocab = vocab if checkpoint else None
         self.src_tok = Tokenizer(vocab.src_spm) if checkpoint else None
         self.tgt_tok = Tokenizer(vocab.tgt_spm) if checkpoint else None
-        self.specials = self.tgt_tok.specials if checkpoint else vocab
+        self.specials = self.tgt_tok.specials._replace(source_eos=vocab.source_eos) if (
+            checkpoint) else vocab
         self.continuations = self.tgt_tok.word_continuations() if self.tgt_tok else None
         self.preparations = 0  # models prepared so far (one per dtype, compiled or not)
         self.fast, self.use_cache = fast and use_cache, use_cache
@@ -165,9 +166,10 @@ class Translator:
         pair's own length are padding's: keys of padding get weight 0). An output as long as the
         positions allow (it ended there, without EOS) is fed without its last piece: its last
         row, EOS's otherwise, is that piece's (T_q = min(|y| + 1, max_input_tokens + 1))."""
-        model, (bos, eos, pad) = self.model, self.specials
+        model, specials = self.model, self.specials
+        bos, pad = specials.bos, specials.pad
         fits = self.max_input_tokens  # the positions less BOS's
-        src = pad_batch([list(s) + [eos] for s in src_ids], pad, self.device)  # (B, S)
+        src = pad_batch([specials.source(s) for s in src_ids], pad, self.device)  # (B, S)
         tgt_in = pad_batch([[bos] + list(y)[:fits] for y in out_ids], pad, self.device)  # (B, T)
         with self._attention:
             was_training = model.training

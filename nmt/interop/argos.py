@@ -244,7 +244,8 @@ def package_vocabulary(pkg: ArgosPackage) -> ModelVocabulary:
                   pad_id=specials.pad, unk_id=tgt.sp.unk_id(), bos_id=specials.bos,
                   eos_id=specials.eos, sha256=vocab_sha256(src.proto, tgt.proto),
                   src_spm=src.proto, tgt_spm=tgt.proto,
-                  pair={"src_lang": pkg.from_code, "tgt_lang": pkg.to_code})
+                  pair={"src_lang": pkg.from_code, "tgt_lang": pkg.to_code},
+                  source_eos=bool(config.get("add_source_eos", False)))  # as CTranslate2
     banned = tuple(i for i in specials.banned if i < size)  # a PAD after them is not CT2's
     return ModelVocabulary(vocab, src, tgt, _max_positions(header.shapes), forced, banned)
 

@@ -81,7 +81,7 @@ def ctranslate2_spec(model: Transformer, src_vocab: list[str], tgt_vocab: list[s
     spec = TransformerSpec.from_config((cfg.N, cfg.decoder_layers), cfg.h, pre_norm=pre,
                                        activation=activation)
     spec.config.layer_norm_epsilon = LAYER_NORM_EPS
-    spec.config.add_source_eos = True  # nmt's sources end with EOS
+    spec.config.add_source_eos = specials.source_eos  # nmt's sources end with EOS, or not
     spec.config.eos_token, spec.config.unk_token = tgt_vocab[specials.eos], tgt_vocab[UNK_ID]
     spec.config.decoder_start_token = tgt_vocab[specials.bos]
     positions = model.positions.pe.numpy()  # (max_positions, d_model)

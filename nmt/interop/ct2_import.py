@@ -26,9 +26,11 @@ a .argosmodel zip), or source.spm and target.spm beside model.bin, or sentencepi
 there. config.json names the specials. A model without a padding token
 (MarianMT's conversion drops <pad> and starts decoding from a zero embedding) gets one, a zero
 row at the end, which its decoding then starts from. nmt ends every source with </s>; a model
-that was trained without it (config.json add_source_eos=false, and its users do not add it, as
-OpenNMT-py's Argos packages) is imported all the same, and the output line says so, as it
-says a config.json layer_norm_epsilon other than nmt's 1e-5 (CTranslate2's default). An nmt
+that was trained without it (config.json add_source_eos false or absent, CTranslate2's
+default, in an Argos package, whose users add none, or in OpenNMT-py's layout; not MarianMT's
+conversions, whose tokenizers add </s>: source_eos) is imported with Vocab.source_eos false,
+which every path that ends a source with </s> respects; the output line says so, as it says a
+config.json layer_norm_epsilon other than nmt's 1e-5 (CTranslate2's default). An nmt
 export's SentencePiece models are kept as they are, and its nmt.json's pair or languages.
 tests/test_ct2_import.py checks weights, vocabularies and greedy outputs against the export's
 source and CTranslate2's translate_batch.
@@ -178,10 +180,12 @@ def _vocabulary(model_dir: Path, side: str) -> list[str]:
 
 
 def vocabulary(tokens: _Tokens, joint: bool, protos: tuple[bytes, bytes],
-               paths: tuple[Path, Path], pair: dict[str, str] | None) -> Vocab:
+               paths: tuple[Path, Path], pair: dict[str, str] | None, source_eos: bool
+               ) -> Vocab:
     """The checkpoint's vocabulary (joint: one id space, one embedding): per side a
     SentencePiece model whose piece i is token i of the CTranslate2 vocabulary (the given
-    model's pieces keep their scores; the others are never produced)."""
+    model's pieces keep their scores; the others are never produced); source_eos: whether
+    sources end with EOS (config.json's add_source_eos)."""
     bos = tokens.start if tokens.start != tokens.pad else -1
     specials = {"unk": tokens.unk, "eos": tokens.eos, "pad": tokens.pad, "bos": bos}
     models = [proto if _same_ids(proto, side, specials) else vocabulary_model(
@@ -191,7 +195,7 @@ def vocabulary(tokens: _Tokens, joint: bool, protos: tuple[bytes, bytes],
     return Vocab(src_size=len(tokens.src), tgt_size=len(tokens.tgt),
                  joint=joint, pad_id=tokens.pad, unk_id=tokens.unk,
                  bos_id=tokens.start, eos_id=tokens.eos, sha256=vocab_sha256(*models),
-                 src_spm=models[0], tgt_spm=models[1], pair=pair)
+                 src_spm=models[0], tgt_spm=models[1], pair=pair, source_eos=source_eos)
 
 
 def _same_ids(proto: bytes, tokens: list[str], specials: dict[str, int]) -> bool:
@@ -409,10 +413,20 @@ def convert(directory: Path, src_spm: str = "", tgt_spm: str = "") -> Converted:
     v.refuse_rest()
     paths = spm_paths(model_dir, package, src_spm, tgt_spm)
     protos = tuple(_read_bytes(p) for p in paths)
-    vocab = vocabulary(tokens, joint, protos, paths, _pair(package))
+    vocab = vocabulary(tokens, joint, protos, paths, _pair(package),
+                       source_eos(config, tokens, package))
     vocab = _as_exported(vocab, model_dir)
-    pair = vocab.pair
-    return Converted(describe(v, config, tokens, pair), cfg, vocab, weights)
+    return Converted(describe(v, config, tokens, vocab), cfg, vocab, weights)
+
+
+def source_eos(config: dict, tokens: _Tokens, package: ArgosPackage | None) -> bool:
+    """Whether the model's sources end with </s>: CTranslate2 appends it where config.json's
+    add_source_eos says so; else its callers do or not: argostranslate (an Argos package) and
+    OpenNMT-py (its vocabulary pads with <blank>) do not, transformers' tokenizers (MarianMT
+    converted by CTranslate2's transformers converter) do."""
+    if config.get("add_source_eos", False):
+        return True
+    return package is None and PAD_TOKENS[1] not in tokens.src
 
 
 def _as_exported(vocab: Vocab, model_dir: Path) -> Vocab:
@@ -484,10 +498,11 @@ def _pair(package: ArgosPackage | None) -> dict[str, str] | None:
     return {"src_lang": package.from_code, "tgt_lang": package.to_code}
 
 
-def describe(v: _Variables, config: dict, tokens: _Tokens, pair: dict[str, str] | None
-             ) -> str:
+def describe(v: _Variables, config: dict, tokens: _Tokens, vocab: Vocab) -> str:
     """What the import was and did, for its output line: the package's pair, the weights
-    dequantised or widened, what nmt does otherwise than the model's config."""
+    dequantised or widened, sources without </s>, what nmt does otherwise than the model's
+    config."""
+    pair = vocab.pair
     notes = ["CTranslate2" + (f" {pair['src_lang']}->{pair['tgt_lang']}" if pair else "")]
     quantised = sorted(t for t in v.stored if t.startswith("int"))
     if quantised:
@@ -498,9 +513,8 @@ def describe(v: _Variables, config: dict, tokens: _Tokens, pair: dict[str, str] 
     eps = config.get("layer_norm_epsilon")
     if eps is not None and eps != 1e-5:
         notes.append(f"its LayerNorm epsilon {eps:g} is nmt's 1e-05")
-    if not config.get("add_source_eos", False):
-        notes.append("sources end with </s> (add_source_eos=false: right for MarianMT's "
-                     "conversions, not for OpenNMT-py's models)")
+    if not vocab.source_eos:
+        notes.append("sources without </s> (add_source_eos=false)")
     if tokens.padded:
         notes.append(f"<pad> added at id {tokens.pad}")
     return ", ".join(notes)

@@ -337,7 +337,8 @@ def write_onnx(loaded: LoadedCheckpoint, out: Path, web_runtime: str = "") -> st
     if web_runtime:
         check_web_runtime(web_runtime)
     write_page(loaded, out, web_runtime)
-    write_tokenizer_json(loaded.src_tok, loaded.tgt_tok, out, loaded.model.cfg.max_positions)
+    write_tokenizer_json(loaded.src_tok, loaded.tgt_tok, out, loaded.model.cfg.max_positions,
+                         loaded.vocab.source_eos)
     graphs, work = out / "onnx", out / ".graphs"
     graphs.mkdir()
     work.mkdir()

@@ -38,8 +38,9 @@ def _spec(proto: bytes, number: int) -> dict[int, int | float | bytes]:
     return dict(_fields(body, where))
 
 
-def hf_tokenizer(tok: Tokenizer):
-    """A tokenizers.Tokenizer that encodes and decodes text as `tok` does (nmt's ids)."""
+def hf_tokenizer(tok: Tokenizer, source_eos: bool = True):
+    """A tokenizers.Tokenizer that encodes and decodes text as `tok` does (nmt's ids), its
+    encodings ending with EOS where source_eos (as the model's sources do)."""
     from tokenizers import AddedToken
     from tokenizers import Tokenizer as HFTokenizer
 
@@ -71,9 +72,9 @@ def hf_tokenizer(tok: Tokenizer):
     if user:
         hf.add_tokens(user)
     eos = tok.specials.eos
+    end = f" {pieces[eos][0]}" if source_eos else ""  # what the model's sources end with
     hf.post_processor = processors.TemplateProcessing(
-        single=f"$A {pieces[eos][0]}", pair=f"$A $B {pieces[eos][0]}",
-        special_tokens=[(pieces[eos][0], eos)])
+        single=f"$A{end}", pair=f"$A $B{end}", special_tokens=[(pieces[eos][0], eos)])
     return hf
 
 
@@ -120,13 +121,15 @@ def _bpe(pieces: list[tuple[str, float, int]], unk: int, byte_fallback: bool):
                       fuse_unk=True)  # SentencePiece: a run of unknown characters is one <unk>
 
 
-def write_tokenizer_json(src: Tokenizer, tgt: Tokenizer, out: Path, max_length: int) -> None:
+def write_tokenizer_json(src: Tokenizer, tgt: Tokenizer, out: Path, max_length: int,
+                         source_eos: bool = True) -> None:
     """tokenizer.json and tokenizer_config.json for a model whose source and target share one
-    id space (encoding with the source model; decoding needs the same ids for the target)."""
+    id space (encoding with the source model; decoding needs the same ids for the target);
+    source_eos: encodings end with EOS (the checkpoint's Vocab.source_eos)."""
     if not src.same_ids(tgt):
         raise NmtError("format=onnx: the source and target vocabularies differ; "
                        "tokenizer.json holds one (export a joint-vocabulary model)")
-    hf = hf_tokenizer(src)
+    hf = hf_tokenizer(src, source_eos)
     hf.save(str(out / "tokenizer.json"))
     names = {"eos_token": src.sp.id_to_piece(src.specials.eos),
              "pad_token": src.sp.id_to_piece(src.specials.pad)}  # no unk_token: decoding
