@@ -50,3 +50,38 @@ def test_only_a_command_line_of_overrides_skips_hydra_mains_first_composition():
     for args in (["--help"], ["-m", "a=1,2"], ["--cfg", "job"], ["hydra.mode=MULTIRUN"],
                  ["+hydra.mode=RUN"], ["a=1", "--info"]):
         assert not is_plain(args), args
+
+
+@pytest.mark.slow
+def test_a_file_of_a_few_lines_decodes_here_on_one_thread_as_the_workers_would(
+        ckpts, test_en, tmp_path, monkeypatch):
+    """An input file of fewer than FEW_LINES lines forks no worker process and decodes in this
+    process on one PyTorch thread (workers=2 asked for); its translations are the workers'."""
+    import torch
+    from translate_helpers import translate_config
+
+    import nmt.commands.translate as command
+
+    lines = test_en.read_text(encoding="utf-8").splitlines()[:3]
+    few = tmp_path / "few.en"
+    few.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    opened, open_translator = [], command.open_translator
+
+    def spy(*args, **kwargs):
+        translator = open_translator(*args, **kwargs)
+        opened.append((translator.pool.processes, translator.workers, torch.get_num_threads()))
+        return translator
+
+    monkeypatch.setattr(command, "open_translator", spy)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for few_lines in (0, command.FEW_LINES):  # 0: none is few, the workers decode
+            monkeypatch.setattr(command, "FEW_LINES", few_lines)
+            results.append(command.translate(translate_config(
+                checkpoint=ckpts[0], input=few, output=tmp_path / f"{few_lines}.de", workers=2,
+                **{"search.beam_size": 2})))
+    finally:
+        torch.set_num_threads(threads)
+    assert opened == [(True, 2, threads), (False, 1, 1)]
+    assert results[0].hypotheses == results[1].hypotheses and len(results[1].hypotheses) == 3

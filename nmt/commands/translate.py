@@ -66,6 +66,7 @@ from nmt.system.runtime import cap_onednn_cache, keep_freed_memory, usable_cores
 PROG = "nmt-translate"
 CHUNK_LINES = 1000  # interactive input: lines translated together at most
 PARALLEL_LINES = 32  # interactive input: fewer lines per worker than this use one process
+FEW_LINES = 8  # a file of fewer lines decodes in this process, on one thread (few_lines)
 
 
 def log(message: str) -> None:
@@ -204,6 +205,7 @@ class Session:
     phrases: list[list[str]] | None  # constraints=: per input line, its phrases
     options: Options = Options()  # split, markup, languages, glossary, MBR or reranking
     comet: Comet | None = None  # comet=: COMET-22 against ref=, or CometKiwi's column
+    lines: list[str] | None = None  # input=FILE: its lines, read before the model
 
 
 @dataclass
@@ -256,12 +258,15 @@ def open_session(cfg: TranslateConfig) -> Session:
         check_output(cfg.output, "output")
     if cfg.attention_plot:
         check_output(cfg.attention_plot, "attention_plot", directory=True)
+    lines = read_lines(cfg.input) if cfg.input != "-" else None  # its size sets the workers
     env = distributed.init(cfg.device)
     device = env.device
     share = max(1, usable_cores() // env.world_size)  # the cores of this rank
-    workers = (cfg.workers or share) if device.type == "cpu" else 1
-    if cfg.threads or env.world_size > 1:
-        torch.set_num_threads(cfg.threads or share)
+    workers, threads = (cfg.workers or share) if device.type == "cpu" else 1, cfg.threads
+    if device.type == "cpu" and few_lines(cfg, lines):
+        workers, threads = 1, cfg.threads or 1
+    if threads or env.world_size > 1:
+        torch.set_num_threads(threads or share)
     if device.type == "cpu":
         keep_freed_memory()  # reuse freed memory: large per-step tensors cost no page faults
         cap_onednn_cache()  # one compiled product per shape, bounded (as nmt-serve)
@@ -269,7 +274,7 @@ def open_session(cfg: TranslateConfig) -> Session:
     refs = [read_lines(path, "references") for path in ref_files] or None
     phrases = read_constraints(cfg.constraints) if cfg.constraints else None
     translator = open_translator(cfg.engine, cfg.checkpoints, device, cfg.weights,
-                                 cfg.search.dtype, workers, cfg.threads, cfg.ct2_model,
+                                 cfg.search.dtype, workers, threads, cfg.ct2_model,
                                  cfg.search.shortlist, cfg.search.compile)
     try:
         if cfg.vocab_check:
@@ -285,7 +290,15 @@ def open_session(cfg: TranslateConfig) -> Session:
         translator.close()
         raise
     name = "<stdin>" if cfg.input == "-" else cfg.input
-    return Session(cfg, translator, env, limit, name, refs, phrases, options, comet)
+    return Session(cfg, translator, env, limit, name, refs, phrases, options, comet, lines)
+
+
+def few_lines(cfg: TranslateConfig, lines: list[str] | None) -> bool:
+    """Whether the input is a file of so few lines (FEW_LINES) that this process decodes them
+    itself, on one thread (unless threads= says otherwise): forking the workers, and the
+    waits of PyTorch's threads on a batch of a few rows, would cost more than they save.
+    Not with comet=, whose model is the larger one."""
+    return lines is not None and len(lines) < FEW_LINES and not cfg.comet
 
 
 def pipeline_options(cfg: TranslateConfig, translator: Engine, languages: LanguageChoice,
@@ -361,7 +374,7 @@ def read_input(s: Session) -> list[str]:
 def run_all(s: Session) -> TranslateResult:
     """Read the whole input, translate or score it, write the output, report."""
     cfg = s.cfg
-    lines = read_input(s)
+    lines = read_input(s) if s.lines is None else s.lines
     check_references(s, len(lines))
     check_constraint_lines(s, len(lines))
     if cfg.attention_plot and cfg.attention_line > len(lines):
