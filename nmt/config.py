@@ -19,14 +19,18 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from nmt.capabilities import ENGINES
 from nmt.config_errors import explain, extra_keys, unknown_key
 from nmt.errors import ConfigError
-from nmt.inference.capabilities import ENGINES
-from nmt.inference.markup import KINDS as MARKUP_KINDS
-from nmt.inference.segment import AUTO, MODES, sentence_splitter
-from nmt.inference.words import COMBINES
 
 LANG_CODE = re.compile(r"[a-z]{2,3}([-_][a-zA-Z0-9]+)*")  # ISO 639, then a region or script
+# The choices of keys that modules of nmt.inference act on; they import them from here.
+SPLIT_MODES = ("none", "sentence", "paragraph")  # split= (nmt.inference.segment)
+SPLIT_AUTO = "auto"  # split's default: nmt.inference.segment.auto_mode picks one of SPLIT_MODES
+SPLITTER = "sentencex"  # split=sentence's splitter's module (docs/results.md: why this one)
+SPLIT_EXTRA = "pip install 'nmt[split]'"  # how to install it
+MARKUP_KINDS = ("none", "html", "xml")  # markup= (nmt.inference.markup)
+WORD_COMBINES = ("product", "min")  # word_combine=: how a word's pieces' log P combine
 
 CT2_ONLY_DTYPES = ("int8_float16", "int8_bfloat16")  # search.dtype with engine=ctranslate2 only
 CONSTRAINING = ("constraints", "glossary", "keep")  # the options that make lexical constraints
@@ -81,7 +85,7 @@ def check_search_device(dtype: str, device: str, key: str = "search.dtype",
 
 def _check_engine(cfg: object, checkpoints: int) -> None:
     """engine and ct2_model of nmt-translate and nmt-serve, and what the engine cannot do
-    (nmt.inference.capabilities)."""
+    (nmt.capabilities)."""
     _check(cfg.engine in ENGINES, "engine",
            f"must be {' or '.join(ENGINES)}, got {cfg.engine!r}")
     _check(not cfg.ct2_model or cfg.engine == "ctranslate2", "ct2_model",
@@ -699,8 +703,8 @@ class TranslateConfig:
         _check_bleu_tokenize(self.bleu_tokenize, "bleu_tokenize")
         _check(self.weights in ("auto", "model", "ema"), "weights",
                f"must be auto, model or ema, got {self.weights!r}")
-        _check(self.word_combine in COMBINES, "word_combine",
-               f"must be {' or '.join(COMBINES)}, got {self.word_combine!r}")
+        _check(self.word_combine in WORD_COMBINES, "word_combine",
+               f"must be {' or '.join(WORD_COMBINES)}, got {self.word_combine!r}")
         _check_engine(self, len(self.checkpoints))
         _check_split(self)
         _check_markup(self)
@@ -710,11 +714,11 @@ class TranslateConfig:
 def _check_split(cfg: TranslateConfig) -> None:
     """split and split_lang; what is defined per segment only (n-best lists, given targets or
     prefixes, constraints, alignments, attention) needs split=none (split=auto picks it)."""
-    _check(cfg.split in (AUTO, *MODES), "split",
+    _check(cfg.split in (SPLIT_AUTO, *SPLIT_MODES), "split",
            f"must be auto, none, sentence or paragraph, got {cfg.split!r}")
     if cfg.split == "sentence" and cfg.split_lang:  # else the checkpoint's (commands.translate)
         check_split_lang(cfg.split_lang)
-    whole = per_segment(cfg) if cfg.split not in ("none", AUTO) else []
+    whole = per_segment(cfg) if cfg.split not in ("none", SPLIT_AUTO) else []
     if whole:
         raise ConfigError(whole[0], f"is per segment: needs split=none or auto (split="
                                     f"{cfg.split} translates the pieces of a line apart)")
@@ -752,11 +756,19 @@ def check_markup_installed() -> None:
            "needs protobuf (SentencePiece's piece offsets): pip install 'nmt[markup]'")
 
 
+def check_splitter() -> None:
+    """split=sentence's splitter (SPLITTER, the `split` extra) is installed: a one-line
+    ConfigError where it is not (found, not imported: nmt.inference.segment imports it)."""
+    if importlib.util.find_spec(SPLITTER) is None:
+        raise ConfigError("split", f"needs {SPLITTER}: {SPLIT_EXTRA}", value="sentence",
+                          line=f"split=sentence needs {SPLITTER}: {SPLIT_EXTRA}")
+
+
 def check_split_lang(lang: str) -> None:
     """split=sentence's source language: an ISO 639 code whose splitter is installed."""
     _check(LANG_CODE.fullmatch(lang) is not None, "split_lang", f"split=sentence needs the "
            f"source language's ISO 639 code, e.g. split_lang=en (got {lang!r})")
-    sentence_splitter(lang)  # a one-line error if it is not installed
+    check_splitter()
 
 
 def _check_choice(cfg: TranslateConfig) -> None:
@@ -959,7 +971,7 @@ def _check_serve_models(cfg: ServeConfig) -> None:
 def _check_serve_split(cfg: ServeConfig) -> None:
     """split, src_lang and tgt_lang; a source language needs the sentence splitter (a request
     may ask for split=sentence)."""
-    _check(cfg.split in (AUTO, *MODES), "split",
+    _check(cfg.split in (SPLIT_AUTO, *SPLIT_MODES), "split",
            f"must be auto, none, sentence or paragraph, got {cfg.split!r}")
     for key in ("src_lang", "tgt_lang"):
         code = getattr(cfg, key)
@@ -968,7 +980,7 @@ def _check_serve_split(cfg: ServeConfig) -> None:
     _check(cfg.split != "sentence" or cfg.src_lang, "src_lang",
            "split=sentence needs the source language's ISO 639 code, e.g. src_lang=en")
     if cfg.src_lang:
-        sentence_splitter(cfg.src_lang)  # a one-line error if it is not installed
+        check_splitter()
 
 
 # ----------------------------------------------------------------------------- Hydra glue

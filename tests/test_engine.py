@@ -1,4 +1,4 @@
-"""The engine interface (nmt.inference.engine, nmt.inference.capabilities) and nmt's one worker pool
+"""The engine interface (nmt.inference.engine, nmt.capabilities) and nmt's one worker pool
 (nmt.inference.workers): open_translator, the refusals stated once, and the same workers
 decoding nmt-translate's batches and running nmt-serve's loops."""
 
@@ -12,9 +12,9 @@ import pytest
 import torch
 from translate_helpers import save_tiny_checkpoint
 
+from nmt.capabilities import ENGINES
 from nmt.config import SearchConfig
 from nmt.errors import ConfigError, NmtError
-from nmt.inference.capabilities import ENGINES
 from nmt.inference.engine import Engine, Workers, check_vocab, open_translator
 from nmt.inference.messages import Batch, Done, Sentence
 from nmt.inference.translator import Translator

@@ -16,7 +16,7 @@ NMT = ROOT / "nmt"
 LAYERS = [
     # the errors, the config schema and what it checks against; no torch
     {"nmt.errors", "nmt.config_errors", "nmt.config", "nmt.system.files", "nmt.system.runtime",
-     "nmt.inference.capabilities", "nmt.metrics.scoring", "nmt.inference.segment",
+     "nmt.capabilities", "nmt.metrics.scoring", "nmt.inference.segment",
      "nmt.inference.markup", "nmt.inference.markup_parse", "nmt.inference.markup_restore",
      "nmt.inference.terms",
      "nmt.inference.messages", "nmt.inference.words", "nmt.data.vocab", "nmt.data.manifest",
@@ -64,10 +64,10 @@ COMMANDS = {f"nmt.commands.{c}" for c in ("preprocess", "train", "average", "tra
                                           "export", "import_", "serve")}
 # The engines and the CTranslate2 export: none imports another, nor nmt-export's module.
 ENGINES = {"nmt.inference.translator", "nmt.inference.ct2_engine", "nmt.interop.ct2_export"}
-# nmt/'s top level: the paper's model and its variants, its checkpoint, the config schema, the
-# errors.
+# nmt/'s top level: the paper's model and its variants, its checkpoint, the config schema and
+# the engines' capabilities it checks against, the errors.
 TOP_LEVEL = {"nmt", "nmt.model", "nmt.variants", "nmt.checkpoint", "nmt.config",
-             "nmt.config_errors", "nmt.errors"}
+             "nmt.config_errors", "nmt.capabilities", "nmt.errors"}
 # What the translation pipeline (nmt.inference.pipeline) does between text and tokens, which
 # the front ends reach through it only: one code path, the same text from both.
 PIPELINE_INNER = {

@@ -25,13 +25,13 @@ import torch
 from translate_helpers import save_tiny_checkpoint, tiny_model
 from translate_helpers import translate_config as config
 
+from nmt.capabilities import ENGINES
 from nmt.commands.translate import translate
 from nmt.config import TranslateConfig, compose, to_object
 from nmt.data.tokenizer import SPECIALS
 from nmt.errors import ConfigError
 from nmt.inference import markup, markup_parse, markup_restore, segment
 from nmt.inference.align import align, sentence_alignments
-from nmt.inference.capabilities import ENGINES
 from nmt.inference.markup_parse import parse
 from nmt.inference.markup_restore import Aligned, put_back, restore
 from nmt.inference.segment import split_text

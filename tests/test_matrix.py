@@ -1,7 +1,7 @@
 """The combinations: engines x model kinds x interfaces x searches, one server per model.
 
 Each cell gives nmt-translate's output with the same engine (fp32: identical text), or is
-refused in one line whose words come from the one capabilities table (nmt.inference.capabilities)
+refused in one line whose words come from the one capabilities table (nmt.capabilities)
 and are the same in every interface that refuses it, or is n/a: LibreTranslate has no prefix,
 constraint, MBR or sampling field, its form client (libretranslatepy) sends no alternatives
 (no beam), and a text is split as the server's `split` says. `make test` runs a set of cells

@@ -41,7 +41,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from nmt.config import TranslateConfig, candidate_search, check_split_lang, per_segment
+from nmt.config import (
+    SPLIT_AUTO,
+    TranslateConfig,
+    candidate_search,
+    check_split_lang,
+    per_segment,
+)
 from nmt.data.languages import LanguageChoice, choose, recorded_pair
 from nmt.data.tokenizer import Tokenizer
 from nmt.data.vocab import Vocab
@@ -55,7 +61,7 @@ from nmt.inference.markup import Document
 from nmt.inference.messages import Hypothesis
 from nmt.inference.pipeline import Options, Prepared, TextResult
 from nmt.inference.rerank import Chooser
-from nmt.inference.segment import AUTO, Segmented, auto_mode, sentence_splitter
+from nmt.inference.segment import Segmented, auto_mode, sentence_splitter
 from nmt.inference.words import format_words
 from nmt.metrics.comet import Comet, load_comet, system_score
 from nmt.metrics.scoring import Scores, score
@@ -338,7 +344,7 @@ def split_mode(cfg: TranslateConfig, vocab: Vocab) -> str:
     """cfg.split, with auto resolved by segment.auto_mode's rule (nmt-serve's): none for a
     per-segment option, sentence where the source language is known (split_lang, the
     checkpoint's pair, src_lang) and the splitter installed, else paragraph."""
-    if cfg.split != AUTO:
+    if cfg.split != SPLIT_AUTO:
         return cfg.split
     lang = cfg.split_lang or recorded_pair(vocab).src_lang or cfg.src_lang
     return auto_mode(lang, bool(per_segment(cfg)))

@@ -45,11 +45,11 @@ from pathlib import Path
 
 import torch
 
+from nmt.capabilities import ENGINES
 from nmt.config import SearchConfig
 from nmt.data.tokenizer import Tokenizer
 from nmt.data.vocab import Vocab
 from nmt.errors import NmtError
-from nmt.inference.capabilities import ENGINES
 from nmt.inference.lengths import empty_source, length_penalty, output_lengths
 from nmt.inference.loading import LoadedCheckpoint
 from nmt.inference.messages import Hypothesis, Sentence

@@ -4,7 +4,7 @@ imports CTranslate2's engine only when it is asked for).
 
 Two engines implement it: nmt's own Translator (engine=nmt, nmt.inference.translator) and
 CTranslate2's (engine=ctranslate2, nmt.inference.ct2_engine). What an engine cannot do is
-stated once, in its `capabilities` (nmt.inference.capabilities): the configs refuse it before
+stated once, in its `capabilities` (nmt.capabilities): the configs refuse it before
 loading, the engine again when it is asked, each a one-line ConfigError naming the key.
 """
 
@@ -16,11 +16,11 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from nmt.capabilities import Capabilities
 from nmt.config import SearchConfig, check_search_device
 from nmt.data.tokenizer import Specials, Tokenizer, check_same_vocabulary
 from nmt.data.vocab import Vocab
 from nmt.errors import NmtError
-from nmt.inference.capabilities import Capabilities
 from nmt.inference.messages import Hypothesis
 from nmt.inference.shortlist import load_shortlist
 from nmt.inference.translator import Translator

@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 
 from nmt.inference.segment import Segmented
 
-KINDS = ("none", "html", "xml")  # markup=
-
 
 @dataclass(frozen=True)
 class Tag:

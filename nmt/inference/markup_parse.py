@@ -25,7 +25,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from html.parser import HTMLParser
 
-from nmt.inference.markup import KINDS, Document, Tag, Unit
+from nmt.config import MARKUP_KINDS
+from nmt.inference.markup import Document, Tag, Unit
 
 # Elements that bound the units of text (HTML; HTML5's block-level and table elements, br).
 BLOCKS = frozenset((
@@ -197,7 +198,7 @@ def parse(text: str, kind: str, placeholders: bool = False) -> Document:
     elif kind == "xml":
         tokens, plain = xml_tokens(text, placeholders), str
     else:
-        raise ValueError(f"markup must be one of {', '.join(KINDS)}, got {kind!r}")
+        raise ValueError(f"markup must be one of {', '.join(MARKUP_KINDS)}, got {kind!r}")
     parts: list[str | Unit] = []
     unit: list[str | Tag] = []
     lines = 0  # depth of pre/textarea elements

@@ -20,12 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
 
-from nmt.errors import ConfigError
-
-MODES = ("none", "sentence", "paragraph")
-AUTO = "auto"  # nmt-translate's and nmt-serve's default: auto_mode picks one of MODES
-SPLITTER = "sentencex"  # the sentence splitter's module (docs/results.md: why this one)
-EXTRA = "pip install 'nmt[split]'"  # how to install it
+from nmt.config import SPLIT_MODES, SPLITTER, check_splitter
 
 # Sampling streams per piece number: the pieces of lines 0 to 2^24 - 1 never share one (torch
 # seeds its generator with the low 32 bits of a seed, so larger steps would wrap onto line 0).
@@ -59,9 +54,7 @@ class Segmented:
 def sentence_splitter(lang: str) -> Callable[[str], list[str]]:
     """The sentences of a text in language `lang` (an ISO 639 code), by sentencex; a one-line
     ConfigError when it is not installed."""
-    if importlib.util.find_spec(SPLITTER) is None:
-        raise ConfigError("split", f"needs {SPLITTER}: {EXTRA}", value="sentence",
-                          line=f"split=sentence needs {SPLITTER}: {EXTRA}")
+    check_splitter()
     import sentencex
 
     return lambda text: list(sentencex.segment(lang, text))
@@ -86,8 +79,8 @@ def split_text(text: str, mode: str, sentences: Callable[[str], list[str]] | Non
     (by `length`, e.g. tokens) are cut further."""
     if mode == "none":
         return Segmented([text], ["", ""])
-    if mode not in MODES:
-        raise ValueError(f"split mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode not in SPLIT_MODES:
+        raise ValueError(f"split mode must be one of {', '.join(SPLIT_MODES)}, got {mode!r}")
     starts = [m.end() for m in re.finditer("\n", text)]  # a piece per line
     if mode == "sentence":
         for line, at in line_spans(text):

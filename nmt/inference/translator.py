@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from nmt.capabilities import ENGINES
 from nmt.config import SearchConfig
 from nmt.data.tokenizer import Specials, Tokenizer
 from nmt.data.vocab import Vocab
@@ -37,7 +38,6 @@ from nmt.inference.batches import (
     score_pairs,
     translate_nbest,
 )
-from nmt.inference.capabilities import ENGINES
 from nmt.inference.loading import check_ensemble, load_model
 from nmt.inference.messages import Hypothesis, Sentence
 from nmt.inference.stepping import step_loop

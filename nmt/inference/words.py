@@ -20,8 +20,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from nmt.config import WORD_COMBINES
+
 SPACE = "\u2581"  # SentencePiece's space mark: a piece that starts with it starts a word
-COMBINES = {"product": sum, "min": min}  # word_combine: how a word's pieces' log P combine
+# word_combine: how a word's pieces' log P combine (product: their sum)
+COMBINES = dict(zip(WORD_COMBINES, (sum, min), strict=True))
 
 
 @dataclass

@@ -10,9 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, create_model
 
-from nmt.inference.markup import KINDS
-from nmt.inference.segment import MODES
-from nmt.inference.words import COMBINES
+from nmt.config import MARKUP_KINDS, SPLIT_MODES, WORD_COMBINES
 from nmt.serve.batcher import BatchStats
 from nmt.system.files import check_unicode
 
@@ -128,11 +126,11 @@ class TranslateRequest(BaseModel):
     src_lang: Text | None = Field(None, description=(
         "A model that needs the source language (M2M100, NLLB-200): the texts' language; the "
         "server's src_lang when not given. Others refuse it."))
-    split: Literal[MODES] | None = Field(None, description=(
+    split: Literal[SPLIT_MODES] | None = Field(None, description=(
         "How each text is cut before it is translated (the server's default: GET /health): "
         "none, sentence, or paragraph (at its line breaks); the pieces' translations go back "
         "in place of the pieces, between the text's own spaces and line breaks."))
-    markup: Literal[KINDS] = Field("none", description=(
+    markup: Literal[MARKUP_KINDS] = Field("none", description=(
         "html or xml: each text's tags are kept inside whole sentences (nmt-translate's "
         "markup=): taken out, the sentences translated, each tag put back around the words "
         "aligned to its words; the text of script, style, code and translate=\"no\" "
@@ -142,7 +140,7 @@ class TranslateRequest(BaseModel):
     word_scores: bool = Field(False, description=(
         "Also return each best translation's words with their probabilities (nmt-translate's "
         "word_scores=true; engine=nmt)."))
-    word_combine: Literal[tuple(COMBINES)] = Field("product", description=(
+    word_combine: Literal[WORD_COMBINES] = Field("product", description=(
         "A word's probability from its pieces' (a word: what SentencePiece's space mark "
         "starts, punctuation attached to it included): their product, or their minimum."))
 
@@ -282,7 +280,7 @@ class HealthResponse(BaseModel):
 
 
 class Features(BaseModel):
-    """What this server answers, from its engine's capabilities (nmt.inference.capabilities) and its
+    """What this server answers, from its engine's capabilities (nmt.capabilities) and its
     settings: the page (GET /) offers only these."""
 
     engine: str = Field(description="The decoding engine: nmt or ctranslate2.")

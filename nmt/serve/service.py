@@ -12,7 +12,13 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict, replace
 
-from nmt.config import RerankConfig, SearchConfig, ServeConfig, check_markup_installed
+from nmt.config import (
+    SPLIT_AUTO,
+    RerankConfig,
+    SearchConfig,
+    ServeConfig,
+    check_markup_installed,
+)
 from nmt.data.languages import LanguageChoice, choose, language_id, recorded_pair
 from nmt.errors import ConfigError
 from nmt.inference import pipeline
@@ -21,7 +27,7 @@ from nmt.inference.glossary import Glossary, request_entries
 from nmt.inference.messages import Hypothesis, Sentence
 from nmt.inference.pipeline import Options, PieceError, PieceResult, Prepared, TextResult
 from nmt.inference.rerank import Chooser, mbr_comet
-from nmt.inference.segment import AUTO, auto_mode, sentence_splitter
+from nmt.inference.segment import auto_mode, sentence_splitter
 from nmt.inference.strategies import use_beams
 from nmt.serve import libretranslate
 from nmt.serve.api_keys import ApiKeys
@@ -63,7 +69,7 @@ class Service:
         pair = recorded_pair(translator.vocab)  # a bilingual checkpoint's, from its data
         self.src_lang = cfg.src_lang or pair.src_lang  # the texts' language, if known
         self.tgt_lang = cfg.tgt_lang or pair.tgt_lang
-        self.split = cfg.split if cfg.split != AUTO else auto_mode(self.src_lang, whole=False)
+        self.split = cfg.split if cfg.split != SPLIT_AUTO else auto_mode(self.src_lang, whole=False)
         self.splitter = sentence_splitter(self.src_lang) if self.src_lang else None
         entry = translator.vocab.languages
         self.libre = libretranslate.Languages.of(entry, self.src_lang, self.tgt_lang)
@@ -125,7 +131,7 @@ class Service:
 
     def check_engine(self, key: str, used: object, field: str | None = None) -> None:
         """422 naming `field` (default: key) with the capabilities' words if the request
-        uses a feature the engine lacks (nmt.inference.capabilities.Capabilities.check)."""
+        uses a feature the engine lacks (nmt.capabilities.Capabilities.check)."""
         try:
             self.translator.capabilities.check(key, used)
         except ConfigError as e:
@@ -213,7 +219,7 @@ class Service:
         request's src_lang (a forced-token model's) or of the server's."""
         whole = ((req.nbest or self.cfg.search.nbest) > 1 or any(req.prefix or ())
                  or any(req.constraints or ()))
-        split = req.split or ("none" if self.cfg.split == AUTO and whole else self.split)
+        split = req.split or ("none" if self.cfg.split == SPLIT_AUTO and whole else self.split)
         splitter = self.splitter  # the request's source language where it names one
         if self.forced and req.src_lang and req.src_lang != self.src_lang:
             splitter = sentence_splitter(req.src_lang)
