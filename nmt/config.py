@@ -59,14 +59,6 @@ def _check_min(node: object, prefix: str, low: float, *names: str) -> None:
         _check(value >= low, prefix + name, f"must be >= {low}, got {value}")
 
 
-def _check_bleu_tokenize(value: str, key: str) -> None:
-    """A sacreBLEU tokenizer that exists and can run here (e.g. ja-mecab needs sacrebleu[ja])."""
-    from nmt.metrics.scoring import bleu_tokenize_error
-
-    why = bleu_tokenize_error(value)
-    _check(why is None, key, why or "")
-
-
 def check_search_device(dtype: str, device: str, key: str = "search.dtype",
                         engine: str = "nmt") -> None:
     """search.dtype against the device type that decodes ("cpu" or "cuda"; "auto" passes
@@ -572,7 +564,6 @@ class TrainLoopConfig:
                f"must be auto, bf16_native, none, bf16 or fp16, got {self.amp!r}")
         _check(self.device in ("auto", "cpu", "cuda"), "train.device",
                f"must be auto, cpu or cuda, got {self.device!r}")
-        _check_bleu_tokenize(self.bleu_tokenize, "train.bleu_tokenize")
         _check(not self.valid_refs or self.valid_bleu, "train.valid_refs",
                "needs train.valid_bleu=true")
 
@@ -700,7 +691,6 @@ class TranslateConfig:
         _check_min(self, "", 0, "threads", "workers")
         _check(self.device in ("auto", "cpu", "cuda"), "device",
                f"must be auto, cpu or cuda, got {self.device!r}")
-        _check_bleu_tokenize(self.bleu_tokenize, "bleu_tokenize")
         _check(self.weights in ("auto", "model", "ema"), "weights",
                f"must be auto, model or ema, got {self.weights!r}")
         _check(self.word_combine in WORD_COMBINES, "word_combine",
@@ -920,10 +910,6 @@ class ServeConfig:
     def __post_init__(self) -> None:
         _check(0 <= self.port <= 65535, "port", f"must be in [0, 65535], got {self.port}")
         _check(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
-        if self.offline:  # the page's folder, checked before the model loads
-            from nmt.serve.offline import check_offline
-
-            check_offline(self.offline)
         _check_serve_models(self)
         for key in ("workers", "threads", "max_wait_ms"):
             _check(getattr(self, key) >= 0, key, "must be >= 0")

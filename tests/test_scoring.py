@@ -9,7 +9,7 @@ from translate_helpers import save_tiny_checkpoint, translate_config
 
 import nmt.system.distributed
 import nmt.training.validation
-from nmt.commands.train import build_run, load_data
+from nmt.commands.train import build_run, load_data, train
 from nmt.commands.translate import translate
 from nmt.config import TrainConfig, TranslateConfig, compose, to_object
 from nmt.errors import ConfigError, NmtError
@@ -49,11 +49,11 @@ def test_the_tokenizer_changes_the_score():
 def test_unknown_or_unavailable_tokenizers_are_config_errors():
     assert "unknown sacreBLEU tokenizer 'klingon'" in bleu_tokenize_error("klingon")
     with pytest.raises(ConfigError, match=r"^bleu_tokenize: unknown sacreBLEU tokenizer"):
-        to_object(compose("translate", ["checkpoint=c", "bleu_tokenize=klingon"]),
-                  TranslateConfig)
+        translate(to_object(compose("translate", ["checkpoint=c", "bleu_tokenize=klingon"]),
+                            TranslateConfig))
     with pytest.raises(ConfigError, match=r"^train.bleu_tokenize: "):
-        to_object(compose("train", ["+model=tiny", "data_dir=d", "run_dir=r",
-                                    "train.bleu_tokenize=klingon"]), TrainConfig)
+        train(to_object(compose("train", ["+model=tiny", "data_dir=d", "run_dir=r",
+                                          "train.bleu_tokenize=klingon"]), TrainConfig))
     why = bleu_tokenize_error("ja-mecab")  # None where sacrebleu[ja] is installed
     assert why is None or "ja-mecab" in why
 

@@ -29,6 +29,7 @@ from nmt.serve.models import (
     model_config,
     models_folder,
 )
+from nmt.serve.offline import check_offline
 from nmt.serve.service import Service, log
 from nmt.system.preemption import restore_handler
 from nmt.system.runtime import cap_onednn_cache, keep_freed_memory, pick_device, usable_cores
@@ -59,6 +60,8 @@ def socket_url(sock: socket.socket) -> str:
 def serve(cfg: ServeConfig) -> None:
     """nmt-serve: load the checkpoint once, start the decoding workers, serve until SIGTERM
     (models=DIR: serve_models)."""
+    if cfg.offline:  # the page's folder, checked before the model loads
+        check_offline(cfg.offline)
     device, workers = devices(cfg)
     if cfg.models:
         return serve_models(cfg, device, workers)

@@ -50,7 +50,7 @@ from nmt.data.manifest import Manifest, directions, read_manifest
 from nmt.data.tokenizer import Tokenizer, vocab_sha256
 from nmt.data.vocab import Vocab
 from nmt.errors import NmtError
-from nmt.metrics.scoring import read_references
+from nmt.metrics.scoring import check_bleu_tokenize, read_references
 from nmt.model import count_parameters
 from nmt.system import distributed, private_ops
 from nmt.system.preemption import Preemption
@@ -85,6 +85,7 @@ TRIM_INTERVAL_UPDATES = 1000  # after keep_freed_memory: malloc_trim this often 
 def train(cfg: TrainConfig) -> dict:
     """Train cfg.model on cfg.data_dir into cfg.run_dir, resuming from its last checkpoint."""
     tc = cfg.train
+    check_bleu_tokenize(tc.bleu_tokenize, "train.bleu_tokenize")
     owns_group = not torch.distributed.is_initialized()
     env = distributed.init(tc.device, tc.collective_timeout, key="train.device")
     compiled = resolve_compile(tc.compile, env.device, resolve_amp(tc.amp, env.device))

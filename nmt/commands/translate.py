@@ -64,7 +64,7 @@ from nmt.inference.rerank import Chooser
 from nmt.inference.segment import Segmented, auto_mode, sentence_splitter
 from nmt.inference.words import format_words
 from nmt.metrics.comet import Comet, load_comet, system_score
-from nmt.metrics.scoring import Scores, score
+from nmt.metrics.scoring import Scores, check_bleu_tokenize, score
 from nmt.system import distributed
 from nmt.system.files import check_output, decode_line, read_lines, write_atomically
 from nmt.system.runtime import cap_onednn_cache, keep_freed_memory, usable_cores
@@ -260,6 +260,7 @@ def translate(cfg: TranslateConfig) -> TranslateResult:
 
 def open_session(cfg: TranslateConfig) -> Session:
     """Devices, ranks and processes; the checkpoints loaded, checked and prepared."""
+    check_bleu_tokenize(cfg.bleu_tokenize, "bleu_tokenize")
     if cfg.output != "-":
         check_output(cfg.output, "output")
     if cfg.attention_plot:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nmt.errors import NmtError
+from nmt.errors import ConfigError, NmtError
 
 # sacreBLEU's tokenizers (>= 2.4, a dependency) that need neither extras nor a download
 SELF_CONTAINED = ("none", "13a", "intl", "char", "zh")
@@ -32,6 +32,14 @@ def bleu_tokenize_error(tokenize: str) -> str | None:
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         return f"sacreBLEU cannot use tokenizer {tokenize!r} here: {' '.join(lines)}"
     return None
+
+
+def check_bleu_tokenize(tokenize: str, key: str) -> None:
+    """A one-line ConfigError naming `key` unless sacreBLEU can tokenize with `tokenize` here:
+    nmt-translate's and nmt-train's first check (it may import sacreBLEU's tokenizers)."""
+    why = bleu_tokenize_error(tokenize)
+    if why is not None:
+        raise ConfigError(key, why)
 
 
 @dataclass
