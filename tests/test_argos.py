@@ -27,7 +27,7 @@ from translate_helpers import lines_of, widen
 
 from nmt.commands.translate import translate
 from nmt.config import SearchConfig, TranslateConfig, compose, to_object
-from nmt.data.tokenizer import Tokenizer, train_bpe
+from nmt.data.tokenizer import LookupTokenizer, Tokenizer, train_bpe
 from nmt.errors import NmtError
 from nmt.inference.engine import open_translator
 from nmt.inference.translator import Translator
@@ -180,7 +180,7 @@ def test_a_piece_the_vocabulary_lacks_is_unk_as_ctranslate2_looks_it_up(joint, t
     table = {p: i for i, p in enumerate(table)}  # ids again in order, `missing` gone
     mapped = vocabulary_model(joint, table, len(table), {"pad": 0, "unk": 1, "bos": 2,
                                                          "eos": 3}, tmp_path)
-    tok = argos.PackageTokenizer(mapped, Tokenizer(joint), table, 1, "test")
+    tok = LookupTokenizer(mapped, joint, "test")
     for line, ids in zip(sp.encode(lines, out_type=str), tok.encode(lines), strict=True):
         assert ids == [table.get(p, 1) for p in line]
     assert any(1 in ids for ids in tok.encode(lines))

@@ -171,6 +171,41 @@ def test_an_argos_package_imports_with_its_sentencepiece_model_and_pair(
     assert not (tmp_path / "b.pt").exists()
 
 
+def test_a_piece_the_vocabulary_lacks_is_unk_imported_as_served(spm, checkpoint, tmp_path,
+                                                                monkeypatch):
+    """A piece that the package's SentencePiece model splits off but its CTranslate2
+    vocabulary lacks: <unk> through the import as through the served package (argostranslate's
+    lookup), not split further by a SentencePiece model rebuilt over the vocabulary; the same
+    outputs."""
+    import json
+
+    from nmt.inference.engine import open_translator
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    package = tmp_path / "translate-en_de-1_0"
+    model = export_ct2(checkpoint, package / "model")
+    for name in ("nmt.json", "source.spm", "target.spm"):  # what nmt-export adds
+        (model / name).unlink()
+    (package / "sentencepiece.model").write_bytes(spm["joint"])
+    (package / "metadata.json").write_text('{"from_code": "en", "to_code": "de"}')
+    lines = list(bundled_sentences())[:24]
+    split = Tokenizer(spm["joint"]).sp.encode(lines, out_type=str)
+    vocab = json.loads((model / "shared_vocabulary.json").read_text())
+    gone = max((p for p in vocab[4:] if len(p) > 2), key=lambda p: sum(s.count(p) for s in split))
+    vocab[vocab.index(gone)] = "<gone>"
+    (model / "shared_vocabulary.json").write_text(json.dumps(vocab))
+    out = import_model(ImportConfig(input=str(package), output=str(tmp_path / "o.pt")))
+    imported = Translator.load(out, dtype=None)
+    with open_translator("ctranslate2", [str(package)], torch.device("cpu"),
+                         threads=1) as served:
+        ids = served.src_tok.encode(lines)
+        assert imported.src_tok.encode(lines) == ids
+        assert sum(i == served.vocab.unk_id for line in ids for i in line) >= 2
+        assert Tokenizer(imported.vocab.src_spm).encode(lines) != ids  # a rebuilt model splits
+        want = [h[0].tokens for h in served.translate_ids(ids, search())]
+    assert translate_ids(imported.model, ids, search(), imported.specials) == want
+
+
 def opennmt_style_model(checkpoint: Path, spm: bytes, out: Path, source_eos: bool = True
                         ) -> Path:
     """The checkpoint as an OpenNMT-py conversion lays it out in `out`/model: its vocabulary

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from nmt.data.cleaning import CleanText
-from nmt.data.tokenizer import Tokenizer, train_bpe
+from nmt.data.tokenizer import Tokenizer, tokenizers, train_bpe
 from nmt.errors import NmtError
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ def load_subwords(path: str) -> tuple[Tokenizer, Tokenizer, dict]:
         raise NmtError(f"bpe.model={path}: no such file, data directory or checkpoint")
     elif p.read_bytes()[:2] == b"PK":  # a zip: a torch checkpoint
         vocab = Checkpoint.load(p).vocab
-        src, tgt = Tokenizer(vocab.src_spm, str(p)), Tokenizer(vocab.tgt_spm, str(p))
+        src, tgt = tokenizers(vocab, str(p))
         languages = vocab.languages
     else:
         src = tgt = Tokenizer.from_file(p)

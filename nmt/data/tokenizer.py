@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import sentencepiece as spm
 
+from nmt.data.vocab import Vocab
 from nmt.errors import NmtError
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
@@ -198,6 +199,46 @@ class Tokenizer:
         """The vocabulary as SentencePiece's .vocab file has it: `piece<TAB>score` a line."""
         return "".join(f"{self.sp.id_to_piece(i)}\t{self.sp.get_score(i):g}\n"
                        for i in range(self.vocab_size))
+
+
+class LookupTokenizer(Tokenizer):
+    """A Tokenizer whose ids are another vocabulary's (a CTranslate2 model's: an Argos package
+    served, nmt.interop.argos, or imported, nmt.interop.ct2_import): text is split into pieces
+    by `split` (the model's own SentencePiece model, as argostranslate and MarianMT's tokenizer
+    split it) and each piece looked up among this model's pieces, <unk> where it has none (as
+    CTranslate2 looks it up), not split further; the rest (decode, pieces, specials) is this
+    model, whose piece i is the vocabulary's token i (nmt.interop.hf_files.vocabulary_model)."""
+
+    def __init__(self, proto: bytes, split: bytes, name: str = "<bytes>"):
+        super().__init__(proto, name)
+        self.split = Tokenizer(split, name, split_only=True)
+        self.table: dict[str, int] = {}  # piece -> id (a piece listed twice: its first id)
+        for i in range(self.vocab_size):
+            self.table.setdefault(self.sp.id_to_piece(i), i)
+        self.unk = self.sp.unk_id()
+
+    def encode(self, lines: list[str], num_threads: int = -1) -> list[list[int]]:
+        """Raw text lines -> the vocabulary's ids of the split model's pieces (num_threads: as
+        Tokenizer.encode's)."""
+        sp, table, unk = self.split.sp, self.table, self.unk
+        if num_threads == 1:
+            split = [sp.encode(line, out_type=str) for line in lines]
+        else:
+            split = sp.encode(list(lines), out_type=str, num_threads=num_threads)
+        return [[table.get(p, unk) for p in pieces] for pieces in split]
+
+    def spans(self, text: str) -> list[tuple[int, int]]:
+        """Where each piece of `text`'s encoding lies in it (the split model's pieces)."""
+        return self.split.spans(text)
+
+
+def tokenizers(vocab: Vocab, name: str = "<bytes>") -> tuple[Tokenizer, Tokenizer]:
+    """A checkpoint's source and target Tokenizers: its SentencePiece models, or where it
+    records the models that split text for them (Vocab.src_split, tgt_split: an imported
+    CTranslate2 model's), LookupTokenizers of both."""
+    return tuple(LookupTokenizer(proto, split, name) if split else Tokenizer(proto, name)
+                 for proto, split in ((vocab.src_spm, vocab.src_split),
+                                      (vocab.tgt_spm, vocab.tgt_split)))
 
 
 def char_spans(text: str, byte_spans: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -39,6 +39,10 @@ class Vocab:
     languages: dict[str, Any] | None = None  # a multilingual model's (nmt.data.languages)
     pair: dict[str, str] | None = None  # a bilingual model's src_lang and tgt_lang (its data's)
     source_eos: bool = True  # sources end with EOS (False: most OpenNMT-py models, CTranslate2's)
+    # The SentencePiece models that split text into pieces looked up among src_spm's and
+    # tgt_spm's (nmt.data.tokenizer.LookupTokenizer: an imported CTranslate2 model's)
+    src_split: bytes | None = None
+    tgt_split: bytes | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The checkpoint's dict of this vocabulary: every field not at its optional default."""

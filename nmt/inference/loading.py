@@ -10,7 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nmt.checkpoint import Checkpoint
-from nmt.data.tokenizer import Specials, Tokenizer, check_same_vocabulary, vocab_sha256
+from nmt.data.tokenizer import (
+    Specials,
+    Tokenizer,
+    check_same_vocabulary,
+    tokenizers,
+    vocab_sha256,
+)
 from nmt.data.vocab import Vocab
 from nmt.errors import NmtError
 from nmt.model import Transformer
@@ -31,7 +37,7 @@ class LoadedCheckpoint:
     def load(cls, path: str | Path, weights: str = "auto") -> LoadedCheckpoint:
         """The checkpoint's model and vocabulary, checked (load_model)."""
         model, vocab = load_model(path, weights)
-        return cls(model, vocab, Tokenizer(vocab.src_spm), Tokenizer(vocab.tgt_spm))
+        return cls(model, vocab, *tokenizers(vocab))
 
     @property
     def specials(self) -> Specials:

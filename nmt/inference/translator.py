@@ -25,7 +25,7 @@ from torch import Tensor
 
 from nmt.capabilities import ENGINES
 from nmt.config import SearchConfig
-from nmt.data.tokenizer import Specials, Tokenizer
+from nmt.data.tokenizer import Specials, tokenizers
 from nmt.data.vocab import Vocab
 from nmt.errors import NmtError
 from nmt.inference.attention_maps import attention_maps, keep_attention
@@ -69,8 +69,7 @@ class Translator:
         self.models, self.device = models, torch.device(device)
         checkpoint = isinstance(vocab, Vocab)  # else a stand-in's Specials: no tokenizers
         self.vocab = vocab if checkpoint else None
-        self.src_tok = Tokenizer(vocab.src_spm) if checkpoint else None
-        self.tgt_tok = Tokenizer(vocab.tgt_spm) if checkpoint else None
+        self.src_tok, self.tgt_tok = tokenizers(vocab) if checkpoint else (None, None)
         self.specials = self.tgt_tok.specials._replace(source_eos=vocab.source_eos) if (
             checkpoint) else vocab
         self.continuations = self.tgt_tok.word_continuations() if self.tgt_tok else None

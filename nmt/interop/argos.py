@@ -13,9 +13,10 @@ the file's sha256), never beside the user's file.
 How argostranslate translates (translate.apply_packaged_translation), and how nmt does:
   - the text is split into pieces by sentencepiece.model (encode(out_type=str)) and
     CTranslate2 looks each piece up in its vocabulary, <unk> where it has none. nmt's ids are
-    those of CTranslate2's vocabulary: PackageTokenizer splits with the package's model and
-    looks the pieces up the same way, so ids are CTranslate2's, not the SentencePiece
-    model's, and the source and target vocabularies may differ;
+    those of CTranslate2's vocabulary: nmt.data.tokenizer.LookupTokenizer splits with the
+    package's model and looks the pieces up the same way (as nmt-import's checkpoint of the
+    package does), so ids are CTranslate2's, not the SentencePiece model's, and the source
+    and target vocabularies may differ;
   - target_prefix (NLLB-style packages) is one token forced first on every output
     (translate_batch's target_prefix) and removed from the text: the engine forces it and
     drops its id (ModelVocabulary.forced);
@@ -38,7 +39,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from nmt.data.tokenizer import Tokenizer, vocab_sha256
+from nmt.data.tokenizer import LookupTokenizer, Tokenizer, vocab_sha256
 from nmt.data.vocab import Vocab
 from nmt.errors import NmtError
 from nmt.interop.ct2_export import ct2_vocabulary
@@ -243,15 +244,15 @@ def package_vocabulary(pkg: ArgosPackage) -> ModelVocabulary:
     vocab = Vocab(src_size=src.vocab_size, tgt_size=tgt.vocab_size, joint=src.same_ids(tgt),
                   pad_id=specials.pad, unk_id=tgt.sp.unk_id(), bos_id=specials.bos,
                   eos_id=specials.eos, sha256=vocab_sha256(src.proto, tgt.proto),
-                  src_spm=src.proto, tgt_spm=tgt.proto,
-                  pair={"src_lang": pkg.from_code, "tgt_lang": pkg.to_code},
+                  src_spm=src.proto, tgt_spm=tgt.proto, src_split=split.proto,
+                  tgt_split=split.proto, pair={"src_lang": pkg.from_code, "tgt_lang": pkg.to_code},
                   source_eos=bool(config.get("add_source_eos", False)))  # as CTranslate2
     banned = tuple(i for i in specials.banned if i < size)  # a PAD after them is not CT2's
     return ModelVocabulary(vocab, src, tgt, _max_positions(header.shapes), forced, banned)
 
 
 def _side(pkg: ArgosPackage, side: str, config: dict, split: Tokenizer
-          ) -> tuple[PackageTokenizer, dict[str, int], int]:
+          ) -> tuple[LookupTokenizer, dict[str, int], int]:
     """One side's ("source", "target") tokenizer over the model's vocabulary, that
     vocabulary's piece -> id, and its size (a <pad> it lacks is given the id after it)."""
     pieces = ct2_vocabulary(pkg.model_dir, side)
@@ -270,13 +271,22 @@ def _side(pkg: ArgosPackage, side: str, config: dict, split: Tokenizer
         ids[kind] = table[token]
     size = len(pieces)
     ids["pad"] = next((table[p] for p in PADS if p in table), size)
-    if ids["pad"] == size:  # no padding: one after the model's ids, never generated
-        table[PADS[0]] = size
     kinds = {table[pkg.target_prefix]: CONTROL} if pkg.target_prefix in table else None
-    mapped = vocabulary_model(split.proto, table, size + (ids["pad"] == size), ids,
-                              pkg.model_dir / f"{side}_vocabulary", kinds)
-    tok = PackageTokenizer(mapped, split, table, ids["unk"], str(pkg.sp_model))
-    return tok, table, size
+    tok = ct2_tokenizer(split.proto, pieces + [PADS[0]] * (ids["pad"] == size), ids,
+                        pkg.model_dir / f"{side}_vocabulary", kinds)
+    return tok, tok.table, size  # no padding: one after the model's ids, never generated
+
+
+def ct2_tokenizer(split: bytes, pieces: list[str], specials: dict[str, int], where: Path,
+                  kinds: dict[int, int] | None = None) -> LookupTokenizer:
+    """The one mapping of a CTranslate2 vocabulary (`pieces`: the token of each id) onto a
+    SentencePiece model's pieces, as argostranslate tokenizes for CTranslate2: text split by
+    `split`, each piece looked up in the vocabulary (a piece listed twice: its first id),
+    <unk> where it has none; its SentencePiece model has piece i = token i and the special
+    ids `specials` (unk, eos, pad, bos; -1: none; kinds: as vocabulary_model's). An Argos
+    package served and nmt-import's checkpoint of it (nmt.interop.ct2_import) tokenize so."""
+    mapped = vocabulary_model(split, _table(pieces), len(pieces), specials, where, kinds)
+    return LookupTokenizer(mapped, split, str(where))
 
 
 def _table(pieces: list[str]) -> dict[str, int]:
@@ -308,30 +318,3 @@ def _max_positions(shapes: dict[str, tuple[int, ...]]) -> int:
     rows = [shape[0] for name, shape in shapes.items()
             if name.endswith("position_encodings/encodings") and shape]
     return min(rows, default=NO_POSITION_TABLE)
-
-
-class PackageTokenizer(Tokenizer):
-    """A Tokenizer whose ids are a CTranslate2 vocabulary's: text is split into pieces by the
-    package's own SentencePiece model, as argostranslate splits it, and each piece looked up
-    in the vocabulary (<unk> where it has none, as CTranslate2 does); the rest (decode,
-    pieces, specials) is the SentencePiece model whose piece i is the vocabulary's
-    (nmt.interop.hf_files.vocabulary_model)."""
-
-    def __init__(self, proto: bytes, split: Tokenizer, table: dict[str, int], unk: int,
-                 name: str):
-        super().__init__(proto, name)
-        self.split, self.table, self.unk = split, table, unk
-
-    def encode(self, lines: list[str], num_threads: int = -1) -> list[list[int]]:
-        """Raw text lines -> the vocabulary's ids of the package model's pieces
-        (num_threads: as Tokenizer.encode's)."""
-        sp, table, unk = self.split.sp, self.table, self.unk
-        if num_threads == 1:
-            split = [sp.encode(line, out_type=str) for line in lines]
-        else:
-            split = sp.encode(list(lines), out_type=str, num_threads=num_threads)
-        return [[table.get(p, unk) for p in pieces] for pieces in split]
-
-    def spans(self, text: str) -> list[tuple[int, int]]:
-        """Where each piece of `text`'s encoding lies in it (the package model's pieces)."""
-        return self.split.spans(text)

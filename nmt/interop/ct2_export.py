@@ -167,7 +167,8 @@ def write_ctranslate2(loaded: LoadedCheckpoint, out: Path, quantization: str = "
                    "the checkpoint")
     (out / "source.spm").write_bytes(loaded.src_tok.proto)  # to tokenize as nmt does
     (out / "target.spm").write_bytes(loaded.tgt_tok.proto)
-    vocab = dataclasses.replace(loaded.vocab, src_spm=None, tgt_spm=None).to_dict()
+    vocab = dataclasses.replace(loaded.vocab, src_spm=None, tgt_spm=None, src_split=None,
+                                tgt_split=None).to_dict()
     info = {**(key or {}), "vocab": vocab, "max_positions": loaded.model.cfg.max_positions}
     (out / "nmt.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
     return (f"CTranslate2, {loaded.describe()}, weights {quantization or 'float32'}"

@@ -20,20 +20,22 @@ OpenNMT-py 3), whose features the import reorders as nmt.interop.marian does, or
 
 The vocabularies are CTranslate2's (shared_vocabulary.json, or source_ and
 target_vocabulary.json, or .txt), each written as a SentencePiece model whose piece i is token
-i (nmt.interop.hf_files.vocabulary_model) from the directory's SentencePiece model(s): given,
-or the Argos package's (nmt.interop.argos.read_package: the package folder, its model/, or
-a .argosmodel zip), or source.spm and target.spm beside model.bin, or sentencepiece.model
-there. config.json names the specials. A model without a padding token
-(MarianMT's conversion drops <pad> and starts decoding from a zero embedding) gets one, a zero
-row at the end, which its decoding then starts from. nmt ends every source with </s>; a model
-that was trained without it (config.json add_source_eos false or absent, CTranslate2's
-default, in an Argos package, whose users add none, or in OpenNMT-py's layout; not MarianMT's
-conversions, whose tokenizers add </s>: source_eos) is imported with Vocab.source_eos false,
-which every path that ends a source with </s> respects; the output line says so, as it says a
-config.json layer_norm_epsilon other than nmt's 1e-5 (CTranslate2's default). An nmt
-export's SentencePiece models are kept as they are, and its nmt.json's pair or languages.
-tests/test_ct2_import.py checks weights, vocabularies and greedy outputs against the export's
-source and CTranslate2's translate_batch.
+i, text split by the directory's SentencePiece model and each piece looked up, <unk> where the
+vocabulary lacks it, as argostranslate does (nmt.interop.argos.ct2_tokenizer, the one mapping
+that a served package uses too; Vocab.src_split and tgt_split keep the models that split).
+The SentencePiece models are given, or the Argos package's (nmt.interop.argos.read_package:
+the package folder, its model/, or a .argosmodel zip), or source.spm and target.spm beside
+model.bin, or sentencepiece.model there. config.json names the specials. A model without a
+padding token (MarianMT's conversion drops <pad> and starts decoding from a zero embedding)
+gets one, a zero row at the end, which its decoding then starts from. nmt ends every source
+with </s>; a model that was trained without it (config.json add_source_eos false or absent,
+CTranslate2's default, in an Argos package, whose users add none, or in OpenNMT-py's layout;
+not MarianMT's conversions, whose tokenizers add </s>: source_eos) is imported with
+Vocab.source_eos false, which every path that ends a source with </s> respects; the output
+line says so, as it says a config.json layer_norm_epsilon other than nmt's 1e-5
+(CTranslate2's default). An nmt export's SentencePiece models are kept as they are, and its
+nmt.json's pair or languages. tests/test_ct2_import.py checks weights, vocabularies and
+greedy outputs against the export's source and CTranslate2's translate_batch.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from nmt.interop import argos
 from nmt.interop.argos import ArgosPackage
 from nmt.interop.ct2_export import ct2_vocabulary, read_info
 from nmt.interop.ct2_model import Ct2Model, read_model_bin
-from nmt.interop.hf_files import Converted, read_json, vocabulary_model
+from nmt.interop.hf_files import Converted, read_json
 from nmt.model import PositionalEncoding
 from nmt.variants import FairseqPositions
 
@@ -182,20 +184,23 @@ def _vocabulary(model_dir: Path, side: str) -> list[str]:
 def vocabulary(tokens: _Tokens, joint: bool, protos: tuple[bytes, bytes],
                paths: tuple[Path, Path], pair: dict[str, str] | None, source_eos: bool
                ) -> Vocab:
-    """The checkpoint's vocabulary (joint: one id space, one embedding): per side a
-    SentencePiece model whose piece i is token i of the CTranslate2 vocabulary (the given
-    model's pieces keep their scores; the others are never produced); source_eos: whether
-    sources end with EOS (config.json's add_source_eos)."""
+    """The checkpoint's vocabulary (joint: one id space, one embedding): per side the given
+    SentencePiece model where its piece i is already token i of the CTranslate2 vocabulary
+    (an nmt export's), else nmt.interop.argos.ct2_tokenizer's model and the given one as the
+    side's split model (Vocab.src_split, tgt_split: text tokenized as argostranslate
+    tokenizes it for the model); source_eos: whether sources end with EOS."""
     bos = tokens.start if tokens.start != tokens.pad else -1
     specials = {"unk": tokens.unk, "eos": tokens.eos, "pad": tokens.pad, "bos": bos}
-    models = [proto if _same_ids(proto, side, specials) else vocabulary_model(
-                  proto, {t: i for i, t in reversed(list(enumerate(side)))}, len(side),
-                  specials, path)
-              for proto, path, side in zip(protos, paths, (tokens.src, tokens.tgt), strict=True)]
+    models, splits = [], []
+    for proto, path, side in zip(protos, paths, (tokens.src, tokens.tgt), strict=True):
+        same = _same_ids(proto, side, specials)
+        models.append(proto if same else argos.ct2_tokenizer(proto, side, specials, path).proto)
+        splits.append(None if same else proto)
     return Vocab(src_size=len(tokens.src), tgt_size=len(tokens.tgt),
                  joint=joint, pad_id=tokens.pad, unk_id=tokens.unk,
                  bos_id=tokens.start, eos_id=tokens.eos, sha256=vocab_sha256(*models),
-                 src_spm=models[0], tgt_spm=models[1], pair=pair, source_eos=source_eos)
+                 src_spm=models[0], tgt_spm=models[1], pair=pair, source_eos=source_eos,
+                 src_split=splits[0], tgt_split=splits[1])
 
 
 def _same_ids(proto: bytes, tokens: list[str], specials: dict[str, int]) -> bool:
