@@ -147,15 +147,22 @@ def test_older_binary_versions_are_read(checkpoint, version, tmp_path):
     assert all(torch.equal(after[name], weight) for name, weight in before.items())
 
 
-def test_an_argos_package_imports_with_its_sentencepiece_model_and_pair(
-        spm, checkpoint, tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # where zips are unpacked
-    package = tmp_path / "translate-en_de-1_0"
+def export_package(checkpoint: Path, spm: bytes, package: Path) -> Path:
+    """An en->de Argos package folder of the checkpoint's export (its model/ as nmt-export
+    writes it less nmt's own files) and the SentencePiece model."""
     model = export_ct2(checkpoint, package / "model")
     for name in ("nmt.json", "source.spm", "target.spm"):  # what nmt-export adds
         (model / name).unlink()
-    (package / "sentencepiece.model").write_bytes(spm["joint"])
+    (package / "sentencepiece.model").write_bytes(spm)
     (package / "metadata.json").write_text('{"from_code": "en", "to_code": "de"}')
+    return package
+
+
+def test_an_argos_package_imports_with_its_sentencepiece_model_and_pair(
+        spm, checkpoint, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # where zips are unpacked
+    package = export_package(checkpoint, spm["joint"], tmp_path / "translate-en_de-1_0")
+    model = package / "model"
     zipped = Path(shutil.make_archive(str(tmp_path / "en_de"), "zip", tmp_path, package.name))
     for given in (package, model, zipped.rename(zipped.with_suffix(".argosmodel"))):
         out = import_model(ImportConfig(input=str(given), output=str(tmp_path / "a.pt"),
@@ -182,12 +189,8 @@ def test_a_piece_the_vocabulary_lacks_is_unk_imported_as_served(spm, checkpoint,
     from nmt.inference.engine import open_translator
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    package = tmp_path / "translate-en_de-1_0"
-    model = export_ct2(checkpoint, package / "model")
-    for name in ("nmt.json", "source.spm", "target.spm"):  # what nmt-export adds
-        (model / name).unlink()
-    (package / "sentencepiece.model").write_bytes(spm["joint"])
-    (package / "metadata.json").write_text('{"from_code": "en", "to_code": "de"}')
+    package = export_package(checkpoint, spm["joint"], tmp_path / "translate-en_de-1_0")
+    model = package / "model"
     lines = list(bundled_sentences())[:24]
     split = Tokenizer(spm["joint"]).sp.encode(lines, out_type=str)
     vocab = json.loads((model / "shared_vocabulary.json").read_text())
