@@ -28,6 +28,7 @@ from translate_helpers import lines_of, widen
 from nmt.commands.translate import translate
 from nmt.config import SearchConfig, TranslateConfig, compose, to_object
 from nmt.data.tokenizer import LookupTokenizer, Tokenizer, train_bpe
+from nmt.data.vocab import LanguagePair
 from nmt.errors import NmtError
 from nmt.inference.engine import open_translator
 from nmt.inference.translator import Translator
@@ -132,7 +133,7 @@ def test_the_package_records_its_pair_and_is_read_in_place(export_pkg):
     pkg = argos.read_package(export_pkg)
     assert (pkg.from_code, pkg.to_code, pkg.pair, pkg.root) == ("en", "de", "en->de", export_pkg)
     with open_translator("ctranslate2", [str(export_pkg)], CPU, threads=1) as tr:
-        assert tr.vocab.pair == {"src_lang": "en", "tgt_lang": "de"}
+        assert tr.vocab.pair == LanguagePair("en", "de")
     assert sorted(p.relative_to(export_pkg) for p in export_pkg.rglob("*")) == before
 
 

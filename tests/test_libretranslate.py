@@ -27,6 +27,7 @@ from translate_helpers import save_tiny_checkpoint
 pytest.importorskip("fastapi")
 from test_serve import InProcess, Server  # noqa: E402
 
+from nmt.data.vocab import FORCED, TAG, Languages  # noqa: E402
 from nmt.errors import NmtError  # noqa: E402
 from nmt.serve import libretranslate  # noqa: E402
 from nmt.serve.api_keys import ApiKeys  # noqa: E402
@@ -201,13 +202,13 @@ def test_sources_and_targets_follow_the_models_convention():
     OPUS-MT model: en -> es, fr, it) or the sources its checkpoint records; a bilingual model
     offers its one pair."""
     nllb = libretranslate.Languages.of(
-        {"convention": "forced", "codes": {"eng_Latn": 5, "deu_Latn": 6}}, "", "")
+        Languages(FORCED, {"eng_Latn": 5, "deu_Latn": 6}), "", "")
     assert nllb.fields("eng_Latn", "deu_Latn") == {"tgt_lang": "deu_Latn",
                                                    "src_lang": "eng_Latn"}
     assert nllb.listing()[0] == {"code": "deu_Latn", "name": "deu_Latn",
                                  "targets": ["eng_Latn"]}
     opus = libretranslate.Languages.of(
-        {"convention": "tag", "codes": {"es": 5, "fr": 6, "it": 7}}, "en", "")
+        Languages(TAG, {"es": 5, "fr": 6, "it": 7}), "en", "")
     assert opus.fields("en", "fr") == {"tgt_lang": "fr"}
     for source, target in (("es", "fr"), ("en", "en")):
         with pytest.raises(libretranslate.LibreError, match=rf"^{source} is not supported "
@@ -219,8 +220,7 @@ def test_sources_and_targets_follow_the_models_convention():
         {"code": "fr", "name": "French", "targets": []},
         {"code": "it", "name": "Italian", "targets": []}]
     trained = libretranslate.Languages.of(
-        {"convention": "tag", "codes": {"de": 4, "en": 5, "fr": 6}, "sources": ["de", "en"]},
-        "", "")
+        Languages(TAG, {"de": 4, "en": 5, "fr": 6}, ("de", "en")), "", "")
     assert trained.sources == ("de", "en") and trained.targets == ("de", "en", "fr")
     pair = libretranslate.Languages.of(None, "en", "de")
     assert pair.fields("en", "de") == {} and pair.listing()[1]["targets"] == []

@@ -32,6 +32,7 @@ from nmt.config import (
     SearchConfig,
 )
 from nmt.data.languages import choose
+from nmt.data.vocab import TAG, Languages
 from nmt.errors import ConfigError, NmtError
 from nmt.inference.batches import translate_ids
 from nmt.inference.translator import Translator
@@ -268,7 +269,7 @@ def test_target_language_tokens_are_whole_and_chosen_with_tgt_lang(multilingual)
     directory, checkpoint = multilingual
     _, tokenizer = hf_model(directory)
     tr = Translator.load(checkpoint, dtype=None)
-    assert tr.vocab.languages == {"convention": "tag", "codes": {"de": 2, "fr": 3}}
+    assert tr.vocab.languages == Languages(TAG, {"de": 2, "fr": 3})
     text = lines("test.en", 0, 100)
     theirs = tokenizer([f">>fr<< {line}" for line in text])["input_ids"]
     chosen = choose(tr.vocab, "", "fr", str(checkpoint)).sources(tr.src_tok.encode(text))

@@ -34,6 +34,7 @@ from test_export import (  # noqa: E402
 
 from nmt.config import ExportConfig, compose, to_object  # noqa: E402
 from nmt.data.tokenizer import EOS_ID, train_bpe  # noqa: E402
+from nmt.data.vocab import TAG, Languages  # noqa: E402
 from nmt.errors import ConfigError, NmtError  # noqa: E402
 from nmt.inference.loading import LoadedCheckpoint  # noqa: E402
 from nmt.interop.onnx_export import (  # noqa: E402
@@ -141,7 +142,7 @@ def test_what_is_not_exported_is_one_line(spm, exported, tmp_path):
     ckpt, _ = exported["pre"]
     loaded = LoadedCheckpoint.load(ckpt)
     tagged = dataclasses.replace(loaded, vocab=dataclasses.replace(
-        loaded.vocab, languages={"codes": {"de": 5, "fr": 6}}))
+        loaded.vocab, languages=Languages(TAG, {"de": 5, "fr": 6})))
     with pytest.raises(NmtError, match="exports bilingual models only"):
         check_exportable(tagged)
     separate = varied_checkpoint(tmp_path / "s.pt", spm["en"], spm["de"], "post",

@@ -11,9 +11,9 @@ import pytest
 import torch
 from translate_helpers import random_sources, search, tiny_model
 
-from nmt.data.languages import LanguagePair, choose, recorded_pair
+from nmt.data.languages import choose, recorded_pair
 from nmt.data.tokenizer import SPECIALS, Tokenizer, vocab_sha256
-from nmt.data.vocab import Vocab
+from nmt.data.vocab import TAG, LanguagePair, Languages, Vocab
 from nmt.errors import NmtError
 from nmt.inference.translator import Translator
 from nmt.training.checkpoint import save_checkpoint
@@ -29,6 +29,10 @@ RECORDED = {"bilingual": {"pair": {"src_lang": "en", "tgt_lang": "de"}},
 LANGUAGES = {"bilingual": (LanguagePair("en", "de"), "", ()),
              "multilingual": (LanguagePair(), "fr", (5,)),
              "older": (LanguagePair(), "", ())}
+# Per kind: what its Vocab holds of its languages, typed
+TYPED = {"bilingual": (None, LanguagePair("en", "de")),
+         "multilingual": (Languages(TAG, {"de": 4, "fr": 5}, ("en",)), None),
+         "older": (None, None)}
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +56,7 @@ def test_a_dict_round_trips_key_for_key(proto, kind):
     vocab = Vocab.from_dict(entry, "old.pt")
     assert vocab.to_dict() == entry and list(vocab.to_dict()) == list(entry)
     assert Vocab.from_dict(vocab.to_dict(), "old.pt") == vocab
-    assert (vocab.languages, vocab.pair) == (entry.get("languages"), entry.get("pair"))
+    assert (vocab.languages, vocab.pair) == TYPED[kind]  # typed values, not the dicts
 
 
 @pytest.mark.parametrize("kind", RECORDED)
@@ -100,6 +104,16 @@ def test_a_missing_key_is_one_line_naming_it(proto, key):
     with pytest.raises(NmtError) as e:
         Vocab.from_dict(entry, "run/old.pt")
     assert str(e.value) == f"run/old.pt: checkpoint vocab lacks {key}"
+
+
+@pytest.mark.parametrize("recorded", [{"languages": {"codes": {"de": 4}}},
+                                      {"languages": ["tag"]}, {"pair": "en-de"}])
+def test_a_languages_or_pair_entry_nmt_never_wrote_is_one_line(proto, recorded):
+    entry = {**old_entry(proto, "older"), **recorded}
+    with pytest.raises(NmtError) as e:
+        Vocab.from_dict(entry, "run/odd.pt")
+    assert str(e.value) == "run/odd.pt: checkpoint vocab's languages or pair entry is not one " \
+        "nmt writes"
 
 
 def test_a_checkpoint_without_its_vocabulary_is_one_line_naming_what_it_lacks(proto, tmp_path):

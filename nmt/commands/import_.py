@@ -49,7 +49,7 @@ def import_model(cfg: ImportConfig) -> Path:
                      "imported_from": str(src)}, out)
     if replaced is not None:
         load_checkpoint(out)  # read back as every command will
-    languages = (vocab.languages or {}).get("codes", {})
+    languages = vocab.languages.codes if vocab.languages else {}
     print(f"{PROG}: {src} -> {out} ({converted.kind}, {model_cfg.N}+"
           f"{model_cfg.decoder_layers} layers, d_model {model_cfg.d_model}, "
           f"{model_cfg.activation}, vocabulary {vocab.src_size}/{vocab.tgt_size}"

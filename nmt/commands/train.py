@@ -48,7 +48,7 @@ from nmt.data.batches import (
 )
 from nmt.data.manifest import Manifest, directions, read_manifest
 from nmt.data.tokenizer import Tokenizer, vocab_sha256
-from nmt.data.vocab import Vocab
+from nmt.data.vocab import LanguagePair, Languages, Vocab
 from nmt.errors import NmtError
 from nmt.metrics.scoring import check_bleu_tokenize, read_references
 from nmt.model import count_parameters
@@ -298,13 +298,14 @@ def load_vocab(data_dir: str, manifest: Manifest) -> Vocab:
 
 
 def recorded_languages(manifest: Manifest) -> dict:
-    """What a checkpoint records of its data's languages (nmt.data.languages): a multilingual
-    directory's "languages" entry, with the source languages of its corpora ("sources"), or a
-    bilingual one's "pair" (its src_lang and tgt_lang)."""
+    """What a checkpoint records of its data's languages (nmt.data.languages), as Vocab's
+    fields: a multilingual directory's languages, with the source languages of its corpora
+    (else those it recorded), or a bilingual one's pair (its src_lang and tgt_lang)."""
     if manifest.languages is not None:
-        sources = manifest.corpus_languages()
-        return {"languages": {**manifest.languages, **({"sources": sources} if sources else {})}}
-    return {"pair": {"src_lang": manifest.src_lang, "tgt_lang": manifest.tgt_lang}}
+        recorded = Languages.from_dict(manifest.languages)
+        sources = tuple(manifest.corpus_languages()) or recorded.sources
+        return {"languages": dataclasses.replace(recorded, sources=sources)}
+    return {"pair": LanguagePair(manifest.src_lang, manifest.tgt_lang)}
 
 
 def update_frequency(tc: TrainLoopConfig, itr: EpochBatchIterator, world_size: int

@@ -1,10 +1,10 @@
 """A checkpoint's languages, and how its model is told which to write (nmt-translate's src_lang=
 and tgt_lang=).
 
-A checkpoint of a multilingual model records them in nmt.data.vocab.Vocab.languages:
-{"convention": ..., "codes": {language: token id}}; a checkpoint without the entry (every
-older one, and every bilingual model) is one language pair, to which src_lang= and tgt_lang=
-do not apply. The conventions of the models nmt imports:
+A checkpoint of a multilingual model records them in nmt.data.vocab.Vocab.languages (a
+nmt.data.vocab.Languages: its convention and codes, {language: token id}); a checkpoint without
+them (every older one, and every bilingual model) is one language pair, to which src_lang= and
+tgt_lang= do not apply. The conventions of the models nmt imports:
 - "forced" (M2M100, NLLB-200; nmt.interop.m2m100): a source is `code(src_lang) pieces </s>`, and
   the output starts with code(tgt_lang), forced (decoding starts from </s>): both are needed.
 - "tag" (multilingual OPUS-MT; nmt.interop.marian): a source is `>>tgt_lang<< pieces </s>`; without
@@ -14,8 +14,8 @@ The names are the checkpoint's: de for M2M100's __de__ and OPUS-MT's >>de<<, deu
 NLLB-200. nmt-preprocess's src_lang and tgt_lang are the suffixes of its files (a
 multilingual data directory's side names); its corpora's src_lang and tgt_lang are languages.
 A model trained here on several pairs records convention "tag" with tokens >>xx<<
-(nmt.data.subwords, docs/design.md) and its corpora's source languages ("sources"); one trained on
-one pair records Vocab.pair = {"src_lang", "tgt_lang"} (its data's suffixes): what nmt-serve's
+(nmt.data.subwords, docs/design.md) and its corpora's source languages (sources); one trained on
+one pair records Vocab.pair, a LanguagePair (its data's suffixes): what nmt-serve's
 LibreTranslate API and split=sentence use when not told (recorded_pair; checkpoints from
 before it record nothing, and a server then needs src_lang= and tgt_lang=).
 """
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nmt.data.vocab import Vocab
+from nmt.data.vocab import LanguagePair, Languages, Vocab
 from nmt.errors import ConfigError
 
 
@@ -54,26 +54,27 @@ def choose(vocab: Vocab, src_lang: str, tgt_lang: str, where: str) -> LanguageCh
     """The ids that make the checkpoint `where` (its vocabulary) translate from src_lang into
     tgt_lang ("": not given); a one-line ConfigError naming the key for a language it lacks, a
     language it needs, or a language given to a bilingual model."""
-    entry = vocab.languages
-    if entry is None:
+    languages = vocab.languages
+    if languages is None:
         for key, value in (("src_lang", src_lang), ("tgt_lang", tgt_lang)):
             if value:
                 raise ConfigError(key, f"{where} is a bilingual model (it records no "
                                   f"languages to choose from); leave {key} out", value=value)
         return LanguageChoice()
-    if entry["convention"] == "forced":
-        return LanguageChoice((language_id(entry, "src_lang", src_lang, where),),
-                              (language_id(entry, "tgt_lang", tgt_lang, where),))
+    if languages.forced:
+        return LanguageChoice((language_id(languages, "src_lang", src_lang, where),),
+                              (language_id(languages, "tgt_lang", tgt_lang, where),))
     if src_lang:
         raise ConfigError("src_lang", f"{where} chooses the target language only "
                           f"(tgt_lang=); leave src_lang out", value=src_lang)
-    return LanguageChoice((language_id(entry, "tgt_lang", tgt_lang, where),) if tgt_lang else ())
+    return LanguageChoice((language_id(languages, "tgt_lang", tgt_lang, where),)
+                          if tgt_lang else ())
 
 
-def language_id(entry: dict, key: str, lang: str, where: str) -> int:
-    """The token id of language `lang` (the value of `key`) in a checkpoint's languages entry;
+def language_id(languages: Languages, key: str, lang: str, where: str) -> int:
+    """The token id of language `lang` (the value of `key`) among a checkpoint's languages;
     a one-line ConfigError naming the key for a language `where` lacks or for none given."""
-    codes = entry["codes"]
+    codes = languages.codes
     if lang not in codes:
         known = sorted(codes)
         shown = ", ".join(known[:12]) + (f", ... ({len(known)} in all)"
@@ -84,16 +85,7 @@ def language_id(entry: dict, key: str, lang: str, where: str) -> int:
     return codes[lang]
 
 
-@dataclass(frozen=True)
-class LanguagePair:
-    """A bilingual checkpoint's recorded languages ("" where it records none)."""
-
-    src_lang: str = ""
-    tgt_lang: str = ""
-
-
 def recorded_pair(vocab: Vocab) -> LanguagePair:
     """The language pair a checkpoint (its vocabulary) records; empty for a multilingual one,
     an older one or an import."""
-    pair = vocab.pair or {}
-    return LanguagePair(pair.get("src_lang", ""), pair.get("tgt_lang", ""))
+    return vocab.pair or LanguagePair()

@@ -81,7 +81,7 @@ def load_subwords(path: str) -> tuple[Tokenizer, Tokenizer, dict]:
     elif p.read_bytes()[:2] == b"PK":  # a zip: a torch checkpoint
         vocab = Checkpoint.load(p).vocab
         src, tgt = tokenizers(vocab, str(p))
-        languages = vocab.languages
+        languages = vocab.languages.to_dict() if vocab.languages else None
     else:
         src = tgt = Tokenizer.from_file(p)
     if src.proto == tgt.proto:

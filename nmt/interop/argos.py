@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nmt.data.tokenizer import LookupTokenizer, Tokenizer, vocab_sha256
-from nmt.data.vocab import Vocab
+from nmt.data.vocab import LanguagePair, Vocab
 from nmt.errors import NmtError
 from nmt.interop.ct2_export import ct2_vocabulary
 from nmt.interop.ct2_model import read_model_bin
@@ -245,7 +245,7 @@ def package_vocabulary(pkg: ArgosPackage) -> ModelVocabulary:
                   pad_id=specials.pad, unk_id=tgt.sp.unk_id(), bos_id=specials.bos,
                   eos_id=specials.eos, sha256=vocab_sha256(src.proto, tgt.proto),
                   src_spm=src.proto, tgt_spm=tgt.proto, src_split=split.proto,
-                  tgt_split=split.proto, pair={"src_lang": pkg.from_code, "tgt_lang": pkg.to_code},
+                  tgt_split=split.proto, pair=LanguagePair(pkg.from_code, pkg.to_code),
                   source_eos=bool(config.get("add_source_eos", False)))  # as CTranslate2
     banned = tuple(i for i in specials.banned if i < size)  # a PAD after them is not CT2's
     return ModelVocabulary(vocab, src, tgt, _max_positions(header.shapes), forced, banned)

@@ -50,11 +50,11 @@ from torch import Tensor
 
 from nmt.config import ModelConfig
 from nmt.data.tokenizer import Tokenizer, vocab_sha256
-from nmt.data.vocab import Vocab
+from nmt.data.vocab import LanguagePair, Vocab
 from nmt.errors import ConfigError, NmtError
 from nmt.interop import argos
 from nmt.interop.argos import ArgosPackage
-from nmt.interop.ct2_export import ct2_vocabulary, read_info
+from nmt.interop.ct2_export import INFO, ct2_vocabulary, read_info
 from nmt.interop.ct2_model import Ct2Model, read_model_bin
 from nmt.interop.hf_files import Converted, read_json
 from nmt.model import PositionalEncoding
@@ -182,7 +182,7 @@ def _vocabulary(model_dir: Path, side: str) -> list[str]:
 
 
 def vocabulary(tokens: _Tokens, joint: bool, protos: tuple[bytes, bytes],
-               paths: tuple[Path, Path], pair: dict[str, str] | None, source_eos: bool
+               paths: tuple[Path, Path], pair: LanguagePair | None, source_eos: bool
                ) -> Vocab:
     """The checkpoint's vocabulary (joint: one id space, one embedding): per side the given
     SentencePiece model where its piece i is already token i of the CTranslate2 vocabulary
@@ -441,8 +441,9 @@ def _as_exported(vocab: Vocab, model_dir: Path) -> Vocab:
     entry = info.get("vocab") if isinstance(info.get("vocab"), dict) else {}
     if entry.get("sha256") != vocab.sha256:
         return vocab
-    return dataclasses.replace(vocab, pair=entry.get("pair", vocab.pair),
-                               languages=entry.get("languages"))
+    recorded = Vocab.from_dict(entry, str(model_dir / INFO), protos=False)
+    return dataclasses.replace(vocab, pair=recorded.pair or vocab.pair,
+                               languages=recorded.languages)
 
 
 def is_ct2_model(directory: Path) -> bool:
@@ -492,7 +493,7 @@ def _read_bytes(path: Path) -> bytes:
         raise NmtError(f"{path}: cannot read ({e.strerror})") from None
 
 
-def _pair(package: ArgosPackage | None) -> dict[str, str] | None:
+def _pair(package: ArgosPackage | None) -> LanguagePair | None:
     """An Argos package's languages (from_code, to_code) as the checkpoint's pair; a package
     with a target_prefix (NLLB-style) is refused."""
     if package is None:
@@ -500,7 +501,7 @@ def _pair(package: ArgosPackage | None) -> dict[str, str] | None:
     if package.target_prefix:
         raise NmtError(f"{package.path}: target_prefix={package.target_prefix!r}: nmt-import "
                        f"reads bilingual packages only")
-    return {"src_lang": package.from_code, "tgt_lang": package.to_code}
+    return LanguagePair(package.from_code, package.to_code)
 
 
 def describe(v: _Variables, config: dict, tokens: _Tokens, vocab: Vocab) -> str:
@@ -508,7 +509,7 @@ def describe(v: _Variables, config: dict, tokens: _Tokens, vocab: Vocab) -> str:
     dequantised or widened, sources without </s>, what nmt does otherwise than the model's
     config."""
     pair = vocab.pair
-    notes = ["CTranslate2" + (f" {pair['src_lang']}->{pair['tgt_lang']}" if pair else "")]
+    notes = ["CTranslate2" + (f" {pair.src_lang}->{pair.tgt_lang}" if pair else "")]
     quantised = sorted(t for t in v.stored if t.startswith("int"))
     if quantised:
         notes.append(f"{'/'.join(quantised)} weights dequantised to float32")

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from nmt.data.tokenizer import vocab_sha256
-from nmt.data.vocab import Vocab
+from nmt.data.vocab import FORCED, Languages, Vocab
 from nmt.errors import NmtError
 from nmt.interop.hf_files import (
     CONTROL,
@@ -99,7 +99,7 @@ def vocabulary(directory: Path, config: dict) -> tuple[Vocab, str]:
     spm = vocabulary_model(proto, table, size, specials, spm_path, kinds)
     vocab = Vocab(src_size=size, tgt_size=size, joint=True, pad_id=pad, unk_id=unk,
                   bos_id=eos, eos_id=eos, sha256=vocab_sha256(spm, spm), src_spm=spm,
-                  tgt_spm=spm, languages={"convention": "forced", "codes": codes})
+                  tgt_spm=spm, languages=Languages(FORCED, codes))
     return vocab, "M2M100" if m2m100 else "NLLB-200"
 
 

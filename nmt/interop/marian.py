@@ -40,7 +40,7 @@ from torch import Tensor
 
 from nmt.config import ModelConfig
 from nmt.data.tokenizer import vocab_sha256
-from nmt.data.vocab import Vocab
+from nmt.data.vocab import TAG, Languages, Vocab
 from nmt.errors import NmtError
 from nmt.interop.hf_files import (
     USER_DEFINED,
@@ -115,6 +115,6 @@ def vocabulary(directory: Path, config: dict, joint: bool) -> Vocab:
                  unk_id=ids["<unk>"], bos_id=start, eos_id=eos,
                  sha256=vocab_sha256(protos["src"], protos["tgt"]), src_spm=protos["src"],
                  tgt_spm=protos["tgt"],
-                 languages={"convention": "tag", "codes": codes} if codes else None)
+                 languages=Languages(TAG, codes) if codes else None)
 
 

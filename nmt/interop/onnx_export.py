@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt.data.vocab import LanguagePair
 from nmt.errors import NmtError
 from nmt.inference.loading import LoadedCheckpoint
 from nmt.interop.tokenizer_json import write_tokenizer_json
@@ -315,8 +316,8 @@ def write_page(loaded: LoadedCheckpoint, out: Path, web_runtime: str) -> None:
     import html
     import shutil
 
-    pair = loaded.vocab.pair or {}
-    name = f"{pair.get('src_lang') or 'source'} \u2192 {pair.get('tgt_lang') or 'target'}"
+    pair = loaded.vocab.pair or LanguagePair()
+    name = f"{pair.src_lang or 'source'} \u2192 {pair.tgt_lang or 'target'}"
     page = (Path(__file__).parent / "offline.html").read_text(encoding="utf-8")
     (out / "index.html").write_text(page.replace("__PAIR__", html.escape(name)),
                                     encoding="utf-8")

@@ -252,7 +252,7 @@ def write_m2m100_tokenizer(loaded: LoadedCheckpoint, out: Path) -> None:
 
     tok = loaded.tgt_tok
     (out / "sentencepiece.bpe.model").write_bytes(tok.proto)
-    codes = (loaded.vocab.languages or {}).get("codes", {})
+    codes = loaded.vocab.languages.codes if loaded.vocab.languages else {}
     first = min(codes.values(), default=tok.vocab_size)
     m2m100 = {c: first + i for i, c in enumerate(FAIRSEQ_LANGUAGE_CODES["m2m100"])}
     ids = {piece: i for i, piece in enumerate(pieces(tok))}

@@ -45,6 +45,7 @@ from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
 from nmt.config import ServeConfig
+from nmt.data import vocab
 from nmt.errors import NmtError
 from nmt.inference.glossary import index, is_comment, read_glossary
 from nmt.inference.markup_parse import parse
@@ -355,16 +356,16 @@ class Languages:
     multilingual: bool  # the request chooses the target (tgt_lang)
 
     @classmethod
-    def of(cls, entry: dict | None, src_lang: str, tgt_lang: str) -> Languages:
-        """From a checkpoint's languages entry (None: bilingual) and the server's (or the
+    def of(cls, entry: vocab.Languages | None, src_lang: str, tgt_lang: str) -> Languages:
+        """From a checkpoint's languages (None: bilingual) and the server's (or the
         checkpoint's recorded) src_lang and tgt_lang ("": unknown)."""
         if entry is None:
             pair = bool(src_lang and tgt_lang)
             return cls((src_lang,) * pair, (tgt_lang,) * pair, False, False)
-        codes = tuple(sorted(entry["codes"]))
-        if entry["convention"] == "forced":
+        codes = tuple(sorted(entry.codes))
+        if entry.forced:
             return cls(codes, codes, True, True)
-        sources = (src_lang,) if src_lang else tuple(entry.get("sources") or codes)
+        sources = (src_lang,) if src_lang else (entry.sources or codes)
         return cls(sources, codes, False, True)
 
     @property

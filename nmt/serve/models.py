@@ -148,7 +148,7 @@ def _languages(vocab: Vocab, path: Path) -> Languages:
     (en-de.pt); else a one-line NmtError."""
     named = PAIR_NAME.fullmatch(path.stem if path.is_file() else path.name)
     entry = vocab.languages
-    if entry is not None and (entry["convention"] == "forced" or entry.get("sources")):
+    if entry is not None and (entry.forced or entry.sources):
         return Languages.of(entry, "", "")
     if entry is not None:
         if named is None:

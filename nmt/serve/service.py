@@ -77,8 +77,8 @@ class Service:
         self.glossary = Glossary.load(cfg.glossary, cfg.keep, translator.tgt_tok,
                                       translator.max_input_tokens)  # read and encoded once
         self.comet = mbr_comet(cfg.comet, translator.device)  # loaded once, at start
-        self.languages = sorted(entry["codes"]) if entry else []
-        self.forced = bool(entry) and entry["convention"] == "forced"
+        self.languages = sorted(entry.codes) if entry else []
+        self.forced = bool(entry) and entry.forced
         for key in ("tgt_lang", "src_lang") if self.forced else ("tgt_lang",):
             if entry and getattr(cfg, key):  # a request's default: checked at start
                 language_id(entry, key, getattr(cfg, key), cfg.checkpoint)
