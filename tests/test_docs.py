@@ -188,3 +188,34 @@ def test_the_summarys_serving_figures_are_measured_in_their_section(label):
     measured = section(doc, "## Serving throughput")
     figures = re.findall(r"\d+\.\d+|\d+%", headline(label))
     assert figures and [f for f in figures if f not in measured] == []
+
+
+def layout_files() -> list[str]:
+    """The files design.md's layout names under nmt/, as paths from the repository root: an
+    entry at two spaces is nmt/'s, at four the package's above it (`pkg/` at two spaces);
+    `pkg/file` names a package's file directly; continuation lines (deeper) name none."""
+    text = (ROOT / "docs" / "design.md").read_text()
+    block = text.split("## Layout\n", 1)[1].split("```\n", 2)[1]
+    names, package = [], ""
+    for line in block.splitlines():
+        indent, first = len(line) - len(line.lstrip(" ")), (line.split() or [""])[0]
+        if indent == 0 and first != "nmt/" and names:
+            break  # configs/, scripts/, ...: outside the package
+        if indent == 2:
+            package = first if first.endswith("/") else ""
+            if not package:
+                names.append(f"nmt/{first}")
+        elif indent == 4 and package:
+            names.append(f"nmt/{package}{first}")
+    return names
+
+
+def test_the_layout_names_every_file_of_the_package_and_only_files_that_exist():
+    """design.md's layout has a line for every file under nmt/ (sources, and the page, the
+    scripts and the operator's C++ beside them), and every file it names exists."""
+    named = layout_files()
+    assert len(named) == len(set(named))  # one line each
+    files = {str(p.relative_to(ROOT)) for p in (ROOT / "nmt").rglob("*")
+             if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"}
+    assert sorted(files - set(named)) == []  # every file has its line
+    assert sorted(set(named) - files) == []  # every line names a file
