@@ -6,7 +6,8 @@ A checkpoint file is a plain dict of tensors, numbers, strings, bytes, lists and
 Checkpoint.from_dict reads it back, older layouts included):
     format       the layout version (FORMAT); older layouts are converted when loaded
     model        the model's state_dict
-    model_cfg    dataclasses.asdict(ModelConfig)
+    model_cfg    dataclasses.asdict(ModelConfig), but those of its fields that older
+                 checkpoints lack (LATER_MODEL_KEYS) only where not at their default
     vocab        nmt.data.vocab.Vocab.to_dict(): {"src_size", "tgt_size", "joint", "pad_id",
                   "unk_id", "bos_id", "eos_id", "sha256": checksum of the SentencePiece model(s),
                   "src_spm": bytes, "tgt_spm": bytes,  (so a checkpoint translates on its own)
@@ -19,7 +20,7 @@ and, for training checkpoints only: optimizer, scheduler, scaler, iterator, conf
 nonfinite (Checkpoint.training keeps them, and what else a file holds: averaged_from,
 upgraded_from). There is no RNG state: every micro-batch reseeds dropout from its place in
 the data. nmt.training.checkpoint writes a run's checkpoints and averages them;
-nmt.inference.loading builds the model of one.
+nmt.loading builds the model of one.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from nmt.system.files import write_atomically
 
 FORMAT = 2  # 2: the encoder-decoder attention has W_q and W_kv (1: one fused W_qkv)
 REQUIRED = ("model", "model_cfg", "vocab")
+LATER_MODEL_KEYS = ("norm_eps",)  # ModelConfig's fields newer than older checkpoints
 
 
 @dataclass
@@ -72,7 +74,10 @@ class Checkpoint:
 
     def to_dict(self) -> dict[str, Any]:
         """The checkpoint's dict, as save_checkpoint writes it (without "format")."""
-        return {"model": self.model, "model_cfg": dataclasses.asdict(self.model_cfg),
+        cfg, defaults = dataclasses.asdict(self.model_cfg), ModelConfig.__dataclass_fields__
+        model_cfg = {k: v for k, v in cfg.items()
+                     if k not in LATER_MODEL_KEYS or v != defaults[k].default}
+        return {"model": self.model, "model_cfg": model_cfg,
                 "vocab": self.vocab.to_dict(), "update": self.update, "epoch": self.epoch,
                 **({"ema": self.ema} if self.ema is not None else {}), **self.training}
 

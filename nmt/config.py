@@ -123,6 +123,7 @@ class ModelConfig:
     output_bias: bool = False  # a bias on the output projection (MarianMT's final_logits_bias)
     residual_init: str = "gpt2"  # W^O, W_2 times gpt2 1/sqrt(2N), depth 1/(2N), zero 0, xavier 1
     positions: str = "paper"  # sinusoids: the paper's, or fairseq's (M2M100, NLLB; nmt.variants)
+    norm_eps: float = 1e-5  # the LayerNorms' epsilon (torch's; OpenNMT-py's 1e-6, imported)
 
     def __post_init__(self) -> None:
         _check_min(self, "model.", 1, "N", "d_model", "d_ff")
@@ -135,6 +136,7 @@ class ModelConfig:
         _check(self.norm in ("post", "pre"), "model.norm",
                f"must be 'post' or 'pre', got {self.norm!r}")
         _check_min(self, "model.", 2, "max_positions")
+        _check(0 < self.norm_eps < 1, "model.norm_eps", f"must be in (0, 1), got {self.norm_eps}")
         _check(self.activation in ("relu", "gelu", "swish"), "model.activation",
                f"must be relu, gelu or swish, got {self.activation!r}")
         _check(self.residual_init in RESIDUAL_INIT, "model.residual_init",

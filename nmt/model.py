@@ -138,9 +138,9 @@ class PositionwiseFeedForward(nn.Module):
 class SublayerConnection(nn.Module):
     """x + Dropout(Sublayer(x)) with LayerNorm after it (post) or before the sub-layer (pre)."""
 
-    def __init__(self, d_model: int, dropout: float, pre_norm: bool):
+    def __init__(self, d_model: int, dropout: float, pre_norm: bool, eps: float = 1e-5):
         super().__init__()
-        self.norm = nn.LayerNorm(d_model)
+        self.norm = nn.LayerNorm(d_model, eps=eps)
         self.dropout = nn.Dropout(dropout)
         self.pre_norm = pre_norm
 
@@ -195,8 +195,8 @@ class EncoderLayer(nn.Module):
         pre = cfg.norm == "pre"
         self.self_attn = SelfAttention(cfg.d_model, cfg.h, cfg.attention_dropout)
         self.feed_forward = PositionwiseFeedForward(cfg.d_model, cfg.d_ff, cfg.activation)
-        self.sublayer = nn.ModuleList(SublayerConnection(cfg.d_model, cfg.dropout, pre)
-                                      for _ in range(2))
+        self.sublayer = nn.ModuleList(SublayerConnection(cfg.d_model, cfg.dropout, pre,
+                                                         cfg.norm_eps) for _ in range(2))
 
     def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
         """(B, S, d_model) -> (B, S, d_model)."""
@@ -213,8 +213,8 @@ class DecoderLayer(nn.Module):
         self.self_attn = SelfAttention(cfg.d_model, cfg.h, cfg.attention_dropout)
         self.src_attn = SourceAttention(cfg.d_model, cfg.h, cfg.attention_dropout)
         self.feed_forward = PositionwiseFeedForward(cfg.d_model, cfg.d_ff, cfg.activation)
-        self.sublayer = nn.ModuleList(SublayerConnection(cfg.d_model, cfg.dropout, pre)
-                                      for _ in range(3))
+        self.sublayer = nn.ModuleList(SublayerConnection(cfg.d_model, cfg.dropout, pre,
+                                                         cfg.norm_eps) for _ in range(3))
 
     def forward(self, x: Tensor, memory_kv: tuple[Tensor, Tensor], src_mask: Tensor,
                 cache: KVCache | None = None) -> Tensor:
@@ -277,8 +277,8 @@ class Transformer(nn.Module):
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         # Pre-norm stacks end with a LayerNorm; post-norm layers already end with one.
         pre = cfg.norm == "pre"
-        self.encoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
-        self.decoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
+        self.encoder_norm = nn.LayerNorm(cfg.d_model, cfg.norm_eps) if pre else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(cfg.d_model, cfg.norm_eps) if pre else nn.Identity()
         # The pre-softmax projection, without a bias unless model.output_bias.
         self.generator = nn.Linear(cfg.d_model, tgt_vocab, bias=cfg.output_bias)
         if cfg.share_embeddings:  # section 3.4: one weight matrix for embeddings and projection

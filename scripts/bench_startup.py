@@ -39,7 +39,7 @@ THIRD_PARTY = ("hydra", "omegaconf", "sacrebleu", "yaml", "antlr4")  # shown whe
 # Phases: (label, module, function); the time inside each call is the phase's.
 PHASES = [("compose the config (Hydra)", "hydra._internal.hydra", "Hydra.compose_config"),
           ("read the checkpoint", "nmt.checkpoint", "load_checkpoint"),
-          ("build the model", "nmt.inference.loading", "build_model"),
+          ("build the model", "nmt.loading", "build_model"),
           ("prepare it (pack the weights)", "nmt.inference.translator", "decoding_models"),
           ("start the worker processes", "nmt.inference.workers", "WorkerPool.__init__"),
           ("translate (first batch)", "nmt.inference.translator", "Translator.translate_ids")]

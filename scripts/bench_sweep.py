@@ -53,9 +53,9 @@ from bench_int8 import describe_cpu
 from bench_startup import translate_argv
 
 from nmt.config import SearchConfig
-from nmt.inference.loading import LoadedCheckpoint
 from nmt.inference.translator import Translator
 from nmt.interop.ct2_export import pieces, write_ctranslate2
+from nmt.loading import LoadedCheckpoint
 from nmt.system.files import read_lines
 from nmt.system.runtime import keep_freed_memory, usable_cores
 

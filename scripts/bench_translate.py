@@ -70,7 +70,7 @@ def parse_args() -> argparse.Namespace:
 def load_model(args: argparse.Namespace):
     """The model to time: the small configuration with random weights, or a checkpoint."""
     if args.checkpoint:
-        from nmt.inference.loading import load_model as load_checkpoint_model
+        from nmt.loading import load_model as load_checkpoint_model
 
         model, vocab = load_checkpoint_model(args.checkpoint)
         return model, vocab.tgt_size

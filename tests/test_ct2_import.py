@@ -9,6 +9,7 @@ converted by ctranslate2.converters.TransformersConverter: no <pad>, decoding fr
 embedding, sines and cosines in halves).
 """
 
+import json
 import random
 import shutil
 import struct
@@ -184,8 +185,6 @@ def test_a_piece_the_vocabulary_lacks_is_unk_imported_as_served(spm, checkpoint,
     vocabulary lacks: <unk> through the import as through the served package (argostranslate's
     lookup), not split further by a SentencePiece model rebuilt over the vocabulary; the same
     outputs."""
-    import json
-
     from nmt.inference.engine import open_translator
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
@@ -209,12 +208,13 @@ def test_a_piece_the_vocabulary_lacks_is_unk_imported_as_served(spm, checkpoint,
     assert translate_ids(imported.model, ids, search(), imported.specials) == want
 
 
-def opennmt_style_model(checkpoint: Path, spm: bytes, out: Path, source_eos: bool = True
-                        ) -> Path:
+def opennmt_style_model(checkpoint: Path, spm: bytes, out: Path, source_eos: bool = True,
+                        eps: float = 1e-5) -> Path:
     """The checkpoint as an OpenNMT-py conversion lays it out in `out`/model: its vocabulary
     (<unk>, <blank> the padding, <s>, </s>, then the pieces in its own order, not the
     SentencePiece model's) beside a sentencepiece.model; source_eos: config.json's
-    add_source_eos (OpenNMT-py's conversions: false)."""
+    add_source_eos (OpenNMT-py's conversions: false); eps: its layer_norm_epsilon
+    (OpenNMT-py's: 1e-6)."""
     from nmt.data.tokenizer import Specials
     from nmt.interop.ct2_export import ctranslate2_spec
 
@@ -228,7 +228,7 @@ def opennmt_style_model(checkpoint: Path, spm: bytes, out: Path, source_eos: boo
     with torch.no_grad():
         model.generator.weight.copy_(model.generator.weight[order])  # tied: every matrix
     spec = ctranslate2_spec(model, tokens, tokens, Specials(2, 3, 1, source_eos))
-    spec.config.unk_token = "<unk>"
+    spec.config.unk_token, spec.config.layer_norm_epsilon = "<unk>", eps
     spec.validate()
     spec.optimize()
     (out / "model").mkdir(parents=True)
@@ -267,20 +267,30 @@ def test_an_opennmt_style_vocabulary_decodes_as_ctranslate2_does(spm, checkpoint
 
 def test_a_model_trained_without_source_eos_gets_none(spm, checkpoint, tmp_path, capsys,
                                                      monkeypatch):
-    """add_source_eos=false (OpenNMT-py's conversions, most Argos packages): the import's
-    sources end without </s> and give CTranslate2's greedy output; so does the model served
-    as an Argos package; with </s> appended (the old import) the output is another."""
+    """add_source_eos=false and layer_norm_epsilon=1e-6 (OpenNMT-py's conversions, most Argos
+    packages): the import's sources end without </s>, its LayerNorms have the model's epsilon,
+    and it gives CTranslate2's greedy output; so does the model served as an Argos package;
+    with </s> appended (the old import) the output is another. Its nmt-export to CTranslate2
+    keeps both; to transformers (whose models and tokenizers cannot) it is one line."""
     from nmt.inference.engine import open_translator
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     model = opennmt_style_model(checkpoint, spm["joint"], tmp_path / "translate-en_de-1_0",
-                                source_eos=False)
+                                source_eos=False, eps=1e-6)
     (model.parent / "metadata.json").write_text('{"from_code": "en", "to_code": "de"}')
     (model / "sentencepiece.model").rename(model.parent / "sentencepiece.model")
     out = import_model(ImportConfig(input=str(model.parent), output=str(tmp_path / "o.pt")))
     said = capsys.readouterr().out
     assert "sources without </s> (add_source_eos=false)" in said, said[:400]
-    assert load_checkpoint(out)["vocab"]["source_eos"] is False
+    assert "model.norm_eps=1e-06 " in said
+    state = load_checkpoint(out)
+    assert state["vocab"]["source_eos"] is False and state["model_cfg"]["norm_eps"] == 1e-6
+    assert {m.eps for m in Translator.load(out).model.modules() if hasattr(m, "eps")} == {1e-6}
+    config = json.loads((export_ct2(out, tmp_path / "again") / "config.json").read_text())
+    assert (config["add_source_eos"], config["layer_norm_epsilon"]) == (False, 1e-6)
+    with pytest.raises(NmtError, match=r"^format=transformers: model.norm_eps=1e-06: "):
+        export(ExportConfig(checkpoint=str(out), output=str(tmp_path / "hf"),
+                            format="transformers"))
     text = list(bundled_sentences())[:32]
     expected = ct2_greedy(model, Tokenizer(spm["joint"]).sp.encode(text, out_type=str))
     assert imported_greedy(out, text) == expected

@@ -23,7 +23,7 @@ LAYERS = [
     {"nmt.metrics"},  # BLEU, chrF, COMET, MBR's utilities
     {"nmt.data"},  # corpora to batches
     # what the exporters share with the engines: a checkpoint's model loaded, the shortlist file
-    {"nmt.inference.loading", "nmt.inference.shortlist"},
+    {"nmt.loading", "nmt.inference.shortlist"},
     {"nmt.interop"},  # other toolkits' models in and out
     {"nmt.inference"},  # decoding, the engines, the translation pipeline
     {"nmt.training"},  # nmt-train's loop (validation decodes through nmt.inference.engine)
@@ -32,19 +32,19 @@ LAYERS = [
     {"nmt.cli", "nmt.testing"},  # the entry points; the tests' GPU harness
 ]
 # The modules LAYERS names apart from their package, and why: the Checkpoint holds a Vocab, and
-# nmt-preprocess reuses a checkpoint's vocabulary (nmt.data.subwords); the exporters of
-# nmt.interop load checkpoints and read shortlists, and engine=ctranslate2 (nmt.inference)
-# reads what they export.
-CARVED_OUT = {"nmt.data.vocab", "nmt.inference.loading", "nmt.inference.shortlist"}
+# nmt-preprocess reuses a checkpoint's vocabulary (nmt.data.subwords); nmt.interop's export to
+# CTranslate2 writes a shortlist as its vocabulary map, and engine=ctranslate2 (nmt.inference)
+# reads what it exports.
+CARVED_OUT = {"nmt.data.vocab", "nmt.inference.shortlist"}
 # The commands' plain functions, one module each: none imports another (what two need lives
 # below both).
 COMMANDS = {f"nmt.commands.{c}" for c in ("preprocess", "train", "average", "translate",
                                           "export", "import_", "serve")}
 # The engines and the CTranslate2 export: none imports another, nor nmt-export's module.
 ENGINES = {"nmt.inference.translator", "nmt.inference.ct2_engine", "nmt.interop.ct2_export"}
-# nmt/'s top level: the paper's model and its variants, its checkpoint, the config schema and
-# the engines' capabilities it checks against, the errors.
-TOP_LEVEL = {"nmt", "nmt.model", "nmt.variants", "nmt.checkpoint", "nmt.config",
+# nmt/'s top level: the paper's model and its variants, its checkpoint and what loads one, the
+# config schema and the engines' capabilities it checks against, the errors.
+TOP_LEVEL = {"nmt", "nmt.model", "nmt.variants", "nmt.checkpoint", "nmt.loading", "nmt.config",
              "nmt.config_errors", "nmt.capabilities", "nmt.errors"}
 # What the translation pipeline (nmt.inference.pipeline) does between text and tokens, which
 # the front ends reach through it only: one code path, the same text from both.

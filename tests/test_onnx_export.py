@@ -36,7 +36,6 @@ from nmt.config import ExportConfig, compose, to_object  # noqa: E402
 from nmt.data.tokenizer import EOS_ID, train_bpe  # noqa: E402
 from nmt.data.vocab import TAG, Languages  # noqa: E402
 from nmt.errors import ConfigError, NmtError  # noqa: E402
-from nmt.inference.loading import LoadedCheckpoint  # noqa: E402
 from nmt.interop.onnx_export import (  # noqa: E402
     RUNTIME,
     OnnxGreedy,
@@ -44,6 +43,7 @@ from nmt.interop.onnx_export import (  # noqa: E402
     past_names,
     write_page,
 )
+from nmt.loading import LoadedCheckpoint  # noqa: E402
 from nmt.system.files import read_lines  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]

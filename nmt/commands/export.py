@@ -9,10 +9,10 @@ from pathlib import Path
 
 from nmt.config import ExportConfig
 from nmt.errors import NmtError
-from nmt.inference.loading import LoadedCheckpoint
 from nmt.interop.ct2_export import export_key, write_ctranslate2
 from nmt.interop.onnx_export import write_onnx
 from nmt.interop.transformers_export import MARKER, PROG, write_transformers
+from nmt.loading import LoadedCheckpoint
 from nmt.system.files import check_out_dir, check_output, new_directory
 
 

@@ -82,5 +82,5 @@ def model_overrides(cfg: ModelConfig) -> list[str]:
     """The command-line overrides that make nmt-train's model this one (on top of +model=...)."""
     keys = ("N", "N_dec", "d_model", "d_ff", "h", "norm", "share_embeddings", "max_positions",
             "activation", "output_bias", "positions", "dropout", "attention_dropout")
-    values = {k: getattr(cfg, k) for k in keys}
+    values = {k: getattr(cfg, k) for k in keys + ("norm_eps",) * (cfg.norm_eps != 1e-5)}
     return [f"model.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in values.items()]

@@ -51,7 +51,6 @@ from nmt.data.tokenizer import Tokenizer
 from nmt.data.vocab import Vocab
 from nmt.errors import NmtError
 from nmt.inference.lengths import empty_source, length_penalty, output_lengths
-from nmt.inference.loading import LoadedCheckpoint
 from nmt.inference.messages import Hypothesis, Sentence
 from nmt.inference.stepping import batch_loop
 from nmt.inference.workers import WorkerPool
@@ -62,6 +61,7 @@ from nmt.interop.argos import (
     read_package,
 )
 from nmt.interop.ct2_export import INFO, VMAP, cached_export, pieces, read_info
+from nmt.loading import LoadedCheckpoint
 from nmt.system.runtime import usable_cores
 
 COMPUTE_TYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8",

@@ -38,10 +38,10 @@ from nmt.inference.batches import (
     score_pairs,
     translate_nbest,
 )
-from nmt.inference.loading import check_ensemble, load_model
 from nmt.inference.messages import Hypothesis, Sentence
 from nmt.inference.stepping import step_loop
 from nmt.inference.workers import WorkerPool, can_fork
+from nmt.loading import check_ensemble, load_model
 from nmt.model import Transformer
 
 

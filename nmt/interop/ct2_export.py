@@ -46,14 +46,13 @@ from torch import Tensor
 import nmt
 from nmt.data.tokenizer import UNK_ID, Specials, Tokenizer
 from nmt.errors import NmtError
-from nmt.inference.loading import LoadedCheckpoint
 from nmt.inference.shortlist import load_shortlist, vmap_text
+from nmt.loading import LoadedCheckpoint
 from nmt.model import Transformer
 from nmt.system.files import new_directory, sha256_file, stale_temporary
 
 INFO = "nmt.json"  # what an nmt export holds beside CTranslate2's files
 VMAP = "vmap.txt"  # CTranslate2's vocabulary map in its model directory
-LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which nmt's model uses
 
 
 def float_weights(model: Transformer) -> dict[str, Tensor]:
@@ -80,7 +79,7 @@ def ctranslate2_spec(model: Transformer, src_vocab: list[str], tgt_vocab: list[s
                   "swish": common_spec.Activation.SWISH}[cfg.activation]
     spec = TransformerSpec.from_config((cfg.N, cfg.decoder_layers), cfg.h, pre_norm=pre,
                                        activation=activation)
-    spec.config.layer_norm_epsilon = LAYER_NORM_EPS
+    spec.config.layer_norm_epsilon = cfg.norm_eps
     spec.config.add_source_eos = specials.source_eos  # nmt's sources end with EOS, or not
     spec.config.eos_token, spec.config.unk_token = tgt_vocab[specials.eos], tgt_vocab[UNK_ID]
     spec.config.decoder_start_token = tgt_vocab[specials.bos]

@@ -32,10 +32,11 @@ with </s>; a model that was trained without it (config.json add_source_eos false
 CTranslate2's default, in an Argos package, whose users add none, or in OpenNMT-py's layout;
 not MarianMT's conversions, whose tokenizers add </s>: source_eos) is imported with
 Vocab.source_eos false, which every path that ends a source with </s> respects; the output
-line says so, as it says a config.json layer_norm_epsilon other than nmt's 1e-5
-(CTranslate2's default). An nmt export's SentencePiece models are kept as they are, and its
-nmt.json's pair or languages. tests/test_ct2_import.py checks weights, vocabularies and
-greedy outputs against the export's source and CTranslate2's translate_batch.
+line says so. config.json's layer_norm_epsilon is the model's model.norm_eps (1e-5,
+CTranslate2's default, where it records none). An nmt export's SentencePiece models are kept
+as they are, and its nmt.json's pair or languages. tests/test_ct2_import.py checks weights,
+vocabularies and greedy outputs against the export's source and CTranslate2's
+translate_batch.
 """
 
 from __future__ import annotations
@@ -281,7 +282,8 @@ def model_config(v: _Variables, spec: str, tokens: _Tokens, config: dict) -> tup
                           d_model=d, d_ff=d_ff, h=heads[0],
                           dropout=0.1, norm="pre" if pre[0] else "post", share_embeddings=tied,
                           max_positions=max_positions, activation=ACTIVATIONS[act[0]],
-                          output_bias=v.has("decoder/projection/bias"), positions=kind)
+                          output_bias=v.has("decoder/projection/bias"), positions=kind,
+                          norm_eps=config.get("layer_norm_epsilon") or 1e-5)
     except ConfigError as e:
         raise NmtError(f"{v.path}: {e}") from None
     return cfg, inv
@@ -516,9 +518,6 @@ def describe(v: _Variables, config: dict, tokens: _Tokens, vocab: Vocab) -> str:
     if v.stored - set(quantised):
         notes.append(f"{'/'.join(sorted(v.stored - set(quantised)))} weights widened to "
                      f"float32")
-    eps = config.get("layer_norm_epsilon")
-    if eps is not None and eps != 1e-5:
-        notes.append(f"its LayerNorm epsilon {eps:g} is nmt's 1e-05")
     if not vocab.source_eos:
         notes.append("sources without </s> (add_source_eos=false)")
     if tokens.padded:

@@ -35,9 +35,9 @@ from torch import Tensor, nn
 
 from nmt.data.vocab import LanguagePair
 from nmt.errors import NmtError
-from nmt.inference.loading import LoadedCheckpoint
 from nmt.interop.tokenizer_json import write_tokenizer_json
 from nmt.interop.transformers_export import MAX_LENGTH
+from nmt.loading import LoadedCheckpoint
 from nmt.model import SelfAttention, Transformer
 
 OPSET = 18

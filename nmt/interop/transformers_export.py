@@ -2,7 +2,7 @@
 
 Both hold nmt's network weight for weight and decode greedily to the same tokens as
 nmt-translate (tests/test_export.py). The checkpoint is read (and checked) as nmt-translate
-reads it (nmt.inference.loading); the model directory is built in a temporary directory,
+reads it (nmt.loading); the model directory is built in a temporary directory,
 then renamed into place.
 
 format=ctranslate2 writes a CTranslate2 TransformerSpec straight from the weights, with
@@ -31,8 +31,8 @@ import torch
 from torch import Tensor
 
 from nmt.errors import NmtError
-from nmt.inference.loading import LoadedCheckpoint
 from nmt.interop.ct2_export import float_weights, pieces
+from nmt.loading import LoadedCheckpoint
 
 PROG = "nmt-export"
 MARKER = "config.json"  # every model directory written here has one
@@ -114,6 +114,12 @@ def transformers_model(loaded: LoadedCheckpoint):
     import transformers
 
     cfg, v = loaded.model.cfg, loaded.vocab
+    if cfg.norm_eps != 1e-5:
+        raise NmtError(f"format=transformers: model.norm_eps={cfg.norm_eps:g}: transformers' "
+                       f"MarianMT, Pegasus and M2M100 have LayerNorm epsilon 1e-5")
+    if not v.source_eos:
+        raise NmtError("format=transformers: the model's sources end without </s> (an "
+                       "OpenNMT-py model's import); transformers' tokenizers add it")
     if cfg.positions == "fairseq":
         return m2m100_model(loaded)
     tied = loaded.model.generator.weight is loaded.model.tgt_embed.lut.weight

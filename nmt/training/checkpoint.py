@@ -116,9 +116,9 @@ def save_best_checkpoint(run_dir: str | Path, numbered: Path | None, state: dict
 
 # What fixes the weights' shapes (N_dec 0, the default, where older checkpoints lack it)
 MODEL_SHAPE_KEYS = ("N", "N_dec", "d_model", "d_ff", "h", "norm", "share_embeddings",
-                    "activation", "output_bias", "positions")
+                    "activation", "output_bias", "positions", "norm_eps")
 SHAPE_DEFAULTS = {"N_dec": 0, "activation": "relu", "output_bias": False,
-                  "positions": "paper"}  # older checkpoints
+                  "positions": "paper", "norm_eps": 1e-5}  # older checkpoints
 
 
 def check_same_model(state: dict, path: Path, model_cfg: dict, vocab_sha256: str,
