@@ -48,7 +48,7 @@ def test_manifests_that_8f24062s_preprocess_wrote_read_as_they_were(kind):
         assert [(c.weight, c.tag) for c in m.corpora] == [(1.0, ""), (2.0, "<BT>")]
     else:
         assert [d.name for d in directions(m, "valid")] == ["en-de", "de-en", "en-fr"]
-        assert m.corpus_languages() == ["de", "en"] and set(m.languages["codes"]) >= {"fr"}
+        assert m.corpus_languages() == ["de", "en"] and set(m.languages.codes) >= {"fr"}
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -65,6 +65,10 @@ def test_manifests_that_8f24062s_preprocess_wrote_read_as_they_were(kind):
     (lambda m: m["train_text"].update(src_bytes=-0.5),
      r"train_text.src_bytes is -0.5, not an integer"),
     (lambda m: m.update(format=4), r"format 4 is newer than this nmt reads \(1 to 3\)"),
+    (lambda m: m.update(languages={"convention": "tag", "codes": {"de": "4"}}),
+     r"languages is not a convention \(forced or tag\) and its codes"),
+    (lambda m: m.update(languages={"codes": {"de": 4}}),
+     r"languages is not a convention \(forced or tag\) and its codes"),
 ])
 def test_a_bad_entry_is_one_line_naming_the_file_and_key(corpora_dir, tmp_path, change,
                                                           message):

@@ -22,6 +22,7 @@ from nmt.config import PreprocessConfig, TranslateConfig, compose, to_object
 from nmt.data.batches import ParallelData, temperature_weights
 from nmt.data.manifest import FORMAT, Corpus, directions, read_manifest
 from nmt.data.tokenizer import Tokenizer
+from nmt.data.vocab import TAG, Languages
 from nmt.errors import ConfigError, NmtError
 from nmt.system import distributed
 from nmt.training.checkpoint import load_checkpoint
@@ -63,16 +64,15 @@ def test_several_pairs_share_one_vocabulary_with_whole_language_tokens(multi_dir
     m = read_manifest(multi_dir)
     tok = Tokenizer.from_file(multi_dir / m.spm.src)
     assert m.format == FORMAT == 3 and m.joint
-    assert m.languages == {"convention": "tag",
-                              "codes": {lang: tok.piece_id(f">>{lang}<<") for lang in LANGS}}
-    assert m.languages["codes"]["fr"] in tok.encode([">>fr<< open file"])[0]  # one piece
+    assert m.languages == Languages(TAG, {lang: tok.piece_id(f">>{lang}<<") for lang in LANGS})
+    assert m.languages.codes["fr"] in tok.encode([">>fr<< open file"])[0]  # one piece
     pairs = [(c.src_lang, c.tgt_lang, c.tag) for c in m.corpora]
     assert pairs == [("en", "de", ">>de<<"), ("de", "en", ">>en<<"), ("en", "fr", ">>fr<<")]
     for split in ("train", "valid", "test"):  # every source starts with its target's token
         data = ParallelData(multi_dir, split, m)
         for part in directions(m, split):
             (first, n), = part.ranges
-            code = m.languages["codes"][part.tgt_lang]
+            code = m.languages.codes[part.tgt_lang]
             assert all(data.src[i][0] == code for i in range(first, first + n))
             assert all(code not in data.tgt[i] for i in range(first, first + n))
     de_en = directions(m, "valid")[1]
@@ -184,7 +184,7 @@ def test_validation_is_per_direction_and_the_best_is_their_mean(multi_run):
     best = load_checkpoint(multi_run / "checkpoint_best.pt")
     assert best["best"]["value"] == min(r["loss"] for r in valid)
     vocab = load_checkpoint(multi_run / "checkpoint_last.pt")["vocab"]
-    assert vocab["languages"] == {**read_manifest(best_data(multi_run)).languages,
+    assert vocab["languages"] == {**read_manifest(best_data(multi_run)).languages.to_dict(),
                                   "sources": ["de", "en"]}  # the corpora's source languages
 
 

@@ -48,7 +48,7 @@ from nmt.data.batches import (
 )
 from nmt.data.manifest import Manifest, directions, read_manifest
 from nmt.data.tokenizer import Tokenizer, vocab_sha256
-from nmt.data.vocab import LanguagePair, Languages, Vocab
+from nmt.data.vocab import LanguagePair, Vocab
 from nmt.errors import NmtError
 from nmt.metrics.scoring import check_bleu_tokenize, read_references
 from nmt.model import count_parameters
@@ -302,9 +302,8 @@ def recorded_languages(manifest: Manifest) -> dict:
     fields: a multilingual directory's languages, with the source languages of its corpora
     (else those it recorded), or a bilingual one's pair (its src_lang and tgt_lang)."""
     if manifest.languages is not None:
-        recorded = Languages.from_dict(manifest.languages)
-        sources = tuple(manifest.corpus_languages()) or recorded.sources
-        return {"languages": dataclasses.replace(recorded, sources=sources)}
+        sources = tuple(manifest.corpus_languages()) or manifest.languages.sources
+        return {"languages": dataclasses.replace(manifest.languages, sources=sources)}
     return {"pair": LanguagePair(manifest.src_lang, manifest.tgt_lang)}
 
 

@@ -36,8 +36,8 @@ and `train_text` too, and reads as one training corpus of weight 1 without a tag
                         (nmt.inference.shortlist)
     languages           a multilingual directory's ({"convention": "tag", "codes": {language:
                         id of >>language<<}}), or with bpe.model= of a multilingual checkpoint
-                        its languages (nmt.data.languages); the checkpoints trained on the
-                        directory record them too
+                        its languages (nmt.data.languages; read as a nmt.data.vocab.Languages);
+                        the checkpoints trained on the directory record them too
     checksums           {file: sha256} of every other file of the directory
     spm_training, config, nmt_version, seconds: how it was made (Manifest.made)
 """
@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nmt.data.vocab import FORCED, TAG, Languages
 from nmt.errors import NmtError
 
 MANIFEST = "manifest.json"
@@ -147,7 +148,7 @@ class Manifest:
     clean: dict[str, Sides] | None = None
     train_text: TrainText | None = None
     shortlist: str | None = None
-    languages: dict[str, Any] | None = None
+    languages: Languages | None = None
     checksums: dict[str, str] | None = None
     made: dict[str, Any] = field(default_factory=dict)  # spm_training, config, nmt_version, ...
 
@@ -204,7 +205,7 @@ class Manifest:
                 split: check.sides(f"clean.{split}", sides) for split, sides in clean.items()}),
             train_text=_or_none(check.optional("train_text", dict), check.train_text),
             shortlist=check.optional("shortlist", str),
-            languages=check.optional("languages", dict),
+            languages=_or_none(check.optional("languages", dict), check.languages),
             checksums=check.optional("checksums", dict),
             made={k: v for k, v in entry.items() if k not in typed})
 
@@ -273,6 +274,15 @@ class _Checker:
                       tag_id=None if tag_id is None else self.value(f"{key}.tag_id", int, entry),
                       counts=entry.get("counts"))
 
+    def languages(self, entry: dict) -> Languages:
+        """{"convention", "codes": {language: token id}} and perhaps "sources"."""
+        codes, sources = entry.get("codes"), entry.get("sources") or []
+        if (entry.get("convention") not in (FORCED, TAG) or not isinstance(codes, dict)
+                or not all(isinstance(i, int) for i in codes.values())
+                or not isinstance(sources, list)):
+            raise self.fail("languages is not a convention (forced or tag) and its codes")
+        return Languages.from_dict(entry)
+
     def train_text(self, entry: dict) -> TrainText:
         """{"src", "tgt", "src_bytes", "tgt_bytes"}."""
         return TrainText(*(self.value(f"train_text.{k}", kind, entry) for k, kind in
@@ -290,7 +300,7 @@ def _or_none(value: Any, read) -> Any:
 
 def _plain(value: Any) -> Any:
     """A manifest value as JSON holds it: dataclasses as their dicts."""
-    if isinstance(value, Section):
+    if isinstance(value, Section | Languages):
         return value.to_dict()
     if dataclasses.is_dataclass(value):
         return dataclasses.asdict(value)

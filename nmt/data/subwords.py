@@ -75,7 +75,7 @@ def load_subwords(path: str) -> tuple[Tokenizer, Tokenizer, dict]:
         manifest = read_manifest(p)
         src = Tokenizer.from_file(p / manifest.spm.src)
         tgt = Tokenizer.from_file(p / manifest.spm.tgt)
-        languages = manifest.languages
+        languages = manifest.languages.to_dict() if manifest.languages else None
     elif not p.exists():
         raise NmtError(f"bpe.model={path}: no such file, data directory or checkpoint")
     elif p.read_bytes()[:2] == b"PK":  # a zip: a torch checkpoint
