@@ -100,7 +100,7 @@ def test_no_sentences():
 def test_the_special_ids_come_from_the_model(tok):
     """Searches take BOS, EOS and PAD from the tokenizer object (Tokenizer.specials), not
     from constants threaded through their signatures."""
-    assert tok.specials == SPECIALS == (BOS_ID, EOS_ID, PAD_ID)
+    assert tok.specials == SPECIALS and SPECIALS.ids == (BOS_ID, EOS_ID, PAD_ID)
     assert (tok.specials.bos, tok.specials.eos, tok.specials.pad) == (
         tok.sp.bos_id(), tok.sp.eos_id(), tok.sp.pad_id())
 

@@ -27,12 +27,18 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
 class Specials(NamedTuple):
     """The special ids a search needs: BOS starts an output, EOS ends a sentence, PAD fills;
-    source_eos: whether EOS ends a source too (the checkpoint's Vocab.source_eos)."""
+    source_eos: whether EOS ends a source too (the checkpoint's Vocab.source_eos; a flag, not
+    an id: `ids` are the ids alone)."""
 
     bos: int
     eos: int
     pad: int
     source_eos: bool = True
+
+    @property
+    def ids(self) -> tuple[int, int, int]:
+        """BOS, EOS and PAD."""
+        return self.bos, self.eos, self.pad
 
     def source(self, ids: Sequence[int]) -> list[int]:
         """A source's ids as the encoder takes them: EOS appended unless the model was trained
@@ -176,7 +182,7 @@ class Tokenizer:
         """Subword ids -> detokenized text. PAD, BOS and EOS are dropped; an <unk> stays
         visible, as SentencePiece writes it (" \u2047 "), so that an unknown word in an output
         is seen, not silently lost (nmt-translate, valid BLEU and nmt-serve all decode here)."""
-        drop = set(self.specials)
+        drop = set(self.specials.ids)
         return self.sp.decode([[i for i in seq if i not in drop] for seq in ids])
 
     def spans(self, text: str) -> list[tuple[int, int]]:
