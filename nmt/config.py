@@ -273,7 +273,7 @@ class CleanConfig:
 @dataclass
 class ShortlistConfig:
     """nmt-preprocess's lexical shortlist, DATA/shortlist.pt (search.shortlist;
-    nmt.inference.shortlist): per source piece its k best target pieces by sentence-level
+    nmt.data.shortlist): per source piece its k best target pieces by sentence-level
     co-occurrence, plus the most frequent target pieces."""
 
     k: int = 0  # target pieces kept per source piece; 0 writes no shortlist

@@ -1,5 +1,5 @@
 """The lexical shortlist's quality and speed: a checkpoint's test split translated with and
-without search.shortlist (nmt.inference.shortlist), BLEU / chrF and sentences/s of each.
+without search.shortlist (nmt.data.shortlist), BLEU / chrF and sentences/s of each.
 
 Builds the shortlist of the checkpoint's data directory (its training pairs; the file goes to
 --out), then translates the test split's cleaned source with nmt (a Translator with --workers
@@ -25,9 +25,9 @@ import numpy as np
 
 from nmt.config import SearchConfig, ShortlistConfig
 from nmt.data.manifest import clean_text_path, read_manifest
+from nmt.data.shortlist import load_shortlist, write_shortlist
 from nmt.inference.batches import plan_batches
 from nmt.inference.messages import Sentence
-from nmt.inference.shortlist import load_shortlist, write_shortlist
 from nmt.inference.translator import Translator
 from nmt.metrics.scoring import score
 from nmt.system.files import read_lines

@@ -18,7 +18,7 @@ thread count means other processes competed for the cores. The fp32 greedy outpu
 and CTranslate2 are compared token for token (a check that both run the same model).
 
 With a trained model, real sources and a lexical shortlist (--checkpoint, --input, --shortlist:
-nmt.inference.shortlist's file of the checkpoint's vocabulary), every row runs again with the
+nmt.data.shortlist's file of the checkpoint's vocabulary), every row runs again with the
 shortlist on both sides (nmt: search.shortlist; CTranslate2: the export's vmap.txt and
 use_vmap=True), each compared with CTranslate2's rows of the same kind; outputs stay forced to
 --out-len tokens, so both sides do the same number of steps and the length penalty plays no part.
@@ -71,7 +71,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--input", default="", help="with --checkpoint: real source sentences "
                    "(raw text, the first --sentences lines) instead of random ids")
     p.add_argument("--shortlist", default="", help="with --checkpoint: also run every row with "
-                   "this lexical shortlist (nmt.inference.shortlist) on both sides")
+                   "this lexical shortlist (nmt.data.shortlist) on both sides")
     p.add_argument("--profile", type=int, default=0, metavar="N", help="then run each nmt row "
                    "of one process once under torch.profiler and print its N costliest "
                    "operators (self CPU time) per decoding step")

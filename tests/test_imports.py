@@ -21,9 +21,8 @@ LAYERS = [
     {"nmt.system"},  # what nmt needs of the machine
     {"nmt.model", "nmt.variants", "nmt.checkpoint"},  # the paper's model and its checkpoint
     {"nmt.metrics"},  # BLEU, chrF, COMET, MBR's utilities
-    {"nmt.data"},  # corpora to batches
-    # what the exporters share with the engines: a checkpoint's model loaded, the shortlist file
-    {"nmt.loading", "nmt.inference.shortlist"},
+    {"nmt.data"},  # corpora to batches, the shortlist file
+    {"nmt.loading"},  # what the exporters share with the engines: a checkpoint's model loaded
     {"nmt.interop"},  # other toolkits' models in and out
     {"nmt.inference"},  # decoding, the engines, the translation pipeline
     {"nmt.training"},  # nmt-train's loop (validation decodes through nmt.inference.engine)
@@ -32,10 +31,8 @@ LAYERS = [
     {"nmt.cli", "nmt.testing"},  # the entry points; the tests' GPU harness
 ]
 # The modules LAYERS names apart from their package, and why: the Checkpoint holds a Vocab, and
-# nmt-preprocess reuses a checkpoint's vocabulary (nmt.data.subwords); nmt.interop's export to
-# CTranslate2 writes a shortlist as its vocabulary map, and engine=ctranslate2 (nmt.inference)
-# reads what it exports.
-CARVED_OUT = {"nmt.data.vocab", "nmt.inference.shortlist"}
+# nmt-preprocess reuses a checkpoint's vocabulary (nmt.data.subwords).
+CARVED_OUT = {"nmt.data.vocab"}
 # The commands' plain functions, one module each: none imports another (what two need lives
 # below both).
 COMMANDS = {f"nmt.commands.{c}" for c in ("preprocess", "train", "average", "translate",

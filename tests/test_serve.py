@@ -919,7 +919,7 @@ def test_the_shortlist_is_a_setting_of_the_continuous_server(ckpt, tiny_data_dir
                                                              tmp_path):
     """Each sentence decodes over its own shortlist: nmt-translate's batches of one."""
     from nmt.config import ShortlistConfig
-    from nmt.inference.shortlist import write_shortlist
+    from nmt.data.shortlist import write_shortlist
 
     path = write_shortlist(tiny_data_dir, ShortlistConfig(k=5, frequent=10), tmp_path / "s.pt")
     srv = InProcess(ckpt, "continuous=true", f"search.shortlist={path}")

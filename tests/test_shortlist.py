@@ -1,4 +1,4 @@
-"""The lexical shortlist (nmt.inference.shortlist, search.shortlist): built from co-occurrence
+"""The lexical shortlist (nmt.data.shortlist, search.shortlist): built from co-occurrence
 counts, decoding restricted to a batch's candidates, refused for another vocabulary, and exported as
 CTranslate2's vocabulary map."""
 
@@ -12,23 +12,23 @@ import torch
 from conftest import write_token_array
 from translate_helpers import random_sources, save_tiny_checkpoint, search, tiny_model, tokens
 
+import nmt.data.shortlist
 import nmt.inference.admission
-import nmt.inference.shortlist
 from nmt.commands.preprocess import preprocess
 from nmt.config import BpeConfig, PreprocessConfig, ShortlistConfig
 from nmt.data.batches import ParallelData, TokenArray
 from nmt.data.manifest import read_manifest
-from nmt.data.tokenizer import EOS_ID, SPECIALS
-from nmt.errors import NmtError
-from nmt.inference.batches import translate_nbest
-from nmt.inference.engine import open_translator
-from nmt.inference.shortlist import (
+from nmt.data.shortlist import (
     Shortlist,
     build_shortlist,
     load_shortlist,
     vmap_text,
     write_shortlist,
 )
+from nmt.data.tokenizer import EOS_ID, SPECIALS
+from nmt.errors import NmtError
+from nmt.inference.batches import translate_nbest
+from nmt.inference.engine import open_translator
 from nmt.inference.translator import Translator
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.isa]  # int8 columns
@@ -77,9 +77,9 @@ def test_counts_in_chunks_are_a_plain_count(tmp_path, monkeypatch):
     pairs = [(rng.integers(0, 30, rng.integers(0, 25)).tolist(),  # repeats, empty sentences
               rng.integers(0, 20, rng.integers(0, 25)).tolist()) for _ in range(80)]
     pairs.append((list(range(30)), list(range(20))))  # longer than a chunk: a chunk alone
-    monkeypatch.setattr(nmt.inference.shortlist, "CHUNK", 7)  # lengths read 7 pairs at a time
-    monkeypatch.setattr(nmt.inference.shortlist, "PRODUCTS", 60)  # some pairs a chunk, some alone
-    counts, c_src, c_tgt = nmt.inference.shortlist.cooccurrence(*token_arrays(tmp_path, pairs),
+    monkeypatch.setattr(nmt.data.shortlist, "CHUNK", 7)  # lengths read 7 pairs at a time
+    monkeypatch.setattr(nmt.data.shortlist, "PRODUCTS", 60)  # some pairs a chunk, some alone
+    counts, c_src, c_tgt = nmt.data.shortlist.cooccurrence(*token_arrays(tmp_path, pairs),
                                                                 30, 20)
     want, want_s, want_t = Counter(), Counter(), Counter()
     for src, tgt in pairs:
@@ -99,12 +99,12 @@ def test_the_peak_memory_of_the_build_is_bounded_on_long_pairs(tmp_path):
     src, tgt = token_arrays(tmp_path, pairs)
     tracemalloc.start()
     try:
-        counts, _, _ = nmt.inference.shortlist.cooccurrence(src, tgt, V, V)
+        counts, _, _ = nmt.data.shortlist.cooccurrence(src, tgt, V, V)
         peak = tracemalloc.get_traced_memory()[1] - counts.nbytes
     finally:
         tracemalloc.stop()
     assert int(counts.sum()) == n * pieces * pieces
-    assert peak < 48 * nmt.inference.shortlist.PRODUCTS  # bytes (all 4M products at once: 128 MiB)
+    assert peak < 48 * nmt.data.shortlist.PRODUCTS  # bytes (all 4M products at once: 128 MiB)
 
 
 def shortlist_file(path: Path, table: torch.Tensor, always: list[int], vocab: int = V,

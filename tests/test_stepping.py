@@ -16,13 +16,13 @@ import pytest
 import torch
 from translate_helpers import plain_beam, random_sources, search, tiny_model
 
+from nmt.data.shortlist import Shortlist, load_shortlist
 from nmt.data.tokenizer import SPECIALS, Specials
 from nmt.inference import attention_op
 from nmt.inference.affine import packing_works
 from nmt.inference.batches import decoding_models, translate_nbest
 from nmt.inference.core import Decoding
 from nmt.inference.messages import Batch, Done, Ended, Failed, Hypothesis, Sentence
-from nmt.inference.shortlist import Shortlist, load_shortlist
 from nmt.inference.stepping import STOP, step_loop
 
 V = 24

@@ -17,7 +17,7 @@ training sample, 8 bytes a sentence of offsets and, with clean.dedup, a hash a u
             dropped; a corpus's tag goes first on its source sentences. With keep_text, the
             kept training text goes to train.clean.{lang}.bin/.idx. (nmt.data.binarize)
    shortlist with shortlist.k > 0: shortlist.pt from the encoded training pairs
-            (nmt.inference.shortlist)
+            (nmt.data.shortlist)
 5. commit   manifest.json (counts, corpora, config, checksums: nmt/data/batches.py documents
             it); the temporary directory becomes out_dir.
 """
@@ -53,7 +53,7 @@ from nmt.system.files import check_output, new_directory, sha256_file
 if TYPE_CHECKING:
     from nmt.config import PreprocessConfig, TrainCorpus
 
-# nmt.data.batches and nmt.inference.shortlist (which import torch) are imported inside the
+# nmt.data.batches and nmt.data.shortlist (which import torch) are imported inside the
 # functions that use them, as in nmt.data.binarize, whose encoding workers start quickly and
 # small.
 
@@ -183,8 +183,8 @@ def _add_train_extras(manifest: dict, cfg: PreprocessConfig, tmp: Path, dtype,
     """The shortlist (shortlist.k > 0, from the training arrays just written) and the kept
     training text (keep_text) into tmp and the manifest."""
     from nmt.data.batches import TokenArray
-    from nmt.inference.shortlist import FILE as SHORTLIST
-    from nmt.inference.shortlist import build_shortlist
+    from nmt.data.shortlist import FILE as SHORTLIST
+    from nmt.data.shortlist import build_shortlist
 
     if cfg.shortlist.k:
         t = time.time()

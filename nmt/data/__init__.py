@@ -1,3 +1,5 @@
 """Data: parallel corpora in (corpus.py), cleaned (cleaning.py), SentencePiece models and
 language tags (tokenizer.py, subwords.py, languages.py), encoded and binarized (binarize.py),
-read back as token-bucket batches (batches.py); a checkpoint's vocabulary (vocab.py)."""
+read back as token-bucket batches (batches.py); a checkpoint's vocabulary (vocab.py); the
+lexical shortlist built from the training pairs, which decoding and the CTranslate2 export read
+(shortlist.py)."""

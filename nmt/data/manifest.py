@@ -33,7 +33,7 @@ and `train_text` too, and reads as one training corpus of weight 1 without a tag
     train_text          with keep_text=true: {"src": PREFIX, "tgt": PREFIX, "src_bytes",
                         "tgt_bytes"}: the cleaned training text's byte arrays
     shortlist           with shortlist.k > 0: "shortlist.pt", the lexical shortlist
-                        (nmt.inference.shortlist)
+                        (nmt.data.shortlist)
     languages           a multilingual directory's ({"convention": "tag", "codes": {language:
                         id of >>language<<}}), or with bpe.model= of a multilingual checkpoint
                         its languages (nmt.data.languages; read as a nmt.data.vocab.Languages);

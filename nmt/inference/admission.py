@@ -11,13 +11,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from nmt.data.shortlist import Candidates
 from nmt.inference.constrained import PhraseConstraints, pad_to
 from nmt.inference.decoder import Decoder
 from nmt.inference.fast_model import FastModel
 from nmt.inference.lengths import empty_source, output_lengths
 from nmt.inference.messages import Ended, Sentence
 from nmt.inference.rules import Columns, sample_uniforms
-from nmt.inference.shortlist import Candidates
 from nmt.inference.strategies import use_beams
 
 

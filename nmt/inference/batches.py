@@ -5,7 +5,7 @@ results put back in input order; `translate_nbest` and `score_pairs` are the ent
 (the Translator runs their batches on its workers). search_batch decodes one padded (B, S)
 batch. Models are the reference Transformer of nmt/model.py or, by default, its weights
 prepared by nmt.inference.fast_model.FastModel (faster; the tests compare the two). With a
-lexical shortlist (search.shortlist, nmt.inference.shortlist), each batch's log-probabilities are
+lexical shortlist (search.shortlist, nmt.data.shortlist), each batch's log-probabilities are
 over its candidate pieces alone (FastModel computes only their logits); the others are -inf.
 
 Conventions (nmt.inference.core's): source id lists carry no BOS/EOS; outputs are id lists
@@ -22,6 +22,7 @@ from torch import Tensor
 
 from nmt.config import SearchConfig
 from nmt.data.batches import batch_by_tokens
+from nmt.data.shortlist import Candidates, load_shortlist
 from nmt.data.tokenizer import Specials
 from nmt.inference.admission import pad_batch
 from nmt.inference.core import decode_all
@@ -29,7 +30,6 @@ from nmt.inference.decoder import Decoder
 from nmt.inference.fast_model import FastModel
 from nmt.inference.lengths import empty_source, length_penalty
 from nmt.inference.messages import Hypothesis, Sentence
-from nmt.inference.shortlist import Candidates, load_shortlist
 from nmt.inference.strategies import use_beams
 from nmt.model import Transformer
 

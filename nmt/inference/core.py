@@ -54,6 +54,7 @@ import torch
 from torch import Tensor
 
 from nmt.config import SearchConfig
+from nmt.data.shortlist import Candidates, load_shortlist
 from nmt.data.tokenizer import Specials
 from nmt.inference.admission import Admission
 from nmt.inference.constrained import PhraseConstraints
@@ -61,7 +62,6 @@ from nmt.inference.decoder import Decoder
 from nmt.inference.lengths import Units, max_positions
 from nmt.inference.messages import Ended, Hypothesis, Sentence
 from nmt.inference.rules import Columns, StepView, apply_rules
-from nmt.inference.shortlist import Candidates, load_shortlist
 from nmt.inference.strategies import (
     Choice,
     StepRead,

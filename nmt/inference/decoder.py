@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from nmt.data.shortlist import Candidates
 from nmt.inference.fast_model import FastModel
 from nmt.inference.fast_state import FastState
-from nmt.inference.shortlist import Candidates
 
 
 class Decoder:
@@ -22,7 +22,7 @@ class Decoder:
     def __init__(self, models: list, src: Tensor, use_cache: bool = True,
                  candidates: Candidates | None = None, compact: bool = False):
         """Encode (B, S) sources with every model: one row per sentence until `reorder`.
-        candidates: a lexical shortlist (nmt.inference.shortlist): log-softmax over its ids alone
+        candidates: a lexical shortlist (nmt.data.shortlist): log-softmax over its ids alone
         (FastModels compute those logits alone; others all, then cut), in a column each
         (compact: the search works in those columns, rules.Columns) or with every other id
         at -inf in full-vocabulary rows."""

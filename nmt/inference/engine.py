@@ -18,11 +18,11 @@ from torch import Tensor
 
 from nmt.capabilities import Capabilities
 from nmt.config import SearchConfig, check_search_device
+from nmt.data.shortlist import load_shortlist
 from nmt.data.tokenizer import Specials, Tokenizer, check_same_vocabulary
 from nmt.data.vocab import Vocab
 from nmt.errors import NmtError
 from nmt.inference.messages import Hypothesis
-from nmt.inference.shortlist import load_shortlist
 from nmt.inference.translator import Translator
 from nmt.interop.argos import is_package
 from nmt.system.runtime import warn_if_bf16_emulated

@@ -328,7 +328,7 @@ class FastModel(nn.Module):
     def start_decoding(self, memory: Tensor, src_mask: Tensor,
                        vocab: Tensor | None = None) -> FastState:
         """The encoder-decoder keys and values of every layer, once; the state to decode.
-        vocab: (V',) target ids (a lexical shortlist, nmt.inference.shortlist) whose logits alone
+        vocab: (V',) target ids (a lexical shortlist, nmt.data.shortlist) whose logits alone
         decode_step computes, in this order; None: all V."""
         state = FastState(self._memory_kv(memory, src_mask), src_mask[:, 0, 0],
                           self.float_dtype, self.fused)

@@ -10,7 +10,7 @@ SentencePiece pieces, and source.spm / target.spm lie beside model.bin: translat
 `sp.encode(text, out_type=str)`; the model appends EOS to the source and starts decoding from
 <s>. nmt.json holds what engine=ctranslate2 reads beside them: the key (the checkpoint's
 sha256, the weights taken, the compute type, the versions of nmt and CTranslate2, the
-shortlist's sha256), its vocab entry, max_positions. With a shortlist (nmt.inference.shortlist),
+shortlist's sha256), its vocab entry, max_positions. With a shortlist (nmt.data.shortlist),
 vmap.txt holds its lists as CTranslate2's vocabulary map.
 
 The cache: an export is made once, in CHECKPOINT.ct2/TYPE-WEIGHTS-SHA (TYPE: the compute type,
@@ -44,9 +44,9 @@ from pathlib import Path
 from torch import Tensor
 
 import nmt
+from nmt.data.shortlist import load_shortlist, vmap_text
 from nmt.data.tokenizer import UNK_ID, Specials, Tokenizer
 from nmt.errors import NmtError
-from nmt.inference.shortlist import load_shortlist, vmap_text
 from nmt.loading import LoadedCheckpoint
 from nmt.model import Transformer
 from nmt.system.files import new_directory, sha256_file, stale_temporary
@@ -153,7 +153,7 @@ def write_ctranslate2(loaded: LoadedCheckpoint, out: Path, quantization: str = "
     """Write a CTranslate2 model directory into the existing empty directory `out`, with
     nmt.json: `key` (what engine=ctranslate2 matches: the checkpoint's sha256, weights,
     compute type), the vocab entry without its SentencePiece models, max_positions. shortlist:
-    a shortlist file (nmt.inference.shortlist) of the checkpoint's vocabulary, written as
+    a shortlist file (nmt.data.shortlist) of the checkpoint's vocabulary, written as
     CTranslate2's vocabulary map vmap.txt (what the converters' vocab_mapping does;
     use_vmap=True)."""
     src_pieces, tgt_pieces = pieces(loaded.src_tok), pieces(loaded.tgt_tok)
@@ -176,7 +176,7 @@ def write_ctranslate2(loaded: LoadedCheckpoint, out: Path, quantization: str = "
 
 def write_vmap(model_dir: Path, shortlist: str, vocab_sha256: str | None,
                src_pieces: list[str], tgt_pieces: list[str], what: str) -> None:
-    """Write a shortlist file (nmt.inference.shortlist) as CTranslate2's vocabulary map,
+    """Write a shortlist file (nmt.data.shortlist) as CTranslate2's vocabulary map,
     model_dir/VMAP, after checking it against the vocabulary of `what` (its sha256, None: size
     only)."""
     table = load_shortlist(shortlist)
