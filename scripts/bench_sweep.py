@@ -3,8 +3,9 @@
 One trained checkpoint (--checkpoint), exported to CTranslate2 with nmt's own converter
 (nmt.interop.ct2_export.write_ctranslate2: float32 weights, source.spm and target.spm beside
 them; --dtype int8 quantises at load on both sides). Real sentences (--input, the bundled
-Debian test split by default; --repeat N: N times over), natural output lengths (nmt: its
-default max_len_a/b; CTranslate2: its own limit), alpha 0 (length_penalty=0), split=none.
+Debian test split by default, less lines longer than the model's positions; --repeat N: N
+times over), natural output lengths (nmt: its default max_len_a/b; CTranslate2: its own
+limit), alpha 0 (length_penalty=0), split=none.
 Greedy and beam 4 (--searches), each:
 
 - at fixed batch sizes (--batches, 1 4 16 64): nmt with search.max_sentences=B on its
@@ -100,7 +101,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "(a process each run), or both")
     p.add_argument("--batches", default="1,4,16,64", help="the fixed batch sizes")
     p.add_argument("--max-tokens", default="512,1024,2048,4096,8192",
-                   help="nmt's search.max_tokens candidates of the best row ('': no best row)")
+                   help="nmt's search.max_tokens candidates of the best row (this, "
+                   "--ct2-batches or --layouts '': no best row)")
     p.add_argument("--ct2-batches", default="4,8,16,32,64,128",
                    help="CTranslate2's max_batch_size candidates of the best row")
     p.add_argument("--layouts", default="2x1,1x2",
@@ -185,24 +187,28 @@ class Workload:
     src_ids: list[list[int]]  # nmt's source ids
     src_pieces: list[list[str]]  # CTranslate2's source tokens
     loaded: LoadedCheckpoint
+    too_long: int  # the input's lines left out: longer than the model's positions
 
 
 def workload(args: argparse.Namespace, tmp: Path) -> Workload:
     """The checkpoint loaded and exported with nmt's converter into tmp, --input's sentences
-    (--sentences of them, --repeat times over) written as a text file and encoded."""
+    (--sentences of them, less those longer than the model's positions, --repeat times over)
+    written as a text file and encoded."""
     loaded = LoadedCheckpoint.load(args.checkpoint)
     model_dir = tmp / "ct2"
     model_dir.mkdir()
     write_ctranslate2(loaded, model_dir)
     lines = read_lines(args.input, "--input")
-    lines = (lines[:args.sentences] if args.sentences else lines) * args.repeat
+    lines = lines[:args.sentences] if args.sentences else lines
+    limit = loaded.model.cfg.max_positions - 1  # longer ones would be cut, or refused by CT2
+    kept = [(line, ids) for line, ids in zip(lines, loaded.src_tok.encode(lines), strict=True)
+            if len(ids) <= limit] * args.repeat
     text = tmp / "input.txt"
-    text.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    limit = loaded.model.cfg.max_positions - 1
-    src_ids = [ids[:limit] for ids in loaded.src_tok.encode(lines)]
+    text.write_text("".join(line + "\n" for line, _ in kept), encoding="utf-8")
     names = pieces(loaded.src_tok)
-    return Workload(args.checkpoint, str(model_dir), str(text), src_ids,
-                    [[names[i] for i in ids] for ids in src_ids], loaded)
+    return Workload(args.checkpoint, str(model_dir), str(text), [ids for _, ids in kept],
+                    [[names[i] for i in ids] for _, ids in kept], loaded,
+                    len(lines) - len(kept) // args.repeat)
 
 
 def nmt_search(beam: int, dtype: str, batch: int = 0, max_tokens: int = 0) -> SearchConfig:
@@ -322,7 +328,7 @@ def decode_and_best(args, sides: Sides) -> tuple[list[Row], dict[str, Row]]:
     and, per search, its decode-only best row (each side's fastest candidate)."""
     rows = sides.fixed_rows("decode") if "decode" in args.modes else []
     sweeps = {search: sides.candidates(search) for search in args.searches
-              if args.max_tokens}
+              if args.max_tokens and args.ct2_batches and args.layouts}
     fixed = [s for r in rows for s in (r.nmt, r.ct2)]
     time_rounds(args.rounds, fixed, *(lst for pair in sweeps.values() for lst in pair))
     best = {search: Row("decode", search, "best", fastest(n), fastest(c))
@@ -349,6 +355,7 @@ def header(args, w: Workload) -> dict:
     return {"cpu": describe_cpu(), "torch": torch.__version__,
             "ctranslate2": ctranslate2.__version__, "model": w.loaded.describe(),
             "checkpoint": args.checkpoint, "input": args.input, "sentences": len(w.src_ids),
+            "too_long_left_out": w.too_long,
             "source_tokens_mean": round(sum(lengths) / max(1, len(lengths)), 1),
             "dtype": args.dtype, "rounds": args.rounds, "nmt_workers": args.workers,
             "ct2_layout": f"{args.inter}x{args.intra}", "load_before": os.getloadavg()[0]}
@@ -371,7 +378,8 @@ def report(head: dict, rows: list[dict]) -> None:
     """The header and one line a row."""
     print(head["cpu"])
     print(f"torch {head['torch']}, ctranslate2 {head['ctranslate2']}; {head['model']}; "
-          f"{head['sentences']} sentences (mean {head['source_tokens_mean']} tokens), "
+          f"{head['sentences']} sentences (mean {head['source_tokens_mean']} tokens; "
+          f"{head['too_long_left_out']} too long left out), "
           f"{head['dtype']}, alpha 0, split=none; nmt {head['nmt_workers']} workers x 1 thread, "
           f"CTranslate2 {head['ct2_layout']} at fixed batches; medians of {head['rounds']} "
           f"interleaved rounds; load average {head['load_before']:.2f} before, "
