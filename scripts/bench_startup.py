@@ -7,8 +7,8 @@ processes on a shared machine count less. Rows:
 
 - `import torch`; `import torch` + torch.load of the checkpoint;
 - the one-line nmt-translate (its console script's main, the line in a file) and what it costs
-  beyond the row before; again with threads=1 (by default the process decodes a one-line input
-  itself with PyTorch's threads, whose waits count as CPU time);
+  beyond the row before; again with threads=1 (PyTorch's threads' waits count as CPU time);
+  again with the line through a pipe (input=-: decoded as lines arrive);
 - its phases, timed inside one run (the CLI's imports, Hydra's composition, the command's
   imports, reading the checkpoint, building and preparing the model, the first batch, the rest;
   with threads=1, whose batch wastes no CPU time in threads that wait);
@@ -45,10 +45,12 @@ PHASES = [("compose the config (Hydra)", "hydra._internal.hydra", "Hydra.compose
           ("translate (first batch)", "nmt.inference.translator", "Translator.translate_ids")]
 
 
-def cpu_of(argv: list[str]) -> float:
-    """The CPU time (user + system) of running argv to its end, its children included."""
+def cpu_of(argv: list[str], stdin: str | None = None) -> float:
+    """The CPU time (user + system) of running argv to its end, its children included
+    (stdin: given through a pipe)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   input=stdin, text=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
@@ -153,12 +155,14 @@ def main() -> None:
         runs = {"import torch": [sys.executable, "-c", "import gc, torch; gc.freeze()"],
                 "import torch + torch.load": [sys.executable, "-c", load],
                 "one-line nmt-translate": argv,
-                "the same, threads=1": [*argv, "threads=1"]}
+                "the same, threads=1": [*argv, "threads=1"],
+                "the line through a pipe": argv[:-1]}
         times: dict[str, list[float]] = {k: [] for k in runs}
         split: list[dict] = []
         for _ in range(args.repeat):  # interleaved: a load change hits every row alike
             for label, run in runs.items():
-                times[label].append(cpu_of(run))
+                times[label].append(cpu_of(run, args.line + "\n" if "pipe" in label
+                                           else None))
             out = subprocess.run([sys.executable, __file__, "--checkpoint", args.checkpoint,
                                   "--phases", *argv[3:], "threads=1"], check=True,
                                  capture_output=True, text=True, cwd=d).stdout
@@ -173,7 +177,7 @@ def report(times: dict[str, list[float]], split: list[dict], args: argparse.Name
     med = {k: statistics.median(v) for k, v in times.items()}
     for label, v in times.items():
         print(f"  {label:<28} {med[label]:6.3f}  [{min(v):.3f}-{max(v):.3f}]")
-    for label in ("one-line nmt-translate", "the same, threads=1"):
+    for label in ("one-line nmt-translate", "the same, threads=1", "the line through a pipe"):
         beyond = [t - b for t, b in zip(times[label], times["import torch + torch.load"],
                                         strict=True)]
         print(f"  {'beyond torch + checkpoint':<28} {statistics.median(beyond):6.3f}  "

@@ -85,3 +85,41 @@ def test_a_file_of_a_few_lines_decodes_here_on_one_thread_as_the_workers_would(
         torch.set_num_threads(threads)
     assert opened == [(True, 2, threads), (False, 1, 1)]
     assert results[0].hypotheses == results[1].hypotheses and len(results[1].hypotheses) == 3
+
+
+def test_a_pipes_few_lines_decode_on_one_thread_and_more_on_the_threads_set(
+        ckpts, tmp_path, monkeypatch):
+    """Lines arriving through a pipe, a few at a time, decode on one PyTorch thread (the
+    waits of a second one on such small steps only cost CPU time); PyTorch's threads are
+    back afterwards, and a chunk of FEW_LINES rows, or threads=, keeps them."""
+    import io
+    from types import SimpleNamespace
+
+    import torch
+    from translate_helpers import translate_config
+
+    import nmt.commands.translate as command
+
+    seen, run_search = [], command.run_search
+
+    def spy(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return run_search(*args, **kwargs)
+
+    monkeypatch.setattr(command, "run_search", spy)
+    monkeypatch.setattr(command, "is_interactive", lambda path: path == "-")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"open the file\nclose it\n")))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        out = command.translate(translate_config(checkpoint=ckpts[0], output=tmp_path / "o.de"))
+        assert torch.get_num_threads() == 2
+        cpu = SimpleNamespace(device=torch.device("cpu"))
+        for rows, cfg_threads in ((command.FEW_LINES, 0), (3, 2)):
+            cfg = translate_config(checkpoint=ckpts[0], threads=cfg_threads)
+            session = SimpleNamespace(cfg=cfg, translator=cpu)
+            with command.decoding_threads(session, rows):
+                assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+    assert len(out.hypotheses) == 2 and seen and set(seen) == {1}

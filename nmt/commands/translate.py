@@ -37,6 +37,8 @@ import stat
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -72,7 +74,8 @@ from nmt.system.runtime import cap_onednn_cache, keep_freed_memory, usable_cores
 PROG = "nmt-translate"
 CHUNK_LINES = 1000  # interactive input: lines translated together at most
 PARALLEL_LINES = 32  # interactive input: fewer lines per worker than this use one process
-FEW_LINES = 8  # a file of fewer lines decodes in this process, on one thread (few_lines)
+FEW_LINES = 8  # a file of fewer lines decodes here on one thread (few_lines); a pipe's chunk
+# of fewer lines on one thread (decoding_threads)
 
 
 def log(message: str) -> None:
@@ -449,7 +452,8 @@ def process(s: Session, lines: list[str], first: int, interactive: bool = False)
     mine = list(range(s.env.rank, len(prepared.pieces), s.env.world_size))  # this rank's
     # A few arriving lines decode here: the workers' round trip would cost more than it saves.
     parallel = not interactive or len(mine) >= PARALLEL_LINES * s.translator.workers
-    found = run_search(s, prepared, mine, first, parallel, interactive)
+    with decoding_threads(s, len(mine)):
+        found = run_search(s, prepared, mine, first, parallel, interactive)
     found = pipeline.chosen(prepared, found, mine)  # each rank chooses among its own candidates
     results = pipeline.finish(prepared, gather(s, mine, found, len(prepared.pieces)), s.translator)
     hyps = [r.hyps for r in results]
@@ -671,6 +675,22 @@ def search_summary(cfg: TranslateConfig) -> str:
     if cfg.rerank.model:
         return f"{search.nbest}-best of {how} reranked"
     return how
+
+
+@contextmanager
+def decoding_threads(s: Session, rows: int) -> Iterator[None]:
+    """Meanwhile, fewer than FEW_LINES rows (a pipe's few arriving lines) decode on one
+    PyTorch thread, unless threads= is set: on such small steps a second thread mostly waits,
+    and its waits cost CPU time."""
+    if rows >= FEW_LINES or s.cfg.threads or s.translator.device.type != "cpu":
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def run_search(s: Session, prepared: Prepared, mine: list[int], first: int, parallel: bool,
