@@ -12,17 +12,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 NMT = ROOT / "nmt"
 # The packages as layers, lower first: a module may import its own layer and the layers before
-# it. A name stands for its module and, if it is a package, every module in it; where a name and
-# a package holding it are both listed, the name's layer (the first listed) wins. Modules are
-# named only where a package cannot be one layer (CARVED_OUT).
+# it. A name stands for its module and, if it is a package, every module in it (so a new module
+# takes its package's layer): nmt/'s top-level modules and its packages, nothing else.
 LAYERS = [
-    # the errors, the config schema, what it checks against, the vocabulary's typed value
-    {"nmt.errors", "nmt.config_errors", "nmt.capabilities", "nmt.config", "nmt.data.vocab"},
+    # the errors, the config schema and what it checks against
+    {"nmt.errors", "nmt.config_errors", "nmt.capabilities", "nmt.config"},
     {"nmt.system"},  # what nmt needs of the machine
-    {"nmt.model", "nmt.variants", "nmt.checkpoint"},  # the paper's model and its checkpoint
+    {"nmt.model", "nmt.variants"},  # the paper's model and its variants
     {"nmt.metrics"},  # BLEU, chrF, COMET, MBR's utilities
-    {"nmt.data"},  # corpora to batches, the shortlist file
-    {"nmt.loading"},  # what the exporters share with the engines: a checkpoint's model loaded
+    {"nmt.data"},  # corpora to batches, the vocabulary, the shortlist file
+    {"nmt.checkpoint", "nmt.loading"},  # the checkpoint file; its model loaded (engines, exports)
     {"nmt.interop"},  # other toolkits' models in and out
     {"nmt.inference"},  # decoding, the engines, the translation pipeline
     {"nmt.training"},  # nmt-train's loop (validation decodes through nmt.inference.engine)
@@ -30,9 +29,6 @@ LAYERS = [
     {"nmt.commands"},  # each command's plain function (COMMANDS)
     {"nmt.cli", "nmt.testing"},  # the entry points; the tests' GPU harness
 ]
-# The modules LAYERS names apart from their package, and why: the Checkpoint holds a Vocab, and
-# nmt-preprocess reuses a checkpoint's vocabulary (nmt.data.subwords).
-CARVED_OUT = {"nmt.data.vocab"}
 # The commands' plain functions, one module each: none imports another (what two need lives
 # below both).
 COMMANDS = {f"nmt.commands.{c}" for c in ("preprocess", "train", "average", "translate",
@@ -95,13 +91,11 @@ def test_every_module_has_a_layer_and_imports_none_above_it():
     assert upward == []
 
 
-def test_the_layers_are_packages_but_for_the_modules_carved_out():
-    """Each package of nmt/ is one layer (a new module gets its package's layer); only the
-    CARVED_OUT modules are named apart, each in a lower layer than its package."""
-    named = set().union(*LAYERS)
-    assert {n for n in named if n not in PACKAGES | TOP_LEVEL} == CARVED_OUT
-    assert PACKAGES <= named
-    assert all(layer(m) < layer(m.rsplit(".", 1)[0] + ".x") for m in CARVED_OUT)
+def test_the_layers_are_packages():
+    """LAYERS names each package of nmt/ and each top-level module once, and no module inside a
+    package: a package is one layer."""
+    named = [n for members in LAYERS for n in members]
+    assert sorted(named) == sorted(PACKAGES | TOP_LEVEL - {"nmt"})
 
 
 def test_no_import_circle():

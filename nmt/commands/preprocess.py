@@ -39,6 +39,7 @@ from nmt.data.corpus import Corpus, open_corpus
 from nmt.data.manifest import FORMAT, MANIFEST, Manifest, Section, SplitSize
 from nmt.data.subwords import (
     corpus_tags,
+    is_checkpoint,
     language_entry,
     language_token,
     languages_of,
@@ -207,6 +208,16 @@ def pair_of(spec: TrainCorpus) -> dict:
     return {"src_lang": spec.src_lang, "tgt_lang": spec.tgt_lang} if spec.src_lang else {}
 
 
+def reused_subwords(path: str) -> tuple:
+    """bpe.model's tokenizers and info (nmt.data.subwords.load_subwords); a checkpoint's
+    vocabulary is read here, nmt.checkpoint being above nmt.data."""
+    from nmt.checkpoint import Checkpoint  # torch: only for a checkpoint's
+
+    p = Path(path)
+    vocab = Checkpoint.load(p).vocab if p.is_file() and is_checkpoint(p) else None
+    return load_subwords(path, vocab)
+
+
 def preprocess(cfg: PreprocessConfig) -> Manifest:
     """Check the inputs, clean, train subwords, encode, commit; returns the manifest."""
     start = time.time()
@@ -215,7 +226,7 @@ def preprocess(cfg: PreprocessConfig) -> Manifest:
     corpora = {role: [open_corpus(c.path, role, c.src_lang or cfg.src_lang,
                                   c.tgt_lang or cfg.tgt_lang, cfg.hf_name, cfg.hf_config)
                       for c in specs] for role, specs in cfg.corpora.items()}
-    reused = load_subwords(cfg.bpe.model) if cfg.bpe.model else None
+    reused = reused_subwords(cfg.bpe.model) if cfg.bpe.model else None
     if reused:  # checked before any work
         for role, specs in cfg.corpora.items():
             tag_ids(specs, reused[0], cfg.bpe.model, role)

@@ -18,6 +18,7 @@ from nmt.errors import NmtError
 
 if TYPE_CHECKING:
     from nmt.config import BpeConfig, PreprocessConfig, TrainCorpus
+    from nmt.data.vocab import Vocab
 
 log = logging.getLogger("nmt.commands.preprocess")
 
@@ -61,27 +62,32 @@ def train_subwords(train: CleanText, bpe: BpeConfig, tags: list[str]
     return src, tgt, info
 
 
-def load_subwords(path: str) -> tuple[Tokenizer, Tokenizer, dict]:
+def is_checkpoint(path: str | Path) -> bool:
+    """Whether the file at `path` is a zip, as a torch checkpoint is."""
+    with open(path, "rb") as f:
+        return f.read(2) == b"PK"
+
+
+def load_subwords(path: str, vocab: Vocab | None = None) -> tuple[Tokenizer, Tokenizer, dict]:
     """Reuse a .model file (joint), the model(s) of a data directory written by nmt-preprocess,
-    or a checkpoint's (nmt-train's, nmt-import's: fine-tuning data gets the model's ids).
+    or a checkpoint's (nmt-train's, nmt-import's: fine-tuning data gets the model's ids):
+    `vocab`, the checkpoint's at `path`, which nmt-preprocess reads (is_checkpoint).
     The info's "languages": those the checkpoint (or data directory) records, if any
     (nmt.data.languages), which the data directory and the models trained on it keep."""
-    from nmt.checkpoint import Checkpoint
     from nmt.data.manifest import read_manifest
 
     p = Path(path)
     languages = None
-    if p.is_dir():
+    if vocab is not None:
+        src, tgt = tokenizers(vocab, str(p))
+        languages = vocab.languages.to_dict() if vocab.languages else None
+    elif p.is_dir():
         manifest = read_manifest(p)
         src = Tokenizer.from_file(p / manifest.spm.src)
         tgt = Tokenizer.from_file(p / manifest.spm.tgt)
         languages = manifest.languages.to_dict() if manifest.languages else None
     elif not p.exists():
         raise NmtError(f"bpe.model={path}: no such file, data directory or checkpoint")
-    elif p.read_bytes()[:2] == b"PK":  # a zip: a torch checkpoint
-        vocab = Checkpoint.load(p).vocab
-        src, tgt = tokenizers(vocab, str(p))
-        languages = vocab.languages.to_dict() if vocab.languages else None
     else:
         src = tgt = Tokenizer.from_file(p)
     if src.proto == tgt.proto:
