@@ -37,6 +37,7 @@ from test_browser import Browser  # noqa: E402
 from nmt.metrics.scoring import score  # noqa: E402
 from nmt.system.files import read_lines  # noqa: E402
 
+CHUNK = 25  # sentences a call
 TIMED = """(async () => { const out = [], ms = [];
   for (const line of %s) { const t = performance.now();
     out.push((await window.nmtTranslateLines([line]))[0]); ms.push(performance.now() - t); }
@@ -94,8 +95,10 @@ def main() -> None:
             load = time.perf_counter() - started
             print(f"first load: {load:.2f} s to a ready page "
                   f"(transformers.js pipeline: {browser.run('window.nmtLoadSeconds'):.2f} s)")
-            started = time.perf_counter()
-            got, ms = browser.run(TIMED % json.dumps(sources))
+            started, got, ms = time.perf_counter(), [], []
+            for at in range(0, len(sources), CHUNK):  # each call answered within the driver's 30 s
+                out, times = browser.run(TIMED % json.dumps(sources[at:at + CHUNK]))
+                got, ms = got + out, ms + times
             total = time.perf_counter() - started
         finally:
             browser.close()
