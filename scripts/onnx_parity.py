@@ -63,10 +63,10 @@ def main() -> None:
         limits = max_output_lengths(torch.tensor([len(s) for s in src]), search,
                                     tr.model.cfg.max_positions).tolist()
         texts = {"nmt": tr.tgt_tok.decode(ours)}
-        eos = tr.specials.eos
         for name, quantized in (("onnx fp32", False), ("onnx int8", True)):
             runner = OnnxGreedy(model, quantized=quantized)
-            ids = [runner.translate(s + [eos], n) for s, n in zip(src, limits, strict=True)]
+            ids = [runner.translate(tr.specials.source(s), n)  # EOS appended where trained so
+                   for s, n in zip(src, limits, strict=True)]
             texts[name] = tr.tgt_tok.decode(ids)
             n = min(args.equal, len(src))
             same = sum(a == b for a, b in zip(texts["nmt"][:n], texts[name][:n], strict=True))
