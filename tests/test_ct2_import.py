@@ -359,6 +359,29 @@ def test_init_from_fine_tunes_the_imported_marian_model(marian_imported, tmp_pat
     assert after < before - 0.2, (before, after)
 
 
+@pytest.mark.slow  # over 2 s: preprocessing and 2 updates
+def test_fine_tuning_an_import_without_source_eos_keeps_it(spm, checkpoint, tmp_path):
+    """An OpenNMT-py-layout import (add_source_eos=false, epsilon 1e-6) fine-tuned: its data
+    directory records that sources end without </s>, its training batches have none, and the
+    fine-tuned checkpoint keeps both settings."""
+    from nmt.data.batches import ParallelData, collate
+    from nmt.data.manifest import read_manifest
+
+    model = opennmt_style_model(checkpoint, spm["joint"], tmp_path / "onmt", source_eos=False,
+                                eps=1e-6)
+    out = import_model(ImportConfig(input=str(model), output=str(tmp_path / "o.pt")))
+    src = read_lines(str(DATA / "train.en.xz"))[3000:3100]
+    tgt = read_lines(str(DATA / "train.de.xz"))[3000:3100]
+    data, tuned = fine_tune_imported(out, list(zip(src, tgt, strict=True)), tmp_path, 2)
+    manifest = read_manifest(data)
+    assert manifest.source_eos is False
+    batch = collate(ParallelData(data, "train", manifest), np.arange(8), manifest.pad_id)
+    assert not (batch.src == manifest.eos_id).any()
+    assert (batch.tgt_out == manifest.eos_id).sum() == 8  # targets still end with it
+    state = load_checkpoint(tuned)
+    assert state["vocab"]["source_eos"] is False and state["model_cfg"]["norm_eps"] == 1e-6
+
+
 # ----------------------------------------------------------------------------- bad input
 def test_bad_model_directories_are_one_line_and_write_nothing(checkpoint, tmp_path):
     ct2 = export_ct2(checkpoint, tmp_path / "ct2")

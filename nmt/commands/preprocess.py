@@ -148,9 +148,11 @@ def build(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], reused: tuple
         **_corpus_entries(specs, tags, sizes, counts["train"], cfg.multilingual),
         "clean": {role: {side: f"{role}.clean.{lang}" for side, lang in langs.items()}
                   for role in texts if role != "train"},
-        "spm_training": {k: v for k, v in spm_info.items() if k != "languages"},
+        "spm_training": {k: v for k, v in spm_info.items()
+                         if k not in ("languages", "source_eos")},
         "config": asdict(cfg), "nmt_version": __version__,
         **({"languages": languages} if languages else {}),
+        **({"source_eos": False} if spm_info.get("source_eos") is False else {}),
         "seconds": {k: round(v, 2) for k, v in seconds.items()},
     }
     _add_train_extras(manifest, cfg, tmp, dtype, text_prefix)

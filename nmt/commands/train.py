@@ -294,7 +294,8 @@ def load_vocab(data_dir: str, manifest: Manifest) -> Vocab:
                        f"SentencePiece model files (data directory modified?)")
     return Vocab(src_size=m.src_vocab_size, tgt_size=m.tgt_vocab_size, joint=m.joint,
                  pad_id=m.pad_id, unk_id=m.unk_id, bos_id=m.bos_id, eos_id=m.eos_id,
-                 sha256=sha, src_spm=src.proto, tgt_spm=tgt.proto, **recorded_languages(m))
+                 sha256=sha, src_spm=src.proto, tgt_spm=tgt.proto,
+                 source_eos=m.source_eos is not False, **recorded_languages(m))
 
 
 def recorded_languages(manifest: Manifest) -> dict:

@@ -205,13 +205,14 @@ class ParallelData:
         self.tgt = TokenArray(Path(f"{base}.{manifest.tgt_lang}"), dtype, size.pairs,
                               size.tgt_tokens)
         self.bos, self.eos = manifest.bos_id, manifest.eos_id
+        self.source_eos = manifest.source_eos is not False  # sources end with EOS
 
     def __len__(self) -> int:
         return len(self.src)
 
     def src_lengths(self) -> np.ndarray:
-        """Source lengths with the EOS that is appended."""
-        return self.src.lengths + 1
+        """Source lengths with the EOS that is appended (unless the data's sources have none)."""
+        return self.src.lengths + self.source_eos
 
     def tgt_lengths(self) -> np.ndarray:
         """Target lengths with the BOS (input side) or EOS (output side) that is added."""
@@ -322,7 +323,8 @@ class SubwordSampler:
 
 @dataclass
 class Batch:
-    """One padded batch: source with EOS, target input with BOS, target output with EOS."""
+    """One padded batch: source with EOS (none where the data's have none: source_eos),
+    target input with BOS, target output with EOS."""
 
     src: torch.Tensor  # (B, S) int64, right-padded with pad_id
     tgt_in: torch.Tensor  # (B, T) BOS y_1 .. y_n
@@ -439,10 +441,12 @@ def collate(data: ParallelData, ids: np.ndarray, pad_id: int,
     tgt_out = np.full((B, T), pad_id, dtype=np.int64)
     src_t[len(ids):, 0], tgt_in[len(ids):, 0] = data.eos, data.bos  # blank rows (no target)
     for b, (s, t) in enumerate(zip(src, tgt, strict=True)):
-        src_t[b, :len(s)], src_t[b, len(s)] = s, data.eos
+        src_t[b, :len(s)] = s
+        if data.source_eos:
+            src_t[b, len(s)] = data.eos
         tgt_in[b, 0], tgt_in[b, 1:len(t) + 1] = data.bos, t
         tgt_out[b, :len(t)], tgt_out[b, len(t)] = t, data.eos
-    n_src = int(sum(len(s) for s in src)) + len(ids)
+    n_src = int(sum(len(s) for s in src)) + len(ids) * data.source_eos
     n_tgt = int(sum(len(t) for t in tgt)) + len(ids)
     rows_, cols = np.nonzero(tgt_out != pad_id)  # (n_tgt,) each, row by row
     return Batch(torch.from_numpy(src_t), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out),

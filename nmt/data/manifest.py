@@ -38,6 +38,9 @@ and `train_text` too, and reads as one training corpus of weight 1 without a tag
                         id of >>language<<}}), or with bpe.model= of a multilingual checkpoint
                         its languages (nmt.data.languages; read as a nmt.data.vocab.Languages);
                         the checkpoints trained on the directory record them too
+    source_eos          false where the sources end without EOS (bpe.model= of a checkpoint
+                        whose model was trained so: an import of an OpenNMT-py model, whose
+                        fine-tuning keeps it); absent otherwise
     checksums           {file: sha256} of every other file of the directory
     spm_training, config, nmt_version, seconds: how it was made (Manifest.made)
 """
@@ -149,6 +152,7 @@ class Manifest:
     train_text: TrainText | None = None
     shortlist: str | None = None
     languages: Languages | None = None
+    source_eos: bool | None = None  # False: sources end without EOS (None: with it)
     checksums: dict[str, str] | None = None
     made: dict[str, Any] = field(default_factory=dict)  # spm_training, config, nmt_version, ...
 
@@ -206,6 +210,7 @@ class Manifest:
             train_text=_or_none(check.optional("train_text", dict), check.train_text),
             shortlist=check.optional("shortlist", str),
             languages=_or_none(check.optional("languages", dict), check.languages),
+            source_eos=check.optional("source_eos", bool),
             checksums=check.optional("checksums", dict),
             made={k: v for k, v in entry.items() if k not in typed})
 

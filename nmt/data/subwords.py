@@ -73,26 +73,30 @@ def load_subwords(path: str, vocab: Vocab | None = None) -> tuple[Tokenizer, Tok
     or a checkpoint's (nmt-train's, nmt-import's: fine-tuning data gets the model's ids):
     `vocab`, the checkpoint's at `path`, which nmt-preprocess reads (is_checkpoint).
     The info's "languages": those the checkpoint (or data directory) records, if any
-    (nmt.data.languages), which the data directory and the models trained on it keep."""
+    (nmt.data.languages), which the data directory and the models trained on it keep; its
+    "source_eos": false where their sources end without EOS (Vocab.source_eos), kept so too."""
     from nmt.data.manifest import read_manifest
 
     p = Path(path)
-    languages = None
+    languages, source_eos = None, True
     if vocab is not None:
         src, tgt = tokenizers(vocab, str(p))
         languages = vocab.languages.to_dict() if vocab.languages else None
+        source_eos = vocab.source_eos
     elif p.is_dir():
         manifest = read_manifest(p)
         src = Tokenizer.from_file(p / manifest.spm.src)
         tgt = Tokenizer.from_file(p / manifest.spm.tgt)
         languages = manifest.languages.to_dict() if manifest.languages else None
+        source_eos = manifest.source_eos is not False
     elif not p.exists():
         raise NmtError(f"bpe.model={path}: no such file, data directory or checkpoint")
     else:
         src = tgt = Tokenizer.from_file(p)
     if src.proto == tgt.proto:
         tgt = src
-    info = {"sentences": 0, "sampled": False, "reused": str(p.resolve())}
+    info = {"sentences": 0, "sampled": False, "reused": str(p.resolve()),
+            **({"source_eos": False} if not source_eos else {})}
     return src, tgt, info if languages is None else {**info, "languages": languages}
 
 
