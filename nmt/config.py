@@ -10,8 +10,6 @@ dataclasses, which runs every `__post_init__` check exactly once.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,68 +18,34 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nmt.capabilities import ENGINES
+from nmt.config_checks import (
+    CT2_ONLY_DTYPES,
+    check,
+    check_choice,
+    check_markup,
+    check_min,
+    check_prob,
+    check_rate,
+    check_search_device,
+    check_serve_models,
+    check_serve_split,
+    check_split,
+)
+from nmt.config_corpora import TrainCorpus, train_corpora
 from nmt.config_errors import explain, extra_keys, unknown_key
 from nmt.errors import ConfigError
 
-LANG_CODE = re.compile(r"[a-z]{2,3}([-_][a-zA-Z0-9]+)*")  # ISO 639, then a region or script
-# The choices of keys that modules of nmt.inference act on; they import them from here.
-SPLIT_MODES = ("none", "sentence", "paragraph")  # split= (nmt.inference.segment)
-SPLIT_AUTO = "auto"  # split's default: nmt.inference.segment.auto_mode picks one of SPLIT_MODES
-SPLITTER = "sentencex"  # split=sentence's splitter's module (docs/results.md: why this one)
-SPLIT_EXTRA = "pip install 'nmt[split]'"  # how to install it
-MARKUP_KINDS = ("none", "html", "xml")  # markup= (nmt.inference.markup)
 WORD_COMBINES = ("product", "min")  # word_combine=: how a word's pieces' log P combine
-
-CT2_ONLY_DTYPES = ("int8_float16", "int8_bfloat16")  # search.dtype with engine=ctranslate2 only
 CONSTRAINING = ("constraints", "glossary", "keep")  # the options that make lexical constraints
-
-
-def _check(ok: bool, key: str, why: str) -> None:
-    """Raise a ConfigError naming `key` when `ok` is false."""
-    if not ok:
-        raise ConfigError(key, why)
-
-
-def _check_prob(value: float, key: str) -> None:
-    """A probability in [0, 1)."""
-    _check(0.0 <= value < 1.0, key, f"must be in [0, 1), got {value}")
-
-
-def _check_rate(value: float, key: str) -> None:
-    """A rate (a share of sentences) in [0, 1]."""
-    _check(0.0 <= value <= 1.0, key, f"must be in [0, 1], got {value}")
-
-
-def _check_min(node: object, prefix: str, low: float, *names: str) -> None:
-    """Each field `names` of `node` is at least `low`; the error names the key and the value."""
-    for name in names:
-        value = getattr(node, name)
-        _check(value >= low, prefix + name, f"must be >= {low}, got {value}")
-
-
-def check_search_device(dtype: str, device: str, key: str = "search.dtype",
-                        engine: str = "nmt") -> None:
-    """search.dtype against the device type that decodes ("cpu" or "cuda"; "auto" passes
-    until the command has picked its device and calls this again) and the engine: nmt runs
-    int8 on CPUs only, fp16 on GPUs only; int8_float16 and int8_bfloat16 are CTranslate2's,
-    for GPUs (engine=ctranslate2 checks the rest when it loads)."""
-    if dtype in CT2_ONLY_DTYPES:
-        _check(engine == "ctranslate2", key, f"{dtype} is a CTranslate2 compute type "
-               "(engine=ctranslate2); nmt runs fp32, bf16, fp16 or int8")
-        _check(device != "cpu", key, f"{dtype} needs a GPU; use int8 on the CPU")
-    _check(not (dtype == "int8" and device == "cuda" and engine == "nmt"), key,
-           "int8 runs on the CPU only; use bf16 or fp16 on a GPU (or device=cpu)")
-    _check(not (dtype == "fp16" and device == "cpu"), key,
-           "fp16 needs a GPU; use bf16 on the CPU (or device=cuda)")
 
 
 def _check_engine(cfg: object, checkpoints: int) -> None:
     """engine and ct2_model of nmt-translate and nmt-serve, and what the engine cannot do
     (nmt.capabilities)."""
-    _check(cfg.engine in ENGINES, "engine",
-           f"must be {' or '.join(ENGINES)}, got {cfg.engine!r}")
-    _check(not cfg.ct2_model or cfg.engine == "ctranslate2", "ct2_model",
-           "needs engine=ctranslate2")
+    check(cfg.engine in ENGINES, "engine",
+          f"must be {' or '.join(ENGINES)}, got {cfg.engine!r}")
+    check(not cfg.ct2_model or cfg.engine == "ctranslate2", "ct2_model",
+          "needs engine=ctranslate2")
     check_search_device(cfg.search.dtype, cfg.device, engine=cfg.engine)
     can = ENGINES[cfg.engine]
     can.check("checkpoint", checkpoints > 1)
@@ -126,25 +90,25 @@ class ModelConfig:
     norm_eps: float = 1e-5  # the LayerNorms' epsilon (torch's; OpenNMT-py's 1e-6, imported)
 
     def __post_init__(self) -> None:
-        _check_min(self, "model.", 1, "N", "d_model", "d_ff")
-        _check_min(self, "model.", 0, "N_dec")
-        _check(self.h >= 1 and self.d_model % self.h == 0, "model.h",
-               f"d_model ({self.d_model}) must be divisible by h ({self.h})")
-        _check(self.d_model % 2 == 0, "model.d_model", "must be even (sinusoidal encoding)")
-        _check_prob(self.dropout, "model.dropout")
-        _check_prob(self.attention_dropout, "model.attention_dropout")
-        _check(self.norm in ("post", "pre"), "model.norm",
-               f"must be 'post' or 'pre', got {self.norm!r}")
-        _check_min(self, "model.", 2, "max_positions")
-        _check(0 < self.norm_eps < 1, "model.norm_eps", f"must be in (0, 1), got {self.norm_eps}")
-        _check(self.activation in ("relu", "gelu", "swish"), "model.activation",
-               f"must be relu, gelu or swish, got {self.activation!r}")
-        _check(self.residual_init in RESIDUAL_INIT, "model.residual_init",
-               f"must be one of {', '.join(RESIDUAL_INIT)}, got {self.residual_init!r}")
-        _check(self.positions in ("paper", "fairseq"), "model.positions",
-               f"must be paper or fairseq, got {self.positions!r}")
-        _check(self.positions == "paper" or self.d_model >= 4, "model.d_model",
-               "must be >= 4 with model.positions=fairseq")
+        check_min(self, "model.", 1, "N", "d_model", "d_ff")
+        check_min(self, "model.", 0, "N_dec")
+        check(self.h >= 1 and self.d_model % self.h == 0, "model.h",
+              f"d_model ({self.d_model}) must be divisible by h ({self.h})")
+        check(self.d_model % 2 == 0, "model.d_model", "must be even (sinusoidal encoding)")
+        check_prob(self.dropout, "model.dropout")
+        check_prob(self.attention_dropout, "model.attention_dropout")
+        check(self.norm in ("post", "pre"), "model.norm",
+              f"must be 'post' or 'pre', got {self.norm!r}")
+        check_min(self, "model.", 2, "max_positions")
+        check(0 < self.norm_eps < 1, "model.norm_eps", f"must be in (0, 1), got {self.norm_eps}")
+        check(self.activation in ("relu", "gelu", "swish"), "model.activation",
+              f"must be relu, gelu or swish, got {self.activation!r}")
+        check(self.residual_init in RESIDUAL_INIT, "model.residual_init",
+              f"must be one of {', '.join(RESIDUAL_INIT)}, got {self.residual_init!r}")
+        check(self.positions in ("paper", "fairseq"), "model.positions",
+              f"must be paper or fairseq, got {self.positions!r}")
+        check(self.positions == "paper" or self.d_model >= 4, "model.d_model",
+              "must be >= 4 with model.positions=fairseq")
 
     @property
     def decoder_layers(self) -> int:
@@ -173,14 +137,14 @@ class OptimConfig:
     cooldown: float = 0.0  # share c of the budget spent cooling down to rate 0 (0: off)
 
     def __post_init__(self) -> None:
-        _check(self.lr_factor > 0, "optim.lr_factor", f"must be > 0, got {self.lr_factor}")
-        _check_min(self, "optim.", 1, "warmup")
-        _check_prob(self.beta1, "optim.beta1")
-        _check_prob(self.beta2, "optim.beta2")
-        _check(self.eps > 0, "optim.eps", f"must be > 0, got {self.eps}")
-        _check_prob(self.label_smoothing, "optim.label_smoothing")
-        _check_min(self, "optim.", 0, "weight_decay", "clip_norm")
-        _check_prob(self.cooldown, "optim.cooldown")
+        check(self.lr_factor > 0, "optim.lr_factor", f"must be > 0, got {self.lr_factor}")
+        check_min(self, "optim.", 1, "warmup")
+        check_prob(self.beta1, "optim.beta1")
+        check_prob(self.beta2, "optim.beta2")
+        check(self.eps > 0, "optim.eps", f"must be > 0, got {self.eps}")
+        check_prob(self.label_smoothing, "optim.label_smoothing")
+        check_min(self, "optim.", 0, "weight_decay", "clip_norm")
+        check_prob(self.cooldown, "optim.cooldown")
 
 
 # ----------------------------------------------------------------------------- decoding
@@ -208,17 +172,17 @@ class SearchConfig:
     compile: bool = False  # CPU decoding steps through torch.compile (Inductor, fused attention)
 
     def __post_init__(self) -> None:
-        _check_min(self, "search.", 1, "beam_size", "max_tokens", "nbest")
-        _check_min(self, "search.", 0, "alpha", "max_len_a", "max_len_b", "min_len",
-                   "max_sentences", "top_k", "no_repeat_ngram_size")
-        _check(self.sampling or self.nbest <= self.beam_size, "search.nbest",
-               f"must be between 1 and beam_size ({self.beam_size}), got {self.nbest}")
-        _check(self.temperature > 0, "search.temperature", f"must be > 0, got {self.temperature}")
-        _check(0 < self.top_p <= 1, "search.top_p", f"must be in (0, 1], got {self.top_p}")
-        _check_prob(self.epsilon, "search.epsilon")
-        _check(self.dtype in ("fp32", "bf16", "fp16", "int8", *CT2_ONLY_DTYPES), "search.dtype",
-               f"must be fp32, bf16, fp16, int8, int8_float16 or int8_bfloat16, "
-               f"got {self.dtype!r}")
+        check_min(self, "search.", 1, "beam_size", "max_tokens", "nbest")
+        check_min(self, "search.", 0, "alpha", "max_len_a", "max_len_b", "min_len",
+                  "max_sentences", "top_k", "no_repeat_ngram_size")
+        check(self.sampling or self.nbest <= self.beam_size, "search.nbest",
+              f"must be between 1 and beam_size ({self.beam_size}), got {self.nbest}")
+        check(self.temperature > 0, "search.temperature", f"must be > 0, got {self.temperature}")
+        check(0 < self.top_p <= 1, "search.top_p", f"must be in (0, 1], got {self.top_p}")
+        check_prob(self.epsilon, "search.epsilon")
+        check(self.dtype in ("fp32", "bf16", "fp16", "int8", *CT2_ONLY_DTYPES), "search.dtype",
+              f"must be fp32, bf16, fp16, int8, int8_float16 or int8_bfloat16, "
+              f"got {self.dtype!r}")
 
 
 # ----------------------------------------------------------------------------- preprocess
@@ -237,13 +201,13 @@ class BpeConfig:
     model: str = ""  # reuse a .model file (joint) or a data directory's model(s); no training
 
     def __post_init__(self) -> None:
-        _check_min(self, "bpe.", 8, "vocab_size")
-        _check(0 < self.character_coverage <= 1, "bpe.character_coverage",
-               f"must be in (0, 1], got {self.character_coverage}")
-        _check_min(self, "bpe.", 0, "input_sentence_size")
+        check_min(self, "bpe.", 8, "vocab_size")
+        check(0 < self.character_coverage <= 1, "bpe.character_coverage",
+              f"must be in (0, 1], got {self.character_coverage}")
+        check_min(self, "bpe.", 0, "input_sentence_size")
         rules = ("nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf", "identity")
-        _check(self.normalization in rules, "bpe.normalization",
-               f"must be one of {', '.join(rules)}, got {self.normalization!r}")
+        check(self.normalization in rules, "bpe.normalization",
+              f"must be one of {', '.join(rules)}, got {self.normalization!r}")
 
 
 @dataclass
@@ -261,13 +225,13 @@ class CleanConfig:
     comet_qe_min: float = 0.0  # with comet_qe: the lowest CometKiwi score a kept pair may have
 
     def __post_init__(self) -> None:
-        _check_min(self, "clean.", 1, "max_tokens", "max_ratio")
-        _check(not self.comet_qe_min or bool(self.comet_qe), "clean.comet_qe_min",
-               "needs clean.comet_qe=DIR (a CometKiwi model directory)")
-        _check(self.normalize in ("", "NFC", "NFKC", "NFD", "NFKD"), "clean.normalize",
-               f"must be '', NFC, NFKC, NFD or NFKD, got {self.normalize!r}")
-        _check(self.invalid_utf8 in ("error", "skip"), "clean.invalid_utf8",
-               f"must be 'error' or 'skip', got {self.invalid_utf8!r}")
+        check_min(self, "clean.", 1, "max_tokens", "max_ratio")
+        check(not self.comet_qe_min or bool(self.comet_qe), "clean.comet_qe_min",
+              "needs clean.comet_qe=DIR (a CometKiwi model directory)")
+        check(self.normalize in ("", "NFC", "NFKC", "NFD", "NFKD"), "clean.normalize",
+              f"must be '', NFC, NFKC, NFD or NFKD, got {self.normalize!r}")
+        check(self.invalid_utf8 in ("error", "skip"), "clean.invalid_utf8",
+              f"must be 'error' or 'skip', got {self.invalid_utf8!r}")
 
 
 @dataclass
@@ -281,90 +245,9 @@ class ShortlistConfig:
     score: str = "dice"  # rank by dice, 2 c(s,t) / (c(s) + c(t)), or prob, c(s,t) / c(s)
 
     def __post_init__(self) -> None:
-        _check_min(self, "shortlist.", 0, "k", "frequent")
-        _check(self.score in ("dice", "prob"), "shortlist.score",
-               f"must be dice or prob, got {self.score!r}")
-
-
-@dataclass
-class TrainCorpus:
-    """One training corpus of nmt-preprocess: an entry of PreprocessConfig.train."""
-
-    path: str  # the input, in any form train takes (PFX, FILE.tsv, hf:...)
-    weight: float = 1.0  # nmt-train's default sampling weight: >1 upsamples, <1 downsamples
-    tag: str = ""  # a piece put first on every source sentence, e.g. <BT>; "": none
-    name: str = ""  # what the report and the manifest call it ("": its file name's stem)
-    # A multilingual data directory's corpora each name their pair (nmt.data.languages): the
-    # inputs' file suffixes are these, and every source sentence starts with >>tgt_lang<<.
-    src_lang: str = ""  # the corpus's source language, e.g. en ("": bilingual, the config's)
-    tgt_lang: str = ""  # the corpus's target language, e.g. de ("": bilingual, the config's)
-
-
-SPECIAL_PIECES = ("<pad>", "<unk>", "<s>", "</s>")
-CORPUS_KEYS = "path, weight, tag, name, src_lang, tgt_lang"
-
-
-def train_corpora(value: object, role: str = "train") -> list[TrainCorpus]:
-    """PreprocessConfig.train (or valid, test: role) as a list of TrainCorpus, checked: an
-    input spec, or a list of specs and {path, weight, tag, name, src_lang, tgt_lang} mappings
-    (valid and test: path, name and the languages only). Names default to the file name's
-    stem (made unique with #position). Either no corpus names its languages or each does."""
-    entries = value if isinstance(value, list | tuple) else [value]
-    _check(len(entries) > 0, role, f"the list of {role} corpora is empty")
-    corpora = []
-    for i, entry in enumerate(entries):
-        key = f"{role}[{i}]" if isinstance(value, list | tuple) else role
-        if isinstance(entry, str):
-            entry = {"path": entry}
-        _check(isinstance(entry, dict), key, f"must be an input or {{path: ..., weight: ..., "
-               f"tag: ...}}, got {entry!r}")
-        extra = sorted(set(entry) - {f.name for f in dataclasses.fields(TrainCorpus)})
-        _check(not extra, f"{key}.{extra[0] if extra else ''}",
-               f"unknown key (keys: {CORPUS_KEYS})")
-        held = sorted(set(entry) & {"weight", "tag"}) if role != "train" else []
-        _check(not held, f"{key}.{held[0] if held else ''}", "applies to train corpora only")
-        _check(isinstance(entry.get("path"), str) and entry["path"] != "", f"{key}.path",
-               "a value is required (the corpus's input)")
-        corpus = TrainCorpus(**entry)
-        _check(isinstance(corpus.weight, int | float) and corpus.weight >= 0, f"{key}.weight",
-               f"must be a number >= 0, got {corpus.weight!r}")
-        _check(corpus.tag == "" or (corpus.tag.isprintable() and not any(
-            c.isspace() for c in corpus.tag) and corpus.tag not in SPECIAL_PIECES), f"{key}.tag",
-               f"must be one piece without spaces and not {'/'.join(SPECIAL_PIECES)}, "
-               f"got {corpus.tag!r}")
-        _check_corpus_languages(corpus, key)
-        corpora.append(corpus)
-    named = {bool(c.src_lang) for c in corpora}
-    _check(len(named) == 1, role, "give src_lang and tgt_lang to every corpus (a multilingual "
-           "data directory) or to none")
-    stems = [c.name or _stem(c.path) for c in corpora]
-    for i, corpus in enumerate(corpora):
-        corpus.name = stems[i] if stems.count(stems[i]) == 1 else f"{stems[i]}#{i + 1}"
-    return corpora
-
-
-def _check_corpus_languages(corpus: TrainCorpus, key: str) -> None:
-    """A corpus's src_lang and tgt_lang: both or neither, ISO 639 codes that differ, and no
-    tag of its own beside them (its tag is its target language's >>xx<<)."""
-    _check(bool(corpus.src_lang) == bool(corpus.tgt_lang), f"{key}.tgt_lang"
-           if corpus.src_lang else f"{key}.src_lang", "give both src_lang and tgt_lang, or neither")
-    if not corpus.src_lang:
-        return
-    for side in ("src_lang", "tgt_lang"):
-        code = getattr(corpus, side)
-        _check(LANG_CODE.fullmatch(code) is not None, f"{key}.{side}",
-               f"must be an ISO 639 code, e.g. en (got {code!r})")
-    _check(corpus.src_lang != corpus.tgt_lang, f"{key}.tgt_lang", "must differ from src_lang")
-    _check(not corpus.tag, f"{key}.tag", "a corpus with languages is tagged with its target "
-           "language (>>tgt_lang<<); leave tag out")
-
-
-def _stem(spec: str) -> str:
-    """A corpus's default name: its file name without .tsv and compression suffixes."""
-    name = spec.rstrip("/").rpartition("/")[2] or spec
-    for suffix in (".gz", ".bz2", ".xz", ".tsv"):
-        name = name.removesuffix(suffix)
-    return name
+        check_min(self, "shortlist.", 0, "k", "frequent")
+        check(self.score in ("dice", "prob"), "shortlist.score",
+              f"must be dice or prob, got {self.score!r}")
 
 
 @dataclass
@@ -397,12 +280,12 @@ class PreprocessConfig:
     shortlist: ShortlistConfig = field(default_factory=ShortlistConfig)
 
     def __post_init__(self) -> None:
-        _check(self.src_lang != self.tgt_lang, "tgt_lang", "must differ from src_lang")
-        _check_min(self, "", 0, "workers")
+        check(self.src_lang != self.tgt_lang, "tgt_lang", "must differ from src_lang")
+        check_min(self, "", 0, "workers")
         named = {role: corpora[0].src_lang != "" for role, corpora in self.corpora.items()}
-        _check(len(set(named.values())) <= 1, "valid" if "valid" in named else "test",
-               "a multilingual train split needs each pair's valid and test corpora with "
-               "src_lang and tgt_lang, and a bilingual one none")
+        check(len(set(named.values())) <= 1, "valid" if "valid" in named else "test",
+              "a multilingual train split needs each pair's valid and test corpora with "
+              "src_lang and tgt_lang, and a bilingual one none")
 
     @property
     def train_corpora(self) -> list[TrainCorpus]:
@@ -442,8 +325,8 @@ class AugmentConfig:
 
     def __post_init__(self) -> None:
         for name in ("uppercase", "titlecase", "drop_punctuation", "typos"):
-            _check_rate(getattr(self, name), f"train.augment.{name}")
-        _check_min(self, "train.augment.", 1, "typo_edits")
+            check_rate(getattr(self, name), f"train.augment.{name}")
+        check_min(self, "train.augment.", 1, "typo_edits")
 
     @property
     def active(self) -> bool:
@@ -533,41 +416,41 @@ class TrainLoopConfig:
     plot: bool = True  # draw RUN/curves.png at every validation when matplotlib is installed
 
     def __post_init__(self) -> None:
-        _check_min(self, "train.", 1, "max_tokens", "update_freq", "max_nonfinite",
+        check_min(self, "train.", 1, "max_tokens", "update_freq", "max_nonfinite",
                    "save_interval_updates", "valid_interval_updates", "log_interval", "buckets")
-        _check(self.shapes in ("auto", "static", "dynamic"), "train.shapes",
-               f"must be auto, static or dynamic, got {self.shapes!r}")
+        check(self.shapes in ("auto", "static", "dynamic"), "train.shapes",
+              f"must be auto, static or dynamic, got {self.shapes!r}")
         self.compile = str(self.compile).lower()  # train.compile=true comes as a bool
-        _check(self.compile in ("true", "false", "auto"), "train.compile",
-               f"must be true, false or auto, got {self.compile!r}")
-        _check(self.compile_mode in COMPILE_MODES, "train.compile_mode",
-               f"must be {', '.join(COMPILE_MODES)}, got {self.compile_mode!r}")
-        _check_min(self, "train.", 0, "pad_to_multiple", "global_tokens", "max_updates",
+        check(self.compile in ("true", "false", "auto"), "train.compile",
+              f"must be true, false or auto, got {self.compile!r}")
+        check(self.compile_mode in COMPILE_MODES, "train.compile_mode",
+              f"must be {', '.join(COMPILE_MODES)}, got {self.compile_mode!r}")
+        check_min(self, "train.", 0, "pad_to_multiple", "global_tokens", "max_updates",
                    "max_epochs", "max_minutes", "keep_last", "patience", "threads",
                    "valid_bleu_max_sentences")
-        _check(0 <= self.seed < 2 ** 63, "train.seed", f"must be in [0, 2^63), got {self.seed}")
-        _check_prob(self.ema_decay, "train.ema_decay")
-        _check_prob(self.gpu_memory, "train.gpu_memory")
-        _check_prob(self.subword_sampling, "train.subword_sampling")
-        _check(self.temperature >= 1, "train.temperature",
-               f"must be >= 1, got {self.temperature}")
+        check(0 <= self.seed < 2 ** 63, "train.seed", f"must be in [0, 2^63), got {self.seed}")
+        check_prob(self.ema_decay, "train.ema_decay")
+        check_prob(self.gpu_memory, "train.gpu_memory")
+        check_prob(self.subword_sampling, "train.subword_sampling")
+        check(self.temperature >= 1, "train.temperature",
+              f"must be >= 1, got {self.temperature}")
         for i, weight in enumerate(self.corpus_weights):
-            _check(weight >= 0, f"train.corpus_weights[{i}]", f"must be >= 0, got {weight}")
-        _check(self.collective_timeout > 0, "train.collective_timeout",
-               f"must be > 0, got {self.collective_timeout}")
-        _check(self.best_metric in BEST_METRICS, "train.best_metric",
-               f"must be loss, ppl, bleu, chrf or comet, got {self.best_metric!r}")
-        _check(self.best_metric in ("loss", "ppl") or self.valid_bleu, "train.best_metric",
-               f"{self.best_metric} needs train.valid_bleu=true")
-        _check(self.best_metric != "comet" or bool(self.comet), "train.best_metric",
-               "comet needs train.comet=DIR (a COMET-22 model directory)")
-        _check(not self.comet or self.valid_bleu, "train.comet", "needs train.valid_bleu=true")
-        _check(self.amp in ("auto", "bf16_native", "none", "bf16", "fp16"), "train.amp",
-               f"must be auto, bf16_native, none, bf16 or fp16, got {self.amp!r}")
-        _check(self.device in ("auto", "cpu", "cuda"), "train.device",
-               f"must be auto, cpu or cuda, got {self.device!r}")
-        _check(not self.valid_refs or self.valid_bleu, "train.valid_refs",
-               "needs train.valid_bleu=true")
+            check(weight >= 0, f"train.corpus_weights[{i}]", f"must be >= 0, got {weight}")
+        check(self.collective_timeout > 0, "train.collective_timeout",
+              f"must be > 0, got {self.collective_timeout}")
+        check(self.best_metric in BEST_METRICS, "train.best_metric",
+              f"must be loss, ppl, bleu, chrf or comet, got {self.best_metric!r}")
+        check(self.best_metric in ("loss", "ppl") or self.valid_bleu, "train.best_metric",
+              f"{self.best_metric} needs train.valid_bleu=true")
+        check(self.best_metric != "comet" or bool(self.comet), "train.best_metric",
+              "comet needs train.comet=DIR (a COMET-22 model directory)")
+        check(not self.comet or self.valid_bleu, "train.comet", "needs train.valid_bleu=true")
+        check(self.amp in ("auto", "bf16_native", "none", "bf16", "fp16"), "train.amp",
+              f"must be auto, bf16_native, none, bf16 or fp16, got {self.amp!r}")
+        check(self.device in ("auto", "cpu", "cuda"), "train.device",
+              f"must be auto, cpu or cuda, got {self.device!r}")
+        check(not self.valid_refs or self.valid_bleu, "train.valid_refs",
+              "needs train.valid_bleu=true")
 
 
 @dataclass
@@ -584,10 +467,10 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.train.valid_bleu:
             check_search_device(self.search.dtype, self.train.device)
-        _check(not self.optim.cooldown or bool(self.train.max_updates or self.train.max_minutes),
-               "optim.cooldown", "needs a budget: train.max_updates or train.max_minutes")
-        _check(not self.search.compile, "search.compile",
-               "is nmt-translate's and nmt-serve's: validation decodes new weights each time")
+        check(not self.optim.cooldown or bool(self.train.max_updates or self.train.max_minutes),
+              "optim.cooldown", "needs a budget: train.max_updates or train.max_minutes")
+        check(not self.search.compile, "search.compile",
+              "is nmt-translate's and nmt-serve's: validation decodes new weights each time")
 
 
 # ----------------------------------------------------------------------------- translate
@@ -605,13 +488,13 @@ class MbrConfig:
     aggregate: bool = False  # chrf: against the others' mean n-gram counts, linear in N
 
     def __post_init__(self) -> None:
-        _check(self.candidates == 0 or 2 <= self.candidates <= MBR_MAX_CANDIDATES,
-               "mbr.candidates", f"must be 0 (off) or 2 to {MBR_MAX_CANDIDATES}, "
-               f"got {self.candidates}")
-        _check(self.utility in (*MBR_UTILITIES, "comet"), "mbr.utility",
-               f"must be chrf, bleu or comet, got {self.utility!r}")
-        _check(not self.aggregate or self.utility == "chrf", "mbr.aggregate",
-               f"is chrF's reference aggregation: needs mbr.utility=chrf, not {self.utility}")
+        check(self.candidates == 0 or 2 <= self.candidates <= MBR_MAX_CANDIDATES,
+              "mbr.candidates", f"must be 0 (off) or 2 to {MBR_MAX_CANDIDATES}, "
+              f"got {self.candidates}")
+        check(self.utility in (*MBR_UTILITIES, "comet"), "mbr.utility",
+              f"must be chrf, bleu or comet, got {self.utility!r}")
+        check(not self.aggregate or self.utility == "chrf", "mbr.aggregate",
+              f"is chrF's reference aggregation: needs mbr.utility=chrf, not {self.utility}")
 
 
 @dataclass
@@ -681,103 +564,26 @@ class TranslateConfig:
         ok = isinstance(self.checkpoint, str) or (
             isinstance(self.checkpoint, list | tuple) and len(self.checkpoint) > 0
             and all(isinstance(c, str) for c in self.checkpoint))
-        _check(ok, "checkpoint", "must be a path or a list of paths: checkpoint=[A.pt,B.pt]")
-        _check(not (self.prefix and self.score_reference), "prefix",
-               "prefix=true and score_reference=true do not go together")
+        check(ok, "checkpoint", "must be a path or a list of paths: checkpoint=[A.pt,B.pt]")
+        check(not (self.prefix and self.score_reference), "prefix",
+              "prefix=true and score_reference=true do not go together")
         for key in CONSTRAINING:
-            _check(not (getattr(self, key) and self.score_reference), key,
+            check(not (getattr(self, key) and self.score_reference), key,
                    f"{key}=... and score_reference=true do not go together")
-            _check(not (getattr(self, key) and self.search.sampling), key,
+            check(not (getattr(self, key) and self.search.sampling), key,
                    "need beam search, not search.sampling=true")
-        _check_min(self, "", 1, "max_input_tokens", "attention_line")
-        _check_min(self, "", 0, "threads", "workers")
-        _check(self.device in ("auto", "cpu", "cuda"), "device",
-               f"must be auto, cpu or cuda, got {self.device!r}")
-        _check(self.weights in ("auto", "model", "ema"), "weights",
-               f"must be auto, model or ema, got {self.weights!r}")
-        _check(self.word_combine in WORD_COMBINES, "word_combine",
-               f"must be {' or '.join(WORD_COMBINES)}, got {self.word_combine!r}")
+        check_min(self, "", 1, "max_input_tokens", "attention_line")
+        check_min(self, "", 0, "threads", "workers")
+        check(self.device in ("auto", "cpu", "cuda"), "device",
+              f"must be auto, cpu or cuda, got {self.device!r}")
+        check(self.weights in ("auto", "model", "ema"), "weights",
+              f"must be auto, model or ema, got {self.weights!r}")
+        check(self.word_combine in WORD_COMBINES, "word_combine",
+              f"must be {' or '.join(WORD_COMBINES)}, got {self.word_combine!r}")
         _check_engine(self, len(self.checkpoints))
-        _check_split(self)
-        _check_markup(self)
-        _check_choice(self)
-
-
-def _check_split(cfg: TranslateConfig) -> None:
-    """split and split_lang; what is defined per segment only (n-best lists, given targets or
-    prefixes, constraints, alignments, attention) needs split=none (split=auto picks it)."""
-    _check(cfg.split in (SPLIT_AUTO, *SPLIT_MODES), "split",
-           f"must be auto, none, sentence or paragraph, got {cfg.split!r}")
-    if cfg.split == "sentence" and cfg.split_lang:  # else the checkpoint's (commands.translate)
-        check_split_lang(cfg.split_lang)
-    whole = per_segment(cfg) if cfg.split not in ("none", SPLIT_AUTO) else []
-    if whole:
-        raise ConfigError(whole[0], f"is per segment: needs split=none or auto (split="
-                                    f"{cfg.split} translates the pieces of a line apart)")
-
-
-def per_segment(cfg: TranslateConfig) -> list[str]:
-    """The options cfg sets that are a whole segment's (split=auto then translates whole
-    lines)."""
-    return [key for key, on in (
-        ("search.nbest", cfg.search.nbest > 1), ("prefix", cfg.prefix),
-        ("score_reference", cfg.score_reference), ("constraints", cfg.constraints),
-        ("alignment", cfg.alignment), ("attention_plot", cfg.attention_plot)) if on]
-
-
-def _check_markup(cfg: TranslateConfig) -> None:
-    """markup and placeholders; the tags go back by the alignment of one translation of a
-    whole line's sentences (nmt.inference.markup), glossary and keep terms between them."""
-    _check(cfg.markup in MARKUP_KINDS, "markup",
-           f"must be {', '.join(MARKUP_KINDS)}, got {cfg.markup!r}")
-    _check(not cfg.placeholders or cfg.markup == "xml", "placeholders", "needs markup=xml")
-    if cfg.markup == "none":
-        return
-    ENGINES[cfg.engine].check("markup")
-    check_markup_installed()
-    for key, on in (("search.nbest", cfg.search.nbest > 1), ("prefix", cfg.prefix),
-                    ("score_reference", cfg.score_reference), ("constraints", cfg.constraints),
-                    ("alignment", cfg.alignment), ("attention_plot", cfg.attention_plot)):
-        _check(not on, key, f"not with markup={cfg.markup} (its tags go back into one "
-               f"translation of each line's sentences)")
-
-
-def check_markup_installed() -> None:
-    """markup= reads SentencePiece's piece offsets, which need protobuf: a one-line error."""
-    _check(importlib.util.find_spec("google.protobuf") is not None, "markup",
-           "needs protobuf (SentencePiece's piece offsets): pip install 'nmt[markup]'")
-
-
-def check_splitter() -> None:
-    """split=sentence's splitter (SPLITTER, the `split` extra) is installed: a one-line
-    ConfigError where it is not (found, not imported: nmt.inference.segment imports it)."""
-    if importlib.util.find_spec(SPLITTER) is None:
-        raise ConfigError("split", f"needs {SPLITTER}: {SPLIT_EXTRA}", value="sentence",
-                          line=f"split=sentence needs {SPLITTER}: {SPLIT_EXTRA}")
-
-
-def check_split_lang(lang: str) -> None:
-    """split=sentence's source language: an ISO 639 code whose splitter is installed."""
-    _check(LANG_CODE.fullmatch(lang) is not None, "split_lang", f"split=sentence needs the "
-           f"source language's ISO 639 code, e.g. split_lang=en (got {lang!r})")
-    check_splitter()
-
-
-def _check_choice(cfg: TranslateConfig) -> None:
-    """mbr and rerank: one choice at a time, among several candidates, of one written line."""
-    mbr, rerank = cfg.mbr.candidates, cfg.rerank.model
-    _check(not (mbr and cfg.mbr.utility == "comet") or bool(cfg.comet), "mbr.utility",
-           "comet needs comet=DIR (a COMET-22 model directory)")
-    _check(not cfg.comet or not cfg.score_reference, "comet", "not with score_reference=true")
-    _check(not (mbr and rerank), "rerank.model", "not with mbr.candidates (one choice at a time)")
-    for key, on in (("mbr.candidates", mbr), ("rerank.model", rerank)):
-        _check(not (on and cfg.score_reference), key, "not with score_reference=true")
-    _check(not mbr or cfg.search.nbest == 1, "mbr.candidates",
-           f"writes one translation per line: leave search.nbest at 1, got {cfg.search.nbest}")
-    _check(not rerank or cfg.search.nbest >= 2, "rerank.model",
-           "needs an n-best to rerank: search.nbest >= 2 (and search.beam_size >= nbest)")
-    _check(not rerank or cfg.search.dtype not in CT2_ONLY_DTYPES, "rerank.model",
-           f"scores with engine=nmt, which has no search.dtype={cfg.search.dtype}")
+        check_split(self)
+        check_markup(self)
+        check_choice(self)
 
 
 def candidate_search(search: SearchConfig, mbr: MbrConfig) -> SearchConfig:
@@ -801,9 +607,9 @@ class AverageConfig:
     inputs: list[str] = field(default_factory=list)  # or average exactly these files
 
     def __post_init__(self) -> None:
-        _check(bool(self.run_dir) != bool(self.inputs), "run_dir",
-               "give either run_dir=... (with last=N) or inputs=[...], not both or neither")
-        _check_min(self, "", 1, "last")
+        check(bool(self.run_dir) != bool(self.inputs), "run_dir",
+              "give either run_dir=... (with last=N) or inputs=[...], not both or neither")
+        check_min(self, "", 1, "last")
 
 
 # ----------------------------------------------------------------------------- export
@@ -829,17 +635,17 @@ class ExportConfig:
     web_runtime: str = ""
 
     def __post_init__(self) -> None:
-        _check(not self.shortlist or self.format == "ctranslate2", "shortlist",
-               "applies to format=ctranslate2 only")
-        _check(not self.web_runtime or self.format == "onnx", "web_runtime",
-               "applies to format=onnx only")
-        _check(self.format in ("ctranslate2", "transformers", "onnx"), "format",
-               f"must be ctranslate2, transformers or onnx, got {self.format!r}")
-        _check(self.quantization in CT2_QUANTIZATIONS, "quantization",
-               f"must be one of {', '.join(q for q in CT2_QUANTIZATIONS if q)}, "
-               f"got {self.quantization!r}")
-        _check(not self.quantization or self.format == "ctranslate2", "quantization",
-               "applies to format=ctranslate2 only")
+        check(not self.shortlist or self.format == "ctranslate2", "shortlist",
+              "applies to format=ctranslate2 only")
+        check(not self.web_runtime or self.format == "onnx", "web_runtime",
+              "applies to format=onnx only")
+        check(self.format in ("ctranslate2", "transformers", "onnx"), "format",
+              f"must be ctranslate2, transformers or onnx, got {self.format!r}")
+        check(self.quantization in CT2_QUANTIZATIONS, "quantization",
+              f"must be one of {', '.join(q for q in CT2_QUANTIZATIONS if q)}, "
+              f"got {self.quantization!r}")
+        check(not self.quantization or self.format == "ctranslate2", "quantization",
+              "applies to format=ctranslate2 only")
 
 
 # ----------------------------------------------------------------------------- import
@@ -857,7 +663,7 @@ class ImportConfig:
     tgt_spm: str = ""
 
     def __post_init__(self) -> None:
-        _check(bool(self.src_spm) or not self.tgt_spm, "tgt_spm", "needs src_spm")
+        check(bool(self.src_spm) or not self.tgt_spm, "tgt_spm", "needs src_spm")
 
 
 # ----------------------------------------------------------------------------- serve
@@ -910,65 +716,37 @@ class ServeConfig:
     mbr: MbrConfig = field(default_factory=MbrConfig)  # MBR's defaults (a request's mbr_* fields)
 
     def __post_init__(self) -> None:
-        _check(0 <= self.port <= 65535, "port", f"must be in [0, 65535], got {self.port}")
-        _check(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
-        _check_serve_models(self)
+        check(0 <= self.port <= 65535, "port", f"must be in [0, 65535], got {self.port}")
+        check(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
+        check_serve_models(self)
         for key in ("workers", "threads", "max_wait_ms"):
-            _check(getattr(self, key) >= 0, key, "must be >= 0")
+            check(getattr(self, key) >= 0, key, "must be >= 0")
         for key in ("max_input_tokens", "max_sentences", "max_chars", "max_queued",
                     "max_beam_size", "max_glossary"):
-            _check(getattr(self, key) >= 1, key, "must be >= 1")
-        _check(self.max_len_b >= 0, "max_len_b", "must be >= 0")
-        _check(self.timeout_s > 0, "timeout_s", "must be > 0")
-        _check(self.max_queued >= self.max_sentences, "max_queued",
-               f"must be >= max_sentences ({self.max_sentences}): a full request must fit")
-        _check(self.search.beam_size <= self.max_beam_size, "search.beam_size",
-               f"must be <= max_beam_size ({self.max_beam_size})")
-        _check(self.search.max_len_b <= self.max_len_b, "search.max_len_b",
-               f"must be <= max_len_b ({self.max_len_b})")
-        _check(self.log_level in ("debug", "info", "warning", "error"), "log_level",
-               f"must be debug, info, warning or error, got {self.log_level!r}")
+            check(getattr(self, key) >= 1, key, "must be >= 1")
+        check(self.max_len_b >= 0, "max_len_b", "must be >= 0")
+        check(self.timeout_s > 0, "timeout_s", "must be > 0")
+        check(self.max_queued >= self.max_sentences, "max_queued",
+              f"must be >= max_sentences ({self.max_sentences}): a full request must fit")
+        check(self.search.beam_size <= self.max_beam_size, "search.beam_size",
+              f"must be <= max_beam_size ({self.max_beam_size})")
+        check(self.search.max_len_b <= self.max_len_b, "search.max_len_b",
+              f"must be <= max_len_b ({self.max_len_b})")
+        check(self.log_level in ("debug", "info", "warning", "error"), "log_level",
+              f"must be debug, info, warning or error, got {self.log_level!r}")
         _check_engine(self, 1)
         sampling = self.search.sampling or (
             self.mbr.candidates and candidate_search(self.search, self.mbr).sampling)
         ENGINES[self.engine].check("search.sampling", sampling)
         for key in ("glossary", "keep"):
-            _check(not (getattr(self, key) and sampling), key,
+            check(not (getattr(self, key) and sampling), key,
                    "need beam search, not search.sampling=true")
-        _check_serve_split(self)
-        _check(self.mbr.utility != "comet" or bool(self.comet), "mbr.utility",
-               "comet needs comet=DIR (a COMET-22 model directory)")
-        _check(not self.mbr.candidates or self.search.nbest == 1, "mbr.candidates",
-               f"answers one translation per text: leave search.nbest at 1, "
-               f"got {self.search.nbest}")
-
-
-def _check_serve_models(cfg: ServeConfig) -> None:
-    """checkpoint=FILE or models=DIR, one of them; what applies to one model only is refused
-    with models= (each model records its own languages and vocabulary)."""
-    _check(bool(cfg.checkpoint) != bool(cfg.models), "checkpoint",
-           "give checkpoint=FILE (one model) or models=DIR (every model in a folder), one of them")
-    for key in ("max_models", "memory_gb"):
-        _check(getattr(cfg, key) >= 0, key, "must be >= 0")
-    if cfg.models:
-        for key in ("ct2_model", "vocab_check", "src_lang", "tgt_lang", "glossary", "keep",
-                    "comet"):
-            _check(not getattr(cfg, key), key, "applies to one model: not with models=")
-
-
-def _check_serve_split(cfg: ServeConfig) -> None:
-    """split, src_lang and tgt_lang; a source language needs the sentence splitter (a request
-    may ask for split=sentence)."""
-    _check(cfg.split in (SPLIT_AUTO, *SPLIT_MODES), "split",
-           f"must be auto, none, sentence or paragraph, got {cfg.split!r}")
-    for key in ("src_lang", "tgt_lang"):
-        code = getattr(cfg, key)
-        _check(code == "" or LANG_CODE.fullmatch(code) is not None, key,
-               f"must be an ISO 639 code, e.g. en (got {code!r})")
-    _check(cfg.split != "sentence" or cfg.src_lang, "src_lang",
-           "split=sentence needs the source language's ISO 639 code, e.g. src_lang=en")
-    if cfg.src_lang:
-        check_splitter()
+        check_serve_split(self)
+        check(self.mbr.utility != "comet" or bool(self.comet), "mbr.utility",
+              "comet needs comet=DIR (a COMET-22 model directory)")
+        check(not self.mbr.candidates or self.search.nbest == 1, "mbr.candidates",
+              f"answers one translation per text: leave search.nbest at 1, "
+              f"got {self.search.nbest}")
 
 
 # ----------------------------------------------------------------------------- Hydra glue

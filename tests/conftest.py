@@ -98,7 +98,8 @@ def make_corpora_dir(out: Path, n_real: int = 100, n_bt: int = 60, seed: int = 0
     """nmt-preprocess of two toy corpora: "real" (weight 1) and "bt" (tag <BT>, weight 2),
     and a valid split, with keep_text=true."""
     from nmt.commands.preprocess import preprocess
-    from nmt.config import PreprocessConfig, TrainCorpus
+    from nmt.config import PreprocessConfig
+    from nmt.config_corpora import TrainCorpus
 
     rng, raw = random.Random(seed), out.parent / f"{out.name}-raw"
     raw.mkdir(parents=True, exist_ok=True)

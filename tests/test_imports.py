@@ -16,7 +16,8 @@ NMT = ROOT / "nmt"
 # takes its package's layer): nmt/'s top-level modules and its packages, nothing else.
 LAYERS = [
     # the errors, the config schema and what it checks against
-    {"nmt.errors", "nmt.config_errors", "nmt.capabilities", "nmt.config"},
+    {"nmt.errors", "nmt.config_errors", "nmt.config_checks", "nmt.config_corpora",
+     "nmt.capabilities", "nmt.config"},
     {"nmt.system"},  # what nmt needs of the machine
     {"nmt.model", "nmt.variants"},  # the paper's model and its variants
     {"nmt.metrics"},  # BLEU, chrF, COMET, MBR's utilities
@@ -38,7 +39,8 @@ ENGINES = {"nmt.inference.translator", "nmt.inference.ct2_engine", "nmt.interop.
 # nmt/'s top level: the paper's model and its variants, its checkpoint and what loads one, the
 # config schema and the engines' capabilities it checks against, the errors.
 TOP_LEVEL = {"nmt", "nmt.model", "nmt.variants", "nmt.checkpoint", "nmt.loading", "nmt.config",
-             "nmt.config_errors", "nmt.capabilities", "nmt.errors"}
+             "nmt.config_errors", "nmt.config_checks", "nmt.config_corpora", "nmt.capabilities",
+             "nmt.errors"}
 # What the translation pipeline (nmt.inference.pipeline) does between text and tokens, which
 # the front ends reach through it only: one code path, the same text from both.
 PIPELINE_INNER = {

@@ -52,7 +52,8 @@ from nmt.data.tokenizer import vocab_sha256
 from nmt.system.files import check_output, new_directory, sha256_file
 
 if TYPE_CHECKING:
-    from nmt.config import PreprocessConfig, TrainCorpus
+    from nmt.config import PreprocessConfig
+    from nmt.config_corpora import TrainCorpus
 
 # nmt.data.batches and nmt.data.shortlist (which import torch) are imported inside the
 # functions that use them, as in nmt.data.binarize, whose encoding workers start quickly and

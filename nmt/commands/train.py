@@ -36,7 +36,8 @@ from torch import Tensor, nn
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from nmt.config import TrainConfig, TrainLoopConfig, check_search_device
+from nmt.config import TrainConfig, TrainLoopConfig
+from nmt.config_checks import check_search_device
 from nmt.data.batches import (
     Batch,
     EpochBatchIterator,

@@ -43,13 +43,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from nmt.config import (
-    SPLIT_AUTO,
-    TranslateConfig,
-    candidate_search,
-    check_split_lang,
-    per_segment,
-)
+from nmt.config import TranslateConfig, candidate_search
+from nmt.config_checks import SPLIT_AUTO, check_split_lang, per_segment
 from nmt.data.languages import LanguageChoice, choose, recorded_pair
 from nmt.data.tokenizer import Tokenizer
 from nmt.data.vocab import Vocab

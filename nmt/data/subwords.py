@@ -17,7 +17,8 @@ from nmt.data.tokenizer import Tokenizer, tokenizers, train_bpe
 from nmt.errors import NmtError
 
 if TYPE_CHECKING:
-    from nmt.config import BpeConfig, PreprocessConfig, TrainCorpus
+    from nmt.config import BpeConfig, PreprocessConfig
+    from nmt.config_corpora import TrainCorpus
     from nmt.data.vocab import Vocab
 
 log = logging.getLogger("nmt.commands.preprocess")

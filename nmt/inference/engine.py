@@ -17,7 +17,8 @@ import torch
 from torch import Tensor
 
 from nmt.capabilities import Capabilities
-from nmt.config import SearchConfig, check_search_device
+from nmt.config import SearchConfig
+from nmt.config_checks import check_search_device
 from nmt.data.shortlist import load_shortlist
 from nmt.data.tokenizer import Specials, Tokenizer, check_same_vocabulary
 from nmt.data.vocab import Vocab

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from html.parser import HTMLParser
 
-from nmt.config import MARKUP_KINDS
+from nmt.config_checks import MARKUP_KINDS
 from nmt.inference.markup import Document, Tag, Unit
 
 # Elements that bound the units of text (HTML; HTML5's block-level and table elements, br).

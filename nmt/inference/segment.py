@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
 
-from nmt.config import SPLIT_MODES, SPLITTER, check_splitter
+from nmt.config_checks import SPLIT_MODES, SPLITTER, check_splitter
 
 # Sampling streams per piece number: the pieces of lines 0 to 2^24 - 1 never share one (torch
 # seeds its generator with the low 32 bits of a seed, so larger steps would wrap onto line 0).

@@ -10,7 +10,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, create_model
 
-from nmt.config import MARKUP_KINDS, SPLIT_MODES, WORD_COMBINES
+from nmt.config import WORD_COMBINES
+from nmt.config_checks import MARKUP_KINDS, SPLIT_MODES
 from nmt.serve.batcher import BatchStats
 from nmt.system.files import check_unicode
 

@@ -12,13 +12,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict, replace
 
-from nmt.config import (
-    SPLIT_AUTO,
-    RerankConfig,
-    SearchConfig,
-    ServeConfig,
-    check_markup_installed,
-)
+from nmt.config import RerankConfig, SearchConfig, ServeConfig
+from nmt.config_checks import SPLIT_AUTO, check_markup_installed
 from nmt.data.languages import LanguageChoice, choose, language_id, recorded_pair
 from nmt.errors import ConfigError
 from nmt.inference import pipeline
