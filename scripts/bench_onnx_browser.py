@@ -1,7 +1,7 @@
 """nmt-export format=onnx's page in headless chromium: load time, speed, and BLEU beside nmt's.
 
 Serves --model (an export written with web_runtime=) from a local static server, opens its page
-in headless chromium (tests/test_browser.py's DevTools driver; `make test-browser` installs
+in headless chromium (nmt.testing.browser's DevTools driver; `make test-browser` installs
 chromium) with --dtype (fp32 or q8), and reports:
 - the first load: navigation to a ready pipeline (transformers.js, ONNX Runtime's WebAssembly
   and the model fetched and compiled), and transformers.js's own part of it;
@@ -31,11 +31,9 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from test_browser import Browser  # noqa: E402
-
 from nmt.metrics.scoring import score  # noqa: E402
 from nmt.system.files import read_lines  # noqa: E402
+from nmt.testing.browser import Browser  # noqa: E402
 
 CHUNK = 25  # sentences a call
 TIMED = """(async () => { const out = [], ms = [];

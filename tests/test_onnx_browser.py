@@ -24,13 +24,13 @@ import pytest
 
 pytest.importorskip("fastapi")
 pytest.importorskip("onnxruntime")
-from test_browser import CHROMIUM, Browser  # noqa: E402
 from test_export import DATA, run_export, varied_checkpoint  # noqa: E402
 from test_serve import Server  # noqa: E402
 
 from nmt.data.tokenizer import Tokenizer, train_bpe  # noqa: E402
 from nmt.interop.onnx_export import RUNTIME  # noqa: E402
 from nmt.system.files import read_lines  # noqa: E402
+from nmt.testing.browser import CHROMIUM, Browser  # noqa: E402
 
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(os.environ.get("NMT_BROWSER") != "1",
                                                       reason="make test-browser runs it")]

@@ -134,7 +134,7 @@ def vocabulary_model(spm_proto: bytes, table: dict[str, int], size: int, special
     names), specials[kind] (unk, eos, pad, bos; -1: none) are the special ids; kinds: the
     piece type of given ids (language tokens: CONTROL, or USER_DEFINED to be kept whole in
     text)."""
-    fields = _fields(spm_proto, where)
+    fields = proto_fields(spm_proto, where)
     theirs = {piece: (score, kind) for piece, score, kind in model_pieces(spm_proto, where)}
     by_id = {i: piece for piece, i in table.items()}
     control = {specials["eos"], specials["pad"], specials["bos"]}
@@ -166,9 +166,9 @@ def vocabulary_model(spm_proto: bytes, table: dict[str, int], size: int, special
 def model_pieces(spm_proto: bytes, where: Path) -> list[tuple[str, float, int]]:
     """A SentencePiece model's pieces in id order: (piece, score, type)."""
     out = []
-    for number, value in _fields(spm_proto, where):
+    for number, value in proto_fields(spm_proto, where):
         if number == 1:
-            piece = dict(_fields(value, where))
+            piece = dict(proto_fields(value, where))
             out.append((piece[1].decode(), piece.get(2, 0.0), piece.get(3, NORMAL)))
     return out
 
@@ -198,7 +198,7 @@ def _message(fields: list[tuple[int, int | float | bytes]]) -> bytes:
     return bytes(out)
 
 
-def _fields(buf: bytes, where: Path) -> list[tuple[int, int | float | bytes]]:
+def proto_fields(buf: bytes, where: Path) -> list[tuple[int, int | float | bytes]]:
     """Decode a protobuf message into (field number, value): varints as ints, fixed32 as
     floats, length-delimited (and fixed64) fields as bytes."""
     out, i = [], 0

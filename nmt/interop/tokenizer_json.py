@@ -23,7 +23,7 @@ from pathlib import Path
 
 from nmt.data.tokenizer import SPACE, Tokenizer
 from nmt.errors import NmtError
-from nmt.interop.hf_files import _fields, model_pieces
+from nmt.interop.hf_files import model_pieces, proto_fields
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # piece types
 UNIGRAM, BPE = 1, 2  # TrainerSpec.model_type
@@ -34,8 +34,8 @@ def _spec(proto: bytes, number: int) -> dict[int, int | float | bytes]:
     """ModelProto's sub-message `number` (2: TrainerSpec, 3: NormalizerSpec) as field ->
     value (the last of repeated ones), {} when absent."""
     where = Path("<SentencePiece model>")
-    body = next((v for n, v in _fields(proto, where) if n == number), b"")
-    return dict(_fields(body, where))
+    body = next((v for n, v in proto_fields(proto, where) if n == number), b"")
+    return dict(proto_fields(body, where))
 
 
 def hf_tokenizer(tok: Tokenizer, source_eos: bool = True):
