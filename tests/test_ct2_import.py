@@ -361,9 +361,10 @@ def test_init_from_fine_tunes_the_imported_marian_model(marian_imported, tmp_pat
 
 @pytest.mark.slow  # over 2 s: preprocessing and 2 updates
 def test_fine_tuning_an_import_without_source_eos_keeps_it(spm, checkpoint, tmp_path):
-    """An OpenNMT-py-layout import (add_source_eos=false, epsilon 1e-6) fine-tuned: its data
-    directory records that sources end without </s>, its training batches have none, and the
-    fine-tuned checkpoint keeps both settings."""
+    """An OpenNMT-py-layout import (add_source_eos=false, epsilon 1e-6, text split by the
+    package's SentencePiece model) fine-tuned: its data directory records that sources end
+    without </s> and the splitting model, its training batches have no source </s>, and the
+    fine-tuned checkpoint keeps all three (it tokenizes as the import does)."""
     from nmt.data.batches import ParallelData, collate
     from nmt.data.manifest import read_manifest
 
@@ -374,12 +375,16 @@ def test_fine_tuning_an_import_without_source_eos_keeps_it(spm, checkpoint, tmp_
     tgt = read_lines(str(DATA / "train.de.xz"))[3000:3100]
     data, tuned = fine_tune_imported(out, list(zip(src, tgt, strict=True)), tmp_path, 2)
     manifest = read_manifest(data)
-    assert manifest.source_eos is False
+    assert manifest.source_eos is False and manifest.spm_split is not None
     batch = collate(ParallelData(data, "train", manifest), np.arange(8), manifest.pad_id)
     assert not (batch.src == manifest.eos_id).any()
     assert (batch.tgt_out == manifest.eos_id).sum() == 8  # targets still end with it
     state = load_checkpoint(tuned)
     assert state["vocab"]["source_eos"] is False and state["model_cfg"]["norm_eps"] == 1e-6
+    assert state["vocab"]["src_split"] == state["vocab"]["tgt_split"] == spm["joint"]
+    lines = list(bundled_sentences())
+    assert Translator.load(tuned).src_tok.encode(lines) == Translator.load(out).src_tok.encode(
+        lines)
 
 
 # ----------------------------------------------------------------------------- bad input

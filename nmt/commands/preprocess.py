@@ -117,7 +117,7 @@ def build(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], reused: tuple
             | {language_token(lang) for lang in languages_of(cfg)}))
     tags = {role: tag_ids(specs[role], src_tok, cfg.bpe.model, role) for role in texts}
     languages = language_entry(cfg, src_tok, spm_info)
-    spm_names = write_subwords(src_tok, tgt_tok, tmp, cfg.src_lang, cfg.tgt_lang)
+    spm_names, split_names = write_subwords(src_tok, tgt_tok, tmp, cfg.src_lang, cfg.tgt_lang)
     seconds["subwords"], t = time.time() - t, time.time()
     dtype = token_dtype(max(src_tok.vocab_size, tgt_tok.vocab_size))
     limits = (cfg.clean.max_tokens, cfg.clean.max_ratio)
@@ -125,7 +125,8 @@ def build(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], reused: tuple
                    if cfg.keep_text else None)
     sizes = {}
     workers = min(workers, max(len(text.chunks) for text in texts.values()))
-    with OrderedPool(workers, init_worker, (src_tok.proto, tgt_tok.proto)) as pool:
+    with OrderedPool(workers, init_worker, (src_tok.proto, tgt_tok.proto, src_tok.split_proto,
+                                            tgt_tok.split_proto)) as pool:
         for role, text in texts.items():
             prefix = {side: tmp / f"{role}.{lang}" for side, lang in langs.items()}
             train = role == "train"
@@ -139,6 +140,7 @@ def build(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], reused: tuple
     manifest = {
         "format": FORMAT, "src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang,
         "joint": src_tok.same_ids(tgt_tok), "spm": spm_names,
+        **({"spm_split": split_names} if split_names else {}),
         "src_vocab_size": src_tok.vocab_size, "tgt_vocab_size": tgt_tok.vocab_size,
         "pad_id": tgt_tok.specials.pad, "unk_id": tgt_tok.sp.unk_id(),
         "bos_id": tgt_tok.specials.bos, "eos_id": tgt_tok.specials.eos,

@@ -28,7 +28,6 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from fractions import Fraction
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -48,7 +47,7 @@ from nmt.data.batches import (
     verify_data_dir,
 )
 from nmt.data.manifest import Manifest, directions, read_manifest
-from nmt.data.tokenizer import Tokenizer, vocab_sha256
+from nmt.data.tokenizer import directory_tokenizers, vocab_sha256
 from nmt.data.vocab import LanguagePair, Vocab
 from nmt.errors import NmtError
 from nmt.metrics.scoring import check_bleu_tokenize, read_references
@@ -287,16 +286,16 @@ def load_data(cfg: TrainConfig, env: distributed.DistInfo) -> Data:
 def load_vocab(data_dir: str, manifest: Manifest) -> Vocab:
     """The checkpoint's vocabulary: sizes, special ids, checksum and the SentencePiece protos."""
     m = manifest
-    src = Tokenizer.from_file(Path(data_dir) / m.spm.src)
-    tgt = Tokenizer.from_file(Path(data_dir) / m.spm.tgt)
+    src, tgt = directory_tokenizers(data_dir, m.spm, m.spm_split)
     sha = vocab_sha256(src.proto, tgt.proto)
     if sha != m.vocab_sha256:
         raise NmtError(f"{data_dir}/manifest.json: vocab_sha256 does not match the "
                        f"SentencePiece model files (data directory modified?)")
     return Vocab(src_size=m.src_vocab_size, tgt_size=m.tgt_vocab_size, joint=m.joint,
                  pad_id=m.pad_id, unk_id=m.unk_id, bos_id=m.bos_id, eos_id=m.eos_id,
-                 sha256=sha, src_spm=src.proto, tgt_spm=tgt.proto,
-                 source_eos=m.source_eos is not False, **recorded_languages(m))
+                 sha256=sha, src_spm=src.proto, tgt_spm=tgt.proto, src_split=src.split_proto,
+                 tgt_split=tgt.split_proto, source_eos=m.source_eos is not False,
+                 **recorded_languages(m))
 
 
 def recorded_languages(manifest: Manifest) -> dict:

@@ -34,7 +34,7 @@ import torch
 from nmt.config import AugmentConfig
 from nmt.data.augment import Cases, augment_pair, draw_cases
 from nmt.data.manifest import MANIFEST, Corpus, Manifest, Section, read_manifest
-from nmt.data.tokenizer import Tokenizer
+from nmt.data.tokenizer import directory_tokenizers
 from nmt.errors import NmtError
 from nmt.system.files import sha256_file, write_atomically
 
@@ -248,8 +248,7 @@ class SubwordSampler:
         d, pairs = Path(data_dir), manifest.splits["train"].pairs
         self.src_text = TokenArray(d / text.src, np.uint8, pairs, text.src_bytes)
         self.tgt_text = TokenArray(d / text.tgt, np.uint8, pairs, text.tgt_bytes)
-        self.src_tok = Tokenizer.from_file(d / manifest.spm.src)
-        self.tgt_tok = Tokenizer.from_file(d / manifest.spm.tgt)
+        self.src_tok, self.tgt_tok = directory_tokenizers(d, manifest.spm, manifest.spm_split)
         self.alpha = alpha
         self.augment = augment if augment is not None and augment.active else None
         self.tag = np.full(pairs, -1, dtype=np.int64)  # (pairs,) tag id per sentence, -1: none

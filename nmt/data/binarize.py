@@ -18,16 +18,19 @@ import numpy as np
 from tqdm import tqdm
 
 from nmt.data.cleaning import CleanText, cleaned_lines
-from nmt.data.tokenizer import Tokenizer
+from nmt.data.tokenizer import Tokenizer, tokenizer
 
 _WORKER: tuple[Tokenizer, Tokenizer] | None = None  # each process's (source, target) tokenizers
 
 
-def init_worker(src_proto: bytes, tgt_proto: bytes) -> None:
-    """Load the SentencePiece model(s) once per worker process."""
+def init_worker(src_proto: bytes, tgt_proto: bytes, src_split: bytes | None = None,
+                tgt_split: bytes | None = None) -> None:
+    """Load the SentencePiece model(s) once per worker process (split: the models that split
+    text for them, nmt.data.tokenizer.LookupTokenizer)."""
     global _WORKER
-    src = Tokenizer(src_proto)
-    _WORKER = (src, src if tgt_proto == src_proto else Tokenizer(tgt_proto))
+    src = tokenizer(src_proto, src_split)
+    _WORKER = (src, src if (tgt_proto, tgt_split) == (src_proto, src_split) else
+               tokenizer(tgt_proto, tgt_split))
 
 
 def _concat(ids: list[list[int]], lengths: np.ndarray, keep: np.ndarray, dtype: str) -> np.ndarray:

@@ -9,6 +9,9 @@ and `train_text` too, and reads as one training corpus of weight 1 without a tag
     src_lang, tgt_lang  the language suffixes (of a multilingual directory: its sides' names)
     joint               one SentencePiece model (and id space) for both languages
     spm                 {"src": FILE, "tgt": FILE}: the SentencePiece model(s)
+    spm_split           {"src": FILE, "tgt": FILE}: with bpe.model= of an import whose text
+                        is split by other models (nmt.data.tokenizer.LookupTokenizer), those;
+                        absent otherwise
     src_vocab_size, tgt_vocab_size, pad_id, unk_id, bos_id, eos_id
     dtype               the ids' dtype in .bin files: uint16, or int32 over 65,536 pieces
     vocab_sha256        sha256 of the source model's bytes followed by the target model's
@@ -136,6 +139,7 @@ class Manifest:
     tgt_lang: str
     joint: bool
     spm: Sides
+    spm_split: Sides | None = None  # the models that split text for spm's (a reused import's)
     src_vocab_size: int
     tgt_vocab_size: int
     pad_id: int
@@ -197,6 +201,8 @@ class Manifest:
             format=version, src_lang=check.value("src_lang", str),
             tgt_lang=check.value("tgt_lang", str), joint=check.value("joint", bool),
             spm=check.sides("spm"), **{key: check.value(key, int) for key in IDS},
+            spm_split=_or_none(check.optional("spm_split", dict),
+                               lambda entry: check.sides("spm_split", entry)),
             dtype=dtype, vocab_sha256=check.value("vocab_sha256", str),
             splits={split: check.size(f"splits.{split}", size)
                     for split, size in check.value("splits", dict).items()},

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from nmt.data.cleaning import CleanText
-from nmt.data.tokenizer import Tokenizer, tokenizers, train_bpe
+from nmt.data.tokenizer import Tokenizer, directory_tokenizers, tokenizers, train_bpe
 from nmt.errors import NmtError
 
 if TYPE_CHECKING:
@@ -86,8 +86,7 @@ def load_subwords(path: str, vocab: Vocab | None = None) -> tuple[Tokenizer, Tok
         source_eos = vocab.source_eos
     elif p.is_dir():
         manifest = read_manifest(p)
-        src = Tokenizer.from_file(p / manifest.spm.src)
-        tgt = Tokenizer.from_file(p / manifest.spm.tgt)
+        src, tgt = directory_tokenizers(p, manifest.spm, manifest.spm_split)
         languages = manifest.languages.to_dict() if manifest.languages else None
         source_eos = manifest.source_eos is not False
     elif not p.exists():
@@ -145,14 +144,20 @@ def language_entry(cfg: PreprocessConfig, src: Tokenizer, reused: dict) -> dict 
 
 
 def write_subwords(src: Tokenizer, tgt: Tokenizer, tmp: Path, src_lang: str, tgt_lang: str
-                   ) -> dict[str, str]:
-    """Write the model(s) and their .vocab listing into tmp; returns the manifest's "spm"."""
+                   ) -> tuple[dict[str, str], dict[str, str] | None]:
+    """Write the model(s) and their .vocab listing into tmp, and where either has a model
+    that splits text for it (a reused import's: Tokenizer.split_proto), each side's (its own
+    model where it has none); returns the manifest's "spm" and "spm_split" (None: none)."""
     names = ({"src": "spm.model", "tgt": "spm.model"} if src is tgt else
              {"src": f"spm.{src_lang}.model", "tgt": f"spm.{tgt_lang}.model"})
+    split = src.split_proto or tgt.split_proto
+    splits = {side: names[side].replace(".model", ".split.model") for side in names}
     for side, tok in (("src", src), ("tgt", tgt)):
         (tmp / names[side]).write_bytes(tok.proto)
         (tmp / names[side]).with_suffix(".vocab").write_text(tok.vocab_text(), encoding="utf-8")
-    return names
+        if split:
+            (tmp / splits[side]).write_bytes(tok.split_proto or tok.proto)
+    return names, splits if split else None
 
 
 def languages_of(cfg: PreprocessConfig) -> list[str]:

@@ -77,10 +77,12 @@ class Tokenizer:
     @classmethod
     def from_file(cls, path: str | Path) -> Tokenizer:
         """Load a .model file."""
-        try:
-            return cls(Path(path).read_bytes(), str(path))
-        except OSError as e:
-            raise NmtError(f"{path}: cannot read SentencePiece model ({e.strerror})") from None
+        return cls(read_model(path), str(path))
+
+    @property
+    def split_proto(self) -> bytes | None:
+        """The model that splits text for this one (LookupTokenizer's), None: itself."""
+        return None
 
     @property
     def specials(self) -> Specials:
@@ -223,6 +225,11 @@ class LookupTokenizer(Tokenizer):
             self.table.setdefault(self.sp.id_to_piece(i), i)
         self.unk = self.sp.unk_id()
 
+    @property
+    def split_proto(self) -> bytes:
+        """The model that splits text into pieces."""
+        return self.split.proto
+
     def encode(self, lines: list[str], num_threads: int = -1) -> list[list[int]]:
         """Raw text lines -> the vocabulary's ids of the split model's pieces (num_threads: as
         Tokenizer.encode's)."""
@@ -238,13 +245,35 @@ class LookupTokenizer(Tokenizer):
         return self.split.spans(text)
 
 
+def read_model(path: str | Path) -> bytes:
+    """A .model file's bytes, or a one-line error naming it."""
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise NmtError(f"{path}: cannot read SentencePiece model ({e.strerror})") from None
+
+
+def tokenizer(proto: bytes, split: bytes | None = None, name: str = "<bytes>") -> Tokenizer:
+    """The Tokenizer of a SentencePiece model, a LookupTokenizer where another model splits
+    text for it (`split`)."""
+    return LookupTokenizer(proto, split, name) if split else Tokenizer(proto, name)
+
+
 def tokenizers(vocab: Vocab, name: str = "<bytes>") -> tuple[Tokenizer, Tokenizer]:
     """A checkpoint's source and target Tokenizers: its SentencePiece models, or where it
     records the models that split text for them (Vocab.src_split, tgt_split: an imported
     CTranslate2 model's), LookupTokenizers of both."""
-    return tuple(LookupTokenizer(proto, split, name) if split else Tokenizer(proto, name)
-                 for proto, split in ((vocab.src_spm, vocab.src_split),
-                                      (vocab.tgt_spm, vocab.tgt_split)))
+    return (tokenizer(vocab.src_spm, vocab.src_split, name),
+            tokenizer(vocab.tgt_spm, vocab.tgt_split, name))
+
+
+def directory_tokenizers(data_dir: str | Path, spm, split) -> tuple[Tokenizer, Tokenizer]:
+    """A data directory's source and target Tokenizers: manifest.json's SentencePiece models
+    (spm: Manifest.spm), split by its spm_split models where it records them (`split`)."""
+    d = Path(data_dir)
+    return tuple(tokenizer(read_model(d / model), read_model(d / by) if by else None,
+                           str(d / model))
+                 for model, by in ((spm.src, split and split.src), (spm.tgt, split and split.tgt)))
 
 
 def char_spans(text: str, byte_spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
