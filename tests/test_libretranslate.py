@@ -29,7 +29,7 @@ from test_serve import InProcess, Server  # noqa: E402
 
 from nmt.data.vocab import FORCED, TAG, Languages  # noqa: E402
 from nmt.errors import NmtError  # noqa: E402
-from nmt.serve import libretranslate  # noqa: E402
+from nmt.serve import libre_requests, libretranslate  # noqa: E402
 from nmt.serve.api_keys import ApiKeys  # noqa: E402
 from nmt.serve.libretranslate import translate_html, translate_plain  # noqa: E402
 
@@ -95,8 +95,8 @@ def test_html_and_blank_texts_keep_their_markup_and_spaces():
 
 def test_nmts_own_json_is_told_apart_without_parsing_it(monkeypatch):
     parsed = []
-    monkeypatch.setattr(libretranslate.json, "loads", lambda body: parsed.append(body) or {})
-    assert not libretranslate.is_libre_json(b'{"text": ["Open it."], "beam_size": 2}')
+    monkeypatch.setattr(libre_requests.json, "loads", lambda body: parsed.append(body) or {})
+    assert not libre_requests.is_libre_json(b'{"text": ["Open it."], "beam_size": 2}')
     assert not parsed
 
 

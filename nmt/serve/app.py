@@ -49,7 +49,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException
 
 from nmt.config import ServeConfig
-from nmt.serve import libretranslate
+from nmt.serve import libre_requests, libretranslate
 from nmt.serve.api_keys import ApiKeys, bearer
 from nmt.serve.errors import ApiError
 from nmt.serve.offline import install_offline
@@ -111,8 +111,8 @@ class BodyLimit:
         """Answer 413 naming the body (LibreTranslate's 400 to LibreTranslate's requests, told
         by their path, a form, or a JSON body's first chunk `head` with "q")."""
         error = ApiError(413, "body", f"larger than {self.max_bytes} bytes")
-        libre = libretranslate.is_libre_request(scope) or (
-            scope["path"] == "/translate" and libretranslate.looks_libre(head))
+        libre = libre_requests.is_libre_request(scope) or (
+            scope["path"] == "/translate" and libre_requests.looks_libre(head))
         answer = (libretranslate.from_api_error(error).response() if libre
                   else _error_response(error))
         await answer(scope, receive, send)
@@ -143,7 +143,7 @@ def _may_be_libre_json(scope) -> bool:
     would ask it to upload what is refused)."""
     headers = dict(scope["headers"])
     return (scope["path"] == "/translate" and b"100-continue" not in headers.get(b"expect", b"")
-            and libretranslate.media_type(headers.get(b"content-type", b"").decode("latin-1"))
+            and libre_requests.media_type(headers.get(b"content-type", b"").decode("latin-1"))
             == "application/json")
 
 
@@ -189,7 +189,7 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     else:
         error = ApiError(exc.status_code, "body" if exc.status_code == 400 else "path",
                          str(exc.detail))
-    if libretranslate.is_libre_request(request.scope):
+    if libre_requests.is_libre_request(request.scope):
         return libretranslate.LibreError(error.status, f"Invalid request: {error}"
                                          if error.status == 400 else str(exc.detail)).response()
     return _error_response(error)

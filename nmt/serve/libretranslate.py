@@ -4,10 +4,10 @@ extensions, Nextcloud, the libretranslatepy client).
 POST /translate is shared by what the request is: a form (urlencoded or multipart, what
 libretranslatepy sends), a JSON object with a "q" field, or a request that is neither with q in
 its query string (deep-translator's POST with no body) is LibreTranslate's; anything else is
-nmt's own API (a JSON object with "text"). RequestKind, an ASGI middleware, sends the former to
-/libretranslate/translate, where LibreTranslate's API also lives as a whole (translate,
-languages, detect) for clients pointed at that prefix; /languages (GET, or POST as
-libretranslatepy 2.1.1 asks) and POST /detect answer at the top as well.
+nmt's own API (a JSON object with "text"). RequestKind (nmt.serve.libre_requests), an ASGI
+middleware, sends the former to /libretranslate/translate, where LibreTranslate's API also
+lives as a whole (translate, languages, detect) for clients pointed at that prefix; /languages
+(GET, or POST as libretranslatepy 2.1.1 asks) and POST /detect answer at the top as well.
 
 POST translate takes q (a string, or a list of strings in JSON), source and target (any two
 of a multilingual model's languages, nmt's src_lang and tgt_lang per request; for a bilingual
@@ -37,7 +37,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Protocol
-from urllib.parse import parse_qsl, quote
+from urllib.parse import quote
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -52,9 +52,8 @@ from nmt.inference.markup_parse import parse
 from nmt.serve import langid_codes
 from nmt.serve.api_keys import ApiKeys
 from nmt.serve.errors import ApiError
+from nmt.serve.libre_requests import FORMS, PREFIX, RequestKind, media_type
 
-PREFIX = "/libretranslate"
-FORMS = ("application/x-www-form-urlencoded", "multipart/form-data")
 LANGID_EXTRA = "pip install 'nmt[langid]'"
 FILE_KINDS = {".txt": "text", ".html": "html", ".htm": "html"}  # /translate_file's: format
 KEPT_FILES = 64  # translated files kept for /download_file, the oldest dropped first
@@ -122,88 +121,6 @@ def libre_errors(handler):
         except LibreError as e:
             return e.response()
     return wrapped
-
-
-# ----------------------------------------------------------------------------- requests
-class RequestKind:
-    """ASGI middleware: POST /translate with a form, a JSON object holding "q", or (not JSON)
-    q in its query string goes to PREFIX/translate (LibreTranslate's); every other request
-    goes on as it came."""
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/translate":
-            return await self.app(scope, receive, send)
-        libre = is_libre_request(scope)
-        if media_type(dict(scope["headers"]).get(b"content-type", b"").decode("latin-1")) == (
-                "application/json"):
-            messages = await read_body(receive)
-            receive = replay(messages, receive)
-            libre = is_libre_json(b"".join(m.get("body", b"") for m in messages))
-        if libre:
-            path = PREFIX + "/translate"
-            scope = {**scope, "path": path, "raw_path": path.encode()}
-        await self.app(scope, receive, send)
-
-
-def is_libre_request(scope) -> bool:
-    """Is this request LibreTranslate's by its path, headers and query alone: under PREFIX,
-    /detect, /languages, or to /translate a form or (not JSON) with q in its query string?
-    (A JSON one with "q" tells by its body.)"""
-    path = scope.get("path", "")
-    if path.startswith((PREFIX + "/", "/download_file/")) or path in (
-            "/detect", "/languages", "/translate_file"):
-        return True
-    kind = media_type(dict(scope.get("headers", [])).get(b"content-type", b"").decode("latin-1"))
-    query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
-    return path == "/translate" and (kind in FORMS or kind != "application/json" and any(
-        name == "q" for name, _ in query))
-
-
-def media_type(content_type: str) -> str:
-    """A Content-Type header's media type, lower case, without its parameters."""
-    return content_type.split(";")[0].strip().lower()
-
-
-async def read_body(receive) -> list[dict]:
-    """Every message of a request's body, up to its end (or a disconnect)."""
-    messages = []
-    while True:
-        message = await receive()
-        messages.append(message)
-        if message["type"] != "http.request" or not message.get("more_body"):
-            return messages
-
-
-def replay(messages: list[dict], receive):
-    """A `receive` that hands out these messages again, then passes on `receive`'s."""
-    pending = list(messages)
-
-    async def replayed():
-        return pending.pop(0) if pending else await receive()
-    return replayed
-
-
-def is_libre_json(body: bytes) -> bool:
-    """Is this JSON body a LibreTranslate request (an object with "q")? Parsed only when it
-    holds "q" as written (nmt's own requests are not parsed twice); a "q" key spelled with
-    escapes is not LibreTranslate's."""
-    if b'"q"' not in body:
-        return False
-    try:
-        value = json.loads(body)
-    except ValueError:  # malformed JSON or bytes: nmt's API says what is wrong
-        return False
-    return isinstance(value, dict) and "q" in value
-
-
-def looks_libre(head: bytes) -> bool:
-    """Is a JSON body LibreTranslate's, by its first bytes (all a too large one is read of):
-    a "q" key before any "text" key."""
-    q, text = head.find(b'"q"'), head.find(b'"text"')
-    return q >= 0 and (text < 0 or q < text)
 
 
 async def read_fields(request: Request) -> dict:
