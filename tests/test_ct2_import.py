@@ -206,6 +206,13 @@ def test_a_piece_the_vocabulary_lacks_is_unk_imported_as_served(spm, checkpoint,
         assert Tokenizer(imported.vocab.src_spm).encode(lines) != ids  # a rebuilt model splits
         want = [h[0].tokens for h in served.translate_ids(ids, search())]
     assert translate_ids(imported.model, ids, search(), imported.specials) == want
+    exported = export_ct2(out, tmp_path / "export")  # and back: the splitting model kept
+    assert (exported / "source.split.spm").read_bytes() == spm["joint"]
+    again = import_model(ImportConfig(input=str(exported), output=str(tmp_path / "b.pt")))
+    assert Translator.load(again, dtype=None).src_tok.encode(lines) == ids
+    with open_translator("ctranslate2", [str(exported)], torch.device("cpu"),
+                         threads=1) as folder:
+        assert folder.src_tok.encode(lines) == ids
 
 
 def opennmt_style_model(checkpoint: Path, spm: bytes, out: Path, source_eos: bool = True,
@@ -365,7 +372,8 @@ def test_fine_tuning_an_import_without_source_eos_keeps_it(spm, checkpoint, tmp_
     package's SentencePiece model) fine-tuned: its data directory records that sources end
     without </s> and the splitting model, its training batches have no source </s>, and the
     fine-tuned checkpoint keeps all three (it tokenizes as the import does)."""
-    from nmt.data.batches import ParallelData, collate
+    from nmt.data.arrays import ParallelData
+    from nmt.data.batches import collate
     from nmt.data.manifest import read_manifest
 
     model = opennmt_style_model(checkpoint, spm["joint"], tmp_path / "onmt", source_eos=False,

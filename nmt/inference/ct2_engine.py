@@ -47,7 +47,7 @@ import torch
 
 from nmt.capabilities import ENGINES
 from nmt.config import SearchConfig
-from nmt.data.tokenizer import Tokenizer
+from nmt.data.tokenizer import Tokenizer, tokenizer
 from nmt.data.vocab import Vocab
 from nmt.errors import NmtError
 from nmt.inference.lengths import empty_source, length_penalty, output_lengths
@@ -294,5 +294,13 @@ def export_vocabulary(model_dir: Path, checkpoint: str | Path | None) -> ModelVo
                                loaded.model.cfg.max_positions)
     return ModelVocabulary(
         Vocab.from_dict(info["vocab"], str(model_dir / INFO), protos=False),
-        Tokenizer((model_dir / "source.spm").read_bytes()),
-        Tokenizer((model_dir / "target.spm").read_bytes()), info["max_positions"])
+        *(export_tokenizer(model_dir, side) for side in ("source", "target")),
+        info["max_positions"])
+
+
+def export_tokenizer(model_dir: Path, side: str) -> Tokenizer:
+    """An nmt export's SIDE.spm ("source", "target"), text split by SIDE.split.spm where the
+    export has one (an import's: nmt.data.tokenizer.LookupTokenizer)."""
+    split = model_dir / f"{side}.split.spm"
+    return tokenizer((model_dir / f"{side}.spm").read_bytes(),
+                     split.read_bytes() if split.is_file() else None, str(model_dir))

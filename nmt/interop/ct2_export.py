@@ -164,8 +164,10 @@ def write_ctranslate2(loaded: LoadedCheckpoint, out: Path, quantization: str = "
     if shortlist:
         write_vmap(out, shortlist, loaded.vocab.sha256, src_pieces, tgt_pieces,
                    "the checkpoint")
-    (out / "source.spm").write_bytes(loaded.src_tok.proto)  # to tokenize as nmt does
-    (out / "target.spm").write_bytes(loaded.tgt_tok.proto)
+    for side, tok in (("source", loaded.src_tok), ("target", loaded.tgt_tok)):
+        (out / f"{side}.spm").write_bytes(tok.proto)  # to tokenize as nmt does
+        if tok.split_proto:  # an import's: text split by its own model (LookupTokenizer)
+            (out / f"{side}.split.spm").write_bytes(tok.split_proto)
     vocab = dataclasses.replace(loaded.vocab, src_spm=None, tgt_spm=None, src_split=None,
                                 tgt_split=None).to_dict()
     info = {**(key or {}), "vocab": vocab, "max_positions": loaded.model.cfg.max_positions}

@@ -437,15 +437,20 @@ def source_eos(config: dict, tokens: _Tokens, package: ArgosPackage | None) -> b
 
 
 def _as_exported(vocab: Vocab, model_dir: Path) -> Vocab:
-    """An nmt export's vocabulary keeps the pair or languages that its nmt.json records where
-    the SentencePiece models are the same (its checksum)."""
+    """An nmt export's vocabulary keeps the pair or languages and source_eos that its nmt.json
+    records where the SentencePiece models are the same (its checksum), and the models that
+    split text for them (SIDE.split.spm: an import's export)."""
     info = read_info(model_dir) or {}
     entry = info.get("vocab") if isinstance(info.get("vocab"), dict) else {}
     if entry.get("sha256") != vocab.sha256:
         return vocab
     recorded = Vocab.from_dict(entry, str(model_dir / INFO), protos=False)
+    splits = [model_dir / f"{side}.split.spm" for side in ("source", "target")]
+    if all(p.is_file() for p in splits):
+        vocab = dataclasses.replace(vocab, src_split=_read_bytes(splits[0]),
+                                    tgt_split=_read_bytes(splits[1]))
     return dataclasses.replace(vocab, pair=recorded.pair or vocab.pair,
-                               languages=recorded.languages)
+                               languages=recorded.languages, source_eos=recorded.source_eos)
 
 
 def is_ct2_model(directory: Path) -> bool:
