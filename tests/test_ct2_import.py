@@ -213,6 +213,11 @@ def test_a_piece_the_vocabulary_lacks_is_unk_imported_as_served(spm, checkpoint,
     with open_translator("ctranslate2", [str(exported)], torch.device("cpu"),
                          threads=1) as folder:
         assert folder.src_tok.encode(lines) == ids
+    from transformers import MarianTokenizer  # its export's tokenizer too
+
+    export(ExportConfig(checkpoint=str(out), output=str(tmp_path / "hf"), format="transformers"))
+    hf = MarianTokenizer.from_pretrained(str(tmp_path / "hf"))(lines)["input_ids"]
+    assert [line[:-1] for line in hf] == ids
 
 
 def opennmt_style_model(checkpoint: Path, spm: bytes, out: Path, source_eos: bool = True,

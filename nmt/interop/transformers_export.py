@@ -214,12 +214,15 @@ def _shape_error(model, name: str, theirs: torch.Size, ours: torch.Size) -> str:
 
 
 def write_tokenizer(loaded: LoadedCheckpoint, out: Path) -> None:
-    """MarianTokenizer's files: source.spm, target.spm, vocab.json (+ target_vocab.json)."""
+    """MarianTokenizer's files: source.spm, target.spm, vocab.json (+ target_vocab.json).
+    MarianTokenizer splits text with an .spm and looks the pieces up in vocab.json: an
+    import's splitting models (Tokenizer.split_proto) are its .spm files, so that it
+    tokenizes as nmt does."""
     from transformers import MarianTokenizer
 
     separate = loaded.src_tok.proto != loaded.tgt_tok.proto
-    (out / "source.spm").write_bytes(loaded.src_tok.proto)
-    (out / "target.spm").write_bytes(loaded.tgt_tok.proto)
+    (out / "source.spm").write_bytes(loaded.src_tok.split_proto or loaded.src_tok.proto)
+    (out / "target.spm").write_bytes(loaded.tgt_tok.split_proto or loaded.tgt_tok.proto)
     vocab = {"vocab.json": loaded.src_tok}
     if separate:
         vocab["target_vocab.json"] = loaded.tgt_tok
