@@ -86,6 +86,18 @@ def test_written_files_load_in_transformers(tmp_path):
     assert hf.batch_decode(ids, skip_special_tokens=True) == tok.decode(ids)
 
 
+def test_a_model_without_source_eos_encodes_without_it(tmp_path):
+    """A checkpoint whose sources end without </s> (Vocab.source_eos false: an OpenNMT-py
+    model's import): tokenizer.json's encodings have none either."""
+    tok = MODELS["bpe-unknowns"]()
+    lines = list(split_lines()[:50])
+    write_tokenizer_json(tok, tok, tmp_path, max_length=256, source_eos=False)
+    from tokenizers import Tokenizer as HFTokenizer
+
+    hf = HFTokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    assert [e.ids for e in hf.encode_batch(lines)] == tok.encode(lines)
+
+
 def test_separate_vocabularies_refused(tmp_path):
     en = train_bpe(first_lines("en")[:300], 300)
     de = train_bpe(first_lines("de")[:300], 300)
