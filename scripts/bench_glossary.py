@@ -28,7 +28,7 @@ from pathlib import Path
 
 from bench_constraints import run
 
-from nmt.data.batches import ParallelData
+from nmt.data.arrays import ParallelData
 from nmt.data.manifest import clean_text_path, read_manifest
 from nmt.data.tokenizer import Tokenizer
 from nmt.inference.glossary import Glossary, read_glossary

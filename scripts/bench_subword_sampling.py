@@ -42,8 +42,10 @@ def prepare(corpus: Path, pairs: int, work: Path) -> Path:
 
 def collate_ms(data: Path, alpha: float, max_tokens: int, batches: int) -> float:
     """Median milliseconds to collate one batch of epoch 1 (alpha 0: no sampling)."""
-    from nmt.data.batches import EpochBatchIterator, ParallelData, SubwordSampler
+    from nmt.data.arrays import ParallelData
+    from nmt.data.batches import EpochBatchIterator
     from nmt.data.manifest import read_manifest
+    from nmt.data.sampling import SubwordSampler
 
     manifest = read_manifest(data)
     sampler = SubwordSampler(data, manifest, alpha) if alpha else None

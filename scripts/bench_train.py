@@ -57,7 +57,8 @@ from torch import nn
 
 from nmt.commands.train import build_run, load_data, train_step, tune_process
 from nmt.config import ModelConfig, TrainConfig, compose, to_object
-from nmt.data.batches import Batch, EpochBatchIterator, TokenArrayWriter
+from nmt.data.arrays import TokenArrayWriter
+from nmt.data.batches import Batch, EpochBatchIterator
 from nmt.data.tokenizer import vocab_sha256
 from nmt.system.distributed import DistInfo
 from nmt.system.runtime import keep_freed_memory
@@ -141,7 +142,7 @@ def write_synthetic(out: Path, vocab: int, sentences: int, seed: int = 0) -> Pat
     training reads the vocabulary's size from the manifest."""
     import sentencepiece as spm
 
-    from nmt.data.batches import token_dtype
+    from nmt.data.arrays import token_dtype
 
     out.mkdir(parents=True)
     rng = np.random.default_rng(seed)

@@ -26,7 +26,7 @@ import sentencepiece as spm
 import torch
 
 from nmt.config import BpeConfig
-from nmt.data.batches import TokenArrayWriter
+from nmt.data.arrays import TokenArrayWriter
 from nmt.data.tokenizer import vocab_sha256
 
 SRC_WORDS = ("open save file edit view help close print copy paste find replace undo redo "

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from nmt.config import AugmentConfig
+from nmt.data.arrays import ParallelData
 from nmt.data.augment import (
     add_typos,
     augment_pair,
@@ -22,12 +23,9 @@ from nmt.data.augment import (
     uniform,
     upper_case,
 )
-from nmt.data.batches import (
-    EpochBatchIterator,
-    ParallelData,
-    SubwordSampler,
-)
+from nmt.data.batches import EpochBatchIterator
 from nmt.data.manifest import read_manifest
+from nmt.data.sampling import SubwordSampler
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import ConfigError, NmtError
 

@@ -21,7 +21,8 @@ from torch._dynamo.utils import counters
 
 import nmt.commands.train
 from nmt.commands.train import build_run, load_data, train, train_step
-from nmt.data.batches import Buckets, EpochBatchIterator, ParallelData, fit_buckets
+from nmt.data.arrays import ParallelData
+from nmt.data.batches import Buckets, EpochBatchIterator, fit_buckets
 from nmt.system import distributed
 from nmt.testing.gpu_sim import MISSING, simulated_cuda, simulated_run
 from nmt.training.checkpoint import load_checkpoint

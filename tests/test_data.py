@@ -8,20 +8,17 @@ import pytest
 import torch
 from conftest import write_token_array
 
-from nmt.data.batches import (
+from nmt.data.arrays import (
     VERIFIED,
-    EpochBatchIterator,
     ParallelData,
-    SubwordSampler,
     TokenArray,
-    batch_by_tokens,
     check_ids,
-    collate,
-    padded_length,
     token_dtype,
     verify_data_dir,
 )
+from nmt.data.batches import EpochBatchIterator, batch_by_tokens, collate, padded_length
 from nmt.data.manifest import Corpus, read_manifest
+from nmt.data.sampling import SubwordSampler
 from nmt.errors import NmtError
 
 PAD, BOS, EOS = 0, 2, 3
@@ -315,12 +312,12 @@ def test_a_damaged_data_directory_is_a_one_line_error_naming_the_file(
 
 def test_verification_is_remembered_per_directory_unless_asked(corpora_dir, tmp_path,
                                                                monkeypatch):
-    import nmt.data.batches
+    import nmt.data.arrays
 
     data = copy_of(corpora_dir, tmp_path)
     reads = []
-    real = nmt.data.batches.sha256_file
-    monkeypatch.setattr(nmt.data.batches, "sha256_file", lambda p: reads.append(p) or real(p))
+    real = nmt.data.arrays.sha256_file
+    monkeypatch.setattr(nmt.data.arrays, "sha256_file", lambda p: reads.append(p) or real(p))
     manifest = read_manifest(data)
     verify_data_dir(data, manifest)
     n = len(reads)
@@ -335,12 +332,12 @@ def test_verification_is_remembered_per_directory_unless_asked(corpora_dir, tmp_
 
 
 def test_a_read_only_data_directory_is_verified_every_time(corpora_dir, tmp_path, monkeypatch):
-    import nmt.data.batches
+    import nmt.data.arrays
 
     def refuse(path, content, durable=False):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(nmt.data.batches, "write_atomically", refuse)
+    monkeypatch.setattr(nmt.data.arrays, "write_atomically", refuse)
     data = copy_of(corpora_dir, tmp_path)
     for _ in range(2):
         assert "read-only: it will be checked again" in verify_data_dir(data, read_manifest(data))

@@ -118,7 +118,8 @@ def test_fused_attention_runs_for_padded_batches(tiny_data_dir):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from nmt.config import ModelConfig
-    from nmt.data.batches import EpochBatchIterator, ParallelData
+    from nmt.data.arrays import ParallelData
+    from nmt.data.batches import EpochBatchIterator
     from nmt.model import make_model
 
     itr = EpochBatchIterator(ParallelData(tiny_data_dir, "train"), 1024, 1, 0)

@@ -44,7 +44,8 @@ CUDA = torch.device("cuda", 0)
 # ----------------------------------------------------------------------------- one update
 def batches(data_dir: Path, n: int) -> list:
     """The first n training batches of the toy data, as (index, Batch) on the host."""
-    from nmt.data.batches import EpochBatchIterator, ParallelData
+    from nmt.data.arrays import ParallelData
+    from nmt.data.batches import EpochBatchIterator
 
     itr = EpochBatchIterator(ParallelData(data_dir, "train"), 256, 1, 0)
     return list(itertools.islice(iter(itr), n))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nmt.data.batches import ParallelData
+from nmt.data.arrays import ParallelData
 from nmt.data.manifest import Manifest, directions, read_manifest
 from nmt.errors import NmtError
 

@@ -19,7 +19,8 @@ from nmt.commands.preprocess import preprocess
 from nmt.commands.train import load_data, train
 from nmt.commands.translate import translate
 from nmt.config import PreprocessConfig, TranslateConfig, compose, to_object
-from nmt.data.batches import ParallelData, temperature_weights
+from nmt.data.arrays import ParallelData
+from nmt.data.batches import temperature_weights
 from nmt.data.manifest import FORMAT, Corpus, directions, read_manifest
 from nmt.data.tokenizer import Tokenizer
 from nmt.data.vocab import TAG, Languages

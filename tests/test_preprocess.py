@@ -12,7 +12,8 @@ import pytest
 from nmt.commands import preprocess as pp
 from nmt.config import PreprocessConfig, compose, to_object
 from nmt.data import cleaning
-from nmt.data.batches import ParallelData, read_manifest
+from nmt.data.arrays import ParallelData
+from nmt.data.manifest import read_manifest
 from nmt.data.tokenizer import Tokenizer, vocab_sha256
 from nmt.errors import NmtError
 
@@ -303,7 +304,7 @@ def test_a_reused_vocabulary_must_have_the_tags(corpus, corpora_dir, tmp_path):
 
 
 def test_keep_text_keeps_the_kept_training_text(corpus, tmp_path):
-    from nmt.data.batches import TokenArray
+    from nmt.data.arrays import TokenArray
 
     long_pair = ("open " * 300, "öffnen " * 300)  # dropped: too long
     train = write_text(tmp_path / "raw" / "long", toy_pairs(300, 0)[:5] + [long_pair])

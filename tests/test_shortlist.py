@@ -16,7 +16,7 @@ import nmt.data.shortlist
 import nmt.inference.admission
 from nmt.commands.preprocess import preprocess
 from nmt.config import BpeConfig, PreprocessConfig, ShortlistConfig
-from nmt.data.batches import ParallelData, TokenArray
+from nmt.data.arrays import ParallelData, TokenArray
 from nmt.data.manifest import read_manifest
 from nmt.data.shortlist import (
     Shortlist,

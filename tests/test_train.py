@@ -320,7 +320,8 @@ def direct_valid_loss(data_dir: Path, path: Path, weights: str, smoothing: float
     computed here: the model's forward pass and the loss over every valid batch."""
     import contextlib
 
-    from nmt.data.batches import EpochBatchIterator, ParallelData
+    from nmt.data.arrays import ParallelData
+    from nmt.data.batches import EpochBatchIterator
     from nmt.inference.translator import Translator
 
     model = Translator.load(path, weights=weights, dtype=None).model.eval()
@@ -409,7 +410,7 @@ def test_outputs_and_a_self_contained_checkpoint(tiny_data_dir, tmp_path):
 def lengths_data(tmp_path: Path, n: int = 30_000):
     """A train split (ParallelData) of n random pairs of 1-60 tokens (ids do not matter for
     batching)."""
-    from nmt.data.batches import ParallelData, TokenArrayWriter
+    from nmt.data.arrays import ParallelData, TokenArrayWriter
     from nmt.data.manifest import Manifest, Sides, SplitSize
 
     rng = np.random.default_rng(0)
@@ -518,7 +519,7 @@ def test_data_settings_that_do_not_fit_the_directory_are_one_line_errors(
         tiny_data_dir, corpora_dir, tmp_path):
     import shutil
 
-    from nmt.data.batches import verify_data_dir
+    from nmt.data.arrays import verify_data_dir
     from nmt.data.manifest import read_manifest
 
     cases = [(corpora_dir, "train.corpus_weights=[1]",

@@ -18,7 +18,7 @@ training sample, 8 bytes a sentence of offsets and, with clean.dedup, a hash a u
             kept training text goes to train.clean.{lang}.bin/.idx. (nmt.data.binarize)
    shortlist with shortlist.k > 0: shortlist.pt from the encoded training pairs
             (nmt.data.shortlist)
-5. commit   manifest.json (counts, corpora, config, checksums: nmt/data/batches.py documents
+5. commit   manifest.json (counts, corpora, config, checksums: nmt/data/manifest.py documents
             it); the temporary directory becomes out_dir.
 """
 
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from nmt.config import PreprocessConfig
     from nmt.config_corpora import TrainCorpus
 
-# nmt.data.batches and nmt.data.shortlist (which import torch) are imported inside the
+# nmt.data.arrays and nmt.data.shortlist (which imports torch) are imported inside the
 # functions that use them, as in nmt.data.binarize, whose encoding workers start quickly and
 # small.
 
@@ -101,7 +101,7 @@ def report(manifest: Manifest, out: Path, seconds: float) -> str:
 def build(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], reused: tuple | None,
           tmp: Path) -> dict:
     """Stages 2-4 into the temporary directory tmp; returns the manifest (without checksums)."""
-    from nmt.data.batches import token_dtype
+    from nmt.data.arrays import token_dtype
     from nmt.system.runtime import usable_cores
 
     langs = {"src": cfg.src_lang, "tgt": cfg.tgt_lang}
@@ -188,7 +188,7 @@ def _add_train_extras(manifest: dict, cfg: PreprocessConfig, tmp: Path, dtype,
                       text_prefix: dict | None) -> None:
     """The shortlist (shortlist.k > 0, from the training arrays just written) and the kept
     training text (keep_text) into tmp and the manifest."""
-    from nmt.data.batches import TokenArray
+    from nmt.data.arrays import TokenArray
     from nmt.data.shortlist import FILE as SHORTLIST
     from nmt.data.shortlist import build_shortlist
 

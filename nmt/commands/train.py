@@ -37,16 +37,10 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from nmt.config import TrainConfig, TrainLoopConfig
 from nmt.config_checks import check_search_device
-from nmt.data.batches import (
-    Batch,
-    EpochBatchIterator,
-    ParallelData,
-    Prefetcher,
-    SubwordSampler,
-    temperature_weights,
-    verify_data_dir,
-)
+from nmt.data.arrays import ParallelData, verify_data_dir
+from nmt.data.batches import Batch, EpochBatchIterator, Prefetcher, temperature_weights
 from nmt.data.manifest import Manifest, directions, read_manifest
+from nmt.data.sampling import SubwordSampler
 from nmt.data.tokenizer import directory_tokenizers, vocab_sha256
 from nmt.data.vocab import LanguagePair, Vocab
 from nmt.errors import NmtError

@@ -3,7 +3,7 @@
 Models trained on clean text break on text that is not: all capitals, Title Case, a missing
 final full stop, typos. OpusTrainer (Mozilla's translations pipeline) and eole's transforms
 rewrite a share of the training pairs on the fly; these are our functions for it, pure (text
-in, text out, given a random.Random), applied by nmt.data.batches.SubwordSampler to the
+in, text out, given a random.Random), applied by nmt.data.sampling.SubwordSampler to the
 cleaned text nmt-preprocess keep_text=true kept, before it is encoded:
 
 - upper case: both sides upper-cased (OpusTrainer's UpperCase);

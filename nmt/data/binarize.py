@@ -4,8 +4,8 @@ too unequal in length is dropped, a corpus's tag goes first on its source senten
 process writes them in order to {split}.{lang}.bin/.idx (and the kept training text, with
 keep_text).
 
-nmt.data.batches (which imports torch) is imported inside the main-process function only, so that
-the encoding workers, which import this module, start quickly and small."""
+nmt.data.arrays (the writer) is imported inside the main-process function only, so that the
+encoding workers, which import this module, start quickly and small."""
 
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def encode_split(pool: OrderedPool, text: CleanText, role: str, prefix: dict[str
     {"pairs", "src_tokens", "tgt_tokens"}."""
     from contextlib import ExitStack
 
-    from nmt.data.batches import TokenArrayWriter
+    from nmt.data.arrays import TokenArrayWriter
 
     tasks = [(str(text.src), str(text.tgt), chunk, limits, dtype.str, tags[owner],
               text_prefix is not None) for chunk, owner in zip(text.chunks, text.owners,

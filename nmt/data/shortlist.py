@@ -38,7 +38,7 @@ from nmt.system.files import write_atomically
 
 if TYPE_CHECKING:
     from nmt.config import ShortlistConfig
-    from nmt.data.batches import TokenArray
+    from nmt.data.arrays import TokenArray
     from nmt.data.manifest import Manifest
 
 FORMAT = 1  # the shortlist file format written here
@@ -226,7 +226,7 @@ def write_shortlist(data_dir: str | Path, cfg: ShortlistConfig, out: str | Path 
                     ) -> Path:
     """Build the shortlist of a data directory's training split into `out` (default
     DATA/shortlist.pt, which is then not among the manifest's checksums)."""
-    from nmt.data.batches import ParallelData
+    from nmt.data.arrays import ParallelData
     from nmt.data.manifest import read_manifest
 
     manifest = read_manifest(data_dir)

@@ -14,7 +14,8 @@ import torch
 from torch import Tensor, nn
 
 from nmt.config import TrainConfig
-from nmt.data.batches import Batch, EpochBatchIterator, ParallelData
+from nmt.data.arrays import ParallelData
+from nmt.data.batches import Batch, EpochBatchIterator
 from nmt.data.manifest import Manifest
 from nmt.data.vocab import Vocab
 from nmt.errors import NmtError
