@@ -8,7 +8,7 @@ update (parameters, gradients, Adam's state, the EMA, activations and the loss's
 the FLOPs and bytes behind them; the loss alone at 25k target tokens; the host reads per
 decoding step of greedy and beam search (on the CPU's real tensors). Then an estimate for one
 80 GB H100 from the counted FLOPs and bytes, under the assumptions printed with it.
-nmt/testing/gpu_sim.py does the counting (docs/gpu.md explains it and shows this output);
+nmt/testing/gpu_cost.py does the counting (docs/gpu.md explains it and shows this output);
 tests/test_gpu_cost.py fails when a figure grows more than 10% past tests/gpu_cost.json.
 
     .venv/bin/python scripts/gpu_cost.py                     # the tables of docs/gpu.md
@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 from nmt.config import SearchConfig, compose
-from nmt.testing.gpu_sim import MISSING, decoding_reads, loss_memory, update_cost
+from nmt.testing.gpu_cost import decoding_reads, loss_memory, update_cost
+from nmt.testing.gpu_sim import MISSING
 
 GiB = 2 ** 30
 LENGTH = 32  # tokens per sentence on each side of the synthetic batches (no padding)

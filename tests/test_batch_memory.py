@@ -14,14 +14,8 @@ from nmt.commands.train import load_data, update_frequency
 from nmt.config import TrainConfig, compose, to_object
 from nmt.errors import NmtError
 from nmt.system.distributed import DistInfo
-from nmt.testing.gpu_sim import (
-    MISSING,
-    DeviceProfile,
-    fused_attention,
-    profiled,
-    simulated_cuda,
-    update_cost,
-)
+from nmt.testing.gpu_cost import update_cost
+from nmt.testing.gpu_sim import MISSING, DeviceProfile, fused_attention, profiled, simulated_cuda
 
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 CUDA = DistInfo(device=torch.device("cuda", 0))

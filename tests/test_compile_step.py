@@ -24,7 +24,8 @@ from nmt.commands.train import build_run, load_data, train, train_step
 from nmt.data.arrays import ParallelData
 from nmt.data.batches import Buckets, EpochBatchIterator, fit_buckets
 from nmt.system import distributed
-from nmt.testing.gpu_sim import MISSING, simulated_cuda, simulated_run
+from nmt.testing.gpu_cost import simulated_run
+from nmt.testing.gpu_sim import MISSING, simulated_cuda
 from nmt.training.checkpoint import load_checkpoint
 from nmt.training.run import batch_loss
 

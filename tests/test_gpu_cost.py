@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nmt.testing.gpu_sim import MISSING, loss_memory, update_cost
+from nmt.testing.gpu_cost import loss_memory, update_cost
+from nmt.testing.gpu_sim import MISSING
 
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 

@@ -32,7 +32,8 @@ from nmt.inference.affine import PackedAffine
 from nmt.inference.batches import Decoder, decoding_models
 from nmt.inference.fast_model import FastModel
 from nmt.system import distributed
-from nmt.testing.gpu_sim import MISSING, World, decoding_reads, simulated_cuda, simulated_run
+from nmt.testing.gpu_cost import decoding_reads, simulated_run
+from nmt.testing.gpu_sim import MISSING, World, simulated_cuda
 
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 if MISSING is None:

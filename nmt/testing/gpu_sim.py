@@ -1,8 +1,8 @@
 """The GPU simulation harness: the GPU paths without a GPU, a simulated CUDA device and a
 simulated world of ranks, in one CPU process, and what they measure. Tests and scripts use it
-(tests/test_gpu_sim.py, tests/test_gpu_cost.py, scripts/gpu_cost.py; docs/gpu.md); no command
-of nmt imports it, and it is the one module besides nmt.system.private_ops that reaches into torch's
-internals (it checks them itself: `MISSING`).
+(tests/test_gpu_sim.py; nmt.testing.gpu_cost measures nmt's own work with it; docs/gpu.md); no
+command of nmt imports it, and it is the one module besides nmt.system.private_ops that reaches
+into torch's internals (it checks them itself: `MISSING`).
 
 Simulated CUDA (`simulated_cuda`). torch's FakeTensorMode makes tensors that have a shape, a
 dtype and a device but no data. On the CPU wheel it makes them on "cuda" once three things
@@ -591,107 +591,3 @@ def _pass_through_ddp():
         self.register_comm_hook(None, hook)
 
     return mock.patch.object(DDP, "__init__", ddp_init)
-
-
-# ----------------------------------------------------------------------------- nmt's costs
-def synthetic_batch(sentences: int, length: int, vocab: int):
-    """A training Batch of `sentences` pairs of `length` tokens each side, no padding."""
-    from nmt.data.batches import Batch
-
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(4, vocab, (sentences, length), generator=g)  # (B, L)
-    rows = torch.arange(sentences).repeat_interleave(length)  # (B L,) the non-padding targets
-    cols = torch.arange(length).repeat(sentences)
-    n = sentences * length
-    return Batch(ids, ids, ids, n, n, (rows, cols))
-
-
-def simulated_run(model: str, vocab: int, *overrides: str):
-    """nmt-train's Run of +model=`model` (a joint vocabulary of `vocab`) on the simulated GPU;
-    call it inside simulated_cuda."""
-    from nmt.commands.train import build_run
-    from nmt.config import TrainConfig, compose, to_object
-    from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-    from nmt.data.vocab import Vocab
-    from nmt.system.distributed import DistInfo
-    from nmt.training.run import Data
-
-    cfg = to_object(compose("train", [f"+model={model}", "data_dir=-", "run_dir=-",
-                                      "train.device=cuda", *overrides]), TrainConfig)
-    ids = Vocab(src_size=vocab, tgt_size=vocab, joint=True, pad_id=PAD_ID, unk_id=UNK_ID,
-                bos_id=BOS_ID, eos_id=EOS_ID, sha256="")  # no SentencePiece models
-    return build_run(cfg, DistInfo(device=torch.device("cuda", 0)), Data({}, ids, None, None))
-
-
-def update_cost(model: str, vocab: int, sentences: int, length: int, amp: str = "bf16",
-                ema_decay: float = 0.9999) -> dict:
-    """One update of nmt-train on the simulated GPU (a batch of sentences x length target
-    tokens, clipping on, the EMA of the weights kept), after a first one that made Adam's
-    state: operators by phase, matrix-product FLOPs, the other operators' bytes, the peak of
-    live device memory, the parameters. Backward runs GraphBackward, attention the fused
-    kernels (fused_attention). Any host read raises: an update that completes made none."""
-    from nmt.commands.train import train_step
-    from nmt.model import count_parameters
-
-    group = [(0, synthetic_batch(sentences, length, vocab))]
-    with simulated_cuda(backward="graph"), mock.patch.object(
-            torch.nn.functional, "scaled_dot_product_attention", fused_attention):
-        run = simulated_run(model, vocab, f"train.amp={amp}", f"train.ema_decay={ema_decay}",
-                            "optim.clip_norm=1.0")
-        train_step(run, 1, group)  # Adam's state is made at its first step
-        profile = DeviceProfile()
-        with profiled(profile):
-            profile.track([*run.model.parameters(), *run.ema.parameters(),
-                           *(t for state in run.optimizer.state.values()
-                             for t in state.values())])
-            train_step(run, 1, group)
-        return {**profile.finish(), "host_reads": 0, "tokens": sentences * length,
-                "params": count_parameters(run.model)}
-
-
-def loss_memory(tokens: int, vocab: int, dtype: torch.dtype = torch.bfloat16,
-                loss=None) -> dict:
-    """The training loss alone (nmt.training.loss.LabelSmoothedLoss unless `loss`) on (tokens,
-    vocab) logits of `dtype`, forward and backward, on the simulated GPU: the logits' bytes, what
-    the forward keeps beyond them for backward, the peak beyond them (their gradient included),
-    the operators of each pass and the bytes they move."""
-    from nmt.training.loss import LabelSmoothedLoss
-
-    loss = loss or LabelSmoothedLoss
-    with simulated_cuda(backward="graph"):
-        logits = torch.empty(tokens, vocab, dtype=dtype, device="cuda", requires_grad=True)
-        target = torch.zeros(tokens, dtype=torch.long, device="cuda")
-        profile = DeviceProfile()
-        with profiled(profile):
-            profile.track([logits, target])
-            base = profile.live
-            value, _ = loss.apply(logits, target, 0.1, 0)
-            kept = profile.live - base
-            value.backward()
-        out = profile.finish()
-        return {"logits_bytes": logits.numel() * logits.element_size(), "kept_bytes": kept,
-                "peak_extra_bytes": profile.peak - base, "forward": out["forward"],
-                "backward": out["backward"], "bytes": sum(out["bytes"].values())}
-
-
-def decoding_reads(models, sources: list[list[int]], search) -> dict:
-    """Host reads of one greedy or beam search (search.beam_size) over `sources` as one
-    batch, on the CPU's real tensors: before the first step, per step (mean and most).
-    FastModel's grouping of unequal sources is left out: it runs on the CPU only (its reads
-    of the lengths cost nothing there), and a GPU skips it."""
-    from nmt.data.tokenizer import SPECIALS
-    from nmt.inference import batches, fast_model
-
-    src = batches.pad_batch([s + [SPECIALS.eos] for s in sources], SPECIALS.pad, "cpu")
-    counter, real = HostReads(), batches.Decoder.log_probs
-
-    def log_probs(self, prefix, *args, **kwargs):
-        counter.step()
-        return real(self, prefix, *args, **kwargs)
-
-    with mock.patch.object(batches.Decoder, "log_probs", log_probs), counter, \
-            mock.patch.object(fast_model, "source_groups", lambda src_mask: None):
-        batches.search_batch(models, src, search, SPECIALS)
-    return {"before": counter.before, "steps": counter.steps,
-            "per_step": sum(counter.per_step) / max(counter.steps, 1),
-            "most_in_a_step": max(counter.per_step, default=0)}
