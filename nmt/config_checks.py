@@ -2,8 +2,9 @@
 (check, check_min, ...), the rules of search.dtype against the device, nmt-translate's and
 nmt-serve's rules between keys (split, markup, MBR and reranking, models=), and whether the
 libraries an option needs are installed; with the choices of keys they check against, which the
-modules acting on them import from here. Below nmt.config: it imports none of it (a `cfg` is a
-nmt.config schema: TranslateConfig or ServeConfig, as each check's docstring says)."""
+modules acting on them import from here. Below nmt.config, it imports none of it: check_split,
+per_segment, check_markup and check_choice take a nmt.config.TranslateConfig, check_serve_models
+and check_serve_split a ServeConfig."""
 
 from __future__ import annotations
 
