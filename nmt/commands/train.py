@@ -82,11 +82,12 @@ def train(cfg: TrainConfig) -> dict:
     check_bleu_tokenize(tc.bleu_tokenize, "train.bleu_tokenize")
     owns_group = not torch.distributed.is_initialized()
     env = distributed.init(tc.device, tc.collective_timeout, key="train.device")
-    compiled = resolve_compile(tc.compile, env.device, resolve_amp(tc.amp, env.device))
-    cfg = dataclasses.replace(cfg, train=dataclasses.replace(tc, compile=str(compiled).lower()))
-    tc = cfg.train  # train.compile=auto: now true or false
     if tc.valid_bleu:  # train.device=auto: now known
         check_search_device(cfg.search.dtype, env.device.type)
+    if tc.compile == "auto":  # now true or false, on this device
+        compiled = resolve_compile(tc.compile, env.device, resolve_amp(tc.amp, env.device))
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(tc, compile=str(compiled).lower()))
+        tc = cfg.train
     if not env.is_main:  # one rank speaks; the others only warn
         log.setLevel(logging.WARNING)
     batches = logs = None
