@@ -38,7 +38,7 @@ def test_every_format_reads_and_gives_back_its_entries(tiny_data_dir, corpora_di
 def test_manifests_that_8f24062s_preprocess_wrote_read_as_they_were(kind):
     """tests/data/manifest_8f24062_*.json: nmt-preprocess's at 8f24062 (two tagged corpora with
     keep_text; en-de, de-en and en-fr with their sections and languages; temporary paths
-    written as /data)."""
+    written as DATA/)."""
     path = Path(__file__).parent / "data" / f"manifest_8f24062_{kind}.json"
     entry = json.loads(path.read_text(encoding="utf-8"))
     m = Manifest.from_dict(entry, path)

@@ -2,7 +2,7 @@
 (run with that checkout first on sys.path: PYTHONPATH=OLD:OLD/tests python THIS OUT_DIR).
 
 nmt-preprocess of the tests' toy corpora: two corpora (one tagged <BT>) with keep_text, and
-en-de, de-en and en-fr in one multilingual directory; the temporary directory written as /data."""
+en-de, de-en and en-fr in one multilingual directory; the temporary directory written as DATA/."""
 
 import re
 import sys
@@ -27,7 +27,7 @@ def main(out: Path) -> None:
     for name, data in (("bilingual", bilingual), ("multilingual", multilingual)):
         text = (data / "manifest.json").read_text(encoding="utf-8")
         (out / f"manifest_8f24062_{name}.json").write_text(
-            re.sub(r'/tmp/[^"/]+/', "/data/", text), encoding="utf-8")
+            re.sub(r'/tmp/[^"/]+/', "DATA/", text), encoding="utf-8")
 
 
 if __name__ == "__main__":
