@@ -58,24 +58,38 @@ def test_the_page_translates_as_you_type_in_a_real_browser(page):
     sentence = "open the file in a new window"
     browser.send("Input.insertText", session=True, text=sentence)
     shown = browser.wait_for(SHOWN)
-    want = server.translate([sentence], nbest=4, attention=True)[0]
+    want = server.translate([sentence], nbest=4, split="sentence", attention=True)[0]
     assert shown == want["text"]
     nbest = browser.run("[...document.querySelectorAll('#nbest tr')].map(r => "
                         "r.children[1].textContent)")
     assert nbest == [h["text"] for h in want["nbest"]]
     cells = browser.run("document.querySelectorAll('#attention svg rect').length")
     assert cells == len(want["attention"]["source"]) * len(want["attention"]["target"])
-    # submitting: two lines, their translations on two lines
+    # submitting: two lines, their translations on two lines, asked as the page asks (an
+    # n-best list under split=auto kept a text whole, the line break lost: the page names
+    # the server's split)
+    asked = len(posted(browser))
     browser.run("document.getElementById('source').value = 'show hidden files\\n"
                 "close the window'; document.getElementById('go').click()")
-    shown = browser.wait_for(f"{SHOWN}.includes('\\n') && {SHOWN}")
-    assert shown == server.translate(["show hidden files\nclose the window"])[0]["text"]
+    browser.wait_for(f"document.getElementById('status').textContent === '' && {SHOWN}")
+    body = posted(browser)[asked]
+    assert body["nbest"] == 4 and body.get("split") == "sentence", body
+    want = server.translate(["show hidden files\nclose the window"])[0]["text"]
+    assert "\n" in want and server.translate(**body)[0]["text"] == want
+    assert browser.wait_for(f"{SHOWN}.includes('\\n') && {SHOWN}") == want
     assert browser.run("document.getElementById('error').hidden") is True
-    # nothing came from anywhere but this server, and no script failed
+    # nothing came from anywhere but this server, and nothing failed
     requested = [e["params"]["request"]["url"] for e in browser.events
                  if e.get("method") == "Network.requestWillBeSent"]
     assert requested and all(u.startswith(url) for u in requested), requested
-    assert not [e for e in browser.events if e.get("method") == "Runtime.exceptionThrown"]
+    assert not browser.failures()
+
+
+def posted(browser) -> list[dict]:
+    """The bodies of the page's POST /translate requests so far, in order."""
+    return [json.loads(e["params"]["request"]["postData"]) for e in browser.events
+            if e.get("method") == "Network.requestWillBeSent"
+            and e["params"]["request"]["url"].endswith("/translate")]
 
 
 def test_the_page_shades_the_words_the_model_is_unsure_of(page):
@@ -85,7 +99,8 @@ def test_the_page_shades_the_words_the_model_is_unsure_of(page):
     sentence = "show the hidden files of the window"
     browser.run(f"document.getElementById('source').value = {json.dumps(sentence)}; "
                 "document.getElementById('go').click()")
-    want = server.translate([sentence], nbest=4, attention=True, word_scores=True)[0]
+    want = server.translate([sentence], nbest=4, split="sentence", attention=True,
+                            word_scores=True)[0]
     browser.wait_for(f"{SHOWN} === {json.dumps(want['text'])}")
     spans = browser.run("[...document.querySelectorAll('#translation span')].map(s => "
                         "[s.textContent, s.title, s.className])")
@@ -104,7 +119,7 @@ def test_pasted_paragraphs_come_back_with_their_line_breaks(page):
     browser.run("const s = document.getElementById('source'); s.value = ''; s.focus()")
     browser.send("Input.insertText", session=True, text=text)  # as a paste arrives
     assert browser.run("document.getElementById('source').value") == text
-    want = server.translate([text], nbest=4, attention=True)[0]
+    want = server.translate([text], nbest=4, split="sentence", attention=True)[0]
     assert len(want["pieces"]) == 5  # split=sentence, each sentence alone
     shown = browser.wait_for(f"{SHOWN} === {json.dumps(want['text'])} && "
                              "document.getElementById('translation').innerText")
@@ -177,7 +192,8 @@ def test_the_page_asks_only_what_the_server_answers(setup, tiny_data_dir, tmp_pa
         browser.send("Page.navigate", session=True, url=f"http://127.0.0.1:{server.port}/")
         browser.wait_for("document.readyState === 'complete' && document.getElementById('info')"
                          " && document.getElementById('info').textContent.includes('beam size')")
-        features = server.call("GET", "/health")[2]["features"]
+        health = server.call("GET", "/health")[2]
+        features = health["features"]
         shown = {box: not browser.run(f"document.getElementById('{box}').hidden")
                  for box in ("src-box", "tgt-box")}
         convention = features["convention"]
@@ -190,8 +206,8 @@ def test_the_page_asks_only_what_the_server_answers(setup, tiny_data_dir, tmp_pa
         asked = {}
         if features["attention"]:
             asked["attention"] = True
-        if features["nbest"]:
-            asked["nbest"] = server.call("GET", "/health")[2]["search"]["beam_size"]
+        if features["nbest"]:  # with the server's split (under auto it would be none)
+            asked["nbest"], asked["split"] = health["search"]["beam_size"], health["split"]
         if convention == "forced":
             asked["src_lang"] = browser.run("document.getElementById('src').value")
         if convention != "pair":
@@ -204,7 +220,7 @@ def test_the_page_asks_only_what_the_server_answers(setup, tiny_data_dir, tmp_pa
         assert (setup, features["attention"], features["nbest"]) in {
             ("bilingual-nmt", True, True), ("bilingual-ctranslate2", False, True),
             ("mbr", True, False), ("tag-multilingual", True, True), ("nllb-style", False, True)}
-        assert not [e for e in browser.events if e.get("method") == "Runtime.exceptionThrown"]
+        assert not browser.failures()
         shot = browser.send("Page.captureScreenshot", session=True, format="png")
         path = ROOT / "build" / f"serve-page-{setup}.png"
         path.parent.mkdir(parents=True, exist_ok=True)

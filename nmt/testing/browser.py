@@ -36,7 +36,7 @@ class Browser:
         target = self.send("Target.createTarget", url="about:blank")["targetId"]
         self.session = self.send("Target.attachToTarget", targetId=target,
                                  flatten=True)["sessionId"]
-        for domain in ("Page", "Runtime", "Network"):
+        for domain in ("Page", "Runtime", "Network", "Log"):
             self.send(f"{domain}.enable", session=True)
 
     def send(self, method: str, session: bool = False, **params) -> dict:
@@ -71,6 +71,26 @@ class Browser:
                            awaitPromise=True, returnByValue=True)
         assert "exceptionDetails" not in result, result
         return result["result"].get("value")
+
+    def failures(self) -> list[str]:
+        """What went wrong in the page so far: uncaught exceptions and promise rejections,
+        console.error calls, and the browser's errors (a request answered 4xx or 5xx, one
+        refused by the content security policy), but for the browser's own /favicon.ico."""
+        found = []
+        for event in self.events:
+            method, params = event.get("method"), event.get("params", {})
+            if method == "Runtime.exceptionThrown":
+                details = params["exceptionDetails"]
+                thrown = details.get("exception", {}).get("description", "")
+                found.append(f"{details['text']} {thrown}")
+            elif method == "Runtime.consoleAPICalled" and params["type"] in ("error", "assert"):
+                found.append("console.error: " + " ".join(
+                    str(a.get("value", a.get("description", ""))) for a in params["args"]))
+            elif method == "Log.entryAdded" and params["entry"]["level"] == "error":
+                where = params["entry"].get("url", "")
+                if not where.endswith("/favicon.ico"):  # the browser's own ask, not the page's
+                    found.append(f"{params['entry']['text']} ({where})")
+        return found
 
     def wait_for(self, script: str, timeout: float = 30.0):
         """Poll a JavaScript expression until it is truthy; its value."""
