@@ -34,6 +34,8 @@ LAYERS = [
 # below both).
 COMMANDS = {f"nmt.commands.{c}" for c in ("preprocess", "train", "average", "translate",
                                           "export", "import_", "serve")}
+# A command's own part, beside it and named for it: the command alone imports it.
+COMMAND_PARTS = {"nmt.commands.translate_io": "nmt.commands.translate"}
 # The engines and the CTranslate2 export: none imports another, nor nmt-export's module.
 ENGINES = {"nmt.inference.translator", "nmt.inference.ct2_engine", "nmt.interop.ct2_export"}
 # nmt/'s top level: the paper's model and its variants, its checkpoint and what loads one, the
@@ -130,14 +132,16 @@ def test_the_top_level_holds_a_handful_of_modules_and_the_packages():
         module_name(p.parent) for p in NMT.glob("*/__init__.py")}
     assert top == TOP_LEVEL | PACKAGES
     commands = {module_name(p) for p in (NMT / "commands").glob("*.py")} - {"nmt.commands"}
-    assert commands == COMMANDS
+    assert commands == COMMANDS | set(COMMAND_PARTS)
     entry_points = {p.stem for p in (NMT / "cli").glob("*.py")} - {"__init__"}
     assert {f"nmt.commands.{e}" for e in entry_points} == COMMANDS
 
 
 def test_no_command_imports_another():
+    """Nor any module a command's part, but its command."""
     g = graph()
     assert {(m, i) for m in COMMANDS for i in g[m] if i in COMMANDS} == set()
+    assert {(m, i) for m in g for i in g[m] if COMMAND_PARTS.get(i, m) != m} == set()
 
 
 def test_the_engines_and_the_export_do_not_import_each_other():
