@@ -1,7 +1,7 @@
 """What each decoding engine can do, stated once.
 
 nmt-translate's and nmt-serve's configs refuse at once what their engine cannot do
-(nmt.config), and the engines refuse it again when they are called (nmt.inference.engine: a
+(nmt.config), and the engines refuse it again when they are called (nmt.engines.engine: a
 Python caller, a request to nmt-serve): every refusal comes from the Capabilities here, a
 one-line ConfigError naming the key.
 """

@@ -1,7 +1,7 @@
 """Loading a checkpoint for decoding: its model and vocabulary entry, each checked (the
 SentencePiece models against the stored sizes and checksum, the weights against model_cfg),
 and the vocabularies of an ensemble against each other. Every engine and nmt-export load
-through here (nmt.inference.engine, nmt.interop.ct2_export).
+through here (nmt.engines.engine, nmt.interop.ct2_export).
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ d_ff, h, d_k). Read it top to bottom: attention, feed-forward, residual sub-laye
 and positions, encoder and decoder layers, then the whole encoder-decoder with its
 incremental (key/value-cached) decoding API. `make_model` returns exactly this model: plain
 torch.nn modules, no hooks. Speed paths live beside it and are opted into by the caller that
-knows the device: nmt/training/cpu_training.py (training on CPUs), nmt/inference/fast_model.py
+knows the device: nmt/training/cpu_training.py (training on CPUs), nmt/decoding/fast_model.py
 (decoding); so does the side channel that keeps the attention weights for pictures,
-nmt/inference/attention_maps.py. Variants that are not the paper's (fairseq's positions of imported
+nmt/engines/attention_maps.py. Variants that are not the paper's (fairseq's positions of imported
 M2M100 and NLLB-200 models) live in nmt/variants.py, whose build_model the commands build with;
 model.positions picks them.
 
@@ -47,7 +47,7 @@ class MultiHeadAttention(nn.Module):
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
                   causal: bool = False) -> Tensor:
-        """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, fused (nmt/inference/attention_maps.py
+        """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, fused (nmt/engines/attention_maps.py
         computes it step by step to keep the weights)."""
         p = self.p if self.training else 0.0
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,

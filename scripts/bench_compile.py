@@ -26,7 +26,7 @@ import time
 import torch
 
 from nmt.config import ModelConfig
-from nmt.inference.fast_model import FastModel
+from nmt.decoding.fast_model import FastModel
 from nmt.model import make_model
 
 

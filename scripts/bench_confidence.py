@@ -24,7 +24,7 @@ import sacrebleu
 import torch
 
 from nmt.config import SearchConfig
-from nmt.inference.engine import open_translator
+from nmt.engines.engine import open_translator
 from nmt.inference.words import COMBINES, words
 from nmt.system.files import read_lines
 from nmt.system.runtime import usable_cores

@@ -4,7 +4,7 @@
 One checkpoint, the test split, beam --beam with alpha 0 (CTranslate2's beam search has no
 GNMT penalty): BLEU and chrF (sacreBLEU) of nmt-translate with engine=nmt and
 engine=ctranslate2 (the same cached export), search.dtype fp32 and int8. Without VNNI (or
-under ONEDNN_MAX_CPU_ISA=AVX2) nmt's int8 keeps 7-bit activations (nmt.inference.affine
+under ONEDNN_MAX_CPU_ISA=AVX2) nmt's int8 keeps 7-bit activations (nmt.decoding.affine
 .int8_saturates); the row "nmt int8, 8-bit activations" runs the old path, which saturates
 there, to show what the probe avoids. The header names the CPU and every cap in force: run it
 under AVX2 dispatch on a bigger machine with the variables of tests/test_isa.py.
@@ -24,8 +24,8 @@ import torch
 
 from nmt.commands.translate import translate
 from nmt.config import TranslateConfig, compose, to_object
-from nmt.inference import affine
-from nmt.inference.probes import kernel_report
+from nmt.decoding import affine
+from nmt.decoding.probes import kernel_report
 from nmt.metrics.scoring import score
 from nmt.system.files import read_lines
 from nmt.system.runtime import cpu_bf16, cpu_flags
@@ -49,7 +49,7 @@ def parse_args() -> argparse.Namespace:
 
 def describe_cpu() -> str:
     """The CPU's name, its int8 and bf16 instructions, the caps in force, then the kernel
-    probes' answers (nmt.inference.probes: int8 saturation among them), a line each."""
+    probes' answers (nmt.decoding.probes: int8 saturation among them), a line each."""
     name = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
                  if line.startswith("model name")), "unknown")
     flags = sorted(f for f in cpu_flags() if f in ("avx2", "avx512f", "avx512_vnni",

@@ -20,7 +20,7 @@ import dataclasses
 import time
 
 from nmt.config import MbrConfig, SearchConfig, candidate_search
-from nmt.inference.translator import Translator
+from nmt.engines.translator import Translator
 from nmt.metrics.mbr import mbr_select, utility_of
 from nmt.metrics.scoring import score
 from nmt.system.files import read_lines

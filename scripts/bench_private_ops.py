@@ -15,12 +15,12 @@ import time
 
 import torch
 
-import nmt.inference.affine
-import nmt.inference.fast_model
+import nmt.decoding.affine
+import nmt.decoding.fast_model
 from nmt.config import ModelConfig, SearchConfig
 from nmt.data.tokenizer import SPECIALS
-from nmt.inference.probes import kernel_report
-from nmt.inference.translator import Translator
+from nmt.decoding.probes import kernel_report
+from nmt.engines.translator import Translator
 from nmt.model import make_model
 
 
@@ -28,14 +28,14 @@ def seconds(model, src_ids: list[list[int]], beam: int, dtype: str, packed: bool
     """Wall-clock seconds of one decoding run, the model prepared before timing."""
     search = SearchConfig(beam_size=beam, alpha=0.6, max_len_a=0.0, max_len_b=40, min_len=40,
                           max_tokens=10 ** 9, max_sentences=64, dtype=dtype)
-    kept = nmt.inference.fast_model.PACKED_DTYPES
-    nmt.inference.fast_model.PACKED_DTYPES = (dtype,) if packed else ()
+    kept = nmt.decoding.fast_model.PACKED_DTYPES
+    nmt.decoding.fast_model.PACKED_DTYPES = (dtype,) if packed else ()
     try:  # prepared here, before timing
         translator = Translator([model], SPECIALS, dtype=dtype)
     finally:
-        nmt.inference.fast_model.PACKED_DTYPES = kept
+        nmt.decoding.fast_model.PACKED_DTYPES = kept
     generator = translator.prepared(dtype)[0].generator
-    assert isinstance(generator, nmt.inference.affine.PackedAffine) == packed
+    assert isinstance(generator, nmt.decoding.affine.PackedAffine) == packed
     with translator:
         start = time.perf_counter()
         translator.translate_ids(src_ids, search)

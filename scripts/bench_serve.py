@@ -40,8 +40,8 @@ import time
 from pathlib import Path
 
 from nmt.config import SearchConfig
-from nmt.inference.messages import Batch, Failed, Sentence
-from nmt.inference.translator import Translator
+from nmt.decoding.messages import Batch, Failed, Sentence
+from nmt.engines.translator import Translator
 from nmt.system.runtime import usable_cores
 
 BIN = Path(sys.executable).parent

@@ -26,9 +26,9 @@ import numpy as np
 from nmt.config import SearchConfig, ShortlistConfig
 from nmt.data.manifest import clean_text_path, read_manifest
 from nmt.data.shortlist import load_shortlist, write_shortlist
-from nmt.inference.batches import plan_batches
-from nmt.inference.messages import Sentence
-from nmt.inference.translator import Translator
+from nmt.decoding.batches import plan_batches
+from nmt.decoding.messages import Sentence
+from nmt.engines.translator import Translator
 from nmt.metrics.scoring import score
 from nmt.system.files import read_lines
 
@@ -94,7 +94,7 @@ def main() -> None:
         translator.prepared(dtype)
     ct2 = {}
     if args.ct2:
-        from nmt.inference.ct2_engine import CT2Translator
+        from nmt.engines.ct2_engine import CT2Translator
 
         for dtype in dtypes:
             for sl in ("", str(path)):

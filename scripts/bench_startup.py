@@ -40,9 +40,9 @@ THIRD_PARTY = ("hydra", "omegaconf", "sacrebleu", "yaml", "antlr4")  # shown whe
 PHASES = [("compose the config (Hydra)", "hydra._internal.hydra", "Hydra.compose_config"),
           ("read the checkpoint", "nmt.checkpoint", "load_checkpoint"),
           ("build the model", "nmt.loading", "build_model"),
-          ("prepare it (pack the weights)", "nmt.inference.translator", "decoding_models"),
-          ("start the worker processes", "nmt.inference.workers", "WorkerPool.__init__"),
-          ("translate (first batch)", "nmt.inference.translator", "Translator.translate_ids")]
+          ("prepare it (pack the weights)", "nmt.engines.translator", "decoding_models"),
+          ("start the worker processes", "nmt.engines.workers", "WorkerPool.__init__"),
+          ("translate (first batch)", "nmt.engines.translator", "Translator.translate_ids")]
 
 
 def cpu_of(argv: list[str], stdin: str | None = None) -> float:

@@ -1,7 +1,7 @@
 """In process, one thread: the same sentences decoded as batches in arrival order or by
 continuous admission, with what each costs.
 
-A server's decoding worker without the server (nmt.inference.stepping.step_loop's admission
+A server's decoding worker without the server (nmt.decoding.stepping.step_loop's admission
 rule, `admit_now`: newcomers join in groups, or after a few steps, or at once while few
 sentences are live), against whole batches of the same size in arrival order. Reported per
 mode: sentences/s, decoding steps, row-steps (the rows every step decodes, summed: what the
@@ -20,10 +20,10 @@ import time
 import torch
 
 from nmt.config import SearchConfig
-from nmt.inference.core import Decoding
-from nmt.inference.messages import Sentence
-from nmt.inference.stepping import admit_now
-from nmt.inference.translator import Translator
+from nmt.decoding.core import Decoding
+from nmt.decoding.messages import Sentence
+from nmt.decoding.stepping import admit_now
+from nmt.engines.translator import Translator
 
 
 @dataclasses.dataclass

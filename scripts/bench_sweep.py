@@ -54,7 +54,7 @@ from bench_int8 import describe_cpu
 from bench_startup import translate_argv
 
 from nmt.config import SearchConfig
-from nmt.inference.translator import Translator
+from nmt.engines.translator import Translator
 from nmt.interop.ct2_export import pieces, write_ctranslate2
 from nmt.loading import LoadedCheckpoint
 from nmt.system.files import read_lines

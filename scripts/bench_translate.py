@@ -26,7 +26,7 @@ import torch
 
 from nmt.config import ModelConfig, SearchConfig
 from nmt.data.tokenizer import SPECIALS
-from nmt.inference.translator import Translator
+from nmt.engines.translator import Translator
 from nmt.model import make_model
 
 
@@ -61,7 +61,7 @@ def parse_args() -> argparse.Namespace:
                    help="search.dtype: the decoding precision (int8: quantized linear maps)")
     p.add_argument("--reference", action="store_true",
                    help="decode with the reference model of nmt/model.py, not "
-                        "nmt.inference.fast_model")
+                        "nmt.decoding.fast_model")
     p.add_argument("--malloc-default", action="store_true",
                    help="leave glibc malloc as it is (nmt-translate makes it keep freed memory)")
     return p.parse_args()
@@ -125,7 +125,7 @@ def main() -> None:
             ((args.batch, True), (args.batch, False), (1, True), (1, False))
             for name, beam in (("greedy", 1), ("beam4", 4))]
     print(f"torch {torch.__version__}, {args.workers} worker(s) x {args.threads} thread(s), "
-          f"{'reference model' if args.reference else 'nmt.inference.fast_model'} {args.dtype}; "
+          f"{'reference model' if args.reference else 'nmt.decoding.fast_model'} {args.dtype}; "
           f"{args.sentences} "
           f"sentences x {args.src_len} tokens -> {args.out_len} tokens, vocabulary {V}; "
           f"load average {os.getloadavg()[0]:.2f}")

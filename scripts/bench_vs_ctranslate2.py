@@ -48,7 +48,7 @@ from bench_translate import add_workload_options, cpu_seconds, load_model, rando
 from nmt.config import SearchConfig
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIALS, Specials
 from nmt.data.vocab import Vocab
-from nmt.inference.translator import Translator
+from nmt.engines.translator import Translator
 from nmt.interop.ct2_export import ctranslate2_spec, pieces, write_vmap
 from nmt.system.files import read_lines
 

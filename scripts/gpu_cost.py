@@ -119,7 +119,7 @@ def decoding_table(models: list[str], vocab: int) -> tuple[str, dict]:
     """Host reads per decoding step of greedy and beam 4 search (FastModel, fp32, the CPU)
     for 8 sentences with random weights; and the figures."""
     from nmt.config import ModelConfig
-    from nmt.inference.batches import decoding_models
+    from nmt.decoding.batches import decoding_models
     from nmt.model import Transformer
 
     g = torch.Generator().manual_seed(0)

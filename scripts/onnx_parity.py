@@ -23,9 +23,9 @@ import torch
 
 from nmt.commands.export import export
 from nmt.config import ExportConfig, SearchConfig
-from nmt.inference.batches import translate_ids
-from nmt.inference.lengths import max_output_lengths
-from nmt.inference.translator import Translator
+from nmt.decoding.batches import translate_ids
+from nmt.decoding.lengths import max_output_lengths
+from nmt.engines.translator import Translator
 from nmt.interop.onnx_export import OnnxGreedy
 from nmt.metrics.scoring import score
 from nmt.system.files import read_lines

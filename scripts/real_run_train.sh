@@ -45,7 +45,7 @@ import torch
 
 from nmt.config import SearchConfig
 from nmt.data.tokenizer import Specials, Tokenizer
-from nmt.inference.batches import translate_ids
+from nmt.decoding.batches import translate_ids
 from nmt.loading import load_model
 from nmt.metrics.scoring import score
 from nmt.training.checkpoint import load_checkpoint

@@ -15,10 +15,10 @@ from translate_helpers import translate_config as config
 from nmt.commands.translate import translate
 from nmt.config import ModelConfig, OptimConfig
 from nmt.data.tokenizer import SPECIALS, Specials
+from nmt.decoding.batches import translate_nbest
+from nmt.engines.translator import Translator
 from nmt.errors import NmtError
 from nmt.inference.align import align, pharaoh
-from nmt.inference.batches import translate_nbest
-from nmt.inference.translator import Translator
 from nmt.model import make_model
 from nmt.training.loss import LabelSmoothedLoss
 from nmt.training.schedule import build_optimizer

@@ -29,9 +29,9 @@ from nmt.commands.translate import translate
 from nmt.config import SearchConfig, TranslateConfig, compose, to_object
 from nmt.data.tokenizer import LookupTokenizer, Tokenizer, train_bpe
 from nmt.data.vocab import LanguagePair
+from nmt.engines.engine import open_translator
+from nmt.engines.translator import Translator
 from nmt.errors import NmtError
-from nmt.inference.engine import open_translator
-from nmt.inference.translator import Translator
 from nmt.interop import argos
 from nmt.interop.hf_files import vocabulary_model
 from nmt.system.files import read_lines

@@ -1,11 +1,11 @@
-"""nmt/inference/attention_maps.py: the attention weights kept beside the model are distributions
+"""nmt/engines/attention_maps.py: the attention weights kept beside the model are distributions
 over the allowed keys, the outputs equal the fused attention's, and turning it off leaves the
 model exactly as it was."""
 
 import torch
 from test_model import batch, tiny_cfg
 
-from nmt.inference.attention_maps import attention_maps, keep_attention
+from nmt.engines.attention_maps import attention_maps, keep_attention
 from nmt.model import MultiHeadAttention, make_model
 
 

@@ -1,4 +1,4 @@
-"""nmt.inference.attention_op: the fused one-query attention operator equals its PyTorch
+"""nmt.decoding.attention_op: the fused one-query attention operator equals its PyTorch
 reference (random shapes, ragged lengths, beam parents, fp32 and bf16), decoding through it
 equals decoding through batched products, a beam's reorder copies no keys, and without a C++
 compiler nmt says so in one line and decodes as before. The build: its folder is keyed by what
@@ -22,11 +22,11 @@ import torch.nn.functional as F
 from translate_helpers import random_sources, search, tiny_model
 
 from nmt.data.tokenizer import SPECIALS
-from nmt.inference import attention_op
-from nmt.inference.affine import packing_works
-from nmt.inference.batches import pad_batch, translate_nbest
-from nmt.inference.fast_model import DTYPES, FastModel
-from nmt.inference.fast_state import TableKVCache
+from nmt.decoding import attention_op
+from nmt.decoding.affine import packing_works
+from nmt.decoding.batches import pad_batch, translate_nbest
+from nmt.decoding.fast_model import DTYPES, FastModel
+from nmt.decoding.fast_state import TableKVCache
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.isa]
 
@@ -34,7 +34,7 @@ V = 24
 # The build's lock does not depend on the instruction set: tests/test_isa.py's tier skips it.
 UNCAPPED = pytest.mark.skipif(bool(os.environ.get("ATEN_CPU_CAPABILITY")),
                               reason="the build's lock is the same under every ISA")
-AVAILABLE = "from nmt.inference import attention_op; print(attention_op.available())"
+AVAILABLE = "from nmt.decoding import attention_op; print(attention_op.available())"
 
 
 @pytest.fixture(scope="module")
@@ -186,8 +186,8 @@ def test_int8_decodes_over_bf16_keys_and_values_as_closely_as_int8_is_to_fp32(op
 def test_without_a_compiler_nmt_says_so_in_one_line_and_decodes_as_before(tmp_path):
     env = {**os.environ, "CXX": str(tmp_path / "no-such-compiler"),
            "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    code = ("import torch; from nmt.inference import attention_op; "
-            "from nmt.inference.fast_model import FastModel; from nmt.model import make_model; "
+    code = ("import torch; from nmt.decoding import attention_op; "
+            "from nmt.decoding.fast_model import FastModel; from nmt.model import make_model; "
             "from nmt.config import ModelConfig; "
             "cfg = ModelConfig(N=1, d_model=16, d_ff=32, h=2, dropout=0.0); "
             "m = make_model(cfg, 8, 8, 0, True).eval(); "

@@ -26,11 +26,11 @@ from translate_helpers import translate_config as config
 from nmt.commands.translate import translate
 from nmt.config import ConfigError, SearchConfig, TranslateConfig, compose, to_object
 from nmt.data.tokenizer import SPECIALS, Tokenizer
+from nmt.decoding.batches import translate_nbest
+from nmt.decoding.constrained import PhraseConstraints, missing_phrases
+from nmt.decoding.lengths import output_lengths
+from nmt.decoding.messages import Sentence
 from nmt.errors import NmtError
-from nmt.inference.batches import translate_nbest
-from nmt.inference.constrained import PhraseConstraints, missing_phrases
-from nmt.inference.lengths import output_lengths
-from nmt.inference.messages import Sentence
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 from translate_helpers import tiny_model_cfg
 
-from nmt.inference.batches import pad_batch
+from nmt.decoding.batches import pad_batch
 from nmt.model import make_model
 from nmt.training.cpu_training import (
     CpuDropout,

@@ -20,11 +20,11 @@ import nmt.interop.ct2_export as ct2_export
 from nmt.commands.translate import translate
 from nmt.config import SearchConfig, TranslateConfig, compose, to_object
 from nmt.data.tokenizer import train_bpe
+from nmt.decoding.messages import Batch, Hypothesis, Sentence
+from nmt.engines.ct2_engine import CT2Translator
+from nmt.engines.engine import Workers
+from nmt.engines.translator import Translator
 from nmt.errors import ConfigError, NmtError
-from nmt.inference.ct2_engine import CT2Translator
-from nmt.inference.engine import Workers
-from nmt.inference.messages import Batch, Hypothesis, Sentence
-from nmt.inference.translator import Translator
 from nmt.interop.ct2_export import cached_export, read_info
 from nmt.system.files import read_lines
 

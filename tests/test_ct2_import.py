@@ -25,9 +25,9 @@ from nmt.commands.export import export
 from nmt.commands.import_ import import_model
 from nmt.config import ExportConfig, ImportConfig, SearchConfig
 from nmt.data.tokenizer import Tokenizer, train_bpe
+from nmt.decoding.batches import translate_ids
+from nmt.engines.translator import Translator
 from nmt.errors import NmtError
-from nmt.inference.batches import translate_ids
-from nmt.inference.translator import Translator
 from nmt.system.files import read_lines
 from nmt.training.checkpoint import load_checkpoint
 
@@ -185,7 +185,7 @@ def test_a_piece_the_vocabulary_lacks_is_unk_imported_as_served(spm, checkpoint,
     vocabulary lacks: <unk> through the import as through the served package (argostranslate's
     lookup), not split further by a SentencePiece model rebuilt over the vocabulary; the same
     outputs."""
-    from nmt.inference.engine import open_translator
+    from nmt.engines.engine import open_translator
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     package = export_package(checkpoint, spm["joint"], tmp_path / "translate-en_de-1_0")
@@ -284,7 +284,7 @@ def test_a_model_trained_without_source_eos_gets_none(spm, checkpoint, tmp_path,
     and it gives CTranslate2's greedy output; so does the model served as an Argos package;
     with </s> appended (the old import) the output is another. Its nmt-export to CTranslate2
     keeps both; to transformers (whose models and tokenizers cannot) it is one line."""
-    from nmt.inference.engine import open_translator
+    from nmt.engines.engine import open_translator
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     model = opennmt_style_model(checkpoint, spm["joint"], tmp_path / "translate-en_de-1_0",

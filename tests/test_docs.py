@@ -116,7 +116,7 @@ def named(path: str) -> bool:
 
 
 def resolves(dotted: str) -> bool:
-    """An importable nmt module, or an attribute path inside one (nmt.inference.core.Decoding)."""
+    """An importable nmt module, or an attribute path inside one (nmt.decoding.core.Decoding)."""
     import importlib
 
     parts = dotted.split(".")
@@ -138,7 +138,7 @@ def resolves(dotted: str) -> bool:
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_file_and_module_path_named_exists(page):
     """Paths (nmt/serve/batcher.py, scripts/bench_serve.py) and dotted names
-    (nmt.inference.stepping.step_loop) in a page name what the repository holds."""
+    (nmt.decoding.stepping.step_loop) in a page name what the repository holds."""
     text = page.read_text("utf-8")
     missing = sorted({p for p in FILE_PATH.findall(text) if not named(p)}
                      | {d for d in DOTTED.findall(text) if not resolves(d)})

@@ -1,5 +1,5 @@
-"""The engine interface (nmt.inference.engine, nmt.capabilities) and nmt's one worker pool
-(nmt.inference.workers): open_translator, the refusals stated once, and the same workers
+"""The engine interface (nmt.engines.engine, nmt.capabilities) and nmt's one worker pool
+(nmt.engines.workers): open_translator, the refusals stated once, and the same workers
 decoding nmt-translate's batches and running nmt-serve's loops."""
 
 import multiprocessing as mp
@@ -14,10 +14,10 @@ from translate_helpers import save_tiny_checkpoint
 
 from nmt.capabilities import ENGINES
 from nmt.config import SearchConfig
+from nmt.decoding.messages import Batch, Done, Sentence
+from nmt.engines.engine import Engine, Workers, check_vocab, open_translator
+from nmt.engines.translator import Translator
 from nmt.errors import ConfigError, NmtError
-from nmt.inference.engine import Engine, Workers, check_vocab, open_translator
-from nmt.inference.messages import Batch, Done, Sentence
-from nmt.inference.translator import Translator
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SEARCH = SearchConfig(beam_size=2, max_len_b=4)

@@ -31,9 +31,9 @@ from nmt.data.tokenizer import (
     train_bpe,
     vocab_sha256,
 )
+from nmt.decoding.batches import translate_ids
+from nmt.engines.translator import Translator
 from nmt.errors import ConfigError, NmtError
-from nmt.inference.batches import translate_ids
-from nmt.inference.translator import Translator
 from nmt.interop.transformers_export import feature_permutation
 from nmt.model import make_model
 from nmt.system.files import read_lines

@@ -1,5 +1,5 @@
-"""nmt.inference.fast_model (with its linear maps, nmt.inference.affine, and its state,
-nmt.inference.fast_state): the decoding speed path gives the reference model's results (tokens,
+"""nmt.decoding.fast_model (with its linear maps, nmt.decoding.affine, and its state,
+nmt.decoding.fast_state): the decoding speed path gives the reference model's results (tokens,
 logits), on every CPU kind: these tests run again under AVX2 dispatch (tests/test_isa.py)."""
 
 import dataclasses
@@ -12,9 +12,8 @@ import torch.nn.functional as F
 from translate_helpers import random_sources, run, search, tiny_model, tiny_model_cfg, tokens
 
 from nmt.config import SearchConfig
-from nmt.errors import ConfigError
-from nmt.inference import attention_op
-from nmt.inference.affine import (
+from nmt.decoding import attention_op
+from nmt.decoding.affine import (
     FBGEMM_OUTPUTS,
     Affine,
     Int8Affine,
@@ -24,9 +23,10 @@ from nmt.inference.affine import (
     int8_saturates,
     packing_works,
 )
-from nmt.inference.batches import pad_batch
-from nmt.inference.fast_model import PAD_ALLOWANCE, PAD_SLACK, FastModel, source_groups
-from nmt.inference.strategies import row_argmax, top_k
+from nmt.decoding.batches import pad_batch
+from nmt.decoding.fast_model import PAD_ALLOWANCE, PAD_SLACK, FastModel, source_groups
+from nmt.decoding.strategies import row_argmax, top_k
+from nmt.errors import ConfigError
 from nmt.model import make_model
 from nmt.system import private_ops
 

@@ -27,10 +27,10 @@ from nmt.config import (
     compose,
     to_object,
 )
+from nmt.decoding.affine import PackedAffine
+from nmt.decoding.batches import Decoder, decoding_models
+from nmt.decoding.fast_model import FastModel
 from nmt.errors import ConfigError, NmtError
-from nmt.inference.affine import PackedAffine
-from nmt.inference.batches import Decoder, decoding_models
-from nmt.inference.fast_model import FastModel
 from nmt.system import distributed
 from nmt.testing.gpu_cost import decoding_reads, simulated_run
 from nmt.testing.gpu_sim import MISSING, World, simulated_cuda

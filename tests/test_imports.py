@@ -1,7 +1,7 @@
 """Imports: the package layout shows the architecture (no import circle, no import from a
 lower layer back up), the batcher of nmt-serve needs neither FastAPI nor torch, scripts/
 import nothing from tests/ (what both need lives in nmt/), the engines sit behind one
-interface (nmt.inference.engine) without importing each other or the export, and no command
+interface (nmt.engines.engine) without importing each other or the export, and no command
 borrows from another."""
 
 import ast
@@ -24,8 +24,10 @@ LAYERS = [
     {"nmt.data"},  # corpora to batches, the vocabulary, the shortlist file
     {"nmt.checkpoint", "nmt.loading"},  # the checkpoint file; its model loaded (engines, exports)
     {"nmt.interop"},  # other toolkits' models in and out
-    {"nmt.inference"},  # decoding, the engines, the translation pipeline
-    {"nmt.training"},  # nmt-train's loop (validation decodes through nmt.inference.engine)
+    {"nmt.decoding"},  # the search, the models' side of a step, the fast model it steps
+    {"nmt.engines"},  # the engine interface, nmt's Translator and its workers, CTranslate2's
+    {"nmt.inference"},  # the translation pipeline and its wings (markup, glossary, words ...)
+    {"nmt.training"},  # nmt-train's loop (validation decodes through nmt.engines.engine)
     {"nmt.serve"},
     {"nmt.commands"},  # each command's plain function (COMMANDS)
     {"nmt.cli", "nmt.testing"},  # the entry points; the tests' GPU harness
@@ -37,7 +39,7 @@ COMMANDS = {f"nmt.commands.{c}" for c in ("preprocess", "train", "average", "tra
 # A command's own part, beside it and named for it: the command alone imports it.
 COMMAND_PARTS = {"nmt.commands.translate_io": "nmt.commands.translate"}
 # The engines and the CTranslate2 export: none imports another, nor nmt-export's module.
-ENGINES = {"nmt.inference.translator", "nmt.inference.ct2_engine", "nmt.interop.ct2_export"}
+ENGINES = {"nmt.engines.translator", "nmt.engines.ct2_engine", "nmt.interop.ct2_export"}
 # nmt/'s top level: the paper's model and its variants, its checkpoint and what loads one, the
 # config schema and the engines' capabilities it checks against, the errors.
 TOP_LEVEL = {"nmt", "nmt.model", "nmt.variants", "nmt.checkpoint", "nmt.loading", "nmt.config",
@@ -54,8 +56,8 @@ PIPELINE_INNER = {
     "nmt.inference.words": {"words"},
 }
 FRONT_ENDS = {"nmt.commands.translate", "nmt.serve.service"}
-PACKAGES = {"nmt.cli", "nmt.commands", "nmt.data", "nmt.inference", "nmt.interop", "nmt.metrics",
-            "nmt.serve", "nmt.system", "nmt.testing", "nmt.training"}
+PACKAGES = {"nmt.cli", "nmt.commands", "nmt.data", "nmt.decoding", "nmt.engines", "nmt.inference",
+            "nmt.interop", "nmt.metrics", "nmt.serve", "nmt.system", "nmt.testing", "nmt.training"}
 
 
 def module_name(path: Path) -> str:
@@ -141,7 +143,7 @@ def test_the_top_level_holds_a_handful_of_modules_and_the_packages():
 # schemas may take up to 800; the decoding core and the fast model are reworked and split by the
 # issue on decoding at every batch size.
 MAX_LINES = 600
-LONGER = {"nmt/config.py": 800, "nmt/inference/fast_model.py": None, "nmt/inference/core.py": None}
+LONGER = {"nmt/config.py": 800, "nmt/decoding/fast_model.py": None, "nmt/decoding/core.py": None}
 
 
 def test_no_source_file_is_longer_than_a_sitting():
@@ -161,9 +163,9 @@ def test_no_command_imports_another():
 def test_the_engines_and_the_export_do_not_import_each_other():
     g = graph()
     ct2_export = {"nmt.interop.ct2_export"}
-    allowed = {"nmt.inference.ct2_engine": ct2_export}  # its cache
+    allowed = {"nmt.engines.ct2_engine": ct2_export}  # its cache
     assert {(m, i) for m in ENGINES & set(g) for i in g[m]
-            if i in ENGINES | {"nmt.commands.export", "nmt.inference.engine"}
+            if i in ENGINES | {"nmt.commands.export", "nmt.engines.engine"}
             and i not in allowed.get(m, set())} == set()
 
 
@@ -177,24 +179,26 @@ def test_the_front_ends_call_the_pipeline_not_its_inner_functions():
         assert sorted(found & inner) == [], module
 
 
-def test_decoding_outside_the_inference_package_goes_through_the_interface():
-    """The commands, alignments and plots reach an engine through nmt.inference.engine
+def test_decoding_outside_the_engines_goes_through_the_interface():
+    """The commands, alignments and plots reach an engine through nmt.engines.engine
     (nmt-train's validation, nmt.training.validation, decodes with nmt's own Translator), and
     open_translator is defined there only."""
     g = graph()
-    direct = {"nmt.inference.translator", "nmt.inference.ct2_engine"}
-    users = {m for m in g if not m.startswith("nmt.inference") and m != "nmt.training.validation"}
+    direct = {"nmt.engines.translator", "nmt.engines.ct2_engine"}
+    # reranking loads its reverse model as nmt's own Translator (rerank.model)
+    own = {"nmt.training.validation", "nmt.inference.rerank"}
+    users = {m for m in g if not m.startswith("nmt.engines") and m not in own}
     assert {(m, i) for m in users for i in g[m] if i in direct} == set()
     defines = [p for p in NMT.rglob("*.py") if "configs" not in p.parts and any(
         isinstance(node, ast.FunctionDef) and node.name == "open_translator"
         for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))))]
-    assert [module_name(p) for p in defines] == ["nmt.inference.engine"]
+    assert [module_name(p) for p in defines] == ["nmt.engines.engine"]
 
 
 def test_both_engines_have_every_method_of_the_interface():
-    from nmt.inference.ct2_engine import CT2Translator
-    from nmt.inference.engine import Engine
-    from nmt.inference.translator import Translator
+    from nmt.engines.ct2_engine import CT2Translator
+    from nmt.engines.engine import Engine
+    from nmt.engines.translator import Translator
 
     methods = {name for name, value in vars(Engine).items()
                if callable(value) or isinstance(value, property)} - set(vars(object))
@@ -220,9 +224,9 @@ def test_the_model_imports_nothing_of_nmt_but_its_config():
 
 
 # Each rule and strategy of decoding is one function (or class), defined once, in the
-# decoding core (nmt.inference.core), its strategies (nmt.inference.strategies), its length
-# rules (nmt.inference.lengths), its rules (nmt.inference.rules) or the models' side of a step
-# (nmt.inference.decoder): the empty-source rule, the lengths, the bans, forced prefixes, the
+# decoding core (nmt.decoding.core), its strategies (nmt.decoding.strategies), its length
+# rules (nmt.decoding.lengths), its rules (nmt.decoding.rules) or the models' side of a step
+# (nmt.decoding.decoder): the empty-source rule, the lengths, the bans, forced prefixes, the
 # shortlist, the strategies and what the decoding keeps.
 DECODING_RULES = {
     "empty_source", "max_output_lengths", "output_lengths", "length_penalty", "ban_specials",
@@ -232,8 +236,8 @@ DECODING_RULES = {
     "choose_sample", "choose_beam", "going_on", "read_step", "Units", "Decoding", "Decoder",
 }
 STRATEGIES = ("choose_greedy", "choose_sample", "choose_beam")
-DECODING = (["nmt.inference.core"], ["nmt.inference.strategies"], ["nmt.inference.lengths"],
-            ["nmt.inference.rules"], ["nmt.inference.decoder"])
+DECODING = (["nmt.decoding.core"], ["nmt.decoding.strategies"], ["nmt.decoding.lengths"],
+            ["nmt.decoding.rules"], ["nmt.decoding.decoder"])
 
 
 def definitions() -> dict[str, list[str]]:
@@ -260,7 +264,7 @@ def test_the_strategies_choose_and_the_decoding_keeps():
     state: it takes no Decoding (nor self) and calls none of its methods; only the Decoding
     reorders, writes and finishes (its admission included)."""
     def parsed(name: str) -> ast.Module:
-        return ast.parse((NMT / "inference" / name).read_text(encoding="utf-8"))
+        return ast.parse((NMT / "decoding" / name).read_text(encoding="utf-8"))
 
     functions = {n.name: n for n in parsed("strategies.py").body
                  if isinstance(n, ast.FunctionDef)}

@@ -27,8 +27,8 @@ from nmt.commands.translate import translate
 from nmt.config import ExportConfig, ImportConfig, SearchConfig, TranslateConfig
 from nmt.data.languages import choose
 from nmt.data.vocab import Vocab
+from nmt.engines.translator import Translator
 from nmt.errors import ConfigError, NmtError
-from nmt.inference.translator import Translator
 from nmt.system.files import read_lines
 from nmt.training.checkpoint import load_checkpoint
 

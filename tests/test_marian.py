@@ -33,9 +33,9 @@ from nmt.config import (
 )
 from nmt.data.languages import choose
 from nmt.data.vocab import TAG, Languages
+from nmt.decoding.batches import translate_ids
+from nmt.engines.translator import Translator
 from nmt.errors import ConfigError, NmtError
-from nmt.inference.batches import translate_ids
-from nmt.inference.translator import Translator
 from nmt.system.files import read_lines
 from nmt.training.checkpoint import load_checkpoint
 

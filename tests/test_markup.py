@@ -29,13 +29,13 @@ from nmt.capabilities import ENGINES
 from nmt.commands.translate import translate
 from nmt.config import TranslateConfig, compose, to_object
 from nmt.data.tokenizer import SPECIALS
+from nmt.engines.translator import Translator
 from nmt.errors import ConfigError
 from nmt.inference import markup, markup_parse, markup_restore, segment
 from nmt.inference.align import align, sentence_alignments
 from nmt.inference.markup_parse import parse
 from nmt.inference.markup_restore import Aligned, put_back, restore
 from nmt.inference.segment import split_text
-from nmt.inference.translator import Translator
 
 DATA = Path(__file__).parent / "data"
 BERGAMOT = json.loads((DATA / "bergamot_html_inputs.json").read_text())["inputs"]

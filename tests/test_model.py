@@ -149,7 +149,7 @@ def test_two_vocabularies_of_one_size_are_not_tied():
 def test_the_reference_model_is_plain_torch_nn_without_hooks():
     """model.py imports nothing of nmt but its config, and make_model's model is made of
     torch.nn and model.py classes only, with no hooks (the speed paths are opted into by the
-    caller: nmt/training/cpu_training.py, nmt/inference/fast_model.py)."""
+    caller: nmt/training/cpu_training.py, nmt/decoding/fast_model.py)."""
     import ast
     import inspect
 

@@ -26,7 +26,7 @@ def test_wheel_ships_the_configs_not_the_test_harness_and_composes(tmp_path):
                  "hydra/launcher/slurm.yaml"):
         assert f"nmt/configs/{yaml}" in names
     assert "nmt/serve/page.html" in names  # nmt-serve's GET /
-    assert "nmt/inference/one_query_attention.cpp" in names  # built just in time
+    assert "nmt/decoding/one_query_attention.cpp" in names  # built just in time
     assert not [n for n in names if n.startswith("nmt/testing/")]  # the tests' GPU harness
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
@@ -113,7 +113,7 @@ def test_every_torch_name_nmt_uses_exists_in_this_torch():
     """Run on the floor torch (`make test-floor`), a name newer than the floor fails here even
     where no test reaches the code that uses it. The GPU simulation harness (nmt/testing/gpu_sim.py)
     is left out: it probes the torch internals it needs itself, and its tests skip without; so
-    are nmt's own operators (torch.ops.nmt, defined when nmt.inference.attention_op loads them)."""
+    are nmt's own operators (torch.ops.nmt, defined when nmt.decoding.attention_op loads them)."""
     used = {name: path.relative_to(ROOT) for path in sorted((ROOT / "nmt").rglob("*.py"))
             if path.name != "gpu_sim.py"
             for name in torch_names(path.read_text()) if not name.startswith("torch.ops.nmt.")}

@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt.inference import attention_op
-from nmt.inference.affine import int8_engines, int8_saturates, packing_works
-from nmt.inference.probes import PACKED, kernel_report
+from nmt.decoding import attention_op
+from nmt.decoding.affine import int8_engines, int8_saturates, packing_works
+from nmt.decoding.probes import PACKED, kernel_report
 from nmt.system import private_ops
 
 pytestmark = pytest.mark.isa
 
 NMT = Path(__file__).resolve().parents[1] / "nmt"
-# torch.ops.nmt is nmt's own operator (nmt.inference.attention_op), not PyTorch's;
+# torch.ops.nmt is nmt's own operator (nmt.decoding.attention_op), not PyTorch's;
 # torch.ops.load_library (which loads it) is public, and so are the overloads of public ATen
 # operators (torch.ops.aten.mm.default: what torch.utils.checkpoint's selective policies are
 # documented to name); an underscore ATen operator is private
@@ -67,7 +67,7 @@ def test_the_probe_names_a_missing_operator(monkeypatch):
 
 
 def test_one_report_says_what_every_kernel_probe_found(monkeypatch):
-    """nmt.inference.probes: the private operators, the fused operator (its status stood in
+    """nmt.decoding.probes: the private operators, the fused operator (its status stood in
     for: no build here), packing and int8 saturation in each engine, one line each."""
     monkeypatch.setattr(attention_op, "status", lambda: None)
     report = kernel_report()

@@ -15,11 +15,10 @@ from translate_helpers import (
     tokens,
 )
 
-import nmt.inference.translator
+import nmt.engines.translator
 from nmt.config import SearchConfig
 from nmt.data.tokenizer import Specials
-from nmt.errors import ConfigError, NmtError
-from nmt.inference.batches import (
+from nmt.decoding.batches import (
     BatchJob,
     Hypothesis,
     decoding_models,
@@ -31,7 +30,8 @@ from nmt.inference.batches import (
     translate_ids,
     translate_nbest,
 )
-from nmt.inference.messages import Sentence
+from nmt.decoding.messages import Sentence
+from nmt.errors import ConfigError, NmtError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -210,7 +210,7 @@ def _die(*args):
 
 
 def test_a_killed_worker_process_is_a_one_line_error(model, sources, monkeypatch):
-    monkeypatch.setattr(nmt.inference.translator, "_run_batch", _die)
+    monkeypatch.setattr(nmt.engines.translator, "_run_batch", _die)
     with pytest.raises(NmtError, match="a decoding worker process died"):
         run(model, sources, search(max_tokens=20), workers=2)
 
@@ -231,7 +231,7 @@ def test_translating_under_bf16_autocast_works(model, sources):
 # ----------------------------------------------------------------------------- sampling
 def test_sample_draws_from_the_tempered_truncated_distribution():
     """Inverse-CDF draws over 20,000 uniforms match softmax(lprobs / T), top-k and top-p."""
-    from nmt.inference.rules import sample_tokens
+    from nmt.decoding.rules import sample_tokens
 
     lprobs = torch.log_softmax(torch.tensor([[2.0, 1.0, 0.5, -1.0, -torch.inf]]), dim=-1)
     u = (torch.arange(20000) + 0.5) / 20000  # evenly spread: frequencies are exact up to 1e-4
@@ -254,7 +254,7 @@ def test_sample_draws_from_the_tempered_truncated_distribution():
 
 def test_epsilon_sampling_never_draws_a_token_below_epsilon():
     """Hewitt et al. 2022: tokens of probability < epsilon are cut, the rest renormalised."""
-    from nmt.inference.rules import epsilon_cut, sample_tokens
+    from nmt.decoding.rules import epsilon_cut, sample_tokens
 
     lprobs = torch.log_softmax(torch.tensor([[2.0, 1.0, 0.5, -1.0, -torch.inf]]), dim=-1)
     p = torch.softmax(lprobs[0], dim=-1)  # 0.63, 0.23, 0.14, 0.03, 0

@@ -147,7 +147,7 @@ def test_every_piece_of_every_line_draws_its_own_random_numbers():
     """Streams differ for every (seed, line, piece, sample) within the limits: piece k and
     k + 256 of a line (2^32 apart, which a 32-bit seed would wrap), the last line, seeds 2^32
     apart."""
-    from nmt.inference.rules import sample_uniforms
+    from nmt.decoding.rules import sample_uniforms
     from nmt.inference.segment import STREAMS
 
     streams = [sample_stream(line, k) for line in (0, 1, STREAMS - 1)

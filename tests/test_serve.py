@@ -26,10 +26,10 @@ from translate_helpers import save_tiny_checkpoint
 
 from nmt.commands.translate import translate
 from nmt.config import MbrConfig, SearchConfig, ServeConfig, TranslateConfig, compose, to_object
+from nmt.decoding.messages import Batch, Done, Ended, Failed, Hypothesis, Sentence
+from nmt.engines.engine import open_translator
+from nmt.engines.translator import Translator
 from nmt.errors import ConfigError, NmtError
-from nmt.inference.engine import open_translator
-from nmt.inference.messages import Batch, Done, Ended, Failed, Hypothesis, Sentence
-from nmt.inference.translator import Translator
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -415,8 +415,8 @@ def test_the_model_is_prepared_once_before_the_workers_fork(ckpt, monkeypatch, t
     """nmt-serve's Translator prepares search.dtype's model once, in this process, then forks
     its 2 workers, which decode with that copy (none prepares again); another dtype is
     prepared once more where it is used."""
-    import nmt.inference.batches
-    from nmt.inference.fast_model import FastModel
+    import nmt.decoding.batches
+    from nmt.decoding.fast_model import FastModel
 
     built = []
 
@@ -425,7 +425,7 @@ def test_the_model_is_prepared_once_before_the_workers_fork(ckpt, monkeypatch, t
             built.append(args)
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(nmt.inference.batches, "FastModel", Counted)
+    monkeypatch.setattr(nmt.decoding.batches, "FastModel", Counted)
     search = SearchConfig(beam_size=2, max_len_b=4)
     with Translator.load(ckpt, dtype="fp32", workers=2) as translator:
         assert len(built) == 1 and translator.preparations == 1

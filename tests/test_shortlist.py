@@ -13,7 +13,7 @@ from conftest import write_token_array
 from translate_helpers import random_sources, save_tiny_checkpoint, search, tiny_model, tokens
 
 import nmt.data.shortlist
-import nmt.inference.admission
+import nmt.decoding.admission
 from nmt.commands.preprocess import preprocess
 from nmt.config import BpeConfig, PreprocessConfig, ShortlistConfig
 from nmt.data.arrays import ParallelData, TokenArray
@@ -26,10 +26,10 @@ from nmt.data.shortlist import (
     write_shortlist,
 )
 from nmt.data.tokenizer import EOS_ID, SPECIALS
+from nmt.decoding.batches import translate_nbest
+from nmt.engines.engine import open_translator
+from nmt.engines.translator import Translator
 from nmt.errors import NmtError
-from nmt.inference.batches import translate_nbest
-from nmt.inference.engine import open_translator
-from nmt.inference.translator import Translator
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.isa]  # int8 columns
 V = 40  # the random models' vocabulary
@@ -162,7 +162,7 @@ def test_searching_the_shortlists_columns_is_searching_full_rows(model, sources,
     cfg = search(shortlist=path, dtype=dtype, **kw)
     prefixes = [[4 + i % 5] if i % 3 == 0 else [] for i in range(len(sources))]
     compact = translate_nbest(model, sources, cfg, SPECIALS, prefixes=prefixes)
-    monkeypatch.setattr(nmt.inference.admission, "in_columns", lambda *a: False)
+    monkeypatch.setattr(nmt.decoding.admission, "in_columns", lambda *a: False)
     full = translate_nbest(model, sources, cfg, SPECIALS, prefixes=prefixes)
     assert tokens(compact) == tokens(full)
     scores = [[[h.score for h in hyps] for hyps in out] for out in (compact, full)]
@@ -245,7 +245,7 @@ def test_the_vocabulary_map_holds_the_shortlist_and_ctranslate2_uses_it(tmp_path
     pytest.importorskip("ctranslate2")
     from nmt.commands.export import export
     from nmt.config import ExportConfig
-    from nmt.inference.ct2_engine import CT2Translator
+    from nmt.engines.ct2_engine import CT2Translator
 
     ckpt = save_tiny_checkpoint(tmp_path / "ckpt.pt", (tiny_data_dir / "spm.model").read_bytes())
     path = write_shortlist(tiny_data_dir, ShortlistConfig(k=3, frequent=5), tmp_path / "sl.pt")

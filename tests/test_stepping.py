@@ -1,4 +1,4 @@
-"""Continuous batching (nmt.inference.core's Decoding, run by nmt.inference.stepping's
+"""Continuous batching (nmt.decoding.core's Decoding, run by nmt.decoding.stepping's
 workers): sentences that join a running batch at different steps get translate_nbest's
 outputs under every search option, and a short one leaves before a long one; the workers'
 loop answers whole batches (dynamic batching) as nmt-translate's batches."""
@@ -18,12 +18,12 @@ from translate_helpers import plain_beam, random_sources, search, tiny_model
 
 from nmt.data.shortlist import Shortlist, load_shortlist
 from nmt.data.tokenizer import SPECIALS, Specials
-from nmt.inference import attention_op
-from nmt.inference.affine import packing_works
-from nmt.inference.batches import decoding_models, translate_nbest
-from nmt.inference.core import Decoding
-from nmt.inference.messages import Batch, Done, Ended, Failed, Hypothesis, Sentence
-from nmt.inference.stepping import STOP, step_loop
+from nmt.decoding import attention_op
+from nmt.decoding.affine import packing_works
+from nmt.decoding.batches import decoding_models, translate_nbest
+from nmt.decoding.core import Decoding
+from nmt.decoding.messages import Batch, Done, Ended, Failed, Hypothesis, Sentence
+from nmt.decoding.stepping import STOP, step_loop
 
 V = 24
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -80,7 +80,7 @@ def stand_in(model) -> SimpleNamespace:
 def test_sentences_joining_at_different_steps_get_a_plain_beam_searchs_outputs(beam, dtype,
                                                                                fused,
                                                                                monkeypatch):
-    """fused: attention through the fused operator where it builds (nmt.inference.attention_op),
+    """fused: attention through the fused operator where it builds (nmt.decoding.attention_op),
     else batched products (what runs where no C++ compiler is)."""
     if dtype == "bf16" and not packing_works(__import__("torch").bfloat16):
         pytest.skip("no bf16 on this CPU")

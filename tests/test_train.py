@@ -322,7 +322,7 @@ def direct_valid_loss(data_dir: Path, path: Path, weights: str, smoothing: float
 
     from nmt.data.arrays import ParallelData
     from nmt.data.batches import EpochBatchIterator
-    from nmt.inference.translator import Translator
+    from nmt.engines.translator import Translator
 
     model = Translator.load(path, weights=weights, dtype=None).model.eval()
     pad = load_checkpoint(path)["vocab"]["pad_id"]
@@ -781,7 +781,7 @@ def test_ema_is_the_moving_average_of_the_weights(tiny_data_dir, tmp_path):
 def test_translate_uses_the_ema_weights_when_asked(tiny_data_dir, tmp_path):
     from nmt.commands.translate import translate
     from nmt.config import TranslateConfig
-    from nmt.inference.translator import Translator
+    from nmt.engines.translator import Translator
 
     train(config(tiny_data_dir, tmp_path / "ema", "train.max_updates=2", "train.ema_decay=0.9"))
     train(config(tiny_data_dir, tmp_path / "plain", "train.max_updates=2"))

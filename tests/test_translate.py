@@ -13,9 +13,9 @@ from translate_helpers import translate_config as config
 
 from nmt.commands.translate import translate
 from nmt.data.tokenizer import vocab_sha256
+from nmt.decoding.batches import translate_ids
+from nmt.engines.translator import Translator
 from nmt.errors import NmtError
-from nmt.inference.batches import translate_ids
-from nmt.inference.translator import Translator
 from nmt.metrics.scoring import score
 from nmt.training.checkpoint import load_checkpoint, save_checkpoint
 

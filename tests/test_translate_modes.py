@@ -13,8 +13,8 @@ from translate_helpers import translate_config as config
 
 from nmt.commands.translate import translate
 from nmt.config import ConfigError
+from nmt.decoding.batches import length_penalty
 from nmt.errors import NmtError
-from nmt.inference.batches import length_penalty
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

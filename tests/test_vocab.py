@@ -14,8 +14,8 @@ from translate_helpers import random_sources, search, tiny_model
 from nmt.data.languages import choose, recorded_pair
 from nmt.data.tokenizer import SPECIALS, Tokenizer, vocab_sha256
 from nmt.data.vocab import TAG, LanguagePair, Languages, Vocab
+from nmt.engines.translator import Translator
 from nmt.errors import NmtError
-from nmt.inference.translator import Translator
 from nmt.training.checkpoint import save_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")

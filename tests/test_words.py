@@ -15,9 +15,9 @@ from translate_helpers import translate_config as config
 
 from nmt.commands.translate import translate
 from nmt.data.tokenizer import BOS_ID, EOS_ID, SPACE, SPECIALS, Tokenizer
+from nmt.decoding.batches import decoding_models, translate_nbest
+from nmt.engines.translator import Translator
 from nmt.errors import ConfigError
-from nmt.inference.batches import decoding_models, translate_nbest
-from nmt.inference.translator import Translator
 from nmt.inference.words import format_words, parse_words, word_probs, word_spans
 from nmt.inference.words import words as words_of
 

@@ -25,8 +25,8 @@ from nmt.data.tokenizer import (
     Tokenizer,
     vocab_sha256,
 )
-from nmt.inference.batches import length_penalty, translate_nbest
-from nmt.inference.translator import Translator
+from nmt.decoding.batches import length_penalty, translate_nbest
+from nmt.engines.translator import Translator
 from nmt.model import Transformer, make_model
 from nmt.training.checkpoint import save_checkpoint
 

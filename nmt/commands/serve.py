@@ -15,9 +15,9 @@ import torch
 from fastapi import FastAPI
 
 from nmt.config import SearchConfig, ServeConfig
+from nmt.decoding.messages import Batch, Failed, Sentence
+from nmt.engines.engine import Workers, check_vocab, open_translator
 from nmt.errors import NmtError
-from nmt.inference.engine import Workers, check_vocab, open_translator
-from nmt.inference.messages import Batch, Failed, Sentence
 from nmt.serve.app import create_app
 from nmt.serve.libretranslate import KEY_FIELDS
 from nmt.serve.many import create_models_app

@@ -1,13 +1,13 @@
 """nmt-translate: checkpoints and raw text in, detokenized translations (or scores) out.
 
 Reads raw lines (a file or standard input), encodes them with the SentencePiece model stored in
-the checkpoint, translates them in length-sorted token-budget batches (nmt.inference) with
+the checkpoint, translates them in length-sorted token-budget batches (nmt.decoding.batches) with
 one model or an ensemble, and writes one detokenized line per input line, in input order (or
 `i ||| hypothesis ||| score` lines when search.nbest > 1). With ref=..., prints sacreBLEU BLEU
 and chrF with their signatures (the scorer of validation, nmt.metrics.scoring) to stderr; stdout
 carries only translations. score_reference=true writes `log P<TAB>score<TAB>|Y|` per given
 pair instead. constraints=FILE gives each input line target phrases its translation must
-contain (lexically constrained beam search, nmt.inference.constrained); glossary=FILE and keep=FILE
+contain (lexically constrained beam search, nmt.decoding.constrained); glossary=FILE and keep=FILE
 make the terms each source holds such constraints, and write the exact terms back
 (nmt.inference.glossary). From a pipe or a
 terminal, lines are translated as they arrive; under torchrun the ranks share the lines and
@@ -61,13 +61,13 @@ from nmt.config import TranslateConfig
 from nmt.config_checks import SPLIT_AUTO, check_split_lang, per_segment
 from nmt.data.languages import LanguageChoice, choose, recorded_pair
 from nmt.data.vocab import Vocab
+from nmt.decoding.constrained import missing_phrases
+from nmt.decoding.messages import Hypothesis
+from nmt.engines.engine import Engine, check_vocab, open_translator
 from nmt.errors import ConfigError, NmtError
 from nmt.inference import pipeline
 from nmt.inference.align import align, check_layer, pharaoh
-from nmt.inference.constrained import missing_phrases
-from nmt.inference.engine import Engine, check_vocab, open_translator
 from nmt.inference.glossary import Glossary
-from nmt.inference.messages import Hypothesis
 from nmt.inference.pipeline import Options, Prepared, TextResult
 from nmt.inference.rerank import Chooser
 from nmt.inference.segment import auto_mode, sentence_splitter

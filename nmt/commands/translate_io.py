@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 from nmt.config import TranslateConfig, candidate_search
 from nmt.data.tokenizer import Tokenizer
+from nmt.decoding.messages import Hypothesis
 from nmt.errors import NmtError
 from nmt.inference.markup import Document
-from nmt.inference.messages import Hypothesis
 from nmt.inference.segment import Segmented
 from nmt.metrics.comet import Comet, system_score
 from nmt.metrics.scoring import Scores, score

@@ -10,12 +10,12 @@ the most pairs and EOS are candidates always. The file (DATA/shortlist.pt, a dic
 tensors read with weights_only=True) records the vocabulary's sizes and checksum, so that a
 checkpoint of another vocabulary is refused in one line.
 
-Decoding with search.shortlist=FILE (nmt.inference.batches.BatchJob): a batch's candidates are
+Decoding with search.shortlist=FILE (nmt.decoding.batches.BatchJob): a batch's candidates are
 the union over its sentences of their source pieces' lists, the fixed ones, and the pieces of
 forced prefixes and constraints, as in Marian and CTranslate2. So a sentence's translation may
 depend on its batch mates (batching changes outputs only through the shortlist). FastModel
 multiplies by those rows of the output projection only; log-softmax is over the candidates,
-and the search works in their columns (nmt.inference.rules.Columns; with lexical constraints,
+and the search works in their columns (nmt.decoding.rules.Columns; with lexical constraints,
 in full-vocabulary rows with every other piece at log P = -inf). `vmap_text` gives the same lists as
 CTranslate2's vocabulary map (vmap.txt, translate_batch(use_vmap=True)), which
 nmt.interop.ct2_export.write_vmap writes.

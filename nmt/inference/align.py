@@ -10,11 +10,11 @@ pairs separated by spaces, one per target piece, in target order (`0-0 1-2 2-1`)
 from __future__ import annotations
 
 from nmt.config import SearchConfig
+from nmt.decoding.batches import plan_batches
+from nmt.decoding.messages import Sentence
+from nmt.engines.engine import Engine
 from nmt.errors import NmtError
-from nmt.inference.batches import plan_batches
-from nmt.inference.engine import Engine
 from nmt.inference.markup_restore import Aligned
-from nmt.inference.messages import Sentence
 
 
 def check_layer(engine: Engine, layer: int) -> int:

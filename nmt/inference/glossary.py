@@ -1,4 +1,4 @@
-"""Glossaries and do-not-translate terms, as lexical constraints (nmt.inference.constrained).
+"""Glossaries and do-not-translate terms, as lexical constraints (nmt.decoding.constrained).
 
 A glossary maps source terms to target terms (glossary=FILE: `source<TAB>target` a line); a
 keep list names terms that are copied as they are (keep=FILE: one a line: product names,

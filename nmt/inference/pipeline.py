@@ -19,14 +19,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from nmt.data.languages import LanguageChoice
+from nmt.decoding.messages import Hypothesis, Sentence
+from nmt.engines.engine import Engine
 from nmt.errors import ConfigError
 from nmt.inference.align import sentence_alignments
-from nmt.inference.engine import Engine
 from nmt.inference.glossary import Glossary, with_terms
 from nmt.inference.markup import Document
 from nmt.inference.markup_parse import parse
 from nmt.inference.markup_restore import Unplaced, put_back
-from nmt.inference.messages import Hypothesis, Sentence
 from nmt.inference.rerank import Chooser
 from nmt.inference.segment import Segmented, fit_for, sample_stream, split_for
 from nmt.inference.terms import Term

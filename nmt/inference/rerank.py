@@ -16,9 +16,9 @@ import torch
 
 from nmt.config import MbrConfig, RerankConfig, SearchConfig, TranslateConfig, candidate_search
 from nmt.data.tokenizer import Tokenizer
+from nmt.decoding.messages import Hypothesis
+from nmt.engines.translator import Translator
 from nmt.errors import NmtError
-from nmt.inference.messages import Hypothesis
-from nmt.inference.translator import Translator
 from nmt.metrics.comet import Comet, load_comet
 
 

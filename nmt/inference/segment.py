@@ -178,7 +178,7 @@ def trim(chunks: list[str], blank: Callable[[int, str], bool] | None = None) -> 
 
 
 def sample_stream(line: int, piece: int) -> int:
-    """The sampling stream (nmt.inference.rules.sample_uniforms's line) of piece `piece` of
+    """The sampling stream (nmt.decoding.rules.sample_uniforms's line) of piece `piece` of
     text `line`: the line itself for its first piece (as the unsplit text), another for each
     further piece, so that no two pieces draw the same random numbers."""
     return line + piece * STREAMS

@@ -1,5 +1,5 @@
 """Argos Translate packages (.argosmodel) read as they are, for engine=ctranslate2
-(nmt.inference.ct2_engine): nmt-translate and nmt-serve take a package as their checkpoint.
+(nmt.engines.ct2_engine): nmt-translate and nmt-serve take a package as their checkpoint.
 
 A package is a zip of one folder, or that folder unpacked (argostranslate installs it so):
 metadata.json (from_code, to_code, optionally target_prefix, package_version, ...), model/ (a

@@ -20,7 +20,7 @@ two policies: dynamic batching (the default) sends whole batches, of the oldest 
 sentence and the sentences with the same search settings behind it within the token budget
 search.max_tokens, to idle workers once the budget is full or the oldest sentence has waited
 max_wait_ms; continuous batching (continuous=true) sends each sentence at once, to join a
-running decoding at its next step. The workers' loops (nmt.inference.stepping) decode off the
+running decoding at its next step. The workers' loops (nmt.decoding.stepping) decode off the
 event loop: forked one-thread processes, one per core, on the CPU (what nmt-translate does),
 or one thread (workers=1, or CUDA; CTranslate2: a thread per inter_thread). A request with
 mbr_candidates=N asks the search for N candidates per sentence and keeps the one of highest

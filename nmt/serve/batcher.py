@@ -1,7 +1,7 @@
 """The batcher of nmt-serve: concurrent requests' sentences decoded together, on one path.
 
 It queues the sentences of every request and sends them to the decoding workers, whose loops
-(nmt.inference.stepping) answer with Done and Failed messages. When a sentence goes is the
+(nmt.decoding.stepping) answer with Done and Failed messages. When a sentence goes is the
 Admission policy:
 - dynamic batching (the default): a batch is the oldest queued sentence and the sentences with
   the same search settings behind it, within the token budget (max_tokens, padding counted);
@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from nmt.config import SearchConfig
-from nmt.inference.messages import Batch, Done, Failed, Hypothesis, Sentence, search_key
+from nmt.decoding.messages import Batch, Done, Failed, Hypothesis, Sentence, search_key
 
 
 class QueueFull(Exception):

@@ -15,15 +15,15 @@ from dataclasses import asdict, replace
 from nmt.config import RerankConfig, SearchConfig, ServeConfig
 from nmt.config_checks import SPLIT_AUTO, check_markup_installed
 from nmt.data.languages import LanguageChoice, choose, language_id, recorded_pair
+from nmt.decoding.messages import Hypothesis, Sentence
+from nmt.decoding.strategies import use_beams
+from nmt.engines.engine import Engine, Workers
 from nmt.errors import ConfigError
 from nmt.inference import pipeline
-from nmt.inference.engine import Engine, Workers
 from nmt.inference.glossary import Glossary, request_entries
-from nmt.inference.messages import Hypothesis, Sentence
 from nmt.inference.pipeline import Options, PieceError, PieceResult, Prepared, TextResult
 from nmt.inference.rerank import Chooser, mbr_comet
 from nmt.inference.segment import auto_mode, sentence_splitter
-from nmt.inference.strategies import use_beams
 from nmt.serve import libretranslate
 from nmt.serve.api_keys import ApiKeys
 from nmt.serve.batcher import Admission, Batcher, BatcherStopped, QueueFull

@@ -97,7 +97,7 @@ def decoding_reads(models, sources: list[list[int]], search) -> dict:
     FastModel's grouping of unequal sources is left out: it runs on the CPU only (its reads
     of the lengths cost nothing there), and a GPU skips it."""
     from nmt.data.tokenizer import SPECIALS
-    from nmt.inference import batches, fast_model
+    from nmt.decoding import batches, fast_model
 
     src = batches.pad_batch([s + [SPECIALS.eos] for s in sources], SPECIALS.pad, "cpu")
     counter, real = HostReads(), batches.Decoder.log_probs

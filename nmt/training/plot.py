@@ -107,7 +107,7 @@ def plot_learning_curves(records: list[dict], path: Path) -> None:
 def plot_attention(engine, src_ids: list[int], out_ids: list[int],
                    out_dir: str | Path) -> list[Path]:
     """Write encoder_self.png, decoder_self.png and encoder_decoder.png into out_dir: the
-    attention of the engine's (first) model (nmt.inference.engine) with out_ids
+    attention of the engine's (first) model (nmt.engines.engine) with out_ids
     teacher-forced on src_ids."""
     engine.capabilities.check("attention_plot")
     try:

@@ -15,8 +15,8 @@ from torch import nn
 from nmt.data.batches import EpochBatchIterator
 from nmt.data.manifest import Section, clean_text_path, directions
 from nmt.data.tokenizer import Tokenizer
+from nmt.engines.translator import Translator
 from nmt.errors import NmtError
-from nmt.inference.translator import Translator
 from nmt.metrics.comet import Comet, load_comet, system_score
 from nmt.metrics.scoring import read_references, score
 from nmt.system import distributed

@@ -15,7 +15,7 @@
 // the query and the sums in registers (attend_one: 2.3x the speed of the general loop, whose
 // sums went through memory), adding in the same order: the same results.
 //
-// ATen's vector types take their width from compile-time macros: nmt/inference/attention_op.py
+// ATen's vector types take their width from compile-time macros: nmt/decoding/attention_op.py
 // builds this file once per instruction set (CPU_CAPABILITY=AVX2 or AVX512) and loads the one
 // that torch.backends.cpu.get_cpu_capability() names. The readable reference is
 // attention_op.one_query_attention_reference; tests/test_attention_op.py compares the two.

@@ -2,8 +2,8 @@
 benchmarks decode through, and `open_translator`, the one switch between the engines (which
 imports CTranslate2's engine only when it is asked for).
 
-Two engines implement it: nmt's own Translator (engine=nmt, nmt.inference.translator) and
-CTranslate2's (engine=ctranslate2, nmt.inference.ct2_engine). What an engine cannot do is
+Two engines implement it: nmt's own Translator (engine=nmt, nmt.engines.translator) and
+CTranslate2's (engine=ctranslate2, nmt.engines.ct2_engine). What an engine cannot do is
 stated once, in its `capabilities` (nmt.capabilities): the configs refuse it before
 loading, the engine again when it is asked, each a one-line ConfigError naming the key.
 """
@@ -22,9 +22,9 @@ from nmt.config_checks import check_search_device
 from nmt.data.shortlist import load_shortlist
 from nmt.data.tokenizer import Specials, Tokenizer, check_same_vocabulary
 from nmt.data.vocab import Vocab
+from nmt.decoding.messages import Hypothesis
+from nmt.engines.translator import Translator
 from nmt.errors import NmtError
-from nmt.inference.messages import Hypothesis
-from nmt.inference.translator import Translator
 from nmt.interop.argos import is_package
 from nmt.system.runtime import warn_if_bf16_emulated
 
@@ -32,7 +32,7 @@ from nmt.system.runtime import warn_if_bf16_emulated
 @runtime_checkable
 class Workers(Protocol):
     """An engine's workers running nmt-serve's loops (Engine.stepper): what nmt-serve's Batcher,
-    its warm-up and its health check use of them. nmt's WorkerPool (nmt.inference.workers)
+    its warm-up and its health check use of them. nmt's WorkerPool (nmt.engines.workers)
     is the one implementation, for both engines."""
 
     workers: int  # loops, one inbox each
@@ -94,7 +94,7 @@ class Engine(Protocol):
         """Teacher-forced attention weights per kind, (B, N, h, T_q, T_k) each."""
 
     def stepper(self) -> Workers:
-        """The workers running nmt-serve's loops (nmt.inference.stepping), started once."""
+        """The workers running nmt-serve's loops (nmt.decoding.stepping), started once."""
 
     def close(self) -> None:
         """Stop its workers."""
@@ -120,7 +120,7 @@ def open_translator(engine: str, checkpoints: list[str], device: torch.device,
         translator = Translator.load(checkpoints, device, weights, dtype=dtype,
                                      workers=workers, threads=threads, compile=compile)
     else:
-        from nmt.inference.ct2_engine import CT2Translator
+        from nmt.engines.ct2_engine import CT2Translator
 
         translator = CT2Translator.load(checkpoints, device, weights, dtype, workers, threads,
                                         ct2_model, shortlist)

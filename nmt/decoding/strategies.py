@@ -3,7 +3,7 @@ function of the log-probabilities, the rows' scores and its own small state that
 `Choice`, each unit's candidates in the order to keep them (`choose_greedy`, `choose_sample`,
 `choose_beam`: fairseq's Search.step); the k of each unit that go on (`going_on`) and the
 step's one read from the device (`read_step`); and the fast reductions they pick with over a
-vocabulary (`row_argmax`, `top_k`). The decoding (nmt.inference.core.Decoding) keeps what
+vocabulary (`row_argmax`, `top_k`). The decoding (nmt.decoding.core.Decoding) keeps what
 they choose.
 """
 
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.config import SearchConfig
-from nmt.inference.rules import sample_tokens
+from nmt.decoding.rules import sample_tokens
 
 
 def use_beams(search: SearchConfig, has_phrases: bool) -> bool:

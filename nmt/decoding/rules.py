@@ -1,8 +1,8 @@
 """The rules every decoding step respects, and the token choice of greedy search and sampling:
-one function each, applied by the decoding core (nmt.inference.core) in one place, in one
+one function each, applied by the decoding core (nmt.decoding.core) in one place, in one
 order (`apply_rules`): PAD and BOS never generated, EOS not before search.min_len tokens, no
 n-gram of search.no_repeat_ngram_size tokens twice in one output (fairseq's rule), the lexical
-constraints' bans (nmt.inference.constrained), and last each sentence's forced prefix, which
+constraints' bans (nmt.decoding.constrained), and last each sentence's forced prefix, which
 wins over every ban (a forced piece is never banned).
 
 Rules see a `StepView`: per row (hypothesis) the tokens it has decoded, its sentence's slot
@@ -54,7 +54,7 @@ class StepView:
         self.t_host, self.slots_host = t, slots  # (R,) tokens decoded, sentence slot
         self.t_min, self.t_max = int(t.min()), int(t.max())
         self.prefix, self.prefix_len = prefix, prefix_len  # (slots, P), (slots,) or None
-        self.phrases = phrases  # nmt.inference.constrained.PhraseConstraints, or None
+        self.phrases = phrases  # nmt.decoding.constrained.PhraseConstraints, or None
 
     @cached_property
     def tokens(self) -> Tensor:

@@ -11,11 +11,11 @@ masks only where there is padding, and the beams or samples of one sentence shar
 of its encoder memory, and with a lexical shortlist only the output projection's rows of a
 batch's candidate pieces (start_decoding's vocab; in int8 gathered from its int8 rows). On
 the CPU each decoding step attends through nmt's fused one-query operator
-(nmt.inference.attention_op: each row over its own positions and source length, the
+(nmt.decoding.attention_op: each row over its own positions and source length, the
 self-attention cache read through a table that a beam's reorder gathers) wherever it builds,
 else, as the encoder always, through batched matrix products. The linear maps' forms are in
-nmt/inference/affine.py, the decoding state and its caches in nmt/inference/fast_state.py.
-nmt.inference.translator.Translator prepares FastModels and runs them on its workers.
+nmt/decoding/affine.py, the decoding state and its caches in nmt/decoding/fast_state.py.
+nmt.engines.translator.Translator prepares FastModels and runs them on its workers.
 
 Shapes: B decoder rows, M = B / g sentences (g rows per sentence), S source length, T target
 length, V vocabulary, h heads, d_k = d_model / h.
@@ -29,16 +29,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.errors import ConfigError
-from nmt.inference import attention_op
-from nmt.inference.affine import Affine, Int8Affine, PackedAffine, QLinearInt8Affine, packing_works
-from nmt.inference.fast_state import (
+from nmt.decoding import attention_op
+from nmt.decoding.affine import Affine, Int8Affine, PackedAffine, QLinearInt8Affine, packing_works
+from nmt.decoding.fast_state import (
     FastKVCache,
     FastState,
     StepRows,
     TableKVCache,
     additive_source_mask,
 )
+from nmt.errors import ConfigError
 from nmt.model import ACTIVATIONS, Transformer, additive_mask, causal_mask
 from nmt.system import private_ops
 
@@ -210,7 +210,7 @@ class FastModel(nn.Module):
     The weights are the model's (shared in fp32, converted otherwise); the model is not
     changed. Inference only: no dropout, no gradients. rows: the batch rows oneDNN packs the
     fp32 weights for (a hint; any batch works). fused: decoding steps attend through the fused
-    one-query operator (nmt.inference.attention_op); None: on the CPU wherever it builds.
+    one-query operator (nmt.decoding.attention_op); None: on the CPU wherever it builds.
     compile (search.compile): those steps' decoder layers and output projection through
     torch.compile (step_layers), its int8 maps in the form it traces (QLinearInt8Affine); a
     ConfigError naming search.compile without the fused operator (a C++ compiler, which
@@ -358,7 +358,7 @@ class FastModel(nn.Module):
                     positions: Tensor | None = None) -> Tensor:
         """(B, T_new) next ids -> logits (B, T_new, V) (V': the state's shortlist); updates
         `state`. Rows that started at different steps (continuous batching,
-        nmt.inference.stepping) give one new id each and its (B,) positions: each row reads
+        nmt.decoding.stepping) give one new id each and its (B,) positions: each row reads
         the cache from its own start, state.step - position (the fused operator's start; the
         batched products' mask over the earlier positions)."""
         T, L = tgt_new.size(1), state.step + tgt_new.size(1)

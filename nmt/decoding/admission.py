@@ -1,4 +1,4 @@
-"""Admission: how sentences join a Decoding (nmt.inference.core) between any two steps, as a
+"""Admission: how sentences join a Decoding (nmt.decoding.core) between any two steps, as a
 batch at step 0 or into a running batch (continuous batching): their checks, their models'
 states after the live ones' (`Decoder.join`), their rows, slots, maximum lengths, prefixes,
 shortlists and constraints. `Admission` holds Decoding's admit and the methods it calls.
@@ -12,13 +12,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.data.shortlist import Candidates
-from nmt.inference.constrained import PhraseConstraints, pad_to
-from nmt.inference.decoder import Decoder
-from nmt.inference.fast_model import FastModel
-from nmt.inference.lengths import empty_source, output_lengths
-from nmt.inference.messages import Ended, Sentence
-from nmt.inference.rules import Columns, sample_uniforms
-from nmt.inference.strategies import use_beams
+from nmt.decoding.constrained import PhraseConstraints, pad_to
+from nmt.decoding.decoder import Decoder
+from nmt.decoding.fast_model import FastModel
+from nmt.decoding.lengths import empty_source, output_lengths
+from nmt.decoding.messages import Ended, Sentence
+from nmt.decoding.rules import Columns, sample_uniforms
+from nmt.decoding.strategies import use_beams
 
 
 def pad_batch(seqs: list[list[int]], pad_id: int, device: torch.device | str) -> Tensor:
@@ -44,7 +44,7 @@ def in_columns(sentences: list[Sentence], candidates: Candidates | None) -> bool
 class Admission:
     """Decoding's admission (its `admit` and the methods that calls): the newcomers' checks,
     model states, rows, slots, prefixes, shortlists and constraints, after the live ones'.
-    A part of nmt.inference.core.Decoding, whose state it reads and sets."""
+    A part of nmt.decoding.core.Decoding, whose state it reads and sets."""
 
     @torch.inference_mode()
     def admit(self, sentences: list[Sentence], candidates: Candidates | None = None) -> None:

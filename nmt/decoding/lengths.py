@@ -3,7 +3,7 @@
 (`max_output_lengths`, `output_lengths`: room for its prefix and constraints), and `Units`,
 the host's record of the live units (where they began, what they decoded, their maximum
 lengths and finished hypotheses, and the score a unit must beat), which the decoding
-(nmt.inference.core.Decoding) keeps.
+(nmt.decoding.core.Decoding) keeps.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torch
 from torch import Tensor
 
 from nmt.config import SearchConfig
-from nmt.inference.constrained import missing_phrases
-from nmt.inference.messages import Hypothesis, Sentence
+from nmt.decoding.constrained import missing_phrases
+from nmt.decoding.messages import Hypothesis, Sentence
 
 
 def empty_source(sentence: Sentence) -> list[Hypothesis] | None:

@@ -3,7 +3,7 @@ each form FastModel prepares them: F.linear (`Affine`), oneDNN's packed fp32 / b
 (`PackedAffine`), int8 weights and activations through fbgemm or oneDNN (`Int8Affine`, as
 torch.ao's dynamic quantization) and oneDNN's qlinear, the int8 form torch.compile traces
 (`QLinearInt8Affine`); and the probes that ask the kernels what they do on this CPU
-(`packing_works`, `int8_saturates`). nmt.inference.fast_model builds its maps from these.
+(`packing_works`, `int8_saturates`). nmt.decoding.fast_model builds its maps from these.
 """
 
 from __future__ import annotations

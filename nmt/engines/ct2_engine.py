@@ -1,12 +1,12 @@
 """engine=ctranslate2: nmt-translate and nmt-serve decode with CTranslate2.
 
-CT2Translator is the engine interface of nmt.inference.engine (translate_ids, score_ids,
+CT2Translator is the engine interface of nmt.engines.engine (translate_ids, score_ids,
 stepper, close, capabilities; src_tok, tgt_tok, specials, vocab, device, workers,
 max_input_tokens) over a ctranslate2.Translator of the checkpoint's export, made once and
 cached beside the checkpoint (nmt.interop.ct2_export). Its parallelism is CTranslate2's
 own: `workers` inter_threads translate the batches of a call side by side, or nmt-serve's
 batches (one thread of this process per worker hands its batches to CTranslate2:
-nmt.inference.stepping.batch_loop). An Argos Translate package as the checkpoint (a .argosmodel
+nmt.decoding.stepping.batch_loop). An Argos Translate package as the checkpoint (a .argosmodel
 file or its folder: nmt.interop.argos) is served as it is: its model/, its SentencePiece model
 over the model's own vocabularies, its language pair, and its target_prefix forced on every
 output and removed from it.
@@ -49,11 +49,11 @@ from nmt.capabilities import ENGINES
 from nmt.config import SearchConfig
 from nmt.data.tokenizer import Tokenizer, tokenizer
 from nmt.data.vocab import Vocab
+from nmt.decoding.lengths import empty_source, length_penalty, output_lengths
+from nmt.decoding.messages import Hypothesis, Sentence
+from nmt.decoding.stepping import batch_loop
+from nmt.engines.workers import WorkerPool
 from nmt.errors import NmtError
-from nmt.inference.lengths import empty_source, length_penalty, output_lengths
-from nmt.inference.messages import Hypothesis, Sentence
-from nmt.inference.stepping import batch_loop
-from nmt.inference.workers import WorkerPool
 from nmt.interop.argos import (
     ModelVocabulary,
     meant_as_package,
@@ -79,7 +79,7 @@ def _ctranslate2():
 
 # ----------------------------------------------------------------------------- the engine
 class CT2Translator:
-    """A CTranslate2 model with the engine interface (nmt.inference.engine): id lists in,
+    """A CTranslate2 model with the engine interface (nmt.engines.engine): id lists in,
     Hypothesis lists out (see the module's docstring for how the search settings map)."""
 
     def __init__(self, model_dir: str | Path, device: torch.device | str = "cpu",
@@ -264,7 +264,7 @@ class CT2Translator:
 
     def stepper(self) -> WorkerPool:
         """nmt-serve's workers: from the first call on, each thread runs
-        nmt.inference.stepping.batch_loop (whole batches: CTranslate2 has no step loop to
+        nmt.decoding.stepping.batch_loop (whole batches: CTranslate2 has no step loop to
         join); the pool, whose send, read and dead nmt-serve's Batcher uses."""
         if not self.pool.loops:
             self.pool.run_loops(batch_loop)

@@ -2,7 +2,7 @@
 
 nmt-serve's Batcher (nmt.serve.batcher) sends each worker Batches of Sentences and reads back
 Done and Failed messages. A worker of nmt's engine runs `step_loop`: the core's Decoding
-(nmt.inference.core, the loop batch translation runs too, with every search option), one step
+(nmt.decoding.core, the loop batch translation runs too, with every search option), one step
 at a time for every live sentence. How sentences join it is the Batcher's policy:
 - continuous batching (continuous=true): newcomers join the live rows at the next decoding step
   and leave when they end, as LLM servers batch (Orca, vLLM), so that a short sentence never
@@ -22,11 +22,10 @@ import pickle
 import queue
 
 from nmt.config import SearchConfig
-from nmt.inference.batches import batch_candidates
-from nmt.inference.core import Decoding
-from nmt.inference.messages import Batch, Done, Ended, Failed, Sentence, search_key
-from nmt.inference.strategies import use_beams
-from nmt.inference.workers import STOP
+from nmt.decoding.batches import batch_candidates
+from nmt.decoding.core import Decoding
+from nmt.decoding.messages import STOP, Batch, Done, Ended, Failed, Sentence, search_key
+from nmt.decoding.strategies import use_beams
 
 # ----------------------------------------------------------------------------- the workers
 ADMIT_GROUP, ADMIT_STEPS = 8, 4  # step_loop admits 8 newcomers together, or waits 4 steps

@@ -8,9 +8,9 @@ search.nbest units). Unit u holds rows u kb .. u kb + kb - 1, kb its rows now. O
 top to bottom in `Decoding.step`:
 
 1. `_log_probs`: the models' next-token log-probabilities for every live row
-   (nmt.inference.decoder.Decoder: one model or an ensemble, FastModel's key/value cache or
+   (nmt.decoding.decoder.Decoder: one model or an ensemble, FastModel's key/value cache or
    the reference model's; a lexical shortlist cuts the output layer to the batch's pieces);
-2. the rules, in one place and order (nmt.inference.rules.apply_rules: PAD / BOS, minimum
+2. the rules, in one place and order (nmt.decoding.rules.apply_rules: PAD / BOS, minimum
    length, no repeated n-grams, lexical constraints' bans, forced prefixes last);
 3. the strategy chooses: a function of the log-probabilities, the rows' scores and its own
    small state that returns a `Choice`, each unit's candidates in the order to keep them
@@ -24,10 +24,10 @@ top to bottom in `Decoding.step`:
    as soon as no row can beat its nbest-th finished one (`Units`); a sentence ends when all
    its units have (`_end`), and their rows leave every per-row tensor (`_move`).
 
-Batch translation (nmt.inference.batches.translate_nbest) admits every sentence of a batch at
+Batch translation (nmt.decoding.batches.translate_nbest) admits every sentence of a batch at
 step 0 and steps until none is live: then every row sits at the same position, and a step
 feeds the models no positions (uniform positions: what the reference model and decoding
-without the cache take). Continuous batching (nmt.inference.stepping, nmt-serve) admits
+without the cache take). Continuous batching (nmt.decoding.stepping, nmt-serve) admits
 sentences at any step: the rows share one key/value cache of L positions; a row that joined
 at step s of the cache gives its own position, from which FastModel reads the cache from
 position s on (the fused operator's start, or a mask over the first s positions) and takes
@@ -40,8 +40,8 @@ without BOS/EOS. |Y| counts the EOS; an output cut at the maximum length has |Y|
 and no EOS score. A hypothesis' score is log P(Y|X) / lp(|Y|); with an ensemble, log P is the
 sum over steps of the models' average log-probability.
 
-The parts live beside the loop: the strategies and what a step reads (nmt.inference.strategies),
-the length rules and `Units` (nmt.inference.lengths), and admission (nmt.inference.admission:
+The parts live beside the loop: the strategies and what a step reads (nmt.decoding.strategies),
+the length rules and `Units` (nmt.decoding.lengths), and admission (nmt.decoding.admission:
 `Decoding.admit` and what it calls).
 """
 
@@ -56,13 +56,13 @@ from torch import Tensor
 from nmt.config import SearchConfig
 from nmt.data.shortlist import Candidates, load_shortlist
 from nmt.data.tokenizer import Specials
-from nmt.inference.admission import Admission
-from nmt.inference.constrained import PhraseConstraints
-from nmt.inference.decoder import Decoder
-from nmt.inference.lengths import Units, max_positions
-from nmt.inference.messages import Ended, Hypothesis, Sentence
-from nmt.inference.rules import Columns, StepView, apply_rules
-from nmt.inference.strategies import (
+from nmt.decoding.admission import Admission
+from nmt.decoding.constrained import PhraseConstraints
+from nmt.decoding.decoder import Decoder
+from nmt.decoding.lengths import Units, max_positions
+from nmt.decoding.messages import Ended, Hypothesis, Sentence
+from nmt.decoding.rules import Columns, StepView, apply_rules
+from nmt.decoding.strategies import (
     Choice,
     StepRead,
     choose_beam,

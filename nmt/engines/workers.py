@@ -26,9 +26,9 @@ from functools import partial
 
 import torch
 
+from nmt.decoding.messages import STOP
 from nmt.errors import NmtError
 
-STOP = None  # put in a worker's inbox: its loop ends
 _STATE = None  # in a worker process: the object its tasks are given
 _CHANNELS: tuple = ()  # in a worker process: (its number, its inbox, the outbox)
 

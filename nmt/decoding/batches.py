@@ -1,14 +1,14 @@
 """Batch translation and pair scoring: sentences sorted by length, cut into token-budget
-batches, each decoded by the decoding core (nmt.inference.core: every sentence of a batch
+batches, each decoded by the decoding core (nmt.decoding.core: every sentence of a batch
 admitted at step 0, one loop for greedy search, sampling and beam search with every rule),
 results put back in input order; `translate_nbest` and `score_pairs` are the entry points
 (the Translator runs their batches on its workers). search_batch decodes one padded (B, S)
 batch. Models are the reference Transformer of nmt/model.py or, by default, its weights
-prepared by nmt.inference.fast_model.FastModel (faster; the tests compare the two). With a
+prepared by nmt.decoding.fast_model.FastModel (faster; the tests compare the two). With a
 lexical shortlist (search.shortlist, nmt.data.shortlist), each batch's log-probabilities are
 over its candidate pieces alone (FastModel computes only their logits); the others are -inf.
 
-Conventions (nmt.inference.core's): source id lists carry no BOS/EOS; outputs are id lists
+Conventions (nmt.decoding.core's): source id lists carry no BOS/EOS; outputs are id lists
 without BOS/EOS; a hypothesis' score is log P(Y|X) / lp(|Y|).
 """
 
@@ -24,13 +24,13 @@ from nmt.config import SearchConfig
 from nmt.data.batches import batch_by_tokens
 from nmt.data.shortlist import Candidates, load_shortlist
 from nmt.data.tokenizer import Specials
-from nmt.inference.admission import pad_batch
-from nmt.inference.core import decode_all
-from nmt.inference.decoder import Decoder
-from nmt.inference.fast_model import FastModel
-from nmt.inference.lengths import empty_source, length_penalty
-from nmt.inference.messages import Hypothesis, Sentence
-from nmt.inference.strategies import use_beams
+from nmt.decoding.admission import pad_batch
+from nmt.decoding.core import decode_all
+from nmt.decoding.decoder import Decoder
+from nmt.decoding.fast_model import FastModel
+from nmt.decoding.lengths import empty_source, length_penalty
+from nmt.decoding.messages import Hypothesis, Sentence
+from nmt.decoding.strategies import use_beams
 from nmt.model import Transformer
 
 
@@ -74,7 +74,7 @@ def search_batch(model, src: Tensor, search: SearchConfig, specials: Specials,
                  beam: bool | None = None) -> list[list[Hypothesis]]:
     """Decode one padded (B, S) batch of sources (each ending with EOS): search.nbest
     hypotheses each. model: a model or a list of them (an ensemble). The strategy is
-    nmt.inference.strategies.use_beams' (greedy search or sampling when beam_size is 1 or sampling
+    nmt.decoding.strategies.use_beams' (greedy search or sampling when beam_size is 1 or sampling
     is on, else beam search; with constraints, beam search at any beam size, never sampling)
     unless beam says. prefixes: forced output prefixes; lines: each sentence's input line
     number, which seeds its samples (default 0..B-1); constraints: per sentence, phrases every
@@ -161,7 +161,7 @@ def run_jobs(job: BatchJob, items: list[Sentence],
              progress=None) -> list[list[Hypothesis]]:
     """Run `job` on length-sorted token-budget batches of items, in this process; results
     in input order. Reference models are put in eval mode and back meanwhile (worker
-    processes: nmt.inference.translator.Translator)."""
+    processes: nmt.engines.translator.Translator)."""
     results: list[list[Hypothesis]] = [[] for _ in items]
     modes = [(m, m.training) for m in job.models if isinstance(m, torch.nn.Module)]
     try:
@@ -191,7 +191,7 @@ def translate_nbest(model, src_ids: list[list[int]], search: SearchConfig,
     and PAD ids of its target tokenizer (Tokenizer.specials). fast: decode with FastModel in
     search.dtype (False: the reference model, as the tests compare).
     An empty source without a prefix or constraints gives one empty hypothesis, score 0
-    (nmt.inference.lengths.empty_source). progress:
+    (nmt.decoding.lengths.empty_source). progress:
     called with each batch size. prefixes: per source, output ids every hypothesis starts
     with. lines: per source, its input line number (seeds sampling; default 0..n-1). run:
     how the batches run (run_jobs: in this process; the Translator's: on its workers).

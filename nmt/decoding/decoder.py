@@ -2,7 +2,7 @@
 (one, or an ensemble) and gives each step's next-token log-probabilities for the live rows,
 each model with its key/value cache (FastModel's FastState, or the reference model's) or
 without; it keeps, reorders and joins the models' states as the decoding core
-(nmt.inference.core) tells it. The shortlist rule lives here too: the log-softmax runs over
+(nmt.decoding.core) tells it. The shortlist rule lives here too: the log-softmax runs over
 the batch's candidate pieces (or each row's own), every other piece at -inf."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch
 from torch import Tensor
 
 from nmt.data.shortlist import Candidates
-from nmt.inference.fast_model import FastModel
-from nmt.inference.fast_state import FastState
+from nmt.decoding.fast_model import FastModel
+from nmt.decoding.fast_state import FastState
 
 
 class Decoder:

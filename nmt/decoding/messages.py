@@ -1,5 +1,5 @@
 """What goes into a decoding and what comes out, and what nmt-serve's Batcher and the decoding
-workers' loops (nmt.inference.stepping) send each other: plain dataclasses, no torch, so that
+workers' loops (nmt.decoding.stepping) send each other: plain dataclasses, no torch, so that
 the Batcher imports them without PyTorch and process queues pickle them."""
 
 from __future__ import annotations
@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from nmt.config import SearchConfig
+
+STOP = None  # put in a worker's inbox: its loop ends
 
 
 @dataclass

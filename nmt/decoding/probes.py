@@ -1,9 +1,9 @@
 """One report of every kernel probe that picks a decoding path on this machine, each asked of
 the kernels themselves (not of the CPU's name): the private PyTorch operators nmt calls
 (nmt.system.private_ops.missing), the fused one-query attention operator (built just in time:
-nmt.inference.attention_op.status), oneDNN's packed fp32 / bf16 linear maps
-(nmt.inference.affine.packing_works) and the int8 products' saturation in each quantized engine
-(nmt.inference.affine.int8_saturates). `kernel_report()` runs them all (building the operator
+nmt.decoding.attention_op.status), oneDNN's packed fp32 / bf16 linear maps
+(nmt.decoding.affine.packing_works) and the int8 products' saturation in each quantized engine
+(nmt.decoding.affine.int8_saturates). `kernel_report()` runs them all (building the operator
 if need be) and returns what each found; the benchmarks' headers and the tests read it.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nmt.inference import affine, attention_op
+from nmt.decoding import affine, attention_op
 from nmt.system import private_ops
 
 PACKED = {"fp32": torch.float32, "bf16": torch.bfloat16}  # the dtypes oneDNN's maps may pack

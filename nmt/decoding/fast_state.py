@@ -3,7 +3,7 @@ rows share, and each decoder layer's self-attention cache, in one of two layouts
 `FastKVCache` (rows' own (B, h, capacity, d_k) buffers, which the batched products read) or a
 `TableKVCache` (buffers that the fused one-query operator reads through a table, which a
 beam's reorder gathers instead of the keys); `StepRows`, what that operator reads for one step.
-Continuous batching (nmt.inference.stepping) joins, reorders and trims these states.
+Continuous batching (nmt.decoding.stepping) joins, reorders and trims these states.
 
 Shapes: B decoder rows, M sentences (memory rows), S source length, h heads, d_k = d_model / h.
 """
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nmt.inference.affine import Affine
+from nmt.decoding.affine import Affine
 from nmt.model import additive_mask
 
 
@@ -73,7 +73,7 @@ class FastKVCache:
 
 class TableKVCache:
     """One self-attention layer's past keys and values for the fused operator
-    (nmt.inference.attention_op): buffers (N, h, capacity, d_k) in which decoder row r writes
+    (nmt.decoding.attention_op): buffers (N, h, capacity, d_k) in which decoder row r writes
     its key and value of position t into buffer row r, once, and a table (R, capacity) naming,
     for each row and position, the buffer row that holds the row's past there. A beam's
     reorder gathers the table, never the keys; rows joining later add table rows. Positions

@@ -1,15 +1,15 @@
-"""The Translator: nmt's own engine (engine=nmt; the interface: nmt.inference.engine), one
+"""The Translator: nmt's own engine (engine=nmt; the interface: nmt.engines.engine), one
 object that loads a checkpoint (or an ensemble), prepares it for decoding and owns the workers
 that decode, as CTranslate2's Translator does.
 
 nmt-translate, nmt-serve, nmt-train's validation BLEU, alignments, attention plots and the
-benchmarks all decode through it. Preparing a model (nmt.inference.fast_model.FastModel: weights
+benchmarks all decode through it. Preparing a model (nmt.decoding.fast_model.FastModel: weights
 packed, cast or quantised for search.dtype) is done once per dtype, in this process, before
 any worker is forked, so the prepared weights exist once and are shared copy-on-write by the
-workers. The workers are one WorkerPool (nmt.inference.workers) in every mode: on the CPU,
+workers. The workers are one WorkerPool (nmt.engines.workers) in every mode: on the CPU,
 `workers` one-thread processes, otherwise one thread of this process. They decode whole
 batches side by side (nmt-translate's, nmt-serve's dynamic batches), or each runs a loop of
-continuous batching for good (nmt.inference.stepping.step_loop, nmt-serve continuous=true).
+continuous batching for good (nmt.decoding.stepping.step_loop, nmt-serve continuous=true).
 """
 
 from __future__ import annotations
@@ -27,9 +27,7 @@ from nmt.capabilities import ENGINES
 from nmt.config import SearchConfig
 from nmt.data.tokenizer import Specials, tokenizers
 from nmt.data.vocab import Vocab
-from nmt.errors import NmtError
-from nmt.inference.attention_maps import attention_maps, keep_attention
-from nmt.inference.batches import (
+from nmt.decoding.batches import (
     BatchJob,
     decoding_models,
     pad_batch,
@@ -38,9 +36,11 @@ from nmt.inference.batches import (
     score_pairs,
     translate_nbest,
 )
-from nmt.inference.messages import Hypothesis, Sentence
-from nmt.inference.stepping import step_loop
-from nmt.inference.workers import WorkerPool, can_fork
+from nmt.decoding.messages import Hypothesis, Sentence
+from nmt.decoding.stepping import step_loop
+from nmt.engines.attention_maps import attention_maps, keep_attention
+from nmt.engines.workers import WorkerPool, can_fork
+from nmt.errors import NmtError
 from nmt.loading import check_ensemble, load_model
 from nmt.model import Transformer
 
@@ -185,7 +185,7 @@ class Translator:
 
     def stepper(self) -> WorkerPool:
         """nmt-serve's workers: from the first call on, every worker runs
-        nmt.inference.stepping.step_loop (a process pool's tasks wait meanwhile); the pool,
+        nmt.decoding.stepping.step_loop (a process pool's tasks wait meanwhile); the pool,
         whose send, read and dead nmt-serve's Batcher uses."""
         if not self.pool.loops:
             self.pool.run_loops(step_loop)
@@ -203,7 +203,7 @@ class Translator:
 
     def _run(self, job: BatchJob, items: list[Sentence], progress=None
              ) -> list[list[Hypothesis]]:
-        """nmt.inference.batches.run_jobs on the workers: at least one batch each, results in input
+        """nmt.decoding.batches.run_jobs on the workers: at least one batch each, results in input
         order; each worker decodes with its inherited prepared models."""
         if not self.pool.processes or self.pool.loops or len(items) < 2:
             return run_jobs(job, items, progress)

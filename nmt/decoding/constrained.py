@@ -5,7 +5,7 @@ Every output of a sentence must contain given target phrases: id lists, as the t
 tokenizer splits them, matched on its piece boundaries. PhraseConstraints keeps, per hypothesis
 (row), which constraint tokens it has met and where it stands in a phrase it has begun
 (Sockeye's ConstrainedHypothesis, held here as one row of tensors per hypothesis); beam search
-(nmt.inference.strategies.choose_beam) orders its candidates through `candidates`, and the decoding
+(nmt.decoding.strategies.choose_beam) orders its candidates through `candidates`, and the decoding
 moves the rows on through `advance`. A hypothesis may only end (EOS) once it has met every
 phrase.
 
