@@ -248,7 +248,7 @@ def commit() -> str:
 def weights_to_score(args, run: Path) -> list[tuple[str, Path, str]]:
     """(label, checkpoint, weights) of each model to translate: the average of the last N
     checkpoints for each --average N (0: --checkpoint), and the EMA weights with --ema."""
-    from nmt.training.checkpoint import average
+    from nmt.commands.average import average
 
     chosen = []
     for n in args.average or [0]:
