@@ -22,12 +22,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_export import DATA, MAX_LEN, bundled_sentences, run_export, varied_checkpoint
+from test_export import (
+    DATA,
+    MAX_LEN,
+    bundled_sentences,
+    run_export,
+    sample_spm,
+    varied_checkpoint,
+)
 from translate_helpers import lines_of, widen
 
 from nmt.commands.translate import translate
 from nmt.config import SearchConfig, TranslateConfig, compose, to_object
-from nmt.data.tokenizer import LookupTokenizer, Tokenizer, train_bpe
+from nmt.data.tokenizer import LookupTokenizer, Tokenizer
 from nmt.data.vocab import LanguagePair
 from nmt.engines.engine import open_translator
 from nmt.engines.translator import Translator
@@ -95,9 +102,7 @@ def nmt_translate(tmp_path: Path, checkpoint, engine: str, *args: str) -> list[s
 # ----------------------------------------------------------------------------- nmt-export's
 @pytest.fixture(scope="module")
 def joint() -> bytes:
-    en = read_lines(str(DATA / "train.en.xz"))[:2000]
-    de = read_lines(str(DATA / "train.de.xz"))[:2000]
-    return train_bpe(en + de, 500).proto
+    return sample_spm("joint")
 
 
 @pytest.fixture(scope="module")

@@ -12,21 +12,19 @@ import threading
 from pathlib import Path
 
 import pytest
-from test_export import DATA, MAX_LEN, bundled_sentences, varied_checkpoint
+from test_export import MAX_LEN, bundled_sentences, sample_spm, varied_checkpoint
 from test_serve import Server
 
 import nmt
 import nmt.interop.ct2_export as ct2_export
 from nmt.commands.translate import translate
 from nmt.config import SearchConfig, TranslateConfig, compose, to_object
-from nmt.data.tokenizer import train_bpe
 from nmt.decoding.messages import Batch, Hypothesis, Sentence
 from nmt.engines.ct2_engine import CT2Translator
 from nmt.engines.engine import Workers
 from nmt.engines.translator import Translator
 from nmt.errors import ConfigError, NmtError
 from nmt.interop.ct2_export import cached_export, read_info
-from nmt.system.files import read_lines
 
 pytest.importorskip("ctranslate2")
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -36,9 +34,7 @@ GONE = 9_999_999  # a process id no system gives (Linux's pid_max is at most 2**
 @pytest.fixture(scope="module")
 def joint() -> bytes:
     """test_export's joint SentencePiece BPE model (500 pieces) of the bundled sample."""
-    en = read_lines(str(DATA / "train.en.xz"))[:2000]
-    de = read_lines(str(DATA / "train.de.xz"))[:2000]
-    return train_bpe(en + de, 500).proto
+    return sample_spm("joint")
 
 
 @pytest.fixture(scope="module")

@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_export import DATA, MAX_LEN, bundled_sentences, varied_checkpoint
+from test_export import DATA, MAX_LEN, bundled_sentences, sample_spm, varied_checkpoint
 from translate_helpers import fine_tune_imported, mean_nll
 
 from nmt.commands.export import export
 from nmt.commands.import_ import import_model
 from nmt.config import ExportConfig, ImportConfig, SearchConfig
-from nmt.data.tokenizer import Tokenizer, train_bpe
+from nmt.data.tokenizer import Tokenizer
 from nmt.decoding.batches import translate_ids
 from nmt.engines.translator import Translator
 from nmt.errors import NmtError
@@ -49,10 +49,7 @@ def nmt_greedy(checkpoint: Path, src_ids: list[list[int]]) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def spm() -> dict[str, bytes]:
     """SentencePiece BPE models of the bundled sample: joint, English-only, German-only."""
-    en = read_lines(str(DATA / "train.en.xz"))[:2000]
-    de = read_lines(str(DATA / "train.de.xz"))[:2000]
-    return {"joint": train_bpe(en + de, 500).proto, "en": train_bpe(en, 300).proto,
-            "de": train_bpe(de, 400).proto}
+    return {side: sample_spm(side) for side in ("joint", "en", "de")}
 
 
 @pytest.fixture(scope="module")

@@ -47,13 +47,20 @@ MAX_LEN = 16  # output tokens at most (the EOS not counted)
 SENTENCES = 64
 
 
-@pytest.fixture(scope="module")
-def spm(tmp_path_factory) -> dict[str, bytes]:
-    """SentencePiece BPE models trained on its first lines: joint, English-only, German-only."""
+@cache
+def sample_spm(side: str) -> bytes:
+    """A SentencePiece BPE model of the bundled sample's first 2,000 pairs (built once a
+    process): "joint" (500 pieces), "en" (300) or "de" (400)."""
     en = read_lines(str(DATA / "train.en.xz"))[:2000]
     de = read_lines(str(DATA / "train.de.xz"))[:2000]
-    return {"joint": train_bpe(en + de, 500).proto, "en": train_bpe(en, 300).proto,
-            "de": train_bpe(de, 400).proto}
+    lines, pieces = {"joint": (en + de, 500), "en": (en, 300), "de": (de, 400)}[side]
+    return train_bpe(lines, pieces).proto
+
+
+@pytest.fixture(scope="module")
+def spm() -> dict[str, bytes]:
+    """SentencePiece BPE models trained on its first lines: joint, English-only, German-only."""
+    return {side: sample_spm(side) for side in ("joint", "en", "de")}
 
 
 @cache

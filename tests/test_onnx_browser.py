@@ -24,10 +24,10 @@ import pytest
 
 pytest.importorskip("fastapi")
 pytest.importorskip("onnxruntime")
-from test_export import DATA, run_export, varied_checkpoint  # noqa: E402
+from test_export import DATA, run_export, sample_spm, varied_checkpoint  # noqa: E402
 from test_serve import Server  # noqa: E402
 
-from nmt.data.tokenizer import Tokenizer, train_bpe  # noqa: E402
+from nmt.data.tokenizer import Tokenizer  # noqa: E402
 from nmt.interop.onnx_export import RUNTIME  # noqa: E402
 from nmt.system.files import read_lines  # noqa: E402
 from nmt.testing.browser import CHROMIUM, Browser  # noqa: E402
@@ -48,9 +48,7 @@ def offline(tmp_path_factory):
     if not all((NPM / name).is_file() for name in RUNTIME):
         pytest.skip(f"needs transformers.js in {NPM} (make test-browser installs it)")
     tmp = tmp_path_factory.mktemp("onnx-browser")
-    en = read_lines(str(DATA / "train.en.xz"))[:2000]
-    de = read_lines(str(DATA / "train.de.xz"))[:2000]
-    spm = train_bpe(en + de, 500).proto
+    spm = sample_spm("joint")
     ckpt = varied_checkpoint(tmp / "c.pt", spm, spm, "pre")
     model = run_export(ckpt, tmp / "web", "onnx", web_runtime=str(NPM))
     server = Server(ckpt, f"offline={model}")

@@ -24,16 +24,16 @@ pytest.importorskip("onnxscript")
 import onnx  # noqa: E402
 from test_export import (  # noqa: E402
     CLI,
-    DATA,
     MAX_LEN,
     bundled_sentences,
     nmt_greedy,
     run_export,
+    sample_spm,
     varied_checkpoint,
 )
 
 from nmt.config import ExportConfig, compose, to_object  # noqa: E402
-from nmt.data.tokenizer import EOS_ID, train_bpe  # noqa: E402
+from nmt.data.tokenizer import EOS_ID  # noqa: E402
 from nmt.data.vocab import TAG, Languages  # noqa: E402
 from nmt.errors import ConfigError, NmtError  # noqa: E402
 from nmt.interop.onnx_export import (  # noqa: E402
@@ -44,7 +44,6 @@ from nmt.interop.onnx_export import (  # noqa: E402
     write_page,
 )
 from nmt.loading import LoadedCheckpoint  # noqa: E402
-from nmt.system.files import read_lines  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
@@ -54,10 +53,7 @@ NORMS = ("pre", "post")
 @pytest.fixture(scope="module")
 def spm() -> dict[str, bytes]:
     """test_export's SentencePiece models: joint, English-only, German-only."""
-    en = read_lines(str(DATA / "train.en.xz"))[:2000]
-    de = read_lines(str(DATA / "train.de.xz"))[:2000]
-    return {"joint": train_bpe(en + de, 500).proto, "en": train_bpe(en, 300).proto,
-            "de": train_bpe(de, 400).proto}
+    return {side: sample_spm(side) for side in ("joint", "en", "de")}
 
 
 @pytest.fixture(scope="module")
