@@ -49,12 +49,13 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 import tracemalloc
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+
+from bench_serve import launch
 
 import nmt
 from nmt.inference.markup_parse import VOID, parse
@@ -144,17 +145,9 @@ def stand_in_figures(page: str, split) -> StandIn:
 
 def start_server(args) -> tuple[subprocess.Popen, int]:
     """nmt-serve with its default limits on a free loopback port: the process, its port."""
-    proc = subprocess.Popen([str(BIN / "nmt-serve"), f"checkpoint={args.checkpoint}", "port=0",
-                             "access_log=false", f"src_lang={args.lang}",
-                             f"tgt_lang={args.tgt_lang}", *args.serve_args],
-                            stderr=subprocess.PIPE, text=True)
-    for line in proc.stderr:
-        if "listening on http://127.0.0.1:" in line:
-            port = int(line.split("127.0.0.1:")[1].split()[0])
-            threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
-            return proc, port
-        print(line, end="", file=sys.stderr)
-    raise SystemExit("nmt-serve did not start")
+    return launch([str(BIN / "nmt-serve"), f"checkpoint={args.checkpoint}", "port=0",
+                   "access_log=false", f"src_lang={args.lang}", f"tgt_lang={args.tgt_lang}",
+                   *args.serve_args])
 
 
 def serve_figures(args, name: str, page: str) -> str:

@@ -136,18 +136,23 @@ def decode(pool, chunks: list[list[Sentence]], search: SearchConfig) -> None:
             left[message.worker] = len(chunk)
 
 
-def start_server(args) -> tuple[subprocess.Popen, int]:
-    """nmt-serve on a free loopback port; returns the process and the port once it answers."""
-    proc = subprocess.Popen([str(BIN / "nmt-serve"), f"checkpoint={args.checkpoint}", "port=0",
-                             "access_log=false", *args.search, *args.serve],
-                            stderr=subprocess.PIPE, text=True)
+def launch(command: list[str]) -> tuple[subprocess.Popen, int]:
+    """Run an nmt-serve command line given port=0 (its lines before it listens copied to
+    stderr, the rest drained); the process and its port once it listens."""
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     for line in proc.stderr:
-        print(line, end="", file=sys.stderr)
         if "listening on http://127.0.0.1:" in line:
             port = int(line.split("127.0.0.1:")[1].split()[0])
             threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
             return proc, port
-    raise SystemExit("nmt-serve did not start")
+        print(line, end="", file=sys.stderr)
+    raise SystemExit(f"{' '.join(command)} did not start")
+
+
+def start_server(args) -> tuple[subprocess.Popen, int]:
+    """nmt-serve on a free loopback port; returns the process and the port once it answers."""
+    return launch([str(BIN / "nmt-serve"), f"checkpoint={args.checkpoint}", "port=0",
+                   "access_log=false", *args.search, *args.serve])
 
 
 class Load:

@@ -30,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench_serve import percentile
+from bench_serve import launch, percentile
 
 from nmt.serve.models import discover, routes
 
@@ -59,15 +59,8 @@ def parse_args() -> argparse.Namespace:
 def start(overrides: list[str], cores: int) -> tuple[subprocess.Popen, int]:
     """nmt-serve pinned to the first `cores` cores on a free loopback port; the process and
     its port once it listens."""
-    proc = subprocess.Popen(["taskset", "-c", f"0-{cores - 1}", str(BIN / "nmt-serve"),
-                             "port=0", "access_log=false", *overrides],
-                            stderr=subprocess.PIPE, text=True)
-    for line in proc.stderr:
-        if "listening on http://127.0.0.1:" in line:
-            port = int(line.split("127.0.0.1:")[1].split()[0])
-            threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
-            return proc, port
-    raise SystemExit(f"nmt-serve {' '.join(overrides)} did not start")
+    return launch(["taskset", "-c", f"0-{cores - 1}", str(BIN / "nmt-serve"), "port=0",
+                   "access_log=false", *overrides])
 
 
 class Load:

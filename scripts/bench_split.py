@@ -31,10 +31,11 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+
+from bench_serve import launch
 
 from nmt.config import ServeConfig
 from nmt.inference.segment import Segmented, sentence_splitter, split_text
@@ -202,19 +203,12 @@ def start_server(args) -> tuple[subprocess.Popen, int, float]:
     """nmt-serve split=sentence on a free loopback port with the document's limits; the
     process, its port and the seconds it took to start answering."""
     start = time.perf_counter()
-    proc = subprocess.Popen([str(BIN / "nmt-serve"), f"checkpoint={args.checkpoint}", "port=0",
-                             "access_log=false", "split=sentence", f"src_lang={args.lang}",
-                             f"tgt_lang={args.tgt_lang}", f"max_chars={args.max_chars}",
-                             f"max_sentences={args.max_sentences}",
-                             f"search.beam_size={args.beam}", f"search.alpha={args.alpha}"],
-                            stderr=subprocess.PIPE, text=True)
-    for line in proc.stderr:
-        if "listening on http://127.0.0.1:" in line:
-            port = int(line.split("127.0.0.1:")[1].split()[0])
-            threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
-            return proc, port, time.perf_counter() - start
-        print(line, end="", file=sys.stderr)
-    raise SystemExit("nmt-serve did not start")
+    proc, port = launch([str(BIN / "nmt-serve"), f"checkpoint={args.checkpoint}", "port=0",
+                         "access_log=false", "split=sentence", f"src_lang={args.lang}",
+                         f"tgt_lang={args.tgt_lang}", f"max_chars={args.max_chars}",
+                         f"max_sentences={args.max_sentences}",
+                         f"search.beam_size={args.beam}", f"search.alpha={args.alpha}"])
+    return proc, port, time.perf_counter() - start
 
 
 def post(port: int, text: str) -> tuple[int, dict, float]:
