@@ -521,8 +521,6 @@ class InProcess(Server):
     overrides' (engine=..., as nmt-serve opens it)."""
 
     def __init__(self, ckpt: Path, *overrides: str):
-        import uvicorn
-
         cfg = to_object(compose("serve", [f"checkpoint={ckpt}", "workers=1", "search.max_len_b=8",
                                           *overrides]), ServeConfig)
         self.translator = open_translator(cfg.engine, [str(ckpt)], torch.device("cpu"),
@@ -534,10 +532,17 @@ class InProcess(Server):
         except NmtError:
             self.translator.close()
             raise
+        self.serve_app(create_app(self.service))
+
+    def serve_app(self, app) -> None:
+        """Run `app` under uvicorn in a thread on a free loopback port (self.port); returns
+        once it has started."""
+        import uvicorn
+
         sock = open_socket("127.0.0.1", 0)
         self.port = sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(create_app(self.service), loop="asyncio",
-                                                    log_level="warning", access_log=False))
+        self.server = uvicorn.Server(uvicorn.Config(app, loop="asyncio", log_level="warning",
+                                                    access_log=False))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
                                        daemon=True)
         self.thread.start()
@@ -546,10 +551,14 @@ class InProcess(Server):
                 break
             time.sleep(0.01)
 
-    def stop(self) -> None:
-        """Stop uvicorn and the decoding thread."""
+    def stop_app(self) -> None:
+        """Stop uvicorn."""
         self.server.should_exit = True
         self.thread.join(timeout=30)
+
+    def stop(self) -> None:
+        """Stop uvicorn and the decoding thread."""
+        self.stop_app()
         self.translator.close()
 
 

@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from functools import partial
 from pathlib import Path
 from urllib.parse import urlencode
@@ -22,11 +21,11 @@ import torch
 from translate_helpers import save_tiny_checkpoint
 
 pytest.importorskip("fastapi")
-from test_serve import CLI, Server  # noqa: E402
+from test_serve import CLI, InProcess, Server  # noqa: E402
 
 from nmt.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from nmt.commands.export import export  # noqa: E402
-from nmt.commands.serve import open_service, open_socket  # noqa: E402
+from nmt.commands.serve import open_service  # noqa: E402
 from nmt.commands.translate import translate  # noqa: E402
 from nmt.config import ExportConfig, ServeConfig, TranslateConfig, compose, to_object  # noqa: E402
 from nmt.errors import ConfigError, NmtError  # noqa: E402
@@ -264,35 +263,21 @@ def serve_config(models: Path, *overrides: str) -> ServeConfig:
                                        *overrides]), ServeConfig)
 
 
-class ModelsInProcess(Server):
+class ModelsInProcess(InProcess):
     """A many-model server's app in this process (uvicorn in a thread, each model decoding in
     one thread); `call` and `translate` as test_serve's Server's."""
 
     def __init__(self, models: Path, *overrides: str):
-        import uvicorn
-
         cfg = serve_config(models, *overrides)
         self.registry = Registry(discover(models), cfg, partial(
             open_service, cfg=cfg, device=torch.device("cpu"), workers=1))
         if cfg.preload:
             self.registry.preload()
-        sock = open_socket("127.0.0.1", 0)
-        self.port = sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(
-            create_models_app(self.registry, "cpu"), loop="asyncio", log_level="warning",
-            access_log=False))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
-                                       daemon=True)
-        self.thread.start()
-        for _ in range(3000):
-            if self.server.started:
-                break
-            time.sleep(0.01)
+        self.serve_app(create_models_app(self.registry, "cpu"))
 
     def stop(self) -> None:
         """Stop uvicorn and every loaded model's workers."""
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
+        self.stop_app()
         self.registry.close()
 
 
