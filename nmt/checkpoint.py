@@ -82,9 +82,10 @@ class Checkpoint:
                 **({"ema": self.ema} if self.ema is not None else {}), **self.training}
 
     @classmethod
-    def load(cls, path: str | Path) -> Checkpoint:
-        """The checkpoint file at `path` (load_checkpoint), typed."""
-        return cls.from_dict(load_checkpoint(path), str(path))
+    def load(cls, path: str | Path, mmap: bool = False) -> Checkpoint:
+        """The checkpoint file at `path` (load_checkpoint), typed; mmap: its tensors mapped
+        from the file, not read (for a look at its vocabulary or config)."""
+        return cls.from_dict(load_checkpoint(path, mmap=mmap), str(path))
 
     def save(self, path: str | Path) -> None:
         """Write it atomically (save_checkpoint)."""
@@ -106,16 +107,18 @@ def save_checkpoint(state: dict, path: str | Path) -> None:
     write_atomically(path, lambda f: torch.save(state, f), durable=True)
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
+                    mmap: bool = False) -> dict:
     """torch.load(weights_only=True): the checkpoint's dict in today's layout; a missing,
-    corrupt or foreign file is an NmtError."""
+    corrupt or foreign file is an NmtError. mmap: the tensors mapped from the file, read only
+    where touched."""
     path = Path(path)
     if not path.is_file():
         raise NmtError(f"{path}: checkpoint not found")
     try:
         with warnings.catch_warnings():  # a garbage first byte 0x80 reads as a pickle protocol
             warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
-            state = torch.load(path, map_location=map_location, weights_only=True)
+            state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:  # noqa: BLE001 - the unpickler fails on garbage in many ways
         raise NmtError(f"{path}: not a readable nmt checkpoint ({type(e).__name__}: "
                        f"{first_line(e, 120)})") from None

@@ -106,8 +106,8 @@ def read_entry(path: Path) -> ModelEntry | None:
 
 
 def _checkpoint_entry(path: Path) -> ModelEntry:
-    """An nmt checkpoint's entry, from the vocabulary it records."""
-    vocab = Checkpoint.load(path).vocab
+    """An nmt checkpoint's entry, from the vocabulary it records (its weights not read)."""
+    vocab = Checkpoint.load(path, mmap=True).vocab
     return ModelEntry(path, "nmt", _languages(vocab, path), path.stat().st_size)
 
 
