@@ -102,6 +102,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds each measurement of the matmul peak takes")
     p.add_argument("--profile", action="store_true",
                    help="also profile a pass per model: idle GPU share and top operators")
+    p.add_argument("--no-cudnn-attention", action="store_true",
+                   help="keep SDPA off cuDNN's backend, which builds a plan per new shape "
+                        "(warmup_s shows that cost; flash and memory-efficient kernels remain)")
     p.add_argument("--json", default="", help="append JSON lines to this file")
     return p.parse_args(argv)
 
@@ -481,6 +484,7 @@ def summarise(cfg: Config, name: str, timing: Timing, batches: list[Batch],
     return {
         "kind": "bench", "model": cfg.model, "precision": cfg.precision, "mode": cfg.mode,
         "impl": name, "device": peaks.device, "steps": len(timing.seconds),
+        "cudnn_attention": torch.backends.cuda.cudnn_sdp_enabled(),
         "tokens_per_s": float(np.median(rates)),
         "tokens_per_s_mean": sum(tokens) / sum(timing.seconds),
         "step_ms": 1000 * float(np.median(timing.seconds)),
@@ -610,6 +614,8 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     if device.type == "cpu":
         keep_freed_memory()
+    if args.no_cudnn_attention:
+        torch.backends.cuda.enable_cudnn_sdp(False)
     peaks = Peaks(device_name(device), datasheet_peak(device),
                   {p: matmul_peak(getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[p]),
                                   device, args.peak_seconds) for p in ("fp32", "bf16")})

@@ -70,13 +70,16 @@ class Plan:
     train: tuple[str, ...]  # nmt-train's overrides
     test_lines: int  # test pairs translated (0: all)
     translate: tuple[str, ...]  # nmt-translate's overrides
-    later: dict  # step -> the seconds the steps after it need (its time is what is left)
+    needs: dict  # step -> the seconds it needs, kept back from the steps before it
 
 
 SYNTHETIC = ("--vocab", "37000", "--max-tokens", "65536", "--profile")
 GPU = Plan(
     device="cuda",
     benches=(("--runs", "base:bf16,big:bf16", "--modes", "eager", *SYNTHETIC),
+             # cuDNN's attention builds a plan per new shape (warm-up 1.5 s a step, 2026-11-27)
+             ("--runs", "base:bf16", "--modes", "eager", "--no-reference",
+              "--no-cudnn-attention", *SYNTHETIC),
              ("--runs", "base:bf16", "--modes", "compiled", "--compiled-shapes", "2",
               *SYNTHETIC),
              ("--runs", "big:bf16", "--modes", "compiled", "--compiled-shapes", "2",
@@ -88,9 +91,9 @@ GPU = Plan(
            "optim.warmup=800", "optim.lr_factor=0.7", "train.log_interval=100",
            "train.valid_interval_updates=100000", "train.save_interval_updates=100000"),
     test_lines=0, translate=("search.beam_size=4",),
-    # the GPU suite took 124 s on one worker (2026-11-26); the run, 2 minutes, its start,
-    # validation and checkpoint; BLEU of 2,000 sentences
-    later={"bench": 230, "test-gpu": 165, "train": 25})
+    # H200, 2026-11-27: the suite 65 s on 4 workers (preprocessing beside it took 65 s);
+    # the run 2 minutes, its start, validation and checkpoint; BLEU of 2,000 sentences
+    needs={"test-gpu": 70, "preprocess": 70, "train": 150, "bleu": 30})
 DRY = Plan(
     device="cpu",
     benches=(("--runs", "tiny:fp32", "--modes", "eager", "--steps", "2", "--batches", "1",
@@ -100,7 +103,8 @@ DRY = Plan(
     tests=("-m", "gpu", "--collect-only", "-q"),
     corpus_lines=2000, vocab=400,
     train=("+model=tiny", "train.max_updates=3", "train.max_tokens=512", "train.log_interval=1"),
-    test_lines=20, translate=("search.beam_size=1",), later={})
+    test_lines=20, translate=("search.beam_size=1",), needs={})
+STEPS = ("bench", "test-gpu", "train", "bleu")  # after install, in this order
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -115,11 +119,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the python to install into (default: this one, or the first python "
                         "found that imports torch)")
     p.add_argument("--minutes", type=float, default=6.0, help="the time every step shares")
+    p.add_argument("--only", default=",".join(STEPS),
+                   help="the steps to run, of " + ",".join(STEPS) + " (install always; the "
+                        "corpus is preprocessed beside test-gpu, or before train without it)")
+    p.add_argument("--modes", default="eager,compiled",
+                   help="the bench invocations to run, by bench_train's --modes")
     p.add_argument("--dry-run", action="store_true",
                    help="every step on the CPU at tiny sizes, into a fresh venv")
     p.add_argument("--fetch-wheels", metavar="PYTHON_VERSION", default="",
                    help="fill --wheels for that CPython (make gpu-wheels, with PyPI) and stop")
     args = p.parse_args(argv)
+    if unknown := set(args.only.split(",")) - set(STEPS):
+        p.error(f"--only: no step {', '.join(sorted(unknown))} (the steps: {', '.join(STEPS)})")
     if not args.out and not args.fetch_wheels:
         p.error("--out is required")
     return args
@@ -188,6 +199,8 @@ class Check:
         self.out, self.work, self.wheels = Path(args.out), Path(args.work), Path(args.wheels)
         self.deadline = time.monotonic() + 60 * args.minutes
         self.python = args.python
+        self.steps = [s for s in STEPS if s in args.only.split(",")]
+        self.modes = set(args.modes.split(","))
         self.scripts = ""  # where pip puts that python's console scripts (nmt-train, ...)
         self.summary = {"dry_run": self.dry, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                         "minutes": args.minutes, "wheels": built_from(self.wheels), "steps": {}}
@@ -198,7 +211,10 @@ class Check:
 
     def budget(self, step: str) -> float:
         """The seconds a step may take: what is left but what the later steps need."""
-        return self.left() - self.plan.later.get(step, 0)
+        later = self.steps[self.steps.index(step) + 1:] if step in self.steps else []
+        if "train" in later and "test-gpu" not in self.steps:
+            later.append("preprocess")  # done first in train's step, not beside the suite
+        return self.left() - sum(self.plan.needs.get(s, 0) for s in later)
 
     def env(self) -> dict:
         """The steps' environment: the target python's scripts first on PATH, pip offline."""
@@ -372,7 +388,7 @@ def bench(check: Check) -> dict:
     rows are kept as they are measured); the rows' figures, and profile.json."""
     rows_file = check.out / "bench.jsonl"
     failures = []
-    for args in check.plan.benches:
+    for args in [a for a in check.plan.benches if a[a.index("--modes") + 1] in check.modes]:
         if check.budget("bench") < 30:
             failures.append(f"{' '.join(args[:4])}: no time left")
             continue
@@ -401,7 +417,7 @@ def read_rows(path: Path) -> list[dict]:
 
 def brief(row: dict) -> dict:
     """A bench row's headline figures."""
-    keys = ("model", "precision", "mode", "impl", "tokens_per_s", "mfu",
+    keys = ("model", "precision", "mode", "impl", "cudnn_attention", "tokens_per_s", "mfu",
             "share_of_measured_peak", "step_ms", "peak_memory_bytes", "warmup_s", "graphs",
             "graph_breaks", "drift", "error")
     out = {k: row[k] for k in keys if k in row}
@@ -426,13 +442,17 @@ def tests_and_preprocess(check: Check) -> dict:
               check.out / "test-gpu.log", check.env())
     rc = job.wait(check.budget("test-gpu"))
     counts = pytest_counts(check.out / "test-gpu.log")
-    pre_rc = pre.wait(check.budget("test-gpu"))
-    check.record("preprocess", {"status": "ok" if pre_rc == 0 else "failed",
-                                "seconds": round(pre.seconds, 1), "rc": pre_rc})
-    trim(check.out / "preprocess.log")
+    record_preprocess(check, pre, pre.wait(check.budget("test-gpu")))
     if rc:
         raise StepFailed(f"pytest exited with {rc}: {counts}; see test-gpu.log")
     return {"counts": counts}
+
+
+def record_preprocess(check: Check, pre: Job, rc: int) -> None:
+    """The step "preprocess" recorded: its exit status and seconds."""
+    check.record("preprocess", {"status": "ok" if rc == 0 else "failed",
+                                "seconds": round(pre.seconds, 1), "rc": rc})
+    trim(check.out / "preprocess.log")
 
 
 def pytest_counts(log: Path) -> dict:
@@ -469,7 +489,11 @@ def slice_corpus(check: Check) -> Path:
 
 # ----------------------------------------------------------------------------- 4-5. train, bleu
 def train(check: Check) -> dict:
-    """nmt-train on the preprocessed corpus; its last training and validation records."""
+    """nmt-train on the preprocessed corpus (preprocessed first where the suite did not
+    run); its last training and validation records."""
+    if "test-gpu" not in check.steps:
+        pre = Job(preprocess_command(check), check.out / "preprocess.log", check.env())
+        record_preprocess(check, pre, pre.wait(check.budget("train")))
     if not (check.work / "data" / "manifest.json").exists():
         raise StepFailed("no preprocessed data (see preprocess.log)")
     run = check.work / "run"
@@ -558,11 +582,10 @@ def main(argv: list[str] | None = None) -> int:
     check = Check(args)
     prepare(check)
     ok = step(check, "install", 30, install)
-    if ok:
-        ok &= step(check, "bench", 60, bench)
-        ok &= step(check, "test-gpu", 30, tests_and_preprocess)
-        ok &= step(check, "train", 30, train)
-        ok &= step(check, "bleu", 10, bleu)
+    actions = {"bench": (60, bench), "test-gpu": (30, tests_and_preprocess),
+               "train": (30, train), "bleu": (10, bleu)}  # the least seconds, the action
+    for name in check.steps if ok else []:
+        ok &= step(check, name, *actions[name])
     statuses = {k: v["status"] for k, v in check.summary["steps"].items()}
     print(f"gpu_check: {json.dumps(statuses)}; {check.out / 'gpu_check.json'}")
     return 0 if ok and all(s == "ok" for s in statuses.values()) else 1

@@ -187,6 +187,20 @@ def test_the_wheel_folder_installs_into_the_gpu_machines_python():
     assert sum(p.stat().st_size for p in WHEELS.iterdir()) < 60 * 2 ** 20
 
 
+def test_a_step_keeps_back_what_the_selected_later_steps_need(tmp_path):
+    """--only: each step's time is what is left but the needs of the selected steps after it
+    (preprocessing counted before train when the suite, which it runs beside, is left out)."""
+    def kept_back(*argv):
+        check = gpu_check.Check(gpu_check.parse_args(["--out", str(tmp_path), *argv]))
+        return round(check.left() - check.budget("bench"))
+    needs = gpu_check.GPU.needs
+    assert kept_back() == needs["test-gpu"] + needs["train"] + needs["bleu"]
+    assert kept_back("--only", "bench,bleu") == needs["bleu"]
+    assert kept_back("--only", "bench,train") == needs["preprocess"] + needs["train"]
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(["--out", str(tmp_path), "--only", "bench,tests"])
+
+
 @NEED_WHEELS
 @pytest.mark.slow
 def test_the_dry_run_of_gpu_check_does_every_step_on_the_cpu(tmp_path):
