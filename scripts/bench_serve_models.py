@@ -66,20 +66,24 @@ def start(overrides: list[str], cores: int) -> tuple[subprocess.Popen, int]:
 class Load:
     """Clients, each on its own connection, sending one pair's lines one a request."""
 
-    def __init__(self, ports: dict[str, int], lines: list[str], clients: int, seconds: float):
+    def __init__(self, ports: dict[str, int], lines: list[str], clients: int, seconds: float,
+                 stagger: bool = False):
         self.ports, self.lines, self.clients, self.seconds = ports, lines, clients, seconds
+        self.stagger = stagger  # each client starts at its own line (else all at the first)
         self.lock = threading.Lock()
         self.latencies: list[float] = []
         self.errors: list[str] = []
         self.results: dict[tuple[str, int], str] = {}  # (pair, line) -> translation
 
-    def client(self, pair: str) -> None:
-        """One connection: the pair's requests, a line each, until done or out of time."""
+    def client(self, pair: str, first: int = 0) -> None:
+        """One connection: the pair's requests, a line each from line `first` on (then from
+        the start), until done or out of time."""
         source, target = pair.split("-")
         conn = http.client.HTTPConnection("127.0.0.1", self.ports[pair], timeout=300)
-        for i, line in enumerate(self.lines):
+        for i in [*range(first, len(self.lines)), *range(first)]:
             if time.perf_counter() > self.deadline:
                 break
+            line = self.lines[i]
             body = json.dumps({"q": line, "source": source, "target": target}).encode()
             start = time.perf_counter()
             try:
@@ -102,7 +106,8 @@ class Load:
         """The clients dealt to the pairs in turn; the seconds they took."""
         start = time.perf_counter()
         self.deadline = start + self.seconds
-        threads = [threading.Thread(target=self.client, args=(pairs[c % len(pairs)],))
+        threads = [threading.Thread(target=self.client, args=(
+            pairs[c % len(pairs)], c * len(self.lines) // self.clients if self.stagger else 0))
                    for c in range(self.clients)]
         for t in threads:
             t.start()
