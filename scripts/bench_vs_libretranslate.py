@@ -19,7 +19,8 @@ the repository's venv (../shared/docs/peer-runs.md):
      ARGOS_BEAM_SIZE=--beam, ARGOS_COMPUTE_TYPE from --dtype; CTranslate2 as argostranslate
      sets it (inter_threads=1, intra_threads=0). argostranslate's INFO lines of every request
      (printed by default: waitress calls logging.basicConfig()) are silenced unless
-     --lt-logging;
+     --lt-logging; --lt-env sets more of its environment (e.g. ARGOS_INTRA_THREADS=2, where
+     CTranslate2's default of 4 threads oversubscribes 2 cores);
    - nmt-ct2: nmt-serve models=WORK/packages (the same CTranslate2 models, engine=ctranslate2);
    - nmt: nmt-serve models=--models (the checkpoints, nmt's own engine).
    nmt-serve runs with search.beam_size=--beam, search.alpha=0, split=none, search.dtype from
@@ -30,8 +31,9 @@ the repository's venv (../shared/docs/peer-runs.md):
    LibreTranslate's JSON {"q", "source", "target"}, one line a request, until --seconds pass.
    Reported per setup and client count: sentences/s (median of the rounds), p50/p95 latency,
    errors; each nmt setup's throughput over LibreTranslate's; how many translations differ
-   (nmt-ct2 against nmt: 0 expected in fp32; LibreTranslate against nmt-ct2: some, since its
-   length penalty 0.2 and its "_" -> " " and replace_unknowns are not nmt's).
+   (nmt-ct2 against nmt: a few at most in fp32, near-ties summed by two engines, more in int8,
+   two engines' kernels; LibreTranslate against nmt-ct2: more, since its length penalty 0.2
+   and its "_" -> " " and replace_unknowns are not nmt's).
 
     flock /tmp/nmt-cpu.lock .venv/bin/python scripts/bench_vs_libretranslate.py \\
         --lt-python /tmp/lt-venv/bin/python --models /tmp/bm_models --input /tmp/bm_test.en \\
@@ -90,6 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="LibreTranslate's --threads (waitress; its default 4)")
     p.add_argument("--lt-logging", action="store_true",
                    help="keep argostranslate's INFO lines of every request (its default)")
+    p.add_argument("--lt-env", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="further settings of LibreTranslate's (e.g. ARGOS_INTRA_THREADS=2)")
     p.add_argument("--seconds", type=float, default=60.0)
     p.add_argument("--lines", type=int, default=0, help="use the first N lines (0: all)")
     p.add_argument("--rounds", type=int, default=2)
@@ -156,10 +160,13 @@ def libretranslate_env(args, packages: Path) -> dict[str, str]:
     """LibreTranslate's environment: argostranslate's folders private to WORK, its packages
     WORK/packages, the beam and compute type."""
     home = Path(args.work).resolve() / "lt-home"
+    if any("=" not in kv for kv in args.lt_env):
+        raise SystemExit(f"--lt-env: KEY=VALUE pairs, got {' '.join(args.lt_env)}")
     return {**os.environ, "HOME": str(home), "XDG_DATA_HOME": str(home / "data"),
             "XDG_CONFIG_HOME": str(home / "config"), "XDG_CACHE_HOME": str(home / "cache"),
             "ARGOS_PACKAGES_DIR": str(packages), "ARGOS_DEVICE_TYPE": "cpu",
-            "ARGOS_BEAM_SIZE": str(args.beam), "ARGOS_COMPUTE_TYPE": COMPUTE_TYPES[args.dtype]}
+            "ARGOS_BEAM_SIZE": str(args.beam), "ARGOS_COMPUTE_TYPE": COMPUTE_TYPES[args.dtype],
+            **dict(kv.split("=", 1) for kv in args.lt_env)}
 
 
 def start_libretranslate(args, packages: Path) -> tuple[subprocess.Popen, int]:
