@@ -312,7 +312,7 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 
 @dataclass
 class AugmentConfig:
-    """Robustness noise on the fly, after OpusTrainer's modifiers (nmt.data.augment): each
+    """Robustness noise on the fly, after OpusTrainer's modifiers (nmt.wings.augment): each
     rate is the share of training pairs a modifier rewrites, drawn per pair and on its own,
     seeded by the batch's place in the data as subword sampling is (exact resumes). Needs
     nmt-preprocess keep_text=true. Tags (<2de>, <BT>, >>de<<, __KEEP1__) are left whole."""
@@ -474,13 +474,13 @@ class TrainConfig:
 
 
 # ----------------------------------------------------------------------------- translate
-MBR_UTILITIES = ("chrf", "bleu")  # sacreBLEU's utilities of nmt.metrics.mbr (nmt-serve's too)
+MBR_UTILITIES = ("chrf", "bleu")  # sacreBLEU's utilities of nmt.wings.mbr (nmt-serve's too)
 MBR_MAX_CANDIDATES = 32
 
 
 @dataclass
 class MbrConfig:
-    """Minimum Bayes risk selection (nmt.metrics.mbr), nmt-translate's and nmt-serve's: of N
+    """Minimum Bayes risk selection (nmt.wings.mbr), nmt-translate's and nmt-serve's: of N
     candidates per line, the one of highest expected utility against the others is written."""
 
     candidates: int = 0  # N: search.sampling's N samples, else beam search's N-best (0: off)
@@ -500,7 +500,7 @@ class MbrConfig:
 @dataclass
 class RerankConfig:
     """nmt-translate's reranking of search.nbest hypotheses: the one of highest forward
-    log P(Y|X) + reverse log P(X|Y) + length |Y| is written (nmt.inference.rerank)."""
+    log P(Y|X) + reverse log P(X|Y) + length |Y| is written (nmt.wings.rerank)."""
 
     model: str = ""  # a reverse (target-to-source) checkpoint: log P(X|Y) of each pair ("": off)
     forward: float = 1.0  # weight of log P(Y|X), the translating model's
@@ -516,7 +516,7 @@ class TranslateConfig:
     input: str = "-"  # raw source text, a sentence a line; "-": stdin (a pipe: line by line)
     output: str = "-"  # translations, one a line, in input order; "-" is standard output
     ref: str = ""  # reference translations: print sacreBLEU BLEU and chrF
-    # A COMET model directory (nmt.metrics.comet): a COMET-22 one prints COMET beside BLEU
+    # A COMET model directory (nmt.wings.comet): a COMET-22 one prints COMET beside BLEU
     # and chrF (needs ref=) and is mbr.utility=comet's; a CometKiwi one adds a column of each
     # line's reference-free score (translation<TAB>score) and prints their mean.
     comet: str = ""

@@ -16,11 +16,11 @@ from nmt.errors import ConfigError
 
 LANG_CODE = re.compile(r"[a-z]{2,3}([-_][a-zA-Z0-9]+)*")  # ISO 639, then a region or script
 # The choices of keys that modules of nmt.inference act on; they import them from here.
-SPLIT_MODES = ("none", "sentence", "paragraph")  # split= (nmt.inference.segment)
-SPLIT_AUTO = "auto"  # split's default: nmt.inference.segment.auto_mode picks one of SPLIT_MODES
+SPLIT_MODES = ("none", "sentence", "paragraph")  # split= (nmt.data.segment)
+SPLIT_AUTO = "auto"  # split's default: nmt.data.segment.auto_mode picks one of SPLIT_MODES
 SPLITTER = "sentencex"  # split=sentence's splitter's module (docs/results.md: why this one)
 SPLIT_EXTRA = "pip install 'nmt[split]'"  # how to install it
-MARKUP_KINDS = ("none", "html", "xml")  # markup= (nmt.inference.markup)
+MARKUP_KINDS = ("none", "html", "xml")  # markup= (nmt.wings.markup.document)
 
 CT2_ONLY_DTYPES = ("int8_float16", "int8_bfloat16")  # search.dtype with engine=ctranslate2 only
 
@@ -88,7 +88,7 @@ def per_segment(cfg: object) -> list[str]:
 
 def check_markup(cfg: object) -> None:
     """markup and placeholders; the tags go back by the alignment of one translation of a
-    whole line's sentences (nmt.inference.markup), glossary and keep terms between them."""
+    whole line's sentences (nmt.wings.markup.document), glossary and keep terms between them."""
     check(cfg.markup in MARKUP_KINDS, "markup",
           f"must be {', '.join(MARKUP_KINDS)}, got {cfg.markup!r}")
     check(not cfg.placeholders or cfg.markup == "xml", "placeholders", "needs markup=xml")
@@ -111,7 +111,7 @@ def check_markup_installed() -> None:
 
 def check_splitter() -> None:
     """split=sentence's splitter (SPLITTER, the `split` extra) is installed: a one-line
-    ConfigError where it is not (found, not imported: nmt.inference.segment imports it)."""
+    ConfigError where it is not (found, not imported: nmt.data.segment imports it)."""
     if importlib.util.find_spec(SPLITTER) is None:
         raise ConfigError("split", f"needs {SPLITTER}: {SPLIT_EXTRA}", value="sentence",
                           line=f"split=sentence needs {SPLITTER}: {SPLIT_EXTRA}")

@@ -1,4 +1,5 @@
-"""The one exception type that the command-line tools turn into a one-line message."""
+"""The exceptions: NmtError, which the command-line tools turn into a one-line message, its
+ConfigError, and ApiError, nmt-serve's error answers."""
 
 from __future__ import annotations
 
@@ -20,6 +21,17 @@ class ConfigError(NmtError):
         named = key if value is None else f"{key}={value}"
         super().__init__(line or f"{named}: {why}")
         self.key, self.why, self.value = key, why, value
+
+
+class ApiError(Exception):
+    """An error answer of nmt-serve (its own API, nmt.serve.service and nmt.serve.app, and
+    LibreTranslate's, nmt.wings.libretranslate.api, each of which writes it in its own JSON
+    shape): HTTP status, the field it is about, one line of text."""
+
+    def __init__(self, status: int, field: str | None, message: str,
+                 headers: dict | None = None):
+        super().__init__(f"{field}: {message}" if field else message)
+        self.status, self.field, self.headers = status, field, headers
 
 
 def first_line(error: BaseException, limit: int = 200) -> str:

@@ -1,7 +1,7 @@
 """Loading a checkpoint for decoding: its model and vocabulary entry, each checked (the
 SentencePiece models against the stored sizes and checksum, the weights against model_cfg),
 and the vocabularies of an ensemble against each other. Every engine and nmt-export load
-through here (nmt.engines.engine, nmt.interop.ct2_export).
+through here (nmt.engines.engine, nmt.wings.interop.ct2_export).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from nmt.variants import build_model
 @dataclass
 class LoadedCheckpoint:
     """One checkpoint as it is, without decoding workers: what nmt-export and the CTranslate2
-    export cache convert (nmt.interop.transformers_export, nmt.interop.ct2_export)."""
+    export cache convert (nmt.wings.interop.transformers_export, nmt.wings.interop.ct2_export)."""
 
     model: Transformer  # on the CPU, in eval mode
     vocab: Vocab  # the checkpoint's vocabulary (sizes, special ids, SentencePiece models)

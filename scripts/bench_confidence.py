@@ -6,7 +6,7 @@ and its sentence chrF against the reference (sacreBLEU).
 
 Each sentence is translated once (beam search, --beam; nmt's engine, whose search gives each
 piece's log P), its words' probabilities are combined from their pieces' both ways
-(nmt-translate's word_combine: product, min; nmt.inference.words), and a sentence's
+(nmt-translate's word_combine: product, min; nmt.wings.words), and a sentence's
 confidence is the mean or the minimum of its words' probabilities; the length-normalised
 score of the search (log P / lp) is the baseline row. A higher rho: the confidence ranks
 the sentences more as chrF does.
@@ -24,10 +24,10 @@ import sacrebleu
 import torch
 
 from nmt.config import SearchConfig
-from nmt.engines.engine import open_translator
-from nmt.inference.words import COMBINES, words
+from nmt.inference.engines import open_translator
 from nmt.system.files import read_lines
 from nmt.system.runtime import usable_cores
+from nmt.wings.words import COMBINES, words
 
 AGGREGATES = {"mean": np.mean, "min": np.min}  # a sentence's confidence from its words'
 

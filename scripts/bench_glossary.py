@@ -7,7 +7,7 @@ kept when that is at least --min-dice; the --terms most frequent such pairs. The
 first --sentences lines of a split with nmt-translate without and with glossary=FILE (beam
 --beam) and prints for each run sacreBLEU BLEU and chrF, term accuracy (the share of the
 glossary terms in the sources whose target term the translation holds as a whole word,
-nmt.inference.glossary's matching) and sentences per second, and the speed cost
+nmt.wings.glossary's matching) and sentences per second, and the speed cost
 (docs/constraints.md, "Glossaries and keep lists"):
 
   python scripts/bench_glossary.py --checkpoint RUN/averaged.pt --data DATA
@@ -31,7 +31,7 @@ from bench_constraints import run
 from nmt.data.arrays import ParallelData
 from nmt.data.manifest import clean_text_path, read_manifest
 from nmt.data.tokenizer import Tokenizer
-from nmt.inference.glossary import Glossary, read_glossary
+from nmt.wings.glossary import Glossary, read_glossary
 
 WORD = re.compile(r"\w+")
 

@@ -1,6 +1,6 @@
 """Markup on real pages (docs/results.md, "Markup on real pages"): pages of Debian's and
 Python's documentation packages (apt-get install debian-reference-en python3-doc) through
-nmt.inference.markup, and through nmt-serve with a model.
+nmt.wings.markup.document, and through nmt-serve with a model.
 
 1. In this process, no model: each page parsed, cut into sentences (split=sentence, sentencex,
    English), each sentence "translated" by a stand-in (aligned_copy): the copy (the sentence
@@ -58,10 +58,10 @@ from pathlib import Path
 from bench_serve import launch
 
 import nmt
-from nmt.inference.markup_parse import VOID, parse
-from nmt.inference.markup_restore import Aligned, put_back
-from nmt.inference.segment import sentence_splitter, split_text
+from nmt.data.segment import sentence_splitter, split_text
 from nmt.system.files import read_lines
+from nmt.wings.markup.parse import VOID, parse
+from nmt.wings.markup.restore import Aligned, put_back
 
 BIN = Path(sys.executable).parent
 DOCS = Path("/usr/share/doc")

@@ -1,6 +1,6 @@
 """MBR against beam search: BLEU, chrF and sentences/s of a checkpoint on a test split's first
 --lines sentences, beam search (--beam) against minimum Bayes risk over N candidates for each
-N of --ns (nmt.metrics.mbr), and how often chrF's reference aggregation picks what the
+N of --ns (nmt.wings.mbr), and how often chrF's reference aggregation picks what the
 pairwise form picks.
 
 Candidates are --candidates: `samples` (epsilon sampling, --epsilon, seeded per line) and/or
@@ -21,9 +21,9 @@ import time
 
 from nmt.config import MbrConfig, SearchConfig, candidate_search
 from nmt.engines.translator import Translator
-from nmt.metrics.mbr import mbr_select, utility_of
 from nmt.metrics.scoring import score
 from nmt.system.files import read_lines
+from nmt.wings.mbr import mbr_select, utility_of
 
 
 def parse_args() -> argparse.Namespace:
@@ -93,7 +93,7 @@ def main() -> None:
     src = [s[:translator.max_input_tokens] for s in translator.src_tok.encode(lines)]
     fast = utility_of("chrf").fastchrf is not None
     print(f"{len(src)} lines, {args.dtype}, {translator.workers} workers, pairwise chrF by "
-          f"{'fastchrf' if fast else 'nmt.metrics.mbr'}", flush=True)
+          f"{'fastchrf' if fast else 'nmt.wings.mbr'}", flush=True)
     base = SearchConfig(beam_size=args.beam, alpha=args.alpha, dtype=args.dtype)
     hyps, seconds = timed(translator.translate_ids, src, base)
     row(f"beam {args.beam}", translator.tgt_tok.decode([h[0].tokens for h in hyps]), refs,

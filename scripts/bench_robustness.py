@@ -1,7 +1,7 @@
 """Benchmark a checkpoint's robustness to the noise train.augment trains on: BLEU and chrF of
 a test split clean, upper-cased, title-cased and with typos, as one markdown table row.
 
-The copies are made by nmt.data.augment's modifiers, with OpusTrainer's semantics for which
+The copies are made by nmt.wings.augment's modifiers, with OpusTrainer's semantics for which
 side they touch: upper and title case rewrite the source and the reference alike (a model
 given "THE CAT" should answer "DIE KATZE"); typos touch the source alone (the reference stays
 clean: the model should translate through them). Every source line of a condition is
@@ -20,7 +20,7 @@ import random
 import tempfile
 from pathlib import Path
 
-from nmt.data.augment import add_typos, title_case, upper_case
+from nmt.wings.augment import add_typos, title_case, upper_case
 
 CONDITIONS = ("clean", "upper", "title", "typos")
 

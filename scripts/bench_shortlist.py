@@ -94,7 +94,7 @@ def main() -> None:
         translator.prepared(dtype)
     ct2 = {}
     if args.ct2:
-        from nmt.engines.ct2_engine import CT2Translator
+        from nmt.wings.ctranslate2 import CT2Translator
 
         for dtype in dtypes:
             for sl in ("", str(path)):

@@ -2,7 +2,7 @@
 document through nmt-translate and nmt-serve (docs/results.md, "Documents: sentence splitting").
 
 1. The test split through nmt-translate with split=none and with split=sentence (--beam,
-   --alpha): BLEU and chrF on the lines the splitter (nmt.inference.segment, sentencex) cuts into
+   --alpha): BLEU and chrF on the lines the splitter (nmt.data.segment, sentencex) cuts into
    two or more sentences, and on all lines. The subset's translations are the whole split's (those
    lines translated on their own, split=none, are checked to come out the same).
 2. A document: the --corpus lines of at least --min-words words, two or more sentences and no
@@ -12,7 +12,7 @@ document through nmt-translate and nmt-serve (docs/results.md, "Documents: sente
    resident memory (os.wait4's rusage of the command: its largest process, workers included).
    The check: each sentence (piece) translated alone by nmt-translate split=none is non-empty,
    and the document's translation is exactly those translations put back between the
-   document's own spaces and blank lines (nmt.inference.segment.Segmented.join), from both programs;
+   document's own spaces and blank lines (nmt.data.segment.Segmented.join), from both programs;
    the server's per-piece answer lists every source sentence with its own translation.
 
     flock /tmp/nmt-cpu.lock .venv/bin/python scripts/bench_split.py \\
@@ -38,7 +38,7 @@ from pathlib import Path
 from bench_serve import launch
 
 from nmt.config import ServeConfig
-from nmt.inference.segment import Segmented, sentence_splitter, split_text
+from nmt.data.segment import Segmented, sentence_splitter, split_text
 from nmt.metrics.scoring import score
 from nmt.system.files import read_lines
 

@@ -2,8 +2,8 @@
 tests/data/sentence_boundaries.tsv, per language and in all, and their speed.
 
 Each candidate package (pysbd, sentencex, sentence-splitter; those not installed are skipped)
-splits every line in its language; its sentences are found in the line as nmt.inference.segment
-finds them (nmt.inference.segment.sentence_starts), and a boundary is right when a gold sentence
+splits every line in its language; its sentences are found in the line as nmt.data.segment
+finds them (nmt.data.segment.sentence_starts), and a boundary is right when a gold sentence
 starts there. Speed: the lines split --rounds times over (the fastest round kept), in lines and
 characters per second, after one warm-up pass (which also builds each language's splitter).
 
@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from nmt.inference.segment import sentence_starts
+from nmt.data.segment import sentence_starts
 
 GOLD = Path(__file__).resolve().parents[1] / "tests/data/sentence_boundaries.tsv"  # data only
 

@@ -1,7 +1,7 @@
 """nmt against CTranslate2 at every batch size, as users decode (issue 60, item 5).
 
 One trained checkpoint (--checkpoint), exported to CTranslate2 with nmt's own converter
-(nmt.interop.ct2_export.write_ctranslate2: float32 weights, source.spm and target.spm beside
+(nmt.wings.interop.ct2_export.write_ctranslate2: float32 weights, source.spm and target.spm beside
 them; --dtype int8 quantises at load on both sides). Real sentences (--input, the bundled
 Debian test split by default, less lines longer than the model's positions; --repeat N: N
 times over), natural output lengths (nmt: its default max_len_a/b; CTranslate2: its own
@@ -55,10 +55,10 @@ from bench_startup import translate_argv
 
 from nmt.config import SearchConfig
 from nmt.engines.translator import Translator
-from nmt.interop.ct2_export import pieces, write_ctranslate2
 from nmt.loading import LoadedCheckpoint
 from nmt.system.files import read_lines
 from nmt.system.runtime import keep_freed_memory, usable_cores
+from nmt.wings.interop.ct2_export import pieces, write_ctranslate2
 
 ROOT = Path(__file__).resolve().parent.parent
 SEARCHES = {"greedy": 1, "beam4": 4}

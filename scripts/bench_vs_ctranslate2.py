@@ -2,7 +2,7 @@
 
 The model is random-init unless --checkpoint is given: the small configuration (3+3 layers,
 d_model 256, d_ff 1024, 4 heads, vocabulary 8,000), exported to CTranslate2 with nmt-export's
-own converter (nmt.interop.ct2_export.ctranslate2_spec). 500 source sentences of 25 random
+own converter (nmt.wings.interop.ct2_export.ctranslate2_spec). 500 source sentences of 25 random
 tokens, batches of 64 sentences, every output forced to exactly 40 tokens (nmt: min_len = max
 length = 40; CTranslate2: min_decoding_length = max_decoding_length = 40), so both do the same
 work; PAD and BOS suppressed in CTranslate2 (suppress_sequences) as nmt never generates them.
@@ -49,8 +49,8 @@ from nmt.config import SearchConfig
 from nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIALS, Specials
 from nmt.data.vocab import Vocab
 from nmt.engines.translator import Translator
-from nmt.interop.ct2_export import ctranslate2_spec, pieces, write_vmap
 from nmt.system.files import read_lines
+from nmt.wings.interop.ct2_export import ctranslate2_spec, pieces, write_vmap
 
 SEARCHES = {"greedy": 1, "beam4": 4}
 

@@ -3,7 +3,8 @@
 Exports --checkpoint (or reads an existing export, --model), then decodes the source file
 greedily three ways: nmt (Translator, search.beam_size=1, its default length limit), and the
 export in onnxruntime (CPU, one thread) fp32 and int8, as transformers.js runs it (the encoder
-once, the merged decoder a token at a time with its cache: nmt.interop.onnx_export.OnnxGreedy),
+once, the merged decoder a token at a time with its cache:
+nmt.wings.interop.onnx_export.OnnxGreedy),
 each with nmt's length limit. Prints the export's file sizes, how many of the first
 --equal sentences the fp32 and int8 exports decode to nmt's exact text, and the BLEU of the
 three against --reference on every line. Timings are not reported: see docs/results.md.
@@ -26,9 +27,9 @@ from nmt.config import ExportConfig, SearchConfig
 from nmt.decoding.batches import translate_ids
 from nmt.decoding.lengths import max_output_lengths
 from nmt.engines.translator import Translator
-from nmt.interop.onnx_export import OnnxGreedy
 from nmt.metrics.scoring import score
 from nmt.system.files import read_lines
+from nmt.wings.interop.onnx_export import OnnxGreedy
 
 
 def parse_args() -> argparse.Namespace:

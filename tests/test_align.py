@@ -1,4 +1,4 @@
-"""Alignments from cross-attention (nmt.inference.align, nmt-translate alignment=true): the diagonal
+"""Alignments from cross-attention (nmt.wings.align, nmt-translate alignment=true): the diagonal
 of a copy model, batching that changes nothing, the Pharaoh column of the command's output."""
 
 import re
@@ -18,10 +18,10 @@ from nmt.data.tokenizer import SPECIALS, Specials
 from nmt.decoding.batches import translate_nbest
 from nmt.engines.translator import Translator
 from nmt.errors import NmtError
-from nmt.inference.align import align, pharaoh
 from nmt.model import make_model
 from nmt.training.loss import LabelSmoothedLoss
 from nmt.training.schedule import build_optimizer
+from nmt.wings.align import align, pharaoh
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

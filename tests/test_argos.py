@@ -1,5 +1,5 @@
-"""Argos Translate packages served as they are (nmt.interop.argos, engine=ctranslate2): packages
-built here in argostranslate's layout (metadata.json, model/, sentencepiece.model), nothing
+"""Argos Translate packages served as they are (nmt.wings.interop.argos, engine=ctranslate2):
+packages built here in argostranslate's layout (metadata.json, model/, sentencepiece.model), nothing
 downloaded. One from nmt-export's CTranslate2 output gives the checkpoint's text; one whose
 source and target vocabularies are their own orders of the SentencePiece model's pieces gives
 it too; a tiny MarianMT converted by CTranslate2's own converter (its ids not the
@@ -36,12 +36,12 @@ from nmt.commands.translate import translate
 from nmt.config import SearchConfig, TranslateConfig, compose, to_object
 from nmt.data.tokenizer import LookupTokenizer, Tokenizer
 from nmt.data.vocab import LanguagePair
-from nmt.engines.engine import open_translator
 from nmt.engines.translator import Translator
 from nmt.errors import NmtError
-from nmt.interop import argos
-from nmt.interop.hf_files import vocabulary_model
+from nmt.inference.engines import open_translator
 from nmt.system.files import read_lines
+from nmt.wings.interop import argos
+from nmt.wings.interop.hf_files import vocabulary_model
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 pytestmark = pytest.mark.usefixtures("one_thread", "private_cache")

@@ -11,7 +11,13 @@ import pytest
 
 from nmt.config import AugmentConfig
 from nmt.data.arrays import ParallelData
-from nmt.data.augment import (
+from nmt.data.batches import EpochBatchIterator
+from nmt.data.manifest import read_manifest
+from nmt.data.sampling import SubwordSampler
+from nmt.data.tokenizer import Tokenizer
+from nmt.errors import ConfigError, NmtError
+from nmt.wings.augment import (
+    Augmenter,
     add_typos,
     augment_pair,
     delete_char,
@@ -23,11 +29,6 @@ from nmt.data.augment import (
     uniform,
     upper_case,
 )
-from nmt.data.batches import EpochBatchIterator
-from nmt.data.manifest import read_manifest
-from nmt.data.sampling import SubwordSampler
-from nmt.data.tokenizer import Tokenizer
-from nmt.errors import ConfigError, NmtError
 
 ROOT = Path(__file__).resolve().parents[1]
 TAGS = "<2de> <BT> >>fr<< __KEEP1__ <ph1>"
@@ -119,7 +120,7 @@ def augment_iterator(data_dir, cfg: AugmentConfig, alpha=0.0, **kwargs):
     manifest = read_manifest(data_dir)
     return EpochBatchIterator(ParallelData(data_dir, "train", manifest), kwargs.pop(
         "max_tokens", 200), 1, 0, corpora=manifest.training_corpora(),
-        sampler=SubwordSampler(data_dir, manifest, alpha, cfg), **kwargs)
+        sampler=SubwordSampler(data_dir, manifest, alpha, Augmenter(cfg)), **kwargs)
 
 
 def test_augmented_batches_are_drawn_by_their_place_within_max_tokens(corpora_dir):
@@ -147,7 +148,7 @@ def test_augmented_batches_are_drawn_by_their_place_within_max_tokens(corpora_di
 def test_augment_needs_the_training_text(tiny_data_dir):
     with pytest.raises(NmtError, match=r"^train.augment: .* has no training text"):
         SubwordSampler(tiny_data_dir, read_manifest(tiny_data_dir), 0.0,
-                       AugmentConfig(uppercase=0.1))
+                       Augmenter(AugmentConfig(uppercase=0.1)))
 
 
 def test_the_robustness_benchmark_makes_its_copies_with_the_modifiers():

@@ -1,4 +1,4 @@
-"""COMET (nmt.metrics.comet) against Unbabel's unbabel-comet 2.2.7, and where nmt uses it:
+"""COMET (nmt.wings.comet) against Unbabel's unbabel-comet 2.2.7, and where nmt uses it:
 nmt-translate's scores and reference-free column, validation, MBR's utility, the preprocess
 filter.
 
@@ -16,18 +16,20 @@ import pytest
 import torch
 from translate_helpers import save_tiny_checkpoint, translate_config
 
+import nmt.commands.train
 import nmt.data.cleaning
-import nmt.metrics.comet as comet_module
-import nmt.metrics.mbr
 import nmt.system.distributed
 import nmt.training.validation
+import nmt.wings.comet as comet_module
+import nmt.wings.mbr
+from nmt.commands.preprocess import quality_filter
 from nmt.commands.train import build_run, load_data
 from nmt.commands.translate import translate
 from nmt.config import CleanConfig, ServeConfig, TrainConfig, compose, to_object
 from nmt.errors import ConfigError, NmtError
-from nmt.metrics.comet import load_comet, read_model_dir, sparsemax
-from nmt.metrics.mbr import comet_utilities
 from nmt.testing.comet_models import FORMS, LINES, build, checksum
+from nmt.wings.comet import load_comet, read_model_dir, sparsemax
+from nmt.wings.mbr import comet_utilities
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -174,7 +176,7 @@ def test_translate_mbr_with_comet(tiny_data_dir, tmp_path, models, test_en, monk
     ckpt = save_tiny_checkpoint(tmp_path / "m.pt", (tiny_data_dir / "spm.model").read_bytes())
     seen = []
     real = comet_utilities
-    monkeypatch.setattr(nmt.metrics.mbr, "comet_utilities",  # rerank imports it when used
+    monkeypatch.setattr(nmt.wings.mbr, "comet_utilities",  # rerank imports it when used
                         lambda c, s, t: seen.append((s, t)) or real(c, s, t))
     out = tmp_path / "hyp"
     translate(config(checkpoint=ckpt, input=test_en, output=out,
@@ -322,16 +324,14 @@ def test_preprocess_drops_pairs_below_the_qe_minimum(tmp_path, models, monkeypat
     counts = [dict.fromkeys(nmt.data.cleaning.COUNTS)]
     corpus = TextCorpus("train", "c", 12, tmp_path / "c.en", tmp_path / "c.de")
     text = nmt.data.cleaning.clean_split([corpus], clean, tmp_path / "o.en", tmp_path / "o.de",
-                                         counts)
+                                         counts, qe=quality_filter(clean))
     kept = [s for s, q in zip(src, scores, strict=True) if q >= minimum]
     assert counts[0]["comet_qe"] == 4 and counts[0]["kept"] == 8 and text.pairs == 8
     assert (tmp_path / "o.en").read_text().splitlines() == kept
     with pytest.raises(ConfigError, match="clean.comet_qe_min: needs clean.comet_qe=DIR"):
         CleanConfig(comet_qe_min=0.5)
     with pytest.raises(NmtError, match="reference-based COMET-22; filtering pairs needs"):
-        nmt.data.cleaning.clean_split([corpus], CleanConfig(
-            comet_qe=str(models["regression_metric"])), tmp_path / "p.en", tmp_path / "p.de",
-            [dict.fromkeys(nmt.data.cleaning.COUNTS)])
+        quality_filter(CleanConfig(comet_qe=str(models["regression_metric"])))
 
 
 class KnownScores:
@@ -361,8 +361,9 @@ def test_the_filter_drops_by_a_fake_scorers_known_values(tmp_path, monkeypatch):
     monkeypatch.setattr(comet_module, "load_comet", lambda path, device: fake)
     counts = [dict.fromkeys(nmt.data.cleaning.COUNTS)]
     corpus = TextCorpus("train", "c", 10, tmp_path / "c.en", tmp_path / "c.de")
-    nmt.data.cleaning.clean_split([corpus], CleanConfig(comet_qe="fake", comet_qe_min=0.45),
-                                  tmp_path / "o.en", tmp_path / "o.de", counts)
+    clean = CleanConfig(comet_qe="fake", comet_qe_min=0.45)
+    nmt.data.cleaning.clean_split([corpus], clean, tmp_path / "o.en", tmp_path / "o.de", counts,
+                                  qe=quality_filter(clean))
     assert counts[0]["comet_qe"] == 5 and counts[0]["kept"] == 5  # 0.0 .. 0.4 dropped
     assert (tmp_path / "o.de").read_text().splitlines() == tgt[5:]
     assert fake.calls == [[f"s{i}" for i in range(10)]]  # one batch of the chunk's pairs
@@ -370,7 +371,7 @@ def test_the_filter_drops_by_a_fake_scorers_known_values(tmp_path, monkeypatch):
 
 def test_validation_takes_a_fake_scorers_known_values(tiny_data_dir, tmp_path, monkeypatch):
     fake = KnownScores(True)
-    monkeypatch.setattr(nmt.training.validation, "load_comet", lambda path, device: fake)
+    monkeypatch.setattr(nmt.commands.train, "load_comet", lambda path, device: fake)
     cfg = train_cfg(tiny_data_dir, tmp_path / "run", "train.valid_bleu=true",
                     "train.valid_bleu_max_sentences=4", "train.comet=fake")
     env = nmt.system.distributed.init("cpu")

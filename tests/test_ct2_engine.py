@@ -16,15 +16,15 @@ from test_export import MAX_LEN, bundled_sentences, sample_spm, varied_checkpoin
 from test_serve import Server
 
 import nmt
-import nmt.interop.ct2_export as ct2_export
+import nmt.wings.interop.ct2_export as ct2_export
 from nmt.commands.translate import translate
 from nmt.config import SearchConfig, TranslateConfig, compose, to_object
 from nmt.decoding.messages import Batch, Hypothesis, Sentence
-from nmt.engines.ct2_engine import CT2Translator
 from nmt.engines.engine import Workers
 from nmt.engines.translator import Translator
 from nmt.errors import ConfigError, NmtError
-from nmt.interop.ct2_export import cached_export, read_info
+from nmt.wings.ctranslate2 import CT2Translator
+from nmt.wings.interop.ct2_export import cached_export, read_info
 
 pytest.importorskip("ctranslate2")
 pytestmark = pytest.mark.usefixtures("one_thread")

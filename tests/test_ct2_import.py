@@ -1,4 +1,4 @@
-"""nmt-import of a CTranslate2 model directory (nmt.interop.ct2_import): an nmt export comes
+"""nmt-import of a CTranslate2 model directory (nmt.wings.interop.ct2_import): an nmt export comes
 back as the same checkpoint, a MarianMT model converted by CTranslate2's own converter
 decodes greedily to CTranslate2's tokens, int8 weights come back dequantised, bad input is one
 line and writes nothing, and the import fine-tunes with train.init_from.
@@ -135,7 +135,7 @@ def write_old_model_bin(model, path: Path, version: int) -> None:
 
 @pytest.mark.parametrize("version", [2, 3])
 def test_older_binary_versions_are_read(checkpoint, version, tmp_path):
-    from nmt.interop.ct2_model import read_model_bin
+    from nmt.wings.interop.ct2_model import read_model_bin
 
     ct2 = export_ct2(checkpoint, tmp_path / "ct2")
     write_old_model_bin(read_model_bin(ct2 / "model.bin"), ct2 / "model.bin", version)
@@ -182,7 +182,7 @@ def test_a_piece_the_vocabulary_lacks_is_unk_imported_as_served(spm, checkpoint,
     vocabulary lacks: <unk> through the import as through the served package (argostranslate's
     lookup), not split further by a SentencePiece model rebuilt over the vocabulary; the same
     outputs."""
-    from nmt.engines.engine import open_translator
+    from nmt.inference.engines import open_translator
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     package = export_package(checkpoint, spm["joint"], tmp_path / "translate-en_de-1_0")
@@ -225,7 +225,7 @@ def opennmt_style_model(checkpoint: Path, spm: bytes, out: Path, source_eos: boo
     add_source_eos (OpenNMT-py's conversions: false); eps: its layer_norm_epsilon
     (OpenNMT-py's: 1e-6)."""
     from nmt.data.tokenizer import Specials
-    from nmt.interop.ct2_export import ctranslate2_spec
+    from nmt.wings.interop.ct2_export import ctranslate2_spec
 
     tr = Translator.load(checkpoint, dtype=None)
     pieces = [tr.tgt_tok.sp.id_to_piece(i) for i in range(tr.tgt_tok.vocab_size)]
@@ -281,7 +281,7 @@ def test_a_model_trained_without_source_eos_gets_none(spm, checkpoint, tmp_path,
     and it gives CTranslate2's greedy output; so does the model served as an Argos package;
     with </s> appended (the old import) the output is another. Its nmt-export to CTranslate2
     keeps both; to transformers (whose models and tokenizers cannot) it is one line."""
-    from nmt.engines.engine import open_translator
+    from nmt.inference.engines import open_translator
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     model = opennmt_style_model(checkpoint, spm["joint"], tmp_path / "translate-en_de-1_0",
@@ -426,7 +426,7 @@ def test_bad_model_directories_are_one_line_and_write_nothing(checkpoint, tmp_pa
 def test_a_layout_nmt_cannot_build_is_named_in_one_line(checkpoint, tmp_path):
     from ctranslate2.specs import TransformerSpec
 
-    from nmt.interop.ct2_export import ctranslate2_spec, pieces
+    from nmt.wings.interop.ct2_export import ctranslate2_spec, pieces
 
     tr = Translator.load(checkpoint, dtype=None)
     out = tmp_path / "out.pt"

@@ -15,9 +15,10 @@ from translate_helpers import save_tiny_checkpoint
 from nmt.capabilities import ENGINES
 from nmt.config import SearchConfig
 from nmt.decoding.messages import Batch, Done, Sentence
-from nmt.engines.engine import Engine, Workers, check_vocab, open_translator
+from nmt.engines.engine import Engine, Workers, check_vocab
 from nmt.engines.translator import Translator
 from nmt.errors import ConfigError, NmtError
+from nmt.inference.engines import open_translator
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SEARCH = SearchConfig(beam_size=2, max_len_b=4)

@@ -34,10 +34,10 @@ from nmt.data.tokenizer import (
 from nmt.decoding.batches import translate_ids
 from nmt.engines.translator import Translator
 from nmt.errors import ConfigError, NmtError
-from nmt.interop.transformers_export import feature_permutation
 from nmt.model import make_model
 from nmt.system.files import read_lines
 from nmt.training.checkpoint import save_checkpoint
+from nmt.wings.interop.transformers_export import feature_permutation
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

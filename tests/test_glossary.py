@@ -1,4 +1,4 @@
-"""Glossaries and keep lists (nmt/inference/glossary.py): the files and their one-line errors,
+"""Glossaries and keep lists (nmt/wings/glossary.py): the files and their one-line errors,
 matching, the exact terms written back; nmt-translate glossary=FILE keep=FILE on a tiny random
 model; nmt-serve's setting and request fields, in nmt's API and LibreTranslate's."""
 
@@ -17,7 +17,7 @@ from nmt.commands.translate import translate
 from nmt.config import ConfigError
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import NmtError
-from nmt.inference.glossary import Glossary, read_glossary, read_keep, request_entries
+from nmt.wings.glossary import Glossary, read_glossary, read_keep, request_entries
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,8 +1,8 @@
 """Imports: the package layout shows the architecture (no import circle, no import from a
-lower layer back up), the batcher of nmt-serve needs neither FastAPI nor torch, scripts/
-import nothing from tests/ (what both need lives in nmt/), the engines sit behind one
-interface (nmt.engines.engine) without importing each other or the export, and no command
-borrows from another."""
+lower layer back up, no core module importing a wing), the batcher of nmt-serve needs neither
+FastAPI nor torch, scripts/ import nothing from tests/ (what both need lives in nmt/), the
+engines sit behind one interface (nmt.engines.engine) without importing each other or the
+export, and no command borrows from another."""
 
 import ast
 import subprocess
@@ -20,14 +20,16 @@ LAYERS = [
      "nmt.capabilities", "nmt.config"},
     {"nmt.system"},  # what nmt needs of the machine
     {"nmt.model", "nmt.variants"},  # the paper's model and its variants
-    {"nmt.metrics"},  # BLEU, chrF, COMET, MBR's utilities
-    {"nmt.data"},  # corpora to batches, the vocabulary, the shortlist file
+    {"nmt.metrics"},  # BLEU and chrF
+    {"nmt.data"},  # corpora to batches, the vocabulary, the shortlist file, texts into pieces
     {"nmt.checkpoint", "nmt.loading"},  # the checkpoint file; its model loaded (engines, exports)
-    {"nmt.interop"},  # other toolkits' models in and out
     {"nmt.decoding"},  # the search, the models' side of a step, the fast model it steps
-    {"nmt.engines"},  # the engine interface, nmt's Translator and its workers, CTranslate2's
-    {"nmt.inference"},  # the translation pipeline and its wings (markup, glossary, words ...)
-    {"nmt.training"},  # nmt-train's loop (validation decodes through nmt.engines.engine)
+    {"nmt.engines"},  # the engine interface, nmt's Translator and its workers
+    {"nmt.training"},  # nmt-train's loop (validation decodes with nmt's Translator)
+    # the optional features (markup, glossary, words, COMET, MBR, augment, LibreTranslate,
+    # importers and exporters, CTranslate2's engine): above the core, which never imports them
+    {"nmt.wings"},
+    {"nmt.inference"},  # the translation pipeline, and the engine pick (open_translator)
     {"nmt.serve"},
     {"nmt.commands"},  # each command's plain function (COMMANDS)
     {"nmt.cli", "nmt.testing"},  # the entry points; the tests' GPU harness
@@ -39,7 +41,7 @@ COMMANDS = {f"nmt.commands.{c}" for c in ("preprocess", "train", "average", "tra
 # A command's own part, beside it and named for it: the command alone imports it.
 COMMAND_PARTS = {"nmt.commands.translate_io": "nmt.commands.translate"}
 # The engines and the CTranslate2 export: none imports another, nor nmt-export's module.
-ENGINES = {"nmt.engines.translator", "nmt.engines.ct2_engine", "nmt.interop.ct2_export"}
+ENGINES = {"nmt.engines.translator", "nmt.wings.ctranslate2", "nmt.wings.interop.ct2_export"}
 # nmt/'s top level: the paper's model and its variants, its checkpoint and what loads one, the
 # config schema and the engines' capabilities it checks against, the errors.
 TOP_LEVEL = {"nmt", "nmt.model", "nmt.variants", "nmt.checkpoint", "nmt.loading", "nmt.config",
@@ -48,16 +50,17 @@ TOP_LEVEL = {"nmt", "nmt.model", "nmt.variants", "nmt.checkpoint", "nmt.loading"
 # What the translation pipeline (nmt.inference.pipeline) does between text and tokens, which
 # the front ends reach through it only: one code path, the same text from both.
 PIPELINE_INNER = {
-    "nmt.inference.segment": {"split_for", "split_text", "fit_for", "sample_stream"},
-    "nmt.inference.markup_parse": {"parse"},
-    "nmt.inference.markup_restore": {"put_back", "restore"},
-    "nmt.inference.glossary": {"with_terms"},
-    "nmt.inference.align": {"sentence_alignments"},
-    "nmt.inference.words": {"words"},
+    "nmt.data.segment": {"split_for", "split_text", "fit_for", "sample_stream"},
+    "nmt.wings.markup.parse": {"parse"},
+    "nmt.wings.markup.restore": {"put_back", "restore"},
+    "nmt.wings.glossary": {"with_terms"},
+    "nmt.wings.align": {"sentence_alignments"},
+    "nmt.wings.words": {"words"},
 }
 FRONT_ENDS = {"nmt.commands.translate", "nmt.serve.service"}
 PACKAGES = {"nmt.cli", "nmt.commands", "nmt.data", "nmt.decoding", "nmt.engines", "nmt.inference",
-            "nmt.interop", "nmt.metrics", "nmt.serve", "nmt.system", "nmt.testing", "nmt.training"}
+            "nmt.metrics", "nmt.serve", "nmt.system", "nmt.testing", "nmt.training", "nmt.wings"}
+WINGS = "nmt.wings"
 
 
 def module_name(path: Path) -> str:
@@ -95,6 +98,21 @@ def test_every_module_has_a_layer_and_imports_none_above_it():
     upward = [(m, i) for m, deps in g.items() for i in deps
               if layer(m) >= 0 and layer(i) > layer(m)]
     assert upward == []
+
+
+def wing_imports(g: dict[str, set[str]], is_wing) -> set[tuple[str, str]]:
+    """(module, wing) for each core module of graph `g` that imports a wing, anywhere in it
+    (inside a function too): the core is every module that `is_wing` does not name and that
+    sits below the wings' layer (nmt's top level included)."""
+    above = {m for m in g if layer(m) > layer(WINGS)}
+    return {(m, i) for m in g if not is_wing(m) and m not in above for i in g[m] if is_wing(i)}
+
+
+def test_no_core_module_imports_a_wing():
+    """The optional features import the core, never the other way round: where the core uses
+    one (validation's COMET, the training batches' augment, preprocessing's COMET filter, the
+    engine pick's CTranslate2), the front ends above the wings pass it in."""
+    assert wing_imports(graph(), lambda m: m == WINGS or m.startswith(WINGS + ".")) == set()
 
 
 def test_the_layers_are_packages():
@@ -162,8 +180,8 @@ def test_no_command_imports_another():
 
 def test_the_engines_and_the_export_do_not_import_each_other():
     g = graph()
-    ct2_export = {"nmt.interop.ct2_export"}
-    allowed = {"nmt.engines.ct2_engine": ct2_export}  # its cache
+    ct2_export = {"nmt.wings.interop.ct2_export"}
+    allowed = {"nmt.wings.ctranslate2": ct2_export}  # its cache
     assert {(m, i) for m in ENGINES & set(g) for i in g[m]
             if i in ENGINES | {"nmt.commands.export", "nmt.engines.engine"}
             and i not in allowed.get(m, set())} == set()
@@ -180,25 +198,25 @@ def test_the_front_ends_call_the_pipeline_not_its_inner_functions():
 
 
 def test_decoding_outside_the_engines_goes_through_the_interface():
-    """The commands, alignments and plots reach an engine through nmt.engines.engine
-    (nmt-train's validation, nmt.training.validation, decodes with nmt's own Translator), and
-    open_translator is defined there only."""
+    """The commands, alignments and plots reach an engine through nmt.engines.engine and the
+    engine pick, open_translator (nmt-train's validation, nmt.training.validation, decodes with
+    nmt's own Translator), which nmt.inference.engines alone defines."""
     g = graph()
-    direct = {"nmt.engines.translator", "nmt.engines.ct2_engine"}
+    direct = {"nmt.engines.translator", "nmt.wings.ctranslate2"}
     # reranking loads its reverse model as nmt's own Translator (rerank.model)
-    own = {"nmt.training.validation", "nmt.inference.rerank"}
+    own = {"nmt.training.validation", "nmt.wings.rerank", "nmt.inference.engines"}
     users = {m for m in g if not m.startswith("nmt.engines") and m not in own}
     assert {(m, i) for m in users for i in g[m] if i in direct} == set()
     defines = [p for p in NMT.rglob("*.py") if "configs" not in p.parts and any(
         isinstance(node, ast.FunctionDef) and node.name == "open_translator"
         for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))))]
-    assert [module_name(p) for p in defines] == ["nmt.engines.engine"]
+    assert [module_name(p) for p in defines] == ["nmt.inference.engines"]
 
 
 def test_both_engines_have_every_method_of_the_interface():
-    from nmt.engines.ct2_engine import CT2Translator
     from nmt.engines.engine import Engine
     from nmt.engines.translator import Translator
+    from nmt.wings.ctranslate2 import CT2Translator
 
     methods = {name for name, value in vars(Engine).items()
                if callable(value) or isinstance(value, property)} - set(vars(object))

@@ -1,4 +1,4 @@
-"""nmt-serve's LibreTranslate API (nmt/serve/libretranslate.py): the HTML pieces, the requests
+"""nmt-serve's LibreTranslate API (nmt/wings/libretranslate/api.py): the HTML pieces, the requests
 told apart from nmt's own on POST /translate, LibreTranslate's answers and errors; then the
 real libretranslatepy client and curl against an nmt-serve process on the loopback."""
 
@@ -29,9 +29,10 @@ from test_serve import InProcess, Server  # noqa: E402
 
 from nmt.data.vocab import FORCED, TAG, Languages  # noqa: E402
 from nmt.errors import NmtError  # noqa: E402
-from nmt.serve import libre_requests, libretranslate  # noqa: E402
-from nmt.serve.api_keys import ApiKeys  # noqa: E402
-from nmt.serve.libretranslate import translate_html, translate_plain  # noqa: E402
+from nmt.wings.libretranslate import api as libretranslate  # noqa: E402
+from nmt.wings.libretranslate import requests as libre_requests  # noqa: E402
+from nmt.wings.libretranslate.api import translate_html, translate_plain  # noqa: E402
+from nmt.wings.libretranslate.api_keys import ApiKeys  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
@@ -314,7 +315,7 @@ def test_a_too_large_json_request_with_q_is_answered_in_libretranslates_shape(li
 
 
 def test_detection_maps_every_code_style_to_the_identifiers():
-    from nmt.serve.langid_codes import label
+    from nmt.wings.libretranslate.langid_codes import label
 
     known = {"en", "de", "zh", "gcf", "wa"}
     assert [label(c, known) for c in ("eng_Latn", "deu_Latn", "zho_Hant", "pt_br", "gcf_Latn",

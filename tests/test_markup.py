@@ -1,4 +1,4 @@
-"""Markup kept inside whole sentences (nmt/inference/markup*.py, markup=html|xml): stand-in
+"""Markup kept inside whole sentences (nmt/wings/markup/*.py, markup=html|xml): stand-in
 translators (a copy, an upper-casing, a word-order reversal, each with its exact alignment) on
 bergamot-translator's test inputs and on generated HTML; the tags' placement, nesting and
 fallback; bad markup; nmt-translate on a file; the offsets of forced-language tokens; work that
@@ -28,14 +28,17 @@ from translate_helpers import translate_config as config
 from nmt.capabilities import ENGINES
 from nmt.commands.translate import translate
 from nmt.config import TranslateConfig, compose, to_object
+from nmt.data import segment
+from nmt.data.segment import split_text
 from nmt.data.tokenizer import SPECIALS
 from nmt.engines.translator import Translator
 from nmt.errors import ConfigError
-from nmt.inference import markup, markup_parse, markup_restore, segment
-from nmt.inference.align import align, sentence_alignments
-from nmt.inference.markup_parse import parse
-from nmt.inference.markup_restore import Aligned, put_back, restore
-from nmt.inference.segment import split_text
+from nmt.wings.align import align, sentence_alignments
+from nmt.wings.markup import document as markup
+from nmt.wings.markup import parse as markup_parse
+from nmt.wings.markup import restore as markup_restore
+from nmt.wings.markup.parse import parse
+from nmt.wings.markup.restore import Aligned, put_back, restore
 
 DATA = Path(__file__).parent / "data"
 BERGAMOT = json.loads((DATA / "bergamot_html_inputs.json").read_text())["inputs"]

@@ -28,11 +28,11 @@ from translate_helpers import save_tiny_checkpoint
 
 from nmt.commands.translate import translate
 from nmt.config import ServeConfig, TranslateConfig, compose, to_object
+from nmt.data.segment import fit, split_text
 from nmt.engines.translator import Translator
-from nmt.inference import markup
-from nmt.inference.markup_parse import parse
-from nmt.inference.markup_restore import put_back
-from nmt.inference.segment import fit, split_text
+from nmt.wings.markup import document as markup
+from nmt.wings.markup.parse import parse
+from nmt.wings.markup.restore import put_back
 
 CODE_BLOCKS = ['<pre class="screen">$ man 1 bash\n$ info make</pre>',
                '<pre>$ <kbd>ls</kbd> -l\nfile list</pre>',

@@ -1,4 +1,4 @@
-"""Placeholders in markup (nmt/inference/markup.py): the model reads whole sentences, a
+"""Placeholders in markup (nmt/wings/markup/document.py): the model reads whole sentences, a
 number standing for each untranslated inline element (code, kbd, var, samp, translate="no",
 a {0}), and the restore puts the element where the number went, exactly once (a number the
 model drops is placed by the alignment, a copy deleted); the spaces around untranslated
@@ -19,10 +19,12 @@ from translate_helpers import save_tiny_checkpoint
 from translate_helpers import translate_config as config
 
 from nmt.commands.translate import translate
+from nmt.data import segment
 from nmt.data.tokenizer import Tokenizer
-from nmt.inference import markup, markup_restore, segment
-from nmt.inference.glossary import Glossary, read_glossary, read_keep
-from nmt.inference.markup_restore import Aligned, put_back
+from nmt.wings.glossary import Glossary, read_glossary, read_keep
+from nmt.wings.markup import document as markup
+from nmt.wings.markup import restore as markup_restore
+from nmt.wings.markup.restore import Aligned, put_back
 
 
 def spm_copy(s: markup.Sentence) -> Aligned:

@@ -1,11 +1,11 @@
-"""MBR selection (nmt.metrics.mbr): sacreBLEU's sentence utilities, the expected utility
+"""MBR selection (nmt.wings.mbr): sacreBLEU's sentence utilities, the expected utility
 against the other candidates, the consensus choice, and reference aggregation; the candidate
 closest to a reference (the distillation recipe's pick)."""
 
 import pytest
 from sacrebleu.metrics import BLEU, CHRF
 
-from nmt.metrics.mbr import ChrF, SentenceBleu, closest, expected_utilities, mbr_select
+from nmt.wings.mbr import ChrF, SentenceBleu, closest, expected_utilities, mbr_select
 
 TEXTS = ["The cat sat on the mat.", "The cat sat on a mat.", "A cat sat on the mat!",
          "the cat is on the mat", "Dogs run in the park.", "", "a", "(hi) Über Straße,",

@@ -28,9 +28,9 @@ from test_export import DATA, run_export, sample_spm, varied_checkpoint  # noqa:
 from test_serve import Server  # noqa: E402
 
 from nmt.data.tokenizer import Tokenizer  # noqa: E402
-from nmt.interop.onnx_export import RUNTIME  # noqa: E402
 from nmt.system.files import read_lines  # noqa: E402
 from nmt.testing.browser import CHROMIUM, Browser  # noqa: E402
+from nmt.wings.interop.onnx_export import RUNTIME  # noqa: E402
 
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(os.environ.get("NMT_BROWSER") != "1",
                                                       reason="make test-browser runs it")]

@@ -4,7 +4,7 @@ The models are tests/test_export.py's (random 2+2 layers, d_model 64, weights sc
 outputs depend on the source; a real SentencePiece vocabulary), pre-norm and post-norm. The
 exported graphs run in onnxruntime as transformers.js runs them (the encoder once, then the
 merged decoder a token at a time, its cache fed back and use_cache_branch set after the first
-step: nmt.interop.onnx_export.OnnxGreedy), and their greedy outputs must equal nmt's on the
+step: nmt.wings.interop.onnx_export.OnnxGreedy), and their greedy outputs must equal nmt's on the
 first 64 sentences of the bundled test.en. The int8 graphs must hold int8 matrix products in
 both branches of the merged decoder and agree with nmt's best token at many steps (these random
 models are far more sensitive to rounding than trained ones: scripts/onnx_parity.py compares a
@@ -36,14 +36,14 @@ from nmt.config import ExportConfig, compose, to_object  # noqa: E402
 from nmt.data.tokenizer import EOS_ID  # noqa: E402
 from nmt.data.vocab import TAG, Languages  # noqa: E402
 from nmt.errors import ConfigError, NmtError  # noqa: E402
-from nmt.interop.onnx_export import (  # noqa: E402
+from nmt.loading import LoadedCheckpoint  # noqa: E402
+from nmt.wings.interop.onnx_export import (  # noqa: E402
     RUNTIME,
     OnnxGreedy,
     check_exportable,
     past_names,
     write_page,
 )
-from nmt.loading import LoadedCheckpoint  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 

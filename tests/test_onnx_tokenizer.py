@@ -1,4 +1,5 @@
-"""tokenizer.json (nmt.interop.tokenizer_json) gives nmt's ids and text exactly, in `tokenizers`.
+"""tokenizer.json (nmt.wings.interop.tokenizer_json) gives nmt's ids and text exactly, in
+`tokenizers`.
 
 Every source and reference line of the bundled test split (debian-po en-de, 2 x 2000 lines) is
 encoded by nmt's Tokenizer and by the tokenizer.json written for its SentencePiece model: the
@@ -21,8 +22,8 @@ pytest.importorskip("tokenizers")
 
 from nmt.data.tokenizer import EOS_ID, Tokenizer, train_bpe  # noqa: E402
 from nmt.errors import NmtError  # noqa: E402
-from nmt.interop.tokenizer_json import hf_tokenizer, write_tokenizer_json  # noqa: E402
 from nmt.system.files import read_lines  # noqa: E402
+from nmt.wings.interop.tokenizer_json import hf_tokenizer, write_tokenizer_json  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "scripts" / "data" / "debian-po" / "en-de"
 

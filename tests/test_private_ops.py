@@ -51,7 +51,7 @@ def test_every_private_sacrebleu_helper_mbr_uses_is_present_and_the_probe_sees_o
 
 
 def test_mbr_without_sacrebleus_private_helpers_scores_with_the_public_api(monkeypatch):
-    from nmt.metrics import mbr
+    from nmt.wings import mbr
 
     texts = ["the cat sat on the mat", "a cat sat on a mat", "the cat sat", "the cat sat"]
     private = {u: mbr.expected_utilities(texts, u) for u in ("chrf", "bleu")}

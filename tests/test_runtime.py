@@ -171,7 +171,7 @@ def test_bf16_is_native_only_with_its_instructions_within_onednns_cap(flags, isa
 
 
 def test_bf16_decoding_on_a_cpu_that_emulates_it_warns_once(ckpts, monkeypatch, caplog):
-    from nmt.engines.engine import open_translator
+    from nmt.inference.engines import open_translator
 
     monkeypatch.setattr(runtime, "cpu_bf16", lambda: runtime.CpuBf16(False, "bf16 is emulated"))
     for dtype, warnings in (("fp32", 0), ("bf16", 1)):

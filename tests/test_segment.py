@@ -1,4 +1,4 @@
-"""nmt.inference.segment: pieces and the text between them, the splitter on hand-labelled corpus
+"""nmt.data.segment: pieces and the text between them, the splitter on hand-labelled corpus
 lines, overlong pieces cut further, and the whole text given back."""
 
 import random
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from nmt.data import segment
+from nmt.data.segment import Segmented, sample_stream, sentence_starts, split_text
 from nmt.errors import ConfigError
-from nmt.inference import segment
-from nmt.inference.segment import Segmented, sample_stream, sentence_starts, split_text
 
 GOLD = Path(__file__).parent / "data" / "sentence_boundaries.tsv"
 DOC = ("  First sentence. Second one?\tThird!\r\n"
@@ -147,8 +147,8 @@ def test_every_piece_of_every_line_draws_its_own_random_numbers():
     """Streams differ for every (seed, line, piece, sample) within the limits: piece k and
     k + 256 of a line (2^32 apart, which a 32-bit seed would wrap), the last line, seeds 2^32
     apart."""
+    from nmt.data.segment import STREAMS
     from nmt.decoding.rules import sample_uniforms
-    from nmt.inference.segment import STREAMS
 
     streams = [sample_stream(line, k) for line in (0, 1, STREAMS - 1)
                for k in (0, 1, 255, 256, 257, 512, 4096)]

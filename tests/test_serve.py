@@ -27,9 +27,9 @@ from translate_helpers import save_tiny_checkpoint
 from nmt.commands.translate import translate
 from nmt.config import MbrConfig, SearchConfig, ServeConfig, TranslateConfig, compose, to_object
 from nmt.decoding.messages import Batch, Done, Ended, Failed, Hypothesis, Sentence
-from nmt.engines.engine import open_translator
 from nmt.engines.translator import Translator
 from nmt.errors import ConfigError, NmtError
+from nmt.inference.engines import open_translator
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")

@@ -28,8 +28,11 @@ from nmt.commands.export import export  # noqa: E402
 from nmt.commands.serve import open_service  # noqa: E402
 from nmt.commands.translate import translate  # noqa: E402
 from nmt.config import ExportConfig, ServeConfig, TranslateConfig, compose, to_object  # noqa: E402
-from nmt.errors import ConfigError, NmtError  # noqa: E402
-from nmt.serve.errors import ApiError  # noqa: E402
+from nmt.errors import (  # noqa: E402
+    ApiError,  # noqa: E402
+    ConfigError,
+    NmtError,
+)
 from nmt.serve.many import create_models_app  # noqa: E402
 from nmt.serve.models import (  # noqa: E402
     Registry,
@@ -555,7 +558,7 @@ def test_argos_packages_are_served_as_they_are_and_pivot_too(models, tmp_path, m
     .argosmodel zip, one BPE package, skipped in one line) beside an nmt checkpoint: each
     package gives its model's text (nmt-translate engine=ctranslate2 of the checkpoint it was
     exported from), and de->es goes through English (de-en.pt, then the package)."""
-    pytest.importorskip("nmt.interop.argos")
+    pytest.importorskip("nmt.wings.interop.argos")
     from test_argos import make_package, zipped
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # zips unpack here

@@ -27,9 +27,9 @@ from nmt.data.shortlist import (
 )
 from nmt.data.tokenizer import EOS_ID, SPECIALS
 from nmt.decoding.batches import translate_nbest
-from nmt.engines.engine import open_translator
 from nmt.engines.translator import Translator
 from nmt.errors import NmtError
+from nmt.inference.engines import open_translator
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.isa]  # int8 columns
 V = 40  # the random models' vocabulary
@@ -245,7 +245,7 @@ def test_the_vocabulary_map_holds_the_shortlist_and_ctranslate2_uses_it(tmp_path
     pytest.importorskip("ctranslate2")
     from nmt.commands.export import export
     from nmt.config import ExportConfig
-    from nmt.engines.ct2_engine import CT2Translator
+    from nmt.wings.ctranslate2 import CT2Translator
 
     ckpt = save_tiny_checkpoint(tmp_path / "ckpt.pt", (tiny_data_dir / "spm.model").read_bytes())
     path = write_shortlist(tiny_data_dir, ShortlistConfig(k=3, frequent=5), tmp_path / "sl.pt")

@@ -13,7 +13,7 @@ import pytest
 from nmt.cli import is_plain
 
 HEAVY = ("sacrebleu", "ctranslate2", "transformers", "fastapi", "matplotlib",
-         "nmt.engines.ct2_engine", "nmt.metrics.mbr", "nmt.training.plot")
+         "nmt.wings.ctranslate2", "nmt.wings.mbr", "nmt.training.plot")
 
 PROBE = """
 import json, sys

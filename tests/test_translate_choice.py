@@ -9,7 +9,7 @@ from translate_helpers import translate_config as config
 
 from nmt.commands.translate import translate
 from nmt.errors import ConfigError
-from nmt.metrics.mbr import mbr_select
+from nmt.wings.mbr import mbr_select
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

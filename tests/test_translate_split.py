@@ -14,9 +14,9 @@ from translate_helpers import translate_config as config
 import nmt.commands.translate
 from nmt.commands.translate import translate
 from nmt.config import SearchConfig, TranslateConfig
+from nmt.data import segment
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import ConfigError
-from nmt.inference import segment
 from nmt.training.checkpoint import load_checkpoint, save_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -89,8 +89,8 @@ def test_an_older_checkpoint_loads_and_translates_as_before(proto, kind, tmp_pat
 
 @pytest.mark.parametrize("kind", RECORDED)
 def test_the_ctranslate2_exports_vocab_is_the_older_releases(proto, kind):
-    """nmt.json holds the vocab dict without the SentencePiece models (nmt.interop.ct2_export),
-    which reads back with protos=False."""
+    """nmt.json holds the vocab dict without the SentencePiece models
+    (nmt.wings.interop.ct2_export), which reads back with protos=False."""
     entry = old_entry(proto, kind)
     older = {k: v for k, v in entry.items() if not isinstance(v, bytes)}  # what it wrote
     vocab = dataclasses.replace(Vocab.from_dict(entry, "old.pt"), src_spm=None, tgt_spm=None)

@@ -1,4 +1,4 @@
-"""Word confidence (nmt.inference.words): each output token's log P comes from the search and
+"""Word confidence (nmt.wings.words): each output token's log P comes from the search and
 equals the model's by teacher forcing, under every search, batched or not, joining a running
 batch or not; a word's probability is its pieces' product (or minimum); nmt-translate and
 nmt-serve give the same numbers."""
@@ -18,8 +18,8 @@ from nmt.data.tokenizer import BOS_ID, EOS_ID, SPACE, SPECIALS, Tokenizer
 from nmt.decoding.batches import decoding_models, translate_nbest
 from nmt.engines.translator import Translator
 from nmt.errors import ConfigError
-from nmt.inference.words import format_words, parse_words, word_probs, word_spans
-from nmt.inference.words import words as words_of
+from nmt.wings.words import format_words, parse_words, word_probs, word_spans
+from nmt.wings.words import words as words_of
 
 V = 24
 pytestmark = pytest.mark.usefixtures("one_thread")

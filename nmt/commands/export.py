@@ -1,6 +1,7 @@
 """nmt-export: a checkpoint in, a CTranslate2, a Hugging Face transformers or an ONNX
-(transformers.js) model directory out (nmt.interop.ct2_export, nmt.interop.transformers_export,
-nmt.interop.onnx_export), built in a temporary directory, then renamed into place."""
+(transformers.js) model directory out (nmt.wings.interop.ct2_export,
+nmt.wings.interop.transformers_export, nmt.wings.interop.onnx_export), built in a temporary
+directory, then renamed into place."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ from pathlib import Path
 
 from nmt.config import ExportConfig
 from nmt.errors import NmtError
-from nmt.interop.ct2_export import export_key, write_ctranslate2
-from nmt.interop.onnx_export import write_onnx
-from nmt.interop.transformers_export import MARKER, PROG, write_transformers
 from nmt.loading import LoadedCheckpoint
 from nmt.system.files import check_out_dir, check_output, new_directory
+from nmt.wings.interop.ct2_export import export_key, write_ctranslate2
+from nmt.wings.interop.onnx_export import write_onnx
+from nmt.wings.interop.transformers_export import MARKER, PROG, write_transformers
 
 
 def export(cfg: ExportConfig) -> Path:

@@ -2,9 +2,9 @@
 an nmt checkpoint out.
 
 A directory with model.bin (or an Argos package, holding it in model/) is a CTranslate2 model
-(nmt.interop.ct2_import); otherwise config.json's model_type picks the converter: marian
-(MarianMT, the OPUS-MT models: nmt.interop.marian) or m2m_100 (M2M100 and NLLB-200:
-nmt.interop.m2m100). Each reads the network,
+(nmt.wings.interop.ct2_import); otherwise config.json's model_type picks the converter: marian
+(MarianMT, the OPUS-MT models: nmt.wings.interop.marian) or m2m_100 (M2M100 and NLLB-200:
+nmt.wings.interop.m2m100). Each reads the network,
 the vocabulary and the weights; the model is built as every command builds it (nmt.variants), the
 weights loaded into it, and the checkpoint written atomically and read back. The checkpoint
 translates, serves, exports and fine-tunes as nmt-train's do; the command prints the nmt-train
@@ -17,11 +17,11 @@ from pathlib import Path
 
 from nmt.config import ImportConfig, ModelConfig
 from nmt.errors import NmtError
-from nmt.interop import ct2_import, m2m100, marian
-from nmt.interop.hf_files import Converted, read_json
 from nmt.system.files import check_output, replaced_file
 from nmt.training.checkpoint import load_checkpoint, save_checkpoint
 from nmt.variants import build_model
+from nmt.wings.interop import ct2_import, m2m100, marian
+from nmt.wings.interop.hf_files import Converted, read_json
 
 PROG = "nmt-import"
 CONVERTERS = {"marian": marian.convert, "m2m_100": m2m100.convert}  # by config.json's model_type

@@ -34,7 +34,7 @@ import numpy as np
 
 from nmt import __version__
 from nmt.data.binarize import OrderedPool, encode_split, init_worker
-from nmt.data.cleaning import COUNTS, check_pairs_left, clean_splits
+from nmt.data.cleaning import COUNTS, QualityFilter, check_pairs_left, clean_splits
 from nmt.data.corpus import Corpus, open_corpus
 from nmt.data.manifest import FORMAT, MANIFEST, Manifest, Section, SplitSize
 from nmt.data.subwords import (
@@ -49,10 +49,11 @@ from nmt.data.subwords import (
     write_subwords,
 )
 from nmt.data.tokenizer import vocab_sha256
+from nmt.errors import NmtError
 from nmt.system.files import check_output, new_directory, sha256_file
 
 if TYPE_CHECKING:
-    from nmt.config import PreprocessConfig
+    from nmt.config import CleanConfig, PreprocessConfig
     from nmt.config_corpora import TrainCorpus
 
 # nmt.data.arrays and nmt.data.shortlist (which imports torch) are imported inside the
@@ -98,6 +99,23 @@ def report(manifest: Manifest, out: Path, seconds: float) -> str:
 
 
 # ----------------------------------------------------------------------------- the command
+def quality_filter(clean: CleanConfig) -> QualityFilter | None:
+    """clean.comet_qe's filter of the training pairs (None without it): its CometKiwi model
+    (nmt.wings.comet) loaded once, on a GPU where there is one; a one-line error for a
+    reference-based COMET-22."""
+    if not clean.comet_qe:
+        return None
+    import torch
+
+    from nmt.wings.comet import load_comet
+
+    comet = load_comet(clean.comet_qe, "cuda" if torch.cuda.is_available() else "cpu")
+    if comet.spec.needs_reference:
+        raise NmtError(f"clean.comet_qe: {clean.comet_qe} is a reference-based COMET-22; "
+                       "filtering pairs needs a reference-free CometKiwi model")
+    return QualityFilter(comet, clean.comet_qe_min)
+
+
 def build(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], reused: tuple | None,
           tmp: Path) -> dict:
     """Stages 2-4 into the temporary directory tmp; returns the manifest (without checksums)."""
@@ -109,7 +127,7 @@ def build(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], reused: tuple
     specs = cfg.corpora
     seconds = {}
     t = time.time()
-    counts, texts = clean_splits(cfg, corpora, tmp)
+    counts, texts = clean_splits(cfg, corpora, tmp, quality_filter(cfg.clean))
     seconds["clean"], t = time.time() - t, time.time()
     src_tok, tgt_tok, spm_info = reused or train_subwords(
         texts["train"], cfg.bpe, sorted(

@@ -16,10 +16,10 @@ from fastapi import FastAPI
 
 from nmt.config import SearchConfig, ServeConfig
 from nmt.decoding.messages import Batch, Failed, Sentence
-from nmt.engines.engine import Workers, check_vocab, open_translator
+from nmt.engines.engine import Workers, check_vocab
 from nmt.errors import NmtError
+from nmt.inference.engines import open_translator
 from nmt.serve.app import create_app
-from nmt.serve.libretranslate import KEY_FIELDS
 from nmt.serve.many import create_models_app
 from nmt.serve.models import (
     ModelEntry,
@@ -33,6 +33,7 @@ from nmt.serve.offline import check_offline
 from nmt.serve.service import Service, log
 from nmt.system.preemption import restore_handler
 from nmt.system.runtime import cap_onednn_cache, keep_freed_memory, pick_device, usable_cores
+from nmt.wings.libretranslate.api import KEY_FIELDS
 
 
 def open_socket(host: str, port: int) -> socket.socket:

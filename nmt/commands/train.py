@@ -67,8 +67,10 @@ from nmt.training.run import (
 from nmt.training.runlog import RunDirLock, RunLog
 from nmt.training.schedule import build_optimizer
 from nmt.training.stopping import NO_FLAGS, Stop, Stopping
-from nmt.training.validation import valid_comet, validate_and_track
+from nmt.training.validation import validate_and_track
 from nmt.variants import build_model
+from nmt.wings.augment import Augmenter
+from nmt.wings.comet import load_comet, system_score
 
 log = logging.getLogger("nmt.commands.train")
 
@@ -97,9 +99,7 @@ def train(cfg: TrainConfig) -> dict:
         try:
             trim_heap = tune_process(tc, env.device)
             cfg = fit_to_memory(cfg, env)  # train.gpu_memory: max_tokens from a probe
-            run = build_run(cfg, env, load_data(cfg, env))
-            if tc.comet:  # train.comet's model checked (and loaded) now, not at validation
-                valid_comet(run)
+            run = build_run(cfg, env, load_data(cfg, env))  # train.comet's model loaded now
             start(run, distributed.from_main(
                 lambda: starting_state(cfg, run.vocab.sha256, run_lock), env.device))
             logs = RunLog(cfg, run.update) if env.is_main else None
@@ -260,7 +260,7 @@ def load_data(cfg: TrainConfig, env: distributed.DistInfo) -> Data:
                        f"({', '.join(c.name for c in corpora)})")
     if directions(manifest, "train"):
         weights = temperature_weights(corpora, weights, tc.temperature)
-    sampler = (SubwordSampler(cfg.data_dir, manifest, tc.subword_sampling, tc.augment)
+    sampler = (SubwordSampler(cfg.data_dir, manifest, tc.subword_sampling, Augmenter(tc.augment))
                if tc.subword_sampling or tc.augment.active else None)
     static = tc.compile == "true" and static_shapes(tc, env.device)
     itr = EpochBatchIterator(train, tc.max_tokens, tc.seed, vocab.pad_id, env.rank,
@@ -355,7 +355,20 @@ def build_run(cfg: TrainConfig, env: distributed.DistInfo, data: Data) -> Run:
     check_every = 1 if env.device.type == "cpu" else tc.log_interval
     return Run(cfg, env, data, model, step_loss, ddp, ema, optimizer, scheduler, scaler, amp,
                precision, update_frequency(tc, data.train, env.world_size), check_every,
-               Monitor(env.device))
+               Monitor(env.device), comet=valid_comet(tc.comet, env.device) if tc.comet else None)
+
+
+def valid_comet(path: str, device: torch.device
+                ) -> Callable[[list[str], list[str], list[str]], float]:
+    """train.comet's COMET-22 model (nmt.wings.comet) on the run's device, as validation's
+    system score of (sources, hypotheses, references); a one-line error for a reference-free
+    one."""
+    comet = load_comet(path, str(device))
+    if not comet.spec.needs_reference:
+        raise NmtError(f"train.comet: {path} is a reference-free CometKiwi; "
+                       "validation scores against references: give a COMET-22 model")
+    return lambda sources, hypotheses, references: system_score(
+        comet.score(sources, hypotheses, references))
 
 
 def step_loss_of(cfg: TrainConfig, env: distributed.DistInfo, model: nn.Module, pad_id: int,

@@ -9,19 +9,19 @@ carries only translations. score_reference=true writes `log P<TAB>score<TAB>|Y|`
 pair instead. constraints=FILE gives each input line target phrases its translation must
 contain (lexically constrained beam search, nmt.decoding.constrained); glossary=FILE and keep=FILE
 make the terms each source holds such constraints, and write the exact terms back
-(nmt.inference.glossary). From a pipe or a
+(nmt.wings.glossary). From a pipe or a
 terminal, lines are translated as they arrive; under torchrun the ranks share the lines and
 rank 0 writes them all. alignment=true adds to each output line the source-target links of its
-translation (nmt.inference.align): a TAB-separated column after a translation or a scored pair, a
+translation (nmt.wings.align): a TAB-separated column after a translation or a scored pair, a
 fourth ` ||| ` field of an n-best line. word_scores=true adds, after them, each target word with
-its probability (`word|0.9312 ...`, nmt.inference.words). split=sentence|paragraph translates
+its probability (`word|0.9312 ...`, nmt.wings.words). split=sentence|paragraph translates
 each line's sentences (or the line, cut to fit the model) apart, in the same batches as all other
 pieces, and puts the translations back in the line with the spaces between them
-(nmt.inference.segment). markup=html|xml reads each line as a document: its inline tags taken out,
+(nmt.data.segment). markup=html|xml reads each line as a document: its inline tags taken out,
 its sentences translated whole and each tag put back where the alignment puts its words
-(nmt.inference.markup). mbr.candidates=N or rerank.model=CKPT write, of each line's (or
-piece's) candidates, the one chosen by minimum Bayes risk or by reranking (nmt.inference.rerank).
-comet=DIR (nmt.metrics.comet): a COMET-22 model prints COMET beside BLEU and chrF (ref=), and
+(nmt.wings.markup.document). mbr.candidates=N or rerank.model=CKPT write, of each line's (or
+piece's) candidates, the one chosen by minimum Bayes risk or by reranking (nmt.wings.rerank).
+comet=DIR (nmt.wings.comet): a COMET-22 model prints COMET beside BLEU and chrF (ref=), and
 is mbr.utility=comet's; a CometKiwi model adds each line's reference-free score as a TAB column
 and prints their mean. Everything between text and tokens (split, markup, language tokens,
 glossary terms, the cut, MBR or reranking, tags and terms put back, pieces rejoined, word
@@ -60,23 +60,24 @@ from nmt.commands.translate_io import (
 from nmt.config import TranslateConfig
 from nmt.config_checks import SPLIT_AUTO, check_split_lang, per_segment
 from nmt.data.languages import LanguageChoice, choose, recorded_pair
+from nmt.data.segment import auto_mode, sentence_splitter
 from nmt.data.vocab import Vocab
 from nmt.decoding.constrained import missing_phrases
 from nmt.decoding.messages import Hypothesis
-from nmt.engines.engine import Engine, check_vocab, open_translator
+from nmt.engines.engine import Engine, check_vocab
 from nmt.errors import ConfigError, NmtError
 from nmt.inference import pipeline
-from nmt.inference.align import align, check_layer, pharaoh
-from nmt.inference.glossary import Glossary
+from nmt.inference.engines import open_translator
 from nmt.inference.pipeline import Options, Prepared, TextResult
-from nmt.inference.rerank import Chooser
-from nmt.inference.segment import auto_mode, sentence_splitter
-from nmt.inference.words import format_words
-from nmt.metrics.comet import Comet, load_comet
 from nmt.metrics.scoring import check_bleu_tokenize
 from nmt.system import distributed
 from nmt.system.files import check_output, decode_line, read_lines
 from nmt.system.runtime import cap_onednn_cache, keep_freed_memory, usable_cores
+from nmt.wings.align import align, check_layer, pharaoh
+from nmt.wings.comet import Comet, load_comet
+from nmt.wings.glossary import Glossary
+from nmt.wings.rerank import Chooser
+from nmt.wings.words import format_words
 
 PARALLEL_LINES = 32  # interactive input: fewer lines per worker than this use one process
 FEW_LINES = 8  # a file of fewer lines decodes here on one thread (few_lines); a pipe's chunk

@@ -14,14 +14,14 @@ import threading
 from dataclasses import dataclass, field
 
 from nmt.config import TranslateConfig, candidate_search
+from nmt.data.segment import Segmented
 from nmt.data.tokenizer import Tokenizer
 from nmt.decoding.messages import Hypothesis
 from nmt.errors import NmtError
-from nmt.inference.markup import Document
-from nmt.inference.segment import Segmented
-from nmt.metrics.comet import Comet, system_score
 from nmt.metrics.scoring import Scores, score
 from nmt.system.files import read_lines, write_atomically
+from nmt.wings.comet import Comet, system_score
+from nmt.wings.markup.document import Document
 
 PROG = "nmt-translate"
 CHUNK_LINES = 1000  # interactive input: lines translated together at most

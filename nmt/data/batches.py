@@ -311,7 +311,7 @@ class EpochBatchIterator:
     def lengths(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """The sentences' (source, target) lengths that `epoch` is batched by: the stored
         ones, those of the cased and typo'd sentences (train.augment) grown by their
-        estimate (nmt.data.augment.GROWTH)."""
+        estimate (nmt.wings.augment.GROWTH)."""
         cases = self.sampler and self.sampler.cases(self.seed, epoch, np.arange(len(self.data)))
         if cases is None:
             return self.src_len, self.tgt_len

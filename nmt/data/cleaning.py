@@ -47,13 +47,13 @@ def normalize(text: str, form: str) -> str:
 
 
 def clean_split(corpora: list[Corpus], clean: CleanConfig, src_out: Path, tgt_out: Path,
-                counts: list[dict], held: HeldOut | None = None) -> CleanText:
+                counts: list[dict], held: HeldOut | None = None,
+                qe: QualityFilter | None = None) -> CleanText:
     """Stream the corpora of one split, one after the other, through the text filters into
     src_out / tgt_out, counting each corpus's drops in its dict of `counts` (duplicates are
     looked for across the corpora; with `held`, a pair with a side among its sentences is
-    dropped too)."""
+    dropped too; with `qe`, clean.comet_qe's filter, a pair it scores low)."""
     dedup = clean.dedup and corpora[0].role == "train"
-    qe = QualityFilter.open(clean) if corpora[0].role == "train" else None
     seen: set[int] = set()
     chunks, owners, src_buf, tgt_buf = [], [], [], []
     with open(src_out, "wb") as fs, open(tgt_out, "wb") as ft:
@@ -114,26 +114,12 @@ def clean_split(corpora: list[Corpus], clean: CleanConfig, src_out: Path, tgt_ou
 
 class QualityFilter:
     """clean.comet_qe: CometKiwi's reference-free score of each training pair (the target as
-    the translation of the source), and the pairs below clean.comet_qe_min dropped."""
+    the translation of the source), and the pairs below clean.comet_qe_min dropped. `comet`
+    is the model (nmt.wings.comet's), which nmt-preprocess loads and passes in
+    (nmt.commands.preprocess.quality_filter)."""
 
     def __init__(self, comet, minimum: float):
         self.comet, self.minimum, self.dropped = comet, minimum, 0
-
-    @classmethod
-    def open(cls, clean: CleanConfig) -> QualityFilter | None:
-        """The filter clean asks for (None without clean.comet_qe), its model loaded once
-        (on a GPU where there is one)."""
-        if not clean.comet_qe:
-            return None
-        import torch
-
-        from nmt.metrics.comet import load_comet
-
-        comet = load_comet(clean.comet_qe, "cuda" if torch.cuda.is_available() else "cpu")
-        if comet.spec.needs_reference:
-            raise NmtError(f"clean.comet_qe: {clean.comet_qe} is a reference-based COMET-22; "
-                           "filtering pairs needs a reference-free CometKiwi model")
-        return cls(comet, clean.comet_qe_min)
 
     def kept(self, src: list[str], tgt: list[str]) -> tuple[list[str], list[str]]:
         """The pairs scoring at least the minimum; the others counted in `dropped`."""
@@ -175,11 +161,12 @@ def cleaned_lines(path: str, start: int, end: int) -> list[str]:
         return f.read(end - start).decode("utf-8").split("\n")[:-1]
 
 
-def clean_splits(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], tmp: Path
+def clean_splits(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], tmp: Path,
+                 qe: QualityFilter | None = None
                  ) -> tuple[dict[str, list[dict]], dict[str, CleanText]]:
-    """Stage 2 for every split into tmp: each corpus's counts and each split's cleaned text.
-    A multilingual run cleans valid and test first, and holds their sentences out of the
-    training split (HeldOut)."""
+    """Stage 2 for every split into tmp: each corpus's counts and each split's cleaned text
+    (`qe`: clean.comet_qe's filter of the training split). A multilingual run cleans valid and
+    test first, and holds their sentences out of the training split (HeldOut)."""
     langs = {"src": cfg.src_lang, "tgt": cfg.tgt_lang}
     pairs = {role: [(c.src_lang, c.tgt_lang) for c in specs]
              for role, specs in cfg.corpora.items()}
@@ -189,7 +176,8 @@ def clean_splits(cfg: PreprocessConfig, corpora: dict[str, list[Corpus]], tmp: P
         paths = [tmp / f"{role}.clean.{langs[side]}" for side in ("src", "tgt")]
         counts[role] = [dict.fromkeys(COUNTS) for _ in corpora[role]]
         texts[role] = clean_split(corpora[role], cfg.clean, *paths, counts[role],
-                                  held if role == "train" else None)
+                                  held if role == "train" else None,
+                                  qe if role == "train" else None)
         if held is not None and role != "train":
             held.add(texts[role], pairs[role])
     order = [role for role in ("train", "valid", "test") if role in texts]

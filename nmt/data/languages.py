@@ -5,11 +5,12 @@ A checkpoint of a multilingual model records them in nmt.data.vocab.Vocab.langua
 nmt.data.vocab.Languages: its convention and codes, {language: token id}); a checkpoint without
 them (every older one, and every bilingual model) is one language pair, to which src_lang= and
 tgt_lang= do not apply. The conventions of the models nmt imports:
-- "forced" (M2M100, NLLB-200; nmt.interop.m2m100): a source is `code(src_lang) pieces </s>`, and
-  the output starts with code(tgt_lang), forced (decoding starts from </s>): both are needed.
-- "tag" (multilingual OPUS-MT; nmt.interop.marian): a source is `>>tgt_lang<< pieces </s>`; without
-  tgt_lang= the text itself may start with the token (it is one piece), as with
-  MarianTokenizer.
+- "forced" (M2M100, NLLB-200; nmt.wings.interop.m2m100): a source is
+  `code(src_lang) pieces </s>`, and the output starts with code(tgt_lang), forced (decoding
+  starts from </s>): both are needed.
+- "tag" (multilingual OPUS-MT; nmt.wings.interop.marian): a source is
+  `>>tgt_lang<< pieces </s>`; without tgt_lang= the text itself may start with the token (it
+  is one piece), as with MarianTokenizer.
 The names are the checkpoint's: de for M2M100's __de__ and OPUS-MT's >>de<<, deu_Latn for
 NLLB-200. nmt-preprocess's src_lang and tgt_lang are the suffixes of its files (a
 multilingual data directory's side names); its corpora's src_lang and tgt_lang are languages.

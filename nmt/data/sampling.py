@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
-from nmt.config import AugmentConfig
 from nmt.data.arrays import ParallelData, TokenArray
-from nmt.data.augment import Cases, augment_pair, draw_cases
 from nmt.data.manifest import Manifest
 from nmt.data.tokenizer import directory_tokenizers
 from nmt.errors import NmtError
@@ -21,22 +20,49 @@ from nmt.errors import NmtError
 # (debian-po, 8k pieces: +7% at alpha 0.05, +14% at 0.1, +31% at 0.2); with room for 3 x alpha
 # about 5% of the sentence sides (3% at 0.2) keep their stored segmentation for want of room.
 SAMPLING_ROOM = 3.0  # with subword sampling, batches are cut for max_tokens / (1 + 3 alpha)
-# train.augment: rows longer than their estimate (nmt.data.augment.GROWTH) get 10% more room
+# train.augment: rows longer than their estimate (nmt.wings.augment.GROWTH) get 10% more room
 # (debian-po, 4k pieces, cpu20's 1,536 tokens, rates 0.05 upper, 0.05 title, 0.1 typos, 0.1
 # punctuation: 4.1% of the rewritten pairs keep their stored segmentation, 8.0% without room).
 AUGMENT_ROOM = 0.1
 
 
+class Cases(Protocol):
+    """Which sentences an epoch upper-cases, title-cases and gives typos ((n,) bool arrays:
+    nmt.wings.augment.Cases)."""
+
+    upper: np.ndarray
+    title: np.ndarray
+    typos: np.ndarray
+
+    def growth(self, edits: int, source: bool) -> np.ndarray:
+        """(n,) the factor each sentence's source (or target) length is estimated to grow by."""
+
+
+class Augment(Protocol):
+    """train.augment's robustness modifiers (nmt.wings.augment.Augmenter, which nmt-train
+    passes in): the cases drawn for an epoch, and a pair rewritten as drawn."""
+
+    active: bool  # any modifier's rate above 0
+    typo_edits: int  # typos per typo'd source
+
+    def cases(self, seed: int, epoch: int, ids: np.ndarray) -> Cases:
+        """Which of sentences `ids` `epoch` cases and gives typos."""
+
+    def pair(self, src: str, tgt: str, upper: bool, title: bool, typos: bool,
+             rng: random.Random) -> tuple[str, str]:
+        """One training pair rewritten as drawn; rng draws its typos and punctuation."""
+
+
 class SubwordSampler:
     """The training sentences encoded afresh for every batch from the cleaned text that
     nmt-preprocess keep_text=true kept: segmented by BPE-dropout (train.subword_sampling,
-    alpha > 0) and/or rewritten by robustness modifiers first (train.augment: nmt.data.augment),
+    alpha > 0) and/or rewritten by robustness modifiers first (train.augment: an Augment),
     each corpus's tag put first on the source side as in the .bin. The draws depend on the
     batch's seed and the sentences alone. A side longer than a batch's row limit keeps its
     stored segmentation (both sides of a rewritten pair do)."""
 
     def __init__(self, data_dir: str | Path, manifest: Manifest, alpha: float,
-                 augment: AugmentConfig | None = None):
+                 augment: Augment | None = None):
         text = manifest.train_text
         if not text:
             asked = f"train.subword_sampling={alpha}" if alpha else "train.augment"
@@ -60,7 +86,7 @@ class SubwordSampler:
 
     def cases(self, seed: int, epoch: int, ids: np.ndarray) -> Cases | None:
         """Which of sentences `ids` `epoch` cases and gives typos (None: no augment)."""
-        return self.augment and draw_cases(self.augment, seed, epoch, ids)
+        return self.augment and self.augment.cases(seed, epoch, ids)
 
     def texts(self, ids: np.ndarray, seed: list[int], cases: Cases | None
               ) -> tuple[list[str], list[str], list[bool]]:
@@ -72,7 +98,7 @@ class SubwordSampler:
             return src, tgt, [False] * len(ids)
         state = np.random.SeedSequence([*seed, 2]).generate_state(1, np.uint64)
         rng = random.Random(int(state[0]))
-        pairs = [augment_pair(s, t, *drawn, self.augment, rng) for s, t, *drawn in
+        pairs = [self.augment.pair(s, t, *drawn, rng) for s, t, *drawn in
                  zip(src, tgt, cases.upper.tolist(), cases.title.tolist(),
                      cases.typos.tolist(), strict=True)]
         return ([p[0] for p in pairs], [p[1] for p in pairs],

@@ -107,7 +107,7 @@ def token_count(tok) -> Callable[[str], int]:
 
 def fit_for(tok, limit: int) -> Callable[[str], list[str]]:
     """fit with parts of at most `limit` tokens of `tok` (the source side's Tokenizer): how
-    markup cuts a sentence joined around a tag pair (nmt.inference.markup.Document.cut)."""
+    markup cuts a sentence joined around a tag pair (nmt.wings.markup.document.Document.cut)."""
     return lambda text: fit(text, token_count(tok), limit)
 
 

@@ -18,7 +18,7 @@ multiplies by those rows of the output projection only; log-softmax is over the 
 and the search works in their columns (nmt.decoding.rules.Columns; with lexical constraints,
 in full-vocabulary rows with every other piece at log P = -inf). `vmap_text` gives the same lists as
 CTranslate2's vocabulary map (vmap.txt, translate_batch(use_vmap=True)), which
-nmt.interop.ct2_export.write_vmap writes.
+nmt.wings.interop.ct2_export.write_vmap writes.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """SentencePiece subwords: the only module that imports sentencepiece.
 
 The models nmt trains have fixed ids: pad 0, unk 1, bos 2, eos 3. Imported models keep
-their own (nmt.interop.marian: MarianMT's </s> 0, <unk> 1, <pad> last and no <s>;
-nmt.interop.m2m100: fairseq's <s> 0, <pad> 1, </s> 2, <unk> 3, decoding from </s>), so every user
-asks the Tokenizer object (Tokenizer.specials) rather than assuming these.
+their own (nmt.wings.interop.marian: MarianMT's </s> 0, <unk> 1, <pad> last and no <s>;
+nmt.wings.interop.m2m100: fairseq's <s> 0, <pad> 1, </s> 2, <unk> 3, decoding from </s>), so every
+user asks the Tokenizer object (Tokenizer.specials) rather than assuming these.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class Tokenizer:
 
     def __init__(self, proto: bytes, name: str = "<bytes>", split_only: bool = False):
         """split_only: a model that only splits text into pieces (an Argos package's, whose
-        ids are its CTranslate2 model's: nmt.interop.argos), which need define no specials."""
+        ids are its CTranslate2 model's: nmt.wings.interop.argos), which need define no specials."""
         self.proto = bytes(proto)
         self._merges: dict[str, tuple[int, float]] | None = None  # for sample(), when used
         self._pieces: list[str] = []  # id -> piece, for sample()
@@ -211,11 +211,12 @@ class Tokenizer:
 
 class LookupTokenizer(Tokenizer):
     """A Tokenizer whose ids are another vocabulary's (a CTranslate2 model's: an Argos package
-    served, nmt.interop.argos, or imported, nmt.interop.ct2_import): text is split into pieces
-    by `split` (the model's own SentencePiece model, as argostranslate and MarianMT's tokenizer
-    split it) and each piece looked up among this model's pieces, <unk> where it has none (as
-    CTranslate2 looks it up), not split further; the rest (decode, pieces, specials) is this
-    model, whose piece i is the vocabulary's token i (nmt.interop.hf_files.vocabulary_model)."""
+    served, nmt.wings.interop.argos, or imported, nmt.wings.interop.ct2_import): text is split into
+    pieces by `split` (the model's own SentencePiece model, as argostranslate and MarianMT's
+    tokenizer split it) and each piece looked up among this model's pieces, <unk> where it has
+    none (as CTranslate2 looks it up), not split further; the rest (decode, pieces, specials) is
+    this model, whose piece i is the vocabulary's token i
+    (nmt.wings.interop.hf_files.vocabulary_model)."""
 
     def __init__(self, proto: bytes, split: bytes, name: str = "<bytes>"):
         super().__init__(proto, name)

@@ -1,11 +1,12 @@
 """A checkpoint's vocabulary: its sizes, special ids, checksum, SentencePiece models and
 languages, as one typed value (Vocab) that its builders construct (nmt.commands.train.load_vocab,
-the importers nmt.interop.marian and nmt.interop.m2m100) and every reader reads by attribute.
+the importers nmt.wings.interop.marian and nmt.wings.interop.m2m100) and every reader reads by
+attribute.
 
 A checkpoint is read with torch.load(weights_only=True), which holds no dataclass, so it stores
 Vocab.to_dict(), the plain dict checkpoints have always held; Vocab.from_dict reads it back,
 that of an older checkpoint (without the optional entries) included, and the vocab entry of a
-CTranslate2 export's nmt.json (nmt.interop.ct2_export), which leaves the SentencePiece models
+CTranslate2 export's nmt.json (nmt.wings.interop.ct2_export), which leaves the SentencePiece models
 out.
 """
 

@@ -186,7 +186,7 @@ def sample_uniforms(lines: list[int], n: int, steps: int, seed: int) -> Tensor:
     (not on batching, worker processes, ranks or the step a sentence joins at). Each row's
     generator is seeded with the whole (seed, line, j) as six 32-bit words, which numpy's
     SeedSequence hashes into 128 bits: torch's CPU generator keeps 32 bits of a seed, so
-    streams 2^32 apart (piece k and k + 256 of a split line, nmt.inference.segment.sample_stream)
+    streams 2^32 apart (piece k and k + 256 of a split line, nmt.data.segment.sample_stream)
     would draw alike."""
     rows = [np.random.default_rng(_words(seed % 2 ** 64, line, j)).random(steps, np.float32)
             for line in lines for j in range(n)]

@@ -1,5 +1,5 @@
 """The attention weights side channel beside nmt/model.py, for attention heatmaps
-(nmt/training/plot.py) and the alignments built from them (nmt/inference/align.py), which read them
+(nmt/training/plot.py) and the alignments built from them (nmt/wings/align.py), which read them
 through the engine (nmt.engines.translator.Translator.attention).
 
 The model's attention runs fused (F.scaled_dot_product_attention), which never forms the

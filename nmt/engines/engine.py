@@ -1,9 +1,9 @@
 """The engine interface: what nmt-translate, nmt-serve, alignments, attention plots and the
-benchmarks decode through, and `open_translator`, the one switch between the engines (which
-imports CTranslate2's engine only when it is asked for).
+benchmarks decode through (`open_translator`, the one switch between the engines, is the front
+ends': nmt.inference.engines, since CTranslate2's engine is a wing).
 
 Two engines implement it: nmt's own Translator (engine=nmt, nmt.engines.translator) and
-CTranslate2's (engine=ctranslate2, nmt.engines.ct2_engine). What an engine cannot do is
+CTranslate2's (engine=ctranslate2, nmt.wings.ctranslate2). What an engine cannot do is
 stated once, in its `capabilities` (nmt.capabilities): the configs refuse it before
 loading, the engine again when it is asked, each a one-line ConfigError naming the key.
 """
@@ -18,15 +18,9 @@ from torch import Tensor
 
 from nmt.capabilities import Capabilities
 from nmt.config import SearchConfig
-from nmt.config_checks import check_search_device
-from nmt.data.shortlist import load_shortlist
 from nmt.data.tokenizer import Specials, Tokenizer, check_same_vocabulary
 from nmt.data.vocab import Vocab
 from nmt.decoding.messages import Hypothesis
-from nmt.engines.translator import Translator
-from nmt.errors import NmtError
-from nmt.interop.argos import is_package
-from nmt.system.runtime import warn_if_bf16_emulated
 
 
 @runtime_checkable
@@ -98,40 +92,6 @@ class Engine(Protocol):
 
     def close(self) -> None:
         """Stop its workers."""
-
-
-def open_translator(engine: str, checkpoints: list[str], device: torch.device,
-                    weights: str = "auto", dtype: str = "fp32", workers: int = 1,
-                    threads: int = 0, ct2_model: str = "", shortlist: str = "",
-                    compile: bool = False) -> Engine:
-    """The Translator of engine=nmt, or the CT2Translator of engine=ctranslate2 (one
-    checkpoint, or an Argos Translate package: nmt.interop.argos; search.dtype checked
-    against the device for the engine first; shortlist: search.shortlist, which must be built
-    for the checkpoint's target vocabulary and which CTranslate2's export must hold; compile:
-    search.compile, engine=nmt's)."""
-    check_search_device(dtype, device.type, engine=engine)
-    if dtype == "bf16" and device.type == "cpu":
-        warn_if_bf16_emulated("search.dtype=bf16")
-    if engine == "nmt":
-        package = next((c for c in checkpoints if is_package(c)), None)
-        if package is not None:
-            raise NmtError(f"{package}: an Argos Translate package (a CTranslate2 model): "
-                           f"give engine=ctranslate2")
-        translator = Translator.load(checkpoints, device, weights, dtype=dtype,
-                                     workers=workers, threads=threads, compile=compile)
-    else:
-        from nmt.engines.ct2_engine import CT2Translator
-
-        translator = CT2Translator.load(checkpoints, device, weights, dtype, workers, threads,
-                                        ct2_model, shortlist)
-    try:
-        if shortlist:  # built for this vocabulary: checked once here, not per batch
-            load_shortlist(shortlist).check(translator.vocab.sha256,
-                                            translator.vocab.tgt_size, "the checkpoint")
-    except NmtError:
-        translator.close()
-        raise
-    return translator
 
 
 def check_vocab(engine: Engine, against: str, checkpoint: str) -> None:

@@ -1,5 +1,5 @@
 """Inference: the translation pipeline (pipeline.py) between text and an engine's tokens
-(nmt.engines), that nmt-translate and nmt-serve share, and its wings: sentence and paragraph
-splitting (segment.py), markup (markup.py, markup_parse.py, markup_restore.py), glossary and
-kept terms (glossary.py, terms.py), word scores (words.py), alignments (align.py), MBR's and
-reranking's choice (rerank.py; the metrics they score with: nmt.metrics)."""
+(nmt.engines), that nmt-translate and nmt-serve share, and the engine pick they open a model
+with (engines.py: nmt's own, or CTranslate2's). It sits above the wings it calls (nmt.wings:
+markup, glossary and terms, words, alignments, MBR and reranking) and splits texts with
+nmt.data.segment."""

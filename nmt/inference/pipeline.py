@@ -1,14 +1,14 @@
 """Between texts and tokens: the one translation pipeline of nmt-translate and nmt-serve.
 
-prepare cuts texts into pieces (split=sentence|paragraph, nmt.inference.segment; or markup's
-sentences, nmt.inference.markup), finds each piece's glossary terms (nmt.inference.glossary),
+prepare cuts texts into pieces (split=sentence|paragraph, nmt.data.segment; or markup's
+sentences, nmt.wings.markup.document), finds each piece's glossary terms (nmt.wings.glossary),
 and encodes it with its language tokens, cut to the model's length: a Piece each, ready for
 decoding. The front ends decode them as they do (nmt-translate in its batches, nmt-serve in
 its Batcher); `chosen` takes the language tokens off the outputs and keeps one of each
-piece's candidates by MBR or reranking (nmt.inference.rerank), and finish turns them into a
+piece's candidates by MBR or reranking (nmt.wings.rerank), and finish turns them into a
 TextResult per text: the translations detokenized, markup's tags put back by the alignment,
 the terms' exact texts restored, the pieces joined into their text, the words scored
-(nmt.inference.words). Text that cannot be translated as asked raises PieceError, naming
+(nmt.wings.words). Text that cannot be translated as asked raises PieceError, naming
 the field.
 """
 
@@ -19,19 +19,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from nmt.data.languages import LanguageChoice
+from nmt.data.segment import Segmented, fit_for, sample_stream, split_for
 from nmt.decoding.messages import Hypothesis, Sentence
 from nmt.engines.engine import Engine
 from nmt.errors import ConfigError
-from nmt.inference.align import sentence_alignments
-from nmt.inference.glossary import Glossary, with_terms
-from nmt.inference.markup import Document
-from nmt.inference.markup_parse import parse
-from nmt.inference.markup_restore import Unplaced, put_back
-from nmt.inference.rerank import Chooser
-from nmt.inference.segment import Segmented, fit_for, sample_stream, split_for
-from nmt.inference.terms import Term
-from nmt.inference.words import Word, words
 from nmt.system.files import check_unicode
+from nmt.wings.align import sentence_alignments
+from nmt.wings.glossary import Glossary, with_terms
+from nmt.wings.markup.document import Document
+from nmt.wings.markup.parse import parse
+from nmt.wings.markup.restore import Unplaced, put_back
+from nmt.wings.rerank import Chooser
+from nmt.wings.terms import Term
+from nmt.wings.words import Word, words
 
 
 class PieceError(ConfigError):
@@ -167,8 +167,8 @@ def prepare(texts: list[str], options: Options, engine: Engine,
 
 def documents(texts: list[str], options: Options, tok) -> list[Segmented | Document]:
     """Each text cut into its pieces (tok: the source Tokenizer): split=sentence|paragraph's,
-    none over Options.limit tokens (nmt.inference.segment); with markup, the sentences of its
-    text, joined around tag pairs, then cut to fit (nmt.inference.markup)."""
+    none over Options.limit tokens (nmt.data.segment); with markup, the sentences of its
+    text, joined around tag pairs, then cut to fit (nmt.wings.markup.document)."""
     o = options
     if o.markup == "none":
         return [split_for(tok, text, o.split, o.splitter, o.limit) for text in texts]
@@ -247,7 +247,7 @@ def joined_words(pieces: list[PieceResult]) -> list[list[Word]] | None:
 def tagged(prepared: Prepared, nbest: list[list[Hypothesis]], engine: Engine
            ) -> tuple[list[str], list[Unplaced]]:
     """markup: each piece's best translation with its tags put back where the alignment puts
-    their words (nmt.inference.markup), its terms' exact texts between them; the tags it
+    their words (nmt.wings.markup.document), its terms' exact texts between them; the tags it
     could not place."""
     o, pieces = prepared.options, prepared.pieces
     found = sentence_alignments(engine, [p.text for p in pieces], [p.ids for p in pieces],

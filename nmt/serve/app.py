@@ -5,9 +5,9 @@ translations in input order and their scores (and, with "attention": true, where
 in its source); GET /health says whether the server can translate (and its limits and
 defaults); GET /stats counts requests, sentences and batches; /docs is the OpenAPI page; GET /
 is a page to try it in a browser (nmt/serve/page.html, self-contained). LibreTranslate's API
-lives beside it (nmt.serve.libretranslate): POST /translate with a form or with "q".
+lives beside it (nmt.wings.libretranslate.api): POST /translate with a form or with "q".
 
-Documents. Each text is cut into pieces (nmt.inference.segment: split=sentence, paragraph or none,
+Documents. Each text is cut into pieces (nmt.data.segment: split=sentence, paragraph or none,
 the server's `split` unless the request says): the pieces of every text of a request are queued
 together, as one request's sentences are, and each text's answer is its pieces' translations
 put back between its own spaces and line breaks, with the pieces listed when there are
@@ -24,7 +24,7 @@ running decoding at its next step. The workers' loops (nmt.decoding.stepping) de
 event loop: forked one-thread processes, one per core, on the CPU (what nmt-translate does),
 or one thread (workers=1, or CUDA; CTranslate2: a thread per inter_thread). A request with
 mbr_candidates=N asks the search for N candidates per sentence and keeps the one of highest
-expected utility (nmt-translate's Chooser, nmt.inference.rerank, off the event loop).
+expected utility (nmt-translate's Chooser, nmt.wings.rerank, off the event loop).
 
 Limits: max_sentences and max_chars per request (413), max_queued sentences waiting (503 with
 Retry-After), timeout_s per request (504). Bad JSON, wrong types, empty or non-Unicode text
@@ -49,9 +49,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException
 
 from nmt.config import ServeConfig
-from nmt.serve import libre_requests, libretranslate
-from nmt.serve.api_keys import ApiKeys, bearer
-from nmt.serve.errors import ApiError
+from nmt.errors import ApiError
 from nmt.serve.offline import install_offline
 from nmt.serve.schemas import (
     ERRORS,
@@ -64,6 +62,9 @@ from nmt.serve.schemas import (
     TranslateResponse,
 )
 from nmt.serve.service import Service, log
+from nmt.wings.libretranslate import api as libretranslate
+from nmt.wings.libretranslate import requests as libre_requests
+from nmt.wings.libretranslate.api_keys import ApiKeys, bearer
 
 # GET /'s page may run its own inline script and style and call this server, nothing else.
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "

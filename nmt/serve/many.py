@@ -1,6 +1,6 @@
 """The HTTP app of a many-model server (nmt-serve models=DIR; nmt.serve.models): nmt's own POST
 /translate, which names src_lang and tgt_lang, LibreTranslate's API over every routed pair
-(nmt.serve.libretranslate), GET /health (every model, which are loaded, the pivots) and the
+(nmt.wings.libretranslate.api), GET /health (every model, which are loaded, the pivots) and the
 page, with the single-model app's limits, keys and error answers (nmt.serve.app)."""
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from importlib.resources import files
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from nmt.serve import libretranslate
-from nmt.serve.api_keys import ApiKeys
 from nmt.serve.app import CSP, BodyLimit, KeyFirst, add_error_answers, body_limit, libre_request
 from nmt.serve.models import Registry
 from nmt.serve.schemas import (
@@ -26,6 +24,8 @@ from nmt.serve.schemas import (
     TranslateResponse,
 )
 from nmt.serve.service import log
+from nmt.wings.libretranslate import api as libretranslate
+from nmt.wings.libretranslate.api_keys import ApiKeys
 
 
 def create_models_app(registry: Registry, device: str) -> FastAPI:

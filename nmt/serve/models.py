@@ -4,7 +4,7 @@ every installed pair.
 Discovery (one level deep, in name order): nmt checkpoints (*.pt: bilingual, by the pair their
 vocabulary records or else a name ending in SRC-TGT, e.g. en-de.pt; or multilingual, by the
 languages it records: nmt.data.languages), nmt-export CTranslate2 folders (nmt.json) and Argos
-Translate packages (nmt.interop.argos: a folder with metadata.json and model/, or a
+Translate packages (nmt.wings.interop.argos: a folder with metadata.json and model/, or a
 .argosmodel zip; one that cannot be served, e.g. a BPE package, is skipped, said in one line).
 Anything else there is ignored; a folder without a model, an nmt model that cannot be read, or
 two models of the same kind (bilingual, multilingual) that translate the same pair are one-line
@@ -36,12 +36,11 @@ from nmt.checkpoint import Checkpoint
 from nmt.config import ServeConfig
 from nmt.data.languages import recorded_pair
 from nmt.data.vocab import Vocab
-from nmt.errors import NmtError
-from nmt.interop.ct2_export import INFO, read_info
-from nmt.serve.errors import ApiError
-from nmt.serve.libretranslate import NAMES, Languages, LibreError
+from nmt.errors import ApiError, NmtError
 from nmt.serve.schemas import TranslateRequest, TranslateResponse
 from nmt.serve.service import Service, log
+from nmt.wings.interop.ct2_export import INFO, read_info
+from nmt.wings.libretranslate.api import NAMES, Languages, LibreError
 
 PIVOT = "en"  # the language a pair that no model covers goes through
 ARGOS = "argos"  # models=argos: argostranslate's own package folder
@@ -133,9 +132,9 @@ def _argos_entry(path: Path, argos) -> ModelEntry | None:
 
 
 def _argos():
-    """nmt.interop.argos (Argos packages), or None in a tree without it."""
+    """nmt.wings.interop.argos (Argos packages), or None in a tree without it."""
     try:
-        from nmt.interop import argos
+        from nmt.wings.interop import argos
     except ImportError:
         return None
     return argos
@@ -226,7 +225,7 @@ def routes(entries: list[ModelEntry], pivot: bool) -> dict[tuple[str, str], Rout
 
 @dataclass(frozen=True)
 class Pairs:
-    """What LibreTranslate's API offers of a many-model server (nmt.serve.libretranslate's
+    """What LibreTranslate's API offers of a many-model server (nmt.wings.libretranslate.api's
     Offer, as one model's Languages): every routed pair, each source with its own targets;
     a request names both languages (nmt's src_lang and tgt_lang)."""
 

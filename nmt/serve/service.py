@@ -15,19 +15,14 @@ from dataclasses import asdict, replace
 from nmt.config import RerankConfig, SearchConfig, ServeConfig
 from nmt.config_checks import SPLIT_AUTO, check_markup_installed
 from nmt.data.languages import LanguageChoice, choose, language_id, recorded_pair
+from nmt.data.segment import auto_mode, sentence_splitter
 from nmt.decoding.messages import Hypothesis, Sentence
 from nmt.decoding.strategies import use_beams
 from nmt.engines.engine import Engine, Workers
-from nmt.errors import ConfigError
+from nmt.errors import ApiError, ConfigError
 from nmt.inference import pipeline
-from nmt.inference.glossary import Glossary, request_entries
 from nmt.inference.pipeline import Options, PieceError, PieceResult, Prepared, TextResult
-from nmt.inference.rerank import Chooser, mbr_comet
-from nmt.inference.segment import auto_mode, sentence_splitter
-from nmt.serve import libretranslate
-from nmt.serve.api_keys import ApiKeys
 from nmt.serve.batcher import Admission, Batcher, BatcherStopped, QueueFull
-from nmt.serve.errors import ApiError
 from nmt.serve.schemas import (
     MBR_FIELDS,
     SEARCH_FIELDS,
@@ -43,6 +38,10 @@ from nmt.serve.schemas import (
     TranslateResponse,
     Translation,
 )
+from nmt.wings.glossary import Glossary, request_entries
+from nmt.wings.libretranslate import api as libretranslate
+from nmt.wings.libretranslate.api_keys import ApiKeys
+from nmt.wings.rerank import Chooser, mbr_comet
 
 PROG = "nmt-serve"
 

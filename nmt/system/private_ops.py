@@ -23,7 +23,7 @@ they give (docs/design.md, "Private PyTorch operators", has the measurements):
   says it keeps) and the EMA's foreach interpolation with a tensor weight
   (torch.optim.swa_utils takes the decay as a number, which cannot say "skip" on the device).
 - sacreBLEU's private helpers that score n-gram statistics extracted once (MBR's utilities,
-  nmt.metrics.mbr: 2.3x chrF, 2.1x BLEU over the public sentence_score on an N=16 choice;
+  nmt.wings.mbr: 2.3x chrF, 2.1x BLEU over the public sentence_score on an N=16 choice;
   `sacrebleu_missing()` probes them, and mbr falls back to sentence_score without them).
 `missing()` names any of the operators this PyTorch lacks; tests/test_private_ops.py fails on
 it (and on a fused Adam without the flag), so a torch upgrade that removes one is an error in
@@ -185,7 +185,7 @@ def lerp_unless_(averages: list[Tensor], weights: list[Tensor], weight: float,
     torch._foreach_add_(averages, delta)
 
 
-# sacreBLEU's private helpers: the utilities of MBR (nmt.metrics.mbr) score n-gram statistics
+# sacreBLEU's private helpers: the utilities of MBR (nmt.wings.mbr) score n-gram statistics
 # extracted once per candidate with them, 2.3x (chrF) and 2.1x (BLEU) faster on an N=16 choice
 # than N (N - 1) public sentence_score calls, which re-extract both sides' n-grams every time.
 # sacrebleu_missing() is the probe; without one of them, mbr falls back to sentence_score.

@@ -113,6 +113,9 @@ class Run:
     validated_at: int = 0
     saved_at: int = 0
     last_valid: dict = dataclasses.field(default_factory=dict)
+    # train.comet's system COMET of (sources, hypotheses, references), which validation
+    # reports: nmt.wings.comet's model, passed in by nmt-train (None without train.comet)
+    comet: Callable[[list[str], list[str], list[str]], float] | None = None
 
     @property
     def vocab(self) -> Vocab:

@@ -16,8 +16,6 @@ from nmt.data.batches import EpochBatchIterator
 from nmt.data.manifest import Section, clean_text_path, directions
 from nmt.data.tokenizer import Tokenizer
 from nmt.engines.translator import Translator
-from nmt.errors import NmtError
-from nmt.metrics.comet import Comet, load_comet, system_score
 from nmt.metrics.scoring import read_references, score
 from nmt.system import distributed
 from nmt.system.files import read_lines
@@ -150,20 +148,10 @@ def valid_bleu(run: Run, model: nn.Module, sentences: list[int] | None = None) -
     refs = valid_references(run, tgt, sentences)
     scores = score(hyp_text, refs, tc.bleu_tokenize)
     out = {"bleu": scores.bleu, "chrf": scores.chrf, "bleu_sentences": n}
-    if tc.comet:
+    if run.comet is not None:
         sources = valid_texts(run, "src", translator.src_tok, sentences)
-        out["comet"] = system_score(valid_comet(run).score(sources, hyp_text, refs[0]))
+        out["comet"] = run.comet(sources, hyp_text, refs[0])
     return out
-
-
-def valid_comet(run: Run) -> Comet:
-    """train.comet's COMET-22 model on the run's device (loaded once per process); a one-line
-    error for a reference-free one."""
-    comet = load_comet(run.cfg.train.comet, str(run.env.device))
-    if not comet.spec.needs_reference:
-        raise NmtError(f"train.comet: {run.cfg.train.comet} is a reference-free CometKiwi; "
-                       "validation scores against references: give a COMET-22 model")
-    return comet
 
 
 def valid_texts(run: Run, side: str, tok: Tokenizer, sentences: list[int]) -> list[str]:

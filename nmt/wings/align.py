@@ -14,7 +14,7 @@ from nmt.decoding.batches import plan_batches
 from nmt.decoding.messages import Sentence
 from nmt.engines.engine import Engine
 from nmt.errors import NmtError
-from nmt.inference.markup_restore import Aligned
+from nmt.wings.markup.restore import Aligned
 
 
 def check_layer(engine: Engine, layer: int) -> int:
@@ -61,7 +61,7 @@ def sentence_alignments(engine: Engine, texts: list[str], src_ids: list[list[int
                         prefix: tuple[int, ...] = (), layer: int = -1, max_tokens: int = 4096
                         ) -> list[Aligned]:
     """markup=: each translated sentence's text, piece links and pieces' characters
-    (nmt.inference.markup_restore.restore's inputs). src_ids: as decoded (the language tokens first,
+    (nmt.wings.markup.restore.restore's inputs). src_ids: as decoded (the language tokens first,
     `source_tokens` of them, truncated); out_ids: the outputs without the forced `prefix`,
     which is put back to align and its links dropped, as the source's language tokens'."""
     links = align(engine, src_ids, [[*prefix, *o] for o in out_ids], layer, max_tokens)

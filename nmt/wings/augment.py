@@ -185,3 +185,30 @@ def augment_pair(src: str, tgt: str, upper: bool, title: bool, typos: bool,
     if rng.random() < cfg.drop_punctuation and _final_punctuation(src) and _final_punctuation(tgt):
         src, tgt = drop_final_punctuation(src), drop_final_punctuation(tgt)
     return src, tgt
+
+
+@dataclass(frozen=True)
+class Augmenter:
+    """train.augment's modifiers as the training batches draw and apply them
+    (nmt.data.sampling.Augment): nmt-train passes one to nmt.data.sampling.SubwordSampler."""
+
+    cfg: AugmentConfig
+
+    @property
+    def active(self) -> bool:
+        """Whether any modifier has a rate above 0."""
+        return self.cfg.active
+
+    @property
+    def typo_edits(self) -> int:
+        """Typos per typo'd source."""
+        return self.cfg.typo_edits
+
+    def cases(self, seed: int, epoch: int, ids: np.ndarray) -> Cases:
+        """draw_cases of sentences `ids` in `epoch`."""
+        return draw_cases(self.cfg, seed, epoch, ids)
+
+    def pair(self, src: str, tgt: str, upper: bool, title: bool, typos: bool,
+             rng: random.Random) -> tuple[str, str]:
+        """augment_pair of one training pair."""
+        return augment_pair(src, tgt, upper, title, typos, self.cfg, rng)

@@ -3,11 +3,11 @@
 CT2Translator is the engine interface of nmt.engines.engine (translate_ids, score_ids,
 stepper, close, capabilities; src_tok, tgt_tok, specials, vocab, device, workers,
 max_input_tokens) over a ctranslate2.Translator of the checkpoint's export, made once and
-cached beside the checkpoint (nmt.interop.ct2_export). Its parallelism is CTranslate2's
+cached beside the checkpoint (nmt.wings.interop.ct2_export). Its parallelism is CTranslate2's
 own: `workers` inter_threads translate the batches of a call side by side, or nmt-serve's
 batches (one thread of this process per worker hands its batches to CTranslate2:
 nmt.decoding.stepping.batch_loop). An Argos Translate package as the checkpoint (a .argosmodel
-file or its folder: nmt.interop.argos) is served as it is: its model/, its SentencePiece model
+file or its folder: nmt.wings.interop.argos) is served as it is: its model/, its SentencePiece model
 over the model's own vocabularies, its language pair, and its target_prefix forced on every
 output and removed from it.
 
@@ -54,15 +54,15 @@ from nmt.decoding.messages import Hypothesis, Sentence
 from nmt.decoding.stepping import batch_loop
 from nmt.engines.workers import WorkerPool
 from nmt.errors import NmtError
-from nmt.interop.argos import (
+from nmt.loading import LoadedCheckpoint
+from nmt.system.runtime import usable_cores
+from nmt.wings.interop.argos import (
     ModelVocabulary,
     meant_as_package,
     package_vocabulary,
     read_package,
 )
-from nmt.interop.ct2_export import INFO, VMAP, cached_export, pieces, read_info
-from nmt.loading import LoadedCheckpoint
-from nmt.system.runtime import usable_cores
+from nmt.wings.interop.ct2_export import INFO, VMAP, cached_export, pieces, read_info
 
 COMPUTE_TYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8",
                  "int8_float16": "int8_float16", "int8_bfloat16": "int8_bfloat16"}

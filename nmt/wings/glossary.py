@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from nmt.data.tokenizer import Tokenizer
 from nmt.errors import ConfigError
-from nmt.inference.terms import Term, term_spans
 from nmt.system.files import read_lines
+from nmt.wings.terms import Term, term_spans
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ once, with sacreBLEU's own statistics and formulas (its private helpers, through
 nmt.system.private_ops; the public `sentence_score` per pair where they are gone; the tests check
 the two agree). Identical candidates are scored once and counted with their multiplicity.
 
-The utility comet (nmt-translate comet=DIR, a COMET-22 model: nmt.metrics.comet) scores a
+The utility comet (nmt-translate comet=DIR, a COMET-22 model: nmt.wings.comet) scores a
 candidate against a pseudo-reference given the source. COMET-22 combines sentence embeddings, so
 every distinct source and candidate of a batch of lines is embedded once, and only its small
 head runs per pair (U (U - 1) per line, U the distinct candidates).
@@ -34,7 +34,7 @@ from nmt.errors import NmtError
 from nmt.system import private_ops
 
 if TYPE_CHECKING:
-    from nmt.metrics.comet import Comet
+    from nmt.wings.comet import Comet
 
 
 @cache

@@ -3,7 +3,7 @@ nmt-serve's mbr_* request fields).
 
 Minimum Bayes risk: the search gives N candidates per line (search.sampling's N samples, or
 beam search's N-best), and the one of highest expected utility against the others is kept
-(nmt.metrics.mbr). Reranking: of search.nbest hypotheses, the one of highest
+(nmt.wings.mbr). Reranking: of search.nbest hypotheses, the one of highest
 forward * log P(Y|X) + reverse * log P(X|Y) + length * |Y| is kept, log P(X|Y) being a reverse
 (target-to-source) model's score of the source given the hypothesis (fairseq's noisy channel
 reranking, without its language model), computed by teacher forcing (Translator.score_ids) on
@@ -19,7 +19,7 @@ from nmt.data.tokenizer import Tokenizer
 from nmt.decoding.messages import Hypothesis
 from nmt.engines.translator import Translator
 from nmt.errors import NmtError
-from nmt.metrics.comet import Comet, load_comet
+from nmt.wings.comet import Comet, load_comet
 
 
 def rerank_scores(hyps: list[Hypothesis], reverse: list[float], weights: RerankConfig
@@ -79,7 +79,7 @@ class Chooser:
     def choose(self, sources: list[str], nbest: list[list[Hypothesis]]
                ) -> list[list[Hypothesis]]:
         """Per line, its source text and candidates -> a list of the one kept."""
-        from nmt.metrics.mbr import comet_utilities, mbr_select, pick  # sacreBLEU: lazily
+        from nmt.wings.mbr import comet_utilities, mbr_select, pick  # sacreBLEU: lazily
 
         texts = [self.tgt_tok.decode([h.tokens for h in hyps]) for hyps in nbest]
         if self.mbr.candidates and self.comet is not None:

@@ -1,5 +1,5 @@
 """A glossary's terms as a translation must hold them, and where a translation renders them:
-what nmt.inference.glossary makes and nmt.inference.markup_restore writes between its tags (plain
+what nmt.wings.glossary makes and nmt.wings.markup.restore writes between its tags (plain
 Python, below the tokenizer)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def term_spans(text: str, terms: list[Term], taken: Sequence[tuple[int, int, str
     """Where a translation renders each term (the longest first, each on spans free of
     `taken` and of one another): (start, end, the term's exact text), and the kept terms it
     lacks (to append). markup= writes them between its tags
-    (nmt.inference.markup_restore.restore)."""
+    (nmt.wings.markup.restore.restore)."""
     spans: list[tuple[int, int, str]] = []
     lacking = []
     for term in sorted(terms, key=lambda t: len(t.shown), reverse=True):

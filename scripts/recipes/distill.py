@@ -42,8 +42,8 @@ from nmt.checkpoint import Checkpoint
 from nmt.commands.translate import translate
 from nmt.config import TranslateConfig, compose, to_object
 from nmt.errors import NmtError
-from nmt.metrics.mbr import closest
 from nmt.system.files import read_lines, write_atomically
+from nmt.wings.mbr import closest
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,5 +1,5 @@
 """Argos Translate packages (.argosmodel) read as they are, for engine=ctranslate2
-(nmt.engines.ct2_engine): nmt-translate and nmt-serve take a package as their checkpoint.
+(nmt.wings.ctranslate2): nmt-translate and nmt-serve take a package as their checkpoint.
 
 A package is a zip of one folder, or that folder unpacked (argostranslate installs it so):
 metadata.json (from_code, to_code, optionally target_prefix, package_version, ...), model/ (a
@@ -42,10 +42,10 @@ from pathlib import Path
 from nmt.data.tokenizer import LookupTokenizer, Tokenizer, vocab_sha256
 from nmt.data.vocab import LanguagePair, Vocab
 from nmt.errors import NmtError
-from nmt.interop.ct2_export import ct2_vocabulary
-from nmt.interop.ct2_model import read_model_bin
-from nmt.interop.hf_files import CONTROL, vocabulary_model
 from nmt.system.files import sha256_file
+from nmt.wings.interop.ct2_export import ct2_vocabulary
+from nmt.wings.interop.ct2_model import read_model_bin
+from nmt.wings.interop.hf_files import CONTROL, vocabulary_model
 
 METADATA, MODEL, SPM, BPE = "metadata.json", "model", "sentencepiece.model", "bpe.model"
 SEQ2SEQ = "TransformerSpec"  # the CTranslate2 spec of encoder-decoder Transformers
@@ -284,7 +284,7 @@ def ct2_tokenizer(split: bytes, pieces: list[str], specials: dict[str, int], whe
     `split`, each piece looked up in the vocabulary (a piece listed twice: its first id),
     <unk> where it has none; its SentencePiece model has piece i = token i and the special
     ids `specials` (unk, eos, pad, bos; -1: none; kinds: as vocabulary_model's). An Argos
-    package served and nmt-import's checkpoint of it (nmt.interop.ct2_import) tokenize so."""
+    package served and nmt-import's checkpoint of it (nmt.wings.interop.ct2_import) tokenize so."""
     mapped = vocabulary_model(split, _table(pieces), len(pieces), specials, where, kinds)
     return LookupTokenizer(mapped, split, str(where))
 

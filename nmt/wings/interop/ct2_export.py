@@ -1,6 +1,6 @@
 """CTranslate2 model directories of nmt's checkpoints: written from nmt's weights (nmt-export
-format=ctranslate2, nmt.interop.transformers_export) and cached beside a checkpoint for
-engine=ctranslate2 (nmt.engines.ct2_engine), which both come here.
+format=ctranslate2, nmt.wings.interop.transformers_export) and cached beside a checkpoint for
+engine=ctranslate2 (nmt.wings.ctranslate2), which both come here.
 
 The spec is written straight from the weights: nmt's fused self-attention W_qkv is
 CTranslate2's fused self-attention projection as it is, and the encoder-decoder attention's
@@ -136,7 +136,7 @@ def export_key(checkpoint: str | Path, weights: str, compute_type: str,
                shortlist: str = "") -> dict:
     """What an export must match to stand for the checkpoint: its file's sha256, the weights
     taken, the compute type, the versions of nmt and CTranslate2 that wrote it (and the
-    shortlist file's sha256, if one); engine=ctranslate2 (nmt.engines.ct2_engine) serves a
+    shortlist file's sha256, if one); engine=ctranslate2 (nmt.wings.ctranslate2) serves a
     cached export only if its nmt.json matches."""
     import ctranslate2
 

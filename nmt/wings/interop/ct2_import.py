@@ -2,11 +2,11 @@
 nmt-export, a model converted from OpenNMT-py, OpenNMT-tf or MarianMT): its network, vocabulary
 and weights as nmt's (nmt.commands.import_ writes the checkpoint).
 
-model.bin is read without CTranslate2 (nmt.interop.ct2_model.read_model_bin). An int8 or
+model.bin is read without CTranslate2 (nmt.wings.interop.ct2_model.read_model_bin). An int8 or
 int16 weight has its `weight_scale` beside it (w = q / scale, per row for int8): the import
 dequantises it to float32, and float16 or bfloat16 weights are widened.
 
-The variables are nmt.interop.ct2_export's mapping inverted: the fused self-attention
+The variables are nmt.wings.interop.ct2_export's mapping inverted: the fused self-attention
 projection is W_qkv, the encoder attention's two inputs are W_q and W_kv, the attention and
 feed-forward layer norms are the sub-layers' norms (post- or pre-norm), a pre-norm stack's
 final norm is encoder_norm / decoder_norm, the projection (with its bias, if any) is the
@@ -15,15 +15,15 @@ FFNs, an embedding layer norm, multi-query attention, ...) is refused in one lin
 it. Positions: CTranslate2 models store their sinusoid table (or none: CTranslate2's own,
 fairseq's formula counted from 1); the table must be one nmt computes, the paper's
 interleaved sinusoids, the same with the sines first and the cosines after them (MarianMT,
-OpenNMT-py 3), whose features the import reorders as nmt.interop.marian does, or fairseq's
+OpenNMT-py 3), whose features the import reorders as nmt.wings.interop.marian does, or fairseq's
 (model.positions=fairseq); learned positions are refused.
 
 The vocabularies are CTranslate2's (shared_vocabulary.json, or source_ and
 target_vocabulary.json, or .txt), each written as a SentencePiece model whose piece i is token
 i, text split by the directory's SentencePiece model and each piece looked up, <unk> where the
-vocabulary lacks it, as argostranslate does (nmt.interop.argos.ct2_tokenizer, the one mapping
+vocabulary lacks it, as argostranslate does (nmt.wings.interop.argos.ct2_tokenizer, the one mapping
 that a served package uses too; Vocab.src_split and tgt_split keep the models that split).
-The SentencePiece models are given, or the Argos package's (nmt.interop.argos.read_package:
+The SentencePiece models are given, or the Argos package's (nmt.wings.interop.argos.read_package:
 the package folder, its model/, or a .argosmodel zip), or source.spm and target.spm beside
 model.bin, or sentencepiece.model there. config.json names the specials. A model without a
 padding token (MarianMT's conversion drops <pad> and starts decoding from a zero embedding)
@@ -53,13 +53,13 @@ from nmt.config import ModelConfig
 from nmt.data.tokenizer import Tokenizer, vocab_sha256
 from nmt.data.vocab import LanguagePair, Vocab
 from nmt.errors import ConfigError, NmtError
-from nmt.interop import argos
-from nmt.interop.argos import ArgosPackage
-from nmt.interop.ct2_export import INFO, ct2_vocabulary, read_info
-from nmt.interop.ct2_model import Ct2Model, read_model_bin
-from nmt.interop.hf_files import Converted, read_json
 from nmt.model import PositionalEncoding
 from nmt.variants import FairseqPositions
+from nmt.wings.interop import argos
+from nmt.wings.interop.argos import ArgosPackage
+from nmt.wings.interop.ct2_export import INFO, ct2_vocabulary, read_info
+from nmt.wings.interop.ct2_model import Ct2Model, read_model_bin
+from nmt.wings.interop.hf_files import Converted, read_json
 
 SPECS = {"TransformerSpec": 0, "TransformerBase": 8, "TransformerBig": 16}  # name: heads if fixed
 ACTIVATIONS = {0: "relu", 2: "swish", 3: "gelu"}  # CTranslate2's Activation enum
@@ -174,7 +174,7 @@ def read_tokens(model_dir: Path, config: dict, zero_start: bool, rows: tuple[int
 
 def _vocabulary(model_dir: Path, side: str) -> list[str]:
     """A CTranslate2 model directory's `side` ("source", "target") vocabulary
-    (nmt.interop.ct2_export.ct2_vocabulary), a one-line error where it has none."""
+    (nmt.wings.interop.ct2_export.ct2_vocabulary), a one-line error where it has none."""
     tokens = ct2_vocabulary(model_dir, side)
     if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
         raise NmtError(f"{model_dir}: no readable shared_vocabulary.json or "
@@ -187,7 +187,7 @@ def vocabulary(tokens: _Tokens, joint: bool, protos: tuple[bytes, bytes],
                ) -> Vocab:
     """The checkpoint's vocabulary (joint: one id space, one embedding): per side the given
     SentencePiece model where its piece i is already token i of the CTranslate2 vocabulary
-    (an nmt export's), else nmt.interop.argos.ct2_tokenizer's model and the given one as the
+    (an nmt export's), else nmt.wings.interop.argos.ct2_tokenizer's model and the given one as the
     side's split model (Vocab.src_split, tgt_split: text tokenized as argostranslate
     tokenizes it for the model); source_eos: whether sources end with EOS."""
     bos = tokens.start if tokens.start != tokens.pad else -1
@@ -460,7 +460,7 @@ def is_ct2_model(directory: Path) -> bool:
 
 
 def locate(directory: Path) -> tuple[Path, ArgosPackage | None]:
-    """The model directory and the Argos package it is in (nmt.interop.argos.read_package:
+    """The model directory and the Argos package it is in (nmt.wings.interop.argos.read_package:
     a folder, or a zip unpacked once into the cache), if any: the package or its model/ may
     be given."""
     if argos.is_package(directory):

@@ -1,6 +1,6 @@
 """CTranslate2's model.bin read without CTranslate2: the one reader of nmt-import
-(nmt.interop.ct2_import: the weights) and of Argos packages (nmt.interop.argos: the spec and
-shapes only, weights=False, which seeks past the bytes).
+(nmt.wings.interop.ct2_import: the weights) and of Argos packages (nmt.wings.interop.argos: the
+spec and shapes only, weights=False, which seeks past the bytes).
 
 CTranslate2's python/ctranslate2/specs/model_spec.py (ModelSpec._serialize) writes a binary
 version (2 to 6 are read), the spec's name and revision, then each variable's name, shape,

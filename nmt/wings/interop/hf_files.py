@@ -1,4 +1,5 @@
-"""Reading a Hugging Face model directory for nmt-import (nmt.interop.marian, nmt.interop.m2m100):
+"""Reading a Hugging Face model directory for nmt-import (nmt.wings.interop.marian,
+nmt.wings.interop.m2m100):
 JSON files, the weights (model.safetensors or pytorch_model.bin), and SentencePiece models rewritten
 at the protobuf level (a few fields of sentencepiece_model.proto, with no protobuf dependency) so
 that piece i of nmt's model is the directory's vocabulary id i.

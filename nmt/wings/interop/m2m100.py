@@ -13,8 +13,8 @@ pieces to ids with vocab.json and take their language tokens __xx__ from a fixed
 directories have no vocab.json: SentencePiece id i is id i + 1 (its own <unk>, <s>, </s> give
 way to fairseq's four), and the language tokens (deu_Latn) and <mask> are added tokens with
 their ids in tokenizer.json or tokenizer_config.json. nmt's SentencePiece model gets piece i
-at id i (nmt.interop.hf_files.vocabulary_model), the language tokens as control pieces (never read
-from text, dropped from outputs).
+at id i (nmt.wings.interop.hf_files.vocabulary_model), the language tokens as control pieces (never
+read from text, dropped from outputs).
 
 A source is `src_code pieces </s>` (NllbTokenizer's non-legacy order, M2M100Tokenizer's);
 decoding starts from </s> (decoder_start_token_id, so BOS is EOS here: Specials.banned does
@@ -34,7 +34,7 @@ import torch
 from nmt.data.tokenizer import vocab_sha256
 from nmt.data.vocab import FORCED, Languages, Vocab
 from nmt.errors import NmtError
-from nmt.interop.hf_files import (
+from nmt.wings.interop.hf_files import (
     CONTROL,
     UNKNOWN,
     Converted,

@@ -9,14 +9,14 @@ piece up in vocab.json. nmt's tokenizer maps text to ids with one SentencePiece 
 import writes, per side, a SentencePiece model whose piece i is vocab.json's piece i: the .spm
 model's pieces keep their scores and types, vocab.json's other pieces become UNUSED (never
 produced), and the specials are MarianMT's: </s> (EOS), <unk>, <pad>, and no <s> (decoding
-starts from PAD, MarianMT's decoder_start_token_id) (nmt.interop.hf_files.vocabulary_model).
+starts from PAD, MarianMT's decoder_start_token_id) (nmt.wings.interop.hf_files.vocabulary_model).
 
 The network: post-norm, scaled embeddings, static sinusoidal positions, the FFN's activation
 (often swish: model.activation), and final_logits_bias (model.output_bias). MarianMT puts the
 position sines in the first half of the features and the cosines in the second; nmt
 interleaves them. Permuting the d_model features of every weight consistently leaves the
-function unchanged (nmt/interop/transformers_export.py does the same the other way), so the import
-reorders them.
+function unchanged (nmt/wings/interop/transformers_export.py does the same the other way), so the
+import reorders them.
 
 Multilingual models (opus-mt-en-ROMANCE and the like) choose the target language with a token
 >>xx<< first in the source. Those of vocab.json are whole pieces of the source model
@@ -42,7 +42,7 @@ from nmt.config import ModelConfig
 from nmt.data.tokenizer import vocab_sha256
 from nmt.data.vocab import TAG, Languages, Vocab
 from nmt.errors import NmtError
-from nmt.interop.hf_files import (
+from nmt.wings.interop.hf_files import (
     USER_DEFINED,
     Converted,
     bart_config,

@@ -14,7 +14,7 @@ ONNX If, their weights shared (merge_decoders). onnx/*_quantized.onnx: the same 
 weights (onnxruntime's dynamic quantization), config.json (MarianMT's type for either norm:
 transformers.js takes only sizes and ids from it), generation_config.json (greedy, nmt's
 start and end tokens and its banned ones), tokenizer.json and tokenizer_config.json
-(nmt.interop.tokenizer_json); index.html and offline.js, the page that translates in the
+(nmt.wings.interop.tokenizer_json); index.html and offline.js, the page that translates in the
 browser with transformers.js from runtime/ (copied from web_runtime=DIR, an npm install of
 @huggingface/transformers).
 
@@ -35,10 +35,10 @@ from torch import Tensor, nn
 
 from nmt.data.vocab import LanguagePair
 from nmt.errors import NmtError
-from nmt.interop.tokenizer_json import write_tokenizer_json
-from nmt.interop.transformers_export import MAX_LENGTH
 from nmt.loading import LoadedCheckpoint
 from nmt.model import SelfAttention, Transformer
+from nmt.wings.interop.tokenizer_json import write_tokenizer_json
+from nmt.wings.interop.transformers_export import MAX_LENGTH
 
 OPSET = 18
 EXAMPLE_BATCH, EXAMPLE_SRC, EXAMPLE_PAST = 2, 5, 3  # example sizes (> 1: none specialised)

@@ -1,7 +1,7 @@
 """A SentencePiece model as a Hugging Face `tokenizers` tokenizer.json that gives nmt's ids.
 
 nmt's ids are the SentencePiece model's own (imported models' are rewritten so, by
-nmt.interop.hf_files.vocabulary_model), so piece i of the model is id i of tokenizer.json.
+nmt.wings.interop.hf_files.vocabulary_model), so piece i of the model is id i of tokenizer.json.
 The model's normaliser is SentencePiece's: its precompiled character map (nmt_nfkc and the
 others), then, with remove_extra_whitespaces, spaces stripped at both ends and runs of them
 made one; the pre-tokeniser is Metaspace (a space mark before every word, the first
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from nmt.data.tokenizer import SPACE, Tokenizer
 from nmt.errors import NmtError
-from nmt.interop.hf_files import model_pieces, proto_fields
+from nmt.wings.interop.hf_files import model_pieces, proto_fields
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # piece types
 UNIGRAM, BPE = 1, 2  # TrainerSpec.model_type

@@ -7,7 +7,7 @@ then renamed into place.
 
 format=ctranslate2 writes a CTranslate2 TransformerSpec straight from the weights, with
 nmt.json beside it for engine=ctranslate2 (and vmap.txt with shortlist=FILE): the converter
-is nmt.interop.ct2_export's, which the CTranslate2 engine's cache uses too.
+is nmt.wings.interop.ct2_export's, which the CTranslate2 engine's cache uses too.
 
 format=transformers writes MarianMTModel (post-norm) or, for pre-norm models,
 PegasusForConditionalGeneration (MarianMT has no pre-norm option; Pegasus is the same network
@@ -31,8 +31,8 @@ import torch
 from torch import Tensor
 
 from nmt.errors import NmtError
-from nmt.interop.ct2_export import float_weights, pieces
 from nmt.loading import LoadedCheckpoint
+from nmt.wings.interop.ct2_export import float_weights, pieces
 
 PROG = "nmt-export"
 MARKER = "config.json"  # every model directory written here has one

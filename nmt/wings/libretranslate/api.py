@@ -4,7 +4,7 @@ extensions, Nextcloud, the libretranslatepy client).
 POST /translate is shared by what the request is: a form (urlencoded or multipart, what
 libretranslatepy sends), a JSON object with a "q" field, or a request that is neither with q in
 its query string (deep-translator's POST with no body) is LibreTranslate's; anything else is
-nmt's own API (a JSON object with "text"). RequestKind (nmt.serve.libre_requests), an ASGI
+nmt's own API (a JSON object with "text"). RequestKind (nmt.wings.libretranslate.requests), an ASGI
 middleware, sends the former to /libretranslate/translate, where LibreTranslate's API also
 lives as a whole (translate, languages, detect) for clients pointed at that prefix; /languages
 (GET, or POST as libretranslatepy 2.1.1 asks) and POST /detect answer at the top as well.
@@ -46,13 +46,12 @@ from starlette.datastructures import UploadFile
 
 from nmt.config import ServeConfig
 from nmt.data import vocab
-from nmt.errors import NmtError
-from nmt.inference.glossary import index, is_comment, read_glossary
-from nmt.inference.markup_parse import parse
-from nmt.serve import langid_codes
-from nmt.serve.api_keys import ApiKeys
-from nmt.serve.errors import ApiError
-from nmt.serve.libre_requests import FORMS, PREFIX, RequestKind, media_type
+from nmt.errors import ApiError, NmtError
+from nmt.wings.glossary import index, is_comment, read_glossary
+from nmt.wings.libretranslate import langid_codes
+from nmt.wings.libretranslate.api_keys import ApiKeys
+from nmt.wings.libretranslate.requests import FORMS, PREFIX, RequestKind, media_type
+from nmt.wings.markup.parse import parse
 
 LANGID_EXTRA = "pip install 'nmt[langid]'"
 FILE_KINDS = {".txt": "text", ".html": "html", ".htm": "html"}  # /translate_file's: format
@@ -202,7 +201,7 @@ def glossary_fields(fields: dict) -> dict:
 
 # ----------------------------------------------------------------------------- translation
 async def translate_html(texts: list[str], translate: Translate) -> list[str]:
-    """Each HTML text translated through nmt's API with markup=html (nmt.inference.markup:
+    """Each HTML text translated through nmt's API with markup=html (nmt.wings.markup.document:
     whole sentences translated, the tags put back by the alignment, the markup as written);
     a blank text comes back as it is."""
     mine = [t for t in texts if t.strip()]

@@ -2,7 +2,7 @@
 headers and query, or by its JSON body's "q" (POST /translate is shared: a form, a JSON object
 with "q", or a request that is neither with q in its query string is LibreTranslate's).
 RequestKind, an ASGI middleware, sends LibreTranslate's POST /translate to PREFIX/translate
-(nmt.serve.libretranslate); nmt.serve.app tells an error answer's shape by the same checks."""
+(nmt.wings.libretranslate.api); nmt.serve.app tells an error answer's shape by the same checks."""
 
 from __future__ import annotations
 

@@ -3,10 +3,10 @@ translated whole, each tag put back around the target words aligned to its sourc
 bergamot-translator does (Firefox's translator). The work grows about linearly with the text
 (a bisection per tag), and tags nest to any depth (explicit stacks, no recursion).
 
-The text is read by nmt.inference.markup_parse (`parse`: HTML or XML-like inline tags, which
+The text is read by nmt.wings.markup.parse (`parse`: HTML or XML-like inline tags, which
 tags bound units, which elements are not translated) into a `Document` of units; this module
 cuts the units into sentences (`Document.cut`: never between the two tags of a pair), and
-nmt.inference.markup_restore puts each sentence's tags into its translation (`restore`,
+nmt.wings.markup.restore puts each sentence's tags into its translation (`restore`,
 `put_back`). No torch.
 """
 
@@ -17,7 +17,7 @@ import html
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from nmt.inference.segment import Segmented
+from nmt.data.segment import Segmented
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
-"""Markup read (markup=html|xml): `parse` reads a text into a Document (nmt.inference.markup): HTML
-(the standard library's html.parser, leniently, as a browser does: an unclosed tag, a stray end
+"""Markup read (markup=html|xml): `parse` reads a text into a Document (nmt.wings.markup.document):
+HTML (the standard library's html.parser, leniently, as a browser does: an unclosed tag, a stray end
 tag or a lone `<` never fails) or XML-like inline tags in plain text (`<b>`, `</b>`, `<x
 id="1"/>`; placeholders such as `{0}` with placeholders=True). Every tag is kept as written,
 byte for byte. HTML's block elements (p, div, li, h1-h6, td, br, ...) bound the units of text;
 inline tags inside a unit are taken out, and the unit's text is cut into sentences by the
-caller's splitter (nmt.inference.segment), never between the two tags of a pair. The text of
+caller's splitter (nmt.data.segment), never between the two tags of a pair. The text of
 script, style, code, var, kbd, samp, of any element with translate="no" or class="notranslate",
 and of code blocks (a pre holding code, samp or kbd, or of a class such as screen or
 programlisting; untranslated) is not translated: the element goes back whole, as one void tag
@@ -26,7 +26,7 @@ from dataclasses import replace
 from html.parser import HTMLParser
 
 from nmt.config_checks import MARKUP_KINDS
-from nmt.inference.markup import Document, Tag, Unit
+from nmt.wings.markup.document import Document, Tag, Unit
 
 # Elements that bound the units of text (HTML; HTML5's block-level and table elements, br).
 BLOCKS = frozenset((

@@ -1,6 +1,6 @@
-"""Markup restored (markup=html|xml): `restore` puts a sentence's tags (nmt.inference.markup) into
-its translation: a pair of tags around the target words aligned to the source words between them
-(the model's alignment: links between SentencePiece pieces, each piece's characters given),
+"""Markup restored (markup=html|xml): `restore` puts a sentence's tags (nmt.wings.markup.document)
+into its translation: a pair of tags around the target words aligned to the source words between
+them (the model's alignment: links between SentencePiece pieces, each piece's characters given),
 widened to whole words where the source span held whole words; an untranslated element in place
 of its number (a number the translation lacks: as a void tag; copies of it deleted); a void tag
 (`<br/>` inside a sentence, `<img>`, `<x id="1"/>`) where the word it touches went, with the
@@ -21,8 +21,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from nmt.inference.markup import Document, Inner, Sentence
-from nmt.inference.terms import Term, term_spans
+from nmt.wings.markup.document import Document, Inner, Sentence
+from nmt.wings.terms import Term, term_spans
 
 
 @dataclass
