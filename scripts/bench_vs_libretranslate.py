@@ -60,6 +60,7 @@ from pathlib import Path
 from bench_serve import percentile
 from bench_serve_models import BIN, Load, start
 
+from nmt.checkpoint import Checkpoint
 from nmt.serve.models import discover, routes
 
 SETUPS = ("libretranslate", "nmt-ct2", "nmt")
@@ -103,34 +104,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 # ----------------------------------------------------------------------------- the packages
 def checkpoints(folder: str, pairs: list[str]) -> dict[str, Path]:
-    """Each pair's nmt checkpoint in `folder` (one that translates it directly)."""
+    """Each pair's nmt checkpoint in `folder` (one that translates it directly), each of one
+    SentencePiece model for both sides, as argostranslate tokenizes (its sentencepiece.model
+    splits the source and joins the output)."""
     found = routes(discover(Path(folder)), pivot=False)
     out = {}
     for pair in pairs:
         route = found.get(tuple(pair.split("-")))
         if route is None or route.hops[0].entry.kind != "nmt":
             raise SystemExit(f"--pairs: no nmt checkpoint of {folder} translates {pair}")
-        out[pair] = route.hops[0].entry.path
+        path = out[pair] = route.hops[0].entry.path
+        vocab = Checkpoint.load(path, mmap=True).vocab
+        if vocab.src_spm != vocab.tgt_spm or vocab.src_split is not None:
+            raise SystemExit(f"{path}: not one SentencePiece model for both sides, which an "
+                             f"Argos package needs (one sentencepiece.model)")
     return out
 
 
 def build_package(checkpoint: Path, pair: str, quantization: str, work: Path) -> Path:
-    """The checkpoint as an installed Argos package, WORK/packages/translate-SRC_TGT-1_0:
-    nmt-export's CTranslate2 model as model/, its SentencePiece model, metadata.json."""
+    """The checkpoint (one of checkpoints()) as an installed Argos package,
+    WORK/packages/translate-SRC_TGT-1_0: nmt-export's CTranslate2 model as model/, its
+    SentencePiece model, metadata.json."""
     src, tgt = pair.split("-")
     export = work / "exports" / pair
     subprocess.run([str(BIN / "nmt-export"), f"checkpoint={checkpoint}", f"output={export}",
                     "format=ctranslate2", f"quantization={quantization}", "force=true"],
                    check=True, stdout=subprocess.DEVNULL)
-    spm = (export / "source.spm").read_bytes()
-    if (export / "source.split.spm").exists() or (export / "target.spm").read_bytes() != spm:
-        raise SystemExit(f"{checkpoint}: not a joint vocabulary of one SentencePiece model, "
-                         f"which argostranslate needs (one sentencepiece.model for both sides)")
     package = work / "packages" / f"translate-{src}_{tgt}-1_0"
     shutil.rmtree(package, ignore_errors=True)
     shutil.copytree(export, package / "model", ignore=shutil.ignore_patterns(
         "nmt.json", "*.spm", ".*"))
-    (package / "sentencepiece.model").write_bytes(spm)
+    (package / "sentencepiece.model").write_bytes((export / "source.spm").read_bytes())
     meta = {"package_version": "1.0", "argos_version": "1.0", "type": "translate",
             "from_code": src, "from_name": src, "to_code": tgt, "to_name": tgt}
     (package / "metadata.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
