@@ -27,21 +27,27 @@ imported = [m for m in heavy if m in sys.modules]
 sys.argv = ["nmt-translate", *sys.argv[1:]]
 nmt.cli.translate.main()
 ran = [m for m in heavy if m in sys.modules]
+from hydra.core.config_store import ConfigStore
+stored = sorted(n for n in ConfigStore.instance().repo if n.endswith("_schema.yaml"))
 import nmt.cli.serve, nmt.commands.serve
 serve = [m for m in heavy if m in sys.modules and m != "fastapi"]
-print(json.dumps({{"imported": imported, "ran": ran, "serve": serve, "composed": len(composed)}}))
+print(json.dumps({{"imported": imported, "ran": ran, "serve": serve, "composed": len(composed),
+                  "stored": stored}}))
 """
 
 
 @pytest.mark.slow
 def test_a_one_line_translation_loads_no_optional_package_and_composes_once(ckpts, tmp_path):
+    """A one-line nmt-translate imports none of HEAVY, composes its config once and stores
+    only its own schema in Hydra's ConfigStore (each stored schema costs its building)."""
     line = tmp_path / "one.en"
     line.write_text("open the file\n", encoding="utf-8")
     out = subprocess.run([sys.executable, "-c", PROBE.format(heavy=HEAVY),
                           f"checkpoint={ckpts[0]}", f"input={line}", "search.max_len_b=3"],
                          capture_output=True, text=True, check=True, cwd=tmp_path).stdout
     found = json.loads(out.strip().splitlines()[-1])
-    assert found == {"imported": [], "ran": [], "serve": [], "composed": 1}
+    assert found == {"imported": [], "ran": [], "serve": [], "composed": 1,
+                     "stored": ["translate_schema.yaml"]}
 
 
 def test_only_a_command_line_of_overrides_skips_hydra_mains_first_composition():

@@ -128,7 +128,7 @@ def hydra_app(prog: str, config_name: str, schema: type) -> Callable:
 
     from nmt.config import register_configs, to_object
 
-    register_configs()
+    register_configs(f"{config_name}_schema")  # configs/<config_name>.yaml's defaults name it
 
     def decorate(run: Callable[[Any], None]) -> Callable[..., None]:
         def task(cfg) -> None:
