@@ -2,6 +2,7 @@
 nmt.decoding.fast_state): the decoding speed path gives the reference model's results (tokens,
 logits), on every CPU kind: these tests run again under AVX2 dispatch (tests/test_isa.py)."""
 
+import collections
 import dataclasses
 import itertools
 import os
@@ -9,6 +10,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 from translate_helpers import random_sources, run, search, tiny_model, tiny_model_cfg, tokens
 
 from nmt.config import SearchConfig
@@ -312,6 +314,56 @@ def test_search_compile_without_the_fused_operator_is_refused_naming_the_key(mon
     with pytest.raises(ConfigError, match=r"fused=False"):
         FastModel(model, fused=False, compile=True)
     assert not FastModel(model).compiled  # without search.compile: batched products, as before
+
+
+class Operators(TorchDispatchMode):
+    """The operators dispatched while it is on, counted by name (views too)."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[func._schema.name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("rows", [4, FBGEMM_OUTPUTS // 64 + 1])  # fbgemm's, oneDNN's
+def test_an_int8_relu_map_is_one_operator_with_the_relu_in_its_epilogue(rows):
+    """Int8Affine(relu=True): the ReLU in the product's dequantizing epilogue (one operator,
+    where a relu_ followed it), the same outputs as the product and then the ReLU; again at
+    the same shape (oneDNN keeps the primitive of a weight's first call, post-op included)."""
+    torch.manual_seed(0)
+    w, b = torch.randn(64, 32), torch.randn(64)
+    relu, plain = Int8Affine(w, b, relu=True), Int8Affine(w, b)
+    for _ in range(2):
+        x = torch.randn(rows, 32)
+        with Operators() as ops:
+            got = relu(x)
+        assert sum(ops.counts.values()) == 1
+        torch.testing.assert_close(got, plain(x).relu(), rtol=0, atol=0)
+
+
+def test_an_int8_step_runs_fp32s_operators_but_the_residual_additions(model):
+    """One int8 decoding step dispatches the operators of fp32's (whose packed maps fuse the
+    ReLU and the residual addition), an int8 product for each packed product, and one
+    residual addition after each sub-layer's last map (3 a decoder layer); no ReLU."""
+    if not packing_works(torch.float32):
+        pytest.skip("fp32's maps are not packed here: no fused epilogues to compare with")
+    src = pad_batch([[5, 6, 7, 8, 9], [9, 10], [11, 12, 4]], PAD, "cpu")
+    counts = {}
+    with torch.inference_mode():
+        for dtype in ("fp32", "int8"):
+            fast = FastModel(model, dtype)
+            state = fast.start_decoding(*fast.encode(src))
+            fast.decode_step(torch.full((3, 1), BOS), state)
+            with Operators() as ops:
+                fast.decode_step(torch.full((3, 1), BOS), state)
+            counts[dtype] = ops.counts
+    fp32, int8 = counts["fp32"], counts["int8"]
+    assert fp32.pop("mkldnn::_linear_pointwise") == (
+        int8.pop("quantized::linear_dynamic", 0) + int8.pop("quantized::linear_relu_dynamic", 0))
+    assert int8 - fp32 == {"aten::add_": 3 * len(model.decoder)} and not fp32 - int8
 
 
 def test_int8_shortlist_rows_are_gathered_not_quantized_again():

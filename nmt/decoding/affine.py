@@ -36,14 +36,13 @@ class Affine:
 
     def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         """(..., in_features) -> (..., out_features), + residual (same shape) if given."""
-        y = self.linear(x)
-        if self.relu:
-            y = y.relu_()
+        y = self.product(x)
         return y if residual is None else y.add_(residual)
 
-    def linear(self, x: Tensor) -> Tensor:
-        """x W^T + b."""
-        return F.linear(x, self.weight, self.bias)
+    def product(self, x: Tensor) -> Tensor:
+        """x W^T + b, then ReLU if relu."""
+        y = F.linear(x, self.weight, self.bias)
+        return y.relu_() if self.relu else y
 
 
 class PackedAffine(Affine):
@@ -102,11 +101,13 @@ class Int8Affine(Affine):
                                            self.bias, engine)
         return self.packed[engine]
 
-    def linear(self, x: Tensor) -> Tensor:
-        """x W^T + b with W and x rounded to int8 (x to 7 bits where products saturate)."""
+    def product(self, x: Tensor) -> Tensor:
+        """x W^T + b with W and x rounded to int8 (x to 7 bits where products saturate), then
+        ReLU if relu, in the engine's epilogue (dequantize + bias + ReLU in one pass)."""
         small = x.numel() // x.size(-1) * len(self.ints) <= FBGEMM_OUTPUTS
         engine = int8_engines()[0 if small else 1]
-        return private_ops.quantized_linear(x, self._packed(engine), self.reduce_range)
+        return private_ops.quantized_linear(x, self._packed(engine), self.reduce_range,
+                                            self.relu)
 
     def rows(self, index: Tensor, bias: Tensor | None) -> Int8Affine:
         """The map of output rows `index` (bias: theirs): its int8 rows gathered from this
@@ -140,10 +141,6 @@ class QLinearInt8Affine(Int8Affine):
     def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         """(..., in_features) -> (..., out_features), + residual (same shape) if given."""
         return self._map(x, self.relu, residual)
-
-    def linear(self, x: Tensor) -> Tensor:
-        """x W^T + b."""
-        return self._map(x, False, None)
 
     def _map(self, x: Tensor, relu: bool, residual: Tensor | None) -> Tensor:
         """x W^T + b, then ReLU, or plus the residual: (..., in) -> (..., out)."""

@@ -5,8 +5,9 @@ they give (docs/design.md, "Private PyTorch operators", has the measurements):
 - oneDNN's packed linear maps (torch.ops.mkldnn): W reordered once for the input's row count,
   with the ReLU or the residual addition fused into the product; what torch.compile's freezing
   does inside, exposed only as these operators. Decoding's linear maps on the CPU.
-- quantized linear maps with 8-bit activations on oneDNN (torch.ops.quantized): torch.ao's
-  public dynamic Linear calls the same operators but always with 7-bit activations; and a
+- quantized linear maps with 8-bit activations on oneDNN (torch.ops.quantized; the ReLU in
+  the dequantizing epilogue as torch.ao's dynamic LinearReLU has it): torch.ao's public
+  dynamic Linear calls the same operators but always with 7-bit activations; and a
   quantized weight made from int8 rows and their scales (a lexical shortlist's rows of the
   output projection gathered from its weights quantized once, as CTranslate2's
   select_weights, not quantized again per batch: no public API indexes per-channel quantized
@@ -40,7 +41,8 @@ from torch import Tensor
 
 OPERATORS = ("mkldnn._reorder_linear_weight", "mkldnn._linear_pointwise",
              "mkldnn._is_mkldnn_bf16_supported", "quantized.linear_prepack",
-             "quantized.linear_dynamic", "aten._make_per_channel_quantized_tensor",
+             "quantized.linear_dynamic", "quantized.linear_relu_dynamic",
+             "aten._make_per_channel_quantized_tensor",
              "aten._foreach_sub", "aten._foreach_mul_", "aten._foreach_add_",
              "onednn.qlinear_prepack", "onednn.qlinear_pointwise")
 
@@ -91,8 +93,12 @@ def per_channel_qint8(ints: Tensor, scale: Tensor) -> Tensor:
         ints, scale.double(), torch.zeros(len(scale), dtype=torch.long), 0)
 
 
-def quantized_linear(x: Tensor, packed, reduce_range: bool) -> Tensor:
-    """x W^T + b with x rounded to 8 bits (7 with reduce_range) per call, in int32."""
+def quantized_linear(x: Tensor, packed, reduce_range: bool, relu: bool = False) -> Tensor:
+    """x W^T + b with x rounded to 8 bits (7 with reduce_range) per call, in int32; then ReLU
+    if asked, in the kernel's epilogue. Call one packed weight always with the same `relu`:
+    oneDNN's keeps the primitive of its first call, post-op included, for that input shape."""
+    if relu:
+        return torch.ops.quantized.linear_relu_dynamic(x, packed, reduce_range)
     return torch.ops.quantized.linear_dynamic(x, packed, reduce_range)
 
 
