@@ -1,7 +1,8 @@
 """Startup (issue 60): what a command imports and composes before its first batch. Importing
 nmt-translate's and nmt-serve's paths loads none of the packages a run may not need (sacreBLEU,
 CTranslate2, transformers, matplotlib; FastAPI outside nmt-serve), a one-line translation
-imports no more of them, and Hydra composes its config once. scripts/bench_startup.py measures
+imports no more of them nor the wings that markup=, alignment= or an Argos package need, Hydra
+composes its config once and only its own schema is stored. scripts/bench_startup.py measures
 the time (docs/results.md, "Startup")."""
 
 import json
@@ -14,6 +15,9 @@ from nmt.cli import is_plain
 
 HEAVY = ("sacrebleu", "ctranslate2", "transformers", "fastapi", "matplotlib",
          "nmt.wings.ctranslate2", "nmt.wings.mbr", "nmt.training.plot")
+# ... and, on nmt-translate's path without markup=, alignment= or an Argos package:
+WINGS = ("nmt.wings.markup.document", "nmt.wings.markup.restore", "nmt.wings.align",
+         "nmt.wings.interop.argos", "html.parser")
 
 PROBE = """
 import json, sys
@@ -30,7 +34,7 @@ ran = [m for m in heavy if m in sys.modules]
 from hydra.core.config_store import ConfigStore
 stored = sorted(n for n in ConfigStore.instance().repo if n.endswith("_schema.yaml"))
 import nmt.cli.serve, nmt.commands.serve
-serve = [m for m in heavy if m in sys.modules and m != "fastapi"]
+serve = [m for m in heavy if m in sys.modules and m != "fastapi" and m not in {wings!r}]
 print(json.dumps({{"imported": imported, "ran": ran, "serve": serve, "composed": len(composed),
                   "stored": stored}}))
 """
@@ -38,11 +42,11 @@ print(json.dumps({{"imported": imported, "ran": ran, "serve": serve, "composed":
 
 @pytest.mark.slow
 def test_a_one_line_translation_loads_no_optional_package_and_composes_once(ckpts, tmp_path):
-    """A one-line nmt-translate imports none of HEAVY, composes its config once and stores
+    """A one-line nmt-translate imports none of HEAVY and WINGS, composes its config once and stores
     only its own schema in Hydra's ConfigStore (each stored schema costs its building)."""
     line = tmp_path / "one.en"
     line.write_text("open the file\n", encoding="utf-8")
-    out = subprocess.run([sys.executable, "-c", PROBE.format(heavy=HEAVY),
+    out = subprocess.run([sys.executable, "-c", PROBE.format(heavy=HEAVY + WINGS, wings=WINGS),
                           f"checkpoint={ckpts[0]}", f"input={line}", "search.max_len_b=3"],
                          capture_output=True, text=True, check=True, cwd=tmp_path).stdout
     found = json.loads(out.strip().splitlines()[-1])

@@ -73,7 +73,6 @@ from nmt.metrics.scoring import check_bleu_tokenize
 from nmt.system import distributed
 from nmt.system.files import check_output, decode_line, read_lines
 from nmt.system.runtime import cap_onednn_cache, keep_freed_memory, usable_cores
-from nmt.wings.align import align, check_layer, pharaoh
 from nmt.wings.comet import Comet, load_comet
 from nmt.wings.glossary import Glossary
 from nmt.wings.rerank import Chooser
@@ -159,6 +158,8 @@ def open_session(cfg: TranslateConfig) -> Session:
         if cfg.vocab_check:
             check_vocab(translator, cfg.vocab_check, cfg.checkpoints[0])
         if cfg.alignment or cfg.markup != "none":
+            from nmt.wings.align import check_layer
+
             check_layer(translator, cfg.alignment_layer)
         languages = choose(translator.vocab, cfg.src_lang, cfg.tgt_lang, cfg.checkpoints[0])
         check_languages(cfg, languages)
@@ -405,6 +406,8 @@ def alignments(s: Session, src_ids: list[list[int]],
                nbest: list[list[Hypothesis]]) -> list[list[str]]:
     """Per input line, the Pharaoh links of each of its hypotheses (the first model's
     attention, for an ensemble), aligned in batches of search.max_tokens."""
+    from nmt.wings.align import align, pharaoh
+
     pairs = [(src, h.tokens) for src, hyps in zip(src_ids, nbest, strict=True) for h in hyps]
     links = iter(map(pharaoh, align(s.translator, [p[0] for p in pairs],
                                     [p[1] for p in pairs], s.cfg.alignment_layer,

@@ -12,6 +12,7 @@ import stat
 import sys
 import threading
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from nmt.config import TranslateConfig, candidate_search
 from nmt.data.segment import Segmented
@@ -21,7 +22,9 @@ from nmt.errors import NmtError
 from nmt.metrics.scoring import Scores, score
 from nmt.system.files import read_lines, write_atomically
 from nmt.wings.comet import Comet, system_score
-from nmt.wings.markup.document import Document
+
+if TYPE_CHECKING:  # imported where markup= asks for it (startup)
+    from nmt.wings.markup.document import Document
 
 PROG = "nmt-translate"
 CHUNK_LINES = 1000  # interactive input: lines translated together at most

@@ -14,7 +14,6 @@ from nmt.engines.engine import Engine
 from nmt.engines.translator import Translator
 from nmt.errors import NmtError
 from nmt.system.runtime import warn_if_bf16_emulated
-from nmt.wings.interop.argos import is_package
 
 
 def open_translator(engine: str, checkpoints: list[str], device: torch.device,
@@ -31,13 +30,13 @@ def open_translator(engine: str, checkpoints: list[str], device: torch.device,
     if dtype == "bf16" and device.type == "cpu":
         warn_if_bf16_emulated("search.dtype=bf16")
     if engine == "nmt":
-        package = next((c for c in checkpoints if is_package(c)), None)
-        if package is not None:
-            raise NmtError(f"{package}: an Argos Translate package (a CTranslate2 model): "
-                           f"give engine=ctranslate2")
-        translator = Translator.load(checkpoints, device, weights, dtype=dtype,
-                                     workers=workers, threads=threads, compile=compile,
-                                     fork=fork)
+        try:
+            translator = Translator.load(checkpoints, device, weights, dtype=dtype,
+                                         workers=workers, threads=threads, compile=compile,
+                                         fork=fork)
+        except NmtError:
+            refuse_package(checkpoints)
+            raise
     else:
         from nmt.wings.ctranslate2 import CT2Translator
 
@@ -51,3 +50,15 @@ def open_translator(engine: str, checkpoints: list[str], device: torch.device,
         translator.close()
         raise
     return translator
+
+
+def refuse_package(checkpoints: list[str]) -> None:
+    """engine=nmt's checkpoints that failed to load: an Argos Translate package among them
+    (nmt.wings.interop.argos, imported only then) is refused in one line that names the
+    engine that reads it."""
+    from nmt.wings.interop.argos import is_package
+
+    package = next((c for c in checkpoints if is_package(c)), None)
+    if package is not None:
+        raise NmtError(f"{package}: an Argos Translate package (a CTranslate2 model): "
+                       f"give engine=ctranslate2") from None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from nmt.data.languages import LanguageChoice
 from nmt.data.segment import Segmented, fit_for, sample_stream, split_for
@@ -24,14 +25,14 @@ from nmt.decoding.messages import Hypothesis, Sentence
 from nmt.engines.engine import Engine
 from nmt.errors import ConfigError
 from nmt.system.files import check_unicode
-from nmt.wings.align import sentence_alignments
 from nmt.wings.glossary import Glossary, with_terms
-from nmt.wings.markup.document import Document
-from nmt.wings.markup.parse import parse
-from nmt.wings.markup.restore import Unplaced, put_back
 from nmt.wings.rerank import Chooser
 from nmt.wings.terms import Term
 from nmt.wings.words import Word, words
+
+if TYPE_CHECKING:  # markup's modules are imported where markup= asks for them (startup)
+    from nmt.wings.markup.document import Document
+    from nmt.wings.markup.restore import Unplaced
 
 
 class PieceError(ConfigError):
@@ -172,6 +173,8 @@ def documents(texts: list[str], options: Options, tok) -> list[Segmented | Docum
     o = options
     if o.markup == "none":
         return [split_for(tok, text, o.split, o.splitter, o.limit) for text in texts]
+    from nmt.wings.markup.parse import parse
+
     fit = fit_for(tok, o.limit) if o.split != "none" else None
     return [parse(text, o.markup, o.placeholders).cut(
         lambda unit: split_for(tok, unit, o.split, o.splitter, 0), fit) for text in texts]
@@ -249,6 +252,9 @@ def tagged(prepared: Prepared, nbest: list[list[Hypothesis]], engine: Engine
     """markup: each piece's best translation with its tags put back where the alignment puts
     their words (nmt.wings.markup.document), its terms' exact texts between them; the tags it
     could not place."""
+    from nmt.wings.align import sentence_alignments
+    from nmt.wings.markup.restore import put_back
+
     o, pieces = prepared.options, prepared.pieces
     found = sentence_alignments(engine, [p.text for p in pieces], [p.ids for p in pieces],
                                 [hyps[0].tokens for hyps in nbest], len(o.languages.source),
