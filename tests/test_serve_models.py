@@ -267,8 +267,8 @@ def serve_config(models: Path, *overrides: str) -> ServeConfig:
 
 
 class ModelsInProcess(InProcess):
-    """A many-model server's app in this process (uvicorn in a thread, each model decoding in
-    one thread); `call` and `translate` as test_serve's Server's."""
+    """A many-model server's app in this process (uvicorn in a thread, each nmt model decoding
+    in one forked process); `call` and `translate` as test_serve's Server's."""
 
     def __init__(self, models: Path, *overrides: str):
         cfg = serve_config(models, *overrides)
@@ -311,6 +311,16 @@ def test_each_pair_gives_nmt_translates_text_and_de_fr_goes_through_english(many
         status, body = form(many, "/translate", q=LINES[0], source=src, target=tgt)
         assert (status, body) == (200, {"translatedText": lines[0]}), (src, tgt)
     assert len(set(map(tuple, want.values()))) == len(want)  # each model its own text
+
+
+@pytest.mark.slow
+def test_each_nmt_model_decodes_in_a_process_of_its_own_even_with_one_worker(many):
+    """A decoding thread would share the server's interpreter lock with the event loop and
+    every other model's loop (issue 61: half the throughput of one server per pair)."""
+    many.translate(LINES[:1], src_lang="en", tgt_lang="de")
+    service = many.registry.loaded[many.registry.route("en", "de").hops[0].entry.path].service
+    assert service.workers == 1 and service.stepper.processes
+    assert many.translate(LINES[:1], src_lang="en", tgt_lang="de")[0]["text"]
 
 
 def form(srv, path: str, **fields):

@@ -145,10 +145,13 @@ def serve_models(cfg: ServeConfig, device: torch.device, workers: int) -> None:
 
 def open_service(entry: ModelEntry, cfg: ServeConfig, device: torch.device,
                  workers: int) -> Service:
-    """One model of a many-model server, its workers started and warmed up, as a Service."""
+    """One model of a many-model server, its workers started and warmed up, as a Service.
+    On the CPU even one worker is a forked process (a thread of this process would share its
+    interpreter lock with the event loop and every other model's loop: issue 61)."""
     engine = cfg.engine if entry.kind == "nmt" else "ctranslate2"  # an export, a package
     translator = open_translator(engine, [str(entry.path)], device, dtype=cfg.search.dtype,
-                                 workers=workers, threads=cfg.threads, compile=cfg.search.compile)
+                                 workers=workers, threads=cfg.threads, compile=cfg.search.compile,
+                                 fork=True)
     try:
         warm_up(translator.stepper(), cfg.search.dtype, cfg.search.compile)
         return Service(translator, model_config(cfg, entry))

@@ -54,8 +54,10 @@ class Translator:
     stand-ins without tokenizers (tests, benchmarks) their Specials alone (self.vocab: None).
     dtype: the search.dtype to prepare the models for at once, before any worker starts (None:
     none now, each dtype when first used). workers > 1 on the CPU: forked one-thread decoding
-    processes, started here (else one thread); threads: PyTorch threads of decoding in this
-    process (0: PyTorch's default). fast=False decodes with the reference model (fp32 only),
+    processes, started here (else one thread; fork=True: one forked process, as a many-model
+    server's models take, so that their decoding loops and its event loop do not share one
+    interpreter lock); threads: PyTorch threads of decoding in this process (0: PyTorch's
+    default). fast=False decodes with the reference model (fp32 only),
     use_cache=False without the key/value cache too: the slower paths the benchmarks time.
     compile: prepare `dtype`'s models with search.compile (each worker compiles its own steps).
     """
@@ -65,7 +67,7 @@ class Translator:
     def __init__(self, models: list, vocab: Vocab | Specials,
                  device: torch.device | str = "cpu", dtype: str | None = "fp32",
                  workers: int = 1, threads: int = 0, fast: bool = True, use_cache: bool = True,
-                 compile: bool = False):
+                 compile: bool = False, fork: bool = False):
         self.models, self.device = models, torch.device(device)
         checkpoint = isinstance(vocab, Vocab)  # else a stand-in's Specials: no tokenizers
         self.vocab = vocab if checkpoint else None
@@ -79,7 +81,7 @@ class Translator:
         self._attention = threading.Lock()  # one attention() at a time: it sets model flags
         if dtype is not None:
             self.prepared(dtype, compile)
-        processes = workers > 1 and self.device.type == "cpu" and can_fork()
+        processes = (workers > 1 or fork) and self.device.type == "cpu" and can_fork()
         # forked after preparing: the workers share the prepared weights
         self.pool = WorkerPool(workers if processes else 1, self, processes, threads)
         self.workers = self.pool.workers
