@@ -11,6 +11,7 @@ from nmt.data.tokenizer import (
     BOS_ID,
     EOS_ID,
     PAD_ID,
+    POOL_LINES,
     SPECIALS,
     UNK_ID,
     Tokenizer,
@@ -52,6 +53,30 @@ def test_encode_decode_round_trip_without_specials(tok, corpus):
     assert all(ids) and all(i > EOS_ID for seq in ids for i in seq)  # no BOS/EOS added
     assert tok.decode(ids) == lines
     assert tok.encode(lines, num_threads=1) == ids
+
+
+def test_a_few_lines_are_encoded_one_by_one_without_sentencepieces_thread_pool(tok,
+                                                                               monkeypatch):
+    """A list call starts a thread pool each time: a server's request of a line or two paid
+    ~10x its CPU for it, and waited on its event loop for the pool's threads."""
+    calls = []
+
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(sp, name)
+
+        def encode(self, what, **kwargs):
+            calls.append(type(what))
+            return sp.encode(what, **kwargs)
+
+    sp = tok.sp
+    lines = ["open file", "version 4711"]
+    want = tok.encode(lines)
+    monkeypatch.setattr(tok, "sp", Recording())
+    assert tok.encode(lines) == want and tok.encode([]) == []
+    assert calls == [str, str]
+    tok.encode(lines * POOL_LINES)  # many lines: one list call
+    assert calls[2:] == [list]
 
 
 def test_split_digits_gives_one_piece_per_digit(tok):

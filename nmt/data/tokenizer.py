@@ -23,6 +23,7 @@ from nmt.data.vocab import Vocab
 from nmt.errors import NmtError
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+POOL_LINES = 64  # fewer lines are encoded one by one: a list call starts a thread pool
 
 
 class Specials(NamedTuple):
@@ -112,9 +113,12 @@ class Tokenizer:
 
     def encode(self, lines: list[str], num_threads: int = -1) -> list[list[int]]:
         """Raw text lines -> subword ids (no BOS/EOS); num_threads=-1 lets SentencePiece choose.
-        With one thread the lines are encoded one by one: SentencePiece's list call costs a
-        thread pool each time (debian-po, 64 lines: ~10 ms, one by one ~0.3 ms)."""
-        if num_threads == 1:
+        With one thread, or fewer than POOL_LINES lines (a server's request), the lines are
+        encoded one by one: SentencePiece's list call costs a thread pool each time (debian-po,
+        64 lines: ~10 ms, one by one ~0.3 ms; one line: ~10x a lone line's CPU, and its wall
+        time, waiting for the pool's threads, on the event loop of nmt-serve, where cores are
+        busy decoding)."""
+        if num_threads == 1 or len(lines) < POOL_LINES:
             return [self.sp.encode(line, out_type=int) for line in lines]
         return self.sp.encode(lines, out_type=int, num_threads=num_threads)
 
@@ -235,7 +239,7 @@ class LookupTokenizer(Tokenizer):
         """Raw text lines -> the vocabulary's ids of the split model's pieces (num_threads: as
         Tokenizer.encode's)."""
         sp, table, unk = self.split.sp, self.table, self.unk
-        if num_threads == 1:
+        if num_threads == 1 or len(lines) < POOL_LINES:
             split = [sp.encode(line, out_type=str) for line in lines]
         else:
             split = sp.encode(list(lines), out_type=str, num_threads=num_threads)
