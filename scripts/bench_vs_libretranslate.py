@@ -1,8 +1,8 @@
 """Load test of nmt-serve against LibreTranslate's own request path, the same models (issue 61).
 
 Issue 61's goal: with the same models, nmt-serve >= 3x the throughput of LibreTranslate at 32
-clients, interleaved, one machine, the same beam. LibreTranslate is a peer installed outside
-the repository's venv (../shared/docs/peer-runs.md):
+clients, interleaved, one machine, the same beam. LibreTranslate is a peer, installed in a
+venv of its own (never the repository's):
 
     python3.11 -m venv /tmp/lt-venv && /tmp/lt-venv/bin/pip install libretranslate
 
