@@ -55,8 +55,7 @@ def test_encode_decode_round_trip_without_specials(tok, corpus):
     assert tok.encode(lines, num_threads=1) == ids
 
 
-def test_a_few_lines_are_encoded_one_by_one_without_sentencepieces_thread_pool(tok,
-                                                                               monkeypatch):
+def test_a_few_lines_are_coded_one_by_one_without_sentencepieces_thread_pool(tok, monkeypatch):
     """A list call starts a thread pool each time: a server's request of a line or two paid
     ~10x its CPU for it, and waited on its event loop for the pool's threads."""
     calls = []
@@ -69,14 +68,23 @@ def test_a_few_lines_are_encoded_one_by_one_without_sentencepieces_thread_pool(t
             calls.append(type(what))
             return sp.encode(what, **kwargs)
 
+        def decode(self, what, **kwargs):
+            calls.append(type(what[0]) if what else "none")
+            return sp.decode(what, **kwargs)
+
     sp = tok.sp
     lines = ["open file", "version 4711"]
-    want = tok.encode(lines)
+    ids = tok.encode(lines)
+    outputs = [ids[0] + [EOS_ID], [BOS_ID, UNK_ID], [], *ids]  # specials dropped, <unk> kept
+    want = sp.decode([[i for i in seq if i not in (BOS_ID, EOS_ID)] for seq in outputs])
     monkeypatch.setattr(tok, "sp", Recording())
-    assert tok.encode(lines) == want and tok.encode([]) == []
+    assert tok.encode(lines) == ids and tok.encode([]) == []
     assert calls == [str, str]
-    tok.encode(lines * POOL_LINES)  # many lines: one list call
-    assert calls[2:] == [list]
+    assert tok.decode(outputs) == want and tok.decode([]) == []
+    assert calls[2:] == [int, int, "none", int, int]
+    tok.encode(lines * POOL_LINES)  # many lines: one list call each way
+    tok.decode(ids * POOL_LINES)
+    assert calls[7:] == [list, list]
 
 
 def test_split_digits_gives_one_piece_per_digit(tok):

@@ -187,9 +187,13 @@ class Tokenizer:
     def decode(self, ids: list[list[int]]) -> list[str]:
         """Subword ids -> detokenized text. PAD, BOS and EOS are dropped; an <unk> stays
         visible, as SentencePiece writes it (" \u2047 "), so that an unknown word in an output
-        is seen, not silently lost (nmt-translate, valid BLEU and nmt-serve all decode here)."""
+        is seen, not silently lost (nmt-translate, valid BLEU and nmt-serve all decode here).
+        Fewer than POOL_LINES lists are decoded one by one (as encode's lines)."""
         drop = set(self.specials.ids)
-        return self.sp.decode([[i for i in seq if i not in drop] for seq in ids])
+        kept = [[i for i in seq if i not in drop] for seq in ids]
+        if len(kept) < POOL_LINES:
+            return [self.sp.decode(seq) for seq in kept]
+        return self.sp.decode(kept)
 
     def spans(self, text: str) -> list[tuple[int, int]]:
         """Where each piece of `text`'s encoding (encode's ids) lies in it: characters
