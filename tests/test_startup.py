@@ -15,9 +15,10 @@ from nmt.cli import is_plain
 
 HEAVY = ("sacrebleu", "ctranslate2", "transformers", "fastapi", "matplotlib",
          "nmt.wings.ctranslate2", "nmt.wings.mbr", "nmt.training.plot")
-# ... and, on nmt-translate's path without markup=, alignment= or an Argos package:
+# ... and, on nmt-translate's path without markup=, alignment=, an Argos package or worker
+# processes:
 WINGS = ("nmt.wings.markup.document", "nmt.wings.markup.restore", "nmt.wings.align",
-         "nmt.wings.interop.argos", "html.parser")
+         "nmt.wings.interop.argos", "html.parser", "concurrent.futures.process")
 
 PROBE = """
 import json, sys

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import threading
 from concurrent.futures import as_completed
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import torch
@@ -209,6 +208,8 @@ class Translator:
         order; each worker decodes with its inherited prepared models."""
         if not self.pool.processes or self.pool.loops or len(items) < 2:
             return run_jobs(job, items, progress)
+        from concurrent.futures.process import BrokenProcessPool  # a process pool's: started
+
         batches = plan_batches(items, job.search, job.score, self.workers)
         bare = dataclasses.replace(job, models=[])  # the workers have the models
         futures = {self.pool.submit(_run_batch, bare, [items[i] for i in b]): b

@@ -20,8 +20,7 @@ import queue
 import signal
 import threading
 from collections.abc import Callable
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from functools import partial
 
 import torch
@@ -56,7 +55,9 @@ class WorkerPool:
                                                          initargs=(threads,))
             self._state = state
             return
-        ctx = mp.get_context("fork")
+        from concurrent.futures.process import BrokenProcessPool, ProcessPoolExecutor
+
+        ctx = mp.get_context("fork")  # the process pool's modules: imported where it starts
         self.inboxes, self.outbox = [ctx.Queue() for _ in range(workers)], ctx.Queue()
         self.executor = ProcessPoolExecutor(
             workers, ctx, initializer=_start_worker,
