@@ -34,9 +34,10 @@ from nmt.inference.engines import open_translator
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 from nmt.commands.serve import open_socket, serve  # noqa: E402
+from nmt.serve import service as service_module  # noqa: E402
 from nmt.serve.app import create_app  # noqa: E402
 from nmt.serve.batcher import Admission, Batcher, BatcherStopped, QueueFull  # noqa: E402
-from nmt.serve.service import Service  # noqa: E402
+from nmt.serve.service import INLINE_CHARS, Service  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -583,6 +584,25 @@ def test_a_dead_batcher_makes_health_fail_and_requests_fail_fast_with_503(in_pro
     status, _, health = in_process.call("GET", "/health")
     assert (status, health["status"]) == (503, "error")
     assert "a bug in _take" in health["error"]
+
+
+def test_a_small_request_is_prepared_on_the_event_loop_a_large_one_in_a_thread(in_process,
+                                                                               monkeypatch):
+    """Two hand-offs to a thread a request cost more than a sentence's preparing (issue 61)."""
+    handed = []
+
+    async def to_thread(fn, *args):
+        handed.append(fn.__name__)
+        return await threaded(fn, *args)
+
+    threaded = asyncio.to_thread
+    monkeypatch.setattr(service_module.asyncio, "to_thread", to_thread)
+    small = in_process.call("POST", "/translate", {"text": ["open file"]})[2]
+    assert handed == []
+    text = " ".join(["open file"] * (INLINE_CHARS // 9))  # over INLINE_CHARS, one text
+    large = in_process.call("POST", "/translate", {"text": ["open file", text]})[2]
+    assert handed == ["prepare", "finish"]
+    assert large["translations"][0]["text"] == small["translations"][0]["text"]
 
 
 def test_every_error_is_json_in_the_error_schema(in_process, monkeypatch):

@@ -44,6 +44,7 @@ from nmt.wings.libretranslate.api_keys import ApiKeys
 from nmt.wings.rerank import Chooser, mbr_comet
 
 PROG = "nmt-serve"
+INLINE_CHARS = 1000  # a request of at most this many characters is prepared on the event loop
 
 
 def log(message: str) -> None:
@@ -280,18 +281,26 @@ class Service:
                           "sampling" if search.sampling else "mbr_candidates")
         options = self.options_of(req, choice, chooser)
         fields = self.sentence_fields(req, search)
-        prepared = await asyncio.to_thread(self.prepare, req, options, decoded.sampling,
-                                           fields)  # off the event loop
+        inline = self.inline(req, chooser)
+        prepared = await off_loop(inline, self.prepare, req, options, decoded.sampling, fields)
         if self.broken:
             raise ApiError(503, None, self.broken)
         nbest = await self.decode(prepared.sentences(), decoded)
-        results, maps = await asyncio.to_thread(self.finish, req, prepared, nbest)
+        results, maps = await off_loop(inline, self.finish, req, prepared, nbest)
         self.requests += 1
         for u in (u for r in results for u in r.unplaced):
             log(f"warning: text[{u.doc}]: {u.why()}")
         maps = iter(maps)
         return TranslateResponse(translations=[
             answer(r, search.nbest, [next(maps) for _ in r.pieces]) for r in results])
+
+    def inline(self, req: TranslateRequest, chooser: Chooser | None) -> bool:
+        """Are the request's texts prepared and finished on the event loop? A small request's
+        are (INLINE_CHARS: two hand-offs to a thread cost more than the work, and under load
+        each waits for the interpreter lock: issue 61's profile), not one with MBR or
+        attention maps (a model's forward pass)."""
+        return (sum(map(len, req.text)) <= INLINE_CHARS and chooser is None
+                and not req.attention)
 
     async def decode(self, sentences: list[Sentence], search: SearchConfig
                      ) -> list[list[Hypothesis]]:
@@ -361,6 +370,11 @@ class Service:
                              mean_batch=s.sentences / s.batches if s.batches else 0.0,
                              queued=len(self.batcher.queue),
                              busy_workers=self.workers - self.batcher.idle)
+
+
+async def off_loop(inline: bool, fn: Callable, *args):
+    """fn(*args), here (inline) or in a thread, off the event loop."""
+    return fn(*args) if inline else await asyncio.to_thread(fn, *args)
 
 
 def answer(result: TextResult, nbest: int, maps: list[Attention | None]) -> Translation:
