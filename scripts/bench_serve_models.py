@@ -9,8 +9,10 @@ single server with cores / pairs workers. Each client sends LibreTranslate's JSO
 ({"q", "source", "target"}) of one pair (clients are dealt to the pairs in turn), one line a
 request, the input's lines in order, until --seconds have passed or every client has sent
 --lines lines. The setups run interleaved, --rounds times each; reported per setup and client
-count: sentences/s, p50 and p95 latency, errors, and how many translations differ between the
-setups (0 expected: the same model and search).
+count: sentences/s, p50 and p95 latency, errors, the servers' CPU time a sentence (all their
+processes, and their main processes alone: a many-model server's event loop serves every
+pair; Linux's /proc), and how many translations differ between the setups (0 expected: the
+same model and search).
 
     flock /tmp/nmt-cpu.lock .venv/bin/python scripts/bench_serve_models.py \\
         --models work/models --pairs en-de de-en en-fr --input scripts/data/debian-po/en-de/test.en
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -145,18 +148,41 @@ def setups(args) -> dict[str, list[list[str]]]:
                         for p in args.pairs]}
 
 
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """CPU seconds (user + system) of a process and its children (its decoding workers),
+    and of the process alone."""
+    def own(p: int) -> float:
+        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    tasks = Path(f"/proc/{pid}/task")
+    children = [int(c) for t in tasks.iterdir() for c in (t / "children").read_text().split()]
+    main = own(pid)
+    return main + sum(own(c) for c in children), main
+
+
 def run_setup(servers: list[list[str]], pairs: list[str], lines: list[str], clients: int,
               seconds: float, cores: int) -> Load:
-    """Start the servers, run the load, stop them."""
+    """Start the servers, run the load (its CPU time counted: load.cpu, load.main_cpu),
+    stop them."""
     started = [start(s, cores) for s in servers]
     ports = ({p: started[0][1] for p in pairs} if len(started) == 1
              else {p: port for p, (_, port) in zip(pairs, started, strict=True)})
     load = Load(ports, lines, clients, seconds)
+    before = [cpu_seconds(proc.pid) for proc, _ in started]
     load.took = load.run(pairs)
+    after = [cpu_seconds(proc.pid) for proc, _ in started]
+    load.cpu, load.main_cpu = (sum(a[i] - b[i] for a, b in zip(after, before, strict=True))
+                               for i in (0, 1))
     for proc, _ in started:
         proc.terminate()
         proc.wait(timeout=60)
     return load
+
+
+def per_sentence(cpu: float, load: Load) -> float:
+    """CPU seconds as milliseconds a translated sentence of the load."""
+    return 1000 * cpu / max(1, len(load.latencies))
 
 
 def main() -> None:
@@ -178,7 +204,9 @@ def main() -> None:
                 load.latencies) > 1 else (0.0, 0.0)
             print(f"{clients} clients, {name}: {statistics.median(rates[name]):.1f} "
                   f"sentences/s (rounds: {', '.join(f'{r:.1f}' for r in rates[name])}), "
-                  f"p50 {p50:.0f} ms, p95 {p95:.0f} ms, {len(load.errors)} errors")
+                  f"p50 {p50:.0f} ms, p95 {p95:.0f} ms, {len(load.errors)} errors; CPU a "
+                  f"sentence {per_sentence(load.cpu, load):.1f} ms (main processes "
+                  f"{per_sentence(load.main_cpu, load):.1f})")
         many, singles = loads["many"].results, loads["singles"].results
         differ = sum(many[k] != singles[k] for k in many.keys() & singles.keys())
         print(f"{clients} clients: many / singles throughput "
