@@ -28,6 +28,8 @@ from nmt.wings.interop.hf_files import model_pieces, proto_fields
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # piece types
 UNIGRAM, BPE = 1, 2  # TrainerSpec.model_type
 UNK_SURFACE = " \u2047 "  # what SentencePiece decodes <unk> to
+UNK_MARK = "\uffff"  # <unk> while decoding, before it is UNK_SURFACE (a noncharacter: no text's)
+MAX_LEADING_SPACES = 1 << 20  # the most leading spaces a decoded line drops (every one)
 
 
 def _spec(proto: bytes, number: int) -> dict[int, int | float | bytes]:
@@ -57,13 +59,11 @@ def hf_tokenizer(tok: Tokenizer, source_eos: bool = True):
     hf = HFTokenizer(model)
     hf.normalizer = _normalizer(norm)
     dummy = bool(norm.get(3, 1))  # add_dummy_prefix (proto default true)
-    from tokenizers import decoders, pre_tokenizers, processors
+    from tokenizers import pre_tokenizers, processors
 
     hf.pre_tokenizer = pre_tokenizers.Metaspace(
         replacement=SPACE, prepend_scheme="always" if dummy else "never", split=True)
-    hf.decoder = decoders.Sequence([
-        decoders.Replace(pieces[unk][0], UNK_SURFACE), decoders.ByteFallback(),
-        decoders.Metaspace(replacement=SPACE, prepend_scheme="always" if dummy else "never")])
+    hf.decoder = _decoder(pieces[unk][0], dummy)
     specials = [i for i, (_, _, t) in enumerate(pieces) if t == CONTROL]
     hf.add_special_tokens([AddedToken(pieces[i][0], special=True, normalized=False)
                            for i in specials])
@@ -76,6 +76,24 @@ def hf_tokenizer(tok: Tokenizer, source_eos: bool = True):
     hf.post_processor = processors.TemplateProcessing(
         single=f"$A{end}", pair=f"$A $B{end}", special_tokens=[(pieces[eos][0], eos)])
     return hf
+
+
+def _decoder(unk_piece: str, dummy: bool):
+    """SentencePiece's decoding: <unk> as UNK_SURFACE, bytes joined, the space mark a space,
+    and with add_dummy_prefix every leading space of the text dropped (a generated line may
+    start with a bare space piece, which Metaspace's decoder would keep as a space), but not
+    the one that <unk>'s surface begins with."""
+    from tokenizers import decoders
+
+    if not dummy:
+        return decoders.Sequence([decoders.Replace(unk_piece, UNK_SURFACE),
+                                  decoders.ByteFallback(),
+                                  decoders.Metaspace(replacement=SPACE, prepend_scheme="never")])
+    return decoders.Sequence([  # <unk> stands as UNK_MARK until the leading spaces are gone
+        decoders.Replace(unk_piece, UNK_MARK), decoders.ByteFallback(),
+        decoders.Replace(SPACE, " "), decoders.Fuse(),
+        decoders.Strip(content=" ", left=MAX_LEADING_SPACES, right=0),
+        decoders.Replace(UNK_MARK, UNK_SURFACE)])
 
 
 def _normalizer(norm: dict):
