@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH_PIN ?= torch==2.13.0
 # The extras .venv (and .venv-floor) get: every optional feature the tests exercise.
 EXTRAS := dev,plot,slurm,tensorboard,export,serve,split,langid,fastchrf,comet,onnx
-# The oldest torch the suite has passed on, pyproject's floor (tests/test_packaging.py checks they agree).
+# The oldest torch the suite has passed on, pyproject's floor (tests/system/test_packaging.py checks they agree).
 TORCH_FLOOR ?= 2.6.0
 # Where test-floor gets torch from: PyPI by default (its Linux wheels pull the CUDA libraries,
 # ~3 GB); e.g. FLOOR_INDEX="--index-url https://download.pytorch.org/whl/cpu" where reachable.
@@ -37,30 +37,32 @@ $(STAMP): pyproject.toml Makefile
 # Every test (GPU tests skip themselves without one; the browser's runs only under test-browser),
 # on two pytest-xdist workers: one at a time took 11.7 minutes on a slow 2-core day, two 6.9
 # (2026-11-26); many tests wait on subprocesses, servers or torchrun rather than compute.
-# test-quick leaves out the ones marked slow (subprocesses, servers, torchrun, the wheel build,
-# training to convergence, over ~2 s) for the edit-test loop; test-slow runs only those.
-# gpu-wheels: the dry run of make gpu-check (tests/test_gpu_check.py) installs from its folder.
+# test-quick, the edit-test loop, runs the unit, integration and wings tiers (tests/<tier>/)
+# but the tests marked slow (subprocesses, servers, torchrun, the wheel build, training to
+# convergence, over ~2 s); the system tier (recipes, the serving matrix, browser, GPU, the
+# tree's own checks) runs in make test. test-slow runs only the slow ones.
+# gpu-wheels: the dry run of make gpu-check (tests/system/test_gpu_check.py) installs from its folder.
 test: install gpu-wheels
 	$(BIN)/python -m pytest -n 2
 
 test-quick: install
-	$(BIN)/python -m pytest -m "not slow" -n 2
+	$(BIN)/python -m pytest -m "not slow" -n 2 tests/unit tests/integration tests/wings
 
 test-slow: install
 	$(BIN)/python -m pytest -m "slow"
 
 # The tests whose kernels depend on the CPU's instruction set (marker isa: int8, bf16, oneDNN
 # packing, the shape caches) again under an AVX2-only CPU's dispatch, every library capped
-# (tests/test_isa.py, which make test runs too): what fails on AVX2 shows on an AVX-512 machine.
+# (tests/system/test_isa.py, which make test runs too): what fails on AVX2 shows on an AVX-512 machine.
 test-isa: install
-	$(BIN)/python -m pytest tests/test_isa.py -v
+	$(BIN)/python -m pytest tests/system/test_isa.py -v
 
-# Every cell of nmt-serve's combinations (tests/test_matrix.py: engines x model kinds x
+# Every cell of nmt-serve's combinations (tests/system/test_matrix.py: engines x model kinds x
 # interfaces x searches, both batching policies); make test runs all pairs of them.
 test-matrix: install
-	NMT_MATRIX_FULL=1 $(BIN)/python -m pytest tests/test_matrix.py -v
+	NMT_MATRIX_FULL=1 $(BIN)/python -m pytest tests/system/test_matrix.py -v
 
-# The GPU suite (tests/test_gpu.py): NCCL, bf16/fp16, resume, averaging, translation, torchrun
+# The GPU suite (tests/system/test_gpu.py): NCCL, bf16/fp16, resume, averaging, translation, torchrun
 # over every GPU present. Install a CUDA build of torch into .venv first.
 test-gpu: install
 	$(BIN)/python -m pytest -m gpu -v
@@ -73,7 +75,7 @@ test-gpu: install
 # steady state (base and big, eager and compiled), the GPU suite, a 2-minute base run on the
 # bundled debian-po en-de and its test BLEU, writing DIR/gpu_check.json after each step.
 # `make gpu-check DRY=1` runs every step on the CPU at tiny sizes, into a fresh venv that holds
-# only .venv's torch (tests/test_gpu_check.py runs it in make test).
+# only .venv's torch (tests/system/test_gpu_check.py runs it in make test).
 GPU_WHEELS ?= build/gpu-wheels
 GPU_PYTHON_VERSION ?= 3.12
 OUT ?= build/gpu-check/out
@@ -88,8 +90,8 @@ gpu-check: $(if $(DRY),gpu-wheels)
 	  --out $(OUT) --minutes $(MINUTES) $(if $(DRY),--dry-run)
 
 # nmt-serve's page (GET /) in headless chromium over the DevTools protocol
-# (tests/test_browser.py): Debian's chromium is installed first if missing (apt-get, as root);
-# the screenshot is build/serve-page.png. nmt-export format=onnx's page (tests/test_onnx_browser.py)
+# (tests/system/test_browser.py): Debian's chromium is installed first if missing (apt-get, as root);
+# the screenshot is build/serve-page.png. nmt-export format=onnx's page (tests/wings/test_onnx_browser.py)
 # needs transformers.js from npm, installed into $(TRANSFORMERS_JS) without its post-install
 # download of native binaries (--ignore-scripts): the browser runs ONNX Runtime's WebAssembly.
 TRANSFORMERS_JS := build/transformers-js
@@ -112,7 +114,7 @@ test-floor:
 # nmt's COMET against Unbabel's: tiny random COMET-22 and CometKiwi models are built
 # (nmt/testing/comet_models.py), unbabel-comet's predict scores them in .venv-comet
 # (scripts/comet_reference.py, CPU torch from COMET_INDEX where reachable, else PyPI), and
-# tests/test_comet.py compares nmt's scores with them (within 1e-4) in .venv.
+# tests/wings/test_comet.py compares nmt's scores with them (within 1e-4) in .venv.
 # `make test` compares with the scores recorded in tests/data/comet_scores.json instead.
 test-comet: install
 	test -x $(COMET_VENV)/bin/python || $(PYTHON) -m venv $(COMET_VENV)
@@ -125,7 +127,7 @@ test-comet: install
 	$(BIN)/python -m nmt.testing.comet_models build/comet/models
 	$(COMET_VENV)/bin/python scripts/comet_reference.py build/comet/models build/comet/scores.json
 	NMT_COMET_SCORES=build/comet/scores.json $(BIN)/python -m pytest -p no:cacheprovider -q \
-	  tests/test_comet.py -k parity
+	  tests/wings/test_comet.py -k parity
 
 lint: install
 	$(BIN)/ruff check nmt tests scripts

@@ -1,7 +1,7 @@
 """Typed configuration: one dataclass per concern, registered with Hydra and validated once.
 
 These dataclasses are the schema and the one place for each default: YAML files in configs/
-hold only the values that differ from it (tests/test_config.py fails when one restates a
+hold only the values that differ from it (tests/unit/test_config.py fails when one restates a
 default, which would win over an edit here). A field whose value is MISSING must be given (in
 a YAML file or on the command line). `to_object` turns a composed DictConfig into these
 dataclasses, which runs every `__post_init__` check exactly once.

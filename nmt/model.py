@@ -101,7 +101,7 @@ def padding_mask(ids: Tensor, pad_id: int, dtype: torch.dtype) -> Tensor:
     """(B, S) ids -> the (B, 1, 1, S) mask of the keys that are not padding, in the form the
     attention kernels take on this device, built once per forward pass: boolean (True:
     attend) on the CPU; additive (0 / -inf, in `dtype`) on GPUs, the form in which CUDA's
-    memory-efficient and cuDNN kernels run fused with padding (tests/test_gpu.py)."""
+    memory-efficient and cuDNN kernels run fused with padding (tests/system/test_gpu.py)."""
     mask = (ids != pad_id)[:, None, None, :]  # (B, 1, 1, S)
     return mask if ids.device.type == "cpu" else additive_mask(mask, dtype)
 

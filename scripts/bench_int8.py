@@ -7,7 +7,7 @@ engine=ctranslate2 (the same cached export), search.dtype fp32 and int8. Without
 under ONEDNN_MAX_CPU_ISA=AVX2) nmt's int8 keeps 7-bit activations (nmt.decoding.affine
 .int8_saturates); the row "nmt int8, 8-bit activations" runs the old path, which saturates
 there, to show what the probe avoids. The header names the CPU and every cap in force: run it
-under AVX2 dispatch on a bigger machine with the variables of tests/test_isa.py.
+under AVX2 dispatch on a bigger machine with the variables of tests/system/test_isa.py.
 
     flock /tmp/nmt-cpu.lock .venv/bin/python scripts/bench_int8.py \\
         --checkpoint RUN/averaged.pt --src CORPUS/test.en.xz --ref CORPUS/test.de.xz

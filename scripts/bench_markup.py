@@ -4,7 +4,7 @@ nmt.wings.markup.document, and through nmt-serve with a model.
 
 1. In this process, no model: each page parsed, cut into sentences (split=sentence, sentencex,
    English), each sentence "translated" by a stand-in (aligned_copy): the copy (the sentence
-   itself, each character aligned to itself, as tests/test_markup.py's), the copy with its
+   itself, each character aligned to itself, as tests/wings/test_markup.py's), the copy with its
    spaces as a SentencePiece model writes them (runs of spaces and line breaks one space, none
    at the ends) and the upper-case copy; the tags put back and the page joined. Figures: the
    tags in and out (every `<...>`, in order), whether the copy gives the page back byte for

@@ -9,7 +9,7 @@ the FLOPs and bytes behind them; the loss alone at 25k target tokens; the host r
 decoding step of greedy and beam search (on the CPU's real tensors). Then an estimate for one
 80 GB H100 from the counted FLOPs and bytes, under the assumptions printed with it.
 nmt/testing/gpu_cost.py does the counting (docs/gpu.md explains it and shows this output);
-tests/test_gpu_cost.py fails when a figure grows more than 10% past tests/gpu_cost.json.
+tests/system/test_gpu_cost.py fails when a figure grows more than 10% past tests/gpu_cost.json.
 
     .venv/bin/python scripts/gpu_cost.py                     # the tables of docs/gpu.md
     .venv/bin/python scripts/gpu_cost.py --record tests/gpu_cost.json   # new reference values

@@ -1,5 +1,5 @@
-"""nmt-train with a fault injected, for tests/test_faults.py (run as a script, also under
-torchrun). The fault is chosen by environment variables:
+"""nmt-train with a fault injected, for tests/integration/test_faults.py (run as a script, also
+under torchrun). The fault is chosen by environment variables:
 
 NMT_TEST_OOM_AT=RANK:UPDATE  that rank's forward pass of that update raises
                              torch.OutOfMemoryError (as CUDA's allocator would)

@@ -1,5 +1,5 @@
 """Decoding, faster: a speed path beside the reference model of nmt/model.py; tests check
-that they agree (tests/test_fast_model.py). Training's CPU speed paths are in
+that they agree (tests/unit/test_fast_model.py). Training's CPU speed paths are in
 nmt/training/cpu_training.py.
 
 `FastModel` runs a trained Transformer's weights for inference only, through the

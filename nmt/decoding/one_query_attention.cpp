@@ -18,7 +18,7 @@
 // ATen's vector types take their width from compile-time macros: nmt/decoding/attention_op.py
 // builds this file once per instruction set (CPU_CAPABILITY=AVX2 or AVX512) and loads the one
 // that torch.backends.cpu.get_cpu_capability() names. The readable reference is
-// attention_op.one_query_attention_reference; tests/test_attention_op.py compares the two.
+// attention_op.one_query_attention_reference; tests/unit/test_attention_op.py compares the two.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>

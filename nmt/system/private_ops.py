@@ -26,7 +26,7 @@ they give (docs/design.md, "Private PyTorch operators", has the measurements):
 - sacreBLEU's private helpers that score n-gram statistics extracted once (MBR's utilities,
   nmt.wings.mbr: 2.3x chrF, 2.1x BLEU over the public sentence_score on an N=16 choice;
   `sacrebleu_missing()` probes them, and mbr falls back to sentence_score without them).
-`missing()` names any of the operators this PyTorch lacks; tests/test_private_ops.py fails on
+`missing()` names any of the operators this PyTorch lacks; tests/unit/test_private_ops.py fails on
 it (and on a fused Adam without the flag), so a torch upgrade that removes one is an error in
 CI, not a silent slowdown.
 """

@@ -1,7 +1,7 @@
 """Headless chromium driven over the DevTools protocol on a pipe (--remote-debugging-pipe:
 NUL-terminated JSON messages, commands on the browser's fd 3, answers and events on its fd 4):
-what tests/test_browser.py, tests/test_onnx_browser.py and scripts/bench_onnx_browser.py drive
-pages with. `make test-browser` installs chromium."""
+what tests/system/test_browser.py, tests/wings/test_onnx_browser.py and
+scripts/bench_onnx_browser.py drive pages with. `make test-browser` installs chromium."""
 
 from __future__ import annotations
 

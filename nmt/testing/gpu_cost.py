@@ -1,6 +1,6 @@
 """nmt's own work measured on the GPU simulation harness (nmt.testing.gpu_sim): an update of
 nmt-train (operators by phase, FLOPs, bytes, peak memory), the training loss alone, and the host
-reads of a search. tests/test_gpu_cost.py and scripts/gpu_cost.py use it (docs/gpu.md)."""
+reads of a search. tests/system/test_gpu_cost.py and scripts/gpu_cost.py use it (docs/gpu.md)."""
 
 from __future__ import annotations
 

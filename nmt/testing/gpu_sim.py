@@ -1,7 +1,7 @@
 """The GPU simulation harness: the GPU paths without a GPU, a simulated CUDA device and a
 simulated world of ranks, in one CPU process, and what they measure. Tests and scripts use it
-(tests/test_gpu_sim.py; nmt.testing.gpu_cost measures nmt's own work with it; docs/gpu.md); no
-command of nmt imports it, and it is the one module besides nmt.system.private_ops that reaches
+(tests/system/test_gpu_sim.py; nmt.testing.gpu_cost measures nmt's own work with it; docs/gpu.md);
+no command of nmt imports it, and it is the one module besides nmt.system.private_ops that reaches
 into torch's internals (it checks them itself: `MISSING`).
 
 Simulated CUDA (`simulated_cuda`). torch's FakeTensorMode makes tensors that have a shape, a

@@ -6,7 +6,7 @@ An opt-in memory path beside the reference model of nmt/model.py (fairseq's
 activations of every encoder and decoder layer, so that a big model takes larger per-GPU
 batches. The model's weights, state dict and results are unchanged (dropout draws the same
 masks again in the recomputation: torch.utils.checkpoint restores the random state);
-tests/test_activation_checkpointing.py checks the gradients against the reference.
+tests/unit/test_activation_checkpointing.py checks the gradients against the reference.
 """
 
 from __future__ import annotations

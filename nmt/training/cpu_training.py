@@ -11,7 +11,7 @@ nmt/commands/train.py applies them when it trains on a CPU; the model itself sta
   activation checkpointing), so that Inductor computes ReLU's mask inside the gradient's
   kernel instead of storing it as a bool tensor, which its CPU kernels write about 8x slower
   than ATen's (a fifth of a cpu20 step; docs/results.md, "Compiled training on the CPU").
-tests/test_cpu_training.py checks both against the reference.
+tests/unit/test_cpu_training.py checks both against the reference.
 """
 
 from __future__ import annotations

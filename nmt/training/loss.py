@@ -10,7 +10,7 @@ also the compiled step's, nmt/training/compiled_step.py, where torch.compile fus
 is masked, not indexed out, so its shapes are the batch's), and `LabelSmoothedLoss`, what eager
 training runs: the same value with its gradient written out, computed a chunk of rows at a
 time so that no float32 copy of all the logits exists (at 25k target tokens and a 37k
-vocabulary each would be 3.4 GiB). tests/test_loss.py checks one against the other, value and
+vocabulary each would be 3.4 GiB). tests/unit/test_loss.py checks one against the other, value and
 gradient, and both against closed forms.
 """
 

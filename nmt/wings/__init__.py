@@ -1,7 +1,7 @@
 """Wings: nmt's optional features, each beside the core it builds on and named for what it is
 (for the pyproject extra it needs, where there is one). They import the core (model, config,
 data, decoding, engines, metrics, training, system) and each other; the core never imports a
-wing (tests/test_imports.py): the front ends above them (nmt.inference.pipeline, nmt.serve,
+wing (tests/system/test_imports.py): the front ends above them (nmt.inference.pipeline, nmt.serve,
 nmt.commands) pass a wing's function or object in where the core uses one.
 
 - markup/ (markup=html|xml, the `markup` extra): a text's inline tags read (parse.py), the

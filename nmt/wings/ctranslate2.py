@@ -34,7 +34,7 @@ is higher by the probability mass removed (about 0 for a trained model; a random
 it), and a forced prefix's tokens are not counted. Greedy search gives nmt's tokens; beam
 search with nbest 1 too, but near-ties of an n-best list, beam search with
 no_repeat_ngram_size, and beam search right after a forced prefix may pick otherwise
-(tests/test_ct2_engine.py). Samples depend on the seed and the batch, not on the line alone.
+(tests/wings/test_ct2_engine.py). Samples depend on the seed and the batch, not on the line alone.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@
 #
 # --dry-run (or NMT_DRY_RUN=1) prints every command on stderr and, for each nmt-* step, its
 # composed and validated config under "### STEP" on stdout, and stops before any work
-# (tests/test_recipes.py). docs/backtranslation.md: a run in miniature and what it measured.
+# (tests/system/test_recipes.py). docs/backtranslation.md: a run in miniature and what it measured.
 set -euo pipefail
 
 if [ "${1:-}" = --dry-run ]; then

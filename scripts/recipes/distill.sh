@@ -52,7 +52,7 @@
 #
 # --dry-run (or NMT_DRY_RUN=1) prints every command on stderr and, for each nmt-* step, its
 # composed and validated config under "### STEP" on stdout (the score step's under
-# "### score_MODEL_ENGINE_bBEAM"), and stops before any work (tests/test_recipes.py).
+# "### score_MODEL_ENGINE_bBEAM"), and stops before any work (tests/system/test_recipes.py).
 # docs/distillation.md: what it does and why.
 set -euo pipefail
 

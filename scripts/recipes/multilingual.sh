@@ -22,7 +22,7 @@
 #
 # --dry-run (or NMT_DRY_RUN=1) prints every command on stderr and, for each nmt-* step, its
 # composed and validated config under "### STEP" on stdout, and stops before any work
-# (tests/test_recipes.py).
+# (tests/system/test_recipes.py).
 set -euo pipefail
 
 if [ "${1:-}" = --dry-run ]; then

@@ -44,7 +44,7 @@
 # for the layers' activations; train.gpu_memory then fits larger batches in the memory it frees).
 #
 # NMT_DRY_RUN=1 composes and validates every command's config, prints it, and stops before any
-# work; it prints the training launch command on stderr (tests/test_recipes.py runs this on CPU).
+# work; it prints the training launch command on stderr (tests/system/test_recipes.py runs this on CPU).
 set -euo pipefail
 
 ROW=${1:?usage: wmt14_en_de.sh base|big [WORK_DIR]}

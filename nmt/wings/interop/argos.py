@@ -25,7 +25,7 @@ How argostranslate translates (translate.apply_packaged_translation), and how nm
 The search is nmt's settings, as ct2_engine maps them: argostranslate's length_penalty=0.2
 (CTranslate2's division by |Y|^0.2, which beam search there refuses: search.alpha=0) and its
 replace_unknowns are not applied. Checked once against argostranslate 1.11.0's own
-apply_packaged_translation (greedy, the nmt-export package of tests/test_argos.py, 64 lines):
+apply_packaged_translation (greedy, the nmt-export package of tests/wings/test_argos.py, 64 lines):
 the same text but for its "_" made a space.
 """
 

@@ -34,7 +34,7 @@ not MarianMT's conversions, whose tokenizers add </s>: source_eos) is imported w
 Vocab.source_eos false, which every path that ends a source with </s> respects; the output
 line says so. config.json's layer_norm_epsilon is the model's model.norm_eps (1e-5,
 CTranslate2's default, where it records none). An nmt export's SentencePiece models are kept
-as they are, and its nmt.json's pair or languages. tests/test_ct2_import.py checks weights,
+as they are, and its nmt.json's pair or languages. tests/wings/test_ct2_import.py checks weights,
 vocabularies and greedy outputs against the export's source and CTranslate2's
 translate_batch.
 """

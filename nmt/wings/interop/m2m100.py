@@ -20,8 +20,8 @@ A source is `src_code pieces </s>` (NllbTokenizer's non-legacy order, M2M100Toke
 decoding starts from </s> (decoder_start_token_id, so BOS is EOS here: Specials.banned does
 not ban it) and the target code is forced as the first output token. The checkpoint records
 the language tokens (nmt.data.vocab.Vocab.languages, convention "forced"), which nmt-translate's
-src_lang= and tgt_lang= choose (nmt.data.languages). tests/test_m2m100.py checks tokens and greedy
-outputs against transformers' generate(forced_bos_token_id=...).
+src_lang= and tgt_lang= choose (nmt.data.languages). tests/wings/test_m2m100.py checks tokens and
+greedy outputs against transformers' generate(forced_bos_token_id=...).
 """
 
 from __future__ import annotations

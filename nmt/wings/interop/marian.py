@@ -26,7 +26,7 @@ languages (convention "tag"): nmt-translate tgt_lang=fr puts >>fr<< first (nmt.d
 Differences from MarianTokenizer, stated: no Moses punctuation normalisation (MarianTokenizer
 applies it only when sacremoses is installed), and a character that the source model cannot
 segment but that vocab.json holds as a target piece is <unk> here, where MarianTokenizer
-looks its surface string up and gives the target piece's id. tests/test_marian.py checks ids
+looks its surface string up and gives the target piece's id. tests/wings/test_marian.py checks ids
 and outputs against transformers.
 """
 

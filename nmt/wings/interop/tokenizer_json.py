@@ -9,7 +9,7 @@ included with add_dummy_prefix). A BPE model becomes a `tokenizers` BPE model wh
 rank as SentencePiece ranks its pieces (by score: the merge of the best-scoring piece
 first), a Unigram model a Unigram model with the same scores. The post-processor appends
 </s>, as nmt ends every source with EOS; decoding drops PAD, BOS and EOS (special tokens)
-and writes <unk> as SentencePiece does (" \u2047 "). tests/test_onnx_tokenizer.py encodes and
+and writes <unk> as SentencePiece does (" \u2047 "). tests/wings/test_onnx_tokenizer.py encodes and
 decodes every line of the bundled test split both ways.
 
 Not exact: a line holding the text of a special piece ("<s>", "</s>", "<pad>"), which

@@ -1,7 +1,7 @@
 """nmt-export's transformers format: a checkpoint as a Hugging Face transformers model directory.
 
 Both hold nmt's network weight for weight and decode greedily to the same tokens as
-nmt-translate (tests/test_export.py). The checkpoint is read (and checked) as nmt-translate
+nmt-translate (tests/wings/test_export.py). The checkpoint is read (and checked) as nmt-translate
 reads it (nmt.loading); the model directory is built in a temporary directory,
 then renamed into place.
 

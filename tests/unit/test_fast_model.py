@@ -1,0 +1,501 @@
+"""nmt.decoding.fast_model (with its linear maps, nmt.decoding.affine, and its state,
+nmt.decoding.fast_state): the decoding speed path gives the reference model's results (tokens,
+logits), on every CPU kind: these tests run again under AVX2 dispatch (tests/system/test_isa.py)."""
+
+import collections
+import dataclasses
+import itertools
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from translate_helpers import random_sources, run, search, tiny_model, tiny_model_cfg, tokens
+
+from nmt.config import SearchConfig
+from nmt.decoding import attention_op
+from nmt.decoding.affine import (
+    FBGEMM_OUTPUTS,
+    Affine,
+    Int8Affine,
+    PackedAffine,
+    QLinearInt8Affine,
+    int8_engines,
+    int8_saturates,
+    packing_works,
+)
+from nmt.decoding.batches import pad_batch
+from nmt.decoding.fast_model import PAD_ALLOWANCE, PAD_SLACK, FastModel, source_groups
+from nmt.decoding.strategies import row_argmax, top_k
+from nmt.errors import ConfigError
+from nmt.model import make_model
+from nmt.system import private_ops
+
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.isa]
+
+PAD, BOS, EOS = 0, 2, 3
+V = 24
+INT8_TOL = 0.03  # int8's error, as a share of the largest output, on every CPU kind
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(V, seed=1, stops=True, N=2)
+
+
+@pytest.fixture(scope="module")
+def sources():
+    return random_sources(24, V, seed=1)
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_fast_logits_equal_the_reference(norm):
+    """Encoder output, teacher-forced logits and cached steps of FastModel (fp32) match."""
+    torch.manual_seed(2)
+    model = make_model(dataclasses.replace(tiny_model_cfg(N=2), norm=norm), V, V, PAD, True).eval()
+    fast = FastModel(model)
+    src = pad_batch([[5, 6, 7, 8], [9, 10]], PAD, "cpu")
+    tgt = torch.tensor([[BOS, 4, 5, 6], [BOS, 7, 8, 9]])
+    with torch.inference_mode():
+        memory, mask = model.encode(src)
+        fast_memory, fast_mask = fast.encode(src)
+        torch.testing.assert_close(fast_memory, memory, atol=1e-4, rtol=1e-4)
+        full = model.decode(tgt, memory, mask)
+        torch.testing.assert_close(fast.decode(tgt, fast_memory, fast_mask), full,
+                                   atol=1e-4, rtol=1e-4)
+        state = fast.start_decoding(fast_memory, fast_mask)
+        for t in range(tgt.size(1)):
+            torch.testing.assert_close(fast.decode_step(tgt[:, t:t + 1], state)[:, 0],
+                                       full[:, t], atol=1e-4, rtol=1e-4)
+
+
+def test_sentences_that_end_leave_their_memory_rows_until_most_are_dead(model):
+    """With the fused operator, a retiring sentence's memory row stays where it is (no copy of
+    the live ones') while more than a quarter of the rows live, then the live ones are
+    gathered; the logits are those of the reference model's copied rows throughout."""
+    if not attention_op.available():
+        pytest.skip("the fused attention operator did not build")
+    fast = FastModel(model, fused=True)
+    src = pad_batch([[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]], PAD, "cpu")
+    tgt = torch.randint(4, V, (4, 3), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        state = fast.start_decoding(*fast.encode(src))
+        ref = model.start_decoding(*model.encode(src))
+        buffer = state.memory_kv[0][0].data_ptr()
+        live = [0, 1, 2, 3]  # the live sentences, one row each
+        for t, keep in enumerate([None, [1, 2, 3], [2]]):  # of the live ones, by position
+            if keep is not None:
+                state.reorder(torch.tensor(keep), 1, torch.tensor(keep))
+                ref.reorder(torch.tensor(keep))
+                live = [live[i] for i in keep]
+            torch.testing.assert_close(fast.decode_step(tgt[live, t:t + 1], state),
+                                       model.decode_step(tgt[live, t:t + 1], ref),
+                                       atol=1e-4, rtol=1e-4)
+            if t == 1:  # 3 of 4 live: not copied
+                assert state.memory_kv[0][0].data_ptr() == buffer
+                assert state.memory_rows.tolist() == [1, 2, 3]
+        assert state.memory_rows is None and state.memory_kv[0][0].size(0) == 1  # 1 of 4
+
+
+def test_sentences_that_join_take_the_memory_rows_of_ended_ones(model):
+    """With the fused operator, newcomers' encoder keys and values go into the rows of ended
+    sentences (the live ones' stay where they are), and into grown buffers, the live rows
+    gathered, when too few are free or a source is longer; the logits are those of batched
+    products over rows copied and padded (fused=False) throughout."""
+    if not attention_op.available():
+        pytest.skip("the fused attention operator did not build")
+    fast, plain = FastModel(model, fused=True), FastModel(model, fused=False)
+    sources = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14], [15, 16], [17, 5, 6, 7, 8, 9]]
+    tgt = torch.randint(4, V, (6, 4), generator=torch.Generator().manual_seed(0))
+    S = 4  # the first sources' width, which the reference pads every memory to
+    with torch.inference_mode():
+        src = pad_batch(sources[:4], PAD, "cpu")
+        state, ref = (m.start_decoding(*m.encode(src)) for m in (fast, plain))
+        live, start = [0, 1, 2, 3], [0, 0, 0, 0]  # live sentences and the step each joined
+        buffer = state.memory_kv[0][0].data_ptr()
+        for t, (keep, new) in enumerate([(None, []), ([0, 2, 3], [4]), (None, [5])]):
+            if keep is not None:
+                for s in (state, ref):
+                    s.reorder(torch.tensor(keep), 1, torch.tensor(keep))
+                live, start = [live[i] for i in keep], [start[i] for i in keep]
+            if new:
+                src = pad_batch([sources[i] for i in new], PAD, "cpu")
+                width = max(S, src.size(1))
+                state.join(fast.start_decoding(*fast.encode(src)), len(new), width)
+                ref.join(plain.start_decoding(*plain.encode(src)), len(new), width)
+                S = width
+                live, start = live + new, start + [t] * len(new)
+                masks = pad_batch([sources[i] for i in live], PAD, "cpu") != PAD
+                state.set_source(masks)
+                ref.set_source(masks)
+            positions = torch.tensor([t - s for s in start])
+            ids = tgt[live, t:t + 1]
+            torch.testing.assert_close(fast.decode_step(ids, state, positions=positions),
+                                       plain.decode_step(ids, ref, positions=positions),
+                                       atol=1e-4, rtol=1e-4)
+            if t == 1:  # sentence 4 took sentence 1's row, nothing copied
+                assert state.memory_kv[0][0].data_ptr() == buffer
+                assert state.memory_rows.tolist() == [0, 2, 3, 1]
+        # sentence 5 found no free row and is longer: the live rows gathered, room made
+        assert state.memory_rows.tolist() == [0, 1, 2, 3, 4]
+        assert state.memory_kv[0][0].shape[0] == 6 and state.memory_kv[0][0].shape[2] == 6
+
+
+def test_beam_rows_share_the_encoder_memory(model):
+    """k consecutive rows per sentence share one memory row and give what k copies give."""
+    src = pad_batch([[5, 6, 7], [8, 9]], PAD, "cpu")
+    k, steps = 3, 4
+    g = torch.Generator().manual_seed(0)
+    tgt = torch.randint(4, V, (2 * k, steps), generator=g)
+    fast = FastModel(model)
+    with torch.inference_mode():
+        memory, mask = fast.encode(src)
+        shared = fast.start_decoding(memory, mask)
+        shared.reorder(torch.arange(2).repeat_interleave(k), k)
+        assert shared.g == k and shared.memory_kv[0][0].size(0) == 2  # not copied
+        ref_memory, ref_mask = model.encode(src)
+        copied = model.start_decoding(ref_memory, ref_mask)
+        copied.reorder(torch.arange(2).repeat_interleave(k))
+        reorder = torch.tensor([2, 2, 0, 4, 3, 3])  # beams move within their sentence
+        for t in range(steps):
+            a = fast.decode_step(tgt[:, t:t + 1], shared)
+            b = model.decode_step(tgt[:, t:t + 1], copied)
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+            shared.reorder(reorder, k)
+            copied.reorder(reorder)
+        shared.reorder(torch.tensor([3, 4, 5]), k, torch.tensor([1]))  # the first one retires
+        copied.reorder(torch.tensor([3, 4, 5]))
+        assert shared.g == k  # the fused operator reads the live row where it is
+        assert (shared.memory_rows.tolist() == [1] if shared.fused
+                else shared.memory_kv[0][0].size(0) == 1)
+        torch.testing.assert_close(fast.decode_step(tgt[3:, :1], shared),
+                                   model.decode_step(tgt[3:, :1], copied), atol=1e-4, rtol=1e-4)
+
+
+def test_source_groups_bound_each_groups_padding():
+    """Every row in one group, longest first; a group's padding within the bound; sources of
+    like length, or one, are one group (None)."""
+    g = torch.Generator().manual_seed(3)
+    lengths = torch.cat([torch.randint(1, 20, (40,), generator=g), torch.tensor([150, 90, 60])])
+    mask = torch.arange(150)[None, :] < lengths[:, None]  # (B, S), padding last
+    groups = source_groups(mask)
+    rows = torch.cat([r for r, _ in groups]).tolist()
+    assert sorted(rows) == list(range(len(lengths))) and len(groups) > 1
+    tops = [L for _, L in groups]
+    assert tops == sorted(tops, reverse=True) and tops[0] == 150
+    for r, L in groups:
+        real = int(lengths[r].sum())
+        assert int(lengths[r].max()) == L
+        assert len(r) * L - real <= PAD_SLACK * real + PAD_ALLOWANCE or len(r) == 1
+    assert source_groups(torch.ones(8, 30, dtype=torch.bool)) is None
+    assert source_groups(mask[:1]) is None
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "int8"])
+def test_sources_of_unequal_lengths_encode_as_each_alone(model, dtype):
+    """Encoded in groups of like length, every sentence's memory and its keys and values are
+    its own encoding's (fp32 and bf16: as alone, to rounding; int8: close, its activations'
+    scales per group)."""
+    g = torch.Generator().manual_seed(4)
+    srcs = [torch.randint(4, V, (L,), generator=g).tolist() for L in (3, 80, 5, 2, 40, 38)]
+    src = pad_batch(srcs, PAD, "cpu")
+    assert source_groups(src != PAD) is not None
+    fast = FastModel(model, dtype)
+    tol = dict(atol=0.1, rtol=0.1) if dtype == "int8" else dict(atol=1e-2, rtol=1e-2) \
+        if dtype == "bf16" else dict(atol=1e-5, rtol=1e-5)
+    with torch.inference_mode():
+        memory, mask = fast.encode(src)
+        state = fast.start_decoding(memory, mask)
+        for i, s in enumerate(srcs):
+            alone, alone_mask = fast.encode(pad_batch([s], PAD, "cpu"))
+            torch.testing.assert_close(memory[i, :len(s)], alone[0], **tol)
+            for (k, v), (k1, v1) in zip(state.memory_kv,
+                                        fast.start_decoding(alone, alone_mask).memory_kv,
+                                        strict=True):
+                torch.testing.assert_close(k[i, :, :len(s)], k1[0], **tol)
+                torch.testing.assert_close(v[i, :, :len(s)], v1[0], **tol)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_batch_of_unequal_lengths_gives_each_sentences_own_outputs(model, beam):
+    """Batched equals one at a time where the batch is encoded in groups (fp32)."""
+    g = torch.Generator().manual_seed(5)
+    srcs = [torch.randint(4, V, (L,), generator=g).tolist() for L in (60, 2, 3, 45, 5, 7)]
+    assert source_groups(pad_batch(srcs, PAD, "cpu") != PAD) is not None
+    cfg = search(beam_size=beam, nbest=min(beam, 2), max_len_a=0.0, max_len_b=12)
+    batched = run(model, srcs, cfg)
+    single = run(model, srcs, dataclasses.replace(cfg, max_tokens=1))
+    assert tokens(batched) == tokens(single)
+    for b, s in zip(batched, single, strict=True):
+        assert [h.score for h in b] == pytest.approx([h.score for h in s], abs=1e-4)
+
+
+@pytest.mark.parametrize("kw", [dict(beam_size=1), dict(beam_size=4, nbest=3),
+                                dict(sampling=True, nbest=3, top_k=5),
+                                dict(beam_size=4, no_repeat_ngram_size=2)])
+def test_the_fast_path_gives_the_reference_tokens(model, sources, kw):
+    cfg = search(**kw)
+    fast = run(model, sources, cfg)
+    reference = run(model, sources, cfg, fast=False)
+    assert tokens(fast) == tokens(reference)
+    for f, r in zip(fast, reference, strict=True):
+        assert [h.score for h in f] == pytest.approx([h.score for h in r], abs=1e-4)
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_affine_forms_compute_the_same_maps(relu):
+    """F.linear, oneDNN with packed weights and int8: x W^T + b, ReLU or + residual."""
+    torch.manual_seed(0)
+    x, w, b, r = torch.randn(5, 1, 16), torch.randn(32, 16), torch.randn(32), torch.randn(5, 1, 32)
+    want = F.linear(x, w, b)
+    want = want.relu() if relu else want + r
+    forms = [(Affine(w, b, relu), 1e-5), (Int8Affine(w, b, relu), INT8_TOL)]
+    if packing_works(torch.float32):
+        forms.append((PackedAffine(w, b, relu, rows=5), 1e-5))
+    for affine, tol in forms:
+        got = affine(x) if relu else affine(x, r)
+        torch.testing.assert_close(got, want, atol=tol * want.abs().max(), rtol=0)
+    assert packing_works(torch.float32) or not torch.backends.mkldnn.is_available()
+    # the form search.compile traces rounds as Int8Affine does: the same outputs, not just close
+    int8, qlinear = forms[1][0], QLinearInt8Affine(w, b, relu)
+    args = (x,) if relu else (x, r)
+    torch.testing.assert_close(qlinear(*args), int8(*args), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow  # an Inductor build for each of the step's variants, ~10 s each
+@pytest.mark.parametrize(("dtype", "shortlist"), [("fp32", False), ("int8", True)])
+def test_a_compiled_step_gives_the_eager_steps_logits(dtype, shortlist):
+    """search.compile: the fused step through torch.compile gives eager's logits, compiled
+    once with all outputs (and once with a shortlist's): never again as the cache grows, the
+    rows reorder or the batch and its sources change size. int8: Inductor may round an
+    activation at a tie to the other level (it multiplies by 1/scale), so close, same choices.
+    One decoder layer: the second would compile to the same kernels."""
+    tol = 1e-5 if dtype == "fp32" else INT8_TOL
+    if not attention_op.available():
+        pytest.skip("the fused attention operator did not build")
+    model = tiny_model(V, seed=1, stops=True)
+    fast, compiled = FastModel(model, dtype), FastModel(model, dtype, compile=True)
+    batches = [pad_batch([[5, 6, 7, 8, 9], [9, 10], [11, 12, 4]], PAD, "cpu"),
+               pad_batch([[4, 5], [6, 7, 8, 9, 10, 11, 12]], PAD, "cpu"),
+               pad_batch([[6, 7, 8]], PAD, "cpu")]  # one sentence: the eager step
+    shortlists = (None, torch.tensor([3, 5, 7, 11, 4, 20]))[:1 + shortlist]  # all, then six
+    with torch.inference_mode():
+        for vocab in shortlists:  # the compilations
+            state = compiled.start_decoding(*compiled.encode(batches[0]), vocab)
+            compiled.decode_step(torch.full((3, 1), BOS), state)
+        with torch.compiler.set_stance("fail_on_recompile"):
+            for src, vocab in itertools.product(batches, shortlists):
+                states = [m.start_decoding(*m.encode(src), vocab) for m in (fast, compiled)]
+                y = torch.full((len(src), 1), BOS)
+                for t in range(9):
+                    want, got = (m.decode_step(y, s)[:, 0]
+                                 for m, s in zip((fast, compiled), states, strict=True))
+                    torch.testing.assert_close(got, want, atol=tol * want.abs().max(), rtol=0)
+                    best = want.argmax(1)  # (B,) columns: the shortlist's, or ids
+                    assert got.argmax(1).tolist() == best.tolist()
+                    y = (best if vocab is None else vocab[best])[:, None]
+                    if t == 3:  # a reorder, as beam search's: the rows reversed
+                        for s in states:
+                            s.reorder(torch.arange(len(src) - 1, -1, -1), 1)
+
+
+def test_search_compile_without_the_fused_operator_is_refused_naming_the_key(monkeypatch):
+    """search.compile compiles the fused operator's step (and Inductor needs a C++ compiler):
+    without them a one-line ConfigError naming the key, where it was silently off."""
+    monkeypatch.setattr(attention_op, "available", lambda: False)
+    monkeypatch.setattr(attention_op, "status", lambda: "no C++ compiler (c++)")
+    model = tiny_model(V, seed=1)
+    with pytest.raises(ConfigError, match=r"^search\.compile=true: needs a C\+\+ compiler and "
+                       r"the fused attention operator \(no C\+\+ compiler \(c\+\+\)\); use "
+                       r"search\.compile=false$") as refused:
+        FastModel(model, "int8", compile=True)
+    assert refused.value.key == "search.compile"
+    with pytest.raises(ConfigError, match=r"fused=False"):
+        FastModel(model, fused=False, compile=True)
+    assert not FastModel(model).compiled  # without search.compile: batched products, as before
+
+
+class Operators(TorchDispatchMode):
+    """The operators dispatched while it is on, counted by name (views too)."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[func._schema.name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("rows", [4, FBGEMM_OUTPUTS // 64 + 1])  # fbgemm's, oneDNN's
+def test_an_int8_relu_map_is_one_operator_with_the_relu_in_its_epilogue(rows):
+    """Int8Affine(relu=True): the ReLU in the product's dequantizing epilogue (one operator,
+    where a relu_ followed it), the same outputs as the product and then the ReLU; again at
+    the same shape (oneDNN keeps the primitive of a weight's first call, post-op included)."""
+    torch.manual_seed(0)
+    w, b = torch.randn(64, 32), torch.randn(64)
+    relu, plain = Int8Affine(w, b, relu=True), Int8Affine(w, b)
+    for _ in range(2):
+        x = torch.randn(rows, 32)
+        with Operators() as ops:
+            got = relu(x)
+        assert sum(ops.counts.values()) == 1
+        torch.testing.assert_close(got, plain(x).relu(), rtol=0, atol=0)
+
+
+def test_an_int8_step_runs_fp32s_operators_but_the_residual_additions(model):
+    """One int8 decoding step dispatches the operators of fp32's (whose packed maps fuse the
+    ReLU and the residual addition), an int8 product for each packed product, and one
+    residual addition after each sub-layer's last map (3 a decoder layer); no ReLU."""
+    if not packing_works(torch.float32):
+        pytest.skip("fp32's maps are not packed here: no fused epilogues to compare with")
+    src = pad_batch([[5, 6, 7, 8, 9], [9, 10], [11, 12, 4]], PAD, "cpu")
+    counts = {}
+    with torch.inference_mode():
+        for dtype in ("fp32", "int8"):
+            fast = FastModel(model, dtype)
+            state = fast.start_decoding(*fast.encode(src))
+            fast.decode_step(torch.full((3, 1), BOS), state)
+            with Operators() as ops:
+                fast.decode_step(torch.full((3, 1), BOS), state)
+            counts[dtype] = ops.counts
+    fp32, int8 = counts["fp32"], counts["int8"]
+    assert fp32.pop("mkldnn::_linear_pointwise") == (
+        int8.pop("quantized::linear_dynamic", 0) + int8.pop("quantized::linear_relu_dynamic", 0))
+    assert int8 - fp32 == {"aten::add_": 3 * len(model.decoder)} and not fp32 - int8
+
+
+def test_int8_shortlist_rows_are_gathered_not_quantized_again():
+    """Int8Affine.rows: the int8 rows and scales of the whole map, gathered (CTranslate2's
+    select_weights), give what quantizing those rows anew gives (one scale per row)."""
+    torch.manual_seed(0)
+    x, w, b = torch.randn(6, 1, 16), torch.randn(40, 16), torch.randn(40)
+    index = torch.tensor([31, 2, 7, 7, 19])
+    whole, part = Int8Affine(w, b), Int8Affine(w[index], b[index])
+    rows = whole.rows(index, b[index])
+    assert torch.equal(rows.ints, part.ints) and torch.equal(rows(x), part(x))
+    assert torch.equal(rows(x), whole(x)[..., index])  # the whole map's columns
+
+
+def test_int8_products_by_size_go_to_either_engine_alike():
+    """Small products through fbgemm, large ones through oneDNN (FBGEMM_OUTPUTS), the same map
+    either way (the same int32 products, rescaled; an activation may round to the other
+    level); a shortlist's rows pack only the engine that is called."""
+    if int8_engines() != ("fbgemm", "onednn"):
+        pytest.skip(f"Int8Affine takes {int8_engines()} here (fbgemm only where it saturates "
+                    f"as oneDNN does)")
+    torch.manual_seed(0)
+    w, b = torch.randn(512, 64) * 0.1, torch.randn(512)
+    affine = Int8Affine(w, b)
+    small, large = torch.randn(4, 64), torch.randn(FBGEMM_OUTPUTS // 512 + 1, 64)
+    for x in (small, large):
+        by = {engine: private_ops.quantized_linear(x, affine._packed(engine), True)
+              for engine in ("fbgemm", "onednn")}  # 7 bits: no kernel saturates
+        level = 0.01 * by["onednn"].abs().max()  # far below a missing bias or a wrong scale
+        torch.testing.assert_close(by["fbgemm"], by["onednn"], rtol=0, atol=float(level))
+        engine = "fbgemm" if x is small else "onednn"
+        torch.testing.assert_close(affine(x), private_ops.quantized_linear(
+            x, affine._packed(engine), affine.reduce_range), rtol=0, atol=0)
+    part = affine.rows(torch.arange(0, 512, 2), b[::2])
+    part(small)
+    assert set(part.packed) == {"fbgemm"}
+    part(torch.randn(FBGEMM_OUTPUTS // 256 + 1, 64))
+    assert set(part.packed) == {"fbgemm", "onednn"}
+
+
+def test_8bit_activations_saturate_exactly_where_the_probe_says():
+    """The one int8 tolerance holds on every CPU kind, in each engine; the probe asks each
+    engine's kernel itself: with 8-bit activations a 256 -> 512 map is off by ~0.1x its largest
+    output where the u8 x s8 products saturate (no VNNI, or under ONEDNN_MAX_CPU_ISA /
+    FBGEMM_ENABLE_INSTRUCTIONS=AVX2), by ~0.01x where they don't, and Int8Affine uses 7 bits
+    exactly there."""
+    torch.manual_seed(0)
+    x, w, b = torch.randn(64, 256), torch.randn(512, 256) * 0.05, torch.zeros(512)
+    want = F.linear(x, w, b)
+    tol = INT8_TOL * want.abs().max()
+    affine = Int8Affine(w, b)
+    assert (affine(x) - want).abs().max() < tol
+    assert affine.reduce_range == int8_saturates() == int8_saturates(int8_engines()[0])
+    for engine in set(torch.backends.quantized.supported_engines) & {"fbgemm", "onednn"}:
+        packed = affine._packed(engine)
+        saturates = int8_saturates(engine)
+        assert (private_ops.quantized_linear(x, packed, saturates) - want).abs().max() < tol
+        error = (private_ops.quantized_linear(x, packed, False) - want).abs().max()  # 8 bits
+        assert error > 3 * tol if saturates else error < tol
+    if os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() == "AVX2":
+        assert int8_saturates("onednn")  # the cap reaches the int8 kernels: this test can fail
+    if os.environ.get("FBGEMM_ENABLE_INSTRUCTIONS", "").upper() == "AVX2":
+        assert int8_saturates("fbgemm")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "int8"])
+def test_bf16_and_int8_stay_close_to_fp32(dtype):
+    """Logits within a few percent; on a peaked model the same greedy and beam outputs."""
+    model = tiny_model(V, seed=4, N=2)
+    with torch.no_grad():
+        model.generator.weight.mul_(6.0)  # a confident model, as trained ones are
+    src = pad_batch([[5, 6, 7, 8], [9, 10]], PAD, "cpu")
+    tgt = torch.tensor([[BOS, 4, 5, 6], [BOS, 7, 8, 9]])
+    with torch.inference_mode():
+        ref = model.decode(tgt, *model.encode(src))
+        low = FastModel(model, dtype)
+        out = low.decode(tgt, *low.encode(src)).float()
+    assert (out - ref).abs().max() < 0.05 * ref.abs().max()
+    sources = random_sources(16, V, seed=5)
+    for beam in (1, 4):
+        cfg = search(beam_size=beam)
+        same = [a == b for a, b in zip(tokens(run(model, sources, SearchConfig(**{
+            **vars(cfg), "dtype": dtype}))), tokens(run(model, sources, cfg)), strict=True)]
+        assert sum(same) >= 0.8 * len(same)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+def test_cuda_decoding_in_half_precision(dtype):
+    """On a GPU: the CPU's outputs in fp32, nearly all of them in bf16 and fp16."""
+    model = tiny_model(V, seed=4, N=2)
+    with torch.no_grad():
+        model.generator.weight.mul_(6.0)
+    sources = random_sources(16, V, seed=5)
+    cpu = tokens(run(model, sources, search()))
+    gpu = tokens(run(model.cuda(), sources, search(dtype=dtype), device="cuda"))
+    same = [a == b for a, b in zip(gpu, cpu, strict=True)]
+    assert all(same) if dtype == "fp32" else sum(same) >= 0.8 * len(same)
+
+
+def test_fast_model_leaves_the_model_unchanged(model):
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for dtype in ("fp32", "bf16", "int8"):
+        FastModel(model, dtype)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) and before[k].dtype == after[k].dtype
+               for k in before)
+
+
+def test_int8_and_fp16_say_where_they_run(model):
+    with pytest.raises(ValueError, match="fp16 needs CUDA"):
+        FastModel(model, "fp16")
+
+
+# ----------------------------------------------------------------------------- search helpers
+@pytest.mark.parametrize("V", [24, 8000, 8001, 4 * 1000 + 7])
+def test_row_argmax_and_top_k_equal_torch(V):
+    """Both give torch's answer: random rows, rows with -inf, and tied maxima."""
+    g = torch.Generator().manual_seed(V)
+    x = torch.randn(6, V, generator=g)
+    x[1, V // 3:] = -torch.inf  # a dead beam's candidates
+    x[2, :] = -torch.inf
+    x[2, [V - 1, 5]] = 0.0  # fewer finite values than asked for, tied
+    x[3, [V // 2, V // 5, V - 1]] = 9.0  # a tied maximum: the first one counts
+    assert torch.equal(row_argmax(x), x.argmax(dim=1))
+    assert row_argmax(x)[3] == V // 5
+    for n in (1, 8):
+        values, cols = top_k(x, n)
+        want, _ = x.topk(n, dim=1)
+        assert torch.equal(values, want)
+        assert torch.equal(x.gather(1, cols), values)  # the columns hold those values
+        finite = values.isfinite()
+        assert all(len(set(c[f].tolist())) == int(f.sum()) for c, f in zip(cols, finite,
+                                                                              strict=True))
