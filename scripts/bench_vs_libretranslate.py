@@ -4,7 +4,7 @@ Issue 61's goal: with the same models, nmt-serve >= 3x the throughput of LibreTr
 clients, interleaved, one machine, the same beam. LibreTranslate is a peer, installed in a
 venv of its own (never the repository's):
 
-    python3.11 -m venv /tmp/lt-venv && /tmp/lt-venv/bin/pip install libretranslate
+    python3.11 -m venv LT_VENV && LT_VENV/bin/pip install libretranslate
 
 1. Each pair's checkpoint in --models (e.g. en-de.pt, de-en.pt, en-fr.pt) is exported by
    nmt-export (format=ctranslate2, int8 weights with --dtype int8, as Argos packages ship) and
@@ -36,7 +36,7 @@ venv of its own (never the repository's):
    and its "_" -> " " and replace_unknowns are not nmt's).
 
     flock /tmp/nmt-cpu.lock .venv/bin/python scripts/bench_vs_libretranslate.py \\
-        --lt-python /tmp/lt-venv/bin/python --models /tmp/bm_models --input /tmp/bm_test.en \\
+        --lt-python LT_VENV/bin/python --models MODELS --input SOURCES \\
         --work work/bench_vs_lt --cores 2
 
 Timings need an idle machine (flock /tmp/nmt-cpu.lock, nothing else running).
