@@ -10,12 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_export import sample_spm, varied_checkpoint
 
-from nmt.serve.models import discover
+pytest.importorskip("ctranslate2")
+pytest.importorskip("fastapi")  # nmt-serve's stack (the GPU check's venv has none)
+from test_export import sample_spm, varied_checkpoint  # noqa: E402
+
+from nmt.serve.models import discover  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-pytest.importorskip("ctranslate2")
 pytestmark = pytest.mark.slow  # nmt-export runs as a command
 
 

@@ -254,10 +254,14 @@ def test_prefetcher_starts_at_a_saved_position(tiny_data_dir):
 
 # ----------------------------------------------------------------------------- damaged data
 def copy_of(data_dir, tmp_path):
-    """A copy of a data directory that a test may damage."""
+    """A copy of a data directory that a test may damage, never verified (the session's
+    directory may have been verified by an earlier test on this worker)."""
     import shutil
 
-    return Path(shutil.copytree(data_dir, tmp_path / "data"))
+    from nmt.data.arrays import VERIFIED
+
+    return Path(shutil.copytree(data_dir, tmp_path / "data",
+                                ignore=shutil.ignore_patterns(VERIFIED)))
 
 
 def open_and_verify(data_dir):
