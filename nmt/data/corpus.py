@@ -18,6 +18,7 @@ PFX.{lang}.gz where PFX.{lang} does not exist (likewise .bz2 and .xz; nmt.system
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -152,7 +153,11 @@ def _load_hf(spec: str, role: str, hf_name: str, hf_config: str):
             return name, datasets.load_dataset(hf_name, hf_config or None, split=split)
         except Exception as e:  # network, unknown name or split: datasets raises many types
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise NmtError(f"{name}: cannot load dataset ({first})") from None
+        # raised outside the except block, with datasets' half-read pyarrow readers freed now:
+        # kept alive by the error's context until the interpreter's shutdown, they can abort it
+        # ("terminate called without an active exception", apache/arrow#45214)
+        gc.collect()
+        raise NmtError(f"{name}: cannot load dataset ({first})")
     path, sep, split = rest.rpartition(":")
     if not sep or not path or "/" in split:
         path, split = rest, ""
