@@ -448,10 +448,14 @@ class Server:
 
     def __init__(self, ckpt: Path, *overrides: str, stdout=subprocess.DEVNULL):
         """stdout: where uvicorn's access log goes (with the override access_log=true)."""
-        self.proc = subprocess.Popen(
-            [CLI, f"checkpoint={ckpt}", "port=0", "search.max_len_b=8", "access_log=false",
-             *overrides], stdout=stdout, stderr=subprocess.PIPE, text=True,
-            start_new_session=True)
+        self.start([CLI, f"checkpoint={ckpt}", "port=0", "search.max_len_b=8",
+                    "access_log=false", *overrides], stdout)
+
+    def start(self, argv: list[str], stdout=subprocess.DEVNULL) -> None:
+        """Run the nmt-serve command line `argv` and wait for its listening line (its port);
+        the rest of its stderr is kept in self.log by a thread."""
+        self.proc = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.PIPE, text=True,
+                                     start_new_session=True)
         self.log: list[str] = []
         for line in self.proc.stderr:
             self.log.append(line)

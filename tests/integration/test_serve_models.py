@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 from functools import partial
 from pathlib import Path
 from urllib.parse import urlencode
@@ -493,19 +492,8 @@ class ManyServer(Server):
     """A real nmt-serve models=DIR process on a free loopback port."""
 
     def __init__(self, models: Path, *overrides: str):
-        self.proc = subprocess.Popen(
-            [CLI, f"models={models}", "port=0", "access_log=false", "workers=1", *SEARCH,
-             *overrides], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-            start_new_session=True)
-        self.log: list[str] = []
-        for line in self.proc.stderr:
-            self.log.append(line)
-            if "listening on http://127.0.0.1:" in line:
-                self.port = int(line.split("127.0.0.1:")[1].split()[0])
-                break
-        else:
-            raise AssertionError("nmt-serve did not start:\n" + "".join(self.log))
-        threading.Thread(target=lambda: self.log.extend(self.proc.stderr), daemon=True).start()
+        self.start([CLI, f"models={models}", "port=0", "access_log=false", "workers=1",
+                    *SEARCH, *overrides])
 
 
 def wanted(srv: Server, text: str) -> dict[str, str]:
