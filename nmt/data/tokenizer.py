@@ -23,7 +23,13 @@ from nmt.data.vocab import Vocab
 from nmt.errors import NmtError
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
-POOL_LINES = 64  # fewer lines are encoded one by one: a list call starts a thread pool
+POOL_LINES = 64  # fewer lines are coded one by one: a list call starts a thread pool
+
+
+def one_by_one(lines: int, num_threads: int = -1) -> bool:
+    """Are `lines` lines encoded (or decoded) one by one rather than by SentencePiece's list
+    call, which starts a thread pool each call? With one thread, or fewer than POOL_LINES."""
+    return num_threads == 1 or lines < POOL_LINES
 
 
 class Specials(NamedTuple):
@@ -118,7 +124,7 @@ class Tokenizer:
         64 lines: ~10 ms, one by one ~0.3 ms; one line: ~10x a lone line's CPU, and its wall
         time, waiting for the pool's threads, on the event loop of nmt-serve, where cores are
         busy decoding)."""
-        if num_threads == 1 or len(lines) < POOL_LINES:
+        if one_by_one(len(lines), num_threads):
             return [self.sp.encode(line, out_type=int) for line in lines]
         return self.sp.encode(lines, out_type=int, num_threads=num_threads)
 
@@ -191,7 +197,7 @@ class Tokenizer:
         Fewer than POOL_LINES lists are decoded one by one (as encode's lines)."""
         drop = set(self.specials.ids)
         kept = [[i for i in seq if i not in drop] for seq in ids]
-        if len(kept) < POOL_LINES:
+        if one_by_one(len(kept)):
             return [self.sp.decode(seq) for seq in kept]
         return self.sp.decode(kept)
 
@@ -243,7 +249,7 @@ class LookupTokenizer(Tokenizer):
         """Raw text lines -> the vocabulary's ids of the split model's pieces (num_threads: as
         Tokenizer.encode's)."""
         sp, table, unk = self.split.sp, self.table, self.unk
-        if num_threads == 1 or len(lines) < POOL_LINES:
+        if one_by_one(len(lines), num_threads):
             split = [sp.encode(line, out_type=str) for line in lines]
         else:
             split = sp.encode(list(lines), out_type=str, num_threads=num_threads)
