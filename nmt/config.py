@@ -11,11 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
-
-from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from typing import TYPE_CHECKING, Any
 
 from nmt.capabilities import ENGINES
 from nmt.config_checks import (
@@ -35,6 +31,9 @@ from nmt.config_corpora import TrainCorpus, train_corpora
 from nmt.config_errors import explain, extra_keys, unknown_key
 from nmt.errors import ConfigError
 
+if TYPE_CHECKING:  # OmegaConf and Hydra are imported where a config is composed through them
+    from omegaconf import DictConfig
+MISSING: Any = "???"  # omegaconf.MISSING: a value that must be given
 WORD_COMBINES = ("product", "min")  # word_combine=: how a word's pieces' log P combine
 CONSTRAINING = ("constraints", "glossary", "keep")  # the options that make lexical constraints
 
@@ -765,6 +764,7 @@ def register_configs(*names: str) -> None:
     """Store the schemas `names` (of SCHEMAS; all where none is named) in Hydra's ConfigStore
     so that the YAML files are checked against them. A command stores its own only: each
     store builds its schema's OmegaConf node, a few milliseconds of every command's startup."""
+    from hydra.core.config_store import ConfigStore
     cs = ConfigStore.instance()
     for name in names or SCHEMAS:
         cs.store(name=name, node=SCHEMAS[name])
@@ -772,6 +772,7 @@ def register_configs(*names: str) -> None:
 
 def to_object(cfg: DictConfig, schema: type):
     """Convert a composed config to its dataclass, running every validation once."""
+    from omegaconf import DictConfig, OmegaConf, errors
     if isinstance(cfg, schema):
         return cfg
     if not isinstance(cfg, DictConfig):
@@ -785,7 +786,7 @@ def to_object(cfg: DictConfig, schema: type):
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), cfg)
         return OmegaConf.to_object(merged)
-    except OmegaConfBaseException as e:
+    except errors.OmegaConfBaseException as e:
         raise explain(e, schema) from None
 
 

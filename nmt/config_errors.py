@@ -8,16 +8,11 @@ import dataclasses
 import difflib
 import typing
 
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import (
-    ConfigAttributeError,
-    ConfigKeyError,
-    MissingMandatoryValue,
-    OmegaConfBaseException,
-    ValidationError,
-)
-
 from nmt.errors import ConfigError
+
+if typing.TYPE_CHECKING:  # imported where used: nmt.cli.plain composes without OmegaConf
+    from omegaconf import DictConfig
+    from omegaconf.errors import OmegaConfBaseException
 
 _KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
@@ -50,6 +45,8 @@ def schema_node(schema: type, key: str) -> object | None:
 
 def extra_keys(cfg: DictConfig | dict, schema: type, prefix: str = "") -> list[str]:
     """The dotted keys of `cfg` that `schema` does not have (interpolations left unresolved)."""
+    from omegaconf import DictConfig, OmegaConf
+
     if isinstance(cfg, DictConfig):
         cfg = OmegaConf.to_container(cfg, resolve=False)
     fields, extra = schema_fields(schema), []
@@ -103,6 +100,13 @@ def unknown_key(key: str, schema: type) -> ConfigError:
 def explain(error: OmegaConfBaseException, schema: type) -> ConfigError:
     """The error for an OmegaConf error about `schema`: the key, what was wrong, what is
     allowed."""
+    from omegaconf.errors import (
+        ConfigAttributeError,
+        ConfigKeyError,
+        MissingMandatoryValue,
+        ValidationError,
+    )
+
     key = error.full_key or "config"
     if isinstance(error, MissingMandatoryValue):
         return ConfigError(key, f"a value is required (add {key}=...)")

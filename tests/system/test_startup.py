@@ -1,8 +1,9 @@
 """Startup (issue 60): what a command imports and composes before its first batch. Importing
 nmt-translate's and nmt-serve's paths loads none of the packages a run may not need (sacreBLEU,
 CTranslate2, transformers, matplotlib; FastAPI outside nmt-serve), a one-line translation
-imports no more of them nor the wings that markup=, alignment= or an Argos package need, Hydra
-composes its config once and only its own schema is stored. scripts/bench_startup.py measures
+imports no more of them nor the wings that markup=, alignment= or an Argos package need, nor
+Hydra and OmegaConf (nmt.cli.plain composes a plain command line); where Hydra composes, it does
+so once and stores only its own schema. scripts/bench_startup.py measures
 the time (docs/results.md, "Startup")."""
 
 import json
@@ -12,6 +13,8 @@ import sys
 import pytest
 
 from nmt.cli import is_plain
+from nmt.cli.plain import plain_job
+from nmt.config import TranslateConfig, compose, to_object
 
 HEAVY = ("sacrebleu", "ctranslate2", "transformers", "fastapi", "matplotlib",
          "nmt.wings.ctranslate2", "nmt.wings.mbr", "nmt.training.plot")
@@ -39,20 +42,47 @@ serve = [m for m in heavy if m in sys.modules and m != "fastapi" and m not in {w
 print(json.dumps({{"imported": imported, "ran": ran, "serve": serve, "composed": len(composed),
                   "stored": stored}}))
 """
+# A plain command line: nmt.cli.plain composes it, and neither Hydra nor OmegaConf is imported
+PLAIN_PROBE = """
+import json, sys
+import nmt.cli.translate
+sys.argv = ["nmt-translate", *sys.argv[1:]]
+nmt.cli.translate.main()
+print(json.dumps([m for m in ("hydra", "omegaconf", "antlr4", *{heavy!r}) if m in sys.modules]))
+"""
+
+
+def probe(code: str, *args: str, cwd) -> object:
+    """Run `code` in a fresh interpreter with the command line `args`; its last line's JSON."""
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                         check=True, cwd=cwd).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
 def test_a_one_line_translation_loads_no_optional_package_and_composes_once(ckpts, tmp_path):
-    """A one-line nmt-translate imports none of HEAVY and WINGS, composes its config once and stores
-    only its own schema in Hydra's ConfigStore (each stored schema costs its building)."""
+    """A one-line nmt-translate imports none of HEAVY and WINGS; a plain command line imports
+    neither Hydra nor OmegaConf, and one that Hydra composes (a list of checkpoints) is
+    composed once and stores only its own schema in Hydra's ConfigStore (each stored schema
+    costs its building)."""
     line = tmp_path / "one.en"
     line.write_text("open the file\n", encoding="utf-8")
-    out = subprocess.run([sys.executable, "-c", PROBE.format(heavy=HEAVY + WINGS, wings=WINGS),
-                          f"checkpoint={ckpts[0]}", f"input={line}", "search.max_len_b=3"],
-                         capture_output=True, text=True, check=True, cwd=tmp_path).stdout
-    found = json.loads(out.strip().splitlines()[-1])
+    args = (f"input={line}", "search.max_len_b=3")
+    plain = PLAIN_PROBE.format(heavy=HEAVY + WINGS)
+    assert probe(plain, f"checkpoint={ckpts[0]}", *args, cwd=tmp_path) == []
+    found = probe(PROBE.format(heavy=HEAVY + WINGS, wings=WINGS), f"checkpoint=[{ckpts[0]}]",
+                  *args, cwd=tmp_path)
     assert found == {"imported": [], "ran": [], "serve": [], "composed": 1,
                      "stored": ["translate_schema.yaml"]}
+
+
+def test_the_benchmarks_command_line_is_composed_without_hydra_into_hydras_config():
+    """scripts/bench_startup.py's one-line translation takes the plain path (nmt.cli.plain),
+    whose config is Hydra's (tests/unit/test_cli_plain.py compares many more)."""
+    args = ["checkpoint=/tmp/run/averaged.pt", "input=/tmp/one.txt", "threads=1"]
+    job = plain_job("translate", TranslateConfig, args)
+    assert job is not None
+    assert job.config == to_object(compose("translate", args), TranslateConfig)
 
 
 def test_only_a_command_line_of_overrides_skips_hydra_mains_first_composition():
