@@ -435,12 +435,8 @@ def _step_rows(state: FastState, B: int, positions: Tensor | None, compiled: boo
     from its own start (positions: (B,) each row's own step; None: every row from 0); the
     position a (1,) tensor when compiled (a number would be compiled in)."""
     dev = state.src_len.device
-    zero = torch.zeros(B, dtype=torch.long, device=dev)
+    zero, memory, source = state.step_parts(B)  # the parts that stay from step to step
     start = zero if positions is None else state.step - positions  # (B,)
-    sentence = state.row_sentence if state.row_sentence is not None else torch.arange(
-        B, device=dev) // state.g  # (B,) each row's live sentence
-    memory = sentence if state.memory_rows is None else state.memory_rows[sentence]  # its row
-    S = state.memory_kv[0][0].size(2)
     where = torch.tensor([state.step], device=dev) if compiled else state.step
-    return StepRows(start, torch.full((B,), state.step + 1, device=dev), memory[:, None].expand(
-        B, S), zero, state.src_len.index_select(0, sentence), where)
+    return StepRows(start, torch.full((B,), state.step + 1, device=dev), memory, zero, source,
+                    where)

@@ -116,6 +116,8 @@ class TableKVCache:
         """Room for B buffer rows and `positions` positions (by half as much again, or a
         chunk, so that joining rows and new positions rarely copy the buffers); like: a
         tensor (..., h, X, d_k) of the keys' dtype and device."""
+        if self.k is not None and B <= self.k.size(0) and positions <= self.k.size(2):
+            return  # room already, the table as wide as the buffers (every step but a few)
         h, d_k = like.size(-3), like.size(-1)
         N, C = (0, 0) if self.k is None else (self.k.size(0), self.k.size(2))
         if B > N or positions > C:
@@ -183,6 +185,9 @@ class FastState:
         self.generator: Affine | None = None  # the output projection's shortlist rows, if cut
         self.mask: Tensor | None = None  # (M, 1, 1, S) additive source mask, None: no padding
         self.src_len: Tensor | None = None  # (M,) source length of each memory row
+        # the fused operator's view of the rows that stays from step to step (`step_parts`);
+        # None: made at the next step (whatever moves rows or memory rows drops it)
+        self.parts: tuple[Tensor, Tensor, Tensor] | None = None
         self.set_source(src_mask)
 
     def set_source(self, src_mask: Tensor) -> None:
@@ -190,6 +195,21 @@ class FastState:
         mask and the lengths (the fused operator reads the first src_len positions)."""
         self.mask = additive_source_mask(src_mask[:, None, None, :], self.dtype)
         self.src_len = src_mask.sum(1)  # (M,)
+        self.parts = None
+
+    def step_parts(self, B: int) -> tuple[Tensor, Tensor, Tensor]:
+        """What the fused operator reads of B rows that stays while they do (StepRows'): zeros
+        (B,), each row's memory row at every source position (B, S) (stride 0) and its
+        source length (B,); made once, until the rows or memory rows change."""
+        if self.parts is None or self.parts[0].size(0) != B:
+            dev = self.src_len.device
+            sentence = self.row_sentence if self.row_sentence is not None else torch.arange(
+                B, device=dev) // self.g  # (B,) each row's live sentence
+            memory = sentence if self.memory_rows is None else self.memory_rows[sentence]
+            S = self.memory_kv[0][0].size(2)
+            self.parts = (torch.zeros(B, dtype=torch.long, device=dev),
+                          memory[:, None].expand(B, S), self.src_len.index_select(0, sentence))
+        return self.parts
 
     def reorder(self, index: Tensor, group: int, sentences: Tensor | None = None) -> None:
         """Keep (and repeat) rows `index`, as DecoderState.reorder does. Rows that come in equal,
@@ -200,7 +220,7 @@ class FastState:
         quarter of them live (compact)."""
         for cache in self.self_kv:
             cache.reorder(index)
-        self.g, self.row_sentence = group, None
+        self.g, self.row_sentence, self.parts = group, None, None
         if sentences is None:  # rows moved within their sentences
             return
         rows = sentences if self.memory_rows is None else self.memory_rows[sentences]
@@ -214,7 +234,7 @@ class FastState:
     def compact(self) -> None:
         """The live sentences' memory rows gathered, in their order (the dead ones' dropped)."""
         if self.memory_rows is not None:
-            rows, self.memory_rows = self.memory_rows, None
+            rows, self.memory_rows, self.parts = self.memory_rows, None, None
             self.memory_kv = [(_gather_rows(k, rows), _gather_rows(v, rows))
                               for k, v in self.memory_kv]
 
@@ -224,6 +244,7 @@ class FastState:
         live sentence reads, `_place`). Both must group their rows alike (g), except with the
         fused operator (row_sentence); the caller sets the joined rows' sources (set_source)."""
         new.compact()
+        self.parts = None
         if new.g != self.g or self.row_sentence is not None:
             if not self.fused:
                 raise ValueError("rows of unequal groups join only with the fused operator")
@@ -269,6 +290,7 @@ class FastState:
         """Drop the first `first` cache positions and the memory positions from S on (no live
         row reads them; the fused operator's stay: they are room for sources that join); the
         caller sets the sources again (set_source)."""
+        self.parts = None
         if first:
             for cache in self.self_kv:
                 cache.trim(first)
