@@ -9,9 +9,9 @@ processes on a shared machine count less. Rows:
 - the one-line nmt-translate (its console script's main, the line in a file) and what it costs
   beyond the row before; again with threads=1 (PyTorch's threads' waits count as CPU time);
   again with the line through a pipe (input=-: decoded as lines arrive);
-- its phases, timed inside one run (the CLI's imports, Hydra's composition, the command's
-  imports, reading the checkpoint, building and preparing the model, the first batch, the rest;
-  with threads=1, whose batch wastes no CPU time in threads that wait);
+- its phases, timed inside one run (the CLI's imports, the config's composition and logging
+  setup, the command's imports, reading the checkpoint, building and preparing the model, the
+  first batch, the rest; with threads=1, whose batch wastes no CPU time in threads that wait);
 - the modules beyond torch that `import nmt.cli.translate` and its command import, from
   `python -X importtime`, and which of the optional heavy packages a run loaded.
 
@@ -36,11 +36,14 @@ import time
 from pathlib import Path
 
 LINE = "Cannot open the file: permission denied."
-HEAVY = ("hydra._internal.instantiate", "hydra.core.plugins", "sacrebleu", "ctranslate2",
-         "transformers", "fastapi", "uvicorn", "matplotlib", "sentencepiece", "torch._dynamo")
+HEAVY = ("hydra", "omegaconf", "sacrebleu", "ctranslate2", "transformers", "fastapi", "uvicorn",
+         "matplotlib", "sentencepiece", "torch._dynamo")
 THIRD_PARTY = ("hydra", "omegaconf", "sacrebleu", "yaml", "antlr4")  # shown wherever imported
 # Phases: (label, module, function); the time inside each call is the phase's.
-PHASES = [("compose the config (Hydra)", "hydra._internal.hydra", "Hydra.compose_config"),
+# A plain command line is composed without Hydra (nmt.cli.plain), which sets logging up as
+# Hydra would (a line Hydra composes shows neither phase).
+PHASES = [("compose the config (nmt.cli.plain)", "nmt.cli", "plain_job"),
+          ("set logging up (as Hydra does)", "nmt.cli.plain", "configure_logging"),
           ("read the checkpoint", "nmt.checkpoint", "load_checkpoint"),
           ("build the model", "nmt.loading", "build_model"),
           ("prepare it (pack the weights)", "nmt.engines.translator", "decoding_models"),
@@ -198,7 +201,7 @@ def report(times: dict[str, list[float]], split: list[dict], args: argparse.Name
               f"[{min(beyond):.3f}-{max(beyond):.3f}]  ({label})")
     print("phases of one run, in the process (CPU seconds, least [median]):")
     spent = {label: [s["spent"].get(label, 0.0) for s in split] for label in split[0]["spent"]}
-    spent["the rest (Hydra around the job, output)"] = [
+    spent["the rest (around the job, output)"] = [
         s["spent"]["whole process"] - sum(v for k, v in s["spent"].items()
                                           if k != "whole process") for s in split]
     spent["startup: all but torch, checkpoint, batch"] = [
