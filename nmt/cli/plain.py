@@ -95,14 +95,22 @@ def plain_overrides(args: list[str], configs: Path) -> dict[str, Any]:
 
 
 def read_yaml(path: Path) -> tuple[str, Any]:
-    """A YAML file's `# @package` header ("" if none) and content; NotPlain if it is missing."""
+    """A config file's package ("" if its header names none) and content; NotPlain if it is
+    missing or its header holds anything else. Its header, as Hydra reads it: the leading
+    `# @KEY VALUE` lines, blank lines skipped."""
     import yaml
 
     if not path.is_file():
         raise NotPlain(str(path))
-    text = path.read_text(encoding="utf-8")
-    header = re.match(r"\s*#\s*@package\s+(\S+)", text)
-    return (header[1] if header else ""), yaml.safe_load(text)
+    text, package = path.read_text(encoding="utf-8"), ""
+    for line in filter(str.strip, text.splitlines()):
+        if not re.match(r"\s*#\s*@", line):
+            break
+        header = re.fullmatch(r"\s*#\s*@package +(\S+)\s*", line)
+        if header is None:
+            raise NotPlain(line)
+        package = header[1]
+    return package, yaml.safe_load(text)
 
 
 def merged(a: dict, b: dict) -> dict:

@@ -4,11 +4,13 @@ for a corpus of command lines (or Hydra composes it: everything outside the plai
 every bad value, whose error Hydra reports), its job run with Hydra's logging and failure line."""
 
 import dataclasses
+import importlib
 import logging
 import math
 import random
 import shlex
 import sys
+from pathlib import Path
 
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -16,7 +18,7 @@ from omegaconf import OmegaConf
 
 import nmt.cli
 from nmt.cli import hydra_app
-from nmt.cli.plain import VALUE, plain_job, typed
+from nmt.cli.plain import VALUE, NotPlain, defaults_list, plain_job, typed
 from nmt.config import SCHEMAS, AverageConfig, compose, to_object
 
 EDGE_VALUES = [
@@ -191,3 +193,41 @@ def test_the_schemas_missing_is_omegaconfs():
     import nmt.config
 
     assert nmt.config.MISSING == omegaconf.MISSING
+
+
+PRIMARY = ("defaults:\n  - average_schema\n  - common\n  - override hydra/job_logging: stdout\n"
+           "  - _self_\n")
+COMMON = ("# @package _global_\nhydra:\n  run:\n    dir: .\n  output_subdir: null\n  job:\n"
+          "    chdir: false\n")
+
+
+@pytest.mark.parametrize("primary,common", [
+    (PRIMARY + "last: 3\n", COMMON),  # the file sets a value
+    (PRIMARY.replace("  - common", "  - model: small"), COMMON),  # a config group's choice
+    (PRIMARY.replace("job_logging: stdout", "launcher: slurm"), COMMON),
+    (PRIMARY.replace("override hydra/", "hydra/"), COMMON),
+    ("# @package foo\n" + PRIMARY, COMMON),
+    (PRIMARY, COMMON.replace("_global_", "foo")),
+    (PRIMARY, "# @bogus x\n" + COMMON),
+    (PRIMARY, COMMON + "last: 3\n"),
+    (PRIMARY, COMMON.replace("dir: .", "dir: outputs")),  # a folder made, or changed into
+    (PRIMARY, COMMON.replace("chdir: false", "chdir: true")),
+    (PRIMARY, COMMON.replace("  output_subdir: null\n", "")),  # .hydra/ written
+    (PRIMARY, COMMON + "  verbose: true\n"),
+    (PRIMARY, COMMON + "  job_logging:\n    root: null\n"),
+], ids=range(13))
+def test_a_defaults_list_or_hydra_settings_it_does_not_reproduce_go_to_hydra(
+        tmp_path, primary, common):
+    """configs/<command>.yaml and the configs it names are composed without Hydra only in
+    the shape of nmt's own; everything else, Hydra composes."""
+    configs = Path(next(iter(importlib.import_module("nmt.configs").__path__)))
+    assert [p.parts[-2:] for p in defaults_list("average", configs)] == [
+        ("hydra_logging", "default.yaml"), ("job_logging", "stdout.yaml")]
+    (tmp_path / "average.yaml").write_text(PRIMARY, encoding="utf-8")
+    (tmp_path / "common.yaml").write_text("# nmt's\n# @package foo\n" + COMMON[20:],
+                                          encoding="utf-8")  # a header only at the top
+    assert len(defaults_list("average", tmp_path)) == 2
+    (tmp_path / "average.yaml").write_text(primary, encoding="utf-8")
+    (tmp_path / "common.yaml").write_text(common, encoding="utf-8")
+    with pytest.raises(NotPlain):
+        defaults_list("average", tmp_path)
