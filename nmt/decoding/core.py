@@ -61,7 +61,7 @@ from nmt.decoding.constrained import PhraseConstraints
 from nmt.decoding.decoder import Decoder
 from nmt.decoding.lengths import Units, max_positions
 from nmt.decoding.messages import Ended, Hypothesis, Sentence
-from nmt.decoding.rules import Columns, StepView, apply_rules
+from nmt.decoding.rules import Columns, StepView, apply_rules, banned_columns, per_row
 from nmt.decoding.strategies import (
     Choice,
     StepRead,
@@ -140,6 +140,7 @@ class Decoding(Admission):
         self.u: Tensor | None = None  # sampling: (R, W) each row's uniform of each step
         self.phrases: PhraseConstraints | None = None  # lexical constraints, by slot and row
         self.columns: Columns | None = None  # the batch shortlist's columns (compact rows)
+        self.banned: Tensor | None = None  # ban_specials' columns, made at the first step
         self.joined = False  # some rows joined others already decoding
 
     @property
@@ -180,11 +181,12 @@ class Decoding(Admission):
         L = self.length
         self.length += 1
         allowed = None if self.allowed is None else self.allowed[
-            self.on_device(self._per_row(self.units.slot))]
-        if self.units.start.max() == 0:  # every row started with the cache: uniform positions
+            self.on_device(per_row(self.units.slot, self.kb))]
+        # every row started with the cache (none joined later): uniform positions
+        if not self.joined or self.units.start.max() == 0:
             prefix = self.last if self.use_cache else self.on_device(self.tokens[:, :L + 1])
             return self.decoder.log_probs(prefix, allowed, self.normalize)
-        positions = self.on_device(L - self._per_row(self.units.start))  # (R,) each row's step
+        positions = self.on_device(L - per_row(self.units.start, self.kb))  # (R,) each row's step
         if not self.single:
             return self.decoder.log_probs(self.last, allowed, self.normalize,
                                           positions=positions)
@@ -205,9 +207,11 @@ class Decoding(Admission):
 
     def _view(self) -> StepView:
         """What the rules see of this step."""
-        return StepView(self.search, self.specials, self._per_row(self.units.t), self.tokens,
-                        self._per_row(self.units.slot), self.prefix, self.prefix_len,
-                        self.phrases, self.columns, self.device)
+        if self.banned is None:  # the same while the batch's columns are (to _clear)
+            self.banned = banned_columns(self.specials, self.columns, self.device)
+        return StepView(self.search, self.specials, self.units.t, self.tokens, self.units.slot,
+                        self.kb, self.prefix, self.prefix_len, self.phrases, self.banned,
+                        self.columns, self.device)
 
     def _choose(self, lprobs: Tensor) -> Choice:
         """The strategy's choice for every unit, its tokens as pieces."""
@@ -236,25 +240,28 @@ class Decoding(Admission):
         if len(u):
             self._finish(u, u * kb + read.first_parents[u, c], units.t[u],
                          read.first_scores[u, c], units.t[u] + 1)
-        rows = (np.arange(U)[:, None] * kb + read.parents).ravel()  # (U k,) their parents
         moved = k > 1 or kb > 1  # one row a unit (greedy, sampling, beam 1) stays where it is
+        rows = np.arange(U)  # (U k,) their parents
         if moved:
+            rows = (rows[:, None] * kb + read.parents).ravel()
             self.tokens, self.paths = self.tokens[rows], self.paths[rows]
         at = np.arange(U * k), np.repeat(units.t + 1, k)
         self.tokens[at], self.paths[at] = read.tokens.ravel(), read.scores.ravel()
         units.t += 1
         self.kb = k
         reached = units.max_len <= units.t
+        # nothing can win: the bound (log P / lp(max length)) in float32, as the scores are;
+        # a unit's best row (its first without constraints)
+        best = read.scores[:, 0] if k == 1 else read.scores.max(axis=1)
+        done = reached | (units.count >= k) | (
+            units.threshold >= best.astype(np.float32) / units.lp_max)
+        if not done.any():
+            self._move(rows, on, moved)
+            return []
         if reached.any():  # out of length: the k rows finish as they are, |Y| = t
             out = (np.flatnonzero(reached)[:, None] * k + np.arange(k)).ravel()  # rows
             self._finish(out // k, out, units.t[out // k], read.scores.ravel()[out],
                          units.t[out // k])
-        # nothing can win: the bound (log P / lp(max length)) in float32, as the scores are
-        best = read.scores.max(axis=1).astype(np.float32)  # the first without constraints
-        done = reached | (units.count >= k) | (units.threshold >= best / units.lp_max)
-        if not done.any():
-            self._move(rows, on, moved)
-            return []
         ended = self._end(np.flatnonzero(done))
         self._move(rows, on, True, np.flatnonzero(~done))
         return ended
@@ -352,10 +359,6 @@ class Decoding(Admission):
             self._set_source_masks()
         self.units.start -= first
         self.length -= first
-
-    def _per_row(self, x: np.ndarray) -> np.ndarray:
-        """A per-unit host array, per row."""
-        return x if self.kb == 1 else np.repeat(x, self.kb)
 
     def on_device(self, x: np.ndarray) -> Tensor:
         """A host array as a tensor on the decoding device."""

@@ -41,20 +41,35 @@ class Columns:
 
 
 class StepView:
-    """What the rules see of one decoding step (R live rows); the per-row tensors are made
-    from the host's arrays when a rule first asks for them."""
+    """What the rules see of one decoding step (R live rows, kb consecutive rows a unit); the
+    per-row arrays and tensors are made from the host's per-unit arrays when a rule first asks
+    for them (most steps of most searches ask for none)."""
 
     def __init__(self, search: SearchConfig, specials: Specials, t: np.ndarray,
-                 tokens: np.ndarray, slots: np.ndarray, prefix: Tensor | None,
-                 prefix_len: Tensor | None, phrases: object | None,
+                 tokens: np.ndarray, slots: np.ndarray, kb: int, prefix: Tensor | None,
+                 prefix_len: Tensor | None, phrases: object | None, banned: Tensor,
                  columns: Columns | None = None, device: torch.device | str = "cpu"):
         self.search, self.specials, self.device = search, specials, device
         self.tokens_host = tokens  # (R, > t): BOS, then each row's output, PAD after it
         self.columns = columns  # the log-probabilities' columns: None, every id in order
-        self.t_host, self.slots_host = t, slots  # (R,) tokens decoded, sentence slot
-        self.t_min, self.t_max = int(t.min()), int(t.max())
+        self.t_units, self.slot_units, self.kb = t, slots, kb  # (U,) tokens decoded, slot
         self.prefix, self.prefix_len = prefix, prefix_len  # (slots, P), (slots,) or None
         self.phrases = phrases  # nmt.decoding.constrained.PhraseConstraints, or None
+        self.banned = banned  # the columns ban_specials bans (banned_columns)
+
+    @cached_property
+    def t_min(self) -> int:
+        """The fewest tokens a row has decoded."""
+        return int(self.t_units.min())
+
+    @cached_property
+    def t_max(self) -> int:
+        """The most tokens a row has decoded."""
+        return int(self.t_units.max())
+
+    def _row_tensor(self, x: np.ndarray) -> Tensor:
+        """A per-unit host array as a per-row tensor on the device."""
+        return torch.from_numpy(per_row(x, self.kb)).to(self.device)
 
     @cached_property
     def tokens(self) -> Tensor:
@@ -64,12 +79,12 @@ class StepView:
     @cached_property
     def t(self) -> Tensor:
         """(R,) the tokens each row has decoded (its output position now)."""
-        return torch.from_numpy(self.t_host).to(self.device)
+        return self._row_tensor(self.t_units)
 
     @cached_property
     def slots(self) -> Tensor:
         """(R,) each row's sentence slot."""
-        return torch.from_numpy(self.slots_host).to(self.device)
+        return self._row_tensor(self.slot_units)
 
     def column(self, token: int) -> int | None:
         """The column of a piece (None: outside the step's shortlist)."""
@@ -80,12 +95,23 @@ class StepView:
         return ids if self.columns is None else self.columns.of[ids]
 
 
+def banned_columns(specials: Specials, columns: Columns | None,
+                   device: torch.device | str) -> Tensor:
+    """The columns ban_specials bans (those of Specials.banned that are candidates): the same
+    for every step of a batch."""
+    found = [t if columns is None else columns.column(t) for t in specials.banned]
+    return torch.tensor([c for c in found if c is not None], dtype=torch.long, device=device)
+
+
+def per_row(x: np.ndarray, kb: int) -> np.ndarray:
+    """A per-unit host array (U,), per row (U kb,): kb consecutive rows a unit."""
+    return x if kb == 1 else np.repeat(x, kb)
+
+
 def ban_specials(lprobs: Tensor, step: StepView) -> None:
     """PAD and BOS are never generated; BOS that is EOS (M2M100's and NLLB-200's </s>) is
-    (Specials.banned)."""
-    for token in step.specials.banned:  # one or two columns: plain indexing is the cheapest
-        if (column := step.column(token)) is not None:
-            lprobs[:, column] = -torch.inf
+    (Specials.banned): their columns (step.banned) in one call."""
+    lprobs.index_fill_(1, step.banned, -torch.inf)
 
 
 def ban_early_eos(lprobs: Tensor, step: StepView) -> None:
