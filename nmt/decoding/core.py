@@ -245,7 +245,9 @@ class Decoding(Admission):
         if moved:
             rows = (rows[:, None] * kb + read.parents).ravel()
             self.tokens, self.paths = self.tokens[rows], self.paths[rows]
-        at = np.arange(U * k), np.repeat(units.t + 1, k)
+        # each row's next position: one for all where all started together (no row joined)
+        at = (slice(None), int(units.t[0]) + 1) if not self.joined else (
+            np.arange(U * k), np.repeat(units.t + 1, k))
         self.tokens[at], self.paths[at] = read.tokens.ravel(), read.scores.ravel()
         units.t += 1
         self.kb = k

@@ -220,9 +220,12 @@ class FastState:
         quarter of them live (compact)."""
         for cache in self.self_kv:
             cache.reorder(index)
-        self.g, self.row_sentence, self.parts = group, None, None
-        if sentences is None:  # rows moved within their sentences
+        if group != self.g or self.row_sentence is not None:  # rows grouped anew
+            self.parts = None
+        self.g, self.row_sentence = group, None
+        if sentences is None:  # rows moved within their sentences (their parts stay)
             return
+        self.parts = None
         rows = sentences if self.memory_rows is None else self.memory_rows[sentences]
         self.memory_rows = rows
         if not self.fused or 4 * len(rows) <= self.memory_kv[0][0].size(0):

@@ -107,13 +107,14 @@ class StepRead:
 def read_step(choice: Choice, on: Choice) -> StepRead:
     """The step's one read from the device (a GPU waits for it once a step): the first k
     candidates of `choice` and the k that go `on`, sent as one (b, 6 k) float64 array (the
-    float32 scores and the ids exact in it), made by one cat."""
+    float32 scores and the ids exact in it; the scores and the ids each cast once)."""
     b, k = on.tokens.shape
     first = (choice.scores, choice.parents, choice.tokens)
     if choice.tokens.size(1) > k:
         first = tuple(x[:, :k] for x in first)
-    parts = [first[0].double(), on.scores, first[1], first[2], on.parents, on.tokens]
-    host = torch.cat(parts, dim=1).cpu().numpy().reshape(b, 6, k)  # cat promotes to float64
+    scores = torch.cat([first[0], on.scores], dim=1).double()  # (b, 2 k)
+    ids = torch.cat([first[1], first[2], on.parents, on.tokens], dim=1).double()  # (b, 4 k)
+    host = torch.cat([scores, ids], dim=1).cpu().numpy().reshape(b, 6, k)
     ids = host[:, 2:].astype(np.int64)  # (b, 4, k)
     return StepRead(host[:, 0], ids[:, 0], ids[:, 1], host[:, 1], ids[:, 2], ids[:, 3])
 
