@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.ao.quantization.observer import PerChannelMinMaxObserver
 
+from nmt.decoding import attention_op
 from nmt.system import private_ops
 
 # Int8Affine: products of at most this many outputs (rows x out_features) through fbgemm, whose
@@ -25,6 +26,10 @@ from nmt.system import private_ops
 # there (2x for 256 rows of a 256 -> 1,024 map); the crossover on AVX-512 VNNI and under AVX2
 # dispatch alike (docs/results.md, "int8 maps by size").
 FBGEMM_OUTPUTS = 1 << 17
+# Int8Affine: products of at most this many rows through nmt::int8_rows where it is built
+# (nmt.decoding.attention_op's object): fbgemm's outputs bit for bit, without its ~9 us of
+# packing before the first product (docs/results.md, "int8 maps of a few rows").
+FEW_ROWS = 4
 
 
 class Affine:
@@ -70,7 +75,9 @@ class Int8Affine(Affine):
     vocabulary projection of a batch); one engine where this PyTorch has only one. Activations
     keep 7 bits, as torch.ao gives them, wherever the u8 x s8 products saturate
     (`int8_saturates`: no VNNI; fbgemm only where it saturates as oneDNN does). The int8
-    rows and their scales are kept (not the float weights), for `rows`."""
+    rows and their scales are kept (not the float weights), for `rows`. At most FEW_ROWS rows
+    (a decoding step at batch 1) go through nmt::int8_rows where it is built: the same
+    rounding and sums as fbgemm, the residual added in its epilogue too."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None, relu: bool = False):
         observer = PerChannelMinMaxObserver(ch_axis=0, dtype=torch.qint8,
@@ -93,7 +100,9 @@ class Int8Affine(Affine):
         # what each call reads (a call costs ~10 us at batch 1: no Python it can skip)
         self.out_features, self.engines = len(ints), int8_engines()
         self.op = private_ops.quantized_linear_op(relu)
+        self.few: tuple[Tensor, Tensor, Tensor] | None = None  # int8_rows' (packed, scales, sums)
         if not lazy:
+            self._few()
             for engine in int8_engines():
                 self._packed(engine)
 
@@ -103,6 +112,23 @@ class Int8Affine(Affine):
             self.packed[engine] = _prepack(private_ops.per_channel_qint8(self.ints, self.scale),
                                            self.bias, engine)
         return self.packed[engine]
+
+    def _few(self) -> tuple[Tensor, Tensor, Tensor] | None:
+        """int8_rows' weight (packed now if it is not yet), scales and row sums; None where the
+        operator is not built."""
+        if self.few is None and attention_op.available():
+            self.few = (torch.ops.nmt.int8_rows_pack(self.ints), self.scale.float(),
+                        self.ints.sum(1, dtype=torch.int32))
+        return self.few
+
+    def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """(..., in_features) -> (..., out_features), + residual (same shape) if given: in
+        int8_rows' epilogue for a few rows."""
+        if x.numel() <= FEW_ROWS * x.size(-1) and self._few() is not None:
+            return torch.ops.nmt.int8_rows(x.contiguous(), *self.few, self.bias, residual,
+                                           self.relu, self.reduce_range)
+        y = self.product(x)
+        return y if residual is None else y.add_(residual)
 
     def product(self, x: Tensor) -> Tensor:
         """x W^T + b with W and x rounded to int8 (x to 7 bits where products saturate), then
