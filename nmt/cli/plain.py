@@ -132,12 +132,16 @@ def check_hydra(settings: dict) -> None:
         raise NotPlain("hydra settings")
 
 
-def hydra_logging_file(group: str, name: str) -> Path:
-    """Hydra's own config file hydra/<group>/<name>.yaml, found without importing Hydra."""
+def hydra_logging_file(group: str, name: object) -> Path:
+    """Hydra's own config file hydra/<group>/<name>.yaml, found without importing Hydra;
+    NotPlain where Hydra has no such file."""
     spec = importlib.util.find_spec("hydra")
-    if spec is None or not spec.submodule_search_locations:
-        raise NotPlain("hydra")
-    return Path(spec.submodule_search_locations[0]) / "conf" / "hydra" / group / f"{name}.yaml"
+    if spec is None or not spec.submodule_search_locations or not isinstance(name, str):
+        raise NotPlain(group)
+    path = Path(spec.submodule_search_locations[0]) / "conf" / "hydra" / group / f"{name}.yaml"
+    if not path.is_file():
+        raise NotPlain(str(path))
+    return path
 
 
 def defaults_list(config_name: str, configs: Path) -> list[Path]:
@@ -146,17 +150,15 @@ def defaults_list(config_name: str, configs: Path) -> list[Path]:
     header, primary = read_yaml(configs / f"{config_name}.yaml")
     if header or not isinstance(primary, dict) or set(primary) != {"defaults"}:
         raise NotPlain(config_name)
-    logging = dict.fromkeys(LOGGING, "default")
+    override = {f"override hydra/{group}": group for group in LOGGING}
+    logging: dict[str, object] = dict.fromkeys(LOGGING, "default")
     hydra: dict = {}
     for entry in primary["defaults"]:
-        override = {f"override hydra/{group}": group for group in LOGGING}
         if entry in (f"{config_name}_schema", "_self_"):
             continue
-        if isinstance(entry, dict) and len(entry) == 1 and next(iter(entry)) in override:
-            group = override[next(iter(entry))]
-            logging[group] = entry[next(iter(entry))]
-            if (configs / "hydra" / group).exists():
-                raise NotPlain(group)  # nmt's own logging configs
+        if isinstance(entry, dict) and len(entry) == 1 and set(entry) <= set(override):
+            ((key, name),) = entry.items()
+            logging[override[key]] = name
         elif isinstance(entry, str) and re.fullmatch(r"\w+", entry):
             package, content = read_yaml(configs / f"{entry}.yaml")
             if package not in ("", "_global_") or not isinstance(content, dict) or (
@@ -166,7 +168,9 @@ def defaults_list(config_name: str, configs: Path) -> list[Path]:
         else:
             raise NotPlain(str(entry))
     check_hydra(hydra)
-    return [hydra_logging_file(group, str(logging[group])) for group in LOGGING]
+    if any((configs / "hydra" / group).exists() for group in LOGGING):
+        raise NotPlain("hydra logging")  # nmt's own logging configs, which Hydra might read
+    return [hydra_logging_file(group, logging[group]) for group in LOGGING]
 
 
 def converted(kind: Any, value: Any) -> Any:

@@ -201,6 +201,24 @@ COMMON = ("# @package _global_\nhydra:\n  run:\n    dir: .\n  output_subdir: nul
           "    chdir: false\n")
 
 
+def test_nmts_defaults_lists_are_composed_without_hydra_with_hydras_logging_files(tmp_path):
+    """configs/<command>.yaml's shape: the logging files are Hydra's, default for its own
+    logging and the one the file overrides; a header is read only at a file's top."""
+    configs = Path(next(iter(importlib.import_module("nmt.configs").__path__)))
+    assert [p.parts[-2:] for p in defaults_list("average", configs)] == [
+        ("hydra_logging", "default.yaml"), ("job_logging", "stdout.yaml")]
+    (tmp_path / "average.yaml").write_text(
+        PRIMARY.replace("stdout", "stdout\n  - override hydra/hydra_logging: disabled"),
+        encoding="utf-8")
+    (tmp_path / "common.yaml").write_text("# nmt's\n# @package foo\n" + COMMON[20:],
+                                          encoding="utf-8")
+    assert [p.parts[-2:] for p in defaults_list("average", tmp_path)] == [
+        ("hydra_logging", "disabled.yaml"), ("job_logging", "stdout.yaml")]
+    (tmp_path / "hydra" / "job_logging").mkdir(parents=True)  # nmt's own: Hydra might read it
+    with pytest.raises(NotPlain):
+        defaults_list("average", tmp_path)
+
+
 @pytest.mark.parametrize("primary,common", [
     (PRIMARY + "last: 3\n", COMMON),  # the file sets a value
     (PRIMARY.replace("  - common", "  - model: small"), COMMON),  # a config group's choice
@@ -215,18 +233,12 @@ COMMON = ("# @package _global_\nhydra:\n  run:\n    dir: .\n  output_subdir: nul
     (PRIMARY, COMMON.replace("  output_subdir: null\n", "")),  # .hydra/ written
     (PRIMARY, COMMON + "  verbose: true\n"),
     (PRIMARY, COMMON + "  job_logging:\n    root: null\n"),
-], ids=range(13))
+    (PRIMARY.replace("stdout", "null"), COMMON),  # Hydra's fallback logging: not reproduced
+    (PRIMARY.replace("stdout", "bogus"), COMMON),
+], ids=range(15))
 def test_a_defaults_list_or_hydra_settings_it_does_not_reproduce_go_to_hydra(
         tmp_path, primary, common):
-    """configs/<command>.yaml and the configs it names are composed without Hydra only in
-    the shape of nmt's own; everything else, Hydra composes."""
-    configs = Path(next(iter(importlib.import_module("nmt.configs").__path__)))
-    assert [p.parts[-2:] for p in defaults_list("average", configs)] == [
-        ("hydra_logging", "default.yaml"), ("job_logging", "stdout.yaml")]
-    (tmp_path / "average.yaml").write_text(PRIMARY, encoding="utf-8")
-    (tmp_path / "common.yaml").write_text("# nmt's\n# @package foo\n" + COMMON[20:],
-                                          encoding="utf-8")  # a header only at the top
-    assert len(defaults_list("average", tmp_path)) == 2
+    """Anything but the shape of nmt's configs/<command>.yaml, Hydra composes."""
     (tmp_path / "average.yaml").write_text(primary, encoding="utf-8")
     (tmp_path / "common.yaml").write_text(common, encoding="utf-8")
     with pytest.raises(NotPlain):
