@@ -84,10 +84,8 @@ def going_on(choice: Choice, k: int, eos_id: int) -> Choice:
     if choice.tokens.size(1) == k:
         return Choice(choice.scores.masked_fill(choice.tokens == eos_id, -torch.inf),
                       choice.parents, choice.tokens)
-    W = choice.tokens.size(1)
-    # sort positions with EOS pushed last, keep the first k
-    pos = ((choice.tokens == eos_id).long() * W + torch.arange(W, device=choice.tokens.device)
-           ).topk(k, dim=1, largest=False).indices  # (b, k)
+    # positions in order with EOS pushed last (a stable sort of "is EOS"), the first k
+    pos = (choice.tokens == eos_id).sort(dim=1, stable=True).indices[:, :k]  # (b, k)
     return Choice(*(x.gather(1, pos) for x in (choice.scores, choice.parents, choice.tokens)))
 
 
@@ -105,18 +103,17 @@ class StepRead:
 
 
 def read_step(choice: Choice, on: Choice) -> StepRead:
-    """The step's one read from the device (a GPU waits for it once a step): the first k
-    candidates of `choice` and the k that go `on`, sent as one (b, 6 k) float64 array (the
-    float32 scores and the ids exact in it; the scores and the ids each cast once)."""
-    b, k = on.tokens.shape
-    first = (choice.scores, choice.parents, choice.tokens)
-    if choice.tokens.size(1) > k:
-        first = tuple(x[:, :k] for x in first)
-    scores = torch.cat([first[0], on.scores], dim=1).double()  # (b, 2 k)
-    ids = torch.cat([first[1], first[2], on.parents, on.tokens], dim=1).double()  # (b, 4 k)
-    host = torch.cat([scores, ids], dim=1).cpu().numpy().reshape(b, 6, k)
-    ids = host[:, 2:].astype(np.int64)  # (b, 4, k)
-    return StepRead(host[:, 0], ids[:, 0], ids[:, 1], host[:, 1], ids[:, 2], ids[:, 3])
+    """The step's one read from the device (a GPU waits for it once a step): the first k of
+    `choice`'s c candidates and the k that go `on`, sent whole as one (b, 3 c + 3 k) float64
+    array (the float32 scores and the ids exact in it; the scores and the ids each cast
+    once) and cut on the host."""
+    c, k = choice.tokens.size(1), on.tokens.size(1)  # (b, c) candidates, (b, k) going on
+    scores = torch.cat([choice.scores, on.scores], dim=1).double()  # (b, c + k)
+    ids = torch.cat([choice.parents, choice.tokens, on.parents, on.tokens], dim=1).double()
+    host = torch.cat([scores, ids], dim=1).cpu().numpy()
+    ids = host[:, c + k:].astype(np.int64)  # (b, 2 c + 2 k)
+    return StepRead(host[:, :k], ids[:, :k], ids[:, c:c + k], host[:, c:c + k],
+                    ids[:, 2 * c:2 * c + k], ids[:, 2 * c + k:])
 
 
 # ----------------------------------------------------------------------------- over a vocabulary
