@@ -44,11 +44,12 @@ print(json.dumps({{"imported": imported, "ran": ran, "serve": serve, "composed":
 """
 # A plain command line: nmt.cli.plain composes it, and neither Hydra nor OmegaConf is imported
 PLAIN_PROBE = """
-import json, sys
+import gc, json, sys
 import nmt.cli.translate
 sys.argv = ["nmt-translate", *sys.argv[1:]]
 nmt.cli.translate.main()
-print(json.dumps([m for m in ("hydra", "omegaconf", "antlr4", *{heavy!r}) if m in sys.modules]))
+print(json.dumps({{"loaded": [m for m in ("hydra", "omegaconf", "antlr4", *{heavy!r})
+                              if m in sys.modules], "frozen": gc.get_freeze_count() > 0}}))
 """
 
 
@@ -62,14 +63,15 @@ def probe(code: str, *args: str, cwd) -> object:
 @pytest.mark.slow
 def test_a_one_line_translation_loads_no_optional_package_and_composes_once(ckpts, tmp_path):
     """A one-line nmt-translate imports none of HEAVY and WINGS; a plain command line imports
-    neither Hydra nor OmegaConf, and one that Hydra composes (a list of checkpoints) is
-    composed once and stores only its own schema in Hydra's ConfigStore (each stored schema
-    costs its building)."""
+    neither Hydra nor OmegaConf and freezes torch's objects (nmt.cli), and one that Hydra
+    composes (a list of checkpoints) is composed once and stores only its own schema in
+    Hydra's ConfigStore (each stored schema costs its building)."""
     line = tmp_path / "one.en"
     line.write_text("open the file\n", encoding="utf-8")
     args = (f"input={line}", "search.max_len_b=3")
     plain = PLAIN_PROBE.format(heavy=HEAVY + WINGS)
-    assert probe(plain, f"checkpoint={ckpts[0]}", *args, cwd=tmp_path) == []
+    found = probe(plain, f"checkpoint={ckpts[0]}", *args, cwd=tmp_path)
+    assert found == {"loaded": [], "frozen": True}  # torch's objects out of the collector's view
     found = probe(PROBE.format(heavy=HEAVY + WINGS, wings=WINGS), f"checkpoint=[{ckpts[0]}]",
                   *args, cwd=tmp_path)
     assert found == {"imported": [], "ran": [], "serve": [], "composed": 1,

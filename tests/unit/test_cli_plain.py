@@ -4,6 +4,7 @@ for a corpus of command lines (or Hydra composes it: everything outside the plai
 every bad value, whose error Hydra reports), its job run with Hydra's logging and failure line."""
 
 import dataclasses
+import gc
 import importlib
 import logging
 import math
@@ -157,30 +158,36 @@ def logging_state() -> tuple:
 
 @pytest.mark.parametrize("fails", [False, True], ids=["done", "failed"])
 def test_a_plain_job_runs_as_hydras_job(monkeypatch, capsys, logging_kept, fails):
-    """The same config reaches the command, with the same logging set up; a failed job's
-    exception comes after Hydra's line naming the overrides, on either path."""
-    seen = []
+    """The same config reaches the command, with the same logging set up and every object
+    frozen out of the garbage collector's view first (a passed config freezes nothing); a
+    failed job's exception comes after Hydra's line naming the overrides, on either path."""
+    seen, frozen = [], []
 
     def run(config: AverageConfig) -> None:
-        seen.append((config, logging_state()))
+        seen.append((config, logging_state(), len(frozen)))
         if fails:
             raise RuntimeError("a bug")
 
-    main = hydra_app("nmt-average", "average", AverageConfig)(run)
-    args = ["output=o.pt", "run_dir=r", "last=3"]
-    monkeypatch.setattr(sys, "argv", ["nmt-average", *args])
-    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
-    errors = []
-    for plain in (True, False):
-        if not plain:
-            monkeypatch.setattr(nmt.cli, "plain_job", lambda *a: None)
+    def call(*cfg) -> str:
+        """main(*cfg), the job's failure expected where it fails; what it wrote on stderr."""
         if fails:
             with pytest.raises(RuntimeError, match="a bug"):
-                main()
+                main(*cfg)
         else:
-            main()
-        errors.append(capsys.readouterr().err)
-    assert len(seen) == 2 and seen[0] == seen[1]
+            main(*cfg)
+        return capsys.readouterr().err
+
+    main = hydra_app("nmt-average", "average", AverageConfig)(run)
+    args = ["output=o.pt", "run_dir=r", "last=3"]
+    monkeypatch.setattr(gc, "freeze", lambda: frozen.append(1))  # not this process's objects
+    monkeypatch.setattr(sys, "argv", ["nmt-average", *args])
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    errors = [call()]
+    monkeypatch.setattr(nmt.cli, "plain_job", lambda *a: None)
+    errors.append(call())
+    call(compose("average", args))
+    assert [n for *_, n in seen] == [1, 2, 2]
+    assert seen[0][:2] == seen[1][:2] and seen[2][0] == seen[0][0]
     assert seen[0][1][0] == logging.INFO and seen[0][1][1][0][1] is sys.stdout
     failed = f"Error executing job with overrides: {args}\n" if fails else ""
     assert errors == [failed, failed]
