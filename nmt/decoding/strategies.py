@@ -68,12 +68,16 @@ def choose_beam(lprobs: Tensor, scores: Tensor, k: int, order=None) -> Choice:
     b, kb = scores.shape
     V = lprobs.size(1)
     cand = lprobs.add_(scores.view(-1, 1)).view(b, kb * V)  # (b, kb V): log P
-    if kb * V < 2 * k:  # a tiny vocabulary: pad with impossible candidates
+    padded = kb * V < 2 * k
+    if padded:  # a tiny vocabulary: pad with impossible candidates
         cand = F.pad(cand, (0, 2 * k - kb * V), value=-torch.inf)
     best, index = top_k(cand, 2 * k)  # (b, 2k), best first: cand.topk, faster
     if order is not None:
         best, index = order(cand, index, kb=kb, V=V)  # (b, W)
-    return Choice(best, (index // V).clamp_(max=kb - 1), index % V)
+    parents = index // V
+    if padded:  # the padding's candidates: past the last row
+        parents.clamp_(max=kb - 1)
+    return Choice(best, parents, index % V)
 
 
 # ------------------------------------------------------------------ what the decoding keeps
