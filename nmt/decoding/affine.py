@@ -26,10 +26,12 @@ from nmt.system import private_ops
 # there (2x for 256 rows of a 256 -> 1,024 map); the crossover on AVX-512 VNNI and under AVX2
 # dispatch alike (docs/results.md, "int8 maps by size").
 FBGEMM_OUTPUTS = 1 << 17
-# Int8Affine: products of at most this many rows through nmt::int8_rows where it is built
-# (nmt.decoding.attention_op's object): fbgemm's outputs bit for bit, without its ~9 us of
-# packing before the first product (docs/results.md, "int8 maps of a few rows").
-FEW_ROWS = 4
+# Int8Affine: one row (a decoding step at batch 1) through nmt::int8_rows where it is built
+# (nmt.decoding.attention_op's object), for maps of at most this many weights: fbgemm's
+# outputs bit for bit, without its ~9 us of packing before the first product, 1.1-2.6x its
+# call on AVX-512 and under AVX2 dispatch; a 32000 x 512 output projection, or two rows and
+# more, are as fast or faster through fbgemm (docs/results.md, "int8 maps of one row").
+ONE_ROW_WEIGHTS = 1 << 21
 
 
 class Affine:
@@ -75,9 +77,9 @@ class Int8Affine(Affine):
     vocabulary projection of a batch); one engine where this PyTorch has only one. Activations
     keep 7 bits, as torch.ao gives them, wherever the u8 x s8 products saturate
     (`int8_saturates`: no VNNI; fbgemm only where it saturates as oneDNN does). The int8
-    rows and their scales are kept (not the float weights), for `rows`. At most FEW_ROWS rows
-    (a decoding step at batch 1) go through nmt::int8_rows where it is built: the same
-    rounding and sums as fbgemm, the residual added in its epilogue too."""
+    rows and their scales are kept (not the float weights), for `rows`. One row (a decoding
+    step at batch 1) of a map of at most ONE_ROW_WEIGHTS weights goes through nmt::int8_rows
+    where it is built: fbgemm's rounding and sums, the residual added in its epilogue too."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None, relu: bool = False):
         observer = PerChannelMinMaxObserver(ch_axis=0, dtype=torch.qint8,
@@ -100,8 +102,9 @@ class Int8Affine(Affine):
         # what each call reads (a call costs ~10 us at batch 1: no Python it can skip)
         self.out_features, self.engines = len(ints), int8_engines()
         self.op = private_ops.quantized_linear_op(relu)
+        self.one_row = ints.numel() <= ONE_ROW_WEIGHTS  # whether int8_rows takes a row
         self.few: tuple[Tensor, Tensor, Tensor] | None = None  # int8_rows' (packed, scales, sums)
-        if not lazy:
+        if not lazy and self.one_row:
             self._few()
             for engine in int8_engines():
                 self._packed(engine)
@@ -123,8 +126,8 @@ class Int8Affine(Affine):
 
     def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         """(..., in_features) -> (..., out_features), + residual (same shape) if given: in
-        int8_rows' epilogue for a few rows."""
-        if x.numel() <= FEW_ROWS * x.size(-1) and self._few() is not None:
+        int8_rows' epilogue for one row."""
+        if self.one_row and x.numel() == x.size(-1) and self._few() is not None:
             return torch.ops.nmt.int8_rows(x.contiguous(), *self.few, self.bias, residual,
                                            self.relu, self.reduce_range)
         y = self.product(x)

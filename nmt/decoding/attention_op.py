@@ -143,6 +143,7 @@ def _build(isa: str) -> None:
     else:
         _build_once(isa, library)
     torch.library.register_fake("nmt::one_query_attention")(_fake)
+    torch.library.register_fake("nmt::int8_rows")(_fake_int8_rows)
 
 
 def _build_once(isa: str, library: Path) -> None:
@@ -228,6 +229,13 @@ def _compile(isa: str, library: Path) -> None:
 def _fake(q: Tensor, k: Tensor, v: Tensor, table: Tensor, start: Tensor, end: Tensor) -> Tensor:
     """The operator's output without computing it (for torch.compile's tracing)."""
     return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+def _fake_int8_rows(x: Tensor, packed: Tensor, w_scale: Tensor, w_sums: Tensor,
+                    bias: Tensor | None, residual: Tensor | None, relu: bool,
+                    reduce_range: bool) -> Tensor:
+    """nmt::int8_rows' output without computing it (for tracing: torch.export, torch.compile)."""
+    return x.new_empty(*x.shape[:-1], w_scale.size(0))
 
 
 def _unavailable(why: str) -> str:

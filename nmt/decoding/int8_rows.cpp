@@ -1,4 +1,4 @@
-// nmt::int8_rows: an int8 linear map for the few rows of a decoding step.
+// nmt::int8_rows: an int8 linear map for the one row of a decoding step at batch 1.
 //
 // out = dequantize(u8(x) . W^T) + bias, then ReLU, or plus a residual: x (R, K) float rows,
 // rounded to 8 bits with one scale and zero point for the call, as fbgemm's dynamic linear
@@ -10,25 +10,30 @@
 //
 // fbgemm's call costs ~9 us before its first product (packing the activations into a blocked
 // buffer, its output pipeline); a step at batch 1 makes seven such calls of a few thousand
-// products each. Here a call is one pass over x and one over W, whose rows are dot products
-// that the compiler vectorises (u8 x s8 widened to 16 bits, pairs summed into 32: ATen's
-// capability flags pick the width). Large batches keep fbgemm and oneDNN, whose blocked
-// kernels reuse each weight across rows (nmt/decoding/affine.py picks).
+// products each. Here a call is one pass over x and one over W, packed once by int8_rows_pack
+// so that one vector of its weights (16-bit lanes) times a broadcast pair of x's values gives
+// a block of outputs' partial sums (madd: u8 x s8 pairs summed into 32 bits; ATen's capability
+// flags pick the width, AVX-512 or AVX2; plain loops otherwise). Each row of x streams all of
+// W: at two rows and more fbgemm's blocked kernels, which reuse each weight across rows, are as
+// fast or faster (nmt/decoding/affine.py picks; scripts/bench_int8_rows.py).
 //
-// The readable reference is affine.int8_rows_reference; tests/unit/test_fast_model.py
-// compares the two and fbgemm's outputs.
+// tests/unit/test_fast_model.py compares its outputs with fbgemm's (Int8Affine.product), bit
+// for bit, under each build.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
-#include <immintrin.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
+
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -125,27 +130,6 @@ inline void block_dots(const int16_t* a, const int8_t* w, int64_t Kp, int32_t* a
 #endif
 }
 
-// block_dots for four rows at once (a: 4 rows, stride Kp; acc: 4 x kOut): each weight vector
-// loaded and widened once for the four, whose sums are the four products in flight.
-inline void block_dots4(const int16_t* a, const int8_t* w, int64_t Kp, int32_t* acc) {
-#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
-  V s0 = zeros(), s1 = zeros(), s2 = zeros(), s3 = zeros();
-  for (int64_t k = 0; k < Kp; k += 2) {
-    const V wv = widen(w + k * kOut);
-    s0 = madd_add(s0, pair(a + k), wv);
-    s1 = madd_add(s1, pair(a + Kp + k), wv);
-    s2 = madd_add(s2, pair(a + 2 * Kp + k), wv);
-    s3 = madd_add(s3, pair(a + 3 * Kp + k), wv);
-  }
-  store(acc, s0);
-  store(acc + kOut, s1);
-  store(acc + 2 * kOut, s2);
-  store(acc + 3 * kOut, s3);
-#else
-  for (int r = 0; r < 4; ++r) block_dots(a + r * Kp, w, Kp, acc + r * kOut);
-#endif
-}
-
 at::Tensor int8_rows(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& w_scale,
                      const at::Tensor& w_sums, const c10::optional<at::Tensor>& bias,
                      const c10::optional<at::Tensor>& residual, bool relu, bool reduce_range) {
@@ -177,26 +161,18 @@ at::Tensor int8_rows(const at::Tensor& x, const at::Tensor& packed, const at::Te
   const bool add = residual.has_value();
   const int64_t blocks = packed.size(0), grain = std::max<int64_t>(1, 65536 / (Kp * kOut * R));
   at::parallel_for(0, blocks, grain, [&](int64_t nb0, int64_t nb1) {
-    int32_t acc[4 * kOut];  // (rows, kOut)
+    int32_t acc[kOut];
     for (int64_t nb = nb0; nb < nb1; ++nb) {
       const int8_t* wb = w + nb * Kp * kOut;  // (Kp / 2, kOut, 2): a block of kOut outputs
       const int64_t n0 = nb * kOut, outs = std::min<int64_t>(kOut, N - n0);
-      for (int64_t r0 = 0; r0 < R;) {
-        const int64_t rows = R - r0 >= 4 ? 4 : 1;
-        if (rows == 4) {
-          block_dots4(xq.data() + r0 * Kp, wb, Kp, acc);
-        } else {
-          block_dots(xq.data() + r0 * Kp, wb, Kp, acc);
+      for (int64_t r = 0; r < R; ++r) {
+        block_dots(xq.data() + r * Kp, wb, Kp, acc);
+        float* y = o + r * N + n0;
+        for (int64_t j = 0; j < outs; ++j) {  // the epilogue, in fbgemm's order
+          const float v = std::fma(float(acc[j] - q.zero * sums[n0 + j]),
+                                   q.scale * scale[n0 + j], b ? b[n0 + j] : 0.f);
+          y[j] = add ? y[j] + v : relu ? std::max(v, 0.f) : v;
         }
-        for (int64_t r = 0; r < rows; ++r) {
-          float* y = o + (r0 + r) * N + n0;
-          for (int64_t j = 0; j < outs; ++j) {  // the epilogue, in fbgemm's order
-            const float v = std::fma(float(acc[r * kOut + j] - q.zero * sums[n0 + j]),
-                                     q.scale * scale[n0 + j], b ? b[n0 + j] : 0.f);
-            y[j] = add ? y[j] + v : relu ? std::max(v, 0.f) : v;
-          }
-        }
-        r0 += rows;
       }
     }
   });

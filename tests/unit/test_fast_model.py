@@ -17,7 +17,6 @@ from nmt.config import SearchConfig
 from nmt.decoding import attention_op
 from nmt.decoding.affine import (
     FBGEMM_OUTPUTS,
-    FEW_ROWS,
     Affine,
     Int8Affine,
     PackedAffine,
@@ -345,13 +344,13 @@ def test_an_int8_relu_map_is_one_operator_with_the_relu_in_its_epilogue(rows):
         torch.testing.assert_close(got, plain(x).relu(), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("sentences", [3, FEW_ROWS + 1])
+@pytest.mark.parametrize("sentences", [1, 3])
 def test_an_int8_step_runs_fp32s_operators_with_int8_products(model, sentences):
     """One int8 decoding step dispatches the operators of fp32's (whose packed maps fuse the
     ReLU and the residual addition), an int8 product for each packed product, and no ReLU.
-    A few rows (at most FEW_ROWS) go through nmt::int8_rows, the residual in its epilogue:
-    exactly fp32's operators; more through fbgemm, with one residual addition after each
-    sub-layer's last map (3 a decoder layer)."""
+    One row goes through nmt::int8_rows, the residual in its epilogue: exactly fp32's
+    operators; more through fbgemm, with one residual addition after each sub-layer's last
+    map (3 a decoder layer)."""
     if not packing_works(torch.float32):
         pytest.skip("fp32's maps are not packed here: no fused epilogues to compare with")
     src = pad_batch([[5, 6, 7, 8, 9], [9, 10], [11, 12, 4], [6, 7], [8, 9, 10]][:sentences],
@@ -366,7 +365,7 @@ def test_an_int8_step_runs_fp32s_operators_with_int8_products(model, sentences):
                 fast.decode_step(torch.full((sentences, 1), BOS), state)
             counts[dtype] = ops.counts
     fp32, int8 = counts["fp32"], counts["int8"]
-    few = sentences <= FEW_ROWS and attention_op.available()
+    few = sentences == 1 and attention_op.available()
     products = sum(int8.pop(op, 0) for op in ("nmt::int8_rows", "quantized::linear_dynamic",
                                               "quantized::linear_relu_dynamic"))
     assert fp32.pop("mkldnn::_linear_pointwise") == products
@@ -375,22 +374,25 @@ def test_an_int8_step_runs_fp32s_operators_with_int8_products(model, sentences):
 
 
 @pytest.mark.parametrize("shape", [(64, 32), (100, 33), (4000, 256)])  # N and K odd sizes too
-def test_int8_rows_gives_the_engines_outputs_bit_for_bit(shape):
-    """nmt::int8_rows (a few rows: at most FEW_ROWS) rounds and sums as fbgemm does: its
-    outputs, with the ReLU or the residual in its epilogue, equal fbgemm's product (then the
-    addition) bit for bit, at every row count up to FEW_ROWS and under every ISA's build."""
+def test_int8_rows_gives_fbgemms_outputs_bit_for_bit(shape):
+    """nmt::int8_rows rounds and sums as fbgemm does: an Int8Affine's one row (its ReLU, or
+    its residual, in the epilogue) equals fbgemm's product (then the addition) bit for bit,
+    and so does the operator at several rows, under every ISA's build."""
     if not attention_op.available():
         pytest.skip(f"nmt's operators are not built here ({attention_op.status()})")
     torch.manual_seed(0)
     w, b = torch.randn(*shape) / 16, torch.randn(shape[0])
     plain, relu = Int8Affine(w, b), Int8Affine(w, b, relu=True)
-    for rows in range(1, FEW_ROWS + 1):
-        x, residual = torch.randn(rows, 1, shape[1]) * 3, torch.randn(rows, 1, shape[0])
-        with Operators() as ops:
-            got = plain(x), relu(x), plain(x, residual)
-        assert ops.counts == {"nmt::int8_rows": 3}
-        want = plain.product(x), relu.product(x), plain.product(x).add_(residual)
-        assert all(torch.equal(g, y) for g, y in zip(got, want, strict=True))
+    x, residual = torch.randn(1, 1, shape[1]) * 3, torch.randn(1, 1, shape[0])
+    with Operators() as ops:
+        got = plain(x), relu(x), plain(x, residual)
+    assert ops.counts == {"nmt::int8_rows": 3}
+    want = plain.product(x), relu.product(x), plain.product(x).add_(residual)
+    assert all(torch.equal(g, y) for g, y in zip(got, want, strict=True))
+    for rows in (2, 3, 5):
+        x = torch.randn(rows, shape[1])
+        ours = torch.ops.nmt.int8_rows(x, *plain._few(), b, None, False, plain.reduce_range)
+        assert torch.equal(ours, plain.product(x))
 
 
 def test_int8_shortlist_rows_are_gathered_not_quantized_again():
@@ -415,7 +417,7 @@ def test_int8_products_by_size_go_to_either_engine_alike():
     torch.manual_seed(0)
     w, b = torch.randn(512, 64) * 0.1, torch.randn(512)
     affine = Int8Affine(w, b)
-    small = torch.randn(2 * FEW_ROWS, 64)  # past int8_rows' few rows
+    small = torch.randn(4, 64)  # past int8_rows' one row
     large = torch.randn(FBGEMM_OUTPUTS // 512 + 1, 64)
     for x in (small, large):
         by = {engine: private_ops.quantized_linear(x, affine._packed(engine), True)

@@ -1,0 +1,80 @@
+"""nmt::int8_rows against fbgemm's dynamic int8 map at a decoding step's few rows, the
+figures behind Int8Affine's choice (one row, maps of at most affine.ONE_ROW_WEIGHTS weights;
+docs/results.md, "int8 maps of one row").
+
+Each map (out x in features: the demo's and the base model's decoder maps, and their output
+projections) at 1 to --rows rows, one thread: fbgemm's call as Int8Affine makes it
+(`product`), and the operator on the same int8 rows, which gives the same outputs bit for bit
+(checked here wherever Int8Affine's product is fbgemm's, and in tests/unit/test_fast_model.py).
+Microseconds a call, best of --repeat runs of --calls calls. The header names the CPU and
+every cap in force: run it again under AVX2 dispatch with the variables of
+tests/system/test_isa.py.
+
+    flock /tmp/nmt-cpu.lock .venv/bin/python scripts/bench_int8_rows.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import torch
+from bench_int8 import describe_cpu
+
+from nmt.decoding import attention_op
+from nmt.decoding.affine import FBGEMM_OUTPUTS, ONE_ROW_WEIGHTS, Int8Affine
+
+MAPS = [(768, 256), (256, 256), (1024, 256), (256, 1024), (4000, 256),  # the demo's model
+        (1536, 512), (2048, 512), (512, 2048), (32000, 512),  # the base model's
+        (8000, 256), (8000, 512), (16000, 512)]  # output projections between
+
+
+def per_call(f: Callable[[], object], calls: int, repeat: int) -> float:
+    """The best of `repeat` runs of `calls` calls of f, in microseconds a call."""
+    f()
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(calls):
+            f()
+        best = min(best, time.perf_counter() - start)
+    return best / calls * 1e6
+
+
+def row(out: int, inp: int, rows: int, calls: int, repeat: int) -> str:
+    """One map at one row count: both sides' times, after checking their outputs agree."""
+    torch.manual_seed(0)
+    affine = Int8Affine(torch.randn(out, inp) / inp ** 0.5, torch.randn(out))
+    x = torch.randn(rows, 1, inp)
+    few = affine._few()
+
+    def ours():
+        return torch.ops.nmt.int8_rows(x, *few, affine.bias, None, False, affine.reduce_range)
+
+    if rows * out <= FBGEMM_OUTPUTS:  # fbgemm's product (oneDNN's rounds a little otherwise)
+        assert torch.equal(ours(), affine.product(x)), f"{out}x{inp} at {rows} rows differs"
+    engine, op = per_call(lambda: affine.product(x), calls, repeat), per_call(ours, calls, repeat)
+    return (f"{inp:>5} -> {out:<6} {rows:>4}   {engine:8.1f}   {op:8.1f}   {engine / op:5.2f}x"
+            f"{'   (taken)' if rows == 1 and out * inp <= ONE_ROW_WEIGHTS else ''}")
+
+
+def main() -> None:
+    """Print the table."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, default=4, help="row counts 1..N")
+    p.add_argument("--calls", type=int, default=300)
+    p.add_argument("--repeat", type=int, default=3)
+    args = p.parse_args()
+    if not attention_op.available():
+        raise SystemExit(f"nmt's operators are not built here: {attention_op.status()}")
+    torch.set_num_threads(1)
+    print(describe_cpu())
+    print("map               rows   fbgemm   int8_rows   speed-up   (us a call, one thread)")
+    for out, inp in MAPS:
+        for rows in range(1, args.rows + 1):
+            print(row(out, inp, rows, args.calls, args.repeat), flush=True)
+
+
+if __name__ == "__main__":
+    main()
