@@ -24,6 +24,7 @@ own (PYTHONPYCACHEPREFIX; PYTHONDONTWRITEBYTECODE is unset), as an installed nmt
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -100,6 +101,7 @@ def phases(argv: list[str]) -> None:
     import torch  # noqa: F401
 
     spent["import torch"] = time.process_time() - t0
+    gc.freeze()  # as nmt.cli does once the config is valid, torch imported (its command)
     t = time.process_time()
     from nmt.cli.translate import main
 
