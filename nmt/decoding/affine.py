@@ -28,10 +28,11 @@ from nmt.system import private_ops
 FBGEMM_OUTPUTS = 1 << 17
 # Int8Affine: one row (a decoding step at batch 1) through nmt::int8_rows where it is built
 # (nmt.decoding.attention_op's object), for maps of at most this many weights: fbgemm's
-# outputs bit for bit, without its ~9 us of packing before the first product, 1.1-2.6x its
-# call on AVX-512 and under AVX2 dispatch; a 32000 x 512 output projection, or two rows and
-# more, are as fast or faster through fbgemm (docs/results.md, "int8 maps of one row").
-ONE_ROW_WEIGHTS = 1 << 21
+# outputs bit for bit, without its ~9 us of packing before the first product: 1.2-2.6x its
+# call on AVX-512 and 1.06-2.35x under AVX2 dispatch up to 2^20 weights (256 -> 4000,
+# 512 -> 2048); past that, and at two rows or more, fbgemm is as fast or faster on one kind
+# or the other (docs/results.md, "int8 maps of one row").
+ONE_ROW_WEIGHTS = 1 << 20
 
 
 class Affine:

@@ -13,7 +13,7 @@ stride-0 table up to the row's own source length. Nothing outside a row's positi
 
 The operator is C++ with ATen's vector types (one_query_attention.cpp), registered with
 torch.library; the same object holds `nmt::int8_rows` (int8_rows.cpp: the int8 map of a
-decoding step's few rows, which nmt.decoding.affine.Int8Affine calls where it is loaded).
+decoding step's one row, which nmt.decoding.affine.Int8Affine calls where it is loaded).
 ATen picks the vector width at compile time, so it is built once per instruction set (AVX2,
 AVX-512) and the object that torch.backends.cpu.get_cpu_capability() names is loaded (never
 -march=native: the cache may move to another CPU of the same kind).

@@ -212,11 +212,13 @@ class FastModel(nn.Module):
     fp32 weights for (a hint; any batch works). fused: decoding steps attend through the fused
     one-query operator (nmt.decoding.attention_op); None: on the CPU wherever it builds.
     compile (search.compile): those steps' decoder layers and output projection through
-    torch.compile (step_layers), its int8 maps in the form it traces (QLinearInt8Affine); a
-    ConfigError naming search.compile without the fused operator (a C++ compiler, which
-    Inductor needs too). kv_dtype: the keys and values decoding reads (the caches, the
-    memory's); None: bf16 under int8 with the fused operator (half the bytes a step streams;
-    the int8 maps round activations to 8 bits already), else the linear maps' (autocast's).
+    torch.compile (step_layers), its int8 maps in the form it traces (QLinearInt8Affine), and
+    in int8 a step of one row through a package AOTInductor compiled once per machine and
+    model (nmt.decoding.aot_step); a ConfigError naming search.compile without the fused
+    operator (a C++ compiler, which Inductor needs too). kv_dtype: the keys and values
+    decoding reads (the caches, the memory's); None: bf16 under int8 with the fused operator
+    (half the bytes a step streams; the int8 maps round activations to 8 bits already), else
+    the linear maps' (autocast's).
     """
 
     def __init__(self, model: Transformer, dtype: str = "fp32", rows: int = 64,
@@ -256,8 +258,11 @@ class FastModel(nn.Module):
         # On the CPU, matmul + softmax beats the fused kernel at decoding sizes (2x for one
         # query per row), and by more in bf16.
         self.plain_attention = device.type == "cpu"
+        self._one_row = None  # int8's step of one row, compiled ahead of time
         if self.compiled:  # Inductor, the weights frozen in as constants
             self._compiled_layers = private_ops.frozen_compile(self.step_layers)
+            if dtype == "int8":
+                self._one_row = _one_row_step(model, rows, self.kv_dtype)
 
     def _affine_builder(self, device: torch.device, rows: int, traceable: bool = False):
         """affine(W, b, relu=False): the linear maps' form for this dtype and device
@@ -389,7 +394,8 @@ class FastModel(nn.Module):
     def _fused_step(self, x: Tensor, state: FastState, positions: Tensor | None) -> Tensor:
         """decode_step of one new position per row, (B, 1, d_model) embedded -> logits
         (B, 1, V): the caches advanced here, the layers run by `self.step_layers` (eager, or
-        with search.compile through torch.compile: private_ops.frozen_compile)."""
+        with search.compile through torch.compile: private_ops.frozen_compile; in int8 one
+        row through a package compiled ahead of time: nmt.decoding.aot_step)."""
         B = x.size(0)
         like = state.memory_kv[0][0]  # (M, h, S, d_k): the keys' shape and dtype
         caches = [cache.advance(B, like) for cache in state.self_kv]
@@ -397,6 +403,10 @@ class FastModel(nn.Module):
         layers = self.step_layers
         if self.compiled and B > 1 and like.size(0) > 1:  # a size of 1 would be compiled apart
             layers = self._compiled_layers  # (and Inductor's code for it fails: one sentence)
+        elif self._one_row is not None and B == 1 and state.generator is None:
+            x = self._one_row(x, rows, caches, state.memory_kv)  # ahead of time (int8)
+            state.step += 1
+            return x
         x = layers(x, rows, caches, state.memory_kv, state.generator is None)
         state.step += 1
         return x if state.generator is None else state.generator(x)
@@ -418,6 +428,16 @@ class FastModel(nn.Module):
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
         """Teacher-forced decoding: (B, T) shifted target ids -> logits (B, T, V)."""
         return self.decode_step(tgt_in, self.start_decoding(memory, src_mask))
+
+
+def _one_row_step(model: Transformer, rows: int, kv_dtype: torch.dtype | None):
+    """search.compile's int8 step of one row (nmt.decoding.aot_step): its package built
+    from this model in eager's forms if this machine has none, loaded at its first call."""
+    from nmt.decoding import aot_step  # torch.export: only where search.compile asks
+
+    path = aot_step.package_path(aot_step.package_key(model, "int8", kv_dtype))
+    return aot_step.OneRowStep(
+        path, lambda: FastModel(model, "int8", rows, True, kv_dtype=kv_dtype))
 
 
 def _compile_needs(device: torch.device, fused: bool | None) -> str:

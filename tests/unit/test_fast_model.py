@@ -265,7 +265,7 @@ def test_affine_forms_compute_the_same_maps(relu):
 
 @pytest.mark.slow  # an Inductor build for each of the step's variants, ~10 s each
 @pytest.mark.parametrize(("dtype", "shortlist"), [("fp32", False), ("int8", True)])
-def test_a_compiled_step_gives_the_eager_steps_logits(dtype, shortlist):
+def test_a_compiled_step_gives_the_eager_steps_logits(dtype, shortlist, tmp_path, monkeypatch):
     """search.compile: the fused step through torch.compile gives eager's logits, compiled
     once with all outputs (and once with a shortlist's): never again as the cache grows, the
     rows reorder or the batch and its sources change size. int8: Inductor may round an
@@ -274,11 +274,12 @@ def test_a_compiled_step_gives_the_eager_steps_logits(dtype, shortlist):
     tol = 1e-5 if dtype == "fp32" else INT8_TOL
     if not attention_op.available():
         pytest.skip("the fused attention operator did not build")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # int8's one-row package (aot_step)
     model = tiny_model(V, seed=1, stops=True)
     fast, compiled = FastModel(model, dtype), FastModel(model, dtype, compile=True)
     batches = [pad_batch([[5, 6, 7, 8, 9], [9, 10], [11, 12, 4]], PAD, "cpu"),
                pad_batch([[4, 5], [6, 7, 8, 9, 10, 11, 12]], PAD, "cpu"),
-               pad_batch([[6, 7, 8]], PAD, "cpu")]  # one sentence: the eager step
+               pad_batch([[6, 7, 8]], PAD, "cpu")]  # one row: eager, or int8's package
     shortlists = (None, torch.tensor([3, 5, 7, 11, 4, 20]))[:1 + shortlist]  # all, then six
     with torch.inference_mode():
         for vocab in shortlists:  # the compilations

@@ -1,0 +1,76 @@
+"""search.compile's int8 decoding step of one row, compiled ahead of time by AOTInductor
+(nmt.decoding.aot_step): eager's choices, one package per machine and model."""
+
+import pytest
+import torch
+from translate_helpers import random_sources, tiny_model
+
+from nmt.decoding import aot_step, attention_op
+from nmt.decoding.batches import pad_batch
+from nmt.decoding.fast_model import FastModel
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread"), pytest.mark.isa]
+
+PAD, BOS = 0, 2
+V = 24
+# the package's norms and additions are Inductor's (another order of float sums), its int8
+# maps eager's: logits within a hair (an aliased input, or a step read wrong, is 5-10% off)
+TOL = 1e-4
+
+
+@pytest.fixture
+def steps_cache(tmp_path, monkeypatch):
+    """Packages under tmp_path (the fused operator loaded first from the usual cache)."""
+    if not attention_op.available():
+        pytest.skip(f"nmt's operators are not built here ({attention_op.status()})")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    return tmp_path / "nmt" / "steps"
+
+
+def greedy_pairs(eager: FastModel, compiled: FastModel, sources, steps: int):
+    """Each source alone (one row), greedy on eager's choices: (eager's, compiled's) logits
+    of every step."""
+    with torch.inference_mode():
+        for src in sources:
+            batch = pad_batch([src], PAD, "cpu")
+            states = [m.start_decoding(*m.encode(batch)) for m in (eager, compiled)]
+            y = torch.full((1, 1), BOS)
+            for _ in range(steps):
+                want, got = (m.decode_step(y, s)[:, 0]
+                             for m, s in zip((eager, compiled), states, strict=True))
+                yield want, got
+                y = want.argmax(1)[:, None]
+
+
+def test_the_one_row_package_gives_eagers_choices(steps_cache):
+    """Every step of one row goes through the package, with eager's choices and logits (to a
+    float sum's rounding: the int8 maps are the same operator)."""
+    model = tiny_model(V, seed=1, stops=True, N=2)
+    eager, compiled = FastModel(model, "int8"), FastModel(model, "int8", compile=True)
+    assert len(list(steps_cache.glob("*/step-*.pt2"))) == 1
+    for want, got in greedy_pairs(eager, compiled, random_sources(4, V, seed=3), 8):
+        torch.testing.assert_close(got, want, atol=TOL * float(want.abs().max()), rtol=0)
+        assert got.argmax(1).tolist() == want.argmax(1).tolist()
+    assert compiled._one_row.calls == 4 * 8
+
+
+def test_a_package_is_compiled_once_per_model(steps_cache, monkeypatch):
+    """A second FastModel of the same weights loads the package (compiles nothing); other
+    weights or another precision of keys name another package."""
+    model = tiny_model(V, seed=1, stops=True)
+    FastModel(model, "int8", compile=True)
+    [package] = steps_cache.glob("*/step-*.pt2")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("compiled again")
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", refuse)
+    again = FastModel(model, "int8", compile=True)
+    eager = FastModel(model, "int8")
+    for want, got in greedy_pairs(eager, again, random_sources(1, V, seed=4), 3):
+        assert got.argmax(1).tolist() == want.argmax(1).tolist()
+    assert again._one_row.path == package
+    key = aot_step.package_key(model, "int8", torch.bfloat16)
+    assert key != aot_step.package_key(tiny_model(V, seed=2, stops=True), "int8",
+                                            torch.bfloat16)
+    assert key != aot_step.package_key(model, "int8", torch.float32)
