@@ -28,6 +28,7 @@ from torch.export import Dim
 
 from nmt.decoding import affine, attention_op, fast_state
 from nmt.decoding.fast_state import StepRows
+from nmt.system import private_ops
 
 SOURCES = [Path(__file__), Path(affine.__file__), Path(fast_state.__file__),
            Path(__file__).with_name("fast_model.py")]  # the code the step runs
@@ -104,8 +105,7 @@ def compile_package(eager, path: Path) -> None:
         program = torch.export.export(StepGraph(eager), args, dynamic_shapes=shapes)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-        built = torch._inductor.aoti_compile_and_package(program,
-                                                         package_path=str(Path(tmp) / "s.pt2"))
+        built = private_ops.aoti_compile(program, str(Path(tmp) / "s.pt2"))
         os.replace(built, path)
 
 
@@ -124,9 +124,7 @@ class OneRowStep:
     def __call__(self, x: Tensor, rows: StepRows, caches: list, memory_kv: list) -> Tensor:
         """step_layers(x, rows, caches, memory_kv, project=True) for one row: (1, 1, V)."""
         if self.runner is None:
-            self.runner = torch._inductor.aoti_load_package(str(self.path))
+            self.runner = private_ops.aoti_load(str(self.path))
         self.calls += 1
         *head, kv, mem = flat_inputs(x, rows, caches, memory_kv)
-        # the package's loader on the flat list: its __call__ parses its input and output
-        # specs from JSON on every call (~10 us of a ~60 us step)
-        return self.runner.loader.run([*head, *kv, *mem])[0]
+        return self.runner([*head, *kv, *mem])[0]

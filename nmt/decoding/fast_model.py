@@ -24,6 +24,7 @@ length, V vocabulary, h heads, d_k = d_model / h.
 from __future__ import annotations
 
 import functools
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -432,12 +433,20 @@ class FastModel(nn.Module):
 
 def _one_row_step(model: Transformer, rows: int, kv_dtype: torch.dtype | None):
     """search.compile's int8 step of one row (nmt.decoding.aot_step): its package built
-    from this model in eager's forms if this machine has none, loaded at its first call."""
+    from this model in eager's forms if this machine has none, loaded at its first call;
+    None, one line on stderr saying why, where it cannot be built or kept (the step of one
+    row then runs eager: the same choices, slower)."""
     from nmt.decoding import aot_step  # torch.export: only where search.compile asks
 
     path = aot_step.package_path(aot_step.package_key(model, "int8", kv_dtype))
-    return aot_step.OneRowStep(
-        path, lambda: FastModel(model, "int8", rows, True, kv_dtype=kv_dtype))
+    try:
+        return aot_step.OneRowStep(
+            path, lambda: FastModel(model, "int8", rows, True, kv_dtype=kv_dtype))
+    except Exception as e:  # noqa: BLE001 (an export's, Inductor's or the disk's failure)
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        print(f"nmt: search.compile's step of one row is not built ({type(e).__name__}: "
+              f"{first}); it runs eager", file=sys.stderr)
+        return None
 
 
 def _compile_needs(device: torch.device, fused: bool | None) -> str:

@@ -19,6 +19,12 @@ they give (docs/design.md, "Private PyTorch operators", has the measurements):
 - Inductor's freezing (torch._inductor.config.freezing): torch.compile's public `options`
   do not reach the stage that makes the weights constants, and qlinear's lowering needs them
   constant; and symbolic shapes without duck sizing (frozen_compile).
+- AOTInductor's package API (torch._inductor.aoti_compile_and_package, aoti_load_package and
+  the package's loader): the documented way to compile an exported program ahead of time,
+  under a private module; search.compile's int8 step of one row (nmt.decoding.aot_step:
+  1.9-2.3x eager's step). The loader's run takes the flat tensors, where the package's own
+  call parses its specs from JSON every time. Where it fails or is missing, the step of one
+  row runs eager, one line on stderr saying why (fast_model._one_row_step).
 - an update skipped on the device, with no host read: a fused optimizer's `found_inf`
   (GradScaler's contract with it, which the optimizer's private `_step_supports_amp_scaling`
   says it keeps) and the EMA's foreach interpolation with a tensor weight
@@ -236,3 +242,17 @@ def bleu_tokens(metric, text: str) -> str:
 def bleu_from_stats(metric, stats: list[int]) -> float:
     """sacreBLEU's BLEU from [hyp_len, ref_len, correct per order, total per order]."""
     return metric._compute_score_from_stats(stats).score
+
+
+def aoti_compile(program, path: str) -> str:
+    """An exported program compiled by AOTInductor into a package at `path` (its path). The
+    package API lives under torch._inductor (nmt.decoding.aot_step: 1.9-2.3x eager's step of
+    one row)."""
+    return torch._inductor.aoti_compile_and_package(program, package_path=path)
+
+
+def aoti_load(path: str):
+    """AOTInductor's package at `path`, loaded: its runner as a function of a flat list of
+    tensors (the package's loader; the package's own __call__ parses its input and output specs
+    from JSON on every call, ~10 us of a step)."""
+    return torch._inductor.aoti_load_package(path).loader.run

@@ -340,7 +340,7 @@ def _is_read(func, args) -> bool:
 
 
 class HostReads(TorchDispatchMode):
-    """Counts host reads of tensor data: .item(), bool(), int(), .tolist() (one each),
+    """Counts host reads of tensor data: .item(), bool(), int(), .tolist(), .numpy() (one each),
     torch.equal, nonzero and boolean masks, where a GPU's queue must drain. `per_step`:
     reads recorded after each call of `step()` (the decoding steps), `before`: before the
     first step."""
@@ -369,19 +369,26 @@ class HostReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
     def __enter__(self):
-        real = torch.Tensor.tolist
-
-        def tolist(t: Tensor):  # a CPU tensor's tolist does not dispatch
-            self._add("tolist")
-            with torch.utils._python_dispatch._disable_current_modes():
-                return real(t)
-
-        self._patch = mock.patch.object(torch.Tensor, "tolist", tolist)
-        self._patch.__enter__()
+        self._patches = [mock.patch.object(torch.Tensor, name, self._counted(name))
+                         for name in ("tolist", "numpy")]
+        for patch in self._patches:
+            patch.__enter__()
         return super().__enter__()
 
+    def _counted(self, name: str):
+        """Tensor.<name> counted as one read: a CPU tensor's tolist and numpy do not dispatch
+        (on a GPU, numpy's tensor comes from a .cpu() copy, the read)."""
+        real = getattr(torch.Tensor, name)
+
+        def read(t: Tensor, *args, **kwargs):
+            self._add(name)
+            with torch.utils._python_dispatch._disable_current_modes():
+                return real(t, *args, **kwargs)
+        return read
+
     def __exit__(self, *exc):
-        self._patch.__exit__(*exc)
+        for patch in reversed(self._patches):
+            patch.__exit__(*exc)
         return super().__exit__(*exc)
 
 

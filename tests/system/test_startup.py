@@ -81,7 +81,7 @@ def test_a_one_line_translation_loads_no_optional_package_and_composes_once(ckpt
 def test_the_benchmarks_command_line_is_composed_without_hydra_into_hydras_config():
     """scripts/bench_startup.py's one-line translation takes the plain path (nmt.cli.plain),
     whose config is Hydra's (tests/unit/test_cli_plain.py compares many more)."""
-    args = ["checkpoint=/tmp/run/averaged.pt", "input=/tmp/one.txt", "threads=1"]
+    args = ["checkpoint=/runs/averaged.pt", "input=one.txt", "threads=1"]
     job = plain_job("translate", TranslateConfig, args)
     assert job is not None
     assert job.config == to_object(compose("translate", args), TranslateConfig)

@@ -74,3 +74,22 @@ def test_a_package_is_compiled_once_per_model(steps_cache, monkeypatch):
     assert key != aot_step.package_key(tiny_model(V, seed=2, stops=True), "int8",
                                             torch.bfloat16)
     assert key != aot_step.package_key(model, "int8", torch.float32)
+
+
+def test_a_package_that_cannot_be_built_leaves_the_step_eager(steps_cache, monkeypatch,
+                                                               capsys):
+    """Where the package cannot be built (an export Inductor refuses, a cache it cannot
+    write), one line says so and the step of one row runs eager (search.compile's int8 maps,
+    qlinear: eager's logits to a hair)."""
+    def fail(*args, **kwargs):
+        raise OSError("No space left on device\nmore detail")
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", fail)
+    model = tiny_model(V, seed=1, stops=True)
+    compiled = FastModel(model, "int8", compile=True)
+    assert compiled._one_row is None and not list(steps_cache.glob("*/step-*.pt2"))
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == ("nmt: search.compile's step of one row is not built (OSError: No space "
+                       "left on device); it runs eager")
+    for want, got in greedy_pairs(FastModel(model, "int8"), compiled, random_sources(1, V), 3):
+        torch.testing.assert_close(got, want, atol=TOL * float(want.abs().max()), rtol=0)
