@@ -90,8 +90,10 @@ def compile_package(eager, path: Path) -> None:
     like = (eager.kv_dtype or eager.float_dtype, torch.long)
     C, S = Dim("C", min=2, max=1 << 16), Dim("S", min=2, max=1 << 16)
     N, M = Dim("N", max=1 << 16), Dim("M", max=1 << 16)
+
     def zeros(*shape: int, dtype: torch.dtype = like[0]) -> Tensor:
-        return torch.zeros(*shape, dtype=dtype)  # each its own: export keeps aliased inputs one
+        """A new example input (each its own: export keeps aliased inputs one input)."""
+        return torch.zeros(*shape, dtype=dtype)
 
     caches = [(zeros(2, h, 8, d // h), zeros(2, h, 8, d // h), zeros(1, 8, dtype=like[1]))
               for _ in eager.decoder]

@@ -51,7 +51,7 @@ import torch
 from torch import Tensor
 
 SOURCE = Path(__file__).with_name("one_query_attention.cpp")
-# built into the same object: the int8 map of a few rows (nmt.decoding.affine.Int8Affine's)
+# built into the same object: the int8 map of one row (nmt.decoding.affine.Int8Affine's)
 INT8_ROWS_SOURCE = Path(__file__).with_name("int8_rows.cpp")
 # The flags ATen's own kernels of each capability are built with, and the macros that pick the
 # vector width (vec.h: CPU_CAPABILITY_AVX512 -> 512 bits, CPU_CAPABILITY_AVX2 -> 256).
