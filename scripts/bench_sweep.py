@@ -96,6 +96,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sentences", type=int, default=0, help="the first N lines only (0: all)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (medians kept)")
     p.add_argument("--dtype", default="int8", choices=sorted(COMPUTE_TYPES))
+    p.add_argument("--compile", action="store_true",
+                   help="nmt with search.compile (in int8 a step of one row compiled ahead "
+                        "of time)")
     p.add_argument("--searches", default="greedy,beam4", help="of " + ",".join(SEARCHES))
     p.add_argument("--modes", default="decode,whole", help="decode (in-process), whole "
                    "(a process each run), or both")
@@ -211,10 +214,12 @@ def workload(args: argparse.Namespace, tmp: Path) -> Workload:
                     len(lines) - len(kept) // args.repeat)
 
 
-def nmt_search(beam: int, dtype: str, batch: int = 0, max_tokens: int = 0) -> SearchConfig:
-    """nmt's search: fixed batches of `batch` sentences, or max_tokens' token budget."""
+def nmt_search(beam: int, dtype: str, batch: int = 0, max_tokens: int = 0,
+               compile: bool = False) -> SearchConfig:
+    """nmt's search: fixed batches of `batch` sentences, or max_tokens' token budget
+    (compile: search.compile)."""
     return SearchConfig(beam_size=beam, alpha=0.0, dtype=dtype, max_sentences=batch,
-                        max_tokens=max_tokens or 10 ** 9)
+                        max_tokens=max_tokens or 10 ** 9, compile=compile)
 
 
 def nmt_decode(translator: Translator, w: Workload, search: SearchConfig) -> Callable[[], int]:
@@ -240,7 +245,8 @@ def nmt_whole(w: Workload, search: SearchConfig, workers: int, out: Path) -> Cal
     argv = [*translate_argv(w.checkpoint, Path(w.text)), f"output={out}", "split=none",
             f"search.beam_size={search.beam_size}", "search.alpha=0",
             f"search.dtype={search.dtype}", f"search.max_sentences={search.max_sentences}",
-            f"search.max_tokens={search.max_tokens}", f"workers={workers}", "quiet=true"]
+            f"search.max_tokens={search.max_tokens}", f"workers={workers}", "quiet=true",
+            f"search.compile={str(search.compile).lower()}"]
     return lambda: whole_run(argv, out, len(w.src_ids))
 
 
@@ -297,7 +303,8 @@ class Sides:
     def fixed_rows(self, mode: str) -> list[Row]:
         """The rows at each fixed batch size, for each search."""
         a = self.args
-        return [Row(mode, search, str(b), self.nmt(nmt_search(SEARCHES[search], a.dtype, b)),
+        return [Row(mode, search, str(b),
+                    self.nmt(nmt_search(SEARCHES[search], a.dtype, b, compile=a.compile)),
                     self.ct2(SEARCHES[search], b, (a.inter, a.intra)))
                 for search in a.searches for b in a.batches]
 
@@ -305,7 +312,8 @@ class Sides:
         """The best row's sweeps of one search: nmt's max_tokens, CTranslate2's layouts by
         batch sizes."""
         a, beam = self.args, SEARCHES[search]
-        return ([self.nmt(nmt_search(beam, a.dtype, max_tokens=t)) for t in a.max_tokens],
+        return ([self.nmt(nmt_search(beam, a.dtype, max_tokens=t, compile=a.compile))
+                 for t in a.max_tokens],
                 [self.ct2(beam, b, lay) for lay in a.layouts for b in a.ct2_batches])
 
 
@@ -357,7 +365,8 @@ def header(args, w: Workload) -> dict:
             "checkpoint": args.checkpoint, "input": args.input, "sentences": len(w.src_ids),
             "too_long_left_out": w.too_long,
             "source_tokens_mean": round(sum(lengths) / max(1, len(lengths)), 1),
-            "dtype": args.dtype, "rounds": args.rounds, "nmt_workers": args.workers,
+            "dtype": args.dtype, "compile": args.compile, "rounds": args.rounds,
+            "nmt_workers": args.workers,
             "ct2_layout": f"{args.inter}x{args.intra}", "load_before": os.getloadavg()[0]}
 
 
@@ -380,7 +389,8 @@ def report(head: dict, rows: list[dict]) -> None:
     print(f"torch {head['torch']}, ctranslate2 {head['ctranslate2']}; {head['model']}; "
           f"{head['sentences']} sentences (mean {head['source_tokens_mean']} tokens; "
           f"{head['too_long_left_out']} too long left out), "
-          f"{head['dtype']}, alpha 0, split=none; nmt {head['nmt_workers']} workers x 1 thread, "
+          f"{head['dtype']}, alpha 0, split=none; nmt {head['nmt_workers']} workers x 1 thread"
+          f"{' with search.compile' if head['compile'] else ''}, "
           f"CTranslate2 {head['ct2_layout']} at fixed batches; medians of {head['rounds']} "
           f"interleaved rounds; load average {head['load_before']:.2f} before, "
           f"{head['load_after']:.2f} after")
@@ -406,7 +416,7 @@ def run_sweep(args: argparse.Namespace) -> dict:
         head = header(args, w)
         # nmt's workers are forked first, before CTranslate2's threads exist
         with Translator([w.loaded.model], w.loaded.vocab, dtype=args.dtype,
-                        workers=args.workers) as translator:
+                        workers=args.workers, compile=args.compile) as translator:
             rows, best = decode_and_best(args, Sides(args, w, tmp, translator))
         if "decode" in args.modes:
             rows += best.values()

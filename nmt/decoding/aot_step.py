@@ -2,21 +2,22 @@
 (greedy or sampling on one sentence, a server's lone request; issue 60, item 1).
 
 FastModel.step_layers for one row, exported with torch.export (the caches' buffer rows and
-positions, the memory's sentences and source length dynamic) and compiled by AOTInductor into
-a package once per machine, model and code: a file under $XDG_CACHE_HOME/nmt/steps (~/.cache by
-default) named by a hash of the weights, the precision, this torch and ISA, and the sources the
-step runs (package_key). Each process loads it on its first step (milliseconds; after the
-workers fork). Inside it the int8 maps are nmt::int8_rows and attention
-nmt::one_query_attention, the operators eager calls, through the package's proxy executor;
-the norms, additions and reshapes are Inductor's C++. It replaces ~90 operators a step called
-from Python (docs/results.md, "A decoding step through AOTInductor"); it gives eager's choices
-(tests/unit/test_aot_step.py).
+positions, the memory's sentences and source length dynamic) and compiled by AOTInductor into a
+package once per machine, model and code: a file under $XDG_CACHE_HOME/nmt/steps (~/.cache by
+default) named by a hash of the weights, the precision, this torch, ISA and CPU kind (Inductor
+compiles for the CPU it runs on), and the sources the step runs (package_key). Each process
+loads it on its first step (milliseconds; after the workers fork). Inside it the int8 maps are
+nmt::int8_rows and attention nmt::one_query_attention, the operators eager calls, through the
+package's proxy executor; the norms, additions and reshapes are Inductor's C++. It replaces ~90
+operators a step called from Python (docs/results.md, "A decoding step through AOTInductor");
+it gives eager's choices (tests/unit/test_aot_step.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import platform
 import sys
 import tempfile
 from collections.abc import Callable
@@ -60,16 +61,27 @@ def flat_inputs(x: Tensor, rows: StepRows, caches: list, memory_kv: list) -> tup
             [t for cache in caches for t in cache], [t for pair in memory_kv for t in pair])
 
 
+def cpu_flags() -> str:
+    """This CPU's instruction-set flags (Linux's /proc/cpuinfo; elsewhere the processor's
+    name): Inductor compiles a package with -march=native, so a package is this CPU kind's."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            return next((line for line in info if line.startswith("flags")), "")
+    except OSError:
+        return platform.processor()
+
+
 def package_key(model: nn.Module, dtype: str, kv_dtype: torch.dtype | None) -> str:
     """A hash of what a package is compiled from: the model's weights, the precision, this
-    torch, the ISA and its operators' object (attention_op.build_key), and the step's code."""
+    torch, the ISA and its operators' object (attention_op.build_key), this CPU's flags (the
+    package is compiled for it) and the step's code."""
     digest = hashlib.sha256()
     for name, tensor in model.state_dict().items():
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     isa = attention_op.capability()
     for part in (dtype, str(kv_dtype), torch.__version__, torch.version.git_version, isa,
-                 attention_op.build_key(isa), sys.implementation.cache_tag,
+                 attention_op.build_key(isa), sys.implementation.cache_tag, cpu_flags(),
                  *(path.read_bytes() for path in SOURCES)):
         digest.update(part if isinstance(part, bytes) else part.encode())
         digest.update(b"\0")
