@@ -52,6 +52,22 @@ def test_the_one_row_package_gives_eagers_choices(steps_cache):
         torch.testing.assert_close(got, want, atol=TOL * float(want.abs().max()), rtol=0)
         assert got.argmax(1).tolist() == want.argmax(1).tolist()
     assert compiled._one_row.calls == 4 * 8
+    # a batch whose other sentences ended: one row over three buffer rows and memory rows
+    compiled._compiled_layers = compiled.step_layers  # several rows eager: not this test's
+    src = pad_batch([[5, 6, 7, 8, 9], [9, 10], [11, 12, 4, 7]], PAD, "cpu")
+    with torch.inference_mode():
+        states = [m.start_decoding(*m.encode(src)) for m in (eager, compiled)]
+        y = torch.full((3, 1), BOS)
+        for t in range(8):
+            if t == 3:  # sentences 0 and 2 end
+                y = y[1:2]
+                for s in states:
+                    s.reorder(torch.tensor([1]), 1)
+            want, got = (m.decode_step(y, s)[:, 0]
+                         for m, s in zip((eager, compiled), states, strict=True))
+            torch.testing.assert_close(got, want, atol=TOL * float(want.abs().max()), rtol=0)
+            y = want.argmax(1)[:, None]
+    assert compiled._one_row.calls == 4 * 8 + 5
 
 
 def test_a_package_is_compiled_once_per_model(steps_cache, monkeypatch):
