@@ -5,7 +5,7 @@ The package of nmt.decoding.aot_step compiled from --checkpoint into a temporary
 time printed: what a machine pays once per model), loaded (what each process pays), then: the
 greedy choices and the largest logit difference of --steps steps of one sentence, each side
 its own caches, and the time of a step both ways (FastModel.step_layers eager, and the package),
-one thread, best of --repeat runs of 500 calls.
+one thread, best of --repeat runs of 500 calls (bench_int8_rows.per_call).
 
     flock /tmp/nmt-cpu.lock .venv/bin/python scripts/bench_aoti_step.py --checkpoint RUN/averaged.pt
 """
@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_int8_rows import per_call
 
 from nmt.decoding import aot_step, attention_op
 from nmt.decoding.batches import pad_batch
@@ -34,18 +35,6 @@ def step_args(fast: FastModel, state: FastState, ids: torch.Tensor) -> tuple:
     x = fast._embed(fast.tgt_lut, ids, state.step)
     caches = [cache.advance(1, state.memory_kv[0][0]) for cache in state.self_kv]
     return x, _step_rows(state, 1, None, True), caches, state.memory_kv
-
-
-def per_call(f, args: tuple, repeat: int, calls: int = 500) -> float:
-    """Best of `repeat` runs of `calls` calls of f(*args), in microseconds a call."""
-    f(*args)
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        for _ in range(calls):
-            f(*args)
-        best = min(best, time.perf_counter() - start)
-    return best / calls * 1e6
 
 
 def main() -> None:
@@ -78,8 +67,8 @@ def main() -> None:
             diff = max(diff, float((want - got).abs().max()))
             ids = want.argmax(-1)
         inputs = step_args(fast, states[0], ids)
-        eager = per_call(lambda *a: fast.step_layers(*a, True), inputs, args.repeat)
-        compiled = per_call(step, inputs, args.repeat)
+        eager = per_call(lambda: fast.step_layers(*inputs, True), 500, args.repeat)
+        compiled = per_call(lambda: step(*inputs), 500, args.repeat)
     print(f"int8, one row: eager {eager:.1f} us a step, AOTInductor {compiled:.1f} us "
           f"({eager / compiled:.2f}x); {args.steps} greedy steps "
           f"{'choose alike' if same else 'CHOOSE DIFFERENTLY'}, largest logit difference "

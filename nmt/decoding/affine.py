@@ -105,8 +105,9 @@ class Int8Affine(Affine):
         self.op = private_ops.quantized_linear_op(relu)
         self.one_row = ints.numel() <= ONE_ROW_WEIGHTS  # whether int8_rows takes a row
         self.few: tuple[Tensor, Tensor, Tensor] | None = None  # int8_rows' (packed, scales, sums)
-        if not lazy and self.one_row:
-            self._few()
+        if not lazy:
+            if self.one_row:
+                self._few()
             for engine in int8_engines():
                 self._packed(engine)
 

@@ -135,8 +135,11 @@ class OneRowStep:
             compile_package(make_eager(), path)
         self.path, self.runner, self.calls = path, None, 0
 
-    def __call__(self, x: Tensor, rows: StepRows, caches: list, memory_kv: list) -> Tensor:
-        """step_layers(x, rows, caches, memory_kv, project=True) for one row: (1, 1, V)."""
+    def __call__(self, x: Tensor, rows: StepRows, caches: list, memory_kv: list,
+                 project: bool = True) -> Tensor:
+        """step_layers(x, rows, caches, memory_kv, project) for one row: (1, 1, V); project
+        must be True (the package holds the whole output projection)."""
+        assert project, "the one-row package projects onto the whole vocabulary"
         if self.runner is None:
             self.runner = private_ops.aoti_load(str(self.path))
         self.calls += 1

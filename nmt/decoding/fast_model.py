@@ -405,9 +405,7 @@ class FastModel(nn.Module):
         if self.compiled and B > 1 and like.size(0) > 1:  # a size of 1 would be compiled apart
             layers = self._compiled_layers  # (and Inductor's code for it fails: one sentence)
         elif self._one_row is not None and B == 1 and state.generator is None:
-            x = self._one_row(x, rows, caches, state.memory_kv)  # ahead of time (int8)
-            state.step += 1
-            return x
+            layers = self._one_row  # compiled ahead of time (int8)
         x = layers(x, rows, caches, state.memory_kv, state.generator is None)
         state.step += 1
         return x if state.generator is None else state.generator(x)
