@@ -1,9 +1,9 @@
 """nmt::int8_rows against fbgemm's dynamic int8 map at a decoding step's few rows, the
-figures behind Int8Affine's choice (one row, maps of at most affine.ONE_ROW_WEIGHTS weights;
-docs/results.md, "int8 maps of one row").
+figures behind Int8Affine's choice (affine.few_rows: how many rows, by the map's size and the
+operator's layout on this CPU; docs/results.md, "int8 maps of a few rows").
 
 Each map (out x in features: the demo's and the base model's decoder maps, and their output
-projections) at 1 to --rows rows, one thread: fbgemm's call as Int8Affine makes it
+projections) at each of --rows' row counts, one thread: fbgemm's call as Int8Affine makes it
 (`product`), and the operator on the same int8 rows, which gives the same outputs bit for bit
 (checked here wherever Int8Affine's product is fbgemm's, and in tests/unit/test_fast_model.py).
 Microseconds a call, best of --repeat runs of --calls calls. The header names the CPU and
@@ -23,7 +23,7 @@ import torch
 from bench_int8 import describe_cpu
 
 from nmt.decoding import attention_op
-from nmt.decoding.affine import FBGEMM_OUTPUTS, ONE_ROW_WEIGHTS, Int8Affine
+from nmt.decoding.affine import FBGEMM_OUTPUTS, Int8Affine, few_rows, int8_rows_vnni
 
 MAPS = [(768, 256), (256, 256), (1024, 256), (256, 1024), (4000, 256),  # the demo's model
         (1536, 512), (2048, 512), (512, 2048), (32000, 512),  # the base model's
@@ -56,13 +56,13 @@ def row(out: int, inp: int, rows: int, calls: int, repeat: int) -> str:
         assert torch.equal(ours(), affine.product(x)), f"{out}x{inp} at {rows} rows differs"
     engine, op = per_call(lambda: affine.product(x), calls, repeat), per_call(ours, calls, repeat)
     return (f"{inp:>5} -> {out:<6} {rows:>4}   {engine:8.1f}   {op:8.1f}   {engine / op:5.2f}x"
-            f"{'   (taken)' if rows == 1 and out * inp <= ONE_ROW_WEIGHTS else ''}")
+            f"{'   (taken)' if rows <= few_rows(out * inp) else ''}")
 
 
 def main() -> None:
     """Print the table."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rows", type=int, default=4, help="row counts 1..N")
+    p.add_argument("--rows", default="1,2,4,8,16", help="row counts, comma-separated")
     p.add_argument("--calls", type=int, default=300)
     p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args()
@@ -70,9 +70,10 @@ def main() -> None:
         raise SystemExit(f"nmt's operators are not built here: {attention_op.status()}")
     torch.set_num_threads(1)
     print(describe_cpu())
+    print(f"int8_rows' layout: {'VNNI' if int8_rows_vnni() else 'pairs'}")
     print("map               rows   fbgemm   int8_rows   speed-up   (us a call, one thread)")
     for out, inp in MAPS:
-        for rows in range(1, args.rows + 1):
+        for rows in map(int, args.rows.split(",")):
             print(row(out, inp, rows, args.calls, args.repeat), flush=True)
 
 

@@ -26,13 +26,38 @@ from nmt.system import private_ops
 # there (2x for 256 rows of a 256 -> 1,024 map); the crossover on AVX-512 VNNI and under AVX2
 # dispatch alike (docs/results.md, "int8 maps by size").
 FBGEMM_OUTPUTS = 1 << 17
-# Int8Affine: one row (a decoding step at batch 1) through nmt::int8_rows where it is built
-# (nmt.decoding.attention_op's object), for maps of at most this many weights: fbgemm's
-# outputs bit for bit, without its ~9 us of packing before the first product: 1.2-2.6x its
-# call on AVX-512 and 1.06-2.35x under AVX2 dispatch up to 2^20 weights (256 -> 4000,
-# 512 -> 2048); past that, and at two rows or more, fbgemm is as fast or faster on one kind
-# or the other (docs/results.md, "int8 maps of one row").
-ONE_ROW_WEIGHTS = 1 << 20
+# Int8Affine: the few rows of a decoding step (batch 1, a beam, a few sentences) through
+# nmt::int8_rows where it is built (nmt.decoding.attention_op's object): fbgemm's outputs bit for
+# bit, without its ~9 us before the first product. How many rows (`few_rows`) depends on the
+# operator's layout on this CPU (docs/results.md, "int8 maps of a few rows"):
+# - VNNI (AVX-512 VNNI): each weight read once for up to four rows; up to VNNI_ROWS[0] rows of a
+#   map of at most SMALL_MAP_WEIGHTS weights (1.1-3.5x fbgemm's call on Zen 4 at 1-8 rows), up
+#   to VNNI_ROWS[1] of a larger one (a base model's vocabulary: 1.05-1.5x); past those, fbgemm's
+#   blocked kernels are as fast or faster;
+# - pairs (AVX-512 without VNNI, AVX2): each row streams all the weights, so one row of a map of
+#   at most SMALL_MAP_WEIGHTS weights (1.2-2.6x on AVX-512 without VNNI's kernel, 1.06-2.35x
+#   under AVX2 dispatch); at two rows, or past that size, fbgemm is as fast or faster.
+SMALL_MAP_WEIGHTS = 1 << 20
+VNNI_ROWS = (8, 2)
+
+
+def few_rows(weights: int) -> int:
+    """The most rows of an int8 map of `weights` weights that Int8Affine gives nmt::int8_rows
+    on this machine (the table above); 0 where the operator is not built."""
+    if not attention_op.available():
+        return 0
+    small = weights <= SMALL_MAP_WEIGHTS
+    if int8_rows_vnni():
+        return VNNI_ROWS[0 if small else 1]
+    return 1 if small else 0
+
+
+@functools.cache
+def int8_rows_vnni() -> bool:
+    """Whether nmt::int8_rows packs weights in its VNNI layout on this CPU (asked of the operator:
+    the layout's last dimension is an input quadruple, not a pair)."""
+    return attention_op.available() and torch.ops.nmt.int8_rows_pack(
+        torch.zeros(1, 1, dtype=torch.int8)).size(-1) == 4
 
 
 class Affine:
@@ -78,9 +103,9 @@ class Int8Affine(Affine):
     vocabulary projection of a batch); one engine where this PyTorch has only one. Activations
     keep 7 bits, as torch.ao gives them, wherever the u8 x s8 products saturate
     (`int8_saturates`: no VNNI; fbgemm only where it saturates as oneDNN does). The int8
-    rows and their scales are kept (not the float weights), for `rows`. One row (a decoding
-    step at batch 1) of a map of at most ONE_ROW_WEIGHTS weights goes through nmt::int8_rows
-    where it is built: fbgemm's rounding and sums, the residual added in its epilogue too."""
+    rows and their scales are kept (not the float weights), for `rows`. A decoding step's few
+    rows (`few_rows`) go through nmt::int8_rows where it is built: fbgemm's rounding and sums,
+    the residual added in its epilogue too."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None, relu: bool = False):
         observer = PerChannelMinMaxObserver(ch_axis=0, dtype=torch.qint8,
@@ -103,10 +128,10 @@ class Int8Affine(Affine):
         # what each call reads (a call costs ~10 us at batch 1: no Python it can skip)
         self.out_features, self.engines = len(ints), int8_engines()
         self.op = private_ops.quantized_linear_op(relu)
-        self.one_row = ints.numel() <= ONE_ROW_WEIGHTS  # whether int8_rows takes a row
+        self.few_rows = few_rows(ints.numel())  # the most rows int8_rows takes
         self.few: tuple[Tensor, Tensor, Tensor] | None = None  # int8_rows' (packed, scales, sums)
         if not lazy:
-            if self.one_row:
+            if self.few_rows:
                 self._few()
             for engine in int8_engines():
                 self._packed(engine)
@@ -128,8 +153,8 @@ class Int8Affine(Affine):
 
     def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         """(..., in_features) -> (..., out_features), + residual (same shape) if given: in
-        int8_rows' epilogue for one row."""
-        if self.one_row and x.numel() == x.size(-1) and self._few() is not None:
+        int8_rows' epilogue for a few rows."""
+        if 0 < x.numel() <= self.few_rows * x.size(-1) and self._few() is not None:
             return torch.ops.nmt.int8_rows(x.contiguous(), *self.few, self.bias, residual,
                                            self.relu, self.reduce_range)
         y = self.product(x)

@@ -1,4 +1,5 @@
-// nmt::int8_rows: an int8 linear map for the one row of a decoding step at batch 1.
+// nmt::int8_rows: an int8 linear map for the few rows of a decoding step (batch 1, a beam, a
+// few sentences).
 //
 // out = dequantize(u8(x) . W^T) + bias, then ReLU, or plus a residual: x (R, K) float rows,
 // rounded to 8 bits with one scale and zero point for the call, as fbgemm's dynamic linear
@@ -11,11 +12,18 @@
 // fbgemm's call costs ~9 us before its first product (packing the activations into a blocked
 // buffer, its output pipeline); a step at batch 1 makes seven such calls of a few thousand
 // products each. Here a call is one pass over x and one over W, packed once by int8_rows_pack
-// so that one vector of its weights (16-bit lanes) times a broadcast pair of x's values gives
-// a block of outputs' partial sums (madd: u8 x s8 pairs summed into 32 bits; ATen's capability
-// flags pick the width, AVX-512 or AVX2; plain loops otherwise). Each row of x streams all of
-// W: at two rows and more fbgemm's blocked kernels, which reuse each weight across rows, are as
-// fast or faster (nmt/decoding/affine.py picks; scripts/bench_int8_rows.py).
+// in one of two layouts:
+// - VNNI (AVX-512 VNNI, asked of the CPU at run time: Cascade Lake, Ice Lake, Zen 4 and later):
+//   vpdpbusd sums four u8 x s8 products into each 32-bit lane at once. W is packed in groups of
+//   64 outputs, each input quadruple's weights side by side, and each group's weights are read
+//   once for all the rows, 4 rows x 64 outputs of sums in registers at a time: the few rows of a
+//   step cost little more than one (int8_rows_rows: the rows Int8Affine gives it).
+// - pairs (AVX-512 without VNNI, AVX2, plain loops): one vector of W's values widened to 16
+//   bits times a broadcast pair of x's values gives a block of outputs' partial sums (madd);
+//   each row of x streams all of W, so only one row is given it (fbgemm's blocked kernels,
+//   which reuse each weight across rows, are as fast or faster at two).
+// ATen's capability flags pick the vector width (AVX-512 or AVX2); VNNI is compiled only into
+// the AVX-512 object, for its own functions, and taken where the CPU has it.
 //
 // tests/unit/test_fast_model.py compares its outputs with fbgemm's (Int8Affine.product), bit
 // for bit, under each build.
@@ -96,17 +104,45 @@ inline V add4(V a, V b, V c, V d) { return _mm256_add_epi32(_mm256_add_epi32(a, 
 constexpr int64_t kOut = 8;
 #endif
 
-// W (N, K) int8 -> (ceil(N / kOut), ceil(K / 2), kOut, 2): each block of kOut outputs stores,
-// for each pair of inputs k, 2k+1, its outputs' two weights side by side (zeros past N and K),
-// so that one vector of them times x's pair, broadcast, gives kOut outputs' partial sums.
+constexpr int64_t kGroup = 64;  // VNNI: the outputs of a group (4 vectors of 16 lanes)
+constexpr int64_t kRowBlock = 4;  // VNNI: the rows whose sums a pass holds (4 x 4 vectors)
+
+// Whether this CPU has AVX-512 VNNI and this object its kernel (the AVX-512 build only).
+bool has_vnni() {
+#if defined(CPU_CAPABILITY_AVX512)
+  static const bool yes = __builtin_cpu_supports("avx512vnni");
+  return yes;
+#else
+  return false;
+#endif
+}
+
+// W (N, K) int8 -> VNNI: (ceil(N / 64), ceil(K / 4), 64, 4), each group of 64 outputs storing,
+// for each quadruple of inputs, its outputs' four weights side by side; pairs: (ceil(N / kOut),
+// ceil(K / 2), kOut, 2) alike. Zeros past N and K. One vector of them times x's quadruple (or
+// pair), broadcast, gives 16 (kOut) outputs' partial sums.
 at::Tensor int8_rows_pack(const at::Tensor& weight) {
   TORCH_CHECK(weight.scalar_type() == at::kChar && weight.dim() == 2, "weight: int8 (N, K)");
   const int64_t N = weight.size(0), K = weight.size(1);
-  const int64_t Np = (N + kOut - 1) / kOut * kOut, Kp = (K + 1) / 2 * 2;
+  const int64_t outs = has_vnni() ? kGroup : kOut, lanes = has_vnni() ? 4 : 2;
+  const int64_t Np = (N + outs - 1) / outs * outs, Kp = (K + lanes - 1) / lanes * lanes;
   at::Tensor padded = at::constant_pad_nd(weight, {0, Kp - K, 0, Np - N}, 0);  // (Np, Kp)
-  return padded.view({Np / kOut, kOut, Kp / 2, 2}).permute({0, 2, 1, 3}).contiguous();
+  return padded.view({Np / outs, outs, Kp / lanes, lanes}).permute({0, 2, 1, 3}).contiguous();
 }
 
+// What a call's outputs are made of besides the sums: the activations' rounding, W's scales
+// and row sums, the bias, and where the outputs go (the residual already there, or the ReLU).
+struct Epilogue {
+  Rounding q;
+  const float* scale;
+  const int32_t* sums;
+  const float* bias;  // nullptr: none
+  float* out;  // (R, N)
+  int64_t N;
+  bool add, relu;
+};
+
+// ----------------------------------------------------------------------------- pairs (madd)
 // acc[j] = sum_k a[k] * W[block j][k] for one row a (16-bit, Kp values) and one packed block
 // of kOut outputs: four sums over alternate pairs of inputs, so that four products are in
 // flight rather than each waiting for the last.
@@ -130,52 +166,174 @@ inline void block_dots(const int16_t* a, const int8_t* w, int64_t Kp, int32_t* a
 #endif
 }
 
-at::Tensor int8_rows(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& w_scale,
-                     const at::Tensor& w_sums, const c10::optional<at::Tensor>& bias,
-                     const c10::optional<at::Tensor>& residual, bool relu, bool reduce_range) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous(), "x: contiguous float rows");
-  TORCH_CHECK(packed.scalar_type() == at::kChar && packed.is_contiguous() && packed.dim() == 4 &&
-              packed.size(2) == kOut, "weight: int8_rows_pack's layout");
-  const int64_t N = w_scale.size(0), Kp = packed.size(1) * 2, K = x.size(-1);
-  const int64_t R = x.numel() / std::max<int64_t>(K, 1);
-  TORCH_CHECK(Kp == (K + 1) / 2 * 2, "x's last dimension is not the weight's");
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = N;
-  at::Tensor out = residual.has_value() ? residual->clone(at::MemoryFormat::Contiguous)
-                                        : at::empty(shape, x.options());
-  const float* xs = x.data_ptr<float>();
-  const auto [lo, hi] = std::minmax_element(xs, xs + R * K);
-  const Rounding q = R * K ? choose(*lo, *hi, reduce_range) : Rounding{1.f, 0};
-  const float inverse = 1.0f / q.scale, qmax = reduce_range ? 127.f : 255.f;
+// The map through the pairs' layout: x's R rows (K values) rounded to 16-bit lanes, each row
+// over every block of W (blocks of them, Kp inputs each), each output's epilogue in fbgemm's
+// order.
+void pair_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const int8_t* w,
+               int64_t blocks, const Epilogue& e, float qmax) {
+  const float inverse = 1.0f / e.q.scale;
   std::vector<int16_t> xq(R * Kp, 0);  // (R, Kp), zeros past K
   for (int64_t r = 0; r < R; ++r)
     for (int64_t k = 0; k < K; ++k) {  // fbgemm's rounding: fma, nearest even, clamp
-      const float v = std::nearbyint(std::fma(xs[r * K + k], inverse, float(q.zero)));
+      const float v = std::nearbyint(std::fma(xs[r * K + k], inverse, float(e.q.zero)));
       xq[r * Kp + k] = int16_t(std::min(std::max(v, 0.f), qmax));
     }
-  const int8_t* w = packed.data_ptr<int8_t>();
-  const float* scale = w_scale.data_ptr<float>();
-  const int32_t* sums = w_sums.data_ptr<int32_t>();
-  const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-  float* o = out.data_ptr<float>();
-  const bool add = residual.has_value();
-  const int64_t blocks = packed.size(0), grain = std::max<int64_t>(1, 65536 / (Kp * kOut * R));
+  const int64_t grain = std::max<int64_t>(1, 65536 / (Kp * kOut * R));
   at::parallel_for(0, blocks, grain, [&](int64_t nb0, int64_t nb1) {
     int32_t acc[kOut];
     for (int64_t nb = nb0; nb < nb1; ++nb) {
       const int8_t* wb = w + nb * Kp * kOut;  // (Kp / 2, kOut, 2): a block of kOut outputs
-      const int64_t n0 = nb * kOut, outs = std::min<int64_t>(kOut, N - n0);
+      const int64_t n0 = nb * kOut, outs = std::min<int64_t>(kOut, e.N - n0);
       for (int64_t r = 0; r < R; ++r) {
         block_dots(xq.data() + r * Kp, wb, Kp, acc);
-        float* y = o + r * N + n0;
+        float* y = e.out + r * e.N + n0;
         for (int64_t j = 0; j < outs; ++j) {  // the epilogue, in fbgemm's order
-          const float v = std::fma(float(acc[j] - q.zero * sums[n0 + j]),
-                                   q.scale * scale[n0 + j], b ? b[n0 + j] : 0.f);
-          y[j] = add ? y[j] + v : relu ? std::max(v, 0.f) : v;
+          const float v = std::fma(float(acc[j] - e.q.zero * e.sums[n0 + j]),
+                                   e.q.scale * e.scale[n0 + j], e.bias ? e.bias[n0 + j] : 0.f);
+          y[j] = e.add ? y[j] + v : e.relu ? std::max(v, 0.f) : v;
         }
       }
     }
   });
+}
+
+// ----------------------------------------------------------------------------- VNNI
+#if defined(CPU_CAPABILITY_AVX512)
+// The first `count` of 16 lanes.
+inline __mmask16 lanes16(int64_t count) {
+  return count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
+}
+
+// The smallest and largest of n floats (n > 0).
+std::pair<float, float> range(const float* xs, int64_t n) {
+  __m512 lo = _mm512_set1_ps(INFINITY), hi = _mm512_set1_ps(-INFINITY);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = lanes16(n - i);
+    const __m512 v = _mm512_maskz_loadu_ps(m, xs + i);
+    lo = _mm512_mask_min_ps(lo, m, lo, v);
+    hi = _mm512_mask_max_ps(hi, m, hi, v);
+  }
+  return {_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi)};
+}
+
+// x's R rows (K values) rounded to u8 as pair_rows rounds them (fma, nearest even, clamp),
+// into xq (R, Kp), whose values past K stay zero.
+void round_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, Rounding q, float qmax,
+                uint8_t* xq) {
+  const __m512 inverse = _mm512_set1_ps(1.0f / q.scale), zero = _mm512_set1_ps(float(q.zero));
+  const __m512 top = _mm512_set1_ps(qmax), bottom = _mm512_setzero_ps();
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t k = 0; k < K; k += 16) {
+      const __mmask16 m = lanes16(K - k);
+      __m512 v = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, xs + r * K + k), inverse, zero);
+      v = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      v = _mm512_min_ps(_mm512_max_ps(v, bottom), top);
+      _mm512_mask_cvtepi32_storeu_epi8(xq + r * Kp + k, m, _mm512_cvtps_epi32(v));
+    }
+}
+
+// Outputs n0 .. n0 + 15 of row r (those below N) from their sums: pair_rows' epilogue, 16 at
+// once (the same operations in the same order; max(0, v) keeps a -0 as std::max(v, 0) does).
+inline void finish(const Epilogue& e, int64_t r, int64_t n0, __m512i acc) {
+  if (n0 >= e.N) return;
+  const __mmask16 m = lanes16(e.N - n0);
+  const __m512i zero_sums = _mm512_mullo_epi32(_mm512_set1_epi32(e.q.zero),
+                                               _mm512_maskz_loadu_epi32(m, e.sums + n0));
+  const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(e.q.scale),
+                                     _mm512_maskz_loadu_ps(m, e.scale + n0));
+  const __m512 bias = e.bias ? _mm512_maskz_loadu_ps(m, e.bias + n0) : _mm512_setzero_ps();
+  __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc, zero_sums)), scale, bias);
+  float* y = e.out + r * e.N + n0;
+  if (e.add) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, y), v);
+  else if (e.relu) v = _mm512_max_ps(_mm512_setzero_ps(), v);
+  _mm512_mask_storeu_ps(y, m, v);
+}
+
+// RB rows (u8, rows Kp apart, from row r0) times one group of W (Kp / 4, 64, 4) of outputs n0
+// .. n0 + 63: RB x 4 vectors of sums in registers, each weight vector loaded once for all the
+// rows, four products summed into each lane by vpdpbusd (exactly: |u8 x s8| x 4 < 2^31).
+template <int RB>
+__attribute__((target("avx512vnni"))) void group_rows(const uint8_t* x, int64_t Kp,
+                                                      const int8_t* w, const Epilogue& e,
+                                                      int64_t r0, int64_t n0) {
+  __m512i s[RB][4];
+  for (int r = 0; r < RB; ++r)
+    for (int j = 0; j < 4; ++j) s[r][j] = _mm512_setzero_si512();
+  for (int64_t k = 0; k < Kp; k += 4, w += 4 * kGroup) {
+    const __m512i w0 = _mm512_loadu_si512(w), w1 = _mm512_loadu_si512(w + 64);
+    const __m512i w2 = _mm512_loadu_si512(w + 128), w3 = _mm512_loadu_si512(w + 192);
+    for (int r = 0; r < RB; ++r) {
+      const __m512i a = _mm512_set1_epi32(*(const int32_t*)(x + r * Kp + k));  // x[k .. k+3]
+      s[r][0] = _mm512_dpbusd_epi32(s[r][0], a, w0);
+      s[r][1] = _mm512_dpbusd_epi32(s[r][1], a, w1);
+      s[r][2] = _mm512_dpbusd_epi32(s[r][2], a, w2);
+      s[r][3] = _mm512_dpbusd_epi32(s[r][3], a, w3);
+    }
+  }
+  for (int r = 0; r < RB; ++r)
+    for (int j = 0; j < 4; ++j) finish(e, r0 + r, n0 + 16 * j, s[r][j]);
+}
+
+// The map through the VNNI layout: x's R rows rounded to u8, then each group of W (groups of
+// them) read once for all the rows, kRowBlock rows at a time.
+void vnni_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const int8_t* w,
+               int64_t groups, const Epilogue& e, float qmax) {
+  std::vector<uint8_t> xq(R * Kp, 0);  // (R, Kp), zeros past K
+  round_rows(xs, R, K, Kp, e.q, qmax, xq.data());
+  const int64_t grain = std::max<int64_t>(1, 65536 / (Kp * kGroup * R));
+  at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      const int8_t* wg = w + g * Kp * kGroup;
+      for (int64_t r = 0; r < R; r += kRowBlock) {
+        const uint8_t* x = xq.data() + r * Kp;
+        switch (std::min<int64_t>(kRowBlock, R - r)) {
+          case 4: group_rows<4>(x, Kp, wg, e, r, g * kGroup); break;
+          case 3: group_rows<3>(x, Kp, wg, e, r, g * kGroup); break;
+          case 2: group_rows<2>(x, Kp, wg, e, r, g * kGroup); break;
+          default: group_rows<1>(x, Kp, wg, e, r, g * kGroup);
+        }
+      }
+    }
+  });
+}
+#else
+std::pair<float, float> range(const float* xs, int64_t n) {
+  const auto [lo, hi] = std::minmax_element(xs, xs + n);
+  return {*lo, *hi};
+}
+
+void vnni_rows(const float*, int64_t, int64_t, int64_t, const int8_t*, int64_t, const Epilogue&,
+               float) {
+  TORCH_CHECK(false, "int8_rows: VNNI's layout in a build without it");
+}
+#endif
+
+at::Tensor int8_rows(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& w_scale,
+                     const at::Tensor& w_sums, const c10::optional<at::Tensor>& bias,
+                     const c10::optional<at::Tensor>& residual, bool relu, bool reduce_range) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous(), "x: contiguous float rows");
+  TORCH_CHECK(packed.scalar_type() == at::kChar && packed.is_contiguous() && packed.dim() == 4,
+              "weight: int8_rows_pack's layout");
+  const int64_t lanes = packed.size(3);
+  const bool vnni = lanes == 4 && packed.size(2) == kGroup && has_vnni();
+  TORCH_CHECK(vnni || (lanes == 2 && packed.size(2) == kOut), "weight: int8_rows_pack's layout");
+  const int64_t N = w_scale.size(0), Kp = packed.size(1) * lanes, K = x.size(-1);
+  const int64_t R = x.numel() / std::max<int64_t>(K, 1);
+  TORCH_CHECK(Kp == (K + lanes - 1) / lanes * lanes, "x's last dimension is not the weight's");
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = N;
+  at::Tensor out = residual.has_value() ? residual->clone(at::MemoryFormat::Contiguous)
+                                        : at::empty(shape, x.options());
+  if (R * K == 0) return out;
+  const float* xs = x.data_ptr<float>();
+  const auto [lo, hi] = range(xs, R * K);
+  const Rounding q = choose(lo, hi, reduce_range);
+  const Epilogue e{q, w_scale.data_ptr<float>(), w_sums.data_ptr<int32_t>(),
+                   bias.has_value() ? bias->data_ptr<float>() : nullptr, out.data_ptr<float>(),
+                   N, residual.has_value(), relu};
+  const float qmax = reduce_range ? 127.f : 255.f;
+  (vnni ? vnni_rows : pair_rows)(xs, R, K, Kp, packed.data_ptr<int8_t>(), packed.size(0), e,
+                                 qmax);
   return out;
 }
 

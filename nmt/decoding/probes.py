@@ -2,9 +2,11 @@
 the kernels themselves (not of the CPU's name): the private PyTorch operators nmt calls
 (nmt.system.private_ops.missing), the fused one-query attention operator (built just in time:
 nmt.decoding.attention_op.status), oneDNN's packed fp32 / bf16 linear maps
-(nmt.decoding.affine.packing_works) and the int8 products' saturation in each quantized engine
-(nmt.decoding.affine.int8_saturates). `kernel_report()` runs them all (building the operator
-if need be) and returns what each found; the benchmarks' headers and the tests read it.
+(nmt.decoding.affine.packing_works), the int8 products' saturation in each quantized engine
+(nmt.decoding.affine.int8_saturates) and the layout of nmt::int8_rows, the int8 maps of a
+step's few rows (nmt.decoding.affine.int8_rows_vnni). `kernel_report()` runs them all
+(building the operator if need be) and returns what each found; the benchmarks' headers and
+the tests read it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class KernelReport:
     int8_engines: tuple[str, str] | None  # int8's engines, (small, large) products; None: none
     # per quantized engine this PyTorch has: its u8 x s8 products saturate (int8 keeps 7 bits)
     int8_saturates: dict[str, bool]
+    int8_rows_vnni: bool  # nmt::int8_rows takes its VNNI layout (a few rows), else pairs (one)
 
     def lines(self) -> list[str]:
         """One line per probe, for a benchmark's or a log's header."""
@@ -40,7 +43,10 @@ class KernelReport:
         return [f"private operators: {ops}",
                 f"fused attention operator: {self.fused_attention or 'loaded'}",
                 f"packed oneDNN linear maps: {', '.join(self.packed) or 'none'}",
-                f"int8: {int8}"]
+                f"int8: {int8}",
+                f"int8 maps of a few rows: nmt::int8_rows' "
+                f"{'VNNI layout (up to 8 rows)' if self.int8_rows_vnni else 'pairs layout (1 row)'}"
+                if self.fused_attention is None else "int8 maps of a few rows: fbgemm's"]
 
 
 def kernel_report() -> KernelReport:
@@ -52,4 +58,5 @@ def kernel_report() -> KernelReport:
         engines = affine.int8_engines()
         found = set(torch.backends.quantized.supported_engines) & {"fbgemm", "onednn"}
         saturates = {e: affine.int8_saturates(e) for e in sorted(found)}
-    return KernelReport(missing, attention_op.status(), packed, engines, saturates)
+    return KernelReport(missing, attention_op.status(), packed, engines, saturates,
+                        affine.int8_rows_vnni())

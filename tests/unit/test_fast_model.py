@@ -21,6 +21,7 @@ from nmt.decoding.affine import (
     Int8Affine,
     PackedAffine,
     QLinearInt8Affine,
+    few_rows,
     int8_engines,
     int8_saturates,
     packing_works,
@@ -345,16 +346,16 @@ def test_an_int8_relu_map_is_one_operator_with_the_relu_in_its_epilogue(rows):
         torch.testing.assert_close(got, plain(x).relu(), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("sentences", [1, 3])
+@pytest.mark.parametrize("sentences", [1, 3, 9])
 def test_an_int8_step_runs_fp32s_operators_with_int8_products(model, sentences):
     """One int8 decoding step dispatches the operators of fp32's (whose packed maps fuse the
     ReLU and the residual addition), an int8 product for each packed product, and no ReLU.
-    One row goes through nmt::int8_rows, the residual in its epilogue: exactly fp32's
-    operators; more through fbgemm, with one residual addition after each sub-layer's last
-    map (3 a decoder layer)."""
+    A few rows (few_rows: one, or up to 8 with VNNI) go through nmt::int8_rows, the residual
+    in its epilogue: exactly fp32's operators; more through fbgemm, with one residual
+    addition after each sub-layer's last map (3 a decoder layer)."""
     if not packing_works(torch.float32):
         pytest.skip("fp32's maps are not packed here: no fused epilogues to compare with")
-    src = pad_batch([[5, 6, 7, 8, 9], [9, 10], [11, 12, 4], [6, 7], [8, 9, 10]][:sentences],
+    src = pad_batch(([[5, 6, 7, 8, 9], [9, 10], [11, 12, 4], [6, 7], [8, 9, 10]] * 2)[:sentences],
                     PAD, "cpu")
     counts = {}
     with torch.inference_mode():
@@ -366,7 +367,7 @@ def test_an_int8_step_runs_fp32s_operators_with_int8_products(model, sentences):
                 fast.decode_step(torch.full((sentences, 1), BOS), state)
             counts[dtype] = ops.counts
     fp32, int8 = counts["fp32"], counts["int8"]
-    few = sentences == 1 and attention_op.available()
+    few = sentences <= few_rows(1)
     products = sum(int8.pop(op, 0) for op in ("nmt::int8_rows", "quantized::linear_dynamic",
                                               "quantized::linear_relu_dynamic"))
     assert fp32.pop("mkldnn::_linear_pointwise") == products
@@ -376,24 +377,31 @@ def test_an_int8_step_runs_fp32s_operators_with_int8_products(model, sentences):
 
 @pytest.mark.parametrize("shape", [(64, 32), (100, 33), (4000, 256)])  # N and K odd sizes too
 def test_int8_rows_gives_fbgemms_outputs_bit_for_bit(shape):
-    """nmt::int8_rows rounds and sums as fbgemm does: an Int8Affine's one row (its ReLU, or
-    its residual, in the epilogue) equals fbgemm's product (then the addition) bit for bit,
-    and so does the operator at several rows, under every ISA's build."""
+    """nmt::int8_rows rounds and sums as fbgemm does: an Int8Affine's few rows (its ReLU, or
+    its residual, in the epilogue) equal fbgemm's product (then the addition) bit for bit,
+    and so does the operator at more rows, with 8- and 7-bit activations, under every ISA's
+    build (the VNNI layout where this CPU has it, else pairs; test_isa reruns it under AVX2
+    dispatch)."""
     if not attention_op.available():
         pytest.skip(f"nmt's operators are not built here ({attention_op.status()})")
     torch.manual_seed(0)
     w, b = torch.randn(*shape) / 16, torch.randn(shape[0])
     plain, relu = Int8Affine(w, b), Int8Affine(w, b, relu=True)
-    x, residual = torch.randn(1, 1, shape[1]) * 3, torch.randn(1, 1, shape[0])
-    with Operators() as ops:
-        got = plain(x), relu(x), plain(x, residual)
-    assert ops.counts == {"nmt::int8_rows": 3}
-    want = plain.product(x), relu.product(x), plain.product(x).add_(residual)
-    assert all(torch.equal(g, y) for g, y in zip(got, want, strict=True))
-    for rows in (2, 3, 5):
+    assert plain.few_rows == few_rows(w.numel()) >= 1
+    for rows in range(1, plain.few_rows + 1):
+        x, residual = torch.randn(rows, 1, shape[1]) * 3, torch.randn(rows, 1, shape[0])
+        with Operators() as ops:
+            got = plain(x), relu(x), plain(x, residual)
+        assert ops.counts == {"nmt::int8_rows": 3}
+        want = plain.product(x), relu.product(x), plain.product(x).add_(residual)
+        assert all(torch.equal(g, y) for g, y in zip(got, want, strict=True))
+    for rows in (2, 3, 4, 5, 8, 9, 16):  # the VNNI kernel's blocks of 4 rows, and the rest
         x = torch.randn(rows, shape[1])
-        ours = torch.ops.nmt.int8_rows(x, *plain._few(), b, None, False, plain.reduce_range)
-        assert torch.equal(ours, plain.product(x))
+        for reduce_range in {plain.reduce_range, True}:  # 8 bits where no engine saturates
+            ours = torch.ops.nmt.int8_rows(x, *plain._few(), b, None, False, reduce_range)
+            want = private_ops.quantized_linear(x, plain._packed(int8_engines()[0]),
+                                                reduce_range)
+            assert torch.equal(ours, want)
 
 
 def test_int8_shortlist_rows_are_gathered_not_quantized_again():
@@ -418,7 +426,7 @@ def test_int8_products_by_size_go_to_either_engine_alike():
     torch.manual_seed(0)
     w, b = torch.randn(512, 64) * 0.1, torch.randn(512)
     affine = Int8Affine(w, b)
-    small = torch.randn(4, 64)  # past int8_rows' one row
+    small = torch.randn(few_rows(w.numel()) + 1, 64)  # past int8_rows' few rows
     large = torch.randn(FBGEMM_OUTPUTS // 512 + 1, 64)
     for x in (small, large):
         by = {engine: private_ops.quantized_linear(x, affine._packed(engine), True)

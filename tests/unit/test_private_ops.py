@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt.decoding import attention_op
+from nmt.decoding import affine, attention_op
 from nmt.decoding.affine import int8_engines, int8_saturates, packing_works
 from nmt.decoding.probes import PACKED, kernel_report
 from nmt.system import private_ops
@@ -68,8 +68,10 @@ def test_the_probe_names_a_missing_operator(monkeypatch):
 
 def test_one_report_says_what_every_kernel_probe_found(monkeypatch):
     """nmt.decoding.probes: the private operators, the fused operator (its status stood in
-    for: no build here), packing and int8 saturation in each engine, one line each."""
+    for: no build here), packing and int8 saturation in each engine, int8_rows' layout, one
+    line each."""
     monkeypatch.setattr(attention_op, "status", lambda: None)
+    monkeypatch.setattr(affine, "int8_rows_vnni", lambda: True)
     report = kernel_report()
     assert report.missing_ops == tuple(private_ops.missing()) == ()
     assert report.packed == tuple(d for d, t in PACKED.items() if packing_works(t))
@@ -78,10 +80,14 @@ def test_one_report_says_what_every_kernel_probe_found(monkeypatch):
     assert all(report.int8_saturates[e] == int8_saturates(e) for e in report.int8_saturates)
     assert report.lines()[:2] == ["private operators: all there",
                                   "fused attention operator: loaded"]
+    assert report.lines()[-1] == ("int8 maps of a few rows: nmt::int8_rows' VNNI layout "
+                                  "(up to 8 rows)")
     monkeypatch.setattr(private_ops, "OPERATORS", (*private_ops.OPERATORS, "mkldnn._gone"))
     monkeypatch.setattr(attention_op, "status", lambda: "no C++ compiler (c++)")
-    assert kernel_report().lines()[:2] == ["private operators: missing mkldnn._gone",
-                                           "fused attention operator: no C++ compiler (c++)"]
+    lines = kernel_report().lines()
+    assert lines[:2] == ["private operators: missing mkldnn._gone",
+                         "fused attention operator: no C++ compiler (c++)"]
+    assert lines[-1] == "int8 maps of a few rows: fbgemm's"
 
 
 def test_no_module_but_private_ops_calls_a_private_operator():
