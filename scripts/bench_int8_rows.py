@@ -56,7 +56,7 @@ def row(out: int, inp: int, rows: int, calls: int, repeat: int) -> str:
         assert torch.equal(ours(), affine.product(x)), f"{out}x{inp} at {rows} rows differs"
     engine, op = per_call(lambda: affine.product(x), calls, repeat), per_call(ours, calls, repeat)
     return (f"{inp:>5} -> {out:<6} {rows:>4}   {engine:8.1f}   {op:8.1f}   {engine / op:5.2f}x"
-            f"{'   (taken)' if rows <= few_rows(out * inp) else ''}")
+            f"{'   (taken)' if rows <= few_rows(out, inp) else ''}")
 
 
 def main() -> None:

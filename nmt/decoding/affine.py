@@ -26,30 +26,31 @@ from nmt.system import private_ops
 # there (2x for 256 rows of a 256 -> 1,024 map); the crossover on AVX-512 VNNI and under AVX2
 # dispatch alike (docs/results.md, "int8 maps by size").
 FBGEMM_OUTPUTS = 1 << 17
-# Int8Affine: the few rows of a decoding step (batch 1, a beam, a few sentences) through
-# nmt::int8_rows where it is built (nmt.decoding.attention_op's object): fbgemm's outputs bit for
-# bit, without its ~9 us before the first product. How many rows (`few_rows`) depends on the
-# operator's layout on this CPU (docs/results.md, "int8 maps of a few rows"):
-# - VNNI (AVX-512 VNNI): each weight read once for up to four rows; up to VNNI_ROWS[0] rows of a
-#   map of at most SMALL_MAP_WEIGHTS weights (1.1-3.5x fbgemm's call on Zen 4 at 1-8 rows), up
-#   to VNNI_ROWS[1] of a larger one (a base model's vocabulary: 1.05-1.5x); past those, fbgemm's
-#   blocked kernels are as fast or faster;
+# Int8Affine: the few rows of a decoding step (batch 1, a beam, a few sentences, a short source)
+# through nmt::int8_rows where it is built (nmt.decoding.attention_op's object), in place of
+# fbgemm's small products: fbgemm's outputs bit for bit, without its ~9 us before the first
+# product. How many rows (`few_rows`) depends on the operator's layout on this CPU
+# (docs/results.md, "int8 maps of a few rows"):
+# - VNNI (AVX-512 VNNI): each weight read once for four rows at a time, kernels as fast as
+#   fbgemm's: rows x weights up to VNNI_PRODUCTS, 1.0-3.5x fbgemm's call on Zen 4 (past it,
+#   0.6-1.0x);
 # - pairs (AVX-512 without VNNI, AVX2): each row streams all the weights, so one row of a map of
-#   at most SMALL_MAP_WEIGHTS weights (1.2-2.6x on AVX-512 without VNNI's kernel, 1.06-2.35x
-#   under AVX2 dispatch); at two rows, or past that size, fbgemm is as fast or faster.
-SMALL_MAP_WEIGHTS = 1 << 20
-VNNI_ROWS = (8, 2)
+#   at most PAIRS_WEIGHTS weights (1.2-2.6x on AVX-512 without VNNI's kernel, 1.06-2.35x under
+#   AVX2 dispatch); at two rows, or past that size, fbgemm is as fast or faster.
+VNNI_PRODUCTS = 1 << 24
+PAIRS_WEIGHTS = 1 << 20
 
 
-def few_rows(weights: int) -> int:
-    """The most rows of an int8 map of `weights` weights that Int8Affine gives nmt::int8_rows
-    on this machine (the table above); 0 where the operator is not built."""
+def few_rows(out_features: int, in_features: int) -> int:
+    """The most rows of an int8 map that Int8Affine gives nmt::int8_rows on this machine (the
+    table above; never a product that fbgemm would not take, FBGEMM_OUTPUTS); 0 where the
+    operator is not built."""
     if not attention_op.available():
         return 0
-    small = weights <= SMALL_MAP_WEIGHTS
+    weights = out_features * in_features
     if int8_rows_vnni():
-        return VNNI_ROWS[0 if small else 1]
-    return 1 if small else 0
+        return min(VNNI_PRODUCTS // weights, FBGEMM_OUTPUTS // out_features)
+    return 1 if weights <= PAIRS_WEIGHTS else 0
 
 
 @functools.cache
@@ -128,7 +129,7 @@ class Int8Affine(Affine):
         # what each call reads (a call costs ~10 us at batch 1: no Python it can skip)
         self.out_features, self.engines = len(ints), int8_engines()
         self.op = private_ops.quantized_linear_op(relu)
-        self.few_rows = few_rows(ints.numel())  # the most rows int8_rows takes
+        self.few_rows = few_rows(*ints.shape)  # the most rows int8_rows takes
         self.few: tuple[Tensor, Tensor, Tensor] | None = None  # int8_rows' (packed, scales, sums)
         if not lazy:
             if self.few_rows:

@@ -40,13 +40,14 @@ class KernelReport:
             + (", ".join(f"{e} {'yes (7-bit activations)' if s else 'no'}"
                          for e, s in sorted(self.int8_saturates.items()))))
         ops = "missing " + ", ".join(self.missing_ops) if self.missing_ops else "all there"
+        layout = "VNNI layout (rows x weights up to 2^24)" if self.int8_rows_vnni else \
+            "pairs layout (1 row)"
+        few = "fbgemm's" if self.fused_attention else f"nmt::int8_rows' {layout}"
         return [f"private operators: {ops}",
                 f"fused attention operator: {self.fused_attention or 'loaded'}",
                 f"packed oneDNN linear maps: {', '.join(self.packed) or 'none'}",
                 f"int8: {int8}",
-                f"int8 maps of a few rows: nmt::int8_rows' "
-                f"{'VNNI layout (up to 8 rows)' if self.int8_rows_vnni else 'pairs layout (1 row)'}"
-                if self.fused_attention is None else "int8 maps of a few rows: fbgemm's"]
+                f"int8 maps of a few rows: {few}"]
 
 
 def kernel_report() -> KernelReport:

@@ -350,9 +350,9 @@ def test_an_int8_relu_map_is_one_operator_with_the_relu_in_its_epilogue(rows):
 def test_an_int8_step_runs_fp32s_operators_with_int8_products(model, sentences):
     """One int8 decoding step dispatches the operators of fp32's (whose packed maps fuse the
     ReLU and the residual addition), an int8 product for each packed product, and no ReLU.
-    A few rows (few_rows: one, or up to 8 with VNNI) go through nmt::int8_rows, the residual
-    in its epilogue: exactly fp32's operators; more through fbgemm, with one residual
-    addition after each sub-layer's last map (3 a decoder layer)."""
+    A few rows (few_rows: one, or more with VNNI) go through nmt::int8_rows, the residual in
+    its epilogue: exactly fp32's operators; more through fbgemm, with one residual addition
+    after each sub-layer's last map (3 a decoder layer)."""
     if not packing_works(torch.float32):
         pytest.skip("fp32's maps are not packed here: no fused epilogues to compare with")
     src = pad_batch(([[5, 6, 7, 8, 9], [9, 10], [11, 12, 4], [6, 7], [8, 9, 10]] * 2)[:sentences],
@@ -367,7 +367,9 @@ def test_an_int8_step_runs_fp32s_operators_with_int8_products(model, sentences):
                 fast.decode_step(torch.full((sentences, 1), BOS), state)
             counts[dtype] = ops.counts
     fp32, int8 = counts["fp32"], counts["int8"]
-    few = sentences <= few_rows(1)
+    maps = [fast.generator] + [getattr(layer, name) for layer in fast.decoder
+                               for name in ("qkv", "o", "q", "o2", "W_1", "W_2")]
+    few = sentences <= min(m.few_rows for m in maps)  # every map's (the tiny model's: alike)
     products = sum(int8.pop(op, 0) for op in ("nmt::int8_rows", "quantized::linear_dynamic",
                                               "quantized::linear_relu_dynamic"))
     assert fp32.pop("mkldnn::_linear_pointwise") == products
@@ -387,15 +389,15 @@ def test_int8_rows_gives_fbgemms_outputs_bit_for_bit(shape):
     torch.manual_seed(0)
     w, b = torch.randn(*shape) / 16, torch.randn(shape[0])
     plain, relu = Int8Affine(w, b), Int8Affine(w, b, relu=True)
-    assert plain.few_rows == few_rows(w.numel()) >= 1
-    for rows in range(1, plain.few_rows + 1):
+    assert plain.few_rows == few_rows(*shape) >= 1
+    for rows in sorted({1, 2, 5, plain.few_rows}):
         x, residual = torch.randn(rows, 1, shape[1]) * 3, torch.randn(rows, 1, shape[0])
         with Operators() as ops:
             got = plain(x), relu(x), plain(x, residual)
         assert ops.counts == {"nmt::int8_rows": 3}
         want = plain.product(x), relu.product(x), plain.product(x).add_(residual)
         assert all(torch.equal(g, y) for g, y in zip(got, want, strict=True))
-    for rows in (2, 3, 4, 5, 8, 9, 16):  # the VNNI kernel's blocks of 4 rows, and the rest
+    for rows in (2, 3, 4, 5, 8, 9, 16, 33):  # the VNNI kernel's blocks of 4 rows, the rest
         x = torch.randn(rows, shape[1])
         for reduce_range in {plain.reduce_range, True}:  # 8 bits where no engine saturates
             ours = torch.ops.nmt.int8_rows(x, *plain._few(), b, None, False, reduce_range)
@@ -424,10 +426,10 @@ def test_int8_products_by_size_go_to_either_engine_alike():
         pytest.skip(f"Int8Affine takes {int8_engines()} here (fbgemm only where it saturates "
                     f"as oneDNN does)")
     torch.manual_seed(0)
-    w, b = torch.randn(512, 64) * 0.1, torch.randn(512)
+    w, b = torch.randn(512, 1024) * 0.03, torch.randn(512)
     affine = Int8Affine(w, b)
-    small = torch.randn(few_rows(w.numel()) + 1, 64)  # past int8_rows' few rows
-    large = torch.randn(FBGEMM_OUTPUTS // 512 + 1, 64)
+    small = torch.randn(few_rows(*w.shape) + 1, 1024)  # past int8_rows' few rows
+    large = torch.randn(FBGEMM_OUTPUTS // 512 + 1, 1024)
     for x in (small, large):
         by = {engine: private_ops.quantized_linear(x, affine._packed(engine), True)
               for engine in ("fbgemm", "onednn")}  # 7 bits: no kernel saturates
@@ -437,9 +439,9 @@ def test_int8_products_by_size_go_to_either_engine_alike():
         torch.testing.assert_close(affine(x), private_ops.quantized_linear(
             x, affine._packed(engine), affine.reduce_range), rtol=0, atol=0)
     part = affine.rows(torch.arange(0, 512, 2), b[::2])
-    part(small)
+    part(torch.randn(part.few_rows + 1, 1024))  # past its own few rows
     assert set(part.packed) == {"fbgemm"}
-    part(torch.randn(FBGEMM_OUTPUTS // 256 + 1, 64))
+    part(torch.randn(FBGEMM_OUTPUTS // 256 + 1, 1024))
     assert set(part.packed) == {"fbgemm", "onednn"}
 
 

@@ -81,7 +81,7 @@ def test_one_report_says_what_every_kernel_probe_found(monkeypatch):
     assert report.lines()[:2] == ["private operators: all there",
                                   "fused attention operator: loaded"]
     assert report.lines()[-1] == ("int8 maps of a few rows: nmt::int8_rows' VNNI layout "
-                                  "(up to 8 rows)")
+                                  "(rows x weights up to 2^24)")
     monkeypatch.setattr(private_ops, "OPERATORS", (*private_ops.OPERATORS, "mkldnn._gone"))
     monkeypatch.setattr(attention_op, "status", lambda: "no C++ compiler (c++)")
     lines = kernel_report().lines()
