@@ -146,13 +146,14 @@ class Admission:
         P 0, its others (a beam joining a running batch) at -inf, which picks the same
         candidates as one row would."""
         R, pad, bos = len(todo) * per, self.specials.pad, self.specials.bos
-        tokens = np.full((R, W), pad, dtype=np.int64)
-        tokens[:, 0] = bos
+        live = len(self.tokens)
         wide = max(W, self.tokens.shape[1])  # the live rows' and the newcomers' widest
-        self.tokens = np.concatenate([np.pad(x, ((0, 0), (0, wide - x.shape[1])),
-                                             constant_values=pad) for x in (self.tokens, tokens)])
-        grow = ((0, 0), (0, wide - self.paths.shape[1]))
-        self.paths = np.concatenate([np.pad(self.paths, grow), np.zeros((R, wide))])  # BOS: 0
+        tokens = np.full((live + R, wide), pad, dtype=np.int64)  # the live rows, then theirs
+        tokens[:live, :self.tokens.shape[1]] = self.tokens
+        tokens[live:, 0] = bos
+        paths = np.zeros((live + R, wide))  # a newcomer's BOS: log P 0
+        paths[:live, :self.paths.shape[1]] = self.paths
+        self.tokens, self.paths = tokens, paths
         last = torch.full((R, 1), bos, dtype=torch.long, device=self.device)
         self.last = last if self.last is None else torch.cat([self.last, last])
         scores = torch.full((R // self.kb, self.kb), -torch.inf, device=self.device)

@@ -116,7 +116,8 @@ def ban_specials(lprobs: Tensor, step: StepView) -> None:
 
 def ban_early_eos(lprobs: Tensor, step: StepView) -> None:
     """No EOS before search.min_len tokens."""
-    if step.t_min < step.search.min_len and (eos := step.column(step.specials.eos)) is not None:
+    if step.search.min_len and step.t_min < step.search.min_len and (
+            eos := step.column(step.specials.eos)) is not None:
         lprobs[:, eos].masked_fill_(step.t < step.search.min_len, -torch.inf)
 
 

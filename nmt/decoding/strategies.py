@@ -44,6 +44,9 @@ class Choice:
 def choose_greedy(lprobs: Tensor, scores: Tensor) -> Choice:
     """Greedy search: each row's most probable token. lprobs (R, V), scores (R, 1): a unit is
     one row."""
+    if lprobs.numel() < ARGMAX_ELEMENTS:  # a few rows: the maximum and its column in one call
+        best, token = lprobs.max(dim=1, keepdim=True)  # (R, 1) each; the first maximal column
+        return Choice(scores + best, torch.zeros_like(token), token)
     return _one_each(lprobs, scores, row_argmax(lprobs))  # lprobs.argmax(dim=1), faster
 
 
