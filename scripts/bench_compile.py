@@ -5,12 +5,14 @@ vocabulary 8,000), one process of --threads threads. A batch of --batch sentence
 --src-len random tokens is encoded once; then --steps greedy steps are timed (the arg-max of
 the logits fed back), --rounds times, the fastest kept, for each of --dtypes:
 
-- eager: today's FastModel (fp32: oneDNN-packed linear maps; int8: quantized::linear_dynamic;
-  the fused attention operator);
+- eager: today's FastModel (fp32: oneDNN-packed linear maps; bf16 alike; the fused attention
+  operator);
 - compiled: FastModel(compile=True), search.compile's: the decoder layers and the output
-  projection through torch.compile (Inductor's C++ backend, the weights frozen in, int8 as
-  oneDNN's qlinear with the activations' rounding fused), its first run (tracing and
-  Inductor's build included) reported apart.
+  projection through torch.compile (Inductor's C++ backend, the weights frozen in), its first
+  run (tracing and Inductor's build included) reported apart.
+
+int8's search.compile is a step of one row compiled ahead of time, several rows eager:
+scripts/bench_aoti_step.py measures it.
 
 The compile time of a second process on the same model (Inductor's on-disk caches warm) is
 measured by running this script again with --compiled-only.
@@ -38,7 +40,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--dtypes", nargs="+", default=["fp32", "int8"], choices=["fp32", "int8"])
+    p.add_argument("--dtypes", nargs="+", default=["fp32"], choices=["fp32", "bf16"])
     p.add_argument("--compiled-only", action="store_true",
                    help="time only the compiled step (a second process: the caches warm)")
     return p.parse_args()

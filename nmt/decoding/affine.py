@@ -1,9 +1,9 @@
 """The linear maps of decoding (x W^T + b, with the ReLU or the residual addition fused) in
 each form FastModel prepares them: F.linear (`Affine`), oneDNN's packed fp32 / bf16 maps
-(`PackedAffine`), int8 weights and activations through fbgemm or oneDNN (`Int8Affine`, as
-torch.ao's dynamic quantization) and oneDNN's qlinear, the int8 form torch.compile traces
-(`QLinearInt8Affine`); and the probes that ask the kernels what they do on this CPU
-(`packing_works`, `int8_saturates`). nmt.decoding.fast_model builds its maps from these.
+(`PackedAffine`), int8 weights and activations through nmt::int8_rows, fbgemm or oneDNN
+(`Int8Affine`, as torch.ao's dynamic quantization); and the probes that ask the kernels what
+they do on this CPU (`packing_works`, `int8_saturates`, `int8_rows_vnni`).
+nmt.decoding.fast_model builds its maps from these.
 """
 
 from __future__ import annotations
@@ -170,47 +170,10 @@ class Int8Affine(Affine):
     def rows(self, index: Tensor, bias: Tensor | None) -> Int8Affine:
         """The map of output rows `index` (bias: theirs): its int8 rows gathered from this
         one's, not quantized again (CTranslate2's select_weights for a shortlist)."""
-        part = Int8Affine.__new__(Int8Affine)  # eager's form: rows are cut outside a compiled step
+        part = Int8Affine.__new__(Int8Affine)
         part._set(self.ints.index_select(0, index), self.scale.index_select(0, index), bias,
                   self.relu, lazy=True)
         return part
-
-
-class QLinearInt8Affine(Int8Affine):
-    """Int8Affine's map (its int8 rows and scales; the activations rounded as torch.ao does,
-    but for scales below 1e-4) as oneDNN's qlinear (private_ops.qlinear), the form
-    torch.compile traces: the activations' 8-bit rounding written in tensor operations, which
-    Inductor fuses into one kernel, then one call with the ReLU or the residual addition fused
-    (CTranslate2's fused dequantize + bias + activation). Eager, several operators where
-    Int8Affine calls one; compiled, what search.compile runs."""
-
-    def _set(self, ints: Tensor, scale: Tensor, bias: Tensor | None, relu: bool,
-             lazy: bool = False) -> None:
-        """The map of int8 rows (out, in) with scales (out,), packed for qlinear (lazy: as
-        Int8Affine's; qlinear's packing is always now)."""
-        Affine.__init__(self, None, bias, relu)
-        self.ints, self.scale = ints, scale
-        # the activations' largest level (oneDNN's kernels)
-        self.top = 127 if int8_saturates("onednn") else 255
-        self.qpacked = private_ops.qlinear_prepack(ints)
-        self.w_scale = scale.float()
-        self.w_zero = torch.zeros(len(scale), dtype=torch.long)
-
-    def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
-        """(..., in_features) -> (..., out_features), + residual (same shape) if given."""
-        return self._map(x, self.relu, residual)
-
-    def _map(self, x: Tensor, relu: bool, residual: Tensor | None) -> Tensor:
-        """x W^T + b, then ReLU, or plus the residual: (..., in) -> (..., out)."""
-        flat = x.reshape(-1, x.size(-1))  # (rows, in)
-        lo, hi = flat.amin().clamp(max=0.0), flat.amax().clamp(min=0.0)
-        x_scale = ((hi - lo) / self.top).clamp(min=1e-10)  # torch.ao's asymmetric 8 bits
-        zero = (-lo / x_scale).round().to(torch.int64)
-        xq = (flat / x_scale).round().add(zero).clamp(0, self.top).to(torch.uint8)
-        y = private_ops.qlinear(xq, x_scale, zero, self.qpacked, self.w_scale, self.w_zero,
-                                self.bias, relu,
-                                None if residual is None else residual.reshape(len(flat), -1))
-        return y.view(*x.shape[:-1], y.size(-1))
 
 
 @functools.cache

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt.decoding import attention_op
-from nmt.decoding.affine import Affine, Int8Affine, PackedAffine, QLinearInt8Affine, packing_works
+from nmt.decoding.affine import Affine, Int8Affine, PackedAffine, packing_works
 from nmt.decoding.fast_state import (
     FastKVCache,
     FastState,
@@ -212,11 +212,13 @@ class FastModel(nn.Module):
     changed. Inference only: no dropout, no gradients. rows: the batch rows oneDNN packs the
     fp32 weights for (a hint; any batch works). fused: decoding steps attend through the fused
     one-query operator (nmt.decoding.attention_op); None: on the CPU wherever it builds.
-    compile (search.compile): those steps' decoder layers and output projection through
-    torch.compile (step_layers), its int8 maps in the form it traces (QLinearInt8Affine), and
-    in int8 a step of one row through a package AOTInductor compiled once per machine and
-    model (nmt.decoding.aot_step); a ConfigError naming search.compile without the fused
-    operator (a C++ compiler, which Inductor needs too). kv_dtype: the keys and values
+    compile (search.compile): in fp32 and bf16 those steps' decoder layers and output
+    projection through torch.compile (step_layers); in int8 a step of one row through a
+    package AOTInductor compiled once per machine and model (nmt.decoding.aot_step), steps of
+    more rows eager (their int8 maps through nmt::int8_rows and fbgemm are faster than
+    torch.compile's oneDNN qlinear: docs/results.md, "int8 maps of a few rows"); a ConfigError
+    naming search.compile without the fused operator (a C++ compiler, which Inductor needs
+    too). kv_dtype: the keys and values
     decoding reads (the caches, the memory's); None: bf16 under int8 with the fused operator
     (half the bytes a step streams; the int8 maps round activations to 8 bits already), else
     the linear maps' (autocast's).
@@ -239,38 +241,36 @@ class FastModel(nn.Module):
         if compile and not self.fused:  # the fused operator's step is what compiles
             raise ConfigError("search.compile", f"needs {_compile_needs(device, fused)}; use "
                               f"search.compile=false", value="true")
-        self.compiled = compile
+        self.compiled = compile and dtype != "int8"  # torch.compile's steps of several rows
         if kv_dtype is None and dtype == "int8" and self.fused:
             kv_dtype = torch.bfloat16
         self.kv_dtype = kv_dtype
         affine = self._affine_builder(device, rows)
-        step_affine = self._affine_builder(device, rows, traceable=self.compiled)
         self.src_lut = (model.src_embed.lut.weight * model.src_embed.scale).detach().to(float_dtype)
         self.tgt_lut = (model.tgt_embed.lut.weight * model.tgt_embed.scale).detach().to(float_dtype)
         self.pe = model.positions.pe.to(float_dtype)  # (max_positions, d_model)
         self.encoder = [FastLayer(layer, affine, float_dtype) for layer in model.encoder]
-        self.decoder = [FastLayer(layer, step_affine, float_dtype) for layer in model.decoder]
+        self.decoder = [FastLayer(layer, affine, float_dtype) for layer in model.decoder]
         self.encoder_norm = _norm_weights(model.encoder_norm, float_dtype)
         self.decoder_norm = _norm_weights(model.decoder_norm, float_dtype)
-        self.generator = step_affine(model.generator.weight, model.generator.bias)
+        self.generator = affine(model.generator.weight, model.generator.bias)
         self.vocab_size = model.generator.weight.size(0)  # V
-        self._affine, self._generator_weights = step_affine, (model.generator.weight,
-                                                               model.generator.bias)
+        self._affine, self._generator_weights = affine, (model.generator.weight,
+                                                          model.generator.bias)
         # On the CPU, matmul + softmax beats the fused kernel at decoding sizes (2x for one
         # query per row), and by more in bf16.
         self.plain_attention = device.type == "cpu"
         self._one_row = None  # int8's step of one row, compiled ahead of time
         if self.compiled:  # Inductor, the weights frozen in as constants
             self._compiled_layers = private_ops.frozen_compile(self.step_layers)
-            if dtype == "int8":
-                self._one_row = _one_row_step(model, rows, self.kv_dtype)
+        elif compile:
+            self._one_row = _one_row_step(model, rows, self.kv_dtype)
 
-    def _affine_builder(self, device: torch.device, rows: int, traceable: bool = False):
-        """affine(W, b, relu=False): the linear maps' form for this dtype and device
-        (traceable: the form torch.compile compiles, its own weight packing)."""
+    def _affine_builder(self, device: torch.device, rows: int):
+        """affine(W, b, relu=False): the linear maps' form for this dtype and device."""
         dtype = DTYPES[self.dtype]
         if self.dtype == "int8":
-            kind = QLinearInt8Affine if traceable else Int8Affine
+            kind = Int8Affine
         elif (device.type == "cpu" and self.dtype in PACKED_DTYPES
               and not torch.is_autocast_enabled("cpu") and packing_works(dtype)):
             kind = functools.partial(PackedAffine, rows=rows)
@@ -400,11 +400,12 @@ class FastModel(nn.Module):
         B = x.size(0)
         like = state.memory_kv[0][0]  # (M, h, S, d_k): the keys' shape and dtype
         caches = [cache.advance(B, like) for cache in state.self_kv]
-        rows = _step_rows(state, B, positions, self.compiled)
+        one_row = self._one_row is not None and B == 1 and state.generator is None
+        rows = _step_rows(state, B, positions, self.compiled or one_row)
         layers = self.step_layers
         if self.compiled and B > 1 and like.size(0) > 1:  # a size of 1 would be compiled apart
             layers = self._compiled_layers  # (and Inductor's code for it fails: one sentence)
-        elif self._one_row is not None and B == 1 and state.generator is None:
+        elif one_row:
             layers = self._one_row  # compiled ahead of time (int8)
         x = layers(x, rows, caches, state.memory_kv, state.generator is None)
         state.step += 1

@@ -12,13 +12,9 @@ they give (docs/design.md, "Private PyTorch operators", has the measurements):
   output projection gathered from its weights quantized once, as CTranslate2's
   select_weights, not quantized again per batch: no public API indexes per-channel quantized
   tensors).
-- oneDNN's int8 linear map with the activations' scale and zero point as tensors and the
-  ReLU or the residual addition fused (torch.ops.onednn.qlinear_pointwise): the operator
-  Inductor's x86 int8 lowering calls, and the only int8 map torch.compile traces and fuses
-  its activations' quantization into (search.compile: FastModel.step_layers).
 - Inductor's freezing (torch._inductor.config.freezing): torch.compile's public `options`
-  do not reach the stage that makes the weights constants, and qlinear's lowering needs them
-  constant; and symbolic shapes without duck sizing (frozen_compile).
+  do not reach the stage that makes the weights constants (oneDNN's packed maps need them
+  constant); and symbolic shapes without duck sizing (frozen_compile).
 - AOTInductor's package API (torch._inductor.aoti_compile_and_package, aoti_load_package and
   the package's loader): the documented way to compile an exported program ahead of time,
   under a private module; search.compile's int8 step of one row (nmt.decoding.aot_step:
@@ -49,8 +45,7 @@ OPERATORS = ("mkldnn._reorder_linear_weight", "mkldnn._linear_pointwise",
              "mkldnn._is_mkldnn_bf16_supported", "quantized.linear_prepack",
              "quantized.linear_dynamic", "quantized.linear_relu_dynamic",
              "aten._make_per_channel_quantized_tensor",
-             "aten._foreach_sub", "aten._foreach_mul_", "aten._foreach_add_",
-             "onednn.qlinear_prepack", "onednn.qlinear_pointwise")
+             "aten._foreach_sub", "aten._foreach_mul_", "aten._foreach_add_")
 
 
 def missing() -> list[str]:
@@ -115,30 +110,10 @@ def quantized_linear_op(relu: bool):
     return op.default._op
 
 
-def qlinear_prepack(ints: Tensor) -> Tensor:
-    """int8 rows (out, in) packed for qlinear (a plain tensor: torch.compile's freezing keeps
-    it as a constant)."""
-    return torch.ops.onednn.qlinear_prepack(ints, None)
-
-
-def qlinear(xq: Tensor, x_scale: Tensor, x_zero: Tensor, packed: Tensor, scale: Tensor,
-            zeros: Tensor, bias: Tensor | None, relu: bool,
-            residual: Tensor | None) -> Tensor:
-    """float (x_q - x_zero) x_scale W^T + b, W = packed int8 rows times their scales (zeros:
-    their zero points), then ReLU, or plus the residual, fused: one oneDNN call."""
-    if residual is None:
-        return torch.ops.onednn.qlinear_pointwise.tensor(
-            xq, x_scale, x_zero, packed, scale, zeros, bias, 1.0, 0, torch.float32,
-            "relu" if relu else "none", [], "")
-    return torch.ops.onednn.qlinear_pointwise.binary_tensor(
-        xq, x_scale, x_zero, packed, scale, zeros, residual, bias, 1.0, 0, torch.float32, 1.0,
-        0, "add", 1.0, "none", [], "")
-
-
 def frozen_compile(step):
     """torch.compile(step) (dynamic sizes) that compiles and runs with Inductor's
     freezing: the tensors it reads from objects are constants of the compiled code (weights
-    packed once, int8 maps lowered to qlinear); and without duck sizing, which would make two
+    packed once); and without duck sizing, which would make two
     sizes that first happen to be equal (64 rows, d_k 64) one symbol, and recompile when they
     part."""
     import torch._inductor.config as inductor_config  # private: the one way to freeze

@@ -20,7 +20,6 @@ from nmt.decoding.affine import (
     Affine,
     Int8Affine,
     PackedAffine,
-    QLinearInt8Affine,
     few_rows,
     int8_engines,
     int8_saturates,
@@ -258,29 +257,22 @@ def test_affine_forms_compute_the_same_maps(relu):
         got = affine(x) if relu else affine(x, r)
         torch.testing.assert_close(got, want, atol=tol * want.abs().max(), rtol=0)
     assert packing_works(torch.float32) or not torch.backends.mkldnn.is_available()
-    # the form search.compile traces rounds as Int8Affine does: the same outputs, not just close
-    int8, qlinear = forms[1][0], QLinearInt8Affine(w, b, relu)
-    args = (x,) if relu else (x, r)
-    torch.testing.assert_close(qlinear(*args), int8(*args), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.slow  # an Inductor build for each of the step's variants, ~10 s each
-@pytest.mark.parametrize(("dtype", "shortlist"), [("fp32", False), ("int8", True)])
-def test_a_compiled_step_gives_the_eager_steps_logits(dtype, shortlist, tmp_path, monkeypatch):
-    """search.compile: the fused step through torch.compile gives eager's logits, compiled
-    once with all outputs (and once with a shortlist's): never again as the cache grows, the
-    rows reorder or the batch and its sources change size. int8: Inductor may round an
-    activation at a tie to the other level (it multiplies by 1/scale), so close, same choices.
-    One decoder layer: the second would compile to the same kernels."""
-    tol = 1e-5 if dtype == "fp32" else INT8_TOL
+def test_a_compiled_step_gives_the_eager_steps_logits():
+    """search.compile (fp32; int8's is tests/unit/test_aot_step.py's): the fused step through
+    torch.compile gives eager's logits, compiled once with all outputs and once with a
+    shortlist's: never again as the cache grows, the rows reorder or the batch and its
+    sources change size. One decoder layer: the second would compile to the same kernels."""
+    tol, shortlist = 1e-5, True
     if not attention_op.available():
         pytest.skip("the fused attention operator did not build")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # int8's one-row package (aot_step)
     model = tiny_model(V, seed=1, stops=True)
-    fast, compiled = FastModel(model, dtype), FastModel(model, dtype, compile=True)
+    fast, compiled = FastModel(model), FastModel(model, compile=True)
     batches = [pad_batch([[5, 6, 7, 8, 9], [9, 10], [11, 12, 4]], PAD, "cpu"),
                pad_batch([[4, 5], [6, 7, 8, 9, 10, 11, 12]], PAD, "cpu"),
-               pad_batch([[6, 7, 8]], PAD, "cpu")]  # one row: eager, or int8's package
+               pad_batch([[6, 7, 8]], PAD, "cpu")]  # one row: eager
     shortlists = (None, torch.tensor([3, 5, 7, 11, 4, 20]))[:1 + shortlist]  # all, then six
     with torch.inference_mode():
         for vocab in shortlists:  # the compilations
