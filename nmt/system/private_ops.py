@@ -15,11 +15,12 @@ they give (docs/design.md, "Private PyTorch operators", has the measurements):
 - Inductor's freezing (torch._inductor.config.freezing): torch.compile's public `options`
   do not reach the stage that makes the weights constants (oneDNN's packed maps need them
   constant); and symbolic shapes without duck sizing (frozen_compile).
-- AOTInductor's package API (torch._inductor.aoti_compile_and_package, aoti_load_package and
-  the package's loader): the documented way to compile an exported program ahead of time,
-  under a private module; search.compile's int8 step of one row (nmt.decoding.aot_step:
-  1.9-2.3x eager's step). The loader's run takes the flat tensors, where the package's own
-  call parses its specs from JSON every time. Where it fails or is missing, the step of one
+- AOTInductor's package API (torch._inductor.aoti_compile_and_package, and the package's
+  loader that aoti_load_package wraps): the documented way to compile an exported program
+  ahead of time, under a private module; search.compile's int8 step of one row
+  (nmt.decoding.aot_step: 1.9-2.3x eager's step). The loader is called without the wrapper:
+  no import of Inductor (~1 s a process), and its run takes the flat tensors, where the
+  wrapper's call parses its specs from JSON every time. Where it fails or is missing, the step of one
   row runs eager, one line on stderr saying why (fast_model._one_row_step).
 - an update skipped on the device, with no host read: a fused optimizer's `found_inf`
   (GradScaler's contract with it, which the optimizer's private `_step_supports_amp_scaling`
@@ -228,6 +229,11 @@ def aoti_compile(program, path: str) -> str:
 
 def aoti_load(path: str):
     """AOTInductor's package at `path`, loaded: its runner as a function of a flat list of
-    tensors (the package's loader; the package's own __call__ parses its input and output specs
-    from JSON on every call, ~10 us of a step)."""
-    return torch._inductor.aoti_load_package(path).loader.run
+    tensors. The package's loader itself (what aoti_load_package wraps): importing
+    torch._inductor for the wrapper costs ~1 s a process, and the wrapper's __call__ parses its
+    input and output specs from JSON on every call, ~10 us of a step. Where this torch's loader
+    takes other arguments, through the wrapper."""
+    try:
+        return torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1).run
+    except (AttributeError, TypeError):
+        return torch._inductor.aoti_load_package(path).loader.run
