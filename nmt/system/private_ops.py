@@ -20,8 +20,8 @@ they give (docs/design.md, "Private PyTorch operators", has the measurements):
   ahead of time, under a private module; search.compile's int8 step of one row
   (nmt.decoding.aot_step: 1.9-2.3x eager's step). The loader is called without the wrapper:
   no import of Inductor (~1 s a process), and its run takes the flat tensors, where the
-  wrapper's call parses its specs from JSON every time. Where it fails or is missing, the step of one
-  row runs eager, one line on stderr saying why (fast_model._one_row_step).
+  wrapper's call parses its specs from JSON every time. Where it fails or is missing, the
+  step of one row runs eager, one line on stderr saying why (fast_model._one_row_step).
 - an update skipped on the device, with no host read: a fused optimizer's `found_inf`
   (GradScaler's contract with it, which the optimizer's private `_step_supports_amp_scaling`
   says it keeps) and the EMA's foreach interpolation with a tensor weight
