@@ -17,7 +17,7 @@
 //   vpdpbusd sums four u8 x s8 products into each 32-bit lane at once. W is packed in groups of
 //   64 outputs, each input quadruple's weights side by side, and each group's weights are read
 //   once for all the rows, 4 rows x 64 outputs of sums in registers at a time: the few rows of a
-//   step cost little more than one (int8_rows_rows: the rows Int8Affine gives it).
+//   step cost little more than one (nmt.decoding.affine.few_rows: the rows Int8Affine gives it).
 // - pairs (AVX-512 without VNNI, AVX2, plain loops): one vector of W's values widened to 16
 //   bits times a broadcast pair of x's values gives a block of outputs' partial sums (madd);
 //   each row of x streams all of W, so only one row is given it (fbgemm's blocked kernels,
