@@ -197,6 +197,17 @@ class FastState:
         self.src_len = src_mask.sum(1)  # (M,)
         self.parts = None
 
+    def one_row_caches(self, positions: int) -> list[tuple[Tensor, Tensor, Tensor]]:
+        """One sentence's row with room for `positions` positions from the first (a fresh state
+        of the fused operator, one row): each layer's buffers and table (TableKVCache.advance's,
+        the table all buffer row 0), made once for a whole decoding of that row."""
+        like = self.memory_kv[0][0]  # (1, h, S, d_k): the keys' shape and dtype
+        caches = []
+        for cache in self.self_kv:
+            cache._reserve(like, 1, positions)
+            caches.append((cache.k, cache.v, cache.table))
+        return caches
+
     def step_parts(self, B: int) -> tuple[Tensor, Tensor, Tensor]:
         """What the fused operator reads of B rows that stays while they do (StepRows'): zeros
         (B,), each row's memory row at every source position (B, S) (stride 0) and its

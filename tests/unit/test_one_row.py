@@ -1,0 +1,98 @@
+"""Batch translation's greedy loop of one sentence (nmt.decoding.one_row) gives the decoding
+core's hypotheses, and is taken only where it can."""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from translate_helpers import random_sources, search, tiny_model
+
+from nmt.data.shortlist import Candidates
+from nmt.data.tokenizer import Specials
+from nmt.decoding import attention_op, one_row
+from nmt.decoding.core import Decoding, decode_all
+from nmt.decoding.fast_model import FastModel
+from nmt.decoding.lengths import max_output_lengths
+from nmt.decoding.messages import Hypothesis, Sentence
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PAD, BOS, EOS = 0, 2, 3
+SPECIALS = Specials(BOS, EOS, PAD)
+V = 24
+
+
+def core(models: list, sentence: Sentence, cfg) -> list[Hypothesis]:
+    """The decoding core's own loop over one sentence, scores not asked for."""
+    dec = Decoding(models, cfg, SPECIALS, scores=False)
+    dec.admit([sentence])
+    out = {}
+    while dec.sentences or dec.ready:
+        out.update((e.tag, e.hypotheses) for e in dec.step())
+    return out[sentence.tag]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_the_one_row_loop_gives_the_cores_hypotheses(dtype):
+    """Greedy outputs equal, some ending with EOS and some at the maximum length, EOS held
+    back until min_len; scores NaN in both (not asked for)."""
+    if not attention_op.available():
+        pytest.skip(f"the fused attention operator is not built ({attention_op.status()})")
+    fast = FastModel(tiny_model(V, seed=1, stops=True, N=2), dtype)
+    cfg = search(beam_size=1, min_len=2, max_len_b=4)
+    sources = random_sources(24, V, seed=5)
+    limits = max_output_lengths(torch.tensor([len(s) for s in sources]), cfg, 1024).tolist()
+    at_max = 0
+    for i, (src, limit) in enumerate(zip(sources, limits, strict=True)):
+        sentence = Sentence(i, src)
+        assert one_row.takes([fast], [sentence], cfg, True, None, False, False)
+        [got] = decode_all([fast], [sentence], cfg, SPECIALS, scores=False)
+        want = core([fast], sentence, cfg)
+        assert [h.tokens for h in got] == [h.tokens for h in want]
+        assert math.isnan(got[0].score) and math.isnan(want[0].score)
+        assert len(got[0].tokens) >= 2
+        at_max += len(got[0].tokens) == limit
+    assert 0 < at_max < len(sources)
+
+
+def test_a_row_with_every_logit_at_minus_infinity_ends_as_the_cores_dead_row():
+    if not attention_op.available():
+        pytest.skip(f"the fused attention operator is not built ({attention_op.status()})")
+    fast = FastModel(tiny_model(V, seed=1, stops=True), "fp32")
+    fast.step_layers = lambda x, *args: torch.full((1, 1, V), -torch.inf)
+    cfg, sentence = search(beam_size=1), Sentence(0, [5, 6, 7])
+    dead = [Hypothesis([], -math.inf, -math.inf, [])]
+    assert one_row.greedy_one_row(fast, sentence, cfg, SPECIALS) == dead
+    assert core([fast], sentence, cfg) == dead
+
+
+def test_the_loop_is_taken_only_for_plain_greedy_search_of_one_sentence():
+    """Every other setting goes through the decoding core."""
+    if not attention_op.available():
+        pytest.skip(f"the fused attention operator is not built ({attention_op.status()})")
+    model = tiny_model(V, seed=1)
+    fast, cfg, one = FastModel(model, "fp32"), search(beam_size=1), [Sentence(0, [5, 6])]
+    assert one_row.takes([fast], one, cfg, True, None, False, False)
+    refused = {
+        "scores asked for": ([fast], one, cfg, True, None, False, True),
+        "beams": ([fast], one, cfg, True, None, True, False),
+        "sampling": ([fast], one, search(beam_size=1, sampling=True), True, None, False, False),
+        "samples": ([fast], one, search(beam_size=1, sampling=True, nbest=2), True, None,
+                    False, False),
+        "no repeated n-grams": ([fast], one, search(beam_size=1, no_repeat_ngram_size=2), True,
+                                None, False, False),
+        "a shortlist": ([fast], one, cfg, True, Candidates(torch.arange(V), V), False, False),
+        "two sentences": ([fast], one + [Sentence(1, [7])], cfg, True, None, False, False),
+        "an empty source": ([fast], [Sentence(0, [])], cfg, True, None, False, False),
+        "a prefix": ([fast], [dataclasses.replace(one[0], prefix=[5])], cfg, True, None, False,
+                     False),
+        "constraints": ([fast], [dataclasses.replace(one[0], phrases=[[5]])], cfg, True, None,
+                        False, False),
+        "no cache": ([fast], one, cfg, False, None, False, False),
+        "the reference model": ([model], one, cfg, True, None, False, False),
+        "an ensemble": ([fast, fast], one, cfg, True, None, False, False),
+        "batched products": ([FastModel(model, "fp32", fused=False)], one, cfg, True, None,
+                             False, False),
+    }
+    assert [why for why, args in refused.items() if one_row.takes(*args)] == []
