@@ -382,7 +382,7 @@ def test_int8_rows_gives_fbgemms_outputs_bit_for_bit(shape):
     w, b = torch.randn(*shape) / 16, torch.randn(shape[0])
     plain, relu = Int8Affine(w, b), Int8Affine(w, b, relu=True)
     assert plain.few_rows == few_rows(*shape) >= 1
-    for rows in sorted({1, 2, 5, plain.few_rows}):
+    for rows in sorted({r for r in (1, 2, 5, plain.few_rows) if r <= plain.few_rows}):
         x, residual = torch.randn(rows, 1, shape[1]) * 3, torch.randn(rows, 1, shape[0])
         with Operators() as ops:
             got = plain(x), relu(x), plain(x, residual)
