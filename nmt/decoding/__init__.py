@@ -1,6 +1,6 @@
 """Decoding: the search over a model's next-token log-probabilities. The decoding core
-(core.py: one step loop and what the Decoding keeps; one_row.py: one sentence of plain greedy
-search in one tight loop) with its strategies (strategies.py:
+(core.py: one step loop and what the Decoding keeps; one_sentence.py: one sentence of plain
+greedy or beam search in one tight loop) with its strategies (strategies.py:
 greedy, sampling, beams), length rules (lengths.py), rules (rules.py: bans, forced prefixes,
 the shortlist's columns), lexical constraints (constrained.py) and admission into a running
 batch (admission.py); the models' side of a step (decoder.py) over the fast model it steps

@@ -56,7 +56,7 @@ from torch import Tensor
 from nmt.config import SearchConfig
 from nmt.data.shortlist import Candidates, load_shortlist
 from nmt.data.tokenizer import Specials
-from nmt.decoding import one_row
+from nmt.decoding import one_sentence
 from nmt.decoding.admission import Admission
 from nmt.decoding.constrained import PhraseConstraints
 from nmt.decoding.decoder import Decoder
@@ -373,11 +373,12 @@ def decode_all(models: list, sentences: list[Sentence], search: SearchConfig,
                continuations: list[int] | None = None, candidates: Candidates | None = None,
                beam: bool | None = None, scores: bool = True) -> list[list[Hypothesis]]:
     """Batch decoding: every sentence admitted at step 0, stepped until none is live; the
-    hypotheses of each, in order (Decoding's arguments). One sentence of plain greedy search
-    (one_row.takes) in one_row's tight loop, with the same hypotheses."""
-    if one_row.takes(models, sentences, search, use_cache, candidates,
-                     use_beams(search, False) if beam is None else beam, scores):
-        return [one_row.greedy_one_row(models[0], sentences[0], search, specials)]
+    hypotheses of each, in order (Decoding's arguments). One sentence of plain greedy or beam
+    search (one_sentence.takes) in one_sentence's tight loops, with the same hypotheses."""
+    beam = use_beams(search, False) if beam is None else beam
+    if one_sentence.takes(models, sentences, search, use_cache, candidates, beam, scores):
+        loop = one_sentence.beam if beam else one_sentence.greedy
+        return [loop(models[0], sentences[0], search, specials)]
     dec = Decoding(models, search, specials, device, use_cache, continuations, beam,
                    scores=scores)
     dec.admit([Sentence(i, s.src, s.prefix, s.phrases, s.line)

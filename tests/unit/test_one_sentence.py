@@ -1,5 +1,5 @@
-"""Batch translation's greedy loop of one sentence (nmt.decoding.one_row) gives the decoding
-core's hypotheses, and is taken only where it can."""
+"""Batch translation's loops of one sentence (nmt.decoding.one_sentence: greedy, beam) give the
+decoding core's hypotheses, and are taken only where they can be."""
 
 import dataclasses
 import math
@@ -10,7 +10,7 @@ from translate_helpers import random_sources, search, tiny_model
 
 from nmt.data.shortlist import Candidates
 from nmt.data.tokenizer import Specials
-from nmt.decoding import attention_op, one_row
+from nmt.decoding import attention_op, one_sentence
 from nmt.decoding.core import Decoding, decode_all
 from nmt.decoding.fast_model import FastModel
 from nmt.decoding.lengths import max_output_lengths
@@ -25,7 +25,7 @@ V = 24
 
 def core(models: list, sentence: Sentence, cfg) -> list[Hypothesis]:
     """The decoding core's own loop over one sentence, scores not asked for."""
-    dec = Decoding(models, cfg, SPECIALS, scores=False)
+    dec = Decoding(models, cfg, SPECIALS, beam=cfg.beam_size > 1, scores=False)
     dec.admit([sentence])
     out = {}
     while dec.sentences or dec.ready:
@@ -34,7 +34,7 @@ def core(models: list, sentence: Sentence, cfg) -> list[Hypothesis]:
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "int8"])
-def test_the_one_row_loop_gives_the_cores_hypotheses(dtype):
+def test_the_greedy_loop_gives_the_cores_hypotheses(dtype):
     """Greedy outputs equal, some ending with EOS and some at the maximum length, EOS held
     back until min_len; scores NaN in both (not asked for)."""
     if not attention_op.available():
@@ -46,7 +46,7 @@ def test_the_one_row_loop_gives_the_cores_hypotheses(dtype):
     at_max = 0
     for i, (src, limit) in enumerate(zip(sources, limits, strict=True)):
         sentence = Sentence(i, src)
-        assert one_row.takes([fast], [sentence], cfg, True, None, False, False)
+        assert one_sentence.takes([fast], [sentence], cfg, True, None, False, False)
         [got] = decode_all([fast], [sentence], cfg, SPECIALS, scores=False)
         want = core([fast], sentence, cfg)
         assert [h.tokens for h in got] == [h.tokens for h in want]
@@ -56,27 +56,55 @@ def test_the_one_row_loop_gives_the_cores_hypotheses(dtype):
     assert 0 < at_max < len(sources)
 
 
-def test_a_row_with_every_logit_at_minus_infinity_ends_as_the_cores_dead_row():
+@pytest.mark.parametrize(("dtype", "alpha", "nbest"), [("fp32", 0.6, 1), ("fp32", 0.0, 3),
+                                                       ("int8", 1.0, 2)])
+def test_the_beam_loop_gives_the_cores_hypotheses(dtype, alpha, nbest):
+    """Beam 4: the same hypotheses (tokens, scores, log P), best first, some outputs ending
+    with EOS and some cut at the maximum length, the search ending early or not."""
+    if not attention_op.available():
+        pytest.skip(f"the fused attention operator is not built ({attention_op.status()})")
+    fast = FastModel(tiny_model(V, seed=1, stops=True, N=2), dtype)
+    cfg = search(beam_size=4, alpha=alpha, nbest=nbest, min_len=2, max_len_b=4)
+    sources = random_sources(24, V, seed=6)
+    limits = max_output_lengths(torch.tensor([len(s) for s in sources]), cfg, 1024).tolist()
+    at_max = 0
+    for i, (src, limit) in enumerate(zip(sources, limits, strict=True)):
+        sentence = Sentence(i, src)
+        assert one_sentence.takes([fast], [sentence], cfg, True, None, True, False)
+        [got] = decode_all([fast], [sentence], cfg, SPECIALS, scores=False)
+        assert got == core([fast], sentence, cfg) and len(got) == nbest
+        at_max += len(got[0].tokens) == limit
+    assert 0 < at_max < len(sources)
+
+
+def test_a_row_with_every_logit_at_minus_infinity_ends_as_in_the_core():
     if not attention_op.available():
         pytest.skip(f"the fused attention operator is not built ({attention_op.status()})")
     fast = FastModel(tiny_model(V, seed=1, stops=True), "fp32")
     fast.step_layers = lambda x, *args: torch.full((1, 1, V), -torch.inf)
     cfg, sentence = search(beam_size=1), Sentence(0, [5, 6, 7])
     dead = [Hypothesis([], -math.inf, -math.inf, [])]
-    assert one_row.greedy_one_row(fast, sentence, cfg, SPECIALS) == dead
+    assert one_sentence.greedy(fast, sentence, cfg, SPECIALS) == dead
     assert core([fast], sentence, cfg) == dead
+    # beam search: the log-softmax of -inf logits is NaN, in both
+    fast.decode_step = lambda y, state: torch.full((len(y), 1, V), -torch.inf)
+    cfg = search(beam_size=4)
+    got, want = one_sentence.beam(fast, sentence, cfg, SPECIALS), core([fast], sentence, cfg)
+    assert [h.tokens for h in got] == [h.tokens for h in want]
+    assert all(math.isnan(h.score) for h in got + want)
 
 
-def test_the_loop_is_taken_only_for_plain_greedy_search_of_one_sentence():
+def test_the_loops_are_taken_only_for_plain_searches_of_one_sentence():
     """Every other setting goes through the decoding core."""
     if not attention_op.available():
         pytest.skip(f"the fused attention operator is not built ({attention_op.status()})")
     model = tiny_model(V, seed=1)
     fast, cfg, one = FastModel(model, "fp32"), search(beam_size=1), [Sentence(0, [5, 6])]
-    assert one_row.takes([fast], one, cfg, True, None, False, False)
+    assert one_sentence.takes([fast], one, cfg, True, None, False, False)
+    assert one_sentence.takes([fast], one, search(beam_size=4, nbest=2), True, None, True, False)
     refused = {
         "scores asked for": ([fast], one, cfg, True, None, False, True),
-        "beams": ([fast], one, cfg, True, None, True, False),
+        "beams' scores asked for": ([fast], one, search(), True, None, True, True),
         "sampling": ([fast], one, search(beam_size=1, sampling=True), True, None, False, False),
         "samples": ([fast], one, search(beam_size=1, sampling=True, nbest=2), True, None,
                     False, False),
@@ -95,4 +123,4 @@ def test_the_loop_is_taken_only_for_plain_greedy_search_of_one_sentence():
         "batched products": ([FastModel(model, "fp32", fused=False)], one, cfg, True, None,
                              False, False),
     }
-    assert [why for why, args in refused.items() if one_row.takes(*args)] == []
+    assert [why for why, args in refused.items() if one_sentence.takes(*args)] == []
