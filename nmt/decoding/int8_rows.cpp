@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
@@ -263,7 +264,9 @@ __attribute__((target("avx512vnni"))) void group_rows(const uint8_t* x, int64_t 
     const __m512i w0 = _mm512_loadu_si512(w), w1 = _mm512_loadu_si512(w + 64);
     const __m512i w2 = _mm512_loadu_si512(w + 128), w3 = _mm512_loadu_si512(w + 192);
     for (int r = 0; r < RB; ++r) {
-      const __m512i a = _mm512_set1_epi32(*(const int32_t*)(x + r * Kp + k));  // x[k .. k+3]
+      int32_t quad;  // x[k .. k+3], read as one 32-bit value (memcpy: no aliasing)
+      std::memcpy(&quad, x + r * Kp + k, sizeof quad);
+      const __m512i a = _mm512_set1_epi32(quad);
       s[r][0] = _mm512_dpbusd_epi32(s[r][0], a, w0);
       s[r][1] = _mm512_dpbusd_epi32(s[r][1], a, w1);
       s[r][2] = _mm512_dpbusd_epi32(s[r][2], a, w2);
