@@ -376,9 +376,10 @@ def decode_all(models: list, sentences: list[Sentence], search: SearchConfig,
     hypotheses of each, in order (Decoding's arguments). One sentence of plain greedy or beam
     search (one_sentence.takes) in one_sentence's tight loops, with the same hypotheses."""
     beam = use_beams(search, False) if beam is None else beam
-    if one_sentence.takes(models, sentences, search, use_cache, candidates, beam, scores):
-        loop = one_sentence.beam if beam else one_sentence.greedy
-        return [loop(models[0], sentences[0], search, specials)]
+    if one_sentence.takes(models, sentences, search, use_cache, candidates, beam):
+        if beam:
+            return [one_sentence.beam(models[0], sentences[0], search, specials)]
+        return [one_sentence.greedy(models[0], sentences[0], search, specials, scores)]
     dec = Decoding(models, search, specials, device, use_cache, continuations, beam,
                    scores=scores)
     dec.admit([Sentence(i, s.src, s.prefix, s.phrases, s.line)

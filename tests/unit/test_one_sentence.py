@@ -23,9 +23,9 @@ SPECIALS = Specials(BOS, EOS, PAD)
 V = 24
 
 
-def core(models: list, sentence: Sentence, cfg) -> list[Hypothesis]:
-    """The decoding core's own loop over one sentence, scores not asked for."""
-    dec = Decoding(models, cfg, SPECIALS, beam=cfg.beam_size > 1, scores=False)
+def core(models: list, sentence: Sentence, cfg, scores: bool = False) -> list[Hypothesis]:
+    """The decoding core's own loop over one sentence."""
+    dec = Decoding(models, cfg, SPECIALS, beam=cfg.beam_size > 1, scores=scores)
     dec.admit([sentence])
     out = {}
     while dec.sentences or dec.ready:
@@ -33,24 +33,29 @@ def core(models: list, sentence: Sentence, cfg) -> list[Hypothesis]:
     return out[sentence.tag]
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "int8"])
-def test_the_greedy_loop_gives_the_cores_hypotheses(dtype):
+@pytest.mark.parametrize(("dtype", "scores"), [("fp32", False), ("int8", False),
+                                                ("fp32", True), ("int8", True)])
+def test_the_greedy_loop_gives_the_cores_hypotheses(dtype, scores):
     """Greedy outputs equal, some ending with EOS and some at the maximum length, EOS held
-    back until min_len; scores NaN in both (not asked for)."""
+    back until min_len; scores asked for: the same scores, log P and tokens' log P, else NaN
+    in both."""
     if not attention_op.available():
         pytest.skip(f"the fused attention operator is not built ({attention_op.status()})")
     fast = FastModel(tiny_model(V, seed=1, stops=True, N=2), dtype)
-    cfg = search(beam_size=1, min_len=2, max_len_b=4)
+    cfg = search(beam_size=1, alpha=0.6, min_len=2, max_len_b=4)
     sources = random_sources(24, V, seed=5)
     limits = max_output_lengths(torch.tensor([len(s) for s in sources]), cfg, 1024).tolist()
     at_max = 0
     for i, (src, limit) in enumerate(zip(sources, limits, strict=True)):
         sentence = Sentence(i, src)
-        assert one_sentence.takes([fast], [sentence], cfg, True, None, False, False)
-        [got] = decode_all([fast], [sentence], cfg, SPECIALS, scores=False)
-        want = core([fast], sentence, cfg)
+        assert one_sentence.takes([fast], [sentence], cfg, True, None, False)
+        [got] = decode_all([fast], [sentence], cfg, SPECIALS, scores=scores)
+        want = core([fast], sentence, cfg, scores)
         assert [h.tokens for h in got] == [h.tokens for h in want]
-        assert math.isnan(got[0].score) and math.isnan(want[0].score)
+        if scores:
+            assert got == want and got[0].token_logprobs == want[0].token_logprobs
+        else:
+            assert math.isnan(got[0].score) and math.isnan(want[0].score)
         assert len(got[0].tokens) >= 2
         at_max += len(got[0].tokens) == limit
     assert 0 < at_max < len(sources)
@@ -70,9 +75,11 @@ def test_the_beam_loop_gives_the_cores_hypotheses(dtype, alpha, nbest):
     at_max = 0
     for i, (src, limit) in enumerate(zip(sources, limits, strict=True)):
         sentence = Sentence(i, src)
-        assert one_sentence.takes([fast], [sentence], cfg, True, None, True, False)
-        [got] = decode_all([fast], [sentence], cfg, SPECIALS, scores=False)
-        assert got == core([fast], sentence, cfg) and len(got) == nbest
+        assert one_sentence.takes([fast], [sentence], cfg, True, None, True)
+        [got] = decode_all([fast], [sentence], cfg, SPECIALS)
+        want = core([fast], sentence, cfg)
+        assert got == want and len(got) == nbest
+        assert [h.token_logprobs for h in got] == [h.token_logprobs for h in want]
         at_max += len(got[0].tokens) == limit
     assert 0 < at_max < len(sources)
 
@@ -100,27 +107,24 @@ def test_the_loops_are_taken_only_for_plain_searches_of_one_sentence():
         pytest.skip(f"the fused attention operator is not built ({attention_op.status()})")
     model = tiny_model(V, seed=1)
     fast, cfg, one = FastModel(model, "fp32"), search(beam_size=1), [Sentence(0, [5, 6])]
-    assert one_sentence.takes([fast], one, cfg, True, None, False, False)
-    assert one_sentence.takes([fast], one, search(beam_size=4, nbest=2), True, None, True, False)
+    assert one_sentence.takes([fast], one, cfg, True, None, False)
+    assert one_sentence.takes([fast], one, search(beam_size=4, nbest=2), True, None, True)
     refused = {
-        "scores asked for": ([fast], one, cfg, True, None, False, True),
-        "beams' scores asked for": ([fast], one, search(), True, None, True, True),
-        "sampling": ([fast], one, search(beam_size=1, sampling=True), True, None, False, False),
+        "sampling": ([fast], one, search(beam_size=1, sampling=True), True, None, False),
         "samples": ([fast], one, search(beam_size=1, sampling=True, nbest=2), True, None,
-                    False, False),
+                    False),
         "no repeated n-grams": ([fast], one, search(beam_size=1, no_repeat_ngram_size=2), True,
-                                None, False, False),
-        "a shortlist": ([fast], one, cfg, True, Candidates(torch.arange(V), V), False, False),
-        "two sentences": ([fast], one + [Sentence(1, [7])], cfg, True, None, False, False),
-        "an empty source": ([fast], [Sentence(0, [])], cfg, True, None, False, False),
-        "a prefix": ([fast], [dataclasses.replace(one[0], prefix=[5])], cfg, True, None, False,
-                     False),
+                                None, False),
+        "a shortlist": ([fast], one, cfg, True, Candidates(torch.arange(V), V), False),
+        "two sentences": ([fast], one + [Sentence(1, [7])], cfg, True, None, False),
+        "an empty source": ([fast], [Sentence(0, [])], cfg, True, None, False),
+        "a prefix": ([fast], [dataclasses.replace(one[0], prefix=[5])], cfg, True, None, False),
         "constraints": ([fast], [dataclasses.replace(one[0], phrases=[[5]])], cfg, True, None,
-                        False, False),
-        "no cache": ([fast], one, cfg, False, None, False, False),
-        "the reference model": ([model], one, cfg, True, None, False, False),
-        "an ensemble": ([fast, fast], one, cfg, True, None, False, False),
+                        True),
+        "no cache": ([fast], one, cfg, False, None, False),
+        "the reference model": ([model], one, cfg, True, None, False),
+        "an ensemble": ([fast, fast], one, cfg, True, None, False),
         "batched products": ([FastModel(model, "fp32", fused=False)], one, cfg, True, None,
-                             False, False),
+                             False),
     }
     assert [why for why, args in refused.items() if one_sentence.takes(*args)] == []
