@@ -8,7 +8,8 @@ at a time for every live sentence. How sentences join it is the Batcher's policy
   and leave when they end, as LLM servers batch (Orca, vLLM), so that a short sentence never
   waits for a long one;
 - dynamic batching (the default): a whole batch, sent only to an empty worker, decoded apart
-  over its own shortlist, as nmt-translate decodes its batches.
+  over its own shortlist, as nmt-translate decodes its batches (a lone sentence of plain
+  search in nmt.decoding.one_sentence's loops, at once, as nmt-translate's too).
 An engine without a step loop (CTranslate2) runs `batch_loop`, which takes whole batches only.
 Outputs equal translate_nbest's in fp32 under either policy (the rows of a sentence see only
 their own keys and values); a batch's composition changes the rounding of bf16 and int8
@@ -22,8 +23,9 @@ import pickle
 import queue
 
 from nmt.config import SearchConfig
+from nmt.decoding import one_sentence
 from nmt.decoding.batches import batch_candidates
-from nmt.decoding.core import Decoding
+from nmt.decoding.core import Decoding, decode_all
 from nmt.decoding.messages import STOP, Batch, Done, Ended, Failed, Sentence, search_key
 from nmt.decoding.strategies import use_beams
 
@@ -47,6 +49,8 @@ def step_loop(translator, inbox, outbox, worker: int) -> None:
         if STOP in messages:
             return
         for batch in messages:
+            if batch.whole and _alone(translator, batch, outbox, worker):
+                continue
             if batch.whole:
                 _admit(translator, decoders, [batch], outbox, worker, next(wholes))
             else:
@@ -69,6 +73,27 @@ def step_loop(translator, inbox, outbox, worker: int) -> None:
                 outbox.put(Done(worker, finished))
             if not (dec.sentences or dec.ready):
                 del decoders[key]
+
+
+def _alone(translator, batch: Batch, outbox, worker: int) -> bool:
+    """A whole Batch of one sentence that one_sentence's loops take (a lone request; whole
+    Batches go to idle workers): decoded at once, as batch translation decodes it, Done or
+    Failed in `outbox`; False, doing nothing, for any other Batch."""
+    sentences, search = batch.sentences, batch.search
+    if len(sentences) != 1 or sentences[0].phrases:
+        return False
+    models = translator.prepared(search.dtype, search.compile)
+    beam = use_beams(search, False)
+    if not one_sentence.takes(models, sentences, search, True, None, beam):
+        return False
+    try:
+        [hyps] = decode_all(models, sentences, search, translator.specials, translator.device,
+                            beam=beam)
+    except Exception as e:  # its sentence fails; the worker goes on
+        outbox.put(Failed(worker, [sentences[0].tag], _portable(e)))
+    else:
+        outbox.put(Done(worker, [Ended(sentences[0].tag, hyps)]))
+    return True
 
 
 def admit_now(live: int, newcomers: int, waited: int) -> bool:
