@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 import torch
-from bench_int8_rows import per_call
+from bench_int8_rows import one_thread_with_operators, per_call
 
-from nmt.decoding import aot_step, attention_op
+from nmt.decoding import aot_step
 from nmt.decoding.batches import pad_batch
 from nmt.decoding.fast_model import FastModel, _step_rows
 from nmt.decoding.fast_state import FastState
@@ -44,9 +44,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args()
-    if not attention_op.available():
-        raise SystemExit(f"nmt's operators are not built here: {attention_op.status()}")
-    torch.set_num_threads(1)
+    one_thread_with_operators()
     fast = FastModel(LoadedCheckpoint.load(args.checkpoint).model.eval(), "int8")
     with torch.inference_mode(), tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()

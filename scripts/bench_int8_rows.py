@@ -23,7 +23,7 @@ import torch
 from bench_int8 import describe_cpu
 
 from nmt.decoding import attention_op
-from nmt.decoding.affine import FBGEMM_OUTPUTS, Int8Affine, few_rows, int8_rows_vnni
+from nmt.decoding.affine import FBGEMM_OUTPUTS, Int8Affine, few_rows
 
 MAPS = [(768, 256), (256, 256), (1024, 256), (256, 1024), (4000, 256),  # the demo's model
         (1536, 512), (2048, 512), (512, 2048), (32000, 512),  # the base model's
@@ -40,6 +40,13 @@ def per_call(f: Callable[[], object], calls: int, repeat: int) -> float:
             f()
         best = min(best, time.perf_counter() - start)
     return best / calls * 1e6
+
+
+def one_thread_with_operators() -> None:
+    """One thread, nmt's operators built (else exit naming why)."""
+    if not attention_op.available():
+        raise SystemExit(f"nmt's operators are not built here: {attention_op.status()}")
+    torch.set_num_threads(1)
 
 
 def row(out: int, inp: int, rows: int, calls: int, repeat: int) -> str:
@@ -66,11 +73,8 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=300)
     p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args()
-    if not attention_op.available():
-        raise SystemExit(f"nmt's operators are not built here: {attention_op.status()}")
-    torch.set_num_threads(1)
-    print(describe_cpu())
-    print(f"int8_rows' layout: {'VNNI' if int8_rows_vnni() else 'pairs'}")
+    one_thread_with_operators()
+    print(describe_cpu())  # the kernel report's lines too: int8_rows' layout
     print("map               rows   fbgemm   int8_rows   speed-up   (us a call, one thread)")
     for out, inp in MAPS:
         for rows in map(int, args.rows.split(",")):

@@ -59,6 +59,13 @@ def _start(fast: FastModel, sentence: Sentence, search: SearchConfig, specials: 
     return max_len, state, banned, early
 
 
+def _record(search: SearchConfig, nbest: int, max_len: int) -> Units:
+    """The core's record of one unit's finished hypotheses (its nbest; lp(max_len))."""
+    units = Units(search.alpha, nbest)
+    units.admit(np.zeros(1, dtype=np.int64), 0, np.array([max_len]), [[]])
+    return units
+
+
 @torch.inference_mode()
 def greedy(fast: FastModel, sentence: Sentence, search: SearchConfig, specials: Specials,
            scores: bool = False) -> list[Hypothesis]:
@@ -89,7 +96,8 @@ def greedy(fast: FastModel, sentence: Sentence, search: SearchConfig, specials: 
         if not best > -math.inf:  # every token banned or NaN: no hypothesis
             return [Hypothesis([], -math.inf, -math.inf, [])]
         token = int(index)
-        paths.append(float(np.float32(paths[-1]) + np.float32(best)))
+        if scores:  # the prefix's log P, summed in float32 as the core's
+            paths.append(float(np.float32(paths[-1]) + np.float32(best)))
         if token == specials.eos:
             break
         out.append(token)
@@ -100,8 +108,7 @@ def greedy(fast: FastModel, sentence: Sentence, search: SearchConfig, specials: 
             rows.where = t + 1
     if not scores:
         return [Hypothesis(out, math.nan, math.nan, None)]
-    units = Units(search.alpha, 1)
-    units.admit(np.zeros(1, dtype=np.int64), 0, np.array([max_len]), [[]])
+    units = _record(search, 1, max_len)
     units.add(np.zeros(1, dtype=np.int64), [out], np.array(paths[-1:]),
               np.array([len(paths) - 1]), [np.diff(paths[:len(out) + 1]).tolist()])
     return units.best(0)
@@ -118,8 +125,7 @@ def beam(fast: FastModel, sentence: Sentence, search: SearchConfig,
     prefixes' log P, as the core's)."""
     max_len, state, banned, early = _start(fast, sentence, search, specials)
     device, k, eos = banned.device, search.beam_size, specials.eos
-    units = Units(search.alpha, search.nbest)
-    units.admit(np.zeros(1, dtype=np.int64), 0, np.array([max_len]), [[]])
+    units = _record(search, search.nbest, max_len)
     last = torch.full((1, 1), specials.bos, device=device)  # (kb, 1) each row's newest token
     scores = torch.zeros(1, 1, device=device)  # (1, kb) log P of each row's prefix
     outputs: list[list[int]] = [[]]  # each row's output so far
@@ -135,12 +141,11 @@ def beam(fast: FastModel, sentence: Sentence, search: SearchConfig,
             units.add(np.zeros(len(ended), dtype=np.int64), [outputs[parents[c]] for c in ended],
                       np.array([cand[c] for c in ended]), np.full(len(ended), t + 1),
                       [np.diff(paths[parents[c]]).tolist() for c in ended])
-        order = [c for c in range(len(tokens)) if tokens[c] != eos]
-        on = (order + [c for c in range(len(tokens)) if tokens[c] == eos])[:k]  # going on
+        # going on: the first k with EOS pushed last (a stable sort, the core's going_on)
+        on = sorted(range(len(tokens)), key=lambda c: tokens[c] == eos)[:k]
         outputs = [outputs[parents[c]] + [tokens[c]] for c in on]
         paths = [paths[parents[c]] + [cand[c]] for c in on]
         on_scores = np.array([cand[c] for c in on])
-        units.t += 1
         reached = max_len <= t + 1
         best = on_scores.max().astype(np.float32)  # the bound, in float32 as the scores are
         if reached or units.count[0] >= k or units.threshold[0] >= best / units.lp_max[0]:

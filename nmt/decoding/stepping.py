@@ -80,10 +80,8 @@ def _alone(translator, batch: Batch, outbox, worker: int) -> bool:
     Batches go to idle workers): decoded at once, as batch translation decodes it, Done or
     Failed in `outbox`; False, doing nothing, for any other Batch."""
     sentences, search = batch.sentences, batch.search
-    if len(sentences) != 1 or sentences[0].phrases:
-        return False
     models = translator.prepared(search.dtype, search.compile)
-    beam = use_beams(search, False)
+    beam = use_beams(search, False)  # takes refuses constraints
     if not one_sentence.takes(models, sentences, search, True, None, beam):
         return False
     try:

@@ -33,6 +33,18 @@ def core(models: list, sentence: Sentence, cfg, scores: bool = False) -> list[Hy
     return out[sentence.tag]
 
 
+def both_ways(fast: FastModel, cfg, seed: int, scores: bool = True):
+    """24 random sentences, each decoded alone by decode_all (through the loop, which takes
+    it) and by the core: (the loop's, the core's hypotheses, the maximum output length)."""
+    sources = random_sources(24, V, seed=seed)
+    limits = max_output_lengths(torch.tensor([len(s) for s in sources]), cfg, 1024).tolist()
+    for i, (src, limit) in enumerate(zip(sources, limits, strict=True)):
+        sentence = Sentence(i, src)
+        assert one_sentence.takes([fast], [sentence], cfg, True, None, cfg.beam_size > 1)
+        [got] = decode_all([fast], [sentence], cfg, SPECIALS, scores=scores)
+        yield got, core([fast], sentence, cfg, scores), limit
+
+
 @pytest.mark.parametrize(("dtype", "scores"), [("fp32", False), ("int8", False),
                                                 ("fp32", True), ("int8", True)])
 def test_the_greedy_loop_gives_the_cores_hypotheses(dtype, scores):
@@ -43,14 +55,8 @@ def test_the_greedy_loop_gives_the_cores_hypotheses(dtype, scores):
         pytest.skip(f"the fused attention operator is not built ({attention_op.status()})")
     fast = FastModel(tiny_model(V, seed=1, stops=True, N=2), dtype)
     cfg = search(beam_size=1, alpha=0.6, min_len=2, max_len_b=4)
-    sources = random_sources(24, V, seed=5)
-    limits = max_output_lengths(torch.tensor([len(s) for s in sources]), cfg, 1024).tolist()
     at_max = 0
-    for i, (src, limit) in enumerate(zip(sources, limits, strict=True)):
-        sentence = Sentence(i, src)
-        assert one_sentence.takes([fast], [sentence], cfg, True, None, False)
-        [got] = decode_all([fast], [sentence], cfg, SPECIALS, scores=scores)
-        want = core([fast], sentence, cfg, scores)
+    for got, want, limit in both_ways(fast, cfg, 5, scores):
         assert [h.tokens for h in got] == [h.tokens for h in want]
         if scores:
             assert got == want and got[0].token_logprobs == want[0].token_logprobs
@@ -58,7 +64,7 @@ def test_the_greedy_loop_gives_the_cores_hypotheses(dtype, scores):
             assert math.isnan(got[0].score) and math.isnan(want[0].score)
         assert len(got[0].tokens) >= 2
         at_max += len(got[0].tokens) == limit
-    assert 0 < at_max < len(sources)
+    assert 0 < at_max < 24
 
 
 @pytest.mark.parametrize(("dtype", "alpha", "nbest"), [("fp32", 0.6, 1), ("fp32", 0.0, 3),
@@ -70,18 +76,12 @@ def test_the_beam_loop_gives_the_cores_hypotheses(dtype, alpha, nbest):
         pytest.skip(f"the fused attention operator is not built ({attention_op.status()})")
     fast = FastModel(tiny_model(V, seed=1, stops=True, N=2), dtype)
     cfg = search(beam_size=4, alpha=alpha, nbest=nbest, min_len=2, max_len_b=4)
-    sources = random_sources(24, V, seed=6)
-    limits = max_output_lengths(torch.tensor([len(s) for s in sources]), cfg, 1024).tolist()
     at_max = 0
-    for i, (src, limit) in enumerate(zip(sources, limits, strict=True)):
-        sentence = Sentence(i, src)
-        assert one_sentence.takes([fast], [sentence], cfg, True, None, True)
-        [got] = decode_all([fast], [sentence], cfg, SPECIALS)
-        want = core([fast], sentence, cfg)
+    for got, want, limit in both_ways(fast, cfg, 6):
         assert got == want and len(got) == nbest
         assert [h.token_logprobs for h in got] == [h.token_logprobs for h in want]
         at_max += len(got[0].tokens) == limit
-    assert 0 < at_max < len(sources)
+    assert 0 < at_max < 24
 
 
 def test_a_row_with_every_logit_at_minus_infinity_ends_as_in_the_core():
