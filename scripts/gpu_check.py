@@ -10,15 +10,15 @@ library only), then does within --minutes (6), each step's JSON written as it en
                `nmt.config.compose` from the checkout, where `python -m pytest` imports it
 2. bench       scripts/bench_train.py at steady state on synthetic WMT-like batches (37k
                vocabulary): base and big, eager then compiled (train.compile=true), bf16,
-               against torch.nn.Transformer, with --profile (its summary: profile.json)
+               against torch.nn.Transformer, with --profile (its summary in gpu_check.json)
 3. test-gpu    make test-gpu's suite (pytest -m gpu), while the bundled debian-po en-de is
                preprocessed beside it (8k joint BPE)
 4. train       a 2-minute base run on it
 5. bleu        its test split translated (beam 4): BLEU and chrF
 
 OUT/gpu_check.json holds every step's status, seconds and figures (rewritten after each);
-OUT/<step>.log its output (the last MiB), OUT/bench.jsonl bench_train's rows; checkpoints
-and data stay in --work. A step that has no time left is skipped, and says so.
+OUT/<step>.log its output (the last MiB), OUT/bench.jsonl bench_train's rows: 8 files, what
+the device tool brings back (at most 8); checkpoints and data stay in --work. A step that has no time left is skipped, and says so.
 
 --dry-run does every step on the CPU at tiny sizes, in seconds: a fresh venv holding only
 this python's torch (and the binary packages the folder has for the GPU's python only) gets
@@ -385,7 +385,7 @@ def foreign_binaries(wheels: Path) -> set[str]:
 # ----------------------------------------------------------------------------- 2. bench
 def bench(check: Check) -> dict:
     """bench_train's invocations in turn, each within the time the later steps leave (its
-    rows are kept as they are measured); the rows' figures, and profile.json."""
+    rows are kept as they are measured); the rows' figures and their profiles' summary."""
     rows_file = check.out / "bench.jsonl"
     failures = []
     for args in [a for a in check.plan.benches if a[a.index("--modes") + 1] in check.modes]:
@@ -400,11 +400,10 @@ def bench(check: Check) -> dict:
             failures.append(str(e))
     rows = read_rows(rows_file)
     measured = [r for r in rows if r.get("kind") == "bench"]
-    (check.out / "profile.json").write_text(json.dumps(profile_summary(measured), indent=1),
-                                            encoding="utf-8")
     if not measured or (failures and check.dry):
         raise StepFailed("; ".join(failures) or "bench_train measured nothing")
     return {"rows": [brief(r) for r in measured], "problems": failures,
+            "profile": profile_summary(measured),
             "device": next((r for r in rows if r.get("kind") == "device"), {})}
 
 
