@@ -18,7 +18,8 @@ library only), then does within --minutes (6), each step's JSON written as it en
 
 OUT/gpu_check.json holds every step's status, seconds and figures (rewritten after each);
 OUT/<step>.log its output (the last MiB), OUT/bench.jsonl bench_train's rows: 8 files, what
-the device tool brings back (at most 8); checkpoints and data stay in --work. A step that has no time left is skipped, and says so.
+the device tool brings back (at most 8); checkpoints and data stay in --work. A step that
+has no time left is skipped, and says so.
 
 --dry-run does every step on the CPU at tiny sizes, in seconds: a fresh venv holding only
 this python's torch (and the binary packages the folder has for the GPU's python only) gets
