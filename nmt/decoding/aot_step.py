@@ -1,16 +1,19 @@
-"""A decoding step of one row compiled ahead of time: search.compile's step at batch 1 in int8
-(greedy or sampling on one sentence, a server's lone request; issue 60, item 1).
+"""A decoding step of a few rows compiled ahead of time: search.compile's step in int8 at the
+sizes where a step's fixed cost is its time (one sentence, a beam, a few sentences, a server's
+few requests; issue 60, item 1).
 
-FastModel.step_layers for one row, exported with torch.export (the caches' buffer rows and
-positions, the memory's sentences and source length dynamic) and compiled by AOTInductor into a
-package once per machine, model and code: a file under $XDG_CACHE_HOME/nmt/steps (~/.cache by
-default) named by a hash of the weights, the precision, this torch, ISA and CPU kind (Inductor
-compiles for the CPU it runs on), and the sources the step runs (package_key). Each process
-loads it on its first step (milliseconds; after the workers fork). Inside it the int8 maps are
-nmt::int8_rows and attention nmt::one_query_attention, the operators eager calls, through the
-package's proxy executor; the norms, additions and reshapes are Inductor's C++. It replaces ~90
-operators a step called from Python (docs/results.md, "A decoding step through AOTInductor");
-it gives eager's choices (tests/unit/test_aot_step.py).
+FastModel.step_layers for 1 to `most_rows` rows (16 where every map of the step takes that many
+through nmt::int8_rows; one on CPUs without VNNI), exported with torch.export (the rows, the
+caches' buffer rows and positions, the memory's sentences and source length dynamic) and
+compiled by AOTInductor into a package once per machine, model and code: a file under
+$XDG_CACHE_HOME/nmt/steps (~/.cache by default) named by a hash of the weights, the precision,
+the rows, this torch, ISA and CPU kind (Inductor compiles for the CPU it runs on), and the
+sources the step runs (package_key). Each process loads it on its first step (milliseconds;
+after the workers fork). Inside it the int8 maps are nmt::int8_rows and attention
+nmt::one_query_attention, the operators eager calls, through the package's proxy executor; the
+norms, additions and reshapes are Inductor's C++. It replaces ~90 operators a step called from
+Python: 1.4-3.6x eager's step at 16 to 1 rows (docs/results.md, "A decoding step through
+AOTInductor", "Packages of a few rows"); it gives eager's choices (tests/unit/test_aot_step.py).
 """
 
 from __future__ import annotations
@@ -36,9 +39,9 @@ SOURCES = [Path(__file__), Path(affine.__file__), Path(fast_state.__file__),
 
 
 class StepGraph(nn.Module):
-    """FastModel.step_layers of one row as a function of flat tensors: x (1, 1, d_model),
-    StepRows' tensors (the row's memory row (1,) expanded inside), each layer's (k, v, table)
-    and (k, v) of the memory; returns the logits (1, 1, V), the caches written at `where`."""
+    """FastModel.step_layers of B rows as a function of flat tensors: x (B, 1, d_model),
+    StepRows' tensors (the rows' memory rows (B,) expanded inside), each layer's (k, v, table)
+    and (k, v) of the memory; returns the logits (B, 1, V), the caches written at `where`."""
 
     def __init__(self, fast):
         super().__init__()
@@ -71,16 +74,17 @@ def cpu_flags() -> str:
         return platform.processor()
 
 
-def package_key(model: nn.Module, dtype: str, kv_dtype: torch.dtype | None) -> str:
-    """A hash of what a package is compiled from: the model's weights, the precision, this
-    torch, the ISA and its operators' object (attention_op.build_key), this CPU's flags (the
-    package is compiled for it) and the step's code."""
+def package_key(model: nn.Module, dtype: str, kv_dtype: torch.dtype | None,
+                rows: int) -> str:
+    """A hash of what a package is compiled from: the model's weights, the precision, its
+    rows, this torch, the ISA and its operators' object (attention_op.build_key), this CPU's
+    flags (the package is compiled for it) and the step's code."""
     digest = hashlib.sha256()
     for name, tensor in model.state_dict().items():
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     isa = attention_op.capability()
-    for part in (dtype, str(kv_dtype), torch.__version__, torch.version.git_version, isa,
+    for part in (dtype, str(kv_dtype), str(rows), torch.__version__, torch.version.git_version, isa,
                  attention_op.build_key(isa), sys.implementation.cache_tag, cpu_flags(),
                  *(path.read_bytes() for path in SOURCES)):
         digest.update(part if isinstance(part, bytes) else part.encode())
@@ -94,26 +98,38 @@ def package_path(key: str) -> Path:
     return root / "nmt" / "steps" / f"torch-{torch.__version__}" / f"step-{key}.pt2"
 
 
-def compile_package(eager, path: Path) -> None:
-    """Export `eager`'s step_layers (a FastModel in eager's forms) for one row and compile it
-    into `path`, written whole (renamed into place: a process that reads it finds a whole
-    package or none; two that build at once write the same)."""
+def most_rows(eager) -> int:
+    """The most rows a package of `eager`'s step takes: the fewest that every int8 map of the
+    step gives nmt::int8_rows (affine.few_rows), so that each map of each size the package
+    takes is eager's own operator; at least one (a one-row package, its larger maps fbgemm's)."""
+    maps = [m for layer in eager.decoder for m in (layer.qkv, layer.o, layer.q, layer.o2,
+                                                   layer.W_1, layer.W_2)]
+    return max(1, min(m.few_rows for m in [*maps, eager.generator]))
+
+
+def compile_package(eager, path: Path, rows: int = 1) -> None:
+    """Export `eager`'s step_layers (a FastModel in eager's forms) for 1 to `rows` rows and
+    compile it into `path`, written whole (renamed into place: a process that reads it finds a
+    whole package or none; two that build at once write the same)."""
     h, d = eager.decoder[0].h, eager.cfg.d_model
     like = (eager.kv_dtype or eager.float_dtype, torch.long)
     C, S = Dim("C", min=2, max=1 << 16), Dim("S", min=2, max=1 << 16)
     N, M = Dim("N", max=1 << 16), Dim("M", max=1 << 16)
+    B = Dim("B", min=1, max=rows) if rows > 1 else None
+    b = 2 if rows > 1 else 1  # the example's rows (one would specialize the dimension)
 
     def zeros(*shape: int, dtype: torch.dtype = like[0]) -> Tensor:
         """A new example input (each its own: export keeps aliased inputs one input)."""
         return torch.zeros(*shape, dtype=dtype)
 
-    caches = [(zeros(2, h, 8, d // h), zeros(2, h, 8, d // h), zeros(1, 8, dtype=like[1]))
+    caches = [(zeros(3, h, 8, d // h), zeros(3, h, 8, d // h), zeros(b, 8, dtype=like[1]))
               for _ in eager.decoder]
-    memory = [(zeros(2, h, 5, d // h), zeros(2, h, 5, d // h)) for _ in eager.decoder]
-    one = torch.ones(1, dtype=torch.long)
-    rows = StepRows(0 * one, 2 * one, one[:, None].expand(1, 5), 0 * one, 4 * one, one)
-    args = flat_inputs(torch.zeros(1, 1, d, dtype=eager.float_dtype), rows, caches, memory)
-    shapes = (*[None] * 7, [{0: N, 2: C}, {0: N, 2: C}, {1: C}] * len(eager.decoder),
+    memory = [(zeros(3, h, 5, d // h), zeros(3, h, 5, d // h)) for _ in eager.decoder]
+    ones = torch.ones(b, dtype=torch.long)
+    step = StepRows(0 * ones, 2 * ones, ones[:, None].expand(b, 5), 0 * ones, 4 * ones, ones[:1])
+    args = flat_inputs(torch.zeros(b, 1, d, dtype=eager.float_dtype), step, caches, memory)
+    shapes = ({0: B}, *[{0: B}] * 5, None,
+              [{0: N, 2: C}, {0: N, 2: C}, {0: B, 1: C}] * len(eager.decoder),
               [{0: M, 2: S}, {0: M, 2: S}] * len(eager.decoder))
     with torch.inference_mode():
         program = torch.export.export(StepGraph(eager), args, dynamic_shapes=shapes)
@@ -123,23 +139,23 @@ def compile_package(eager, path: Path) -> None:
         os.replace(built, path)
 
 
-class OneRowStep:
-    """The compiled step of one row: built (compile_package, from the FastModel in eager's
-    forms that make_eager returns) if `path` has none, loaded by each process at its first
-    call."""
+class PackagedStep:
+    """The compiled step of 1 to `rows` rows: built (compile_package, from the FastModel in
+    eager's forms that make_eager returns) if `path` has none, loaded by each process at its
+    first call."""
 
-    def __init__(self, path: Path, make_eager: Callable[[], nn.Module]):
+    def __init__(self, path: Path, make_eager: Callable[[], nn.Module], rows: int):
         if not path.exists():
-            print(f"nmt: compiling the decoding step of one row into {path} (once, ~10 s)",
-                  file=sys.stderr)
-            compile_package(make_eager(), path)
-        self.path, self.runner, self.calls = path, None, 0
+            print(f"nmt: compiling the decoding step of 1-{rows} rows into {path} "
+                  f"(once, ~10 s)", file=sys.stderr)
+            compile_package(make_eager(), path, rows)
+        self.path, self.rows, self.runner, self.calls = path, rows, None, 0
 
     def __call__(self, x: Tensor, rows: StepRows, caches: list, memory_kv: list,
                  project: bool = True) -> Tensor:
-        """step_layers(x, rows, caches, memory_kv, project) for one row: (1, 1, V); project
-        must be True (the package holds the whole output projection)."""
-        assert project, "the one-row package projects onto the whole vocabulary"
+        """step_layers(x, rows, caches, memory_kv, project) for B <= self.rows rows:
+        (B, 1, V); project must be True (the package holds the whole output projection)."""
+        assert project, "the package projects onto the whole vocabulary"
         if self.runner is None:
             self.runner = private_ops.aoti_load(str(self.path))
         self.calls += 1

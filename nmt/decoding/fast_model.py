@@ -214,10 +214,11 @@ class FastModel(nn.Module):
     fp32 weights for (a hint; any batch works). fused: decoding steps attend through the fused
     one-query operator (nmt.decoding.attention_op); None: on the CPU wherever it builds.
     compile (search.compile): in fp32 and bf16 those steps' decoder layers and output
-    projection through torch.compile (step_layers); in int8 a step of one row through a
-    package AOTInductor compiled once per machine and model (nmt.decoding.aot_step), steps of
-    more rows eager (their int8 maps through nmt::int8_rows and fbgemm are faster than
-    torch.compile's oneDNN qlinear: docs/results.md, "int8 maps of a few rows"); a ConfigError
+    projection through torch.compile (step_layers); in int8 steps of a few rows (as many as
+    every map gives nmt::int8_rows) through a package AOTInductor compiled once per machine
+    and model (nmt.decoding.aot_step), steps of more rows eager (their int8 maps through
+    fbgemm and oneDNN are faster than torch.compile's oneDNN qlinear: docs/results.md, "int8
+    maps of a few rows"); a ConfigError
     naming search.compile without the fused operator (a C++ compiler, which Inductor needs
     too). kv_dtype: the keys and values decoding reads (the caches, the memory's); None: bf16
     under int8 with the fused operator (half the bytes a step streams; the int8 maps round
@@ -260,11 +261,11 @@ class FastModel(nn.Module):
         # On the CPU, matmul + softmax beats the fused kernel at decoding sizes (2x for one
         # query per row), and by more in bf16.
         self.plain_attention = device.type == "cpu"
-        self._one_row = None  # int8's step of one row, compiled ahead of time
+        self._packaged = None  # int8's step of a few rows, compiled ahead of time
         if self.compiled:  # Inductor, the weights frozen in as constants
             self._compiled_layers = private_ops.frozen_compile(self.step_layers)
         elif compile:
-            self._one_row = _one_row_step(model, rows, self.kv_dtype)
+            self._packaged = _packaged_step(model, rows, self.kv_dtype, self)
 
     def _affine_builder(self, device: torch.device, rows: int):
         """affine(W, b, relu=False): the linear maps' form for this dtype and device."""
@@ -395,28 +396,30 @@ class FastModel(nn.Module):
     def _fused_step(self, x: Tensor, state: FastState, positions: Tensor | None) -> Tensor:
         """decode_step of one new position per row, (B, 1, d_model) embedded -> logits
         (B, 1, V): the caches advanced here, the layers run by `self.step_layers` (eager, or
-        with search.compile through torch.compile: private_ops.frozen_compile; in int8 one
-        row through a package compiled ahead of time: nmt.decoding.aot_step)."""
+        with search.compile through torch.compile: private_ops.frozen_compile; in int8 a few
+        rows through a package compiled ahead of time: nmt.decoding.aot_step)."""
         B = x.size(0)
         like = state.memory_kv[0][0]  # (M, h, S, d_k): the keys' shape and dtype
         caches = [cache.advance(B, like) for cache in state.self_kv]
-        one_row = self._one_row is not None and B == 1 and state.generator is None
-        rows = _step_rows(state, B, positions, self.compiled or one_row)
+        packaged = (self._packaged is not None and B <= self._packaged.rows
+                    and state.generator is None)
+        rows = _step_rows(state, B, positions, self.compiled or packaged)
         layers = self.step_layers
         if self.compiled and B > 1 and like.size(0) > 1:  # a size of 1 would be compiled apart
             layers = self._compiled_layers  # (and Inductor's code for it fails: one sentence)
-        elif one_row:
-            layers = self._one_row  # compiled ahead of time (int8)
+        elif packaged:
+            layers = self._packaged  # compiled ahead of time (int8)
         x = layers(x, rows, caches, state.memory_kv, state.generator is None)
         state.step += 1
         return x if state.generator is None else state.generator(x)
 
     def one_row_layers(self) -> tuple[Callable, bool]:
-        """The decoder layers of a step of one row (step_layers' arguments): int8's package
-        compiled ahead of time where search.compile built one, else step_layers; and whether
-        they take rows.where as a (1,) tensor (the package's) rather than a number."""
-        if self._one_row is not None:
-            return self._one_row, True
+        """The decoder layers of a step of one row (step_layers' arguments): int8's package of
+        a few rows compiled ahead of time where search.compile built one, else step_layers;
+        and whether they take rows.where as a (1,) tensor (the package's) rather than a
+        number."""
+        if self._packaged is not None:
+            return self._packaged, True
         return self.step_layers, False
 
     def step_layers(self, x: Tensor, rows: StepRows, caches: list[tuple[Tensor, Tensor, Tensor]],
@@ -438,20 +441,22 @@ class FastModel(nn.Module):
         return self.decode_step(tgt_in, self.start_decoding(memory, src_mask))
 
 
-def _one_row_step(model: Transformer, rows: int, kv_dtype: torch.dtype | None):
-    """search.compile's int8 step of one row (nmt.decoding.aot_step): its package built
-    from this model in eager's forms if this machine has none, loaded at its first call;
-    None, one line on stderr saying why, where it cannot be built or kept (the step of one
-    row then runs eager: the same choices, slower)."""
+def _packaged_step(model: Transformer, rows: int, kv_dtype: torch.dtype | None,
+                   fast: FastModel):
+    """search.compile's int8 step of a few rows (nmt.decoding.aot_step; as many as `fast`'s
+    maps give nmt::int8_rows): its package built from this model in eager's forms if this
+    machine has none, loaded at its first call; None, one line on stderr saying why, where
+    it cannot be built or kept (those steps then run eager: the same choices, slower)."""
     from nmt.decoding import aot_step  # torch.export: only where search.compile asks
 
-    path = aot_step.package_path(aot_step.package_key(model, "int8", kv_dtype))
+    most = aot_step.most_rows(fast)
+    path = aot_step.package_path(aot_step.package_key(model, "int8", kv_dtype, most))
     try:
-        return aot_step.OneRowStep(
-            path, lambda: FastModel(model, "int8", rows, True, kv_dtype=kv_dtype))
+        return aot_step.PackagedStep(
+            path, lambda: FastModel(model, "int8", rows, True, kv_dtype=kv_dtype), most)
     except Exception as e:  # noqa: BLE001 (an export's, Inductor's or the disk's failure)
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        print(f"nmt: search.compile's step of one row is not built ({type(e).__name__}: "
+        print(f"nmt: search.compile's step of a few rows is not built ({type(e).__name__}: "
               f"{first}); it runs eager", file=sys.stderr)
         return None
 

@@ -17,11 +17,11 @@ they give (docs/design.md, "Private PyTorch operators", has the measurements):
   constant); and symbolic shapes without duck sizing (frozen_compile).
 - AOTInductor's package API (torch._inductor.aoti_compile_and_package, and the package's
   loader that aoti_load_package wraps): the documented way to compile an exported program
-  ahead of time, under a private module; search.compile's int8 step of one row
-  (nmt.decoding.aot_step: 1.9-2.3x eager's step). The loader is called without the wrapper:
-  no import of Inductor (~1 s a process), and its run takes the flat tensors, where the
-  wrapper's call parses its specs from JSON every time. Where it fails or is missing, the
-  step of one row runs eager, one line on stderr saying why (fast_model._one_row_step).
+  ahead of time, under a private module; search.compile's int8 step of a few rows
+  (nmt.decoding.aot_step: 1.4-3.6x eager's step at 16 to 1 rows). The loader is called
+  without the wrapper: no import of Inductor (~1 s a process), and its run takes the flat
+  tensors, where the wrapper's call parses its specs from JSON every time. Where it fails or
+  is missing, the steps run eager, one line on stderr saying why (fast_model._packaged_step).
 - an update skipped on the device, with no host read: a fused optimizer's `found_inf`
   (GradScaler's contract with it, which the optimizer's private `_step_supports_amp_scaling`
   says it keeps) and the EMA's foreach interpolation with a tensor weight
@@ -222,8 +222,8 @@ def bleu_from_stats(metric, stats: list[int]) -> float:
 
 def aoti_compile(program, path: str) -> str:
     """An exported program compiled by AOTInductor into a package at `path` (its path). The
-    package API lives under torch._inductor (nmt.decoding.aot_step: 1.9-2.3x eager's step of
-    one row)."""
+    package API lives under torch._inductor (nmt.decoding.aot_step: 1.4-3.6x eager's step of
+    16 to 1 rows)."""
     return torch._inductor.aoti_compile_and_package(program, package_path=path)
 
 

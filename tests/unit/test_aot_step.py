@@ -1,13 +1,16 @@
-"""search.compile's int8 decoding step of one row, compiled ahead of time by AOTInductor
+"""search.compile's int8 decoding step of a few rows, compiled ahead of time by AOTInductor
 (nmt.decoding.aot_step): eager's choices, one package per machine and model."""
 
 import pytest
 import torch
-from translate_helpers import random_sources, tiny_model
+from translate_helpers import random_sources, search, tiny_model
 
-from nmt.decoding import aot_step, attention_op
+from nmt.data.tokenizer import Specials
+from nmt.decoding import affine, aot_step, attention_op
 from nmt.decoding.batches import pad_batch
+from nmt.decoding.core import decode_all
 from nmt.decoding.fast_model import FastModel
+from nmt.decoding.messages import Sentence
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread"), pytest.mark.isa]
 
@@ -42,17 +45,20 @@ def greedy_pairs(eager: FastModel, compiled: FastModel, sources, steps: int):
                 y = want.argmax(1)[:, None]
 
 
-def test_the_one_row_package_gives_eagers_choices(steps_cache):
+def test_the_package_of_a_few_rows_gives_eagers_choices(steps_cache):
     """Every step of one row goes through the package, with eager's choices and logits (to a
-    float sum's rounding: the int8 maps are the same operator); steps of several rows are
-    eager's own, exactly (no torch.compile in int8)."""
+    float sum's rounding: the int8 maps are the same operator); so do steps of up to
+    most_rows rows (three on a CPU with VNNI), and steps of more rows are eager's own, exactly
+    (no torch.compile in int8)."""
     model = tiny_model(V, seed=1, stops=True, N=2)
     eager, compiled = FastModel(model, "int8"), FastModel(model, "int8", compile=True)
     assert len(list(steps_cache.glob("*/step-*.pt2"))) == 1
     for want, got in greedy_pairs(eager, compiled, random_sources(4, V, seed=3), 8):
         torch.testing.assert_close(got, want, atol=TOL * float(want.abs().max()), rtol=0)
         assert got.argmax(1).tolist() == want.argmax(1).tolist()
-    assert compiled._one_row.calls == 4 * 8
+    assert compiled._packaged.calls == 4 * 8
+    several = compiled._packaged.rows >= 3  # the CPU's int8_rows layout: VNNI, or pairs
+    assert several == affine.int8_rows_vnni()
     # a batch whose other sentences ended: one row over three buffer rows and memory rows
     assert not compiled.compiled
     src = pad_batch([[5, 6, 7, 8, 9], [9, 10], [11, 12, 4, 7]], PAD, "cpu")
@@ -66,11 +72,11 @@ def test_the_one_row_package_gives_eagers_choices(steps_cache):
                     s.reorder(torch.tensor([1]), 1)
             want, got = (m.decode_step(y, s)[:, 0]
                          for m, s in zip((eager, compiled), states, strict=True))
-            if t < 3:  # three rows: eager's step
+            if t < 3 and not several:  # three rows: eager's step
                 assert torch.equal(got, want)
             torch.testing.assert_close(got, want, atol=TOL * float(want.abs().max()), rtol=0)
             y = want.argmax(1)[:, None]
-    assert compiled._one_row.calls == 4 * 8 + 5
+    assert compiled._packaged.calls == 4 * 8 + 5 + 3 * several
 
 
 def test_a_package_is_compiled_once_per_model(steps_cache, monkeypatch):
@@ -88,26 +94,45 @@ def test_a_package_is_compiled_once_per_model(steps_cache, monkeypatch):
     eager = FastModel(model, "int8")
     for want, got in greedy_pairs(eager, again, random_sources(1, V, seed=4), 3):
         assert got.argmax(1).tolist() == want.argmax(1).tolist()
-    assert again._one_row.path == package
-    key = aot_step.package_key(model, "int8", torch.bfloat16)
+    assert again._packaged.path == package
+    rows = again._packaged.rows
+    key = aot_step.package_key(model, "int8", torch.bfloat16, rows)
     assert key != aot_step.package_key(tiny_model(V, seed=2, stops=True), "int8",
-                                            torch.bfloat16)
-    assert key != aot_step.package_key(model, "int8", torch.float32)
+                                            torch.bfloat16, rows)
+    assert key != aot_step.package_key(model, "int8", torch.float32, rows)
+    assert key != aot_step.package_key(model, "int8", torch.bfloat16, rows + 1)
 
 
 def test_a_package_that_cannot_be_built_leaves_the_step_eager(steps_cache, monkeypatch,
                                                                capsys):
     """Where the package cannot be built (an export Inductor refuses, a cache it cannot
-    write), one line says so and the step of one row runs eager (eager's logits)."""
+    write), one line says so and the steps run eager (eager's logits)."""
     def fail(*args, **kwargs):
         raise OSError("No space left on device\nmore detail")
 
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", fail)
     model = tiny_model(V, seed=1, stops=True)
     compiled = FastModel(model, "int8", compile=True)
-    assert compiled._one_row is None and not list(steps_cache.glob("*/step-*.pt2"))
+    assert compiled._packaged is None and not list(steps_cache.glob("*/step-*.pt2"))
     err = capsys.readouterr().err.splitlines()
-    assert err[-1] == ("nmt: search.compile's step of one row is not built (OSError: No space "
-                       "left on device); it runs eager")
+    assert err[-1] == ("nmt: search.compile's step of a few rows is not built (OSError: No "
+                       "space left on device); it runs eager")
     for want, got in greedy_pairs(FastModel(model, "int8"), compiled, random_sources(1, V), 3):
         assert torch.equal(got, want)
+
+
+def test_beams_and_batches_through_the_package_give_eagers_outputs(steps_cache):
+    """Beam search of one sentence (one_sentence.beam: 4 rows of one memory row) and greedy
+    search of a few sentences (the core, rows leaving as sentences end) step through the
+    package where it takes their rows: eager's outputs."""
+    model = tiny_model(V, seed=1, stops=True, N=2)
+    eager, compiled = FastModel(model, "int8"), FastModel(model, "int8", compile=True)
+    specials = Specials(BOS, 3, PAD)
+    sentences = [Sentence(i, s) for i, s in enumerate(random_sources(8, V, seed=6))]
+    for cfg, batches in [(search(beam_size=4, max_len_b=6), [[s] for s in sentences]),
+                         (search(beam_size=1, max_len_b=6), [sentences[:3], sentences[3:]])]:
+        for batch in batches:
+            want, got = (decode_all([m], batch, cfg, specials) for m in (eager, compiled))
+            assert [[h.tokens for h in hyps] for hyps in got] == \
+                [[h.tokens for h in hyps] for hyps in want]
+    assert compiled._packaged.calls > 0
