@@ -56,7 +56,7 @@ from torch import Tensor
 from nmt.config import SearchConfig
 from nmt.data.shortlist import Candidates, load_shortlist
 from nmt.data.tokenizer import Specials
-from nmt.decoding import one_sentence
+from nmt.decoding import tight_loops
 from nmt.decoding.admission import Admission
 from nmt.decoding.constrained import PhraseConstraints
 from nmt.decoding.decoder import Decoder
@@ -373,13 +373,15 @@ def decode_all(models: list, sentences: list[Sentence], search: SearchConfig,
                continuations: list[int] | None = None, candidates: Candidates | None = None,
                beam: bool | None = None, scores: bool = True) -> list[list[Hypothesis]]:
     """Batch decoding: every sentence admitted at step 0, stepped until none is live; the
-    hypotheses of each, in order (Decoding's arguments). One sentence of plain greedy or beam
-    search (one_sentence.takes) in one_sentence's tight loops, with the same hypotheses."""
+    hypotheses of each, in order (Decoding's arguments). Plain greedy search, or beam search
+    of one sentence (tight_loops.takes), in tight_loops' loops, with the same hypotheses."""
     beam = use_beams(search, False) if beam is None else beam
-    if one_sentence.takes(models, sentences, search, use_cache, candidates, beam):
+    if tight_loops.takes(models, sentences, search, use_cache, candidates, beam):
         if beam:
-            return [one_sentence.beam(models[0], sentences[0], search, specials)]
-        return [one_sentence.greedy(models[0], sentences[0], search, specials, scores)]
+            return [tight_loops.beam(models[0], sentences[0], search, specials)]
+        if len(sentences) > 1:
+            return tight_loops.greedy_batch(models[0], sentences, search, specials, scores)
+        return [tight_loops.greedy(models[0], sentences[0], search, specials, scores)]
     dec = Decoding(models, search, specials, device, use_cache, continuations, beam,
                    scores=scores)
     dec.admit([Sentence(i, s.src, s.prefix, s.phrases, s.line)

@@ -8,8 +8,9 @@ at a time for every live sentence. How sentences join it is the Batcher's policy
   and leave when they end, as LLM servers batch (Orca, vLLM), so that a short sentence never
   waits for a long one;
 - dynamic batching (the default): a whole batch, sent only to an empty worker, decoded apart
-  over its own shortlist, as nmt-translate decodes its batches (a lone sentence of plain
-  search in nmt.decoding.one_sentence's loops, at once, as nmt-translate's too).
+  over its own shortlist, as nmt-translate decodes its batches (plain greedy search, and a
+  lone sentence's beam search, in nmt.decoding.tight_loops' loops, at once, as
+  nmt-translate's too).
 An engine without a step loop (CTranslate2) runs `batch_loop`, which takes whole batches only.
 Outputs equal translate_nbest's in fp32 under either policy (the rows of a sentence see only
 their own keys and values); a batch's composition changes the rounding of bf16 and int8
@@ -23,7 +24,7 @@ import pickle
 import queue
 
 from nmt.config import SearchConfig
-from nmt.decoding import one_sentence
+from nmt.decoding import tight_loops
 from nmt.decoding.batches import batch_candidates
 from nmt.decoding.core import Decoding, decode_all
 from nmt.decoding.messages import STOP, Batch, Done, Ended, Failed, Sentence, search_key
@@ -76,21 +77,22 @@ def step_loop(translator, inbox, outbox, worker: int) -> None:
 
 
 def _alone(translator, batch: Batch, outbox, worker: int) -> bool:
-    """A whole Batch of one sentence that one_sentence's loops take (a lone request; whole
-    Batches go to idle workers): decoded at once, as batch translation decodes it, Done or
-    Failed in `outbox`; False, doing nothing, for any other Batch."""
+    """A whole Batch that tight_loops' loops take (plain greedy search, a lone request's beam
+    search; whole Batches go to idle workers): decoded at once, as batch translation decodes
+    it, Done or Failed in `outbox`; False, doing nothing, for any other Batch."""
     sentences, search = batch.sentences, batch.search
     models = translator.prepared(search.dtype, search.compile)
     beam = use_beams(search, False)  # takes refuses constraints
-    if not one_sentence.takes(models, sentences, search, True, None, beam):
+    if not tight_loops.takes(models, sentences, search, True, None, beam):
         return False
     try:
-        [hyps] = decode_all(models, sentences, search, translator.specials, translator.device,
-                            beam=beam)
-    except Exception as e:  # its sentence fails; the worker goes on
-        outbox.put(Failed(worker, [sentences[0].tag], _portable(e)))
+        hyps = decode_all(models, sentences, search, translator.specials, translator.device,
+                          beam=beam)
+    except Exception as e:  # its sentences fail; the worker goes on
+        outbox.put(Failed(worker, [s.tag for s in sentences], _portable(e)))
     else:
-        outbox.put(Done(worker, [Ended(sentences[0].tag, hyps)]))
+        outbox.put(Done(worker, [Ended(s.tag, h) for s, h in zip(sentences, hyps,
+                                                                  strict=True)]))
     return True
 
 

@@ -18,7 +18,7 @@ from translate_helpers import plain_beam, random_sources, search, tiny_model
 
 from nmt.data.shortlist import Shortlist, load_shortlist
 from nmt.data.tokenizer import SPECIALS, Specials
-from nmt.decoding import attention_op, one_sentence
+from nmt.decoding import attention_op, tight_loops
 from nmt.decoding.affine import packing_works
 from nmt.decoding.batches import decoding_models, translate_nbest
 from nmt.decoding.core import Decoding
@@ -300,25 +300,30 @@ def test_the_loop_decodes_whole_batches_as_nmt_translate_and_newcomers_beside_th
 
 
 @pytest.mark.parametrize("beam", [1, 4])
-def test_a_lone_whole_batch_decodes_in_one_sentences_loop_as_nmt_translate(beam, monkeypatch):
-    """A whole Batch of one sentence of plain search (a lone request under dynamic batching)
-    goes through nmt.decoding.one_sentence: translate_nbest's hypotheses, scores included; a
-    Batch of two goes through the core."""
+def test_whole_batches_of_plain_search_decode_in_tight_loops_as_nmt_translate(beam,
+                                                                             monkeypatch):
+    """Whole Batches (dynamic batching) of plain greedy search, and a lone request's beam
+    search, go through nmt.decoding.tight_loops: translate_nbest's hypotheses, scores
+    included; a beam search of two sentences goes through the core."""
     cfg = search(beam_size=beam, max_len_b=4)
     model = decoding_models([tiny_model(V, seed=1, stops=True, N=2)], cfg)[0]
     if not model.fused:
-        pytest.skip("the one-sentence loops need the fused attention operator")
+        pytest.skip("the tight loops need the fused attention operator")
     sources = random_sources(3, V, seed=8)
+    want = translate_nbest([model], sources, cfg, SPECIALS)
     loops = []
-    loop = one_sentence.beam if beam > 1 else one_sentence.greedy
-    monkeypatch.setattr(one_sentence, loop.__name__,
-                        lambda *a, **k: loops.append(1) or loop(*a, **k))
+
+    def counted(loop):
+        """`loop`, its name in `loops` at each call."""
+        return lambda *a, **k: loops.append(loop.__name__) or loop(*a, **k)
+
+    for name in ("greedy", "greedy_batch", "beam"):
+        monkeypatch.setattr(tight_loops, name, counted(getattr(tight_loops, name)))
     batches = [Batch(cfg, [Sentence(0, sources[0])], True),
                Batch(cfg, [Sentence(1, sources[1]), Sentence(2, sources[2])], True)]
     got = by_tag(r for m in run_loop(stand_in(model), batches, 3) for r in m.results)
-    want = translate_nbest([model], sources, cfg, SPECIALS)
     assert [got[i] for i in range(3)] == want
-    assert len(loops) == 1  # the lone sentence's (translate_nbest batches all three)
+    assert loops == (["greedy", "greedy_batch"] if beam == 1 else ["beam"])
 
 
 def test_a_refused_admission_admits_none_of_its_sentences_not_even_the_empty_ones():

@@ -1,19 +1,24 @@
-"""One sentence searched in one tight loop: batch translation's path at batch 1 (a one-line
-nmt-translate, an editor's sentence, search.max_sentences=1; issue 60).
+"""Plain searches in tight loops: batch translation's path where the decoding core has
+nothing else to do (a one-line nmt-translate, an editor's sentence, a few sentences at a time,
+a server's lone request; issue 60).
 
-The decoding core (nmt.decoding.core.Decoding) spends about half of a batch-1 step around the
-model: the rules, the strategy's Choice, the host's read, the units' bookkeeping, each a few
-small operators and numpy calls made for any batch and search. Where the core has nothing
-else to do (`takes`: one sentence, one FastModel on the fused operator's cache, greedy or
-beam search without constraints, prefixes, shortlists or the n-gram rule), a step is the
-model's and a few operators:
-- `greedy`: the embedding, the decoder's layers (FastModel.one_row_layers: int8's package
-  compiled ahead of time under search.compile, else step_layers), the log-softmax where
-  scores are asked for, the specials' bans and the maximum: CTranslate2's greedy loop;
-- `beam`: FastModel's step of the k rows, the log-softmax, the bans, the 2k best
+The decoding core (nmt.decoding.core.Decoding) spends about half of a small batch's step
+around the model: the rules, the strategy's Choice, the host's read, the units' bookkeeping,
+each a few small operators and numpy calls made for any batch and search. Where the core has
+nothing else to do (`takes`: one FastModel on the fused operator's cache, greedy search of any
+batch or beam search of one sentence, without constraints, prefixes, shortlists or the n-gram
+rule), a step is the model's and a few operators:
+- `greedy`: one sentence: the embedding, the decoder's layers (FastModel.one_row_layers:
+  int8's package compiled ahead of time under search.compile, else step_layers), the
+  log-softmax where scores are asked for, the specials' bans and the maximum: CTranslate2's
+  greedy loop;
+- `greedy_batch`: several sentences: FastModel's step of the live rows, the bans and each
+  row's maximum; a row leaves at the step it ends, as the core's rows do (so that int8's
+  activation scales, one a call, see the same rows);
+- `beam`: one sentence: FastModel's step of the k rows, the log-softmax, the bans, the 2k best
   continuations (strategies.choose_beam, the core's own), then fairseq's rule on the host over
   those 2k numbers with the core's record of finished hypotheses (lengths.Units).
-Both give the core's hypotheses (tests/unit/test_one_sentence.py).
+All give the core's hypotheses (tests/unit/test_tight_loops.py).
 """
 
 from __future__ import annotations
@@ -22,25 +27,28 @@ import math
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from nmt.config import SearchConfig
 from nmt.data.shortlist import Candidates
 from nmt.data.tokenizer import Specials
+from nmt.decoding.admission import pad_batch
 from nmt.decoding.fast_model import FastModel
 from nmt.decoding.fast_state import StepRows
 from nmt.decoding.lengths import Units, empty_source, max_positions, output_lengths
 from nmt.decoding.messages import Hypothesis, Sentence
-from nmt.decoding.strategies import choose_beam
+from nmt.decoding.strategies import ARGMAX_ELEMENTS, choose_beam, row_argmax
 
 
 def takes(models: list, sentences: list[Sentence], search: SearchConfig, use_cache: bool,
           candidates: Candidates | None, beam: bool) -> bool:
-    """Whether `greedy` (beam=False) or `beam` decodes these sentences as the core would: one
-    sentence with a source, no prefix or constraints; one FastModel stepping through the fused
-    operator's cache; greedy search of one hypothesis or beam search, not sampling; no
-    repeated n-gram rule or shortlist."""
-    return (len(sentences) == 1 and empty_source(sentences[0]) is None
-            and not sentences[0].prefix and not sentences[0].phrases
+    """Whether `greedy`, `greedy_batch` (beam=False) or `beam` decodes these sentences as the
+    core would: sources without a prefix or constraints (one sentence for beam search); one
+    FastModel stepping through the fused operator's cache; greedy search of one hypothesis or
+    beam search, not sampling; no repeated n-gram rule or shortlist."""
+    return ((len(sentences) == 1 or not beam)
+            and all(empty_source(s) is None and not s.prefix and not s.phrases
+                    for s in sentences)
             and len(models) == 1 and isinstance(models[0], FastModel) and models[0].fused
             and use_cache and not search.sampling and (beam or search.nbest == 1)
             and not search.no_repeat_ngram_size
@@ -94,7 +102,7 @@ def greedy(fast: FastModel, sentence: Sentence, search: SearchConfig, specials: 
         best, index = logits.index_fill_(0, ban, -torch.inf).max(0)
         best = float(best)
         if not best > -math.inf:  # every token banned or NaN: no hypothesis
-            return [Hypothesis([], -math.inf, -math.inf, [])]
+            return [_dead()]
         token = int(index)
         if scores:  # the prefix's log P, summed in float32 as the core's
             paths.append(float(np.float32(paths[-1]) + np.float32(best)))
@@ -112,6 +120,86 @@ def greedy(fast: FastModel, sentence: Sentence, search: SearchConfig, specials: 
     units.add(np.zeros(1, dtype=np.int64), [out], np.array(paths[-1:]),
               np.array([len(paths) - 1]), [np.diff(paths[:len(out) + 1]).tolist()])
     return units.best(0)
+
+
+@torch.inference_mode()
+def greedy_batch(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
+                 specials: Specials, scores: bool = False) -> list[list[Hypothesis]]:
+    """The greedy outputs of several sentences (`takes`), as the core's hypotheses (`greedy`'s
+    rule and scores, row by row). Each live row steps until EOS, its maximum length or every
+    token banned, and leaves the batch at that step (FastState.reorder), as the core's do."""
+    device, eos, n = fast.tgt_lut.device, specials.eos, len(sentences)
+    max_len = output_lengths(sentences, search, max_positions([fast]))  # (n,)
+    src = pad_batch([specials.source(s.src) for s in sentences], specials.pad, device)
+    state = fast.start_decoding(*fast.encode(src))  # (n, S) sources, one row each
+    banned = torch.tensor(specials.banned, dtype=torch.long, device=device)
+    early = torch.tensor([*specials.banned, eos], dtype=torch.long, device=device)
+    units = Units(search.alpha, 1)  # the core's record, a unit per sentence (scores)
+    units.admit(np.arange(n), 0, max_len, [[] for _ in range(n)])
+    live = list(range(n))  # each row's sentence
+    last = torch.full((n, 1), specials.bos, device=device)  # (R, 1) each row's newest token
+    total = torch.zeros(n, device=device)  # (R,) float32 log P of each row's prefix (scores)
+    outputs: list[list[int]] = [[] for _ in range(n)]
+    paths = [[0.0] for _ in range(n)]  # scores: each sentence's prefixes' log P (BOS: 0)
+    results = [[_dead()] for _ in range(n)]  # the dead rows' stay
+    for t in range(int(max_len.max())):
+        logits = fast.decode_step(last, state)[:, 0]  # (R, V)
+        if scores:
+            logits = torch.log_softmax(logits.float(), dim=-1)
+        logits.index_fill_(1, early if t < search.min_len else banned, -torch.inf)
+        best, token = _row_max(logits)  # (R,) each
+        sums = total.add_(best).tolist() if scores else None  # float32 sums, as the core's
+        ended = []
+        for r, (i, tok, top) in enumerate(zip(live, token.tolist(), best.tolist(),
+                                              strict=True)):
+            if not top > -math.inf:  # dead: every token banned, or NaN
+                ended.append(r)
+                continue
+            if tok != eos:
+                outputs[i].append(tok)
+                if scores:
+                    paths[i].append(sums[r])
+            if tok == eos or max_len[i] <= t + 1:
+                ended.append(r)
+                results[i] = _greedy_result(units, i, outputs[i], paths[i],
+                                            sums[r] if scores else None, t + 1)
+        if not ended:
+            last = token[:, None]
+            continue
+        keep = [r for r in range(len(live)) if r not in ended]
+        if not keep:
+            break
+        index = torch.tensor(keep, device=device)
+        state.reorder(index, 1, index)
+        live = [live[r] for r in keep]
+        last, total = token[index][:, None], total[index]
+    return results
+
+
+def _dead() -> Hypothesis:
+    """No hypothesis: every token banned (or NaN), as the core answers it."""
+    return Hypothesis([], -math.inf, -math.inf, [])
+
+
+def _row_max(x: Tensor) -> tuple[Tensor, Tensor]:
+    """(R, V) -> each row's maximum and its first column (R,) each, as the core's
+    choose_greedy finds them."""
+    if x.numel() < ARGMAX_ELEMENTS:
+        return x.max(dim=1)
+    token = row_argmax(x)
+    return x.gather(1, token[:, None])[:, 0], token
+
+
+def _greedy_result(units: Units, i: int, output: list[int], path: list[float],
+                   logp: float | None, length: int) -> list[Hypothesis]:
+    """Sentence i's one hypothesis: `output`, |Y| = length (its EOS counted, where it has
+    one), log P `logp` (its last prefix's; None: no scores, NaN); its tokens' log P the
+    differences of `path`, its prefixes' log P."""
+    if logp is None:
+        return [Hypothesis(output, math.nan, math.nan, None)]
+    units.add(np.array([i]), [output], np.array([logp]), np.array([length]),
+              [np.diff(path[:len(output) + 1]).tolist()])
+    return units.best(i)
 
 
 @torch.inference_mode()

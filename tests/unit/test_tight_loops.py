@@ -1,5 +1,5 @@
-"""Batch translation's loops of one sentence (nmt.decoding.one_sentence: greedy, beam) give the
-decoding core's hypotheses, and are taken only where they can be."""
+"""Batch translation's tight loops (nmt.decoding.tight_loops: greedy of one sentence or several,
+beam of one) give the decoding core's hypotheses, and are taken only where they can be."""
 
 import dataclasses
 import math
@@ -10,7 +10,7 @@ from translate_helpers import random_sources, search, tiny_model
 
 from nmt.data.shortlist import Candidates
 from nmt.data.tokenizer import Specials
-from nmt.decoding import attention_op, one_sentence
+from nmt.decoding import attention_op, tight_loops
 from nmt.decoding.core import Decoding, decode_all
 from nmt.decoding.fast_model import FastModel
 from nmt.decoding.lengths import max_output_lengths
@@ -25,12 +25,18 @@ V = 24
 
 def core(models: list, sentence: Sentence, cfg, scores: bool = False) -> list[Hypothesis]:
     """The decoding core's own loop over one sentence."""
+    return core_batch(models, [sentence], cfg, scores)[0]
+
+
+def core_batch(models: list, sentences: list[Sentence], cfg,
+               scores: bool = False) -> list[list[Hypothesis]]:
+    """The decoding core's own loop over a batch."""
     dec = Decoding(models, cfg, SPECIALS, beam=cfg.beam_size > 1, scores=scores)
-    dec.admit([sentence])
+    dec.admit(sentences)
     out = {}
     while dec.sentences or dec.ready:
         out.update((e.tag, e.hypotheses) for e in dec.step())
-    return out[sentence.tag]
+    return [out[s.tag] for s in sentences]
 
 
 def both_ways(fast: FastModel, cfg, seed: int, scores: bool = True):
@@ -40,7 +46,7 @@ def both_ways(fast: FastModel, cfg, seed: int, scores: bool = True):
     limits = max_output_lengths(torch.tensor([len(s) for s in sources]), cfg, 1024).tolist()
     for i, (src, limit) in enumerate(zip(sources, limits, strict=True)):
         sentence = Sentence(i, src)
-        assert one_sentence.takes([fast], [sentence], cfg, True, None, cfg.beam_size > 1)
+        assert tight_loops.takes([fast], [sentence], cfg, True, None, cfg.beam_size > 1)
         [got] = decode_all([fast], [sentence], cfg, SPECIALS, scores=scores)
         yield got, core([fast], sentence, cfg, scores), limit
 
@@ -67,6 +73,33 @@ def test_the_greedy_loop_gives_the_cores_hypotheses(dtype, scores):
     assert 0 < at_max < 24
 
 
+@pytest.mark.parametrize(("dtype", "scores"), [("fp32", False), ("int8", False),
+                                                ("fp32", True), ("int8", True)])
+def test_the_greedy_batch_loop_gives_the_cores_hypotheses(dtype, scores):
+    """Batches of 2 to 24 sentences: the core's hypotheses (in int8 too, where a row leaving
+    a batch at another step would change the others' activation scales), rows ending with EOS
+    at different steps and at their own maximum lengths."""
+    if not attention_op.available():
+        pytest.skip(f"the fused attention operator is not built ({attention_op.status()})")
+    fast = FastModel(tiny_model(V, seed=1, stops=True, N=2), dtype)
+    cfg = search(beam_size=1, alpha=0.6, min_len=2, max_len_b=4)
+    sentences = [Sentence(i, s) for i, s in enumerate(random_sources(48, V, seed=7))]
+    ends = set()
+    for batch in (sentences[:2], sentences[2:24], sentences[24:]):
+        assert tight_loops.takes([fast], batch, cfg, True, None, False)
+        got = decode_all([fast], batch, cfg, SPECIALS, scores=scores)
+        want = core_batch([fast], batch, cfg, scores)
+        assert [[h.tokens for h in hyps] for hyps in got] == \
+            [[h.tokens for h in hyps] for hyps in want]
+        if scores:
+            assert got == want
+            assert [h[0].token_logprobs for h in got] == [h[0].token_logprobs for h in want]
+        else:
+            assert all(math.isnan(h[0].score) for h in got + want)
+        ends |= {len(h[0].tokens) for h in got}
+    assert len(ends) > 3
+
+
 @pytest.mark.parametrize(("dtype", "alpha", "nbest"), [("fp32", 0.6, 1), ("fp32", 0.0, 3),
                                                        ("int8", 1.0, 2)])
 def test_the_beam_loop_gives_the_cores_hypotheses(dtype, alpha, nbest):
@@ -91,24 +124,30 @@ def test_a_row_with_every_logit_at_minus_infinity_ends_as_in_the_core():
     fast.step_layers = lambda x, *args: torch.full((1, 1, V), -torch.inf)
     cfg, sentence = search(beam_size=1), Sentence(0, [5, 6, 7])
     dead = [Hypothesis([], -math.inf, -math.inf, [])]
-    assert one_sentence.greedy(fast, sentence, cfg, SPECIALS) == dead
+    assert tight_loops.greedy(fast, sentence, cfg, SPECIALS) == dead
     assert core([fast], sentence, cfg) == dead
+    two = [sentence, Sentence(1, [8, 9])]
+    fast.decode_step = lambda y, state: torch.full((len(y), 1, V), -torch.inf)
+    assert tight_loops.greedy_batch(fast, two, cfg, SPECIALS) == core_batch([fast], two, cfg)
+    assert tight_loops.greedy_batch(fast, two, cfg, SPECIALS) == [dead, dead]
     # beam search: the log-softmax of -inf logits is NaN, in both
     fast.decode_step = lambda y, state: torch.full((len(y), 1, V), -torch.inf)
     cfg = search(beam_size=4)
-    got, want = one_sentence.beam(fast, sentence, cfg, SPECIALS), core([fast], sentence, cfg)
+    got, want = tight_loops.beam(fast, sentence, cfg, SPECIALS), core([fast], sentence, cfg)
     assert [h.tokens for h in got] == [h.tokens for h in want]
     assert all(math.isnan(h.score) for h in got + want)
 
 
-def test_the_loops_are_taken_only_for_plain_searches_of_one_sentence():
-    """Every other setting goes through the decoding core."""
+def test_the_loops_are_taken_only_for_plain_searches():
+    """Greedy search of one sentence or several, beam search of one; every other setting goes
+    through the decoding core."""
     if not attention_op.available():
         pytest.skip(f"the fused attention operator is not built ({attention_op.status()})")
     model = tiny_model(V, seed=1)
     fast, cfg, one = FastModel(model, "fp32"), search(beam_size=1), [Sentence(0, [5, 6])]
-    assert one_sentence.takes([fast], one, cfg, True, None, False)
-    assert one_sentence.takes([fast], one, search(beam_size=4, nbest=2), True, None, True)
+    assert tight_loops.takes([fast], one, cfg, True, None, False)
+    assert tight_loops.takes([fast], one, search(beam_size=4, nbest=2), True, None, True)
+    assert tight_loops.takes([fast], one + [Sentence(1, [7])], cfg, True, None, False)
     refused = {
         "sampling": ([fast], one, search(beam_size=1, sampling=True), True, None, False),
         "samples": ([fast], one, search(beam_size=1, sampling=True, nbest=2), True, None,
@@ -116,8 +155,10 @@ def test_the_loops_are_taken_only_for_plain_searches_of_one_sentence():
         "no repeated n-grams": ([fast], one, search(beam_size=1, no_repeat_ngram_size=2), True,
                                 None, False),
         "a shortlist": ([fast], one, cfg, True, Candidates(torch.arange(V), V), False),
-        "two sentences": ([fast], one + [Sentence(1, [7])], cfg, True, None, False),
+        "two sentences' beams": ([fast], one + [Sentence(1, [7])], search(beam_size=4),
+                                 True, None, True),
         "an empty source": ([fast], [Sentence(0, [])], cfg, True, None, False),
+        "an empty source of two": ([fast], one + [Sentence(1, [])], cfg, True, None, False),
         "a prefix": ([fast], [dataclasses.replace(one[0], prefix=[5])], cfg, True, None, False),
         "constraints": ([fast], [dataclasses.replace(one[0], phrases=[[5]])], cfg, True, None,
                         True),
@@ -127,4 +168,4 @@ def test_the_loops_are_taken_only_for_plain_searches_of_one_sentence():
         "batched products": ([FastModel(model, "fp32", fused=False)], one, cfg, True, None,
                              False),
     }
-    assert [why for why, args in refused.items() if one_sentence.takes(*args)] == []
+    assert [why for why, args in refused.items() if tight_loops.takes(*args)] == []
