@@ -13,7 +13,8 @@ stride-0 table up to the row's own source length. Nothing outside a row's positi
 
 The operator is C++ with ATen's vector types (one_query_attention.cpp), registered with
 torch.library; the same object holds `nmt::int8_rows` (int8_rows.cpp: the int8 map of a
-decoding step's one row, which nmt.decoding.affine.Int8Affine calls where it is loaded).
+decoding step's few rows, which nmt.decoding.affine.Int8Affine calls where it is loaded) and
+`nmt::top_k` (top_k.cpp: beam search's 2k best continuations, strategies.top_k's).
 ATen picks the vector width at compile time, so it is built once per instruction set (AVX2,
 AVX-512) and the object that torch.backends.cpu.get_cpu_capability() names is loaded (never
 -march=native: the cache may move to another CPU of the same kind).
@@ -51,8 +52,9 @@ import torch
 from torch import Tensor
 
 SOURCE = Path(__file__).with_name("one_query_attention.cpp")
-# built into the same object: the int8 map of one row (nmt.decoding.affine.Int8Affine's)
-INT8_ROWS_SOURCE = Path(__file__).with_name("int8_rows.cpp")
+# built into the same object: the int8 map of a few rows (nmt.decoding.affine.Int8Affine's) and
+# the rows' best columns (nmt.decoding.strategies.top_k's)
+SOURCES = [SOURCE, SOURCE.with_name("int8_rows.cpp"), SOURCE.with_name("top_k.cpp")]
 # The flags ATen's own kernels of each capability are built with, and the macros that pick the
 # vector width (vec.h: CPU_CAPABILITY_AVX512 -> 512 bits, CPU_CAPABILITY_AVX2 -> 256).
 ISA_FLAGS = {
@@ -87,7 +89,7 @@ def build_key(isa: str) -> str:
     flags, this torch's build (version, git commit, CUDA / ROCm, C++ ABI, debug) and Python's
     ABI (torch's headers and libtorch_python are linked in), and the machine's architecture (a
     cache on a shared home). An object of other inputs is foreign: it never shares the folder."""
-    parts = [SOURCE.read_bytes(), INT8_ROWS_SOURCE.read_bytes(), isa, *cflags(isa), "|",
+    parts = [*(path.read_bytes() for path in SOURCES), isa, *cflags(isa), "|",
              *LDFLAGS, torch.__version__,
              torch.version.git_version, torch.version.cuda, torch.version.hip,
              torch.compiled_with_cxx11_abi(), torch.version.debug, sys.implementation.cache_tag,
@@ -217,7 +219,7 @@ def _compile(isa: str, library: Path) -> None:
           f"up to a minute)", file=sys.stderr)
     scratch = Path(tempfile.mkdtemp(prefix="build-", dir=library.parent))
     try:
-        cpp_extension.load(library.stem, [str(SOURCE), str(INT8_ROWS_SOURCE)],
+        cpp_extension.load(library.stem, [str(path) for path in SOURCES],
                            extra_cflags=cflags(isa),
                            extra_ldflags=LDFLAGS, build_directory=str(scratch),
                            is_python_module=False, verbose=False)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.config import SearchConfig
+from nmt.decoding import attention_op
 from nmt.decoding.rules import sample_tokens
 
 
@@ -150,15 +151,21 @@ def _chunks(V: int) -> int:
 
 def top_k(x: Tensor, n: int) -> tuple[Tensor, Tensor]:
     """The n largest values of each row of (R, V) x and their columns, best first, as x.topk(n)
-    (equal values may come in another order), 6x faster on the CPU for beams over a vocabulary:
-    the columns fall into W strided groups {c, c + W, c + 2 W, ...} of M = 32, and the n largest
-    values lie in the n groups with the largest maxima (a group left out has n groups at least
-    as good, each with a value at least as large as all of its own); the last V - M W columns
-    are candidates as they are."""
+    (equal values may come in another order), 6x faster on the CPU for beams over a vocabulary.
+    Float32 rows on the CPU through nmt::top_k where it is built (one pass a row: 2-4x this
+    function's reduction below, docs/results.md "Beam search's best continuations in one
+    pass"); else the columns fall into W strided groups {c, c + W, c + 2 W, ...} of M = 32, and
+    the n largest values lie in the n groups with the largest maxima (a group left out has n
+    groups at least as good, each with a value at least as large as all of its own); the last
+    V - M W columns are candidates as they are."""
     R, V = x.shape
+    if x.device.type != "cpu" or x.stride(1) != 1:
+        return x.topk(n, dim=1)
+    if x.dtype == torch.float32 and n <= V and attention_op.available():
+        return torch.ops.nmt.top_k(x, n)
     M = 32
     W = V // M
-    if W < 4 * n or x.device.type != "cpu" or x.stride(1) != 1:
+    if W < 4 * n:
         return x.topk(n, dim=1)
     group_max = x[:, :M * W].view(R, M, W).amax(dim=1)  # (R, W)
     groups = group_max.topk(n, dim=1).indices  # (R, n)

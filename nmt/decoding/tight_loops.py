@@ -230,18 +230,23 @@ def beam(fast: FastModel, sentence: Sentence, search: SearchConfig,
                       np.array([cand[c] for c in ended]), np.full(len(ended), t + 1),
                       [np.diff(paths[parents[c]]).tolist() for c in ended])
         # going on: the first k with EOS pushed last (a stable sort, the core's going_on)
-        on = sorted(range(len(tokens)), key=lambda c: tokens[c] == eos)[:k]
+        on = sorted(range(len(tokens)), key=lambda c: tokens[c] == eos)[:k] if ended else \
+            range(k)
         outputs = [outputs[parents[c]] + [tokens[c]] for c in on]
         paths = [paths[parents[c]] + [cand[c]] for c in on]
-        on_scores = np.array([cand[c] for c in on])
+        on_scores = [cand[c] for c in on]
         reached = max_len <= t + 1
-        best = on_scores.max().astype(np.float32)  # the bound, in float32 as the scores are
+        best = np.float32(max(on_scores))  # the bound, in float32 as the scores are
         if reached or units.count[0] >= k or units.threshold[0] >= best / units.lp_max[0]:
             if reached:  # out of length: the k rows finish as they are, |Y| = t + 1
-                units.add(np.zeros(k, dtype=np.int64), outputs, on_scores, np.full(k, t + 1),
-                          [np.diff(p).tolist() for p in paths])
+                units.add(np.zeros(k, dtype=np.int64), outputs, np.array(on_scores),
+                          np.full(k, t + 1), [np.diff(p).tolist() for p in paths])
             return units.best(0)
-        state.reorder(torch.tensor([parents[c] for c in on], device=device), k)
-        scores = torch.tensor([on_scores.tolist()], dtype=torch.float32, device=device)
-        last = torch.tensor([[tokens[c]] for c in on], device=device)
+        if ended:
+            state.reorder(torch.tensor([parents[c] for c in on], device=device), k)
+            scores = torch.tensor([on_scores], dtype=torch.float32, device=device)
+            last = torch.tensor([[tokens[c]] for c in on], device=device)
+        else:  # the first k go on: the choice's own tensors
+            state.reorder(choice.parents[0, :k], k)
+            scores, last = choice.scores[:, :k], choice.tokens[0, :k, None]
     return units.best(0)  # max_len >= 1: the loop returns

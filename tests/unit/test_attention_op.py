@@ -220,11 +220,12 @@ def test_another_source_flag_or_torch_build_gives_another_build_directory(tmp_pa
     edited.write_bytes(attention_op.SOURCE.read_bytes() + b"// changed\n")
     for path in (copy, edited):
         os.utime(path, ns=(times.st_atime_ns, times.st_mtime_ns))
-    monkeypatch.setattr(attention_op, "SOURCE", copy)
+    rest = attention_op.SOURCES[1:]  # the other operators' sources, built into the object
+    monkeypatch.setattr(attention_op, "SOURCES", [copy, *rest])
     assert attention_op.build_directory(isa) == here  # the same contents elsewhere
-    monkeypatch.setattr(attention_op, "SOURCE", edited)
+    monkeypatch.setattr(attention_op, "SOURCES", [edited, *rest])
     others = [attention_op.build_directory(isa)]
-    monkeypatch.setattr(attention_op, "SOURCE", copy)
+    monkeypatch.setattr(attention_op, "SOURCES", [copy, *rest])
     monkeypatch.setitem(attention_op.ISA_FLAGS, isa, [*attention_op.ISA_FLAGS[isa], "-DX"])
     others.append(attention_op.build_directory(isa))
     monkeypatch.setitem(attention_op.ISA_FLAGS, isa, attention_op.ISA_FLAGS[isa][:-1])

@@ -532,3 +532,28 @@ def test_row_argmax_and_top_k_equal_torch(V):
         finite = values.isfinite()
         assert all(len(set(c[f].tolist())) == int(f.sum()) for c, f in zip(cols, finite,
                                                                               strict=True))
+
+
+@pytest.mark.parametrize("V", [3, 24, 8000, 16_007])
+def test_the_top_k_operator_equals_torch(V):
+    """nmt::top_k (each build's vector width): torch.topk's values, NaN first, each column
+    holding its value once, equal values in column order; n from 1 to V."""
+    if not attention_op.available():
+        pytest.skip(f"nmt's operators are not built here ({attention_op.status()})")
+    g = torch.Generator().manual_seed(V)
+    x = torch.randn(5, V, generator=g)
+    x[1, V // 3:] = -torch.inf
+    x[2, [V - 1, 0, V // 2]] = 9.0  # tied
+    x[3, [V // 2, V - 1]] = torch.nan  # a dead row's log-softmax
+    x[4, :] = torch.nan
+    for n in sorted({n for n in (1, 2, 8, V) if n <= V}):
+        values, cols = torch.ops.nmt.top_k(x, n)
+        want, _ = x.topk(n, dim=1)
+        torch.testing.assert_close(values, want, rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(x.gather(1, cols), values, rtol=0, atol=0, equal_nan=True)
+        assert all(len(set(c)) == n for c in cols.tolist())
+        tied = cols[2, :min(n, 3)].tolist()
+        assert tied == sorted([V - 1, 0, V // 2])[:len(tied)]
+    wide = torch.randn(3, 2 * V, generator=g)[:, ::2]  # columns not contiguous: refused
+    with pytest.raises(RuntimeError, match="contiguous columns"):
+        torch.ops.nmt.top_k(wide, 1)
