@@ -43,10 +43,10 @@ from nmt.decoding.strategies import ARGMAX_ELEMENTS, choose_beam, row_argmax
 def takes(models: list, sentences: list[Sentence], search: SearchConfig, use_cache: bool,
           candidates: Candidates | None, beam: bool) -> bool:
     """Whether `greedy`, `greedy_batch` (beam=False) or `beam` decodes these sentences as the
-    core would: sources without a prefix or constraints (one sentence for beam search); one
+    core would: sources without a prefix or constraints (some; one for beam search); one
     FastModel stepping through the fused operator's cache; greedy search of one hypothesis or
     beam search, not sampling; no repeated n-gram rule or shortlist."""
-    return ((len(sentences) == 1 or not beam)
+    return (0 < len(sentences) and (len(sentences) == 1 or not beam)
             and all(empty_source(s) is None and not s.prefix and not s.phrases
                     for s in sentences)
             and len(models) == 1 and isinstance(models[0], FastModel) and models[0].fused

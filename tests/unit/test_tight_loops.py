@@ -159,6 +159,7 @@ def test_the_loops_are_taken_only_for_plain_searches():
                                  True, None, True),
         "an empty source": ([fast], [Sentence(0, [])], cfg, True, None, False),
         "an empty source of two": ([fast], one + [Sentence(1, [])], cfg, True, None, False),
+        "no sentence": ([fast], [], cfg, True, None, False),
         "a prefix": ([fast], [dataclasses.replace(one[0], prefix=[5])], cfg, True, None, False),
         "constraints": ([fast], [dataclasses.replace(one[0], phrases=[[5]])], cfg, True, None,
                         True),
