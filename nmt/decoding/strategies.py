@@ -3,7 +3,7 @@ function of the log-probabilities, the rows' scores and its own small state that
 `Choice`, each unit's candidates in the order to keep them (`choose_greedy`, `choose_sample`,
 `choose_beam`: fairseq's Search.step); the k of each unit that go on (`going_on`) and the
 step's one read from the device (`read_step`); and the fast reductions they pick with over a
-vocabulary (`row_argmax`, `top_k`). The decoding (nmt.decoding.core.Decoding) keeps what
+vocabulary (`row_max`, `row_argmax`, `top_k`). The decoding (nmt.decoding.core.Decoding) keeps what
 they choose.
 """
 
@@ -45,10 +45,9 @@ class Choice:
 def choose_greedy(lprobs: Tensor, scores: Tensor) -> Choice:
     """Greedy search: each row's most probable token. lprobs (R, V), scores (R, 1): a unit is
     one row."""
-    if lprobs.numel() < ARGMAX_ELEMENTS:  # a few rows: the maximum and its column in one call
-        best, token = lprobs.max(dim=1, keepdim=True)  # (R, 1) each; the first maximal column
-        return Choice(scores + best, torch.zeros_like(token), token)
-    return _one_each(lprobs, scores, row_argmax(lprobs))  # lprobs.argmax(dim=1), faster
+    best, token = row_max(lprobs)  # (R,) each: the first maximal column
+    token = token.unsqueeze(1)  # (R, 1)
+    return Choice(scores + best.unsqueeze(1), torch.zeros_like(token), token)
 
 
 def choose_sample(lprobs: Tensor, scores: Tensor, u: Tensor, search: SearchConfig) -> Choice:
@@ -126,6 +125,21 @@ def read_step(choice: Choice, on: Choice) -> StepRead:
 
 # ----------------------------------------------------------------------------- over a vocabulary
 ARGMAX_ELEMENTS = 1 << 15  # row_argmax: x.argmax itself below this many elements
+
+
+def row_max(x: Tensor) -> tuple[Tensor, Tensor]:
+    """(R, V) -> each row's maximum and its first maximal column, (R,) each, as x.max(dim=1)
+    (NaN where a row has one). Float32 rows on the CPU through nmt::top_k where it is built
+    (one pass: 2-6x x.max, docs/results.md "Beam search's best continuations in one pass");
+    else x.max for a few rows, row_argmax and a gather for more."""
+    if x.device.type == "cpu" and x.dtype == torch.float32 and x.stride(1) == 1 \
+            and attention_op.available():
+        values, columns = torch.ops.nmt.top_k(x, 1)  # (R, 1) each
+        return values[:, 0], columns[:, 0]
+    if x.numel() < ARGMAX_ELEMENTS:
+        return x.max(dim=1)
+    token = row_argmax(x)
+    return x.gather(1, token.unsqueeze(1))[:, 0], token
 
 
 def row_argmax(x: Tensor) -> Tensor:

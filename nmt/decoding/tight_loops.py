@@ -27,7 +27,6 @@ import math
 
 import numpy as np
 import torch
-from torch import Tensor
 
 from nmt.config import SearchConfig
 from nmt.data.shortlist import Candidates
@@ -37,7 +36,7 @@ from nmt.decoding.fast_model import FastModel
 from nmt.decoding.fast_state import StepRows
 from nmt.decoding.lengths import Units, empty_source, max_positions, output_lengths
 from nmt.decoding.messages import Hypothesis, Sentence
-from nmt.decoding.strategies import ARGMAX_ELEMENTS, choose_beam, row_argmax
+from nmt.decoding.strategies import choose_beam, row_max
 
 
 def takes(models: list, sentences: list[Sentence], search: SearchConfig, use_cache: bool,
@@ -99,7 +98,7 @@ def greedy(fast: FastModel, sentence: Sentence, search: SearchConfig, specials: 
         if scores:
             logits = torch.log_softmax(logits.float(), dim=0)
         ban = early if t < search.min_len else banned
-        best, index = logits.index_fill_(0, ban, -torch.inf).max(0)
+        best, index = row_max(logits.index_fill_(0, ban, -torch.inf).view(1, -1))
         best = float(best)
         if not best > -math.inf:  # every token banned or NaN: no hypothesis
             return [_dead()]
@@ -147,7 +146,7 @@ def greedy_batch(fast: FastModel, sentences: list[Sentence], search: SearchConfi
         if scores:
             logits = torch.log_softmax(logits.float(), dim=-1)
         logits.index_fill_(1, early if t < search.min_len else banned, -torch.inf)
-        best, token = _row_max(logits)  # (R,) each
+        best, token = row_max(logits)  # (R,) each
         sums = total.add_(best).tolist() if scores else None  # float32 sums, as the core's
         ended = []
         for r, (i, tok, top) in enumerate(zip(live, token.tolist(), best.tolist(),
@@ -179,15 +178,6 @@ def greedy_batch(fast: FastModel, sentences: list[Sentence], search: SearchConfi
 def _dead() -> Hypothesis:
     """No hypothesis: every token banned (or NaN), as the core answers it."""
     return Hypothesis([], -math.inf, -math.inf, [])
-
-
-def _row_max(x: Tensor) -> tuple[Tensor, Tensor]:
-    """(R, V) -> each row's maximum and its first column (R,) each, as the core's
-    choose_greedy finds them."""
-    if x.numel() < ARGMAX_ELEMENTS:
-        return x.max(dim=1)
-    token = row_argmax(x)
-    return x.gather(1, token[:, None])[:, 0], token
 
 
 def _greedy_result(units: Units, i: int, output: list[int], path: list[float],

@@ -27,7 +27,7 @@ from nmt.decoding.affine import (
 )
 from nmt.decoding.batches import pad_batch
 from nmt.decoding.fast_model import PAD_ALLOWANCE, PAD_SLACK, FastModel, source_groups
-from nmt.decoding.strategies import row_argmax, top_k
+from nmt.decoding.strategies import row_argmax, row_max, top_k
 from nmt.errors import ConfigError
 from nmt.model import make_model
 from nmt.system import private_ops
@@ -514,8 +514,8 @@ def test_int8_and_fp16_say_where_they_run(model):
 
 # ----------------------------------------------------------------------------- search helpers
 @pytest.mark.parametrize("V", [24, 8000, 8001, 4 * 1000 + 7])
-def test_row_argmax_and_top_k_equal_torch(V):
-    """Both give torch's answer: random rows, rows with -inf, and tied maxima."""
+def test_row_argmax_and_top_k_equal_torch(V, monkeypatch):
+    """All give torch's answer: random rows, rows with -inf, tied maxima (and NaN)."""
     g = torch.Generator().manual_seed(V)
     x = torch.randn(6, V, generator=g)
     x[1, V // 3:] = -torch.inf  # a dead beam's candidates
@@ -532,6 +532,14 @@ def test_row_argmax_and_top_k_equal_torch(V):
         finite = values.isfinite()
         assert all(len(set(c[f].tolist())) == int(f.sum()) for c, f in zip(cols, finite,
                                                                               strict=True))
+    x[4, [V // 2, V - 1]] = torch.nan  # a row with NaN: NaN at its first
+    best, cols = row_max(x)
+    want = x.max(dim=1)
+    torch.testing.assert_close(best, want.values, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(cols, want.indices) and cols[3] == V // 5 and cols[4] == V // 2
+    monkeypatch.setattr(attention_op, "available", lambda: False)  # x.max or row_argmax
+    torch.testing.assert_close(row_max(x)[0], best, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(row_max(x)[1], cols)
 
 
 @pytest.mark.parametrize("V", [3, 24, 8000, 16_007])
