@@ -168,7 +168,7 @@ class SearchConfig:
     no_repeat_ngram_size: int = 0  # no n-gram of this many tokens twice in an output (0: off)
     dtype: str = "fp32"  # fp32, bf16, int8 (CPU), fp16 (CUDA); int8_float16/_bfloat16: CTranslate2
     shortlist: str = ""  # FILE (nmt-preprocess shortlist.k=K): outputs cut to a batch's candidates
-    compile: bool = False  # CPU decoding steps compiled (Inductor; int8's one row ahead of time)
+    compile: bool = False  # CPU decoding steps compiled (Inductor; int8's few rows ahead of time)
 
     def __post_init__(self) -> None:
         check_min(self, "search.", 1, "beam_size", "max_tokens", "nbest")

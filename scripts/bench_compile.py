@@ -11,7 +11,7 @@ the logits fed back), --rounds times, the fastest kept, for each of --dtypes:
   projection through torch.compile (Inductor's C++ backend, the weights frozen in), its first
   run (tracing and Inductor's build included) reported apart.
 
-int8's search.compile is a step of one row compiled ahead of time, several rows eager:
+int8's search.compile is a step of a few rows compiled ahead of time, more rows eager:
 scripts/bench_aoti_step.py measures it.
 
 The compile time of a second process on the same model (Inductor's on-disk caches warm) is

@@ -97,8 +97,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (medians kept)")
     p.add_argument("--dtype", default="int8", choices=sorted(COMPUTE_TYPES))
     p.add_argument("--compile", action="store_true",
-                   help="nmt with search.compile (in int8 a step of one row compiled ahead "
-                        "of time)")
+                   help="nmt with search.compile (in int8 a step of a few rows compiled "
+                        "ahead of time)")
     p.add_argument("--searches", default="greedy,beam4", help="of " + ",".join(SEARCHES))
     p.add_argument("--modes", default="decode,whole", help="decode (in-process), whole "
                    "(a process each run), or both")

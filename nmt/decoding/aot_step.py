@@ -2,9 +2,10 @@
 sizes where a step's fixed cost is its time (one sentence, a beam, a few sentences, a server's
 few requests; issue 60, item 1).
 
-FastModel.step_layers for 1 to `most_rows` rows (16 where every map of the step takes that many
-through nmt::int8_rows; one on CPUs without VNNI), exported with torch.export (the rows, the
-caches' buffer rows and positions, the memory's sentences and source length dynamic) and
+FastModel.step_layers for 1 to `most_rows` rows (as many as every map of the step gives
+nmt::int8_rows: 16 on the demo's model with VNNI; one on CPUs without VNNI), exported with
+torch.export (the rows, the caches' buffer rows and positions, the memory's sentences and
+source length dynamic) and
 compiled by AOTInductor into a package once per machine, model and code: a file under
 $XDG_CACHE_HOME/nmt/steps (~/.cache by default) named by a hash of the weights, the precision,
 the rows, this torch, ISA and CPU kind (Inductor compiles for the CPU it runs on), and the
@@ -50,7 +51,7 @@ class StepGraph(nn.Module):
 
     def forward(self, x: Tensor, start: Tensor, end: Tensor, memory_row: Tensor, zero: Tensor,
                 source: Tensor, where: Tensor, kv: list[Tensor], mem: list[Tensor]) -> Tensor:
-        """The logits of the row's next token."""
+        """The logits of the rows' next tokens."""
         rows = StepRows(start, end, memory_row[:, None].expand(-1, mem[0].size(2)), zero,
                         source, where)
         caches = [tuple(kv[3 * i:3 * i + 3]) for i in range(self.layers)]
@@ -126,7 +127,8 @@ def compile_package(eager, path: Path, rows: int = 1) -> None:
               for _ in eager.decoder]
     memory = [(zeros(3, h, 5, d // h), zeros(3, h, 5, d // h)) for _ in eager.decoder]
     ones = torch.ones(b, dtype=torch.long)
-    step = StepRows(0 * ones, 2 * ones, ones[:, None].expand(b, 5), 0 * ones, 4 * ones, ones[:1])
+    step = StepRows(0 * ones, 2 * ones, ones[:, None].expand(b, 5), 0 * ones, 4 * ones,
+                    ones[:1].clone())
     args = flat_inputs(torch.zeros(b, 1, d, dtype=eager.float_dtype), step, caches, memory)
     shapes = ({0: B}, *[{0: B}] * 5, None,
               [{0: N, 2: C}, {0: N, 2: C}, {0: B, 1: C}] * len(eager.decoder),

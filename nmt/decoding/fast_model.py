@@ -218,11 +218,11 @@ class FastModel(nn.Module):
     every map gives nmt::int8_rows) through a package AOTInductor compiled once per machine
     and model (nmt.decoding.aot_step), steps of more rows eager (their int8 maps through
     fbgemm and oneDNN are faster than torch.compile's oneDNN qlinear: docs/results.md, "int8
-    maps of a few rows"); a ConfigError
-    naming search.compile without the fused operator (a C++ compiler, which Inductor needs
-    too). kv_dtype: the keys and values decoding reads (the caches, the memory's); None: bf16
-    under int8 with the fused operator (half the bytes a step streams; the int8 maps round
-    activations to 8 bits already), else the linear maps' (autocast's).
+    maps of a few rows"); a ConfigError naming search.compile without the fused operator (a
+    C++ compiler, which Inductor needs too). kv_dtype: the keys and values decoding reads
+    (the caches, the memory's); None: bf16 under int8 with the fused operator (half the bytes
+    a step streams; the int8 maps round activations to 8 bits already), else the linear
+    maps' (autocast's).
     """
 
     def __init__(self, model: Transformer, dtype: str = "fp32", rows: int = 64,

@@ -1,6 +1,6 @@
 """Plain searches in tight loops: batch translation's path where the decoding core has
 nothing else to do (a one-line nmt-translate, an editor's sentence, a few sentences at a time,
-a server's lone request; issue 60).
+a server's whole batches of greedy search and lone requests; issue 60).
 
 The decoding core (nmt.decoding.core.Decoding) spends about half of a small batch's step
 around the model: the rules, the strategy's Choice, the host's read, the units' bookkeeping,
@@ -27,6 +27,7 @@ import math
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from nmt.config import SearchConfig
 from nmt.data.shortlist import Candidates
@@ -61,9 +62,15 @@ def _start(fast: FastModel, sentence: Sentence, search: SearchConfig, specials: 
     max_len = int(output_lengths([sentence], search, max_positions([fast]))[0])
     src = torch.tensor([specials.source(sentence.src)], device=device)  # (1, S)
     state = fast.start_decoding(*fast.encode(src))
+    return max_len, state, *_bans(specials, device)
+
+
+def _bans(specials: Specials, device: torch.device) -> tuple[Tensor, Tensor]:
+    """The columns banned at every step (the specials') and before search.min_len tokens
+    (EOS too)."""
     banned = torch.tensor(specials.banned, dtype=torch.long, device=device)
     early = torch.tensor([*specials.banned, specials.eos], dtype=torch.long, device=device)
-    return max_len, state, banned, early
+    return banned, early
 
 
 def _record(search: SearchConfig, nbest: int, max_len: int) -> Units:
@@ -78,10 +85,10 @@ def greedy(fast: FastModel, sentence: Sentence, search: SearchConfig, specials: 
            scores: bool = False) -> list[Hypothesis]:
     """The greedy output of one sentence (`takes`), as the core's one hypothesis: each step's
     most probable token after the specials' bans (and EOS's before search.min_len tokens),
-    until EOS or the maximum length. scores: its log P, score and tokens' log P as the core
-    sums them (float32, the log-softmax before the bans); else NaN, the largest logit chosen
-    without the log-softmax. The empty output at -inf where every one is -inf (or NaN: the
-    core's dead row)."""
+    until EOS or the maximum length, or until its log P is -inf (every token banned). scores:
+    its log P, score and tokens' log P as the core sums them (float32, the log-softmax before
+    the bans); else NaN, the largest logit chosen without the log-softmax, and the empty
+    output at -inf where the logits' sum is not finite (the core's rule, `_greedy_result`)."""
     max_len, state, banned, early = _start(fast, sentence, search, specials)
     device = banned.device
     caches = state.one_row_caches(max_len)
@@ -91,53 +98,48 @@ def greedy(fast: FastModel, sentence: Sentence, search: SearchConfig, specials: 
     rows = StepRows(zero, end, memory, zero, source,
                     torch.zeros(1, dtype=torch.long, device=device) if tensor_where else 0)
     token, out = specials.bos, []
+    total = np.float32(0.0)  # the prefix's sum, in float32 as the core's
     paths = [0.0]  # scores: log P of the prefix after each token (BOS: 0), float32 values
     for t in range(max_len):
         x = (fast.tgt_lut[token] + fast.pe[t]).view(1, 1, -1)  # (1, 1, d_model)
-        logits = layers(x, rows, caches, state.memory_kv, True).view(-1)  # (V,)
+        logits = layers(x, rows, caches, state.memory_kv, True).view(1, -1)  # (1, V)
         if scores:
-            logits = torch.log_softmax(logits.float(), dim=0)
+            logits = torch.log_softmax(logits.float(), dim=1)
         ban = early if t < search.min_len else banned
-        best, index = row_max(logits.index_fill_(0, ban, -torch.inf).view(1, -1))
-        best = float(best)
-        if not best > -math.inf:  # every token banned or NaN: no hypothesis
+        best, index = row_max(logits.index_fill_(1, ban, -torch.inf))  # (1,) each
+        total, token = np.float32(total + np.float32(float(best))), int(index)
+        if token != specials.eos:
+            out.append(token)
+            paths += [float(total)] if scores else []
+        if token == specials.eos or max_len <= t + 1:
+            return _greedy_result(_record(search, 1, max_len), 0, out, paths, float(total),
+                                  t + 1, scores)
+        if total == -np.inf:  # nothing can win: no hypothesis
             return [_dead()]
-        token = int(index)
-        if scores:  # the prefix's log P, summed in float32 as the core's
-            paths.append(float(np.float32(paths[-1]) + np.float32(best)))
-        if token == specials.eos:
-            break
-        out.append(token)
         end.add_(1)
         if tensor_where:
             rows.where.add_(1)
         else:
             rows.where = t + 1
-    if not scores:
-        return [Hypothesis(out, math.nan, math.nan, None)]
-    units = _record(search, 1, max_len)
-    units.add(np.zeros(1, dtype=np.int64), [out], np.array(paths[-1:]),
-              np.array([len(paths) - 1]), [np.diff(paths[:len(out) + 1]).tolist()])
-    return units.best(0)
+    raise AssertionError("the loop returns at max_len")  # max_len >= 1
 
 
 @torch.inference_mode()
 def greedy_batch(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
                  specials: Specials, scores: bool = False) -> list[list[Hypothesis]]:
     """The greedy outputs of several sentences (`takes`), as the core's hypotheses (`greedy`'s
-    rule and scores, row by row). Each live row steps until EOS, its maximum length or every
-    token banned, and leaves the batch at that step (FastState.reorder), as the core's do."""
+    rule and scores, row by row). Each live row steps until EOS, its maximum length or a log P
+    of -inf, and leaves the batch at that step (FastState.reorder), as the core's do."""
     device, eos, n = fast.tgt_lut.device, specials.eos, len(sentences)
     max_len = output_lengths(sentences, search, max_positions([fast]))  # (n,)
     src = pad_batch([specials.source(s.src) for s in sentences], specials.pad, device)
     state = fast.start_decoding(*fast.encode(src))  # (n, S) sources, one row each
-    banned = torch.tensor(specials.banned, dtype=torch.long, device=device)
-    early = torch.tensor([*specials.banned, eos], dtype=torch.long, device=device)
+    banned, early = _bans(specials, device)
     units = Units(search.alpha, 1)  # the core's record, a unit per sentence (scores)
     units.admit(np.arange(n), 0, max_len, [[] for _ in range(n)])
     live = list(range(n))  # each row's sentence
     last = torch.full((n, 1), specials.bos, device=device)  # (R, 1) each row's newest token
-    total = torch.zeros(n, device=device)  # (R,) float32 log P of each row's prefix (scores)
+    total = torch.zeros(n, device=device)  # (R,) each row's prefix's sum (the core's)
     outputs: list[list[int]] = [[] for _ in range(n)]
     paths = [[0.0] for _ in range(n)]  # scores: each sentence's prefixes' log P (BOS: 0)
     results = [[_dead()] for _ in range(n)]  # the dead rows' stay
@@ -147,23 +149,20 @@ def greedy_batch(fast: FastModel, sentences: list[Sentence], search: SearchConfi
             logits = torch.log_softmax(logits.float(), dim=-1)
         logits.index_fill_(1, early if t < search.min_len else banned, -torch.inf)
         best, token = row_max(logits)  # (R,) each
-        sums = total.add_(best).tolist() if scores else None  # float32 sums, as the core's
+        sums = total.add_(best).tolist()  # float32 sums, as the core's
         ended = []
-        for r, (i, tok, top) in enumerate(zip(live, token.tolist(), best.tolist(),
-                                              strict=True)):
-            if not top > -math.inf:  # dead: every token banned, or NaN
-                ended.append(r)
-                continue
+        for r, (i, tok, total_r) in enumerate(zip(live, token.tolist(), sums, strict=True)):
             if tok != eos:
                 outputs[i].append(tok)
-                if scores:
-                    paths[i].append(sums[r])
+                paths[i] += [total_r] if scores else []
             if tok == eos or max_len[i] <= t + 1:
                 ended.append(r)
-                results[i] = _greedy_result(units, i, outputs[i], paths[i],
-                                            sums[r] if scores else None, t + 1)
+                results[i] = _greedy_result(units, i, outputs[i], paths[i], total_r, t + 1,
+                                            scores)
+            elif total_r == -math.inf:  # nothing can win (the core's bound): no hypothesis
+                ended.append(r)
         if not ended:
-            last = token[:, None]
+            last = token[:, None]  # (R, 1)
             continue
         keep = [r for r in range(len(live)) if r not in ended]
         if not keep:
@@ -171,7 +170,7 @@ def greedy_batch(fast: FastModel, sentences: list[Sentence], search: SearchConfi
         index = torch.tensor(keep, device=device)
         state.reorder(index, 1, index)
         live = [live[r] for r in keep]
-        last, total = token[index][:, None], total[index]
+        last, total = token[index][:, None], total[index]  # (R', 1), (R',)
     return results
 
 
@@ -180,13 +179,15 @@ def _dead() -> Hypothesis:
     return Hypothesis([], -math.inf, -math.inf, [])
 
 
-def _greedy_result(units: Units, i: int, output: list[int], path: list[float],
-                   logp: float | None, length: int) -> list[Hypothesis]:
-    """Sentence i's one hypothesis: `output`, |Y| = length (its EOS counted, where it has
-    one), log P `logp` (its last prefix's; None: no scores, NaN); its tokens' log P the
-    differences of `path`, its prefixes' log P."""
-    if logp is None:
-        return [Hypothesis(output, math.nan, math.nan, None)]
+def _greedy_result(units: Units, i: int, output: list[int], path: list[float], logp: float,
+                   length: int, scores: bool) -> list[Hypothesis]:
+    """Sentence i's one hypothesis, as the core's `_finish` records it: `output`, |Y| = length
+    (its EOS counted, where it has one), log P `logp` (its last prefix's: -inf, no hypothesis);
+    its tokens' log P the differences of `path`, its prefixes' log P. Without scores, logp
+    is the logits' sum: NaN where it is finite, else no hypothesis."""
+    if not scores:
+        return [Hypothesis(output, math.nan, math.nan, None) if math.isfinite(logp)
+                else _dead()]
     units.add(np.array([i]), [output], np.array([logp]), np.array([length]),
               [np.diff(path[:len(output) + 1]).tolist()])
     return units.best(i)
@@ -220,13 +221,13 @@ def beam(fast: FastModel, sentence: Sentence, search: SearchConfig,
                       np.array([cand[c] for c in ended]), np.full(len(ended), t + 1),
                       [np.diff(paths[parents[c]]).tolist() for c in ended])
         # going on: the first k with EOS pushed last (a stable sort, the core's going_on)
-        on = sorted(range(len(tokens)), key=lambda c: tokens[c] == eos)[:k] if ended else \
-            range(k)
+        on = (sorted(range(len(tokens)), key=lambda c: tokens[c] == eos)[:k] if ended
+              else range(k))
         outputs = [outputs[parents[c]] + [tokens[c]] for c in on]
         paths = [paths[parents[c]] + [cand[c]] for c in on]
         on_scores = [cand[c] for c in on]
         reached = max_len <= t + 1
-        best = np.float32(max(on_scores))  # the bound, in float32 as the scores are
+        best = np.float32(np.max(on_scores))  # the bound, float32 (NaN: NaN, as the core's)
         if reached or units.count[0] >= k or units.threshold[0] >= best / units.lp_max[0]:
             if reached:  # out of length: the k rows finish as they are, |Y| = t + 1
                 units.add(np.zeros(k, dtype=np.int64), outputs, np.array(on_scores),
@@ -238,5 +239,5 @@ def beam(fast: FastModel, sentence: Sentence, search: SearchConfig,
             last = torch.tensor([[tokens[c]] for c in on], device=device)
         else:  # the first k go on: the choice's own tensors
             state.reorder(choice.parents[0, :k], k)
-            scores, last = choice.scores[:, :k], choice.tokens[0, :k, None]
+            scores, last = choice.scores[:, :k], choice.tokens[0, :k, None]  # (1, k), (k, 1)
     return units.best(0)  # max_len >= 1: the loop returns

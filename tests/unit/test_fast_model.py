@@ -562,6 +562,10 @@ def test_the_top_k_operator_equals_torch(V):
         assert all(len(set(c)) == n for c in cols.tolist())
         tied = cols[2, :min(n, 3)].tolist()
         assert tied == sorted([V - 1, 0, V // 2])[:len(tied)]
+    every_other = x[::2, :V - 1]  # rows 2 V apart, one column short
+    values, cols = torch.ops.nmt.top_k(every_other, 1)
+    torch.testing.assert_close(values[:, 0], every_other.max(dim=1).values, rtol=0, atol=0,
+                               equal_nan=True)
     wide = torch.randn(3, 2 * V, generator=g)[:, ::2]  # columns not contiguous: refused
     with pytest.raises(RuntimeError, match="contiguous columns"):
         torch.ops.nmt.top_k(wide, 1)

@@ -100,6 +100,38 @@ def test_the_greedy_batch_loop_gives_the_cores_hypotheses(dtype, scores):
     assert len(ends) > 3
 
 
+@pytest.mark.parametrize(("dtype", "scores"), [("fp32", True), ("int8", False)])
+def test_a_row_dying_in_a_batch_leaves_it_as_in_the_core(dtype, scores):
+    """The first row's logits -inf but PAD's at the third step (every token banned: dead, no
+    hypothesis), the second's NaN at the fourth (a NaN score, or none without scores): the
+    core's hypotheses, the others' too (in int8, whose scales see the rows that are left)."""
+    if not attention_op.available():
+        pytest.skip(f"the fused attention operator is not built ({attention_op.status()})")
+    fast = FastModel(tiny_model(V, seed=1, stops=True, N=2), dtype)
+    real = fast.decode_step
+
+    def step(y, state, **kwargs):
+        """The model's step, a row spoilt."""
+        logits = real(y, state, **kwargs)
+        if state.step == 3:
+            logits[0] = -torch.inf
+            logits[0, :, PAD] = 0.0
+        if state.step == 4:
+            logits[1] = torch.nan
+        return logits
+
+    fast.decode_step = step
+    cfg = search(beam_size=1, max_len_b=8)
+    batch = [Sentence(i, s) for i, s in enumerate(random_sources(6, V, seed=9))]
+    got = tight_loops.greedy_batch(fast, batch, cfg, SPECIALS, scores)
+    want = core_batch([fast], batch, cfg, scores)
+    assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps]
+                                                          for hyps in want]
+    assert str(got) == str(want)  # NaN scores alike
+    assert got[0] == [Hypothesis([], -math.inf, -math.inf, [])]
+    assert any(h[0].tokens for h in got[2:])
+
+
 @pytest.mark.parametrize(("dtype", "alpha", "nbest"), [("fp32", 0.6, 1), ("fp32", 0.0, 3),
                                                        ("int8", 1.0, 2)])
 def test_the_beam_loop_gives_the_cores_hypotheses(dtype, alpha, nbest):
@@ -126,6 +158,10 @@ def test_a_row_with_every_logit_at_minus_infinity_ends_as_in_the_core():
     dead = [Hypothesis([], -math.inf, -math.inf, [])]
     assert tight_loops.greedy(fast, sentence, cfg, SPECIALS) == dead
     assert core([fast], sentence, cfg) == dead
+    # with scores: the log-softmax of -inf logits is NaN, a NaN hypothesis in both
+    got = tight_loops.greedy(fast, sentence, cfg, SPECIALS, scores=True)
+    assert str(got) == str(core([fast], sentence, cfg, scores=True))
+    assert math.isnan(got[0].score)
     two = [sentence, Sentence(1, [8, 9])]
     fast.decode_step = lambda y, state: torch.full((len(y), 1, V), -torch.inf)
     assert tight_loops.greedy_batch(fast, two, cfg, SPECIALS) == core_batch([fast], two, cfg)
