@@ -66,6 +66,7 @@ from nmt.decoding.rules import Columns, StepView, apply_rules, banned_columns, p
 from nmt.decoding.strategies import (
     Choice,
     StepRead,
+    bury_dead,
     choose_beam,
     choose_greedy,
     choose_sample,
@@ -222,7 +223,10 @@ class Decoding(Admission):
                 order = partial(self.phrases.candidates,
                                 sentences=self.on_device(self.units.slot))
             choice = choose_beam(lprobs, self.scores, self.k, order)
-        elif self.search.sampling:
+            if self.columns is not None:
+                choice = Choice(choice.scores, choice.parents, self.columns.ids[choice.tokens])
+            return bury_dead(choice, self.specials.pad)
+        if self.search.sampling:
             u = self.u.gather(1, self.on_device(self.units.t)[:, None]).squeeze(1)  # (R,)
             choice = choose_sample(lprobs, self.scores, u, self.search)
         else:

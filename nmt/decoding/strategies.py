@@ -83,6 +83,17 @@ def choose_beam(lprobs: Tensor, scores: Tensor, k: int, order=None) -> Choice:
     return Choice(best, parents, index % V)
 
 
+def bury_dead(choice: Choice, token: int) -> Choice:
+    """Beam search's candidates of log P -inf (no hypothesis can come of them) continue each
+    unit's first row with `token` (an id: PAD): which of their equal -inf top_k returns is
+    arbitrary, and the rows a step feeds the model must not depend on it (int8 rounds a
+    call's activations by the range of all its rows; a shortlist's columns and full rows must
+    search alike)."""
+    dead = choice.scores == -torch.inf  # (b, c)
+    return Choice(choice.scores, choice.parents.masked_fill(dead, 0),
+                  choice.tokens.masked_fill(dead, token))
+
+
 # ------------------------------------------------------------------ what the decoding keeps
 def going_on(choice: Choice, k: int, eos_id: int) -> Choice:
     """The k rows of each unit at the next step: its first k candidates that do not end (EOS),

@@ -37,7 +37,7 @@ from nmt.decoding.fast_model import FastModel
 from nmt.decoding.fast_state import StepRows
 from nmt.decoding.lengths import Units, empty_source, max_positions, output_lengths
 from nmt.decoding.messages import Hypothesis, Sentence
-from nmt.decoding.strategies import choose_beam, row_max
+from nmt.decoding.strategies import bury_dead, choose_beam, row_max
 
 
 def takes(models: list, sentences: list[Sentence], search: SearchConfig, use_cache: bool,
@@ -212,7 +212,7 @@ def beam(fast: FastModel, sentence: Sentence, search: SearchConfig,
     for t in range(max_len):
         lprobs = torch.log_softmax(fast.decode_step(last, state)[:, 0].float(), dim=-1)
         lprobs.index_fill_(1, early if t < search.min_len else banned, -torch.inf)
-        choice = choose_beam(lprobs, scores, k)  # (1, 2k) best first
+        choice = bury_dead(choose_beam(lprobs, scores, k), specials.pad)  # (1, 2k) best first
         cand, parents, tokens = (x[0].tolist() for x in (choice.scores, choice.parents,
                                                          choice.tokens))
         ended = [c for c in range(k) if tokens[c] == eos]  # |Y| = t + 1

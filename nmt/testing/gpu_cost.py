@@ -94,10 +94,11 @@ def loss_memory(tokens: int, vocab: int, dtype: torch.dtype = torch.bfloat16,
 def decoding_reads(models, sources: list[list[int]], search) -> dict:
     """Host reads of one greedy or beam search (search.beam_size) over `sources` as one
     batch, on the CPU's real tensors: before the first step, per step (mean and most).
-    FastModel's grouping of unequal sources is left out: it runs on the CPU only (its reads
-    of the lengths cost nothing there), and a GPU skips it."""
+    FastModel's grouping of unequal sources and the tight loops (nmt.decoding.tight_loops,
+    which step the fused operator) are left out: they run on the CPU only (their reads cost
+    nothing there), and a GPU steps the core."""
     from nmt.data.tokenizer import SPECIALS
-    from nmt.decoding import batches, fast_model
+    from nmt.decoding import batches, fast_model, tight_loops
 
     src = batches.pad_batch([s + [SPECIALS.eos] for s in sources], SPECIALS.pad, "cpu")
     counter, real = HostReads(), batches.Decoder.log_probs
@@ -107,7 +108,8 @@ def decoding_reads(models, sources: list[list[int]], search) -> dict:
         return real(self, prefix, *args, **kwargs)
 
     with mock.patch.object(batches.Decoder, "log_probs", log_probs), counter, \
-            mock.patch.object(fast_model, "source_groups", lambda src_mask: None):
+            mock.patch.object(fast_model, "source_groups", lambda src_mask: None), \
+            mock.patch.object(tight_loops, "takes", lambda *args: False):
         batches.search_batch(models, src, search, SPECIALS)
     return {"before": counter.before, "steps": counter.steps,
             "per_step": sum(counter.per_step) / max(counter.steps, 1),
