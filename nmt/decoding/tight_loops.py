@@ -37,7 +37,7 @@ from nmt.decoding.fast_model import FastModel
 from nmt.decoding.fast_state import StepRows
 from nmt.decoding.lengths import Units, empty_source, max_positions, output_lengths
 from nmt.decoding.messages import Hypothesis, Sentence
-from nmt.decoding.strategies import bury_dead, choose_beam, row_max
+from nmt.decoding.strategies import choose_beam, row_max
 
 
 def takes(models: list, sentences: list[Sentence], search: SearchConfig, use_cache: bool,
@@ -212,9 +212,12 @@ def beam(fast: FastModel, sentence: Sentence, search: SearchConfig,
     for t in range(max_len):
         lprobs = torch.log_softmax(fast.decode_step(last, state)[:, 0].float(), dim=-1)
         lprobs.index_fill_(1, early if t < search.min_len else banned, -torch.inf)
-        choice = bury_dead(choose_beam(lprobs, scores, k), specials.pad)  # (1, 2k) best first
+        choice = choose_beam(lprobs, scores, k)  # (1, 2k) best first
         cand, parents, tokens = (x[0].tolist() for x in (choice.scores, choice.parents,
                                                          choice.tokens))
+        dead = [c for c, score in enumerate(cand) if score == -math.inf]
+        for c in dead:  # strategies.bury_dead's rule, on the host
+            parents[c], tokens[c] = 0, specials.pad
         ended = [c for c in range(k) if tokens[c] == eos]  # |Y| = t + 1
         if ended:
             units.add(np.zeros(len(ended), dtype=np.int64), [outputs[parents[c]] for c in ended],
@@ -233,11 +236,11 @@ def beam(fast: FastModel, sentence: Sentence, search: SearchConfig,
                 units.add(np.zeros(k, dtype=np.int64), outputs, np.array(on_scores),
                           np.full(k, t + 1), [np.diff(p).tolist() for p in paths])
             return units.best(0)
-        if ended:
+        if ended or dead:
             state.reorder(torch.tensor([parents[c] for c in on], device=device), k)
             scores = torch.tensor([on_scores], dtype=torch.float32, device=device)
             last = torch.tensor([[tokens[c]] for c in on], device=device)
-        else:  # the first k go on: the choice's own tensors
+        else:  # the first k go on, none dead: the choice's own tensors
             state.reorder(choice.parents[0, :k], k)
             scores, last = choice.scores[:, :k], choice.tokens[0, :k, None]  # (1, k), (k, 1)
     return units.best(0)  # max_len >= 1: the loop returns

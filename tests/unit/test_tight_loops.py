@@ -149,6 +149,28 @@ def test_the_beam_loop_gives_the_cores_hypotheses(dtype, alpha, nbest):
     assert 0 < at_max < 24
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_beams_with_dead_candidates_search_as_in_the_core(dtype):
+    """Three tokens open to each row (fewer than the 2k candidates a step keeps): candidates
+    of log P -inf among the first k go on as PAD from each unit's first row (bury_dead) in
+    both, the same hypotheses."""
+    if not attention_op.available():
+        pytest.skip(f"the fused attention operator is not built ({attention_op.status()})")
+    fast = FastModel(tiny_model(V, seed=1, stops=True, N=2), dtype)
+    real = fast.decode_step
+
+    def step(y, state, **kwargs):
+        """The model's step, every token past 5 out of reach."""
+        logits = real(y, state, **kwargs)
+        logits[..., 6:] = -torch.inf
+        return logits
+
+    fast.decode_step = step
+    cfg = search(beam_size=4, nbest=2, max_len_b=5)
+    for got, want, _ in both_ways(fast, cfg, 10):
+        assert got == want
+
+
 def test_a_row_with_every_logit_at_minus_infinity_ends_as_in_the_core():
     if not attention_op.available():
         pytest.skip(f"the fused attention operator is not built ({attention_op.status()})")
