@@ -223,17 +223,14 @@ class Decoding(Admission):
                 order = partial(self.phrases.candidates,
                                 sentences=self.on_device(self.units.slot))
             choice = choose_beam(lprobs, self.scores, self.k, order)
-            if self.columns is not None:
-                choice = Choice(choice.scores, choice.parents, self.columns.ids[choice.tokens])
-            return bury_dead(choice, self.specials.pad)
-        if self.search.sampling:
+        elif self.search.sampling:
             u = self.u.gather(1, self.on_device(self.units.t)[:, None]).squeeze(1)  # (R,)
             choice = choose_sample(lprobs, self.scores, u, self.search)
         else:
             choice = choose_greedy(lprobs, self.scores)
-        if self.columns is None:
-            return choice
-        return Choice(choice.scores, choice.parents, self.columns.ids[choice.tokens])
+        if self.columns is not None:
+            choice = Choice(choice.scores, choice.parents, self.columns.ids[choice.tokens])
+        return bury_dead(choice, self.specials.pad) if self.beam else choice
 
     def _advance(self, read: StepRead, on: Choice) -> list[Ended]:
         """Keep what the step chose: finish hypotheses, give each unit the k rows that go `on`

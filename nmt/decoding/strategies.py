@@ -143,14 +143,20 @@ def row_max(x: Tensor) -> tuple[Tensor, Tensor]:
     (NaN where a row has one). Float32 rows on the CPU through nmt::top_k where it is built
     (one pass: 2-6x x.max, docs/results.md "Beam search's best continuations in one pass");
     else x.max for a few rows, row_argmax and a gather for more."""
-    if x.device.type == "cpu" and x.dtype == torch.float32 and x.stride(1) == 1 \
-            and attention_op.available():
+    if _one_pass(x):
         values, columns = torch.ops.nmt.top_k(x, 1)  # (R, 1) each
         return values[:, 0], columns[:, 0]
     if x.numel() < ARGMAX_ELEMENTS:
         return x.max(dim=1)
     token = row_argmax(x)
     return x.gather(1, token.unsqueeze(1))[:, 0], token
+
+
+def _one_pass(x: Tensor) -> bool:
+    """Whether nmt::top_k takes (R, V) x: float32 rows of contiguous columns on the CPU, the
+    operator built."""
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and x.stride(1) == 1
+            and attention_op.available())
 
 
 def row_argmax(x: Tensor) -> Tensor:
@@ -184,13 +190,11 @@ def top_k(x: Tensor, n: int) -> tuple[Tensor, Tensor]:
     groups at least as good, each with a value at least as large as all of its own); the last
     V - M W columns are candidates as they are."""
     R, V = x.shape
-    if x.device.type != "cpu" or x.stride(1) != 1:
-        return x.topk(n, dim=1)
-    if x.dtype == torch.float32 and n <= V and attention_op.available():
+    if n <= V and _one_pass(x):
         return torch.ops.nmt.top_k(x, n)
     M = 32
     W = V // M
-    if W < 4 * n:
+    if W < 4 * n or x.device.type != "cpu" or x.stride(1) != 1:
         return x.topk(n, dim=1)
     group_max = x[:, :M * W].view(R, M, W).amax(dim=1)  # (R, W)
     groups = group_max.topk(n, dim=1).indices  # (R, n)

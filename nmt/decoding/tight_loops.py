@@ -115,7 +115,7 @@ def greedy(fast: FastModel, sentence: Sentence, search: SearchConfig, specials: 
             return _greedy_result(_record(search, 1, max_len), 0, out, paths, float(total),
                                   t + 1, scores)
         if total == -np.inf:  # nothing can win: no hypothesis
-            return [_dead()]
+            return _record(search, 1, max_len).best(0)
         end.add_(1)
         if tensor_where:
             rows.where.add_(1)
@@ -142,7 +142,7 @@ def greedy_batch(fast: FastModel, sentences: list[Sentence], search: SearchConfi
     total = torch.zeros(n, device=device)  # (R,) each row's prefix's sum (the core's)
     outputs: list[list[int]] = [[] for _ in range(n)]
     paths = [[0.0] for _ in range(n)]  # scores: each sentence's prefixes' log P (BOS: 0)
-    results = [[_dead()] for _ in range(n)]  # the dead rows' stay
+    results: list[list[Hypothesis]] = [[] for _ in range(n)]
     for t in range(int(max_len.max())):
         logits = fast.decode_step(last, state)[:, 0]  # (R, V)
         if scores:
@@ -161,6 +161,7 @@ def greedy_batch(fast: FastModel, sentences: list[Sentence], search: SearchConfi
                                             scores)
             elif total_r == -math.inf:  # nothing can win (the core's bound): no hypothesis
                 ended.append(r)
+                results[i] = units.best(i)
         if not ended:
             last = token[:, None]  # (R, 1)
             continue
@@ -174,11 +175,6 @@ def greedy_batch(fast: FastModel, sentences: list[Sentence], search: SearchConfi
     return results
 
 
-def _dead() -> Hypothesis:
-    """No hypothesis: every token banned (or NaN), as the core answers it."""
-    return Hypothesis([], -math.inf, -math.inf, [])
-
-
 def _greedy_result(units: Units, i: int, output: list[int], path: list[float], logp: float,
                    length: int, scores: bool) -> list[Hypothesis]:
     """Sentence i's one hypothesis, as the core's `_finish` records it: `output`, |Y| = length
@@ -186,11 +182,12 @@ def _greedy_result(units: Units, i: int, output: list[int], path: list[float], l
     its tokens' log P the differences of `path`, its prefixes' log P. Without scores, logp
     is the logits' sum: NaN where it is finite, else no hypothesis."""
     if not scores:
-        return [Hypothesis(output, math.nan, math.nan, None) if math.isfinite(logp)
-                else _dead()]
-    units.add(np.array([i]), [output], np.array([logp]), np.array([length]),
-              [np.diff(path[:len(output) + 1]).tolist()])
-    return units.best(i)
+        if math.isfinite(logp):
+            return [Hypothesis(output, math.nan, math.nan, None)]
+    else:
+        units.add(np.array([i]), [output], np.array([logp]), np.array([length]),
+                  [np.diff(path[:len(output) + 1]).tolist()])
+    return units.best(i)  # none recorded: the empty output at -inf
 
 
 @torch.inference_mode()

@@ -39,6 +39,24 @@ def core_batch(models: list, sentences: list[Sentence], cfg,
     return [out[s.tag] for s in sentences]
 
 
+def spoilt(dtype: str, spoil) -> FastModel:
+    """The tiny model's FastModel whose every step's logits (R, 1, V) `spoil(logits, step)`
+    changes in place (skipped where the fused operator is not built)."""
+    if not attention_op.available():
+        pytest.skip(f"the fused attention operator is not built ({attention_op.status()})")
+    fast = FastModel(tiny_model(V, seed=1, stops=True, N=2), dtype)
+    real = fast.decode_step
+
+    def step(y, state, **kwargs):
+        """The model's step, spoilt."""
+        logits = real(y, state, **kwargs)
+        spoil(logits, state.step)
+        return logits
+
+    fast.decode_step = step
+    return fast
+
+
 def both_ways(fast: FastModel, cfg, seed: int, scores: bool = True):
     """24 random sentences, each decoded alone by decode_all (through the loop, which takes
     it) and by the core: (the loop's, the core's hypotheses, the maximum output length)."""
@@ -105,22 +123,15 @@ def test_a_row_dying_in_a_batch_leaves_it_as_in_the_core(dtype, scores):
     """The first row's logits -inf but PAD's at the third step (every token banned: dead, no
     hypothesis), the second's NaN at the fourth (a NaN score, or none without scores): the
     core's hypotheses, the others' too (in int8, whose scales see the rows that are left)."""
-    if not attention_op.available():
-        pytest.skip(f"the fused attention operator is not built ({attention_op.status()})")
-    fast = FastModel(tiny_model(V, seed=1, stops=True, N=2), dtype)
-    real = fast.decode_step
-
-    def step(y, state, **kwargs):
-        """The model's step, a row spoilt."""
-        logits = real(y, state, **kwargs)
-        if state.step == 3:
+    def spoil(logits, step):
+        """A row's logits: -inf but PAD's, then NaN."""
+        if step == 3:
             logits[0] = -torch.inf
             logits[0, :, PAD] = 0.0
-        if state.step == 4:
+        if step == 4:
             logits[1] = torch.nan
-        return logits
 
-    fast.decode_step = step
+    fast = spoilt(dtype, spoil)
     cfg = search(beam_size=1, max_len_b=8)
     batch = [Sentence(i, s) for i, s in enumerate(random_sources(6, V, seed=9))]
     got = tight_loops.greedy_batch(fast, batch, cfg, SPECIALS, scores)
@@ -154,18 +165,7 @@ def test_beams_with_dead_candidates_search_as_in_the_core(dtype):
     """Three tokens open to each row (fewer than the 2k candidates a step keeps): candidates
     of log P -inf among the first k go on as PAD from each unit's first row (bury_dead) in
     both, the same hypotheses."""
-    if not attention_op.available():
-        pytest.skip(f"the fused attention operator is not built ({attention_op.status()})")
-    fast = FastModel(tiny_model(V, seed=1, stops=True, N=2), dtype)
-    real = fast.decode_step
-
-    def step(y, state, **kwargs):
-        """The model's step, every token past 5 out of reach."""
-        logits = real(y, state, **kwargs)
-        logits[..., 6:] = -torch.inf
-        return logits
-
-    fast.decode_step = step
+    fast = spoilt(dtype, lambda logits, step: logits[..., 6:].fill_(-torch.inf))
     cfg = search(beam_size=4, nbest=2, max_len_b=5)
     for got, want, _ in both_ways(fast, cfg, 10):
         assert got == want
