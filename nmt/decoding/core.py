@@ -380,9 +380,7 @@ def decode_all(models: list, sentences: list[Sentence], search: SearchConfig,
     if tight_loops.takes(models, sentences, search, use_cache, candidates, beam):
         if beam:
             return [tight_loops.beam(models[0], sentences[0], search, specials)]
-        if len(sentences) > 1:
-            return tight_loops.greedy_batch(models[0], sentences, search, specials, scores)
-        return [tight_loops.greedy(models[0], sentences[0], search, specials, scores)]
+        return tight_loops.greedy(models[0], sentences, search, specials, scores)
     dec = Decoding(models, search, specials, device, use_cache, continuations, beam,
                    scores=scores)
     dec.admit([Sentence(i, s.src, s.prefix, s.phrases, s.line)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -412,15 +411,6 @@ class FastModel(nn.Module):
         x = layers(x, rows, caches, state.memory_kv, state.generator is None)
         state.step += 1
         return x if state.generator is None else state.generator(x)
-
-    def one_row_layers(self) -> tuple[Callable, bool]:
-        """The decoder layers of a step of one row (step_layers' arguments): int8's package of
-        a few rows compiled ahead of time where search.compile built one, else step_layers;
-        and whether they take rows.where as a (1,) tensor (the package's) rather than a
-        number."""
-        if self._packaged is not None:
-            return self._packaged, True
-        return self.step_layers, False
 
     def step_layers(self, x: Tensor, rows: StepRows, caches: list[tuple[Tensor, Tensor, Tensor]],
                     memory_kv: list[tuple[Tensor, Tensor]], project: bool) -> Tensor:

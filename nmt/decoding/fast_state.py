@@ -197,16 +197,25 @@ class FastState:
         self.src_len = src_mask.sum(1)  # (M,)
         self.parts = None
 
-    def one_row_caches(self, positions: int) -> list[tuple[Tensor, Tensor, Tensor]]:
-        """One sentence's row with room for `positions` positions from the first (a fresh state
-        of the fused operator, one row): each layer's buffers and table (TableKVCache.advance's,
-        the table all buffer row 0), made once for a whole decoding of that row."""
-        like = self.memory_kv[0][0]  # (1, h, S, d_k): the keys' shape and dtype
-        caches = []
+    def own_rows(self, rows: int, positions: int, room: int,
+                 own: Tensor) -> list[tuple[Tensor, Tensor, Tensor]]:
+        """A fresh state's `rows` rows for a loop that steps them itself (nmt.decoding.
+        tight_loops), with buffers of `room` rows and `positions` positions, made once: each
+        layer's buffers and table (TableKVCache.advance's), every position of row r written in
+        buffer row r (`moved` after a reorder). own: (rows, 1) arange."""
+        like = self.memory_kv[0][0]  # (M, h, S, d_k): the keys' shape and dtype
         for cache in self.self_kv:
-            cache._reserve(like, 1, positions)
-            caches.append((cache.k, cache.v, cache.table))
-        return caches
+            cache._reserve(like, room, positions)
+            cache.table = cache.table[:rows]
+        return self.moved(0, own)
+
+    def moved(self, t: int, own: Tensor) -> list[tuple[Tensor, Tensor, Tensor]]:
+        """Each layer's buffers and table after the rows moved (reorder): from position t on,
+        row r's keys and values are written in buffer row r (a row never writes another's
+        past). own: (R, 1) arange, R the rows now."""
+        for cache in self.self_kv:
+            cache.table[:, t:] = own
+        return [(cache.k, cache.v, cache.table) for cache in self.self_kv]
 
     def step_parts(self, B: int) -> tuple[Tensor, Tensor, Tensor]:
         """What the fused operator reads of B rows that stays while they do (StepRows'): zeros

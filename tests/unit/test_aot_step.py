@@ -123,7 +123,7 @@ def test_a_package_that_cannot_be_built_leaves_the_step_eager(steps_cache, monke
 
 def test_beams_and_batches_through_the_package_give_eagers_outputs(steps_cache):
     """Beam search of one sentence (tight_loops.beam: 4 rows of one memory row) and greedy
-    search of a few sentences (tight_loops.greedy_batch, rows leaving as sentences end) step
+    search of a few sentences (tight_loops.greedy, rows leaving as sentences end) step
     through the package where it takes their rows: eager's outputs."""
     model = tiny_model(V, seed=1, stops=True, N=2)
     eager, compiled = FastModel(model, "int8"), FastModel(model, "int8", compile=True)

@@ -41,19 +41,20 @@ def core_batch(models: list, sentences: list[Sentence], cfg,
 
 def spoilt(dtype: str, spoil) -> FastModel:
     """The tiny model's FastModel whose every step's logits (R, 1, V) `spoil(logits, step)`
-    changes in place (skipped where the fused operator is not built)."""
+    changes in place (the decoder's step of one position, which the core and the loops share;
+    skipped where the fused operator is not built)."""
     if not attention_op.available():
         pytest.skip(f"the fused attention operator is not built ({attention_op.status()})")
     fast = FastModel(tiny_model(V, seed=1, stops=True, N=2), dtype)
-    real = fast.decode_step
+    real = fast.step_layers
 
-    def step(y, state, **kwargs):
+    def step(x, rows, *args):
         """The model's step, spoilt."""
-        logits = real(y, state, **kwargs)
-        spoil(logits, state.step)
+        logits = real(x, rows, *args)
+        spoil(logits, int(rows.where))
         return logits
 
-    fast.decode_step = step
+    fast.step_layers = step
     return fast
 
 
@@ -93,7 +94,7 @@ def test_the_greedy_loop_gives_the_cores_hypotheses(dtype, scores):
 
 @pytest.mark.parametrize(("dtype", "scores"), [("fp32", False), ("int8", False),
                                                 ("fp32", True), ("int8", True)])
-def test_the_greedy_batch_loop_gives_the_cores_hypotheses(dtype, scores):
+def test_the_greedy_loop_of_a_batch_gives_the_cores_hypotheses(dtype, scores):
     """Batches of 2 to 24 sentences: the core's hypotheses (in int8 too, where a row leaving
     a batch at another step would change the others' activation scales), rows ending with EOS
     at different steps and at their own maximum lengths."""
@@ -134,7 +135,7 @@ def test_a_row_dying_in_a_batch_leaves_it_as_in_the_core(dtype, scores):
     fast = spoilt(dtype, spoil)
     cfg = search(beam_size=1, max_len_b=8)
     batch = [Sentence(i, s) for i, s in enumerate(random_sources(6, V, seed=9))]
-    got = tight_loops.greedy_batch(fast, batch, cfg, SPECIALS, scores)
+    got = tight_loops.greedy(fast, batch, cfg, SPECIALS, scores)
     want = core_batch([fast], batch, cfg, scores)
     assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps]
                                                           for hyps in want]
@@ -175,21 +176,19 @@ def test_a_row_with_every_logit_at_minus_infinity_ends_as_in_the_core():
     if not attention_op.available():
         pytest.skip(f"the fused attention operator is not built ({attention_op.status()})")
     fast = FastModel(tiny_model(V, seed=1, stops=True), "fp32")
-    fast.step_layers = lambda x, *args: torch.full((1, 1, V), -torch.inf)
+    fast.step_layers = lambda x, *args: torch.full((len(x), 1, V), -torch.inf)
     cfg, sentence = search(beam_size=1), Sentence(0, [5, 6, 7])
     dead = [Hypothesis([], -math.inf, -math.inf, [])]
-    assert tight_loops.greedy(fast, sentence, cfg, SPECIALS) == dead
+    assert tight_loops.greedy(fast, [sentence], cfg, SPECIALS) == [dead]
     assert core([fast], sentence, cfg) == dead
     # with scores: the log-softmax of -inf logits is NaN, a NaN hypothesis in both
-    got = tight_loops.greedy(fast, sentence, cfg, SPECIALS, scores=True)
+    [got] = tight_loops.greedy(fast, [sentence], cfg, SPECIALS, scores=True)
     assert str(got) == str(core([fast], sentence, cfg, scores=True))
     assert math.isnan(got[0].score)
     two = [sentence, Sentence(1, [8, 9])]
-    fast.decode_step = lambda y, state: torch.full((len(y), 1, V), -torch.inf)
-    assert tight_loops.greedy_batch(fast, two, cfg, SPECIALS) == core_batch([fast], two, cfg)
-    assert tight_loops.greedy_batch(fast, two, cfg, SPECIALS) == [dead, dead]
+    assert tight_loops.greedy(fast, two, cfg, SPECIALS) == core_batch([fast], two, cfg)
+    assert tight_loops.greedy(fast, two, cfg, SPECIALS) == [dead, dead]
     # beam search: the log-softmax of -inf logits is NaN, in both
-    fast.decode_step = lambda y, state: torch.full((len(y), 1, V), -torch.inf)
     cfg = search(beam_size=4)
     got, want = tight_loops.beam(fast, sentence, cfg, SPECIALS), core([fast], sentence, cfg)
     assert [h.tokens for h in got] == [h.tokens for h in want]
