@@ -1,6 +1,6 @@
 """Decoding: the search over a model's next-token log-probabilities. The decoding core
 (core.py: one step loop and what the Decoding keeps; tight_loops.py: plain greedy search of a
-batch, beam search of one sentence, in tight loops) with its strategies (strategies.py:
+batch, beam search of a few sentences, in tight loops) with its strategies (strategies.py:
 greedy, sampling, beams), length rules (lengths.py), rules (rules.py: bans, forced prefixes,
 the shortlist's columns), lexical constraints (constrained.py) and admission into a running
 batch (admission.py); the models' side of a step (decoder.py) over the fast model it steps

@@ -375,11 +375,11 @@ def decode_all(models: list, sentences: list[Sentence], search: SearchConfig,
                beam: bool | None = None, scores: bool = True) -> list[list[Hypothesis]]:
     """Batch decoding: every sentence admitted at step 0, stepped until none is live; the
     hypotheses of each, in order (Decoding's arguments). Plain greedy search, or beam search
-    of one sentence (tight_loops.takes), in tight_loops' loops, with the same hypotheses."""
+    of a few sentences (tight_loops.takes), in tight_loops' loops, with the same hypotheses."""
     beam = use_beams(search, False) if beam is None else beam
     if tight_loops.takes(models, sentences, search, use_cache, candidates, beam):
         if beam:
-            return [tight_loops.beam(models[0], sentences[0], search, specials)]
+            return tight_loops.beam(models[0], sentences, search, specials)
         return tight_loops.greedy(models[0], sentences, search, specials, scores)
     dec = Decoding(models, search, specials, device, use_cache, continuations, beam,
                    scores=scores)

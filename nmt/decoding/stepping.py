@@ -8,8 +8,8 @@ at a time for every live sentence. How sentences join it is the Batcher's policy
   and leave when they end, as LLM servers batch (Orca, vLLM), so that a short sentence never
   waits for a long one;
 - dynamic batching (the default): a whole batch, sent only to an empty worker, decoded apart
-  over its own shortlist, as nmt-translate decodes its batches (plain greedy search, and a
-  lone sentence's beam search, in nmt.decoding.tight_loops' loops, at once, as
+  over its own shortlist, as nmt-translate decodes its batches (plain greedy search, and
+  plain beam search of a few sentences, in nmt.decoding.tight_loops' loops, at once, as
   nmt-translate's too).
 An engine without a step loop (CTranslate2) runs `batch_loop`, which takes whole batches only.
 Outputs equal translate_nbest's in fp32 under either policy (the rows of a sentence see only
@@ -77,8 +77,8 @@ def step_loop(translator, inbox, outbox, worker: int) -> None:
 
 
 def _alone(translator, batch: Batch, outbox, worker: int) -> bool:
-    """A whole Batch that tight_loops' loops take (plain greedy search, a lone request's beam
-    search; whole Batches go to idle workers): decoded at once, as batch translation decodes
+    """A whole Batch that tight_loops' loops take (plain greedy search, plain beam search of a
+    few sentences; whole Batches go to idle workers): decoded at once, as batch translation decodes
     it, Done or Failed in `outbox`; False, doing nothing, for any other Batch."""
     sentences, search = batch.sentences, batch.search
     models = translator.prepared(search.dtype, search.compile)

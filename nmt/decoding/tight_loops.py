@@ -1,20 +1,21 @@
 """Plain searches in tight loops: batch translation's path where the decoding core has
 nothing else to do (a one-line nmt-translate, an editor's sentence, a few sentences at a time,
-a server's whole batches of greedy search and lone requests; issue 60).
+a server's whole batches of plain search; issue 60).
 
 The decoding core (nmt.decoding.core.Decoding) spends about half of a small batch's step
 around the model: the rules, the strategy's Choice, the host's read, the units' bookkeeping,
 each a few small operators and numpy calls made for any batch and search. Where the core has
 nothing else to do (`takes`: one FastModel on the fused operator's cache, greedy search of any
-batch or beam search of one sentence, without constraints, prefixes, shortlists or the n-gram
-rule), a step is the model's and a few operators:
+batch or beam search of a few sentences, without constraints, prefixes, shortlists or the
+n-gram rule), a step is the model's and a few operators:
 - `greedy`: one or more sentences: the decoder's step of the live rows, the log-softmax
   where scores are asked for, the specials' bans and each row's maximum: CTranslate2's greedy
   loop; a row leaves at the step it ends, as the core's rows do (so that int8's activation
   scales, one a call, see the same rows);
-- `beam`: one sentence: the decoder's step of the k rows, the log-softmax, the bans, the 2k
-  best continuations (strategies.choose_beam, the core's own), then fairseq's rule on the host
-  over those 2k numbers with the core's record of finished hypotheses (lengths.Units).
+- `beam`: up to BEAM_SENTENCES sentences: the decoder's step of their k rows each, the
+  log-softmax, the bans, each unit's 2k best continuations (strategies.choose_beam, the
+  core's own), then fairseq's rule on the host over those 2k numbers a unit with the core's
+  record of finished hypotheses (lengths.Units); a unit's rows leave at the step it ends.
 Both step the decoder through `_Steps` (its caches made once; int8's package compiled ahead
 of time under search.compile, else FastModel.step_layers).
 All give the core's hypotheses (tests/unit/test_tight_loops.py).
@@ -38,14 +39,17 @@ from nmt.decoding.lengths import Units, empty_source, max_positions, output_leng
 from nmt.decoding.messages import Hypothesis, Sentence
 from nmt.decoding.strategies import choose_beam, row_max
 
+BEAM_SENTENCES = 16  # `beam` takes this many sentences at most (its host work is per unit;
+# docs/results.md "Beam search of a few sentences in one loop")
+
 
 def takes(models: list, sentences: list[Sentence], search: SearchConfig, use_cache: bool,
           candidates: Candidates | None, beam: bool) -> bool:
     """Whether `greedy` (beam=False) or `beam` decodes these sentences as the core would:
-    sources without a prefix or constraints (some; one for beam search); one FastModel
-    stepping through the fused operator's cache; greedy search of one hypothesis or beam
-    search, not sampling; no repeated n-gram rule or shortlist."""
-    return (0 < len(sentences) and (len(sentences) == 1 or not beam)
+    sources without a prefix or constraints (some; at most BEAM_SENTENCES for beam search);
+    one FastModel stepping through the fused operator's cache; greedy search of one
+    hypothesis or beam search, not sampling; no repeated n-gram rule or shortlist."""
+    return (0 < len(sentences) and (len(sentences) <= BEAM_SENTENCES or not beam)
             and all(empty_source(s) is None and not s.prefix and not s.phrases
                     for s in sentences)
             and len(models) == 1 and isinstance(models[0], FastModel) and models[0].fused
@@ -120,10 +124,11 @@ def _bans(specials: Specials, device: torch.device) -> tuple[Tensor, Tensor]:
     return banned, early
 
 
-def _record(search: SearchConfig, nbest: int, max_len: int) -> Units:
-    """The core's record of one unit's finished hypotheses (its nbest; lp(max_len))."""
+def _units(search: SearchConfig, nbest: int, max_len: np.ndarray) -> Units:
+    """The core's record of finished hypotheses, a unit per sentence (its nbest; lp(max_len)
+    from max_len (n,))."""
     units = Units(search.alpha, nbest)
-    units.admit(np.zeros(1, dtype=np.int64), 0, np.array([max_len]), [[]])
+    units.admit(np.arange(len(max_len)), 0, max_len, [[] for _ in max_len])
     return units
 
 
@@ -144,8 +149,7 @@ def greedy(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
     limits = max_len.tolist()  # (n,) as numbers (a numpy scalar a row a step is slower)
     steps = _Steps(fast, state, max(limits), n)
     banned, early = _bans(specials, device)
-    units = Units(search.alpha, 1)  # the core's record, a unit per sentence (scores)
-    units.admit(np.arange(n), 0, max_len, [[] for _ in range(n)])
+    units = _units(search, 1, max_len)  # (scores)
     live = list(range(n))  # each row's sentence
     last = torch.full((n,), specials.bos, device=device)  # (R,) each row's newest token
     total = torch.zeros(n, device=device)  # (R,) each row's prefix's sum (the core's)
@@ -200,57 +204,88 @@ def _greedy_result(units: Units, i: int, output: list[int], path: list[float], l
 
 
 @torch.inference_mode()
-def beam(fast: FastModel, sentence: Sentence, search: SearchConfig,
-         specials: Specials) -> list[Hypothesis]:
-    """Beam search of one sentence (`takes`), as the core runs it: the 2k best continuations
-    of the k rows (choose_beam); EOS among the first k finishes a hypothesis; the first k
-    that do not end go on; the search ends with k finished hypotheses, at the maximum length
-    (the k rows finish as they are) or when no row can beat the nbest-th finished one;
-    search.nbest hypotheses, best first, each with its tokens' log P (the differences of its
-    prefixes' log P, as the core's)."""
-    max_len, state = _start(fast, [sentence], search, specials)
-    max_len, k, eos = int(max_len[0]), search.beam_size, specials.eos
+def beam(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
+         specials: Specials) -> list[list[Hypothesis]]:
+    """Beam search of a few sentences (`takes`), as the core runs it, a unit of k rows per
+    sentence: the 2k best continuations of its rows (choose_beam); EOS among the first k
+    finishes a hypothesis; the first k that do not end go on; a unit ends with k finished
+    hypotheses, at its maximum length (the k rows finish as they are) or when no row can beat
+    its nbest-th finished one, and its rows leave the batch at that step, as the core's do;
+    search.nbest hypotheses a sentence, best first, each with its tokens' log P (the
+    differences of its prefixes' log P, as the core's)."""
+    max_len, state = _start(fast, sentences, search, specials)
+    limits, n, k = max_len.tolist(), len(sentences), search.beam_size
     device = state.src_len.device
-    steps = _Steps(fast, state, max_len, k)
+    steps = _Steps(fast, state, max(limits), n * k)
     banned, early = _bans(specials, device)
-    units = _record(search, search.nbest, max_len)
-    last = torch.full((1,), specials.bos, device=device)  # (kb,) each row's newest token
-    scores = torch.zeros(1, 1, device=device)  # (1, kb) log P of each row's prefix
-    outputs: list[list[int]] = [[]]  # each row's output so far
-    paths: list[list[float]] = [[0.0]]  # each row's prefixes' log P (BOS: 0)
-    for t in range(max_len):
-        lprobs = torch.log_softmax(steps(last, t).float(), dim=-1)  # (kb, V)
+    units = _units(search, search.nbest, max_len)
+    live = list(range(n))  # each unit's sentence
+    last = torch.full((n,), specials.bos, device=device)  # (U kb,) each row's newest token
+    scores = torch.zeros(n, 1, device=device)  # (U, kb) log P of each row's prefix
+    rows: list = [[([], [0.0])] for _ in range(n)]  # each unit's rows: output, prefixes' log P
+    results: list[list[Hypothesis]] = [[] for _ in range(n)]
+    for t in range(max(limits)):
+        lprobs = torch.log_softmax(steps(last, t).float(), dim=-1)  # (U kb, V)
         lprobs.index_fill_(1, early if t < search.min_len else banned, -torch.inf)
-        choice = choose_beam(lprobs, scores, k)  # (1, 2k) best first
-        cand, parents, tokens = (x[0].tolist() for x in (choice.scores, choice.parents,
-                                                         choice.tokens))
-        dead = [c for c, score in enumerate(cand) if score == -math.inf]
-        for c in dead:  # strategies.bury_dead's rule, on the host
-            parents[c], tokens[c] = 0, specials.pad
-        ended = [c for c in range(k) if tokens[c] == eos]  # |Y| = t + 1
-        if ended:
-            units.add(np.zeros(len(ended), dtype=np.int64), [outputs[parents[c]] for c in ended],
-                      np.array([cand[c] for c in ended]), np.full(len(ended), t + 1),
-                      [np.diff(paths[parents[c]]).tolist() for c in ended])
-        # going on: the first k with EOS pushed last (a stable sort, the core's going_on)
-        on = (sorted(range(len(tokens)), key=lambda c: tokens[c] == eos)[:k] if ended
-              else range(k))
-        outputs = [outputs[parents[c]] + [tokens[c]] for c in on]
-        paths = [paths[parents[c]] + [cand[c]] for c in on]
-        on_scores = [cand[c] for c in on]
-        reached = max_len <= t + 1
-        # the bound, float32 (NaN where a score is: NaN, as the core's; scores are <= 0)
-        best = np.float32(math.nan if math.isnan(sum(on_scores)) else max(on_scores))
-        if reached or units.count[0] >= k or units.threshold[0] >= best / units.lp_max[0]:
-            if reached:  # out of length: the k rows finish as they are, |Y| = t + 1
-                units.add(np.zeros(k, dtype=np.int64), outputs, np.array(on_scores),
-                          np.full(k, t + 1), [np.diff(p).tolist() for p in paths])
-            return units.best(0)
-        if ended or dead:
-            steps.reorder(torch.tensor([parents[c] for c in on], device=device), t, k)
-            scores = torch.tensor([on_scores], dtype=torch.float32, device=device)
-            last = torch.tensor([tokens[c] for c in on], device=device)
-        else:  # the first k go on, none dead: the choice's own tensors
-            steps.reorder(choice.parents[0, :k], t, k)
-            scores, last = choice.scores[:, :k], choice.tokens[0, :k]  # (1, k), (k,)
-    return units.best(0)  # max_len >= 1: the loop returns
+        choice = choose_beam(lprobs, scores, k)  # (U, 2k) best first
+        read = zip(*(x.tolist() for x in (choice.scores, choice.parents, choice.tokens)),
+                   strict=True)  # each unit's (cand, parent, token)
+        kb = steps.R // len(live)  # rows a unit at this step
+        kept, plain = [], True  # kept: (unit, its candidates that go on, its read)
+        for u, (i, (cand, parent, token)) in enumerate(zip(live, read, strict=True)):
+            on = _beam_step(units, i, rows[u], cand, parent, token, t, specials)
+            plain &= on is None  # the first k go on, none dead or ended
+            on = range(k) if on is None else on
+            rows[u] = [(rows[u][parent[c]][0] + [token[c]], rows[u][parent[c]][1] + [cand[c]])
+                       for c in on]
+            best = [cand[c] for c in on]  # the bound, float32 (NaN where a score is; <= 0)
+            bound = np.float32(math.nan if math.isnan(sum(best)) else max(best))
+            reached = limits[i] <= t + 1
+            if reached or units.count[i] >= k or units.threshold[i] >= bound / units.lp_max[i]:
+                if reached:  # out of length: the k rows finish as they are, |Y| = t + 1
+                    units.add(np.full(k, i), [r[0] for r in rows[u]], np.array(best),
+                              np.full(k, t + 1), [np.diff(r[1]).tolist() for r in rows[u]])
+                results[i], plain = units.best(i), False
+                continue
+            kept.append((u, on, parent, token, best))
+        if not kept:
+            break
+        if plain:  # every unit's first k go on, none dead: the choice's own tensors
+            index = choice.parents[:, :k]  # (U, k) each unit's rows
+            if len(live) > 1:
+                index = index + kb * torch.arange(len(live), device=device)[:, None]
+            steps.reorder(index.reshape(-1), t, k)
+            scores = choice.scores[:, :k].contiguous()  # (U, k)
+            last = choice.tokens[:, :k].reshape(-1)  # (U k,)
+            continue
+        index = [u * kb + parent[c] for u, on, parent, _, _ in kept for c in on]  # (U' k,)
+        gone = len(kept) < len(live)
+        steps.reorder(torch.tensor(index, device=device), t, k,
+                      torch.tensor([u for u, *_ in kept], device=device) if gone else None)
+        scores = torch.tensor([best for *_, best in kept], dtype=torch.float32,
+                              device=device)  # (U', k)
+        last = torch.tensor([token[c] for _, on, _, token, _ in kept for c in on],
+                            device=device)  # (U' k,)
+        live, rows = [live[u] for u, *_ in kept], [rows[u] for u, *_ in kept]
+    return results
+
+
+def _beam_step(units: Units, i: int, rows: list, cand: list[float], parent: list[int],
+               token: list[int], t: int, specials: Specials) -> list[int] | None:
+    """One unit's step on the host, its rows (output, prefixes' log P) and 2k candidates
+    (cand, parent, token: read from choose_beam): the dead ones (log P -inf) continue its
+    first row with PAD (strategies.bury_dead's rule, in place); EOS among the first k
+    finishes a hypothesis of sentence i (|Y| = t + 1). Returns the candidates that go on: the
+    first k with EOS pushed last (a stable sort, the core's going_on); None for the first k
+    where none is dead or ends."""
+    k = len(cand) // 2
+    dead = [c for c, score in enumerate(cand) if score == -math.inf]
+    for c in dead:
+        parent[c], token[c] = 0, specials.pad
+    ended = [c for c in range(k) if token[c] == specials.eos]
+    if ended:
+        units.add(np.full(len(ended), i), [rows[parent[c]][0] for c in ended],
+                  np.array([cand[c] for c in ended]), np.full(len(ended), t + 1),
+                  [np.diff(rows[parent[c]][1]).tolist() for c in ended])
+        return sorted(range(len(token)), key=lambda c: token[c] == specials.eos)[:k]
+    return list(range(k)) if dead else None

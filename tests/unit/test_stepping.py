@@ -302,9 +302,9 @@ def test_the_loop_decodes_whole_batches_as_nmt_translate_and_newcomers_beside_th
 @pytest.mark.parametrize("beam", [1, 4])
 def test_whole_batches_of_plain_search_decode_in_tight_loops_as_nmt_translate(beam,
                                                                              monkeypatch):
-    """Whole Batches (dynamic batching) of plain greedy search, and a lone request's beam
-    search, go through nmt.decoding.tight_loops: translate_nbest's hypotheses, scores
-    included; a beam search of two sentences goes through the core."""
+    """Whole Batches (dynamic batching) of plain greedy search, and plain beam search of one
+    sentence or two, go through nmt.decoding.tight_loops: translate_nbest's hypotheses,
+    scores included."""
     cfg = search(beam_size=beam, max_len_b=4)
     model = decoding_models([tiny_model(V, seed=1, stops=True, N=2)], cfg)[0]
     if not model.fused:
@@ -323,7 +323,7 @@ def test_whole_batches_of_plain_search_decode_in_tight_loops_as_nmt_translate(be
                Batch(cfg, [Sentence(1, sources[1]), Sentence(2, sources[2])], True)]
     got = by_tag(r for m in run_loop(stand_in(model), batches, 3) for r in m.results)
     assert [got[i] for i in range(3)] == want
-    assert loops == (["greedy", "greedy"] if beam == 1 else ["beam"])
+    assert loops == (["greedy", "greedy"] if beam == 1 else ["beam", "beam"])
 
 
 def test_a_refused_admission_admits_none_of_its_sentences_not_even_the_empty_ones():

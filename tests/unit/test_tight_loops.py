@@ -161,6 +161,28 @@ def test_the_beam_loop_gives_the_cores_hypotheses(dtype, alpha, nbest):
     assert 0 < at_max < 24
 
 
+@pytest.mark.parametrize(("dtype", "alpha", "nbest"), [("fp32", 0.6, 1), ("int8", 1.0, 2)])
+def test_the_beam_loop_of_a_few_sentences_gives_the_cores_hypotheses(dtype, alpha, nbest):
+    """Beam 4 of 2 to BEAM_SENTENCES sentences at once: the core's hypotheses (in int8 too,
+    where a unit leaving the batch at another step would change the others' activation
+    scales), units ending at different steps, early or at their maximum lengths."""
+    if not attention_op.available():
+        pytest.skip(f"the fused attention operator is not built ({attention_op.status()})")
+    fast = FastModel(tiny_model(V, seed=1, stops=True, N=2), dtype)
+    cfg = search(beam_size=4, alpha=alpha, nbest=nbest, min_len=2, max_len_b=4)
+    sentences = [Sentence(i, s) for i, s in enumerate(random_sources(24, V, seed=11))]
+    n, ends = tight_loops.BEAM_SENTENCES, set()
+    for batch in (sentences[:2], sentences[2:2 + n], sentences[2 + n:2 + 2 * n]):
+        assert tight_loops.takes([fast], batch, cfg, True, None, True)
+        got = decode_all([fast], batch, cfg, SPECIALS)
+        assert got == core_batch([fast], batch, cfg, True)
+        assert [[h.token_logprobs for h in hyps] for hyps in got] == \
+            [[h.token_logprobs for h in hyps] for hyps in core_batch([fast], batch, cfg, True)]
+        assert all(len(hyps) == nbest for hyps in got)
+        ends |= {len(hyps[0].tokens) for hyps in got}
+    assert len(ends) > 3
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "int8"])
 def test_beams_with_dead_candidates_search_as_in_the_core(dtype):
     """Three tokens open to each row (fewer than the 2k candidates a step keeps): candidates
@@ -170,6 +192,8 @@ def test_beams_with_dead_candidates_search_as_in_the_core(dtype):
     cfg = search(beam_size=4, nbest=2, max_len_b=5)
     for got, want, _ in both_ways(fast, cfg, 10):
         assert got == want
+    batch = [Sentence(i, s) for i, s in enumerate(random_sources(5, V, seed=12))]
+    assert tight_loops.beam(fast, batch, cfg, SPECIALS) == core_batch([fast], batch, cfg, True)
 
 
 def test_a_row_with_every_logit_at_minus_infinity_ends_as_in_the_core():
@@ -190,14 +214,14 @@ def test_a_row_with_every_logit_at_minus_infinity_ends_as_in_the_core():
     assert tight_loops.greedy(fast, two, cfg, SPECIALS) == [dead, dead]
     # beam search: the log-softmax of -inf logits is NaN, in both
     cfg = search(beam_size=4)
-    got, want = tight_loops.beam(fast, sentence, cfg, SPECIALS), core([fast], sentence, cfg)
+    [got], want = tight_loops.beam(fast, [sentence], cfg, SPECIALS), core([fast], sentence, cfg)
     assert [h.tokens for h in got] == [h.tokens for h in want]
     assert all(math.isnan(h.score) for h in got + want)
 
 
 def test_the_loops_are_taken_only_for_plain_searches():
-    """Greedy search of one sentence or several, beam search of one; every other setting goes
-    through the decoding core."""
+    """Greedy search of one sentence or several, beam search of up to BEAM_SENTENCES; every
+    other setting goes through the decoding core."""
     if not attention_op.available():
         pytest.skip(f"the fused attention operator is not built ({attention_op.status()})")
     model = tiny_model(V, seed=1)
@@ -205,6 +229,9 @@ def test_the_loops_are_taken_only_for_plain_searches():
     assert tight_loops.takes([fast], one, cfg, True, None, False)
     assert tight_loops.takes([fast], one, search(beam_size=4, nbest=2), True, None, True)
     assert tight_loops.takes([fast], one + [Sentence(1, [7])], cfg, True, None, False)
+    assert tight_loops.takes([fast], one * 2, search(beam_size=4), True, None, True)
+    many = one * (tight_loops.BEAM_SENTENCES + 1)
+    assert tight_loops.takes([fast], many, cfg, True, None, False)
     refused = {
         "sampling": ([fast], one, search(beam_size=1, sampling=True), True, None, False),
         "samples": ([fast], one, search(beam_size=1, sampling=True, nbest=2), True, None,
@@ -212,8 +239,7 @@ def test_the_loops_are_taken_only_for_plain_searches():
         "no repeated n-grams": ([fast], one, search(beam_size=1, no_repeat_ngram_size=2), True,
                                 None, False),
         "a shortlist": ([fast], one, cfg, True, Candidates(torch.arange(V), V), False),
-        "two sentences' beams": ([fast], one + [Sentence(1, [7])], search(beam_size=4),
-                                 True, None, True),
+        "more sentences' beams": ([fast], many, search(beam_size=4), True, None, True),
         "an empty source": ([fast], [Sentence(0, [])], cfg, True, None, False),
         "an empty source of two": ([fast], one + [Sentence(1, [])], cfg, True, None, False),
         "no sentence": ([fast], [], cfg, True, None, False),
