@@ -78,11 +78,11 @@ class _Steps:
         self.R, self.packaged = R, packaged is not None and R <= packaged.rows
         self.own = torch.arange(R, device=dev)[:, None]  # (R, 1) each row's buffer row
         self.layers = packaged if self.packaged else self.fast.step_layers
-        # (R + 1,) the position the step writes (the package's rows.where, a (1,) tensor),
-        # then the cache's positions after it (rows.end): one add a step advances both
-        self.positions = torch.tensor([t] + [t + 1] * R, device=dev)
-        where = self.positions[:1] if self.packaged else t
-        self.rows = StepRows(zero, self.positions[1:], memory, zero, source, where)
+        # the position the step writes (the package's: a (1,) tensor) and the cache's
+        # positions after it, each its own tensor (views of one cost the package ~2 us a call)
+        self.where = torch.tensor([t], device=dev)
+        self.rows = StepRows(zero, torch.full((R,), t + 1, device=dev), memory, zero, source,
+                             self.where if self.packaged else t)
 
     def __call__(self, tokens: Tensor | int, t: int) -> Tensor:
         """The R rows' logits (R, V) after their tokens at position t (the last was t-1): (R,),
@@ -93,8 +93,10 @@ class _Steps:
         x = rows + fast.pe[t]  # (R, d_model) or (d_model,)
         logits = self.layers(x.view(R, 1, -1), self.rows, self.caches, self.state.memory_kv,
                              True)  # (R, 1, V)
-        self.positions.add_(1)
-        if not self.packaged:
+        self.rows.end.add_(1)
+        if self.packaged:
+            self.where.add_(1)
+        else:
             self.rows.where = t + 1
         return logits.view(R, -1)
 
