@@ -197,17 +197,18 @@ class FastState:
         self.src_len = src_mask.sum(1)  # (M,)
         self.parts = None
 
-    def own_rows(self, rows: int, positions: int, room: int,
-                 own: Tensor) -> list[tuple[Tensor, Tensor, Tensor]]:
-        """A fresh state's `rows` rows for a loop that steps them itself (nmt.decoding.
-        tight_loops), with buffers of `room` rows and `positions` positions, made once: each
-        layer's buffers and table (TableKVCache.advance's), every position of row r written in
-        buffer row r (`moved` after a reorder). own: (rows, 1) arange."""
+    def own_rows(self, rows: int, positions: int, room: int, own: Tensor,
+                 t: int = 0) -> list[tuple[Tensor, Tensor, Tensor]]:
+        """The `rows` rows of a loop that steps them itself (nmt.decoding.tight_loops), from
+        position t, in buffers of at least `room` rows and `positions` positions (a fresh
+        state's made, a stepping one's grown: TableKVCache._reserve): each layer's buffers and
+        table (TableKVCache.advance's), every position of row r from t on written in buffer
+        row r (`moved` after a reorder). own: (rows, 1) arange."""
         like = self.memory_kv[0][0]  # (M, h, S, d_k): the keys' shape and dtype
         for cache in self.self_kv:
             cache._reserve(like, room, positions)
             cache.table = cache.table[:rows]
-        return self.moved(0, own)
+        return self.moved(t, own)
 
     def moved(self, t: int, own: Tensor) -> list[tuple[Tensor, Tensor, Tensor]]:
         """Each layer's buffers and table after the rows moved (reorder): from position t on,

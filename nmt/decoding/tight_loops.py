@@ -60,16 +60,20 @@ def takes(models: list, sentences: list[Sentence], search: SearchConfig, use_cac
 
 class _Steps:
     """FastModel's decoder steps of a fresh state's R rows, one new position each, for a loop
-    that owns them (decode_step's work without its generic path): the caches made once with
-    room for every position (FastState.own_rows), the fused operator's view (StepRows) made
-    when the rows change and advanced in place, the layers int8's package compiled ahead of
-    time where it takes R rows (FastModel._packaged, search.compile), else step_layers."""
+    that owns them (decode_step's work without its generic path): the caches made once for
+    `room` rows (FastState.own_rows) and FIRST_POSITIONS positions, grown by half again when
+    a step needs more (as the core's, rarely: most outputs are shorter), the fused
+    operator's view (StepRows) made when the rows change and advanced in place, the layers
+    int8's package compiled ahead of time where it takes R rows (FastModel._packaged,
+    search.compile), else step_layers."""
+
+    FIRST_POSITIONS = 64  # the caches' positions at first (a batch's longest output, mostly)
 
     def __init__(self, fast: FastModel, state: FastState, positions: int, room: int):
         self.fast, self.state = fast, state
         R = state.src_len.size(0)
         self._view(R, 0)
-        self.caches = state.own_rows(R, positions, room, self.own)
+        self.caches = state.own_rows(R, min(positions, self.FIRST_POSITIONS), room, self.own)
 
     def _view(self, R: int, t: int) -> None:
         """The operator's view of R rows at position t, and the layers that step them."""
@@ -88,6 +92,8 @@ class _Steps:
         """The R rows' logits (R, V) after their tokens at position t (the last was t-1): (R,),
         or one row's as a number (a row's embedding without an index tensor)."""
         fast, R = self.fast, self.R
+        if t == self.caches[0][0].size(2):  # (N, h, C, d_k) full: half as many again
+            self.caches = self.state.own_rows(R, t + 1, 0, self.own, t)
         lut = fast.tgt_lut
         rows = lut[tokens] if isinstance(tokens, int) else lut.index_select(0, tokens)
         x = rows + fast.pe[t]  # (R, d_model) or (d_model,)

@@ -184,6 +184,21 @@ def test_the_beam_loop_of_a_few_sentences_gives_the_cores_hypotheses(dtype, alph
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_the_loops_caches_grow_as_outputs_do(dtype, monkeypatch):
+    """Caches made for 3 positions at first: greedy and beam search past them (grown, their
+    tables rewritten, mid-search and after rows left) give the core's hypotheses."""
+    if not attention_op.available():
+        pytest.skip(f"the fused attention operator is not built ({attention_op.status()})")
+    monkeypatch.setattr(tight_loops._Steps, "FIRST_POSITIONS", 3)
+    fast = FastModel(tiny_model(V, seed=1, stops=True, N=2), dtype)
+    batch = [Sentence(i, s) for i, s in enumerate(random_sources(6, V, seed=13))]
+    for cfg in (search(beam_size=1, max_len_b=12), search(beam_size=4, nbest=2, max_len_b=12)):
+        got = decode_all([fast], batch, cfg, SPECIALS)
+        assert got == core_batch([fast], batch, cfg, True)
+        assert max(len(h[0].tokens) for h in got) > 3
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
 def test_beams_with_dead_candidates_search_as_in_the_core(dtype):
     """Three tokens open to each row (fewer than the 2k candidates a step keeps): candidates
     of log P -inf among the first k go on as PAD from each unit's first row (bury_dead) in
