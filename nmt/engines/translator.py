@@ -212,8 +212,8 @@ class Translator:
 
         batches = plan_batches(items, job.search, job.score, self.workers)
         bare = dataclasses.replace(job, models=[])  # the workers have the models
-        futures = {self.pool.submit(_run_batch, bare, [items[i] for i in b]): b
-                   for b in batches}
+        futures = {self.pool.submit(_run_batches, bare, [[items[i] for i in b] for b in task]):
+                   [i for b in task for i in b] for task in tasks(batches, self.workers)}
         results: list[list[Hypothesis]] = [[] for _ in items]
         for future in as_completed(futures):
             try:
@@ -229,8 +229,28 @@ class Translator:
         return results
 
 
-def _run_batch(translator: Translator, job: BatchJob, items: list[Sentence]
-               ) -> list[list[Hypothesis]]:
-    """In a worker: one batch of a job, with the translator's prepared models."""
+TASK_SENTENCES = 32  # tasks: small batches travel to a worker together, up to this many
+TASKS_PER_WORKER = 4  # ... while each worker still gets this many tasks (for balance)
+
+
+def tasks(batches: list[list[int]], workers: int) -> list[list[list[int]]]:
+    """Consecutive batches grouped into the workers' tasks: a process pool's task costs the
+    parent and the worker ~0.5 ms (sending, pickling, waking), as much as decoding a short
+    sentence, so small batches travel together, up to TASK_SENTENCES sentences a task, while
+    every worker gets TASKS_PER_WORKER tasks; each batch is still decoded alone."""
+    most = max(1, min(TASK_SENTENCES, sum(map(len, batches)) // (TASKS_PER_WORKER * workers)))
+    out: list[list[list[int]]] = []
+    for batch in batches:
+        if not out or sum(map(len, out[-1])) + len(batch) > most:
+            out.append([])
+        out[-1].append(batch)
+    return out
+
+
+def _run_batches(translator: Translator, job: BatchJob, batches: list[list[Sentence]]
+                 ) -> list[list[Hypothesis]]:
+    """In a worker: a task's batches of a job, each decoded alone with the translator's
+    prepared models; their hypotheses, in order."""
     models = translator.prepared(job.search.dtype, job.search.compile)
-    return dataclasses.replace(job, models=models)(items)
+    run = dataclasses.replace(job, models=models)
+    return [hyps for batch in batches for hyps in run(batch)]

@@ -204,13 +204,28 @@ def test_worker_processes_give_the_same_outputs(model, sources, beam):
     assert [h[0].score for h in forked] == [h[0].score for h in here]
 
 
+def test_small_batches_travel_to_the_workers_together():
+    """Consecutive batches share a task up to TASK_SENTENCES sentences, while each worker
+    gets TASKS_PER_WORKER tasks; every batch stays whole and in order; a large one alone."""
+    tasks = nmt.engines.translator.tasks
+    ones = [[i] for i in range(400)]
+    grouped = tasks(ones, 2)
+    assert [b for task in grouped for b in task] == ones
+    assert [len(task) for task in grouped] == [nmt.engines.translator.TASK_SENTENCES] * 12 + [16]
+    few = tasks(ones[:24], 2)  # 24 sentences, 2 workers: 8 tasks of 3
+    assert len(few) == 2 * nmt.engines.translator.TASKS_PER_WORKER and len(few[0]) == 3
+    mixed = [list(range(100)), [100], [101], list(range(102, 140)), [140]]
+    assert tasks(mixed, 1) == [[mixed[0]], [mixed[1], mixed[2]], [mixed[3]], [mixed[4]]]
+    assert tasks([[0]], 8) == [[[0]]]
+
+
 def _die(*args):
     """A batch whose worker process is killed."""
     os._exit(9)
 
 
 def test_a_killed_worker_process_is_a_one_line_error(model, sources, monkeypatch):
-    monkeypatch.setattr(nmt.engines.translator, "_run_batch", _die)
+    monkeypatch.setattr(nmt.engines.translator, "_run_batches", _die)
     with pytest.raises(NmtError, match="a decoding worker process died"):
         run(model, sources, search(max_tokens=20), workers=2)
 
