@@ -240,10 +240,13 @@ def tasks(batches: list[list[int]], workers: int) -> list[list[list[int]]]:
     every worker gets TASKS_PER_WORKER tasks; each batch is still decoded alone."""
     most = max(1, min(TASK_SENTENCES, sum(map(len, batches)) // (TASKS_PER_WORKER * workers)))
     out: list[list[list[int]]] = []
+    held = most  # sentences in the last task
     for batch in batches:
-        if not out or sum(map(len, out[-1])) + len(batch) > most:
+        if held + len(batch) > most:
             out.append([])
+            held = 0
         out[-1].append(batch)
+        held += len(batch)
     return out
 
 
