@@ -5,8 +5,8 @@ few requests; issue 60, item 1).
 FastModel.step_layers for 1 to `most_rows` rows (as many as every map of the step gives
 nmt::int8_rows: 16 on the demo's model with VNNI; one on CPUs without VNNI), exported with
 torch.export (the rows, the caches' buffer rows and positions, the memory's sentences and
-source length dynamic) and
-compiled by AOTInductor into a package once per machine, model and code: a file under
+source length dynamic) and compiled by AOTInductor into a package once per machine, model and
+code: a file under
 $XDG_CACHE_HOME/nmt/steps (~/.cache by default) named by a hash of the weights, the precision,
 the rows, this torch, ISA and CPU kind (Inductor compiles for the CPU it runs on), and the
 sources the step runs (package_key). Each process loads it on its first step (milliseconds;

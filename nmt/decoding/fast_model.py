@@ -400,17 +400,24 @@ class FastModel(nn.Module):
         B = x.size(0)
         like = state.memory_kv[0][0]  # (M, h, S, d_k): the keys' shape and dtype
         caches = [cache.advance(B, like) for cache in state.self_kv]
-        packaged = (self._packaged is not None and B <= self._packaged.rows
-                    and state.generator is None)
-        rows = _step_rows(state, B, positions, self.compiled or packaged)
+        packaged = self.packaged_for(B) if state.generator is None else None
+        rows = _step_rows(state, B, positions, self.compiled or packaged is not None)
         layers = self.step_layers
         if self.compiled and B > 1 and like.size(0) > 1:  # a size of 1 would be compiled apart
             layers = self._compiled_layers  # (and Inductor's code for it fails: one sentence)
-        elif packaged:
-            layers = self._packaged  # compiled ahead of time (int8)
+        elif packaged is not None:
+            layers = packaged  # compiled ahead of time (int8)
         x = layers(x, rows, caches, state.memory_kv, state.generator is None)
         state.step += 1
         return x if state.generator is None else state.generator(x)
+
+    def packaged_for(self, B: int):
+        """int8's step compiled ahead of time (search.compile) where it takes B rows (a whole
+        vocabulary's: the caller's state has no shortlist), else None. It takes rows.where as
+        a (1,) tensor."""
+        if self._packaged is not None and B <= self._packaged.rows:
+            return self._packaged
+        return None
 
     def step_layers(self, x: Tensor, rows: StepRows, caches: list[tuple[Tensor, Tensor, Tensor]],
                     memory_kv: list[tuple[Tensor, Tensor]], project: bool) -> Tensor:

@@ -64,7 +64,7 @@ class _Steps:
     `room` rows (FastState.own_rows) and FIRST_POSITIONS positions, grown by half again when
     a step needs more (as the core's, rarely: most outputs are shorter), the fused
     operator's view (StepRows) made when the rows change and advanced in place, the layers
-    int8's package compiled ahead of time where it takes R rows (FastModel._packaged,
+    int8's package compiled ahead of time where it takes R rows (FastModel.packaged_for,
     search.compile), else step_layers."""
 
     FIRST_POSITIONS = 64  # the caches' positions at first (a batch's longest output, mostly)
@@ -78,8 +78,8 @@ class _Steps:
     def _view(self, R: int, t: int) -> None:
         """The operator's view of R rows at position t, and the layers that step them."""
         zero, memory, source = self.state.step_parts(R)
-        dev, packaged = zero.device, self.fast._packaged
-        self.R, self.packaged = R, packaged is not None and R <= packaged.rows
+        dev, packaged = zero.device, self.fast.packaged_for(R)
+        self.R, self.packaged = R, packaged is not None
         self.own = torch.arange(R, device=dev)[:, None]  # (R, 1) each row's buffer row
         self.layers = packaged if self.packaged else self.fast.step_layers
         # the position the step writes (the package's: a (1,) tensor) and the cache's

@@ -174,10 +174,10 @@ def test_the_beam_loop_of_a_few_sentences_gives_the_cores_hypotheses(dtype, alph
     n, ends = tight_loops.BEAM_SENTENCES, set()
     for batch in (sentences[:2], sentences[2:2 + n], sentences[2 + n:2 + 2 * n]):
         assert tight_loops.takes([fast], batch, cfg, True, None, True)
-        got = decode_all([fast], batch, cfg, SPECIALS)
-        assert got == core_batch([fast], batch, cfg, True)
+        got, want = decode_all([fast], batch, cfg, SPECIALS), core_batch([fast], batch, cfg, True)
+        assert got == want
         assert [[h.token_logprobs for h in hyps] for hyps in got] == \
-            [[h.token_logprobs for h in hyps] for hyps in core_batch([fast], batch, cfg, True)]
+            [[h.token_logprobs for h in hyps] for hyps in want]
         assert all(len(hyps) == nbest for hyps in got)
         ends |= {len(hyps[0].tokens) for hyps in got}
     assert len(ends) > 3
