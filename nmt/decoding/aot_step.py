@@ -2,19 +2,22 @@
 sizes where a step's fixed cost is its time (one sentence, a beam, a few sentences, a server's
 few requests; issue 60, item 1).
 
-FastModel.step_layers for 1 to `most_rows` rows (as many as every map of the step gives
-nmt::int8_rows: 16 on the demo's model with VNNI; one on CPUs without VNNI), exported with
-torch.export (the rows, the caches' buffer rows and positions, the memory's sentences and
-source length dynamic) and compiled by AOTInductor into a package once per machine, model and
-code: a file under
-$XDG_CACHE_HOME/nmt/steps (~/.cache by default) named by a hash of the weights, the precision,
-the rows, this torch, ISA and CPU kind (Inductor compiles for the CPU it runs on), and the
-sources the step runs (package_key). Each process loads it on its first step (milliseconds;
-after the workers fork). Inside it the int8 maps are nmt::int8_rows and attention
-nmt::one_query_attention, the operators eager calls, through the package's proxy executor; the
-norms, additions and reshapes are Inductor's C++. It replaces ~90 operators a step called from
-Python: 1.4-3.6x eager's step at 16 to 1 rows (docs/results.md, "A decoding step through
-AOTInductor", "Packages of a few rows"); it gives eager's choices (tests/unit/test_aot_step.py).
+The rows' tokens embedded (FastModel.embed_rows), FastModel.step_layers, and greedy's choice
+(nmt::top_k of one, the banned columns skipped) for 1 to `most_rows` rows (as many as every
+map of the step gives nmt::int8_rows: 16 on the demo's model with VNNI; one on CPUs without
+VNNI), exported with torch.export (the rows, the caches' buffer rows and positions, the
+memory's sentences and source length dynamic) and compiled by AOTInductor into a package once
+per machine, model and code: a file under $XDG_CACHE_HOME/nmt/steps (~/.cache by default)
+named by a hash of the weights, the precision, the rows, this torch, ISA and CPU kind
+(Inductor compiles for the CPU it runs on), and the sources the step runs (package_key). Each
+process loads it on its first step (milliseconds; after the workers fork). Inside it the int8
+maps are nmt::int8_rows, attention nmt::one_query_attention and the choice nmt::top_k, the
+operators eager calls, through the package's proxy executor; the embedding, norms, additions
+and reshapes are Inductor's C++. It replaces ~90 operators a step called from Python: 1.4-3.6x
+eager's step at 16 to 1 rows (docs/results.md, "A decoding step through AOTInductor",
+"Packages of a few rows"), and greedy's embedding, bans and maximum around it (15% of a token
+at one row, "Greedy's choice inside the package"); it gives eager's choices
+(tests/unit/test_aot_step.py).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -39,30 +43,46 @@ SOURCES = [Path(__file__), Path(affine.__file__), Path(fast_state.__file__),
            Path(__file__).with_name("fast_model.py")]  # the code the step runs
 
 
+class StepOut(NamedTuple):
+    """A packaged step's outputs."""
+
+    logits: Tensor  # (B, 1, V) the rows' next tokens' logits
+    best: Tensor  # (B,) each row's largest logit outside the banned columns
+    token: Tensor  # (B,) its first column (strategies.row_max's, after the bans)
+
+
 class StepGraph(nn.Module):
-    """FastModel.step_layers of B rows as a function of flat tensors: x (B, 1, d_model),
-    StepRows' tensors (the rows' memory rows (B,) expanded inside), each layer's (k, v, table)
-    and (k, v) of the memory; returns the logits (B, 1, V), the caches written at `where`."""
+    """FastModel's step of B rows from their tokens as a function of flat tensors: tokens (B,)
+    (embedded inside, FastModel.embed_rows), StepRows' tensors (the rows' memory rows (B,)
+    expanded inside), the columns the choice bans (V,) bool, each layer's (k, v, table) and
+    (k, v) of the memory; returns StepOut's tensors, the caches written at `where`."""
 
     def __init__(self, fast):
         super().__init__()
         self.fast = [fast]  # not a submodule: its tensors become the package's constants
         self.layers = len(fast.decoder)
 
-    def forward(self, x: Tensor, start: Tensor, end: Tensor, memory_row: Tensor, zero: Tensor,
-                source: Tensor, where: Tensor, kv: list[Tensor], mem: list[Tensor]) -> Tensor:
-        """The logits of the rows' next tokens."""
+    def forward(self, tokens: Tensor, start: Tensor, end: Tensor, memory_row: Tensor,
+                zero: Tensor, source: Tensor, where: Tensor, banned: Tensor, kv: list[Tensor],
+                mem: list[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        """The logits of the rows' next tokens, and each row's best allowed one."""
+        fast = self.fast[0]
         rows = StepRows(start, end, memory_row[:, None].expand(-1, mem[0].size(2)), zero,
                         source, where)
         caches = [tuple(kv[3 * i:3 * i + 3]) for i in range(self.layers)]
         memory = [tuple(mem[2 * i:2 * i + 2]) for i in range(self.layers)]
-        return self.fast[0].step_layers(x, rows, caches, memory, True)
+        logits = fast.step_layers(fast.embed_rows(tokens, rows), rows, caches, memory, True)
+        # strategies.row_max's after the bans (B, 1) each, without a banned copy of the logits
+        best, token = torch.ops.nmt.top_k(logits[:, 0], 1, banned)
+        return logits, best[:, 0], token[:, 0]
 
 
-def flat_inputs(x: Tensor, rows: StepRows, caches: list, memory_kv: list) -> tuple:
-    """StepGraph's arguments from step_layers' (rows.where a (1,) tensor)."""
-    return (x, rows.start, rows.end, rows.memory[:, 0], rows.zero, rows.source, rows.where,
-            [t for cache in caches for t in cache], [t for pair in memory_kv for t in pair])
+def flat_inputs(tokens: Tensor, rows: StepRows, banned: Tensor, caches: list,
+                memory_kv: list) -> tuple:
+    """StepGraph's arguments from the step's (rows.where a (1,) tensor)."""
+    return (tokens, rows.start, rows.end, rows.memory[:, 0], rows.zero, rows.source,
+            rows.where, banned, [t for cache in caches for t in cache],
+            [t for pair in memory_kv for t in pair])
 
 
 def cpu_flags() -> str:
@@ -129,8 +149,9 @@ def compile_package(eager, path: Path, rows: int = 1) -> None:
     ones = torch.ones(b, dtype=torch.long)
     step = StepRows(0 * ones, 2 * ones, ones[:, None].expand(b, 5), 0 * ones, 4 * ones,
                     ones[:1].clone())
-    args = flat_inputs(torch.zeros(b, 1, d, dtype=eager.float_dtype), step, caches, memory)
-    shapes = ({0: B}, *[{0: B}] * 5, None,
+    banned = torch.zeros(eager.vocab_size, dtype=torch.bool)
+    args = flat_inputs(torch.zeros(b, dtype=torch.long), step, banned, caches, memory)
+    shapes = ({0: B}, *[{0: B}] * 5, None, None,
               [{0: N, 2: C}, {0: N, 2: C}, {0: B, 1: C}] * len(eager.decoder),
               [{0: M, 2: S}, {0: M, 2: S}] * len(eager.decoder))
     with torch.inference_mode():
@@ -146,20 +167,22 @@ class PackagedStep:
     eager's forms that make_eager returns) if `path` has none, loaded by each process at its
     first call."""
 
-    def __init__(self, path: Path, make_eager: Callable[[], nn.Module], rows: int):
+    def __init__(self, path: Path, make_eager: Callable[[], nn.Module], rows: int, vocab: int):
         if not path.exists():
             print(f"nmt: compiling the decoding step of 1-{rows} rows into {path} "
                   f"(once, ~10 s)", file=sys.stderr)
             compile_package(make_eager(), path, rows)
         self.path, self.rows, self.runner, self.calls = path, rows, None, 0
+        self.no_bans = torch.zeros(vocab, dtype=torch.bool)  # (V,)
 
-    def __call__(self, x: Tensor, rows: StepRows, caches: list, memory_kv: list,
-                 project: bool = True) -> Tensor:
-        """step_layers(x, rows, caches, memory_kv, project) for B <= self.rows rows:
-        (B, 1, V); project must be True (the package holds the whole output projection)."""
-        assert project, "the package projects onto the whole vocabulary"
+    def __call__(self, tokens: Tensor, rows: StepRows, caches: list, memory_kv: list,
+                 banned: Tensor | None = None) -> StepOut:
+        """FastModel.step_layers of B <= self.rows rows after their tokens (B,) (embedded at
+        their positions, rows.end - 1 - rows.start), the whole vocabulary's logits, and each
+        row's best token outside `banned` (V,) bool (None: none banned)."""
         if self.runner is None:
             self.runner = private_ops.aoti_load(str(self.path))
         self.calls += 1
-        *head, kv, mem = flat_inputs(x, rows, caches, memory_kv)
-        return self.runner([*head, *kv, *mem])[0]
+        banned = self.no_bans if banned is None else banned
+        *head, kv, mem = flat_inputs(tokens, rows, banned, caches, memory_kv)
+        return StepOut(*self.runner([*head, *kv, *mem]))

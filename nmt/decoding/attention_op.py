@@ -146,6 +146,7 @@ def _build(isa: str) -> None:
         _build_once(isa, library)
     torch.library.register_fake("nmt::one_query_attention")(_fake)
     torch.library.register_fake("nmt::int8_rows")(_fake_int8_rows)
+    torch.library.register_fake("nmt::top_k")(_fake_top_k)
 
 
 def _build_once(isa: str, library: Path) -> None:
@@ -238,6 +239,11 @@ def _fake_int8_rows(x: Tensor, packed: Tensor, w_scale: Tensor, w_sums: Tensor,
                     reduce_range: bool) -> Tensor:
     """nmt::int8_rows' output without computing it (for tracing: torch.export, torch.compile)."""
     return x.new_empty(*x.shape[:-1], w_scale.size(0))
+
+
+def _fake_top_k(x: Tensor, n: int, banned: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """nmt::top_k's outputs without computing them (for tracing: torch.export)."""
+    return x.new_empty(x.size(0), n), x.new_empty(x.size(0), n, dtype=torch.long)
 
 
 def _unavailable(why: str) -> str:

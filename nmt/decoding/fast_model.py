@@ -295,10 +295,14 @@ class FastModel(nn.Module):
     def _embed(self, lut: Tensor, ids: Tensor, start: int) -> Tensor:
         """(B, T) ids at positions start.. -> (B, T, d_model) scaled embeddings + positions."""
         T = ids.size(1)
-        if start + T > self.pe.size(0):
-            raise ValueError(f"sequence of {start + T} positions exceeds model.max_positions "
-                             f"({self.pe.size(0)})")
+        self._check_positions(start + T)
         return F.embedding(ids, lut) + self.pe[start:start + T]
+
+    def _check_positions(self, n: int) -> None:
+        """Refuse a sequence of n positions beyond the model's."""
+        if n > self.pe.size(0):
+            raise ValueError(f"sequence of {n} positions exceeds model.max_positions "
+                             f"({self.pe.size(0)})")
 
     def _residual(self, x: Tensor, norm, sublayer, *args) -> Tensor:
         """x + Sublayer(LN(x)) (pre-norm) or LN(x + Sublayer(x)) (post-norm); the sub-layer
@@ -368,12 +372,9 @@ class FastModel(nn.Module):
         the cache from its own start, state.step - position (the fused operator's start; the
         batched products' mask over the earlier positions)."""
         T, L = tgt_new.size(1), state.step + tgt_new.size(1)
-        if positions is None:
-            x = self._embed(self.tgt_lut, tgt_new, state.step)
-        else:  # (B, 1) ids at their own positions
-            x = F.embedding(tgt_new, self.tgt_lut) + self.pe[positions].unsqueeze(1)
         if state.fused and T == 1:
-            return self._fused_step(x, state, positions)
+            return self._fused_step(tgt_new, state, positions)
+        x = self._embed_new(tgt_new, state, positions)
         state.compact()  # the batched products read the memory rows in the sentences' order
         causal = None  # one new position sees every earlier one
         if T > 1:  # no future positions
@@ -392,24 +393,41 @@ class FastModel(nn.Module):
         generator = self.generator if state.generator is None else state.generator
         return generator(_norm(x, self.decoder_norm))
 
-    def _fused_step(self, x: Tensor, state: FastState, positions: Tensor | None) -> Tensor:
-        """decode_step of one new position per row, (B, 1, d_model) embedded -> logits
-        (B, 1, V): the caches advanced here, the layers run by `self.step_layers` (eager, or
-        with search.compile through torch.compile: private_ops.frozen_compile; in int8 a few
-        rows through a package compiled ahead of time: nmt.decoding.aot_step)."""
-        B = x.size(0)
+    def _fused_step(self, tgt_new: Tensor, state: FastState,
+                    positions: Tensor | None) -> Tensor:
+        """decode_step of one new id per row, (B, 1) -> logits (B, 1, V): the caches advanced
+        here, the layers run by `self.step_layers` (eager, or with search.compile through
+        torch.compile: private_ops.frozen_compile; in int8 a few rows through a package
+        compiled ahead of time, the embedding inside: nmt.decoding.aot_step)."""
+        B = tgt_new.size(0)
         like = state.memory_kv[0][0]  # (M, h, S, d_k): the keys' shape and dtype
         caches = [cache.advance(B, like) for cache in state.self_kv]
         packaged = self.packaged_for(B) if state.generator is None else None
         rows = _step_rows(state, B, positions, self.compiled or packaged is not None)
+        if packaged is not None:
+            self._check_positions(state.step + 1)
+            state.step += 1
+            return packaged(tgt_new[:, 0], rows, caches, state.memory_kv).logits
+        x = self._embed_new(tgt_new, state, positions)
         layers = self.step_layers
         if self.compiled and B > 1 and like.size(0) > 1:  # a size of 1 would be compiled apart
             layers = self._compiled_layers  # (and Inductor's code for it fails: one sentence)
-        elif packaged is not None:
-            layers = packaged  # compiled ahead of time (int8)
         x = layers(x, rows, caches, state.memory_kv, state.generator is None)
         state.step += 1
         return x if state.generator is None else state.generator(x)
+
+    def _embed_new(self, tgt_new: Tensor, state: FastState, positions: Tensor | None) -> Tensor:
+        """(B, T) new ids -> (B, T, d_model) embedded at positions state.step.. (positions:
+        (B,) each row's own, T = 1)."""
+        if positions is None:
+            return self._embed(self.tgt_lut, tgt_new, state.step)
+        return F.embedding(tgt_new, self.tgt_lut) + self.pe[positions].unsqueeze(1)
+
+    def embed_rows(self, tokens: Tensor, rows: StepRows) -> Tensor:
+        """(B,) ids, each at its row's position (rows.end - 1 - rows.start) -> (B, 1, d_model)
+        scaled embeddings + positions (the packaged step's)."""
+        position = rows.end - 1 - rows.start  # (B,)
+        return (F.embedding(tokens, self.tgt_lut) + self.pe[position]).unsqueeze(1)
 
     def packaged_for(self, B: int):
         """int8's step compiled ahead of time (search.compile) where it takes B rows (a whole
@@ -450,7 +468,8 @@ def _packaged_step(model: Transformer, rows: int, kv_dtype: torch.dtype | None,
     path = aot_step.package_path(aot_step.package_key(model, "int8", kv_dtype, most))
     try:
         return aot_step.PackagedStep(
-            path, lambda: FastModel(model, "int8", rows, True, kv_dtype=kv_dtype), most)
+            path, lambda: FastModel(model, "int8", rows, True, kv_dtype=kv_dtype), most,
+            fast.vocab_size)
     except Exception as e:  # noqa: BLE001 (an export's, Inductor's or the disk's failure)
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         print(f"nmt: search.compile's step of a few rows is not built ({type(e).__name__}: "

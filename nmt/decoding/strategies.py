@@ -138,14 +138,17 @@ def read_step(choice: Choice, on: Choice) -> StepRead:
 ARGMAX_ELEMENTS = 1 << 15  # row_argmax: x.argmax itself below this many elements
 
 
-def row_max(x: Tensor) -> tuple[Tensor, Tensor]:
+def row_max(x: Tensor, banned: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(R, V) -> each row's maximum and its first maximal column, (R,) each, as x.max(dim=1)
-    (NaN where a row has one). Float32 rows on the CPU through nmt::top_k where it is built
-    (one pass: 2-6x x.max, docs/results.md "Beam search's best continuations in one pass");
-    else x.max for a few rows, row_argmax and a gather for more."""
+    (NaN where a row has one), the columns where `banned` (V,) bool counts as -inf (x's
+    changed only where nmt::top_k is not built). Float32 rows on the CPU through nmt::top_k
+    where it is built (one pass: 2-6x x.max, docs/results.md "Beam search's best
+    continuations in one pass"); else x.max for a few rows, row_argmax and a gather for more."""
     if _one_pass(x):
-        values, columns = torch.ops.nmt.top_k(x, 1)  # (R, 1) each
+        values, columns = torch.ops.nmt.top_k(x, 1, banned)  # (R, 1) each
         return values[:, 0], columns[:, 0]
+    if banned is not None:
+        x = x.masked_fill_(banned, -torch.inf)
     if x.numel() < ARGMAX_ELEMENTS:
         return x.max(dim=1)
     token = row_argmax(x)

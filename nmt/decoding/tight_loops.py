@@ -23,7 +23,9 @@ All give the core's hypotheses (tests/unit/test_tight_loops.py).
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
@@ -38,6 +40,9 @@ from nmt.decoding.fast_state import FastState, StepRows
 from nmt.decoding.lengths import Units, empty_source, max_positions, output_lengths
 from nmt.decoding.messages import Hypothesis, Sentence
 from nmt.decoding.strategies import choose_beam, row_max
+
+if TYPE_CHECKING:  # torch.export's import: only where search.compile asks
+    from nmt.decoding.aot_step import StepOut
 
 BEAM_SENTENCES = 16  # `beam` takes this many sentences at most (its host work is per unit;
 # docs/results.md "Beam search of a few sentences in one loop")
@@ -58,6 +63,27 @@ def takes(models: list, sentences: list[Sentence], search: SearchConfig, use_cac
             and candidates is None and not search.shortlist)
 
 
+class Bans(NamedTuple):
+    """The columns a step bans: the specials' at every step, EOS's too before search.min_len
+    tokens; as indices (the beam loop's index_fill_) and as (V,) masks (greedy's row_max,
+    int8's package)."""
+
+    early: Tensor  # before search.min_len tokens: the specials' and EOS
+    later: Tensor  # the specials'
+    early_mask: Tensor  # (V,) bool
+    later_mask: Tensor  # (V,) bool
+
+
+@functools.lru_cache(maxsize=8)
+def bans(specials: Specials, vocab: int, device: torch.device) -> Bans:
+    """A vocabulary of `vocab`'s Bans (made once: they stay the same from call to call)."""
+    later = torch.tensor(specials.banned, dtype=torch.long, device=device)
+    early = torch.tensor([*specials.banned, specials.eos], dtype=torch.long, device=device)
+    masks = [torch.zeros(vocab, dtype=torch.bool, device=device).index_fill_(0, columns, True)
+             for columns in (early, later)]
+    return Bans(early, later, *masks)
+
+
 class _Steps:
     """FastModel's decoder steps of a fresh state's R rows, one new position each, for a loop
     that owns them (decode_step's work without its generic path): the caches made once for
@@ -65,7 +91,7 @@ class _Steps:
     a step needs more (as the core's, rarely: most outputs are shorter), the fused
     operator's view (StepRows) made when the rows change and advanced in place, the layers
     int8's package compiled ahead of time where it takes R rows (FastModel.packaged_for,
-    search.compile), else step_layers."""
+    search.compile: the embedding and greedy's choice inside), else step_layers."""
 
     FIRST_POSITIONS = 64  # the caches' positions at first (a batch's longest output, mostly)
 
@@ -78,33 +104,54 @@ class _Steps:
     def _view(self, R: int, t: int) -> None:
         """The operator's view of R rows at position t, and the layers that step them."""
         zero, memory, source = self.state.step_parts(R)
-        dev, packaged = zero.device, self.fast.packaged_for(R)
-        self.R, self.packaged = R, packaged is not None
+        dev, self.package = zero.device, self.fast.packaged_for(R)
+        self.R = R
         self.own = torch.arange(R, device=dev)[:, None]  # (R, 1) each row's buffer row
-        self.layers = packaged if self.packaged else self.fast.step_layers
         # the position the step writes (the package's: a (1,) tensor) and the cache's
         # positions after it, each its own tensor (views of one cost the package ~2 us a call)
         self.where = torch.tensor([t], device=dev)
         self.rows = StepRows(zero, torch.full((R,), t + 1, device=dev), memory, zero, source,
-                             self.where if self.packaged else t)
+                             self.where if self.package else t)
 
     def __call__(self, tokens: Tensor | int, t: int) -> Tensor:
         """The R rows' logits (R, V) after their tokens at position t (the last was t-1): (R,),
-        or one row's as a number (a row's embedding without an index tensor)."""
+        or one row's as a number (a row's embedding without an index tensor; eager's)."""
+        if self.package:
+            return self._packaged(tokens, t, None).logits.view(self.R, -1)
+        self._grow(t)
         fast, R = self.fast, self.R
-        if t == self.caches[0][0].size(2):  # (N, h, C, d_k) full: half as many again
-            self.caches = self.state.own_rows(R, t + 1, 0, self.own, t)
         lut = fast.tgt_lut
         rows = lut[tokens] if isinstance(tokens, int) else lut.index_select(0, tokens)
         x = rows + fast.pe[t]  # (R, d_model) or (d_model,)
-        logits = self.layers(x.view(R, 1, -1), self.rows, self.caches, self.state.memory_kv,
-                             True)  # (R, 1, V)
+        logits = fast.step_layers(x.view(R, 1, -1), self.rows, self.caches,
+                                  self.state.memory_kv, True)  # (R, 1, V)
         self.rows.end.add_(1)
-        if self.packaged:
-            self.where.add_(1)
-        else:
-            self.rows.where = t + 1
+        self.rows.where = t + 1
         return logits.view(R, -1)
+
+    def best(self, tokens: Tensor | int, t: int, banned: Bans,
+             early: bool) -> tuple[Tensor, Tensor]:
+        """Each row's largest logit after their tokens at position t and its first column
+        (R,) each, the banned columns (early: before search.min_len tokens) left out
+        (strategies.row_max's; the package's inside it)."""
+        mask = banned.early_mask if early else banned.later_mask
+        if self.package:
+            out = self._packaged(tokens, t, mask)
+            return out.best, out.token
+        return row_max(self(tokens, t), mask)
+
+    def _packaged(self, tokens: Tensor, t: int, mask: Tensor | None) -> StepOut:
+        """The package's step of the R rows' tokens (R,) at position t."""
+        self._grow(t)
+        out = self.package(tokens, self.rows, self.caches, self.state.memory_kv, mask)
+        self.rows.end.add_(1)
+        self.where.add_(1)
+        return out
+
+    def _grow(self, t: int) -> None:
+        """Room for position t: where the caches are full, half as many positions again."""
+        if t == self.caches[0][0].size(2):  # (N, h, C, d_k)
+            self.caches = self.state.own_rows(self.R, t + 1, 0, self.own, t)
 
     def reorder(self, index: Tensor, t: int, group: int, sentences: Tensor | None = None):
         """Keep (and repeat) rows `index` after the step at position t (FastState.reorder)."""
@@ -122,14 +169,6 @@ def _start(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
     src = pad_batch([specials.source(s.src) for s in sentences], specials.pad,
                     fast.tgt_lut.device)  # (n, S)
     return max_len, fast.start_decoding(*fast.encode(src))
-
-
-def _bans(specials: Specials, device: torch.device) -> tuple[Tensor, Tensor]:
-    """The columns banned at every step (the specials') and before search.min_len tokens
-    (EOS too)."""
-    banned = torch.tensor(specials.banned, dtype=torch.long, device=device)
-    early = torch.tensor([*specials.banned, specials.eos], dtype=torch.long, device=device)
-    return banned, early
 
 
 def _units(search: SearchConfig, nbest: int, max_len: np.ndarray) -> Units:
@@ -156,7 +195,7 @@ def greedy(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
     device = state.src_len.device
     limits = max_len.tolist()  # (n,) as numbers (a numpy scalar a row a step is slower)
     steps = _Steps(fast, state, max(limits), n)
-    banned, early = _bans(specials, device)
+    banned = bans(specials, fast.vocab_size, device)
     units = _units(search, 1, max_len)  # (scores)
     live = list(range(n))  # each row's sentence
     last = torch.full((n,), specials.bos, device=device)  # (R,) each row's newest token
@@ -165,11 +204,12 @@ def greedy(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
     paths = [[0.0] for _ in range(n)]  # scores: each sentence's prefixes' log P (BOS: 0)
     results: list[list[Hypothesis]] = [[] for _ in range(n)]
     for t in range(max(limits)):
-        logits = steps(last, t)  # (R, V)
         if scores:
-            logits = torch.log_softmax(logits.float(), dim=-1)
-        logits.index_fill_(1, early if t < search.min_len else banned, -torch.inf)
-        best, token = row_max(logits)  # (R,) each
+            logits = torch.log_softmax(steps(last, t).float(), dim=-1)  # (R, V)
+            best, token = row_max(logits, banned.early_mask if t < search.min_len
+                                  else banned.later_mask)  # (R,) each
+        else:
+            best, token = steps.best(last, t, banned, t < search.min_len)
         sums, tokens = total.add_(best).tolist(), token.tolist()  # float32 sums, the core's
         ended = []
         for r, (i, tok, total_r) in enumerate(zip(live, tokens, sums, strict=True)):
@@ -184,7 +224,7 @@ def greedy(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
                 ended.append(r)
                 results[i] = units.best(i)
         if not ended:
-            last = token if len(tokens) > 1 else tokens[0]
+            last = token if len(tokens) > 1 or steps.package else tokens[0]
             continue
         keep = [r for r in range(len(live)) if r not in ended]
         if not keep:
@@ -225,7 +265,7 @@ def beam(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
     limits, n, k = max_len.tolist(), len(sentences), search.beam_size
     device = state.src_len.device
     steps = _Steps(fast, state, max(limits), n * k)
-    banned, early = _bans(specials, device)
+    banned = bans(specials, fast.vocab_size, device)
     units = _units(search, search.nbest, max_len)
     live = list(range(n))  # each unit's sentence
     last = torch.full((n,), specials.bos, device=device)  # (U kb,) each row's newest token
@@ -234,7 +274,7 @@ def beam(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
     results: list[list[Hypothesis]] = [[] for _ in range(n)]
     for t in range(max(limits)):
         lprobs = torch.log_softmax(steps(last, t).float(), dim=-1)  # (U kb, V)
-        lprobs.index_fill_(1, early if t < search.min_len else banned, -torch.inf)
+        lprobs.index_fill_(1, banned.early if t < search.min_len else banned.later, -torch.inf)
         choice = choose_beam(lprobs, scores, k)  # (U, 2k) best first
         read = zip(*(x.tolist() for x in (choice.scores, choice.parents, choice.tokens)),
                    strict=True)  # each unit's (cand, parent, token)

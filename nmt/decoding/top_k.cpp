@@ -7,6 +7,8 @@
 // compared with the buffer's n-th best, a vector of them at a time; the few that beat it are
 // inserted (insertion sort), which moves the bar. Equal values keep the earlier column first;
 // NaN ranks above every number (torch.topk's order), so a dead row still yields n columns.
+// `banned` (V,) bool, where given: those columns count as -inf (x.masked_fill's values, without
+// writing them; greedy's choice in int8's package, nmt.decoding.aot_step).
 //
 // tests/unit/test_fast_model.py compares it with torch.topk under each build.
 
@@ -19,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <tuple>
 
 namespace {
@@ -26,10 +29,13 @@ namespace {
 // Whether a goes before b: NaN first, then the larger.
 inline bool before(float a, float b) { return a > b || (std::isnan(a) && !std::isnan(b)); }
 
-// The n best of one row x[0 .. V) into vals, cols (n <= V), best first.
-void row_top(const float* x, int64_t V, int64_t n, float* vals, int64_t* cols) {
+// The n best of one row x[0 .. V) into vals, cols (n <= V), best first; columns where
+// `banned` (nullptr: none) count as -inf.
+void row_top(const float* x, int64_t V, int64_t n, const bool* banned, float* vals,
+             int64_t* cols) {
   int64_t filled = 0;
   auto insert = [&](float v, int64_t c) {
+    if (banned != nullptr && banned[c]) v = -INFINITY;
     if (filled == n && !before(v, vals[n - 1])) return;
     int64_t j = filled < n ? filled++ : n - 1;  // a full buffer drops its last
     for (; j > 0 && before(v, vals[j - 1]); --j) {
@@ -56,11 +62,19 @@ void row_top(const float* x, int64_t V, int64_t n, float* vals, int64_t* cols) {
   for (; c < V; ++c) insert(x[c], c);
 }
 
-std::tuple<at::Tensor, at::Tensor> top_k(const at::Tensor& x, int64_t n) {
+std::tuple<at::Tensor, at::Tensor> top_k(const at::Tensor& x, int64_t n,
+                                         const std::optional<at::Tensor>& banned) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.stride(1) == 1,
               "nmt::top_k: x must be (R, V) float32 rows with contiguous columns");
   const int64_t R = x.size(0), V = x.size(1);
   TORCH_CHECK(0 < n && n <= V, "nmt::top_k: n must be in 1..V");
+  const bool* ban = nullptr;
+  if (banned.has_value()) {
+    TORCH_CHECK(banned->dim() == 1 && banned->size(0) == V &&
+                    banned->scalar_type() == at::kBool && banned->is_contiguous(),
+                "nmt::top_k: banned must be (V,) contiguous bool");
+    ban = banned->data_ptr<bool>();
+  }
   at::Tensor values = at::empty({R, n}, x.options());
   at::Tensor columns = at::empty({R, n}, x.options().dtype(at::kLong));
   const float* xs = x.data_ptr<float>();
@@ -68,13 +82,13 @@ std::tuple<at::Tensor, at::Tensor> top_k(const at::Tensor& x, int64_t n) {
   int64_t* cs = columns.data_ptr<int64_t>();
   const int64_t stride = x.stride(0);
   at::parallel_for(0, R, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) row_top(xs + r * stride, V, n, vs + r * n, cs + r * n);
+    for (int64_t r = begin; r < end; ++r) row_top(xs + r * stride, V, n, ban, vs + r * n, cs + r * n);
   });
   return {values, columns};
 }
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(nmt, m) { m.def("top_k(Tensor x, int n) -> (Tensor, Tensor)"); }
+TORCH_LIBRARY_FRAGMENT(nmt, m) { m.def("top_k(Tensor x, int n, Tensor? banned=None) -> (Tensor, Tensor)"); }
 
 TORCH_LIBRARY_IMPL(nmt, CPU, m) { m.impl("top_k", top_k); }

@@ -6,15 +6,16 @@ import torch
 from translate_helpers import random_sources, search, tiny_model
 
 from nmt.data.tokenizer import Specials
-from nmt.decoding import affine, aot_step, attention_op
+from nmt.decoding import affine, aot_step, attention_op, tight_loops
 from nmt.decoding.batches import pad_batch
 from nmt.decoding.core import decode_all
 from nmt.decoding.fast_model import FastModel
 from nmt.decoding.messages import Sentence
+from nmt.decoding.strategies import row_max
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread"), pytest.mark.isa]
 
-PAD, BOS = 0, 2
+PAD, BOS, EOS = 0, 2, 3
 V = 24
 # the package's norms and additions are Inductor's (another order of float sums), its int8
 # maps eager's: logits within a hair (an aliased input, or a step read wrong, is 5-10% off)
@@ -136,3 +137,35 @@ def test_beams_and_batches_through_the_package_give_eagers_outputs(steps_cache):
             assert [[h.tokens for h in hyps] for hyps in got] == \
                 [[h.tokens for h in hyps] for hyps in want]
     assert compiled._packaged.calls > 0
+
+
+def test_the_packages_choice_is_row_max_after_the_bans(steps_cache):
+    """The package's best token of each row is strategies.row_max's over its own logits after
+    the bans: the first of two tied maxima, and NaN where a row has one, unless its column is
+    banned."""
+    model = tiny_model(V, seed=1, stops=True, N=2)
+    with torch.no_grad():
+        W = model.generator.weight  # (V, d_model)
+        W[7] = W[9] = 50 * W[EOS] / W[EOS].norm()  # two equal rows, along EOS's (they win
+        # in most rows)
+        W[11] = torch.nan
+    compiled = FastModel(model, "int8", compile=True)
+    src = pad_batch(random_sources(3, V, seed=5), PAD, "cpu")
+    tokens = torch.tensor([BOS, 5, 6])
+    for banned in ([0, 2], [0, 2, 11]):
+        columns = torch.tensor(banned)
+        mask = torch.zeros(V, dtype=torch.bool).index_fill_(0, columns, True)
+        with torch.inference_mode():
+            state = compiled.start_decoding(*compiled.encode(src))
+            steps = tight_loops._Steps(compiled, state, 4, 3)
+            assert steps.package is not None or not affine.int8_rows_vnni()
+            if steps.package is None:
+                pytest.skip("this CPU's package takes one row")
+            out = steps._packaged(tokens, 0, mask)
+            best, token = row_max(out.logits[:, 0].index_fill(1, columns, -torch.inf))
+        assert out.token.tolist() == token.tolist()
+        torch.testing.assert_close(out.best, best, rtol=0, atol=0, equal_nan=True)
+        if 11 in banned:  # the first of the tied columns, in most rows
+            assert token.tolist().count(7) >= 2 and 9 not in token.tolist()
+        else:  # NaN in every row
+            assert token.tolist() == [11] * 3 and best.isnan().all()

@@ -545,7 +545,8 @@ def test_row_argmax_and_top_k_equal_torch(V, monkeypatch):
 @pytest.mark.parametrize("V", [3, 24, 8000, 16_007])
 def test_the_top_k_operator_equals_torch(V):
     """nmt::top_k (each build's vector width): torch.topk's values, NaN first, each column
-    holding its value once, equal values in column order; n from 1 to V."""
+    holding its value once, equal values in column order; n from 1 to V; banned columns
+    (greedy's choice in int8's package) as if at -inf."""
     if not attention_op.available():
         pytest.skip(f"nmt's operators are not built here ({attention_op.status()})")
     g = torch.Generator().manual_seed(V)
@@ -569,3 +570,16 @@ def test_the_top_k_operator_equals_torch(V):
     wide = torch.randn(3, 2 * V, generator=g)[:, ::2]  # columns not contiguous: refused
     with pytest.raises(RuntimeError, match="contiguous columns"):
         torch.ops.nmt.top_k(wide, 1)
+    banned = torch.zeros(V, dtype=torch.bool)
+    banned[[0, V // 2, V - 1]] = True  # the tied and NaN columns among them
+    for n in sorted({n for n in (1, 2, 8, V) if n <= V}):
+        masked = x.masked_fill(banned, -torch.inf)
+        want = torch.ops.nmt.top_k(masked, n)
+        got = torch.ops.nmt.top_k(x, n, banned)  # as if masked, x unchanged
+        torch.testing.assert_close(got[0], want[0], rtol=0, atol=0, equal_nan=True)
+        assert torch.equal(got[1], want[1])
+    torch.testing.assert_close(torch.ops.nmt.top_k(x, 1, banned)[0][:, 0],
+                               x.masked_fill(banned, -torch.inf).max(dim=1).values, rtol=0,
+                               atol=0, equal_nan=True)
+    with pytest.raises(RuntimeError, match="banned must be"):
+        torch.ops.nmt.top_k(x, 1, banned[1:])
