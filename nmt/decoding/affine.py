@@ -2,7 +2,7 @@
 each form FastModel prepares them: F.linear (`Affine`), oneDNN's packed fp32 / bf16 maps
 (`PackedAffine`), int8 weights and activations through nmt::int8_rows, fbgemm or oneDNN
 (`Int8Affine`, as torch.ao's dynamic quantization); and the probes that ask the kernels what
-they do on this CPU (`packing_works`, `int8_saturates`, `int8_rows_vnni`).
+they do on this CPU (`packing_works`, `int8_saturates`, `int8_rows_layout`).
 nmt.decoding.fast_model builds its maps from these.
 """
 
@@ -30,35 +30,44 @@ FBGEMM_OUTPUTS = 1 << 17
 # through nmt::int8_rows where it is built (nmt.decoding.attention_op's object), in place of
 # fbgemm's small products: fbgemm's outputs bit for bit, without its ~9 us before the first
 # product. How many rows (`few_rows`) depends on the operator's layout on this CPU
-# (docs/results.md, "int8 maps of a few rows"):
-# - VNNI (AVX-512 VNNI): each weight read once for four rows at a time, kernels as fast as
+# (`int8_rows_layout`; docs/results.md, "int8 maps of a few rows"):
+# - vnni (AVX-512 VNNI): each weight read once for four rows at a time, kernels as fast as
 #   fbgemm's: rows x weights up to VNNI_PRODUCTS, 1.0-3.5x fbgemm's call on Zen 4 (past it,
 #   0.6-1.0x);
-# - pairs (AVX-512 without VNNI, AVX2): each row streams all the weights, so one row of a map of
-#   at most PAIRS_WEIGHTS weights (1.2-2.6x on AVX-512 without VNNI's kernel, 1.06-2.35x under
-#   AVX2 dispatch); at two rows, or past that size, fbgemm is as fast or faster.
+# - quads (AVX2, AVX-512 without VNNI; 7-bit activations, as fbgemm's there): the same layout,
+#   each weight read once for two rows (four on AVX-512), vpmaddubsw's pairs: rows x weights
+#   up to QUADS_PRODUCTS, and at least one row (1.4-3.1x fbgemm's call at one row under AVX2
+#   dispatch, 1.0-2.0x at four of the demo's maps; "int8 maps of a few rows under AVX2");
+# - pairs (a build without vectors): one row of a map of at most PAIRS_WEIGHTS weights.
 VNNI_PRODUCTS = 1 << 24
+QUADS_PRODUCTS = 1 << 22
 PAIRS_WEIGHTS = 1 << 20
 
 
 def few_rows(out_features: int, in_features: int) -> int:
     """The most rows of an int8 map that Int8Affine gives nmt::int8_rows on this machine (the
     table above; never a product that fbgemm would not take, FBGEMM_OUTPUTS); 0 where the
-    operator is not built."""
-    if not attention_op.available():
-        return 0
-    weights = out_features * in_features
-    if int8_rows_vnni():
-        return min(VNNI_PRODUCTS // weights, FBGEMM_OUTPUTS // out_features)
-    return 1 if weights <= PAIRS_WEIGHTS else 0
+    operator is not built, or where its quads would take 8-bit activations (plain loops)."""
+    layout, weights = int8_rows_layout(), out_features * in_features
+    most = FBGEMM_OUTPUTS // out_features
+    if layout == "vnni":
+        return min(VNNI_PRODUCTS // weights, most)
+    if layout == "quads" and int8_saturates():
+        return min(max(1, QUADS_PRODUCTS // weights), most)
+    return 1 if layout == "pairs" and weights <= PAIRS_WEIGHTS else 0
 
 
 @functools.cache
-def int8_rows_vnni() -> bool:
-    """Whether nmt::int8_rows packs weights in its VNNI layout on this CPU (asked of the operator:
-    the layout's last dimension is an input quadruple, not a pair)."""
-    return attention_op.available() and torch.ops.nmt.int8_rows_pack(
-        torch.zeros(1, 1, dtype=torch.int8)).size(-1) == 4
+def int8_rows_layout() -> str:
+    """nmt::int8_rows' kernel of a few rows on this CPU (asked of the operator): "vnni"
+    (AVX-512 VNNI), "quads" (its layout without VNNI: AVX2, AVX-512 before Cascade Lake),
+    "pairs" (a build without vectors), or "" (not built)."""
+    if not attention_op.available():
+        return ""
+    packed = torch.ops.nmt.int8_rows_pack(torch.zeros(1, 1, dtype=torch.int8))
+    if packed.size(-1) == 2:
+        return "pairs"
+    return "vnni" if torch.ops.nmt.int8_rows_vnni() else "quads"
 
 
 class Affine:

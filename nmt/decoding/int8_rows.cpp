@@ -18,10 +18,13 @@
 //   64 outputs, each input quadruple's weights side by side, and each group's weights are read
 //   once for all the rows, 4 rows x 64 outputs of sums in registers at a time: the few rows of a
 //   step cost little more than one (nmt.decoding.affine.few_rows: the rows Int8Affine gives it).
-// - pairs (AVX-512 without VNNI, AVX2, plain loops): one vector of W's values widened to 16
-//   bits times a broadcast pair of x's values gives a block of outputs' partial sums (madd);
-//   each row of x streams all of W, so only one row is given it (fbgemm's blocked kernels,
-//   which reuse each weight across rows, are as fast or faster at two).
+// - quads (AVX-512 without VNNI, AVX2): the VNNI layout (groups of 4 vectors of outputs), each
+//   vpdpbusd done as fbgemm's kernels do it there: vpmaddubsw (pairs of u8 x s8 products into
+//   16 bits) then vpmaddwd by ones and an addition. Exact where activations keep 7 bits
+//   (reduce_range: |2 x 127 x 128| < 2^15), as they do wherever fbgemm's products saturate
+//   (affine.int8_saturates); with 8-bit activations (never Int8Affine's choice there) a plain
+//   loop over the same layout.
+// - pairs (plain loops, no vector build): each row of x streams all of W; one row given it.
 // ATen's capability flags pick the vector width (AVX-512 or AVX2); VNNI is compiled only into
 // the AVX-512 object, for its own functions, and taken where the CPU has it.
 //
@@ -105,8 +108,37 @@ inline V add4(V a, V b, V c, V d) { return _mm256_add_epi32(_mm256_add_epi32(a, 
 constexpr int64_t kOut = 8;
 #endif
 
-constexpr int64_t kGroup = 64;  // VNNI: the outputs of a group (4 vectors of 16 lanes)
+// quads without VNNI: four u8 x s8 products into each 32-bit lane, through 16-bit pairs
+#if defined(CPU_CAPABILITY_AVX512)
+inline V load(const int8_t* p) { return _mm512_loadu_si512(p); }
+inline V broadcast(int32_t quad) { return _mm512_set1_epi32(quad); }
+inline V ones() { return _mm512_set1_epi16(1); }
+inline V dot4(V acc, V a, V w, V one) {
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(a, w), one));
+}
+#elif defined(CPU_CAPABILITY_AVX2)
+inline V load(const int8_t* p) { return _mm256_loadu_si256((const __m256i*)p); }
+inline V broadcast(int32_t quad) { return _mm256_set1_epi32(quad); }
+inline V ones() { return _mm256_set1_epi16(1); }
+inline V dot4(V acc, V a, V w, V one) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, w), one));
+}
+#endif
+
+constexpr int64_t kGroup = 4 * kOut;  // quads: the outputs of a group (4 vectors of kOut lanes)
 constexpr int64_t kRowBlock = 4;  // VNNI: the rows whose sums a pass holds (4 x 4 vectors)
+#if defined(CPU_CAPABILITY_AVX512)
+constexpr int64_t kQuadRows = 4;  // quads without VNNI: the same (32 vector registers)
+#else
+constexpr int64_t kQuadRows = 2;  // AVX2's 16 registers: 2 rows x 4 vectors of sums
+#endif
+
+// Whether this build packs quads (a vector build), else pairs.
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+constexpr bool kQuads = true;
+#else
+constexpr bool kQuads = false;
+#endif
 
 // Whether this CPU has AVX-512 VNNI and this object its kernel (the AVX-512 build only).
 bool has_vnni() {
@@ -118,14 +150,15 @@ bool has_vnni() {
 #endif
 }
 
-// W (N, K) int8 -> VNNI: (ceil(N / 64), ceil(K / 4), 64, 4), each group of 64 outputs storing,
-// for each quadruple of inputs, its outputs' four weights side by side; pairs: (ceil(N / kOut),
-// ceil(K / 2), kOut, 2) alike. Zeros past N and K. One vector of them times x's quadruple (or
-// pair), broadcast, gives 16 (kOut) outputs' partial sums.
+// W (N, K) int8 -> quads (VNNI's and the vector builds'): (ceil(N / G), ceil(K / 4), G, 4),
+// G = kGroup, each group of G outputs storing, for each quadruple of inputs, its outputs' four
+// weights side by side; pairs: (ceil(N / kOut), ceil(K / 2), kOut, 2) alike. Zeros past N and
+// K. One vector of them times x's quadruple (or pair), broadcast, gives kOut outputs' partial
+// sums.
 at::Tensor int8_rows_pack(const at::Tensor& weight) {
   TORCH_CHECK(weight.scalar_type() == at::kChar && weight.dim() == 2, "weight: int8 (N, K)");
   const int64_t N = weight.size(0), K = weight.size(1);
-  const int64_t outs = has_vnni() ? kGroup : kOut, lanes = has_vnni() ? 4 : 2;
+  const int64_t outs = kQuads ? kGroup : kOut, lanes = kQuads ? 4 : 2;
   const int64_t Np = (N + outs - 1) / outs * outs, Kp = (K + lanes - 1) / lanes * lanes;
   at::Tensor padded = at::constant_pad_nd(weight, {0, Kp - K, 0, Np - N}, 0);  // (Np, Kp)
   return padded.view({Np / outs, outs, Kp / lanes, lanes}).permute({0, 2, 1, 3}).contiguous();
@@ -142,6 +175,14 @@ struct Epilogue {
   int64_t N;
   bool add, relu;
 };
+
+// Output n of row r from its sum: the epilogue, in fbgemm's order.
+inline void finish_one(const Epilogue& e, int64_t r, int64_t n, int32_t acc) {
+  const float v = std::fma(float(acc - e.q.zero * e.sums[n]), e.q.scale * e.scale[n],
+                           e.bias ? e.bias[n] : 0.f);
+  float* y = e.out + r * e.N + n;
+  *y = e.add ? *y + v : e.relu ? std::max(v, 0.f) : v;
+}
 
 // ----------------------------------------------------------------------------- pairs (madd)
 // acc[j] = sum_k a[k] * W[block j][k] for one row a (16-bit, Kp values) and one packed block
@@ -187,12 +228,7 @@ void pair_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const int8_t* 
       const int64_t n0 = nb * kOut, outs = std::min<int64_t>(kOut, e.N - n0);
       for (int64_t r = 0; r < R; ++r) {
         block_dots(xq.data() + r * Kp, wb, Kp, acc);
-        float* y = e.out + r * e.N + n0;
-        for (int64_t j = 0; j < outs; ++j) {  // the epilogue, in fbgemm's order
-          const float v = std::fma(float(acc[j] - e.q.zero * e.sums[n0 + j]),
-                                   e.q.scale * e.scale[n0 + j], e.bias ? e.bias[n0 + j] : 0.f);
-          y[j] = e.add ? y[j] + v : e.relu ? std::max(v, 0.f) : v;
-        }
+        for (int64_t j = 0; j < outs; ++j) finish_one(e, r, n0 + j, acc[j]);
       }
     }
   });
@@ -305,11 +341,102 @@ std::pair<float, float> range(const float* xs, int64_t n) {
   return {*lo, *hi};
 }
 
+// x's R rows (K values) rounded to u8 as pair_rows rounds them, into xq (R, Kp), zeros past K.
+void round_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, Rounding q, float qmax,
+                uint8_t* xq) {
+  const float inverse = 1.0f / q.scale;
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t k = 0; k < K; ++k) {
+      const float v = std::nearbyint(std::fma(xs[r * K + k], inverse, float(q.zero)));
+      xq[r * Kp + k] = uint8_t(std::min(std::max(v, 0.f), qmax));
+    }
+}
+
+#if defined(CPU_CAPABILITY_AVX2)
+// Outputs n0 .. n0 + 7 of row r (those below N) from their sums.
+inline void finish(const Epilogue& e, int64_t r, int64_t n0, V acc) {
+  int32_t sums[kOut];
+  store(sums, acc);
+  for (int64_t j = 0; j < std::min<int64_t>(kOut, e.N - n0); ++j) finish_one(e, r, n0 + j, sums[j]);
+}
+#endif
+
 void vnni_rows(const float*, int64_t, int64_t, int64_t, const int8_t*, int64_t, const Epilogue&,
                float) {
   TORCH_CHECK(false, "int8_rows: VNNI's layout in a build without it");
 }
 #endif
+
+// ----------------------------------------------------------------------------- quads
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+// RB rows (u8, rows Kp apart, from row r0) times one group of W (Kp / 4, kGroup, 4) of outputs
+// n0 ..: group_rows without VNNI, each vpdpbusd as dot4 (exact with 7-bit activations).
+template <int RB>
+void quad_group_rows(const uint8_t* x, int64_t Kp, const int8_t* w, const Epilogue& e,
+                     int64_t r0, int64_t n0) {
+  V s[RB][4];
+  for (int r = 0; r < RB; ++r)
+    for (int j = 0; j < 4; ++j) s[r][j] = zeros();
+  const V one = ones();
+  for (int64_t k = 0; k < Kp; k += 4, w += 4 * kGroup) {
+    const V w0 = load(w), w1 = load(w + kGroup), w2 = load(w + 2 * kGroup);
+    const V w3 = load(w + 3 * kGroup);
+    for (int r = 0; r < RB; ++r) {
+      int32_t quad;  // x[k .. k+3], read as one 32-bit value
+      std::memcpy(&quad, x + r * Kp + k, sizeof quad);
+      const V a = broadcast(quad);
+      s[r][0] = dot4(s[r][0], a, w0, one);
+      s[r][1] = dot4(s[r][1], a, w1, one);
+      s[r][2] = dot4(s[r][2], a, w2, one);
+      s[r][3] = dot4(s[r][3], a, w3, one);
+    }
+  }
+  for (int r = 0; r < RB; ++r)
+    for (int j = 0; j < 4; ++j) finish(e, r0 + r, n0 + kOut * j, s[r][j]);
+}
+
+// The map through the quads' layout without VNNI (7-bit activations): vnni_rows' order,
+// kQuadRows rows at a time.
+void quad_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const int8_t* w,
+               int64_t groups, const Epilogue& e, float qmax) {
+  std::vector<uint8_t> xq(R * Kp, 0);  // (R, Kp), zeros past K
+  round_rows(xs, R, K, Kp, e.q, qmax, xq.data());
+  const int64_t grain = std::max<int64_t>(1, 65536 / (Kp * kGroup * R));
+  at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      const int8_t* wg = w + g * Kp * kGroup;
+      for (int64_t r = 0; r < R; r += kQuadRows) {
+        const uint8_t* x = xq.data() + r * Kp;
+        if (kQuadRows == 4 && R - r >= 4) quad_group_rows<4>(x, Kp, wg, e, r, g * kGroup);
+        else if (kQuadRows == 4 && R - r == 3) quad_group_rows<3>(x, Kp, wg, e, r, g * kGroup);
+        else if (R - r >= 2) quad_group_rows<2>(x, Kp, wg, e, r, g * kGroup);
+        else quad_group_rows<1>(x, Kp, wg, e, r, g * kGroup);
+      }
+    }
+  });
+}
+#else
+void quad_rows(const float*, int64_t, int64_t, int64_t, const int8_t*, int64_t, const Epilogue&,
+               float) {
+  TORCH_CHECK(false, "int8_rows: the quads' layout in a build without vectors");
+}
+#endif
+
+// The map through the quads' layout in plain loops: 8-bit activations on a CPU without VNNI
+// (whose vpmaddubsw would saturate; Int8Affine gives fbgemm those products there).
+void plain_quad_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const int8_t* w,
+                     int64_t groups, const Epilogue& e, float qmax) {
+  std::vector<uint8_t> xq(R * Kp, 0);  // (R, Kp), zeros past K
+  round_rows(xs, R, K, Kp, e.q, qmax, xq.data());
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t j = 0; j < kGroup && g * kGroup + j < e.N; ++j) {
+        int32_t acc = 0;
+        for (int64_t k = 0; k < Kp; ++k)
+          acc += int32_t(xq[r * Kp + k]) * w[((g * (Kp / 4) + k / 4) * kGroup + j) * 4 + k % 4];
+        finish_one(e, r, g * kGroup + j, acc);
+      }
+}
 
 at::Tensor int8_rows(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& w_scale,
                      const at::Tensor& w_sums, const c10::optional<at::Tensor>& bias,
@@ -318,8 +445,8 @@ at::Tensor int8_rows(const at::Tensor& x, const at::Tensor& packed, const at::Te
   TORCH_CHECK(packed.scalar_type() == at::kChar && packed.is_contiguous() && packed.dim() == 4,
               "weight: int8_rows_pack's layout");
   const int64_t lanes = packed.size(3);
-  const bool vnni = lanes == 4 && packed.size(2) == kGroup && has_vnni();
-  TORCH_CHECK(vnni || (lanes == 2 && packed.size(2) == kOut), "weight: int8_rows_pack's layout");
+  const bool quads = lanes == 4 && packed.size(2) == kGroup;
+  TORCH_CHECK(quads || (lanes == 2 && packed.size(2) == kOut), "weight: int8_rows_pack's layout");
   const int64_t N = w_scale.size(0), Kp = packed.size(1) * lanes, K = x.size(-1);
   const int64_t R = x.numel() / std::max<int64_t>(K, 1);
   TORCH_CHECK(Kp == (K + lanes - 1) / lanes * lanes, "x's last dimension is not the weight's");
@@ -335,8 +462,11 @@ at::Tensor int8_rows(const at::Tensor& x, const at::Tensor& packed, const at::Te
                    bias.has_value() ? bias->data_ptr<float>() : nullptr, out.data_ptr<float>(),
                    N, residual.has_value(), relu};
   const float qmax = reduce_range ? 127.f : 255.f;
-  (vnni ? vnni_rows : pair_rows)(xs, R, K, Kp, packed.data_ptr<int8_t>(), packed.size(0), e,
-                                 qmax);
+  const auto kernel = !quads       ? pair_rows
+                      : has_vnni()   ? vnni_rows
+                      : reduce_range ? quad_rows
+                                     : plain_quad_rows;
+  kernel(xs, R, K, Kp, packed.data_ptr<int8_t>(), packed.size(0), e, qmax);
   return out;
 }
 
@@ -344,9 +474,12 @@ at::Tensor int8_rows(const at::Tensor& x, const at::Tensor& packed, const at::Te
 
 TORCH_LIBRARY_FRAGMENT(nmt, m) {
   m.def("int8_rows_pack(Tensor weight) -> Tensor");
+  m.def("int8_rows_vnni() -> bool");
   m.def("int8_rows(Tensor x, Tensor packed, Tensor w_scale, Tensor w_sums, Tensor? bias, "
         "Tensor? residual, bool relu, bool reduce_range) -> Tensor");
 }
+
+TORCH_LIBRARY_IMPL(nmt, CatchAll, m) { m.impl("int8_rows_vnni", has_vnni); }
 
 TORCH_LIBRARY_IMPL(nmt, CPU, m) {
   m.impl("int8_rows_pack", int8_rows_pack);

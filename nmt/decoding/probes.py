@@ -4,7 +4,7 @@ the kernels themselves (not of the CPU's name): the private PyTorch operators nm
 nmt.decoding.attention_op.status), oneDNN's packed fp32 / bf16 linear maps
 (nmt.decoding.affine.packing_works), the int8 products' saturation in each quantized engine
 (nmt.decoding.affine.int8_saturates) and the layout of nmt::int8_rows, the int8 maps of a
-step's few rows (nmt.decoding.affine.int8_rows_vnni). `kernel_report()` runs them all
+step's few rows (nmt.decoding.affine.int8_rows_layout). `kernel_report()` runs them all
 (building the operator if need be) and returns what each found; the benchmarks' headers and
 the tests read it.
 """
@@ -31,7 +31,7 @@ class KernelReport:
     int8_engines: tuple[str, str] | None  # int8's engines, (small, large) products; None: none
     # per quantized engine this PyTorch has: its u8 x s8 products saturate (int8 keeps 7 bits)
     int8_saturates: dict[str, bool]
-    int8_rows_vnni: bool  # nmt::int8_rows takes its VNNI layout (a few rows), else pairs (one)
+    int8_rows_layout: str  # nmt::int8_rows' kernel of a few rows: vnni, quads, pairs ("": none)
 
     def lines(self) -> list[str]:
         """One line per probe, for a benchmark's or a log's header."""
@@ -40,8 +40,10 @@ class KernelReport:
             + (", ".join(f"{e} {'yes (7-bit activations)' if s else 'no'}"
                          for e, s in sorted(self.int8_saturates.items()))))
         ops = "missing " + ", ".join(self.missing_ops) if self.missing_ops else "all there"
-        layout = "VNNI layout (rows x weights up to 2^24)" if self.int8_rows_vnni else \
-            "pairs layout (1 row)"
+        layout = {"vnni": "VNNI layout (rows x weights up to 2^24)",
+                  "quads": "quads layout without VNNI (rows x weights up to 2^22, 7-bit "
+                           "activations)",
+                  "pairs": "pairs layout (1 row)"}.get(self.int8_rows_layout, "none")
         few = "fbgemm's" if self.fused_attention else f"nmt::int8_rows' {layout}"
         return [f"private operators: {ops}",
                 f"fused attention operator: {self.fused_attention or 'loaded'}",
@@ -60,4 +62,4 @@ def kernel_report() -> KernelReport:
         found = set(torch.backends.quantized.supported_engines) & {"fbgemm", "onednn"}
         saturates = {e: affine.int8_saturates(e) for e in sorted(found)}
     return KernelReport(missing, attention_op.status(), packed, engines, saturates,
-                        affine.int8_rows_vnni())
+                        affine.int8_rows_layout())

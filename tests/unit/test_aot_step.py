@@ -49,8 +49,8 @@ def greedy_pairs(eager: FastModel, compiled: FastModel, sources, steps: int):
 def test_the_package_of_a_few_rows_gives_eagers_choices(steps_cache):
     """Every step of one row goes through the package, with eager's choices and logits (to a
     float sum's rounding: the int8 maps are the same operator); so do steps of up to
-    most_rows rows (three on a CPU with VNNI), and steps of more rows are eager's own, exactly
-    (no torch.compile in int8)."""
+    most_rows rows (three where the operator has VNNI's layout or its quads), and steps of
+    more rows are eager's own, exactly (no torch.compile in int8)."""
     model = tiny_model(V, seed=1, stops=True, N=2)
     eager, compiled = FastModel(model, "int8"), FastModel(model, "int8", compile=True)
     assert len(list(steps_cache.glob("*/step-*.pt2"))) == 1
@@ -58,8 +58,8 @@ def test_the_package_of_a_few_rows_gives_eagers_choices(steps_cache):
         torch.testing.assert_close(got, want, atol=TOL * float(want.abs().max()), rtol=0)
         assert got.argmax(1).tolist() == want.argmax(1).tolist()
     assert compiled._packaged.calls == 4 * 8
-    several = compiled._packaged.rows >= 3  # the CPU's int8_rows layout: VNNI, or pairs
-    assert several == affine.int8_rows_vnni()
+    several = compiled._packaged.rows >= 3  # the CPU's int8_rows layout: VNNI or quads
+    assert several == (affine.int8_rows_layout() != "pairs")
     # a batch whose other sentences ended: one row over three buffer rows and memory rows
     assert not compiled.compiled
     src = pad_batch([[5, 6, 7, 8, 9], [9, 10], [11, 12, 4, 7]], PAD, "cpu")

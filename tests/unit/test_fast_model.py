@@ -342,7 +342,7 @@ def test_an_int8_relu_map_is_one_operator_with_the_relu_in_its_epilogue(rows):
 def test_an_int8_step_runs_fp32s_operators_with_int8_products(model, sentences):
     """One int8 decoding step dispatches the operators of fp32's (whose packed maps fuse the
     ReLU and the residual addition), an int8 product for each packed product, and no ReLU.
-    A few rows (few_rows: one, or more with VNNI) go through nmt::int8_rows, the residual in
+    A few rows (few_rows: by its layout on this CPU) go through nmt::int8_rows, the residual in
     its epilogue: exactly fp32's operators; more through fbgemm, with one residual addition
     after each sub-layer's last map (3 a decoder layer)."""
     if not packing_works(torch.float32):
@@ -374,7 +374,7 @@ def test_int8_rows_gives_fbgemms_outputs_bit_for_bit(shape):
     """nmt::int8_rows rounds and sums as fbgemm does: an Int8Affine's few rows (its ReLU, or
     its residual, in the epilogue) equal fbgemm's product (then the addition) bit for bit,
     and so does the operator at more rows, with 8- and 7-bit activations, under every ISA's
-    build (the VNNI layout where this CPU has it, else pairs; test_isa reruns it under AVX2
+    build (the VNNI layout where this CPU has it, else quads; test_isa reruns it under AVX2
     dispatch)."""
     if not attention_op.available():
         pytest.skip(f"nmt's operators are not built here ({attention_op.status()})")
@@ -389,7 +389,7 @@ def test_int8_rows_gives_fbgemms_outputs_bit_for_bit(shape):
         assert ops.counts == {"nmt::int8_rows": 3}
         want = plain.product(x), relu.product(x), plain.product(x).add_(residual)
         assert all(torch.equal(g, y) for g, y in zip(got, want, strict=True))
-    for rows in (2, 3, 4, 5, 8, 9, 16, 33):  # the VNNI kernel's blocks of 4 rows, the rest
+    for rows in (2, 3, 4, 5, 8, 9, 16, 33):  # the kernels' blocks of 2 or 4 rows, the rest
         x = torch.randn(rows, shape[1])
         for reduce_range in {plain.reduce_range, True}:  # 8 bits where no engine saturates
             ours = torch.ops.nmt.int8_rows(x, *plain._few(), b, None, False, reduce_range)

@@ -71,7 +71,7 @@ def test_one_report_says_what_every_kernel_probe_found(monkeypatch):
     for: no build here), packing and int8 saturation in each engine, int8_rows' layout, one
     line each."""
     monkeypatch.setattr(attention_op, "status", lambda: None)
-    monkeypatch.setattr(affine, "int8_rows_vnni", lambda: True)
+    monkeypatch.setattr(affine, "int8_rows_layout", lambda: "vnni")
     report = kernel_report()
     assert report.missing_ops == tuple(private_ops.missing()) == ()
     assert report.packed == tuple(d for d, t in PACKED.items() if packing_works(t))
