@@ -96,27 +96,27 @@ def cpu_flags() -> str:
 
 
 def package_key(model: nn.Module, dtype: str, kv_dtype: torch.dtype | None,
-                rows: int) -> str:
+                rows: int, part: str = "step") -> str:
     """A hash of what a package is compiled from: the model's weights, the precision, its
     rows, this torch, the ISA and its operators' object (attention_op.build_key), this CPU's
-    flags (the package is compiled for it) and the step's code."""
+    flags (the package is compiled for it), the step's code and the part (step, encoder)."""
     digest = hashlib.sha256()
     for name, tensor in model.state_dict().items():
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     isa = attention_op.capability()
-    for part in (dtype, str(kv_dtype), str(rows), torch.__version__, torch.version.git_version, isa,
-                 attention_op.build_key(isa), sys.implementation.cache_tag, cpu_flags(),
+    for item in (dtype, str(kv_dtype), str(rows), torch.__version__, torch.version.git_version, isa,
+                 attention_op.build_key(isa), sys.implementation.cache_tag, cpu_flags(), part,
                  *(path.read_bytes() for path in SOURCES)):
-        digest.update(part if isinstance(part, bytes) else part.encode())
+        digest.update(item if isinstance(item, bytes) else item.encode())
         digest.update(b"\0")
     return digest.hexdigest()[:20]
 
 
-def package_path(key: str) -> Path:
-    """Where the package of `key` is kept."""
+def package_path(key: str, part: str = "step") -> Path:
+    """Where the package of `key` (a `part`'s: step, encoder) is kept."""
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return root / "nmt" / "steps" / f"torch-{torch.__version__}" / f"step-{key}.pt2"
+    return root / "nmt" / "steps" / f"torch-{torch.__version__}" / f"{part}-{key}.pt2"
 
 
 def most_rows(eager) -> int:
@@ -154,25 +154,78 @@ def compile_package(eager, path: Path, rows: int = 1) -> None:
     shapes = ({0: B}, *[{0: B}] * 5, None, None,
               [{0: N, 2: C}, {0: N, 2: C}, {0: B, 1: C}] * len(eager.decoder),
               [{0: M, 2: S}, {0: M, 2: S}] * len(eager.decoder))
+    _export_and_compile(StepGraph(eager), args, shapes, path)
+
+
+def _export_and_compile(graph: nn.Module, args: tuple, shapes: tuple, path: Path) -> None:
+    """Export `graph` at example `args` (dynamic `shapes`) and compile it into `path`, written
+    whole (renamed into place: a process that reads it finds a whole package or none; two
+    that build at once write the same)."""
     with torch.inference_mode():
-        program = torch.export.export(StepGraph(eager), args, dynamic_shapes=shapes)
+        program = torch.export.export(graph, args, dynamic_shapes=shapes)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         built = private_ops.aoti_compile(program, str(Path(tmp) / "s.pt2"))
         os.replace(built, path)
 
 
-class PackagedStep:
-    """The compiled step of 1 to `rows` rows: built (compile_package, from the FastModel in
-    eager's forms that make_eager returns) if `path` has none, loaded by each process at its
-    first call."""
+class EncoderGraph(nn.Module):
+    """FastModel's encoder of one source without padding (1, S), and every decoder layer's keys
+    and values of its memory: [k_0, v_0, k_1, ...], (1, h, S, d_k) each."""
+
+    def __init__(self, fast):
+        super().__init__()
+        self.fast = [fast]  # not a submodule: its tensors become the package's constants
+
+    def forward(self, src: Tensor) -> list[Tensor]:
+        """The memory's keys and values."""
+        fast = self.fast[0]
+        memory = fast.encode_layers(src, None)  # (1, S, d_model)
+        return [t for layer in fast.decoder for t in layer.memory_kv(memory, fast.kv_dtype)]
+
+
+def encoder_rows(eager) -> int:
+    """The longest source an encoder package of `eager` takes: the fewest rows every int8 map
+    of the encoder and of the memory's keys and values gives nmt::int8_rows (each map of each
+    length eager's own operator), within the model's positions; below 2: none."""
+    maps = [m for layer in eager.encoder for m in (layer.qkv, layer.o, layer.W_1, layer.W_2)]
+    return min(eager.cfg.max_positions, *(m.few_rows for m in [*maps, *(
+        layer.kv for layer in eager.decoder)]))
+
+
+def compile_encoder(eager, path: Path, rows: int) -> None:
+    """Export `eager`'s EncoderGraph for sources of 2 to `rows` positions and compile it into
+    `path` (as compile_package)."""
+    src = torch.full((1, 3), eager.pad_id + 1, dtype=torch.long)
+    _export_and_compile(EncoderGraph(eager), (src,), ({1: Dim("S", min=2, max=rows)},), path)
+
+
+class Package:
+    """A part compiled ahead of time: built by `build()` (compile_package, compile_encoder) if
+    `path` has none, loaded by each process at its first call."""
+
+    def __init__(self, path: Path, build: Callable[[], None], what: str):
+        if not path.exists():
+            print(f"nmt: compiling {what} into {path} (once, ~10 s)", file=sys.stderr)
+            build()
+        self.path, self.runner, self.calls = path, None, 0
+
+    def run(self, inputs: list[Tensor]) -> list[Tensor]:
+        """The package's outputs of these flat inputs."""
+        if self.runner is None:
+            self.runner = private_ops.aoti_load(str(self.path))
+        self.calls += 1
+        return self.runner(inputs)
+
+
+class PackagedStep(Package):
+    """The compiled step of 1 to `rows` rows (compile_package, from the FastModel in eager's
+    forms that make_eager returns)."""
 
     def __init__(self, path: Path, make_eager: Callable[[], nn.Module], rows: int, vocab: int):
-        if not path.exists():
-            print(f"nmt: compiling the decoding step of 1-{rows} rows into {path} "
-                  f"(once, ~10 s)", file=sys.stderr)
-            compile_package(make_eager(), path, rows)
-        self.path, self.rows, self.runner, self.calls = path, rows, None, 0
+        super().__init__(path, lambda: compile_package(make_eager(), path, rows),
+                         f"the decoding step of 1-{rows} rows")
+        self.rows = rows
         self.no_bans = torch.zeros(vocab, dtype=torch.bool)  # (V,)
 
     def __call__(self, tokens: Tensor, rows: StepRows, caches: list, memory_kv: list,
@@ -180,9 +233,24 @@ class PackagedStep:
         """FastModel.step_layers of B <= self.rows rows after their tokens (B,) (embedded at
         their positions, rows.end - 1 - rows.start), the whole vocabulary's logits, and each
         row's best token outside `banned` (V,) bool (None: none banned)."""
-        if self.runner is None:
-            self.runner = private_ops.aoti_load(str(self.path))
-        self.calls += 1
         banned = self.no_bans if banned is None else banned
         *head, kv, mem = flat_inputs(tokens, rows, banned, caches, memory_kv)
-        return StepOut(*self.runner([*head, *kv, *mem]))
+        return StepOut(*self.run([*head, *kv, *mem]))
+
+
+class PackagedEncoder(Package):
+    """The compiled encoder of one source of 2 to `rows` positions (compile_encoder)."""
+
+    def __init__(self, path: Path, make_eager: Callable[[], nn.Module], rows: int):
+        super().__init__(path, lambda: compile_encoder(make_eager(), path, rows),
+                         f"the encoder of one source of 2-{rows} positions")
+        self.rows = rows
+
+    def takes(self, src: Tensor) -> bool:
+        """Whether the package encodes these (B, S) ids: one source of 2 to rows positions."""
+        return src.size(0) == 1 and 2 <= src.size(1) <= self.rows
+
+    def __call__(self, src: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Every decoder layer's keys and values (1, h, S, d_k) of (1, S) source ids."""
+        out = self.run([src])
+        return [(out[i], out[i + 1]) for i in range(0, len(out), 2)]

@@ -260,11 +260,12 @@ class FastModel(nn.Module):
         # On the CPU, matmul + softmax beats the fused kernel at decoding sizes (2x for one
         # query per row), and by more in bf16.
         self.plain_attention = device.type == "cpu"
-        self._packaged = None  # int8's step of a few rows, compiled ahead of time
+        # int8's step of a few rows and encoder of one source, compiled ahead of time
+        self._packaged, self._encoder = None, None
         if self.compiled:  # Inductor, the weights frozen in as constants
             self._compiled_layers = private_ops.frozen_compile(self.step_layers)
         elif compile:
-            self._packaged = _packaged_step(model, rows, self.kv_dtype, self)
+            self._packaged, self._encoder = _packages(model, rows, self.kv_dtype, self)
 
     def _affine_builder(self, device: torch.device, rows: int):
         """affine(W, b, relu=False): the linear maps' form for this dtype and device."""
@@ -328,12 +329,26 @@ class FastModel(nn.Module):
     def _encode(self, src: Tensor) -> Tensor:
         """(B, S) source ids, padded -> the encoder's output (B, S, d_model)."""
         mask = additive_source_mask((src != self.pad_id)[:, None, None, :], self.float_dtype)
+        return self.encode_layers(src, mask)
+
+    def encode_layers(self, src: Tensor, mask: Tensor | None) -> Tensor:
+        """(B, S) source ids, their additive mask (None: no padding) -> the encoder's output
+        (B, S, d_model). A function of tensors alone: what the encoder's package compiles."""
         x = self._embed(self.src_lut, src, 0)
         for layer in self.encoder:
             x = self._residual(x, layer.norms[0], layer.self_attention, mask, None,
                                self.plain_attention)
             x = self._residual(x, layer.norms[1], layer.feed_forward)
         return _norm(x, self.encoder_norm)
+
+    def start(self, src: Tensor) -> FastState:
+        """start_decoding(*encode(src)) of (B, S) source ids; through int8's encoder package
+        (search.compile) where it takes them: one source without padding."""
+        if self._encoder is not None and self._encoder.takes(src):
+            mask = src != self.pad_id  # (1, S)
+            if bool(mask.all()):
+                return FastState(self._encoder(src), mask, self.float_dtype, self.fused)
+        return self.start_decoding(*self.encode(src))
 
     def start_decoding(self, memory: Tensor, src_mask: Tensor,
                        vocab: Tensor | None = None) -> FastState:
@@ -456,25 +471,32 @@ class FastModel(nn.Module):
         return self.decode_step(tgt_in, self.start_decoding(memory, src_mask))
 
 
-def _packaged_step(model: Transformer, rows: int, kv_dtype: torch.dtype | None,
-                   fast: FastModel):
-    """search.compile's int8 step of a few rows (nmt.decoding.aot_step; as many as `fast`'s
-    maps give nmt::int8_rows): its package built from this model in eager's forms if this
-    machine has none, loaded at its first call; None, one line on stderr saying why, where
-    it cannot be built or kept (those steps then run eager: the same choices, slower)."""
+def _packages(model: Transformer, rows: int, kv_dtype: torch.dtype | None, fast: FastModel):
+    """search.compile's int8 step of a few rows (as many as `fast`'s maps give
+    nmt::int8_rows) and encoder of one source (nmt.decoding.aot_step): built from this model
+    in eager's forms where this machine has none, loaded at their first calls; (None, None),
+    one line on stderr saying why, where they cannot be built or kept (steps and sources then
+    run eager: the same choices, slower). The encoder's is None where its maps take fewer than
+    two rows."""
     from nmt.decoding import aot_step  # torch.export: only where search.compile asks
 
-    most = aot_step.most_rows(fast)
-    path = aot_step.package_path(aot_step.package_key(model, "int8", kv_dtype, most))
+    def eager() -> FastModel:
+        """The model in eager's forms, the same maps as `fast`'s."""
+        return FastModel(model, "int8", rows, True, kv_dtype=kv_dtype)
+
+    most, longest = aot_step.most_rows(fast), aot_step.encoder_rows(fast)
     try:
-        return aot_step.PackagedStep(
-            path, lambda: FastModel(model, "int8", rows, True, kv_dtype=kv_dtype), most,
-            fast.vocab_size)
+        step = aot_step.PackagedStep(aot_step.package_path(aot_step.package_key(
+            model, "int8", kv_dtype, most)), eager, most, fast.vocab_size)
+        encoder = None if longest < 2 else aot_step.PackagedEncoder(aot_step.package_path(
+            aot_step.package_key(model, "int8", kv_dtype, longest, "encoder"), "encoder"),
+            eager, longest)
     except Exception as e:  # noqa: BLE001 (an export's, Inductor's or the disk's failure)
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         print(f"nmt: search.compile's step of a few rows is not built ({type(e).__name__}: "
               f"{first}); it runs eager", file=sys.stderr)
-        return None
+        return None, None
+    return step, encoder
 
 
 def _compile_needs(device: torch.device, fused: bool | None) -> str:

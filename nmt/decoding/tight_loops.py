@@ -168,7 +168,7 @@ def _start(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
     max_len = output_lengths(sentences, search, max_positions([fast]))  # (n,)
     src = pad_batch([specials.source(s.src) for s in sentences], specials.pad,
                     fast.tgt_lut.device)  # (n, S)
-    return max_len, fast.start_decoding(*fast.encode(src))
+    return max_len, fast.start(src)
 
 
 def _units(search: SearchConfig, nbest: int, max_len: np.ndarray) -> Units:

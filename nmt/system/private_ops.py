@@ -21,7 +21,7 @@ they give (docs/design.md, "Private PyTorch operators", has the measurements):
   (nmt.decoding.aot_step: 1.4-3.6x eager's step at 16 to 1 rows). The loader is called
   without the wrapper: no import of Inductor (~1 s a process), and its run takes the flat
   tensors, where the wrapper's call parses its specs from JSON every time. Where it fails or
-  is missing, the steps run eager, one line on stderr saying why (fast_model._packaged_step).
+  is missing, the steps run eager, one line on stderr saying why (fast_model._packages).
 - an update skipped on the device, with no host read: a fused optimizer's `found_inf`
   (GradScaler's contract with it, which the optimizer's private `_step_supports_amp_scaling`
   says it keeps) and the EMA's foreach interpolation with a tensor weight

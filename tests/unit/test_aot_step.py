@@ -169,3 +169,33 @@ def test_the_packages_choice_is_row_max_after_the_bans(steps_cache):
             assert token.tolist().count(7) >= 2 and 9 not in token.tolist()
         else:  # NaN in every row
             assert token.tolist() == [11] * 3 and best.isnan().all()
+
+
+def test_the_encoder_package_gives_eagers_memory(steps_cache):
+    """One source without padding is encoded through the encoder's package (its memory's keys
+    and values within bf16's rounding of eager's, their dtype and shape eager's, and greedy
+    search on them chooses alike); a batch of sources, or a source of one position, is eager's
+    own."""
+    model = tiny_model(V, seed=1, stops=True, N=2)
+    eager, compiled = FastModel(model, "int8"), FastModel(model, "int8", compile=True)
+    assert len(list(steps_cache.glob("*/encoder-*.pt2"))) == 1
+    sources = [s + [EOS] for s in random_sources(6, V, seed=7)]
+    with torch.inference_mode():
+        for src in sources:
+            batch = pad_batch([src], PAD, "cpu")
+            want, got = (m.start(batch) for m in (eager, compiled))
+            for (k0, v0), (k1, v1) in zip(want.memory_kv, got.memory_kv, strict=True):
+                for a, b in ((k0, k1), (v0, v1)):
+                    assert a.dtype == b.dtype and a.shape == b.shape
+                    torch.testing.assert_close(b.float(), a.float(), rtol=0,
+                                               atol=1e-2 * float(a.abs().max()))
+            assert torch.equal(got.src_len, want.src_len)
+        assert compiled._encoder.calls == len(sources)
+        compiled.start(pad_batch(sources[:2], PAD, "cpu"))  # two sources: eager's
+        compiled.start(pad_batch([[EOS]], PAD, "cpu"))  # one position: eager's
+    assert compiled._encoder.calls == len(sources)
+    specials = Specials(BOS, EOS, PAD)
+    cfg = search(beam_size=1, max_len_b=6)
+    for sentence in [Sentence(i, s) for i, s in enumerate(random_sources(6, V, seed=8))]:
+        want, got = (decode_all([m], [sentence], cfg, specials) for m in (eager, compiled))
+        assert [h.tokens for h in got[0]] == [h.tokens for h in want[0]]
