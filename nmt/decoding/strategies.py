@@ -83,6 +83,19 @@ def choose_beam(lprobs: Tensor, scores: Tensor, k: int, order=None) -> Choice:
     return Choice(best, parents, index % V)
 
 
+def choose_beam_logits(logits: Tensor, scores: Tensor, banned: Tensor, k: int) -> Choice:
+    """choose_beam of log_softmax(logits) (b kb, V) with the `banned` columns (ids) at -inf;
+    scores (b, kb). In one nmt::beam_top_k call where it is built (float32 rows on the CPU,
+    kb V >= 2k: the same values, fewer calls), else those calls."""
+    b, kb = scores.shape
+    logits = logits.float()
+    if _one_pass(logits) and kb * logits.size(1) >= 2 * k:
+        return Choice(*torch.ops.nmt.beam_top_k(logits, scores, banned, 2 * k))
+    lprobs = torch.log_softmax(logits, dim=-1)  # (b kb, V)
+    lprobs.index_fill_(1, banned, -torch.inf)
+    return choose_beam(lprobs, scores, k)
+
+
 def bury_dead(choice: Choice, token: int) -> Choice:
     """Beam search's candidates of log P -inf (no hypothesis can come of them) continue each
     unit's first row with `token` (an id: PAD): which of their equal -inf top_k returns is

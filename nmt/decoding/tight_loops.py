@@ -39,7 +39,7 @@ from nmt.decoding.fast_model import FastModel
 from nmt.decoding.fast_state import FastState, StepRows
 from nmt.decoding.lengths import Units, empty_source, max_positions, output_lengths
 from nmt.decoding.messages import Hypothesis, Sentence
-from nmt.decoding.strategies import choose_beam, row_max
+from nmt.decoding.strategies import choose_beam_logits, row_max
 
 if TYPE_CHECKING:  # torch.export's import: only where search.compile asks
     from nmt.decoding.aot_step import StepOut
@@ -65,8 +65,8 @@ def takes(models: list, sentences: list[Sentence], search: SearchConfig, use_cac
 
 class Bans(NamedTuple):
     """The columns a step bans: the specials' at every step, EOS's too before search.min_len
-    tokens; as indices (the beam loop's index_fill_) and as (V,) masks (greedy's row_max,
-    int8's package)."""
+    tokens; as ids (index_fill_'s, nmt::beam_top_k's) and as (V,) masks (nmt::top_k's, int8's
+    package)."""
 
     early: Tensor  # before search.min_len tokens: the specials' and EOS
     later: Tensor  # the specials'
@@ -273,9 +273,8 @@ def beam(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
     rows: list = [[([], [0.0])] for _ in range(n)]  # each unit's rows: output, prefixes' log P
     results: list[list[Hypothesis]] = [[] for _ in range(n)]
     for t in range(max(limits)):
-        lprobs = torch.log_softmax(steps(last, t).float(), dim=-1)  # (U kb, V)
-        lprobs.index_fill_(1, banned.early if t < search.min_len else banned.later, -torch.inf)
-        choice = choose_beam(lprobs, scores, k)  # (U, 2k) best first
+        choice = choose_beam_logits(steps(last, t), scores, banned.early if t < search.min_len
+                                    else banned.later, k)  # (U, 2k) best first
         read = zip(*(x.tolist() for x in (choice.scores, choice.parents, choice.tokens)),
                    strict=True)  # each unit's (cand, parent, token)
         kb = steps.R // len(live)  # rows a unit at this step

@@ -15,6 +15,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/cpu/vec/vec.h>
+#include <ATen/ops/_log_softmax.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
@@ -87,8 +88,65 @@ std::tuple<at::Tensor, at::Tensor> top_k(const at::Tensor& x, int64_t n,
   return {values, columns};
 }
 
+// Beam search's choice (strategies.choose_beam) after a step of U units of kb rows each, in
+// one call: log_softmax of the logits (R, V), R = U kb (ATen's kernel: torch.log_softmax's
+// values), the banned columns (ids) at -inf, each row's prefix score added (as choose_beam:
+// index_fill_ then add_), then each unit's n best of its kb V candidates (row, then column
+// order for equal ones) and their rows within the unit (parents) and columns (tokens), (U, n)
+// each.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> beam_top_k(const at::Tensor& logits,
+                                                          const at::Tensor& scores,
+                                                          const at::Tensor& banned, int64_t n) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat,
+              "nmt::beam_top_k: logits must be (R, V) float32");
+  TORCH_CHECK(scores.dim() == 2 && scores.scalar_type() == at::kFloat &&
+                  scores.numel() == logits.size(0),
+              "nmt::beam_top_k: scores must be (U, kb) float32, U kb = R");
+  const int64_t U = scores.size(0), kb = scores.size(1), V = logits.size(1);
+  TORCH_CHECK(banned.dim() == 1 && banned.scalar_type() == at::kLong,
+              "nmt::beam_top_k: banned must be (n,) column ids");
+  TORCH_CHECK(0 < n && n <= kb * V, "nmt::beam_top_k: n must be in 1..kb V");
+  at::Tensor lp = at::_log_softmax(logits, 1, false).contiguous();  // (R, V), owned here
+  const at::Tensor ban = banned.contiguous(), score = scores.contiguous();
+  float* xs = lp.data_ptr<float>();
+  const int64_t* bs = ban.data_ptr<int64_t>();
+  for (int64_t i = 0; i < ban.numel(); ++i)
+    TORCH_CHECK(0 <= bs[i] && bs[i] < V, "nmt::beam_top_k: a banned column past V");
+  const float* ss = score.data_ptr<float>();
+  using Vec = at::vec::Vectorized<float>;
+  for (int64_t r = 0; r < U * kb; ++r) {
+    float* row = xs + r * V;
+    for (int64_t i = 0; i < ban.numel(); ++i) row[bs[i]] = -INFINITY;
+    const Vec add(ss[r]);
+    int64_t c = 0;
+    for (; c + Vec::size() <= V; c += Vec::size()) (Vec::loadu(row + c) + add).store(row + c);
+    for (; c < V; ++c) row[c] += ss[r];
+  }
+  at::Tensor values = at::empty({U, n}, logits.options());
+  at::Tensor parents = at::empty({U, n}, logits.options().dtype(at::kLong));
+  at::Tensor tokens = at::empty({U, n}, logits.options().dtype(at::kLong));
+  float* vs = values.data_ptr<float>();
+  int64_t* ps = parents.data_ptr<int64_t>();
+  int64_t* ts = tokens.data_ptr<int64_t>();
+  for (int64_t u = 0; u < U; ++u) {
+    row_top(xs + u * kb * V, kb * V, n, nullptr, vs + u * n, ps + u * n);
+    for (int64_t i = u * n; i < (u + 1) * n; ++i) {
+      ts[i] = ps[i] % V;
+      ps[i] /= V;
+    }
+  }
+  return {values, parents, tokens};
+}
+
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(nmt, m) { m.def("top_k(Tensor x, int n, Tensor? banned=None) -> (Tensor, Tensor)"); }
+TORCH_LIBRARY_FRAGMENT(nmt, m) {
+  m.def("top_k(Tensor x, int n, Tensor? banned=None) -> (Tensor, Tensor)");
+  m.def("beam_top_k(Tensor logits, Tensor scores, Tensor banned, int n) -> (Tensor, Tensor, "
+        "Tensor)");
+}
 
-TORCH_LIBRARY_IMPL(nmt, CPU, m) { m.impl("top_k", top_k); }
+TORCH_LIBRARY_IMPL(nmt, CPU, m) {
+  m.impl("top_k", top_k);
+  m.impl("beam_top_k", beam_top_k);
+}

@@ -27,7 +27,7 @@ from nmt.decoding.affine import (
 )
 from nmt.decoding.batches import pad_batch
 from nmt.decoding.fast_model import PAD_ALLOWANCE, PAD_SLACK, FastModel, source_groups
-from nmt.decoding.strategies import row_argmax, row_max, top_k
+from nmt.decoding.strategies import choose_beam, choose_beam_logits, row_argmax, row_max, top_k
 from nmt.errors import ConfigError
 from nmt.model import make_model
 from nmt.system import private_ops
@@ -583,3 +583,30 @@ def test_the_top_k_operator_equals_torch(V):
                                atol=0, equal_nan=True)
     with pytest.raises(RuntimeError, match="banned must be"):
         torch.ops.nmt.top_k(x, 1, banned[1:])
+
+
+@pytest.mark.parametrize("kb", [1, 4])
+def test_the_beam_operator_chooses_as_choose_beam(kb):
+    """nmt::beam_top_k (strategies.choose_beam_logits): choose_beam's candidates of the
+    log-softmax after the bans, bit for bit: ties (row, then column), a dead row, a NaN row,
+    a NaN score."""
+    if not attention_op.available():
+        pytest.skip(f"nmt's operators are not built here ({attention_op.status()})")
+    g = torch.Generator().manual_seed(kb)
+    b, k, V = 3, 4, 300
+    logits = torch.randn(b * kb, V, generator=g).mul_(4).round_()  # ties within and across rows
+    logits[-1] = -torch.inf  # a dead row
+    logits[0, 7] = torch.nan
+    scores = torch.randn(b, kb, generator=g).round_()
+    scores[1, 0] = torch.nan
+    banned = torch.tensor([0, 2, 5])
+    lprobs = torch.log_softmax(logits, dim=-1).index_fill_(1, banned, -torch.inf)
+    want = choose_beam(lprobs, scores, k)
+    with Operators() as ops:
+        got = choose_beam_logits(logits, scores, banned, k)
+    assert ops.counts == {"nmt::beam_top_k": 1}
+    for name in ("scores", "parents", "tokens"):
+        torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=0, atol=0,
+                                   equal_nan=True)
+    with pytest.raises(RuntimeError, match="banned column past V"):
+        torch.ops.nmt.beam_top_k(logits, scores, torch.tensor([V]), 2 * k)
