@@ -39,6 +39,10 @@ from nmt.decoding import affine, attention_op, fast_state
 from nmt.decoding.fast_state import StepRows
 from nmt.system import private_ops
 
+# Without VNNI (the quads' layout) a package takes steps of this many rows: at 16 rows of the
+# demo's model under AVX2 int8_rows' maps cost ~8 us more than fbgemm's, the package saves
+# ~90 operators' calls (docs/results.md, "int8 maps of a few rows under AVX2")
+QUADS_STEP_ROWS = 16
 SOURCES = [Path(__file__), Path(affine.__file__), Path(fast_state.__file__),
            Path(__file__).with_name("fast_model.py")]  # the code the step runs
 
@@ -119,13 +123,27 @@ def package_path(key: str, part: str = "step") -> Path:
     return root / "nmt" / "steps" / f"torch-{torch.__version__}" / f"{part}-{key}.pt2"
 
 
+def step_maps(eager) -> list:
+    """The int8 maps of `eager`'s decoding step."""
+    return [*(m for layer in eager.decoder for m in (layer.qkv, layer.o, layer.q, layer.o2,
+                                                     layer.W_1, layer.W_2)), eager.generator]
+
+
 def most_rows(eager) -> int:
     """The most rows a package of `eager`'s step takes: the fewest that every int8 map of the
     step gives nmt::int8_rows (affine.few_rows), so that each map of each size the package
-    takes is eager's own operator; at least one (a one-row package, its larger maps fbgemm's)."""
-    maps = [m for layer in eager.decoder for m in (layer.qkv, layer.o, layer.q, layer.o2,
-                                                   layer.W_1, layer.W_2)]
-    return max(1, min(m.few_rows for m in [*maps, eager.generator]))
+    takes is eager's own operator (bit for bit fbgemm's); at least one (a one-row package, its
+    larger maps fbgemm's); without VNNI at least QUADS_STEP_ROWS (the package's maps given
+    int8_rows past few_rows: give_rows)."""
+    least = min(m.few_rows for m in step_maps(eager))
+    return max(1, least, QUADS_STEP_ROWS if least and affine.int8_rows_layout() == "quads" else 0)
+
+
+def give_rows(eager, rows: int) -> None:
+    """Give nmt::int8_rows up to `rows` rows in every map of `eager`'s step (the package's
+    FastModel: its outputs are fbgemm's bit for bit either way)."""
+    for m in step_maps(eager):
+        m.few_rows = max(m.few_rows, rows)
 
 
 def compile_package(eager, path: Path, rows: int = 1) -> None:

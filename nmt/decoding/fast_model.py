@@ -480,11 +480,14 @@ def _packages(model: Transformer, rows: int, kv_dtype: torch.dtype | None, fast:
     two rows."""
     from nmt.decoding import aot_step  # torch.export: only where search.compile asks
 
-    def eager() -> FastModel:
-        """The model in eager's forms, the same maps as `fast`'s."""
-        return FastModel(model, "int8", rows, True, kv_dtype=kv_dtype)
-
     most, longest = aot_step.most_rows(fast), aot_step.encoder_rows(fast)
+
+    def eager() -> FastModel:
+        """The model in eager's forms, the same maps as `fast`'s (int8_rows' up to `most`)."""
+        made = FastModel(model, "int8", rows, True, kv_dtype=kv_dtype)
+        aot_step.give_rows(made, most)
+        return made
+
     try:
         step = aot_step.PackagedStep(aot_step.package_path(aot_step.package_key(
             model, "int8", kv_dtype, most)), eager, most, fast.vocab_size)
