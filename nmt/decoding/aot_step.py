@@ -1,22 +1,25 @@
-"""A decoding step of a few rows compiled ahead of time: search.compile's step in int8 at the
-sizes where a step's fixed cost is its time (one sentence, a beam, a few sentences, a server's
-few requests; issue 60, item 1).
+"""A decoding step of a few rows, and the encoder of one source, compiled ahead of time:
+search.compile's int8 at the sizes where a call's fixed cost is its time (one sentence, a beam,
+a few sentences, a server's few requests; issue 60, item 1).
 
-The rows' tokens embedded (FastModel.embed_rows), FastModel.step_layers, and greedy's choice
-(nmt::top_k of one, the banned columns skipped) for 1 to `most_rows` rows (as many as every
-map of the step gives nmt::int8_rows: 16 on the demo's model with VNNI; one on CPUs without
-VNNI), exported with torch.export (the rows, the caches' buffer rows and positions, the
-memory's sentences and source length dynamic) and compiled by AOTInductor into a package once
-per machine, model and code: a file under $XDG_CACHE_HOME/nmt/steps (~/.cache by default)
-named by a hash of the weights, the precision, the rows, this torch, ISA and CPU kind
-(Inductor compiles for the CPU it runs on), and the sources the step runs (package_key). Each
-process loads it on its first step (milliseconds; after the workers fork). Inside it the int8
-maps are nmt::int8_rows, attention nmt::one_query_attention and the choice nmt::top_k, the
-operators eager calls, through the package's proxy executor; the embedding, norms, additions
-and reshapes are Inductor's C++. It replaces ~90 operators a step called from Python: 1.4-3.6x
+The step: the rows' tokens embedded (FastModel.embed_rows), FastModel.step_layers, and greedy's
+choice (nmt::top_k of one, the banned columns skipped) for 1 to `most_rows` rows (as many as
+every map of the step gives nmt::int8_rows: 16 on the demo's model with VNNI, and 16 without
+VNNI, QUADS_STEP_ROWS), exported with torch.export (the rows, the caches' buffer rows and
+positions, the memory's sentences and source length dynamic). The encoder: FastModel's encoder
+layers and every decoder layer's keys and values of the memory, for one source of 2 to
+`encoder_rows` positions. Each is compiled by AOTInductor into a package once per machine,
+model and code: a file under $XDG_CACHE_HOME/nmt/steps (~/.cache by default) named by a hash
+of the weights, the precision, the rows, this torch, ISA and CPU kind (Inductor compiles for
+the CPU it runs on), the part and the sources it runs (package_key). Each process loads it on
+its first call (milliseconds; after the workers fork). Inside, the int8 maps are
+nmt::int8_rows, attention nmt::one_query_attention and the choice nmt::top_k, the operators
+eager calls, through the package's proxy executor; the embedding, norms, additions and
+reshapes are Inductor's C++. The step replaces ~90 operators called from Python: 1.4-3.6x
 eager's step at 16 to 1 rows (docs/results.md, "A decoding step through AOTInductor",
 "Packages of a few rows"), and greedy's embedding, bans and maximum around it (15% of a token
-at one row, "Greedy's choice inside the package"); it gives eager's choices
+at one row, "Greedy's choice inside the package"); the encoder's ~7% of a token at batch 1
+("The encoder of one source in a package"). Both give eager's choices
 (tests/unit/test_aot_step.py).
 """
 
@@ -43,6 +46,7 @@ from nmt.system import private_ops
 # demo's model under AVX2 int8_rows' maps cost ~8 us more than fbgemm's, the package saves
 # ~90 operators' calls (docs/results.md, "int8 maps of a few rows under AVX2")
 QUADS_STEP_ROWS = 16
+QUADS_ENCODER_ROWS = 32  # ... and its encoder sources of this many positions (most sentences)
 SOURCES = [Path(__file__), Path(affine.__file__), Path(fast_state.__file__),
            Path(__file__).with_name("fast_model.py")]  # the code the step runs
 
@@ -139,10 +143,10 @@ def most_rows(eager) -> int:
     return max(1, least, QUADS_STEP_ROWS if least and affine.int8_rows_layout() == "quads" else 0)
 
 
-def give_rows(eager, rows: int) -> None:
-    """Give nmt::int8_rows up to `rows` rows in every map of `eager`'s step (the package's
-    FastModel: its outputs are fbgemm's bit for bit either way)."""
-    for m in step_maps(eager):
+def give_rows(maps: list, rows: int) -> None:
+    """Give nmt::int8_rows up to `rows` rows in each of `maps` (a package's FastModel's: its
+    outputs are fbgemm's bit for bit either way)."""
+    for m in maps:
         m.few_rows = max(m.few_rows, rows)
 
 
@@ -202,13 +206,21 @@ class EncoderGraph(nn.Module):
         return [t for layer in fast.decoder for t in layer.memory_kv(memory, fast.kv_dtype)]
 
 
+def encoder_maps(eager) -> list:
+    """The int8 maps of `eager`'s encoder and of the memory's keys and values."""
+    return [*(m for layer in eager.encoder for m in (layer.qkv, layer.o, layer.W_1, layer.W_2)),
+            *(layer.kv for layer in eager.decoder)]
+
+
 def encoder_rows(eager) -> int:
     """The longest source an encoder package of `eager` takes: the fewest rows every int8 map
     of the encoder and of the memory's keys and values gives nmt::int8_rows (each map of each
-    length eager's own operator), within the model's positions; below 2: none."""
-    maps = [m for layer in eager.encoder for m in (layer.qkv, layer.o, layer.W_1, layer.W_2)]
-    return min(eager.cfg.max_positions, *(m.few_rows for m in [*maps, *(
-        layer.kv for layer in eager.decoder)]))
+    length eager's own operator; without VNNI at least QUADS_ENCODER_ROWS, give_rows), within
+    the model's positions; below 2: none."""
+    least = min(m.few_rows for m in encoder_maps(eager))
+    if least and affine.int8_rows_layout() == "quads":
+        least = max(least, QUADS_ENCODER_ROWS)
+    return min(eager.cfg.max_positions, least)
 
 
 def compile_encoder(eager, path: Path, rows: int) -> None:

@@ -483,9 +483,11 @@ def _packages(model: Transformer, rows: int, kv_dtype: torch.dtype | None, fast:
     most, longest = aot_step.most_rows(fast), aot_step.encoder_rows(fast)
 
     def eager() -> FastModel:
-        """The model in eager's forms, the same maps as `fast`'s (int8_rows' up to `most`)."""
+        """The model in eager's forms, the same maps as `fast`'s (int8_rows' up to the
+        packages' rows)."""
         made = FastModel(model, "int8", rows, True, kv_dtype=kv_dtype)
-        aot_step.give_rows(made, most)
+        aot_step.give_rows(aot_step.step_maps(made), most)
+        aot_step.give_rows(aot_step.encoder_maps(made), longest)
         return made
 
     try:

@@ -13,11 +13,14 @@ n-gram rule), a step is the model's and a few operators:
   loop; a row leaves at the step it ends, as the core's rows do (so that int8's activation
   scales, one a call, see the same rows);
 - `beam`: up to BEAM_SENTENCES sentences: the decoder's step of their k rows each, the
-  log-softmax, the bans, each unit's 2k best continuations (strategies.choose_beam, the
-  core's own), then fairseq's rule on the host over those 2k numbers a unit with the core's
-  record of finished hypotheses (lengths.Units); a unit's rows leave at the step it ends.
+  log-softmax, the bans, each unit's 2k best continuations (the core's choose_beam, in one
+  nmt::beam_top_k call: strategies.choose_beam_logits), then fairseq's rule on the host over
+  those 2k numbers a unit with the core's record of finished hypotheses (lengths.Units); a
+  unit's rows leave at the step it ends.
 Both step the decoder through `_Steps` (its caches made once; int8's package compiled ahead
-of time under search.compile, else FastModel.step_layers).
+of time under search.compile, the embedding and greedy's banned maximum inside it, else
+FastModel.step_layers), and encode through FastModel.start (one source: int8's encoder
+package under search.compile).
 All give the core's hypotheses (tests/unit/test_tight_loops.py).
 """
 
