@@ -144,10 +144,11 @@ def most_rows(eager) -> int:
 
 
 def give_rows(maps: list, rows: int) -> None:
-    """Give nmt::int8_rows up to `rows` rows in each of `maps` (a package's FastModel's: its
-    outputs are fbgemm's bit for bit either way)."""
+    """Give nmt::int8_rows up to `rows` rows in each of `maps` that it takes at all (a
+    package's FastModel's: its outputs are fbgemm's bit for bit either way)."""
     for m in maps:
-        m.few_rows = max(m.few_rows, rows)
+        if m.few_rows:
+            m.few_rows = max(m.few_rows, rows)
 
 
 def compile_package(eager, path: Path, rows: int = 1) -> None:

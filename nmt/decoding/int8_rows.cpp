@@ -234,6 +234,27 @@ void pair_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const int8_t* 
   });
 }
 
+// x's R rows (K values) rounded to u8 as pair_rows rounds them (fma, nearest even, clamp),
+// into xq (R, Kp), whose values past K stay zero (vectorized on AVX-512).
+void round_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, Rounding q, float qmax,
+                uint8_t* xq);
+
+// The map through the quads' layout: x's R rows rounded to u8, then each group of W (groups of
+// them) read once for all the rows, `block` rows at a time: group(x, rows, W's group, first
+// row, first output).
+template <typename Group>
+void grouped_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const int8_t* w,
+                  int64_t groups, const Epilogue& e, float qmax, int64_t block, Group group) {
+  std::vector<uint8_t> xq(R * Kp, 0);  // (R, Kp), zeros past K
+  round_rows(xs, R, K, Kp, e.q, qmax, xq.data());
+  const int64_t grain = std::max<int64_t>(1, 65536 / (Kp * kGroup * R));
+  at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g)
+      for (int64_t r = 0; r < R; r += block)
+        group(xq.data() + r * Kp, std::min(block, R - r), w + g * Kp * kGroup, r, g * kGroup);
+  });
+}
+
 // ----------------------------------------------------------------------------- VNNI
 #if defined(CPU_CAPABILITY_AVX512)
 // The first `count` of 16 lanes.
@@ -253,8 +274,7 @@ std::pair<float, float> range(const float* xs, int64_t n) {
   return {_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi)};
 }
 
-// x's R rows (K values) rounded to u8 as pair_rows rounds them (fma, nearest even, clamp),
-// into xq (R, Kp), whose values past K stay zero.
+// round_rows, 16 values at a time.
 void round_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, Rounding q, float qmax,
                 uint8_t* xq) {
   const __m512 inverse = _mm512_set1_ps(1.0f / q.scale), zero = _mm512_set1_ps(float(q.zero));
@@ -313,27 +333,18 @@ __attribute__((target("avx512vnni"))) void group_rows(const uint8_t* x, int64_t 
     for (int j = 0; j < 4; ++j) finish(e, r0 + r, n0 + 16 * j, s[r][j]);
 }
 
-// The map through the VNNI layout: x's R rows rounded to u8, then each group of W (groups of
-// them) read once for all the rows, kRowBlock rows at a time.
+// The map through the VNNI layout: grouped_rows, kRowBlock rows at a time.
 void vnni_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const int8_t* w,
                int64_t groups, const Epilogue& e, float qmax) {
-  std::vector<uint8_t> xq(R * Kp, 0);  // (R, Kp), zeros past K
-  round_rows(xs, R, K, Kp, e.q, qmax, xq.data());
-  const int64_t grain = std::max<int64_t>(1, 65536 / (Kp * kGroup * R));
-  at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; ++g) {
-      const int8_t* wg = w + g * Kp * kGroup;
-      for (int64_t r = 0; r < R; r += kRowBlock) {
-        const uint8_t* x = xq.data() + r * Kp;
-        switch (std::min<int64_t>(kRowBlock, R - r)) {
-          case 4: group_rows<4>(x, Kp, wg, e, r, g * kGroup); break;
-          case 3: group_rows<3>(x, Kp, wg, e, r, g * kGroup); break;
-          case 2: group_rows<2>(x, Kp, wg, e, r, g * kGroup); break;
-          default: group_rows<1>(x, Kp, wg, e, r, g * kGroup);
-        }
-      }
-    }
-  });
+  grouped_rows(xs, R, K, Kp, w, groups, e, qmax, kRowBlock,
+               [&](const uint8_t* x, int64_t rows, const int8_t* wg, int64_t r, int64_t n0) {
+                 switch (rows) {
+                   case 4: group_rows<4>(x, Kp, wg, e, r, n0); break;
+                   case 3: group_rows<3>(x, Kp, wg, e, r, n0); break;
+                   case 2: group_rows<2>(x, Kp, wg, e, r, n0); break;
+                   default: group_rows<1>(x, Kp, wg, e, r, n0);
+                 }
+               });
 }
 #else
 std::pair<float, float> range(const float* xs, int64_t n) {
@@ -341,7 +352,7 @@ std::pair<float, float> range(const float* xs, int64_t n) {
   return {*lo, *hi};
 }
 
-// x's R rows (K values) rounded to u8 as pair_rows rounds them, into xq (R, Kp), zeros past K.
+// round_rows, one value at a time.
 void round_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, Rounding q, float qmax,
                 uint8_t* xq) {
   const float inverse = 1.0f / q.scale;
@@ -395,25 +406,19 @@ void quad_group_rows(const uint8_t* x, int64_t Kp, const int8_t* w, const Epilog
     for (int j = 0; j < 4; ++j) finish(e, r0 + r, n0 + kOut * j, s[r][j]);
 }
 
-// The map through the quads' layout without VNNI (7-bit activations): vnni_rows' order,
+// The map through the quads' layout without VNNI (7-bit activations): grouped_rows,
 // kQuadRows rows at a time.
 void quad_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const int8_t* w,
                int64_t groups, const Epilogue& e, float qmax) {
-  std::vector<uint8_t> xq(R * Kp, 0);  // (R, Kp), zeros past K
-  round_rows(xs, R, K, Kp, e.q, qmax, xq.data());
-  const int64_t grain = std::max<int64_t>(1, 65536 / (Kp * kGroup * R));
-  at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; ++g) {
-      const int8_t* wg = w + g * Kp * kGroup;
-      for (int64_t r = 0; r < R; r += kQuadRows) {
-        const uint8_t* x = xq.data() + r * Kp;
-        if (kQuadRows == 4 && R - r >= 4) quad_group_rows<4>(x, Kp, wg, e, r, g * kGroup);
-        else if (kQuadRows == 4 && R - r == 3) quad_group_rows<3>(x, Kp, wg, e, r, g * kGroup);
-        else if (R - r >= 2) quad_group_rows<2>(x, Kp, wg, e, r, g * kGroup);
-        else quad_group_rows<1>(x, Kp, wg, e, r, g * kGroup);
-      }
-    }
-  });
+  grouped_rows(xs, R, K, Kp, w, groups, e, qmax, kQuadRows,
+               [&](const uint8_t* x, int64_t rows, const int8_t* wg, int64_t r, int64_t n0) {
+                 switch (rows) {
+                   case 4: quad_group_rows<4>(x, Kp, wg, e, r, n0); break;
+                   case 3: quad_group_rows<3>(x, Kp, wg, e, r, n0); break;
+                   case 2: quad_group_rows<2>(x, Kp, wg, e, r, n0); break;
+                   default: quad_group_rows<1>(x, Kp, wg, e, r, n0);
+                 }
+               });
 }
 #else
 void quad_rows(const float*, int64_t, int64_t, int64_t, const int8_t*, int64_t, const Epilogue&,

@@ -27,6 +27,9 @@ def steps_cache(tmp_path, monkeypatch):
     """Packages under tmp_path (the fused operator loaded first from the usual cache)."""
     if not attention_op.available():
         pytest.skip(f"nmt's operators are not built here ({attention_op.status()})")
+    if affine.int8_rows_layout() == "quads" and not affine.int8_saturates():
+        pytest.skip("8-bit activations without VNNI (ATen capped, fbgemm not): int8_rows takes "
+                    "no map, and fbgemm's do not export")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     return tmp_path / "nmt" / "steps"
 
@@ -178,6 +181,9 @@ def test_the_encoder_package_gives_eagers_memory(steps_cache):
     own."""
     model = tiny_model(V, seed=1, stops=True, N=2)
     eager, compiled = FastModel(model, "int8"), FastModel(model, "int8", compile=True)
+    if compiled._encoder is None:  # the operator takes no rows of some map here
+        assert aot_step.encoder_rows(eager) < 2
+        pytest.skip("nmt::int8_rows takes no encoder map's rows here")
     assert len(list(steps_cache.glob("*/encoder-*.pt2"))) == 1
     sources = [s + [EOS] for s in random_sources(6, V, seed=7)]
     with torch.inference_mode():
