@@ -41,6 +41,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
@@ -239,6 +240,17 @@ void pair_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const int8_t* 
 void round_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, Rounding q, float qmax,
                 uint8_t* xq);
 
+// kernel(RB) with RB a compile-time constant (std::integral_constant) equal to rows, 1 to 4.
+template <typename Kernel>
+void by_rows(int64_t rows, Kernel kernel) {
+  switch (rows) {
+    case 4: kernel(std::integral_constant<int, 4>{}); break;
+    case 3: kernel(std::integral_constant<int, 3>{}); break;
+    case 2: kernel(std::integral_constant<int, 2>{}); break;
+    default: kernel(std::integral_constant<int, 1>{});
+  }
+}
+
 // The map through the quads' layout: x's R rows rounded to u8, then each group of W (groups of
 // them) read once for all the rows, `block` rows at a time: group(x, rows, W's group, first
 // row, first output).
@@ -338,12 +350,7 @@ void vnni_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const int8_t* 
                int64_t groups, const Epilogue& e, float qmax) {
   grouped_rows(xs, R, K, Kp, w, groups, e, qmax, kRowBlock,
                [&](const uint8_t* x, int64_t rows, const int8_t* wg, int64_t r, int64_t n0) {
-                 switch (rows) {
-                   case 4: group_rows<4>(x, Kp, wg, e, r, n0); break;
-                   case 3: group_rows<3>(x, Kp, wg, e, r, n0); break;
-                   case 2: group_rows<2>(x, Kp, wg, e, r, n0); break;
-                   default: group_rows<1>(x, Kp, wg, e, r, n0);
-                 }
+                 by_rows(rows, [&](auto RB) { group_rows<RB()>(x, Kp, wg, e, r, n0); });
                });
 }
 #else
@@ -412,12 +419,7 @@ void quad_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const int8_t* 
                int64_t groups, const Epilogue& e, float qmax) {
   grouped_rows(xs, R, K, Kp, w, groups, e, qmax, kQuadRows,
                [&](const uint8_t* x, int64_t rows, const int8_t* wg, int64_t r, int64_t n0) {
-                 switch (rows) {
-                   case 4: quad_group_rows<4>(x, Kp, wg, e, r, n0); break;
-                   case 3: quad_group_rows<3>(x, Kp, wg, e, r, n0); break;
-                   case 2: quad_group_rows<2>(x, Kp, wg, e, r, n0); break;
-                   default: quad_group_rows<1>(x, Kp, wg, e, r, n0);
-                 }
+                 by_rows(rows, [&](auto RB) { quad_group_rows<RB()>(x, Kp, wg, e, r, n0); });
                });
 }
 #else
