@@ -139,8 +139,14 @@ def most_rows(eager) -> int:
     takes is eager's own operator (bit for bit fbgemm's); at least one (a one-row package, its
     larger maps fbgemm's); without VNNI at least QUADS_STEP_ROWS (the package's maps given
     int8_rows past few_rows: give_rows)."""
-    least = min(m.few_rows for m in step_maps(eager))
-    return max(1, least, QUADS_STEP_ROWS if least and affine.int8_rows_layout() == "quads" else 0)
+    return max(1, _package_rows(step_maps(eager), QUADS_STEP_ROWS))
+
+
+def _package_rows(maps: list, quads: int) -> int:
+    """The fewest rows every one of `maps` gives nmt::int8_rows; without VNNI at least `quads`
+    where it takes them all (give_rows)."""
+    least = min(m.few_rows for m in maps)
+    return max(least, quads) if least and affine.int8_rows_layout() == "quads" else least
 
 
 def give_rows(maps: list, rows: int) -> None:
@@ -218,10 +224,7 @@ def encoder_rows(eager) -> int:
     of the encoder and of the memory's keys and values gives nmt::int8_rows (each map of each
     length eager's own operator; without VNNI at least QUADS_ENCODER_ROWS, give_rows), within
     the model's positions; below 2: none."""
-    least = min(m.few_rows for m in encoder_maps(eager))
-    if least and affine.int8_rows_layout() == "quads":
-        least = max(least, QUADS_ENCODER_ROWS)
-    return min(eager.cfg.max_positions, least)
+    return min(eager.cfg.max_positions, _package_rows(encoder_maps(eager), QUADS_ENCODER_ROWS))
 
 
 def compile_encoder(eager, path: Path, rows: int) -> None:

@@ -127,11 +127,10 @@ inline V dot4(V acc, V a, V w, V one) {
 #endif
 
 constexpr int64_t kGroup = 4 * kOut;  // quads: the outputs of a group (4 vectors of kOut lanes)
-constexpr int64_t kRowBlock = 4;  // VNNI: the rows whose sums a pass holds (4 x 4 vectors)
 #if defined(CPU_CAPABILITY_AVX512)
-constexpr int64_t kQuadRows = 4;  // quads without VNNI: the same (32 vector registers)
+constexpr int64_t kRowBlock = 4;  // quads: the rows whose sums a pass holds (4 x 4 vectors)
 #else
-constexpr int64_t kQuadRows = 2;  // AVX2's 16 registers: 2 rows x 4 vectors of sums
+constexpr int64_t kRowBlock = 2;  // AVX2's 16 registers: 2 rows x 4 vectors of sums
 #endif
 
 // Whether this build packs quads (a vector build), else pairs.
@@ -344,15 +343,6 @@ __attribute__((target("avx512vnni"))) void group_rows(const uint8_t* x, int64_t 
   for (int r = 0; r < RB; ++r)
     for (int j = 0; j < 4; ++j) finish(e, r0 + r, n0 + 16 * j, s[r][j]);
 }
-
-// The map through the VNNI layout: grouped_rows, kRowBlock rows at a time.
-void vnni_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const int8_t* w,
-               int64_t groups, const Epilogue& e, float qmax) {
-  grouped_rows(xs, R, K, Kp, w, groups, e, qmax, kRowBlock,
-               [&](const uint8_t* x, int64_t rows, const int8_t* wg, int64_t r, int64_t n0) {
-                 by_rows(rows, [&](auto RB) { group_rows<RB()>(x, Kp, wg, e, r, n0); });
-               });
-}
 #else
 std::pair<float, float> range(const float* xs, int64_t n) {
   const auto [lo, hi] = std::minmax_element(xs, xs + n);
@@ -378,11 +368,6 @@ inline void finish(const Epilogue& e, int64_t r, int64_t n0, V acc) {
   for (int64_t j = 0; j < std::min<int64_t>(kOut, e.N - n0); ++j) finish_one(e, r, n0 + j, sums[j]);
 }
 #endif
-
-void vnni_rows(const float*, int64_t, int64_t, int64_t, const int8_t*, int64_t, const Epilogue&,
-               float) {
-  TORCH_CHECK(false, "int8_rows: VNNI's layout in a build without it");
-}
 #endif
 
 // ----------------------------------------------------------------------------- quads
@@ -413,13 +398,20 @@ void quad_group_rows(const uint8_t* x, int64_t Kp, const int8_t* w, const Epilog
     for (int j = 0; j < 4; ++j) finish(e, r0 + r, n0 + kOut * j, s[r][j]);
 }
 
-// The map through the quads' layout without VNNI (7-bit activations): grouped_rows,
-// kQuadRows rows at a time.
+// The map through the quads' layout: grouped_rows, kRowBlock rows at a time, each group's sums
+// by vpdpbusd where the CPU has VNNI (group_rows), else as dot4 (quad_group_rows: exact with
+// 7-bit activations).
 void quad_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const int8_t* w,
                int64_t groups, const Epilogue& e, float qmax) {
-  grouped_rows(xs, R, K, Kp, w, groups, e, qmax, kQuadRows,
+  const bool vnni = has_vnni();
+  grouped_rows(xs, R, K, Kp, w, groups, e, qmax, kRowBlock,
                [&](const uint8_t* x, int64_t rows, const int8_t* wg, int64_t r, int64_t n0) {
-                 by_rows(rows, [&](auto RB) { quad_group_rows<RB()>(x, Kp, wg, e, r, n0); });
+                 by_rows(rows, [&](auto RB) {
+#if defined(CPU_CAPABILITY_AVX512)
+                   if (vnni) return group_rows<RB()>(x, Kp, wg, e, r, n0);
+#endif
+                   quad_group_rows<RB()>(x, Kp, wg, e, r, n0);
+                 });
                });
 }
 #else
@@ -469,10 +461,9 @@ at::Tensor int8_rows(const at::Tensor& x, const at::Tensor& packed, const at::Te
                    bias.has_value() ? bias->data_ptr<float>() : nullptr, out.data_ptr<float>(),
                    N, residual.has_value(), relu};
   const float qmax = reduce_range ? 127.f : 255.f;
-  const auto kernel = !quads       ? pair_rows
-                      : has_vnni()   ? vnni_rows
-                      : reduce_range ? quad_rows
-                                     : plain_quad_rows;
+  const auto kernel = !quads                        ? pair_rows
+                      : has_vnni() || reduce_range ? quad_rows
+                                                   : plain_quad_rows;
   kernel(xs, R, K, Kp, packed.data_ptr<int8_t>(), packed.size(0), e, qmax);
   return out;
 }

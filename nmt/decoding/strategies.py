@@ -87,7 +87,7 @@ def choose_beam_logits(logits: Tensor, scores: Tensor, banned: Tensor, k: int) -
     """choose_beam of log_softmax(logits) (b kb, V) with the `banned` columns (ids) at -inf;
     scores (b, kb). In one nmt::beam_top_k call where it is built (float32 rows on the CPU,
     kb V >= 2k: the same values, fewer calls), else those calls."""
-    b, kb = scores.shape
+    kb = scores.size(1)
     logits = logits.float()
     if _one_pass(logits) and kb * logits.size(1) >= 2 * k:
         return Choice(*torch.ops.nmt.beam_top_k(logits, scores, banned, 2 * k))

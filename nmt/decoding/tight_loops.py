@@ -71,20 +71,27 @@ class Bans(NamedTuple):
     tokens; as ids (index_fill_'s, nmt::beam_top_k's) and as (V,) masks (nmt::top_k's, int8's
     package)."""
 
-    early: Tensor  # before search.min_len tokens: the specials' and EOS
-    later: Tensor  # the specials'
-    early_mask: Tensor  # (V,) bool
-    later_mask: Tensor  # (V,) bool
+    min_len: int  # search.min_len
+    ids: tuple[Tensor, Tensor]  # before min_len tokens (the specials' and EOS), after it
+    masks: tuple[Tensor, Tensor]  # the same, (V,) bool each
+
+    def columns(self, t: int) -> Tensor:
+        """The ids banned at step t."""
+        return self.ids[t >= self.min_len]
+
+    def mask(self, t: int) -> Tensor:
+        """The (V,) mask of those banned at step t."""
+        return self.masks[t >= self.min_len]
 
 
 @functools.lru_cache(maxsize=8)
-def bans(specials: Specials, vocab: int, device: torch.device) -> Bans:
+def bans(specials: Specials, vocab: int, device: torch.device, min_len: int) -> Bans:
     """A vocabulary of `vocab`'s Bans (made once: they stay the same from call to call)."""
-    later = torch.tensor(specials.banned, dtype=torch.long, device=device)
-    early = torch.tensor([*specials.banned, specials.eos], dtype=torch.long, device=device)
-    masks = [torch.zeros(vocab, dtype=torch.bool, device=device).index_fill_(0, columns, True)
-             for columns in (early, later)]
-    return Bans(early, later, *masks)
+    ids = (torch.tensor([*specials.banned, specials.eos], dtype=torch.long, device=device),
+           torch.tensor(specials.banned, dtype=torch.long, device=device))
+    masks = tuple(torch.zeros(vocab, dtype=torch.bool, device=device).index_fill_(0, i, True)
+                  for i in ids)
+    return Bans(min_len, ids, masks)
 
 
 class _Steps:
@@ -132,12 +139,10 @@ class _Steps:
         self.rows.where = t + 1
         return logits.view(R, -1)
 
-    def best(self, tokens: Tensor | int, t: int, banned: Bans,
-             early: bool) -> tuple[Tensor, Tensor]:
+    def best(self, tokens: Tensor | int, t: int, mask: Tensor) -> tuple[Tensor, Tensor]:
         """Each row's largest logit after their tokens at position t and its first column
-        (R,) each, the banned columns (early: before search.min_len tokens) left out
-        (strategies.row_max's; the package's inside it)."""
-        mask = banned.early_mask if early else banned.later_mask
+        (R,) each, the columns of `mask` (V,) left out (strategies.row_max's; the package's
+        inside it)."""
         if self.package:
             out = self._packaged(tokens, t, mask)
             return out.best, out.token
@@ -198,7 +203,7 @@ def greedy(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
     device = state.src_len.device
     limits = max_len.tolist()  # (n,) as numbers (a numpy scalar a row a step is slower)
     steps = _Steps(fast, state, max(limits), n)
-    banned = bans(specials, fast.vocab_size, device)
+    banned = bans(specials, fast.vocab_size, device, search.min_len)
     units = _units(search, 1, max_len)  # (scores)
     live = list(range(n))  # each row's sentence
     last = torch.full((n,), specials.bos, device=device)  # (R,) each row's newest token
@@ -209,10 +214,9 @@ def greedy(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
     for t in range(max(limits)):
         if scores:
             logits = torch.log_softmax(steps(last, t).float(), dim=-1)  # (R, V)
-            best, token = row_max(logits, banned.early_mask if t < search.min_len
-                                  else banned.later_mask)  # (R,) each
+            best, token = row_max(logits, banned.mask(t))  # (R,) each
         else:
-            best, token = steps.best(last, t, banned, t < search.min_len)
+            best, token = steps.best(last, t, banned.mask(t))
         sums, tokens = total.add_(best).tolist(), token.tolist()  # float32 sums, the core's
         ended = []
         for r, (i, tok, total_r) in enumerate(zip(live, tokens, sums, strict=True)):
@@ -268,7 +272,7 @@ def beam(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
     limits, n, k = max_len.tolist(), len(sentences), search.beam_size
     device = state.src_len.device
     steps = _Steps(fast, state, max(limits), n * k)
-    banned = bans(specials, fast.vocab_size, device)
+    banned = bans(specials, fast.vocab_size, device, search.min_len)
     units = _units(search, search.nbest, max_len)
     live = list(range(n))  # each unit's sentence
     last = torch.full((n,), specials.bos, device=device)  # (U kb,) each row's newest token
@@ -276,8 +280,8 @@ def beam(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
     rows: list = [[([], [0.0])] for _ in range(n)]  # each unit's rows: output, prefixes' log P
     results: list[list[Hypothesis]] = [[] for _ in range(n)]
     for t in range(max(limits)):
-        choice = choose_beam_logits(steps(last, t), scores, banned.early if t < search.min_len
-                                    else banned.later, k)  # (U, 2k) best first
+        choice = choose_beam_logits(steps(last, t), scores, banned.columns(t),
+                                    k)  # (U, 2k) best first
         read = zip(*(x.tolist() for x in (choice.scores, choice.parents, choice.tokens)),
                    strict=True)  # each unit's (cand, parent, token)
         kb = steps.R // len(live)  # rows a unit at this step
