@@ -60,7 +60,7 @@ class Capabilities:
         if search.sampling and search.epsilon and not self.epsilon:
             raise ConfigError("search.epsilon", f"engine={self.engine} has no epsilon sampling; "
                                                 f"use engine=nmt")
-        if search.compile and not self.compile:
+        if search.compile == "true" and not self.compile:
             raise ConfigError("search.compile", f"engine={self.engine} decodes with its own "
                                                 f"compiled code; use engine=nmt")
         if self.shortlist is not None and search.shortlist != self.shortlist and (

@@ -9,15 +9,17 @@ dataclasses, which runs every `__post_init__` check exactly once.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from nmt.capabilities import ENGINES
 from nmt.config_checks import (
+    CONSTRAINING,
     CT2_ONLY_DTYPES,
+    candidate_search,
     check,
     check_choice,
+    check_engine,
     check_markup,
     check_min,
     check_prob,
@@ -35,30 +37,6 @@ if TYPE_CHECKING:  # OmegaConf and Hydra are imported where a config is composed
     from omegaconf import DictConfig
 MISSING: Any = "???"  # omegaconf.MISSING: a value that must be given
 WORD_COMBINES = ("product", "min")  # word_combine=: how a word's pieces' log P combine
-CONSTRAINING = ("constraints", "glossary", "keep")  # the options that make lexical constraints
-
-
-def _check_engine(cfg: object, checkpoints: int) -> None:
-    """engine and ct2_model of nmt-translate and nmt-serve, and what the engine cannot do
-    (nmt.capabilities)."""
-    check(cfg.engine in ENGINES, "engine",
-          f"must be {' or '.join(ENGINES)}, got {cfg.engine!r}")
-    check(not cfg.ct2_model or cfg.engine == "ctranslate2", "ct2_model",
-          "needs engine=ctranslate2")
-    check_search_device(cfg.search.dtype, cfg.device, engine=cfg.engine)
-    can = ENGINES[cfg.engine]
-    can.check("checkpoint", checkpoints > 1)
-    for key in (*CONSTRAINING, "alignment", "attention_plot", "continuous", "word_scores"):
-        can.check(key, getattr(cfg, key, None))
-    can.check_search(cfg.search)
-    mbr = getattr(cfg, "mbr", None)
-    if mbr is not None and mbr.candidates:  # what the engine runs: the candidates' search
-        search = candidate_search(cfg.search, mbr)
-        try:
-            can.check_search(search)
-        except ConfigError as e:
-            raise ConfigError("mbr.candidates", f"its search (beam_size={search.beam_size}, "
-                              f"nbest={search.nbest}) fails: {e}") from None
 
 
 # ----------------------------------------------------------------------------- model
@@ -168,7 +146,11 @@ class SearchConfig:
     no_repeat_ngram_size: int = 0  # no n-gram of this many tokens twice in an output (0: off)
     dtype: str = "fp32"  # fp32, bf16, int8 (CPU), fp16 (CUDA); int8_float16/_bfloat16: CTranslate2
     shortlist: str = ""  # FILE (nmt-preprocess shortlist.k=K): outputs cut to a batch's candidates
-    compile: bool = False  # CPU decoding steps compiled (Inductor; int8's few rows ahead of time)
+    # CPU decoding steps compiled: true (int8's steps of a few rows and encoder of one source
+    # ahead of time, once per machine and model; fp32's and bf16's steps through torch.compile,
+    # once per process; a one-line refusal without a C++ compiler), false, or auto: int8's
+    # ahead of time where a C++ compiler builds the fused operator, the rest eager
+    compile: str = "auto"
 
     def __post_init__(self) -> None:
         check_min(self, "search.", 1, "beam_size", "max_tokens", "nbest")
@@ -178,10 +160,18 @@ class SearchConfig:
               f"must be between 1 and beam_size ({self.beam_size}), got {self.nbest}")
         check(self.temperature > 0, "search.temperature", f"must be > 0, got {self.temperature}")
         check(0 < self.top_p <= 1, "search.top_p", f"must be in (0, 1], got {self.top_p}")
+        self.compile = str(self.compile).lower()  # search.compile=true comes as a bool
+        check(self.compile in ("true", "false", "auto"), "search.compile",
+              f"must be true, false or auto, got {self.compile!r}")
         check_prob(self.epsilon, "search.epsilon")
         check(self.dtype in ("fp32", "bf16", "fp16", "int8", *CT2_ONLY_DTYPES), "search.dtype",
               f"must be fp32, bf16, fp16, int8, int8_float16 or int8_bfloat16, "
               f"got {self.dtype!r}")
+
+    @property
+    def compiled(self) -> bool | None:
+        """search.compile as FastModel takes it: True, False or None (auto)."""
+        return {"true": True, "false": False}.get(self.compile)
 
 
 # ----------------------------------------------------------------------------- preprocess
@@ -468,8 +458,9 @@ class TrainConfig:
             check_search_device(self.search.dtype, self.train.device)
         check(not self.optim.cooldown or bool(self.train.max_updates or self.train.max_minutes),
               "optim.cooldown", "needs a budget: train.max_updates or train.max_minutes")
-        check(not self.search.compile, "search.compile",
+        check(self.search.compile != "true", "search.compile",
               "is nmt-translate's and nmt-serve's: validation decodes new weights each time")
+        self.search.compile = "false"  # auto too: a package of each validation's weights
 
 
 # ----------------------------------------------------------------------------- translate
@@ -579,20 +570,10 @@ class TranslateConfig:
               f"must be auto, model or ema, got {self.weights!r}")
         check(self.word_combine in WORD_COMBINES, "word_combine",
               f"must be {' or '.join(WORD_COMBINES)}, got {self.word_combine!r}")
-        _check_engine(self, len(self.checkpoints))
+        check_engine(self, len(self.checkpoints))
         check_split(self)
         check_markup(self)
         check_choice(self)
-
-
-def candidate_search(search: SearchConfig, mbr: MbrConfig) -> SearchConfig:
-    """The search that gives mbr.candidates candidates per line: N samples, or beam search's
-    N-best with beam_size raised to N where smaller; `search` itself when MBR is off."""
-    n = mbr.candidates
-    if not n:
-        return search
-    beam = search.beam_size if search.sampling else max(search.beam_size, n)
-    return dataclasses.replace(search, nbest=n, beam_size=beam)
 
 
 # ----------------------------------------------------------------------------- average
@@ -733,7 +714,7 @@ class ServeConfig:
               f"must be <= max_len_b ({self.max_len_b})")
         check(self.log_level in ("debug", "info", "warning", "error"), "log_level",
               f"must be debug, info, warning or error, got {self.log_level!r}")
-        _check_engine(self, 1)
+        check_engine(self, 1)
         sampling = self.search.sampling or (
             self.mbr.candidates and candidate_search(self.search, self.mbr).sampling)
         ENGINES[self.engine].check("search.sampling", sampling)

@@ -8,6 +8,7 @@ and check_serve_split a ServeConfig."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import re
 
@@ -23,6 +24,7 @@ SPLIT_EXTRA = "pip install 'nmt[split]'"  # how to install it
 MARKUP_KINDS = ("none", "html", "xml")  # markup= (nmt.wings.markup.document)
 
 CT2_ONLY_DTYPES = ("int8_float16", "int8_bfloat16")  # search.dtype with engine=ctranslate2 only
+CONSTRAINING = ("constraints", "glossary", "keep")  # the options that make lexical constraints
 
 
 def check(ok: bool, key: str, why: str) -> None:
@@ -167,3 +169,37 @@ def check_serve_split(cfg: object) -> None:
           "split=sentence needs the source language's ISO 639 code, e.g. src_lang=en")
     if cfg.src_lang:
         check_splitter()
+
+
+def check_engine(cfg: object, checkpoints: int) -> None:
+    """engine and ct2_model of nmt-translate and nmt-serve, and what the engine cannot do
+    (nmt.capabilities); a TranslateConfig or ServeConfig."""
+    check(cfg.engine in ENGINES, "engine",
+          f"must be {' or '.join(ENGINES)}, got {cfg.engine!r}")
+    check(not cfg.ct2_model or cfg.engine == "ctranslate2", "ct2_model",
+          "needs engine=ctranslate2")
+    check_search_device(cfg.search.dtype, cfg.device, engine=cfg.engine)
+    can = ENGINES[cfg.engine]
+    can.check("checkpoint", checkpoints > 1)
+    for key in (*CONSTRAINING, "alignment", "attention_plot", "continuous", "word_scores"):
+        can.check(key, getattr(cfg, key, None))
+    can.check_search(cfg.search)
+    mbr = getattr(cfg, "mbr", None)
+    if mbr is not None and mbr.candidates:  # what the engine runs: the candidates' search
+        search = candidate_search(cfg.search, mbr)
+        try:
+            can.check_search(search)
+        except ConfigError as e:
+            raise ConfigError("mbr.candidates", f"its search (beam_size={search.beam_size}, "
+                              f"nbest={search.nbest}) fails: {e}") from None
+
+
+def candidate_search(search, mbr):
+    """The SearchConfig that gives a MbrConfig's mbr.candidates candidates per line: N
+    samples, or beam search's N-best with beam_size raised to N where smaller; `search` itself
+    when MBR is off."""
+    n = mbr.candidates
+    if not n:
+        return search
+    beam = search.beam_size if search.sampling else max(search.beam_size, n)
+    return dataclasses.replace(search, nbest=n, beam_size=beam)

@@ -19,7 +19,8 @@ import argparse
 import dataclasses
 import time
 
-from nmt.config import MbrConfig, SearchConfig, candidate_search
+from nmt.config import MbrConfig, SearchConfig
+from nmt.config_checks import candidate_search
 from nmt.engines.translator import Translator
 from nmt.metrics.scoring import score
 from nmt.system.files import read_lines

@@ -96,9 +96,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sentences", type=int, default=0, help="the first N lines only (0: all)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (medians kept)")
     p.add_argument("--dtype", default="int8", choices=sorted(COMPUTE_TYPES))
-    p.add_argument("--compile", action="store_true",
-                   help="nmt with search.compile (in int8 a step of a few rows compiled "
-                        "ahead of time)")
+    p.add_argument("--compile", default="auto", choices=("auto", "true", "false"),
+                   help="nmt's search.compile (auto, its default: in int8 steps of a few rows "
+                        "and one source's encoder compiled ahead of time)")
     p.add_argument("--searches", default="greedy,beam4", help="of " + ",".join(SEARCHES))
     p.add_argument("--modes", default="decode,whole", help="decode (in-process), whole "
                    "(a process each run), or both")
@@ -215,7 +215,7 @@ def workload(args: argparse.Namespace, tmp: Path) -> Workload:
 
 
 def nmt_search(beam: int, dtype: str, batch: int = 0, max_tokens: int = 0,
-               compile: bool = False) -> SearchConfig:
+               compile: str = "auto") -> SearchConfig:
     """nmt's search: fixed batches of `batch` sentences, or max_tokens' token budget
     (compile: search.compile)."""
     return SearchConfig(beam_size=beam, alpha=0.0, dtype=dtype, max_sentences=batch,
@@ -246,7 +246,7 @@ def nmt_whole(w: Workload, search: SearchConfig, workers: int, out: Path) -> Cal
             f"search.beam_size={search.beam_size}", "search.alpha=0",
             f"search.dtype={search.dtype}", f"search.max_sentences={search.max_sentences}",
             f"search.max_tokens={search.max_tokens}", f"workers={workers}", "quiet=true",
-            f"search.compile={str(search.compile).lower()}"]
+            f"search.compile={search.compile}"]
     return lambda: whole_run(argv, out, len(w.src_ids))
 
 
@@ -390,7 +390,7 @@ def report(head: dict, rows: list[dict]) -> None:
           f"{head['sentences']} sentences (mean {head['source_tokens_mean']} tokens; "
           f"{head['too_long_left_out']} too long left out), "
           f"{head['dtype']}, alpha 0, split=none; nmt {head['nmt_workers']} workers x 1 thread"
-          f"{' with search.compile' if head['compile'] else ''}, "
+          f", search.compile={head['compile']}, "
           f"CTranslate2 {head['ct2_layout']} at fixed batches; medians of {head['rounds']} "
           f"interleaved rounds; load average {head['load_before']:.2f} before, "
           f"{head['load_after']:.2f} after")

@@ -160,15 +160,16 @@ def open_service(entry: ModelEntry, cfg: ServeConfig, device: torch.device,
         raise
 
 
-def warm_up(pool: Workers, dtype: str, compile: bool = False) -> None:
+def warm_up(pool: Workers, dtype: str, compile: str = "auto") -> None:
     """Decode one short sentence on every worker (a process's first steps are slower; with
-    search.compile two, which compiles the step of several rows); NmtError if a worker fails
-    or does not answer within a minute (ten with search.compile)."""
+    search.compile=true two, which compiles the step of several rows); NmtError if a worker
+    fails or does not answer within a minute (ten with search.compile=true)."""
+    compiles = compile == "true"  # torch.compile in each worker
     warm = SearchConfig(beam_size=1, max_len_b=1, dtype=dtype, compile=compile)
     for w in range(pool.workers):
-        sentences = [Sentence(("warm", w, i), [4]) for i in range(1 + compile)]
+        sentences = [Sentence(("warm", w, i), [4]) for i in range(1 + compiles)]
         pool.send(w, Batch(warm, sentences, whole=True))
-    seconds, within = (600, "ten minutes") if compile else (60, "a minute")
+    seconds, within = (600, "ten minutes") if compiles else (60, "a minute")
     for _ in range(pool.workers):
         try:
             message = pool.read(timeout=seconds)

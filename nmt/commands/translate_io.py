@@ -14,7 +14,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from nmt.config import TranslateConfig, candidate_search
+from nmt.config import TranslateConfig
+from nmt.config_checks import candidate_search
 from nmt.data.segment import Segmented
 from nmt.data.tokenizer import Tokenizer
 from nmt.decoding.messages import Hypothesis

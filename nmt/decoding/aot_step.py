@@ -240,7 +240,8 @@ class Package:
 
     def __init__(self, path: Path, build: Callable[[], None], what: str):
         if not path.exists():
-            print(f"nmt: compiling {what} into {path} (once, ~10 s)", file=sys.stderr)
+            print(f"nmt: compiling {what} into {path} (once per machine and model, ~10 s; "
+                  f"search.compile=false runs eager)", file=sys.stderr)
             build()
         self.path, self.runner, self.calls = path, None, 0
 

@@ -137,7 +137,7 @@ def decoding_models(model, search: SearchConfig, fast: bool = True) -> list:
     for m in models:
         if isinstance(m, FastModel) and m.dtype != search.dtype:
             raise ValueError(f"a FastModel in {m.dtype} but search.dtype={search.dtype}")
-    return [FastModel(m, search.dtype, rows=64 * search.beam_size, compile=search.compile)
+    return [FastModel(m, search.dtype, rows=64 * search.beam_size, compile=search.compiled)
             if isinstance(m, Transformer) else m for m in models]
 
 

@@ -218,14 +218,15 @@ class FastModel(nn.Module):
     and model (nmt.decoding.aot_step), steps of more rows eager (their int8 maps through
     fbgemm and oneDNN are faster than torch.compile's oneDNN qlinear: docs/results.md, "int8
     maps of a few rows"); a ConfigError naming search.compile without the fused operator (a
-    C++ compiler, which Inductor needs too). kv_dtype: the keys and values decoding reads
+    C++ compiler, which Inductor needs too); None (search.compile=auto): int8's packages where
+    the fused operator is, nothing compiled otherwise. kv_dtype: the keys and values decoding reads
     (the caches, the memory's); None: bf16 under int8 with the fused operator (half the bytes
     a step streams; the int8 maps round activations to 8 bits already), else the linear
     maps' (autocast's).
     """
 
     def __init__(self, model: Transformer, dtype: str = "fp32", rows: int = 64,
-                 fused: bool | None = None, compile: bool = False,
+                 fused: bool | None = None, compile: bool | None = False,
                  kv_dtype: torch.dtype | None = None):
         super().__init__()
         self.cfg, self.pad_id, self.dtype = model.cfg, model.pad_id, dtype
@@ -238,6 +239,8 @@ class FastModel(nn.Module):
         self.float_dtype = float_dtype = DTYPES[dtype]
         self.fused = device.type == "cpu" and (attention_op.available() if fused is None
                                                else fused)
+        if compile is None:  # auto: int8's packages, where the fused operator builds
+            compile = dtype == "int8" and self.fused
         if compile and not self.fused:  # the fused operator's step is what compiles
             raise ConfigError("search.compile", f"needs {_compile_needs(device, fused)}; use "
                               f"search.compile=false", value="true")

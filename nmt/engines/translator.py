@@ -58,7 +58,8 @@ class Translator:
     interpreter lock); threads: PyTorch threads of decoding in this process (0: PyTorch's
     default). fast=False decodes with the reference model (fp32 only),
     use_cache=False without the key/value cache too: the slower paths the benchmarks time.
-    compile: prepare `dtype`'s models with search.compile (each worker compiles its own steps).
+    compile: search.compile of `dtype`'s models (true, false, auto; each worker compiles its
+    own torch.compile'd steps).
     """
 
     capabilities = ENGINES["nmt"]
@@ -66,7 +67,7 @@ class Translator:
     def __init__(self, models: list, vocab: Vocab | Specials,
                  device: torch.device | str = "cpu", dtype: str | None = "fp32",
                  workers: int = 1, threads: int = 0, fast: bool = True, use_cache: bool = True,
-                 compile: bool = False, fork: bool = False):
+                 compile: str = "auto", fork: bool = False):
         self.models, self.device = models, torch.device(device)
         checkpoint = isinstance(vocab, Vocab)  # else a stand-in's Specials: no tokenizers
         self.vocab = vocab if checkpoint else None
@@ -76,7 +77,7 @@ class Translator:
         self.continuations = self.tgt_tok.word_continuations() if self.tgt_tok else None
         self.preparations = 0  # models prepared so far (one per dtype, compiled or not)
         self.fast, self.use_cache = fast and use_cache, use_cache
-        self._prepared: dict[tuple[str, bool], list] = {}
+        self._prepared: dict[tuple[str, str], list] = {}
         self._attention = threading.Lock()  # one attention() at a time: it sets model flags
         if dtype is not None:
             self.prepared(dtype, compile)
@@ -111,9 +112,9 @@ class Translator:
         """The longest source (EOS excluded) every model can take."""
         return min(m.cfg.max_positions - 1 for m in self.models)
 
-    def prepared(self, dtype: str, compile: bool = False) -> list:
-        """The models prepared for decoding in `dtype` (compile: their steps through
-        torch.compile, search.compile), built once (preparing packs, casts or quantises every
+    def prepared(self, dtype: str, compile: str = "auto") -> list:
+        """The models prepared for decoding in `dtype` (compile: search.compile, true, false or
+        auto), built once (preparing packs, casts or quantises every
         weight: too slow to redo per batch)."""
         if (dtype, compile) not in self._prepared:
             try:

@@ -19,7 +19,7 @@ from nmt.system.runtime import warn_if_bf16_emulated
 def open_translator(engine: str, checkpoints: list[str], device: torch.device,
                     weights: str = "auto", dtype: str = "fp32", workers: int = 1,
                     threads: int = 0, ct2_model: str = "", shortlist: str = "",
-                    compile: bool = False, fork: bool = False) -> Engine:
+                    compile: str = "auto", fork: bool = False) -> Engine:
     """The Translator of engine=nmt, or the CT2Translator of engine=ctranslate2 (one
     checkpoint, or an Argos Translate package: nmt.wings.interop.argos; search.dtype checked
     against the device for the engine first; shortlist: search.shortlist, which must be built

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from nmt.config import MbrConfig, RerankConfig, SearchConfig, TranslateConfig, candidate_search
+from nmt.config import MbrConfig, RerankConfig, SearchConfig, TranslateConfig
+from nmt.config_checks import candidate_search
 from nmt.data.tokenizer import Tokenizer
 from nmt.decoding.messages import Hypothesis
 from nmt.engines.translator import Translator

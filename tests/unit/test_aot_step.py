@@ -84,8 +84,10 @@ def test_the_package_of_a_few_rows_gives_eagers_choices(steps_cache):
 
 
 def test_a_package_is_compiled_once_per_model(steps_cache, monkeypatch):
-    """A second FastModel of the same weights loads the package (compiles nothing); other
-    weights or another precision of keys name another package."""
+    """A second FastModel of the same weights loads the package (compiles nothing), and so
+    does search.compile=auto's (compile=None; in fp32, or without the fused operator, auto
+    compiles nothing and refuses nothing); other weights or another precision of keys name
+    another package."""
     model = tiny_model(V, seed=1, stops=True)
     FastModel(model, "int8", compile=True)
     [package] = steps_cache.glob("*/step-*.pt2")
@@ -99,6 +101,10 @@ def test_a_package_is_compiled_once_per_model(steps_cache, monkeypatch):
     for want, got in greedy_pairs(eager, again, random_sources(1, V, seed=4), 3):
         assert got.argmax(1).tolist() == want.argmax(1).tolist()
     assert again._packaged.path == package
+    assert FastModel(model, "int8", compile=None)._packaged.path == package
+    fp32, unfused = FastModel(model, compile=None), FastModel(model, "int8", fused=False,
+                                                           compile=None)
+    assert not fp32.compiled and fp32._packaged is None and unfused._packaged is None
     rows = again._packaged.rows
     key = aot_step.package_key(model, "int8", torch.bfloat16, rows)
     assert key != aot_step.package_key(tiny_model(V, seed=2, stops=True), "int8",

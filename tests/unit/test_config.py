@@ -16,6 +16,7 @@ from nmt.config import (
     SCHEMAS,
     AverageConfig,
     ModelConfig,
+    SearchConfig,
     TrainConfig,
     TranslateConfig,
     compose,
@@ -76,6 +77,18 @@ def test_missing_model_names_what_to_add():
 def test_validation_names_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         train_cfg("+model=small", override)
+
+
+def test_search_compile_is_true_false_or_auto():
+    """search.compile: auto by default (FastModel's None: int8's packages where they build),
+    true or false as given (a bool from the command line too), anything else refused naming
+    the key; training's validation decodes new weights each time and never compiles."""
+    assert (SearchConfig().compile, SearchConfig().compiled) == ("auto", None)
+    assert SearchConfig(compile=True).compiled is True
+    assert SearchConfig(compile="false").compiled is False
+    with pytest.raises(ConfigError, match=r"^search\.compile: must be true, false or auto"):
+        SearchConfig(compile="sometimes")
+    assert train_cfg("+model=small").search.compile == "false"
 
 
 def test_a_config_error_carries_its_key_and_reason():
