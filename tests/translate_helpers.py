@@ -73,8 +73,9 @@ def random_sources(n: int, vocab_size: int, max_len: int = 9, seed: int = 0) -> 
 
 def search(**kw) -> SearchConfig:
     """A SearchConfig (beam 4 unless kw says otherwise) with short outputs so that tests stay
-    fast."""
-    base = dict(beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=6, min_len=1)
+    fast, nothing compiled (search.compile=auto's int8 packages take ~10 s to build a model:
+    tests/unit/test_aot_step.py's, and nmt-translate's in tests/integration)."""
+    base = dict(beam_size=4, alpha=0.6, max_len_a=1.0, max_len_b=6, min_len=1, compile="false")
     base.update(kw)
     return SearchConfig(**base)
 

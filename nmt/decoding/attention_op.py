@@ -222,7 +222,8 @@ def _compile(isa: str, library: Path) -> None:
     try:
         cpp_extension.load(library.stem, [str(path) for path in SOURCES],
                            extra_cflags=cflags(isa),
-                           extra_ldflags=LDFLAGS, build_directory=str(scratch),
+                           extra_ldflags=list(LDFLAGS),  # torch appends its libraries to it
+                           build_directory=str(scratch),
                            is_python_module=False, verbose=False)
         os.replace(scratch / library.name, library)
     finally:

@@ -235,6 +235,24 @@ def test_another_source_flag_or_torch_build_gives_another_build_directory(tmp_pa
     assert len({here, *others}) == 4
 
 
+def test_a_build_leaves_the_build_key_as_it_was(tmp_path, monkeypatch):
+    """torch's cpp_extension.load appends its libraries to the linker flags it is given: a
+    build must not change the key (and so the folder, and every search.compile package's
+    key) that later lookups in the same process compute, or the process that built the
+    operator would name packages that no other process finds."""
+    from torch.utils import cpp_extension
+
+    def load(name, sources, extra_cflags, extra_ldflags, build_directory, **kwargs):
+        extra_ldflags.append("-ltorch_cpu")  # as torch's _prepare_ldflags does
+        (Path(build_directory) / f"{name}.so").write_bytes(b"")
+
+    monkeypatch.setattr(cpp_extension, "load", load)
+    isa = attention_op.capability()
+    key = attention_op.build_key(isa)
+    attention_op._compile(isa, tmp_path / "nmt_ops.so")
+    assert (tmp_path / "nmt_ops.so").exists() and attention_op.build_key(isa) == key
+
+
 def test_an_unreadable_build_wait_is_named(monkeypatch):
     monkeypatch.setenv("NMT_OP_BUILD_WAIT", "soon")
     with pytest.raises(attention_op.NotBuilt, match="NMT_OP_BUILD_WAIT='soon' is not a number"):
