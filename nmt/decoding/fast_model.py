@@ -494,10 +494,11 @@ def _packages(model: Transformer, rows: int, kv_dtype: torch.dtype | None, fast:
         return made
 
     try:
+        weights = aot_step.weights_digest(model)
         step = aot_step.PackagedStep(aot_step.package_path(aot_step.package_key(
-            model, "int8", kv_dtype, most)), eager, most, fast.vocab_size)
+            weights, "int8", kv_dtype, most)), eager, most, fast.vocab_size)
         encoder = None if longest < 2 else aot_step.PackagedEncoder(aot_step.package_path(
-            aot_step.package_key(model, "int8", kv_dtype, longest, "encoder"), "encoder"),
+            aot_step.package_key(weights, "int8", kv_dtype, longest, "encoder"), "encoder"),
             eager, longest)
     except Exception as e:  # noqa: BLE001 (an export's, Inductor's or the disk's failure)
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]

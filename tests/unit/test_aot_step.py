@@ -106,11 +106,12 @@ def test_a_package_is_compiled_once_per_model(steps_cache, monkeypatch):
                                                            compile=None)
     assert not fp32.compiled and fp32._packaged is None and unfused._packaged is None
     rows = again._packaged.rows
-    key = aot_step.package_key(model, "int8", torch.bfloat16, rows)
-    assert key != aot_step.package_key(tiny_model(V, seed=2, stops=True), "int8",
-                                            torch.bfloat16, rows)
-    assert key != aot_step.package_key(model, "int8", torch.float32, rows)
-    assert key != aot_step.package_key(model, "int8", torch.bfloat16, rows + 1)
+    weights = aot_step.weights_digest(model)
+    key = aot_step.package_key(weights, "int8", torch.bfloat16, rows)
+    other = aot_step.weights_digest(tiny_model(V, seed=2, stops=True))
+    assert key != aot_step.package_key(other, "int8", torch.bfloat16, rows)
+    assert key != aot_step.package_key(weights, "int8", torch.float32, rows)
+    assert key != aot_step.package_key(weights, "int8", torch.bfloat16, rows + 1)
 
 
 def test_a_package_that_cannot_be_built_leaves_the_step_eager(steps_cache, monkeypatch,
