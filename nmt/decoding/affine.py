@@ -27,27 +27,28 @@ from nmt.system import private_ops
 # dispatch alike (docs/results.md, "int8 maps by size").
 FBGEMM_OUTPUTS = 1 << 17
 # Int8Affine: the few rows of a decoding step (batch 1, a beam, a few sentences, a short source)
-# through nmt::int8_rows where it is built (nmt.decoding.attention_op's object), in place of
-# fbgemm's small products: fbgemm's outputs bit for bit, without its ~9 us before the first
-# product. How many rows (`few_rows`) depends on the operator's layout on this CPU
-# (`int8_rows_layout`; docs/results.md, "int8 maps of a few rows"):
-# - vnni (AVX-512 VNNI): each weight read once for four rows at a time, kernels as fast as
-#   fbgemm's: rows x weights up to VNNI_PRODUCTS, 1.0-3.5x fbgemm's call on Zen 4 (past it,
-#   0.6-1.0x);
+# through nmt::int8_rows where it is built (nmt.decoding.attention_op's object), whose call
+# costs ~1 us before its first product, against ~21 us for the three calls of a map of many
+# rows (`rows_alone`: oneDNN's ~14) and ~9 us for fbgemm's. How many rows (`few_rows`) depends
+# on the operator's layout on this CPU (`int8_rows_layout`), each limit where the maps of many
+# rows start to win (docs/results.md, "int8 rows rounded alone"):
+# - vnni (AVX-512 VNNI): each weight read once for four rows at a time: rows x weights up to
+#   VNNI_PRODUCTS;
 # - quads (AVX2, AVX-512 without VNNI; 7-bit activations, as fbgemm's there): the same layout,
 #   each weight read once for two rows (four on AVX-512), vpmaddubsw's pairs: rows x weights
-#   up to QUADS_PRODUCTS, and at least one row (1.4-3.1x fbgemm's call at one row under AVX2
-#   dispatch, 1.0-2.0x at four of the demo's maps; "int8 maps of a few rows under AVX2");
+#   up to QUADS_PRODUCTS, and at least one row;
 # - pairs (a build without vectors): one row of a map of at most PAIRS_WEIGHTS weights.
-VNNI_PRODUCTS = 1 << 24
-QUADS_PRODUCTS = 1 << 22
+# Never a product that fbgemm would not take (FBGEMM_OUTPUTS: where the maps of many rows take
+# one scale a call, oneDNN's round a little differently; and a package's rows stay few).
+VNNI_PRODUCTS = 1 << 25
+QUADS_PRODUCTS = 1 << 24
 PAIRS_WEIGHTS = 1 << 20
 
 
 def few_rows(out_features: int, in_features: int) -> int:
     """The most rows of an int8 map that Int8Affine gives nmt::int8_rows on this machine (the
-    table above; never a product that fbgemm would not take, FBGEMM_OUTPUTS); 0 where the
-    operator is not built, or where its quads would take 8-bit activations (plain loops)."""
+    table above); 0 where the operator is not built, or where its quads would take 8-bit
+    activations (plain loops)."""
     layout, weights = int8_rows_layout(), out_features * in_features
     most = FBGEMM_OUTPUTS // out_features
     if layout == "vnni":
@@ -106,16 +107,21 @@ class PackedAffine(Affine):
 
 
 class Int8Affine(Affine):
-    """int8 weights (symmetric, one scale per output row) times 8-bit activations (one scale per
-    call, from the input's range), accumulated in int32 and rescaled: torch.ao's dynamic
-    quantization of nn.Linear. Small products (at most FBGEMM_OUTPUTS outputs) through fbgemm,
-    whose calls cost less, larger ones through oneDNN, whose kernels are faster there (the
-    vocabulary projection of a batch); one engine where this PyTorch has only one. Activations
+    """int8 weights (symmetric, one scale per output row) times 8-bit activations, accumulated
+    in int32 and rescaled: torch.ao's dynamic quantization of nn.Linear, with each row of the
+    activations rounded by its own range where nmt's operator is built (as CTranslate2 does),
+    so that a sentence's outputs never depend on its batch mates:
+    - a decoding step's few rows (`few_rows`): nmt::int8_rows, fbgemm's rounding and sums for
+      each row alone, the residual added in its epilogue too;
+    - more rows (`rows_alone`): each row rounded by nmt::int8_rows_quantize, the products summed
+      by oneDNN, and nmt::int8_rows_rescale's epilogue (int8_rows' outputs to within float
+      rounding).
+    Without the operator, one scale per call (torch.ao's): small products (at most
+    FBGEMM_OUTPUTS outputs) through fbgemm, whose calls cost less, larger ones through oneDNN,
+    whose kernels are faster there; one engine where this PyTorch has only one. Activations
     keep 7 bits, as torch.ao gives them, wherever the u8 x s8 products saturate
     (`int8_saturates`: no VNNI; fbgemm only where it saturates as oneDNN does). The int8
-    rows and their scales are kept (not the float weights), for `rows`. A decoding step's few
-    rows (`few_rows`) go through nmt::int8_rows where it is built: fbgemm's rounding and sums,
-    the residual added in its epilogue too."""
+    rows and their scales are kept (not the float weights), for `rows`."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None, relu: bool = False):
         observer = PerChannelMinMaxObserver(ch_axis=0, dtype=torch.qint8,
@@ -140,11 +146,16 @@ class Int8Affine(Affine):
         self.op = private_ops.quantized_linear_op(relu)
         self.few_rows = few_rows(*ints.shape)  # the most rows int8_rows takes
         self.few: tuple[Tensor, Tensor, Tensor] | None = None  # int8_rows' (packed, scales, sums)
+        self.alone = rows_alone()
+        self.many: tuple[Tensor, Tensor, Tensor, Tensor] | None = None  # _many()'s
         if not lazy:
             if self.few_rows:
                 self._few()
-            for engine in int8_engines():
-                self._packed(engine)
+            if self.alone:
+                self._many()
+            else:
+                for engine in int8_engines():
+                    self._packed(engine)
 
     def _packed(self, engine: str):
         """The weight packed for `engine` (packed now if it is not yet)."""
@@ -161,12 +172,31 @@ class Int8Affine(Affine):
                         self.ints.sum(1, dtype=torch.int32))
         return self.few
 
+    def _many(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The weight packed for private_ops.u8_linear (packed now if it is not yet), its scales,
+        zero points (all 0) and zero_sums (scale x row sum: int8_rows_rescale's)."""
+        if self.many is None:
+            scale = self.scale.float()
+            self.many = (private_ops.u8_linear_prepack(self.ints), scale,
+                         torch.zeros(len(scale), dtype=torch.long),
+                         scale * self.ints.sum(1, dtype=torch.int32).float())
+        return self.many
+
     def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
-        """(..., in_features) -> (..., out_features), + residual (same shape) if given: in
-        int8_rows' epilogue for a few rows."""
+        """(..., in_features) -> (..., out_features), + residual (same shape) if given: each row
+        rounded alone where the operator is built (int8_rows for a few rows, else oneDNN's sums
+        between int8_rows_quantize and int8_rows_rescale)."""
         if 0 < x.numel() <= self.few_rows * x.size(-1) and self._few() is not None:
             return torch.ops.nmt.int8_rows(x.contiguous(), *self.few, self.bias, residual,
                                            self.relu, self.reduce_range)
+        if self.alone and x.numel():
+            packed, scale, zeros, zero_sums = self._many()
+            values, x_scale, x_zero = torch.ops.nmt.int8_rows_quantize(x.contiguous(),
+                                                                       self.reduce_range)
+            y = private_ops.u8_linear(values.view(-1, x.size(-1)), packed, scale, zeros)
+            torch.ops.nmt.int8_rows_rescale(y, x_scale, x_zero, zero_sums, self.bias, residual,
+                                            self.relu)  # y (R, out): in place
+            return y.view(*x.shape[:-1], self.out_features)  # (R, out) -> (..., out)
         y = self.product(x)
         return y if residual is None else y.add_(residual)
 
@@ -183,6 +213,23 @@ class Int8Affine(Affine):
         part._set(self.ints.index_select(0, index), self.scale.index_select(0, index), bias,
                   self.relu, lazy=True)
         return part
+
+
+@functools.cache
+def rows_alone() -> bool:
+    """Whether Int8Affine rounds each row of many by its own range here: nmt's operator is
+    built and oneDNN's u8 product (private_ops.u8_linear) gives the exact sums, checked on rows
+    whose u8 x s8 pairs would saturate int16 (255 x 127 x 2)."""
+    if not attention_op.available() or "onednn" not in torch.backends.quantized.supported_engines:
+        return False
+    ints = torch.full((16, 64), 127, dtype=torch.int8)
+    values = torch.full((2, 64), 127 if int8_saturates("onednn") else 255, dtype=torch.uint8)
+    try:
+        got = private_ops.u8_linear(values, private_ops.u8_linear_prepack(ints),
+                                    torch.ones(16), torch.zeros(16, dtype=torch.long))
+    except (AttributeError, RuntimeError):  # ops missing, or refusing these shapes or types
+        return False
+    return bool((got == float(values[0, 0]) * 127 * 64).all())
 
 
 @functools.cache

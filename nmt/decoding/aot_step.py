@@ -144,9 +144,9 @@ def step_maps(eager) -> list:
 def most_rows(eager) -> int:
     """The most rows a package of `eager`'s step takes: the fewest that every int8 map of the
     step gives nmt::int8_rows (affine.few_rows), so that each map of each size the package
-    takes is eager's own operator (bit for bit fbgemm's); at least one (a one-row package, its
-    larger maps fbgemm's); without VNNI at least QUADS_STEP_ROWS (the package's maps given
-    int8_rows past few_rows: give_rows)."""
+    takes is eager's own operator (bit for bit fbgemm's for each row alone); at least one (a
+    one-row package, its larger maps eager's maps of many rows); without VNNI at least
+    QUADS_STEP_ROWS (the package's maps given int8_rows past few_rows: give_rows)."""
     return max(1, _package_rows(step_maps(eager), QUADS_STEP_ROWS))
 
 
@@ -159,7 +159,8 @@ def _package_rows(maps: list, quads: int) -> int:
 
 def give_rows(maps: list, rows: int) -> None:
     """Give nmt::int8_rows up to `rows` rows in each of `maps` that it takes at all (a
-    package's FastModel's: its outputs are fbgemm's bit for bit either way)."""
+    package's FastModel's: each row's outputs are its own alone either way, to float
+    rounding)."""
     for m in maps:
         if m.few_rows:
             m.few_rows = max(m.few_rows, rows)

@@ -146,6 +146,8 @@ def _build(isa: str) -> None:
         _build_once(isa, library)
     torch.library.register_fake("nmt::one_query_attention")(_fake)
     torch.library.register_fake("nmt::int8_rows")(_fake_int8_rows)
+    torch.library.register_fake("nmt::int8_rows_quantize")(_fake_int8_rows_quantize)
+    torch.library.register_fake("nmt::int8_rows_rescale")(_fake_int8_rows_rescale)
     torch.library.register_fake("nmt::top_k")(_fake_top_k)
 
 
@@ -240,6 +242,18 @@ def _fake_int8_rows(x: Tensor, packed: Tensor, w_scale: Tensor, w_sums: Tensor,
                     reduce_range: bool) -> Tensor:
     """nmt::int8_rows' output without computing it (for tracing: torch.export, torch.compile)."""
     return x.new_empty(*x.shape[:-1], w_scale.size(0))
+
+
+def _fake_int8_rows_quantize(x: Tensor, reduce_range: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """nmt::int8_rows_quantize's outputs without computing them (for tracing)."""
+    rows = x.numel() // x.size(-1)
+    return (x.new_empty(x.shape, dtype=torch.uint8), x.new_empty(rows),
+            x.new_empty(rows, dtype=torch.int32))
+
+
+def _fake_int8_rows_rescale(y: Tensor, scale: Tensor, zero: Tensor, zero_sums: Tensor,
+                            bias: Tensor | None, residual: Tensor | None, relu: bool) -> None:
+    """nmt::int8_rows_rescale without computing it (for tracing: it writes y in place)."""
 
 
 def _fake_top_k(x: Tensor, n: int, banned: Tensor | None = None) -> tuple[Tensor, Tensor]:

@@ -2,12 +2,18 @@
 // few sentences).
 //
 // out = dequantize(u8(x) . W^T) + bias, then ReLU, or plus a residual: x (R, K) float rows,
-// rounded to 8 bits with one scale and zero point for the call, as fbgemm's dynamic linear
-// rounds them (its parameters, its fused multiply-add and round to nearest even); W (N, K) int8
-// rows with one symmetric scale each; the products summed in int32, exactly; then, per output,
-// fma(float(acc - x_zero * sum_k W[n, k]), x_scale * w_scale[n], bias[n]) as fbgemm's epilogue
-// computes it, and the ReLU or the residual in the same pass (no second sweep over the output):
-// fbgemm's outputs bit for bit.
+// each rounded to 8 bits with its own scale and zero point, as fbgemm's dynamic linear rounds a
+// call of that row alone (its parameters, its fused multiply-add and round to nearest even), so
+// that a row's outputs never depend on the rows beside it (CTranslate2 scales each row too);
+// W (N, K) int8 rows with one symmetric scale each; the products summed in int32, exactly;
+// then, per output, fma(float(acc - x_zero * sum_k W[n, k]), x_scale * w_scale[n], bias[n]) as
+// fbgemm's epilogue computes it, and the ReLU or the residual in the same pass (no second sweep
+// over the output): fbgemm's outputs for each row alone, bit for bit.
+//
+// The same rounding serves the maps of many rows (nmt.decoding.affine.Int8Affine):
+// int8_rows_quantize gives each row's u8 values, scale and zero point, oneDNN sums the products
+// (its qlinear with a scale of 1 and no zero point: float(acc) x w_scale[n]), and
+// int8_rows_rescale takes each row's zero point and scale back out of those outputs.
 //
 // fbgemm's call costs ~9 us before its first product (packing the activations into a blocked
 // buffer, its output pipeline); a step at batch 1 makes seven such calls of a few thousand
@@ -41,6 +47,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -51,6 +58,10 @@
 namespace {
 
 constexpr float kSmallScale = 6.1e-5f;  // fbgemm's and ATen's SMALL_SCALE_THRESHOLD
+// Rounded activations are clamped to u8's range, with 7-bit activations too, as fbgemm clamps
+// them: a row's largest value, at 127 + a rounding's worth, may round to 128 (exact still in the
+// quads: 2 x 128 x 127 < 2^15).
+constexpr float kTop = 255.f;
 
 struct Rounding {
   float scale;
@@ -164,10 +175,10 @@ at::Tensor int8_rows_pack(const at::Tensor& weight) {
   return padded.view({Np / outs, outs, Kp / lanes, lanes}).permute({0, 2, 1, 3}).contiguous();
 }
 
-// What a call's outputs are made of besides the sums: the activations' rounding, W's scales
+// What a call's outputs are made of besides the sums: each row's rounding, W's scales
 // and row sums, the bias, and where the outputs go (the residual already there, or the ReLU).
 struct Epilogue {
-  Rounding q;
+  const Rounding* q;  // (R,)
   const float* scale;
   const int32_t* sums;
   const float* bias;  // nullptr: none
@@ -178,7 +189,7 @@ struct Epilogue {
 
 // Output n of row r from its sum: the epilogue, in fbgemm's order.
 inline void finish_one(const Epilogue& e, int64_t r, int64_t n, int32_t acc) {
-  const float v = std::fma(float(acc - e.q.zero * e.sums[n]), e.q.scale * e.scale[n],
+  const float v = std::fma(float(acc - e.q[r].zero * e.sums[n]), e.q[r].scale * e.scale[n],
                            e.bias ? e.bias[n] : 0.f);
   float* y = e.out + r * e.N + n;
   *y = e.add ? *y + v : e.relu ? std::max(v, 0.f) : v;
@@ -212,13 +223,13 @@ inline void block_dots(const int16_t* a, const int8_t* w, int64_t Kp, int32_t* a
 // over every block of W (blocks of them, Kp inputs each), each output's epilogue in fbgemm's
 // order.
 void pair_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const int8_t* w,
-               int64_t blocks, const Epilogue& e, float qmax) {
-  const float inverse = 1.0f / e.q.scale;
+               int64_t blocks, const Epilogue& e) {
   std::vector<int16_t> xq(R * Kp, 0);  // (R, Kp), zeros past K
   for (int64_t r = 0; r < R; ++r)
     for (int64_t k = 0; k < K; ++k) {  // fbgemm's rounding: fma, nearest even, clamp
-      const float v = std::nearbyint(std::fma(xs[r * K + k], inverse, float(e.q.zero)));
-      xq[r * Kp + k] = int16_t(std::min(std::max(v, 0.f), qmax));
+      const float v = std::nearbyint(std::fma(xs[r * K + k], 1.0f / e.q[r].scale,
+                                              float(e.q[r].zero)));
+      xq[r * Kp + k] = int16_t(std::min(std::max(v, 0.f), kTop));
     }
   const int64_t grain = std::max<int64_t>(1, 65536 / (Kp * kOut * R));
   at::parallel_for(0, blocks, grain, [&](int64_t nb0, int64_t nb1) {
@@ -235,8 +246,8 @@ void pair_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const int8_t* 
 }
 
 // x's R rows (K values) rounded to u8 as pair_rows rounds them (fma, nearest even, clamp),
-// into xq (R, Kp), whose values past K stay zero (vectorized on AVX-512).
-void round_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, Rounding q, float qmax,
+// row r by q[r], into xq (R, Kp), whose values past K stay zero (vectorized on AVX-512).
+void round_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const Rounding* q,
                 uint8_t* xq);
 
 // kernel(RB) with RB a compile-time constant (std::integral_constant) equal to rows, 1 to 4.
@@ -255,9 +266,9 @@ void by_rows(int64_t rows, Kernel kernel) {
 // row, first output).
 template <typename Group>
 void grouped_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const int8_t* w,
-                  int64_t groups, const Epilogue& e, float qmax, int64_t block, Group group) {
+                  int64_t groups, const Epilogue& e, int64_t block, Group group) {
   std::vector<uint8_t> xq(R * Kp, 0);  // (R, Kp), zeros past K
-  round_rows(xs, R, K, Kp, e.q, qmax, xq.data());
+  round_rows(xs, R, K, Kp, e.q, xq.data());
   const int64_t grain = std::max<int64_t>(1, 65536 / (Kp * kGroup * R));
   at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g)
@@ -286,11 +297,12 @@ std::pair<float, float> range(const float* xs, int64_t n) {
 }
 
 // round_rows, 16 values at a time.
-void round_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, Rounding q, float qmax,
+void round_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const Rounding* q,
                 uint8_t* xq) {
-  const __m512 inverse = _mm512_set1_ps(1.0f / q.scale), zero = _mm512_set1_ps(float(q.zero));
-  const __m512 top = _mm512_set1_ps(qmax), bottom = _mm512_setzero_ps();
-  for (int64_t r = 0; r < R; ++r)
+  const __m512 top = _mm512_set1_ps(kTop), bottom = _mm512_setzero_ps();
+  for (int64_t r = 0; r < R; ++r) {
+    const __m512 inverse = _mm512_set1_ps(1.0f / q[r].scale);
+    const __m512 zero = _mm512_set1_ps(float(q[r].zero));
     for (int64_t k = 0; k < K; k += 16) {
       const __mmask16 m = lanes16(K - k);
       __m512 v = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, xs + r * K + k), inverse, zero);
@@ -298,6 +310,7 @@ void round_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, Rounding q, f
       v = _mm512_min_ps(_mm512_max_ps(v, bottom), top);
       _mm512_mask_cvtepi32_storeu_epi8(xq + r * Kp + k, m, _mm512_cvtps_epi32(v));
     }
+  }
 }
 
 // Outputs n0 .. n0 + 15 of row r (those below N) from their sums: pair_rows' epilogue, 16 at
@@ -305,9 +318,9 @@ void round_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, Rounding q, f
 inline void finish(const Epilogue& e, int64_t r, int64_t n0, __m512i acc) {
   if (n0 >= e.N) return;
   const __mmask16 m = lanes16(e.N - n0);
-  const __m512i zero_sums = _mm512_mullo_epi32(_mm512_set1_epi32(e.q.zero),
+  const __m512i zero_sums = _mm512_mullo_epi32(_mm512_set1_epi32(e.q[r].zero),
                                                _mm512_maskz_loadu_epi32(m, e.sums + n0));
-  const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(e.q.scale),
+  const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(e.q[r].scale),
                                      _mm512_maskz_loadu_ps(m, e.scale + n0));
   const __m512 bias = e.bias ? _mm512_maskz_loadu_ps(m, e.bias + n0) : _mm512_setzero_ps();
   __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc, zero_sums)), scale, bias);
@@ -343,6 +356,58 @@ __attribute__((target("avx512vnni"))) void group_rows(const uint8_t* x, int64_t 
   for (int r = 0; r < RB; ++r)
     for (int j = 0; j < 4; ++j) finish(e, r0 + r, n0 + 16 * j, s[r][j]);
 }
+#elif defined(CPU_CAPABILITY_AVX2)
+// The smallest and largest of n floats (n > 0), 8 at a time.
+std::pair<float, float> range(const float* xs, int64_t n) {
+  __m256 lo = _mm256_set1_ps(INFINITY), hi = _mm256_set1_ps(-INFINITY);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(xs + i);
+    lo = _mm256_min_ps(lo, v);
+    hi = _mm256_max_ps(hi, v);
+  }
+  float los[8], his[8];
+  _mm256_storeu_ps(los, lo);
+  _mm256_storeu_ps(his, hi);
+  float a = *std::min_element(los, los + 8), b = *std::max_element(his, his + 8);
+  for (; i < n; ++i) a = std::min(a, xs[i]), b = std::max(b, xs[i]);
+  return {a, b};
+}
+
+// One value of round_rows: fma, nearest even, clamp.
+inline uint8_t round_one(float x, float inverse, float zero) {
+  return uint8_t(std::min(std::max(std::nearbyint(std::fma(x, inverse, zero)), 0.f), kTop));
+}
+
+// round_rows, 8 values at a time (the same fma and rounding: the same bytes), the rest one by
+// one.
+void round_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const Rounding* q,
+                uint8_t* xq) {
+  const __m256 top = _mm256_set1_ps(kTop), bottom = _mm256_setzero_ps();
+  for (int64_t r = 0; r < R; ++r) {
+    const float inverse = 1.0f / q[r].scale, zero = float(q[r].zero);
+    const __m256 inverses = _mm256_set1_ps(inverse), zeros = _mm256_set1_ps(zero);
+    const float* x = xs + r * K;
+    uint8_t* out = xq + r * Kp;
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+      __m256 v = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), inverses, zeros);
+      v = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m256i ints = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, bottom), top));
+      const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(ints),
+                                             _mm256_extracti128_si256(ints, 1));  // 8 x u16
+      _mm_storel_epi64((__m128i*)(out + k), _mm_packus_epi16(words, words));  // 8 x u8
+    }
+    for (; k < K; ++k) out[k] = round_one(x[k], inverse, zero);
+  }
+}
+
+// Outputs n0 .. n0 + 7 of row r (those below N) from their sums.
+inline void finish(const Epilogue& e, int64_t r, int64_t n0, V acc) {
+  int32_t sums[kOut];
+  store(sums, acc);
+  for (int64_t j = 0; j < std::min<int64_t>(kOut, e.N - n0); ++j) finish_one(e, r, n0 + j, sums[j]);
+}
 #else
 std::pair<float, float> range(const float* xs, int64_t n) {
   const auto [lo, hi] = std::minmax_element(xs, xs + n);
@@ -350,24 +415,16 @@ std::pair<float, float> range(const float* xs, int64_t n) {
 }
 
 // round_rows, one value at a time.
-void round_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, Rounding q, float qmax,
+void round_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const Rounding* q,
                 uint8_t* xq) {
-  const float inverse = 1.0f / q.scale;
   for (int64_t r = 0; r < R; ++r)
     for (int64_t k = 0; k < K; ++k) {
-      const float v = std::nearbyint(std::fma(xs[r * K + k], inverse, float(q.zero)));
-      xq[r * Kp + k] = uint8_t(std::min(std::max(v, 0.f), qmax));
+      const float v = std::nearbyint(std::fma(xs[r * K + k], 1.0f / q[r].scale,
+                                              float(q[r].zero)));
+      xq[r * Kp + k] = uint8_t(std::min(std::max(v, 0.f), kTop));
     }
 }
 
-#if defined(CPU_CAPABILITY_AVX2)
-// Outputs n0 .. n0 + 7 of row r (those below N) from their sums.
-inline void finish(const Epilogue& e, int64_t r, int64_t n0, V acc) {
-  int32_t sums[kOut];
-  store(sums, acc);
-  for (int64_t j = 0; j < std::min<int64_t>(kOut, e.N - n0); ++j) finish_one(e, r, n0 + j, sums[j]);
-}
-#endif
 #endif
 
 // ----------------------------------------------------------------------------- quads
@@ -402,9 +459,9 @@ void quad_group_rows(const uint8_t* x, int64_t Kp, const int8_t* w, const Epilog
 // by vpdpbusd where the CPU has VNNI (group_rows), else as dot4 (quad_group_rows: exact with
 // 7-bit activations).
 void quad_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const int8_t* w,
-               int64_t groups, const Epilogue& e, float qmax) {
+               int64_t groups, const Epilogue& e) {
   const bool vnni = has_vnni();
-  grouped_rows(xs, R, K, Kp, w, groups, e, qmax, kRowBlock,
+  grouped_rows(xs, R, K, Kp, w, groups, e, kRowBlock,
                [&](const uint8_t* x, int64_t rows, const int8_t* wg, int64_t r, int64_t n0) {
                  by_rows(rows, [&](auto RB) {
 #if defined(CPU_CAPABILITY_AVX512)
@@ -415,8 +472,7 @@ void quad_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const int8_t* 
                });
 }
 #else
-void quad_rows(const float*, int64_t, int64_t, int64_t, const int8_t*, int64_t, const Epilogue&,
-               float) {
+void quad_rows(const float*, int64_t, int64_t, int64_t, const int8_t*, int64_t, const Epilogue&) {
   TORCH_CHECK(false, "int8_rows: the quads' layout in a build without vectors");
 }
 #endif
@@ -424,9 +480,9 @@ void quad_rows(const float*, int64_t, int64_t, int64_t, const int8_t*, int64_t, 
 // The map through the quads' layout in plain loops: 8-bit activations on a CPU without VNNI
 // (whose vpmaddubsw would saturate; Int8Affine gives fbgemm those products there).
 void plain_quad_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const int8_t* w,
-                     int64_t groups, const Epilogue& e, float qmax) {
+                     int64_t groups, const Epilogue& e) {
   std::vector<uint8_t> xq(R * Kp, 0);  // (R, Kp), zeros past K
-  round_rows(xs, R, K, Kp, e.q, qmax, xq.data());
+  round_rows(xs, R, K, Kp, e.q, xq.data());
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t r = 0; r < R; ++r)
       for (int64_t j = 0; j < kGroup && g * kGroup + j < e.N; ++j) {
@@ -435,6 +491,16 @@ void plain_quad_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const in
           acc += int32_t(xq[r * Kp + k]) * w[((g * (Kp / 4) + k / 4) * kGroup + j) * 4 + k % 4];
         finish_one(e, r, g * kGroup + j, acc);
       }
+}
+
+// Each of x's R rows' (K values) rounding: its own range's scale and zero point.
+std::vector<Rounding> row_roundings(const float* xs, int64_t R, int64_t K, bool reduce_range) {
+  std::vector<Rounding> q(R);
+  for (int64_t r = 0; r < R; ++r) {
+    const auto [lo, hi] = range(xs + r * K, K);
+    q[r] = choose(lo, hi, reduce_range);
+  }
+  return q;
 }
 
 at::Tensor int8_rows(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& w_scale,
@@ -455,17 +521,70 @@ at::Tensor int8_rows(const at::Tensor& x, const at::Tensor& packed, const at::Te
                                         : at::empty(shape, x.options());
   if (R * K == 0) return out;
   const float* xs = x.data_ptr<float>();
-  const auto [lo, hi] = range(xs, R * K);
-  const Rounding q = choose(lo, hi, reduce_range);
-  const Epilogue e{q, w_scale.data_ptr<float>(), w_sums.data_ptr<int32_t>(),
+  const std::vector<Rounding> q = row_roundings(xs, R, K, reduce_range);
+  const Epilogue e{q.data(), w_scale.data_ptr<float>(), w_sums.data_ptr<int32_t>(),
                    bias.has_value() ? bias->data_ptr<float>() : nullptr, out.data_ptr<float>(),
                    N, residual.has_value(), relu};
-  const float qmax = reduce_range ? 127.f : 255.f;
   const auto kernel = !quads                        ? pair_rows
                       : has_vnni() || reduce_range ? quad_rows
                                                    : plain_quad_rows;
-  kernel(xs, R, K, Kp, packed.data_ptr<int8_t>(), packed.size(0), e, qmax);
+  kernel(xs, R, K, Kp, packed.data_ptr<int8_t>(), packed.size(0), e);
   return out;
+}
+
+// x's rows (..., K) rounded to u8 as int8_rows rounds them: (the u8 values (..., K), each row's
+// scale (R,) and zero point (R,)), for a GEMM of many rows elsewhere (int8_rows_rescale after).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> int8_rows_quantize(const at::Tensor& x,
+                                                                  bool reduce_range) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous(), "x: contiguous float rows");
+  const int64_t K = x.size(-1), R = x.numel() / std::max<int64_t>(K, 1);
+  at::Tensor values = at::empty(x.sizes(), x.options().dtype(at::kByte));
+  at::Tensor scale = at::empty({R}, x.options()), zero = at::empty({R}, x.options().dtype(at::kInt));
+  if (R * K == 0) return {values, scale, zero};
+  const std::vector<Rounding> q = row_roundings(x.data_ptr<float>(), R, K, reduce_range);
+  round_rows(x.data_ptr<float>(), R, K, K, q.data(), values.data_ptr<uint8_t>());
+  for (int64_t r = 0; r < R; ++r) {
+    scale.data_ptr<float>()[r] = q[r].scale;
+    zero.data_ptr<int32_t>()[r] = q[r].zero;
+  }
+  return {values, scale, zero};
+}
+
+// A GEMM's outputs y (R, N) = float(acc) x w_scale[n] of int8_rows_quantize's u8 rows, finished
+// in place as int8_rows finishes its sums: (y - zero[r] x zero_sums[n]) x scale[r] + bias[n],
+// then ReLU, or plus the residual; zero_sums[n] = w_scale[n] x sum_k W[n, k]. Equal to
+// int8_rows' outputs to within float rounding. In place: a batch's vocabulary projection is
+// megabytes, which a new buffer would take page by page.
+void int8_rows_rescale(at::Tensor& y, const at::Tensor& scale, const at::Tensor& zero,
+                       const at::Tensor& zero_sums, const c10::optional<at::Tensor>& bias,
+                       const c10::optional<at::Tensor>& residual, bool relu) {
+  TORCH_CHECK(y.scalar_type() == at::kFloat && y.is_contiguous(), "y: contiguous float rows");
+  const int64_t N = y.size(-1), R = y.numel() / std::max<int64_t>(N, 1);
+  TORCH_CHECK(scale.numel() == R && zero.numel() == R && zero_sums.numel() == N,
+              "int8_rows_rescale: a scale and zero point per row, a sum per output");
+  at::Tensor res = residual.has_value() ? residual->contiguous() : at::Tensor();
+  TORCH_CHECK(!res.defined() || res.numel() == y.numel(), "residual: y's shape");
+  const float *s = scale.data_ptr<float>(), *c = zero_sums.data_ptr<float>();
+  const float *b = bias ? bias->data_ptr<float>() : nullptr;
+  const float* add = res.defined() ? res.data_ptr<float>() : nullptr;
+  const int32_t* z = zero.data_ptr<int32_t>();
+  float* ys = y.data_ptr<float>();
+  at::parallel_for(0, R, std::max<int64_t>(1, 16384 / std::max<int64_t>(N, 1)),
+                   [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float zr = float(z[r]), sr = s[r];
+      float* yr = ys + r * N;  // one loop per form, each vectorized by the compiler
+      if (add) {
+        const float* ar = add + r * N;
+        for (int64_t n = 0; n < N; ++n) yr[n] = ar[n] + std::fma(yr[n] - zr * c[n], sr, b ? b[n] : 0.f);
+      } else if (relu) {
+        for (int64_t n = 0; n < N; ++n)
+          yr[n] = std::max(std::fma(yr[n] - zr * c[n], sr, b ? b[n] : 0.f), 0.f);
+      } else {
+        for (int64_t n = 0; n < N; ++n) yr[n] = std::fma(yr[n] - zr * c[n], sr, b ? b[n] : 0.f);
+      }
+    }
+  });
 }
 
 }  // namespace
@@ -475,6 +594,9 @@ TORCH_LIBRARY_FRAGMENT(nmt, m) {
   m.def("int8_rows_vnni() -> bool");
   m.def("int8_rows(Tensor x, Tensor packed, Tensor w_scale, Tensor w_sums, Tensor? bias, "
         "Tensor? residual, bool relu, bool reduce_range) -> Tensor");
+  m.def("int8_rows_quantize(Tensor x, bool reduce_range) -> (Tensor, Tensor, Tensor)");
+  m.def("int8_rows_rescale(Tensor(a!) y, Tensor scale, Tensor zero, Tensor zero_sums, "
+        "Tensor? bias, Tensor? residual, bool relu) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(nmt, CatchAll, m) { m.impl("int8_rows_vnni", has_vnni); }
@@ -482,4 +604,6 @@ TORCH_LIBRARY_IMPL(nmt, CatchAll, m) { m.impl("int8_rows_vnni", has_vnni); }
 TORCH_LIBRARY_IMPL(nmt, CPU, m) {
   m.impl("int8_rows_pack", int8_rows_pack);
   m.impl("int8_rows", int8_rows);
+  m.impl("int8_rows_quantize", int8_rows_quantize);
+  m.impl("int8_rows_rescale", int8_rows_rescale);
 }

@@ -4,7 +4,8 @@ the kernels themselves (not of the CPU's name): the private PyTorch operators nm
 nmt.decoding.attention_op.status), oneDNN's packed fp32 / bf16 linear maps
 (nmt.decoding.affine.packing_works), the int8 products' saturation in each quantized engine
 (nmt.decoding.affine.int8_saturates) and the layout of nmt::int8_rows, the int8 maps of a
-step's few rows (nmt.decoding.affine.int8_rows_layout). `kernel_report()` runs them all
+step's few rows (nmt.decoding.affine.int8_rows_layout), and whether int8 rounds each row alone
+(nmt.decoding.affine.rows_alone). `kernel_report()` runs them all
 (building the operator if need be) and returns what each found; the benchmarks' headers and
 the tests read it.
 """
@@ -19,6 +20,7 @@ from nmt.decoding import affine, attention_op
 from nmt.system import private_ops
 
 PACKED = {"fp32": torch.float32, "bf16": torch.bfloat16}  # the dtypes oneDNN's maps may pack
+VNNI, QUADS = (n.bit_length() - 1 for n in (affine.VNNI_PRODUCTS, affine.QUADS_PRODUCTS))
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ class KernelReport:
     # per quantized engine this PyTorch has: its u8 x s8 products saturate (int8 keeps 7 bits)
     int8_saturates: dict[str, bool]
     int8_rows_layout: str  # nmt::int8_rows' kernel of a few rows: vnni, quads, pairs ("": none)
+    rows_alone: bool  # int8 rounds each row by its own range (else one scale a call)
 
     def lines(self) -> list[str]:
         """One line per probe, for a benchmark's or a log's header."""
@@ -40,15 +43,17 @@ class KernelReport:
             + (", ".join(f"{e} {'yes (7-bit activations)' if s else 'no'}"
                          for e, s in sorted(self.int8_saturates.items()))))
         ops = "missing " + ", ".join(self.missing_ops) if self.missing_ops else "all there"
-        layout = {"vnni": "VNNI layout (rows x weights up to 2^24)",
-                  "quads": "quads layout without VNNI (rows x weights up to 2^22, 7-bit "
+        layout = {"vnni": f"VNNI layout (rows x weights up to 2^{VNNI})",
+                  "quads": f"quads layout without VNNI (rows x weights up to 2^{QUADS}, 7-bit "
                            "activations)",
                   "pairs": "pairs layout (1 row)"}.get(self.int8_rows_layout, "none")
         few = "fbgemm's" if self.fused_attention else f"nmt::int8_rows' {layout}"
+        alone = ("each row alone (oneDNN's products of many rows)" if self.rows_alone
+                 else "one scale a call")
         return [f"private operators: {ops}",
                 f"fused attention operator: {self.fused_attention or 'loaded'}",
                 f"packed oneDNN linear maps: {', '.join(self.packed) or 'none'}",
-                f"int8: {int8}",
+                f"int8: {int8}; activations rounded {alone}",
                 f"int8 maps of a few rows: {few}"]
 
 
@@ -62,4 +67,4 @@ def kernel_report() -> KernelReport:
         found = set(torch.backends.quantized.supported_engines) & {"fbgemm", "onednn"}
         saturates = {e: affine.int8_saturates(e) for e in sorted(found)}
     return KernelReport(missing, attention_op.status(), packed, engines, saturates,
-                        affine.int8_rows_layout())
+                        affine.int8_rows_layout(), affine.rows_alone())

@@ -12,6 +12,10 @@ they give (docs/design.md, "Private PyTorch operators", has the measurements):
   output projection gathered from its weights quantized once, as CTranslate2's
   select_weights, not quantized again per batch: no public API indexes per-channel quantized
   tensors).
+- oneDNN's int8 product of u8 rows already rounded (torch.ops.onednn.qlinear_pointwise, what
+  Inductor lowers int8 maps to): int8 maps of many rows whose rows are each rounded with their
+  own scale (nmt::int8_rows_quantize), which the dynamic operators above cannot take (one
+  scale a call); as fast as they are there (docs/results.md, "int8 rows rounded alone").
 - Inductor's freezing (torch._inductor.config.freezing): torch.compile's public `options`
   do not reach the stage that makes the weights constants (oneDNN's packed maps need them
   constant); and symbolic shapes without duck sizing (frozen_compile).
@@ -45,6 +49,7 @@ from torch import Tensor
 OPERATORS = ("mkldnn._reorder_linear_weight", "mkldnn._linear_pointwise",
              "mkldnn._is_mkldnn_bf16_supported", "quantized.linear_prepack",
              "quantized.linear_dynamic", "quantized.linear_relu_dynamic",
+             "onednn.qlinear_prepack", "onednn.qlinear_pointwise",
              "aten._make_per_channel_quantized_tensor",
              "aten._foreach_sub", "aten._foreach_mul_", "aten._foreach_add_")
 
@@ -91,8 +96,10 @@ def quantized_linear_prepack(qweight: Tensor, bias: Tensor | None):
 
 def per_channel_qint8(ints: Tensor, scale: Tensor) -> Tensor:
     """The qint8 tensor of int8 rows `ints` (out, in), one symmetric scale per row (out,)."""
-    return torch._make_per_channel_quantized_tensor(
-        ints, scale.double(), torch.zeros(len(scale), dtype=torch.long), 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantized tensors are deprecated for torchao's
+        return torch._make_per_channel_quantized_tensor(
+            ints, scale.double(), torch.zeros(len(scale), dtype=torch.long), 0)
 
 
 def quantized_linear(x: Tensor, packed, reduce_range: bool, relu: bool = False) -> Tensor:
@@ -100,6 +107,19 @@ def quantized_linear(x: Tensor, packed, reduce_range: bool, relu: bool = False) 
     if asked, in the kernel's epilogue. Call one packed weight always with the same `relu`:
     oneDNN's keeps the primitive of its first call, post-op included, for that input shape."""
     return quantized_linear_op(relu)(x, packed, reduce_range)
+
+
+def u8_linear_prepack(ints: Tensor, rows: int = 256) -> Tensor:
+    """int8 rows W (out, in) packed by oneDNN for u8_linear, in its layout for inputs of about
+    `rows` rows (without a size oneDNN's layout is 2x slower at 256 rows and more, on Zen 4)."""
+    return torch.ops.onednn.qlinear_prepack(ints, [rows, ints.size(1)])
+
+
+def u8_linear(values: Tensor, packed: Tensor, scale: Tensor, zeros: Tensor) -> Tensor:
+    """float(u8 rows (R, in) . W^T) x scale (out,), summed in int32: W from u8_linear_prepack
+    with symmetric scales (zeros: (out,) of 0, long); no bias, no activation."""
+    return torch.ops.onednn.qlinear_pointwise(values, 1.0, 0, packed, scale, zeros, None, 1.0, 0,
+                                              torch.float32, "none", [], "")
 
 
 def quantized_linear_op(relu: bool):

@@ -37,9 +37,11 @@ def check_rows(result: dict, expected: set[tuple[str, str, str]]) -> None:
     assert {(r["mode"], r["search"], r["batch"]) for r in rows} == expected
     for r in rows:
         assert r["nmt"]["runs"] == r["ct2"]["runs"] == 2, r
-        # the ratio is rounded to 3 decimals
-        assert r["ratio"] == pytest.approx(r["ct2"]["seconds"] / r["nmt"]["seconds"], rel=0.01,
-                                           abs=6e-4)
+        # the ratio of the medians, rounded to 3 decimals; the seconds are rounded to 4 (at a
+        # few milliseconds a run, over 1%)
+        ct2, nmt = r["ct2"]["seconds"], r["nmt"]["seconds"]
+        low, high = (ct2 - 5e-5) / (nmt + 5e-5), (ct2 + 5e-5) / max(nmt - 5e-5, 1e-9)
+        assert low - 5e-4 <= r["ratio"] <= high + 5e-4, r
     head = result["header"]
     assert head["cpu"].startswith("CPU: ") and "caps: " in head["cpu"]
     assert head["torch"] and head["ctranslate2"] and head["sentences"] == 3

@@ -14,6 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from translate_helpers import random_sources, run, search, tiny_model, tiny_model_cfg, tokens
 
 from nmt.config import SearchConfig
+from nmt.decoding import affine as affine_module
 from nmt.decoding import attention_op
 from nmt.decoding.affine import (
     FBGEMM_OUTPUTS,
@@ -25,6 +26,7 @@ from nmt.decoding.affine import (
     int8_rows_layout,
     int8_saturates,
     packing_works,
+    rows_alone,
 )
 from nmt.decoding.batches import pad_batch
 from nmt.decoding.fast_model import PAD_ALLOWANCE, PAD_SLACK, FastModel, source_groups
@@ -219,12 +221,17 @@ def test_sources_of_unequal_lengths_encode_as_each_alone(model, dtype):
 
 
 @pytest.mark.parametrize("beam", [1, 4])
-def test_a_batch_of_unequal_lengths_gives_each_sentences_own_outputs(model, beam):
-    """Batched equals one at a time where the batch is encoded in groups (fp32)."""
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_a_batch_of_unequal_lengths_gives_each_sentences_own_outputs(model, beam, dtype):
+    """Batched equals one at a time where the batch is encoded in groups: in fp32, and in int8
+    where each row's activations are rounded by their own range (rows_alone; with one scale a
+    call, a sentence's batch mates moved its outputs)."""
+    if dtype == "int8" and not rows_alone():
+        pytest.skip("int8 rows are not rounded alone here (no operator, or no oneDNN)")
     g = torch.Generator().manual_seed(5)
     srcs = [torch.randint(4, V, (L,), generator=g).tolist() for L in (60, 2, 3, 45, 5, 7)]
     assert source_groups(pad_batch(srcs, PAD, "cpu") != PAD) is not None
-    cfg = search(beam_size=beam, nbest=min(beam, 2), max_len_a=0.0, max_len_b=12)
+    cfg = search(beam_size=beam, nbest=min(beam, 2), max_len_a=0.0, max_len_b=12, dtype=dtype)
     batched = run(model, srcs, cfg)
     single = run(model, srcs, dataclasses.replace(cfg, max_tokens=1))
     assert tokens(batched) == tokens(single)
@@ -324,10 +331,15 @@ class Operators(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("rows", [4, FBGEMM_OUTPUTS // 64 + 1])  # fbgemm's, oneDNN's
-def test_an_int8_relu_map_is_one_operator_with_the_relu_in_its_epilogue(rows):
-    """Int8Affine(relu=True): the ReLU in the product's dequantizing epilogue (one operator,
-    where a relu_ followed it), the same outputs as the product and then the ReLU; again at
-    the same shape (oneDNN keeps the primitive of a weight's first call, post-op included)."""
+@pytest.mark.parametrize("alone", [False, True])
+def test_an_int8_relu_map_has_the_relu_in_its_epilogue(rows, alone, monkeypatch):
+    """Int8Affine(relu=True): the ReLU in the product's dequantizing epilogue (no relu_ after
+    it: one operator, or int8_rows_rescale's among the three of a map of many rows alone), the
+    same outputs as the product and then the ReLU; again at the same shape (oneDNN keeps the
+    primitive of a weight's first call, post-op included)."""
+    if alone and not rows_alone():
+        pytest.skip("rows are not rounded alone here (no operator, or no oneDNN)")
+    monkeypatch.setattr(affine_module, "rows_alone", lambda: alone)
     torch.manual_seed(0)
     w, b = torch.randn(64, 32), torch.randn(64)
     relu, plain = Int8Affine(w, b, relu=True), Int8Affine(w, b)
@@ -335,7 +347,9 @@ def test_an_int8_relu_map_is_one_operator_with_the_relu_in_its_epilogue(rows):
         x = torch.randn(rows, 32)
         with Operators() as ops:
             got = relu(x)
-        assert sum(ops.counts.values()) == 1
+        assert "aten::relu_" not in ops.counts
+        ops.counts.pop("aten::view", None)
+        assert sum(ops.counts.values()) == (3 if alone and rows > relu.few_rows else 1)
         torch.testing.assert_close(got, plain(x).relu(), rtol=0, atol=0)
 
 
@@ -363,20 +377,22 @@ def test_an_int8_step_runs_fp32s_operators_with_int8_products(model, sentences):
     maps = [fast.generator] + [getattr(layer, name) for layer in fast.decoder
                                for name in ("qkv", "o", "q", "o2", "W_1", "W_2")]
     few = sentences <= min(m.few_rows for m in maps)  # every map's (the tiny model's: alike)
-    products = sum(int8.pop(op, 0) for op in ("nmt::int8_rows", "quantized::linear_dynamic",
-                                              "quantized::linear_relu_dynamic"))
+    many = int8.pop("onednn::qlinear_pointwise", 0)  # maps of many rows, each rounded alone
+    assert int8.pop("nmt::int8_rows_quantize", 0) == int8.pop("nmt::int8_rows_rescale", 0) == many
+    products = many + sum(int8.pop(op, 0) for op in ("nmt::int8_rows", "quantized::linear_dynamic",
+                                                     "quantized::linear_relu_dynamic"))
     assert fp32.pop("mkldnn::_linear_pointwise") == products
-    assert int8 - fp32 == ({} if few else {"aten::add_": 3 * len(model.decoder)})
+    assert int8 - fp32 == ({} if few or rows_alone() else {"aten::add_": 3 * len(model.decoder)})
     assert not fp32 - int8
 
 
 @pytest.mark.parametrize("shape", [(64, 32), (100, 33), (4000, 256)])  # N and K odd sizes too
-def test_int8_rows_gives_fbgemms_outputs_bit_for_bit(shape):
-    """nmt::int8_rows rounds and sums as fbgemm does: an Int8Affine's few rows (its ReLU, or
-    its residual, in the epilogue) equal fbgemm's product (then the addition) bit for bit,
-    and so does the operator at more rows, with 8- and 7-bit activations, under every ISA's
-    build (the VNNI layout where this CPU has it, else quads; test_isa reruns it under AVX2
-    dispatch)."""
+def test_int8_rows_gives_fbgemms_outputs_of_each_row_alone_bit_for_bit(shape):
+    """nmt::int8_rows rounds and sums as fbgemm does a call of one row: an Int8Affine's few
+    rows (its ReLU, or its residual, in the epilogue) equal fbgemm's product of each row alone
+    (then the addition) bit for bit, and so does the operator at more rows, with 8- and 7-bit
+    activations, under every ISA's build (the VNNI layout where this CPU has it, else quads;
+    test_isa reruns it under AVX2 dispatch)."""
     if not attention_op.available():
         pytest.skip(f"nmt's operators are not built here ({attention_op.status()})")
     torch.manual_seed(0)
@@ -391,15 +407,46 @@ def test_int8_rows_gives_fbgemms_outputs_bit_for_bit(shape):
         with Operators() as ops:
             got = plain(x), relu(x), plain(x, residual)
         assert ops.counts == {"nmt::int8_rows": 3}
-        want = plain.product(x), relu.product(x), plain.product(x).add_(residual)
+        want = (each_alone(plain.product, x), each_alone(relu.product, x),
+                each_alone(plain.product, x).add_(residual))
         assert all(torch.equal(g, y) for g, y in zip(got, want, strict=True))
     for rows in (2, 3, 4, 5, 8, 9, 16, 33):  # the kernels' blocks of 2 or 4 rows, the rest
         x = torch.randn(rows, shape[1])
         for reduce_range in {plain.reduce_range, True}:  # 8 bits where no engine saturates
             ours = torch.ops.nmt.int8_rows(x, *plain._few(), b, None, False, reduce_range)
-            want = private_ops.quantized_linear(x, plain._packed(int8_engines()[0]),
-                                                reduce_range)
+            want = each_alone(lambda row: private_ops.quantized_linear(
+                row, plain._packed(int8_engines()[0]), reduce_range), x)
             assert torch.equal(ours, want)
+
+
+def each_alone(product, x: torch.Tensor) -> torch.Tensor:
+    """product(x) row by row: each of x's rows (along its first dimension) given alone."""
+    return torch.cat([product(x[i:i + 1]) for i in range(len(x))])
+
+
+@pytest.mark.parametrize("shape", [(64, 32), (100, 33), (4000, 256)])
+def test_int8_maps_of_many_rows_round_each_row_alone(shape):
+    """Past int8_rows' few rows, each row is rounded alone too (int8_rows_quantize, oneDNN's
+    sums, int8_rows_rescale): a row's outputs are its own alone, to float rounding, whatever its
+    batch mates (one scale a call moved them by ~1% of the largest); ReLU and residual in
+    the epilogue."""
+    if not rows_alone():
+        pytest.skip("rows are not rounded alone here (no operator, or no oneDNN)")
+    torch.manual_seed(0)
+    w, b = torch.randn(*shape) / 16, torch.randn(shape[0])
+    plain, relu = Int8Affine(w, b), Int8Affine(w, b, relu=True)
+    rows = plain.few_rows + 7
+    x = torch.randn(rows, shape[1]) * torch.linspace(0.1, 10, rows)[:, None]  # unlike ranges
+    residual = torch.randn(rows, shape[0])
+    with Operators() as ops:
+        got = plain(x), relu(x), plain(x, residual)
+    ops.counts.pop("aten::view")
+    assert ops.counts == {"nmt::int8_rows_quantize": 3, "onednn::qlinear_pointwise": 3,
+                          "nmt::int8_rows_rescale": 3}
+    want = (each_alone(plain, x), each_alone(relu, x), each_alone(plain, x) + residual)
+    for g, y in zip(got, want, strict=True):
+        torch.testing.assert_close(g, y, rtol=1e-6, atol=1e-6 * float(y.abs().max()))
+    assert (plain.product(x) - want[0]).abs().max() > 1e-3 * want[0].abs().max()
 
 
 def test_int8_shortlist_rows_are_gathered_not_quantized_again():
@@ -414,10 +461,12 @@ def test_int8_shortlist_rows_are_gathered_not_quantized_again():
     assert torch.equal(rows(x), whole(x)[..., index])  # the whole map's columns
 
 
-def test_int8_products_by_size_go_to_either_engine_alike():
-    """Small products through fbgemm, large ones through oneDNN (FBGEMM_OUTPUTS), the same map
-    either way (the same int32 products, rescaled; an activation may round to the other
-    level); a shortlist's rows pack only the engine that is called."""
+def test_int8_products_by_size_go_to_either_engine_alike(monkeypatch):
+    """Where rows are not rounded alone (one scale a call: no operator), small products
+    through fbgemm, large ones through oneDNN (FBGEMM_OUTPUTS), the same map either way (the
+    same int32 products, rescaled; an activation may round to the other level); a
+    shortlist's rows pack only the engine that is called."""
+    monkeypatch.setattr(affine_module, "rows_alone", lambda: False)
     if int8_engines() != ("fbgemm", "onednn"):
         pytest.skip(f"Int8Affine takes {int8_engines()} here (fbgemm only where it saturates "
                     f"as oneDNN does)")

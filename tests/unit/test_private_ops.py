@@ -81,7 +81,10 @@ def test_one_report_says_what_every_kernel_probe_found(monkeypatch):
     assert report.lines()[:2] == ["private operators: all there",
                                   "fused attention operator: loaded"]
     assert report.lines()[-1] == ("int8 maps of a few rows: nmt::int8_rows' VNNI layout "
-                                  "(rows x weights up to 2^24)")
+                                  "(rows x weights up to 2^25)")
+    assert report.rows_alone == affine.rows_alone()
+    assert report.lines()[-2].endswith("; activations rounded each row alone (oneDNN's products "
+                                       "of many rows)" if report.rows_alone else "one scale a call")
     monkeypatch.setattr(private_ops, "OPERATORS", (*private_ops.OPERATORS, "mkldnn._gone"))
     monkeypatch.setattr(attention_op, "status", lambda: "no C++ compiler (c++)")
     lines = kernel_report().lines()
