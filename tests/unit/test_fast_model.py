@@ -4,6 +4,7 @@ logits), on every CPU kind: these tests run again under AVX2 dispatch (tests/sys
 
 import collections
 import dataclasses
+import functools
 import itertools
 import os
 
@@ -414,8 +415,9 @@ def test_int8_rows_gives_fbgemms_outputs_of_each_row_alone_bit_for_bit(shape):
         x = torch.randn(rows, shape[1])
         for reduce_range in {plain.reduce_range, True}:  # 8 bits where no engine saturates
             ours = torch.ops.nmt.int8_rows(x, *plain._few(), b, None, False, reduce_range)
-            want = each_alone(lambda row: private_ops.quantized_linear(
-                row, plain._packed(int8_engines()[0]), reduce_range), x)
+            want = each_alone(functools.partial(
+                private_ops.quantized_linear, packed=plain._packed(int8_engines()[0]),
+                reduce_range=reduce_range), x)
             assert torch.equal(ours, want)
 
 
