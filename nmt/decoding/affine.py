@@ -218,12 +218,13 @@ class Int8Affine(Affine):
 @functools.cache
 def rows_alone() -> bool:
     """Whether Int8Affine rounds each row of many by its own range here: nmt's operator is
-    built and oneDNN's u8 product (private_ops.u8_linear) gives the exact sums, checked on rows
-    whose u8 x s8 pairs would saturate int16 (255 x 127 x 2)."""
+    built and oneDNN's u8 product (private_ops.u8_linear) gives the exact sums, checked at the
+    largest values the rounding gives (255; 128 with 7-bit activations, a row's largest value
+    a rounding past 127), times W = 127."""
     if not attention_op.available() or "onednn" not in torch.backends.quantized.supported_engines:
         return False
     ints = torch.full((16, 64), 127, dtype=torch.int8)
-    values = torch.full((2, 64), 127 if int8_saturates("onednn") else 255, dtype=torch.uint8)
+    values = torch.full((2, 64), 128 if int8_saturates("onednn") else 255, dtype=torch.uint8)
     try:
         got = private_ops.u8_linear(values, private_ops.u8_linear_prepack(ints),
                                     torch.ones(16), torch.zeros(16, dtype=torch.long))
