@@ -193,10 +193,10 @@ class Int8Affine(Affine):
             packed, scale, zeros, zero_sums = self._many()
             values, x_scale, x_zero = torch.ops.nmt.int8_rows_quantize(x.contiguous(),
                                                                        self.reduce_range)
-            y = private_ops.u8_linear(values.view(-1, x.size(-1)), packed, scale, zeros)
+            y = private_ops.u8_linear(values, packed, scale, zeros)  # (..., out_features)
             torch.ops.nmt.int8_rows_rescale(y, x_scale, x_zero, zero_sums, self.bias, residual,
-                                            self.relu)  # y (R, out): in place
-            return y.view(*x.shape[:-1], self.out_features)  # (R, out) -> (..., out)
+                                            self.relu)  # in place
+            return y
         y = self.product(x)
         return y if residual is None else y.add_(residual)
 

@@ -96,6 +96,12 @@ Rounding choose(float lo, float hi, bool reduce_range) {
   return {float(scale), nudged};
 }
 
+// One activation rounded as fbgemm rounds it: fma with the inverse scale and the zero point,
+// nearest even, clamped to [0, kTop].
+inline uint8_t round_one(float x, float inverse, float zero) {
+  return uint8_t(std::min(std::max(std::nearbyint(std::fma(x, inverse, zero)), 0.f), kTop));
+}
+
 // Vectors of 16-bit lanes: W's 8-bit values widened, pairs of products summed into 32-bit
 // lanes by madd (exact: |u8 x s8| < 2^15). ATen's capability macros pick the width.
 #if defined(CPU_CAPABILITY_AVX512)
@@ -225,12 +231,10 @@ inline void block_dots(const int16_t* a, const int8_t* w, int64_t Kp, int32_t* a
 void pair_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const int8_t* w,
                int64_t blocks, const Epilogue& e) {
   std::vector<int16_t> xq(R * Kp, 0);  // (R, Kp), zeros past K
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t k = 0; k < K; ++k) {  // fbgemm's rounding: fma, nearest even, clamp
-      const float v = std::nearbyint(std::fma(xs[r * K + k], 1.0f / e.q[r].scale,
-                                              float(e.q[r].zero)));
-      xq[r * Kp + k] = int16_t(std::min(std::max(v, 0.f), kTop));
-    }
+  for (int64_t r = 0; r < R; ++r) {
+    const float inverse = 1.0f / e.q[r].scale, zero = float(e.q[r].zero);
+    for (int64_t k = 0; k < K; ++k) xq[r * Kp + k] = round_one(xs[r * K + k], inverse, zero);
+  }
   const int64_t grain = std::max<int64_t>(1, 65536 / (Kp * kOut * R));
   at::parallel_for(0, blocks, grain, [&](int64_t nb0, int64_t nb1) {
     int32_t acc[kOut];
@@ -374,11 +378,6 @@ std::pair<float, float> range(const float* xs, int64_t n) {
   return {a, b};
 }
 
-// One value of round_rows: fma, nearest even, clamp.
-inline uint8_t round_one(float x, float inverse, float zero) {
-  return uint8_t(std::min(std::max(std::nearbyint(std::fma(x, inverse, zero)), 0.f), kTop));
-}
-
 // round_rows, 8 values at a time (the same fma and rounding: the same bytes), the rest one by
 // one.
 void round_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const Rounding* q,
@@ -417,12 +416,10 @@ std::pair<float, float> range(const float* xs, int64_t n) {
 // round_rows, one value at a time.
 void round_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const Rounding* q,
                 uint8_t* xq) {
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t k = 0; k < K; ++k) {
-      const float v = std::nearbyint(std::fma(xs[r * K + k], 1.0f / q[r].scale,
-                                              float(q[r].zero)));
-      xq[r * Kp + k] = uint8_t(std::min(std::max(v, 0.f), kTop));
-    }
+  for (int64_t r = 0; r < R; ++r) {
+    const float inverse = 1.0f / q[r].scale, zero = float(q[r].zero);
+    for (int64_t k = 0; k < K; ++k) xq[r * Kp + k] = round_one(xs[r * K + k], inverse, zero);
+  }
 }
 
 #endif

@@ -116,7 +116,7 @@ def u8_linear_prepack(ints: Tensor, rows: int = 256) -> Tensor:
 
 
 def u8_linear(values: Tensor, packed: Tensor, scale: Tensor, zeros: Tensor) -> Tensor:
-    """float(u8 rows (R, in) . W^T) x scale (out,), summed in int32: W from u8_linear_prepack
+    """float(u8 rows (..., in) . W^T) x scale (out,), summed in int32: W from u8_linear_prepack
     with symmetric scales (zeros: (out,) of 0, long); no bias, no activation."""
     return torch.ops.onednn.qlinear_pointwise(values, 1.0, 0, packed, scale, zeros, None, 1.0, 0,
                                               torch.float32, "none", [], "")
