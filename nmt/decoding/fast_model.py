@@ -419,8 +419,11 @@ class FastModel(nn.Module):
         compiled ahead of time, the embedding inside: nmt.decoding.aot_step)."""
         B = tgt_new.size(0)
         like = state.memory_kv[0][0]  # (M, h, S, d_k): the keys' shape and dtype
-        caches = [cache.advance(B, like) for cache in state.self_kv]
         packaged = self.packaged_for(B) if state.generator is None else None
+        if packaged is not None:  # its inputs whole tensors, not a trim's views
+            for cache in state.self_kv:
+                cache.own_memory()
+        caches = [cache.advance(B, like) for cache in state.self_kv]
         rows = _step_rows(state, B, positions, self.compiled or packaged is not None)
         if packaged is not None:
             self._check_positions(state.step + 1)

@@ -133,6 +133,14 @@ class TableKVCache:
         if self.table.size(1) < self.k.size(2):  # zeros: a buffer row that exists
             self.table = F.pad(self.table, (0, self.k.size(2) - self.table.size(1)))
 
+    def own_memory(self) -> None:
+        """The buffers and the table as whole tensors of their own: a trim leaves views with
+        the untrimmed strides, which the fused operator reads but a package compiled ahead of
+        time (nmt.decoding.aot_step: its inputs' strides those of their sizes) would not."""
+        if self.k is not None and not self.k.is_contiguous():
+            self.k, self.v = self.k.contiguous(), self.v.contiguous()
+            self.table = self.table.contiguous()
+
     def reorder(self, index: Tensor) -> None:
         """Keep (and repeat) rows `index`: their tables."""
         if self.table is not None:
@@ -145,7 +153,8 @@ class TableKVCache:
             self.table = F.pad(self.table, (0, 0, 0, rows))
 
     def trim(self, first: int) -> None:
-        """Drop the first `first` positions (no live row reads them)."""
+        """Drop the first `first` positions (no live row reads them): views, until
+        own_memory."""
         if self.k is not None:
             self.k, self.v = self.k[:, :, first:], self.v[:, :, first:]
             self.table = self.table[:, first:]

@@ -3,13 +3,15 @@
 
 import pytest
 import torch
+from test_stepping import run_continuous
 from translate_helpers import random_sources, search, tiny_model
 
 from nmt.data.tokenizer import Specials
 from nmt.decoding import affine, aot_step, attention_op, tight_loops
-from nmt.decoding.batches import pad_batch
+from nmt.decoding.batches import decoding_models, pad_batch
 from nmt.decoding.core import decode_all
 from nmt.decoding.fast_model import FastModel
+from nmt.decoding.fast_state import TableKVCache
 from nmt.decoding.messages import Sentence
 from nmt.decoding.strategies import row_max
 
@@ -147,6 +149,30 @@ def test_beams_and_batches_through_the_package_give_eagers_outputs(steps_cache):
             assert [[h.tokens for h in hyps] for hyps in got] == \
                 [[h.tokens for h in hyps] for hyps in want]
     assert compiled._packaged.calls > 0
+
+
+def test_continuous_batching_through_the_package_gives_eagers_outputs(steps_cache,
+                                                                     monkeypatch):
+    """Sentences that join a running batch at different steps (nmt.decoding.core's Decoding,
+    nmt-serve's continuous=true) step through the package where it takes their rows, after
+    rows retired and the caches were trimmed (views with the untrimmed strides, which the
+    package read as whole tensors: other tokens for 6 of these 15 sentences): eager's
+    outputs."""
+    trims = []
+    trim = TableKVCache.trim
+    monkeypatch.setattr(TableKVCache, "trim", lambda c, first: (trims.append(first),
+                                                                trim(c, first)))
+    model = tiny_model(V, seed=1, stops=True, N=2)
+    sources = random_sources(14, V, seed=3) + [[]]
+    joins = {0: [0, 1, 2], 1: [3, 4], 3: [5, 6, 7, 8], 4: [9], 6: [10, 11, 12, 13, 14]}
+    got = []
+    for compile in ("false", "true"):
+        cfg = search(beam_size=4, nbest=2, max_len_b=4, dtype="int8", compile=compile)
+        models = decoding_models([model], cfg)
+        hyps = run_continuous(models, sources, cfg, joins)[0]
+        got.append([[h.tokens for h in hyps[i]] for i in range(len(sources))])
+    assert got[1] == got[0]
+    assert models[0]._packaged.calls > 0 and any(trims)
 
 
 def test_the_packages_choice_is_row_max_after_the_bans(steps_cache):
