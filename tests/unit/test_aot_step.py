@@ -158,10 +158,12 @@ def test_continuous_batching_through_the_package_gives_eagers_outputs(steps_cach
     rows retired and the caches were trimmed (views with the untrimmed strides, which the
     package read as whole tensors: other tokens for 6 of these 15 sentences): eager's
     outputs."""
-    trims = []
-    trim = TableKVCache.trim
+    trims, whole = [], []
+    trim, run = TableKVCache.trim, aot_step.Package.run
     monkeypatch.setattr(TableKVCache, "trim", lambda c, first: (trims.append(first),
                                                                 trim(c, first)))
+    monkeypatch.setattr(aot_step.Package, "run", lambda p, inputs: (
+        whole.append(all(t.is_contiguous() for t in inputs)), run(p, inputs))[1])
     model = tiny_model(V, seed=1, stops=True, N=2)
     sources = random_sources(14, V, seed=3) + [[]]
     joins = {0: [0, 1, 2], 1: [3, 4], 3: [5, 6, 7, 8], 4: [9], 6: [10, 11, 12, 13, 14]}
@@ -172,7 +174,7 @@ def test_continuous_batching_through_the_package_gives_eagers_outputs(steps_cach
         hyps = run_continuous(models, sources, cfg, joins)[0]
         got.append([[h.tokens for h in hyps[i]] for i in range(len(sources))])
     assert got[1] == got[0]
-    assert models[0]._packaged.calls > 0 and any(trims)
+    assert models[0]._packaged.calls > 0 and any(trims) and all(whole)
 
 
 def test_the_packages_choice_is_row_max_after_the_bans(steps_cache):
