@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 from bench_int8_rows import one_thread_with_operators, per_call
+from torch import Tensor
 
 from nmt.decoding import aot_step
 from nmt.decoding.batches import pad_batch
@@ -31,12 +32,17 @@ from nmt.system import private_ops
 SOURCE = [5, 6, 7, 8, 9, 10, 11]
 
 
-def step_args(fast: FastModel, state: FastState, ids: torch.Tensor) -> tuple:
-    """step_layers' arguments for the next position of `state`'s rows (its caches advanced)."""
+def step_args(fast: FastModel, state: FastState, ids: Tensor) -> tuple:
+    """The packaged step's arguments for the next position of `state`'s rows after `ids`
+    (B, 1) (its caches advanced): the tokens (B,), StepRows, the caches, the memory's."""
     B = ids.size(0)
-    x = fast._embed(fast.tgt_lut, ids, state.step)
     caches = [cache.advance(B, state.memory_kv[0][0]) for cache in state.self_kv]
-    return x, _step_rows(state, B, None, True), caches, state.memory_kv
+    return ids[:, 0], _step_rows(state, B, None, True), caches, state.memory_kv
+
+
+def eager_step(fast: FastModel, tokens: Tensor, rows, caches, memory_kv) -> Tensor:
+    """The same step eager: the tokens embedded, FastModel.step_layers; logits (B, 1, V)."""
+    return fast.step_layers(fast.embed_rows(tokens, rows), rows, caches, memory_kv, True)
 
 
 def compare(fast: FastModel, step: aot_step.PackagedStep, B: int, steps: int,
@@ -48,15 +54,15 @@ def compare(fast: FastModel, step: aot_step.PackagedStep, B: int, steps: int,
     states = [fast.start_decoding(*fast.encode(src)) for _ in range(2)]
     ids, same, diff = torch.ones(B, 1, dtype=torch.long), True, 0.0
     for _ in range(steps):
-        want = fast.step_layers(*step_args(fast, states[0], ids), True)
-        got = step(*step_args(fast, states[1], ids))
+        want = eager_step(fast, *step_args(fast, states[0], ids))
+        got = step(*step_args(fast, states[1], ids)).logits
         for s in states:
             s.step += 1
         same &= torch.equal(want.argmax(-1), got.argmax(-1))
         diff = max(diff, float((want - got).abs().max()))
         ids = want.argmax(-1)
     inputs = step_args(fast, states[0], ids)
-    eager = per_call(lambda: fast.step_layers(*inputs, True), 300, repeat)
+    eager = per_call(lambda: eager_step(fast, *inputs), 300, repeat)
     compiled = per_call(lambda: step(*inputs), 300, repeat)
     return (f"int8, {B:2d} rows: eager {eager:6.1f} us a step, AOTInductor {compiled:6.1f} us "
             f"({eager / compiled:.2f}x); {steps} greedy steps "
@@ -75,9 +81,11 @@ def main() -> None:
     one_thread_with_operators()
     fast = FastModel(LoadedCheckpoint.load(args.checkpoint).model.eval(), "int8")
     most = aot_step.most_rows(fast)
+    aot_step.give_rows(aot_step.step_maps(fast), most)  # the package's maps, as _packages'
     with torch.inference_mode(), tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
-        step = aot_step.PackagedStep(Path(tmp) / "step.pt2", lambda: fast, most)
+        step = aot_step.PackagedStep(Path(tmp) / "step.pt2", lambda: fast, most,
+                                     fast.vocab_size)
         print(f"1-{most} rows: export and compile: {time.perf_counter() - start:.1f} s "
               f"(once per machine)")
         start = time.perf_counter()
