@@ -24,16 +24,35 @@ V = 24
 TOL = 1e-4
 
 
-@pytest.fixture
-def steps_cache(tmp_path, monkeypatch):
-    """Packages under tmp_path (the fused operator loaded first from the usual cache)."""
+def packages_under(root, monkeypatch):
+    """Packages under `root` (the fused operator loaded first from the usual cache); the
+    folder they go in."""
     if not attention_op.available():
         pytest.skip(f"nmt's operators are not built here ({attention_op.status()})")
     if affine.int8_rows_layout() == "quads" and not affine.int8_saturates():
         pytest.skip("8-bit activations without VNNI (ATen capped, fbgemm not): int8_rows takes "
                     "no map, and fbgemm's do not export")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    return tmp_path / "nmt" / "steps"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(root))
+    return root / "nmt" / "steps"
+
+
+@pytest.fixture
+def steps_cache(tmp_path, monkeypatch):
+    """An empty cache of packages: for the tests of what is compiled when."""
+    return packages_under(tmp_path, monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def kept_root(tmp_path_factory):
+    """One cache for this module's tests on a worker."""
+    return tmp_path_factory.mktemp("packages")
+
+
+@pytest.fixture
+def kept_packages(kept_root, monkeypatch):
+    """A cache that keeps its packages from test to test, as a machine's does (named by the
+    weights: each model's compiled once a worker, ~30-60 s on a slow 2-core machine)."""
+    return packages_under(kept_root, monkeypatch)
 
 
 def greedy_pairs(eager: FastModel, compiled: FastModel, sources, steps: int):
@@ -51,14 +70,14 @@ def greedy_pairs(eager: FastModel, compiled: FastModel, sources, steps: int):
                 y = want.argmax(1)[:, None]
 
 
-def test_the_package_of_a_few_rows_gives_eagers_choices(steps_cache):
+def test_the_package_of_a_few_rows_gives_eagers_choices(kept_packages):
     """Every step of one row goes through the package, with eager's choices and logits (to a
     float sum's rounding: the int8 maps are the same operator); so do steps of up to
     most_rows rows (three where the operator has VNNI's layout or its quads), and steps of
     more rows are eager's own, exactly (no torch.compile in int8)."""
     model = tiny_model(V, seed=1, stops=True, N=2)
     eager, compiled = FastModel(model, "int8"), FastModel(model, "int8", compile=True)
-    assert len(list(steps_cache.glob("*/step-*.pt2"))) == 1
+    assert compiled._packaged.path in kept_packages.glob("*/step-*.pt2")
     for want, got in greedy_pairs(eager, compiled, random_sources(4, V, seed=3), 8):
         torch.testing.assert_close(got, want, atol=TOL * float(want.abs().max()), rtol=0)
         assert got.argmax(1).tolist() == want.argmax(1).tolist()
@@ -134,7 +153,7 @@ def test_a_package_that_cannot_be_built_leaves_the_step_eager(steps_cache, monke
         assert torch.equal(got, want)
 
 
-def test_beams_and_batches_through_the_package_give_eagers_outputs(steps_cache):
+def test_beams_and_batches_through_the_package_give_eagers_outputs(kept_packages):
     """Beam search of one sentence (tight_loops.beam: 4 rows of one memory row) and greedy
     search of a few sentences (tight_loops.greedy, rows leaving as sentences end) step
     through the package where it takes their rows: eager's outputs."""
@@ -151,7 +170,7 @@ def test_beams_and_batches_through_the_package_give_eagers_outputs(steps_cache):
     assert compiled._packaged.calls > 0
 
 
-def test_continuous_batching_through_the_package_gives_eagers_outputs(steps_cache,
+def test_continuous_batching_through_the_package_gives_eagers_outputs(kept_packages,
                                                                      monkeypatch):
     """Sentences that join a running batch at different steps (nmt.decoding.core's Decoding,
     nmt-serve's continuous=true) step through the package where it takes their rows, after
@@ -177,7 +196,7 @@ def test_continuous_batching_through_the_package_gives_eagers_outputs(steps_cach
     assert models[0]._packaged.calls > 0 and any(trims) and all(whole)
 
 
-def test_the_packages_choice_is_row_max_after_the_bans(steps_cache):
+def test_the_packages_choice_is_row_max_after_the_bans(kept_packages):
     """The package's best token of each row is strategies.row_max's over its own logits after
     the bans: the first of two tied maxima, and NaN where a row has one, unless its column is
     banned."""
@@ -210,7 +229,7 @@ def test_the_packages_choice_is_row_max_after_the_bans(steps_cache):
             assert token.tolist() == [11] * 3 and best.isnan().all()
 
 
-def test_the_encoder_package_gives_eagers_memory(steps_cache):
+def test_the_encoder_package_gives_eagers_memory(kept_packages):
     """One source without padding is encoded through the encoder's package (its memory's keys
     and values within bf16's rounding of eager's, their dtype and shape eager's, and greedy
     search on them chooses alike); a batch of sources, or a source of one position, is eager's
@@ -220,7 +239,7 @@ def test_the_encoder_package_gives_eagers_memory(steps_cache):
     if compiled._encoder is None:  # the operator takes no rows of some map here
         assert aot_step.encoder_rows(eager) < 2
         pytest.skip("nmt::int8_rows takes no encoder map's rows here")
-    assert len(list(steps_cache.glob("*/encoder-*.pt2"))) == 1
+    assert compiled._encoder.path in kept_packages.glob("*/encoder-*.pt2")
     sources = [s + [EOS] for s in random_sources(6, V, seed=7)]
     with torch.inference_mode():
         for src in sources:
