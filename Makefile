@@ -53,7 +53,8 @@ test-slow: install
 
 # The tests whose kernels depend on the CPU's instruction set (marker isa: int8, bf16, oneDNN
 # packing, the shape caches) again under an AVX2-only CPU's dispatch, every library capped
-# (tests/system/test_isa.py, which make test runs too): what fails on AVX2 shows on an AVX-512 machine.
+# (tests/system/test_isa.py, which make test runs too): what fails on AVX2 shows on an AVX-512 machine
+# (on a CPU without AVX-512 it skips: the suite's own run is that dispatch).
 test-isa: install
 	$(BIN)/python -m pytest tests/system/test_isa.py -v
 
