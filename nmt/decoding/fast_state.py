@@ -137,9 +137,8 @@ class TableKVCache:
         """The buffers and the table as whole tensors of their own: a trim leaves views with
         the untrimmed strides, which the fused operator reads but a package compiled ahead of
         time (nmt.decoding.aot_step: its inputs' strides those of their sizes) would not."""
-        if self.k is not None and not self.k.is_contiguous():
-            self.k, self.v = self.k.contiguous(), self.v.contiguous()
-            self.table = self.table.contiguous()
+        if self.k is not None:
+            self.k, self.v, self.table = (x.contiguous() for x in (self.k, self.v, self.table))
 
     def reorder(self, index: Tensor) -> None:
         """Keep (and repeat) rows `index`: their tables."""
