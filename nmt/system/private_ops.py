@@ -41,7 +41,10 @@ CI, not a silent slowdown.
 from __future__ import annotations
 
 import functools
+import shutil
+import tempfile
 import warnings
+import zipfile
 
 import torch
 from torch import Tensor
@@ -251,9 +254,20 @@ def aoti_load(path: str):
     """AOTInductor's package at `path`, loaded: its runner as a function of a flat list of
     tensors. The package's loader itself (what aoti_load_package wraps): importing
     torch._inductor for the wrapper costs ~1 s a process, and the wrapper's __call__ parses its
-    input and output specs from JSON on every call, ~10 us of a step. Where this torch's loader
-    takes other arguments, through the wrapper."""
+    input and output specs from JSON on every call, ~10 us of a step. The loader unpacks a
+    package into a temporary folder that only its destructor removes, and a package's loader
+    lives as long as its process: so it is unpacked here into a folder removed as soon as the
+    loader has loaded it (it keeps the library mapped), which nothing is left of in /tmp. Where
+    this torch's loader takes no folder, from the file; where it takes other arguments, through
+    the wrapper."""
+    unpacked = tempfile.mkdtemp(prefix="nmt-package-")
     try:
-        return torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1).run
+        with zipfile.ZipFile(path) as package:
+            package.extractall(unpacked)
+        return torch._C._aoti.AOTIModelPackageLoader(unpacked, "model", False, 1, -1).run
     except (AttributeError, TypeError):
         return torch._inductor.aoti_load_package(path).loader.run
+    except RuntimeError:
+        return torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1).run
+    finally:
+        shutil.rmtree(unpacked, ignore_errors=True)

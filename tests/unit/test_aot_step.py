@@ -1,6 +1,8 @@
 """search.compile's int8 decoding step of a few rows, compiled ahead of time by AOTInductor
 (nmt.decoding.aot_step): eager's choices, one package per machine and model."""
 
+import tempfile
+
 import pytest
 import torch
 from test_stepping import run_continuous
@@ -102,6 +104,23 @@ def test_the_package_of_a_few_rows_gives_eagers_choices(kept_packages):
             torch.testing.assert_close(got, want, atol=TOL * float(want.abs().max()), rtol=0)
             y = want.argmax(1)[:, None]
     assert compiled._packaged.calls == 4 * 8 + 5 + 3 * several
+
+
+def test_a_loaded_package_leaves_nothing_in_the_temporary_folder(kept_packages, tmp_path,
+                                                                 monkeypatch):
+    """AOTInductor's loader unpacks a package into the temporary folder and removes it only
+    in its destructor, which a process's package never reaches: nmt unpacks it itself and
+    removes the folder once it is loaded, and the package still runs."""
+    model = tiny_model(V, seed=1, stops=True, N=2)
+    eager, compiled = FastModel(model, "int8"), FastModel(model, "int8", compile=True)
+    temp = tmp_path / "temp"  # after the compile (Inductor's own cache is in the temporary one)
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    for want, got in greedy_pairs(eager, compiled, random_sources(2, V, seed=3), 3):
+        torch.testing.assert_close(got, want, atol=TOL * float(want.abs().max()), rtol=0)
+    assert compiled._packaged.calls == 2 * 3
+    assert list(temp.iterdir()) == []
 
 
 def test_a_package_is_compiled_once_per_model(steps_cache, monkeypatch):
