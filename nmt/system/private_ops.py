@@ -40,6 +40,7 @@ CI, not a silent slowdown.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import shutil
 import tempfile
@@ -141,7 +142,6 @@ def frozen_compile(step):
     sizes that first happen to be equal (64 rows, d_k 64) one symbol, and recompile when they
     part."""
     import torch._inductor.config as inductor_config  # private: the one way to freeze
-    from torch.fx.experimental import _config as shape_config
 
     _linear_add_traceable()
     # Inductor's own warnings while it lowers int8 maps (a tensor copied with torch.tensor)
@@ -151,9 +151,25 @@ def frozen_compile(step):
     compiled = torch.compile(step, dynamic=True)
 
     def frozen(*args):
-        with inductor_config.patch(freezing=True), shape_config.patch(use_duck_shape=False):
+        with inductor_config.patch(freezing=True), symbolic_sizes():
             return compiled(*args)
     return frozen
+
+
+def symbolic_sizes() -> contextlib.ExitStack:
+    """What torch.compile(dynamic=True) traces under: symbols for tensors' sizes only. No duck
+    sizing (two sizes that first happen to be equal, S = T, would be one symbol and recompile
+    when they part); Python floats (a dropout's p, the embedding's scale) are the graph's
+    constants, not symbolic inputs: a float that does not become a tensor makes Dynamo restart
+    its whole analysis, which took a compiled training step's first compile on the CPU from
+    29 s to 44-50 s (docs/results.md, "Compiled training on the CPU")."""
+    from torch.fx.experimental import _config as shape_config
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(shape_config.patch(use_duck_shape=False))
+    if hasattr(torch._dynamo.config, "specialize_float"):
+        stack.enter_context(torch._dynamo.config.patch(specialize_float=True))
+    return stack
 
 
 def recompile_limit(graphs: int) -> None:

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from nmt.config import TrainLoopConfig
 from nmt.data.batches import Batch
-from nmt.system.private_ops import recompile_limit
+from nmt.system.private_ops import recompile_limit, symbolic_sizes
 from nmt.training.loss import label_smoothed_nll_loss
 
 # The modes of torch.compile that capture CUDA graphs (whose outputs a later replay overwrites)
@@ -70,15 +70,11 @@ def compile_loss(module: nn.Module, tc: TrainLoopConfig, device: torch.device
     compiled = torch.compile(module, dynamic=not static, fullgraph=whole,
                              mode=None if tc.compile_mode == "default" else tc.compile_mode)
     graphs = device.type == "cuda" and tc.compile_mode in CUDA_GRAPH_MODES
-    # dynamic: sizes that happen to be equal (S = T) get no symbol of their own, which would
-    # make a graph for them and one for the others
-    shaping = (contextlib.nullcontext() if static
-               else torch.fx.experimental._config.patch(use_duck_shape=False))
 
     def step_loss(batch: Batch) -> tuple[Tensor, Tensor]:
         if graphs:  # a new iteration: the last replay's outputs were consumed
             torch.compiler.cudagraph_mark_step_begin()
-        with shaping:
+        with contextlib.nullcontext() if static else symbolic_sizes():
             return compiled(batch.src, batch.tgt_in, batch.tgt_out)
 
     return step_loss
