@@ -1,6 +1,6 @@
 """nmt-train: the command-line entry point (configs/train.yaml, schema TrainConfig)."""
 
-from nmt.cli import hydra_app
+from nmt.cli import exit_without_teardown, hydra_app
 from nmt.config import TrainConfig
 
 
@@ -14,10 +14,9 @@ def train_app(config: TrainConfig) -> None:
 
 def main(cfg=None) -> None:
     """nmt-train: train_app; the command (cfg None) of a torchrun rank then ends the process
-    at once, without the interpreter's teardown (distributed.exit_without_teardown)."""
+    at once, without the interpreter's teardown (exit_without_teardown, which imports no torch:
+    --cfg job and --help answer before torch is imported)."""
     if cfg is not None:
         return train_app(cfg)
-    from nmt.system.distributed import exit_without_teardown
-
     with exit_without_teardown():
         train_app()

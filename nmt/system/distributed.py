@@ -12,11 +12,9 @@ that ranks never disagree and need no shared file system.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import re
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -103,34 +101,6 @@ def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
     _objects_group = None
-
-
-@contextlib.contextmanager
-def exit_without_teardown() -> Iterator[None]:
-    """Under torchrun, end the process when the body ends, with its status (0, or a
-    SystemExit's), through os._exit after the atexit handlers and a flush of stdout and stderr:
-    without the interpreter's teardown. gloo's worker threads outlive destroy_process_group
-    (torch keeps the group, e.g. as default arguments of torch.distributed.nn.functional), and
-    the one that ran the last barrier drops it after the barrier returns, with the works it
-    waited for: if the interpreter is finalizing by then, releasing their tensors takes the
-    GIL, which ends the thread inside a destructor, and std::terminate aborts the process
-    (SIGABRT, "terminate called without an active exception", not the command's status).
-    Elsewhere (one process; submitit's tasks, which write their result after the command) it
-    changes nothing."""
-    if "TORCHELASTIC_RUN_ID" not in os.environ:
-        yield
-        return
-    try:
-        yield
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    atexit._run_exitfuncs()
-    if code is not None and not isinstance(code, int):
-        sys.stderr.write(f"{code}\n")  # as the interpreter reports sys.exit("...")
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code if isinstance(code, int) else 0 if code is None else 1)
 
 
 # What gloo and NCCL errors say (DDP's reducer raises them as plain RuntimeErrors).

@@ -166,3 +166,23 @@ def test_a_pipes_few_lines_decode_on_one_thread_and_more_on_the_threads_set(
     finally:
         torch.set_num_threads(threads)
     assert len(out.hypotheses) == 2 and seen and set(seen) == {1}
+
+
+# Every command's --cfg job (a recipe's dry run validates each step with it) in one interpreter
+CFG_PROBE = """
+import importlib, json, sys
+for command in ("preprocess", "train", "translate", "average", "export", "import_", "serve"):
+    sys.argv = ["nmt-" + command, "--cfg", "job"]
+    try:
+        importlib.import_module("nmt.cli." + command).main()
+    except SystemExit:
+        pass
+print(json.dumps("torch" in sys.modules))
+"""
+
+
+@pytest.mark.slow
+def test_every_commands_cfg_job_answers_without_importing_torch(tmp_path):
+    """--cfg job prints the composed config before anything is run: no command imports torch
+    for it (nmt-train's exit under torchrun did, ~3 s a step of a recipe's dry run)."""
+    assert probe(CFG_PROBE, cwd=tmp_path) is False
