@@ -317,8 +317,9 @@ def train_flops(cfg: ModelConfig, batch: Batch, vocab: int, pad_id: int) -> floa
 
 
 def matmul_peak(dtype: torch.dtype, device: torch.device, seconds: float) -> float:
-    """Best FLOP/s of a square matrix product on this device (2048 on a CPU, 8192 on a GPU)."""
-    n = 8192 if device.type == "cuda" else 2048
+    """Best FLOP/s of a square matrix product on this device, for `seconds` (8192 on a GPU;
+    on a CPU, cpu_square's)."""
+    n = 8192 if device.type == "cuda" else cpu_square(dtype, seconds)
     a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
     best, end = 0.0, time.perf_counter() + seconds
     while time.perf_counter() < end:
@@ -327,6 +328,21 @@ def matmul_peak(dtype: torch.dtype, device: torch.device, seconds: float) -> flo
         synchronize(device)
         best = max(best, 2 * n ** 3 / (time.perf_counter() - t0))
     return best
+
+
+def cpu_square(dtype: torch.dtype, seconds: float) -> int:
+    """The largest of 256, 512, 1024 and 2048 whose square product in `dtype` takes this CPU
+    at most a quarter of `seconds` (a doubling costs 8 times as long): a CPU without bf16
+    instructions takes a minute over one bf16 product of 2048 on a thread."""
+    n = 256
+    while n < 2048:
+        a = torch.randn(n, n).to(dtype)
+        t0 = time.perf_counter()
+        a @ a
+        if 8 * (time.perf_counter() - t0) > seconds / 4:
+            break
+        n *= 2
+    return n
 
 
 def datasheet_peak(device: torch.device) -> float | None:
