@@ -1,6 +1,7 @@
 """search.compile's int8 decoding step of a few rows, compiled ahead of time by AOTInductor
 (nmt.decoding.aot_step): eager's choices, one package per machine and model."""
 
+import os
 import tempfile
 
 import pytest
@@ -46,8 +47,15 @@ def steps_cache(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def kept_root(tmp_path_factory):
-    """One cache for this module's tests on a worker."""
-    return tmp_path_factory.mktemp("packages")
+    """One cache for this module's tests, shared by pytest-xdist's workers of one run (under
+    the run's temporary folder, named by its id): a package either worker compiled the other
+    loads (written whole, renamed into place)."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        return tmp_path_factory.mktemp("packages")
+    root = tmp_path_factory.getbasetemp().parent / f"packages-{run}"
+    root.mkdir(exist_ok=True)
+    return root
 
 
 @pytest.fixture
