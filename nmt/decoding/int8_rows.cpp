@@ -401,11 +401,25 @@ void round_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const Roundin
   }
 }
 
-// Outputs n0 .. n0 + 7 of row r (those below N) from their sums.
+// Outputs n0 .. n0 + 7 of row r (those below N) from their sums: finish_one's epilogue, 8 at
+// once where all 8 are below N (the same operations in the same order; max(0, v) keeps a -0 as
+// std::max(v, 0) does), else one at a time.
 inline void finish(const Epilogue& e, int64_t r, int64_t n0, V acc) {
-  int32_t sums[kOut];
-  store(sums, acc);
-  for (int64_t j = 0; j < std::min<int64_t>(kOut, e.N - n0); ++j) finish_one(e, r, n0 + j, sums[j]);
+  if (e.N - n0 < kOut) {
+    int32_t sums[kOut];
+    store(sums, acc);
+    for (int64_t j = 0; j < e.N - n0; ++j) finish_one(e, r, n0 + j, sums[j]);
+    return;
+  }
+  const V zero_sums = _mm256_mullo_epi32(_mm256_set1_epi32(e.q[r].zero),
+                                         _mm256_loadu_si256((const V*)(e.sums + n0)));
+  const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(e.q[r].scale), _mm256_loadu_ps(e.scale + n0));
+  const __m256 bias = e.bias ? _mm256_loadu_ps(e.bias + n0) : _mm256_setzero_ps();
+  __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(acc, zero_sums)), scale, bias);
+  float* y = e.out + r * e.N + n0;
+  if (e.add) v = _mm256_add_ps(_mm256_loadu_ps(y), v);
+  else if (e.relu) v = _mm256_max_ps(_mm256_setzero_ps(), v);
+  _mm256_storeu_ps(y, v);
 }
 #else
 std::pair<float, float> range(const float* xs, int64_t n) {
