@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import types
 
 import torch
 import torch.nn.functional as F
@@ -78,15 +79,23 @@ def keep_products(ctx, op, *args, **kwargs) -> CheckpointPolicy:
 
 def save_products_only(model: nn.Module) -> nn.Module:
     """Make every feed-forward layer of `model` keep only its matrix products' outputs for
-    backward (in place; returns the model). Each layer's own forward is wrapped, as
-    nmt.training.activation_checkpointing does: copy the model (the EMA) first. The weights,
-    the state dict and the results are unchanged."""
-    contexts = functools.partial(create_selective_checkpoint_contexts, keep_products)
+    backward (in place; returns the model): its forward is checkpointed_forward, bound to it
+    (one function for every model, which torch.compile's guards find the same in the next
+    run's model: no new compilation); copy the model (the EMA) first. The weights, the state
+    dict and the results are unchanged."""
     for module in model.modules():
         if isinstance(module, PositionwiseFeedForward):
-            module.forward = functools.partial(checkpoint, module.forward, use_reentrant=False,
-                                               context_fn=contexts)
+            module.forward = types.MethodType(checkpointed_forward, module)
     return model
+
+
+_KEEP_PRODUCTS = functools.partial(create_selective_checkpoint_contexts, keep_products)
+
+
+def checkpointed_forward(module: PositionwiseFeedForward, x: Tensor) -> Tensor:
+    """The feed-forward layer's own forward under selective checkpointing (keep_products)."""
+    return checkpoint(PositionwiseFeedForward.forward, module, x, use_reentrant=False,
+                      context_fn=_KEEP_PRODUCTS)
 
 
 def attention_kernels(device: torch.device, dtype: torch.dtype | None):

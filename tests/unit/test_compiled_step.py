@@ -185,16 +185,20 @@ def test_compiled_loss_and_gradients_equal_eager_within_bf16(tiny_data_dir, tmp_
 @pytest.mark.slow
 def test_a_compiled_run_resumes_bitwise(tmp_path):
     """Inductor on the CPU, dropout on (drawn inside the compiled kernels, seeded per batch):
-    12 updates straight equal 5, a resume, then 7; no graph break, one graph a run."""
+    12 updates straight equal 5, a resume, then 7; no graph break, one graph, which the later
+    runs' models reuse (their layers' forwards are the same functions: no new compilation)."""
     data = make_data_dir(tmp_path / "data", n_train=150)  # epochs roll over
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
     opts = [*TINY, "model.dropout=0.1", "train.update_freq=2", "train.compile=true",
             "train.save_interval_updates=5"]
+    graphs = []
     with dynamo_counts() as count:
         for run, updates in ((straight, 12), (interrupted, 5), (interrupted, 12)):
             count.clear()
             summary = train(config(data, run, f"train.max_updates={updates}", *opts))
-            assert breaks() == 0 and count["stats"]["unique_graphs"] == 1
+            assert breaks() == 0
+            graphs.append(count["stats"]["unique_graphs"])
+    assert graphs == [1, 0, 0]
     assert summary["epoch"] >= 2
     a, b = (load_checkpoint(Path(run) / "checkpoint_last.pt") for run in (straight, interrupted))
     assert a["update"] == b["update"] == 12
