@@ -18,7 +18,7 @@ they give (docs/design.md, "Private PyTorch operators", has the measurements):
   scale a call); as fast as they are there (docs/results.md, "int8 rows rounded alone").
 - Inductor's freezing (torch._inductor.config.freezing): torch.compile's public `options`
   do not reach the stage that makes the weights constants (oneDNN's packed maps need them
-  constant); and symbolic shapes without duck sizing (frozen_compile).
+  constant); and symbolic shapes without duck sizing, Python floats constants (symbolic_sizes).
 - AOTInductor's package API (torch._inductor.aoti_compile_and_package, and the package's
   loader that aoti_load_package wraps): the documented way to compile an exported program
   ahead of time, under a private module; search.compile's int8 step of a few rows
