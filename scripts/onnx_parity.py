@@ -61,7 +61,7 @@ def main() -> None:
         search = SearchConfig(beam_size=1)
         src = tr.src_tok.encode(sources)
         ours = translate_ids(tr.model, src, search, tr.specials)
-        limits = max_output_lengths(torch.tensor([len(s) for s in src]), search,
+        limits = max_output_lengths([len(s) for s in src], search,
                                     tr.model.cfg.max_positions).tolist()
         texts = {"nmt": tr.tgt_tok.decode(ours)}
         for name, quantized in (("onnx fp32", False), ("onnx int8", True)):

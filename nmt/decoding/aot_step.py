@@ -61,20 +61,22 @@ class StepOut(NamedTuple):
 
 class StepGraph(nn.Module):
     """FastModel's step of B rows from their tokens as a function of flat tensors: tokens (B,)
-    (embedded inside, FastModel.embed_rows), StepRows' tensors (the rows' memory rows (B,)
-    expanded inside), the columns the choice bans (V,) bool, each layer's (k, v, table) and
-    (k, v) of the memory; returns StepOut's tensors, the caches written at `where`."""
+    (embedded inside, FastModel.embed_rows), StepRows' tensors but `end` (where + 1 for every
+    row, made inside; the rows' memory rows (B,) expanded inside), the columns the choice bans
+    (V,) bool, each layer's (k, v, table) and (k, v) of the memory; returns StepOut's tensors,
+    the caches written at `where`."""
 
     def __init__(self, fast):
         super().__init__()
         self.fast = [fast]  # not a submodule: its tensors become the package's constants
         self.layers = len(fast.decoder)
 
-    def forward(self, tokens: Tensor, start: Tensor, end: Tensor, memory_row: Tensor,
-                zero: Tensor, source: Tensor, where: Tensor, banned: Tensor, kv: list[Tensor],
+    def forward(self, tokens: Tensor, start: Tensor, memory_row: Tensor, zero: Tensor,
+                source: Tensor, where: Tensor, banned: Tensor, kv: list[Tensor],
                 mem: list[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
         """The logits of the rows' next tokens, and each row's best allowed one."""
         fast = self.fast[0]
+        end = where.expand(tokens.size(0)) + 1  # (B,) the cache's positions after the step
         rows = StepRows(start, end, memory_row[:, None].expand(-1, mem[0].size(2)), zero,
                         source, where)
         caches = [tuple(kv[3 * i:3 * i + 3]) for i in range(self.layers)]
@@ -85,12 +87,16 @@ class StepGraph(nn.Module):
         return logits, best[:, 0], token[:, 0]
 
 
+TOKENS, BANNED = 0, 6  # flat_inputs: where the tokens and the banned columns are
+
+
 def flat_inputs(tokens: Tensor, rows: StepRows, banned: Tensor, caches: list,
-                memory_kv: list) -> tuple:
-    """StepGraph's arguments from the step's (rows.where a (1,) tensor)."""
-    return (tokens, rows.start, rows.end, rows.memory[:, 0], rows.zero, rows.source,
-            rows.where, banned, [t for cache in caches for t in cache],
-            [t for pair in memory_kv for t in pair])
+                memory_kv: list) -> list:
+    """StepGraph's arguments from the step's (rows.where a (1,) tensor, rows.end unread: every
+    row's is where + 1), flat: what a caller may keep between steps, replacing the tokens and
+    bans (TOKENS, BANNED) in place."""
+    return [tokens, rows.start, rows.memory[:, 0], rows.zero, rows.source, rows.where, banned,
+            *(t for cache in caches for t in cache), *(t for pair in memory_kv for t in pair)]
 
 
 def cpu_flags() -> str:
@@ -188,8 +194,11 @@ def compile_package(eager, path: Path, rows: int = 1) -> None:
     step = StepRows(0 * ones, 2 * ones, ones[:, None].expand(b, 5), 0 * ones, 4 * ones,
                     ones[:1].clone())
     banned = torch.zeros(eager.vocab_size, dtype=torch.bool)
-    args = flat_inputs(torch.zeros(b, dtype=torch.long), step, banned, caches, memory)
-    shapes = ({0: B}, *[{0: B}] * 5, None, None,
+    tokens, start, memory_row, zero, source, where, banned, *flat = flat_inputs(
+        torch.zeros(b, dtype=torch.long), step, banned, caches, memory)
+    kv, mem = flat[:3 * len(caches)], flat[3 * len(caches):]
+    args = (tokens, start, memory_row, zero, source, where, banned, kv, mem)
+    shapes = ({0: B}, *[{0: B}] * 4, None, None,
               [{0: N, 2: C}, {0: N, 2: C}, {0: B, 1: C}] * len(eager.decoder),
               [{0: M, 2: S}, {0: M, 2: S}] * len(eager.decoder))
     _export_and_compile(StepGraph(eager), args, shapes, path)
@@ -277,9 +286,18 @@ class PackagedStep(Package):
         """FastModel.step_layers of B <= self.rows rows after their tokens (B,) (embedded at
         their positions, rows.end - 1 - rows.start), the whole vocabulary's logits, and each
         row's best token outside `banned` (V,) bool (None: none banned)."""
-        banned = self.no_bans if banned is None else banned
-        *head, kv, mem = flat_inputs(tokens, rows, banned, caches, memory_kv)
-        return StepOut(*self.run([*head, *kv, *mem]))
+        return self.step(self.inputs(rows, caches, memory_kv), tokens, banned)
+
+    def inputs(self, rows: StepRows, caches: list, memory_kv: list) -> list[Tensor]:
+        """The flat inputs of steps of these rows, caches and memory (flat_inputs'), which a
+        caller keeps while they stay (`step` sets the tokens and bans in them)."""
+        return flat_inputs(self.no_bans, rows, self.no_bans, caches, memory_kv)
+
+    def step(self, inputs: list[Tensor], tokens: Tensor, banned: Tensor | None) -> StepOut:
+        """__call__'s step from `inputs` (the rows' `self.inputs`), tokens (B,) and banned (V,)
+        bool (None: none banned) set in them."""
+        inputs[TOKENS], inputs[BANNED] = tokens, self.no_bans if banned is None else banned
+        return StepOut(*self.run(inputs))
 
 
 class PackagedEncoder(Package):

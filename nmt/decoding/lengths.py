@@ -8,8 +8,9 @@ lengths and finished hypotheses, and the score a unit must beat), which the deco
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
-import torch
 from torch import Tensor
 
 from nmt.config import SearchConfig
@@ -25,15 +26,19 @@ def empty_source(sentence: Sentence) -> list[Hypothesis] | None:
     return [Hypothesis([], 0.0, 0.0, [])]
 
 
-def length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
+def length_penalty(length: Tensor | np.ndarray | float,
+                   alpha: float) -> Tensor | np.ndarray | float:
     """GNMT lp(Y) = ((5 + |Y|) / 6)^alpha (Wu et al. 2016, eq. 14)."""
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def max_output_lengths(src_lengths: Tensor, search: SearchConfig, max_positions: int) -> Tensor:
-    """Per sentence: floor(max_len_a * source length + max_len_b), at least 1, within positions."""
-    lengths = (search.max_len_a * src_lengths.double() + search.max_len_b).floor().long()
-    return lengths.clamp(min=1, max=max_positions)
+def max_output_lengths(src_lengths: list[int], search: SearchConfig,
+                       max_positions: int) -> np.ndarray:
+    """Per sentence: floor(max_len_a * source length + max_len_b), at least 1, within positions
+    (float64 arithmetic on numbers: a batch's few lengths cost no array calls)."""
+    a, b = search.max_len_a, search.max_len_b
+    return np.array([min(max(math.floor(a * n + b), 1), max_positions) for n in src_lengths],
+                    dtype=np.int64)
 
 
 def output_lengths(sentences: list[Sentence], search: SearchConfig,
@@ -41,11 +46,12 @@ def output_lengths(sentences: list[Sentence], search: SearchConfig,
     """The maximum output length of each sentence (max_output_lengths), raised where needed to
     hold its forced prefix, every constraint token after it (the prefix need not hold any) and
     one more token (EOS), within the models' positions."""
-    src = torch.tensor([len(s.src) for s in sentences])
-    need = torch.tensor([len(s.prefix) + sum(map(len, s.phrases)) + 1
-                         if s.prefix or s.phrases else 0 for s in sentences])
-    lengths = max_output_lengths(src, search, max_positions)
-    return torch.maximum(lengths, need.clamp(max=max_positions)).numpy()
+    lengths = max_output_lengths([len(s.src) for s in sentences], search, max_positions)
+    if not any(s.prefix or s.phrases for s in sentences):
+        return lengths
+    need = np.array([len(s.prefix) + sum(map(len, s.phrases)) + 1 if s.prefix or s.phrases
+                     else 0 for s in sentences], dtype=np.int64)
+    return np.maximum(lengths, need.clip(max=max_positions))
 
 
 def max_positions(models: list) -> int:
@@ -85,11 +91,12 @@ class Units:
         """New units after the live ones: their slots, the cache position where they begin,
         their maximum output lengths and constraint phrases; nothing decoded or finished."""
         n = len(slot)
-        lp_max = length_penalty(torch.from_numpy(max_len).double(), self.alpha).float().numpy()
+        lp_max = length_penalty(max_len.astype(np.float64), self.alpha).astype(np.float32)
         new = (slot, np.full(n, start, dtype=np.int64), np.zeros(n, dtype=np.int64), max_len,
                lp_max, np.zeros(n, dtype=np.int64), np.full(n, -np.inf, dtype=np.float32))
         for name, x in zip(self.ARRAYS, new, strict=True):
-            setattr(self, name, np.concatenate([getattr(self, name), x]))
+            before = getattr(self, name)
+            setattr(self, name, np.concatenate([before, x]) if len(before) else x)
         self.hyps += [[] for _ in range(n)]
         self.lacking += [[] for _ in range(n)]
         self.phrases += phrases

@@ -109,7 +109,12 @@ class _Steps:
         self.fast, self.state = fast, state
         R = state.src_len.size(0)
         self._view(R, 0)
-        self.caches = state.own_rows(R, min(positions, self.FIRST_POSITIONS), room, self.own)
+        self._set(state.own_rows(R, min(positions, self.FIRST_POSITIONS), room, self.own))
+
+    def _set(self, caches: list) -> None:
+        """The caches the rows step now (the package's flat inputs made anew at its next
+        step)."""
+        self.caches, self.inputs = caches, None
 
     def _view(self, R: int, t: int) -> None:
         """The operator's view of R rows at position t, and the layers that step them."""
@@ -121,7 +126,8 @@ class _Steps:
         # positions after it, each its own tensor (views of one cost the package ~2 us a call)
         self.where = torch.tensor([t], device=dev)
         self.rows = StepRows(zero, torch.full((R,), t + 1, device=dev), memory, zero, source,
-                             self.where if self.package else t)
+                             self.where if self.package else t)  # the package's end: where + 1
+        self.inputs: list | None = None  # the package's flat inputs (PackagedStep.inputs)
 
     def __call__(self, tokens: Tensor | int, t: int) -> Tensor:
         """The R rows' logits (R, V) after their tokens at position t (the last was t-1): (R,),
@@ -149,17 +155,19 @@ class _Steps:
         return row_max(self(tokens, t), mask)
 
     def _packaged(self, tokens: Tensor, t: int, mask: Tensor | None) -> StepOut:
-        """The package's step of the R rows' tokens (R,) at position t."""
+        """The package's step of the R rows' tokens (R,) at position t: its flat inputs kept
+        from step to step, the tokens and bans replaced."""
         self._grow(t)
-        out = self.package(tokens, self.rows, self.caches, self.state.memory_kv, mask)
-        self.rows.end.add_(1)
+        if self.inputs is None:
+            self.inputs = self.package.inputs(self.rows, self.caches, self.state.memory_kv)
+        out = self.package.step(self.inputs, tokens, mask)
         self.where.add_(1)
         return out
 
     def _grow(self, t: int) -> None:
         """Room for position t: where the caches are full, half as many positions again."""
         if t == self.caches[0][0].size(2):  # (N, h, C, d_k)
-            self.caches = self.state.own_rows(self.R, t + 1, 0, self.own, t)
+            self._set(self.state.own_rows(self.R, t + 1, 0, self.own, t))
 
     def reorder(self, index: Tensor, t: int, group: int, sentences: Tensor | None = None):
         """Keep (and repeat) rows `index` after the step at position t (FastState.reorder)."""
@@ -167,7 +175,7 @@ class _Steps:
         R = index.shape[0]
         if R != self.R:
             self._view(R, t + 1)
-        self.caches = self.state.moved(t + 1, self.own)
+        self._set(self.state.moved(t + 1, self.own))
 
 
 def _start(fast: FastModel, sentences: list[Sentence], search: SearchConfig,

@@ -62,7 +62,7 @@ def both_ways(fast: FastModel, cfg, seed: int, scores: bool = True):
     """24 random sentences, each decoded alone by decode_all (through the loop, which takes
     it) and by the core: (the loop's, the core's hypotheses, the maximum output length)."""
     sources = random_sources(24, V, seed=seed)
-    limits = max_output_lengths(torch.tensor([len(s) for s in sources]), cfg, 1024).tolist()
+    limits = max_output_lengths([len(s) for s in sources], cfg, 1024).tolist()
     for i, (src, limit) in enumerate(zip(sources, limits, strict=True)):
         sentence = Sentence(i, src)
         assert tight_loops.takes([fast], [sentence], cfg, True, None, cfg.beam_size > 1)
