@@ -1,4 +1,4 @@
-"""A decoding step of a few rows, and the encoder of one source, compiled ahead of time:
+"""A decoding step of a few rows, and the encoder of a few sources, compiled ahead of time:
 search.compile's int8 at the sizes where a call's fixed cost is its time (one sentence, a beam,
 a few sentences, a server's few requests; issue 60, item 1).
 
@@ -7,11 +7,12 @@ choice (nmt::top_k of one, the banned columns skipped) for 1 to `most_rows` rows
 every map of the step gives nmt::int8_rows: 16 on the demo's model with VNNI, and 16 without
 VNNI, QUADS_STEP_ROWS), exported with torch.export (the rows, the caches' buffer rows and
 positions, the memory's sentences and source length dynamic). The encoder: FastModel's encoder
-layers and every decoder layer's keys and values of the memory, for one source of 2 to
-`encoder_rows` positions. Each is compiled by AOTInductor into a package once per machine,
-model and code: a file under $XDG_CACHE_HOME/nmt/steps (~/.cache by default) named by a hash
-of the weights, the precision, the rows, this torch, ISA and CPU kind (Inductor compiles for
-the CPU it runs on), the part and the sources it runs (package_key). Each process loads it on
+layers and every decoder layer's keys and values of the memory, for 1 to ENCODER_SOURCES
+sources of 2 to `encoder_rows` positions, padded (at most that many in all). Each is compiled
+by AOTInductor into a package once per machine, model and code: a file under
+$XDG_CACHE_HOME/nmt/steps (~/.cache by default) named by a hash of the weights, the precision,
+the rows, this torch, ISA and CPU kind (Inductor compiles for the CPU it runs on), the part
+and the sources it runs (package_key). Each process loads it on
 its first call (milliseconds; after the workers fork). Inside, the int8 maps are
 nmt::int8_rows, attention nmt::one_query_attention and the choice nmt::top_k, the operators
 eager calls, through the package's proxy executor; the embedding, norms, additions and
@@ -19,7 +20,8 @@ reshapes are Inductor's C++. The step replaces ~90 operators called from Python:
 eager's step at 16 to 1 rows (docs/results.md, "A decoding step through AOTInductor",
 "Packages of a few rows"), and greedy's embedding, bans and maximum around it (15% of a token
 at one row, "Greedy's choice inside the package"); the encoder's ~7% of a token at batch 1
-("The encoder of one source in a package"). Both give eager's choices
+("The encoder of one source in a package"), and a fifth of the encoder's time at a few
+sources ("The encoder of a few sources in a package"). Both give eager's choices
 (tests/unit/test_aot_step.py).
 """
 
@@ -40,13 +42,15 @@ from torch.export import Dim
 
 from nmt.decoding import affine, attention_op, fast_state
 from nmt.decoding.fast_state import StepRows
+from nmt.model import additive_mask
 from nmt.system import private_ops
 
 # Without VNNI (the quads' layout) a package takes steps of this many rows: at 16 rows of the
 # demo's model under AVX2 int8_rows' maps cost ~8 us more than fbgemm's, the package saves
 # ~90 operators' calls (docs/results.md, "int8 maps of a few rows under AVX2")
 QUADS_STEP_ROWS = 16
-QUADS_ENCODER_ROWS = 32  # ... and its encoder sources of this many positions (most sentences)
+QUADS_ENCODER_ROWS = 128  # ... and its encoder this many positions of all its sources together
+ENCODER_SOURCES = 4  # the encoder's package takes batches of 1 to this many sources
 SOURCES = [Path(__file__), Path(affine.__file__), Path(fast_state.__file__),
            Path(__file__).with_name("fast_model.py")]  # the code the step runs
 
@@ -217,8 +221,8 @@ def _export_and_compile(graph: nn.Module, args: tuple, shapes: tuple, path: Path
 
 
 class EncoderGraph(nn.Module):
-    """FastModel's encoder of one source without padding (1, S), and every decoder layer's keys
-    and values of its memory: [k_0, v_0, k_1, ...], (1, h, S, d_k) each."""
+    """FastModel's encoder of B sources (B, S), padded on the right, and every decoder layer's
+    keys and values of their memory: [k_0, v_0, k_1, ...], (B, h, S, d_k) each."""
 
     def __init__(self, fast):
         super().__init__()
@@ -227,7 +231,8 @@ class EncoderGraph(nn.Module):
     def forward(self, src: Tensor) -> list[Tensor]:
         """The memory's keys and values."""
         fast = self.fast[0]
-        memory = fast.encode_layers(src, None)  # (1, S, d_model)
+        mask = additive_mask((src != fast.pad_id)[:, None, None, :], fast.float_dtype)
+        memory = fast.encode_layers(src, mask)  # (B, S, d_model)
         return [t for layer in fast.decoder for t in layer.memory_kv(memory, fast.kv_dtype)]
 
 
@@ -238,18 +243,23 @@ def encoder_maps(eager) -> list:
 
 
 def encoder_rows(eager) -> int:
-    """The longest source an encoder package of `eager` takes: the fewest rows every int8 map
-    of the encoder and of the memory's keys and values gives nmt::int8_rows (each map of each
-    length eager's own operator; without VNNI at least QUADS_ENCODER_ROWS, give_rows), within
-    the model's positions; below 2: none."""
-    return min(eager.cfg.max_positions, _package_rows(encoder_maps(eager), QUADS_ENCODER_ROWS))
+    """The most positions of all its sources an encoder package of `eager` takes in a call: the
+    fewest rows every int8 map of the encoder and of the memory's keys and values gives
+    nmt::int8_rows (each map of each size eager's own operator; without VNNI at least
+    QUADS_ENCODER_ROWS, give_rows), within the model's positions; below 2: none."""
+    return min(eager.cfg.max_positions,
+               _package_rows(encoder_maps(eager), QUADS_ENCODER_ROWS))
 
 
 def compile_encoder(eager, path: Path, rows: int) -> None:
-    """Export `eager`'s EncoderGraph for sources of 2 to `rows` positions and compile it into
-    `path` (as compile_package)."""
-    src = torch.full((1, 3), eager.pad_id + 1, dtype=torch.long)
-    _export_and_compile(EncoderGraph(eager), (src,), ({1: Dim("S", min=2, max=rows)},), path)
+    """Export `eager`'s EncoderGraph for 1 to ENCODER_SOURCES sources of 2 to `rows` positions
+    (its maps given nmt::int8_rows for them all: give_rows) and compile it into `path` (as
+    compile_package)."""
+    give_rows(encoder_maps(eager), ENCODER_SOURCES * rows)
+    src = torch.full((2, 3), eager.pad_id + 1, dtype=torch.long)
+    src[1, 2] = eager.pad_id  # (2, 3), one padded: neither size specialized
+    shapes = ({0: Dim("B", min=1, max=ENCODER_SOURCES), 1: Dim("S", min=2, max=rows)},)
+    _export_and_compile(EncoderGraph(eager), (src,), shapes, path)
 
 
 class Package:
@@ -301,18 +311,21 @@ class PackagedStep(Package):
 
 
 class PackagedEncoder(Package):
-    """The compiled encoder of one source of 2 to `rows` positions (compile_encoder)."""
+    """The compiled encoder of 1 to ENCODER_SOURCES sources of 2 to `rows` positions, padded
+    (compile_encoder)."""
 
     def __init__(self, path: Path, make_eager: Callable[[], nn.Module], rows: int):
         super().__init__(path, lambda: compile_encoder(make_eager(), path, rows),
-                         f"the encoder of one source of 2-{rows} positions")
+                         f"the encoder of 1-{ENCODER_SOURCES} sources of 2-{rows} positions")
         self.rows = rows
 
     def takes(self, src: Tensor) -> bool:
-        """Whether the package encodes these (B, S) ids: one source of 2 to rows positions."""
-        return src.size(0) == 1 and 2 <= src.size(1) <= self.rows
+        """Whether the package encodes these (B, S) ids: 1 to ENCODER_SOURCES sources of 2 to
+        `rows` positions, at most `rows` in all with the padding."""
+        B, S = src.shape
+        return B <= ENCODER_SOURCES and 2 <= S and B * S <= self.rows
 
     def __call__(self, src: Tensor) -> list[tuple[Tensor, Tensor]]:
-        """Every decoder layer's keys and values (1, h, S, d_k) of (1, S) source ids."""
+        """Every decoder layer's keys and values (B, h, S, d_k) of (B, S) source ids."""
         out = self.run([src])
         return [(out[i], out[i + 1]) for i in range(0, len(out), 2)]

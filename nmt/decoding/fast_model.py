@@ -263,7 +263,7 @@ class FastModel(nn.Module):
         # On the CPU, matmul + softmax beats the fused kernel at decoding sizes (2x for one
         # query per row), and by more in bf16.
         self.plain_attention = device.type == "cpu"
-        # int8's step of a few rows and encoder of one source, compiled ahead of time
+        # int8's step of a few rows and encoder of a few sources, compiled ahead of time
         self._packaged, self._encoder = None, None
         if self.compiled:  # Inductor, the weights frozen in as constants
             self._compiled_layers = private_ops.frozen_compile(self.step_layers)
@@ -346,10 +346,12 @@ class FastModel(nn.Module):
 
     def start(self, src: Tensor) -> FastState:
         """start_decoding(*encode(src)) of (B, S) source ids; through int8's encoder package
-        (search.compile) where it takes them: one source without padding."""
+        (search.compile) where it takes them: a few sources of like lengths (one group of
+        source_groups, as eager encodes them)."""
         if self._encoder is not None and self._encoder.takes(src):
-            mask = src != self.pad_id  # (1, S)
-            if bool(mask.all()):
+            mask = src != self.pad_id  # (B, S)
+            groups = source_groups(mask)
+            if groups is None or len(groups) == 1:
                 return FastState(self._encoder(src), mask, self.float_dtype, self.fused)
         return self.start_decoding(*self.encode(src))
 
@@ -479,7 +481,7 @@ class FastModel(nn.Module):
 
 def _packages(model: Transformer, rows: int, kv_dtype: torch.dtype | None, fast: FastModel):
     """search.compile's int8 step of a few rows (as many as `fast`'s maps give
-    nmt::int8_rows) and encoder of one source (nmt.decoding.aot_step): built from this model
+    nmt::int8_rows) and encoder of a few sources (nmt.decoding.aot_step): built from this model
     in eager's forms where this machine has none, loaded at their first calls; (None, None),
     one line on stderr saying why, where they cannot be built or kept (steps and sources then
     run eager: the same choices, slower). The encoder's is None where its maps take fewer than

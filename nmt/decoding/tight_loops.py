@@ -19,8 +19,8 @@ n-gram rule), a step is the model's and a few operators:
   unit's rows leave at the step it ends.
 Both step the decoder through `_Steps` (its caches made once; int8's package compiled ahead
 of time under search.compile, the embedding and greedy's banned maximum inside it, else
-FastModel.step_layers), and encode through FastModel.start (one source: int8's encoder
-package under search.compile).
+FastModel.step_layers), and encode through FastModel.start (a few sources of like lengths:
+int8's encoder package under search.compile).
 All give the core's hypotheses (tests/unit/test_tight_loops.py).
 """
 

@@ -257,9 +257,10 @@ def test_the_packages_choice_is_row_max_after_the_bans(kept_packages):
 
 
 def test_the_encoder_package_gives_eagers_memory(kept_packages):
-    """One source without padding is encoded through the encoder's package (its memory's keys
-    and values within bf16's rounding of eager's, their dtype and shape eager's, and greedy
-    search on them chooses alike); a batch of sources, or a source of one position, is eager's
+    """One source, or a few of like lengths padded, is encoded through the encoder's package
+    (its memory's keys and values within bf16's rounding of eager's, their dtype and shape
+    eager's, and greedy search on them chooses alike); sources of very unequal lengths (eager
+    encodes them apart), more than ENCODER_SOURCES, or a source of one position, are eager's
     own."""
     model = tiny_model(V, seed=1, stops=True, N=2)
     eager, compiled = FastModel(model, "int8"), FastModel(model, "int8", compile=True)
@@ -268,20 +269,22 @@ def test_the_encoder_package_gives_eagers_memory(kept_packages):
         pytest.skip("nmt::int8_rows takes no encoder map's rows here")
     assert compiled._encoder.path in kept_packages.glob("*/encoder-*.pt2")
     sources = [s + [EOS] for s in random_sources(6, V, seed=7)]
+    batches = [[s] for s in sources] + [sources[:2], sources[2:5]]
     with torch.inference_mode():
-        for src in sources:
-            batch = pad_batch([src], PAD, "cpu")
-            want, got = (m.start(batch) for m in (eager, compiled))
+        for batch in batches:
+            src = pad_batch(batch, PAD, "cpu")
+            want, got = (m.start(src) for m in (eager, compiled))
             for (k0, v0), (k1, v1) in zip(want.memory_kv, got.memory_kv, strict=True):
                 for a, b in ((k0, k1), (v0, v1)):
                     assert a.dtype == b.dtype and a.shape == b.shape
                     torch.testing.assert_close(b.float(), a.float(), rtol=0,
                                                atol=1e-2 * float(a.abs().max()))
             assert torch.equal(got.src_len, want.src_len)
-        assert compiled._encoder.calls == len(sources)
-        compiled.start(pad_batch(sources[:2], PAD, "cpu"))  # two sources: eager's
-        compiled.start(pad_batch([[EOS]], PAD, "cpu"))  # one position: eager's
-    assert compiled._encoder.calls == len(sources)
+        assert compiled._encoder.calls == len(batches)
+        unequal = [[EOS, EOS], (sources[0] * 60)[:60]]  # padding past source_groups' slack
+        for batch in (unequal, sources[:aot_step.ENCODER_SOURCES + 1], [[EOS]]):
+            compiled.start(pad_batch(batch, PAD, "cpu"))  # unequal, too many, one position
+    assert compiled._encoder.calls == len(batches)
     specials = Specials(BOS, EOS, PAD)
     cfg = search(beam_size=1, max_len_b=6)
     for sentence in [Sentence(i, s) for i, s in enumerate(random_sources(6, V, seed=8))]:
