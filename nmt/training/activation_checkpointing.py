@@ -11,7 +11,7 @@ tests/unit/test_activation_checkpointing.py checks the gradients against the ref
 
 from __future__ import annotations
 
-import functools
+import types
 
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -19,9 +19,16 @@ from torch.utils.checkpoint import checkpoint
 
 def checkpoint_layers(model: nn.Module) -> nn.Module:
     """Make every layer of `model.encoder` and `model.decoder` recompute its activations in
-    backward (in place; returns the model). Each layer's own forward is wrapped on that layer
-    object alone: other models, copies made before this call and the state dict are untouched.
-    A copy made after it (copy.deepcopy) would run the original's layers: copy first."""
+    backward (in place; returns the model). Each layer object gets `checkpointed_forward`
+    bound to it: other models, copies made before this call and the state dict are untouched;
+    a copy made after it (copy.deepcopy) binds the function to its own layers. One function
+    for every layer and model, so that torch.compile's guards see the same one in every run
+    (a closure or partial per layer would be new to them each time)."""
     for layer in [*model.encoder, *model.decoder]:
-        layer.forward = functools.partial(checkpoint, layer.forward, use_reentrant=False)
+        layer.forward = types.MethodType(checkpointed_forward, layer)
     return model
+
+
+def checkpointed_forward(layer: nn.Module, *args, **kwargs):
+    """The layer's own class forward, its activations recomputed in backward."""
+    return checkpoint(type(layer).forward, layer, *args, use_reentrant=False, **kwargs)

@@ -47,6 +47,9 @@ def test_checkpointed_layers_give_the_reference_gradients_with_less_kept():
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads, grads_c, strict=True))
     assert kept_c < kept / 2
     assert model.state_dict().keys() == reference.state_dict().keys()
+    twin = copy.deepcopy(model)  # a copy after the wrapping recomputes its own layers
+    assert all(a.forward.__self__ is a for a in [*twin.encoder, *twin.decoder])
+    assert "forward" not in vars(reference.encoder[0])  # the original's layers untouched
     with torch.no_grad():  # inference through the wrapped layers, cache included
         model.eval()
         memory, mask = model.encode(src)
