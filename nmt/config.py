@@ -9,6 +9,7 @@ dataclasses, which runs every `__post_init__` check exactly once.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -156,6 +157,8 @@ class SearchConfig:
         check_min(self, "search.", 1, "beam_size", "max_tokens", "nbest")
         check_min(self, "search.", 0, "alpha", "max_len_a", "max_len_b", "min_len",
                   "max_sentences", "top_k", "no_repeat_ngram_size")
+        check(math.isfinite(self.max_len_a), "search.max_len_a",
+              f"must be a finite number, got {self.max_len_a}")
         check(self.sampling or self.nbest <= self.beam_size, "search.nbest",
               f"must be between 1 and beam_size ({self.beam_size}), got {self.nbest}")
         check(self.temperature > 0, "search.temperature", f"must be > 0, got {self.temperature}")

@@ -323,7 +323,7 @@ class PackagedEncoder(Package):
         """Whether the package encodes these (B, S) ids: 1 to ENCODER_SOURCES sources of 2 to
         `rows` positions, at most `rows` in all with the padding."""
         B, S = src.shape
-        return B <= ENCODER_SOURCES and 2 <= S and B * S <= self.rows
+        return 1 <= B <= ENCODER_SOURCES and 2 <= S and B * S <= self.rows
 
     def __call__(self, src: Tensor) -> list[tuple[Tensor, Tensor]]:
         """Every decoder layer's keys and values (B, h, S, d_k) of (B, S) source ids."""

@@ -95,8 +95,9 @@ class Units:
         new = (slot, np.full(n, start, dtype=np.int64), np.zeros(n, dtype=np.int64), max_len,
                lp_max, np.zeros(n, dtype=np.int64), np.full(n, -np.inf, dtype=np.float32))
         for name, x in zip(self.ARRAYS, new, strict=True):
-            before = getattr(self, name)
-            setattr(self, name, np.concatenate([before, x]) if len(before) else x)
+            before = getattr(self, name)  # the first units: a copy in its dtype
+            setattr(self, name, np.concatenate([before, x]) if len(before)
+                    else x.astype(before.dtype))
         self.hyps += [[] for _ in range(n)]
         self.lacking += [[] for _ in range(n)]
         self.phrases += phrases

@@ -91,6 +91,14 @@ def test_search_compile_is_true_false_or_auto():
     assert train_cfg("+model=small").search.compile == "false"
 
 
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_search_max_len_a_is_a_finite_number(value):
+    """An output length bound of inf or NaN is refused naming the key (its lengths would be
+    no number)."""
+    with pytest.raises(ConfigError, match=r"^search\.max_len_a: must be"):
+        SearchConfig(max_len_a=value)
+
+
 def test_a_config_error_carries_its_key_and_reason():
     """nmt-serve answers with a ConfigError's key and reason; its message stays "key: why"."""
     for overrides, key in ((["+model=small", "model.h=5"], "model.h"),
