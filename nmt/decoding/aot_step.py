@@ -247,8 +247,7 @@ def encoder_rows(eager) -> int:
     fewest rows every int8 map of the encoder and of the memory's keys and values gives
     nmt::int8_rows (each map of each size eager's own operator; without VNNI at least
     QUADS_ENCODER_ROWS, give_rows), within the model's positions; below 2: none."""
-    return min(eager.cfg.max_positions,
-               _package_rows(encoder_maps(eager), QUADS_ENCODER_ROWS))
+    return min(eager.cfg.max_positions, _package_rows(encoder_maps(eager), QUADS_ENCODER_ROWS))
 
 
 def compile_encoder(eager, path: Path, rows: int) -> None:

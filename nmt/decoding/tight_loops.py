@@ -112,8 +112,8 @@ class _Steps:
         self._set(state.own_rows(R, min(positions, self.FIRST_POSITIONS), room, self.own))
 
     def _set(self, caches: list) -> None:
-        """The caches the rows step now (the package's flat inputs made anew at its next
-        step)."""
+        """The caches the rows step now, after every change of the caches or the rows' view
+        (`_view`): the package's flat inputs (PackagedStep.inputs) made anew at its next step."""
         self.caches, self.inputs = caches, None
 
     def _view(self, R: int, t: int) -> None:
@@ -127,7 +127,6 @@ class _Steps:
         self.where = torch.tensor([t], device=dev)
         self.rows = StepRows(zero, torch.full((R,), t + 1, device=dev), memory, zero, source,
                              self.where if self.package else t)  # the package's end: where + 1
-        self.inputs: list | None = None  # the package's flat inputs (PackagedStep.inputs)
 
     def __call__(self, tokens: Tensor | int, t: int) -> Tensor:
         """The R rows' logits (R, V) after their tokens at position t (the last was t-1): (R,),
