@@ -226,6 +226,18 @@ class FastState:
             cache.table[:, t:] = own
         return [(cache.k, cache.v, cache.table) for cache in self.self_kv]
 
+    def reorder_own(self, index: Tensor, keep: int, group: int) -> bool:
+        """A loop's own rows (own_rows) reordered in place where their number and grouping
+        stay (a beam's usual step): row r takes row index[r]'s past before position `keep`
+        and writes its own buffer row from there on (reorder, then moved), every layer's table
+        in one nmt::reorder_tables call; the tables stay the same tensors. False, nothing
+        done, where the rows' number or grouping changes (reorder and moved do it)."""
+        if (index.size(0) != self.self_kv[0].table.size(0) or group != self.g
+                or self.row_sentence is not None):
+            return False
+        torch.ops.nmt.reorder_tables([cache.table for cache in self.self_kv], index, keep)
+        return True
+
     def step_parts(self, B: int) -> tuple[Tensor, Tensor, Tensor]:
         """What the fused operator reads of B rows that stays while they do (StepRows'): zeros
         (B,), each row's memory row at every source position (B, S) (stride 0) and its

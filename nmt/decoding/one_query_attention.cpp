@@ -19,6 +19,9 @@
 // builds this file once per instruction set (CPU_CAPABILITY=AVX2 or AVX512) and loads the one
 // that torch.backends.cpu.get_cpu_capability() names. The readable reference is
 // attention_op.one_query_attention_reference; tests/unit/test_attention_op.py compares the two.
+//
+// nmt::reorder_tables: a beam's reorder of a loop's rows in every layer's table, in place (the
+// tight loops' steps, nmt.decoding.fast_state.FastState.reorder_own).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -27,6 +30,7 @@
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -220,13 +224,44 @@ at::Tensor one_query_attention(const at::Tensor& q, const at::Tensor& k, const a
   return out;
 }
 
+// A beam's reorder of rows that keep their number, in place, for every layer's table (R, C)
+// int64 (alike in every layer): row r takes row index[r]'s entries before position `keep` and
+// names its own buffer row from `keep` on (where it writes its next positions). The tables
+// stay the same tensors, so that what holds them (a package's inputs) stays valid.
+void reorder_tables(const std::vector<at::Tensor>& tables, const at::Tensor& index,
+                    int64_t keep) {
+  TORCH_CHECK(index.dim() == 1 && index.scalar_type() == at::kLong && index.is_contiguous(),
+              "reorder_tables: index (R,) int64, contiguous");
+  const int64_t R = index.size(0);
+  const int64_t* rows = index.data_ptr<int64_t>();
+  for (int64_t r = 0; r < R; ++r)
+    TORCH_CHECK(0 <= rows[r] && rows[r] < R, "reorder_tables: an index past the rows");
+  std::vector<int64_t> kept;
+  for (const at::Tensor& table : tables) {
+    TORCH_CHECK(table.dim() == 2 && table.size(0) == R && table.scalar_type() == at::kLong &&
+                    table.is_contiguous() && 0 <= keep && keep <= table.size(1),
+                "reorder_tables: each table (R, C) int64, contiguous, keep in 0..C");
+    const int64_t C = table.size(1);
+    int64_t* entries = table.data_ptr<int64_t>();
+    kept.resize(R * keep);  // (R, keep) the rows' entries before `keep`, gathered
+    for (int64_t r = 0; r < R; ++r)
+      std::copy(entries + rows[r] * C, entries + rows[r] * C + keep, kept.data() + r * keep);
+    for (int64_t r = 0; r < R; ++r) {
+      std::copy(kept.data() + r * keep, kept.data() + (r + 1) * keep, entries + r * C);
+      std::fill(entries + r * C + keep, entries + (r + 1) * C, r);
+    }
+  }
+}
+
 }  // namespace
 
 TORCH_LIBRARY(nmt, m) {
   m.def("one_query_attention(Tensor q, Tensor k, Tensor v, Tensor table, Tensor start, "
         "Tensor end) -> Tensor");
+  m.def("reorder_tables(Tensor(a!)[] tables, Tensor index, int keep) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(nmt, CPU, m) {
   m.impl("one_query_attention", &one_query_attention);
+  m.impl("reorder_tables", &reorder_tables);
 }

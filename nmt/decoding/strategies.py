@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -83,17 +84,31 @@ def choose_beam(lprobs: Tensor, scores: Tensor, k: int, order=None) -> Choice:
     return Choice(best, parents, index % V)
 
 
-def choose_beam_logits(logits: Tensor, scores: Tensor, banned: Tensor, k: int) -> Choice:
+class BeamStep(NamedTuple):
+    """choose_beam_logits' step: each unit's 2k candidates, and its first k as the rows of the
+    next step where they all go on (none dead, none EOS: a beam loop's usual step)."""
+
+    choice: Choice  # (b, 2k) each
+    scores: Tensor  # (b, k) the first k's log P
+    rows: Tensor  # (b k,) the first k's rows in the step's batch: u kb + parent
+    tokens: Tensor  # (b k,) the first k's tokens
+
+
+def choose_beam_logits(logits: Tensor, scores: Tensor, banned: Tensor, k: int) -> BeamStep:
     """choose_beam of log_softmax(logits) (b kb, V) with the `banned` columns (ids) at -inf;
     scores (b, kb). In one nmt::beam_top_k call where it is built (float32 rows on the CPU,
     kb V >= 2k: the same values, fewer calls), else those calls."""
-    kb = scores.size(1)
+    b, kb = scores.shape
     logits = logits.float()
     if _one_pass(logits) and kb * logits.size(1) >= 2 * k:
-        return Choice(*torch.ops.nmt.beam_top_k(logits, scores, banned, 2 * k))
+        top, parents, tokens, *first = torch.ops.nmt.beam_top_k(logits, scores, banned, 2 * k)
+        return BeamStep(Choice(top, parents, tokens), *first)
     lprobs = torch.log_softmax(logits, dim=-1)  # (b kb, V)
     lprobs.index_fill_(1, banned, -torch.inf)
-    return choose_beam(lprobs, scores, k)
+    choice = choose_beam(lprobs, scores, k)
+    rows = choice.parents[:, :k] + kb * torch.arange(b, device=logits.device)[:, None]  # (b, k)
+    return BeamStep(choice, choice.scores[:, :k].contiguous(), rows.reshape(-1),
+                    choice.tokens[:, :k].reshape(-1))
 
 
 def bury_dead(choice: Choice, token: int) -> Choice:

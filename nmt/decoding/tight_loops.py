@@ -169,7 +169,11 @@ class _Steps:
             self._set(self.state.own_rows(self.R, t + 1, 0, self.own, t))
 
     def reorder(self, index: Tensor, t: int, group: int, sentences: Tensor | None = None):
-        """Keep (and repeat) rows `index` after the step at position t (FastState.reorder)."""
+        """Keep (and repeat) rows `index` after the step at position t (FastState.reorder;
+        in place where the rows' number and grouping stay: reorder_own, the package's inputs
+        kept)."""
+        if sentences is None and self.state.reorder_own(index, t + 1, group):
+            return
         self.state.reorder(index, group, sentences)
         R = index.shape[0]
         if R != self.R:
@@ -287,8 +291,8 @@ def beam(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
     rows: list = [[([], [0.0])] for _ in range(n)]  # each unit's rows: output, prefixes' log P
     results: list[list[Hypothesis]] = [[] for _ in range(n)]
     for t in range(max(limits)):
-        choice = choose_beam_logits(steps(last, t), scores, banned.columns(t),
-                                    k)  # (U, 2k) best first
+        step = choose_beam_logits(steps(last, t), scores, banned.columns(t), k)
+        choice = step.choice  # (U, 2k) each, best first
         read = zip(*(x.tolist() for x in (choice.scores, choice.parents, choice.tokens)),
                    strict=True)  # each unit's (cand, parent, token)
         kb = steps.R // len(live)  # rows a unit at this step
@@ -311,13 +315,9 @@ def beam(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
             kept.append((u, on, parent, token, best))
         if not kept:
             break
-        if plain:  # every unit's first k go on, none dead: the choice's own tensors
-            index = choice.parents[:, :k]  # (U, k) each unit's rows
-            if len(live) > 1:
-                index = index + kb * torch.arange(len(live), device=device)[:, None]
-            steps.reorder(index.reshape(-1), t, k)
-            scores = choice.scores[:, :k].contiguous()  # (U, k)
-            last = choice.tokens[:, :k].reshape(-1)  # (U k,)
+        if plain:  # every unit's first k go on, none dead: the step's own tensors
+            steps.reorder(step.rows, t, k)
+            scores, last = step.scores, step.tokens  # (U, k), (U k,)
             continue
         index = [u * kb + parent[c] for u, on, parent, _, _ in kept for c in on]  # (U' k,)
         gone = len(kept) < len(live)

@@ -93,10 +93,11 @@ std::tuple<at::Tensor, at::Tensor> top_k(const at::Tensor& x, int64_t n,
 // values), the banned columns (ids) at -inf, each row's prefix score added (as choose_beam:
 // index_fill_ then add_), then each unit's n best of its kb V candidates (row, then column
 // order for equal ones) and their rows within the unit (parents) and columns (tokens), (U, n)
-// each.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> beam_top_k(const at::Tensor& logits,
-                                                          const at::Tensor& scores,
-                                                          const at::Tensor& banned, int64_t n) {
+// each; and the first n / 2 of each unit as the rows that go on where none of them ends:
+// their scores (U, n / 2), their rows in the step's batch (u kb + parent) and their tokens
+// (U n / 2,) each (a beam loop's next step without a slice, an offset or a copy of its own).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> beam_top_k(
+    const at::Tensor& logits, const at::Tensor& scores, const at::Tensor& banned, int64_t n) {
   TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat,
               "nmt::beam_top_k: logits must be (R, V) float32");
   TORCH_CHECK(scores.dim() == 2 && scores.scalar_type() == at::kFloat &&
@@ -128,14 +129,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> beam_top_k(const at::Tensor& logi
   float* vs = values.data_ptr<float>();
   int64_t* ps = parents.data_ptr<int64_t>();
   int64_t* ts = tokens.data_ptr<int64_t>();
+  const int64_t k = n / 2;
+  at::Tensor on_scores = at::empty({U, k}, logits.options());
+  at::Tensor on_rows = at::empty({U * k}, logits.options().dtype(at::kLong));
+  at::Tensor on_tokens = at::empty({U * k}, logits.options().dtype(at::kLong));
+  float* os = on_scores.data_ptr<float>();
+  int64_t* orow = on_rows.data_ptr<int64_t>();
+  int64_t* otok = on_tokens.data_ptr<int64_t>();
   for (int64_t u = 0; u < U; ++u) {
     row_top(xs + u * kb * V, kb * V, n, nullptr, vs + u * n, ps + u * n);
     for (int64_t i = u * n; i < (u + 1) * n; ++i) {
       ts[i] = ps[i] % V;
       ps[i] /= V;
     }
+    for (int64_t j = 0; j < k; ++j) {
+      os[u * k + j] = vs[u * n + j];
+      orow[u * k + j] = u * kb + ps[u * n + j];
+      otok[u * k + j] = ts[u * n + j];
+    }
   }
-  return {values, parents, tokens};
+  return {values, parents, tokens, on_scores, on_rows, on_tokens};
 }
 
 }  // namespace
@@ -143,7 +156,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> beam_top_k(const at::Tensor& logi
 TORCH_LIBRARY_FRAGMENT(nmt, m) {
   m.def("top_k(Tensor x, int n, Tensor? banned=None) -> (Tensor, Tensor)");
   m.def("beam_top_k(Tensor logits, Tensor scores, Tensor banned, int n) -> (Tensor, Tensor, "
-        "Tensor)");
+        "Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(nmt, CPU, m) {

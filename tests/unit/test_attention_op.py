@@ -140,6 +140,36 @@ def test_a_beam_reorder_gathers_the_table_and_copies_no_keys(op):
         assert cache.table[:, 0].tolist() == index[index].tolist()  # the first position's row
 
 
+def test_a_loops_reorder_in_place_is_reorder_then_moved(op):
+    """FastState.reorder_own (nmt::reorder_tables): every layer's table as reorder's gather
+    and moved's own rows from `keep` on would make it, in the same tensors; refused (False,
+    nothing changed) where the rows' number or grouping changes; an index past the rows is
+    an error."""
+    model = tiny_model(V, seed=1, stops=True, N=2)
+    fast = FastModel(model, fused=True)
+    src = pad_batch([[5, 6, 7], [8, 9]], SPECIALS.pad, "cpu")
+    with torch.inference_mode():
+        state = fast.start_decoding(*fast.encode(src))
+        state.reorder(torch.arange(2).repeat_interleave(3), group=3)
+        own = torch.arange(6)[:, None]
+        caches = state.own_rows(6, 9, 6, own)
+        for cache in state.self_kv:  # a past to gather: distinct entries
+            cache.table.copy_(torch.arange(6 * cache.table.size(1)).view(6, -1) % 6)
+        before = [cache.table.clone() for cache in state.self_kv]
+        index = torch.tensor([2, 2, 0, 4, 3, 3])
+        assert state.reorder_own(index, 4, group=3)
+        for cache, table, (_, _, held) in zip(state.self_kv, before, caches, strict=True):
+            want = table.index_select(0, index)
+            want[:, 4:] = own
+            assert cache.table is held and torch.equal(cache.table, want)
+        now = [cache.table.clone() for cache in state.self_kv]
+        assert not state.reorder_own(index[:4], 4, group=3)  # fewer rows
+        assert not state.reorder_own(index, 4, group=2)  # grouped anew
+        assert all(torch.equal(c.table, t) for c, t in zip(state.self_kv, now, strict=True))
+        with pytest.raises(RuntimeError, match="index past the rows"):
+            state.reorder_own(torch.full((6,), 6), 4, group=3)
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "int8"])
 @pytest.mark.parametrize("beam", [1, 4])
 def test_decoding_through_the_operator_equals_batched_products(op, beam, dtype):

@@ -16,7 +16,7 @@ from translate_helpers import random_sources, run, search, tiny_model, tiny_mode
 
 from nmt.config import SearchConfig
 from nmt.decoding import affine as affine_module
-from nmt.decoding import attention_op
+from nmt.decoding import attention_op, strategies
 from nmt.decoding.affine import (
     FBGEMM_OUTPUTS,
     Affine,
@@ -642,7 +642,7 @@ def test_the_top_k_operator_equals_torch(V):
 
 
 @pytest.mark.parametrize("kb", [1, 4])
-def test_the_beam_operator_chooses_as_choose_beam(kb):
+def test_the_beam_operator_chooses_as_choose_beam(kb, monkeypatch):
     """nmt::beam_top_k (strategies.choose_beam_logits): choose_beam's candidates of the
     log-softmax after the bans, bit for bit: ties (row, then column), a dead row, a NaN row,
     a NaN score."""
@@ -659,10 +659,22 @@ def test_the_beam_operator_chooses_as_choose_beam(kb):
     lprobs = torch.log_softmax(logits, dim=-1).index_fill_(1, banned, -torch.inf)
     want = choose_beam(lprobs, scores, k)
     with Operators() as ops:
-        got = choose_beam_logits(logits, scores, banned, k)
+        step = choose_beam_logits(logits, scores, banned, k)
     assert ops.counts == {"nmt::beam_top_k": 1}
     for name in ("scores", "parents", "tokens"):
-        torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=0, atol=0,
-                                   equal_nan=True)
+        torch.testing.assert_close(getattr(step.choice, name), getattr(want, name), rtol=0,
+                                   atol=0, equal_nan=True)
+    # the first k as the next step's rows: scores (b, k), u kb + parent and tokens (b k,)
+    torch.testing.assert_close(step.scores, want.scores[:, :k], rtol=0, atol=0, equal_nan=True)
+    assert step.rows.tolist() == [u * kb + p for u in range(b) for p in want.parents[u, :k].tolist()]
+    assert torch.equal(step.tokens, want.tokens[:, :k].reshape(-1))
+    # without the operator, the same (without ties or NaN, whose order torch.topk's may differ)
+    untied, finite = torch.randn(b * kb, V, generator=g), torch.randn(b, kb, generator=g)
+    step = choose_beam_logits(untied, finite, banned, k)
+    monkeypatch.setattr(strategies, "_one_pass", lambda x: False)
+    calls = choose_beam_logits(untied, finite, banned, k)
+    for x, y in zip([*vars(calls.choice).values(), *calls[1:]],
+                    [*vars(step.choice).values(), *step[1:]], strict=True):
+        torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)
     with pytest.raises(RuntimeError, match="banned column past V"):
         torch.ops.nmt.beam_top_k(logits, scores, torch.tensor([V]), 2 * k)
