@@ -666,7 +666,8 @@ def test_the_beam_operator_chooses_as_choose_beam(kb, monkeypatch):
                                    atol=0, equal_nan=True)
     # the first k as the next step's rows: scores (b, k), u kb + parent and tokens (b k,)
     torch.testing.assert_close(step.scores, want.scores[:, :k], rtol=0, atol=0, equal_nan=True)
-    assert step.rows.tolist() == [u * kb + p for u in range(b) for p in want.parents[u, :k].tolist()]
+    assert step.rows.tolist() == [u * kb + p for u in range(b)
+                                  for p in want.parents[u, :k].tolist()]
     assert torch.equal(step.tokens, want.tokens[:, :k].reshape(-1))
     # without the operator, the same (without ties or NaN, whose order torch.topk's may differ)
     untied, finite = torch.randn(b * kb, V, generator=g), torch.randn(b, kb, generator=g)
