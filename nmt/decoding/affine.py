@@ -187,15 +187,15 @@ class Int8Affine(Affine):
         rounded alone where the operator is built (int8_rows for a few rows, else oneDNN's sums
         between int8_rows_quantize and int8_rows_rescale)."""
         if 0 < x.numel() <= self.few_rows * x.size(-1) and self._few() is not None:
-            return torch.ops.nmt.int8_rows(x.contiguous(), *self.few, self.bias, residual,
-                                           self.relu, self.reduce_range)
+            return torch.ops.nmt.int8_rows.default(x.contiguous(), *self.few, self.bias,
+                                                   residual, self.relu, self.reduce_range)
         if self.alone and x.numel():
             packed, scale, zeros, zero_sums = self._many()
-            values, x_scale, x_zero = torch.ops.nmt.int8_rows_quantize(x.contiguous(),
-                                                                       self.reduce_range)
+            values, x_scale, x_zero = torch.ops.nmt.int8_rows_quantize.default(
+                x.contiguous(), self.reduce_range)
             y = private_ops.u8_linear(values, packed, scale, zeros)  # (..., out_features)
-            torch.ops.nmt.int8_rows_rescale(y, x_scale, x_zero, zero_sums, self.bias, residual,
-                                            self.relu)  # in place
+            torch.ops.nmt.int8_rows_rescale.default(y, x_scale, x_zero, zero_sums, self.bias,
+                                                    residual, self.relu)  # in place
             return y
         y = self.product(x)
         return y if residual is None else y.add_(residual)

@@ -272,7 +272,7 @@ def one_query_attention(q: Tensor, k: Tensor, v: Tensor, table: Tensor, start: T
                         end: Tensor) -> Tensor:
     """(R, H, D) queries over (N, H, C, D) key and value buffers -> (R, H, D), each row over
     its positions [start, end) read through table (R, >= end) (the module's docstring)."""
-    return torch.ops.nmt.one_query_attention(q, k, v, table, start, end)
+    return torch.ops.nmt.one_query_attention.default(q, k, v, table, start, end)
 
 
 def one_query_attention_reference(q: Tensor, k: Tensor, v: Tensor, table: Tensor,

@@ -235,7 +235,7 @@ class FastState:
         if (index.size(0) != self.self_kv[0].table.size(0) or group != self.g
                 or self.row_sentence is not None):
             return False
-        torch.ops.nmt.reorder_tables([cache.table for cache in self.self_kv], index, keep)
+        torch.ops.nmt.reorder_tables.default([cache.table for cache in self.self_kv], index, keep)
         return True
 
     def step_parts(self, B: int) -> tuple[Tensor, Tensor, Tensor]:

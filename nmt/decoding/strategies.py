@@ -101,7 +101,8 @@ def choose_beam_logits(logits: Tensor, scores: Tensor, banned: Tensor, k: int) -
     b, kb = scores.shape
     logits = logits.float()
     if _one_pass(logits) and kb * logits.size(1) >= 2 * k:
-        top, parents, tokens, *first = torch.ops.nmt.beam_top_k(logits, scores, banned, 2 * k)
+        top, parents, tokens, *first = torch.ops.nmt.beam_top_k.default(logits, scores, banned,
+                                                                         2 * k)
         return BeamStep(Choice(top, parents, tokens), *first)
     lprobs = torch.log_softmax(logits, dim=-1)  # (b kb, V)
     lprobs.index_fill_(1, banned, -torch.inf)
@@ -173,7 +174,7 @@ def row_max(x: Tensor, banned: Tensor | None = None) -> tuple[Tensor, Tensor]:
     where it is built (one pass: 2-6x x.max, docs/results.md "Beam search's best
     continuations in one pass"); else x.max for a few rows, row_argmax and a gather for more."""
     if _one_pass(x):
-        values, columns = torch.ops.nmt.top_k(x, 1, banned)  # (R, 1) each
+        values, columns = torch.ops.nmt.top_k.default(x, 1, banned)  # (R, 1) each
         return values[:, 0], columns[:, 0]
     if banned is not None:
         x = x.masked_fill_(banned, -torch.inf)
@@ -222,7 +223,7 @@ def top_k(x: Tensor, n: int) -> tuple[Tensor, Tensor]:
     V - M W columns are candidates as they are."""
     R, V = x.shape
     if n <= V and _one_pass(x):
-        return torch.ops.nmt.top_k(x, n)
+        return torch.ops.nmt.top_k.default(x, n)
     M = 32
     W = V // M
     if W < 4 * n or x.device.type != "cpu" or x.stride(1) != 1:
