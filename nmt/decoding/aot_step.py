@@ -46,9 +46,10 @@ from nmt.model import additive_mask
 from nmt.system import private_ops
 
 # Without VNNI (the quads' layout) a package takes steps of this many rows: at 16 rows of the
-# demo's model under AVX2 int8_rows' maps cost ~8 us more than fbgemm's, the package saves
-# ~90 operators' calls (docs/results.md, "int8 maps of a few rows under AVX2")
-QUADS_STEP_ROWS = 16
+# demo's model under AVX2 int8_rows' maps cost ~8 us more than fbgemm's, at 64 rows its output
+# map ~7% more than oneDNN's; the package saves ~90 operators' calls (docs/results.md, "int8
+# maps of a few rows under AVX2", "A package of up to 64 rows without VNNI")
+QUADS_STEP_ROWS = 64
 QUADS_ENCODER_ROWS = 128  # ... and its encoder this many positions of all its sources together
 ENCODER_SOURCES = 4  # the encoder's package takes batches of 1 to this many sources
 SOURCES = [Path(__file__), Path(affine.__file__), Path(fast_state.__file__),
