@@ -4,7 +4,7 @@ a few sentences, a server's few requests; issue 60, item 1).
 
 The step: the rows' tokens embedded (FastModel.embed_rows), FastModel.step_layers, and greedy's
 choice (nmt::top_k of one, the banned columns skipped) for 1 to `most_rows` rows (as many as
-every map of the step gives nmt::int8_rows: 16 on the demo's model with VNNI, and 16 without
+every map of the step gives nmt::int8_rows: 16 on the demo's model with VNNI, and 64 without
 VNNI, QUADS_STEP_ROWS), exported with torch.export (the rows, the caches' buffer rows and
 positions, the memory's sentences and source length dynamic). The encoder: FastModel's encoder
 layers and every decoder layer's keys and values of the memory, for 1 to ENCODER_SOURCES
