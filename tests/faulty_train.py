@@ -1,5 +1,6 @@
 """nmt-train with a fault injected, for tests/integration/test_faults.py (run as a script, also
-under torchrun). The fault is chosen by environment variables:
+under torchrun, or by `run` in a process that a forkserver forks). The fault is chosen by
+environment variables:
 
 NMT_TEST_OOM_AT=RANK:UPDATE  that rank's forward pass of that update raises
                              torch.OutOfMemoryError (as CUDA's allocator would)
@@ -16,10 +17,12 @@ import io
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 import nmt.commands.train
 
@@ -81,18 +84,40 @@ def mark_teardown(path: str) -> None:
     sys.addaudithook(hook)
 
 
-if __name__ == "__main__":
-    if "NMT_TEST_OOM_AT" in os.environ:
-        rank, update = os.environ["NMT_TEST_OOM_AT"].split(":")
+def inject(environ) -> None:
+    """The faults that environ's NMT_TEST_* variables choose (see the module's docstring)."""
+    if "NMT_TEST_OOM_AT" in environ:
+        rank, update = environ["NMT_TEST_OOM_AT"].split(":")
         inject_out_of_memory(int(rank), int(update))
-    if "NMT_TEST_SIGNAL_AT" in os.environ:
-        rank, update, sig = os.environ["NMT_TEST_SIGNAL_AT"].split(":")
+    if "NMT_TEST_SIGNAL_AT" in environ:
+        rank, update, sig = environ["NMT_TEST_SIGNAL_AT"].split(":")
         inject_signal(int(rank), int(update), signal.Signals[f"SIG{sig}"])
-    if "NMT_TEST_SLOW_SAVE_AT" in os.environ:
-        inject_slow_save(int(os.environ["NMT_TEST_SLOW_SAVE_AT"]),
-                         Path(os.environ["NMT_TEST_MARKER"]))
-    if "NMT_TEST_TEARDOWN_MARKER" in os.environ:
-        mark_teardown(os.environ["NMT_TEST_TEARDOWN_MARKER"])
+    if "NMT_TEST_SLOW_SAVE_AT" in environ:
+        inject_slow_save(int(environ["NMT_TEST_SLOW_SAVE_AT"]), Path(environ["NMT_TEST_MARKER"]))
+    if "NMT_TEST_TEARDOWN_MARKER" in environ:
+        mark_teardown(environ["NMT_TEST_TEARDOWN_MARKER"])
+
+
+def run(args: list[str], environ: dict[str, str], log: str) -> None:
+    """nmt-train ARGS with environ's faults (set in os.environ too), stdout to /dev/null,
+    stderr appended to the file LOG: the target of a process that a forkserver, which imported
+    this module (torch and nmt-train's modules), forks for each run, so that a test that
+    starts many runs imports torch once (~7 s of CPU time a process on a slow machine)."""
+    from nmt.cli.train import main
+
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+    os.dup2(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND), 2)
+    # tqdm's write lock a thread's: its default also makes a multiprocessing lock, whose
+    # semaphore a kill -9 leaves to the forkserver's resource tracker (a warning at exit)
+    tqdm.set_lock(threading.RLock())
+    os.environ.update(environ)
+    inject(os.environ)
+    sys.argv = ["nmt-train", *args]
+    main()
+
+
+if __name__ == "__main__":
+    inject(os.environ)
     from nmt.cli.train import main
 
     sys.argv[0] = "nmt-train"

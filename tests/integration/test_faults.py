@@ -3,6 +3,7 @@ then a restart equals an uninterrupted run; a rank that is killed, runs out of m
 cannot read the checkpoint ends the whole torchrun job quickly with a one-line error."""
 
 import json
+import multiprocessing
 import os
 import random
 import signal
@@ -11,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import faulty_train
 import pytest
 from conftest import make_data_dir
 from test_train import config, same_tensors
@@ -46,13 +48,15 @@ def updates_logged(run: Path) -> int:
     return last
 
 
-def wait_for(condition, proc: subprocess.Popen, timeout: float = 120.0) -> bool:
-    """Poll `condition()` every 10 ms until it holds (True) or proc exits (False)."""
+def wait_for(condition, proc, timeout: float = 120.0) -> bool:
+    """Poll `condition()` every 10 ms until it holds (True) or proc exits (False); proc a
+    subprocess.Popen or a multiprocessing.Process."""
     end = time.monotonic() + timeout
+    ended = proc.poll if isinstance(proc, subprocess.Popen) else lambda: proc.exitcode
     while time.monotonic() < end:
         if condition():
             return True
-        if proc.poll() is not None:
+        if ended() is not None:
             return False
         time.sleep(0.01)
     raise AssertionError("timed out")
@@ -75,26 +79,39 @@ def test_kill_9_at_any_moment_then_restart_equals_an_uninterrupted_run(tmp_path)
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     train(config(data, straight, *opts))
 
-    marker = tmp_path / "saving"
-    env = {**ENV, "NMT_TEST_SLOW_SAVE_AT": "8", "NMT_TEST_MARKER": str(marker)}
-    command = [sys.executable, str(FAULTY), f"data_dir={data}", f"run_dir={killed}",
-               *TINY, *opts]
+    # each run a process that a forkserver forks, torch and nmt-train's modules imported in
+    # it once (a kill -9 ends a process all the same)
+    forkserver = multiprocessing.get_context("forkserver")
+    forkserver.set_forkserver_preload(["torch._dynamo", "faulty_train", "nmt.cli.train",
+                                       "hydra"])
+    marker, log = tmp_path / "saving", tmp_path / "stderr"
+    environ = {"OMP_NUM_THREADS": "1", "NMT_TEST_SLOW_SAVE_AT": "8",
+               "NMT_TEST_MARKER": str(marker)}
+    args = [f"data_dir={data}", f"run_dir={killed}", *TINY, *opts], environ, str(log)
+
+    def start() -> multiprocessing.Process:
+        proc = forkserver.Process(target=faulty_train.run, args=args)
+        proc.start()
+        return proc
+
     rng = random.Random(1234)
     moments = sorted(rng.sample(range(9, 29), 3))  # updates after which a kill -9 follows
     kills = [lambda: marker.exists()]  # first: halfway through writing checkpoint_8.pt
     kills += [lambda u=u: updates_logged(killed) >= u for u in moments]
     for i, kill_when in enumerate(kills):
-        proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True)
+        proc = start()
         reached = wait_for(kill_when, proc)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        assert reached, proc.stderr.read()[-2000:]
+        proc.kill()
+        proc.join()
+        assert reached and proc.exitcode == -signal.SIGKILL, log.read_text()[-2000:]
         if i == 0:  # the write was cut short: a half file, the last checkpoint still whole
             assert list(killed.glob(".checkpoint_8.pt.*.tmp"))
             assert load_checkpoint(killed / "checkpoint_last.pt")["update"] == 4
-    last = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert last.returncode == 0, last.stderr[-3000:]
+    last = start()
+    last.join(timeout=300)
+    if last.exitcode is None:  # hung: ended here, and reported
+        last.kill()
+    assert last.exitcode == 0, log.read_text()[-3000:]
     assert not list(killed.glob(".*.tmp"))
 
     a = load_checkpoint(straight / "checkpoint_last.pt")
