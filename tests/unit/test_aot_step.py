@@ -17,6 +17,7 @@ from nmt.decoding.fast_model import FastModel
 from nmt.decoding.fast_state import TableKVCache
 from nmt.decoding.messages import Sentence
 from nmt.decoding.strategies import row_max
+from nmt.system import private_ops
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread"), pytest.mark.isa]
 
@@ -28,14 +29,19 @@ TOL = 1e-4
 
 
 def packages_under(root, monkeypatch):
-    """Packages under `root` (the fused operator loaded first from the usual cache); the
-    folder they go in."""
+    """Packages under `root` (the fused operator loaded first from the usual cache), their
+    C++ wrapper built at -O0 (the tests' ~4 s less a package: it only calls the kernels, which
+    are built as they are for users); the folder they go in."""
     if not attention_op.available():
         pytest.skip(f"nmt's operators are not built here ({attention_op.status()})")
     if affine.int8_rows_layout() == "quads" and not affine.int8_saturates():
         pytest.skip("8-bit activations without VNNI (ATen capped, fbgemm not): int8_rows takes "
                     "no map, and fbgemm's do not export")
     monkeypatch.setenv("XDG_CACHE_HOME", str(root))
+    import torch._inductor.config as inductor_config  # not at collection: ~1 s a worker
+
+    at_o0 = inductor_config.patch({"aot_inductor.compile_wrapper_opt_level": "O0"})
+    monkeypatch.setattr(private_ops, "aoti_compile", at_o0(private_ops.aoti_compile))
     return root / "nmt" / "steps"
 
 
@@ -131,14 +137,15 @@ def test_a_loaded_package_leaves_nothing_in_the_temporary_folder(kept_packages, 
     assert list(temp.iterdir()) == []
 
 
-def test_a_package_is_compiled_once_per_model(steps_cache, monkeypatch):
-    """A second FastModel of the same weights loads the package (compiles nothing), and so
+def test_a_package_is_compiled_once_per_model(kept_packages, monkeypatch):
+    """Once a FastModel of some weights has its package (compiled by it, or by another test
+    of this cache), a second FastModel of the same weights loads it (compiles nothing), and so
     does search.compile=auto's (compile=None; in fp32, or without the fused operator, auto
     compiles nothing and refuses nothing); other weights or another precision of keys name
     another package."""
-    model = tiny_model(V, seed=1, stops=True)
-    FastModel(model, "int8", compile=True)
-    [package] = steps_cache.glob("*/step-*.pt2")
+    model = tiny_model(V, seed=1, stops=True, N=2)
+    package = FastModel(model, "int8", compile=True)._packaged.path
+    assert package in kept_packages.glob("*/step-*.pt2")
 
     def refuse(*args, **kwargs):
         raise AssertionError("compiled again")
@@ -223,11 +230,12 @@ def test_continuous_batching_through_the_package_gives_eagers_outputs(kept_packa
     assert models[0]._packaged.calls > 0 and any(trims) and all(whole)
 
 
-def test_the_packages_choice_is_row_max_after_the_bans(kept_packages):
+def test_the_packages_choice_is_row_max_after_the_bans(kept_packages, monkeypatch):
     """The package's best token of each row is strategies.row_max's over its own logits after
     the bans: the first of two tied maxima, and NaN where a row has one, unless its column is
-    banned."""
-    model = tiny_model(V, seed=1, stops=True, N=2)
+    banned. (Weights of its own: a package of its own, the step's alone, the encoder eager.)"""
+    monkeypatch.setattr(aot_step, "encoder_rows", lambda eager: 1)  # below 2: no package
+    model = tiny_model(V, seed=1, stops=True)
     with torch.no_grad():
         W = model.generator.weight  # (V, d_model)
         W[7] = W[9] = 50 * W[EOS] / W[EOS].norm()  # two equal rows, along EOS's (they win
