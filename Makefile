@@ -37,13 +37,15 @@ $(STAMP): pyproject.toml Makefile
 # Every test (GPU tests skip themselves without one; the browser's runs only under test-browser),
 # on two pytest-xdist workers: one at a time took 11.7 minutes on a slow 2-core day, two 6.9
 # (2026-11-26); many tests wait on subprocesses, servers or torchrun rather than compute.
+# worksteal: a worker that runs out takes the other's queued tests, so that the slowest
+# ones (30-60 s) do not end the run on one worker alone.
 # test-quick, the edit-test loop, runs the unit, integration and wings tiers (tests/<tier>/)
 # but the tests marked slow (subprocesses, servers, torchrun, the wheel build, training to
 # convergence, over ~2 s); the system tier (recipes, the serving matrix, browser, GPU, the
 # tree's own checks) runs in make test. test-slow runs only the slow ones.
 # gpu-wheels: the dry run of make gpu-check (tests/system/test_gpu_check.py) installs from its folder.
 test: install gpu-wheels
-	$(BIN)/python -m pytest -n 2
+	$(BIN)/python -m pytest -n 2 --dist worksteal
 
 test-quick: install
 	$(BIN)/python -m pytest -m "not slow" -n 2 tests/unit tests/integration tests/wings
