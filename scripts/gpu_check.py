@@ -101,7 +101,9 @@ DRY = Plan(
               "--warmup", "1", "--max-tokens", "256", "--vocab", "300", "--peak-seconds", "0.2",
               "--threads", "1",
               "--profile"),),
-    tests=("-m", "gpu", "--collect-only", "-q"),
+    # collected without pytest's rewriting of asserts (their failure messages), which takes
+    # half of the collection's CPU time
+    tests=("-m", "gpu", "--collect-only", "-q", "--assert=plain"),
     corpus_lines=2000, vocab=400,
     train=("+model=tiny", "train.max_updates=3", "train.max_tokens=512", "train.log_interval=1"),
     test_lines=20, translate=("search.beam_size=1",), needs={})

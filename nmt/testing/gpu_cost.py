@@ -47,23 +47,35 @@ def update_cost(model: str, vocab: int, sentences: int, length: int, amp: str = 
     state: operators by phase, matrix-product FLOPs, the other operators' bytes, the peak of
     live device memory, the parameters. Backward runs GraphBackward, attention the fused
     kernels (fused_attention). Any host read raises: an update that completes made none."""
+    return update_costs(model, vocab, [sentences], length, amp, ema_decay)[0]
+
+
+def update_costs(model: str, vocab: int, sentences: list[int], length: int,
+                 amp: str = "bf16", ema_decay: float = 0.9999) -> list[dict]:
+    """update_cost at each number of sentences, in turn in one run: its first update, which
+    makes Adam's state, on one sentence (the state has the parameters' shapes whatever the
+    batch; the loss's chunks make a bigger batch slower to simulate), then one measured
+    update a batch. Each batch's figures are those a run of its own gives."""
     from nmt.commands.train import train_step
     from nmt.model import count_parameters
 
-    group = [(0, synthetic_batch(sentences, length, vocab))]
+    costs = []
     with simulated_cuda(backward="graph"), mock.patch.object(
             torch.nn.functional, "scaled_dot_product_attention", fused_attention):
         run = simulated_run(model, vocab, f"train.amp={amp}", f"train.ema_decay={ema_decay}",
                             "optim.clip_norm=1.0")
-        train_step(run, 1, group)  # Adam's state is made at its first step
-        profile = DeviceProfile()
-        with profiled(profile):
-            profile.track([*run.model.parameters(), *run.ema.parameters(),
-                           *(t for state in run.optimizer.state.values()
-                             for t in state.values())])
-            train_step(run, 1, group)
-        return {**profile.finish(), "host_reads": 0, "tokens": sentences * length,
-                "params": count_parameters(run.model)}
+        train_step(run, 1, [(0, synthetic_batch(1, length, vocab))])  # Adam's state made
+        for n in sentences:
+            group = [(0, synthetic_batch(n, length, vocab))]
+            profile = DeviceProfile()
+            with profiled(profile):
+                profile.track([*run.model.parameters(), *run.ema.parameters(),
+                               *(t for state in run.optimizer.state.values()
+                                 for t in state.values())])
+                train_step(run, 1, group)
+            costs.append({**profile.finish(), "host_reads": 0, "tokens": n * length,
+                          "params": count_parameters(run.model)})
+    return costs
 
 
 def loss_memory(tokens: int, vocab: int, dtype: torch.dtype = torch.bfloat16,

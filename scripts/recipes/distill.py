@@ -35,15 +35,16 @@ import itertools
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
-from nmt.checkpoint import Checkpoint
-from nmt.commands.translate import translate
 from nmt.config import TranslateConfig, compose, to_object
 from nmt.errors import NmtError
 from nmt.system.files import read_lines, write_atomically
-from nmt.wings.mbr import closest
+
+if TYPE_CHECKING:  # torch's modules are imported where used: a dry run needs none (~3 s)
+    from nmt.checkpoint import Checkpoint
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -87,6 +88,8 @@ def candidates_of(nbest_path: str, sources: int) -> list[list[str]]:
 
 def write_closest(nbest_path: str, ref_path: str, out_path: str) -> None:
     """Per reference line, its source's candidate of highest sentence chrF, written to out."""
+    from nmt.wings.mbr import closest
+
     refs = read_lines(ref_path, "references")
     chosen = [c[closest(c, r)] if c else "" for c, r in zip(candidates_of(nbest_path, len(refs)),
                                                              refs, strict=True)]
@@ -104,6 +107,8 @@ def spread(have: int, keep: int) -> list[int]:
 def shrunk(teacher: Checkpoint, path: str, layers: str) -> Checkpoint:
     """The teacher checkpoint cut to the student's ENCODER+DECODER layers: those layers'
     weights renumbered, every other weight kept, model_cfg's N and N_dec set."""
+    from nmt.checkpoint import Checkpoint
+
     shape = re.fullmatch(r"([1-9][0-9]*)\+([1-9][0-9]*)", layers)
     if shape is None:
         raise NmtError(f"--layers {layers!r} is not ENCODER+DECODER layers, e.g. 3+1")
@@ -134,6 +139,8 @@ def shrunk(teacher: Checkpoint, path: str, layers: str) -> Checkpoint:
 
 def write_shrunk(teacher: str, out: str, spm: str, layers: str) -> None:
     """The student's starting checkpoint and the teacher's SentencePiece model, written."""
+    from nmt.checkpoint import Checkpoint
+
     checkpoint = Checkpoint.load(teacher)
     student = shrunk(checkpoint, teacher, layers)
     write_atomically(spm, checkpoint.vocab.src_spm)
@@ -159,6 +166,8 @@ def overrides(args: argparse.Namespace, row: list[str], engine: str, beam: int) 
 def measured(cfg: TranslateConfig) -> dict:
     """BLEU, chrF, COMET (with comet=; else None) and sentences/s (of the translation alone)
     of one translation of the test split."""
+    from nmt.commands.translate import translate
+
     result = translate(cfg)
     seconds = max(result.seconds, 1e-9)
     return {"bleu": result.scores.bleu, "chrf": result.scores.chrf,
