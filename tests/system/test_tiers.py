@@ -49,7 +49,8 @@ def test_every_test_file_lies_in_one_tier_folder_under_a_name_of_its_own():
 
 
 def test_make_test_collects_every_test_and_the_tiers_split_it():
-    assert pytest_args("test") == ["-n", "2"]  # the ini alone selects, and it selects nothing
+    # the ini alone selects, and it selects nothing (worksteal: how the two workers share)
+    assert pytest_args("test") == ["-n", "2", "--dist", "worksteal"]
     assert not [a for a in pytest_args("test-floor") if a.startswith(SELECTING)]
     quick = pytest_args("test-quick")
     assert quick[:4] == ["-m", "not slow", "-n", "2"]  # two xdist workers
