@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from nmt.config import SearchConfig, compose
-from nmt.testing.gpu_cost import decoding_reads, loss_memory, update_cost
+from nmt.testing.gpu_cost import decoding_reads, loss_memory, update_costs
 from nmt.testing.gpu_sim import MISSING
 
 GiB = 2 ** 30
@@ -52,8 +52,10 @@ def parse_args() -> argparse.Namespace:
 
 
 def measure_updates(models: list[str], vocab: int) -> dict:
-    """update_cost of each model at each batch size: {model: {tokens: figures}}."""
-    return {m: {str(B * LENGTH): update_cost(m, vocab, B, LENGTH) for B in BATCHES.values()}
+    """update_cost of each model at each batch size (one run a model: update_costs):
+    {model: {tokens: figures}}."""
+    return {m: {str(B * LENGTH): cost for B, cost in zip(
+        BATCHES.values(), update_costs(m, vocab, list(BATCHES.values()), LENGTH), strict=True)}
             for m in models}
 
 
