@@ -1,5 +1,5 @@
-# nmt: make install | test | test-quick | test-slow | test-isa | test-gpu | gpu-wheels | gpu-check |
-#      test-browser | test-floor | test-comet | lint | demo
+# nmt: make install | test | test-long | test-quick | test-slow | test-isa | test-gpu | gpu-wheels |
+#      gpu-check | test-browser | test-floor | test-comet | lint | demo
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -22,30 +22,38 @@ COMET_INDEX ?= https://download.pytorch.org/whl/cpu
 COMET_EXTRA_PINS := "setuptools<81" "sentencepiece<0.2.1"
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-quick test-slow test-isa test-gpu gpu-wheels gpu-check test-browser test-matrix \
+.PHONY: install test test-long test-quick test-slow test-isa test-gpu gpu-wheels gpu-check test-browser test-matrix \
         test-floor test-comet lint demo clean
 
 install: $(STAMP)
 
+# The wheels are installed without compiling their bytecode, which is then compiled on every core
+# at once (pip compiles on one: ~40 s of the install on 2 cores).
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH_PIN)"
-	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q --no-compile "$(TORCH_PIN)"
+	$(BIN)/python -m pip install -q --no-compile -e ".[$(EXTRAS)]"
+	$(BIN)/python -c "import compileall, sys; compileall.compile_dir(sys.prefix + '/lib', quiet=2, workers=0)"
 	touch $(STAMP)
 
-# Every test (GPU tests skip themselves without one; the browser's runs only under test-browser),
-# on two pytest-xdist workers: one at a time took 11.7 minutes on a slow 2-core day, two 6.9
-# (2026-11-26); many tests wait on subprocesses, servers or torchrun rather than compute.
-# worksteal: a worker that runs out takes the other's queued tests, so that the slowest
-# ones (30-60 s) do not end the run on one worker alone.
+# Every test but the long ones (GPU tests skip themselves without one; the browser's runs only
+# under test-browser), on two pytest-xdist workers: one at a time took 11.7 minutes on a slow
+# 2-core day, two 6.9 (2026-11-26); many tests wait on subprocesses, servers or torchrun.
+# worksteal: a worker that runs out takes the other's queued tests.
+# test-long runs the tests marked long: each over ~9 s of a worker on 2 cores (Inductor and
+# AOTInductor compiles, torchrun pairs, whole commands, the gpu-check dry run, whose wheels
+# it fetches first); together they were ~45% of the suite's time. .ci/run runs make test, then
+# make test-long: CI runs every test.
 # test-quick, the edit-test loop, runs the unit, integration and wings tiers (tests/<tier>/)
 # but the tests marked slow (subprocesses, servers, torchrun, the wheel build, training to
-# convergence, over ~2 s); the system tier (recipes, the serving matrix, browser, GPU, the
-# tree's own checks) runs in make test. test-slow runs only the slow ones.
-# gpu-wheels: the dry run of make gpu-check (tests/system/test_gpu_check.py) installs from its folder.
-test: install gpu-wheels
-	$(BIN)/python -m pytest -n 2 --dist worksteal
+# convergence, over ~2 s; every long one); the system tier (recipes, the serving matrix,
+# browser, GPU, the tree's own checks) runs in make test. test-slow runs only the slow ones.
+test: install
+	$(BIN)/python -m pytest -m "not long" -n 2 --dist worksteal
+
+test-long: install gpu-wheels
+	$(BIN)/python -m pytest -m long -n 2 --dist worksteal
 
 test-quick: install
 	$(BIN)/python -m pytest -m "not slow" -n 2 tests/unit tests/integration tests/wings
@@ -78,7 +86,7 @@ test-gpu: install
 # steady state (base and big, eager and compiled), the GPU suite, a 2-minute base run on the
 # bundled debian-po en-de and its test BLEU, writing DIR/gpu_check.json after each step.
 # `make gpu-check DRY=1` runs every step on the CPU at tiny sizes, into a fresh venv that holds
-# only .venv's torch (tests/system/test_gpu_check.py runs it in make test).
+# only .venv's torch (tests/system/test_gpu_check.py runs it in make test-long).
 GPU_WHEELS ?= build/gpu-wheels
 GPU_PYTHON_VERSION ?= 3.12
 OUT ?= build/gpu-check/out

@@ -51,6 +51,13 @@ def _sentences(n: int, rng: random.Random, max_words: int = 12) -> list[str]:
 atexit.register(gc.freeze)
 
 
+def pytest_collection_modifyitems(items):
+    """A test marked long is slow too: make test-quick (-m "not slow") leaves it out."""
+    for item in items:
+        if item.get_closest_marker("long") and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+
+
 def write_token_array(prefix: Path, sentences, dtype: np.dtype) -> int:
     """Write id lists to prefix.bin / prefix.idx as nmt-preprocess does; returns the token count."""
     with TokenArrayWriter(prefix, dtype) as writer:

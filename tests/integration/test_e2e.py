@@ -78,7 +78,7 @@ def test_translate_from_stdin_greedy(run, corpus):
     assert len(hyps) == 6 and hyps[2] == ""
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_hydra_multirun_trains_one_run_per_job(run):
     sweep = run / "sweep"
     cli("nmt-train", "-m", *TINY, f"data_dir={run}/data", "model.N=1,2",

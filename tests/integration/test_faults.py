@@ -143,7 +143,7 @@ def rank_pid(parent: int, rank: int) -> int:
     raise AssertionError(f"no rank {rank} under {parent}")
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_rank_killed_mid_training_ends_the_job_within_60_s(tiny_data_dir, tmp_path):
     run = tmp_path / "run"
     proc = torchrun("--no-python", "nmt-train", f"data_dir={tiny_data_dir}", f"run_dir={run}",
@@ -160,7 +160,7 @@ def test_a_rank_killed_mid_training_ends_the_job_within_60_s(tiny_data_dir, tmp_
         proc.wait()
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_out_of_memory_on_one_rank_ends_the_job_with_one_line(tiny_data_dir, tmp_path):
     proc = torchrun(str(FAULTY), f"data_dir={tiny_data_dir}", f"run_dir={tmp_path / 'run'}",
                     *TINY, "train.max_updates=100000", "train.valid_interval_updates=100000",
@@ -179,7 +179,7 @@ def test_out_of_memory_on_one_rank_ends_the_job_with_one_line(tiny_data_dir, tmp
     assert f'File "{NMT}' not in stderr, stderr[-3000:]  # no traceback of ours
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_an_unreadable_checkpoint_is_one_line_on_every_rank(tiny_data_dir, tmp_path):
     run = tmp_path / "run"
     run.mkdir()

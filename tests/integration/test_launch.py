@@ -62,7 +62,7 @@ def assert_same_model(run: Path, reference: dict) -> None:
     assert state["iterator"]["consumed"] == 3 and reference["iterator"]["consumed"] == 6
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_two_nodes_through_the_c10d_rendezvous(data, one_process, tmp_path):
     run, port = tmp_path / "run", free_port()
     nodes = []
@@ -80,7 +80,7 @@ def test_two_nodes_through_the_c10d_rendezvous(data, one_process, tmp_path):
     assert_same_model(run, one_process)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_submitit_tasks_are_ddp_ranks(data, one_process, tmp_path):
     """hydra/launcher=submitit_local with 2 tasks: the code path of a SLURM job's tasks."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")

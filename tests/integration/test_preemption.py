@@ -107,7 +107,7 @@ def test_the_preemption_signal_is_kept_over_a_sigterm_so_the_job_is_requeued(ord
     assert calls == [("requeue", signal.SIGUSR2)]
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_one_rank_signalled_both_stop_after_the_same_update(tiny_data_dir, tmp_path):
     """The signalled rank exits with 143, without the interpreter's teardown: in it, gloo's
     thread that ran the last barrier could free the collectives' tensors after the GIL had

@@ -29,7 +29,7 @@ def children(pid: int) -> list[int]:
     return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_workers_memory_stays_level_over_hundreds_of_sentences_of_varied_lengths(
         tiny_data_dir, tmp_path):
     ckpt = save_tiny_checkpoint(tmp_path / "checkpoint.pt",

@@ -58,7 +58,7 @@ def same_tensors(a: dict, b: dict) -> bool:
     return a == b
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_contract_commands_train_then_resume(tiny_data_dir, tmp_path):
     run = tmp_path / "run"
     common = ["+model=small", f"data_dir={tiny_data_dir}", f"run_dir={run}",
@@ -728,7 +728,7 @@ def test_the_runs_header_says_which_precision_and_why(tiny_data_dir, tmp_path, m
                for r in caplog.records)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_compile_trains_like_eager(tiny_data_dir, tmp_path, monkeypatch):
     real = torch.compile
     monkeypatch.setattr(torch, "compile",  # inductor's C++ build takes minutes on 2 cores

@@ -130,7 +130,7 @@ def test_nbest_lines_are_index_hypothesis_score(ckpt, test_en, tmp_path):
         assert scores == sorted(scores, reverse=True)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_attention_pictures_are_written(ckpt, test_en, tmp_path):
     image = pytest.importorskip("matplotlib.image")
     pictures = tmp_path / "attention"

@@ -163,7 +163,7 @@ def test_int8_and_bf16_translate_and_fp16_needs_cuda(ckpts, test_en, tmp_path):
 
 
 # ----------------------------------------------------------------------------- torchrun
-@pytest.mark.slow
+@pytest.mark.long
 def test_two_processes_under_torchrun_write_one_output_in_order(ckpts, test_en, tmp_path):
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
            "OMP_NUM_THREADS": "1", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}  # a lone collective fails

@@ -68,7 +68,7 @@ def test_decode_only_rows_at_fixed_batches_and_each_sides_best(sweep, tmp_path, 
     assert "nmt/CT2" in printed and "ms/token" in printed and "load average" in printed
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_whole_process_rows_run_nmt_translate_against_the_ct2_script(sweep, tmp_path, ckpts,
                                                                      test_en):
     result = run(sweep, tmp_path, ckpts[0], test_en, "--modes", "whole", "--searches",

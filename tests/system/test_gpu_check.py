@@ -202,7 +202,7 @@ def test_a_step_keeps_back_what_the_selected_later_steps_need(tmp_path):
 
 
 @NEED_WHEELS
-@pytest.mark.slow
+@pytest.mark.long
 def test_the_dry_run_of_gpu_check_does_every_step_on_the_cpu(tmp_path):
     """make gpu-check DRY=1: the folder's wheels and nmt built from the checkout installed
     into a fresh venv that had only torch; the configs composed from the checkout as pytest

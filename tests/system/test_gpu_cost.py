@@ -24,7 +24,8 @@ def within_10_percent(measured: dict, recorded: dict, what: str) -> None:
     assert not grown, f"{what} grew more than 10% (measured, recorded): {grown}"
 
 
-@pytest.mark.parametrize("model", list(RECORDED["update"]))
+@pytest.mark.parametrize("model", [pytest.param(m, marks=[pytest.mark.long] if m == "big" else [])
+                                   for m in RECORDED["update"]])
 def test_an_update_costs_no_more_than_recorded(model):
     """The model's update at each recorded batch size, measured in turn in one run (the
     figures a run of each size gives: nmt.testing.gpu_cost.update_costs)."""

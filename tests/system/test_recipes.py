@@ -341,7 +341,7 @@ def test_distill_table_compares_each_engine_with_its_first_line():
 
 
 # ----------------------------------------------------------------------------- multilingual
-@pytest.mark.slow
+@pytest.mark.long
 def test_multilingual_dry_run_prints_and_validates_every_step(tmp_path):
     corpora = tmp_path / "debian-po"
     for pair in ("en-de", "en-fr"):

@@ -1,10 +1,11 @@
 """The suite in tiers: tests/unit, tests/integration, tests/system and tests/wings are folders;
-`make test` runs every test, `make test-quick` the unit, integration and wings tiers without the
-tests marked slow.
+`make test` runs every test but those marked long, `make test-long` those, and .ci/run both in
+turn; `make test-quick` runs the unit, integration and wings tiers without the tests marked slow
+(every long test is slow too).
 
-A `-m` filter in setup.cfg's addopts would silently drop every slow test from `make test` (and from
-CI); a misspelt marker would silently put a slow test into the quick tier; a test file outside
-the tier folders (or in a misspelt one) would silently leave the quick tier. All are checked here.
+A `-m` filter in setup.cfg's addopts would silently drop tests from `make test` (and from CI); a
+misspelt marker would silently put a slow test into the quick tier; a test file outside the tier
+folders (or in a misspelt one) would silently leave the quick tier. All are checked here.
 """
 
 import shlex
@@ -48,9 +49,13 @@ def test_every_test_file_lies_in_one_tier_folder_under_a_name_of_its_own():
     assert all(list((TESTS / tier).glob("test_*.py")) for tier in TIERS)
 
 
-def test_make_test_collects_every_test_and_the_tiers_split_it():
+def test_make_test_and_make_test_long_split_the_suite_and_ci_runs_both():
     # the ini alone selects, and it selects nothing (worksteal: how the two workers share)
-    assert pytest_args("test") == ["-n", "2", "--dist", "worksteal"]
+    assert pytest_args("test") == ["-m", "not long", "-n", "2", "--dist", "worksteal"]
+    assert pytest_args("test-long") == ["-m", "long", "-n", "2", "--dist", "worksteal"]
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
+          if line and not line.startswith(("#", "set ", "cd "))]
+    assert ci == ["make test", "make test-long"]
     assert not [a for a in pytest_args("test-floor") if a.startswith(SELECTING)]
     quick = pytest_args("test-quick")
     assert quick[:4] == ["-m", "not slow", "-n", "2"]  # two xdist workers
@@ -58,7 +63,28 @@ def test_make_test_collects_every_test_and_the_tiers_split_it():
     assert pytest_args("test-slow") == ["-m", "slow"]
 
 
-def test_the_slow_tier_is_not_empty():
-    marked = [p.name for p in TESTS.rglob("test_*.py")
-              if "@pytest.mark.slow" in p.read_text() or "pytest.mark.slow," in p.read_text()]
-    assert len(marked) >= 3, marked
+def test_the_slow_and_long_tiers_are_not_empty():
+    texts = {p.name: p.read_text() for p in TESTS.rglob("test_*.py")}
+    for marker in ("slow", "long"):
+        marked = [name for name, text in texts.items() if f"pytest.mark.{marker}" in text]
+        assert len(marked) >= 3, (marker, marked)
+
+
+def test_a_long_test_is_marked_slow_at_collection():
+    """conftest's hook: make test-quick's -m "not slow" leaves the long tests out too."""
+    from conftest import pytest_collection_modifyitems
+
+    class Item:
+        def __init__(self, *markers):
+            self.markers = set(markers)
+
+        def get_closest_marker(self, name):
+            return name if name in self.markers else None
+
+        def add_marker(self, mark):
+            self.markers.add(mark.name)
+
+    items = [Item("long"), Item("long", "slow"), Item(), Item("slow")]
+    pytest_collection_modifyitems(items)
+    assert [sorted(item.markers) for item in items] == [
+        ["long", "slow"], ["long", "slow"], [], ["slow"]]

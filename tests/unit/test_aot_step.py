@@ -19,7 +19,7 @@ from nmt.decoding.messages import Sentence
 from nmt.decoding.strategies import row_max
 from nmt.system import private_ops
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread"), pytest.mark.isa]
+pytestmark = [pytest.mark.long, pytest.mark.usefixtures("one_thread"), pytest.mark.isa]
 
 PAD, BOS, EOS = 0, 2, 3
 V = 24

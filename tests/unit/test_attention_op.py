@@ -319,7 +319,7 @@ AVAILABLE_STAND_IN = ("import sys; from pathlib import Path; "
                       "attention_op.SOURCES = [Path(sys.argv[1])]; print(attention_op.available())")
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @UNCAPPED
 def test_a_killed_build_blocks_no_later_run_and_two_first_runs_share_one_build(tmp_path):
     """A first run killed (with its compilers, as timeout, Ctrl-C or a CI limit do) once torch's

@@ -70,7 +70,7 @@ def wmt_config(tmp_path, model: str, *overrides: str) -> TrainConfig:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["base", "big"])
+@pytest.mark.parametrize("model", ["base", pytest.param("big", marks=pytest.mark.long)])
 def test_the_batch_fills_the_share_of_an_80_gb_gpu(tmp_path, model):
     """The fitted batch's whole update (Adam's state and the EMA included), counted on the
     simulated GPU as docs/gpu.md's cost model counts it, fills 90% of 80 GB: within it, and

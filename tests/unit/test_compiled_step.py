@@ -119,7 +119,7 @@ def test_a_row_never_outgrows_its_buckets_rows():
 
 
 # ----------------------------------------------------------------------------- graphs
-@pytest.mark.slow
+@pytest.mark.long
 def test_no_graph_break_and_a_graph_per_bucket_on_the_cpu(tiny_data_dir, tmp_path):
     """12 updates of the tiny model with dropout (the CPU's, whose random_ broke the graph):
     Dynamo breaks nowhere; static shapes make one graph per bucket, dynamic ones one."""
@@ -156,7 +156,7 @@ def test_on_a_gpu_a_graph_per_bucket_and_no_host_read(tiny_data_dir):
 
 
 # ----------------------------------------------------------------------------- Inductor
-@pytest.mark.slow
+@pytest.mark.long
 def test_compiled_loss_and_gradients_equal_eager_within_bf16(tiny_data_dir, tmp_path):
     """One batch through Inductor's compiled step and through eager batch_loss, bf16
     autocast, no dropout: the loss and every gradient agree within bf16's precision."""
@@ -182,7 +182,7 @@ def test_compiled_loss_and_gradients_equal_eager_within_bf16(tiny_data_dir, tmp_
         assert (compiled[name] - g).norm() <= 2e-2 * g.norm(), name
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_compiled_run_resumes_bitwise(tmp_path):
     """Inductor on the CPU, dropout on (drawn inside the compiled kernels, seeded per batch):
     12 updates straight equal 5, a resume, then 7; no graph break, one graph, which the later
@@ -221,7 +221,7 @@ main()
 """
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_two_compiled_ranks_equal_one_process(tmp_path):
     """2 gloo ranks x 1 batch, their compiled step under DDP, equal 1 process x update_freq 2
     with its compiled step (dropout on: each batch seeded by its place in the data).

@@ -35,7 +35,7 @@ def greedy(model: Transformer, src: torch.Tensor, max_len: int) -> torch.Tensor:
     return torch.cat(out, 1)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_copy_task_reproduces_unseen_inputs():
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)

@@ -271,7 +271,7 @@ def test_affine_forms_compute_the_same_maps(relu):
     assert packing_works(torch.float32) or not torch.backends.mkldnn.is_available()
 
 
-@pytest.mark.slow  # an Inductor build for each of the step's variants, ~10 s each
+@pytest.mark.long  # an Inductor build for each of the step's variants, ~10 s each
 def test_a_compiled_step_gives_the_eager_steps_logits():
     """search.compile (fp32; int8's is tests/unit/test_aot_step.py's): the fused step through
     torch.compile gives eager's logits, compiled once with all outputs and once with a

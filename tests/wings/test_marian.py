@@ -219,7 +219,7 @@ def test_fine_tuning_on_data_preprocessed_with_its_vocabulary_lowers_the_loss(im
     assert after < before - 0.5, (before, after)
 
 
-@pytest.mark.slow  # over 2 s
+@pytest.mark.long  # over 2 s
 def test_the_command_imports_and_bad_input_is_one_line(marian_dir, tmp_path):
     def cli(*args):
         return subprocess.run([str(BIN / "nmt-import"), *args], capture_output=True, text=True,

@@ -240,7 +240,7 @@ def test_a_100_kb_page_fits_the_default_limits():
     assert len(body) < 12 * cfg.max_chars + 100 * cfg.max_sentences + 4096  # app.py's limit
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_nmt_serve_takes_a_100_kb_page_in_one_request_and_answers_health_meanwhile(ckpt):
     """The default limits; nmt's API and LibreTranslate's; GET /health asked again and again
     while the page is translated."""

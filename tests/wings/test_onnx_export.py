@@ -45,7 +45,7 @@ from nmt.wings.interop.onnx_export import (  # noqa: E402
     write_page,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = [pytest.mark.long, pytest.mark.usefixtures("one_thread")]
 
 NORMS = ("pre", "post")
 
