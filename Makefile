@@ -41,7 +41,7 @@ $(STAMP): pyproject.toml Makefile
 # under test-browser), on two pytest-xdist workers: one at a time took 11.7 minutes on a slow
 # 2-core day, two 6.9 (2026-11-26); many tests wait on subprocesses, servers or torchrun.
 # worksteal: a worker that runs out takes the other's queued tests.
-# test-long runs the tests marked long: each over ~9 s of a worker on 2 cores (Inductor and
+# test-long runs the tests marked long: each over ~6 s of a worker on 2 cores (Inductor and
 # AOTInductor compiles, torchrun pairs, whole commands, the gpu-check dry run, whose wheels
 # it fetches first); together they were ~45% of the suite's time. .ci/run runs make test, then
 # make test-long: CI runs every test.

@@ -115,7 +115,7 @@ def run_average(*args: str) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_cli_contract_commands(tmp_path):
     for update in (100, 200, 300):
         make_checkpoint(tmp_path / f"checkpoint_{update}.pt", seed=update, update=update)

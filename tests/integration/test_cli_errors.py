@@ -151,7 +151,7 @@ def test_closest_keys():
 
 
 # ----------------------------------------------------------------------------- still working
-@pytest.mark.slow
+@pytest.mark.long
 def test_cfg_job_help_and_multirun_keep_working(tmp_path):
     job = run_cli("nmt-average", "last=3", "--cfg", "job")
     assert job.returncode == 0 and "last: 3" in job.stdout, job.stderr

@@ -1135,7 +1135,7 @@ def test_the_cli_and_the_server_split_alike_by_default(ckpt, tmp_path):
         srv.stop()
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_attention_of_an_output_that_fills_the_positions(tiny_data_dir, tmp_path):
     """A 16-position model whose outputs end at the cap (16 pieces, no EOS): nmt-serve's
     attention=true and nmt-translate's attention_plot feed BOS and 15 pieces, and label each

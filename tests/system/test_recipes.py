@@ -147,7 +147,7 @@ BT_STEPS = {"preprocess_reverse": PreprocessConfig, "train_reverse": TrainConfig
             "average_baseline": AverageConfig, "translate_baseline": TranslateConfig}
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_backtranslation_dry_run_prints_and_validates_every_step(tmp_path):
     out = run_recipe("backtranslation", tmp_path, "--dry-run", HOLD_PAIRS="1000", REAL_PAIRS="5000")
     assert out.returncode == 0, out.stderr
@@ -212,7 +212,7 @@ def distill_steps(out: subprocess.CompletedProcess) -> dict:
             for name, yaml in blocks}
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_distill_dry_run_prints_and_validates_every_step(tmp_path):
     out = run_recipe("distill", tmp_path, "--dry-run")
     assert out.returncode == 0, out.stderr

@@ -102,7 +102,7 @@ def test_empty_sides_have_no_links_and_a_missing_layer_is_an_error():
         align(tr, [[5]], [[6]], layer=2)
 
 
-@pytest.mark.slow  # over 2 s
+@pytest.mark.long  # over 2 s
 def test_the_command_writes_a_pharaoh_column_the_same_in_any_batches(ckpt, test_en, tmp_path):
     out = tmp_path / "hyp"
     done = subprocess.run([CLI, f"checkpoint={ckpt}", f"input={test_en}", f"output={out}",

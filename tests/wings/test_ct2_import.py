@@ -357,7 +357,7 @@ def test_greedy_output_is_ctranslate2s_on_a_converted_marian_model(marian_ct2,
     assert vocab["bos_id"] == vocab["pad_id"] == vocab["src_size"] - 1  # the <pad> added
 
 
-@pytest.mark.slow  # over 2 s: preprocessing and 12 updates
+@pytest.mark.long  # over 2 s: preprocessing and 12 updates
 def test_init_from_fine_tunes_the_imported_marian_model(marian_imported, tmp_path):
     src = read_lines(str(DATA / "train.en.xz"))[3000:4000]
     tgt = read_lines(str(DATA / "train.de.xz"))[3000:4000]

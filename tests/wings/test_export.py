@@ -316,7 +316,7 @@ def test_a_pipe_or_a_device_as_output_is_refused_and_left_as_it_is(tmp_path, nam
     assert stat.S_ISCHR(null_device.lstat().st_mode)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_cli_exports_and_gives_one_line_errors(spm, tmp_path):
     pytest.importorskip("ctranslate2")
     ckpt = varied_checkpoint(tmp_path / "c.pt", spm["joint"], spm["joint"], "post")
