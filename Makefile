@@ -43,7 +43,7 @@ $(STAMP): pyproject.toml Makefile
 # worksteal: a worker that runs out takes the other's queued tests.
 # test-long runs the tests marked long: each over ~6 s of a worker on 2 cores (Inductor and
 # AOTInductor compiles, torchrun pairs, whole commands, the gpu-check dry run, whose wheels
-# it fetches first); together they were ~45% of the suite's time. .ci/run runs make test, then
+# it fetches first); together they were ~48% of the suite's time. .ci/run runs make test, then
 # make test-long: CI runs every test.
 # test-quick, the edit-test loop, runs the unit, integration and wings tiers (tests/<tier>/)
 # but the tests marked slow (subprocesses, servers, torchrun, the wheel build, training to
