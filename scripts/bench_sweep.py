@@ -5,7 +5,8 @@ One trained checkpoint (--checkpoint), exported to CTranslate2 with nmt's own co
 them; --dtype int8 quantises at load on both sides). Real sentences (--input, the bundled
 Debian test split by default, less lines longer than the model's positions; --repeat N: N
 times over), natural output lengths (nmt: its default max_len_a/b; CTranslate2: its own
-limit), alpha 0 (length_penalty=0), split=none.
+limit, 256 tokens; --same-limit: nmt stops there too, so that outputs that run on, as an
+undertrained model's do, cost both sides alike), alpha 0 (length_penalty=0), split=none.
 Greedy and beam 4 (--searches), each:
 
 - at fixed batch sizes (--batches, 1 4 16 64): nmt with search.max_sentences=B on its
@@ -63,6 +64,7 @@ from nmt.wings.interop.ct2_export import pieces, write_ctranslate2
 ROOT = Path(__file__).resolve().parent.parent
 SEARCHES = {"greedy": 1, "beam4": 4}
 COMPUTE_TYPES = {"int8": "int8", "fp32": "float32"}  # --dtype: CTranslate2's compute_type
+CT2_MAX_DECODING_LENGTH = 256  # ctranslate2.Translator's default output limit (--same-limit)
 CT2_SCRIPT = '''\
 """Translate a text file with CTranslate2, as its users do."""
 import sys
@@ -115,6 +117,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--inter", type=int, default=2, help="CTranslate2's inter_threads at the "
                    "fixed batch sizes")
     p.add_argument("--intra", type=int, default=1, help="... and its intra_threads")
+    p.add_argument("--same-limit", action="store_true",
+                   help="nmt stops outputs where CTranslate2 does (max_len_a=0, max_len_b="
+                   f"{CT2_MAX_DECODING_LENGTH}) rather than at its own max_len_a * S + max_len_b")
     p.add_argument("--json", default="", help="also write the header and rows to this file")
     args = p.parse_args(argv)
     args.searches = [s for s in args.searches.split(",") if s]
@@ -215,11 +220,12 @@ def workload(args: argparse.Namespace, tmp: Path) -> Workload:
 
 
 def nmt_search(beam: int, dtype: str, batch: int = 0, max_tokens: int = 0,
-               compile: str = "auto") -> SearchConfig:
+               compile: str = "auto", same_limit: bool = False) -> SearchConfig:
     """nmt's search: fixed batches of `batch` sentences, or max_tokens' token budget
-    (compile: search.compile)."""
+    (compile: search.compile); same_limit: outputs stop at CTranslate2's limit, not nmt's."""
+    limit = {"max_len_a": 0.0, "max_len_b": CT2_MAX_DECODING_LENGTH} if same_limit else {}
     return SearchConfig(beam_size=beam, alpha=0.0, dtype=dtype, max_sentences=batch,
-                        max_tokens=max_tokens or 10 ** 9, compile=compile)
+                        max_tokens=max_tokens or 10 ** 9, compile=compile, **limit)
 
 
 def nmt_decode(translator: Translator, w: Workload, search: SearchConfig) -> Callable[[], int]:
@@ -245,7 +251,8 @@ def nmt_whole(w: Workload, search: SearchConfig, workers: int, out: Path) -> Cal
     argv = [*translate_argv(w.checkpoint, Path(w.text)), f"output={out}", "split=none",
             f"search.beam_size={search.beam_size}", "search.alpha=0",
             f"search.dtype={search.dtype}", f"search.max_sentences={search.max_sentences}",
-            f"search.max_tokens={search.max_tokens}", f"workers={workers}", "quiet=true",
+            f"search.max_tokens={search.max_tokens}", f"search.max_len_a={search.max_len_a}",
+            f"search.max_len_b={search.max_len_b}", f"workers={workers}", "quiet=true",
             f"search.compile={search.compile}"]
     return lambda: whole_run(argv, out, len(w.src_ids))
 
@@ -304,7 +311,8 @@ class Sides:
         """The rows at each fixed batch size, for each search."""
         a = self.args
         return [Row(mode, search, str(b),
-                    self.nmt(nmt_search(SEARCHES[search], a.dtype, b, compile=a.compile)),
+                    self.nmt(nmt_search(SEARCHES[search], a.dtype, b, compile=a.compile,
+                                        same_limit=a.same_limit)),
                     self.ct2(SEARCHES[search], b, (a.inter, a.intra)))
                 for search in a.searches for b in a.batches]
 
@@ -312,7 +320,8 @@ class Sides:
         """The best row's sweeps of one search: nmt's max_tokens, CTranslate2's layouts by
         batch sizes."""
         a, beam = self.args, SEARCHES[search]
-        return ([self.nmt(nmt_search(beam, a.dtype, max_tokens=t, compile=a.compile))
+        return ([self.nmt(nmt_search(beam, a.dtype, max_tokens=t, compile=a.compile,
+                                      same_limit=a.same_limit))
                  for t in a.max_tokens],
                 [self.ct2(beam, b, lay) for lay in a.layouts for b in a.ct2_batches])
 
@@ -366,6 +375,7 @@ def header(args, w: Workload) -> dict:
             "too_long_left_out": w.too_long,
             "source_tokens_mean": round(sum(lengths) / max(1, len(lengths)), 1),
             "dtype": args.dtype, "compile": args.compile, "rounds": args.rounds,
+            "same_limit": args.same_limit,
             "nmt_workers": args.workers,
             "ct2_layout": f"{args.inter}x{args.intra}", "load_before": os.getloadavg()[0]}
 
@@ -389,7 +399,9 @@ def report(head: dict, rows: list[dict]) -> None:
     print(f"torch {head['torch']}, ctranslate2 {head['ctranslate2']}; {head['model']}; "
           f"{head['sentences']} sentences (mean {head['source_tokens_mean']} tokens; "
           f"{head['too_long_left_out']} too long left out), "
-          f"{head['dtype']}, alpha 0, split=none; nmt {head['nmt_workers']} workers x 1 thread"
+          f"{head['dtype']}, alpha 0, split=none, "
+          f"{'both stop at 256 tokens' if head['same_limit'] else 'each side its own length limit'}"
+          f"; nmt {head['nmt_workers']} workers x 1 thread"
           f", search.compile={head['compile']}, "
           f"CTranslate2 {head['ct2_layout']} at fixed batches; medians of {head['rounds']} "
           f"interleaved rounds; load average {head['load_before']:.2f} before, "

@@ -77,3 +77,16 @@ def test_whole_process_rows_run_nmt_translate_against_the_ct2_script(sweep, tmp_
     check_rows(result, {("whole", "greedy", "1"), ("whole", "greedy", "best")})
     best = next(r for r in result["rows"] if r["batch"] == "best")
     assert (best["nmt"]["setting"], best["ct2"]["setting"]) == ("max_tokens=128", "B=4 1x2")
+
+
+def test_the_same_limit_stops_nmt_where_ctranslate2_stops(sweep):
+    """--same-limit: nmt's outputs stop at CTranslate2's default limit (256 tokens, whatever
+    the source's length); without it, at nmt's own max_len_a * S + max_len_b."""
+    from nmt.config import SearchConfig
+
+    same = sweep.nmt_search(4, "int8", 1, same_limit=True)
+    own = sweep.nmt_search(4, "int8", 1)
+    assert (same.max_len_a, same.max_len_b) == (0.0, sweep.CT2_MAX_DECODING_LENGTH) == (0.0, 256)
+    assert (own.max_len_a, own.max_len_b) == (SearchConfig().max_len_a, SearchConfig().max_len_b)
+    assert not sweep.parse_args(["--checkpoint", "c"]).same_limit
+    assert sweep.parse_args(["--checkpoint", "c", "--same-limit"]).same_limit
