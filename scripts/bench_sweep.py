@@ -395,14 +395,14 @@ def row_dict(r: Row, n: int) -> dict:
 
 def report(head: dict, rows: list[dict]) -> None:
     """The header and one line a row."""
+    limit = (f"both stop at {CT2_MAX_DECODING_LENGTH} tokens" if head["same_limit"]
+             else "each side its own length limit")
     print(head["cpu"])
     print(f"torch {head['torch']}, ctranslate2 {head['ctranslate2']}; {head['model']}; "
           f"{head['sentences']} sentences (mean {head['source_tokens_mean']} tokens; "
           f"{head['too_long_left_out']} too long left out), "
-          f"{head['dtype']}, alpha 0, split=none, "
-          f"{'both stop at 256 tokens' if head['same_limit'] else 'each side its own length limit'}"
-          f"; nmt {head['nmt_workers']} workers x 1 thread"
-          f", search.compile={head['compile']}, "
+          f"{head['dtype']}, alpha 0, split=none, {limit}; nmt {head['nmt_workers']} workers"
+          f" x 1 thread, search.compile={head['compile']}, "
           f"CTranslate2 {head['ct2_layout']} at fixed batches; medians of {head['rounds']} "
           f"interleaved rounds; load average {head['load_before']:.2f} before, "
           f"{head['load_after']:.2f} after")
