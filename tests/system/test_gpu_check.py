@@ -20,6 +20,7 @@ from nmt.data.batches import Batch
 
 ROOT = Path(__file__).resolve().parents[2]
 WHEELS = ROOT / "build" / "gpu-wheels"
+# make test-long fetches the wheels first, make test does not: a test that needs them is long
 NEED_WHEELS = pytest.mark.skipif(not (WHEELS / "built-from.json").exists(),
                                  reason="no build/gpu-wheels: run make gpu-wheels")
 
@@ -154,6 +155,7 @@ def test_a_step_without_the_time_it_needs_is_skipped_and_says_so(tmp_path):
 
 
 @NEED_WHEELS
+@pytest.mark.long
 def test_the_wheel_folder_installs_into_the_gpu_machines_python():
     """Every wheel fits CPython 3.12 on x86-64 Linux (manylinux 2.28), every package named
     and everything they require there has one, and the folder can be carried (64 MiB)."""
