@@ -21,7 +21,10 @@ eager's step at 16 to 1 rows (docs/results.md, "A decoding step through AOTInduc
 "Packages of a few rows"), and greedy's embedding, bans and maximum around it (15% of a token
 at one row, "Greedy's choice inside the package"); the encoder's ~7% of a token at batch 1
 ("The encoder of one source in a package"), and a fifth of the encoder's time at a few
-sources ("The encoder of a few sources in a package"). Both give eager's choices
+sources ("The encoder of a few sources in a package"). A beam loop's step has a package of its
+own (BeamGraph: the last step's reorder of the cache tables, the step, and the beam's choice,
+nmt::beam_top_k, for any beam of 2 or more; built when a beam search first asks): ~18% of a
+token of beam 4 at batch 1 ("The beam's step in one package"). All give eager's choices
 (tests/unit/test_aot_step.py).
 """
 
@@ -42,6 +45,7 @@ from torch.export import Dim
 
 from nmt.decoding import affine, attention_op, fast_state
 from nmt.decoding.fast_state import StepRows
+from nmt.decoding.strategies import BeamStep, Choice
 from nmt.model import additive_mask
 from nmt.system import private_ops
 
@@ -80,19 +84,47 @@ class StepGraph(nn.Module):
                 source: Tensor, where: Tensor, banned: Tensor, kv: list[Tensor],
                 mem: list[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
         """The logits of the rows' next tokens, and each row's best allowed one."""
+        logits = self.logits(tokens, start, memory_row, zero, source, where, kv, mem)
+        # strategies.row_max's after the bans (B, 1) each, without a banned copy of the logits
+        best, token = torch.ops.nmt.top_k(logits[:, 0], 1, banned)
+        return logits, best[:, 0], token[:, 0]
+
+    def logits(self, tokens: Tensor, start: Tensor, memory_row: Tensor, zero: Tensor,
+               source: Tensor, where: Tensor, kv: list[Tensor], mem: list[Tensor]) -> Tensor:
+        """The step's logits (B, 1, V), the caches written at `where`."""
         fast = self.fast[0]
         end = where.expand(tokens.size(0)) + 1  # (B,) the cache's positions after the step
         rows = StepRows(start, end, memory_row[:, None].expand(-1, mem[0].size(2)), zero,
                         source, where)
         caches = [tuple(kv[3 * i:3 * i + 3]) for i in range(self.layers)]
         memory = [tuple(mem[2 * i:2 * i + 2]) for i in range(self.layers)]
-        logits = fast.step_layers(fast.embed_rows(tokens, rows), rows, caches, memory, True)
-        # strategies.row_max's after the bans (B, 1) each, without a banned copy of the logits
-        best, token = torch.ops.nmt.top_k(logits[:, 0], 1, banned)
-        return logits, best[:, 0], token[:, 0]
+        return fast.step_layers(fast.embed_rows(tokens, rows), rows, caches, memory, True)
+
+
+class BeamGraph(StepGraph):
+    """A beam loop's step (tight_loops.beam's usual one: the rows' number and grouping stay)
+    of B rows as a function of flat tensors: first the last step's reorder (row r takes row
+    parents[r]'s past before `where` and its own buffer row from there on: FastState.
+    reorder_own's, each layer's table in place), then StepGraph's step, then the beam's
+    choice: nmt::beam_top_k (strategies.choose_beam_logits') of its logits, the rows' scores
+    (U, kb) and the banned ids, n the size of `width` (n,) (2k: any beam of k >= 2); returns
+    its six tensors."""
+
+    def forward(self, tokens: Tensor, start: Tensor, memory_row: Tensor, zero: Tensor,
+                source: Tensor, where: Tensor, banned: Tensor, scores: Tensor,
+                parents: Tensor, width: Tensor, kv: list[Tensor],
+                mem: list[Tensor]) -> tuple[Tensor, ...]:
+        """beam_top_k's candidates of the rows' next tokens."""
+        own = torch.arange(tokens.size(0), device=tokens.device)[:, None]  # (B, 1)
+        for table in kv[2::3]:  # (B, C) each
+            before = torch.arange(table.size(1), device=table.device) < where  # (C,)
+            table.copy_(torch.where(before, table.index_select(0, parents), own))
+        logits = self.logits(tokens, start, memory_row, zero, source, where, kv, mem)
+        return torch.ops.nmt.beam_top_k(logits[:, 0], scores, banned, width.size(0))
 
 
 TOKENS, BANNED = 0, 6  # flat_inputs: where the tokens and the banned columns are
+SCORES, PARENTS, WIDTH = 7, 8, 9  # beam_inputs: where the scores, parents and 2k are
 
 
 def flat_inputs(tokens: Tensor, rows: StepRows, banned: Tensor, caches: list,
@@ -102,6 +134,13 @@ def flat_inputs(tokens: Tensor, rows: StepRows, banned: Tensor, caches: list,
     bans (TOKENS, BANNED) in place."""
     return [tokens, rows.start, rows.memory[:, 0], rows.zero, rows.source, rows.where, banned,
             *(t for cache in caches for t in cache), *(t for pair in memory_kv for t in pair)]
+
+
+def beam_inputs(rows: StepRows, caches: list, memory_kv: list) -> list:
+    """BeamGraph's arguments, flat_inputs' with the scores, parents and width (SCORES, PARENTS,
+    WIDTH) after the bans: placeholders here, which a caller replaces at each step."""
+    flat = flat_inputs(rows.start, rows, rows.start, caches, memory_kv)
+    return [*flat[:BANNED + 1], rows.start, rows.start, rows.start, *flat[BANNED + 1:]]
 
 
 def cpu_flags() -> str:
@@ -177,16 +216,18 @@ def give_rows(maps: list, rows: int) -> None:
             m.few_rows = max(m.few_rows, rows)
 
 
-def compile_package(eager, path: Path, rows: int = 1) -> None:
+def compile_package(eager, path: Path, rows: int = 1, beam: bool = False) -> None:
     """Export `eager`'s step_layers (a FastModel in eager's forms) for 1 to `rows` rows and
     compile it into `path`, written whole (renamed into place: a process that reads it finds a
-    whole package or none; two that build at once write the same)."""
+    whole package or none; two that build at once write the same): StepGraph's, or BeamGraph's
+    (beam; rows >= 4)."""
     h, d = eager.decoder[0].h, eager.cfg.d_model
     like = (eager.kv_dtype or eager.float_dtype, torch.long)
     C, S = Dim("C", min=2, max=1 << 16), Dim("S", min=2, max=1 << 16)
     N, M = Dim("N", max=1 << 16), Dim("M", max=1 << 16)
     B = Dim("B", min=1, max=rows) if rows > 1 else None
-    b = 2 if rows > 1 else 1  # the example's rows (one would specialize the dimension)
+    # the example's rows (one would specialize the dimension; a beam's: 2 units of 2)
+    b = 4 if beam else 2 if rows > 1 else 1
 
     def zeros(*shape: int, dtype: torch.dtype = like[0]) -> Tensor:
         """A new example input (each its own: export keeps aliased inputs one input)."""
@@ -202,11 +243,21 @@ def compile_package(eager, path: Path, rows: int = 1) -> None:
     tokens, start, memory_row, zero, source, where, banned, *flat = flat_inputs(
         torch.zeros(b, dtype=torch.long), step, banned, caches, memory)
     kv, mem = flat[:3 * len(caches)], flat[3 * len(caches):]
-    args = (tokens, start, memory_row, zero, source, where, banned, kv, mem)
     shapes = ({0: B}, *[{0: B}] * 4, None, None,
               [{0: N, 2: C}, {0: N, 2: C}, {0: B, 1: C}] * len(eager.decoder),
               [{0: M, 2: S}, {0: M, 2: S}] * len(eager.decoder))
-    _export_and_compile(StepGraph(eager), args, shapes, path)
+    if not beam:
+        args = (tokens, start, memory_row, zero, source, where, banned, kv, mem)
+        _export_and_compile(StepGraph(eager), args, shapes, path)
+        return
+    banned = torch.tensor([0, 1, 2])  # ids, (3,): as few as a vocabulary bans
+    scores, parents = torch.zeros(2, 2), torch.tensor([1, 0, 3, 3])  # (U, kb), (B,)
+    args = (tokens, start, memory_row, zero, source, where, banned, scores, parents,
+            torch.zeros(8), kv, mem)  # the width of k = 4's 2k
+    width = Dim("W", min=4, max=1 << 12)  # beams of 2 or more (k = 1 would specialize)
+    shapes = (*shapes[:6], {0: Dim("banned", min=1, max=1 << 16)},
+              {0: Dim("U", max=rows), 1: Dim("kb", max=rows)}, {0: B}, {0: width}, *shapes[7:])
+    _export_and_compile(BeamGraph(eager), args, shapes, path)
 
 
 def _export_and_compile(graph: nn.Module, args: tuple, shapes: tuple, path: Path) -> None:
@@ -308,6 +359,31 @@ class PackagedStep(Package):
         bool (None: none banned) set in them."""
         inputs[TOKENS], inputs[BANNED] = tokens, self.no_bans if banned is None else banned
         return StepOut(*self.run(inputs))
+
+
+class PackagedBeam(Package):
+    """The compiled beam step of 4 to `rows` rows (compile_package's BeamGraph, from the
+    FastModel in eager's forms that make_eager returns)."""
+
+    def __init__(self, path: Path, make_eager: Callable[[], nn.Module], rows: int):
+        super().__init__(path, lambda: compile_package(make_eager(), path, rows, True),
+                         f"the beam's step of 4-{rows} rows")
+        self.rows = rows
+
+    def inputs(self, rows: StepRows, caches: list, memory_kv: list) -> list[Tensor]:
+        """The flat inputs of steps of these rows, caches and memory (beam_inputs'), which a
+        caller keeps while they stay (`step` sets the rest in them)."""
+        return beam_inputs(rows, caches, memory_kv)
+
+    def step(self, inputs: list[Tensor], tokens: Tensor, banned: Tensor, scores: Tensor,
+             parents: Tensor, width: Tensor) -> BeamStep:
+        """BeamGraph's step from `inputs` (beam_inputs' of the rows, caches and memory, kept
+        while they stay): the tokens (B,), banned ids, scores (U, kb), parents (B,) and width
+        (2k,) set in them."""
+        inputs[TOKENS], inputs[BANNED] = tokens, banned
+        inputs[SCORES], inputs[PARENTS], inputs[WIDTH] = scores, parents, width
+        top, parents, tokens, *first = self.run(inputs)
+        return BeamStep(Choice(top, parents, tokens), *first)
 
 
 class PackagedEncoder(Package):

@@ -149,6 +149,7 @@ def _build(isa: str) -> None:
     torch.library.register_fake("nmt::int8_rows_quantize")(_fake_int8_rows_quantize)
     torch.library.register_fake("nmt::int8_rows_rescale")(_fake_int8_rows_rescale)
     torch.library.register_fake("nmt::top_k")(_fake_top_k)
+    torch.library.register_fake("nmt::beam_top_k")(_fake_beam_top_k)
 
 
 def _build_once(isa: str, library: Path) -> None:
@@ -259,6 +260,17 @@ def _fake_int8_rows_rescale(y: Tensor, scale: Tensor, zero: Tensor, zero_sums: T
 def _fake_top_k(x: Tensor, n: int, banned: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """nmt::top_k's outputs without computing them (for tracing: torch.export)."""
     return x.new_empty(x.size(0), n), x.new_empty(x.size(0), n, dtype=torch.long)
+
+
+def _fake_beam_top_k(logits: Tensor, scores: Tensor, banned: Tensor,
+                     n: int) -> tuple[Tensor, ...]:
+    """nmt::beam_top_k's outputs without computing them (for tracing: torch.export): each
+    unit's n candidates (scores, parents, tokens: (U, n) each), the first n / 2's scores
+    (U, n / 2), rows and tokens (U n / 2,) each."""
+    U, k = scores.size(0), n // 2
+    ids = dict(dtype=torch.long)
+    return (logits.new_empty(U, n), logits.new_empty(U, n, **ids), logits.new_empty(U, n, **ids),
+            logits.new_empty(U, k), logits.new_empty(U * k, **ids), logits.new_empty(U * k, **ids))
 
 
 def _unavailable(why: str) -> str:

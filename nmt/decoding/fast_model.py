@@ -264,11 +264,12 @@ class FastModel(nn.Module):
         # query per row), and by more in bf16.
         self.plain_attention = device.type == "cpu"
         # int8's step of a few rows and encoder of a few sources, compiled ahead of time
-        self._packaged, self._encoder = None, None
+        self._packaged, self._encoder, self._beam = None, None, None
         if self.compiled:  # Inductor, the weights frozen in as constants
             self._compiled_layers = private_ops.frozen_compile(self.step_layers)
         elif compile:
-            self._packaged, self._encoder = _packages(model, rows, self.kv_dtype, self)
+            self._packaged, self._encoder, self._beam = _packages(model, rows, self.kv_dtype,
+                                                                  self)
 
     def _affine_builder(self, device: torch.device, rows: int):
         """affine(W, b, relu=False): the linear maps' form for this dtype and device."""
@@ -460,6 +461,16 @@ class FastModel(nn.Module):
             return self._packaged
         return None
 
+    def packaged_beam(self, B: int):
+        """int8's beam step compiled ahead of time (aot_step.PackagedBeam) where it takes B
+        rows, built at the first call where this machine has none (once per machine and model:
+        Translator.translate_ids asks before its workers do), else None."""
+        if self._packaged is None or B > self._packaged.rows or self._packaged.rows < 4:
+            return None
+        if callable(self._beam):  # not made yet: its path and build
+            self._beam = self._beam()
+        return self._beam
+
     def step_layers(self, x: Tensor, rows: StepRows, caches: list[tuple[Tensor, Tensor, Tensor]],
                     memory_kv: list[tuple[Tensor, Tensor]], project: bool) -> Tensor:
         """The decoder layers of one new position per row through the fused operator, each
@@ -485,7 +496,8 @@ def _packages(model: Transformer, rows: int, kv_dtype: torch.dtype | None, fast:
     in eager's forms where this machine has none, loaded at their first calls; (None, None),
     one line on stderr saying why, where they cannot be built or kept (steps and sources then
     run eager: the same choices, slower). The encoder's is None where its maps take fewer than
-    two rows."""
+    two rows. And the beam step's, made (built if need be) when first asked for
+    (FastModel.packaged_beam): a function until then."""
     from nmt.decoding import aot_step  # torch.export: only where search.compile asks
 
     most, longest = aot_step.most_rows(fast), aot_step.encoder_rows(fast)
@@ -506,11 +518,25 @@ def _packages(model: Transformer, rows: int, kv_dtype: torch.dtype | None, fast:
             aot_step.package_key(weights, "int8", kv_dtype, longest, "encoder"), "encoder"),
             eager, longest)
     except Exception as e:  # noqa: BLE001 (an export's, Inductor's or the disk's failure)
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        print(f"nmt: search.compile's step of a few rows is not built ({type(e).__name__}: "
-              f"{first}); it runs eager", file=sys.stderr)
-        return None, None
-    return step, encoder
+        _not_built("step of a few rows", e)
+        return None, None, None
+
+    def beam() -> aot_step.PackagedBeam | None:
+        """The beam step's package (None, one line on stderr, where it cannot be built)."""
+        try:
+            return aot_step.PackagedBeam(aot_step.package_path(aot_step.package_key(
+                weights, "int8", kv_dtype, most, "beam"), "beam"), eager, most)
+        except Exception as e:  # noqa: BLE001 (as above)
+            _not_built("beam step", e)
+            return None
+    return step, encoder, beam
+
+
+def _not_built(what: str, e: Exception) -> None:
+    """Say in one line that search.compile's `what` is not built, and why (`e`)."""
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    print(f"nmt: search.compile's {what} is not built ({type(e).__name__}: {first}); it runs "
+          f"eager", file=sys.stderr)
 
 
 def _compile_needs(device: torch.device, fused: bool | None) -> str:

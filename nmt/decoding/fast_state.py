@@ -232,11 +232,16 @@ class FastState:
         and writes its own buffer row from there on (reorder, then moved), every layer's table
         in one nmt::reorder_tables call; the tables stay the same tensors. False, nothing
         done, where the rows' number or grouping changes (reorder and moved do it)."""
-        if (index.size(0) != self.self_kv[0].table.size(0) or group != self.g
-                or self.row_sentence is not None):
+        if not self.keeps_rows(index.size(0), group):
             return False
         torch.ops.nmt.reorder_tables.default([cache.table for cache in self.self_kv], index, keep)
         return True
+
+    def keeps_rows(self, R: int, group: int) -> bool:
+        """Whether a reorder into R rows of `group` a sentence keeps a loop's own rows' number
+        and grouping (reorder_own's case)."""
+        return (R == self.self_kv[0].table.size(0) and group == self.g
+                and self.row_sentence is None)
 
     def step_parts(self, B: int) -> tuple[Tensor, Tensor, Tensor]:
         """What the fused operator reads of B rows that stays while they do (StepRows'): zeros

@@ -19,8 +19,9 @@ n-gram rule), a step is the model's and a few operators:
   unit's rows leave at the step it ends.
 Both step the decoder through `_Steps` (its caches made once; int8's package compiled ahead
 of time under search.compile, the embedding and greedy's banned maximum inside it, else
-FastModel.step_layers), and encode through FastModel.start (a few sources of like lengths:
-int8's encoder package under search.compile).
+FastModel.step_layers; beam's own package, where it takes the rows, with the last step's
+reorder and the beam's choice inside it too: ~18% of a token at batch 1), and encode through
+FastModel.start (a few sources of like lengths: int8's encoder package under search.compile).
 All give the core's hypotheses (tests/unit/test_tight_loops.py).
 """
 
@@ -42,7 +43,7 @@ from nmt.decoding.fast_model import FastModel
 from nmt.decoding.fast_state import FastState, StepRows
 from nmt.decoding.lengths import Units, empty_source, max_positions, output_lengths
 from nmt.decoding.messages import Hypothesis, Sentence
-from nmt.decoding.strategies import choose_beam_logits, row_max
+from nmt.decoding.strategies import BeamStep, choose_beam_logits, row_max
 
 if TYPE_CHECKING:  # torch.export's import: only where search.compile asks
     from nmt.decoding.aot_step import StepOut
@@ -105,8 +106,9 @@ class _Steps:
 
     FIRST_POSITIONS = 64  # the caches' positions at first (a batch's longest output, mostly)
 
-    def __init__(self, fast: FastModel, state: FastState, positions: int, room: int):
-        self.fast, self.state = fast, state
+    def __init__(self, fast: FastModel, state: FastState, positions: int, room: int,
+                 beam: bool = False):
+        self.fast, self.state, self.beam = fast, state, beam
         R = state.src_len.size(0)
         self._view(R, 0)
         self._set(state.own_rows(R, min(positions, self.FIRST_POSITIONS), room, self.own))
@@ -119,9 +121,11 @@ class _Steps:
     def _view(self, R: int, t: int) -> None:
         """The operator's view of R rows at position t, and the layers that step them."""
         zero, memory, source = self.state.step_parts(R)
-        dev, self.package = zero.device, self.fast.packaged_for(R)
-        self.R = R
+        dev, self.R = zero.device, R
+        self.package = self.fast.packaged_beam(R) if self.beam else self.fast.packaged_for(R)
         self.own = torch.arange(R, device=dev)[:, None]  # (R, 1) each row's buffer row
+        # the beam package's reorder of the rows at its next step (`reorder`): none yet
+        self.identity = self.parents = self.own[:, 0]
         # the position the step writes (the package's: a (1,) tensor) and the cache's
         # positions after it, each its own tensor (views of one cost the package ~2 us a call)
         self.where = torch.tensor([t], device=dev)
@@ -153,6 +157,22 @@ class _Steps:
             return out.best, out.token
         return row_max(self(tokens, t), mask)
 
+    def choose(self, tokens: Tensor, t: int, scores: Tensor, banned: Tensor,
+               width: Tensor) -> BeamStep:
+        """The beam's choice after the R rows' tokens (R,) at position t, of their scores
+        (U, kb), `banned` ids and 2k the size of `width` (strategies.choose_beam_logits'): in
+        int8's beam package where it takes the rows (the last step's reorder in it), else of
+        the step's logits."""
+        if not (self.beam and self.package):
+            return choose_beam_logits(self(tokens, t), scores, banned, width.size(0) // 2)
+        self._grow(t)
+        if self.inputs is None:
+            self.inputs = self.package.inputs(self.rows, self.caches, self.state.memory_kv)
+        step = self.package.step(self.inputs, tokens, banned, scores, self.parents, width)
+        self.where.add_(1)
+        self.parents = self.identity
+        return step
+
     def _packaged(self, tokens: Tensor, t: int, mask: Tensor | None) -> StepOut:
         """The package's step of the R rows' tokens (R,) at position t: its flat inputs kept
         from step to step, the tokens and bans replaced."""
@@ -164,14 +184,22 @@ class _Steps:
         return out
 
     def _grow(self, t: int) -> None:
-        """Room for position t: where the caches are full, half as many positions again."""
+        """Room for position t: where the caches are full, half as many positions again (the
+        beam package's reorder done first)."""
         if t == self.caches[0][0].size(2):  # (N, h, C, d_k)
+            if self.parents is not self.identity:
+                self.state.reorder_own(self.parents, t, self.state.g)
+                self.parents = self.identity
             self._set(self.state.own_rows(self.R, t + 1, 0, self.own, t))
 
     def reorder(self, index: Tensor, t: int, group: int, sentences: Tensor | None = None):
         """Keep (and repeat) rows `index` after the step at position t (FastState.reorder;
         in place where the rows' number and grouping stay: reorder_own, the package's inputs
-        kept)."""
+        kept; the beam package's at its next step)."""
+        if sentences is None and self.beam and self.package and self.state.keeps_rows(
+                index.shape[0], group):
+            self.parents = index
+            return
         if sentences is None and self.state.reorder_own(index, t + 1, group):
             return
         self.state.reorder(index, group, sentences)
@@ -282,8 +310,9 @@ def beam(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
     max_len, state = _start(fast, sentences, search, specials)
     limits, n, k = max_len.tolist(), len(sentences), search.beam_size
     device = state.src_len.device
-    steps = _Steps(fast, state, max(limits), n * k)
+    steps = _Steps(fast, state, max(limits), n * k, beam=k > 1)
     banned = bans(specials, fast.vocab_size, device, search.min_len)
+    width = torch.empty(2 * k, device=device)  # (2k,) the candidates a unit has a step
     units = _units(search, search.nbest, max_len)
     live = list(range(n))  # each unit's sentence
     last = torch.full((n,), specials.bos, device=device)  # (U kb,) each row's newest token
@@ -291,7 +320,7 @@ def beam(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
     rows: list = [[([], [0.0])] for _ in range(n)]  # each unit's rows: output, prefixes' log P
     results: list[list[Hypothesis]] = [[] for _ in range(n)]
     for t in range(max(limits)):
-        step = choose_beam_logits(steps(last, t), scores, banned.columns(t), k)
+        step = steps.choose(last, t, scores, banned.columns(t), width)
         choice = step.choice  # (U, 2k) each, best first
         read = zip(*(x.tolist() for x in (choice.scores, choice.parents, choice.tokens)),
                    strict=True)  # each unit's (cand, parent, token)

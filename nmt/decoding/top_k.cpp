@@ -155,7 +155,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 
 TORCH_LIBRARY_FRAGMENT(nmt, m) {
   m.def("top_k(Tensor x, int n, Tensor? banned=None) -> (Tensor, Tensor)");
-  m.def("beam_top_k(Tensor logits, Tensor scores, Tensor banned, int n) -> (Tensor, Tensor, "
+  // n a SymInt: a package compiled ahead of time takes it from an input's size (any beam)
+  m.def("beam_top_k(Tensor logits, Tensor scores, Tensor banned, SymInt n) -> (Tensor, Tensor, "
         "Tensor, Tensor, Tensor, Tensor)");
 }
 

@@ -35,6 +35,7 @@ from nmt.decoding.batches import (
     score_pairs,
     translate_nbest,
 )
+from nmt.decoding.fast_model import FastModel
 from nmt.decoding.messages import Hypothesis, Sentence
 from nmt.decoding.stepping import step_loop
 from nmt.engines.attention_maps import attention_maps, keep_attention
@@ -135,6 +136,10 @@ class Translator:
         batches.translate_nbest; a constraint's last word ends where it ends (no piece of the
         target tokenizer that goes on with a word follows it)."""
         models = self.prepared(search.dtype, search.compile)
+        if search.beam_size > 1 and not search.sampling:  # built here, not by each worker
+            for model in models:
+                if isinstance(model, FastModel):
+                    model.packaged_beam(1)
         return translate_nbest(models, src_ids, search, self.specials,
                                self.device, use_cache=self.use_cache, progress=progress,
                                fast=self.fast, prefixes=prefixes, lines=lines,

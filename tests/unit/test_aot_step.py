@@ -14,7 +14,7 @@ from nmt.decoding import affine, aot_step, attention_op, tight_loops
 from nmt.decoding.batches import decoding_models, pad_batch
 from nmt.decoding.core import decode_all
 from nmt.decoding.fast_model import FastModel
-from nmt.decoding.fast_state import TableKVCache
+from nmt.decoding.fast_state import FastState, TableKVCache
 from nmt.decoding.messages import Sentence
 from nmt.decoding.strategies import row_max
 from nmt.system import private_ops
@@ -202,6 +202,44 @@ def test_beams_and_batches_through_the_package_give_eagers_outputs(kept_packages
             assert [[h.tokens for h in hyps] for hyps in got] == \
                 [[h.tokens for h in hyps] for hyps in want]
     assert compiled._packaged.calls > 0
+
+
+def test_the_beam_package_gives_eagers_beams(kept_packages, monkeypatch):
+    """tight_loops.beam's steps through int8's beam package (the last step's reorder, the
+    step and the beam's choice in one call, for any beam of 2 or more): eager's hypotheses,
+    their scores within a float sum's rounding, for one sentence and for a few (units
+    ending, rows leaving), with the caches grown while a reorder waits for the next step;
+    built once (translate_ids asks before its workers), not for beams of 1."""
+    monkeypatch.setattr(tight_loops._Steps, "FIRST_POSITIONS", 3)
+    model = tiny_model(V, seed=1, stops=True, N=2)
+    eager, compiled = FastModel(model, "int8"), FastModel(model, "int8", compile=True)
+    specials = Specials(BOS, EOS, PAD)
+    # the reorders done outside the package: only where the caches grow (at 8 positions)
+    flushed, reorder_own = [], FastState.reorder_own
+    monkeypatch.setattr(FastState, "reorder_own", lambda state, index, keep, group: (
+        done := reorder_own(state, index, keep, group), done and flushed.append(keep))[0])
+    sentences = [Sentence(i, s) for i, s in enumerate(random_sources(7, V, seed=6))]
+    grown = []
+    for k, batches in [(4, [sentences[:1], sentences[1:4]]), (2, [sentences[4:]]),
+                       (5, [sentences[:2]])]:
+        cfg = search(beam_size=k, nbest=2, max_len_b=8)
+        for batch in batches:
+            want = tight_loops.beam(eager, batch, cfg, specials)
+            flushed.clear()
+            got = tight_loops.beam(compiled, batch, cfg, specials)
+            grown += flushed
+            assert [[h.tokens for h in hyps] for hyps in got] == \
+                [[h.tokens for h in hyps] for hyps in want]
+            for g, w in zip(sum(got, []), sum(want, []), strict=True):
+                assert g.logprob == pytest.approx(w.logprob, abs=1e-4)
+    beam = compiled.packaged_beam(4)
+    assert beam.path in kept_packages.glob("*/beam-*.pt2") and beam.calls > 0
+    assert set(grown) == {8}  # reorders that waited, done before the caches grew
+    assert eager.packaged_beam(4) is None
+    assert compiled.packaged_beam(compiled._packaged.rows + 1) is None
+    calls = beam.calls
+    tight_loops.beam(compiled, sentences[:1], search(beam_size=1), specials)
+    assert beam.calls == calls
 
 
 def test_continuous_batching_through_the_package_gives_eagers_outputs(kept_packages,
