@@ -73,6 +73,7 @@ def serve(cfg: ServeConfig) -> None:
     try:
         if cfg.vocab_check:
             check_vocab(translator, cfg.vocab_check, cfg.checkpoint)
+        translator.ready(cfg.search)
         warm_up(translator.stepper(), cfg.search.dtype, cfg.search.compile)
     except NmtError:
         translator.close()
@@ -153,6 +154,7 @@ def open_service(entry: ModelEntry, cfg: ServeConfig, device: torch.device,
                                  workers=workers, threads=cfg.threads, compile=cfg.search.compile,
                                  fork=True)
     try:
+        translator.ready(cfg.search)
         warm_up(translator.stepper(), cfg.search.dtype, cfg.search.compile)
         return Service(translator, model_config(cfg, entry))
     except NmtError:

@@ -67,6 +67,10 @@ class Engine(Protocol):
     def decoder_layers(self) -> int:
         """The decoder layers whose attention `attention` returns (0: it returns none)."""
 
+    def ready(self, search: SearchConfig) -> object:
+        """Build what `search` compiles once per machine before the workers first need it (a
+        request would wait for it)."""
+
     def translate_ids(self, src_ids: list[list[int]], search: SearchConfig,
                       prefixes: list[list[int]] | None = None, lines: list[int] | None = None,
                       progress=None, parallel: bool = True,

@@ -126,6 +126,17 @@ class Translator:
             self.preparations += 1
         return self._prepared[dtype, compile]
 
+    def ready(self, search: SearchConfig) -> list:
+        """The models prepared for `search` (`prepared`), with what its search compiles once
+        per machine built here, not by each worker: int8's beam package (search.compile,
+        FastModel.packaged_beam)."""
+        models = self.prepared(search.dtype, search.compile)
+        if search.beam_size > 1 and not search.sampling:
+            for model in models:
+                if isinstance(model, FastModel):
+                    model.packaged_beam(1)
+        return models
+
     def translate_ids(self, src_ids: list[list[int]], search: SearchConfig,
                       prefixes: list[list[int]] | None = None, lines: list[int] | None = None,
                       progress=None, parallel: bool = True,
@@ -135,11 +146,7 @@ class Translator:
         unless parallel=False. prefixes, lines, progress, constraints, scores: as
         batches.translate_nbest; a constraint's last word ends where it ends (no piece of the
         target tokenizer that goes on with a word follows it)."""
-        models = self.prepared(search.dtype, search.compile)
-        if search.beam_size > 1 and not search.sampling:  # built here, not by each worker
-            for model in models:
-                if isinstance(model, FastModel):
-                    model.packaged_beam(1)
+        models = self.ready(search)
         return translate_nbest(models, src_ids, search, self.specials,
                                self.device, use_cache=self.use_cache, progress=progress,
                                fast=self.fast, prefixes=prefixes, lines=lines,

@@ -155,6 +155,9 @@ class CT2Translator:
         """0: CTranslate2 returns no attention weights (capabilities.alignment is off)."""
         return 0
 
+    def ready(self, search: SearchConfig) -> None:
+        """Nothing to build: CTranslate2's model is ready as loaded."""
+
     def translate_ids(self, src_ids: list[list[int]], search: SearchConfig,
                       prefixes: list[list[int]] | None = None, lines: list[int] | None = None,
                       progress=None, parallel: bool = True,

@@ -17,6 +17,7 @@ from nmt.decoding.fast_model import FastModel
 from nmt.decoding.fast_state import FastState, TableKVCache
 from nmt.decoding.messages import Sentence
 from nmt.decoding.strategies import row_max
+from nmt.engines.translator import Translator
 from nmt.system import private_ops
 
 pytestmark = [pytest.mark.long, pytest.mark.usefixtures("one_thread"), pytest.mark.isa]
@@ -240,6 +241,20 @@ def test_the_beam_package_gives_eagers_beams(kept_packages, monkeypatch):
     calls = beam.calls
     tight_loops.beam(compiled, sentences[:1], search(beam_size=1), specials)
     assert beam.calls == calls
+
+
+def test_a_translator_builds_the_beam_package_before_its_workers_ask(kept_packages):
+    """Translator.ready (translate_ids', nmt-serve's before its workers' warm-up) builds the
+    beam package of a beam search in int8 under search.compile, in the calling process: not
+    for greedy search, nor before a search asks."""
+    model = tiny_model(V, seed=1, stops=True, N=2)
+    with Translator([model], Specials(BOS, EOS, PAD), dtype="int8", compile="true") as tr:
+        fast = tr.prepared("int8", "true")[0]
+        assert callable(fast._beam)  # its path and build, not made yet
+        tr.ready(search(beam_size=1, dtype="int8", compile="true"))
+        assert callable(fast._beam)
+        tr.ready(search(beam_size=4, dtype="int8", compile="true"))
+        assert fast._beam.path.exists() and fast._beam.path in kept_packages.glob("*/beam-*")
 
 
 def test_continuous_batching_through_the_package_gives_eagers_outputs(kept_packages,
