@@ -131,10 +131,9 @@ class Translator:
         per machine built here, not by each worker: int8's beam package (search.compile,
         FastModel.packaged_beam)."""
         models = self.prepared(search.dtype, search.compile)
-        if search.beam_size > 1 and not search.sampling:
-            for model in models:
-                if isinstance(model, FastModel):
-                    model.packaged_beam(1)
+        if search.beam_size > 1 and not search.sampling and len(models) == 1 and isinstance(
+                models[0], FastModel):  # the tight loops' beam search (one model, no ensemble)
+            models[0].packaged_beam(1)
         return models
 
     def translate_ids(self, src_ids: list[list[int]], search: SearchConfig,
