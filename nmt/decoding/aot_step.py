@@ -362,12 +362,12 @@ class PackagedStep(Package):
 
 
 class PackagedBeam(Package):
-    """The compiled beam step of 4 to `rows` rows (compile_package's BeamGraph, from the
-    FastModel in eager's forms that make_eager returns)."""
+    """The compiled beam step of 1 to `rows` (>= 4) rows (compile_package's BeamGraph, from
+    the FastModel in eager's forms that make_eager returns)."""
 
     def __init__(self, path: Path, make_eager: Callable[[], nn.Module], rows: int):
         super().__init__(path, lambda: compile_package(make_eager(), path, rows, True),
-                         f"the beam's step of 4-{rows} rows")
+                         f"the beam's step of 1-{rows} rows")
         self.rows = rows
 
     def inputs(self, rows: StepRows, caches: list, memory_kv: list) -> list[Tensor]:

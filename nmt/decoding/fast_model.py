@@ -493,7 +493,7 @@ class FastModel(nn.Module):
 def _packages(model: Transformer, rows: int, kv_dtype: torch.dtype | None, fast: FastModel):
     """search.compile's int8 step of a few rows (as many as `fast`'s maps give
     nmt::int8_rows) and encoder of a few sources (nmt.decoding.aot_step): built from this model
-    in eager's forms where this machine has none, loaded at their first calls; (None, None),
+    in eager's forms where this machine has none, loaded at their first calls; None each,
     one line on stderr saying why, where they cannot be built or kept (steps and sources then
     run eager: the same choices, slower). The encoder's is None where its maps take fewer than
     two rows. And the beam step's, made (built if need be) when first asked for

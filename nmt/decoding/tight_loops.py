@@ -102,7 +102,9 @@ class _Steps:
     a step needs more (as the core's, rarely: most outputs are shorter), the fused
     operator's view (StepRows) made when the rows change and advanced in place, the layers
     int8's package compiled ahead of time where it takes R rows (FastModel.packaged_for,
-    search.compile: the embedding and greedy's choice inside), else step_layers."""
+    search.compile: the embedding and greedy's choice inside; a beam loop's own, with its
+    reorder and choice inside, where that takes them: FastModel.packaged_beam, `choose`),
+    else step_layers."""
 
     FIRST_POSITIONS = 64  # the caches' positions at first (a batch's longest output, mostly)
 
@@ -122,7 +124,9 @@ class _Steps:
         """The operator's view of R rows at position t, and the layers that step them."""
         zero, memory, source = self.state.step_parts(R)
         dev, self.R = zero.device, R
-        self.package = self.fast.packaged_beam(R) if self.beam else self.fast.packaged_for(R)
+        beam = self.fast.packaged_beam(R) if self.beam else None
+        self.package = beam or self.fast.packaged_for(R)  # the step's where no beam's takes R
+        self.chooses = beam is not None  # the package makes the beam's choice and reorder
         self.own = torch.arange(R, device=dev)[:, None]  # (R, 1) each row's buffer row
         # the beam package's reorder of the rows at its next step (`reorder`): none yet
         self.identity = self.parents = self.own[:, 0]
@@ -163,7 +167,7 @@ class _Steps:
         (U, kb), `banned` ids and 2k the size of `width` (strategies.choose_beam_logits'): in
         int8's beam package where it takes the rows (the last step's reorder in it), else of
         the step's logits."""
-        if not (self.beam and self.package):
+        if not self.chooses:
             return choose_beam_logits(self(tokens, t), scores, banned, width.size(0) // 2)
         self._grow(t)
         if self.inputs is None:
@@ -196,8 +200,7 @@ class _Steps:
         """Keep (and repeat) rows `index` after the step at position t (FastState.reorder;
         in place where the rows' number and grouping stay: reorder_own, the package's inputs
         kept; the beam package's at its next step)."""
-        if sentences is None and self.beam and self.package and self.state.keeps_rows(
-                index.shape[0], group):
+        if sentences is None and self.chooses and self.state.keeps_rows(index.shape[0], group):
             self.parents = index
             return
         if sentences is None and self.state.reorder_own(index, t + 1, group):
