@@ -56,6 +56,10 @@ from nmt.system import private_ops
 QUADS_STEP_ROWS = 64
 QUADS_ENCODER_ROWS = 128  # ... and its encoder this many positions of all its sources together
 ENCODER_SOURCES = 4  # the encoder's package takes batches of 1 to this many sources
+# ... and encodes a batch in at most this many calls, its groups of like length in chunks
+# (more: eager's larger products are as fast; docs/results.md "A few sources' encoder in
+# chunks of the package")
+ENCODER_CALLS = 4
 SOURCES = [Path(__file__), Path(affine.__file__), Path(fast_state.__file__),
            Path(__file__).with_name("fast_model.py")]  # the code the step runs
 
@@ -123,7 +127,7 @@ class BeamGraph(StepGraph):
         return torch.ops.nmt.beam_top_k(logits[:, 0], scores, banned, width.size(0))
 
 
-TOKENS, BANNED = 0, 6  # flat_inputs: where the tokens and the banned columns are
+TOKENS, WHERE, BANNED = 0, 5, 6  # flat_inputs: where the tokens, position and bans are
 SCORES, PARENTS, WIDTH = 7, 8, 9  # beam_inputs: where the scores, parents and 2k are
 
 
@@ -347,17 +351,19 @@ class PackagedStep(Package):
         """FastModel.step_layers of B <= self.rows rows after their tokens (B,) (embedded at
         their positions, rows.end - 1 - rows.start), the whole vocabulary's logits, and each
         row's best token outside `banned` (V,) bool (None: none banned)."""
-        return self.step(self.inputs(rows, caches, memory_kv), tokens, banned)
+        return self.step(self.inputs(rows, caches, memory_kv), tokens, banned, rows.where)
 
     def inputs(self, rows: StepRows, caches: list, memory_kv: list) -> list[Tensor]:
         """The flat inputs of steps of these rows, caches and memory (flat_inputs'), which a
         caller keeps while they stay (`step` sets the tokens and bans in them)."""
         return flat_inputs(self.no_bans, rows, self.no_bans, caches, memory_kv)
 
-    def step(self, inputs: list[Tensor], tokens: Tensor, banned: Tensor | None) -> StepOut:
-        """__call__'s step from `inputs` (the rows' `self.inputs`), tokens (B,) and banned (V,)
-        bool (None: none banned) set in them."""
+    def step(self, inputs: list[Tensor], tokens: Tensor, banned: Tensor | None,
+             where: Tensor) -> StepOut:
+        """__call__'s step from `inputs` (the rows' `self.inputs`), tokens (B,), banned (V,)
+        bool (None: none banned) and the position `where` (1,) set in them."""
         inputs[TOKENS], inputs[BANNED] = tokens, self.no_bans if banned is None else banned
+        inputs[WHERE] = where
         return StepOut(*self.run(inputs))
 
 
@@ -375,12 +381,12 @@ class PackagedBeam(Package):
         caller keeps while they stay (`step` sets the rest in them)."""
         return beam_inputs(rows, caches, memory_kv)
 
-    def step(self, inputs: list[Tensor], tokens: Tensor, banned: Tensor, scores: Tensor,
-             parents: Tensor, width: Tensor) -> BeamStep:
+    def step(self, inputs: list[Tensor], tokens: Tensor, banned: Tensor, where: Tensor,
+             scores: Tensor, parents: Tensor, width: Tensor) -> BeamStep:
         """BeamGraph's step from `inputs` (beam_inputs' of the rows, caches and memory, kept
-        while they stay): the tokens (B,), banned ids, scores (U, kb), parents (B,) and width
-        (2k,) set in them."""
-        inputs[TOKENS], inputs[BANNED] = tokens, banned
+        while they stay): the tokens (B,), banned ids, position (1,), scores (U, kb), parents
+        (B,) and width (2k,) set in them."""
+        inputs[TOKENS], inputs[BANNED], inputs[WHERE] = tokens, banned, where
         inputs[SCORES], inputs[PARENTS], inputs[WIDTH] = scores, parents, width
         top, parents, tokens, *first = self.run(inputs)
         return BeamStep(Choice(top, parents, tokens), *first)
@@ -395,11 +401,18 @@ class PackagedEncoder(Package):
                          f"the encoder of 1-{ENCODER_SOURCES} sources of 2-{rows} positions")
         self.rows = rows
 
-    def takes(self, src: Tensor) -> bool:
-        """Whether the package encodes these (B, S) ids: 1 to ENCODER_SOURCES sources of 2 to
-        `rows` positions, at most `rows` in all with the padding."""
-        B, S = src.shape
-        return 1 <= B <= ENCODER_SOURCES and 2 <= S and B * S <= self.rows
+    def chunks(self, groups: list[tuple[Tensor, int]]) -> list[tuple[Tensor, int]] | None:
+        """The calls that encode sources in `groups` of like length (rows (n,), longest
+        length; source_groups'): each group's rows in chunks of 1 to ENCODER_SOURCES sources,
+        at most `rows` positions in all with the padding; None where a source has fewer than
+        2 positions or more than `rows`, or where that takes more than ENCODER_CALLS calls."""
+        calls = []
+        for rows, L in groups:
+            n = min(ENCODER_SOURCES, self.rows // L)  # sources a call
+            if L < 2 or n == 0:
+                return None
+            calls += [(rows[i:i + n], L) for i in range(0, len(rows), n)]
+        return calls if len(calls) <= ENCODER_CALLS else None
 
     def __call__(self, src: Tensor) -> list[tuple[Tensor, Tensor]]:
         """Every decoder layer's keys and values (B, h, S, d_k) of (B, S) source ids."""

@@ -205,6 +205,17 @@ def source_groups(src_mask: Tensor) -> list[tuple[Tensor, int]] | None:
     return [(torch.tensor(g), lengths[g[0]]) for g in groups]
 
 
+def _placed(parts: list[tuple[Tensor, Tensor]], groups: list[tuple[Tensor, int]], M: int,
+            S: int) -> tuple[Tensor, Tensor]:
+    """One decoder layer's keys and values of M sources (M, h, S, d_k) each, from those of
+    its groups (rows (n,), longest length L) (n, h, L, d_k): zero at the others' padding."""
+    k0 = parts[0][0]
+    k, v = (k0.new_zeros(M, k0.size(1), S, k0.size(3)) for _ in range(2))
+    for (rows, L), (k_part, v_part) in zip(groups, parts, strict=True):
+        k[rows, :, :L], v[rows, :, :L] = k_part, v_part
+    return k, v
+
+
 class FastModel(nn.Module):
     """A trained Transformer prepared for decoding in `dtype` (fp32, bf16, fp16 or int8).
 
@@ -346,15 +357,20 @@ class FastModel(nn.Module):
         return _norm(x, self.encoder_norm)
 
     def start(self, src: Tensor) -> FastState:
-        """start_decoding(*encode(src)) of (B, S) source ids; through int8's encoder package
-        (search.compile) where it takes them: a few sources of like lengths (one group of
-        source_groups, as eager encodes them)."""
-        if self._encoder is not None and self._encoder.takes(src):
-            mask = src != self.pad_id  # (B, S)
-            groups = source_groups(mask)
-            if groups is None or len(groups) == 1:
-                return FastState(self._encoder(src), mask, self.float_dtype, self.fused)
-        return self.start_decoding(*self.encode(src))
+        """start_decoding(*encode(src)) of (B, S) source ids, padded to the longest; through
+        int8's encoder package (search.compile) where it takes them in a few calls: the
+        groups of like length that eager encodes apart (source_groups), in chunks of a few
+        sources (PackagedEncoder.chunks)."""
+        mask = src != self.pad_id  # (B, S)
+        groups = source_groups(mask) or [(torch.arange(len(src)), src.size(1))]
+        calls = self._encoder.chunks(groups) if self._encoder is not None else None
+        if calls is None:
+            return self.start_decoding(*self.encode(src))
+        if len(calls) == 1:  # the whole batch
+            return FastState(self._encoder(src), mask, self.float_dtype, self.fused)
+        parts = [self._encoder(src.index_select(0, rows)[:, :L]) for rows, L in calls]
+        memory_kv = [_placed(layer, calls, *src.shape) for layer in zip(*parts, strict=True)]
+        return FastState(memory_kv, mask, self.float_dtype, self.fused)
 
     def start_decoding(self, memory: Tensor, src_mask: Tensor,
                        vocab: Tensor | None = None) -> FastState:
@@ -373,17 +389,8 @@ class FastModel(nn.Module):
         groups = source_groups(src_mask)
         if groups is None:
             return [layer.memory_kv(memory, self.kv_dtype) for layer in self.decoder]
-        M, S = memory.shape[:2]
-        out = []
-        for layer in self.decoder:
-            parts = [layer.memory_kv(memory[rows, :L], self.kv_dtype)
-                     for rows, L in groups]  # (n, h, L, d_k)
-            k0 = parts[0][0]
-            k, v = (k0.new_zeros(M, k0.size(1), S, k0.size(3)) for _ in range(2))
-            for (rows, L), (k_part, v_part) in zip(groups, parts, strict=True):
-                k[rows, :, :L], v[rows, :, :L] = k_part, v_part
-            out.append((k, v))
-        return out
+        return [_placed([layer.memory_kv(memory[rows, :L], self.kv_dtype) for rows, L in groups],
+                        groups, *memory.shape[:2]) for layer in self.decoder]
 
     def decode_step(self, tgt_new: Tensor, state: FastState,
                     positions: Tensor | None = None) -> Tensor:

@@ -59,6 +59,11 @@ def max_positions(models: list) -> int:
     return min(model.cfg.max_positions for model in models)
 
 
+def no_hypothesis() -> list[Hypothesis]:
+    """A unit's result where it finished no hypothesis: one with no output and log P -inf."""
+    return [Hypothesis([], -np.inf, -np.inf, [])]
+
+
 class Units:
     """The host's record of the live units, in row order: per unit its sentence's slot, where
     its rows began in the cache, the tokens they have decoded, its maximum output length (and
@@ -137,4 +142,4 @@ class Units:
         finished none."""
         best = sorted(self.hyps[u], key=lambda h: -h.score)[:self.nbest]
         best += sorted(self.lacking[u], key=lambda h: -h.score)[:self.nbest - len(best)]
-        return best or [Hypothesis([], -np.inf, -np.inf, [])]
+        return best or no_hypothesis()

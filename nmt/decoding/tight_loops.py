@@ -41,7 +41,13 @@ from nmt.data.tokenizer import Specials
 from nmt.decoding.admission import pad_batch
 from nmt.decoding.fast_model import FastModel
 from nmt.decoding.fast_state import FastState, StepRows
-from nmt.decoding.lengths import Units, empty_source, max_positions, output_lengths
+from nmt.decoding.lengths import (
+    Units,
+    empty_source,
+    max_positions,
+    no_hypothesis,
+    output_lengths,
+)
 from nmt.decoding.messages import Hypothesis, Sentence
 from nmt.decoding.strategies import BeamStep, choose_beam_logits, row_max
 
@@ -95,6 +101,13 @@ def bans(specials: Specials, vocab: int, device: torch.device, min_len: int) -> 
     return Bans(min_len, ids, masks)
 
 
+@functools.cache
+def _position(t: int) -> Tensor:
+    """Position t as a package's `where`, (1,): made once a process, each its own tensor (a
+    view of one costs the package ~2 us a call; one tensor advanced in place, more)."""
+    return torch.tensor([t])
+
+
 class _Steps:
     """FastModel's decoder steps of a fresh state's R rows, one new position each, for a loop
     that owns them (decode_step's work without its generic path): the caches made once for
@@ -130,11 +143,10 @@ class _Steps:
         self.own = torch.arange(R, device=dev)[:, None]  # (R, 1) each row's buffer row
         # the beam package's reorder of the rows at its next step (`reorder`): none yet
         self.identity = self.parents = self.own[:, 0]
-        # the position the step writes (the package's: a (1,) tensor) and the cache's
-        # positions after it, each its own tensor (views of one cost the package ~2 us a call)
-        self.where = torch.tensor([t], device=dev)
+        # the position the step writes (the package's: _position's, set at each step) and
+        # the cache's positions after it (eager's: the package's are where + 1)
         self.rows = StepRows(zero, torch.full((R,), t + 1, device=dev), memory, zero, source,
-                             self.where if self.package else t)  # the package's end: where + 1
+                             _position(t) if self.package else t)
 
     def __call__(self, tokens: Tensor | int, t: int) -> Tensor:
         """The R rows' logits (R, V) after their tokens at position t (the last was t-1): (R,),
@@ -172,8 +184,8 @@ class _Steps:
         self._grow(t)
         if self.inputs is None:
             self.inputs = self.package.inputs(self.rows, self.caches, self.state.memory_kv)
-        step = self.package.step(self.inputs, tokens, banned, scores, self.parents, width)
-        self.where.add_(1)
+        step = self.package.step(self.inputs, tokens, banned, _position(t), scores,
+                                 self.parents, width)
         self.parents = self.identity
         return step
 
@@ -183,9 +195,7 @@ class _Steps:
         self._grow(t)
         if self.inputs is None:
             self.inputs = self.package.inputs(self.rows, self.caches, self.state.memory_kv)
-        out = self.package.step(self.inputs, tokens, mask)
-        self.where.add_(1)
-        return out
+        return self.package.step(self.inputs, tokens, mask, _position(t))
 
     def _grow(self, t: int) -> None:
         """Room for position t: where the caches are full, half as many positions again (the
@@ -246,7 +256,7 @@ def greedy(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
     limits = max_len.tolist()  # (n,) as numbers (a numpy scalar a row a step is slower)
     steps = _Steps(fast, state, max(limits), n)
     banned = bans(specials, fast.vocab_size, device, search.min_len)
-    units = _units(search, 1, max_len)  # (scores)
+    units = _units(search, 1, max_len) if scores else None
     live = list(range(n))  # each row's sentence
     last = torch.full((n,), specials.bos, device=device)  # (R,) each row's newest token
     total = torch.zeros(n, device=device)  # (R,) each row's prefix's sum (the core's)
@@ -267,11 +277,10 @@ def greedy(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
                 paths[i] += [total_r] if scores else []
             if tok == eos or limits[i] <= t + 1:
                 ended.append(r)
-                results[i] = _greedy_result(units, i, outputs[i], paths[i], total_r, t + 1,
-                                            scores)
+                results[i] = _greedy_result(units, i, outputs[i], paths[i], total_r, t + 1)
             elif total_r == -math.inf:  # nothing can win (the core's bound): no hypothesis
                 ended.append(r)
-                results[i] = units.best(i)
+                results[i] = no_hypothesis()
         if not ended:
             last = token if len(tokens) > 1 or steps.package else tokens[0]
             continue
@@ -285,19 +294,18 @@ def greedy(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
     return results
 
 
-def _greedy_result(units: Units, i: int, output: list[int], path: list[float], logp: float,
-                   length: int, scores: bool) -> list[Hypothesis]:
+def _greedy_result(units: Units | None, i: int, output: list[int], path: list[float],
+                   logp: float, length: int) -> list[Hypothesis]:
     """Sentence i's one hypothesis, as the core's `_finish` records it: `output`, |Y| = length
     (its EOS counted, where it has one), log P `logp` (its last prefix's: -inf, no hypothesis);
-    its tokens' log P the differences of `path`, its prefixes' log P. Without scores, logp
-    is the logits' sum: NaN where it is finite, else no hypothesis."""
-    if not scores:
-        if math.isfinite(logp):
-            return [Hypothesis(output, math.nan, math.nan, None)]
-    else:
-        units.add(np.array([i]), [output], np.array([logp]), np.array([length]),
-                  [np.diff(path[:len(output) + 1]).tolist()])
-    return units.best(i)  # none recorded: the empty output at -inf
+    its tokens' log P the differences of `path`, its prefixes' log P. Without scores (no
+    units), logp is the logits' sum: NaN where it is finite, else no hypothesis."""
+    if units is None:
+        return [Hypothesis(output, math.nan, math.nan, None)] if math.isfinite(logp) \
+            else no_hypothesis()
+    units.add(np.array([i]), [output], np.array([logp]), np.array([length]),
+              [np.diff(path[:len(output) + 1]).tolist()])
+    return units.best(i)  # none recorded (log P -inf): the empty output at -inf
 
 
 @torch.inference_mode()

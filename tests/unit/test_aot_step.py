@@ -13,7 +13,7 @@ from nmt.data.tokenizer import Specials
 from nmt.decoding import affine, aot_step, attention_op, tight_loops
 from nmt.decoding.batches import decoding_models, pad_batch
 from nmt.decoding.core import decode_all
-from nmt.decoding.fast_model import FastModel
+from nmt.decoding.fast_model import FastModel, source_groups
 from nmt.decoding.fast_state import FastState, TableKVCache
 from nmt.decoding.messages import Sentence
 from nmt.decoding.strategies import row_max
@@ -318,11 +318,11 @@ def test_the_packages_choice_is_row_max_after_the_bans(kept_packages, monkeypatc
 
 
 def test_the_encoder_package_gives_eagers_memory(kept_packages):
-    """One source, or a few of like lengths padded, is encoded through the encoder's package
-    (its memory's keys and values within bf16's rounding of eager's, their dtype and shape
-    eager's, and greedy search on them chooses alike); sources of very unequal lengths (eager
-    encodes them apart), more than ENCODER_SOURCES, or a source of one position, are eager's
-    own."""
+    """One source, a few of like lengths padded, or more or of very unequal lengths (eager
+    encodes those apart) in chunks, are encoded through the encoder's package (its memory's
+    keys and values within bf16's rounding of eager's, their dtype and shape eager's, and
+    greedy search on them chooses alike); a batch of more than ENCODER_CALLS calls, or a
+    source of one position, is eager's own."""
     model = tiny_model(V, seed=1, stops=True, N=2)
     eager, compiled = FastModel(model, "int8"), FastModel(model, "int8", compile=True)
     if compiled._encoder is None:  # the operator takes no rows of some map here
@@ -330,10 +330,14 @@ def test_the_encoder_package_gives_eagers_memory(kept_packages):
         pytest.skip("nmt::int8_rows takes no encoder map's rows here")
     assert compiled._encoder.path in kept_packages.glob("*/encoder-*.pt2")
     sources = [s + [EOS] for s in random_sources(6, V, seed=7)]
-    batches = [[s] for s in sources] + [sources[:2], sources[2:5]]
+    unequal = [[EOS, EOS], (sources[0] * 60)[:60]]  # padding past source_groups' slack
+    chunked = [unequal, sources[:aot_step.ENCODER_SOURCES + 1]]  # two calls each
+    batches = [[s] for s in sources] + [sources[:2], sources[2:5]] + chunked
+    calls = len(batches) + len(chunked)
     with torch.inference_mode():
         for batch in batches:
             src = pad_batch(batch, PAD, "cpu")
+            assert len(source_groups(src != PAD) or [src]) == 1 + (batch is unequal)
             want, got = (m.start(src) for m in (eager, compiled))
             for (k0, v0), (k1, v1) in zip(want.memory_kv, got.memory_kv, strict=True):
                 for a, b in ((k0, k1), (v0, v1)):
@@ -341,11 +345,11 @@ def test_the_encoder_package_gives_eagers_memory(kept_packages):
                     torch.testing.assert_close(b.float(), a.float(), rtol=0,
                                                atol=1e-2 * float(a.abs().max()))
             assert torch.equal(got.src_len, want.src_len)
-        assert compiled._encoder.calls == len(batches)
-        unequal = [[EOS, EOS], (sources[0] * 60)[:60]]  # padding past source_groups' slack
-        for batch in (unequal, sources[:aot_step.ENCODER_SOURCES + 1], [[EOS]]):
-            compiled.start(pad_batch(batch, PAD, "cpu"))  # unequal, too many, one position
-    assert compiled._encoder.calls == len(batches)
+        assert compiled._encoder.calls == calls
+        many = sources * aot_step.ENCODER_CALLS  # more than ENCODER_CALLS calls of 4
+        for batch in (many, [[EOS]]):
+            compiled.start(pad_batch(batch, PAD, "cpu"))  # too many calls, one position
+    assert compiled._encoder.calls == calls
     specials = Specials(BOS, EOS, PAD)
     cfg = search(beam_size=1, max_len_b=6)
     for sentence in [Sentence(i, s) for i, s in enumerate(random_sources(6, V, seed=8))]:
