@@ -129,8 +129,8 @@ class TableKVCache:
                 k[:N, :, :C], v[:N, :, :C] = self.k, self.v
             self.k, self.v = k, v
         if self.table is None:
-            self.table = torch.zeros(B, 0, dtype=torch.long, device=like.device)
-        if self.table.size(1) < self.k.size(2):  # zeros: a buffer row that exists
+            self.table = torch.zeros(B, self.k.size(2), dtype=torch.long, device=like.device)
+        elif self.table.size(1) < self.k.size(2):  # zeros: a buffer row that exists
             self.table = F.pad(self.table, (0, self.k.size(2) - self.table.size(1)))
 
     def own_memory(self) -> None:
@@ -248,13 +248,19 @@ class FastState:
         (B,), each row's memory row at every source position (B, S) (stride 0) and its
         source length (B,); made once, until the rows or memory rows change."""
         if self.parts is None or self.parts[0].size(0) != B:
-            dev = self.src_len.device
-            sentence = self.row_sentence if self.row_sentence is not None else torch.arange(
-                B, device=dev) // self.g  # (B,) each row's live sentence
-            memory = sentence if self.memory_rows is None else self.memory_rows[sentence]
-            S = self.memory_kv[0][0].size(2)
+            dev, S = self.src_len.device, self.memory_kv[0][0].size(2)
+            if self.row_sentence is None and self.g == 1 and len(self.src_len) == B:
+                # row r is live sentence r (greedy's rows, a beam's first step)
+                memory = (torch.arange(B, device=dev) if self.memory_rows is None
+                          else self.memory_rows)  # (B,)
+                source = self.src_len
+            else:
+                sentence = self.row_sentence if self.row_sentence is not None else torch.arange(
+                    B, device=dev) // self.g  # (B,) each row's live sentence
+                memory = sentence if self.memory_rows is None else self.memory_rows[sentence]
+                source = self.src_len.index_select(0, sentence)
             self.parts = (torch.zeros(B, dtype=torch.long, device=dev),
-                          memory[:, None].expand(B, S), self.src_len.index_select(0, sentence))
+                          memory[:, None].expand(B, S), source)
         return self.parts
 
     def reorder(self, index: Tensor, group: int, sentences: Tensor | None = None) -> None:
