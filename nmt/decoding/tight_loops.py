@@ -259,7 +259,10 @@ def greedy(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
     units = _units(search, 1, max_len) if scores else None
     live = list(range(n))  # each row's sentence
     last = torch.full((n,), specials.bos, device=device)  # (R,) each row's newest token
-    total = torch.zeros(n, device=device)  # (R,) each row's prefix's sum (the core's)
+    # scores: each row's prefix's log P (R,), float32 sums (the core's); without, the logits'
+    # sums on the host (only whether they are finite counts)
+    total = torch.zeros(n, device=device) if scores else None
+    sums = [0.0] * n
     outputs: list[list[int]] = [[] for _ in range(n)]
     paths = [[0.0] for _ in range(n)]  # scores: each sentence's prefixes' log P (BOS: 0)
     results: list[list[Hypothesis]] = [[] for _ in range(n)]
@@ -267,9 +270,11 @@ def greedy(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
         if scores:
             logits = torch.log_softmax(steps(last, t).float(), dim=-1)  # (R, V)
             best, token = row_max(logits, banned.mask(t))  # (R,) each
+            sums = total.add_(best).tolist()
         else:
             best, token = steps.best(last, t, banned.mask(t))
-        sums, tokens = total.add_(best).tolist(), token.tolist()  # float32 sums, the core's
+            sums = [s + b for s, b in zip(sums, best.tolist(), strict=True)]
+        tokens = token.tolist()
         ended = []
         for r, (i, tok, total_r) in enumerate(zip(live, tokens, sums, strict=True)):
             if tok != eos:
@@ -289,8 +294,9 @@ def greedy(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
             break
         index = torch.tensor(keep, device=device)
         steps.reorder(index, t, 1, index)
-        live = [live[r] for r in keep]
-        last, total = token[index], total[index]  # (R',) each
+        live, sums = [live[r] for r in keep], [sums[r] for r in keep]
+        last = token[index]  # (R',)
+        total = total[index] if scores else None
     return results
 
 
