@@ -242,23 +242,28 @@ class Translator:
 
 
 TASK_SENTENCES = 32  # tasks: small batches travel to a worker together, up to this many
-TASKS_PER_WORKER = 4  # ... while each worker still gets this many tasks (for balance)
+TASKS_PER_WORKER = 4  # ... and a task at most 1 / (this x workers) of the sentences left
 
 
 def tasks(batches: list[list[int]], workers: int) -> list[list[list[int]]]:
     """Consecutive batches grouped into the workers' tasks: a process pool's task costs the
     parent and the worker ~0.5 ms (sending, pickling, waking), as much as decoding a short
-    sentence, so small batches travel together, up to TASK_SENTENCES sentences a task, while
-    every worker gets TASKS_PER_WORKER tasks; each batch is still decoded alone."""
-    most = max(1, min(TASK_SENTENCES, sum(map(len, batches)) // (TASKS_PER_WORKER * workers)))
+    sentence, so small batches travel together, up to TASK_SENTENCES sentences a task; and a
+    task is at most a 1 / (TASKS_PER_WORKER x workers) share of the sentences still left
+    (guided self-scheduling: the tasks shrink as the work runs out, so that the workers
+    finish together rather than one waiting out another's last task). Each batch is still
+    decoded alone."""
+    left = sum(map(len, batches))  # sentences not yet in a task
     out: list[list[list[int]]] = []
-    held = most  # sentences in the last task
+    held = most = 0  # sentences in the last task, and the most it takes
     for batch in batches:
         if held + len(batch) > most:
+            most = max(1, min(TASK_SENTENCES, left // (TASKS_PER_WORKER * workers)))
             out.append([])
             held = 0
         out[-1].append(batch)
         held += len(batch)
+        left -= len(batch)
     return out
 
 

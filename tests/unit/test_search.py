@@ -205,15 +205,20 @@ def test_worker_processes_give_the_same_outputs(model, sources, beam):
 
 
 def test_small_batches_travel_to_the_workers_together():
-    """Consecutive batches share a task up to TASK_SENTENCES sentences, while each worker
-    gets TASKS_PER_WORKER tasks; every batch stays whole and in order; a large one alone."""
-    tasks = nmt.engines.translator.tasks
+    """Consecutive batches share a task up to TASK_SENTENCES sentences, and a task takes at
+    most a 1 / (TASKS_PER_WORKER x workers) share of the sentences left, so the tasks shrink
+    to one batch at the end; every batch stays whole and in order; a large one alone."""
+    tasks, share = nmt.engines.translator.tasks, nmt.engines.translator.TASKS_PER_WORKER
     ones = [[i] for i in range(400)]
     grouped = tasks(ones, 2)
     assert [b for task in grouped for b in task] == ones
-    assert [len(task) for task in grouped] == [nmt.engines.translator.TASK_SENTENCES] * 12 + [16]
-    few = tasks(ones[:24], 2)  # 24 sentences, 2 workers: 8 tasks of 3
-    assert len(few) == 2 * nmt.engines.translator.TASKS_PER_WORKER and len(few[0]) == 3
+    sizes = [len(task) for task in grouped]
+    assert sizes[:5] == [nmt.engines.translator.TASK_SENTENCES] * 5 and sizes[-4:] == [1] * 4
+    assert sizes == sorted(sizes, reverse=True)
+    left = [400 - sum(sizes[:i]) for i in range(len(sizes))]  # sentences left at each task
+    assert all(n <= max(1, rest // (share * 2)) for n, rest in zip(sizes, left, strict=True))
+    few = tasks(ones[:24], 2)  # 24 sentences, 2 workers: 3 a task at first, then fewer
+    assert len(few[0]) == 3 and len(few) > 2 * share
     mixed = [list(range(100)), [100], [101], list(range(102, 140)), [140]]
     assert tasks(mixed, 1) == [[mixed[0]], [mixed[1], mixed[2]], [mixed[3]], [mixed[4]]]
     assert tasks([[0]], 8) == [[[0]]]
