@@ -310,7 +310,7 @@ def _greedy_result(units: Units | None, i: int, output: list[int], path: list[fl
         return [Hypothesis(output, math.nan, math.nan, None)] if math.isfinite(logp) \
             else no_hypothesis()
     units.add(np.array([i]), [output], np.array([logp]), np.array([length]),
-              [np.diff(path[:len(output) + 1]).tolist()])
+              [_differences(path[:len(output) + 1])])
     return units.best(i)  # none recorded (log P -inf): the empty output at -inf
 
 
@@ -355,7 +355,7 @@ def beam(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
             if reached or units.count[i] >= k or units.threshold[i] >= bound / units.lp_max[i]:
                 if reached:  # out of length: the k rows finish as they are, |Y| = t + 1
                     units.add(np.full(k, i), [r[0] for r in rows[u]], np.array(best),
-                              np.full(k, t + 1), [np.diff(r[1]).tolist() for r in rows[u]])
+                              np.full(k, t + 1), [_differences(r[1]) for r in rows[u]])
                 results[i], plain = units.best(i), False
                 continue
             kept.append((u, on, parent, token, best))
@@ -377,6 +377,12 @@ def beam(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
     return results
 
 
+def _differences(path: list[float]) -> list[float]:
+    """The tokens' log P from a hypothesis's prefixes' log P (np.diff's, in Python floats: as
+    exact, without an array for a few numbers)."""
+    return [b - a for a, b in zip(path[:-1], path[1:], strict=True)]
+
+
 def _beam_step(units: Units, i: int, rows: list, cand: list[float], parent: list[int],
                token: list[int], t: int, specials: Specials) -> list[int] | None:
     """One unit's step on the host, its rows (output, prefixes' log P) and 2k candidates
@@ -386,13 +392,14 @@ def _beam_step(units: Units, i: int, rows: list, cand: list[float], parent: list
     first k with EOS pushed last (a stable sort, the core's going_on); None for the first k
     where none is dead or ends."""
     k = len(cand) // 2
-    dead = [c for c, score in enumerate(cand) if score == -math.inf]
+    dead = [c for c, score in enumerate(cand) if score == -math.inf] if -math.inf in cand else []
     for c in dead:
         parent[c], token[c] = 0, specials.pad
-    ended = [c for c in range(k) if token[c] == specials.eos]
+    ended = [c for c in range(k) if token[c] == specials.eos] if specials.eos in token[:k] \
+        else []
     if ended:
         units.add(np.full(len(ended), i), [rows[parent[c]][0] for c in ended],
                   np.array([cand[c] for c in ended]), np.full(len(ended), t + 1),
-                  [np.diff(rows[parent[c]][1]).tolist() for c in ended])
+                  [_differences(rows[parent[c]][1]) for c in ended])
         return sorted(range(len(token)), key=lambda c: token[c] == specials.eos)[:k]
     return list(range(k)) if dead else None
