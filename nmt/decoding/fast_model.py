@@ -368,7 +368,7 @@ class FastModel(nn.Module):
             return self.start_decoding(*self.encode(src))
         if len(calls) == 1:  # the whole batch
             return FastState(self._encoder(src), mask, self.float_dtype, self.fused)
-        parts = [self._encoder(src.index_select(0, rows)[:, :L]) for rows, L in calls]
+        parts = [self._encoder(src[:, :L].index_select(0, rows)) for rows, L in calls]  # (n, L)
         memory_kv = [_placed(layer, calls, *src.shape) for layer in zip(*parts, strict=True)]
         return FastState(memory_kv, mask, self.float_dtype, self.fused)
 

@@ -330,7 +330,8 @@ def test_the_encoder_package_gives_eagers_memory(kept_packages):
         pytest.skip("nmt::int8_rows takes no encoder map's rows here")
     assert compiled._encoder.path in kept_packages.glob("*/encoder-*.pt2")
     sources = [s + [EOS] for s in random_sources(6, V, seed=7)]
-    unequal = [[EOS, EOS], (sources[0] * 60)[:60]]  # padding past source_groups' slack
+    # padding past source_groups' slack: a group of two sources shorter than the batch
+    unequal = [(sources[0] * 60)[:60], sources[1], sources[2]]
     chunked = [unequal, sources[:aot_step.ENCODER_SOURCES + 1]]  # two calls each
     batches = [[s] for s in sources] + [sources[:2], sources[2:5]] + chunked
     calls = len(batches) + len(chunked)
