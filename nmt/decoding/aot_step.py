@@ -415,6 +415,7 @@ class PackagedEncoder(Package):
         return calls if len(calls) <= ENCODER_CALLS else None
 
     def __call__(self, src: Tensor) -> list[tuple[Tensor, Tensor]]:
-        """Every decoder layer's keys and values (B, h, S, d_k) of (B, S) source ids."""
-        out = self.run([src])
+        """Every decoder layer's keys and values (B, h, S, d_k) of (B, S) source ids (made
+        contiguous: the package reads its inputs at their sizes' strides)."""
+        out = self.run([src.contiguous()])
         return [(out[i], out[i + 1]) for i in range(0, len(out), 2)]
