@@ -8,7 +8,8 @@ every map of the step gives nmt::int8_rows: 16 on the demo's model with VNNI, an
 VNNI, QUADS_STEP_ROWS), exported with torch.export (the rows, the caches' buffer rows and
 positions, the memory's sentences and source length dynamic). The encoder: FastModel's encoder
 layers and every decoder layer's keys and values of the memory, for 1 to ENCODER_SOURCES
-sources of 2 to `encoder_rows` positions, padded (at most that many in all). Each is compiled
+sources of 2 to `encoder_rows` positions, padded (at most that many in all; a batch of more,
+or of unlike lengths, in up to ENCODER_CALLS such calls: PackagedEncoder.chunks). Each is compiled
 by AOTInductor into a package once per machine, model and code: a file under
 $XDG_CACHE_HOME/nmt/steps (~/.cache by default) named by a hash of the weights, the precision,
 the rows, this torch, ISA and CPU kind (Inductor compiles for the CPU it runs on), the part
@@ -57,8 +58,8 @@ QUADS_STEP_ROWS = 64
 QUADS_ENCODER_ROWS = 128  # ... and its encoder this many positions of all its sources together
 ENCODER_SOURCES = 4  # the encoder's package takes batches of 1 to this many sources
 # ... and encodes a batch in at most this many calls, its groups of like length in chunks
-# (more: eager's larger products are as fast; docs/results.md "A few sources' encoder in
-# chunks of the package")
+# (0.80-0.87x eager's time at 2-8 sources; more calls: as slow as eager's larger products;
+# docs/results.md, "Fewer calls around the step, the encoder's package in chunks, ...")
 ENCODER_CALLS = 4
 SOURCES = [Path(__file__), Path(affine.__file__), Path(fast_state.__file__),
            Path(__file__).with_name("fast_model.py")]  # the code the step runs
