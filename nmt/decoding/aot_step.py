@@ -405,8 +405,9 @@ class PackagedEncoder(Package):
     def chunks(self, groups: list[tuple[Tensor, int]]) -> list[tuple[Tensor, int]] | None:
         """The calls that encode sources in `groups` of like length (rows (n,), longest
         length; source_groups'): each group's rows in chunks of 1 to ENCODER_SOURCES sources,
-        at most `rows` positions in all with the padding; None where a source has fewer than
-        2 positions or more than `rows`, or where that takes more than ENCODER_CALLS calls."""
+        at most `rows` positions in all with the padding; None where a group's longest
+        source has fewer than 2 positions or more than `rows`, or where that takes more than
+        ENCODER_CALLS calls."""
         calls = []
         for rows, L in groups:
             n = min(ENCODER_SOURCES, self.rows // L)  # sources a call

@@ -104,7 +104,8 @@ def bans(specials: Specials, vocab: int, device: torch.device, min_len: int) -> 
 @functools.cache
 def _position(t: int) -> Tensor:
     """Position t as a package's `where`, (1,): made once a process, each its own tensor (a
-    view of one costs the package ~2 us a call; one tensor advanced in place, more)."""
+    view of one costs the package ~2 us a call; one tensor advanced in place, more). Every
+    loop of the process shares them: nothing may write into one."""
     return torch.tensor([t])
 
 
