@@ -59,7 +59,7 @@ QUADS_ENCODER_ROWS = 128  # ... and its encoder this many positions of all its s
 ENCODER_SOURCES = 4  # the encoder's package takes batches of 1 to this many sources
 # ... and encodes a batch in at most this many calls, its groups of like length in chunks
 # (0.80-0.87x eager's time at 2-8 sources; more calls: as slow as eager's larger products;
-# docs/results.md, "Fewer calls around the step, the encoder's package in chunks, ...")
+# docs/results.md, "Fewer calls around the step")
 ENCODER_CALLS = 4
 SOURCES = [Path(__file__), Path(affine.__file__), Path(fast_state.__file__),
            Path(__file__).with_name("fast_model.py")]  # the code the step runs
