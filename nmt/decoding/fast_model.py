@@ -361,11 +361,11 @@ class FastModel(nn.Module):
         int8's encoder package (search.compile) where it takes them in a few calls: the
         groups of like length that eager encodes apart (source_groups), in chunks of a few
         sources (PackagedEncoder.chunks)."""
-        if self._encoder is None:
-            return self.start_decoding(*self.encode(src))
-        mask = src != self.pad_id  # (B, S)
-        calls = self._encoder.chunks(source_groups(mask)
-                                     or [(torch.arange(len(src)), src.size(1))])
+        calls = None
+        if self._encoder is not None:
+            mask = src != self.pad_id  # (B, S)
+            calls = self._encoder.chunks(source_groups(mask)
+                                         or [(torch.arange(len(src)), src.size(1))])
         if calls is None:
             return self.start_decoding(*self.encode(src))
         if len(calls) == 1:  # the whole batch

@@ -182,10 +182,7 @@ class _Steps:
         the step's logits."""
         if not self.chooses:
             return choose_beam_logits(self(tokens, t), scores, banned, width.size(0) // 2)
-        self._grow(t)
-        if self.inputs is None:
-            self.inputs = self.package.inputs(self.rows, self.caches, self.state.memory_kv)
-        step = self.package.step(self.inputs, tokens, banned, _position(t), scores,
+        step = self.package.step(self._inputs(t), tokens, banned, _position(t), scores,
                                  self.parents, width)
         self.parents = self.identity
         return step
@@ -193,10 +190,15 @@ class _Steps:
     def _packaged(self, tokens: Tensor, t: int, mask: Tensor | None) -> StepOut:
         """The package's step of the R rows' tokens (R,) at position t: its flat inputs kept
         from step to step, the tokens and bans replaced."""
+        return self.package.step(self._inputs(t), tokens, mask, _position(t))
+
+    def _inputs(self, t: int) -> list[Tensor]:
+        """The package's flat inputs for a step at position t (room made for it: `_grow`),
+        kept from step to step until the caches or the rows' view change (`_set`)."""
         self._grow(t)
         if self.inputs is None:
             self.inputs = self.package.inputs(self.rows, self.caches, self.state.memory_kv)
-        return self.package.step(self.inputs, tokens, mask, _position(t))
+        return self.inputs
 
     def _grow(self, t: int) -> None:
         """Room for position t: where the caches are full, half as many positions again (the
