@@ -71,6 +71,10 @@ class Engine(Protocol):
         """Build what `search` compiles once per machine before the workers first need it (a
         request would wait for it)."""
 
+    def batch_sentences(self, search: SearchConfig) -> int:
+        """The most sentences nmt-serve's dynamic batcher puts in one batch of `search`: as
+        many as the workers' fastest loop takes (0: any number)."""
+
     def translate_ids(self, src_ids: list[list[int]], search: SearchConfig,
                       prefixes: list[list[int]] | None = None, lines: list[int] | None = None,
                       progress=None, parallel: bool = True,

@@ -26,6 +26,7 @@ from nmt.capabilities import ENGINES
 from nmt.config import SearchConfig
 from nmt.data.tokenizer import Specials, tokenizers
 from nmt.data.vocab import Vocab
+from nmt.decoding import tight_loops
 from nmt.decoding.batches import (
     BatchJob,
     decoding_models,
@@ -131,10 +132,23 @@ class Translator:
         per machine built here, not by each worker: int8's beam package (search.compile,
         FastModel.packaged_beam)."""
         models = self.prepared(search.dtype, search.compile)
-        if search.beam_size > 1 and not search.sampling and len(models) == 1 and isinstance(
-                models[0], FastModel):  # the tight loops' beam search (one model, no ensemble)
+        if self._tight_beam(search, models):
             models[0].packaged_beam(1)
         return models
+
+    def batch_sentences(self, search: SearchConfig) -> int:
+        """A beam search's whole batch holds at most tight_loops.BEAM_SENTENCES sentences,
+        which its loop of a few sentences (the package's rows) decodes, not the core's generic
+        step (nmt-serve's dynamic batcher: docs/results.md, "Whole batches the tight loops
+        take"); others, any number (0)."""
+        models = self.prepared(search.dtype, search.compile)
+        return tight_loops.BEAM_SENTENCES if self._tight_beam(search, models) else 0
+
+    @staticmethod
+    def _tight_beam(search: SearchConfig, models: list) -> bool:
+        """Does `search` run tight_loops.beam (beam search of one FastModel, no ensemble)?"""
+        return (search.beam_size > 1 and not search.sampling and len(models) == 1
+                and isinstance(models[0], FastModel))
 
     def translate_ids(self, src_ids: list[list[int]], search: SearchConfig,
                       prefixes: list[list[int]] | None = None, lines: list[int] | None = None,

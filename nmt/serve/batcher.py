@@ -4,7 +4,9 @@ It queues the sentences of every request and sends them to the decoding workers,
 (nmt.decoding.stepping) answer with Done and Failed messages. When a sentence goes is the
 Admission policy:
 - dynamic batching (the default): a batch is the oldest queued sentence and the sentences with
-  the same search settings behind it, within the token budget (max_tokens, padding counted);
+  the same search settings behind it, within the token budget (max_tokens, padding counted)
+  and the most sentences its search's batch holds (max_sentences; the engine's
+  batch_sentences: the workers' fastest loop's);
   it goes to an idle worker when the budget is full or when the oldest sentence has waited
   max_wait_s since it arrived, and takes at most its worker's share of all sentences in
   flight, so that the workers' batches stay balanced;
@@ -24,6 +26,7 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from nmt.config import SearchConfig
@@ -116,6 +119,13 @@ class Admission:
     max_tokens: int  # source tokens with EOS a batch (a worker, continuous) holds at most
     max_sentences: int  # sentences a batch (a worker) holds at most (0: no limit)
     max_wait_s: float = 0.0  # batches: the oldest sentence waits this long for batch mates
+    # batches: the most sentences a batch of a search holds (Engine.batch_sentences; 0: any)
+    batch_sentences: Callable[[SearchConfig], int] = lambda search: 0
+
+    def most(self, search: SearchConfig) -> int:
+        """The most sentences a batch of this search holds (0: only max_tokens limits it)."""
+        return min((n for n in (self.max_sentences, self.batch_sentences(search)) if n),
+                   default=0)
 
 
 class Batcher:
@@ -258,10 +268,10 @@ class Batcher:
         while self.queue and self.idle:
             head = self.queue[0]  # the oldest sentence: it waits max_wait_s from its arrival
             wait = head.arrived + self.admission.max_wait_s - self.clock.now()
-            if wait > 0 and not self._budget_full(head.job.key):
+            if wait > 0 and not self._budget_full(head.job):
                 return wait
             w = next(w for w in range(self.workers) if not self.flying[w])
-            self._send(w, [self._fly(w, q) for q in self._take(head.job.key)], whole=True)
+            self._send(w, [self._fly(w, q) for q in self._take(head.job)], whole=True)
         return None
 
     def _send_continuous(self) -> None:
@@ -304,29 +314,31 @@ class Batcher:
         return not n or (self.tokens[w] + tokens <= a.max_tokens
                          and not (a.max_sentences and n >= a.max_sentences))
 
-    def _budget_full(self, key: tuple) -> bool:
-        """Do the queued sentences with this key fill a batch already?"""
+    def _budget_full(self, job: _Job) -> bool:
+        """Do the queued sentences with this job's key fill a batch already?"""
         n = width = 0
+        most = self.admission.most(job.search)
         for q in self.queue:
-            if q.job.key == key:
+            if q.job.key == job.key:
                 n, width = n + 1, max(width, q.tokens)
-                if n * width >= self.admission.max_tokens or n == self.admission.max_sentences:
+                if n * width >= self.admission.max_tokens or n == most:
                     return True
         return False
 
-    def _take(self, key: tuple) -> list[_Queued]:
-        """Remove a batch from the queue: sentences with this key within the token budget
-        (padded width x sentences) and this worker's share of the sentences in flight (queued
+    def _take(self, job: _Job) -> list[_Queued]:
+        """Remove a batch from the queue: sentences with this job's key within the token budget
+        (padded width x sentences), the most its search's batch holds (Admission.most) and
+        this worker's share of the sentences in flight (queued
         or being decoded; a worker that takes all it finds while the others hold a few would
         leave them batches of one or two ever after). Sentences of like length decode faster
         together (less padding, no long tail), so: longest first while other workers are
         idle too (this round sends every queued sentence), else the oldest sentence and those
         closest to it in length (older first among equals)."""
         a = self.admission
-        mine = [q for q in self.queue if q.job.key == key]
+        mine = [q for q in self.queue if q.job.key == job.key]
         cap = math.ceil((len(mine) + self.running_sentences) / self.workers)
-        if a.max_sentences:
-            cap = min(cap, a.max_sentences)
+        if most := a.most(job.search):
+            cap = min(cap, most)
         if self.idle > 1:
             mine.sort(key=lambda q: -q.tokens)
         else:

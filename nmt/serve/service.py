@@ -79,7 +79,7 @@ class Service:
                 language_id(entry, key, getattr(cfg, key), cfg.checkpoint)
         self.stepper: Workers = translator.stepper()  # checked: the loops start
         admission = Admission(cfg.continuous, cfg.search.max_tokens, cfg.search.max_sentences,
-                              cfg.max_wait_ms / 1000)
+                              cfg.max_wait_ms / 1000, translator.batch_sentences)
         self.batcher = Batcher(self.stepper.send, self.stepper.read, self.workers, admission,
                                cfg.max_queued, dead=self.stepper.dead)
 

@@ -158,6 +158,10 @@ class CT2Translator:
     def ready(self, search: SearchConfig) -> None:
         """Nothing to build: CTranslate2's model is ready as loaded."""
 
+    def batch_sentences(self, search: SearchConfig) -> int:
+        """0: CTranslate2 decodes a batch of any size in one loop."""
+        return 0
+
     def translate_ids(self, src_ids: list[list[int]], search: SearchConfig,
                       prefixes: list[list[int]] | None = None, lines: list[int] | None = None,
                       progress=None, parallel: bool = True,

@@ -109,12 +109,12 @@ class FakeWorkers:
 
 def make_batcher(workers: int, max_tokens: int, max_sentences: int, max_wait_s: float,
                  max_queued: int = 100, continuous: bool = False, read=None, dead=None,
-                 **fake) -> tuple[Batcher, FakeWorkers]:
+                 batch_sentences=lambda search: 0, **fake) -> tuple[Batcher, FakeWorkers]:
     """A Batcher on a FakeClock whose workers are FakeWorkers(**fake)."""
     workers_ = FakeWorkers(**fake)
-    batcher = Batcher(workers_.send, read, workers, Admission(continuous, max_tokens,
-                                                              max_sentences, max_wait_s),
-                      max_queued, FakeClock(), dead)
+    batcher = Batcher(workers_.send, read, workers, Admission(
+        continuous, max_tokens, max_sentences, max_wait_s, batch_sentences), max_queued,
+                      FakeClock(), dead)
     workers_.batcher = batcher
     return batcher, workers_
 
@@ -161,6 +161,23 @@ def test_batcher_keeps_the_token_budget_and_splits_over_idle_workers():
     # both workers busy (not 8 + 0), and like lengths together: the longest 4, then the rest
     assert [sorted(b[1]) for b in fake.lengths()] == [[5, 6, 7, 8], [1, 2, 3, 4]]
     assert [w for w, _ in fake.sent] == [0, 1]
+
+
+def test_a_batch_holds_at_most_what_the_engine_takes_for_its_search():
+    """The engine's batch_sentences caps a beam search's batches (the workers' tight loop),
+    not greedy's; with max_sentences the smaller cap holds; a full cap sends at once."""
+    greedy, beam = SearchConfig(beam_size=1), SearchConfig(beam_size=4)
+    take = lambda search: 3 if search.beam_size > 1 else 0  # noqa: E731
+    batcher, fake = make_batcher(1, 4096, 0, 0.05, batch_sentences=take)
+    asyncio.run(run_batcher(batcher, [([[5] * 4] * 7, beam), ([[5] * 4] * 7, greedy)]))
+    assert [(k, len(n)) for k, n in fake.lengths()] == [(4, 3), (4, 3), (4, 1), (1, 7)]
+    batcher, fake = make_batcher(1, 4096, 0, 3.0, batch_sentences=take)
+    asyncio.run(run_batcher(batcher, [([[5] * 4] * 6, beam)]))
+    assert [len(n) for _, n in fake.lengths()] == [3, 3]
+    assert batcher.clock.t < 1.0  # full batches go without waiting max_wait
+    batcher, fake = make_batcher(1, 4096, 2, 0.05, batch_sentences=take)
+    asyncio.run(run_batcher(batcher, [([[5] * 4] * 5, beam)]))
+    assert [len(n) for _, n in fake.lengths()] == [2, 2, 1]
 
 
 def test_a_lone_idle_worker_gets_the_oldest_sentence_and_those_closest_to_it_in_length():

@@ -14,6 +14,7 @@ from translate_helpers import save_tiny_checkpoint
 
 from nmt.capabilities import ENGINES
 from nmt.config import SearchConfig
+from nmt.decoding import tight_loops
 from nmt.decoding.messages import Batch, Done, Sentence
 from nmt.engines.engine import Engine, Workers, check_vocab
 from nmt.engines.translator import Translator
@@ -109,3 +110,20 @@ def test_a_dead_worker_is_reported_and_the_pool_still_closes(ckpt):
         os.kill(mp.active_children()[0].pid, signal.SIGKILL)
         wait(pool.loops, timeout=60, return_when=FIRST_COMPLETED)
         assert pool.dead() == "a decoding worker died; restart the server"
+
+
+def test_a_beam_searchs_whole_batches_hold_what_the_tight_loop_takes(ckpt):
+    """batch_sentences (nmt-serve's dynamic batches) is the most sentences tight_loops.beam
+    takes for a beam search of one model; any number for greedy, sampling or an ensemble."""
+    beam = SearchConfig(beam_size=4)
+    with Translator.load(ckpt, workers=1) as tr:
+        n = tr.batch_sentences(beam)
+        assert n == tight_loops.BEAM_SENTENCES
+        models = tr.prepared(beam.dtype, beam.compile)
+        for size, takes in ((n, True), (n + 1, False)):
+            sentences = [Sentence(i, [4, 5, 6]) for i in range(size)]
+            assert tight_loops.takes(models, sentences, beam, True, None, True) is takes
+        assert tr.batch_sentences(SearchConfig(beam_size=1)) == 0
+        assert tr.batch_sentences(SearchConfig(beam_size=4, sampling=True)) == 0
+    with Translator.load([ckpt, ckpt], workers=1) as ensemble:
+        assert ensemble.batch_sentences(beam) == 0
