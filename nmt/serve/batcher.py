@@ -328,9 +328,9 @@ class Batcher:
     def _take(self, job: _Job) -> list[_Queued]:
         """Remove a batch from the queue: sentences with this job's key within the token budget
         (padded width x sentences), the most its search's batch holds (Admission.most) and
-        this worker's share of the sentences in flight (queued
-        or being decoded; a worker that takes all it finds while the others hold a few would
-        leave them batches of one or two ever after). Sentences of like length decode faster
+        this worker's share of the sentences in flight (queued or being decoded; a worker
+        that takes all it finds while the others hold a few would leave them batches of one
+        or two ever after). Sentences of like length decode faster
         together (less padding, no long tail), so: longest first while other workers are
         idle too (this round sends every queued sentence), else the oldest sentence and those
         closest to it in length (older first among equals)."""
