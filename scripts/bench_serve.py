@@ -7,7 +7,9 @@
 3. Reported: sentences/s, p50/p95/p99 latency, the error count, the server's mean batch size,
    the throughput relative to nmt-translate's, and how many translations differ from
    nmt-translate's (0 expected: the same search on other batch mates).
-4. With --ceiling, first the offline ceiling of a server under that load: the input in arrival
+4. With --rounds N, steps 1-3 N times in turn, then the medians of the per-round percentages
+   (the machine's speed drifts between runs; within a round the programs run minutes apart).
+5. With --ceiling, first the offline ceiling of a server under that load: the input in arrival
    order, cut into chunks of --clients sentences, each decoded as one batch through a
    Translator with the server's workers and the same search (the batches a server would have
    if every client's sentence arrived at once, against nmt-translate's length-sorted ones);
@@ -61,6 +63,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--skip-translate", action="store_true", help="only the server's figures")
     p.add_argument("--ceiling", action="store_true",
                    help="also time --clients arrival-ordered sentences decoded as one batch")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="measure this many times in turn; then the medians of the percentages")
     return p.parse_args()
 
 
@@ -234,12 +238,37 @@ def percentile(values: list[float], q: float) -> float:
     return 1000 * statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
 
+@dataclasses.dataclass
+class Round:
+    """One round's figures: nmt-serve's sentences/s, and as a % of nmt-translate's and of the
+    ceiling's in the same round (None: not measured)."""
+
+    rate: float
+    of_translate: float | None
+    of_ceiling: float | None
+
+
 def main() -> None:
-    """Measure nmt-translate, then nmt-serve under load, and print one summary line each."""
+    """Measure nmt-translate, then nmt-serve under load, and print one summary line each; with
+    --rounds N, N such rounds one after the other and the medians of their percentages (the
+    machine's speed drifts between runs: a percentage within one round is the fair one)."""
     args = parse_args()
     lines = Path(args.input).read_text(encoding="utf-8").splitlines()
     lines = [line for line in lines if line.strip()][:args.lines or None]
-    reference = None
+    rounds = [one_round(args, lines) for _ in range(args.rounds)]
+    if len(rounds) > 1:
+        print(f"median of {len(rounds)} rounds: {statistics.median(r.rate for r in rounds):.1f}"
+              " sentences/s" + "".join(
+                  f"; {name} {statistics.median(got):.0f}% ({min(got):.0f}-{max(got):.0f}%)"
+                  for name, got in (("of nmt-translate", [r.of_translate for r in rounds]),
+                                    ("of the ceiling", [r.of_ceiling for r in rounds]))
+                  if None not in got))
+
+
+def one_round(args, lines: list[str]) -> Round:
+    """nmt-translate (unless --skip-translate), the ceiling (--ceiling), then nmt-serve under
+    load, each with its summary line."""
+    reference = rate = None
     if not args.skip_translate:
         rate, translate_cpu, reference = run_translate(args, lines)
         translate_cpu -= run_translate(args, lines[:1])[1]  # less start-up and model loading
@@ -252,6 +281,49 @@ def main() -> None:
               f"{ceiling:.1f} sentences/s"
               + (f"; {100 * ceiling / rate:.0f}% of nmt-translate" if reference is not None
                  else ""), flush=True)
+    run = run_server(args, lines)
+    load, seconds, stats = run.load, run.seconds, run.stats
+    done = len(load.latencies)
+    line = (f"nmt-serve: {args.clients} clients, {done} sentences in {seconds:.1f} s: "
+            f"{done / seconds:.1f} sentences/s, latency p50 {percentile(load.latencies, 50):.0f} "
+            f"p95 {percentile(load.latencies, 95):.0f} p99 {percentile(load.latencies, 99):.0f} "
+            f"ms, {len(load.errors)} errors, mean batch {stats['mean_batch']:.1f} sentences "
+            f"({stats['batches']} batches), exit status {run.status}")
+    if reference is not None:
+        differ = sum(load.results[i] != reference[i] for i in load.results)
+        line += (f"; {100 * done / seconds / rate:.0f}% of nmt-translate, {differ} translations "
+                 f"differ")
+    if ceiling is not None:
+        line += f"; {100 * done / seconds / ceiling:.0f}% of the ceiling"
+    print(line, flush=True)
+    server = run.server_cpu + run.worker_cpu
+    per_cpu = done / server if server else 0.0
+    print(f"  CPU seconds during the load: server (HTTP, batcher) {run.server_cpu:.1f}, decoding "
+          f"workers {run.worker_cpu:.1f}, load client {run.client_cpu:.1f}; wall {seconds:.1f}; "
+          f"{per_cpu:.1f} sentences per server CPU second"
+          + (f" ({100 * per_cpu * translate_cpu / len(lines):.0f}% of nmt-translate's)"
+             if reference is not None else ""), flush=True)
+    for error in load.errors[:5]:
+        print(f"  error: {error}")
+    return Round(done / seconds, None if rate is None else 100 * done / seconds / rate,
+                 None if ceiling is None else 100 * done / seconds / ceiling)
+
+
+@dataclasses.dataclass
+class ServerRun:
+    """nmt-serve under the clients' load."""
+
+    load: Load  # the clients' latencies, results and errors
+    seconds: float  # the load's wall time
+    stats: dict  # GET /stats after it
+    status: int  # the server's exit status after SIGTERM
+    server_cpu: float  # CPU seconds of the server process (HTTP, batcher) during the load
+    worker_cpu: float  # ... of its decoding workers
+    client_cpu: float  # ... of the load client (this process)
+
+
+def run_server(args, lines: list[str]) -> ServerRun:
+    """nmt-serve on a free port under --clients concurrent clients, then stopped."""
     proc, port = start_server(args)
     try:
         get(port, "/health")
@@ -263,31 +335,11 @@ def main() -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         status = proc.wait(timeout=120)
-    done = len(load.latencies)
-    if not done:
+    if not load.latencies:
         raise SystemExit(f"no sentence translated; errors: {load.errors[:5]}")
-    line = (f"nmt-serve: {args.clients} clients, {done} sentences in {seconds:.1f} s: "
-            f"{done / seconds:.1f} sentences/s, latency p50 {percentile(load.latencies, 50):.0f} "
-            f"p95 {percentile(load.latencies, 95):.0f} p99 {percentile(load.latencies, 99):.0f} "
-            f"ms, {len(load.errors)} errors, mean batch {stats['mean_batch']:.1f} sentences "
-            f"({stats['batches']} batches), exit status {status}")
-    if reference is not None:
-        differ = sum(load.results[i] != reference[i] for i in load.results)
-        line += (f"; {100 * done / seconds / rate:.0f}% of nmt-translate, {differ} translations "
-                 f"differ")
-    if ceiling is not None:
-        line += f"; {100 * done / seconds / ceiling:.0f}% of the ceiling"
-    print(line, flush=True)
     main_cpu, worker_cpu = (after - before for after, before in zip(cpu_after, cpu_before,
                                                                      strict=True))
-    per_cpu = done / (main_cpu + worker_cpu) if main_cpu + worker_cpu else 0.0
-    print(f"  CPU seconds during the load: server (HTTP, batcher) {main_cpu:.1f}, decoding "
-          f"workers {worker_cpu:.1f}, load client {client:.1f}; wall {seconds:.1f}; "
-          f"{per_cpu:.1f} sentences per server CPU second"
-          + (f" ({100 * per_cpu * translate_cpu / len(lines):.0f}% of nmt-translate's)"
-             if reference is not None else ""))
-    for error in load.errors[:5]:
-        print(f"  error: {error}")
+    return ServerRun(load, seconds, stats, status, main_cpu, worker_cpu, client)
 
 
 if __name__ == "__main__":
