@@ -65,7 +65,10 @@ def parse_args() -> argparse.Namespace:
                    help="also time --clients arrival-ordered sentences decoded as one batch")
     p.add_argument("--rounds", type=int, default=1,
                    help="measure this many times in turn; then the medians of the percentages")
-    return p.parse_args()
+    args = p.parse_args()
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
+    return args
 
 
 def run_translate(args, lines: list[str]) -> tuple[float, float, list[str]]:
@@ -265,7 +268,7 @@ def main() -> None:
                   if None not in got))
 
 
-def one_round(args, lines: list[str]) -> Round:
+def one_round(args: argparse.Namespace, lines: list[str]) -> Round:
     """nmt-translate (unless --skip-translate), the ceiling (--ceiling), then nmt-serve under
     load, each with its summary line."""
     reference = rate = None
@@ -322,7 +325,7 @@ class ServerRun:
     client_cpu: float  # ... of the load client (this process)
 
 
-def run_server(args, lines: list[str]) -> ServerRun:
+def run_server(args: argparse.Namespace, lines: list[str]) -> ServerRun:
     """nmt-serve on a free port under --clients concurrent clients, then stopped."""
     proc, port = start_server(args)
     try:

@@ -61,16 +61,22 @@ BEAM_SENTENCES = 16  # `beam` takes this many sentences at most (its host work i
 def takes(models: list, sentences: list[Sentence], search: SearchConfig, use_cache: bool,
           candidates: Candidates | None, beam: bool) -> bool:
     """Whether `greedy` (beam=False) or `beam` decodes these sentences as the core would:
-    sources without a prefix or constraints (some; at most BEAM_SENTENCES for beam search);
-    one FastModel stepping through the fused operator's cache; greedy search of one
-    hypothesis or beam search, not sampling; no repeated n-gram rule or shortlist."""
+    sources without a prefix or constraints (some; at most BEAM_SENTENCES for beam search),
+    the key/value cache, no batch candidates, and a search that they take (`takes_search`)."""
     return (0 < len(sentences) and (len(sentences) <= BEAM_SENTENCES or not beam)
             and all(empty_source(s) is None and not s.prefix and not s.phrases
                     for s in sentences)
-            and len(models) == 1 and isinstance(models[0], FastModel) and models[0].fused
-            and use_cache and not search.sampling and (beam or search.nbest == 1)
-            and not search.no_repeat_ngram_size
-            and candidates is None and not search.shortlist)
+            and use_cache and candidates is None and takes_search(models, search, beam))
+
+
+def takes_search(models: list, search: SearchConfig, beam: bool) -> bool:
+    """Whether `greedy` (beam=False) or `beam` takes sentences of this search (`takes`, the
+    sentences aside): one FastModel stepping through the fused operator's cache; greedy
+    search of one hypothesis or beam search, not sampling; no repeated n-gram rule or
+    shortlist."""
+    return (len(models) == 1 and isinstance(models[0], FastModel) and models[0].fused
+            and not search.sampling and (beam or search.nbest == 1)
+            and not search.no_repeat_ngram_size and not search.shortlist)
 
 
 class Bans(NamedTuple):

@@ -36,9 +36,9 @@ from nmt.decoding.batches import (
     score_pairs,
     translate_nbest,
 )
-from nmt.decoding.fast_model import FastModel
 from nmt.decoding.messages import Hypothesis, Sentence
 from nmt.decoding.stepping import step_loop
+from nmt.decoding.strategies import use_beams
 from nmt.engines.attention_maps import attention_maps, keep_attention
 from nmt.engines.workers import WorkerPool, can_fork
 from nmt.errors import NmtError
@@ -132,23 +132,19 @@ class Translator:
         per machine built here, not by each worker: int8's beam package (search.compile,
         FastModel.packaged_beam)."""
         models = self.prepared(search.dtype, search.compile)
-        if self._tight_beam(search, models):
+        if self.batch_sentences(search):  # tight_loops.beam runs it
             models[0].packaged_beam(1)
         return models
 
     def batch_sentences(self, search: SearchConfig) -> int:
-        """A beam search's whole batch holds at most tight_loops.BEAM_SENTENCES sentences,
-        which its loop of a few sentences (the package's rows) decodes, not the core's generic
-        step (nmt-serve's dynamic batcher: docs/results.md, "Whole batches the tight loops
-        take"); others, any number (0)."""
+        """A beam search that tight_loops.beam takes (takes_search): its whole batches hold at
+        most BEAM_SENTENCES sentences, which that loop of a few sentences decodes, not the
+        core's generic step (nmt-serve's dynamic batcher: docs/results.md, "Whole batches the
+        tight loops take"); any other search, any number (0)."""
         models = self.prepared(search.dtype, search.compile)
-        return tight_loops.BEAM_SENTENCES if self._tight_beam(search, models) else 0
-
-    @staticmethod
-    def _tight_beam(search: SearchConfig, models: list) -> bool:
-        """Does `search` run tight_loops.beam (beam search of one FastModel, no ensemble)?"""
-        return (search.beam_size > 1 and not search.sampling and len(models) == 1
-                and isinstance(models[0], FastModel))
+        beam = use_beams(search, False)
+        return tight_loops.BEAM_SENTENCES if beam and tight_loops.takes_search(
+            models, search, beam) else 0
 
     def translate_ids(self, src_ids: list[list[int]], search: SearchConfig,
                       prefixes: list[list[int]] | None = None, lines: list[int] | None = None,

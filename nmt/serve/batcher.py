@@ -113,7 +113,7 @@ class _Queued:
 @dataclass(frozen=True)
 class Admission:
     """When queued sentences go to a worker (nmt-serve's continuous, search.max_tokens,
-    search.max_sentences, max_wait_ms)."""
+    search.max_sentences, max_wait_ms, and the engine's batch_sentences)."""
 
     continuous: bool  # at once, to join a running decoding; else as whole batches
     max_tokens: int  # source tokens with EOS a batch (a worker, continuous) holds at most

@@ -114,16 +114,20 @@ def test_a_dead_worker_is_reported_and_the_pool_still_closes(ckpt):
 
 def test_a_beam_searchs_whole_batches_hold_what_the_tight_loop_takes(ckpt):
     """batch_sentences (nmt-serve's dynamic batches) is the most sentences tight_loops.beam
-    takes for a beam search of one model; any number for greedy, sampling or an ensemble."""
+    takes for a beam search it runs; any number (0) for greedy, sampling, the n-gram rule, a
+    shortlist, an ensemble, or where the fused operator does not build (the core runs them)."""
     beam = SearchConfig(beam_size=4)
     with Translator.load(ckpt, workers=1) as tr:
-        n = tr.batch_sentences(beam)
-        assert n == tight_loops.BEAM_SENTENCES
         models = tr.prepared(beam.dtype, beam.compile)
-        for size, takes in ((n, True), (n + 1, False)):
-            sentences = [Sentence(i, [4, 5, 6]) for i in range(size)]
-            assert tight_loops.takes(models, sentences, beam, True, None, True) is takes
-        assert tr.batch_sentences(SearchConfig(beam_size=1)) == 0
-        assert tr.batch_sentences(SearchConfig(beam_size=4, sampling=True)) == 0
+        n = tr.batch_sentences(beam)
+        assert n == (tight_loops.BEAM_SENTENCES if models[0].fused else 0)
+        if n:  # one sentence more, and the loop would not take the batch
+            for size, takes in ((n, True), (n + 1, False)):
+                sentences = [Sentence(i, [4, 5, 6]) for i in range(size)]
+                assert tight_loops.takes(models, sentences, beam, True, None, True) is takes
+        for other in (SearchConfig(beam_size=1), SearchConfig(beam_size=4, sampling=True),
+                      SearchConfig(beam_size=4, no_repeat_ngram_size=2),
+                      SearchConfig(beam_size=4, shortlist="shortlist.bin")):
+            assert tr.batch_sentences(other) == 0
     with Translator.load([ckpt, ckpt], workers=1) as ensemble:
         assert ensemble.batch_sentences(beam) == 0
