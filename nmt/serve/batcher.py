@@ -78,6 +78,7 @@ class _Job:
 
     search: SearchConfig
     key: tuple  # requests with equal keys may share a batch
+    most: int  # sentences a batch of its search holds at most (Admission.most; 0: any)
     results: list
     left: int
     done: asyncio.Future
@@ -179,8 +180,8 @@ class Batcher:
             self.stats.rejected += 1
             raise QueueFull
         loop = asyncio.get_running_loop()
-        job = _Job(search, search_key(search), [None] * len(sentences), len(sentences),
-                   loop.create_future())
+        job = _Job(search, search_key(search), self.admission.most(search),
+                   [None] * len(sentences), len(sentences), loop.create_future())
         now = self.clock.now()
         self.queue.extend(_Queued(replace(s, tag=i), job, now)
                           for i, s in enumerate(sentences))
@@ -317,28 +318,27 @@ class Batcher:
     def _budget_full(self, job: _Job) -> bool:
         """Do the queued sentences with this job's key fill a batch already?"""
         n = width = 0
-        most = self.admission.most(job.search)
         for q in self.queue:
             if q.job.key == job.key:
                 n, width = n + 1, max(width, q.tokens)
-                if n * width >= self.admission.max_tokens or n == most:
+                if n * width >= self.admission.max_tokens or n == job.most:
                     return True
         return False
 
     def _take(self, job: _Job) -> list[_Queued]:
         """Remove a batch from the queue: sentences with this job's key within the token budget
-        (padded width x sentences), the most its search's batch holds (Admission.most) and
-        this worker's share of the sentences in flight (queued or being decoded; a worker
-        that takes all it finds while the others hold a few would leave them batches of one
-        or two ever after). Sentences of like length decode faster
-        together (less padding, no long tail), so: longest first while other workers are
-        idle too (this round sends every queued sentence), else the oldest sentence and those
-        closest to it in length (older first among equals)."""
+        (padded width x sentences), the most its search's batch holds (_Job.most) and this
+        worker's share of the sentences in flight (queued or being decoded; a worker that
+        takes all it finds while the others hold a few would leave them batches of one or two
+        ever after). Sentences of like length decode faster together (less padding, no long
+        tail), so: longest first while other workers are idle too (this round sends every
+        queued sentence), else the oldest sentence and those closest to it in length (older
+        first among equals)."""
         a = self.admission
         mine = [q for q in self.queue if q.job.key == job.key]
         cap = math.ceil((len(mine) + self.running_sentences) / self.workers)
-        if most := a.most(job.search):
-            cap = min(cap, most)
+        if job.most:
+            cap = min(cap, job.most)
         if self.idle > 1:
             mine.sort(key=lambda q: -q.tokens)
         else:
