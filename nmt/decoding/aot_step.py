@@ -61,6 +61,11 @@ ENCODER_SOURCES = 4  # the encoder's package takes batches of 1 to this many sou
 # (0.80-0.87x eager's time at 2-8 sources; more calls: as slow as eager's larger products;
 # docs/results.md, "Fewer calls around the step")
 ENCODER_CALLS = 4
+# greedy search's package (GreedyGraph) takes this many steps a call: the Python between two
+# steps runs with caches the step's weights have flushed (~3 us for a line that takes 0.6
+# after it), ~50 us a step at one row; 1.16x / 1.20x / 1.19x greedy's time at one row for 2,
+# 4, 8 steps (docs/results.md, "Greedy steps four at a time")
+GREEDY_STEPS = 4
 SOURCES = [Path(__file__), Path(affine.__file__), Path(fast_state.__file__),
            Path(__file__).with_name("fast_model.py")]  # the code the step runs
 
@@ -126,6 +131,26 @@ class BeamGraph(StepGraph):
             table.copy_(torch.where(before, table.index_select(0, parents), own))
         logits = self.logits(tokens, start, memory_row, zero, source, where, kv, mem)
         return torch.ops.nmt.beam_top_k(logits[:, 0], scores, banned, width.size(0))
+
+
+class GreedyGraph(StepGraph):
+    """GREEDY_STEPS steps of greedy search in one call (StepGraph's arguments): each step's
+    tokens the last one's choices, at positions where, where + 1, ...; returns each row's best
+    logits and tokens (B, GREEDY_STEPS) and its last token (B,), the caches written at each
+    position. A row that ends inside goes on stepping (its caller reads no further)."""
+
+    def forward(self, tokens: Tensor, start: Tensor, memory_row: Tensor, zero: Tensor,
+                source: Tensor, where: Tensor, banned: Tensor, kv: list[Tensor],
+                mem: list[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        """The rows' greedy choices of GREEDY_STEPS steps."""
+        bests, chosen = [], []
+        for i in range(GREEDY_STEPS):
+            logits = self.logits(tokens, start, memory_row, zero, source, where + i, kv, mem)
+            best, token = torch.ops.nmt.top_k(logits[:, 0], 1, banned)  # (B, 1) each
+            tokens = token[:, 0]
+            bests.append(best)
+            chosen.append(token)
+        return torch.cat(bests, 1), torch.cat(chosen, 1), tokens
 
 
 TOKENS, WHERE, BANNED = 0, 5, 6  # flat_inputs: where the tokens, position and bans are
@@ -221,11 +246,12 @@ def give_rows(maps: list, rows: int) -> None:
             m.few_rows = max(m.few_rows, rows)
 
 
-def compile_package(eager, path: Path, rows: int = 1, beam: bool = False) -> None:
+def compile_package(eager, path: Path, rows: int = 1, graph: str = "step") -> None:
     """Export `eager`'s step_layers (a FastModel in eager's forms) for 1 to `rows` rows and
     compile it into `path`, written whole (renamed into place: a process that reads it finds a
-    whole package or none; two that build at once write the same): StepGraph's, or BeamGraph's
-    (beam; rows >= 4)."""
+    whole package or none; two that build at once write the same): StepGraph's (graph
+    "step"), GreedyGraph's ("greedy") or BeamGraph's ("beam"; rows >= 4)."""
+    beam = graph == "beam"
     h, d = eager.decoder[0].h, eager.cfg.d_model
     like = (eager.kv_dtype or eager.float_dtype, torch.long)
     C, S = Dim("C", min=2, max=1 << 16), Dim("S", min=2, max=1 << 16)
@@ -253,7 +279,8 @@ def compile_package(eager, path: Path, rows: int = 1, beam: bool = False) -> Non
               [{0: M, 2: S}, {0: M, 2: S}] * len(eager.decoder))
     if not beam:
         args = (tokens, start, memory_row, zero, source, where, banned, kv, mem)
-        _export_and_compile(StepGraph(eager), args, shapes, path)
+        made = GreedyGraph(eager) if graph == "greedy" else StepGraph(eager)
+        _export_and_compile(made, args, shapes, path)
         return
     banned = torch.tensor([0, 1, 2])  # ids, (3,): as few as a vocabulary bans
     scores, parents = torch.zeros(2, 2), torch.tensor([1, 0, 3, 3])  # (U, kb), (B,)
@@ -368,12 +395,31 @@ class PackagedStep(Package):
         return StepOut(*self.run(inputs))
 
 
+class PackagedGreedy(Package):
+    """The compiled GREEDY_STEPS steps of greedy search of 1 to `rows` rows (compile_package's
+    GreedyGraph, from the FastModel in eager's forms that make_eager returns)."""
+
+    def __init__(self, path: Path, make_eager: Callable[[], nn.Module], rows: int):
+        super().__init__(path, lambda: compile_package(make_eager(), path, rows, "greedy"),
+                         f"greedy's {GREEDY_STEPS} steps of 1-{rows} rows")
+        self.rows, self.steps = rows, GREEDY_STEPS
+
+    def run_steps(self, inputs: list[Tensor], tokens: Tensor, banned: Tensor,
+                  where: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """GreedyGraph's steps from `inputs` (flat_inputs' of the rows, caches and memory, as
+        the step's package takes them, room made for every position), the tokens (B,),
+        banned (V,) bool and the first position `where` (1,) set in them: the best logits and
+        tokens (B, steps), the last tokens (B,)."""
+        inputs[TOKENS], inputs[BANNED], inputs[WHERE] = tokens, banned, where
+        return tuple(self.run(inputs))
+
+
 class PackagedBeam(Package):
     """The compiled beam step of 1 to `rows` (>= 4) rows (compile_package's BeamGraph, from
     the FastModel in eager's forms that make_eager returns)."""
 
     def __init__(self, path: Path, make_eager: Callable[[], nn.Module], rows: int):
-        super().__init__(path, lambda: compile_package(make_eager(), path, rows, True),
+        super().__init__(path, lambda: compile_package(make_eager(), path, rows, "beam"),
                          f"the beam's step of 1-{rows} rows")
         self.rows = rows
 

@@ -275,12 +275,13 @@ class FastModel(nn.Module):
         # query per row), and by more in bf16.
         self.plain_attention = device.type == "cpu"
         # int8's step of a few rows and encoder of a few sources, compiled ahead of time
-        self._packaged, self._encoder, self._beam = None, None, None
+        # and the tight loops' packages (by loop: beam, greedy), each a function until asked
+        self._packaged, self._encoder, self._loops = None, None, {}
         if self.compiled:  # Inductor, the weights frozen in as constants
             self._compiled_layers = private_ops.frozen_compile(self.step_layers)
         elif compile:
-            self._packaged, self._encoder, self._beam = _packages(model, rows, self.kv_dtype,
-                                                                  self)
+            self._packaged, self._encoder, self._loops = _packages(model, rows, self.kv_dtype,
+                                                                   self)
 
     def _affine_builder(self, device: torch.device, rows: int):
         """affine(W, b, relu=False): the linear maps' form for this dtype and device."""
@@ -474,11 +475,20 @@ class FastModel(nn.Module):
         """int8's beam step compiled ahead of time (aot_step.PackagedBeam) where it takes B
         rows, built at the first call where this machine has none (once per machine and model:
         Translator.translate_ids asks before its workers do), else None."""
-        if self._packaged is None or B > self._packaged.rows or self._packaged.rows < 4:
+        if self.packaged_for(B) is None or self._packaged.rows < 4:
             return None
-        if callable(self._beam):  # not made yet: its path and build
-            self._beam = self._beam()
-        return self._beam
+        return self._loop("beam")
+
+    def packaged_greedy(self, B: int):
+        """int8's steps of greedy search compiled ahead of time (aot_step.PackagedGreedy)
+        where they take B rows, built as packaged_beam's, else None."""
+        return self._loop("greedy") if self.packaged_for(B) is not None else None
+
+    def _loop(self, kind: str):
+        """A tight loop's package (beam, greedy: made, built if need be, at its first call)."""
+        if callable(self._loops[kind]):  # not made yet: its path and build
+            self._loops[kind] = self._loops[kind]()
+        return self._loops[kind]
 
     def step_layers(self, x: Tensor, rows: StepRows, caches: list[tuple[Tensor, Tensor, Tensor]],
                     memory_kv: list[tuple[Tensor, Tensor]], project: bool) -> Tensor:
@@ -506,7 +516,8 @@ def _packages(model: Transformer, rows: int, kv_dtype: torch.dtype | None, fast:
     one line on stderr saying why, where they cannot be built or kept (steps and sources then
     run eager: the same choices, slower). The encoder's is None where its maps take fewer than
     two rows. And the beam step's, made (built if need be) when first asked for
-    (FastModel.packaged_beam): a function until then."""
+    (FastModel.packaged_beam) and greedy search's steps (packaged_greedy), by loop: each a
+    function until then."""
     from nmt.decoding import aot_step  # torch.export: only where search.compile asks
 
     most, longest = aot_step.most_rows(fast), aot_step.encoder_rows(fast)
@@ -528,17 +539,20 @@ def _packages(model: Transformer, rows: int, kv_dtype: torch.dtype | None, fast:
             eager, longest)
     except Exception as e:  # noqa: BLE001 (an export's, Inductor's or the disk's failure)
         _not_built("step of a few rows", e)
-        return None, None, None
+        return None, None, {}
 
-    def beam() -> aot_step.PackagedBeam | None:
-        """The beam step's package (None, one line on stderr, where it cannot be built)."""
+    def loop(kind: str) -> aot_step.Package | None:
+        """A tight loop's package, beam's or greedy's (None, one line on stderr, where it
+        cannot be built)."""
         try:
-            return aot_step.PackagedBeam(aot_step.package_path(aot_step.package_key(
-                weights, "int8", kv_dtype, most, "beam"), "beam"), eager, most)
+            path = aot_step.package_path(aot_step.package_key(weights, "int8", kv_dtype, most,
+                                                              kind), kind)
+            made = aot_step.PackagedBeam if kind == "beam" else aot_step.PackagedGreedy
+            return made(path, eager, most)
         except Exception as e:  # noqa: BLE001 (as above)
-            _not_built("beam step", e)
+            _not_built(f"{kind} step", e)
             return None
-    return step, encoder, beam
+    return step, encoder, {kind: functools.partial(loop, kind) for kind in ("beam", "greedy")}
 
 
 def _not_built(what: str, e: Exception) -> None:

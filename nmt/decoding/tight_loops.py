@@ -28,6 +28,7 @@ All give the core's hypotheses (tests/unit/test_tight_loops.py).
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -123,14 +124,15 @@ class _Steps:
     operator's view (StepRows) made when the rows change and advanced in place, the layers
     int8's package compiled ahead of time where it takes R rows (FastModel.packaged_for,
     search.compile: the embedding and greedy's choice inside; a beam loop's own, with its
-    reorder and choice inside, where that takes them: FastModel.packaged_beam, `choose`),
+    reorder and choice inside, where that takes them: FastModel.packaged_beam, `choose`;
+    greedy's several steps a call, where that takes them: FastModel.packaged_greedy, `best`),
     else step_layers."""
 
     FIRST_POSITIONS = 64  # the caches' positions at first (a batch's longest output, mostly)
 
     def __init__(self, fast: FastModel, state: FastState, positions: int, room: int,
-                 beam: bool = False):
-        self.fast, self.state, self.beam = fast, state, beam
+                 beam: bool = False, runs: bool = False):
+        self.fast, self.state, self.beam, self.greedy_runs = fast, state, beam, runs
         R = state.src_len.size(0)
         self._view(R, 0)
         self._set(state.own_rows(R, min(positions, self.FIRST_POSITIONS), room, self.own))
@@ -147,6 +149,8 @@ class _Steps:
         beam = self.fast.packaged_beam(R) if self.beam else None
         self.package = beam or self.fast.packaged_for(R)  # the step's where no beam's takes R
         self.chooses = beam is not None  # the package makes the beam's choice and reorder
+        # greedy's package of several steps a call (`best`), where the loop asks for it
+        self.runs = self.fast.packaged_greedy(R) if self.greedy_runs else None
         self.own = torch.arange(R, device=dev)[:, None]  # (R, 1) each row's buffer row
         # the beam package's reorder of the rows at its next step (`reorder`): none yet
         self.identity = self.parents = self.own[:, 0]
@@ -160,7 +164,7 @@ class _Steps:
         or one row's as a number (a row's embedding without an index tensor; eager's)."""
         if self.package:
             return self._packaged(tokens, t, None).logits.view(self.R, -1)
-        self._grow(t)
+        self._grow(t, t)
         fast, R = self.fast, self.R
         lut = fast.tgt_lut
         rows = lut[tokens] if isinstance(tokens, int) else lut.index_select(0, tokens)
@@ -171,14 +175,26 @@ class _Steps:
         self.rows.where = t + 1
         return logits.view(R, -1)
 
-    def best(self, tokens: Tensor | int, t: int, mask: Tensor) -> tuple[Tensor, Tensor]:
-        """Each row's largest logit after their tokens at position t and its first column
-        (R,) each, the columns of `mask` (V,) left out (strategies.row_max's; the package's
-        inside it)."""
+    def best(self, tokens: Tensor | int, t: int, mask: Tensor,
+             k: int = 1) -> tuple[Tensor, Tensor, Tensor]:
+        """Each row's largest logits and their first columns (R, k) each, the columns of `mask`
+        (V,) left out (strategies.row_max's; the package's inside it), of k greedy steps
+        from their tokens at position t (k > 1: the package of that many, `run_length`), and
+        the last step's columns (R,)."""
+        if k > 1:
+            return self.runs.run_steps(self._inputs(t, t + k - 1), tokens, mask, _position(t))
         if self.package:
             out = self._packaged(tokens, t, mask)
-            return out.best, out.token
-        return row_max(self(tokens, t), mask)
+            return out.best[:, None], out.token[:, None], out.token
+        best, token = row_max(self(tokens, t), mask)
+        return best[:, None], token[:, None], token
+
+    def run_length(self, t: int, end: int, min_len: int) -> int:
+        """How many greedy steps from position t `best` takes in one call: the package's
+        (`runs`) where they all come before position `end` and on one side of min_len (their
+        bans alike), else 1."""
+        k = self.runs.steps if self.runs else 1
+        return k if t + k <= end and (t >= min_len or t + k <= min_len) else 1
 
     def choose(self, tokens: Tensor, t: int, scores: Tensor, banned: Tensor,
                width: Tensor) -> BeamStep:
@@ -188,7 +204,7 @@ class _Steps:
         the step's logits."""
         if not self.chooses:
             return choose_beam_logits(self(tokens, t), scores, banned, width.size(0) // 2)
-        step = self.package.step(self._inputs(t), tokens, banned, _position(t), scores,
+        step = self.package.step(self._inputs(t, t), tokens, banned, _position(t), scores,
                                  self.parents, width)
         self.parents = self.identity
         return step
@@ -196,24 +212,25 @@ class _Steps:
     def _packaged(self, tokens: Tensor, t: int, mask: Tensor | None) -> StepOut:
         """The package's step of the R rows' tokens (R,) at position t: its flat inputs kept
         from step to step, the tokens and bans replaced."""
-        return self.package.step(self._inputs(t), tokens, mask, _position(t))
+        return self.package.step(self._inputs(t, t), tokens, mask, _position(t))
 
-    def _inputs(self, t: int) -> list[Tensor]:
-        """The package's flat inputs for a step at position t (room made for it: `_grow`),
-        kept from step to step until the caches or the rows' view change (`_set`)."""
-        self._grow(t)
+    def _inputs(self, t: int, last: int) -> list[Tensor]:
+        """The packages' flat inputs for steps at positions t to `last` (room made for them:
+        `_grow`), kept from step to step until the caches or the rows' view change (`_set`);
+        greedy's package of several steps takes the step's (their layouts are one)."""
+        self._grow(t, last)
         if self.inputs is None:
             self.inputs = self.package.inputs(self.rows, self.caches, self.state.memory_kv)
         return self.inputs
 
-    def _grow(self, t: int) -> None:
-        """Room for position t: where the caches are full, half as many positions again (the
-        beam package's reorder done first)."""
-        if t == self.caches[0][0].size(2):  # (N, h, C, d_k)
+    def _grow(self, t: int, last: int) -> None:
+        """Room for the steps at positions t to `last`: where the caches are full, half as
+        many positions again (the beam package's reorder done first)."""
+        if last >= self.caches[0][0].size(2):  # (N, h, C, d_k)
             if self.parents is not self.identity:
                 self.state.reorder_own(self.parents, t, self.state.g)
                 self.parents = self.identity
-            self._set(self.state.own_rows(self.R, t + 1, 0, self.own, t))
+            self._set(self.state.own_rows(self.R, last + 1, 0, self.own, t))
 
     def reorder(self, index: Tensor, t: int, group: int, sentences: Tensor | None = None):
         """Keep (and repeat) rows `index` after the step at position t (FastState.reorder;
@@ -258,12 +275,15 @@ def greedy(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
     before the bans); else NaN, the largest logit chosen without the log-softmax, and the
     empty output at -inf where the logits' sum is not finite (the core's rule,
     `_greedy_result`). A row leaves the batch at the step it ends (FastState.reorder), as the
-    core's do."""
+    core's do; without scores, where int8's package of several greedy steps takes the rows
+    (`_Steps.run_length`), after the call it ends in, its later tokens unread (each row's
+    int8 rounding its own: the same outputs)."""
     eos, n = specials.eos, len(sentences)
     max_len, state = _start(fast, sentences, search, specials)
     device = state.src_len.device
     limits = max_len.tolist()  # (n,) as numbers (a numpy scalar a row a step is slower)
-    steps = _Steps(fast, state, max(limits), n)
+    T = max(limits)
+    steps = _Steps(fast, state, T, n, runs=not scores)
     banned = bans(specials, fast.vocab_size, device, search.min_len)
     units = _units(search, 1, max_len) if scores else None
     live = list(range(n))  # each row's sentence
@@ -275,36 +295,43 @@ def greedy(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
     outputs: list[list[int]] = [[] for _ in range(n)]
     paths = [[0.0] for _ in range(n)]  # scores: each sentence's prefixes' log P (BOS: 0)
     results: list[list[Hypothesis]] = [[] for _ in range(n)]
-    for t in range(max(limits)):
+    t = 0
+    while t < T:  # k steps from position t
         if scores:
+            k = 1
             logits = torch.log_softmax(steps(last, t).float(), dim=-1)  # (R, V)
-            best, token = row_max(logits, banned.mask(t))  # (R,) each
-            sums = total.add_(best).tolist()
+            best, newest = row_max(logits, banned.mask(t))  # (R,) each
+            totals, token = total.add_(best)[:, None].tolist(), newest[:, None]  # (R, 1)
         else:
-            best, token = steps.best(last, t, banned.mask(t))
-            sums = [s + b for s, b in zip(sums, best.tolist(), strict=True)]
-        tokens = token.tolist()
+            k = steps.run_length(t, T, search.min_len)
+            best, token, newest = steps.best(last, t, banned.mask(t), k)  # (R, k) (R, k) (R,)
+            totals = [list(itertools.accumulate(b, initial=s))[1:]
+                      for s, b in zip(sums, best.tolist(), strict=True)]  # (R, k)
         ended = []
-        for r, (i, tok, total_r) in enumerate(zip(live, tokens, sums, strict=True)):
-            if tok != eos:
-                outputs[i].append(tok)
-                paths[i] += [total_r] if scores else []
-            if tok == eos or limits[i] <= t + 1:
-                ended.append(r)
-                results[i] = _greedy_result(units, i, outputs[i], paths[i], total_r, t + 1)
-            elif total_r == -math.inf:  # nothing can win (the core's bound): no hypothesis
-                ended.append(r)
-                results[i] = no_hypothesis()
+        for r, (i, row, row_totals) in enumerate(zip(live, token.tolist(), totals, strict=True)):
+            for j, (tok, total_r) in enumerate(zip(row, row_totals, strict=True), t + 1):
+                if tok != eos:
+                    outputs[i].append(tok)
+                    paths[i] += [total_r] if scores else []
+                if tok == eos or limits[i] <= j:
+                    results[i] = _greedy_result(units, i, outputs[i], paths[i], total_r, j)
+                elif total_r == -math.inf:  # nothing can win (the core's bound): no hypothesis
+                    results[i] = no_hypothesis()
+                else:
+                    continue
+                ended.append(r)  # its tokens after this step are not read
+                break
+        sums, t = [row_totals[-1] for row_totals in totals], t + k
         if not ended:
-            last = token if len(tokens) > 1 or steps.package else tokens[0]
+            last = newest if len(live) > 1 or steps.package else newest.item()
             continue
         keep = [r for r in range(len(live)) if r not in ended]
         if not keep:
             break
         index = torch.tensor(keep, device=device)
-        steps.reorder(index, t, 1, index)
+        steps.reorder(index, t - 1, 1, index)
         live, sums = [live[r] for r in keep], [sums[r] for r in keep]
-        last = token[index]  # (R',)
+        last = newest[index]  # (R',)
         total = total[index] if scores else None
     return results
 

@@ -129,11 +129,12 @@ class Translator:
 
     def ready(self, search: SearchConfig) -> list:
         """The models prepared for `search` (`prepared`), with what its search compiles once
-        per machine built here, not by each worker: int8's beam package (search.compile,
-        FastModel.packaged_beam)."""
+        per machine built here, not by each worker: the package of int8's tight loop that runs
+        it (search.compile, FastModel.packaged_beam, packaged_greedy)."""
         models = self.prepared(search.dtype, search.compile)
-        if self.batch_sentences(search):  # tight_loops.beam runs it
-            models[0].packaged_beam(1)
+        beam = use_beams(search, False)
+        if tight_loops.takes_search(models, search, beam):
+            (models[0].packaged_beam if beam else models[0].packaged_greedy)(1)
         return models
 
     def batch_sentences(self, search: SearchConfig) -> int:

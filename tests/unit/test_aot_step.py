@@ -210,7 +210,10 @@ def test_the_beam_package_gives_eagers_beams(kept_packages, monkeypatch):
     step and the beam's choice in one call, for any beam of 2 or more): eager's hypotheses,
     their scores within a float sum's rounding, for one sentence and for a few (units
     ending, rows leaving), with the caches grown while a reorder waits for the next step;
-    built once (translate_ids asks before its workers), not for beams of 1."""
+    built once (translate_ids asks before its workers), not for beams of 1. The encoder
+    eager: its package's memory is eager's to bf16's rounding, which moved a score by 0.005
+    on an Intel Xeon with AMX."""
+    monkeypatch.setattr(aot_step, "encoder_rows", lambda eager: 1)  # below 2: no package
     monkeypatch.setattr(tight_loops._Steps, "FIRST_POSITIONS", 3)
     model = tiny_model(V, seed=1, stops=True, N=2)
     eager, compiled = FastModel(model, "int8"), FastModel(model, "int8", compile=True)
@@ -243,18 +246,50 @@ def test_the_beam_package_gives_eagers_beams(kept_packages, monkeypatch):
     assert beam.calls == calls
 
 
-def test_a_translator_builds_the_beam_package_before_its_workers_ask(kept_packages):
+def test_greedys_package_of_several_steps_gives_eagers_outputs(kept_packages, monkeypatch):
+    """tight_loops.greedy through int8's package of GREEDY_STEPS steps a call (single steps
+    before search.min_len, near the longest limit and where scores are asked for; rows that
+    end inside a call leave after it; the caches grown for a call's last position): eager's
+    outputs, for one sentence and for a few."""
+    monkeypatch.setattr(tight_loops._Steps, "FIRST_POSITIONS", 3)
+    lengths, run_length = [], tight_loops._Steps.run_length
+    monkeypatch.setattr(tight_loops._Steps, "run_length", lambda steps, t, end, least: (
+        k := run_length(steps, t, end, least), lengths.append((t, k)))[0])
+    model = tiny_model(V, seed=1, stops=True, N=2)
+    eager, compiled = FastModel(model, "int8"), FastModel(model, "int8", compile=True)
+    specials = Specials(BOS, EOS, PAD)
+    sentences = [Sentence(i, s) for i, s in enumerate(random_sources(9, V, seed=6))]
+    ends = set()
+    for cfg in (search(beam_size=1, max_len_b=9), search(beam_size=1, max_len_b=9, min_len=3)):
+        for batch, scores in [([sentences[0]], False), (sentences[:4], False),
+                              (sentences[4:], False), (sentences[4:], True)]:
+            want, got = (tight_loops.greedy(m, batch, cfg, specials, scores)
+                         for m in (eager, compiled))
+            assert [[h.tokens for h in hyps] for hyps in got] == \
+                [[h.tokens for h in hyps] for hyps in want]
+            ends |= {(len(hyps[0].tokens) - cfg.min_len) % aot_step.GREEDY_STEPS
+                     for hyps in got if hyps}
+    K = aot_step.GREEDY_STEPS
+    assert compiled.packaged_greedy(1).calls > 0 and eager.packaged_greedy(1) is None
+    assert (0, 1) in lengths and (1, K) in lengths and (3, K) in lengths  # min_len 1, 3
+    assert len(ends) > 1  # outputs that ended inside a call, not only at its last step
+
+
+def test_a_translator_builds_its_tight_loops_package_before_its_workers_ask(kept_packages):
     """Translator.ready (translate_ids', nmt-serve's before its workers' warm-up) builds the
-    beam package of a beam search in int8 under search.compile, in the calling process: not
-    for greedy search, nor before a search asks."""
+    package of the tight loop that runs a search in int8 under search.compile, in the
+    calling process: the beam's for a beam search, greedy's steps for greedy search, neither
+    before a search asks."""
     model = tiny_model(V, seed=1, stops=True, N=2)
     with Translator([model], Specials(BOS, EOS, PAD), dtype="int8", compile="true") as tr:
         fast = tr.prepared("int8", "true")[0]
-        assert callable(fast._beam)  # its path and build, not made yet
+        assert all(callable(made) for made in fast._loops.values())  # not made yet
         tr.ready(search(beam_size=1, dtype="int8", compile="true"))
-        assert callable(fast._beam)
+        assert callable(fast._loops["beam"]) and not callable(fast._loops["greedy"])
+        assert fast._loops["greedy"].path in kept_packages.glob("*/greedy-*")
         tr.ready(search(beam_size=4, dtype="int8", compile="true"))
-        assert fast._beam.path.exists() and fast._beam.path in kept_packages.glob("*/beam-*")
+        beam = fast._loops["beam"]
+        assert beam.path.exists() and beam.path in kept_packages.glob("*/beam-*")
 
 
 def test_continuous_batching_through_the_package_gives_eagers_outputs(kept_packages,
