@@ -66,6 +66,7 @@ ENCODER_CALLS = 4
 # after it), ~50 us a step at one row; 1.16x / 1.20x / 1.19x greedy's time at one row for 2,
 # 4, 8 steps (docs/results.md, "Greedy steps four at a time")
 GREEDY_STEPS = 4
+BEAM_STEPS = 4  # ... and beam search's (BeamStepsGraph), for the same reason
 SOURCES = [Path(__file__), Path(affine.__file__), Path(fast_state.__file__),
            Path(__file__).with_name("fast_model.py")]  # the code the step runs
 
@@ -153,8 +154,43 @@ class GreedyGraph(StepGraph):
         return torch.cat(bests, 1), torch.cat(chosen, 1), tokens
 
 
+class BeamStepsGraph(BeamGraph):
+    """BEAM_STEPS of BeamGraph's steps in one call (its arguments, then `specials` (2,): EOS,
+    PAD), the rows that go on from one step to the next chosen inside as tight_loops.beam's
+    host chooses them where a unit goes on (_beam_step's: a dead candidate continues its
+    unit's first row with PAD; the first k of the 2k, EOS pushed last); returns each step's
+    candidates (BEAM_STEPS, U, 2k) x3 and the last step's rows that go on (BeamStep's): their
+    scores (U, k), rows in the batch (U k,) and tokens (U k,). A unit that ends inside goes on
+    stepping (its caller reads no further). Its units hold k rows each (kb = k)."""
+
+    def forward(self, tokens: Tensor, start: Tensor, memory_row: Tensor, zero: Tensor,
+                source: Tensor, where: Tensor, banned: Tensor, scores: Tensor,
+                parents: Tensor, width: Tensor, specials: Tensor, kv: list[Tensor],
+                mem: list[Tensor]) -> tuple[Tensor, ...]:
+        """The candidates of BEAM_STEPS steps, and the rows that go on after the last."""
+        k = width.size(0) // 2
+        row = torch.arange(tokens.size(0), device=tokens.device)  # (B,), B = U k
+        unit, slot = row // k, row % k  # (B,) each row's unit and its place there
+        chosen: list[list[Tensor]] = [[], [], []]
+        for i in range(BEAM_STEPS):
+            top, parent, token, *_ = super().forward(tokens, start, memory_row, zero, source,
+                                                     where + i, banned, scores, parents,
+                                                     width, kv, mem)  # (U, 2k) each
+            for got, made in zip(chosen, (top, parent, token), strict=True):
+                got.append(made)
+            dead = top == -torch.inf
+            parent = parent.masked_fill(dead, 0)
+            token = torch.where(dead, specials[1], token)
+            on = torch.sort((token == specials[0]).int(), dim=1, stable=True).indices[:, :k]
+            scores = top.gather(1, on)  # (U, k)
+            going = on[unit, slot]  # (B,) each row's candidate (indexed by rows: B stays B)
+            parents, tokens = parent[unit, going] + unit * k, token[unit, going]  # (B,) each
+        return (*(torch.stack(got) for got in chosen), scores, parents, tokens)
+
+
 TOKENS, WHERE, BANNED = 0, 5, 6  # flat_inputs: where the tokens, position and bans are
 SCORES, PARENTS, WIDTH = 7, 8, 9  # beam_inputs: where the scores, parents and 2k are
+SPECIALS = 10  # ... and BeamStepsGraph's EOS and PAD
 
 
 def flat_inputs(tokens: Tensor, rows: StepRows, banned: Tensor, caches: list,
@@ -166,11 +202,12 @@ def flat_inputs(tokens: Tensor, rows: StepRows, banned: Tensor, caches: list,
             *(t for cache in caches for t in cache), *(t for pair in memory_kv for t in pair)]
 
 
-def beam_inputs(rows: StepRows, caches: list, memory_kv: list) -> list:
-    """BeamGraph's arguments, flat_inputs' with the scores, parents and width (SCORES, PARENTS,
-    WIDTH) after the bans: placeholders here, which a caller replaces at each step."""
+def beam_inputs(rows: StepRows, caches: list, memory_kv: list, steps: bool = False) -> list:
+    """BeamGraph's arguments (steps: BeamStepsGraph's), flat_inputs' with the scores, parents
+    and width (SCORES, PARENTS, WIDTH; and SPECIALS) after the bans: placeholders here, which
+    a caller replaces at each step."""
     flat = flat_inputs(rows.start, rows, rows.start, caches, memory_kv)
-    return [*flat[:BANNED + 1], rows.start, rows.start, rows.start, *flat[BANNED + 1:]]
+    return [*flat[:BANNED + 1], *[rows.start] * (4 if steps else 3), *flat[BANNED + 1:]]
 
 
 def cpu_flags() -> str:
@@ -250,8 +287,9 @@ def compile_package(eager, path: Path, rows: int = 1, graph: str = "step") -> No
     """Export `eager`'s step_layers (a FastModel in eager's forms) for 1 to `rows` rows and
     compile it into `path`, written whole (renamed into place: a process that reads it finds a
     whole package or none; two that build at once write the same): StepGraph's (graph
-    "step"), GreedyGraph's ("greedy") or BeamGraph's ("beam"; rows >= 4)."""
-    beam = graph == "beam"
+    "step"), GreedyGraph's ("greedy"), BeamGraph's ("beam"; rows >= 4) or BeamStepsGraph's
+    ("beam_steps"; rows >= 4)."""
+    beam = graph.startswith("beam")
     h, d = eager.decoder[0].h, eager.cfg.d_model
     like = (eager.kv_dtype or eager.float_dtype, torch.long)
     C, S = Dim("C", min=2, max=1 << 16), Dim("S", min=2, max=1 << 16)
@@ -289,7 +327,13 @@ def compile_package(eager, path: Path, rows: int = 1, graph: str = "step") -> No
     width = Dim("W", min=4, max=1 << 12)  # beams of 2 or more (k = 1 would specialize)
     shapes = (*shapes[:6], {0: Dim("banned", min=1, max=1 << 16)},
               {0: Dim("U", max=rows), 1: Dim("kb", max=rows)}, {0: B}, {0: width}, *shapes[7:])
-    _export_and_compile(BeamGraph(eager), args, shapes, path)
+    if graph == "beam":
+        _export_and_compile(BeamGraph(eager), args, shapes, path)
+        return
+    # units of k rows: 2 units of 2 (2k = 4: an even width), EOS 3 and PAD 0
+    args = (*args[:9], torch.zeros(4), torch.tensor([3, 0]), *args[10:])
+    shapes = (*shapes[:9], {0: 2 * Dim("k", min=2, max=1 << 11)}, None, *shapes[10:])
+    _export_and_compile(BeamStepsGraph(eager), args, shapes, path)
 
 
 def _export_and_compile(graph: nn.Module, args: tuple, shapes: tuple, path: Path) -> None:
@@ -437,6 +481,35 @@ class PackagedBeam(Package):
         inputs[SCORES], inputs[PARENTS], inputs[WIDTH] = scores, parents, width
         top, parents, tokens, *first = self.run(inputs)
         return BeamStep(Choice(top, parents, tokens), *first)
+
+
+class PackagedBeamSteps(Package):
+    """The compiled BEAM_STEPS steps of beam search of 1 to `rows` (>= 4) rows
+    (compile_package's BeamStepsGraph, from the FastModel in eager's forms that make_eager
+    returns)."""
+
+    def __init__(self, path: Path, make_eager: Callable[[], nn.Module], rows: int):
+        super().__init__(path, lambda: compile_package(make_eager(), path, rows, "beam_steps"),
+                         f"the beam's {BEAM_STEPS} steps of 1-{rows} rows")
+        self.rows, self.steps = rows, BEAM_STEPS
+
+    def inputs(self, rows: StepRows, caches: list, memory_kv: list) -> list[Tensor]:
+        """The flat inputs of steps of these rows, caches and memory (beam_inputs'), which a
+        caller keeps while they stay (`run_steps` sets the rest in them)."""
+        return beam_inputs(rows, caches, memory_kv, True)
+
+    def run_steps(self, inputs: list[Tensor], tokens: Tensor, banned: Tensor, where: Tensor,
+                  scores: Tensor, parents: Tensor, width: Tensor,
+                  specials: Tensor) -> BeamStep:
+        """BeamStepsGraph's steps from `inputs` (kept while the rows, caches and memory stay,
+        room made for every position): the tokens (B,), banned ids, first position (1,),
+        scores (U, k), parents (B,), width (2k,) and specials (EOS, PAD) set in them. Its
+        choice's tensors are each step's, (steps, U, 2k); its rows the last's that go on."""
+        inputs[TOKENS], inputs[BANNED], inputs[WHERE] = tokens, banned, where
+        inputs[SCORES], inputs[PARENTS], inputs[WIDTH] = scores, parents, width
+        inputs[SPECIALS] = specials
+        top, parents, tokens, scores, rows, going = self.run(inputs)
+        return BeamStep(Choice(top, parents, tokens), scores, rows, going)
 
 
 class PackagedEncoder(Package):

@@ -479,6 +479,12 @@ class FastModel(nn.Module):
             return None
         return self._loop("beam")
 
+    def packaged_beam_steps(self, B: int):
+        """int8's several steps of beam search compiled ahead of time
+        (aot_step.PackagedBeamSteps) where they take B rows, built as packaged_beam's, else
+        None."""
+        return self._loop("beam_steps") if self.packaged_beam(B) is not None else None
+
     def packaged_greedy(self, B: int):
         """int8's steps of greedy search compiled ahead of time (aot_step.PackagedGreedy)
         where they take B rows, built as packaged_beam's, else None."""
@@ -516,8 +522,8 @@ def _packages(model: Transformer, rows: int, kv_dtype: torch.dtype | None, fast:
     one line on stderr saying why, where they cannot be built or kept (steps and sources then
     run eager: the same choices, slower). The encoder's is None where its maps take fewer than
     two rows. And the beam step's, made (built if need be) when first asked for
-    (FastModel.packaged_beam) and greedy search's steps (packaged_greedy), by loop: each a
-    function until then."""
+    (FastModel.packaged_beam), its several steps' (packaged_beam_steps) and greedy search's
+    (packaged_greedy), by loop: each a function until then."""
     from nmt.decoding import aot_step  # torch.export: only where search.compile asks
 
     most, longest = aot_step.most_rows(fast), aot_step.encoder_rows(fast)
@@ -547,12 +553,14 @@ def _packages(model: Transformer, rows: int, kv_dtype: torch.dtype | None, fast:
         try:
             path = aot_step.package_path(aot_step.package_key(weights, "int8", kv_dtype, most,
                                                               kind), kind)
-            made = aot_step.PackagedBeam if kind == "beam" else aot_step.PackagedGreedy
+            made = {"beam": aot_step.PackagedBeam, "beam_steps": aot_step.PackagedBeamSteps,
+                    "greedy": aot_step.PackagedGreedy}[kind]
             return made(path, eager, most)
         except Exception as e:  # noqa: BLE001 (as above)
             _not_built(f"{kind} step", e)
             return None
-    return step, encoder, {kind: functools.partial(loop, kind) for kind in ("beam", "greedy")}
+    kinds = ("beam", "beam_steps", "greedy")
+    return step, encoder, {kind: functools.partial(loop, kind) for kind in kinds}
 
 
 def _not_built(what: str, e: Exception) -> None:

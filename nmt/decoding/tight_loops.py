@@ -132,15 +132,16 @@ class _Steps:
 
     def __init__(self, fast: FastModel, state: FastState, positions: int, room: int,
                  beam: bool = False, runs: bool = False):
-        self.fast, self.state, self.beam, self.greedy_runs = fast, state, beam, runs
+        self.fast, self.state, self.beam, self.several = fast, state, beam, runs
         R = state.src_len.size(0)
         self._view(R, 0)
         self._set(state.own_rows(R, min(positions, self.FIRST_POSITIONS), room, self.own))
 
     def _set(self, caches: list) -> None:
         """The caches the rows step now, after every change of the caches or the rows' view
-        (`_view`): the package's flat inputs (PackagedStep.inputs) made anew at its next step."""
-        self.caches, self.inputs = caches, None
+        (`_view`): the packages' flat inputs (PackagedStep.inputs, ...) made anew at their next
+        steps."""
+        self.caches, self.inputs = caches, {}
 
     def _view(self, R: int, t: int) -> None:
         """The operator's view of R rows at position t, and the layers that step them."""
@@ -149,8 +150,10 @@ class _Steps:
         beam = self.fast.packaged_beam(R) if self.beam else None
         self.package = beam or self.fast.packaged_for(R)  # the step's where no beam's takes R
         self.chooses = beam is not None  # the package makes the beam's choice and reorder
-        # greedy's package of several steps a call (`best`), where the loop asks for it
-        self.runs = self.fast.packaged_greedy(R) if self.greedy_runs else None
+        # the package of several steps a call (greedy's `best`, the beam's `choose_steps`),
+        # where the loop asks for it
+        several = self.fast.packaged_beam_steps if self.beam else self.fast.packaged_greedy
+        self.runs = several(R) if self.several else None
         self.own = torch.arange(R, device=dev)[:, None]  # (R, 1) each row's buffer row
         # the beam package's reorder of the rows at its next step (`reorder`): none yet
         self.identity = self.parents = self.own[:, 0]
@@ -181,8 +184,9 @@ class _Steps:
         (V,) left out (strategies.row_max's; the package's inside it), of k greedy steps
         from their tokens at position t (k > 1: the package of that many, `run_length`), and
         the last step's columns (R,)."""
-        if k > 1:
-            return self.runs.run_steps(self._inputs(t, t + k - 1), tokens, mask, _position(t))
+        if k > 1:  # greedy's package takes the step's inputs (their layouts are one)
+            return self.runs.run_steps(self._inputs(t, t + k - 1, self.package), tokens, mask,
+                                       _position(t))
         if self.package:
             out = self._packaged(tokens, t, mask)
             return out.best[:, None], out.token[:, None], out.token
@@ -190,9 +194,9 @@ class _Steps:
         return best[:, None], token[:, None], token
 
     def run_length(self, t: int, end: int, min_len: int) -> int:
-        """How many greedy steps from position t `best` takes in one call: the package's
-        (`runs`) where they all come before position `end` and on one side of min_len (their
-        bans alike), else 1."""
+        """How many steps from position t `best` or `choose_steps` takes in one call: the
+        package's (`runs`) where they all come before position `end` and on one side of
+        min_len (their bans alike), else 1."""
         k = self.runs.steps if self.runs else 1
         return k if t + k <= end and (t >= min_len or t + k <= min_len) else 1
 
@@ -204,24 +208,35 @@ class _Steps:
         the step's logits."""
         if not self.chooses:
             return choose_beam_logits(self(tokens, t), scores, banned, width.size(0) // 2)
-        step = self.package.step(self._inputs(t, t), tokens, banned, _position(t), scores,
-                                 self.parents, width)
+        step = self.package.step(self._inputs(t, t, self.package), tokens, banned,
+                                 _position(t), scores, self.parents, width)
+        self.parents = self.identity
+        return step
+
+    def choose_steps(self, tokens: Tensor, t: int, scores: Tensor, banned: Tensor,
+                     width: Tensor, specials: Tensor) -> BeamStep:
+        """`choose`'s choices of the package's several steps from position t (`run_length`;
+        units of k rows each), the rows that go on from one to the next chosen inside
+        (aot_step.BeamStepsGraph; specials: EOS, PAD): its choice's tensors each step's
+        (steps, U, 2k), its rows the last step's that go on."""
+        inputs = self._inputs(t, t + self.runs.steps - 1, self.runs)
+        step = self.runs.run_steps(inputs, tokens, banned, _position(t), scores, self.parents,
+                                   width, specials)
         self.parents = self.identity
         return step
 
     def _packaged(self, tokens: Tensor, t: int, mask: Tensor | None) -> StepOut:
         """The package's step of the R rows' tokens (R,) at position t: its flat inputs kept
         from step to step, the tokens and bans replaced."""
-        return self.package.step(self._inputs(t, t), tokens, mask, _position(t))
+        return self.package.step(self._inputs(t, t, self.package), tokens, mask, _position(t))
 
-    def _inputs(self, t: int, last: int) -> list[Tensor]:
-        """The packages' flat inputs for steps at positions t to `last` (room made for them:
-        `_grow`), kept from step to step until the caches or the rows' view change (`_set`);
-        greedy's package of several steps takes the step's (their layouts are one)."""
+    def _inputs(self, t: int, last: int, package) -> list[Tensor]:
+        """`package`'s flat inputs for steps at positions t to `last` (room made for them:
+        `_grow`), kept from step to step until the caches or the rows' view change (`_set`)."""
         self._grow(t, last)
-        if self.inputs is None:
-            self.inputs = self.package.inputs(self.rows, self.caches, self.state.memory_kv)
-        return self.inputs
+        if package not in self.inputs:
+            self.inputs[package] = package.inputs(self.rows, self.caches, self.state.memory_kv)
+        return self.inputs[package]
 
     def _grow(self, t: int, last: int) -> None:
         """Room for the steps at positions t to `last`: where the caches are full, half as
@@ -362,55 +377,79 @@ def beam(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
     differences of its prefixes' log P, as the core's)."""
     max_len, state = _start(fast, sentences, search, specials)
     limits, n, k = max_len.tolist(), len(sentences), search.beam_size
-    device = state.src_len.device
-    steps = _Steps(fast, state, max(limits), n * k, beam=k > 1)
+    device, T = state.src_len.device, max(limits)
+    steps = _Steps(fast, state, T, n * k, beam=k > 1, runs=k > 1)
     banned = bans(specials, fast.vocab_size, device, search.min_len)
     width = torch.empty(2 * k, device=device)  # (2k,) the candidates a unit has a step
+    eos_pad = torch.tensor([specials.eos, specials.pad], device=device)
     units = _units(search, search.nbest, max_len)
     live = list(range(n))  # each unit's sentence
     last = torch.full((n,), specials.bos, device=device)  # (U kb,) each row's newest token
     scores = torch.zeros(n, 1, device=device)  # (U, kb) log P of each row's prefix
     rows: list = [[([], [0.0])] for _ in range(n)]  # each unit's rows: output, prefixes' log P
     results: list[list[Hypothesis]] = [[] for _ in range(n)]
-    for t in range(max(limits)):
-        step = steps.choose(last, t, scores, banned.columns(t), width)
-        choice = step.choice  # (U, 2k) each, best first
-        read = zip(*(x.tolist() for x in (choice.scores, choice.parents, choice.tokens)),
-                   strict=True)  # each unit's (cand, parent, token)
+    t = 0
+    while t < T:  # a step, or several (units of k rows: after the first)
+        if (several := steps.run_length(t, T, search.min_len) if t else 1) > 1:
+            step = steps.choose_steps(last, t, scores, banned.columns(t), width, eos_pad)
+        else:
+            step = steps.choose(last, t, scores, banned.columns(t), width)
+        choice = step.choice  # (U, 2k) each, best first; several steps': (steps, U, 2k)
+        lists = [x.tolist() for x in (choice.scores, choice.parents, choice.tokens)]
         kb = steps.R // len(live)  # rows a unit at this step
-        kept, plain = [], True  # kept: (unit, its candidates that go on, its read)
-        for u, (i, (cand, parent, token)) in enumerate(zip(live, read, strict=True)):
-            on = _beam_step(units, i, rows[u], cand, parent, token, t, specials)
-            plain &= on is None  # the first k go on, none dead or ended
-            on = range(k) if on is None else on
-            rows[u] = [(rows[u][parent[c]][0] + [token[c]], rows[u][parent[c]][1] + [cand[c]])
-                       for c in on]
-            best = [cand[c] for c in on]  # the bound, float32 (NaN where a score is; <= 0)
-            bound = np.float32(math.nan if math.isnan(sum(best)) else max(best))
-            reached = limits[i] <= t + 1
-            if reached or units.count[i] >= k or units.threshold[i] >= bound / units.lp_max[i]:
-                if reached:  # out of length: the k rows finish as they are, |Y| = t + 1
-                    units.add(np.full(k, i), [r[0] for r in rows[u]], np.array(best),
-                              np.full(k, t + 1), [_differences(r[1]) for r in rows[u]])
-                results[i], plain = units.best(i), False
-                continue
-            kept.append((u, on, parent, token, best))
+        kept = [(u, None) for u in range(len(live))]  # (unit, its going on) at each step
+        for at, read in enumerate(zip(*lists, strict=True) if several > 1 else [lists], t):
+            kept, plain = _host_step(units, live, rows, results, kept, read, at, limits,
+                                     specials, k)  # read: (cand, parent, token) of each unit
+            if not kept:
+                break
         if not kept:
             break
-        if plain:  # every unit's first k go on, none dead: the step's own tensors
-            steps.reorder(step.rows, t, k)
+        t += several  # the next step's position
+        if plain if several == 1 else len(kept) == len(live):  # the package's rows go on
+            steps.reorder(step.rows, t - 1, k)
             scores, last = step.scores, step.tokens  # (U, k), (U k,)
             continue
-        index = [u * kb + parent[c] for u, on, parent, _, _ in kept for c in on]  # (U' k,)
+        index = [u * kb + parent[c] for u, (on, parent, _, _) in kept for c in on]  # (U' k,)
         gone = len(kept) < len(live)
-        steps.reorder(torch.tensor(index, device=device), t, k,
-                      torch.tensor([u for u, *_ in kept], device=device) if gone else None)
-        scores = torch.tensor([best for *_, best in kept], dtype=torch.float32,
+        steps.reorder(torch.tensor(index, device=device), t - 1, k,
+                      torch.tensor([u for u, _ in kept], device=device) if gone else None)
+        scores = torch.tensor([best for _, (*_, best) in kept], dtype=torch.float32,
                               device=device)  # (U', k)
-        last = torch.tensor([token[c] for _, on, _, token, _ in kept for c in on],
+        last = torch.tensor([token[c] for _, (on, _, token, _) in kept for c in on],
                             device=device)  # (U' k,)
-        live, rows = [live[u] for u, *_ in kept], [rows[u] for u, *_ in kept]
+        live, rows = [live[u] for u, _ in kept], [rows[u] for u, _ in kept]
     return results
+
+
+def _host_step(units: Units, live: list[int], rows: list, results: list, going: list,
+               read: list, t: int, limits: list[int], specials: Specials,
+               k: int) -> tuple[list, bool]:
+    """The host's step at position t of the units `going` ((u, _): unit u, as positions in
+    live and rows at the package's call) with their candidates `read` (U, 2k) each (cand,
+    parent, token): each unit's step (_beam_step), its rows (output, prefixes' log P) that go
+    on, and its end (units, results). Returns the units that go on, (u, (on, parent, token,
+    best)), and whether each went on with its first k (plain)."""
+    kept, plain = [], True
+    cands, parents, tokens = read
+    for u, _ in going:
+        i, cand, parent, token = live[u], cands[u], parents[u], tokens[u]
+        on = _beam_step(units, i, rows[u], cand, parent, token, t, specials)
+        plain &= on is None  # the first k go on, none dead or ended
+        on = range(k) if on is None else on
+        rows[u] = [(rows[u][parent[c]][0] + [token[c]], rows[u][parent[c]][1] + [cand[c]])
+                   for c in on]
+        best = [cand[c] for c in on]  # the bound, float32 (NaN where a score is; <= 0)
+        bound = np.float32(math.nan if math.isnan(sum(best)) else max(best))
+        reached = limits[i] <= t + 1
+        if reached or units.count[i] >= k or units.threshold[i] >= bound / units.lp_max[i]:
+            if reached:  # out of length: the k rows finish as they are, |Y| = t + 1
+                units.add(np.full(k, i), [r[0] for r in rows[u]], np.array(best),
+                          np.full(k, t + 1), [_differences(r[1]) for r in rows[u]])
+            results[i], plain = units.best(i), False
+            continue
+        kept.append((u, (on, parent, token, best)))
+    return kept, plain
 
 
 def _differences(path: list[float]) -> list[float]:

@@ -133,8 +133,10 @@ class Translator:
         it (search.compile, FastModel.packaged_beam, packaged_greedy)."""
         models = self.prepared(search.dtype, search.compile)
         beam = use_beams(search, False)
-        if tight_loops.takes_search(models, search, beam):
-            (models[0].packaged_beam if beam else models[0].packaged_greedy)(1)
+        if tight_loops.takes_search(models, search, beam) and beam:
+            models[0].packaged_beam_steps(1)  # and the beam's step it needs first
+        elif tight_loops.takes_search(models, search, beam):
+            models[0].packaged_greedy(1)
         return models
 
     def batch_sentences(self, search: SearchConfig) -> int:

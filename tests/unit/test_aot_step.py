@@ -212,8 +212,9 @@ def test_the_beam_package_gives_eagers_beams(kept_packages, monkeypatch):
     ending, rows leaving), with the caches grown while a reorder waits for the next step;
     built once (translate_ids asks before its workers), not for beams of 1. The encoder
     eager: its package's memory is eager's to bf16's rounding, which moved a score by 0.005
-    on an Intel Xeon with AMX."""
+    on an Intel Xeon with AMX. One step a call (several: the next test)."""
     monkeypatch.setattr(aot_step, "encoder_rows", lambda eager: 1)  # below 2: no package
+    monkeypatch.setattr(FastModel, "packaged_beam_steps", lambda fast, B: None)
     monkeypatch.setattr(tight_loops._Steps, "FIRST_POSITIONS", 3)
     model = tiny_model(V, seed=1, stops=True, N=2)
     eager, compiled = FastModel(model, "int8"), FastModel(model, "int8", compile=True)
@@ -275,11 +276,39 @@ def test_greedys_package_of_several_steps_gives_eagers_outputs(kept_packages, mo
     assert len(ends) > 1  # outputs that ended inside a call, not only at its last step
 
 
+def test_the_beams_package_of_several_steps_gives_eagers_beams(kept_packages, monkeypatch):
+    """tight_loops.beam through int8's package of BEAM_STEPS steps a call (after the first
+    step on one row; single steps before search.min_len and near the longest limit; units
+    that end inside a call, or whose candidates end or die, as the host would choose): eager's
+    hypotheses and scores, for beams of 2, 4 and 5, for one sentence and for a few. (The
+    encoder eager, as in the beam package's test.)"""
+    monkeypatch.setattr(aot_step, "encoder_rows", lambda eager: 1)  # below 2: no package
+    monkeypatch.setattr(tight_loops._Steps, "FIRST_POSITIONS", 3)
+    lengths, run_length = [], tight_loops._Steps.run_length
+    monkeypatch.setattr(tight_loops._Steps, "run_length", lambda steps, t, end, least: (
+        k := run_length(steps, t, end, least), lengths.append(k))[0])
+    model = tiny_model(V, seed=1, stops=True, N=2)
+    eager, compiled = FastModel(model, "int8"), FastModel(model, "int8", compile=True)
+    specials = Specials(BOS, EOS, PAD)
+    sentences = [Sentence(i, s) for i, s in enumerate(random_sources(7, V, seed=6))]
+    for k, min_len, batches in [(4, 1, [sentences[:1], sentences[1:4]]),
+                                (2, 3, [sentences[4:]]), (5, 1, [sentences[:2]])]:
+        cfg = search(beam_size=k, nbest=2, max_len_b=11, min_len=min_len)
+        for batch in batches:
+            want, got = (tight_loops.beam(m, batch, cfg, specials) for m in (eager, compiled))
+            assert [[h.tokens for h in hyps] for hyps in got] == \
+                [[h.tokens for h in hyps] for hyps in want]
+            for g, w in zip(sum(got, []), sum(want, []), strict=True):
+                assert g.logprob == pytest.approx(w.logprob, abs=1e-4)
+    assert compiled.packaged_beam_steps(4).calls > 0 and eager.packaged_beam_steps(4) is None
+    assert aot_step.BEAM_STEPS in lengths and 1 in lengths
+
+
 def test_a_translator_builds_its_tight_loops_package_before_its_workers_ask(kept_packages):
     """Translator.ready (translate_ids', nmt-serve's before its workers' warm-up) builds the
-    package of the tight loop that runs a search in int8 under search.compile, in the
-    calling process: the beam's for a beam search, greedy's steps for greedy search, neither
-    before a search asks."""
+    packages of the tight loop that runs a search in int8 under search.compile, in the
+    calling process: the beam's step and steps for a beam search, greedy's steps for greedy
+    search, none before a search asks."""
     model = tiny_model(V, seed=1, stops=True, N=2)
     with Translator([model], Specials(BOS, EOS, PAD), dtype="int8", compile="true") as tr:
         fast = tr.prepared("int8", "true")[0]
@@ -288,8 +317,9 @@ def test_a_translator_builds_its_tight_loops_package_before_its_workers_ask(kept
         assert callable(fast._loops["beam"]) and not callable(fast._loops["greedy"])
         assert fast._loops["greedy"].path in kept_packages.glob("*/greedy-*")
         tr.ready(search(beam_size=4, dtype="int8", compile="true"))
-        beam = fast._loops["beam"]
+        beam, steps = fast._loops["beam"], fast._loops["beam_steps"]
         assert beam.path.exists() and beam.path in kept_packages.glob("*/beam-*")
+        assert steps.path.exists() and steps.path in kept_packages.glob("*/beam_steps-*")
 
 
 def test_continuous_batching_through_the_package_gives_eagers_outputs(kept_packages,
