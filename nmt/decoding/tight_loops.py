@@ -20,8 +20,10 @@ n-gram rule), a step is the model's and a few operators:
 Both step the decoder through `_Steps` (its caches made once; int8's package compiled ahead
 of time under search.compile, the embedding and greedy's banned maximum inside it, else
 FastModel.step_layers; beam's own package, where it takes the rows, with the last step's
-reorder and the beam's choice inside it too: ~18% of a token at batch 1), and encode through
-FastModel.start (a few sources of like lengths: int8's encoder package under search.compile).
+reorder and the beam's choice inside it too: ~18% of a token at batch 1; packages of four
+steps a call, greedy's and the beam's after its first step: the Python between two steps ran
+with caches the step had flushed), and encode through FastModel.start (a few sources of like
+lengths: int8's encoder package under search.compile).
 All give the core's hypotheses (tests/unit/test_tight_loops.py).
 """
 
@@ -125,8 +127,8 @@ class _Steps:
     int8's package compiled ahead of time where it takes R rows (FastModel.packaged_for,
     search.compile: the embedding and greedy's choice inside; a beam loop's own, with its
     reorder and choice inside, where that takes them: FastModel.packaged_beam, `choose`;
-    greedy's several steps a call, where that takes them: FastModel.packaged_greedy, `best`),
-    else step_layers."""
+    several steps a call, where those take them: greedy's, FastModel.packaged_greedy, `best`;
+    the beam's, packaged_beam_steps, `choose_steps`), else step_layers."""
 
     FIRST_POSITIONS = 64  # the caches' positions at first (a batch's longest output, mostly)
 
