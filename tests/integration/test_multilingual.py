@@ -353,6 +353,11 @@ def test_the_exports_choose_the_language_as_nmt_translate_does(multi_run, raw, t
                                       max_decoding_length=16)
         assert [tok.sp.decode(r.hypotheses[0]) for r in results] == expected
         ids, tokenizer, _ = transformers_greedy(hf, [f">>{lang}<< {line}" for line in lines])
-        assert tokenizer.batch_decode(ids, skip_special_tokens=True) == expected
+        # its tokens read as nmt reads them (transformers 5.24's decode drops the space of
+        # an output's last piece where that is "▁" alone, which nmt's and CTranslate2's keep)
+        special = set(tokenizer.all_special_tokens)
+        pieces = [[p for p in tokenizer.convert_ids_to_tokens(row) if p not in special]
+                  for row in ids]
+        assert [tok.sp.decode(p) for p in pieces] == expected
         assert translate_lines(model, lines, tmp_path, f"tgt_lang={lang}", "search.max_len_a=0",
                                "search.max_len_b=16", "engine=ctranslate2") == expected
