@@ -143,11 +143,16 @@ class Translator:
         """A beam search that tight_loops.beam takes (takes_search): its whole batches hold at
         most BEAM_SENTENCES sentences, which that loop of a few sentences decodes, not the
         core's generic step (nmt-serve's dynamic batcher: docs/results.md, "Whole batches the
-        tight loops take"); any other search, any number (0)."""
+        tight loops take"), and no more than int8's beam package takes (its rows, k a
+        sentence), which steps them from the first step on; any other search, any number
+        (0)."""
         models = self.prepared(search.dtype, search.compile)
         beam = use_beams(search, False)
-        return tight_loops.BEAM_SENTENCES if beam and tight_loops.takes_search(
-            models, search, beam) else 0
+        if not (beam and tight_loops.takes_search(models, search, beam)):
+            return 0
+        package = models[0].packaged_beam(1)  # its rows: k of each sentence
+        fits = package.rows // search.beam_size if package else 0
+        return min(tight_loops.BEAM_SENTENCES, fits) if fits else tight_loops.BEAM_SENTENCES
 
     def translate_ids(self, src_ids: list[list[int]], search: SearchConfig,
                       prefixes: list[list[int]] | None = None, lines: list[int] | None = None,

@@ -5,6 +5,7 @@ decoding nmt-translate's batches and running nmt-serve's loops."""
 import multiprocessing as mp
 import os
 import signal
+import types
 import typing
 from concurrent.futures import FIRST_COMPLETED, wait
 
@@ -15,6 +16,7 @@ from translate_helpers import save_tiny_checkpoint
 from nmt.capabilities import ENGINES
 from nmt.config import SearchConfig
 from nmt.decoding import tight_loops
+from nmt.decoding.fast_model import FastModel
 from nmt.decoding.messages import Batch, Done, Sentence
 from nmt.engines.engine import Engine, Workers, check_vocab
 from nmt.engines.translator import Translator
@@ -112,10 +114,11 @@ def test_a_dead_worker_is_reported_and_the_pool_still_closes(ckpt):
         assert pool.dead() == "a decoding worker died; restart the server"
 
 
-def test_a_beam_searchs_whole_batches_hold_what_the_tight_loop_takes(ckpt):
+def test_a_beam_searchs_whole_batches_hold_what_the_tight_loop_takes(ckpt, monkeypatch):
     """batch_sentences (nmt-serve's dynamic batches) is the most sentences tight_loops.beam
-    takes for a beam search it runs; any number (0) for greedy, sampling, the n-gram rule, a
-    shortlist, an ensemble, or where the fused operator does not build (the core runs them)."""
+    takes for a beam search it runs, no more than int8's beam package takes (its rows, k a
+    sentence); any number (0) for greedy, sampling, the n-gram rule, a shortlist, an
+    ensemble, or where the fused operator does not build (the core runs them)."""
     beam = SearchConfig(beam_size=4)
     with Translator.load(ckpt, workers=1) as tr:
         models = tr.prepared(beam.dtype, beam.compile)
@@ -125,6 +128,10 @@ def test_a_beam_searchs_whole_batches_hold_what_the_tight_loop_takes(ckpt):
             for size, takes in ((n, True), (n + 1, False)):
                 sentences = [Sentence(i, [4, 5, 6]) for i in range(size)]
                 assert tight_loops.takes(models, sentences, beam, True, None, True) is takes
+            package = types.SimpleNamespace(rows=20)  # a package of 20 rows
+            monkeypatch.setattr(FastModel, "packaged_beam", lambda fast, B: package)
+            assert tr.batch_sentences(beam) == 5  # 5 sentences of 4 rows
+            monkeypatch.undo()
         for other in (SearchConfig(beam_size=1), SearchConfig(beam_size=4, sampling=True),
                       SearchConfig(beam_size=4, no_repeat_ngram_size=2),
                       SearchConfig(beam_size=4, shortlist="shortlist.bin")):
