@@ -475,9 +475,13 @@ class FastModel(nn.Module):
         """int8's beam step compiled ahead of time (aot_step.PackagedBeam) where it takes B
         rows, built at the first call where this machine has none (once per machine and model:
         Translator.translate_ids asks before its workers do), else None."""
-        if self.packaged_for(B) is None or self._packaged.rows < 4:
-            return None
-        return self._loop("beam")
+        return self._loop("beam") if B <= self.beam_rows() else None
+
+    def beam_rows(self) -> int:
+        """The most rows int8's beam package takes (packaged_beam's; 0: none), asked without
+        building it: the step package's rows, where they hold a beam of 4."""
+        return self._packaged.rows if self._packaged is not None and self._packaged.rows >= 4 \
+            else 0
 
     def packaged_beam_steps(self, B: int):
         """int8's several steps of beam search compiled ahead of time

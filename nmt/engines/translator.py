@@ -133,10 +133,8 @@ class Translator:
         it (search.compile, FastModel.packaged_beam, packaged_greedy)."""
         models = self.prepared(search.dtype, search.compile)
         beam = use_beams(search, False)
-        if tight_loops.takes_search(models, search, beam) and beam:
-            models[0].packaged_beam_steps(1)  # and the beam's step it needs first
-        elif tight_loops.takes_search(models, search, beam):
-            models[0].packaged_greedy(1)
+        if tight_loops.takes_search(models, search, beam):  # the beam's steps: its step too
+            (models[0].packaged_beam_steps if beam else models[0].packaged_greedy)(1)
         return models
 
     def batch_sentences(self, search: SearchConfig) -> int:
@@ -150,8 +148,8 @@ class Translator:
         beam = use_beams(search, False)
         if not (beam and tight_loops.takes_search(models, search, beam)):
             return 0
-        package = models[0].packaged_beam(1)  # its rows: k of each sentence
-        fits = package.rows // search.beam_size if package else 0
+        fits = models[0].beam_rows() // search.beam_size  # its rows: k a sentence (not built
+        # here: the batcher asks on the server's event loop)
         return min(tight_loops.BEAM_SENTENCES, fits) if fits else tight_loops.BEAM_SENTENCES
 
     def translate_ids(self, src_ids: list[list[int]], search: SearchConfig,

@@ -5,7 +5,6 @@ decoding nmt-translate's batches and running nmt-serve's loops."""
 import multiprocessing as mp
 import os
 import signal
-import types
 import typing
 from concurrent.futures import FIRST_COMPLETED, wait
 
@@ -128,8 +127,7 @@ def test_a_beam_searchs_whole_batches_hold_what_the_tight_loop_takes(ckpt, monke
             for size, takes in ((n, True), (n + 1, False)):
                 sentences = [Sentence(i, [4, 5, 6]) for i in range(size)]
                 assert tight_loops.takes(models, sentences, beam, True, None, True) is takes
-            package = types.SimpleNamespace(rows=20)  # a package of 20 rows
-            monkeypatch.setattr(FastModel, "packaged_beam", lambda fast, B: package)
+            monkeypatch.setattr(FastModel, "beam_rows", lambda fast: 20)  # a package of 20 rows
             assert tr.batch_sentences(beam) == 5  # 5 sentences of 4 rows
             monkeypatch.undo()
         for other in (SearchConfig(beam_size=1), SearchConfig(beam_size=4, sampling=True),
