@@ -71,6 +71,12 @@ def int8_rows_layout() -> str:
     return "vnni" if torch.ops.nmt.int8_rows_vnni() else "quads"
 
 
+def int8_rows_amx() -> int:
+    """The fewest rows whose VNNI layout's products nmt::int8_rows sums through AMX's tiles
+    here, the same sums (asked of the operator: AMX-INT8 and Linux's leave); 0: none."""
+    return torch.ops.nmt.int8_rows_amx() if attention_op.available() else 0
+
+
 class Affine:
     """x W^T + b, then ReLU (relu=True) or plus a residual input, for inference: F.linear.
     The forms below compute the same map faster on the CPU."""

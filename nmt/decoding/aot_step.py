@@ -4,31 +4,31 @@ a few sentences, a server's few requests; issue 60, item 1).
 
 The step: the rows' tokens embedded (FastModel.embed_rows), FastModel.step_layers, and greedy's
 choice (nmt::top_k of one, the banned columns skipped) for 1 to `most_rows` rows (as many as
-every map of the step gives nmt::int8_rows: 16 on the demo's model with VNNI, and 64 without
-VNNI, QUADS_STEP_ROWS), exported with torch.export (the rows, the caches' buffer rows and
-positions, the memory's sentences and source length dynamic). The encoder: FastModel's encoder
-layers and every decoder layer's keys and values of the memory, for 1 to ENCODER_SOURCES
-sources of 2 to `encoder_rows` positions, padded (at most that many in all; a batch of more,
-or of unlike lengths, in up to ENCODER_CALLS such calls: PackagedEncoder.chunks). Each is compiled
-by AOTInductor into a package once per machine, model and code: a file under
-$XDG_CACHE_HOME/nmt/steps (~/.cache by default) named by a hash of the weights, the precision,
-the rows, this torch, ISA and CPU kind (Inductor compiles for the CPU it runs on), the part
-and the sources it runs (package_key). Each process loads it on
-its first call (milliseconds; after the workers fork). Inside, the int8 maps are
-nmt::int8_rows, attention nmt::one_query_attention and the choice nmt::top_k, the operators
-eager calls, through the package's proxy executor; the embedding, norms, additions and
-reshapes are Inductor's C++. The step replaces ~90 operators called from Python: 1.4-3.6x
-eager's step at 16 to 1 rows (docs/results.md, "A decoding step through AOTInductor",
-"Packages of a few rows"), and greedy's embedding, bans and maximum around it (15% of a token
-at one row, "Greedy's choice inside the package"); the encoder's ~7% of a token at batch 1
-("The encoder of one source in a package"), and a fifth of the encoder's time at a few
-sources ("The encoder of a few sources in a package"). A beam loop's step has a package of its
-own (BeamGraph: the last step's reorder of the cache tables, the step, and the beam's choice,
-nmt::beam_top_k, for any beam of 2 or more; built when a beam search first asks): ~18% of a
-token of beam 4 at batch 1 ("The beam's step in one package"). Greedy search and a beam
-after its first step run GREEDY_STEPS / BEAM_STEPS steps a call too (GreedyGraph,
-BeamStepsGraph: the rows that go on chosen inside as the host chooses them; "Greedy steps
-four at a time"). All give eager's choices (tests/unit/test_aot_step.py).
+every map of the step gives nmt::int8_rows: 32 on the demo's model with VNNI, and 64 without
+VNNI or with AMX's tiles, WIDE_STEP_ROWS), exported with torch.export (the rows, the caches'
+buffer rows and positions, the memory's sentences and source length dynamic). The encoder:
+FastModel's encoder layers and every decoder layer's keys and values of the memory, for 1 to
+ENCODER_SOURCES sources of 2 to `encoder_rows` positions, padded (at most that many in all; a
+batch of more, or of unlike lengths, in up to ENCODER_CALLS such calls:
+PackagedEncoder.chunks). Each is compiled by AOTInductor into a package once per machine, model
+and code: a file under $XDG_CACHE_HOME/nmt/steps (~/.cache by default) named by a hash of the
+weights, the precision, the rows, this torch, ISA and CPU kind (Inductor compiles for the CPU
+it runs on), the part and the sources it runs (package_key). Each process loads it on its first
+call (milliseconds; after the workers fork). Inside, the int8 maps are nmt::int8_rows,
+attention nmt::one_query_attention and the choice nmt::top_k, the operators eager calls,
+through the package's proxy executor; the embedding, norms, additions and reshapes are
+Inductor's C++. The step replaces ~90 operators called from Python: 1.4-3.6x eager's step at 16
+to 1 rows (docs/results.md, "A decoding step through AOTInductor", "Packages of a few rows"),
+and greedy's embedding, bans and maximum around it (15% of a token at one row, "Greedy's choice
+inside the package"); the encoder's ~7% of a token at batch 1 ("The encoder of one source in a
+package"), and a fifth of the encoder's time at a few sources ("The encoder of a few sources in
+a package"). A beam loop's step has a package of its own (BeamGraph: the last step's reorder of
+the cache tables, the step, and the beam's choice, nmt::beam_top_k, for any beam of 2 or more;
+built when a beam search first asks): ~18% of a token of beam 4 at batch 1 ("The beam's step in
+one package"). Greedy search and a beam after its first step run GREEDY_STEPS / BEAM_STEPS
+steps a call too (GreedyGraph, BeamStepsGraph: the rows that go on chosen inside as the host
+chooses them; "Greedy steps four at a time"). All give eager's choices
+(tests/unit/test_aot_step.py).
 """
 
 from __future__ import annotations
@@ -52,12 +52,14 @@ from nmt.decoding.strategies import BeamStep, Choice
 from nmt.model import additive_mask
 from nmt.system import private_ops
 
-# Without VNNI (the quads' layout) a package takes steps of this many rows: at 16 rows of the
-# demo's model under AVX2 int8_rows' maps cost ~8 us more than fbgemm's, at 64 rows its output
-# map ~7% more than oneDNN's; the package saves ~90 operators' calls (docs/results.md, "int8
-# maps of a few rows under AVX2", "A package of up to 64 rows without VNNI")
-QUADS_STEP_ROWS = 64
-QUADS_ENCODER_ROWS = 128  # ... and its encoder this many positions of all its sources together
+# Without VNNI (the quads' layout), and with AMX's tiles, a package takes steps of this many rows
+# at least (its maps given int8_rows past few_rows: give_rows): at 16 rows of the demo's model
+# under AVX2 int8_rows' maps cost ~8 us more than fbgemm's, at 64 rows its output map ~7% more
+# than oneDNN's, and the package saves ~90 operators' calls (docs/results.md, "int8 maps of a
+# few rows under AVX2", "A package of up to 64 rows without VNNI"); through AMX's tiles its
+# output map at 64 rows takes 0.85x oneDNN's time ("int8 maps through AMX's tiles")
+WIDE_STEP_ROWS = 64
+WIDE_ENCODER_ROWS = 128  # ... and its encoder this many positions of all its sources together
 ENCODER_SOURCES = 4  # the encoder's package takes batches of 1 to this many sources
 # ... and encodes a batch in at most this many calls, its groups of like length in chunks
 # (0.80-0.87x eager's time at 2-8 sources; more calls: as slow as eager's larger products;
@@ -264,16 +266,18 @@ def most_rows(eager) -> int:
     """The most rows a package of `eager`'s step takes: the fewest that every int8 map of the
     step gives nmt::int8_rows (affine.few_rows), so that each map of each size the package
     takes is eager's own operator (bit for bit fbgemm's for each row alone); at least one (a
-    one-row package, its larger maps eager's maps of many rows); without VNNI at least
-    QUADS_STEP_ROWS (the package's maps given int8_rows past few_rows: give_rows)."""
-    return max(1, _package_rows(step_maps(eager), QUADS_STEP_ROWS))
+    one-row package, its larger maps eager's maps of many rows); without VNNI or with AMX's
+    tiles at least WIDE_STEP_ROWS (the package's maps given int8_rows past few_rows:
+    give_rows)."""
+    return max(1, _package_rows(step_maps(eager), WIDE_STEP_ROWS))
 
 
-def _package_rows(maps: list, quads: int) -> int:
-    """The fewest rows every one of `maps` gives nmt::int8_rows; without VNNI at least `quads`
-    where it takes them all (give_rows)."""
+def _package_rows(maps: list, wide: int) -> int:
+    """The fewest rows every one of `maps` gives nmt::int8_rows; at least `wide` where it
+    takes them all without VNNI or with AMX's tiles (give_rows)."""
     least = min(m.few_rows for m in maps)
-    return max(least, quads) if least and affine.int8_rows_layout() == "quads" else least
+    tiles = affine.int8_rows_layout() == "quads" or affine.int8_rows_amx() > 0
+    return max(least, wide) if least and tiles else least
 
 
 def give_rows(maps: list, rows: int) -> None:
@@ -375,9 +379,10 @@ def encoder_maps(eager) -> list:
 def encoder_rows(eager) -> int:
     """The most positions of all its sources an encoder package of `eager` takes in a call: the
     fewest rows every int8 map of the encoder and of the memory's keys and values gives
-    nmt::int8_rows (each map of each size eager's own operator; without VNNI at least
-    QUADS_ENCODER_ROWS, give_rows), within the model's positions; below 2: none."""
-    return min(eager.cfg.max_positions, _package_rows(encoder_maps(eager), QUADS_ENCODER_ROWS))
+    nmt::int8_rows (each map of each size eager's own operator; without VNNI or with AMX's
+    tiles at least WIDE_ENCODER_ROWS, give_rows), within the model's positions; below 2:
+    none."""
+    return min(eager.cfg.max_positions, _package_rows(encoder_maps(eager), WIDE_ENCODER_ROWS))
 
 
 def compile_encoder(eager, path: Path, rows: int) -> None:

@@ -54,7 +54,9 @@ from torch import Tensor
 SOURCE = Path(__file__).with_name("one_query_attention.cpp")
 # built into the same object: the int8 map of a few rows (nmt.decoding.affine.Int8Affine's) and
 # the rows' best columns (nmt.decoding.strategies.top_k's)
-SOURCES = [SOURCE, SOURCE.with_name("int8_rows.cpp"), SOURCE.with_name("top_k.cpp")]
+SOURCES = [SOURCE, SOURCE.with_name("int8_rows.cpp"), SOURCE.with_name("int8_amx.cpp"),
+           SOURCE.with_name("top_k.cpp")]
+HEADERS = [SOURCE.with_name("int8_amx.h")]  # what they include (the build's key hashes them)
 # The flags ATen's own kernels of each capability are built with, and the macros that pick the
 # vector width (vec.h: CPU_CAPABILITY_AVX512 -> 512 bits, CPU_CAPABILITY_AVX2 -> 256).
 ISA_FLAGS = {
@@ -89,7 +91,7 @@ def build_key(isa: str) -> str:
     flags, this torch's build (version, git commit, CUDA / ROCm, C++ ABI, debug) and Python's
     ABI (torch's headers and libtorch_python are linked in), and the machine's architecture (a
     cache on a shared home). An object of other inputs is foreign: it never shares the folder."""
-    parts = [*(path.read_bytes() for path in SOURCES), isa, *cflags(isa), "|",
+    parts = [*(path.read_bytes() for path in SOURCES + HEADERS), isa, *cflags(isa), "|",
              *LDFLAGS, torch.__version__,
              torch.version.git_version, torch.version.cuda, torch.version.hip,
              torch.compiled_with_cxx11_abi(), torch.version.debug, sys.implementation.cache_tag,

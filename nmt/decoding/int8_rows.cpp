@@ -46,6 +46,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <tuple>
 #include <type_traits>
@@ -54,6 +55,8 @@
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 #include <immintrin.h>
 #endif
+
+#include "int8_amx.h"
 
 namespace {
 
@@ -165,6 +168,24 @@ bool has_vnni() {
 #else
   return false;
 #endif
+}
+
+// The fewest rows int8_rows gives AMX's tiles: one row takes 1.2-1.3x vpdpbusd's time there,
+// two as long, three to 16 0.7-0.4x (docs/results.md, "int8 maps through AMX's tiles").
+// NMT_AMX_ROWS overrides it (0: never), for comparisons.
+constexpr int64_t kAmxRows = 3;
+
+int64_t amx_min_rows() {
+  static const int64_t rows = [] {
+    const char* v = std::getenv("NMT_AMX_ROWS");
+    return v ? (std::atoll(v) > 0 ? std::atoll(v) : INT64_MAX) : kAmxRows;
+  }();
+  return rows;
+}
+
+// The fewest rows of a map that int8_rows gives AMX's tiles here (0: none).
+int64_t amx_rows_here() {
+  return has_vnni() && amx_min_rows() < INT64_MAX && nmt_amx::amx_usable() ? amx_min_rows() : 0;
 }
 
 // W (N, K) int8 -> quads (VNNI's and the vector builds'): (ceil(N / G), ceil(K / 4), G, 4),
@@ -334,6 +355,32 @@ inline void finish(const Epilogue& e, int64_t r, int64_t n0, __m512i acc) {
   _mm512_mask_storeu_ps(y, m, v);
 }
 
+// Outputs n0 .. n0 + n - 1 of row r (those below N) from their sums acc (n,): finish's
+// epilogue along a row, the row's rounding and the arrays held apart from the outputs it
+// writes (restrict), so that one span's vectors need not wait on the last one's store.
+inline void finish_span(const Epilogue& e, int64_t r, int64_t n0, int64_t n,
+                        const int32_t* __restrict acc) {
+  const int64_t end = std::min(n, e.N - n0);
+  const __m512i zero = _mm512_set1_epi32(e.q[r].zero);
+  const __m512 row_scale = _mm512_set1_ps(e.q[r].scale);
+  const int32_t* __restrict sums = e.sums + n0;
+  const float* __restrict scales = e.scale + n0;
+  const float* __restrict bias = e.bias ? e.bias + n0 : nullptr;
+  float* __restrict y = e.out + r * e.N + n0;
+  const bool add = e.add, relu = e.relu;
+  for (int64_t j = 0; j < end; j += 16) {
+    const __mmask16 m = lanes16(end - j);
+    const __m512i zero_sums = _mm512_mullo_epi32(zero, _mm512_maskz_loadu_epi32(m, sums + j));
+    const __m512 scale = _mm512_mul_ps(row_scale, _mm512_maskz_loadu_ps(m, scales + j));
+    const __m512 b = bias ? _mm512_maskz_loadu_ps(m, bias + j) : _mm512_setzero_ps();
+    const __m512i sum = _mm512_maskz_loadu_epi32(m, acc + j);
+    __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sum, zero_sums)), scale, b);
+    if (add) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + j), v);
+    else if (relu) v = _mm512_max_ps(_mm512_setzero_ps(), v);
+    _mm512_mask_storeu_ps(y + j, m, v);
+  }
+}
+
 // RB rows (u8, rows Kp apart, from row r0) times one group of W (Kp / 4, 64, 4) of outputs n0
 // .. n0 + 63: RB x 4 vectors of sums in registers, each weight vector loaded once for all the
 // rows, four products summed into each lane by vpdpbusd (exactly: |u8 x s8| x 4 < 2^31).
@@ -466,12 +513,40 @@ void quad_group_rows(const uint8_t* x, int64_t Kp, const int8_t* w, const Epilog
     for (int j = 0; j < 4; ++j) finish(e, r0 + r, n0 + kOut * j, s[r][j]);
 }
 
+#if defined(CPU_CAPABILITY_AVX512)
+// The map through AMX's tiles (int8_amx.cpp; Kp a multiple of 64): x's R rows rounded to u8
+// and padded with zero rows to whole tiles of up to 16 rows, then the sums of a few groups of
+// W at a time for every tile of rows, and their epilogue (group_rows' finish).
+void amx_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const int8_t* w,
+              int64_t groups, const Epilogue& e) {
+  constexpr int64_t kGroups = 4;  // groups a pass: their sums (rows x 256) stay in L1
+  const int64_t rows = std::min(R, nmt_amx::kTileRows), blocks = (R + rows - 1) / rows;
+  std::vector<uint8_t> xq(blocks * rows * Kp, 0);  // (blocks x rows, Kp), zeros past R and K
+  round_rows(xs, R, K, Kp, e.q, xq.data());
+  const int64_t grain = std::max<int64_t>(1, 65536 / (Kp * kGroup * R));
+  at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
+    std::vector<int32_t> sums(blocks * rows * kGroups * kGroup);  // (blocks x rows, 4 x 64)
+    for (int64_t g = g0; g < g1; g += kGroups) {
+      const int64_t n = std::min(kGroups, g1 - g);
+      nmt_amx::amx_sums(xq.data(), rows, blocks, Kp, w + g * Kp * kGroup, n, sums.data(),
+                        kGroups * kGroup);
+      for (int64_t r = 0; r < R; ++r)
+        finish_span(e, r, g * kGroup, n * kGroup, sums.data() + r * kGroups * kGroup);
+    }
+  });
+}
+#endif
+
 // The map through the quads' layout: grouped_rows, kRowBlock rows at a time, each group's sums
 // by vpdpbusd where the CPU has VNNI (group_rows), else as dot4 (quad_group_rows: exact with
 // 7-bit activations).
 void quad_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const int8_t* w,
                int64_t groups, const Epilogue& e) {
   const bool vnni = has_vnni();
+#if defined(CPU_CAPABILITY_AVX512)
+  if (vnni && R >= amx_min_rows() && Kp % nmt_amx::kChunk == 0 && nmt_amx::amx_usable())
+    return amx_rows(xs, R, K, Kp, w, groups, e);
+#endif
   grouped_rows(xs, R, K, Kp, w, groups, e, kRowBlock,
                [&](const uint8_t* x, int64_t rows, const int8_t* wg, int64_t r, int64_t n0) {
                  by_rows(rows, [&](auto RB) {
@@ -603,6 +678,7 @@ void int8_rows_rescale(at::Tensor& y, const at::Tensor& scale, const at::Tensor&
 TORCH_LIBRARY_FRAGMENT(nmt, m) {
   m.def("int8_rows_pack(Tensor weight) -> Tensor");
   m.def("int8_rows_vnni() -> bool");
+  m.def("int8_rows_amx() -> int");
   m.def("int8_rows(Tensor x, Tensor packed, Tensor w_scale, Tensor w_sums, Tensor? bias, "
         "Tensor? residual, bool relu, bool reduce_range) -> Tensor");
   m.def("int8_rows_quantize(Tensor x, bool reduce_range) -> (Tensor, Tensor, Tensor)");
@@ -610,7 +686,10 @@ TORCH_LIBRARY_FRAGMENT(nmt, m) {
         "Tensor? bias, Tensor? residual, bool relu) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(nmt, CatchAll, m) { m.impl("int8_rows_vnni", has_vnni); }
+TORCH_LIBRARY_IMPL(nmt, CatchAll, m) {
+  m.impl("int8_rows_vnni", has_vnni);
+  m.impl("int8_rows_amx", amx_rows_here);
+}
 
 TORCH_LIBRARY_IMPL(nmt, CPU, m) {
   m.impl("int8_rows_pack", int8_rows_pack);

@@ -34,6 +34,7 @@ class KernelReport:
     # per quantized engine this PyTorch has: its u8 x s8 products saturate (int8 keeps 7 bits)
     int8_saturates: dict[str, bool]
     int8_rows_layout: str  # nmt::int8_rows' kernel of a few rows: vnni, quads, pairs ("": none)
+    int8_rows_amx: int  # ... its VNNI layout's sums through AMX's tiles from this many rows (0)
     rows_alone: bool  # int8 rounds each row by its own range (else one scale a call)
 
     def lines(self) -> list[str]:
@@ -47,7 +48,9 @@ class KernelReport:
                   "quads": f"quads layout without VNNI (rows x weights up to 2^{QUADS}, 7-bit "
                            "activations)",
                   "pairs": "pairs layout (1 row)"}.get(self.int8_rows_layout, "none")
-        few = "fbgemm's" if self.fused_attention else f"nmt::int8_rows' {layout}"
+        tiles = (f", its sums through AMX's tiles from {self.int8_rows_amx} rows"
+                 if self.int8_rows_amx else "")
+        few = "fbgemm's" if self.fused_attention else f"nmt::int8_rows' {layout}{tiles}"
         alone = ("each row alone (oneDNN's products of many rows)" if self.rows_alone
                  else "one scale a call")
         return [f"private operators: {ops}",
@@ -67,4 +70,4 @@ def kernel_report() -> KernelReport:
         found = set(torch.backends.quantized.supported_engines) & {"fbgemm", "onednn"}
         saturates = {e: affine.int8_saturates(e) for e in sorted(found)}
     return KernelReport(missing, attention_op.status(), packed, engines, saturates,
-                        affine.int8_rows_layout(), affine.rows_alone())
+                        affine.int8_rows_layout(), affine.int8_rows_amx(), affine.rows_alone())

@@ -389,13 +389,14 @@ def test_an_int8_step_runs_fp32s_operators_with_int8_products(model, sentences):
     assert not fp32 - int8
 
 
-@pytest.mark.parametrize("shape", [(64, 32), (100, 33), (4000, 256)])  # N and K odd sizes too
+# N and K odd sizes too; K a multiple of 64 (AMX's tiles where the CPU has them: 3 rows or more)
+@pytest.mark.parametrize("shape", [(64, 32), (100, 33), (100, 192), (4000, 256)])
 def test_int8_rows_gives_fbgemms_outputs_of_each_row_alone_bit_for_bit(shape):
     """nmt::int8_rows rounds and sums as fbgemm does a call of one row: an Int8Affine's few
     rows (its ReLU, or its residual, in the epilogue) equal fbgemm's product of each row alone
     (then the addition) bit for bit, and so does the operator at more rows, with 8- and 7-bit
-    activations, under every ISA's build (the VNNI layout where this CPU has it, else quads;
-    test_isa reruns it under AVX2 dispatch)."""
+    activations, under every ISA's build (the VNNI layout where this CPU has it, its sums through
+    AMX's tiles where it has those, else quads; test_isa reruns it under AVX2 dispatch)."""
     if not attention_op.available():
         pytest.skip(f"nmt's operators are not built here ({attention_op.status()})")
     torch.manual_seed(0)

@@ -72,6 +72,7 @@ def test_one_report_says_what_every_kernel_probe_found(monkeypatch):
     line each."""
     monkeypatch.setattr(attention_op, "status", lambda: None)
     monkeypatch.setattr(affine, "int8_rows_layout", lambda: "vnni")
+    monkeypatch.setattr(affine, "int8_rows_amx", lambda: 0)
     report = kernel_report()
     assert report.missing_ops == tuple(private_ops.missing()) == ()
     assert report.packed == tuple(d for d, t in PACKED.items() if packing_works(t))
@@ -83,6 +84,9 @@ def test_one_report_says_what_every_kernel_probe_found(monkeypatch):
     assert report.lines()[-1] == ("int8 maps of a few rows: nmt::int8_rows' VNNI layout "
                                   "(rows x weights up to 2^25)")
     assert report.rows_alone == affine.rows_alone()
+    monkeypatch.setattr(affine, "int8_rows_amx", lambda: 3)
+    assert kernel_report().lines()[-1].endswith("(rows x weights up to 2^25), its sums through "
+                                                "AMX's tiles from 3 rows")
     assert report.lines()[-2].endswith("; activations rounded each row alone (oneDNN's products "
                                        "of many rows)" if report.rows_alone else "one scale a call")
     monkeypatch.setattr(private_ops, "OPERATORS", (*private_ops.OPERATORS, "mkldnn._gone"))
