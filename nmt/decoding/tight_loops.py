@@ -135,7 +135,7 @@ class _Steps:
     def __init__(self, fast: FastModel, state: FastState, positions: int, room: int,
                  beam: bool = False, runs: bool = False):
         self.fast, self.state, self.beam, self.several = fast, state, beam, runs
-        R = state.src_len.size(0)
+        R = state.src_len.size(0) * state.g
         self._view(R, 0)
         self._set(state.own_rows(R, min(positions, self.FIRST_POSITIONS), room, self.own))
 
@@ -380,25 +380,29 @@ def beam(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
     max_len, state = _start(fast, sentences, search, specials)
     limits, n, k = max_len.tolist(), len(sentences), search.beam_size
     device, T = state.src_len.device, max(limits)
+    # k rows a unit from the first step, all but its first at log P -inf (fairseq's start):
+    # the first step's 2k candidates are its first row's, as they are where it steps one row
+    # (each row's int8 rounding its own), and the rows stay as many from step to step
+    state.reorder(torch.arange(n * k, device=device) // k, k)
     steps = _Steps(fast, state, T, n * k, beam=k > 1, runs=k > 1)
     banned = bans(specials, fast.vocab_size, device, search.min_len)
     width = torch.empty(2 * k, device=device)  # (2k,) the candidates a unit has a step
     eos_pad = torch.tensor([specials.eos, specials.pad], device=device)
     units = _units(search, search.nbest, max_len)
     live = list(range(n))  # each unit's sentence
-    last = torch.full((n,), specials.bos, device=device)  # (U kb,) each row's newest token
-    scores = torch.zeros(n, 1, device=device)  # (U, kb) log P of each row's prefix
+    last = torch.full((n * k,), specials.bos, device=device)  # (U k,) each row's newest token
+    scores = torch.full((n, k), -math.inf, device=device)  # (U, k) log P of each row's prefix
+    scores[:, 0] = 0.0
     rows: list = [[([], [0.0])] for _ in range(n)]  # each unit's rows: output, prefixes' log P
     results: list[list[Hypothesis]] = [[] for _ in range(n)]
     t = 0
     while t < T:  # a step, or several (units of k rows: after the first)
-        if (several := steps.run_length(t, T, search.min_len) if t else 1) > 1:
+        if (several := steps.run_length(t, T, search.min_len)) > 1:
             step = steps.choose_steps(last, t, scores, banned.columns(t), width, eos_pad)
         else:
             step = steps.choose(last, t, scores, banned.columns(t), width)
         choice = step.choice  # (U, 2k) each, best first; several steps': (steps, U, 2k)
         lists = [x.tolist() for x in (choice.scores, choice.parents, choice.tokens)]
-        kb = steps.R // len(live)  # rows a unit at this step
         kept = [(u, None) for u in range(len(live))]  # (unit, its going on) at each step
         for at, read in enumerate(zip(*lists, strict=True) if several > 1 else [lists], t):
             kept, plain = _host_step(units, live, rows, results, kept, read, at, limits,
@@ -412,7 +416,7 @@ def beam(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
             steps.reorder(step.rows, t - 1, k)
             scores, last = step.scores, step.tokens  # (U, k), (U k,)
             continue
-        index = [u * kb + parent[c] for u, (on, parent, _, _) in kept for c in on]  # (U' k,)
+        index = [u * k + parent[c] for u, (on, parent, _, _) in kept for c in on]  # (U' k,)
         gone = len(kept) < len(live)
         steps.reorder(torch.tensor(index, device=device), t - 1, k,
                       torch.tensor([u for u, _ in kept], device=device) if gone else None)
