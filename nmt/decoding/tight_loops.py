@@ -21,7 +21,7 @@ Both step the decoder through `_Steps` (its caches made once; int8's package com
 of time under search.compile, the embedding and greedy's banned maximum inside it, else
 FastModel.step_layers; beam's own package, where it takes the rows, with the last step's
 reorder and the beam's choice inside it too: ~18% of a token at batch 1; packages of four
-steps a call, greedy's and the beam's after its first step: the Python between two steps ran
+steps a call, greedy's and the beam's, where their bans stay: the Python between two steps ran
 with caches the step had flushed), and encode through FastModel.start (a few sources of like
 lengths: int8's encoder package under search.compile).
 All give the core's hypotheses (tests/unit/test_tight_loops.py).
