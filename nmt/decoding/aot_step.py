@@ -139,10 +139,11 @@ class BeamGraph(StepGraph):
 
 
 class GreedyGraph(StepGraph):
-    """GREEDY_STEPS steps of greedy search in one call (StepGraph's arguments): each step's
-    tokens the last one's choices, at positions where, where + 1, ...; returns each row's best
-    logits and tokens (B, GREEDY_STEPS) and its last token (B,), the caches written at each
-    position. A row that ends inside goes on stepping (its caller reads no further)."""
+    """GREEDY_STEPS steps of greedy search in one call (StepGraph's arguments, `banned` each
+    step's: (GREEDY_STEPS, V) bool, EOS's ban ending inside the call at search.min_len): each
+    step's tokens the last one's choices, at positions where, where + 1, ...; returns each
+    row's best logits and tokens (B, GREEDY_STEPS) and its last token (B,), the caches written
+    at each position. A row that ends inside goes on stepping (its caller reads no further)."""
 
     def forward(self, tokens: Tensor, start: Tensor, memory_row: Tensor, zero: Tensor,
                 source: Tensor, where: Tensor, banned: Tensor, kv: list[Tensor],
@@ -151,7 +152,7 @@ class GreedyGraph(StepGraph):
         bests, chosen = [], []
         for i in range(GREEDY_STEPS):
             logits = self.logits(tokens, start, memory_row, zero, source, where + i, kv, mem)
-            best, token = torch.ops.nmt.top_k(logits[:, 0], 1, banned)  # (B, 1) each
+            best, token = torch.ops.nmt.top_k(logits[:, 0], 1, banned[i])  # (B, 1) each
             tokens = token[:, 0]
             bests.append(best)
             chosen.append(token)
@@ -159,13 +160,14 @@ class GreedyGraph(StepGraph):
 
 
 class BeamStepsGraph(BeamGraph):
-    """BEAM_STEPS of BeamGraph's steps in one call (its arguments, then `specials` (2,): EOS,
-    PAD), the rows that go on from one step to the next chosen inside as tight_loops.beam's
-    host chooses them where a unit goes on (_beam_step's: a dead candidate continues its
-    unit's first row with PAD; the first k of the 2k, EOS pushed last); returns each step's
-    candidates (BEAM_STEPS, U, 2k) x3 and the last step's rows that go on (BeamStep's): their
-    scores (U, k), rows in the batch (U k,) and tokens (U k,). A unit that ends inside goes on
-    stepping (its caller reads no further). Its units hold k rows each (kb = k)."""
+    """BEAM_STEPS of BeamGraph's steps in one call (its arguments, `banned` each step's ids
+    (BEAM_STEPS, nb), then `specials` (2,): EOS, PAD), the rows that go on from one step to the
+    next chosen inside as tight_loops.beam's host chooses them where a unit goes on
+    (_beam_step's: a dead candidate continues its unit's first row with PAD; the first k of the
+    2k, EOS pushed last); returns each step's candidates (BEAM_STEPS, U, 2k) x3 and the last
+    step's rows that go on (BeamStep's): their scores (U, k), rows in the batch (U k,) and
+    tokens (U k,). A unit that ends inside goes on stepping (its caller reads no further). Its
+    units hold k rows each (kb = k)."""
 
     def forward(self, tokens: Tensor, start: Tensor, memory_row: Tensor, zero: Tensor,
                 source: Tensor, where: Tensor, banned: Tensor, scores: Tensor,
@@ -178,7 +180,7 @@ class BeamStepsGraph(BeamGraph):
         chosen: list[list[Tensor]] = [[], [], []]
         for i in range(BEAM_STEPS):
             top, parent, token, *_ = super().forward(tokens, start, memory_row, zero, source,
-                                                     where + i, banned, scores, parents,
+                                                     where + i, banned[i], scores, parents,
                                                      width, kv, mem)  # (U, 2k) each
             for got, made in zip(chosen, (top, parent, token), strict=True):
                 got.append(made)
@@ -322,6 +324,8 @@ def compile_package(eager, path: Path, rows: int = 1, graph: str = "step") -> No
               [{0: N, 2: C}, {0: N, 2: C}, {0: B, 1: C}] * len(eager.decoder),
               [{0: M, 2: S}, {0: M, 2: S}] * len(eager.decoder))
     if not beam:
+        if graph == "greedy":  # each step's bans
+            banned = torch.zeros(GREEDY_STEPS, eager.vocab_size, dtype=torch.bool)
         args = (tokens, start, memory_row, zero, source, where, banned, kv, mem)
         made = GreedyGraph(eager) if graph == "greedy" else StepGraph(eager)
         _export_and_compile(made, args, shapes, path)
@@ -336,9 +340,11 @@ def compile_package(eager, path: Path, rows: int = 1, graph: str = "step") -> No
     if graph == "beam":
         _export_and_compile(BeamGraph(eager), args, shapes, path)
         return
-    # units of k rows: 2 units of 2 (2k = 4: an even width), EOS 3 and PAD 0
-    args = (*args[:9], torch.zeros(4), torch.tensor([3, 0]), *args[10:])
-    shapes = (*shapes[:9], {0: 2 * Dim("k", min=2, max=1 << 11)}, None, *shapes[10:])
+    # units of k rows: 2 units of 2 (2k = 4: an even width), EOS 3 and PAD 0; each step's bans
+    args = (*args[:6], banned.expand(BEAM_STEPS, 3).clone(), *args[7:9], torch.zeros(4),
+            torch.tensor([3, 0]), *args[10:])
+    shapes = (*shapes[:6], {1: Dim("banned", min=1, max=1 << 16)}, *shapes[7:9],
+              {0: 2 * Dim("k", min=2, max=1 << 11)}, None, *shapes[10:])
     _export_and_compile(BeamStepsGraph(eager), args, shapes, path)
 
 
@@ -459,8 +465,8 @@ class PackagedGreedy(Package):
                   where: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """GreedyGraph's steps from `inputs` (flat_inputs' of the rows, caches and memory, as
         the step's package takes them, room made for every position), the tokens (B,),
-        banned (V,) bool and the first position `where` (1,) set in them: the best logits and
-        tokens (B, steps), the last tokens (B,)."""
+        each step's bans (steps, V) bool and the first position `where` (1,) set in them: the
+        best logits and tokens (B, steps), the last tokens (B,)."""
         inputs[TOKENS], inputs[BANNED], inputs[WHERE] = tokens, banned, where
         return tuple(self.run(inputs))
 
@@ -509,7 +515,8 @@ class PackagedBeamSteps(Package):
                   scores: Tensor, parents: Tensor, width: Tensor,
                   specials: Tensor) -> BeamStep:
         """BeamStepsGraph's steps from `inputs` (kept while the rows, caches and memory stay,
-        room made for every position): the tokens (B,), banned ids, first position (1,),
+        room made for every position): the tokens (B,), each step's banned ids (steps, nb),
+        first position (1,),
         scores (U, k), parents (B,), width (2k,) and specials (EOS, PAD) set in them. Its
         choice's tensors are each step's, (steps, U, 2k); its rows the last's that go on."""
         inputs[TOKENS], inputs[BANNED], inputs[WHERE] = tokens, banned, where

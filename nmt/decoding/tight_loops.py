@@ -90,6 +90,7 @@ class Bans(NamedTuple):
     min_len: int  # search.min_len
     ids: tuple[Tensor, Tensor]  # before min_len tokens (the specials' and EOS), after it
     masks: tuple[Tensor, Tensor]  # the same, (V,) bool each
+    runs: dict  # (n, steps before min_len) -> `steps`' bans, made when first asked for
 
     def columns(self, t: int) -> Tensor:
         """The ids banned at step t."""
@@ -99,6 +100,18 @@ class Bans(NamedTuple):
         """The (V,) mask of those banned at step t."""
         return self.masks[t >= self.min_len]
 
+    def steps(self, t: int, n: int) -> tuple[Tensor, Tensor]:
+        """The bans of n steps from position t, a row a step (a package's call of several):
+        as masks (n, V) and as ids (n, nb), the ids after min_len with their first repeated
+        (banned twice) to as many as those before."""
+        before = min(n, max(0, self.min_len - t))  # the steps that ban EOS too
+        if (n, before) not in self.runs:
+            after = torch.cat([self.ids[1], self.ids[1][:1]])  # (nb,)
+            self.runs[n, before] = (
+                torch.stack([self.masks[0]] * before + [self.masks[1]] * (n - before)),
+                torch.stack([self.ids[0]] * before + [after] * (n - before)))
+        return self.runs[n, before]
+
 
 @functools.lru_cache(maxsize=8)
 def bans(specials: Specials, vocab: int, device: torch.device, min_len: int) -> Bans:
@@ -107,7 +120,7 @@ def bans(specials: Specials, vocab: int, device: torch.device, min_len: int) -> 
            torch.tensor(specials.banned, dtype=torch.long, device=device))
     masks = tuple(torch.zeros(vocab, dtype=torch.bool, device=device).index_fill_(0, i, True)
                   for i in ids)
-    return Bans(min_len, ids, masks)
+    return Bans(min_len, ids, masks, {})
 
 
 @functools.cache
@@ -183,7 +196,8 @@ class _Steps:
     def best(self, tokens: Tensor | int, t: int, mask: Tensor,
              k: int = 1) -> tuple[Tensor, Tensor, Tensor]:
         """Each row's largest logits and their first columns (R, k) each, the columns of `mask`
-        (V,) left out (strategies.row_max's; the package's inside it), of k greedy steps
+        (V,) left out (strategies.row_max's; the package's inside it; k > 1: each step's, a
+        row of the mask's (k, V), Bans.steps'), of k greedy steps
         from their tokens at position t (k > 1: the package of that many, `run_length`), and
         the last step's columns (R,)."""
         if k > 1:  # greedy's package takes the step's inputs (their layouts are one)
@@ -195,12 +209,11 @@ class _Steps:
         best, token = row_max(self(tokens, t), mask)
         return best[:, None], token[:, None], token
 
-    def run_length(self, t: int, end: int, min_len: int) -> int:
+    def run_length(self, t: int, end: int) -> int:
         """How many steps from position t `best` or `choose_steps` takes in one call: the
-        package's (`runs`) where they all come before position `end` and on one side of
-        min_len (their bans alike), else 1."""
+        package's (`runs`) where they all come before position `end`, else 1."""
         k = self.runs.steps if self.runs else 1
-        return k if t + k <= end and (t >= min_len or t + k <= min_len) else 1
+        return k if t + k <= end else 1
 
     def choose(self, tokens: Tensor, t: int, scores: Tensor, banned: Tensor,
                width: Tensor) -> BeamStep:
@@ -218,7 +231,8 @@ class _Steps:
     def choose_steps(self, tokens: Tensor, t: int, scores: Tensor, banned: Tensor,
                      width: Tensor, specials: Tensor) -> BeamStep:
         """`choose`'s choices of the package's several steps from position t (`run_length`;
-        units of k rows each), the rows that go on from one to the next chosen inside
+        units of k rows each; `banned` each step's ids, (steps, nb): Bans.steps'), the rows
+        that go on from one to the next chosen inside
         (aot_step.BeamStepsGraph; specials: EOS, PAD): its choice's tensors each step's
         (steps, U, 2k), its rows the last step's that go on."""
         inputs = self._inputs(t, t + self.runs.steps - 1, self.runs)
@@ -320,8 +334,9 @@ def greedy(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
             best, newest = row_max(logits, banned.mask(t))  # (R,) each
             totals, token = total.add_(best)[:, None].tolist(), newest[:, None]  # (R, 1)
         else:
-            k = steps.run_length(t, T, search.min_len)
-            best, token, newest = steps.best(last, t, banned.mask(t), k)  # (R, k) (R, k) (R,)
+            k = steps.run_length(t, T)
+            best, token, newest = steps.best(last, t, banned.steps(t, k)[0] if k > 1
+                                             else banned.mask(t), k)  # (R, k) (R, k) (R,)
             totals = [list(itertools.accumulate(b, initial=s))[1:]
                       for s, b in zip(sums, best.tolist(), strict=True)]  # (R, k)
         ended = []
@@ -397,8 +412,9 @@ def beam(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
     results: list[list[Hypothesis]] = [[] for _ in range(n)]
     t = 0
     while t < T:  # a step, or several (units of k rows: after the first)
-        if (several := steps.run_length(t, T, search.min_len)) > 1:
-            step = steps.choose_steps(last, t, scores, banned.columns(t), width, eos_pad)
+        if (several := steps.run_length(t, T)) > 1:
+            step = steps.choose_steps(last, t, scores, banned.steps(t, several)[1], width,
+                                      eos_pad)
         else:
             step = steps.choose(last, t, scores, banned.columns(t), width)
         choice = step.choice  # (U, 2k) each, best first; several steps': (steps, U, 2k)
