@@ -57,7 +57,7 @@ from nmt.system import private_ops
 # under AVX2 int8_rows' maps cost ~8 us more than fbgemm's, at 64 rows its output map ~7% more
 # than oneDNN's, and the package saves ~90 operators' calls (docs/results.md, "int8 maps of a
 # few rows under AVX2", "A package of up to 64 rows without VNNI"); through AMX's tiles its
-# output map at 64 rows takes 0.85x oneDNN's time ("int8 maps through AMX's tiles")
+# output map at 64 rows takes 0.77x oneDNN's time ("int8 maps through AMX's tiles")
 WIDE_STEP_ROWS = 64
 WIDE_ENCODER_ROWS = 128  # ... and its encoder this many positions of all its sources together
 ENCODER_SOURCES = 4  # the encoder's package takes batches of 1 to this many sources

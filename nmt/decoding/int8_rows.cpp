@@ -170,15 +170,19 @@ bool has_vnni() {
 #endif
 }
 
-// The fewest rows int8_rows gives AMX's tiles: one row takes 1.2-1.3x vpdpbusd's time there,
-// two as long, three to 16 0.7-0.4x (docs/results.md, "int8 maps through AMX's tiles").
-// NMT_AMX_ROWS overrides it (0: never), for comparisons.
+// The fewest rows int8_rows gives AMX's tiles: one or two rows take as long as vpdpbusd's
+// there, 3-4 rows 0.7-0.85x, 16 0.35-0.7x, 64 0.35-0.55x; but a map of more weights than
+// kAmxBigWeights (the output projections of larger vocabularies: read from memory either way)
+// 1.05-1.15x at 3-4 rows, and so takes them from kAmxBigRows (docs/results.md, "int8 maps
+// through AMX's tiles"). NMT_AMX_ROWS overrides kAmxRows (0: never; empty: unset), for
+// comparisons.
 constexpr int64_t kAmxRows = 3;
+constexpr int64_t kAmxBigWeights = int64_t(1) << 21, kAmxBigRows = 16;
 
 int64_t amx_min_rows() {
   static const int64_t rows = [] {
     const char* v = std::getenv("NMT_AMX_ROWS");
-    return v ? (std::atoll(v) > 0 ? std::atoll(v) : INT64_MAX) : kAmxRows;
+    return v && *v ? (std::atoll(v) > 0 ? std::atoll(v) : INT64_MAX) : kAmxRows;
   }();
   return rows;
 }
@@ -544,7 +548,9 @@ void quad_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const int8_t* 
                int64_t groups, const Epilogue& e) {
   const bool vnni = has_vnni();
 #if defined(CPU_CAPABILITY_AVX512)
-  if (vnni && R >= amx_min_rows() && Kp % nmt_amx::kChunk == 0 && nmt_amx::amx_usable())
+  const bool big = groups * kGroup * Kp > kAmxBigWeights;
+  if (vnni && R >= std::max(amx_min_rows(), big ? kAmxBigRows : 0) &&
+      Kp % nmt_amx::kChunk == 0 && nmt_amx::amx_usable())
     return amx_rows(xs, R, K, Kp, w, groups, e);
 #endif
   grouped_rows(xs, R, K, Kp, w, groups, e, kRowBlock,
