@@ -520,7 +520,7 @@ void quad_group_rows(const uint8_t* x, int64_t Kp, const int8_t* w, const Epilog
 #if defined(CPU_CAPABILITY_AVX512)
 // The map through AMX's tiles (int8_amx.cpp; Kp a multiple of 64): x's R rows rounded to u8
 // and padded with zero rows to whole tiles of up to 16 rows, then the sums of a few groups of
-// W at a time for every tile of rows, and their epilogue (group_rows' finish).
+// W at a time for every tile of rows, and their epilogue along each row (finish_span).
 void amx_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const int8_t* w,
               int64_t groups, const Epilogue& e) {
   constexpr int64_t kGroups = 4;  // groups a pass: their sums (rows x 256) stay in L1
