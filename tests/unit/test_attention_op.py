@@ -306,9 +306,12 @@ def stand_in_source(path: Path) -> Path:
     """A source at `path` that declares the operators' schemas (every TORCH_LIBRARY block of the
     real sources) without their kernels: its build takes the real one's path and locks in a
     fraction of its compile (every other test loads the real object)."""
-    blocks = [block for source in attention_op.SOURCES for block in re.findall(
-        r"^TORCH_LIBRARY(?:_FRAGMENT)?\(nmt, m\) \{.*?^\}", source.read_text(), re.S | re.M)]
-    assert len(blocks) == len(attention_op.SOURCES)
+    texts = [source.read_text() for source in attention_op.SOURCES]
+    blocks = [block for text in texts for block in re.findall(
+        r"^TORCH_LIBRARY(?:_FRAGMENT)?\(nmt, m\) \{.*?^\}", text, re.S | re.M)]
+    heads = [h for text in texts
+             for h in re.findall(r"^TORCH_LIBRARY(?:_FRAGMENT)?\(nmt, m\) \{", text, re.M)]
+    assert len(blocks) == len(heads) >= 3  # every block whole (int8_amx.cpp registers none)
     path.write_text("#include <torch/library.h>\n\n" + "\n\n".join(blocks) + "\n")
     return path
 
