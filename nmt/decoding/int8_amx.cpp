@@ -9,10 +9,19 @@
 // bytes a quad of inputs, the four 16-output tiles side by side (64 bytes apart), so a tile's
 // 16 rows of inputs load with a stride of 256 bytes.
 //
-// Built into the AVX-512 object only, its functions compiled for AMX alone (target attributes),
-// and taken only where amx_usable() says so (nmt::int8_rows_amx reports it).
+// Built into the AVX-512 object only, by a compiler that has AMX's intrinsics (GCC 11, Clang 12
+// and later; an older one builds amx_usable() as false), its functions compiled for AMX alone
+// (target attributes), and taken only where amx_usable() says so (nmt::int8_rows_amx reports
+// it).
 
-#if defined(CPU_CAPABILITY_AVX512)
+#if defined(CPU_CAPABILITY_AVX512) && defined(__has_include)
+#if __has_include(<amxtileintrin.h>) || __has_include(<amxintrin.h>)
+#define NMT_AMX 1
+#endif
+#endif
+
+#if defined(NMT_AMX)
+#include <cpuid.h>
 #include <immintrin.h>
 #include <pthread.h>
 #include <sys/syscall.h>
@@ -26,7 +35,7 @@
 
 namespace nmt_amx {
 
-#if defined(CPU_CAPABILITY_AVX512)
+#if defined(NMT_AMX)
 namespace {
 
 constexpr long kReqPerm = 0x1023;  // arch_prctl's ARCH_REQ_XCOMP_PERM
@@ -62,8 +71,9 @@ bool amx_usable() {
   if (yes < 0) {
     static const int registered = pthread_atfork(nullptr, nullptr, forget);
     (void)registered;
-    yes = __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-int8") &&
-          syscall(SYS_arch_prctl, kReqPerm, kTileData) == 0;
+    unsigned a = 0, b = 0, c = 0, d = 0;  // CPUID leaf 7: EDX bit 24 AMX-TILE, 25 AMX-INT8
+    const bool cpu = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 3) == 3;
+    yes = cpu && syscall(SYS_arch_prctl, kReqPerm, kTileData) == 0;
     asked.store(yes);
   }
   return yes;
