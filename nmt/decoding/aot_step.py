@@ -25,9 +25,9 @@ package"), and a fifth of the encoder's time at a few sources ("The encoder of a
 a package"). A beam loop's step has a package of its own (BeamGraph: the last step's reorder of
 the cache tables, the step, and the beam's choice, nmt::beam_top_k, for any beam of 2 or more;
 built when a beam search first asks): ~18% of a token of beam 4 at batch 1 ("The beam's step in
-one package"). Greedy search and a beam where the bans stay run GREEDY_STEPS / BEAM_STEPS
-steps a call too (GreedyGraph, BeamStepsGraph: the rows that go on chosen inside as the host
-chooses them; "Greedy steps four at a time"). All give eager's choices
+one package"). Greedy search and a beam run GREEDY_STEPS / BEAM_STEPS steps a call too
+(GreedyGraph, BeamStepsGraph: each step's bans its own, the rows that go on chosen inside as
+the host chooses them; "Greedy steps four at a time"). All give eager's choices
 (tests/unit/test_aot_step.py).
 """
 

@@ -111,6 +111,7 @@ __attribute__((target("amx-tile,amx-int8"))) void amx_sums(const uint8_t* x, int
                                                             const int8_t* w, int64_t groups,
                                                             int32_t* sums, int64_t stride) {
   const Config c = config(int(rows));
+  asm volatile("" : : "r"(&c) : "memory");  // the whole config written before ldtilecfg reads it
   _tile_loadconfig(&c);
   const int64_t bytes = stride * int64_t(sizeof(int32_t));
   for (int64_t g = 0; g < groups; ++g) {

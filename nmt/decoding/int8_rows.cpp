@@ -24,6 +24,7 @@
 //   64 outputs, each input quadruple's weights side by side, and each group's weights are read
 //   once for all the rows, 4 rows x 64 outputs of sums in registers at a time: the few rows of a
 //   step cost little more than one (nmt.decoding.affine.few_rows: the rows Int8Affine gives it).
+//   With AMX (int8_amx.cpp), a few rows' sums of this layout through its tiles instead.
 // - quads (AVX-512 without VNNI, AVX2): the VNNI layout (groups of 4 vectors of outputs), each
 //   vpdpbusd done as fbgemm's kernels do it there: vpmaddubsw (pairs of u8 x s8 products into
 //   16 bits) then vpmaddwd by ones and an addition. Exact where activations keep 7 bits
@@ -523,7 +524,7 @@ void quad_group_rows(const uint8_t* x, int64_t Kp, const int8_t* w, const Epilog
 // W at a time for every tile of rows, and their epilogue along each row (finish_span).
 void amx_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const int8_t* w,
               int64_t groups, const Epilogue& e) {
-  constexpr int64_t kGroups = 4;  // groups a pass: their sums (rows x 256) stay in L1
+  constexpr int64_t kGroups = 4;  // groups a pass: their sums, 1 KB a row, read back at once
   const int64_t rows = std::min(R, nmt_amx::kTileRows), blocks = (R + rows - 1) / rows;
   std::vector<uint8_t> xq(blocks * rows * Kp, 0);  // (blocks x rows, Kp), zeros past R and K
   round_rows(xs, R, K, Kp, e.q, xq.data());
@@ -543,7 +544,9 @@ void amx_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const int8_t* w
 
 // The map through the quads' layout: grouped_rows, kRowBlock rows at a time, each group's sums
 // by vpdpbusd where the CPU has VNNI (group_rows), else as dot4 (quad_group_rows: exact with
-// 7-bit activations).
+// 7-bit activations); through AMX's tiles (amx_rows: the same sums) where the CPU has them,
+// from amx_min_rows() rows (kAmxBigRows for a map of more than kAmxBigWeights), K a multiple
+// of 64.
 void quad_rows(const float* xs, int64_t R, int64_t K, int64_t Kp, const int8_t* w,
                int64_t groups, const Epilogue& e) {
   const bool vnni = has_vnni();

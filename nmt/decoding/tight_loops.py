@@ -21,7 +21,7 @@ Both step the decoder through `_Steps` (its caches made once; int8's package com
 of time under search.compile, the embedding and greedy's banned maximum inside it, else
 FastModel.step_layers; beam's own package, where it takes the rows, with the last step's
 reorder and the beam's choice inside it too: ~18% of a token at batch 1; packages of four
-steps a call, greedy's and the beam's, where their bans stay: the Python between two steps ran
+steps a call, greedy's and the beam's, each step's bans its own: the Python between two steps ran
 with caches the step had flushed), and encode through FastModel.start (a few sources of like
 lengths: int8's encoder package under search.compile).
 All give the core's hypotheses (tests/unit/test_tight_loops.py).
@@ -395,30 +395,35 @@ def beam(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
     max_len, state = _start(fast, sentences, search, specials)
     limits, n, k = max_len.tolist(), len(sentences), search.beam_size
     device, T = state.src_len.device, max(limits)
-    # k rows a unit from the first step, all but its first at log P -inf (fairseq's start):
-    # the first step's 2k candidates are its first row's, as they are where it steps one row
-    # (each row's int8 rounding its own), and the rows stay as many from step to step
-    state.reorder(torch.arange(n * k, device=device) // k, k)
+    # k rows a unit from the first step where int8's package of several steps takes them,
+    # all but the first at log P -inf (fairseq's start): its maps round each row alone, so the
+    # first step's 2k candidates are the first row's, as where it steps one row, and the rows
+    # stay as many; else one row a unit at the first step (eager's maps of many rows round to
+    # within float rounding of a row alone: the core's first step is one row's)
+    g = k if k > 1 and fast.packaged_beam_steps(n * k) is not None else 1
+    if g > 1:
+        state.reorder(torch.arange(n * g, device=device) // g, g)
     steps = _Steps(fast, state, T, n * k, beam=k > 1, runs=k > 1)
     banned = bans(specials, fast.vocab_size, device, search.min_len)
     width = torch.empty(2 * k, device=device)  # (2k,) the candidates a unit has a step
     eos_pad = torch.tensor([specials.eos, specials.pad], device=device)
     units = _units(search, search.nbest, max_len)
     live = list(range(n))  # each unit's sentence
-    last = torch.full((n * k,), specials.bos, device=device)  # (U k,) each row's newest token
-    scores = torch.full((n, k), -math.inf, device=device)  # (U, k) log P of each row's prefix
+    last = torch.full((n * g,), specials.bos, device=device)  # (U kb,) each row's newest token
+    scores = torch.full((n, g), -math.inf, device=device)  # (U, kb) log P of each row's prefix
     scores[:, 0] = 0.0
-    rows: list = [[([], [0.0])] for _ in range(n)]  # each unit's rows: output, prefixes' log P
+    rows: list = [[([], [0.0])] * g for _ in range(n)]  # each unit's rows: output, prefixes' log P
     results: list[list[Hypothesis]] = [[] for _ in range(n)]
     t = 0
-    while t < T:  # a step, or several (units of k rows: after the first)
-        if (several := steps.run_length(t, T)) > 1:
+    while t < T:  # a step, or several (units of k rows)
+        if (several := steps.run_length(t, T) if t or g > 1 else 1) > 1:
             step = steps.choose_steps(last, t, scores, banned.steps(t, several)[1], width,
                                       eos_pad)
         else:
             step = steps.choose(last, t, scores, banned.columns(t), width)
         choice = step.choice  # (U, 2k) each, best first; several steps': (steps, U, 2k)
         lists = [x.tolist() for x in (choice.scores, choice.parents, choice.tokens)]
+        kb = steps.R // len(live)  # rows a unit at this step
         kept = [(u, None) for u in range(len(live))]  # (unit, its going on) at each step
         for at, read in enumerate(zip(*lists, strict=True) if several > 1 else [lists], t):
             kept, plain = _host_step(units, live, rows, results, kept, read, at, limits,
@@ -432,7 +437,7 @@ def beam(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
             steps.reorder(step.rows, t - 1, k)
             scores, last = step.scores, step.tokens  # (U, k), (U k,)
             continue
-        index = [u * k + parent[c] for u, (on, parent, _, _) in kept for c in on]  # (U' k,)
+        index = [u * kb + parent[c] for u, (on, parent, _, _) in kept for c in on]  # (U' k,)
         gone = len(kept) < len(live)
         steps.reorder(torch.tensor(index, device=device), t - 1, k,
                       torch.tensor([u for u, _ in kept], device=device) if gone else None)

@@ -161,6 +161,22 @@ def test_the_beam_loop_gives_the_cores_hypotheses(dtype, alpha, nbest):
     assert 0 < at_max < 24
 
 
+def test_the_beam_loops_first_step_is_one_row_where_int8_maps_take_many_rows_otherwise():
+    """Where no package takes a unit's k rows, int8's output map of more rows than few_rows
+    (oneDNN's path: within float rounding of a row alone) would round a first step of k rows
+    otherwise than the core's first step of one row: the loop steps one row a unit first, and
+    gives the core's hypotheses (as a large vocabulary's map does at a few rows)."""
+    if not attention_op.available():
+        pytest.skip(f"the fused attention operator is not built ({attention_op.status()})")
+    fast = FastModel(tiny_model(V, seed=1, stops=True, N=2), "int8")
+    fast.generator.few_rows = 2  # a real vocabulary's output map: int8_rows takes 1-2 rows
+    cfg = search(beam_size=4, alpha=1.0, nbest=2, min_len=2, max_len_b=4)
+    for i, source in enumerate(random_sources(24, V, seed=6)):
+        sentence = [Sentence(i, source)]
+        assert tight_loops.beam(fast, sentence, cfg, SPECIALS) == core_batch([fast], sentence,
+                                                                            cfg, True)
+
+
 @pytest.mark.parametrize(("dtype", "alpha", "nbest"), [("fp32", 0.6, 1), ("int8", 1.0, 2)])
 def test_the_beam_loop_of_a_few_sentences_gives_the_cores_hypotheses(dtype, alpha, nbest):
     """Beam 4 of 2 to BEAM_SENTENCES sentences at once: the core's hypotheses (in int8 too,
