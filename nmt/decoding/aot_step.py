@@ -516,9 +516,9 @@ class PackagedBeamSteps(Package):
                   specials: Tensor) -> BeamStep:
         """BeamStepsGraph's steps from `inputs` (kept while the rows, caches and memory stay,
         room made for every position): the tokens (B,), each step's banned ids (steps, nb),
-        first position (1,),
-        scores (U, k), parents (B,), width (2k,) and specials (EOS, PAD) set in them. Its
-        choice's tensors are each step's, (steps, U, 2k); its rows the last's that go on."""
+        first position (1,), scores (U, k), parents (B,), width (2k,) and specials (EOS, PAD)
+        set in them. Its choice's tensors are each step's, (steps, U, 2k); its rows the last's
+        that go on."""
         inputs[TOKENS], inputs[BANNED], inputs[WHERE] = tokens, banned, where
         inputs[SCORES], inputs[PARENTS], inputs[WIDTH] = scores, parents, width
         inputs[SPECIALS] = specials

@@ -196,10 +196,9 @@ class _Steps:
     def best(self, tokens: Tensor | int, t: int, mask: Tensor,
              k: int = 1) -> tuple[Tensor, Tensor, Tensor]:
         """Each row's largest logits and their first columns (R, k) each, the columns of `mask`
-        (V,) left out (strategies.row_max's; the package's inside it; k > 1: each step's, a
-        row of the mask's (k, V), Bans.steps'), of k greedy steps
-        from their tokens at position t (k > 1: the package of that many, `run_length`), and
-        the last step's columns (R,)."""
+        (V,) left out (strategies.row_max's; the package's inside it), of k greedy steps from
+        their tokens at position t (k > 1: the package of that many, `run_length`, each step's
+        mask a row of `mask` (k, V): Bans.steps'), and the last step's columns (R,)."""
         if k > 1:  # greedy's package takes the step's inputs (their layouts are one)
             return self.runs.run_steps(self._inputs(t, t + k - 1, self.package), tokens, mask,
                                        _position(t))
@@ -232,9 +231,9 @@ class _Steps:
                      width: Tensor, specials: Tensor) -> BeamStep:
         """`choose`'s choices of the package's several steps from position t (`run_length`;
         units of k rows each; `banned` each step's ids, (steps, nb): Bans.steps'), the rows
-        that go on from one to the next chosen inside
-        (aot_step.BeamStepsGraph; specials: EOS, PAD): its choice's tensors each step's
-        (steps, U, 2k), its rows the last step's that go on."""
+        that go on from one to the next chosen inside (aot_step.BeamStepsGraph; specials: EOS,
+        PAD): its choice's tensors each step's (steps, U, 2k), its rows the last step's that go
+        on."""
         inputs = self._inputs(t, t + self.runs.steps - 1, self.runs)
         step = self.runs.run_steps(inputs, tokens, banned, _position(t), scores, self.parents,
                                    width, specials)
