@@ -27,11 +27,20 @@ from nmt.config import SearchConfig
 from nmt.decoding import tight_loops
 from nmt.decoding.batches import batch_candidates
 from nmt.decoding.core import Decoding, decode_all
-from nmt.decoding.messages import STOP, Batch, Done, Ended, Failed, Sentence, search_key
+from nmt.decoding.messages import (
+    ADMIT_GROUP,
+    STOP,
+    Batch,
+    Done,
+    Ended,
+    Failed,
+    Sentence,
+    search_key,
+)
 from nmt.decoding.strategies import use_beams
 
 # ----------------------------------------------------------------------------- the workers
-ADMIT_GROUP, ADMIT_STEPS = 8, 4  # step_loop admits 8 newcomers together, or waits 4 steps
+ADMIT_STEPS = 4  # step_loop admits ADMIT_GROUP newcomers together, or waits 4 calls at most
 
 
 def step_loop(translator, inbox, outbox, worker: int) -> None:
@@ -40,7 +49,7 @@ def step_loop(translator, inbox, outbox, worker: int) -> None:
     `outbox` for the sentences that ended; a Decoding that fails puts Failed for its sentences
     and is dropped. A whole Batch is admitted at once into a Decoding of its own; newcomers
     join the Decoding of their search setting. Ends on STOP."""
-    decoders: dict[tuple, Decoding] = {}
+    decoders: dict[tuple, Decoding | tight_loops.BeamLoop] = {}
     pending: list[Batch] = []  # newcomers not yet admitted
     waited = 0  # the steps they waited
     wholes = itertools.count()  # the numbers of whole Batches' own Decodings
@@ -139,21 +148,27 @@ def _admit(translator, decoders: dict, batches: list[Batch], outbox, worker: int
     groups: dict[tuple, tuple[SearchConfig, list[Sentence]]] = {}
     for batch in batches:
         setting = search_key(batch.search)
+        models = translator.prepared(batch.search.dtype, batch.search.compile)
         for sentence in batch.sentences:
             try:
                 beam = use_beams(batch.search, bool(sentence.phrases))
             except ValueError as e:  # constraints while sampling
                 outbox.put(Failed(worker, [sentence.tag], e))
                 continue
-            key = (setting, beam, None) if own is None else (setting, own)
+            tight = beam and not (sentence.prefix or sentence.phrases) and (
+                tight_loops.takes_search(models, batch.search, beam))  # joins BeamLoop's
+            key = (setting, beam, tight, None) if own is None else (setting, own)
             groups.setdefault(key, (batch.search, []))[1].append(sentence)
     for key, (search, sentences) in groups.items():
         beam = key[1] if own is None else use_beams(search, any(s.phrases for s in sentences))
         live = len(decoders[key].tags) if key in decoders else 0
         try:
-            if key not in decoders:
-                decoders[key] = Decoding(translator.prepared(search.dtype, search.compile), search,
-                                         translator.specials, translator.device,
+            models = translator.prepared(search.dtype, search.compile)
+            if key not in decoders and own is None and key[2]:
+                decoders[key] = tight_loops.BeamLoop(models[0], search, translator.specials,
+                                                     joins=True)
+            elif key not in decoders:
+                decoders[key] = Decoding(models, search, translator.specials, translator.device,
                                          continuations=translator.continuations, beam=beam,
                                          shortlists=own is None)
             candidates = None if own is None else batch_candidates(search, sentences,

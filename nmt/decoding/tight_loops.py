@@ -51,7 +51,7 @@ from nmt.decoding.lengths import (
     no_hypothesis,
     output_lengths,
 )
-from nmt.decoding.messages import Hypothesis, Sentence
+from nmt.decoding.messages import Ended, Hypothesis, Sentence
 from nmt.decoding.strategies import BeamStep, choose_beam_logits, row_max
 
 if TYPE_CHECKING:  # torch.export's import: only where search.compile asks
@@ -149,6 +149,8 @@ class _Steps:
                  beam: bool = False, runs: bool = False):
         self.fast, self.state, self.beam, self.several = fast, state, beam, runs
         R = state.src_len.size(0) * state.g
+        self.start = torch.zeros(R, dtype=torch.long, device=state.src_len.device)  # (R,)
+        self.late = False  # some rows joined later (`join`): their positions are their own
         self._view(R, 0)
         self._set(state.own_rows(R, min(positions, self.FIRST_POSITIONS), room, self.own))
 
@@ -174,8 +176,8 @@ class _Steps:
         self.identity = self.parents = self.own[:, 0]
         # the position the step writes (the package's: _position's, set at each step) and
         # the cache's positions after it (eager's: the package's are where + 1)
-        self.rows = StepRows(zero, torch.full((R,), t + 1, device=dev), memory, zero, source,
-                             _position(t) if self.package else t)
+        self.rows = StepRows(self.start, torch.full((R,), t + 1, device=dev), memory, zero,
+                             source, _position(t) if self.package else t)
 
     def __call__(self, tokens: Tensor | int, t: int) -> Tensor:
         """The R rows' logits (R, V) after their tokens at position t (the last was t-1): (R,),
@@ -186,7 +188,8 @@ class _Steps:
         fast, R = self.fast, self.R
         lut = fast.tgt_lut
         rows = lut[tokens] if isinstance(tokens, int) else lut.index_select(0, tokens)
-        x = rows + fast.pe[t]  # (R, d_model) or (d_model,)
+        x = rows + (fast.pe[t - self.start] if self.late else fast.pe[t])  # (R, d_model) or
+        # (d_model,): each row at its own position where rows joined later
         logits = fast.step_layers(x.view(R, 1, -1), self.rows, self.caches,
                                   self.state.memory_kv, True)  # (R, 1, V)
         self.rows.end.add_(1)
@@ -272,10 +275,43 @@ class _Steps:
         if sentences is None and self.state.reorder_own(index, t + 1, group):
             return
         self.state.reorder(index, group, sentences)
+        self.start = self.start.index_select(0, index)
         R = index.shape[0]
         if R != self.R:
             self._view(R, t + 1)
+        self.rows.start = self.start
         self._set(self.state.moved(t + 1, self.own))
+
+    def join(self, new: FastState, rows: int, t: int) -> None:
+        """A fresh state's `rows` rows (grouped as the live ones) after the live ones, from
+        position t: the beam package's pending reorder done first; the memory rows placed
+        (FastState.join), the sources set, the caches' room made, the view made anew."""
+        state = self.state
+        if self.parents is not self.identity:
+            state.reorder_own(self.parents, t, state.g)
+        state.join(new, rows, max(x.memory_kv[0][0].size(2) for x in (state, new)))
+        lengths = torch.cat([state.src_len, new.src_len])  # (M,) the live sentences'
+        S = state.memory_kv[0][0].size(2)
+        state.set_source(torch.arange(S, device=lengths.device) < lengths[:, None])  # (M, S)
+        self.start = torch.cat([self.start, torch.full((rows,), t, device=self.start.device)])
+        self.late = True
+        R = self.R + rows
+        self._view(R, t)
+        self._set(state.own_rows(R, t + 1, R, self.own, t))
+
+    def trim(self, first: int, t: int) -> None:
+        """Drop the caches' first `first` positions (before every live row's start; t: the
+        next step's position): the beam package's pending reorder done first, the buffers
+        whole tensors again (the packages' inputs), the view made at t - first."""
+        state = self.state
+        if self.parents is not self.identity:
+            state.reorder_own(self.parents, t, state.g)
+        state.trim(first, state.memory_kv[0][0].size(2))
+        for cache in state.self_kv:
+            cache.own_memory()
+        self.start = self.start - first
+        self._view(self.R, t - first)
+        self._set(state.moved(t - first, self.own))
 
 
 def _start(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
@@ -381,101 +417,193 @@ def _greedy_result(units: Units | None, i: int, output: list[int], path: list[fl
     return units.best(i)  # none recorded (log P -inf): the empty output at -inf
 
 
-@torch.inference_mode()
 def beam(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
          specials: Specials) -> list[list[Hypothesis]]:
-    """Beam search of a few sentences (`takes`), as the core runs it, a unit of k rows per
-    sentence: the 2k best continuations of its rows (choose_beam); EOS among the first k
-    finishes a hypothesis; the first k that do not end go on; a unit ends with k finished
-    hypotheses, at its maximum length (the k rows finish as they are) or when no row can beat
-    its nbest-th finished one, and its rows leave the batch at that step, as the core's do;
-    search.nbest hypotheses a sentence, best first, each with its tokens' log P (the
-    differences of its prefixes' log P, as the core's)."""
-    max_len, state = _start(fast, sentences, search, specials)
-    limits, n, k = max_len.tolist(), len(sentences), search.beam_size
-    device, T = state.src_len.device, max(limits)
-    # k rows a unit from the first step where int8's package of several steps takes them,
-    # all but the first at log P -inf (fairseq's start): its maps round each row alone, so the
-    # first step's 2k candidates are the first row's, as where it steps one row, and the rows
-    # stay as many; else one row a unit at the first step (eager's maps of many rows round to
-    # within float rounding of a row alone: the core's first step is one row's)
-    g = k if k > 1 and fast.packaged_beam_steps(n * k) is not None else 1
-    if g > 1:
-        state.reorder(torch.arange(n * g, device=device) // g, g)
-    steps = _Steps(fast, state, T, n * k, beam=k > 1, runs=k > 1)
-    banned = bans(specials, fast.vocab_size, device, search.min_len)
-    width = torch.empty(2 * k, device=device)  # (2k,) the candidates a unit has a step
-    eos_pad = torch.tensor([specials.eos, specials.pad], device=device)
-    units = _units(search, search.nbest, max_len)
-    live = list(range(n))  # each unit's sentence
-    last = torch.full((n * g,), specials.bos, device=device)  # (U kb,) each row's newest token
-    scores = torch.full((n, g), -math.inf, device=device)  # (U, kb) log P of each row's prefix
-    scores[:, 0] = 0.0
-    rows: list = [[([], [0.0])] * g for _ in range(n)]  # each unit's rows: output, prefixes' log P
-    results: list[list[Hypothesis]] = [[] for _ in range(n)]
-    t = 0
-    while t < T:  # a step, or several (units of k rows)
-        if (several := steps.run_length(t, T) if t or g > 1 else 1) > 1:
-            step = steps.choose_steps(last, t, scores, banned.steps(t, several)[1], width,
-                                      eos_pad)
+    """Beam search of a few sentences (`takes`), as the core runs it (`BeamLoop`): the
+    sentences admitted at step 0, stepped until none is live; search.nbest hypotheses a
+    sentence, in order."""
+    loop = BeamLoop(fast, search, specials)
+    loop.admit([Sentence(i, s.src) for i, s in enumerate(sentences)])
+    out: dict[int, list[Hypothesis]] = {}
+    while loop.sentences:
+        out.update((e.tag, e.hypotheses) for e in loop.step())
+    return [out[i] for i in range(len(sentences))]
+
+
+class BeamLoop:
+    """Beam search in a tight loop, a unit of k rows per sentence: the 2k best continuations
+    of its rows (choose_beam); EOS among the first k finishes a hypothesis; the first k that do
+    not end go on; a unit ends with k finished hypotheses, at its maximum length (the k rows
+    finish as they are) or when no row can beat its nbest-th finished one, and its rows leave
+    the batch at that step, as the core's do; search.nbest hypotheses a sentence, best first,
+    each with its tokens' log P (the differences of its prefixes' log P, as the core's).
+
+    Sentences join between calls (`admit`; continuous batching, nmt.decoding.stepping, with
+    joins=True): a newcomer's k rows start at the next position, where their keys and values
+    begin (StepRows.start), all but the first at log P -inf (fairseq's start); the device bans
+    EOS for none of them once any joined late, the host drops EOS from a unit's candidates
+    before its search.min_len-th token (the bans come after the log-softmax, so its first k
+    others are those a ban would leave). Each `step` is one call: a step, or the package's
+    several; it returns the sentences that ended (Decoding.step's interface)."""
+
+    def __init__(self, fast: FastModel, search: SearchConfig, specials: Specials,
+                 joins: bool = False):
+        self.fast, self.search, self.specials, self.joins = fast, search, specials, joins
+        self.k, self.device = search.beam_size, fast.tgt_lut.device
+        self.banned = bans(specials, fast.vocab_size, self.device, search.min_len)
+        self.width = torch.empty(2 * self.k, device=self.device)  # (2k,) a unit's candidates
+        self.eos_pad = torch.tensor([specials.eos, specials.pad], device=self.device)
+        self.ready: list[Ended] = []  # empty sources' results, given at the next step
+        self._clear()
+
+    def _clear(self) -> None:
+        """No live unit: the next admission starts afresh at position 0."""
+        self.state: FastState | None = None
+        self.steps: _Steps | None = None
+        self.units = Units(self.search.alpha, self.search.nbest)
+        self.tags: dict[int, object] = {}  # each live unit's sentence's tag
+        self.begin: list[int] = []  # each unit's first position
+        self.limits: list[int] = []  # each unit's maximum output length
+        self.live: list[int] = []  # the live units, in row order
+        self.rows: list = []  # each live unit's rows: output, prefixes' log P
+        self.last = self.scores = None  # (U kb,) each row's newest token; (U, kb) its log P
+        self.t, self.joined = 0, False  # the next step's position; some joined late
+
+    @property
+    def sentences(self) -> int:
+        """Live sentences."""
+        return len(self.live)
+
+    @torch.inference_mode()
+    def admit(self, sentences: list[Sentence], candidates: None = None) -> None:
+        """Sentences (sources without prefix or constraints) to join at the next step: encoded,
+        k rows each (one at first where `beam` steps one row first); empty sources' results at
+        the next step. candidates: none (Decoding.admit's interface)."""
+        self.ready += [Ended(s.tag, empty_source(s)) for s in sentences
+                       if empty_source(s) is not None]
+        todo = [s for s in sentences if empty_source(s) is None]
+        if not todo:
+            return
+        max_len, new = _start(self.fast, todo, self.search, self.specials)
+        n, k, dev = len(todo), self.k, self.device
+        # k rows a unit from the first step where int8's package of several steps takes them
+        # (its maps round each row alone, so the first step's 2k candidates are the first
+        # row's, as where it steps one row), or where rows join later; else one row a unit
+        # at the first step (eager's maps of many rows round to within float rounding of a
+        # row alone: the core's first step is one row's)
+        g = k if k > 1 and (self.joins or self.fast.packaged_beam_steps(n * k)) else 1
+        if g > 1:
+            new.reorder(torch.arange(n * g, device=dev) // g, g)
+        if self.steps is not None:
+            self._renumber()
+        first = len(self.units)
+        self.units.admit(np.arange(first, first + n), self.t, max_len, [[] for _ in todo])
+        self.tags.update(zip(range(first, first + n), (s.tag for s in todo), strict=True))
+        self.begin += [self.t] * n
+        self.limits += max_len.tolist()
+        self.live += range(first, first + n)
+        self.rows += [[([], [0.0])] * g for _ in todo]
+        last = torch.full((n * g,), self.specials.bos, device=dev)  # (n g,)
+        scores = torch.full((n, g), -math.inf, device=dev)  # (n, g)
+        scores[:, 0] = 0.0
+        if self.steps is None:
+            self.state, self.last, self.scores = new, last, scores
+            self.steps = _Steps(self.fast, new, max(self.limits), n * k, beam=k > 1, runs=k > 1)
+            return
+        self.joined = True
+        self.steps.join(new, n * g, self.t)
+        self.last, self.scores = torch.cat([self.last, last]), torch.cat([self.scores, scores])
+
+    def _renumber(self) -> None:
+        """Before a join: the live units numbered from 0 again (the units record of ended
+        ones dropped), and the positions before every live unit's first dropped."""
+        live = self.live
+        if len(self.units) > 2 * len(live):
+            self.units.keep(np.array(live, dtype=np.int64))
+            self.tags = {u: self.tags[i] for u, i in enumerate(live)}
+            self.begin, self.limits = ([x[i] for i in live] for x in (self.begin, self.limits))
+            self.live = list(range(len(live)))
+        first = min(self.begin[i] for i in self.live)
+        if first >= _Steps.FIRST_POSITIONS:  # the caches' positions stay few
+            self.steps.trim(first, self.t)
+            self.t -= first
+            self.begin = [b - first for b in self.begin]
+
+    @torch.inference_mode()
+    def step(self) -> list[Ended]:
+        """One call of the live units' step, or several (the package's; units of k rows each
+        from the first step or the second); the sentences that ended (and the empty sources
+        admitted since the last call), in no particular order."""
+        done, self.ready = self.ready, []
+        if not self.live:
+            return done
+        steps, t, k, live = self.steps, self.t, self.k, self.live
+        end = max(self.begin[i] + self.limits[i] for i in live)  # the last position + 1
+        kb = steps.R // len(live)  # rows a unit at this step
+        several = steps.run_length(t, end) if kb > 1 else 1
+        at_bans = max(t, self.search.min_len) if self.joined else t  # then the host's EOS rule
+        if several > 1:
+            step = steps.choose_steps(self.last, t, self.scores,
+                                      self.banned.steps(at_bans, several)[1], self.width,
+                                      self.eos_pad)
         else:
-            step = steps.choose(last, t, scores, banned.columns(t), width)
+            step = steps.choose(self.last, t, self.scores, self.banned.columns(at_bans),
+                                self.width)
         choice = step.choice  # (U, 2k) each, best first; several steps': (steps, U, 2k)
         lists = [x.tolist() for x in (choice.scores, choice.parents, choice.tokens)]
-        kb = steps.R // len(live)  # rows a unit at this step
         kept = [(u, None) for u in range(len(live))]  # (unit, its going on) at each step
         for at, read in enumerate(zip(*lists, strict=True) if several > 1 else [lists], t):
-            kept, plain = _host_step(units, live, rows, results, kept, read, at, limits,
-                                     specials, k)  # read: (cand, parent, token) of each unit
+            kept, plain = self._host_step(kept, read, at, done)  # read: (cand, parent, token)
             if not kept:
-                break
-        if not kept:
-            break
-        t += several  # the next step's position
+                self._clear()
+                return done
+        self.t = t = t + several  # the next step's position
         if plain if several == 1 else len(kept) == len(live):  # the package's rows go on
             steps.reorder(step.rows, t - 1, k)
-            scores, last = step.scores, step.tokens  # (U, k), (U k,)
-            continue
+            self.scores, self.last = step.scores, step.tokens  # (U, k), (U k,)
+            return done
         index = [u * kb + parent[c] for u, (on, parent, _, _) in kept for c in on]  # (U' k,)
         gone = len(kept) < len(live)
-        steps.reorder(torch.tensor(index, device=device), t - 1, k,
-                      torch.tensor([u for u, _ in kept], device=device) if gone else None)
-        scores = torch.tensor([best for _, (*_, best) in kept], dtype=torch.float32,
-                              device=device)  # (U', k)
-        last = torch.tensor([token[c] for _, (on, _, token, _) in kept for c in on],
-                            device=device)  # (U' k,)
-        live, rows = [live[u] for u, _ in kept], [rows[u] for u, _ in kept]
-    return results
+        steps.reorder(torch.tensor(index, device=self.device), t - 1, k,
+                      torch.tensor([u for u, _ in kept], device=self.device) if gone else None)
+        self.scores = torch.tensor([best for _, (*_, best) in kept], dtype=torch.float32,
+                                   device=self.device)  # (U', k)
+        self.last = torch.tensor([token[c] for _, (on, _, token, _) in kept for c in on],
+                                 device=self.device)  # (U' k,)
+        self.live = [live[u] for u, _ in kept]
+        self.rows = [self.rows[u] for u, _ in kept]
+        return done
 
-
-def _host_step(units: Units, live: list[int], rows: list, results: list, going: list,
-               read: list, t: int, limits: list[int], specials: Specials,
-               k: int) -> tuple[list, bool]:
-    """The host's step at position t of the units `going` ((u, _): unit u, as positions in
-    live and rows at the package's call) with their candidates `read` (U, 2k) each (cand,
-    parent, token): each unit's step (_beam_step), its rows (output, prefixes' log P) that go
-    on, and its end (units, results). Returns the units that go on, (u, (on, parent, token,
-    best)), and whether each went on with its first k (plain)."""
-    kept, plain = [], True
-    cands, parents, tokens = read
-    for u, _ in going:
-        i, cand, parent, token = live[u], cands[u], parents[u], tokens[u]
-        on = _beam_step(units, i, rows[u], cand, parent, token, t, specials)
-        plain &= on is None  # the first k go on, none dead or ended
-        on = range(k) if on is None else on
-        rows[u] = [(rows[u][parent[c]][0] + [token[c]], rows[u][parent[c]][1] + [cand[c]])
-                   for c in on]
-        best = [cand[c] for c in on]  # the bound, float32 (NaN where a score is; <= 0)
-        bound = np.float32(math.nan if math.isnan(sum(best)) else max(best))
-        reached = limits[i] <= t + 1
-        if reached or units.count[i] >= k or units.threshold[i] >= bound / units.lp_max[i]:
-            if reached:  # out of length: the k rows finish as they are, |Y| = t + 1
-                units.add(np.full(k, i), [r[0] for r in rows[u]], np.array(best),
-                          np.full(k, t + 1), [_differences(r[1]) for r in rows[u]])
-            results[i], plain = units.best(i), False
-            continue
-        kept.append((u, (on, parent, token, best)))
-    return kept, plain
+    def _host_step(self, going: list, read: list, t: int, done: list[Ended]) -> tuple[list, bool]:
+        """The host's step at position t of the units `going` ((u, _): unit u, as positions in
+        live and rows at the package's call) with their candidates `read` (U, 2k) each (cand,
+        parent, token): each unit's step (_beam_step), its rows (output, prefixes' log P) that
+        go on, and its end (its sentence's Ended in `done`). Returns the units that go on,
+        (u, (on, parent, token, best)), and whether each went on with its first k (plain)."""
+        kept, plain, units, k = [], True, self.units, self.k
+        cands, parents, tokens = read
+        for u, _ in going:
+            i, cand, parent, token = self.live[u], cands[u], parents[u], tokens[u]
+            at = t - self.begin[i]  # the unit's own step
+            on = _beam_step(units, i, self.rows[u], cand, parent, token, at, self.specials,
+                            at < self.search.min_len)
+            plain &= on is None  # the first k go on, none dead or ended
+            on = range(k) if on is None else on
+            rows = self.rows[u]
+            self.rows[u] = [(rows[parent[c]][0] + [token[c]], rows[parent[c]][1] + [cand[c]])
+                            for c in on]
+            best = [cand[c] for c in on]  # the bound, float32 (NaN where a score is; <= 0)
+            bound = np.float32(math.nan if math.isnan(sum(best)) else max(best))
+            reached = self.limits[i] <= at + 1
+            if reached or units.count[i] >= k or units.threshold[i] >= bound / units.lp_max[i]:
+                if reached:  # out of length: the k rows finish as they are, |Y| = at + 1
+                    units.add(np.full(k, i), [r[0] for r in self.rows[u]], np.array(best),
+                              np.full(k, at + 1), [_differences(r[1]) for r in self.rows[u]])
+                done.append(Ended(self.tags.pop(i), units.best(i)))
+                plain = False
+                continue
+            kept.append((u, (on, parent, token, best)))
+        return kept, plain
 
 
 def _differences(path: list[float]) -> list[float]:
@@ -485,11 +613,12 @@ def _differences(path: list[float]) -> list[float]:
 
 
 def _beam_step(units: Units, i: int, rows: list, cand: list[float], parent: list[int],
-               token: list[int], t: int, specials: Specials) -> list[int] | None:
+               token: list[int], t: int, specials: Specials, young: bool) -> list[int] | None:
     """One unit's step on the host, its rows (output, prefixes' log P) and 2k candidates
     (cand, parent, token: read from choose_beam): the dead ones (log P -inf) continue its
     first row with PAD (strategies.bury_dead's rule, in place); EOS among the first k
-    finishes a hypothesis of sentence i (|Y| = t + 1). Returns the candidates that go on: the
+    finishes a hypothesis of sentence i (|Y| = t + 1) unless the unit is `young` (before
+    search.min_len tokens: its EOS is banned, here). Returns the candidates that go on: the
     first k with EOS pushed last (a stable sort, the core's going_on); None for the first k
     where none is dead or ends."""
     k = len(cand) // 2
@@ -498,9 +627,10 @@ def _beam_step(units: Units, i: int, rows: list, cand: list[float], parent: list
         parent[c], token[c] = 0, specials.pad
     ended = [c for c in range(k) if token[c] == specials.eos] if specials.eos in token[:k] \
         else []
-    if ended:
+    if ended and not young:
         units.add(np.full(len(ended), i), [rows[parent[c]][0] for c in ended],
                   np.array([cand[c] for c in ended]), np.full(len(ended), t + 1),
                   [_differences(rows[parent[c]][1]) for c in ended])
+    if ended:
         return sorted(range(len(token)), key=lambda c: token[c] == specials.eos)[:k]
     return list(range(k)) if dead else None

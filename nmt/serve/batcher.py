@@ -11,8 +11,9 @@ Admission policy:
   max_wait_s since it arrived, and takes at most its worker's share of all sentences in
   flight, so that the workers' batches stay balanced;
 - continuous batching: a queued sentence goes at once to the worker with the fewest source
-  tokens in flight that has room (max_tokens source tokens with EOS, max_sentences
-  sentences; an empty worker takes any sentence) and joins its decoding at the next step.
+  tokens in flight that has room (max_tokens source tokens with EOS, and the most sentences
+  its search's batch holds, as above; an empty worker takes any sentence) and joins its
+  decoding at the next step.
 Time is read and slept through a Clock (tests pass one they move by hand). If the workers die
 or the dispatch loop fails, the queued requests and every later one fail at once with
 BatcherStopped. It needs neither FastAPI nor torch.
@@ -30,7 +31,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from nmt.config import SearchConfig
-from nmt.decoding.messages import Batch, Done, Failed, Hypothesis, Sentence, search_key
+from nmt.decoding.messages import (
+    ADMIT_GROUP,
+    Batch,
+    Done,
+    Failed,
+    Hypothesis,
+    Sentence,
+    search_key,
+)
 
 
 class QueueFull(Exception):
@@ -277,9 +286,14 @@ class Batcher:
 
     def _send_continuous(self) -> None:
         """Continuous batching: queued sentences, oldest first, to the least loaded workers
-        with room."""
+        with room; to a worker with ADMIT_GROUP live sentences or more, a group of as many
+        (or the whole queue, if shorter) or none: they join its decoding together."""
         sends: dict[int, list[_Queued]] = {}
-        while self.queue and (w := self._room(self.queue[0].tokens)) is not None:
+        while self.queue and (w := self._room(self.queue[0])) is not None:
+            n, most = len(self.flying[w]), self.queue[0].job.most
+            if w not in sends and n >= ADMIT_GROUP and most and (
+                    most - n < min(ADMIT_GROUP, len(self.queue))):
+                break  # the least loaded worker waits for room for a group
             sends.setdefault(w, []).append(self._fly(w, self.queue.popleft()))
         for w, sentences in sends.items():
             self._send(w, sentences, whole=False)
@@ -303,17 +317,19 @@ class Batcher:
             self.stats.batches += 1
         self.stats.largest_batch = max(self.stats.largest_batch, len(self.flying[w]))
 
-    def _room(self, tokens: int) -> int | None:
-        """Of the workers that can take `tokens` more, the one with the fewest tokens in flight
-        (None: none can)."""
-        fits = [w for w in range(self.workers) if self._fits(w, tokens)]
+    def _room(self, q: _Queued) -> int | None:
+        """Of the workers that can take queued sentence q, the one with the fewest tokens in
+        flight (None: none can)."""
+        fits = [w for w in range(self.workers) if self._fits(w, q)]
         return min(fits, key=self.tokens.__getitem__, default=None)
 
-    def _fits(self, w: int, tokens: int) -> bool:
-        """Can worker w take a sentence of `tokens` more (an empty worker takes any)?"""
-        n, a = len(self.flying[w]), self.admission
-        return not n or (self.tokens[w] + tokens <= a.max_tokens
-                         and not (a.max_sentences and n >= a.max_sentences))
+    def _fits(self, w: int, q: _Queued) -> bool:
+        """Can worker w take queued sentence q (an empty worker takes any)? Within max_tokens
+        and the most sentences q's search holds (Admission.most: max_sentences, and the
+        engine's batch_sentences, the rows its loop that sentences join takes)."""
+        n = len(self.flying[w])
+        return not n or (self.tokens[w] + q.tokens <= self.admission.max_tokens
+                         and not (q.job.most and n >= q.job.most))
 
     def _budget_full(self, job: _Job) -> bool:
         """Do the queued sentences with this job's key fill a batch already?"""

@@ -382,6 +382,34 @@ def test_continuous_batcher_sends_to_a_worker_with_room_when_the_least_loaded_is
     asyncio.run(scenario())
 
 
+def test_continuous_batcher_sends_a_busy_worker_newcomers_in_groups_of_admit_group():
+    """A worker's loop takes batch_sentences (here 12): once ADMIT_GROUP (8) are live, it gets
+    newcomers only where as many fit, or the whole queue if shorter, to join together."""
+    batcher, fake = make_batcher(1, 1000, 0, 0.0, continuous=True, hold=True,
+                                 batch_sentences=lambda search: 12)
+
+    def end(n: int) -> None:
+        """The worker's first n sentences still in flight end."""
+        tags = list(batcher.flying[0])[:n]
+        batcher.receive(Done(0, [Ended(tag, [Hypothesis([], 0.0, 0.0)]) for tag in tags]))
+
+    async def scenario():
+        loop = asyncio.create_task(batcher.run())
+        for i in range(20):
+            asyncio.create_task(batcher.translate(sentences([[4 + i]]), SearchConfig(), 60))
+        await settle()
+        assert [len(b.sentences) for _, b in fake.sent] == [12] and len(batcher.queue) == 8
+        end(4)  # 8 live, room for 4 of the 8 queued: none sent
+        await settle()
+        assert len(fake.sent) == 1 and len(batcher.queue) == 8
+        end(4)  # 4 live (fewer than a group): as many as fit, at once
+        await settle()
+        assert len(fake.sent[-1][1].sentences) == 8 and not batcher.queue
+        loop.cancel()
+
+    asyncio.run(scenario())
+
+
 # ----------------------------------------------------------------------------- config, start-up
 def test_serve_config_is_validated_naming_the_key():
     def make(*overrides):

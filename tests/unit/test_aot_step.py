@@ -348,6 +348,32 @@ def test_continuous_batching_through_the_package_gives_eagers_outputs(kept_packa
     assert models[0]._packaged.calls > 0 and any(trims) and all(whole)
 
 
+def test_sentences_joining_a_beam_loop_through_the_packages_get_eagers_outputs(
+        kept_packages, monkeypatch):
+    """Continuous batching's BeamLoop (nmt-serve's continuous=true for plain beam search):
+    sentences that join its running units between calls, at later positions, through int8's
+    beam package and its package of several steps (a pending reorder done before each join,
+    the caches trimmed of the positions before every live unit's start): eager's outputs."""
+    monkeypatch.setattr(aot_step, "encoder_rows", lambda eager: 1)  # below 2: no package
+    monkeypatch.setattr(tight_loops._Steps, "FIRST_POSITIONS", 3)
+    model = tiny_model(V, seed=1, stops=True, N=2)
+    eager, compiled = FastModel(model, "int8"), FastModel(model, "int8", compile=True)
+    cfg = search(beam_size=4, nbest=2, max_len_b=5, min_len=2)
+    sentences = [Sentence(i, s) for i, s in enumerate(random_sources(30, V, seed=9))]
+    got = []
+    for fast in (eager, compiled):
+        loop = tight_loops.BeamLoop(fast, cfg, Specials(BOS, EOS, PAD), joins=True)
+        out, todo, calls = {}, list(sentences), 0
+        while todo or loop.sentences:
+            n = (3, 0, 1, 2, 0)[calls % 5]
+            loop.admit(todo[:n])
+            todo, calls = todo[n:], calls + 1
+            out.update((e.tag, e.hypotheses) for e in loop.step())
+        got.append([[h.tokens for h in out[s.tag]] for s in sentences])
+    assert got[1] == got[0]
+    assert compiled.packaged_beam_steps(8).calls > 0 and compiled.packaged_beam(8).calls > 0
+
+
 def test_the_packages_choice_is_row_max_after_the_bans(kept_packages, monkeypatch):
     """The package's best token of each row is strategies.row_max's over its own logits after
     the bans: the first of two tied maxima, and NaN where a row has one, unless its column is

@@ -11,6 +11,7 @@ from translate_helpers import random_sources, search, tiny_model
 from nmt.data.shortlist import Candidates
 from nmt.data.tokenizer import Specials
 from nmt.decoding import attention_op, tight_loops
+from nmt.decoding.affine import rows_alone
 from nmt.decoding.core import Decoding, decode_all
 from nmt.decoding.fast_model import FastModel
 from nmt.decoding.lengths import max_output_lengths
@@ -197,6 +198,40 @@ def test_the_beam_loop_of_a_few_sentences_gives_the_cores_hypotheses(dtype, alph
         assert all(len(hyps) == nbest for hyps in got)
         ends |= {len(hyps[0].tokens) for hyps in got}
     assert len(ends) > 3
+
+
+@pytest.mark.parametrize(("dtype", "min_len"), [("fp32", 1), ("fp32", 3), ("int8", 2)])
+def test_sentences_joining_a_running_beam_loop_get_their_hypotheses_alone(dtype, min_len,
+                                                                         monkeypatch):
+    """Continuous batching's BeamLoop (joins=True): sentences admitted between its calls, a
+    few at a time, at ever later positions (EOS's ban before min_len tokens the host's for a
+    unit that joined late; the caches' positions before every live unit's start dropped:
+    FIRST_POSITIONS 3 here), and an empty source, each get the core's hypotheses of the
+    sentence decoded alone."""
+    if not attention_op.available():
+        pytest.skip(f"the fused attention operator is not built ({attention_op.status()})")
+    if dtype == "int8" and not rows_alone():
+        pytest.skip("int8 rows are not rounded alone here (no operator, or no oneDNN)")
+    monkeypatch.setattr(tight_loops._Steps, "FIRST_POSITIONS", 3)
+    fast = FastModel(tiny_model(V, seed=1, stops=True, N=2), dtype)
+    cfg = search(beam_size=4, nbest=2, min_len=min_len, max_len_b=5)
+    sentences = [Sentence(i, s) for i, s in enumerate(random_sources(40, V, seed=17) + [[]])]
+    loop = tight_loops.BeamLoop(fast, cfg, SPECIALS, joins=True)
+    got, todo, calls, positions = {}, list(sentences), 0, []
+    while todo or loop.sentences or loop.ready:
+        n = (3, 0, 1, 0, 1, 0, 1)[calls % 7]  # newcomers before this call
+        loop.admit(todo[:n])
+        todo, calls = todo[n:], calls + 1
+        got.update((e.tag, e.hypotheses) for e in loop.step())
+        positions.append(loop.t)
+    assert calls > 40 and max(positions) < 30  # trimmed: else past 40
+    for s in sentences:
+        want = core([fast], s, cfg, True)
+        assert [h.tokens for h in got[s.tag]] == [h.tokens for h in want], s.tag
+        assert [h.score for h in got[s.tag]] == pytest.approx([h.score for h in want],
+                                                              abs=1e-5)
+    assert min(len(h.tokens) for hyps in got.values() for h in hyps if hyps[0].tokens) >= \
+        min_len
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "int8"])
