@@ -4,7 +4,7 @@ the Batcher imports them without PyTorch and process queues pickle them."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 from nmt.config import SearchConfig
 
@@ -43,8 +43,9 @@ class Sentence:
 
 
 def search_key(search: SearchConfig) -> tuple:
-    """What two sentences must share to be decoded in one batch: every search setting."""
-    return tuple(sorted(asdict(search).items()))
+    """What two sentences must share to be decoded in one batch: every search setting (its
+    fields' values in order: numbers and strings, not copied as asdict's would be)."""
+    return tuple(getattr(search, f.name) for f in fields(search))
 
 
 @dataclass

@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from functools import partial
+from multiprocessing.reduction import ForkingPickler
 
 import torch
 
@@ -58,7 +59,7 @@ class WorkerPool:
         from concurrent.futures.process import BrokenProcessPool, ProcessPoolExecutor
 
         ctx = mp.get_context("fork")  # the process pool's modules: imported where it starts
-        self.inboxes, self.outbox = [ctx.Queue() for _ in range(workers)], ctx.Queue()
+        self.inboxes, self.outbox = [Channel(ctx) for _ in range(workers)], Channel(ctx)
         self.executor = ProcessPoolExecutor(
             workers, ctx, initializer=_start_worker,
             initargs=(state, self.inboxes, self.outbox, ctx.Value("i", 0)))
@@ -116,6 +117,38 @@ class WorkerPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class Channel:
+    """A queue between processes whose put pickles and writes in the caller, under a lock (a
+    process queue's feeder thread would take the interpreter lock from the caller's thread:
+    a loop's answers and a server's batches waited for it); get reads, waiting at most
+    `timeout` seconds (queue.Empty after). A message fits a pipe's buffer or waits for the
+    reader: the workers read their inboxes between steps, the server its outbox in a thread
+    of its own."""
+
+    def __init__(self, ctx):
+        self._reader, self._writer = ctx.Pipe(duplex=False)
+        self._rlock, self._wlock = ctx.Lock(), ctx.Lock()
+
+    def put(self, message) -> None:
+        """Send a message."""
+        data = ForkingPickler.dumps(message)
+        with self._wlock:
+            self._writer.send_bytes(data)
+
+    def get(self, block: bool = True, timeout: float | None = None):
+        """The next message (waiting for one unless block is False; queue.Empty after
+        `timeout` seconds)."""
+        with self._rlock:
+            if not self._reader.poll(timeout if block else 0):
+                raise queue.Empty
+            data = self._reader.recv_bytes()
+        return ForkingPickler.loads(data)
+
+    def get_nowait(self):
+        """The next message, or queue.Empty."""
+        return self.get(block=False)
 
 
 def _start_worker(state, inboxes: list, outbox, counter) -> None:

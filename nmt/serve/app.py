@@ -45,7 +45,7 @@ from importlib.resources import files
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from nmt.config import ServeConfig
@@ -248,18 +248,22 @@ def create_app(service: Service) -> FastAPI:
         "Neural machine translation with a Transformer checkpoint. Sentences of concurrent "
         "requests are decoded together in shared batches."))
     add_error_answers(app)
+
+    # the first route: the router tries each in turn, and this one takes most requests
+    @app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True,
+              responses=ERRORS, summary="Translate sentences")
+    async def translate(req: TranslateRequest) -> Response:
+        """Translate `text`; the translations come back in the same order, with scores. With
+        the server's api_keys, a key is needed: `Authorization: Bearer KEY` (KeyFirst)."""
+        answer = await service.translate(req)  # serialized here: FastAPI would validate it again
+        return Response(answer.model_dump_json(exclude_none=True, by_alias=True),
+                        media_type="application/json")
+
     app.add_middleware(KeyFirst, keys=service.keys)  # inside RequestKind: nmt's requests
     # LibreTranslate's API, inside BodyLimit: its requests are bounded too
     libretranslate.install(app, service.cfg, lambda texts, **search: service.translate(
         libre_request(texts, **search)), service.libre, service.keys)
     app.add_middleware(BodyLimit, max_bytes=body_limit(service.cfg))
-
-    @app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True,
-              responses=ERRORS, summary="Translate sentences")
-    async def translate(req: TranslateRequest) -> TranslateResponse:
-        """Translate `text`; the translations come back in the same order, with scores. With
-        the server's api_keys, a key is needed: `Authorization: Bearer KEY` (KeyFirst)."""
-        return await service.translate(req)
 
     @app.get("/health", response_model=HealthResponse, responses={503: {
         "model": HealthResponse, "description": "The server cannot translate."}},

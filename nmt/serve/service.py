@@ -118,7 +118,7 @@ class Service:
                 raise ApiError(422, key, f"must be <= {limit} (this server's limit), "
                                          f"got {asked[key]}")
         try:
-            search = replace(self.cfg.search, **asked)
+            search = replace(self.cfg.search, **asked) if asked else self.cfg.search
             self.translator.capabilities.check_search(search)  # what the engine cannot run
             return search
         except ConfigError as e:  # e.g. nbest > beam_size
