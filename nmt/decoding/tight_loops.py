@@ -282,10 +282,11 @@ class _Steps:
         self.rows.start = self.start
         self._set(self.state.moved(t + 1, self.own))
 
-    def join(self, new: FastState, rows: int, t: int) -> None:
+    def join(self, new: FastState, rows: int, t: int, room: int) -> None:
         """A fresh state's `rows` rows (grouped as the live ones) after the live ones, from
         position t: the beam package's pending reorder done first; the memory rows placed
-        (FastState.join), the sources set, the caches' room made, the view made anew."""
+        (FastState.join), the sources set, the caches' room made for `room` rows, the view
+        made anew."""
         state = self.state
         if self.parents is not self.identity:
             state.reorder_own(self.parents, t, state.g)
@@ -297,7 +298,7 @@ class _Steps:
         self.late = True
         R = self.R + rows
         self._view(R, t)
-        self._set(state.own_rows(R, t + 1, R, self.own, t))
+        self._set(state.own_rows(R, t + 1, room, self.own, t))
 
     def trim(self, first: int, t: int) -> None:
         """Drop the caches' first `first` positions (before every live row's start; t: the
@@ -438,17 +439,16 @@ class BeamLoop:
     the batch at that step, as the core's do; search.nbest hypotheses a sentence, best first,
     each with its tokens' log P (the differences of its prefixes' log P, as the core's).
 
-    Sentences join between calls (`admit`; continuous batching, nmt.decoding.stepping, with
-    joins=True): a newcomer's k rows start at the next position, where their keys and values
-    begin (StepRows.start), all but the first at log P -inf (fairseq's start); the device bans
+    Sentences join between calls (`admit`; nmt-serve's workers, nmt.decoding.stepping): a
+    newcomer's k rows start at the next position, where their keys and values begin
+    (StepRows.start), all but the first at log P -inf (fairseq's start); the device bans
     EOS for none of them once any joined late, the host drops EOS from a unit's candidates
     before its search.min_len-th token (the bans come after the log-softmax, so its first k
     others are those a ban would leave). Each `step` is one call: a step, or the package's
     several; it returns the sentences that ended (Decoding.step's interface)."""
 
-    def __init__(self, fast: FastModel, search: SearchConfig, specials: Specials,
-                 joins: bool = False):
-        self.fast, self.search, self.specials, self.joins = fast, search, specials, joins
+    def __init__(self, fast: FastModel, search: SearchConfig, specials: Specials):
+        self.fast, self.search, self.specials = fast, search, specials
         self.k, self.device = search.beam_size, fast.tgt_lut.device
         self.banned = bans(specials, fast.vocab_size, self.device, search.min_len)
         self.width = torch.empty(2 * self.k, device=self.device)  # (2k,) a unit's candidates
@@ -477,8 +477,9 @@ class BeamLoop:
     @torch.inference_mode()
     def admit(self, sentences: list[Sentence], candidates: None = None) -> None:
         """Sentences (sources without prefix or constraints) to join at the next step: encoded,
-        k rows each (one at first where `beam` steps one row first); empty sources' results at
-        the next step. candidates: none (Decoding.admit's interface)."""
+        k rows each (at the first step, one where int8's package of several steps does not
+        take them); empty sources' results at the next step. candidates: none
+        (Decoding.admit's interface)."""
         self.ready += [Ended(s.tag, empty_source(s)) for s in sentences
                        if empty_source(s) is not None]
         todo = [s for s in sentences if empty_source(s) is None]
@@ -488,10 +489,13 @@ class BeamLoop:
         n, k, dev = len(todo), self.k, self.device
         # k rows a unit from the first step where int8's package of several steps takes them
         # (its maps round each row alone, so the first step's 2k candidates are the first
-        # row's, as where it steps one row), or where rows join later; else one row a unit
-        # at the first step (eager's maps of many rows round to within float rounding of a
-        # row alone: the core's first step is one row's)
-        g = k if k > 1 and (self.joins or self.fast.packaged_beam_steps(n * k)) else 1
+        # row's, as where it steps one row); rows that join, as many as the live ones'; else
+        # one row a unit at the first step (eager's maps of many rows round to within float
+        # rounding of a row alone: the core's first step is one row's)
+        if self.steps is not None:
+            g = self.steps.R // len(self.live)
+        else:
+            g = k if k > 1 and self.fast.packaged_beam_steps(n * k) is not None else 1
         if g > 1:
             new.reorder(torch.arange(n * g, device=dev) // g, g)
         if self.steps is not None:
@@ -511,7 +515,7 @@ class BeamLoop:
             self.steps = _Steps(self.fast, new, max(self.limits), n * k, beam=k > 1, runs=k > 1)
             return
         self.joined = True
-        self.steps.join(new, n * g, self.t)
+        self.steps.join(new, n * g, self.t, len(self.live) * k)  # k rows a unit, later
         self.last, self.scores = torch.cat([self.last, last]), torch.cat([self.scores, scores])
 
     def _renumber(self) -> None:

@@ -362,7 +362,7 @@ def test_sentences_joining_a_beam_loop_through_the_packages_get_eagers_outputs(
     sentences = [Sentence(i, s) for i, s in enumerate(random_sources(30, V, seed=9))]
     got = []
     for fast in (eager, compiled):
-        loop = tight_loops.BeamLoop(fast, cfg, Specials(BOS, EOS, PAD), joins=True)
+        loop = tight_loops.BeamLoop(fast, cfg, Specials(BOS, EOS, PAD))
         out, todo, calls = {}, list(sentences), 0
         while todo or loop.sentences:
             n = (3, 0, 1, 2, 0)[calls % 5]

@@ -203,7 +203,7 @@ def test_the_beam_loop_of_a_few_sentences_gives_the_cores_hypotheses(dtype, alph
 @pytest.mark.parametrize(("dtype", "min_len"), [("fp32", 1), ("fp32", 3), ("int8", 2)])
 def test_sentences_joining_a_running_beam_loop_get_their_hypotheses_alone(dtype, min_len,
                                                                          monkeypatch):
-    """Continuous batching's BeamLoop (joins=True): sentences admitted between its calls, a
+    """Continuous batching's BeamLoop: sentences admitted between its calls, a
     few at a time, at ever later positions (EOS's ban before min_len tokens the host's for a
     unit that joined late; the caches' positions before every live unit's start dropped:
     FIRST_POSITIONS 3 here), and an empty source, each get the core's hypotheses of the
@@ -216,7 +216,7 @@ def test_sentences_joining_a_running_beam_loop_get_their_hypotheses_alone(dtype,
     fast = FastModel(tiny_model(V, seed=1, stops=True, N=2), dtype)
     cfg = search(beam_size=4, nbest=2, min_len=min_len, max_len_b=5)
     sentences = [Sentence(i, s) for i, s in enumerate(random_sources(40, V, seed=17) + [[]])]
-    loop = tight_loops.BeamLoop(fast, cfg, SPECIALS, joins=True)
+    loop = tight_loops.BeamLoop(fast, cfg, SPECIALS)
     got, todo, calls, positions = {}, list(sentences), 0, []
     while todo or loop.sentences or loop.ready:
         n = (3, 0, 1, 0, 1, 0, 1)[calls % 7]  # newcomers before this call
