@@ -295,12 +295,14 @@ class Batcher:
         return None
 
     def _ready(self, job: _Job) -> int | None:
-        """A worker for a batch of this job's search: an idle one, else (Admission.joins)
-        the one with the fewest sentences in flight where they are all of this search and
-        at most half of what its batch holds: the batch joins its running one at the tail
+        """A worker for a batch of this job's search: an idle one, else (Admission.joins,
+        while fewer than a whole batch of it are queued: a whole one of like lengths is faster
+        alone) the one with the fewest sentences in flight where they are all of this search
+        and at most half of what its batch holds: the batch joins its running one at the tail
         (docs/results.md, "Batches that join at the tail"); None: none is ready."""
         idle = next((w for w in range(self.workers) if not self.flying[w]), None)
-        if idle is not None or not job.joins:
+        if idle is not None or not job.joins or sum(
+                q.job.key == job.key for q in self.queue) >= job.most:
             return idle
         tails = [w for w, flying in enumerate(self.flying) if 2 * len(flying) <= job.most
                  and all(q.job.key == job.key for q in flying.values())]

@@ -416,6 +416,25 @@ def test_dynamic_batcher_sends_a_batch_to_a_worker_at_its_tail_where_the_loop_ta
     asyncio.run(scenario())
 
 
+def test_dynamic_batcher_keeps_a_whole_batch_for_an_idle_worker_while_one_is_queued():
+    """Where a whole batch of the search is queued, it waits for an idle worker (like lengths,
+    decoded alone from the first step) instead of joining another's tail."""
+    batcher, fake = make_batcher(1, 1000, 0, 0.0, hold=True, batch_sentences=lambda s: 8)
+
+    async def scenario():
+        loop = asyncio.create_task(batcher.run())
+        for i in range(17):
+            asyncio.create_task(batcher.translate(sentences([[4 + i]]), SearchConfig(), 60))
+        await settle()
+        tags = list(batcher.flying[0])[:6]  # 2 left in flight, 9 queued
+        batcher.receive(Done(0, [Ended(tag, [Hypothesis([], 0.0, 0.0)]) for tag in tags]))
+        await settle()
+        assert [len(b.sentences) for _, b in fake.sent] == [8] and len(batcher.queue) == 9
+        loop.cancel()
+
+    asyncio.run(scenario())
+
+
 def test_continuous_batcher_sends_a_busy_worker_newcomers_in_groups_of_admit_group():
     """A worker's loop takes batch_sentences (here 12): once ADMIT_GROUP (8) are live, it gets
     newcomers only where as many fit, or the whole queue if shorter, to join together."""
