@@ -59,7 +59,7 @@ def step_loop(translator, inbox, outbox, worker: int) -> None:
         if STOP in messages:
             return
         for batch in messages:
-            if batch.whole and _alone(translator, decoders, batch, outbox, worker):
+            if batch.whole and _alone(translator, batch, outbox, worker):
                 continue
             if batch.whole:
                 _admit(translator, decoders, [batch], outbox, worker, next(wholes))
@@ -85,20 +85,15 @@ def step_loop(translator, inbox, outbox, worker: int) -> None:
                 del decoders[key]
 
 
-def _alone(translator, decoders: dict, batch: Batch, outbox, worker: int) -> bool:
-    """A whole Batch that tight_loops' loops take: plain greedy search decoded at once, as
-    batch translation decodes it (whole Batches of it go to idle workers), Done or Failed in
-    `outbox`; plain beam search of a few sentences admitted into the BeamLoop of its search
-    (one made for it if none runs; the Batcher sends a whole Batch of it to a worker whose
-    loop is at its tail too: it joins there). False, doing nothing, for any other Batch."""
+def _alone(translator, batch: Batch, outbox, worker: int) -> bool:
+    """A whole Batch that tight_loops' loops take (plain greedy search, plain beam search of a
+    few sentences; whole Batches go to idle workers): decoded at once, as batch translation decodes
+    it, Done or Failed in `outbox`; False, doing nothing, for any other Batch."""
     sentences, search = batch.sentences, batch.search
     models = translator.prepared(search.dtype, search.compile)
     beam = use_beams(search, False)  # takes refuses constraints
     if not tight_loops.takes(models, sentences, search, True, None, beam):
         return False
-    if beam:
-        _admit(translator, decoders, [batch], outbox, worker, "tail")
-        return True
     try:
         hyps = decode_all(models, sentences, search, translator.specials, translator.device,
                           beam=beam)
@@ -145,14 +140,11 @@ def _messages(inbox, wait: bool) -> list:
 
 
 def _admit(translator, decoders: dict, batches: list[Batch], outbox, worker: int,
-           own: int | str | None = None) -> None:
+           own: int | None = None) -> None:
     """Add the Batches' sentences to the Decodings of their search settings and strategies
     (use_beams: lexical constraints at beam size 1 are a beam search of their own; with
-    sampling, a Failed); newcomers of plain beam search (no prefix or constraints) to the
-    BeamLoop of their setting instead; own: a whole Batch's number, whose sentences get one
-    Decoding of their own, with nmt-translate's strategy for the batch and over the batch's
-    shortlist, or "tail": a whole Batch of plain beam search that joins its setting's
-    BeamLoop for whole Batches (`_alone`)."""
+    sampling, a Failed); own: a whole Batch's number, whose sentences get one Decoding of
+    their own, with nmt-translate's strategy for the batch and over the batch's shortlist."""
     groups: dict[tuple, tuple[SearchConfig, list[Sentence]]] = {}
     for batch in batches:
         setting = search_key(batch.search)
@@ -163,9 +155,8 @@ def _admit(translator, decoders: dict, batches: list[Batch], outbox, worker: int
             except ValueError as e:  # constraints while sampling
                 outbox.put(Failed(worker, [sentence.tag], e))
                 continue
-            tight = own == "tail" or own is None and beam and not (
-                sentence.prefix or sentence.phrases) and tight_loops.takes_search(
-                models, batch.search, beam)  # joins BeamLoop's
+            tight = beam and not (sentence.prefix or sentence.phrases) and (
+                tight_loops.takes_search(models, batch.search, beam))  # joins BeamLoop's
             key = (setting, beam, tight, None) if own is None else (setting, own)
             groups.setdefault(key, (batch.search, []))[1].append(sentence)
     for key, (search, sentences) in groups.items():
@@ -173,14 +164,14 @@ def _admit(translator, decoders: dict, batches: list[Batch], outbox, worker: int
         live = len(decoders[key].tags) if key in decoders else 0
         try:
             models = translator.prepared(search.dtype, search.compile)
-            if key not in decoders and (own == "tail" or own is None and key[2]):
+            if key not in decoders and own is None and key[2]:
                 decoders[key] = tight_loops.BeamLoop(models[0], search, translator.specials)
             elif key not in decoders:
                 decoders[key] = Decoding(models, search, translator.specials, translator.device,
                                          continuations=translator.continuations, beam=beam,
                                          shortlists=own is None)
-            candidates = None if own is None or own == "tail" else batch_candidates(
-                search, sentences, translator.device)
+            candidates = None if own is None else batch_candidates(search, sentences,
+                                                                   translator.device)
             decoders[key].admit(sentences, candidates)
         except Exception as e:
             tags = [s.tag for s in sentences]

@@ -9,10 +9,7 @@ Admission policy:
   batch_sentences: the workers' fastest loop's);
   it goes to an idle worker when the budget is full or when the oldest sentence has waited
   max_wait_s since it arrived, and takes at most its worker's share of all sentences in
-  flight, so that the workers' batches stay balanced; a batch of a search whose loop takes
-  newcomers (Admission.joins: plain beam search in nmt's engine) may also go to a worker
-  whose sentences in flight are all of that search and at most half a batch, and joins its
-  running batch there at its tail;
+  flight, so that the workers' batches stay balanced;
 - continuous batching: a queued sentence goes at once to the worker with the fewest source
   tokens in flight that has room (max_tokens source tokens with EOS, and the most sentences
   its search's batch holds, as above; an empty worker takes any sentence) and joins its
@@ -91,7 +88,6 @@ class _Job:
     search: SearchConfig
     key: tuple  # requests with equal keys may share a batch
     most: int  # sentences a batch of its search holds at most (Admission.most; 0: any)
-    joins: bool  # its batches join a worker's running one at its tail (Admission.joins)
     results: list
     left: int
     done: asyncio.Future
@@ -140,11 +136,6 @@ class Admission:
         """The most sentences a batch of this search holds (0: only max_tokens limits it)."""
         return min((n for n in (self.max_sentences, self.batch_sentences(search)) if n),
                    default=0)
-
-    def joins(self, search: SearchConfig) -> bool:
-        """Whether a batch of this search may join a worker's running batch of it (the loop
-        of a few sentences, which batch_sentences names, takes newcomers)."""
-        return self.batch_sentences(search) > 0
 
 
 class Batcher:
@@ -199,7 +190,6 @@ class Batcher:
             raise QueueFull
         loop = asyncio.get_running_loop()
         job = _Job(search, search_key(search), self.admission.most(search),
-                   self.admission.joins(search),
                    [None] * len(sentences), len(sentences), loop.create_future())
         now = self.clock.now()
         self.queue.extend(_Queued(replace(s, tag=i), job, now)
@@ -283,30 +273,16 @@ class Batcher:
                 await self._wait(self._send_batches())
 
     def _send_batches(self) -> float | None:
-        """Dynamic batching: whole batches to ready workers while there are both (`_ready`);
-        the seconds until the oldest sentence has waited max_wait_s (None: wait for a
-        change)."""
-        while self.queue and (w := self._ready(self.queue[0].job)) is not None:
+        """Dynamic batching: whole batches to idle workers while there are both; the seconds
+        until the oldest sentence has waited max_wait_s (None: wait for a change)."""
+        while self.queue and self.idle:
             head = self.queue[0]  # the oldest sentence: it waits max_wait_s from its arrival
             wait = head.arrived + self.admission.max_wait_s - self.clock.now()
             if wait > 0 and not self._budget_full(head.job):
                 return wait
-            self._send(w, [self._fly(w, q) for q in self._take(head.job, w)], whole=True)
+            w = next(w for w in range(self.workers) if not self.flying[w])
+            self._send(w, [self._fly(w, q) for q in self._take(head.job)], whole=True)
         return None
-
-    def _ready(self, job: _Job) -> int | None:
-        """A worker for a batch of this job's search: an idle one, else (Admission.joins,
-        while fewer than a whole batch of it are queued: a whole one of like lengths is faster
-        alone) the one with the fewest sentences in flight where they are all of this search
-        and at most half of what its batch holds: the batch joins its running one at the tail
-        (docs/results.md, "Batches that join at the tail"); None: none is ready."""
-        idle = next((w for w in range(self.workers) if not self.flying[w]), None)
-        if idle is not None or not job.joins or sum(
-                q.job.key == job.key for q in self.queue) >= job.most:
-            return idle
-        tails = [w for w, flying in enumerate(self.flying) if 2 * len(flying) <= job.most
-                 and all(q.job.key == job.key for q in flying.values())]
-        return min(tails, key=lambda w: len(self.flying[w]), default=None)
 
     def _send_continuous(self) -> None:
         """Continuous batching: queued sentences, oldest first, to the least loaded workers
@@ -365,7 +341,7 @@ class Batcher:
                     return True
         return False
 
-    def _take(self, job: _Job, w: int) -> list[_Queued]:
+    def _take(self, job: _Job) -> list[_Queued]:
         """Remove a batch from the queue: sentences with this job's key within the token budget
         (padded width x sentences), the most its search's batch holds (_Job.most) and this
         worker's share of the sentences in flight (queued or being decoded; a worker that
@@ -373,12 +349,12 @@ class Batcher:
         ever after). Sentences of like length decode faster together (less padding, no long
         tail), so: longest first while other workers are idle too (this round sends every
         queued sentence), else the oldest sentence and those closest to it in length (older
-        first among equals); for worker w, beside its sentences in flight."""
+        first among equals)."""
         a = self.admission
         mine = [q for q in self.queue if q.job.key == job.key]
         cap = math.ceil((len(mine) + self.running_sentences) / self.workers)
         if job.most:
-            cap = min(cap, job.most - len(self.flying[w]))
+            cap = min(cap, job.most)
         if self.idle > 1:
             mine.sort(key=lambda q: -q.tokens)
         else:

@@ -286,7 +286,7 @@ def test_batcher_passes_a_decoding_error_to_every_request_of_the_batch():
 def test_a_failed_batching_loop_fails_the_queued_and_later_requests_at_once():
     batcher, _ = make_batcher(1, 4096, 0, 0.05)
 
-    def broken(*args):
+    def broken(key):
         raise RuntimeError("a bug in _take")
 
     batcher._take = broken
@@ -377,59 +377,6 @@ def test_continuous_batcher_sends_to_a_worker_with_room_when_the_least_loaded_is
             await settle()
         got = [(w, s.src) for w, b in fake.sent for s in b.sentences]
         assert got == [(0, [4] * 20), (1, [5]), (1, [6]), (0, [7])] and not batcher.queue
-        loop.cancel()
-
-    asyncio.run(scenario())
-
-
-def test_dynamic_batcher_sends_a_batch_to_a_worker_at_its_tail_where_the_loop_takes_it():
-    """batch_sentences > 0 (nmt's loop of a few sentences, which takes newcomers): a whole
-    batch goes to a busy worker once at most half a batch of the same search is in flight
-    there, as many as fit beside it; another search's batch waits for an idle worker."""
-    batcher, fake = make_batcher(1, 1000, 0, 0.0, hold=True, batch_sentences=lambda s: 8)
-
-    def end(n: int) -> None:
-        """The worker's first n sentences still in flight end."""
-        tags = list(batcher.flying[0])[:n]
-        batcher.receive(Done(0, [Ended(tag, [Hypothesis([], 0.0, 0.0)]) for tag in tags]))
-
-    async def scenario():
-        loop = asyncio.create_task(batcher.run())
-        for i in range(14):
-            asyncio.create_task(batcher.translate(sentences([[4 + i]]), SearchConfig(), 60))
-        await settle()
-        assert [len(b.sentences) for _, b in fake.sent] == [8] and len(batcher.queue) == 6
-        end(3)  # 5 in flight: more than half of 8
-        await settle()
-        assert len(fake.sent) == 1
-        end(1)  # 4: the tail; 4 join it
-        await settle()
-        assert [(len(b.sentences), b.whole) for _, b in fake.sent] == [(8, True), (4, True)]
-        other = asyncio.create_task(batcher.translate(sentences([[5]]), SearchConfig(
-            beam_size=2), 60))
-        end(6)  # 2 in flight, of beam 4: beam 2 waits, the last 2 of beam 4 join
-        await settle()
-        assert [len(b.sentences) for _, b in fake.sent][2:] == [2]
-        assert fake.sent[-1][1].search.beam_size == 4 and not other.done()
-        loop.cancel()
-
-    asyncio.run(scenario())
-
-
-def test_dynamic_batcher_keeps_a_whole_batch_for_an_idle_worker_while_one_is_queued():
-    """Where a whole batch of the search is queued, it waits for an idle worker (like lengths,
-    decoded alone from the first step) instead of joining another's tail."""
-    batcher, fake = make_batcher(1, 1000, 0, 0.0, hold=True, batch_sentences=lambda s: 8)
-
-    async def scenario():
-        loop = asyncio.create_task(batcher.run())
-        for i in range(17):
-            asyncio.create_task(batcher.translate(sentences([[4 + i]]), SearchConfig(), 60))
-        await settle()
-        tags = list(batcher.flying[0])[:6]  # 2 left in flight, 9 queued
-        batcher.receive(Done(0, [Ended(tag, [Hypothesis([], 0.0, 0.0)]) for tag in tags]))
-        await settle()
-        assert [len(b.sentences) for _, b in fake.sent] == [8] and len(batcher.queue) == 9
         loop.cancel()
 
     asyncio.run(scenario())
@@ -674,7 +621,7 @@ def in_process(ckpt):
 
 
 def test_a_dead_batcher_makes_health_fail_and_requests_fail_fast_with_503(in_process):
-    def broken(*args):
+    def broken(key):
         raise RuntimeError("a bug in _take")
 
     # the dynamic batcher's batch forming, the continuous one's choice of worker

@@ -313,8 +313,8 @@ def test_the_loop_decodes_whole_batches_as_nmt_translate_and_newcomers_beside_th
 def test_whole_batches_of_plain_search_decode_in_tight_loops_as_nmt_translate(beam,
                                                                              monkeypatch):
     """Whole Batches (dynamic batching) of plain greedy search, and plain beam search of one
-    sentence or two, go through nmt.decoding.tight_loops (greedy's loop, and a BeamLoop that
-    the second Batch joins or starts anew): translate_nbest's hypotheses, scores included."""
+    sentence or two, go through nmt.decoding.tight_loops: translate_nbest's hypotheses,
+    scores included."""
     cfg = search(beam_size=beam, max_len_b=4)
     model = decoding_models([tiny_model(V, seed=1, stops=True, N=2)], cfg)[0]
     if not model.fused:
@@ -327,10 +327,8 @@ def test_whole_batches_of_plain_search_decode_in_tight_loops_as_nmt_translate(be
         """`loop`, its name in `loops` at each call."""
         return lambda *a, **k: loops.append(loop.__name__) or loop(*a, **k)
 
-    monkeypatch.setattr(tight_loops, "greedy", counted(tight_loops.greedy))
-    admit = tight_loops.BeamLoop.admit
-    monkeypatch.setattr(tight_loops.BeamLoop, "admit", lambda loop, *a: (
-        loops.append("beam"), admit(loop, *a))[1])
+    for name in ("greedy", "beam"):
+        monkeypatch.setattr(tight_loops, name, counted(getattr(tight_loops, name)))
     batches = [Batch(cfg, [Sentence(0, sources[0])], True),
                Batch(cfg, [Sentence(1, sources[1]), Sentence(2, sources[2])], True)]
     got = by_tag(r for m in run_loop(stand_in(model), batches, 3) for r in m.results)

@@ -234,6 +234,25 @@ def test_sentences_joining_a_running_beam_loop_get_their_hypotheses_alone(dtype,
         min_len
 
 
+def test_sentences_joining_a_beam_loop_before_its_first_step_take_its_rows_a_unit():
+    """A second admission before any step: its units take the loop's rows a unit (one, at the
+    first step of an eager model), room made for k each: each sentence's core hypotheses."""
+    if not attention_op.available():
+        pytest.skip(f"the fused attention operator is not built ({attention_op.status()})")
+    fast = FastModel(tiny_model(V, seed=1, stops=True, N=2), "fp32")
+    cfg = search(beam_size=4, nbest=2, max_len_b=4)
+    sentences = [Sentence(i, s) for i, s in enumerate(random_sources(3, V, seed=8))]
+    loop = tight_loops.BeamLoop(fast, cfg, SPECIALS)
+    loop.admit(sentences[:1])
+    loop.admit(sentences[1:])
+    got = {}
+    while loop.sentences:
+        got.update((e.tag, e.hypotheses) for e in loop.step())
+    for s in sentences:
+        want = core([fast], s, cfg, True)
+        assert [h.tokens for h in got[s.tag]] == [h.tokens for h in want], s.tag
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "int8"])
 def test_the_loops_caches_grow_as_outputs_do(dtype, monkeypatch):
     """Caches made for 3 positions at first: greedy and beam search past them (grown, their
