@@ -6,7 +6,8 @@ Done and Failed messages. A worker of nmt's engine runs `step_loop`: the core's 
 at a time for every live sentence. How sentences join it is the Batcher's policy:
 - continuous batching (continuous=true): newcomers join the live rows at the next decoding step
   and leave when they end, as LLM servers batch (Orca, vLLM), so that a short sentence never
-  waits for a long one;
+  waits for a long one (plain beam search in tight_loops.BeamLoop, every other search in the
+  core);
 - dynamic batching (the default): a whole batch, sent only to an empty worker, decoded apart
   over its own shortlist, as nmt-translate decodes its batches (plain greedy search, and
   plain beam search of a few sentences, in nmt.decoding.tight_loops' loops, at once, as

@@ -16,7 +16,8 @@ n-gram rule), a step is the model's and a few operators:
   log-softmax, the bans, each unit's 2k best continuations (the core's choose_beam, in one
   nmt::beam_top_k call: strategies.choose_beam_logits), then fairseq's rule on the host over
   those 2k numbers a unit with the core's record of finished hypotheses (lengths.Units); a
-  unit's rows leave at the step it ends.
+  unit's rows leave at the step it ends. It runs a `BeamLoop`, which sentences may also join
+  between its calls (nmt-serve's continuous batching: nmt.decoding.stepping).
 Both step the decoder through `_Steps` (its caches made once; int8's package compiled ahead
 of time under search.compile, the embedding and greedy's banned maximum inside it, else
 FastModel.step_layers; beam's own package, where it takes the rows, with the last step's
@@ -418,16 +419,18 @@ def _greedy_result(units: Units | None, i: int, output: list[int], path: list[fl
     return units.best(i)  # none recorded (log P -inf): the empty output at -inf
 
 
+@torch.inference_mode()
 def beam(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
          specials: Specials) -> list[list[Hypothesis]]:
     """Beam search of a few sentences (`takes`), as the core runs it (`BeamLoop`): the
     sentences admitted at step 0, stepped until none is live; search.nbest hypotheses a
     sentence, in order."""
     loop = BeamLoop(fast, search, specials)
-    loop.admit([Sentence(i, s.src) for i, s in enumerate(sentences)])
+    loop.join([Sentence(i, s.src) for i, s in enumerate(sentences)])
     out: dict[int, list[Hypothesis]] = {}
-    while loop.sentences:
-        out.update((e.tag, e.hypotheses) for e in loop.step())
+    while loop.live:
+        for ended in loop.call():
+            out[ended.tag] = ended.hypotheses
     return [out[i] for i in range(len(sentences))]
 
 
@@ -480,6 +483,10 @@ class BeamLoop:
         k rows each (at the first step, one where int8's package of several steps does not
         take them); empty sources' results at the next step. candidates: none
         (Decoding.admit's interface)."""
+        self.join(sentences)
+
+    def join(self, sentences: list[Sentence]) -> None:
+        """`admit`'s work, in inference mode already."""
         self.ready += [Ended(s.tag, empty_source(s)) for s in sentences
                        if empty_source(s) is not None]
         todo = [s for s in sentences if empty_source(s) is None]
@@ -538,6 +545,10 @@ class BeamLoop:
         """One call of the live units' step, or several (the package's; units of k rows each
         from the first step or the second); the sentences that ended (and the empty sources
         admitted since the last call), in no particular order."""
+        return self.call()
+
+    def call(self) -> list[Ended]:
+        """`step`'s work, in inference mode already."""
         done, self.ready = self.ready, []
         if not self.live:
             return done

@@ -144,7 +144,7 @@ class TranslateFirst:
     TranslateRequest is answered here (the `translate` route's work: Service.translate, its
     ApiError as the error answer), past FastAPI's routing, dependency solving and response
     validation, which cost a third of the server's own time a request (docs/results.md,
-    "Continuous batching in the tight loop ..."); every other request, and one that does not
+    "Continuous batching in the tight loop"); every other request, and one that does not
     validate, goes on to the app, whose answer names the fault."""
 
     def __init__(self, app, service: Service):
