@@ -10,7 +10,7 @@ from test_stepping import run_continuous
 from translate_helpers import random_sources, search, tiny_model
 
 from nmt.data.tokenizer import Specials
-from nmt.decoding import affine, aot_step, attention_op, tight_loops
+from nmt.decoding import affine, aot_step, attention_op, loop_steps, tight_loops
 from nmt.decoding.batches import decoding_models, pad_batch
 from nmt.decoding.core import decode_all
 from nmt.decoding.fast_model import FastModel, source_groups
@@ -215,7 +215,7 @@ def test_the_beam_package_gives_eagers_beams(kept_packages, monkeypatch):
     on an Intel Xeon with AMX. One step a call (several: the next test)."""
     monkeypatch.setattr(aot_step, "encoder_rows", lambda eager: 1)  # below 2: no package
     monkeypatch.setattr(FastModel, "packaged_beam_steps", lambda fast, B: None)
-    monkeypatch.setattr(tight_loops._Steps, "FIRST_POSITIONS", 3)
+    monkeypatch.setattr(loop_steps.LoopSteps, "FIRST_POSITIONS", 3)
     model = tiny_model(V, seed=1, stops=True, N=2)
     eager, compiled = FastModel(model, "int8"), FastModel(model, "int8", compile=True)
     specials = Specials(BOS, EOS, PAD)
@@ -252,9 +252,9 @@ def test_greedys_package_of_several_steps_gives_eagers_outputs(kept_packages, mo
     ending inside a call at search.min_len; single steps near the longest limit and where
     scores are asked for; rows that end inside a call leave after it; the caches grown for a
     call's last position): eager's outputs, for one sentence and for a few."""
-    monkeypatch.setattr(tight_loops._Steps, "FIRST_POSITIONS", 3)
-    lengths, run_length = [], tight_loops._Steps.run_length
-    monkeypatch.setattr(tight_loops._Steps, "run_length", lambda steps, t, end: (
+    monkeypatch.setattr(loop_steps.LoopSteps, "FIRST_POSITIONS", 3)
+    lengths, run_length = [], loop_steps.LoopSteps.run_length
+    monkeypatch.setattr(loop_steps.LoopSteps, "run_length", lambda steps, t, end: (
         k := run_length(steps, t, end), lengths.append((t, k)))[0])
     model = tiny_model(V, seed=1, stops=True, N=2)
     eager, compiled = FastModel(model, "int8"), FastModel(model, "int8", compile=True)
@@ -283,9 +283,9 @@ def test_the_beams_package_of_several_steps_gives_eagers_beams(kept_packages, mo
     eager's hypotheses and scores, for beams of 2, 4 and 5, for one sentence and for a few.
     (The encoder eager, as in the beam package's test.)"""
     monkeypatch.setattr(aot_step, "encoder_rows", lambda eager: 1)  # below 2: no package
-    monkeypatch.setattr(tight_loops._Steps, "FIRST_POSITIONS", 3)
-    lengths, run_length = [], tight_loops._Steps.run_length
-    monkeypatch.setattr(tight_loops._Steps, "run_length", lambda steps, t, end: (
+    monkeypatch.setattr(loop_steps.LoopSteps, "FIRST_POSITIONS", 3)
+    lengths, run_length = [], loop_steps.LoopSteps.run_length
+    monkeypatch.setattr(loop_steps.LoopSteps, "run_length", lambda steps, t, end: (
         k := run_length(steps, t, end), lengths.append(k))[0])
     model = tiny_model(V, seed=1, stops=True, N=2)
     eager, compiled = FastModel(model, "int8"), FastModel(model, "int8", compile=True)
@@ -355,7 +355,7 @@ def test_sentences_joining_a_beam_loop_through_the_packages_get_eagers_outputs(
     beam package and its package of several steps (a pending reorder done before each join,
     the caches trimmed of the positions before every live unit's start): eager's outputs."""
     monkeypatch.setattr(aot_step, "encoder_rows", lambda eager: 1)  # below 2: no package
-    monkeypatch.setattr(tight_loops._Steps, "FIRST_POSITIONS", 3)
+    monkeypatch.setattr(loop_steps.LoopSteps, "FIRST_POSITIONS", 3)
     model = tiny_model(V, seed=1, stops=True, N=2)
     eager, compiled = FastModel(model, "int8"), FastModel(model, "int8", compile=True)
     cfg = search(beam_size=4, nbest=2, max_len_b=5, min_len=2)
@@ -394,7 +394,7 @@ def test_the_packages_choice_is_row_max_after_the_bans(kept_packages, monkeypatc
         mask = torch.zeros(V, dtype=torch.bool).index_fill_(0, columns, True)
         with torch.inference_mode():
             state = compiled.start_decoding(*compiled.encode(src))
-            steps = tight_loops._Steps(compiled, state, 4, 3)
+            steps = loop_steps.LoopSteps(compiled, state, 4, 3)
             assert steps.package is not None or affine.int8_rows_layout() == "pairs"
             if steps.package is None:
                 pytest.skip("this CPU's package takes one row")

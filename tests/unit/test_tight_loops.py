@@ -10,7 +10,7 @@ from translate_helpers import random_sources, search, tiny_model
 
 from nmt.data.shortlist import Candidates
 from nmt.data.tokenizer import Specials
-from nmt.decoding import attention_op, tight_loops
+from nmt.decoding import attention_op, loop_steps, tight_loops
 from nmt.decoding.affine import rows_alone
 from nmt.decoding.core import Decoding, decode_all
 from nmt.decoding.fast_model import FastModel
@@ -212,7 +212,7 @@ def test_sentences_joining_a_running_beam_loop_get_their_hypotheses_alone(dtype,
         pytest.skip(f"the fused attention operator is not built ({attention_op.status()})")
     if dtype == "int8" and not rows_alone():
         pytest.skip("int8 rows are not rounded alone here (no operator, or no oneDNN)")
-    monkeypatch.setattr(tight_loops._Steps, "FIRST_POSITIONS", 3)
+    monkeypatch.setattr(loop_steps.LoopSteps, "FIRST_POSITIONS", 3)
     fast = FastModel(tiny_model(V, seed=1, stops=True, N=2), dtype)
     cfg = search(beam_size=4, nbest=2, min_len=min_len, max_len_b=5)
     sentences = [Sentence(i, s) for i, s in enumerate(random_sources(40, V, seed=17) + [[]])]
@@ -259,7 +259,7 @@ def test_the_loops_caches_grow_as_outputs_do(dtype, monkeypatch):
     tables rewritten, mid-search and after rows left) give the core's hypotheses."""
     if not attention_op.available():
         pytest.skip(f"the fused attention operator is not built ({attention_op.status()})")
-    monkeypatch.setattr(tight_loops._Steps, "FIRST_POSITIONS", 3)
+    monkeypatch.setattr(loop_steps.LoopSteps, "FIRST_POSITIONS", 3)
     fast = FastModel(tiny_model(V, seed=1, stops=True, N=2), dtype)
     batch = [Sentence(i, s) for i, s in enumerate(random_sources(6, V, seed=13))]
     for cfg in (search(beam_size=1, max_len_b=12), search(beam_size=4, nbest=2, max_len_b=12)):
