@@ -12,7 +12,7 @@ STOP = None  # put in a worker's inbox: its loop ends
 # continuous batching: newcomers join a worker's running decoding in groups of this many where
 # as many are live (each join encodes them and remakes the rows' view): the Batcher sends them
 # so, a worker's loop admits them so (nmt.decoding.stepping)
-ADMIT_GROUP = 8
+ADMIT_GROUP = 4
 
 
 @dataclass

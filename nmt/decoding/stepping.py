@@ -41,7 +41,7 @@ from nmt.decoding.messages import (
 from nmt.decoding.strategies import use_beams
 
 # ----------------------------------------------------------------------------- the workers
-ADMIT_STEPS = 4  # step_loop admits ADMIT_GROUP newcomers together, or waits 4 calls at most
+ADMIT_STEPS = 4  # step_loop admits ADMIT_GROUP newcomers together, or after 4 calls at most
 
 
 def step_loop(translator, inbox, outbox, worker: int) -> None:

@@ -26,7 +26,7 @@ from translate_helpers import save_tiny_checkpoint
 
 from nmt.commands.translate import translate
 from nmt.config import MbrConfig, SearchConfig, ServeConfig, TranslateConfig, compose, to_object
-from nmt.decoding.messages import Batch, Done, Ended, Failed, Hypothesis, Sentence
+from nmt.decoding.messages import ADMIT_GROUP, Batch, Done, Ended, Failed, Hypothesis, Sentence
 from nmt.engines.translator import Translator
 from nmt.errors import ConfigError, NmtError
 from nmt.inference.engines import open_translator
@@ -383,10 +383,11 @@ def test_continuous_batcher_sends_to_a_worker_with_room_when_the_least_loaded_is
 
 
 def test_continuous_batcher_sends_a_busy_worker_newcomers_in_groups_of_admit_group():
-    """A worker's loop takes batch_sentences (here 12): once ADMIT_GROUP (8) are live, it gets
-    newcomers only where as many fit, or the whole queue if shorter, to join together."""
+    """A worker's loop takes batch_sentences (here 2 G, G = ADMIT_GROUP): once G are live, it
+    gets newcomers only where G fit (or the whole queue, if shorter), to join together."""
+    G = ADMIT_GROUP
     batcher, fake = make_batcher(1, 1000, 0, 0.0, continuous=True, hold=True,
-                                 batch_sentences=lambda search: 12)
+                                 batch_sentences=lambda search: 2 * G)
 
     def end(n: int) -> None:
         """The worker's first n sentences still in flight end."""
@@ -395,16 +396,16 @@ def test_continuous_batcher_sends_a_busy_worker_newcomers_in_groups_of_admit_gro
 
     async def scenario():
         loop = asyncio.create_task(batcher.run())
-        for i in range(20):
+        for i in range(3 * G):
             asyncio.create_task(batcher.translate(sentences([[4 + i]]), SearchConfig(), 60))
         await settle()
-        assert [len(b.sentences) for _, b in fake.sent] == [12] and len(batcher.queue) == 8
-        end(4)  # 8 live, room for 4 of the 8 queued: none sent
+        assert [len(b.sentences) for _, b in fake.sent] == [2 * G] and len(batcher.queue) == G
+        end(G - 1)  # G + 1 live, room for G - 1 of the G queued: none sent
         await settle()
-        assert len(fake.sent) == 1 and len(batcher.queue) == 8
-        end(4)  # 4 live (fewer than a group): as many as fit, at once
+        assert len(fake.sent) == 1 and len(batcher.queue) == G
+        end(1)  # room for G: the group, at once
         await settle()
-        assert len(fake.sent[-1][1].sentences) == 8 and not batcher.queue
+        assert len(fake.sent[-1][1].sentences) == G and not batcher.queue
         loop.cancel()
 
     asyncio.run(scenario())
