@@ -149,15 +149,15 @@ def _admit(translator, decoders: dict, batches: list[Batch], outbox, worker: int
     groups: dict[tuple, tuple[SearchConfig, list[Sentence]]] = {}
     for batch in batches:
         setting = search_key(batch.search)
-        models = translator.prepared(batch.search.dtype, batch.search.compile)
+        loop_takes = tight_loops.takes_search(  # plain beam search: BeamLoop's
+            translator.prepared(batch.search.dtype, batch.search.compile), batch.search, True)
         for sentence in batch.sentences:
             try:
                 beam = use_beams(batch.search, bool(sentence.phrases))
             except ValueError as e:  # constraints while sampling
                 outbox.put(Failed(worker, [sentence.tag], e))
                 continue
-            tight = beam and not (sentence.prefix or sentence.phrases) and (
-                tight_loops.takes_search(models, batch.search, beam))  # joins BeamLoop's
+            tight = beam and loop_takes and not (sentence.prefix or sentence.phrases)
             key = (setting, beam, tight, None) if own is None else (setting, own)
             groups.setdefault(key, (batch.search, []))[1].append(sentence)
     for key, (search, sentences) in groups.items():

@@ -189,11 +189,10 @@ def beam(fast: FastModel, sentences: list[Sentence], search: SearchConfig,
     sentences admitted at step 0, stepped until none is live; search.nbest hypotheses a
     sentence, in order."""
     loop = BeamLoop(fast, search, specials)
-    loop.join([Sentence(i, s.src) for i, s in enumerate(sentences)])
+    loop.admit([Sentence(i, s.src) for i, s in enumerate(sentences)])
     out: dict[int, list[Hypothesis]] = {}
-    while loop.live:
-        for ended in loop.call():
-            out[ended.tag] = ended.hypotheses
+    while loop.sentences:
+        out.update((e.tag, e.hypotheses) for e in loop.step())
     return [out[i] for i in range(len(sentences))]
 
 
@@ -224,7 +223,6 @@ class BeamLoop:
 
     def _clear(self) -> None:
         """No live unit: the next admission starts afresh at position 0."""
-        self.state: FastState | None = None
         self.steps: LoopSteps | None = None
         self.units = Units(self.search.alpha, self.search.nbest)
         self.tags: dict[int, object] = {}  # each live unit's sentence's tag
@@ -233,7 +231,7 @@ class BeamLoop:
         self.live: list[int] = []  # the live units, in row order
         self.rows: list = []  # each live unit's rows: output, prefixes' log P
         self.last = self.scores = None  # (U kb,) each row's newest token; (U, kb) its log P
-        self.t, self.joined = 0, False  # the next step's position; some joined late
+        self.t = 0  # the next step's position
 
     @property
     def sentences(self) -> int:
@@ -246,10 +244,6 @@ class BeamLoop:
         k rows each (at the first step, one where int8's package of several steps does not
         take them); empty sources' results at the next step. candidates: none
         (Decoding.admit's interface)."""
-        self.join(sentences)
-
-    def join(self, sentences: list[Sentence]) -> None:
-        """`admit`'s work, in inference mode already."""
         self.ready += [Ended(s.tag, empty_source(s)) for s in sentences
                        if empty_source(s) is not None]
         todo = [s for s in sentences if empty_source(s) is None]
@@ -264,12 +258,11 @@ class BeamLoop:
         # rounding of a row alone: the core's first step is one row's)
         if self.steps is not None:
             g = self.steps.R // len(self.live)
+            self._renumber()
         else:
             g = k if k > 1 and self.fast.packaged_beam_steps(n * k) is not None else 1
         if g > 1:
             new.reorder(torch.arange(n * g, device=dev) // g, g)
-        if self.steps is not None:
-            self._renumber()
         first = len(self.units)
         self.units.admit(np.arange(first, first + n), self.t, max_len, [[] for _ in todo])
         self.tags.update(zip(range(first, first + n), (s.tag for s in todo), strict=True))
@@ -281,10 +274,9 @@ class BeamLoop:
         scores = torch.full((n, g), -math.inf, device=dev)  # (n, g)
         scores[:, 0] = 0.0
         if self.steps is None:
-            self.state, self.last, self.scores = new, last, scores
+            self.last, self.scores = last, scores
             self.steps = LoopSteps(self.fast, new, max(self.limits), n * k, beam=k > 1, runs=k > 1)
             return
-        self.joined = True
         self.steps.join(new, n * g, self.t, len(self.live) * k)  # k rows a unit, later
         self.last, self.scores = torch.cat([self.last, last]), torch.cat([self.scores, scores])
 
@@ -308,10 +300,6 @@ class BeamLoop:
         """One call of the live units' step, or several (the package's; units of k rows each
         from the first step or the second); the sentences that ended (and the empty sources
         admitted since the last call), in no particular order."""
-        return self.call()
-
-    def call(self) -> list[Ended]:
-        """`step`'s work, in inference mode already."""
         done, self.ready = self.ready, []
         if not self.live:
             return done
@@ -319,7 +307,7 @@ class BeamLoop:
         end = max(self.begin[i] + self.limits[i] for i in live)  # the last position + 1
         kb = steps.R // len(live)  # rows a unit at this step
         several = steps.run_length(t, end) if kb > 1 else 1
-        at_bans = max(t, self.search.min_len) if self.joined else t  # then the host's EOS rule
+        at_bans = max(t, self.search.min_len) if steps.late else t  # then the host's EOS rule
         if several > 1:
             step = steps.choose_steps(self.last, t, self.scores,
                                       self.banned.steps(at_bans, several)[1], self.width,

@@ -152,9 +152,7 @@ class TranslateFirst:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] != "POST" or (
-                scope["path"] != "/translate") or libre_requests.media_type(dict(
-                    scope["headers"]).get(b"content-type", b"").decode("latin-1")) != (
-                        "application/json"):
+                scope["path"] != "/translate") or not libre_requests.sends_json(scope):
             return await self.app(scope, receive, send)
         messages = await libre_requests.read_body(receive)
         try:
@@ -174,10 +172,8 @@ def _may_be_libre_json(scope) -> bool:
     """Whether a too large request's first chunk is worth reading to tell LibreTranslate's JSON
     from nmt's: a JSON POST /translate whose client does not wait for 100 Continue (reading
     would ask it to upload what is refused)."""
-    headers = dict(scope["headers"])
-    return (scope["path"] == "/translate" and b"100-continue" not in headers.get(b"expect", b"")
-            and libre_requests.media_type(headers.get(b"content-type", b"").decode("latin-1"))
-            == "application/json")
+    return (scope["path"] == "/translate" and libre_requests.sends_json(scope)
+            and b"100-continue" not in dict(scope["headers"]).get(b"expect", b""))
 
 
 def _error_response(error: ApiError) -> JSONResponse:

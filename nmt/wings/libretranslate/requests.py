@@ -25,8 +25,7 @@ class RequestKind:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/translate":
             return await self.app(scope, receive, send)
         libre = is_libre_request(scope)
-        if media_type(dict(scope["headers"]).get(b"content-type", b"").decode("latin-1")) == (
-                "application/json"):
+        if sends_json(scope):
             messages = await read_body(receive)
             receive = replay(messages, receive)
             libre = is_libre_json(b"".join(m.get("body", b"") for m in messages))
@@ -53,6 +52,12 @@ def is_libre_request(scope) -> bool:
 def media_type(content_type: str) -> str:
     """A Content-Type header's media type, lower case, without its parameters."""
     return content_type.split(";")[0].strip().lower()
+
+
+def sends_json(scope) -> bool:
+    """Whether a request's Content-Type is JSON's (application/json, any parameters)."""
+    return media_type(dict(scope["headers"]).get(b"content-type", b"").decode("latin-1")) == (
+        "application/json")
 
 
 async def read_body(receive) -> list[dict]:
