@@ -48,7 +48,7 @@ from torch.export import Dim
 
 from nmt.decoding import affine, attention_op, fast_state
 from nmt.decoding.fast_state import StepRows
-from nmt.decoding.strategies import BeamStep, Choice
+from nmt.decoding.strategies import BeamStep, Choice, eos_last
 from nmt.model import additive_mask
 from nmt.system import private_ops
 
@@ -187,7 +187,7 @@ class BeamStepsGraph(BeamGraph):
             dead = top == -torch.inf
             parent = parent.masked_fill(dead, 0)
             token = torch.where(dead, specials[1], token)
-            on = torch.sort((token == specials[0]).int(), dim=1, stable=True).indices[:, :k]
+            on = eos_last(token, specials[0], k)  # (U, k)
             scores = top.gather(1, on)  # (U, k)
             going = on[unit, slot]  # (B,) each row's candidate (indexed by rows: B stays B)
             parents, tokens = parent[unit, going] + unit * k, token[unit, going]  # (B,) each

@@ -272,6 +272,20 @@ def test_sample_draws_from_the_tempered_truncated_distribution():
     assert freq()[4] == 0  # a forbidden token is never drawn
 
 
+def test_eos_last_is_a_stable_sort_with_eos_last():
+    """eos_last (the beam's rows that go on, in the core and inside the package of several
+    steps) gives the first k places of a stable sort of token == EOS, for every mix of EOS."""
+    from nmt.decoding.strategies import eos_last
+
+    for k in (1, 2, 4, 5):
+        # every pattern of EOS over 2k candidates, the others' tokens 3 or 4
+        pattern = torch.arange(2 ** (2 * k))[:, None] >> torch.arange(2 * k) & 1  # (P, 2k)
+        tokens = torch.where(pattern == 1, 2, 3 + torch.arange(2 * k) % 2)
+        expected = torch.sort((tokens == 2).int(), dim=1, stable=True).indices[:, :k]
+        assert torch.equal(eos_last(tokens, torch.tensor(2), k), expected)
+        assert torch.equal(eos_last(tokens, 2, k), expected)
+
+
 def test_epsilon_sampling_never_draws_a_token_below_epsilon():
     """Hewitt et al. 2022: tokens of probability < epsilon are cut, the rest renormalised."""
     from nmt.decoding.rules import epsilon_cut, sample_tokens
