@@ -252,7 +252,8 @@ DECODING_RULES = {
     "ban_early_eos", "ban_repeated_ngrams", "ban_after_phrases", "apply_rules",
     "prefix_pieces", "force_prefix", "restrict_to_shortlist", "mask_to_shortlists",
     "sample_tokens", "sample_uniforms", "epsilon_cut", "use_beams", "choose_greedy",
-    "choose_sample", "choose_beam", "going_on", "eos_last", "read_step", "Units", "Decoding", "Decoder",
+    "choose_sample", "choose_beam", "going_on", "eos_last", "read_step", "Units", "Decoding",
+    "Decoder",
 }
 STRATEGIES = ("choose_greedy", "choose_sample", "choose_beam")
 DECODING = (["nmt.decoding.core"], ["nmt.decoding.strategies"], ["nmt.decoding.lengths"],
