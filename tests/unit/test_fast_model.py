@@ -670,6 +670,15 @@ def test_the_beam_operator_chooses_as_choose_beam(kb, monkeypatch):
     assert step.rows.tolist() == [u * kb + p for u in range(b)
                                   for p in want.parents[u, :k].tolist()]
     assert torch.equal(step.tokens, want.tokens[:, :k].reshape(-1))
+    # a model's logits (4,000 columns, their log-softmax's sums of many terms), bit for bit
+    for scale in (1.0, 8.0):
+        wide = torch.randn(b * kb, 4000, generator=g) * scale
+        prefix = -torch.rand(b, kb, generator=g)
+        want = choose_beam(torch.log_softmax(wide, dim=-1).index_fill_(1, banned, -torch.inf),
+                           prefix, k)
+        got = choose_beam_logits(wide, prefix, banned, k).choice
+        for name in ("scores", "parents", "tokens"):
+            assert torch.equal(getattr(got, name), getattr(want, name))
     # without the operator, the same (without ties or NaN, whose order torch.topk's may differ)
     untied, finite = torch.randn(b * kb, V, generator=g), torch.randn(b, kb, generator=g)
     step = choose_beam_logits(untied, finite, banned, k)
