@@ -208,7 +208,7 @@ at::Tensor int8_rows_pack(const at::Tensor& weight) {
 }
 
 // What a call's outputs are made of besides the sums: each row's rounding, W's scales
-// and row sums, the bias, and where the outputs go (the residual already there, or the ReLU).
+// and row sums, the bias, where the outputs go, and the residual added to them or the ReLU.
 struct Epilogue {
   const Rounding* q;  // (R,)
   const float* scale;
@@ -216,15 +216,15 @@ struct Epilogue {
   const float* bias;  // nullptr: none
   float* out;  // (R, N)
   int64_t N;
-  bool add, relu;
+  const float* add;  // (R, N) the residual; nullptr: none
+  bool relu;
 };
 
 // Output n of row r from its sum: the epilogue, in fbgemm's order.
 inline void finish_one(const Epilogue& e, int64_t r, int64_t n, int32_t acc) {
   const float v = std::fma(float(acc - e.q[r].zero * e.sums[n]), e.q[r].scale * e.scale[n],
                            e.bias ? e.bias[n] : 0.f);
-  float* y = e.out + r * e.N + n;
-  *y = e.add ? *y + v : e.relu ? std::max(v, 0.f) : v;
+  e.out[r * e.N + n] = e.add ? e.add[r * e.N + n] + v : e.relu ? std::max(v, 0.f) : v;
 }
 
 // ----------------------------------------------------------------------------- pairs (madd)
@@ -354,10 +354,9 @@ inline void finish(const Epilogue& e, int64_t r, int64_t n0, __m512i acc) {
                                      _mm512_maskz_loadu_ps(m, e.scale + n0));
   const __m512 bias = e.bias ? _mm512_maskz_loadu_ps(m, e.bias + n0) : _mm512_setzero_ps();
   __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc, zero_sums)), scale, bias);
-  float* y = e.out + r * e.N + n0;
-  if (e.add) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, y), v);
+  if (e.add) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, e.add + r * e.N + n0), v);
   else if (e.relu) v = _mm512_max_ps(_mm512_setzero_ps(), v);
-  _mm512_mask_storeu_ps(y, m, v);
+  _mm512_mask_storeu_ps(e.out + r * e.N + n0, m, v);
 }
 
 // Outputs n0 .. n0 + n - 1 of row r (those below N) from their sums acc (n,): finish's
@@ -372,7 +371,8 @@ inline void finish_span(const Epilogue& e, int64_t r, int64_t n0, int64_t n,
   const float* __restrict scales = e.scale + n0;
   const float* __restrict bias = e.bias ? e.bias + n0 : nullptr;
   float* __restrict y = e.out + r * e.N + n0;
-  const bool add = e.add, relu = e.relu;
+  const float* __restrict add = e.add ? e.add + r * e.N + n0 : nullptr;
+  const bool relu = e.relu;
   for (int64_t j = 0; j < end; j += 16) {
     const __mmask16 m = lanes16(end - j);
     const __m512i zero_sums = _mm512_mullo_epi32(zero, _mm512_maskz_loadu_epi32(m, sums + j));
@@ -380,7 +380,7 @@ inline void finish_span(const Epilogue& e, int64_t r, int64_t n0, int64_t n,
     const __m512 b = bias ? _mm512_maskz_loadu_ps(m, bias + j) : _mm512_setzero_ps();
     const __m512i sum = _mm512_maskz_loadu_epi32(m, acc + j);
     __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sum, zero_sums)), scale, b);
-    if (add) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + j), v);
+    if (add) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, add + j), v);
     else if (relu) v = _mm512_max_ps(_mm512_setzero_ps(), v);
     _mm512_mask_storeu_ps(y + j, m, v);
   }
@@ -468,10 +468,9 @@ inline void finish(const Epilogue& e, int64_t r, int64_t n0, V acc) {
   const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(e.q[r].scale), _mm256_loadu_ps(e.scale + n0));
   const __m256 bias = e.bias ? _mm256_loadu_ps(e.bias + n0) : _mm256_setzero_ps();
   __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(acc, zero_sums)), scale, bias);
-  float* y = e.out + r * e.N + n0;
-  if (e.add) v = _mm256_add_ps(_mm256_loadu_ps(y), v);
+  if (e.add) v = _mm256_add_ps(_mm256_loadu_ps(e.add + r * e.N + n0), v);
   else if (e.relu) v = _mm256_max_ps(_mm256_setzero_ps(), v);
-  _mm256_storeu_ps(y, v);
+  _mm256_storeu_ps(e.out + r * e.N + n0, v);
 }
 #else
 std::pair<float, float> range(const float* xs, int64_t n) {
@@ -612,14 +611,16 @@ at::Tensor int8_rows(const at::Tensor& x, const at::Tensor& packed, const at::Te
   TORCH_CHECK(Kp == (K + lanes - 1) / lanes * lanes, "x's last dimension is not the weight's");
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = N;
-  at::Tensor out = residual.has_value() ? residual->clone(at::MemoryFormat::Contiguous)
-                                        : at::empty(shape, x.options());
-  if (R * K == 0) return out;
+  // the residual read where it is (a clone into the outputs was 4 more operators a call)
+  const at::Tensor res = residual.has_value() ? residual->contiguous() : at::Tensor();
+  TORCH_CHECK(!res.defined() || res.numel() == R * N, "residual: the outputs' shape");
+  at::Tensor out = at::empty(shape, x.options());
+  if (R * K == 0) return res.defined() ? out.copy_(res.view(shape)) : out;
   const float* xs = x.data_ptr<float>();
   const std::vector<Rounding> q = row_roundings(xs, R, K, reduce_range);
   const Epilogue e{q.data(), w_scale.data_ptr<float>(), w_sums.data_ptr<int32_t>(),
                    bias.has_value() ? bias->data_ptr<float>() : nullptr, out.data_ptr<float>(),
-                   N, residual.has_value(), relu};
+                   N, res.defined() ? res.data_ptr<float>() : nullptr, relu};
   const auto kernel = !quads                        ? pair_rows
                       : has_vnni() || reduce_range ? quad_rows
                                                    : plain_quad_rows;
