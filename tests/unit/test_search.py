@@ -273,8 +273,9 @@ def test_sample_draws_from_the_tempered_truncated_distribution():
 
 
 def test_eos_last_is_a_stable_sort_with_eos_last():
-    """eos_last (the beam's rows that go on, in the core and inside the package of several
-    steps) gives the first k places of a stable sort of token == EOS, for every mix of EOS."""
+    """eos_last (the beam's rows that go on inside the package of several steps) gives
+    going_on's order, the first k places of a stable sort of token == EOS, for every mix of
+    EOS."""
     from nmt.decoding.strategies import eos_last
 
     for k in (1, 2, 4, 5):
