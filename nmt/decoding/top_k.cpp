@@ -87,7 +87,7 @@ void row_top(const float* x, int64_t V, int64_t n, const bool* banned, float* va
 
 // log_softmax's terms of one row of V logits, ATen's (its lastdim kernel: the maximum, the
 // sum of exp(x - max) in its order, and the sum's log, each through the same vector
-// functions): row c's log-probability is x[c] - max - log_sum, in that order.
+// functions): column c's log-probability is x[c] - max - log_sum, in that order.
 std::pair<float, float> log_softmax_terms(const float* x, int64_t V) {
   const float max = at::vec::reduce_all<float>(
       [](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, x, V);
@@ -170,13 +170,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
       const float* row = xs + r * V;
       const auto [max, log_sum] = log_softmax_terms(row, V);
       const float s = ss[r];
-      const Vec vmax(max), vlog(log_sum), vs_(s);
+      const Vec vmax(max), vlog(log_sum), vscore(s);
       scan_row(
           best, V, (r - u * kb) * V,
           [&](int64_t c) {
             return (std::find(bs, bs + nb, c) != bs + nb ? -INFINITY : row[c] - max - log_sum) + s;
           },
-          [&](int64_t c) { return Vec::loadu(row + c) - vmax - vlog + vs_; });
+          [&](int64_t c) { return Vec::loadu(row + c) - vmax - vlog + vscore; });
     }
     for (int64_t i = u * n; i < (u + 1) * n; ++i) {
       ts[i] = ps[i] % V;
