@@ -361,12 +361,15 @@ class FastModel(nn.Module):
         """start_decoding(*encode(src)) of (B, S) source ids, padded to the longest; through
         int8's encoder package (search.compile) where it takes them in a few calls: the
         groups of like length that eager encodes apart (source_groups), in chunks of a few
-        sources (PackagedEncoder.chunks)."""
-        calls = None
-        if self._encoder is not None:
-            mask = src != self.pad_id  # (B, S)
-            calls = self._encoder.chunks(source_groups(mask)
-                                         or [(torch.arange(len(src)), src.size(1))])
+        sources (PackagedEncoder.chunks); one source in one call, its mask unread (it has no
+        padding: a few operators fewer a sentence at batch 1)."""
+        if self._encoder is None:
+            return self.start_decoding(*self.encode(src))
+        if src.size(0) == 1 and 2 <= src.size(1) <= self._encoder.rows:
+            return FastState(self._encoder(src), None, self.float_dtype, self.fused)
+        mask = src != self.pad_id  # (B, S)
+        calls = self._encoder.chunks(source_groups(mask)
+                                     or [(torch.arange(len(src)), src.size(1))])
         if calls is None:
             return self.start_decoding(*self.encode(src))
         if len(calls) == 1:  # the whole batch

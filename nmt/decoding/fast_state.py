@@ -11,6 +11,8 @@ Shapes: B decoder rows, M sentences (memory rows), S source length, h heads, d_k
 from __future__ import annotations
 
 import dataclasses
+import functools
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -160,6 +162,23 @@ class TableKVCache:
             self.length -= first
 
 
+class RowIndex(NamedTuple):
+    """The index tensors of R fresh rows, row r its own sentence's and buffer row
+    (`row_index`)."""
+
+    zeros: Tensor  # (R,) zeros
+    rows: Tensor  # (R,) 0 .. R-1
+    column: Tensor  # (R, 1) the same, a column
+
+
+@functools.cache
+def row_index(R: int, device: torch.device) -> RowIndex:
+    """R rows' RowIndex, made once a process (a loop's fresh rows at batch 1 would make them
+    at every sentence): shared by every state and loop, so nothing may write into them."""
+    rows = torch.arange(R, device=device)
+    return RowIndex(torch.zeros(R, dtype=torch.long, device=device), rows, rows[:, None])
+
+
 @dataclasses.dataclass
 class StepRows:
     """What the fused operator reads for one step of B rows, one new position each."""
@@ -177,7 +196,7 @@ class FastState:
     operator, else FastKVCaches), and encoder keys and values with one row per sentence that
     the g consecutive rows of the sentence share."""
 
-    def __init__(self, memory_kv: list[tuple[Tensor, Tensor]], src_mask: Tensor,
+    def __init__(self, memory_kv: list[tuple[Tensor, Tensor]], src_mask: Tensor | None,
                  dtype: torch.dtype, fused: bool):
         self.memory_kv = memory_kv  # per layer: (M, h, S, d_k) keys and values
         # the fused operator's memory row of each live sentence (None: the i-th is row i):
@@ -198,11 +217,16 @@ class FastState:
         self.parts: tuple[Tensor, Tensor, Tensor] | None = None
         self.set_source(src_mask)
 
-    def set_source(self, src_mask: Tensor) -> None:
-        """The memory rows' (M, S) source positions, padding last (pad_batch's): the additive
-        mask and the lengths (the fused operator reads the first src_len positions)."""
-        self.mask = additive_source_mask(src_mask[:, None, None, :], self.dtype)
-        self.src_len = src_mask.sum(1)  # (M,)
+    def set_source(self, src_mask: Tensor | None) -> None:
+        """The memory rows' (M, S) source positions, padding last (pad_batch's; None: no
+        padding, as one source has): the additive mask and the lengths (the fused operator
+        reads the first src_len positions)."""
+        if src_mask is None:  # nothing to read (a few operators fewer a sentence at batch 1)
+            M, _, S, _ = self.memory_kv[0][0].shape
+            self.mask, self.src_len = None, torch.full((M,), S, device=self.memory_kv[0][0].device)
+        else:
+            self.mask = additive_source_mask(src_mask[:, None, None, :], self.dtype)
+            self.src_len = src_mask.sum(1)  # (M,)
         self.parts = None
 
     def own_rows(self, rows: int, positions: int, room: int, own: Tensor,
@@ -215,7 +239,8 @@ class FastState:
         like = self.memory_kv[0][0]  # (M, h, S, d_k): the keys' shape and dtype
         for cache in self.self_kv:
             cache._reserve(like, room, positions)
-            cache.table = cache.table[:rows]
+            if cache.table.size(0) != rows:
+                cache.table = cache.table[:rows]
         return self.moved(t, own)
 
     def moved(self, t: int, own: Tensor) -> list[tuple[Tensor, Tensor, Tensor]]:
@@ -249,18 +274,18 @@ class FastState:
         source length (B,); made once, until the rows or memory rows change."""
         if self.parts is None or self.parts[0].size(0) != B:
             dev, S = self.src_len.device, self.memory_kv[0][0].size(2)
-            if self.row_sentence is None and self.g == 1 and len(self.src_len) == B:
+            index = row_index(B, dev)
+            if self.row_sentence is None and self.g == 1 and self.src_len.size(0) == B:
                 # row r is live sentence r (greedy's rows, a beam's first step)
-                memory = (torch.arange(B, device=dev) if self.memory_rows is None
-                          else self.memory_rows)  # (B,)
+                memory = index.rows if self.memory_rows is None else self.memory_rows  # (B,)
                 source = self.src_len
             else:
-                sentence = self.row_sentence if self.row_sentence is not None else torch.arange(
-                    B, device=dev) // self.g  # (B,) each row's live sentence
+                sentence = self.row_sentence if self.row_sentence is not None else (
+                    index.rows // self.g)  # (B,) each row's live sentence
                 memory = sentence if self.memory_rows is None else self.memory_rows[sentence]
                 source = self.src_len.index_select(0, sentence)
-            self.parts = (torch.zeros(B, dtype=torch.long, device=dev),
-                          memory[:, None].expand(B, S), source)
+            column = index.column if memory is index.rows else memory.unsqueeze(1)  # (B, 1)
+            self.parts = (index.zeros, column.expand(B, S), source)
         return self.parts
 
     def reorder(self, index: Tensor, group: int, sentences: Tensor | None = None) -> None:

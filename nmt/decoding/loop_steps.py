@@ -14,7 +14,7 @@ from torch import Tensor
 
 from nmt.data.tokenizer import Specials
 from nmt.decoding.fast_model import FastModel
-from nmt.decoding.fast_state import FastState, StepRows
+from nmt.decoding.fast_state import FastState, StepRows, row_index
 from nmt.decoding.strategies import BeamStep, choose_beam_logits, row_max
 
 if TYPE_CHECKING:  # torch.export's import: only where search.compile asks
@@ -88,7 +88,7 @@ class LoopSteps:
                  beam: bool = False, runs: bool = False):
         self.fast, self.state, self.beam, self.several = fast, state, beam, runs
         R = state.src_len.size(0) * state.g
-        self.start = torch.zeros(R, dtype=torch.long, device=state.src_len.device)  # (R,)
+        self.start = row_index(R, state.src_len.device).zeros  # (R,) (a new one when it changes)
         self.late = False  # some rows joined later (`join`): their positions are their own
         self._view(R, 0)
         self._set(state.own_rows(R, min(positions, self.FIRST_POSITIONS), room, self.own))
@@ -110,9 +110,10 @@ class LoopSteps:
         # where the loop asks for it
         several = self.fast.packaged_beam_steps if self.beam else self.fast.packaged_greedy
         self.runs = several(R) if self.several else None
-        self.own = torch.arange(R, device=dev)[:, None]  # (R, 1) each row's buffer row
+        index = row_index(R, dev)
+        self.own = index.column  # (R, 1) each row's buffer row
         # the beam package's reorder of the rows at its next step (`reorder`): none yet
-        self.identity = self.parents = self.own[:, 0]
+        self.identity = self.parents = index.rows
         # the position the step writes (the package's: _position's, set at each step) and
         # the cache's positions after it (eager's: the package's are where + 1)
         self.rows = StepRows(self.start, torch.full((R,), t + 1, device=dev), memory, zero,
@@ -146,9 +147,9 @@ class LoopSteps:
                                        position(t))
         if self.package:
             out = self._packaged(tokens, t, mask)
-            return out.best[:, None], out.token[:, None], out.token
+            return out.best.unsqueeze(1), out.token.unsqueeze(1), out.token
         best, token = row_max(self(tokens, t), mask)
-        return best[:, None], token[:, None], token
+        return best.unsqueeze(1), token.unsqueeze(1), token
 
     def run_length(self, t: int, end: int) -> int:
         """How many steps from position t `best` or `choose_steps` takes in one call: the

@@ -437,6 +437,7 @@ def test_the_encoder_package_gives_eagers_memory(kept_packages):
                     torch.testing.assert_close(b.float(), a.float(), rtol=0,
                                                atol=1e-2 * float(a.abs().max()))
             assert torch.equal(got.src_len, want.src_len)
+            assert got.mask is None if len(batch) == 1 else torch.equal(got.mask, want.mask)
         assert compiled._encoder.calls == calls
         many = sources * aot_step.ENCODER_CALLS  # more than ENCODER_CALLS calls of 4
         for batch in (many, [[EOS]]):

@@ -10,7 +10,7 @@ from translate_helpers import random_sources, search, tiny_model
 
 from nmt.data.shortlist import Candidates
 from nmt.data.tokenizer import Specials
-from nmt.decoding import attention_op, loop_steps, tight_loops
+from nmt.decoding import attention_op, fast_state, loop_steps, tight_loops
 from nmt.decoding.affine import rows_alone
 from nmt.decoding.core import Decoding, decode_all
 from nmt.decoding.fast_model import FastModel
@@ -266,6 +266,35 @@ def test_the_loops_caches_grow_as_outputs_do(dtype, monkeypatch):
         got = decode_all([fast], batch, cfg, SPECIALS)
         assert got == core_batch([fast], batch, cfg, True)
         assert max(len(h[0].tokens) for h in got) > 3
+
+
+def test_the_row_indices_that_every_loop_shares_stay_as_made(monkeypatch):
+    """fast_state.row_index's tensors, made once a process and shared by every loop: still
+    zeros and 0 .. R-1 after greedy and beam searches of one sentence and of batches whose
+    rows leave, reorder and grow their caches (nothing writes into them)."""
+    if not attention_op.available():
+        pytest.skip(f"the fused attention operator is not built ({attention_op.status()})")
+    made = []
+
+    def row_index(R: int, device: torch.device) -> fast_state.RowIndex:
+        """The shared indices, each noted."""
+        made.append(fast_state.row_index(R, device))
+        return made[-1]
+
+    monkeypatch.setattr(loop_steps, "row_index", row_index)
+    monkeypatch.setattr(loop_steps.LoopSteps, "FIRST_POSITIONS", 3)
+    fast = FastModel(tiny_model(V, seed=1, stops=True, N=2), "fp32")
+    batch = [Sentence(i, s) for i, s in enumerate(random_sources(6, V, seed=13))]
+    for cfg in (search(beam_size=1, max_len_b=12), search(beam_size=4, nbest=2, max_len_b=12)):
+        for sentences in (batch[:1], batch):
+            assert decode_all([fast], sentences, cfg, SPECIALS) == core_batch(
+                [fast], sentences, cfg, True)
+    assert {len(index.rows) for index in made} >= {1, 4, 6, 24}
+    for index in made:
+        R = len(index.rows)
+        assert torch.equal(index.zeros, torch.zeros(R, dtype=torch.long))
+        assert torch.equal(index.rows, torch.arange(R))
+        assert torch.equal(index.column, torch.arange(R)[:, None])
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "int8"])
