@@ -31,18 +31,20 @@ All give the core's hypotheses (tests/unit/test_tight_loops.py).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from nmt.config import SearchConfig
 from nmt.data.shortlist import Candidates
 from nmt.data.tokenizer import Specials
 from nmt.decoding.admission import pad_batch
 from nmt.decoding.fast_model import FastModel
-from nmt.decoding.fast_state import FastState
+from nmt.decoding.fast_state import FastState, row_index
 from nmt.decoding.lengths import (
     Units,
     empty_source,
@@ -216,8 +218,8 @@ class BeamLoop:
         self.fast, self.search, self.specials = fast, search, specials
         self.k, self.device = search.beam_size, fast.tgt_lut.device
         self.banned = bans(specials, fast.vocab_size, self.device, search.min_len)
-        self.width = torch.empty(2 * self.k, device=self.device)  # (2k,) a unit's candidates
-        self.eos_pad = torch.tensor([specials.eos, specials.pad], device=self.device)
+        # (2k,) a unit's candidates (the package reads its size), EOS and PAD (2,)
+        self.width, self.eos_pad = _beam_constants(self.k, specials, self.device)
         self.ready: list[Ended] = []  # empty sources' results, given at the next step
         self._clear()
 
@@ -262,7 +264,7 @@ class BeamLoop:
         else:
             g = k if k > 1 and self.fast.packaged_beam_steps(n * k) is not None else 1
         if g > 1:
-            new.reorder(torch.arange(n * g, device=dev) // g, g)
+            new.reorder(row_index(n * g, dev).rows // g, g)
         first = len(self.units)
         self.units.admit(np.arange(first, first + n), self.t, max_len, [[] for _ in todo])
         self.tags.update(zip(range(first, first + n), (s.tag for s in todo), strict=True))
@@ -271,8 +273,7 @@ class BeamLoop:
         self.live += range(first, first + n)
         self.rows += [[([], [0.0])] * g for _ in todo]
         last = torch.full((n * g,), self.specials.bos, device=dev)  # (n g,)
-        scores = torch.full((n, g), -math.inf, device=dev)  # (n, g)
-        scores[:, 0] = 0.0
+        scores = _first_scores(g, dev).repeat(n, 1)  # (n, g)
         if self.steps is None:
             self.last, self.scores = last, scores
             self.steps = LoopSteps(self.fast, new, max(self.limits), n * k, beam=k > 1, runs=k > 1)
@@ -370,6 +371,22 @@ class BeamLoop:
                 continue
             kept.append((u, (on, parent, token, best)))
         return kept, plain
+
+
+@functools.lru_cache(maxsize=8)
+def _beam_constants(k: int, specials: Specials,
+                    device: torch.device) -> tuple[Tensor, Tensor]:
+    """A beam of k's placeholder of 2k candidates (2k,) and its EOS and PAD (2,), made once a
+    process (not a sentence at batch 1): shared, so nothing may write into them."""
+    return (torch.empty(2 * k, device=device),
+            torch.tensor([specials.eos, specials.pad], device=device))
+
+
+@functools.lru_cache(maxsize=8)
+def _first_scores(g: int, device: torch.device) -> Tensor:
+    """A unit's g rows' log P at its first step (1, g): 0, then -inf (fairseq's start), made
+    once a process (shared: only copies of it are written)."""
+    return torch.tensor([[0.0] + [-math.inf] * (g - 1)], device=device)
 
 
 def _differences(path: list[float]) -> list[float]:
