@@ -59,7 +59,11 @@ from nmt.system import private_ops
 # few rows under AVX2", "A package of up to 64 rows without VNNI"); through AMX's tiles its
 # output map at 64 rows takes 0.77x oneDNN's time ("int8 maps through AMX's tiles")
 WIDE_STEP_ROWS = 64
-WIDE_ENCODER_ROWS = 128  # ... and its encoder this many positions of all its sources together
+# ... and its encoder this many positions of all its sources together (within the model's): a
+# batch with a longer source is encoded eager, new sizes for oneDNN each time (~20-40 ms a batch
+# of 4 with one source of 180 pieces, against ~5 through the package; docs/results.md, "A
+# sentence's fixed cost, and long sources in the encoder's package")
+WIDE_ENCODER_ROWS = 256
 ENCODER_SOURCES = 4  # the encoder's package takes batches of 1 to this many sources
 # ... and encodes a batch in at most this many calls, its groups of like length in chunks
 # (0.80-0.87x eager's time at 2-8 sources; more calls: as slow as eager's larger products;
