@@ -60,8 +60,8 @@ from nmt.system import private_ops
 # output map at 64 rows takes 0.77x oneDNN's time ("int8 maps through AMX's tiles")
 WIDE_STEP_ROWS = 64
 # ... and its encoder this many positions of all its sources together (within the model's): a
-# batch with a longer source is encoded eager, new sizes for oneDNN each time (~20-40 ms a batch
-# of 4 with one source of 180 pieces, against ~5 through the package; docs/results.md, "A
+# batch with a longer source is encoded eager whole (18.6-37.6 ms a batch of 4 test sources of
+# 122-276 pieces, against 3-5 ms for one of 251 through the package; docs/results.md, "A
 # sentence's fixed cost, and long sources in the encoder's package")
 WIDE_ENCODER_ROWS = 256
 ENCODER_SOURCES = 4  # the encoder's package takes batches of 1 to this many sources
@@ -539,17 +539,20 @@ class PackagedEncoder(Package):
                          f"the encoder of 1-{ENCODER_SOURCES} sources of 2-{rows} positions")
         self.rows = rows
 
+    def takes(self, length: int) -> bool:
+        """Whether a call takes sources of this (padded) length: 2 to `rows` positions."""
+        return 2 <= length <= self.rows
+
     def chunks(self, groups: list[tuple[Tensor, int]]) -> list[tuple[Tensor, int]] | None:
         """The calls that encode sources in `groups` of like length (rows (n,), longest
         length; source_groups'): each group's rows in chunks of 1 to ENCODER_SOURCES sources,
-        at most `rows` positions in all with the padding; None where a group's longest
-        source has fewer than 2 positions or more than `rows`, or where that takes more than
-        ENCODER_CALLS calls."""
+        at most `rows` positions in all with the padding; None where a call does not take a
+        group's longest source (`takes`), or where that takes more than ENCODER_CALLS calls."""
         calls = []
         for rows, L in groups:
-            n = min(ENCODER_SOURCES, self.rows // L)  # sources a call
-            if L < 2 or n == 0:
+            if not self.takes(L):
                 return None
+            n = min(ENCODER_SOURCES, self.rows // L)  # sources a call
             calls += [(rows[i:i + n], L) for i in range(0, len(rows), n)]
         return calls if len(calls) <= ENCODER_CALLS else None
 

@@ -365,7 +365,7 @@ class FastModel(nn.Module):
         padding: a few operators fewer a sentence at batch 1)."""
         if self._encoder is None:
             return self.start_decoding(*self.encode(src))
-        if src.size(0) == 1 and 2 <= src.size(1) <= self._encoder.rows:
+        if src.size(0) == 1 and self._encoder.takes(src.size(1)):
             return FastState(self._encoder(src), None, self.float_dtype, self.fused)
         mask = src != self.pad_id  # (B, S)
         calls = self._encoder.chunks(source_groups(mask)

@@ -222,8 +222,9 @@ class FastState:
         padding, as one source has): the additive mask and the lengths (the fused operator
         reads the first src_len positions)."""
         if src_mask is None:  # nothing to read (a few operators fewer a sentence at batch 1)
-            M, _, S, _ = self.memory_kv[0][0].shape
-            self.mask, self.src_len = None, torch.full((M,), S, device=self.memory_kv[0][0].device)
+            keys = self.memory_kv[0][0]  # (M, h, S, d_k)
+            self.mask, self.src_len = None, torch.full((keys.size(0),), keys.size(2),
+                                                       device=keys.device)
         else:
             self.mask = additive_source_mask(src_mask[:, None, None, :], self.dtype)
             self.src_len = src_mask.sum(1)  # (M,)
