@@ -42,22 +42,33 @@ from nmt.decoding.strategies import use_beams
 
 # ----------------------------------------------------------------------------- the workers
 ADMIT_STEPS = 4  # step_loop admits ADMIT_GROUP newcomers together, or after 4 calls at most
+# a busy worker (ADMIT_GROUP live sentences or more) sends the sentences that ended in one Done
+# once this many have, or after HOLD_CALLS more calls: fewer messages for the server to read
+# and answer, and newcomers in larger groups (docs/results.md, "Continuous batching's answers
+# in groups")
+HOLD_ENDED = 2 * ADMIT_GROUP
+HOLD_CALLS = 2
 
 
 def step_loop(translator, inbox, outbox, worker: int) -> None:
     """A decoding worker's loop: take the Batches in `inbox` (as many as are there; waiting
     only while no sentence is live), admit them, step every Decoding once, and put Done in
-    `outbox` for the sentences that ended; a Decoding that fails puts Failed for its sentences
-    and is dropped. A whole Batch is admitted at once into a Decoding of its own; newcomers
-    join the Decoding of their search setting. Ends on STOP."""
+    `outbox` for the sentences that ended (a busy worker's in groups: send_now); a Decoding
+    that fails puts Failed for its sentences and is dropped. A whole Batch is admitted at once
+    into a Decoding of its own; newcomers join the Decoding of their search setting. Ends on
+    STOP."""
     decoders: dict[tuple, Decoding | tight_loops.BeamLoop] = {}
     pending: list[Batch] = []  # newcomers not yet admitted
     waited = 0  # the steps they waited
+    ended: list[Ended] = []  # the sentences that ended, not yet sent
+    held = 0  # the calls since the first of them ended
     wholes = itertools.count()  # the numbers of whole Batches' own Decodings
     while True:
         live = pending or any(d.sentences or d.ready for d in decoders.values())
         messages = _messages(inbox, wait=not live)
         if STOP in messages:
+            if ended:
+                outbox.put(Done(worker, ended))
             return
         for batch in messages:
             if batch.whole and _alone(translator, batch, outbox, worker):
@@ -80,10 +91,13 @@ def step_loop(translator, inbox, outbox, worker: int) -> None:
                 outbox.put(Failed(worker, list(dec.tags.values()), _portable(e)))
                 del decoders[key]
                 continue
-            if finished:
-                outbox.put(Done(worker, finished))
+            ended += finished
             if not (dec.sentences or dec.ready):
                 del decoders[key]
+        held = held + 1 if ended else 0
+        if ended and send_now(len(ended), held, sum(d.sentences for d in decoders.values())):
+            outbox.put(Done(worker, ended))
+            ended, held = [], 0
 
 
 def _alone(translator, batch: Batch, outbox, worker: int) -> bool:
@@ -111,6 +125,14 @@ def admit_now(live: int, newcomers: int, waited: int) -> bool:
     now: they join in groups (a step that admits encodes them and copies the caches), at once
     while few are live, else when ADMIT_GROUP wait or after ADMIT_STEPS."""
     return live < ADMIT_GROUP or newcomers >= ADMIT_GROUP or waited >= ADMIT_STEPS
+
+
+def send_now(ended: int, held: int, live: int) -> bool:
+    """Whether a worker sends the `ended` sentences it holds, the first of them ended `held`
+    calls ago (1: at this call), with `live` sentences still decoding: at once while fewer
+    than ADMIT_GROUP are live (an answer waits for no other), else in groups of HOLD_ENDED or
+    after HOLD_CALLS more calls."""
+    return live < ADMIT_GROUP or ended >= HOLD_ENDED or held > HOLD_CALLS
 
 
 def batch_loop(translator, inbox, outbox, worker: int) -> None:

@@ -18,12 +18,12 @@ from translate_helpers import plain_beam, random_sources, search, tiny_model
 
 from nmt.data.shortlist import Shortlist, load_shortlist
 from nmt.data.tokenizer import SPECIALS, Specials
-from nmt.decoding import attention_op, tight_loops
+from nmt.decoding import attention_op, stepping, tight_loops
 from nmt.decoding.affine import packing_works, rows_alone
 from nmt.decoding.batches import decoding_models, translate_nbest
 from nmt.decoding.core import Decoding
-from nmt.decoding.messages import Batch, Done, Ended, Failed, Hypothesis, Sentence
-from nmt.decoding.stepping import STOP, step_loop
+from nmt.decoding.messages import ADMIT_GROUP, Batch, Done, Ended, Failed, Hypothesis, Sentence
+from nmt.decoding.stepping import HOLD_CALLS, HOLD_ENDED, STOP, send_now, step_loop
 
 V = 24
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -388,3 +388,31 @@ def test_an_admission_that_fails_half_way_drops_its_decoding(whole, monkeypatch)
     failed = [t for m in messages if isinstance(m, Failed) for t in m.tags]
     done = [r.tag for m in messages if isinstance(m, Done) for r in m.results]
     assert sorted(failed) == ["a", "e"] and done == ["b"]
+
+
+def test_a_busy_worker_sends_its_ended_sentences_in_groups_and_an_idle_one_at_once():
+    """send_now: at once while fewer than ADMIT_GROUP sentences are live, else once HOLD_ENDED
+    have ended or HOLD_CALLS calls after the first of them."""
+    assert all(send_now(1, 1, live) for live in range(ADMIT_GROUP))
+    assert not send_now(1, 1, ADMIT_GROUP)
+    assert not send_now(HOLD_ENDED - 1, HOLD_CALLS, 16)
+    assert send_now(HOLD_ENDED, 1, 16) and send_now(1, HOLD_CALLS + 1, 16)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_answers_held_in_groups_are_the_answers_sent_one_call_at_a_time(beam, monkeypatch):
+    """Continuous batching of 12 sentences that end at different steps: every sentence is
+    answered once, with the hypotheses the loop gives when it sends at every call, in fewer
+    Done messages."""
+    cfg = search(beam_size=beam, nbest=1, max_len_a=1.0, max_len_b=1, min_len=0)
+    model = decoding_models([tiny_model(V, seed=4)], cfg)[0]
+    sources = [list(range(4, 4 + n)) for n in (1, 2, 3, 5, 7, 9, 11, 2, 4, 6, 8, 10)]
+    batches = [Batch(cfg, [Sentence(i, s) for i, s in enumerate(sources)])]
+    held = run_loop(stand_in(model), batches, len(sources))
+    monkeypatch.setattr(stepping, "send_now", lambda ended, calls, live: True)
+    at_once = run_loop(stand_in(model), batches, len(sources))
+    tags = [r.tag for m in held for r in m.results]
+    assert sorted(tags) == list(range(len(sources)))
+    assert by_tag(r for m in held for r in m.results) == by_tag(
+        r for m in at_once for r in m.results)
+    assert len(held) < len(at_once)
