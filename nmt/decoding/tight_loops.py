@@ -264,7 +264,7 @@ class BeamLoop:
         else:
             g = k if k > 1 and self.fast.packaged_beam_steps(n * k) is not None else 1
         if g > 1:
-            new.reorder(row_index(n * g, dev).rows // g, g)
+            new.reorder(_unit_rows(n, g, dev), g)
         first = len(self.units)
         self.units.admit(np.arange(first, first + n), self.t, max_len, [[] for _ in todo])
         self.tags.update(zip(range(first, first + n), (s.tag for s in todo), strict=True))
@@ -273,7 +273,7 @@ class BeamLoop:
         self.live += range(first, first + n)
         self.rows += [[([], [0.0])] * g for _ in todo]
         last = torch.full((n * g,), self.specials.bos, device=dev)  # (n g,)
-        scores = _first_scores(g, dev).repeat(n, 1)  # (n, g)
+        scores = _first_scores(g, dev).expand(n, g).clone()  # (n, g)
         if self.steps is None:
             self.last, self.scores = last, scores
             self.steps = LoopSteps(self.fast, new, max(self.limits), n * k, beam=k > 1, runs=k > 1)
@@ -387,6 +387,13 @@ def _first_scores(g: int, device: torch.device) -> Tensor:
     """A unit's g rows' log P at its first step (1, g): 0, then -inf (fairseq's start), made
     once a process (shared: only copies of it are written)."""
     return torch.tensor([[0.0] + [-math.inf] * (g - 1)], device=device)
+
+
+@functools.lru_cache(maxsize=64)
+def _unit_rows(n: int, g: int, device: torch.device) -> Tensor:
+    """Each of n units' g rows' unit (n g,): 0 g times, 1 g times, ..., made once a process
+    (shared: nothing may write into it)."""
+    return row_index(n * g, device).rows // g
 
 
 def _differences(path: list[float]) -> list[float]:
