@@ -269,19 +269,27 @@ def test_the_loops_caches_grow_as_outputs_do(dtype, monkeypatch):
 
 
 def test_the_row_indices_that_every_loop_shares_stay_as_made(monkeypatch):
-    """fast_state.row_index's tensors, made once a process and shared by every loop: still
-    zeros and 0 .. R-1 after greedy and beam searches of one sentence and of batches whose
-    rows leave, reorder and grow their caches (nothing writes into them)."""
+    """fast_state.row_index's tensors and BeamLoop's units' rows (_unit_rows), made once a
+    process and shared by every loop: still zeros, 0 .. R-1 and each row's unit after greedy
+    and beam searches of one sentence and of batches whose rows leave, reorder and grow their
+    caches, and sentences that join a running beam search (nothing writes into them)."""
     if not attention_op.available():
         pytest.skip(f"the fused attention operator is not built ({attention_op.status()})")
-    made = []
+    made, units = [], []
+    unit_rows = tight_loops._unit_rows
 
     def row_index(R: int, device: torch.device) -> fast_state.RowIndex:
         """The shared indices, each noted."""
         made.append(fast_state.row_index(R, device))
         return made[-1]
 
+    def noted_unit_rows(n: int, g: int, device: torch.device) -> torch.Tensor:
+        """The shared units' rows, each noted with its g."""
+        units.append((g, unit_rows(n, g, device)))
+        return units[-1][1]
+
     monkeypatch.setattr(loop_steps, "row_index", row_index)
+    monkeypatch.setattr(tight_loops, "_unit_rows", noted_unit_rows)
     monkeypatch.setattr(loop_steps.LoopSteps, "FIRST_POSITIONS", 3)
     fast = FastModel(tiny_model(V, seed=1, stops=True, N=2), "fp32")
     batch = [Sentence(i, s) for i, s in enumerate(random_sources(6, V, seed=13))]
@@ -289,7 +297,16 @@ def test_the_row_indices_that_every_loop_shares_stay_as_made(monkeypatch):
         for sentences in (batch[:1], batch):
             assert decode_all([fast], sentences, cfg, SPECIALS) == core_batch(
                 [fast], sentences, cfg, True)
+    loop = tight_loops.BeamLoop(fast, cfg, SPECIALS)  # beam 4: newcomers join with 4 rows
+    loop.admit(batch[:2])
+    loop.step()
+    loop.admit(batch[2:5])
+    while loop.sentences:
+        loop.step()
     assert {len(index.rows) for index in made} >= {1, 4, 6, 24}
+    assert units and {g for g, _ in units} == {4}
+    for g, rows in units:
+        assert torch.equal(rows, torch.arange(len(rows)) // g)
     for index in made:
         R = len(index.rows)
         assert torch.equal(index.zeros, torch.zeros(R, dtype=torch.long))
