@@ -179,6 +179,13 @@ def row_index(R: int, device: torch.device) -> RowIndex:
     return RowIndex(torch.zeros(R, dtype=torch.long, device=device), rows, rows[:, None])
 
 
+@functools.cache
+def row_sentences(R: int, g: int, device: torch.device) -> Tensor:
+    """Each of R rows' sentence where g consecutive rows share one (R,): 0 g times, 1 g times,
+    ..., made once a process (as row_index: shared, so nothing may write into it)."""
+    return row_index(R, device).rows // g
+
+
 @dataclasses.dataclass
 class StepRows:
     """What the fused operator reads for one step of B rows, one new position each."""
@@ -282,7 +289,7 @@ class FastState:
                 source = self.src_len
             else:
                 sentence = self.row_sentence if self.row_sentence is not None else (
-                    index.rows // self.g)  # (B,) each row's live sentence
+                    row_sentences(B, self.g, dev))  # (B,) each row's live sentence
                 memory = sentence if self.memory_rows is None else self.memory_rows[sentence]
                 source = self.src_len.index_select(0, sentence)
             column = index.column if memory is index.rows else memory.unsqueeze(1)  # (B, 1)

@@ -44,7 +44,7 @@ from nmt.data.shortlist import Candidates
 from nmt.data.tokenizer import Specials
 from nmt.decoding.admission import pad_batch
 from nmt.decoding.fast_model import FastModel
-from nmt.decoding.fast_state import FastState, row_index
+from nmt.decoding.fast_state import FastState, row_sentences
 from nmt.decoding.lengths import (
     Units,
     empty_source,
@@ -264,7 +264,7 @@ class BeamLoop:
         else:
             g = k if k > 1 and self.fast.packaged_beam_steps(n * k) is not None else 1
         if g > 1:
-            new.reorder(_unit_rows(n, g, dev), g)
+            new.reorder(row_sentences(n * g, g, dev), g)
         first = len(self.units)
         self.units.admit(np.arange(first, first + n), self.t, max_len, [[] for _ in todo])
         self.tags.update(zip(range(first, first + n), (s.tag for s in todo), strict=True))
@@ -387,13 +387,6 @@ def _first_scores(g: int, device: torch.device) -> Tensor:
     """A unit's g rows' log P at its first step (1, g): 0, then -inf (fairseq's start), made
     once a process (shared: only copies of it are written)."""
     return torch.tensor([[0.0] + [-math.inf] * (g - 1)], device=device)
-
-
-@functools.lru_cache(maxsize=64)
-def _unit_rows(n: int, g: int, device: torch.device) -> Tensor:
-    """Each of n units' g rows' unit (n g,): 0 g times, 1 g times, ..., made once a process
-    (shared: nothing may write into it)."""
-    return row_index(n * g, device).rows // g
 
 
 def _differences(path: list[float]) -> list[float]:

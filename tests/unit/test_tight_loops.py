@@ -269,27 +269,28 @@ def test_the_loops_caches_grow_as_outputs_do(dtype, monkeypatch):
 
 
 def test_the_row_indices_that_every_loop_shares_stay_as_made(monkeypatch):
-    """fast_state.row_index's tensors and BeamLoop's units' rows (_unit_rows), made once a
+    """fast_state.row_index's tensors and each row's sentence (row_sentences), made once a
     process and shared by every loop: still zeros, 0 .. R-1 and each row's unit after greedy
     and beam searches of one sentence and of batches whose rows leave, reorder and grow their
     caches, and sentences that join a running beam search (nothing writes into them)."""
     if not attention_op.available():
         pytest.skip(f"the fused attention operator is not built ({attention_op.status()})")
     made, units = [], []
-    unit_rows = tight_loops._unit_rows
+    row_sentences = fast_state.row_sentences
 
     def row_index(R: int, device: torch.device) -> fast_state.RowIndex:
         """The shared indices, each noted."""
         made.append(fast_state.row_index(R, device))
         return made[-1]
 
-    def noted_unit_rows(n: int, g: int, device: torch.device) -> torch.Tensor:
-        """The shared units' rows, each noted with its g."""
-        units.append((g, unit_rows(n, g, device)))
+    def noted_row_sentences(R: int, g: int, device: torch.device) -> torch.Tensor:
+        """The shared rows' sentences, each noted with its g."""
+        units.append((g, row_sentences(R, g, device)))
         return units[-1][1]
 
     monkeypatch.setattr(loop_steps, "row_index", row_index)
-    monkeypatch.setattr(tight_loops, "_unit_rows", noted_unit_rows)
+    monkeypatch.setattr(tight_loops, "row_sentences", noted_row_sentences)
+    monkeypatch.setattr(fast_state, "row_sentences", noted_row_sentences)
     monkeypatch.setattr(loop_steps.LoopSteps, "FIRST_POSITIONS", 3)
     fast = FastModel(tiny_model(V, seed=1, stops=True, N=2), "fp32")
     batch = [Sentence(i, s) for i, s in enumerate(random_sources(6, V, seed=13))]
