@@ -13,6 +13,10 @@ STOP = None  # put in a worker's inbox: its loop ends
 # as many are live (each join encodes them and remakes the rows' view): the Batcher sends them
 # so, a worker's loop admits them so (nmt.decoding.stepping)
 ADMIT_GROUP = 4
+# continuous batching: a worker holds up to this many sentences beyond the most its decoding
+# takes (Batch.most), waiting in its loop to join as others end, so that no row stays empty
+# while the server answers and sends the next ones
+RESERVE = 2 * ADMIT_GROUP
 
 
 @dataclass
@@ -57,6 +61,8 @@ class Batch:
     search: SearchConfig
     sentences: list[Sentence]
     whole: bool = False
+    # newcomers: the most sentences the worker decodes at once (0: any); the rest wait to join
+    most: int = 0
 
 
 @dataclass

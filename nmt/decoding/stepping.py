@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import pickle
 import queue
+from dataclasses import replace
 
 from nmt.config import SearchConfig
 from nmt.decoding import tight_loops
@@ -30,6 +31,7 @@ from nmt.decoding.batches import batch_candidates
 from nmt.decoding.core import Decoding, decode_all
 from nmt.decoding.messages import (
     ADMIT_GROUP,
+    RESERVE,
     STOP,
     Batch,
     Done,
@@ -45,8 +47,8 @@ ADMIT_STEPS = 4  # step_loop admits ADMIT_GROUP newcomers together, or after 4 c
 # a busy worker (ADMIT_GROUP live sentences or more) sends the sentences that ended in one Done
 # once this many have, or after HOLD_CALLS more calls: fewer messages for the server to read
 # and answer, and newcomers in larger groups (docs/results.md, "Continuous batching's answers
-# in groups")
-HOLD_ENDED = 2 * ADMIT_GROUP
+# in groups"); no more than the RESERVE that wait to replace them
+HOLD_ENDED = RESERVE
 HOLD_CALLS = 2
 
 
@@ -55,11 +57,12 @@ def step_loop(translator, inbox, outbox, worker: int) -> None:
     only while no sentence is live), admit them, step every Decoding once, and put Done in
     `outbox` for the sentences that ended (a busy worker's in groups: send_now); a Decoding
     that fails puts Failed for its sentences and is dropped. A whole Batch is admitted at once
-    into a Decoding of its own; newcomers join the Decoding of their search setting. Ends on
+    into a Decoding of its own; newcomers join the Decoding of their search setting, as many
+    as their Batch's `most` leaves room for (_joinable), in groups (admit_now). Ends on
     STOP."""
     decoders: dict[tuple, Decoding | tight_loops.BeamLoop] = {}
     pending: list[Batch] = []  # newcomers not yet admitted
-    waited = 0  # the steps they waited
+    waited = 0  # the steps since some of them could join
     ended: list[Ended] = []  # the sentences that ended, not yet sent
     held = 0  # the calls since the first of them ended
     wholes = itertools.count()  # the numbers of whole Batches' own Decodings
@@ -77,11 +80,13 @@ def step_loop(translator, inbox, outbox, worker: int) -> None:
                 _admit(translator, decoders, [batch], outbox, worker, next(wholes))
             else:
                 pending.append(batch)
-        waited = waited + 1 if pending else 0
         rows = sum(d.sentences for key, d in decoders.items() if key[-1] is None)
-        if pending and admit_now(rows, sum(len(b.sentences) for b in pending), waited):
-            _admit(translator, decoders, pending, outbox, worker)
-            pending, waited = [], 0
+        joining, waiting = _joinable(pending, rows)
+        newcomers = sum(len(b.sentences) for b in joining)
+        waited = waited + 1 if newcomers else 0
+        if newcomers and admit_now(rows, newcomers, waited):
+            _admit(translator, decoders, joining, outbox, worker)
+            pending, waited = waiting, 0
         for key, dec in list(decoders.items()):
             try:
                 finished = dec.step()
@@ -120,10 +125,26 @@ def _alone(translator, batch: Batch, outbox, worker: int) -> bool:
     return True
 
 
+def _joinable(pending: list[Batch], live: int) -> tuple[list[Batch], list[Batch]]:
+    """The pending Batches' sentences that can join the `live` ones now, oldest first, and
+    those that wait: each Batch's as long as the live ones and those before stay below its
+    `most` (0: any), none after one that waits."""
+    joining, waiting = [], []
+    for batch in pending:
+        n = len(batch.sentences)
+        room = 0 if waiting else min(n, max(0, batch.most - live)) if batch.most else n
+        if room:
+            joining.append(replace(batch, sentences=batch.sentences[:room]))
+            live += room
+        if room < n:
+            waiting.append(replace(batch, sentences=batch.sentences[room:]))
+    return joining, waiting
+
+
 def admit_now(live: int, newcomers: int, waited: int) -> bool:
-    """Whether waiting newcomers (`newcomers` sentences, `waited` steps) join the `live` ones
-    now: they join in groups (a step that admits encodes them and copies the caches), at once
-    while few are live, else when ADMIT_GROUP wait or after ADMIT_STEPS."""
+    """Whether the newcomers that can join (`newcomers` sentences, for `waited` steps) join
+    the `live` ones now: they join in groups (a step that admits encodes them and copies the
+    caches), at once while few are live, else when ADMIT_GROUP can or after ADMIT_STEPS."""
     return live < ADMIT_GROUP or newcomers >= ADMIT_GROUP or waited >= ADMIT_STEPS
 
 

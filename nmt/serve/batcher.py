@@ -10,10 +10,11 @@ Admission policy:
   it goes to an idle worker when the budget is full or when the oldest sentence has waited
   max_wait_s since it arrived, and takes at most its worker's share of all sentences in
   flight, so that the workers' batches stay balanced;
-- continuous batching: a queued sentence goes at once to the worker with the fewest source
-  tokens in flight that has room (max_tokens source tokens with EOS, and the most sentences
-  its search's batch holds, as above; an empty worker takes any sentence) and joins its
-  decoding at the next step.
+- continuous batching: a queued sentence goes at once to a worker that has room (max_tokens
+  source tokens with EOS, and the most sentences its search's batch holds, as above, and
+  RESERVE more, which wait in the worker's loop to join as others end; an empty worker takes
+  any sentence), one whose decoding has room first, then the one with the fewest source tokens
+  in flight, and joins its decoding at the next step it has room.
 Time is read and slept through a Clock (tests pass one they move by hand). If the workers die
 or the dispatch loop fails, the queued requests and every later one fail at once with
 BatcherStopped. It needs neither FastAPI nor torch.
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from nmt.config import SearchConfig
 from nmt.decoding.messages import (
     ADMIT_GROUP,
+    RESERVE,
     Batch,
     Done,
     Failed,
@@ -286,13 +288,14 @@ class Batcher:
 
     def _send_continuous(self) -> None:
         """Continuous batching: queued sentences, oldest first, to the least loaded workers
-        with room; to a worker with ADMIT_GROUP live sentences or more, a group of as many
-        (or the whole queue, if shorter) or none: they join its decoding together."""
+        with room (up to RESERVE beyond the most their decoding takes, to join as others
+        end); to a worker with ADMIT_GROUP sentences or more, a group of as many (or the
+        whole queue, if shorter) or none: they join its decoding together."""
         sends: dict[int, list[_Queued]] = {}
         while self.queue and (w := self._room(self.queue[0])) is not None:
             n, most = len(self.flying[w]), self.queue[0].job.most
             if w not in sends and n >= ADMIT_GROUP and most and (
-                    most - n < min(ADMIT_GROUP, len(self.queue))):
+                    most + RESERVE - n < min(ADMIT_GROUP, len(self.queue))):
                 break  # the least loaded worker waits for room for a group
             sends.setdefault(w, []).append(self._fly(w, self.queue.popleft()))
         for w, sentences in sends.items():
@@ -313,23 +316,29 @@ class Batcher:
         for q in sentences:
             groups.setdefault(q.job.key, []).append(q)
         for group in groups.values():
-            self.send(w, Batch(group[0].job.search, [q.sentence for q in group], whole))
+            job = group[0].job
+            self.send(w, Batch(job.search, [q.sentence for q in group], whole,
+                               0 if whole else job.most))
             self.stats.batches += 1
         self.stats.largest_batch = max(self.stats.largest_batch, len(self.flying[w]))
 
     def _room(self, q: _Queued) -> int | None:
-        """Of the workers that can take queued sentence q, the one with the fewest tokens in
-        flight (None: none can)."""
+        """Of the workers that can take queued sentence q, one whose decoding has room for it
+        now if any does, and of those the one with the fewest tokens in flight (None: none
+        can)."""
         fits = [w for w in range(self.workers) if self._fits(w, q)]
-        return min(fits, key=self.tokens.__getitem__, default=None)
+        most = q.job.most
+        return min(fits, key=lambda w: (bool(most) and len(self.flying[w]) >= most,
+                                        self.tokens[w]), default=None)
 
     def _fits(self, w: int, q: _Queued) -> bool:
         """Can worker w take queued sentence q (an empty worker takes any)? Within max_tokens
-        and the most sentences q's search holds (Admission.most: max_sentences, and the
-        engine's batch_sentences, the rows its loop that sentences join takes)."""
+        and RESERVE beyond the most sentences q's search decodes at once (Admission.most:
+        max_sentences, and the engine's batch_sentences, the rows its loop that sentences join
+        takes)."""
         n = len(self.flying[w])
         return not n or (self.tokens[w] + q.tokens <= self.admission.max_tokens
-                         and not (q.job.most and n >= q.job.most))
+                         and not (q.job.most and n >= q.job.most + RESERVE))
 
     def _budget_full(self, job: _Job) -> bool:
         """Do the queued sentences with this job's key fill a batch already?"""

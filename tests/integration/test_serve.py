@@ -26,7 +26,16 @@ from translate_helpers import save_tiny_checkpoint
 
 from nmt.commands.translate import translate
 from nmt.config import MbrConfig, SearchConfig, ServeConfig, TranslateConfig, compose, to_object
-from nmt.decoding.messages import ADMIT_GROUP, Batch, Done, Ended, Failed, Hypothesis, Sentence
+from nmt.decoding.messages import (
+    ADMIT_GROUP,
+    RESERVE,
+    Batch,
+    Done,
+    Ended,
+    Failed,
+    Hypothesis,
+    Sentence,
+)
 from nmt.engines.translator import Translator
 from nmt.errors import ConfigError, NmtError
 from nmt.inference.engines import open_translator
@@ -383,8 +392,9 @@ def test_continuous_batcher_sends_to_a_worker_with_room_when_the_least_loaded_is
 
 
 def test_continuous_batcher_sends_a_busy_worker_newcomers_in_groups_of_admit_group():
-    """A worker's loop takes batch_sentences (here 2 G, G = ADMIT_GROUP): once G are live, it
-    gets newcomers only where G fit (or the whole queue, if shorter), to join together."""
+    """A worker's loop takes batch_sentences (here 2 G, G = ADMIT_GROUP), and holds RESERVE
+    more: once G are in flight, it gets newcomers only where G fit (or the whole queue, if
+    shorter), to join together."""
     G = ADMIT_GROUP
     batcher, fake = make_batcher(1, 1000, 0, 0.0, continuous=True, hold=True,
                                  batch_sentences=lambda search: 2 * G)
@@ -396,16 +406,40 @@ def test_continuous_batcher_sends_a_busy_worker_newcomers_in_groups_of_admit_gro
 
     async def scenario():
         loop = asyncio.create_task(batcher.run())
-        for i in range(3 * G):
+        for i in range(2 * G + RESERVE + G):
             asyncio.create_task(batcher.translate(sentences([[4 + i]]), SearchConfig(), 60))
         await settle()
-        assert [len(b.sentences) for _, b in fake.sent] == [2 * G] and len(batcher.queue) == G
-        end(G - 1)  # G + 1 live, room for G - 1 of the G queued: none sent
+        assert [len(b.sentences) for _, b in fake.sent] == [2 * G + RESERVE]
+        assert fake.sent[0][1].most == 2 * G and len(batcher.queue) == G
+        end(G - 1)  # room for G - 1 of the G queued: none sent
         await settle()
         assert len(fake.sent) == 1 and len(batcher.queue) == G
         end(1)  # room for G: the group, at once
         await settle()
         assert len(fake.sent[-1][1].sentences) == G and not batcher.queue
+        loop.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_continuous_batcher_fills_the_workers_decodings_before_their_reserves():
+    """max_sentences=2: each worker decodes 2 and holds RESERVE more; sentences go first where
+    a decoding has room (worker 1, fewer tokens in flight, only once worker 0's is full too),
+    then to the reserves, and no worker gets more than 2 + RESERVE."""
+    batcher, fake = make_batcher(2, 1000, 2, 0.0, continuous=True, hold=True)
+
+    async def scenario():
+        loop = asyncio.create_task(batcher.run())
+        for seqs in ([[4] * 9], [[5]], [[6]], [[7]]):
+            asyncio.create_task(batcher.translate(sentences(seqs), SearchConfig(), 60))
+            await settle()
+        got = [(w, s.src[0]) for w, b in fake.sent for s in b.sentences]
+        assert got == [(0, 4), (1, 5), (1, 6), (0, 7)]  # the decodings filled first
+        asyncio.create_task(batcher.translate(sentences([[8]] * (2 * RESERVE + 1)),
+                                              SearchConfig(), 60))
+        await settle()
+        assert all(b.most == 2 for _, b in fake.sent)
+        assert [len(f) for f in batcher.flying] == [2 + RESERVE] * 2 and len(batcher.queue) == 1
         loop.cancel()
 
     asyncio.run(scenario())

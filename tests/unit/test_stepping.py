@@ -416,3 +416,31 @@ def test_answers_held_in_groups_are_the_answers_sent_one_call_at_a_time(beam, mo
     assert by_tag(r for m in held for r in m.results) == by_tag(
         r for m in at_once for r in m.results)
     assert len(held) < len(at_once)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_newcomers_beyond_a_batchs_most_wait_to_join_as_others_end(beam, monkeypatch):
+    """Eight sentences in a Batch whose most is 3: the loop never decodes more than 3 at once,
+    answers every sentence once, with the tokens and scores (to float rounding: fp32's sums
+    depend on the rows beside) it gives when all join at once."""
+    cfg = search(beam_size=beam, nbest=1, max_len_a=1.0, max_len_b=1, min_len=0)
+    model = decoding_models([tiny_model(V, seed=5)], cfg)[0]
+    sources = [list(range(4, 4 + n)) for n in (9, 2, 5, 1, 7, 3, 2, 6)]
+    sentences = [Sentence(i, s) for i, s in enumerate(sources)]
+    most = []
+    for loop in (Decoding, tight_loops.BeamLoop):
+        def step(self, step=loop.step):
+            most.append(self.sentences)
+            return step(self)
+        monkeypatch.setattr(loop, "step", step)
+    held = run_loop(stand_in(model), [Batch(cfg, sentences, most=3)], len(sources))
+    assert max(most) == 3
+    most.clear()
+    at_once = run_loop(stand_in(model), [Batch(cfg, sentences)], len(sources))
+    assert max(most) == len(sources)
+    tags = [r.tag for m in held for r in m.results]
+    assert sorted(tags) == list(range(len(sources)))
+    got, want = (by_tag(r for m in ms for r in m.results) for ms in (held, at_once))
+    for i in range(len(sources)):
+        assert [h.tokens for h in got[i]] == [h.tokens for h in want[i]]
+        assert [h.score for h in got[i]] == pytest.approx([h.score for h in want[i]], abs=1e-5)
