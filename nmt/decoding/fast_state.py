@@ -153,13 +153,24 @@ class TableKVCache:
         if self.table is not None:
             self.table = F.pad(self.table, (0, 0, 0, rows))
 
-    def trim(self, first: int) -> None:
-        """Drop the first `first` positions (no live row reads them): views, until
-        own_memory."""
-        if self.k is not None:
+    def trim(self, first: int, stored: int | None = None) -> None:
+        """Drop the first `first` positions (no live row reads them): views, until own_memory;
+        or, given the positions `stored`, the rest moved to the front of the same buffers (whole
+        tensors still, their room kept: a loop's own rows, whose fewer positions grew again
+        within a few steps, each time copying the whole cache)."""
+        if self.k is None:
+            return
+        self.length -= first
+        if stored is None:
             self.k, self.v = self.k[:, :, first:], self.v[:, :, first:]
             self.table = self.table[:, first:]
-            self.length -= first
+            return
+        kept = stored - first
+        for x in (self.k, self.v):  # (N, h, C, d_k); blocks no wider than the shift, so that
+            for a in range(0, kept, first):  # no copy reads what it writes
+                b = min(a + first, kept)
+                x[:, :, a:b] = x[:, :, a + first:b + first]
+        self.table = F.pad(self.table[:, first:], (0, first))
 
 
 class RowIndex(NamedTuple):
@@ -374,14 +385,15 @@ class FastState:
                 x[place, :, :S_new] = y
         self.memory_rows = torch.cat([live, place])
 
-    def trim(self, first: int, S: int) -> None:
+    def trim(self, first: int, S: int, stored: int | None = None) -> None:
         """Drop the first `first` cache positions and the memory positions from S on (no live
         row reads them; the fused operator's stay: they are room for sources that join); the
-        caller sets the sources again (set_source)."""
+        caller sets the sources again (set_source). stored: the positions stored, for a trim
+        in place (TableKVCache.trim's; the fused operator's caches only)."""
         self.parts = None
         if first:
             for cache in self.self_kv:
-                cache.trim(first)
+                cache.trim(first) if stored is None else cache.trim(first, stored)
             self.step -= first
         if not self.fused and S < self.memory_kv[0][0].size(2):
             self.memory_kv = [(k[:, :, :S].contiguous(), v[:, :, :S].contiguous())

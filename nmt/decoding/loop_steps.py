@@ -242,14 +242,13 @@ class LoopSteps:
 
     def trim(self, first: int, t: int) -> None:
         """Drop the caches' first `first` positions (before every live row's start; t: the
-        next step's position): the beam package's pending reorder done first, the buffers
-        whole tensors again (the packages' inputs), the view made at t - first."""
+        next step's position): the beam package's pending reorder done first, the rest moved
+        to the buffers' front (whole tensors still: the packages' inputs), the view made at
+        t - first."""
         state = self.state
         if self.parents is not self.identity:
             state.reorder_own(self.parents, t, state.g)
-        state.trim(first, state.memory_kv[0][0].size(2))
-        for cache in state.self_kv:
-            cache.own_memory()
+        state.trim(first, state.memory_kv[0][0].size(2), stored=t)
         self.start = self.start - first
         self._view(self.R, t - first)
         self._set(state.moved(t - first, self.own))

@@ -331,8 +331,8 @@ def test_continuous_batching_through_the_package_gives_eagers_outputs(kept_packa
     outputs."""
     trims, whole = [], []
     trim, run = TableKVCache.trim, aot_step.Package.run
-    monkeypatch.setattr(TableKVCache, "trim", lambda c, first: (trims.append(first),
-                                                                trim(c, first)))
+    monkeypatch.setattr(TableKVCache, "trim", lambda c, first, *stored: (
+        trims.append(first), trim(c, first, *stored)))
     monkeypatch.setattr(aot_step.Package, "run", lambda p, inputs: (
         whole.append(all(t.is_contiguous() for t in inputs)), run(p, inputs))[1])
     model = tiny_model(V, seed=1, stops=True, N=2)

@@ -141,6 +141,33 @@ def test_a_beam_reorder_gathers_the_table_and_copies_no_keys(op):
         assert cache.table[:, 0].tolist() == index[index].tolist()  # the first position's row
 
 
+@pytest.mark.parametrize("first", [2, 3, 7])
+def test_a_trim_in_place_keeps_the_buffers_and_moves_what_the_view_would_read(first):
+    """TableKVCache.trim with the positions stored (a loop's own rows): the same buffers,
+    whole, every stored position from `first` on at the front (also where more remain than
+    it drops), as the trim's views have them; the table shifted, its width kept."""
+    g = torch.Generator().manual_seed(4)
+    cache = TableKVCache()
+    cache._reserve(torch.zeros(1, 2, 1, 4), 3, 12)  # 3 buffer rows, 2 heads, d_k 4
+    cache.k.copy_(torch.randn(cache.k.shape, generator=g))
+    cache.v.copy_(torch.randn(cache.v.shape, generator=g))
+    cache.table.copy_(torch.randint(0, 3, cache.table.shape, generator=g))
+    cache.length = stored = 11
+    views = TableKVCache()
+    views.k, views.v, views.table = (x.clone() for x in (cache.k, cache.v, cache.table))
+    views.length = stored
+    buffers, width = (cache.k.data_ptr(), cache.v.data_ptr()), cache.table.size(1)
+    cache.trim(first, stored)
+    views.trim(first)
+    assert (cache.k.data_ptr(), cache.v.data_ptr()) == buffers
+    assert cache.k.is_contiguous() and cache.table.size(1) == width
+    kept = stored - first
+    for name in ("k", "v"):
+        assert torch.equal(getattr(cache, name)[:, :, :kept], getattr(views, name)[:, :, :kept])
+    assert torch.equal(cache.table[:, :kept], views.table[:, :kept])
+    assert cache.length == views.length == kept
+
+
 def test_a_loops_reorder_in_place_is_reorder_then_moved(op):
     """FastState.reorder_own (nmt::reorder_tables): every layer's table as reorder's gather
     and moved's own rows from `keep` on would make it, in the same tensors; refused (False,
