@@ -228,8 +228,9 @@ class FastState:
         # (a newcomer's one row beside beams of g, until the next reorder); None: row // g
         self.row_sentence: Tensor | None = None
         self.generator: Affine | None = None  # the output projection's shortlist rows, if cut
-        self.mask: Tensor | None = None  # (M, 1, 1, S) additive source mask, None: no padding
         self.src_len: Tensor | None = None  # (M,) source length of each memory row
+        self._mask: Tensor | None = None  # `mask`, once made (None: no padding)
+        self._masked = False  # whether _mask is made for the present src_len
         # the fused operator's view of the rows that stays from step to step (`step_parts`);
         # None: made at the next step (whatever moves rows or memory rows drops it)
         self.parts: tuple[Tensor, Tensor, Tensor] | None = None
@@ -237,16 +238,26 @@ class FastState:
 
     def set_source(self, src_mask: Tensor | None) -> None:
         """The memory rows' (M, S) source positions, padding last (pad_batch's; None: no
-        padding, as one source has): the additive mask and the lengths (the fused operator
-        reads the first src_len positions)."""
+        padding, as one source has): the lengths (the fused operator reads the first src_len
+        positions; the batched products' mask follows from them)."""
         if src_mask is None:  # nothing to read (a few operators fewer a sentence at batch 1)
             keys = self.memory_kv[0][0]  # (M, h, S, d_k)
-            self.mask, self.src_len = None, torch.full((keys.size(0),), keys.size(2),
-                                                       device=keys.device)
+            self.src_len = torch.full((keys.size(0),), keys.size(2), device=keys.device)
         else:
-            self.mask = additive_source_mask(src_mask[:, None, None, :], self.dtype)
             self.src_len = src_mask.sum(1)  # (M,)
+        self._mask, self._masked = None, src_mask is None
         self.parts = None
+
+    @property
+    def mask(self) -> Tensor | None:
+        """(M, 1, 1, S) additive source mask of the batched products (None: no padding), made
+        from the lengths when first read: the fused operator's steps never read it."""
+        if not self._masked:
+            S = self.memory_kv[0][0].size(2)
+            seen = torch.arange(S, device=self.src_len.device) < self.src_len[:, None]  # (M, S)
+            self._mask = additive_source_mask(seen[:, None, None, :], self.dtype)
+            self._masked = True
+        return self._mask
 
     def own_rows(self, rows: int, positions: int, room: int, own: Tensor,
                  t: int = 0) -> list[tuple[Tensor, Tensor, Tensor]]:
@@ -326,9 +337,8 @@ class FastState:
         self.memory_rows = rows
         if not self.fused or 4 * len(rows) <= self.memory_kv[0][0].size(0):
             self.compact()
-        if self.mask is not None:
-            self.mask = self.mask.index_select(0, sentences)
         self.src_len = self.src_len.index_select(0, sentences)
+        self._masked = self._masked and self._mask is None  # no padding stays none
 
     def compact(self) -> None:
         """The live sentences' memory rows gathered, in their order (the dead ones' dropped)."""
@@ -398,6 +408,7 @@ class FastState:
         if not self.fused and S < self.memory_kv[0][0].size(2):
             self.memory_kv = [(k[:, :, :S].contiguous(), v[:, :, :S].contiguous())
                               for k, v in self.memory_kv]
+            self._masked = self._masked and self._mask is None  # a mask S wide again
 
 
 def _grown(x: Tensor, rows: Tensor, M: int, S: int) -> Tensor:

@@ -27,7 +27,7 @@ from nmt.decoding import attention_op
 from nmt.decoding.affine import packing_works
 from nmt.decoding.batches import pad_batch, translate_nbest
 from nmt.decoding.fast_model import DTYPES, FastModel
-from nmt.decoding.fast_state import TableKVCache
+from nmt.decoding.fast_state import FastState, TableKVCache, additive_source_mask
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.isa]
 
@@ -139,6 +139,26 @@ def test_a_beam_reorder_gathers_the_table_and_copies_no_keys(op):
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
         assert (cache.k.data_ptr(), cache.v.data_ptr()) == buffers  # not copied
         assert cache.table[:, 0].tolist() == index[index].tolist()  # the first position's row
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_source_mask_follows_from_the_lengths_through_reorders(fused):
+    """FastState.mask, made from the source lengths when read: the additive mask of the
+    sources given, of the sentences a reorder keeps, and none for one unpadded source."""
+    memory = [(torch.zeros(3, 2, 5, 4), torch.zeros(3, 2, 5, 4))]  # 3 sources, 5 positions
+    src_mask = torch.arange(5) < torch.tensor([5, 2, 4])[:, None]  # (3, 5)
+    state = FastState(memory, src_mask, torch.float32, fused)
+    assert torch.equal(state.mask, additive_source_mask(src_mask[:, None, None, :],
+                                                        torch.float32))
+    keep = torch.tensor([2, 0])
+    state.reorder(keep, 1, keep)
+    assert torch.equal(state.mask, additive_source_mask(src_mask[keep][:, None, None, :],
+                                                        torch.float32))
+    state.reorder(torch.tensor([1]), 1, torch.tensor([1]))  # the whole source alone
+    assert state.mask is None
+    one = FastState([(torch.zeros(1, 2, 5, 4), torch.zeros(1, 2, 5, 4))], None, torch.float32,
+                    fused)
+    assert one.mask is None and one.src_len.tolist() == [5]
 
 
 @pytest.mark.parametrize("first", [2, 3, 7])
