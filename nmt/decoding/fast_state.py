@@ -398,8 +398,8 @@ class FastState:
     def trim(self, first: int, S: int, stored: int | None = None) -> None:
         """Drop the first `first` cache positions and the memory positions from S on (no live
         row reads them; the fused operator's stay: they are room for sources that join); the
-        caller sets the sources again (set_source). stored: the positions stored, for a trim
-        in place (TableKVCache.trim's; the fused operator's caches only)."""
+        caller sets the sources again (set_source) where it cuts them. stored: the positions
+        stored, for a trim in place (TableKVCache.trim's; the fused operator's caches only)."""
         self.parts = None
         if first:
             for cache in self.self_kv:

@@ -73,7 +73,8 @@ class BatchStats:
                "newcomers."})
     sentences: int = field(default=0, metadata={"doc": "Sentences decoded."})
     largest_batch: int = field(default=0, metadata={
-        "doc": "The most sentences one worker decoded at once."})
+        "doc": "The most sentences one worker held at once (continuous batching: with those "
+               "waiting in it to join)."})
     decode_seconds: float = field(default=0.0, metadata={
         "doc": "Summed wall time the workers were decoding."})
     rejected: int = field(default=0, metadata={
@@ -129,7 +130,7 @@ class Admission:
 
     continuous: bool  # at once, to join a running decoding; else as whole batches
     max_tokens: int  # source tokens with EOS a batch (a worker, continuous) holds at most
-    max_sentences: int  # sentences a batch (a worker) holds at most (0: no limit)
+    max_sentences: int  # sentences a batch (a worker's decoding) holds at most (0: no limit)
     max_wait_s: float = 0.0  # batches: the oldest sentence waits this long for batch mates
     # batches: the most sentences a batch of a search holds (Engine.batch_sentences; 0: any)
     batch_sentences: Callable[[SearchConfig], int] = lambda search: 0
@@ -287,16 +288,16 @@ class Batcher:
         return None
 
     def _send_continuous(self) -> None:
-        """Continuous batching: queued sentences, oldest first, to the least loaded workers
-        with room (up to RESERVE beyond the most their decoding takes, to join as others
-        end); to a worker with ADMIT_GROUP sentences or more, a group of as many (or the
-        whole queue, if shorter) or none: they join its decoding together."""
+        """Continuous batching: queued sentences, oldest first, to the workers `_room` chooses
+        (up to RESERVE beyond the most their decoding takes, to join as others end); to a
+        worker with ADMIT_GROUP sentences or more, a group of as many (or the whole queue, if
+        shorter) or none: they join its decoding together."""
         sends: dict[int, list[_Queued]] = {}
         while self.queue and (w := self._room(self.queue[0])) is not None:
             n, most = len(self.flying[w]), self.queue[0].job.most
             if w not in sends and n >= ADMIT_GROUP and most and (
                     most + RESERVE - n < min(ADMIT_GROUP, len(self.queue))):
-                break  # the least loaded worker waits for room for a group
+                break  # the chosen worker waits for room for a group
             sends.setdefault(w, []).append(self._fly(w, self.queue.popleft()))
         for w, sentences in sends.items():
             self._send(w, sentences, whole=False)
