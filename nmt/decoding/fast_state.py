@@ -403,7 +403,10 @@ class FastState:
         self.parts = None
         if first:
             for cache in self.self_kv:
-                cache.trim(first) if stored is None else cache.trim(first, stored)
+                if stored is None:
+                    cache.trim(first)
+                else:
+                    cache.trim(first, stored)
             self.step -= first
         if not self.fused and S < self.memory_kv[0][0].size(2):
             self.memory_kv = [(k[:, :, :S].contiguous(), v[:, :, :S].contiguous())

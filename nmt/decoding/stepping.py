@@ -133,11 +133,11 @@ def _joinable(pending: list[Batch], live: int) -> tuple[list[Batch], list[Batch]
     for batch in pending:
         n = len(batch.sentences)
         room = 0 if waiting else min(n, max(0, batch.most - live)) if batch.most else n
-        if room:
-            joining.append(replace(batch, sentences=batch.sentences[:room]))
+        if room:  # a whole Batch joins or waits as it is (no copy at every step)
+            joining.append(batch if room == n else replace(batch, sentences=batch.sentences[:room]))
             live += room
         if room < n:
-            waiting.append(replace(batch, sentences=batch.sentences[room:]))
+            waiting.append(batch if not room else replace(batch, sentences=batch.sentences[room:]))
     return joining, waiting
 
 
